@@ -1,0 +1,380 @@
+"""The stack-config model: one typed object read from a Pulumi stack's ``gpu-train:`` settings.
+
+The same model serves the Pulumi program (values come from the engine as strings, structured
+values as JSON), ``scripts/plan`` and the ``fab`` tasks (values come from the stack file as YAML).
+``parse`` turns either form into a :class:`StackConfig` or raises :class:`ConfigError` with every
+problem at once. It checks presence and types only; the GPU rules live in ``validate``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from gpu_train.catalog import load_catalog
+
+NAMESPACE = "gpu-train"
+STACKS_DIR = Path(__file__).resolve().parent.parent / "stacks"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a stack: the setting, its value, what is wrong and how to fix it."""
+
+    key: str
+    message: str
+    fix: str = ""
+    value: Any = None
+    severity: str = "error"  # or "warning": reported, does not stop anything
+
+    def __str__(self) -> str:
+        where = self.key if self.key.count(":") else f"{NAMESPACE}:{self.key}"
+        shown = "" if self.value is None else f" = {self.value!r}"
+        text = f"{where}{shown}: {self.message}"
+        return f"{text}\n    fix: {self.fix}" if self.fix else text
+
+
+class ConfigError(ValueError):
+    """A stack's settings are invalid; ``problems`` lists every one."""
+
+    def __init__(self, problems: list[Problem], stack: str = ""):
+        self.problems = problems
+        self.stack = stack
+        head = f"stack {stack!r} is invalid" if stack else "invalid stack settings"
+        lines = [f"{head} ({len(problems)} problem{'s' if len(problems) != 1 else ''}):"]
+        lines += [f"  - {p}".replace("\n", "\n  ") for p in problems]
+        super().__init__("\n".join(lines))
+
+
+# -- the keys ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Key:
+    name: str
+    kind: str  # str | int | bool | list | map
+    default: Any = None
+    targets: tuple[str, ...] = ("gcp", "ssh")
+    required_for: tuple[str, ...] = ()
+    doc: str = ""
+
+
+KEYS: dict[str, Key] = {
+    k.name: k
+    for k in (
+        Key("target", "str", "gcp", doc="`gcp` (a VM created by `pulumi up`) or `ssh` (hosts you already have)"),
+        Key("zone", "str", targets=("gcp",), required_for=("gcp",), doc="Compute Engine zone, e.g. us-central1-a; the region is derived"),
+        Key("machineType", "str", "n1-standard-8", ("gcp",), doc="N1 type with attached GPUs, or a fixed GPU shape (g2-, a2-, a3-, a4-, g4-)"),
+        Key("gpuType", "str", targets=("gcp",), doc="accelerator API name; required for N1, implied by fixed shapes"),
+        Key("gpuCount", "int", targets=("gcp",), doc="GPUs per VM; required for N1, implied by fixed shapes"),
+        Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (60-91% cheaper, may be preempted)"),
+        Key("bootDiskSizeGb", "int", 200, ("gcp",), doc="boot disk size in GB"),
+        Key("bootDiskType", "str", "pd-balanced", ("gcp",), doc="boot disk type"),
+        Key("imageFamily", "str", None, ("gcp",), doc="image family; default: the catalog's current PyTorch DLVM family with the NVIDIA driver"),
+        Key("imageProject", "str", None, ("gcp",), doc="image project; default deeplearning-platform-release"),
+        Key("sshUser", "str", "trainer", ("gcp",), doc="login user created on the VM"),
+        Key("sshPublicKey", "str", "~/.ssh/id_ed25519.pub", ("gcp",), doc="public key text, or a path to it"),
+        Key("sshSourceRanges", "list", targets=("gcp",), required_for=("gcp",), doc="CIDRs allowed to reach SSH (port 22)"),
+        Key("allowSshFromAnywhere", "bool", False, ("gcp",), doc="must be true to allow 0.0.0.0/0 or ::/0 in sshSourceRanges"),
+        Key("labels", "map", {}, ("gcp",), doc="extra labels on the VM"),
+        Key("hosts", "list", targets=("ssh",), required_for=("ssh",), doc="`user@host:port` for each host (ssh target)"),
+        Key("sshKey", "str", None, doc="private key for SSH; gcp default: sshPublicKey's path without .pub"),
+        Key("knownHosts", "str", None, doc="known_hosts file pinning the hosts' keys; default: learned on first contact"),
+        Key("remoteRoot", "str", "~/gpu-train", doc="where gpu-train keeps its files on each host"),
+        Key("python", "str", None, doc="Python on the host; default: DLVM conda, else python3"),
+    )
+}
+
+_TYPE_WORDS = {
+    "str": "a string",
+    "int": "a whole number",
+    "bool": "true or false",
+    "list": "a list of strings",
+    "map": "a map of strings to strings",
+}
+
+
+# -- the model --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SshHost:
+    user: str
+    host: str
+    port: int = 22
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Every ``gpu-train:`` setting of one stack, typed, with defaults applied."""
+
+    stack: str
+    target: str = "gcp"
+    project: str | None = None
+    zone: str = ""
+    machine_type: str = "n1-standard-8"
+    gpu_type: str | None = None
+    gpu_count: int | None = None
+    spot: bool = False
+    boot_disk_size_gb: int = 200
+    boot_disk_type: str = "pd-balanced"
+    image_family: str | None = None
+    image_project: str | None = None
+    ssh_user: str = "trainer"
+    ssh_public_key: str = "~/.ssh/id_ed25519.pub"
+    ssh_source_ranges: tuple[str, ...] = ()
+    allow_ssh_from_anywhere: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    hosts: tuple[SshHost, ...] = ()
+    ssh_key: str | None = None
+    known_hosts: str | None = None
+    remote_root: str = "~/gpu-train"
+    python: str | None = None
+    # The settings as given (before defaults), for messages and "was it set?" questions.
+    given: frozenset[str] = frozenset()
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0] if self.zone else ""
+
+    @property
+    def is_gcp(self) -> bool:
+        return self.target == "gcp"
+
+    def ssh_private_key_path(self) -> str:
+        """The private key used to log in: ``sshKey``, else the public key's path minus .pub."""
+        if self.ssh_key:
+            return self.ssh_key
+        if looks_like_key_text(self.ssh_public_key):
+            return "~/.ssh/id_ed25519"
+        return self.ssh_public_key.removesuffix(".pub")
+
+
+_FIELD_FOR_KEY = {
+    "target": "target", "zone": "zone", "machineType": "machine_type", "gpuType": "gpu_type",
+    "gpuCount": "gpu_count", "spot": "spot", "bootDiskSizeGb": "boot_disk_size_gb",
+    "bootDiskType": "boot_disk_type", "imageFamily": "image_family", "imageProject": "image_project",
+    "sshUser": "ssh_user", "sshPublicKey": "ssh_public_key", "sshSourceRanges": "ssh_source_ranges",
+    "allowSshFromAnywhere": "allow_ssh_from_anywhere", "labels": "labels", "hosts": "hosts",
+    "sshKey": "ssh_key", "knownHosts": "known_hosts", "remoteRoot": "remote_root", "python": "python",
+}  # fmt: skip
+assert set(_FIELD_FOR_KEY) == set(KEYS), "every key needs a field"
+
+
+def looks_like_key_text(value: str) -> bool:
+    return value.lstrip().startswith(("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-"))
+
+
+# -- coercion: one function per kind, each returning (value, error message) ------------------
+def _maybe_json(raw: Any) -> Any:
+    if isinstance(raw, str) and raw.strip()[:1] in "[{":
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+    return raw
+
+
+def _as_str(raw: Any) -> Any:
+    if isinstance(raw, str) and raw.strip():
+        return raw.strip()
+    raise TypeError
+
+
+def _as_int(raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise TypeError
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        return int(raw)
+    raise TypeError
+
+
+def _as_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise TypeError
+
+
+def _as_list(raw: Any) -> tuple[str, ...]:
+    raw = _maybe_json(raw)
+    if isinstance(raw, str):  # `pulumi config set k "a,b"` gives one comma-separated string
+        raw = [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+        return tuple(x.strip() for x in raw)
+    raise TypeError
+
+
+def _as_map(raw: Any) -> dict[str, str]:
+    raw = _maybe_json(raw)
+    if isinstance(raw, dict) and all(isinstance(k, str) for k in raw):
+        if all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in raw.values()):
+            return {k: str(v) for k, v in raw.items()}
+    raise TypeError
+
+
+_COERCE: dict[str, Callable[[Any], Any]] = {
+    "str": _as_str, "int": _as_int, "bool": _as_bool, "list": _as_list, "map": _as_map,
+}  # fmt: skip
+
+
+def parse_host(text: str) -> SshHost:
+    """``user@host:port`` (user and port optional: current user, 22); IPv6 as ``[::1]:22``."""
+    user, _, hostport = text.rpartition("@")
+    user = user or os.environ.get("USER") or "root"
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.removeprefix(":") or "22"
+    elif hostport.count(":") == 1:
+        host, port = hostport.split(":")
+    else:
+        host, port = hostport, "22"
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(text)
+    return SshHost(user, host, int(port))
+
+
+def _normalise_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """Bare keys belong to the project's namespace, as in Pulumi's own stack files."""
+    return {(k if ":" in k else f"{NAMESPACE}:{k}"): v for k, v in raw.items()}
+
+
+def parse(raw: dict[str, Any], stack: str) -> StackConfig:
+    """Type-check a stack's raw settings and apply defaults; raise ConfigError listing all problems."""
+    cfg, problems = parse_partial(raw, stack)
+    if problems:
+        raise ConfigError(problems, stack)
+    return cfg
+
+
+def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Problem]]:
+    """The config built from the settings that parsed (defaults elsewhere), and the problems.
+
+    Lets callers run the GPU rules on what did parse, so a user sees every problem at once.
+    """
+    raw = _normalise_keys(raw)
+    problems: list[Problem] = []
+    values: dict[str, Any] = {}
+    for full_key, value in raw.items():
+        ns, _, name = full_key.partition(":")
+        if ns != NAMESPACE:
+            continue
+        key = KEYS.get(name)
+        if key is None:
+            close = difflib.get_close_matches(name, KEYS, n=1, cutoff=0.6)
+            fix = f"did you mean '{NAMESPACE}:{close[0]}'?" if close else f"known keys: {', '.join(sorted(KEYS))}"
+            problems.append(Problem(name, "unknown setting", fix, value))
+            continue
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            problems.append(Problem(name, "is stored as a secret, which gpu-train cannot use here",
+                                    f"set it in plain text: pulumi config set {NAMESPACE}:{name} VALUE"))
+            continue
+        try:
+            values[name] = _COERCE[key.kind](value)
+        except TypeError:
+            problems.append(Problem(name, f"expected {_TYPE_WORDS[key.kind]}, got {type(value).__name__}",
+                                    f"set {name} to {_TYPE_WORDS[key.kind]}", value))
+
+    target = values.get("target", "gcp")
+    if target not in ("gcp", "ssh"):
+        problems.append(Problem("target", "must be 'gcp' or 'ssh'", "set target to gcp or ssh", target))
+        target = "gcp"
+    for name in values:
+        if target not in KEYS[name].targets:
+            problems.append(Problem(name, f"does not apply to a target '{target}' stack",
+                                    f"remove {NAMESPACE}:{name} from the stack", values[name]))
+    for key in KEYS.values():
+        if target in key.required_for and key.name not in values and not any(p.key == key.name for p in problems):
+            problems.append(Problem(key.name, "is required", f"pulumi config set {NAMESPACE}:{key.name} ... ({key.doc})"))
+
+    hosts: list[SshHost] = []
+    for text in values.get("hosts", ()):
+        try:
+            hosts.append(parse_host(text))
+        except ValueError:
+            problems.append(Problem("hosts", f"{text!r} is not user@host:port", "write each host as user@host:port"))
+
+    project = raw.get("gcp:project")
+    if target == "gcp" and not (isinstance(project, str) and project.strip()):
+        problems.append(Problem("gcp:project", "is required", "pulumi config set gcp:project YOUR_PROJECT_ID"))
+
+    kwargs = {_FIELD_FOR_KEY[k]: v for k, v in values.items() if k != "hosts"}
+    if target == "gcp":  # image defaults are catalog facts
+        catalog = load_catalog()
+        kwargs.setdefault("image_family", catalog.default_image_family)
+        kwargs.setdefault("image_project", catalog.image_project)
+    cfg = StackConfig(
+        stack=stack,
+        project=project.strip() if isinstance(project, str) else None,
+        hosts=tuple(hosts),
+        given=frozenset(values),
+        **kwargs,
+    )
+    return cfg, problems
+
+
+# -- reading stack files ----------------------------------------------------------------------
+def stack_file(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
+    return stacks_dir / f"Pulumi.{stack}.yaml"
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    """The ``config:`` mapping of a Pulumi stack file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError([Problem("stack", f"no stack file at {path}",
+                                   "create it with `pulumi stack init NAME`, or copy one from stacks/")]) from None
+    except yaml.YAMLError as e:
+        raise ConfigError([Problem("stack", f"{path} is not valid YAML: {e}", "fix the file's syntax")]) from None
+    config = doc.get("config", {}) if isinstance(doc, dict) else None
+    if not isinstance(config, dict):
+        raise ConfigError([Problem("stack", f"{path} has no `config:` mapping", "see stacks/ for examples")])
+    return config
+
+
+def stack_name_from_path(path: Path) -> str:
+    name = path.name
+    if name.startswith("Pulumi.") and name.endswith((".yaml", ".yml")):
+        return name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+    return path.stem
+
+
+def load_file(path: Path) -> StackConfig:
+    return parse(read_stack_file(path), stack_name_from_path(path))
+
+
+def load_stack(stack: str, stacks_dir: Path = STACKS_DIR) -> StackConfig:
+    return parse(read_stack_file(stack_file(stack, stacks_dir)), stack)
+
+
+# -- local files a stack refers to ------------------------------------------------------------
+def read_public_key(cfg: StackConfig) -> tuple[str | None, Problem | None]:
+    """The SSH public key's text: given inline, or read from the path given."""
+    value = cfg.ssh_public_key
+    if looks_like_key_text(value):
+        return value.strip(), None
+    path = Path(value).expanduser()
+    fix = ("create a key with `ssh-keygen -t ed25519`, or set "
+           f"{NAMESPACE}:sshPublicKey to your public key or its path")
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None, Problem("sshPublicKey", f"no readable public key at {path}", fix, value)
+    if not looks_like_key_text(text):
+        return None, Problem("sshPublicKey", f"{path} does not hold an OpenSSH public key", fix, value)
+    return text, None
+
+
+def describe_keys() -> list[tuple[str, str, str]]:
+    """(key, default, doc) rows, for the README and `scripts/plan --keys`."""
+    return [(f"{NAMESPACE}:{k.name}", "required" if k.required_for else repr(k.default), k.doc) for k in KEYS.values()]

@@ -1,0 +1,94 @@
+"""What the GPU VM's resources look like, as plain data (pure decisions, no Pulumi).
+
+The Pulumi component in ``infra/`` turns these into resources; keeping the decisions here lets
+tables of cases test them, and keeps names and settings identical wherever they are needed
+(the ``fab`` tasks find the VM by the same name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+
+from gpu_train.config import StackConfig
+from gpu_train.validate import GpuShape
+
+# Roles of the VM's own service account: write logs and metrics, nothing else.
+SERVICE_ACCOUNT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+SERVICE_ACCOUNT_SCOPES = (
+    "https://www.googleapis.com/auth/logging.write",
+    "https://www.googleapis.com/auth/monitoring.write",
+)
+SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
+SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
+
+
+def _rfc1035(text: str, max_len: int) -> str:
+    """A Compute Engine resource name: lower case, digits and '-', starting with a letter."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = "g-" + name
+    if len(name) > max_len:  # keep names unique when cut: end with a short hash of the whole
+        digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+        name = name[: max_len - 7].rstrip("-") + "-" + digest
+    return name.rstrip("-")
+
+
+def instance_name(stack: str) -> str:
+    return _rfc1035(f"gpu-train-{stack}", 63)
+
+
+def network_tag(stack: str) -> str:
+    return instance_name(stack)
+
+
+def service_account_id(stack: str) -> str:
+    """6 to 30 characters, as IAM requires."""
+    return _rfc1035(f"gpu-train-{stack}", 30).ljust(6, "0")
+
+
+def label_value(text: str) -> str:
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
+
+
+def labels(cfg: StackConfig, pulumi_project: str) -> dict[str, str]:
+    return {**cfg.labels, "gpu-train-stack": label_value(cfg.stack), "gpu-train-project": label_value(pulumi_project)}
+
+
+def scheduling(spot: bool) -> dict[str, object]:
+    """GPUs cannot live-migrate, so host maintenance always TERMINATEs; spot VMs STOP (keeping the disk)."""
+    if spot:
+        return {
+            "on_host_maintenance": "TERMINATE",
+            "provisioning_model": "SPOT",
+            "preemptible": True,
+            "automatic_restart": False,
+            "instance_termination_action": "STOP",
+        }
+    return {"on_host_maintenance": "TERMINATE", "provisioning_model": "STANDARD", "automatic_restart": True}
+
+
+def metadata(cfg: StackConfig, public_key: str) -> dict[str, str]:
+    """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off)."""
+    key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
+    return {
+        "install-nvidia-driver": "True",
+        "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
+        "block-project-ssh-keys": "TRUE",
+        "enable-oslogin": "FALSE",
+    }
+
+
+def guest_accelerators(shape: GpuShape) -> list[dict[str, object]]:
+    """N1 gets its GPUs attached; fixed shapes come with theirs and must list none."""
+    return [{"type": shape.gpu_type, "count": shape.gpu_count}] if shape.attached else []
+
+
+def ssh_ranges_by_family(ranges: tuple[str, ...]) -> dict[str, list[str]]:
+    """A firewall rule takes IPv4 or IPv6 sources, not both: split them."""
+    out: dict[str, list[str]] = {}
+    for r in ranges:
+        family = "ipv6" if ipaddress.ip_network(r, strict=False).version == 6 else "ipv4"
+        out.setdefault(family, []).append(r)
+    return out

@@ -1,0 +1,8 @@
+"""Entry point for `pulumi up` (Pulumi.yaml: main: infra/)."""
+
+try:
+    from infra.program import main
+except ModuleNotFoundError as e:  # pragma: no cover - only without scripts/setup
+    raise SystemExit(f"{e}: gpu-train is not installed in .venv; run scripts/setup first") from None
+
+main()

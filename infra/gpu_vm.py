@@ -1,0 +1,146 @@
+"""GpuVm: a Deep Learning VM with GPUs, its own service account and SSH from chosen ranges only.
+
+A thin Pulumi layer: every setting comes from ``gpu_train.vm`` (pure decisions) and a validated
+StackConfig; this module only declares resources, each parented to the component.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from gpu_train import vm
+from gpu_train.config import StackConfig
+from gpu_train.validate import GpuShape
+
+
+@dataclass(frozen=True)
+class GpuVmArgs:
+    """Everything the component needs, already validated."""
+
+    config: StackConfig
+    shape: GpuShape
+    public_key: str
+    pulumi_project: str
+    hourly_cost_usd: float | None
+
+
+class GpuVm(pulumi.ComponentResource):
+    instance: gcp.compute.Instance
+    image: pulumi.Output[str]
+
+    def __init__(self, name: str, args: GpuVmArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:index:GpuVm", name, None, opts)
+        cfg, shape = args.config, args.shape
+        child = pulumi.ResourceOptions(parent=self)
+        tag = vm.network_tag(cfg.stack)
+
+        for family, ranges in vm.ssh_ranges_by_family(cfg.ssh_source_ranges).items():
+            gcp.compute.Firewall(
+                f"{name}-ssh-{family}",
+                name=f"{tag}-ssh-{family}",
+                project=cfg.project,
+                network="default",
+                direction="INGRESS",
+                priority=vm.SSH_ALLOW_PRIORITY,
+                allows=[{"protocol": "tcp", "ports": ["22"]}],
+                source_ranges=ranges,
+                target_tags=[tag],
+                description=f"gpu-train {cfg.stack}: SSH from the stack's sshSourceRanges only",
+                opts=child,
+            )
+            gcp.compute.Firewall(
+                f"{name}-ssh-deny-{family}",
+                name=f"{tag}-ssh-deny-{family}",
+                project=cfg.project,
+                network="default",
+                direction="INGRESS",
+                priority=vm.SSH_DENY_PRIORITY,
+                denies=[{"protocol": "tcp", "ports": ["22"]}],
+                source_ranges=["::/0" if family == "ipv6" else "0.0.0.0/0"],
+                target_tags=[tag],
+                description=f"gpu-train {cfg.stack}: no SSH from anywhere else (overrides default-allow-ssh)",
+                opts=child,
+            )
+
+        account = gcp.serviceaccount.Account(
+            f"{name}-sa",
+            account_id=vm.service_account_id(cfg.stack),
+            display_name=f"gpu-train {cfg.stack} VM",
+            description="Writes logs and metrics only; replaces the default compute service account.",
+            project=cfg.project,
+            opts=child,
+        )
+        grants = [
+            gcp.projects.IAMMember(
+                f"{name}-{role.split('/')[-1]}",
+                project=cfg.project,
+                role=role,
+                member=account.email.apply(lambda email: f"serviceAccount:{email}"),
+                opts=child,
+            )
+            for role in vm.SERVICE_ACCOUNT_ROLES
+        ]
+
+        # Resolved at `up` time from the family, then pinned: the instance ignores later changes of
+        # the family's newest image, so a re-run of `pulumi up` never replaces the VM (and its disk).
+        image = gcp.compute.get_image_output(
+            family=cfg.image_family, project=cfg.image_project, opts=pulumi.InvokeOptions(parent=self)
+        )
+
+        def disk_size(image_gb: int | None) -> int:
+            if image_gb and cfg.boot_disk_size_gb < image_gb:
+                raise ValueError(
+                    f"gpu-train:bootDiskSizeGb = {cfg.boot_disk_size_gb}: the image {cfg.image_family} needs "
+                    f"at least {image_gb} GB; fix: pulumi config set gpu-train:bootDiskSizeGb {max(image_gb, 200)}"
+                )
+            return cfg.boot_disk_size_gb
+
+        self.instance = gcp.compute.Instance(
+            name,
+            name=vm.instance_name(cfg.stack),
+            project=cfg.project,
+            zone=cfg.zone,
+            machine_type=shape.machine_type,
+            boot_disk={
+                "auto_delete": True,
+                "initialize_params": {
+                    "image": image.self_link,
+                    "size": image.disk_size_gb.apply(disk_size),
+                    "type": cfg.boot_disk_type,
+                },
+            },
+            guest_accelerators=vm.guest_accelerators(shape),
+            scheduling=vm.scheduling(cfg.spot),
+            network_interfaces=[{"network": "default", "access_configs": [{}]}],
+            service_account={"email": account.email, "scopes": list(vm.SERVICE_ACCOUNT_SCOPES)},
+            metadata=vm.metadata(cfg, args.public_key),
+            tags=[tag],
+            labels=vm.labels(cfg, args.pulumi_project),
+            allow_stopping_for_update=True,
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=grants,
+                # A fixed name cannot exist twice, so a replacement deletes first.
+                delete_before_replace=True,
+                ignore_changes=["bootDisk.initializeParams.image"],
+            ),
+        )
+        self.image = image.self_link
+        nic = self.instance.network_interfaces[0]
+        self.outputs = {
+            "instanceName": self.instance.name,
+            "zone": self.instance.zone,
+            "externalIp": nic.access_configs[0].nat_ip,
+            "internalIp": nic.network_ip,
+            "sshUser": cfg.ssh_user,
+            "machineType": shape.machine_type,
+            "gpuType": shape.gpu_type,
+            "gpuCount": shape.gpu_count,
+            "spot": cfg.spot,
+            "image": image.self_link,
+            "hourlyCostUsd": args.hourly_cost_usd,
+        }
+        self.register_outputs(self.outputs)

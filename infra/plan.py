@@ -1,0 +1,141 @@
+"""``scripts/plan``: what ``pulumi up`` would create for a stack, and what it costs, offline.
+
+Validates the stack, then runs the real program under Pulumi's mock runtime (no credentials, no
+Pulumi CLI) and prints each resource with its key properties. Exit 0 when the stack is valid;
+2 with every problem on stderr when it is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpu_train import config, validate
+from gpu_train.catalog import Catalog, load_catalog
+from gpu_train.pricing import Cost, hourly_cost
+from infra import preview, program
+
+KEY_PLACEHOLDER = "ssh-ed25519 AAAA...(your key)"
+
+
+def _money(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:,.2f}"
+
+
+def describe_cost(cost: Cost, spot: bool) -> list[str]:
+    lines = [f"Cost per VM ({cost.region} list prices, catalog of {cost.date}; other regions differ):",
+             f"  {'':<24}{'per hour':>10}{'per day':>11}"]
+    for label, value, chosen in (("on demand", cost.on_demand, not spot), ("spot", cost.spot, spot)):
+        mark = "  <- this stack" if chosen else ""
+        per_day = None if value is None else value * 24
+        lines.append(f"  {label:<24}{_money(value):>10}{_money(per_day):>11}{mark}")
+    if cost.hourly(spot) is None:
+        lines.append("  The catalog has no trustworthy price for this shape: check cloud.google.com/compute/gpus-pricing.")
+    return lines
+
+
+def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: Catalog) -> str:
+    acc = catalog.accelerator(shape.gpu_type)
+    how = "attached to" if shape.attached else "built into"
+    model = "spot" if cfg.spot else "on demand"
+    return (f"GPU shape: {shape.gpu_count} x {acc.gpu} ({acc.memory_gb} GB, {shape.gpu_type}) {how} "
+            f"{shape.machine_type} ({shape.vcpus} vCPUs, {shape.memory_gb:g} GB), {model}, in {cfg.zone}")
+
+
+def _props(r: preview.Declared) -> list[str]:
+    """The properties of each resource type that a reader checks before paying for it."""
+    i = r.inputs
+    if r.typ.endswith("Firewall"):
+        verb, rules = ("allow", i.get("allows")) if i.get("allows") else ("deny", i.get("denies"))
+        ports = ",".join(f"{x['protocol']}:{'/'.join(x.get('ports', []))}" for x in rules or [])
+        return [f"name {i.get('name')}", f"{verb} {ports} from {', '.join(i.get('sourceRanges', []))}",
+                f"to tag {', '.join(i.get('targetTags', []))}, priority {int(i.get('priority', 1000))}"]
+    if r.typ.endswith("Account"):
+        return [f"account {i.get('accountId')}", i.get("description", "")]
+    if r.typ.endswith("IAMMember"):
+        return [f"{i.get('role')} for {i.get('member')}"]
+    if r.typ.endswith("Instance"):
+        init = i["bootDisk"]["initializeParams"]
+        gpus = i.get("guestAccelerators") or []
+        sched = i.get("scheduling", {})
+        meta = dict(i.get("metadata", {}))
+        return [
+            f"name {i.get('name')}, {i.get('machineType')} in {i.get('zone')}",
+            "GPUs: " + (", ".join(f"{int(g['count'])} x {g['type']} attached" for g in gpus) or "built into the machine type"),
+            f"boot disk: {int(init['size'])} GB {init['type']}, image {init['image'].rsplit('/', 1)[-1]} "
+            "(newest of the family at `up`, then pinned)",
+            "scheduling: " + ", ".join(f"{k}={v}" for k, v in sched.items()),
+            "metadata: " + ", ".join(f"{k}={v if k != 'ssh-keys' else v.split(':')[0] + ':<key>'}" for k, v in meta.items()),
+            f"service account: {i['serviceAccount']['email']} (scopes: logging.write, monitoring.write)",
+            f"network tag {', '.join(i.get('tags', []))}; labels " + ", ".join(f"{k}={v}" for k, v in i.get("labels", {}).items()),
+        ]
+    return []
+
+
+def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[config.Problem], catalog: Catalog) -> str:
+    shape = validate.shape_of(cfg, catalog)
+    lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
+    lines += [describe_shape(shape, cfg, catalog), ""]
+    lines += describe_cost(hourly_cost(shape, catalog), cfg.spot) + [""]
+    lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
+    order = ["GpuVm", "Account", "IAMMember", "Firewall", "Instance"]
+    for r in sorted(result.resources, key=lambda r: (order.index(r.typ.rsplit(":", 1)[-1]), r.name)):
+        lines.append(f"  + {r.typ}  {r.name}")
+        lines += [f"      {p}" for p in _props(r) if p]
+    lines += ["", "Stack outputs (read by the fab tasks):"]
+    lines += [f"  {k}: {_output(v)}" for k, v in result.outputs.items()]
+    if warnings:
+        lines += ["", "Warnings:"] + [f"  - {w}".replace("\n", "\n  ") for w in warnings]
+    return "\n".join(lines)
+
+
+def _output(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value in (preview.MOCK_EXTERNAL_IP, preview.MOCK_INTERNAL_IP):
+        return f"(known after up, e.g. {value})"
+    return str(value)
+
+
+def plan(raw: dict[str, Any], stack: str) -> tuple[str, int]:
+    """The plan's text and exit code (0 valid, 2 invalid), for a stack's raw settings."""
+    catalog = load_catalog()
+    try:
+        cfg, warnings = validate.check(raw, stack, catalog)
+    except config.ConfigError as e:
+        return str(e), 2
+    if not cfg.is_gcp:
+        hosts = ", ".join(map(str, cfg.hosts))
+        return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the fab tasks.", 0
+    public_key, problem = config.read_public_key(cfg)
+    if problem is not None:  # not needed to plan; `pulumi up` stops on it
+        warnings = [*warnings, config.Problem(problem.key, problem.message + " (pulumi up will stop here)",
+                                              problem.fix, problem.value, "warning")]
+    result = preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER), stack=stack)
+    if result.error is not None:
+        return f"the program failed under the mock runtime: {result.error}", 2
+    return render(cfg, result, warnings, catalog), 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/plan", description=__doc__.split("\n\n")[0])
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--stack", help="a stack in stacks/ (stacks/Pulumi.NAME.yaml)")
+    which.add_argument("--file", type=Path, help="a stack file anywhere")
+    args = parser.parse_args(argv)
+    path = args.file or config.stack_file(args.stack)
+    stack = args.stack or config.stack_name_from_path(path)
+    try:
+        raw = config.read_stack_file(path)
+    except config.ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    text, code = plan(raw, stack)
+    print(text, file=sys.stderr if code else sys.stdout)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Run the real Pulumi program under Pulumi's mock runtime, recording what it declares.
+
+This is how ``scripts/plan`` shows what ``pulumi up`` would create without credentials or the
+Pulumi CLI, and how the tests inspect the program. The mocks sit at the outermost boundary: they
+stand in for the engine and Google Cloud, answering with what the real API would fill in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from pulumi.runtime.settings import get_root_resource
+
+MOCK_EXTERNAL_IP = "203.0.113.10"  # documentation range (RFC 5737)
+MOCK_INTERNAL_IP = "10.128.0.2"
+MOCK_IMAGE_DISK_GB = 50
+
+
+@dataclass
+class Declared:
+    typ: str
+    name: str
+    inputs: dict[str, Any]
+
+
+@dataclass
+class Recorder(pulumi.runtime.Mocks):
+    """Records resources and answers invokes the way Google Cloud would."""
+
+    image_disk_gb: int = MOCK_IMAGE_DISK_GB
+    resources: list[Declared] = field(default_factory=list)
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        outputs = dict(args.inputs)
+        if args.typ == "gcp:serviceaccount/account:Account":
+            project = args.inputs.get("project") or "project"
+            outputs["email"] = f"{args.inputs['accountId']}@{project}.iam.gserviceaccount.com"
+        if args.typ == "gcp:compute/instance:Instance":
+            nics = [dict(nic) for nic in args.inputs.get("networkInterfaces", [])]
+            for nic in nics:
+                nic["networkIp"] = MOCK_INTERNAL_IP
+                nic["accessConfigs"] = [{**ac, "natIp": MOCK_EXTERNAL_IP} for ac in nic.get("accessConfigs", [])]
+            outputs["networkInterfaces"] = nics
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs)))
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        if args.token == "gcp:compute/getImage:getImage":
+            family, project = args.args.get("family"), args.args.get("project")
+            name = f"{family}-v20260416"
+            return {
+                "name": name,
+                "family": family,
+                "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{name}",
+                "diskSizeGb": self.image_disk_gb,
+            }
+        return {}
+
+
+@dataclass
+class Preview:
+    resources: list[Declared]
+    outputs: dict[str, Any]
+    error: BaseException | None = None
+
+    def of_type(self, suffix: str) -> list[Declared]:
+        return [r for r in self.resources if r.typ.endswith(suffix)]
+
+
+def run(
+    program: Callable[[], Any],
+    *,
+    stack: str,
+    config: dict[str, Any] | None = None,
+    image_disk_gb: int = MOCK_IMAGE_DISK_GB,
+) -> Preview:
+    """Run ``program`` as ``pulumi up`` would, under mocks; collect its resources and stack outputs.
+
+    ``preview=False`` so that apply callbacks run (under preview they are skipped and an
+    assertion inside one would pass silently). A program error is returned, not raised, the way
+    ``pulumi up`` reports it.
+    """
+    recorder = Recorder(image_disk_gb=image_disk_gb)
+    pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False)
+    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
+    root = get_root_resource()
+    root.outputs.clear()  # the mock runtime keeps one root stack per process
+    outputs: dict[str, Any] = {}
+    error: BaseException | None = None
+
+    @pulumi.runtime.test
+    def _run() -> Any:
+        program()
+        return pulumi.Output.all(**root.outputs).apply(outputs.update)
+
+    try:
+        _run()
+    except Exception as e:
+        error = e
+    return Preview(recorder.resources, outputs, error)

@@ -1,0 +1,49 @@
+"""The Pulumi program: read the stack's settings, validate them, then declare the GPU VM.
+
+Nothing is declared unless validation passed, so an invalid stack creates (and bills) nothing.
+``declare`` is shared with ``scripts/plan``, which runs it under Pulumi's mock runtime.
+"""
+
+from __future__ import annotations
+
+import pulumi
+from pulumi.runtime.config import CONFIG, get_config_env
+
+from gpu_train import config, validate
+from gpu_train.catalog import load_catalog
+from gpu_train.pricing import hourly_cost
+from infra.gpu_vm import GpuVm, GpuVmArgs
+
+
+def stack_settings() -> dict[str, object]:
+    """Every config value of the stack: the engine passes them in PULUMI_CONFIG (or set_all_config)."""
+    return {**get_config_env(), **CONFIG.get()}
+
+
+def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
+    """Declare the VM of a validated GCP stack and export what the fab tasks read."""
+    catalog = load_catalog()
+    shape = validate.shape_of(cfg, catalog)
+    cost = hourly_cost(shape, catalog).hourly(cfg.spot)
+    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shape, public_key, pulumi.get_project(), cost))
+    for key, value in gpu_vm.outputs.items():
+        pulumi.export(key, value)
+    return gpu_vm
+
+
+def main() -> None:
+    stack = pulumi.get_stack()
+    try:
+        cfg, warnings = validate.check(stack_settings(), stack, load_catalog())
+        if not cfg.is_gcp:
+            pulumi.log.info(f"stack {stack} targets SSH hosts ({', '.join(map(str, cfg.hosts))}): nothing to create")
+            pulumi.export("target", "ssh")
+            return
+        for warning in warnings:
+            pulumi.log.warn(str(warning))
+        public_key, problem = config.read_public_key(cfg)
+        if problem is not None:
+            raise config.ConfigError([problem], stack)
+    except config.ConfigError as e:
+        raise pulumi.RunError(str(e)) from None
+    declare(cfg, public_key)
