@@ -168,9 +168,9 @@ class Catalog:
             return MachineShape(name, "n1", int(m.group(1)), int(m.group(2)) / 1024)
         if name in ("f1-micro", "g1-small"):
             return MachineShape(name, name.split("-")[0], None, None)
-        m = re.fullmatch(r"([a-z][a-z0-9]*)-[a-z0-9-]+", name)
-        if m:
-            return MachineShape(name, m.group(1), None, None)
+        m = re.fullmatch(r"([a-z][a-z0-9]*)-[a-z0-9-]+?(?:-(\d+))?", name)
+        if m:  # another series (e2, n2, c3, ...): read its vCPUs from a trailing size, if any
+            return MachineShape(name, m.group(1), int(m.group(2)) if m.group(2) else None, None)
         return None
 
     def n1_types(self) -> list[MachineShape]:

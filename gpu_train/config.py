@@ -11,9 +11,10 @@ from __future__ import annotations
 import difflib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -67,14 +68,17 @@ KEYS: dict[str, Key] = {
     k.name: k
     for k in (
         Key("target", "str", "gcp", doc="`gcp` (a VM created by `pulumi up`) or `ssh` (hosts you already have)"),
-        Key("zone", "str", targets=("gcp",), required_for=("gcp",), doc="Compute Engine zone, e.g. us-central1-a; the region is derived"),
-        Key("machineType", "str", "n1-standard-8", ("gcp",), doc="N1 type with attached GPUs, or a fixed GPU shape (g2-, a2-, a3-, a4-, g4-)"),
+        Key("zone", "str", targets=("gcp",), required_for=("gcp",),
+            doc="Compute Engine zone, e.g. us-central1-a; the region is derived"),
+        Key("machineType", "str", "n1-standard-8", ("gcp",),
+            doc="N1 type with attached GPUs, or a fixed GPU shape (g2-, a2-, a3-, a4-, g4-)"),
         Key("gpuType", "str", targets=("gcp",), doc="accelerator API name; required for N1, implied by fixed shapes"),
         Key("gpuCount", "int", targets=("gcp",), doc="GPUs per VM; required for N1, implied by fixed shapes"),
         Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (60-91% cheaper, may be preempted)"),
         Key("bootDiskSizeGb", "int", 200, ("gcp",), doc="boot disk size in GB"),
         Key("bootDiskType", "str", "pd-balanced", ("gcp",), doc="boot disk type"),
-        Key("imageFamily", "str", None, ("gcp",), doc="image family; default: the catalog's current PyTorch DLVM family with the NVIDIA driver"),
+        Key("imageFamily", "str", None, ("gcp",),
+            doc="image family; default: the catalog's current PyTorch DLVM family with the NVIDIA driver"),
         Key("imageProject", "str", None, ("gcp",), doc="image project; default deeplearning-platform-release"),
         Key("sshUser", "str", "trainer", ("gcp",), doc="login user created on the VM"),
         Key("sshPublicKey", "str", "~/.ssh/id_ed25519.pub", ("gcp",), doc="public key text, or a path to it"),
@@ -215,9 +219,9 @@ def _as_list(raw: Any) -> tuple[str, ...]:
 
 def _as_map(raw: Any) -> dict[str, str]:
     raw = _maybe_json(raw)
-    if isinstance(raw, dict) and all(isinstance(k, str) for k in raw):
-        if all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in raw.values()):
-            return {k: str(v) for k, v in raw.items()}
+    scalar = (str, int, float)
+    if isinstance(raw, dict) and all(isinstance(k, str) and isinstance(v, scalar) and not isinstance(v, bool) for k, v in raw.items()):
+        return {k: str(v) for k, v in raw.items()}
     raise TypeError
 
 

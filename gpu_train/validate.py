@@ -91,7 +91,8 @@ def _machine_and_gpus(cfg: StackConfig, catalog: Catalog) -> tuple[list[Problem]
     if machine is None:
         known = [s.name for s in catalog.n1_types()] + list(catalog.fixed_shapes)
         close = difflib.get_close_matches(cfg.machine_type, known, n=3, cutoff=0.6)
-        fix = f"did you mean {', '.join(close)}?" if close else "use an N1 type (n1-standard-8) or a GPU shape (g2-standard-8, a2-highgpu-1g)"
+        fix = (f"did you mean {', '.join(close)}?" if close
+               else "use an N1 type (n1-standard-8) or a GPU shape (g2-standard-8, a2-highgpu-1g)")
         return [Problem("machineType", "is not a machine type gpu-train knows", fix, cfg.machine_type)], None
     if machine.fixed is not None:
         return _fixed_shape(cfg, catalog, machine.fixed), machine
@@ -204,7 +205,8 @@ def _incompatible_series(cfg: StackConfig, catalog: Catalog, machine: MachineSha
     acc = catalog.accelerator(cfg.gpu_type or "")
     if acc is not None and acc.attachable_to_n1:
         limits = catalog.n1_limits[acc.name]
-        ceiling = max(lim.max_vcpus for lim in limits)
+        for_count = [lim for lim in limits if lim.count == cfg.gpu_count] or limits
+        ceiling = max(lim.max_vcpus for lim in for_count)
         fits = [t for t in catalog.n1_types() if t.name.startswith("n1-standard") and t.vcpus <= ceiling]
         want = machine.vcpus or 8
         pick = next((t for t in fits if t.vcpus >= want), fits[-1])
@@ -236,7 +238,7 @@ def _offered_gpu(cfg: StackConfig, catalog: Catalog, machine: MachineShape | Non
 
 def _availability(cfg: StackConfig, catalog: Catalog, machine: MachineShape, gpu_type: str) -> list[Problem]:
     zones = catalog.zones_for(gpu_type, machine)
-    if cfg.zone in zones:
+    if cfg.zone in zones or not zones:  # no zones in the catalog: nothing to check against
         return []
     acc = catalog.accelerator(gpu_type)
     in_region = [z for z in zones if _region_of(z) == cfg.region]
@@ -287,7 +289,7 @@ def _image(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         return [Problem("imageFamily", f"is deprecated ({reason}; catalog of {catalog.dates['images']})",
                         f"use {catalog.default_image_family}", family, "warning")]
     if family not in catalog.image_families:
-        return [Problem("imageFamily", f"is not among the Deep Learning VM families the catalog knows",
+        return [Problem("imageFamily", "is not among the Deep Learning VM families the catalog knows",
                         f"current families: {', '.join(catalog.image_families)}", family, "warning")]
     return []
 

@@ -78,7 +78,7 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     shape = validate.shape_of(cfg, catalog)
     lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
     lines += [describe_shape(shape, cfg, catalog), ""]
-    lines += describe_cost(hourly_cost(shape, catalog), cfg.spot) + [""]
+    lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
     order = ["GpuVm", "Account", "IAMMember", "Firewall", "Instance"]
     for r in sorted(result.resources, key=lambda r: (order.index(r.typ.rsplit(":", 1)[-1]), r.name)):

@@ -1,0 +1,76 @@
+"""scripts/plan, run as a user runs it: exit codes, output, time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def plan(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **({"HOME": str(home)} if home else {})}
+    return subprocess.run([str(ROOT / "scripts" / "plan"), *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ssh").mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh" / "id_ed25519")], check=True)
+    return home
+
+
+@pytest.mark.parametrize(
+    ("stack", "words"),
+    [
+        ("t4-spot", ["1 x T4", "n1-standard-8", "$0.28", "$6.71", "$0.73", "$17.52", "<- this stack", "provisioningModel=SPOT"]),
+        ("l4", ["1 x L4", "built into g2-standard-8", "$0.85", "$20.49", "provisioningModel=STANDARD"]),
+        ("a100", ["1 x A100 40GB", "a2-highgpu-1g", "$3.67", "$88.16", "500 GB pd-ssd"]),
+        ("h100-spot", ["1 x H100", "a3-highgpu-1g", "unknown", "no trustworthy price"]),
+    ],
+)
+def test_plan_of_each_example(stack: str, words: list[str], home_with_key: Path) -> None:
+    result = plan("--stack", stack, home=home_with_key)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    common = ["would create 7 resources", "gcp:compute/instance:Instance", "allow tcp:22 from 203.0.113.7/32",
+              "deny tcp:22 from 0.0.0.0/0", "onHostMaintenance=TERMINATE", "install-nvidia-driver=True",
+              "roles/logging.logWriter", f"instanceName: gpu-train-{stack}"]
+    for w in words + common:
+        assert w in out, w
+    assert "Warnings" not in out
+
+
+def test_missing_key_is_a_warning_in_the_plan(tmp_path: Path) -> None:
+    result = plan("--stack", "t4-spot", home=tmp_path)
+    assert result.returncode == 0
+    assert "no readable public key" in result.stdout and "pulumi up will stop here" in result.stdout
+
+
+def test_invalid_stack_exits_2_with_every_problem_on_stderr(tmp_path: Path) -> None:
+    f = tmp_path / "Pulumi.bad.yaml"
+    f.write_text("config:\n  gcp:project: p\n  gpu-train:zone: us-central1-d\n  gpu-train:machineType: n1-standard-8\n"
+                 "  gpu-train:gpuType: nvidia-tesla-t4\n  gpu-train:gpuCount: 3\n  gpu-train:sshSourceRanges: [0.0.0.0/0]\n"
+                 "  gpu-train:spto: true\n")
+    result = plan("--file", str(f))
+    assert result.returncode == 2 and result.stdout == ""
+    for w in ["stack 'bad' is invalid (4 problems)", "did you mean 'gpu-train:spot'", "nearest valid count: 4",
+              "zones of us-central1 with T4", "whole internet"]:
+        assert w in result.stderr, w
+
+
+@pytest.mark.parametrize(("args", "words"), [(["--stack", "nope"], "no stack file"), ([], "one of the arguments")])
+def test_bad_arguments(args: list[str], words: str) -> None:
+    result = plan(*args)
+    assert result.returncode == 2 and words in result.stderr
+
+
+def test_ssh_stack_plans_nothing(tmp_path: Path) -> None:
+    f = tmp_path / "Pulumi.lab.yaml"
+    f.write_text("config:\n  gpu-train:target: ssh\n  gpu-train:hosts: [me@127.0.0.2:2222]\n")
+    result = plan("--file", str(f))
+    assert result.returncode == 0 and "creates nothing" in result.stdout

@@ -1,0 +1,123 @@
+"""The real Pulumi program under Pulumi's mock runtime (the engine and Google Cloud are mocked)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_train import config
+from infra import preview, program
+from tests.conftest import ROOT, gcp_raw
+
+STACKS = sorted(p for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
+
+
+def gcp_stacks() -> list[Path]:
+    return [p for p in STACKS if config.read_stack_file(p).get("gpu-train:target", "gcp") == "gcp"]
+
+
+def run_stack(raw: dict, stack: str = "s", **kw) -> preview.Preview:
+    return preview.run(program.main, stack=stack, config=raw, **kw)
+
+
+def test_examples_exist() -> None:
+    names = {config.stack_name_from_path(p) for p in gcp_stacks()}
+    assert {"t4-spot", "l4", "a100", "h100-spot"} <= names
+
+
+@pytest.mark.parametrize("path", gcp_stacks(), ids=lambda p: p.name)
+def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> None:
+    raw = {**config.read_stack_file(path), "gpu-train:sshPublicKey": str(public_key)}
+    stack = config.stack_name_from_path(path)
+    result = run_stack(raw, stack)
+    assert result.error is None, result.error
+    cfg = config.parse(raw, stack)
+
+    (inst,) = result.of_type("compute/instance:Instance")
+    i = inst.inputs
+    assert i["name"] == f"gpu-train-{stack}" and i["zone"] == cfg.zone and i["machineType"] == cfg.machine_type
+    if cfg.machine_type.startswith("n1-"):
+        assert i["guestAccelerators"] == [{"type": cfg.gpu_type, "count": cfg.gpu_count}]
+    else:
+        assert not i.get("guestAccelerators")
+    sched = i["scheduling"]
+    assert sched["onHostMaintenance"] == "TERMINATE"
+    if cfg.spot:
+        assert sched == {"onHostMaintenance": "TERMINATE", "provisioningModel": "SPOT", "preemptible": True,
+                         "automaticRestart": False, "instanceTerminationAction": "STOP"}
+    else:
+        assert sched["automaticRestart"] is True and sched["provisioningModel"] == "STANDARD"
+    init = i["bootDisk"]["initializeParams"]
+    assert init["image"].endswith(f"/projects/deeplearning-platform-release/global/images/{cfg.image_family}-v20260416")
+    assert (init["size"], init["type"]) == (cfg.boot_disk_size_gb, cfg.boot_disk_type)
+    key = public_key.read_text().split()
+    assert i["metadata"] == {"install-nvidia-driver": "True", "ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
+                             "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
+    assert i["tags"] == [f"gpu-train-{stack}"]
+    assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train"}
+
+    (sa,) = result.of_type("serviceaccount/account:Account")
+    email = f"{sa.inputs['accountId']}@{cfg.project}.iam.gserviceaccount.com"
+    assert i["serviceAccount"]["email"] == email
+    assert not any("cloud-platform" in s for s in i["serviceAccount"]["scopes"])
+    roles = sorted(m.inputs["role"] for m in result.of_type("IAMMember"))
+    assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
+    assert {m.inputs["member"] for m in result.of_type("IAMMember")} == {f"serviceAccount:{email}"}
+
+    fw = {f.inputs["name"]: f.inputs for f in result.of_type("Firewall")}
+    allow, deny = fw[f"gpu-train-{stack}-ssh-ipv4"], fw[f"gpu-train-{stack}-ssh-deny-ipv4"]
+    assert allow["sourceRanges"] == list(cfg.ssh_source_ranges) and allow["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
+    assert allow["targetTags"] == deny["targetTags"] == i["tags"]
+    assert deny["sourceRanges"] == ["0.0.0.0/0"] and allow["priority"] < deny["priority"] < 65534
+
+    out = result.outputs
+    assert out["instanceName"] == f"gpu-train-{stack}" and out["zone"] == cfg.zone
+    assert out["externalIp"] == preview.MOCK_EXTERNAL_IP and out["internalIp"] == preview.MOCK_INTERNAL_IP
+    assert (out["sshUser"], out["machineType"], out["spot"]) == ("trainer", cfg.machine_type, cfg.spot)
+    assert out["gpuCount"] >= 1 and out["gpuType"].startswith("nvidia-")
+    assert out["image"] == init["image"]
+    assert set(out) == {"instanceName", "zone", "externalIp", "internalIp", "sshUser", "machineType", "gpuType",
+                        "gpuCount", "spot", "image", "hourlyCostUsd"}
+    # every child is parented to the component
+    assert result.resources[0].typ == "gpu-train:index:GpuVm"
+
+
+def test_hourly_cost_output() -> None:
+    assert run_stack(gcp_raw(spot=True)).outputs["hourlyCostUsd"] == pytest.approx(0.27946)
+    assert run_stack(gcp_raw(machineType="a3-highgpu-1g", gpuType=None, gpuCount=None, spot=True)).outputs["hourlyCostUsd"] is None
+
+
+def test_ipv6_ranges_get_their_own_rules() -> None:
+    result = run_stack(gcp_raw(sshSourceRanges=["2001:db8::/32", "198.51.100.0/24"]))
+    fw = {f.inputs["name"]: f.inputs["sourceRanges"] for f in result.of_type("Firewall")}
+    assert fw == {"gpu-train-s-ssh-ipv4": ["198.51.100.0/24"], "gpu-train-s-ssh-deny-ipv4": ["0.0.0.0/0"],
+                  "gpu-train-s-ssh-ipv6": ["2001:db8::/32"], "gpu-train-s-ssh-deny-ipv6": ["::/0"]}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        gcp_raw(gpuCount=3),
+        gcp_raw(machineType="n2-standard-8"),
+        gcp_raw(sshSourceRanges=["0.0.0.0/0"]),
+        gcp_raw(gpuCount="many"),
+        gcp_raw(zone=None),
+        gcp_raw(sshPublicKey="/nonexistent/id.pub"),
+    ],
+)
+def test_an_invalid_stack_declares_nothing(raw: dict) -> None:
+    result = run_stack(raw)
+    assert result.resources == []
+    assert "invalid" in str(result.error) and "fix:" in str(result.error)
+
+
+def test_disk_smaller_than_the_image_fails_before_the_instance() -> None:
+    result = run_stack(gcp_raw(bootDiskSizeGb=30), image_disk_gb=60)
+    assert "needs at least 60 GB" in str(result.error) and "bootDiskSizeGb" in str(result.error)
+    assert result.of_type("compute/instance:Instance") == []
+
+
+def test_ssh_stack_creates_nothing() -> None:
+    result = run_stack({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222"]})
+    assert result.error is None and result.resources == [] and result.outputs == {"target": "ssh"}

@@ -1,0 +1,170 @@
+"""Validation rules, table-driven: each case is settings -> the problems expected (key, words)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_train import validate
+from gpu_train.catalog import load_catalog
+from gpu_train.config import ConfigError, parse
+from tests.conftest import gcp_raw
+
+CATALOG = load_catalog()
+
+VALID = [
+    {},  # 1 x T4 on n1-standard-8
+    {"gpuCount": 4, "machineType": "n1-standard-96"},
+    {"gpuType": "nvidia-tesla-t4-vws"},
+    {"gpuType": "nvidia-tesla-v100", "gpuCount": 1, "machineType": "n1-standard-8"},
+    {"gpuType": "nvidia-tesla-v100", "gpuCount": 8, "machineType": "n1-highmem-96", "zone": "us-central1-f"},
+    {"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-standard-96", "zone": "us-central1-c"},
+    {"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-highmem-32", "zone": "us-east1-c"},
+    {"gpuType": "nvidia-tesla-p4", "gpuCount": 2, "machineType": "n1-custom-12-46080", "zone": "us-east4-a"},
+    {"machineType": "g2-standard-8", "gpuType": None, "gpuCount": None},
+    {"machineType": "g2-standard-24", "gpuType": "nvidia-l4", "gpuCount": 2},
+    {"machineType": "a2-highgpu-1g", "gpuType": None, "gpuCount": None, "zone": "us-central1-f"},
+    {"machineType": "a2-megagpu-16g", "gpuType": None, "gpuCount": None, "zone": "europe-west4-b"},
+    {"machineType": "a2-ultragpu-8g", "gpuType": None, "gpuCount": None, "zone": "us-east5-b"},
+    {"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None, "spot": True},
+    {"machineType": "a3-highgpu-8g", "gpuType": None, "gpuCount": None},
+    {"machineType": "a3-ultragpu-8g", "gpuType": None, "gpuCount": None, "spot": True, "zone": "us-central1-b"},
+    {"machineType": "a4-highgpu-8g", "gpuType": None, "gpuCount": None, "spot": True, "zone": "us-central1-b"},
+    {"sshSourceRanges": ["0.0.0.0/0"], "allowSshFromAnywhere": True},
+    {"sshSourceRanges": ["2001:db8::/32", "198.51.100.0/24"]},
+    {"labels": {"team": "vision", "cost-center": "42"}},
+    {"bootDiskType": "pd-ssd", "bootDiskSizeGb": 1000},
+    {"imageProject": "my-images", "imageFamily": "anything-goes"},
+]
+
+# (settings, [(key, words in message or fix), ...]): every problem expected, and nothing else.
+INVALID = [
+    # counts and N1 attach rules
+    ({"gpuCount": 3}, [("gpuCount", "counts of 1, 2, 4 only")]),
+    ({"gpuCount": 3}, [("gpuCount", "nearest valid count: 4")]),
+    ({"gpuCount": 6, "gpuType": "nvidia-tesla-v100"}, [("gpuCount", "nearest valid count: 8")]),
+    ({"gpuCount": 0}, [("gpuCount", "nearest valid count: 1")]),
+    ({"gpuType": None}, [("gpuType", "required with an N1")]),
+    ({"gpuCount": None}, [("gpuCount", "1, 2, 4 for nvidia-tesla-t4")]),
+    ({"gpuType": "nvidia-tesla-t5"}, [("gpuType", "did you mean nvidia-tesla-t4")]),
+    ({"gpuType": "nvidia-tesla-k80"}, [("gpuType", "end of support")]),
+    ({"gpuType": "nvidia-tesla-v100-vws"}, [("gpuType", "is not a GPU type")]),
+    # vCPU and memory ceilings
+    ({"gpuType": "nvidia-tesla-v100", "machineType": "n1-standard-16"}, [("machineType", "over the ceiling of 12 vCPUs")]),
+    ({"gpuType": "nvidia-tesla-v100", "machineType": "n1-standard-16"}, [("machineType", "e.g. machineType n1-highmem-8")]),
+    ({"gpuType": "nvidia-tesla-v100", "machineType": "n1-standard-16"}, [("machineType", "gpuCount 2")]),
+    ({"gpuType": "nvidia-tesla-v100", "machineType": "n1-highmem-32", "gpuCount": 2}, [("machineType", "24 vCPUs and 156 GB")]),
+    ({"machineType": "n1-standard-64"}, [("machineType", "at most 48 vCPUs")]),
+    ({"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-standard-96", "zone": "us-east1-c"},
+     [("machineType", "ceiling of 64 vCPUs and 208 GB")]),
+    # machine series
+    ({"machineType": "n2-standard-32"}, [("machineType", "features are not compatible")]),
+    ({"machineType": "n2-standard-32"}, [("machineType", "machineType n1-standard-32")]),
+    ({"machineType": "e2-standard-4", "gpuType": "nvidia-l4"}, [("machineType", "g2-standard-4")]),
+    ({"machineType": "f1-micro"}, [("machineType", "takes no GPUs")]),
+    ({"machineType": "n1-standard-3"}, [("machineType", "did you mean")]),
+    ({"machineType": "bogus"}, [("machineType", "not a machine type")]),
+    # fixed shapes
+    ({"gpuType": "nvidia-l4"}, [("gpuType", "machineType g2-standard-4")]),
+    ({"gpuType": "nvidia-l4", "gpuCount": 2}, [("gpuType", "machineType g2-standard-24")]),
+    ({"gpuType": "nvidia-h100-80gb", "gpuCount": 8}, [("gpuType", "a3-highgpu-8g")]),
+    ({"machineType": "g2-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": None},
+     [("gpuType", "g2-standard-8 comes with 1 x nvidia-l4")]),
+    ({"machineType": "g2-standard-8", "gpuType": None, "gpuCount": 2}, [("gpuCount", "use machineType g2-standard-24")]),
+    ({"machineType": "a2-highgpu-1g", "gpuType": "nvidia-a100-80gb", "gpuCount": None},
+     [("gpuType", "use machineType a2-ultragpu-1g")]),
+    ({"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None}, [("spot", "set gpu-train:spot true")]),
+    ({"machineType": "a4-highgpu-8g", "gpuType": None, "gpuCount": None, "zone": "us-central1-b"},
+     [("spot", "not on demand")]),
+    ({"machineType": "a4x-highgpu-4g", "gpuType": None, "gpuCount": None, "spot": True}, [("machineType", "reservation")]),
+    # zones
+    ({"zone": "us-central1-d"}, [("zone", "zones of us-central1 with T4: us-central1-a, us-central1-b, us-central1-c")]),
+    ({"zone": "europe-north1-a"}, [("zone", "nearest regions with it: europe-")]),
+    ({"zone": "us-west3-a", "machineType": "g2-standard-8", "gpuType": None, "gpuCount": None},
+     [("zone", "us-west1 (us-west1-a, us-west1-b, us-west1-c)")]),
+    ({"machineType": "a2-megagpu-16g", "gpuType": None, "gpuCount": None, "zone": "us-east1-b"},
+     [("zone", "A100 40GB as a2-megagpu-16g is not offered")]),
+    ({"zone": "us-central1"}, [("zone", "not a zone name")]),
+    ({"zone": "Central"}, [("zone", "not a zone name")]),
+    # disk and ssh
+    ({"bootDiskSizeGb": 5}, [("bootDiskSizeGb", "between 10 and 65536")]),
+    ({"bootDiskType": "pd-balance"}, [("bootDiskType", "did you mean pd-balanced")]),
+    ({"sshUser": "root"}, [("sshUser", "other than root")]),
+    ({"sshUser": "Bad User"}, [("sshUser", "Linux user name")]),
+    ({"sshSourceRanges": ["0.0.0.0/0"]}, [("sshSourceRanges", "whole internet")]),
+    ({"sshSourceRanges": ["::/0"]}, [("sshSourceRanges", "allowSshFromAnywhere")]),
+    ({"sshSourceRanges": ["10.1.2.3/8"]}, [("sshSourceRanges", "network address: 10.0.0.0/8")]),
+    ({"sshSourceRanges": ["203.0.113.7"]}, [("sshSourceRanges", "write 203.0.113.7/32")]),
+    ({"sshSourceRanges": ["my-laptop"]}, [("sshSourceRanges", "not a CIDR range")]),
+    ({"sshSourceRanges": "1.2.3.4/33"}, [("sshSourceRanges", "not a CIDR range")]),
+    ({"sshSourceRanges": []}, [("sshSourceRanges", "lists no range")]),
+    # labels
+    ({"labels": {"Team": "x"}}, [("labels", "not a valid label key")]),
+    ({"labels": {"team": "Vision Team"}}, [("labels", "not a valid label value")]),
+    ({"labels": {"gpu-train-stack": "x"}}, [("labels", "set by gpu-train itself")]),
+    # several at once: all reported
+    ({"gpuCount": 3, "zone": "us-central1-d", "sshSourceRanges": ["0.0.0.0/0"], "bootDiskType": "ssd"},
+     [("gpuCount", "nearest valid count: 4"), ("zone", "us-central1-a"), ("bootDiskType", "did you mean pd-ssd"),
+      ("sshSourceRanges", "whole internet")]),
+]
+
+WARNINGS = [
+    ({"imageFamily": "pytorch-latest-gpu"}, [("imageFamily", "deprecated")]),
+    ({"imageFamily": "tf-2-15-cu121-debian-11-py310"}, [("imageFamily", "deprecated")]),
+    ({"imageFamily": "pytorch-3-0-cu130-ubuntu-2404-nvidia-590"}, [("imageFamily", "not among")]),
+    ({"machineType": "g4-standard-48", "gpuType": None, "gpuCount": None, "zone": "us-east1-b"},
+     [("zone", "unverified for this GPU")]),
+]
+
+
+def problems(settings: dict) -> list:
+    cfg = parse(gcp_raw(**settings), "s")
+    return validate.validate(cfg, CATALOG)
+
+
+@pytest.mark.parametrize("settings", VALID, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
+def test_valid(settings: dict) -> None:
+    assert problems(settings) == []
+
+
+@pytest.mark.parametrize(("settings", "expected"), INVALID + WARNINGS)
+def test_invalid(settings: dict, expected: list[tuple[str, str]]) -> None:
+    found = problems(settings)
+    assert [p.key for p in found] == [k for k, _ in expected], [str(p) for p in found]
+    for p, (_, words) in zip(found, expected, strict=True):
+        assert words in f"{p.message} {p.fix}", str(p)
+        assert p.fix, str(p)
+    severity = "warning" if (settings, expected) in WARNINGS else "error"
+    assert {p.severity for p in found} == {severity}
+
+
+def test_check_reports_type_and_rule_problems_together() -> None:
+    raw = gcp_raw(gpuCount="three", machineType="n2-standard-8", sshSourceRanges=["0.0.0.0/0"], spto=True)
+    with pytest.raises(ConfigError) as e:
+        validate.check(raw, "s", CATALOG)
+    assert [p.key for p in e.value.problems] == ["gpuCount", "spto", "machineType", "sshSourceRanges"]
+    text = str(e.value)
+    assert "stack 's' is invalid (4 problems)" in text and "did you mean 'gpu-train:spot'" in text
+
+
+def test_check_returns_warnings_for_a_valid_stack() -> None:
+    cfg, warnings = validate.check(gcp_raw(imageFamily="pytorch-latest-gpu"), "s", CATALOG)
+    assert cfg.image_family == "pytorch-latest-gpu" and [w.key for w in warnings] == ["imageFamily"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "shape"),
+    [
+        ({}, ("n1-standard-8", "nvidia-tesla-t4", 1, True)),
+        ({"machineType": "g2-standard-48", "gpuType": None, "gpuCount": None}, ("g2-standard-48", "nvidia-l4", 4, False)),
+        ({"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None, "spot": True},
+         ("a3-highgpu-1g", "nvidia-h100-80gb", 1, False)),
+    ],
+)
+def test_shape_of(settings: dict, shape: tuple) -> None:
+    s = validate.shape_of(parse(gcp_raw(**settings), "s"), CATALOG)
+    assert (s.machine_type, s.gpu_type, s.gpu_count, s.attached) == shape
+
+
+def test_count_of_cases() -> None:
+    """The note on the issue quotes this number."""
+    assert len(VALID) + len(INVALID) + len(WARNINGS) >= 70
