@@ -1,0 +1,1 @@
+from remote.tasks import ns  # noqa: F401  (the fab tasks live in remote/)

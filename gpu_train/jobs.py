@@ -1,0 +1,106 @@
+"""Pure decisions about jobs: run ids, what to launch, and the agent's command line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import zlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+# The job naming rule of AI Platform / Vertex jobs: letters, digits, underscores, starting with a
+# letter, at most 128 characters. Run ids are BASE_YYYYmmdd_HHMMSS.
+RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+STAMP_LEN = len("_20260101_000000")
+AGENT_PATH = Path(__file__).resolve().parent.parent / "remote" / "agent.py"
+
+
+class JobError(ValueError):
+    """A job's options are invalid; the message says which and how to fix it."""
+
+
+def base_name(name: str | None, script: str | None, command: str | None) -> str:
+    """The run's base name: --name, else the script's stem, else 'job'; made to fit the rule."""
+    raw = name or (Path(script).stem if script else "job")
+    if name is not None and not RUN_ID_RE.fullmatch(name):
+        raise JobError(f"--name {name!r}: use letters, digits and underscores, starting with a letter")
+    cleaned = re.sub(r"[^A-Za-z0-9_]", "_", raw)
+    if not cleaned[:1].isalpha():
+        cleaned = "job_" + cleaned
+    return cleaned[: 128 - STAMP_LEN]
+
+
+def run_id(base: str, when: datetime) -> str:
+    rid = f"{base}_{when:%Y%m%d_%H%M%S}"
+    assert RUN_ID_RE.fullmatch(rid), rid
+    return rid
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise JobError(f"--env {pair!r}: write it as NAME=VALUE")
+        if key in ("JOB_DIR", "RUN_ID"):
+            raise JobError(f"--env {key}: gpu-train sets {key} itself")
+        env[key] = value
+    return env
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What `fab train` asks the host to run."""
+
+    run_id: str
+    base: str
+    script: str | None = None
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    expect_gpus: int = 0
+
+    def to_json(self) -> dict:
+        return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
+                "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus}
+
+
+def job_spec(*, run: str, base: str, script: str | None, command: str | None, args: str, env: list[str],
+             python: str | None, expect_gpus: int, code_dir: Path) -> JobSpec:
+    """Check train's options against the code directory; build what the host runs."""
+    if bool(script) == bool(command):
+        raise JobError("give exactly one of --script FILE or --command CMD")
+    if script:
+        rel = Path(script)
+        if rel.is_absolute():
+            try:
+                rel = rel.relative_to(code_dir.resolve())
+            except ValueError:
+                raise JobError(f"--script {script}: the script must be inside --dir {code_dir}") from None
+        if not (code_dir / rel).is_file():
+            raise JobError(f"--script {script}: no such file in {code_dir}")
+        script = rel.as_posix()
+    elif args:
+        raise JobError("--args goes with --script; with --command, put the arguments in the command")
+    return JobSpec(run_id=run, base=base, script=script, command=command, args=tuple(shlex.split(args or "")),
+                   env=parse_env(env), python=python, expect_gpus=expect_gpus)
+
+
+def agent_command(root: str, *args: str) -> str:
+    """A shell command that runs the agent shipped inline (no file needed on the host yet).
+
+    The source travels compressed on the command line: one SSH exec, no stdin, no upload.
+    """
+    source = AGENT_PATH.read_text(encoding="utf-8")
+    packed = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
+    boot = ("import base64,sys,zlib;s=zlib.decompress(base64.b64decode(sys.argv.pop(1))).decode();"
+            "exec(compile(s,'gpu-train-agent','exec'),{'__name__':'__main__','AGENT_SOURCE':s})")
+    return shlex.join(["python3", "-c", boot, packed, "--root", root, *args])
+
+
+def encode_spec(spec: JobSpec) -> str:
+    return base64.b64encode(json.dumps(spec.to_json()).encode()).decode()

@@ -1,0 +1,180 @@
+"""SSH to a target's hosts: verified host keys, waiting with backoff, one agent call per task.
+
+Host keys are never added silently (Fabric's default is to auto-add): a stack's own known_hosts
+learns a host's key on first contact and prints its fingerprint; a pinned ``knownHosts`` file is
+only read; a changed key is a hard error. OpenSSH (rsync, ``fab ssh``) reads the same file.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import select
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import paramiko
+from fabric import Config, Connection
+
+from gpu_train.config import SshHost
+from gpu_train.jobs import agent_command
+from remote.target import Target
+
+Say = Callable[[str], None]
+START_MARK = "GPU-TRAIN-START "
+END_MARK = "GPU-TRAIN-END "
+
+
+class RemoteError(Exception):
+    """Something on the host or the way to it failed; the message says what and what to do."""
+
+
+class HostKeyError(RemoteError):
+    pass
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def host_id(host: SshHost) -> str:
+    """The name known_hosts files use: 'host' on port 22, '[host]:port' elsewhere."""
+    return host.host if host.port == 22 else f"[{host.host}]:{host.port}"
+
+
+class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
+    """Learn an unknown host's key into the stack's known_hosts, saying so; refuse if pinned."""
+
+    def __init__(self, path: Path, pinned: bool, say: Say):
+        self.path, self.pinned, self.say = path, pinned, say
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if self.pinned:
+            raise HostKeyError(
+                f"{hostname} is not in {self.path} (gpu-train:knownHosts pins host keys); its {key.get_name()} "
+                f"key is {fingerprint(key)}. If that is right, add it: ssh-keyscan -p PORT HOST >> {self.path}"
+            )
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        old = self.path.read_text() if self.path.exists() else ""
+        with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False) as tmp:
+            tmp.write(old + line)
+        os.replace(tmp.name, self.path)
+        self.say(f"first contact with {hostname}: {key.get_name()} key {fingerprint(key)}, saved to {self.path}")
+
+
+def _changed_key_message(host: SshHost, target: Target, e: paramiko.BadHostKeyException) -> str:
+    return (
+        f"the host key of {host_id(host)} has CHANGED: expected {fingerprint(e.expected_key)}, got "
+        f"{fingerprint(e.key)}. This can mean someone is intercepting the connection, or the host was "
+        f"rebuilt (a new VM at the same address). If you know it was rebuilt, forget the old key:\n"
+        f"    ssh-keygen -f {target.known_hosts} -R '{host_id(host)}'\nthen run the task again."
+    )
+
+
+def open_connection(target: Target, host: SshHost, timeout: float, say: Say) -> Connection:
+    """Connect, retrying with backoff until ``timeout`` while the host is not up yet."""
+    conn = Connection(
+        host.host, user=host.user, port=host.port, connect_timeout=10,
+        config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
+        connect_kwargs={"key_filename": target.key_file, "look_for_keys": False, "allow_agent": False,
+                        "banner_timeout": 15, "auth_timeout": 15},
+    )
+    client = paramiko.SSHClient()
+    if target.known_hosts.is_file():
+        client.load_host_keys(str(target.known_hosts))
+    client.set_missing_host_key_policy(TrustOnFirstUse(target.known_hosts, target.pinned, say))
+    conn.client = client
+    deadline = time.monotonic() + timeout
+    delay, told = 0.5, False
+    while True:
+        try:
+            conn.open()
+            conn.transport.set_keepalive(5)
+            return conn
+        except paramiko.BadHostKeyException as e:
+            raise HostKeyError(_changed_key_message(host, target, e)) from None
+        except paramiko.AuthenticationException as e:
+            raise RemoteError(f"{host}: the key {target.key_file} was refused ({e}); check gpu-train:sshKey "
+                              "and that its public half is in the host's authorized_keys") from None
+        except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteError(f"cannot reach {host} over SSH after {timeout:g} s ({e or type(e).__name__}); "
+                                  "is the host up and the port right? (`fab status` after `pulumi up`)") from None
+            if not told:
+                say(f"waiting for SSH on {host} (up to {timeout:g} s): {e or type(e).__name__}")
+                told = True
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 10)
+
+
+def call(conn: Connection, target: Target, *args: str) -> dict:
+    """Run one agent subcommand on the host; its JSON answer, or RemoteError with its message."""
+    result = conn.run(agent_command(target.remote_root, *args), hide=True, warn=True, in_stream=False)
+    lines = result.stdout.strip().splitlines()
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        detail = (result.stderr or result.stdout).strip()[-2000:]
+        raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {result.exited}): {detail}")
+    if "error" in doc:
+        raise RemoteError(doc["error"])
+    return doc
+
+
+def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tuple[int, str]:
+    """Run ``command``, passing stdout bytes to ``out`` as they come; (exit status, stderr)."""
+    chan = conn.client.get_transport().open_session()
+    chan.exec_command(command)
+    err = b""
+    while True:
+        ready, _, _ = select.select([chan], [], [], 1.0)
+        if ready or chan.recv_ready() or chan.recv_stderr_ready():
+            while chan.recv_ready():
+                data = chan.recv(65536)
+                if data:
+                    out(data)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            break
+        if chan.closed or not conn.transport.is_active():
+            break
+    status = chan.recv_exit_status() if chan.exit_status_ready() else -1
+    return status, err.decode("utf-8", "replace")
+
+
+def start_offset(stderr: str) -> int | None:
+    """Where the agent started reading the log (so a dropped stream resumes at the right byte)."""
+    for line in stderr.splitlines():
+        if line.startswith(START_MARK):
+            return int(json.loads(line[len(START_MARK):])["offset"])
+    return None
+
+
+def end_trailer(stderr: str) -> dict | None:
+    """The agent's last word after streaming a log: state, exit code, offset."""
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(END_MARK):
+            return json.loads(line[len(END_MARK):])
+    return None
+
+
+def openssh_options(target: Target, host: SshHost) -> list[str]:
+    """OpenSSH options matching our paramiko policy: our key, our known_hosts, no prompts."""
+    return [
+        "-p", str(host.port), "-i", target.key_file, "-F", "/dev/null",
+        "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+        "-o", f"UserKnownHostsFile={target.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=15",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+    ]  # fmt: skip

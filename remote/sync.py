@@ -1,0 +1,148 @@
+"""Bulk data with rsync over OpenSSH: code to the host, checkpoints home.
+
+The command lines are built by plain functions (tested as tables); running them is a thin layer.
+Code honours .gitignore (git's own answer when the directory is in a git work tree; rsync's
+per-directory rules otherwise) and .gputrainignore, and never sends .git.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_train.config import SshHost
+from remote.ssh import RemoteError, openssh_options
+from remote.target import Target
+
+LARGE_SYNC_BYTES = 100 * 1024 * 1024
+IGNORE_FILE = ".gputrainignore"
+
+
+def ssh_command(target: Target, host: SshHost) -> str:
+    return shlex.join(["ssh", *openssh_options(target, host)])
+
+
+def remote_path(host: SshHost, path: str) -> str:
+    h = f"[{host.host}]" if ":" in host.host else host.host
+    return f"{host.user}@{h}:{path}"
+
+
+def code_filters(git_ignored: list[str] | None) -> list[str]:
+    """rsync filter options: .git never; .gputrainignore everywhere; .gitignore via git or rsync."""
+    opts = ["--exclude=/.git/", "--exclude=.git", f"--filter=:- {IGNORE_FILE}"]
+    if git_ignored is None:
+        opts.append("--filter=:- .gitignore")
+    return opts
+
+
+def git_ignored(directory: Path) -> list[str] | None:
+    """Paths git ignores under ``directory`` (anchored rsync patterns), or None outside a work tree."""
+    if not shutil.which("git"):
+        return None
+    inside = subprocess.run(["git", "-C", str(directory), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
+    if inside.stdout.strip() != "true":
+        return None
+    out = subprocess.run(["git", "-C", str(directory), "ls-files", "--others", "--ignored", "--exclude-standard",
+                          "--directory", "-z"], capture_output=True, check=True)
+    return ["/" + p for p in out.stdout.decode().split("\0") if p]
+
+
+def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: str, exclude_from: Path | None,
+                 git_mode: bool) -> list[str]:
+    """rsync the code into REMOTE_ROOT/staging/RUN, hard-linking files unchanged since the last run."""
+    root = target.rsync_root()
+    mkdir = shlex.join(["mkdir", "-p", f"{root}/staging"])  # older rsyncs lack --mkpath
+    cmd = ["rsync", "-a", "--delete", "-e", ssh_command(target, host), f"--rsync-path={mkdir} && rsync",
+           f"--link-dest=../../code/{base}.last", *code_filters([] if git_mode else None)]
+    if exclude_from is not None:
+        cmd.append(f"--exclude-from={exclude_from}")
+    return [*cmd, f"{src}/", remote_path(host, f"{root}/staging/{run_id}/")]
+
+
+def list_command(src: Path, exclude_from: Path | None, git_mode: bool) -> list[str]:
+    """A local rsync listing of what would be sent: the size shown before syncing."""
+    cmd = ["rsync", "-a", "--list-only", "--no-h", *code_filters([] if git_mode else None)]
+    if exclude_from is not None:
+        cmd.append(f"--exclude-from={exclude_from}")
+    return [*cmd, f"{src}/"]
+
+
+def listed_bytes(listing: str) -> tuple[int, int]:
+    """(files, bytes) from `rsync --list-only` output."""
+    files = total = 0
+    for line in listing.splitlines():
+        parts = line.split(None, 4)
+        if len(parts) == 5 and parts[0].startswith("-"):
+            files += 1
+            total += int(parts[1].replace(",", ""))
+    return files, total
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class Pushed:
+    files: int
+    bytes: int
+
+
+def push_code(target: Target, host: SshHost, src: Path, run_id: str, base: str, say: Callable[[str], None]) -> Pushed:
+    """Sync ``src`` to the host's staging area for ``run_id``; say its size first."""
+    ignored = git_ignored(src)
+    with tempfile.NamedTemporaryFile("w", suffix=".exclude") as ex:
+        ex.write("\n".join(ignored or []) + "\n")
+        ex.flush()
+        exclude = Path(ex.name) if ignored else None
+        listing = subprocess.run(list_command(src, exclude, ignored is not None), capture_output=True, text=True)
+        files, size = listed_bytes(listing.stdout)
+        say(f"syncing {src} ({files} files, {human(size)}; .gitignore and {IGNORE_FILE} honoured)")
+        if size > LARGE_SYNC_BYTES:
+            say(f"warning: {human(size)} is a lot of code; put data and outputs in {IGNORE_FILE}")
+        result = subprocess.run(push_command(target, host, src, run_id, base, exclude, ignored is not None),
+                                capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RemoteError(f"rsync of the code to {host} failed (exit {result.returncode}): {result.stderr.strip()}")
+    return Pushed(files, size)
+
+
+def fetch_command(target: Target, host: SshHost, job_dir: str, dest: Path, partial: Path, progress: bool) -> list[str]:
+    """rsync a run's JOB_DIR home: resumable, verified, atomic per file, never over newer local files.
+
+    Files are written under ``partial`` (temp and partial data, outside the destination) and
+    renamed into place when complete; rsync checks each file's checksum after the transfer;
+    --update leaves a local file alone when it is newer than the host's.
+    """
+    cmd = ["rsync", "-a", "--update", "-e", ssh_command(target, host),
+           f"--partial-dir={partial}", f"--temp-dir={partial}"]
+    if progress:
+        cmd += ["--info=progress2", "--no-inc-recursive"]
+    return [*cmd, remote_path(host, f"{job_dir}/"), f"{dest}/"]
+
+
+def partial_dir(dest: Path) -> Path:
+    """Beside the destination, never inside it: a half-fetched file is never where results are read."""
+    return dest.parent / f".{dest.name}.gpu-train-partial"
+
+
+def fetch_dir(target: Target, host: SshHost, job_dir: str, dest: Path, progress: bool) -> None:
+    dest = dest.resolve()  # rsync's receiver works inside dest: relative helper paths would move
+    partial = partial_dir(dest)
+    partial.mkdir(parents=True, exist_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = fetch_command(target, host, job_dir, dest, partial, progress)
+    result = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise RemoteError(f"fetch from {host} failed (rsync exit {result.returncode}): {result.stderr.strip()}; "
+                          "run it again to resume")
+    shutil.rmtree(partial, ignore_errors=True)

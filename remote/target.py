@@ -1,0 +1,128 @@
+"""Which hosts a stack's tasks talk to: from the stack file (SSH stacks) or stack outputs (GCP).
+
+GCP stack outputs come from `pulumi stack output --json`, which is slow to start, so they are
+cached per stack under the local state directory and refreshed when a connection fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_train import config
+from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def state_home() -> Path:
+    """Local caches (stack outputs, known_hosts): $GPU_TRAIN_HOME, else .gpu-train/ in the repo."""
+    return Path(os.environ.get("GPU_TRAIN_HOME") or REPO / ".gpu-train")
+
+
+def stacks_dir() -> Path:
+    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or config.STACKS_DIR)
+
+
+@dataclass(frozen=True)
+class Target:
+    stack: str
+    hosts: tuple[SshHost, ...]
+    key_file: str
+    known_hosts: Path
+    pinned: bool  # known_hosts given by the user: never written, unknown keys refused
+    remote_root: str
+    python: str | None
+    expect_gpus: int  # GCP: wait until nvidia-smi lists this many; SSH stacks: 0 (no waiting)
+    hourly_cost_usd: float | None
+    is_gcp: bool
+    cache: Path
+
+    @property
+    def host(self) -> SshHost:
+        return self.hosts[0]
+
+    def rsync_root(self) -> str:
+        """remoteRoot as rsync wants it: '~/x' becomes 'x' (relative to the login's home)."""
+        return self.remote_root[2:] if self.remote_root.startswith("~/") else self.remote_root
+
+
+def select_stack(stack: str | None) -> str:
+    """--stack, else $GPU_TRAIN_STACK, else Pulumi's selected stack."""
+    chosen = stack or os.environ.get("GPU_TRAIN_STACK")
+    if chosen:
+        return chosen
+    if shutil.which("pulumi"):
+        out = subprocess.run(["pulumi", "stack", "--show-name"], cwd=REPO, capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    raise ConfigError([Problem("stack", "no stack selected",
+                               "pass --stack NAME, set GPU_TRAIN_STACK, or `pulumi stack select NAME`")])
+
+
+def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
+    """`pulumi stack output --json`, cached in cache/outputs.json."""
+    path = cache / "outputs.json"
+    if not refresh and path.is_file():
+        return json.loads(path.read_text())
+    if not shutil.which("pulumi"):
+        raise ConfigError([Problem("stack", f"stack {stack} is a GCP stack and its outputs are unknown here",
+                                   "install the Pulumi CLI and run `pulumi up`, or use an SSH stack (target: ssh)")])
+    out = subprocess.run(["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack],
+                         cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise ConfigError([Problem("stack", f"`pulumi stack output --stack {stack}` failed: {out.stderr.strip()}",
+                                   "run `pulumi up` for this stack first")])
+    outputs = json.loads(out.stdout or "{}")
+    if not outputs.get("externalIp"):
+        raise ConfigError([Problem("stack", f"stack {stack} has no VM yet (no externalIp output)", "run `pulumi up`")])
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(outputs, indent=1))
+    tmp.replace(path)
+    return outputs
+
+
+def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
+    """The pure mapping from a stack's settings (and, on GCP, its outputs) to a Target."""
+    cache = home / cfg.stack
+    if cfg.is_gcp:
+        assert outputs is not None
+        hosts = (SshHost(outputs.get("sshUser") or cfg.ssh_user, outputs["externalIp"], 22),)
+        expect, cost = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd")
+    else:
+        hosts, expect, cost = cfg.hosts, 0, None
+    key = cfg.ssh_private_key_path() if cfg.is_gcp else (cfg.ssh_key or "~/.ssh/id_ed25519")
+    return Target(
+        stack=cfg.stack,
+        hosts=hosts,
+        key_file=os.path.expanduser(key),
+        known_hosts=Path(os.path.expanduser(cfg.known_hosts)) if cfg.known_hosts else cache / "known_hosts",
+        pinned=cfg.known_hosts is not None,
+        remote_root=cfg.remote_root,
+        python=cfg.python,
+        expect_gpus=expect,
+        hourly_cost_usd=cost,
+        is_gcp=cfg.is_gcp,
+        cache=cache,
+    )
+
+
+def resolve(stack: str | None, refresh: bool = False) -> Target:
+    """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
+    name = select_stack(stack)
+    cfg = config.load_stack(name, stacks_dir())
+    home = state_home()
+    outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
+    target = target_from(cfg, outputs, home)
+    if not Path(target.key_file).is_file():
+        raise ConfigError([Problem("sshKey", f"no private key at {target.key_file}",
+                                   "set gpu-train:sshKey to your private key's path")], name)
+    if target.pinned and not target.known_hosts.is_file():
+        raise ConfigError([Problem("knownHosts", f"no file at {target.known_hosts}",
+                                   "point gpu-train:knownHosts at a known_hosts file, or remove it to learn keys")], name)
+    return target

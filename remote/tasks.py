@@ -1,0 +1,381 @@
+"""The fab tasks: train, logs, status, stop, fetch, down, ssh, gpus, tunnel.
+
+Each task resolves the stack's target, opens one SSH connection, and does its remote work in one
+agent call (plus rsync for bulk data). Heavy imports (Fabric, paramiko) happen inside the tasks so
+that `fab --list` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from invoke import Collection, Exit, task
+
+from gpu_train.config import ConfigError
+
+STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else Pulumi's selected stack)"
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Session:
+    """A stack's target and one open connection to its first host, reconnecting on demand."""
+
+    def __init__(self, stack: str | None, timeout: float | None = None):
+        from remote import target as targets
+
+        try:
+            self.target = targets.resolve(stack)
+        except ConfigError as e:
+            raise Exit(str(e), code=2) from None
+        self.timeout = timeout if timeout is not None else (600.0 if self.target.is_gcp else 15.0)
+        self.conn = None
+
+    def connect(self):
+        from remote import ssh
+        from remote import target as targets
+
+        if self.conn is not None:
+            return self.conn
+        try:
+            self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
+        except ssh.HostKeyError as e:
+            raise Exit(str(e), code=3) from None
+        except ssh.RemoteError as e:
+            if not self.target.is_gcp:
+                raise Exit(str(e), code=3) from None
+            # The VM may have a new address (stopped and started): refresh the stack outputs once.
+            self.target = targets.resolve(self.target.stack, refresh=True)
+            try:
+                self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
+            except ssh.RemoteError as e2:
+                raise Exit(str(e2), code=3) from None
+        return self.conn
+
+    def reconnect(self):
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        return self.connect()
+
+    def call(self, *args: str) -> dict:
+        from remote import ssh
+
+        try:
+            return ssh.call(self.connect(), self.target, *args)
+        except ssh.RemoteError as e:
+            raise Exit(str(e), code=1) from None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+# -- train ------------------------------------------------------------------------------------
+@task(
+    iterable=["env"],
+    help={
+        "script": "Python file in --dir to run (gets --job-dir JOB_DIR appended)",
+        "command": "shell command to run in the synced code instead of --script",
+        "dir": "code directory to sync (default: the current directory)",
+        "name": "run name; the run id is NAME_YYYYmmdd_HHMMSS (default: the script's name)",
+        "args": "arguments for --script, as one quoted string",
+        "env": "NAME=VALUE for the job's environment (repeatable)",
+        "stack": STACK_HELP,
+        "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
+    },
+)
+def train(c, script=None, command=None, dir=None, name=None, args="", env=None, stack=None, timeout=None):
+    """Sync code, install requirements.txt when it changed, launch the job under screen.
+
+    The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
+    it with `fab logs --follow`, bring results home with `fab fetch`.
+    """
+    from gpu_train import jobs
+    from remote import ssh, sync
+
+    code_dir = Path(dir or ".").expanduser().resolve()
+    if not code_dir.is_dir():
+        raise Exit(f"--dir {code_dir}: no such directory", code=2)
+    session = Session(stack, float(timeout) if timeout else None)
+    target = session.target
+    try:
+        base = jobs.base_name(name, script, command)
+        run = jobs.run_id(base, datetime.now())
+        spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
+                             python=target.python, expect_gpus=target.expect_gpus, code_dir=code_dir)
+    except jobs.JobError as e:
+        raise Exit(str(e), code=2) from None
+    session.connect()
+    try:
+        sync.push_code(target, target.host, code_dir, run, base, say)
+    except ssh.RemoteError as e:
+        raise Exit(str(e), code=1) from None
+    deadline, delay = time.monotonic() + session.timeout, 5.0
+    while True:
+        answer = session.call("launch", jobs.encode_spec(spec))
+        if "waiting" not in answer:
+            break
+        if time.monotonic() > deadline:
+            raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=1)
+        say(f"waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 30)
+    session.close()
+    stack_opt = f" --stack {target.stack}"
+    print(f"started {answer['runId']} on {target.host} ({answer['python']}); JOB_DIR={answer['jobDir']}")
+    print(f"  follow:  fab logs{stack_opt} --follow")
+    print(f"  status:  fab status{stack_opt}")
+    print(f"  fetch:   fab fetch{stack_opt} --run {answer['runId']}")
+
+
+# -- logs -------------------------------------------------------------------------------------
+@task(help={"run": "run id (default: the newest)", "follow": "stream until the job ends; exit with its exit code",
+            "lines": "show the last N lines first (default 50; 0 for the whole log)", "stack": STACK_HELP})
+def logs(c, run=None, follow=False, lines=50, stack=None):
+    """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
+    from gpu_train.jobs import agent_command
+    from remote import ssh
+
+    session = Session(stack)
+    lines = int(lines)
+    offset: int | None = None
+    received = 0
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        nonlocal received
+        received += len(data)
+        out.write(data)
+        out.flush()
+
+    while True:
+        args = ["logs"] + (["--run", run] if run else []) + (["--follow"] if follow else [])
+        args += ["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else [])
+        received = 0
+        try:
+            status, err = ssh.stream(session.connect(), agent_command(session.target.remote_root, *args), write)
+        except (OSError, EOFError) as e:
+            status, err = -1, str(e)
+        start = ssh.start_offset(err)
+        trailer = ssh.end_trailer(err)
+        if trailer is not None:
+            break
+        if status not in (-1, 0) and "GPU-TRAIN-START" not in err:
+            raise Exit(_agent_error(err), code=1)
+        if not follow:
+            raise Exit(f"the connection dropped: {err.strip()}", code=1)
+        if start is not None:
+            offset = start + received
+        say("connection lost; reconnecting ...")
+        session.reconnect()
+    session.close()
+    if follow:
+        state, code = trailer["state"], trailer["exitCode"]
+        say(f"{trailer['runId']}: {state}" + (f", exit code {code}" if code is not None else ""))
+        if code:
+            raise Exit(code=code if 0 < code < 256 else 1)
+        if state not in ("succeeded",):
+            raise Exit(code=1)
+
+
+def _agent_error(err: str) -> str:
+    for line in reversed(err.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line).get("error", line)
+            except ValueError:
+                pass
+    return err.strip() or "the log could not be read"
+
+
+# -- status -----------------------------------------------------------------------------------
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def render_status(doc: dict, target) -> str:
+    lines = [f"stack {target.stack}: {target.host} ({doc.get('host')}), root {doc.get('root')}"]
+    if target.is_gcp and doc.get("uptimeS") is not None:
+        hours = doc["uptimeS"] / 3600
+        cost = f", about ${hours * target.hourly_cost_usd:,.2f} so far" if target.hourly_cost_usd else ""
+        lines.append(f"VM up {hours:.1f} h{cost}")
+    for g in doc.get("gpus", []):
+        lines.append(f"GPU {g['index']} {g['name']}: {g['utilization']:.0f}% busy, "
+                     f"{g['memoryUsedMiB']:.0f}/{g['memoryTotalMiB']:.0f} MiB")
+    runs = doc.get("runs", [])
+    if not runs:
+        lines.append("no runs yet: fab train --script train.py")
+    for r in runs:
+        state = r["state"] + (f" (exit {r['exitCode']})" if r["state"] == "failed" else "")
+        lines.append(f"  {r['id']:<40} {state:<18} {_duration(r.get('durationS')):>8}  {r.get('lastLine', '')[:80]}")
+    return "\n".join(lines)
+
+
+@task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, ...}", "stack": STACK_HELP})
+def status(c, json_=False, stack=None):
+    """Every run with its state, duration and last log line; GPU use; hours and cost on GCP."""
+    session = Session(stack)
+    doc = session.call("status")
+    session.close()
+    if json_:
+        print(json.dumps({"stack": session.target.stack, **doc}, indent=1))
+    else:
+        print(render_status(doc, session.target))
+
+
+# -- stop -------------------------------------------------------------------------------------
+@task(help={"run": "run id (default: the newest)", "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)",
+            "stack": STACK_HELP})
+def stop(c, run=None, grace=10, stack=None):
+    """Stop a run: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
+    session = Session(stack)
+    args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
+    doc = session.call(*args)
+    session.close()
+    sent = ", ".join(doc["signals"]) or "no signal needed"
+    print(f"{doc['runId']}: {doc['state']} ({sent})")
+
+
+# -- fetch and down ---------------------------------------------------------------------------
+def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool) -> list[str]:
+    """Fetch each run's JOB_DIR; the ids that failed."""
+    from remote import ssh, sync
+
+    failed = []
+    for r in runs:
+        where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or Path("runs") / session.target.stack / r["id"])
+        say(f"fetching {r['id']} ({r['state']}) -> {where}")
+        try:
+            sync.fetch_dir(session.target, session.target.host, r["jobDir"], where, progress)
+        except ssh.RemoteError as e:
+            say(str(e))
+            failed.append(r["id"])
+    return failed
+
+
+@task(help={"run": "run id (default: the newest)", "all": "every run", "dest": "where to (default runs/STACK/RUN/)",
+            "stack": STACK_HELP})
+def fetch(c, run=None, all_=False, dest=None, stack=None):
+    """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use."""
+    session = Session(stack)
+    doc = session.call("status", *(["--run", run] if run and not all_ else []))
+    runs = doc["runs"] if (all_ or run) else doc["runs"][-1:]
+    if not runs:
+        raise Exit("no runs on this host yet", code=1)
+    failed = _fetch_runs(session, runs, dest, progress=sys.stdout.isatty())
+    session.close()
+    if failed:
+        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=1)
+
+
+@task(help={"force": "destroy even if a run is running or a fetch failed", "stack": STACK_HELP})
+def down(c, force=False, stack=None):
+    """Fetch every run, then stop billing (`pulumi destroy --yes` on GCP stacks).
+
+    Refuses, naming the runs, while a run is still running or a fetch failed, unless --force.
+    """
+    session = Session(stack)
+    runs = session.call("status")["runs"]
+    running = [r["id"] for r in runs if r["state"] in ("starting", "running")]
+    if running and not force:
+        raise Exit(f"refusing: still running: {', '.join(running)} (fab stop, or fab down --force)", code=1)
+    failed = _fetch_runs(session, runs, None, progress=False)
+    session.close()
+    if failed and not force:
+        raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was destroyed (fab down --force to lose them)",
+                   code=1)
+    say(f"fetched {len(runs) - len(failed)} run(s) into runs/{session.target.stack}/")
+    if not session.target.is_gcp:
+        print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
+        return
+    from remote import target as targets
+
+    result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack], cwd=targets.REPO)
+    if result.returncode != 0:
+        raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=1)
+    (session.target.cache / "outputs.json").unlink(missing_ok=True)
+
+
+# -- ssh, gpus, tunnel ------------------------------------------------------------------------
+def write_ssh_config(target, home: Path | None = None) -> str:
+    """An ssh_config entry `gpu-train-STACK` (so ssh, rsync and editors' remote-SSH work), included
+    from ~/.ssh/config. Returns the host alias."""
+    from remote import target as targets
+
+    alias = f"gpu-train-{target.stack}"
+    h = target.host
+    entry = (f"Host {alias}\n  HostName {h.host}\n  User {h.user}\n  Port {h.port}\n  IdentityFile {target.key_file}\n"
+             f"  IdentitiesOnly yes\n  UserKnownHostsFile {target.known_hosts}\n  StrictHostKeyChecking yes\n")
+    conf = targets.state_home() / "ssh_config.d" / f"{alias}.conf"
+    _atomic_write(conf, entry)
+    user_conf = (home or Path.home()) / ".ssh" / "config"
+    include = f"Include {conf.parent}/*.conf"
+    existing = user_conf.read_text() if user_conf.exists() else ""
+    if include not in existing:
+        user_conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _atomic_write(user_conf, f"{include}\n{existing}")  # Include must come before any Host block
+    return alias
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    if path.exists():
+        os.chmod(tmp, path.stat().st_mode & 0o777)
+    tmp.replace(path)
+
+
+def _exec_ssh(session: Session, *extra: str) -> None:
+    from remote import ssh
+
+    session.connect()  # verifies (or learns) the host key first
+    session.close()
+    h = session.target.host
+    argv = ["ssh", *ssh.openssh_options(session.target, h), *extra, f"{h.user}@{h.host}"]
+    os.execvp("ssh", argv)
+
+
+@task(help={"stack": STACK_HELP})
+def ssh(c, stack=None):
+    """A shell on the host; also writes the ssh config entry gpu-train-STACK for ssh, rsync and editors."""
+    session = Session(stack)
+    alias = write_ssh_config(session.target)
+    say(f"ssh config entry: {alias} (ssh {alias}, rsync -e ssh ... {alias}:path)")
+    _exec_ssh(session, "-t")
+
+
+@task(help={"stack": STACK_HELP})
+def gpus(c, stack=None):
+    """nvidia-smi on the host."""
+    session = Session(stack)
+    result = session.connect().run("command -v nvidia-smi >/dev/null && nvidia-smi || echo 'no nvidia-smi on this host'",
+                                   warn=True, in_stream=False)
+    session.close()
+    if result.exited:
+        raise Exit(code=result.exited)
+
+
+@task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
+            "stack": STACK_HELP})
+def tunnel(c, port=6006, local_port=None, stack=None):
+    """Forward localhost:LOCAL_PORT to the host's localhost:PORT over SSH (no firewall change)."""
+    session = Session(stack)
+    port, local = int(port), int(local_port or port)
+    say(f"http://localhost:{local} -> {session.target.host} localhost:{port} (Ctrl-C to stop)")
+    _exec_ssh(session, "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"{local}:localhost:{port}")
+
+
+ns = Collection(train, logs, status, stop, fetch, down, ssh, gpus, tunnel)

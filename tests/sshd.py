@@ -1,0 +1,119 @@
+"""A real OpenSSH server on loopback, as the current user, with throwaway keys (tests and demo).
+
+Several can run at once on 127.0.0.2, 127.0.0.3, ... (all of 127/8 is loopback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path) -> Path:
+    if not path.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpu-train-test", "-f", str(path)], check=True)
+    return path
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (sshd's per-connection children and their shells)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class Sshd:
+    def __init__(self, workdir: Path, address: str = "127.0.0.2", client_key: Path | None = None):
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.address = address
+        self.port = free_port(address)
+        self.user = getpass.getuser()
+        self.client_key = client_key or keygen(self.dir / "client_ed25519")
+        self.host_key = keygen(self.dir / "host_ed25519")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"{self.user}@{self.address}:{self.port}"
+
+    def new_host_key(self) -> None:
+        """Replace the host key (a rebuilt host, or an impostor); takes effect on the next start."""
+        for p in (self.host_key, self.host_key.with_suffix(".pub")):
+            p.unlink(missing_ok=True)
+        keygen(self.host_key)
+
+    def start(self) -> Sshd:
+        (self.dir / "authorized_keys").write_text(Path(f"{self.client_key}.pub").read_text())
+        config = self.dir / "sshd_config"
+        config.write_text(
+            f"Port {self.port}\nListenAddress {self.address}\nHostKey {self.host_key}\nPidFile {self.dir}/sshd.pid\n"
+            f"AuthorizedKeysFile {self.dir}/authorized_keys\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
+            "Subsystem sftp internal-sftp\nLogLevel ERROR\nMaxStartups 100\nMaxSessions 50\nPrintMotd no\n"
+            "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n"
+        )
+        if os.geteuid() == 0:
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
+        with open(self.dir / "sshd.log", "ab") as log:
+            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+                                         stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited: {(self.dir / 'sshd.log').read_text()}")
+            try:
+                with socket.create_connection((self.address, self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("sshd did not start listening")
+
+    def stop(self) -> None:
+        """Kill the daemon and every session it serves (as a crash or a network cut would)."""
+        if self.proc is None:
+            return
+        victims = [self.proc.pid, *descendants(self.proc.pid)]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stack_file(self, stacks_dir: Path, name: str, remote_root: Path, python: str, extra: str = "") -> Path:
+        """An SSH stack pointing at this server."""
+        stacks_dir.mkdir(parents=True, exist_ok=True)
+        path = stacks_dir / f"Pulumi.{name}.yaml"
+        path.write_text(
+            "config:\n  gpu-train:target: ssh\n"
+            f"  gpu-train:hosts: ['{self.spec}']\n  gpu-train:sshKey: {self.client_key}\n"
+            f"  gpu-train:remoteRoot: {remote_root}\n  gpu-train:python: {python}\n{extra}"
+        )
+        return path

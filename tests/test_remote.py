@@ -1,0 +1,388 @@
+"""The fab tasks end to end, against a real sshd, screen and rsync on loopback.
+
+Every call runs the real `fab` executable, as a user would, on an SSH stack written for the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.sshd import Sshd, free_port
+
+FAB = str(Path(sys.executable).parent / "fab")
+EXAMPLE = ROOT / "examples"
+
+
+class Lab:
+    """An SSH stack named `lab` on a throwaway sshd, and a way to run fab against it."""
+
+    def __init__(self, tmp: Path, address: str = "127.0.0.2"):
+        self.tmp = tmp
+        self.sshd = Sshd(tmp / "sshd", address).start()
+        self.remote = tmp / "remote"
+        self.stacks = tmp / "stacks"
+        self.home = tmp / "home"
+        self.cwd = tmp / "work"
+        self.cwd.mkdir()
+        self.sshd.stack_file(self.stacks, "lab", self.remote, sys.executable)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home),
+                "GPU_TRAIN_STACK": "lab", "PYTHONPATH": str(ROOT)}
+
+    def fab(self, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+        result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
+                                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and result.returncode != 0:
+            raise AssertionError(f"fab {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def spawn(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+    def train(self, *args: str) -> str:
+        out = self.fab("train", *args, check=True).stdout
+        return out.split()[1]  # "started RUN_ID on ..."
+
+    def status(self) -> dict:
+        return json.loads(self.fab("status", "--json", check=True).stdout)
+
+    def run_state(self, run: str) -> dict:
+        return next(r for r in self.status()["runs"] if r["id"] == run)
+
+    def wait(self, run: str, states=("succeeded", "failed", "stopped", "interrupted"), timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = json.loads((self.remote / "runs" / run / "state.json").read_text())
+            if state.get("state") in states:
+                return self.run_state(run)
+            time.sleep(0.2)
+        raise AssertionError(f"{run} did not reach {states}")
+
+    def log(self, run: str) -> str:
+        path = self.remote / "runs" / run / "log"
+        return path.read_text() if path.exists() else ""
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    lab = Lab(tmp_path)
+    yield lab
+    lab.sshd.stop()
+    subprocess.run(["pkill", "-f", str(lab.remote)], check=False)  # jobs left running by a failed test
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# -- the whole loop ---------------------------------------------------------------------------
+def test_train_follow_status_fetch_the_example(lab: Lab) -> None:
+    started = lab.fab("train", "--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 120 --checkpoint-every 40",
+                      check=True)
+    run = started.stdout.split()[1]
+    assert run.startswith("train_") and len(run) == len("train_20260101_000000")
+    assert "first contact with" in started.stderr and "SHA256:" in started.stderr
+    assert "syncing" in started.stderr and "fab logs" in started.stdout
+
+    follow = lab.fab("logs", "--follow")
+    assert follow.returncode == 0, follow.stderr
+    assert "done: step 120" in follow.stdout and f"{run}: succeeded, exit code 0" in follow.stderr
+
+    info = lab.run_state(run)
+    assert (info["state"], info["exitCode"]) == ("succeeded", 0)
+    assert info["jobDir"] == str(lab.remote / "runs" / run / "job")
+    assert "--job-dir" in lab.log(run)
+
+    text = lab.fab("status", check=True).stdout
+    assert run in text and "succeeded" in text
+
+    lab.fab("fetch", check=True)
+    local = lab.cwd / "runs" / "lab" / run
+    assert tree_digest(local) == tree_digest(Path(info["jobDir"]))
+    assert sorted(p.name for p in (local / "checkpoints").iterdir()) == ["ckpt_00000040.pt", "ckpt_00000080.pt", "ckpt_00000120.pt"]
+    assert not list(local.parent.glob(".*partial*"))
+
+    again = time.monotonic()
+    lab.fab("fetch", check=True)
+    assert time.monotonic() - again < 5  # nothing changed: nothing copied (bench/ measures it properly)
+
+
+def test_env_run_id_job_dir_and_requirements_once(lab: Lab) -> None:
+    code = lab.tmp / "code"
+    code.mkdir()
+    (code / "requirements.txt").write_text("# nothing to install\n")
+    cmd = 'echo "rid=$RUN_ID jd=$JOB_DIR greet=$GREETING"; pwd; echo ok > "$JOB_DIR/out.txt"'
+    run = lab.train("--dir", str(code), "--command", cmd, "--name", "envcheck", "--env", "GREETING=hello world")
+    assert lab.wait(run)["state"] == "succeeded"
+    log = lab.log(run)
+    assert f"rid={run} jd={lab.remote}/runs/{run}/job greet=hello world" in log
+    assert f"{lab.remote}/runs/{run}/code" in log
+    assert "installing requirements.txt" in log
+    run2 = lab.train("--dir", str(code), "--command", "true", "--name", "envcheck2")
+    lab.wait(run2)
+    assert "requirements.txt unchanged" in lab.log(run2)
+
+
+def test_sync_honours_ignores_and_links_unchanged_files(lab: Lab) -> None:
+    code = lab.tmp / "proj"
+    (code / "data").mkdir(parents=True)
+    (code / "sub").mkdir()
+    (code / "train.py").write_text("print('hi')\n")
+    (code / "data" / "big.bin").write_bytes(os.urandom(1000))
+    (code / "sub" / "keep.py").write_text("x = 1\n")
+    (code / "sub" / "scratch.tmp").write_text("junk\n")
+    (code / "notes.secret").write_text("s\n")
+    (code / ".gitignore").write_text("data/\n*.tmp\n")
+    (code / ".gputrainignore").write_text("*.secret\n")
+    subprocess.run(["git", "init", "-q", str(code)], check=True)
+    run = lab.train("--dir", str(code), "--script", "train.py")
+    lab.wait(run)
+    remote_code = lab.remote / "runs" / run / "code"
+    sent = sorted(str(p.relative_to(remote_code)) for p in remote_code.rglob("*") if p.is_file())
+    assert sent == [".gitignore", ".gputrainignore", "sub/keep.py", "train.py"]
+
+    time.sleep(1.1)  # a new run id
+    run2 = lab.train("--dir", str(code), "--script", "train.py")
+    lab.wait(run2)
+    a, b = remote_code / "train.py", lab.remote / "runs" / run2 / "code" / "train.py"
+    assert a.stat().st_ino == b.stat().st_ino  # unchanged: hard-linked from the last run, not copied
+
+
+def test_outside_git_rsync_reads_gitignore(lab: Lab) -> None:
+    code = lab.tmp / "plain"
+    code.mkdir()
+    (code / "run.py").write_text("")
+    (code / "out.log").write_text("x")
+    (code / ".gitignore").write_text("*.log\n")
+    run = lab.train("--dir", str(code), "--script", "run.py")
+    lab.wait(run)
+    assert not (lab.remote / "runs" / run / "code" / "out.log").exists()
+
+
+def test_job_crash_is_failed_with_its_exit_code_and_log(lab: Lab) -> None:
+    run = lab.train("--dir", str(EXAMPLE), "--command", "echo about to fail; exit 3", "--name", "crash")
+    follow = lab.fab("logs", "--follow", "--run", run)
+    assert follow.returncode == 3 and "about to fail" in follow.stdout
+    info = lab.run_state(run)
+    assert (info["state"], info["exitCode"]) == ("failed", 3)
+    assert "failed (exit 3)" in lab.fab("status").stdout
+    assert "about to fail" in lab.log(run)
+
+
+def test_stop_escalates_sigint_sigterm_sigkill(lab: Lab) -> None:
+    stubborn = "trap 'echo got INT' INT; trap 'echo got TERM' TERM; while true; do sleep 0.1; done"
+    run = lab.train("--dir", str(EXAMPLE), "--command", stubborn, "--name", "stubborn")
+    lab.wait(run, ("running",))
+    time.sleep(0.5)
+    out = lab.fab("stop", "--grace", "1", check=True).stdout
+    assert f"{run}: stopped (SIGINT, SIGTERM, SIGKILL)" in out
+    pid = json.loads((lab.remote / "runs" / run / "state.json").read_text())["pid"]
+    assert not Path(f"/proc/{pid}").exists()
+    assert "got INT" in lab.log(run) and "got TERM" in lab.log(run)
+    assert lab.run_state(run)["state"] == "stopped"
+
+
+def test_stop_of_a_polite_job_needs_only_sigint(lab: Lab) -> None:
+    run = lab.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 100000 --step-time 0.01")
+    deadline = time.monotonic() + 30
+    while "step 10 " not in lab.log(run) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    out = lab.fab("stop", check=True).stdout
+    assert "(SIGINT)" in out
+    assert "saved ckpt_" in lab.log(run)  # the example checkpoints on SIGINT
+
+
+def test_two_trains_with_one_name_at_once(lab: Lab) -> None:
+    args = ("train", "--dir", str(EXAMPLE), "--command", "sleep 30", "--name", "same")
+    procs = [lab.spawn(*args) for _ in range(2)]
+    results = [(p.wait(60), p.stdout.read(), p.stderr.read()) for p in procs]
+    codes = sorted(r[0] for r in results)
+    assert codes == [0, 1], results
+    refused = next(r for r in results if r[0] == 1)
+    assert "already running" in refused[2] or "already exists" in refused[2]
+    lab.fab("stop", "--grace", "1", check=True)
+
+
+def test_host_down_is_a_clear_error_within_the_timeout(lab: Lab) -> None:
+    lab.sshd.stop()
+    started = time.monotonic()
+    result = lab.fab("status", "--json")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 3
+    assert "cannot reach" in result.stderr and lab.sshd.spec.split("@")[1] in result.stderr
+    assert elapsed < 30  # SSH stacks wait 15 s
+
+
+def test_changed_host_key_is_refused(lab: Lab) -> None:
+    lab.fab("status", check=True)  # learns the key
+    lab.sshd.stop()
+    lab.sshd.new_host_key()
+    lab.sshd.start()
+    result = lab.fab("status")
+    assert result.returncode == 3
+    assert "CHANGED" in result.stderr and "ssh-keygen -f" in result.stderr and "-R" in result.stderr
+
+
+def test_pinned_known_hosts_refuses_unknown_hosts(lab: Lab) -> None:
+    pinned = lab.tmp / "pinned_known_hosts"
+    pinned.write_text("")
+    lab.sshd.stack_file(lab.stacks, "lab", lab.remote, sys.executable, f"  gpu-train:knownHosts: {pinned}\n")
+    result = lab.fab("status")
+    assert result.returncode == 3 and "pins host keys" in result.stderr
+    assert pinned.read_text() == ""  # never written
+    key = (lab.sshd.host_key.with_suffix(".pub")).read_text().split()
+    pinned.write_text(f"[{lab.sshd.address}]:{lab.sshd.port} {key[0]} {key[1]}\n")
+    assert lab.fab("status").returncode == 0
+
+
+def test_fetch_survives_a_killed_sshd(lab: Lab) -> None:
+    big = ('python3 -c "import os; [open(os.environ[\'JOB_DIR\'] + f\'/part{i}.bin\', \'wb\')'
+           '.write(os.urandom(300 << 20)) for i in range(2)]"')
+    run = lab.train("--dir", str(EXAMPLE), "--command", big, "--name", "big")
+    assert lab.wait(run, timeout=120)["state"] == "succeeded"
+    job = Path(lab.run_state(run)["jobDir"])
+    fetch = lab.spawn("fetch", "--run", run)
+    dest = lab.cwd / "runs" / "lab" / run
+    partial = dest.parent / f".{run}.gpu-train-partial"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(p.is_file() for p in partial.rglob("*")):
+        time.sleep(0.02)
+    lab.sshd.stop()  # mid-transfer
+    assert fetch.wait(60) != 0
+    assert "run it again to resume" in fetch.stderr.read()
+    assert not (dest / "part1.bin").exists()  # nothing half-written where results are read
+    lab.sshd.start()
+    lab.fab("fetch", "--run", run, check=True)
+    assert tree_digest(dest) == tree_digest(job)
+    assert not partial.exists()
+
+
+def test_fetch_never_replaces_a_newer_local_file(lab: Lab) -> None:
+    run = lab.train("--dir", str(EXAMPLE), "--command", 'echo remote > "$JOB_DIR/result.txt"', "--name", "res")
+    lab.wait(run)
+    dest = lab.cwd / "runs" / "lab" / run
+    dest.mkdir(parents=True)
+    (dest / "result.txt").write_text("edited locally\n")  # newer than the host's
+    lab.fab("fetch", "--run", run, check=True)
+    assert (dest / "result.txt").read_text() == "edited locally\n"
+
+
+def test_logs_follow_reconnects_after_a_dropped_connection(lab: Lab) -> None:
+    ticker = 'for i in $(seq 1 40); do echo "tick $i"; sleep 0.1; done'
+    run = lab.train("--dir", str(EXAMPLE), "--command", ticker, "--name", "ticker")
+    follower = lab.spawn("logs", "--follow", "--lines", "0", "--run", run)
+    time.sleep(1.5)
+    lab.sshd.stop()  # every session dies; the job (under screen) does not
+    time.sleep(1.0)
+    lab.sshd.start()
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    ticks = [line for line in out.splitlines() if line.startswith("tick ")]
+    assert ticks == [f"tick {i}" for i in range(1, 41)]  # every line once: no gap, no repeat
+    assert "reconnecting" in err
+
+
+def test_logs_tail_and_errors(lab: Lab) -> None:
+    run = lab.train("--dir", str(EXAMPLE), "--command", "seq 1 100", "--name", "counter")
+    lab.wait(run)
+    out = lab.fab("logs", "--lines", "3", check=True).stdout.splitlines()
+    assert len(out) == 3 and out[:2] == ["99", "100"] and out[2].startswith("[gpu-train]")
+    missing = lab.fab("logs", "--run", "nope_20260101_000000")
+    assert missing.returncode == 1 and "no run 'nope_20260101_000000'" in missing.stderr
+
+
+def test_down_refuses_while_running_then_fetches_everything(lab: Lab) -> None:
+    run = lab.train("--dir", str(EXAMPLE), "--command", "sleep 30", "--name", "busy")
+    lab.wait(run, ("running",))
+    refused = lab.fab("down")
+    assert refused.returncode == 1 and f"still running: {run}" in refused.stderr
+    lab.fab("stop", "--grace", "1", check=True)
+    done = lab.fab("down", check=True)
+    assert "nothing to destroy" in done.stdout
+    assert (lab.cwd / "runs" / "lab" / run).is_dir()
+
+
+def test_gpus_without_nvidia_smi(lab: Lab) -> None:
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    assert "no nvidia-smi on this host" in lab.fab("gpus", check=True).stdout
+
+
+def test_ssh_config_entry_and_plain_ssh(lab: Lab) -> None:
+    from remote import target
+    from remote.tasks import write_ssh_config
+
+    os.environ.update({k: v for k, v in lab.env.items() if k.startswith("GPU_TRAIN")})
+    try:
+        lab.fab("status", check=True)  # learn the host key first
+        home = lab.tmp / "userhome"
+        alias = write_ssh_config(target.resolve("lab"), home)
+        config = home / ".ssh" / "config"
+        assert config.read_text().startswith("Include ")
+        write_ssh_config(target.resolve("lab"), home)
+        assert config.read_text().count("Include ") == 1  # idempotent
+        out = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", alias, "echo via-alias"],
+                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        assert out.stdout.strip() == "via-alias", out.stderr
+    finally:
+        for k in [k for k in os.environ if k.startswith("GPU_TRAIN")]:
+            del os.environ[k]
+
+
+def test_tunnel_forwards_a_port(lab: Lab) -> None:
+    remote_port, local_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(remote_port), "--bind", "127.0.0.1",
+                               "--directory", str(EXAMPLE)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tunnel = lab.spawn("tunnel", "--port", str(remote_port), "--local-port", str(local_port))
+    try:
+        body = b""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not body:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{local_port}/train.py", timeout=2).read()
+            except OSError:
+                time.sleep(0.2)
+        assert body == (EXAMPLE / "train.py").read_bytes()
+    finally:
+        tunnel.terminate()
+        server.terminate()
+        tunnel.wait(10)
+        server.wait(10)
+
+
+def test_bad_input_fails_before_anything_is_copied(lab: Lab) -> None:
+    cases = [
+        (("--dir", str(EXAMPLE)), "exactly one of --script"),
+        (("--dir", str(EXAMPLE), "--script", "nope.py"), "no such file"),
+        (("--dir", str(lab.tmp / "missing"), "--script", "x.py"), "no such directory"),
+        (("--dir", str(EXAMPLE), "--script", "train.py", "--name", "9lives"), "--name '9lives'"),
+        (("--dir", str(EXAMPLE), "--script", "train.py", "--env", "NOEQUALS"), "NAME=VALUE"),
+        (("--dir", str(EXAMPLE), "--command", "true", "--args", "x"), "--args goes with --script"),
+    ]
+    for args, words in cases:
+        result = lab.fab("train", *args)
+        assert result.returncode == 2 and words in result.stderr, (args, result.stderr)
+    assert not (lab.remote / "runs").exists()
+
+
+def test_unknown_stack_names_the_fix(lab: Lab) -> None:
+    result = lab.fab("status", "--stack", "nope")
+    assert result.returncode == 2 and "no stack file" in result.stderr and "pulumi stack init" in result.stderr
