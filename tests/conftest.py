@@ -1,4 +1,4 @@
-"""Shared fixtures. Remote-side fixtures (a real sshd on loopback) live in tests/sshd.py."""
+"""Shared fixtures. The real sshd on loopback is remote/loopback.py."""
 
 from __future__ import annotations
 

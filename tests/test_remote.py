@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from remote.loopback import Sshd, free_port
 from tests.conftest import ROOT
-from tests.sshd import Sshd, free_port
 
 FAB = str(Path(sys.executable).parent / "fab")
 EXAMPLE = ROOT / "examples"

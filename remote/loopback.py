@@ -1,4 +1,4 @@
-"""A real OpenSSH server on loopback, as the current user, with throwaway keys (tests and demo).
+"""A throwaway OpenSSH server on loopback, as the current user (the demo, the tests, the benchmarks).
 
 Several can run at once on 127.0.0.2, 127.0.0.3, ... (all of 127/8 is loopback).
 """

@@ -1,0 +1,177 @@
+"""Pure decisions on the laptop side: run ids, job specs, rsync command lines, targets."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from gpu_train import jobs
+from gpu_train.config import SshHost, parse
+from remote import sync, target
+from remote.tasks import render_status
+from tests.conftest import gcp_raw
+
+
+@pytest.mark.parametrize(
+    ("name", "script", "command", "base"),
+    [
+        (None, "train.py", None, "train"),
+        (None, "src/my-model.v2.py", None, "my_model_v2"),
+        (None, None, "bash run.sh", "job"),
+        ("exp_1", "train.py", None, "exp_1"),
+        (None, "3d.py", None, "job_3d"),
+        (None, "x" * 200 + ".py", None, "x" * 112),
+    ],
+)
+def test_base_name(name, script, command, base) -> None:
+    assert jobs.base_name(name, script, command) == base
+
+
+@pytest.mark.parametrize("name", ["9lives", "has-dash", "", "a b", "é"])
+def test_base_name_rejects(name: str) -> None:
+    with pytest.raises(jobs.JobError, match="--name"):
+        jobs.base_name(name, "train.py", None)
+
+
+def test_run_id_follows_the_ai_platform_rule() -> None:
+    rid = jobs.run_id("x" * 112, datetime(2026, 11, 21, 9, 5, 7))
+    assert rid.endswith("_20261121_090507") and len(rid) == 128 and jobs.RUN_ID_RE.fullmatch(rid)
+
+
+@pytest.mark.parametrize(
+    ("pairs", "env"),
+    [([], {}), (["A=1", "B=x=y", "C="], {"A": "1", "B": "x=y", "C": ""})],
+)
+def test_parse_env(pairs, env) -> None:
+    assert jobs.parse_env(pairs) == env
+
+
+@pytest.mark.parametrize(("pair", "words"), [("NOEQ", "NAME=VALUE"), ("1A=2", "NAME=VALUE"), ("JOB_DIR=/x", "sets JOB_DIR")])
+def test_parse_env_rejects(pair: str, words: str) -> None:
+    with pytest.raises(jobs.JobError, match=words):
+        jobs.parse_env([pair])
+
+
+def test_job_spec(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "t.py").write_text("")
+    spec = jobs.job_spec(run="t_1", base="t", script=str(tmp_path / "sub" / "t.py"), command=None, args="--lr 0.1 --name 'a b'",
+                         env=["K=V"], python=None, expect_gpus=2, code_dir=tmp_path)
+    assert spec.script == "sub/t.py" and spec.args == ("--lr", "0.1", "--name", "a b")
+    assert spec.to_json()["expectGpus"] == 2 and spec.env == {"K": "V"}
+    with pytest.raises(jobs.JobError, match="inside --dir"):
+        jobs.job_spec(run="t", base="t", script="/etc/passwd", command=None, args="", env=[], python=None, expect_gpus=0,
+                      code_dir=tmp_path)
+
+
+def test_agent_command_carries_the_agent_inline() -> None:
+    cmd = jobs.agent_command("~/gpu-train", "status")
+    assert cmd.startswith("python3 -c ") and cmd.endswith("--root '~/gpu-train' status")
+    assert len(cmd) < 64 * 1024  # well inside any exec request limit
+
+
+def lab_target(**kw) -> target.Target:
+    cfg = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222"], "gpu-train:sshKey": "/k/id",
+                 **kw}, "lab")
+    return target.target_from(cfg, None, Path("/state"))
+
+
+def test_push_command() -> None:
+    t = lab_target()
+    cmd = sync.push_command(t, t.host, Path("/code"), "run_1", "run", Path("/tmp/ex"), git_mode=True)
+    assert cmd[:3] == ["rsync", "-a", "--delete"]
+    assert "--rsync-path=mkdir -p gpu-train/staging && rsync" in cmd
+    assert "--link-dest=../../code/run.last" in cmd and "--exclude-from=/tmp/ex" in cmd
+    assert "--exclude=/.git/" in cmd and "--filter=:- .gputrainignore" in cmd and "--filter=:- .gitignore" not in cmd
+    assert cmd[-2:] == ["/code/", "me@127.0.0.2:gpu-train/staging/run_1/"]
+    ssh = cmd[cmd.index("-e") + 1]
+    for opt in ("-p 2222", "-i /k/id", "StrictHostKeyChecking=yes", "UserKnownHostsFile=/state/lab/known_hosts", "BatchMode=yes"):
+        assert opt in ssh
+    plain = sync.push_command(t, t.host, Path("/code"), "run_1", "run", None, git_mode=False)
+    assert "--filter=:- .gitignore" in plain and not any(a.startswith("--exclude-from") for a in plain)
+
+
+def test_fetch_command_is_resumable_verified_and_never_clobbers_newer_files() -> None:
+    t = lab_target(**{"gpu-train:remoteRoot": "/srv/gt"})
+    cmd = sync.fetch_command(t, t.host, "/srv/gt/runs/r/job", Path("/home/u/runs/lab/r"), Path("/home/u/runs/lab/.r.p"), True)
+    assert "--update" in cmd and "--partial-dir=/home/u/runs/lab/.r.p" in cmd and "--temp-dir=/home/u/runs/lab/.r.p" in cmd
+    assert "--info=progress2" in cmd
+    assert cmd[-2:] == ["me@127.0.0.2:/srv/gt/runs/r/job/", "/home/u/runs/lab/r/"]
+    assert sync.partial_dir(Path("/d/runs/lab/r")) == Path("/d/runs/lab/.r.gpu-train-partial")
+
+
+def test_remote_path_ipv6() -> None:
+    assert sync.remote_path(SshHost("u", "::1", 22), "x/") == "u@[::1]:x/"
+
+
+def test_listed_bytes() -> None:
+    listing = ("drwxr-xr-x          4,096 2026/11/21 23:00:00 .\n-rw-r--r--          1,234 2026/11/21 23:00:00 a.py\n"
+               "-rw-r--r--     10,000,000 2026/11/21 23:00:00 b.bin\nlrwxrwxrwx             12 2026/11/21 23:00:00 l -> a\n")
+    assert sync.listed_bytes(listing) == (2, 10_001_234)
+
+
+def test_gcp_target_from_outputs() -> None:
+    cfg = parse(gcp_raw(sshPublicKey="~/.ssh/work.pub"), "t4")
+    outputs = {"externalIp": "203.0.113.10", "sshUser": "trainer", "gpuCount": 1, "hourlyCostUsd": 0.28}
+    t = target.target_from(cfg, outputs, Path("/state"))
+    assert t.hosts == (SshHost("trainer", "203.0.113.10", 22),) and t.is_gcp and t.expect_gpus == 1
+    assert t.key_file.endswith("/.ssh/work") and t.known_hosts == Path("/state/t4/known_hosts") and not t.pinned
+    assert t.hourly_cost_usd == 0.28 and t.rsync_root() == "gpu-train"
+
+
+def test_ssh_target_waits_for_no_gpus() -> None:
+    t = lab_target(**{"gpu-train:knownHosts": "/etc/kh"})
+    assert t.expect_gpus == 0 and t.pinned and t.known_hosts == Path("/etc/kh") and not t.is_gcp
+
+
+def test_render_status() -> None:
+    t = target.target_from(parse(gcp_raw(), "t4"), {"externalIp": "203.0.113.10", "gpuCount": 1, "hourlyCostUsd": 0.5},
+                           Path("/s"))
+    doc = {"host": "vm", "root": "/home/trainer/gpu-train", "uptimeS": 7200,
+           "gpus": [{"index": 0, "name": "Tesla T4", "utilization": 87.0, "memoryUsedMiB": 9000, "memoryTotalMiB": 15360}],
+           "runs": [{"id": "train_20260101_000000", "state": "failed", "exitCode": 3, "durationS": 3725, "lastLine": "boom"}]}
+    text = render_status(doc, t)
+    assert "VM up 2.0 h, about $1.00 so far" in text and "GPU 0 Tesla T4: 87% busy, 9000/15360 MiB" in text
+    assert "failed (exit 3)" in text and "1h02m" in text and "boom" in text
+
+
+@pytest.fixture
+def stand_in_pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The Pulumi CLI cannot run here: a stand-in executable answers at the process boundary."""
+    monkeypatch.setenv("PATH", f"{Path(__file__).parent / 'stand_in'}:{os.environ['PATH']}")
+    monkeypatch.setenv("PULUMI_STAND_IN_DIR", str(tmp_path))
+    (tmp_path / "outputs.json").write_text('{"externalIp": "203.0.113.10", "sshUser": "trainer", "gpuCount": 1}')
+    return tmp_path
+
+
+def test_stack_outputs_are_cached_and_refreshed(stand_in_pulumi: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache" / "t4"
+    assert target.stack_outputs("t4", cache)["externalIp"] == "203.0.113.10"
+    assert target.stack_outputs("t4", cache)["externalIp"] == "203.0.113.10"
+    calls = (stand_in_pulumi / "calls").read_text().splitlines()
+    assert calls == ["stack output --json --show-secrets --stack t4"]  # the second came from the cache
+    (stand_in_pulumi / "outputs.json").write_text('{"externalIp": "198.51.100.4", "gpuCount": 1}')
+    assert target.stack_outputs("t4", cache, refresh=True)["externalIp"] == "198.51.100.4"
+    assert len((stand_in_pulumi / "calls").read_text().splitlines()) == 2
+
+
+def test_stack_outputs_errors(stand_in_pulumi: Path, tmp_path: Path) -> None:
+    (stand_in_pulumi / "fail").write_text("error: no stack named 't4' found")
+    with pytest.raises(target.ConfigError, match="no stack named 't4' found"):
+        target.stack_outputs("t4", tmp_path / "c")
+    (stand_in_pulumi / "fail").unlink()
+    (stand_in_pulumi / "outputs.json").write_text("{}")
+    with pytest.raises(target.ConfigError, match="has no VM yet"):
+        target.stack_outputs("t4", tmp_path / "c")
+
+
+def test_selected_stack(stand_in_pulumi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPU_TRAIN_STACK", raising=False)
+    assert target.select_stack("given") == "given"
+    monkeypatch.setenv("GPU_TRAIN_STACK", "from-env")
+    assert target.select_stack(None) == "from-env"
+    monkeypatch.delenv("GPU_TRAIN_STACK")
+    assert target.select_stack(None) == "selected-stack"
