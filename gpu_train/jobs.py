@@ -63,10 +63,13 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     python: str | None = None
     expect_gpus: int = 0
+    code_manifest: str | None = None  # hash of the code listing, so the host can skip an unchanged sync
+    reuse_code: bool = False
 
     def to_json(self) -> dict:
         return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
-                "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus}
+                "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
+                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code}
 
 
 def job_spec(*, run: str, base: str, script: str | None, command: str | None, args: str, env: list[str],
@@ -99,7 +102,9 @@ def agent_command(root: str, *args: str) -> str:
     packed = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
     boot = ("import base64,sys,zlib;s=zlib.decompress(base64.b64decode(sys.argv.pop(1))).decode();"
             "exec(compile(s,'gpu-train-agent','exec'),{'__name__':'__main__','AGENT_SOURCE':s})")
-    return shlex.join(["python3", "-c", boot, packed, "--root", root, *args])
+    # The system Python when there is one: it starts fastest and no environment manager wraps it.
+    run = shlex.join(["-S", "-c", boot, packed, "--root", root, *args])
+    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {run}'
 
 
 def encode_spec(spec: JobSpec) -> str:

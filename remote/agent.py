@@ -238,10 +238,42 @@ def install_self(root: str) -> str:
     return path
 
 
-def cmd_launch(root: str, spec: dict) -> dict:
-    """Move the synced code into place and start the job under screen."""
+def busy_runs(root: str, base: str) -> list[str]:
+    return [os.path.basename(d) for d in run_dirs(root)
+            if (read_json(os.path.join(d, "state.json")) or {}).get("base") == base
+            and describe(d)["state"] in ("starting", "running")]
+
+
+def clean_staging(root: str, older_than_s: float = 3600) -> None:
+    """Code synced for launches that never happened (refused, or the laptop went away)."""
+    staging = os.path.join(root, "staging")
+    for name in os.listdir(staging) if os.path.isdir(staging) else []:
+        path = os.path.join(staging, name)
+        with contextlib.suppress(OSError):
+            if time.time() - os.stat(path).st_mtime > older_than_s:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def reuse_code(root: str, base: str, manifest: str | None, staging: str) -> bool:
+    """Stage the last run's code again (hard links) when the laptop's manifest says nothing changed."""
+    last = os.path.join(root, "code", f"{base}.last")
+    recorded = read_json(os.path.join(root, "code", f"{base}.manifest")) or {}
+    if not manifest or recorded.get("manifest") != manifest or not os.path.isdir(last):
+        return False
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(os.path.realpath(last), staging, symlinks=True, copy_function=os.link)
+    return True
+
+
+def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
+    """Move the synced code into place and start the job under screen.
+
+    With ``await_go`` the checks run while the laptop is still syncing: the agent prints
+    {"ready": true} and waits for "go" on stdin, so the launch costs one round trip after the sync.
+    """
     run_id, base = spec["runId"], spec["base"]
     agent = install_self(root)
+    clean_staging(root)
     if not shutil.which("screen"):
         raise AgentError("screen is not installed on this host: sudo apt-get install screen")
     want = spec.get("expectGpus") or 0
@@ -251,10 +283,17 @@ def cmd_launch(root: str, spec: dict) -> dict:
             return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
     python = detect_python(spec.get("python"))
     staging = os.path.join(root, "staging", run_id)
+    if await_go:
+        busy = busy_runs(root, base)
+        if busy:
+            raise AgentError(f"a run named {base!r} is already running ({', '.join(busy)}): "
+                             f"stop it (fab stop --run {busy[0]}) or pick another --name")
+        reused = bool(spec.get("reuseCode")) and reuse_code(root, base, spec.get("codeManifest"), staging)
+        print(json.dumps({"ready": True, "reused": reused}), flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise AgentError("launch aborted by the laptop (the code sync failed)")
     with locked(root):
-        busy = [describe(d)["id"] for d in run_dirs(root)
-                if (read_json(os.path.join(d, "state.json")) or {}).get("base") == base
-                and describe(d)["state"] in ("starting", "running")]
+        busy = busy_runs(root, base)
         if busy:
             shutil.rmtree(staging, ignore_errors=True)
             raise AgentError(f"a run named {base!r} is already running ({', '.join(busy)}): "
@@ -277,6 +316,8 @@ def cmd_launch(root: str, spec: dict) -> dict:
         tmp_link = f"{last}.tmp.{os.getpid()}"
         os.symlink(os.path.join("..", "runs", run_id, "code"), tmp_link)
         os.replace(tmp_link, last)
+        if spec.get("codeManifest"):
+            write_json(f"{last[:-len('.last')]}.manifest", {"manifest": spec["codeManifest"]})
         write_json(os.path.join(run_dir, "spec.json"), {**spec, "python": python})
         update_state(run_dir, id=run_id, base=base, state="starting", created=now(), resumes=0)
     session = run_id
@@ -449,6 +490,7 @@ def main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     launch = sub.add_parser("launch")
     launch.add_argument("spec", help="base64 JSON")
+    launch.add_argument("--await-go", action="store_true")
     wrap = sub.add_parser("wrap")
     wrap.add_argument("run")
     status = sub.add_parser("status")
@@ -470,7 +512,7 @@ def main(argv: list[str]) -> int:
         if args.cmd == "logs":
             return cmd_logs(root, args.run, args.offset, args.lines, args.follow)
         if args.cmd == "launch":
-            result = cmd_launch(root, json.loads(base64.b64decode(args.spec)))
+            result = cmd_launch(root, json.loads(base64.b64decode(args.spec)), args.await_go)
         elif args.cmd == "status":
             result = cmd_status(root, args.run)
         else:

@@ -13,6 +13,7 @@ import json
 import os
 import select
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -126,6 +127,69 @@ def call(conn: Connection, target: Target, *args: str) -> dict:
     if not isinstance(doc, dict):
         detail = (result.stderr or result.stdout).strip()[-2000:]
         raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {result.exited}): {detail}")
+    if "error" in doc:
+        raise RemoteError(doc["error"])
+    return doc
+
+
+def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None,
+           reuse: bool = False) -> dict:
+    """The agent's launch, started alongside the code sync and released by "go" after it.
+
+    Opening the agent's channel, its start-up and its checks overlap the sync, so launching costs
+    one round trip once the code is there. With ``reuse`` (the laptop's code matches the last push)
+    the host first tries to reuse the last run's code, and the sync runs only if it cannot.
+    Without ``sync`` (code already staged) it launches at once.
+    """
+    command = agent_command(target.remote_root, "launch", spec, *(["--await-go"] if sync else []))
+    opened: dict[str, object] = {}
+
+    def open_channel() -> None:
+        try:
+            chan = conn.client.get_transport().open_session()
+            chan.exec_command(command)
+            opened["chan"] = chan
+        except Exception as e:
+            opened["error"] = e
+
+    opener = threading.Thread(target=open_channel, daemon=True)
+    opener.start()
+    failure: BaseException | None = None
+    if sync is not None and not reuse:
+        try:
+            sync()
+        except BaseException as e:
+            failure = e
+    opener.join()
+    if "error" in opened:
+        raise RemoteError(f"cannot start the gpu-train agent: {opened['error']}")
+    chan: paramiko.Channel = opened["chan"]  # type: ignore[assignment]
+    out = chan.makefile("rb")
+    try:
+        if sync is not None:
+            first = _answer(out.readline(), chan) if failure is None else {}
+            if failure is None and "ready" in first and reuse and not first.get("reused"):
+                try:
+                    sync()
+                except BaseException as e:
+                    failure = e
+            if failure is not None:
+                chan.sendall(b"abort\n")
+                raise failure
+            if "ready" not in first:
+                return first  # waiting for the driver: the code stays staged for the next try
+            chan.sendall(b"go\n")
+        return _answer(out.readline(), chan)
+    finally:
+        chan.close()
+
+
+def _answer(line: bytes, chan: paramiko.Channel) -> dict:
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        err = chan.recv_stderr(65536).decode("utf-8", "replace") if chan.recv_stderr_ready() else ""
+        raise RemoteError(f"the gpu-train agent failed: {err.strip() or line.decode('utf-8', 'replace')}") from None
     if "error" in doc:
         raise RemoteError(doc["error"])
     return doc

@@ -7,11 +7,10 @@ per-directory rules otherwise) and .gputrainignore, and never sends .git.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +52,14 @@ def git_ignored(directory: Path) -> list[str] | None:
 
 
 def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: str, exclude_from: Path | None,
-                 git_mode: bool) -> list[str]:
-    """rsync the code into REMOTE_ROOT/staging/RUN, hard-linking files unchanged since the last run."""
+                 git_mode: bool, rsh: str | None = None) -> list[str]:
+    """rsync the code into REMOTE_ROOT/staging/RUN, hard-linking files unchanged since the last run.
+
+    ``rsh``: rsync's remote shell; default OpenSSH, or the task's own connection (remote/relay.py).
+    """
     root = target.rsync_root()
     mkdir = shlex.join(["mkdir", "-p", f"{root}/staging"])  # older rsyncs lack --mkpath
-    cmd = ["rsync", "-a", "--delete", "-e", ssh_command(target, host), f"--rsync-path={mkdir} && rsync",
+    cmd = ["rsync", "-a", "--delete", "-e", rsh or ssh_command(target, host), f"--rsync-path={mkdir} && rsync",
            f"--link-dest=../../code/{base}.last", *code_filters([] if git_mode else None)]
     if exclude_from is not None:
         cmd.append(f"--exclude-from={exclude_from}")
@@ -91,29 +93,46 @@ def human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-@dataclass(frozen=True)
-class Pushed:
+@dataclass
+class CodePlan:
+    """What a code sync would send, decided locally before any connection: files, size, manifest.
+
+    The manifest (a hash of rsync's own listing: names, sizes, times, modes) lets the host reuse
+    the last run's code without a sync when nothing changed.
+    """
+
+    src: Path
     files: int
     bytes: int
+    manifest: str
+    git_mode: bool
+    exclude: Path | None
+
+    def describe(self) -> str:
+        return f"{self.src} ({self.files} files, {human(self.bytes)}; .gitignore and {IGNORE_FILE} honoured)"
 
 
-def push_code(target: Target, host: SshHost, src: Path, run_id: str, base: str, say: Callable[[str], None]) -> Pushed:
-    """Sync ``src`` to the host's staging area for ``run_id``; say its size first."""
+def plan_code(src: Path, scratch: Path) -> CodePlan:
+    """List what would be synced from ``src`` (git's ignores go to a file in ``scratch``)."""
     ignored = git_ignored(src)
-    with tempfile.NamedTemporaryFile("w", suffix=".exclude") as ex:
-        ex.write("\n".join(ignored or []) + "\n")
-        ex.flush()
-        exclude = Path(ex.name) if ignored else None
-        listing = subprocess.run(list_command(src, exclude, ignored is not None), capture_output=True, text=True)
-        files, size = listed_bytes(listing.stdout)
-        say(f"syncing {src} ({files} files, {human(size)}; .gitignore and {IGNORE_FILE} honoured)")
-        if size > LARGE_SYNC_BYTES:
-            say(f"warning: {human(size)} is a lot of code; put data and outputs in {IGNORE_FILE}")
-        result = subprocess.run(push_command(target, host, src, run_id, base, exclude, ignored is not None),
-                                capture_output=True, text=True)
+    exclude = None
+    if ignored:
+        exclude = scratch / "gitignored.exclude"
+        exclude.write_text("\n".join(ignored) + "\n")
+    listing = subprocess.run(list_command(src, exclude, ignored is not None), capture_output=True, text=True)
+    if listing.returncode != 0:
+        raise RemoteError(f"cannot list {src}: {listing.stderr.strip()}")
+    files, size = listed_bytes(listing.stdout)
+    manifest = hashlib.sha256(listing.stdout.encode()).hexdigest()
+    return CodePlan(src, files, size, manifest, ignored is not None, exclude)
+
+
+def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: str, rsh: str | None = None) -> None:
+    """Sync the planned code to the host's staging area for ``run_id``."""
+    cmd = push_command(target, host, plan.src, run_id, base, plan.exclude, plan.git_mode, rsh)
+    result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise RemoteError(f"rsync of the code to {host} failed (exit {result.returncode}): {result.stderr.strip()}")
-    return Pushed(files, size)
 
 
 def fetch_command(target: Target, host: SshHost, job_dir: str, dest: Path, partial: Path, progress: bool) -> list[str]:

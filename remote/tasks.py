@@ -7,10 +7,12 @@ that `fab --list` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -101,6 +103,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     """
     from gpu_train import jobs
     from remote import ssh, sync
+    from remote.relay import ChannelRelay
 
     code_dir = Path(dir or ".").expanduser().resolve()
     if not code_dir.is_dir():
@@ -114,27 +117,64 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
                              python=target.python, expect_gpus=target.expect_gpus, code_dir=code_dir)
     except jobs.JobError as e:
         raise Exit(str(e), code=2) from None
-    session.connect()
-    try:
-        sync.push_code(target, target.host, code_dir, run, base, say)
-    except ssh.RemoteError as e:
-        raise Exit(str(e), code=1) from None
-    deadline, delay = time.monotonic() + session.timeout, 5.0
-    while True:
-        answer = session.call("launch", jobs.encode_spec(spec))
-        if "waiting" not in answer:
-            break
-        if time.monotonic() > deadline:
-            raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=1)
-        say(f"waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 30)
+    pushed = PushedManifests(target.cache)
+    with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
+        try:
+            plan = sync.plan_code(code_dir, Path(scratch))
+        except ssh.RemoteError as e:
+            raise Exit(str(e), code=2) from None
+        unchanged = pushed.get(target.host, base) == plan.manifest
+        say(("unchanged since the last run: " if unchanged else "syncing ") + plan.describe())
+        if plan.bytes > sync.LARGE_SYNC_BYTES:
+            say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
+        spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged)
+        conn = session.connect()
+        with ChannelRelay(conn.transport) as relay:
+            def push() -> None:
+                sync.push_code(target, target.host, plan, run, base, rsh=relay.rsh())
+
+            deadline, delay = time.monotonic() + session.timeout, 5.0
+            while True:
+                try:
+                    answer = ssh.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
+                except ssh.RemoteError as e:
+                    raise Exit(str(e), code=1) from None
+                if "waiting" not in answer:
+                    break
+                push = None  # the code is staged on the host; only the launch is retried
+                if time.monotonic() > deadline:
+                    raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=1)
+                say(f"waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
+                time.sleep(delay)
+                delay = min(delay * 1.5, 30)
+    pushed.set(target.host, base, plan.manifest)
     session.close()
     stack_opt = f" --stack {target.stack}"
     print(f"started {answer['runId']} on {target.host} ({answer['python']}); JOB_DIR={answer['jobDir']}")
     print(f"  follow:  fab logs{stack_opt} --follow")
     print(f"  status:  fab status{stack_opt}")
     print(f"  fetch:   fab fetch{stack_opt} --run {answer['runId']}")
+
+
+class PushedManifests:
+    """Which code (by manifest) each host last received for a run name: a local cache, so an
+    unchanged tree is launched without a sync; the host checks the claim before trusting it."""
+
+    def __init__(self, cache: Path):
+        self.path = cache / "code-manifests.json"
+
+    def _load(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, host, base: str) -> str | None:
+        return self._load().get(f"{host}/{base}")
+
+    def set(self, host, base: str, manifest: str) -> None:
+        doc = {**self._load(), f"{host}/{base}": manifest}
+        _atomic_write(self.path, json.dumps(doc, indent=1))
 
 
 # -- logs -------------------------------------------------------------------------------------

@@ -386,3 +386,33 @@ def test_bad_input_fails_before_anything_is_copied(lab: Lab) -> None:
 def test_unknown_stack_names_the_fix(lab: Lab) -> None:
     result = lab.fab("status", "--stack", "nope")
     assert result.returncode == 2 and "no stack file" in result.stderr and "pulumi stack init" in result.stderr
+
+
+def test_unchanged_code_is_reused_and_the_host_checks_the_claim(lab: Lab) -> None:
+    code = lab.tmp / "reuse"
+    code.mkdir()
+    (code / "a.py").write_text("print(1)\n")
+    first = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
+    assert "syncing" in first.stderr
+    lab.wait(first.stdout.split()[1])
+    time.sleep(1.1)
+    second = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
+    assert "unchanged since the last run" in second.stderr
+    run2 = second.stdout.split()[1]
+    lab.wait(run2)
+    assert "print(1)" in lab.log(run2)
+    # The host lost its copy (a new VM, a wiped disk): the laptop's claim is checked, the code is sent.
+    shutil.rmtree(lab.remote / "code")
+    time.sleep(1.1)
+    third = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
+    run3 = third.stdout.split()[1]
+    lab.wait(run3)
+    assert (lab.remote / "runs" / run3 / "code" / "a.py").read_text() == "print(1)\n"
+    # A changed file is synced.
+    (code / "a.py").write_text("print(2)\n")
+    time.sleep(1.1)
+    fourth = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
+    assert "syncing" in fourth.stderr
+    run4 = fourth.stdout.split()[1]
+    lab.wait(run4)
+    assert "print(2)" in lab.log(run4)

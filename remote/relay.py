@@ -1,0 +1,71 @@
+"""Serve rsync's remote shell (remote/rsh.py) over an open paramiko connection."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import paramiko
+
+RSH = Path(__file__).with_name("rsh.py")
+
+
+class ChannelRelay:
+    """A Unix socket; each connection to it becomes one exec channel on ``transport``."""
+
+    def __init__(self, transport: paramiko.Transport):
+        self.transport = transport
+        self._dir = tempfile.TemporaryDirectory(prefix="gpu-train-rsh-")
+        self.path = str(Path(self._dir.name) / "s")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        self._listener.listen(4)
+        self.stderr: list[str] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def rsh(self) -> str:
+        """The value for rsync's -e: a Python without site imports starts in milliseconds."""
+        return shlex.join([sys.executable, "-I", "-S", str(RSH), self.path])
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        reader = client.makefile("rb")
+        command = json.loads(reader.readline())
+        chan = self.transport.open_session()
+        chan.exec_command(command)
+
+        def upstream() -> None:
+            while data := reader.read1(65536):
+                chan.sendall(data)
+            chan.shutdown_write()
+
+        threading.Thread(target=upstream, daemon=True).start()
+        while data := chan.recv(65536):
+            client.sendall(data)
+        while chan.recv_stderr_ready():
+            self.stderr.append(chan.recv_stderr(65536).decode("utf-8", "replace"))
+        client.shutdown(socket.SHUT_WR)
+        client.close()
+        chan.close()
+
+    def close(self) -> None:
+        self._listener.close()
+        self._dir.cleanup()
+
+    def __enter__(self) -> ChannelRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
