@@ -133,6 +133,17 @@ def last_line(path: str, limit: int = 4096) -> str:
     return lines[-1][-200:] if lines else ""
 
 
+def tree_summary(path: str) -> dict:
+    """Files, bytes and newest change under ``path``: equal summaries mean nothing to fetch."""
+    files = size = newest = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(folder, name))
+                files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime_ns)
+    return {"files": files, "bytes": size, "newestNs": newest}
+
+
 def describe(run_dir: str) -> dict:
     state = read_json(os.path.join(run_dir, "state.json")) or {}
     st = effective_state(state)
@@ -389,9 +400,12 @@ def cmd_wrap(root: str, run_id: str) -> int:
         return code
 
 
-def cmd_status(root: str, run_id: str | None) -> dict:
+def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
     dirs = [find_run(root, run_id)] if run_id else run_dirs(root)
     runs = sorted((describe(d) for d in dirs), key=lambda r: r.get("created") or 0)
+    if summaries:
+        for r in runs:
+            r["jobSummary"] = tree_summary(r["jobDir"])
     return {"root": root, "runs": runs, "gpus": gpus(), "uptimeS": uptime_s(), "host": os.uname().nodename}
 
 
@@ -495,6 +509,7 @@ def main(argv: list[str]) -> int:
     wrap.add_argument("run")
     status = sub.add_parser("status")
     status.add_argument("--run")
+    status.add_argument("--summaries", action="store_true", help="with each run's JOB_DIR summary (for fetch)")
     logs = sub.add_parser("logs")
     logs.add_argument("--run")
     logs.add_argument("--offset", type=int, default=0)
@@ -514,7 +529,7 @@ def main(argv: list[str]) -> int:
         if args.cmd == "launch":
             result = cmd_launch(root, json.loads(base64.b64decode(args.spec)), args.await_go)
         elif args.cmd == "status":
-            result = cmd_status(root, args.run)
+            result = cmd_status(root, args.run, args.summaries)
         else:
             result = cmd_stop(root, args.run, args.grace)
     except AgentError as e:  # `logs` streams the log on stdout, so its errors go to stderr

@@ -70,6 +70,13 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
         self.say(f"first contact with {hostname}: {key.get_name()} key {fingerprint(key)}, saved to {self.path}")
 
 
+def knows_host(target: Target, host: SshHost) -> bool:
+    """Whether the stack's known_hosts already holds a key for ``host`` (OpenSSH can verify it)."""
+    if not target.known_hosts.is_file():
+        return False
+    return bool(paramiko.HostKeys(str(target.known_hosts)).lookup(host_id(host)))
+
+
 def _changed_key_message(host: SshHost, target: Target, e: paramiko.BadHostKeyException) -> str:
     return (
         f"the host key of {host_id(host)} has CHANGED: expected {fingerprint(e.expected_key)}, got "
@@ -241,4 +248,6 @@ def openssh_options(target: Target, host: SshHost) -> list[str]:
         "-o", f"UserKnownHostsFile={target.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=15",
         "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+        # AES-GCM runs on the CPU's AES instructions: faster bulk transfers than OpenSSH's default.
+        "-o", "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
     ]  # fmt: skip

@@ -289,16 +289,53 @@ def stop(c, run=None, grace=10, stack=None):
 
 
 # -- fetch and down ---------------------------------------------------------------------------
+def local_summary(path: Path) -> dict:
+    files = size = newest = 0
+    for p in path.rglob("*") if path.is_dir() else []:
+        if p.is_file() and not p.is_symlink():
+            st = p.stat()
+            files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime_ns)
+    return {"files": files, "bytes": size, "newestNs": newest}
+
+
+class FetchRecord:
+    """What each run's JOB_DIR looked like, on the host and here, after its last complete fetch.
+
+    When both are unchanged there is nothing to fetch, and no rsync is started.
+    """
+
+    def __init__(self, cache: Path):
+        self.path = cache / "fetched.json"
+        try:
+            self.doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.doc = {}
+
+    def up_to_date(self, run: dict, dest: Path) -> bool:
+        seen = self.doc.get(run["id"])
+        return bool(seen) and seen == {"dest": str(dest.resolve()), "remote": run.get("jobSummary"),
+                                       "local": local_summary(dest)}
+
+    def record(self, run: dict, dest: Path) -> None:
+        self.doc[run["id"]] = {"dest": str(dest.resolve()), "remote": run.get("jobSummary"), "local": local_summary(dest)}
+        _atomic_write(self.path, json.dumps(self.doc, indent=1))
+
+
 def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool) -> list[str]:
     """Fetch each run's JOB_DIR; the ids that failed."""
     from remote import ssh, sync
 
+    record = FetchRecord(session.target.cache)
     failed = []
     for r in runs:
         where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or Path("runs") / session.target.stack / r["id"])
+        if r["state"] in ("succeeded", "failed", "stopped", "interrupted") and record.up_to_date(r, where):
+            say(f"{r['id']}: up to date in {where}")
+            continue
         say(f"fetching {r['id']} ({r['state']}) -> {where}")
         try:
             sync.fetch_dir(session.target, session.target.host, r["jobDir"], where, progress)
+            record.record(r, where)
         except ssh.RemoteError as e:
             say(str(e))
             failed.append(r["id"])
@@ -309,9 +346,17 @@ def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: 
             "stack": STACK_HELP})
 def fetch(c, run=None, all_=False, dest=None, stack=None):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use."""
+    from remote import ssh
+
     session = Session(stack)
-    doc = session.call("status", *(["--run", run] if run and not all_ else []))
-    runs = doc["runs"] if (all_ or run) else doc["runs"][-1:]
+    target = session.target
+    if run and not all_ and run not in FetchRecord(target.cache).doc and ssh.knows_host(target, target.host):
+        # A first fetch of a named run: rsync alone, no agent call (OpenSSH checks the known host key).
+        job = f"{target.rsync_root()}/runs/{run}/job"
+        runs = [{"id": run, "state": "unknown", "jobDir": job}]
+    else:
+        doc = session.call("status", "--summaries", *(["--run", run] if run and not all_ else []))
+        runs = doc["runs"] if (all_ or run) else doc["runs"][-1:]
     if not runs:
         raise Exit("no runs on this host yet", code=1)
     failed = _fetch_runs(session, runs, dest, progress=sys.stdout.isatty())
@@ -327,7 +372,7 @@ def down(c, force=False, stack=None):
     Refuses, naming the runs, while a run is still running or a fetch failed, unless --force.
     """
     session = Session(stack)
-    runs = session.call("status")["runs"]
+    runs = session.call("status", "--summaries")["runs"]
     running = [r["id"] for r in runs if r["state"] in ("starting", "running")]
     if running and not force:
         raise Exit(f"refusing: still running: {', '.join(running)} (fab stop, or fab down --force)", code=1)

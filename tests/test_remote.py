@@ -280,7 +280,9 @@ def test_fetch_never_replaces_a_newer_local_file(lab: Lab) -> None:
     lab.wait(run)
     dest = lab.cwd / "runs" / "lab" / run
     dest.mkdir(parents=True)
-    (dest / "result.txt").write_text("edited locally\n")  # newer than the host's
+    (dest / "result.txt").write_text("edited locally\n")
+    later = time.time() + 60
+    os.utime(dest / "result.txt", (later, later))  # clearly newer than the host's
     lab.fab("fetch", "--run", run, check=True)
     assert (dest / "result.txt").read_text() == "edited locally\n"
 
