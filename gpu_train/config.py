@@ -90,6 +90,11 @@ KEYS: dict[str, Key] = {
         Key("knownHosts", "str", None, doc="known_hosts file pinning the hosts' keys; default: learned on first contact"),
         Key("remoteRoot", "str", "~/gpu-train", doc="where gpu-train keeps its files on each host"),
         Key("python", "str", None, doc="Python on the host; default: DLVM conda, else python3"),
+        Key("idleStopMinutes", "int", None, doc="power off after this many idle minutes (no job, no SSH session, "
+            "GPUs under 5%); 0 = off; default 30 on GCP, 0 on SSH stacks"),
+        Key("maxRunHours", "int", None, ("gcp",), doc="hard cap on the VM's run time (scheduling.maxRunDuration, then STOP)"),
+        Key("running", "bool", True, ("gcp",), doc="false stops the VM (disk kept); true starts it again on `pulumi up`"),
+        Key("maxResumes", "int", 10, doc="how often a run is relaunched after a reboot before it is marked failed"),
     )
 }
 
@@ -139,6 +144,10 @@ class StackConfig:
     known_hosts: str | None = None
     remote_root: str = "~/gpu-train"
     python: str | None = None
+    idle_stop_minutes: int = 0
+    max_run_hours: int | None = None
+    running: bool = True
+    max_resumes: int = 10
     # The settings as given (before defaults), for messages and "was it set?" questions.
     given: frozenset[str] = frozenset()
 
@@ -149,6 +158,11 @@ class StackConfig:
     @property
     def is_gcp(self) -> bool:
         return self.target == "gcp"
+
+    def agent_settings(self) -> dict[str, object]:
+        """What the on-host agent needs from the stack (REMOTE_ROOT/agent.json)."""
+        return {"idleStopMinutes": self.idle_stop_minutes, "maxResumes": self.max_resumes,
+                "maxRunHours": self.max_run_hours, "gcp": self.is_gcp}
 
     def ssh_private_key_path(self) -> str:
         """The private key used to log in: ``sshKey``, else the public key's path minus .pub."""
@@ -166,6 +180,8 @@ _FIELD_FOR_KEY = {
     "sshUser": "ssh_user", "sshPublicKey": "ssh_public_key", "sshSourceRanges": "ssh_source_ranges",
     "allowSshFromAnywhere": "allow_ssh_from_anywhere", "labels": "labels", "hosts": "hosts",
     "sshKey": "ssh_key", "knownHosts": "known_hosts", "remoteRoot": "remote_root", "python": "python",
+    "idleStopMinutes": "idle_stop_minutes", "maxRunHours": "max_run_hours", "running": "running",
+    "maxResumes": "max_resumes",
 }  # fmt: skip
 assert set(_FIELD_FOR_KEY) == set(KEYS), "every key needs a field"
 
@@ -311,6 +327,7 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
         problems.append(Problem("gcp:project", "is required", "pulumi config set gcp:project YOUR_PROJECT_ID"))
 
     kwargs = {_FIELD_FOR_KEY[k]: v for k, v in values.items() if k != "hosts"}
+    kwargs.setdefault("idle_stop_minutes", 30 if target == "gcp" else 0)
     if target == "gcp":  # image defaults are catalog facts
         catalog = load_catalog()
         kwargs.setdefault("image_family", catalog.default_image_family)

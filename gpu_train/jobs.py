@@ -65,11 +65,12 @@ class JobSpec:
     expect_gpus: int = 0
     code_manifest: str | None = None  # hash of the code listing, so the host can skip an unchanged sync
     reuse_code: bool = False
+    agent_settings: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
                 "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
-                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code}
+                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings}
 
 
 def job_spec(*, run: str, base: str, script: str | None, command: str | None, args: str, env: list[str],

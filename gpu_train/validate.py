@@ -67,14 +67,14 @@ def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfi
 def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     """Every problem with the stack, errors and warnings, in the order of the settings."""
     if not cfg.is_gcp:
-        return []
+        return _lifecycle(cfg)
     problems = _zone(cfg)
     shape_problems, machine = _machine_and_gpus(cfg, catalog)
     gpu_type = _offered_gpu(cfg, catalog, machine)
     if gpu_type is not None and not problems:  # a valid zone and a known GPU: is it offered there?
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
     problems += shape_problems
-    problems += _disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg)
+    problems += _disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
     return problems
 
 
@@ -292,6 +292,22 @@ def _image(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         return [Problem("imageFamily", "is not among the Deep Learning VM families the catalog knows",
                         f"current families: {', '.join(catalog.image_families)}", family, "warning")]
     return []
+
+
+# -- lifecycle: idle stop, run-time cap, resumes ----------------------------------------------
+MAX_RUN_HOURS = 120 * 24  # Compute Engine caps maxRunDuration at 120 days
+
+
+def _lifecycle(cfg: StackConfig) -> list[Problem]:
+    problems = []
+    if cfg.idle_stop_minutes < 0:
+        problems.append(Problem("idleStopMinutes", "must be 0 (off) or more", "e.g. 30", cfg.idle_stop_minutes))
+    if cfg.max_run_hours is not None and not 1 <= cfg.max_run_hours <= MAX_RUN_HOURS:
+        problems.append(Problem("maxRunHours", f"must be between 1 and {MAX_RUN_HOURS}",
+                                "e.g. 24, or remove it for no cap", cfg.max_run_hours))
+    if cfg.max_resumes < 0:
+        problems.append(Problem("maxResumes", "must be 0 (never resume) or more", "e.g. 10", cfg.max_resumes))
+    return problems
 
 
 # -- SSH and labels ---------------------------------------------------------------------------

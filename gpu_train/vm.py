@@ -7,12 +7,18 @@ tables of cases test them, and keeps names and settings identical wherever they 
 
 from __future__ import annotations
 
+import base64
+import gzip
 import hashlib
 import ipaddress
+import json
 import re
+from pathlib import Path
 
 from gpu_train.config import StackConfig
 from gpu_train.validate import GpuShape
+
+STARTUP_TEMPLATE = Path(__file__).parent / "data" / "startup-script.sh.in"
 
 # Roles of the VM's own service account: write logs and metrics, nothing else.
 SERVICE_ACCOUNT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
@@ -56,27 +62,62 @@ def labels(cfg: StackConfig, pulumi_project: str) -> dict[str, str]:
     return {**cfg.labels, "gpu-train-stack": label_value(cfg.stack), "gpu-train-project": label_value(pulumi_project)}
 
 
-def scheduling(spot: bool) -> dict[str, object]:
-    """GPUs cannot live-migrate, so host maintenance always TERMINATEs; spot VMs STOP (keeping the disk)."""
+def scheduling(spot: bool, max_run_hours: int | None = None) -> dict[str, object]:
+    """GPUs cannot live-migrate, so host maintenance always TERMINATEs; spot VMs STOP (keeping the disk).
+
+    ``max_run_hours`` is a hard cap: Compute Engine STOPs the VM when it has run that long.
+    """
     if spot:
-        return {
+        out: dict[str, object] = {
             "on_host_maintenance": "TERMINATE",
             "provisioning_model": "SPOT",
             "preemptible": True,
             "automatic_restart": False,
             "instance_termination_action": "STOP",
         }
-    return {"on_host_maintenance": "TERMINATE", "provisioning_model": "STANDARD", "automatic_restart": True}
+    else:
+        out = {"on_host_maintenance": "TERMINATE", "provisioning_model": "STANDARD", "automatic_restart": True}
+    if max_run_hours:
+        out["max_run_duration"] = {"seconds": max_run_hours * 3600}
+        out["instance_termination_action"] = "STOP"
+    return out
 
 
-def metadata(cfg: StackConfig, public_key: str) -> dict[str, str]:
-    """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off)."""
+def desired_status(running: bool) -> str:
+    """A stopped VM bills no GPU and no vCPU, and keeps its disk."""
+    return "RUNNING" if running else "TERMINATED"
+
+
+def remote_root(cfg: StackConfig) -> str:
+    """REMOTE_ROOT for root's startup script: '~/x' is under the login user's home ($HOME_DIR)."""
+    return f"$HOME_DIR/{cfg.remote_root[2:]}" if cfg.remote_root.startswith("~/") else cfg.remote_root
+
+
+def startup_script(cfg: StackConfig, agent_source: str) -> str:
+    """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
+
+    gpu-train-shutdown's ExecStop lets jobs checkpoint when the VM stops or is preempted;
+    gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs.
+    """
+    packed = base64.b64encode(gzip.compress(agent_source.encode(), mtime=0)).decode()
+    settings = json.dumps({**cfg.agent_settings(), "poweroffCommand": ["systemctl", "poweroff"]})
+    script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
+    for mark, value in (("@USER@", cfg.ssh_user), ("@ROOT@", remote_root(cfg)), ("@PACKED@", packed),
+                        ("@SETTINGS@", settings)):
+        script = script.replace(mark, value)
+    return script
+
+
+def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, str]:
+    """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off);
+    the startup script installs the on-host agent at every boot."""
     key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
     return {
         "install-nvidia-driver": "True",
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",
+        "startup-script": startup_script(cfg, agent_source),
     }
 
 

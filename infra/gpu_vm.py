@@ -13,6 +13,7 @@ import pulumi_gcp as gcp
 
 from gpu_train import vm
 from gpu_train.config import StackConfig
+from gpu_train.jobs import AGENT_PATH
 from gpu_train.validate import GpuShape
 
 
@@ -113,10 +114,11 @@ class GpuVm(pulumi.ComponentResource):
                 },
             },
             guest_accelerators=vm.guest_accelerators(shape),
-            scheduling=vm.scheduling(cfg.spot),
+            scheduling=vm.scheduling(cfg.spot, cfg.max_run_hours),
+            desired_status=vm.desired_status(cfg.running),
             network_interfaces=[{"network": "default", "access_configs": [{}]}],
             service_account={"email": account.email, "scopes": list(vm.SERVICE_ACCOUNT_SCOPES)},
-            metadata=vm.metadata(cfg, args.public_key),
+            metadata=vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8")),
             tags=[tag],
             labels=vm.labels(cfg, args.pulumi_project),
             allow_stopping_for_update=True,

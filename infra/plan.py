@@ -67,11 +67,20 @@ def _props(r: preview.Declared) -> list[str]:
             f"boot disk: {int(init['size'])} GB {init['type']}, image {init['image'].rsplit('/', 1)[-1]} "
             "(newest of the family at `up`, then pinned)",
             "scheduling: " + ", ".join(f"{k}={v}" for k, v in sched.items()),
-            "metadata: " + ", ".join(f"{k}={v if k != 'ssh-keys' else v.split(':')[0] + ':<key>'}" for k, v in meta.items()),
+            f"desired status: {i.get('desiredStatus')}",
+            "metadata: " + ", ".join(f"{k}={_meta(k, v)}" for k, v in meta.items()),
             f"service account: {i['serviceAccount']['email']} (scopes: logging.write, monitoring.write)",
             f"network tag {', '.join(i.get('tags', []))}; labels " + ", ".join(f"{k}={v}" for k, v in i.get("labels", {}).items()),
         ]
     return []
+
+
+def _meta(key: str, value: str) -> str:
+    if key == "ssh-keys":
+        return value.split(":")[0] + ":<key>"
+    if key == "startup-script":
+        return "<installs gpu-train-agent: resume on boot, checkpoint on shutdown, idle stop>"
+    return value
 
 
 def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[config.Problem], catalog: Catalog) -> str:

@@ -162,6 +162,7 @@ def describe(run_dir: str) -> dict:
         "log": os.path.join(run_dir, "log"),
         "lastLine": last_line(os.path.join(run_dir, "log")),
         "resumes": state.get("resumes", 0),
+        "preemptions": state.get("preemptions", 0) + int(bool(state.get("preempted"))),
         "reason": state.get("reason"),
         "pid": state.get("pid"),
     }
@@ -283,7 +284,9 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
     {"ready": true} and waits for "go" on stdin, so the launch costs one round trip after the sync.
     """
     run_id, base = spec["runId"], spec["base"]
-    agent = install_self(root)
+    install_self(root)
+    if spec.get("agentSettings"):  # the stack's settings (maxResumes, idle stop, ...) for boot and tick
+        write_json(os.path.join(root, "agent.json"), {**settings(root), **spec["agentSettings"]})
     clean_staging(root)
     if not shutil.which("screen"):
         raise AgentError("screen is not installed on this host: sudo apt-get install screen")
@@ -331,10 +334,15 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
             write_json(f"{last[:-len('.last')]}.manifest", {"manifest": spec["codeManifest"]})
         write_json(os.path.join(run_dir, "spec.json"), {**spec, "python": python})
         update_state(run_dir, id=run_id, base=base, state="starting", created=now(), resumes=0)
-    session = run_id
-    subprocess.run(["screen", "-dmS", session, sys.executable, agent, "--root", root, "wrap", run_id], check=True)
+    start_wrapper(root, run_id)
     return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
-            "log": os.path.join(run_dir, "log"), "python": python, "screen": session}
+            "log": os.path.join(run_dir, "log"), "python": python, "screen": run_id}
+
+
+def start_wrapper(root: str, run_id: str) -> None:
+    """The job's wrapper in a detached screen session named after the run (`screen -r RUN` to look)."""
+    agent = os.path.join(root, "bin", "gpu-train-agent")
+    subprocess.run(["screen", "-dmS", run_id, sys.executable, agent, "--root", root, "wrap", run_id], check=True)
 
 
 def requirements_step(root: str, run_dir: str, python: str, log) -> None:
@@ -387,17 +395,30 @@ def cmd_wrap(root: str, run_id: str) -> int:
             update_state(run_dir, state="failed", exitCode=1, ended=now(), reason=str(e))
             return 1
         argv = job_argv(spec, python, job_dir)
+        resumes = (read_json(os.path.join(run_dir, "state.json")) or {}).get("resumes", 0)
+        if resumes:
+            log.write(f"[gpu-train] {run_id}: resumed ({resumes}), same RUN_ID and JOB_DIR\n".encode())
         log.write(f"[gpu-train] {run_id}: {shlex.join(argv)}\n".encode())
         proc = subprocess.Popen(argv, cwd=os.path.join(run_dir, "code"), env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         update_state(run_dir, state="running", pid=proc.pid, pidStart=proc_start_time(proc.pid),
                      started=now(), ended=None, exitCode=None)
         code = proc.wait()
-        stopped = os.path.exists(os.path.join(run_dir, "stop-requested"))
-        final = "stopped" if stopped else ("succeeded" if code == 0 else "failed")
+        final = final_state(run_dir, code)
         log.write(f"[gpu-train] {run_id}: {final}, exit code {code}\n".encode())
-        update_state(run_dir, state=final, exitCode=code, ended=now())
+        if final == "interrupted":  # the machine is going down: `boot` resumes it
+            update_state(run_dir, state=final, exitCode=code, interruptedAt=now())
+        else:
+            update_state(run_dir, state=final, exitCode=code, ended=now())
         return code
+
+
+def final_state(run_dir: str, code: int) -> str:
+    if os.path.exists(os.path.join(run_dir, "stop-requested")):
+        return "stopped"
+    if os.path.exists(os.path.join(run_dir, "shutdown-requested")):
+        return "interrupted"
+    return "succeeded" if code == 0 else "failed"
 
 
 def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
@@ -406,7 +427,8 @@ def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
     if summaries:
         for r in runs:
             r["jobSummary"] = tree_summary(r["jobDir"])
-    return {"root": root, "runs": runs, "gpus": gpus(), "uptimeS": uptime_s(), "host": os.uname().nodename}
+    return {"root": root, "runs": runs, "gpus": gpus(), "uptimeS": uptime_s(), "host": os.uname().nodename,
+            "agent": agent_view(root), "now": now()}
 
 
 def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool) -> int:
@@ -497,6 +519,184 @@ def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
     return {"runId": info["id"], "state": describe(run_dir)["state"], "signals": sent}
 
 
+# -- the agent's own settings, boot, shutdown and idle stop -----------------------------------
+DEFAULT_SETTINGS = {
+    "idleStopMinutes": 0,  # 0: never power off (SSH stacks unless asked; GCP stacks default to 30)
+    "maxResumes": 10,
+    "sshPort": 22,
+    "poweroffCommand": ["systemctl", "poweroff"],
+    "gcp": False,
+    "maxRunHours": None,
+}
+METADATA = "http://169.254.169.254/computeMetadata/v1/instance/"
+
+
+def settings(root: str) -> dict:
+    return {**DEFAULT_SETTINGS, **(read_json(os.path.join(root, "agent.json")) or {})}
+
+
+def agent_log(root: str, text: str) -> None:
+    with open(os.path.join(root, "agent.log"), "a") as f:
+        f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
+
+
+def cmd_boot(root: str) -> dict:
+    """After a reboot, preemption or maintenance: relaunch every run that was running, same RUN_ID
+    and JOB_DIR, so a job that resumes from its newest checkpoint carries on. maxResumes stops a
+    crash loop."""
+    limit = int(settings(root)["maxResumes"])
+    actions = []
+    with locked(root):
+        for run_dir in run_dirs(root):
+            state = read_json(os.path.join(run_dir, "state.json")) or {}
+            run_id = os.path.basename(run_dir)
+            if effective_state(state) != "interrupted":
+                continue
+            resumes = int(state.get("resumes", 0))
+            if resumes >= limit:
+                reason = f"interrupted {resumes + 1} times; not resumed again (maxResumes = {limit})"
+                update_state(run_dir, state="failed", ended=now(), reason=reason)
+                agent_log(root, f"{run_id}: {reason}")
+                actions.append({"runId": run_id, "action": "failed", "reason": reason})
+                continue
+            for marker in ("shutdown-requested",):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(run_dir, marker))
+            update_state(run_dir, state="starting", created=state.get("created", now()), resumes=resumes + 1,
+                         wrapperPid=None, wrapperStart=None, pid=None, pidStart=None, relaunched=now(),
+                         preemptions=int(state.get("preemptions", 0)) + int(bool(state.get("preempted"))),
+                         preempted=False)
+            start_wrapper(root, run_id)
+            agent_log(root, f"{run_id}: resumed ({resumes + 1})")
+            actions.append({"runId": run_id, "action": "resumed", "resumes": resumes + 1})
+    return {"actions": actions}
+
+
+def preempted() -> bool:
+    """Compute Engine's word on whether this stop is a preemption (False off GCP)."""
+    import urllib.request
+
+    req = urllib.request.Request(METADATA + "preempted", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(req, timeout=1) as r:
+            return r.read().decode().strip().upper() == "TRUE"
+    except OSError:
+        return False
+
+
+def cmd_shutdown(root: str, grace: float) -> dict:
+    """The machine is going down: SIGTERM each job so it saves a last checkpoint, wait up to
+    ``grace`` seconds, record the runs as interrupted (preempted when Compute Engine says so)."""
+    was_preempted = settings(root)["gcp"] and preempted()
+    running = []
+    for run_dir in run_dirs(root):
+        state = read_json(os.path.join(run_dir, "state.json")) or {}
+        if effective_state(state) not in ("starting", "running"):
+            continue
+        open(os.path.join(run_dir, "shutdown-requested"), "w").close()
+        if state.get("pid") and alive(state["pid"], state.get("pidStart")):
+            signal_group(state["pid"], signal.SIGTERM)
+        running.append((run_dir, state))
+    deadline = time.time() + grace
+    while time.time() < deadline and any(alive(st.get("pid"), st.get("pidStart")) for _, st in running):
+        time.sleep(0.2)
+    # Give the wrappers a moment to record the exit codes, then make sure every run says interrupted.
+    settle = time.time() + 2
+    while time.time() < settle and any(alive(st.get("wrapperPid"), st.get("wrapperStart")) for _, st in running):
+        time.sleep(0.1)
+    result = []
+    for run_dir, _ in running:
+        current = read_json(os.path.join(run_dir, "state.json")) or {}
+        if current.get("state") not in TERMINAL:
+            update_state(run_dir, state="interrupted", interruptedAt=current.get("interruptedAt") or now(),
+                         preempted=bool(was_preempted))
+        result.append({"runId": os.path.basename(run_dir), "state": describe(run_dir)["state"]})
+        agent_log(root, f"{os.path.basename(run_dir)}: interrupted by shutdown (preempted: {bool(was_preempted)})")
+    return {"runs": result, "preempted": bool(was_preempted)}
+
+
+def ssh_sessions(port: int) -> int:
+    """Established TCP connections to the SSH port (open sessions, `fab logs --follow` included)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            parts = row.split()
+            if len(parts) > 3 and parts[3] == "01" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+def idle_decision(now_s: float, idle_since: float | None, minutes: float, jobs_running: int, sessions: int,
+                  gpu_util: float) -> tuple[float | None, bool, str]:
+    """(idle since, power off now?, why). Idle means: no job, no SSH session, GPUs under 5% busy."""
+    if minutes <= 0:
+        return None, False, "idle stop is off"
+    busy = []
+    if jobs_running:
+        busy.append(f"{jobs_running} job(s) running")
+    if sessions:
+        busy.append(f"{sessions} SSH session(s) open")
+    if gpu_util >= 5:
+        busy.append(f"GPU {gpu_util:.0f}% busy")
+    if busy:
+        return None, False, "busy: " + ", ".join(busy)
+    since = now_s if idle_since is None else idle_since
+    idle_min = (now_s - since) / 60
+    if idle_min >= minutes:
+        return since, True, f"idle {idle_min:.0f} min, limit {minutes:g}: powering off"
+    return since, False, f"idle {idle_min:.0f} min, stops at {minutes:g}"
+
+
+def cmd_tick(root: str) -> dict:
+    """Every minute: power the machine off when it has been idle for idleStopMinutes."""
+    conf = settings(root)
+    path = os.path.join(root, "idle.json")
+    jobs = sum(1 for d in run_dirs(root) if describe(d)["state"] in ("starting", "running"))
+    util = max((g["utilization"] for g in gpus()), default=0.0)
+    since, stop, why = idle_decision(time.time(), (read_json(path) or {}).get("idleSince"),
+                                     float(conf["idleStopMinutes"]), jobs, ssh_sessions(int(conf["sshPort"])), util)
+    write_json(path, {"idleSince": since, "why": why, "checked": now()})
+    if stop:
+        agent_log(root, why)
+        subprocess.run(conf["poweroffCommand"], check=False)
+    return {"idleSince": since, "poweroff": stop, "why": why}
+
+
+def cmd_configure(root: str, new: dict, cron: bool) -> dict:
+    """Write agent.json; with ``cron``, run `boot` at reboot (and `tick` every minute when idle stop is on)."""
+    agent = install_self(root)
+    write_json(os.path.join(root, "agent.json"), {**settings(root), **new})
+    if not cron:
+        return {"settings": settings(root)}
+    if not shutil.which("crontab"):
+        raise AgentError("crontab is not installed on this host (sudo apt-get install cron); "
+                         "or run `gpu-train-agent boot` from your own boot hook")
+    current = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
+    py = shlex.quote(sys.executable)
+    base = f"{py} {shlex.quote(agent)} --root {shlex.quote(root)}"
+    tag = f"# gpu-train {root}"
+    keep = [line for line in current.splitlines() if not line.endswith(tag)]
+    lines = [*keep, f"@reboot {base} boot >/dev/null 2>&1 {tag}"]
+    if float(settings(root)["idleStopMinutes"]) > 0:
+        lines.append(f"* * * * * {base} tick >/dev/null 2>&1 {tag}")
+    subprocess.run(["crontab", "-"], input="\n".join(lines) + "\n", text=True, check=True)
+    return {"settings": settings(root), "crontab": [line for line in lines if line.endswith(tag)]}
+
+
+def agent_view(root: str) -> dict:
+    """What `fab status` shows of the agent: its settings and the idle clock."""
+    conf = settings(root)
+    idle = read_json(os.path.join(root, "idle.json")) or {}
+    return {"idleStopMinutes": conf["idleStopMinutes"], "maxResumes": conf["maxResumes"],
+            "maxRunHours": conf["maxRunHours"], "idleSince": idle.get("idleSince"), "idleWhy": idle.get("why"),
+            "installed": os.path.exists(os.path.join(root, "agent.json"))}
+
+
 # -- entry point ------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="gpu-train-agent")
@@ -518,6 +718,13 @@ def main(argv: list[str]) -> int:
     stop = sub.add_parser("stop")
     stop.add_argument("--run")
     stop.add_argument("--grace", type=float, default=10.0)
+    sub.add_parser("boot")
+    shutdown = sub.add_parser("shutdown")
+    shutdown.add_argument("--grace", type=float, default=25.0)
+    sub.add_parser("tick")
+    configure = sub.add_parser("configure")
+    configure.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
+    configure.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
     args = p.parse_args(argv)
     root = os.path.abspath(os.path.expanduser(args.root))
     os.makedirs(root, exist_ok=True)
@@ -530,8 +737,16 @@ def main(argv: list[str]) -> int:
             result = cmd_launch(root, json.loads(base64.b64decode(args.spec)), args.await_go)
         elif args.cmd == "status":
             result = cmd_status(root, args.run, args.summaries)
-        else:
+        elif args.cmd == "stop":
             result = cmd_stop(root, args.run, args.grace)
+        elif args.cmd == "boot":
+            result = cmd_boot(root)
+        elif args.cmd == "shutdown":
+            result = cmd_shutdown(root, args.grace)
+        elif args.cmd == "tick":
+            result = cmd_tick(root)
+        else:
+            result = cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)
     except AgentError as e:  # `logs` streams the log on stdout, so its errors go to stderr
         print(json.dumps({"error": str(e)}), file=sys.stderr if args.cmd == "logs" else sys.stdout)
         return 2

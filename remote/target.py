@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_train import config
@@ -41,6 +41,7 @@ class Target:
     hourly_cost_usd: float | None
     is_gcp: bool
     cache: Path
+    agent_settings: dict = field(default_factory=dict)  # REMOTE_ROOT/agent.json on the host
 
     @property
     def host(self) -> SshHost:
@@ -109,6 +110,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         hourly_cost_usd=cost,
         is_gcp=cfg.is_gcp,
         cache=cache,
+        agent_settings={**cfg.agent_settings(), "sshPort": hosts[0].port if hosts else 22},
     )
 
 

@@ -59,7 +59,8 @@ class Session:
             try:
                 self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
             except ssh.RemoteError as e2:
-                raise Exit(str(e2), code=3) from None
+                raise Exit(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
+                           f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)", code=3) from None
         return self.conn
 
     def reconnect(self):
@@ -127,7 +128,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         say(("unchanged since the last run: " if unchanged else "syncing ") + plan.describe())
         if plan.bytes > sync.LARGE_SYNC_BYTES:
             say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
-        spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged)
+        spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged,
+                                   agent_settings=target.agent_settings)
         conn = session.connect()
         with ChannelRelay(conn.transport) as relay:
             def push() -> None:
@@ -251,6 +253,7 @@ def render_status(doc: dict, target) -> str:
         hours = doc["uptimeS"] / 3600
         cost = f", about ${hours * target.hourly_cost_usd:,.2f} so far" if target.hourly_cost_usd else ""
         lines.append(f"VM up {hours:.1f} h{cost}")
+    lines += agent_lines(doc, target)
     for g in doc.get("gpus", []):
         lines.append(f"GPU {g['index']} {g['name']}: {g['utilization']:.0f}% busy, "
                      f"{g['memoryUsedMiB']:.0f}/{g['memoryTotalMiB']:.0f} MiB")
@@ -258,9 +261,36 @@ def render_status(doc: dict, target) -> str:
     if not runs:
         lines.append("no runs yet: fab train --script train.py")
     for r in runs:
-        state = r["state"] + (f" (exit {r['exitCode']})" if r["state"] == "failed" else "")
+        state = r["state"] + (f" (exit {r['exitCode']})" if r["state"] == "failed" and r.get("exitCode") is not None else "")
+        notes = []
+        if r.get("resumes"):
+            notes.append(f"resumed {r['resumes']}x")
+        if r.get("preemptions"):
+            notes.append(f"preempted {r['preemptions']}x")
+        if r.get("reason"):
+            notes.append(r["reason"])
+        if notes:
+            state += " [" + "; ".join(notes) + "]"
         lines.append(f"  {r['id']:<40} {state:<18} {_duration(r.get('durationS')):>8}  {r.get('lastLine', '')[:80]}")
     return "\n".join(lines)
+
+
+def agent_lines(doc: dict, target) -> list[str]:
+    """The on-host agent's view: idle clock, run-time cap."""
+    agent = doc.get("agent") or {}
+    lines = []
+    minutes = agent.get("idleStopMinutes") or 0
+    if minutes and agent.get("idleWhy"):
+        lines.append(f"idle stop: {agent['idleWhy']}")
+    elif minutes:
+        lines.append(f"idle stop after {minutes} min (not checked yet: the agent's timer runs every minute)")
+    else:
+        lines.append("idle stop: off")
+    hours = agent.get("maxRunHours")
+    if hours and doc.get("uptimeS") is not None:
+        left = hours - doc["uptimeS"] / 3600
+        lines.append(f"run-time cap {hours} h: the VM stops in {max(left, 0):.1f} h")
+    return lines
 
 
 @task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, ...}", "stack": STACK_HELP})
@@ -321,7 +351,7 @@ class FetchRecord:
         _atomic_write(self.path, json.dumps(self.doc, indent=1))
 
 
-def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool) -> list[str]:
+def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False) -> list[str]:
     """Fetch each run's JOB_DIR; the ids that failed."""
     from remote import ssh, sync
 
@@ -329,8 +359,9 @@ def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: 
     failed = []
     for r in runs:
         where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or Path("runs") / session.target.stack / r["id"])
-        if r["state"] in ("succeeded", "failed", "stopped", "interrupted") and record.up_to_date(r, where):
-            say(f"{r['id']}: up to date in {where}")
+        if record.up_to_date(r, where):
+            if not quiet:
+                say(f"{r['id']}: up to date in {where}")
             continue
         say(f"fetching {r['id']} ({r['state']}) -> {where}")
         try:
@@ -343,13 +374,20 @@ def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: 
 
 
 @task(help={"run": "run id (default: the newest)", "all": "every run", "dest": "where to (default runs/STACK/RUN/)",
+            "watch": "keep fetching new checkpoints until the run ends", "interval": "seconds between --watch rounds (30)",
             "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, stack=None):
-    """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use."""
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, stack=None):
+    """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
+
+    With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
+    """
     from remote import ssh
 
     session = Session(stack)
     target = session.target
+    if watch:
+        _watch(session, run, dest, float(interval))
+        return
     if run and not all_ and run not in FetchRecord(target.cache).doc and ssh.knows_host(target, target.host):
         # A first fetch of a named run: rsync alone, no agent call (OpenSSH checks the known host key).
         job = f"{target.rsync_root()}/runs/{run}/job"
@@ -363,6 +401,21 @@ def fetch(c, run=None, all_=False, dest=None, stack=None):
     session.close()
     if failed:
         raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=1)
+
+
+def _watch(session: Session, run: str | None, dest: str | None, interval: float) -> None:
+    """Fetch a run's new files every ``interval`` seconds until it ends, then once more."""
+    while True:
+        doc = session.call("status", "--summaries", *(["--run", run] if run else []))
+        if not doc["runs"]:
+            raise Exit("no runs on this host yet", code=1)
+        current = doc["runs"][-1]
+        run = current["id"]
+        _fetch_runs(session, [current], dest, progress=False, quiet=True)
+        if current["state"] not in ("starting", "running"):
+            say(f"{run} is {current['state']}: fetched everything")
+            return
+        time.sleep(interval)
 
 
 @task(help={"force": "destroy even if a run is running or a fetch failed", "stack": STACK_HELP})
@@ -391,6 +444,26 @@ def down(c, force=False, stack=None):
     if result.returncode != 0:
         raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=1)
     (session.target.cache / "outputs.json").unlink(missing_ok=True)
+
+
+# -- setup --------------------------------------------------------------------------------------
+@task(help={"stack": STACK_HELP})
+def setup(c, stack=None):
+    """Install the on-host agent with the stack's settings; on SSH stacks also `boot` at reboot.
+
+    GCP VMs get this from their startup script. On an SSH host, `boot` is added to your crontab
+    (@reboot) so runs a reboot interrupted carry on; power-off when idle stays off unless the stack
+    sets gpu-train:idleStopMinutes (then `tick` runs every minute, and must be allowed to power off).
+    """
+    import base64
+
+    session = Session(stack)
+    encoded = base64.b64encode(json.dumps(session.target.agent_settings).encode()).decode()
+    doc = session.call("configure", encoded, *([] if session.target.is_gcp else ["--cron"]))
+    session.close()
+    print(f"agent settings on {session.target.host}: {json.dumps(doc['settings'])}")
+    for line in doc.get("crontab", []):
+        print(f"crontab: {line}")
 
 
 # -- ssh, gpus, tunnel ------------------------------------------------------------------------
@@ -463,4 +536,4 @@ def tunnel(c, port=6006, local_port=None, stack=None):
     _exec_ssh(session, "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"{local}:localhost:{port}")
 
 
-ns = Collection(train, logs, status, stop, fetch, down, ssh, gpus, tunnel)
+ns = Collection(train, logs, status, stop, fetch, down, setup, ssh, gpus, tunnel)

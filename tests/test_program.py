@@ -52,8 +52,12 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert init["image"].endswith(f"/projects/deeplearning-platform-release/global/images/{cfg.image_family}-v20260416")
     assert (init["size"], init["type"]) == (cfg.boot_disk_size_gb, cfg.boot_disk_type)
     key = public_key.read_text().split()
-    assert i["metadata"] == {"install-nvidia-driver": "True", "ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
-                             "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
+    meta = dict(i["metadata"])
+    script = meta.pop("startup-script")
+    assert meta == {"install-nvidia-driver": "True", "ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
+                    "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
+    assert script.startswith("#!/bin/bash") and "gpu-train-shutdown.service" in script
+    assert i["desiredStatus"] == "RUNNING" and "maxRunDuration" not in sched
     assert i["tags"] == [f"gpu-train-{stack}"]
     assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train"}
 
@@ -121,3 +125,42 @@ def test_disk_smaller_than_the_image_fails_before_the_instance() -> None:
 def test_ssh_stack_creates_nothing() -> None:
     result = run_stack({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222"]})
     assert result.error is None and result.resources == [] and result.outputs == {"target": "ssh"}
+
+
+def test_max_run_hours_caps_the_vm_and_running_false_stops_it() -> None:
+    (inst,) = run_stack(gcp_raw(maxRunHours=12, running=False)).of_type("compute/instance:Instance")
+    sched = inst.inputs["scheduling"]
+    assert sched["maxRunDuration"] == {"seconds": 43200} and sched["instanceTerminationAction"] == "STOP"
+    assert sched["provisioningModel"] == "STANDARD" and inst.inputs["desiredStatus"] == "TERMINATED"
+    (spot,) = run_stack(gcp_raw(maxRunHours=2, spot=True)).of_type("compute/instance:Instance")
+    assert spot.inputs["scheduling"]["maxRunDuration"] == {"seconds": 7200}
+    assert spot.inputs["scheduling"]["provisioningModel"] == "SPOT"
+
+
+def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Path) -> None:
+    import base64
+    import gzip
+    import json
+    import re
+    import subprocess
+
+    from gpu_train.jobs import AGENT_PATH
+
+    (inst,) = run_stack(gcp_raw(idleStopMinutes=45, maxResumes=3, sshUser="alice")).of_type("compute/instance:Instance")
+    script = inst.inputs["metadata"]["startup-script"]
+    (tmp_path / "s.sh").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "s.sh")]).returncode == 0  # valid bash
+    packed = re.search(r"echo '([A-Za-z0-9+/=]+)' \| base64 -d \| gunzip", script).group(1)
+    assert gzip.decompress(base64.b64decode(packed)).decode() == AGENT_PATH.read_text()
+    settings = json.loads(re.search(r"echo '(\{.*\})' > ", script).group(1))
+    assert settings["idleStopMinutes"] == 45 and settings["maxResumes"] == 3 and settings["gcp"] is True
+    assert 'ROOT="$HOME_DIR/gpu-train"' in script and "User=alice" in script and "id alice" in script
+    for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-tick.timer"):
+        assert unit in script
+    assert "ExecStop=$RUN shutdown --grace 25" in script and "OnUnitActiveSec=1min" in script
+
+
+def test_idle_stop_defaults() -> None:
+    assert config.parse(gcp_raw(), "s").idle_stop_minutes == 30
+    ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s")
+    assert ssh.idle_stop_minutes == 0 and ssh.agent_settings()["gcp"] is False

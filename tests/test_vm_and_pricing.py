@@ -41,11 +41,14 @@ def test_names_follow_gce_rules(stack: str, instance: str | None, account: str |
 )
 def test_scheduling(spot: bool, expected: dict) -> None:
     assert vm.scheduling(spot) == expected
+    capped = vm.scheduling(spot, max_run_hours=3)
+    assert capped == {**expected, "max_run_duration": {"seconds": 10800}, "instance_termination_action": "STOP"}
 
 
 def test_metadata_locks_ssh_to_our_key() -> None:
     cfg = parse(gcp_raw(sshUser="alice"), "s")
-    meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop")
+    meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop", "print('agent')\n")
+    assert meta.pop("startup-script").startswith("#!/bin/bash")
     assert meta == {"install-nvidia-driver": "True", "ssh-keys": "alice:ssh-ed25519 AAAAkey alice",
                     "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
 

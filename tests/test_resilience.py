@@ -1,0 +1,275 @@
+"""Never lose a checkpoint, never pay for an idle GPU: resume after reboots, checkpoint on shutdown,
+idle auto-stop, crash loops, fetch while training. Real sshd, screen and torch on loopback; a reboot
+is simulated by SIGKILLing every process of the job's screen session, then running `boot`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from remote import agent
+from remote.loopback import descendants
+from tests.test_remote import EXAMPLE, Lab
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture
+def lab(tmp_path: Path):
+    lab = Lab(tmp_path)
+    yield lab
+    lab.sshd.stop()
+    subprocess.run(["pkill", "-f", str(lab.remote)], check=False)
+
+
+def agent_cmd(lab: Lab, *args: str) -> dict:
+    out = subprocess.run([sys.executable, str(lab.remote / "bin" / "gpu-train-agent"), "--root", str(lab.remote), *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def screen_pids(run: str) -> list[int]:
+    """The SCREEN process of a run's session and everything below it (wrapper, job)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].upper().endswith(b"SCREEN") and run.encode() in cmd:
+                pids.append(int(entry))
+    return [p for pid in pids for p in (pid, *descendants(pid))]
+
+
+def reboot(run: str) -> None:
+    """Every process of the job's screen session dies at once, as in a power cut."""
+    victims = screen_pids(run)
+    assert victims, f"no screen session for {run}"
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() for p in victims) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    subprocess.run(["screen", "-wipe"], capture_output=True)
+
+
+def state(lab: Lab, run: str) -> dict:
+    return json.loads((lab.remote / "runs" / run / "state.json").read_text())
+
+
+def last_step(log: str) -> int:
+    steps = [int(m) for m in re.findall(r"^step (\d+) loss", log, re.M)]
+    return steps[-1] if steps else 0
+
+
+# -- idle rules -------------------------------------------------------------------------------
+T0 = 1_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("now", "since", "minutes", "jobs", "sessions", "util", "expected_since", "stop", "why"),
+    [
+        (T0, None, 0, 0, 0, 0.0, None, False, "idle stop is off"),
+        (T0, None, 30, 0, 0, 0.0, T0, False, "idle 0 min, stops at 30"),
+        (T0 + 29 * 60, T0, 30, 0, 0, 0.0, T0, False, "idle 29 min, stops at 30"),
+        (T0 + 30 * 60, T0, 30, 0, 0, 0.0, T0, True, "idle 30 min, limit 30: powering off"),
+        (T0 + 90 * 60, T0, 30, 0, 0, 4.9, T0, True, "powering off"),  # under 5% counts as idle
+        (T0 + 90 * 60, T0, 30, 1, 0, 0.0, None, False, "busy: 1 job(s) running"),
+        (T0 + 90 * 60, T0, 30, 0, 2, 0.0, None, False, "busy: 2 SSH session(s) open"),
+        (T0 + 90 * 60, T0, 30, 0, 0, 5.0, None, False, "busy: GPU 5% busy"),
+        (T0 + 90 * 60, T0, 30, 2, 1, 80.0, None, False, "busy: 2 job(s) running, 1 SSH session(s) open, GPU 80% busy"),
+        (T0 + 5 * 60, T0 + 4 * 60, 30, 0, 0, 0.0, T0 + 4 * 60, False, "idle 1 min"),  # the clock restarted
+    ],
+)
+def test_idle_decision(now, since, minutes, jobs, sessions, util, expected_since, stop, why) -> None:
+    got_since, got_stop, got_why = agent.idle_decision(now, since, minutes, jobs, sessions, util)
+    assert (got_since, got_stop) == (expected_since, stop)
+    assert why in got_why
+
+
+def test_tick_powers_off_for_real_only_when_idle(lab: Lab) -> None:
+    marker = lab.tmp / "powered-off"
+    run = lab.train("--dir", str(EXAMPLE), "--command", "sleep 4", "--name", "busy")
+    settings = {"idleStopMinutes": 0.02, "sshPort": lab.sshd.port, "poweroffCommand": ["touch", str(marker)]}
+    (lab.remote / "agent.json").write_text(json.dumps(settings))
+    assert "job(s) running" in agent_cmd(lab, "tick")["why"]  # a job runs: not idle
+    lab.wait(run)
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(lab.sshd.address, lab.sshd.port, lab.sshd.user, key_filename=str(lab.sshd.client_key),
+                   look_for_keys=False, allow_agent=False)
+    try:
+        assert "SSH session(s) open" in agent_cmd(lab, "tick")["why"]
+    finally:
+        client.close()
+    time.sleep(0.5)
+    first = agent_cmd(lab, "tick")
+    assert first["poweroff"] is False and first["idleSince"]
+    time.sleep(1.5)
+    second = agent_cmd(lab, "tick")
+    assert second["poweroff"] is True and marker.exists()
+    assert "powering off" in (lab.remote / "agent.log").read_text()
+
+
+# -- reboots, shutdown, crash loops -----------------------------------------------------------
+def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab) -> None:
+    steps, every = 600, 25
+    args = f"--steps {steps} --checkpoint-every {every} --step-time 0.015"
+    reference = subprocess.run([sys.executable, str(EXAMPLE / "train.py"), "--job-dir", str(lab.tmp / "ref"),
+                                *args.split()], capture_output=True, text=True, check=True).stdout
+    final = re.search(r"done: step (\d+) loss ([\d.]+)", reference)
+
+    run = lab.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", args)
+    rng = random.Random(7)
+    kills = 0
+    while kills < 10:
+        lab.wait(run, ("running",))
+        before = last_step(lab.log(run))
+        time.sleep(rng.uniform(0.3, 1.5))
+        if state(lab, run).get("state") != "running":
+            break  # finished before this kill: the run was shorter than the chaos
+        at = last_step(lab.log(run))
+        if at <= before:
+            continue  # still starting up (importing torch): kill only during training
+        reboot(run)
+        log = lab.log(run)
+        killed_at = last_step(log)
+        assert agent_cmd(lab, "boot")["actions"] == [{"runId": run, "action": "resumed", "resumes": kills + 1}]
+        kills += 1
+        lab.wait(run, ("running",))
+        deadline = time.monotonic() + 60
+        while "resumed from" not in lab.log(run)[len(log):] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        resumed = re.findall(r"resumed from ckpt_\d+\.pt \(step (\d+)\)", lab.log(run)[len(log):])
+        assert resumed and killed_at - int(resumed[0]) <= every + 10, (killed_at, resumed)  # logged every 10 steps
+    info = lab.wait(run, timeout=180)
+    assert kills >= 8, "the run ended before most of the kills"
+    assert info["state"] == "succeeded" and info["resumes"] == kills
+    done = re.search(r"done: step (\d+) loss ([\d.]+)", lab.log(run))
+    assert done.groups() == final.groups()  # same steps, and the very same final loss as without reboots
+    metrics = json.loads((lab.remote / "runs" / run / "job" / "metrics.json").read_text())
+    assert metrics["step"] == steps
+
+
+def test_shutdown_lets_the_example_checkpoint_within_25_s(lab: Lab) -> None:
+    run = lab.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
+                    "--steps 100000 --checkpoint-every 100000 --step-time 0.01")
+    deadline = time.monotonic() + 60
+    while last_step(lab.log(run)) < 20 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    started = time.monotonic()
+    result = agent_cmd(lab, "shutdown")
+    assert time.monotonic() - started < 25
+    assert result == {"runs": [{"runId": run, "state": "interrupted"}], "preempted": False}
+    log = lab.log(run)
+    assert "signal 15: saved ckpt_" in log
+    assert list((lab.remote / "runs" / run / "job" / "checkpoints").glob("ckpt_*.pt"))
+    # ... and the next boot carries on from that checkpoint.
+    assert agent_cmd(lab, "boot")["actions"][0]["action"] == "resumed"
+    deadline = time.monotonic() + 60
+    while "resumed from" not in lab.log(run) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "resumed from ckpt_" in lab.log(run)
+    lab.fab("stop", "--grace", "2", check=True)
+    assert lab.run_state(run)["state"] == "stopped"
+    assert agent_cmd(lab, "boot")["actions"] == []  # a stopped run is not resumed
+
+
+def test_a_crash_loop_stops_after_max_resumes(lab: Lab) -> None:
+    lab.sshd.stack_file(lab.stacks, "lab", lab.remote, sys.executable, "  gpu-train:maxResumes: 2\n")
+    run = lab.train("--dir", str(EXAMPLE), "--command", "sleep 60", "--name", "doomed")
+    for i in range(3):
+        lab.wait(run, ("running",))
+        reboot(run)
+        actions = agent_cmd(lab, "boot")["actions"]
+        if i < 2:
+            assert actions == [{"runId": run, "action": "resumed", "resumes": i + 1}]
+    assert actions[0]["action"] == "failed" and "maxResumes = 2" in actions[0]["reason"]
+    info = lab.run_state(run)
+    assert info["state"] == "failed" and "interrupted 3 times" in info["reason"]
+    text = lab.fab("status", check=True).stdout
+    assert "resumed 2x" in text and "maxResumes = 2" in text
+
+
+def test_a_failed_job_is_not_resumed(lab: Lab) -> None:
+    run = lab.train("--dir", str(EXAMPLE), "--command", "exit 4", "--name", "bad")
+    lab.wait(run)
+    assert agent_cmd(lab, "boot")["actions"] == []
+    assert lab.run_state(run)["state"] == "failed"
+
+
+# -- fetch while training; setup; status --------------------------------------------------------
+def test_fetch_watch_trails_the_run_and_ends_with_everything(lab: Lab) -> None:
+    run = lab.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
+                    "--steps 400 --checkpoint-every 50 --keep 100 --step-time 0.02")
+    watcher = lab.spawn("fetch", "--watch", "--interval", "1")
+    local = lab.cwd / "runs" / "lab" / run / "checkpoints"
+    seen_while_running = False
+    deadline = time.monotonic() + 120
+    while watcher.poll() is None and time.monotonic() < deadline:
+        if state(lab, run).get("state") == "running" and local.is_dir() and list(local.glob("*.pt")):
+            remote = sorted((lab.remote / "runs" / run / "job" / "checkpoints").glob("*.pt"))
+            mine = sorted(local.glob("*.pt"))
+            seen_while_running = True
+            assert len(remote) - len(mine) <= 2  # the laptop trails by a round of fetching
+        time.sleep(0.3)
+    assert watcher.wait(30) == 0, watcher.stderr.read()
+    assert seen_while_running
+    remote = sorted(p.name for p in (lab.remote / "runs" / run / "job" / "checkpoints").glob("*.pt"))
+    assert sorted(p.name for p in local.glob("*.pt")) == remote and len(remote) == 8
+
+
+def test_status_shows_the_agent_view(lab: Lab) -> None:
+    lab.sshd.stack_file(lab.stacks, "lab", lab.remote, sys.executable, "  gpu-train:idleStopMinutes: 20\n")
+    run = lab.train("--dir", str(EXAMPLE), "--command", "true", "--name", "quick")
+    lab.wait(run)
+    text = lab.fab("status", check=True).stdout
+    assert "idle stop after 20 min (not checked yet" in text
+    (lab.remote / "agent.json").write_text(json.dumps({"idleStopMinutes": 20, "poweroffCommand": ["true"],
+                                                       "sshPort": 1}))
+    agent_cmd(lab, "tick")
+    assert "idle stop: idle 0 min, stops at 20" in lab.fab("status", check=True).stdout
+
+
+@pytest.fixture
+def crontab_restored():
+    """`fab setup` edits the real user's crontab: put it back afterwards."""
+    if not shutil.which("crontab"):
+        pytest.skip("crontab is not installed (scripts/test installs cron)")
+    before = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
+    yield
+    if before.returncode == 0:
+        subprocess.run(["crontab", "-"], input=before.stdout, text=True, check=True)
+    else:
+        subprocess.run(["crontab", "-r"], capture_output=True)
+
+
+def test_setup_installs_boot_at_reboot_on_an_ssh_host(lab: Lab, crontab_restored) -> None:
+    out = lab.fab("setup", check=True).stdout
+    assert '"maxResumes": 10' in out and '"idleStopMinutes": 0' in out
+    cron = subprocess.run(["crontab", "-l"], capture_output=True, text=True, check=True).stdout
+    mine = [line for line in cron.splitlines() if line.endswith(f"# gpu-train {lab.remote}")]
+    assert len(mine) == 1 and mine[0].startswith("@reboot ") and f"--root {lab.remote} boot" in mine[0]
+    lab.sshd.stack_file(lab.stacks, "lab", lab.remote, sys.executable, "  gpu-train:idleStopMinutes: 15\n")
+    lab.fab("setup", check=True)
+    cron = subprocess.run(["crontab", "-l"], capture_output=True, text=True, check=True).stdout
+    mine = [line for line in cron.splitlines() if line.endswith(f"# gpu-train {lab.remote}")]
+    assert len(mine) == 2 and mine[1].startswith("* * * * * ") and mine[1].count(" tick ") == 1  # idempotent
+    # The @reboot line really runs `boot`.
+    command = mine[0].removeprefix("@reboot ").split(" >/dev/null")[0]
+    assert subprocess.run(command, shell=True).returncode == 0
