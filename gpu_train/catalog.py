@@ -114,6 +114,9 @@ class Catalog:
     default_image_family: str
     image_families: dict[str, dict[str, str]]
     deprecated_image_patterns: tuple[tuple[str, str], ...]
+    compact_series: frozenset[str] = frozenset()
+    max_vms_per_compact_policy: int = 0
+    gvnic_series: frozenset[str] = frozenset()
     dates: dict[str, str] = field(default_factory=dict)
 
     # -- lookups -------------------------------------------------------------------------------
@@ -147,6 +150,10 @@ class Catalog:
             if fnmatch.fnmatchcase(family, pattern):
                 return reason
         return None
+
+    def series_of(self, machine_type: str) -> str:
+        """A2, A3, G2, N1, ... (fixed shapes by their family; everything else by its prefix)."""
+        return machine_type.split("-")[0].upper()
 
     def parse_machine_type(self, name: str) -> MachineShape | None:
         """Read a machine-type name; None when it is not of a known form.
@@ -297,6 +304,9 @@ def parse_catalog(doc: Any) -> Catalog:
 
     it = _table(doc, "images", sources)
     dates["images"] = it["date"]
+    pl = _table(doc, "placement", sources)
+    net = _table(doc, "network", sources)
+    dates["placement"], dates["network"] = pl["date"], net["date"]
 
     return Catalog(
         sources=sources,
@@ -323,6 +333,9 @@ def parse_catalog(doc: Any) -> Catalog:
             (_need(p, "pattern", str, "images.deprecatedPatterns"), _need(p, "reason", str, "images.deprecatedPatterns"))
             for p in it.get("deprecatedPatterns") or ()
         ),
+        compact_series=frozenset(_need(pl, "compactSeries", list, "placement")),
+        max_vms_per_compact_policy=_need(pl, "maxVmsPerCompactPolicy", int, "placement"),
+        gvnic_series=frozenset(_need(net, "gvnicSeries", list, "network")),
         dates=dates,
     )
 

@@ -95,6 +95,7 @@ KEYS: dict[str, Key] = {
         Key("maxRunHours", "int", None, ("gcp",), doc="hard cap on the VM's run time (scheduling.maxRunDuration, then STOP)"),
         Key("running", "bool", True, ("gcp",), doc="false stops the VM (disk kept); true starts it again on `pulumi up`"),
         Key("maxResumes", "int", 10, doc="how often a run is relaunched after a reboot before it is marked failed"),
+        Key("nodes", "int", 1, ("gcp",), doc="VMs of the same shape in one zone, for multi-node training (node 0 leads)"),
     )
 }
 
@@ -148,6 +149,7 @@ class StackConfig:
     max_run_hours: int | None = None
     running: bool = True
     max_resumes: int = 10
+    nodes: int = 1
     # The settings as given (before defaults), for messages and "was it set?" questions.
     given: frozenset[str] = frozenset()
 
@@ -181,7 +183,7 @@ _FIELD_FOR_KEY = {
     "allowSshFromAnywhere": "allow_ssh_from_anywhere", "labels": "labels", "hosts": "hosts",
     "sshKey": "ssh_key", "knownHosts": "known_hosts", "remoteRoot": "remote_root", "python": "python",
     "idleStopMinutes": "idle_stop_minutes", "maxRunHours": "max_run_hours", "running": "running",
-    "maxResumes": "max_resumes",
+    "maxResumes": "max_resumes", "nodes": "nodes",
 }  # fmt: skip
 assert set(_FIELD_FOR_KEY) == set(KEYS), "every key needs a field"
 

@@ -7,7 +7,7 @@ import json
 import re
 import shlex
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -66,11 +66,15 @@ class JobSpec:
     code_manifest: str | None = None  # hash of the code listing, so the host can skip an unchanged sync
     reuse_code: bool = False
     agent_settings: dict[str, object] = field(default_factory=dict)
+    launcher: str = "none"  # or "torchrun"
+    nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1
+    node: dict[str, object] | None = None  # rank, nnodes, masterAddr, masterPort, hosts, tfPort, ps
 
     def to_json(self) -> dict:
         return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
                 "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
-                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings}
+                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
+                "launcher": self.launcher, "nproc": self.nproc, "node": self.node}
 
 
 def job_spec(*, run: str, base: str, script: str | None, command: str | None, args: str, env: list[str],
@@ -110,3 +114,69 @@ def agent_command(root: str, *args: str) -> str:
 
 def encode_spec(spec: JobSpec) -> str:
     return base64.b64encode(json.dumps(spec.to_json()).encode()).decode()
+
+
+def choose_launcher(option: str | None, nodes: int, script: str | None) -> str:
+    """torchrun by default for a multi-node --script; otherwise what was asked (none by default)."""
+    chosen = option or ("torchrun" if script and nodes > 1 else "none")
+    if chosen not in ("torchrun", "none"):
+        raise JobError(f"--launcher {chosen!r}: use torchrun or none")
+    if chosen == "torchrun" and not script:
+        raise JobError("--launcher torchrun runs a --script; a --command gets MASTER_ADDR, NODE_RANK, TF_CONFIG, ...")
+    return chosen
+
+
+def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: int, ps: int,
+               tf_port: int = 2222) -> list[JobSpec]:
+    """One spec per node: its rank, and where the cluster meets (node 0 leads)."""
+    nnodes = len(hosts)
+    if not 0 <= ps < nnodes:
+        raise JobError(f"--ps {ps}: needs 0 to {nnodes - 1} parameter servers for {nnodes} nodes (node 0 is the chief)")
+    if nnodes == 1 and spec.launcher != "torchrun":
+        return [spec]
+    return [replace(spec, node={"rank": i, "nnodes": nnodes, "masterAddr": master_addr, "masterPort": master_port,
+                                "hosts": hosts, "tfPort": tf_port, "ps": ps})
+            for i in range(nnodes)]
+
+
+ACTIVE = ("starting", "running")
+
+
+def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
+    """One state for a run across its nodes: (state, exit code, which node did what).
+
+    Failed if any node failed (or lost the run), interrupted if any was, running while any runs,
+    stopped if any was stopped, succeeded when all did.
+    """
+    notes = []
+    for i, r in enumerate(per_node):
+        if r is None:
+            notes.append(f"node {i}: no such run")
+        elif r["state"] == "failed":
+            notes.append(f"node {i} failed" + (f" (exit {r['exitCode']})" if r.get("exitCode") is not None else ""))
+        elif r["state"] == "interrupted":
+            notes.append(f"node {i} interrupted")
+    states = [r["state"] if r else "failed" for r in per_node]
+    codes = [r.get("exitCode") for r in per_node if r and r["state"] == "failed"]
+    for state in ("failed", "interrupted"):
+        if state in states:
+            return state, next((c for c in codes if c is not None), None), "; ".join(notes)
+    if any(s in ACTIVE for s in states):
+        return "running", None, "; ".join(f"node {i} {s}" for i, s in enumerate(states) if s not in ACTIVE)
+    if "stopped" in states:
+        return "stopped", None, ""
+    return "succeeded", 0, ""
+
+
+def aggregate_runs(docs: list[dict | None]) -> dict:
+    """Node 0's status document, with each run's state made the cluster's and each node's listed."""
+    lead = docs[0] or {"runs": [], "gpus": [], "agent": {}}
+    by_node = [{r["id"]: r for r in d["runs"]} if d else None for d in docs]
+    runs = []
+    for r in lead["runs"]:
+        per_node = [(m or {}).get(r["id"]) if m is not None else None for m in by_node]
+        state, code, detail = aggregate_state(per_node)
+        nodes = [{"node": i, "state": p["state"] if p else "unknown", "exitCode": p.get("exitCode") if p else None}
+                 for i, p in enumerate(per_node)]
+        runs.append({**r, "state": state, "exitCode": code, "detail": detail, "nodes": nodes})
+    return {**lead, "runs": runs, "nodeCount": len(docs)}

@@ -22,7 +22,7 @@ LABEL_KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
 DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "pd-extreme", "hyperdisk-balanced",
               "hyperdisk-extreme", "hyperdisk-throughput")  # fmt: skip
-RESERVED_LABELS = ("gpu-train-stack", "gpu-train-project")
+RESERVED_LABELS = ("gpu-train-stack", "gpu-train-project", "gpu-train-node")
 MIN_DISK_GB, MAX_DISK_GB = 10, 65536
 
 
@@ -75,6 +75,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
     problems += shape_problems
     problems += _disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
+    problems += _nodes(cfg, catalog)
     return problems
 
 
@@ -310,6 +311,25 @@ def _lifecycle(cfg: StackConfig) -> list[Problem]:
     return problems
 
 
+# -- several nodes ----------------------------------------------------------------------------
+def _nodes(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
+    if cfg.nodes < 1:
+        return [Problem("nodes", "must be 1 or more", "1 for one VM; 2 or more for multi-node training", cfg.nodes)]
+    if cfg.nodes == 1:
+        return []
+    series = catalog.series_of(cfg.machine_type)
+    limit = catalog.max_vms_per_compact_policy
+    if series not in catalog.compact_series:
+        return [Problem("nodes", f"{series} takes no compact placement policy: the {cfg.nodes} nodes will be placed "
+                        "anywhere in the zone, with more latency between them",
+                        f"for tight coupling use a series that supports it ({', '.join(sorted(catalog.compact_series))})",
+                        cfg.nodes, "warning")]
+    if cfg.nodes > limit:
+        return [Problem("nodes", f"a compact placement policy holds at most {limit} VMs",
+                        f"use at most {limit} nodes", cfg.nodes)]
+    return []
+
+
 # -- SSH and labels ---------------------------------------------------------------------------
 def _ssh(cfg: StackConfig) -> list[Problem]:
     problems = []
@@ -342,7 +362,8 @@ def _ssh(cfg: StackConfig) -> list[Problem]:
 def _labels(cfg: StackConfig) -> list[Problem]:
     problems = []
     if len(cfg.labels) > 64 - len(RESERVED_LABELS):
-        problems.append(Problem("labels", "has too many labels (Compute Engine allows 64, gpu-train sets 2)", "remove some"))
+        problems.append(Problem("labels", f"has too many labels (Compute Engine allows 64, gpu-train sets "
+                                          f"{len(RESERVED_LABELS)})", "remove some"))
     for k, v in cfg.labels.items():
         if k in RESERVED_LABELS:
             problems.append(Problem("labels", f"{k!r} is set by gpu-train itself", f"remove {k}", cfg.labels))

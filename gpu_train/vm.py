@@ -41,8 +41,26 @@ def _rfc1035(text: str, max_len: int) -> str:
     return name.rstrip("-")
 
 
-def instance_name(stack: str) -> str:
-    return _rfc1035(f"gpu-train-{stack}", 63)
+def instance_name(stack: str, node: int | None = None) -> str:
+    """gpu-train-STACK for one VM; gpu-train-STACK-0 ... -N-1 for a cluster."""
+    base = _rfc1035(f"gpu-train-{stack}", 63 if node is None else 63 - len(f"-{node}"))
+    return base if node is None else f"{base}-{node}"
+
+
+def node_names(stack: str, nodes: int) -> list[str]:
+    return [instance_name(stack)] if nodes == 1 else [instance_name(stack, i) for i in range(nodes)]
+
+
+def placement_policy(nodes: int, machine_type: str, catalog) -> dict[str, object] | None:
+    """A compact group placement for a cluster whose series supports one (validation says when not)."""
+    if nodes < 2 or catalog.series_of(machine_type) not in catalog.compact_series:
+        return None
+    return {"collocation": "COLLOCATED", "vm_count": nodes}
+
+
+def nic_type(machine_type: str, catalog) -> str | None:
+    """gVNIC for the series that take nothing else (A3, A4, G4); the image default elsewhere."""
+    return "GVNIC" if catalog.series_of(machine_type) in catalog.gvnic_series else None
 
 
 def network_tag(stack: str) -> str:

@@ -12,6 +12,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train import vm
+from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
 from gpu_train.jobs import AGENT_PATH
 from gpu_train.validate import GpuShape
@@ -99,44 +100,82 @@ class GpuVm(pulumi.ComponentResource):
                 )
             return cfg.boot_disk_size_gb
 
-        self.instance = gcp.compute.Instance(
-            name,
-            name=vm.instance_name(cfg.stack),
-            project=cfg.project,
-            zone=cfg.zone,
-            machine_type=shape.machine_type,
-            boot_disk={
-                "auto_delete": True,
-                "initialize_params": {
-                    "image": image.self_link,
-                    "size": image.disk_size_gb.apply(disk_size),
-                    "type": cfg.boot_disk_type,
+        catalog = load_catalog()
+        policy = vm.placement_policy(cfg.nodes, shape.machine_type, catalog)
+        policy_link = None
+        if policy is not None:
+            policy_link = gcp.compute.ResourcePolicy(
+                f"{name}-placement",
+                name=f"{tag}-placement",
+                project=cfg.project,
+                region=cfg.region,
+                group_placement_policy=policy,
+                description=f"gpu-train {cfg.stack}: keep the {cfg.nodes} nodes close (low latency for NCCL)",
+                opts=child,
+            ).self_link
+        if cfg.nodes > 1:
+            # The nodes talk to each other freely (NCCL, rendezvous, TF servers); nothing new from outside.
+            gcp.compute.Firewall(
+                f"{name}-internal",
+                name=f"{tag}-internal",
+                project=cfg.project,
+                network="default",
+                direction="INGRESS",
+                allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
+                source_tags=[tag],
+                target_tags=[tag],
+                description=f"gpu-train {cfg.stack}: traffic between the cluster's nodes",
+                opts=child,
+            )
+        nic = {"network": "default", "access_configs": [{}]}
+        if (kind := vm.nic_type(shape.machine_type, catalog)) is not None:
+            nic["nic_type"] = kind
+        metadata = vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8"))
+        names = vm.node_names(cfg.stack, cfg.nodes)
+        self.instances = [
+            gcp.compute.Instance(
+                name if cfg.nodes == 1 else f"{name}-{i}",
+                name=instance_name,
+                project=cfg.project,
+                zone=cfg.zone,
+                machine_type=shape.machine_type,
+                boot_disk={
+                    "auto_delete": True,
+                    "initialize_params": {
+                        "image": image.self_link,
+                        "size": image.disk_size_gb.apply(disk_size),
+                        "type": cfg.boot_disk_type,
+                    },
                 },
-            },
-            guest_accelerators=vm.guest_accelerators(shape),
-            scheduling=vm.scheduling(cfg.spot, cfg.max_run_hours),
-            desired_status=vm.desired_status(cfg.running),
-            network_interfaces=[{"network": "default", "access_configs": [{}]}],
-            service_account={"email": account.email, "scopes": list(vm.SERVICE_ACCOUNT_SCOPES)},
-            metadata=vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8")),
-            tags=[tag],
-            labels=vm.labels(cfg, args.pulumi_project),
-            allow_stopping_for_update=True,
-            opts=pulumi.ResourceOptions(
-                parent=self,
-                depends_on=grants,
-                # A fixed name cannot exist twice, so a replacement deletes first.
-                delete_before_replace=True,
-                ignore_changes=["bootDisk.initializeParams.image"],
-            ),
-        )
+                guest_accelerators=vm.guest_accelerators(shape),
+                scheduling=vm.scheduling(cfg.spot, cfg.max_run_hours),
+                desired_status=vm.desired_status(cfg.running),
+                network_interfaces=[nic],
+                service_account={"email": account.email, "scopes": list(vm.SERVICE_ACCOUNT_SCOPES)},
+                metadata=metadata,
+                tags=[tag],
+                labels={**vm.labels(cfg, args.pulumi_project), "gpu-train-node": str(i)},
+                resource_policies=policy_link,  # one policy per instance is all Compute Engine takes
+                allow_stopping_for_update=True,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=grants,
+                    # A fixed name cannot exist twice, so a replacement deletes first.
+                    delete_before_replace=True,
+                    ignore_changes=["bootDisk.initializeParams.image"],
+                ),
+            )
+            for i, instance_name in enumerate(names)
+        ]
+        self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
         self.image = image.self_link
-        nic = self.instance.network_interfaces[0]
+        external = [inst.network_interfaces[0].access_configs[0].nat_ip for inst in self.instances]
+        internal = [inst.network_interfaces[0].network_ip for inst in self.instances]
         self.outputs = {
             "instanceName": self.instance.name,
             "zone": self.instance.zone,
-            "externalIp": nic.access_configs[0].nat_ip,
-            "internalIp": nic.network_ip,
+            "externalIp": external[0],
+            "internalIp": internal[0],
             "sshUser": cfg.ssh_user,
             "machineType": shape.machine_type,
             "gpuType": shape.gpu_type,
@@ -144,5 +183,9 @@ class GpuVm(pulumi.ComponentResource):
             "spot": cfg.spot,
             "image": image.self_link,
             "hourlyCostUsd": args.hourly_cost_usd,
+            "nodes": cfg.nodes,
+            "instanceNames": [inst.name for inst in self.instances],
+            "externalIps": external,
+            "internalIps": internal,
         }
         self.register_outputs(self.outputs)

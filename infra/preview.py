@@ -36,6 +36,10 @@ class Recorder(pulumi.runtime.Mocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
+        if args.typ == "gcp:compute/resourcePolicy:ResourcePolicy":
+            project, region = args.inputs.get("project") or "project", args.inputs.get("region")
+            outputs["selfLink"] = (f"https://www.googleapis.com/compute/v1/projects/{project}/regions/{region}"
+                                   f"/resourcePolicies/{args.inputs.get('name')}")
         if args.typ == "gcp:serviceaccount/account:Account":
             project = args.inputs.get("project") or "project"
             outputs["email"] = f"{args.inputs['accountId']}@{project}.iam.gserviceaccount.com"

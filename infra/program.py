@@ -24,7 +24,8 @@ def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
     """Declare the VM of a validated GCP stack and export what the fab tasks read."""
     catalog = load_catalog()
     shape = validate.shape_of(cfg, catalog)
-    cost = hourly_cost(shape, catalog).hourly(cfg.spot)
+    per_vm = hourly_cost(shape, catalog).hourly(cfg.spot)
+    cost = None if per_vm is None else round(per_vm * cfg.nodes, 5)
     gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shape, public_key, pulumi.get_project(), cost))
     for key, value in gpu_vm.outputs.items():
         pulumi.export(key, value)

@@ -372,11 +372,47 @@ def requirements_step(root: str, run_dir: str, python: str, log) -> None:
         f.write(digest)
 
 
-def job_argv(spec: dict, python: str, job_dir: str) -> list[str]:
-    if spec.get("script"):
-        argv = [python, "-u", spec["script"], *spec.get("args", [])]
-        return [*argv, "--job-dir", job_dir] if spec.get("passJobDir", True) else argv
-    return ["bash", "-c", spec["command"]]
+def job_argv(spec: dict, python: str, job_dir: str, nproc: int) -> list[str]:
+    """The job's command line: the script (through torchrun when asked), or the shell command."""
+    if not spec.get("script"):
+        return ["bash", "-c", spec["command"]]
+    tail = [spec["script"], *spec.get("args", []), "--job-dir", job_dir]
+    node = spec.get("node") or {}
+    if spec.get("launcher") != "torchrun":
+        return [python, "-u", *tail]
+    run = [python, "-m", "torch.distributed.run"]
+    if int(node.get("nnodes", 1)) == 1:
+        return [*run, "--standalone", "--nproc_per_node", str(nproc), *tail]
+    return [*run, "--nnodes", str(node["nnodes"]), "--node_rank", str(node["rank"]), "--nproc_per_node", str(nproc),
+            "--master_addr", node["masterAddr"], "--master_port", str(node["masterPort"]), *tail]
+
+
+def cluster_env(node: dict, nproc: int) -> dict:
+    """What a --command job needs to join its cluster: torch's variables and TensorFlow's TF_CONFIG.
+
+    TF_CONFIG follows AI Platform's clusters: node 0 is the chief, then workers, and with ``ps``
+    the last nodes are parameter servers.
+    """
+    nnodes, rank = int(node.get("nnodes", 1)), int(node.get("rank", 0))
+    hosts = node.get("hosts") or [node.get("masterAddr", "localhost")]
+    tf_port, ps = int(node.get("tfPort", 2222)), int(node.get("ps", 0))
+    addresses = [f"{h}:{tf_port}" for h in hosts]
+    roles = ["chief"] + ["worker"] * (nnodes - 1 - ps) + ["ps"] * ps
+    cluster = {"chief": addresses[:1]}
+    if nnodes - 1 - ps:
+        cluster["worker"] = addresses[1 : nnodes - ps]
+    if ps:
+        cluster["ps"] = addresses[nnodes - ps :]
+    index = rank if roles[rank] == "chief" else rank - 1 if roles[rank] == "worker" else rank - (nnodes - ps)
+    return {
+        "MASTER_ADDR": str(node.get("masterAddr", "localhost")),
+        "MASTER_PORT": str(node.get("masterPort", 29500)),
+        "NODE_RANK": str(rank),
+        "NNODES": str(nnodes),
+        "NPROC_PER_NODE": str(nproc),
+        "WORLD_SIZE": str(nnodes * nproc),
+        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": roles[rank], "index": index}}),
+    }
 
 
 def cmd_wrap(root: str, run_id: str) -> int:
@@ -385,8 +421,11 @@ def cmd_wrap(root: str, run_id: str) -> int:
     spec = read_json(os.path.join(run_dir, "spec.json")) or {}
     python, job_dir = spec["python"], os.path.join(run_dir, "job")
     update_state(run_dir, wrapperPid=os.getpid(), wrapperStart=proc_start_time(os.getpid()))
+    nproc = int(spec.get("nproc") or gpu_count() or 1)
     env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id,
            "PYTHONUNBUFFERED": "1", "GPU_TRAIN_ROOT": root}
+    if spec.get("node") and not spec.get("script"):
+        env.update(cluster_env(spec["node"], nproc))
     with open(os.path.join(run_dir, "log"), "ab", buffering=0) as log:
         try:
             requirements_step(root, run_dir, python, log)
@@ -394,7 +433,7 @@ def cmd_wrap(root: str, run_id: str) -> int:
             log.write(f"[gpu-train] {e}\n".encode())
             update_state(run_dir, state="failed", exitCode=1, ended=now(), reason=str(e))
             return 1
-        argv = job_argv(spec, python, job_dir)
+        argv = job_argv(spec, python, job_dir, nproc)
         resumes = (read_json(os.path.join(run_dir, "state.json")) or {}).get("resumes", 0)
         if resumes:
             log.write(f"[gpu-train] {run_id}: resumed ({resumes}), same RUN_ID and JOB_DIR\n".encode())

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpu_train import config
@@ -42,6 +42,16 @@ class Target:
     is_gcp: bool
     cache: Path
     agent_settings: dict = field(default_factory=dict)  # REMOTE_ROOT/agent.json on the host
+    master_addr: str = ""  # where the nodes meet: node 0 as the others reach it (internal IP on GCP)
+    gpus_per_node: int | None = None  # known on GCP; on SSH hosts the agent counts them
+    node: int = 0
+
+    def for_node(self, node: int) -> Target:
+        """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
+        for hosts that share a file system)."""
+        hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
+        return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node,
+                       agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port})
 
     @property
     def host(self) -> SshHost:
@@ -93,10 +103,13 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
     cache = home / cfg.stack
     if cfg.is_gcp:
         assert outputs is not None
-        hosts = (SshHost(outputs.get("sshUser") or cfg.ssh_user, outputs["externalIp"], 22),)
-        expect, cost = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd")
+        user = outputs.get("sshUser") or cfg.ssh_user
+        hosts = tuple(SshHost(user, ip, 22) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
+        master = (outputs.get("internalIps") or [outputs.get("internalIp") or hosts[0].host])[0]
+        expect, cost, gpus = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd"), outputs.get("gpuCount")
     else:
-        hosts, expect, cost = cfg.hosts, 0, None
+        hosts, expect, cost, gpus = cfg.hosts, 0, None, None
+        master = hosts[0].host if hosts else ""
     key = cfg.ssh_private_key_path() if cfg.is_gcp else (cfg.ssh_key or "~/.ssh/id_ed25519")
     return Target(
         stack=cfg.stack,
@@ -111,6 +124,8 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         is_gcp=cfg.is_gcp,
         cache=cache,
         agent_settings={**cfg.agent_settings(), "sshPort": hosts[0].port if hosts else 22},
+        master_addr=master,
+        gpus_per_node=int(gpus) if gpus else None,
     )
 
 

@@ -29,17 +29,27 @@ def say(text: str) -> None:
 
 
 class Session:
-    """A stack's target and one open connection to its first host, reconnecting on demand."""
+    """One node of a stack's target and one open connection to it, reconnecting on demand."""
 
-    def __init__(self, stack: str | None, timeout: float | None = None):
+    def __init__(self, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None):
         from remote import target as targets
 
-        try:
-            self.target = targets.resolve(stack)
-        except ConfigError as e:
-            raise Exit(str(e), code=2) from None
+        if cluster is None:
+            try:
+                cluster = targets.resolve(stack)
+            except ConfigError as e:
+                raise Exit(str(e), code=2) from None
+        if not 0 <= node < len(cluster.hosts):
+            raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=2)
+        self.cluster = cluster
+        self.target = cluster.for_node(node)
+        self.node = node
         self.timeout = timeout if timeout is not None else (600.0 if self.target.is_gcp else 15.0)
         self.conn = None
+
+    def nodes(self) -> list[Session]:
+        """A session for every node of the cluster (this one for its own node)."""
+        return [self if i == self.node else Session(None, self.timeout, i, self.cluster) for i in range(len(self.cluster.hosts))]
 
     def connect(self):
         from remote import ssh
@@ -55,7 +65,8 @@ class Session:
             if not self.target.is_gcp:
                 raise Exit(str(e), code=3) from None
             # The VM may have a new address (stopped and started): refresh the stack outputs once.
-            self.target = targets.resolve(self.target.stack, refresh=True)
+            self.cluster = targets.resolve(self.target.stack, refresh=True)
+            self.target = self.cluster.for_node(self.node)
             try:
                 self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
             except ssh.RemoteError as e2:
@@ -82,6 +93,30 @@ class Session:
             self.conn.close()
 
 
+def on_every_node(sessions: list[Session], work) -> list[object]:
+    """``work(session)`` on each node at once; results (or the Exit raised) in node order."""
+    import threading
+
+    results: list[object] = [None] * len(sessions)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = work(sessions[i])
+        except Exit as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def _failures(results: list[object]) -> list[str]:
+    return [f"node {i}: {r.message}" for i, r in enumerate(results) if isinstance(r, Exit)]
+
+
 # -- train ------------------------------------------------------------------------------------
 @task(
     iterable=["env"],
@@ -92,70 +127,100 @@ class Session:
         "name": "run name; the run id is NAME_YYYYmmdd_HHMMSS (default: the script's name)",
         "args": "arguments for --script, as one quoted string",
         "env": "NAME=VALUE for the job's environment (repeatable)",
+        "launcher": "torchrun (default for a multi-node --script) or none",
+        "nproc": "processes per node under torchrun (default: the node's GPUs, or 1)",
+        "port": "torchrun's master port on node 0 (default 29500)",
+        "ps": "with --command on several nodes: the last N nodes are TF parameter servers",
         "stack": STACK_HELP,
         "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
     },
 )
-def train(c, script=None, command=None, dir=None, name=None, args="", env=None, stack=None, timeout=None):
+def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=29500,
+          ps=0, stack=None, timeout=None):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
-    it with `fab logs --follow`, bring results home with `fab fetch`.
+    it with `fab logs --follow`, bring results home with `fab fetch`. On several nodes the code goes
+    to all of them at once and each starts its part: torchrun with its --node_rank, or a --command
+    with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
     """
     from gpu_train import jobs
     from remote import ssh, sync
-    from remote.relay import ChannelRelay
 
     code_dir = Path(dir or ".").expanduser().resolve()
     if not code_dir.is_dir():
         raise Exit(f"--dir {code_dir}: no such directory", code=2)
     session = Session(stack, float(timeout) if timeout else None)
-    target = session.target
+    cluster = session.cluster
     try:
         base = jobs.base_name(name, script, command)
         run = jobs.run_id(base, datetime.now())
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
-                             python=target.python, expect_gpus=target.expect_gpus, code_dir=code_dir)
+                             python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
+        chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
+        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node)
+        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), int(ps))
     except jobs.JobError as e:
         raise Exit(str(e), code=2) from None
-    pushed = PushedManifests(target.cache)
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
             plan = sync.plan_code(code_dir, Path(scratch))
         except ssh.RemoteError as e:
             raise Exit(str(e), code=2) from None
-        unchanged = pushed.get(target.host, base) == plan.manifest
-        say(("unchanged since the last run: " if unchanged else "syncing ") + plan.describe())
+        pushed = PushedManifests(cluster.cache)
+        unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
+        where = f" to {len(cluster.hosts)} nodes" if len(cluster.hosts) > 1 else ""
+        say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
         if plan.bytes > sync.LARGE_SYNC_BYTES:
             say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
-        spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged,
-                                   agent_settings=target.agent_settings)
-        conn = session.connect()
-        with ChannelRelay(conn.transport) as relay:
-            def push() -> None:
-                sync.push_code(target, target.host, plan, run, base, rsh=relay.rsh())
-
-            deadline, delay = time.monotonic() + session.timeout, 5.0
-            while True:
-                try:
-                    answer = ssh.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
-                except ssh.RemoteError as e:
-                    raise Exit(str(e), code=1) from None
-                if "waiting" not in answer:
-                    break
-                push = None  # the code is staged on the host; only the launch is retried
-                if time.monotonic() > deadline:
-                    raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=1)
-                say(f"waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
-                time.sleep(delay)
-                delay = min(delay * 1.5, 30)
-    pushed.set(target.host, base, plan.manifest)
-    session.close()
-    stack_opt = f" --stack {target.stack}"
-    print(f"started {answer['runId']} on {target.host} ({answer['python']}); JOB_DIR={answer['jobDir']}")
-    print(f"  follow:  fab logs{stack_opt} --follow")
+        sessions = session.nodes()
+        answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged))
+    failed = _failures(answers)
+    if failed:
+        launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, Exit)]
+        on_every_node(launched, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
+        raise Exit("; ".join(failed), code=1)
+    for h in cluster.hosts:
+        pushed.set(h, base, plan.manifest)
+    for s in sessions:
+        s.close()
+    first = answers[0]
+    stack_opt = f" --stack {cluster.stack}"
+    nodes = f" on {len(sessions)} nodes (node 0: {cluster.host})" if len(sessions) > 1 else f" on {cluster.host}"
+    print(f"started {first['runId']}{nodes} ({first['python']}); JOB_DIR={first['jobDir']}")
+    print(f"  follow:  fab logs{stack_opt} --follow" + (" [--node N | --all]" if len(sessions) > 1 else ""))
     print(f"  status:  fab status{stack_opt}")
-    print(f"  fetch:   fab fetch{stack_opt} --run {answer['runId']}")
+    print(f"  fetch:   fab fetch{stack_opt} --run {first['runId']}")
+
+
+def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
+    """Sync (over the node's own connection) and launch one node's part; waits for the driver on GCP."""
+    from gpu_train import jobs
+    from remote import ssh, sync
+    from remote.relay import ChannelRelay
+
+    target = session.target
+    spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged,
+                               agent_settings=target.agent_settings)
+    conn = session.connect()
+    with ChannelRelay(conn.transport) as relay:
+        def push() -> None:
+            sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh())
+
+        deadline, delay = time.monotonic() + session.timeout, 5.0
+        while True:
+            try:
+                answer = ssh.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
+            except ssh.RemoteError as e:
+                raise Exit(str(e), code=1) from None
+            if "waiting" not in answer:
+                return answer
+            push = None  # the code is staged on the host; only the launch is retried
+            if time.monotonic() > deadline:
+                raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=1)
+            say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 30)
 
 
 class PushedManifests:
@@ -181,52 +246,88 @@ class PushedManifests:
 
 # -- logs -------------------------------------------------------------------------------------
 @task(help={"run": "run id (default: the newest)", "follow": "stream until the job ends; exit with its exit code",
-            "lines": "show the last N lines first (default 50; 0 for the whole log)", "stack": STACK_HELP})
-def logs(c, run=None, follow=False, lines=50, stack=None):
+            "lines": "show the last N lines first (default 50; 0 for the whole log)", "node": "which node (default 0)",
+            "all": "every node's log, each line prefixed with its node", "stack": STACK_HELP})
+def logs(c, run=None, follow=False, lines=50, node=0, all_=False, stack=None):
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
+    session = Session(stack, node=int(node))
+    out = sys.stdout.buffer
+    if not all_:
+        trailer = _stream_log(session, run, int(lines), follow, out.write, out.flush)
+        session.close()
+        if follow:
+            _exit_with(trailer)
+        return
+    import threading
+
+    lock = threading.Lock()
+
+    def prefixed(s: Session):
+        pending = b""
+
+        def write(data: bytes) -> None:
+            nonlocal pending
+            *complete, pending = (pending + data).split(b"\n")
+            with lock:
+                for line in complete:
+                    out.write(f"[node {s.node}] ".encode() + line + b"\n")
+                out.flush()
+
+        return write
+
+    sessions = session.nodes()
+    trailers = on_every_node(sessions, lambda s: _stream_log(s, run, int(lines), follow, prefixed(s), out.flush))
+    if failed := _failures(trailers):
+        raise Exit("; ".join(failed), code=1)
+    if follow:
+        bad = [t for t in trailers if t["state"] != "succeeded"]
+        _exit_with(bad[0] if bad else trailers[0])
+
+
+def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
+    """One node's log from the agent, resuming at the right byte after a dropped connection."""
     from gpu_train.jobs import agent_command
     from remote import ssh
 
-    session = Session(stack)
-    lines = int(lines)
     offset: int | None = None
     received = 0
-    out = sys.stdout.buffer
 
-    def write(data: bytes) -> None:
+    def counted(data: bytes) -> None:
         nonlocal received
         received += len(data)
-        out.write(data)
-        out.flush()
+        write(data)
+        flush()
 
     while True:
         args = ["logs"] + (["--run", run] if run else []) + (["--follow"] if follow else [])
         args += ["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else [])
         received = 0
         try:
-            status, err = ssh.stream(session.connect(), agent_command(session.target.remote_root, *args), write)
+            status, err = ssh.stream(session.connect(), agent_command(session.target.remote_root, *args), counted)
         except (OSError, EOFError) as e:
             status, err = -1, str(e)
         start = ssh.start_offset(err)
         trailer = ssh.end_trailer(err)
         if trailer is not None:
-            break
+            return trailer
         if status not in (-1, 0) and "GPU-TRAIN-START" not in err:
             raise Exit(_agent_error(err), code=1)
         if not follow:
             raise Exit(f"the connection dropped: {err.strip()}", code=1)
         if start is not None:
             offset = start + received
-        say("connection lost; reconnecting ...")
+        say(f"{session.target.host}: connection lost; reconnecting ...")
         session.reconnect()
-    session.close()
-    if follow:
-        state, code = trailer["state"], trailer["exitCode"]
-        say(f"{trailer['runId']}: {state}" + (f", exit code {code}" if code is not None else ""))
-        if code:
-            raise Exit(code=code if 0 < code < 256 else 1)
-        if state not in ("succeeded",):
-            raise Exit(code=1)
+
+
+def _exit_with(trailer: dict) -> None:
+    """End `fab logs --follow` with the job's own exit code."""
+    state, code = trailer["state"], trailer["exitCode"]
+    say(f"{trailer['runId']}: {state}" + (f", exit code {code}" if code is not None else ""))
+    if code:
+        raise Exit(code=code if 0 < code < 256 else 1)
+    if state != "succeeded":
+        raise Exit(code=1)
 
 
 def _agent_error(err: str) -> str:
@@ -257,6 +358,7 @@ def render_status(doc: dict, target) -> str:
     for g in doc.get("gpus", []):
         lines.append(f"GPU {g['index']} {g['name']}: {g['utilization']:.0f}% busy, "
                      f"{g['memoryUsedMiB']:.0f}/{g['memoryTotalMiB']:.0f} MiB")
+    lines += [f"unreachable: {u}" for u in doc.get("unreachable", [])]
     runs = doc.get("runs", [])
     if not runs:
         lines.append("no runs yet: fab train --script train.py")
@@ -269,6 +371,8 @@ def render_status(doc: dict, target) -> str:
             notes.append(f"preempted {r['preemptions']}x")
         if r.get("reason"):
             notes.append(r["reason"])
+        if r.get("detail"):
+            notes.append(r["detail"])
         if notes:
             state += " [" + "; ".join(notes) + "]"
         lines.append(f"  {r['id']:<40} {state:<18} {_duration(r.get('durationS')):>8}  {r.get('lastLine', '')[:80]}")
@@ -295,27 +399,46 @@ def agent_lines(doc: dict, target) -> list[str]:
 
 @task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, ...}", "stack": STACK_HELP})
 def status(c, json_=False, stack=None):
-    """Every run with its state, duration and last log line; GPU use; hours and cost on GCP."""
+    """Every run with its state, duration and last log line; GPU use; hours and cost on GCP.
+
+    On several nodes a run is failed if any node failed (and says which), running while any runs.
+    """
+    from gpu_train.jobs import aggregate_runs
+
     session = Session(stack)
-    doc = session.call("status")
-    session.close()
+    sessions = session.nodes()
+    docs = on_every_node(sessions, lambda s: s.call("status"))
+    for s in sessions:
+        s.close()
+    if len(docs) == 1:
+        if isinstance(docs[0], Exit):
+            raise docs[0]
+        doc = docs[0]
+    else:
+        doc = aggregate_runs([None if isinstance(d, Exit) else d for d in docs])
+        doc["unreachable"] = _failures(docs)
     if json_:
         print(json.dumps({"stack": session.target.stack, **doc}, indent=1))
     else:
-        print(render_status(doc, session.target))
+        print(render_status(doc, session.cluster))
 
 
 # -- stop -------------------------------------------------------------------------------------
 @task(help={"run": "run id (default: the newest)", "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)",
             "stack": STACK_HELP})
 def stop(c, run=None, grace=10, stack=None):
-    """Stop a run: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
+    """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
     session = Session(stack)
+    sessions = session.nodes()
     args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
-    doc = session.call(*args)
-    session.close()
-    sent = ", ".join(doc["signals"]) or "no signal needed"
-    print(f"{doc['runId']}: {doc['state']} ({sent})")
+    docs = on_every_node(sessions, lambda s: s.call(*args))
+    for s, doc in zip(sessions, docs, strict=True):
+        s.close()
+        where = f"node {s.node}: " if len(sessions) > 1 else ""
+        if not isinstance(doc, Exit):
+            print(f"{where}{doc['runId']}: {doc['state']} ({', '.join(doc['signals']) or 'no signal needed'})")
+    if failed := _failures(docs):
+        raise Exit("; ".join(failed), code=1)
 
 
 # -- fetch and down ---------------------------------------------------------------------------
@@ -342,23 +465,26 @@ class FetchRecord:
             self.doc = {}
 
     def up_to_date(self, run: dict, dest: Path) -> bool:
-        seen = self.doc.get(run["id"])
+        seen = self.doc.get(str(dest.resolve()))
         return bool(seen) and seen == {"dest": str(dest.resolve()), "remote": run.get("jobSummary"),
                                        "local": local_summary(dest)}
 
     def record(self, run: dict, dest: Path) -> None:
-        self.doc[run["id"]] = {"dest": str(dest.resolve()), "remote": run.get("jobSummary"), "local": local_summary(dest)}
+        self.doc[str(dest.resolve())] = {"run": run["id"], "dest": str(dest.resolve()), "remote": run.get("jobSummary"),
+                                         "local": local_summary(dest)}
         _atomic_write(self.path, json.dumps(self.doc, indent=1))
 
 
-def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False) -> list[str]:
-    """Fetch each run's JOB_DIR; the ids that failed."""
+def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
+                subdir: str = "") -> list[str]:
+    """Fetch each run's JOB_DIR (into ``subdir`` of the run's folder); the ids that failed."""
     from remote import ssh, sync
 
     record = FetchRecord(session.target.cache)
     failed = []
     for r in runs:
         where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or Path("runs") / session.target.stack / r["id"])
+        where = where / subdir if subdir else where
         if record.up_to_date(r, where):
             if not quiet:
                 say(f"{r['id']}: up to date in {where}")
@@ -375,8 +501,9 @@ def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: 
 
 @task(help={"run": "run id (default: the newest)", "all": "every run", "dest": "where to (default runs/STACK/RUN/)",
             "watch": "keep fetching new checkpoints until the run ends", "interval": "seconds between --watch rounds (30)",
+            "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
             "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, stack=None):
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_nodes=False, stack=None):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
     With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
@@ -388,7 +515,11 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, stack=No
     if watch:
         _watch(session, run, dest, float(interval))
         return
-    if run and not all_ and run not in FetchRecord(target.cache).doc and ssh.knows_host(target, target.host):
+    if all_nodes:
+        _fetch_every_node(session, run, dest)
+        return
+    fetched_before = any(v.get("run") == run for v in FetchRecord(target.cache).doc.values())
+    if run and not all_ and not fetched_before and ssh.knows_host(target, target.host):
         # A first fetch of a named run: rsync alone, no agent call (OpenSSH checks the known host key).
         job = f"{target.rsync_root()}/runs/{run}/job"
         runs = [{"id": run, "state": "unknown", "jobDir": job}]
@@ -401,6 +532,25 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, stack=No
     session.close()
     if failed:
         raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=1)
+
+
+def _fetch_every_node(session: Session, run: str | None, dest: str | None) -> None:
+    sessions = session.nodes()
+    lead = session.call("status", *(["--run", run] if run else []))["runs"]
+    if not lead:
+        raise Exit("no runs on this host yet", code=1)
+    run_id = lead[-1]["id"]
+
+    def one(s: Session) -> list[str]:
+        runs = s.call("status", "--summaries", "--run", run_id)["runs"]
+        return _fetch_runs(s, runs, dest, progress=False, subdir=f"node-{s.node}")
+
+    results = on_every_node(sessions, one)
+    for s in sessions:
+        s.close()
+    failed = _failures(results) + [f"node {i}" for i, r in enumerate(results) if isinstance(r, list) and r]
+    if failed:
+        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch --all-nodes` again to resume", code=1)
 
 
 def _watch(session: Session, run: str | None, dest: str | None, interval: float) -> None:

@@ -59,7 +59,10 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert script.startswith("#!/bin/bash") and "gpu-train-shutdown.service" in script
     assert i["desiredStatus"] == "RUNNING" and "maxRunDuration" not in sched
     assert i["tags"] == [f"gpu-train-{stack}"]
-    assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train"}
+    assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train", "gpu-train-node": "0"}
+    nic = i["networkInterfaces"][0]
+    assert nic.get("nicType") == ("GVNIC" if cfg.machine_type.startswith(("a3-", "a4", "g4-")) else None)
+    assert not i.get("resourcePolicies")
 
     (sa,) = result.of_type("serviceaccount/account:Account")
     email = f"{sa.inputs['accountId']}@{cfg.project}.iam.gserviceaccount.com"
@@ -82,7 +85,8 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert out["gpuCount"] >= 1 and out["gpuType"].startswith("nvidia-")
     assert out["image"] == init["image"]
     assert set(out) == {"instanceName", "zone", "externalIp", "internalIp", "sshUser", "machineType", "gpuType",
-                        "gpuCount", "spot", "image", "hourlyCostUsd"}
+                        "gpuCount", "spot", "image", "hourlyCostUsd", "nodes", "instanceNames", "externalIps", "internalIps"}
+    assert out["nodes"] == 1 and out["instanceNames"] == [out["instanceName"]] and out["externalIps"] == [out["externalIp"]]
     # every child is parented to the component
     assert result.resources[0].typ == "gpu-train:index:GpuVm"
 
@@ -164,3 +168,38 @@ def test_idle_stop_defaults() -> None:
     assert config.parse(gcp_raw(), "s").idle_stop_minutes == 30
     ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s")
     assert ssh.idle_stop_minutes == 0 and ssh.agent_settings()["gcp"] is False
+
+
+def test_a_cluster_of_nodes() -> None:
+    result = run_stack(gcp_raw(nodes=3, machineType="a2-highgpu-8g", gpuType=None, gpuCount=None), stack="big")
+    assert result.error is None, result.error
+    instances = sorted(result.of_type("compute/instance:Instance"), key=lambda r: r.name)
+    assert [r.inputs["name"] for r in instances] == ["gpu-train-big-0", "gpu-train-big-1", "gpu-train-big-2"]
+    assert {r.inputs["zone"] for r in instances} == {"us-central1-a"}
+    assert {r.inputs["machineType"] for r in instances} == {"a2-highgpu-8g"}
+    assert [r.inputs["labels"]["gpu-train-node"] for r in instances] == ["0", "1", "2"]
+    (policy,) = result.of_type("compute/resourcePolicy:ResourcePolicy")
+    assert policy.inputs["groupPlacementPolicy"] == {"collocation": "COLLOCATED", "vmCount": 3}
+    assert policy.inputs["region"] == "us-central1"
+    link = "https://www.googleapis.com/compute/v1/projects/proj-1/regions/us-central1/resourcePolicies/gpu-train-big-placement"
+    assert all(r.inputs["resourcePolicies"] == link for r in instances)
+    fw = {f.inputs["name"]: f.inputs for f in result.of_type("Firewall")}
+    internal = fw["gpu-train-big-internal"]
+    assert internal["sourceTags"] == internal["targetTags"] == ["gpu-train-big"] and "sourceRanges" not in internal
+    assert [a["protocol"] for a in internal["allows"]] == ["tcp", "udp", "icmp"]
+    assert fw["gpu-train-big-ssh-ipv4"]["sourceRanges"] == ["203.0.113.7/32"]  # nothing new from outside
+    out = result.outputs
+    assert out["nodes"] == 3 and len(out["externalIps"]) == 3 and len(out["internalIps"]) == 3
+    assert out["instanceName"] == "gpu-train-big-0" and out["hourlyCostUsd"] is None
+
+
+def test_an_n1_cluster_has_no_placement_policy_and_costs_per_node() -> None:
+    result = run_stack(gcp_raw(nodes=2, spot=True))
+    assert result.error is None and result.of_type("ResourcePolicy") == []
+    assert len(result.of_type("compute/instance:Instance")) == 2
+    assert result.outputs["hourlyCostUsd"] == pytest.approx(2 * 0.27946)
+
+
+def test_too_many_nodes_for_a_placement_policy_declares_nothing() -> None:
+    result = run_stack(gcp_raw(nodes=151, machineType="g2-standard-8", gpuType=None, gpuCount=None))
+    assert result.resources == [] and "at most 150 VMs" in str(result.error)

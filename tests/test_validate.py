@@ -34,6 +34,9 @@ VALID = [
     {"labels": {"team": "vision", "cost-center": "42"}},
     {"bootDiskType": "pd-ssd", "bootDiskSizeGb": 1000},
     {"imageProject": "my-images", "imageFamily": "anything-goes"},
+    {"nodes": 4, "machineType": "a3-highgpu-8g", "gpuType": None, "gpuCount": None},
+    {"nodes": 150, "machineType": "g2-standard-8", "gpuType": None, "gpuCount": None},
+    {"idleStopMinutes": 0, "maxRunHours": 24, "maxResumes": 0, "running": False},
 ]
 
 # (settings, [(key, words in message or fix), ...]): every problem expected, and nothing else.
@@ -101,6 +104,13 @@ INVALID = [
     ({"labels": {"Team": "x"}}, [("labels", "not a valid label key")]),
     ({"labels": {"team": "Vision Team"}}, [("labels", "not a valid label value")]),
     ({"labels": {"gpu-train-stack": "x"}}, [("labels", "set by gpu-train itself")]),
+    # lifecycle and nodes
+    ({"idleStopMinutes": -1}, [("idleStopMinutes", "0 (off) or more")]),
+    ({"maxRunHours": 0}, [("maxRunHours", "between 1 and 2880")]),
+    ({"maxRunHours": 3000}, [("maxRunHours", "between 1 and 2880")]),
+    ({"maxResumes": -2}, [("maxResumes", "0 (never resume)")]),
+    ({"nodes": 0}, [("nodes", "1 or more")]),
+    ({"nodes": 200, "machineType": "a2-highgpu-8g", "gpuType": None, "gpuCount": None}, [("nodes", "at most 150 VMs")]),
     # several at once: all reported
     ({"gpuCount": 3, "zone": "us-central1-d", "sshSourceRanges": ["0.0.0.0/0"], "bootDiskType": "ssd"},
      [("gpuCount", "nearest valid count: 4"), ("zone", "us-central1-a"), ("bootDiskType", "did you mean pd-ssd"),
@@ -108,6 +118,7 @@ INVALID = [
 ]
 
 WARNINGS = [
+    ({"nodes": 2}, [("nodes", "N1 takes no compact placement policy")]),
     ({"imageFamily": "pytorch-latest-gpu"}, [("imageFamily", "deprecated")]),
     ({"imageFamily": "tf-2-15-cu121-debian-11-py310"}, [("imageFamily", "deprecated")]),
     ({"imageFamily": "pytorch-3-0-cu130-ubuntu-2404-nvidia-590"}, [("imageFamily", "not among")]),

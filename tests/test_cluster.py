@@ -1,0 +1,202 @@
+"""Several nodes: a real two-node torchrun (gloo) on two sshds (127.0.0.2 and 127.0.0.3), and the
+pure decisions behind clusters: launch command lines, TF_CONFIG, one state for many nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_train import jobs
+from remote import agent
+from remote.loopback import Sshd, free_port
+from tests.conftest import ROOT
+from tests.test_remote import EXAMPLE, FAB
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+class Cluster:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.a = Sshd(tmp / "a", "127.0.0.2").start()
+        self.b = Sshd(tmp / "b", "127.0.0.3", client_key=self.a.client_key).start()
+        self.roots = [tmp / "node0", tmp / "node1"]
+        (tmp / "stacks").mkdir()
+        (tmp / "stacks" / "Pulumi.duo.yaml").write_text(
+            "config:\n  gpu-train:target: ssh\n"
+            f"  gpu-train:hosts: ['{self.a.spec}', '{self.b.spec}']\n  gpu-train:sshKey: {self.a.client_key}\n"
+            f"  gpu-train:remoteRoot: {tmp}/node{{node}}\n  gpu-train:python: {sys.executable}\n")
+        self.cwd = tmp / "work"
+        self.cwd.mkdir()
+        self.env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(tmp / "stacks"), "GPU_TRAIN_HOME": str(tmp / "home"),
+                    "GPU_TRAIN_STACK": "duo", "PYTHONPATH": str(ROOT)}
+
+    def fab(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
+        r = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd, capture_output=True,
+                           text=True, timeout=300, stdin=subprocess.DEVNULL)
+        if check and r.returncode:
+            raise AssertionError(f"fab {args}: {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def state(self, node: int, run: str) -> dict:
+        return json.loads((self.roots[node] / "runs" / run / "state.json").read_text())
+
+    def log(self, node: int, run: str) -> str:
+        path = self.roots[node] / "runs" / run / "log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        self.a.stop()
+        self.b.stop()
+        subprocess.run(["pkill", "-f", str(self.tmp)], check=False)
+
+
+@pytest.fixture
+def duo(tmp_path: Path):
+    cluster = Cluster(tmp_path)
+    yield cluster
+    cluster.stop()
+
+
+def test_two_node_torchrun_trains_one_model(duo: Cluster) -> None:
+    port = free_port("127.0.0.2")
+    out = duo.fab("train", "--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 60 --checkpoint-every 20",
+                  "--nproc", "1", "--port", str(port), "--env", "GLOO_SOCKET_IFNAME=lo", check=True)
+    run = out.stdout.split()[1]
+    assert "on 2 nodes" in out.stdout and "syncing to 2 nodes" in out.stderr
+    follow = duo.fab("logs", "--follow", "--all")
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    for node in (0, 1):
+        log = duo.log(node, run)
+        assert f"--nnodes 2 --node_rank {node} --nproc_per_node 1 --master_addr 127.0.0.2 --master_port {port}" in log
+    losses = [re.findall(r"^step (\d+) loss ([\d.]+)$", duo.log(n, run), re.M) for n in (0, 1)]
+    assert losses[0] and losses[0] == losses[1]  # both ranks log the same all-reduced loss
+    assert "rank 1/2" in duo.log(1, run) and "rank 0/2" in duo.log(0, run)
+    assert "[node 0] step 60" in follow.stdout and "[node 1] step 60" in follow.stdout
+    job0, job1 = (duo.roots[n] / "runs" / run / "job" for n in (0, 1))
+    assert sorted(p.name for p in (job0 / "checkpoints").iterdir()) == ["ckpt_00000020.pt", "ckpt_00000040.pt",
+                                                                        "ckpt_00000060.pt"]
+    assert not (job1 / "checkpoints").exists()  # node 0 writes the checkpoints
+    status = json.loads(duo.fab("status", "--json", check=True).stdout)
+    (r,) = status["runs"]
+    assert r["state"] == "succeeded" and [n["state"] for n in r["nodes"]] == ["succeeded", "succeeded"]
+    duo.fab("fetch", check=True)
+    assert (duo.cwd / "runs" / "duo" / run / "checkpoints" / "ckpt_00000060.pt").is_file()
+    duo.fab("fetch", "--all-nodes", check=True)
+    assert (duo.cwd / "runs" / "duo" / run / "node-1" / "metrics.json").exists() is False
+    assert (duo.cwd / "runs" / "duo" / run / "node-0" / "metrics.json").is_file()
+
+
+def test_a_killed_node_fails_the_run_and_stop_cleans_up_the_other(duo: Cluster) -> None:
+    cmd = 'echo "rank $NODE_RANK of $NNODES via $MASTER_ADDR:$MASTER_PORT"; echo "$TF_CONFIG"; sleep 60'
+    out = duo.fab("train", "--dir", str(EXAMPLE), "--command", cmd, "--name", "pair", "--ps", "0", check=True)
+    run = out.stdout.split()[1]
+    deadline = time.monotonic() + 30
+    while not all('"task"' in duo.log(n, run) for n in (0, 1)):  # both printed their TF_CONFIG
+        assert time.monotonic() < deadline, "the nodes did not start"
+        time.sleep(0.2)
+    assert "rank 1 of 2 via 127.0.0.2:29500" in duo.log(1, run)
+    tf = json.loads(duo.log(1, run).splitlines()[-1])
+    assert tf == {"cluster": {"chief": ["127.0.0.2:2222"], "worker": ["127.0.0.3:2222"]},
+                  "task": {"type": "worker", "index": 0}}
+    os.killpg(duo.state(1, run)["pid"], 9)  # node 1's job dies
+    deadline = time.monotonic() + 30
+    while duo.state(1, run).get("state") != "failed" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    status = duo.fab("status", check=True).stdout
+    assert "failed" in status and "node 1 failed (exit -9)" in status
+    stopped = duo.fab("stop", "--grace", "1", check=True).stdout
+    assert f"node 0: {run}: stopped" in stopped
+    assert duo.state(0, run)["state"] == "stopped"
+    assert not Path(f"/proc/{duo.state(0, run)['pid']}").exists()
+
+
+# -- pure decisions ---------------------------------------------------------------------------
+NODE = {"rank": 1, "nnodes": 3, "masterAddr": "10.0.0.2", "masterPort": 29500,
+        "hosts": ["10.0.0.2", "10.0.0.3", "10.0.0.4"], "tfPort": 2222, "ps": 0}
+
+
+@pytest.mark.parametrize(
+    ("spec", "argv"),
+    [
+        ({"script": "t.py", "args": ["--lr", "1"]}, ["py", "-u", "t.py", "--lr", "1", "--job-dir", "/j"]),
+        ({"script": "t.py", "launcher": "torchrun", "node": {"nnodes": 1}},
+         ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "t.py", "--job-dir", "/j"]),
+        ({"script": "t.py", "launcher": "torchrun", "node": NODE},
+         ["py", "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank", "1", "--nproc_per_node", "4",
+          "--master_addr", "10.0.0.2", "--master_port", "29500", "t.py", "--job-dir", "/j"]),
+        ({"command": "make train"}, ["bash", "-c", "make train"]),
+    ],
+)
+def test_job_argv(spec: dict, argv: list[str]) -> None:
+    assert agent.job_argv(spec, "py", "/j", 4) == argv
+
+
+@pytest.mark.parametrize(
+    ("rank", "ps", "task", "cluster"),
+    [
+        (0, 0, {"type": "chief", "index": 0}, {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]}),
+        (2, 0, {"type": "worker", "index": 1}, {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]}),
+        (1, 1, {"type": "worker", "index": 0},
+         {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222"], "ps": ["10.0.0.4:2222"]}),
+        (2, 1, {"type": "ps", "index": 0}, {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222"], "ps": ["10.0.0.4:2222"]}),
+        (2, 2, {"type": "ps", "index": 1}, {"chief": ["10.0.0.2:2222"], "ps": ["10.0.0.3:2222", "10.0.0.4:2222"]}),
+    ],
+)
+def test_cluster_env(rank: int, ps: int, task: dict, cluster: dict) -> None:
+    env = agent.cluster_env({**NODE, "rank": rank, "ps": ps}, 2)
+    assert json.loads(env["TF_CONFIG"]) == {"cluster": cluster, "task": task}
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["NODE_RANK"], env["NNODES"]) == ("10.0.0.2", "29500", str(rank), "3")
+    assert (env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("2", "6")
+
+
+@pytest.mark.parametrize(
+    ("option", "nodes", "script", "chosen"),
+    [(None, 2, "t.py", "torchrun"), (None, 1, "t.py", "none"), (None, 2, None, "none"), ("torchrun", 1, "t.py", "torchrun"),
+     ("none", 4, "t.py", "none")],
+)
+def test_choose_launcher(option, nodes, script, chosen) -> None:
+    assert jobs.choose_launcher(option, nodes, script) == chosen
+
+
+@pytest.mark.parametrize(("option", "script", "words"), [("mpirun", "t.py", "use torchrun or none"),
+                                                          ("torchrun", None, "runs a --script")])
+def test_choose_launcher_rejects(option, script, words) -> None:
+    with pytest.raises(jobs.JobError, match=words):
+        jobs.choose_launcher(option, 2, script)
+
+
+def test_node_specs() -> None:
+    spec = jobs.JobSpec(run_id="r_1", base="r", script="t.py", launcher="torchrun")
+    specs = jobs.node_specs(spec, ["a", "b"], "10.0.0.2", 29500, 0)
+    assert [s.node["rank"] for s in specs] == [0, 1] and {s.node["masterAddr"] for s in specs} == {"10.0.0.2"}
+    assert jobs.node_specs(jobs.JobSpec(run_id="r", base="r"), ["a"], "a", 1, 0)[0].node is None
+    with pytest.raises(jobs.JobError, match="--ps 2"):
+        jobs.node_specs(spec, ["a", "b"], "a", 1, 2)
+
+
+def run(state: str, code: int | None = None) -> dict:
+    return {"state": state, "exitCode": code}
+
+
+@pytest.mark.parametrize(
+    ("per_node", "expected"),
+    [
+        ([run("succeeded", 0), run("succeeded", 0)], ("succeeded", 0, "")),
+        ([run("running"), run("succeeded", 0)], ("running", None, "node 1 succeeded")),
+        ([run("running"), run("failed", 3)], ("failed", 3, "node 1 failed (exit 3)")),
+        ([run("failed", 1), run("failed", 2)], ("failed", 1, "node 0 failed (exit 1); node 1 failed (exit 2)")),
+        ([run("stopped", -2), run("stopped", -15)], ("stopped", None, "")),
+        ([run("running"), None], ("failed", None, "node 1: no such run")),
+        ([run("interrupted"), run("running")], ("interrupted", None, "node 0 interrupted")),
+    ],
+)
+def test_aggregate_state(per_node: list, expected: tuple) -> None:
+    assert jobs.aggregate_state(per_node) == expected
