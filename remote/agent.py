@@ -598,17 +598,34 @@ def cmd_boot(root: str) -> dict:
                 agent_log(root, f"{run_id}: {reason}")
                 actions.append({"runId": run_id, "action": "failed", "reason": reason})
                 continue
-            for marker in ("shutdown-requested",):
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(run_dir, marker))
-            update_state(run_dir, state="starting", created=state.get("created", now()), resumes=resumes + 1,
-                         wrapperPid=None, wrapperStart=None, pid=None, pidStart=None, relaunched=now(),
-                         preemptions=int(state.get("preemptions", 0)) + int(bool(state.get("preempted"))),
-                         preempted=False)
-            start_wrapper(root, run_id)
-            agent_log(root, f"{run_id}: resumed ({resumes + 1})")
+            relaunch(root, run_dir, state)
             actions.append({"runId": run_id, "action": "resumed", "resumes": resumes + 1})
     return {"actions": actions}
+
+
+def relaunch(root: str, run_dir: str, state: dict) -> None:
+    """Start a run again under screen, same RUN_ID and JOB_DIR, counting the resume."""
+    for marker in ("shutdown-requested", "stop-requested"):
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(run_dir, marker))
+    resumes = int(state.get("resumes", 0)) + 1
+    update_state(run_dir, state="starting", created=state.get("created", now()), resumes=resumes,
+                 wrapperPid=None, wrapperStart=None, pid=None, pidStart=None, relaunched=now(), ended=None,
+                 exitCode=None, reason=None,
+                 preemptions=int(state.get("preemptions", 0)) + int(bool(state.get("preempted"))), preempted=False)
+    start_wrapper(root, os.path.basename(run_dir))
+    agent_log(root, f"{os.path.basename(run_dir)}: resumed ({resumes})")
+
+
+def cmd_resume(root: str, run_id: str | None, grace: float) -> dict:
+    """Restart one run's part on this host (the laptop does it on every node: the whole group)."""
+    run_dir = find_run(root, run_id)
+    if describe(run_dir)["state"] in ("starting", "running"):
+        cmd_stop(root, os.path.basename(run_dir), grace)
+    state = read_json(os.path.join(run_dir, "state.json")) or {}
+    with locked(root):
+        relaunch(root, run_dir, state)
+    return {"runId": os.path.basename(run_dir), "resumes": int(state.get("resumes", 0)) + 1}
 
 
 def preempted() -> bool:
@@ -758,6 +775,9 @@ def main(argv: list[str]) -> int:
     stop.add_argument("--run")
     stop.add_argument("--grace", type=float, default=10.0)
     sub.add_parser("boot")
+    resume = sub.add_parser("resume")
+    resume.add_argument("--run")
+    resume.add_argument("--grace", type=float, default=10.0)
     shutdown = sub.add_parser("shutdown")
     shutdown.add_argument("--grace", type=float, default=25.0)
     sub.add_parser("tick")
@@ -780,6 +800,8 @@ def main(argv: list[str]) -> int:
             result = cmd_stop(root, args.run, args.grace)
         elif args.cmd == "boot":
             result = cmd_boot(root)
+        elif args.cmd == "resume":
+            result = cmd_resume(root, args.run, args.grace)
         elif args.cmd == "shutdown":
             result = cmd_shutdown(root, args.grace)
         elif args.cmd == "tick":

@@ -441,6 +441,22 @@ def stop(c, run=None, grace=10, stack=None):
         raise Exit("; ".join(failed), code=1)
 
 
+@task(help={"run": "run id (default: the newest)", "grace": "seconds to let a still-running part stop (default 10)",
+            "stack": STACK_HELP})
+def resume(c, run=None, grace=10, stack=None):
+    """Restart a run on every node with the same RUN_ID and JOB_DIR, so it carries on from its newest
+    checkpoint: after a node of a cluster was preempted, or a run failed for a reason now fixed."""
+    session = Session(stack)
+    sessions = session.nodes()
+    run = run or session.call("status")["runs"][-1]["id"]
+    docs = on_every_node(sessions, lambda s: s.call("resume", "--run", run, "--grace", str(float(grace))))
+    for s in sessions:
+        s.close()
+    if failed := _failures(docs):
+        raise Exit("; ".join(failed), code=1)
+    print(f"{run}: restarted on {len(sessions)} node(s) (resume {docs[0]['resumes']})")
+
+
 # -- fetch and down ---------------------------------------------------------------------------
 def local_summary(path: Path) -> dict:
     files = size = newest = 0
@@ -686,4 +702,4 @@ def tunnel(c, port=6006, local_port=None, stack=None):
     _exec_ssh(session, "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"{local}:localhost:{port}")
 
 
-ns = Collection(train, logs, status, stop, fetch, down, setup, ssh, gpus, tunnel)
+ns = Collection(train, logs, status, stop, resume, fetch, down, setup, ssh, gpus, tunnel)
