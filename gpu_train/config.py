@@ -96,6 +96,10 @@ KEYS: dict[str, Key] = {
         Key("running", "bool", True, ("gcp",), doc="false stops the VM (disk kept); true starts it again on `pulumi up`"),
         Key("maxResumes", "int", 10, doc="how often a run is relaunched after a reboot before it is marked failed"),
         Key("nodes", "int", 1, ("gcp",), doc="VMs of the same shape in one zone, for multi-node training (node 0 leads)"),
+        Key("quotaRequest", "map", {}, ("gcp",), doc="{gpus: N, justification: ..., contactEmail: ...}: ask Cloud "
+            "Quotas for N GPUs (region and global) from `pulumi up`"),
+        Key("fallbackShapes", "list", (), ("gcp",), doc="other shapes scripts/up may try: MACHINE or MACHINE/GPU/COUNT"),
+        Key("spotFallback", "bool", False, ("gcp",), doc="scripts/up: on demand when spot has no capacity anywhere"),
     )
 }
 
@@ -150,6 +154,9 @@ class StackConfig:
     running: bool = True
     max_resumes: int = 10
     nodes: int = 1
+    quota_request: dict[str, str] = field(default_factory=dict)
+    fallback_shapes: tuple[str, ...] = ()
+    spot_fallback: bool = False
     # The settings as given (before defaults), for messages and "was it set?" questions.
     given: frozenset[str] = frozenset()
 
@@ -183,7 +190,8 @@ _FIELD_FOR_KEY = {
     "allowSshFromAnywhere": "allow_ssh_from_anywhere", "labels": "labels", "hosts": "hosts",
     "sshKey": "ssh_key", "knownHosts": "known_hosts", "remoteRoot": "remote_root", "python": "python",
     "idleStopMinutes": "idle_stop_minutes", "maxRunHours": "max_run_hours", "running": "running",
-    "maxResumes": "max_resumes", "nodes": "nodes",
+    "maxResumes": "max_resumes", "nodes": "nodes", "quotaRequest": "quota_request",
+    "fallbackShapes": "fallback_shapes", "spotFallback": "spot_fallback",
 }  # fmt: skip
 assert set(_FIELD_FOR_KEY) == set(KEYS), "every key needs a field"
 
@@ -345,8 +353,13 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
 
 
 # -- reading stack files ----------------------------------------------------------------------
-def stack_file(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
-    return stacks_dir / f"Pulumi.{stack}.yaml"
+def stacks_dir() -> Path:
+    """stacks/ of this repository, or $GPU_TRAIN_STACKS_DIR."""
+    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or STACKS_DIR)
+
+
+def stack_file(stack: str, directory: Path | None = None) -> Path:
+    return (directory or stacks_dir()) / f"Pulumi.{stack}.yaml"
 
 
 def read_stack_file(path: Path) -> dict[str, Any]:
@@ -376,8 +389,8 @@ def load_file(path: Path) -> StackConfig:
     return parse(read_stack_file(path), stack_name_from_path(path))
 
 
-def load_stack(stack: str, stacks_dir: Path = STACKS_DIR) -> StackConfig:
-    return parse(read_stack_file(stack_file(stack, stacks_dir)), stack)
+def load_stack(stack: str, directory: Path | None = None) -> StackConfig:
+    return parse(read_stack_file(stack_file(stack, directory)), stack)
 
 
 # -- local files a stack refers to ------------------------------------------------------------

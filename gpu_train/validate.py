@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_train.catalog import Catalog, FixedShape, MachineShape
@@ -75,7 +75,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
     problems += shape_problems
     problems += _disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
-    problems += _nodes(cfg, catalog)
+    problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog)
     return problems
 
 
@@ -328,6 +328,45 @@ def _nodes(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         return [Problem("nodes", f"a compact placement policy holds at most {limit} VMs",
                         f"use at most {limit} nodes", cfg.nodes)]
     return []
+
+
+# -- quota requests and fallback shapes ---------------------------------------------------------
+def _quota_request(cfg: StackConfig) -> list[Problem]:
+    q = cfg.quota_request
+    if not q:
+        return []
+    problems = []
+    unknown = sorted(set(q) - {"gpus", "justification", "contactEmail"})
+    if unknown:
+        problems.append(Problem("quotaRequest", f"unknown field(s) {', '.join(unknown)}",
+                                "use gpus, justification and contactEmail", q))
+    if not q.get("gpus", "").isdigit() or int(q["gpus"]) < 1:
+        problems.append(Problem("quotaRequest", "needs gpus: a whole number of GPUs, 1 or more",
+                                "e.g. {gpus: 8, justification: ..., contactEmail: you@example.com}", q))
+    if not q.get("justification"):
+        problems.append(Problem("quotaRequest", "needs a justification (Google reads it)", "say what you will train", q))
+    if "@" not in q.get("contactEmail", ""):
+        problems.append(Problem("quotaRequest", "needs contactEmail: an address Google can write to", "e.g. you@example.com", q))
+    return problems
+
+
+def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
+    """Each fallback shape must itself be valid (its own machine, GPUs and spot rules)."""
+    problems = []
+    for text in cfg.fallback_shapes:
+        machine, _, rest = text.partition("/")
+        gpu, _, count = rest.partition("/")
+        if count and not count.isdigit():
+            problems.append(Problem("fallbackShapes", f"{text!r}: the count must be a whole number",
+                                    "write MACHINE or MACHINE/GPU/COUNT, e.g. n1-standard-8/nvidia-tesla-v100/1"))
+            continue
+        trial = replace(cfg, machine_type=machine, gpu_type=gpu or None, gpu_count=int(count) if count else (1 if gpu else None),
+                        given=cfg.given - {"gpuType", "gpuCount"} | ({"gpuType", "gpuCount"} if gpu else set()),
+                        fallback_shapes=())
+        shape_problems, _ = _machine_and_gpus(trial, catalog)
+        for p in shape_problems:
+            problems.append(Problem("fallbackShapes", f"{text!r}: {p.message}", p.fix))
+    return problems
 
 
 # -- SSH and labels ---------------------------------------------------------------------------

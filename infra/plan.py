@@ -56,6 +56,14 @@ def _props(r: preview.Declared) -> list[str]:
         return [f"account {i.get('accountId')}", i.get("description", "")]
     if r.typ.endswith("IAMMember"):
         return [f"{i.get('role')} for {i.get('member')}"]
+    if r.typ.endswith("ResourcePolicy"):
+        policy = sorted((i.get("groupPlacementPolicy") or {}).items())
+        shown = ", ".join(f"{k}={int(v) if isinstance(v, float) else v}" for k, v in policy)
+        return [f"name {i.get('name')}: compact placement ({shown})"]
+    if r.typ.endswith("SQuotaPreference"):
+        dims = ", ".join(f"{k}={v}" for k, v in (i.get("dimensions") or {}).items()) or "project-wide"
+        return [f"ask Cloud Quotas for {i.get('quotaId')} ({dims}) = {i['quotaConfig']['preferredValue']} "
+                "(or the current limit, if higher)"]
     if r.typ.endswith("Instance"):
         init = i["bootDisk"]["initializeParams"]
         gpus = i.get("guestAccelerators") or []
@@ -64,6 +72,8 @@ def _props(r: preview.Declared) -> list[str]:
         return [
             f"name {i.get('name')}, {i.get('machineType')} in {i.get('zone')}",
             "GPUs: " + (", ".join(f"{int(g['count'])} x {g['type']} attached" for g in gpus) or "built into the machine type"),
+            f"network: {i['networkInterfaces'][0].get('nicType') or 'default NIC'}"
+            + (f", placement {i['resourcePolicies'].rsplit('/', 1)[-1]}" if i.get("resourcePolicies") else ""),
             f"boot disk: {int(init['size'])} GB {init['type']}, image {init['image'].rsplit('/', 1)[-1]} "
             "(newest of the family at `up`, then pinned)",
             "scheduling: " + ", ".join(f"{k}={v}" for k, v in sched.items()),
@@ -89,8 +99,12 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     lines += [describe_shape(shape, cfg, catalog), ""]
     lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
-    order = ["GpuVm", "Account", "IAMMember", "Firewall", "Instance"]
-    for r in sorted(result.resources, key=lambda r: (order.index(r.typ.rsplit(":", 1)[-1]), r.name)):
+    order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "SQuotaPreference", "Instance"]
+
+    def rank(kind: str) -> int:
+        return order.index(kind) if kind in order else len(order)
+
+    for r in sorted(result.resources, key=lambda r: (rank(r.typ.rsplit(":", 1)[-1]), r.name)):
         lines.append(f"  + {r.typ}  {r.name}")
         lines += [f"      {p}" for p in _props(r) if p]
     lines += ["", "Stack outputs (read by the fab tasks):"]

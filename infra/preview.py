@@ -32,6 +32,7 @@ class Recorder(pulumi.runtime.Mocks):
     """Records resources and answers invokes the way Google Cloud would."""
 
     image_disk_gb: int = MOCK_IMAGE_DISK_GB
+    quota_values: dict[str, int] = field(default_factory=dict)  # current limits, by Cloud Quotas id
     resources: list[Declared] = field(default_factory=list)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
@@ -62,6 +63,10 @@ class Recorder(pulumi.runtime.Mocks):
                 "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{name}",
                 "diskSizeGb": self.image_disk_gb,
             }
+        if args.token == "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo":
+            value = self.quota_values.get(args.args.get("quotaId"), 0)
+            return {"dimensionsInfos": [{"dimensions": {}, "applicableLocations": ["global"],
+                                         "details": [{"value": str(value)}]}]}
         return {}
 
 
@@ -81,6 +86,7 @@ def run(
     stack: str,
     config: dict[str, Any] | None = None,
     image_disk_gb: int = MOCK_IMAGE_DISK_GB,
+    quota_values: dict[str, int] | None = None,
 ) -> Preview:
     """Run ``program`` as ``pulumi up`` would, under mocks; collect its resources and stack outputs.
 
@@ -88,7 +94,7 @@ def run(
     assertion inside one would pass silently). A program error is returned, not raised, the way
     ``pulumi up`` reports it.
     """
-    recorder = Recorder(image_disk_gb=image_disk_gb)
+    recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {})
     pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False)
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
     root = get_root_resource()

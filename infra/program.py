@@ -12,6 +12,7 @@ from pulumi.runtime.config import CONFIG, get_config_env
 from gpu_train import config, validate
 from gpu_train.catalog import load_catalog
 from gpu_train.pricing import hourly_cost
+from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
 
 
@@ -27,6 +28,7 @@ def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
     per_vm = hourly_cost(shape, catalog).hourly(cfg.spot)
     cost = None if per_vm is None else round(per_vm * cfg.nodes, 5)
     gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shape, public_key, pulumi.get_project(), cost))
+    quota_request.declare(cfg, shape, gpu_vm)
     for key, value in gpu_vm.outputs.items():
         pulumi.export(key, value)
     return gpu_vm

@@ -262,7 +262,8 @@ def clean_staging(root: str, older_than_s: float = 3600) -> None:
     for name in os.listdir(staging) if os.path.isdir(staging) else []:
         path = os.path.join(staging, name)
         with contextlib.suppress(OSError):
-            if time.time() - os.stat(path).st_mtime > older_than_s:
+            # ctime, not mtime: rsync -a gives the folder its source's (old) mtime while it syncs.
+            if time.time() - os.stat(path).st_ctime > older_than_s:
                 shutil.rmtree(path, ignore_errors=True)
 
 

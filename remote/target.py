@@ -24,10 +24,6 @@ def state_home() -> Path:
     return Path(os.environ.get("GPU_TRAIN_HOME") or REPO / ".gpu-train")
 
 
-def stacks_dir() -> Path:
-    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or config.STACKS_DIR)
-
-
 @dataclass(frozen=True)
 class Target:
     stack: str
@@ -132,7 +128,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
 def resolve(stack: str | None, refresh: bool = False) -> Target:
     """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
     name = select_stack(stack)
-    cfg = config.load_stack(name, stacks_dir())
+    cfg = config.load_stack(name)
     home = state_home()
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
     target = target_from(cfg, outputs, home)

@@ -74,3 +74,18 @@ def test_ssh_stack_plans_nothing(tmp_path: Path) -> None:
     f.write_text("config:\n  gpu-train:target: ssh\n  gpu-train:hosts: [me@127.0.0.2:2222]\n")
     result = plan("--file", str(f))
     assert result.returncode == 0 and "creates nothing" in result.stdout
+
+
+def test_plan_of_a_cluster_with_a_quota_request(tmp_path: Path, home_with_key: Path) -> None:
+    f = tmp_path / "Pulumi.duo.yaml"
+    f.write_text("config:\n  gcp:project: p\n  gpu-train:zone: us-central1-a\n  gpu-train:machineType: a3-highgpu-8g\n"
+                 "  gpu-train:nodes: 2\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n"
+                 "  gpu-train:quotaRequest: {gpus: 16, justification: pretraining, contactEmail: me@example.com}\n")
+    result = plan("--file", str(f), home=home_with_key)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for words in ["would create 12 resources", "name gpu-train-duo-0", "name gpu-train-duo-1",
+                  "compact placement (collocation=COLLOCATED, vmCount=2)", "network: GVNIC, placement",
+                  "GPUS-PER-GPU-FAMILY-per-project-region (region=us-central1, gpu_family=NVIDIA_H100) = 16",
+                  "GPUS-ALL-REGIONS-per-project (project-wide) = 16", "name gpu-train-duo-internal"]:
+        assert words in out, words

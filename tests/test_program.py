@@ -17,7 +17,7 @@ def gcp_stacks() -> list[Path]:
     return [p for p in STACKS if config.read_stack_file(p).get("gpu-train:target", "gcp") == "gcp"]
 
 
-def run_stack(raw: dict, stack: str = "s", **kw) -> preview.Preview:
+def run_stack(raw: dict, stack: str = "s", **kw) -> preview.Preview:  # kw: image_disk_gb, quota_values
     return preview.run(program.main, stack=stack, config=raw, **kw)
 
 
@@ -203,3 +203,32 @@ def test_an_n1_cluster_has_no_placement_policy_and_costs_per_node() -> None:
 def test_too_many_nodes_for_a_placement_policy_declares_nothing() -> None:
     result = run_stack(gcp_raw(nodes=151, machineType="g2-standard-8", gpuType=None, gpuCount=None))
     assert result.resources == [] and "at most 150 VMs" in str(result.error)
+
+
+QUOTA = {"gpus": "8", "justification": "training a vision model", "contactEmail": "me@example.com"}
+
+
+def test_quota_request_declares_cloud_quota_preferences() -> None:
+    result = run_stack(gcp_raw(quotaRequest=QUOTA, machineType="a3-highgpu-8g", gpuType=None, gpuCount=None),
+                       quota_values={"GPUS-ALL-REGIONS-per-project": 16})
+    assert result.error is None, result.error
+    prefs = {p.inputs["quotaId"]: p.inputs for p in result.of_type("SQuotaPreference")}
+    family = prefs["GPUS-PER-GPU-FAMILY-per-project-region"]
+    assert family["dimensions"] == {"region": "us-central1", "gpu_family": "NVIDIA_H100"}
+    assert family["quotaConfig"] == {"preferredValue": "8"} and family["service"] == "compute.googleapis.com"
+    assert family["parent"] == "projects/proj-1" and family["contactEmail"] == "me@example.com"
+    assert family["justification"] == "training a vision model"
+    glob = prefs["GPUS-ALL-REGIONS-per-project"]
+    assert glob["quotaConfig"] == {"preferredValue": "16"} and "dimensions" not in glob  # never lowered
+
+
+def test_quota_request_per_model_and_spot() -> None:
+    result = run_stack(gcp_raw(quotaRequest=QUOTA, spot=True))
+    ids = sorted(p.inputs["quotaId"] for p in result.of_type("SQuotaPreference"))
+    assert ids == ["GPUS-ALL-REGIONS-per-project", "PREEMPTIBLE-NVIDIA-T4-GPUS-per-project-region"]
+    (model,) = [p for p in result.of_type("SQuotaPreference") if p.inputs["quotaId"].startswith("PREEMPTIBLE")]
+    assert model.inputs["dimensions"] == {"region": "us-central1"}
+
+
+def test_no_quota_request_no_preference() -> None:
+    assert run_stack(gcp_raw()).of_type("SQuotaPreference") == []

@@ -1,0 +1,105 @@
+"""``scripts/preflight``: will this stack fit in the project's quotas, and is its GPU offered there?
+
+Reads, through the Compute API client (google-cloud-compute, with your Application Default
+Credentials): the region's quotas (regions.get), the project's (projects.get: GPUS_ALL_REGIONS) and
+the accelerator types of the zone (acceleratorTypes.list). Prints limit, usage and need for each
+quota the VM counts against; for every shortfall, the exact quota and how to raise it.
+Exit 0 when it fits, 1 when it cannot, 2 when the stack is invalid or the API cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gpu_train import config, quota, validate
+from gpu_train.catalog import load_catalog
+
+ENDPOINT_ENV = "GPU_TRAIN_COMPUTE_ENDPOINT"  # another Compute API endpoint (tests run a local one)
+
+
+def clients():
+    """The three Compute clients, on the endpoint and credentials in force."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    kwargs: dict = {"transport": "rest"}
+    if endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        kwargs |= {"client_options": ClientOptions(api_endpoint=endpoint), "credentials": AnonymousCredentials()}
+    return (compute_v1.RegionsClient(**kwargs), compute_v1.ProjectsClient(**kwargs),
+            compute_v1.AcceleratorTypesClient(**kwargs))
+
+
+def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[str]]:
+    """(region quotas, project quotas, accelerator types offered in the zone): one call each."""
+    regions, projects, accelerators = clients()
+    region_doc = regions.get(project=project, region=region)
+    project_doc = projects.get(project=project)
+    offered = {a.name for a in accelerators.list(project=project, zone=zone)}
+
+    def table(doc) -> dict[str, tuple[float, float]]:
+        return {q.metric: (q.limit, q.usage) for q in doc.quotas}
+
+    return table(region_doc), table(project_doc), offered
+
+
+def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str]) -> tuple[str, int]:
+    catalog = load_catalog()
+    shape = validate.shape_of(cfg, catalog)
+    rows = quota.evaluate(quota.needs(cfg, shape, set(region_q), catalog), region_q, global_q)
+    lines = [f"Preflight of stack {cfg.stack}: project {cfg.project}, {cfg.zone}, "
+             f"{cfg.nodes} x {shape.machine_type} ({shape.gpu_count} x {shape.gpu_type}{', spot' if cfg.spot else ''})", "",
+             f"  {'quota':<32}{'scope':<14}{'limit':>8}{'usage':>8}{'need':>8}  status"]
+    short = []
+    for row in rows:
+        n = row.need
+        status = {True: "ok", False: "SHORT", None: "not listed"}[row.ok]
+        fmt = (lambda v: "-" if v is None else f"{v:g}")  # noqa: E731
+        lines.append(f"  {n.metric or '(per-family quota)':<32}{n.scope:<14}{fmt(row.limit):>8}{fmt(row.usage):>8}"
+                     f"{n.amount:>8}  {status}")
+        if row.ok is False:
+            short.append(quota.advice(row, cfg.project or ""))
+        elif row.ok is None and n.scope != "global":
+            lines.append(f"      {n.what}: this project lists no {n.metric or 'per-model'} quota in {n.scope}; it may use"
+                         " a per-family GPU quota: check the Quotas page")
+    acc = catalog.accelerator(shape.gpu_type)
+    if acc.name not in offered:
+        short.append(f"{acc.name} is not offered in {cfg.zone} for this project "
+                     f"(offered there: {', '.join(sorted(offered)) or 'no GPUs'}); pick another zone (scripts/plan suggests some)")
+    lines.append("")
+    if short:
+        lines += ["The stack cannot fit:"] + [f"  - {s}" for s in short]
+        return "\n".join(lines), 1
+    lines.append("The stack fits.")
+    return "\n".join(lines), 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/preflight", description=__doc__.split("\n\n")[0])
+    p.add_argument("--stack", required=True)
+    args = p.parse_args(argv)
+    try:
+        cfg, _ = validate.check(config.read_stack_file(config.stack_file(args.stack)), args.stack, load_catalog())
+    except config.ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if not cfg.is_gcp:
+        print(f"stack {args.stack} targets SSH hosts: no cloud quotas to check")
+        return 0
+    try:
+        region_q, global_q, offered = read_quotas(cfg.project or "", cfg.region, cfg.zone)
+    except Exception as e:  # credentials, network, permissions: say which, and stop
+        print(f"cannot read the project's quotas: {type(e).__name__}: {e}\n"
+              "fix: `gcloud auth application-default login`, and check gcp:project", file=sys.stderr)
+        return 2
+    text, code = report(cfg, region_q, global_q, offered)
+    print(text)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""`quotaRequest`: ask Cloud Quotas for GPU quota from `pulumi up` (gcp.cloudquota.SQuotaPreference).
+
+Each preference asks for the larger of what the stack requests and what the project already has
+(read with getSQuotaInfo at `up` time), so declaring one can never lower a quota.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from gpu_train import quota
+from gpu_train.catalog import load_catalog
+from gpu_train.config import StackConfig
+from gpu_train.validate import GpuShape
+
+
+def current_value(info, dimensions: dict[str, str]) -> int:
+    """The limit in force for these dimensions (the most specific entry that matches), 0 if none."""
+    for entry in info.dimensions_infos or []:
+        if all(entry.dimensions.get(k) == v for k, v in entry.dimensions.items()) and all(
+            entry.dimensions.get(k, v) == v for k, v in dimensions.items()
+        ):
+            values = [int(d.value) for d in entry.details or [] if str(d.value).lstrip("-").isdigit()]
+            if values:
+                return max(values)
+    return 0
+
+
+def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[gcp.cloudquota.SQuotaPreference]:
+    request = cfg.quota_request
+    if not request:
+        return []
+    gpus = int(request["gpus"])
+    parent_path = f"projects/{cfg.project}"
+    declared = []
+    for pref in quota.preferences(cfg, shape, gpus, load_catalog()):
+        dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
+        info = gcp.cloudquota.get_s_quota_info_output(parent=parent_path, service=quota.SERVICE,
+                                                      quota_id=pref["quota_id"], opts=pulumi.InvokeOptions(parent=parent))
+        preferred = info.apply(lambda i, d=dims, want=pref["preferred"]: str(max(int(want), current_value(i, d))))
+        suffix = "-".join([str(pref["quota_id"]).lower(), *dims.values()])
+        declared.append(gcp.cloudquota.SQuotaPreference(
+            f"quota-{suffix}",
+            parent=parent_path,
+            service=quota.SERVICE,
+            quota_id=pref["quota_id"],
+            dimensions=dims or None,
+            quota_config={"preferred_value": preferred},
+            justification=request["justification"],
+            contact_email=request["contactEmail"],
+            opts=pulumi.ResourceOptions(parent=parent),
+        ))
+    return declared

@@ -1,0 +1,244 @@
+"""Quotas and capacity: the error classifier on real error texts, zone plans, scripts/up's failover
+against scripted `pulumi up` outcomes (a stand-in CLI at the process boundary), and preflight
+against a local HTTP server speaking the Compute REST API to the real google-cloud-compute client."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from gpu_train import capacity, config, quota, validate
+from gpu_train.catalog import load_catalog
+from infra import preflight
+from tests.conftest import ROOT, gcp_raw
+
+CATALOG = load_catalog()
+STAND_IN = ROOT / "tests" / "stand_in"
+
+# Error texts as Compute Engine sends them (reference section 9), wrapped as Pulumi prints them.
+STOCKOUT = ("error: 1 error occurred:\n\t* Error waiting for instance to create: The zone "
+            "'projects/p/zones/us-central1-a' does not have enough resources available to fulfill the request.  "
+            "Try a different zone, or try again later.")
+STOCKOUT_DETAILS = ("error: googleapi: Error 503: ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: The zone "
+                    "'projects/p/zones/us-central1-b' does not have enough resources available to fulfill the request. "
+                    "'(resource type:compute)'. Details: [{'@type': 'type.googleapis.com/google.rpc.ErrorInfo', "
+                    "'metadatas': {'zonesAvailable': 'us-central1-f,us-central1-c'}, 'reason': 'resource_availability'}]")
+INSUFFICIENT = "error: googleapi: Error 503: insufficientCapacity, The zone does not have enough resources"
+REGIONAL = "error: googleapi: Error 403: Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 1.0 in region us-central1., quotaExceeded"
+GLOBAL = "error: googleapi: Error 403: Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally., quotaExceeded"
+INCOMPATIBLE = ("error: googleapi: Error 400: [n2-standard-32, nvidia-tesla-t4] features are not compatible for creating "
+                "instance., badRequest")
+WRAPPED_CONFIG = ("error: ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: [n2-standard-32, nvidia-tesla-t4] features are not "
+                  "compatible for creating instance.")
+NOT_FOUND = ("error: googleapi: Error 400: Invalid value for field 'resource.guestAccelerators[0].acceleratorType': "
+             "The resource 'projects/p/zones/us-west3-a/acceleratorTypes/nvidia-l4' was not found., invalid")
+TRANSIENT = "error: googleapi: Error 503: RESOURCE_NOT_READY: the resource is not ready"
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "zones", "metric"),
+    [
+        (STOCKOUT, capacity.STOCKOUT, (), None),
+        (STOCKOUT_DETAILS, capacity.STOCKOUT, ("us-central1-f", "us-central1-c"), None),
+        (INSUFFICIENT, capacity.STOCKOUT, (), None),
+        (REGIONAL, capacity.REGIONAL_QUOTA, (), "NVIDIA_T4_GPUS"),
+        (GLOBAL, capacity.GLOBAL_QUOTA, (), "GPUS_ALL_REGIONS"),
+        (INCOMPATIBLE, capacity.CONFIG, (), None),
+        (WRAPPED_CONFIG, capacity.CONFIG, (), None),
+        (NOT_FOUND, capacity.CONFIG, (), None),
+        (TRANSIENT, capacity.TRANSIENT, (), None),
+        ("error: something else entirely", capacity.UNKNOWN, (), None),
+    ],
+)
+def test_classify(text: str, kind: str, zones: tuple, metric: str | None) -> None:
+    failure = capacity.classify(text)
+    assert (failure.kind, failure.zones_available, failure.metric) == (kind, zones, metric)
+    assert failure.reason
+    assert failure.moves_zone == (kind in (capacity.STOCKOUT, capacity.REGIONAL_QUOTA, capacity.TRANSIENT))
+
+
+def test_zone_plan_and_next_zones() -> None:
+    plan = capacity.zone_plan("us-central1-a", "nvidia-tesla-t4", CATALOG)
+    assert plan[:4] == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
+    assert plan[4].startswith("us-") and len(plan) == len(set(plan)) == len(CATALOG.zones["nvidia-tesla-t4"])
+    named = capacity.classify(STOCKOUT_DETAILS)
+    after = capacity.next_zones(plan, {"us-central1-a", "us-central1-b"}, named, set())
+    assert after[:3] == ["us-central1-f", "us-central1-c", plan[4]]  # the zones GCP named come first
+    skipped = capacity.next_zones(plan, {"us-central1-a"}, capacity.classify(REGIONAL), {"us-central1"})
+    assert not any(z.startswith("us-central1-") for z in skipped)
+
+
+# -- scripts/up against scripted outcomes ------------------------------------------------------
+@pytest.fixture
+def up_env(tmp_path: Path) -> dict:
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "Pulumi.t4.yaml").write_text(
+        "config:\n  gcp:project: p\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
+        "  gpu-train:gpuCount: 1\n  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n"
+        "  gpu-train:fallbackShapes: [n1-standard-8/nvidia-tesla-v100/1]\n  gpu-train:spotFallback: true\n")
+    for name, text in (("stockout", STOCKOUT), ("details", STOCKOUT_DETAILS), ("regional", REGIONAL),
+                       ("global", GLOBAL), ("config", WRAPPED_CONFIG)):
+        (tmp_path / name).write_text(text)
+    return {**os.environ, "PATH": f"{STAND_IN}:{os.environ['PATH']}", "PULUMI_STAND_IN_DIR": str(tmp_path),
+            "GPU_TRAIN_STACKS_DIR": str(stacks)}
+
+
+def scripts_up(env: dict, outcomes: str, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    d = Path(env["PULUMI_STAND_IN_DIR"])
+    (d / "up-outcomes").write_text(outcomes)
+    result = subprocess.run([str(ROOT / "scripts" / "up"), "--stack", "t4", "--skip-preflight", *args], env=env,
+                            capture_output=True, text=True, timeout=120)
+    return result, (d / "calls").read_text().splitlines()
+
+
+def zones_tried(calls: list[str]) -> list[str]:
+    return [c.split()[3] for c in calls if c.startswith("config set gpu-train:zone ")]
+
+
+def test_up_moves_to_the_zones_gcp_names_then_writes_the_zone_back(up_env: dict) -> None:
+    result, calls = scripts_up(up_env, "stockout details ok")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert zones_tried(calls) == ["us-central1-a", "us-central1-b", "us-central1-f"]
+    assert calls.count("destroy --yes --skip-preview --stack t4") == 2  # each failed attempt's leftovers
+    assert "attempt 2 failed: stockout" in result.stdout and "the stack's zone is now us-central1-f" in result.stdout
+
+
+def test_up_skips_a_region_out_of_quota(up_env: dict) -> None:
+    result, calls = scripts_up(up_env, "regional ok")
+    assert result.returncode == 0
+    tried = zones_tried(calls)
+    assert tried[0] == "us-central1-a" and not tried[1].startswith("us-central1-") and "skipping region" in result.stdout
+
+
+@pytest.mark.parametrize(("outcome", "words"), [("global", "global GPU quota (GPUS_ALL_REGIONS)"),
+                                                ("config", "not a capacity problem")])
+def test_up_stops_at_once(up_env: dict, outcome: str, words: str) -> None:
+    result, calls = scripts_up(up_env, f"{outcome} ok")
+    assert result.returncode == 1 and words in result.stdout
+    assert len(zones_tried(calls)) == 1 and sum(c.startswith("up ") for c in calls) == 1
+
+
+def test_up_falls_back_to_other_shapes_then_on_demand(up_env: dict) -> None:
+    t4_zones = len(CATALOG.zones["nvidia-tesla-t4"])
+    v100_zones = len(CATALOG.zones["nvidia-tesla-v100"])
+    outcomes = " ".join(["stockout"] * (t4_zones + v100_zones) + ["ok"])
+    result, calls = scripts_up(up_env, outcomes, "--max-attempts", "500")
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "no zone had capacity for n1-standard-8 + 1 x nvidia-tesla-t4 (spot)" in result.stdout
+    assert "no zone had capacity for n1-standard-8 + 1 x nvidia-tesla-v100 (spot)" in result.stdout
+    assert "config set gpu-train:spot false --stack t4" in calls  # spotFallback: on demand
+    assert "up: n1-standard-8 + 1 x nvidia-tesla-t4 in us-central1-a" in result.stdout
+
+
+def test_up_gives_up_after_max_attempts(up_env: dict) -> None:
+    result, _ = scripts_up(up_env, "stockout", "--max-attempts", "3")
+    assert result.returncode == 1 and "stopping after 3 attempts" in result.stdout
+
+
+# -- preflight against a local Compute API -----------------------------------------------------
+class ComputeApi(BaseHTTPRequestHandler):
+    """Answers regions.get, projects.get and acceleratorTypes.list with the REST API's JSON."""
+
+    state: ClassVar[dict] = {}
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        s = self.state
+        if path == "/compute/v1/projects/p/regions/us-central1":
+            body = {"name": "us-central1", "quotas": [{"metric": m, "limit": lim, "usage": use}
+                                                      for m, (lim, use) in s["region"].items()]}
+        elif path == "/compute/v1/projects/p":
+            body = {"name": "p", "quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": s["global"][0], "usage": s["global"][1]}]}
+        elif path == "/compute/v1/projects/p/zones/us-central1-a/acceleratorTypes":
+            body = {"items": [{"name": n, "zone": "us-central1-a"} for n in s["offered"]]}
+        else:
+            self.send_error(404)
+            return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv(preflight.ENDPOINT_ENV, f"http://127.0.0.1:{server.server_address[1]}")
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "Pulumi.pf.yaml").write_text(
+        "config:\n  gcp:project: p\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
+        "  gpu-train:gpuCount: 2\n  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n")
+    monkeypatch.setenv("GPU_TRAIN_STACKS_DIR", str(stacks))
+    ComputeApi.state = {"region": {"PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0), "NVIDIA_T4_GPUS": (0, 0), "CPUS": (24, 0),
+                                   "SSD_TOTAL_GB": (500, 100)},
+                        "global": (8, 2), "offered": ["nvidia-tesla-t4", "nvidia-tesla-v100"]}
+    yield ComputeApi.state
+    server.shutdown()
+
+
+def test_preflight_enough(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
+    assert preflight.main(["--stack", "pf"]) == 0
+    out = capsys.readouterr().out
+    assert "PREEMPTIBLE_NVIDIA_T4_GPUS" in out and "The stack fits." in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("PREEMPTIBLE_NVIDIA_T4_GPUS"))
+    assert row.split()[1:] == ["us-central1", "4", "0", "2", "ok"]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"region": {"PREEMPTIBLE_NVIDIA_T4_GPUS": (1, 0), "CPUS": (24, 0), "SSD_TOTAL_GB": (500, 0)}},
+         "PREEMPTIBLE_NVIDIA_T4_GPUS in us-central1: limit 1, in use 0, needs 2 -> ask for 2"),
+        ({"global": (0, 0)}, "GPUS_ALL_REGIONS globally: limit 0, in use 0, needs 2 -> ask for 2"),
+        ({"region": {"PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0), "CPUS": (4, 0), "SSD_TOTAL_GB": (500, 0)}},
+         "CPUS in us-central1: limit 4, in use 0, needs 8 -> ask for 8"),
+        ({"region": {"PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0), "CPUS": (24, 0), "SSD_TOTAL_GB": (250, 100)}},
+         "SSD_TOTAL_GB in us-central1: limit 250, in use 100, needs 200 -> ask for 300"),
+        ({"offered": ["nvidia-tesla-v100"]}, "nvidia-tesla-t4 is not offered in us-central1-a"),
+    ],
+)
+def test_preflight_shortfalls(compute_api: dict, capsys: pytest.CaptureFixture, change: dict, words: str) -> None:
+    compute_api.update(change)
+    assert preflight.main(["--stack", "pf"]) == 1
+    out = capsys.readouterr().out
+    assert "The stack cannot fit:" in out and words in out
+    assert ("iam-admin/quotas?project=p" in out) == ("->" in words)  # each short quota says where to raise it
+
+
+def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api: dict, capsys) -> None:
+    monkeypatch.setenv(preflight.ENDPOINT_ENV, "http://127.0.0.1:9")  # nothing listens there
+    assert preflight.main(["--stack", "pf"]) == 2
+    assert "cannot read the project's quotas" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("settings", "metrics", "expected"),
+    [
+        ({}, set(), ["NVIDIA_T4_GPUS", "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+        ({"spot": True, "bootDiskType": "pd-standard"}, set(), ["PREEMPTIBLE_NVIDIA_T4_GPUS", "CPUS", "DISKS_TOTAL_GB",
+                                                                 "GPUS_ALL_REGIONS"]),
+        ({"machineType": "a2-highgpu-1g", "gpuType": None, "gpuCount": None}, {"A2_CPUS"},
+         ["NVIDIA_A100_GPUS", "A2_CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+        ({"machineType": "a3-ultragpu-8g", "gpuType": None, "gpuCount": None, "spot": True, "zone": "us-central1-b"},
+         set(), [None, "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+    ],
+)
+def test_quota_needs(settings: dict, metrics: set, expected: list) -> None:
+    cfg = config.parse(gcp_raw(**settings), "s")
+    shape = validate.shape_of(cfg, CATALOG)
+    assert [n.metric for n in quota.needs(cfg, shape, metrics, CATALOG)] == expected
