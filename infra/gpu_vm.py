@@ -39,33 +39,18 @@ class GpuVm(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tag = vm.network_tag(cfg.stack)
 
+        def ingress(suffix: str, description: str, **rule: object) -> gcp.compute.Firewall:
+            """An ingress rule of the default network for this VM's tag."""
+            return gcp.compute.Firewall(f"{name}-{suffix}", name=f"{tag}-{suffix}", project=cfg.project,
+                                        network="default", direction="INGRESS", target_tags=[tag],
+                                        description=f"gpu-train {cfg.stack}: {description}", opts=child, **rule)
+
         for family, ranges in vm.ssh_ranges_by_family(cfg.ssh_source_ranges).items():
-            gcp.compute.Firewall(
-                f"{name}-ssh-{family}",
-                name=f"{tag}-ssh-{family}",
-                project=cfg.project,
-                network="default",
-                direction="INGRESS",
-                priority=vm.SSH_ALLOW_PRIORITY,
-                allows=[{"protocol": "tcp", "ports": ["22"]}],
-                source_ranges=ranges,
-                target_tags=[tag],
-                description=f"gpu-train {cfg.stack}: SSH from the stack's sshSourceRanges only",
-                opts=child,
-            )
-            gcp.compute.Firewall(
-                f"{name}-ssh-deny-{family}",
-                name=f"{tag}-ssh-deny-{family}",
-                project=cfg.project,
-                network="default",
-                direction="INGRESS",
-                priority=vm.SSH_DENY_PRIORITY,
-                denies=[{"protocol": "tcp", "ports": ["22"]}],
-                source_ranges=["::/0" if family == "ipv6" else "0.0.0.0/0"],
-                target_tags=[tag],
-                description=f"gpu-train {cfg.stack}: no SSH from anywhere else (overrides default-allow-ssh)",
-                opts=child,
-            )
+            ingress(f"ssh-{family}", "SSH from the stack's sshSourceRanges only", priority=vm.SSH_ALLOW_PRIORITY,
+                    allows=[{"protocol": "tcp", "ports": ["22"]}], source_ranges=ranges)
+            ingress(f"ssh-deny-{family}", "no SSH from anywhere else (overrides default-allow-ssh)",
+                    priority=vm.SSH_DENY_PRIORITY, denies=[{"protocol": "tcp", "ports": ["22"]}],
+                    source_ranges=["::/0" if family == "ipv6" else "0.0.0.0/0"])
 
         account = gcp.serviceaccount.Account(
             f"{name}-sa",
@@ -115,18 +100,8 @@ class GpuVm(pulumi.ComponentResource):
             ).self_link
         if cfg.nodes > 1:
             # The nodes talk to each other freely (NCCL, rendezvous, TF servers); nothing new from outside.
-            gcp.compute.Firewall(
-                f"{name}-internal",
-                name=f"{tag}-internal",
-                project=cfg.project,
-                network="default",
-                direction="INGRESS",
-                allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
-                source_tags=[tag],
-                target_tags=[tag],
-                description=f"gpu-train {cfg.stack}: traffic between the cluster's nodes",
-                opts=child,
-            )
+            ingress("internal", "traffic between the cluster's nodes", source_tags=[tag],
+                    allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}])
         nic = {"network": "default", "access_configs": [{}]}
         if (kind := vm.nic_type(shape.machine_type, catalog)) is not None:
             nic["nic_type"] = kind

@@ -61,7 +61,7 @@ def _props(r: preview.Declared) -> list[str]:
         shown = ", ".join(f"{k}={int(v) if isinstance(v, float) else v}" for k, v in policy)
         return [f"name {i.get('name')}: compact placement ({shown})"]
     if r.typ.endswith("SQuotaPreference"):
-        dims = ", ".join(f"{k}={v}" for k, v in (i.get("dimensions") or {}).items()) or "project-wide"
+        dims = ", ".join(f"{k}={v}" for k, v in sorted((i.get("dimensions") or {}).items())) or "project-wide"
         return [f"ask Cloud Quotas for {i.get('quotaId')} ({dims}) = {i['quotaConfig']['preferredValue']} "
                 "(or the current limit, if higher)"]
     if r.typ.endswith("Instance"):

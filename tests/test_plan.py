@@ -86,6 +86,6 @@ def test_plan_of_a_cluster_with_a_quota_request(tmp_path: Path, home_with_key: P
     out = result.stdout
     for words in ["would create 12 resources", "name gpu-train-duo-0", "name gpu-train-duo-1",
                   "compact placement (collocation=COLLOCATED, vmCount=2)", "network: GVNIC, placement",
-                  "GPUS-PER-GPU-FAMILY-per-project-region (region=us-central1, gpu_family=NVIDIA_H100) = 16",
+                  "GPUS-PER-GPU-FAMILY-per-project-region (gpu_family=NVIDIA_H100, region=us-central1) = 16",
                   "GPUS-ALL-REGIONS-per-project (project-wide) = 16", "name gpu-train-duo-internal"]:
         assert words in out, words
