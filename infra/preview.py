@@ -7,6 +7,8 @@ stand in for the engine and Google Cloud, answering with what the real API would
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,4 +113,15 @@ def run(
         _run()
     except Exception as e:
         error = e
+        _forget_failed_tasks()
     return Preview(recorder.resources, outputs, error)
+
+
+def _forget_failed_tasks() -> None:
+    """The program's error is returned to the caller; the registrations it failed stay as asyncio
+    tasks whose exceptions nobody reads, which asyncio would print at exit. Let them go quietly."""
+    loop = asyncio.get_event_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, _context: None)
+    gc.collect()
+    loop.set_exception_handler(previous)
