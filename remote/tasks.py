@@ -480,14 +480,17 @@ class FetchRecord:
         except (OSError, ValueError):
             self.doc = {}
 
+    @staticmethod
+    def _entry(run: dict, dest: Path) -> dict:
+        return {"run": run["id"], "dest": str(dest.resolve()), "remote": run.get("jobSummary"),
+                "local": local_summary(dest)}
+
     def up_to_date(self, run: dict, dest: Path) -> bool:
         seen = self.doc.get(str(dest.resolve()))
-        return bool(seen) and seen == {"dest": str(dest.resolve()), "remote": run.get("jobSummary"),
-                                       "local": local_summary(dest)}
+        return bool(seen) and run.get("jobSummary") is not None and seen == self._entry(run, dest)
 
     def record(self, run: dict, dest: Path) -> None:
-        self.doc[str(dest.resolve())] = {"run": run["id"], "dest": str(dest.resolve()), "remote": run.get("jobSummary"),
-                                         "local": local_summary(dest)}
+        self.doc[str(dest.resolve())] = self._entry(run, dest)
         _atomic_write(self.path, json.dumps(self.doc, indent=1))
 
 
