@@ -25,7 +25,6 @@ class ChannelRelay:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.path)
         self._listener.listen(4)
-        self.stderr: list[str] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def rsh(self) -> str:
@@ -54,9 +53,7 @@ class ChannelRelay:
         threading.Thread(target=upstream, daemon=True).start()
         while data := chan.recv(65536):
             client.sendall(data)
-        while chan.recv_stderr_ready():
-            self.stderr.append(chan.recv_stderr(65536).decode("utf-8", "replace"))
-        client.shutdown(socket.SHUT_WR)
+        client.shutdown(socket.SHUT_WR)  # rsync reports the far side's errors through its own protocol
         client.close()
         chan.close()
 
