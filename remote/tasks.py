@@ -397,26 +397,32 @@ def agent_lines(doc: dict, target) -> list[str]:
     return lines
 
 
+def cluster_status(session: Session, *args: str) -> dict:
+    """The agent's status from every node, one state per run (a single node's document as it is)."""
+    from gpu_train.jobs import aggregate_runs
+
+    sessions = session.nodes()
+    docs = on_every_node(sessions, lambda s: s.call("status", *args))
+    for s in sessions:
+        if s is not session:
+            s.close()
+    if len(docs) == 1:
+        if isinstance(docs[0], Exit):
+            raise docs[0]
+        return docs[0]
+    doc = aggregate_runs([None if isinstance(d, Exit) else d for d in docs])
+    doc["unreachable"] = _failures(docs)
+    return doc
+
+
 @task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, ...}", "stack": STACK_HELP})
 def status(c, json_=False, stack=None):
     """Every run with its state, duration and last log line; GPU use; hours and cost on GCP.
 
     On several nodes a run is failed if any node failed (and says which), running while any runs.
     """
-    from gpu_train.jobs import aggregate_runs
-
     session = Session(stack)
-    sessions = session.nodes()
-    docs = on_every_node(sessions, lambda s: s.call("status"))
-    for s in sessions:
-        s.close()
-    if len(docs) == 1:
-        if isinstance(docs[0], Exit):
-            raise docs[0]
-        doc = docs[0]
-    else:
-        doc = aggregate_runs([None if isinstance(d, Exit) else d for d in docs])
-        doc["unreachable"] = _failures(docs)
+    doc = cluster_status(session)
     if json_:
         print(json.dumps({"stack": session.target.stack, **doc}, indent=1))
     else:
@@ -448,7 +454,11 @@ def resume(c, run=None, grace=10, stack=None):
     checkpoint: after a node of a cluster was preempted, or a run failed for a reason now fixed."""
     session = Session(stack)
     sessions = session.nodes()
-    run = run or session.call("status")["runs"][-1]["id"]
+    if not run:
+        runs = session.call("status")["runs"]
+        if not runs:
+            raise Exit("no runs on this host yet", code=1)
+        run = runs[-1]["id"]
     docs = on_every_node(sessions, lambda s: s.call("resume", "--run", run, "--grace", str(float(grace))))
     for s in sessions:
         s.close()
@@ -594,10 +604,14 @@ def down(c, force=False, stack=None):
     Refuses, naming the runs, while a run is still running or a fetch failed, unless --force.
     """
     session = Session(stack)
-    runs = session.call("status", "--summaries")["runs"]
+    doc = cluster_status(session, "--summaries")
+    runs = doc["runs"]
     running = [r["id"] for r in runs if r["state"] in ("starting", "running")]
     if running and not force:
         raise Exit(f"refusing: still running: {', '.join(running)} (fab stop, or fab down --force)", code=1)
+    if doc.get("unreachable") and not force:
+        raise Exit(f"refusing: cannot check every node ({'; '.join(doc['unreachable'])}); fab down --force to go on",
+                   code=1)
     failed = _fetch_runs(session, runs, None, progress=False)
     session.close()
     if failed and not force:
