@@ -76,9 +76,6 @@ class Price:
     on_demand: float | None
     spot: float | None
 
-    def for_model(self, spot: bool) -> float | None:
-        return self.spot if spot else self.on_demand
-
 
 @dataclass(frozen=True)
 class MachineShape:

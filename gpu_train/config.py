@@ -196,6 +196,18 @@ _FIELD_FOR_KEY = {
 assert set(_FIELD_FOR_KEY) == set(KEYS), "every key needs a field"
 
 
+def parse_shape(text: str) -> tuple[str, str | None, int | None]:
+    """A fallback shape, ``MACHINE`` or ``MACHINE/GPU/COUNT`` (COUNT defaults to 1): (machine, gpu, count).
+
+    Raises ValueError when COUNT is not a whole number.
+    """
+    machine, _, rest = text.partition("/")
+    gpu, _, count = rest.partition("/")
+    if count and not count.isdigit():
+        raise ValueError(text)
+    return machine, gpu or None, int(count) if count else (1 if gpu else None)
+
+
 def looks_like_key_text(value: str) -> bool:
     return value.lstrip().startswith(("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-"))
 
@@ -410,7 +422,3 @@ def read_public_key(cfg: StackConfig) -> tuple[str | None, Problem | None]:
         return None, Problem("sshPublicKey", f"{path} does not hold an OpenSSH public key", fix, value)
     return text, None
 
-
-def describe_keys() -> list[tuple[str, str, str]]:
-    """(key, default, doc) rows, for the README and `scripts/plan --keys`."""
-    return [(f"{NAMESPACE}:{k.name}", "required" if k.required_for else repr(k.default), k.doc) for k in KEYS.values()]

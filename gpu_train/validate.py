@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_train.catalog import Catalog, FixedShape, MachineShape
-from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial
+from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape
 
 ZONE_RE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -354,13 +354,13 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     """Each fallback shape must itself be valid (its own machine, GPUs and spot rules)."""
     problems = []
     for text in cfg.fallback_shapes:
-        machine, _, rest = text.partition("/")
-        gpu, _, count = rest.partition("/")
-        if count and not count.isdigit():
+        try:
+            machine, gpu, count = parse_shape(text)
+        except ValueError:
             problems.append(Problem("fallbackShapes", f"{text!r}: the count must be a whole number",
                                     "write MACHINE or MACHINE/GPU/COUNT, e.g. n1-standard-8/nvidia-tesla-v100/1"))
             continue
-        trial = replace(cfg, machine_type=machine, gpu_type=gpu or None, gpu_count=int(count) if count else (1 if gpu else None),
+        trial = replace(cfg, machine_type=machine, gpu_type=gpu, gpu_count=count,
                         given=cfg.given - {"gpuType", "gpuCount"} | ({"gpuType", "gpuCount"} if gpu else set()),
                         fallback_shapes=())
         shape_problems, _ = _machine_and_gpus(trial, catalog)

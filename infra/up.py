@@ -45,10 +45,7 @@ class Shape:
 def shapes_to_try(cfg: config.StackConfig) -> list[Shape]:
     """The stack's shape, then its fallbackShapes, then (spotFallback) all of them on demand."""
     shapes = [Shape(cfg.machine_type, cfg.gpu_type, cfg.gpu_count, cfg.spot)]
-    for text in cfg.fallback_shapes:
-        machine, _, rest = text.partition("/")
-        gpu, _, count = rest.partition("/")
-        shapes.append(Shape(machine, gpu or None, int(count) if count else (1 if gpu else None), cfg.spot))
+    shapes += [Shape(*config.parse_shape(text), cfg.spot) for text in cfg.fallback_shapes]
     if cfg.spot and cfg.spot_fallback:
         shapes += [Shape(s.machine_type, s.gpu_type, s.gpu_count, False) for s in shapes]
     return shapes
@@ -68,12 +65,13 @@ def run_pulumi(args: list[str], echo: bool = True) -> tuple[int, str]:
 def up(stack: str, zones: list[str] | None, retry_until_up: bool, max_attempts: int, say: Callable[[str], None],
        pulumi: Callable[[list[str]], tuple[int, str]] = run_pulumi, sleep: Callable[[float], None] = time.sleep) -> int:
     catalog = load_catalog()
-    cfg, _ = validate.check(config.read_stack_file(config.stack_file(stack)), stack, catalog)
+    raw = config.read_stack_file(config.stack_file(stack))
+    cfg, _ = validate.check(raw, stack, catalog)
     attempt = 0
     delay = 30.0
     while True:
         for shape in shapes_to_try(cfg):
-            candidate = validate.check({**_raw(cfg), **{f"gpu-train:{k}": v for k, v in shape.settings().items()}},
+            candidate = validate.check({**raw, **{f"gpu-train:{k}": v for k, v in shape.settings().items()}},
                                        stack, catalog)[0]
             gpu = validate.shape_of(candidate, catalog)
             machine = catalog.parse_machine_type(shape.machine_type)
@@ -116,10 +114,6 @@ def up(stack: str, zones: list[str] | None, retry_until_up: bool, max_attempts: 
         say(f"every zone and shape tried; trying again in {delay:.0f} s (--retry-until-up)")
         sleep(delay)
         delay = min(delay * 2, 600)
-
-
-def _raw(cfg: config.StackConfig) -> dict[str, object]:
-    return config.read_stack_file(config.stack_file(cfg.stack))
 
 
 def main(argv: list[str] | None = None) -> int:

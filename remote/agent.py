@@ -251,9 +251,7 @@ def install_self(root: str) -> str:
 
 
 def busy_runs(root: str, base: str) -> list[str]:
-    return [os.path.basename(d) for d in run_dirs(root)
-            if (read_json(os.path.join(d, "state.json")) or {}).get("base") == base
-            and describe(d)["state"] in ("starting", "running")]
+    return [r["id"] for r in map(describe, run_dirs(root)) if r["base"] == base and r["state"] in ("starting", "running")]
 
 
 def clean_staging(root: str, older_than_s: float = 3600) -> None:

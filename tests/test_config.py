@@ -140,3 +140,14 @@ def test_stack_files(tmp_path) -> None:
             config.load_file(f)
     with pytest.raises(ConfigError, match="no stack file"):
         config.load_stack("nope", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "shape"),
+    [("g2-standard-8", ("g2-standard-8", None, None)), ("n1-standard-8/nvidia-tesla-v100", ("n1-standard-8", "nvidia-tesla-v100", 1)),
+     ("n1-standard-16/nvidia-tesla-t4/4", ("n1-standard-16", "nvidia-tesla-t4", 4))],
+)
+def test_parse_shape(text: str, shape: tuple) -> None:
+    assert config.parse_shape(text) == shape
+    with pytest.raises(ValueError):
+        config.parse_shape(f"{text}/x" if text.count("/") == 1 else "n1-standard-8/nvidia-tesla-t4/two")

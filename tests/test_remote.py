@@ -396,27 +396,22 @@ def test_unchanged_code_is_reused_and_the_host_checks_the_claim(lab: Lab) -> Non
     code = lab.tmp / "reuse"
     code.mkdir()
     (code / "a.py").write_text("print(1)\n")
-    first = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
-    assert "syncing" in first.stderr
-    lab.wait(first.stdout.split()[1])
-    time.sleep(1.1)
-    second = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
-    assert "unchanged since the last run" in second.stderr
-    run2 = second.stdout.split()[1]
-    lab.wait(run2)
-    assert "print(1)" in lab.log(run2)
+
+    def train(said: str) -> str:
+        """One run of the same name (a new second, a new run id); its id, once it has finished."""
+        time.sleep(1.1)
+        result = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
+        assert said in result.stderr
+        run = result.stdout.split()[1]
+        lab.wait(run)
+        return run
+
+    train("syncing")
+    assert "print(1)" in lab.log(train("unchanged since the last run"))
     # The host lost its copy (a new VM, a wiped disk): the laptop's claim is checked, the code is sent.
     shutil.rmtree(lab.remote / "code")
-    time.sleep(1.1)
-    third = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
-    run3 = third.stdout.split()[1]
-    lab.wait(run3)
+    run3 = train("unchanged since the last run")
     assert (lab.remote / "runs" / run3 / "code" / "a.py").read_text() == "print(1)\n"
     # A changed file is synced.
     (code / "a.py").write_text("print(2)\n")
-    time.sleep(1.1)
-    fourth = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
-    assert "syncing" in fourth.stderr
-    run4 = fourth.stdout.split()[1]
-    lab.wait(run4)
-    assert "print(2)" in lab.log(run4)
+    assert "print(2)" in lab.log(train("syncing"))

@@ -37,6 +37,8 @@ VALID = [
     {"nodes": 4, "machineType": "a3-highgpu-8g", "gpuType": None, "gpuCount": None},
     {"nodes": 150, "machineType": "g2-standard-8", "gpuType": None, "gpuCount": None},
     {"idleStopMinutes": 0, "maxRunHours": 24, "maxResumes": 0, "running": False},
+    {"fallbackShapes": ["g2-standard-8", "n1-standard-8/nvidia-tesla-v100/1"], "spotFallback": True},
+    {"quotaRequest": {"gpus": "8", "justification": "pretraining", "contactEmail": "me@example.com"}},
 ]
 
 # (settings, [(key, words in message or fix), ...]): every problem expected, and nothing else.
@@ -111,6 +113,15 @@ INVALID = [
     ({"maxResumes": -2}, [("maxResumes", "0 (never resume)")]),
     ({"nodes": 0}, [("nodes", "1 or more")]),
     ({"nodes": 200, "machineType": "a2-highgpu-8g", "gpuType": None, "gpuCount": None}, [("nodes", "at most 150 VMs")]),
+    # fallback shapes and quota requests
+    ({"fallbackShapes": ["n1-standard-8/nvidia-tesla-t4/two"]}, [("fallbackShapes", "count must be a whole number")]),
+    ({"fallbackShapes": ["n2-standard-8/nvidia-tesla-t4/1"]}, [("fallbackShapes", "features are not compatible")]),
+    ({"fallbackShapes": ["n1-standard-8/nvidia-tesla-t4/3"]}, [("fallbackShapes", "nearest valid count: 4")]),
+    ({"quotaRequest": {"gpus": "many", "justification": "x", "contactEmail": "a@b"}}, [("quotaRequest", "whole number")]),
+    ({"quotaRequest": {"gpus": "2", "contactEmail": "nobody"}},
+     [("quotaRequest", "needs a justification"), ("quotaRequest", "needs contactEmail")]),
+    ({"quotaRequest": {"gpus": "2", "justification": "x", "contactEmail": "a@b", "priority": "high"}},
+     [("quotaRequest", "unknown field(s) priority")]),
     # several at once: all reported
     ({"gpuCount": 3, "zone": "us-central1-d", "sshSourceRanges": ["0.0.0.0/0"], "bootDiskType": "ssd"},
      [("gpuCount", "nearest valid count: 4"), ("zone", "us-central1-a"), ("bootDiskType", "did you mean pd-ssd"),
