@@ -4,6 +4,8 @@
   file renamed into place), keeping the newest --keep.
 - Resumes from the newest checkpoint that loads, so a relaunch after preemption carries on.
 - On SIGTERM or SIGINT it saves a last checkpoint and exits (143 / 130).
+- On gpu-train's early warning (the file named by $GPU_TRAIN_NOTICE appears: a host maintenance
+  or a preemption is coming) it saves a checkpoint at once and trains on until the SIGTERM.
 - Under torchrun (WORLD_SIZE > 1) it trains with DistributedDataParallel: gloo on CPU, NCCL on
   GPU; rank 0 writes the checkpoints; the logged loss is all-reduced, so every rank logs the same.
 
@@ -85,6 +87,18 @@ def load_newest(job_dir: Path, model: nn.Module, opt: torch.optim.Optimizer) -> 
     return 0
 
 
+def notice() -> str | None:
+    """gpu-train's early warning: $GPU_TRAIN_NOTICE names a file that exists while a host maintenance
+    or a preemption is announced (its text says which). A stat per step is cheap."""
+    path = os.environ.get("GPU_TRAIN_NOTICE")
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        return json.loads(Path(path).read_text()).get("event", "notice")
+    except (OSError, ValueError):
+        return "notice"
+
+
 def main() -> int:
     args = parse_args()
     signal.signal(signal.SIGTERM, on_signal)
@@ -108,6 +122,7 @@ def main() -> int:
 
     loss_value = float("nan")
     step = start
+    warned = False
     while step < args.steps:
         step += 1
         x, y = batch(step, rank, args.batch_size, device)
@@ -124,6 +139,10 @@ def main() -> int:
             print(f"step {step} loss {loss_value:.6f}", flush=True)
         if rank == 0 and (step % args.checkpoint_every == 0 or step == args.steps):
             save(job_dir, step, model, opt, loss_value, args.keep)
+        if rank == 0 and not warned and (event := notice()):
+            warned = True
+            path = save(job_dir, step, model, opt, loss_value, args.keep)
+            print(f"early warning ({event}): saved {path.name}, training on", flush=True)
         if args.step_time:
             time.sleep(args.step_time)
         if stop_signal is not None:

@@ -13,6 +13,7 @@ import hashlib
 import ipaddress
 import json
 import re
+import shlex
 from pathlib import Path
 
 from gpu_train.config import StackConfig
@@ -106,24 +107,52 @@ def desired_status(running: bool) -> str:
     return "RUNNING" if running else "TERMINATED"
 
 
-def remote_root(cfg: StackConfig) -> str:
-    """REMOTE_ROOT for root's startup script: '~/x' is under the login user's home ($HOME_DIR)."""
-    return f"$HOME_DIR/{cfg.remote_root[2:]}" if cfg.remote_root.startswith("~/") else cfg.remote_root
+# Compute Engine gives a stopping VM 120 s (standard) or 30 s (spot) between ACPI soft-off and
+# power-off (pulumi-gcp's `scheduling.skipGuestOsShutdown` doc). A job gets SIGTERM at once and this
+# long before SIGKILL, leaving the rest of the shutdown a few seconds. SSH hosts: under systemd's
+# default stop timeout (90 s).
+SHUTDOWN_WINDOW_S = {"spot": 30, "standard": 120}
+
+
+def shutdown_grace_s(cfg: StackConfig) -> int:
+    """Seconds a job has between SIGTERM and SIGKILL when the machine goes down."""
+    if not cfg.is_gcp:
+        return 80
+    return SHUTDOWN_WINDOW_S["spot"] - 5 if cfg.spot else SHUTDOWN_WINDOW_S["standard"] - 10
+
+
+def tick_interval_s(idle_stop_minutes: float) -> int:
+    """How often the idle check runs: a fifth of the idle time, between 10 s and a minute."""
+    return int(min(60, max(10, idle_stop_minutes * 60 / 5))) if idle_stop_minutes > 0 else 60
+
+
+def root_settings(cfg: StackConfig) -> dict[str, object]:
+    """/etc/gpu-train/agent.json on the VM: what the root-installed units run with (root-owned;
+    the user's REMOTE_ROOT/agent.json never reaches them)."""
+    return {**cfg.agent_settings(), "user": cfg.ssh_user, "remoteRoot": cfg.remote_root,
+            "shutdownGraceS": shutdown_grace_s(cfg)}
+
+
+_USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
 
 
 def startup_script(cfg: StackConfig, agent_source: str) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
-    gpu-train-shutdown's ExecStop lets jobs checkpoint when the VM stops or is preempted;
-    gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs.
+    Every stack value goes in shell-quoted; the units name fixed paths and the user only.
     """
+    if not _USER_NAME.fullmatch(cfg.ssh_user):
+        raise ValueError(f"sshUser {cfg.ssh_user!r} is not a valid user name")
     packed = base64.b64encode(gzip.compress(agent_source.encode(), mtime=0)).decode()
-    settings = json.dumps({**cfg.agent_settings(), "poweroffCommand": ["systemctl", "poweroff"]})
+    values = {
+        "@USER@": shlex.quote(cfg.ssh_user),
+        "@SETTINGS@": shlex.quote(json.dumps(root_settings(cfg), sort_keys=True)),
+        "@PACKED@": shlex.quote(packed),
+        "@GRACE@": str(shutdown_grace_s(cfg)),
+        "@TICK@": str(tick_interval_s(cfg.idle_stop_minutes)),
+    }
     script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
-    for mark, value in (("@USER@", cfg.ssh_user), ("@ROOT@", remote_root(cfg)), ("@PACKED@", packed),
-                        ("@SETTINGS@", settings)):
-        script = script.replace(mark, value)
-    return script
+    return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], script)
 
 
 def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, str]:
