@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpu_train.config import StackConfig
 from gpu_train.validate import GpuShape
+from gpu_train.values import LOGIN_RE
 
 STARTUP_TEMPLATE = Path(__file__).parent / "data" / "startup-script.sh.in"
 
@@ -133,16 +134,13 @@ def root_settings(cfg: StackConfig) -> dict[str, object]:
             "shutdownGraceS": shutdown_grace_s(cfg)}
 
 
-_USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
-
-
 def startup_script(cfg: StackConfig, agent_source: str) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
     Every stack value goes in shell-quoted; the units name fixed paths and the user only.
     """
-    if not _USER_NAME.fullmatch(cfg.ssh_user):
-        raise ValueError(f"sshUser {cfg.ssh_user!r} is not a valid user name")
+    if not LOGIN_RE.fullmatch(cfg.ssh_user):  # validation refuses it first; the units must never see one
+        raise ValueError(f"sshUser {cfg.ssh_user!r} is not a login name")
     packed = base64.b64encode(gzip.compress(agent_source.encode(), mtime=0)).decode()
     values = {
         "@USER@": shlex.quote(cfg.ssh_user),

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_train import config, validate
+from gpu_train import config, validate, vm
 from gpu_train.catalog import Catalog, load_catalog
 from gpu_train.pricing import Cost, hourly_cost
 from infra import preview, program
@@ -42,6 +42,14 @@ def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: C
     model = "spot" if cfg.spot else "on demand"
     return (f"GPU shape: {shape.gpu_count} x {acc.gpu} ({acc.memory_gb} GB, {shape.gpu_type}) {how} "
             f"{shape.machine_type} ({shape.vcpus} vCPUs, {shape.memory_gb:g} GB), {model}, in {cfg.zone}")
+
+
+def describe_shutdown(cfg: config.StackConfig) -> str:
+    """What a job gets when the VM stops, is preempted or goes into host maintenance."""
+    window = vm.SHUTDOWN_WINDOW_S["spot" if cfg.spot else "standard"]
+    return (f"On shutdown (stop, {'preemption, ' if cfg.spot else ''}host maintenance) running jobs get SIGTERM, then "
+            f"{vm.shutdown_grace_s(cfg)} s to save a checkpoint before SIGKILL ({'a spot' if cfg.spot else 'a standard'} "
+            f"VM is powered off {window} s after the signal).")
 
 
 def _props(r: preview.Declared) -> list[str]:
@@ -98,6 +106,7 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
     lines += [describe_shape(shape, cfg, catalog), ""]
     lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), ""]
+    lines += [describe_shutdown(cfg), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
     order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "SQuotaPreference", "Instance"]
 

@@ -27,8 +27,10 @@ def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("stack", "words"),
     [
-        ("t4-spot", ["1 x T4", "n1-standard-8", "$0.28", "$6.71", "$0.73", "$17.52", "<- this stack", "provisioningModel=SPOT"]),
-        ("l4", ["1 x L4", "built into g2-standard-8", "$0.85", "$20.49", "provisioningModel=STANDARD"]),
+        ("t4-spot", ["1 x T4", "n1-standard-8", "$0.28", "$6.71", "$0.73", "$17.52", "<- this stack", "provisioningModel=SPOT",
+                     "jobs get SIGTERM, then 25 s", "a spot VM is powered off 30 s"]),
+        ("l4", ["1 x L4", "built into g2-standard-8", "$0.85", "$20.49", "provisioningModel=STANDARD",
+                "jobs get SIGTERM, then 110 s", "a standard VM is powered off 120 s"]),
         ("a100", ["1 x A100 40GB", "a2-highgpu-1g", "$3.67", "$88.16", "500 GB pd-ssd"]),
         ("h100-spot", ["1 x H100", "a3-highgpu-1g", "unknown", "no trustworthy price"]),
     ],

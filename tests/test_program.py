@@ -141,11 +141,20 @@ def test_max_run_hours_caps_the_vm_and_running_false_stops_it() -> None:
     assert spot.inputs["scheduling"]["provisioningModel"] == "SPOT"
 
 
+def startup_values(script: str, tmp_path: Path) -> dict[str, str]:
+    """The startup script's variables as bash itself reads them (what the units are made of)."""
+    import subprocess
+
+    head = script.split("\ncase ", 1)[0]  # the assignments, before anything acts
+    (tmp_path / "head.sh").write_text(head + '\nprintf "%s\\0" "$USER_NAME" "$SETTINGS" "$PACKED" "$GRACE" "$TICK"\n')
+    out = subprocess.run(["bash", str(tmp_path / "head.sh")], capture_output=True, text=True, check=True).stdout
+    return dict(zip(["user", "settings", "packed", "grace", "tick"], out.split("\0"), strict=False))
+
+
 def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Path) -> None:
     import base64
     import gzip
     import json
-    import re
     import subprocess
 
     from gpu_train.jobs import AGENT_PATH
@@ -154,14 +163,42 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     script = inst.inputs["metadata"]["startup-script"]
     (tmp_path / "s.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "s.sh")]).returncode == 0  # valid bash
-    packed = re.search(r"echo '([A-Za-z0-9+/=]+)' \| base64 -d \| gunzip", script).group(1)
-    assert gzip.decompress(base64.b64decode(packed)).decode() == AGENT_PATH.read_text()
-    settings = json.loads(re.search(r"echo '(\{.*\})' > ", script).group(1))
+    values = startup_values(script, tmp_path)
+    assert gzip.decompress(base64.b64decode(values["packed"])).decode() == AGENT_PATH.read_text()
+    settings = json.loads(values["settings"])
     assert settings["idleStopMinutes"] == 45 and settings["maxResumes"] == 3 and settings["gcp"] is True
-    assert 'ROOT="$HOME_DIR/gpu-train"' in script and "User=alice" in script and "id alice" in script
-    for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-tick.timer"):
+    assert settings["user"] == "alice" and settings["remoteRoot"] == "~/gpu-train" and "poweroffCommand" not in settings
+    assert values["user"] == "alice" and values["grace"] == "110" and values["tick"] == "60"
+    for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-watch.service", "gpu-train-tick.timer"):
         assert unit in script
-    assert "ExecStop=$RUN shutdown --grace 25" in script and "OnUnitActiveSec=1min" in script
+    # The units run the root-owned copy with the root-owned settings, never the user's.
+    assert 'AGENT="/usr/bin/python3 $LIB/gpu-train-agent --settings $CONF"' in script and "User=$USER_NAME" in script
+    assert "RemainAfterExit=yes" in script.split("gpu-train-boot.service <<UNIT", 1)[1].split("UNIT\n", 1)[0]
+
+
+def test_startup_script_grace_and_idle_check_follow_the_stack(tmp_path: Path) -> None:
+    from gpu_train import vm
+
+    spot = config.parse(gcp_raw(spot=True, idleStopMinutes=1), "s")
+    values = startup_values(vm.startup_script(spot, "agent"), tmp_path)
+    assert values["grace"] == "25" and values["tick"] == "12"  # 30 s on spot; a fifth of a minute
+    assert [vm.tick_interval_s(m) for m in (0, 0.1, 1, 5, 30)] == [60, 10, 12, 60, 60]
+
+
+def test_startup_script_values_are_quoted_whatever_they_hold(tmp_path: Path) -> None:
+    """Validation refuses such a remoteRoot first; the script still never lets a value out of its quotes."""
+    import dataclasses
+    import json
+
+    from gpu_train import vm
+
+    hostile = "~/a b/'c\"$(touch /tmp/gpu-train-pwned)`x`;\n[Service]\nExecStart=/bin/sh"
+    cfg = dataclasses.replace(config.parse(gcp_raw(), "s"), remote_root=hostile)
+    values = startup_values(vm.startup_script(cfg, "agent"), tmp_path)
+    assert json.loads(values["settings"])["remoteRoot"] == hostile
+    assert not Path("/tmp/gpu-train-pwned").exists()
+    with pytest.raises(ValueError, match="login name"):
+        vm.startup_script(dataclasses.replace(cfg, ssh_user="x\nExecStart=/bin/sh"), "agent")
 
 
 def test_idle_stop_defaults() -> None:
