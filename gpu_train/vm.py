@@ -134,14 +134,14 @@ def root_settings(cfg: StackConfig) -> dict[str, object]:
             "shutdownGraceS": shutdown_grace_s(cfg)}
 
 
-def startup_script(cfg: StackConfig, agent_source: str) -> str:
+def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
     Every stack value goes in shell-quoted; the units name fixed paths and the user only.
     """
     if not LOGIN_RE.fullmatch(cfg.ssh_user):  # validation refuses it first; the units must never see one
         raise ValueError(f"sshUser {cfg.ssh_user!r} is not a login name")
-    packed = base64.b64encode(gzip.compress(agent_source.encode(), mtime=0)).decode()
+    packed = base64.b64encode(gzip.compress(agent_zipapp, mtime=0)).decode()
     values = {
         "@USER@": shlex.quote(cfg.ssh_user),
         "@SETTINGS@": shlex.quote(json.dumps(root_settings(cfg), sort_keys=True)),
@@ -153,7 +153,7 @@ def startup_script(cfg: StackConfig, agent_source: str) -> str:
     return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], script)
 
 
-def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, str]:
+def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str, str]:
     """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off);
     the startup script installs the on-host agent at every boot."""
     key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
@@ -162,7 +162,7 @@ def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, 
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",
-        "startup-script": startup_script(cfg, agent_source),
+        "startup-script": startup_script(cfg, agent_zipapp),
     }
 
 

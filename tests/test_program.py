@@ -157,14 +157,14 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     import json
     import subprocess
 
-    from gpu_train.jobs import AGENT_PATH
+    from remote.agent import bundle
 
     (inst,) = run_stack(gcp_raw(idleStopMinutes=45, maxResumes=3, sshUser="alice")).of_type("compute/instance:Instance")
     script = inst.inputs["metadata"]["startup-script"]
     (tmp_path / "s.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "s.sh")]).returncode == 0  # valid bash
     values = startup_values(script, tmp_path)
-    assert gzip.decompress(base64.b64decode(values["packed"])).decode() == AGENT_PATH.read_text()
+    assert gzip.decompress(base64.b64decode(values["packed"])) == bundle.payload()
     settings = json.loads(values["settings"])
     assert settings["idleStopMinutes"] == 45 and settings["maxResumes"] == 3 and settings["gcp"] is True
     assert settings["user"] == "alice" and settings["remoteRoot"] == "~/gpu-train" and "poweroffCommand" not in settings
@@ -180,7 +180,7 @@ def test_startup_script_grace_and_idle_check_follow_the_stack(tmp_path: Path) ->
     from gpu_train import vm
 
     spot = config.parse(gcp_raw(spot=True, idleStopMinutes=1), "s")
-    values = startup_values(vm.startup_script(spot, "agent"), tmp_path)
+    values = startup_values(vm.startup_script(spot, b"agent"), tmp_path)
     assert values["grace"] == "25" and values["tick"] == "12"  # 30 s on spot; a fifth of a minute
     assert [vm.tick_interval_s(m) for m in (0, 0.1, 1, 5, 30)] == [60, 10, 12, 60, 60]
 
@@ -194,11 +194,11 @@ def test_startup_script_values_are_quoted_whatever_they_hold(tmp_path: Path) -> 
 
     hostile = "~/a b/'c\"$(touch /tmp/gpu-train-pwned)`x`;\n[Service]\nExecStart=/bin/sh"
     cfg = dataclasses.replace(config.parse(gcp_raw(), "s"), remote_root=hostile)
-    values = startup_values(vm.startup_script(cfg, "agent"), tmp_path)
+    values = startup_values(vm.startup_script(cfg, b"agent"), tmp_path)
     assert json.loads(values["settings"])["remoteRoot"] == hostile
     assert not Path("/tmp/gpu-train-pwned").exists()
     with pytest.raises(ValueError, match="login name"):
-        vm.startup_script(dataclasses.replace(cfg, ssh_user="x\nExecStart=/bin/sh"), "agent")
+        vm.startup_script(dataclasses.replace(cfg, ssh_user="x\nExecStart=/bin/sh"), b"agent")
 
 
 def test_idle_stop_defaults() -> None:

@@ -1,0 +1,40 @@
+"""Pure decisions of the run units (remote/agent/units.py), by tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from remote.agent import units
+
+
+@pytest.mark.parametrize(("length", "kept"), [(1, True), (79, True), (80, True), (81, False), (128, False)])
+def test_screen_names_fit_screen(length: int, kept: bool) -> None:
+    run = ("a" * length)[: length - 16] + "_20260101_000000" if length > 16 else "a" * length
+    name = units.screen_name(run)
+    assert len(name) <= 80
+    assert (name == run) is kept
+    if not kept:
+        assert name.startswith(run[:70]) and units.screen_name(run) == name  # stable
+        assert units.screen_name(run[:-1] + "x") != name  # distinct runs, distinct sessions
+
+
+def test_systemd_run_makes_a_unit_of_the_run() -> None:
+    argv = units.systemd_run_argv("train_20260101_000000", "trainer", 25, ["/usr/bin/python3", "agent", "wrap", "R"],
+                                  {"PATH": "/opt/conda/bin:/usr/bin", "LANG": "C.UTF-8"})
+    assert argv[:3] == ["systemd-run", "--quiet", "--collect"]
+    assert "--unit=gpu-train-train_20260101_000000.service" in argv and "--uid=trainer" in argv
+    for prop in ("KillMode=control-group", "TimeoutStopSec=25s", "SendSIGKILL=yes", "Before=gpu-train-shutdown.service"):
+        assert f"--property={prop}" in argv
+    assert "--setenv=PATH=/opt/conda/bin:/usr/bin" in argv
+    tail = argv[argv.index("--") + 1 :]
+    assert tail == ["/usr/bin/screen", "-DmS", "train_20260101_000000", "/usr/bin/python3", "agent", "wrap", "R"]
+
+
+@pytest.mark.parametrize(("grace", "shown"), [(25, "25s"), (110, "110s"), (0.2, "1s"), (7.6, "8s")])
+def test_grace_in_whole_seconds(grace: float, shown: str) -> None:
+    assert f"--property=TimeoutStopSec={shown}" in units.systemd_run_argv("r", "u", grace, ["x"], {})
+
+
+def test_boot_key_names_this_boot() -> None:
+    key = units.boot_key()
+    assert key == units.boot_key() and ":" in key and key != ":"
