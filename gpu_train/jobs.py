@@ -97,6 +97,29 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
                    env=parse_env(env), python=python, expect_gpus=expect_gpus)
 
 
+TORCH_IMPORT_RE = re.compile(r"^\s*(import torch\b|from torch\b)", re.M)
+TORCH_REQUIREMENT_RE = re.compile(r"^\s*torch\b", re.M | re.I)
+
+
+def needs_torch(code_dir: Path, script: str | None, launcher: str) -> bool:
+    """Whether `fab train` must find torch in the host's Python before it says "started": torchrun
+    needs it, and so does a script that imports it, unless requirements.txt installs it."""
+    try:
+        requirements = (code_dir / "requirements.txt").read_text(errors="replace")
+    except OSError:
+        requirements = ""
+    if TORCH_REQUIREMENT_RE.search(requirements):
+        return False
+    if launcher == "torchrun":
+        return True
+    if not script:
+        return False
+    try:
+        return bool(TORCH_IMPORT_RE.search((code_dir / script).read_text(errors="replace")))
+    except OSError:
+        return False
+
+
 def encode_spec(spec: JobSpec) -> str:
     return base64.b64encode(json.dumps(spec.to_json()).encode()).decode()
 

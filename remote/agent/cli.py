@@ -11,13 +11,16 @@ import sys
 from .launch import cmd_launch
 from .lifecycle import cmd_boot, cmd_configure, cmd_resume, cmd_shutdown, cmd_stop, cmd_tick
 from .status import cmd_logs, cmd_status
-from .store import AgentError
+from .store import AgentError, root_from_settings, use_settings_file
+from .watch import cmd_watch
 from .wrap import cmd_wrap
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-train-agent")
-    p.add_argument("--root", required=True)
+    p.add_argument("--root", help="REMOTE_ROOT (or from --settings)")
+    p.add_argument("--settings", help="root-owned settings to run with instead of REMOTE_ROOT/agent.json "
+                   "(the VM's units: /etc/gpu-train/agent.json, which also names the user and remoteRoot)")
     sub = p.add_subparsers(dest="cmd", required=True)
     launching = sub.add_parser("launch")
     launching.add_argument("spec", help="base64 JSON")
@@ -35,13 +38,16 @@ def parser() -> argparse.ArgumentParser:
     stopping = sub.add_parser("stop")
     stopping.add_argument("--run")
     stopping.add_argument("--grace", type=float, default=10.0)
-    sub.add_parser("boot")
+    booting = sub.add_parser("boot")
+    booting.add_argument("--once-per-boot", action="store_true", help="do nothing if boot already ran in this boot")
     resuming = sub.add_parser("resume")
     resuming.add_argument("--run")
     resuming.add_argument("--grace", type=float, default=10.0)
     shutting = sub.add_parser("shutdown")
-    shutting.add_argument("--grace", type=float, default=25.0)
+    shutting.add_argument("--grace", type=float, help="seconds a run under screen alone gets (default: shutdownGraceS)")
     sub.add_parser("tick")
+    watching = sub.add_parser("watch", help="pass the metadata server's maintenance and preemption notices to the jobs")
+    watching.add_argument("--rounds", type=int, help="stop after this many answers per value (tests)")
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
@@ -49,9 +55,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
-    root = os.path.abspath(os.path.expanduser(args.root))
-    os.makedirs(root, exist_ok=True)
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        if args.settings:
+            root = root_from_settings(use_settings_file(args.settings))
+        elif args.root:
+            root = os.path.abspath(os.path.expanduser(args.root))
+        else:
+            p.error("--root or --settings is required")
+    except (AgentError, OSError, KeyError) as e:
+        print(json.dumps({"error": f"settings: {e}"}))
+        return 2
+    if not args.settings:  # the units never create a user's folder as root
+        os.makedirs(root, exist_ok=True)
     try:
         if args.cmd == "wrap":
             return cmd_wrap(root, args.run)
@@ -64,13 +81,15 @@ def main(argv: list[str]) -> int:
         elif args.cmd == "stop":
             result = cmd_stop(root, args.run, args.grace)
         elif args.cmd == "boot":
-            result = cmd_boot(root)
+            result = cmd_boot(root, args.once_per_boot)
         elif args.cmd == "resume":
             result = cmd_resume(root, args.run, args.grace)
         elif args.cmd == "shutdown":
             result = cmd_shutdown(root, args.grace)
         elif args.cmd == "tick":
             result = cmd_tick(root)
+        elif args.cmd == "watch":
+            result = cmd_watch(root, args.rounds)
         else:
             result = cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)
     except AgentError as e:  # `logs` streams the log on stdout, so its errors go to stderr

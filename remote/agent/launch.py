@@ -10,10 +10,13 @@ import subprocess
 import sys
 import time
 
+from . import units
 from .procs import detect_python, gpu_count
-from .protocol import STARTING
+from .protocol import FAILED, STARTING
 from .status import busy_runs
 from .store import AgentError, agent_path, locked, now, read_json, settings, update_state, write_json
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def clean_staging(root: str, older_than_s: float = 3600) -> None:
@@ -63,6 +66,7 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         if have < want:
             return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
     python = detect_python(spec.get("python"))
+    check_python(python, bool(spec.get("python")), bool(spec.get("needsTorch")))
     staging = os.path.join(root, "staging", run_id)
     if await_go:
         refuse_if_busy(root, base)
@@ -94,14 +98,57 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         os.replace(tmp_link, last)
         if spec.get("codeManifest"):
             write_json(f"{last[:-len('.last')]}.manifest", {"manifest": spec["codeManifest"]})
-        write_json(os.path.join(run_dir, "spec.json"), {**spec, "python": python})
+        write_json(os.path.join(run_dir, "spec.json"), {**spec, "python": python, "path": os.environ.get("PATH")})
         update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0)
-    start_wrapper(root, run_id)
+    try:
+        screen = start_wrapper(root, run_id)
+    except AgentError as e:
+        update_state(run_dir, state=FAILED, ended=now(), reason=str(e))
+        raise
     return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
-            "log": os.path.join(run_dir, "log"), "python": python, "screen": run_id}
+            "log": os.path.join(run_dir, "log"), "python": python, "screen": screen}
 
 
-def start_wrapper(root: str, run_id: str) -> None:
-    """The job's wrapper in a detached screen session named after the run (`screen -r RUN` to look)."""
-    subprocess.run(["screen", "-dmS", run_id, sys.executable, agent_path(root), "--root", root, "wrap", run_id],
-                   check=True)
+def start_wrapper(root: str, run_id: str) -> str:
+    """Start the run's wrapper: in a systemd unit of its own where the host allows (see units.py),
+    else in a detached screen session. Either way `screen -r NAME` shows it; returns NAME."""
+    run_dir = os.path.join(root, "runs", run_id)
+    agent = agent_path(root)
+    if not os.path.isfile(agent):  # the root-installed copy runs `boot` before any fab call installed one
+        agent = os.path.abspath(sys.argv[0])
+    wrapper = [sys.executable, agent, "--root", root, "wrap", run_id]
+    name = units.screen_name(run_id)
+    if units.available():
+        spec = read_json(os.path.join(run_dir, "spec.json")) or {}
+        env = {"PATH": spec.get("path") or os.environ.get("PATH") or DEFAULT_PATH}
+        if os.environ.get("LANG"):
+            env["LANG"] = os.environ["LANG"]
+        update_state(run_dir, unit=units.unit_name(run_id))
+        try:
+            units.start_unit(run_id, float(settings(root).get("shutdownGraceS") or 80), wrapper, env)
+        except OSError as e:
+            raise AgentError(str(e)) from None
+        return name
+    update_state(run_dir, unit=None)
+    try:
+        subprocess.run(["screen", "-dmS", name, *wrapper], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise AgentError(f"screen could not start the run's wrapper: {e}") from None
+    return name
+
+
+def check_python(python: str, configured: bool, torch: bool) -> None:
+    """Before "started": the job's Python runs, and imports torch when the job needs it."""
+    where = f"gpu-train:python = {python}" if configured else f"the host's Python {python} (detected; set gpu-train:python)"
+    probe = "import torch" if torch else "import sys"
+    try:
+        result = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise AgentError(f"{where}: cannot run it ({getattr(e, 'strerror', None) or e}); "
+                         "set gpu-train:python to a Python on the host") from None
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+        if torch:
+            raise AgentError(f"{where} cannot `import torch` ({last}): set gpu-train:python to a Python with torch, "
+                             "or list torch in requirements.txt")
+        raise AgentError(f"{where} does not run ({last})")

@@ -11,9 +11,21 @@ import subprocess
 import sys
 import time
 
+from . import units
 from .launch import start_wrapper
-from .procs import alive, gpus, signal_group, ssh_sessions
-from .protocol import ACTIVE, FAILED, INTERRUPTED, STARTING, STOPPED, TERMINAL
+from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
+from .protocol import (
+    ACTIVE,
+    FAILED,
+    INTERRUPTED,
+    MACHINE_IDLE,
+    NOTICE,
+    SHUTDOWN_REQUESTED,
+    STARTING,
+    STOP_REQUESTED,
+    STOPPED,
+    TERMINAL,
+)
 from .status import describe, effective_state
 from .store import (
     AgentError,
@@ -21,79 +33,110 @@ from .store import (
     agent_path,
     find_run,
     locked,
+    machine_mode,
     now,
     read_json,
     read_state,
     run_dirs,
+    run_locked,
     settings,
     update_state,
     write_json,
 )
-
-METADATA = "http://169.254.169.254/computeMetadata/v1/instance/"
+from .watch import metadata_value
 
 
 def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
-    """SIGINT, a grace period, SIGTERM, another, then SIGKILL, to the job's process group."""
+    """SIGINT, a grace period, SIGTERM, another, then SIGKILL, to the step at work (the job, or pip
+    while requirements install); the wrapper then starts nothing more. Nothing of the run is left."""
     run_dir = find_run(root, run_id)
-    state = read_state(run_dir)
     info = describe(run_dir)
     if info["state"] not in ACTIVE:
         return {"runId": info["id"], "state": info["state"], "signals": []}
-    open(os.path.join(run_dir, "stop-requested"), "w").close()
-    pid = state.get("pid")
+    with run_locked(run_dir):  # the wrapper starts no step while we hold it: we see the step it started
+        open(os.path.join(run_dir, STOP_REQUESTED), "w").close()
+        state = read_state(run_dir)
     sent = []
-    if pid and alive(pid, state.get("pidStart")):
+    steps = [(state.get("pid"), state.get("pidStart")), (state.get("stepPid"), state.get("stepStart"))]
+    for pid, started in steps:  # the job, else pip
+        if not (pid and alive(pid, started)):
+            continue
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
             if not signal_group(pid, sig):
                 break
             sent.append(sig.name)
             deadline = time.time() + (grace if sig != signal.SIGKILL else 5)
-            while time.time() < deadline and alive(pid, state.get("pidStart")):
+            while time.time() < deadline and alive(pid, started):
                 time.sleep(0.1)
-            if not alive(pid, state.get("pidStart")):
+            if not alive(pid, started):
                 break
+        break
     wrapper = state.get("wrapperPid")
-    deadline = time.time() + 5
+    deadline = time.time() + 10
     while time.time() < deadline and alive(wrapper, state.get("wrapperStart")):
         time.sleep(0.1)
+    if state.get("unit"):
+        units.stop_unit(state["unit"])  # whatever of the run is left (a daemon the job spawned)
     if effective_state(read_state(run_dir)) not in TERMINAL:
         update_state(run_dir, state=STOPPED, ended=now())  # the wrapper was gone: record it ourselves
     return {"runId": info["id"], "state": describe(run_dir)["state"], "signals": sent}
 
 
-def cmd_boot(root: str) -> dict:
+def cmd_boot(root: str, once_per_boot: bool = False) -> dict:
     """After a reboot, preemption or maintenance: relaunch every run that was running, same RUN_ID
     and JOB_DIR, so a job that resumes from its newest checkpoint carries on. maxResumes stops a
-    crash loop."""
+    crash loop. Each run on its own: one that cannot be relaunched is failed with the reason, the
+    others carry on. ``once_per_boot`` (the boot unit): a second call in the same boot does nothing,
+    so a resume is counted once per boot."""
     limit = int(settings(root)["maxResumes"])
     actions = []
     with locked(root):
+        if once_per_boot:
+            key, record = units.boot_key(), os.path.join(root, "boot.json")
+            if (read_json(record) or {}).get("bootKey") == key:
+                return {"actions": [], "skipped": "boot ran already in this boot"}
+            write_json(record, {"bootKey": key, "at": now()})
         for run_dir in run_dirs(root):
-            state = read_state(run_dir)
             run_id = os.path.basename(run_dir)
-            if effective_state(state) != INTERRUPTED:
-                continue
-            resumes = int(state.get("resumes", 0))
-            if resumes >= limit:
-                reason = f"interrupted {resumes + 1} times; not resumed again (maxResumes = {limit})"
-                update_state(run_dir, state=FAILED, ended=now(), reason=reason)
-                agent_log(root, f"{run_id}: {reason}")
-                actions.append({"runId": run_id, "action": "failed", "reason": reason})
-                continue
-            relaunch(root, run_dir, state)
-            actions.append({"runId": run_id, "action": "resumed", "resumes": resumes + 1})
+            try:
+                action = boot_one(root, run_dir, limit)
+            except Exception as e:  # this run only: the others are still resumed
+                reason = f"could not be resumed: {e}" if isinstance(e, AgentError) else f"could not be resumed: {e!r}"
+                with contextlib.suppress(Exception):
+                    update_state(run_dir, state=FAILED, ended=now(), reason=reason)
+                    agent_log(root, f"{run_id}: {reason}")
+                action = {"runId": run_id, "action": "failed", "reason": reason}
+            if action:
+                actions.append(action)
     return {"actions": actions}
+
+
+def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
+    state = read_state(run_dir)
+    run_id = os.path.basename(run_dir)
+    if effective_state(state) != INTERRUPTED:
+        return None
+    resumes = int(state.get("resumes", 0))
+    if resumes >= limit:
+        reason = f"interrupted {resumes + 1} times; not resumed again (maxResumes = {limit})"
+        update_state(run_dir, state=FAILED, ended=now(), reason=reason)
+        agent_log(root, f"{run_id}: {reason}")
+        return {"runId": run_id, "action": "failed", "reason": reason}
+    if read_json(os.path.join(run_dir, "spec.json")) is None:
+        raise AgentError("its spec.json is missing or unreadable")
+    relaunch(root, run_dir, state)
+    return {"runId": run_id, "action": "resumed", "resumes": resumes + 1}
 
 
 def relaunch(root: str, run_dir: str, state: dict) -> None:
     """Start a run again under screen, same RUN_ID and JOB_DIR, counting the resume."""
-    for marker in ("shutdown-requested", "stop-requested"):
+    for marker in (SHUTDOWN_REQUESTED, STOP_REQUESTED, NOTICE):
         with contextlib.suppress(OSError):
             os.remove(os.path.join(run_dir, marker))
     resumes = int(state.get("resumes", 0)) + 1
     update_state(run_dir, state=STARTING, created=state.get("created", now()), resumes=resumes,
-                 wrapperPid=None, wrapperStart=None, pid=None, pidStart=None, relaunched=now(), ended=None,
+                 wrapperPid=None, wrapperStart=None, pid=None, pidStart=None, stepPid=None, stepStart=None,
+                 relaunched=now(), ended=None,
                  exitCode=None, reason=None,
                  preemptions=int(state.get("preemptions", 0)) + int(bool(state.get("preempted"))), preempted=False)
     start_wrapper(root, os.path.basename(run_dir))
@@ -111,28 +154,29 @@ def cmd_resume(root: str, run_id: str | None, grace: float) -> dict:
     return {"runId": os.path.basename(run_dir), "resumes": int(state.get("resumes", 0)) + 1}
 
 
-def preempted() -> bool:
+def preempted(conf: dict) -> bool:
     """Compute Engine's word on whether this stop is a preemption (False off GCP)."""
-    import urllib.request
-
-    req = urllib.request.Request(METADATA + "preempted", headers={"Metadata-Flavor": "Google"})
-    try:
-        with urllib.request.urlopen(req, timeout=1) as r:
-            return r.read().decode().strip().upper() == "TRUE"
-    except OSError:
-        return False
+    return metadata_value(conf, "instance/preempted", timeout=2).upper() == "TRUE"
 
 
-def cmd_shutdown(root: str, grace: float) -> dict:
-    """The machine is going down: SIGTERM each job so it saves a last checkpoint, wait up to
-    ``grace`` seconds, record the runs as interrupted (preempted when Compute Engine says so)."""
-    was_preempted = settings(root)["gcp"] and preempted()
-    running = []
+def cmd_shutdown(root: str, grace: float | None = None) -> dict:
+    """The machine is going down: record each running run as interrupted (preempted when Compute
+    Engine says so). A run in a unit of its own is ordered to stop after this, and its unit gives it
+    SIGTERM and the grace; a run under screen alone gets SIGTERM here, and ``grace`` seconds."""
+    conf = settings(root)
+    grace = float(conf["shutdownGraceS"] if grace is None else grace)
+    was_preempted = bool(conf["gcp"]) and preempted(conf)
+    running, result = [], []
     for run_dir in run_dirs(root):
         state = read_state(run_dir)
         if effective_state(state) not in ACTIVE:
             continue
-        open(os.path.join(run_dir, "shutdown-requested"), "w").close()
+        open(os.path.join(run_dir, SHUTDOWN_REQUESTED), "w").close()
+        update_state(run_dir, preempted=was_preempted)
+        agent_log(root, f"{os.path.basename(run_dir)}: interrupted by shutdown (preempted: {was_preempted})")
+        if state.get("unit"):
+            result.append({"runId": os.path.basename(run_dir), "state": INTERRUPTED})
+            continue
         if state.get("pid") and alive(state["pid"], state.get("pidStart")):
             signal_group(state["pid"], signal.SIGTERM)
         running.append((run_dir, state))
@@ -143,15 +187,12 @@ def cmd_shutdown(root: str, grace: float) -> dict:
     settle = time.time() + 2
     while time.time() < settle and any(alive(st.get("wrapperPid"), st.get("wrapperStart")) for _, st in running):
         time.sleep(0.1)
-    result = []
     for run_dir, _ in running:
         current = read_state(run_dir)
         if current.get("state") not in TERMINAL:
-            update_state(run_dir, state=INTERRUPTED, interruptedAt=current.get("interruptedAt") or now(),
-                         preempted=bool(was_preempted))
+            update_state(run_dir, state=INTERRUPTED, interruptedAt=current.get("interruptedAt") or now())
         result.append({"runId": os.path.basename(run_dir), "state": describe(run_dir)["state"]})
-        agent_log(root, f"{os.path.basename(run_dir)}: interrupted by shutdown (preempted: {bool(was_preempted)})")
-    return {"runs": result, "preempted": bool(was_preempted)}
+    return {"runs": result, "preempted": was_preempted}
 
 
 def idle_decision(now_s: float, idle_since: float | None, minutes: float, jobs_running: int, sessions: int,
@@ -176,17 +217,25 @@ def idle_decision(now_s: float, idle_since: float | None, minutes: float, jobs_r
 
 
 def cmd_tick(root: str) -> dict:
-    """Every minute: power the machine off when it has been idle for idleStopMinutes."""
+    """Every minute or so: power the machine off when it has been idle for idleStopMinutes.
+
+    On a VM (the root timer, `--settings`) it reads the runs, writes only its own idle clock, counts
+    sshd's sessions on any port, and powers off with `systemctl poweroff`, never a command from a
+    file the user can write. Elsewhere (the user's crontab) it uses the user's settings."""
     conf = settings(root)
-    path = os.path.join(root, "idle.json")
-    jobs = sum(1 for d in run_dirs(root) if describe(d)["state"] in ACTIVE)
+    machine = machine_mode()
+    path = MACHINE_IDLE if machine else os.path.join(root, "idle.json")
+    jobs = sum(1 for d in run_dirs(root) if effective_state(read_state(d)) in ACTIVE)
     util = max((g["utilization"] for g in gpus()), default=0.0)
+    sessions = sshd_sessions() if machine else ssh_sessions(int(conf["sshPort"]))
     since, stop, why = idle_decision(time.time(), (read_json(path) or {}).get("idleSince"),
-                                     float(conf["idleStopMinutes"]), jobs, ssh_sessions(int(conf["sshPort"])), util)
-    write_json(path, {"idleSince": since, "why": why, "checked": now()})
+                                     float(conf["idleStopMinutes"]), jobs, sessions, util)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json(path, {"idleSince": since, "why": why, "checked": now(), "root": root})
     if stop:
-        agent_log(root, why)
-        subprocess.run(conf["poweroffCommand"], check=False)
+        if not machine:
+            agent_log(root, why)
+        subprocess.run(["systemctl", "poweroff"] if machine else conf["poweroffCommand"], check=False)
     return {"idleSince": since, "poweroff": stop, "why": why}
 
 

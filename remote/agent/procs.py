@@ -97,3 +97,20 @@ def ssh_sessions(port: int) -> int:
             if len(parts) > 3 and parts[3] == "01" and int(parts[1].rsplit(":", 1)[1], 16) == port:
                 count += 1
     return count
+
+
+def sshd_sessions() -> int:
+    """Open SSH sessions by sshd's own processes ("sshd: USER@pts/0", "sshd: USER@notty"), whatever
+    port sshd listens on."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")[0]
+        except OSError:
+            continue
+        if cmd.startswith((b"sshd: ", b"sshd-session: ")) and b"@" in cmd:
+            count += 1
+    return count

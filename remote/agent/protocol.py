@@ -31,7 +31,18 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "poweroffCommand": ["systemctl", "poweroff"],
     "gcp": False,
     "maxRunHours": None,
+    "shutdownGraceS": 80,  # SIGTERM to SIGKILL when the machine goes down: 25 on spot, 110 on standard VMs
+    "metadataUrl": None,  # Compute Engine's metadata server (None: $GPU_TRAIN_METADATA_URL, else 169.254.169.254)
 }
+METADATA_URL = "http://169.254.169.254/computeMetadata/v1/"
+# On a VM: the startup script's root-owned settings (what the units run with), and the root idle clock.
+MACHINE_SETTINGS = "/etc/gpu-train/agent.json"
+MACHINE_IDLE = "/run/gpu-train/idle.json"
+
+# Files in a run's folder: requests to the wrapper, and the early warning the job may watch.
+STOP_REQUESTED = "stop-requested"
+SHUTDOWN_REQUESTED = "shutdown-requested"
+NOTICE = "notice"  # exists while a maintenance or preemption is announced; the job sees $GPU_TRAIN_NOTICE
 
 
 class AgentSettings(TypedDict):
@@ -41,6 +52,8 @@ class AgentSettings(TypedDict):
     poweroffCommand: list[str]
     gcp: bool
     maxRunHours: float | None
+    shutdownGraceS: float
+    metadataUrl: str | None
 
 
 # -- the job spec: what `fab train` asks a host to run -----------------------------------------
@@ -62,12 +75,13 @@ class JobSpec:
     launcher: str = "none"  # or "torchrun"
     nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1
     node: dict[str, object] | None = None  # rank, nnodes, masterAddr, masterPort, hosts, tfPort, ps
+    needs_torch: bool = False  # the host checks that its Python imports torch before "started"
 
     def to_json(self) -> dict:
         return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
                 "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
                 "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
-                "launcher": self.launcher, "nproc": self.nproc, "node": self.node}
+                "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "needsTorch": self.needs_torch}
 
     @classmethod
     def from_json(cls, doc: dict) -> JobSpec:
@@ -75,7 +89,8 @@ class JobSpec:
                    args=tuple(doc.get("args") or ()), env=dict(doc.get("env") or {}), python=doc.get("python"),
                    expect_gpus=int(doc.get("expectGpus") or 0), code_manifest=doc.get("codeManifest"),
                    reuse_code=bool(doc.get("reuseCode")), agent_settings=dict(doc.get("agentSettings") or {}),
-                   launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"))
+                   launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"),
+                   needs_torch=bool(doc.get("needsTorch")))
 
 
 # -- the documents the agent answers with ----------------------------------------------------

@@ -8,8 +8,19 @@ import sys
 import time
 
 from .procs import alive, gpus, uptime_s
-from .protocol import ACTIVE, INTERRUPTED, LAUNCH_GRACE_S, LOG_END, LOG_START, STARTING, TERMINAL
-from .store import find_run, last_line, now, read_json, read_state, run_dirs, settings, tree_summary
+from .protocol import (
+    ACTIVE,
+    DEFAULT_SETTINGS,
+    INTERRUPTED,
+    LAUNCH_GRACE_S,
+    LOG_END,
+    LOG_START,
+    MACHINE_IDLE,
+    MACHINE_SETTINGS,
+    STARTING,
+    TERMINAL,
+)
+from .store import find_run, last_line, now, read_json, read_state, root_from_settings, run_dirs, settings, tree_summary
 
 
 def effective_state(state: dict) -> str:
@@ -58,13 +69,24 @@ def busy_runs(root: str, base: str) -> list[str]:
     return [r["id"] for r in map(describe, run_dirs(root)) if r["base"] == base and r["state"] in ACTIVE]
 
 
+def machine_settings(root: str) -> dict | None:
+    """The VM's root-owned settings when they are this REMOTE_ROOT's (what its units run with)."""
+    doc = read_json(MACHINE_SETTINGS)
+    try:
+        return {**DEFAULT_SETTINGS, **doc} if doc and root_from_settings(doc) == root else None
+    except (KeyError, OSError):
+        return None
+
+
 def agent_view(root: str) -> dict:
-    """What `fab status` shows of the agent: its settings and the idle clock (protocol.AgentView)."""
-    conf = settings(root)
-    idle = read_json(os.path.join(root, "idle.json")) or {}
+    """What `fab status` shows of the agent: its settings and the idle clock (protocol.AgentView);
+    on a VM, those of its units."""
+    machine = machine_settings(root)
+    conf = machine or settings(root)
+    idle = read_json(MACHINE_IDLE if machine else os.path.join(root, "idle.json")) or {}
     return {"idleStopMinutes": conf["idleStopMinutes"], "maxResumes": conf["maxResumes"],
             "maxRunHours": conf["maxRunHours"], "idleSince": idle.get("idleSince"), "idleWhy": idle.get("why"),
-            "installed": os.path.exists(os.path.join(root, "agent.json"))}
+            "installed": bool(machine) or os.path.exists(os.path.join(root, "agent.json"))}
 
 
 def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:

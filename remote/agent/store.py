@@ -94,8 +94,53 @@ def find_run(root: str, run_id: str | None) -> str:
     return max(dirs, key=lambda d: read_state(d).get("created", 0))
 
 
+# Set by `--settings FILE` (the VM's root-installed units): the root-owned settings that the
+# startup script wrote, used instead of REMOTE_ROOT/agent.json, which the user can write.
+_settings_file: str | None = None
+
+
+def use_settings_file(path: str) -> dict:
+    """Take the settings from ``path`` (root-owned, not writable by others) for this process; they name
+    the user and remoteRoot, which tell REMOTE_ROOT. Returns them."""
+    global _settings_file
+    st = os.stat(path)
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        raise AgentError(f"{path} must be owned by root and writable by no one else")
+    doc = read_json(path)
+    if doc is None:
+        raise AgentError(f"{path} is not a JSON document")
+    _settings_file = path
+    return {**DEFAULT_SETTINGS, **doc}
+
+
+def machine_mode() -> bool:
+    """Running as one of the VM's units, with the machine's root-owned settings (`--settings`)."""
+    return _settings_file is not None
+
+
+def root_from_settings(conf: dict) -> str:
+    """REMOTE_ROOT of the settings' user: '~/x' is under that user's home."""
+    import pwd
+
+    root = str(conf.get("remoteRoot") or "~/gpu-train")
+    if root.startswith("~/"):
+        root = os.path.join(pwd.getpwnam(str(conf["user"])).pw_dir, root[2:])
+    return os.path.abspath(root)
+
+
 def settings(root: str) -> dict:
-    return {**DEFAULT_SETTINGS, **(read_json(os.path.join(root, "agent.json")) or {})}
+    path = _settings_file or os.path.join(root, "agent.json")
+    return {**DEFAULT_SETTINGS, **(read_json(path) or {})}
+
+
+@contextlib.contextmanager
+def run_locked(run_dir: str):
+    """One run's lock: a stop request and the wrapper starting a step never cross (the wrapper
+    checks for a stop under it before it starts pip or the job; `stop` writes its request and reads
+    the pids under it)."""
+    with open(os.path.join(run_dir, ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def agent_log(root: str, text: str) -> None:

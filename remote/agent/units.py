@@ -59,6 +59,11 @@ def privilege() -> list[str] | None:
     return ["sudo", "-n"] if ok else None
 
 
+def available() -> bool:
+    """Runs get units of their own here: systemd is the init, and this user may start units."""
+    return has_systemd() and shutil.which("systemd-run") is not None and privilege() is not None
+
+
 def systemd_run_argv(run_id: str, user: str, grace_s: float, wrapper: list[str], env: dict[str, str],
                      screen: str = "/usr/bin/screen") -> list[str]:
     """``systemd-run`` for a run's unit: the wrapper under ``screen -DmS`` (screen stays in the

@@ -2,42 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 
 from .procs import gpu_count, proc_start_time
-from .protocol import FAILED, INTERRUPTED, RUNNING, STOPPED, SUCCEEDED
-from .store import AgentError, now, read_json, read_state, update_state
-
-
-def requirements_step(root: str, run_dir: str, python: str, log) -> None:
-    """pip install requirements.txt when it changed since the last install into this Python."""
-    req = os.path.join(run_dir, "code", "requirements.txt")
-    if not os.path.isfile(req):
-        return
-    with open(req, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    stamp_dir = os.path.join(root, "python")
-    os.makedirs(stamp_dir, exist_ok=True)
-    stamp = os.path.join(stamp_dir, hashlib.sha256(python.encode()).hexdigest()[:16] + ".requirements")
-    try:
-        with open(stamp) as f:
-            if f.read().strip() == digest:
-                log.write(b"[gpu-train] requirements.txt unchanged since the last install: skipping pip\n")
-                return
-    except OSError:
-        pass
-    log.write(f"[gpu-train] installing requirements.txt with {python} -m pip\n".encode())
-    log.flush()
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", req]
-    rc = subprocess.run(pip, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise AgentError(f"pip install -r requirements.txt failed with exit code {rc} (see the log above)")
-    with open(stamp, "w") as f:
-        f.write(digest)
+from .protocol import FAILED, INTERRUPTED, NOTICE, RUNNING, SHUTDOWN_REQUESTED, STOP_REQUESTED, STOPPED, SUCCEEDED
+from .store import AgentError, now, read_json, read_state, run_locked, update_state
+from .units import system_stopping
 
 
 def job_argv(spec: dict, python: str, job_dir: str, nproc: int) -> list[str]:
@@ -83,48 +59,172 @@ def cluster_env(node: dict, nproc: int) -> dict:
     }
 
 
+class Halted(Exception):
+    """A stop or a shutdown came before the job started: the run ends in ``state``, the job never runs."""
+
+    def __init__(self, state: str):
+        super().__init__(state)
+        self.state = state
+
+
+class Wrapper:
+    """Runs one run's steps (pip, then the job), each in a process group of its own, and records them.
+
+    A step starts under the run's lock after a look for a stop request, so `fab stop` either finds
+    the step's pid to signal or leaves a request the wrapper sees before starting it. SIGTERM to the
+    wrapper (its unit stopped, the machine going down) is passed on to the running step; SIGHUP (the
+    screen session ending) is ignored, so the wrapper outlives screen to record the end.
+    """
+
+    def __init__(self, root: str, run_id: str, log):
+        self.root, self.run_id, self.log = root, run_id, log
+        self.run_dir = os.path.join(root, "runs", run_id)
+        self.child: subprocess.Popen | None = None
+        self.terminated = False
+
+    def say(self, text: str) -> None:
+        self.log.write(f"[gpu-train] {text}\n".encode())
+
+    def on_term(self, signum, _frame) -> None:
+        self.terminated = True
+        if self.child is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.child.pid, signum)
+
+    def halted(self) -> str | None:
+        """The state a request asks for: stopped, interrupted (a shutdown), or None to go on."""
+        if os.path.exists(os.path.join(self.run_dir, STOP_REQUESTED)):
+            return STOPPED
+        if os.path.exists(os.path.join(self.run_dir, SHUTDOWN_REQUESTED)) or (self.terminated and system_stopping()):
+            return INTERRUPTED
+        return STOPPED if self.terminated else None
+
+    def start(self, argv: list[str], pid_field: str, **popen) -> subprocess.Popen:
+        """Start a step unless a stop came first; its pid is recorded under the run's lock
+        (``pid``/``pidStart`` for the job, ``stepPid``/``stepStart`` for pip)."""
+        start_field = {"pid": "pidStart", "stepPid": "stepStart"}[pid_field]
+        with run_locked(self.run_dir):
+            state = self.halted()
+            if state:
+                raise Halted(state)
+            self.child = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, **popen)
+            update_state(self.run_dir, **{pid_field: self.child.pid, start_field: proc_start_time(self.child.pid)})
+        return self.child
+
+    def pip(self, python: str) -> None:
+        """pip install requirements.txt when it changed since the last install into this Python."""
+        req = os.path.join(self.run_dir, "code", "requirements.txt")
+        if not os.path.isfile(req):
+            return
+        with open(req, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        stamp_dir = os.path.join(self.root, "python")
+        os.makedirs(stamp_dir, exist_ok=True)
+        stamp = os.path.join(stamp_dir, hashlib.sha256(python.encode()).hexdigest()[:16] + ".requirements")
+        try:
+            with open(stamp) as f:
+                if f.read().strip() == digest:
+                    self.say("requirements.txt unchanged since the last install: skipping pip")
+                    return
+        except OSError:
+            pass
+        self.say(f"installing requirements.txt with {python} -m pip")
+        rc = self.start([python, "-m", "pip", "install", "--disable-pip-version-check", "-r", req], "stepPid").wait()
+        self.child = None
+        if rc != 0:
+            raise AgentError(f"pip install -r requirements.txt failed with exit code {rc} (see the log above)")
+        with open(stamp, "w") as f:
+            f.write(digest)
+
+
+def check_python(python: str) -> None:
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise AgentError(f"the job's Python {python} does not exist or is not executable (gpu-train:python)")
+
+
+def check_writable(job_dir: str) -> None:
+    try:
+        os.makedirs(job_dir, exist_ok=True)
+        probe = os.path.join(job_dir, f".gpu-train-write-test.{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise AgentError(f"JOB_DIR {job_dir} is not writable: {e.strerror or e}") from None
+
+
 def cmd_wrap(root: str, run_id: str) -> int:
-    """Run the job (under screen): record pid, times, exit code; log to runs/RUN/log."""
+    """Run the job: record pid, times, exit code; log to runs/RUN/log. Any error before the job
+    starts fails the run with its reason (never `interrupted`, so never relaunched)."""
     run_dir = os.path.join(root, "runs", run_id)
-    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-    python, job_dir = spec["python"], os.path.join(run_dir, "job")
     update_state(run_dir, wrapperPid=os.getpid(), wrapperStart=proc_start_time(os.getpid()))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        log = open(os.path.join(run_dir, "log"), "ab", buffering=0)  # noqa: SIM115 (closed below)
+    except OSError as e:
+        update_state(run_dir, state=FAILED, exitCode=1, ended=now(), reason=f"cannot write the run's log: {e}")
+        return 1
+    with log:
+        w = Wrapper(root, run_id, log)
+        signal.signal(signal.SIGTERM, w.on_term)
+        try:
+            proc = prepare_and_start(w, root, run_dir, run_id)
+        except Halted as h:
+            w.say(f"{run_id}: {h.state} before the job started")
+            return record_end(run_dir, h.state, None)
+        except Exception as e:  # the job never started: a failure with its reason, whatever it was
+            reason = str(e) if isinstance(e, AgentError) else f"the wrapper failed before the job started: {e!r}"
+            state = w.halted() or FAILED  # a stop that killed pip is a stop, not a pip failure
+            w.say(reason if state == FAILED else f"{run_id}: {state} before the job started")
+            return record_end(run_dir, state, 1, reason if state == FAILED else None)
+        code = proc.wait()
+        final = final_state(run_dir, code, w)
+        w.say(f"{run_id}: {final}, exit code {code}")
+        return record_end(run_dir, final, code)
+
+
+def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subprocess.Popen:
+    spec = read_json(os.path.join(run_dir, "spec.json"))
+    if spec is None:
+        raise AgentError(f"the run's spec.json is missing or unreadable in {run_dir}")
+    python, job_dir = spec["python"], os.path.join(run_dir, "job")
+    if spec.get("script") or os.path.isfile(os.path.join(run_dir, "code", "requirements.txt")):
+        check_python(python)
+    check_writable(job_dir)
     nproc = int(spec.get("nproc") or gpu_count() or 1)
-    env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id,
-           "PYTHONUNBUFFERED": "1", "GPU_TRAIN_ROOT": root}
+    env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id, "PYTHONUNBUFFERED": "1",
+           "GPU_TRAIN_ROOT": root, "GPU_TRAIN_NOTICE": os.path.join(run_dir, NOTICE)}
     if spec.get("node") and not spec.get("script"):
         env.update(cluster_env(spec["node"], nproc))
-    with open(os.path.join(run_dir, "log"), "ab", buffering=0) as log:
-        try:
-            requirements_step(root, run_dir, python, log)
-        except AgentError as e:
-            log.write(f"[gpu-train] {e}\n".encode())
-            update_state(run_dir, state=FAILED, exitCode=1, ended=now(), reason=str(e))
-            return 1
-        argv = job_argv(spec, python, job_dir, nproc)
-        resumes = read_state(run_dir).get("resumes", 0)
-        if resumes:
-            log.write(f"[gpu-train] {run_id}: resumed ({resumes}), same RUN_ID and JOB_DIR\n".encode())
-        log.write(f"[gpu-train] {run_id}: {shlex.join(argv)}\n".encode())
-        proc = subprocess.Popen(argv, cwd=os.path.join(run_dir, "code"), env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        update_state(run_dir, state=RUNNING, pid=proc.pid, pidStart=proc_start_time(proc.pid),
-                     started=now(), ended=None, exitCode=None)
-        code = proc.wait()
-        final = final_state(run_dir, code)
-        log.write(f"[gpu-train] {run_id}: {final}, exit code {code}\n".encode())
-        if final == INTERRUPTED:  # the machine is going down: `boot` resumes it
-            update_state(run_dir, state=final, exitCode=code, interruptedAt=now())
-        else:
-            update_state(run_dir, state=final, exitCode=code, ended=now())
-        return code
+    w.pip(python)
+    argv = job_argv(spec, python, job_dir, nproc)
+    resumes = read_state(run_dir).get("resumes", 0)
+    if resumes:
+        w.say(f"{run_id}: resumed ({resumes}), same RUN_ID and JOB_DIR")
+    w.say(f"{run_id}: {shlex.join(argv)}")
+    try:
+        proc = w.start(argv, "pid", cwd=os.path.join(run_dir, "code"), env=env)
+    except OSError as e:
+        raise AgentError(f"cannot start the job ({argv[0]}): {e.strerror or e}") from None
+    update_state(run_dir, state=RUNNING, started=now(), ended=None, exitCode=None)
+    return proc
 
 
-def final_state(run_dir: str, code: int) -> str:
-    if os.path.exists(os.path.join(run_dir, "stop-requested")):
+def record_end(run_dir: str, final: str, code: int | None, reason: str | None = None) -> int:
+    if final == INTERRUPTED:  # the machine is going down: `boot` resumes it
+        update_state(run_dir, state=final, exitCode=code, interruptedAt=now())
+    else:
+        update_state(run_dir, state=final, exitCode=code, ended=now(), **({"reason": reason} if reason else {}))
+    return code if code is not None else 0
+
+
+def final_state(run_dir: str, code: int, w: Wrapper | None = None) -> str:
+    """How a job's end counts: a requested stop, a shutdown (resumed at the next boot), or its own."""
+    if os.path.exists(os.path.join(run_dir, STOP_REQUESTED)):
         return STOPPED
-    if os.path.exists(os.path.join(run_dir, "shutdown-requested")):
+    if os.path.exists(os.path.join(run_dir, SHUTDOWN_REQUESTED)):
         return INTERRUPTED
+    if w is not None and w.terminated:  # SIGTERM from outside: the machine stopping, or its unit stopped
+        return INTERRUPTED if system_stopping() else STOPPED
     return SUCCEEDED if code == 0 else FAILED
-
-

@@ -54,7 +54,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
-        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node)
+        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node,
+                                   needs_torch=jobs.needs_torch(code_dir, spec.script, chosen))
         specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), int(ps))
     except jobs.JobError as e:
         raise Exit(str(e), code=2) from None

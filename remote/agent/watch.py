@@ -1,0 +1,117 @@
+"""The early warning: Compute Engine's metadata server announces a host maintenance (about an hour
+ahead on GPU VMs: ``instance/maintenance-event`` becomes ``TERMINATE_ON_HOST_MAINTENANCE``) and a
+preemption (``instance/preempted`` becomes ``TRUE``; with ``scheduling.preemptionNoticeDuration``
+before the shutdown starts). `watch` (the VM's gpu-train-watch.service) follows both with the
+server's hanging GETs and tells each running job: the file ``runs/RUN/notice`` (the job's
+``$GPU_TRAIN_NOTICE``) exists while a warning stands, with the event in it, and the run's log says
+so. The SIGTERM comes later, at the shutdown, as always. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from .protocol import ACTIVE, METADATA_URL, NOTICE
+from .status import effective_state
+from .store import agent_log, now, read_json, read_state, run_dirs, settings, write_json
+
+WATCHED = {"instance/maintenance-event": "NONE", "instance/preempted": "FALSE"}
+
+
+def metadata_base(conf: dict) -> str:
+    """The metadata server's base URL: the setting, else $GPU_TRAIN_METADATA_URL, else Compute Engine's."""
+    base = conf.get("metadataUrl") or os.environ.get("GPU_TRAIN_METADATA_URL") or METADATA_URL
+    return base if base.endswith("/") else base + "/"
+
+
+def metadata_get(url: str, timeout: float, wait_etag: str | None = None, wait_s: int = 60) -> tuple[str, str]:
+    """(value, etag); with ``wait_etag`` the server holds the request until the value changes from it."""
+    if wait_etag is not None:
+        query = urllib.parse.urlencode({"wait_for_change": "true", "last_etag": wait_etag, "timeout_sec": wait_s})
+        url = f"{url}?{query}"
+    req = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode().strip(), r.headers.get("ETag", "")
+
+
+def metadata_value(conf: dict, path: str, timeout: float = 2) -> str:
+    """One value, or '' when there is no metadata server (off GCP) or it does not answer."""
+    try:
+        return metadata_get(metadata_base(conf) + path, timeout)[0]
+    except (OSError, ValueError):
+        return ""
+
+
+def notice_for(values: dict[str, str]) -> dict | None:
+    """The warning the metadata values amount to (None: no warning stands)."""
+    events = []
+    maintenance = values.get("instance/maintenance-event", "NONE").strip()
+    if maintenance and maintenance.upper() != "NONE":
+        events.append(maintenance)
+    if values.get("instance/preempted", "FALSE").strip().upper() == "TRUE":
+        events.append("PREEMPTED")
+    return {"event": events[0], "events": events} if events else None
+
+
+def publish(root: str, notice: dict | None) -> list[str]:
+    """Give (or take back) the warning to every running run; the runs newly told."""
+    told = []
+    for run_dir in run_dirs(root):
+        path = os.path.join(run_dir, NOTICE)
+        if notice is None:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            continue
+        if effective_state(read_state(run_dir)) not in ACTIVE:
+            continue
+        current = read_json(path)
+        if current and current.get("events") == notice["events"]:
+            continue
+        write_json(path, {**notice, "at": now()})
+        with contextlib.suppress(OSError), open(os.path.join(run_dir, "log"), "ab") as log:
+            log.write(f"[gpu-train] early warning: {', '.join(notice['events'])} ($GPU_TRAIN_NOTICE)\n".encode())
+        told.append(os.path.basename(run_dir))
+    if told:
+        agent_log(root, f"early warning {', '.join(notice['events'])}: told {', '.join(told)}")
+    return told
+
+
+def cmd_watch(root: str, rounds: int | None = None) -> dict:
+    """Follow the watched values (each in a thread holding a hanging GET) and publish on each answer;
+    a held request times out after a minute and is made again, so a run started later is told too."""
+    conf = settings(root)
+    base = metadata_base(conf)
+    values = dict(WATCHED)
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def follow(path: str) -> None:
+        etag: str | None = None
+        count = 0
+        while not done.is_set():
+            try:
+                value, etag = metadata_get(base + path, timeout=75, wait_etag=etag, wait_s=60)
+            except (OSError, ValueError):
+                etag = None
+                time.sleep(5)
+                continue
+            with lock:
+                values[path] = value
+                publish(root, notice_for(values))
+            count += 1
+            if rounds is not None and count >= rounds:
+                return
+
+    threads = [threading.Thread(target=follow, args=(p,), daemon=True) for p in WATCHED]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    return {"values": values}
