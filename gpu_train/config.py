@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from gpu_train import gpunames
 from gpu_train.catalog import load_catalog
 
 NAMESPACE = "gpu-train"
@@ -359,6 +360,8 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
     if target == "gcp" and not (isinstance(project, str) and project.strip()):
         problems.append(Problem("gcp:project", "is required", "pulumi config set gcp:project YOUR_PROJECT_ID"))
 
+    if "gpuType" in values:  # `gpuType: T4` means nvidia-tesla-t4: the program and the API get the API name
+        values["gpuType"] = gpunames.api_name(values["gpuType"], load_catalog())
     kwargs = {_FIELD_FOR_KEY[k]: v for k, v in values.items() if k != "hosts"}
     kwargs.setdefault("idle_stop_minutes", 30 if target == "gcp" else 0)
     if target == "gcp":  # image defaults are catalog facts

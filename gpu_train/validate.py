@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import values
+from gpu_train import gpunames, values
 from gpu_train.catalog import Catalog, FixedShape, MachineShape
 from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 
@@ -107,9 +107,7 @@ def _gpu_type_problem(cfg: StackConfig, catalog: Catalog) -> Problem | None:
     if cfg.gpu_type in catalog.retired:
         return Problem("gpuType", catalog.retired[cfg.gpu_type], "choose a current GPU, e.g. nvidia-tesla-t4 or nvidia-l4", cfg.gpu_type)
     if catalog.accelerator(cfg.gpu_type) is None:
-        close = difflib.get_close_matches(cfg.gpu_type, list(catalog.accelerators), n=2, cutoff=0.5)
-        fix = f"did you mean {' or '.join(close)}?" if close else f"known types: {', '.join(catalog.accelerators)}"
-        return Problem("gpuType", "is not a GPU type", fix, cfg.gpu_type)
+        return Problem("gpuType", "is not a GPU type", gpunames.describe_unknown(cfg.gpu_type, catalog), cfg.gpu_type)
     return None
 
 
