@@ -7,10 +7,7 @@ agent calls get crafted documents, rsync runs for real (so a fetch would really 
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
-import stat
 import subprocess
 import sys
 from pathlib import Path
