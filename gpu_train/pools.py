@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpu_train import disks
 from gpu_train.catalog import Catalog
 from gpu_train.config import Problem, StackConfig
 
@@ -97,6 +98,11 @@ def node_shapes(pools: tuple[Pool, ...], catalog: Catalog) -> list[NodeShape]:
     return out
 
 
+def boot_disk_type(cfg: StackConfig, machine_type: str, catalog: Catalog) -> str:
+    """A node's boot disk type: the stack's when set, else its own series' (pools may mix series)."""
+    return cfg.boot_disk_type if "bootDiskType" in cfg.given else disks.default_disk_type(catalog, machine_type)
+
+
 def pool_config(cfg: StackConfig, pool: Pool) -> StackConfig:
     """The stack as one pool sees it: the shape settings are the pool's."""
     given = (cfg.given - set(SHAPE_KEYS)) | {"machineType"} | ({"gpuType"} if pool.gpu_type else set()) \
@@ -137,6 +143,10 @@ def check_pools(cfg: StackConfig, catalog: Catalog, shape_rules) -> list[Problem
                 problems.append(Problem(f"{where}.machineType", "is not a machine type gpu-train knows",
                                         "e.g. n1-highmem-8", pool.machine_type))
             continue
+        if "bootDiskType" in cfg.given and (why := disks.disk_type_problem(catalog, pool.machine_type,
+                                                                            cfg.boot_disk_type)) is not None:
+            problems.append(Problem("bootDiskType", f"{where}: {why}", "remove bootDiskType: each pool then gets "
+                                    "its series' own type", cfg.boot_disk_type))
         for p in shape_rules(pool_config(cfg, pool), catalog):
             key = p.key.removeprefix("gpu-train:")
             if key in SHAPE_KEYS:

@@ -14,6 +14,7 @@ import pulumi_gcp as gcp
 from gpu_train import vm
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
+from gpu_train.pools import boot_disk_type
 from gpu_train.jobs import AGENT_PATH
 from gpu_train.validate import GpuShape
 
@@ -125,7 +126,7 @@ class GpuVm(pulumi.ComponentResource):
                     "initialize_params": {
                         "image": image.self_link,
                         "size": image.disk_size_gb.apply(disk_size),
-                        "type": cfg.boot_disk_type,
+                        "type": boot_disk_type(cfg, shapes[i].machine_type, catalog),
                     },
                 },
                 guest_accelerators=vm.guest_accelerators(shapes[i]),
