@@ -14,8 +14,8 @@ import pulumi_gcp as gcp
 from gpu_train import vm
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
-from gpu_train.pools import boot_disk_type
 from gpu_train.jobs import AGENT_PATH
+from gpu_train.pools import boot_disk_type
 from gpu_train.validate import GpuShape
 
 
