@@ -51,9 +51,18 @@ def node_names(stack: str, nodes: int) -> list[str]:
     return [instance_name(stack)] if nodes == 1 else [instance_name(stack, i) for i in range(nodes)]
 
 
-def placement_policy(nodes: int, machine_type: str, catalog) -> dict[str, object] | None:
-    """A compact group placement for a cluster whose series supports one (validation says when not)."""
-    if nodes < 2 or catalog.series_of(machine_type) not in catalog.compact_series:
+def node_roles(cfg: StackConfig) -> list[str]:
+    """chief, then workers, then parameter servers: each pool's role per node ('worker' without pools)."""
+    if not cfg.pools:
+        return ["chief"] + ["worker"] * (cfg.nodes - 1)
+    return [p.role for p in cfg.pools for _ in range(p.count)]
+
+
+def placement_policy(nodes: int, machine_type: str | list[str], catalog) -> dict[str, object] | None:
+    """A compact group placement for a cluster whose series (every pool's) support one (validation says
+    when not)."""
+    types = [machine_type] if isinstance(machine_type, str) else machine_type
+    if nodes < 2 or any(catalog.series_of(m) not in catalog.compact_series for m in types):
         return None
     return {"collocation": "COLLOCATED", "vm_count": nodes}
 

@@ -16,15 +16,10 @@ from gpu_train.validate import GpuShape
 
 
 def current_value(info, dimensions: dict[str, str]) -> int:
-    """The limit in force for these dimensions (the most specific entry that matches), 0 if none."""
-    for entry in info.dimensions_infos or []:
-        if all(entry.dimensions.get(k) == v for k, v in entry.dimensions.items()) and all(
-            entry.dimensions.get(k, v) == v for k, v in dimensions.items()
-        ):
-            values = [int(d.value) for d in entry.details or [] if str(d.value).lstrip("-").isdigit()]
-            if values:
-                return max(values)
-    return 0
+    """The limit in force for these dimensions (see quota.current_limit), 0 if none."""
+    entries = [{"dimensions": dict(e.dimensions or {}), "applicableLocations": list(e.applicable_locations or []),
+                "values": [d.value for d in e.details or []]} for e in info.dimensions_infos or []]
+    return quota.current_limit(entries, dimensions)
 
 
 def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[gcp.cloudquota.SQuotaPreference]:
