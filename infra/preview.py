@@ -29,6 +29,7 @@ class Declared:
     typ: str
     name: str
     inputs: dict[str, Any]
+    provider: str = ""  # the provider reference (URN::id) a resource was declared with, "" for the default
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Recorder(pulumi.runtime.Mocks):
     # dimensionsInfos as the API lists them ({dimensions, applicableLocations, value} each).
     quota_values: dict[str, int | list[dict]] = field(default_factory=dict)
     resources: list[Declared] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (invoke token, provider reference)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
@@ -56,10 +58,11 @@ class Recorder(pulumi.runtime.Mocks):
                 nic["networkIp"] = MOCK_INTERNAL_IP
                 nic["accessConfigs"] = [{**ac, "natIp": MOCK_EXTERNAL_IP} for ac in nic.get("accessConfigs", [])]
             outputs["networkInterfaces"] = nics
-        self.resources.append(Declared(args.typ, args.name, dict(args.inputs)))
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or ""))
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        self.calls.append((args.token, args.provider or ""))
         if args.token == "gcp:compute/getImage:getImage":
             family, project = args.args.get("family"), args.args.get("project")
             name = f"{family}-v20260416"
@@ -92,6 +95,7 @@ class Preview:
     resources: list[Declared]
     outputs: dict[str, Any]
     error: BaseException | None = None
+    calls: list[tuple[str, str]] = field(default_factory=list)
 
     def of_type(self, suffix: str) -> list[Declared]:
         return [r for r in self.resources if r.typ.endswith(suffix)]
@@ -129,7 +133,7 @@ def run(
     except Exception as e:
         error = e
         _forget_failed_tasks()
-    return Preview(recorder.resources, outputs, error)
+    return Preview(recorder.resources, outputs, error, recorder.calls)
 
 
 def _forget_failed_tasks() -> None:

@@ -79,3 +79,21 @@ def test_the_program_never_asks_below_the_region_limit_in_force() -> None:
     assert result.error is None, result.error
     prefs = {p.inputs["quotaId"]: p.inputs for p in result.of_type("SQuotaPreference")}
     assert prefs[FAMILY]["quotaConfig"] == {"preferredValue": "24"}  # not 8 (a decrease), nor the first entry's 64
+
+
+def test_cloud_quotas_go_through_a_provider_with_a_quota_project() -> None:
+    """Under user ADC Cloud Quotas needs a quota project: a provider with userProjectOverride and
+    billingProject for the invoke and the preferences, and the cloudquotas API enabled first."""
+    raw = gcp_raw(quotaRequest={"gpus": "2", "justification": "pretraining", "contactEmail": "me@example.com"})
+    result = preview.run(program.main, stack="s", config=raw)
+    assert result.error is None, result.error
+    (provider,) = result.of_type("pulumi:providers:gcp")
+    assert provider.inputs["userProjectOverride"] in (True, "true")
+    assert provider.inputs["billingProject"] == "proj-1" and provider.inputs["project"] == "proj-1"
+    (api,) = result.of_type("projects/service:Service")
+    assert api.inputs["service"] == "cloudquotas.googleapis.com" and api.inputs["disableOnDestroy"] is False
+    assert api.provider.endswith(f"pulumi:providers:gcp::{provider.name}::{provider.name}-id")
+    prefs = result.of_type("SQuotaPreference")
+    assert len(prefs) == 2 and all(p.provider == api.provider for p in prefs)
+    invokes = [prov for token, prov in result.calls if token.startswith("gcp:cloudquota/getSQuotaInfo")]
+    assert len(invokes) == 2 and all(prov == api.provider for prov in invokes)
