@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import disks, gpunames, values
+from gpu_train import disks, gpunames, names, values
 from gpu_train.catalog import Catalog, FixedShape, MachineShape
 from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 from gpu_train.pools import check_pools
@@ -95,6 +95,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         problems += _shape(cfg, catalog, zone_ok=not problems)
     problems += _disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
+    problems += names.check(cfg.stack, cfg.nodes)
     return problems
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import base64
 import gzip
-import hashlib
 import ipaddress
 import json
 import re
 from pathlib import Path
 
 from gpu_train.config import StackConfig
+from gpu_train.names import instance_name, network_tag, node_names, resource_name, service_account_id  # noqa: F401
 from gpu_train.validate import GpuShape
 
 STARTUP_TEMPLATE = Path(__file__).parent / "data" / "startup-script.sh.in"
@@ -28,27 +28,6 @@ SERVICE_ACCOUNT_SCOPES = (
 )
 SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
 SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
-
-
-def _rfc1035(text: str, max_len: int) -> str:
-    """A Compute Engine resource name: lower case, digits and '-', starting with a letter."""
-    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    if not name or not name[0].isalpha():
-        name = "g-" + name
-    if len(name) > max_len:  # keep names unique when cut: end with a short hash of the whole
-        digest = hashlib.sha256(text.encode()).hexdigest()[:6]
-        name = name[: max_len - 7].rstrip("-") + "-" + digest
-    return name.rstrip("-")
-
-
-def instance_name(stack: str, node: int | None = None) -> str:
-    """gpu-train-STACK for one VM; gpu-train-STACK-0 ... -N-1 for a cluster."""
-    base = _rfc1035(f"gpu-train-{stack}", 63 if node is None else 63 - len(f"-{node}"))
-    return base if node is None else f"{base}-{node}"
-
-
-def node_names(stack: str, nodes: int) -> list[str]:
-    return [instance_name(stack)] if nodes == 1 else [instance_name(stack, i) for i in range(nodes)]
 
 
 def node_roles(cfg: StackConfig) -> list[str]:
@@ -70,15 +49,6 @@ def placement_policy(nodes: int, machine_type: str | list[str], catalog) -> dict
 def nic_type(machine_type: str, catalog) -> str | None:
     """gVNIC for the series that take nothing else (A3, A4, G4); the image default elsewhere."""
     return "GVNIC" if catalog.series_of(machine_type) in catalog.gvnic_series else None
-
-
-def network_tag(stack: str) -> str:
-    return instance_name(stack)
-
-
-def service_account_id(stack: str) -> str:
-    """6 to 30 characters, as IAM requires."""
-    return _rfc1035(f"gpu-train-{stack}", 30).ljust(6, "0")
 
 
 def label_value(text: str) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import vm
+from gpu_train import names, vm
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
 from gpu_train.jobs import AGENT_PATH
@@ -43,7 +43,7 @@ class GpuVm(pulumi.ComponentResource):
 
         def ingress(suffix: str, description: str, **rule: object) -> gcp.compute.Firewall:
             """An ingress rule of the default network for this VM's tag."""
-            return gcp.compute.Firewall(f"{name}-{suffix}", name=f"{tag}-{suffix}", project=cfg.project,
+            return gcp.compute.Firewall(f"{name}-{suffix}", name=vm.resource_name(cfg.stack, suffix), project=cfg.project,
                                         network="default", direction="INGRESS", target_tags=[tag],
                                         description=f"gpu-train {cfg.stack}: {description}", opts=child, **rule)
 
@@ -94,7 +94,7 @@ class GpuVm(pulumi.ComponentResource):
         if policy is not None:
             policy_link = gcp.compute.ResourcePolicy(
                 f"{name}-placement",
-                name=f"{tag}-placement",
+                name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
                 project=cfg.project,
                 region=cfg.region,
                 group_placement_policy=policy,
@@ -113,7 +113,7 @@ class GpuVm(pulumi.ComponentResource):
             return out
 
         metadata = vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8"))
-        names = vm.node_names(cfg.stack, cfg.nodes)
+        instance_names = vm.node_names(cfg.stack, cfg.nodes)
         self.instances = [
             gcp.compute.Instance(
                 name if cfg.nodes == 1 else f"{name}-{i}",
@@ -147,7 +147,7 @@ class GpuVm(pulumi.ComponentResource):
                     ignore_changes=["bootDisk.initializeParams.image"],
                 ),
             )
-            for i, instance_name in enumerate(names)
+            for i, instance_name in enumerate(instance_names)
         ]
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
         self.image = image.self_link
