@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -104,7 +105,7 @@ KEYS: dict[str, Key] = {
         Key("knownHosts", "str", None, doc="known_hosts file pinning the hosts' keys; default: learned on first contact"),
         Key("remoteRoot", "str", "~/gpu-train", doc="where gpu-train keeps its files on each host"),
         Key("python", "str", None, doc="Python on the host; default: DLVM conda, else python3"),
-        Key("idleStopMinutes", "int", None, doc="power off after this many idle minutes (no job, no SSH session, "
+        Key("idleStopMinutes", "number", None, doc="power off after this many idle minutes (no job, no SSH session, "
             "GPUs under 5%); 0 = off; default 30 on GCP, 0 on SSH stacks"),
         Key("maxRunHours", "int", None, ("gcp",), doc="hard cap on the VM's run time (scheduling.maxRunDuration, then STOP)"),
         Key("running", "bool", True, ("gcp",), doc="false stops the VM (disk kept); true starts it again on `pulumi up`"),
@@ -122,6 +123,7 @@ KEYS: dict[str, Key] = {
 _TYPE_WORDS = {
     "str": "a string",
     "int": "a whole number",
+    "number": "a number",
     "bool": "true or false",
     "list": "a list of strings",
     "map": "a map of strings to strings",
@@ -166,7 +168,7 @@ class StackConfig:
     known_hosts: str | None = None
     remote_root: str = "~/gpu-train"
     python: str | None = None
-    idle_stop_minutes: int = 0
+    idle_stop_minutes: float = 0
     max_run_hours: int | None = None
     running: bool = True
     max_resumes: int = 10
@@ -256,6 +258,22 @@ def _as_int(raw: Any) -> int:
     raise TypeError
 
 
+def _as_number(raw: Any) -> float | int:
+    if isinstance(raw, bool):
+        raise TypeError
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, (float, str)):
+        try:
+            value = float(raw)
+        except ValueError:
+            raise TypeError from None
+        if not math.isfinite(value):
+            raise TypeError
+        return int(value) if value.is_integer() else value
+    raise TypeError
+
+
 def _as_bool(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -289,7 +307,7 @@ def _as_pools(raw: Any) -> list[Any]:
 
 
 _COERCE: dict[str, Callable[[Any], Any]] = {
-    "str": _as_str, "int": _as_int, "bool": _as_bool, "list": _as_list, "map": _as_map, "pools": _as_pools,
+    "str": _as_str, "int": _as_int, "number": _as_number, "bool": _as_bool, "list": _as_list, "map": _as_map, "pools": _as_pools,
 }  # fmt: skip
 
 

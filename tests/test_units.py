@@ -38,3 +38,18 @@ def test_grace_in_whole_seconds(grace: float, shown: str) -> None:
 def test_boot_key_names_this_boot() -> None:
     key = units.boot_key()
     assert key == units.boot_key() and ":" in key and key != ":"
+
+
+@pytest.mark.parametrize(("title", "counted"), [
+    (b"sshd: trainer [priv]", True),  # one privileged monitor per logged-in connection
+    (b"sshd-session: bob [priv]", True),  # OpenSSH 9.8 and later
+    (b"sshd: trainer", False),  # the same connection's unprivileged child
+    (b"sshd: trainer@notty", False),
+    (b"sshd: unknown [priv]", False),  # not logged in
+    (b"sshd: 1.2.3.4 [preauth]", False),
+    (b"sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups", False),
+])
+def test_ssh_sessions_by_sshd_process_titles(title: bytes, counted: bool) -> None:
+    from remote.agent.procs import SSHD_SESSION_RE
+
+    assert bool(SSHD_SESSION_RE.match(title)) is counted

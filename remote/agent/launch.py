@@ -13,7 +13,7 @@ import time
 from . import units
 from .procs import detect_python, gpu_count
 from .protocol import FAILED, STARTING
-from .status import busy_runs
+from .status import busy_runs, machine_settings
 from .store import AgentError, agent_path, locked, now, read_json, settings, update_state, write_json
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -125,7 +125,8 @@ def start_wrapper(root: str, run_id: str) -> str:
             env["LANG"] = os.environ["LANG"]
         update_state(run_dir, unit=units.unit_name(run_id))
         try:
-            units.start_unit(run_id, float(settings(root).get("shutdownGraceS") or 80), wrapper, env)
+            conf = machine_settings(root) or settings(root)  # on a VM, the grace its stack gives
+            units.start_unit(run_id, float(conf.get("shutdownGraceS") or 80), wrapper, env)
         except OSError as e:
             raise AgentError(str(e)) from None
         return name

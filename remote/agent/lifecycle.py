@@ -90,6 +90,8 @@ def cmd_boot(root: str, once_per_boot: bool = False) -> dict:
     so a resume is counted once per boot."""
     limit = int(settings(root)["maxResumes"])
     actions = []
+    if not os.path.isdir(os.path.join(root, "runs")):
+        return {"actions": []}  # no run yet (a VM's first boot)
     with locked(root):
         if once_per_boot:
             key, record = units.boot_key(), os.path.join(root, "boot.json")

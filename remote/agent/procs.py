@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,18 +100,21 @@ def ssh_sessions(port: int) -> int:
     return count
 
 
+SSHD_SESSION_RE = re.compile(rb"^sshd(-session)?: (?!unknown )\S+ \[priv\]$")
+
+
 def sshd_sessions() -> int:
-    """Open SSH sessions by sshd's own processes ("sshd: USER@pts/0", "sshd: USER@notty"), whatever
-    port sshd listens on."""
+    """Open SSH connections by sshd's own processes, whatever port it listens on: one privileged
+    monitor ("sshd: USER [priv]") per logged-in connection, with or without a shell or a command."""
     count = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")[0]
+                title = f.read().split(b"\0")[0].strip()
         except OSError:
             continue
-        if cmd.startswith((b"sshd: ", b"sshd-session: ")) and b"@" in cmd:
+        if SSHD_SESSION_RE.match(title):
             count += 1
     return count

@@ -288,6 +288,7 @@ class Guest:
         self.write("/etc/systemd/system.conf.d/gpu-train-guest.conf",
                    f"[Manager]\nDefaultEnvironment={METADATA_ENV}={self.metadata.url}\n")
         self.write("/etc/hostname", self.name + "\n")
+        self.write("/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {self.name}\n")  # sudo resolves the host name
         return self
 
     def _chroot(self, *argv: str) -> None:

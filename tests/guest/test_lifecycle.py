@@ -35,6 +35,15 @@ def vm(make_guest, public_key: Path, tmp_path: Path):
     return start
 
 
+@pytest.fixture
+def plain(tmp_path: Path) -> str:
+    """A code folder with no requirements.txt, for --command jobs on a guest without pip."""
+    code = tmp_path / "plain"
+    code.mkdir()
+    (code / "README").write_text("a job given by --command\n")
+    return str(code)
+
+
 def unit_of(run: str) -> str:
     return f"gpu-train-{run}.service"
 
@@ -94,9 +103,9 @@ def test_a_maintenance_notice_reaches_the_job_and_a_preemption_is_counted(vm, me
 
 
 # -- Compute Engine's spot grace, measured: a job that ignores SIGTERM is killed in time ---------------
-def test_a_job_that_ignores_sigterm_is_killed_within_the_spot_grace(vm) -> None:
+def test_a_job_that_ignores_sigterm_is_killed_within_the_spot_grace(vm, plain: str) -> None:
     guest, user = vm(spot=True, torch=False)
-    run = user.train("--dir", str(EXAMPLE), "--command", "trap '' TERM; echo up; sleep 600", "--name", "stubborn")
+    run = user.train("--dir", plain, "--command", "trap '' TERM; echo up; sleep 600", "--name", "stubborn")
     user.wait_state(run, ("running",))
     user.wait_for("the job", lambda: "up" in user.log(run))
     took = guest.power_off()
@@ -107,9 +116,9 @@ def test_a_job_that_ignores_sigterm_is_killed_within_the_spot_grace(vm) -> None:
 
 
 # -- crash loop: one resume per boot, failed after maxResumes --------------------------------------------
-def test_a_run_interrupted_at_every_boot_fails_after_max_resumes(vm) -> None:
+def test_a_run_interrupted_at_every_boot_fails_after_max_resumes(vm, plain: str) -> None:
     guest, user = vm(maxResumes=2, torch=False)
-    run = user.train("--dir", str(EXAMPLE), "--command", "sleep 600", "--name", "doomed")
+    run = user.train("--dir", plain, "--command", "sleep 600", "--name", "doomed")
     for boot in range(3):
         user.wait_state(run, ("running",))
         assert user.state(run)["resumes"] == boot  # exactly one resume per boot
@@ -121,12 +130,12 @@ def test_a_run_interrupted_at_every_boot_fails_after_max_resumes(vm) -> None:
 
 
 # -- boot handles each run on its own ----------------------------------------------------------------------
-def test_one_run_that_cannot_be_relaunched_never_stops_the_others(vm) -> None:
+def test_one_run_that_cannot_be_relaunched_never_stops_the_others(vm, plain: str) -> None:
     guest, user = vm(torch=False)
     long_name = "n" + "x" * 111  # 128 characters with the timestamp: over screen's 80 for a session name
-    first = user.train("--dir", str(EXAMPLE), "--command", "sleep 600", "--name", "first")
-    broken = user.train("--dir", str(EXAMPLE), "--command", "sleep 600", "--name", "broken")
-    long = user.train("--dir", str(EXAMPLE), "--command", "sleep 600", "--name", long_name)
+    first = user.train("--dir", plain, "--command", "sleep 600", "--name", "first")
+    broken = user.train("--dir", plain, "--command", "sleep 600", "--name", "broken")
+    long = user.train("--dir", plain, "--command", "sleep 600", "--name", long_name)
     for run in (first, broken, long):
         user.wait_state(run, ("running",))
     guest.power_off()
@@ -192,14 +201,17 @@ def test_stop_during_a_slow_requirements_install_leaves_nothing(vm, tmp_path: Pa
 
 
 # -- errors are failures, with their reason ---------------------------------------------------------------
-def test_a_missing_interpreter_or_torch_is_refused_before_started(vm) -> None:
+def test_a_missing_interpreter_or_torch_is_refused_before_started(vm, plain: str, tmp_path: Path) -> None:
     _, user = vm(torch=False)
     user.restack("  gpu-train:python: /opt/nowhere/bin/python\n")
-    out = user.fab("train", "--dir", str(EXAMPLE), "--command", "true")
+    out = user.fab("train", "--dir", plain, "--command", "true")
     assert out.returncode != 0 and "started" not in out.stdout
     assert "gpu-train:python" in out.stderr and "/opt/nowhere/bin/python" in out.stderr
     user.restack("  gpu-train:python: /usr/bin/python3\n")  # a Python without torch
-    out = user.fab("train", "--dir", str(EXAMPLE), "--script", "train.py")
+    code = tmp_path / "needs-torch"
+    code.mkdir()
+    (code / "train.py").write_text((EXAMPLE / "train.py").read_text())  # imports torch; no requirements.txt
+    out = user.fab("train", "--dir", str(code), "--script", "train.py")
     assert out.returncode != 0 and "started" not in out.stdout
     assert "import torch" in out.stderr
     assert not any((user.root / "runs").glob("*/state.json"))
@@ -222,11 +234,11 @@ def test_a_wrapper_error_fails_the_run_with_its_reason_and_is_not_relaunched(vm,
 
 
 # -- idle auto-stop -------------------------------------------------------------------------------------------
-def test_idle_stop_powers_off_only_when_no_job_runs_and_no_ssh_session_is_open(vm) -> None:
+def test_idle_stop_powers_off_only_when_no_job_runs_and_no_ssh_session_is_open(vm, plain: str) -> None:
     import paramiko
 
     guest, user = vm(idleStopMinutes=0.25, torch=False)  # 15 s idle, checked every 10 s
-    run = user.train("--dir", str(EXAMPLE), "--command", "sleep 30", "--name", "busy")
+    run = user.train("--dir", plain, "--command", "sleep 30", "--name", "busy")
     user.wait_state(run, ("succeeded",), timeout=60)
     assert guest.up, "powered off while a job ran"
     client = paramiko.SSHClient()
