@@ -217,6 +217,9 @@ def render(table: list[Row]) -> str:
     for r in table:
         lines += [f"  {r.stack}: {n}" for n in r.notes]
     total = sum(r.hourly_now or 0 for r in table if r.billing)
+    if not table:
+        return "no stack files (copy one from stacks/, or `pulumi stack init NAME`)"
     lines.append(f"billing now: ${total:.2f}/h across {sum(r.billing for r in table)} stack(s); VM states from "
-                 + ", ".join(sorted({r.source for r in table})) if table else "no stack files")
+                 + ", ".join(sorted({r.source for r in table})))
+    lines.append("this month: VM uptime seen so far x $/h (disks are not counted: the catalog has no disk prices)")
     return "\n".join(lines)
