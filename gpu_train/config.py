@@ -20,6 +20,7 @@ import yaml
 
 from gpu_train import gpunames
 from gpu_train.catalog import load_catalog
+from gpu_train.disks import default_disk_type
 
 NAMESPACE = "gpu-train"
 STACKS_DIR = Path(__file__).resolve().parent.parent / "stacks"
@@ -88,7 +89,8 @@ KEYS: dict[str, Key] = {
         Key("gpuCount", "int", targets=("gcp",), doc="GPUs per VM; required for N1, implied by fixed shapes"),
         Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (60-91% cheaper, may be preempted)"),
         Key("bootDiskSizeGb", "int", 200, ("gcp",), doc="boot disk size in GB"),
-        Key("bootDiskType", "str", "pd-balanced", ("gcp",), doc="boot disk type"),
+        Key("bootDiskType", "str", None, ("gcp",), doc="boot disk type; default: the series' own (pd-balanced; "
+            "hyperdisk-balanced on A4, A3 Ultra, A4X and G4, which take Hyperdisk only)"),
         Key("imageFamily", "str", None, ("gcp",),
             doc="image family; default: the catalog's current PyTorch DLVM family with the NVIDIA driver"),
         Key("imageProject", "str", None, ("gcp",), doc="image project; default deeplearning-platform-release"),
@@ -368,6 +370,7 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
         catalog = load_catalog()
         kwargs.setdefault("image_family", catalog.default_image_family)
         kwargs.setdefault("image_project", catalog.image_project)
+        kwargs.setdefault("boot_disk_type", default_disk_type(catalog, kwargs.get("machine_type", KEYS["machineType"].default)))
     cfg = StackConfig(
         stack=stack,
         project=project.strip() if isinstance(project, str) else None,

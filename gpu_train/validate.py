@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import gpunames, values
+from gpu_train import disks, gpunames, values
 from gpu_train.catalog import Catalog, FixedShape, MachineShape
 from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 
@@ -75,7 +75,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     if gpu_type is not None and not problems:  # a valid zone and a known GPU: is it offered there?
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
     problems += shape_problems
-    problems += _disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
+    problems += _disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
     return problems
 
@@ -269,7 +269,7 @@ def nearest_regions(region: str, zones: tuple[str, ...], n: int = 3) -> list[tup
 
 
 # -- disk, image ------------------------------------------------------------------------------
-def _disk(cfg: StackConfig) -> list[Problem]:
+def _disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     problems = []
     if not MIN_DISK_GB <= cfg.boot_disk_size_gb <= MAX_DISK_GB:
         problems.append(Problem("bootDiskSizeGb", f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
@@ -278,6 +278,9 @@ def _disk(cfg: StackConfig) -> list[Problem]:
         close = difflib.get_close_matches(cfg.boot_disk_type, DISK_TYPES, n=1)
         fix = f"did you mean {close[0]}?" if close else f"one of {', '.join(DISK_TYPES)}"
         problems.append(Problem("bootDiskType", "is not a disk type", fix, cfg.boot_disk_type))
+    elif (why := disks.disk_type_problem(catalog, cfg.machine_type, cfg.boot_disk_type)) is not None:
+        problems.append(Problem("bootDiskType", why, f"remove bootDiskType (the default for {cfg.machine_type} is "
+                                f"{disks.default_disk_type(catalog, cfg.machine_type)}) or set one of those", cfg.boot_disk_type))
     return problems
 
 
@@ -363,6 +366,8 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
                         given=cfg.given - {"gpuType", "gpuCount"} | ({"gpuType", "gpuCount"} if gpu else set()),
                         fallback_shapes=())
         shape_problems, _ = _machine_and_gpus(trial, catalog)
+        if "bootDiskType" in cfg.given and (why := disks.disk_type_problem(catalog, machine, cfg.boot_disk_type)):
+            shape_problems.append(Problem("bootDiskType", why, "remove bootDiskType so each shape gets its series' own type"))
         for p in shape_problems:
             problems.append(Problem("fallbackShapes", f"{shown(text)}: {p.message}", p.fix))
     return problems
