@@ -12,6 +12,7 @@ uptime), so it is as complete as the looks were and says so ("at least").
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -55,7 +56,8 @@ class Row:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict:
-        doc = asdict(self)
+        """camelCase keys, as in `status --json`."""
+        doc = {re.sub(r"_(\w)", lambda m: m.group(1).upper(), k): v for k, v in asdict(self).items()}
         doc["notes"] = list(self.notes)
         return doc
 

@@ -95,7 +95,7 @@ def gcp(env: dict, tmp_path: Path):
 def test_ls_json(env: dict, gcp: FakeGoogle) -> None:
     doc = json.loads(fab(env, "ls", "--json", "--offline").stdout)
     (t4,) = doc["stacks"]
-    assert (t4["stack"], t4["state"], t4["hourly_now"], t4["billing"]) == ("t4", "RUNNING", 0.73, True)
+    assert (t4["stack"], t4["state"], t4["hourlyNow"], t4["runsRunning"], t4["billing"]) == ("t4", "RUNNING", 0.73, None, True)
 
 
 def test_vm_stop_refuses_unchecked_runs_then_force_then_start(env: dict, gcp: FakeGoogle, tmp_path: Path) -> None:

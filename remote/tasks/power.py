@@ -46,7 +46,8 @@ def _pulumi(commands: list[list[str]]) -> None:
 def vm_stop(c, force=False, stack=None):
     """Stop the stack's VM(s), keeping the disks (only storage bills while stopped); fetches every run first.
 
-    Refuses while a run is running, unless --force (the run gets SIGTERM and resumes at vm-start).
+    Refuses while a run is running or the host cannot be checked, unless --force (which skips the check
+    and the fetch: a running run gets SIGTERM, saves a checkpoint and resumes at vm-start).
     """
     from gpu_train import power
     from remote.tasks.fetch import fetch_runs
@@ -54,7 +55,9 @@ def vm_stop(c, force=False, stack=None):
 
     cfg = _gcp_config(stack)
     runs, unreachable, session = [], [], None
-    if _vm_is_down(cfg):
+    if force:
+        say("--force: not checking or fetching the runs (the disk keeps them; running ones resume at vm-start)")
+    elif _vm_is_down(cfg):
         say(f"the Compute API says no VM of {cfg.stack} is running: nothing to fetch first")
     else:
         try:
@@ -64,15 +67,17 @@ def vm_stop(c, force=False, stack=None):
         except Exit as e:
             unreachable = [str(e.message).splitlines()[0]]
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
-    reason = power.refusal(running, unreachable, force, cfg.stack)
-    if reason:
-        raise Exit(reason, code=1)
-    if runs and session is not None:
-        failed = fetch_runs(session, [r for r in runs if r["id"] not in running], None, progress=False)
-        session.close()
-        if failed and not force:
+    try:
+        reason = power.refusal(running, unreachable, force, cfg.stack)
+        if reason:
+            raise Exit(reason, code=1)
+        failed = fetch_runs(session, runs, None, progress=False) if runs and session is not None else []
+        if failed:
             raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was stopped (vm-stop --force to go on)",
                        code=1)
+    finally:
+        if session is not None:
+            session.close()
     _pulumi(power.commands(cfg.stack, False, cfg.nodes))
     print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `gpu-train vm-start --stack {cfg.stack}` "
           "starts it again")
