@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import disks, gpunames, values
+from gpu_train import disks, gpunames, names, values
 from gpu_train.catalog import Catalog, FixedShape, MachineShape
 from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
+from gpu_train.pools import check_pools
 
 ZONE_RE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -50,6 +51,24 @@ def shape_of(cfg: StackConfig, catalog: Catalog) -> GpuShape:
     return GpuShape(cfg.machine_type, machine.vcpus, machine.memory_gb, cfg.gpu_type, cfg.gpu_count, attached=True)
 
 
+def node_shapes(cfg: StackConfig, catalog: Catalog) -> list[GpuShape]:
+    """Each node's shape in node order: the stack's one shape ``nodes`` times, or each pool's
+    (CPU-only parameter servers have ``gpu_count`` 0 and nothing attached)."""
+    if not cfg.pools:
+        return [shape_of(cfg, catalog)] * cfg.nodes
+    out = []
+    for pool in cfg.pools:
+        machine = catalog.parse_machine_type(pool.machine_type)
+        assert machine is not None, "validate the stack first"
+        if machine.fixed is not None or pool.gpu_type:
+            shape = shape_of(replace(cfg, machine_type=pool.machine_type, gpu_type=pool.gpu_type,
+                                     gpu_count=pool.gpu_count, pools=()), catalog)
+        else:
+            shape = GpuShape(pool.machine_type, machine.vcpus, machine.memory_gb, "", 0, attached=False)
+        out += [shape] * pool.count
+    return out
+
+
 def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfig, list[Problem]]:
     """Parse and validate a stack's raw settings: the config and its warnings, or ConfigError.
 
@@ -70,14 +89,23 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     if not cfg.is_gcp:
         return _lifecycle(cfg) + values.check(cfg)
     problems = _zone(cfg)
-    shape_problems, machine = _machine_and_gpus(cfg, catalog)
-    gpu_type = _offered_gpu(cfg, catalog, machine)
-    if gpu_type is not None and not problems:  # a valid zone and a known GPU: is it offered there?
-        shape_problems += _availability(cfg, catalog, machine, gpu_type)
-    problems += shape_problems
+    if cfg.pools:  # each pool its own shape, checked by the same rules as a stack's one shape
+        problems += check_pools(cfg, catalog, lambda c, cat: _shape(c, cat, zone_ok=not problems))
+    else:
+        problems += _shape(cfg, catalog, zone_ok=not problems)
     problems += _disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
+    problems += names.check(cfg.stack, cfg.nodes)
     return problems
+
+
+def _shape(cfg: StackConfig, catalog: Catalog, zone_ok: bool) -> list[Problem]:
+    """The machine type and GPUs of one shape, and whether the zone offers them."""
+    shape_problems, machine = _machine_and_gpus(cfg, catalog)
+    gpu_type = _offered_gpu(cfg, catalog, machine)
+    if gpu_type is not None and zone_ok:  # a valid zone and a known GPU: is it offered there?
+        shape_problems += _availability(cfg, catalog, machine, gpu_type)
+    return shape_problems
 
 
 # -- zone -------------------------------------------------------------------------------------
@@ -319,10 +347,13 @@ def _nodes(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         return [Problem("nodes", "must be 1 or more", "1 for one VM; 2 or more for multi-node training", cfg.nodes)]
     if cfg.nodes == 1:
         return []
-    series = catalog.series_of(cfg.machine_type)
+    machine_types = [p.machine_type for p in cfg.pools] or [cfg.machine_type]
+    outside = sorted({catalog.series_of(m) for m in machine_types} - catalog.compact_series)
     limit = catalog.max_vms_per_compact_policy
-    if series not in catalog.compact_series:
-        return [Problem("nodes", f"{series} takes no compact placement policy: the {cfg.nodes} nodes will be placed "
+    if outside:
+        series = "/".join(outside)
+        return [Problem("pools" if cfg.pools else "nodes", f"{series} takes no compact placement policy: the "
+                        f"{cfg.nodes} nodes will be placed "
                         "anywhere in the zone, with more latency between them",
                         f"for tight coupling use a series that supports it ({', '.join(sorted(catalog.compact_series))})",
                         cfg.nodes, "warning")]
