@@ -115,6 +115,7 @@ class Catalog:
     max_vms_per_compact_policy: int = 0
     gvnic_series: frozenset[str] = frozenset()
     dates: dict[str, str] = field(default_factory=dict)
+    disk_prices: dict[str, float | None] = field(default_factory=dict)  # USD per GB-month; None: unknown
 
     # -- lookups -------------------------------------------------------------------------------
     def accelerator(self, name: str) -> Accelerator | None:
@@ -334,7 +335,18 @@ def parse_catalog(doc: Any) -> Catalog:
         max_vms_per_compact_policy=_need(pl, "maxVmsPerCompactPolicy", int, "placement"),
         gvnic_series=frozenset(_need(net, "gvnicSeries", list, "network")),
         dates=dates,
+        disk_prices=_disk_prices(doc, sources, dates),
     )
+
+
+def _disk_prices(doc: dict, sources: dict, dates: dict[str, str]) -> dict[str, float | None]:
+    table = _table(doc, "diskPrices", sources)
+    dates["diskPrices"] = table["date"]
+    prices = dict(_need(table, "perGbMonth", dict, "diskPrices"))
+    for kind, value in prices.items():
+        if value is not None and not isinstance(value, (int, float)):
+            raise CatalogError(f"diskPrices.perGbMonth.{kind}: expected a number or null")
+    return prices
 
 
 @functools.lru_cache(maxsize=4)

@@ -77,6 +77,10 @@ KEYS: dict[str, Key] = {
         Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (60-91% cheaper, may be preempted)"),
         Key("bootDiskSizeGb", "int", 200, ("gcp",), doc="boot disk size in GB"),
         Key("bootDiskType", "str", "pd-balanced", ("gcp",), doc="boot disk type"),
+        Key("dataDiskSizeGb", "int", 100, ("gcp",), doc="size of each node's data disk (REMOTE_ROOT/runs: checkpoints); "
+            "it outlives the VM"),
+        Key("dataDiskType", "str", None, ("gcp",), doc="data disk type; default: what the machine series accepts "
+            "(pd-balanced, or hyperdisk-balanced on A3 Ultra, A4, G4)"),
         Key("imageFamily", "str", None, ("gcp",),
             doc="image family; default: the catalog's current PyTorch DLVM family with the NVIDIA driver"),
         Key("imageProject", "str", None, ("gcp",), doc="image project; default deeplearning-platform-release"),
@@ -137,6 +141,8 @@ class StackConfig:
     spot: bool = False
     boot_disk_size_gb: int = 200
     boot_disk_type: str = "pd-balanced"
+    data_disk_size_gb: int = 100
+    data_disk_type: str | None = None  # None: the series' default (gpu_train.vm.data_disk_type)
     image_family: str | None = None
     image_project: str | None = None
     ssh_user: str = "trainer"
@@ -185,7 +191,8 @@ class StackConfig:
 _FIELD_FOR_KEY = {
     "target": "target", "zone": "zone", "machineType": "machine_type", "gpuType": "gpu_type",
     "gpuCount": "gpu_count", "spot": "spot", "bootDiskSizeGb": "boot_disk_size_gb",
-    "bootDiskType": "boot_disk_type", "imageFamily": "image_family", "imageProject": "image_project",
+    "bootDiskType": "boot_disk_type", "dataDiskSizeGb": "data_disk_size_gb", "dataDiskType": "data_disk_type",
+    "imageFamily": "image_family", "imageProject": "image_project",
     "sshUser": "ssh_user", "sshPublicKey": "ssh_public_key", "sshSourceRanges": "ssh_source_ranges",
     "allowSshFromAnywhere": "allow_ssh_from_anywhere", "labels": "labels", "hosts": "hosts",
     "sshKey": "ssh_key", "knownHosts": "known_hosts", "remoteRoot": "remote_root", "python": "python",

@@ -74,7 +74,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     if gpu_type is not None and not problems:  # a valid zone and a known GPU: is it offered there?
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
     problems += shape_problems
-    problems += _disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
+    problems += _disk(cfg) + _data_disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog)
     return problems
 
@@ -279,6 +279,18 @@ def _disk(cfg: StackConfig) -> list[Problem]:
         close = difflib.get_close_matches(cfg.boot_disk_type, DISK_TYPES, n=1)
         fix = f"did you mean {close[0]}?" if close else f"one of {', '.join(DISK_TYPES)}"
         problems.append(Problem("bootDiskType", "is not a disk type", fix, cfg.boot_disk_type))
+    return problems
+
+
+def _data_disk(cfg: StackConfig) -> list[Problem]:
+    problems = []
+    if not MIN_DISK_GB <= cfg.data_disk_size_gb <= MAX_DISK_GB:
+        problems.append(Problem("dataDiskSizeGb", f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
+                                "room for your runs' checkpoints; 100 is the default", cfg.data_disk_size_gb))
+    if cfg.data_disk_type is not None and cfg.data_disk_type not in DISK_TYPES:
+        close = difflib.get_close_matches(cfg.data_disk_type, DISK_TYPES, n=1)
+        fix = f"did you mean {close[0]}?" if close else f"one of {', '.join(DISK_TYPES)}"
+        problems.append(Problem("dataDiskType", "is not a disk type", fix, cfg.data_disk_type))
     return problems
 
 

@@ -51,6 +51,35 @@ def node_names(stack: str, nodes: int) -> list[str]:
     return [instance_name(stack)] if nodes == 1 else [instance_name(stack, i) for i in range(nodes)]
 
 
+# Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
+# `up` and then pinned, so a newer image never replaces the VM.
+INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image",)
+# The data disk's device name: the VM sees it as /dev/disk/by-id/google-gpu-train-data whatever
+# order disks attach in, so the startup script mounts it by this name.
+DATA_DEVICE_NAME = "gpu-train-data"
+# Until the catalog's disk-support table lands: the series whose VMs take Hyperdisk only.
+_HYPERDISK_ONLY_PREFIXES = ("a3-ultragpu-", "a4-", "a4x-", "g4-")
+
+
+def data_disk_name(stack: str, node: int | None = None) -> str:
+    """gpu-train-STACK-data (one VM), gpu-train-STACK-N-data (node N of a cluster): at most 63 characters."""
+    tail = ("" if node is None else f"-{node}") + "-data"
+    return _rfc1035(f"gpu-train-{stack}", 63 - len(tail)) + tail
+
+
+def data_disk_type(cfg: StackConfig, catalog) -> str:
+    """``dataDiskType``, else the default of the machine's series (Hyperdisk where nothing else attaches)."""
+    if cfg.data_disk_type:
+        return cfg.data_disk_type
+    return "hyperdisk-balanced" if cfg.machine_type.startswith(_HYPERDISK_ONLY_PREFIXES) else "pd-balanced"
+
+
+def data_disk_monthly_cost(cfg: StackConfig, catalog) -> float | None:
+    """USD a month for every node's data disk (it bills while it exists, VM running or not); None: unknown."""
+    price = catalog.disk_prices.get(data_disk_type(cfg, catalog))
+    return None if price is None else round(price * cfg.data_disk_size_gb * cfg.nodes, 2)
+
+
 def placement_policy(nodes: int, machine_type: str, catalog) -> dict[str, object] | None:
     """A compact group placement for a cluster whose series supports one (validation says when not)."""
     if nodes < 2 or catalog.series_of(machine_type) not in catalog.compact_series:

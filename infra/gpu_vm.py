@@ -107,6 +107,7 @@ class GpuVm(pulumi.ComponentResource):
             nic["nic_type"] = kind
         metadata = vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8"))
         names = vm.node_names(cfg.stack, cfg.nodes)
+        self.data_disks = [self._data_disk(name, cfg, i, catalog) for i in range(cfg.nodes)]
         self.instances = [
             gcp.compute.Instance(
                 name if cfg.nodes == 1 else f"{name}-{i}",
@@ -122,6 +123,10 @@ class GpuVm(pulumi.ComponentResource):
                         "type": cfg.boot_disk_type,
                     },
                 },
+                # Attached, not created with the VM: a replaced VM (any replace-only field) gets the same
+                # disk back, by the same device name, so runs and checkpoints carry over.
+                attached_disks=[{"source": self.data_disks[i].self_link, "device_name": vm.DATA_DEVICE_NAME,
+                                 "mode": "READ_WRITE"}],
                 guest_accelerators=vm.guest_accelerators(shape),
                 scheduling=vm.scheduling(cfg.spot, cfg.max_run_hours),
                 desired_status=vm.desired_status(cfg.running),
@@ -137,7 +142,7 @@ class GpuVm(pulumi.ComponentResource):
                     depends_on=grants,
                     # A fixed name cannot exist twice, so a replacement deletes first.
                     delete_before_replace=True,
-                    ignore_changes=["bootDisk.initializeParams.image"],
+                    ignore_changes=list(vm.INSTANCE_IGNORE_CHANGES),
                 ),
             )
             for i, instance_name in enumerate(names)
@@ -162,5 +167,24 @@ class GpuVm(pulumi.ComponentResource):
             "instanceNames": [inst.name for inst in self.instances],
             "externalIps": external,
             "internalIps": internal,
+            "dataDisks": [disk.name for disk in self.data_disks],
+            "dataDiskMonthlyCostUsd": vm.data_disk_monthly_cost(cfg, catalog),
         }
         self.register_outputs(self.outputs)
+
+    def _data_disk(self, name: str, cfg, node: int, catalog) -> gcp.compute.Disk:
+        """Node ``node``'s data disk (REMOTE_ROOT/runs). ``protect``: neither `pulumi destroy` nor a change
+        that would replace it (zone, type) deletes it; `fab down` fetches its runs, then unprotects it."""
+        one = cfg.nodes == 1
+        return gcp.compute.Disk(
+            f"{name}-data" if one else f"{name}-{node}-data",
+            name=vm.data_disk_name(cfg.stack, None if one else node),
+            project=cfg.project,
+            zone=cfg.zone,
+            size=cfg.data_disk_size_gb,
+            type=vm.data_disk_type(cfg, catalog),
+            labels={**vm.labels(cfg, pulumi.get_project()), "gpu-train-node": str(node)},
+            description=f"gpu-train {cfg.stack}: runs and checkpoints of node {node}; outlives the VM; "
+                        "`fab down` fetches them before it lets the disk go",
+            opts=pulumi.ResourceOptions(parent=self, protect=True),
+        )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
+from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_root_resource
 
 MOCK_EXTERNAL_IP = "203.0.113.10"  # documentation range (RFC 5737)
@@ -27,6 +28,7 @@ class Declared:
     typ: str
     name: str
     inputs: dict[str, Any]
+    protect: bool = False
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Recorder(pulumi.runtime.Mocks):
     image_disk_gb: int = MOCK_IMAGE_DISK_GB
     quota_values: dict[str, int] = field(default_factory=dict)  # current limits, by Cloud Quotas id
     resources: list[Declared] = field(default_factory=list)
+    protected: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
@@ -43,6 +46,10 @@ class Recorder(pulumi.runtime.Mocks):
             project, region = args.inputs.get("project") or "project", args.inputs.get("region")
             outputs["selfLink"] = (f"https://www.googleapis.com/compute/v1/projects/{project}/regions/{region}"
                                    f"/resourcePolicies/{args.inputs.get('name')}")
+        if args.typ == "gcp:compute/disk:Disk":
+            project, zone = args.inputs.get("project") or "project", args.inputs.get("zone")
+            outputs["selfLink"] = (f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
+                                   f"/disks/{args.inputs.get('name')}")
         if args.typ == "gcp:serviceaccount/account:Account":
             project = args.inputs.get("project") or "project"
             outputs["email"] = f"{args.inputs['accountId']}@{project}.iam.gserviceaccount.com"
@@ -52,7 +59,8 @@ class Recorder(pulumi.runtime.Mocks):
                 nic["networkIp"] = MOCK_INTERNAL_IP
                 nic["accessConfigs"] = [{**ac, "natIp": MOCK_EXTERNAL_IP} for ac in nic.get("accessConfigs", [])]
             outputs["networkInterfaces"] = nics
-        self.resources.append(Declared(args.typ, args.name, dict(args.inputs)))
+        protect = self.protected.get((args.typ, args.name), False)
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), protect))
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
@@ -70,6 +78,14 @@ class Recorder(pulumi.runtime.Mocks):
             return {"dimensionsInfos": [{"dimensions": {}, "applicableLocations": ["global"],
                                          "details": [{"value": str(value)}]}]}
         return {}
+
+
+class _Monitor(MockMonitor):
+    """The mock monitor, also noting each registration's ``protect`` option (MockResourceArgs leaves it out)."""
+
+    def RegisterResource(self, request):
+        self.mocks.protected[(request.type, request.name)] = bool(request.protect)
+        return super().RegisterResource(request)
 
 
 @dataclass
@@ -97,7 +113,7 @@ def run(
     ``pulumi up`` reports it.
     """
     recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {})
-    pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False)
+    pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False, monitor=_Monitor(recorder))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
     root = get_root_resource()
     root.outputs.clear()  # the mock runtime keeps one root stack per process
