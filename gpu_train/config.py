@@ -12,13 +12,15 @@ import difflib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpu_train import gpunames
 from gpu_train.catalog import load_catalog
+from gpu_train.disks import default_disk_type
 
 NAMESPACE = "gpu-train"
 STACKS_DIR = Path(__file__).resolve().parent.parent / "stacks"
@@ -36,9 +38,20 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.key if self.key.count(":") else f"{NAMESPACE}:{self.key}"
-        shown = "" if self.value is None else f" = {self.value!r}"
-        text = f"{where}{shown}: {self.message}"
+        value = "" if self.value is None else f" = {shown(self.value)}"
+        text = f"{shown_key(where)}{value}: {self.message}"
         return f"{text}\n    fix: {self.fix}" if self.fix else text
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A value for a message: its repr, cut to ``limit`` characters (a stack value can be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def shown_key(key: str, limit: int = 60) -> str:
+    """A setting's name for a message: unknown keys come from the file, so they are bounded too."""
+    return key if len(key) <= limit and key.isprintable() else shown(key, limit)
 
 
 class ConfigError(ValueError):
@@ -76,11 +89,11 @@ KEYS: dict[str, Key] = {
         Key("gpuCount", "int", targets=("gcp",), doc="GPUs per VM; required for N1, implied by fixed shapes"),
         Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (60-91% cheaper, may be preempted)"),
         Key("bootDiskSizeGb", "int", 200, ("gcp",), doc="boot disk size in GB"),
-        Key("bootDiskType", "str", "pd-balanced", ("gcp",), doc="boot disk type"),
+        Key("bootDiskType", "str", None, ("gcp",), doc="boot disk type; default: the series' own (pd-balanced; "
+            "hyperdisk-balanced on A4, A3 Ultra, A4X and G4, which take Hyperdisk only)"),
         Key("dataDiskSizeGb", "int", 100, ("gcp",), doc="size of each node's data disk (REMOTE_ROOT/runs: checkpoints); "
             "it outlives the VM"),
-        Key("dataDiskType", "str", None, ("gcp",), doc="data disk type; default: what the machine series accepts "
-            "(pd-balanced, or hyperdisk-balanced on A3 Ultra, A4, G4)"),
+        Key("dataDiskType", "str", None, ("gcp",), doc="data disk type; default: the series' own, as for bootDiskType"),
         Key("imageFamily", "str", None, ("gcp",),
             doc="image family; default: the catalog's current PyTorch DLVM family with the NVIDIA driver"),
         Key("imageProject", "str", None, ("gcp",), doc="image project; default deeplearning-platform-release"),
@@ -104,6 +117,8 @@ KEYS: dict[str, Key] = {
             "Quotas for N GPUs (region and global) from `pulumi up`"),
         Key("fallbackShapes", "list", (), ("gcp",), doc="other shapes scripts/up may try: MACHINE or MACHINE/GPU/COUNT"),
         Key("spotFallback", "bool", False, ("gcp",), doc="scripts/up: on demand when spot has no capacity anywhere"),
+        Key("pools", "pools", (), ("gcp",), doc="nodes of different shapes in one cluster: [{role: chief|worker|ps, "
+            "count, machineType, gpuType, gpuCount}, ...] instead of machineType/gpuType/gpuCount/nodes"),
     )
 }
 
@@ -113,6 +128,7 @@ _TYPE_WORDS = {
     "bool": "true or false",
     "list": "a list of strings",
     "map": "a map of strings to strings",
+    "pools": "a list of pools ({role, count, machineType, gpuType, gpuCount})",
 }
 
 
@@ -163,6 +179,7 @@ class StackConfig:
     quota_request: dict[str, str] = field(default_factory=dict)
     fallback_shapes: tuple[str, ...] = ()
     spot_fallback: bool = False
+    pools: tuple[Any, ...] = ()  # gpu_train.pools.Pool, chief first; machineType etc. are then the chief's
     # The settings as given (before defaults), for messages and "was it set?" questions.
     given: frozenset[str] = frozenset()
 
@@ -198,7 +215,7 @@ _FIELD_FOR_KEY = {
     "sshKey": "ssh_key", "knownHosts": "known_hosts", "remoteRoot": "remote_root", "python": "python",
     "idleStopMinutes": "idle_stop_minutes", "maxRunHours": "max_run_hours", "running": "running",
     "maxResumes": "max_resumes", "nodes": "nodes", "quotaRequest": "quota_request",
-    "fallbackShapes": "fallback_shapes", "spotFallback": "spot_fallback",
+    "fallbackShapes": "fallback_shapes", "spotFallback": "spot_fallback", "pools": "pools",
 }  # fmt: skip
 assert set(_FIELD_FOR_KEY) == set(KEYS), "every key needs a field"
 
@@ -270,8 +287,15 @@ def _as_map(raw: Any) -> dict[str, str]:
     raise TypeError
 
 
+def _as_pools(raw: Any) -> list[Any]:
+    raw = _maybe_json(raw)
+    if isinstance(raw, list) and all(isinstance(x, dict) for x in raw):
+        return raw
+    raise TypeError
+
+
 _COERCE: dict[str, Callable[[Any], Any]] = {
-    "str": _as_str, "int": _as_int, "bool": _as_bool, "list": _as_list, "map": _as_map,
+    "str": _as_str, "int": _as_int, "bool": _as_bool, "list": _as_list, "map": _as_map, "pools": _as_pools,
 }  # fmt: skip
 
 
@@ -349,18 +373,33 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
         try:
             hosts.append(parse_host(text))
         except ValueError:
-            problems.append(Problem("hosts", f"{text!r} is not user@host:port", "write each host as user@host:port"))
+            problems.append(Problem("hosts", f"{shown(text)} is not user@host:port", "write each host as user@host:port"))
 
     project = raw.get("gcp:project")
     if target == "gcp" and not (isinstance(project, str) and project.strip()):
         problems.append(Problem("gcp:project", "is required", "pulumi config set gcp:project YOUR_PROJECT_ID"))
 
+    if "gpuType" in values:  # `gpuType: T4` means nvidia-tesla-t4: the program and the API get the API name
+        values["gpuType"] = gpunames.api_name(values["gpuType"], load_catalog())
     kwargs = {_FIELD_FOR_KEY[k]: v for k, v in values.items() if k != "hosts"}
+    if values.get("pools"):
+        from gpu_train.pools import parse_pools  # pools builds on this module
+
+        pools, pool_problems = parse_pools(values["pools"])
+        problems += pool_problems
+        pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, load_catalog())) if p.gpu_type else p
+                      for p in pools)
+        kwargs["pools"] = pools
+        if pools:  # the stack's own shape is the chief's; nodes counts every pool
+            chief = pools[0]
+            kwargs.update(machine_type=chief.machine_type, gpu_type=chief.gpu_type, gpu_count=chief.gpu_count,
+                          nodes=sum(p.count for p in pools))
     kwargs.setdefault("idle_stop_minutes", 30 if target == "gcp" else 0)
     if target == "gcp":  # image defaults are catalog facts
         catalog = load_catalog()
         kwargs.setdefault("image_family", catalog.default_image_family)
         kwargs.setdefault("image_project", catalog.image_project)
+        kwargs.setdefault("boot_disk_type", default_disk_type(catalog, kwargs.get("machine_type", KEYS["machineType"].default)))
     cfg = StackConfig(
         stack=stack,
         project=project.strip() if isinstance(project, str) else None,
@@ -381,20 +420,51 @@ def stack_file(stack: str, directory: Path | None = None) -> Path:
     return (directory or stacks_dir()) / f"Pulumi.{stack}.yaml"
 
 
+MAX_STACK_FILE_BYTES = 1 << 20
+
+
+class _StackLoader(yaml.SafeLoader):
+    """YAML without aliases: a 1 KB file of nested aliases ("billion laughs") expands to gigabytes."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a stack file; "
+                                              "write the value out", mark)
+        return super().compose_node(parent, index)
+
+
 def read_stack_file(path: Path) -> dict[str, Any]:
-    """The ``config:`` mapping of a Pulumi stack file."""
+    """The ``config:`` mapping of a Pulumi stack file (a directory, unreadable bytes or aliases: ConfigError)."""
+    fix = "create it with `pulumi stack init NAME`, or copy one from stacks/"
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
+        with open(path, "rb") as f:
+            data = f.read(MAX_STACK_FILE_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError([Problem("stack", f"no stack file at {path}",
-                                   "create it with `pulumi stack init NAME`, or copy one from stacks/")]) from None
+        raise ConfigError([Problem("stack", f"no stack file at {path}", fix)]) from None
+    except IsADirectoryError:
+        raise ConfigError([Problem("stack", f"{path} is a directory, not a stack file", fix)]) from None
+    except OSError as e:
+        raise ConfigError([Problem("stack", f"cannot read {path}: {e.strerror}", "check its permissions")]) from None
+    if len(data) > MAX_STACK_FILE_BYTES:
+        raise ConfigError([Problem("stack", f"{path} is over {MAX_STACK_FILE_BYTES >> 20} MiB", "is it a stack file?")])
+    try:
+        doc = yaml.load(data.decode("utf-8"), Loader=_StackLoader) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError([Problem("stack", f"{path} is not UTF-8 text (byte {e.start})", "save it as UTF-8")]) from None
     except yaml.YAMLError as e:
-        raise ConfigError([Problem("stack", f"{path} is not valid YAML: {e}", "fix the file's syntax")]) from None
+        raise ConfigError([Problem("stack", f"{path} is not valid YAML: {shown_text(str(e), 400)}",
+                                   "fix the file's syntax")]) from None
+    except RecursionError:
+        raise ConfigError([Problem("stack", f"{path} nests too deeply", "fix the file's syntax")]) from None
     config = doc.get("config", {}) if isinstance(doc, dict) else None
     if not isinstance(config, dict):
         raise ConfigError([Problem("stack", f"{path} has no `config:` mapping", "see stacks/ for examples")])
     return config
+
+
+def shown_text(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def stack_name_from_path(path: Path) -> str:

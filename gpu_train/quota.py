@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
+from gpu_train.disks import disk_quota_metric
 from gpu_train.validate import GpuShape
 
 SERVICE = "compute.googleapis.com"
@@ -55,7 +56,7 @@ def cpu_metric(machine_type: str, region_metrics: set[str], catalog: Catalog) ->
 
 def needs(cfg: StackConfig, shape: GpuShape, region_metrics: set[str], catalog: Catalog) -> list[Need]:
     n = cfg.nodes
-    disk = "DISKS_TOTAL_GB" if cfg.boot_disk_type == "pd-standard" else "SSD_TOTAL_GB"
+    disk = disk_quota_metric(catalog, cfg.boot_disk_type)
     return [
         Need(gpu_metric(shape.gpu_type, cfg.spot, catalog), cfg.region, shape.gpu_count * n,
              f"{shape.gpu_count * n} x {shape.gpu_type}" + (" (spot)" if cfg.spot else "")),

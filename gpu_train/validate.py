@@ -13,8 +13,10 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpu_train import disks, gpunames, values
 from gpu_train.catalog import Catalog, FixedShape, MachineShape
-from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape
+from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
+from gpu_train.pools import check_pools
 
 ZONE_RE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -49,6 +51,24 @@ def shape_of(cfg: StackConfig, catalog: Catalog) -> GpuShape:
     return GpuShape(cfg.machine_type, machine.vcpus, machine.memory_gb, cfg.gpu_type, cfg.gpu_count, attached=True)
 
 
+def node_shapes(cfg: StackConfig, catalog: Catalog) -> list[GpuShape]:
+    """Each node's shape in node order: the stack's one shape ``nodes`` times, or each pool's
+    (CPU-only parameter servers have ``gpu_count`` 0 and nothing attached)."""
+    if not cfg.pools:
+        return [shape_of(cfg, catalog)] * cfg.nodes
+    out = []
+    for pool in cfg.pools:
+        machine = catalog.parse_machine_type(pool.machine_type)
+        assert machine is not None, "validate the stack first"
+        if machine.fixed is not None or pool.gpu_type:
+            shape = shape_of(replace(cfg, machine_type=pool.machine_type, gpu_type=pool.gpu_type,
+                                     gpu_count=pool.gpu_count, pools=()), catalog)
+        else:
+            shape = GpuShape(pool.machine_type, machine.vcpus, machine.memory_gb, "", 0, attached=False)
+        out += [shape] * pool.count
+    return out
+
+
 def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfig, list[Problem]]:
     """Parse and validate a stack's raw settings: the config and its warnings, or ConfigError.
 
@@ -67,16 +87,25 @@ def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfi
 def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     """Every problem with the stack, errors and warnings, in the order of the settings."""
     if not cfg.is_gcp:
-        return _lifecycle(cfg)
+        return _lifecycle(cfg) + values.check(cfg)
     problems = _zone(cfg)
+    if cfg.pools:  # each pool its own shape, checked by the same rules as a stack's one shape
+        problems += check_pools(cfg, catalog, lambda c, cat: _shape(c, cat, zone_ok=not problems))
+    else:
+        problems += _shape(cfg, catalog, zone_ok=not problems)
+    problems += _disk(cfg, catalog) + _data_disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg)
+    problems += _lifecycle(cfg)
+    problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
+    return problems
+
+
+def _shape(cfg: StackConfig, catalog: Catalog, zone_ok: bool) -> list[Problem]:
+    """The machine type and GPUs of one shape, and whether the zone offers them."""
     shape_problems, machine = _machine_and_gpus(cfg, catalog)
     gpu_type = _offered_gpu(cfg, catalog, machine)
-    if gpu_type is not None and not problems:  # a valid zone and a known GPU: is it offered there?
+    if gpu_type is not None and zone_ok:  # a valid zone and a known GPU: is it offered there?
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
-    problems += shape_problems
-    problems += _disk(cfg) + _data_disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
-    problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog)
-    return problems
+    return shape_problems
 
 
 # -- zone -------------------------------------------------------------------------------------
@@ -106,9 +135,7 @@ def _gpu_type_problem(cfg: StackConfig, catalog: Catalog) -> Problem | None:
     if cfg.gpu_type in catalog.retired:
         return Problem("gpuType", catalog.retired[cfg.gpu_type], "choose a current GPU, e.g. nvidia-tesla-t4 or nvidia-l4", cfg.gpu_type)
     if catalog.accelerator(cfg.gpu_type) is None:
-        close = difflib.get_close_matches(cfg.gpu_type, list(catalog.accelerators), n=2, cutoff=0.5)
-        fix = f"did you mean {' or '.join(close)}?" if close else f"known types: {', '.join(catalog.accelerators)}"
-        return Problem("gpuType", "is not a GPU type", fix, cfg.gpu_type)
+        return Problem("gpuType", "is not a GPU type", gpunames.describe_unknown(cfg.gpu_type, catalog), cfg.gpu_type)
     return None
 
 
@@ -270,7 +297,7 @@ def nearest_regions(region: str, zones: tuple[str, ...], n: int = 3) -> list[tup
 
 
 # -- disk, image ------------------------------------------------------------------------------
-def _disk(cfg: StackConfig) -> list[Problem]:
+def _disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     problems = []
     if not MIN_DISK_GB <= cfg.boot_disk_size_gb <= MAX_DISK_GB:
         problems.append(Problem("bootDiskSizeGb", f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
@@ -279,18 +306,29 @@ def _disk(cfg: StackConfig) -> list[Problem]:
         close = difflib.get_close_matches(cfg.boot_disk_type, DISK_TYPES, n=1)
         fix = f"did you mean {close[0]}?" if close else f"one of {', '.join(DISK_TYPES)}"
         problems.append(Problem("bootDiskType", "is not a disk type", fix, cfg.boot_disk_type))
+    elif (why := disks.disk_type_problem(catalog, cfg.machine_type, cfg.boot_disk_type)) is not None:
+        problems.append(Problem("bootDiskType", why, f"remove bootDiskType (the default for {cfg.machine_type} is "
+                                f"{disks.default_disk_type(catalog, cfg.machine_type)}) or set one of those", cfg.boot_disk_type))
     return problems
 
 
-def _data_disk(cfg: StackConfig) -> list[Problem]:
+def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
+    """Each node's data disk: its size, and a given type every node's series takes as a data disk."""
     problems = []
     if not MIN_DISK_GB <= cfg.data_disk_size_gb <= MAX_DISK_GB:
         problems.append(Problem("dataDiskSizeGb", f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
                                 "room for your runs' checkpoints; 100 is the default", cfg.data_disk_size_gb))
-    if cfg.data_disk_type is not None and cfg.data_disk_type not in DISK_TYPES:
-        close = difflib.get_close_matches(cfg.data_disk_type, DISK_TYPES, n=1)
+    kind = cfg.data_disk_type
+    if kind is None:
+        return problems
+    if kind not in DISK_TYPES:
+        close = difflib.get_close_matches(kind, DISK_TYPES, n=1)
         fix = f"did you mean {close[0]}?" if close else f"one of {', '.join(DISK_TYPES)}"
-        problems.append(Problem("dataDiskType", "is not a disk type", fix, cfg.data_disk_type))
+        return [*problems, Problem("dataDiskType", "is not a disk type", fix, kind)]
+    for machine in dict.fromkeys([p.machine_type for p in cfg.pools] or [cfg.machine_type]):
+        if (why := disks.disk_type_problem(catalog, machine, kind, disks.DATA)) is not None:
+            problems.append(Problem("dataDiskType", why, f"remove dataDiskType (the default for {machine} is "
+                                    f"{disks.default_disk_type(catalog, machine)}) or set one of those", kind))
     return problems
 
 
@@ -329,10 +367,13 @@ def _nodes(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         return [Problem("nodes", "must be 1 or more", "1 for one VM; 2 or more for multi-node training", cfg.nodes)]
     if cfg.nodes == 1:
         return []
-    series = catalog.series_of(cfg.machine_type)
+    machine_types = [p.machine_type for p in cfg.pools] or [cfg.machine_type]
+    outside = sorted({catalog.series_of(m) for m in machine_types} - catalog.compact_series)
     limit = catalog.max_vms_per_compact_policy
-    if series not in catalog.compact_series:
-        return [Problem("nodes", f"{series} takes no compact placement policy: the {cfg.nodes} nodes will be placed "
+    if outside:
+        series = "/".join(outside)
+        return [Problem("pools" if cfg.pools else "nodes", f"{series} takes no compact placement policy: the "
+                        f"{cfg.nodes} nodes will be placed "
                         "anywhere in the zone, with more latency between them",
                         f"for tight coupling use a series that supports it ({', '.join(sorted(catalog.compact_series))})",
                         cfg.nodes, "warning")]
@@ -369,15 +410,17 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         try:
             machine, gpu, count = parse_shape(text)
         except ValueError:
-            problems.append(Problem("fallbackShapes", f"{text!r}: the count must be a whole number",
+            problems.append(Problem("fallbackShapes", f"{shown(text)}: the count must be a whole number",
                                     "write MACHINE or MACHINE/GPU/COUNT, e.g. n1-standard-8/nvidia-tesla-v100/1"))
             continue
         trial = replace(cfg, machine_type=machine, gpu_type=gpu, gpu_count=count,
                         given=cfg.given - {"gpuType", "gpuCount"} | ({"gpuType", "gpuCount"} if gpu else set()),
                         fallback_shapes=())
         shape_problems, _ = _machine_and_gpus(trial, catalog)
+        if "bootDiskType" in cfg.given and (why := disks.disk_type_problem(catalog, machine, cfg.boot_disk_type)):
+            shape_problems.append(Problem("bootDiskType", why, "remove bootDiskType so each shape gets its series' own type"))
         for p in shape_problems:
-            problems.append(Problem("fallbackShapes", f"{text!r}: {p.message}", p.fix))
+            problems.append(Problem("fallbackShapes", f"{shown(text)}: {p.message}", p.fix))
     return problems
 
 
@@ -394,14 +437,14 @@ def _ssh(cfg: StackConfig) -> list[Problem]:
         try:
             net = ipaddress.ip_network(text, strict=False)
         except ValueError:
-            problems.append(Problem("sshSourceRanges", f"{text!r} is not a CIDR range",
+            problems.append(Problem("sshSourceRanges", f"{shown(text)} is not a CIDR range",
                                     "write an address with its prefix length, e.g. 203.0.113.7/32", list(cfg.ssh_source_ranges)))
             continue
         if str(net) != text and "/" in text:
-            problems.append(Problem("sshSourceRanges", f"{text!r} has host bits set",
+            problems.append(Problem("sshSourceRanges", f"{shown(text)} has host bits set",
                                     f"write the network address: {net}", list(cfg.ssh_source_ranges)))
         elif "/" not in text:
-            problems.append(Problem("sshSourceRanges", f"{text!r} has no prefix length",
+            problems.append(Problem("sshSourceRanges", f"{shown(text)} has no prefix length",
                                     f"write {net}", list(cfg.ssh_source_ranges)))
         if net.prefixlen == 0 and not cfg.allow_ssh_from_anywhere:
             problems.append(Problem("sshSourceRanges", f"{text} opens SSH to the whole internet",
@@ -417,11 +460,11 @@ def _labels(cfg: StackConfig) -> list[Problem]:
                                           f"{len(RESERVED_LABELS)})", "remove some"))
     for k, v in cfg.labels.items():
         if k in RESERVED_LABELS:
-            problems.append(Problem("labels", f"{k!r} is set by gpu-train itself", f"remove {k}", cfg.labels))
+            problems.append(Problem("labels", f"{shown(k)} is set by gpu-train itself", f"remove {k}", cfg.labels))
         elif not LABEL_KEY_RE.fullmatch(k):
-            problems.append(Problem("labels", f"key {k!r} is not a valid label key",
+            problems.append(Problem("labels", f"key {shown(k)} is not a valid label key",
                                     "start with a lower-case letter; lower case, digits, _ and - only; at most 63", cfg.labels))
         if not LABEL_VALUE_RE.fullmatch(v):
-            problems.append(Problem("labels", f"value {v!r} of {k!r} is not a valid label value",
+            problems.append(Problem("labels", f"value {shown(v)} of {shown(k)} is not a valid label value",
                                     "lower case, digits, _ and - only; at most 63", cfg.labels))
     return problems

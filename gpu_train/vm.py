@@ -15,8 +15,9 @@ import json
 import re
 from pathlib import Path
 
+from gpu_train import disks
 from gpu_train.config import StackConfig
-from gpu_train.validate import GpuShape
+from gpu_train.validate import GpuShape, node_shapes
 
 STARTUP_TEMPLATE = Path(__file__).parent / "data" / "startup-script.sh.in"
 
@@ -57,8 +58,6 @@ INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image",)
 # The data disk's device name: the VM sees it as /dev/disk/by-id/google-gpu-train-data whatever
 # order disks attach in, so the startup script mounts it by this name.
 DATA_DEVICE_NAME = "gpu-train-data"
-# Until the catalog's disk-support table lands: the series whose VMs take Hyperdisk only.
-_HYPERDISK_ONLY_PREFIXES = ("a3-ultragpu-", "a4-", "a4x-", "g4-")
 
 
 def data_disk_name(stack: str, node: int | None = None) -> str:
@@ -67,22 +66,34 @@ def data_disk_name(stack: str, node: int | None = None) -> str:
     return _rfc1035(f"gpu-train-{stack}", 63 - len(tail)) + tail
 
 
-def data_disk_type(cfg: StackConfig, catalog) -> str:
-    """``dataDiskType``, else the default of the machine's series (Hyperdisk where nothing else attaches)."""
-    if cfg.data_disk_type:
-        return cfg.data_disk_type
-    return "hyperdisk-balanced" if cfg.machine_type.startswith(_HYPERDISK_ONLY_PREFIXES) else "pd-balanced"
+def data_disk_type(cfg: StackConfig, catalog, machine_type: str | None = None) -> str:
+    """``dataDiskType``, else the default of the node's series (the catalog's disks table)."""
+    return cfg.data_disk_type or disks.default_disk_type(catalog, machine_type or cfg.machine_type)
+
+
+def node_machine_types(cfg: StackConfig, catalog) -> list[str]:
+    """Each node's machine type, in node order (pools may differ)."""
+    return [shape.machine_type for shape in node_shapes(cfg, catalog)]
 
 
 def data_disk_monthly_cost(cfg: StackConfig, catalog) -> float | None:
     """USD a month for every node's data disk (it bills while it exists, VM running or not); None: unknown."""
-    price = catalog.disk_prices.get(data_disk_type(cfg, catalog))
-    return None if price is None else round(price * cfg.data_disk_size_gb * cfg.nodes, 2)
+    prices = [catalog.disk_prices.get(data_disk_type(cfg, catalog, m)) for m in node_machine_types(cfg, catalog)]
+    return None if None in prices else round(sum(prices) * cfg.data_disk_size_gb, 2)
 
 
-def placement_policy(nodes: int, machine_type: str, catalog) -> dict[str, object] | None:
-    """A compact group placement for a cluster whose series supports one (validation says when not)."""
-    if nodes < 2 or catalog.series_of(machine_type) not in catalog.compact_series:
+def node_roles(cfg: StackConfig) -> list[str]:
+    """chief, then workers, then parameter servers: each pool's role per node ('worker' without pools)."""
+    if not cfg.pools:
+        return ["chief"] + ["worker"] * (cfg.nodes - 1)
+    return [p.role for p in cfg.pools for _ in range(p.count)]
+
+
+def placement_policy(nodes: int, machine_type: str | list[str], catalog) -> dict[str, object] | None:
+    """A compact group placement for a cluster whose series (every pool's) support one (validation says
+    when not)."""
+    types = [machine_type] if isinstance(machine_type, str) else machine_type
+    if nodes < 2 or any(catalog.series_of(m) not in catalog.compact_series for m in types):
         return None
     return {"collocation": "COLLOCATED", "vm_count": nodes}
 

@@ -8,6 +8,7 @@ only read; a changed key is a hard error. OpenSSH (rsync, ``fab ssh``) reads the
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
 import os
@@ -35,7 +36,11 @@ class RemoteError(Exception):
 
 
 class HostKeyError(RemoteError):
-    pass
+    """A failure no retry or refreshed address can cure (the tasks stop at once)."""
+
+
+class KeyFileError(HostKeyError):
+    """Our own private key cannot be used."""
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -61,13 +66,30 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
                 f"key is {fingerprint(key)}. If that is right, add it: ssh-keyscan -p PORT HOST >> {self.path}"
             )
         client.get_host_keys().add(hostname, key.get_name(), key)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        old = self.path.read_text() if self.path.exists() else ""
-        with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False) as tmp:
-            tmp.write(old + line)
-        os.replace(tmp.name, self.path)
+        append_known_host(self.path, f"{hostname} {key.get_name()} {key.get_base64()}\n")
         self.say(f"first contact with {hostname}: {key.get_name()} key {fingerprint(key)}, saved to {self.path}")
+
+
+def append_known_host(path: Path, line: str) -> None:
+    """Add a line to a known_hosts file that other tasks (other nodes, other stacks) write at once.
+
+    Under an exclusive lock on a lock file beside it: re-read, append, write a temp file, rename.
+    Without the lock two hosts learned at once each write "old + mine" and one line is lost.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        old = path.read_text() if path.exists() else ""
+        if line in old.splitlines(keepends=True):
+            return  # learned by the task beside us meanwhile
+        if old and not old.endswith("\n"):
+            old += "\n"
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+            tmp.write(old + line)
+        os.replace(tmp.name, path)
+    finally:
+        os.close(lock_fd)
 
 
 def knows_host(target: Target, host: SshHost) -> bool:
@@ -86,8 +108,22 @@ def _changed_key_message(host: SshHost, target: Target, e: paramiko.BadHostKeyEx
     )
 
 
+def check_key_file(path: str) -> None:
+    """RemoteError at once when ``path`` is not a private key paramiko can use (a .pub, a typo, a
+    passphrase-protected key): otherwise every attempt fails alike and it looks like a host not up."""
+    try:
+        paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        raise KeyFileError(f"the key {path} has a passphrase, which gpu-train cannot ask for: point gpu-train:sshKey "
+                          "at a key without one (ssh-keygen -t ed25519 -N '' -f ~/.ssh/gpu_train)") from None
+    except (paramiko.SSHException, ValueError, OSError, UnicodeError) as e:
+        raise KeyFileError(f"{path} is not an SSH private key ({str(e).split('. ')[0]}): set gpu-train:sshKey to your "
+                          "private key's path (not the .pub)") from None
+
+
 def open_connection(target: Target, host: SshHost, timeout: float, say: Say) -> Connection:
     """Connect, retrying with backoff until ``timeout`` while the host is not up yet."""
+    check_key_file(target.key_file)
     conn = Connection(
         host.host, user=host.user, port=host.port, connect_timeout=10,
         config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),

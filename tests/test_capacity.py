@@ -181,7 +181,7 @@ def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api:
         ({"machineType": "a2-highgpu-1g", "gpuType": None, "gpuCount": None}, {"A2_CPUS"},
          ["NVIDIA_A100_GPUS", "A2_CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
         ({"machineType": "a3-ultragpu-8g", "gpuType": None, "gpuCount": None, "spot": True, "zone": "us-central1-b"},
-         set(), [None, "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+         set(), [None, "CPUS", "HYPERDISK_BALANCED_TOTAL_GB", "GPUS_ALL_REGIONS"]),  # Hyperdisk: its own quota
     ],
 )
 def test_quota_needs(settings: dict, metrics: set, expected: list) -> None:
