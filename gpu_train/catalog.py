@@ -34,6 +34,7 @@ class Accelerator:
     quota_id: str | None = None
     gpu_family: str | None = None
     vws: bool = False
+    spot_quota_id: str | None = None
     short: str | None = None  # the name people say: T4, A100-80GB (gpu_train.gpunames reads it)
 
     @property
@@ -258,6 +259,7 @@ def parse_catalog(doc: Any) -> Catalog:
             quota_id=a.get("quotaId"),
             gpu_family=a.get("gpuFamily"),
             vws=bool(a.get("vws", False)),
+            spot_quota_id=a.get("spotQuotaId"),
             short=a.get("short"),
         )
     glob = _need(acc_t, "globalQuota", dict, "accelerators")

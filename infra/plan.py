@@ -98,6 +98,11 @@ def _props(r: preview.Declared) -> list[str]:
         policy = sorted((i.get("groupPlacementPolicy") or {}).items())
         shown = ", ".join(f"{k}={int(v) if isinstance(v, float) else v}" for k, v in policy)
         return [f"name {i.get('name')}: compact placement ({shown})"]
+    if r.typ == "pulumi:providers:gcp":
+        return [f"for Cloud Quotas: userProjectOverride, billingProject {i.get('billingProject')} "
+                "(user credentials need a quota project)"]
+    if r.typ.endswith("projects/service:Service"):
+        return [f"enable {i.get('service')} (left enabled on destroy)"]
     if r.typ.endswith("SQuotaPreference"):
         dims = ", ".join(f"{k}={v}" for k, v in sorted((i.get("dimensions") or {}).items())) or "project-wide"
         return [f"ask Cloud Quotas for {i.get('quotaId')} ({dims}) = {i['quotaConfig']['preferredValue']} "
@@ -146,7 +151,8 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
-    order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "SQuotaPreference", "Disk", "Instance"]
+    order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "gcp", "Service", "SQuotaPreference",
+             "Disk", "Instance"]
 
     def rank(kind: str) -> int:
         return order.index(kind) if kind in order else len(order)

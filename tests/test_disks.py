@@ -90,7 +90,7 @@ def test_a_given_type_the_series_does_not_take_is_refused(settings: dict, words:
 )
 def test_disk_quota_follows_the_type(settings: dict, metric: str) -> None:
     cfg, _ = validate.check(gcp_raw(**settings), "s", CATALOG)
-    needs = quota.needs(cfg, validate.shape_of(cfg, CATALOG), set(), CATALOG)
+    needs = quota.needs(cfg, validate.shape_of(cfg, CATALOG), {}, CATALOG)
     assert [n.metric for n in needs if n.what.endswith(cfg.boot_disk_type)] == [metric]
 
 
