@@ -18,6 +18,11 @@ from typing import Any
 import yaml
 
 CATALOG_PATH = Path(__file__).parent / "data" / "gpu-catalog.yaml"
+# A zone: REGION-LETTER (us-central1-a), or an AI zone, REGION-aiN[LETTER] (us-central1-ai1,
+# us-south1-ai1b), which holds accelerator capacity. The AI form comes first so that a search in
+# text never stops at "us-central1-a" inside "us-central1-ai1".
+ZONE_PATTERN = r"[a-z]+-[a-z]+\d+-(?:ai\d+[a-z]?|[a-z])(?![a-z0-9])"
+AI_ZONE_PATTERN = r"[a-z]+-[a-z]+\d+-ai\d+[a-z]?"
 
 
 class CatalogError(ValueError):
@@ -310,7 +315,7 @@ def parse_catalog(doc: Any) -> Catalog:
         if gpu not in accelerators:
             raise CatalogError(f"zones.byAccelerator.{gpu}: not in accelerators.types")
         for z in zs:
-            if not re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", z):
+            if not re.fullmatch(ZONE_PATTERN, z):
                 raise CatalogError(f"zones.byAccelerator.{gpu}: {z!r} is not a zone name")
         zones[gpu] = tuple(zs)
 

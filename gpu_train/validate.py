@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import disks, gpunames, values
-from gpu_train.catalog import Catalog, FixedShape, MachineShape
+from gpu_train import disks, gpunames, names, values
+from gpu_train.catalog import AI_ZONE_PATTERN, ZONE_PATTERN, Catalog, FixedShape, MachineShape
 from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 from gpu_train.pools import check_pools
 
-ZONE_RE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
+ZONE_RE = re.compile(ZONE_PATTERN)
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 LABEL_KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
@@ -96,6 +96,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     problems += _disk(cfg, catalog) + _data_disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg)
     problems += _lifecycle(cfg)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
+    problems += names.check(cfg.stack, cfg.nodes)
     return problems
 
 
@@ -112,7 +113,8 @@ def _shape(cfg: StackConfig, catalog: Catalog, zone_ok: bool) -> list[Problem]:
 def _zone(cfg: StackConfig) -> list[Problem]:
     if ZONE_RE.fullmatch(cfg.zone):
         return []
-    return [Problem("zone", "is not a zone name", "use a zone such as us-central1-a (region + '-' + letter)", cfg.zone)]
+    return [Problem("zone", "is not a zone name", "use a zone such as us-central1-a (region + '-' + letter) or an AI "
+                    "zone such as us-central1-ai1", cfg.zone)]
 
 
 # -- machine type and GPUs --------------------------------------------------------------------
@@ -276,10 +278,11 @@ def _availability(cfg: StackConfig, catalog: Catalog, machine: MachineShape, gpu
         fix = f"{cfg.region} has no {acc.gpu}; nearest regions with it: " + "; ".join(
             f"{r} ({', '.join(zs)})" for r, zs in nearest_regions(cfg.region, zones)
         )
-    unverified = acc.name in catalog.unverified_zones
+    # AI zones (us-central1-ai1) hold GPU capacity the snapshot does not list: say so, stop nothing.
+    unverified = acc.name in catalog.unverified_zones or re.fullmatch(AI_ZONE_PATTERN, cfg.zone) is not None
     what = f"{acc.gpu}" + (f" as {machine.name}" if machine.fixed and machine.fixed.zones else "")
     msg = f"{what} is not offered in this zone (catalog snapshot of {catalog.dates['zones']}"
-    msg += "; unverified for this GPU)" if unverified else ")"
+    msg += "; unverified for this GPU or zone)" if unverified else ")"
     fix += f"; check live: gcloud compute accelerator-types list --filter=name={acc.name}"
     return [Problem("zone", msg, fix, cfg.zone, "warning" if unverified else "error")]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import gzip
-import hashlib
 import ipaddress
 import json
 import re
@@ -17,6 +16,14 @@ from pathlib import Path
 
 from gpu_train import disks
 from gpu_train.config import StackConfig
+from gpu_train.names import (  # noqa: F401
+    data_disk_name,
+    instance_name,
+    network_tag,
+    node_names,
+    resource_name,
+    service_account_id,
+)
 from gpu_train.validate import GpuShape, node_shapes
 
 STARTUP_TEMPLATE = Path(__file__).parent / "data" / "startup-script.sh.in"
@@ -31,39 +38,12 @@ SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534
 SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
 
 
-def _rfc1035(text: str, max_len: int) -> str:
-    """A Compute Engine resource name: lower case, digits and '-', starting with a letter."""
-    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    if not name or not name[0].isalpha():
-        name = "g-" + name
-    if len(name) > max_len:  # keep names unique when cut: end with a short hash of the whole
-        digest = hashlib.sha256(text.encode()).hexdigest()[:6]
-        name = name[: max_len - 7].rstrip("-") + "-" + digest
-    return name.rstrip("-")
-
-
-def instance_name(stack: str, node: int | None = None) -> str:
-    """gpu-train-STACK for one VM; gpu-train-STACK-0 ... -N-1 for a cluster."""
-    base = _rfc1035(f"gpu-train-{stack}", 63 if node is None else 63 - len(f"-{node}"))
-    return base if node is None else f"{base}-{node}"
-
-
-def node_names(stack: str, nodes: int) -> list[str]:
-    return [instance_name(stack)] if nodes == 1 else [instance_name(stack, i) for i in range(nodes)]
-
-
 # Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
 # `up` and then pinned, so a newer image never replaces the VM.
 INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image",)
 # The data disk's device name: the VM sees it as /dev/disk/by-id/google-gpu-train-data whatever
 # order disks attach in, so the startup script mounts it by this name.
 DATA_DEVICE_NAME = "gpu-train-data"
-
-
-def data_disk_name(stack: str, node: int | None = None) -> str:
-    """gpu-train-STACK-data (one VM), gpu-train-STACK-N-data (node N of a cluster): at most 63 characters."""
-    tail = ("" if node is None else f"-{node}") + "-data"
-    return _rfc1035(f"gpu-train-{stack}", 63 - len(tail)) + tail
 
 
 def data_disk_type(cfg: StackConfig, catalog, machine_type: str | None = None) -> str:
@@ -101,15 +81,6 @@ def placement_policy(nodes: int, machine_type: str | list[str], catalog) -> dict
 def nic_type(machine_type: str, catalog) -> str | None:
     """gVNIC for the series that take nothing else (A3, A4, G4); the image default elsewhere."""
     return "GVNIC" if catalog.series_of(machine_type) in catalog.gvnic_series else None
-
-
-def network_tag(stack: str) -> str:
-    return instance_name(stack)
-
-
-def service_account_id(stack: str) -> str:
-    """6 to 30 characters, as IAM requires."""
-    return _rfc1035(f"gpu-train-{stack}", 30).ljust(6, "0")
 
 
 def label_value(text: str) -> str:
@@ -151,13 +122,13 @@ def remote_root(cfg: StackConfig) -> str:
     return f"$HOME_DIR/{cfg.remote_root[2:]}" if cfg.remote_root.startswith("~/") else cfg.remote_root
 
 
-def startup_script(cfg: StackConfig, agent_source: str) -> str:
+def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
     gpu-train-shutdown's ExecStop lets jobs checkpoint when the VM stops or is preempted;
     gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs.
     """
-    packed = base64.b64encode(gzip.compress(agent_source.encode(), mtime=0)).decode()
+    packed = base64.b64encode(gzip.compress(agent_zipapp, mtime=0)).decode()
     settings = json.dumps({**cfg.agent_settings(), "poweroffCommand": ["systemctl", "poweroff"]})
     script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
     for mark, value in (("@USER@", cfg.ssh_user), ("@ROOT@", remote_root(cfg)), ("@PACKED@", packed),
@@ -166,7 +137,7 @@ def startup_script(cfg: StackConfig, agent_source: str) -> str:
     return script
 
 
-def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, str]:
+def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str, str]:
     """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off);
     the startup script installs the on-host agent at every boot."""
     key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
@@ -175,7 +146,7 @@ def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, 
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",
-        "startup-script": startup_script(cfg, agent_source),
+        "startup-script": startup_script(cfg, agent_zipapp),
     }
 
 

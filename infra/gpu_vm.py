@@ -11,10 +11,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import vm
+from gpu_train import names, vm
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
-from gpu_train.jobs import AGENT_PATH
 from gpu_train.pools import boot_disk_type
 from gpu_train.validate import GpuShape
 
@@ -28,6 +27,7 @@ class GpuVmArgs:
     public_key: str
     pulumi_project: str
     hourly_cost_usd: float | None
+    agent_zipapp: bytes  # the on-host agent the startup script installs (remote.agent.bundle)
     node_shapes: tuple[GpuShape, ...] = ()  # one per node; empty: every node has ``shape``
 
 
@@ -43,7 +43,7 @@ class GpuVm(pulumi.ComponentResource):
 
         def ingress(suffix: str, description: str, **rule: object) -> gcp.compute.Firewall:
             """An ingress rule of the default network for this VM's tag."""
-            return gcp.compute.Firewall(f"{name}-{suffix}", name=f"{tag}-{suffix}", project=cfg.project,
+            return gcp.compute.Firewall(f"{name}-{suffix}", name=vm.resource_name(cfg.stack, suffix), project=cfg.project,
                                         network="default", direction="INGRESS", target_tags=[tag],
                                         description=f"gpu-train {cfg.stack}: {description}", opts=child, **rule)
 
@@ -94,7 +94,7 @@ class GpuVm(pulumi.ComponentResource):
         if policy is not None:
             policy_link = gcp.compute.ResourcePolicy(
                 f"{name}-placement",
-                name=f"{tag}-placement",
+                name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
                 project=cfg.project,
                 region=cfg.region,
                 group_placement_policy=policy,
@@ -112,8 +112,8 @@ class GpuVm(pulumi.ComponentResource):
                 out["nic_type"] = kind
             return out
 
-        metadata = vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8"))
-        names = vm.node_names(cfg.stack, cfg.nodes)
+        metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
+        instance_names = vm.node_names(cfg.stack, cfg.nodes)
         self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type))
                            for i in range(cfg.nodes)]
         self.instances = [
@@ -153,7 +153,7 @@ class GpuVm(pulumi.ComponentResource):
                     ignore_changes=list(vm.INSTANCE_IGNORE_CHANGES),
                 ),
             )
-            for i, instance_name in enumerate(names)
+            for i, instance_name in enumerate(instance_names)
         ]
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
         self.image = image.self_link
