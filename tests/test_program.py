@@ -86,7 +86,7 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert out["image"] == init["image"]
     assert set(out) == {"instanceName", "zone", "externalIp", "internalIp", "sshUser", "machineType", "gpuType",
                         "gpuCount", "spot", "image", "hourlyCostUsd", "nodes", "instanceNames", "externalIps", "internalIps",
-                        "nodeGpuCounts", "nodeRoles"}
+                        "nodeGpuCounts", "nodeRoles", "dataDisks", "dataDiskMonthlyCostUsd"}
     assert out["nodes"] == 1 and out["instanceNames"] == [out["instanceName"]] and out["externalIps"] == [out["externalIp"]]
     # every child is parented to the component
     assert result.resources[0].typ == "gpu-train:index:GpuVm"
@@ -170,6 +170,8 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     assert settings["idleStopMinutes"] == 45 and settings["maxResumes"] == 3 and settings["gcp"] is True
     assert settings["user"] == "alice" and settings["remoteRoot"] == "~/gpu-train" and "poweroffCommand" not in settings
     assert values["user"] == "alice" and values["grace"] == "110" and values["tick"] == "60"
+    # REMOTE_ROOT/agent.json has one writer, the laptop: the script writes nothing under REMOTE_ROOT.
+    assert "ROOT" not in script.replace("root", "")
     for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-watch.service", "gpu-train-tick.timer"):
         assert unit in script
     # The units run the root-owned copy with the root-owned settings, never the user's.
