@@ -30,7 +30,9 @@ def test_a_guest_boots_like_a_vm_and_powers_off_in_order(make_guest, metadata_se
     # The startup script came from the metadata server and installed the agent and its units.
     assert "instance/attributes/startup-script" in "".join(metadata_server.requests)
     assert guest.sh("systemctl is-enabled gpu-train-boot.service").stdout.strip() == "enabled"
-    assert guest.path("/home/trainer/gpu-train/bin/gpu-train-agent").exists()
+    for installed in ("/usr/local/lib/gpu-train/gpu-train-agent", "/etc/gpu-train/agent.json"):  # root's, for the units
+        st = guest.path(installed).stat()
+        assert st.st_uid == 0 and not st.st_mode & 0o022, installed
     # Units in the guest find the metadata server through the agent's setting, and see it flip.
     read = ("systemd-run --wait --pipe -q python3 -c \"import os, urllib.request as u; print(u.urlopen(u.Request("
             f"os.environ['{METADATA_ENV}'] + 'instance/preempted', headers={{'Metadata-Flavor': 'Google'}})).read().decode())\"")

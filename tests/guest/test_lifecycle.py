@@ -52,7 +52,7 @@ def unit_of(run: str) -> str:
 def test_power_off_mid_training_then_boot_resumes_once_from_the_checkpoint(vm) -> None:
     guest, user = vm(spot=False)
     run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
-                     "--steps 400 --checkpoint-every 100000 --step-time 0.03")
+                     "--steps 300 --checkpoint-every 100000 --step-time 0.03")
     user.wait_state(run, ("running",))
     # Its own unit, with Compute Engine's grace for a standard VM; screen -r still shows it.
     show = guest.sh(f"systemctl show -P TimeoutStopUSec {unit_of(run)}").stdout.strip()
