@@ -59,9 +59,10 @@ class RunResult:
 class FileJob:
     key: int
     run: RunResult
+    tree: fl.Tree
     entry: fp.Entry
     planned: fl.Local | None
-    part: Path
+    part: str
     pieces: int = 0
     whole: str | None = None  # the host's SHA-256 of the whole file, when it comes in several pieces
     ino: int | None = None
@@ -83,6 +84,7 @@ class Fetcher:
         self.open_stream, self.streams = open_stream, max(1, int(streams))
         self.progress = progress or Progress(0, live=False)
         self.jobs: list[FileJob] = []
+        self.lock = threading.Lock()  # the runs' counters, updated by every stream's thread
 
     # -- 1 and 2: list and decide ---------------------------------------------------------------
     def run(self, runs: list[tuple[str, Path]]) -> list[RunResult]:
@@ -130,28 +132,27 @@ class Fetcher:
         return dirs, basis
 
     def _plan_run(self, result: RunResult, entries: list[fp.Entry], dirs: list, basis: list) -> None:
-        dest = result.dest
-        fl.ensure_dir(dest, None)
+        tree = fl.Tree(result.dest)
+        tree.folder("")
         for e in entries:
-            local = fl.local_state(dest, e.path)
+            local = tree.state(e.path)
             action = fp.decide(e, local)
             if action == fp.KEEP_NEWER:
                 result.kept_newer.append(e.path)
             elif action == fp.CONFLICT:
                 result.conflicts.append(e.path)
             elif action == fp.MKDIR:
-                fl.ensure_dir(dest, e.path)
+                tree.folder(e.path)
             elif action == fp.LINK:
-                fl.make_link(dest, e.path, e.target, local)
-                result.files += 1
+                if tree.link(e.path, e.target, local):
+                    result.files += 1
             elif action in (fp.FETCH, fp.DELTA):
-                job = FileJob(len(self.jobs), result, e, local, fl.part_path(dest, e.path))
+                job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path))
                 self.jobs.append(job)
-                resumable = job.part.is_file() and e.size >= fp.DELTA_MIN
-                if action == fp.DELTA or resumable:
-                    basis.append(job)
+                if action == fp.DELTA or (e.size >= fp.DELTA_MIN and os.path.isfile(job.part)):
+                    basis.append(job)  # a local copy, or what an interrupted fetch left: compared by blocks
             if e.kind == "d":
-                dirs.append((dest, e))
+                dirs.append((tree, e))
 
     # -- delta: compare blocks with the host ----------------------------------------------------
     def _hash_phase(self, stream: Stream, basis: list[FileJob]) -> list[fp.Piece]:
@@ -162,7 +163,7 @@ class Fetcher:
         stream.send({"op": "hash", "items": [[j.run.run_id, j.entry.path, 0, j.entry.size, blocks[j.key]] for j in basis]})
 
         def local(job: FileJob) -> list[str]:
-            src = job.part if job.part.is_file() else job.run.dest / job.entry.path
+            src = job.part if os.path.isfile(job.part) else f"{job.tree.base}/{job.entry.path}"
             fl.prepare_part(job.part, src, job.entry.size)
             have = min(job.entry.size, (job.planned.size if job.planned and src != job.part else job.entry.size))
             return fl.block_hashes(job.part, fp.compared_length(have, job.entry.size, blocks[job.key]), blocks[job.key])
@@ -220,11 +221,12 @@ class Fetcher:
         for piece in share:
             job = self.jobs[piece.key]
             single = job.pieces == 1 and piece.offset == 0 and piece.length == job.entry.size and job.whole is None
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if single else 0)
             try:
-                fd = os.open(job.part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if single else 0), 0o600)
+                fd = os.open(job.part, flags, 0o600)
             except FileNotFoundError:
-                job.part.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(job.part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o600)
+                os.makedirs(os.path.dirname(job.part), exist_ok=True)
+                fd = os.open(job.part, flags, 0o600)
             h, pos = hashlib.sha256(), piece.offset
 
             def sink(view: memoryview, fd: int = fd, h=h) -> None:
@@ -237,23 +239,26 @@ class Fetcher:
 
             try:
                 trailer, length = stream.read_range(sink, buf)
+                ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
+                if ok and single:
+                    self._stamp(job, fd)
             except StreamError as e:
                 errors.append(e)
                 return
             finally:
                 os.close(fd)
-            ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
             if not ok or not self._same_file(job, trailer["stat"]):
                 job.failed = True
                 if job.entry.path not in job.run.changed:
                     job.run.changed.append(job.entry.path)
                 continue
-            job.run.bytes += length
+            with self.lock:
+                job.run.bytes += length
             with job.lock:
                 job.pieces -= 1
                 last = job.pieces == 0
             if last and single:
-                self._complete(job)
+                self._complete(job, stamp=False)
 
     def _check_wholes(self, stream: Stream) -> None:
         """Files of several pieces: the SHA-256 of what was assembled against the host's of the whole file."""
@@ -271,22 +276,38 @@ class Fetcher:
                 job.failed = True
                 job.run.changed.append(job.entry.path)
 
-    def _complete(self, job: FileJob) -> None:
+    @staticmethod
+    def _stamp(job: FileJob, fd: int) -> None:
+        """The host's modification time, and its mode less setuid/setgid and group/world write."""
+        os.fchmod(fd, fp.safe_mode(job.entry.mode))
+        os.utime(fd, ns=(job.entry.mtime_ns, job.entry.mtime_ns))
+
+    def _complete(self, job: FileJob, stamp: bool = True) -> None:
         """Rename a verified file into place (unless the destination changed meanwhile)."""
         job.installed = True
         e = job.entry
         try:
-            if fl.install(job.part, job.run.dest, e.path, e.mode, e.mtime_ns, job.planned):
+            if stamp:
+                fd = os.open(job.part, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    self._stamp(job, fd)
+                finally:
+                    os.close(fd)
+            installed = job.tree.install(job.part, e.path, job.planned)
+        except (OSError, fl.UnsafePath) as err:
+            with self.lock:
+                job.run.conflicts.append(f"{e.path} ({err})")
+            return
+        with self.lock:
+            if installed:
                 job.run.files += 1
             else:
                 job.run.kept_newer.append(e.path)
-        except (OSError, fl.UnsafePath) as err:
-            job.run.conflicts.append(f"{e.path} ({err})")
 
-    def _finish(self, dirs: list[tuple[Path, fp.Entry]]) -> None:
+    def _finish(self, dirs: list[tuple[fl.Tree, fp.Entry]]) -> None:
         """Folders get the host's times last (writing files into them moved their times)."""
-        for dest, e in reversed(dirs):
-            fl.set_dir_time(dest, e.path, e.mtime_ns)
+        for tree, e in reversed(dirs):
+            tree.set_time(e.path, e.mtime_ns)
         for job in self.jobs:
             if not job.failed and not job.installed:
                 job.run.error = job.run.error or f"{job.entry.path} was not completed"
