@@ -23,12 +23,13 @@ import paramiko
 from fabric import Config, Connection
 
 from gpu_train.config import SshHost
-from gpu_train.jobs import agent_command
+from remote.agent.bundle import agent_command
+from remote.agent.protocol import LOG_END, LOG_START
 from remote.target import Target
 
 Say = Callable[[str], None]
-START_MARK = "GPU-TRAIN-START "
-END_MARK = "GPU-TRAIN-END "
+START_MARK = LOG_START
+END_MARK = LOG_END
 
 
 class RemoteError(Exception):
@@ -36,7 +37,11 @@ class RemoteError(Exception):
 
 
 class HostKeyError(RemoteError):
-    pass
+    """A failure no retry or refreshed address can cure (the tasks stop at once)."""
+
+
+class KeyFileError(HostKeyError):
+    """Our own private key cannot be used."""
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -104,8 +109,22 @@ def _changed_key_message(host: SshHost, target: Target, e: paramiko.BadHostKeyEx
     )
 
 
+def check_key_file(path: str) -> None:
+    """RemoteError at once when ``path`` is not a private key paramiko can use (a .pub, a typo, a
+    passphrase-protected key): otherwise every attempt fails alike and it looks like a host not up."""
+    try:
+        paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        raise KeyFileError(f"the key {path} has a passphrase, which gpu-train cannot ask for: point gpu-train:sshKey "
+                          "at a key without one (ssh-keygen -t ed25519 -N '' -f ~/.ssh/gpu_train)") from None
+    except (paramiko.SSHException, ValueError, OSError, UnicodeError) as e:
+        raise KeyFileError(f"{path} is not an SSH private key ({str(e).split('. ')[0]}): set gpu-train:sshKey to your "
+                          "private key's path (not the .pub)") from None
+
+
 def open_connection(target: Target, host: SshHost, timeout: float, say: Say) -> Connection:
     """Connect, retrying with backoff until ``timeout`` while the host is not up yet."""
+    check_key_file(target.key_file)
     conn = Connection(
         host.host, user=host.user, port=host.port, connect_timeout=10,
         config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
