@@ -111,7 +111,7 @@ class Bench:
 
 
 def checkpoints_script(scale: float) -> str:
-    big, small = int(200 * MiB * scale), int(200 * 1024)
+    big, small = int(200 * MiB * scale), 200 * 1024
     n_small = int(1000 * scale)
     return ("python3 -c \"import os; d=os.environ['JOB_DIR']; os.makedirs(d+'/small', exist_ok=True); "
             f"[open(f'{{d}}/big{{i}}.pt','wb').write(os.urandom({big})) for i in range(4)]; "

@@ -30,6 +30,7 @@ from remote import fetch_local as fl
 from remote import fetch_plan as fp
 from remote.fetch_progress import Progress
 from remote.fetch_stream import Stream, StreamError
+from remote.sync import human
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RunResult:
     bytes: int = 0
     kept_newer: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    unsafe: list[str] = field(default_factory=list)  # links pointing out of the JOB_DIR: not made here
     changed: list[str] = field(default_factory=list)  # changed on the host while being read: next time
     error: str | None = None
     summary: dict | None = None  # the host's JOB_DIR: files, bytes, newest change (for the fetch record)
@@ -69,6 +71,39 @@ class FileJob:
     failed: bool = False
     installed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _some(paths: list[str], limit: int = 5) -> str:
+    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def notes(result: RunResult, where: Path) -> list[str]:
+    """What to tell the user about one run's fetch."""
+    rid = result.run_id
+    if result.error is not None:
+        lines = [f"{rid}: fetch failed: {result.error}"]
+    elif result.up_to_date:
+        lines = [f"{rid}: up to date in {where}"]
+    else:
+        lines = [f"{rid}: fetched {result.files} file(s), {human(result.bytes)} -> {where}"]
+    if result.kept_newer:
+        lines.append(f"  kept {len(result.kept_newer)} local file(s) newer than the host's: {_some(result.kept_newer)}")
+    if result.conflicts:
+        lines.append(f"  left alone, something else is in the way here: {_some(result.conflicts)}")
+    if result.unsafe:
+        lines.append(f"  not made, links pointing out of the run: {_some(result.unsafe)}")
+    if result.changed:
+        lines.append(f"  changed on the host while being read (the next fetch takes them): {_some(result.changed)}")
+    return lines
+
+
+def summary_line(results: list[RunResult], elapsed: float, streams: int) -> str:
+    """The one line a fetch ends with."""
+    files, moved = sum(r.files for r in results), sum(r.bytes for r in results)
+    fresh = sum(1 for r in results if r.up_to_date)
+    rate = f", {human(moved / elapsed)}/s" if elapsed > 0 and moved else ""
+    return (f"fetched {files} file(s), {human(moved)} from {len(results)} run(s) in {elapsed:.1f} s{rate} "
+            f"(up to {streams} streams); {fresh} up to date, {sum(1 for r in results if r.error)} failed")
 
 
 def summary(entries: list[fp.Entry]) -> dict:
@@ -105,7 +140,7 @@ class Fetcher:
             self._finish(dirs)
         except StreamError as e:
             for r in results:
-                r.error = r.error or f"{e}; run the fetch again to resume"
+                r.error = r.error or f"{e}; run it again to resume"
         finally:
             for s in opened:
                 s.close(kill=True)
@@ -141,6 +176,8 @@ class Fetcher:
                 result.kept_newer.append(e.path)
             elif action == fp.CONFLICT:
                 result.conflicts.append(e.path)
+            elif action == fp.UNSAFE:
+                result.unsafe.append(f"{e.path} -> {e.target}")
             elif action == fp.MKDIR:
                 tree.folder(e.path)
             elif action == fp.LINK:

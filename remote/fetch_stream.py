@@ -1,31 +1,28 @@
-"""One fetch stream: an OpenSSH connection running the host's fetch server (remote/fetch_host.py).
+"""One fetch stream: an OpenSSH session running the agent's fetch server (remote/agent/fetchserve.py).
 
-Each stream is its own `ssh` process, so each has its own SSH channel window (OpenSSH advertises
-about 2 MiB, and one channel moves at most that per round trip) and its own core for the
-cipher. The server's source travels compressed on the command line, as the agent's does: one exec,
-no file needed on the host. Requests go down ssh's stdin; answers are read from its stdout.
+Each stream is its own `ssh` process with its own SSH channel, so each has its own channel window
+(OpenSSH advertises about 2 MiB, and one channel moves at most that per round trip). The agent
+travels on the command line as for every task. Requests go down ssh's stdin; answers are read
+from its stdout.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import io
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
 import zlib
-from pathlib import Path
 
 from gpu_train.config import SshHost
+from remote.agent.bundle import agent_command
 from remote.ssh import openssh_options
 from remote.target import Target
 
-HOST_SOURCE = Path(__file__).with_name("fetch_host.py")
 READ_BUFFER = 64 * 1024  # reads of a range's data bigger than this go straight into the caller's buffer
 PIPE_SIZE = 1 << 20  # a bigger pipe from ssh: fewer wake-ups on both sides per MiB
 
@@ -35,12 +32,7 @@ class StreamError(Exception):
 
 
 def host_command(remote_root: str) -> str:
-    """The shell command that runs the fetch server shipped inline (the system Python when there is one)."""
-    packed = base64.b64encode(zlib.compress(HOST_SOURCE.read_bytes(), 9)).decode()
-    boot = ("import base64,sys,zlib;s=zlib.decompress(base64.b64decode(sys.argv.pop(1)));"
-            "exec(compile(s,'gpu-train-fetch','exec'),{'__name__':'__main__'})")
-    run = shlex.join(["-S", "-c", boot, packed, "--root", remote_root])
-    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {run}'
+    return agent_command(remote_root, "fetch-serve")
 
 
 def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""The host's half of `fab fetch`: list JOB_DIRs, hash blocks, send byte ranges. Standard library only.
+"""`gpu-train-agent fetch-serve`: the host's half of `fab fetch`: list JOB_DIRs, hash blocks, send ranges.
 
 One instance serves one stream (one SSH channel): it reads requests, one JSON line each, on stdin,
 and answers on stdout in order, so the laptop can send a whole batch of work in one write and pay
@@ -217,10 +217,5 @@ def serve(root: str, inp, out) -> int:
     return 0
 
 
-def main(argv: list) -> int:
-    root = os.path.abspath(os.path.expanduser(argv[argv.index("--root") + 1]))
+def cmd_fetch_serve(root: str) -> int:
     return serve(root, sys.stdin.buffer, sys.stdout.buffer)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
