@@ -150,7 +150,10 @@ class GpuVm(pulumi.ComponentResource):
             for i, instance_name in enumerate(instance_names)
         ]
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
-        self.image = image.self_link
+        # The image the VM runs: the boot disk's, as the provider reads it back. After the first `up`
+        # it stays the image pinned then (initializeParams.image is ignored afterwards), while the
+        # family moves on; exporting the family's newest would name an image the VM never booted.
+        self.image = self.instance.boot_disk.initialize_params.image
         external = [inst.network_interfaces[0].access_configs[0].nat_ip for inst in self.instances]
         internal = [inst.network_interfaces[0].network_ip for inst in self.instances]
         self.outputs = {
@@ -163,7 +166,7 @@ class GpuVm(pulumi.ComponentResource):
             "gpuType": shape.gpu_type,
             "gpuCount": shape.gpu_count,
             "spot": cfg.spot,
-            "image": image.self_link,
+            "image": self.image,
             "hourlyCostUsd": args.hourly_cost_usd,
             "nodes": cfg.nodes,
             "nodeGpuCounts": [s.gpu_count for s in shapes],

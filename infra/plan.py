@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_train import config, validate
+from gpu_train import config, images, validate, vm
 from gpu_train.catalog import Catalog, load_catalog
 from gpu_train.pricing import Cost, hourly_cost
 from infra import preview, program
@@ -128,7 +128,9 @@ def _meta(key: str, value: str) -> str:
 def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[config.Problem], catalog: Catalog) -> str:
     shape = validate.shape_of(cfg, catalog)
     lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
-    lines += [describe_shape(shape, cfg, catalog), ""]
+    lines += [describe_shape(shape, cfg, catalog), images.driver_note(cfg, catalog),
+              f"Shutdown grace: {vm.shutdown_grace_s(cfg.spot)} s ({'spot' if cfg.spot else 'standard'} VM: what Compute "
+              "Engine gives the guest before a hard power-off; jobs checkpoint within it)", ""]
     lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), ""]
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]
