@@ -74,23 +74,41 @@ def cpu_metric(machine_type: str, region_metrics: Quotas | set[str], catalog: Ca
     return own if series != "N1" and own in region_metrics else "CPUS"
 
 
-def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Catalog) -> list[Need]:
-    """What the stack's VMs take from each quota; ``region_quotas`` decides spot's (see the module)."""
-    n = cfg.nodes
+def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Catalog,
+          nodes: list[GpuShape] | None = None) -> list[Need]:
+    """What the stack's VMs take from each quota; ``region_quotas`` decides spot's (see the module).
+
+    ``nodes`` is each node's shape when they differ (pools); by default every node has ``shape``.
+    Needs of the same quota add up, so a pool of CPU-only parameter servers adds vCPUs, not GPUs.
+    """
     disk = disk_quota_metric(catalog, cfg.boot_disk_type)
-    gpu, gpu_note = gpu_metric(shape.gpu_type, catalog), ""
-    cpu, cpu_note = cpu_metric(shape.machine_type, region_quotas, catalog), ""
-    if cfg.spot and gpu is not None:
-        gpu, gpu_note = spot_metric(gpu, region_quotas)
-    if cfg.spot and cpu == "CPUS":
-        cpu, cpu_note = spot_metric(cpu, region_quotas)
-    return [
-        Need(gpu, cfg.region, shape.gpu_count * n,
-             f"{shape.gpu_count * n} x {shape.gpu_type}" + (" (spot)" if cfg.spot else ""), gpu_note),
-        Need(cpu, cfg.region, (shape.vcpus or 0) * n, f"{(shape.vcpus or 0) * n} vCPUs of {shape.machine_type}", cpu_note),
-        Need(disk, cfg.region, cfg.boot_disk_size_gb * n, f"{cfg.boot_disk_size_gb * n} GB of {cfg.boot_disk_type}"),
-        Need(catalog.global_quota_metric, "global", shape.gpu_count * n, "GPUs in all regions"),
-    ]
+    spot = " (spot)" if cfg.spot else ""
+    totals: dict[tuple[str | None, str], dict[str, int]] = {}  # (metric, scope) -> {what: amount}
+    notes: dict[tuple[str | None, str], str] = {}
+
+    def add(metric: str | None, scope: str, amount: int, what: str, note: str = "") -> None:
+        per = totals.setdefault((metric, scope), {})
+        per[what] = per.get(what, 0) + amount
+        notes[(metric, scope)] = notes.get((metric, scope)) or note
+
+    for one in nodes or [shape] * cfg.nodes:
+        cpu, cpu_note = cpu_metric(one.machine_type, region_quotas, catalog), ""
+        if cfg.spot and cpu == "CPUS":
+            cpu, cpu_note = spot_metric(cpu, region_quotas)
+        if one.gpu_count:  # a CPU-only node (a parameter server pool) asks nothing of a GPU quota
+            gpu, gpu_note = gpu_metric(one.gpu_type, catalog), ""
+            if cfg.spot and gpu is not None:
+                gpu, gpu_note = spot_metric(gpu, region_quotas)
+            add(gpu, cfg.region, one.gpu_count, f"x {one.gpu_type}{spot}", gpu_note)
+        add(cpu, cfg.region, one.vcpus or 0, f"vCPUs of {one.machine_type}", cpu_note)
+        add(disk, cfg.region, cfg.boot_disk_size_gb, f"GB of {cfg.boot_disk_type}")
+        add(catalog.global_quota_metric, "global", one.gpu_count, "GPUs in all regions")
+    out = []
+    for (metric, scope), per in totals.items():
+        what = "GPUs in all regions" if metric == catalog.global_quota_metric and scope == "global" \
+            else " + ".join(f"{amount} {label}" for label, amount in per.items())
+        out.append(Need(metric, scope, sum(per.values()), what, notes[(metric, scope)]))
+    return out
 
 
 def evaluate(wanted: list[Need], region_quotas: dict[str, tuple[float, float]],

@@ -14,7 +14,6 @@ import pulumi_gcp as gcp
 from gpu_train import names, vm
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
-from gpu_train.jobs import AGENT_PATH
 from gpu_train.pools import boot_disk_type
 from gpu_train.validate import GpuShape
 
@@ -28,6 +27,7 @@ class GpuVmArgs:
     public_key: str
     pulumi_project: str
     hourly_cost_usd: float | None
+    agent_zipapp: bytes  # the on-host agent the startup script installs (remote.agent.bundle)
     node_shapes: tuple[GpuShape, ...] = ()  # one per node; empty: every node has ``shape``
 
 
@@ -112,7 +112,7 @@ class GpuVm(pulumi.ComponentResource):
                 out["nic_type"] = kind
             return out
 
-        metadata = vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8"))
+        metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
         instance_names = vm.node_names(cfg.stack, cfg.nodes)
         self.instances = [
             gcp.compute.Instance(

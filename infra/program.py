@@ -14,6 +14,7 @@ from gpu_train.catalog import load_catalog
 from gpu_train.pricing import hourly_cost
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
+from remote.agent import bundle
 
 
 def stack_settings() -> dict[str, object]:
@@ -27,7 +28,7 @@ def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
     shapes = validate.node_shapes(cfg, catalog)
     per_node = [hourly_cost(s, catalog).hourly(cfg.spot) for s in shapes]
     cost = None if None in per_node else round(sum(per_node), 5)
-    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shapes[0], public_key, pulumi.get_project(), cost,
+    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shapes[0], public_key, pulumi.get_project(), cost, bundle.payload(),
                                     tuple(shapes) if cfg.pools else ()))
     shape = shapes[0]
     quota_request.declare(cfg, shape, gpu_vm)

@@ -107,3 +107,18 @@ def test_plan_shows_cost_per_pool() -> None:
     assert "ps     nodes 3-4    2 x n1-standard-8 (no GPU): $0.76/h" in text
     assert "all 5 nodes: $2.95/h" in text
     assert "GPUs: none (CPU only)" in text
+
+
+def test_quota_needs_add_up_over_pools() -> None:
+    from gpu_train import quota
+
+    cfg, _ = validate.check(pools_raw([{"role": "chief", **T4}, {"role": "worker", "count": 2, **T4},
+                                       {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]), "p", CATALOG)
+    nodes = validate.node_shapes(cfg, CATALOG)
+    region = {"NVIDIA_T4_GPUS": (100.0, 0.0), "CPUS": (1000.0, 0.0)}
+    by_metric = {(n.metric, n.scope): n for n in quota.needs(cfg, nodes[0], region, CATALOG, nodes)}
+    assert by_metric[("NVIDIA_T4_GPUS", "us-central1")].amount == 12  # 3 GPU nodes x 4; the ps add none
+    cpus = by_metric[("CPUS", "us-central1")]
+    assert cpus.amount == 3 * 16 + 3 * 8 and cpus.what == "48 vCPUs of n1-standard-16 + 24 vCPUs of n1-highmem-8"
+    assert by_metric[("GPUS_ALL_REGIONS", "global")].amount == 12
+    assert sum(n.amount for n in by_metric.values() if n.metric and "TOTAL_GB" in n.metric) == 6 * 200
