@@ -83,6 +83,7 @@ class FixedShape:
 class Price:
     on_demand: float | None
     spot: float | None
+    date: str | None = None  # when this row's figures were read (spot prices may change daily)
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ def _price(raw: dict, where: str) -> Price:
     for k in ("onDemand", "spot"):
         if raw.get(k) is not None and not isinstance(raw[k], (int, float)):
             raise CatalogError(f"{where}.{k}: expected a number or null")
-    return Price(raw.get("onDemand"), raw.get("spot"))
+    return Price(raw.get("onDemand"), raw.get("spot"), _need(raw, "date", str, where))
 
 
 def parse_catalog(doc: Any) -> Catalog:

@@ -87,7 +87,7 @@ KEYS: dict[str, Key] = {
             doc="N1 type with attached GPUs, or a fixed GPU shape (g2-, a2-, a3-, a4-, g4-)"),
         Key("gpuType", "str", targets=("gcp",), doc="accelerator API name; required for N1, implied by fixed shapes"),
         Key("gpuCount", "int", targets=("gcp",), doc="GPUs per VM; required for N1, implied by fixed shapes"),
-        Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (60-91% cheaper, may be preempted)"),
+        Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (cheaper; spot prices may change daily; may be preempted)"),
         Key("bootDiskSizeGb", "int", 200, ("gcp",), doc="boot disk size in GB"),
         Key("bootDiskType", "str", None, ("gcp",), doc="boot disk type; default: the series' own (pd-balanced; "
             "hyperdisk-balanced on A4, A3 Ultra, A4X and G4, which take Hyperdisk only)"),

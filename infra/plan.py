@@ -25,7 +25,8 @@ def _money(value: float | None) -> str:
 
 
 def describe_cost(cost: Cost, spot: bool) -> list[str]:
-    lines = [f"Cost per VM ({cost.region} list prices, catalog of {cost.date}; other regions differ):",
+    lines = [f"Cost per VM ({cost.region} list prices of {cost.date}; other regions differ, spot prices may change "
+             "daily):",
              f"  {'':<24}{'per hour':>10}{'per day':>11}"]
     for label, value, chosen in (("on demand", cost.on_demand, not spot), ("spot", cost.spot, spot)):
         mark = "  <- this stack" if chosen else ""
