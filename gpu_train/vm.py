@@ -12,6 +12,7 @@ import gzip
 import ipaddress
 import json
 import re
+import shlex
 from pathlib import Path
 
 from gpu_train import disks, images
@@ -131,17 +132,26 @@ def remote_root(cfg: StackConfig) -> str:
     return f"$HOME_DIR/{cfg.remote_root[2:]}" if cfg.remote_root.startswith("~/") else cfg.remote_root
 
 
+def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:
+    """The startup script's data-disk block: its device name, user and REMOTE_ROOT, shell-quoted
+    (``~/`` is left for the script to expand to the user's home)."""
+    root = cfg.remote_root.rstrip("/") or "/"
+    quoted = "'~/'" + shlex.quote(root[2:]) if root.startswith("~/") else shlex.quote(root)
+    return (("@DATA_DEVICE@", DATA_DEVICE_NAME), ("@DATA_USER@", shlex.quote(cfg.ssh_user)), ("@DATA_ROOT@", quoted))
+
+
 def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
     gpu-train-shutdown's ExecStop lets jobs checkpoint when the VM stops or is preempted;
-    gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs.
+    gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs. Before them, the
+    data disk (device ``DATA_DEVICE_NAME``) is formatted if new and mounted on REMOTE_ROOT.
     """
     packed = base64.b64encode(gzip.compress(agent_zipapp, mtime=0)).decode()
     settings = json.dumps({**cfg.agent_settings(), "poweroffCommand": ["systemctl", "poweroff"]})
     script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
     for mark, value in (("@USER@", cfg.ssh_user), ("@ROOT@", remote_root(cfg)), ("@PACKED@", packed),
-                        ("@SETTINGS@", settings)):
+                        ("@SETTINGS@", settings), *data_disk_marks(cfg)):
         script = script.replace(mark, value)
     return script
 
