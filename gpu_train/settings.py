@@ -113,7 +113,8 @@ class StackConfig:
                                       shown="learned on first contact")
     remote_root: str = setting("remoteRoot", "str", "~/gpu-train", "where gpu-train keeps its files on a host "
                                "(`{node}` is replaced by the node's number)")
-    python: str | None = setting("python", "str", None, "Python on the host (DLVM conda, else `python3`)",
+    python: str | None = setting("python", "str", None, "Python on the host; detected: the first candidate that imports "
+                                 "torch (`/opt/conda/bin/python`, ..., `python3` on PATH)",
                                  shown="detected")
     idle_stop_minutes: int = setting("idleStopMinutes", "int", DEFAULT_SETTINGS["idleStopMinutes"],
                                      "power off after this many idle minutes; `0` = off",
