@@ -54,7 +54,7 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     key = public_key.read_text().split()
     meta = dict(i["metadata"])
     script = meta.pop("startup-script")
-    assert meta == {"install-nvidia-driver": "True", "ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
+    assert meta == {"ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
                     "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
     assert script.startswith("#!/bin/bash") and "gpu-train-shutdown.service" in script
     assert i["desiredStatus"] == "RUNNING" and "maxRunDuration" not in sched
