@@ -158,9 +158,10 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
 @task(help={"force": "destroy even if a run is running or a fetch failed",
             "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP})
 def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
-    """Fetch every run, then stop billing (`pulumi destroy --yes` on GCP stacks).
+    """Fetch every run, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
-    Refuses, naming the runs, while a run is still running or a fetch failed, unless --force.
+    Refuses, naming the runs, while a run is still running or a fetch failed, unless --force. The data
+    disks are protected against a plain `pulumi destroy`; only here, after the fetch, are they released.
     """
     streams = _streams(streams)
     session = Session(stack)
@@ -181,8 +182,15 @@ def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
         return
+    from infra import pulumi_cli
     from remote import target as targets
 
+    try:  # the data disks are protected against a plain `pulumi destroy`; their runs are home now
+        released = pulumi_cli.release_data_disks(session.target.stack)
+    except RuntimeError as e:
+        raise Exit(f"{e}; nothing was destroyed", code=1) from None
+    if released:
+        say(f"data disk(s) {', '.join(released)} released: their runs are in runs/{session.target.stack}/")
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack], cwd=targets.REPO)
     if result.returncode != 0:
         raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=1)
