@@ -15,7 +15,7 @@ import re
 import shlex
 from pathlib import Path
 
-from gpu_train import disks
+from gpu_train import disks, images
 from gpu_train.config import StackConfig
 from gpu_train.names import (  # noqa: F401
     data_disk_name,
@@ -38,6 +38,15 @@ SERVICE_ACCOUNT_SCOPES = (
 )
 SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
 SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
+# How long Compute Engine lets the guest shut down before a hard power-off: "120 seconds ... for
+# Standard VMs and 30 seconds for Spot VMs" (pulumi-gcp 10.2.0 Instance scheduling.skipGuestOsShutdown
+# doc; Compute Engine "Spot VMs", preemption process; read 2026-11-22).
+SHUTDOWN_GRACE_S = {True: 30, False: 120}
+
+
+def shutdown_grace_s(spot: bool) -> int:
+    """Seconds a job has to checkpoint when the VM stops or is preempted."""
+    return SHUTDOWN_GRACE_S[spot]
 
 
 # Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
@@ -119,18 +128,13 @@ def desired_status(running: bool) -> str:
     return "RUNNING" if running else "TERMINATED"
 
 
-# Compute Engine gives a stopping VM 120 s (standard) or 30 s (spot) between ACPI soft-off and
-# power-off (pulumi-gcp's `scheduling.skipGuestOsShutdown` doc). A job gets SIGTERM at once and this
-# long before SIGKILL, leaving the rest of the shutdown a few seconds. SSH hosts: under systemd's
-# default stop timeout (90 s).
-SHUTDOWN_WINDOW_S = {"spot": 30, "standard": 120}
-
-
-def shutdown_grace_s(cfg: StackConfig) -> int:
-    """Seconds a job has between SIGTERM and SIGKILL when the machine goes down."""
+def job_grace_s(cfg: StackConfig) -> int:
+    """Seconds a job has between SIGTERM and SIGKILL when the machine goes down: within Compute
+    Engine's window (``shutdown_grace_s``), leaving the rest of the shutdown a few seconds. SSH
+    hosts: under systemd's default stop timeout (90 s)."""
     if not cfg.is_gcp:
         return 80
-    return SHUTDOWN_WINDOW_S["spot"] - 5 if cfg.spot else SHUTDOWN_WINDOW_S["standard"] - 10
+    return shutdown_grace_s(cfg.spot) - (5 if cfg.spot else 10)
 
 
 def tick_interval_s(idle_stop_minutes: float) -> int:
@@ -142,13 +146,22 @@ def root_settings(cfg: StackConfig) -> dict[str, object]:
     """/etc/gpu-train/agent.json on the VM: what the root-installed units run with (root-owned;
     the user's REMOTE_ROOT/agent.json never reaches them)."""
     return {**cfg.agent_settings(), "user": cfg.ssh_user, "remoteRoot": cfg.remote_root,
-            "shutdownGraceS": shutdown_grace_s(cfg)}
+            "shutdownGraceS": job_grace_s(cfg)}
+
+
+def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:
+    """The startup script's data-disk block: its device name, user and REMOTE_ROOT, shell-quoted
+    (``~/`` is left for the script to expand to the user's home)."""
+    root = cfg.remote_root.rstrip("/") or "/"
+    quoted = "'~/'" + shlex.quote(root[2:]) if root.startswith("~/") else shlex.quote(root)
+    return (("@DATA_DEVICE@", DATA_DEVICE_NAME), ("@DATA_USER@", shlex.quote(cfg.ssh_user)), ("@DATA_ROOT@", quoted))
 
 
 def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
-    Every stack value goes in shell-quoted; the units name fixed paths and the user only.
+    Every stack value goes in shell-quoted; the units name fixed paths and the user only. Before the units, the
+    data disk (device ``DATA_DEVICE_NAME``) is formatted if new and mounted on REMOTE_ROOT.
     """
     if not LOGIN_RE.fullmatch(cfg.ssh_user):  # validation refuses it first; the units must never see one
         raise ValueError(f"sshUser {cfg.ssh_user!r} is not a login name")
@@ -157,19 +170,22 @@ def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
         "@USER@": shlex.quote(cfg.ssh_user),
         "@SETTINGS@": shlex.quote(json.dumps(root_settings(cfg), sort_keys=True)),
         "@PACKED@": shlex.quote(packed),
-        "@GRACE@": str(shutdown_grace_s(cfg)),
+        "@GRACE@": str(job_grace_s(cfg)),
         "@TICK@": str(tick_interval_s(cfg.idle_stop_minutes)),
+        **dict(data_disk_marks(cfg)),
     }
     script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
     return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], script)
 
 
 def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str, str]:
-    """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off);
-    the startup script installs the on-host agent at every boot."""
+    """Only our key logs in (project-wide keys blocked, OS Login off); the startup script installs
+    the on-host agent at every boot. The driver is installed at first boot only for a family that
+    does not ship one (``*-nvidia-DRIVER`` families have it: no install, no reboot)."""
     key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
+    driver = {} if images.driver_of(cfg.image_family) is not None else {"install-nvidia-driver": "True"}
     return {
-        "install-nvidia-driver": "True",
+        **driver,
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",

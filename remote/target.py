@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpu_train import config
 from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
-from gpu_train.vm import shutdown_grace_s
+from gpu_train.vm import job_grace_s
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,7 +134,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         is_gcp=cfg.is_gcp,
         cache=cache,
         agent_settings={**cfg.agent_settings(), "sshPort": hosts[0].port if hosts else 22,
-                        "shutdownGraceS": shutdown_grace_s(cfg)},
+                        "shutdownGraceS": job_grace_s(cfg)},
         master_addr=master,
         gpus_per_node=int(gpus) if gpus else None,
         node_gpus=node_gpus,

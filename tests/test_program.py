@@ -54,7 +54,7 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     key = public_key.read_text().split()
     meta = dict(i["metadata"])
     script = meta.pop("startup-script")
-    assert meta == {"install-nvidia-driver": "True", "ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
+    assert meta == {"ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
                     "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
     assert script.startswith("#!/bin/bash") and "gpu-train-shutdown.service" in script
     assert i["desiredStatus"] == "RUNNING" and "maxRunDuration" not in sched
@@ -146,7 +146,10 @@ def startup_values(script: str, tmp_path: Path) -> dict[str, str]:
     """The startup script's variables as bash itself reads them (what the units are made of)."""
     import subprocess
 
-    head = script.split("\ncase ", 1)[0]  # the assignments, before anything acts
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("USER_NAME="))
+    end = next(i for i, line in enumerate(lines) if line.startswith("TICK="))
+    head = "\n".join(lines[start : end + 1])  # the assignments, nothing that acts
     (tmp_path / "head.sh").write_text(head + '\nprintf "%s\\0" "$USER_NAME" "$SETTINGS" "$PACKED" "$GRACE" "$TICK"\n')
     out = subprocess.run(["bash", str(tmp_path / "head.sh")], capture_output=True, text=True, check=True).stdout
     return dict(zip(["user", "settings", "packed", "grace", "tick"], out.split("\0"), strict=False))
@@ -170,8 +173,8 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     assert settings["idleStopMinutes"] == 45 and settings["maxResumes"] == 3 and settings["gcp"] is True
     assert settings["user"] == "alice" and settings["remoteRoot"] == "~/gpu-train" and "poweroffCommand" not in settings
     assert values["user"] == "alice" and values["grace"] == "110" and values["tick"] == "60"
-    # REMOTE_ROOT/agent.json has one writer, the laptop: the script writes nothing under REMOTE_ROOT.
-    assert "ROOT" not in script.replace("root", "")
+    # REMOTE_ROOT/agent.json has one writer, the laptop: the script never writes it.
+    assert "agent.json.new" not in script and "wait_for_user \"$USER_NAME\"" in script
     for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-watch.service", "gpu-train-tick.timer"):
         assert unit in script
     # The units run the root-owned copy with the root-owned settings, never the user's.
