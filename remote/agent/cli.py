@@ -20,7 +20,7 @@ from .wrap import cmd_wrap
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-train-agent")
     p.add_argument("--root", help="REMOTE_ROOT (or from --settings)")
-    p.add_argument("--settings", help="root-owned settings to run with instead of REMOTE_ROOT/agent.json "
+    p.add_argument("--settings", dest="settings_file", help="root-owned settings to run with instead of REMOTE_ROOT/agent.json "
                    "(the VM's units: /etc/gpu-train/agent.json, which also names the user and remoteRoot)")
     sub = p.add_subparsers(dest="cmd", required=True)
     launching = sub.add_parser("launch")
@@ -60,8 +60,8 @@ def main(argv: list[str]) -> int:
     p = parser()
     args = p.parse_args(argv)
     try:
-        if args.settings:
-            root = root_from_settings(use_settings_file(args.settings))
+        if args.settings_file:
+            root = root_from_settings(use_settings_file(args.settings_file))
         elif args.root:
             root = os.path.abspath(os.path.expanduser(args.root))
         else:
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
     except (AgentError, OSError, KeyError) as e:
         print(json.dumps({"error": f"settings: {e}"}))
         return 2
-    if not args.settings:  # the units never create a user's folder as root
+    if not args.settings_file:  # the units never create a user's folder as root
         os.makedirs(root, exist_ok=True)
     try:
         if args.cmd == "wrap":
