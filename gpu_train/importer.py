@@ -324,7 +324,7 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
     """
     spec = doc.get("jobSpec", doc) if isinstance(doc, dict) else None
     pools = spec.get("workerPoolSpecs") if isinstance(spec, dict) else None
-    if not isinstance(pools, list) or not pools:
+    if not isinstance(spec, dict) or not isinstance(pools, list) or not pools:
         raise JobImportError("a Vertex AI job needs workerPoolSpecs (a list, pool 0 being the chief)")
     job = JobDescription(region=region or (doc.get("region") if isinstance(doc, dict) else None))
     for index, pool in enumerate(pools):

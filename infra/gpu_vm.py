@@ -7,6 +7,7 @@ StackConfig; this module only declares resources, each parented to the component
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -41,7 +42,7 @@ class GpuVm(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tag = vm.network_tag(cfg.stack)
 
-        def ingress(suffix: str, description: str, **rule: object) -> gcp.compute.Firewall:
+        def ingress(suffix: str, description: str, **rule: Any) -> gcp.compute.Firewall:
             """An ingress rule of the default network for this VM's tag."""
             return gcp.compute.Firewall(f"{name}-{suffix}", name=vm.resource_name(cfg.stack, suffix), project=cfg.project,
                                         network="default", direction="INGRESS", target_tags=[tag],
@@ -92,7 +93,8 @@ class GpuVm(pulumi.ComponentResource):
         policy = vm.placement_policy(cfg.nodes, sorted({s.machine_type for s in shapes}), catalog)
         policy_link = None
         if policy is not None:
-            policy_link = gcp.compute.ResourcePolicy(
+            # The plain dicts of gpu_train.vm are what pulumi_gcp's *ArgsDict types spell out.
+            policy_link = gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
                 f"{name}-placement",
                 name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
                 project=cfg.project,
@@ -115,7 +117,7 @@ class GpuVm(pulumi.ComponentResource):
         metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
         instance_names = vm.node_names(cfg.stack, cfg.nodes)
         self.instances = [
-            gcp.compute.Instance(
+            gcp.compute.Instance(  # type: ignore[call-overload]
                 name if cfg.nodes == 1 else f"{name}-{i}",
                 name=instance_name,
                 project=cfg.project,

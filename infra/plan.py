@@ -38,6 +38,7 @@ def describe_cost(cost: Cost, spot: bool) -> list[str]:
 
 def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: Catalog) -> str:
     acc = catalog.accelerator(shape.gpu_type)
+    assert acc is not None  # a validated shape's GPU is in the catalog
     how = "attached to" if shape.attached else "built into"
     model = "spot" if cfg.spot else "on demand"
     return (f"GPU shape: {shape.gpu_count} x {acc.gpu} ({acc.memory_gb} GB, {shape.gpu_type}) {how} "

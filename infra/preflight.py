@@ -73,6 +73,7 @@ def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set
                          " check the Quotas page")
     for gpu_type in sorted({n.gpu_type for n in nodes if n.gpu_count}):
         acc = catalog.accelerator(gpu_type)
+        assert acc is not None  # a validated stack's GPUs are in the catalog
         if acc.name in offered:
             continue
         short.append(f"{acc.name} is not offered in {cfg.zone} for this project "

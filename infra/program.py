@@ -27,7 +27,8 @@ def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
     catalog = load_catalog()
     shapes = validate.node_shapes(cfg, catalog)
     per_node = [hourly_cost(s, catalog).hourly(cfg.spot) for s in shapes]
-    cost = None if None in per_node else round(sum(per_node), 5)
+    known = [c for c in per_node if c is not None]
+    cost = round(sum(known), 5) if len(known) == len(per_node) else None
     gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shapes[0], public_key, pulumi.get_project(), cost, bundle.payload(),
                                     tuple(shapes) if cfg.pools else ()))
     shape = shapes[0]
@@ -52,4 +53,5 @@ def main() -> None:
             raise config.ConfigError([problem], stack)
     except config.ConfigError as e:
         raise pulumi.RunError(str(e)) from None
+    assert public_key is not None  # read_public_key gives a key or a problem
     declare(cfg, public_key)

@@ -44,17 +44,18 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[
     declared = []
     for pref in quota.preferences(cfg, shape, gpus, load_catalog()):
         dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
+        quota_id, want = str(pref["quota_id"]), int(str(pref["preferred"]))
         info = gcp.cloudquota.get_s_quota_info_output(parent=parent_path, service=quota.SERVICE,
-                                                      quota_id=pref["quota_id"],
+                                                      quota_id=quota_id,
                                                       opts=pulumi.InvokeOutputOptions(parent=parent, provider=provider,
                                                                                       depends_on=[api]))
-        preferred = info.apply(lambda i, d=dims, want=pref["preferred"]: str(max(int(want), current_value(i, d))))
-        suffix = "-".join([str(pref["quota_id"]).lower(), *dims.values()])
+        preferred = info.apply(lambda i, d=dims, w=want: str(max(w, current_value(i, d))))  # type: ignore[misc]
+        suffix = "-".join([quota_id.lower(), *dims.values()])
         declared.append(gcp.cloudquota.SQuotaPreference(
             f"quota-{suffix}",
             parent=parent_path,
             service=quota.SERVICE,
-            quota_id=pref["quota_id"],
+            quota_id=quota_id,
             dimensions=dims or None,
             quota_config={"preferred_value": preferred},
             justification=request["justification"],

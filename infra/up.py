@@ -55,6 +55,7 @@ def run_pulumi(args: list[str], echo: bool = True) -> tuple[int, str]:
     """Run the Pulumi CLI in the project, showing its output as it comes; (exit code, output)."""
     proc = subprocess.Popen(["pulumi", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
+    assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:
         lines.append(line)
         if echo:

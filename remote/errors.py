@@ -26,7 +26,7 @@ def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
         print("interrupted", file=sys.stderr)
         os._exit(130)
     if os.environ.get("GPU_TRAIN_DEBUG"):
-        traceback.print_exception(kind, value, tb)  # type: ignore[arg-type]
+        traceback.print_exception(kind, value, tb)  # type: ignore[arg-type,call-overload]
     else:
         text = str(value).strip() or kind.__name__
         if len(text) > 2000:

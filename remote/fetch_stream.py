@@ -51,7 +51,8 @@ class Stream:
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the stream)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      bufsize=0, start_new_session=True)
-        self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type]
+        assert self.proc.stdout is not None  # stdout=PIPE
+        self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type,type-var]
 
     def send(self, request: dict) -> None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from typing import cast
 
 from invoke import Exit, task
 
@@ -118,8 +119,8 @@ def cluster_status(session: Session, *args: str) -> dict:
     if len(docs) == 1:
         if isinstance(docs[0], Exit):
             raise docs[0]
-        return docs[0]
-    doc = aggregate_runs([None if isinstance(d, Exit) else d for d in docs])
+        return cast(dict, docs[0])
+    doc = aggregate_runs([None if isinstance(d, Exit) else cast(dict, d) for d in docs])
     doc["unreachable"] = failures(docs)
     return doc
 

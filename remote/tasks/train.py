@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -100,9 +101,10 @@ def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
                                agent_settings=target.agent_settings)
     conn = session.connect()
     with ChannelRelay(conn.transport) as relay:
-        def push() -> None:
+        def sync_code() -> None:
             sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh())
 
+        push: Callable[[], None] | None = sync_code
         deadline, delay = time.monotonic() + session.timeout, 5.0
         while True:
             try:
