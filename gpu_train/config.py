@@ -21,6 +21,7 @@ import yaml
 from gpu_train import gpunames
 from gpu_train.catalog import load_catalog
 from gpu_train.disks import default_disk_type
+from gpu_train.errors import ExitStatus, GpuTrainError
 from gpu_train.settings import (  # each setting is declared once, there
     BY_KEY,
     GCP_IDLE_STOP_MINUTES,
@@ -61,16 +62,17 @@ def shown_key(key: str, limit: int = 60) -> str:
     return key if len(key) <= limit and key.isprintable() else shown(key, limit)
 
 
-class ConfigError(ValueError):
+class ConfigError(GpuTrainError, ValueError):
     """A stack's settings are invalid; ``problems`` lists every one."""
 
+    status = ExitStatus.USAGE
+
     def __init__(self, problems: list[Problem], stack: str = ""):
-        self.problems = problems
         self.stack = stack
         head = f"stack {stack!r} is invalid" if stack else "invalid stack settings"
         lines = [f"{head} ({len(problems)} problem{'s' if len(problems) != 1 else ''}):"]
         lines += [f"  - {p}".replace("\n", "\n  ") for p in problems]
-        super().__init__("\n".join(lines))
+        super().__init__("\n".join(lines), problems)
 
 
 _TYPE_WORDS = {

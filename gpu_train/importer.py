@@ -19,13 +19,17 @@ from typing import Any
 
 import yaml
 
+from gpu_train.errors import ExitStatus, GpuTrainError
+
 DATA_PATH = Path(__file__).parent / "data" / "ai-platform.yaml"
 
 EXACT, CHANGED, NOT_MAPPED = "exact", "changed", "not mapped"
 
 
-class JobImportError(ValueError):
+class JobImportError(GpuTrainError, ValueError):
     """The input is not a job description this import can read; the message says what it expected."""
+
+    status = ExitStatus.USAGE
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpu_train import config, validate
 from gpu_train.catalog import Catalog, load_catalog
+from gpu_train.errors import ExitStatus, outcome
 from gpu_train.pricing import Cost, hourly_cost
 from infra import preview, program
 
@@ -164,18 +165,19 @@ def plan(raw: dict[str, Any], stack: str) -> tuple[str, int]:
     try:
         cfg, warnings = validate.check(raw, stack, catalog)
     except config.ConfigError as e:
-        return str(e), 2
+        status, message = outcome(e)
+        return message, status
     if not cfg.is_gcp:
         hosts = ", ".join(map(str, cfg.hosts))
-        return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the fab tasks.", 0
+        return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the fab tasks.", ExitStatus.OK
     public_key, problem = config.read_public_key(cfg)
     if problem is not None:  # not needed to plan; `pulumi up` stops on it
         warnings = [*warnings, config.Problem(problem.key, problem.message + " (pulumi up will stop here)",
                                               problem.fix, problem.value, "warning")]
     result = preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER), stack=stack)
     if result.error is not None:
-        return f"the program failed under the mock runtime: {result.error}", 2
-    return render(cfg, result, warnings, catalog), 0
+        return f"the program failed under the mock runtime: {result.error}", ExitStatus.USAGE
+    return render(cfg, result, warnings, catalog), ExitStatus.OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         raw = config.read_stack_file(path)
     except config.ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
+        status, message = outcome(e)
+        print(message, file=sys.stderr)
+        return status
     text, code = plan(raw, stack)
     print(text, file=sys.stderr if code else sys.stdout)
     return code

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gpu_train import capacity, config, validate
 from gpu_train.catalog import load_catalog
+from gpu_train.errors import ExitStatus, outcome
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,18 +86,18 @@ def up(stack: str, zones: list[str] | None, retry_until_up: bool, max_attempts: 
                 attempt += 1
                 if attempt > max_attempts:
                     say(f"stopping after {max_attempts} attempts (--max-attempts)")
-                    return 1
+                    return ExitStatus.FAILED
                 tried.add(zone)
                 say(f"attempt {attempt}: {shape} in {zone}")
                 for key, value in {**shape.settings(), "zone": zone}.items():
                     code, out = pulumi(["config", "set", f"gpu-train:{key}", value, "--stack", stack])
                     if code:
                         say(f"pulumi config set failed: {out.strip()}")
-                        return 1
+                        return ExitStatus.FAILED
                 code, out = pulumi(["up", "--yes", "--skip-preview", "--stack", stack])
                 if code == 0:
                     say(f"up: {shape} in {zone} (attempt {attempt}); the stack's zone is now {zone}")
-                    return 0
+                    return ExitStatus.OK
                 failure = capacity.classify(out)
                 say(f"attempt {attempt} failed: {failure.kind}: {failure.reason}")
                 pulumi(["destroy", "--yes", "--skip-preview", "--stack", stack])  # this attempt's leftovers
@@ -104,14 +105,14 @@ def up(stack: str, zones: list[str] | None, retry_until_up: bool, max_attempts: 
                     say("not a capacity problem: no other zone will help" if failure.kind != capacity.GLOBAL_QUOTA else
                         f"the global GPU quota ({failure.metric}) is exhausted: request more (quotaRequest, or the "
                         "console's Quotas page); no zone helps")
-                    return 1
+                    return ExitStatus.FAILED
                 if failure.kind == capacity.REGIONAL_QUOTA:
                     skipped.add(zone.rsplit("-", 1)[0])
                     say(f"skipping region {zone.rsplit('-', 1)[0]} (quota)")
                 todo = capacity.next_zones(plan, tried, failure, skipped)
             say(f"no zone had capacity for {shape}")
         if not retry_until_up:
-            return 1
+            return ExitStatus.FAILED
         say(f"every zone and shape tried; trying again in {delay:.0f} s (--retry-until-up)")
         sleep(delay)
         delay = min(delay * 2, 600)
@@ -127,19 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not shutil.which("pulumi"):
         print("scripts/up needs the Pulumi CLI (https://www.pulumi.com/docs/install/)", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     if not args.skip_preflight:
         from infra import preflight
 
         code = preflight.main(["--stack", args.stack])
-        if code == 1:
-            return 1
+        if code == ExitStatus.FAILED:
+            return ExitStatus.FAILED
     zones = None if args.zones == "auto" else [z.strip() for z in args.zones.split(",") if z.strip()]
     try:
         return up(args.stack, zones, args.retry_until_up, args.max_attempts, lambda s: print(f"[up] {s}", flush=True))
     except config.ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
+        status, message = outcome(e)
+        print(message, file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from remote.agent.protocol import ACTIVE
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.runs import cluster_status
@@ -67,18 +68,18 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
         doc = session.call("status", "--summaries", *(["--run", run] if run and not all_ else []))
         runs = doc["runs"] if (all_ or run) else doc["runs"][-1:]
     if not runs:
-        raise Exit("no runs on this host yet", code=1)
+        raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
     failed = fetch_runs(session, runs, dest, progress=sys.stdout.isatty())
     session.close()
     if failed:
-        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=1)
+        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=ExitStatus.FAILED)
 
 
 def _fetch_every_node(session: Session, run: str | None, dest: str | None) -> None:
     sessions = session.nodes()
     lead = session.call("status", *(["--run", run] if run else []))["runs"]
     if not lead:
-        raise Exit("no runs on this host yet", code=1)
+        raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
     run_id = lead[-1]["id"]
 
     def one(s: Session) -> list[str]:
@@ -90,7 +91,7 @@ def _fetch_every_node(session: Session, run: str | None, dest: str | None) -> No
         s.close()
     failed = failures(results) + [f"node {i}" for i, r in enumerate(results) if isinstance(r, list) and r]
     if failed:
-        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch --all-nodes` again to resume", code=1)
+        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch --all-nodes` again to resume", code=ExitStatus.FAILED)
 
 
 def _watch(session: Session, run: str | None, dest: str | None, interval: float) -> None:
@@ -98,7 +99,7 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float)
     while True:
         doc = session.call("status", "--summaries", *(["--run", run] if run else []))
         if not doc["runs"]:
-            raise Exit("no runs on this host yet", code=1)
+            raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
         current = doc["runs"][-1]
         run = current["id"]
         fetch_runs(session, [current], dest, progress=False, quiet=True)
@@ -119,15 +120,15 @@ def down(c, force=False, stack=None):
     runs = doc["runs"]
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
     if running and not force:
-        raise Exit(f"refusing: still running: {', '.join(running)} (fab stop, or fab down --force)", code=1)
+        raise Exit(f"refusing: still running: {', '.join(running)} (fab stop, or fab down --force)", code=ExitStatus.FAILED)
     if doc.get("unreachable") and not force:
         raise Exit(f"refusing: cannot check every node ({'; '.join(doc['unreachable'])}); fab down --force to go on",
-                   code=1)
+                   code=ExitStatus.FAILED)
     failed = fetch_runs(session, runs, None, progress=False)
     session.close()
     if failed and not force:
         raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was destroyed (fab down --force to lose them)",
-                   code=1)
+                   code=ExitStatus.FAILED)
     say(f"fetched {len(runs) - len(failed)} run(s) into runs/{session.target.stack}/")
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
@@ -136,5 +137,5 @@ def down(c, force=False, stack=None):
 
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack], cwd=targets.REPO)
     if result.returncode != 0:
-        raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=1)
+        raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=ExitStatus.FAILED)
     (session.target.cache / "outputs.json").unlink(missing_ok=True)
