@@ -75,7 +75,7 @@ def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfi
     Settings that failed to parse are left out of the GPU rules (their own problem says why),
     so every problem is reported in one go.
     """
-    cfg, problems = parse_partial(raw, stack)
+    cfg, problems = parse_partial(raw, stack, catalog)
     bad = {p.key for p in problems}
     problems += [p for p in validate(cfg, catalog) if p.key not in bad]
     errors = [p for p in problems if p.severity == "error"]

@@ -13,7 +13,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train import names, vm
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.pools import boot_disk_type
 from gpu_train.validate import GpuShape
@@ -29,6 +29,8 @@ class GpuVmArgs:
     pulumi_project: str
     hourly_cost_usd: float | None
     agent_zipapp: bytes  # the on-host agent the startup script installs (remote.agent.bundle)
+    startup_template: str  # gpu_train/data/startup-script.sh.in (vm.read_startup_template)
+    catalog: Catalog
     node_shapes: tuple[GpuShape, ...] = ()  # one per node; empty: every node has ``shape``
 
 
@@ -88,7 +90,7 @@ class GpuVm(pulumi.ComponentResource):
                 )
             return cfg.boot_disk_size_gb
 
-        catalog = load_catalog()
+        catalog = args.catalog
         shapes = list(args.node_shapes) or [shape] * cfg.nodes
         policy = vm.placement_policy(cfg.nodes, sorted({s.machine_type for s in shapes}), catalog)
         policy_link = None
@@ -114,7 +116,7 @@ class GpuVm(pulumi.ComponentResource):
                 out["nic_type"] = kind
             return out
 
-        metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
+        metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp, args.startup_template)
         instance_names = vm.node_names(cfg.stack, cfg.nodes)
         self.instances = [
             gcp.compute.Instance(  # type: ignore[call-overload]

@@ -46,8 +46,8 @@ def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: C
             f"{shape.machine_type} ({shape.vcpus} vCPUs, {shape.memory_gb:g} GB), {model}, in {cfg.zone}")
 
 
-def _carries_gpus(machine_type: str) -> bool:
-    machine = load_catalog().parse_machine_type(machine_type)
+def _carries_gpus(machine_type: str, catalog: Catalog) -> bool:
+    machine = catalog.parse_machine_type(machine_type)
     return machine is not None and machine.fixed is not None
 
 
@@ -71,7 +71,7 @@ def describe_pools(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
     return lines
 
 
-def _props(r: preview.Declared) -> list[str]:
+def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
     """The properties of each resource type that a reader checks before paying for it."""
     i = r.inputs
     if r.typ.endswith("Firewall"):
@@ -105,7 +105,7 @@ def _props(r: preview.Declared) -> list[str]:
         return [
             f"name {i.get('name')}, {i.get('machineType')} in {i.get('zone')}",
             "GPUs: " + (", ".join(f"{int(g['count'])} x {g['type']} attached" for g in gpus)
-                        or ("built into the machine type" if _carries_gpus(i.get("machineType", "")) else "none (CPU only)")),
+                        or ("built into the machine type" if _carries_gpus(i.get("machineType", ""), catalog) else "none (CPU only)")),
             f"network: {i['networkInterfaces'][0].get('nicType') or 'default NIC'}"
             + (f", placement {i['resourcePolicies'].rsplit('/', 1)[-1]}" if i.get("resourcePolicies") else ""),
             f"boot disk: {int(init['size'])} GB {init['type']}, image {init['image'].rsplit('/', 1)[-1]} "
@@ -143,7 +143,7 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
 
     for r in sorted(result.resources, key=lambda r: (rank(r.typ.rsplit(":", 1)[-1]), r.name)):
         lines.append(f"  + {r.typ}  {r.name}")
-        lines += [f"      {p}" for p in _props(r) if p]
+        lines += [f"      {p}" for p in _props(r, catalog) if p]
     lines += ["", "Stack outputs (read by the fab tasks):"]
     lines += [f"  {k}: {_output(v)}" for k, v in result.outputs.items()]
     if warnings:
@@ -174,7 +174,7 @@ def plan(raw: dict[str, Any], stack: str) -> tuple[str, int]:
     if problem is not None:  # not needed to plan; `pulumi up` stops on it
         warnings = [*warnings, config.Problem(problem.key, problem.message + " (pulumi up will stop here)",
                                               problem.fix, problem.value, "warning")]
-    result = preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER), stack=stack)
+    result = preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER, catalog), stack=stack)
     if result.error is not None:
         return f"the program failed under the mock runtime: {result.error}", ExitStatus.USAGE
     return render(cfg, result, warnings, catalog), ExitStatus.OK

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train import quota
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.validate import GpuShape
 
@@ -31,7 +31,8 @@ def current_value(info, dimensions: dict[str, str]) -> int:
 CLOUD_QUOTAS_API = "cloudquotas.googleapis.com"
 
 
-def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[gcp.cloudquota.SQuotaPreference]:
+def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
+            catalog: Catalog) -> list[gcp.cloudquota.SQuotaPreference]:
     request = cfg.quota_request
     if not request:
         return []
@@ -42,7 +43,7 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[
     api = gcp.projects.Service("cloudquotas-api", project=cfg.project, service=CLOUD_QUOTAS_API, disable_on_destroy=False,
                                opts=pulumi.ResourceOptions(parent=parent, provider=provider))
     declared = []
-    for pref in quota.preferences(cfg, shape, gpus, load_catalog()):
+    for pref in quota.preferences(cfg, shape, gpus, catalog):
         dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
         quota_id, want = str(pref["quota_id"]), int(str(pref["preferred"]))
         info = gcp.cloudquota.get_s_quota_info_output(parent=parent_path, service=quota.SERVICE,
