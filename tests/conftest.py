@@ -23,7 +23,7 @@ from remote.loopback import Sshd
 
 ROOT = Path(__file__).resolve().parent.parent
 # Fixtures that start a real sshd (here and in the test modules): a test using one is `e2e`.
-E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host"})
+E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster"})
 # Fixtures whose tests run many real processes (scripts/up against the stand-in pulumi): `slow`.
 SLOW_FIXTURES = frozenset({"up_env"})
 
@@ -49,6 +49,7 @@ def _sshd_only_in_e2e(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     """A test outside the e2e tier that starts a real sshd fails, saying how to fix it."""
     if request.node.get_closest_marker("e2e") or request.node.get_closest_marker("guest"):
         return
+    # (A test that starts one in its body says @pytest.mark.e2e.)
 
     def refuse(self: Sshd) -> Sshd:
         raise AssertionError(f"{request.node.nodeid} starts a real sshd: use a fixture in tests/conftest.py "

@@ -28,13 +28,13 @@ from remote.tasks.session import STACK_HELP, Session, exit_for, failures, on_eve
         "launcher": "torchrun (default for a multi-node --script) or none",
         "nproc": "processes per node under torchrun (default: the node's GPUs, or 1)",
         "port": "torchrun's master port on node 0 (default 29500)",
-        "ps": "with --command on several nodes: the last N nodes are TF parameter servers",
+        "ps": "with --command on several nodes: the last N nodes are TF parameter servers (default: the stack's ps pool)",
         "stack": STACK_HELP,
         "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
     },
 )
 def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=29500,
-          ps=0, stack=None, timeout=None):
+          ps=None, stack=None, timeout=None):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
@@ -57,7 +57,9 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node)
-        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), int(ps))
+        ps = jobs.parameter_servers(ps, cluster.parameter_servers)
+        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), ps)
+        specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
     except jobs.JobError as e:
         raise exit_for(e) from None
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
