@@ -111,13 +111,13 @@ def remote_root(cfg: StackConfig) -> str:
     return f"$HOME_DIR/{cfg.remote_root[2:]}" if cfg.remote_root.startswith("~/") else cfg.remote_root
 
 
-def startup_script(cfg: StackConfig, agent_source: str) -> str:
+def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
     gpu-train-shutdown's ExecStop lets jobs checkpoint when the VM stops or is preempted;
     gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs.
     """
-    packed = base64.b64encode(gzip.compress(agent_source.encode(), mtime=0)).decode()
+    packed = base64.b64encode(gzip.compress(agent_zipapp, mtime=0)).decode()
     settings = json.dumps({**cfg.agent_settings(), "poweroffCommand": ["systemctl", "poweroff"]})
     script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
     for mark, value in (("@USER@", cfg.ssh_user), ("@ROOT@", remote_root(cfg)), ("@PACKED@", packed),
@@ -126,7 +126,7 @@ def startup_script(cfg: StackConfig, agent_source: str) -> str:
     return script
 
 
-def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, str]:
+def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str, str]:
     """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off);
     the startup script installs the on-host agent at every boot."""
     key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
@@ -135,7 +135,7 @@ def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, 
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",
-        "startup-script": startup_script(cfg, agent_source),
+        "startup-script": startup_script(cfg, agent_zipapp),
     }
 
 

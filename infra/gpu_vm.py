@@ -14,7 +14,6 @@ import pulumi_gcp as gcp
 from gpu_train import vm
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
-from gpu_train.jobs import AGENT_PATH
 from gpu_train.validate import GpuShape
 
 
@@ -27,6 +26,7 @@ class GpuVmArgs:
     public_key: str
     pulumi_project: str
     hourly_cost_usd: float | None
+    agent_zipapp: bytes  # the on-host agent the startup script installs (remote.agent.bundle)
 
 
 class GpuVm(pulumi.ComponentResource):
@@ -105,7 +105,7 @@ class GpuVm(pulumi.ComponentResource):
         nic = {"network": "default", "access_configs": [{}]}
         if (kind := vm.nic_type(shape.machine_type, catalog)) is not None:
             nic["nic_type"] = kind
-        metadata = vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8"))
+        metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
         names = vm.node_names(cfg.stack, cfg.nodes)
         self.instances = [
             gcp.compute.Instance(

@@ -14,6 +14,7 @@ from gpu_train.catalog import load_catalog
 from gpu_train.pricing import hourly_cost
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
+from remote.agent import bundle
 
 
 def stack_settings() -> dict[str, object]:
@@ -27,7 +28,7 @@ def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
     shape = validate.shape_of(cfg, catalog)
     per_vm = hourly_cost(shape, catalog).hourly(cfg.spot)
     cost = None if per_vm is None else round(per_vm * cfg.nodes, 5)
-    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shape, public_key, pulumi.get_project(), cost))
+    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shape, public_key, pulumi.get_project(), cost, bundle.payload()))
     quota_request.declare(cfg, shape, gpu_vm)
     for key, value in gpu_vm.outputs.items():
         pulumi.export(key, value)
