@@ -10,6 +10,7 @@ from pathlib import Path
 from invoke import Exit, task
 
 from remote.agent.protocol import ACTIVE
+from remote.tasks import trust
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.runs import cluster_status
 from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
@@ -22,16 +23,21 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
 
     record = FetchRecord(session.target.cache)
     failed = []
+    base = Path(dest) if dest else Path("runs") / session.target.stack
     for r in runs:
-        where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or Path("runs") / session.target.stack / r["id"])
+        # The id was checked where the host's answer came in; the path on the host is rebuilt from it,
+        # and the local one must stay inside its base (a symlink planted there cannot lead out).
+        where = base if dest and len(runs) == 1 else base / trust.host_run_id(r["id"], session.target.host)
         where = where / subdir if subdir else where
+        trust.inside(where, base)
         if record.up_to_date(r, where):
             if not quiet:
                 say(f"{r['id']}: up to date in {where}")
             continue
         say(f"fetching {r['id']} ({r['state']}) -> {where}")
         try:
-            sync.fetch_dir(session.target, session.target.host, r["jobDir"], where, progress)
+            sync.fetch_dir(session.target, session.target.host, trust.remote_job_dir(session.target, r["id"]), where,
+                           progress)
             record.record(r, where)
         except ssh.RemoteError as e:
             say(str(e))
@@ -43,17 +49,18 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
             "watch": "keep fetching new checkpoints until the run ends", "interval": "seconds between --watch rounds (30)",
             "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
             "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_nodes=False, stack=None):
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, stack=None):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
     With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
     from remote import ssh
 
+    run, interval = trust.run_option(run), trust.number("--interval", interval or 30, float, 0)
     session = Session(stack)
     target = session.target
     if watch:
-        _watch(session, run, dest, float(interval))
+        _watch(session, run, dest, interval)
         return
     if all_nodes:
         _fetch_every_node(session, run, dest)
@@ -61,8 +68,7 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
     fetched_before = any(v.get("run") == run for v in FetchRecord(target.cache).doc.values())
     if run and not all_ and not fetched_before and ssh.knows_host(target, target.host):
         # A first fetch of a named run: rsync alone, no agent call (OpenSSH checks the known host key).
-        job = f"{target.rsync_root()}/runs/{run}/job"
-        runs = [{"id": run, "state": "unknown", "jobDir": job}]
+        runs = [{"id": run, "state": "unknown", "jobDir": trust.remote_job_dir(target, run)}]
     else:
         doc = session.call("status", "--summaries", *(["--run", run] if run and not all_ else []))
         runs = doc["runs"] if (all_ or run) else doc["runs"][-1:]

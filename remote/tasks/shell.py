@@ -8,6 +8,7 @@ import os
 
 from invoke import Exit, task
 
+from remote.tasks import trust
 from remote.tasks.localstate import write_ssh_config
 from remote.tasks.session import STACK_HELP, Session, say
 
@@ -62,9 +63,10 @@ def gpus(c, stack=None):
 
 @task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
             "stack": STACK_HELP})
-def tunnel(c, port=6006, local_port=None, stack=None):
+def tunnel(c, port=None, local_port=None, stack=None):
     """Forward localhost:LOCAL_PORT to the host's localhost:PORT over SSH (no firewall change)."""
     session = Session(stack)
-    port, local = int(port), int(local_port or port)
+    port = trust.number("--port", port or 6006, int, 1, 65535)
+    local = trust.number("--local-port", local_port or port, int, 1, 65535)
     say(f"http://localhost:{local} -> {session.target.host} localhost:{port} (Ctrl-C to stop)")
     _exec_ssh(session, "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"{local}:localhost:{port}")

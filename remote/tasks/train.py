@@ -10,6 +10,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
 
@@ -31,8 +32,8 @@ from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, s
         "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
     },
 )
-def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=29500,
-          ps=0, stack=None, timeout=None):
+def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=None,
+          ps=None, stack=None, timeout=None):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
@@ -46,7 +47,9 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     code_dir = Path(dir or ".").expanduser().resolve()
     if not code_dir.is_dir():
         raise Exit(f"--dir {code_dir}: no such directory", code=2)
-    session = Session(stack, float(timeout) if timeout else None)
+    nproc, port, ps = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535), \
+        trust.number("--ps", ps or 0, int, 0)
+    session = Session(stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
     cluster = session.cluster
     try:
         base = jobs.base_name(name, script, command)
@@ -54,8 +57,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
-        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node)
-        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), int(ps))
+        spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node)
+        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
     except jobs.JobError as e:
         raise Exit(str(e), code=2) from None
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
@@ -110,6 +113,7 @@ def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
             except ssh.RemoteError as e:
                 raise Exit(str(e), code=1) from None
             if "waiting" not in answer:
+                trust.host_run_id(answer.get("runId"), target.host)
                 return answer
             push = None  # the code is staged on the host; only the launch is retried
             if time.monotonic() > deadline:
