@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import select
 import tempfile
@@ -29,6 +30,9 @@ from remote.agent.protocol import LOG_END, LOG_START
 from remote.target import Target
 
 Say = Callable[[str], None]
+# paramiko logs a lost connection ("Socket exception: ...") through logging's last-resort handler,
+# onto the user's terminal; the tasks say what failed themselves.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 START_MARK = LOG_START
 END_MARK = LOG_END
 
@@ -217,7 +221,14 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
         if sync is not None:
             # The agent's first word even when the sync failed: a refusal (REMOTE_ROOT not ours, a
             # busy name) explains the failed sync better than rsync's exit code.
-            first = _answer(out.readline(), chan)
+            line = out.readline()
+            if failure is not None:
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    if "error" in (said := json.loads(line)):
+                        raise RemoteError(said["error"])
+                first = {}
+            else:
+                first = _answer(line, chan)
             if failure is None and "ready" in first and reuse and not first.get("reused"):
                 try:
                     sync()

@@ -16,10 +16,12 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from remote.loopback import Sshd
 from tests.test_remote import EXAMPLE, FAB, Lab
 
 ADDRESS = "127.0.10.2"  # this suite's loopback addresses are 127.0.10.x
@@ -34,7 +36,7 @@ def lab(tmp_path: Path):
 
 
 def no_traceback(result: subprocess.CompletedProcess) -> None:
-    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout, "\n" + result.stderr
 
 
 def files_under(root: Path) -> set[str]:
@@ -333,3 +335,60 @@ def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker
     for path in (run_dir / "spec.json", run_dir / "log", run_dir / "state.json"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     assert secret not in (lab.remote / "agent.log").read_text() if (lab.remote / "agent.log").exists() else True
+
+
+# -- a cluster starts whole or not at all ---------------------------------------------------------
+def test_a_node_lost_mid_sync_fails_the_launch_and_stops_the_others(tmp_path: Path) -> None:
+    nodes = [Sshd(tmp_path / f"n{i}", f"127.0.10.{3 + i}") for i in range(3)]
+    for n in nodes[1:]:
+        n.client_key = nodes[0].client_key
+    for n in nodes:
+        n.start()
+    roots = [tmp_path / f"node{i}" for i in range(3)]
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    hosts = ", ".join(f"'{n.spec}'" for n in nodes)
+    (stacks / "Pulumi.trio.yaml").write_text(
+        f"config:\n  gpu-train:target: ssh\n  gpu-train:hosts: [{hosts}]\n  gpu-train:sshKey: {nodes[0].client_key}\n"
+        f"  gpu-train:remoteRoot: {tmp_path}/node{{node}}\n  gpu-train:python: {sys.executable}\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    for i in range(8):
+        (code / f"blob{i}.bin").write_bytes(os.urandom(8 << 20))  # enough to be mid-sync when node 1 dies
+    (code / "job.sh").write_text("sleep 30\n")
+    home = tmp_path / "home"
+    env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home), "GPU_TRAIN_STACK": "trio"}
+    from tests.test_remote import ROOT
+
+    proc = subprocess.Popen([FAB, "--search-root", str(ROOT), "train", "--dir", str(code), "--command", "sh job.sh",
+                             "--name", "trio"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any((roots[1] / "staging").glob("*/blob*")) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert time.monotonic() < deadline, "the sync to node 1 never started"
+        nodes[1].stop()  # the daemon and every session it serves, mid-sync
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0, out + err
+        assert "started" not in out and "node 1" in err, out + err
+        no_traceback(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        for i in (0, 2):  # the others were stopped or never started: no half a cluster left running
+            for state in (roots[i] / "runs").glob("*/state.json"):
+                assert json.loads(state.read_text())["state"] in ("stopped", "failed"), state.read_text()
+        manifests = home / "trio" / "code-manifests.json"
+        assert not manifests.exists() or json.loads(manifests.read_text()) == {}  # nothing recorded as pushed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for n in nodes:
+            n.stop()
+        for r in roots:
+            subprocess.run(["pkill", "-f", str(r)], check=False)
+
+
+def test_a_128_character_name_runs_under_a_short_screen_name(lab: Lab) -> None:
+    name = "n" * (128 - len("_20260101_000000"))
+    run = lab.train("--dir", str(EXAMPLE), "--command", "echo long-name-ok", "--name", name)
+    assert len(run) == 128
+    assert lab.wait(run)["state"] == "succeeded" and "long-name-ok" in lab.log(run)
