@@ -68,6 +68,17 @@ def secure_root(root: str, own: bool = True) -> str:
                 f"remoteRoot {path} {why}: another user could replace gpu-train's agent, which runs as you, or "
                 "read your runs. Use a remoteRoot only you can write, e.g. ~/gpu-train (not under /tmp or a "
                 "shared directory)" + ("" if path == root else f" (it was to hold {root})"))
+    if own:  # above it: a directory others may write without the sticky bit lets them swap our tree
+        parent = os.path.dirname(root)
+        while True:
+            st = os.stat(parent)
+            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX and st.st_uid != uid:
+                raise UnsafeRoot(f"remoteRoot {root} lies in {parent}, which others may write (mode "
+                                 f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit) and so rename: use a remoteRoot "
+                                 "only you can write, e.g. ~/gpu-train")
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
     if own and stat.S_IMODE(os.lstat(root).st_mode) & 0o077:
         os.chmod(root, 0o700)  # ours and not writable by others, but readable: runs hold secrets
     return root
