@@ -44,7 +44,7 @@ class GpuVm(pulumi.ComponentResource):
         def ingress(suffix: str, description: str, **rule: object) -> gcp.compute.Firewall:
             """An ingress rule of the default network for this VM's tag."""
             return gcp.compute.Firewall(f"{name}-{suffix}", name=vm.resource_name(cfg.stack, suffix), project=cfg.project,
-                                        network="default", direction="INGRESS", target_tags=[tag],
+                                        network=cfg.network, direction="INGRESS", target_tags=[tag],
                                         description=f"gpu-train {cfg.stack}: {description}", opts=child, **rule)
 
         for family, ranges in vm.ssh_ranges_by_family(cfg.ssh_source_ranges).items():
@@ -107,13 +107,15 @@ class GpuVm(pulumi.ComponentResource):
                     allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}])
 
         def nic(machine_type: str) -> dict[str, object]:
-            out: dict[str, object] = {"network": "default", "access_configs": [{}]}
+            out: dict[str, object] = {"network": cfg.network, "access_configs": [{}]}
             if (kind := vm.nic_type(machine_type, catalog)) is not None:
                 out["nic_type"] = kind
             return out
 
         metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
         instance_names = vm.node_names(cfg.stack, cfg.nodes)
+        self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type))
+                           for i in range(cfg.nodes)]
         self.instances = [
             gcp.compute.Instance(
                 name if cfg.nodes == 1 else f"{name}-{i}",
@@ -129,6 +131,10 @@ class GpuVm(pulumi.ComponentResource):
                         "type": boot_disk_type(cfg, shapes[i].machine_type, catalog),
                     },
                 },
+                # Attached, not created with the VM: a replaced VM (any replace-only field) gets the same
+                # disk back, by the same device name, so runs and checkpoints carry over.
+                attached_disks=[{"source": self.data_disks[i].self_link, "device_name": vm.DATA_DEVICE_NAME,
+                                 "mode": "READ_WRITE"}],
                 guest_accelerators=vm.guest_accelerators(shapes[i]),
                 scheduling=vm.scheduling(cfg.spot, cfg.max_run_hours),
                 desired_status=vm.desired_status(cfg.running),
@@ -144,13 +150,16 @@ class GpuVm(pulumi.ComponentResource):
                     depends_on=grants,
                     # A fixed name cannot exist twice, so a replacement deletes first.
                     delete_before_replace=True,
-                    ignore_changes=["bootDisk.initializeParams.image"],
+                    ignore_changes=list(vm.INSTANCE_IGNORE_CHANGES),
                 ),
             )
             for i, instance_name in enumerate(instance_names)
         ]
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
-        self.image = image.self_link
+        # The image the VM runs: the boot disk's, as the provider reads it back. After the first `up`
+        # it stays the image pinned then (initializeParams.image is ignored afterwards), while the
+        # family moves on; exporting the family's newest would name an image the VM never booted.
+        self.image = self.instance.boot_disk.initialize_params.image
         external = [inst.network_interfaces[0].access_configs[0].nat_ip for inst in self.instances]
         internal = [inst.network_interfaces[0].network_ip for inst in self.instances]
         self.outputs = {
@@ -163,7 +172,7 @@ class GpuVm(pulumi.ComponentResource):
             "gpuType": shape.gpu_type,
             "gpuCount": shape.gpu_count,
             "spot": cfg.spot,
-            "image": image.self_link,
+            "image": self.image,
             "hourlyCostUsd": args.hourly_cost_usd,
             "nodes": cfg.nodes,
             "nodeGpuCounts": [s.gpu_count for s in shapes],
@@ -171,5 +180,24 @@ class GpuVm(pulumi.ComponentResource):
             "instanceNames": [inst.name for inst in self.instances],
             "externalIps": external,
             "internalIps": internal,
+            "dataDisks": [disk.name for disk in self.data_disks],
+            "dataDiskMonthlyCostUsd": vm.data_disk_monthly_cost(cfg, catalog),
         }
         self.register_outputs(self.outputs)
+
+    def _data_disk(self, name: str, cfg, node: int, disk_type: str) -> gcp.compute.Disk:
+        """Node ``node``'s data disk (REMOTE_ROOT/runs). ``protect``: neither `pulumi destroy` nor a change
+        that would replace it (zone, type) deletes it; `fab down` fetches its runs, then unprotects it."""
+        one = cfg.nodes == 1
+        return gcp.compute.Disk(
+            f"{name}-data" if one else f"{name}-{node}-data",
+            name=vm.data_disk_name(cfg.stack, None if one else node),
+            project=cfg.project,
+            zone=cfg.zone,
+            size=cfg.data_disk_size_gb,
+            type=disk_type,
+            labels={**vm.labels(cfg, pulumi.get_project()), "gpu-train-node": str(node)},
+            description=f"gpu-train {cfg.stack}: runs and checkpoints of node {node}; outlives the VM; "
+                        "`fab down` fetches them before it lets the disk go",
+            opts=pulumi.ResourceOptions(parent=self, protect=True),
+        )

@@ -42,13 +42,23 @@ class Target:
     master_addr: str = ""  # where the nodes meet: node 0 as the others reach it (internal IP on GCP)
     gpus_per_node: int | None = None  # known on GCP; on SSH hosts the agent counts them
     node: int = 0
+    # Pools (GCP): each node's GPUs and role, in node order; empty when every node is alike.
+    node_gpus: tuple[int, ...] = ()
+    roles: tuple[str, ...] = ()
 
     def for_node(self, node: int) -> Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
         for hosts that share a file system)."""
         hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
+        gpus = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
+            if node < len(self.node_gpus) else {}
         return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node,
-                       agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port})
+                       agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)
+
+    @property
+    def parameter_servers(self) -> int:
+        """How many of the last nodes are a pool of parameter servers (0 without pools)."""
+        return self.roles.count("ps")
 
     @property
     def host(self) -> SshHost:
@@ -110,8 +120,11 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         hosts = tuple(SshHost(user, ip, 22) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
         master = (outputs.get("internalIps") or [outputs.get("internalIp") or hosts[0].host])[0]
         expect, cost, gpus = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd"), outputs.get("gpuCount")
+        pooled = bool(cfg.pools) and len(outputs.get("nodeGpuCounts") or []) == len(hosts)
+        node_gpus = tuple(int(n) for n in outputs["nodeGpuCounts"]) if pooled else ()
+        roles = tuple(outputs.get("nodeRoles") or ()) if pooled else ()
     else:
-        hosts, expect, cost, gpus = cfg.hosts, 0, None, None
+        hosts, expect, cost, gpus, node_gpus, roles = cfg.hosts, 0, None, None, (), ()
         master = hosts[0].host if hosts else ""
     key = cfg.ssh_private_key_path() if cfg.is_gcp else (cfg.ssh_key or "~/.ssh/id_ed25519")
     return Target(
@@ -129,6 +142,8 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         agent_settings={**cfg.agent_settings(), "sshPort": hosts[0].port if hosts else 22},
         master_addr=master,
         gpus_per_node=int(gpus) if gpus else None,
+        node_gpus=node_gpus,
+        roles=roles,
     )
 
 

@@ -1,4 +1,4 @@
-"""`fab setup`, `ssh`, `gpus`, `tunnel`: the host itself (its agent, a shell, nvidia-smi, a port)."""
+"""`fab setup`, `ssh`, `nvidia-smi`: the host itself (its agent, a shell, its GPUs)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import os
 
 from invoke import Exit, task
 
-from remote.tasks import trust
-from remote.tasks.localstate import write_ssh_config
-from remote.tasks.session import STACK_HELP, Session, say
+from remote.tasks.session import STACK_HELP, Session
 
 
 # -- setup --------------------------------------------------------------------------------------
@@ -43,30 +41,17 @@ def _exec_ssh(session: Session, *extra: str) -> None:
 
 @task(name="ssh", help={"stack": STACK_HELP})
 def shell(c, stack=None):
-    """A shell on the host; also writes the ssh config entry gpu-train-STACK for ssh, rsync and editors."""
+    """A shell on the host (the first contact also writes the alias gpu-train-STACK for ssh, rsync and editors)."""
     session = Session(stack)
-    alias = write_ssh_config(session.target)
-    say(f"ssh config entry: {alias} (ssh {alias}, rsync -e ssh ... {alias}:path)")
     _exec_ssh(session, "-t")
 
 
-@task(help={"stack": STACK_HELP})
-def gpus(c, stack=None):
-    """nvidia-smi on the host."""
+@task(name="nvidia-smi", help={"stack": STACK_HELP})
+def nvidia_smi(c, stack=None):
+    """nvidia-smi on the host (`gpus` lists the GPU types you can have)."""
     session = Session(stack)
     result = session.connect().run("command -v nvidia-smi >/dev/null && nvidia-smi || echo 'no nvidia-smi on this host'",
                                    warn=True, in_stream=False)
     session.close()
     if result.exited:
         raise Exit(code=result.exited)
-
-
-@task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
-            "stack": STACK_HELP})
-def tunnel(c, port=None, local_port=None, stack=None):
-    """Forward localhost:LOCAL_PORT to the host's localhost:PORT over SSH (no firewall change)."""
-    session = Session(stack)
-    port = trust.number("--port", port or 6006, int, 1, 65535)
-    local = trust.number("--local-port", local_port or port, int, 1, 65535)
-    say(f"http://localhost:{local} -> {session.target.host} localhost:{port} (Ctrl-C to stop)")
-    _exec_ssh(session, "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"{local}:localhost:{port}")

@@ -27,7 +27,7 @@ from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, s
         "launcher": "torchrun (default for a multi-node --script) or none",
         "nproc": "processes per node under torchrun (default: the node's GPUs, or 1)",
         "port": "torchrun's master port on node 0 (default 29500)",
-        "ps": "with --command on several nodes: the last N nodes are TF parameter servers",
+        "ps": "with --command on several nodes: the last N nodes are TF parameter servers (default: the stack's ps pool)",
         "stack": STACK_HELP,
         "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
     },
@@ -47,8 +47,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     code_dir = Path(dir or ".").expanduser().resolve()
     if not code_dir.is_dir():
         raise Exit(f"--dir {code_dir}: no such directory", code=2)
-    nproc, port, ps = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535), \
-        trust.number("--ps", ps or 0, int, 0)
+    nproc, port = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535)
     session = Session(stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
     cluster = session.cluster
     try:
@@ -58,7 +57,9 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node)
+        ps = jobs.parameter_servers(ps, cluster.parameter_servers)
         specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
+        specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
     except jobs.JobError as e:
         raise Exit(str(e), code=2) from None
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
