@@ -69,7 +69,8 @@ class StackConfig:
     # The settings as given (before defaults), for messages and "was it set?" questions.
     given: frozenset[str] = frozenset()
 
-    zone: str = setting("zone", "str", "", "zone, e.g. `us-central1-a`; the region is derived", targets=GCP,
+    zone: str = setting("zone", "str", "", "zone, e.g. `us-central1-a` (or an AI zone such as "
+                        "`us-central1-ai1`); the region is derived", targets=GCP,
                         required_for=GCP, shown="required")
     machine_type: str = setting("machineType", "str", "n1-standard-8", "an N1 type with attached GPUs, or a GPU "
                                 "shape (`g2-standard-8`, `a2-highgpu-1g`, `a3-highgpu-1g`, ...)", targets=GCP)

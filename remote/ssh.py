@@ -127,6 +127,23 @@ def check_key_file(path: str) -> None:
                           "private key's path (not the .pub)") from None
 
 
+OSLOGIN_MARK = "gpu-train: OS Login is on for this VM"  # what the startup script prints (serial console)
+
+
+def refused_message(target: Target, host: SshHost, error: Exception) -> str:
+    """Why the key was refused, and what to do. On GCP the usual cause is OS Login, enforced by the
+    organisation or project: the VM then ignores the ssh-keys metadata, and its startup script says so
+    on the serial console."""
+    text = f"{host}: the key {target.key_file} was refused ({error})"
+    if not target.is_gcp:
+        return f"{text}; check gpu-train:sshKey and that its public half is in the host's authorized_keys"
+    return (f"{text}. On Google Cloud this usually means OS Login is on for the project (organisation policy "
+            "constraints/compute.requireOsLogin, or project metadata enable-oslogin=TRUE): the VM ignores the "
+            f"ssh-keys metadata and {host.user} is never created. Check: `gcloud compute instances "
+            "get-serial-port-output INSTANCE --zone ZONE | grep 'OS Login'` (the startup script prints "
+            f"'{OSLOGIN_MARK}'); fix: let the project use metadata SSH keys. Otherwise check gpu-train:sshKey")
+
+
 def open_connection(target: Target, host: SshHost, timeout: float, say: Say) -> Connection:
     """Connect, retrying with backoff until ``timeout`` while the host is not up yet."""
     check_key_file(target.key_file)
@@ -151,8 +168,7 @@ def open_connection(target: Target, host: SshHost, timeout: float, say: Say) -> 
         except paramiko.BadHostKeyException as e:
             raise HostKeyError(_changed_key_message(host, target, e)) from None
         except paramiko.AuthenticationException as e:
-            raise RemoteError(f"{host}: the key {target.key_file} was refused ({e}); check gpu-train:sshKey "
-                              "and that its public half is in the host's authorized_keys") from None
+            raise RemoteError(refused_message(target, host, e)) from None
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -149,3 +149,13 @@ def test_renderings() -> None:
     assert "gpu-train:gpuType: T4" in detail
     doc = offers.to_json(offers.offers(CATALOG, "h200"), CATALOG)
     assert doc["gpus"][0]["api"] == "nvidia-h200-141gb" and doc["gpus"][0]["shapes"][0]["obtain"][0] == "reservation"
+
+
+def test_prices_carry_their_rows_dates() -> None:
+    t4 = offers.offers(CATALOG, "T4")[0]
+    row_date = CATALOG.gpu_prices["nvidia-tesla-t4"].date
+    assert row_date and t4.price_date == row_date and all(s.price_date == row_date for s in t4.shapes)
+    assert f"(prices of {row_date})" in offers.render_detail(t4, CATALOG)
+    assert row_date in offers.render_table(offers.offers(CATALOG), CATALOG)
+    assert offers.offers(CATALOG, "H200")[0].shapes[0].price_date is None  # no price, no date
+    assert offers.to_json([t4], CATALOG)["gpus"][0]["priceDate"] == row_date

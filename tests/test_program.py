@@ -169,7 +169,7 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     (root / "agent.json").write_text(json.dumps({**settings, "maxResumes": 7}))  # as fab setup would
     boot()
     assert json.loads((root / "agent.json").read_text())["maxResumes"] == 7
-    assert 'ROOT="$HOME_DIR/gpu-train"' in script and "User=alice" in script and "id alice" in script
+    assert 'ROOT="$HOME_DIR/gpu-train"' in script and "User=alice" in script and "wait_for_user alice" in script
     for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-tick.timer"):
         assert unit in script
     assert "ExecStop=$RUN shutdown --grace 25" in script and "OnUnitActiveSec=1min" in script
