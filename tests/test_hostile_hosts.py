@@ -22,17 +22,9 @@ from pathlib import Path
 import pytest
 
 from remote.loopback import Sshd
-from tests.test_remote import EXAMPLE, FAB, Lab
+from tests.conftest import EXAMPLE, FAB, Lab
 
-ADDRESS = "127.0.10.2"  # this suite's loopback addresses are 127.0.10.x
-
-
-@pytest.fixture
-def lab(tmp_path: Path):
-    lab = Lab(tmp_path, ADDRESS)
-    yield lab
-    lab.sshd.stop()
-    subprocess.run(["pkill", "-f", str(lab.remote)], check=False)
+LAB_ADDRESS = "127.0.10.2"  # this suite's loopback addresses are 127.0.10.x (the `lab` fixture reads it)
 
 
 def no_traceback(result: subprocess.CompletedProcess) -> None:
@@ -134,7 +126,7 @@ def test_old_rsync_argument_parsing_changes_nothing(lab: Lab) -> None:
 
 
 def fab_argv(lab: Lab) -> list[str]:
-    from tests.test_remote import FAB, ROOT
+    from tests.conftest import FAB, ROOT
 
     return [FAB, "--search-root", str(ROOT)]
 
@@ -358,7 +350,7 @@ def test_a_node_lost_mid_sync_fails_the_launch_and_stops_the_others(tmp_path: Pa
     (code / "job.sh").write_text("sleep 30\n")
     home = tmp_path / "home"
     env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home), "GPU_TRAIN_STACK": "trio"}
-    from tests.test_remote import ROOT
+    from tests.conftest import ROOT
 
     proc = subprocess.Popen([FAB, "--search-root", str(ROOT), "train", "--dir", str(code), "--command", "sh job.sh",
                              "--name", "trio"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
