@@ -330,6 +330,7 @@ def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker
 
 
 # -- a cluster starts whole or not at all ---------------------------------------------------------
+@pytest.mark.e2e
 def test_a_node_lost_mid_sync_fails_the_launch_and_stops_the_others(tmp_path: Path) -> None:
     nodes = [Sshd(tmp_path / f"n{i}", f"127.0.10.{3 + i}") for i in range(3)]
     for n in nodes[1:]:
