@@ -414,3 +414,10 @@ def test_unchanged_code_is_reused_and_the_host_checks_the_claim(lab: Lab) -> Non
     # A changed file is synced.
     (code / "a.py").write_text("print(2)\n")
     assert "print(2)" in lab.log(train("syncing"))
+
+
+def test_fetch_refuses_a_run_id_that_is_not_one(lab: Lab) -> None:
+    """--run becomes a path here and on the host: refused before anything connects or is written."""
+    refused = lab.fab("fetch", "--run", "../../etc")
+    assert refused.returncode == 2 and "is not a run id" in refused.stderr
+    assert not (lab.cwd / "runs").exists()

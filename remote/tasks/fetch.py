@@ -98,7 +98,12 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
         return
     if run and not all_:
         # A named run: no status call; the fetch's own listing says whether it exists and what changed.
-        runs = [{"id": run, "state": "?"}]
+        from gpu_train import jobs
+
+        try:
+            runs = [{"id": jobs.check_run_id(run, "--run"), "state": "?"}]
+        except jobs.JobError as e:
+            raise Exit(str(e), code=2) from None
     else:
         doc = session.call("status", "--summaries")
         runs = doc["runs"] if all_ else doc["runs"][-1:]
