@@ -75,7 +75,7 @@ def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfi
     Settings that failed to parse are left out of the GPU rules (their own problem says why),
     so every problem is reported in one go.
     """
-    cfg, problems = parse_partial(raw, stack)
+    cfg, problems = parse_partial(raw, stack, catalog)
     bad = {p.key for p in problems}
     problems += [p for p in validate(cfg, catalog) if p.key not in bad]
     errors = [p for p in problems if p.severity == "error"]
@@ -104,7 +104,7 @@ def _shape(cfg: StackConfig, catalog: Catalog, zone_ok: bool) -> list[Problem]:
     """The machine type and GPUs of one shape, and whether the zone offers them."""
     shape_problems, machine = _machine_and_gpus(cfg, catalog)
     gpu_type = _offered_gpu(cfg, catalog, machine)
-    if gpu_type is not None and zone_ok:  # a valid zone and a known GPU: is it offered there?
+    if machine is not None and gpu_type is not None and zone_ok:  # a known GPU in a valid zone: offered there?
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
     return shape_problems
 
@@ -134,10 +134,11 @@ def _machine_and_gpus(cfg: StackConfig, catalog: Catalog) -> tuple[list[Problem]
 
 
 def _gpu_type_problem(cfg: StackConfig, catalog: Catalog) -> Problem | None:
-    if cfg.gpu_type in catalog.retired:
-        return Problem("gpuType", catalog.retired[cfg.gpu_type], "choose a current GPU, e.g. nvidia-tesla-t4 or nvidia-l4", cfg.gpu_type)
-    if catalog.accelerator(cfg.gpu_type) is None:
-        return Problem("gpuType", "is not a GPU type", gpunames.describe_unknown(cfg.gpu_type, catalog), cfg.gpu_type)
+    gpu_type = cfg.gpu_type or ""
+    if gpu_type in catalog.retired:
+        return Problem("gpuType", catalog.retired[gpu_type], "choose a current GPU, e.g. nvidia-tesla-t4 or nvidia-l4", cfg.gpu_type)
+    if catalog.accelerator(gpu_type) is None:
+        return Problem("gpuType", "is not a GPU type", gpunames.describe_unknown(gpu_type, catalog), cfg.gpu_type)
     return None
 
 
@@ -180,7 +181,7 @@ def _n1(cfg: StackConfig, catalog: Catalog, machine: MachineShape) -> list[Probl
                                 f"set gpuType to one of {', '.join(n1_gpus)}, or use a GPU shape such as g2-standard-8"))
     elif (p := _gpu_type_problem(cfg, catalog)) is not None:
         problems.append(p)
-    elif not catalog.accelerator(cfg.gpu_type).attachable_to_n1:
+    elif not (acc := catalog.accelerator(cfg.gpu_type)) or not acc.attachable_to_n1:
         problems.append(_not_attachable(cfg, catalog))
     if cfg.gpu_count is None:
         allowed = _allowed_counts(cfg, catalog)
@@ -189,17 +190,20 @@ def _n1(cfg: StackConfig, catalog: Catalog, machine: MachineShape) -> list[Probl
     if problems:
         return problems
 
-    limits = {lim.count: lim for lim in catalog.n1_limits[catalog.accelerator(cfg.gpu_type).name]}
+    acc = catalog.accelerator(cfg.gpu_type or "")
+    assert acc is not None and cfg.gpu_count is not None and machine.vcpus is not None and machine.memory_gb is not None
+    limits = {lim.count: lim for lim in catalog.n1_limits[acc.name]}
     if cfg.gpu_count not in limits:
         allowed = sorted(limits)
         return [Problem("gpuCount", f"{cfg.gpu_type} attaches to N1 in counts of {', '.join(map(str, allowed))} only",
                         f"nearest valid count: {_nearest(cfg.gpu_count, allowed)}", cfg.gpu_count)]
     max_vcpus, max_mem = limits[cfg.gpu_count].ceilings(cfg.zone)
     if machine.vcpus > max_vcpus or machine.memory_gb > max_mem:
-        fits = [t for t in catalog.n1_types() if t.vcpus <= max_vcpus and t.memory_gb <= max_mem]
-        largest = max(fits, key=lambda t: (t.vcpus, t.memory_gb)).name if fits else None
-        more = [c for c, lim in sorted(limits.items()) if machine.vcpus <= lim.ceilings(cfg.zone)[0]
-                and machine.memory_gb <= lim.ceilings(cfg.zone)[1]]
+        fits = [t for t in catalog.n1_types() if (t.vcpus or 0) <= max_vcpus and (t.memory_gb or 0) <= max_mem]
+        largest = max(fits, key=lambda t: (t.vcpus or 0, t.memory_gb or 0)).name if fits else None
+        vcpus, memory_gb = machine.vcpus, machine.memory_gb
+        more = [c for c, lim in sorted(limits.items()) if vcpus <= lim.ceilings(cfg.zone)[0]
+                and memory_gb <= lim.ceilings(cfg.zone)[1]]
         fix = f"with {cfg.gpu_count} x {cfg.gpu_type} use at most {max_vcpus} vCPUs and {max_mem:g} GB"
         if largest:
             fix += f", e.g. machineType {largest}"
@@ -219,12 +223,13 @@ def _smallest_shape(catalog: Catalog, gpu_type: str, count: int | None) -> Fixed
     shapes = catalog.shapes_with(gpu_type)
     exact = [s for s in shapes if count is None or s.gpu_count == count]
     enough = [s for s in shapes if count is not None and s.gpu_count >= count]
-    return (exact or enough or shapes or [None])[0]
+    return (exact or enough or shapes or [None])[0]  # type: ignore[list-item]
 
 
 def _not_attachable(cfg: StackConfig, catalog: Catalog) -> Problem:
-    acc = catalog.accelerator(cfg.gpu_type)
-    shape = _smallest_shape(catalog, cfg.gpu_type, cfg.gpu_count)
+    acc = catalog.accelerator(cfg.gpu_type or "")
+    assert acc is not None  # a known GPU that N1 does not take
+    shape = _smallest_shape(catalog, acc.name, cfg.gpu_count)
     fix = (f"set machineType {shape.name} ({shape.gpu_count} x {shape.gpu_type}, {shape.vcpus} vCPUs) "
            "and remove gpuType/gpuCount" if shape else "choose an N1 GPU such as nvidia-tesla-t4")
     return Problem("gpuType", f"{acc.gpu} is not attached to N1 VMs: it comes with {acc.series} machine types", fix, cfg.gpu_type)
@@ -237,9 +242,9 @@ def _incompatible_series(cfg: StackConfig, catalog: Catalog, machine: MachineSha
         limits = catalog.n1_limits[acc.name]
         for_count = [lim for lim in limits if lim.count == cfg.gpu_count] or limits
         ceiling = max(lim.max_vcpus for lim in for_count)
-        fits = [t for t in catalog.n1_types() if t.name.startswith("n1-standard") and t.vcpus <= ceiling]
+        fits = [t for t in catalog.n1_types() if t.name.startswith("n1-standard") and (t.vcpus or 0) <= ceiling]
         want = machine.vcpus or 8
-        pick = next((t for t in fits if t.vcpus >= want), fits[-1])
+        pick = next((t for t in fits if (t.vcpus or 0) >= want), fits[-1])
         fix = f"use an N1 type with {acc.gpu}, e.g. machineType {pick.name}"
     elif acc is not None:
         shape = _smallest_shape(catalog, acc.name, cfg.gpu_count)
@@ -271,6 +276,7 @@ def _availability(cfg: StackConfig, catalog: Catalog, machine: MachineShape, gpu
     if cfg.zone in zones or not zones:  # no zones in the catalog: nothing to check against
         return []
     acc = catalog.accelerator(gpu_type)
+    assert acc is not None  # _offered_gpu names only known GPUs
     in_region = [z for z in zones if _region_of(z) == cfg.region]
     if in_region:
         fix = f"zones of {cfg.region} with {acc.gpu}: {', '.join(in_region)}"

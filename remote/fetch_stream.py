@@ -25,6 +25,7 @@ from remote.target import Target
 
 READ_BUFFER = 64 * 1024  # reads of a range's data bigger than this go straight into the caller's buffer
 PIPE_SIZE = 1 << 20  # a bigger pipe from ssh: fewer wake-ups on both sides per MiB
+CHANNELS_PER_CONNECTION = 8  # streams beyond this many get connections of their own
 
 
 class StreamError(Exception):
@@ -58,8 +59,8 @@ class Opener:
         self.opened = 0
 
     def control(self) -> list[str] | None:
-        if self._dir is None:
-            return None
+        if self._dir is None or self.opened >= CHANNELS_PER_CONNECTION:
+            return None  # a connection of its own (sshd's MaxSessions is 10 by default)
         master = "yes" if self.opened == 0 else "no"
         return ["-o", f"ControlMaster={master}", "-o", f"ControlPath={self._dir}/c", "-o", "ControlPersist=no"]
 
@@ -80,9 +81,10 @@ class Stream:
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the stream)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      bufsize=0, start_new_session=True)
+        assert self.proc.stdout is not None  # stdout=PIPE
         with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the default pipe
-            fcntl.fcntl(self.proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)  # type: ignore[union-attr]
-        self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type]
+            fcntl.fcntl(self.proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type,type-var]
 
     def send(self, request: dict) -> None:
         try:

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from gpu_train import config
 from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
@@ -49,7 +50,7 @@ class Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
         for hosts that share a file system)."""
         hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
-        gpus = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
+        gpus: dict[str, Any] = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
             if node < len(self.node_gpus) else {}
         return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node,
                        agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)

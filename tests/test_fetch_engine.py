@@ -268,3 +268,19 @@ def test_never_written_through_a_link_or_a_file_on_the_way(tmp_path: Path) -> No
     with pytest.raises(fl.UnsafePath):
         fl.ensure_dir(dest, "via/sub")
     assert list(outside.iterdir()) == []
+
+
+def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: Path, small_ranges,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """--streams 12 works: eight channels of the first connection, the rest connections of their own
+    (a stock sshd allows MaxSessions = 10 channels per connection)."""
+    monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)  # every stream worth opening at test sizes
+    job = host.job()
+    (job / "big.pt").write_bytes(os.urandom(4 * MiB))
+    for i in range(12):
+        (job / f"c{i}.pt").write_bytes(os.urandom(2 * MiB))
+    dest = tmp_path / "home"
+    result = host.fetch(dest, streams=12)
+    assert result.complete, result
+    assert host.streams_opened == 12
+    assert tree(dest) == tree(job)
