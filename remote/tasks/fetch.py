@@ -106,7 +106,9 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
         except jobs.JobError as e:
             raise Exit(str(e), code=ExitStatus.USAGE) from None
     else:
-        doc = session.call("status", "--summaries")
+        # Which runs there are; what changed in them comes from the fetch's own listing of them all
+        # (the host walks each JOB_DIR once, not once for summaries and once more to fetch).
+        doc = session.call("status")
         runs = doc["runs"] if all_ else doc["runs"][-1:]
     if not runs:
         raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
