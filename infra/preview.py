@@ -48,6 +48,7 @@ class Declared:
     inputs: dict[str, Any]
     provider: str = ""  # the provider reference (URN::id) a resource was declared with, "" for the default
     protect: bool = False
+    retain_on_delete: bool = False
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Recorder(pulumi.runtime.Mocks):
     resources: list[Declared] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (invoke token, provider reference)
     protected: dict[tuple[str, str], bool] = field(default_factory=dict)
+    retained: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
@@ -90,7 +92,8 @@ class Recorder(pulumi.runtime.Mocks):
                 boot["initializeParams"] = {**boot.get("initializeParams", {}), "image": self.pinned_image}
                 outputs["bootDisk"] = boot
         protect = self.protected.get((args.typ, args.name), False)
-        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect))
+        retain = self.retained.get((args.typ, args.name), False)
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect, retain))
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> Any:  # a dict, or (dict, failures) as Mocks allows
@@ -135,10 +138,12 @@ class Recorder(pulumi.runtime.Mocks):
 
 
 class _Monitor(MockMonitor):
-    """The mock monitor, also noting each registration's ``protect`` option (MockResourceArgs leaves it out)."""
+    """The mock monitor, also noting each registration's ``protect`` and ``retain_on_delete`` options
+    (MockResourceArgs leaves them out)."""
 
     def RegisterResource(self, request):
         self.mocks.protected[(request.type, request.name)] = bool(request.protect)
+        self.mocks.retained[(request.type, request.name)] = bool(request.retainOnDelete)
         return super().RegisterResource(request)
 
 

@@ -12,6 +12,7 @@ from invoke import Exit, task
 from gpu_train.errors import ExitStatus
 from remote.agent.protocol import ACTIVE
 from remote.fetch_plan import DEFAULT_STREAMS
+from remote.tasks import trust
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.runs import cluster_status
 from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
@@ -27,6 +28,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
 
     record = FetchRecord(session.target.cache)
     todo = []
+    base = Path(dest) if dest else Path("runs") / session.target.stack
     for r in runs:
         try:
             jobs.check_run_id(r["id"], "a run id from the host")
@@ -34,6 +36,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
             raise Exit(str(e), code=ExitStatus.FAILED) from None
         where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or Path("runs") / session.target.stack / r["id"])
         where = where / subdir if subdir else where
+        trust.inside(where, base)  # resolved, it stays in its base: a symlink planted there cannot lead out
         if record.up_to_date(r, where):
             if not quiet:
                 say(f"{r['id']}: up to date in {where}")
@@ -81,7 +84,7 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
             "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
             "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
             "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_nodes=False, streams=DEFAULT_STREAMS,
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, streams=DEFAULT_STREAMS,
           stack=None):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
@@ -90,9 +93,10 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
     --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
     streams = _streams(streams)
+    run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
     session = Session(stack)
     if watch:
-        _watch(session, run, dest, float(interval), streams)
+        _watch(session, run, dest, interval, streams)
         return
     if all_nodes:
         _fetch_every_node(session, run, dest, streams)
