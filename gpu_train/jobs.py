@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from gpu_train.errors import ExitStatus, GpuTrainError
 from remote.agent.protocol import (  # the contract with the host, written once
     ACTIVE,
     FAILED,
@@ -26,8 +27,10 @@ RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 STAMP_LEN = len("_20260101_000000")
 
 
-class JobError(ValueError):
+class JobError(GpuTrainError, ValueError):
     """A job's options are invalid; the message says which and how to fix it."""
+
+    status = ExitStatus.USAGE
 
 
 def base_name(name: str | None, script: str | None, command: str | None) -> str:
@@ -92,7 +95,8 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
     try:
         argv = tuple(shlex.split(args or ""))
     except ValueError as e:
-        raise JobError(f"--args: {e} (quote it as a shell would: --args \"--name 'it s'\")") from None
+        raise JobError(f"--args {args[:80]!r}: {e.args[0].lower()}; the arguments are split as a shell would, "
+                       "so close each quote (an apostrophe inside double quotes: --args \"--title \\\"it's\\\"\")") from None
     return JobSpec(run_id=run, base=base, script=script, command=command, args=argv,
                    env=parse_env(env), python=python, expect_gpus=expect_gpus)
 

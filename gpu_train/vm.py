@@ -157,8 +157,13 @@ def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:
     return (("@DATA_DEVICE@", DATA_DEVICE_NAME), ("@DATA_USER@", shlex.quote(cfg.ssh_user)), ("@DATA_ROOT@", quoted))
 
 
-def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
-    """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
+def read_startup_template() -> str:
+    """data/startup-script.sh.in, for ``startup_script`` (read by the caller: the decisions read no files)."""
+    return STARTUP_TEMPLATE.read_text(encoding="utf-8")
+
+
+def startup_script(cfg: StackConfig, agent_zipapp: bytes, template: str) -> str:
+    """Runs as root at every boot: install the agent and its systemd units (``template``).
 
     Every stack value goes in shell-quoted; the units name fixed paths and the user only. Before the units, the
     data disk (device ``DATA_DEVICE_NAME``) is formatted if new and mounted on REMOTE_ROOT.
@@ -174,11 +179,10 @@ def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
         "@TICK@": str(tick_interval_s(cfg.idle_stop_minutes)),
         **dict(data_disk_marks(cfg)),
     }
-    script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
-    return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], script)
+    return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], template)
 
 
-def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str, str]:
+def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes, template: str) -> dict[str, str]:
     """Only our key logs in (project-wide keys blocked, OS Login off); the startup script installs
     the on-host agent at every boot. The driver is installed at first boot only for a family that
     does not ship one (``*-nvidia-DRIVER`` families have it: no install, no reboot)."""
@@ -189,7 +193,7 @@ def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",
-        "startup-script": startup_script(cfg, agent_zipapp),
+        "startup-script": startup_script(cfg, agent_zipapp, template),
     }
 
 

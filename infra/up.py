@@ -37,6 +37,9 @@ NEXT_STEP = {
     capacity.GLOBAL_QUOTA: "the project's global GPU quota is exhausted: no zone helps; request more "
                            "(gpu-train:quotaRequest, or the console's Quotas page)",
     capacity.CONFIG: "the shape itself is invalid: no zone helps; fix the stack (scripts/plan --stack NAME)",
+    capacity.PREFERENCE_EXISTS: "this project already asked Cloud Quotas for that quota (a preference is kept when "
+                                "a stack is destroyed, and is never made twice): remove gpu-train:quotaRequest, or "
+                                "adopt it with `pulumi import gcp:cloudquota/sQuotaPreference:SQuotaPreference`",
     capacity.UNKNOWN: "not a capacity problem: no other zone will help; the error above says what to fix",
 }
 
@@ -106,7 +109,7 @@ class Up:
     def existing(self, before: list[pulumi_cli.Resource], retry_until_up: bool, max_attempts: int) -> int:
         from infra import plan  # the program under mocks: only needed to compare with a deployed VM
 
-        found = plan.changes_against(plan.wanted(self.cfg), before)
+        found = plan.changes_against(plan.wanted(self.cfg, self.catalog), before)
         self.say(changes.render(found, self.stack))
         if changes.replaces_anything(found) and not ask("Apply these changes (they replace something)?", self.yes,
                                                         self.say):

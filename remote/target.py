@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from gpu_train import config
 from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
@@ -50,7 +52,7 @@ class Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
         for hosts that share a file system)."""
         hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
-        gpus = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
+        gpus: dict[str, Any] = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
             if node < len(self.node_gpus) else {}
         return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node,
                        agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)
@@ -69,9 +71,15 @@ class Target:
         return self.remote_root[2:] if self.remote_root.startswith("~/") else self.remote_root
 
 
+STACK_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # Pulumi's rule; it names local folders too
+
+
 def select_stack(stack: str | None) -> str:
     """--stack, else $GPU_TRAIN_STACK, else Pulumi's selected stack."""
     chosen = stack or os.environ.get("GPU_TRAIN_STACK")
+    if chosen and not STACK_NAME_RE.fullmatch(chosen):
+        raise ConfigError([Problem("stack", f"{config.shown(chosen)} is not a stack name",
+                                   "letters, digits, '_', '.' and '-', starting with a letter or digit")])
     if chosen:
         return chosen
     if shutil.which("pulumi"):

@@ -27,6 +27,8 @@ CATALOG = load_catalog()
 STAND_IN = ROOT / "tests" / "stand_in"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests user@host"
 
+pytestmark = pytest.mark.slow  # each test runs scripts/up (infra.up) against the stand-in pulumi in a process
+
 
 def provider_error(message: str, resource: str = "gpu") -> str:
     """An error as `pulumi up` prints it for a pulumi-gcp resource (the provider passes the message on)."""
@@ -50,6 +52,8 @@ ERRORS = {
                                   "acceleratorTypes/nvidia-tesla-t4' was not found., invalid"),
     "config": provider_error("Error creating instance: googleapi: Error 400: [n1-standard-8, nvidia-tesla-t4] features "
                              "are not compatible for creating instance., badRequest"),
+    "preference": provider_error("Error creating QuotaPreference: googleapi: Error 409: Requested entity already "
+                                 "exists", "quota-gpus-all-regions-per-project"),
     "permission": provider_error("Error creating instance: googleapi: Error 403: Required 'compute.instances.create' "
                                  "permission for 'projects/p/zones/us-central1-a/instances/gpu-train-t4', forbidden"),
 }
@@ -258,6 +262,7 @@ def test_new_stack_gives_up_with_the_stack_file_as_it_was(env: dict) -> None:
     ("global", False, "global GPU quota is exhausted: no zone helps"),
     ("config", False, "the shape itself is invalid: no zone helps"),
     ("permission", False, "not a capacity problem: no other zone will help"),
+    ("preference", False, "this project already asked Cloud Quotas for that quota"),
 ])
 def test_each_error_kind_has_its_next_step(env: dict, outcome: str, moves: bool, words: str) -> None:
     result, calls = up(env, f"{outcome} ok")

@@ -89,7 +89,7 @@ def cmd_boot(root: str, once_per_boot: bool = False) -> dict:
     others carry on. ``once_per_boot`` (the boot unit): a second call in the same boot does nothing,
     so a resume is counted once per boot."""
     limit = int(settings(root)["maxResumes"])
-    actions = []
+    actions: list[dict] = []
     if not os.path.isdir(os.path.join(root, "runs")):
         return {"actions": []}  # no run yet (a VM's first boot)
     with locked(root):

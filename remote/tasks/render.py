@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from remote.agent.protocol import FAILED
+
 
 def duration(seconds: float | None) -> str:
     if seconds is None:
@@ -25,7 +27,7 @@ def render_status(doc: dict, target) -> str:
     if not runs:
         lines.append("no runs yet: fab train --script train.py")
     for r in runs:
-        state = r["state"] + (f" (exit {r['exitCode']})" if r["state"] == "failed" and r.get("exitCode") is not None else "")
+        state = r["state"] + (f" (exit {r['exitCode']})" if r["state"] == FAILED and r.get("exitCode") is not None else "")
         notes = []
         if r.get("resumes"):
             notes.append(f"resumed {r['resumes']}x")

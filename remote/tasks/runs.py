@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from typing import cast
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from remote.agent.protocol import SUCCEEDED
+from remote.tasks import trust
 from remote.tasks.render import render_status
 from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
 
@@ -17,12 +20,13 @@ from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, s
 @task(help={"run": "run id (default: the newest)", "follow": "stream until the job ends; exit with its exit code",
             "lines": "show the last N lines first (default 50; 0 for the whole log)", "node": "which node (default 0)",
             "all": "every node's log, each line prefixed with its node", "stack": STACK_HELP})
-def logs(c, run=None, follow=False, lines=50, node=0, all_=False, stack=None):
+def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=None):
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
-    session = Session(stack, node=int(node))
+    run, lines = trust.run_option(run), trust.number("--lines", 50 if lines is None else lines, int, 0)
+    session = Session(stack, node=trust.number("--node", node or 0, int, 0))
     out = sys.stdout.buffer
     if not all_:
-        trailer = _stream_log(session, run, int(lines), follow, out.write, out.flush)
+        trailer = _stream_log(session, run, lines, follow, out.write, out.flush)
         session.close()
         if follow:
             _exit_with(trailer)
@@ -43,9 +47,9 @@ def logs(c, run=None, follow=False, lines=50, node=0, all_=False, stack=None):
         return write
 
     sessions = session.nodes()
-    trailers = on_every_node(sessions, lambda s: _stream_log(s, run, int(lines), follow, prefixed(s), out.flush))
+    trailers = on_every_node(sessions, lambda s: _stream_log(s, run, lines, follow, prefixed(s), out.flush))
     if failed := failures(trailers):
-        raise Exit("; ".join(failed), code=1)
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
     if follow:
         bad = [t for t in trailers if t["state"] != SUCCEEDED]
         _exit_with(bad[0] if bad else trailers[0])
@@ -77,9 +81,9 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
         if trailer is not None:
             return trailer
         if status not in (-1, 0) and ssh.START_MARK not in err:
-            raise Exit(_agent_error(err), code=1)
+            raise Exit(_agent_error(err), code=ExitStatus.FAILED)
         if not follow:
-            raise Exit(f"the connection dropped: {err.strip()}", code=1)
+            raise Exit(f"the connection dropped: {err.strip()}", code=ExitStatus.FAILED)
         if start is not None:
             offset = start + received
         say(f"{session.target.host}: connection lost; reconnecting ...")
@@ -91,9 +95,9 @@ def _exit_with(trailer: dict) -> None:
     state, code = trailer["state"], trailer["exitCode"]
     say(f"{trailer['runId']}: {state}" + (f", exit code {code}" if code is not None else ""))
     if code:
-        raise Exit(code=code if 0 < code < 256 else 1)
+        raise Exit(code=code if 0 < code < 256 else ExitStatus.FAILED)
     if state != SUCCEEDED:
-        raise Exit(code=1)
+        raise Exit(code=ExitStatus.FAILED)
 
 
 def _agent_error(err: str) -> str:
@@ -118,8 +122,8 @@ def cluster_status(session: Session, *args: str) -> dict:
     if len(docs) == 1:
         if isinstance(docs[0], Exit):
             raise docs[0]
-        return docs[0]
-    doc = aggregate_runs([None if isinstance(d, Exit) else d for d in docs])
+        return cast(dict, docs[0])
+    doc = aggregate_runs([None if isinstance(d, Exit) else cast(dict, d) for d in docs])
     doc["unreachable"] = failures(docs)
     return doc
 
@@ -141,8 +145,9 @@ def status(c, json_=False, stack=None):
 # -- stop -------------------------------------------------------------------------------------
 @task(help={"run": "run id (default: the newest)", "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)",
             "stack": STACK_HELP})
-def stop(c, run=None, grace=10, stack=None):
+def stop(c, run=None, grace=None, stack=None):
     """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
+    run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(stack)
     sessions = session.nodes()
     args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
@@ -153,24 +158,25 @@ def stop(c, run=None, grace=10, stack=None):
         if not isinstance(doc, Exit):
             print(f"{where}{doc['runId']}: {doc['state']} ({', '.join(doc['signals']) or 'no signal needed'})")
     if failed := failures(docs):
-        raise Exit("; ".join(failed), code=1)
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
 
 
 @task(help={"run": "run id (default: the newest)", "grace": "seconds to let a still-running part stop (default 10)",
             "stack": STACK_HELP})
-def resume(c, run=None, grace=10, stack=None):
+def resume(c, run=None, grace=None, stack=None):
     """Restart a run on every node with the same RUN_ID and JOB_DIR, so it carries on from its newest
     checkpoint: after a node of a cluster was preempted, or a run failed for a reason now fixed."""
+    run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(stack)
     sessions = session.nodes()
     if not run:
         runs = session.call("status")["runs"]
         if not runs:
-            raise Exit("no runs on this host yet", code=1)
+            raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
         run = runs[-1]["id"]
     docs = on_every_node(sessions, lambda s: s.call("resume", "--run", run, "--grace", str(float(grace))))
     for s in sessions:
         s.close()
     if failed := failures(docs):
-        raise Exit("; ".join(failed), code=1)
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
     print(f"{run}: restarted on {len(sessions)} node(s) (resume {docs[0]['resumes']})")

@@ -11,8 +11,15 @@ import threading
 from invoke import Exit
 
 from gpu_train.config import ConfigError
+from gpu_train.errors import ExitStatus, outcome
 
 STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else Pulumi's selected stack)"
+
+
+def exit_for(error: BaseException) -> Exit:
+    """Invoke's Exit for an error: its message and exit status, as gpu_train.errors maps them."""
+    status, message = outcome(error)
+    return Exit(message, code=status)
 
 
 def say(text: str) -> None:
@@ -29,9 +36,9 @@ class Session:
             try:
                 cluster = targets.resolve(stack)
             except ConfigError as e:
-                raise Exit(str(e), code=2) from None
+                raise exit_for(e) from None
         if not 0 <= node < len(cluster.hosts):
-            raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=2)
+            raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=ExitStatus.USAGE)
         self.cluster = cluster
         self.target = cluster.for_node(node)
         self.node = node
@@ -51,10 +58,10 @@ class Session:
         try:
             self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
         except ssh.HostKeyError as e:
-            raise Exit(str(e), code=3) from None
+            raise exit_for(e) from None
         except ssh.RemoteError as e:
             if not self.target.is_gcp:
-                raise Exit(str(e), code=3) from None
+                raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
             # The VM may have a new address (stopped and started): refresh the stack outputs once.
             self.cluster = targets.resolve(self.target.stack, refresh=True)
             self.target = self.cluster.for_node(self.node)
@@ -62,7 +69,8 @@ class Session:
                 self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
             except ssh.RemoteError as e2:
                 raise Exit(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
-                           f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)", code=3) from None
+                           f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)",
+                           code=ExitStatus.UNREACHABLE) from None
         if self.node == 0:
             self._alias()
         return self.conn
@@ -82,11 +90,13 @@ class Session:
 
     def call(self, *args: str) -> dict:
         from remote import ssh
+        from remote.tasks.trust import host_doc
 
         try:
-            return ssh.call(self.connect(), self.target, *args)
+            doc = ssh.call(self.connect(), self.target, *args)
         except ssh.RemoteError as e:
-            raise Exit(str(e), code=1) from None
+            raise exit_for(e) from None
+        return host_doc(doc, self.target.host)  # its run ids checked before any becomes a path
 
     def close(self) -> None:
         if self.conn is not None:
@@ -104,7 +114,7 @@ def on_every_node(sessions: list[Session], work) -> list[object]:
         except Exit as e:
             results[i] = e
         except Exception as e:  # (a node's bug or lost connection fails that node only)
-            results[i] = Exit(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, code=1)
+            results[i] = exit_for(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
     for t in threads:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
+from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
-from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import STACK_HELP, Session, exit_for, failures, on_every_node, say
 
 
 @task(
@@ -31,7 +34,7 @@ from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, s
         "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
     },
 )
-def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=29500,
+def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=None,
           ps=None, stack=None, timeout=None):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
@@ -45,8 +48,9 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
 
     code_dir = Path(dir or ".").expanduser().resolve()
     if not code_dir.is_dir():
-        raise Exit(f"--dir {code_dir}: no such directory", code=2)
-    session = Session(stack, float(timeout) if timeout else None)
+        raise Exit(f"--dir {code_dir}: no such directory", code=ExitStatus.USAGE)
+    nproc, port = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535)
+    session = Session(stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
     cluster = session.cluster
     try:
         base = jobs.base_name(name, script, command)
@@ -54,18 +58,18 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
-        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node,
+        spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
                                    needs_torch=jobs.needs_torch(code_dir, spec.script, chosen))
         ps = jobs.parameter_servers(ps, cluster.parameter_servers)
-        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), ps)
+        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
         specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
     except jobs.JobError as e:
-        raise Exit(str(e), code=2) from None
+        raise exit_for(e) from None
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
             plan = sync.plan_code(code_dir, Path(scratch))
         except ssh.RemoteError as e:
-            raise Exit(str(e), code=2) from None
+            raise Exit(str(e), code=ExitStatus.USAGE) from None
         pushed = PushedManifests(cluster.cache)
         unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
         where = f" to {len(cluster.hosts)} nodes" if len(cluster.hosts) > 1 else ""
@@ -78,7 +82,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     if failed:
         launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, Exit)]
         on_every_node(launched, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
-        raise Exit("; ".join(failed), code=1)
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
     for h in cluster.hosts:
         pushed.set(h, base, plan.manifest)
     for s in sessions:
@@ -103,20 +107,22 @@ def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
                                agent_settings=target.agent_settings)
     conn = session.connect()
     with ChannelRelay(conn.transport) as relay:
-        def push() -> None:
+        def sync_code() -> None:
             sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh())
 
+        push: Callable[[], None] | None = sync_code
         deadline, delay = time.monotonic() + session.timeout, 5.0
         while True:
             try:
                 answer = ssh.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
             except ssh.RemoteError as e:
-                raise Exit(str(e), code=1) from None
+                raise Exit(str(e), code=ExitStatus.FAILED) from None
             if "waiting" not in answer:
+                trust.host_run_id(answer.get("runId"), target.host)
                 return answer
             push = None  # the code is staged on the host; only the launch is retried
             if time.monotonic() > deadline:
-                raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=1)
+                raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=ExitStatus.FAILED)
             say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
             time.sleep(delay)
             delay = min(delay * 1.5, 30)
