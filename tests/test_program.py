@@ -186,7 +186,7 @@ def test_startup_script_grace_and_idle_check_follow_the_stack(tmp_path: Path) ->
     from gpu_train import vm
 
     spot = config.parse(gcp_raw(spot=True, idleStopMinutes=1), "s")
-    values = startup_values(vm.startup_script(spot, b"agent"), tmp_path)
+    values = startup_values(vm.startup_script(spot, b"agent", vm.read_startup_template()), tmp_path)
     assert values["grace"] == "25" and values["tick"] == "12"  # 30 s on spot; a fifth of a minute
     assert [vm.tick_interval_s(m) for m in (0, 0.1, 1, 5, 30)] == [60, 10, 12, 60, 60]
 
@@ -200,11 +200,11 @@ def test_startup_script_values_are_quoted_whatever_they_hold(tmp_path: Path) -> 
 
     hostile = "~/a b/'c\"$(touch /tmp/gpu-train-pwned)`x`;\n[Service]\nExecStart=/bin/sh"
     cfg = dataclasses.replace(config.parse(gcp_raw(), "s"), remote_root=hostile)
-    values = startup_values(vm.startup_script(cfg, b"agent"), tmp_path)
+    values = startup_values(vm.startup_script(cfg, b"agent", vm.read_startup_template()), tmp_path)
     assert json.loads(values["settings"])["remoteRoot"] == hostile
     assert not Path("/tmp/gpu-train-pwned").exists()
     with pytest.raises(ValueError, match="login name"):
-        vm.startup_script(dataclasses.replace(cfg, ssh_user="x\nExecStart=/bin/sh"), b"agent")
+        vm.startup_script(dataclasses.replace(cfg, ssh_user="x\nExecStart=/bin/sh"), b"agent", vm.read_startup_template())
 
 
 def test_idle_stop_defaults() -> None:
