@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
+from gpu_train import project
 from gpu_train.catalog import load_catalog
 
 NAMESPACE = "gpu-train"
-STACKS_DIR = Path(__file__).resolve().parent.parent / "stacks"
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,10 @@ KEYS: dict[str, Key] = {
         Key("allowSshFromAnywhere", "bool", False, ("gcp",), doc="must be true to allow 0.0.0.0/0 or ::/0 in sshSourceRanges"),
         Key("labels", "map", {}, ("gcp",), doc="extra labels on the VM"),
         Key("hosts", "list", targets=("ssh",), required_for=("ssh",), doc="`user@host:port` for each host (ssh target)"),
-        Key("sshKey", "str", None, doc="private key for SSH; gcp default: sshPublicKey's path without .pub"),
+        Key("sshKey", "str", None, doc="private key for SSH; gcp default: sshPublicKey's path without .pub; "
+            "ssh default: ssh-agent and the ssh_config's IdentityFile"),
+        Key("sshConfig", "str", None, ("ssh",), doc="ssh_config file for host aliases, User, Port, IdentityFile and "
+            "ProxyJump; default ~/.ssh/config"),
         Key("knownHosts", "str", None, doc="known_hosts file pinning the hosts' keys; default: learned on first contact"),
         Key("remoteRoot", "str", "~/gpu-train", doc="where gpu-train keeps its files on each host"),
         Key("python", "str", None, doc="Python on the host; default: DLVM conda, else python3"),
@@ -115,9 +118,16 @@ _TYPE_WORDS = {
 # -- the model --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SshHost:
+    """One SSH endpoint. As parsed from a stack, ``spec`` keeps the text; once resolved through the
+    ssh_config (remote/sshconfig.py), ``host`` is the real address, ``keys`` the identity files to
+    offer and ``jump`` the ProxyJump hops in order."""
+
     user: str
     host: str
     port: int = 22
+    spec: str = field(default="", compare=False)
+    keys: tuple[str, ...] = ()
+    jump: tuple[SshHost, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
@@ -147,6 +157,7 @@ class StackConfig:
     hosts: tuple[SshHost, ...] = ()
     ssh_key: str | None = None
     known_hosts: str | None = None
+    ssh_config: str | None = None
     remote_root: str = "~/gpu-train"
     python: str | None = None
     idle_stop_minutes: int = 0
@@ -188,7 +199,7 @@ _FIELD_FOR_KEY = {
     "bootDiskType": "boot_disk_type", "imageFamily": "image_family", "imageProject": "image_project",
     "sshUser": "ssh_user", "sshPublicKey": "ssh_public_key", "sshSourceRanges": "ssh_source_ranges",
     "allowSshFromAnywhere": "allow_ssh_from_anywhere", "labels": "labels", "hosts": "hosts",
-    "sshKey": "ssh_key", "knownHosts": "known_hosts", "remoteRoot": "remote_root", "python": "python",
+    "sshKey": "ssh_key", "knownHosts": "known_hosts", "sshConfig": "ssh_config", "remoteRoot": "remote_root", "python": "python",
     "idleStopMinutes": "idle_stop_minutes", "maxRunHours": "max_run_hours", "running": "running",
     "maxResumes": "max_resumes", "nodes": "nodes", "quotaRequest": "quota_request",
     "fallbackShapes": "fallback_shapes", "spotFallback": "spot_fallback",
@@ -268,20 +279,26 @@ _COERCE: dict[str, Callable[[Any], Any]] = {
 }  # fmt: skip
 
 
-def parse_host(text: str) -> SshHost:
-    """``user@host:port`` (user and port optional: current user, 22); IPv6 as ``[::1]:22``."""
-    user, _, hostport = text.rpartition("@")
-    user = user or os.environ.get("USER") or "root"
+def split_host(text: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` (IPv6 as ``[::1]:22``) into (user or None, host, port or None)."""
+    user, _, hostport = text.strip().rpartition("@")
     if hostport.startswith("["):
         host, _, rest = hostport[1:].partition("]")
-        port = rest.removeprefix(":") or "22"
+        port = rest.removeprefix(":")
     elif hostport.count(":") == 1:
         host, port = hostport.split(":")
     else:
-        host, port = hostport, "22"
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        host, port = hostport, ""
+    if not host or (port and not (port.isdigit() and 0 < int(port) < 65536)) or any(c.isspace() for c in host):
         raise ValueError(text)
-    return SshHost(user, host, int(port))
+    return user or None, host, int(port) if port else None
+
+
+def parse_host(text: str) -> SshHost:
+    """``user@host:port`` (user and port optional: current user, 22; the ssh_config may say
+    otherwise, see remote/sshconfig.py); ``host`` may be a Host alias."""
+    user, host, port = split_host(text)
+    return SshHost(user or os.environ.get("USER") or "root", host, port or 22, spec=text.strip())
 
 
 def _normalise_keys(raw: dict[str, Any]) -> dict[str, Any]:
@@ -365,13 +382,20 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
 
 
 # -- reading stack files ----------------------------------------------------------------------
-def stacks_dir() -> Path:
-    """stacks/ of this repository, or $GPU_TRAIN_STACKS_DIR."""
-    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or STACKS_DIR)
-
-
 def stack_file(stack: str, directory: Path | None = None) -> Path:
-    return (directory or stacks_dir()) / f"Pulumi.{stack}.yaml"
+    """A stack's file: in ``directory``, else the first along the project's search path
+    (gpu_train/project.py); ConfigError naming the places looked and close names when none."""
+    if directory is not None:
+        return directory / f"Pulumi.{stack}.yaml"
+    dirs = project.stack_dirs()
+    found = project.stack_path(stack, dirs)
+    if found is not None:
+        return found
+    close = project.did_you_mean(stack, project.stack_names(dirs))
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise ConfigError([Problem("stack", f"no stack named {stack!r} (looked for Pulumi.{stack}.yaml in "
+                               f"{', '.join(str(d) for d in dirs)})",
+                               f"{hint}`gpu-train init --stack {stack}` writes one into {dirs[0]}")])
 
 
 def read_stack_file(path: Path) -> dict[str, Any]:

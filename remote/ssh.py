@@ -8,10 +8,14 @@ only read; a changed key is a hard error. OpenSSH (rsync, ``fab ssh``) reads the
 from __future__ import annotations
 
 import base64
+import dataclasses
+import errno
 import hashlib
 import json
 import os
 import select
+import shlex
+import socket
 import tempfile
 import threading
 import time
@@ -21,7 +25,7 @@ from pathlib import Path
 import paramiko
 from fabric import Config, Connection
 
-from gpu_train.config import SshHost
+from gpu_train.config import SshHost, split_host
 from gpu_train.jobs import agent_command
 from remote.target import Target
 
@@ -77,45 +81,132 @@ def knows_host(target: Target, host: SshHost) -> bool:
     return bool(paramiko.HostKeys(str(target.known_hosts)).lookup(host_id(host)))
 
 
-def _changed_key_message(host: SshHost, target: Target, e: paramiko.BadHostKeyException) -> str:
+def _changed_key_message(name: str, target: Target, e: paramiko.BadHostKeyException) -> str:
     return (
-        f"the host key of {host_id(host)} has CHANGED: expected {fingerprint(e.expected_key)}, got "
+        f"the host key of {name} has CHANGED: expected {fingerprint(e.expected_key)}, got "
         f"{fingerprint(e.key)}. This can mean someone is intercepting the connection, or the host was "
         f"rebuilt (a new VM at the same address). If you know it was rebuilt, forget the old key:\n"
-        f"    ssh-keygen -f {target.known_hosts} -R '{host_id(host)}'\nthen run the task again."
+        f"    ssh-keygen -f {target.known_hosts} -R '{name}'\nthen run the task again."
     )
 
 
-def open_connection(target: Target, host: SshHost, timeout: float, say: Say) -> Connection:
-    """Connect, retrying with backoff until ``timeout`` while the host is not up yet."""
-    conn = Connection(
-        host.host, user=host.user, port=host.port, connect_timeout=10,
-        config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
-        connect_kwargs={"key_filename": target.key_file, "look_for_keys": False, "allow_agent": False,
-                        "banner_timeout": 15, "auth_timeout": 15},
-    )
+def _client(target: Target, say: Say) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     if target.known_hosts.is_file():
         client.load_host_keys(str(target.known_hosts))
     client.set_missing_host_key_policy(TrustOnFirstUse(target.known_hosts, target.pinned, say))
-    conn.client = client
+    return client
+
+
+def connection(target: Target, host: SshHost, say: Say) -> Connection:
+    """An unopened Connection to ``host`` through its jump hosts, each verified against the stack's
+    known_hosts; keys: the host's identity files, then ssh-agent's (passphrase keys live there)."""
+    gateway = None
+    for hop in (*host.jump, host):
+        conn = Connection(
+            hop.host, user=hop.user, port=hop.port, connect_timeout=10, gateway=gateway,
+            config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
+            connect_kwargs={"key_filename": list(hop.keys), "look_for_keys": False, "allow_agent": True,
+                            "banner_timeout": 15, "auth_timeout": 15},
+        )
+        conn.client = _client(target, say)
+        gateway = conn
+    return gateway
+
+
+def offered_keys(host: SshHost) -> list[str]:
+    """What we offer a host, for messages: each key file and each ssh-agent key, with fingerprints."""
+    out = []
+    for path in host.keys:
+        pub = Path(f"{path}.pub")
+        try:
+            blob = paramiko.PublicBlob.from_file(str(pub))
+            key = paramiko.PKey.from_type_string(blob.key_type, blob.key_blob)
+            out.append(f"{path} ({fingerprint(key)})")
+        except (OSError, ValueError, paramiko.SSHException):
+            out.append(f"{path} (no {pub.name} beside it)")
+    try:
+        agent_keys = paramiko.Agent().get_keys() if os.environ.get("SSH_AUTH_SOCK") else ()
+    except paramiko.SSHException:
+        agent_keys = ()
+    out += [f"ssh-agent: {fingerprint(k)}{' ' + k.comment if getattr(k, 'comment', '') else ''}" for k in agent_keys]
+    return out
+
+
+def auth_message(host: SshHost, target: Target, e: paramiko.AuthenticationException) -> str:
+    """Which keys were offered to whom, and what the host answered."""
+    where = f"{host.user}@{host.host}:{host.port}" + (f" ({host.spec})" if host.spec and split_host(host.spec)[1] != host.host else "")
+    keys = offered_keys(host)
+    if isinstance(e, paramiko.PasswordRequiredException):
+        locked = ", ".join(host.keys)
+        return (f"{where}: the key {locked} is protected by a passphrase and ssh-agent does not hold it; add it "
+                f"once per login session: ssh-add {host.keys[0] if host.keys else ''}".rstrip())
+    answer = str(e) or type(e).__name__
+    allowed = getattr(e, "allowed_types", None)
+    if allowed:
+        answer += f" (it accepts: {', '.join(allowed)})"
+    offered = "; ".join(keys) if keys else "no key at all (no identity file exists and no ssh-agent)"
+    fix = "gpu-train:sshKey" if target.key_file else "gpu-train:sshKey or the IdentityFile in your ssh_config"
+    return (f"{where} refused the login as {host.user!r}. Offered: {offered}. The host answered: {answer}. "
+            f"Put one of these keys' public halves in ~{host.user}/.ssh/authorized_keys there, or set {fix}.")
+
+
+def unreachable_now(e: BaseException, host: SshHost) -> tuple[str, bool] | None:
+    """A connection failure that waiting cannot fix: (message, refused?). None for timeouts and the like.
+
+    A name that does not resolve never will; a refused connection means nothing listens on that
+    port (on a booting VM it may yet: the caller decides). A jump host that cannot reach the
+    target says so in a channel error.
+    """
+    where = f"{host.host}:{host.port}" + (f" ({host.spec})" if host.spec and split_host(host.spec)[1] != host.host else "")
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve the host name {host.host!r} ({where}): {e.strerror or e}", False
+    refused = isinstance(e, ConnectionRefusedError) or (
+        isinstance(e, paramiko.ssh_exception.NoValidConnectionsError)
+        and all(getattr(err, "errno", None) == errno.ECONNREFUSED for err in e.errors.values()))
+    if refused:
+        return f"connection refused by {where}: nothing listens on port {host.port} (is sshd running? is the port right?)", True
+    if isinstance(e, paramiko.ChannelException):
+        via = host.jump[-1] if host.jump else None
+        return f"the jump host {via.host if via else '?'} could not open a connection to {where}: {e.text}", False
+    return None
+
+
+def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
+                    probe: Callable[[], str | None] | None = None) -> Connection:
+    """Connect, retrying with backoff until ``timeout`` while the host is not up yet.
+
+    An unresolvable name fails at once; so does a refused connection, except on GCP, where a
+    booting VM refuses until its sshd is up: there ``probe`` (the Compute API's view of the VM)
+    runs while SSH does not answer, and its message (a stopped VM) ends the wait.
+    """
     deadline = time.monotonic() + timeout
-    delay, told = 0.5, False
+    delay, told, probed_at = 0.5, False, -1e9
     while True:
+        conn = connection(target, host, say)
         try:
             conn.open()
             conn.transport.set_keepalive(5)
             return conn
         except paramiko.BadHostKeyException as e:
-            raise HostKeyError(_changed_key_message(host, target, e)) from None
+            raise HostKeyError(_changed_key_message(e.hostname or host_id(host), target, e)) from None
+        except HostKeyError:
+            raise
         except paramiko.AuthenticationException as e:
-            raise RemoteError(f"{host}: the key {target.key_file} was refused ({e}); check gpu-train:sshKey "
-                              "and that its public half is in the host's authorized_keys") from None
+            raise RemoteError(auth_message(host, target, e)) from None
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
+            fatal = unreachable_now(e, host)
+            if probe is not None and time.monotonic() - probed_at > 15:
+                probed_at = time.monotonic()
+                verdict = probe()
+                if verdict:
+                    raise RemoteError(verdict) from None
+            if fatal is not None and not (target.is_gcp and fatal[1]):
+                raise RemoteError(fatal[0]) from None
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RemoteError(f"cannot reach {host} over SSH after {timeout:g} s ({e or type(e).__name__}); "
-                                  "is the host up and the port right? (`fab status` after `pulumi up`)") from None
+                                  "is the host up and the port right?") from None
             if not told:
                 say(f"waiting for SSH on {host} (up to {timeout:g} s): {e or type(e).__name__}")
                 told = True
@@ -241,13 +332,21 @@ def end_trailer(stderr: str) -> dict | None:
 
 
 def openssh_options(target: Target, host: SshHost) -> list[str]:
-    """OpenSSH options matching our paramiko policy: our key, our known_hosts, no prompts."""
-    return [
-        "-p", str(host.port), "-i", target.key_file, "-F", "/dev/null",
-        "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+    """OpenSSH options matching our paramiko policy: the host's keys (and ssh-agent's), our
+    known_hosts, no prompts, and its jump hosts as a ProxyCommand built the same way."""
+    keys = [opt for k in host.keys for opt in ("-i", k)]
+    opts = [
+        "-p", str(host.port), *keys, "-F", "/dev/null",
+        "-o", f"IdentitiesOnly={'yes' if target.key_file and host.keys else 'no'}", "-o", "BatchMode=yes",
         "-o", f"UserKnownHostsFile={target.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=15",
         "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
         # AES-GCM runs on the CPU's AES instructions: faster bulk transfers than OpenSSH's default.
         "-o", "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
     ]  # fmt: skip
+    if host.jump:
+        hop, rest = host.jump[-1], host.jump[:-1]
+        via = dataclasses.replace(hop, jump=rest)
+        opts += ["-o", "ProxyCommand=" + shlex.join(["ssh", *openssh_options(target, via), "-W", "%h:%p",
+                                                      f"{via.user}@{via.host}"])]
+    return opts

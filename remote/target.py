@@ -13,15 +13,15 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpu_train import config
+from gpu_train import config, project
 from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = project.REPO
 
 
 def state_home() -> Path:
-    """Local caches (stack outputs, known_hosts): $GPU_TRAIN_HOME, else .gpu-train/ in the repo."""
-    return Path(os.environ.get("GPU_TRAIN_HOME") or REPO / ".gpu-train")
+    """Local caches (stack outputs, known_hosts): $GPU_TRAIN_HOME, else .gpu-train/ in the project."""
+    return Path(os.environ.get("GPU_TRAIN_HOME") or project.project_root() / ".gpu-train")
 
 
 @dataclass(frozen=True)
@@ -59,16 +59,19 @@ class Target:
 
 
 def select_stack(stack: str | None) -> str:
-    """--stack, else $GPU_TRAIN_STACK, else Pulumi's selected stack."""
+    """--stack, else $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack."""
     chosen = stack or os.environ.get("GPU_TRAIN_STACK")
     if chosen:
         return chosen
+    own = project.stack_names([project.project_root() / "stacks"])
+    if len(own) == 1:
+        return own[0]
     if shutil.which("pulumi"):
         out = subprocess.run(["pulumi", "stack", "--show-name"], cwd=REPO, capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
-    raise ConfigError([Problem("stack", "no stack selected",
-                               "pass --stack NAME, set GPU_TRAIN_STACK, or `pulumi stack select NAME`")])
+    raise ConfigError([Problem("stack", "no stack selected" + (f" (this project has {', '.join(own)})" if own else ""),
+                               "pass --stack NAME, set GPU_TRAIN_STACK, or create one: gpu-train init")])
 
 
 def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
@@ -100,17 +103,20 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
     if cfg.is_gcp:
         assert outputs is not None
         user = outputs.get("sshUser") or cfg.ssh_user
-        hosts = tuple(SshHost(user, ip, 22) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
+        key = os.path.expanduser(cfg.ssh_private_key_path())
+        hosts = tuple(SshHost(user, ip, 22, keys=(key,)) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
         master = (outputs.get("internalIps") or [outputs.get("internalIp") or hosts[0].host])[0]
         expect, cost, gpus = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd"), outputs.get("gpuCount")
     else:
-        hosts, expect, cost, gpus = cfg.hosts, 0, None, None
+        own = (os.path.expanduser(cfg.ssh_key),) if cfg.ssh_key else ()
+        hosts = tuple(h if h.keys else replace(h, keys=own) for h in cfg.hosts)
+        expect, cost, gpus = 0, None, None
         master = hosts[0].host if hosts else ""
-    key = cfg.ssh_private_key_path() if cfg.is_gcp else (cfg.ssh_key or "~/.ssh/id_ed25519")
+    key = cfg.ssh_private_key_path() if cfg.is_gcp else cfg.ssh_key
     return Target(
         stack=cfg.stack,
         hosts=hosts,
-        key_file=os.path.expanduser(key),
+        key_file=os.path.expanduser(key) if key else "",
         known_hosts=Path(os.path.expanduser(cfg.known_hosts)) if cfg.known_hosts else cache / "known_hosts",
         pinned=cfg.known_hosts is not None,
         remote_root=cfg.remote_root,
@@ -125,16 +131,34 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
     )
 
 
+def ssh_hosts(cfg: StackConfig) -> StackConfig:
+    """An SSH stack with its hosts resolved as OpenSSH would (remote/sshconfig.py)."""
+    from remote import sshconfig
+
+    try:
+        hosts = tuple(sshconfig.resolve(h.spec or str(h), cfg.ssh_key, cfg.ssh_config) for h in cfg.hosts)
+    except sshconfig.SshConfigError as e:
+        raise ConfigError([Problem("hosts", str(e), "fix the ssh_config, or write the host as user@host:port")],
+                          cfg.stack) from None
+    return replace(cfg, hosts=hosts)
+
+
 def resolve(stack: str | None, refresh: bool = False) -> Target:
     """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
     name = select_stack(stack)
     cfg = config.load_stack(name)
     home = state_home()
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
-    target = target_from(cfg, outputs, home)
-    if not Path(target.key_file).is_file():
-        raise ConfigError([Problem("sshKey", f"no private key at {target.key_file}",
+    target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
+    if target.key_file and not Path(target.key_file).is_file():
+        raise ConfigError([Problem("sshKey" if cfg.ssh_key else "sshPublicKey", f"no private key at {target.key_file}",
                                    "set gpu-train:sshKey to your private key's path")], name)
+    agent = bool(os.environ.get("SSH_AUTH_SOCK"))
+    for h in target.hosts:
+        if not h.keys and not agent:
+            raise ConfigError([Problem("sshKey", f"no SSH key for {h.spec or h}: no ssh-agent (SSH_AUTH_SOCK) and none of "
+                                       "~/.ssh/id_* nor an IdentityFile in the ssh_config exists",
+                                       "create one (ssh-keygen -t ed25519), start ssh-agent, or set gpu-train:sshKey")], name)
     if target.pinned and not target.known_hosts.is_file():
         raise ConfigError([Problem("knownHosts", f"no file at {target.known_hosts}",
                                    "point gpu-train:knownHosts at a known_hosts file, or remove it to learn keys")], name)

@@ -679,23 +679,28 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _exec_ssh(session: Session, *extra: str) -> None:
+def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None:
     from remote import ssh
 
     session.connect()  # verifies (or learns) the host key first
     session.close()
     h = session.target.host
-    argv = ["ssh", *ssh.openssh_options(session.target, h), *extra, f"{h.user}@{h.host}"]
+    argv = ["ssh", *ssh.openssh_options(session.target, h), *extra, f"{h.user}@{h.host}", *([command] if command else [])]
     os.execvp("ssh", argv)
 
 
-@task(help={"stack": STACK_HELP})
-def ssh(c, stack=None):
-    """A shell on the host; also writes the ssh config entry gpu-train-STACK for ssh, rsync and editors."""
+@task(help={"command": "run this command instead of a shell (also: gpu-train ssh -- CMD)", "stack": STACK_HELP})
+def ssh(c, command=None, stack=None):
+    """A shell on the host (or one command: `ssh -- nvidia-smi`); also writes the ssh config entry gpu-train-STACK."""
     session = Session(stack)
     alias = write_ssh_config(session.target)
+    if command:
+        _exec_ssh(session, *(["-t"] if sys.stdin.isatty() else []), command=command)
     say(f"ssh config entry: {alias} (ssh {alias}, rsync -e ssh ... {alias}:path)")
     _exec_ssh(session, "-t")
+
+
+ssh.remainder_kwarg = "command"  # `gpu-train ssh -- CMD` (remote/cli.py's Executor)
 
 
 @task(help={"stack": STACK_HELP})

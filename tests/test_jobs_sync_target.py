@@ -117,7 +117,7 @@ def test_gcp_target_from_outputs() -> None:
     cfg = parse(gcp_raw(sshPublicKey="~/.ssh/work.pub"), "t4")
     outputs = {"externalIp": "203.0.113.10", "sshUser": "trainer", "gpuCount": 1, "hourlyCostUsd": 0.28}
     t = target.target_from(cfg, outputs, Path("/state"))
-    assert t.hosts == (SshHost("trainer", "203.0.113.10", 22),) and t.is_gcp and t.expect_gpus == 1
+    assert t.hosts == (SshHost("trainer", "203.0.113.10", 22, keys=(t.key_file,)),) and t.is_gcp and t.expect_gpus == 1
     assert t.key_file.endswith("/.ssh/work") and t.known_hosts == Path("/state/t4/known_hosts") and not t.pinned
     assert t.hourly_cost_usd == 0.28 and t.rsync_root() == "gpu-train"
 

@@ -223,14 +223,14 @@ def test_two_trains_with_one_name_at_once(lab: Lab) -> None:
     lab.fab("stop", "--grace", "1", check=True)
 
 
-def test_host_down_is_a_clear_error_within_the_timeout(lab: Lab) -> None:
+def test_host_down_is_refused_at_once(lab: Lab) -> None:
     lab.sshd.stop()
     started = time.monotonic()
     result = lab.fab("status", "--json")
     elapsed = time.monotonic() - started
     assert result.returncode == 3
-    assert "cannot reach" in result.stderr and lab.sshd.spec.split("@")[1] in result.stderr
-    assert elapsed < 30  # SSH stacks wait 15 s
+    assert "connection refused by" in result.stderr and lab.sshd.spec.split("@")[1] in result.stderr
+    assert elapsed < 5  # no waiting: nothing listens there
 
 
 def test_changed_host_key_is_refused(lab: Lab) -> None:
