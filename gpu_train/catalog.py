@@ -34,6 +34,7 @@ class Accelerator:
     quota_id: str | None = None
     gpu_family: str | None = None
     vws: bool = False
+    short: str | None = None  # the name people say: T4, A100-80GB (gpu_train.gpunames reads it)
 
     @property
     def attachable_to_n1(self) -> bool:
@@ -238,6 +239,7 @@ def parse_catalog(doc: Any) -> Catalog:
             quota_id=a.get("quotaId"),
             gpu_family=a.get("gpuFamily"),
             vws=bool(a.get("vws", False)),
+            short=a.get("short"),
         )
     glob = _need(acc_t, "globalQuota", dict, "accelerators")
 

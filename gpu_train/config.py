@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from gpu_train import project
+from gpu_train import gpunames, project
 from gpu_train.catalog import load_catalog
 
 NAMESPACE = "gpu-train"
@@ -36,9 +36,20 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.key if self.key.count(":") else f"{NAMESPACE}:{self.key}"
-        shown = "" if self.value is None else f" = {self.value!r}"
-        text = f"{where}{shown}: {self.message}"
+        value = "" if self.value is None else f" = {shown(self.value)}"
+        text = f"{shown_key(where)}{value}: {self.message}"
         return f"{text}\n    fix: {self.fix}" if self.fix else text
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A value for a message: its repr, cut to ``limit`` characters (a stack value can be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def shown_key(key: str, limit: int = 60) -> str:
+    """A setting's name for a message: unknown keys come from the file, so they are bounded too."""
+    return key if len(key) <= limit and key.isprintable() else shown(key, limit)
 
 
 class ConfigError(ValueError):
@@ -359,12 +370,14 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
         try:
             hosts.append(parse_host(text))
         except ValueError:
-            problems.append(Problem("hosts", f"{text!r} is not user@host:port", "write each host as user@host:port"))
+            problems.append(Problem("hosts", f"{shown(text)} is not user@host:port", "write each host as user@host:port"))
 
     project = raw.get("gcp:project")
     if target == "gcp" and not (isinstance(project, str) and project.strip()):
         problems.append(Problem("gcp:project", "is required", "pulumi config set gcp:project YOUR_PROJECT_ID"))
 
+    if "gpuType" in values:  # `gpuType: T4` means nvidia-tesla-t4: the program and the API get the API name
+        values["gpuType"] = gpunames.api_name(values["gpuType"], load_catalog())
     kwargs = {_FIELD_FOR_KEY[k]: v for k, v in values.items() if k != "hosts"}
     kwargs.setdefault("idle_stop_minutes", 30 if target == "gcp" else 0)
     if target == "gcp":  # image defaults are catalog facts
@@ -398,20 +411,51 @@ def stack_file(stack: str, directory: Path | None = None) -> Path:
                                f"{hint}`gpu-train init --stack {stack}` writes one into {dirs[0]}")])
 
 
+MAX_STACK_FILE_BYTES = 1 << 20
+
+
+class _StackLoader(yaml.SafeLoader):
+    """YAML without aliases: a 1 KB file of nested aliases ("billion laughs") expands to gigabytes."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a stack file; "
+                                              "write the value out", mark)
+        return super().compose_node(parent, index)
+
+
 def read_stack_file(path: Path) -> dict[str, Any]:
-    """The ``config:`` mapping of a Pulumi stack file."""
+    """The ``config:`` mapping of a Pulumi stack file (a directory, unreadable bytes or aliases: ConfigError)."""
+    fix = "create it with `pulumi stack init NAME`, or copy one from stacks/"
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
+        with open(path, "rb") as f:
+            data = f.read(MAX_STACK_FILE_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError([Problem("stack", f"no stack file at {path}",
-                                   "create it with `pulumi stack init NAME`, or copy one from stacks/")]) from None
+        raise ConfigError([Problem("stack", f"no stack file at {path}", fix)]) from None
+    except IsADirectoryError:
+        raise ConfigError([Problem("stack", f"{path} is a directory, not a stack file", fix)]) from None
+    except OSError as e:
+        raise ConfigError([Problem("stack", f"cannot read {path}: {e.strerror}", "check its permissions")]) from None
+    if len(data) > MAX_STACK_FILE_BYTES:
+        raise ConfigError([Problem("stack", f"{path} is over {MAX_STACK_FILE_BYTES >> 20} MiB", "is it a stack file?")])
+    try:
+        doc = yaml.load(data.decode("utf-8"), Loader=_StackLoader) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError([Problem("stack", f"{path} is not UTF-8 text (byte {e.start})", "save it as UTF-8")]) from None
     except yaml.YAMLError as e:
-        raise ConfigError([Problem("stack", f"{path} is not valid YAML: {e}", "fix the file's syntax")]) from None
+        raise ConfigError([Problem("stack", f"{path} is not valid YAML: {shown_text(str(e), 400)}",
+                                   "fix the file's syntax")]) from None
+    except RecursionError:
+        raise ConfigError([Problem("stack", f"{path} nests too deeply", "fix the file's syntax")]) from None
     config = doc.get("config", {}) if isinstance(doc, dict) else None
     if not isinstance(config, dict):
         raise ConfigError([Problem("stack", f"{path} has no `config:` mapping", "see stacks/ for examples")])
     return config
+
+
+def shown_text(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def stack_name_from_path(path: Path) -> str:

@@ -33,6 +33,17 @@ def base_name(name: str | None, script: str | None, command: str | None) -> str:
     return cleaned[: 128 - STAMP_LEN]
 
 
+def check_run_id(text: object, where: str = "--run") -> str:
+    """``text`` if it is a run id, else JobError: ids from a host or the command line become local
+    and remote paths (runs/STACK/ID), so anything else (``..``, ``/``) is refused, never cleaned."""
+    if isinstance(text, str) and RUN_ID_RE.fullmatch(text):
+        return text
+    shown = repr(text)
+    shown = shown if len(shown) <= 80 else f"{shown[:80]}... ({len(shown)} characters)"
+    raise JobError(f"{where} {shown} is not a run id (letters, digits and underscores, starting with a letter, "
+                   "at most 128)")
+
+
 def run_id(base: str, when: datetime) -> str:
     rid = f"{base}_{when:%Y%m%d_%H%M%S}"
     assert RUN_ID_RE.fullmatch(rid), rid
@@ -92,9 +103,15 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
         if not (code_dir / rel).is_file():
             raise JobError(f"--script {script}: no such file in {code_dir}")
         script = rel.as_posix()
+        if script.startswith("-"):  # `--script -V` is a file named -V, never an option of Python's
+            script = f"./{script}"
     elif args:
         raise JobError("--args goes with --script; with --command, put the arguments in the command")
-    return JobSpec(run_id=run, base=base, script=script, command=command, args=tuple(shlex.split(args or "")),
+    try:
+        argv = tuple(shlex.split(args or ""))
+    except ValueError as e:
+        raise JobError(f"--args: {e} (quote it as a shell would: --args \"--name 'it s'\")") from None
+    return JobSpec(run_id=run, base=base, script=script, command=command, args=argv,
                    env=parse_env(env), python=python, expect_gpus=expect_gpus)
 
 

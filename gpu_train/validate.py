@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpu_train import gpunames, values
 from gpu_train.catalog import Catalog, FixedShape, MachineShape
-from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape
+from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 
 ZONE_RE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -67,7 +68,7 @@ def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfi
 def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     """Every problem with the stack, errors and warnings, in the order of the settings."""
     if not cfg.is_gcp:
-        return _lifecycle(cfg)
+        return _lifecycle(cfg) + values.check(cfg)
     problems = _zone(cfg)
     shape_problems, machine = _machine_and_gpus(cfg, catalog)
     gpu_type = _offered_gpu(cfg, catalog, machine)
@@ -75,7 +76,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
     problems += shape_problems
     problems += _disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
-    problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog)
+    problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
     return problems
 
 
@@ -106,9 +107,7 @@ def _gpu_type_problem(cfg: StackConfig, catalog: Catalog) -> Problem | None:
     if cfg.gpu_type in catalog.retired:
         return Problem("gpuType", catalog.retired[cfg.gpu_type], "choose a current GPU, e.g. nvidia-tesla-t4 or nvidia-l4", cfg.gpu_type)
     if catalog.accelerator(cfg.gpu_type) is None:
-        close = difflib.get_close_matches(cfg.gpu_type, list(catalog.accelerators), n=2, cutoff=0.5)
-        fix = f"did you mean {' or '.join(close)}?" if close else f"known types: {', '.join(catalog.accelerators)}"
-        return Problem("gpuType", "is not a GPU type", fix, cfg.gpu_type)
+        return Problem("gpuType", "is not a GPU type", gpunames.describe_unknown(cfg.gpu_type, catalog), cfg.gpu_type)
     return None
 
 
@@ -357,7 +356,7 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         try:
             machine, gpu, count = parse_shape(text)
         except ValueError:
-            problems.append(Problem("fallbackShapes", f"{text!r}: the count must be a whole number",
+            problems.append(Problem("fallbackShapes", f"{shown(text)}: the count must be a whole number",
                                     "write MACHINE or MACHINE/GPU/COUNT, e.g. n1-standard-8/nvidia-tesla-v100/1"))
             continue
         trial = replace(cfg, machine_type=machine, gpu_type=gpu, gpu_count=count,
@@ -365,7 +364,7 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
                         fallback_shapes=())
         shape_problems, _ = _machine_and_gpus(trial, catalog)
         for p in shape_problems:
-            problems.append(Problem("fallbackShapes", f"{text!r}: {p.message}", p.fix))
+            problems.append(Problem("fallbackShapes", f"{shown(text)}: {p.message}", p.fix))
     return problems
 
 
@@ -382,14 +381,14 @@ def _ssh(cfg: StackConfig) -> list[Problem]:
         try:
             net = ipaddress.ip_network(text, strict=False)
         except ValueError:
-            problems.append(Problem("sshSourceRanges", f"{text!r} is not a CIDR range",
+            problems.append(Problem("sshSourceRanges", f"{shown(text)} is not a CIDR range",
                                     "write an address with its prefix length, e.g. 203.0.113.7/32", list(cfg.ssh_source_ranges)))
             continue
         if str(net) != text and "/" in text:
-            problems.append(Problem("sshSourceRanges", f"{text!r} has host bits set",
+            problems.append(Problem("sshSourceRanges", f"{shown(text)} has host bits set",
                                     f"write the network address: {net}", list(cfg.ssh_source_ranges)))
         elif "/" not in text:
-            problems.append(Problem("sshSourceRanges", f"{text!r} has no prefix length",
+            problems.append(Problem("sshSourceRanges", f"{shown(text)} has no prefix length",
                                     f"write {net}", list(cfg.ssh_source_ranges)))
         if net.prefixlen == 0 and not cfg.allow_ssh_from_anywhere:
             problems.append(Problem("sshSourceRanges", f"{text} opens SSH to the whole internet",
@@ -405,11 +404,11 @@ def _labels(cfg: StackConfig) -> list[Problem]:
                                           f"{len(RESERVED_LABELS)})", "remove some"))
     for k, v in cfg.labels.items():
         if k in RESERVED_LABELS:
-            problems.append(Problem("labels", f"{k!r} is set by gpu-train itself", f"remove {k}", cfg.labels))
+            problems.append(Problem("labels", f"{shown(k)} is set by gpu-train itself", f"remove {k}", cfg.labels))
         elif not LABEL_KEY_RE.fullmatch(k):
-            problems.append(Problem("labels", f"key {k!r} is not a valid label key",
+            problems.append(Problem("labels", f"key {shown(k)} is not a valid label key",
                                     "start with a lower-case letter; lower case, digits, _ and - only; at most 63", cfg.labels))
         if not LABEL_VALUE_RE.fullmatch(v):
-            problems.append(Problem("labels", f"value {v!r} of {k!r} is not a valid label value",
+            problems.append(Problem("labels", f"value {shown(v)} of {shown(k)} is not a valid label value",
                                     "lower case, digits, _ and - only; at most 63", cfg.labels))
     return problems

@@ -91,4 +91,7 @@ def program() -> GpuTrain:
 
 
 def main() -> None:
+    from remote import errors
+
+    errors.install()  # as fabfile.py does for `fab`: an error is a message and an exit code
     program().run(sys.argv)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -39,7 +40,11 @@ class RemoteError(Exception):
 
 
 class HostKeyError(RemoteError):
-    pass
+    """A failure no retry or refreshed address can cure (the tasks stop at once)."""
+
+
+class KeyFileError(HostKeyError):
+    """Our own private key cannot be used."""
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -65,13 +70,30 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
                 f"key is {fingerprint(key)}. If that is right, add it: ssh-keyscan -p PORT HOST >> {self.path}"
             )
         client.get_host_keys().add(hostname, key.get_name(), key)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        old = self.path.read_text() if self.path.exists() else ""
-        with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False) as tmp:
-            tmp.write(old + line)
-        os.replace(tmp.name, self.path)
+        append_known_host(self.path, f"{hostname} {key.get_name()} {key.get_base64()}\n")
         self.say(f"first contact with {hostname}: {key.get_name()} key {fingerprint(key)}, saved to {self.path}")
+
+
+def append_known_host(path: Path, line: str) -> None:
+    """Add a line to a known_hosts file that other tasks (other nodes, other stacks) write at once.
+
+    Under an exclusive lock on a lock file beside it: re-read, append, write a temp file, rename.
+    Without the lock two hosts learned at once each write "old + mine" and one line is lost.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        old = path.read_text() if path.exists() else ""
+        if line in old.splitlines(keepends=True):
+            return  # learned by the task beside us meanwhile
+        if old and not old.endswith("\n"):
+            old += "\n"
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+            tmp.write(old + line)
+        os.replace(tmp.name, path)
+    finally:
+        os.close(lock_fd)
 
 
 def knows_host(target: Target, host: SshHost) -> bool:
@@ -88,6 +110,41 @@ def _changed_key_message(name: str, target: Target, e: paramiko.BadHostKeyExcept
         f"rebuilt (a new VM at the same address). If you know it was rebuilt, forget the old key:\n"
         f"    ssh-keygen -f {target.known_hosts} -R '{name}'\nthen run the task again."
     )
+
+
+def agent_fingerprints() -> set[str]:
+    """Fingerprints of the keys ssh-agent holds (none without SSH_AUTH_SOCK)."""
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return set()
+    try:
+        return {fingerprint(k) for k in paramiko.Agent().get_keys()}
+    except paramiko.SSHException:
+        return set()
+
+
+def public_fingerprint(path: str) -> str | None:
+    """The fingerprint of ``path``'s public half, from PATH.pub (readable without the passphrase)."""
+    try:
+        blob = paramiko.PublicBlob.from_file(f"{path}.pub")
+        return fingerprint(paramiko.PKey.from_type_string(blob.key_type, blob.key_blob))
+    except (OSError, ValueError, paramiko.SSHException):
+        return None
+
+
+def check_key_file(path: str) -> None:
+    """KeyFileError at once when ``path`` is not a private key we can use (a .pub, a typo, a
+    passphrase-protected key that ssh-agent does not hold): otherwise every attempt fails alike
+    and it looks like a host not up."""
+    try:
+        paramiko.PKey.from_path(path)
+    except paramiko.PasswordRequiredException:
+        if public_fingerprint(path) in agent_fingerprints():
+            return  # the agent signs with it
+        raise KeyFileError(f"the key {path} has a passphrase and ssh-agent does not hold it: add it once per login "
+                           f"session (ssh-add {path}), then run the task again") from None
+    except (paramiko.SSHException, ValueError, OSError, UnicodeError) as e:
+        raise KeyFileError(f"{path} is not an SSH private key ({str(e).split('. ')[0]}): set gpu-train:sshKey to your "
+                          "private key's path (not the .pub)") from None
 
 
 def _client(target: Target, say: Say) -> paramiko.SSHClient:
@@ -116,15 +173,7 @@ def connection(target: Target, host: SshHost, say: Say) -> Connection:
 
 def offered_keys(host: SshHost) -> list[str]:
     """What we offer a host, for messages: each key file and each ssh-agent key, with fingerprints."""
-    out = []
-    for path in host.keys:
-        pub = Path(f"{path}.pub")
-        try:
-            blob = paramiko.PublicBlob.from_file(str(pub))
-            key = paramiko.PKey.from_type_string(blob.key_type, blob.key_blob)
-            out.append(f"{path} ({fingerprint(key)})")
-        except (OSError, ValueError, paramiko.SSHException):
-            out.append(f"{path} (no {pub.name} beside it)")
+    out = [f"{path} ({public_fingerprint(path) or 'no .pub beside it'})" for path in host.keys]
     try:
         agent_keys = paramiko.Agent().get_keys() if os.environ.get("SSH_AUTH_SOCK") else ()
     except paramiko.SSHException:
@@ -180,6 +229,8 @@ def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
     booting VM refuses until its sshd is up: there ``probe`` (the Compute API's view of the VM)
     runs while SSH does not answer, and its message (a stopped VM) ends the wait.
     """
+    if target.key_file:
+        check_key_file(target.key_file)
     deadline = time.monotonic() + timeout
     delay, told, probed_at = 0.5, False, -1e9
     while True:
@@ -345,8 +396,14 @@ def openssh_options(target: Target, host: SshHost) -> list[str]:
         "-o", "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
     ]  # fmt: skip
     if host.jump:
-        hop, rest = host.jump[-1], host.jump[:-1]
-        via = dataclasses.replace(hop, jump=rest)
-        opts += ["-o", "ProxyCommand=" + shlex.join(["ssh", *openssh_options(target, via), "-W", "%h:%p",
-                                                      f"{via.user}@{via.host}"])]
+        opts += ["-o", "ProxyCommand=" + proxy_command(target, host)]
     return opts
+
+
+def proxy_command(target: Target, host: SshHost) -> str:
+    """OpenSSH's ProxyCommand reaching ``host`` through its last jump host (itself through the
+    earlier ones), with the same keys and known_hosts; "" without jump hosts."""
+    if not host.jump:
+        return ""
+    via = dataclasses.replace(host.jump[-1], jump=host.jump[:-1])
+    return shlex.join(["ssh", *openssh_options(target, via), "-W", "%h:%p", f"{via.user}@{via.host}"])

@@ -7,7 +7,9 @@ per-directory rules otherwise) and .gputrainignore, and never sends .git.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,6 +22,12 @@ from remote.target import Target
 
 LARGE_SYNC_BYTES = 100 * 1024 * 1024
 IGNORE_FILE = ".gputrainignore"
+# rsync before 3.4.0 has known client-side holes (CVE-2024-12085 .. 12088: a malicious server
+# can read client memory or write outside the destination).
+MIN_RSYNC = (3, 4, 0)
+# Every rsync gets these: paths travel inside rsync's protocol, not through the remote shell
+# (`--secluded-args`, called --protect-args before 3.3.0; it also holds with RSYNC_OLD_ARGS=1).
+PROTECT = "--protect-args"
 
 
 def ssh_command(target: Target, host: SshHost) -> str:
@@ -29,6 +37,56 @@ def ssh_command(target: Target, host: SshHost) -> str:
 def remote_path(host: SshHost, path: str) -> str:
     h = f"[{host.host}]" if ":" in host.host else host.host
     return f"{host.user}@{h}:{path}"
+
+
+def parse_rsync_version(text: str) -> tuple[int, ...] | None:
+    """(3, 4, 1) from the first line of `rsync --version` ("rsync  version 3.4.1  protocol ..."); None if unknown."""
+    m = re.search(r"version\s+v?(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(g or 0) for g in m.groups()) if m else None
+
+
+def rsync_problem(text: str | None) -> str | None:
+    """Why the laptop's rsync cannot be used (None when it can), from its `--version` output."""
+    if text is None:
+        return "rsync is not installed here: install rsync 3.4.0 or newer (apt-get install rsync, brew install rsync)"
+    version = parse_rsync_version(text)
+    if version is None:
+        return "cannot tell rsync's version from `rsync --version`: install rsync 3.4.0 or newer"
+    if version < MIN_RSYNC:
+        have = ".".join(map(str, version))
+        return (f"rsync {have} is older than 3.4.0, which fixed holes a hostile host can use against your machine "
+                "(CVE-2024-12084..12088): install a newer rsync (macOS: brew install rsync; Ubuntu/Debian: the "
+                "security update, or a backport) and make it the first rsync on PATH")
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _rsync_version_text() -> str | None:
+    if not shutil.which("rsync"):
+        return None
+    try:
+        return subprocess.run(["rsync", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def check_rsync() -> None:
+    """RemoteError naming the fix when the local rsync is missing or too old."""
+    if (why := rsync_problem(_rsync_version_text())) is not None:
+        raise RemoteError(why)
+
+
+def rsync_literal(path: str) -> str:
+    """A file name as an rsync pattern matching only itself.
+
+    rsync treats ``*?[`` as wildcards, and a backslash as an escape only in a pattern that has a
+    wildcard; so a name without them is already literal, and one with them has each escaped. A
+    newline cannot appear in a line-based rule file: it becomes ``?`` (a name differing only there
+    is excluded too; never the other way round, which would send an ignored file).
+    """
+    if any(c in path for c in "*?[\n\r"):
+        path = re.sub(r"([*?\[\\])", r"\\\1", path)
+    return re.sub(r"[\n\r]", "?", path)
 
 
 def code_filters(git_ignored: list[str] | None) -> list[str]:
@@ -48,7 +106,8 @@ def git_ignored(directory: Path) -> list[str] | None:
         return None
     out = subprocess.run(["git", "-C", str(directory), "ls-files", "--others", "--ignored", "--exclude-standard",
                           "--directory", "-z"], capture_output=True, check=True)
-    return ["/" + p for p in out.stdout.decode().split("\0") if p]
+    names = out.stdout.decode("utf-8", "surrogateescape").split("\0")
+    return ["/" + rsync_literal(p) for p in names if p]
 
 
 def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: str, exclude_from: Path | None,
@@ -59,7 +118,7 @@ def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: st
     """
     root = target.rsync_root()
     mkdir = shlex.join(["mkdir", "-p", f"{root}/staging"])  # older rsyncs lack --mkpath
-    cmd = ["rsync", "-a", "--delete", "-e", rsh or ssh_command(target, host), f"--rsync-path={mkdir} && rsync",
+    cmd = ["rsync", "-a", "--delete", PROTECT, "-e", rsh or ssh_command(target, host), f"--rsync-path={mkdir} && rsync",
            f"--link-dest=../../code/{base}.last", *code_filters([] if git_mode else None)]
     if exclude_from is not None:
         cmd.append(f"--exclude-from={exclude_from}")
@@ -114,11 +173,12 @@ class CodePlan:
 
 def plan_code(src: Path, scratch: Path) -> CodePlan:
     """List what would be synced from ``src`` (git's ignores go to a file in ``scratch``)."""
+    check_rsync()
     ignored = git_ignored(src)
     exclude = None
     if ignored:
         exclude = scratch / "gitignored.exclude"
-        exclude.write_text("\n".join(ignored) + "\n")
+        exclude.write_text("\n".join(ignored) + "\n", encoding="utf-8", errors="surrogateescape")
     listing = subprocess.run(list_command(src, exclude, ignored is not None), capture_output=True, text=True)
     if listing.returncode != 0:
         raise RemoteError(f"cannot list {src}: {listing.stderr.strip()}")
@@ -135,6 +195,12 @@ def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: 
         raise RemoteError(f"rsync of the code to {host} failed (exit {result.returncode}): {result.stderr.strip()}")
 
 
+# What a fetched file may be on the laptop, whatever the host says: no device or special files, no
+# symlink pointing out of the run, owner and group ours, no setuid/setgid, not group/world-writable.
+SAFE_RECEIVE = ("--no-devices", "--no-specials", "--safe-links", "--no-owner", "--no-group",
+                "--chmod=ugo-s,go-w")
+
+
 def fetch_command(target: Target, host: SshHost, job_dir: str, dest: Path, partial: Path, progress: bool) -> list[str]:
     """rsync a run's JOB_DIR home: resumable, verified, atomic per file, never over newer local files.
 
@@ -142,7 +208,7 @@ def fetch_command(target: Target, host: SshHost, job_dir: str, dest: Path, parti
     renamed into place when complete; rsync checks each file's checksum after the transfer;
     --update leaves a local file alone when it is newer than the host's.
     """
-    cmd = ["rsync", "-a", "--update", "-e", ssh_command(target, host),
+    cmd = ["rsync", "-a", "--update", PROTECT, *SAFE_RECEIVE, "-e", ssh_command(target, host),
            f"--partial-dir={partial}", f"--temp-dir={partial}"]
     if progress:
         cmd += ["--info=progress2", "--no-inc-recursive"]
@@ -155,6 +221,7 @@ def partial_dir(dest: Path) -> Path:
 
 
 def fetch_dir(target: Target, host: SshHost, job_dir: str, dest: Path, progress: bool) -> None:
+    check_rsync()
     dest = dest.resolve()  # rsync's receiver works inside dest: relative helper paths would move
     partial = partial_dir(dest)
     partial.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "guest: boots a real systemd guest with systemd-nspawn (root); tests/guest/")
+
+
 @pytest.fixture(scope="session")
 def public_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A throwaway key pair; the path of its public half."""

@@ -1,0 +1,41 @@
+"""`vm-stop` / `vm-start`: the stack's `running` setting and a `pulumi up` aimed at its VMs only.
+
+Stopping keeps the disks (Compute Engine's TERMINATED state bills only storage); the IaC way means
+the stack file says what the VM should be, so a later `pulumi up` does not undo it. The `up` is
+targeted at the instances (their URNs, which follow from the program's resource names), so nothing
+else in the stack is touched, and it refreshes first: a VM stopped behind Pulumi's back (idle
+auto-stop, maxRunHours, preemption) is seen as stopped, and `running: true` then starts it.
+"""
+
+from __future__ import annotations
+
+PROJECT = "gpu-train"  # Pulumi.yaml's name
+COMPONENT_TYPE = "gpu-train:index:GpuVm"
+COMPONENT_NAME = "gpu"  # infra/program.py: GpuVm("gpu", ...)
+INSTANCE_TYPE = "gcp:compute/instance:Instance"
+
+
+def instance_urns(stack: str, nodes: int, project: str = PROJECT) -> list[str]:
+    """The URNs of the stack's instances: children of the GpuVm component, named like the VMs' nodes."""
+    names = [COMPONENT_NAME] if nodes == 1 else [f"{COMPONENT_NAME}-{i}" for i in range(nodes)]  # infra/gpu_vm.py
+    return [f"urn:pulumi:{stack}::{project}::{COMPONENT_TYPE}${INSTANCE_TYPE}::{n}" for n in names]
+
+
+def commands(stack: str, running: bool, nodes: int) -> list[list[str]]:
+    """The Pulumi CLI calls that stop (running=False) or start the stack's VMs, in order."""
+    up = ["pulumi", "up", "--yes", "--skip-preview", "--refresh", "--stack", stack]
+    for urn in instance_urns(stack, nodes):
+        up += ["--target", urn]
+    return [["pulumi", "config", "set", "gpu-train:running", "true" if running else "false", "--stack", stack], up]
+
+
+def refusal(running_runs: list[str], unreachable: list[str], force: bool, stack: str) -> str | None:
+    """Why vm-stop must not stop now (the same guard as `fab down`), or None."""
+    if force:
+        return None
+    if running_runs:
+        return (f"refusing: still running: {', '.join(running_runs)} (fab stop --stack {stack} first, or vm-stop --force; "
+                "a stopped VM keeps its disk and its runs resume at the next start)")
+    if unreachable:
+        return f"refusing: cannot check the runs ({'; '.join(unreachable)}); vm-stop --force to stop anyway"
+    return None

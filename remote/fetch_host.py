@@ -1,0 +1,218 @@
+"""The host's half of `fab fetch`: list JOB_DIRs, hash blocks, send byte ranges. Standard library only.
+
+One instance serves one stream (one SSH channel): it reads requests, one JSON line each, on stdin,
+and answers on stdout in order, so the laptop can send a whole batch of work in one write and pay
+no round trip per file. Every answer is a JSON header line, then ``len`` raw bytes (a file's range,
+or a zlib-compressed JSON document), then for ranges a JSON trailer line with the SHA-256 of exactly
+the bytes sent and the file's identity (size, mtime, inode) read after sending: the laptop installs
+a file only when every range's hash matches and the identity never moved.
+
+Paths are never taken from the wire as they are: a request names a run id (checked against the
+run-id syntax) and a path relative to that run's JOB_DIR (no ``..``, not absolute); the host rebuilds
+ROOT/runs/ID/job/PATH and refuses to read through a symbolic link.
+
+Requests:
+  {"op": "list", "runs": [ID, ...]}               -> {"runs": {ID: {"entries": [...]} | {"error": ...}}}
+  {"op": "hash", "items": [[ID, PATH, OFF, LEN, BLOCK], ...]}
+        -> per item: {"sha256": [hex per BLOCK of the range], "whole": hex of the range, "stat": [...]}
+  {"op": "read", "items": [[ID, PATH, OFF, LEN], ...]}
+        -> per item: header {"len": N}, N bytes, trailer {"sha256": hex, "stat": [size, mtimeNs, ino]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+import zlib
+
+RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # gpu_train.jobs.RUN_ID_RE (the host has no gpu_train)
+CHUNK = 1 << 20
+
+
+class Refused(Exception):
+    pass
+
+
+def job_dir(root: str, run_id: object) -> str:
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+        raise Refused(f"not a run id: {str(run_id)[:80]!r}")
+    return os.path.join(root, "runs", run_id, "job")
+
+
+def job_path(root: str, run_id: object, rel: object) -> str:
+    """ROOT/runs/ID/job/REL, or Refused for anything that would leave the JOB_DIR."""
+    base = job_dir(root, run_id)
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
+        raise Refused(f"not a relative path: {str(rel)[:80]!r}")
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise Refused(f"not a plain relative path: {rel[:80]!r}")
+    path = os.path.join(base, *parts)
+    parent = os.path.realpath(os.path.dirname(path))
+    real_base = os.path.realpath(base)
+    if parent != real_base and not parent.startswith(real_base + os.sep):
+        raise Refused(f"{rel[:80]!r} leads out of the JOB_DIR")
+    return path
+
+
+def identity(st: os.stat_result) -> list:
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def listing(path: str) -> list:
+    """[rel, kind, size, mtimeNs, mode, link target] for everything under ``path`` (never following links).
+
+    kind: f (regular file), d (directory), l (symbolic link). Other kinds (sockets, fifos) are left out.
+    """
+    entries = []
+    for folder, dirs, names in os.walk(path):
+        rel_folder = os.path.relpath(folder, path)
+        prefix = "" if rel_folder == "." else rel_folder.replace(os.sep, "/") + "/"
+        for name in sorted(dirs) + sorted(names):
+            full = os.path.join(folder, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue  # gone since os.walk listed it
+            if stat.S_ISREG(st.st_mode):
+                entries.append([prefix + name, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""])
+            elif stat.S_ISDIR(st.st_mode):
+                entries.append([prefix + name, "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""])
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    target = os.readlink(full)
+                except OSError:
+                    continue
+                entries.append([prefix + name, "l", 0, st.st_mtime_ns, 0o777, target])
+    return entries
+
+
+def list_runs(root: str, run_ids: list) -> dict:
+    out = {}
+    for run_id in run_ids:
+        try:
+            path = job_dir(root, run_id)
+        except Refused as e:
+            out[str(run_id)[:80]] = {"error": str(e)}
+            continue
+        if not os.path.isdir(os.path.dirname(path)):
+            out[run_id] = {"error": f"no run {run_id} on this host"}
+            continue
+        out[run_id] = {"entries": listing(path) if os.path.isdir(path) else []}
+    return out
+
+
+def open_regular(path: str) -> int:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Refused("not a regular file")
+    return fd
+
+
+def hash_item(root: str, item: list) -> dict:
+    """SHA-256 of each BLOCK-sized block of [OFF, OFF+LEN), and of the whole range, in one read."""
+    run_id, rel, off, length, block = item
+    try:
+        fd = open_regular(job_path(root, run_id, rel))
+    except (OSError, Refused) as e:
+        return {"error": str(e)}
+    try:
+        whole, blocks = hashlib.sha256(), []
+        os.lseek(fd, off, os.SEEK_SET)
+        left = length
+        while left > 0:
+            h = hashlib.sha256()
+            want = min(block, left)
+            while want > 0:
+                data = os.read(fd, min(CHUNK, want))
+                if not data:
+                    break
+                h.update(data)
+                whole.update(data)
+                want -= len(data)
+                left -= len(data)
+            blocks.append(h.hexdigest())
+            if want > 0:
+                break  # the file is shorter than asked: the identity says so
+        return {"sha256": blocks, "whole": whole.hexdigest(), "stat": identity(os.fstat(fd))}
+    finally:
+        os.close(fd)
+
+
+def send_range(root: str, item: list, out) -> None:
+    """Header, exactly LEN bytes (zero-padded if the file shrank, which its identity then shows), trailer."""
+    run_id, rel, off, length = item
+    try:
+        fd = open_regular(job_path(root, run_id, rel))
+    except (OSError, Refused) as e:
+        out.write(json.dumps({"len": 0, "error": str(e)}).encode() + b"\n")
+        return
+    try:
+        out.write(json.dumps({"len": length}).encode() + b"\n")
+        h = hashlib.sha256()
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        os.lseek(fd, off, os.SEEK_SET)
+        left = length
+        while left > 0:
+            n = os.readv(fd, [view[: min(CHUNK, left)]])
+            if n <= 0:
+                break
+            h.update(view[:n])
+            out.write(view[:n])
+            left -= n
+        short = left
+        while left > 0:
+            pad = bytes(min(CHUNK, left))
+            h.update(pad)
+            out.write(pad)
+            left -= len(pad)
+        trailer = {"sha256": h.hexdigest(), "stat": identity(os.fstat(fd))}
+        if short:
+            trailer["short"] = short
+        out.write(json.dumps(trailer).encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+def send_doc(doc: dict, out) -> None:
+    data = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
+    out.write(json.dumps({"len": len(data), "zlib": True}).encode() + b"\n")
+    out.write(data)
+
+
+def serve(root: str, inp, out) -> int:
+    """Answer requests until stdin closes."""
+    for line in inp:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            send_doc({"error": "bad request"}, out)
+            out.flush()
+            return 2
+        op = req.get("op")
+        if op == "list":
+            send_doc({"runs": list_runs(root, list(req.get("runs") or []))}, out)
+        elif op == "hash":
+            send_doc({"items": [hash_item(root, item) for item in req.get("items", [])]}, out)
+        elif op == "read":
+            for item in req.get("items", []):
+                send_range(root, item, out)
+        else:
+            send_doc({"error": f"unknown op {op!r}"}, out)
+        out.flush()
+    return 0
+
+
+def main(argv: list) -> int:
+    root = os.path.abspath(os.path.expanduser(argv[argv.index("--root") + 1]))
+    return serve(root, sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

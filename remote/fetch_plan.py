@@ -1,0 +1,172 @@
+"""What a fetch moves, decided from one listing: pure functions, tested by tables.
+
+The rules are rsync's (`rsync -a --update`), made explicit:
+- a file whose size and modification time match the local copy is not sent (rsync's quick check);
+- a local file newer than the host's is never replaced;
+- a file that exists locally but differs is compared block by block (SHA-256 of fixed blocks on
+  both sides), and only the blocks that differ, plus whatever the host has beyond the local end,
+  are sent: a file that grew sends its new tail, a checkpoint rewritten in place sends what
+  changed. (rsync's rolling checksum also finds data that moved; checkpoints do not move data.)
+  A partial file left by an interrupted fetch is such a basis too, so a fetch resumes where it was.
+
+Then the work is cut into pieces (a whole small file, or a range of a big one) and spread over the
+streams: largest first onto the least-loaded stream, each piece weighted by its bytes plus a fixed
+per-file cost, so 1,000 small files count for what they cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1 << 20
+SPLIT_BYTES = 256 * MiB  # files larger than this travel in ranges, over several streams at once
+RANGE_BYTES = 64 * MiB  # the size of those ranges
+DELTA_MIN = 64 * 1024  # smaller files are sent whole rather than compared block by block
+PIECE_COST = 32 * 1024  # what one more piece costs a stream beyond its bytes (headers, a file to open)
+
+# Actions for one listing entry.
+SKIP = "skip"  # same size and time here: nothing to do
+KEEP_NEWER = "keep-newer"  # the local file is newer than the host's: never replaced
+CONFLICT = "conflict"  # a different kind of thing is in the way here (a folder where a file goes): left alone
+MKDIR = "mkdir"
+LINK = "link"
+FETCH = "fetch"  # not here yet: sent whole (in ranges if big)
+DELTA = "delta"  # here but different: compared block by block, only what differs sent
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One thing in a JOB_DIR on the host, as the host's listing gives it."""
+
+    path: str  # relative to the JOB_DIR, '/'-separated
+    kind: str  # f, d, l
+    size: int = 0
+    mtime_ns: int = 0
+    mode: int = 0o644
+    target: str = ""  # a link's target
+
+    @classmethod
+    def from_wire(cls, row: list) -> Entry:
+        path, kind, size, mtime_ns, mode, target = row
+        return cls(str(path), str(kind), int(size), int(mtime_ns), int(mode), str(target))
+
+
+@dataclass(frozen=True)
+class Local:
+    """What is at the same path here (``lstat``), or None when nothing is."""
+
+    kind: str  # f, d, l, or o (anything else)
+    size: int = 0
+    mtime_ns: int = 0
+    target: str = ""
+
+
+def decide(entry: Entry, local: Local | None) -> str:
+    """What to do with one listing entry given what is here."""
+    if entry.kind == "d":
+        if local is None:
+            return MKDIR
+        return SKIP if local.kind == "d" else CONFLICT
+    if entry.kind == "l":
+        if local is None:
+            return LINK
+        if local.kind == "l":
+            return SKIP if local.target == entry.target else (KEEP_NEWER if local.mtime_ns > entry.mtime_ns else LINK)
+        return CONFLICT
+    if local is None:
+        return FETCH
+    if local.kind != "f":
+        return CONFLICT
+    if local.mtime_ns > entry.mtime_ns:
+        return KEEP_NEWER
+    if local.size == entry.size and local.mtime_ns == entry.mtime_ns:
+        return SKIP
+    return DELTA if entry.size >= DELTA_MIN and local.size > 0 else FETCH
+
+
+def block_size(size: int) -> int:
+    """Blocks for comparing a file: at most about 1,024 of them, each 64 KiB to 8 MiB (a power of two)."""
+    block = 64 * 1024
+    while block < 8 * MiB and block * 1024 < size:
+        block *= 2
+    return block
+
+
+def split(offset: int, length: int, size: int | None = None) -> list[tuple[int, int]]:
+    """[offset, offset+length) cut into ranges of at most ``size`` bytes (default RANGE_BYTES)."""
+    size = size or RANGE_BYTES
+    return [(o, min(size, offset + length - o)) for o in range(offset, offset + length, size)] or [(offset, 0)]
+
+
+def whole_file_ranges(size: int) -> list[tuple[int, int]]:
+    """A new file: one piece, or ranges when it is big enough to be worth several streams."""
+    return split(0, size) if size > SPLIT_BYTES else [(0, size)]
+
+
+def changed_ranges(local_blocks: list[str], remote_blocks: list[str], block: int, remote_size: int) -> list[tuple[int, int]]:
+    """The ranges of the host's file to send, given both sides' block hashes over their common length.
+
+    Blocks that differ (adjacent ones merged), then everything past the compared blocks: the
+    part the host has and the local basis lacks. Each range at most RANGE_BYTES.
+    """
+    ranges: list[tuple[int, int]] = []
+    compared = min(len(local_blocks), len(remote_blocks))
+    start = None
+    for i in range(compared):
+        if local_blocks[i] != remote_blocks[i]:
+            start = i if start is None else start
+        elif start is not None:
+            ranges.append((start * block, (i - start) * block))
+            start = None
+    tail_from = (start if start is not None else compared) * block
+    if tail_from < remote_size:
+        ranges.append((tail_from, remote_size - tail_from))
+    out: list[tuple[int, int]] = []
+    for off, length in ranges:
+        length = min(length, remote_size - off)
+        if length > 0:
+            out.extend(split(off, length))
+    return out
+
+
+def compared_length(local_size: int, remote_size: int, block: int) -> int:
+    """How much of the file both sides hash: the whole blocks both have (a short last block is just sent)."""
+    return min(local_size, remote_size) // block * block
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A range of one file to send; ``key`` says which file (the engine's own handle)."""
+
+    key: int
+    offset: int
+    length: int
+
+
+def balance(pieces: list[Piece], streams: int) -> list[list[Piece]]:
+    """Spread pieces over ``streams``: largest first onto the least-loaded (bytes plus PIECE_COST each).
+
+    Within a stream, pieces keep the order they were assigned in (largest first), which also
+    starts the big transfers early. Deterministic: equal loads go to the lower stream number.
+    """
+    loads = [0] * max(1, streams)
+    out: list[list[Piece]] = [[] for _ in loads]
+    for piece in sorted(pieces, key=lambda p: (-p.length, p.key, p.offset)):
+        i = min(range(len(loads)), key=lambda s: (loads[s], s))
+        out[i].append(piece)
+        loads[i] += piece.length + PIECE_COST
+    return [s for s in out if s]
+
+
+STREAM_WORTH = 8 * MiB  # about what one stream moves while another connection is being opened
+
+
+def streams_for(requested: int, pieces: list[Piece]) -> int:
+    """No more streams than there is work for: one per piece, one per STREAM_WORTH of data at most."""
+    total = sum(p.length + PIECE_COST for p in pieces)
+    return max(1, min(requested, len(pieces), total // STREAM_WORTH + 1))
+
+
+def safe_mode(mode: int) -> int:
+    """A fetched file's mode: the host's, less setuid/setgid/sticky and group/world write."""
+    return mode & 0o755

@@ -1,0 +1,119 @@
+"""Runs on the host (standard library only): start TensorBoard or Jupyter on localhost, for as long as
+the laptop's SSH channel stays open.
+
+Sent with the call (``python3 -c``) by `gpu-train tensorboard` / `jupyter`, with one argument: the
+spec as JSON. It picks the Python that has the server (the stack's, else the Deep Learning VM's
+conda, else python3), a free port on 127.0.0.1 (never on a public address: the tunnel is the only
+way in), starts the server in its own process group, waits until it accepts connections, and
+answers one JSON line. Then it waits for its stdin to close, which happens when the laptop stops
+(Ctrl-C) or its connection drops, and stops the whole group: no server is left behind.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+MODULES = {"tensorboard": ["tensorboard.main"], "jupyter": ["jupyterlab", "notebook", "jupyter_server"]}
+
+
+def has_module(python, module):
+    try:
+        return subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def choose(spec):
+    """(python, module) for the server, or an error text."""
+    candidates = [spec["python"]] if spec.get("python") else ["/opt/conda/bin/python", "python3"]
+    for python in candidates:
+        for module in MODULES[spec["kind"]]:
+            if has_module(python, module):
+                return python, module, None
+    wanted = "tensorboard" if spec["kind"] == "tensorboard" else "jupyterlab"
+    return None, None, (f"no {wanted} in {' or '.join(candidates)} on this host: add {wanted} to your requirements.txt "
+                        f"(installed by the next train), or pip install {wanted}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def argv_for(spec, python, module, port):
+    if spec["kind"] == "tensorboard":
+        return [python, "-m", module, "--logdir", spec["logdir"], "--host", "127.0.0.1", "--port", str(port)]
+    return [python, "-m", module, "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
+            f"--ServerApp.root_dir={spec['dir']}"]
+
+
+def listening(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def stop(proc):
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    for key in ("root", "logdir", "dir"):
+        if spec.get(key):
+            spec[key] = os.path.expanduser(spec[key])
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # sshd ending the session: stop the server too
+        signal.signal(sig, lambda *_: sys.exit(1))
+    python, module, error = choose(spec)
+    if error:
+        print(json.dumps({"error": error}), flush=True)
+        return 1
+    for path in (spec.get("logdir"), spec.get("dir")):
+        if path:
+            os.makedirs(path, exist_ok=True)
+    port = free_port()
+    log_path = os.path.join(spec["root"], f"{spec['kind']}.log")
+    os.makedirs(spec["root"], exist_ok=True)
+    env = dict(os.environ, JUPYTER_TOKEN=spec.get("token", ""))  # not on the command line, where ps shows it
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv_for(spec, python, module, port), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True, env=env, cwd=spec.get("dir") or spec["root"])
+    deadline = time.monotonic() + float(spec.get("startTimeoutS", 180))
+    while not listening(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            with open(log_path, "rb") as f:
+                tail = f.read()[-1500:].decode("utf-8", "replace")
+            print(json.dumps({"error": f"{module} did not start (log {log_path}):\n{tail}"}), flush=True)
+            return 1
+        time.sleep(0.2)
+    print(json.dumps({"port": port, "pid": proc.pid, "python": python, "module": module, "log": log_path}), flush=True)
+    try:
+        while proc.poll() is None:
+            ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+            if ready and not os.read(sys.stdin.fileno(), 4096):
+                break  # stdin closed: the laptop is gone
+    finally:
+        stop(proc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+"""A booted systemd guest standing in for a Compute Engine VM, for the `guest` test tier.
+
+What a GPU VM does at boot and shutdown is what gpu-train's promises rest on (jobs resumed after a
+reboot, a last checkpoint on preemption, idle power-off), and only a real systemd can say whether
+the units keep them. So the tier boots Debian bookworm with ``systemd-nspawn -b`` (no KVM needed):
+
+- the root file system is built once with debootstrap and cached outside the repo
+  (``/var/cache/gpu-train-guest/bookworm``; ``python -m tests.guest.harness build`` makes it, as
+  ``scripts/test`` does when it is missing); each guest boots an overlay of it, never the cache;
+- an ssh-keys user is added as Compute Engine's guest environment adds one (passwordless sudo
+  through the ``google-sudoers`` group), and sshd listens on one loopback address of 127.0.9.x;
+- ``google-startup-scripts.service`` is stood in for by a oneshot unit that fetches the
+  ``startup-script`` attribute from the metadata server at every boot and runs it, as Google's
+  ``google_metadata_script_runner startup`` does;
+- :class:`MetadataServer` is a small metadata server on loopback whose ``instance/preempted`` and
+  ``instance/maintenance-event`` a test can flip (hanging GETs with ``wait_for_change`` as the real
+  one); the guest's units find it through ``GPU_TRAIN_METADATA_URL`` (the agent's metadata setting);
+- :meth:`Guest.power_off` is systemd's own orderly shutdown (SIGRTMIN+4 to the guest's init), as
+  when Compute Engine stops or preempts a VM; :meth:`Guest.boot` again on the same overlay is the
+  reboot.
+
+Other tests reuse it: ``Guest(..., nspawn_args=[...])`` passes extra nspawn arguments (a loop device
+bound in as a data disk, say), :meth:`Guest.sh` runs a command inside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOTFS = Path(os.environ.get("GPU_TRAIN_GUEST_ROOTFS", "/var/cache/gpu-train-guest/bookworm"))
+SUITE = "bookworm"
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "sudo", "screen", "rsync", "openssh-server", "python3", "procps",
+            "cron", "iproute2")
+HOST_PACKAGES = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap"}
+LOOPBACK = "127.0.9"  # this tier's loopback addresses: 127.0.9.1 the metadata server, .10 and up the guests
+METADATA_ADDRESS = f"{LOOPBACK}.1"
+METADATA_ENV = "GPU_TRAIN_METADATA_URL"
+_guest_numbers = itertools.count(10)
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+# -- can the tier run here? -------------------------------------------------------------------
+def skip_reason(rootfs: Path = ROOTFS) -> str | None:
+    """Why the guest tier cannot run on this machine, or None when it can."""
+    if sys.platform != "linux":
+        return "the guest tier boots systemd with systemd-nspawn: Linux only"
+    if os.geteuid() != 0:
+        return "the guest tier needs root (systemd-nspawn boots the guest): run scripts/test as root"
+    for tool, package in HOST_PACKAGES.items():
+        if not shutil.which(tool):
+            return f"{tool} is missing: apt-get install {package} (scripts/test does, as root)"
+    if not (rootfs / "sbin" / "init").exists() and not (rootfs / "lib" / "systemd" / "systemd").exists():
+        return f"no guest root file system at {rootfs}: scripts/test builds it (as root), or: python -m tests.guest.harness build"
+    return None
+
+
+def build_rootfs(rootfs: Path = ROOTFS) -> None:
+    """debootstrap Debian bookworm into ``rootfs``: built beside it, renamed into place when complete,
+    so an interrupted build never leaves a half root file system that looks usable."""
+    import fcntl
+
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
+    with open(rootfs.parent / f".{rootfs.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once: one builds, the other waits for it
+        if (rootfs / "sbin" / "init").exists():
+            return
+        partial = rootfs.with_name(rootfs.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        print(f"building the guest root file system at {rootfs} (debootstrap, once) ...", file=sys.stderr, flush=True)
+        log = rootfs.parent / f"{rootfs.name}.debootstrap.log"
+        with open(log, "w") as out:
+            code = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+                                   str(partial)], stdout=out, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise SystemExit(f"debootstrap failed (exit {code}; log {log}):\n{tail}")
+        shutil.rmtree(rootfs, ignore_errors=True)
+        partial.rename(rootfs)
+
+
+# -- the metadata server ----------------------------------------------------------------------
+class MetadataServer:
+    """The part of Compute Engine's metadata server the VM's software reads, on loopback.
+
+    Like the real one it refuses requests without ``Metadata-Flavor: Google`` (403), answers with
+    an ``ETag``, and with ``?wait_for_change=true`` holds the request until the value differs from
+    ``last_etag`` (or ``timeout_sec`` passes), which is how a watcher learns of an event at once.
+    """
+
+    def __init__(self, address: str = METADATA_ADDRESS):
+        self.address = address
+        self.values: dict[str, str] = {
+            "instance/preempted": "FALSE",
+            "instance/maintenance-event": "NONE",
+            "instance/attributes/startup-script": "",
+        }
+        self.requests: list[str] = []
+        self._changed = threading.Condition()
+        self._server = http.server.ThreadingHTTPServer((address, free_port(address)), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The metadata base URL, as http://169.254.169.254/computeMetadata/v1/ is on a VM."""
+        return f"http://{self.address}:{self._server.server_address[1]}/computeMetadata/v1/"
+
+    def start(self) -> MetadataServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def set(self, path: str, value: str) -> None:
+        """Change one value (``instance/preempted`` = ``TRUE``, say); waiting watchers are answered."""
+        with self._changed:
+            self.values[path] = value
+            self._changed.notify_all()
+
+    @staticmethod
+    def etag(value: str) -> str:
+        import hashlib
+
+        return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+    def _answer(self, path: str, query: dict[str, list[str]]) -> str | None:
+        with self._changed:
+            if path not in self.values:
+                return None
+            if query.get("wait_for_change", [""])[0].lower() == "true":
+                last = query.get("last_etag", [""])[0]
+                deadline = time.monotonic() + float(query.get("timeout_sec", ["300"])[0])
+                while self.etag(self.values[path]) == last and time.monotonic() < deadline:
+                    self._changed.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            return self.values[path]
+
+    def _handler(self):
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                parsed = urllib.parse.urlsplit(self.path)
+                server.requests.append(parsed.path)
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    self._reply(403, "Missing required header: Metadata-Flavor\n")
+                    return
+                prefix = "/computeMetadata/v1/"
+                value = server._answer(parsed.path[len(prefix):], urllib.parse.parse_qs(parsed.query)) \
+                    if parsed.path.startswith(prefix) else None
+                if value is None:
+                    self._reply(404, "Not Found\n")
+                else:
+                    self._reply(200, value, {"ETag": server.etag(value)})
+
+            def _reply(self, code: int, body: str, headers: dict[str, str] | None = None) -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Type", "application/text")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        return Handler
+
+
+def startup_script_of(raw_config: dict, stack: str = "guest") -> str:
+    """The ``startup-script`` metadata of the VM the Pulumi program declares for these settings
+    (the real program, under Pulumi's mock runtime)."""
+    from infra import preview, program
+
+    result = preview.run(program.main, stack=stack, config=raw_config)
+    if result.error is not None:
+        raise AssertionError(f"the program failed under mocks: {result.error}")
+    instances = result.of_type("compute/instance:Instance")
+    return instances[0].inputs["metadata"]["startup-script"]
+
+
+# -- the guest --------------------------------------------------------------------------------
+STARTUP_RUNNER = r'''#!/usr/bin/python3
+"""Stand-in for google_metadata_script_runner: fetch instance/attributes/startup-script, run it."""
+import os, subprocess, sys, tempfile, urllib.request
+base = os.environ.get("GPU_TRAIN_METADATA_URL") or "http://169.254.169.254/computeMetadata/v1/"
+req = urllib.request.Request(base + "instance/attributes/startup-script", headers={"Metadata-Flavor": "Google"})
+script = urllib.request.urlopen(req, timeout=10).read()
+with tempfile.NamedTemporaryFile(prefix="startup-script-", delete=False) as f:
+    f.write(script)
+print("startup-script: running", f.name, flush=True)
+code = subprocess.run(["/bin/bash", f.name]).returncode
+print(f"startup-script exit status {code}", flush=True)
+sys.exit(code)
+'''
+
+# As google-guest-agent's google-startup-scripts.service: after the network, KillMode=process so
+# what the script starts is not killed when it returns.
+STARTUP_UNIT = """[Unit]
+Description=Google Compute Engine Startup Scripts (gpu-train test stand-in)
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/google_metadata_script_runner startup
+KillMode=process
+StandardOutput=journal+console
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+@dataclass
+class Guest:
+    """One booted Debian guest: an overlay of the cached root file system, its sshd on 127.0.9.N."""
+
+    workdir: Path
+    public_key: str  # the ssh-keys user's authorized key (text)
+    metadata: MetadataServer
+    user: str = "trainer"
+    nspawn_args: list[str] = field(default_factory=list)
+    rootfs: Path = ROOTFS
+    address: str = ""
+    port: int = 0
+    name: str = ""
+    proc: subprocess.Popen | None = None
+    init_pid: int | None = None
+    boots: list[float] = field(default_factory=list)  # seconds each boot took, until systemd was up
+    _mounted: bool = False
+
+    def __post_init__(self) -> None:
+        number = next(_guest_numbers)
+        self.address = self.address or f"{LOOPBACK}.{number}"
+        self.port = self.port or free_port(self.address)
+        self.name = self.name or f"gt9-{os.getpid()}-{number}"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.root = self.workdir / "root"
+
+    # -- the root file system ---------------------------------------------------------------
+    def prepare(self) -> Guest:
+        """An overlay of the cached root file system (a full copy where overlayfs is refused), then
+        what Compute Engine's guest environment and image would add."""
+        upper, work = self.workdir / "upper", self.workdir / "work"
+        for d in (self.root, upper, work):
+            d.mkdir(exist_ok=True)
+        mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                                  f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root)],
+                                 capture_output=True, text=True)
+        if mounted.returncode == 0:
+            self._mounted = True
+        else:
+            subprocess.run(["cp", "-a", "--reflink=auto", f"{self.rootfs}/.", str(self.root)], check=True)
+        self._add_user()
+        self.write("/etc/ssh/sshd_config.d/gpu-train-guest.conf",
+                   f"ListenAddress {self.address}:{self.port}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n")
+        self.write("/usr/bin/google_metadata_script_runner", STARTUP_RUNNER, 0o755)
+        self.write("/etc/systemd/system/google-startup-scripts.service", STARTUP_UNIT)
+        self._chroot("systemctl", "enable", "google-startup-scripts.service")
+        # Every unit (the agent's included) finds the metadata server through this setting.
+        self.write("/etc/systemd/system.conf.d/gpu-train-guest.conf",
+                   f"[Manager]\nDefaultEnvironment={METADATA_ENV}={self.metadata.url}\n")
+        self.write("/etc/hostname", self.name + "\n")
+        return self
+
+    def _chroot(self, *argv: str) -> None:
+        subprocess.run(["chroot", str(self.root), *argv], check=True, capture_output=True)
+
+    def _add_user(self) -> None:
+        """As google-guest-agent does for an ``ssh-keys`` entry: the user, in google-sudoers."""
+        self._chroot("groupadd", "-f", "google-sudoers")
+        self.write("/etc/sudoers.d/google_sudoers", "%google-sudoers ALL=(ALL:ALL) NOPASSWD:ALL\n", 0o440)
+        self._chroot("useradd", "-m", "-s", "/bin/bash", "-G", "google-sudoers", self.user)
+        self._chroot("usermod", "-p", "*", self.user)  # a locked password ('!') refuses key logins
+        home = f"/home/{self.user}"
+        self.write(f"{home}/.ssh/authorized_keys", self.public_key.strip() + "\n", 0o600)
+        self._chroot("chown", "-R", f"{self.user}:{self.user}", f"{home}/.ssh")
+        self._chroot("chmod", "700", f"{home}/.ssh")
+
+    def path(self, inside: str) -> Path:
+        """A path of the guest's file system, as seen from here."""
+        return self.root / inside.lstrip("/")
+
+    def write(self, inside: str, text: str, mode: int = 0o644) -> None:
+        p = self.path(inside)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        p.chmod(mode)
+
+    def add_python_with_torch(self, site_packages: Path | None = None, at: str = "/opt/conda") -> str:
+        """A Python with torch where a Deep Learning VM has its conda (``/opt/conda/bin/python``):
+        the guest's python3 in a venv that sees this machine's site-packages (torch, numpy, pip),
+        bound in read-only. Returns the interpreter's path in the guest."""
+        import sysconfig
+
+        site = site_packages or Path(sysconfig.get_paths()["purelib"])
+        self.nspawn_args += [f"--bind-ro={site}:/opt/host-site"]
+        self._chroot("python3", "-m", "venv", "--without-pip", at)
+        version = subprocess.run(["chroot", str(self.root), "python3", "-c",
+                                  "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        self.write(f"{at}/lib/python{version}/site-packages/host-site.pth", "/opt/host-site\n")
+        return f"{at}/bin/python"
+
+    # -- boot and shutdown ------------------------------------------------------------------
+    def boot(self, timeout: float = 120) -> float:
+        """Boot the guest; return when systemd says the boot is done (the startup script included)
+        and sshd answers. Returns the seconds it took."""
+        assert self.proc is None, "the guest is already up"
+        started = time.monotonic()
+        console = open(self.workdir / "console.log", "ab")  # noqa: SIM115 (kept open for nspawn's life)
+        self.proc = subprocess.Popen(
+            ["systemd-nspawn", "-q", "-b", "-D", str(self.root), "-M", self.name, "--register=no", "--keep-unit",
+             "--console=pipe", *self.nspawn_args],
+            stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
+        console.close()
+        deadline = started + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"systemd-nspawn exited with {self.proc.returncode}:\n{self.console_tail()}")
+            if self.init_pid is None:
+                self.init_pid = self._init_pid()
+            if self.init_pid is not None:
+                state = self.sh("systemctl is-system-running", check=False).stdout.strip()
+                if state in ("running", "degraded") and self._ssh_answers():
+                    took = time.monotonic() - started
+                    self.boots.append(took)
+                    return took
+            time.sleep(0.2)
+        raise TimeoutError(f"the guest did not boot in {timeout:g} s (system state {state!r}):\n{self.console_tail()}")
+
+    def _init_pid(self) -> int | None:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        return int(out[0]) if out else None
+
+    def _ssh_answers(self) -> bool:
+        try:
+            with socket.create_connection((self.address, self.port), timeout=0.5) as s:
+                return s.recv(4).startswith(b"SSH-")
+        except OSError:
+            return False
+
+    def power_off(self, timeout: float = 300) -> float:
+        """systemd's orderly shutdown, as when Compute Engine stops or preempts the VM (ACPI power
+        button): SIGRTMIN+4 to the guest's init. Returns the seconds until the guest was down."""
+        assert self.proc is not None and self.init_pid is not None, "the guest is not up"
+        started = time.monotonic()
+        os.kill(self.init_pid, signal.SIGRTMIN + 4)
+        self.wait_down(timeout)
+        return time.monotonic() - started
+
+    def wait_down(self, timeout: float = 300) -> None:
+        """Wait until the guest has gone down (by power_off, or by itself: idle stop)."""
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"the guest did not go down in {timeout:g} s:\n{self.console_tail()}") from None
+        self.proc, self.init_pid = None, None
+
+    @property
+    def up(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def reboot(self, timeout: float = 300) -> float:
+        """Power off, then boot the same disk. Returns the boot's seconds."""
+        self.power_off(timeout)
+        return self.boot()
+
+    def cleanup(self) -> None:
+        """Kill the guest (its init too: SIGKILL ends its whole pid namespace, and an orphaned guest
+        would hold its ports) and remove the overlay."""
+        if self.proc is not None:
+            init = self.init_pid or self._init_pid()
+            for pid in (init, self.proc.pid):
+                if pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
+            deadline = time.monotonic() + 30  # the init, reparented, takes a moment to die with its namespace
+            while init and Path(f"/proc/{init}").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.proc, self.init_pid = None, None
+        if self._mounted:
+            if subprocess.run(["umount", str(self.root)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(self.root)], capture_output=True)
+            self._mounted = False
+        for d in ("upper", "work", "root"):
+            shutil.rmtree(self.workdir / d, ignore_errors=True)
+
+    # -- inside the guest -------------------------------------------------------------------
+    def sh(self, command: str, user: str | None = None, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        """``command`` through bash inside the guest, as root or as ``user`` (a login shell)."""
+        assert self.init_pid is not None, "the guest is not up"
+        inner = ["runuser", "-l", user, "-c", command] if user else ["bash", "-c", command]
+        result = subprocess.run(["nsenter", "-t", str(self.init_pid), "-a", *inner], capture_output=True, text=True,
+                                timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"in the guest, {command!r} exited {result.returncode}:\n{result.stdout}{result.stderr}")
+        return result
+
+    def journal(self, unit: str | None = None) -> str:
+        """The guest's journal of this boot (of one unit), for assertions and failure messages."""
+        return self.sh("journalctl -b --no-pager -o short-monotonic" + (f" -u {unit}" if unit else ""), check=False).stdout
+
+    def failed_units(self) -> list[str]:
+        out = self.sh("systemctl list-units --failed --plain --no-legend", check=False).stdout
+        return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+    def console_tail(self, lines: int = 40) -> str:
+        try:
+            text = (self.workdir / "console.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def ssh_stack(self, stacks_dir: Path, name: str, key_file: Path, remote_root: str = "~/gpu-train",
+                  extra: str = "") -> Path:
+        """An SSH stack pointing at this guest's sshd, for `fab --stack NAME` as a user would."""
+        stacks_dir.mkdir(parents=True, exist_ok=True)
+        path = stacks_dir / f"Pulumi.{name}.yaml"
+        path.write_text("config:\n  gpu-train:target: ssh\n"
+                        f"  gpu-train:hosts: ['{self.user}@{self.address}:{self.port}']\n"
+                        f"  gpu-train:sshKey: {key_file}\n  gpu-train:remoteRoot: {json.dumps(remote_root)}\n{extra}")
+        return path
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tests.guest.harness build [ROOTFS]`: build the cached root file system when missing."""
+    if not argv or argv[0] != "build":
+        print("usage: python -m tests.guest.harness build [ROOTFS]", file=sys.stderr)
+        return 2
+    rootfs = Path(argv[1]) if len(argv) > 1 else ROOTFS
+    build_rootfs(rootfs)
+    print(f"guest root file system ready at {rootfs}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,247 @@
+"""The parallel fetch against a real sshd: identical trees, incremental, resumable, never clobbering."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpu_train.config import SshHost
+from remote import fetch_local as fl
+from remote import fetch_plan as fp
+from remote.fetch_engine import Fetcher
+from remote.fetch_progress import Progress
+from remote.fetch_stream import Stream, host_command, ssh_argv
+from remote.loopback import Sshd
+from remote.target import Target
+
+MiB = 1 << 20
+
+
+class Host:
+    """A loopback sshd holding REMOTE_ROOT/runs/RUN/job, and a fetcher pointed at it."""
+
+    def __init__(self, tmp: Path):
+        self.sshd = Sshd(tmp / "sshd", "127.0.16.3").start()
+        self.known = tmp / "known_hosts"
+        self.learn_key()
+        self.host = SshHost(self.sshd.user, self.sshd.address, self.sshd.port)
+        self.root = tmp / "root"
+        self.target = Target("t", (self.host,), str(self.sshd.client_key), self.known, True, str(self.root), None, 0,
+                             None, False, tmp / "cache")
+        self.streams_opened = 0
+
+    def learn_key(self) -> None:
+        scan = subprocess.run(["ssh-keyscan", "-p", str(self.sshd.port), self.sshd.address], capture_output=True,
+                              text=True, check=True)
+        self.known.write_text(scan.stdout)
+
+    def job(self, run: str = "r_1") -> Path:
+        path = self.root / "runs" / run / "job"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def open_stream(self) -> Stream:
+        self.streams_opened += 1
+        return Stream(ssh_argv(self.target, self.host, host_command(self.target.remote_root)))
+
+    def fetch(self, dest: Path, run: str = "r_1", streams: int = 4, progress: Progress | None = None):
+        [result] = Fetcher(self.open_stream, streams, progress).run([(run, dest)])
+        return result
+
+
+@pytest.fixture
+def host(tmp_path: Path):
+    h = Host(tmp_path)
+    yield h
+    h.sshd.stop()
+
+
+@pytest.fixture
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges at test sizes: files over 1 MiB travel in 256 KiB ranges."""
+    monkeypatch.setattr(fp, "SPLIT_BYTES", MiB)
+    monkeypatch.setattr(fp, "RANGE_BYTES", 256 * 1024)
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Everything that `rsync -a` would carry: kinds, bytes, link targets, file times, safe modes."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        st = p.lstat()
+        if p.is_symlink():
+            out[rel] = ("l", os.readlink(p))
+        elif p.is_dir():
+            out[rel] = ("d",)
+        else:
+            out[rel] = ("f", hashlib.sha256(p.read_bytes()).hexdigest(), st.st_mtime_ns, fp.safe_mode(st.st_mode & 0o7777))
+    return out
+
+
+def mixed_tree(job: Path) -> None:
+    (job / "ckpt").mkdir()
+    (job / "ckpt" / "big.pt").write_bytes(os.urandom(3 * MiB + 12345))  # ranges over several streams
+    (job / "ckpt" / "exactly.pt").write_bytes(os.urandom(MiB))  # at the threshold: one piece
+    for i in range(60):
+        (job / "ckpt" / f"s{i:02d}.bin").write_bytes(os.urandom(i * 997))
+    (job / "empty").write_bytes(b"")
+    (job / "deep" / "er" / "est").mkdir(parents=True)
+    (job / "deep" / "er" / "est" / "note.txt").write_text("hi\n")
+    (job / "empty-folder").mkdir()
+    (job / "latest").symlink_to("ckpt/big.pt")
+    (job / "run.sh").write_text("#!/bin/sh\n")
+    (job / "run.sh").chmod(0o4775)  # setuid and group-writable on the host: neither comes home
+
+
+def test_mixed_tree_is_identical_and_a_second_fetch_sends_nothing(host: Host, tmp_path: Path, small_ranges) -> None:
+    job = host.job()
+    mixed_tree(job)
+    dest = tmp_path / "home" / "r_1"
+    first = host.fetch(dest)
+    assert first.error is None and first.complete, first
+    assert tree(dest) == tree(job)
+    assert (dest / "run.sh").stat().st_mode & 0o7777 == 0o755
+    assert not fl.partial_dir(dest).exists()
+    assert first.bytes == sum(p.stat().st_size for p in job.rglob("*") if p.is_file() and not p.is_symlink())
+    opened = host.streams_opened
+    again = host.fetch(dest)
+    assert again.up_to_date and again.bytes == 0
+    assert host.streams_opened == opened + 1  # the listing's stream only
+
+
+def test_a_file_that_grew_sends_only_its_new_tail(host: Host, tmp_path: Path, small_ranges) -> None:
+    job = host.job()
+    log = job / "metrics.jsonl"
+    log.write_bytes(os.urandom(2 * MiB))
+    dest = tmp_path / "home"
+    host.fetch(dest)
+    with log.open("ab") as f:
+        f.write(os.urandom(100_000))
+    result = host.fetch(dest)
+    assert result.complete and result.files == 1
+    block = fp.block_size(log.stat().st_size)
+    assert result.bytes <= 100_000 + block  # the tail (and at most the last partial block again)
+    assert tree(dest) == tree(job)
+
+
+def test_ranges_changed_in_place_send_only_those_blocks(host: Host, tmp_path: Path, small_ranges) -> None:
+    job = host.job()
+    ckpt = job / "model.pt"
+    ckpt.write_bytes(os.urandom(4 * MiB))
+    dest = tmp_path / "home"
+    host.fetch(dest)
+    block = fp.block_size(4 * MiB)
+    with ckpt.open("r+b") as f:
+        for at in (block * 3 + 10, 2 * MiB, 4 * MiB - 5):
+            f.seek(at)
+            f.write(b"changed")
+    result = host.fetch(dest)
+    assert result.complete and result.files == 1
+    assert result.bytes <= 4 * block
+    assert tree(dest) == tree(job)
+
+
+def test_a_local_file_newer_than_the_hosts_is_never_replaced(host: Host, tmp_path: Path) -> None:
+    job = host.job()
+    (job / "a.txt").write_text("host's first\n")
+    (job / "b.txt").write_text("host\n")
+    dest = tmp_path / "home"
+    host.fetch(dest)
+    (dest / "a.txt").write_text("my edit\n")  # newer than the host's
+    (job / "a.txt").write_text("host's second, but older\n")
+    os.utime(job / "a.txt", (1_000_000, 1_000_000))
+    (job / "b.txt").write_text("host changed\n")
+    os.utime(job / "b.txt", ns=((dest / "b.txt").stat().st_mtime_ns + 10**9,) * 2)
+    result = host.fetch(dest)
+    assert (dest / "a.txt").read_text() == "my edit\n"
+    assert result.kept_newer == ["a.txt"]
+    assert (dest / "b.txt").read_text() == "host changed\n"
+
+
+class KillAt(Progress):
+    """Kills the sshd (and every session it serves) once ``at`` bytes have arrived."""
+
+    def __init__(self, sshd: Sshd, at: int):
+        super().__init__(live=False)
+        self.sshd, self.at = sshd, at
+
+    def add(self, n: int) -> None:
+        super().add(n)
+        if self.done_bytes >= self.at and self.sshd.proc is not None:
+            self.sshd.stop()
+
+
+@pytest.mark.parametrize("at", [0, 300_000, 2 * MiB, 5 * MiB])
+def test_sshd_killed_mid_fetch_then_fetched_again(host: Host, tmp_path: Path, small_ranges, at: int) -> None:
+    job = host.job()
+    mixed_tree(job)
+    (job / "ckpt" / "second.pt").write_bytes(os.urandom(3 * MiB))
+    dest = tmp_path / "home"
+    if at == 0:
+        host.sshd.stop()  # down before the listing
+        broken = host.fetch(dest)
+    else:
+        broken = host.fetch(dest, progress=KillAt(host.sshd, at))
+    assert broken.error and "again" in broken.error
+    for p in dest.rglob("*"):  # whatever arrived is complete and verified; nothing partial is here
+        if p.is_file() and not p.is_symlink():
+            assert p.read_bytes() == (job / p.relative_to(dest)).read_bytes()
+    host.sshd.start()
+    again = host.fetch(dest)
+    assert again.complete, again
+    assert tree(dest) == tree(job)
+    assert not fl.partial_dir(dest).exists()  # no leftover beside it after success
+    if at >= 2 * MiB:  # the part files were a basis: not everything was sent again
+        total = sum(p.stat().st_size for p in job.rglob("*") if p.is_file())
+        assert again.bytes < total
+
+
+def test_many_runs_in_one_listing(host: Host, tmp_path: Path) -> None:
+    for r in range(30):
+        job = host.job(f"r_{r}")
+        for i in range(20):
+            (job / f"f{i}.bin").write_bytes(os.urandom(1000 + r))
+    runs = [(f"r_{r}", tmp_path / "home" / f"r_{r}") for r in range(30)] + [("r_missing", tmp_path / "x")]
+    results = Fetcher(host.open_stream, 4).run(runs)
+    assert host.streams_opened <= 4  # one listing for all runs, then the streams
+    assert [r.files for r in results[:30]] == [20] * 30
+    assert "no run r_missing" in (results[30].error or "")
+    for r in range(30):
+        assert tree(tmp_path / "home" / f"r_{r}") == tree(host.job(f"r_{r}"))
+    assert all(r.up_to_date for r in Fetcher(host.open_stream, 4).run(runs[:30]))
+
+
+def test_host_refuses_paths_out_of_the_job_dir(host: Host) -> None:
+    host.job()
+    s = host.open_stream()
+    try:
+        s.send({"op": "read", "items": [["r_1", "../state.json", 0, 10], ["../../x", "a", 0, 1], ["r_1", "/etc/passwd", 0, 1]]})
+        buf = memoryview(bytearray(64))
+        answers = [s.read_range(lambda v: None, buf)[0] for _ in range(3)]
+    finally:
+        s.close()
+    assert all("error" in a for a in answers), answers
+
+
+@pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "a/../../b", "a//b", "", "./a", "a/."])
+def test_local_paths_from_the_host_are_checked(rel: str) -> None:
+    with pytest.raises(fl.UnsafePath):
+        fl.check_rel(rel)
+
+
+def test_never_written_through_a_link_or_a_file_on_the_way(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest.mkdir()
+    (dest / "via").symlink_to(outside)
+    (dest / "file").write_text("x")
+    assert fl.local_state(dest, "via/evil") == fp.Local("o")
+    assert fl.local_state(dest, "file/evil") == fp.Local("o")
+    with pytest.raises(fl.UnsafePath):
+        fl.ensure_dir(dest, "via/sub")
+    assert list(outside.iterdir()) == []

@@ -1,0 +1,152 @@
+"""The fetch's decisions as tables: what to send, how to cut it, how to spread it over streams."""
+
+from __future__ import annotations
+
+import pytest
+
+from remote import fetch_plan as fp
+from remote.fetch_plan import Entry, Local, Piece
+from remote.fetch_progress import bar_line
+
+MiB = fp.MiB
+T = 1_700_000_000_000_000_000  # a modification time, in ns
+
+
+@pytest.mark.parametrize(("entry", "local", "action"), [
+    # regular files
+    (Entry("a", "f", 10, T), None, fp.FETCH),
+    (Entry("a", "f", 10, T), Local("f", 10, T), fp.SKIP),  # rsync's quick check: size and time
+    (Entry("a", "f", 10, T), Local("f", 10, T + 1), fp.KEEP_NEWER),  # newer here: never replaced
+    (Entry("a", "f", 10, T), Local("f", 99, T + 10**9), fp.KEEP_NEWER),
+    (Entry("a", "f", 10, T), Local("f", 5, T - 1), fp.FETCH),  # small: sent whole
+    (Entry("a", "f", 10 * MiB, T), Local("f", 5 * MiB, T - 1), fp.DELTA),  # grew: compared, tail sent
+    (Entry("a", "f", 10 * MiB, T), Local("f", 10 * MiB, T - 1), fp.DELTA),  # rewritten in place
+    (Entry("a", "f", 10 * MiB, T), Local("f", 11 * MiB, T), fp.DELTA),  # same time, other size
+    (Entry("a", "f", 10 * MiB, T), Local("f", 0, T - 1), fp.FETCH),  # nothing to compare with
+    (Entry("a", "f", 10, T), Local("d"), fp.CONFLICT),  # a folder in the way: left alone
+    (Entry("a", "f", 10, T), Local("l", target="x"), fp.CONFLICT),  # never written through a link
+    (Entry("a", "f", 10, T), Local("o"), fp.CONFLICT),  # a folder on the way is a link or a file
+    # folders
+    (Entry("d", "d"), None, fp.MKDIR),
+    (Entry("d", "d"), Local("d"), fp.SKIP),
+    (Entry("d", "d"), Local("f", 3, T), fp.CONFLICT),
+    # links
+    (Entry("l", "l", 0, T, target="x"), None, fp.LINK),
+    (Entry("l", "l", 0, T, target="x"), Local("l", 0, 1, "x"), fp.SKIP),
+    (Entry("l", "l", 0, T, target="y"), Local("l", 0, T - 1, "x"), fp.LINK),
+    (Entry("l", "l", 0, T, target="y"), Local("l", 0, T + 1, "x"), fp.KEEP_NEWER),
+    (Entry("l", "l", 0, T, target="y"), Local("f", 1, T), fp.CONFLICT),
+])  # fmt: skip
+def test_decide(entry: Entry, local: Local | None, action: str) -> None:
+    assert fp.decide(entry, local) == action
+
+
+@pytest.mark.parametrize(("size", "block"), [
+    (0, 64 * 1024), (64 * 1024 * 1024, 64 * 1024), (64 * MiB + 1, 128 * 1024), (1 << 30, MiB),
+    (8 << 30, 8 * MiB), (100 << 30, 8 * MiB),
+])  # fmt: skip
+def test_block_size(size: int, block: int) -> None:
+    assert fp.block_size(size) == block
+
+
+@pytest.mark.parametrize(("size", "ranges"), [
+    (0, [(0, 0)]),
+    (10, [(0, 10)]),
+    (256 * MiB, [(0, 256 * MiB)]),  # not over the threshold: one piece
+    (256 * MiB + 1, [(0, 64 * MiB), (64 * MiB, 64 * MiB), (128 * MiB, 64 * MiB), (192 * MiB, 64 * MiB), (256 * MiB, 1)]),
+])  # fmt: skip
+def test_whole_file_ranges(size: int, ranges: list) -> None:
+    assert fp.whole_file_ranges(size) == ranges
+    assert sum(n for _, n in ranges) == size
+
+
+B = 1000  # a block size for the delta tables
+
+
+@pytest.mark.parametrize(("local", "remote", "size", "ranges"), [
+    # identical: nothing
+    (["a", "b", "c"], ["a", "b", "c"], 3 * B, []),
+    # the file grew: only the tail beyond the compared blocks
+    (["a", "b"], ["a", "b", "c", "d"], 3 * B + 500, [(2 * B, B + 500)]),
+    # one block changed in the middle; two adjacent ones merge
+    (["a", "b", "c", "d"], ["a", "X", "c", "d"], 4 * B, [(B, B)]),
+    (["a", "b", "c", "d"], ["a", "X", "Y", "d"], 4 * B, [(B, 2 * B)]),
+    (["a", "b", "c", "d"], ["X", "b", "c", "Y"], 4 * B, [(0, B), (3 * B, B)]),
+    # changed at the end and grew: one range from the change to the end
+    (["a", "b"], ["a", "X", "c"], 3 * B, [(B, 2 * B)]),
+    # the host's file shrank below the local basis: only its own length counts
+    (["a", "b", "c"], ["a", "b"], 2 * B + 10, [(2 * B, 10)]),
+    # nothing to compare (a basis shorter than a block): everything
+    ([], ["a", "b"], 2 * B, [(0, 2 * B)]),
+])  # fmt: skip
+def test_changed_ranges(local: list, remote: list, size: int, ranges: list) -> None:
+    assert fp.changed_ranges(local, remote, B, size) == ranges
+
+
+def test_changed_ranges_are_capped_at_the_range_size() -> None:
+    block = 64 * MiB
+    ranges = fp.changed_ranges(["a"], ["b", "c", "d"], block, 3 * block)
+    assert ranges == [(0, 64 * MiB), (64 * MiB, 64 * MiB), (128 * MiB, 64 * MiB)]
+
+
+@pytest.mark.parametrize(("local", "remote", "block", "compared"), [
+    (0, 100, 10, 0), (35, 100, 10, 30), (100, 35, 10, 30), (100, 100, 10, 100), (5, 100, 10, 0),
+])  # fmt: skip
+def test_compared_length(local: int, remote: int, block: int, compared: int) -> None:
+    assert fp.compared_length(local, remote, block) == compared
+
+
+def loads(shares: list[list[Piece]]) -> list[int]:
+    return [sum(p.length for p in s) for s in shares]
+
+
+@pytest.mark.parametrize(("sizes", "streams", "expect"), [
+    ([100, 100, 100, 100], 4, [[100], [100], [100], [100]]),
+    ([400, 100, 100, 100, 100], 2, [[400], [100, 100, 100, 100]]),  # the big one alone, the small ones together
+    ([5, 4, 3, 3, 3], 2, [[5, 3], [4, 3, 3]]),  # largest first onto the least loaded
+    ([7], 4, [[7]]),  # streams without work are not returned
+    ([], 3, []),
+])  # fmt: skip
+def test_balance(sizes: list[int], streams: int, expect: list[list[int]]) -> None:
+    pieces = [Piece(i, 0, s * MiB) for i, s in enumerate(sizes)]
+    shares = fp.balance(pieces, streams)
+    assert [[p.length // MiB for p in s] for s in shares] == expect
+    assert sorted(p.key for s in shares for p in s) == list(range(len(sizes)))
+
+
+def test_balance_counts_the_cost_of_many_small_files() -> None:
+    """1,000 files of 200 KiB and 4 of 200 MiB over 4 streams: each stream within 1% of the others."""
+    pieces = [Piece(i, 0, 200 * MiB) for i in range(4)] + [Piece(4 + i, 0, 200 * 1024) for i in range(1000)]
+    shares = fp.balance(pieces, 4)
+    costs = [sum(p.length + fp.PIECE_COST for p in s) for s in shares]
+    assert len(shares) == 4 and max(costs) / min(costs) < 1.01
+    assert all(sum(1 for p in s if p.length == 200 * MiB) == 1 for s in shares)
+
+
+@pytest.mark.parametrize(("requested", "sizes", "streams"), [
+    (4, [MiB] * 100, 4),
+    (4, [10], 1),  # one small file: one stream
+    (8, [64 * MiB, 64 * MiB], 2),  # no more streams than pieces
+    (4, [MiB, MiB], 1),  # 2 MiB: one stream moves it before another would connect
+    (4, [1000] * 50, 1),  # 50 KB in all: not worth a second connection
+    (1, [MiB] * 10, 1),
+])  # fmt: skip
+def test_streams_for(requested: int, sizes: list[int], streams: int) -> None:
+    assert fp.streams_for(requested, [Piece(i, 0, s) for i, s in enumerate(sizes)]) == streams
+
+
+@pytest.mark.parametrize(("mode", "safe"), [
+    (0o644, 0o644), (0o755, 0o755), (0o4755, 0o755), (0o2755, 0o755), (0o1777, 0o755), (0o666, 0o644),
+    (0o600, 0o600), (0o444, 0o444),
+])  # fmt: skip
+def test_safe_mode(mode: int, safe: int) -> None:
+    assert fp.safe_mode(mode) == safe
+
+
+@pytest.mark.parametrize(("done", "total", "elapsed", "text"), [
+    (0, 100 * MiB, 0.0, "[------------------------]   0%  0 B / 100.0 MiB  0 B/s  ETA -"),
+    (50 * MiB, 100 * MiB, 5.0, "[############------------]  50%  50.0 MiB / 100.0 MiB  10.0 MiB/s  ETA 5 s"),
+    (100 * MiB, 100 * MiB, 4.0, "[########################] 100%  100.0 MiB / 100.0 MiB  25.0 MiB/s  ETA -"),
+])  # fmt: skip
+def test_bar_line(done: int, total: int, elapsed: float, text: str) -> None:
+    assert bar_line(done, total, elapsed) == text
