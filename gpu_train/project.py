@@ -68,7 +68,7 @@ def stack_names(dirs: list[Path]) -> list[str]:
 def did_you_mean(word: str, choices: list[str]) -> list[str]:
     """Close matches for a mistyped name: those it is a prefix of first, then similar spellings."""
     prefixed = [c for c in choices if c.startswith(word)]
-    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.5)
     return list(dict.fromkeys(prefixed[:3] + close))[:3]
 
 

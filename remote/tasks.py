@@ -123,7 +123,7 @@ def _failures(results: list[object]) -> list[str]:
     help={
         "script": "Python file in --dir to run (gets --job-dir JOB_DIR appended)",
         "command": "shell command to run in the synced code instead of --script",
-        "dir": "code directory to sync (default: the current directory)",
+        "dir": "code directory to sync (default: the project, the nearest directory up with stacks/ or .git)",
         "name": "run name; the run id is NAME_YYYYmmdd_HHMMSS (default: the script's name)",
         "args": "arguments for --script, as one quoted string",
         "env": "NAME=VALUE for the job's environment (repeatable)",
@@ -145,9 +145,11 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
     """
     from gpu_train import jobs
+    from gpu_train.project import project_root
     from remote import ssh, sync
+    from remote.target import state_home
 
-    code_dir = Path(dir or ".").expanduser().resolve()
+    code_dir = Path(dir).expanduser().resolve() if dir else project_root()
     if not code_dir.is_dir():
         raise Exit(f"--dir {code_dir}: no such directory", code=2)
     session = Session(stack, float(timeout) if timeout else None)
@@ -164,13 +166,16 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         raise Exit(str(e), code=2) from None
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
-            plan = sync.plan_code(code_dir, Path(scratch))
+            plan = sync.plan_code(code_dir, Path(scratch), [(project_root() / "runs", "fetched results"),
+                                                            (state_home(), None)])
         except ssh.RemoteError as e:
             raise Exit(str(e), code=2) from None
         pushed = PushedManifests(cluster.cache)
         unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
         where = f" to {len(cluster.hosts)} nodes" if len(cluster.hosts) > 1 else ""
         say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
+        if plan.left_out:
+            say(sync.left_out_summary(list(plan.left_out)))
         if plan.bytes > sync.LARGE_SYNC_BYTES:
             say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
         sessions = session.nodes()
@@ -504,6 +509,13 @@ class FetchRecord:
         _atomic_write(self.path, json.dumps(self.doc, indent=1))
 
 
+def runs_home() -> Path:
+    """Where fetched runs go by default: runs/ in the project (never synced back as code)."""
+    from gpu_train.project import project_root
+
+    return project_root() / "runs"
+
+
 def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
                 subdir: str = "") -> list[str]:
     """Fetch each run's JOB_DIR (into ``subdir`` of the run's folder); the ids that failed."""
@@ -512,7 +524,7 @@ def _fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: 
     record = FetchRecord(session.target.cache)
     failed = []
     for r in runs:
-        where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or Path("runs") / session.target.stack / r["id"])
+        where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or runs_home() / session.target.stack / r["id"])
         where = where / subdir if subdir else where
         if record.up_to_date(r, where):
             if not quiet:
@@ -724,4 +736,6 @@ def tunnel(c, port=6006, local_port=None, stack=None):
     _exec_ssh(session, "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"{local}:localhost:{port}")
 
 
-ns = Collection(train, logs, status, stop, resume, fetch, down, setup, ssh, gpus, tunnel)
+from remote.starter import init  # noqa: E402  (gpu-train init)
+
+ns = Collection(train, logs, status, stop, resume, fetch, down, setup, ssh, gpus, tunnel, init)

@@ -36,7 +36,7 @@ class Cluster:
         self.cwd = tmp / "work"
         self.cwd.mkdir()
         self.env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(tmp / "stacks"), "GPU_TRAIN_HOME": str(tmp / "home"),
-                    "GPU_TRAIN_STACK": "duo", "PYTHONPATH": str(ROOT)}
+                    "GPU_TRAIN_STACK": "duo", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
 
     def fab(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
         r = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd, capture_output=True,

@@ -40,7 +40,7 @@ class Lab:
     @property
     def env(self) -> dict[str, str]:
         return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home),
-                "GPU_TRAIN_STACK": "lab", "PYTHONPATH": str(ROOT)}
+                "GPU_TRAIN_STACK": "lab", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
 
     def fab(self, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
         result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
