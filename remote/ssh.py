@@ -137,7 +137,7 @@ def check_key_file(path: str) -> None:
     and it looks like a host not up."""
     try:
         paramiko.PKey.from_path(path)
-    except paramiko.PasswordRequiredException:
+    except (paramiko.PasswordRequiredException, TypeError):  # TypeError: cryptography's word for an OpenSSH-format one
         if public_fingerprint(path) in agent_fingerprints():
             return  # the agent signs with it
         raise KeyFileError(f"the key {path} has a passphrase and ssh-agent does not hold it: add it once per login "
@@ -155,20 +155,21 @@ def _client(target: Target, say: Say) -> paramiko.SSHClient:
     return client
 
 
-def connection(target: Target, host: SshHost, say: Say) -> Connection:
-    """An unopened Connection to ``host`` through its jump hosts, each verified against the stack's
-    known_hosts; keys: the host's identity files, then ssh-agent's (passphrase keys live there)."""
-    gateway = None
+def connections(target: Target, host: SshHost, say: Say) -> list[Connection]:
+    """Unopened Connections to ``host``'s jump hosts, in order, and last to ``host`` through them, each
+    verified against the stack's known_hosts; keys: the hop's identity files, then ssh-agent's
+    (where passphrase keys live)."""
+    chain: list[Connection] = []
     for hop in (*host.jump, host):
         conn = Connection(
-            hop.host, user=hop.user, port=hop.port, connect_timeout=10, gateway=gateway,
+            hop.host, user=hop.user, port=hop.port, connect_timeout=10, gateway=chain[-1] if chain else None,
             config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
             connect_kwargs={"key_filename": list(hop.keys), "look_for_keys": False, "allow_agent": True,
                             "banner_timeout": 15, "auth_timeout": 15},
         )
         conn.client = _client(target, say)
-        gateway = conn
-    return gateway
+        chain.append(conn)
+    return chain
 
 
 def offered_keys(host: SshHost) -> list[str]:
@@ -190,7 +191,7 @@ def auth_message(host: SshHost, target: Target, e: paramiko.AuthenticationExcept
         locked = ", ".join(host.keys)
         return (f"{where}: the key {locked} is protected by a passphrase and ssh-agent does not hold it; add it "
                 f"once per login session: ssh-add {host.keys[0] if host.keys else ''}".rstrip())
-    answer = str(e) or type(e).__name__
+    answer = (str(e) or type(e).__name__).rstrip(".")
     allowed = getattr(e, "allowed_types", None)
     if allowed:
         answer += f" (it accepts: {', '.join(allowed)})"
@@ -221,6 +222,11 @@ def unreachable_now(e: BaseException, host: SshHost) -> tuple[str, bool] | None:
     return None
 
 
+def _close(chain: list[Connection]) -> None:
+    for conn in reversed(chain):
+        conn.close()
+
+
 def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
                     probe: Callable[[], str | None] | None = None) -> Connection:
     """Connect, retrying with backoff until ``timeout`` while the host is not up yet.
@@ -233,20 +239,30 @@ def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
         check_key_file(target.key_file)
     deadline = time.monotonic() + timeout
     delay, told, probed_at = 0.5, False, -1e9
+    hops = (*[dataclasses.replace(h, jump=host.jump[:i]) for i, h in enumerate(host.jump)], host)
     while True:
-        conn = connection(target, host, say)
+        chain = connections(target, host, say)
+        hop = hops[0]
         try:
-            conn.open()
-            conn.transport.set_keepalive(5)
-            return conn
+            for i, conn in enumerate(chain):  # one by one: a failure names its hop
+                hop = hops[i]
+                conn.open()
+                conn.transport.set_keepalive(5)
+            return chain[-1]
         except paramiko.BadHostKeyException as e:
-            raise HostKeyError(_changed_key_message(e.hostname or host_id(host), target, e)) from None
+            _close(chain)
+            raise HostKeyError(_changed_key_message(e.hostname or host_id(hop), target, e)) from None
         except HostKeyError:
+            _close(chain)
             raise
         except paramiko.AuthenticationException as e:
-            raise RemoteError(auth_message(host, target, e)) from None
+            _close(chain)
+            raise RemoteError(auth_message(hop, target, e)) from None
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
-            fatal = unreachable_now(e, host)
+            _close(chain)
+            fatal = unreachable_now(e, hop)
+            if fatal is not None and hop is not host:
+                fatal = (f"{fatal[0]} (the jump host on the way to {host.spec or host})", fatal[1])
             if probe is not None and time.monotonic() - probed_at > 15:
                 probed_at = time.monotonic()
                 verdict = probe()

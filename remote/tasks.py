@@ -665,12 +665,14 @@ def setup(c, stack=None):
 def write_ssh_config(target, home: Path | None = None) -> str:
     """An ssh_config entry `gpu-train-STACK` (so ssh, rsync and editors' remote-SSH work), included
     from ~/.ssh/config. Returns the host alias."""
+    from remote import sshalias
     from remote import target as targets
+    from remote.ssh import proxy_command
 
     alias = f"gpu-train-{target.stack}"
     h = target.host
-    entry = (f"Host {alias}\n  HostName {h.host}\n  User {h.user}\n  Port {h.port}\n  IdentityFile {target.key_file}\n"
-             f"  IdentitiesOnly yes\n  UserKnownHostsFile {target.known_hosts}\n  StrictHostKeyChecking yes\n")
+    entry = sshalias.entry(target.stack, [(h.user, h.host, h.port)], target.key_file, str(target.known_hosts), False,
+                           [proxy_command(target, h)])
     conf = targets.state_home() / "ssh_config.d" / f"{alias}.conf"
     _atomic_write(conf, entry)
     user_conf = (home or Path.home()) / ".ssh" / "config"
@@ -705,9 +707,9 @@ def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None
 def ssh(c, command=None, stack=None):
     """A shell on the host (or one command: `ssh -- nvidia-smi`); also writes the ssh config entry gpu-train-STACK."""
     session = Session(stack)
-    alias = write_ssh_config(session.target)
     if command:
         _exec_ssh(session, *(["-t"] if sys.stdin.isatty() else []), command=command)
+    alias = write_ssh_config(session.target)
     say(f"ssh config entry: {alias} (ssh {alias}, rsync -e ssh ... {alias}:path)")
     _exec_ssh(session, "-t")
 
