@@ -176,8 +176,9 @@ def row(facts: StackFacts, now: float) -> Row:
     cfg = facts.cfg
     state, source = vm_state(facts)
     notes: list[str] = []
-    if facts.problem:
-        notes.append(facts.problem.splitlines()[0])
+    if facts.problem:  # the first problem itself, not the "is invalid (N problems)" header
+        lines = facts.problem.splitlines()
+        notes.append(lines[1].strip().removeprefix("- ") if len(lines) > 1 else lines[0])
     if facts.api_error:
         notes.append(f"compute api: {facts.api_error}")
     if facts.status_error and state not in ("TERMINATED", "none"):

@@ -77,7 +77,7 @@ def read_adc() -> tuple[Adc, object | None]:
         info = json.loads(path.read_text())
         import google.auth
 
-        creds, project = google.auth.load_credentials_from_file(str(path), scopes=SCOPES)
+        creds, project = google.auth.default(scopes=SCOPES)  # the same file, read the way every Google client reads it
     except Exception as e:  # a malformed file, an unknown type: say which
         return Adc(str(path), True, error=f"{type(e).__name__}: {e}"), None
     project = project or info.get("quota_project_id") or os.environ.get("GOOGLE_CLOUD_PROJECT")

@@ -98,4 +98,6 @@ class LocalForward:
     def close(self) -> None:
         self.closed.set()
         with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in its thread; close alone does not
+        with contextlib.suppress(OSError):
             self.listener.close()

@@ -59,8 +59,8 @@ def serve(conn, target, kind: str, spec_extra: dict, local_port: int | None, say
         forward = LocalForward(transport, doc["port"], port)
         try:
             show(url_for(kind, forward.port, token))
-            say(f"{doc['module']} on {target.host} (127.0.0.1:{doc['port']}, {doc['python']}, log {doc['log']}); "
-                "Ctrl-C stops it")
+            say(f"{doc['module']} on {target.host} (127.0.0.1:{doc['port']}, pid {doc['pid']}, {doc['python']}, "
+                f"log {doc['log']}); Ctrl-C stops it")
             with contextlib.suppress(KeyboardInterrupt):
                 (wait or (lambda: _until_closed(chan)))()
         finally:
@@ -85,11 +85,11 @@ def tunnel(conn, target, port: int, local_port: int | None, say: Callable[[str],
            wait: Callable[[], None] | None = None) -> None:
     """Forward localhost:LOCAL to the host's 127.0.0.1:PORT, after checking that something listens there."""
     transport = conn.client.get_transport()
+    if not remote_listens(transport, port):
+        raise ForwardError(f"nothing listens on {target.host.host} 127.0.0.1:{port}: start the server there first "
+                           "(or `gpu-train tensorboard` / `gpu-train jupyter`, which start one and tunnel it)")
     forward = LocalForward(transport, port, port if local_port is None else int(local_port))
     try:
-        if not remote_listens(transport, port):
-            raise ForwardError(f"nothing listens on {target.host.host} 127.0.0.1:{port}: start the server there first "
-                               "(or `gpu-train tensorboard` / `gpu-train jupyter`, which start one and tunnel it)")
         show(f"http://127.0.0.1:{forward.port}/")
         say(f"-> {target.host} 127.0.0.1:{port} (Ctrl-C to stop)")
         with contextlib.suppress(KeyboardInterrupt):

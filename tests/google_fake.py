@@ -1,0 +1,113 @@
+"""A local fake of the Google endpoints `check` and `ls` use, on 127.0.15.x, and a throwaway ADC file.
+
+It answers as Google does: OAuth's token endpoint (a service-account JWT grant, which it checks),
+Service Usage ``services:batchGet`` and Compute ``aggregated/instances`` (both refusing a request
+without the bearer token it issued), with Google's error document for a disabled API.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+TOKEN = "ya29.fake-token-for-tests"
+SERVICE_USAGE_DISABLED = ("Service Usage API has not been used in project {p} before or it is disabled. Enable it by "
+                          "visiting https://console.developers.google.com/apis/api/serviceusage.googleapis.com/overview"
+                          "?project={p} then retry.")
+
+
+class Google(BaseHTTPRequestHandler):
+    state: dict  # set per server: services {project: {service: state}}, instances {project: [..]}, calls [..]
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, code: int, status: str, message: str) -> None:
+        self._send(code, {"error": {"code": code, "message": message, "status": status}})
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+        form = urllib.parse.parse_qs(body)
+        self.state["calls"].append(("POST", self.path))
+        if self.path != "/token" or form.get("grant_type") != ["urn:ietf:params:oauth:grant-type:jwt-bearer"]:
+            self._send(400, {"error": "invalid_grant"})
+            return
+        payload = form["assertion"][0].split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        if claims.get("iss") != self.state["client_email"]:
+            self._send(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
+            return
+        self._send(200, {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"})
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlparse(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        self.state["calls"].append(("GET", url.path))
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            self._error(401, "UNAUTHENTICATED", "Request is missing required authentication credential.")
+            return
+        parts = url.path.strip("/").split("/")
+        if url.path.endswith("/services:batchGet") and parts[:2] == ["v1", "projects"]:
+            project = parts[2]
+            services = self.state["services"].get(project)
+            if services is None:
+                self._error(403, "PERMISSION_DENIED", SERVICE_USAGE_DISABLED.format(p=project))
+                return
+            found = []
+            for name in query.get("names", []):
+                service = name.rsplit("/", 1)[-1]
+                found.append({"name": f"projects/123456789/services/{service}", "parent": "projects/123456789",
+                              "state": services.get(service, "DISABLED")})
+            self._send(200, {"services": found})
+        elif parts[:3] == ["compute", "v1", "projects"] and parts[4:] == ["aggregated", "instances"]:
+            project = parts[3]
+            wanted = query.get("filter", [""])[0]
+            items: dict[str, dict] = {}
+            for inst in self.state["instances"].get(project, []):
+                if wanted == "labels.gpu-train-stack:*" and "gpu-train-stack" not in inst.get("labels", {}):
+                    continue
+                items.setdefault(f"zones/{inst['zone'].rsplit('/', 1)[-1]}", {"instances": []})["instances"].append(inst)
+            items["zones/europe-west4-a"] = {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "There are no results"}}
+            self._send(200, {"kind": "compute#instanceAggregatedList", "items": items})
+        else:
+            self._error(404, "NOT_FOUND", f"no such method {url.path}")
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class FakeGoogle:
+    def __init__(self, address: str = "127.0.15.1"):
+        handler = type("Handler", (Google,), {"state": {"services": {}, "instances": {}, "calls": [],
+                                                        "client_email": "gpu-train-test@proj-1.iam.gserviceaccount.com"}})
+        self.server = ThreadingHTTPServer((address, 0), handler)
+        self.state = handler.state
+        self.url = f"http://{address}:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def adc_file(self, path: Path, project: str = "proj-1") -> Path:
+        """A service-account key file whose token endpoint is this fake (a throwaway key)."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+        path.write_text(json.dumps({
+            "type": "service_account", "project_id": project, "private_key_id": "0123abcd", "private_key": pem,
+            "client_email": self.state["client_email"], "client_id": "1234567890", "token_uri": f"{self.url}/token",
+        }))
+        return path
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

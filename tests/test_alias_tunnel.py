@@ -1,0 +1,156 @@
+"""The ssh alias (written once, used by a real `ssh gpu-train-STACK true`), local forwarding with its
+failures, and TensorBoard on the host reachable through the tunnel and gone after Ctrl-C: all on a
+real sshd on 127.0.15.x."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpu_train.config import load_stack
+from remote import notebooks, ssh, sshalias
+from remote.forward import ForwardError, LocalForward, pick_local_port, remote_listens
+from remote.loopback import Sshd, free_port
+from remote.target import target_from
+
+
+@pytest.fixture
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An SSH stack `lab` on a real sshd, a HOME of its own, and the stack's target."""
+    sshd = Sshd(tmp_path / "sshd", "127.0.15.3").start()
+    stacks, state = tmp_path / "stacks", tmp_path / "state"
+    sshd.stack_file(stacks, "lab", tmp_path / "remote", sys.executable)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(sshalias.CHOICE_ENV, raising=False)
+    target = target_from(load_stack("lab", stacks), None, state)
+    yield sshd, target, state
+    sshd.stop()
+
+
+# -- the alias ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [("Host a b\n  HostName x\nHost *.lab !c\nhost d\n", {"a", "b", "d"}), ("", set()), ("Match host x\n", set())],
+)
+def test_taken_names(text: str, names: set[str]) -> None:
+    assert sshalias.taken_names(text) == names
+
+
+def test_entry_quotes_paths_and_refuses_what_ssh_config_cannot_hold() -> None:
+    text = sshalias.entry("t4", [("me", "10.0.0.1", 22), ("me", "10.0.0.2", 22)], "/k/my key", "/kh", True)
+    assert "Host gpu-train-t4 t4\n" in text and "Host gpu-train-t4-1\n" in text and 'IdentityFile "/k/my key"' in text
+    with pytest.raises(ValueError):
+        sshalias.entry("t4", [("me", "10.0.0.1\n  ProxyCommand evil", 22)], "/k", "/kh", True)
+
+
+def test_alias_written_once_said_once_and_used_by_ssh(host) -> None:
+    _, target, state = host
+    said: list[str] = []
+    asked: list[str] = []
+    alias = sshalias.at_first_contact(target, state, said.append, ask=lambda q: asked.append(q) or "y")
+    assert alias == "gpu-train-lab" and len(asked) == 1 and any("ssh gpu-train-lab (or ssh lab)" in s for s in said)
+    conf = Path(os.environ["HOME"]) / ".ssh" / "config"
+    assert conf.read_text().startswith(sshalias.MARK)
+    # the second contact says nothing and asks nothing
+    said.clear()
+    sshalias.at_first_contact(target, state, said.append, ask=lambda q: asked.append(q) or "y")
+    assert said == [] and len(asked) == 1
+    ssh.open_connection(target, target.host, 10, said.append).close()  # learn the host key into the stack's known_hosts
+    for name in ("gpu-train-lab", "lab"):
+        result = subprocess.run(["ssh", "-F", str(conf), "-o", "BatchMode=yes", name, "true"], capture_output=True, text=True,
+                                timeout=30, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stderr
+    done = sshalias.remove(state)
+    assert any("Include" in d for d in done) and not list((state / "ssh_config.d").glob("*.conf"))
+    assert sshalias.include_line(state) not in conf.read_text()
+
+
+def test_include_is_never_added_silently(host) -> None:
+    _, target, state = host
+    said: list[str] = []
+    sshalias.at_first_contact(target, state, said.append, ask=None)  # no terminal: tell, do not touch
+    assert not (Path(os.environ["HOME"]) / ".ssh" / "config").exists()
+    assert any("gpu-train ssh-config" in s for s in said)
+    # a "no" is remembered: not asked again
+    other = target_from(load_stack("lab", state.parent / "stacks"), None, state / "other")
+    asked: list[str] = []
+    sshalias.at_first_contact(other, state / "other", said.append, ask=lambda q: asked.append(q) or "n")
+    (state / "other" / "ssh_config.d" / "gpu-train-lab.conf").unlink()
+    sshalias.at_first_contact(other, state / "other", said.append, ask=lambda q: asked.append(q) or "y")
+    assert len(asked) == 1 and not (Path(os.environ["HOME"]) / ".ssh" / "config").exists()
+
+
+def test_short_name_only_when_free(host) -> None:
+    _, target, state = host
+    conf = Path(os.environ["HOME"]) / ".ssh" / "config"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("Host lab\n  HostName lab.example.org\n")
+    sshalias.write_alias(target, state)
+    assert "Host gpu-train-lab\n" in (state / "ssh_config.d" / "gpu-train-lab.conf").read_text()
+
+
+# -- forwarding ----------------------------------------------------------------------------------
+def test_busy_local_port_and_silent_remote_port(host) -> None:
+    _, target, _ = host
+    conn = ssh.open_connection(target, target.host, 10, lambda _: None)
+    try:
+        transport = conn.client.get_transport()
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen(1)
+            with pytest.raises(ForwardError, match=f"local port {busy.getsockname()[1]} is busy"):
+                LocalForward(transport, 22, busy.getsockname()[1])
+        silent = free_port("127.0.0.1")
+        assert not remote_listens(transport, silent)
+        with pytest.raises(ForwardError, match=f"nothing listens on 127.0.15.3 127.0.0.1:{silent}"):
+            notebooks.tunnel(conn, target, silent, None, lambda _: None, lambda _: None, wait=lambda: None)
+        assert pick_local_port(silent) == silent
+    finally:
+        conn.close()
+
+
+def test_tensorboard_through_the_tunnel_and_gone_after_ctrl_c(host, tmp_path: Path) -> None:
+    _, target, _ = host
+    conn = ssh.open_connection(target, target.host, 10, lambda _: None)
+    urls: list[str] = []
+    said: list[str] = []
+    seen: dict = {}
+    stop = threading.Event()
+
+    def wait() -> None:  # what the user does: open the page, then press Ctrl-C
+        url = urls[0]
+        seen["page"] = urllib.request.urlopen(url, timeout=30).read().decode()
+        seen["pid"] = int(said[0].split("pid ")[1].split(",")[0])
+        stop.set()
+        raise KeyboardInterrupt
+
+    logdir = notebooks.logdir_for(target.remote_root, None, None)
+    try:
+        notebooks.serve(conn, target, "tensorboard", {"logdir": logdir, "startTimeoutS": 240}, None, said.append,
+                        urls.append, wait=wait)
+    finally:
+        conn.close()
+    assert stop.is_set() and "<title>TensorBoard</title>" in seen["page"]
+    port = int(urls[0].split(":")[2].split("/")[0])
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # the local end is closed
+    remote_port = int(said[0].split("127.0.0.1:")[1].split(",")[0])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", remote_port), timeout=1).close()
+            time.sleep(0.2)
+        except OSError:
+            break
+    else:
+        pytest.fail("TensorBoard still listens on the host after Ctrl-C")
+    assert not Path(f"/proc/{seen['pid']}").exists(), "the server's process is gone"
+    assert said[-1].startswith("stopped tensorboard on ")
