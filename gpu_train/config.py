@@ -300,7 +300,7 @@ def split_host(text: str) -> tuple[str | None, str, int | None]:
         host, port = hostport.split(":")
     else:
         host, port = hostport, ""
-    if not host or (port and not (port.isdigit() and 0 < int(port) < 65536)) or any(c.isspace() for c in host):
+    if not host or (port and not (port.isdigit() and 0 < int(port) < 65536)):
         raise ValueError(text)
     return user or None, host, int(port) if port else None
 

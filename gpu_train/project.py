@@ -72,6 +72,17 @@ def did_you_mean(word: str, choices: list[str]) -> list[str]:
     return list(dict.fromkeys(prefixed[:3] + close))[:3]
 
 
+def listed_stack_files(project: Path | None = None, env: dict[str, str] | None = None) -> list[Path]:
+    """The stacks to list (`ls`, `check`): the project's and $GPU_TRAIN_STACKS_DIR's; this clone's
+    examples only inside the clone with no other directory named."""
+    env = os.environ if env is None else env
+    dirs = stack_dirs(project, env)
+    own = [d for d in dirs if d.resolve() != EXAMPLE_STACKS.resolve()]
+    if not own and not env.get("GPU_TRAIN_STACKS_DIR"):
+        own = dirs[:1]  # inside the clone: its stacks/ are the project's
+    return [p for p in (stack_path(n, own) for n in stack_names(own)) if p is not None]
+
+
 def is_example(path: Path) -> bool:
     """Whether a stack file is one of this clone's examples (Pulumi finds those without --config-file)."""
     return path.resolve().parent == EXAMPLE_STACKS.resolve()

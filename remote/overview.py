@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpu_train import checkup, config, listing, validate
 from gpu_train.catalog import load_catalog
+from gpu_train.project import listed_stack_files, stack_dirs
 from gpu_train.vm import label_value
 from infra import probes
 
@@ -23,7 +24,7 @@ QUICK_SSH_S = 5.0  # `ls` never waits longer than this for a host
 
 
 def stack_files() -> list[Path]:
-    return sorted(config.stacks_dir().glob("Pulumi.*.yaml"))
+    return listed_stack_files()
 
 
 def load(path: Path) -> tuple[str, config.StackConfig | None, str | None]:
@@ -89,7 +90,7 @@ def check_findings(home: Path) -> list[checkup.Finding]:
             deployed, how = None, "no backend to ask"
         findings.append(checkup.stack_file(name, "gcp", None, deployed, how))
     if not stacks:
-        findings.append(checkup.Finding("stack files", None, f"none in {config.stacks_dir()} (copy one from stacks/)"))
+        findings.append(checkup.Finding("stack files", None, f"none in {stack_dirs()[0]} (gpu-train init writes one)"))
     return findings
 
 

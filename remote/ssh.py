@@ -47,6 +47,10 @@ class KeyFileError(HostKeyError):
     """Our own private key cannot be used."""
 
 
+class VmStopped(HostKeyError):
+    """The Compute API says the VM is stopped: no wait and no refreshed address will reach it."""
+
+
 def fingerprint(key: paramiko.PKey) -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
@@ -267,7 +271,7 @@ def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
                 probed_at = time.monotonic()
                 verdict = probe()
                 if verdict:
-                    raise RemoteError(verdict) from None
+                    raise VmStopped(verdict) from None
             if fatal is not None and not (target.is_gcp and fatal[1]):
                 raise RemoteError(fatal[0]) from None
             left = deadline - time.monotonic()

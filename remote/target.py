@@ -41,12 +41,14 @@ class Target:
     master_addr: str = ""  # where the nodes meet: node 0 as the others reach it (internal IP on GCP)
     gpus_per_node: int | None = None  # known on GCP; on SSH hosts the agent counts them
     node: int = 0
+    vm: dict | None = None  # GCP: project, zone, name (this node's), spot, idleStopMinutes, maxRunHours
 
     def for_node(self, node: int) -> Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
         for hosts that share a file system)."""
         hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
-        return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node,
+        vm = self.vm and {**self.vm, "name": (self.vm.get("names") or [self.vm.get("name")] * (node + 1))[node]}
+        return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node, vm=vm,
                        agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port})
 
     @property
@@ -128,6 +130,9 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         agent_settings={**cfg.agent_settings(), "sshPort": hosts[0].port if hosts else 22},
         master_addr=master,
         gpus_per_node=int(gpus) if gpus else None,
+        vm={"project": cfg.project, "zone": outputs.get("zone") or cfg.zone, "name": outputs.get("instanceName"),
+            "names": outputs.get("instanceNames"), "spot": cfg.spot, "idleStopMinutes": cfg.idle_stop_minutes,
+            "maxRunHours": cfg.max_run_hours} if cfg.is_gcp and outputs else None,
     )
 
 

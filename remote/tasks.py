@@ -57,8 +57,11 @@ class Session:
 
         if self.conn is not None:
             return self.conn
+        from remote import vmprobe
+
         try:
-            self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
+            self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say,
+                                            vmprobe.probe(self.target.stack, self.target.vm, say))
         except ssh.HostKeyError as e:
             raise Exit(str(e), code=3) from None
         except ssh.RemoteError as e:
