@@ -232,11 +232,12 @@ def _close(chain: list[Connection]) -> None:
 
 
 def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
-                    probe: Callable[[], str | None] | None = None) -> Connection:
+                    probe: Callable[[], str | None] | None = None, again: bool = False) -> Connection:
     """Connect, retrying with backoff until ``timeout`` while the host is not up yet.
 
     An unresolvable name fails at once; so does a refused connection, except on GCP, where a
-    booting VM refuses until its sshd is up: there ``probe`` (the Compute API's view of the VM)
+    booting VM refuses until its sshd is up, and ``again`` (reconnecting to a host that answered
+    a moment ago: its sshd may be restarting). ``probe`` (GCP: the Compute API's view of the VM)
     runs while SSH does not answer, and its message (a stopped VM) ends the wait.
     """
     if target.key_file:
@@ -272,7 +273,7 @@ def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
                 verdict = probe()
                 if verdict:
                     raise VmStopped(verdict) from None
-            if fatal is not None and not (target.is_gcp and fatal[1]):
+            if fatal is not None and not ((target.is_gcp or again) and fatal[1]):
                 raise RemoteError(fatal[0]) from None
             left = deadline - time.monotonic()
             if left <= 0:

@@ -51,7 +51,7 @@ class Session:
         """A session for every node of the cluster (this one for its own node)."""
         return [self if i == self.node else Session(None, self.timeout, i, self.cluster) for i in range(len(self.cluster.hosts))]
 
-    def connect(self):
+    def connect(self, again: bool = False):
         from remote import ssh
         from remote import target as targets
 
@@ -61,7 +61,7 @@ class Session:
 
         try:
             self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say,
-                                            vmprobe.probe(self.target.stack, self.target.vm, say))
+                                            vmprobe.probe(self.target.stack, self.target.vm, say), again)
         except ssh.HostKeyError as e:
             raise Exit(str(e), code=3) from None
         except ssh.RemoteError as e:
@@ -81,7 +81,7 @@ class Session:
         if self.conn is not None:
             self.conn.close()
         self.conn = None
-        return self.connect()
+        return self.connect(again=True)
 
     def call(self, *args: str) -> dict:
         from remote import ssh

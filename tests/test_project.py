@@ -287,3 +287,60 @@ def test_suggest_and_starter_stacks() -> None:
     raw = config.yaml.safe_load(starter.gcp_stack("proj-1", "us-central1-a", "nvidia-tesla-t4", True, "203.0.113.7/32"))
     assert config.parse(raw["config"], "gcp").spot
     assert starter.ignore_lines("runs\n/.gpu-train/\n") == [] and starter.ignore_lines("data/\n") == ["runs/", ".gpu-train/"]
+
+
+# -- a GCP stack whose VM stopped itself ---------------------------------------------------------
+@pytest.mark.parametrize(("inst", "words"), [
+    ({"status": "RUNNING"}, None),
+    ({"status": "PROVISIONING"}, None),
+    ({"status": "TERMINATED", "lastStopTimestamp": "2026-11-22T05:00:00+00:00"}, "is TERMINATED, stopped 2 h ago"),
+    ({"status": "SUSPENDED"}, "gcloud compute instances resume vm-0"),
+])
+def test_stopped_message(inst: dict, words: str | None) -> None:
+    from datetime import datetime
+
+    from remote import vmprobe
+
+    vm = {"project": "p", "zone": "us-central1-a", "name": "vm-0", "spot": True, "idleStopMinutes": 30}
+    now = datetime.fromisoformat("2026-11-22T07:10:00+00:00").timestamp()
+    text = vmprobe.stopped_message(inst, "t4", vm, now)
+    if words is None:
+        assert text is None
+    else:
+        assert words in text and "idle auto-stop after 30 idle min or a spot preemption" in text
+
+
+def test_a_stopped_vm_is_said_at_once(proj: Project, tmp_path: Path, public_key: Path) -> None:
+    import json
+
+    from tests.google_fake import FakeGoogle
+
+    google = FakeGoogle("127.0.14.7")
+    try:
+        now = time.time()
+        from datetime import datetime, timezone
+
+        google.state["instances"]["proj-1"] = [{
+            "name": "gpu-train-t4", "zone": "https://www.googleapis.com/compute/v1/projects/proj-1/zones/us-central1-a",
+            "status": "TERMINATED", "lastStopTimestamp": datetime.fromtimestamp(now - 7300, timezone.utc).isoformat()}]
+        (proj.dir / "stacks").mkdir()
+        (proj.dir / "stacks" / "Pulumi.t4.yaml").write_text(
+            "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
+            f"  gpu-train:gpuCount: 1\n  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n"
+            f"  gpu-train:sshPublicKey: {public_key}\n")
+        state = proj.dir / ".gpu-train" / "t4"
+        state.mkdir(parents=True)
+        (state / "outputs.json").write_text(json.dumps({  # the VM's last known address: nothing listens there now
+            "externalIp": "127.0.14.6", "internalIp": "10.0.0.2", "sshUser": "trainer", "instanceName": "gpu-train-t4",
+            "zone": "us-central1-a", "gpuCount": 1}))
+        adc = google.adc_file(tmp_path / "adc.json")
+        env = {"GOOGLE_APPLICATION_CREDENTIALS": str(adc), "GPU_TRAIN_COMPUTE_ENDPOINT": google.url}
+        started = time.monotonic()
+        result = subprocess.run([GPU_TRAIN, "status"], cwd=proj.dir, env={**proj.env, **env}, capture_output=True,
+                                text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert result.returncode == 3, result.stderr
+        assert "the VM gpu-train-t4 is TERMINATED, stopped 2 h ago" in result.stderr
+        assert "gcloud compute instances start gpu-train-t4 --zone us-central1-a --project proj-1" in result.stderr
+        assert time.monotonic() - started < 30  # not the 600 s SSH wait
+    finally:
+        google.close()
