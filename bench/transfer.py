@@ -91,13 +91,14 @@ def main() -> None:
         t_scp = median(scp, 3)
         noop = median(lambda: run([FAB, "fetch", "--run", run_id, "--dest", str(work / "ours")], env))
         os.environ.update({k: v for k, v in env.items() if k.startswith("GPU_TRAIN")})
-        from remote import tasks
+        from remote.tasks import fetch
+        from remote.tasks import session as sessions
 
         def noop_in_process() -> float:
             t = time.perf_counter()
-            session = tasks.Session("bench")
+            session = sessions.Session("bench")
             runs = session.call("status", "--summaries", "--run", run_id)["runs"]
-            assert tasks._fetch_runs(session, runs, str(work / "ours"), False) == []
+            assert fetch.fetch_runs(session, runs, str(work / "ours"), False) == []
             session.close()
             return time.perf_counter() - t
 

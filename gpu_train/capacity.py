@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpu_train.catalog import Catalog
+from gpu_train.catalog import ZONE_PATTERN, Catalog
 from gpu_train.validate import nearest_regions
 
 STOCKOUT, REGIONAL_QUOTA, GLOBAL_QUOTA, CONFIG, TRANSIENT, UNKNOWN = (
     "stockout", "regional-quota", "global-quota", "config", "transient", "unknown")  # fmt: skip
-ZONE_RE = r"[a-z]+-[a-z]+\d+-[a-z]"
+ZONE_RE = ZONE_PATTERN
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,11 @@ from typing import Any
 import yaml
 
 CATALOG_PATH = Path(__file__).parent / "data" / "gpu-catalog.yaml"
+# A zone: REGION-LETTER (us-central1-a), or an AI zone, REGION-aiN[LETTER] (us-central1-ai1,
+# us-south1-ai1b), which holds accelerator capacity. The AI form comes first so that a search in
+# text never stops at "us-central1-a" inside "us-central1-ai1".
+ZONE_PATTERN = r"[a-z]+-[a-z]+\d+-(?:ai\d+[a-z]?|[a-z])(?![a-z0-9])"
+AI_ZONE_PATTERN = r"[a-z]+-[a-z]+\d+-ai\d+[a-z]?"
 
 
 class CatalogError(ValueError):
@@ -34,6 +39,7 @@ class Accelerator:
     quota_id: str | None = None
     gpu_family: str | None = None
     vws: bool = False
+    spot_quota_id: str | None = None
     short: str | None = None  # the name people say: T4, A100-80GB (gpu_train.gpunames reads it)
 
     @property
@@ -79,6 +85,17 @@ class Price:
 
 
 @dataclass(frozen=True)
+class DiskSeries:
+    """The disk types one machine series accepts (boot disk, data disks) and its default type."""
+
+    name: str  # "A3 Ultra", "N1", ...
+    machine_types: tuple[str, ...]  # fnmatch patterns of its machine-type names
+    default: str
+    boot: tuple[str, ...]
+    data: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class MachineShape:
     """What a machine-type name says: series, size and, for fixed shapes, the GPUs."""
 
@@ -115,6 +132,8 @@ class Catalog:
     compact_series: frozenset[str] = frozenset()
     max_vms_per_compact_policy: int = 0
     gvnic_series: frozenset[str] = frozenset()
+    disk_series: tuple[DiskSeries, ...] = ()
+    disk_quota_metrics: dict[str, str] = field(default_factory=dict)
     dates: dict[str, str] = field(default_factory=dict)
 
     # -- lookups -------------------------------------------------------------------------------
@@ -148,6 +167,11 @@ class Catalog:
             if fnmatch.fnmatchcase(family, pattern):
                 return reason
         return None
+
+    def disks_of(self, machine_type: str) -> DiskSeries | None:
+        """The disk-support row of the series ``machine_type`` belongs to (None: not a GPU series)."""
+        return next((d for d in self.disk_series
+                     if any(fnmatch.fnmatchcase(machine_type, p) for p in d.machine_types)), None)
 
     def series_of(self, machine_type: str) -> str:
         """A2, A3, G2, N1, ... (fixed shapes by their family; everything else by its prefix)."""
@@ -239,6 +263,7 @@ def parse_catalog(doc: Any) -> Catalog:
             quota_id=a.get("quotaId"),
             gpu_family=a.get("gpuFamily"),
             vws=bool(a.get("vws", False)),
+            spot_quota_id=a.get("spotQuotaId"),
             short=a.get("short"),
         )
     glob = _need(acc_t, "globalQuota", dict, "accelerators")
@@ -289,7 +314,7 @@ def parse_catalog(doc: Any) -> Catalog:
         if gpu not in accelerators:
             raise CatalogError(f"zones.byAccelerator.{gpu}: not in accelerators.types")
         for z in zs:
-            if not re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", z):
+            if not re.fullmatch(ZONE_PATTERN, z):
                 raise CatalogError(f"zones.byAccelerator.{gpu}: {z!r} is not a zone name")
         zones[gpu] = tuple(zs)
 
@@ -306,6 +331,20 @@ def parse_catalog(doc: Any) -> Catalog:
     pl = _table(doc, "placement", sources)
     net = _table(doc, "network", sources)
     dates["placement"], dates["network"] = pl["date"], net["date"]
+    dk = _table(doc, "disks", sources)
+    dates["disks"] = dk["date"]
+    disk_metrics = dict(_need(dk, "quotaMetric", dict, "disks"))
+    disk_series = []
+    for name, d in _need(dk, "series", dict, "disks").items():
+        where = f"disks.series.{name}"
+        row = DiskSeries(name, tuple(_need(d, "machineTypes", list, where)), _need(d, "default", str, where),
+                         tuple(_need(d, "boot", list, where)), tuple(_need(d, "data", list, where)))
+        for t in {row.default, *row.boot, *row.data}:
+            if t not in disk_metrics:
+                raise CatalogError(f"{where}: disk type {t!r} has no disks.quotaMetric")
+        if row.default not in row.boot or row.default not in row.data:
+            raise CatalogError(f"{where}.default: {row.default!r} must be among its boot and data types")
+        disk_series.append(row)
 
     return Catalog(
         sources=sources,
@@ -335,6 +374,8 @@ def parse_catalog(doc: Any) -> Catalog:
         compact_series=frozenset(_need(pl, "compactSeries", list, "placement")),
         max_vms_per_compact_policy=_need(pl, "maxVmsPerCompactPolicy", int, "placement"),
         gvnic_series=frozenset(_need(net, "gvnicSeries", list, "network")),
+        disk_series=tuple(disk_series),
+        disk_quota_metrics=disk_metrics,
         dates=dates,
     )
 

@@ -12,7 +12,7 @@ import difflib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import yaml
 
 from gpu_train import gpunames, project
 from gpu_train.catalog import load_catalog
+from gpu_train.disks import default_disk_type
 
 NAMESPACE = "gpu-train"
 
@@ -87,7 +88,8 @@ KEYS: dict[str, Key] = {
         Key("gpuCount", "int", targets=("gcp",), doc="GPUs per VM; required for N1, implied by fixed shapes"),
         Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (60-91% cheaper, may be preempted)"),
         Key("bootDiskSizeGb", "int", 200, ("gcp",), doc="boot disk size in GB"),
-        Key("bootDiskType", "str", "pd-balanced", ("gcp",), doc="boot disk type"),
+        Key("bootDiskType", "str", None, ("gcp",), doc="boot disk type; default: the series' own (pd-balanced; "
+            "hyperdisk-balanced on A4, A3 Ultra, A4X and G4, which take Hyperdisk only)"),
         Key("imageFamily", "str", None, ("gcp",),
             doc="image family; default: the catalog's current PyTorch DLVM family with the NVIDIA driver"),
         Key("imageProject", "str", None, ("gcp",), doc="image project; default deeplearning-platform-release"),
@@ -114,6 +116,8 @@ KEYS: dict[str, Key] = {
             "Quotas for N GPUs (region and global) from `pulumi up`"),
         Key("fallbackShapes", "list", (), ("gcp",), doc="other shapes scripts/up may try: MACHINE or MACHINE/GPU/COUNT"),
         Key("spotFallback", "bool", False, ("gcp",), doc="scripts/up: on demand when spot has no capacity anywhere"),
+        Key("pools", "pools", (), ("gcp",), doc="nodes of different shapes in one cluster: [{role: chief|worker|ps, "
+            "count, machineType, gpuType, gpuCount}, ...] instead of machineType/gpuType/gpuCount/nodes"),
     )
 }
 
@@ -123,6 +127,7 @@ _TYPE_WORDS = {
     "bool": "true or false",
     "list": "a list of strings",
     "map": "a map of strings to strings",
+    "pools": "a list of pools ({role, count, machineType, gpuType, gpuCount})",
 }
 
 
@@ -179,6 +184,7 @@ class StackConfig:
     quota_request: dict[str, str] = field(default_factory=dict)
     fallback_shapes: tuple[str, ...] = ()
     spot_fallback: bool = False
+    pools: tuple[Any, ...] = ()  # gpu_train.pools.Pool, chief first; machineType etc. are then the chief's
     # The settings as given (before defaults), for messages and "was it set?" questions.
     given: frozenset[str] = frozenset()
 
@@ -213,7 +219,7 @@ _FIELD_FOR_KEY = {
     "sshKey": "ssh_key", "knownHosts": "known_hosts", "sshConfig": "ssh_config", "remoteRoot": "remote_root", "python": "python",
     "idleStopMinutes": "idle_stop_minutes", "maxRunHours": "max_run_hours", "running": "running",
     "maxResumes": "max_resumes", "nodes": "nodes", "quotaRequest": "quota_request",
-    "fallbackShapes": "fallback_shapes", "spotFallback": "spot_fallback",
+    "fallbackShapes": "fallback_shapes", "spotFallback": "spot_fallback", "pools": "pools",
 }  # fmt: skip
 assert set(_FIELD_FOR_KEY) == set(KEYS), "every key needs a field"
 
@@ -285,8 +291,15 @@ def _as_map(raw: Any) -> dict[str, str]:
     raise TypeError
 
 
+def _as_pools(raw: Any) -> list[Any]:
+    raw = _maybe_json(raw)
+    if isinstance(raw, list) and all(isinstance(x, dict) for x in raw):
+        return raw
+    raise TypeError
+
+
 _COERCE: dict[str, Callable[[Any], Any]] = {
-    "str": _as_str, "int": _as_int, "bool": _as_bool, "list": _as_list, "map": _as_map,
+    "str": _as_str, "int": _as_int, "bool": _as_bool, "list": _as_list, "map": _as_map, "pools": _as_pools,
 }  # fmt: skip
 
 
@@ -379,11 +392,24 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
     if "gpuType" in values:  # `gpuType: T4` means nvidia-tesla-t4: the program and the API get the API name
         values["gpuType"] = gpunames.api_name(values["gpuType"], load_catalog())
     kwargs = {_FIELD_FOR_KEY[k]: v for k, v in values.items() if k != "hosts"}
+    if values.get("pools"):
+        from gpu_train.pools import parse_pools  # pools builds on this module
+
+        pools, pool_problems = parse_pools(values["pools"])
+        problems += pool_problems
+        pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, load_catalog())) if p.gpu_type else p
+                      for p in pools)
+        kwargs["pools"] = pools
+        if pools:  # the stack's own shape is the chief's; nodes counts every pool
+            chief = pools[0]
+            kwargs.update(machine_type=chief.machine_type, gpu_type=chief.gpu_type, gpu_count=chief.gpu_count,
+                          nodes=sum(p.count for p in pools))
     kwargs.setdefault("idle_stop_minutes", 30 if target == "gcp" else 0)
     if target == "gcp":  # image defaults are catalog facts
         catalog = load_catalog()
         kwargs.setdefault("image_family", catalog.default_image_family)
         kwargs.setdefault("image_project", catalog.image_project)
+        kwargs.setdefault("boot_disk_type", default_disk_type(catalog, kwargs.get("machine_type", KEYS["machineType"].default)))
     cfg = StackConfig(
         stack=stack,
         project=project.strip() if isinstance(project, str) else None,

@@ -1,4 +1,4 @@
-"""Pure decisions about jobs: run ids, what to launch, and the agent's command line."""
+"""Pure decisions about jobs: run ids, what to launch, one state for a run across nodes."""
 
 from __future__ import annotations
 
@@ -6,16 +6,24 @@ import base64
 import json
 import re
 import shlex
-import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+
+from remote.agent.protocol import (  # the contract with the host, written once
+    ACTIVE,
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    STOPPED,
+    SUCCEEDED,
+    JobSpec,
+)
 
 # The job naming rule of AI Platform / Vertex jobs: letters, digits, underscores, starting with a
 # letter, at most 128 characters. Run ids are BASE_YYYYmmdd_HHMMSS.
 RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 STAMP_LEN = len("_20260101_000000")
-AGENT_PATH = Path(__file__).resolve().parent.parent / "remote" / "agent.py"
 
 
 class JobError(ValueError):
@@ -62,32 +70,6 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    """What `fab train` asks the host to run."""
-
-    run_id: str
-    base: str
-    script: str | None = None
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    python: str | None = None
-    expect_gpus: int = 0
-    code_manifest: str | None = None  # hash of the code listing, so the host can skip an unchanged sync
-    reuse_code: bool = False
-    agent_settings: dict[str, object] = field(default_factory=dict)
-    launcher: str = "none"  # or "torchrun"
-    nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1
-    node: dict[str, object] | None = None  # rank, nnodes, masterAddr, masterPort, hosts, tfPort, ps
-
-    def to_json(self) -> dict:
-        return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
-                "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
-                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
-                "launcher": self.launcher, "nproc": self.nproc, "node": self.node}
-
-
 def job_spec(*, run: str, base: str, script: str | None, command: str | None, args: str, env: list[str],
              python: str | None, expect_gpus: int, code_dir: Path) -> JobSpec:
     """Check train's options against the code directory; build what the host runs."""
@@ -113,20 +95,6 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
         raise JobError(f"--args: {e} (quote it as a shell would: --args \"--name 'it s'\")") from None
     return JobSpec(run_id=run, base=base, script=script, command=command, args=argv,
                    env=parse_env(env), python=python, expect_gpus=expect_gpus)
-
-
-def agent_command(root: str, *args: str) -> str:
-    """A shell command that runs the agent shipped inline (no file needed on the host yet).
-
-    The source travels compressed on the command line: one SSH exec, no stdin, no upload.
-    """
-    source = AGENT_PATH.read_text(encoding="utf-8")
-    packed = base64.b64encode(zlib.compress(source.encode(), 9)).decode()
-    boot = ("import base64,sys,zlib;s=zlib.decompress(base64.b64decode(sys.argv.pop(1))).decode();"
-            "exec(compile(s,'gpu-train-agent','exec'),{'__name__':'__main__','AGENT_SOURCE':s})")
-    # The system Python when there is one: it starts fastest and no environment manager wraps it.
-    run = shlex.join(["-S", "-c", boot, packed, "--root", root, *args])
-    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {run}'
 
 
 def encode_spec(spec: JobSpec) -> str:
@@ -156,9 +124,6 @@ def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: i
             for i in range(nnodes)]
 
 
-ACTIVE = ("starting", "running")
-
-
 def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
     """One state for a run across its nodes: (state, exit code, which node did what).
 
@@ -169,20 +134,20 @@ def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
     for i, r in enumerate(per_node):
         if r is None:
             notes.append(f"node {i}: no such run")
-        elif r["state"] == "failed":
+        elif r["state"] == FAILED:
             notes.append(f"node {i} failed" + (f" (exit {r['exitCode']})" if r.get("exitCode") is not None else ""))
-        elif r["state"] == "interrupted":
+        elif r["state"] == INTERRUPTED:
             notes.append(f"node {i} interrupted")
-    states = [r["state"] if r else "failed" for r in per_node]
-    codes = [r.get("exitCode") for r in per_node if r and r["state"] == "failed"]
-    for state in ("failed", "interrupted"):
+    states = [r["state"] if r else FAILED for r in per_node]
+    codes = [r.get("exitCode") for r in per_node if r and r["state"] == FAILED]
+    for state in (FAILED, INTERRUPTED):
         if state in states:
             return state, next((c for c in codes if c is not None), None), "; ".join(notes)
     if any(s in ACTIVE for s in states):
-        return "running", None, "; ".join(f"node {i} {s}" for i, s in enumerate(states) if s not in ACTIVE)
-    if "stopped" in states:
-        return "stopped", None, ""
-    return "succeeded", 0, ""
+        return RUNNING, None, "; ".join(f"node {i} {s}" for i, s in enumerate(states) if s not in ACTIVE)
+    if STOPPED in states:
+        return STOPPED, None, ""
+    return SUCCEEDED, 0, ""
 
 
 def aggregate_runs(docs: list[dict | None]) -> dict:

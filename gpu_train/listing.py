@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from gpu_train import gpunames
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
+from remote.agent.protocol import ACTIVE
 
 BILLING_STATES = ("RUNNING", "PROVISIONING", "STAGING", "STOPPING", "REPAIRING", "SUSPENDING")
 Interval = tuple[float, float]
@@ -164,7 +165,7 @@ def idle_text(status: dict | None) -> str:
     limit = agent.get("idleStopMinutes")
     if not limit:
         return "off"
-    if any(r.get("state") in ("starting", "running") for r in status.get("runs", [])):
+    if any(r.get("state") in ACTIVE for r in status.get("runs", [])):
         return f"busy (stops after {limit:g} idle min)"
     since, now = agent.get("idleSince"), status.get("now")
     if since is None or now is None:
@@ -183,7 +184,7 @@ def row(facts: StackFacts, now: float) -> Row:
         notes.append(f"compute api: {facts.api_error}")
     if facts.status_error and state not in ("TERMINATED", "none"):
         notes.append(f"host: {facts.status_error}")
-    running = None if facts.status is None else sum(r.get("state") in ("starting", "running") for r in facts.status.get("runs", []))
+    running = None if facts.status is None else sum(r.get("state") in ACTIVE for r in facts.status.get("runs", []))
     if cfg is None or not cfg.is_gcp:
         where = ", ".join(str(h) for h in cfg.hosts) if cfg else "?"
         return Row(facts.name, cfg.target if cfg else "?", shape_text(cfg, None), where, state, source, running, None, None,

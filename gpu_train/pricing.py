@@ -47,8 +47,8 @@ def _add(a: float | None, b: float | None) -> float | None:
 def hourly_cost(shape: GpuShape, catalog: Catalog) -> Cost:
     """Machine plus attached GPUs; fixed shapes are priced whole (their price includes the GPUs)."""
     machine = _machine_price(shape.machine_type, catalog) or Price(None, None)
-    if shape.machine_type in catalog.machine_prices_include_gpus:
-        gpus = Price(0.0, 0.0)
+    if shape.machine_type in catalog.machine_prices_include_gpus or shape.gpu_count == 0:
+        gpus = Price(0.0, 0.0)  # priced whole, or a CPU-only node (a parameter server pool)
     elif shape.attached:
         acc = catalog.accelerator(shape.gpu_type)
         per_gpu = catalog.gpu_prices.get(acc.name if acc else "", Price(None, None))

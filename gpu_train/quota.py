@@ -1,16 +1,23 @@
 """Will the stack fit in the project's quotas? Pure decisions on quota names, needs and shortfalls.
 
-Compute Engine counts a GPU VM against: the region's GPU metric (its PREEMPTIBLE_ twin for spot),
-the region's CPU quota (CPUS, or the series' own such as A2_CPUS), the region's disk quota, and the
-project-wide GPUS_ALL_REGIONS, often 0 on a new project. Reference section 5.
+Compute Engine counts a GPU VM against: the region's GPU metric, the region's CPU quota (CPUS, or
+the series' own such as A2_CPUS), the region's quota for its disk type (Hyperdisk has its own), and
+the project-wide GPUS_ALL_REGIONS, often 0 on a new project. Reference section 5.
+
+A spot VM counts against the PREEMPTIBLE_ twin of a GPU or CPU quota only where the project has
+been granted some of it (limit above 0); otherwise it uses the standard quota, like an on-demand VM
+(Compute Engine, "Create and use Spot VMs", before you begin). Judging spot by the preemptible quota
+alone would call a project SHORT where the VM would in fact be created.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
+from gpu_train.disks import disk_quota_metric
 from gpu_train.validate import GpuShape
 
 SERVICE = "compute.googleapis.com"
@@ -22,6 +29,7 @@ class Need:
     scope: str  # a region, or "global"
     amount: int
     what: str
+    note: str = ""  # which quota was chosen and why (spot: preemptible or standard)
 
 
 @dataclass(frozen=True)
@@ -39,31 +47,68 @@ class Row:
         return None if self.free is None else self.free >= self.need.amount
 
 
-def gpu_metric(gpu_type: str, spot: bool, catalog: Catalog) -> str | None:
+Quotas = Mapping[str, tuple[float, float]]  # metric -> (limit, usage), as regions.get lists them
+
+
+def gpu_metric(gpu_type: str, catalog: Catalog) -> str | None:
+    """The standard regional GPU metric (None: the catalog knows none, e.g. a per-family quota)."""
     acc = catalog.accelerator(gpu_type)
-    if acc is None or acc.quota_metric is None:
-        return None
-    return f"PREEMPTIBLE_{acc.quota_metric}" if spot else acc.quota_metric
+    return None if acc is None else acc.quota_metric
 
 
-def cpu_metric(machine_type: str, region_metrics: set[str], catalog: Catalog) -> str:
+def spot_metric(standard: str, region_quotas: Quotas) -> tuple[str, str]:
+    """The quota a spot VM counts against for ``standard``, and a sentence saying why."""
+    twin = f"PREEMPTIBLE_{standard}"
+    limit = region_quotas.get(twin, (0.0, 0.0))[0]
+    if limit > 0:
+        return twin, f"spot: judged against {twin} (this project has {limit:g} of it)"
+    granted = "0" if twin in region_quotas else "none"
+    return standard, (f"spot: judged against {standard}, since {twin} is {granted} here "
+                      "(spot VMs then use the standard quota)")
+
+
+def cpu_metric(machine_type: str, region_metrics: Quotas | set[str], catalog: Catalog) -> str:
     """N1 counts against CPUS; other series against their own (A2_CPUS, G2_CPUS, ...) where listed."""
     series = catalog.series_of(machine_type)
     own = f"{series}_CPUS"
     return own if series != "N1" and own in region_metrics else "CPUS"
 
 
-def needs(cfg: StackConfig, shape: GpuShape, region_metrics: set[str], catalog: Catalog) -> list[Need]:
-    n = cfg.nodes
-    disk = "DISKS_TOTAL_GB" if cfg.boot_disk_type == "pd-standard" else "SSD_TOTAL_GB"
-    return [
-        Need(gpu_metric(shape.gpu_type, cfg.spot, catalog), cfg.region, shape.gpu_count * n,
-             f"{shape.gpu_count * n} x {shape.gpu_type}" + (" (spot)" if cfg.spot else "")),
-        Need(cpu_metric(shape.machine_type, region_metrics, catalog), cfg.region, (shape.vcpus or 0) * n,
-             f"{(shape.vcpus or 0) * n} vCPUs of {shape.machine_type}"),
-        Need(disk, cfg.region, cfg.boot_disk_size_gb * n, f"{cfg.boot_disk_size_gb * n} GB of {cfg.boot_disk_type}"),
-        Need(catalog.global_quota_metric, "global", shape.gpu_count * n, "GPUs in all regions"),
-    ]
+def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Catalog,
+          nodes: list[GpuShape] | None = None) -> list[Need]:
+    """What the stack's VMs take from each quota; ``region_quotas`` decides spot's (see the module).
+
+    ``nodes`` is each node's shape when they differ (pools); by default every node has ``shape``.
+    Needs of the same quota add up, so a pool of CPU-only parameter servers adds vCPUs, not GPUs.
+    """
+    disk = disk_quota_metric(catalog, cfg.boot_disk_type)
+    spot = " (spot)" if cfg.spot else ""
+    totals: dict[tuple[str | None, str], dict[str, int]] = {}  # (metric, scope) -> {what: amount}
+    notes: dict[tuple[str | None, str], str] = {}
+
+    def add(metric: str | None, scope: str, amount: int, what: str, note: str = "") -> None:
+        per = totals.setdefault((metric, scope), {})
+        per[what] = per.get(what, 0) + amount
+        notes[(metric, scope)] = notes.get((metric, scope)) or note
+
+    for one in nodes or [shape] * cfg.nodes:
+        cpu, cpu_note = cpu_metric(one.machine_type, region_quotas, catalog), ""
+        if cfg.spot and cpu == "CPUS":
+            cpu, cpu_note = spot_metric(cpu, region_quotas)
+        if one.gpu_count:  # a CPU-only node (a parameter server pool) asks nothing of a GPU quota
+            gpu, gpu_note = gpu_metric(one.gpu_type, catalog), ""
+            if cfg.spot and gpu is not None:
+                gpu, gpu_note = spot_metric(gpu, region_quotas)
+            add(gpu, cfg.region, one.gpu_count, f"x {one.gpu_type}{spot}", gpu_note)
+        add(cpu, cfg.region, one.vcpus or 0, f"vCPUs of {one.machine_type}", cpu_note)
+        add(disk, cfg.region, cfg.boot_disk_size_gb, f"GB of {cfg.boot_disk_type}")
+        add(catalog.global_quota_metric, "global", one.gpu_count, "GPUs in all regions")
+    out = []
+    for (metric, scope), per in totals.items():
+        what = "GPUs in all regions" if metric == catalog.global_quota_metric and scope == "global" \
+            else " + ".join(f"{amount} {label}" for label, amount in per.items())
+        out.append(Need(metric, scope, sum(per.values()), what, notes[(metric, scope)]))
+    return out
 
 
 def evaluate(wanted: list[Need], region_quotas: dict[str, tuple[float, float]],
@@ -88,14 +133,45 @@ def advice(row: Row, project: str) -> str:
 
 
 def preferences(cfg: StackConfig, shape: GpuShape, gpus: int, catalog: Catalog) -> list[dict[str, object]]:
-    """The Cloud Quotas preferences `quotaRequest` declares: the region's GPU quota (per family where
-    the GPU has one, else per model) and the project-wide GPUS-ALL-REGIONS."""
+    """The Cloud Quotas preferences `quotaRequest` declares: the region's GPU quota and the project-wide
+    GPUS-ALL-REGIONS.
+
+    The region's GPU quota is, for spot, the GPU's preemptible per-model quota where the catalog knows
+    one (spot H100: PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region); otherwise the per-family quota
+    where the GPU has a family (H100, H200, B200) and else its per-model one (L4 has its own:
+    NVIDIA-L4-GPUS-per-project-region, not a family).
+    """
     acc = catalog.accelerator(shape.gpu_type)
-    out = []
-    if acc is not None and acc.gpu_family:
+    out: list[dict[str, object]] = []
+    if acc is not None and cfg.spot and acc.spot_quota_id:
+        out.append({"quota_id": acc.spot_quota_id, "dimensions": {"region": cfg.region}})
+    elif acc is not None and acc.gpu_family:
         out.append({"quota_id": catalog.family_quota_id, "dimensions": {"region": cfg.region, "gpu_family": acc.gpu_family}})
     elif acc is not None and acc.quota_id:
-        quota_id = f"PREEMPTIBLE-{acc.quota_id}" if cfg.spot else acc.quota_id
-        out.append({"quota_id": quota_id, "dimensions": {"region": cfg.region}})
+        out.append({"quota_id": acc.quota_id, "dimensions": {"region": cfg.region}})
     out.append({"quota_id": catalog.global_quota_id, "dimensions": {}})
     return [{**p, "preferred": gpus} for p in out]
+
+
+def current_limit(entries: list[dict], dimensions: dict[str, str]) -> int:
+    """The limit in force for ``dimensions``, from a QuotaInfo's dimensionsInfos (0 when none applies).
+
+    Cloud Quotas lists a default entry (no dimensions, its applicableLocations naming every region
+    it covers) and entries for specific dimensions. The one that applies is an entry whose own
+    dimensions all match, whose applicableLocations include the region (or are global), and which
+    matches the most dimensions: never simply the first, or a request below the real limit would be
+    refused as a decrease. ``entries``: dicts with dimensions, applicableLocations and values.
+    """
+    region = dimensions.get("region")
+    best: tuple[int, int] | None = None  # (matching dimensions, value)
+    for entry in entries:
+        own = entry.get("dimensions") or {}
+        if any(dimensions.get(k) != v for k, v in own.items()):
+            continue
+        places = entry.get("applicableLocations") or []
+        if region and places and region not in places and "global" not in places:
+            continue
+        values = [int(v) for v in entry.get("values", ()) if str(v).lstrip("-").isdigit()]
+        if values and (best is None or len(own) > best[0]):
+            best = (len(own), max(values))
+    return 0 if best is None else best[1]

@@ -13,11 +13,12 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import gpunames, values
-from gpu_train.catalog import Catalog, FixedShape, MachineShape
+from gpu_train import disks, gpunames, names, values
+from gpu_train.catalog import AI_ZONE_PATTERN, ZONE_PATTERN, Catalog, FixedShape, MachineShape
 from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
+from gpu_train.pools import check_pools
 
-ZONE_RE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
+ZONE_RE = re.compile(ZONE_PATTERN)
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 LABEL_KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
@@ -50,6 +51,24 @@ def shape_of(cfg: StackConfig, catalog: Catalog) -> GpuShape:
     return GpuShape(cfg.machine_type, machine.vcpus, machine.memory_gb, cfg.gpu_type, cfg.gpu_count, attached=True)
 
 
+def node_shapes(cfg: StackConfig, catalog: Catalog) -> list[GpuShape]:
+    """Each node's shape in node order: the stack's one shape ``nodes`` times, or each pool's
+    (CPU-only parameter servers have ``gpu_count`` 0 and nothing attached)."""
+    if not cfg.pools:
+        return [shape_of(cfg, catalog)] * cfg.nodes
+    out = []
+    for pool in cfg.pools:
+        machine = catalog.parse_machine_type(pool.machine_type)
+        assert machine is not None, "validate the stack first"
+        if machine.fixed is not None or pool.gpu_type:
+            shape = shape_of(replace(cfg, machine_type=pool.machine_type, gpu_type=pool.gpu_type,
+                                     gpu_count=pool.gpu_count, pools=()), catalog)
+        else:
+            shape = GpuShape(pool.machine_type, machine.vcpus, machine.memory_gb, "", 0, attached=False)
+        out += [shape] * pool.count
+    return out
+
+
 def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfig, list[Problem]]:
     """Parse and validate a stack's raw settings: the config and its warnings, or ConfigError.
 
@@ -70,21 +89,31 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     if not cfg.is_gcp:
         return _lifecycle(cfg) + values.check(cfg)
     problems = _zone(cfg)
+    if cfg.pools:  # each pool its own shape, checked by the same rules as a stack's one shape
+        problems += check_pools(cfg, catalog, lambda c, cat: _shape(c, cat, zone_ok=not problems))
+    else:
+        problems += _shape(cfg, catalog, zone_ok=not problems)
+    problems += _disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
+    problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
+    problems += names.check(cfg.stack, cfg.nodes)
+    return problems
+
+
+def _shape(cfg: StackConfig, catalog: Catalog, zone_ok: bool) -> list[Problem]:
+    """The machine type and GPUs of one shape, and whether the zone offers them."""
     shape_problems, machine = _machine_and_gpus(cfg, catalog)
     gpu_type = _offered_gpu(cfg, catalog, machine)
-    if gpu_type is not None and not problems:  # a valid zone and a known GPU: is it offered there?
+    if gpu_type is not None and zone_ok:  # a valid zone and a known GPU: is it offered there?
         shape_problems += _availability(cfg, catalog, machine, gpu_type)
-    problems += shape_problems
-    problems += _disk(cfg) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
-    problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
-    return problems
+    return shape_problems
 
 
 # -- zone -------------------------------------------------------------------------------------
 def _zone(cfg: StackConfig) -> list[Problem]:
     if ZONE_RE.fullmatch(cfg.zone):
         return []
-    return [Problem("zone", "is not a zone name", "use a zone such as us-central1-a (region + '-' + letter)", cfg.zone)]
+    return [Problem("zone", "is not a zone name", "use a zone such as us-central1-a (region + '-' + letter) or an AI "
+                    "zone such as us-central1-ai1", cfg.zone)]
 
 
 # -- machine type and GPUs --------------------------------------------------------------------
@@ -248,10 +277,11 @@ def _availability(cfg: StackConfig, catalog: Catalog, machine: MachineShape, gpu
         fix = f"{cfg.region} has no {acc.gpu}; nearest regions with it: " + "; ".join(
             f"{r} ({', '.join(zs)})" for r, zs in nearest_regions(cfg.region, zones)
         )
-    unverified = acc.name in catalog.unverified_zones
+    # AI zones (us-central1-ai1) hold GPU capacity the snapshot does not list: say so, stop nothing.
+    unverified = acc.name in catalog.unverified_zones or re.fullmatch(AI_ZONE_PATTERN, cfg.zone) is not None
     what = f"{acc.gpu}" + (f" as {machine.name}" if machine.fixed and machine.fixed.zones else "")
     msg = f"{what} is not offered in this zone (catalog snapshot of {catalog.dates['zones']}"
-    msg += "; unverified for this GPU)" if unverified else ")"
+    msg += "; unverified for this GPU or zone)" if unverified else ")"
     fix += f"; check live: gcloud compute accelerator-types list --filter=name={acc.name}"
     return [Problem("zone", msg, fix, cfg.zone, "warning" if unverified else "error")]
 
@@ -269,7 +299,7 @@ def nearest_regions(region: str, zones: tuple[str, ...], n: int = 3) -> list[tup
 
 
 # -- disk, image ------------------------------------------------------------------------------
-def _disk(cfg: StackConfig) -> list[Problem]:
+def _disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     problems = []
     if not MIN_DISK_GB <= cfg.boot_disk_size_gb <= MAX_DISK_GB:
         problems.append(Problem("bootDiskSizeGb", f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
@@ -278,6 +308,9 @@ def _disk(cfg: StackConfig) -> list[Problem]:
         close = difflib.get_close_matches(cfg.boot_disk_type, DISK_TYPES, n=1)
         fix = f"did you mean {close[0]}?" if close else f"one of {', '.join(DISK_TYPES)}"
         problems.append(Problem("bootDiskType", "is not a disk type", fix, cfg.boot_disk_type))
+    elif (why := disks.disk_type_problem(catalog, cfg.machine_type, cfg.boot_disk_type)) is not None:
+        problems.append(Problem("bootDiskType", why, f"remove bootDiskType (the default for {cfg.machine_type} is "
+                                f"{disks.default_disk_type(catalog, cfg.machine_type)}) or set one of those", cfg.boot_disk_type))
     return problems
 
 
@@ -316,10 +349,13 @@ def _nodes(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         return [Problem("nodes", "must be 1 or more", "1 for one VM; 2 or more for multi-node training", cfg.nodes)]
     if cfg.nodes == 1:
         return []
-    series = catalog.series_of(cfg.machine_type)
+    machine_types = [p.machine_type for p in cfg.pools] or [cfg.machine_type]
+    outside = sorted({catalog.series_of(m) for m in machine_types} - catalog.compact_series)
     limit = catalog.max_vms_per_compact_policy
-    if series not in catalog.compact_series:
-        return [Problem("nodes", f"{series} takes no compact placement policy: the {cfg.nodes} nodes will be placed "
+    if outside:
+        series = "/".join(outside)
+        return [Problem("pools" if cfg.pools else "nodes", f"{series} takes no compact placement policy: the "
+                        f"{cfg.nodes} nodes will be placed "
                         "anywhere in the zone, with more latency between them",
                         f"for tight coupling use a series that supports it ({', '.join(sorted(catalog.compact_series))})",
                         cfg.nodes, "warning")]
@@ -363,6 +399,8 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
                         given=cfg.given - {"gpuType", "gpuCount"} | ({"gpuType", "gpuCount"} if gpu else set()),
                         fallback_shapes=())
         shape_problems, _ = _machine_and_gpus(trial, catalog)
+        if "bootDiskType" in cfg.given and (why := disks.disk_type_problem(catalog, machine, cfg.boot_disk_type)):
+            shape_problems.append(Problem("bootDiskType", why, "remove bootDiskType so each shape gets its series' own type"))
         for p in shape_problems:
             problems.append(Problem("fallbackShapes", f"{shown(text)}: {p.message}", p.fix))
     return problems

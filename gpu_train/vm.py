@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import base64
 import gzip
-import hashlib
 import ipaddress
 import json
 import re
 from pathlib import Path
 
 from gpu_train.config import StackConfig
+from gpu_train.names import instance_name, network_tag, node_names, resource_name, service_account_id  # noqa: F401
 from gpu_train.validate import GpuShape
 
 STARTUP_TEMPLATE = Path(__file__).parent / "data" / "startup-script.sh.in"
@@ -30,30 +30,18 @@ SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534
 SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
 
 
-def _rfc1035(text: str, max_len: int) -> str:
-    """A Compute Engine resource name: lower case, digits and '-', starting with a letter."""
-    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    if not name or not name[0].isalpha():
-        name = "g-" + name
-    if len(name) > max_len:  # keep names unique when cut: end with a short hash of the whole
-        digest = hashlib.sha256(text.encode()).hexdigest()[:6]
-        name = name[: max_len - 7].rstrip("-") + "-" + digest
-    return name.rstrip("-")
+def node_roles(cfg: StackConfig) -> list[str]:
+    """chief, then workers, then parameter servers: each pool's role per node ('worker' without pools)."""
+    if not cfg.pools:
+        return ["chief"] + ["worker"] * (cfg.nodes - 1)
+    return [p.role for p in cfg.pools for _ in range(p.count)]
 
 
-def instance_name(stack: str, node: int | None = None) -> str:
-    """gpu-train-STACK for one VM; gpu-train-STACK-0 ... -N-1 for a cluster."""
-    base = _rfc1035(f"gpu-train-{stack}", 63 if node is None else 63 - len(f"-{node}"))
-    return base if node is None else f"{base}-{node}"
-
-
-def node_names(stack: str, nodes: int) -> list[str]:
-    return [instance_name(stack)] if nodes == 1 else [instance_name(stack, i) for i in range(nodes)]
-
-
-def placement_policy(nodes: int, machine_type: str, catalog) -> dict[str, object] | None:
-    """A compact group placement for a cluster whose series supports one (validation says when not)."""
-    if nodes < 2 or catalog.series_of(machine_type) not in catalog.compact_series:
+def placement_policy(nodes: int, machine_type: str | list[str], catalog) -> dict[str, object] | None:
+    """A compact group placement for a cluster whose series (every pool's) support one (validation says
+    when not)."""
+    types = [machine_type] if isinstance(machine_type, str) else machine_type
+    if nodes < 2 or any(catalog.series_of(m) not in catalog.compact_series for m in types):
         return None
     return {"collocation": "COLLOCATED", "vm_count": nodes}
 
@@ -61,15 +49,6 @@ def placement_policy(nodes: int, machine_type: str, catalog) -> dict[str, object
 def nic_type(machine_type: str, catalog) -> str | None:
     """gVNIC for the series that take nothing else (A3, A4, G4); the image default elsewhere."""
     return "GVNIC" if catalog.series_of(machine_type) in catalog.gvnic_series else None
-
-
-def network_tag(stack: str) -> str:
-    return instance_name(stack)
-
-
-def service_account_id(stack: str) -> str:
-    """6 to 30 characters, as IAM requires."""
-    return _rfc1035(f"gpu-train-{stack}", 30).ljust(6, "0")
 
 
 def label_value(text: str) -> str:
@@ -111,13 +90,13 @@ def remote_root(cfg: StackConfig) -> str:
     return f"$HOME_DIR/{cfg.remote_root[2:]}" if cfg.remote_root.startswith("~/") else cfg.remote_root
 
 
-def startup_script(cfg: StackConfig, agent_source: str) -> str:
+def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
     gpu-train-shutdown's ExecStop lets jobs checkpoint when the VM stops or is preempted;
     gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs.
     """
-    packed = base64.b64encode(gzip.compress(agent_source.encode(), mtime=0)).decode()
+    packed = base64.b64encode(gzip.compress(agent_zipapp, mtime=0)).decode()
     settings = json.dumps({**cfg.agent_settings(), "poweroffCommand": ["systemctl", "poweroff"]})
     script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
     for mark, value in (("@USER@", cfg.ssh_user), ("@ROOT@", remote_root(cfg)), ("@PACKED@", packed),
@@ -126,7 +105,7 @@ def startup_script(cfg: StackConfig, agent_source: str) -> str:
     return script
 
 
-def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, str]:
+def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str, str]:
     """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off);
     the startup script installs the on-host agent at every boot."""
     key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
@@ -135,7 +114,7 @@ def metadata(cfg: StackConfig, public_key: str, agent_source: str) -> dict[str, 
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",
-        "startup-script": startup_script(cfg, agent_source),
+        "startup-script": startup_script(cfg, agent_zipapp),
     }
 
 

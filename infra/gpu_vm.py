@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import vm
+from gpu_train import names, vm
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
-from gpu_train.jobs import AGENT_PATH
+from gpu_train.pools import boot_disk_type
 from gpu_train.validate import GpuShape
 
 
@@ -23,10 +23,12 @@ class GpuVmArgs:
     """Everything the component needs, already validated."""
 
     config: StackConfig
-    shape: GpuShape
+    shape: GpuShape  # node 0's (the chief's)
     public_key: str
     pulumi_project: str
     hourly_cost_usd: float | None
+    agent_zipapp: bytes  # the on-host agent the startup script installs (remote.agent.bundle)
+    node_shapes: tuple[GpuShape, ...] = ()  # one per node; empty: every node has ``shape``
 
 
 class GpuVm(pulumi.ComponentResource):
@@ -41,7 +43,7 @@ class GpuVm(pulumi.ComponentResource):
 
         def ingress(suffix: str, description: str, **rule: object) -> gcp.compute.Firewall:
             """An ingress rule of the default network for this VM's tag."""
-            return gcp.compute.Firewall(f"{name}-{suffix}", name=f"{tag}-{suffix}", project=cfg.project,
+            return gcp.compute.Firewall(f"{name}-{suffix}", name=vm.resource_name(cfg.stack, suffix), project=cfg.project,
                                         network="default", direction="INGRESS", target_tags=[tag],
                                         description=f"gpu-train {cfg.stack}: {description}", opts=child, **rule)
 
@@ -86,12 +88,13 @@ class GpuVm(pulumi.ComponentResource):
             return cfg.boot_disk_size_gb
 
         catalog = load_catalog()
-        policy = vm.placement_policy(cfg.nodes, shape.machine_type, catalog)
+        shapes = list(args.node_shapes) or [shape] * cfg.nodes
+        policy = vm.placement_policy(cfg.nodes, sorted({s.machine_type for s in shapes}), catalog)
         policy_link = None
         if policy is not None:
             policy_link = gcp.compute.ResourcePolicy(
                 f"{name}-placement",
-                name=f"{tag}-placement",
+                name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
                 project=cfg.project,
                 region=cfg.region,
                 group_placement_policy=policy,
@@ -102,30 +105,34 @@ class GpuVm(pulumi.ComponentResource):
             # The nodes talk to each other freely (NCCL, rendezvous, TF servers); nothing new from outside.
             ingress("internal", "traffic between the cluster's nodes", source_tags=[tag],
                     allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}])
-        nic = {"network": "default", "access_configs": [{}]}
-        if (kind := vm.nic_type(shape.machine_type, catalog)) is not None:
-            nic["nic_type"] = kind
-        metadata = vm.metadata(cfg, args.public_key, AGENT_PATH.read_text(encoding="utf-8"))
-        names = vm.node_names(cfg.stack, cfg.nodes)
+
+        def nic(machine_type: str) -> dict[str, object]:
+            out: dict[str, object] = {"network": "default", "access_configs": [{}]}
+            if (kind := vm.nic_type(machine_type, catalog)) is not None:
+                out["nic_type"] = kind
+            return out
+
+        metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
+        instance_names = vm.node_names(cfg.stack, cfg.nodes)
         self.instances = [
             gcp.compute.Instance(
                 name if cfg.nodes == 1 else f"{name}-{i}",
                 name=instance_name,
                 project=cfg.project,
                 zone=cfg.zone,
-                machine_type=shape.machine_type,
+                machine_type=shapes[i].machine_type,
                 boot_disk={
                     "auto_delete": True,
                     "initialize_params": {
                         "image": image.self_link,
                         "size": image.disk_size_gb.apply(disk_size),
-                        "type": cfg.boot_disk_type,
+                        "type": boot_disk_type(cfg, shapes[i].machine_type, catalog),
                     },
                 },
-                guest_accelerators=vm.guest_accelerators(shape),
+                guest_accelerators=vm.guest_accelerators(shapes[i]),
                 scheduling=vm.scheduling(cfg.spot, cfg.max_run_hours),
                 desired_status=vm.desired_status(cfg.running),
-                network_interfaces=[nic],
+                network_interfaces=[nic(shapes[i].machine_type)],
                 service_account={"email": account.email, "scopes": list(vm.SERVICE_ACCOUNT_SCOPES)},
                 metadata=metadata,
                 tags=[tag],
@@ -140,7 +147,7 @@ class GpuVm(pulumi.ComponentResource):
                     ignore_changes=["bootDisk.initializeParams.image"],
                 ),
             )
-            for i, instance_name in enumerate(names)
+            for i, instance_name in enumerate(instance_names)
         ]
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
         self.image = image.self_link
@@ -159,6 +166,8 @@ class GpuVm(pulumi.ComponentResource):
             "image": image.self_link,
             "hourlyCostUsd": args.hourly_cost_usd,
             "nodes": cfg.nodes,
+            "nodeGpuCounts": [s.gpu_count for s in shapes],
+            "nodeRoles": vm.node_roles(cfg),
             "instanceNames": [inst.name for inst in self.instances],
             "externalIps": external,
             "internalIps": internal,

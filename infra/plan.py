@@ -44,13 +44,39 @@ def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: C
             f"{shape.machine_type} ({shape.vcpus} vCPUs, {shape.memory_gb:g} GB), {model}, in {cfg.zone}")
 
 
+def _carries_gpus(machine_type: str) -> bool:
+    machine = load_catalog().parse_machine_type(machine_type)
+    return machine is not None and machine.fixed is not None
+
+
+def describe_pools(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
+    """One line per pool: its role, nodes, shape and what its nodes cost together; then the total."""
+    lines = ["Pools (node 0 is the chief; TF_CONFIG roles follow the pools):"]
+    shapes = validate.node_shapes(cfg, catalog)
+    total: float | None = 0.0
+    first = 0
+    for pool in cfg.pools:
+        shape = shapes[first]
+        nodes = f"node {first}" if pool.count == 1 else f"nodes {first}-{first + pool.count - 1}"
+        first += pool.count
+        gpus = f"{shape.gpu_count} x {shape.gpu_type}" if shape.gpu_count else "no GPU"
+        per_node = hourly_cost(shape, catalog).hourly(cfg.spot)
+        cost = None if per_node is None else per_node * pool.count
+        total = None if total is None or cost is None else total + cost
+        lines.append(f"  {pool.role:<7}{nodes:<13}{pool.count} x {shape.machine_type} ({gpus}): {_money(cost)}/h")
+    lines.append(f"  all {cfg.nodes} nodes: {_money(total)}/h, {_money(None if total is None else total * 24)}/day "
+                 f"({'spot' if cfg.spot else 'on demand'})")
+    return lines
+
+
 def _props(r: preview.Declared) -> list[str]:
     """The properties of each resource type that a reader checks before paying for it."""
     i = r.inputs
     if r.typ.endswith("Firewall"):
         verb, rules = ("allow", i.get("allows")) if i.get("allows") else ("deny", i.get("denies"))
         ports = ",".join(f"{x['protocol']}:{'/'.join(x.get('ports', []))}" for x in rules or [])
-        return [f"name {i.get('name')}", f"{verb} {ports} from {', '.join(i.get('sourceRanges', []))}",
+        sources = ", ".join(i.get("sourceRanges") or []) or "tag " + ", ".join(i.get("sourceTags") or [])
+        return [f"name {i.get('name')}", f"{verb} {ports} from {sources}",
                 f"to tag {', '.join(i.get('targetTags', []))}, priority {int(i.get('priority', 1000))}"]
     if r.typ.endswith("Account"):
         return [f"account {i.get('accountId')}", i.get("description", "")]
@@ -60,6 +86,11 @@ def _props(r: preview.Declared) -> list[str]:
         policy = sorted((i.get("groupPlacementPolicy") or {}).items())
         shown = ", ".join(f"{k}={int(v) if isinstance(v, float) else v}" for k, v in policy)
         return [f"name {i.get('name')}: compact placement ({shown})"]
+    if r.typ == "pulumi:providers:gcp":
+        return [f"for Cloud Quotas: userProjectOverride, billingProject {i.get('billingProject')} "
+                "(user credentials need a quota project)"]
+    if r.typ.endswith("projects/service:Service"):
+        return [f"enable {i.get('service')} (left enabled on destroy)"]
     if r.typ.endswith("SQuotaPreference"):
         dims = ", ".join(f"{k}={v}" for k, v in sorted((i.get("dimensions") or {}).items())) or "project-wide"
         return [f"ask Cloud Quotas for {i.get('quotaId')} ({dims}) = {i['quotaConfig']['preferredValue']} "
@@ -71,7 +102,8 @@ def _props(r: preview.Declared) -> list[str]:
         meta = dict(i.get("metadata", {}))
         return [
             f"name {i.get('name')}, {i.get('machineType')} in {i.get('zone')}",
-            "GPUs: " + (", ".join(f"{int(g['count'])} x {g['type']} attached" for g in gpus) or "built into the machine type"),
+            "GPUs: " + (", ".join(f"{int(g['count'])} x {g['type']} attached" for g in gpus)
+                        or ("built into the machine type" if _carries_gpus(i.get("machineType", "")) else "none (CPU only)")),
             f"network: {i['networkInterfaces'][0].get('nicType') or 'default NIC'}"
             + (f", placement {i['resourcePolicies'].rsplit('/', 1)[-1]}" if i.get("resourcePolicies") else ""),
             f"boot disk: {int(init['size'])} GB {init['type']}, image {init['image'].rsplit('/', 1)[-1]} "
@@ -98,8 +130,11 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
     lines += [describe_shape(shape, cfg, catalog), ""]
     lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), ""]
+    if cfg.pools:
+        lines += [*describe_pools(cfg, catalog), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
-    order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "SQuotaPreference", "Instance"]
+    order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "gcp", "Service", "SQuotaPreference",
+             "Instance"]
 
     def rank(kind: str) -> int:
         return order.index(kind) if kind in order else len(order)

@@ -50,9 +50,11 @@ def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[s
 def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str]) -> tuple[str, int]:
     catalog = load_catalog()
     shape = validate.shape_of(cfg, catalog)
-    rows = quota.evaluate(quota.needs(cfg, shape, set(region_q), catalog), region_q, global_q)
-    lines = [f"Preflight of stack {cfg.stack}: project {cfg.project}, {cfg.zone}, "
-             f"{cfg.nodes} x {shape.machine_type} ({shape.gpu_count} x {shape.gpu_type}{', spot' if cfg.spot else ''})", "",
+    nodes = validate.node_shapes(cfg, catalog)
+    rows = quota.evaluate(quota.needs(cfg, shape, region_q, catalog, nodes), region_q, global_q)
+    what = ", ".join(f"{p.count} x {p.role} {p.machine_type}" for p in cfg.pools) if cfg.pools else \
+        f"{cfg.nodes} x {shape.machine_type} ({shape.gpu_count} x {shape.gpu_type}{', spot' if cfg.spot else ''})"
+    lines = [f"Preflight of stack {cfg.stack}: project {cfg.project}, {cfg.zone}, {what}", "",
              f"  {'quota':<32}{'scope':<14}{'limit':>8}{'usage':>8}{'need':>8}  status"]
     short = []
     for row in rows:
@@ -61,13 +63,18 @@ def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set
         fmt = (lambda v: "-" if v is None else f"{v:g}")  # noqa: E731
         lines.append(f"  {n.metric or '(per-family quota)':<32}{n.scope:<14}{fmt(row.limit):>8}{fmt(row.usage):>8}"
                      f"{n.amount:>8}  {status}")
+        if n.note:
+            lines.append(f"      {n.note}")
         if row.ok is False:
             short.append(quota.advice(row, cfg.project or ""))
         elif row.ok is None and n.scope != "global":
-            lines.append(f"      {n.what}: this project lists no {n.metric or 'per-model'} quota in {n.scope}; it may use"
-                         " a per-family GPU quota: check the Quotas page")
-    acc = catalog.accelerator(shape.gpu_type)
-    if acc.name not in offered:
+            maybe = "; it may use a per-family GPU quota" if n is rows[0].need else ""
+            lines.append(f"      {n.what}: this project lists no {n.metric or 'per-model'} quota in {n.scope}{maybe}:"
+                         " check the Quotas page")
+    for gpu_type in sorted({n.gpu_type for n in nodes if n.gpu_count}):
+        acc = catalog.accelerator(gpu_type)
+        if acc.name in offered:
+            continue
         short.append(f"{acc.name} is not offered in {cfg.zone} for this project "
                      f"(offered there: {', '.join(sorted(offered)) or 'no GPUs'}); pick another zone (scripts/plan suggests some)")
     lines.append("")

@@ -17,6 +17,8 @@ from typing import Any
 import pulumi
 from pulumi.runtime.settings import get_root_resource
 
+from gpu_train.catalog import load_catalog
+
 MOCK_EXTERNAL_IP = "203.0.113.10"  # documentation range (RFC 5737)
 MOCK_INTERNAL_IP = "10.128.0.2"
 MOCK_IMAGE_DISK_GB = 50
@@ -27,6 +29,7 @@ class Declared:
     typ: str
     name: str
     inputs: dict[str, Any]
+    provider: str = ""  # the provider reference (URN::id) a resource was declared with, "" for the default
 
 
 @dataclass
@@ -34,8 +37,11 @@ class Recorder(pulumi.runtime.Mocks):
     """Records resources and answers invokes the way Google Cloud would."""
 
     image_disk_gb: int = MOCK_IMAGE_DISK_GB
-    quota_values: dict[str, int] = field(default_factory=dict)  # current limits, by Cloud Quotas id
+    # Current limits by Cloud Quotas id: a number (the default entry, for every region) or the
+    # dimensionsInfos as the API lists them ({dimensions, applicableLocations, value} each).
+    quota_values: dict[str, int | list[dict]] = field(default_factory=dict)
     resources: list[Declared] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (invoke token, provider reference)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
@@ -52,10 +58,11 @@ class Recorder(pulumi.runtime.Mocks):
                 nic["networkIp"] = MOCK_INTERNAL_IP
                 nic["accessConfigs"] = [{**ac, "natIp": MOCK_EXTERNAL_IP} for ac in nic.get("accessConfigs", [])]
             outputs["networkInterfaces"] = nics
-        self.resources.append(Declared(args.typ, args.name, dict(args.inputs)))
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or ""))
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        self.calls.append((args.token, args.provider or ""))
         if args.token == "gcp:compute/getImage:getImage":
             family, project = args.args.get("family"), args.args.get("project")
             name = f"{family}-v20260416"
@@ -66,10 +73,21 @@ class Recorder(pulumi.runtime.Mocks):
                 "diskSizeGb": self.image_disk_gb,
             }
         if args.token == "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo":
-            value = self.quota_values.get(args.args.get("quotaId"), 0)
-            return {"dimensionsInfos": [{"dimensions": {}, "applicableLocations": ["global"],
-                                         "details": [{"value": str(value)}]}]}
+            return {"dimensionsInfos": quota_infos(args.args.get("quotaId", ""), self.quota_values)}
         return {}
+
+
+def quota_infos(quota_id: str, values: dict[str, int | list[dict]]) -> list[dict]:
+    """A QuotaInfo's dimensionsInfos as Cloud Quotas lists them: a default entry with no dimensions
+    whose applicableLocations name every region it covers (["global"] for project-wide quotas),
+    and, where given, entries for specific dimensions (listed first, as the API may)."""
+    given = values.get(quota_id, 0)
+    if isinstance(given, list):
+        return [{"dimensions": e.get("dimensions") or {}, "applicableLocations": e["applicableLocations"],
+                 "details": [{"value": str(e["value"])}]} for e in given]
+    regions = sorted({z.rsplit("-", 1)[0] for zs in load_catalog().zones.values() for z in zs})
+    places = ["global"] if quota_id.endswith("-per-project") else regions
+    return [{"dimensions": {}, "applicableLocations": places, "details": [{"value": str(given)}]}]
 
 
 @dataclass
@@ -77,6 +95,7 @@ class Preview:
     resources: list[Declared]
     outputs: dict[str, Any]
     error: BaseException | None = None
+    calls: list[tuple[str, str]] = field(default_factory=list)
 
     def of_type(self, suffix: str) -> list[Declared]:
         return [r for r in self.resources if r.typ.endswith(suffix)]
@@ -88,7 +107,7 @@ def run(
     stack: str,
     config: dict[str, Any] | None = None,
     image_disk_gb: int = MOCK_IMAGE_DISK_GB,
-    quota_values: dict[str, int] | None = None,
+    quota_values: dict[str, int | list[dict]] | None = None,
 ) -> Preview:
     """Run ``program`` as ``pulumi up`` would, under mocks; collect its resources and stack outputs.
 
@@ -114,7 +133,7 @@ def run(
     except Exception as e:
         error = e
         _forget_failed_tasks()
-    return Preview(recorder.resources, outputs, error)
+    return Preview(recorder.resources, outputs, error, recorder.calls)
 
 
 def _forget_failed_tasks() -> None:

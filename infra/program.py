@@ -14,6 +14,7 @@ from gpu_train.catalog import load_catalog
 from gpu_train.pricing import hourly_cost
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
+from remote.agent import bundle
 
 
 def stack_settings() -> dict[str, object]:
@@ -24,10 +25,12 @@ def stack_settings() -> dict[str, object]:
 def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
     """Declare the VM of a validated GCP stack and export what the fab tasks read."""
     catalog = load_catalog()
-    shape = validate.shape_of(cfg, catalog)
-    per_vm = hourly_cost(shape, catalog).hourly(cfg.spot)
-    cost = None if per_vm is None else round(per_vm * cfg.nodes, 5)
-    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shape, public_key, pulumi.get_project(), cost))
+    shapes = validate.node_shapes(cfg, catalog)
+    per_node = [hourly_cost(s, catalog).hourly(cfg.spot) for s in shapes]
+    cost = None if None in per_node else round(sum(per_node), 5)
+    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shapes[0], public_key, pulumi.get_project(), cost, bundle.payload(),
+                                    tuple(shapes) if cfg.pools else ()))
+    shape = shapes[0]
     quota_request.declare(cfg, shape, gpu_vm)
     for key, value in gpu_vm.outputs.items():
         pulumi.export(key, value)

@@ -2,6 +2,12 @@
 
 Each preference asks for the larger of what the stack requests and what the project already has
 (read with getSQuotaInfo at `up` time), so declaring one can never lower a quota.
+
+Under a user's Application Default Credentials (`gcloud auth application-default login`, what the
+README prescribes) Cloud Quotas refuses calls that carry no quota project. So the invoke and the
+preferences go through their own provider with `userProjectOverride` and `billingProject` set to
+the stack's project, and the stack enables `cloudquotas.googleapis.com` first (left enabled on
+destroy: other tools of the project may use it). Without this `pulumi up` fails as a whole.
 """
 
 from __future__ import annotations
@@ -16,15 +22,13 @@ from gpu_train.validate import GpuShape
 
 
 def current_value(info, dimensions: dict[str, str]) -> int:
-    """The limit in force for these dimensions (the most specific entry that matches), 0 if none."""
-    for entry in info.dimensions_infos or []:
-        if all(entry.dimensions.get(k) == v for k, v in entry.dimensions.items()) and all(
-            entry.dimensions.get(k, v) == v for k, v in dimensions.items()
-        ):
-            values = [int(d.value) for d in entry.details or [] if str(d.value).lstrip("-").isdigit()]
-            if values:
-                return max(values)
-    return 0
+    """The limit in force for these dimensions (see quota.current_limit), 0 if none."""
+    entries = [{"dimensions": dict(e.dimensions or {}), "applicableLocations": list(e.applicable_locations or []),
+                "values": [d.value for d in e.details or []]} for e in info.dimensions_infos or []]
+    return quota.current_limit(entries, dimensions)
+
+
+CLOUD_QUOTAS_API = "cloudquotas.googleapis.com"
 
 
 def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[gcp.cloudquota.SQuotaPreference]:
@@ -33,11 +37,17 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[
         return []
     gpus = int(request["gpus"])
     parent_path = f"projects/{cfg.project}"
+    provider = gcp.Provider("quotas", project=cfg.project, user_project_override=True, billing_project=cfg.project,
+                            opts=pulumi.ResourceOptions(parent=parent))
+    api = gcp.projects.Service("cloudquotas-api", project=cfg.project, service=CLOUD_QUOTAS_API, disable_on_destroy=False,
+                               opts=pulumi.ResourceOptions(parent=parent, provider=provider))
     declared = []
     for pref in quota.preferences(cfg, shape, gpus, load_catalog()):
         dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
         info = gcp.cloudquota.get_s_quota_info_output(parent=parent_path, service=quota.SERVICE,
-                                                      quota_id=pref["quota_id"], opts=pulumi.InvokeOptions(parent=parent))
+                                                      quota_id=pref["quota_id"],
+                                                      opts=pulumi.InvokeOutputOptions(parent=parent, provider=provider,
+                                                                                      depends_on=[api]))
         preferred = info.apply(lambda i, d=dims, want=pref["preferred"]: str(max(int(want), current_value(i, d))))
         suffix = "-".join([str(pref["quota_id"]).lower(), *dims.values()])
         declared.append(gcp.cloudquota.SQuotaPreference(
@@ -49,6 +59,6 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[
             quota_config={"preferred_value": preferred},
             justification=request["justification"],
             contact_email=request["contactEmail"],
-            opts=pulumi.ResourceOptions(parent=parent),
+            opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api]),
         ))
     return declared

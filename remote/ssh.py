@@ -27,12 +27,13 @@ import paramiko
 from fabric import Config, Connection
 
 from gpu_train.config import SshHost, split_host
-from gpu_train.jobs import agent_command
+from remote.agent.bundle import agent_command
+from remote.agent.protocol import LOG_END, LOG_START
 from remote.target import Target
 
 Say = Callable[[str], None]
-START_MARK = "GPU-TRAIN-START "
-END_MARK = "GPU-TRAIN-END "
+START_MARK = LOG_START
+END_MARK = LOG_END
 
 
 class RemoteError(Exception):

@@ -157,8 +157,8 @@ class ComputeApi(BaseHTTPRequestHandler):
                                                       for m, (lim, use) in s["region"].items()]}
         elif path == "/compute/v1/projects/p":
             body = {"name": "p", "quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": s["global"][0], "usage": s["global"][1]}]}
-        elif path == "/compute/v1/projects/p/zones/us-central1-a/acceleratorTypes":
-            body = {"items": [{"name": n, "zone": "us-central1-a"} for n in s["offered"]]}
+        elif path.startswith("/compute/v1/projects/p/zones/us-central1-") and path.endswith("/acceleratorTypes"):
+            body = {"items": [{"name": n, "zone": path.split("/")[-2]} for n in s["offered"]]}
         else:
             self.send_error(404)
             return
@@ -220,6 +220,40 @@ def test_preflight_shortfalls(compute_api: dict, capsys: pytest.CaptureFixture, 
     assert ("iam-admin/quotas?project=p" in out) == ("->" in words)  # each short quota says where to raise it
 
 
+@pytest.mark.parametrize(
+    ("region", "metric", "status", "note"),
+    [
+        # A preemptible grant above 0: spot is judged against it.
+        ({"PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0), "NVIDIA_T4_GPUS": (0, 0)}, "PREEMPTIBLE_NVIDIA_T4_GPUS", "ok",
+         "judged against PREEMPTIBLE_NVIDIA_T4_GPUS (this project has 4 of it)"),
+        # Preemptible listed at 0 (a project never granted any): the VM uses the standard quota, which fits.
+        ({"PREEMPTIBLE_NVIDIA_T4_GPUS": (0, 0), "NVIDIA_T4_GPUS": (2, 0)}, "NVIDIA_T4_GPUS", "ok",
+         "judged against NVIDIA_T4_GPUS, since PREEMPTIBLE_NVIDIA_T4_GPUS is 0 here"),
+        ({"NVIDIA_T4_GPUS": (1, 0)}, "NVIDIA_T4_GPUS", "SHORT", "since PREEMPTIBLE_NVIDIA_T4_GPUS is none here"),
+    ],
+)
+def test_preflight_judges_spot_by_the_quota_it_will_use(compute_api: dict, capsys: pytest.CaptureFixture, region: dict,
+                                                          metric: str, status: str, note: str) -> None:
+    compute_api["region"] = {**region, "CPUS": (24, 0), "SSD_TOTAL_GB": (500, 0)}
+    assert preflight.main(["--stack", "pf"]) == (0 if status == "ok" else 1)
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith(("NVIDIA_T4", "PREEMPTIBLE_NVIDIA_T4")))
+    assert lines[at].split()[0] == metric and lines[at].split()[-1] == status
+    assert note in lines[at + 1]
+
+
+def test_preflight_counts_hyperdisk_against_its_own_quota(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
+    (Path(os.environ["GPU_TRAIN_STACKS_DIR"]) / "Pulumi.a4.yaml").write_text(
+        "config:\n  gcp:project: p\n  gpu-train:zone: us-central1-b\n  gpu-train:machineType: a4-highgpu-8g\n"
+        "  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n  gpu-train:bootDiskSizeGb: 400\n")
+    compute_api.update(region={"CPUS": (300, 0), "SSD_TOTAL_GB": (10000, 0), "HYPERDISK_BALANCED_TOTAL_GB": (300, 0)},
+                       offered=["nvidia-b200"])
+    assert preflight.main(["--stack", "a4"]) == 1
+    out = capsys.readouterr().out
+    assert "HYPERDISK_BALANCED_TOTAL_GB in us-central1: limit 300, in use 0, needs 400" in out
+    assert not any(line.strip().startswith("SSD_TOTAL_GB") for line in out.splitlines())
+
+
 def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api: dict, capsys) -> None:
     monkeypatch.setenv(preflight.ENDPOINT_ENV, "http://127.0.0.1:9")  # nothing listens there
     assert preflight.main(["--stack", "pf"]) == 2
@@ -230,15 +264,16 @@ def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api:
     ("settings", "metrics", "expected"),
     [
         ({}, set(), ["NVIDIA_T4_GPUS", "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
-        ({"spot": True, "bootDiskType": "pd-standard"}, set(), ["PREEMPTIBLE_NVIDIA_T4_GPUS", "CPUS", "DISKS_TOTAL_GB",
-                                                                 "GPUS_ALL_REGIONS"]),
+        ({"spot": True, "bootDiskType": "pd-standard"}, {"PREEMPTIBLE_NVIDIA_T4_GPUS", "PREEMPTIBLE_CPUS"},
+         ["PREEMPTIBLE_NVIDIA_T4_GPUS", "PREEMPTIBLE_CPUS", "DISKS_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+        ({"spot": True}, set(), ["NVIDIA_T4_GPUS", "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),  # none granted
         ({"machineType": "a2-highgpu-1g", "gpuType": None, "gpuCount": None}, {"A2_CPUS"},
          ["NVIDIA_A100_GPUS", "A2_CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
         ({"machineType": "a3-ultragpu-8g", "gpuType": None, "gpuCount": None, "spot": True, "zone": "us-central1-b"},
-         set(), [None, "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+         set(), [None, "CPUS", "HYPERDISK_BALANCED_TOTAL_GB", "GPUS_ALL_REGIONS"]),  # Hyperdisk: its own quota
     ],
 )
 def test_quota_needs(settings: dict, metrics: set, expected: list) -> None:
     cfg = config.parse(gcp_raw(**settings), "s")
     shape = validate.shape_of(cfg, CATALOG)
-    assert [n.metric for n in quota.needs(cfg, shape, metrics, CATALOG)] == expected
+    assert [n.metric for n in quota.needs(cfg, shape, dict.fromkeys(metrics, (1.0, 0.0)), CATALOG)] == expected

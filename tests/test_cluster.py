@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpu_train import jobs
-from remote import agent
+from remote.agent import wrap
 from remote.loopback import Sshd, free_port
 from tests.conftest import ROOT
 from tests.test_remote import EXAMPLE, FAB
@@ -144,7 +144,7 @@ NODE = {"rank": 1, "nnodes": 3, "masterAddr": "10.0.0.2", "masterPort": 29500,
     ],
 )
 def test_job_argv(spec: dict, argv: list[str]) -> None:
-    assert agent.job_argv(spec, "py", "/j", 4) == argv
+    assert wrap.job_argv(spec, "py", "/j", 4) == argv
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ def test_job_argv(spec: dict, argv: list[str]) -> None:
     ],
 )
 def test_cluster_env(rank: int, ps: int, task: dict, cluster: dict) -> None:
-    env = agent.cluster_env({**NODE, "rank": rank, "ps": ps}, 2)
+    env = wrap.cluster_env({**NODE, "rank": rank, "ps": ps}, 2)
     assert json.loads(env["TF_CONFIG"]) == {"cluster": cluster, "task": task}
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["NODE_RANK"], env["NNODES"]) == ("10.0.0.2", "29500", str(rank), "3")
     assert (env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("2", "6")

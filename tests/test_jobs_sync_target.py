@@ -11,7 +11,8 @@ import pytest
 from gpu_train import jobs
 from gpu_train.config import SshHost, parse
 from remote import sync, target
-from remote.tasks import render_status
+from remote.agent import bundle
+from remote.tasks.render import render_status
 from tests.conftest import gcp_raw
 
 
@@ -68,7 +69,7 @@ def test_job_spec(tmp_path: Path) -> None:
 
 
 def test_agent_command_carries_the_agent_inline() -> None:
-    cmd = jobs.agent_command("~/gpu-train", "status")
+    cmd = bundle.agent_command("~/gpu-train", "status")
     assert cmd.startswith("p=/usr/bin/python3; ") and ' -S -c ' in cmd and cmd.endswith("--root '~/gpu-train' status")
     assert len(cmd) < 64 * 1024  # well inside any exec request limit
 

@@ -84,7 +84,8 @@ def test_plan_of_a_cluster_with_a_quota_request(tmp_path: Path, home_with_key: P
     result = plan("--file", str(f), home=home_with_key)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for words in ["would create 12 resources", "name gpu-train-duo-0", "name gpu-train-duo-1",
+    for words in ["would create 14 resources", "enable cloudquotas.googleapis.com",
+                  "for Cloud Quotas: userProjectOverride, billingProject p", "name gpu-train-duo-0", "name gpu-train-duo-1",
                   "compact placement (collocation=COLLOCATED, vmCount=2)", "network: GVNIC, placement",
                   "GPUS-PER-GPU-FAMILY-per-project-region (gpu_family=NVIDIA_H100, region=us-central1) = 16",
                   "GPUS-ALL-REGIONS-per-project (project-wide) = 16", "name gpu-train-duo-internal"]:

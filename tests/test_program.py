@@ -85,7 +85,8 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert out["gpuCount"] >= 1 and out["gpuType"].startswith("nvidia-")
     assert out["image"] == init["image"]
     assert set(out) == {"instanceName", "zone", "externalIp", "internalIp", "sshUser", "machineType", "gpuType",
-                        "gpuCount", "spot", "image", "hourlyCostUsd", "nodes", "instanceNames", "externalIps", "internalIps"}
+                        "gpuCount", "spot", "image", "hourlyCostUsd", "nodes", "instanceNames", "externalIps", "internalIps",
+                        "nodeGpuCounts", "nodeRoles"}
     assert out["nodes"] == 1 and out["instanceNames"] == [out["instanceName"]] and out["externalIps"] == [out["externalIp"]]
     # every child is parented to the component
     assert result.resources[0].typ == "gpu-train:index:GpuVm"
@@ -148,14 +149,14 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     import re
     import subprocess
 
-    from gpu_train.jobs import AGENT_PATH
+    from remote.agent import bundle
 
     (inst,) = run_stack(gcp_raw(idleStopMinutes=45, maxResumes=3, sshUser="alice")).of_type("compute/instance:Instance")
     script = inst.inputs["metadata"]["startup-script"]
     (tmp_path / "s.sh").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "s.sh")]).returncode == 0  # valid bash
     packed = re.search(r"echo '([A-Za-z0-9+/=]+)' \| base64 -d \| gunzip", script).group(1)
-    assert gzip.decompress(base64.b64decode(packed)).decode() == AGENT_PATH.read_text()
+    assert gzip.decompress(base64.b64decode(packed)) == bundle.payload()
     settings = json.loads(re.search(r"echo '(\{.*\})' > ", script).group(1))
     assert settings["idleStopMinutes"] == 45 and settings["maxResumes"] == 3 and settings["gcp"] is True
     assert 'ROOT="$HOME_DIR/gpu-train"' in script and "User=alice" in script and "id alice" in script

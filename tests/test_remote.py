@@ -332,7 +332,7 @@ def test_gpus_without_nvidia_smi(lab: Lab) -> None:
 
 def test_ssh_config_entry_and_plain_ssh(lab: Lab) -> None:
     from remote import target
-    from remote.tasks import write_ssh_config
+    from remote.tasks.localstate import write_ssh_config
 
     os.environ.update({k: v for k, v in lab.env.items() if k.startswith("GPU_TRAIN")})
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from remote import agent
+from remote.agent import lifecycle
 from remote.loopback import descendants
 from tests.test_remote import EXAMPLE, Lab
 
@@ -97,7 +97,7 @@ T0 = 1_000_000.0
     ],
 )
 def test_idle_decision(now, since, minutes, jobs, sessions, util, expected_since, stop, why) -> None:
-    got_since, got_stop, got_why = agent.idle_decision(now, since, minutes, jobs, sessions, util)
+    got_since, got_stop, got_why = lifecycle.idle_decision(now, since, minutes, jobs, sessions, util)
     assert (got_since, got_stop) == (expected_since, stop)
     assert why in got_why
 

@@ -47,7 +47,7 @@ def test_scheduling(spot: bool, expected: dict) -> None:
 
 def test_metadata_locks_ssh_to_our_key() -> None:
     cfg = parse(gcp_raw(sshUser="alice"), "s")
-    meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop", "print('agent')\n")
+    meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop", b"PK agent")
     assert meta.pop("startup-script").startswith("#!/bin/bash")
     assert meta == {"install-nvidia-driver": "True", "ssh-keys": "alice:ssh-ed25519 AAAAkey alice",
                     "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}

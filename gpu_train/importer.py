@@ -1,0 +1,395 @@
+"""Bring an AI Platform Training or Vertex AI custom job: read its description into one neutral form.
+
+Three inputs say the same thing in different words: an AI Platform ``config.yaml`` (``trainingInput``),
+``gcloud ai-platform jobs submit training`` flags, and a Vertex AI ``CustomJob``/``CustomJobSpec``
+(``workerPoolSpecs``). Each reader turns its input into a :class:`JobDescription` and notes every field
+it met: mapped exactly, mapped with a change (and why), or not mapped (and what to do). Nothing here
+touches the disk or the network; ``gpu_train.translate`` turns the description into a stack.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DATA_PATH = Path(__file__).parent / "data" / "ai-platform.yaml"
+
+EXACT, CHANGED, NOT_MAPPED = "exact", "changed", "not mapped"
+
+
+class JobImportError(ValueError):
+    """The input is not a job description this import can read; the message says what it expected."""
+
+
+@dataclass(frozen=True)
+class Note:
+    """One line of the import report: which field, how it was mapped, and why or what to do."""
+
+    field: str
+    status: str  # EXACT | CHANGED | NOT_MAPPED
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.status:<10}  {self.field}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica pool as the job declared it (names not yet resolved)."""
+
+    role: str  # chief | worker | ps
+    count: int
+    machine_type: str
+    accelerator: str | None = None  # an enum name (NVIDIA_TESLA_T4) or an API name (nvidia-tesla-t4)
+    accelerator_count: int | None = None
+    source: str = ""  # the field it came from, for the report
+
+
+@dataclass
+class JobDescription:
+    """What a job asks for, whatever form it came in."""
+
+    replicas: list[Replica] = field(default_factory=list)
+    region: str | None = None
+    project: str | None = None
+    python_module: str | None = None
+    package_dir: str | None = None  # the local folder holding the package (gcloud --package-path)
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    job_dir: str | None = None
+    max_running_s: int | None = None
+    use_chief_in_tf_config: bool | None = None
+    container: str | None = None
+    boot_disk_gb: int | None = None
+    spot: bool = False  # Vertex scheduling.strategy SPOT
+    notes: list[Note] = field(default_factory=list)
+
+    def note(self, name: str, status: str, detail: str) -> None:
+        self.notes.append(Note(name, status, detail))
+
+
+@cache
+def tables(path: Path = DATA_PATH) -> dict[str, Any]:
+    """The AI Platform / Vertex facts (data/ai-platform.yaml)."""
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+# -- small readers -----------------------------------------------------------------------------
+def _seconds(text: Any, name: str) -> int:
+    """'7200s', '2h', '90m' or a number of seconds (AI Platform and Vertex write durations as '7200s')."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
+    if not m:
+        raise JobImportError(f"{name} = {text!r}: expected a duration such as '7200s'")
+    return int(float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)])
+
+
+def _count(value: Any, name: str) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise JobImportError(f"{name} = {value!r}: expected a whole number") from None
+    if number < 0:
+        raise JobImportError(f"{name} = {value!r}: must not be negative")
+    return number
+
+
+def _accelerator_config(conf: Any, name: str) -> tuple[str | None, int | None]:
+    """AI Platform's ``acceleratorConfig: {count, type}``; (None, None) when absent."""
+    if not conf:
+        return None, None
+    if not isinstance(conf, dict):
+        raise JobImportError(f"{name} must be a mapping with count and type")
+    kind = conf.get("type")
+    return (str(kind) if kind else None), (_count(conf.get("count", 1), f"{name}.count") if kind else None)
+
+
+def _flag_accelerator(text: str, name: str) -> tuple[str, int]:
+    """gcloud's ``count=4,type=nvidia-tesla-t4``."""
+    parts = dict(p.split("=", 1) for p in text.split(",") if "=" in p)
+    if "type" not in parts:
+        raise JobImportError(f"{name} {text!r}: expected count=N,type=TYPE")
+    return parts["type"], _count(parts.get("count", "1"), f"{name} count")
+
+
+# -- AI Platform config.yaml -------------------------------------------------------------------
+_TI_HANDLED = {
+    "scaleTier", "masterType", "masterConfig", "workerCount", "workerType", "workerConfig",
+    "parameterServerCount", "parameterServerType", "parameterServerConfig", "region", "pythonModule",
+    "packageUris", "args", "jobDir", "scheduling", "useChiefInTfConfig", "runtimeVersion", "pythonVersion",
+}  # fmt: skip
+
+
+def _scale_tier(job: JobDescription, ti: dict) -> dict:
+    """Expand a preset scale tier into masterType/workerCount/...; CUSTOM leaves ``ti`` as it is."""
+    tier = str(ti.get("scaleTier", "CUSTOM" if ti.get("masterType") else "BASIC")).upper()
+    known = tables()["scaleTiers"]
+    if tier in known["notTranslated"]:
+        raise JobImportError(f"trainingInput.scaleTier = {tier}: {known['notTranslated'][tier]}")
+    if tier == "CUSTOM":
+        if not ti.get("masterType"):
+            raise JobImportError("trainingInput.scaleTier = CUSTOM needs masterType (AI Platform requires it too)")
+        if "scaleTier" in ti:
+            job.note("scaleTier", EXACT, "CUSTOM: the machines come from masterType, workerType, parameterServerType")
+        return ti
+    preset = known["tiers"].get(tier)
+    if preset is None:
+        raise JobImportError(f"trainingInput.scaleTier = {tier!r}: expected one of {', '.join([*known['tiers'], 'CUSTOM'])}")
+    expanded = {**ti, "masterType": preset["master"]}
+    if preset.get("workers"):
+        expanded.update(workerCount=preset["workers"], workerType=preset["workerType"])
+    if preset.get("parameterServers"):
+        expanded.update(parameterServerCount=preset["parameterServers"], parameterServerType=preset["parameterServerType"])
+    unverified = "" if preset.get("verified", True) else " (the tier's machine types were never published; "
+    unverified += "each replica gets the legacy 'standard' type: choose your own shapes in the stack)" if unverified else ""
+    job.note("scaleTier", CHANGED if unverified else EXACT,
+             f"{tier} = master {preset['master']}" + (f", {preset['workers']} workers" if preset.get("workers") else "")
+             + (f", {preset['parameterServers']} parameter servers" if preset.get("parameterServers") else "") + unverified)
+    return expanded
+
+
+def read_training_input(doc: Any) -> JobDescription:
+    """An AI Platform job: a ``config.yaml`` (``trainingInput: ...``) or the trainingInput itself."""
+    if not isinstance(doc, dict):
+        raise JobImportError("expected a YAML mapping with trainingInput (AI Platform) or workerPoolSpecs (Vertex AI)")
+    ti = doc.get("trainingInput", doc)
+    if not isinstance(ti, dict):
+        raise JobImportError("trainingInput must be a mapping")
+    job = JobDescription()
+    ti = _scale_tier(job, ti)
+    roles = (("chief", "master", 1), ("worker", "worker", None), ("ps", "parameterServer", None))
+    for role, prefix, fixed in roles:
+        machine = ti.get(f"{prefix}Type")
+        count = fixed if fixed is not None else _count(ti.get(f"{prefix}Count", 0), f"{prefix}Count")
+        if not count:
+            continue
+        if not machine:
+            raise JobImportError(f"trainingInput.{prefix}Count = {count} needs {prefix}Type")
+        conf = ti.get(f"{prefix}Config") or {}
+        accel, accel_count = _accelerator_config(conf.get("acceleratorConfig"), f"{prefix}Config.acceleratorConfig")
+        job.replicas.append(Replica(role, count, str(machine), accel, accel_count, f"{prefix}Type"))
+        if conf.get("imageUri"):
+            job.container = str(conf["imageUri"])
+        for extra in sorted(set(conf) - {"acceleratorConfig", "imageUri"}):
+            job.note(f"{prefix}Config.{extra}", NOT_MAPPED, "gpu-train has no such setting; it is left out")
+    _common_fields(job, ti)
+    for extra in sorted(set(ti) - _TI_HANDLED):
+        job.note(extra, NOT_MAPPED, "gpu-train has no such setting; it is left out")
+    return job
+
+
+def _common_fields(job: JobDescription, ti: dict) -> None:
+    """The fields AI Platform's config and gcloud's flags share (flags are read into this shape)."""
+    if ti.get("region"):
+        job.region = str(ti["region"])
+    if ti.get("pythonModule"):
+        job.python_module = str(ti["pythonModule"])
+    if ti.get("packageUris"):
+        job.note("packageUris", CHANGED, "packages are not downloaded: run the import's train command from the "
+                 "folder that holds the package's source (it is synced as code)")
+    if ti.get("args") is not None:
+        if not isinstance(ti["args"], list):
+            raise JobImportError("trainingInput.args must be a list of strings")
+        job.args += [str(a) for a in ti["args"]]
+    if ti.get("jobDir"):
+        job.job_dir = str(ti["jobDir"])
+    scheduling = ti.get("scheduling") or {}
+    if isinstance(scheduling, dict) and scheduling.get("maxRunningTime"):
+        job.max_running_s = _seconds(scheduling["maxRunningTime"], "scheduling.maxRunningTime")
+    if "useChiefInTfConfig" in ti:
+        job.use_chief_in_tf_config = str(ti["useChiefInTfConfig"]).lower() == "true"
+    for name in ("runtimeVersion", "pythonVersion"):
+        if ti.get(name):
+            job.note(name, CHANGED, f"{ti[name]}: the VM runs a Deep Learning VM image with its own framework and "
+                     "Python (gpu-train:imageFamily); pin versions in requirements.txt")
+
+
+# -- gcloud ai-platform jobs submit training ---------------------------------------------------
+_FLAG_FIELDS = {
+    "--scale-tier": "scaleTier", "--master-machine-type": "masterType", "--worker-machine-type": "workerType",
+    "--worker-count": "workerCount", "--parameter-server-machine-type": "parameterServerType",
+    "--parameter-server-count": "parameterServerCount", "--region": "region", "--module-name": "pythonModule",
+    "--job-dir": "jobDir", "--runtime-version": "runtimeVersion", "--python-version": "pythonVersion",
+}  # fmt: skip
+_FLAG_ACCEL = {"--master-accelerator": "masterConfig", "--worker-accelerator": "workerConfig",
+               "--parameter-server-accelerator": "parameterServerConfig"}
+_FLAG_IMAGES = ("--master-image-uri", "--worker-image-uri", "--parameter-server-image-uri")
+_FLAG_IGNORED = {
+    "--staging-bucket": "the code is synced over SSH, no bucket is needed",
+    "--stream-logs": "use `gpu-train train --follow` or `gpu-train logs --follow`",
+    "--async": "gpu-train train returns once the job started",
+    "--labels": "put VM labels in gpu-train:labels if you want them",
+    "--packages": "packages are not downloaded: run the train command from the package's source folder",
+    "--kms-key": "not supported", "--kms-keyring": "not supported", "--kms-location": "not supported",
+    "--kms-project": "not supported", "--service-account": "the VM gets its own minimal service account",
+    "--network": "the VM uses the project's network (gpu-train:network)",
+    "--enable-web-access": "use `gpu-train tunnel` / `gpu-train tensorboard`",
+}  # fmt: skip
+_FLAG_SWITCHES = {"--use-chief-in-tf-config", "--async", "--stream-logs", "--enable-web-access"}
+
+
+def _strip_gcloud_prefix(argv: list[str]) -> list[str]:
+    """Drop ``gcloud ai-platform jobs submit training JOB_NAME`` (or part of it) from the front."""
+    words = ["gcloud", "beta", "ai-platform", "jobs", "submit", "training"]
+    rest = list(argv)
+    while rest and rest[0] in words:
+        rest.pop(0)
+    if rest and not rest[0].startswith("-"):  # the job's name
+        rest.pop(0)
+    return rest
+
+
+def read_gcloud_args(argv: list[str], load_config: Callable[[str], Any] | None = None) -> JobDescription:
+    """``gcloud ai-platform jobs submit training`` flags; ``--config FILE`` is read first, flags win.
+
+    ``load_config`` reads the YAML file named by --config (passed in, so this stays pure).
+    """
+    args = _strip_gcloud_prefix(argv)
+    user_args: list[str] = []
+    if "--" in args:
+        cut = args.index("--")
+        args, user_args = args[:cut], args[cut + 1 :]
+    ti: dict[str, Any] = {}
+    notes: list[Note] = []
+    package_dir = project = container = None
+    i = 0
+    while i < len(args):
+        word = args[i]
+        name, eq, inline = word.partition("=")
+        if not name.startswith("--"):
+            raise JobImportError(f"unexpected word {word!r}: user arguments go after `--`")
+        if name in _FLAG_SWITCHES:
+            if name == "--use-chief-in-tf-config":
+                ti["useChiefInTfConfig"] = inline.lower() != "false" if eq else True
+            else:
+                notes.append(Note(name, NOT_MAPPED, _FLAG_IGNORED[name]))
+            i += 1
+            continue
+        if eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        else:
+            raise JobImportError(f"{name} needs a value")
+        if name == "--config":
+            if load_config is None:
+                raise JobImportError("--config FILE: no file reader given")
+            loaded = load_config(value)
+            base = loaded.get("trainingInput", loaded) if isinstance(loaded, dict) else None
+            if not isinstance(base, dict):
+                raise JobImportError(f"--config {value}: expected trainingInput in the file")
+            ti = {**base, **ti}
+        elif name in _FLAG_FIELDS:
+            ti[_FLAG_FIELDS[name]] = value
+        elif name in _FLAG_ACCEL:
+            kind, count = _flag_accelerator(value, name)
+            ti.setdefault(_FLAG_ACCEL[name], {})["acceleratorConfig"] = {"type": kind, "count": count}
+        elif name in _FLAG_IMAGES:
+            container = value
+        elif name == "--package-path":
+            package_dir = value
+        elif name == "--project":
+            project = value
+        elif name in _FLAG_IGNORED:
+            notes.append(Note(name, NOT_MAPPED, _FLAG_IGNORED[name]))
+        else:
+            notes.append(Note(name, NOT_MAPPED, "not a setting gpu-train knows; it is left out"))
+    if "scaleTier" in ti:
+        ti["scaleTier"] = str(ti["scaleTier"]).upper().replace("-", "_")
+    job = read_training_input(ti)
+    job.notes = notes + job.notes
+    job.args += user_args
+    job.package_dir = package_dir
+    job.project = project
+    job.container = container or job.container
+    return job
+
+
+# -- Vertex AI CustomJob ------------------------------------------------------------------------
+_POOL_ROLES = ("chief", "worker", "ps")
+
+
+def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
+    """A Vertex AI ``CustomJob`` (``jobSpec.workerPoolSpecs``) or ``CustomJobSpec`` (``workerPoolSpecs``).
+
+    Pool 0 is the chief, pool 1 the workers, pool 2 parameter servers (or reduction servers), pool 3
+    evaluators (not translated).
+    """
+    spec = doc.get("jobSpec", doc) if isinstance(doc, dict) else None
+    pools = spec.get("workerPoolSpecs") if isinstance(spec, dict) else None
+    if not isinstance(pools, list) or not pools:
+        raise JobImportError("a Vertex AI job needs workerPoolSpecs (a list, pool 0 being the chief)")
+    job = JobDescription(region=region or (doc.get("region") if isinstance(doc, dict) else None))
+    for index, pool in enumerate(pools):
+        where = f"workerPoolSpecs[{index}]"
+        if not pool:  # an empty pool keeps its place (Vertex's way to skip the worker pool)
+            continue
+        if index > 2:
+            job.note(where, NOT_MAPPED, "evaluator pools are not run; evaluate from the chief or after training")
+            continue
+        machine = (pool.get("machineSpec") or {})
+        if not machine.get("machineType"):
+            raise JobImportError(f"{where}.machineSpec.machineType is required")
+        count = _count(pool.get("replicaCount", 1), f"{where}.replicaCount")
+        accel = machine.get("acceleratorType")
+        accel = None if accel in (None, "ACCELERATOR_TYPE_UNSPECIFIED") else accel
+        shape = (machine["machineType"], accel, machine.get("acceleratorCount"))
+        if index == 0:
+            job.replicas.append(Replica("chief", 1, *shape, source=where))
+            if count > 1:  # Vertex allows one chief replica only; more are workers of the same shape
+                job.note(f"{where}.replicaCount", CHANGED, f"{count}: one chief; the other {count - 1} become workers")
+                job.replicas.append(Replica("worker", count - 1, *shape, source=where))
+        elif count:
+            job.replicas.append(Replica(_POOL_ROLES[index], count, *shape, source=where))
+        disk = pool.get("diskSpec") or {}
+        if index == 0 and disk.get("bootDiskSizeGb"):
+            job.boot_disk_gb = _count(disk["bootDiskSizeGb"], f"{where}.diskSpec.bootDiskSizeGb")
+        if pool.get("pythonPackageSpec"):
+            py = pool["pythonPackageSpec"]
+            job.python_module = job.python_module or py.get("pythonModule")
+            if index == 0:
+                job.args += [str(a) for a in py.get("args") or []]
+                job.env.update({e["name"]: str(e.get("value", "")) for e in py.get("env") or [] if "name" in e})
+            if py.get("executorImageUri") and index == 0:
+                job.note(f"{where}.pythonPackageSpec.executorImageUri", CHANGED,
+                         f"{py['executorImageUri']}: the module runs in the VM's Deep Learning VM Python instead")
+        if pool.get("containerSpec"):
+            job.container = pool["containerSpec"].get("imageUri") or "a container"
+    output = (spec.get("baseOutputDirectory") or {}).get("outputUriPrefix")
+    if output:
+        job.job_dir = str(output)
+    scheduling = spec.get("scheduling") or {}
+    if scheduling.get("timeout"):
+        job.max_running_s = _seconds(scheduling["timeout"], "scheduling.timeout")
+    strategy = str(scheduling.get("strategy", "STANDARD")).upper()
+    if strategy == "SPOT":
+        job.spot = True
+        job.note("scheduling.strategy", EXACT, "SPOT -> gpu-train:spot true")
+    elif strategy not in ("STANDARD", "ON_DEMAND", "STRATEGY_UNSPECIFIED"):
+        job.note("scheduling.strategy", CHANGED, f"{strategy}: gpu-train creates the VM on demand (or spot: "
+                 "set gpu-train:spot); a queued start (FLEX_START) is not supported")
+    for extra in sorted(set(spec) - {"workerPoolSpecs", "baseOutputDirectory", "scheduling"}):
+        job.note(extra, NOT_MAPPED, "gpu-train has no such setting; it is left out")
+    return job
+
+
+def read_any(doc: Any, region: str | None = None) -> JobDescription:
+    """Whichever job a YAML/JSON document describes."""
+    spec = doc.get("jobSpec", doc) if isinstance(doc, dict) else None
+    if isinstance(spec, dict) and "workerPoolSpecs" in spec:
+        return read_vertex(doc, region)
+    job = read_training_input(doc)
+    job.region = region or job.region
+    return job
+
+
+def split_gcloud_command(text: str) -> list[str]:
+    """A pasted gcloud command line (with backslash line continuations) as words."""
+    return shlex.split(text.replace("\\\n", " "))

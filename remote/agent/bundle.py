@@ -1,0 +1,84 @@
+"""The agent as one file: a deterministic zipapp, and the bootstrap that ships and installs it.
+
+Laptop side only (not part of the zipapp). The zip has fixed timestamps and modes and sorted
+entries, so the same sources give the same bytes (and hash) on every laptop; a host keeps the copy
+it was last sent at REMOTE_ROOT/bin/gpu-train-agent and rewrites it only when the bytes differ.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import io
+import shlex
+import zipfile
+import zlib
+from pathlib import Path
+
+PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp
+HERE = Path(__file__).resolve().parent
+LAPTOP_ONLY = {"bundle.py"}
+MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+# Runs under `python3 -S -c BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...` (PACKED: ``pack``): keeps the zipapp at
+# ROOT/bin/gpu-train-agent (written atomically, only when it changed) and runs it in this process.
+BOOTSTRAP = f"""\
+import base64,os,sys,zlib
+z=zlib.decompress(base64.b64decode(sys.argv.pop(1)))
+p=os.path.join(os.path.abspath(os.path.expanduser(sys.argv[2])),'bin','gpu-train-agent')
+try:
+    f=open(p,'rb');o=f.read();f.close()
+except OSError:
+    o=b''
+if o!=z:
+    os.makedirs(os.path.dirname(p),exist_ok=True);t=p+'.tmp.%d'%os.getpid()
+    with open(t,'wb') as f:f.write(z)
+    os.chmod(t,0o755);os.replace(t,p)
+sys.argv[0]=p;sys.path.insert(0,p)
+from {PACKAGE}.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def build(sources: dict[str, bytes]) -> bytes:
+    """A zipapp of ``sources`` (name -> bytes) under PACKAGE, plus its __main__: same input, same bytes."""
+    files = {f"{PACKAGE}/{name}": data for name, data in sources.items()}
+    files["__main__.py"] = MAIN.encode()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for name in sorted(files):
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_STORED  # the transport compresses across files
+            info.create_system = 3  # unix, wherever the laptop runs
+            info.external_attr = 0o644 << 16
+            z.writestr(info, files[name])
+    return out.getvalue()
+
+
+@functools.lru_cache(maxsize=1)
+def payload() -> bytes:
+    """This checkout's agent as a zipapp (built once per process, in memory)."""
+    sources = {p.name: p.read_bytes() for p in sorted(HERE.glob("*.py")) if p.name not in LAPTOP_ONLY}
+    return build(sources)
+
+
+def pack(zipapp: bytes) -> str:
+    """The zipapp as it travels on the command line: deflated (across files, unlike the zip's own
+    entries), base64."""
+    return base64.b64encode(zlib.compress(zipapp, 9)).decode()
+
+
+def digest(zipapp: bytes) -> str:
+    return hashlib.sha256(zipapp).hexdigest()
+
+
+def agent_command(root: str, *args: str, zipapp: bytes | None = None) -> str:
+    """A shell command that runs the agent shipped inline (no file needed on the host yet).
+
+    The zipapp travels compressed on the command line: one SSH exec, no stdin, no upload.
+    """
+    packed = pack(payload() if zipapp is None else zipapp)
+    # The system Python when there is one: it starts fastest and no environment manager wraps it.
+    run = shlex.join(["-S", "-c", BOOTSTRAP, packed, "--root", root, *args])
+    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {run}'

@@ -1,0 +1,107 @@
+"""`launch`: move the synced code into place and start the job's wrapper under screen."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from .procs import detect_python, gpu_count
+from .protocol import STARTING
+from .status import busy_runs
+from .store import AgentError, agent_path, locked, now, read_json, settings, update_state, write_json
+
+
+def clean_staging(root: str, older_than_s: float = 3600) -> None:
+    """Code synced for launches that never happened (refused, or the laptop went away)."""
+    staging = os.path.join(root, "staging")
+    for name in os.listdir(staging) if os.path.isdir(staging) else []:
+        path = os.path.join(staging, name)
+        with contextlib.suppress(OSError):
+            # ctime, not mtime: rsync -a gives the folder its source's (old) mtime while it syncs.
+            if time.time() - os.stat(path).st_ctime > older_than_s:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def reuse_code(root: str, base: str, manifest: str | None, staging: str) -> bool:
+    """Stage the last run's code again (hard links) when the laptop's manifest says nothing changed."""
+    last = os.path.join(root, "code", f"{base}.last")
+    recorded = read_json(os.path.join(root, "code", f"{base}.manifest")) or {}
+    if not manifest or recorded.get("manifest") != manifest or not os.path.isdir(last):
+        return False
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(os.path.realpath(last), staging, symlinks=True, copy_function=os.link)
+    return True
+
+
+def refuse_if_busy(root: str, base: str) -> None:
+    busy = busy_runs(root, base)
+    if busy:
+        raise AgentError(f"a run named {base!r} is already running ({', '.join(busy)}): "
+                         f"stop it (fab stop --run {busy[0]}) or pick another --name")
+
+
+def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
+    """Move the synced code into place and start the job under screen.
+
+    With ``await_go`` the checks run while the laptop is still syncing: the agent prints
+    {"ready": true} and waits for "go" on stdin, so the launch costs one round trip after the sync.
+    """
+    run_id, base = spec["runId"], spec["base"]
+    if spec.get("agentSettings"):  # the stack's settings (maxResumes, idle stop, ...) for boot and tick
+        write_json(os.path.join(root, "agent.json"), {**settings(root), **spec["agentSettings"]})
+    clean_staging(root)
+    if not shutil.which("screen"):
+        raise AgentError("screen is not installed on this host: sudo apt-get install screen")
+    want = spec.get("expectGpus") or 0
+    if want:
+        have = gpu_count()
+        if have < want:
+            return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
+    python = detect_python(spec.get("python"))
+    staging = os.path.join(root, "staging", run_id)
+    if await_go:
+        refuse_if_busy(root, base)
+        reused = bool(spec.get("reuseCode")) and reuse_code(root, base, spec.get("codeManifest"), staging)
+        print(json.dumps({"ready": True, "reused": reused}), flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise AgentError("launch aborted by the laptop (the code sync failed)")
+    with locked(root):
+        if busy_runs(root, base):
+            shutil.rmtree(staging, ignore_errors=True)
+            refuse_if_busy(root, base)
+        run_dir = os.path.join(root, "runs", run_id)
+        if os.path.exists(run_dir):
+            raise AgentError(f"run {run_id} already exists on this host: pick another --name")
+        try:
+            os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+            os.mkdir(run_dir)
+        except FileExistsError:
+            raise AgentError(f"run {run_id} already exists on this host: pick another --name") from None
+        if not os.path.isdir(staging):
+            os.rmdir(run_dir)
+            raise AgentError(f"the code for {run_id} did not arrive (no {staging}): run fab train again")
+        os.replace(staging, os.path.join(run_dir, "code"))
+        os.makedirs(os.path.join(run_dir, "job"), exist_ok=True)
+        last = os.path.join(root, "code", f"{base}.last")
+        os.makedirs(os.path.dirname(last), exist_ok=True)
+        tmp_link = f"{last}.tmp.{os.getpid()}"
+        os.symlink(os.path.join("..", "runs", run_id, "code"), tmp_link)
+        os.replace(tmp_link, last)
+        if spec.get("codeManifest"):
+            write_json(f"{last[:-len('.last')]}.manifest", {"manifest": spec["codeManifest"]})
+        write_json(os.path.join(run_dir, "spec.json"), {**spec, "python": python})
+        update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0)
+    start_wrapper(root, run_id)
+    return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
+            "log": os.path.join(run_dir, "log"), "python": python, "screen": run_id}
+
+
+def start_wrapper(root: str, run_id: str) -> None:
+    """The job's wrapper in a detached screen session named after the run (`screen -r RUN` to look)."""
+    subprocess.run(["screen", "-dmS", run_id, sys.executable, agent_path(root), "--root", root, "wrap", run_id],
+                   check=True)

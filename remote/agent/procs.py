@@ -1,0 +1,99 @@
+"""What the host's kernel and tools say: processes, process groups, GPUs, uptime, SSH sessions."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot, to tell it from a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return "alive"
+        except OSError:
+            return None
+
+
+def alive(pid: int | None, started: str | None) -> bool:
+    if not pid:
+        return False
+    now_start = proc_start_time(pid)
+    return now_start is not None and (started in (None, "alive") or now_start == started)
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def gpus() -> list[dict]:
+    """Per-GPU utilisation and memory from nvidia-smi, or [] where there is none."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    query = "index,name,utilization.gpu,memory.used,memory.total"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 5:
+            rows.append({"index": int(parts[0]), "name": parts[1], "utilization": float(parts[2]),
+                         "memoryUsedMiB": float(parts[3]), "memoryTotalMiB": float(parts[4])})
+    return rows
+
+
+def gpu_count() -> int:
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def uptime_s() -> float | None:
+    try:
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0])
+    except OSError:
+        return None
+
+
+def detect_python(configured: str | None) -> str:
+    """The job's Python: configured, else the DLVM's conda, else python3 on PATH."""
+    if configured:
+        return os.path.expanduser(configured)
+    for candidate in ("/opt/conda/bin/python",):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("python3") or shutil.which("python") or sys.executable
+
+
+def ssh_sessions(port: int) -> int:
+    """Established TCP connections to the SSH port (open sessions, `fab logs --follow` included)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            parts = row.split()
+            if len(parts) > 3 and parts[3] == "01" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count

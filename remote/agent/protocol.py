@@ -1,0 +1,144 @@
+"""The contract between the laptop and the on-host agent, written once.
+
+Both sides import this module: the laptop as ``remote.agent.protocol``, the host from the agent's
+zipapp. Run states, the job spec the laptop sends, the documents the agent answers with and the
+agent's settings with their defaults live here, so no state name, field or default is spelled twice.
+Standard library only, Python 3.8+ (it runs on whatever python3 the host has).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+# -- run states -------------------------------------------------------------------------------
+STARTING = "starting"  # launched; the wrapper has not started the job yet
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+STOPPED = "stopped"  # `fab stop`
+INTERRUPTED = "interrupted"  # the machine went down under it: `boot` resumes it
+ACTIVE = (STARTING, RUNNING)  # a process is (or is about to be) at work
+TERMINAL = (SUCCEEDED, FAILED, STOPPED)  # nothing will change it again, short of `fab resume`
+
+LAUNCH_GRACE_S = 30  # a 'starting' run with no wrapper yet is still starting for this long
+
+# -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "idleStopMinutes": 0,  # 0: never power off (SSH stacks unless asked; GCP stacks default to 30)
+    "maxResumes": 10,
+    "sshPort": 22,
+    "poweroffCommand": ["systemctl", "poweroff"],
+    "gcp": False,
+    "maxRunHours": None,
+}
+
+
+class AgentSettings(TypedDict):
+    idleStopMinutes: float
+    maxResumes: int
+    sshPort: int
+    poweroffCommand: list[str]
+    gcp: bool
+    maxRunHours: float | None
+
+
+# -- the job spec: what `fab train` asks a host to run -----------------------------------------
+@dataclass(frozen=True)
+class JobSpec:
+    """What `fab train` asks the host to run (``launch``'s argument, kept as runs/RUN/spec.json)."""
+
+    run_id: str
+    base: str
+    script: str | None = None
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    expect_gpus: int = 0
+    code_manifest: str | None = None  # hash of the code listing, so the host can skip an unchanged sync
+    reuse_code: bool = False
+    agent_settings: dict[str, object] = field(default_factory=dict)
+    launcher: str = "none"  # or "torchrun"
+    nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1
+    node: dict[str, object] | None = None  # rank, nnodes, masterAddr, masterPort, hosts, tfPort, ps
+
+    def to_json(self) -> dict:
+        return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
+                "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
+                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
+                "launcher": self.launcher, "nproc": self.nproc, "node": self.node}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> JobSpec:
+        return cls(run_id=doc["runId"], base=doc["base"], script=doc.get("script"), command=doc.get("command"),
+                   args=tuple(doc.get("args") or ()), env=dict(doc.get("env") or {}), python=doc.get("python"),
+                   expect_gpus=int(doc.get("expectGpus") or 0), code_manifest=doc.get("codeManifest"),
+                   reuse_code=bool(doc.get("reuseCode")), agent_settings=dict(doc.get("agentSettings") or {}),
+                   launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"))
+
+
+# -- the documents the agent answers with ----------------------------------------------------
+class TreeSummary(TypedDict):
+    """Files, bytes and newest change of a JOB_DIR: equal summaries mean nothing to fetch."""
+
+    files: int
+    bytes: int
+    newestNs: int
+
+
+class RunStatus(TypedDict, total=False):
+    """One run as `status` describes it (``jobSummary`` only with --summaries)."""
+
+    id: str
+    base: str | None
+    state: str
+    exitCode: int | None
+    created: float | None
+    started: float | None
+    ended: float | None
+    durationS: float | None
+    jobDir: str
+    log: str
+    lastLine: str
+    resumes: int
+    preemptions: int
+    reason: str | None
+    pid: int | None
+    jobSummary: TreeSummary
+
+
+class AgentView(TypedDict):
+    """What `fab status` shows of the agent: its settings and the idle clock."""
+
+    idleStopMinutes: float
+    maxResumes: int
+    maxRunHours: float | None
+    idleSince: float | None
+    idleWhy: str | None
+    installed: bool
+
+
+class GpuRow(TypedDict):
+    index: int
+    name: str
+    utilization: float
+    memoryUsedMiB: float
+    memoryTotalMiB: float
+
+
+class StatusDoc(TypedDict):
+    """`status`'s answer: the host's runs, GPUs and agent."""
+
+    root: str
+    runs: list[RunStatus]
+    gpus: list[GpuRow]
+    uptimeS: float | None
+    host: str
+    agent: AgentView
+    now: float
+
+
+# The log stream's markers on stderr: where it started reading, and the run's last word.
+LOG_START = "GPU-TRAIN-START "
+LOG_END = "GPU-TRAIN-END "

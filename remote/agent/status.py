@@ -1,0 +1,129 @@
+"""What the agent reports: each run's effective state, the status document, and the log stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from .procs import alive, gpus, uptime_s
+from .protocol import ACTIVE, INTERRUPTED, LAUNCH_GRACE_S, LOG_END, LOG_START, STARTING, TERMINAL
+from .store import find_run, last_line, now, read_json, read_state, run_dirs, settings, tree_summary
+
+
+def effective_state(state: dict) -> str:
+    """The recorded state, corrected by what is alive: a 'running' run with no process was interrupted."""
+    recorded = state.get("state", STARTING)
+    if recorded in TERMINAL or recorded == INTERRUPTED:
+        return recorded
+    if alive(state.get("pid"), state.get("pidStart")) or alive(state.get("wrapperPid"), state.get("wrapperStart")):
+        return recorded
+    launching = recorded == STARTING and not state.get("wrapperPid")
+    if launching and time.time() - state.get("created", 0) < LAUNCH_GRACE_S:
+        return recorded  # screen is starting the wrapper, which records its pid first thing
+    return INTERRUPTED
+
+
+def describe(run_dir: str) -> dict:
+    """One run as `status` reports it (protocol.RunStatus)."""
+    state = read_state(run_dir)
+    st = effective_state(state)
+    end = state.get("ended") or (state.get("interruptedAt") if st == INTERRUPTED else None)
+    start = state.get("started") or state.get("created")
+    return {
+        "id": os.path.basename(run_dir),
+        "base": state.get("base"),
+        "state": st,
+        "exitCode": state.get("exitCode"),
+        "created": state.get("created"),
+        "started": state.get("started"),
+        "ended": state.get("ended"),
+        "durationS": round((end or time.time()) - start, 1) if start else None,
+        "jobDir": os.path.join(run_dir, "job"),
+        "log": os.path.join(run_dir, "log"),
+        "lastLine": last_line(os.path.join(run_dir, "log")),
+        "resumes": state.get("resumes", 0),
+        "preemptions": state.get("preemptions", 0) + int(bool(state.get("preempted"))),
+        "reason": state.get("reason"),
+        "pid": state.get("pid"),
+    }
+
+
+def is_active(run_dir: str) -> bool:
+    return describe(run_dir)["state"] in ACTIVE
+
+
+def busy_runs(root: str, base: str) -> list[str]:
+    return [r["id"] for r in map(describe, run_dirs(root)) if r["base"] == base and r["state"] in ACTIVE]
+
+
+def agent_view(root: str) -> dict:
+    """What `fab status` shows of the agent: its settings and the idle clock (protocol.AgentView)."""
+    conf = settings(root)
+    idle = read_json(os.path.join(root, "idle.json")) or {}
+    return {"idleStopMinutes": conf["idleStopMinutes"], "maxResumes": conf["maxResumes"],
+            "maxRunHours": conf["maxRunHours"], "idleSince": idle.get("idleSince"), "idleWhy": idle.get("why"),
+            "installed": os.path.exists(os.path.join(root, "agent.json"))}
+
+
+def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
+    """protocol.StatusDoc: the runs (oldest first), GPUs, uptime and the agent's view."""
+    dirs = [find_run(root, run_id)] if run_id else run_dirs(root)
+    runs = sorted((describe(d) for d in dirs), key=lambda r: r.get("created") or 0)
+    if summaries:
+        for r in runs:
+            r["jobSummary"] = tree_summary(r["jobDir"])
+    return {"root": root, "runs": runs, "gpus": gpus(), "uptimeS": uptime_s(), "host": os.uname().nodename,
+            "agent": agent_view(root), "now": now()}
+
+
+def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool) -> int:
+    """Write the log from a byte offset (or its last N lines); with follow, until the job ends.
+
+    The last line on stderr is a JSON trailer with the run's state and exit code.
+    """
+    run_dir = find_run(root, run_id)
+    path = os.path.join(run_dir, "log")
+    out = sys.stdout.buffer
+    pos = offset
+    if lines is not None and offset == 0:
+        pos = tail_offset(path, lines)
+    sys.stderr.write(LOG_START + json.dumps({"offset": pos}) + "\n")
+    sys.stderr.flush()
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+        except OSError:
+            chunk = b""
+        if chunk:
+            out.write(chunk)
+            out.flush()
+            pos += len(chunk)
+        info = describe(run_dir)
+        if not follow or (info["state"] not in ACTIVE and not chunk):
+            break
+        time.sleep(0.3)
+    sys.stderr.write("\n" + LOG_END + json.dumps({"runId": info["id"], "state": info["state"],
+                                                  "exitCode": info["exitCode"], "offset": pos}) + "\n")
+    return 0
+
+
+def tail_offset(path: str, lines: int) -> int:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            block = min(size, 64 * 1024 + lines * 512)
+            f.seek(size - block)
+            data = f.read()
+    except OSError:
+        return 0
+    cut = len(data)
+    for _ in range(lines + (1 if data.endswith(b"\n") else 0)):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            return size - block
+    return size - block + cut + 1

@@ -1,0 +1,23 @@
+"""The fab tasks: train, logs, status, stop, resume, fetch, down, setup, ssh, gpus, tunnel.
+
+Each task resolves the stack's target, opens one SSH connection per node (``session``), and does
+its remote work in one agent call (plus rsync for bulk data). Start reading at ``train``.
+
+    session     connections to a stack's nodes; fan-out where any exception is that node's failure
+    render      status tables and messages (pure)
+    localstate  what the laptop keeps: atomic writes, pushed manifests, fetch records, ssh config
+    train       train
+    runs        logs, status, stop, resume
+    fetch       fetch, down
+    shell       setup, ssh, gpus, tunnel
+"""
+
+from invoke import Collection
+
+from remote.starter import init
+from remote.tasks import fetch as fetching
+from remote.tasks import runs, shell
+from remote.tasks import train as training
+
+ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, fetching.fetch, fetching.down,
+                shell.setup, shell.shell, shell.gpus, shell.tunnel, init)

@@ -1,0 +1,98 @@
+"""What the laptop keeps between tasks: atomic writes, pushed-code manifests, fetch records, ssh config.
+
+Every file here is written whole or not at all, so an interrupted task never leaves half a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+class PushedManifests:
+    """Which code (by manifest) each host last received for a run name: a local cache, so an
+    unchanged tree is launched without a sync; the host checks the claim before trusting it."""
+
+    def __init__(self, cache: Path):
+        self.path = cache / "code-manifests.json"
+
+    def _load(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, host, base: str) -> str | None:
+        return self._load().get(f"{host}/{base}")
+
+    def set(self, host, base: str, manifest: str) -> None:
+        doc = {**self._load(), f"{host}/{base}": manifest}
+        atomic_write(self.path, json.dumps(doc, indent=1))
+
+
+def local_summary(path: Path) -> dict:
+    files = size = newest = 0
+    for p in path.rglob("*") if path.is_dir() else []:
+        if p.is_file() and not p.is_symlink():
+            st = p.stat()
+            files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime_ns)
+    return {"files": files, "bytes": size, "newestNs": newest}
+
+
+class FetchRecord:
+    """What each run's JOB_DIR looked like, on the host and here, after its last complete fetch.
+
+    When both are unchanged there is nothing to fetch, and no rsync is started.
+    """
+
+    def __init__(self, cache: Path):
+        self.path = cache / "fetched.json"
+        try:
+            self.doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.doc = {}
+
+    @staticmethod
+    def _entry(run: dict, dest: Path) -> dict:
+        return {"run": run["id"], "dest": str(dest.resolve()), "remote": run.get("jobSummary"),
+                "local": local_summary(dest)}
+
+    def up_to_date(self, run: dict, dest: Path) -> bool:
+        seen = self.doc.get(str(dest.resolve()))
+        return bool(seen) and run.get("jobSummary") is not None and seen == self._entry(run, dest)
+
+    def record(self, run: dict, dest: Path) -> None:
+        self.doc[str(dest.resolve())] = self._entry(run, dest)
+        atomic_write(self.path, json.dumps(self.doc, indent=1))
+
+
+def write_ssh_config(target, home: Path | None = None) -> str:
+    """An ssh_config entry `gpu-train-STACK` (so ssh, rsync and editors' remote-SSH work), included
+    from ~/.ssh/config. Returns the host alias."""
+    from remote import sshalias
+    from remote import target as targets
+    from remote.ssh import proxy_command
+
+    alias = f"gpu-train-{target.stack}"
+    h = target.host
+    entry = sshalias.entry(target.stack, [(h.user, h.host, h.port)], target.key_file, str(target.known_hosts), False,
+                           [proxy_command(target, h)])
+    conf = targets.state_home() / "ssh_config.d" / f"{alias}.conf"
+    atomic_write(conf, entry)
+    user_conf = (home or Path.home()) / ".ssh" / "config"
+    include = f"Include {conf.parent}/*.conf"
+    existing = user_conf.read_text() if user_conf.exists() else ""
+    if include not in existing:
+        user_conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(user_conf, f"{include}\n{existing}")  # Include must come before any Host block
+    return alias
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    if path.exists():
+        os.chmod(tmp, path.stat().st_mode & 0o777)
+    tmp.replace(path)

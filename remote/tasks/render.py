@@ -1,0 +1,59 @@
+"""Status tables and messages: pure functions of the agent's documents."""
+
+from __future__ import annotations
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def render_status(doc: dict, target) -> str:
+    lines = [f"stack {target.stack}: {target.host} ({doc.get('host')}), root {doc.get('root')}"]
+    if target.is_gcp and doc.get("uptimeS") is not None:
+        hours = doc["uptimeS"] / 3600
+        cost = f", about ${hours * target.hourly_cost_usd:,.2f} so far" if target.hourly_cost_usd else ""
+        lines.append(f"VM up {hours:.1f} h{cost}")
+    lines += agent_lines(doc, target)
+    for g in doc.get("gpus", []):
+        lines.append(f"GPU {g['index']} {g['name']}: {g['utilization']:.0f}% busy, "
+                     f"{g['memoryUsedMiB']:.0f}/{g['memoryTotalMiB']:.0f} MiB")
+    lines += [f"unreachable: {u}" for u in doc.get("unreachable", [])]
+    runs = doc.get("runs", [])
+    if not runs:
+        lines.append("no runs yet: fab train --script train.py")
+    for r in runs:
+        state = r["state"] + (f" (exit {r['exitCode']})" if r["state"] == "failed" and r.get("exitCode") is not None else "")
+        notes = []
+        if r.get("resumes"):
+            notes.append(f"resumed {r['resumes']}x")
+        if r.get("preemptions"):
+            notes.append(f"preempted {r['preemptions']}x")
+        if r.get("reason"):
+            notes.append(r["reason"])
+        if r.get("detail"):
+            notes.append(r["detail"])
+        if notes:
+            state += " [" + "; ".join(notes) + "]"
+        lines.append(f"  {r['id']:<40} {state:<18} {duration(r.get('durationS')):>8}  {r.get('lastLine', '')[:80]}")
+    return "\n".join(lines)
+
+
+def agent_lines(doc: dict, target) -> list[str]:
+    """The on-host agent's view: idle clock, run-time cap."""
+    agent = doc.get("agent") or {}
+    lines = []
+    minutes = agent.get("idleStopMinutes") or 0
+    if minutes and agent.get("idleWhy"):
+        lines.append(f"idle stop: {agent['idleWhy']}")
+    elif minutes:
+        lines.append(f"idle stop after {minutes} min (not checked yet: the agent's timer runs every minute)")
+    else:
+        lines.append("idle stop: off")
+    hours = agent.get("maxRunHours")
+    if hours and doc.get("uptimeS") is not None:
+        left = hours - doc["uptimeS"] / 3600
+        lines.append(f"run-time cap {hours} h: the VM stops in {max(left, 0):.1f} h")
+    return lines

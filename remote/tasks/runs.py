@@ -1,0 +1,176 @@
+"""`fab logs`, `status`, `stop`, `resume`: a run's output and state on every node."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+from invoke import Exit, task
+
+from remote.agent.protocol import SUCCEEDED
+from remote.tasks.render import render_status
+from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
+
+
+# -- logs -------------------------------------------------------------------------------------
+@task(help={"run": "run id (default: the newest)", "follow": "stream until the job ends; exit with its exit code",
+            "lines": "show the last N lines first (default 50; 0 for the whole log)", "node": "which node (default 0)",
+            "all": "every node's log, each line prefixed with its node", "stack": STACK_HELP})
+def logs(c, run=None, follow=False, lines=50, node=0, all_=False, stack=None):
+    """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
+    session = Session(stack, node=int(node))
+    out = sys.stdout.buffer
+    if not all_:
+        trailer = _stream_log(session, run, int(lines), follow, out.write, out.flush)
+        session.close()
+        if follow:
+            _exit_with(trailer)
+        return
+    lock = threading.Lock()
+
+    def prefixed(s: Session):
+        pending = b""
+
+        def write(data: bytes) -> None:
+            nonlocal pending
+            *complete, pending = (pending + data).split(b"\n")
+            with lock:
+                for line in complete:
+                    out.write(f"[node {s.node}] ".encode() + line + b"\n")
+                out.flush()
+
+        return write
+
+    sessions = session.nodes()
+    trailers = on_every_node(sessions, lambda s: _stream_log(s, run, int(lines), follow, prefixed(s), out.flush))
+    if failed := failures(trailers):
+        raise Exit("; ".join(failed), code=1)
+    if follow:
+        bad = [t for t in trailers if t["state"] != SUCCEEDED]
+        _exit_with(bad[0] if bad else trailers[0])
+
+
+def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
+    """One node's log from the agent, resuming at the right byte after a dropped connection."""
+    from remote import ssh
+
+    offset: int | None = None
+    received = 0
+
+    def counted(data: bytes) -> None:
+        nonlocal received
+        received += len(data)
+        write(data)
+        flush()
+
+    while True:
+        args = ["logs"] + (["--run", run] if run else []) + (["--follow"] if follow else [])
+        args += ["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else [])
+        received = 0
+        try:
+            status, err = ssh.stream(session.connect(), ssh.agent_command(session.target.remote_root, *args), counted)
+        except (OSError, EOFError) as e:
+            status, err = -1, str(e)
+        start = ssh.start_offset(err)
+        trailer = ssh.end_trailer(err)
+        if trailer is not None:
+            return trailer
+        if status not in (-1, 0) and ssh.START_MARK not in err:
+            raise Exit(_agent_error(err), code=1)
+        if not follow:
+            raise Exit(f"the connection dropped: {err.strip()}", code=1)
+        if start is not None:
+            offset = start + received
+        say(f"{session.target.host}: connection lost; reconnecting ...")
+        session.reconnect()
+
+
+def _exit_with(trailer: dict) -> None:
+    """End `fab logs --follow` with the job's own exit code."""
+    state, code = trailer["state"], trailer["exitCode"]
+    say(f"{trailer['runId']}: {state}" + (f", exit code {code}" if code is not None else ""))
+    if code:
+        raise Exit(code=code if 0 < code < 256 else 1)
+    if state != SUCCEEDED:
+        raise Exit(code=1)
+
+
+def _agent_error(err: str) -> str:
+    for line in reversed(err.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line).get("error", line)
+            except ValueError:
+                pass
+    return err.strip() or "the log could not be read"
+
+
+def cluster_status(session: Session, *args: str) -> dict:
+    """The agent's status from every node, one state per run (a single node's document as it is)."""
+    from gpu_train.jobs import aggregate_runs
+
+    sessions = session.nodes()
+    docs = on_every_node(sessions, lambda s: s.call("status", *args))
+    for s in sessions:
+        if s is not session:
+            s.close()
+    if len(docs) == 1:
+        if isinstance(docs[0], Exit):
+            raise docs[0]
+        return docs[0]
+    doc = aggregate_runs([None if isinstance(d, Exit) else d for d in docs])
+    doc["unreachable"] = failures(docs)
+    return doc
+
+
+@task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, ...}", "stack": STACK_HELP})
+def status(c, json_=False, stack=None):
+    """Every run with its state, duration and last log line; GPU use; hours and cost on GCP.
+
+    On several nodes a run is failed if any node failed (and says which), running while any runs.
+    """
+    session = Session(stack)
+    doc = cluster_status(session)
+    if json_:
+        print(json.dumps({"stack": session.target.stack, **doc}, indent=1))
+    else:
+        print(render_status(doc, session.cluster))
+
+
+# -- stop -------------------------------------------------------------------------------------
+@task(help={"run": "run id (default: the newest)", "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)",
+            "stack": STACK_HELP})
+def stop(c, run=None, grace=10, stack=None):
+    """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
+    session = Session(stack)
+    sessions = session.nodes()
+    args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
+    docs = on_every_node(sessions, lambda s: s.call(*args))
+    for s, doc in zip(sessions, docs, strict=True):
+        s.close()
+        where = f"node {s.node}: " if len(sessions) > 1 else ""
+        if not isinstance(doc, Exit):
+            print(f"{where}{doc['runId']}: {doc['state']} ({', '.join(doc['signals']) or 'no signal needed'})")
+    if failed := failures(docs):
+        raise Exit("; ".join(failed), code=1)
+
+
+@task(help={"run": "run id (default: the newest)", "grace": "seconds to let a still-running part stop (default 10)",
+            "stack": STACK_HELP})
+def resume(c, run=None, grace=10, stack=None):
+    """Restart a run on every node with the same RUN_ID and JOB_DIR, so it carries on from its newest
+    checkpoint: after a node of a cluster was preempted, or a run failed for a reason now fixed."""
+    session = Session(stack)
+    sessions = session.nodes()
+    if not run:
+        runs = session.call("status")["runs"]
+        if not runs:
+            raise Exit("no runs on this host yet", code=1)
+        run = runs[-1]["id"]
+    docs = on_every_node(sessions, lambda s: s.call("resume", "--run", run, "--grace", str(float(grace))))
+    for s in sessions:
+        s.close()
+    if failed := failures(docs):
+        raise Exit("; ".join(failed), code=1)
+    print(f"{run}: restarted on {len(sessions)} node(s) (resume {docs[0]['resumes']})")

@@ -1,0 +1,112 @@
+"""A task's connections: one node of a stack's target per Session, and fan-out over every node.
+
+Heavy imports (Fabric, paramiko) happen inside the functions so that `fab --list` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from invoke import Exit
+
+from gpu_train.config import ConfigError
+
+STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else Pulumi's selected stack)"
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Session:
+    """One node of a stack's target and one open connection to it, reconnecting on demand."""
+
+    def __init__(self, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None):
+        from remote import target as targets
+
+        if cluster is None:
+            try:
+                cluster = targets.resolve(stack)
+            except ConfigError as e:
+                raise Exit(str(e), code=2) from None
+        if not 0 <= node < len(cluster.hosts):
+            raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=2)
+        self.cluster = cluster
+        self.target = cluster.for_node(node)
+        self.node = node
+        self.timeout = timeout if timeout is not None else (600.0 if self.target.is_gcp else 15.0)
+        self.conn = None
+
+    def nodes(self) -> list[Session]:
+        """A session for every node of the cluster (this one for its own node)."""
+        return [self if i == self.node else Session(None, self.timeout, i, self.cluster) for i in range(len(self.cluster.hosts))]
+
+    def connect(self, again: bool = False):
+        """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting)."""
+        from remote import ssh, vmprobe
+        from remote import target as targets
+
+        if self.conn is not None:
+            return self.conn
+        try:
+            self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say,
+                                            vmprobe.probe(self.target.stack, self.target.vm, say), again)
+        except ssh.HostKeyError as e:
+            raise Exit(str(e), code=3) from None
+        except ssh.RemoteError as e:
+            if not self.target.is_gcp:
+                raise Exit(str(e), code=3) from None
+            # The VM may have a new address (stopped and started): refresh the stack outputs once.
+            self.cluster = targets.resolve(self.target.stack, refresh=True)
+            self.target = self.cluster.for_node(self.node)
+            try:
+                self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
+            except ssh.RemoteError as e2:
+                raise Exit(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
+                           f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)", code=3) from None
+        return self.conn
+
+    def reconnect(self):
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        return self.connect(again=True)
+
+    def call(self, *args: str) -> dict:
+        from remote import ssh
+
+        try:
+            return ssh.call(self.connect(), self.target, *args)
+        except ssh.RemoteError as e:
+            raise Exit(str(e), code=1) from None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def on_every_node(sessions: list[Session], work) -> list[object]:
+    """``work(session)`` on each node at once; results in node order, where a node that raised has
+    an Exit saying so: any exception is that node's failure, never a missing result."""
+    results: list[object] = [None] * len(sessions)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = work(sessions[i])
+        except Exit as e:
+            results[i] = e
+        except Exception as e:  # (a node's bug or lost connection fails that node only)
+            results[i] = Exit(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, code=1)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def failures(results: list[object]) -> list[str]:
+    """One line per node that failed, naming it."""
+    return [f"node {i}: {r.message}" for i, r in enumerate(results) if isinstance(r, Exit)]

@@ -1,0 +1,124 @@
+"""`fab train`: sync the code to every node and launch the job there."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from invoke import Exit, task
+
+from gpu_train.project import project_root
+from remote.target import state_home
+from remote.tasks.localstate import PushedManifests
+from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
+
+
+@task(
+    iterable=["env"],
+    help={
+        "script": "Python file in --dir to run (gets --job-dir JOB_DIR appended)",
+        "command": "shell command to run in the synced code instead of --script",
+        "dir": "code directory to sync (default: the project, the nearest directory up with stacks/ or .git)",
+        "name": "run name; the run id is NAME_YYYYmmdd_HHMMSS (default: the script's name)",
+        "args": "arguments for --script, as one quoted string",
+        "env": "NAME=VALUE for the job's environment (repeatable)",
+        "launcher": "torchrun (default for a multi-node --script) or none",
+        "nproc": "processes per node under torchrun (default: the node's GPUs, or 1)",
+        "port": "torchrun's master port on node 0 (default 29500)",
+        "ps": "with --command on several nodes: the last N nodes are TF parameter servers",
+        "stack": STACK_HELP,
+        "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
+    },
+)
+def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=29500,
+          ps=0, stack=None, timeout=None):
+    """Sync code, install requirements.txt when it changed, launch the job under screen.
+
+    The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
+    it with `fab logs --follow`, bring results home with `fab fetch`. On several nodes the code goes
+    to all of them at once and each starts its part: torchrun with its --node_rank, or a --command
+    with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
+    """
+    from gpu_train import jobs
+    from remote import ssh, sync
+
+    code_dir = Path(dir).expanduser().resolve() if dir else project_root()
+    if not code_dir.is_dir():
+        raise Exit(f"--dir {code_dir}: no such directory", code=2)
+    session = Session(stack, float(timeout) if timeout else None)
+    cluster = session.cluster
+    try:
+        base = jobs.base_name(name, script, command)
+        run = jobs.run_id(base, datetime.now())
+        spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
+                             python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
+        chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
+        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node)
+        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), int(ps))
+    except jobs.JobError as e:
+        raise Exit(str(e), code=2) from None
+    with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
+        try:
+            plan = sync.plan_code(code_dir, Path(scratch), [(project_root() / "runs", "fetched results"),
+                                                            (state_home(), None)])
+        except ssh.RemoteError as e:
+            raise Exit(str(e), code=2) from None
+        pushed = PushedManifests(cluster.cache)
+        unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
+        where = f" to {len(cluster.hosts)} nodes" if len(cluster.hosts) > 1 else ""
+        say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
+        if plan.left_out:
+            say(sync.left_out_summary(list(plan.left_out)))
+        if plan.bytes > sync.LARGE_SYNC_BYTES:
+            say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
+        sessions = session.nodes()
+        answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged))
+    failed = failures(answers)
+    if failed:
+        launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, Exit)]
+        on_every_node(launched, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
+        raise Exit("; ".join(failed), code=1)
+    for h in cluster.hosts:
+        pushed.set(h, base, plan.manifest)
+    for s in sessions:
+        s.close()
+    first = answers[0]
+    stack_opt = f" --stack {cluster.stack}"
+    nodes = f" on {len(sessions)} nodes (node 0: {cluster.host})" if len(sessions) > 1 else f" on {cluster.host}"
+    print(f"started {first['runId']}{nodes} ({first['python']}); JOB_DIR={first['jobDir']}")
+    print(f"  follow:  fab logs{stack_opt} --follow" + (" [--node N | --all]" if len(sessions) > 1 else ""))
+    print(f"  status:  fab status{stack_opt}")
+    print(f"  fetch:   fab fetch{stack_opt} --run {first['runId']}")
+
+
+def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
+    """Sync (over the node's own connection) and launch one node's part; waits for the driver on GCP."""
+    from gpu_train import jobs
+    from remote import ssh, sync
+    from remote.relay import ChannelRelay
+
+    target = session.target
+    spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged,
+                               agent_settings=target.agent_settings)
+    conn = session.connect()
+    with ChannelRelay(conn.transport) as relay:
+        def push() -> None:
+            sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh())
+
+        deadline, delay = time.monotonic() + session.timeout, 5.0
+        while True:
+            try:
+                answer = ssh.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
+            except ssh.RemoteError as e:
+                raise Exit(str(e), code=1) from None
+            if "waiting" not in answer:
+                return answer
+            push = None  # the code is staged on the host; only the launch is retried
+            if time.monotonic() > deadline:
+                raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=1)
+            say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 30)

@@ -1,0 +1,46 @@
+"""The agent as one zipapp: the same sources give the same bytes, and the bootstrap installs it once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import zipfile
+from io import BytesIO
+from pathlib import Path
+
+from remote.agent import bundle
+
+
+def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
+    first = bundle.build({"b.py": b"B = 1\n", "a.py": b"A = 1\n"})
+    assert first == bundle.build({"a.py": b"A = 1\n", "b.py": b"B = 1\n"})  # order of discovery does not matter
+    names = zipfile.ZipFile(BytesIO(first)).namelist()
+    assert names == sorted(names) == ["__main__.py", f"{bundle.PACKAGE}/a.py", f"{bundle.PACKAGE}/b.py"]
+    assert {i.date_time for i in zipfile.ZipFile(BytesIO(first)).infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    shipped = zipfile.ZipFile(BytesIO(bundle.payload())).namelist()
+    assert f"{bundle.PACKAGE}/protocol.py" in shipped and f"{bundle.PACKAGE}/bundle.py" not in shipped
+
+
+def run(cmd: str) -> dict:
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_bootstrap_installs_the_zipapp_only_when_it_changed(tmp_path: Path) -> None:
+    root = tmp_path / "gpu-train"
+    doc = run(bundle.agent_command(str(root), "status"))
+    assert doc["root"] == str(root) and doc["runs"] == []
+    installed = root / "bin" / "gpu-train-agent"
+    assert installed.read_bytes() == bundle.payload() and os.access(installed, os.X_OK)
+    before = installed.stat()
+    run(bundle.agent_command(str(root), "status"))
+    assert installed.stat().st_ino == before.st_ino  # unchanged: not rewritten
+    # The installed file runs on its own (as the job wrapper, cron and systemd run it).
+    out = subprocess.run(["python3", str(installed), "--root", str(root), "status"], capture_output=True, text=True)
+    assert json.loads(out.stdout)["root"] == str(root)
+    installed.write_bytes(b"stale")
+    run(bundle.agent_command(str(root), "status"))
+    assert installed.read_bytes() == bundle.payload()  # a different copy is replaced
+    assert not list(installed.parent.glob("*.tmp.*"))

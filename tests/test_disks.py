@@ -1,0 +1,102 @@
+"""Disk types by machine series (catalog `disks` table): defaults, allowed types, the validator's
+check of a given bootDiskType, the quota each type counts against, and the program's boot disk."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_train import config, disks, quota, validate
+from gpu_train.catalog import load_catalog
+from infra import preview, program
+from tests.conftest import gcp_raw
+
+CATALOG = load_catalog()
+HD, PDB, PDS, PDSTD = "hyperdisk-balanced", "pd-balanced", "pd-ssd", "pd-standard"
+FIXED = {"gpuType": None, "gpuCount": None}
+
+
+@pytest.mark.parametrize(
+    ("machine_type", "default", "boot"),
+    [
+        ("n1-standard-8", PDB, (PDSTD, PDB, PDS)),
+        ("n1-custom-12-46080", PDB, (PDSTD, PDB, PDS)),
+        ("g2-standard-8", PDB, (PDSTD, PDB, PDS)),
+        ("a2-highgpu-1g", PDB, (PDSTD, PDB, PDS)),
+        ("a3-highgpu-8g", PDB, (PDB, PDS, HD)),
+        ("a3-megagpu-8g", PDB, (PDB, PDS, HD)),
+        ("a3-edgegpu-8g", PDB, (PDB, PDS, HD)),
+        ("a3-ultragpu-8g", HD, (HD,)),
+        ("a4-highgpu-8g", HD, (HD,)),
+        ("a4x-highgpu-4g", HD, (HD,)),
+        ("g4-standard-48", HD, (HD,)),
+        ("e2-standard-8", disks.FALLBACK_DEFAULT, ()),  # no GPU series: the validator reports the machine type
+    ],
+)
+def test_disk_support_table(machine_type: str, default: str, boot: tuple) -> None:
+    assert disks.default_disk_type(CATALOG, machine_type) == default
+    assert disks.allowed_disk_types(CATALOG, machine_type) == boot
+    assert disks.allowed_disk_types(CATALOG, machine_type, disks.DATA) == boot  # the same types as data disks today
+
+
+def test_every_fixed_shape_has_a_disk_row() -> None:
+    assert all(CATALOG.disks_of(name) is not None for name in CATALOG.fixed_shapes)
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({}, PDB),
+        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"}, HD),
+        ({"machineType": "a3-ultragpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"}, HD),
+        ({"machineType": "g4-standard-48", **FIXED, "zone": "us-central1-b"}, HD),
+        ({"machineType": "a3-highgpu-8g", **FIXED}, PDB),
+        ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": HD}, HD),
+        ({"machineType": "g2-standard-8", **FIXED, "bootDiskType": PDSTD}, PDSTD),
+    ],
+)
+def test_boot_disk_type_defaults_to_the_series_own(settings: dict, expected: str) -> None:
+    cfg, _ = validate.check(gcp_raw(**settings), "s", CATALOG)
+    assert cfg.boot_disk_type == expected
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b", "bootDiskType": PDB},
+         "A4 (a4-highgpu-8g) does not take pd-balanced as a boot disk; it takes hyperdisk-balanced"),
+        ({"machineType": "a3-ultragpu-8g", **FIXED, "spot": True, "zone": "us-central1-b", "bootDiskType": PDS},
+         "A3 Ultra (a3-ultragpu-8g) does not take pd-ssd"),
+        ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": PDSTD}, "A3 High (a3-highgpu-8g) does not take pd-standard"),
+        ({"bootDiskType": HD}, "N1 (n1-standard-8) does not take hyperdisk-balanced"),
+        ({"fallbackShapes": ["a3-highgpu-8g"], "bootDiskType": PDSTD}, "'a3-highgpu-8g': A3 High"),
+    ],
+)
+def test_a_given_type_the_series_does_not_take_is_refused(settings: dict, words: str) -> None:
+    with pytest.raises(config.ConfigError) as e:
+        validate.check(gcp_raw(**settings), "s", CATALOG)
+    (problem,) = e.value.problems
+    assert words in f"{problem.message} {problem.fix}"
+    assert problem.key in ("bootDiskType", "fallbackShapes") and "bootDiskType" in f"{problem.key} {problem.fix}"
+
+
+@pytest.mark.parametrize(
+    ("settings", "metric"),
+    [
+        ({}, "SSD_TOTAL_GB"),
+        ({"bootDiskType": PDSTD}, "DISKS_TOTAL_GB"),
+        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"}, "HYPERDISK_BALANCED_TOTAL_GB"),
+        ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": HD}, "HYPERDISK_BALANCED_TOTAL_GB"),
+    ],
+)
+def test_disk_quota_follows_the_type(settings: dict, metric: str) -> None:
+    cfg, _ = validate.check(gcp_raw(**settings), "s", CATALOG)
+    needs = quota.needs(cfg, validate.shape_of(cfg, CATALOG), {}, CATALOG)
+    assert [n.metric for n in needs if n.what.endswith(cfg.boot_disk_type)] == [metric]
+
+
+def test_program_gives_an_a4_a_hyperdisk_boot_disk() -> None:
+    raw = gcp_raw(machineType="a4-highgpu-8g", gpuType=None, gpuCount=None, spot=True, zone="us-central1-b")
+    result = preview.run(program.main, stack="a4", config=raw)
+    assert result.error is None, result.error
+    (inst,) = result.of_type("compute/instance:Instance")
+    assert inst.inputs["bootDisk"]["initializeParams"]["type"] == HD

@@ -1,0 +1,208 @@
+"""Importing AI Platform and Vertex AI jobs: the seeds' own examples and every legacy machine type,
+the stack each produces, and that the stack passes `scripts/plan` (with a project and SSH ranges)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gpu_train import importer, translate
+from gpu_train.catalog import load_catalog
+from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
+from infra import plan
+
+CATALOG = load_catalog()
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests user@host"
+
+# AI Platform's GPU guide: a cluster of Compute Engine types with accelerators ...
+GUIDE_CE = """
+trainingInput:
+  scaleTier: CUSTOM
+  masterType: n1-highcpu-16
+  masterConfig:
+    acceleratorConfig:
+      count: 4
+      type: NVIDIA_TESLA_T4
+  workerCount: 9
+  workerType: n1-highcpu-16
+  workerConfig:
+    acceleratorConfig:
+      count: 4
+      type: NVIDIA_TESLA_T4
+  parameterServerCount: 3
+  parameterServerType: n1-highmem-8
+"""
+# ... and the same cluster in legacy machine types.
+GUIDE_LEGACY = """
+trainingInput:
+  scaleTier: CUSTOM
+  masterType: complex_model_m_gpu
+  workerCount: 9
+  workerType: complex_model_m_gpu
+  parameterServerCount: 3
+  parameterServerType: large_model
+"""
+GUIDE_GCLOUD = r"""gcloud ai-platform jobs submit training my_job \
+  --package-path trainer/ --module-name trainer.task --job-dir gs://my-bucket/out --region us-central1 \
+  --scale-tier custom --master-machine-type n1-highcpu-16 --master-accelerator count=4,type=nvidia-tesla-t4 \
+  --worker-count 9 --worker-machine-type n1-highcpu-16 --worker-accelerator count=4,type=nvidia-tesla-t4 \
+  --parameter-server-count 3 --parameter-server-machine-type n1-highmem-8 -- --epochs 10 --lr 0.1"""
+VERTEX_H100 = """
+displayName: h100-job
+jobSpec:
+  workerPoolSpecs:
+    - machineSpec: {machineType: a3-highgpu-2g, acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2}
+      replicaCount: 1
+      diskSpec: {bootDiskType: pd-ssd, bootDiskSizeGb: 250}
+      pythonPackageSpec:
+        executorImageUri: us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-1.py310:latest
+        packageUris: [gs://b/trainer-0.1.tar.gz]
+        pythonModule: trainer.task
+        args: [--epochs, "5"]
+        env: [{name: WANDB_MODE, value: offline}]
+  baseOutputDirectory: {outputUriPrefix: gs://b/vertex-out}
+  scheduling: {timeout: 7200s}
+"""
+BASIC_GPU = "trainingInput: {scaleTier: BASIC_GPU, region: europe-west4, pythonModule: trainer.task}"
+
+
+def run(text: str, **kw) -> translate.Translation:
+    doc = yaml.safe_load(text)
+    job = importer.read_any(doc) if isinstance(doc, dict) else None
+    return translate.translate(job, "imported", CATALOG, **kw)
+
+
+def gcloud(text: str, **kw) -> translate.Translation:
+    return translate.translate(importer.read_gcloud_args(importer.split_gcloud_command(text)), "imported", CATALOG, **kw)
+
+
+def plans(settings: dict) -> tuple[str, int]:
+    """scripts/plan on the imported stack, once the user gave a project, SSH ranges and a key."""
+    raw = {**settings, "gcp:project": "proj-1", "gpu-train:sshSourceRanges": ["203.0.113.7/32"],
+           "gpu-train:sshPublicKey": KEY}
+    return plan.plan(raw, "imported")
+
+
+T4x4 = {"machineType": "n1-highcpu-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4}
+CLUSTER_POOLS = [{"role": "chief", **T4x4}, {"role": "worker", "count": 9, **T4x4},
+                 {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]
+
+
+@pytest.mark.parametrize("text, form, zone, shape, train_tail", [
+    (GUIDE_CE, "yaml", "us-central1-a", {"pools": CLUSTER_POOLS}, ["--script", "YOUR_SCRIPT.py", "--ps", "3"]),
+    (GUIDE_LEGACY, "yaml", "us-central1-a", {"pools": [
+        {"role": "chief", "machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4},
+        {"role": "worker", "count": 9, "machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4},
+        {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]}, ["--script", "YOUR_SCRIPT.py", "--ps", "3"]),
+    (GUIDE_GCLOUD, "gcloud", "us-central1-a", {"pools": CLUSTER_POOLS},
+     ["--dir", ".", "--command", 'python -m trainer.task --epochs 10 --lr 0.1 --job-dir "$JOB_DIR"', "--ps", "3"]),
+    (VERTEX_H100, "yaml", "us-central1-a", {"machineType": "a3-highgpu-2g", "maxRunHours": 2, "bootDiskSizeGb": 250},
+     ["--command", "python -m trainer.task --epochs 5 --job-dir \"$JOB_DIR\"", "--env", "WANDB_MODE=offline"]),
+    (BASIC_GPU, "yaml", "europe-west4-a", {"machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
+     ["--command", "python -m trainer.task"]),
+])
+def test_seed_examples(text, form, zone, shape, train_tail):
+    t = gcloud(text) if form == "gcloud" else run(text)
+    settings = {k.removeprefix("gpu-train:"): v for k, v in t.settings.items()}
+    assert settings["zone"] == zone
+    for key, value in shape.items():
+        assert settings[key] == value, key
+    assert t.train[:4] == ["gpu-train", "train", "--stack", "imported"]
+    assert t.train[4:] == train_tail
+    text_out, code = plans(t.settings)
+    assert code == 0, text_out
+    # Every field is accounted for, and what no job holds is named as a thing to do.
+    assert {n.field for n in t.notes if n.status == NOT_MAPPED} >= {"gcp:project", "sshSourceRanges"}
+
+
+def test_the_report_explains_each_change():
+    legacy = run(GUIDE_LEGACY)
+    k80 = [n for n in legacy.notes if n.status == CHANGED and "nvidia-tesla-k80" in n.detail]
+    assert len(k80) == 2 and all("end of support" in n.detail for n in k80)
+    vertex = run(VERTEX_H100)
+    statuses = {n.field: n.status for n in vertex.notes}
+    assert statuses["workerPoolSpecs[0].pythonPackageSpec.executorImageUri"] == CHANGED
+    assert statuses["maxRunningTime"] == EXACT  # 7200 s is exactly 2 h
+    assert "gs://b/vertex-out" in next(n.detail for n in vertex.notes if n.field == "jobDir")
+    assert any(n.field.startswith("workerPoolSpecs[0]") and "a3-highgpu-2g with its 2 x nvidia-h100-80gb" in n.detail
+               for n in vertex.notes)
+
+
+LEGACY = importer.tables()["legacyMachineTypes"]["types"]
+
+
+@pytest.mark.parametrize("name", sorted(LEGACY))
+def test_every_legacy_machine_type(name):
+    t = run(f"trainingInput: {{scaleTier: CUSTOM, masterType: {name}, region: us-central1}}")
+    row = LEGACY[name]
+    settings = {k.removeprefix("gpu-train:"): v for k, v in t.settings.items()}
+    assert settings["machineType"] == row["machineType"]
+    if row.get("gpuType") == "nvidia-tesla-k80":
+        assert settings["gpuType"] == "nvidia-tesla-t4"
+        assert settings["gpuCount"] == min(row["gpuCount"], 4)  # T4 attaches 1, 2 or 4
+    elif row.get("gpuType"):
+        assert (settings["gpuType"], settings["gpuCount"]) == (row["gpuType"], row["gpuCount"])
+    else:  # a CPU master: the chief carries a GPU, and the report says so
+        assert settings["gpuType"] == "nvidia-tesla-t4"
+        assert any(n.status == CHANGED and "had no GPU" in n.detail for n in t.notes)
+    text, code = plans(t.settings)
+    assert code == 0, text
+
+
+@pytest.mark.parametrize("tier, nodes, ps", [("BASIC", None, 0), ("STANDARD_1", 8, 3), ("PREMIUM_1", 31, 11)])
+def test_scale_tiers(tier, nodes, ps):
+    t = run(f"trainingInput: {{scaleTier: {tier}, region: us-central1, pythonModule: m.task}}")
+    pools = t.settings.get("gpu-train:pools")
+    total = sum(p.get("count", 1) for p in pools) if pools else t.settings.get("gpu-train:nodes")
+    assert total == nodes
+    if ps:  # the parameter servers stay CPU only, the chief and workers get a GPU: pools
+        assert pools[-1] == {"role": "ps", "count": ps, "machineType": "n1-standard-4"}
+    assert plans(t.settings)[1] == 0
+    assert (["--ps", str(ps)] == t.train[-2:]) == bool(ps)
+    if tier != "BASIC":
+        assert any(n.field == "scaleTier" and n.status == CHANGED and "never published" in n.detail for n in t.notes)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("trainingInput: {scaleTier: BASIC_TPU}", "Cloud TPU"),
+    ("trainingInput: {scaleTier: CUSTOM}", "needs masterType"),
+    ("trainingInput: {scaleTier: CUSTOM, masterType: turbo}", "neither a Compute Engine machine type"),
+    ("trainingInput: {scaleTier: CUSTOM, masterType: n1-standard-8, masterConfig: {acceleratorConfig: {type: TPU_V3}}}",
+     "Cloud TPU"),
+    ("trainingInput: {scaleTier: CUSTOM, masterType: standard, workerCount: 2}", "needs workerType"),
+    ("trainingInput: {scaleTier: CUSTOM, masterType: standard, scheduling: {maxRunningTime: soon}}", "duration"),
+    ("jobSpec: {workerPoolSpecs: [{replicaCount: 1}]}", "machineType is required"),
+    ("- not a mapping", "expected a YAML mapping"),
+])
+def test_bad_jobs_say_what_is_wrong(text, message):
+    with pytest.raises(JobImportError, match=message):
+        doc = yaml.safe_load(text)
+        translate.translate(importer.read_any(doc), "x", CATALOG)
+
+
+def test_gcloud_flags_and_config_file_together():
+    files = {"c.yaml": {"trainingInput": {"scaleTier": "CUSTOM", "masterType": "standard_v100", "region": "us-west1"}}}
+    job = importer.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
+                                     "--use-chief-in-tf-config", "--", "--x", "1"], files.__getitem__)
+    t = translate.translate(job, "s", CATALOG, project="p", ssh_ranges=("198.51.100.0/24",))
+    assert t.settings["gcp:project"] == "p" and t.settings["gpu-train:sshSourceRanges"] == ["198.51.100.0/24"]
+    assert t.settings["gpu-train:zone"].startswith("us-west1-")
+    assert t.train[-2:] == ["--command", "python -m t.task --x 1"]
+    assert any(n.field == "--stream-logs" and n.status == NOT_MAPPED for n in t.notes)
+    assert not any(n.field in ("gcp:project", "sshSourceRanges") for n in t.notes)
+
+
+def test_region_without_every_shape_moves_to_the_nearest_that_has_them():
+    t = run("trainingInput: {scaleTier: CUSTOM, masterType: n1-standard-8, masterConfig: {acceleratorConfig: "
+            "{type: NVIDIA_TESLA_V100, count: 1}}, region: europe-west1}")
+    zone = t.settings["gpu-train:zone"]
+    assert zone in CATALOG.zones_for("nvidia-tesla-v100") and not zone.startswith("europe-west1-")
+    assert zone.startswith("europe-")  # same geography first
+    assert any(n.field == "region" and n.status == CHANGED for n in t.notes)
+
+
+def test_container_jobs_are_reported_not_run():
+    t = run("jobSpec: {workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, replicaCount: 1, "
+            "containerSpec: {imageUri: gcr.io/p/img}}]}")
+    note = next(n for n in t.notes if n.field == "container")
+    assert note.status == NOT_MAPPED and "not run" in note.detail

@@ -1,0 +1,124 @@
+"""Node pools: the rules each pool meets, and the program under mocks (instances per pool, one
+placement policy where every pool's series takes one, the firewall between the pools' nodes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_train import config, validate
+from gpu_train.catalog import load_catalog
+from infra import plan, preview, program
+from tests.conftest import gcp_raw
+
+CATALOG = load_catalog()
+T4 = {"machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4}
+AIP = [{"role": "ps", "count": 2, "machineType": "n1-highmem-8"},  # order given need not be node order
+       {"role": "chief", **T4}, {"role": "worker", "count": 3, **T4}]
+
+
+def pools_raw(pools: list, **over: object) -> dict:
+    return gcp_raw(**{"machineType": None, "gpuType": None, "gpuCount": None, "pools": pools, **over})
+
+
+def problems(raw: dict) -> list[str]:
+    try:
+        _, warnings = validate.check(raw, "p", CATALOG)
+    except config.ConfigError as e:
+        return [str(p) for p in e.problems]
+    return [str(w) for w in warnings]
+
+
+def test_pools_parse_into_node_order() -> None:
+    cfg, warnings = validate.check(pools_raw(AIP), "p", CATALOG)
+    assert [p.role for p in cfg.pools] == ["chief", "worker", "ps"]
+    assert cfg.nodes == 6 and (cfg.machine_type, cfg.gpu_type, cfg.gpu_count) == ("n1-standard-16", "nvidia-tesla-t4", 4)
+    shapes = validate.node_shapes(cfg, CATALOG)
+    assert [s.gpu_count for s in shapes] == [4, 4, 4, 4, 0, 0]
+    assert [s.machine_type for s in shapes][-2:] == ["n1-highmem-8", "n1-highmem-8"]
+    assert any("no compact placement" in str(w) for w in warnings)  # N1: placed anywhere in the zone
+
+
+@pytest.mark.parametrize("pools, over, words", [
+    ([{"role": "worker", **T4}], {}, "exactly one chief"),
+    ([{"role": "chief", "count": 2, **T4}], {}, "exactly one chief"),
+    ([{"role": "chief", **T4}, {"role": "worker", "count": 2, "machineType": "n1-standard-8"}], {}, "needs GPUs"),
+    ([{"role": "chief", **T4}, {"role": "boss", **T4}], {}, "must be one of chief, worker, ps"),
+    ([{"role": "chief", **T4, "gpuCount": 3}], {}, "counts of 1, 2, 4 only"),
+    ([{"role": "chief", **T4}, {"role": "ps", "machineType": "n1-mega-8"}], {}, "not a machine type"),
+    ([{"role": "chief", **T4}], {"nodes": 3}, "set together with pools"),
+    ([{"role": "chief", **T4}], {"machineType": "n1-standard-8"}, "set together with pools"),
+    ([{"role": "chief", **T4}, {"role": "worker", "count": 5000, **T4}], {}, "1000 nodes at most"),
+    ([{"role": "chief", **T4}, {"role": "worker", "count": "two", **T4}], {}, "whole number"),
+    ([{"role": "chief", **T4, "gpus": 4}], {}, "unknown field 'gpus'"),
+    ([{"role": "chief", "machineType": "a2-highgpu-1g"}, {"role": "worker", "machineType": "n1-standard-8",
+      "gpuType": "nvidia-tesla-v100", "gpuCount": 1}], {"zone": "us-central1-b"}, None),
+    ([{"role": "chief", "machineType": "g2-standard-8"}, {"role": "worker", "machineType": "n1-standard-8",
+      "gpuType": "nvidia-tesla-p100", "gpuCount": 1}], {"zone": "us-central1-a"}, "pools[1] (n1-standard-8): P100 is not"),
+])
+def test_pool_rules(pools, over, words) -> None:
+    found = problems(pools_raw(pools, **over))
+    errors = [p for p in found if "placement" not in p]
+    if words is None:
+        assert errors == []
+    else:
+        assert any(words in p for p in errors), found
+
+
+def test_pools_under_mocks(public_key) -> None:
+    raw = pools_raw([{"role": "chief", "machineType": "g2-standard-24"},
+                     {"role": "worker", "count": 2, "machineType": "g2-standard-24"},
+                     {"role": "ps", "count": 1, "machineType": "n1-highmem-8"}], sshPublicKey=str(public_key))
+    result = preview.run(program.main, stack="p", config=raw)
+    assert result.error is None, result.error
+    instances = sorted(result.of_type("compute/instance:Instance"), key=lambda r: r.inputs["name"])
+    assert [i.inputs["machineType"] for i in instances] == ["g2-standard-24"] * 3 + ["n1-highmem-8"]
+    assert all(not i.inputs.get("guestAccelerators") for i in instances)  # G2 carries its GPUs; the ps has none
+    # N1 takes no compact placement, so neither does the cluster; the nodes still talk to each other.
+    assert not result.of_type("compute/resourcePolicy:ResourcePolicy")
+    (internal,) = [f for f in result.of_type("compute/firewall:Firewall") if f.inputs["name"].endswith("-internal")]
+    assert internal.inputs["sourceTags"] == internal.inputs["targetTags"]
+    assert result.outputs["nodeGpuCounts"] == [2, 2, 2, 0]
+    assert result.outputs["nodeRoles"] == ["chief", "worker", "worker", "ps"]
+    assert len(result.outputs["externalIps"]) == 4
+
+
+def test_one_placement_when_every_pool_takes_one(public_key) -> None:
+    raw = pools_raw([{"role": "chief", "machineType": "a2-highgpu-2g"},
+                     {"role": "worker", "count": 2, "machineType": "a2-highgpu-1g"}], sshPublicKey=str(public_key))
+    result = preview.run(program.main, stack="p", config=raw)
+    assert result.error is None, result.error
+    (policy,) = result.of_type("compute/resourcePolicy:ResourcePolicy")
+    assert policy.inputs["groupPlacementPolicy"]["vmCount"] == 3
+    instances = result.of_type("compute/instance:Instance")
+    assert {i.inputs["resourcePolicies"] for i in instances} == {policy.inputs["name"]} or all(
+        i.inputs.get("resourcePolicies") for i in instances)
+
+
+def test_plan_shows_cost_per_pool() -> None:
+    raw = pools_raw([{"role": "chief", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
+                     {"role": "worker", "count": 2, "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4",
+                      "gpuCount": 1},
+                     {"role": "ps", "count": 2, "machineType": "n1-standard-8"}])
+    text, code = plan.plan(raw, "p")
+    assert code == 0, text
+    # n1-standard-8 $0.38/h + one T4 $0.35/h; the parameter servers pay the machine only.
+    assert "chief  node 0       1 x n1-standard-8 (1 x nvidia-tesla-t4): $0.73/h" in text
+    assert "worker nodes 1-2    2 x n1-standard-8 (1 x nvidia-tesla-t4): $1.46/h" in text
+    assert "ps     nodes 3-4    2 x n1-standard-8 (no GPU): $0.76/h" in text
+    assert "all 5 nodes: $2.95/h" in text
+    assert "GPUs: none (CPU only)" in text
+
+
+def test_quota_needs_add_up_over_pools() -> None:
+    from gpu_train import quota
+
+    cfg, _ = validate.check(pools_raw([{"role": "chief", **T4}, {"role": "worker", "count": 2, **T4},
+                                       {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]), "p", CATALOG)
+    nodes = validate.node_shapes(cfg, CATALOG)
+    region = {"NVIDIA_T4_GPUS": (100.0, 0.0), "CPUS": (1000.0, 0.0)}
+    by_metric = {(n.metric, n.scope): n for n in quota.needs(cfg, nodes[0], region, CATALOG, nodes)}
+    assert by_metric[("NVIDIA_T4_GPUS", "us-central1")].amount == 12  # 3 GPU nodes x 4; the ps add none
+    cpus = by_metric[("CPUS", "us-central1")]
+    assert cpus.amount == 3 * 16 + 3 * 8 and cpus.what == "48 vCPUs of n1-standard-16 + 24 vCPUs of n1-highmem-8"
+    assert by_metric[("GPUS_ALL_REGIONS", "global")].amount == 12
+    assert sum(n.amount for n in by_metric.values() if n.metric and "TOTAL_GB" in n.metric) == 6 * 200
