@@ -106,6 +106,8 @@ KEYS: dict[str, Key] = {
         Key("knownHosts", "str", None, doc="known_hosts file pinning the hosts' keys; default: learned on first contact"),
         Key("remoteRoot", "str", "~/gpu-train", doc="where gpu-train keeps its files on each host"),
         Key("python", "str", None, doc="Python on the host; default: DLVM conda, else python3"),
+        Key("venv", "bool", None, doc="run jobs in a venv per project made from `python` (with its site packages); "
+            "false installs requirements.txt into `python` itself; default true on SSH stacks, false on GCP"),
         Key("idleStopMinutes", "int", None, doc="power off after this many idle minutes (no job, no SSH session, "
             "GPUs under 5%); 0 = off; default 30 on GCP, 0 on SSH stacks"),
         Key("maxRunHours", "int", None, ("gcp",), doc="hard cap on the VM's run time (scheduling.maxRunDuration, then STOP)"),
@@ -176,6 +178,7 @@ class StackConfig:
     ssh_config: str | None = None
     remote_root: str = "~/gpu-train"
     python: str | None = None
+    venv: bool = False
     idle_stop_minutes: int = 0
     max_run_hours: int | None = None
     running: bool = True
@@ -216,7 +219,8 @@ _FIELD_FOR_KEY = {
     "bootDiskType": "boot_disk_type", "imageFamily": "image_family", "imageProject": "image_project",
     "sshUser": "ssh_user", "sshPublicKey": "ssh_public_key", "sshSourceRanges": "ssh_source_ranges",
     "allowSshFromAnywhere": "allow_ssh_from_anywhere", "labels": "labels", "hosts": "hosts",
-    "sshKey": "ssh_key", "knownHosts": "known_hosts", "sshConfig": "ssh_config", "remoteRoot": "remote_root", "python": "python",
+    "sshKey": "ssh_key", "knownHosts": "known_hosts", "sshConfig": "ssh_config", "remoteRoot": "remote_root",
+    "python": "python", "venv": "venv",
     "idleStopMinutes": "idle_stop_minutes", "maxRunHours": "max_run_hours", "running": "running",
     "maxResumes": "max_resumes", "nodes": "nodes", "quotaRequest": "quota_request",
     "fallbackShapes": "fallback_shapes", "spotFallback": "spot_fallback", "pools": "pools",
@@ -405,6 +409,7 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
             kwargs.update(machine_type=chief.machine_type, gpu_type=chief.gpu_type, gpu_count=chief.gpu_count,
                           nodes=sum(p.count for p in pools))
     kwargs.setdefault("idle_stop_minutes", 30 if target == "gcp" else 0)
+    kwargs.setdefault("venv", target == "ssh")  # GCP: the Deep Learning VM's framework Python
     if target == "gcp":  # image defaults are catalog facts
         catalog = load_catalog()
         kwargs.setdefault("image_family", catalog.default_image_family)

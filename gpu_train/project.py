@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,6 +44,12 @@ def stack_dirs(project: Path | None = None, env: dict[str, str] | None = None) -
         if d.resolve() not in [s.resolve() for s in seen]:
             seen.append(d)
     return seen
+
+
+def project_name(root: Path) -> str:
+    """The project's name on a host (REMOTE_ROOT/envs/NAME, REMOTE_ROOT/data/NAME): its directory's name."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", root.name).lstrip(".-")
+    return name[:64] or "project"
 
 
 def stack_path(name: str, dirs: list[Path]) -> Path | None:

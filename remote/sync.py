@@ -299,6 +299,23 @@ SAFE_RECEIVE = ("--no-devices", "--no-specials", "--safe-links", "--no-owner", "
                 "--chmod=ugo-s,go-w")
 
 
+def data_command(target: Target, host: SshHost, src: Path, dest: str, progress: bool, rsh: str | None = None) -> list[str]:
+    """rsync a data directory to ``dest`` on the host: incremental, resumable, never deleting there."""
+    mkdir = shlex.join(["mkdir", "-p", dest])  # older rsyncs lack --mkpath
+    cmd = ["rsync", "-a", "--partial", PROTECT, "-e", rsh or ssh_command(target, host), f"--rsync-path={mkdir} && rsync"]
+    if progress:
+        cmd += ["--info=progress2", "--no-inc-recursive"]
+    return [*cmd, f"{src}/", remote_path(host, f"{dest}/")]
+
+
+def push_data(target: Target, host: SshHost, src: Path, dest: str, progress: bool, rsh: str | None = None) -> None:
+    check_rsync()
+    result = subprocess.run(data_command(target, host, src, dest, progress, rsh), stdout=None if progress else subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise RemoteError(f"push to {host} failed (rsync exit {result.returncode}): {result.stderr.strip()}")
+
+
 def fetch_command(target: Target, host: SshHost, job_dir: str, dest: Path, partial: Path, progress: bool) -> list[str]:
     """rsync a run's JOB_DIR home: resumable, verified, atomic per file, never over newer local files.
 

@@ -33,6 +33,7 @@ class Target:
     pinned: bool  # known_hosts given by the user: never written, unknown keys refused
     remote_root: str
     python: str | None
+    venv: bool
     expect_gpus: int  # GCP: wait until nvidia-smi lists this many; SSH stacks: 0 (no waiting)
     hourly_cost_usd: float | None
     is_gcp: bool
@@ -123,6 +124,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         pinned=cfg.known_hosts is not None,
         remote_root=cfg.remote_root,
         python=cfg.python,
+        venv=cfg.venv,
         expect_gpus=expect,
         hourly_cost_usd=cost,
         is_gcp=cfg.is_gcp,

@@ -32,7 +32,7 @@ class Cluster:
         (tmp / "stacks" / "Pulumi.duo.yaml").write_text(
             "config:\n  gpu-train:target: ssh\n"
             f"  gpu-train:hosts: ['{self.a.spec}', '{self.b.spec}']\n  gpu-train:sshKey: {self.a.client_key}\n"
-            f"  gpu-train:remoteRoot: {tmp}/node{{node}}\n  gpu-train:python: {sys.executable}\n")
+            f"  gpu-train:remoteRoot: {tmp}/node{{node}}\n  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n")
         self.cwd = tmp / "work"
         self.cwd.mkdir()
         self.env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(tmp / "stacks"), "GPU_TRAIN_HOME": str(tmp / "home"),

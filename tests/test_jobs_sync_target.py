@@ -24,6 +24,7 @@ from tests.conftest import gcp_raw
         (None, None, "bash run.sh", "job"),
         ("exp_1", "train.py", None, "exp_1"),
         (None, "3d.py", None, "job_3d"),
+        ("my-exp-2", "train.py", None, "my_exp_2"),  # --name accepts hyphens: run ids keep the AI Platform rule
         (None, "x" * 200 + ".py", None, "x" * 112),
     ],
 )
@@ -31,7 +32,7 @@ def test_base_name(name, script, command, base) -> None:
     assert jobs.base_name(name, script, command) == base
 
 
-@pytest.mark.parametrize("name", ["9lives", "has-dash", "", "a b", "é"])
+@pytest.mark.parametrize("name", ["9lives", "-dash", "", "a b", "é"])
 def test_base_name_rejects(name: str) -> None:
     with pytest.raises(jobs.JobError, match="--name"):
         jobs.base_name(name, "train.py", None)
@@ -133,10 +134,19 @@ def test_render_status() -> None:
                            Path("/s"))
     doc = {"host": "vm", "root": "/home/trainer/gpu-train", "uptimeS": 7200,
            "gpus": [{"index": 0, "name": "Tesla T4", "utilization": 87.0, "memoryUsedMiB": 9000, "memoryTotalMiB": 15360}],
-           "runs": [{"id": "train_20260101_000000", "state": "failed", "exitCode": 3, "durationS": 3725, "lastLine": "boom"}]}
+           "runs": [{"id": "train_20260101_000000", "state": "failed", "exitCode": 3, "durationS": 3725,
+                     "lastLine": "ValueError: boom"},
+                    {"id": "pip_20260101_000000", "state": "failed", "exitCode": 1, "durationS": 2, "lastLine": "",
+                     "reason": "pip install -r requirements.txt failed (exit 1): no such file"},
+                    {"id": "t_20260101_000000", "state": "running", "exitCode": None, "durationS": 5, "resumes": 2}]}
     text = render_status(doc, t)
     assert "VM up 2.0 h, about $1.00 so far" in text and "GPU 0 Tesla T4: 87% busy, 9000/15360 MiB" in text
-    assert "failed (exit 3)" in text and "1h02m" in text and "boom" in text
+    table = text.splitlines()[-4:]
+    assert table[0].split() == ["RUN", "STATE", "EXIT", "DURATION", "LAST", "LINE"]
+    assert table[1].split() == ["train_20260101_000000", "failed", "3", "1h02m", "ValueError:", "boom"]
+    assert table[2].endswith("pip install -r requirements.txt failed (exit 1): no such file")  # no line of its own
+    assert table[3].split()[:5] == ["t_20260101_000000", "running", "[resumed", "2x]", "-"]
+    assert table[1].index("failed") == table[0].index("STATE")  # columns line up
 
 
 @pytest.fixture

@@ -21,8 +21,9 @@ from remote.loopback import Sshd, free_port
 GPU_TRAIN = str(Path(sys.executable).parent / "gpu-train")
 SCRUB = ("GPU_TRAIN_STACKS_DIR", "GPU_TRAIN_HOME", "GPU_TRAIN_STACK", "GPU_TRAIN_PROJECT", "SSH_AUTH_SOCK", "PYTHONPATH")
 
-HELLO = "print('hello from the job')\n"
-CRASH = "import json\nprint('loading', flush=True)\njson.loads(open('data/train.csv').read())\n"
+HELLO = "import sys\nprint('hello from the job in', sys.prefix)\n"
+CRASH = "print('loading', flush=True)\nprint(len(open('data/train.csv', 'rb').read()), 'bytes of data')\n"
+USES_DATA = "import os\nprint('DATA_DIR has', sorted(os.listdir(os.environ['DATA_DIR'])))\n"
 
 
 class Project:
@@ -37,7 +38,7 @@ class Project:
         self.home.mkdir()
         self.agent_sock: str | None = None
         for name, text in {".gitignore": "data/\n__pycache__/\n", "hello.py": HELLO, "crash.py": CRASH,
-                           "requirements.txt": ""}.items():
+                           "uses_data.py": USES_DATA, "requirements.txt": "# nothing yet\n"}.items():
             (self.dir / name).write_text(text)
         (self.dir / "data").mkdir()
         (self.dir / "data" / "train.csv").write_bytes(b"x" * (3 * 1024 * 1024))
@@ -92,14 +93,14 @@ def started_run(result: subprocess.CompletedProcess) -> str:
 
 
 # -- the loop from a project directory --------------------------------------------------------
-def test_init_train_crash_fetch_train_again(proj: Project, sshd) -> None:
+def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     server = sshd("127.0.14.1")
     init = proj.run("init", "--host", server.spec, "--key", str(server.client_key), check=True)
     stack = proj.dir / "stacks" / "Pulumi.lab.yaml"
     assert f"wrote {stack}" in init.stdout and "next:" in init.stdout
     assert ".gpu-train/" in (proj.dir / ".gitignore").read_text() and "runs/" in (proj.dir / ".gitignore").read_text()
     assert proj.run("init", "--host", server.spec).returncode == 1  # never replaces a stack
-    with stack.open("a") as f:  # what the user edits
+    with stack.open("a") as f:  # what the user edits: where gpu-train lives on the host, and its Python
         f.write(f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n")
 
     typo = proj.run("trian")
@@ -109,24 +110,49 @@ def test_init_train_crash_fetch_train_again(proj: Project, sshd) -> None:
 
     sub = proj.dir / "src"
     sub.mkdir()
-    first = proj.run("train", "--script", "hello.py", cwd=sub, check=True)  # the project is found from below
+    first = proj.run("train", "--script", "hello.py", "--follow", cwd=sub, check=True)  # the project is found from below
+    env = proj.remote / "envs" / "my-model"
+    assert f"hello from the job in {env}" in first.stdout  # the project's own venv
+    assert "creating the project's virtual environment" in first.stdout
     assert "left out: data/ 3.0 MiB, ignored by .gitignore" in first.stderr and "gpu-train push" in first.stderr
-    assert "first contact with" in first.stderr
-    run = started_run(first)
+    assert "first contact with" in first.stderr and "installing requirements.txt" in first.stdout
+    hello = started_run(first)
 
-    crashed = started_run(proj.run("train", "--script", "crash.py", check=True))
-    deadline = time.monotonic() + 60
-    while "failed" not in proj.run("status", check=True).stdout and time.monotonic() < deadline:
-        time.sleep(0.5)
+    crash = proj.run("train", "--script", "crash.py", "--name", "no-data", "--follow")
+    assert crash.returncode == 1 and "loading" in crash.stdout and "Traceback" in crash.stdout
+    crashed = started_run(crash)
+    assert crashed.startswith("no_data_")
+    table = proj.run("status", check=True).stdout.splitlines()
+    header = next(line for line in table if "RUN" in line)
+    assert header.split() == ["RUN", "STATE", "EXIT", "DURATION", "LAST", "LINE"]
+    row = next(line for line in table if crashed in line)
+    assert "failed" in row and "FileNotFoundError: [Errno 2] No such file or directory: 'data/train.csv'" in row
+    assert proj.run("status", "--json", check=True).stdout.lstrip().startswith("{")
 
-    proj.run("fetch", "--run", run, check=True)
-    assert (proj.dir / "runs" / "lab" / run).is_dir()
-    again = proj.run("train", "--script", "hello.py", check=True)
-    assert "runs/" in again.stderr and "fetched results" in again.stderr
-    code = proj.remote / "runs" / started_run(again) / "code"
+    pushed = proj.run("push", "data", check=True)
+    assert "$DATA_DIR/data" in pushed.stdout
+    assert (proj.remote / "data" / "my-model" / "data" / "train.csv").stat().st_size == 3 * 1024 * 1024
+    again = proj.run("train", "--script", "crash.py", "--follow", check=True)  # data/ is there now
+    assert "3145728 bytes of data" in again.stdout and "creating the project's virtual environment" not in again.stdout
+    assert "unchanged since the last install: skipping pip" in again.stdout  # the venv and its packages reused
+    assert "DATA_DIR has ['data']" in proj.run("train", "--script", "uses_data.py", "--follow", check=True).stdout
+
+    assert "loading" in proj.run("logs", "--run", "no_da", check=True).stdout  # a prefix of the run id
+    unknown = proj.run("logs", "--run", "hellp")
+    assert unknown.returncode == 1 and f"did you mean {hello}" in unknown.stderr
+
+    proj.run("fetch", "--run", hello, check=True)
+    assert (proj.dir / "runs" / "lab" / hello).is_dir()
+    last = proj.run("train", "--script", "hello.py", "--follow", check=True)
+    assert "runs/" in last.stderr and "fetched results" in last.stderr
+    code = proj.remote / "runs" / started_run(last) / "code"
     assert (code / "hello.py").is_file() and not (code / "runs").exists() and not (code / ".gpu-train").exists()
-    assert not (code / "data").exists()
-    assert (proj.remote / "runs" / crashed).is_dir()
+    assert (code / "data").is_symlink()  # DATA_DIR's data/, not a copy of the laptop's
+
+    (proj.dir / "requirements.txt").write_text("./no-such-package-dir\n")
+    bad = proj.run("train", "--script", "hello.py", "--follow")
+    assert bad.returncode == 1 and "[gpu-train] pip: " in bad.stdout and "pip.log" in bad.stdout
+    assert "pip install -r requirements.txt failed" in proj.run("status", check=True).stdout
 
     one = proj.run("ssh", "--", "echo $((6*7)); exit 3")
     assert one.returncode == 3 and one.stdout.strip() == "42"

@@ -11,7 +11,7 @@ import sys
 import time
 
 from .procs import detect_python, gpu_count
-from .protocol import STARTING
+from .protocol import STARTING, project_dirs
 from .status import busy_runs
 from .store import AgentError, agent_path, locked, now, read_json, settings, update_state, write_json
 
@@ -98,7 +98,9 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0)
     start_wrapper(root, run_id)
     return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
-            "log": os.path.join(run_dir, "log"), "python": python, "screen": run_id}
+            "log": os.path.join(run_dir, "log"), "screen": run_id,
+            "python": os.path.join(project_dirs(root, spec.get("project"))[0], "bin", "python") if spec.get("venv") else python,
+            "dataDir": project_dirs(root, spec.get("project"))[1]}
 
 
 def start_wrapper(root: str, run_id: str) -> None:

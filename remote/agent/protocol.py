@@ -62,12 +62,15 @@ class JobSpec:
     launcher: str = "none"  # or "torchrun"
     nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1
     node: dict[str, object] | None = None  # rank, nnodes, masterAddr, masterPort, hosts, tfPort, ps
+    project: str | None = None  # the laptop project's name: REMOTE_ROOT/envs/PROJECT, REMOTE_ROOT/data/PROJECT
+    venv: bool = False  # run in the project's venv (made from ``python`` with its site packages), not in ``python``
 
     def to_json(self) -> dict:
         return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
                 "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
                 "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
-                "launcher": self.launcher, "nproc": self.nproc, "node": self.node}
+                "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "project": self.project,
+                "venv": self.venv}
 
     @classmethod
     def from_json(cls, doc: dict) -> JobSpec:
@@ -75,7 +78,8 @@ class JobSpec:
                    args=tuple(doc.get("args") or ()), env=dict(doc.get("env") or {}), python=doc.get("python"),
                    expect_gpus=int(doc.get("expectGpus") or 0), code_manifest=doc.get("codeManifest"),
                    reuse_code=bool(doc.get("reuseCode")), agent_settings=dict(doc.get("agentSettings") or {}),
-                   launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"))
+                   launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"),
+                   project=doc.get("project"), venv=bool(doc.get("venv")))
 
 
 # -- the documents the agent answers with ----------------------------------------------------
@@ -137,6 +141,12 @@ class StatusDoc(TypedDict):
     host: str
     agent: AgentView
     now: float
+
+
+def project_dirs(root: str, project: str | None) -> tuple[str, str]:
+    """(the project's venv, its data folder) under REMOTE_ROOT: envs/PROJECT, data/PROJECT."""
+    name = project or "default"
+    return f"{root}/envs/{name}", f"{root}/data/{name}"
 
 
 # The log stream's markers on stderr: where it started reading, and the run's last word.

@@ -8,7 +8,7 @@ import sys
 import time
 
 from .procs import alive, gpus, uptime_s
-from .protocol import ACTIVE, INTERRUPTED, LAUNCH_GRACE_S, LOG_END, LOG_START, STARTING, TERMINAL
+from .protocol import ACTIVE, FAILED, INTERRUPTED, LAUNCH_GRACE_S, LOG_END, LOG_START, STARTING, TERMINAL
 from .store import find_run, last_line, now, read_json, read_state, run_dirs, settings, tree_summary
 
 
@@ -42,7 +42,7 @@ def describe(run_dir: str) -> dict:
         "durationS": round((end or time.time()) - start, 1) if start else None,
         "jobDir": os.path.join(run_dir, "job"),
         "log": os.path.join(run_dir, "log"),
-        "lastLine": last_line(os.path.join(run_dir, "log")),
+        "lastLine": last_line(os.path.join(run_dir, "log"), st == FAILED),
         "resumes": state.get("resumes", 0),
         "preemptions": state.get("preemptions", 0) + int(bool(state.get("preempted"))),
         "reason": state.get("reason"),

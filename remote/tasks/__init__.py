@@ -15,9 +15,9 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
 from invoke import Collection
 
 from remote.starter import init
+from remote.tasks import data, runs, shell
 from remote.tasks import fetch as fetching
-from remote.tasks import runs, shell
 from remote.tasks import train as training
 
 ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, fetching.fetch, fetching.down,
-                shell.setup, shell.shell, shell.gpus, shell.tunnel, init)
+                shell.setup, shell.shell, shell.gpus, shell.tunnel, init, data.push)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +18,12 @@ from remote.tasks.runs import cluster_status
 from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
 
 
+def destination(stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
+    """Where a run's JOB_DIR goes: --dest (RUN/ under it for several runs), else the project's runs/STACK/RUN."""
+    where = Path(dest) / run if dest and several else Path(dest or project_root() / "runs" / stack / run)
+    return where / subdir if subdir else where
+
+
 def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
                 subdir: str = "") -> list[str]:
     """Fetch each run's JOB_DIR (into ``subdir`` of the run's folder); the ids that failed."""
@@ -24,8 +32,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     record = FetchRecord(session.target.cache)
     failed = []
     for r in runs:
-        where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or project_root() / "runs" / session.target.stack / r["id"])
-        where = where / subdir if subdir else where
+        where = destination(session.target.stack, r["id"], dest, len(runs) > 1, subdir)
         if record.up_to_date(r, where):
             if not quiet:
                 say(f"{r['id']}: up to date in {where}")
@@ -43,8 +50,8 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
 @task(help={"run": "run id (default: the newest)", "all": "every run", "dest": "where to (default runs/STACK/RUN/)",
             "watch": "keep fetching new checkpoints until the run ends", "interval": "seconds between --watch rounds (30)",
             "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
-            "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_nodes=False, stack=None):
+            "json": "print what was fetched where as JSON", "stack": STACK_HELP})
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_nodes=False, stack=None, json_=False):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
     With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
@@ -60,7 +67,8 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
         _fetch_every_node(session, run, dest)
         return
     fetched_before = any(v.get("run") == run for v in FetchRecord(target.cache).doc.values())
-    if run and not all_ and not fetched_before and ssh.knows_host(target, target.host):
+    whole_id = bool(run) and re.search(r"_\d{8}_\d{6}$", run) is not None  # not a prefix the host must resolve
+    if run and whole_id and not all_ and not fetched_before and ssh.knows_host(target, target.host):
         # A first fetch of a named run: rsync alone, no agent call (OpenSSH checks the known host key).
         job = f"{target.rsync_root()}/runs/{run}/job"
         runs = [{"id": run, "state": "unknown", "jobDir": job}]
@@ -69,8 +77,11 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
         runs = doc["runs"] if (all_ or run) else doc["runs"][-1:]
     if not runs:
         raise Exit("no runs on this host yet", code=1)
-    failed = fetch_runs(session, runs, dest, progress=sys.stdout.isatty())
+    failed = fetch_runs(session, runs, dest, progress=sys.stdout.isatty() and not json_)
     session.close()
+    if json_:
+        print(json.dumps({"fetched": [{"runId": r["id"], "dest": str(destination(target.stack, r["id"], dest, len(runs) > 1))}
+                                      for r in runs if r["id"] not in failed], "failed": failed}, indent=1))
     if failed:
         raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=1)
 

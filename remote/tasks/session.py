@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 from invoke import Exit
 
 from gpu_train.config import ConfigError
 
-STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else Pulumi's selected stack)"
+STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack)"
+# How the user called us, for the commands our messages suggest.
+CLI = "gpu-train" if Path(sys.argv[0]).name == "gpu-train" else "fab"
 
 
 def say(text: str) -> None:

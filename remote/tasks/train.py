@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 import time
 from datetime import datetime
@@ -10,10 +11,11 @@ from pathlib import Path
 
 from invoke import Exit, task
 
-from gpu_train.project import project_root
+from gpu_train.project import project_name, project_root
 from remote.target import state_home
 from remote.tasks.localstate import PushedManifests
-from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.runs import follow_to_end
+from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
 
 @task(
@@ -31,10 +33,12 @@ from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, s
         "ps": "with --command on several nodes: the last N nodes are TF parameter servers",
         "stack": STACK_HELP,
         "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
+        "follow": "stream the log until the job ends and exit with its exit code (Ctrl-C detaches; the job goes on)",
+        "json": "print the started run as JSON: runId, host, jobDir, dataDir, python, log",
     },
 )
 def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=29500,
-          ps=0, stack=None, timeout=None):
+          ps=0, stack=None, timeout=None, follow=False, json_=False):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
@@ -56,7 +60,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
-        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node)
+        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node,
+                                   project=project_name(project_root()), venv=cluster.venv)
         specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), int(ps))
     except jobs.JobError as e:
         raise Exit(str(e), code=2) from None
@@ -86,12 +91,19 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     for s in sessions:
         s.close()
     first = answers[0]
-    stack_opt = f" --stack {cluster.stack}"
-    nodes = f" on {len(sessions)} nodes (node 0: {cluster.host})" if len(sessions) > 1 else f" on {cluster.host}"
-    print(f"started {first['runId']}{nodes} ({first['python']}); JOB_DIR={first['jobDir']}")
-    print(f"  follow:  fab logs{stack_opt} --follow" + (" [--node N | --all]" if len(sessions) > 1 else ""))
-    print(f"  status:  fab status{stack_opt}")
-    print(f"  fetch:   fab fetch{stack_opt} --run {first['runId']}")
+    if json_:
+        print(json.dumps({"stack": cluster.stack, "host": str(cluster.host), "nodes": len(sessions),
+                          **{k: first.get(k) for k in ("runId", "jobDir", "dataDir", "log", "python")}}, indent=1))
+    else:
+        stack_opt = f" --stack {cluster.stack}"
+        nodes = f" on {len(sessions)} nodes (node 0: {cluster.host})" if len(sessions) > 1 else f" on {cluster.host}"
+        print(f"started {first['runId']}{nodes} ({first['python']}); JOB_DIR={first['jobDir']}")
+        if not follow:
+            print(f"  follow:  {CLI} logs{stack_opt} --follow" + (" [--node N | --all]" if len(sessions) > 1 else ""))
+        print(f"  status:  {CLI} status{stack_opt}")
+        print(f"  fetch:   {CLI} fetch{stack_opt} --run {first['runId']}")
+    if follow:
+        follow_to_end(Session(None, session.timeout, 0, cluster), first["runId"])
 
 
 def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
