@@ -12,7 +12,7 @@ import difflib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,14 @@ import yaml
 from gpu_train import gpunames, project
 from gpu_train.catalog import load_catalog
 from gpu_train.disks import default_disk_type
-
-NAMESPACE = "gpu-train"
+from gpu_train.settings import (  # each setting is declared once, there
+    BY_KEY,
+    GCP_IDLE_STOP_MINUTES,
+    NAMESPACE,
+    SshHost,
+    StackConfig,
+    looks_like_key_text,
+)
 
 
 @dataclass(frozen=True)
@@ -65,64 +71,6 @@ class ConfigError(ValueError):
         super().__init__("\n".join(lines))
 
 
-# -- the keys ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Key:
-    name: str
-    kind: str  # str | int | bool | list | map
-    default: Any = None
-    targets: tuple[str, ...] = ("gcp", "ssh")
-    required_for: tuple[str, ...] = ()
-    doc: str = ""
-
-
-KEYS: dict[str, Key] = {
-    k.name: k
-    for k in (
-        Key("target", "str", "gcp", doc="`gcp` (a VM created by `pulumi up`) or `ssh` (hosts you already have)"),
-        Key("zone", "str", targets=("gcp",), required_for=("gcp",),
-            doc="Compute Engine zone, e.g. us-central1-a; the region is derived"),
-        Key("machineType", "str", "n1-standard-8", ("gcp",),
-            doc="N1 type with attached GPUs, or a fixed GPU shape (g2-, a2-, a3-, a4-, g4-)"),
-        Key("gpuType", "str", targets=("gcp",), doc="accelerator API name; required for N1, implied by fixed shapes"),
-        Key("gpuCount", "int", targets=("gcp",), doc="GPUs per VM; required for N1, implied by fixed shapes"),
-        Key("spot", "bool", False, ("gcp",), doc="Spot provisioning (60-91% cheaper, may be preempted)"),
-        Key("bootDiskSizeGb", "int", 200, ("gcp",), doc="boot disk size in GB"),
-        Key("bootDiskType", "str", None, ("gcp",), doc="boot disk type; default: the series' own (pd-balanced; "
-            "hyperdisk-balanced on A4, A3 Ultra, A4X and G4, which take Hyperdisk only)"),
-        Key("imageFamily", "str", None, ("gcp",),
-            doc="image family; default: the catalog's current PyTorch DLVM family with the NVIDIA driver"),
-        Key("imageProject", "str", None, ("gcp",), doc="image project; default deeplearning-platform-release"),
-        Key("sshUser", "str", "trainer", ("gcp",), doc="login user created on the VM"),
-        Key("sshPublicKey", "str", "~/.ssh/id_ed25519.pub", ("gcp",), doc="public key text, or a path to it"),
-        Key("sshSourceRanges", "list", targets=("gcp",), required_for=("gcp",), doc="CIDRs allowed to reach SSH (port 22)"),
-        Key("allowSshFromAnywhere", "bool", False, ("gcp",), doc="must be true to allow 0.0.0.0/0 or ::/0 in sshSourceRanges"),
-        Key("labels", "map", {}, ("gcp",), doc="extra labels on the VM"),
-        Key("hosts", "list", targets=("ssh",), required_for=("ssh",), doc="`user@host:port` for each host (ssh target)"),
-        Key("sshKey", "str", None, doc="private key for SSH; gcp default: sshPublicKey's path without .pub; "
-            "ssh default: ssh-agent and the ssh_config's IdentityFile"),
-        Key("sshConfig", "str", None, ("ssh",), doc="ssh_config file for host aliases, User, Port, IdentityFile and "
-            "ProxyJump; default ~/.ssh/config"),
-        Key("knownHosts", "str", None, doc="known_hosts file pinning the hosts' keys; default: learned on first contact"),
-        Key("remoteRoot", "str", "~/gpu-train", doc="where gpu-train keeps its files on each host"),
-        Key("python", "str", None, doc="Python on the host; default: DLVM conda, else python3"),
-        Key("venv", "bool", None, doc="run jobs in a venv per project made from `python` (with its site packages); "
-            "false installs requirements.txt into `python` itself; default true on SSH stacks, false on GCP"),
-        Key("idleStopMinutes", "int", None, doc="power off after this many idle minutes (no job, no SSH session, "
-            "GPUs under 5%); 0 = off; default 30 on GCP, 0 on SSH stacks"),
-        Key("maxRunHours", "int", None, ("gcp",), doc="hard cap on the VM's run time (scheduling.maxRunDuration, then STOP)"),
-        Key("running", "bool", True, ("gcp",), doc="false stops the VM (disk kept); true starts it again on `pulumi up`"),
-        Key("maxResumes", "int", 10, doc="how often a run is relaunched after a reboot before it is marked failed"),
-        Key("nodes", "int", 1, ("gcp",), doc="VMs of the same shape in one zone, for multi-node training (node 0 leads)"),
-        Key("quotaRequest", "map", {}, ("gcp",), doc="{gpus: N, justification: ..., contactEmail: ...}: ask Cloud "
-            "Quotas for N GPUs (region and global) from `pulumi up`"),
-        Key("fallbackShapes", "list", (), ("gcp",), doc="other shapes scripts/up may try: MACHINE or MACHINE/GPU/COUNT"),
-        Key("spotFallback", "bool", False, ("gcp",), doc="scripts/up: on demand when spot has no capacity anywhere"),
-        Key("pools", "pools", (), ("gcp",), doc="nodes of different shapes in one cluster: [{role: chief|worker|ps, "
-            "count, machineType, gpuType, gpuCount}, ...] instead of machineType/gpuType/gpuCount/nodes"),
-    )
-}
-
 _TYPE_WORDS = {
     "str": "a string",
     "int": "a whole number",
@@ -131,101 +79,6 @@ _TYPE_WORDS = {
     "map": "a map of strings to strings",
     "pools": "a list of pools ({role, count, machineType, gpuType, gpuCount})",
 }
-
-
-# -- the model --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SshHost:
-    """One SSH endpoint. As parsed from a stack, ``spec`` keeps the text; once resolved through the
-    ssh_config (remote/sshconfig.py), ``host`` is the real address, ``keys`` the identity files to
-    offer and ``jump`` the ProxyJump hops in order."""
-
-    user: str
-    host: str
-    port: int = 22
-    spec: str = field(default="", compare=False)
-    keys: tuple[str, ...] = ()
-    jump: tuple[SshHost, ...] = ()
-
-    def __str__(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    """Every ``gpu-train:`` setting of one stack, typed, with defaults applied."""
-
-    stack: str
-    target: str = "gcp"
-    project: str | None = None
-    zone: str = ""
-    machine_type: str = "n1-standard-8"
-    gpu_type: str | None = None
-    gpu_count: int | None = None
-    spot: bool = False
-    boot_disk_size_gb: int = 200
-    boot_disk_type: str = "pd-balanced"
-    image_family: str | None = None
-    image_project: str | None = None
-    ssh_user: str = "trainer"
-    ssh_public_key: str = "~/.ssh/id_ed25519.pub"
-    ssh_source_ranges: tuple[str, ...] = ()
-    allow_ssh_from_anywhere: bool = False
-    labels: dict[str, str] = field(default_factory=dict)
-    hosts: tuple[SshHost, ...] = ()
-    ssh_key: str | None = None
-    known_hosts: str | None = None
-    ssh_config: str | None = None
-    remote_root: str = "~/gpu-train"
-    python: str | None = None
-    venv: bool = False
-    idle_stop_minutes: int = 0
-    max_run_hours: int | None = None
-    running: bool = True
-    max_resumes: int = 10
-    nodes: int = 1
-    quota_request: dict[str, str] = field(default_factory=dict)
-    fallback_shapes: tuple[str, ...] = ()
-    spot_fallback: bool = False
-    pools: tuple[Any, ...] = ()  # gpu_train.pools.Pool, chief first; machineType etc. are then the chief's
-    # The settings as given (before defaults), for messages and "was it set?" questions.
-    given: frozenset[str] = frozenset()
-
-    @property
-    def region(self) -> str:
-        return self.zone.rsplit("-", 1)[0] if self.zone else ""
-
-    @property
-    def is_gcp(self) -> bool:
-        return self.target == "gcp"
-
-    def agent_settings(self) -> dict[str, object]:
-        """What the on-host agent needs from the stack (REMOTE_ROOT/agent.json)."""
-        return {"idleStopMinutes": self.idle_stop_minutes, "maxResumes": self.max_resumes,
-                "maxRunHours": self.max_run_hours, "gcp": self.is_gcp}
-
-    def ssh_private_key_path(self) -> str:
-        """The private key used to log in: ``sshKey``, else the public key's path minus .pub."""
-        if self.ssh_key:
-            return self.ssh_key
-        if looks_like_key_text(self.ssh_public_key):
-            return "~/.ssh/id_ed25519"
-        return self.ssh_public_key.removesuffix(".pub")
-
-
-_FIELD_FOR_KEY = {
-    "target": "target", "zone": "zone", "machineType": "machine_type", "gpuType": "gpu_type",
-    "gpuCount": "gpu_count", "spot": "spot", "bootDiskSizeGb": "boot_disk_size_gb",
-    "bootDiskType": "boot_disk_type", "imageFamily": "image_family", "imageProject": "image_project",
-    "sshUser": "ssh_user", "sshPublicKey": "ssh_public_key", "sshSourceRanges": "ssh_source_ranges",
-    "allowSshFromAnywhere": "allow_ssh_from_anywhere", "labels": "labels", "hosts": "hosts",
-    "sshKey": "ssh_key", "knownHosts": "known_hosts", "sshConfig": "ssh_config", "remoteRoot": "remote_root",
-    "python": "python", "venv": "venv",
-    "idleStopMinutes": "idle_stop_minutes", "maxRunHours": "max_run_hours", "running": "running",
-    "maxResumes": "max_resumes", "nodes": "nodes", "quotaRequest": "quota_request",
-    "fallbackShapes": "fallback_shapes", "spotFallback": "spot_fallback", "pools": "pools",
-}  # fmt: skip
-assert set(_FIELD_FOR_KEY) == set(KEYS), "every key needs a field"
 
 
 def parse_shape(text: str) -> tuple[str, str | None, int | None]:
@@ -238,10 +91,6 @@ def parse_shape(text: str) -> tuple[str, str | None, int | None]:
     if count and not count.isdigit():
         raise ValueError(text)
     return machine, gpu or None, int(count) if count else (1 if gpu else None)
-
-
-def looks_like_key_text(value: str) -> bool:
-    return value.lstrip().startswith(("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-"))
 
 
 # -- coercion: one function per kind, each returning (value, error message) ------------------
@@ -354,10 +203,10 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
         ns, _, name = full_key.partition(":")
         if ns != NAMESPACE:
             continue
-        key = KEYS.get(name)
+        key = BY_KEY.get(name)
         if key is None:
-            close = difflib.get_close_matches(name, KEYS, n=1, cutoff=0.6)
-            fix = f"did you mean '{NAMESPACE}:{close[0]}'?" if close else f"known keys: {', '.join(sorted(KEYS))}"
+            close = difflib.get_close_matches(name, BY_KEY, n=1, cutoff=0.6)
+            fix = f"did you mean '{NAMESPACE}:{close[0]}'?" if close else f"known keys: {', '.join(sorted(BY_KEY))}"
             problems.append(Problem(name, "unknown setting", fix, value))
             continue
         if isinstance(value, dict) and set(value) == {"secure"}:
@@ -375,12 +224,12 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
         problems.append(Problem("target", "must be 'gcp' or 'ssh'", "set target to gcp or ssh", target))
         target = "gcp"
     for name in values:
-        if target not in KEYS[name].targets:
+        if target not in BY_KEY[name].targets:
             problems.append(Problem(name, f"does not apply to a target '{target}' stack",
                                     f"remove {NAMESPACE}:{name} from the stack", values[name]))
-    for key in KEYS.values():
-        if target in key.required_for and key.name not in values and not any(p.key == key.name for p in problems):
-            problems.append(Problem(key.name, "is required", f"pulumi config set {NAMESPACE}:{key.name} ... ({key.doc})"))
+    for key in BY_KEY.values():
+        if target in key.required_for and key.key not in values and not any(p.key == key.key for p in problems):
+            problems.append(Problem(key.key, "is required", f"pulumi config set {NAMESPACE}:{key.key} ... ({key.help})"))
 
     hosts: list[SshHost] = []
     for text in values.get("hosts", ()):
@@ -395,7 +244,7 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
 
     if "gpuType" in values:  # `gpuType: T4` means nvidia-tesla-t4: the program and the API get the API name
         values["gpuType"] = gpunames.api_name(values["gpuType"], load_catalog())
-    kwargs = {_FIELD_FOR_KEY[k]: v for k, v in values.items() if k != "hosts"}
+    kwargs = {BY_KEY[k].attr: v for k, v in values.items() if k != "hosts"}
     if values.get("pools"):
         from gpu_train.pools import parse_pools  # pools builds on this module
 
@@ -408,13 +257,14 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
             chief = pools[0]
             kwargs.update(machine_type=chief.machine_type, gpu_type=chief.gpu_type, gpu_count=chief.gpu_count,
                           nodes=sum(p.count for p in pools))
-    kwargs.setdefault("idle_stop_minutes", 30 if target == "gcp" else 0)
+    if target == "gcp":  # a VM bills by the minute: it stops itself when idle unless told otherwise
+        kwargs.setdefault("idle_stop_minutes", GCP_IDLE_STOP_MINUTES)
     kwargs.setdefault("venv", target == "ssh")  # GCP: the Deep Learning VM's framework Python
-    if target == "gcp":  # image defaults are catalog facts
+    if target == "gcp":  # image and disk defaults are catalog facts
         catalog = load_catalog()
         kwargs.setdefault("image_family", catalog.default_image_family)
         kwargs.setdefault("image_project", catalog.image_project)
-        kwargs.setdefault("boot_disk_type", default_disk_type(catalog, kwargs.get("machine_type", KEYS["machineType"].default)))
+        kwargs.setdefault("boot_disk_type", default_disk_type(catalog, kwargs.get("machine_type", BY_KEY["machineType"].default)))
     cfg = StackConfig(
         stack=stack,
         project=project.strip() if isinstance(project, str) else None,
@@ -426,6 +276,11 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
 
 
 # -- reading stack files ----------------------------------------------------------------------
+def stacks_dir() -> Path:
+    """Where new stack files go: $GPU_TRAIN_STACKS_DIR (--stacks-dir), else the project's stacks/."""
+    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or project.project_root() / "stacks")
+
+
 def stack_file(stack: str, directory: Path | None = None) -> Path:
     """A stack's file: in ``directory``, else the first along the project's search path
     (gpu_train/project.py); ConfigError naming the places looked and close names when none."""

@@ -124,6 +124,34 @@ def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: i
             for i in range(nnodes)]
 
 
+def parameter_servers(option: object, from_pools: int) -> int:
+    """--ps as given, else the stack's ps pool; a --ps that contradicts the pools is refused."""
+    if option is None or option == "":
+        return from_pools
+    try:
+        ps = int(str(option))
+    except ValueError:
+        raise JobError(f"--ps {option!r}: expected a whole number") from None
+    if from_pools and ps != from_pools:
+        raise JobError(f"--ps {ps}: the stack's pools make the last {from_pools} nodes parameter servers; "
+                       "leave --ps out (or change the pools)")
+    return ps
+
+
+def per_node_gpus(specs: list[JobSpec], node_gpus: list[int], launcher: str, nproc_given: bool) -> list[JobSpec]:
+    """Pools: each node waits for its own GPUs and, under torchrun, runs one process per GPU it has
+    (torchrun ranks over nodes of different GPU counts). torchrun on a CPU-only node is refused."""
+    if not node_gpus or len(node_gpus) != len(specs):
+        return specs
+    if launcher == "torchrun" and 0 in node_gpus:
+        cpu = [i for i, n in enumerate(node_gpus) if n == 0]
+        raise JobError(f"--script runs under torchrun on every node, and node{'s' if len(cpu) > 1 else ''} "
+                       f"{', '.join(map(str, cpu))} (the ps pool) have no GPU: run a TF parameter-server job with "
+                       "--command (it gets TF_CONFIG), or remove the ps pool for a PyTorch job")
+    return [replace(s, expect_gpus=n, nproc=s.nproc if nproc_given else (n or s.nproc))
+            for s, n in zip(specs, node_gpus, strict=True)]
+
+
 def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
     """One state for a run across its nodes: (state, exit code, which node did what).
 

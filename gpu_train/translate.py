@@ -116,7 +116,7 @@ def resolve(replica: Replica, catalog: Catalog, notes: list[Note]) -> Shape:
         gpu, count = "nvidia-tesla-t4", 1
         notes.append(Note(where, CHANGED, f"{machine} had no GPU; gpu-train's {replica.role} nodes carry one: "
                           "added 1 x nvidia-tesla-t4 (the cheapest N1 GPU)"))
-    else:
+    elif not any(n.field == where for n in notes):
         notes.append(Note(where, EXACT, f"{machine} (CPU only: a parameter server)"))
     return Shape(replica.role, replica.count, machine, gpu, count, fixed=False)
 
@@ -262,4 +262,5 @@ def translate(job: JobDescription, stack: str, catalog: Catalog, project: str | 
     else:
         notes.append(Note("sshSourceRanges", NOT_MAPPED, "AI Platform had no SSH: set the addresses allowed to "
                           "reach the VM (--ssh-from \"$(curl -s ifconfig.me)/32\", or edit the stack file)"))
-    return Translation(stack, settings, _train_command(job, stack, ps, notes), notes)
+    # With pools the stack itself says which nodes are parameter servers; `--ps` is for `nodes`.
+    return Translation(stack, settings, _train_command(job, stack, 0 if not uniform else ps, notes), notes)

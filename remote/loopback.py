@@ -50,11 +50,15 @@ def descendants(pid: int) -> list[int]:
 
 
 class Sshd:
-    def __init__(self, workdir: Path, address: str = "127.0.0.2", client_key: Path | None = None):
+    def __init__(self, workdir: Path, address: str = "127.0.0.2", client_key: Path | None = None,
+                 port: int | None = None, extra_config: str = "", prefix: tuple[str, ...] = ()):
+        """``extra_config``: more sshd_config lines; ``prefix``: a command sshd runs under (a test may
+        give a node its own mount namespace, as a VM has its own disk)."""
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.address = address
-        self.port = free_port(address)
+        self.port = port or free_port(address)
+        self.extra_config, self.prefix = extra_config, prefix
         self.user = getpass.getuser()
         self.client_key = client_key or keygen(self.dir / "client_ed25519")
         self.host_key = keygen(self.dir / "host_ed25519")
@@ -78,12 +82,12 @@ class Sshd:
             f"AuthorizedKeysFile {self.dir}/authorized_keys\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
             "Subsystem sftp internal-sftp\nLogLevel ERROR\nMaxStartups 100\nMaxSessions 50\nPrintMotd no\n"
-            "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n"
+            "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n" + self.extra_config
         )
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
         with open(self.dir / "sshd.log", "ab") as log:
-            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
+            self.proc = subprocess.Popen([*self.prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
                                          stderr=log, start_new_session=True)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -43,14 +43,24 @@ class Target:
     gpus_per_node: int | None = None  # known on GCP; on SSH hosts the agent counts them
     node: int = 0
     vm: dict | None = None  # GCP: project, zone, name (this node's), spot, idleStopMinutes, maxRunHours
+    # Pools (GCP): each node's GPUs and role, in node order; empty when every node is alike.
+    node_gpus: tuple[int, ...] = ()
+    roles: tuple[str, ...] = ()
 
     def for_node(self, node: int) -> Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
         for hosts that share a file system)."""
         hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
+        gpus = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
+            if node < len(self.node_gpus) else {}
         vm = self.vm and {**self.vm, "name": (self.vm.get("names") or [self.vm.get("name")] * (node + 1))[node]}
         return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node, vm=vm,
-                       agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port})
+                       agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)
+
+    @property
+    def parameter_servers(self) -> int:
+        """How many of the last nodes are a pool of parameter servers (0 without pools)."""
+        return self.roles.count("ps")
 
     @property
     def host(self) -> SshHost:
@@ -110,10 +120,13 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         hosts = tuple(SshHost(user, ip, 22, keys=(key,)) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
         master = (outputs.get("internalIps") or [outputs.get("internalIp") or hosts[0].host])[0]
         expect, cost, gpus = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd"), outputs.get("gpuCount")
+        pooled = bool(cfg.pools) and len(outputs.get("nodeGpuCounts") or []) == len(hosts)
+        node_gpus = tuple(int(n) for n in outputs["nodeGpuCounts"]) if pooled else ()
+        roles = tuple(outputs.get("nodeRoles") or ()) if pooled else ()
     else:
         own = (os.path.expanduser(cfg.ssh_key),) if cfg.ssh_key else ()
         hosts = tuple(h if h.keys else replace(h, keys=own) for h in cfg.hosts)
-        expect, cost, gpus = 0, None, None
+        expect, cost, gpus, node_gpus, roles = 0, None, None, (), ()
         master = hosts[0].host if hosts else ""
     key = cfg.ssh_private_key_path() if cfg.is_gcp else cfg.ssh_key
     return Target(
@@ -135,6 +148,8 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         vm={"project": cfg.project, "zone": outputs.get("zone") or cfg.zone, "name": outputs.get("instanceName"),
             "names": outputs.get("instanceNames"), "spot": cfg.spot, "idleStopMinutes": cfg.idle_stop_minutes,
             "maxRunHours": cfg.max_run_hours} if cfg.is_gcp and outputs else None,
+        node_gpus=node_gpus,
+        roles=roles,
     )
 
 

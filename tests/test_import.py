@@ -3,13 +3,18 @@ the stack each produces, and that the stack passes `scripts/plan` (with a projec
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import yaml
 
-from gpu_train import importer, translate
+from gpu_train import config, importer, translate
 from gpu_train.catalog import load_catalog
 from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
 from infra import plan
+from tests.conftest import ROOT
 
 CATALOG = load_catalog()
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests user@host"
@@ -89,13 +94,13 @@ CLUSTER_POOLS = [{"role": "chief", **T4x4}, {"role": "worker", "count": 9, **T4x
 
 
 @pytest.mark.parametrize("text, form, zone, shape, train_tail", [
-    (GUIDE_CE, "yaml", "us-central1-a", {"pools": CLUSTER_POOLS}, ["--script", "YOUR_SCRIPT.py", "--ps", "3"]),
+    (GUIDE_CE, "yaml", "us-central1-a", {"pools": CLUSTER_POOLS}, ["--script", "YOUR_SCRIPT.py"]),
     (GUIDE_LEGACY, "yaml", "us-central1-a", {"pools": [
         {"role": "chief", "machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4},
         {"role": "worker", "count": 9, "machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4},
-        {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]}, ["--script", "YOUR_SCRIPT.py", "--ps", "3"]),
+        {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]}, ["--script", "YOUR_SCRIPT.py"]),
     (GUIDE_GCLOUD, "gcloud", "us-central1-a", {"pools": CLUSTER_POOLS},
-     ["--dir", ".", "--command", 'python -m trainer.task --epochs 10 --lr 0.1 --job-dir "$JOB_DIR"', "--ps", "3"]),
+     ["--dir", ".", "--command", 'python -m trainer.task --epochs 10 --lr 0.1 --job-dir "$JOB_DIR"']),
     (VERTEX_H100, "yaml", "us-central1-a", {"machineType": "a3-highgpu-2g", "maxRunHours": 2, "bootDiskSizeGb": 250},
      ["--command", "python -m trainer.task --epochs 5 --job-dir \"$JOB_DIR\"", "--env", "WANDB_MODE=offline"]),
     (BASIC_GPU, "yaml", "europe-west4-a", {"machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
@@ -158,7 +163,7 @@ def test_scale_tiers(tier, nodes, ps):
     if ps:  # the parameter servers stay CPU only, the chief and workers get a GPU: pools
         assert pools[-1] == {"role": "ps", "count": ps, "machineType": "n1-standard-4"}
     assert plans(t.settings)[1] == 0
-    assert (["--ps", str(ps)] == t.train[-2:]) == bool(ps)
+    assert "--ps" not in t.train  # the pools say which nodes are parameter servers
     if tier != "BASIC":
         assert any(n.field == "scaleTier" and n.status == CHANGED and "never published" in n.detail for n in t.notes)
 
@@ -206,3 +211,54 @@ def test_container_jobs_are_reported_not_run():
             "containerSpec: {imageUri: gcr.io/p/img}}]}")
     note = next(n for n in t.notes if n.field == "container")
     assert note.status == NOT_MAPPED and "not run" in note.detail
+
+
+def test_one_shape_cluster_gets_nodes_and_ps() -> None:
+    t = run("trainingInput: {scaleTier: CUSTOM, masterType: standard_v100, workerType: standard_v100, workerCount: 2,"
+            " parameterServerType: standard_v100, parameterServerCount: 1, region: us-central1, pythonModule: a.b}")
+    assert t.settings["gpu-train:nodes"] == 4 and "gpu-train:pools" not in t.settings
+    assert t.train[-2:] == ["--ps", "1"]
+
+
+def fab(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fabric", "-r", str(ROOT), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_import_task_writes_a_valid_stack_once(tmp_path) -> None:
+    job = tmp_path / "config.yaml"
+    job.write_text(GUIDE_CE + "  region: us-central1\n  pythonModule: trainer.task\n")
+    stacks = tmp_path / "stacks"
+    args = ("import", str(job), "--stack", "aip", "--stacks-dir", str(stacks), "--project", "proj-1",
+            "--ssh-from", "203.0.113.7/32")
+    out = fab(*args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "The stack is valid" in out.stdout and "gpu-train train --stack aip --command 'python -m trainer.task'" in out.stdout
+    written = config.read_stack_file(stacks / "Pulumi.aip.yaml")
+    assert written["gpu-train:pools"] == CLUSTER_POOLS and written["gcp:project"] == "proj-1"
+    assert plans_file(stacks / "Pulumi.aip.yaml") == 0
+    before = (stacks / "Pulumi.aip.yaml").read_bytes()
+    again = fab(*args, cwd=tmp_path)  # never over an existing stack without --force
+    assert again.returncode == 2 and "exists" in again.stderr
+    assert (stacks / "Pulumi.aip.yaml").read_bytes() == before
+
+
+def test_the_import_task_from_gcloud_and_as_json(tmp_path) -> None:
+    out = fab("import", "gcloud", "--stack", "g", "--stacks-dir", str(tmp_path), "--json", "--gcloud", GUIDE_GCLOUD,
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["settings"]["gpu-train:pools"] == CLUSTER_POOLS
+    assert any("sshSourceRanges" in p and "required" in p for p in doc["problems"])  # said, and written anyway
+    assert {r["status"] for r in doc["report"]} >= {"exact", "not mapped"}
+    bad = fab("import", str(tmp_path / "missing.yaml"), "--stack", "m", "--stacks-dir", str(tmp_path), cwd=tmp_path)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
+    tpu = tmp_path / "tpu.yaml"
+    tpu.write_text("trainingInput: {scaleTier: BASIC_TPU}")
+    bad = fab("import", str(tpu), "--stacks-dir", str(tmp_path), cwd=tmp_path)
+    assert bad.returncode == 2 and "Cloud TPU" in bad.stderr and not (tmp_path / "Pulumi.tpu.yaml").exists()
+
+
+def plans_file(path) -> int:
+    raw = {**config.read_stack_file(path), "gpu-train:sshPublicKey": KEY}
+    return plan.plan(raw, "aip")[1]

@@ -122,3 +122,48 @@ def test_quota_needs_add_up_over_pools() -> None:
     assert cpus.amount == 3 * 16 + 3 * 8 and cpus.what == "48 vCPUs of n1-standard-16 + 24 vCPUs of n1-highmem-8"
     assert by_metric[("GPUS_ALL_REGIONS", "global")].amount == 12
     assert sum(n.amount for n in by_metric.values() if n.metric and "TOTAL_GB" in n.metric) == 6 * 200
+
+
+def test_the_target_knows_each_nodes_gpus_and_role(tmp_path) -> None:
+    from remote.target import target_from
+
+    cfg, _ = validate.check(pools_raw([{"role": "chief", **T4}, {"role": "worker", **T4},
+                                       {"role": "ps", "machineType": "n1-highmem-8"}]), "p", CATALOG)
+    outputs = {"sshUser": "trainer", "externalIps": ["198.51.100.1", "198.51.100.2", "198.51.100.3"],
+               "internalIps": ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "gpuCount": 4,
+               "nodeGpuCounts": [4, 4, 0], "nodeRoles": ["chief", "worker", "ps"]}
+    t = target_from(cfg, outputs, tmp_path)
+    assert t.parameter_servers == 1 and t.master_addr == "10.0.0.1"
+    assert [(n.expect_gpus, n.gpus_per_node, n.host.host) for n in map(t.for_node, range(3))] == [
+        (4, 4, "198.51.100.1"), (4, 4, "198.51.100.2"), (0, None, "198.51.100.3")]
+
+
+@pytest.mark.parametrize("option, pools, expected", [(None, 0, 0), (None, 3, 3), ("2", 0, 2), ("3", 3, 3), ("", 1, 1)])
+def test_parameter_servers(option, pools, expected) -> None:
+    from gpu_train import jobs
+
+    assert jobs.parameter_servers(option, pools) == expected
+
+
+@pytest.mark.parametrize("option, pools, words", [("2", 3, "pools make the last 3"), ("x", 0, "whole number")])
+def test_parameter_servers_refused(option, pools, words) -> None:
+    from gpu_train import jobs
+
+    with pytest.raises(jobs.JobError, match=words):
+        jobs.parameter_servers(option, pools)
+
+
+def test_per_node_gpus() -> None:
+    from gpu_train import jobs
+    from remote.agent.protocol import JobSpec
+
+    specs = [JobSpec(run_id="r", base="r", script="t.py", launcher="torchrun", nproc=None)] * 3
+    out = jobs.per_node_gpus(specs, [2, 1, 1], "torchrun", nproc_given=False)
+    assert [(s.expect_gpus, s.nproc) for s in out] == [(2, 2), (1, 1), (1, 1)]  # torchrun over unequal nodes
+    given = [JobSpec(run_id="r", base="r", script="t.py", launcher="torchrun", nproc=1)] * 3
+    assert [s.nproc for s in jobs.per_node_gpus(given, [2, 1, 1], "torchrun", nproc_given=True)] == [1, 1, 1]
+    assert jobs.per_node_gpus(specs, [], "torchrun", False) == specs  # no pools: as before
+    with pytest.raises(jobs.JobError, match=r"node 2 .*no GPU"):
+        jobs.per_node_gpus(specs, [2, 1, 0], "torchrun", nproc_given=False)
+    commands = [JobSpec(run_id="r", base="r", command="python -m t")] * 3
+    assert [s.expect_gpus for s in jobs.per_node_gpus(commands, [4, 4, 0], "none", False)] == [4, 4, 0]

@@ -159,6 +159,16 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     assert gzip.decompress(base64.b64decode(packed)) == bundle.payload()
     settings = json.loads(re.search(r"echo '(\{.*\})' > ", script).group(1))
     assert settings["idleStopMinutes"] == 45 and settings["maxResumes"] == 3 and settings["gcp"] is True
+    # agent.json is seeded on the first boot only: a later boot keeps what `fab train`/`fab setup` wrote.
+    (seed,) = [line for line in script.splitlines() if "agent.json.new" in line]
+    root = tmp_path / "root"
+    root.mkdir()
+    boot = lambda: subprocess.run(["bash", "-c", seed], env={"ROOT": str(root)}, check=True)  # noqa: E731
+    boot()
+    assert json.loads((root / "agent.json").read_text()) == settings
+    (root / "agent.json").write_text(json.dumps({**settings, "maxResumes": 7}))  # as fab setup would
+    boot()
+    assert json.loads((root / "agent.json").read_text())["maxResumes"] == 7
     assert 'ROOT="$HOME_DIR/gpu-train"' in script and "User=alice" in script and "id alice" in script
     for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-tick.timer"):
         assert unit in script

@@ -10,14 +10,16 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     runs        logs, status, stop, resume
     fetch       fetch, down
     shell       setup, ssh, gpus, tunnel
+    importing   import (an AI Platform or Vertex AI job into a stack)
+    data        push (a data directory to the host's DATA_DIR); remote/starter.py: init
 """
 
 from invoke import Collection
 
 from remote.starter import init
-from remote.tasks import data, runs, shell
+from remote.tasks import data, importing, runs, shell
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
 
 ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, fetching.fetch, fetching.down,
-                shell.setup, shell.shell, shell.gpus, shell.tunnel, init, data.push)
+                shell.setup, shell.shell, shell.gpus, shell.tunnel, importing.import_job, init, data.push)

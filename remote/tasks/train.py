@@ -30,7 +30,7 @@ from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_no
         "launcher": "torchrun (default for a multi-node --script) or none",
         "nproc": "processes per node under torchrun (default: the node's GPUs, or 1)",
         "port": "torchrun's master port on node 0 (default 29500)",
-        "ps": "with --command on several nodes: the last N nodes are TF parameter servers",
+        "ps": "with --command on several nodes: the last N nodes are TF parameter servers (default: the stack's ps pool)",
         "stack": STACK_HELP,
         "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
         "follow": "stream the log until the job ends and exit with its exit code (Ctrl-C detaches; the job goes on)",
@@ -38,7 +38,7 @@ from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_no
     },
 )
 def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=29500,
-          ps=0, stack=None, timeout=None, follow=False, json_=False):
+          ps=None, stack=None, timeout=None, follow=False, json_=False):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
@@ -62,7 +62,9 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node,
                                    project=project_name(project_root()), venv=cluster.venv)
-        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), int(ps))
+        ps = jobs.parameter_servers(ps, cluster.parameter_servers)
+        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), ps)
+        specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
     except jobs.JobError as e:
         raise Exit(str(e), code=2) from None
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:

@@ -1,0 +1,131 @@
+"""`gpu-train import`: an AI Platform or Vertex AI job becomes a stack file and a train command.
+
+The reading and translating are pure (``gpu_train.importer``, ``gpu_train.translate``); this task
+reads the input, validates the stack exactly as `scripts/plan` does, writes the stack file (never
+over an existing one unless --force, and atomically), and prints the report and the command.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from invoke import Exit, task
+
+from remote.tasks.session import say
+
+
+def _remainder(argv: list[str]) -> list[str]:
+    """The words after the first `--` (Invoke keeps them only as one joined string)."""
+    return argv[argv.index("--") + 1 :] if "--" in argv else []
+
+
+def _read_yaml(path: str):
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except OSError as e:
+        raise Exit(f"cannot read {path}: {e.strerror}", code=2) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise Exit(f"{path} is not YAML or JSON: {e}", code=2) from None
+
+
+def _write_stack(path: Path, settings: dict, source: str, stack: str, force: bool) -> None:
+    import yaml
+
+    if path.exists() and not force:
+        raise Exit(f"{path} exists: pass --force to replace it, or choose another --stack", code=2)
+    header = (f"# Written by `gpu-train import` from {source}.\n"
+              f"# Edit what the report marks 'not mapped', then: scripts/plan --stack {stack}\n")
+    text = header + yaml.safe_dump({"config": settings}, sort_keys=False, default_flow_style=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+@task(
+    name="import",
+    positional=["source"],
+    iterable=["ssh_from"],
+    help={
+        "source": "an AI Platform config.yaml (trainingInput) or a Vertex AI CustomJob / CustomJobSpec (YAML or "
+                  "JSON); or the word gcloud, with gcloud's command after `--` (or in --gcloud)",
+        "gcloud": "with source gcloud: the `gcloud ai-platform jobs submit training ...` command, quoted",
+        "stack": "name of the stack to write (default: the file's name)",
+        "region": "region when the input names none (Vertex specs do not); default us-central1",
+        "project": "the Google Cloud project for the stack (gcp:project)",
+        "ssh_from": "a CIDR allowed to SSH to the VM (repeatable), e.g. \"$(curl -s ifconfig.me)/32\"",
+        "stacks_dir": "where to write Pulumi.STACK.yaml (default: the stacks directory in use)",
+        "force": "replace an existing stack file",
+        "json": "print the stack, the command and the report as JSON",
+    },
+)
+def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ssh_from=None, stacks_dir=None,
+               force=False, json=False):
+    """Translate an AI Platform or Vertex AI training job into a stack and the train command that runs it.
+
+    gpu-train import config.yaml --stack aip --project my-proj --ssh-from 203.0.113.7/32
+    gpu-train import gcloud --stack aip -- gcloud ai-platform jobs submit training JOB --scale-tier basic-gpu ... -- ARGS
+    fab import gcloud --stack aip --gcloud "gcloud ai-platform jobs submit training JOB ... -- ARGS"
+
+    Every field of the job is reported: mapped exactly, mapped with a change (and why), or not mapped
+    (and what to do). The stack is validated as `scripts/plan` validates it, before it is written.
+    """
+    from gpu_train import config, importer, translate, validate
+    from gpu_train.catalog import load_catalog
+
+    file = None if source == "gcloud" else source
+    if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
+        gcloud = _remainder(sys.argv) or importer.split_gcloud_command(gcloud or "")
+        if not gcloud:
+            raise Exit("import gcloud: give gcloud's command after `--` (gpu-train) or as --gcloud \"...\"", code=2)
+    elif gcloud:
+        raise Exit(f"--gcloud goes with `import gcloud`, not with a file ({source})", code=2)
+    catalog = load_catalog()
+    try:
+        if file:
+            job = importer.read_any(_read_yaml(file), region)
+            origin, name = file, Path(file).stem
+        else:
+            job = importer.read_gcloud_args(gcloud, _read_yaml)
+            job.region = job.region or region
+            origin, name = "gcloud ai-platform jobs submit training", "imported"
+        stack_name = stack or name.replace("_", "-")
+        result = translate.translate(job, stack_name, catalog, project, tuple(ssh_from or ()))
+    except importer.JobImportError as e:
+        raise Exit(f"cannot import {file or 'the gcloud command'}: {e}", code=2) from None
+    try:
+        _, problems = validate.check(result.settings, stack_name, catalog)
+    except config.ConfigError as e:
+        problems = e.problems
+    directory = Path(stacks_dir).expanduser() if stacks_dir else config.stacks_dir()
+    path = config.stack_file(stack_name, directory)
+    _write_stack(path, result.settings, origin, stack_name, force)
+    errors = [p for p in problems if p.severity == "error"]
+    if json:
+        import json as json_lib  # (the task's --json flag takes the name)
+
+        print(json_lib.dumps({"stackFile": str(path), "settings": result.settings, "train": result.train,
+                              "report": [{"field": n.field, "status": n.status, "detail": n.detail} for n in result.notes],
+                              "problems": [str(p) for p in problems]}, indent=1))
+        return
+    print(f"wrote {path}")
+    print("\nReport (exact = same as the job; changed = mapped differently, and why; not mapped = what to do):")
+    for note in result.notes:
+        print(f"  {note}")
+    if errors:
+        print(f"\nBefore `scripts/plan --stack {stack_name}` passes, change ({len(errors)}):")
+        for p in errors:
+            print(f"  - {p}".replace("\n", "\n    "))
+    else:
+        print(f"\nThe stack is valid: scripts/plan --stack {stack_name} shows what it creates and costs.")
+    print("\nThen run the same job:\n  " + shlex.join(result.train))
+    say("(pulumi up first creates the VMs; see the README, 'Coming from AI Platform or Vertex AI')")
+
+
+import_job.remainder_kwarg = "gcloud"  # `gpu-train import -- gcloud ...` (remote/cli.py's Executor)

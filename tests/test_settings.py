@@ -1,0 +1,46 @@
+"""Each stack setting is declared once (gpu_train/settings.py); the README and the agent follow it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+
+from gpu_train import config, settings
+from gpu_train.catalog import load_catalog
+from remote.agent.protocol import DEFAULT_SETTINGS
+from tests.conftest import ROOT, gcp_raw
+
+
+def test_the_readme_table_is_the_declared_one() -> None:
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"<!-- settings-table:[^\n]*-->\n(.*?)<!-- /settings-table -->", readme, re.S)
+    assert found, "README.md lost its settings-table markers"
+    assert found.group(1) == settings.readme_table(load_catalog()), \
+        "README's settings table is stale: python -m gpu_train.settings prints the new one"
+
+
+def test_every_setting_is_a_field_with_one_declaration() -> None:
+    declared = {s.attr for s in settings.SETTINGS}
+    assert declared == {f.name for f in fields(config.StackConfig)} - {"stack", "project", "given"}
+    assert len(settings.BY_KEY) == len(settings.SETTINGS)
+    for s in settings.SETTINGS:
+        assert s.kind in settings.KINDS and set(s.targets) <= {"gcp", "ssh"} and set(s.required_for) <= set(s.targets)
+
+
+def test_defaults_come_from_the_declarations() -> None:
+    ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s")
+    for s in settings.SETTINGS:
+        if s.key not in ("target", "hosts"):  # the two given
+            assert getattr(ssh, s.attr) == s.default, s.key
+    gcp = config.parse(gcp_raw(), "g")
+    assert gcp.idle_stop_minutes == settings.GCP_IDLE_STOP_MINUTES
+    assert gcp.image_family == load_catalog().default_image_family
+
+
+def test_the_agent_gets_its_settings_with_its_own_defaults() -> None:
+    ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s")
+    sent = ssh.agent_settings()
+    assert sent == {k: v for k, v in DEFAULT_SETTINGS.items() if k in sent} | {"gcp": False}
+    assert set(sent) <= set(DEFAULT_SETTINGS)
+    tuned = config.parse({**gcp_raw(), "gpu-train:maxResumes": 3, "gpu-train:idleStopMinutes": 45}, "g")
+    assert tuned.agent_settings() == {"idleStopMinutes": 45, "maxResumes": 3, "maxRunHours": None, "gcp": True}
