@@ -259,7 +259,8 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
                           nodes=sum(p.count for p in pools))
     if target == "gcp":  # a VM bills by the minute: it stops itself when idle unless told otherwise
         kwargs.setdefault("idle_stop_minutes", GCP_IDLE_STOP_MINUTES)
-    kwargs.setdefault("venv", target == "ssh")  # GCP: the Deep Learning VM's framework Python
+    if target == "gcp":  # the Deep Learning VM's framework Python, as it is
+        kwargs.setdefault("venv", False)
     if target == "gcp":  # image and disk defaults are catalog facts
         catalog = load_catalog()
         kwargs.setdefault("image_family", catalog.default_image_family)

@@ -119,7 +119,7 @@ class StackConfig:
                                "(`{node}` is replaced by the node's number)")
     python: str | None = setting("python", "str", None, "Python on the host (DLVM conda, else `python3`)",
                                  shown="detected")
-    venv: bool | None = setting("venv", "bool", None, "run jobs in a virtual environment per project "
+    venv: bool = setting("venv", "bool", True, "run jobs in a virtual environment per project "
                                 "(`REMOTE_ROOT/envs/PROJECT`) made from `python` with its site packages; `false` "
                                 "installs `requirements.txt` into `python` itself", shown="`true` on SSH stacks, "
                                 "`false` on GCP")
