@@ -154,6 +154,20 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     assert bad.returncode == 1 and "[gpu-train] pip: " in bad.stdout and "pip.log" in bad.stdout
     assert "pip install -r requirements.txt failed" in proj.run("status", check=True).stdout
 
+    (proj.dir / "requirements.txt").write_text("")
+    (proj.dir / "slow.py").write_text("import time\nprint('tick', flush=True)\ntime.sleep(120)\n")
+    follower = subprocess.Popen([GPU_TRAIN, "train", "--script", "slow.py", "--follow"], cwd=proj.dir, env=proj.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    for line in follower.stdout:
+        if line.strip() == "tick":
+            break
+    follower.send_signal(signal.SIGINT)  # Ctrl-C: detach, the job goes on
+    _, err = follower.communicate(timeout=30)
+    assert follower.returncode == 130 and "detached" in err and "Traceback" not in err
+    slow = next(line for line in proj.run("status", check=True).stdout.splitlines() if "slow_" in line)
+    assert "running" in slow
+    proj.run("stop", "--run", "slow", "--grace", "1", check=True)  # a base name: its newest run
+
     one = proj.run("ssh", "--", "echo $((6*7)); exit 3")
     assert one.returncode == 3 and one.stdout.strip() == "42"
     assert not (proj.home / ".ssh").exists()  # one command writes no ssh alias
@@ -370,3 +384,25 @@ def test_a_stopped_vm_is_said_at_once(proj: Project, tmp_path: Path, public_key:
         assert time.monotonic() - started < 30  # not the 600 s SSH wait
     finally:
         google.close()
+
+
+# -- the user's install -----------------------------------------------------------------------------
+def test_user_install_is_lean_and_links_the_command(tmp_path: Path) -> None:
+    from infra import setup
+    from tests.conftest import ROOT
+
+    user = {line.split("==")[0].lower() for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if line and not line.startswith("#")}
+    assert not user & {"torch", "pytest", "ruff", "numpy", "tensorboard"}  # those are scripts/test's
+    assert 'gpu-train = "remote.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    script = tmp_path / "venv" / "bin" / "gpu-train"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    bin_dir = tmp_path / "home" / ".local" / "bin"
+    assert setup.link_command(bin_dir, script) == f"{bin_dir / 'gpu-train'} -> {script}"
+    assert (bin_dir / "gpu-train").resolve() == script and "(already)" in setup.link_command(bin_dir, script)
+    (bin_dir / "gpu-train").unlink()
+    (bin_dir / "gpu-train").write_text("someone else's\n")
+    assert "left alone" in setup.link_command(bin_dir, script)  # never replaces a file that is not our link
+    findings = {f.what: f for f in setup.ssh_findings()}
+    assert findings["ssh (OpenSSH client)"].ok and findings["rsync 3.4+"].ok
