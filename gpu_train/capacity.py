@@ -1,7 +1,8 @@
 """Why did `pulumi up` fail, and where to try next: pure decisions about GCP capacity errors.
 
-The classifier reads the error text Compute Engine sends (through Pulumi's output) and says what
-kind of failure it is; the planner orders the zones to try. See the reference's section 9.
+The classifier reads the error messages Compute Engine sends, as Pulumi prints them (the provider
+passes on messages only: no error codes, no `zonesAvailable`), and says what kind of failure it
+is; the planner orders the zones to try. See the reference's section 9.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field
 from gpu_train.catalog import ZONE_PATTERN, Catalog
 from gpu_train.validate import nearest_regions
 
-STOCKOUT, REGIONAL_QUOTA, GLOBAL_QUOTA, CONFIG, TRANSIENT, UNKNOWN = (
-    "stockout", "regional-quota", "global-quota", "config", "transient", "unknown")  # fmt: skip
+STOCKOUT, REGIONAL_QUOTA, GLOBAL_QUOTA, NOT_OFFERED, CONFIG, TRANSIENT, UNKNOWN = (
+    "stockout", "regional-quota", "global-quota", "not-offered", "config", "transient", "unknown")  # fmt: skip
 ZONE_RE = ZONE_PATTERN
 
 
@@ -26,28 +27,33 @@ class Failure:
 
     @property
     def moves_zone(self) -> bool:
-        return self.kind in (STOCKOUT, REGIONAL_QUOTA, TRANSIENT)
+        return self.kind in (STOCKOUT, REGIONAL_QUOTA, NOT_OFFERED, TRANSIENT)
 
 
 def classify(text: str) -> Failure:
-    """Sort an error into stockout / quota (regional or global) / configuration / transient.
+    """Sort an error into stockout / quota (regional or global) / not offered in the zone /
+    configuration / transient.
 
     Configuration errors win even when wrapped in a _WITH_DETAILS code: retrying elsewhere cannot
-    fix "features are not compatible" or an accelerator type that does not exist.
+    fix "features are not compatible". A machine or accelerator type the zone does not offer is
+    fixed by another zone.
     """
     if m := re.search(r"\[[^\]]*\] features are not compatible[^\n]*", text):
         return Failure(CONFIG, m.group(0).strip())
     if m := re.search(r"The resource '[^']*acceleratorTypes/[^']*' was not found", text):
-        return Failure(CONFIG, m.group(0))
+        return Failure(NOT_OFFERED, m.group(0))
+    if m := re.search(r"Machine type with name '[^']*' does not exist in zone '[^']*'", text):
+        return Failure(NOT_OFFERED, m.group(0))
     if m := re.search(r"Quota '([A-Z0-9_]+)' exceeded\.\s*Limit: ([\d.]+) globally", text):
         return Failure(GLOBAL_QUOTA, m.group(0), metric=m.group(1))
     if m := re.search(r"Quota '([A-Z0-9_]+)' exceeded\.\s*Limit: ([\d.]+) in region ([a-z0-9-]+)", text):
         return Failure(REGIONAL_QUOTA, m.group(0), metric=m.group(1))
     if re.search(r"QUOTA_EXCEEDED|quotaExceeded", text):
         return Failure(REGIONAL_QUOTA, "quota exceeded")
-    if re.search(r"ZONE_RESOURCE_POOL_EXHAUSTED|insufficientCapacity|does not have enough resources available", text):
-        return Failure(STOCKOUT, _first_line_with(text, r"ZONE_RESOURCE_POOL_EXHAUSTED|insufficientCapacity|enough resources"),
-                       zones_available=_zones_available(text))
+    stockout = r"ZONE_RESOURCE_POOL_EXHAUSTED|insufficientCapacity|does not have enough resources available|" \
+               r"is currently unavailable in the"
+    if re.search(stockout, text):
+        return Failure(STOCKOUT, _first_line_with(text, stockout), zones_available=_zones_available(text))
     if m := re.search(r"RESOURCE_NOT_READY|RESOURCE_OPERATION_RATE_EXCEEDED|UNSUPPORTED_OPERATION", text):
         return Failure(TRANSIENT, m.group(0))
     return Failure(UNKNOWN, _first_line_with(text, r"error|Error") or text.strip()[:300])

@@ -135,6 +135,7 @@ class Catalog:
     disk_series: tuple[DiskSeries, ...] = ()
     disk_quota_metrics: dict[str, str] = field(default_factory=dict)
     dates: dict[str, str] = field(default_factory=dict)
+    disk_prices: dict[str, float | None] = field(default_factory=dict)  # USD per GB-month; None: unknown
 
     # -- lookups -------------------------------------------------------------------------------
     def accelerator(self, name: str) -> Accelerator | None:
@@ -377,7 +378,18 @@ def parse_catalog(doc: Any) -> Catalog:
         disk_series=tuple(disk_series),
         disk_quota_metrics=disk_metrics,
         dates=dates,
+        disk_prices=_disk_prices(doc, sources, dates),
     )
+
+
+def _disk_prices(doc: dict, sources: dict, dates: dict[str, str]) -> dict[str, float | None]:
+    table = _table(doc, "diskPrices", sources)
+    dates["diskPrices"] = table["date"]
+    prices = dict(_need(table, "perGbMonth", dict, "diskPrices"))
+    for kind, value in prices.items():
+        if value is not None and not isinstance(value, (int, float)):
+            raise CatalogError(f"diskPrices.perGbMonth.{kind}: expected a number or null")
+    return prices
 
 
 @functools.lru_cache(maxsize=4)

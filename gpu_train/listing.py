@@ -12,13 +12,16 @@ uptime), so it is as complete as the looks were and says so ("at least").
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from gpu_train import gpunames
 from gpu_train.catalog import load_catalog
 from gpu_train.config import StackConfig
-from remote.agent.protocol import ACTIVE
+from gpu_train.pricing import hourly_cost
+from gpu_train.validate import shape_of
+from remote.agent.protocol import ACTIVE  # the contract with the host, written once
 
 BILLING_STATES = ("RUNNING", "PROVISIONING", "STAGING", "STOPPING", "REPAIRING", "SUSPENDING")
 Interval = tuple[float, float]
@@ -55,7 +58,8 @@ class Row:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict:
-        doc = asdict(self)
+        """camelCase keys, as in `status --json`."""
+        doc = {re.sub(r"_(\w)", lambda m: m.group(1).upper(), k): v for k, v in asdict(self).items()}
         doc["notes"] = list(self.notes)
         return doc
 
@@ -190,14 +194,23 @@ def row(facts: StackFacts, now: float) -> Row:
         return Row(facts.name, cfg.target if cfg else "?", shape_text(cfg, None), where, state, source, running, None, None,
                    idle_text(facts.status), False, tuple(notes))
     price = (facts.outputs or {}).get("hourlyCostUsd")
+    if price is None:  # not deployed yet, or outputs from before: the catalog's price for the stack's shape
+        price = catalog_price(cfg)
     billing = _billing(state)
     hourly = (price if billing else 0.0) if (price is not None or not billing) else None
     ledger = observed(facts, now)
     spent = None if price is None else round(hours_in_month(ledger, now) * price, 2)
-    if price is None:
+    if price is None and (billing or facts.outputs):
         notes.append("price unknown (not in the catalog)")
     return Row(facts.name, "gcp", shape_text(cfg, facts.outputs), (facts.outputs or {}).get("zone") or cfg.zone, state, source,
                running, hourly, spent, idle_text(facts.status), billing, tuple(notes))
+
+
+def catalog_price(cfg: StackConfig) -> float | None:
+    """The stack's $/h for all its nodes from the catalog (None when the catalog has no price)."""
+    catalog = load_catalog()
+    per_vm = hourly_cost(shape_of(cfg, catalog), catalog).hourly(cfg.spot)
+    return None if per_vm is None else round(per_vm * cfg.nodes, 5)
 
 
 def rows(facts: list[StackFacts], now: float) -> list[Row]:
@@ -215,9 +228,14 @@ def render(table: list[Row]) -> str:
             for r in table]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)).rstrip() for x in [head, *body]]
+    everywhere = set.intersection(*(set(r.notes) for r in table)) if len(table) > 1 else set()
     for r in table:
-        lines += [f"  {r.stack}: {n}" for n in r.notes]
+        lines += [f"  {r.stack}: {n}" for n in r.notes if n not in everywhere]
+    lines += [f"  every stack: {n}" for n in sorted(everywhere)]
     total = sum(r.hourly_now or 0 for r in table if r.billing)
+    if not table:
+        return "no stack files (copy one from stacks/, or `pulumi stack init NAME`)"
     lines.append(f"billing now: ${total:.2f}/h across {sum(r.billing for r in table)} stack(s); VM states from "
-                 + ", ".join(sorted({r.source for r in table})) if table else "no stack files")
+                 + ", ".join(sorted({r.source for r in table})))
+    lines.append("this month: VM uptime seen so far x $/h (disks are not counted: the catalog has no disk prices)")
     return "\n".join(lines)

@@ -51,6 +51,11 @@ def node_names(stack: str, nodes: int) -> list[str]:
     return [instance_name(stack)] if nodes == 1 else [instance_name(stack, i) for i in range(nodes)]
 
 
+def data_disk_name(stack: str, node: int | None = None) -> str:
+    """gpu-train-STACK-data (one VM), gpu-train-STACK-N-data (node N of a cluster)."""
+    return resource_name(stack, "data" if node is None else f"{node}-data")
+
+
 def network_tag(stack: str) -> str:
     return instance_name(stack)
 
@@ -66,6 +71,7 @@ def derived(stack: str, nodes: int = 1) -> dict[str, list[str]]:
         "instance": node_names(stack, max(nodes, 1)),
         "firewall rule": [resource_name(stack, s) for s in FIREWALL_SUFFIXES],
         "placement policy": [resource_name(stack, PLACEMENT_SUFFIX)],
+        "data disk": [data_disk_name(stack, None if nodes <= 1 else i) for i in range(max(nodes, 1))],
         "network tag": [network_tag(stack)],
         "service account id": [service_account_id(stack)],
     }

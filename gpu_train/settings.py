@@ -91,6 +91,10 @@ class StackConfig:
                                   "A2, A3 High/Mega/Edge; `hyperdisk-balanced` on A4, A3 Ultra, A4X, G4 (Hyperdisk "
                                   "only); a type the series does not take is refused (catalog `disks` table)",
                                   targets=GCP, shown="the series' own")
+    data_disk_size_gb: int = setting("dataDiskSizeGb", "int", 100, "each node's data disk, where runs and "
+                                     "checkpoints live (`REMOTE_ROOT/runs`); it outlives the VM", targets=GCP)
+    data_disk_type: str | None = setting("dataDiskType", "str", None, "data disk type; a type the series does not "
+                                         "take as a data disk is refused", targets=GCP, shown="the series' own")
     image_family: str | None = setting("imageFamily", "str", None, "Deep Learning VM family (the catalog's current "
                                        "PyTorch one)", targets=GCP, shown="catalog.default_image_family")
     image_project: str | None = setting("imageProject", "str", None, "image project", targets=GCP,

@@ -93,7 +93,8 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         problems += check_pools(cfg, catalog, lambda c, cat: _shape(c, cat, zone_ok=not problems))
     else:
         problems += _shape(cfg, catalog, zone_ok=not problems)
-    problems += _disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg) + _lifecycle(cfg)
+    problems += _disk(cfg, catalog) + _data_disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg)
+    problems += _lifecycle(cfg)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
     problems += names.check(cfg.stack, cfg.nodes)
     return problems
@@ -311,6 +312,26 @@ def _disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     elif (why := disks.disk_type_problem(catalog, cfg.machine_type, cfg.boot_disk_type)) is not None:
         problems.append(Problem("bootDiskType", why, f"remove bootDiskType (the default for {cfg.machine_type} is "
                                 f"{disks.default_disk_type(catalog, cfg.machine_type)}) or set one of those", cfg.boot_disk_type))
+    return problems
+
+
+def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
+    """Each node's data disk: its size, and a given type every node's series takes as a data disk."""
+    problems = []
+    if not MIN_DISK_GB <= cfg.data_disk_size_gb <= MAX_DISK_GB:
+        problems.append(Problem("dataDiskSizeGb", f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
+                                "room for your runs' checkpoints; 100 is the default", cfg.data_disk_size_gb))
+    kind = cfg.data_disk_type
+    if kind is None:
+        return problems
+    if kind not in DISK_TYPES:
+        close = difflib.get_close_matches(kind, DISK_TYPES, n=1)
+        fix = f"did you mean {close[0]}?" if close else f"one of {', '.join(DISK_TYPES)}"
+        return [*problems, Problem("dataDiskType", "is not a disk type", fix, kind)]
+    for machine in dict.fromkeys([p.machine_type for p in cfg.pools] or [cfg.machine_type]):
+        if (why := disks.disk_type_problem(catalog, machine, kind, disks.DATA)) is not None:
+            problems.append(Problem("dataDiskType", why, f"remove dataDiskType (the default for {machine} is "
+                                    f"{disks.default_disk_type(catalog, machine)}) or set one of those", kind))
     return problems
 
 

@@ -14,9 +14,17 @@ import json
 import re
 from pathlib import Path
 
+from gpu_train import disks
 from gpu_train.config import StackConfig
-from gpu_train.names import instance_name, network_tag, node_names, resource_name, service_account_id  # noqa: F401
-from gpu_train.validate import GpuShape
+from gpu_train.names import (  # noqa: F401
+    data_disk_name,
+    instance_name,
+    network_tag,
+    node_names,
+    resource_name,
+    service_account_id,
+)
+from gpu_train.validate import GpuShape, node_shapes
 
 STARTUP_TEMPLATE = Path(__file__).parent / "data" / "startup-script.sh.in"
 
@@ -28,6 +36,30 @@ SERVICE_ACCOUNT_SCOPES = (
 )
 SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
 SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
+
+
+# Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
+# `up` and then pinned, so a newer image never replaces the VM.
+INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image",)
+# The data disk's device name: the VM sees it as /dev/disk/by-id/google-gpu-train-data whatever
+# order disks attach in, so the startup script mounts it by this name.
+DATA_DEVICE_NAME = "gpu-train-data"
+
+
+def data_disk_type(cfg: StackConfig, catalog, machine_type: str | None = None) -> str:
+    """``dataDiskType``, else the default of the node's series (the catalog's disks table)."""
+    return cfg.data_disk_type or disks.default_disk_type(catalog, machine_type or cfg.machine_type)
+
+
+def node_machine_types(cfg: StackConfig, catalog) -> list[str]:
+    """Each node's machine type, in node order (pools may differ)."""
+    return [shape.machine_type for shape in node_shapes(cfg, catalog)]
+
+
+def data_disk_monthly_cost(cfg: StackConfig, catalog) -> float | None:
+    """USD a month for every node's data disk (it bills while it exists, VM running or not); None: unknown."""
+    prices = [catalog.disk_prices.get(data_disk_type(cfg, catalog, m)) for m in node_machine_types(cfg, catalog)]
+    return None if None in prices else round(sum(prices) * cfg.data_disk_size_gb, 2)
 
 
 def node_roles(cfg: StackConfig) -> list[str]:

@@ -114,6 +114,8 @@ class GpuVm(pulumi.ComponentResource):
 
         metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
         instance_names = vm.node_names(cfg.stack, cfg.nodes)
+        self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type))
+                           for i in range(cfg.nodes)]
         self.instances = [
             gcp.compute.Instance(
                 name if cfg.nodes == 1 else f"{name}-{i}",
@@ -129,6 +131,10 @@ class GpuVm(pulumi.ComponentResource):
                         "type": boot_disk_type(cfg, shapes[i].machine_type, catalog),
                     },
                 },
+                # Attached, not created with the VM: a replaced VM (any replace-only field) gets the same
+                # disk back, by the same device name, so runs and checkpoints carry over.
+                attached_disks=[{"source": self.data_disks[i].self_link, "device_name": vm.DATA_DEVICE_NAME,
+                                 "mode": "READ_WRITE"}],
                 guest_accelerators=vm.guest_accelerators(shapes[i]),
                 scheduling=vm.scheduling(cfg.spot, cfg.max_run_hours),
                 desired_status=vm.desired_status(cfg.running),
@@ -144,7 +150,7 @@ class GpuVm(pulumi.ComponentResource):
                     depends_on=grants,
                     # A fixed name cannot exist twice, so a replacement deletes first.
                     delete_before_replace=True,
-                    ignore_changes=["bootDisk.initializeParams.image"],
+                    ignore_changes=list(vm.INSTANCE_IGNORE_CHANGES),
                 ),
             )
             for i, instance_name in enumerate(instance_names)
@@ -171,5 +177,24 @@ class GpuVm(pulumi.ComponentResource):
             "instanceNames": [inst.name for inst in self.instances],
             "externalIps": external,
             "internalIps": internal,
+            "dataDisks": [disk.name for disk in self.data_disks],
+            "dataDiskMonthlyCostUsd": vm.data_disk_monthly_cost(cfg, catalog),
         }
         self.register_outputs(self.outputs)
+
+    def _data_disk(self, name: str, cfg, node: int, disk_type: str) -> gcp.compute.Disk:
+        """Node ``node``'s data disk (REMOTE_ROOT/runs). ``protect``: neither `pulumi destroy` nor a change
+        that would replace it (zone, type) deletes it; `fab down` fetches its runs, then unprotects it."""
+        one = cfg.nodes == 1
+        return gcp.compute.Disk(
+            f"{name}-data" if one else f"{name}-{node}-data",
+            name=vm.data_disk_name(cfg.stack, None if one else node),
+            project=cfg.project,
+            zone=cfg.zone,
+            size=cfg.data_disk_size_gb,
+            type=disk_type,
+            labels={**vm.labels(cfg, pulumi.get_project()), "gpu-train-node": str(node)},
+            description=f"gpu-train {cfg.stack}: runs and checkpoints of node {node}; outlives the VM; "
+                        "`fab down` fetches them before it lets the disk go",
+            opts=pulumi.ResourceOptions(parent=self, protect=True),
+        )

@@ -8,14 +8,15 @@ Pulumi CLI) and prints each resource with its key properties. Exit 0 when the st
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_train import config, validate
+from gpu_train import changes, config, validate, vm
 from gpu_train.catalog import Catalog, load_catalog
 from gpu_train.pricing import Cost, hourly_cost
-from infra import preview, program
+from infra import preview, program, pulumi_cli
 
 KEY_PLACEHOLDER = "ssh-ed25519 AAAA...(your key)"
 
@@ -34,6 +35,17 @@ def describe_cost(cost: Cost, spot: bool) -> list[str]:
     if cost.hourly(spot) is None:
         lines.append("  The catalog has no trustworthy price for this shape: check cloud.google.com/compute/gpus-pricing.")
     return lines
+
+
+def describe_data_disk(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
+    """The data disks bill per GB-month while they exist: also while the VM is stopped, and after a replacement."""
+    kind = "/".join(dict.fromkeys(vm.data_disk_type(cfg, catalog, m) for m in vm.node_machine_types(cfg, catalog)))
+    per_month = vm.data_disk_monthly_cost(cfg, catalog)
+    count = f"{cfg.nodes} x " if cfg.nodes > 1 else ""
+    price = "price unknown (check cloud.google.com/compute/disks-image-pricing)" if per_month is None else (
+        f"{_money(per_month)} a month")
+    return [f"Data disk{'s' if cfg.nodes > 1 else ''}: {count}{cfg.data_disk_size_gb} GB {kind}: {price}, "
+            "billed while it exists, the VM running or not"]
 
 
 def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: Catalog) -> str:
@@ -95,6 +107,10 @@ def _props(r: preview.Declared) -> list[str]:
         dims = ", ".join(f"{k}={v}" for k, v in sorted((i.get("dimensions") or {}).items())) or "project-wide"
         return [f"ask Cloud Quotas for {i.get('quotaId')} ({dims}) = {i['quotaConfig']['preferredValue']} "
                 "(or the current limit, if higher)"]
+    if r.typ.endswith("compute/disk:Disk"):
+        return [f"name {i.get('name')}: {int(i['size'])} GB {i.get('type')} in {i.get('zone')}, for REMOTE_ROOT/runs",
+                "kept when the VM is replaced; protected: `pulumi destroy` refuses it, `fab down` fetches first"
+                if r.protect else "NOT protected"]
     if r.typ.endswith("Instance"):
         init = i["bootDisk"]["initializeParams"]
         gpus = i.get("guestAccelerators") or []
@@ -108,6 +124,8 @@ def _props(r: preview.Declared) -> list[str]:
             + (f", placement {i['resourcePolicies'].rsplit('/', 1)[-1]}" if i.get("resourcePolicies") else ""),
             f"boot disk: {int(init['size'])} GB {init['type']}, image {init['image'].rsplit('/', 1)[-1]} "
             "(newest of the family at `up`, then pinned)",
+            "data disk: " + ", ".join(f"{d['source'].rsplit('/', 1)[-1]} as /dev/disk/by-id/google-{d['deviceName']}"
+                                      for d in i.get("attachedDisks") or []),
             "scheduling: " + ", ".join(f"{k}={v}" for k, v in sched.items()),
             f"desired status: {i.get('desiredStatus')}",
             "metadata: " + ", ".join(f"{k}={_meta(k, v)}" for k, v in meta.items()),
@@ -129,12 +147,12 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     shape = validate.shape_of(cfg, catalog)
     lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
     lines += [describe_shape(shape, cfg, catalog), ""]
-    lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), ""]
+    lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), *describe_data_disk(cfg, catalog), ""]
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
     order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "gcp", "Service", "SQuotaPreference",
-             "Instance"]
+             "Disk", "Instance"]
 
     def rank(kind: str) -> int:
         return order.index(kind) if kind in order else len(order)
@@ -157,8 +175,22 @@ def _output(value: Any) -> str:
     return str(value)
 
 
-def plan(raw: dict[str, Any], stack: str) -> tuple[str, int]:
-    """The plan's text and exit code (0 valid, 2 invalid), for a stack's raw settings."""
+def wanted(cfg: config.StackConfig) -> preview.Preview:
+    """The resources the program declares for a valid GCP stack, under mocks (the real key when readable)."""
+    public_key, _ = config.read_public_key(cfg)
+    return preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER), stack=cfg.stack)
+
+
+def changes_against(result: preview.Preview, deployed: list[pulumi_cli.Resource]) -> list[changes.Change]:
+    """How the wanted resources differ from the deployed ones, each difference judged by the replace table."""
+    want = {(r.typ, r.name): r.inputs for r in result.resources}
+    have = {(r.typ, r.name): r.inputs for r in deployed if r.custom}
+    return changes.compare(want, have, {changes.INSTANCE: vm.INSTANCE_IGNORE_CHANGES})
+
+
+def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | None = None) -> tuple[str, int]:
+    """The plan's text and exit code (0 valid, 2 invalid), for a stack's raw settings; with what the
+    stack holds (``deployed``), also what `pulumi up` would change on its VM."""
     catalog = load_catalog()
     try:
         cfg, warnings = validate.check(raw, stack, catalog)
@@ -167,14 +199,17 @@ def plan(raw: dict[str, Any], stack: str) -> tuple[str, int]:
     if not cfg.is_gcp:
         hosts = ", ".join(map(str, cfg.hosts))
         return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the fab tasks.", 0
-    public_key, problem = config.read_public_key(cfg)
+    _, problem = config.read_public_key(cfg)
     if problem is not None:  # not needed to plan; `pulumi up` stops on it
         warnings = [*warnings, config.Problem(problem.key, problem.message + " (pulumi up will stop here)",
                                               problem.fix, problem.value, "warning")]
-    result = preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER), stack=stack)
+    result = wanted(cfg)
     if result.error is not None:
         return f"the program failed under the mock runtime: {result.error}", 2
-    return render(cfg, result, warnings, catalog), 0
+    text = render(cfg, result, warnings, catalog)
+    if pulumi_cli.has_vm(deployed):
+        text += "\n\n" + changes.render(changes_against(result, deployed), stack)
+    return text, 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    text, code = plan(raw, stack)
+    deployed = None
+    if args.stack and shutil.which("pulumi"):  # a deployed stack: also show what `up` would change on it
+        deployed = pulumi_cli.stack_resources(stack)
+    text, code = plan(raw, stack, deployed)
     print(text, file=sys.stderr if code else sys.stdout)
     return code
 

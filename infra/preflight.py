@@ -47,6 +47,29 @@ def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[s
     return table(region_doc), table(project_doc), offered
 
 
+def offering_zones(project: str, machine_type: str, gpu_type: str) -> list[str]:
+    """The zones that offer both the machine type and the GPU now (machineTypes and acceleratorTypes
+    aggregated lists, filtered by name): the Compute API's answer, not the catalog's snapshot."""
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    kwargs: dict = {"transport": "rest"}
+    if endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        kwargs |= {"client_options": ClientOptions(api_endpoint=endpoint), "credentials": AnonymousCredentials()}
+
+    def zones(pages, attr: str, name: str) -> set[str]:
+        return {zone.split("/")[-1] for zone, scoped in pages if any(x.name == name for x in getattr(scoped, attr))}
+
+    machines = compute_v1.MachineTypesClient(**kwargs).aggregated_list(
+        request={"project": project, "filter": f"name = {machine_type}"})
+    accelerators = compute_v1.AcceleratorTypesClient(**kwargs).aggregated_list(
+        request={"project": project, "filter": f"name = {gpu_type}"})
+    return sorted(zones(machines, "machine_types", machine_type) & zones(accelerators, "accelerator_types", gpu_type))
+
+
 def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str]) -> tuple[str, int]:
     catalog = load_catalog()
     shape = validate.shape_of(cfg, catalog)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
+from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_root_resource
 
 from gpu_train.catalog import load_catalog
@@ -30,6 +31,7 @@ class Declared:
     name: str
     inputs: dict[str, Any]
     provider: str = ""  # the provider reference (URN::id) a resource was declared with, "" for the default
+    protect: bool = False
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Recorder(pulumi.runtime.Mocks):
     quota_values: dict[str, int | list[dict]] = field(default_factory=dict)
     resources: list[Declared] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (invoke token, provider reference)
+    protected: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
@@ -49,6 +52,10 @@ class Recorder(pulumi.runtime.Mocks):
             project, region = args.inputs.get("project") or "project", args.inputs.get("region")
             outputs["selfLink"] = (f"https://www.googleapis.com/compute/v1/projects/{project}/regions/{region}"
                                    f"/resourcePolicies/{args.inputs.get('name')}")
+        if args.typ == "gcp:compute/disk:Disk":
+            project, zone = args.inputs.get("project") or "project", args.inputs.get("zone")
+            outputs["selfLink"] = (f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
+                                   f"/disks/{args.inputs.get('name')}")
         if args.typ == "gcp:serviceaccount/account:Account":
             project = args.inputs.get("project") or "project"
             outputs["email"] = f"{args.inputs['accountId']}@{project}.iam.gserviceaccount.com"
@@ -58,7 +65,8 @@ class Recorder(pulumi.runtime.Mocks):
                 nic["networkIp"] = MOCK_INTERNAL_IP
                 nic["accessConfigs"] = [{**ac, "natIp": MOCK_EXTERNAL_IP} for ac in nic.get("accessConfigs", [])]
             outputs["networkInterfaces"] = nics
-        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or ""))
+        protect = self.protected.get((args.typ, args.name), False)
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect))
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
@@ -75,6 +83,14 @@ class Recorder(pulumi.runtime.Mocks):
         if args.token == "gcp:cloudquota/getSQuotaInfo:getSQuotaInfo":
             return {"dimensionsInfos": quota_infos(args.args.get("quotaId", ""), self.quota_values)}
         return {}
+
+
+class _Monitor(MockMonitor):
+    """The mock monitor, also noting each registration's ``protect`` option (MockResourceArgs leaves it out)."""
+
+    def RegisterResource(self, request):
+        self.mocks.protected[(request.type, request.name)] = bool(request.protect)
+        return super().RegisterResource(request)
 
 
 def quota_infos(quota_id: str, values: dict[str, int | list[dict]]) -> list[dict]:
@@ -116,7 +132,7 @@ def run(
     ``pulumi up`` reports it.
     """
     recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {})
-    pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False)
+    pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False, monitor=_Monitor(recorder))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
     root = get_root_resource()
     root.outputs.clear()  # the mock runtime keeps one root stack per process

@@ -20,7 +20,8 @@ from gpu_train.project import listed_stack_files, stack_dirs
 from gpu_train.vm import label_value
 from infra import probes
 
-QUICK_SSH_S = 5.0  # `ls` never waits longer than this for a host
+QUICK_SSH_S = 5.0  # how long `ls` tries to connect to a host
+ANSWER_S = 30.0  # and how long it waits for all the hosts' answers, all asked at once
 
 
 def stack_files() -> list[Path]:
@@ -181,12 +182,14 @@ def ls_facts(home: Path, ask_hosts: bool = True) -> list[listing.StackFacts]:
     threads = [threading.Thread(target=ask, args=(n,), daemon=True) for n in asks]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + ANSWER_S
     for t in threads:
-        t.join(QUICK_SSH_S + 15)
+        t.join(max(0.0, deadline - time.monotonic()))
     out = []
     now = time.time()
     for name, f in facts.items():
-        status, error = answers.get(name, (None, None))
+        late = (None, f"no answer within {ANSWER_S:g} s") if name in asks else (None, None)
+        status, error = answers.get(name, late)
         f = listing.StackFacts(**{**f.__dict__, "status": status, "status_error": error})
         if f.cfg is not None and f.cfg.is_gcp:
             Ledger(home, name).write(listing.observed(f, now))

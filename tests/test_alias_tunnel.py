@@ -154,3 +154,34 @@ def test_tensorboard_through_the_tunnel_and_gone_after_ctrl_c(host, tmp_path: Pa
         pytest.fail("TensorBoard still listens on the host after Ctrl-C")
     assert not Path(f"/proc/{seen['pid']}").exists(), "the server's process is gone"
     assert said[-1].startswith("stopped tensorboard on ")
+
+
+# -- what the host runs -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("root", "run", "logdir", "expected"),
+    [("~/gpu-train", None, None, "~/gpu-train/runs"), ("~/gpu-train", "r_1", None, "~/gpu-train/runs/r_1/job"),
+     ("/srv/gt/", None, "r_1/job/tb", "/srv/gt/runs/r_1/job/tb"), ("~/gpu-train", "r_1", "/data/tb", "/data/tb")],
+)
+def test_logdir(root: str, run: str | None, logdir: str | None, expected: str) -> None:
+    assert notebooks.logdir_for(root, run, logdir) == expected
+
+
+def test_server_command_lines_bind_localhost_only() -> None:
+    from remote import serve_host
+
+    tb = serve_host.argv_for({"kind": "tensorboard", "logdir": "/l"}, "/py", "tensorboard.main", 7000)
+    assert tb == ["/py", "-m", "tensorboard.main", "--logdir", "/l", "--host", "127.0.0.1", "--port", "7000"]
+    nb = serve_host.argv_for({"kind": "jupyter", "dir": "/w", "token": "t"}, "/py", "jupyterlab", 7001)
+    assert "--ip=127.0.0.1" in nb and "--port=7001" in nb and "t" not in nb  # the token goes by environment, not argv
+    assert notebooks.url_for("jupyter", 8888, "abc") == "http://127.0.0.1:8888/?token=abc"
+    assert notebooks.url_for("tensorboard", 6006, None) == "http://127.0.0.1:6006/"
+
+
+def test_jupyter_missing_on_the_host_says_how_to_get_it(host) -> None:
+    _, target, _ = host
+    conn = ssh.open_connection(target, target.host, 10, lambda _: None)
+    try:
+        with pytest.raises(ForwardError, match=r"no jupyterlab in .* on this host: add jupyterlab to your requirements\.txt"):
+            notebooks.serve(conn, target, "jupyter", {"dir": str(target.remote_root)}, None, lambda _: None, lambda _: None)
+    finally:
+        conn.close()

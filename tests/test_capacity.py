@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 
@@ -40,6 +40,12 @@ WRAPPED_CONFIG = ("error: ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: [n2-standar
 NOT_FOUND = ("error: googleapi: Error 400: Invalid value for field 'resource.guestAccelerators[0].acceleratorType': "
              "The resource 'projects/p/zones/us-west3-a/acceleratorTypes/nvidia-l4' was not found., invalid")
 TRANSIENT = "error: googleapi: Error 503: RESOURCE_NOT_READY: the resource is not ready"
+MACHINE_NOT_IN_ZONE = ("error: 1 error occurred:\n\t* Error creating instance: googleapi: Error 400: Invalid value for field "
+                       "'resource.machineType': 'projects/p/zones/us-west3-a/machineTypes/g2-standard-8'. Machine type "
+                       "with name 'g2-standard-8' does not exist in zone 'us-west3-a'., invalid")
+UNAVAILABLE = ("error: 1 error occurred:\n\t* Error waiting for instance to create: The zone 'projects/p/zones/us-central1-a' "
+               "does not have enough resources available to fulfill the request. '(resource type:compute)'. A "
+               "g2-standard-8 VM instance is currently unavailable in the us-central1-a zone.")
 
 
 @pytest.mark.parametrize(
@@ -52,7 +58,9 @@ TRANSIENT = "error: googleapi: Error 503: RESOURCE_NOT_READY: the resource is no
         (GLOBAL, capacity.GLOBAL_QUOTA, (), "GPUS_ALL_REGIONS"),
         (INCOMPATIBLE, capacity.CONFIG, (), None),
         (WRAPPED_CONFIG, capacity.CONFIG, (), None),
-        (NOT_FOUND, capacity.CONFIG, (), None),
+        (NOT_FOUND, capacity.NOT_OFFERED, (), None),
+        (MACHINE_NOT_IN_ZONE, capacity.NOT_OFFERED, (), None),
+        (UNAVAILABLE, capacity.STOCKOUT, (), None),
         (TRANSIENT, capacity.TRANSIENT, (), None),
         ("error: something else entirely", capacity.UNKNOWN, (), None),
     ],
@@ -61,7 +69,8 @@ def test_classify(text: str, kind: str, zones: tuple, metric: str | None) -> Non
     failure = capacity.classify(text)
     assert (failure.kind, failure.zones_available, failure.metric) == (kind, zones, metric)
     assert failure.reason
-    assert failure.moves_zone == (kind in (capacity.STOCKOUT, capacity.REGIONAL_QUOTA, capacity.TRANSIENT))
+    assert failure.moves_zone == (kind in (capacity.STOCKOUT, capacity.REGIONAL_QUOTA, capacity.NOT_OFFERED,
+                                           capacity.TRANSIENT))
 
 
 def test_zone_plan_and_next_zones() -> None:
@@ -73,74 +82,6 @@ def test_zone_plan_and_next_zones() -> None:
     assert after[:3] == ["us-central1-f", "us-central1-c", plan[4]]  # the zones GCP named come first
     skipped = capacity.next_zones(plan, {"us-central1-a"}, capacity.classify(REGIONAL), {"us-central1"})
     assert not any(z.startswith("us-central1-") for z in skipped)
-
-
-# -- scripts/up against scripted outcomes ------------------------------------------------------
-@pytest.fixture
-def up_env(tmp_path: Path) -> dict:
-    stacks = tmp_path / "stacks"
-    stacks.mkdir()
-    (stacks / "Pulumi.t4.yaml").write_text(
-        "config:\n  gcp:project: p\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
-        "  gpu-train:gpuCount: 1\n  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n"
-        "  gpu-train:fallbackShapes: [n1-standard-8/nvidia-tesla-v100/1]\n  gpu-train:spotFallback: true\n")
-    for name, text in (("stockout", STOCKOUT), ("details", STOCKOUT_DETAILS), ("regional", REGIONAL),
-                       ("global", GLOBAL), ("config", WRAPPED_CONFIG)):
-        (tmp_path / name).write_text(text)
-    return {**os.environ, "PATH": f"{STAND_IN}:{os.environ['PATH']}", "PULUMI_STAND_IN_DIR": str(tmp_path),
-            "GPU_TRAIN_STACKS_DIR": str(stacks)}
-
-
-def scripts_up(env: dict, outcomes: str, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    d = Path(env["PULUMI_STAND_IN_DIR"])
-    (d / "up-outcomes").write_text(outcomes)
-    result = subprocess.run([str(ROOT / "scripts" / "up"), "--stack", "t4", "--skip-preflight", *args], env=env,
-                            capture_output=True, text=True, timeout=120)
-    return result, (d / "calls").read_text().splitlines()
-
-
-def zones_tried(calls: list[str]) -> list[str]:
-    return [c.split()[3] for c in calls if c.startswith("config set gpu-train:zone ")]
-
-
-def test_up_moves_to_the_zones_gcp_names_then_writes_the_zone_back(up_env: dict) -> None:
-    result, calls = scripts_up(up_env, "stockout details ok")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert zones_tried(calls) == ["us-central1-a", "us-central1-b", "us-central1-f"]
-    assert calls.count("destroy --yes --skip-preview --stack t4") == 2  # each failed attempt's leftovers
-    assert "attempt 2 failed: stockout" in result.stdout and "the stack's zone is now us-central1-f" in result.stdout
-
-
-def test_up_skips_a_region_out_of_quota(up_env: dict) -> None:
-    result, calls = scripts_up(up_env, "regional ok")
-    assert result.returncode == 0
-    tried = zones_tried(calls)
-    assert tried[0] == "us-central1-a" and not tried[1].startswith("us-central1-") and "skipping region" in result.stdout
-
-
-@pytest.mark.parametrize(("outcome", "words"), [("global", "global GPU quota (GPUS_ALL_REGIONS)"),
-                                                ("config", "not a capacity problem")])
-def test_up_stops_at_once(up_env: dict, outcome: str, words: str) -> None:
-    result, calls = scripts_up(up_env, f"{outcome} ok")
-    assert result.returncode == 1 and words in result.stdout
-    assert len(zones_tried(calls)) == 1 and sum(c.startswith("up ") for c in calls) == 1
-
-
-def test_up_falls_back_to_other_shapes_then_on_demand(up_env: dict) -> None:
-    t4_zones = len(CATALOG.zones["nvidia-tesla-t4"])
-    v100_zones = len(CATALOG.zones["nvidia-tesla-v100"])
-    outcomes = " ".join(["stockout"] * (t4_zones + v100_zones) + ["ok"])
-    result, calls = scripts_up(up_env, outcomes, "--max-attempts", "500")
-    assert result.returncode == 0, result.stdout[-2000:]
-    assert "no zone had capacity for n1-standard-8 + 1 x nvidia-tesla-t4 (spot)" in result.stdout
-    assert "no zone had capacity for n1-standard-8 + 1 x nvidia-tesla-v100 (spot)" in result.stdout
-    assert "config set gpu-train:spot false --stack t4" in calls  # spotFallback: on demand
-    assert "up: n1-standard-8 + 1 x nvidia-tesla-t4 in us-central1-a" in result.stdout
-
-
-def test_up_gives_up_after_max_attempts(up_env: dict) -> None:
-    result, _ = scripts_up(up_env, "stockout", "--max-attempts", "3")
-    assert result.returncode == 1 and "stopping after 3 attempts" in result.stdout
 
 
 # -- preflight against a local Compute API -----------------------------------------------------
@@ -159,6 +100,12 @@ class ComputeApi(BaseHTTPRequestHandler):
             body = {"name": "p", "quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": s["global"][0], "usage": s["global"][1]}]}
         elif path.startswith("/compute/v1/projects/p/zones/us-central1-") and path.endswith("/acceleratorTypes"):
             body = {"items": [{"name": n, "zone": path.split("/")[-2]} for n in s["offered"]]}
+        elif path.startswith("/compute/v1/projects/p/aggregated/"):  # zones offering a type, by name filter
+            kind = path.rsplit("/", 1)[-1]  # machineTypes | acceleratorTypes
+            query = parse_qs(urlparse(self.path).query)
+            name = query.get("filter", [""])[0].split("=")[-1].strip()
+            zones = s.get("zonesOffering", {}).get(name, [])
+            body = {"items": {f"zones/{z}": {kind: [{"name": name, "zone": z}]} for z in zones}}
         else:
             self.send_error(404)
             return

@@ -185,7 +185,7 @@ def test_ls_over_gcp_and_ssh_stacks(world: World, lab: Sshd) -> None:
     assert (a100.state, a100.source) == ("none", "compute api")
     assert (ssh.state, ssh.runs_running, ssh.idle) == ("reachable", 0, "off")
     assert broken.state == "invalid" and "hosts" in broken.notes[0]
-    assert took < 20, "ls must never wait long on a host"
+    assert took < overview.ANSWER_S + 10, "ls must never wait long on a host"
     # the ledger keeps what it saw: t4's run is remembered for the month
     assert json.loads((world.state / "t4" / "uptime.json").read_text())["intervals"]
     text = listing.render(listing.rows(facts, time.time()))

@@ -37,9 +37,11 @@ def test_plan_of_each_example(stack: str, words: list[str], home_with_key: Path)
     result = plan("--stack", stack, home=home_with_key)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    common = ["would create 7 resources", "gcp:compute/instance:Instance", "allow tcp:22 from 203.0.113.7/32",
+    common = ["would create 8 resources", "gcp:compute/instance:Instance", "allow tcp:22 from 203.0.113.7/32",
               "deny tcp:22 from 0.0.0.0/0", "onHostMaintenance=TERMINATE", "install-nvidia-driver=True",
-              "roles/logging.logWriter", f"instanceName: gpu-train-{stack}"]
+              "roles/logging.logWriter", f"instanceName: gpu-train-{stack}",
+              "Data disk: 100 GB pd-balanced: $10.00 a month", f"name gpu-train-{stack}-data: 100 GB pd-balanced",
+              f"gpu-train-{stack}-data as /dev/disk/by-id/google-gpu-train-data", "protected: `pulumi destroy` refuses it"]
     for w in words + common:
         assert w in out, w
     assert "Warnings" not in out
@@ -84,8 +86,9 @@ def test_plan_of_a_cluster_with_a_quota_request(tmp_path: Path, home_with_key: P
     result = plan("--file", str(f), home=home_with_key)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for words in ["would create 14 resources", "enable cloudquotas.googleapis.com",
-                  "for Cloud Quotas: userProjectOverride, billingProject p", "name gpu-train-duo-0", "name gpu-train-duo-1",
+    for words in ["would create 16 resources", "Data disks: 2 x 100 GB pd-balanced: $20.00 a month",
+                  "enable cloudquotas.googleapis.com", "for Cloud Quotas: userProjectOverride, billingProject p",
+                  "name gpu-train-duo-0", "name gpu-train-duo-1",
                   "compact placement (collocation=COLLOCATED, vmCount=2)", "network: GVNIC, placement",
                   "GPUS-PER-GPU-FAMILY-per-project-region (gpu_family=NVIDIA_H100, region=us-central1) = 16",
                   "GPUS-ALL-REGIONS-per-project (project-wide) = 16", "name gpu-train-duo-internal"]:

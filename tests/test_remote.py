@@ -327,28 +327,27 @@ def test_down_refuses_while_running_then_fetches_everything(lab: Lab) -> None:
 def test_gpus_without_nvidia_smi(lab: Lab) -> None:
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi")
-    assert "no nvidia-smi on this host" in lab.fab("gpus", check=True).stdout
+    assert "no nvidia-smi on this host" in lab.fab("nvidia-smi", check=True).stdout
 
 
 def test_ssh_config_entry_and_plain_ssh(lab: Lab) -> None:
-    from remote import target
-    from remote.tasks.localstate import write_ssh_config
-
-    os.environ.update({k: v for k, v in lab.env.items() if k.startswith("GPU_TRAIN")})
-    try:
-        lab.fab("status", check=True)  # learn the host key first
-        home = lab.tmp / "userhome"
-        alias = write_ssh_config(target.resolve("lab"), home)
-        config = home / ".ssh" / "config"
-        assert config.read_text().startswith("Include ")
-        write_ssh_config(target.resolve("lab"), home)
-        assert config.read_text().count("Include ") == 1  # idempotent
-        out = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", alias, "echo via-alias"],
-                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-        assert out.stdout.strip() == "via-alias", out.stderr
-    finally:
-        for k in [k for k in os.environ if k.startswith("GPU_TRAIN")]:
-            del os.environ[k]
+    env = {**lab.env, "HOME": str(lab.tmp / "userhome")}
+    first = subprocess.run([FAB, "--search-root", str(ROOT), "status"], env=env, cwd=lab.cwd, capture_output=True, text=True,
+                           timeout=60, stdin=subprocess.DEVNULL)
+    assert "ssh alias: ssh gpu-train-lab (or ssh lab)" in first.stderr and "gpu-train ssh-config" in first.stderr
+    config = lab.tmp / "userhome" / ".ssh" / "config"
+    assert not config.exists()  # never edited without being asked
+    for _ in range(2):
+        added = subprocess.run([FAB, "--search-root", str(ROOT), "ssh-config"], env=env, cwd=lab.cwd, capture_output=True,
+                               text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert added.returncode == 0, added.stderr
+    assert config.read_text().count("Include ") == 1  # idempotent
+    out = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", "gpu-train-lab", "echo via-alias"],
+                         capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert out.stdout.strip() == "via-alias", out.stderr
+    removed = subprocess.run([FAB, "--search-root", str(ROOT), "ssh-config", "--remove"], env=env, cwd=lab.cwd,
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert "removed the Include line" in removed.stdout and "Include" not in config.read_text()
 
 
 def test_tunnel_forwards_a_port(lab: Lab) -> None:

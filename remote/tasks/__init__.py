@@ -1,15 +1,19 @@
-"""The fab tasks: train, logs, status, stop, resume, fetch, down, setup, ssh, gpus, tunnel.
+"""The fab tasks: train, logs, status, stop, resume, fetch, down, setup, ssh, nvidia-smi; gpus, check, ls,
+vm-stop, vm-start, ssh-config, tensorboard, jupyter, tunnel.
 
 Each task resolves the stack's target, opens one SSH connection per node (``session``), and does
 its remote work in one agent call (plus rsync for bulk data). Start reading at ``train``.
 
     session     connections to a stack's nodes; fan-out where any exception is that node's failure
     render      status tables and messages (pure)
-    localstate  what the laptop keeps: atomic writes, pushed manifests, fetch records, ssh config
+    localstate  what the laptop keeps: atomic writes, pushed manifests, fetch records
     train       train
     runs        logs, status, stop, resume
     fetch       fetch, down
-    shell       setup, ssh, gpus, tunnel
+    shell       setup, ssh, nvidia-smi
+    overview    gpus (the catalog), check, ls, ssh-config
+    power       vm-stop, vm-start
+    dashboards  tensorboard, jupyter, tunnel
     importing   import (an AI Platform or Vertex AI job into a stack)
     data        push (a data directory to the host's DATA_DIR); remote/starter.py: init
 """
@@ -17,9 +21,11 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
 from invoke import Collection
 
 from remote.starter import init
-from remote.tasks import data, importing, runs, shell
+from remote.tasks import dashboards, data, importing, overview, power, runs, shell
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
 
 ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, fetching.fetch, fetching.down,
-                shell.setup, shell.shell, shell.gpus, shell.tunnel, importing.import_job, init, data.push)
+                shell.setup, shell.shell, shell.nvidia_smi, dashboards.tunnel, dashboards.tensorboard, dashboards.jupyter,
+                overview.gpus, overview.check, overview.ls_, overview.ssh_config, power.vm_stop, power.vm_start,
+                importing.import_job, init, data.push)

@@ -67,28 +67,6 @@ class FetchRecord:
         atomic_write(self.path, json.dumps(self.doc, indent=1))
 
 
-def write_ssh_config(target, home: Path | None = None) -> str:
-    """An ssh_config entry `gpu-train-STACK` (so ssh, rsync and editors' remote-SSH work), included
-    from ~/.ssh/config. Returns the host alias."""
-    from remote import sshalias
-    from remote import target as targets
-    from remote.ssh import proxy_command
-
-    alias = f"gpu-train-{target.stack}"
-    h = target.host
-    entry = sshalias.entry(target.stack, [(h.user, h.host, h.port)], target.key_file, str(target.known_hosts), False,
-                           [proxy_command(target, h)])
-    conf = targets.state_home() / "ssh_config.d" / f"{alias}.conf"
-    atomic_write(conf, entry)
-    user_conf = (home or Path.home()) / ".ssh" / "config"
-    include = f"Include {conf.parent}/*.conf"
-    existing = user_conf.read_text() if user_conf.exists() else ""
-    if include not in existing:
-        user_conf.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(user_conf, f"{include}\n{existing}")  # Include must come before any Host block
-    return alias
-
-
 def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -68,7 +68,16 @@ class Session:
             except ssh.RemoteError as e2:
                 raise Exit(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
                            f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)", code=3) from None
+        if self.node == 0:
+            self._alias()
         return self.conn
+
+    def _alias(self) -> None:
+        """``ssh gpu-train-STACK`` from the first contact on (written once, refreshed when the address changes)."""
+        from remote import sshalias
+        from remote import target as targets
+
+        sshalias.at_first_contact(self.cluster, targets.state_home(), say, sshalias.terminal_ask())
 
     def reconnect(self):
         if self.conn is not None:

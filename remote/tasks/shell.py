@@ -1,4 +1,4 @@
-"""`fab setup`, `ssh`, `gpus`, `tunnel`: the host itself (its agent, a shell, nvidia-smi, a port)."""
+"""`fab setup`, `ssh`, `nvidia-smi`: the host itself (its agent, a shell, its GPUs)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import sys
 
 from invoke import Exit, task
 
-from remote.tasks.localstate import write_ssh_config
-from remote.tasks.session import STACK_HELP, Session, say
+from remote.tasks.session import STACK_HELP, Session
 
 
 # -- setup --------------------------------------------------------------------------------------
@@ -43,34 +42,22 @@ def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None
 
 @task(name="ssh", help={"command": "run this command instead of a shell (also: gpu-train ssh -- CMD)", "stack": STACK_HELP})
 def shell(c, command=None, stack=None):
-    """A shell on the host (or one command: `ssh -- nvidia-smi`); also writes the ssh config entry gpu-train-STACK."""
+    """A shell on the host, or one command (`ssh -- CMD`); the first contact also writes the alias gpu-train-STACK."""
     session = Session(stack)
     if command:
         _exec_ssh(session, *(["-t"] if sys.stdin.isatty() else []), command=command)
-    alias = write_ssh_config(session.target)
-    say(f"ssh config entry: {alias} (ssh {alias}, rsync -e ssh ... {alias}:path)")
     _exec_ssh(session, "-t")
 
 
 shell.remainder_kwarg = "command"  # `gpu-train ssh -- CMD` (remote/cli.py's Executor)
 
 
-@task(help={"stack": STACK_HELP})
-def gpus(c, stack=None):
-    """nvidia-smi on the host."""
+@task(name="nvidia-smi", help={"stack": STACK_HELP})
+def nvidia_smi(c, stack=None):
+    """nvidia-smi on the host (`gpus` lists the GPU types you can have)."""
     session = Session(stack)
     result = session.connect().run("command -v nvidia-smi >/dev/null && nvidia-smi || echo 'no nvidia-smi on this host'",
                                    warn=True, in_stream=False)
     session.close()
     if result.exited:
         raise Exit(code=result.exited)
-
-
-@task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
-            "stack": STACK_HELP})
-def tunnel(c, port=6006, local_port=None, stack=None):
-    """Forward localhost:LOCAL_PORT to the host's localhost:PORT over SSH (no firewall change)."""
-    session = Session(stack)
-    port, local = int(port), int(local_port or port)
-    say(f"http://localhost:{local} -> {session.target.host} localhost:{port} (Ctrl-C to stop)")
-    _exec_ssh(session, "-N", "-o", "ExitOnForwardFailure=yes", "-L", f"{local}:localhost:{port}")

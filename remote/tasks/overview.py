@@ -1,0 +1,103 @@
+"""`gpus`, `check`, `ls`, `ssh-config`: what exists, what is set up, what runs and bills, and the ssh aliases.
+
+None of these needs a stack to be selected, and none waits on a host for long: they are what a
+user reaches for first, so each works (and says what is missing) with no Pulumi CLI, no
+credentials and no VM.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from invoke import Exit, task
+
+from remote.tasks.optional import optional_positional
+from remote.tasks.session import STACK_HELP, Session
+
+
+@task(positional=["name"], help={"name": "one GPU: a short name (T4, L4, A100, A100-80GB, H100, H200, B200) or an API name",
+                                 "region": "only what is offered in this region (e.g. us-central1)",
+                                 "spot": "spot prices, and only shapes that can be had as spot",
+                                 "json": "print JSON"})
+def gpus(c, name=None, region=None, spot=False, json_=False):
+    """GPU types from the catalog: shapes, regions and zones, on-demand and spot $/h, spot- or reservation-only."""
+    from gpu_train import offers
+    from gpu_train.catalog import load_catalog
+
+    catalog = load_catalog()
+    try:
+        rows = offers.offers(catalog, name, region, spot)
+    except offers.OfferError as e:
+        raise Exit(str(e), code=2) from None
+    if json_:
+        print(json.dumps(offers.to_json(rows, catalog), indent=1))
+    elif not rows:
+        where = f" in {region}" if region else ""
+        raise Exit(f"{name or 'no GPU'} is not offered{where}{' as spot' if spot else ''} (catalog snapshot)", code=1)
+    elif name:
+        print(offers.render_detail(rows[0], catalog, spot))
+    else:
+        print(offers.render_table(rows, catalog, spot))
+
+
+optional_positional(gpus, "name")  # `gpus` lists every GPU, `gpus T4` one
+
+
+@task(help={"json": "print JSON: findings[].{what, ok, detail, fix}"})
+def check(c, json_=False):
+    """Is everything the GCP path needs in place? Pulumi CLI and login, credentials, APIs, SSH keys, stack files.
+
+    Each item passes or fails with its fix; exit 1 when something is missing.
+    """
+    from gpu_train import checkup
+    from remote import overview
+    from remote.target import state_home
+
+    findings = overview.check_findings(state_home())
+    if json_:
+        print(json.dumps({"findings": [f.to_json() for f in findings], "ok": checkup.exit_code(findings) == 0}, indent=1))
+    else:
+        print(checkup.render(findings))
+    if checkup.exit_code(findings):
+        raise Exit(code=1)
+
+
+@task(name="ls", help={"json": "print JSON: stacks[].{stack, state, runsRunning, hourlyNow, spentMonth, ...}",
+                       "offline": "do not ask the hosts (no SSH): runs and idle clocks stay unknown"})
+def ls_(c, json_=False, offline=False):
+    """Every stack at a glance, billing ones first: shape, zone, VM state, runs, $/h now, this month, idle stop.
+
+    VM states come from the Compute API when you have credentials, else from the last known
+    outputs; hosts believed up are asked for their runs for a few seconds at most.
+    """
+    from gpu_train import listing
+    from remote import overview
+    from remote.target import state_home
+
+    table = listing.rows(overview.ls_facts(state_home(), ask_hosts=not offline), time.time())
+    if json_:
+        print(json.dumps({"stacks": [r.to_json() for r in table]}, indent=1))
+    else:
+        print(listing.render(table))
+
+
+@task(name="ssh-config", help={"remove": "take the Include line and every gpu-train alias away", "stack": STACK_HELP})
+def ssh_config(c, remove=False, stack=None):
+    """Make `ssh gpu-train-STACK` work: write the stack's alias and add one Include line to ~/.ssh/config.
+
+    The first task that reaches a stack writes its alias anyway; this adds the Include line
+    without asking. --remove undoes both.
+    """
+    from remote import sshalias
+    from remote.target import state_home
+
+    home = state_home()
+    if remove:
+        done = sshalias.remove(home)
+        print("\n".join(done) if done else "nothing to remove")
+        return
+    session = Session(stack)
+    alias, _ = sshalias.write_alias(session.target, home)
+    conf = sshalias.add_include(home)
+    print(f"ssh {alias} works now ({sshalias.include_line(home)} in {conf})")

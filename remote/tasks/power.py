@@ -1,0 +1,115 @@
+"""`vm-stop` / `vm-start`: stop a stack's VMs keeping their disks, and start them again, the IaC way.
+
+The stack's `running` setting is set (so the stack file says what the VM is) and a `pulumi up`
+aimed at the instances only makes it so (``gpu_train.power``). Stopping first does what `fab down`
+does before destroying: it refuses while a run is running, and fetches every run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from invoke import Exit, task
+
+from remote.agent.protocol import ACTIVE
+from remote.tasks.session import STACK_HELP, Session, say
+
+GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its runs
+
+
+def _gcp_config(stack: str | None):
+    from gpu_train import config
+    from remote import target as targets
+
+    try:
+        name = targets.select_stack(stack)
+        cfg = config.load_stack(name)
+    except config.ConfigError as e:
+        raise Exit(str(e), code=2) from None
+    if not cfg.is_gcp:
+        raise Exit(f"stack {name} is an SSH stack: gpu-train does not power your own hosts on or off", code=2)
+    return cfg
+
+
+def _pulumi(commands: list[list[str]]) -> None:
+    from remote import target as targets
+
+    for argv in commands:
+        say("$ " + " ".join(argv))
+        result = subprocess.run(argv, cwd=targets.REPO, stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            raise Exit(f"`{' '.join(argv[:4])} ...` failed (exit {result.returncode}): see its output above; once fixed, "
+                       "run the task again (it is safe to repeat)", code=1)
+
+
+@task(name="vm-stop", help={"force": "stop even while a run is running or the host cannot be checked", "stack": STACK_HELP})
+def vm_stop(c, force=False, stack=None):
+    """Stop the stack's VM(s), keeping the disks (only storage bills while stopped); fetches every run first.
+
+    Refuses while a run is running or the host cannot be checked, unless --force (which skips the check
+    and the fetch: a running run gets SIGTERM, saves a checkpoint and resumes at vm-start).
+    """
+    from gpu_train import power
+    from remote.tasks.fetch import fetch_runs
+    from remote.tasks.runs import cluster_status
+
+    cfg = _gcp_config(stack)
+    runs, unreachable, session = [], [], None
+    if force:
+        say("--force: not checking or fetching the runs (the disk keeps them; running ones resume at vm-start)")
+    elif _vm_is_down(cfg):
+        say(f"the Compute API says no VM of {cfg.stack} is running: nothing to fetch first")
+    else:
+        try:
+            session = Session(cfg.stack, timeout=GUARD_TIMEOUT_S)
+            doc = cluster_status(session, "--summaries")
+            runs, unreachable = doc["runs"], list(doc.get("unreachable") or [])
+        except Exit as e:
+            unreachable = [str(e.message).splitlines()[0]]
+    running = [r["id"] for r in runs if r["state"] in ACTIVE]
+    try:
+        reason = power.refusal(running, unreachable, force, cfg.stack)
+        if reason:
+            raise Exit(reason, code=1)
+        failed = fetch_runs(session, runs, None, progress=False) if runs and session is not None else []
+        if failed:
+            raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was stopped (vm-stop --force to go on)",
+                       code=1)
+    finally:
+        if session is not None:
+            session.close()
+    _pulumi(power.commands(cfg.stack, False, cfg.nodes))
+    print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `gpu-train vm-start --stack {cfg.stack}` "
+          "starts it again")
+
+
+def _vm_is_down(cfg) -> bool:
+    """True when the Compute API (with your credentials) says none of the stack's VMs runs."""
+    from gpu_train.vm import label_value
+    from infra import probes
+
+    _, creds = probes.read_adc()
+    if creds is None or not cfg.project:
+        return False
+    try:
+        mine = [i for i in probes.gpu_train_instances(creds, cfg.project)
+                if (i.get("labels") or {}).get("gpu-train-stack") == label_value(cfg.stack)]
+    except RuntimeError:
+        return False
+    return not any(i.get("status") == "RUNNING" for i in mine)
+
+
+@task(name="vm-start", help={"stack": STACK_HELP})
+def vm_start(c, stack=None):
+    """Start the stack's stopped VM(s) again (after vm-stop, idle auto-stop, maxRunHours or preemption)."""
+    from gpu_train import config, power
+    from remote import target as targets
+
+    cfg = _gcp_config(stack)
+    _pulumi(power.commands(cfg.stack, True, cfg.nodes))
+    try:  # a restarted VM may have a new address
+        outputs = targets.stack_outputs(cfg.stack, targets.state_home() / cfg.stack, refresh=True)
+    except config.ConfigError as e:
+        raise Exit(str(e), code=1) from None
+    print(f"started {cfg.stack} at {outputs.get('externalIp')}; runs it was running resume by themselves "
+          f"(`fab status --stack {cfg.stack}`)")
