@@ -90,6 +90,12 @@ def listed_stack_files(project: Path | None = None, env: dict[str, str] | None =
     return [p for p in (stack_path(n, own) for n in stack_names(own)) if p is not None]
 
 
+def pulumi_config_args(path: Path) -> list[str]:
+    """`--config-file PATH` for a stack file the Pulumi CLI would not find itself (it reads this
+    clone's stacks/, Pulumi.yaml's stackConfigDir): a stack in the user's project."""
+    return [] if is_example(path) else ["--config-file", str(path.resolve())]
+
+
 def is_example(path: Path) -> bool:
     """Whether a stack file is one of this clone's examples (Pulumi finds those without --config-file)."""
     return path.resolve().parent == EXAMPLE_STACKS.resolve()

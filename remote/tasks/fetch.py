@@ -144,9 +144,12 @@ def down(c, force=False, stack=None):
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
         return
+    from gpu_train import config
+    from gpu_train.project import pulumi_config_args
     from remote import target as targets
 
-    result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack], cwd=targets.REPO)
+    where = pulumi_config_args(config.stack_file(session.target.stack))
+    result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO)
     if result.returncode != 0:
         raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=1)
     (session.target.cache / "outputs.json").unlink(missing_ok=True)
