@@ -185,7 +185,8 @@ def test_job_crash_is_failed_with_its_exit_code_and_log(lab: Lab) -> None:
     assert follow.returncode == 3 and "about to fail" in follow.stdout
     info = lab.run_state(run)
     assert (info["state"], info["exitCode"]) == ("failed", 3)
-    assert "failed (exit 3)" in lab.fab("status").stdout
+    row = next(line for line in lab.fab("status").stdout.splitlines() if run in line)
+    assert row.split()[1:3] == ["failed", "3"] and row.endswith("about to fail")  # state, exit code, the job's line
     assert "about to fail" in lab.log(run)
 
 
