@@ -72,6 +72,7 @@ class FixedShape:
     gpu_count: int
     obtain: tuple[str, ...] = ()  # empty: on-demand and spot both allowed
     zones: tuple[str, ...] = ()  # empty: every zone of the accelerator
+    arch: str = "x86_64"  # arm64: A4X (NVIDIA Grace)
 
     @property
     def family(self) -> str:
@@ -82,6 +83,7 @@ class FixedShape:
 class Price:
     on_demand: float | None
     spot: float | None
+    date: str | None = None  # when this row's figures were read (spot prices may change daily)
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ class Catalog:
     default_image_family: str
     image_families: dict[str, dict[str, str]]
     deprecated_image_patterns: tuple[tuple[str, str], ...]
+    image_series: dict[str, dict[str, Any]] = field(default_factory=dict)  # minDriver, arch per series
     compact_series: frozenset[str] = frozenset()
     max_vms_per_compact_policy: int = 0
     gvnic_series: frozenset[str] = frozenset()
@@ -237,7 +240,7 @@ def _price(raw: dict, where: str) -> Price:
     for k in ("onDemand", "spot"):
         if raw.get(k) is not None and not isinstance(raw[k], (int, float)):
             raise CatalogError(f"{where}.{k}: expected a number or null")
-    return Price(raw.get("onDemand"), raw.get("spot"))
+    return Price(raw.get("onDemand"), raw.get("spot"), _need(raw, "date", str, where))
 
 
 def parse_catalog(doc: Any) -> Catalog:
@@ -306,6 +309,7 @@ def parse_catalog(doc: Any) -> Catalog:
             gpu_count=_need(s, "gpuCount", int, where),
             obtain=tuple(s.get("obtain", ())),
             zones=tuple(s.get("zones", ())),
+            arch=s.get("arch", "x86_64"),
         )
 
     zt = _table(doc, "zones", sources)
@@ -368,6 +372,7 @@ def parse_catalog(doc: Any) -> Catalog:
         image_project=_need(it, "project", str, "images"),
         default_image_family=_need(it, "default", str, "images"),
         image_families=dict(_need(it, "families", dict, "images")),
+        image_series=dict(it.get("series") or {}),
         deprecated_image_patterns=tuple(
             (_need(p, "pattern", str, "images.deprecatedPatterns"), _need(p, "reason", str, "images.deprecatedPatterns"))
             for p in it.get("deprecatedPatterns") or ()

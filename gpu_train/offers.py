@@ -8,6 +8,7 @@ catalog's (one region, with their date) and stay "n/a" where it has none rather 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
@@ -35,6 +36,7 @@ class ShapeOffer:
     on_demand: float | None  # USD/h: fixed shapes whole; N1: the GPUs only (the VM is extra)
     spot: float | None
     zones: tuple[str, ...]  # where a fixed shape is narrower than its GPU's zones
+    price_date: str | None = None  # when the price row was read (spot prices may change daily)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class GpuOffer:
     spot_per_gpu: float | None
     obtain: tuple[str, ...]  # union over the shapes
     zones_verified: bool
+    price_date: str | None = None  # the per-GPU price row's date
 
     @property
     def note(self) -> str:
@@ -60,11 +63,16 @@ class GpuOffer:
         return "reservation-only" if self.obtain == ("reservation",) else "only: " + ", ".join(self.obtain)
 
     def to_json(self) -> dict:
-        doc = asdict(self)
-        doc["shapes"] = [asdict(s) for s in self.shapes]
+        """camelCase keys, as in the other tasks' --json."""
+        doc = _camel(asdict(self))
+        doc["shapes"] = [_camel(asdict(s)) for s in self.shapes]
         doc["regions"] = {r: list(z) for r, z in self.regions.items()}
         doc["note"] = self.note
         return doc
+
+
+def _camel(doc: dict) -> dict:
+    return {re.sub(r"_(\w)", lambda m: m.group(1).upper(), k): v for k, v in doc.items()}
 
 
 def _obtain(raw: tuple[str, ...]) -> tuple[str, ...]:
@@ -77,11 +85,13 @@ def _shapes(acc: Accelerator, catalog: Catalog) -> list[ShapeOffer]:
     for lim in catalog.n1_limits.get(acc.name, ()):
         od = None if per_gpu is None or per_gpu.on_demand is None else round(per_gpu.on_demand * lim.count, 5)
         sp = None if per_gpu is None or per_gpu.spot is None else round(per_gpu.spot * lim.count, 5)
-        out.append(ShapeOffer("n1-*", lim.count, lim.max_vcpus, lim.max_memory_gb, _obtain(()), od, sp, ()))
+        out.append(ShapeOffer("n1-*", lim.count, lim.max_vcpus, lim.max_memory_gb, _obtain(()), od, sp, (),
+                              per_gpu.date if per_gpu else None))
     for s in catalog.shapes_with(acc.name):
         cost = hourly_cost(GpuShape(s.name, s.vcpus, s.memory_gb, s.gpu_type, s.gpu_count, attached=False), catalog)
+        known = cost.on_demand is not None or cost.spot is not None
         out.append(ShapeOffer(s.name, s.gpu_count, s.vcpus, s.memory_gb, _obtain(s.obtain), cost.on_demand, cost.spot,
-                              s.zones))
+                              s.zones, cost.date if known else None))
     return out
 
 
@@ -136,6 +146,7 @@ def offers(catalog: Catalog, name: str | None = None, region: str | None = None,
             shapes=tuple(shapes), regions=_by_region(zones),
             on_demand_per_gpu=per_gpu.on_demand if per_gpu else None, spot_per_gpu=per_gpu.spot if per_gpu else None,
             obtain=obtain, zones_verified=acc.name not in catalog.unverified_zones,
+            price_date=per_gpu.date if per_gpu else None,
         ))
     return out
 
@@ -166,6 +177,10 @@ def _regions_summary(o: GpuOffer) -> str:
     return text + ("" if o.zones_verified else " (unverified)")
 
 
+def _dates(rows: list[GpuOffer]) -> list[str]:
+    return sorted({d for o in rows for d in [o.price_date, *(s.price_date for s in o.shapes)] if d})
+
+
 def render_table(rows: list[GpuOffer], catalog: Catalog, spot: bool = False) -> str:
     """One line per GPU type."""
     price_head = "spot $/h/GPU" if spot else "$/h/GPU"
@@ -176,20 +191,22 @@ def render_table(rows: list[GpuOffer], catalog: Catalog, spot: bool = False) -> 
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *body]]
     lines.append("")
-    lines.append(_footer(catalog))
+    lines.append(_footer(catalog, _dates(rows)))
     lines.append("`gpu-train gpus NAME` shows one GPU's shapes, zones and prices; short names work in stacks (gpuType: T4).")
     return "\n".join(lines)
 
 
-def _footer(catalog: Catalog) -> str:
-    return (f"prices: {catalog.price_region} list prices, {catalog.dates['prices']} (other regions differ; "
+def _footer(catalog: Catalog, dates: list[str]) -> str:
+    when = "; ".join(dates) or catalog.dates["prices"]
+    return (f"prices: {catalog.price_region} list prices as of {when} (other regions differ; spot prices change; "
             f"n/a = not in the catalog); zones: {catalog.dates['zones']} snapshot")
 
 
 def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
     """Every shape, region and price of one GPU type."""
     lines = [f"{o.short} ({o.api}): {o.memory_gb} GB, series {o.series}" + (f"; {o.note}" if o.note else ""),
-             f"  per GPU: {per_hour(o.on_demand_per_gpu)} on demand, {per_hour(o.spot_per_gpu)} spot", "", "  shapes:"]
+             f"  per GPU: {per_hour(o.on_demand_per_gpu)} on demand, {per_hour(o.spot_per_gpu)} spot"
+             + (f" (prices of {o.price_date})" if o.price_date else ""), "", "  shapes:"]
     for s in o.shapes:
         if s.machine == "n1-*":
             what = f"    n1-* + {s.gpus} x {o.short}".ljust(34) + f"up to {s.max_vcpus} vCPUs, {s.max_memory_gb:g} GB"
@@ -199,10 +216,11 @@ def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
             price = f"{per_hour(s.on_demand)}, spot {per_hour(s.spot)}"
         ways = "" if s.obtain == (ON_DEMAND, "spot") else f" [{', '.join(s.obtain)}]"
         zones = f" (zones: {', '.join(s.zones)})" if s.zones else ""
-        lines.append(f"{what.ljust(70)}{price}{ways}{zones}")
+        dated = f" ({s.price_date})" if s.price_date and s.price_date != o.price_date else ""
+        lines.append(f"{what.ljust(70)}{price}{dated}{ways}{zones}")
     lines += ["", f"  zones ({'snapshot' if o.zones_verified else 'snapshot, unverified'}):"]
     lines += [f"    {r}: {', '.join(z.rsplit('-', 1)[1] for z in zs)}" for r, zs in o.regions.items()]
-    lines += ["", _footer(catalog), f"use it: gpu-train:gpuType: {o.short}" if o.series == "N1"
+    lines += ["", _footer(catalog, _dates([o])), f"use it: gpu-train:gpuType: {o.short}" if o.series == "N1"
               else f"use it: gpu-train:machineType: {o.shapes[0].machine if o.shapes else '?'}"]
     if spot:
         lines.append("(--spot: shapes that cannot be had as spot are left out)")

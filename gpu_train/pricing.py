@@ -32,7 +32,7 @@ def _machine_price(machine_type: str, catalog: Catalog) -> Price | None:
         size = machine_type.removeprefix(prefix + "-")
         if size != machine_type and size.isdigit() and base in catalog.machine_prices:
             p, factor = catalog.machine_prices[base], int(size) / base_vcpus
-            return Price(_scale(p.on_demand, factor), _scale(p.spot, factor))
+            return Price(_scale(p.on_demand, factor), _scale(p.spot, factor), p.date)
     return None
 
 
@@ -47,17 +47,19 @@ def _add(a: float | None, b: float | None) -> float | None:
 def hourly_cost(shape: GpuShape, catalog: Catalog) -> Cost:
     """Machine plus attached GPUs; fixed shapes are priced whole (their price includes the GPUs)."""
     machine = _machine_price(shape.machine_type, catalog) or Price(None, None)
+    dates = [machine.date]
     if shape.machine_type in catalog.machine_prices_include_gpus or shape.gpu_count == 0:
         gpus = Price(0.0, 0.0)  # priced whole, or a CPU-only node (a parameter server pool)
     elif shape.attached:
         acc = catalog.accelerator(shape.gpu_type)
         per_gpu = catalog.gpu_prices.get(acc.name if acc else "", Price(None, None))
         gpus = Price(_scale(per_gpu.on_demand, shape.gpu_count), _scale(per_gpu.spot, shape.gpu_count))
+        dates.append(per_gpu.date)
     else:
         gpus = Price(None, None)  # a fixed shape whose whole price the catalog does not have
     return Cost(
         on_demand=_add(machine.on_demand, gpus.on_demand),
         spot=_add(machine.spot, gpus.spot),
         region=catalog.price_region,
-        date=catalog.dates["prices"],
+        date=" and ".join(sorted({d for d in dates if d})) or catalog.dates["prices"],
     )

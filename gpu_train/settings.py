@@ -76,7 +76,8 @@ class StackConfig:
     # The settings as given (before defaults), for messages and "was it set?" questions.
     given: frozenset[str] = frozenset()
 
-    zone: str = setting("zone", "str", "", "zone, e.g. `us-central1-a`; the region is derived", targets=GCP,
+    zone: str = setting("zone", "str", "", "zone, e.g. `us-central1-a` (or an AI zone such as "
+                        "`us-central1-ai1`); the region is derived", targets=GCP,
                         required_for=GCP, shown="required")
     machine_type: str = setting("machineType", "str", "n1-standard-8", "an N1 type with attached GPUs, or a GPU "
                                 "shape (`g2-standard-8`, `a2-highgpu-1g`, `a3-highgpu-1g`, ...)", targets=GCP)
@@ -84,7 +85,8 @@ class StackConfig:
                                    "when given)", targets=GCP, shown="required for N1")
     gpu_count: int | None = setting("gpuCount", "int", None, "GPUs per VM; implied by GPU shapes (checked when "
                                     "given)", targets=GCP, shown="required for N1")
-    spot: bool = setting("spot", "bool", False, "Spot VM: 60-91% cheaper, may be preempted", targets=GCP)
+    spot: bool = setting("spot", "bool", False, "Spot VM: cheaper (Google: up to 91% off; spot "
+                         "prices may change daily), may be preempted", targets=GCP)
     boot_disk_size_gb: int = setting("bootDiskSizeGb", "int", 200, "boot disk size (checked against the image's "
                                      "size at `up`)", targets=GCP)
     boot_disk_type: str = setting("bootDiskType", "str", "pd-balanced", "boot disk type: `pd-balanced` on N1, G2, "
@@ -99,6 +101,8 @@ class StackConfig:
                                        "PyTorch one)", targets=GCP, shown="catalog.default_image_family")
     image_project: str | None = setting("imageProject", "str", None, "image project", targets=GCP,
                                         shown="catalog.image_project")
+    network: str = setting("network", "str", "default", "the VPC network the VM and its firewall rules use (for "
+                           "projects without a `default` network)", targets=GCP)
     ssh_user: str = setting("sshUser", "str", "trainer", "login user created on the VM", targets=GCP)
     ssh_public_key: str = setting("sshPublicKey", "str", "~/.ssh/id_ed25519.pub", "your public key, or a path to it",
                                   targets=GCP)
@@ -121,7 +125,8 @@ class StackConfig:
                                       shown="learned on first contact")
     remote_root: str = setting("remoteRoot", "str", "~/gpu-train", "where gpu-train keeps its files on a host "
                                "(`{node}` is replaced by the node's number)")
-    python: str | None = setting("python", "str", None, "Python on the host (DLVM conda, else `python3`)",
+    python: str | None = setting("python", "str", None, "Python on the host; detected: the first candidate that imports "
+                                 "torch (`/opt/conda/bin/python`, ..., `python3` on PATH)",
                                  shown="detected")
     venv: bool = setting("venv", "bool", True, "run jobs in a virtual environment per project "
                                 "(`REMOTE_ROOT/envs/PROJECT`) made from `python` with its site packages; `false` "

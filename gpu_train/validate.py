@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import disks, gpunames, names, values
+from gpu_train import disks, gpunames, images, names, values
 from gpu_train.catalog import AI_ZONE_PATTERN, ZONE_PATTERN, Catalog, FixedShape, MachineShape
 from gpu_train.config import NAMESPACE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 from gpu_train.pools import check_pools
@@ -93,8 +93,8 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         problems += check_pools(cfg, catalog, lambda c, cat: _shape(c, cat, zone_ok=not problems))
     else:
         problems += _shape(cfg, catalog, zone_ok=not problems)
-    problems += _disk(cfg, catalog) + _data_disk(cfg, catalog) + _image(cfg, catalog) + _ssh(cfg) + _labels(cfg)
-    problems += _lifecycle(cfg)
+    problems += _disk(cfg, catalog) + _data_disk(cfg, catalog) + images.check(cfg, catalog) + _ssh(cfg)
+    problems += _labels(cfg) + _lifecycle(cfg)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
     problems += names.check(cfg.stack, cfg.nodes)
     return problems
@@ -299,7 +299,7 @@ def nearest_regions(region: str, zones: tuple[str, ...], n: int = 3) -> list[tup
     return [(r, by_region[r]) for r in order[:n]]
 
 
-# -- disk, image ------------------------------------------------------------------------------
+# -- disk -------------------------------------------------------------------------------------
 def _disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     problems = []
     if not MIN_DISK_GB <= cfg.boot_disk_size_gb <= MAX_DISK_GB:
@@ -333,19 +333,6 @@ def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
             problems.append(Problem("dataDiskType", why, f"remove dataDiskType (the default for {machine} is "
                                     f"{disks.default_disk_type(catalog, machine)}) or set one of those", kind))
     return problems
-
-
-def _image(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
-    if cfg.image_project != catalog.image_project:
-        return []  # the user's own image: nothing the catalog can say about it
-    family = cfg.image_family or ""
-    if (reason := catalog.image_deprecation(family)) is not None:
-        return [Problem("imageFamily", f"is deprecated ({reason}; catalog of {catalog.dates['images']})",
-                        f"use {catalog.default_image_family}", family, "warning")]
-    if family not in catalog.image_families:
-        return [Problem("imageFamily", "is not among the Deep Learning VM families the catalog knows",
-                        f"current families: {', '.join(catalog.image_families)}", family, "warning")]
-    return []
 
 
 # -- lifecycle: idle stop, run-time cap, resumes ----------------------------------------------

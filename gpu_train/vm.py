@@ -12,9 +12,10 @@ import gzip
 import ipaddress
 import json
 import re
+import shlex
 from pathlib import Path
 
-from gpu_train import disks
+from gpu_train import disks, images
 from gpu_train.config import StackConfig
 from gpu_train.names import (  # noqa: F401
     data_disk_name,
@@ -36,6 +37,15 @@ SERVICE_ACCOUNT_SCOPES = (
 )
 SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
 SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
+# How long Compute Engine lets the guest shut down before a hard power-off: "120 seconds ... for
+# Standard VMs and 30 seconds for Spot VMs" (pulumi-gcp 10.2.0 Instance scheduling.skipGuestOsShutdown
+# doc; Compute Engine "Spot VMs", preemption process; read 2026-11-22).
+SHUTDOWN_GRACE_S = {True: 30, False: 120}
+
+
+def shutdown_grace_s(spot: bool) -> int:
+    """Seconds a job has to checkpoint when the VM stops or is preempted."""
+    return SHUTDOWN_GRACE_S[spot]
 
 
 # Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
@@ -122,27 +132,38 @@ def remote_root(cfg: StackConfig) -> str:
     return f"$HOME_DIR/{cfg.remote_root[2:]}" if cfg.remote_root.startswith("~/") else cfg.remote_root
 
 
+def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:
+    """The startup script's data-disk block: its device name, user and REMOTE_ROOT, shell-quoted
+    (``~/`` is left for the script to expand to the user's home)."""
+    root = cfg.remote_root.rstrip("/") or "/"
+    quoted = "'~/'" + shlex.quote(root[2:]) if root.startswith("~/") else shlex.quote(root)
+    return (("@DATA_DEVICE@", DATA_DEVICE_NAME), ("@DATA_USER@", shlex.quote(cfg.ssh_user)), ("@DATA_ROOT@", quoted))
+
+
 def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
     """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
 
     gpu-train-shutdown's ExecStop lets jobs checkpoint when the VM stops or is preempted;
-    gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs.
+    gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs. Before them, the
+    data disk (device ``DATA_DEVICE_NAME``) is formatted if new and mounted on REMOTE_ROOT.
     """
     packed = base64.b64encode(gzip.compress(agent_zipapp, mtime=0)).decode()
     settings = json.dumps({**cfg.agent_settings(), "poweroffCommand": ["systemctl", "poweroff"]})
     script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
     for mark, value in (("@USER@", cfg.ssh_user), ("@ROOT@", remote_root(cfg)), ("@PACKED@", packed),
-                        ("@SETTINGS@", settings)):
+                        ("@SETTINGS@", settings), *data_disk_marks(cfg)):
         script = script.replace(mark, value)
     return script
 
 
 def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str, str]:
-    """Driver on first boot; only our key logs in (project-wide keys blocked, OS Login off);
-    the startup script installs the on-host agent at every boot."""
+    """Only our key logs in (project-wide keys blocked, OS Login off); the startup script installs
+    the on-host agent at every boot. The driver is installed at first boot only for a family that
+    does not ship one (``*-nvidia-DRIVER`` families have it: no install, no reboot)."""
     key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
+    driver = {} if images.driver_of(cfg.image_family) is not None else {"install-nvidia-driver": "True"}
     return {
-        "install-nvidia-driver": "True",
+        **driver,
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",

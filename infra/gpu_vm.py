@@ -44,7 +44,7 @@ class GpuVm(pulumi.ComponentResource):
         def ingress(suffix: str, description: str, **rule: object) -> gcp.compute.Firewall:
             """An ingress rule of the default network for this VM's tag."""
             return gcp.compute.Firewall(f"{name}-{suffix}", name=vm.resource_name(cfg.stack, suffix), project=cfg.project,
-                                        network="default", direction="INGRESS", target_tags=[tag],
+                                        network=cfg.network, direction="INGRESS", target_tags=[tag],
                                         description=f"gpu-train {cfg.stack}: {description}", opts=child, **rule)
 
         for family, ranges in vm.ssh_ranges_by_family(cfg.ssh_source_ranges).items():
@@ -107,7 +107,7 @@ class GpuVm(pulumi.ComponentResource):
                     allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}])
 
         def nic(machine_type: str) -> dict[str, object]:
-            out: dict[str, object] = {"network": "default", "access_configs": [{}]}
+            out: dict[str, object] = {"network": cfg.network, "access_configs": [{}]}
             if (kind := vm.nic_type(machine_type, catalog)) is not None:
                 out["nic_type"] = kind
             return out
@@ -156,7 +156,10 @@ class GpuVm(pulumi.ComponentResource):
             for i, instance_name in enumerate(instance_names)
         ]
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
-        self.image = image.self_link
+        # The image the VM runs: the boot disk's, as the provider reads it back. After the first `up`
+        # it stays the image pinned then (initializeParams.image is ignored afterwards), while the
+        # family moves on; exporting the family's newest would name an image the VM never booted.
+        self.image = self.instance.boot_disk.initialize_params.image
         external = [inst.network_interfaces[0].access_configs[0].nat_ip for inst in self.instances]
         internal = [inst.network_interfaces[0].network_ip for inst in self.instances]
         self.outputs = {
@@ -169,7 +172,7 @@ class GpuVm(pulumi.ComponentResource):
             "gpuType": shape.gpu_type,
             "gpuCount": shape.gpu_count,
             "spot": cfg.spot,
-            "image": image.self_link,
+            "image": self.image,
             "hourlyCostUsd": args.hourly_cost_usd,
             "nodes": cfg.nodes,
             "nodeGpuCounts": [s.gpu_count for s in shapes],

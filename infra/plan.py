@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_train import changes, config, validate, vm
+from gpu_train import changes, config, images, validate, vm
 from gpu_train.catalog import Catalog, load_catalog
 from gpu_train.pricing import Cost, hourly_cost
 from infra import preview, program, pulumi_cli
@@ -26,7 +26,8 @@ def _money(value: float | None) -> str:
 
 
 def describe_cost(cost: Cost, spot: bool) -> list[str]:
-    lines = [f"Cost per VM ({cost.region} list prices, catalog of {cost.date}; other regions differ):",
+    lines = [f"Cost per VM ({cost.region} list prices of {cost.date}; other regions differ, spot prices may change "
+             "daily):",
              f"  {'':<24}{'per hour':>10}{'per day':>11}"]
     for label, value, chosen in (("on demand", cost.on_demand, not spot), ("spot", cost.spot, spot)):
         mark = "  <- this stack" if chosen else ""
@@ -146,7 +147,9 @@ def _meta(key: str, value: str) -> str:
 def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[config.Problem], catalog: Catalog) -> str:
     shape = validate.shape_of(cfg, catalog)
     lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
-    lines += [describe_shape(shape, cfg, catalog), ""]
+    lines += [describe_shape(shape, cfg, catalog), images.driver_note(cfg, catalog),
+              f"Shutdown grace: {vm.shutdown_grace_s(cfg.spot)} s ({'spot' if cfg.spot else 'standard'} VM: what Compute "
+              "Engine gives the guest before a hard power-off; jobs checkpoint within it)", ""]
     lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), *describe_data_disk(cfg, catalog), ""]
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]

@@ -42,6 +42,9 @@ class Recorder(pulumi.runtime.Mocks):
     # Current limits by Cloud Quotas id: a number (the default entry, for every region) or the
     # dimensionsInfos as the API lists them ({dimensions, applicableLocations, value} each).
     quota_values: dict[str, int | list[dict]] = field(default_factory=dict)
+    # The image an existing VM's boot disk was created from (what the provider reads back after the
+    # first `up`, whatever the family's newest is now); None: the VM is new.
+    pinned_image: str | None = None
     resources: list[Declared] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (invoke token, provider reference)
     protected: dict[tuple[str, str], bool] = field(default_factory=dict)
@@ -65,6 +68,10 @@ class Recorder(pulumi.runtime.Mocks):
                 nic["networkIp"] = MOCK_INTERNAL_IP
                 nic["accessConfigs"] = [{**ac, "natIp": MOCK_EXTERNAL_IP} for ac in nic.get("accessConfigs", [])]
             outputs["networkInterfaces"] = nics
+            if self.pinned_image and "bootDisk" in outputs:
+                boot = dict(outputs["bootDisk"])
+                boot["initializeParams"] = {**boot.get("initializeParams", {}), "image": self.pinned_image}
+                outputs["bootDisk"] = boot
         protect = self.protected.get((args.typ, args.name), False)
         self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect))
         return f"{args.name}-id", outputs
@@ -124,6 +131,7 @@ def run(
     config: dict[str, Any] | None = None,
     image_disk_gb: int = MOCK_IMAGE_DISK_GB,
     quota_values: dict[str, int | list[dict]] | None = None,
+    pinned_image: str | None = None,
 ) -> Preview:
     """Run ``program`` as ``pulumi up`` would, under mocks; collect its resources and stack outputs.
 
@@ -131,7 +139,7 @@ def run(
     assertion inside one would pass silently). A program error is returned, not raised, the way
     ``pulumi up`` reports it.
     """
-    recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {})
+    recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {}, pinned_image=pinned_image)
     pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False, monitor=_Monitor(recorder))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
     root = get_root_resource()

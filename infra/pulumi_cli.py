@@ -75,3 +75,21 @@ def of_type(resources: list[Resource], suffix: str) -> list[Resource]:
 def has_vm(resources: list[Resource] | None) -> bool:
     """Does the stack hold a VM (an instance) now?"""
     return bool(resources) and bool(of_type(resources, "compute/instance:Instance"))
+
+
+def release_data_disks(stack: str, pulumi: Runner = run) -> list[str]:
+    """Lift `protect` from the stack's data disks, so that `pulumi destroy` may delete them: only for
+    `fab down`, after every run was fetched home. Returns the disks released; raises RuntimeError
+    (nothing destroyed yet) when one cannot be."""
+    resources = stack_resources(stack, pulumi)
+    if resources is None:
+        raise RuntimeError(f"`pulumi stack export --stack {stack}` failed: cannot tell which data disks to release")
+    released = []
+    for disk in of_type(resources, "compute/disk:Disk"):
+        if not disk.protect:
+            continue
+        code, out = pulumi(["state", "unprotect", disk.urn, "--yes", "--stack", stack], echo=False)
+        if code:
+            raise RuntimeError(f"cannot release the data disk {disk.name}: {out.strip()}")
+        released.append(disk.name)
+    return released

@@ -30,6 +30,7 @@ from remote import fetch_local as fl
 from remote import fetch_plan as fp
 from remote.fetch_progress import Progress
 from remote.fetch_stream import Stream, StreamError
+from remote.sync import human
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RunResult:
     bytes: int = 0
     kept_newer: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    unsafe: list[str] = field(default_factory=list)  # links pointing out of the JOB_DIR: not made here
     changed: list[str] = field(default_factory=list)  # changed on the host while being read: next time
     error: str | None = None
     summary: dict | None = None  # the host's JOB_DIR: files, bytes, newest change (for the fetch record)
@@ -59,15 +61,49 @@ class RunResult:
 class FileJob:
     key: int
     run: RunResult
+    tree: fl.Tree
     entry: fp.Entry
     planned: fl.Local | None
-    part: Path
+    part: str
     pieces: int = 0
     whole: str | None = None  # the host's SHA-256 of the whole file, when it comes in several pieces
     ino: int | None = None
     failed: bool = False
     installed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _some(paths: list[str], limit: int = 5) -> str:
+    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def notes(result: RunResult, where: Path) -> list[str]:
+    """What to tell the user about one run's fetch."""
+    rid = result.run_id
+    if result.error is not None:
+        lines = [f"{rid}: fetch failed: {result.error}"]
+    elif result.up_to_date:
+        lines = [f"{rid}: up to date in {where}"]
+    else:
+        lines = [f"{rid}: fetched {result.files} file(s), {human(result.bytes)} -> {where}"]
+    if result.kept_newer:
+        lines.append(f"  kept {len(result.kept_newer)} local file(s) newer than the host's: {_some(result.kept_newer)}")
+    if result.conflicts:
+        lines.append(f"  left alone, something else is in the way here: {_some(result.conflicts)}")
+    if result.unsafe:
+        lines.append(f"  not made, links pointing out of the run: {_some(result.unsafe)}")
+    if result.changed:
+        lines.append(f"  changed on the host while being read (the next fetch takes them): {_some(result.changed)}")
+    return lines
+
+
+def summary_line(results: list[RunResult], elapsed: float, streams: int) -> str:
+    """The one line a fetch ends with."""
+    files, moved = sum(r.files for r in results), sum(r.bytes for r in results)
+    fresh = sum(1 for r in results if r.up_to_date)
+    rate = f", {human(moved / elapsed)}/s" if elapsed > 0 and moved else ""
+    return (f"fetched {files} file(s), {human(moved)} from {len(results)} run(s) in {elapsed:.1f} s{rate} "
+            f"(up to {streams} streams); {fresh} up to date, {sum(1 for r in results if r.error)} failed")
 
 
 def summary(entries: list[fp.Entry]) -> dict:
@@ -83,6 +119,7 @@ class Fetcher:
         self.open_stream, self.streams = open_stream, max(1, int(streams))
         self.progress = progress or Progress(0, live=False)
         self.jobs: list[FileJob] = []
+        self.lock = threading.Lock()  # the runs' counters, updated by every stream's thread
 
     # -- 1 and 2: list and decide ---------------------------------------------------------------
     def run(self, runs: list[tuple[str, Path]]) -> list[RunResult]:
@@ -103,7 +140,7 @@ class Fetcher:
             self._finish(dirs)
         except StreamError as e:
             for r in results:
-                r.error = r.error or f"{e}; run the fetch again to resume"
+                r.error = r.error or f"{e}; run it again to resume"
         finally:
             for s in opened:
                 s.close(kill=True)
@@ -130,28 +167,29 @@ class Fetcher:
         return dirs, basis
 
     def _plan_run(self, result: RunResult, entries: list[fp.Entry], dirs: list, basis: list) -> None:
-        dest = result.dest
-        fl.ensure_dir(dest, None)
+        tree = fl.Tree(result.dest)
+        tree.folder("")
         for e in entries:
-            local = fl.local_state(dest, e.path)
+            local = tree.state(e.path)
             action = fp.decide(e, local)
             if action == fp.KEEP_NEWER:
                 result.kept_newer.append(e.path)
             elif action == fp.CONFLICT:
                 result.conflicts.append(e.path)
+            elif action == fp.UNSAFE:
+                result.unsafe.append(f"{e.path} -> {e.target}")
             elif action == fp.MKDIR:
-                fl.ensure_dir(dest, e.path)
+                tree.folder(e.path)
             elif action == fp.LINK:
-                fl.make_link(dest, e.path, e.target, local)
-                result.files += 1
+                if tree.link(e.path, e.target, local):
+                    result.files += 1
             elif action in (fp.FETCH, fp.DELTA):
-                job = FileJob(len(self.jobs), result, e, local, fl.part_path(dest, e.path))
+                job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path))
                 self.jobs.append(job)
-                resumable = job.part.is_file() and e.size >= fp.DELTA_MIN
-                if action == fp.DELTA or resumable:
-                    basis.append(job)
+                if action == fp.DELTA or (e.size >= fp.DELTA_MIN and os.path.isfile(job.part)):
+                    basis.append(job)  # a local copy, or what an interrupted fetch left: compared by blocks
             if e.kind == "d":
-                dirs.append((dest, e))
+                dirs.append((tree, e))
 
     # -- delta: compare blocks with the host ----------------------------------------------------
     def _hash_phase(self, stream: Stream, basis: list[FileJob]) -> list[fp.Piece]:
@@ -162,7 +200,7 @@ class Fetcher:
         stream.send({"op": "hash", "items": [[j.run.run_id, j.entry.path, 0, j.entry.size, blocks[j.key]] for j in basis]})
 
         def local(job: FileJob) -> list[str]:
-            src = job.part if job.part.is_file() else job.run.dest / job.entry.path
+            src = job.part if os.path.isfile(job.part) else f"{job.tree.base}/{job.entry.path}"
             fl.prepare_part(job.part, src, job.entry.size)
             have = min(job.entry.size, (job.planned.size if job.planned and src != job.part else job.entry.size))
             return fl.block_hashes(job.part, fp.compared_length(have, job.entry.size, blocks[job.key]), blocks[job.key])
@@ -220,11 +258,12 @@ class Fetcher:
         for piece in share:
             job = self.jobs[piece.key]
             single = job.pieces == 1 and piece.offset == 0 and piece.length == job.entry.size and job.whole is None
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if single else 0)
             try:
-                fd = os.open(job.part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if single else 0), 0o600)
+                fd = os.open(job.part, flags, 0o600)
             except FileNotFoundError:
-                job.part.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(job.part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_TRUNC, 0o600)
+                os.makedirs(os.path.dirname(job.part), exist_ok=True)
+                fd = os.open(job.part, flags, 0o600)
             h, pos = hashlib.sha256(), piece.offset
 
             def sink(view: memoryview, fd: int = fd, h=h) -> None:
@@ -237,23 +276,26 @@ class Fetcher:
 
             try:
                 trailer, length = stream.read_range(sink, buf)
+                ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
+                if ok and single:
+                    self._stamp(job, fd)
             except StreamError as e:
                 errors.append(e)
                 return
             finally:
                 os.close(fd)
-            ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
             if not ok or not self._same_file(job, trailer["stat"]):
                 job.failed = True
                 if job.entry.path not in job.run.changed:
                     job.run.changed.append(job.entry.path)
                 continue
-            job.run.bytes += length
+            with self.lock:
+                job.run.bytes += length
             with job.lock:
                 job.pieces -= 1
                 last = job.pieces == 0
             if last and single:
-                self._complete(job)
+                self._complete(job, stamp=False)
 
     def _check_wholes(self, stream: Stream) -> None:
         """Files of several pieces: the SHA-256 of what was assembled against the host's of the whole file."""
@@ -271,22 +313,38 @@ class Fetcher:
                 job.failed = True
                 job.run.changed.append(job.entry.path)
 
-    def _complete(self, job: FileJob) -> None:
+    @staticmethod
+    def _stamp(job: FileJob, fd: int) -> None:
+        """The host's modification time, and its mode less setuid/setgid and group/world write."""
+        os.fchmod(fd, fp.safe_mode(job.entry.mode))
+        os.utime(fd, ns=(job.entry.mtime_ns, job.entry.mtime_ns))
+
+    def _complete(self, job: FileJob, stamp: bool = True) -> None:
         """Rename a verified file into place (unless the destination changed meanwhile)."""
         job.installed = True
         e = job.entry
         try:
-            if fl.install(job.part, job.run.dest, e.path, e.mode, e.mtime_ns, job.planned):
+            if stamp:
+                fd = os.open(job.part, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    self._stamp(job, fd)
+                finally:
+                    os.close(fd)
+            installed = job.tree.install(job.part, e.path, job.planned)
+        except (OSError, fl.UnsafePath) as err:
+            with self.lock:
+                job.run.conflicts.append(f"{e.path} ({err})")
+            return
+        with self.lock:
+            if installed:
                 job.run.files += 1
             else:
                 job.run.kept_newer.append(e.path)
-        except (OSError, fl.UnsafePath) as err:
-            job.run.conflicts.append(f"{e.path} ({err})")
 
-    def _finish(self, dirs: list[tuple[Path, fp.Entry]]) -> None:
+    def _finish(self, dirs: list[tuple[fl.Tree, fp.Entry]]) -> None:
         """Folders get the host's times last (writing files into them moved their times)."""
-        for dest, e in reversed(dirs):
-            fl.set_dir_time(dest, e.path, e.mtime_ns)
+        for tree, e in reversed(dirs):
+            tree.set_time(e.path, e.mtime_ns)
         for job in self.jobs:
             if not job.failed and not job.installed:
                 job.run.error = job.run.error or f"{job.entry.path} was not completed"

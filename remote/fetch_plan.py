@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MiB = 1 << 20
+DEFAULT_STREAMS = 4  # `fab fetch --streams N`: enough to fill a long link from one laptop (4 x 2 MiB windows)
 SPLIT_BYTES = 256 * MiB  # files larger than this travel in ranges, over several streams at once
 RANGE_BYTES = 64 * MiB  # the size of those ranges
 DELTA_MIN = 64 * 1024  # smaller files are sent whole rather than compared block by block
@@ -28,6 +29,7 @@ PIECE_COST = 32 * 1024  # what one more piece costs a stream beyond its bytes (h
 SKIP = "skip"  # same size and time here: nothing to do
 KEEP_NEWER = "keep-newer"  # the local file is newer than the host's: never replaced
 CONFLICT = "conflict"  # a different kind of thing is in the way here (a folder where a file goes): left alone
+UNSAFE = "unsafe"  # a link pointing out of the JOB_DIR (rsync --safe-links): not made here
 MKDIR = "mkdir"
 LINK = "link"
 FETCH = "fetch"  # not here yet: sent whole (in ranges if big)
@@ -68,6 +70,8 @@ def decide(entry: Entry, local: Local | None) -> str:
             return MKDIR
         return SKIP if local.kind == "d" else CONFLICT
     if entry.kind == "l":
+        if not safe_link(entry.path, entry.target):
+            return UNSAFE
         if local is None:
             return LINK
         if local.kind == "l":
@@ -165,6 +169,21 @@ def streams_for(requested: int, pieces: list[Piece]) -> int:
     """No more streams than there is work for: one per piece, one per STREAM_WORTH of data at most."""
     total = sum(p.length + PIECE_COST for p in pieces)
     return max(1, min(requested, len(pieces), total // STREAM_WORTH + 1))
+
+
+def safe_link(path: str, target: str) -> bool:
+    """Whether a link at ``path`` to ``target`` stays inside the tree (relative, never climbing out)."""
+    if not target or target.startswith("/") or "\0" in target:
+        return False
+    depth = path.count("/")  # folders above the link, inside the tree
+    for part in target.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part not in ("", "."):
+            depth += 1
+    return True
 
 
 def safe_mode(mode: int) -> int:

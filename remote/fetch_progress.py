@@ -7,13 +7,7 @@ import threading
 import time
 from typing import TextIO
 
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+from remote.sync import human
 
 
 def bar_line(done: int, total: int, elapsed: float, width: int = 24) -> str:

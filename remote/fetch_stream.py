@@ -1,28 +1,31 @@
-"""One fetch stream: an OpenSSH connection running the host's fetch server (remote/fetch_host.py).
+"""One fetch stream: an OpenSSH session running the agent's fetch server (remote/agent/fetchserve.py).
 
-Each stream is its own `ssh` process, so each has its own SSH channel window (OpenSSH advertises
-about 2 MiB, and one channel moves at most that per round trip) and its own core for the
-cipher. The server's source travels compressed on the command line, as the agent's does: one exec,
-no file needed on the host. Requests go down ssh's stdin; answers are read from its stdout.
+Each stream is its own `ssh` process with its own SSH channel, so each has its own channel window
+(OpenSSH advertises about 2 MiB, and one channel moves at most that per round trip). The agent
+travels on the command line as for every task. Requests go down ssh's stdin; answers are read
+from its stdout.
 """
 
 from __future__ import annotations
 
-import base64
+import contextlib
+import fcntl
 import io
 import json
-import shlex
+import os
+import shutil
 import subprocess
 import tempfile
 import zlib
-from pathlib import Path
 
 from gpu_train.config import SshHost
+from remote.agent.bundle import agent_command
 from remote.ssh import openssh_options
 from remote.target import Target
 
-HOST_SOURCE = Path(__file__).with_name("fetch_host.py")
-READ_BUFFER = 1 << 20
+READ_BUFFER = 64 * 1024  # reads of a range's data bigger than this go straight into the caller's buffer
+PIPE_SIZE = 1 << 20  # a bigger pipe from ssh: fewer wake-ups on both sides per MiB
+CHANNELS_PER_CONNECTION = 8  # streams beyond this many get connections of their own
 
 
 class StreamError(Exception):
@@ -30,18 +33,45 @@ class StreamError(Exception):
 
 
 def host_command(remote_root: str) -> str:
-    """The shell command that runs the fetch server shipped inline (the system Python when there is one)."""
-    packed = base64.b64encode(zlib.compress(HOST_SOURCE.read_bytes(), 9)).decode()
-    boot = ("import base64,sys,zlib;s=zlib.decompress(base64.b64decode(sys.argv.pop(1)));"
-            "exec(compile(s,'gpu-train-fetch','exec'),{'__name__':'__main__'})")
-    run = shlex.join(["-S", "-c", boot, packed, "--root", remote_root])
-    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {run}'
+    return agent_command(remote_root, "fetch-serve")
 
 
-def ssh_argv(target: Target, host: SshHost, command: str) -> list[str]:
+def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | None = None) -> list[str]:
     """`ssh` for one stream: the stack's key and known_hosts, no tty, no compression (checkpoints do not shrink)."""
-    return ["ssh", *openssh_options(target, host), "-T", "-x", "-o", "Compression=no",
-            "-o", "ControlMaster=no", "-o", "ControlPath=none", f"{host.user}@{host.host}", command]
+    mux = control or ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+    return ["ssh", *openssh_options(target, host), "-T", "-x", "-o", "Compression=no", *mux,
+            f"{host.user}@{host.host}", command]
+
+
+class Opener:
+    """Opens a host's streams: the first is an SSH connection of its own, the others channels of it.
+
+    Each channel has its own window, so N channels move N windows per round trip, as N connections
+    would; but a channel opens in one round trip where a connection needs a key exchange and a
+    login (three or four round trips, and tens of milliseconds of CPU on each side). With
+    ``mux=False`` (or where OpenSSH cannot share a connection) every stream is a connection.
+    """
+
+    def __init__(self, target: Target, host: SshHost, mux: bool = os.name == "posix"):
+        self.target, self.host, self.mux = target, host, mux
+        self.command = host_command(target.remote_root)
+        self._dir = tempfile.mkdtemp(prefix="gpu-train-mux-") if mux else None
+        self.opened = 0
+
+    def control(self) -> list[str] | None:
+        if self._dir is None or self.opened >= CHANNELS_PER_CONNECTION:
+            return None  # a connection of its own (sshd's MaxSessions is 10 by default)
+        master = "yes" if self.opened == 0 else "no"
+        return ["-o", f"ControlMaster={master}", "-o", f"ControlPath={self._dir}/c", "-o", "ControlPersist=no"]
+
+    def __call__(self) -> Stream:
+        stream = Stream(ssh_argv(self.target, self.host, self.command, self.control()))
+        self.opened += 1
+        return stream
+
+    def close(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class Stream:
@@ -51,6 +81,8 @@ class Stream:
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the stream)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      bufsize=0, start_new_session=True)
+        with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the default pipe
+            fcntl.fcntl(self.proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)  # type: ignore[union-attr]
         self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type]
 
     def send(self, request: dict) -> None:

@@ -82,7 +82,10 @@ class Sshd:
             f"AuthorizedKeysFile {self.dir}/authorized_keys\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
             "Subsystem sftp internal-sftp\nLogLevel ERROR\nMaxStartups 100\nMaxSessions 50\nPrintMotd no\n"
-            "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n" + self.extra_config
+            "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n"
+            # A login shell that runs `pyenv init` (this workplace's ~/.bashrc) would wait up to 60 s on a
+            # rehash lock left behind when a test kills a session mid-rehash: do not wait for it.
+            "SetEnv PYENV_REHASH_TIMEOUT=0\n" + self.extra_config
         )
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory

@@ -152,6 +152,23 @@ def check_key_file(path: str) -> None:
                           "private key's path (not the .pub)") from None
 
 
+OSLOGIN_MARK = "gpu-train: OS Login is on for this VM"  # what the startup script prints (serial console)
+
+
+def refused_message(target: Target, host: SshHost, error: Exception) -> str:
+    """Why the login was refused (the keys offered, the host's answer), and what to do. On GCP the
+    usual cause is OS Login, enforced by the organisation or project: the VM then ignores the
+    ssh-keys metadata, and its startup script says so on the serial console."""
+    text = auth_message(host, target, error)
+    if not target.is_gcp:
+        return text
+    return (f"{text} On Google Cloud this usually means OS Login is on for the project (organisation policy "
+            "constraints/compute.requireOsLogin, or project metadata enable-oslogin=TRUE): the VM ignores the "
+            f"ssh-keys metadata and {host.user} is never created. Check: `gcloud compute instances "
+            "get-serial-port-output INSTANCE --zone ZONE | grep 'OS Login'` (the startup script prints "
+            f"'{OSLOGIN_MARK}'); fix: let the project use metadata SSH keys.")
+
+
 def _client(target: Target, say: Say) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     if target.known_hosts.is_file():
@@ -263,7 +280,7 @@ def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
             raise
         except paramiko.AuthenticationException as e:
             _close(chain)
-            raise RemoteError(auth_message(hop, target, e)) from None
+            raise RemoteError(refused_message(target, hop, e)) from None
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
             _close(chain)
             fatal = unreachable_now(e, hop)

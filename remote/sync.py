@@ -293,12 +293,6 @@ def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: 
         raise RemoteError(f"rsync of the code to {host} failed (exit {result.returncode}): {result.stderr.strip()}")
 
 
-# What a fetched file may be on the laptop, whatever the host says: no device or special files, no
-# symlink pointing out of the run, owner and group ours, no setuid/setgid, not group/world-writable.
-SAFE_RECEIVE = ("--no-devices", "--no-specials", "--safe-links", "--no-owner", "--no-group",
-                "--chmod=ugo-s,go-w")
-
-
 def data_command(target: Target, host: SshHost, src: Path, dest: str, progress: bool, rsh: str | None = None) -> list[str]:
     """rsync a data directory to ``dest`` on the host: incremental, resumable, never deleting there."""
     mkdir = shlex.join(["mkdir", "-p", dest])  # older rsyncs lack --mkpath
@@ -314,36 +308,3 @@ def push_data(target: Target, host: SshHost, src: Path, dest: str, progress: boo
                             stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         raise RemoteError(f"push to {host} failed (rsync exit {result.returncode}): {result.stderr.strip()}")
-
-
-def fetch_command(target: Target, host: SshHost, job_dir: str, dest: Path, partial: Path, progress: bool) -> list[str]:
-    """rsync a run's JOB_DIR home: resumable, verified, atomic per file, never over newer local files.
-
-    Files are written under ``partial`` (temp and partial data, outside the destination) and
-    renamed into place when complete; rsync checks each file's checksum after the transfer;
-    --update leaves a local file alone when it is newer than the host's.
-    """
-    cmd = ["rsync", "-a", "--update", PROTECT, *SAFE_RECEIVE, "-e", ssh_command(target, host),
-           f"--partial-dir={partial}", f"--temp-dir={partial}"]
-    if progress:
-        cmd += ["--info=progress2", "--no-inc-recursive"]
-    return [*cmd, remote_path(host, f"{job_dir}/"), f"{dest}/"]
-
-
-def partial_dir(dest: Path) -> Path:
-    """Beside the destination, never inside it: a half-fetched file is never where results are read."""
-    return dest.parent / f".{dest.name}.gpu-train-partial"
-
-
-def fetch_dir(target: Target, host: SshHost, job_dir: str, dest: Path, progress: bool) -> None:
-    check_rsync()
-    dest = dest.resolve()  # rsync's receiver works inside dest: relative helper paths would move
-    partial = partial_dir(dest)
-    partial.mkdir(parents=True, exist_ok=True)
-    dest.mkdir(parents=True, exist_ok=True)
-    cmd = fetch_command(target, host, job_dir, dest, partial, progress)
-    result = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if result.returncode != 0:
-        raise RemoteError(f"fetch from {host} failed (rsync exit {result.returncode}): {result.stderr.strip()}; "
-                          "run it again to resume")
-    shutil.rmtree(partial, ignore_errors=True)

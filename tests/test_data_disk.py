@@ -151,3 +151,16 @@ def test_render_names_the_setting_and_what_survives() -> None:
     text = changes.render(plan.changes_against(after, as_deployed(before)), "s")
     assert "replaces the VM (data disk kept)" in text and "[spot]" in text and "data disk, which is kept" in text
     assert changes.render([], "s").startswith("The deployed stack s already matches")
+
+
+@pytest.mark.parametrize(("root", "rendered"), [
+    ("~/gpu-train", "DATA_ROOT='~/'gpu-train\n"),
+    ("~/my runs/x", "DATA_ROOT='~/''my runs/x'\n"),
+    ("/data/gpu train/", "DATA_ROOT='/data/gpu train'\n"),
+])
+def test_the_startup_script_mounts_the_data_disk_on_remote_root(root: str, rendered: str) -> None:
+    """The data-disk block gets REMOTE_ROOT shell-quoted (the script expands ~/ to the user's home)."""
+    script = vm.startup_script(config.parse(gcp_raw(remoteRoot=root), "s"), b"agent")
+    assert rendered in script and "DATA_USER=trainer\n" in script
+    assert f"DATA_DEV=/dev/disk/by-id/google-{vm.DATA_DEVICE_NAME}\n" in script
+    assert script.index("# --- gpu-train: the data disk") < script.index("gpu-train-boot.service <<UNIT")

@@ -14,7 +14,7 @@ from remote import fetch_local as fl
 from remote import fetch_plan as fp
 from remote.fetch_engine import Fetcher
 from remote.fetch_progress import Progress
-from remote.fetch_stream import Stream, host_command, ssh_argv
+from remote.fetch_stream import Opener, Stream
 from remote.loopback import Sshd
 from remote.target import Target
 
@@ -44,12 +44,30 @@ class Host:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def opener(self) -> Opener:
+        """Streams as `fab fetch` opens them (channels of one connection), counted."""
+        opener = Opener(self.target, self.host)
+
+        def open_stream() -> Stream:
+            self.streams_opened += 1
+            return opener()
+
+        open_stream.close = opener.close  # type: ignore[attr-defined]
+        return open_stream  # type: ignore[return-value]
+
     def open_stream(self) -> Stream:
         self.streams_opened += 1
-        return Stream(ssh_argv(self.target, self.host, host_command(self.target.remote_root)))
+        return Opener(self.target, self.host, mux=False)()
+
+    def run(self, runs: list[tuple[str, Path]], streams: int = 4, progress: Progress | None = None):
+        opener = self.opener()
+        try:
+            return Fetcher(opener, streams, progress).run(runs)
+        finally:
+            opener.close()  # type: ignore[attr-defined]
 
     def fetch(self, dest: Path, run: str = "r_1", streams: int = 4, progress: Progress | None = None):
-        [result] = Fetcher(self.open_stream, streams, progress).run([(run, dest)])
+        [result] = self.run([(run, dest)], streams, progress)
         return result
 
 
@@ -68,11 +86,13 @@ def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def tree(root: Path) -> dict[str, tuple]:
-    """Everything that `rsync -a` would carry: kinds, bytes, link targets, file times, safe modes."""
+    """Everything that `rsync -a --safe-links` would carry: kinds, bytes, link targets, file times, safe modes."""
     out = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
         st = p.lstat()
+        if p.is_symlink() and not fp.safe_link(rel, os.readlink(p)):
+            continue
         if p.is_symlink():
             out[rel] = ("l", os.readlink(p))
         elif p.is_dir():
@@ -93,6 +113,8 @@ def mixed_tree(job: Path) -> None:
     (job / "deep" / "er" / "est" / "note.txt").write_text("hi\n")
     (job / "empty-folder").mkdir()
     (job / "latest").symlink_to("ckpt/big.pt")
+    (job / "outside").symlink_to("../../state.json")  # out of the run: not made at home (rsync --safe-links)
+    (job / "absolute").symlink_to("/etc/passwd")
     (job / "run.sh").write_text("#!/bin/sh\n")
     (job / "run.sh").chmod(0o4775)  # setuid and group-writable on the host: neither comes home
 
@@ -107,6 +129,7 @@ def test_mixed_tree_is_identical_and_a_second_fetch_sends_nothing(host: Host, tm
     assert (dest / "run.sh").stat().st_mode & 0o7777 == 0o755
     assert not fl.partial_dir(dest).exists()
     assert first.bytes == sum(p.stat().st_size for p in job.rglob("*") if p.is_file() and not p.is_symlink())
+    assert sorted(first.unsafe) == ["absolute -> /etc/passwd", "outside -> ../../state.json"]
     opened = host.streams_opened
     again = host.fetch(dest)
     assert again.up_to_date and again.bytes == 0
@@ -206,13 +229,13 @@ def test_many_runs_in_one_listing(host: Host, tmp_path: Path) -> None:
         for i in range(20):
             (job / f"f{i}.bin").write_bytes(os.urandom(1000 + r))
     runs = [(f"r_{r}", tmp_path / "home" / f"r_{r}") for r in range(30)] + [("r_missing", tmp_path / "x")]
-    results = Fetcher(host.open_stream, 4).run(runs)
+    results = host.run(runs)
     assert host.streams_opened <= 4  # one listing for all runs, then the streams
     assert [r.files for r in results[:30]] == [20] * 30
     assert "no run r_missing" in (results[30].error or "")
     for r in range(30):
         assert tree(tmp_path / "home" / f"r_{r}") == tree(host.job(f"r_{r}"))
-    assert all(r.up_to_date for r in Fetcher(host.open_stream, 4).run(runs[:30]))
+    assert all(r.up_to_date for r in host.run(runs[:30]))
 
 
 def test_host_refuses_paths_out_of_the_job_dir(host: Host) -> None:
@@ -245,3 +268,19 @@ def test_never_written_through_a_link_or_a_file_on_the_way(tmp_path: Path) -> No
     with pytest.raises(fl.UnsafePath):
         fl.ensure_dir(dest, "via/sub")
     assert list(outside.iterdir()) == []
+
+
+def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: Path, small_ranges,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """--streams 12 works: eight channels of the first connection, the rest connections of their own
+    (a stock sshd allows MaxSessions = 10 channels per connection)."""
+    monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)  # every stream worth opening at test sizes
+    job = host.job()
+    (job / "big.pt").write_bytes(os.urandom(4 * MiB))
+    for i in range(12):
+        (job / f"c{i}.pt").write_bytes(os.urandom(2 * MiB))
+    dest = tmp_path / "home"
+    result = host.fetch(dest, streams=12)
+    assert result.complete, result
+    assert host.streams_opened == 12
+    assert tree(dest) == tree(job)

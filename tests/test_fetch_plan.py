@@ -36,6 +36,8 @@ T = 1_700_000_000_000_000_000  # a modification time, in ns
     (Entry("l", "l", 0, T, target="y"), Local("l", 0, T - 1, "x"), fp.LINK),
     (Entry("l", "l", 0, T, target="y"), Local("l", 0, T + 1, "x"), fp.KEEP_NEWER),
     (Entry("l", "l", 0, T, target="y"), Local("f", 1, T), fp.CONFLICT),
+    (Entry("l", "l", 0, T, target="/etc/passwd"), None, fp.UNSAFE),  # out of the run: not made (rsync --safe-links)
+    (Entry("d/l", "l", 0, T, target="../../x"), None, fp.UNSAFE),
 ])  # fmt: skip
 def test_decide(entry: Entry, local: Local | None, action: str) -> None:
     assert fp.decide(entry, local) == action
@@ -133,6 +135,21 @@ def test_balance_counts_the_cost_of_many_small_files() -> None:
 ])  # fmt: skip
 def test_streams_for(requested: int, sizes: list[int], streams: int) -> None:
     assert fp.streams_for(requested, [Piece(i, 0, s) for i, s in enumerate(sizes)]) == streams
+
+
+@pytest.mark.parametrize(("path", "target", "safe"), [
+    ("latest", "ckpt/step_10.pt", True),
+    ("ckpt/latest", "step_10.pt", True),
+    ("ckpt/latest", "../config.json", True),
+    ("ckpt/latest", "../../config.json", False),
+    ("latest", "../x", False),
+    ("a/b/l", "../../c/./d", True),
+    ("a/l", "x/../../../y", False),  # climbs out on the way, whatever comes after
+    ("l", "/etc/passwd", False),
+    ("l", "", False),
+])  # fmt: skip
+def test_safe_link(path: str, target: str, safe: bool) -> None:
+    assert fp.safe_link(path, target) is safe
 
 
 @pytest.mark.parametrize(("mode", "safe"), [

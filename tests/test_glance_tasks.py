@@ -39,9 +39,10 @@ def env(tmp_path: Path, public_key: Path):
     return e
 
 
-def fab(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def fab(env: dict, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """The task from the user's HOME (fetched runs land in HOME/runs/), as a user runs it."""
     return subprocess.run([FAB, "--search-root", str(ROOT), *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, cwd=ROOT)
+                          stdin=subprocess.DEVNULL, cwd=env["HOME"])
 
 
 def test_gpus(env: dict) -> None:
@@ -131,10 +132,12 @@ def test_tensorboard_task_stopped_by_ctrl_c(env: dict, tmp_path: Path) -> None:
     sshd = Sshd(tmp_path / "sshd", "127.0.15.6").start()
     try:
         sshd.stack_file(Path(env["GPU_TRAIN_STACKS_DIR"]), "lab", tmp_path / "remote", sys.executable)
-        proc = subprocess.Popen([FAB, "--search-root", str(ROOT), "tensorboard", "--stack", "lab"], env=env, cwd=ROOT,
+        proc = subprocess.Popen([FAB, "--search-root", str(ROOT), "tensorboard", "--stack", "lab", "--json"], env=env, cwd=env["HOME"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        url = proc.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else url
+        line = proc.stdout.readline()
+        assert line.startswith("{"), proc.stderr.read() if proc.poll() is not None else line
+        url = json.loads(line)["url"]
+        assert url.startswith("http://127.0.0.1:")
         assert "<title>TensorBoard</title>" in urllib.request.urlopen(url, timeout=30).read().decode()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -146,5 +149,42 @@ def test_tensorboard_task_stopped_by_ctrl_c(env: dict, tmp_path: Path) -> None:
         assert not Path(f"/proc/{pid}").exists(), "TensorBoard still runs on the host"
         # the first contact wrote the alias, and said so once
         assert "ssh alias: ssh gpu-train-lab" in err
+    finally:
+        sshd.stop()
+
+
+def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: FakeGoogle, tmp_path: Path) -> None:
+    """The t4 'VM' is a real sshd on 127.0.15.7:22 (GCP stacks log in on port 22), so the guard talks to a real agent."""
+    import socket
+
+    try:
+        with socket.socket() as probe:
+            probe.bind(("127.0.15.7", 22))
+    except OSError:
+        pytest.skip("port 22 on 127.0.15.7 is taken (or this user may not bind it)")
+    sshd = Sshd(tmp_path / "vm", "127.0.15.7")
+    sshd.port = 22
+    sshd.start()
+    try:
+        stack = tmp_path / "stacks" / "Pulumi.t4.yaml"
+        stack.write_text(T4.format(key=f"{sshd.client_key}.pub") + f"  gpu-train:remoteRoot: {tmp_path / 'vmroot'}\n")
+        outputs = json.loads((tmp_path / "state" / "t4" / "outputs.json").read_text())
+        (tmp_path / "state" / "t4" / "outputs.json").write_text(
+            json.dumps({**outputs, "externalIp": "127.0.15.7", "sshUser": sshd.user, "gpuCount": 0}))
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "job.py").write_text("import os, pathlib, time\npathlib.Path(os.environ['JOB_DIR'], 'ckpt').write_text('1')\n"
+                                     "time.sleep(120)\n")
+        started = fab(env, "train", "--stack", "t4", "--dir", str(code), "--script", "job.py")
+        assert started.returncode == 0, started.stderr
+        run = started.stdout.split()[1]
+        refused = fab(env, "vm-stop", "--stack", "t4")
+        assert refused.returncode == 1 and f"refusing: still running: {run}" in refused.stderr, refused.stderr
+        assert not (tmp_path / "pulumi" / "calls").exists() or "up " not in (tmp_path / "pulumi" / "calls").read_text()
+        assert fab(env, "stop", "--stack", "t4", "--grace", "1").returncode == 0
+        stopped = fab(env, "vm-stop", "--stack", "t4")
+        assert stopped.returncode == 0, stopped.stderr
+        assert (Path(env["HOME"]) / "runs" / "t4" / run / "ckpt").read_text() == "1"  # fetched before the VM stopped
+        assert "config set gpu-train:running false --stack t4" in (tmp_path / "pulumi" / "calls").read_text()
     finally:
         sshd.stop()

@@ -96,15 +96,6 @@ def test_push_command() -> None:
     assert "--filter=:- .gitignore" in plain and not any(a.startswith("--exclude-from") for a in plain)
 
 
-def test_fetch_command_is_resumable_verified_and_never_clobbers_newer_files() -> None:
-    t = lab_target(**{"gpu-train:remoteRoot": "/srv/gt"})
-    cmd = sync.fetch_command(t, t.host, "/srv/gt/runs/r/job", Path("/home/u/runs/lab/r"), Path("/home/u/runs/lab/.r.p"), True)
-    assert "--update" in cmd and "--partial-dir=/home/u/runs/lab/.r.p" in cmd and "--temp-dir=/home/u/runs/lab/.r.p" in cmd
-    assert "--info=progress2" in cmd
-    assert cmd[-2:] == ["me@127.0.0.2:/srv/gt/runs/r/job/", "/home/u/runs/lab/r/"]
-    assert sync.partial_dir(Path("/d/runs/lab/r")) == Path("/d/runs/lab/.r.gpu-train-partial")
-
-
 def test_remote_path_ipv6() -> None:
     assert sync.remote_path(SshHost("u", "::1", 22), "x/") == "u@[::1]:x/"
 

@@ -61,3 +61,15 @@ def test_the_program_under_mocks_names_everything_within_limits() -> None:
     assert all(RFC1035.fullmatch(n) for _, n in named), named
     (account,) = result.of_type("serviceaccount/account:Account")
     assert SERVICE_ACCOUNT.fullmatch(account.inputs["accountId"])
+
+
+@pytest.mark.parametrize("network", [None, "my-vpc"])
+def test_the_network_setting_reaches_the_nic_and_every_firewall_rule(network: str | None) -> None:
+    """Projects without a `default` VPC set `network`; everything the VM uses is on it."""
+    result = preview.run(program.main, stack="s", config=gcp_raw(network=network, nodes=2, machineType="g2-standard-8",
+                                                                 gpuType=None, gpuCount=None))
+    assert result.error is None, result.error
+    want = network or "default"
+    rules = result.of_type("compute/firewall:Firewall")
+    assert rules and all(r.inputs["network"] == want for r in rules)
+    assert all(i.inputs["networkInterfaces"][0]["network"] == want for i in result.of_type("compute/instance:Instance"))

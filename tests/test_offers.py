@@ -98,8 +98,8 @@ def test_every_catalog_gpu_is_listed_with_short_and_api_names() -> None:
                     "g2-standard-24", "g2-standard-48", "g2-standard-96"], ""),
         ("H100", {}, ["a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g", "a3-highgpu-8g", "a3-edgegpu-8g"], ""),
         ("H200", {}, ["a3-ultragpu-8g"], "no on-demand: reservation, spot, flex-start, mig-resize-request"),
-        ("GB200", {}, ["a4x-highgpu-4g"], "reservation-only"),
-        ("GB200", {"spot": True}, None, None),  # reservation only: nothing for spot
+        ("GB200", {}, ["a4x-highgpu-4g"], "no on-demand: reservation, spot"),  # S1: spot or reservation
+        ("GB200", {"spot": True}, ["a4x-highgpu-4g"], "no on-demand: reservation, spot"),
         ("A100", {"region": "europe-west4"}, ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g",
                                               "a2-megagpu-16g"], ""),
         ("A100", {"region": "me-west1"}, ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g"], ""),
@@ -141,11 +141,21 @@ def test_renderings() -> None:
     table = offers.render_table(offers.offers(CATALOG), CATALOG)
     t4_line = next(line for line in table.splitlines() if line.startswith("T4 "))
     assert t4_line.split()[:4] == ["T4", "nvidia-tesla-t4", "16", "GB"] and "$0.35" in t4_line and "$0.17" in t4_line
-    assert "reservation-only" in table and CATALOG.dates["prices"] in table
+    assert "no on-demand: reservation, spot" in table and CATALOG.dates["prices"] in table
     spot = offers.render_table(offers.offers(CATALOG, spot=True), CATALOG, spot=True)
-    assert "spot $/h/GPU" in spot and "GB200" not in spot
+    assert "spot $/h/GPU" in spot and "GB200" in spot  # A4X is had as spot too (S1)
     detail = offers.render_detail(offers.offers(CATALOG, "T4")[0], CATALOG)
     assert "n1-* + 4 x T4" in detail and "GPUs $1.40/h" in detail and "us-central1: a, b, c, f" in detail
     assert "gpu-train:gpuType: T4" in detail
     doc = offers.to_json(offers.offers(CATALOG, "h200"), CATALOG)
     assert doc["gpus"][0]["api"] == "nvidia-h200-141gb" and doc["gpus"][0]["shapes"][0]["obtain"][0] == "reservation"
+
+
+def test_prices_carry_their_rows_dates() -> None:
+    t4 = offers.offers(CATALOG, "T4")[0]
+    row_date = CATALOG.gpu_prices["nvidia-tesla-t4"].date
+    assert row_date and t4.price_date == row_date and all(s.price_date == row_date for s in t4.shapes)
+    assert f"(prices of {row_date})" in offers.render_detail(t4, CATALOG)
+    assert row_date in offers.render_table(offers.offers(CATALOG), CATALOG)
+    assert offers.offers(CATALOG, "H200")[0].shapes[0].price_date is None  # no price, no date
+    assert offers.to_json([t4], CATALOG)["gpus"][0]["priceDate"] == row_date

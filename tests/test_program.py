@@ -54,7 +54,7 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     key = public_key.read_text().split()
     meta = dict(i["metadata"])
     script = meta.pop("startup-script")
-    assert meta == {"install-nvidia-driver": "True", "ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
+    assert meta == {"ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
                     "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
     assert script.startswith("#!/bin/bash") and "gpu-train-shutdown.service" in script
     assert i["desiredStatus"] == "RUNNING" and "maxRunDuration" not in sched
@@ -169,7 +169,7 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     (root / "agent.json").write_text(json.dumps({**settings, "maxResumes": 7}))  # as fab setup would
     boot()
     assert json.loads((root / "agent.json").read_text())["maxResumes"] == 7
-    assert 'ROOT="$HOME_DIR/gpu-train"' in script and "User=alice" in script and "id alice" in script
+    assert 'ROOT="$HOME_DIR/gpu-train"' in script and "User=alice" in script and "wait_for_user alice" in script
     for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-tick.timer"):
         assert unit in script
     assert "ExecStop=$RUN shutdown --grace 25" in script and "OnUnitActiveSec=1min" in script

@@ -121,9 +121,9 @@ def test_train_follow_status_fetch_the_example(lab: Lab) -> None:
     assert not list(local.parent.glob(".*partial*"))
 
     second = lab.fab("fetch", check=True)
-    assert f"{run}: up to date" in second.stderr  # nothing changed on either side: no rsync at all
+    assert f"{run}: up to date" in second.stderr  # nothing changed on either side: nothing sent
     (local / "checkpoints" / "ckpt_00000040.pt").unlink()  # a local change is noticed
-    assert "fetching" in lab.fab("fetch", check=True).stderr
+    assert f"{run}: fetched 1 file(s)" in lab.fab("fetch", check=True).stderr
     assert tree_digest(local) == tree_digest(Path(info["jobDir"]))
 
 
@@ -415,3 +415,10 @@ def test_unchanged_code_is_reused_and_the_host_checks_the_claim(lab: Lab) -> Non
     # A changed file is synced.
     (code / "a.py").write_text("print(2)\n")
     assert "print(2)" in lab.log(train("syncing"))
+
+
+def test_fetch_refuses_a_run_id_that_is_not_one(lab: Lab) -> None:
+    """--run becomes a path here and on the host: refused before anything connects or is written."""
+    refused = lab.fab("fetch", "--run", "../../etc")
+    assert refused.returncode == 2 and "is not a run id" in refused.stderr
+    assert not (lab.cwd / "runs").exists()

@@ -19,7 +19,7 @@ import pytest
 
 from gpu_train import config
 from gpu_train.catalog import load_catalog
-from infra import preview, program
+from infra import preview, program, pulumi_cli
 from tests.conftest import ROOT
 from tests.test_capacity import ComputeApi
 
@@ -274,3 +274,18 @@ def test_quota_preferences_are_never_removed_between_attempts(env: dict) -> None
     assert result.returncode == 0, result.stdout
     assert not any("SQuotaPreference" in c for c in calls if c.startswith(("destroy", "state")))
     assert "quota-gpus" in names(state(env))
+
+
+def test_a_plain_destroy_is_refused_until_the_data_disks_are_released(env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pulumi destroy` by hand cannot delete a data disk (protected); `fab down`, after fetching every run,
+    releases them (pulumi_cli.release_data_disks) and then destroys."""
+    deploy(env, nodes=2, machineType="a2-highgpu-1g", gpuType=None, gpuCount=None)
+    before = state(env)
+    plain = subprocess.run(["pulumi", "destroy", "--yes", "--stack", "t4"], env=env, capture_output=True, text=True)
+    assert plain.returncode != 0 and "marked for protection" in plain.stdout and state(env) == before
+    for key in ("PATH", "PULUMI_STAND_IN_DIR", "GPU_TRAIN_STACKS_DIR"):
+        monkeypatch.setenv(key, env[key])
+    assert sorted(pulumi_cli.release_data_disks("t4")) == ["gpu-0-data", "gpu-1-data"]
+    assert pulumi_cli.release_data_disks("t4") == []  # released once
+    done = subprocess.run(["pulumi", "destroy", "--yes", "--stack", "t4"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and not names(state(env), "Disk")

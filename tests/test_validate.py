@@ -80,7 +80,7 @@ INVALID = [
     ({"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None}, [("spot", "set gpu-train:spot true")]),
     ({"machineType": "a4-highgpu-8g", "gpuType": None, "gpuCount": None, "zone": "us-central1-b"},
      [("spot", "not on demand")]),
-    ({"machineType": "a4x-highgpu-4g", "gpuType": None, "gpuCount": None, "spot": True}, [("machineType", "reservation")]),
+    ({"machineType": "a4x-highgpu-4g", "gpuType": None, "gpuCount": None, "spot": True}, [("machineType", "A4X is Arm (NVIDIA Grace)")]),
     # zones
     ({"zone": "us-central1-d"}, [("zone", "zones of us-central1 with T4: us-central1-a, us-central1-b, us-central1-c")]),
     ({"zone": "europe-north1-a"}, [("zone", "nearest regions with it: europe-")]),

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from .fetchserve import cmd_fetch_serve
 from .launch import cmd_launch
 from .lifecycle import cmd_boot, cmd_configure, cmd_resume, cmd_shutdown, cmd_stop, cmd_tick
 from .status import cmd_logs, cmd_status
@@ -42,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     shutting = sub.add_parser("shutdown")
     shutting.add_argument("--grace", type=float, default=25.0)
     sub.add_parser("tick")
+    sub.add_parser("fetch-serve", help="serve `fab fetch`: JSON requests on stdin, framed answers on stdout")
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
@@ -55,6 +57,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.cmd == "wrap":
             return cmd_wrap(root, args.run)
+        if args.cmd == "fetch-serve":
+            return cmd_fetch_serve(root)
         if args.cmd == "logs":
             return cmd_logs(root, args.run, args.offset, args.lines, args.follow)
         if args.cmd == "launch":

@@ -73,14 +73,36 @@ def uptime_s() -> float | None:
         return None
 
 
-def detect_python(configured: str | None) -> str:
-    """The job's Python: configured, else the DLVM's conda, else python3 on PATH."""
+# Where a Deep Learning VM image may keep the Python that has PyTorch: older images had conda in
+# /opt/conda; current ones (the -nvidia-580 families) are not documented to, so each is tried.
+PYTHON_CANDIDATES = ("/opt/conda/bin/python", "/opt/python/bin/python3", "/usr/local/bin/python3", "/usr/bin/python3")
+
+
+def python_candidates() -> list[str]:
+    """Executables that may be the job's Python, in order, each once (by real path)."""
+    found, seen = [], set()
+    for c in (*PYTHON_CANDIDATES, shutil.which("python3"), shutil.which("python")):
+        if c and os.access(c, os.X_OK) and os.path.realpath(c) not in seen:
+            seen.add(os.path.realpath(c))
+            found.append(c)
+    return found
+
+
+def imports_torch(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", "import torch"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def detect_python(configured: str | None, candidates: list[str] | None = None) -> str:
+    """The job's Python: configured, else the first candidate that can `import torch` (probed, since
+    images differ in where they keep it), else the first candidate at all, else this one."""
     if configured:
         return os.path.expanduser(configured)
-    for candidate in ("/opt/conda/bin/python",):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return shutil.which("python3") or shutil.which("python") or sys.executable
+    found = python_candidates() if candidates is None else [c for c in candidates if os.access(c, os.X_OK)]
+    return next((c for c in found if imports_torch(c)), found[0] if found else sys.executable)
 
 
 def ssh_sessions(port: int) -> int:

@@ -6,6 +6,7 @@ The server listens on the host's 127.0.0.1 only; the task's own SSH connection c
 
 from __future__ import annotations
 
+import json
 import sys
 
 from invoke import Exit, task
@@ -15,15 +16,19 @@ from remote.tasks.session import STACK_HELP, Session, say
 LOCAL_HELP = "local port (default: the server's usual port when free, else any free one)"
 
 
-def _serve(stack: str | None, kind: str, extra, local_port) -> None:
+def show(json_: bool):
+    """How the local URL is printed: alone on a line, or as {"url": ...} with --json."""
+    return lambda url: print(json.dumps({"url": url}) if json_ else url, flush=True)
+
+
+def _serve(stack: str | None, kind: str, extra, local_port, json_: bool) -> None:
     """``extra(target)``: the server's settings (log dir, notebook root) for the stack's target."""
     from remote import notebooks
     from remote.forward import ForwardError
 
     session = Session(stack)
     try:
-        notebooks.serve(session.connect(), session.target, kind, extra(session.target), local_port, say,
-                        lambda url: print(url, flush=True))
+        notebooks.serve(session.connect(), session.target, kind, extra(session.target), local_port, say, show(json_))
     except ForwardError as e:
         raise Exit(str(e), code=1) from None
     finally:
@@ -32,24 +37,25 @@ def _serve(stack: str | None, kind: str, extra, local_port) -> None:
 
 @task(help={"run": "show this run's JOB_DIR (default: every run under REMOTE_ROOT/runs)",
             "logdir": "a log directory on the host (relative paths are under REMOTE_ROOT/runs)",
-            "local_port": LOCAL_HELP, "stack": STACK_HELP})
-def tensorboard(c, run=None, logdir=None, local_port=None, stack=None):
+            "local_port": LOCAL_HELP, "json": 'print {"url": ...}', "stack": STACK_HELP})
+def tensorboard(c, run=None, logdir=None, local_port=None, json_=False, stack=None):
     """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both."""
     from remote import notebooks
 
-    _serve(stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)}, local_port)
+    _serve(stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)}, local_port, json_)
 
 
-@task(help={"dir": "the notebook root on the host (default: REMOTE_ROOT)", "local_port": LOCAL_HELP, "stack": STACK_HELP})
-def jupyter(c, dir=None, local_port=None, stack=None):
+@task(help={"dir": "the notebook root on the host (default: REMOTE_ROOT)", "local_port": LOCAL_HELP,
+            "json": 'print {"url": ...} (the URL carries the token)', "stack": STACK_HELP})
+def jupyter(c, dir=None, local_port=None, json_=False, stack=None):
     """JupyterLab (else Notebook, else Jupyter Server) on the host, bound to localhost there; prints the local URL
     with its token. Ctrl-C stops both."""
-    _serve(stack, "jupyter", lambda t: {"dir": dir or t.remote_root}, local_port)
+    _serve(stack, "jupyter", lambda t: {"dir": dir or t.remote_root}, local_port, json_)
 
 
 @task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
-            "stack": STACK_HELP})
-def tunnel(c, port=6006, local_port=None, stack=None):
+            "json": 'print {"url": ...}', "stack": STACK_HELP})
+def tunnel(c, port=6006, local_port=None, json_=False, stack=None):
     """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change), after
     checking that something listens there; a busy local port is said as such."""
     from remote import notebooks
@@ -57,7 +63,7 @@ def tunnel(c, port=6006, local_port=None, stack=None):
 
     session = Session(stack)
     try:
-        notebooks.tunnel(session.connect(), session.target, int(port), local_port, say, lambda url: print(url, flush=True))
+        notebooks.tunnel(session.connect(), session.target, int(port), local_port, say, show(json_))
     except ForwardError as e:
         raise Exit(str(e), code=1) from None
     finally:

@@ -13,6 +13,7 @@ from invoke import Exit, task
 
 from gpu_train.project import project_root
 from remote.agent.protocol import ACTIVE
+from remote.fetch_plan import DEFAULT_STREAMS
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.runs import cluster_status
 from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
@@ -25,68 +26,121 @@ def destination(stack: str, run: str, dest: str | None, several: bool, subdir: s
 
 
 def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
-                subdir: str = "") -> list[str]:
-    """Fetch each run's JOB_DIR (into ``subdir`` of the run's folder); the ids that failed."""
-    from remote import ssh, sync
+               subdir: str = "", streams: int = DEFAULT_STREAMS) -> list[str]:
+    """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder) in one transfer session: one
+    listing of every run, then parallel streams for whatever changed. The ids that failed."""
+    from gpu_train import jobs
+    from remote import fetch_engine, ssh
+    from remote.fetch_progress import Progress
 
     record = FetchRecord(session.target.cache)
-    failed = []
+    todo = []
     for r in runs:
+        try:
+            jobs.check_run_id(r["id"], "a run id from the host")
+        except jobs.JobError as e:
+            raise Exit(str(e), code=1) from None
         where = destination(session.target.stack, r["id"], dest, len(runs) > 1, subdir)
         if record.up_to_date(r, where):
             if not quiet:
                 say(f"{r['id']}: up to date in {where}")
             continue
-        say(f"fetching {r['id']} ({r['state']}) -> {where}")
-        try:
-            sync.fetch_dir(session.target, session.target.host, r["jobDir"], where, progress)
-            record.record(r, where)
-        except ssh.RemoteError as e:
-            say(str(e))
+        todo.append((r, where))
+    if not todo:
+        return []
+    if not ssh.knows_host(session.target, session.target.host):
+        session.connect()  # learns (and prints) the host key, or refuses a changed one
+    bar = Progress(live=progress)
+    results = _transfer(session, [(r["id"], where) for r, where in todo], streams, bar)
+    failed = []
+    for (r, where), result in zip(todo, results, strict=True):
+        for line in fetch_engine.notes(result, where):
+            say(line)
+        if result.error is not None:
             failed.append(r["id"])
+        elif result.complete:
+            record.record(r, where)
+    if not quiet or any(res.files for res in results):
+        say(fetch_engine.summary_line(results, bar.elapsed, streams))
     return failed
+
+
+def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar) -> list:
+    """The engine over OpenSSH; on GCP a host that cannot be reached may have a new address (refreshed once)."""
+    from remote.fetch_engine import Fetcher
+    from remote.fetch_stream import Opener
+
+    for attempt in (1, 2):
+        opener = Opener(session.target, session.target.host)
+        try:
+            results = Fetcher(opener, streams, bar).run(runs)
+        finally:
+            opener.close()
+        unreachable = all(r.error and "ssh exit 255" in r.error and r.summary is None for r in results)
+        if attempt == 2 or not unreachable or not session.target.is_gcp:
+            return results
+        session.reconnect()  # refreshes the stack outputs when the VM moved
+    return results
 
 
 @task(help={"run": "run id (default: the newest)", "all": "every run", "dest": "where to (default runs/STACK/RUN/)",
             "watch": "keep fetching new checkpoints until the run ends", "interval": "seconds between --watch rounds (30)",
             "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
+            "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
             "json": "print what was fetched where as JSON", "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_nodes=False, stack=None, json_=False):
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_nodes=False, streams=DEFAULT_STREAMS,
+          stack=None, json_=False):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
-    With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
+    Files move over several SSH streams at once (big files in ranges), each piece checked against
+    the SHA-256 the host computed, and each file renamed into place only when complete. With
+    --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
-    from remote import ssh
-
+    streams = _streams(streams)
     session = Session(stack)
-    target = session.target
     if watch:
-        _watch(session, run, dest, float(interval))
+        _watch(session, run, dest, float(interval), streams)
         return
     if all_nodes:
-        _fetch_every_node(session, run, dest)
+        _fetch_every_node(session, run, dest, streams)
         return
-    fetched_before = any(v.get("run") == run for v in FetchRecord(target.cache).doc.values())
-    whole_id = bool(run) and re.search(r"_\d{8}_\d{6}$", run) is not None  # not a prefix the host must resolve
-    if run and whole_id and not all_ and not fetched_before and ssh.knows_host(target, target.host):
-        # A first fetch of a named run: rsync alone, no agent call (OpenSSH checks the known host key).
-        job = f"{target.rsync_root()}/runs/{run}/job"
-        runs = [{"id": run, "state": "unknown", "jobDir": job}]
+    if run and not all_ and re.search(r"_\d{8}_\d{6}$", run) is None:  # a prefix or a base name: the host knows
+        runs = session.call("status", "--summaries", "--run", run)["runs"]
+    elif run and not all_:
+        # A named run: no status call; the fetch's own listing says whether it exists and what changed.
+        from gpu_train import jobs
+
+        try:
+            runs = [{"id": jobs.check_run_id(run, "--run"), "state": "?"}]
+        except jobs.JobError as e:
+            raise Exit(str(e), code=2) from None
     else:
-        doc = session.call("status", "--summaries", *(["--run", run] if run and not all_ else []))
-        runs = doc["runs"] if (all_ or run) else doc["runs"][-1:]
+        doc = session.call("status", "--summaries")
+        runs = doc["runs"] if all_ else doc["runs"][-1:]
     if not runs:
         raise Exit("no runs on this host yet", code=1)
-    failed = fetch_runs(session, runs, dest, progress=sys.stdout.isatty() and not json_)
+    failed = fetch_runs(session, runs, dest, progress=sys.stderr.isatty() and not json_, streams=streams)
     session.close()
     if json_:
-        print(json.dumps({"fetched": [{"runId": r["id"], "dest": str(destination(target.stack, r["id"], dest, len(runs) > 1))}
+        print(json.dumps({"fetched": [{"runId": r["id"], "dest": str(destination(session.target.stack, r["id"], dest,
+                                                                                   len(runs) > 1))}
                                       for r in runs if r["id"] not in failed], "failed": failed}, indent=1))
     if failed:
         raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=1)
 
 
-def _fetch_every_node(session: Session, run: str | None, dest: str | None) -> None:
+def _streams(value: object) -> int:
+    try:
+        n = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        n = 0
+    if not 1 <= n <= 64:
+        raise Exit(f"--streams {value}: a number of parallel SSH streams from 1 to 64 (default {DEFAULT_STREAMS})",
+                   code=2)
+    return n
+
+
+def _fetch_every_node(session: Session, run: str | None, dest: str | None, streams: int) -> None:
     sessions = session.nodes()
     lead = session.call("status", *(["--run", run] if run else []))["runs"]
     if not lead:
@@ -94,8 +148,8 @@ def _fetch_every_node(session: Session, run: str | None, dest: str | None) -> No
     run_id = lead[-1]["id"]
 
     def one(s: Session) -> list[str]:
-        runs = s.call("status", "--summaries", "--run", run_id)["runs"]
-        return fetch_runs(s, runs, dest, progress=False, subdir=f"node-{s.node}")
+        return fetch_runs(s, [{"id": run_id, "state": "?"}], dest, progress=False, subdir=f"node-{s.node}",
+                          streams=streams)
 
     results = on_every_node(sessions, one)
     for s in sessions:
@@ -105,7 +159,7 @@ def _fetch_every_node(session: Session, run: str | None, dest: str | None) -> No
         raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch --all-nodes` again to resume", code=1)
 
 
-def _watch(session: Session, run: str | None, dest: str | None, interval: float) -> None:
+def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int) -> None:
     """Fetch a run's new files every ``interval`` seconds until it ends, then once more."""
     while True:
         doc = session.call("status", "--summaries", *(["--run", run] if run else []))
@@ -113,19 +167,22 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float)
             raise Exit("no runs on this host yet", code=1)
         current = doc["runs"][-1]
         run = current["id"]
-        fetch_runs(session, [current], dest, progress=False, quiet=True)
+        fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams)
         if current["state"] not in ACTIVE:
             say(f"{run} is {current['state']}: fetched everything")
             return
         time.sleep(interval)
 
 
-@task(help={"force": "destroy even if a run is running or a fetch failed", "stack": STACK_HELP})
-def down(c, force=False, stack=None):
-    """Fetch every run, then stop billing (`pulumi destroy --yes` on GCP stacks).
+@task(help={"force": "destroy even if a run is running or a fetch failed",
+            "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP})
+def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
+    """Fetch every run, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
-    Refuses, naming the runs, while a run is still running or a fetch failed, unless --force.
+    Refuses, naming the runs, while a run is still running or a fetch failed, unless --force. The data
+    disks are protected against a plain `pulumi destroy`; only here, after the fetch, are they released.
     """
+    streams = _streams(streams)
     session = Session(stack)
     doc = cluster_status(session, "--summaries")
     runs = doc["runs"]
@@ -135,7 +192,7 @@ def down(c, force=False, stack=None):
     if doc.get("unreachable") and not force:
         raise Exit(f"refusing: cannot check every node ({'; '.join(doc['unreachable'])}); fab down --force to go on",
                    code=1)
-    failed = fetch_runs(session, runs, None, progress=False)
+    failed = fetch_runs(session, runs, None, progress=False, streams=streams)
     session.close()
     if failed and not force:
         raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was destroyed (fab down --force to lose them)",
@@ -144,11 +201,19 @@ def down(c, force=False, stack=None):
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
         return
-    from gpu_train import config
-    from gpu_train.project import pulumi_config_args
+    from infra import pulumi_cli
     from remote import target as targets
 
-    where = pulumi_config_args(config.stack_file(session.target.stack))
+    try:  # the data disks are protected against a plain `pulumi destroy`; their runs are home now
+        released = pulumi_cli.release_data_disks(session.target.stack)
+    except RuntimeError as e:
+        raise Exit(f"{e}; nothing was destroyed", code=1) from None
+    if released:
+        say(f"data disk(s) {', '.join(released)} released: their runs are in runs/{session.target.stack}/")
+    from gpu_train import config
+    from gpu_train.project import pulumi_config_args
+
+    where = pulumi_config_args(config.stack_file(session.target.stack))  # a stack file in the user's project
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO)
     if result.returncode != 0:
         raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=1)

@@ -1,4 +1,4 @@
-"""The host's half of `fab fetch`: list JOB_DIRs, hash blocks, send byte ranges. Standard library only.
+"""`gpu-train-agent fetch-serve`: the host's half of `fab fetch`: list JOB_DIRs, hash blocks, send ranges.
 
 One instance serves one stream (one SSH channel): it reads requests, one JSON line each, on stdin,
 and answers on stdout in order, so the laptop can send a whole batch of work in one write and pay
@@ -30,7 +30,7 @@ import sys
 import zlib
 
 RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # gpu_train.jobs.RUN_ID_RE (the host has no gpu_train)
-CHUNK = 1 << 20
+CHUNK = 256 * 1024
 
 
 class Refused(Exception):
@@ -43,18 +43,27 @@ def job_dir(root: str, run_id: object) -> str:
     return os.path.join(root, "runs", run_id, "job")
 
 
-def job_path(root: str, run_id: object, rel: object) -> str:
-    """ROOT/runs/ID/job/REL, or Refused for anything that would leave the JOB_DIR."""
+def job_path(root: str, run_id: object, rel: object, checked: dict | None = None) -> str:
+    """ROOT/runs/ID/job/REL, or Refused for anything that would leave the JOB_DIR.
+
+    ``checked`` remembers folders already resolved inside their JOB_DIR (one realpath per folder,
+    not per file: a batch of 60,000 small files has a few hundred folders).
+    """
     base = job_dir(root, run_id)
     if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
         raise Refused(f"not a relative path: {str(rel)[:80]!r}")
     parts = rel.split("/")
-    if any(p in ("", ".", "..") for p in parts):
+    if "" in parts or "." in parts or ".." in parts:
         raise Refused(f"not a plain relative path: {rel[:80]!r}")
-    path = os.path.join(base, *parts)
-    parent = os.path.realpath(os.path.dirname(path))
-    real_base = os.path.realpath(base)
-    if parent != real_base and not parent.startswith(real_base + os.sep):
+    path = base + "/" + rel
+    folder = path.rpartition("/")[0]
+    known = checked.get(folder) if checked is not None else None
+    if known is None:
+        parent, real_base = os.path.realpath(folder), os.path.realpath(base)
+        known = parent == real_base or parent.startswith(real_base + os.sep)
+        if checked is not None:
+            checked[folder] = known
+    if not known:
         raise Refused(f"{rel[:80]!r} leads out of the JOB_DIR")
     return path
 
@@ -107,7 +116,8 @@ def list_runs(root: str, run_ids: list) -> dict:
 
 
 def open_regular(path: str) -> int:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    """Open a regular file, never through a final link, never blocking on a fifo."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise Refused("not a regular file")
@@ -144,38 +154,34 @@ def hash_item(root: str, item: list) -> dict:
         os.close(fd)
 
 
-def send_range(root: str, item: list, out) -> None:
+def send_range(root: str, item: list, out, checked: dict, buf: memoryview) -> None:
     """Header, exactly LEN bytes (zero-padded if the file shrank, which its identity then shows), trailer."""
     run_id, rel, off, length = item
     try:
-        fd = open_regular(job_path(root, run_id, rel))
+        fd = open_regular(job_path(root, run_id, rel, checked))
     except (OSError, Refused) as e:
         out.write(json.dumps({"len": 0, "error": str(e)}).encode() + b"\n")
         return
     try:
-        out.write(json.dumps({"len": length}).encode() + b"\n")
+        out.write(b'{"len": %d}\n' % length)
         h = hashlib.sha256()
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
-        os.lseek(fd, off, os.SEEK_SET)
-        left = length
+        left, pos = length, off
         while left > 0:
-            n = os.readv(fd, [view[: min(CHUNK, left)]])
+            n = os.preadv(fd, [buf[: min(CHUNK, left)]], pos)
             if n <= 0:
                 break
-            h.update(view[:n])
-            out.write(view[:n])
-            left -= n
+            h.update(buf[:n])
+            out.write(buf[:n])
+            left, pos = left - n, pos + n
         short = left
         while left > 0:
             pad = bytes(min(CHUNK, left))
             h.update(pad)
             out.write(pad)
             left -= len(pad)
-        trailer = {"sha256": h.hexdigest(), "stat": identity(os.fstat(fd))}
-        if short:
-            trailer["short"] = short
-        out.write(json.dumps(trailer).encode() + b"\n")
+        st = os.fstat(fd)
+        out.write(b'{"sha256": "%s", "stat": [%d, %d, %d]%s}\n' % (
+            h.hexdigest().encode(), st.st_size, st.st_mtime_ns, st.st_ino, b', "short": %d' % short if short else b""))
     finally:
         os.close(fd)
 
@@ -201,18 +207,15 @@ def serve(root: str, inp, out) -> int:
         elif op == "hash":
             send_doc({"items": [hash_item(root, item) for item in req.get("items", [])]}, out)
         elif op == "read":
+            checked: dict = {}
+            buf = memoryview(bytearray(CHUNK))
             for item in req.get("items", []):
-                send_range(root, item, out)
+                send_range(root, item, out, checked, buf)
         else:
             send_doc({"error": f"unknown op {op!r}"}, out)
         out.flush()
     return 0
 
 
-def main(argv: list) -> int:
-    root = os.path.abspath(os.path.expanduser(argv[argv.index("--root") + 1]))
+def cmd_fetch_serve(root: str) -> int:
     return serve(root, sys.stdin.buffer, sys.stdout.buffer)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,190 @@
+"""`fab fetch` against one `rsync -a` of the same files, side by side, on loopback and over 100 ms.
+
+A loopback sshd stands in for the VM; bench/delayproxy.py adds 50 ms each way (100 ms round trip)
+for the long-link figures. Everything is measured end to end as a user runs it (a new process, its
+own connections). Prints:
+
+  1. the proxy's own throughput with no delay (it must not be the limit);
+  2. 1 GiB of checkpoints (4 x 200 MiB, 1,000 x 200 KiB) through the proxy: fab fetch vs rsync -a
+     (target: rsync / ours >= 2.5);
+  3. the same on plain loopback (target: ours / rsync <= 1.0, process start included), medians;
+  4. fab fetch again with nothing changed (target <= 0.5 s on loopback);
+  5. fetch --all of 300 runs x 200 small files vs one rsync -a of the runs folder, on loopback and
+     through the proxy (target: ours / rsync <= 1.5);
+  6. code to 2 nodes vs 1 node through the proxy (target: 2 / 1 <= 1.2).
+
+BENCH_SCALE=0.25 shrinks every data set (a quick look); BENCH_ONLY=1,3 picks figures.
+Run: .venv/bin/python bench/fetch.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from delayproxy import DelayProxy, selftest  # noqa: E402
+
+from remote.loopback import Sshd  # noqa: E402
+
+FAB = str(Path(sys.executable).parent / "fab")
+SCALE = float(os.environ.get("BENCH_SCALE", "1"))
+ONLY = {int(x) for x in os.environ.get("BENCH_ONLY", "1,2,3,4,5,6").split(",")}
+DELAY = 0.050
+MiB = 1 << 20
+
+
+def timed(cmd: list[str], env: dict, cwd: Path = ROOT) -> float:
+    t = time.perf_counter()
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({done.returncode}): {done.stderr[-2000:]}")
+    return time.perf_counter() - t
+
+
+def fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path.parent / f".{path.name}.gpu-train-partial", ignore_errors=True)
+    return path
+
+
+class Bench:
+    def __init__(self, work: Path):
+        self.work = work
+        self.a = Sshd(work / "sshd-a", "127.0.16.1").start()
+        self.b = Sshd(work / "sshd-b", "127.0.16.2", client_key=self.a.client_key).start()
+        self.pa = DelayProxy(("127.0.16.11", 0), (self.a.address, self.a.port), DELAY).start()
+        self.pb = DelayProxy(("127.0.16.12", 0), (self.b.address, self.b.port), DELAY).start()
+        self.host_root = work / "host"
+        stacks = work / "stacks"
+        self.stack(stacks, "lo", [f"{self.a.user}@{self.a.address}:{self.a.port}"], str(self.host_root))
+        self.stack(stacks, "wan", [f"{self.a.user}@127.0.16.11:{self.pa.address[1]}"], str(self.host_root))
+        self.stack(stacks, "wan2", [f"{self.a.user}@127.0.16.11:{self.pa.address[1]}",
+                                    f"{self.b.user}@127.0.16.12:{self.pb.address[1]}"], str(work / "node{node}"))
+        self.env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(work / "state")}
+
+    def stack(self, stacks: Path, name: str, hosts: list[str], root: str) -> None:
+        stacks.mkdir(parents=True, exist_ok=True)
+        (stacks / f"Pulumi.{name}.yaml").write_text(
+            f"config:\n  gpu-train:target: ssh\n  gpu-train:hosts: {json.dumps(hosts)}\n"
+            f"  gpu-train:sshKey: {self.a.client_key}\n  gpu-train:remoteRoot: {root}\n  gpu-train:python: {sys.executable}\n")
+
+    def fab(self, stack: str, *args: str) -> float:
+        return timed([FAB, *args, "--stack", stack], self.env)
+
+    def rsync(self, proxy: DelayProxy | None, src: str, dest: Path) -> float:
+        host, port = proxy.address if proxy else (self.a.address, self.a.port)
+        ssh = (f"ssh -p {port} -i {self.a.client_key} -o BatchMode=yes -o StrictHostKeyChecking=no "
+               f"-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+        return timed(["rsync", "-a", "-e", ssh, f"{self.a.user}@{host}:{src}/", f"{dest}/"], self.env)
+
+    def make_run(self, name: str, script: str) -> str:
+        """A finished run on host A whose JOB_DIR ``script`` filled (a real `fab train`)."""
+        out = subprocess.run([FAB, "train", "--stack", "lo", "--dir", str(ROOT / "examples"), "--command", script,
+                              "--name", name], env=self.env, cwd=ROOT, check=True, capture_output=True, text=True)
+        run_id = out.stdout.split()[1]
+        state = self.host_root / "runs" / run_id / "state.json"
+        while '"succeeded"' not in state.read_text():
+            if '"failed"' in state.read_text():
+                raise SystemExit(f"making {name} failed: {(state.parent / 'log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        return run_id
+
+    def copies(self, run_id: str, n: int) -> None:
+        """``n`` more finished runs like ``run_id`` (copied on the host: 300 trainings would take long)."""
+        src = self.host_root / "runs" / run_id
+        for i in range(n):
+            new = f"copy{i:03d}_20250101_000000"
+            shutil.copytree(src, self.host_root / "runs" / new, symlinks=True)
+            state = json.loads((src / "state.json").read_text())
+            (self.host_root / "runs" / new / "state.json").write_text(json.dumps({**state, "id": new}))
+
+
+def checkpoints_script(scale: float) -> str:
+    big, small = int(200 * MiB * scale), 200 * 1024
+    n_small = int(1000 * scale)
+    return ("python3 -c \"import os; d=os.environ['JOB_DIR']; os.makedirs(d+'/small', exist_ok=True); "
+            f"[open(f'{{d}}/big{{i}}.pt','wb').write(os.urandom({big})) for i in range(4)]; "
+            f"[open(f'{{d}}/small/s{{i:04d}}.bin','wb').write(os.urandom({small})) for i in range({n_small})]\"")
+
+
+def main() -> None:
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        bench = Bench(Path(tmp))
+        try:
+            if 1 in ONLY:
+                say(f"1. delay proxy, no delay: {selftest('127.0.16.13', 256):.0f} MiB/s through one connection")
+            if ONLY & {2, 3, 4}:
+                run = bench.make_run("ckpt", checkpoints_script(SCALE))
+                job = bench.host_root / "runs" / run / "job"
+                size = sum(p.stat().st_size for p in job.rglob("*") if p.is_file())
+                dest, theirs = bench.work / "ours", bench.work / "theirs"
+                bench.fab("lo", "status")  # learns the host keys (both stacks name the same server)
+                bench.fab("wan", "status")
+            if 2 in ONLY:
+                t_ours = bench.fab("wan", "fetch", "--run", run, "--dest", str(fresh(dest)))
+                t_rsync = bench.rsync(bench.pa, str(job), fresh(theirs))
+                say(f"2. {size / 2**30:.2f} GiB over 100 ms RTT: fab fetch {t_ours:.1f} s ({size / t_ours / MiB:.0f} MiB/s), "
+                    f"rsync -a {t_rsync:.1f} s ({size / t_rsync / MiB:.0f} MiB/s): rsync / ours = "
+                    f"{t_rsync / t_ours:.2f} (target >= 2.5)")
+            if 3 in ONLY:
+                ours, theirs_t = [], []
+                for _ in range(3):
+                    ours.append(bench.fab("lo", "fetch", "--run", run, "--dest", str(fresh(dest))))
+                    theirs_t.append(bench.rsync(None, str(job), fresh(theirs)))
+                o, r = statistics.median(ours), statistics.median(theirs_t)
+                say(f"3. {size / 2**30:.2f} GiB on loopback, medians of 3 alternating: fab fetch {o:.2f} s, rsync -a {r:.2f} s: "
+                    f"ours / rsync = {o / r:.2f} (target <= 1.0)")
+            if 4 in ONLY:
+                bench.fab("lo", "fetch", "--run", run, "--dest", str(dest))
+                noop = statistics.median(bench.fab("lo", "fetch", "--run", run, "--dest", str(dest)) for _ in range(5))
+                say(f"4. fab fetch again, nothing changed, on loopback: {noop:.2f} s end to end (target <= 0.5 s)")
+            if 5 in ONLY:
+                n_runs, n_files = max(2, int(300 * SCALE)), 200
+                seed = bench.make_run("many", "python3 -c \"import os; d=os.environ['JOB_DIR']; "
+                                      f"[open(f'{{d}}/f{{i:03d}}.json','wb').write(os.urandom(2000)) for i in range({n_files})]\"")
+                bench.copies(seed, n_runs - 1)
+                for stack, proxy in (("lo", None), ("wan", bench.pa)):
+                    everything = bench.work / "state-all"
+                    t_ours = timed([FAB, "fetch", "--all", "--stack", stack, "--dest", str(fresh(everything))], bench.env)
+                    t_rsync = bench.rsync(proxy, str(bench.host_root / "runs"), fresh(bench.work / "rsync-all"))
+                    where = "loopback" if proxy is None else "100 ms RTT"
+                    say(f"5. fetch --all of {n_runs} runs x {n_files} files on {where}: fab {t_ours:.2f} s, rsync -a of runs/ "
+                        f"{t_rsync:.2f} s: ours / rsync = {t_ours / t_rsync:.2f} (target <= 1.5)")
+            if 6 in ONLY:
+                code = bench.work / "code"
+                for i in range(int(400 * SCALE) + 1):
+                    (code / f"pkg{i // 50}").mkdir(parents=True, exist_ok=True)
+                    (code / f"pkg{i // 50}" / f"m{i}.py").write_bytes(os.urandom(20_000))
+                bench.fab("wan2", "status")  # learns both host keys
+                one, two = [], []
+                for i in range(3):
+                    one.append(bench.fab("wan", "train", "--dir", str(code), "--command", "true", "--name", f"one{i}"))
+                    two.append(bench.fab("wan2", "train", "--dir", str(code), "--command", "true", "--name", f"two{i}"))
+                o, t = statistics.median(one), statistics.median(two)
+                say(f"6. code ({int(400 * SCALE) + 1} files, {sum(p.stat().st_size for p in code.rglob('*.py')) / MiB:.0f} MiB) "
+                    f"over 100 ms RTT: 1 node {o:.2f} s, 2 nodes {t:.2f} s: 2 / 1 = {t / o:.2f} (target <= 1.2)")
+        finally:
+            bench.a.stop()
+            bench.b.stop()
+    print("\nsummary:\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

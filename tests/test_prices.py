@@ -1,0 +1,45 @@
+"""Prices are dated per row (spot prices may change daily), `plan` states the date of the price it
+shows, and no help text promises a fixed spot discount."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from gpu_train import validate
+from gpu_train.catalog import CATALOG_PATH, CatalogError, load_catalog, parse_catalog
+from gpu_train.config import parse
+from gpu_train.pricing import hourly_cost
+from infra.plan import describe_cost
+from tests.conftest import ROOT, gcp_raw
+
+CATALOG = load_catalog()
+
+
+def test_every_price_row_is_dated() -> None:
+    rows = {**CATALOG.gpu_prices, **CATALOG.machine_prices}
+    assert rows and all(p.date for p in rows.values())
+    doc = yaml.safe_load(CATALOG_PATH.read_text())
+    undated = copy.deepcopy(doc)
+    del undated["prices"]["perGpu"]["nvidia-tesla-t4"]["date"]
+    with pytest.raises(CatalogError, match=r"prices\.perGpu\.nvidia-tesla-t4: missing 'date'"):
+        parse_catalog(undated)
+
+
+@pytest.mark.parametrize("settings", [{}, {"machineType": "g2-standard-8", "gpuType": None, "gpuCount": None}])
+def test_the_cost_carries_its_rows_date(settings: dict) -> None:
+    doc = yaml.safe_load(CATALOG_PATH.read_text())
+    for row in (*doc["prices"]["perGpu"].values(), *doc["prices"]["machine"].values()):
+        row["date"] = "2026-11-01"
+    catalog = parse_catalog(doc)
+    cfg = parse(gcp_raw(**settings), "s")
+    cost = hourly_cost(validate.shape_of(cfg, catalog), catalog)
+    assert cost.date == "2026-11-01"
+    assert "list prices of 2026-11-01" in describe_cost(cost, spot=False)[0]
+
+
+def test_no_fixed_spot_discount_is_promised() -> None:
+    texts = [(ROOT / "README.md").read_text(), *(p.read_text() for p in (ROOT / "gpu_train").glob("*.py"))]
+    assert not any("60-91%" in t or "60–91%" in t for t in texts)
