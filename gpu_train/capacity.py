@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpu_train.catalog import ZONE_PATTERN, Catalog
-from gpu_train.validate import nearest_regions
+from gpu_train.shape_rules import nearest_regions
 
 STOCKOUT, REGIONAL_QUOTA, GLOBAL_QUOTA, NOT_OFFERED, CONFIG, TRANSIENT, UNKNOWN = (
     "stockout", "regional-quota", "global-quota", "not-offered", "config", "transient", "unknown")  # fmt: skip

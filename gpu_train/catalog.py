@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from gpu_train.errors import GpuTrainError
+
 CATALOG_PATH = Path(__file__).parent / "data" / "gpu-catalog.yaml"
 # A zone: REGION-LETTER (us-central1-a), or an AI zone, REGION-aiN[LETTER] (us-central1-ai1,
 # us-south1-ai1b), which holds accelerator capacity. The AI form comes first so that a search in
@@ -25,7 +27,7 @@ ZONE_PATTERN = r"[a-z]+-[a-z]+\d+-(?:ai\d+[a-z]?|[a-z])(?![a-z0-9])"
 AI_ZONE_PATTERN = r"[a-z]+-[a-z]+\d+-ai\d+[a-z]?"
 
 
-class CatalogError(ValueError):
+class CatalogError(GpuTrainError, ValueError):
     """The catalog file does not have the expected shape."""
 
 

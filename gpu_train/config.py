@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 
 from gpu_train import gpunames, project
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog import Catalog, load_catalog
 from gpu_train.disks import default_disk_type
+from gpu_train.errors import ExitStatus, GpuTrainError
 from gpu_train.settings import (  # each setting is declared once, there
     BY_KEY,
     GCP_IDLE_STOP_MINUTES,
@@ -59,16 +60,17 @@ def shown_key(key: str, limit: int = 60) -> str:
     return key if len(key) <= limit and key.isprintable() else shown(key, limit)
 
 
-class ConfigError(ValueError):
+class ConfigError(GpuTrainError, ValueError):
     """A stack's settings are invalid; ``problems`` lists every one."""
 
+    status = ExitStatus.USAGE
+
     def __init__(self, problems: list[Problem], stack: str = ""):
-        self.problems = problems
         self.stack = stack
         head = f"stack {stack!r} is invalid" if stack else "invalid stack settings"
         lines = [f"{head} ({len(problems)} problem{'s' if len(problems) != 1 else ''}):"]
         lines += [f"  - {p}".replace("\n", "\n  ") for p in problems]
-        super().__init__("\n".join(lines))
+        super().__init__("\n".join(lines), problems)
 
 
 _TYPE_WORDS = {
@@ -183,19 +185,22 @@ def _normalise_keys(raw: dict[str, Any]) -> dict[str, Any]:
     return {(k if ":" in k else f"{NAMESPACE}:{k}"): v for k, v in raw.items()}
 
 
-def parse(raw: dict[str, Any], stack: str) -> StackConfig:
-    """Type-check a stack's raw settings and apply defaults; raise ConfigError listing all problems."""
-    cfg, problems = parse_partial(raw, stack)
+def parse(raw: dict[str, Any], stack: str, catalog: Catalog | None = None) -> StackConfig:
+    """Type-check a stack's raw settings and apply defaults; raise ConfigError listing all problems.
+
+    ``catalog`` gives the defaults that are catalog facts (the bundled one when none is given)."""
+    cfg, problems = parse_partial(raw, stack, catalog)
     if problems:
         raise ConfigError(problems, stack)
     return cfg
 
 
-def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Problem]]:
+def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None = None) -> tuple[StackConfig, list[Problem]]:
     """The config built from the settings that parsed (defaults elsewhere), and the problems.
 
     Lets callers run the GPU rules on what did parse, so a user sees every problem at once.
     """
+    catalog = catalog or load_catalog()
     raw = _normalise_keys(raw)
     problems: list[Problem] = []
     values: dict[str, Any] = {}
@@ -243,14 +248,14 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
         problems.append(Problem("gcp:project", "is required", "pulumi config set gcp:project YOUR_PROJECT_ID"))
 
     if "gpuType" in values:  # `gpuType: T4` means nvidia-tesla-t4: the program and the API get the API name
-        values["gpuType"] = gpunames.api_name(values["gpuType"], load_catalog())
+        values["gpuType"] = gpunames.api_name(values["gpuType"], catalog)
     kwargs = {BY_KEY[k].attr: v for k, v in values.items() if k != "hosts"}
     if values.get("pools"):
         from gpu_train.pools import parse_pools  # pools builds on this module
 
         pools, pool_problems = parse_pools(values["pools"])
         problems += pool_problems
-        pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, load_catalog())) if p.gpu_type else p
+        pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, catalog)) if p.gpu_type else p
                       for p in pools)
         kwargs["pools"] = pools
         if pools:  # the stack's own shape is the chief's; nodes counts every pool
@@ -262,7 +267,6 @@ def parse_partial(raw: dict[str, Any], stack: str) -> tuple[StackConfig, list[Pr
     if target == "gcp":  # the Deep Learning VM's framework Python, as it is
         kwargs.setdefault("venv", False)
     if target == "gcp":  # image and disk defaults are catalog facts
-        catalog = load_catalog()
         kwargs.setdefault("image_family", catalog.default_image_family)
         kwargs.setdefault("image_project", catalog.image_project)
         kwargs.setdefault("boot_disk_type", default_disk_type(catalog, kwargs.get("machine_type", BY_KEY["machineType"].default)))

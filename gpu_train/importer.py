@@ -19,13 +19,17 @@ from typing import Any
 
 import yaml
 
+from gpu_train.errors import ExitStatus, GpuTrainError
+
 DATA_PATH = Path(__file__).parent / "data" / "ai-platform.yaml"
 
 EXACT, CHANGED, NOT_MAPPED = "exact", "changed", "not mapped"
 
 
-class JobImportError(ValueError):
+class JobImportError(GpuTrainError, ValueError):
     """The input is not a job description this import can read; the message says what it expected."""
+
+    status = ExitStatus.USAGE
 
 
 @dataclass(frozen=True)
@@ -324,7 +328,7 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
     """
     spec = doc.get("jobSpec", doc) if isinstance(doc, dict) else None
     pools = spec.get("workerPoolSpecs") if isinstance(spec, dict) else None
-    if not isinstance(pools, list) or not pools:
+    if not isinstance(spec, dict) or not isinstance(pools, list) or not pools:
         raise JobImportError("a Vertex AI job needs workerPoolSpecs (a list, pool 0 being the chief)")
     job = JobDescription(region=region or (doc.get("region") if isinstance(doc, dict) else None))
     for index, pool in enumerate(pools):

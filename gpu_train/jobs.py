@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+from gpu_train.errors import ExitStatus, GpuTrainError
 from remote.agent.protocol import (  # the contract with the host, written once
     ACTIVE,
     FAILED,
@@ -26,8 +27,10 @@ RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 STAMP_LEN = len("_20260101_000000")
 
 
-class JobError(ValueError):
+class JobError(GpuTrainError, ValueError):
     """A job's options are invalid; the message says which and how to fix it."""
+
+    status = ExitStatus.USAGE
 
 
 def base_name(name: str | None, script: str | None, command: str | None) -> str:

@@ -14,14 +14,17 @@ from dataclasses import asdict, dataclass
 
 from gpu_train import gpunames
 from gpu_train.catalog import Accelerator, Catalog
+from gpu_train.errors import ExitStatus, GpuTrainError
 from gpu_train.pricing import hourly_cost
 from gpu_train.validate import GpuShape
 
 ON_DEMAND = "on-demand"
 
 
-class OfferError(ValueError):
+class OfferError(GpuTrainError, ValueError):
     """A GPU or region the catalog does not know; the message says what it does know."""
+
+    status = ExitStatus.USAGE
 
 
 @dataclass(frozen=True)

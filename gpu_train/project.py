@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ def project_root(cwd: Path | None = None) -> Path:
     return here
 
 
-def stack_dirs(project: Path | None = None, env: dict[str, str] | None = None) -> list[Path]:
+def stack_dirs(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:
     """The directories searched for ``Pulumi.NAME.yaml``, in order, without repeats."""
     env = os.environ if env is None else env
     dirs = [(project or project_root()) / "stacks"]
@@ -79,7 +80,7 @@ def did_you_mean(word: str, choices: list[str]) -> list[str]:
     return list(dict.fromkeys(prefixed[:3] + close))[:3]
 
 
-def listed_stack_files(project: Path | None = None, env: dict[str, str] | None = None) -> list[Path]:
+def listed_stack_files(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:
     """The stacks to list (`ls`, `check`): the project's and $GPU_TRAIN_STACKS_DIR's; this clone's
     examples only inside the clone with no other directory named."""
     env = os.environ if env is None else env

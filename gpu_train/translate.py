@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu_train.catalog import Catalog
 from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, tables
-from gpu_train.validate import nearest_regions
+from gpu_train.shape_rules import nearest_regions
 
 NAMESPACE = "gpu-train"
 DEFAULT_REGION = "us-central1"

@@ -140,8 +140,13 @@ def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:
     return (("@DATA_DEVICE@", DATA_DEVICE_NAME), ("@DATA_USER@", shlex.quote(cfg.ssh_user)), ("@DATA_ROOT@", quoted))
 
 
-def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
-    """Runs as root at every boot: install the agent and its systemd units (data/startup-script.sh.in).
+def read_startup_template() -> str:
+    """data/startup-script.sh.in, for ``startup_script`` (read by the caller: the decisions read no files)."""
+    return STARTUP_TEMPLATE.read_text(encoding="utf-8")
+
+
+def startup_script(cfg: StackConfig, agent_zipapp: bytes, template: str) -> str:
+    """Runs as root at every boot: install the agent and its systemd units (``template``).
 
     gpu-train-shutdown's ExecStop lets jobs checkpoint when the VM stops or is preempted;
     gpu-train-tick.timer stops an idle VM; gpu-train-boot resumes interrupted runs. Before them, the
@@ -149,14 +154,14 @@ def startup_script(cfg: StackConfig, agent_zipapp: bytes) -> str:
     """
     packed = base64.b64encode(gzip.compress(agent_zipapp, mtime=0)).decode()
     settings = json.dumps({**cfg.agent_settings(), "poweroffCommand": ["systemctl", "poweroff"]})
-    script = STARTUP_TEMPLATE.read_text(encoding="utf-8")
+    script = template
     for mark, value in (("@USER@", cfg.ssh_user), ("@ROOT@", remote_root(cfg)), ("@PACKED@", packed),
                         ("@SETTINGS@", settings), *data_disk_marks(cfg)):
         script = script.replace(mark, value)
     return script
 
 
-def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str, str]:
+def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes, template: str) -> dict[str, str]:
     """Only our key logs in (project-wide keys blocked, OS Login off); the startup script installs
     the on-host agent at every boot. The driver is installed at first boot only for a family that
     does not ship one (``*-nvidia-DRIVER`` families have it: no install, no reboot)."""
@@ -167,7 +172,7 @@ def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes) -> dict[str
         "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
         "block-project-ssh-keys": "TRUE",
         "enable-oslogin": "FALSE",
-        "startup-script": startup_script(cfg, agent_zipapp),
+        "startup-script": startup_script(cfg, agent_zipapp, template),
     }
 
 

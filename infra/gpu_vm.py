@@ -7,12 +7,13 @@ StackConfig; this module only declares resources, each parented to the component
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train import names, vm
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.pools import boot_disk_type
 from gpu_train.validate import GpuShape
@@ -28,6 +29,8 @@ class GpuVmArgs:
     pulumi_project: str
     hourly_cost_usd: float | None
     agent_zipapp: bytes  # the on-host agent the startup script installs (remote.agent.bundle)
+    startup_template: str  # gpu_train/data/startup-script.sh.in (vm.read_startup_template)
+    catalog: Catalog
     node_shapes: tuple[GpuShape, ...] = ()  # one per node; empty: every node has ``shape``
 
 
@@ -41,7 +44,7 @@ class GpuVm(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tag = vm.network_tag(cfg.stack)
 
-        def ingress(suffix: str, description: str, **rule: object) -> gcp.compute.Firewall:
+        def ingress(suffix: str, description: str, **rule: Any) -> gcp.compute.Firewall:
             """An ingress rule of the default network for this VM's tag."""
             return gcp.compute.Firewall(f"{name}-{suffix}", name=vm.resource_name(cfg.stack, suffix), project=cfg.project,
                                         network=cfg.network, direction="INGRESS", target_tags=[tag],
@@ -87,12 +90,13 @@ class GpuVm(pulumi.ComponentResource):
                 )
             return cfg.boot_disk_size_gb
 
-        catalog = load_catalog()
+        catalog = args.catalog
         shapes = list(args.node_shapes) or [shape] * cfg.nodes
         policy = vm.placement_policy(cfg.nodes, sorted({s.machine_type for s in shapes}), catalog)
         policy_link = None
         if policy is not None:
-            policy_link = gcp.compute.ResourcePolicy(
+            # The plain dicts of gpu_train.vm are what pulumi_gcp's *ArgsDict types spell out.
+            policy_link = gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
                 f"{name}-placement",
                 name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
                 project=cfg.project,
@@ -112,12 +116,12 @@ class GpuVm(pulumi.ComponentResource):
                 out["nic_type"] = kind
             return out
 
-        metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp)
+        metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp, args.startup_template)
         instance_names = vm.node_names(cfg.stack, cfg.nodes)
         self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type))
                            for i in range(cfg.nodes)]
         self.instances = [
-            gcp.compute.Instance(
+            gcp.compute.Instance(  # type: ignore[call-overload]
                 name if cfg.nodes == 1 else f"{name}-{i}",
                 name=instance_name,
                 project=cfg.project,

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpu_train import changes, config, images, validate, vm
 from gpu_train.catalog import Catalog, load_catalog
+from gpu_train.errors import ExitStatus, outcome
 from gpu_train.pricing import Cost, hourly_cost
 from infra import preview, program, pulumi_cli
 
@@ -51,14 +52,15 @@ def describe_data_disk(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
 
 def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: Catalog) -> str:
     acc = catalog.accelerator(shape.gpu_type)
+    assert acc is not None  # a validated shape's GPU is in the catalog
     how = "attached to" if shape.attached else "built into"
     model = "spot" if cfg.spot else "on demand"
     return (f"GPU shape: {shape.gpu_count} x {acc.gpu} ({acc.memory_gb} GB, {shape.gpu_type}) {how} "
             f"{shape.machine_type} ({shape.vcpus} vCPUs, {shape.memory_gb:g} GB), {model}, in {cfg.zone}")
 
 
-def _carries_gpus(machine_type: str) -> bool:
-    machine = load_catalog().parse_machine_type(machine_type)
+def _carries_gpus(machine_type: str, catalog: Catalog) -> bool:
+    machine = catalog.parse_machine_type(machine_type)
     return machine is not None and machine.fixed is not None
 
 
@@ -82,7 +84,7 @@ def describe_pools(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
     return lines
 
 
-def _props(r: preview.Declared) -> list[str]:
+def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
     """The properties of each resource type that a reader checks before paying for it."""
     i = r.inputs
     if r.typ.endswith("Firewall"):
@@ -120,7 +122,7 @@ def _props(r: preview.Declared) -> list[str]:
         return [
             f"name {i.get('name')}, {i.get('machineType')} in {i.get('zone')}",
             "GPUs: " + (", ".join(f"{int(g['count'])} x {g['type']} attached" for g in gpus)
-                        or ("built into the machine type" if _carries_gpus(i.get("machineType", "")) else "none (CPU only)")),
+                        or ("built into the machine type" if _carries_gpus(i.get("machineType", ""), catalog) else "none (CPU only)")),
             f"network: {i['networkInterfaces'][0].get('nicType') or 'default NIC'}"
             + (f", placement {i['resourcePolicies'].rsplit('/', 1)[-1]}" if i.get("resourcePolicies") else ""),
             f"boot disk: {int(init['size'])} GB {init['type']}, image {init['image'].rsplit('/', 1)[-1]} "
@@ -162,7 +164,7 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
 
     for r in sorted(result.resources, key=lambda r: (rank(r.typ.rsplit(":", 1)[-1]), r.name)):
         lines.append(f"  + {r.typ}  {r.name}")
-        lines += [f"      {p}" for p in _props(r) if p]
+        lines += [f"      {p}" for p in _props(r, catalog) if p]
     lines += ["", "Stack outputs (read by the fab tasks):"]
     lines += [f"  {k}: {_output(v)}" for k, v in result.outputs.items()]
     if warnings:
@@ -178,10 +180,10 @@ def _output(value: Any) -> str:
     return str(value)
 
 
-def wanted(cfg: config.StackConfig) -> preview.Preview:
+def wanted(cfg: config.StackConfig, catalog: Catalog) -> preview.Preview:
     """The resources the program declares for a valid GCP stack, under mocks (the real key when readable)."""
     public_key, _ = config.read_public_key(cfg)
-    return preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER), stack=cfg.stack)
+    return preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER, catalog), stack=cfg.stack)
 
 
 def changes_against(result: preview.Preview, deployed: list[pulumi_cli.Resource]) -> list[changes.Change]:
@@ -198,21 +200,22 @@ def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | 
     try:
         cfg, warnings = validate.check(raw, stack, catalog)
     except config.ConfigError as e:
-        return str(e), 2
+        status, message = outcome(e)
+        return message, status
     if not cfg.is_gcp:
         hosts = ", ".join(map(str, cfg.hosts))
-        return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the fab tasks.", 0
+        return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the fab tasks.", ExitStatus.OK
     _, problem = config.read_public_key(cfg)
     if problem is not None:  # not needed to plan; `pulumi up` stops on it
         warnings = [*warnings, config.Problem(problem.key, problem.message + " (pulumi up will stop here)",
                                               problem.fix, problem.value, "warning")]
-    result = wanted(cfg)
+    result = wanted(cfg, catalog)
     if result.error is not None:
-        return f"the program failed under the mock runtime: {result.error}", 2
+        return f"the program failed under the mock runtime: {result.error}", ExitStatus.USAGE
     text = render(cfg, result, warnings, catalog)
-    if pulumi_cli.has_vm(deployed):
+    if deployed is not None and pulumi_cli.has_vm(deployed):
         text += "\n\n" + changes.render(changes_against(result, deployed), stack)
-    return text, 0
+    return text, ExitStatus.OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         raw = config.read_stack_file(path)
     except config.ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
+        status, message = outcome(e)
+        print(message, file=sys.stderr)
+        return status
     deployed = None
     if args.stack and shutil.which("pulumi"):  # a deployed stack: also show what `up` would change on it
         deployed = pulumi_cli.stack_resources(stack)

@@ -15,6 +15,7 @@ import sys
 
 from gpu_train import config, quota, validate
 from gpu_train.catalog import load_catalog
+from gpu_train.errors import ExitStatus, outcome
 
 ENDPOINT_ENV = "GPU_TRAIN_COMPUTE_ENDPOINT"  # another Compute API endpoint (tests run a local one)
 
@@ -96,6 +97,7 @@ def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set
                          " check the Quotas page")
     for gpu_type in sorted({n.gpu_type for n in nodes if n.gpu_count}):
         acc = catalog.accelerator(gpu_type)
+        assert acc is not None  # a validated stack's GPUs are in the catalog
         if acc.name in offered:
             continue
         short.append(f"{acc.name} is not offered in {cfg.zone} for this project "
@@ -103,9 +105,9 @@ def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set
     lines.append("")
     if short:
         lines += ["The stack cannot fit:"] + [f"  - {s}" for s in short]
-        return "\n".join(lines), 1
+        return "\n".join(lines), ExitStatus.FAILED
     lines.append("The stack fits.")
-    return "\n".join(lines), 0
+    return "\n".join(lines), ExitStatus.OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,17 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, _ = validate.check(config.read_stack_file(config.stack_file(args.stack)), args.stack, load_catalog())
     except config.ConfigError as e:
-        print(e, file=sys.stderr)
-        return 2
+        status, message = outcome(e)
+        print(message, file=sys.stderr)
+        return status
     if not cfg.is_gcp:
         print(f"stack {args.stack} targets SSH hosts: no cloud quotas to check")
-        return 0
+        return ExitStatus.OK
     try:
         region_q, global_q, offered = read_quotas(cfg.project or "", cfg.region, cfg.zone)
     except Exception as e:  # credentials, network, permissions: say which, and stop
         print(f"cannot read the project's quotas: {type(e).__name__}: {e}\n"
               "fix: `gcloud auth application-default login`, and check gcp:project", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     text, code = report(cfg, region_q, global_q, offered)
     print(text)
     return code

@@ -76,7 +76,7 @@ class Recorder(pulumi.runtime.Mocks):
         self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect))
         return f"{args.name}-id", outputs
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+    def call(self, args: pulumi.runtime.MockCallArgs) -> Any:  # a dict, or (dict, failures) as Mocks allows
         self.calls.append((args.token, args.provider or ""))
         if args.token == "gcp:compute/getImage:getImage":
             family, project = args.args.get("family"), args.args.get("project")
@@ -142,7 +142,7 @@ def run(
     recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {}, pinned_image=pinned_image)
     pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False, monitor=_Monitor(recorder))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
-    root = get_root_resource()
+    root: Any = get_root_resource()  # the mock runtime's root Stack (its outputs dict is what we read)
     root.outputs.clear()  # the mock runtime keeps one root stack per process
     outputs: dict[str, Any] = {}
     error: BaseException | None = None

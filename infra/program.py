@@ -9,8 +9,8 @@ from __future__ import annotations
 import pulumi
 from pulumi.runtime.config import CONFIG, get_config_env
 
-from gpu_train import config, validate
-from gpu_train.catalog import load_catalog
+from gpu_train import config, validate, vm
+from gpu_train.catalog import Catalog, load_catalog
 from gpu_train.pricing import hourly_cost
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
@@ -22,16 +22,17 @@ def stack_settings() -> dict[str, object]:
     return {**get_config_env(), **CONFIG.get()}
 
 
-def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
+def declare(cfg: config.StackConfig, public_key: str, catalog: Catalog) -> GpuVm:
     """Declare the VM of a validated GCP stack and export what the fab tasks read."""
-    catalog = load_catalog()
     shapes = validate.node_shapes(cfg, catalog)
     per_node = [hourly_cost(s, catalog).hourly(cfg.spot) for s in shapes]
-    cost = None if None in per_node else round(sum(per_node), 5)
-    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shapes[0], public_key, pulumi.get_project(), cost, bundle.payload(),
-                                    tuple(shapes) if cfg.pools else ()))
+    known = [c for c in per_node if c is not None]
+    cost = round(sum(known), 5) if len(known) == len(per_node) else None
+    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shapes[0], public_key, pulumi.get_project(), cost,
+                                    agent_zipapp=bundle.payload(), startup_template=vm.read_startup_template(),
+                                    catalog=catalog, node_shapes=tuple(shapes) if cfg.pools else ()))
     shape = shapes[0]
-    quota_request.declare(cfg, shape, gpu_vm)
+    quota_request.declare(cfg, shape, gpu_vm, catalog)
     for key, value in gpu_vm.outputs.items():
         pulumi.export(key, value)
     return gpu_vm
@@ -40,7 +41,8 @@ def declare(cfg: config.StackConfig, public_key: str) -> GpuVm:
 def main() -> None:
     stack = pulumi.get_stack()
     try:
-        cfg, warnings = validate.check(stack_settings(), stack, load_catalog())
+        catalog = load_catalog()
+        cfg, warnings = validate.check(stack_settings(), stack, catalog)
         if not cfg.is_gcp:
             pulumi.log.info(f"stack {stack} targets SSH hosts ({', '.join(map(str, cfg.hosts))}): nothing to create")
             pulumi.export("target", "ssh")
@@ -52,4 +54,5 @@ def main() -> None:
             raise config.ConfigError([problem], stack)
     except config.ConfigError as e:
         raise pulumi.RunError(str(e)) from None
-    declare(cfg, public_key)
+    assert public_key is not None  # read_public_key gives a key or a problem
+    declare(cfg, public_key, catalog)

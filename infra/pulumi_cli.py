@@ -21,6 +21,7 @@ def run(args: list[str], echo: bool = True) -> tuple[int, str]:
     """Run `pulumi ARGS` in the project, showing its output as it comes (when ``echo``); (exit code, output)."""
     proc = subprocess.Popen(["pulumi", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
+    assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:
         lines.append(line)
         if echo:
@@ -74,7 +75,7 @@ def of_type(resources: list[Resource], suffix: str) -> list[Resource]:
 
 def has_vm(resources: list[Resource] | None) -> bool:
     """Does the stack hold a VM (an instance) now?"""
-    return bool(resources) and bool(of_type(resources, "compute/instance:Instance"))
+    return bool(resources) and bool(of_type(resources or [], "compute/instance:Instance"))
 
 
 def release_data_disks(stack: str, pulumi: Runner = run) -> list[str]:

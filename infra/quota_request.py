@@ -16,7 +16,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train import quota
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.validate import GpuShape
 
@@ -31,7 +31,8 @@ def current_value(info, dimensions: dict[str, str]) -> int:
 CLOUD_QUOTAS_API = "cloudquotas.googleapis.com"
 
 
-def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[gcp.cloudquota.SQuotaPreference]:
+def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
+            catalog: Catalog) -> list[gcp.cloudquota.SQuotaPreference]:
     request = cfg.quota_request
     if not request:
         return []
@@ -42,19 +43,20 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource) -> list[
     api = gcp.projects.Service("cloudquotas-api", project=cfg.project, service=CLOUD_QUOTAS_API, disable_on_destroy=False,
                                opts=pulumi.ResourceOptions(parent=parent, provider=provider))
     declared = []
-    for pref in quota.preferences(cfg, shape, gpus, load_catalog()):
+    for pref in quota.preferences(cfg, shape, gpus, catalog):
         dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
+        quota_id, want = str(pref["quota_id"]), int(str(pref["preferred"]))
         info = gcp.cloudquota.get_s_quota_info_output(parent=parent_path, service=quota.SERVICE,
-                                                      quota_id=pref["quota_id"],
+                                                      quota_id=quota_id,
                                                       opts=pulumi.InvokeOutputOptions(parent=parent, provider=provider,
                                                                                       depends_on=[api]))
-        preferred = info.apply(lambda i, d=dims, want=pref["preferred"]: str(max(int(want), current_value(i, d))))
-        suffix = "-".join([str(pref["quota_id"]).lower(), *dims.values()])
+        preferred = info.apply(lambda i, d=dims, w=want: str(max(w, current_value(i, d))))  # type: ignore[misc]
+        suffix = "-".join([quota_id.lower(), *dims.values()])
         declared.append(gcp.cloudquota.SQuotaPreference(
             f"quota-{suffix}",
             parent=parent_path,
             service=quota.SERVICE,
-            quota_id=pref["quota_id"],
+            quota_id=quota_id,
             dimensions=dims or None,
             quota_config={"preferred_value": preferred},
             justification=request["justification"],

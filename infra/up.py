@@ -106,7 +106,7 @@ class Up:
     def existing(self, before: list[pulumi_cli.Resource], retry_until_up: bool, max_attempts: int) -> int:
         from infra import plan  # the program under mocks: only needed to compare with a deployed VM
 
-        found = plan.changes_against(plan.wanted(self.cfg), before)
+        found = plan.changes_against(plan.wanted(self.cfg, self.catalog), before)
         self.say(changes.render(found, self.stack))
         if changes.replaces_anything(found) and not ask("Apply these changes (they replace something)?", self.yes,
                                                         self.say):

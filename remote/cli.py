@@ -18,6 +18,7 @@ from fabric import Executor as FabricExecutor
 from fabric.main import Fab
 from invoke import Argument, Exit, ParseError
 
+from gpu_train.errors import ExitStatus
 from gpu_train.project import did_you_mean
 
 UNKNOWN = re.compile(r"No idea what '(.+)' is!")
@@ -47,7 +48,7 @@ class Executor(FabricExecutor):
             takers = [c for c in calls if getattr(getattr(c, "task", c), "remainder_kwarg", None)]
             if len(takers) != 1 or len(calls) != 1:
                 raise Exit("`-- COMMAND` goes with one task that runs a command, e.g. `gpu-train ssh -- nvidia-smi`",
-                           code=2)
+                           code=ExitStatus.USAGE)
             call = takers[0]
             call.kwargs[call.task.remainder_kwarg] = remainder
             self.core.remainder = ""

@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 
-SIGPIPE_EXIT = 128 + 13
+from gpu_train.errors import ExitStatus, GpuTrainError, outcome
 
 
 def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
@@ -21,19 +21,16 @@ def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
         # would raise again. Point stdout at /dev/null and leave as `yes | head` does.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        os._exit(SIGPIPE_EXIT)
-    if issubclass(kind, KeyboardInterrupt):
-        print("interrupted", file=sys.stderr)
-        os._exit(130)
-    if os.environ.get("GPU_TRAIN_DEBUG"):
-        traceback.print_exception(kind, value, tb)  # type: ignore[arg-type]
+        os._exit(ExitStatus.BROKEN_PIPE)
+    status, message = outcome(value)
+    if os.environ.get("GPU_TRAIN_DEBUG") and not isinstance(value, KeyboardInterrupt):
+        traceback.print_exception(kind, value, tb)  # type: ignore[arg-type,call-overload]
+    elif isinstance(value, GpuTrainError | KeyboardInterrupt):
+        print(message, file=sys.stderr)  # a message for the user, with its fix: no "error:" label needed
     else:
-        text = str(value).strip() or kind.__name__
-        if len(text) > 2000:
-            text = text[:2000] + " ..."
-        print(f"error: {text} ({kind.__name__}; GPU_TRAIN_DEBUG=1 shows where)", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(status)
 
 
 def install() -> None:

@@ -81,9 +81,10 @@ class Stream:
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the stream)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
                                      bufsize=0, start_new_session=True)
+        assert self.proc.stdout is not None  # stdout=PIPE
         with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the default pipe
-            fcntl.fcntl(self.proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)  # type: ignore[union-attr]
-        self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type]
+            fcntl.fcntl(self.proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type,type-var]
 
     def send(self, request: dict) -> None:
         try:

@@ -75,8 +75,8 @@ def check_findings(home: Path) -> list[checkup.Finding]:
         private = os.path.expanduser(cfg.ssh_private_key_path() if cfg.is_gcp else (cfg.ssh_key or "~/.ssh/id_ed25519"))
         problem = config.read_public_key(cfg)[1] if cfg.is_gcp else None
         keys.setdefault((private, problem.message if problem else None), []).append(name)
-    for (private, problem), names in keys.items():
-        findings.append(checkup.ssh_key(", ".join(names), private, Path(private).is_file(), problem))
+    for (private, problem_text), names in keys.items():
+        findings.append(checkup.ssh_key(", ".join(names), private, Path(private).is_file(), problem_text))
     for name, cfg, problems in stacks:
         if cfg is None or not cfg.is_gcp:
             how = f"{len(cfg.hosts)} host(s)" if cfg else ""
@@ -169,7 +169,7 @@ def ls_facts(home: Path, ask_hosts: bool = True) -> list[listing.StackFacts]:
             elif cfg.project in api_errors:
                 api_error = api_errors[cfg.project]
             else:
-                instances = by_stack.get((cfg.project, label_value(name)), [])
+                instances = by_stack.get((cfg.project or "", label_value(name)), [])
         facts[name] = listing.StackFacts(name, cfg, outputs=outputs, instances=instances, api_error=api_error,
                                          ledger=Ledger(home, name).read())
     # The agents of hosts believed up, all at once and briefly.
@@ -177,7 +177,9 @@ def ls_facts(home: Path, ask_hosts: bool = True) -> list[listing.StackFacts]:
     answers: dict[str, tuple[dict | None, str | None]] = {}
 
     def ask(name: str) -> None:
-        answers[name] = _quick_status(asks[name].cfg, asks[name].outputs, home)
+        cfg = asks[name].cfg
+        assert cfg is not None  # only stacks that parsed are asked
+        answers[name] = _quick_status(cfg, asks[name].outputs, home)
 
     threads = [threading.Thread(target=ask, args=(n,), daemon=True) for n in asks]
     for t in threads:
@@ -198,6 +200,8 @@ def ls_facts(home: Path, ask_hosts: bool = True) -> list[listing.StackFacts]:
 
 
 def _worth_asking(f: listing.StackFacts) -> bool:
+    if f.cfg is None:
+        return False
     if not f.cfg.is_gcp:
         return bool(f.cfg.hosts)
     if not (f.outputs and f.outputs.get("externalIp")):

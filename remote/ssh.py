@@ -27,6 +27,7 @@ import paramiko
 from fabric import Config, Connection
 
 from gpu_train.config import SshHost, split_host
+from gpu_train.errors import ExitStatus, GpuTrainError
 from remote.agent.bundle import agent_command
 from remote.agent.protocol import LOG_END, LOG_START
 from remote.target import Target
@@ -36,12 +37,14 @@ START_MARK = LOG_START
 END_MARK = LOG_END
 
 
-class RemoteError(Exception):
+class RemoteError(GpuTrainError):
     """Something on the host or the way to it failed; the message says what and what to do."""
 
 
 class HostKeyError(RemoteError):
     """A failure no retry or refreshed address can cure (the tasks stop at once)."""
+
+    status = ExitStatus.UNREACHABLE
 
 
 class KeyFileError(HostKeyError):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
+
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 GITIGNORED = ("runs/", ".gpu-train/")
 
@@ -84,23 +86,23 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
     from gpu_train.project import project_root
 
     if bool(host) == bool(gcp_project):
-        raise Exit("give --host USER@HOST[:PORT] (a machine you have) or --gcp-project ID (a VM on Google Cloud)", code=2)
+        raise Exit("give --host USER@HOST[:PORT] (a machine you have) or --gcp-project ID (a VM on Google Cloud)", code=ExitStatus.USAGE)
     kind = "ssh" if host else "gcp"
     name = stack or ("lab" if host else "gcp")
     if not NAME_RE.fullmatch(name):
-        raise Exit(f"--stack {name!r}: use letters, digits, '.', '_' and '-'", code=2)
+        raise Exit(f"--stack {name!r}: use letters, digits, '.', '_' and '-'", code=ExitStatus.USAGE)
     if host:
         try:
             config.split_host(host)
         except ValueError:
-            raise Exit(f"--host {host!r}: write it as user@host:port or a Host alias", code=2) from None
+            raise Exit(f"--host {host!r}: write it as user@host:port or a Host alias", code=ExitStatus.USAGE) from None
         text = ssh_stack(host, key)
     else:
         text = gcp_stack(gcp_project, zone, gpu, not on_demand, "203.0.113.7/32")
     root = project_root()
     path = root / "stacks" / f"Pulumi.{name}.yaml"
     if path.exists():
-        raise Exit(f"{path} exists; nothing written (edit it, or pick another --stack)", code=1)
+        raise Exit(f"{path} exists; nothing written (edit it, or pick another --stack)", code=ExitStatus.FAILED)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "x", encoding="utf-8") as f:  # never replaces a file written meanwhile
         f.write(text)

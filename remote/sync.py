@@ -244,7 +244,7 @@ class CodePlan:
         return f"{self.src} ({self.files} files, {human(self.bytes)}; .gitignore and {IGNORE_FILE} honoured)"
 
 
-def plan_code(src: Path, scratch: Path, outputs: list[tuple[Path, str | None]] = ()) -> CodePlan:
+def plan_code(src: Path, scratch: Path, outputs: tuple[tuple[Path, str | None], ...] = ()) -> CodePlan:
     """List what would be synced from ``src`` (git's ignores go to a file in ``scratch``).
 
     ``outputs`` (the fetched runs' folder, the local state) are never sent; what is left out is

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from gpu_train import config, project
 from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
@@ -51,7 +52,7 @@ class Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
         for hosts that share a file system)."""
         hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
-        gpus = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
+        gpus: dict[str, Any] = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
             if node < len(self.node_gpus) else {}
         vm = self.vm and {**self.vm, "name": (self.vm.get("names") or [self.vm.get("name")] * (node + 1))[node]}
         return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node, vm=vm,
@@ -116,8 +117,8 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
     if cfg.is_gcp:
         assert outputs is not None
         user = outputs.get("sshUser") or cfg.ssh_user
-        key = os.path.expanduser(cfg.ssh_private_key_path())
-        hosts = tuple(SshHost(user, ip, 22, keys=(key,)) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
+        gcp_key = os.path.expanduser(cfg.ssh_private_key_path())
+        hosts = tuple(SshHost(user, ip, 22, keys=(gcp_key,)) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
         master = (outputs.get("internalIps") or [outputs.get("internalIp") or hosts[0].host])[0]
         expect, cost, gpus = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd"), outputs.get("gpuCount")
         pooled = bool(cfg.pools) and len(outputs.get("nodeGpuCounts") or []) == len(hosts)

@@ -1,17 +1,61 @@
-"""Shared fixtures. The real sshd on loopback is remote/loopback.py."""
+"""Shared fixtures and the test tiers. The real sshd on loopback is remote/loopback.py.
+
+Tiers (markers, registered here; README "Tests" says how to pick them):
+  e2e    real sshd, screen, rsync on loopback: every test that uses a fixture in E2E_FIXTURES is marked
+         so at collection, and a test outside the tier that starts an sshd fails, so the fast tier stays fast
+  guest  a booted systemd guest (tests/guest/, marked by its conftest)
+  slow   a long real wait or many real processes (marked where it is)
+The fast tier is ``pytest -m "not e2e and not guest and not slow"``.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from remote.loopback import Sshd
+
 ROOT = Path(__file__).resolve().parent.parent
+# Fixtures that start a real sshd (here and in the test modules): a test using one is `e2e`.
+E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster"})
+# Fixtures whose tests run many real processes (scripts/up against the stand-in pulumi): `slow`.
+SLOW_FIXTURES = frozenset({"up_env"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "guest: boots a real systemd guest with systemd-nspawn (root); tests/guest/")
+    config.addinivalue_line("markers", "e2e: runs against a real sshd, screen and rsync on loopback")
+    config.addinivalue_line("markers", "slow: a long real wait or many real processes; left out of the fast tier")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("guest"):  # one booted guest at a time under xdist
+            item.add_marker(pytest.mark.xdist_group("guest"))
+
+
+@pytest.fixture(autouse=True)
+def _sshd_only_in_e2e(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test outside the e2e tier that starts a real sshd fails, saying how to fix it."""
+    if request.node.get_closest_marker("e2e") or request.node.get_closest_marker("guest"):
+        return
+    # (A test that starts one in its body says @pytest.mark.e2e.)
+
+    def refuse(self: Sshd) -> Sshd:
+        raise AssertionError(f"{request.node.nodeid} starts a real sshd: use a fixture in tests/conftest.py "
+                             "E2E_FIXTURES (or add yours there), so that it is marked e2e")
+
+    monkeypatch.setattr(Sshd, "start", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +84,70 @@ def gcp_raw(**overrides: object) -> dict[str, object]:
         else:
             raw[key] = v
     return raw
+
+
+# -- the lab: an SSH stack on a throwaway sshd, driven through the real `fab` ------------------
+FAB = str(Path(sys.executable).parent / "fab")
+EXAMPLE = ROOT / "examples"
+
+
+class Lab:
+    """An SSH stack named `lab` on a throwaway sshd, and a way to run fab against it."""
+
+    def __init__(self, tmp: Path, address: str = "127.0.0.2"):
+        self.tmp = tmp
+        self.sshd = Sshd(tmp / "sshd", address).start()
+        self.remote = tmp / "remote"
+        self.stacks = tmp / "stacks"
+        self.home = tmp / "home"
+        self.cwd = tmp / "work"
+        self.cwd.mkdir()
+        self.sshd.stack_file(self.stacks, "lab", self.remote, sys.executable)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home),
+                "GPU_TRAIN_STACK": "lab", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
+
+    def fab(self, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+        result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
+                                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and result.returncode != 0:
+            raise AssertionError(f"fab {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def spawn(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+    def train(self, *args: str) -> str:
+        out = self.fab("train", *args, check=True).stdout
+        return out.split()[1]  # "started RUN_ID on ..."
+
+    def status(self) -> dict:
+        return json.loads(self.fab("status", "--json", check=True).stdout)
+
+    def run_state(self, run: str) -> dict:
+        return next(r for r in self.status()["runs"] if r["id"] == run)
+
+    def wait(self, run: str, states=("succeeded", "failed", "stopped", "interrupted"), timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = json.loads((self.remote / "runs" / run / "state.json").read_text())
+            if state.get("state") in states:
+                return self.run_state(run)
+            time.sleep(0.2)
+        raise AssertionError(f"{run} did not reach {states}")
+
+    def log(self, run: str) -> str:
+        path = self.remote / "runs" / run / "log"
+        return path.read_text() if path.exists() else ""
+
+
+@pytest.fixture
+def lab(request: pytest.FixtureRequest, tmp_path: Path):
+    """A Lab on the test module's LAB_ADDRESS (each suite its own loopback addresses), else 127.0.0.2."""
+    lab = Lab(tmp_path, getattr(request.module, "LAB_ADDRESS", "127.0.0.2"))
+    yield lab
+    lab.sshd.stop()
+    subprocess.run(["pkill", "-f", str(lab.remote)], check=False)  # jobs left running by a failed test

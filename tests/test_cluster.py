@@ -16,8 +16,7 @@ import pytest
 from gpu_train import jobs
 from remote.agent import wrap
 from remote.loopback import Sshd, free_port
-from tests.conftest import ROOT
-from tests.test_remote import EXAMPLE, FAB
+from tests.conftest import EXAMPLE, FAB, ROOT
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

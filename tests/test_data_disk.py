@@ -160,7 +160,7 @@ def test_render_names_the_setting_and_what_survives() -> None:
 ])
 def test_the_startup_script_mounts_the_data_disk_on_remote_root(root: str, rendered: str) -> None:
     """The data-disk block gets REMOTE_ROOT shell-quoted (the script expands ~/ to the user's home)."""
-    script = vm.startup_script(config.parse(gcp_raw(remoteRoot=root), "s"), b"agent")
+    script = vm.startup_script(config.parse(gcp_raw(remoteRoot=root), "s"), b"agent", vm.read_startup_template())
     assert rendered in script and "DATA_USER=trainer\n" in script
     assert f"DATA_DEV=/dev/disk/by-id/google-{vm.DATA_DEVICE_NAME}\n" in script
     assert script.index("# --- gpu-train: the data disk") < script.index("gpu-train-boot.service <<UNIT")

@@ -128,6 +128,7 @@ def test_vm_stop_on_an_ssh_stack_says_so(env: dict) -> None:
     assert r.returncode == 2 and "SSH stack" in r.stderr
 
 
+@pytest.mark.e2e  # a real sshd
 def test_tensorboard_task_stopped_by_ctrl_c(env: dict, tmp_path: Path) -> None:
     sshd = Sshd(tmp_path / "sshd", "127.0.15.6").start()
     try:
@@ -153,6 +154,7 @@ def test_tensorboard_task_stopped_by_ctrl_c(env: dict, tmp_path: Path) -> None:
         sshd.stop()
 
 
+@pytest.mark.e2e  # a real sshd
 def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: FakeGoogle, tmp_path: Path) -> None:
     """The t4 'VM' is a real sshd on 127.0.15.7:22 (GCP stacks log in on port 22), so the guard talks to a real agent."""
     import socket

@@ -14,17 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_remote import EXAMPLE, Lab
+from tests.conftest import EXAMPLE, Lab
 
-ADDRESS = "127.0.10.2"  # this suite's loopback addresses are 127.0.10.x
-
-
-@pytest.fixture
-def lab(tmp_path: Path):
-    lab = Lab(tmp_path, ADDRESS)
-    yield lab
-    lab.sshd.stop()
-    subprocess.run(["pkill", "-f", str(lab.remote)], check=False)
+LAB_ADDRESS = "127.0.10.2"  # this suite's loopback addresses are 127.0.10.x (the `lab` fixture reads it)
 
 
 def no_traceback(result: subprocess.CompletedProcess) -> None:
@@ -104,6 +96,6 @@ def test_old_rsync_argument_parsing_changes_nothing(lab: Lab) -> None:
 
 
 def fab_argv(lab: Lab) -> list[str]:
-    from tests.test_remote import FAB, ROOT
+    from tests.conftest import FAB, ROOT
 
     return [FAB, "--search-root", str(ROOT)]

@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # each test runs scripts/plan (the Pulumi program under mocks) in a process
+
 
 def plan(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **({"HOME": str(home)} if home else {})}

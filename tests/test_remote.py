@@ -17,72 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from remote.loopback import Sshd, free_port
-from tests.conftest import ROOT
-
-FAB = str(Path(sys.executable).parent / "fab")
-EXAMPLE = ROOT / "examples"
-
-
-class Lab:
-    """An SSH stack named `lab` on a throwaway sshd, and a way to run fab against it."""
-
-    def __init__(self, tmp: Path, address: str = "127.0.0.2"):
-        self.tmp = tmp
-        self.sshd = Sshd(tmp / "sshd", address).start()
-        self.remote = tmp / "remote"
-        self.stacks = tmp / "stacks"
-        self.home = tmp / "home"
-        self.cwd = tmp / "work"
-        self.cwd.mkdir()
-        self.sshd.stack_file(self.stacks, "lab", self.remote, sys.executable)
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home),
-                "GPU_TRAIN_STACK": "lab", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
-
-    def fab(self, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
-        result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
-                                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        if check and result.returncode != 0:
-            raise AssertionError(f"fab {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-        return result
-
-    def spawn(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-
-    def train(self, *args: str) -> str:
-        out = self.fab("train", *args, check=True).stdout
-        return out.split()[1]  # "started RUN_ID on ..."
-
-    def status(self) -> dict:
-        return json.loads(self.fab("status", "--json", check=True).stdout)
-
-    def run_state(self, run: str) -> dict:
-        return next(r for r in self.status()["runs"] if r["id"] == run)
-
-    def wait(self, run: str, states=("succeeded", "failed", "stopped", "interrupted"), timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            state = json.loads((self.remote / "runs" / run / "state.json").read_text())
-            if state.get("state") in states:
-                return self.run_state(run)
-            time.sleep(0.2)
-        raise AssertionError(f"{run} did not reach {states}")
-
-    def log(self, run: str) -> str:
-        path = self.remote / "runs" / run / "log"
-        return path.read_text() if path.exists() else ""
-
-
-@pytest.fixture
-def lab(tmp_path: Path):
-    lab = Lab(tmp_path)
-    yield lab
-    lab.sshd.stop()
-    subprocess.run(["pkill", "-f", str(lab.remote)], check=False)  # jobs left running by a failed test
+from remote.loopback import free_port
+from tests.conftest import EXAMPLE, FAB, ROOT, Lab
 
 
 def sha256(path: Path) -> str:
@@ -290,14 +226,34 @@ def test_fetch_never_replaces_a_newer_local_file(lab: Lab) -> None:
     assert (dest / "result.txt").read_text() == "edited locally\n"
 
 
+def streaming_agents(lab: Lab) -> list[int]:
+    """The host's agents streaming a log with --follow for this lab (their command lines say so)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if str(lab.remote) in cmd and "logs" in cmd and "--follow" in cmd:
+            found.append(int(entry))
+    return found
+
+
 def test_logs_follow_reconnects_after_a_dropped_connection(lab: Lab) -> None:
-    ticker = 'for i in $(seq 1 40); do echo "tick $i"; sleep 0.1; done'
+    # Half the ticks, then the job waits for `go`: the connection drops while the log is being followed,
+    # however slowly this machine starts the follower.
+    ticker = ('for i in $(seq 1 20); do echo "tick $i"; sleep 0.1; done; '
+              'while [ ! -e "$JOB_DIR/go" ]; do sleep 0.1; done; for i in $(seq 21 40); do echo "tick $i"; done')
     run = lab.train("--dir", str(EXAMPLE), "--command", ticker, "--name", "ticker")
     follower = lab.spawn("logs", "--follow", "--lines", "0", "--run", run)
-    time.sleep(1.5)
+    deadline = time.monotonic() + 60
+    while not (streaming_agents(lab) and "tick 20" in lab.log(run)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert streaming_agents(lab), "the follower never started streaming"
     lab.sshd.stop()  # every session dies; the job (under screen) does not
     time.sleep(1.0)
     lab.sshd.start()
+    (lab.remote / "runs" / run / "job" / "go").touch()
     out, err = follower.communicate(timeout=60)
     assert follower.returncode == 0, err
     ticks = [line for line in out.splitlines() if line.startswith("tick ")]

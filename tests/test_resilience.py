@@ -21,17 +21,9 @@ import pytest
 
 from remote.agent import lifecycle
 from remote.loopback import descendants
-from tests.test_remote import EXAMPLE, Lab
+from tests.conftest import EXAMPLE, Lab
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture
-def lab(tmp_path: Path):
-    lab = Lab(tmp_path)
-    yield lab
-    lab.sshd.stop()
-    subprocess.run(["pkill", "-f", str(lab.remote)], check=False)
 
 
 def agent_cmd(lab: Lab, *args: str) -> dict:
@@ -41,8 +33,9 @@ def agent_cmd(lab: Lab, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def screen_pids(run: str) -> list[int]:
-    """The SCREEN process of a run's session and everything below it (wrapper, job)."""
+def screen_pids(lab: Lab, run: str) -> list[int]:
+    """The SCREEN process of a run's session and everything below it (wrapper, job). Only this lab's:
+    a test beside it (xdist) may run a run of the same id under its own REMOTE_ROOT."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -50,14 +43,14 @@ def screen_pids(run: str) -> list[int]:
                 cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if cmd and cmd[0].upper().endswith(b"SCREEN") and run.encode() in cmd:
+            if cmd and cmd[0].upper().endswith(b"SCREEN") and run.encode() in cmd and str(lab.remote).encode() in cmd:
                 pids.append(int(entry))
     return [p for pid in pids for p in (pid, *descendants(pid))]
 
 
-def reboot(run: str) -> None:
+def reboot(lab: Lab, run: str) -> None:
     """Every process of the job's screen session dies at once, as in a power cut."""
-    victims = screen_pids(run)
+    victims = screen_pids(lab, run)
     assert victims, f"no screen session for {run}"
     for pid in victims:
         with contextlib.suppress(ProcessLookupError):
@@ -127,6 +120,7 @@ def test_tick_powers_off_for_real_only_when_idle(lab: Lab) -> None:
 
 
 # -- reboots, shutdown, crash loops -----------------------------------------------------------
+@pytest.mark.slow  # ten real resumes of a real torch job: each imports torch again
 def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab) -> None:
     steps, every = 600, 25
     args = f"--steps {steps} --checkpoint-every {every} --step-time 0.015"
@@ -146,7 +140,7 @@ def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab) 
         at = last_step(lab.log(run))
         if at <= before:
             continue  # still starting up (importing torch): kill only during training
-        reboot(run)
+        reboot(lab, run)
         log = lab.log(run)
         killed_at = last_step(log)
         assert agent_cmd(lab, "boot")["actions"] == [{"runId": run, "action": "resumed", "resumes": kills + 1}]
@@ -195,7 +189,7 @@ def test_a_crash_loop_stops_after_max_resumes(lab: Lab) -> None:
     run = lab.train("--dir", str(EXAMPLE), "--command", "sleep 60", "--name", "doomed")
     for i in range(3):
         lab.wait(run, ("running",))
-        reboot(run)
+        reboot(lab, run)
         actions = agent_cmd(lab, "boot")["actions"]
         if i < 2:
             assert actions == [{"runId": run, "action": "resumed", "resumes": i + 1}]

@@ -27,6 +27,8 @@ CATALOG = load_catalog()
 STAND_IN = ROOT / "tests" / "stand_in"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests user@host"
 
+pytestmark = pytest.mark.slow  # each test runs scripts/up (infra.up) against the stand-in pulumi in a process
+
 
 def provider_error(message: str, resource: str = "gpu") -> str:
     """An error as `pulumi up` prints it for a pulumi-gcp resource (the provider passes the message on)."""

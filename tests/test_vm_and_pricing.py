@@ -47,7 +47,7 @@ def test_scheduling(spot: bool, expected: dict) -> None:
 
 def test_metadata_locks_ssh_to_our_key() -> None:
     cfg = parse(gcp_raw(sshUser="alice"), "s")
-    meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop", b"PK agent")
+    meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop", b"PK agent", vm.read_startup_template())
     assert meta.pop("startup-script").startswith("#!/bin/bash")
     assert meta == {"ssh-keys": "alice:ssh-ed25519 AAAAkey alice",
                     "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
@@ -60,7 +60,7 @@ def test_metadata_locks_ssh_to_our_key() -> None:
 )
 def test_the_driver_is_installed_at_boot_only_for_families_without_one(family: str, install: bool) -> None:
     cfg = parse(gcp_raw(imageFamily=family), "s")
-    assert ("install-nvidia-driver" in vm.metadata(cfg, "ssh-ed25519 AAAAkey k", b"PK agent")) == install
+    assert ("install-nvidia-driver" in vm.metadata(cfg, "ssh-ed25519 AAAAkey k", b"PK agent", vm.read_startup_template())) == install
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def listing(path: str) -> list:
 
 
 def list_runs(root: str, run_ids: list) -> dict:
-    out = {}
+    out: dict[str, dict[str, object]] = {}
     for run_id in run_ids:
         try:
             path = job_dir(root, run_id)

@@ -67,7 +67,7 @@ def cmd_boot(root: str) -> dict:
     and JOB_DIR, so a job that resumes from its newest checkpoint carries on. maxResumes stops a
     crash loop."""
     limit = int(settings(root)["maxResumes"])
-    actions = []
+    actions: list[dict] = []
     with locked(root):
         for run_dir in run_dirs(root):
             state = read_state(run_dir)

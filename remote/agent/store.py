@@ -99,7 +99,7 @@ def match_run(ids: list[str], wanted: str, created: dict[str, float]) -> str:
         shown = ", ".join(sorted(matches)[-4:])
         raise AgentError(f"{wanted!r} matches {len(matches)} runs ({shown}): give more of the run id")
     stamp = len("_20260101_000000")
-    newest = {}
+    newest: dict[str, str] = {}
     for i in ids:  # each base name stands for its newest run
         if i[:-stamp] not in newest or created.get(i, 0) >= created.get(newest[i[:-stamp]], 0):
             newest[i[:-stamp]] = i

@@ -11,6 +11,7 @@ import sys
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from remote.tasks.session import STACK_HELP, Session, say
 
 LOCAL_HELP = "local port (default: the server's usual port when free, else any free one)"
@@ -30,7 +31,7 @@ def _serve(stack: str | None, kind: str, extra, local_port, json_: bool) -> None
     try:
         notebooks.serve(session.connect(), session.target, kind, extra(session.target), local_port, say, show(json_))
     except ForwardError as e:
-        raise Exit(str(e), code=1) from None
+        raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:
         session.close()
 
@@ -65,7 +66,7 @@ def tunnel(c, port=6006, local_port=None, json_=False, stack=None):
     try:
         notebooks.tunnel(session.connect(), session.target, int(port), local_port, say, show(json_))
     except ForwardError as e:
-        raise Exit(str(e), code=1) from None
+        raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:
         session.close()
     sys.stdout.flush()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from gpu_train.project import project_name, project_root
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
@@ -35,7 +36,7 @@ def push(c, dir, stack=None, json_=False):
 
     src = Path(dir).expanduser().resolve()
     if not src.is_dir():
-        raise Exit(f"{dir}: no such directory", code=2)
+        raise Exit(f"{dir}: no such directory", code=ExitStatus.USAGE)
     root = project_root()
     rel, project = data_path(src, root), project_name(root)
     session = Session(stack)
@@ -52,7 +53,7 @@ def push(c, dir, stack=None, json_=False):
             with ChannelRelay(conn.transport) as relay:
                 sync.push_data(target, target.host, src, dest, progress, rsh=relay.rsh())
         except ssh.RemoteError as e:
-            raise Exit(str(e), code=1) from None
+            raise Exit(str(e), code=ExitStatus.FAILED) from None
         finally:
             s.close()
         return f"{target.remote_root}/data/{project}/{rel}"
@@ -60,7 +61,7 @@ def push(c, dir, stack=None, json_=False):
     say(f"pushing {src} ({sync.human(sync.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
     results = on_every_node(sessions, one)
     if failed := failures(results):
-        raise Exit("; ".join(failed) + f": run `{CLI} push {dir}` again to resume", code=1)
+        raise Exit("; ".join(failed) + f": run `{CLI} push {dir}` again to resume", code=ExitStatus.FAILED)
     if json_:
         print(json.dumps({"source": str(src), "project": project, "path": rel, "hosts": [str(s.target.host) for s in sessions],
                           "remote": results}, indent=1))

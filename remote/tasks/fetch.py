@@ -11,6 +11,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from gpu_train.project import project_root
 from remote.agent.protocol import ACTIVE
 from remote.fetch_plan import DEFAULT_STREAMS
@@ -39,7 +40,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
         try:
             jobs.check_run_id(r["id"], "a run id from the host")
         except jobs.JobError as e:
-            raise Exit(str(e), code=1) from None
+            raise Exit(str(e), code=ExitStatus.FAILED) from None
         where = destination(session.target.stack, r["id"], dest, len(runs) > 1, subdir)
         if record.up_to_date(r, where):
             if not quiet:
@@ -113,12 +114,14 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
         try:
             runs = [{"id": jobs.check_run_id(run, "--run"), "state": "?"}]
         except jobs.JobError as e:
-            raise Exit(str(e), code=2) from None
+            raise Exit(str(e), code=ExitStatus.USAGE) from None
     else:
-        doc = session.call("status", "--summaries")
+        # Which runs there are; what changed in them comes from the fetch's own listing of them all
+        # (the host walks each JOB_DIR once, not once for summaries and once more to fetch).
+        doc = session.call("status")
         runs = doc["runs"] if all_ else doc["runs"][-1:]
     if not runs:
-        raise Exit("no runs on this host yet", code=1)
+        raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
     failed = fetch_runs(session, runs, dest, progress=sys.stderr.isatty() and not json_, streams=streams)
     session.close()
     if json_:
@@ -126,7 +129,7 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
                                                                                    len(runs) > 1))}
                                       for r in runs if r["id"] not in failed], "failed": failed}, indent=1))
     if failed:
-        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=1)
+        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=ExitStatus.FAILED)
 
 
 def _streams(value: object) -> int:
@@ -136,7 +139,7 @@ def _streams(value: object) -> int:
         n = 0
     if not 1 <= n <= 64:
         raise Exit(f"--streams {value}: a number of parallel SSH streams from 1 to 64 (default {DEFAULT_STREAMS})",
-                   code=2)
+                   code=ExitStatus.USAGE)
     return n
 
 
@@ -144,7 +147,7 @@ def _fetch_every_node(session: Session, run: str | None, dest: str | None, strea
     sessions = session.nodes()
     lead = session.call("status", *(["--run", run] if run else []))["runs"]
     if not lead:
-        raise Exit("no runs on this host yet", code=1)
+        raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
     run_id = lead[-1]["id"]
 
     def one(s: Session) -> list[str]:
@@ -156,7 +159,7 @@ def _fetch_every_node(session: Session, run: str | None, dest: str | None, strea
         s.close()
     failed = failures(results) + [f"node {i}" for i, r in enumerate(results) if isinstance(r, list) and r]
     if failed:
-        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch --all-nodes` again to resume", code=1)
+        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch --all-nodes` again to resume", code=ExitStatus.FAILED)
 
 
 def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int) -> None:
@@ -164,7 +167,7 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
     while True:
         doc = session.call("status", "--summaries", *(["--run", run] if run else []))
         if not doc["runs"]:
-            raise Exit("no runs on this host yet", code=1)
+            raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
         current = doc["runs"][-1]
         run = current["id"]
         fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams)
@@ -188,15 +191,15 @@ def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
     runs = doc["runs"]
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
     if running and not force:
-        raise Exit(f"refusing: still running: {', '.join(running)} (fab stop, or fab down --force)", code=1)
+        raise Exit(f"refusing: still running: {', '.join(running)} (fab stop, or fab down --force)", code=ExitStatus.FAILED)
     if doc.get("unreachable") and not force:
         raise Exit(f"refusing: cannot check every node ({'; '.join(doc['unreachable'])}); fab down --force to go on",
-                   code=1)
+                   code=ExitStatus.FAILED)
     failed = fetch_runs(session, runs, None, progress=False, streams=streams)
     session.close()
     if failed and not force:
         raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was destroyed (fab down --force to lose them)",
-                   code=1)
+                   code=ExitStatus.FAILED)
     say(f"fetched {len(runs) - len(failed)} run(s) into runs/{session.target.stack}/")
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
@@ -207,7 +210,7 @@ def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
     try:  # the data disks are protected against a plain `pulumi destroy`; their runs are home now
         released = pulumi_cli.release_data_disks(session.target.stack)
     except RuntimeError as e:
-        raise Exit(f"{e}; nothing was destroyed", code=1) from None
+        raise Exit(f"{e}; nothing was destroyed", code=ExitStatus.FAILED) from None
     if released:
         say(f"data disk(s) {', '.join(released)} released: their runs are in runs/{session.target.stack}/")
     from gpu_train import config
@@ -216,5 +219,5 @@ def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
     where = pulumi_config_args(config.stack_file(session.target.stack))  # a stack file in the user's project
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO)
     if result.returncode != 0:
-        raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=1)
+        raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=ExitStatus.FAILED)
     (session.target.cache / "outputs.json").unlink(missing_ok=True)

@@ -19,13 +19,13 @@ _required = ParserContext.missing_positional_args
 
 
 def _missing_positional_args(self: ParserContext):
-    missing = _required.fget(self)
+    missing = _required.fget(self)  # type: ignore[attr-defined]
     if sys._getframe(1).f_code.co_name == "complete_context":  # the end of the task's arguments
         return [a for a in missing if not getattr(a, "optional_positional", False)]
     return missing
 
 
-ParserContext.missing_positional_args = property(_missing_positional_args)
+ParserContext.missing_positional_args = property(_missing_positional_args)  # type: ignore[method-assign,assignment]
 
 
 def optional_positional(task, *names: str):

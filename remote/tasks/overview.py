@@ -12,6 +12,7 @@ import time
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from remote.tasks.optional import optional_positional
 from remote.tasks.session import STACK_HELP, Session
 
@@ -29,12 +30,12 @@ def gpus(c, name=None, region=None, spot=False, json_=False):
     try:
         rows = offers.offers(catalog, name, region, spot)
     except offers.OfferError as e:
-        raise Exit(str(e), code=2) from None
+        raise Exit(str(e), code=ExitStatus.USAGE) from None
     if json_:
         print(json.dumps(offers.to_json(rows, catalog), indent=1))
     elif not rows:
         where = f" in {region}" if region else ""
-        raise Exit(f"{name or 'no GPU'} is not offered{where}{' as spot' if spot else ''} (catalog snapshot)", code=1)
+        raise Exit(f"{name or 'no GPU'} is not offered{where}{' as spot' if spot else ''} (catalog snapshot)", code=ExitStatus.FAILED)
     elif name:
         print(offers.render_detail(rows[0], catalog, spot))
     else:
@@ -60,7 +61,7 @@ def check(c, json_=False):
     else:
         print(checkup.render(findings))
     if checkup.exit_code(findings):
-        raise Exit(code=1)
+        raise Exit(code=ExitStatus.FAILED)
 
 
 @task(name="ls", help={"json": "print JSON: stacks[].{stack, state, runsRunning, hourlyNow, spentMonth, ...}",

@@ -11,6 +11,7 @@ import subprocess
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from remote.agent.protocol import ACTIVE
 from remote.tasks.session import STACK_HELP, Session, say
 
@@ -25,9 +26,9 @@ def _gcp_config(stack: str | None):
         name = targets.select_stack(stack)
         cfg = config.load_stack(name)
     except config.ConfigError as e:
-        raise Exit(str(e), code=2) from None
+        raise Exit(str(e), code=ExitStatus.USAGE) from None
     if not cfg.is_gcp:
-        raise Exit(f"stack {name} is an SSH stack: gpu-train does not power your own hosts on or off", code=2)
+        raise Exit(f"stack {name} is an SSH stack: gpu-train does not power your own hosts on or off", code=ExitStatus.USAGE)
     return cfg
 
 
@@ -39,7 +40,7 @@ def _pulumi(commands: list[list[str]]) -> None:
         result = subprocess.run(argv, cwd=targets.REPO, stdin=subprocess.DEVNULL)
         if result.returncode != 0:
             raise Exit(f"`{' '.join(argv[:4])} ...` failed (exit {result.returncode}): see its output above; once fixed, "
-                       "run the task again (it is safe to repeat)", code=1)
+                       "run the task again (it is safe to repeat)", code=ExitStatus.FAILED)
 
 
 @task(name="vm-stop", help={"force": "stop even while a run is running or the host cannot be checked", "stack": STACK_HELP})
@@ -70,11 +71,11 @@ def vm_stop(c, force=False, stack=None):
     try:
         reason = power.refusal(running, unreachable, force, cfg.stack)
         if reason:
-            raise Exit(reason, code=1)
+            raise Exit(reason, code=ExitStatus.FAILED)
         failed = fetch_runs(session, runs, None, progress=False) if runs and session is not None else []
         if failed:
             raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was stopped (vm-stop --force to go on)",
-                       code=1)
+                       code=ExitStatus.FAILED)
     finally:
         if session is not None:
             session.close()
@@ -110,6 +111,6 @@ def vm_start(c, stack=None):
     try:  # a restarted VM may have a new address
         outputs = targets.stack_outputs(cfg.stack, targets.state_home() / cfg.stack, refresh=True)
     except config.ConfigError as e:
-        raise Exit(str(e), code=1) from None
+        raise Exit(str(e), code=ExitStatus.FAILED) from None
     print(f"started {cfg.stack} at {outputs.get('externalIp')}; runs it was running resume by themselves "
           f"(`fab status --stack {cfg.stack}`)")

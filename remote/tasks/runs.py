@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from typing import cast
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from remote.agent.protocol import SUCCEEDED
 from remote.tasks.render import render_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
@@ -45,7 +47,7 @@ def logs(c, run=None, follow=False, lines=50, node=0, all_=False, stack=None):
     sessions = session.nodes()
     trailers = on_every_node(sessions, lambda s: _stream_log(s, run, int(lines), follow, prefixed(s), out.flush))
     if failed := failures(trailers):
-        raise Exit("; ".join(failed), code=1)
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
     if follow:
         bad = [t for t in trailers if t["state"] != SUCCEEDED]
         _exit_with(bad[0] if bad else trailers[0])
@@ -60,9 +62,10 @@ def follow_to_end(session: Session, run: str) -> None:
     except KeyboardInterrupt:
         say(f"\ndetached: {run} goes on ({CLI} logs --follow --run {run} to watch it again, "
             f"{CLI} stop --run {run} to stop it)")
-        raise Exit(code=130) from None
+        raise Exit(code=ExitStatus.INTERRUPTED) from None
     session.close()
-    _exit_with(trailer)
+    if trailer is not None:
+        _exit_with(trailer)
 
 
 def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
@@ -91,9 +94,9 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
         if trailer is not None:
             return trailer
         if status not in (-1, 0) and ssh.START_MARK not in err:
-            raise Exit(_agent_error(err), code=1)
+            raise Exit(_agent_error(err), code=ExitStatus.FAILED)
         if not follow:
-            raise Exit(f"the connection dropped: {err.strip()}", code=1)
+            raise Exit(f"the connection dropped: {err.strip()}", code=ExitStatus.FAILED)
         if start is not None:
             offset = start + received
         say(f"{session.target.host}: connection lost; reconnecting ...")
@@ -105,9 +108,9 @@ def _exit_with(trailer: dict) -> None:
     state, code = trailer["state"], trailer["exitCode"]
     say(f"{trailer['runId']}: {state}" + (f", exit code {code}" if code is not None else ""))
     if code:
-        raise Exit(code=code if 0 < code < 256 else 1)
+        raise Exit(code=code if 0 < code < 256 else ExitStatus.FAILED)
     if state != SUCCEEDED:
-        raise Exit(code=1)
+        raise Exit(code=ExitStatus.FAILED)
 
 
 def _agent_error(err: str) -> str:
@@ -132,8 +135,8 @@ def cluster_status(session: Session, *args: str) -> dict:
     if len(docs) == 1:
         if isinstance(docs[0], Exit):
             raise docs[0]
-        return docs[0]
-    doc = aggregate_runs([None if isinstance(d, Exit) else d for d in docs])
+        return cast(dict, docs[0])
+    doc = aggregate_runs([None if isinstance(d, Exit) else cast(dict, d) for d in docs])
     doc["unreachable"] = failures(docs)
     return doc
 
@@ -170,7 +173,7 @@ def stop(c, run=None, grace=10, stack=None, json_=False):
         if not isinstance(doc, Exit) and not json_:
             print(f"{where}{doc['runId']}: {doc['state']} ({', '.join(doc['signals']) or 'no signal needed'})")
     if failed := failures(docs):
-        raise Exit("; ".join(failed), code=1)
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
 
 
 @task(help={"run": "run id or a unique prefix (default: the newest)",
@@ -184,13 +187,13 @@ def resume(c, run=None, grace=10, stack=None, json_=False):
     if not run:
         runs = session.call("status")["runs"]
         if not runs:
-            raise Exit("no runs on this host yet", code=1)
+            raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
         run = runs[-1]["id"]
     docs = on_every_node(sessions, lambda s: s.call("resume", "--run", run, "--grace", str(float(grace))))
     for s in sessions:
         s.close()
     if failed := failures(docs):
-        raise Exit("; ".join(failed), code=1)
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
     if json_:
         print(json.dumps({"runId": run, "nodes": len(sessions), "resumes": docs[0]["resumes"]}))
     else:

@@ -12,10 +12,17 @@ from pathlib import Path
 from invoke import Exit
 
 from gpu_train.config import ConfigError
+from gpu_train.errors import ExitStatus, outcome
 
 STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack)"
 # How the user called us, for the commands our messages suggest.
 CLI = "gpu-train" if Path(sys.argv[0]).name == "gpu-train" else "fab"
+
+
+def exit_for(error: BaseException) -> Exit:
+    """Invoke's Exit for an error: its message and exit status, as gpu_train.errors maps them."""
+    status, message = outcome(error)
+    return Exit(message, code=status)
 
 
 def say(text: str) -> None:
@@ -32,9 +39,9 @@ class Session:
             try:
                 cluster = targets.resolve(stack)
             except ConfigError as e:
-                raise Exit(str(e), code=2) from None
+                raise exit_for(e) from None
         if not 0 <= node < len(cluster.hosts):
-            raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=2)
+            raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=ExitStatus.USAGE)
         self.cluster = cluster
         self.target = cluster.for_node(node)
         self.node = node
@@ -56,10 +63,10 @@ class Session:
             self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say,
                                             vmprobe.probe(self.target.stack, self.target.vm, say), again)
         except ssh.HostKeyError as e:
-            raise Exit(str(e), code=3) from None
+            raise exit_for(e) from None
         except ssh.RemoteError as e:
             if not self.target.is_gcp:
-                raise Exit(str(e), code=3) from None
+                raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
             # The VM may have a new address (stopped and started): refresh the stack outputs once.
             self.cluster = targets.resolve(self.target.stack, refresh=True)
             self.target = self.cluster.for_node(self.node)
@@ -67,7 +74,8 @@ class Session:
                 self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
             except ssh.RemoteError as e2:
                 raise Exit(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
-                           f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)", code=3) from None
+                           f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)",
+                           code=ExitStatus.UNREACHABLE) from None
         if self.node == 0:
             self._alias()
         return self.conn
@@ -91,7 +99,7 @@ class Session:
         try:
             return ssh.call(self.connect(), self.target, *args)
         except ssh.RemoteError as e:
-            raise Exit(str(e), code=1) from None
+            raise exit_for(e) from None
 
     def close(self) -> None:
         if self.conn is not None:
@@ -109,7 +117,7 @@ def on_every_node(sessions: list[Session], work) -> list[object]:
         except Exit as e:
             results[i] = e
         except Exception as e:  # (a node's bug or lost connection fails that node only)
-            results[i] = Exit(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__, code=1)
+            results[i] = exit_for(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
     for t in threads:

@@ -6,16 +6,18 @@ import dataclasses
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.errors import ExitStatus
 from gpu_train.project import project_name, project_root
 from remote.target import state_home
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.runs import follow_to_end
-from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Session, exit_for, failures, on_every_node, say
 
 
 @task(
@@ -51,7 +53,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
 
     code_dir = Path(dir).expanduser().resolve() if dir else project_root()
     if not code_dir.is_dir():
-        raise Exit(f"--dir {code_dir}: no such directory", code=2)
+        raise Exit(f"--dir {code_dir}: no such directory", code=ExitStatus.USAGE)
     session = Session(stack, float(timeout) if timeout else None)
     cluster = session.cluster
     try:
@@ -66,13 +68,13 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), ps)
         specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
     except jobs.JobError as e:
-        raise Exit(str(e), code=2) from None
+        raise exit_for(e) from None
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
-            plan = sync.plan_code(code_dir, Path(scratch), [(project_root() / "runs", "fetched results"),
-                                                            (state_home(), None)])
+            plan = sync.plan_code(code_dir, Path(scratch), ((project_root() / "runs", "fetched results"),
+                                                            (state_home(), None)))
         except ssh.RemoteError as e:
-            raise Exit(str(e), code=2) from None
+            raise Exit(str(e), code=ExitStatus.USAGE) from None
         pushed = PushedManifests(cluster.cache)
         unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
         where = f" to {len(cluster.hosts)} nodes" if len(cluster.hosts) > 1 else ""
@@ -87,7 +89,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     if failed:
         launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, Exit)]
         on_every_node(launched, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
-        raise Exit("; ".join(failed), code=1)
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
     for h in cluster.hosts:
         pushed.set(h, base, plan.manifest)
     for s in sessions:
@@ -119,20 +121,21 @@ def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
                                agent_settings=target.agent_settings)
     conn = session.connect()
     with ChannelRelay(conn.transport) as relay:
-        def push() -> None:
+        def sync_code() -> None:
             sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh())
 
+        push: Callable[[], None] | None = sync_code
         deadline, delay = time.monotonic() + session.timeout, 5.0
         while True:
             try:
                 answer = ssh.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
             except ssh.RemoteError as e:
-                raise Exit(str(e), code=1) from None
+                raise Exit(str(e), code=ExitStatus.FAILED) from None
             if "waiting" not in answer:
                 return answer
             push = None  # the code is staged on the host; only the launch is retried
             if time.monotonic() > deadline:
-                raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=1)
+                raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=ExitStatus.FAILED)
             say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
             time.sleep(delay)
             delay = min(delay * 1.5, 30)

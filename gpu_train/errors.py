@@ -1,0 +1,48 @@
+"""What an error means to the person who ran a command: one base error that carries its problems,
+the exit statuses every entry point uses, and the one place that maps an error to both.
+
+Entry points (the fab tasks, the fab hook in remote/errors.py, scripts/plan, preflight, up) say
+``ExitStatus.X``, never a bare number, and turn an error into (status, message) with ``outcome``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Any
+
+
+class ExitStatus(IntEnum):
+    OK = 0
+    FAILED = 1  # the work was tried and failed: a host's error, a job that failed, a fetch that did not finish
+    USAGE = 2  # bad input (a stack, an option): nothing was created, copied or started
+    UNREACHABLE = 3  # no way to the host: SSH down, a host key that does not match, no key file
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    BROKEN_PIPE = 141  # the reader of our output went away (128 + SIGPIPE), as `yes | head` ends
+
+
+class GpuTrainError(Exception):
+    """An error the user can act on: its message says what is wrong and how to fix it.
+
+    ``problems`` are the lines of it (one per thing wrong); ``status`` is the exit status it means.
+    """
+
+    status: ExitStatus = ExitStatus.FAILED
+
+    def __init__(self, message: str = "", problems: Sequence[Any] = ()):
+        self.problems: list[Any] = list(problems)
+        super().__init__(message or "\n".join(map(str, self.problems)))
+
+
+def outcome(error: BaseException) -> tuple[ExitStatus, str]:
+    """The exit status and the message for an error that ended a command (the one mapping)."""
+    if isinstance(error, GpuTrainError):
+        return error.status, str(error)
+    if isinstance(error, KeyboardInterrupt):
+        return ExitStatus.INTERRUPTED, "interrupted"
+    if isinstance(error, BrokenPipeError):
+        return ExitStatus.BROKEN_PIPE, ""
+    text = str(error).strip() or type(error).__name__
+    if len(text) > 2000:
+        text = text[:2000] + " ..."
+    return ExitStatus.FAILED, f"{text} ({type(error).__name__}; GPU_TRAIN_DEBUG=1 shows where)"

@@ -1,0 +1,36 @@
+"""One mapping from an error to its exit status and message, for every entry point."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_train.config import ConfigError, Problem
+from gpu_train.errors import ExitStatus, GpuTrainError, outcome
+from gpu_train.jobs import JobError
+from remote.ssh import HostKeyError, KeyFileError, RemoteError
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "words"),
+    [
+        (ConfigError([Problem("zone", "is required", "set it")], "s"), ExitStatus.USAGE, "gpu-train:zone: is required"),
+        (JobError("--name 1x: use letters"), ExitStatus.USAGE, "--name 1x"),
+        (RemoteError("the agent failed on h"), ExitStatus.FAILED, "the agent failed on h"),
+        (HostKeyError("the host key of h changed"), ExitStatus.UNREACHABLE, "changed"),
+        (KeyFileError("no private key at /k"), ExitStatus.UNREACHABLE, "/k"),
+        (KeyboardInterrupt(), ExitStatus.INTERRUPTED, "interrupted"),
+        (KeyError("x"), ExitStatus.FAILED, "(KeyError; GPU_TRAIN_DEBUG=1 shows where)"),
+        (ValueError("y" * 5000), ExitStatus.FAILED, "y ... (ValueError"),
+    ],
+)
+def test_outcome(error: BaseException, status: ExitStatus, words: str) -> None:
+    got_status, message = outcome(error)
+    assert got_status == status and words in message
+
+
+def test_a_base_error_carries_its_problems() -> None:
+    problems = [Problem("zone", "is required"), Problem("nodes", "at most 256")]
+    error = ConfigError(problems, "s")
+    assert isinstance(error, GpuTrainError) and isinstance(error, ValueError)
+    assert error.problems == problems and "2 problems" in str(error)
+    assert GpuTrainError(problems=["a", "b"]).problems == ["a", "b"] and str(GpuTrainError(problems=["a", "b"])) == "a\nb"
