@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from gpu_train.catalog import ZONE_PATTERN, Catalog
 from gpu_train.shape_rules import nearest_regions
 
-STOCKOUT, REGIONAL_QUOTA, GLOBAL_QUOTA, NOT_OFFERED, CONFIG, TRANSIENT, UNKNOWN = (
-    "stockout", "regional-quota", "global-quota", "not-offered", "config", "transient", "unknown")  # fmt: skip
+STOCKOUT, REGIONAL_QUOTA, GLOBAL_QUOTA, NOT_OFFERED, CONFIG, TRANSIENT, PREFERENCE_EXISTS, UNKNOWN = (
+    "stockout", "regional-quota", "global-quota", "not-offered", "config", "transient", "preference-exists",
+    "unknown")  # fmt: skip
 ZONE_RE = ZONE_PATTERN
 
 
@@ -40,6 +41,8 @@ def classify(text: str) -> Failure:
     """
     if m := re.search(r"\[[^\]]*\] features are not compatible[^\n]*", text):
         return Failure(CONFIG, m.group(0).strip())
+    if m := re.search(r"Error creating QuotaPreference: [^\n]*(already exists|Error 409)[^\n]*", text):
+        return Failure(PREFERENCE_EXISTS, m.group(0).strip())
     if m := re.search(r"The resource '[^']*acceleratorTypes/[^']*' was not found", text):
         return Failure(NOT_OFFERED, m.group(0))
     if m := re.search(r"Machine type with name '[^']*' does not exist in zone '[^']*'", text):

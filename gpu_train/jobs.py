@@ -95,7 +95,8 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
     try:
         argv = tuple(shlex.split(args or ""))
     except ValueError as e:
-        raise JobError(f"--args: {e} (quote it as a shell would: --args \"--name 'it s'\")") from None
+        raise JobError(f"--args {args[:80]!r}: {e.args[0].lower()}; the arguments are split as a shell would, "
+                       "so close each quote (an apostrophe inside double quotes: --args \"--title \\\"it's\\\"\")") from None
     return JobSpec(run_id=run, base=base, script=script, command=command, args=argv,
                    env=parse_env(env), python=python, expect_gpus=expect_gpus)
 

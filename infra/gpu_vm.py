@@ -34,6 +34,41 @@ class GpuVmArgs:
     node_shapes: tuple[GpuShape, ...] = ()  # one per node; empty: every node has ``shape``
 
 
+def existing_boot_image(cfg: StackConfig, instance_name: str, parent: pulumi.Resource) -> str | None:
+    """The image the existing instance ``instance_name`` booted from (its boot disk's source image, a
+    self link), or None when there is no such instance yet. The data source fails with
+    "projects/P/zones/Z/instances/N not found" on a 404 (the provider's HandleDataSourceNotFoundError);
+    any other failure (permissions, API disabled) is the user's to see, not a first `up`."""
+    try:
+        found = gcp.compute.get_instance(name=instance_name, zone=cfg.zone, project=cfg.project,
+                                         opts=pulumi.InvokeOptions(parent=parent))
+    except Exception as e:
+        if f"/instances/{instance_name} not found" in str(e):
+            return None
+        raise
+    params = found.boot_disks[0].initialize_params if found.boot_disks else []
+    return (params[0].image or None) if params else None
+
+
+def boot_disk_size(cfg: StackConfig, image_gb: int | None, image: str) -> int:
+    """The boot disk size to declare: bootDiskSizeGb, refused (naming the setting and the fix) where
+    ``image`` needs more, since Compute Engine would fail the instance halfway through `up`."""
+    if image_gb and cfg.boot_disk_size_gb < image_gb:
+        raise ValueError(
+            f"gpu-train:bootDiskSizeGb = {cfg.boot_disk_size_gb}: {image} needs at least {image_gb} GB; "
+            f"fix: pulumi config set gpu-train:bootDiskSizeGb {max(image_gb, 200)}"
+        )
+    return cfg.boot_disk_size_gb
+
+
+def image_project_and_name(link: str) -> tuple[str | None, str]:
+    """(project, name) of an image self link (".../projects/P/global/images/N"); a bare name has no project."""
+    parts = link.rstrip("/").split("/")
+    if "projects" in parts and "images" in parts:
+        return parts[parts.index("projects") + 1], parts[-1]
+    return None, parts[-1]
+
+
 class GpuVm(pulumi.ComponentResource):
     instance: gcp.compute.Instance
     image: pulumi.Output[str]
@@ -78,17 +113,9 @@ class GpuVm(pulumi.ComponentResource):
 
         # Resolved at `up` time from the family, then pinned: the instance ignores later changes of
         # the family's newest image, so a re-run of `pulumi up` never replaces the VM (and its disk).
-        image = gcp.compute.get_image_output(
+        newest = gcp.compute.get_image_output(
             family=cfg.image_family, project=cfg.image_project, opts=pulumi.InvokeOptions(parent=self)
         )
-
-        def disk_size(image_gb: int | None) -> int:
-            if image_gb and cfg.boot_disk_size_gb < image_gb:
-                raise ValueError(
-                    f"gpu-train:bootDiskSizeGb = {cfg.boot_disk_size_gb}: the image {cfg.image_family} needs "
-                    f"at least {image_gb} GB; fix: pulumi config set gpu-train:bootDiskSizeGb {max(image_gb, 200)}"
-                )
-            return cfg.boot_disk_size_gb
 
         catalog = args.catalog
         shapes = list(args.node_shapes) or [shape] * cfg.nodes
@@ -118,6 +145,9 @@ class GpuVm(pulumi.ComponentResource):
 
         metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp, args.startup_template)
         instance_names = vm.node_names(cfg.stack, cfg.nodes)
+        # Each node's boot disk against the image it boots: an existing node keeps the image of its own
+        # first `up` (nodes added later get the newest), so a bigger newest image refuses no one.
+        boot_images = [self._boot_image(cfg, instance_name, newest) for instance_name in instance_names]
         self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type))
                            for i in range(cfg.nodes)]
         self.instances = [
@@ -130,8 +160,8 @@ class GpuVm(pulumi.ComponentResource):
                 boot_disk={
                     "auto_delete": True,
                     "initialize_params": {
-                        "image": image.self_link,
-                        "size": image.disk_size_gb.apply(disk_size),
+                        "image": boot_images[i][0],
+                        "size": boot_images[i][1],
                         "type": boot_disk_type(cfg, shapes[i].machine_type, catalog),
                     },
                 },
@@ -188,6 +218,19 @@ class GpuVm(pulumi.ComponentResource):
             "dataDiskMonthlyCostUsd": vm.data_disk_monthly_cost(cfg, catalog),
         }
         self.register_outputs(self.outputs)
+
+    def _boot_image(self, cfg: StackConfig, instance_name: str,
+                    newest: pulumi.Output[gcp.compute.GetImageResult]) -> tuple[pulumi.Input[str], pulumi.Input[int]]:
+        """The image ``instance_name`` boots and its checked boot disk size: the image its boot disk was
+        created from where the instance exists already, else the family's newest (its first `up`)."""
+        pinned = existing_boot_image(cfg, instance_name, self)
+        if pinned is None:
+            return newest.self_link, newest.disk_size_gb.apply(
+                lambda gb: boot_disk_size(cfg, gb, f"the image family {cfg.image_family}"))
+        project, image_name = image_project_and_name(pinned)
+        image = gcp.compute.get_image(name=image_name, project=project, opts=pulumi.InvokeOptions(parent=self))
+        return pinned, boot_disk_size(
+            cfg, image.disk_size_gb, f"the image {image_name} that {instance_name} runs (pinned at its first up)")
 
     def _data_disk(self, name: str, cfg, node: int, disk_type: str) -> gcp.compute.Disk:
         """Node ``node``'s data disk (REMOTE_ROOT/runs). ``protect``: neither `pulumi destroy` nor a change

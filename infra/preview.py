@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import pulumi
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_root_resource
@@ -25,6 +26,21 @@ MOCK_INTERNAL_IP = "10.128.0.2"
 MOCK_IMAGE_DISK_GB = 50
 
 
+class ProviderError(grpc.RpcError):
+    """A provider's failed invoke as the engine hands it back: a gRPC error whose details are the
+    provider's text (the SDK turns it into "invoke of TOKEN failed: TEXT", as on a real `up`)."""
+
+    def __init__(self, details: str):
+        super().__init__(details)
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNKNOWN
+
+    def details(self) -> str:
+        return self._details
+
+
 @dataclass
 class Declared:
     typ: str
@@ -32,6 +48,7 @@ class Declared:
     inputs: dict[str, Any]
     provider: str = ""  # the provider reference (URN::id) a resource was declared with, "" for the default
     protect: bool = False
+    retain_on_delete: bool = False
 
 
 @dataclass
@@ -45,9 +62,11 @@ class Recorder(pulumi.runtime.Mocks):
     # The image an existing VM's boot disk was created from (what the provider reads back after the
     # first `up`, whatever the family's newest is now); None: the VM is new.
     pinned_image: str | None = None
+    pinned_image_disk_gb: int = MOCK_IMAGE_DISK_GB  # the pinned image's own minimum disk size
     resources: list[Declared] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (invoke token, provider reference)
     protected: dict[tuple[str, str], bool] = field(default_factory=dict)
+    retained: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
@@ -73,11 +92,16 @@ class Recorder(pulumi.runtime.Mocks):
                 boot["initializeParams"] = {**boot.get("initializeParams", {}), "image": self.pinned_image}
                 outputs["bootDisk"] = boot
         protect = self.protected.get((args.typ, args.name), False)
-        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect))
+        retain = self.retained.get((args.typ, args.name), False)
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect, retain))
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> Any:  # a dict, or (dict, failures) as Mocks allows
         self.calls.append((args.token, args.provider or ""))
+        if args.token == "gcp:compute/getInstance:getInstance":
+            return self._instance(args.args)
+        if args.token == "gcp:compute/getImage:getImage" and args.args.get("name"):
+            return self._image_by_name(args.args)
         if args.token == "gcp:compute/getImage:getImage":
             family, project = args.args.get("family"), args.args.get("project")
             name = f"{family}-v20260416"
@@ -91,12 +115,35 @@ class Recorder(pulumi.runtime.Mocks):
             return {"dimensionsInfos": quota_infos(args.args.get("quotaId", ""), self.quota_values)}
         return {}
 
+    def _instance(self, given: dict) -> dict:
+        """An existing instance (``pinned_image`` set) as the data source reads it back, else the
+        provider's 404 (terraform-provider-google's HandleDataSourceNotFoundError: "<id> not found",
+        wrapped by the bridge)."""
+        name, zone, project = given.get("name"), given.get("zone"), given.get("project") or "project"
+        if not self.pinned_image:
+            raise ProviderError("invoking gcp:compute/getInstance:getInstance: 1 error occurred:\n"
+                            f"\t* projects/{project}/zones/{zone}/instances/{name} not found")
+        return {"name": name, "zone": zone, "project": project,
+                "bootDisks": [{"initializeParams": [{"image": self.pinned_image}]}]}
+
+    def _image_by_name(self, given: dict) -> dict:
+        """An image looked up by name: the pinned one (of its own size); any other name is a 404."""
+        name, project = given["name"], given.get("project") or "project"
+        link = f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{name}"
+        if link != self.pinned_image:
+            raise ProviderError("invoking gcp:compute/getImage:getImage: 1 error occurred:\n"
+                            f"\t* Error retrieving image {name}: googleapi: Error 404: The resource "
+                            f"'projects/{project}/global/images/{name}' was not found, notFound")
+        return {"name": name, "selfLink": link, "diskSizeGb": self.pinned_image_disk_gb}
+
 
 class _Monitor(MockMonitor):
-    """The mock monitor, also noting each registration's ``protect`` option (MockResourceArgs leaves it out)."""
+    """The mock monitor, also noting each registration's ``protect`` and ``retain_on_delete`` options
+    (MockResourceArgs leaves them out)."""
 
     def RegisterResource(self, request):
         self.mocks.protected[(request.type, request.name)] = bool(request.protect)
+        self.mocks.retained[(request.type, request.name)] = bool(request.retainOnDelete)
         return super().RegisterResource(request)
 
 
@@ -132,6 +179,7 @@ def run(
     image_disk_gb: int = MOCK_IMAGE_DISK_GB,
     quota_values: dict[str, int | list[dict]] | None = None,
     pinned_image: str | None = None,
+    pinned_image_disk_gb: int = MOCK_IMAGE_DISK_GB,
 ) -> Preview:
     """Run ``program`` as ``pulumi up`` would, under mocks; collect its resources and stack outputs.
 
@@ -139,7 +187,8 @@ def run(
     assertion inside one would pass silently). A program error is returned, not raised, the way
     ``pulumi up`` reports it.
     """
-    recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {}, pinned_image=pinned_image)
+    recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {}, pinned_image=pinned_image,
+                        pinned_image_disk_gb=pinned_image_disk_gb)
     pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False, monitor=_Monitor(recorder))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
     root: Any = get_root_resource()  # the mock runtime's root Stack (its outputs dict is what we read)

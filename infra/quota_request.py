@@ -15,7 +15,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import quota
+from gpu_train import names, quota
 from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.validate import GpuShape
@@ -54,6 +54,7 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
         suffix = "-".join([quota_id.lower(), *dims.values()])
         declared.append(gcp.cloudquota.SQuotaPreference(
             f"quota-{suffix}",
+            name=preference_id(str(pref["quota_id"]), dims),
             parent=parent_path,
             service=quota.SERVICE,
             quota_id=quota_id,
@@ -61,6 +62,13 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
             quota_config={"preferred_value": preferred},
             justification=request["justification"],
             contact_email=request["contactEmail"],
-            opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api]),
+            # Cloud Quotas cannot delete a preference (the provider only forgets it): say so, and keep it.
+            opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api], retain_on_delete=True),
         ))
     return declared
+
+
+def preference_id(quota_id: str, dimensions: dict[str, str]) -> str:
+    """The preference's id, the same for every `up` of every stack of the project that asks for this quota
+    (``gpu-train-QUOTA-DIMENSIONS``): asked twice, Cloud Quotas answers that it exists, never makes two."""
+    return names.rfc1035("-".join(["gpu-train", quota_id.lower(), *dimensions.values()]), 63)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import socket
@@ -40,22 +41,31 @@ class ChannelRelay:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
+        # A lost connection (the host went down mid-sync) ends the relay quietly: rsync sees its
+        # stream close and reports the failure itself, which the task turns into that node's error.
         reader = client.makefile("rb")
-        command = json.loads(reader.readline())
-        chan = self.transport.open_session()
-        chan.exec_command(command)
+        chan = None
+        try:
+            command = json.loads(reader.readline())
+            chan = self.transport.open_session()
+            chan.exec_command(command)
 
-        def upstream() -> None:
-            while data := reader.read1(65536):
-                chan.sendall(data)
-            chan.shutdown_write()
+            def upstream() -> None:
+                with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                    while data := reader.read1(65536):
+                        chan.sendall(data)
+                    chan.shutdown_write()
 
-        threading.Thread(target=upstream, daemon=True).start()
-        while data := chan.recv(65536):
-            client.sendall(data)
-        client.shutdown(socket.SHUT_WR)  # rsync reports the far side's errors through its own protocol
-        client.close()
-        chan.close()
+            threading.Thread(target=upstream, daemon=True).start()
+            while data := chan.recv(65536):
+                client.sendall(data)
+            client.shutdown(socket.SHUT_WR)  # rsync reports the far side's errors through its own protocol
+        except (OSError, EOFError, ValueError, paramiko.SSHException):
+            pass
+        finally:
+            client.close()
+            if chan is not None:
+                chan.close()
 
     def close(self) -> None:
         self._listener.close()

@@ -8,11 +8,13 @@ only read; a changed key is a hard error. OpenSSH (rsync, ``fab ssh``) reads the
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import select
 import shlex
@@ -33,6 +35,9 @@ from remote.agent.protocol import LOG_END, LOG_START
 from remote.target import Target
 
 Say = Callable[[str], None]
+# paramiko logs a lost connection ("Socket exception: ...") through logging's last-resort handler,
+# onto the user's terminal; the tasks say what failed themselves.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 START_MARK = LOG_START
 END_MARK = LOG_END
 
@@ -332,13 +337,16 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
     the host first tries to reuse the last run's code, and the sync runs only if it cannot.
     Without ``sync`` (code already staged) it launches at once.
     """
-    command = agent_command(target.remote_root, "launch", spec, *(["--await-go"] if sync else []))
+    # The spec (with the job's --env values) goes on the channel's stdin: a command line is readable
+    # by every user of the host in /proc.
+    command = agent_command(target.remote_root, "launch", "-", *(["--await-go"] if sync else []))
     opened: dict[str, object] = {}
 
     def open_channel() -> None:
         try:
             chan = conn.client.get_transport().open_session()
             chan.exec_command(command)
+            chan.sendall(spec.encode() + b"\n")
             opened["chan"] = chan
         except Exception as e:
             opened["error"] = e
@@ -358,14 +366,24 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
     out = chan.makefile("rb")
     try:
         if sync is not None:
-            first = _answer(out.readline(), chan) if failure is None else {}
+            # The agent's first word even when the sync failed: a refusal (REMOTE_ROOT not ours, a
+            # busy name) explains the failed sync better than rsync's exit code.
+            line = out.readline()
+            if failure is not None:
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    if "error" in (said := json.loads(line)):
+                        raise RemoteError(said["error"])
+                first = {}
+            else:
+                first = _answer(line, chan)
             if failure is None and "ready" in first and reuse and not first.get("reused"):
                 try:
                     sync()
                 except BaseException as e:
                     failure = e
             if failure is not None:
-                chan.sendall(b"abort\n")
+                with contextlib.suppress(OSError):
+                    chan.sendall(b"abort\n")
                 raise failure
             if "ready" not in first:
                 return first  # waiting for the driver: the code stays staged for the next try

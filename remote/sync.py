@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_train.config import SshHost
+from remote.agent.bundle import GUARD
 from remote.ssh import RemoteError, openssh_options
 from remote.target import Target
 
@@ -110,6 +111,15 @@ def git_ignored(directory: Path) -> list[str] | None:
     return ["/" + rsync_literal(p) for p in names if p]
 
 
+def guard_command(target: Target) -> str:
+    """A shell command that checks REMOTE_ROOT is the login user's alone (creating it 0700), as the
+    agent does, so that rsync writes nothing into a root another user made or can write. The sync
+    runs alongside the agent's start, so it cannot wait for the agent's word."""
+    check = GUARD + ("\nimport sys\ntry:\n    secure_root(sys.argv[1])\nexcept (UnsafeRoot, OSError) as e:\n"
+                     "    sys.exit('gpu-train: %s' % e)\n")
+    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; "$p" -S -c {shlex.quote(check)} {shlex.quote(target.remote_root)}'
+
+
 def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: str, exclude_from: Path | None,
                  git_mode: bool, rsh: str | None = None) -> list[str]:
     """rsync the code into REMOTE_ROOT/staging/RUN, hard-linking files unchanged since the last run.
@@ -118,7 +128,8 @@ def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: st
     """
     root = target.rsync_root()
     mkdir = shlex.join(["mkdir", "-p", f"{root}/staging"])  # older rsyncs lack --mkpath
-    cmd = ["rsync", "-a", "--delete", PROTECT, "-e", rsh or ssh_command(target, host), f"--rsync-path={mkdir} && rsync",
+    cmd = ["rsync", "-a", "--delete", PROTECT, "-e", rsh or ssh_command(target, host),
+           f"--rsync-path={guard_command(target)} && {mkdir} && rsync",
            f"--link-dest=../../code/{base}.last", *code_filters([] if git_mode else None)]
     if exclude_from is not None:
         cmd.append(f"--exclude-from={exclude_from}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field, replace
@@ -72,9 +73,15 @@ class Target:
         return self.remote_root[2:] if self.remote_root.startswith("~/") else self.remote_root
 
 
+STACK_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # Pulumi's rule; it names local folders too
+
+
 def select_stack(stack: str | None) -> str:
     """--stack, else $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack."""
     chosen = stack or os.environ.get("GPU_TRAIN_STACK")
+    if chosen and not STACK_NAME_RE.fullmatch(chosen):
+        raise ConfigError([Problem("stack", f"{config.shown(chosen)} is not a stack name",
+                                   "letters, digits, '_', '.' and '-', starting with a letter or digit")])
     if chosen:
         return chosen
     own = project.stack_names([project.project_root() / "stacks"])

@@ -164,3 +164,16 @@ def test_the_startup_script_mounts_the_data_disk_on_remote_root(root: str, rende
     assert rendered in script and "DATA_USER=trainer\n" in script
     assert f"DATA_DEV=/dev/disk/by-id/google-{vm.DATA_DEVICE_NAME}\n" in script
     assert script.index("# --- gpu-train: the data disk") < script.index("gpu-train-boot.service <<UNIT")
+
+
+def test_quota_preferences_have_fixed_ids_and_outlive_a_destroy() -> None:
+    """Cloud Quotas cannot delete a preference: each is declared retain_on_delete, under an id that every
+    `up` (of any stack of the project) gives it again, so a re-up never makes a second one."""
+    request = {"gpus": "8", "justification": "training", "contactEmail": "me@example.com"}
+    raw = dict(quotaRequest=request, machineType="a3-highgpu-8g", gpuType=None, gpuCount=None)
+    runs = [preview.run(program.main, stack=stack, config=gcp_raw(**raw)) for stack in ("s", "other")]
+    ids = [sorted(p.inputs["name"] for p in r.of_type("SQuotaPreference")) for r in runs]
+    assert ids[0] == ids[1] == ["gpu-train-gpus-all-regions-per-project",
+                                "gpu-train-gpus-per-gpu-family-per-project-region-us-cent-52eece"]
+    assert all(p.retain_on_delete and not p.protect for p in runs[0].of_type("SQuotaPreference"))
+    assert not any(r.retain_on_delete for r in runs[0].resources if not r.typ.endswith("SQuotaPreference"))

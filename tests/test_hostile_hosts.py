@@ -7,20 +7,28 @@ agent calls get crafted documents, rsync runs for real (so a fetch would really 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shlex
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLE, Lab
+from remote.loopback import Sshd
+from tests.conftest import EXAMPLE, FAB, Lab
 
 LAB_ADDRESS = "127.0.10.2"  # this suite's loopback addresses are 127.0.10.x (the `lab` fixture reads it)
 
 
 def no_traceback(result: subprocess.CompletedProcess) -> None:
-    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout, "\n" + result.stderr
 
 
 def files_under(root: Path) -> set[str]:
@@ -53,6 +61,28 @@ def test_hostile_stack_values_run_nothing(lab: Lab, setting: str, value: str, wo
     no_traceback(result)
     assert not mark.exists() and not lab.remote.exists()
     assert files_under(lab.home) == before  # no ssh config entry, no known_hosts line
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["train", "--command", "true", "--nproc", "abc"], "--nproc"),
+    (["train", "--command", "true", "--port", "abc"], "--port"),
+    (["train", "--command", "true", "--timeout", "abc"], "--timeout"),
+    (["train", "--script", "train.py", "--args", "it's"], "--args"),
+    (["logs", "--lines", "x"], "--lines"),
+    (["fetch", "--run", "../../x"], "--run"),
+    (["fetch", "--run", "$(touch MARK)"], "--run"),
+    (["logs", "--run", "../x"], "--run"),
+    (["stop", "--run", "a/b"], "--run"),
+])
+def test_bad_options_are_messages(lab: Lab, args: list[str], words: str) -> None:
+    mark = lab.tmp / "MARK"
+    args = [a.replace("MARK", str(mark)) for a in args]
+    if args[0] == "train":
+        args += ["--dir", str(EXAMPLE)]
+    result = lab.fab(*args)
+    assert result.returncode != 0 and words in result.stderr, result.stderr
+    no_traceback(result)
+    assert not mark.exists() and not (lab.cwd / "runs").exists()
 
 
 def test_a_file_that_is_not_a_key_is_said_at_once(lab: Lab) -> None:
@@ -99,3 +129,261 @@ def fab_argv(lab: Lab) -> list[str]:
     from tests.conftest import FAB, ROOT
 
     return [FAB, "--search-root", str(ROOT)]
+
+
+# -- a lying host -------------------------------------------------------------------------------
+LIAR = r'''import json, os, sys
+doc_path, log_path = sys.argv[1:3]
+cmd = os.environ.get("SSH_ORIGINAL_COMMAND", "")
+with open(log_path, "a") as f:
+    f.write(cmd[:300].replace("\n", " ") + "\n")
+if "rsync --server" in cmd or "fetch-serve" in cmd:  # bulk data: the real thing
+    os.execvp("sh", ["sh", "-c", cmd])
+with open(doc_path) as f:
+    print(f.read())
+'''
+
+
+class Liar:
+    """The lab's sshd, its key bound to a forced command answering crafted documents."""
+
+    def __init__(self, lab: Lab):
+        self.lab = lab
+        self.doc = lab.tmp / "liar.json"
+        self.log = lab.tmp / "liar.log"
+        script = lab.tmp / "liar.py"
+        script.write_text(LIAR)
+        keys = lab.sshd.dir / "authorized_keys"
+        command = f"{sys.executable} {script} {self.doc} {self.log}"
+        keys.write_text(f'command="{command}" {keys.read_text().strip()}\n')  # read by sshd at each login
+
+    def answer(self, *runs: dict) -> None:
+        self.doc.write_text(json.dumps({"root": str(self.lab.remote), "runs": list(runs), "gpus": [], "uptimeS": 1,
+                                        "host": "liar", "agent": {}, "now": 0}))
+
+
+def lying_run(run_id: object, job_dir: str, state: str = "succeeded") -> dict:
+    return {"id": run_id, "base": "x", "state": state, "exitCode": 0, "jobDir": job_dir, "log": "",
+            "lastLine": "", "resumes": 0, "preemptions": 0, "created": 1, "durationS": 1,
+            "jobSummary": {"files": 1, "bytes": 1, "newestNs": 1}}
+
+
+@pytest.fixture
+def liar(lab: Lab) -> Liar:
+    lab.fab("status", check=True)  # learn the host key from the honest host first
+    return Liar(lab)
+
+
+LYING_IDS = ["../../../victim3/planted", "ok/../../../../victim3/planted", "..", "/tmp/abs", "a" * 500, 12, None]
+TASKS_TAKING_IDS = [["fetch", "--all"], ["down"], ["fetch", "--watch", "--interval", "0.1"], ["fetch", "--all-nodes"],
+                    ["resume"], ["stop"], ["status"]]
+
+
+@pytest.mark.parametrize(("task", "bad_id"), [(["fetch"], i) for i in LYING_IDS] +
+                         [(t, LYING_IDS[0]) for t in TASKS_TAKING_IDS])
+def test_lying_run_ids_write_nothing(lab: Lab, liar: Liar, task: list[str], bad_id: object) -> None:
+    secrets = lab.tmp / "host-secrets"
+    secrets.mkdir()
+    (secrets / "id_rsa").write_text("secret")
+    liar.answer(lying_run(bad_id, str(secrets)))
+    victim = lab.tmp / "victim3"
+    before = files_under(lab.tmp) - files_under(lab.cwd)
+    result = lab.fab(*task)
+    no_traceback(result)
+    assert result.returncode != 0 and "not a run id" in result.stderr, result.stderr
+    assert not victim.exists() and not (lab.cwd / "runs").exists()
+    after = files_under(lab.tmp) - files_under(lab.cwd)
+    assert {p for p in after - before if not p.startswith(("home", "sshd", "liar"))} == set()
+    assert "rsync" not in liar.log.read_text() and "fetch-serve" not in liar.log.read_text()
+
+
+def test_lying_job_dir_is_ignored_and_fetched_modes_are_safe(lab: Lab, liar: Liar) -> None:
+    secrets = lab.tmp / "host-secrets"
+    secrets.mkdir()
+    (secrets / "id_rsa").write_text("secret")
+    job = lab.remote / "runs" / "planted_1" / "job"
+    job.mkdir(parents=True)
+    (job / "real.txt").write_text("ok")
+    os.chmod(job / "real.txt", 0o6777)
+    (job / "escape").symlink_to("/etc/passwd")
+    liar.answer(lying_run("planted_1", str(secrets)))
+    result = lab.fab("fetch")
+    no_traceback(result)
+    assert result.returncode == 0, result.stderr
+    local = lab.cwd / "runs" / "lab" / "planted_1"
+    assert sorted(p.name for p in local.iterdir()) == ["real.txt"]  # not the host's secrets, no escaping link
+    mode = stat.S_IMODE((local / "real.txt").stat().st_mode)
+    assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWGRP | stat.S_IWOTH), oct(mode)
+    assert str(secrets) not in liar.log.read_text()
+
+
+# -- another user on the host -------------------------------------------------------------------
+ATTACKER = "gtattack10"
+SCANNER = r'''import base64, os, sys, time
+secret_file, out, stop = sys.argv[1:4]
+with open(secret_file) as f:
+    secret = f.read()
+hits = {}
+while not os.path.exists(stop):
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            seen = list(args)
+            for a in args:  # base64 hides nothing
+                try:
+                    seen.append(base64.b64decode(a, validate=True))
+                except ValueError:
+                    pass
+            if any(secret.encode() in a for a in seen):
+                hits[pid] = b" ".join(args).decode("utf-8", "replace")[:300]
+    time.sleep(0.01)
+with open(out, "w") as f:
+    f.write("".join(line + "\n" for line in hits.values()))
+'''
+
+
+@pytest.fixture
+def attacker(tmp_path: Path):
+    """A second local user, created for the test and removed after it."""
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to create a second user")
+    subprocess.run(["userdel", "-r", ATTACKER], capture_output=True, check=False)
+    subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", ATTACKER], check=True)
+    shared = Path(tempfile.mkdtemp(prefix="gpu-train-shared-", dir="/tmp"))
+    shared.chmod(0o1777)  # like /tmp itself
+    yield shared
+    subprocess.run(["pkill", "-u", ATTACKER], check=False)
+    subprocess.run(["userdel", ATTACKER], check=False)
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def as_attacker(*argv: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", ATTACKER, "--", *argv], check=True, **kw)
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o777])
+def test_a_root_another_user_made_first_is_refused(lab: Lab, attacker: Path, mode: int) -> None:
+    root = attacker / "gpu-train"
+    mark = attacker / "ran-as-victim"
+    as_attacker("mkdir", "-p", str(root / "bin"))
+    planted = root / "bin" / "gpu-train-agent"
+    as_attacker("sh", "-c", f"printf '#!/bin/sh\\ntouch {mark}\\n' > {planted}; chmod 777 {planted} {root / 'bin'}; "
+                f"chmod {mode:o} {root}")
+    stack = lab.stacks / "Pulumi.lab.yaml"
+    stack.write_text(stack.read_text().replace(str(lab.remote), str(root)))
+    for args in (["train", "--dir", str(EXAMPLE), "--command", "true"], ["status"], ["resume"], ["setup"]):
+        result = lab.fab(*args)
+        assert result.returncode != 0 and f"remoteRoot {root} belongs to {ATTACKER}" in result.stderr, result.stderr
+        no_traceback(result)
+    assert not mark.exists()
+    assert {p.owner() for p in root.rglob("*")} == {ATTACKER}  # nothing of ours was written there
+
+
+def test_a_symlinked_or_open_root_is_refused(lab: Lab, attacker: Path) -> None:
+    target = attacker / "elsewhere"
+    target.mkdir()
+    link = attacker / "link"
+    link.symlink_to(target)
+    open_root = attacker / "open"
+    open_root.mkdir(mode=0o777)
+    open_root.chmod(0o777)
+    for root, words in ((link, "is a symbolic link"), (open_root, "writable by group or others")):
+        stack = lab.stacks / "Pulumi.lab.yaml"
+        stack.write_text(stack.read_text().replace(str(lab.remote), str(root)))
+        lab.remote = root
+        result = lab.fab("status")
+        assert result.returncode != 0 and words in result.stderr, result.stderr
+    assert not list(target.iterdir()) and not list(open_root.iterdir())
+
+
+def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker: Path) -> None:
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    work = attacker / "scan"
+    work.mkdir()
+    work.chmod(0o777)
+    (work / "scan.py").write_text(SCANNER)
+    stop, out = work / "stop", work / "hits"
+    (work / "secret").write_text(secret)  # not on the scanner's own command line
+    scanner = subprocess.Popen(["runuser", "-u", ATTACKER, "--", "/usr/bin/python3", str(work / "scan.py"),
+                                str(work / "secret"), str(out), str(stop)])
+    try:
+        run = lab.train("--dir", str(EXAMPLE), "--command", 'printf %s "$WANDB_API_KEY" | sha256sum > "$JOB_DIR/h"; '
+                        "sleep 1", "--env", f"WANDB_API_KEY={secret}", "--name", "secret")
+        assert lab.wait(run)["state"] == "succeeded"
+        job_hash = (lab.remote / "runs" / run / "job" / "h").read_text().split()[0]
+        assert job_hash == hashlib.sha256(secret.encode()).hexdigest()  # the job got it
+    finally:
+        stop.touch()
+        scanner.wait(timeout=30)
+    # No process on the host showed the secret in its command line (the laptop's own `fab train
+    # --env ...` shares this machine in the test: the user typed it there).
+    assert [line for line in out.read_text().splitlines() if FAB not in line] == []
+    run_dir = lab.remote / "runs" / run
+    assert stat.S_IMODE(lab.remote.stat().st_mode) == 0o700
+    for path in (run_dir / "spec.json", run_dir / "log", run_dir / "state.json"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert secret not in (lab.remote / "agent.log").read_text() if (lab.remote / "agent.log").exists() else True
+
+
+# -- a cluster starts whole or not at all ---------------------------------------------------------
+@pytest.mark.e2e
+def test_a_node_lost_mid_sync_fails_the_launch_and_stops_the_others(tmp_path: Path) -> None:
+    nodes = [Sshd(tmp_path / f"n{i}", f"127.0.10.{3 + i}") for i in range(3)]
+    for n in nodes[1:]:
+        n.client_key = nodes[0].client_key
+    for n in nodes:
+        n.start()
+    roots = [tmp_path / f"node{i}" for i in range(3)]
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    hosts = ", ".join(f"'{n.spec}'" for n in nodes)
+    (stacks / "Pulumi.trio.yaml").write_text(
+        f"config:\n  gpu-train:target: ssh\n  gpu-train:hosts: [{hosts}]\n  gpu-train:sshKey: {nodes[0].client_key}\n"
+        f"  gpu-train:remoteRoot: {tmp_path}/node{{node}}\n  gpu-train:python: {sys.executable}\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    for i in range(4):
+        (code / f"blob{i}.bin").write_bytes(os.urandom(8 << 20))  # enough to be mid-sync when node 1 dies
+    (code / "job.sh").write_text("sleep 30\n")
+    home = tmp_path / "home"
+    env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home), "GPU_TRAIN_STACK": "trio"}
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen([FAB, "--search-root", str(ROOT), "train", "--dir", str(code), "--command", "sh job.sh",
+                             "--name", "trio"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any((roots[1] / "staging").glob("*/*blob*")) or any((roots[1] / "staging").glob("*/.*blob*")):
+                break  # rsync is writing node 1's code (its temp files are dot files)
+            time.sleep(0.005)
+        assert proc.poll() is None, "fab train ended before the sync to node 1 began:\n" + "".join(proc.communicate())
+        nodes[1].stop()  # the daemon and every session it serves, mid-sync
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0, out + err
+        assert "started" not in out and "node 1" in err, out + err
+        no_traceback(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        for i in (0, 2):  # the others were stopped or never started: no half a cluster left running
+            for state in (roots[i] / "runs").glob("*/state.json"):
+                assert json.loads(state.read_text())["state"] in ("stopped", "failed"), state.read_text()
+        manifests = home / "trio" / "code-manifests.json"
+        assert not manifests.exists() or json.loads(manifests.read_text()) == {}  # nothing recorded as pushed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for n in nodes:
+            n.stop()
+        for r in roots:
+            subprocess.run(["pkill", "-f", str(r)], check=False)
+
+
+def test_a_128_character_name_runs_under_a_short_screen_name(lab: Lab) -> None:
+    name = "n" * (128 - len("_20260101_000000"))
+    run = lab.train("--dir", str(EXAMPLE), "--command", "echo long-name-ok", "--name", name)
+    assert len(run) == 128
+    assert lab.wait(run)["state"] == "succeeded" and "long-name-ok" in lab.log(run)

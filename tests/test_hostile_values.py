@@ -5,6 +5,7 @@ The sshd-backed half (the same values through the real `fab` tasks) is tests/tes
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import tracemalloc
@@ -209,3 +210,60 @@ def test_every_rsync_protects_its_arguments() -> None:
 def test_values_module_knows_its_limits() -> None:
     assert values.host_problem("::1") is None and values.host_problem("10.0.0.1") is None
     assert values.login_problem("-x") and values.login_problem("ok_user") is None
+
+
+def _learn(args: tuple[str, int]) -> None:
+    from remote.ssh import append_known_host
+
+    path, worker = args
+    for i in range(15):
+        append_known_host(Path(path), f"[10.0.{worker}.{i}]:22 ssh-ed25519 AAAAkey{worker}x{i}\n")
+
+
+def test_known_hosts_learned_at_once_keep_every_line(tmp_path: Path) -> None:
+    """Many hosts learned at once (the nodes of a cluster, several tasks): no line is lost."""
+    import multiprocessing
+
+    path = tmp_path / "known_hosts"
+    with multiprocessing.get_context("fork").Pool(6) as pool:
+        pool.map(_learn, [(str(path), w) for w in range(6)])
+    lines = path.read_text().splitlines()
+    assert len(lines) == len(set(lines)) == 6 * 15
+
+
+def test_remote_root_guard(tmp_path: Path) -> None:
+    from remote.agent.guard import UnsafeRoot, check_own_file, secure_root
+
+    made = Path(secure_root(str(tmp_path / "a" / "b" / "root")))
+    for p in (made, made.parent, made.parent.parent):
+        assert p.stat().st_mode & 0o777 == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    loose.chmod(0o755)
+    secure_root(str(loose))
+    assert loose.stat().st_mode & 0o777 == 0o700  # ours and closed to others: narrowed
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    (tmp_path / "link").symlink_to(made)
+    (tmp_path / "file").write_text("")
+    for path, words in ((open_dir, "writable by group or others"), (tmp_path / "link", "symbolic link"),
+                        (tmp_path / "file", "not a directory")):
+        with pytest.raises(UnsafeRoot, match=words):
+            secure_root(str(path))
+    shared = tmp_path / "shared"  # another user's world-writable directory without the sticky bit
+    shared.mkdir()
+    shared.chmod(0o777)
+    if os.geteuid() == 0:
+        os.chown(shared, 65534, 65534)
+        with pytest.raises(UnsafeRoot, match="no sticky bit"):
+            secure_root(str(shared / "root"))
+    shared.chmod(0o1777)  # as /tmp: others cannot rename what is ours
+    if os.geteuid() == 0:
+        secure_root(str(shared / "root2"))
+    assert secure_root(str(tmp_path / "absent"), own=False) and not (tmp_path / "absent").exists()
+    agent = made / "agent"
+    agent.write_text("")
+    agent.chmod(0o777)
+    with pytest.raises(UnsafeRoot, match="writable by others"):
+        check_own_file(str(agent))

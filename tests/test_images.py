@@ -63,3 +63,52 @@ def test_images_that_cannot_boot_on_the_gpu_are_refused(settings: dict, key: str
 )
 def test_images_that_boot_pass(settings: dict) -> None:
     validate.check(gcp_raw(**settings), "s", CATALOG)
+
+
+NEWEST = ("https://www.googleapis.com/compute/v1/projects/deeplearning-platform-release/global/images/"
+          "pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20260416")  # the mock family's newest
+
+
+@pytest.mark.parametrize(
+    ("case", "pinned", "pinned_gb", "newest_gb", "image", "refused"),
+    [
+        # first `up`: no instance yet (the data source's 404), the family's newest is checked and booted
+        ("first up fits", None, 50, 60, NEWEST, None),
+        ("first up too small", None, 50, 150, None, "the image family pytorch-2-9-cu129-ubuntu-2204-nvidia-580"),
+        # a later `up`: the family moved on to a bigger image; the VM still boots its smaller pinned one
+        ("pinned older, newest bigger", PINNED, 50, 300, PINNED, None),
+        # the pinned image itself needs more than bootDiskSizeGb (the setting was lowered since)
+        ("pinned bigger than the setting", PINNED, 150, 50, None,
+         "the image pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20251101 that gpu-train-s runs"),
+    ],
+)
+def test_the_boot_disk_is_checked_against_the_image_the_vm_boots(
+    case: str, pinned: str | None, pinned_gb: int, newest_gb: int, image: str | None, refused: str | None
+) -> None:
+    result = preview.run(program.main, stack="s", config=gcp_raw(bootDiskSizeGb=100, imageFamily=images_family()),
+                         image_disk_gb=newest_gb, pinned_image=pinned, pinned_image_disk_gb=pinned_gb)
+    if refused is None:
+        assert result.error is None, (case, result.error)
+        assert result.outputs["image"] == image
+        (inst,) = result.of_type("compute/instance:Instance")
+        assert inst.inputs["bootDisk"]["initializeParams"]["size"] == 100
+        return
+    message = str(result.error)
+    assert refused in message, (case, message)
+    assert "gpu-train:bootDiskSizeGb = 100" in message and "fix: pulumi config set gpu-train:bootDiskSizeGb 200" in message
+    assert result.of_type("compute/instance:Instance") == []
+
+
+def images_family() -> str:
+    return "pytorch-2-9-cu129-ubuntu-2204-nvidia-580"
+
+
+def test_each_node_is_checked_against_its_own_instance() -> None:
+    """A pool looks up every node by its own name; all pinned to the smaller image: no refusal."""
+    raw = gcp_raw(nodes=2, machineType="a2-highgpu-8g", gpuType=None, gpuCount=None, bootDiskSizeGb=100)
+    result = preview.run(program.main, stack="big", config=raw, image_disk_gb=300, pinned_image=PINNED)
+    assert result.error is None, result.error
+    looked_up = [token for token, _ in result.calls if token == "gcp:compute/getInstance:getInstance"]
+    assert len(looked_up) == 2
+    assert {i.inputs["bootDisk"]["initializeParams"]["image"] for i in result.of_type("compute/instance:Instance")} \
+        == {PINNED}

@@ -52,6 +52,8 @@ ERRORS = {
                                   "acceleratorTypes/nvidia-tesla-t4' was not found., invalid"),
     "config": provider_error("Error creating instance: googleapi: Error 400: [n1-standard-8, nvidia-tesla-t4] features "
                              "are not compatible for creating instance., badRequest"),
+    "preference": provider_error("Error creating QuotaPreference: googleapi: Error 409: Requested entity already "
+                                 "exists", "quota-gpus-all-regions-per-project"),
     "permission": provider_error("Error creating instance: googleapi: Error 403: Required 'compute.instances.create' "
                                  "permission for 'projects/p/zones/us-central1-a/instances/gpu-train-t4', forbidden"),
 }
@@ -260,6 +262,7 @@ def test_new_stack_gives_up_with_the_stack_file_as_it_was(env: dict) -> None:
     ("global", False, "global GPU quota is exhausted: no zone helps"),
     ("config", False, "the shape itself is invalid: no zone helps"),
     ("permission", False, "not a capacity problem: no other zone will help"),
+    ("preference", False, "this project already asked Cloud Quotas for that quota"),
 ])
 def test_each_error_kind_has_its_next_step(env: dict, outcome: str, moves: bool, words: str) -> None:
     result, calls = up(env, f"{outcome} ok")

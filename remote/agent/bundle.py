@@ -18,23 +18,29 @@ from pathlib import Path
 
 PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp
 HERE = Path(__file__).resolve().parent
-LAPTOP_ONLY = {"bundle.py"}
+LAPTOP_ONLY = {"bundle.py"}  # guard.py goes too: the installed agent checks its root on every run
 MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
-# Runs under `python3 -S -c BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...` (PACKED: ``pack``): keeps the zipapp at
-# ROOT/bin/gpu-train-agent (written atomically, only when it changed) and runs it in this process.
-BOOTSTRAP = f"""\
-import base64,os,sys,zlib
+# Runs under `python3 -S -c BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...` (PACKED: ``pack``): first checks
+# that ROOT is the login user's alone (guard.py, inline: nothing is written before), then keeps the
+# zipapp at ROOT/bin/gpu-train-agent (written atomically, only when it changed) and runs it in this process.
+GUARD = (HERE / "guard.py").read_text(encoding="utf-8")
+BOOTSTRAP = GUARD + f"""
+import base64,json,sys,zlib
+try:
+    r=secure_root(sys.argv[3])
+except (UnsafeRoot,OSError) as e:
+    print(json.dumps({{'error':str(e)}}),file=sys.stderr if sys.argv[4:5]==['logs'] else sys.stdout);sys.exit(2)
 z=zlib.decompress(base64.b64decode(sys.argv.pop(1)))
-p=os.path.join(os.path.abspath(os.path.expanduser(sys.argv[2])),'bin','gpu-train-agent')
+p=os.path.join(r,'bin','gpu-train-agent')
 try:
     f=open(p,'rb');o=f.read();f.close()
 except OSError:
     o=b''
 if o!=z:
     os.makedirs(os.path.dirname(p),exist_ok=True);t=p+'.tmp.%d'%os.getpid()
-    with open(t,'wb') as f:f.write(z)
-    os.chmod(t,0o755);os.replace(t,p)
+    with os.fdopen(os.open(t,os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o700),'wb') as f:f.write(z)
+    os.replace(t,p)
 sys.argv[0]=p;sys.path.insert(0,p)
 from {PACKAGE}.cli import main
 sys.exit(main(sys.argv[1:]))

@@ -9,6 +9,7 @@ import os
 import sys
 
 from .fetchserve import cmd_fetch_serve
+from .guard import UnsafeRoot, check_own_file, secure_root
 from .launch import cmd_launch
 from .lifecycle import cmd_boot, cmd_configure, cmd_resume, cmd_shutdown, cmd_stop, cmd_tick
 from .status import cmd_logs, cmd_status
@@ -21,7 +22,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--root", required=True)
     sub = p.add_subparsers(dest="cmd", required=True)
     launching = sub.add_parser("launch")
-    launching.add_argument("spec", help="base64 JSON")
+    launching.add_argument("spec", help="base64 JSON, or - to read it from the first line of stdin (kept off the "
+                           "command line, which every user of the host can read in /proc)")
     launching.add_argument("--await-go", action="store_true")
     wrapping = sub.add_parser("wrap")
     wrapping.add_argument("run")
@@ -52,8 +54,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    root = os.path.abspath(os.path.expanduser(args.root))
-    os.makedirs(root, exist_ok=True)
+    try:
+        installed = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the zipapp, when run from one
+        root = os.path.abspath(os.path.expanduser(args.root))
+        # Root's own copy on a VM (outside REMOTE_ROOT) may read the login user's root; anyone else runs
+        # only in a REMOTE_ROOT of their own, from an agent file they wrote.
+        elsewhere = os.geteuid() == 0 and os.path.isfile(installed) and not installed.startswith(root + os.sep)
+        root = secure_root(root, own=not elsewhere)  # umask 077; ours alone, or a refusal naming why
+        if os.path.isfile(installed) and not elsewhere:
+            check_own_file(installed)
+    except (UnsafeRoot, OSError) as e:
+        print(json.dumps({"error": str(e)}), file=sys.stderr if args.cmd == "logs" else sys.stdout)
+        return 2
     try:
         if args.cmd == "wrap":
             return cmd_wrap(root, args.run)
@@ -62,7 +74,8 @@ def main(argv: list[str]) -> int:
         if args.cmd == "logs":
             return cmd_logs(root, args.run, args.offset, args.lines, args.follow)
         if args.cmd == "launch":
-            result = cmd_launch(root, json.loads(base64.b64decode(args.spec)), args.await_go)
+            spec = sys.stdin.readline() if args.spec == "-" else args.spec
+            result = cmd_launch(root, json.loads(base64.b64decode(spec)), args.await_go)
         elif args.cmd == "status":
             result = cmd_status(root, args.run, args.summaries)
         elif args.cmd == "stop":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -98,12 +99,22 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0)
     start_wrapper(root, run_id)
     return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
-            "log": os.path.join(run_dir, "log"), "screen": run_id,
+            "log": os.path.join(run_dir, "log"), "screen": screen_name(run_id),
             "python": os.path.join(project_dirs(root, spec.get("project"))[0], "bin", "python") if spec.get("venv") else python,
             "dataDir": project_dirs(root, spec.get("project"))[1]}
 
 
+SCREEN_NAME_MAX = 80  # screen refuses longer session names ("Session-name is too long")
+
+
+def screen_name(run_id: str) -> str:
+    """The run id, or for an id over screen's limit a stable short name: its head and a hash of all of it."""
+    if len(run_id) <= SCREEN_NAME_MAX:
+        return run_id
+    return f"{run_id[:SCREEN_NAME_MAX - 9]}_{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
+
+
 def start_wrapper(root: str, run_id: str) -> None:
-    """The job's wrapper in a detached screen session named after the run (`screen -r RUN` to look)."""
-    subprocess.run(["screen", "-dmS", run_id, sys.executable, agent_path(root), "--root", root, "wrap", run_id],
-                   check=True)
+    """The job's wrapper in a detached screen session named after the run (`screen -r NAME` to look)."""
+    subprocess.run(["screen", "-dmS", screen_name(run_id), sys.executable, agent_path(root), "--root", root, "wrap",
+                    run_id], check=True)

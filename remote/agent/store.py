@@ -35,7 +35,9 @@ def now() -> float:
 def write_json(path: str, doc: dict) -> None:
     """Atomically: a reader sees the old or the new document, never half of one."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # a leftover of a killed process with our pid
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
@@ -65,7 +67,7 @@ def update_state(run_dir: str, **changes: object) -> dict:
 @contextlib.contextmanager
 def locked(root: str):
     """One launch at a time on a host, so two runs of one name cannot both start."""
-    with open(os.path.join(root, ".lock"), "w") as f:
+    with os.fdopen(os.open(os.path.join(root, ".lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600), "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 

@@ -15,6 +15,7 @@ from gpu_train.errors import ExitStatus
 from gpu_train.project import project_root
 from remote.agent.protocol import ACTIVE
 from remote.fetch_plan import DEFAULT_STREAMS
+from remote.tasks import trust
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.runs import cluster_status
 from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
@@ -36,12 +37,14 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
 
     record = FetchRecord(session.target.cache)
     todo = []
+    base = Path(dest) if dest else project_root() / "runs" / session.target.stack
     for r in runs:
         try:
             jobs.check_run_id(r["id"], "a run id from the host")
         except jobs.JobError as e:
             raise Exit(str(e), code=ExitStatus.FAILED) from None
         where = destination(session.target.stack, r["id"], dest, len(runs) > 1, subdir)
+        trust.inside(where, base)  # resolved, it stays in its base: a symlink planted there cannot lead out
         if record.up_to_date(r, where):
             if not quiet:
                 say(f"{r['id']}: up to date in {where}")
@@ -89,7 +92,7 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
             "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
             "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
             "json": "print what was fetched where as JSON", "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_nodes=False, streams=DEFAULT_STREAMS,
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, streams=DEFAULT_STREAMS,
           stack=None, json_=False):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
@@ -98,9 +101,10 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=30, all_node
     --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
     streams = _streams(streams)
+    run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
     session = Session(stack)
     if watch:
-        _watch(session, run, dest, float(interval), streams)
+        _watch(session, run, dest, interval, streams)
         return
     if all_nodes:
         _fetch_every_node(session, run, dest, streams)

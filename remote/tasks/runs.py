@@ -11,6 +11,7 @@ from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
 from remote.agent.protocol import SUCCEEDED
+from remote.tasks import trust
 from remote.tasks.render import render_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
@@ -19,12 +20,13 @@ from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_no
 @task(help={"run": "run id or a unique prefix (default: the newest)", "follow": "stream until the job ends; exit with its exit code",
             "lines": "show the last N lines first (default 50; 0 for the whole log)", "node": "which node (default 0)",
             "all": "every node's log, each line prefixed with its node", "stack": STACK_HELP})
-def logs(c, run=None, follow=False, lines=50, node=0, all_=False, stack=None):
+def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=None):
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
-    session = Session(stack, node=int(node))
+    run, lines = trust.run_option(run), trust.number("--lines", 50 if lines is None else lines, int, 0)
+    session = Session(stack, node=trust.number("--node", node or 0, int, 0))
     out = sys.stdout.buffer
     if not all_:
-        trailer = _stream_log(session, run, int(lines), follow, out.write, out.flush)
+        trailer = _stream_log(session, run, lines, follow, out.write, out.flush)
         session.close()
         if follow:
             _exit_with(trailer)
@@ -45,7 +47,7 @@ def logs(c, run=None, follow=False, lines=50, node=0, all_=False, stack=None):
         return write
 
     sessions = session.nodes()
-    trailers = on_every_node(sessions, lambda s: _stream_log(s, run, int(lines), follow, prefixed(s), out.flush))
+    trailers = on_every_node(sessions, lambda s: _stream_log(s, run, lines, follow, prefixed(s), out.flush))
     if failed := failures(trailers):
         raise Exit("; ".join(failed), code=ExitStatus.FAILED)
     if follow:
@@ -159,8 +161,9 @@ def status(c, json_=False, stack=None):
 @task(help={"run": "run id or a unique prefix (default: the newest)",
             "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)", "json": "print the result as JSON",
             "stack": STACK_HELP})
-def stop(c, run=None, grace=10, stack=None, json_=False):
+def stop(c, run=None, grace=None, stack=None, json_=False):
     """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
+    run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(stack)
     sessions = session.nodes()
     args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
@@ -179,9 +182,10 @@ def stop(c, run=None, grace=10, stack=None, json_=False):
 @task(help={"run": "run id or a unique prefix (default: the newest)",
             "grace": "seconds to let a still-running part stop (default 10)", "json": "print the result as JSON",
             "stack": STACK_HELP})
-def resume(c, run=None, grace=10, stack=None, json_=False):
+def resume(c, run=None, grace=None, stack=None, json_=False):
     """Restart a run on every node with the same RUN_ID and JOB_DIR, so it carries on from its newest
     checkpoint: after a node of a cluster was preempted, or a run failed for a reason now fixed."""
+    run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(stack)
     sessions = session.nodes()
     if not run:

@@ -95,11 +95,13 @@ class Session:
 
     def call(self, *args: str) -> dict:
         from remote import ssh
+        from remote.tasks.trust import host_doc
 
         try:
-            return ssh.call(self.connect(), self.target, *args)
+            doc = ssh.call(self.connect(), self.target, *args)
         except ssh.RemoteError as e:
             raise exit_for(e) from None
+        return host_doc(doc, self.target.host)  # its run ids checked before any becomes a path
 
     def close(self) -> None:
         if self.conn is not None:

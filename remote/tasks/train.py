@@ -15,6 +15,7 @@ from invoke import Exit, task
 from gpu_train.errors import ExitStatus
 from gpu_train.project import project_name, project_root
 from remote.target import state_home
+from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.runs import follow_to_end
 from remote.tasks.session import CLI, STACK_HELP, Session, exit_for, failures, on_every_node, say
@@ -39,7 +40,7 @@ from remote.tasks.session import CLI, STACK_HELP, Session, exit_for, failures, o
         "json": "print the started run as JSON: runId, host, jobDir, dataDir, python, log",
     },
 )
-def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=29500,
+def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=None,
           ps=None, stack=None, timeout=None, follow=False, json_=False):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
@@ -54,7 +55,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     code_dir = Path(dir).expanduser().resolve() if dir else project_root()
     if not code_dir.is_dir():
         raise Exit(f"--dir {code_dir}: no such directory", code=ExitStatus.USAGE)
-    session = Session(stack, float(timeout) if timeout else None)
+    nproc, port = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535)
+    session = Session(stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
     cluster = session.cluster
     try:
         base = jobs.base_name(name, script, command)
@@ -62,10 +64,10 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
-        spec = dataclasses.replace(spec, launcher=chosen, nproc=int(nproc) if nproc else cluster.gpus_per_node,
+        spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
                                    project=project_name(project_root()), venv=cluster.venv)
         ps = jobs.parameter_servers(ps, cluster.parameter_servers)
-        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, int(port), ps)
+        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
         specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
     except jobs.JobError as e:
         raise exit_for(e) from None
@@ -132,6 +134,7 @@ def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
             except ssh.RemoteError as e:
                 raise Exit(str(e), code=ExitStatus.FAILED) from None
             if "waiting" not in answer:
+                trust.host_run_id(answer.get("runId"), target.host)
                 return answer
             push = None  # the code is staged on the host; only the launch is retried
             if time.monotonic() > deadline:

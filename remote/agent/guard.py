@@ -1,0 +1,96 @@
+"""REMOTE_ROOT is the login user's alone: checked before the agent writes or runs anything there.
+
+Another user who can write REMOTE_ROOT (a `remoteRoot` under /tmp they created first, a shared
+directory) could replace the agent that cron, screen and `fab resume` run as you, or read your
+runs. So the root (and every parent the agent creates) must be a real directory, owned by the login
+user, not writable by group or others; it is created 0700 under umask 077, and an existing root of
+ours is narrowed to 0700. Standard library only; this file's source also runs inline in the
+laptop's bootstrap (remote/agent/bundle.py), before the agent is written to the host, so it
+imports nothing from the package.
+"""
+
+import contextlib
+import os
+import stat
+
+
+class UnsafeRoot(Exception):
+    """REMOTE_ROOT is not ours alone; the message names the path, the reason and the fix."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def dir_problem(st: os.stat_result, uid: int | None) -> str:
+    """Why a directory with this lstat() cannot hold gpu-train's files ('' when it can); any owner
+    when ``uid`` is None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if uid is not None and st.st_uid != uid:
+        return f"belongs to {_owner(st.st_uid)}, not to you ({_owner(uid)})"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
+
+
+def secure_root(root: str, own: bool = True) -> str:
+    """Create REMOTE_ROOT 0700 (and its missing parents), or check the one there; its absolute path.
+
+    Raises UnsafeRoot when it, or a parent created here, is a symlink, someone else's, or writable by
+    group or others. ``own=False`` is for root's own copy of the agent on a VM (outside REMOTE_ROOT)
+    reading the login user's root: any owner, and nothing created.
+    """
+    os.umask(0o077)
+    root = os.path.abspath(os.path.expanduser(root))
+    uid = os.geteuid() if own else None
+    if not own and not os.path.lexists(root):
+        return root
+    created = []
+    path = root
+    while not os.path.lexists(path):
+        created.append(path)
+        path = os.path.dirname(path)
+    for path in reversed(created):
+        with contextlib.suppress(FileExistsError):  # someone was faster: checked below like any other
+            os.mkdir(path, 0o700)
+    for path in [root, *created[1:]]:
+        why = dir_problem(os.lstat(path), uid)
+        if why:
+            raise UnsafeRoot(
+                f"remoteRoot {path} {why}: another user could replace gpu-train's agent, which runs as you, or "
+                "read your runs. Use a remoteRoot only you can write, e.g. ~/gpu-train (not under /tmp or a "
+                "shared directory)" + ("" if path == root else f" (it was to hold {root})"))
+    if own:  # above it: a directory others may write without the sticky bit lets them swap our tree
+        parent = os.path.dirname(root)
+        while True:
+            st = os.stat(parent)
+            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX and st.st_uid != uid:
+                raise UnsafeRoot(f"remoteRoot {root} lies in {parent}, which others may write (mode "
+                                 f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit) and so rename: use a remoteRoot "
+                                 "only you can write, e.g. ~/gpu-train")
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
+    if own and stat.S_IMODE(os.lstat(root).st_mode) & 0o077:
+        os.chmod(root, 0o700)  # ours and not writable by others, but readable: runs hold secrets
+    return root
+
+
+def check_own_file(path: str) -> None:
+    """Refuse to run an agent file we did not write: a symlink, someone else's, or writable by others."""
+    st = os.lstat(path)
+    uid = os.geteuid()
+    why = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else
+           f"belongs to {_owner(st.st_uid)}" if st.st_uid != uid else
+           f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else "")
+    if why:
+        raise UnsafeRoot(f"{path} {why}: gpu-train did not write it for you, and will not run it. "
+                         "Run any fab task to reinstall the agent")

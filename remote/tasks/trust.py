@@ -1,0 +1,77 @@
+"""What the tasks take from a host or a command line before it becomes a path or a number.
+
+A host may lie (compromised, or shared): its documents are checked where they enter (Session.call),
+so a run id such as ``../../../x`` never reaches a path on the laptop, and remote paths are rebuilt
+from REMOTE_ROOT and the id instead of taken from the host. Options typed by the user become
+messages naming the option, not tracebacks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Exit
+
+from gpu_train.config import shown
+from gpu_train.jobs import JobError, check_run_id
+
+
+def host_doc(doc: object, where: object) -> dict:
+    """An agent's answer whose run ids are all run ids; Exit naming the host otherwise."""
+    if not isinstance(doc, dict):
+        raise Exit(f"{where} answered {shown(doc)}, not a gpu-train document: is the agent on it ours?", code=1)
+    runs = doc.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise Exit(f"{where} answered a run list that is not one ({shown(runs)})", code=1)
+    for r in runs:
+        host_run_id(r.get("id"), where)
+    if "runId" in doc:
+        host_run_id(doc["runId"], where)
+    return doc
+
+
+def host_run_id(value: object, where: object) -> str:
+    try:
+        return check_run_id(value, "run id")
+    except JobError as e:
+        raise Exit(f"{where} answered with a {e}; refusing to use it as a path (the host's gpu-train files may "
+                   "have been tampered with)", code=1) from None
+
+
+def run_option(value: str | None) -> str | None:
+    """``--run`` as given: None, or a run id (never a path)."""
+    if value is None:
+        return None
+    try:
+        return check_run_id(value)
+    except JobError as e:
+        raise Exit(str(e), code=2) from None
+
+
+def remote_job_dir(target, run_id: str) -> str:
+    """A run's JOB_DIR on the host as rsync names it, from REMOTE_ROOT and a checked id, never from the host."""
+    return f"{target.rsync_root()}/runs/{check_run_id(run_id)}/job"
+
+
+def inside(path: Path, base: Path) -> Path:
+    """``path`` resolved, when it lies inside ``base`` (both resolved: a symlink cannot lead out); else Exit."""
+    resolved, top = path.resolve(), base.resolve()
+    if resolved != top and top not in resolved.parents:
+        raise Exit(f"refusing to write {path}: it resolves to {resolved}, outside {top}", code=1)
+    return resolved
+
+
+def number(option: str, value: object, kind: type = int, low: float | None = None, high: float | None = None):
+    """An option's value as ``kind`` within [low, high]; Exit naming the option otherwise."""
+    if value is None:
+        return None
+    try:
+        result = kind(value)
+    except (TypeError, ValueError):
+        word = "a whole number" if kind is int else "a number"
+        raise Exit(f"{option} {shown(value)}: expected {word}", code=2) from None
+    if result != result or (low is not None and result < low) or (high is not None and result > high):  # NaN too
+        bounds = f"from {low:g}" if low is not None else ""
+        bounds += f" to {high:g}" if high is not None else " or more"
+        raise Exit(f"{option} {shown(value)}: must be {bounds.strip()}", code=2)
+    return result
