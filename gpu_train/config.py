@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gpu_train import gpunames
+from gpu_train import gpunames, project
 from gpu_train.catalog import Catalog, load_catalog
 from gpu_train.disks import default_disk_type
 from gpu_train.errors import ExitStatus, GpuTrainError
@@ -31,8 +31,6 @@ from gpu_train.settings import (  # each setting is declared once, there
     StackConfig,
     looks_like_key_text,
 )
-
-STACKS_DIR = Path(__file__).resolve().parent.parent / "stacks"
 
 
 @dataclass(frozen=True)
@@ -178,20 +176,26 @@ _COERCE: dict[str, Callable[[Any], Any]] = {
 }  # fmt: skip
 
 
-def parse_host(text: str) -> SshHost:
-    """``user@host:port`` (user and port optional: current user, 22); IPv6 as ``[::1]:22``."""
-    user, _, hostport = text.rpartition("@")
-    user = user or os.environ.get("USER") or "root"
+def split_host(text: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` (IPv6 as ``[::1]:22``) into (user or None, host, port or None)."""
+    user, _, hostport = text.strip().rpartition("@")
     if hostport.startswith("["):
         host, _, rest = hostport[1:].partition("]")
-        port = rest.removeprefix(":") or "22"
+        port = rest.removeprefix(":")
     elif hostport.count(":") == 1:
         host, port = hostport.split(":")
     else:
-        host, port = hostport, "22"
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        host, port = hostport, ""
+    if not host or (port and not (port.isdigit() and 0 < int(port) < 65536)):
         raise ValueError(text)
-    return SshHost(user, host, int(port))
+    return user or None, host, int(port) if port else None
+
+
+def parse_host(text: str) -> SshHost:
+    """``user@host:port`` (user and port optional: current user, 22; the ssh_config may say
+    otherwise, see remote/sshconfig.py); ``host`` may be a Host alias."""
+    user, host, port = split_host(text)
+    return SshHost(user or os.environ.get("USER") or "root", host, port or 22, spec=text.strip())
 
 
 def _normalise_keys(raw: dict[str, Any]) -> dict[str, Any]:
@@ -278,6 +282,8 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None = Non
                           nodes=sum(p.count for p in pools))
     if target == "gcp":  # a VM bills by the minute: it stops itself when idle unless told otherwise
         kwargs.setdefault("idle_stop_minutes", GCP_IDLE_STOP_MINUTES)
+    if target == "gcp":  # the Deep Learning VM's framework Python, as it is
+        kwargs.setdefault("venv", False)
     if target == "gcp":  # image and disk defaults are catalog facts
         kwargs.setdefault("image_family", catalog.default_image_family)
         kwargs.setdefault("image_project", catalog.image_project)
@@ -294,12 +300,24 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None = Non
 
 # -- reading stack files ----------------------------------------------------------------------
 def stacks_dir() -> Path:
-    """stacks/ of this repository, or $GPU_TRAIN_STACKS_DIR."""
-    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or STACKS_DIR)
+    """Where new stack files go: $GPU_TRAIN_STACKS_DIR (--stacks-dir), else the project's stacks/."""
+    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or project.project_root() / "stacks")
 
 
 def stack_file(stack: str, directory: Path | None = None) -> Path:
-    return (directory or stacks_dir()) / f"Pulumi.{stack}.yaml"
+    """A stack's file: in ``directory``, else the first along the project's search path
+    (gpu_train/project.py); ConfigError naming the places looked and close names when none."""
+    if directory is not None:
+        return directory / f"Pulumi.{stack}.yaml"
+    dirs = project.stack_dirs()
+    found = project.stack_path(stack, dirs)
+    if found is not None:
+        return found
+    close = project.did_you_mean(stack, project.stack_names(dirs))
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise ConfigError([Problem("stack", f"no stack named {stack!r} (looked for Pulumi.{stack}.yaml in "
+                               f"{', '.join(str(d) for d in dirs)})",
+                               f"{hint}`gpu-train init --stack {stack}` writes one into {dirs[0]}")])
 
 
 MAX_STACK_FILE_BYTES = 1 << 20

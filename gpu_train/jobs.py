@@ -36,8 +36,8 @@ class JobError(GpuTrainError, ValueError):
 def base_name(name: str | None, script: str | None, command: str | None) -> str:
     """The run's base name: --name, else the script's stem, else 'job'; made to fit the rule."""
     raw = name or (Path(script).stem if script else "job")
-    if name is not None and not RUN_ID_RE.fullmatch(name):
-        raise JobError(f"--name {name!r}: use letters, digits and underscores, starting with a letter")
+    if name is not None and not RUN_ID_RE.fullmatch(name.replace("-", "_")):
+        raise JobError(f"--name {name!r}: use letters, digits, '-' and '_', starting with a letter")
     cleaned = re.sub(r"[^A-Za-z0-9_]", "_", raw)
     if not cleaned[:1].isalpha():
         cleaned = "job_" + cleaned

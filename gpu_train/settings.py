@@ -52,9 +52,16 @@ def setting(key: str, kind: str, default: Any = None, help: str = "", *, targets
 
 @dataclass(frozen=True)
 class SshHost:
+    """One SSH endpoint. As parsed from a stack, ``spec`` keeps the text; once resolved through the
+    ssh_config (remote/sshconfig.py), ``host`` is the real address, ``keys`` the identity files to
+    offer and ``jump`` the ProxyJump hops in order."""
+
     user: str
     host: str
     port: int = 22
+    spec: str = field(default="", compare=False)
+    keys: tuple[str, ...] = ()
+    jump: tuple[SshHost, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
@@ -106,10 +113,14 @@ class StackConfig:
                                             "SSH on purpose", targets=GCP)
     labels: dict[str, str] = setting("labels", "map", help="extra labels on the VM", targets=GCP)
     target: str = setting("target", "str", "gcp", "`ssh` for hosts you already have (see below)")
-    hosts: tuple[SshHost, ...] = setting("hosts", "list", (), "`user@host:port` of each host", targets=SSH,
+    hosts: tuple[SshHost, ...] = setting("hosts", "list", (), "`user@host:port` of each host, or a `Host` alias of "
+                                         "your ssh_config", targets=SSH,
                                          required_for=SSH, shown="required for `ssh`")
-    ssh_key: str | None = setting("sshKey", "str", None, "private key used to log in",
-                                  shown="public key's path minus `.pub`")
+    ssh_key: str | None = setting("sshKey", "str", None, "private key used to log in (a passphrase key: `ssh-add` "
+                                  "it)", shown="GCP: public key's path minus `.pub`; SSH: ssh-agent and the "
+                                  "ssh_config's `IdentityFile`s")
+    ssh_config: str | None = setting("sshConfig", "str", None, "an ssh_config file for host aliases, `User`, `Port`, "
+                                     "`IdentityFile`, `ProxyJump`", targets=SSH, shown="`~/.ssh/config`")
     known_hosts: str | None = setting("knownHosts", "str", None, "a known_hosts file pinning host keys",
                                       shown="learned on first contact")
     remote_root: str = setting("remoteRoot", "str", "~/gpu-train", "where gpu-train keeps its files on a host "
@@ -117,6 +128,10 @@ class StackConfig:
     python: str | None = setting("python", "str", None, "Python on the host; detected: the first candidate that imports "
                                  "torch (`/opt/conda/bin/python`, ..., `python3` on PATH)",
                                  shown="detected")
+    venv: bool = setting("venv", "bool", True, "run jobs in a virtual environment per project "
+                                "(`REMOTE_ROOT/envs/PROJECT`) made from `python` with its site packages; `false` "
+                                "installs `requirements.txt` into `python` itself", shown="`true` on SSH stacks, "
+                                "`false` on GCP")
     idle_stop_minutes: float = setting("idleStopMinutes", "number", DEFAULT_SETTINGS["idleStopMinutes"],
                                        "power off after this many idle minutes (fractions allowed); `0` = off",
                                        shown=f"`{GCP_IDLE_STOP_MINUTES}` on GCP, `{DEFAULT_SETTINGS['idleStopMinutes']}` "

@@ -112,7 +112,7 @@ def check(cfg: StackConfig) -> list[Problem]:
     if (why := remote_root_problem(cfg.remote_root, cfg.is_gcp)) is not None:
         problems.append(Problem("remoteRoot", why, "e.g. ~/gpu-train, in a directory only you can write (not /tmp)",
                                 cfg.remote_root))
-    paths = {"sshKey": cfg.ssh_key, "knownHosts": cfg.known_hosts, "python": cfg.python}
+    paths = {"sshKey": cfg.ssh_key, "knownHosts": cfg.known_hosts, "sshConfig": cfg.ssh_config, "python": cfg.python}
     if cfg.is_gcp and not cfg.ssh_public_key.lstrip().startswith(("ssh-", "ecdsa-", "sk-")):
         paths["sshPublicKey"] = cfg.ssh_public_key
     for key, value in paths.items():

@@ -121,6 +121,8 @@ class Sshd:
         path.write_text(
             "config:\n  gpu-train:target: ssh\n"
             f"  gpu-train:hosts: ['{self.spec}']\n  gpu-train:sshKey: {self.client_key}\n"
-            f"  gpu-train:remoteRoot: {remote_root}\n  gpu-train:python: {python}\n{extra}"
+            f"  gpu-train:remoteRoot: {remote_root}\n  gpu-train:python: {python}\n"
+            "  gpu-train:venv: false\n"  # the job runs with ``python`` as it is (the tests' own, with torch)
+            f"{extra}"
         )
         return path

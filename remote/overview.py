@@ -16,6 +16,7 @@ from pathlib import Path
 
 from gpu_train import checkup, config, listing, validate
 from gpu_train.catalog import load_catalog
+from gpu_train.project import listed_stack_files, stack_dirs
 from gpu_train.vm import label_value
 from infra import probes
 
@@ -24,7 +25,7 @@ ANSWER_S = 30.0  # and how long it waits for all the hosts' answers, all asked a
 
 
 def stack_files() -> list[Path]:
-    return sorted(config.stacks_dir().glob("Pulumi.*.yaml"))
+    return listed_stack_files()
 
 
 def load(path: Path) -> tuple[str, config.StackConfig | None, str | None]:
@@ -90,7 +91,7 @@ def check_findings(home: Path) -> list[checkup.Finding]:
             deployed, how = None, "no backend to ask"
         findings.append(checkup.stack_file(name, "gcp", None, deployed, how))
     if not stacks:
-        findings.append(checkup.Finding("stack files", None, f"none in {config.stacks_dir()} (copy one from stacks/)"))
+        findings.append(checkup.Finding("stack files", None, f"none in {stack_dirs()[0]} (gpu-train init writes one)"))
     return findings
 
 
@@ -134,11 +135,11 @@ def _instances_by_stack(creds, projects: set[str]) -> tuple[dict[tuple[str, str]
 def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> tuple[dict | None, str | None]:
     """Node 0's agent status within QUICK_SSH_S, or why not."""
     from remote import ssh
-    from remote.target import target_from
+    from remote.target import ssh_hosts, target_from
 
     try:
-        target = target_from(cfg, outputs, home)
-        if not Path(target.key_file).is_file():
+        target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
+        if target.key_file and not Path(target.key_file).is_file():
             return None, f"no private key at {target.key_file}"
         conn = ssh.open_connection(target, target.host, QUICK_SSH_S, lambda _text: None)
         try:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
 import select
+import shlex
+import socket
 import tempfile
 import threading
 import time
@@ -24,7 +28,7 @@ from pathlib import Path
 import paramiko
 from fabric import Config, Connection
 
-from gpu_train.config import SshHost
+from gpu_train.config import SshHost, split_host
 from gpu_train.errors import ExitStatus, GpuTrainError
 from remote.agent.bundle import agent_command
 from remote.agent.protocol import LOG_END, LOG_START
@@ -50,6 +54,10 @@ class HostKeyError(RemoteError):
 
 class KeyFileError(HostKeyError):
     """Our own private key cannot be used."""
+
+
+class VmStopped(HostKeyError):
+    """The Compute API says the VM is stopped: no wait and no refreshed address will reach it."""
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -108,23 +116,45 @@ def knows_host(target: Target, host: SshHost) -> bool:
     return bool(paramiko.HostKeys(str(target.known_hosts)).lookup(host_id(host)))
 
 
-def _changed_key_message(host: SshHost, target: Target, e: paramiko.BadHostKeyException) -> str:
+def _changed_key_message(name: str, target: Target, e: paramiko.BadHostKeyException) -> str:
     return (
-        f"the host key of {host_id(host)} has CHANGED: expected {fingerprint(e.expected_key)}, got "
+        f"the host key of {name} has CHANGED: expected {fingerprint(e.expected_key)}, got "
         f"{fingerprint(e.key)}. This can mean someone is intercepting the connection, or the host was "
         f"rebuilt (a new VM at the same address). If you know it was rebuilt, forget the old key:\n"
-        f"    ssh-keygen -f {target.known_hosts} -R '{host_id(host)}'\nthen run the task again."
+        f"    ssh-keygen -f {target.known_hosts} -R '{name}'\nthen run the task again."
     )
 
 
+def agent_fingerprints() -> set[str]:
+    """Fingerprints of the keys ssh-agent holds (none without SSH_AUTH_SOCK)."""
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return set()
+    try:
+        return {fingerprint(k) for k in paramiko.Agent().get_keys()}
+    except paramiko.SSHException:
+        return set()
+
+
+def public_fingerprint(path: str) -> str | None:
+    """The fingerprint of ``path``'s public half, from PATH.pub (readable without the passphrase)."""
+    try:
+        blob = paramiko.PublicBlob.from_file(f"{path}.pub")
+        return fingerprint(paramiko.PKey.from_type_string(blob.key_type, blob.key_blob))
+    except (OSError, ValueError, paramiko.SSHException):
+        return None
+
+
 def check_key_file(path: str) -> None:
-    """RemoteError at once when ``path`` is not a private key paramiko can use (a .pub, a typo, a
-    passphrase-protected key): otherwise every attempt fails alike and it looks like a host not up."""
+    """KeyFileError at once when ``path`` is not a private key we can use (a .pub, a typo, a
+    passphrase-protected key that ssh-agent does not hold): otherwise every attempt fails alike
+    and it looks like a host not up."""
     try:
         paramiko.PKey.from_path(path)
-    except paramiko.PasswordRequiredException:
-        raise KeyFileError(f"the key {path} has a passphrase, which gpu-train cannot ask for: point gpu-train:sshKey "
-                          "at a key without one (ssh-keygen -t ed25519 -N '' -f ~/.ssh/gpu_train)") from None
+    except (paramiko.PasswordRequiredException, TypeError):  # TypeError: cryptography's word for an OpenSSH-format one
+        if public_fingerprint(path) in agent_fingerprints():
+            return  # the agent signs with it
+        raise KeyFileError(f"the key {path} has a passphrase and ssh-agent does not hold it: add it once per login "
+                           f"session (ssh-add {path}), then run the task again") from None
     except (paramiko.SSHException, ValueError, OSError, UnicodeError) as e:
         raise KeyFileError(f"{path} is not an SSH private key ({str(e).split('. ')[0]}): set gpu-train:sshKey to your "
                           "private key's path (not the .pub)") from None
@@ -134,49 +164,147 @@ OSLOGIN_MARK = "gpu-train: OS Login is on for this VM"  # what the startup scrip
 
 
 def refused_message(target: Target, host: SshHost, error: Exception) -> str:
-    """Why the key was refused, and what to do. On GCP the usual cause is OS Login, enforced by the
-    organisation or project: the VM then ignores the ssh-keys metadata, and its startup script says so
-    on the serial console."""
-    text = f"{host}: the key {target.key_file} was refused ({error})"
+    """Why the login was refused (the keys offered, the host's answer), and what to do. On GCP the
+    usual cause is OS Login, enforced by the organisation or project: the VM then ignores the
+    ssh-keys metadata, and its startup script says so on the serial console."""
+    text = auth_message(host, target, error)
     if not target.is_gcp:
-        return f"{text}; check gpu-train:sshKey and that its public half is in the host's authorized_keys"
-    return (f"{text}. On Google Cloud this usually means OS Login is on for the project (organisation policy "
+        return text
+    return (f"{text} On Google Cloud this usually means OS Login is on for the project (organisation policy "
             "constraints/compute.requireOsLogin, or project metadata enable-oslogin=TRUE): the VM ignores the "
             f"ssh-keys metadata and {host.user} is never created. Check: `gcloud compute instances "
             "get-serial-port-output INSTANCE --zone ZONE | grep 'OS Login'` (the startup script prints "
-            f"'{OSLOGIN_MARK}'); fix: let the project use metadata SSH keys. Otherwise check gpu-train:sshKey")
+            f"'{OSLOGIN_MARK}'); fix: let the project use metadata SSH keys.")
 
 
-def open_connection(target: Target, host: SshHost, timeout: float, say: Say) -> Connection:
-    """Connect, retrying with backoff until ``timeout`` while the host is not up yet."""
-    check_key_file(target.key_file)
-    conn = Connection(
-        host.host, user=host.user, port=host.port, connect_timeout=10,
-        config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
-        connect_kwargs={"key_filename": target.key_file, "look_for_keys": False, "allow_agent": False,
-                        "banner_timeout": 15, "auth_timeout": 15},
-    )
+def _client(target: Target, say: Say) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
     if target.known_hosts.is_file():
         client.load_host_keys(str(target.known_hosts))
     client.set_missing_host_key_policy(TrustOnFirstUse(target.known_hosts, target.pinned, say))
-    conn.client = client
+    return client
+
+
+def connections(target: Target, host: SshHost, say: Say) -> list[Connection]:
+    """Unopened Connections to ``host``'s jump hosts, in order, and last to ``host`` through them, each
+    verified against the stack's known_hosts; keys: the hop's identity files, then ssh-agent's
+    (where passphrase keys live)."""
+    chain: list[Connection] = []
+    for hop in (*host.jump, host):
+        conn = Connection(
+            hop.host, user=hop.user, port=hop.port, connect_timeout=10, gateway=chain[-1] if chain else None,
+            config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
+            connect_kwargs={"key_filename": list(hop.keys), "look_for_keys": False, "allow_agent": True,
+                            "banner_timeout": 15, "auth_timeout": 15},
+        )
+        conn.client = _client(target, say)
+        chain.append(conn)
+    return chain
+
+
+def offered_keys(host: SshHost) -> list[str]:
+    """What we offer a host, for messages: each key file and each ssh-agent key, with fingerprints."""
+    out = [f"{path} ({public_fingerprint(path) or 'no .pub beside it'})" for path in host.keys]
+    try:
+        agent_keys = paramiko.Agent().get_keys() if os.environ.get("SSH_AUTH_SOCK") else ()
+    except paramiko.SSHException:
+        agent_keys = ()
+    out += [f"ssh-agent: {fingerprint(k)}{' ' + k.comment if getattr(k, 'comment', '') else ''}" for k in agent_keys]
+    return out
+
+
+def auth_message(host: SshHost, target: Target, e: paramiko.AuthenticationException) -> str:
+    """Which keys were offered to whom, and what the host answered."""
+    where = f"{host.user}@{host.host}:{host.port}" + (f" ({host.spec})" if host.spec and split_host(host.spec)[1] != host.host else "")
+    keys = offered_keys(host)
+    if isinstance(e, paramiko.PasswordRequiredException):
+        locked = ", ".join(host.keys)
+        return (f"{where}: the key {locked} is protected by a passphrase and ssh-agent does not hold it; add it "
+                f"once per login session: ssh-add {host.keys[0] if host.keys else ''}".rstrip())
+    answer = (str(e) or type(e).__name__).rstrip(".")
+    allowed = getattr(e, "allowed_types", None)
+    if allowed:
+        answer += f" (it accepts: {', '.join(allowed)})"
+    offered = "; ".join(keys) if keys else "no key at all (no identity file exists and no ssh-agent)"
+    fix = "gpu-train:sshKey" if target.key_file else "gpu-train:sshKey or the IdentityFile in your ssh_config"
+    return (f"{where} refused the login as {host.user!r}. Offered: {offered}. The host answered: {answer}. "
+            f"Put one of these keys' public halves in ~{host.user}/.ssh/authorized_keys there, or set {fix}.")
+
+
+def unreachable_now(e: BaseException, host: SshHost) -> tuple[str, bool] | None:
+    """A connection failure that waiting cannot fix: (message, refused?). None for timeouts and the like.
+
+    A name that does not resolve never will; a refused connection means nothing listens on that
+    port (on a booting VM it may yet: the caller decides). A jump host that cannot reach the
+    target says so in a channel error.
+    """
+    where = f"{host.host}:{host.port}" + (f" ({host.spec})" if host.spec and split_host(host.spec)[1] != host.host else "")
+    if isinstance(e, socket.gaierror):
+        return f"cannot resolve the host name {host.host!r} ({where}): {e.strerror or e}", False
+    refused = isinstance(e, ConnectionRefusedError) or (
+        isinstance(e, paramiko.ssh_exception.NoValidConnectionsError)
+        and all(getattr(err, "errno", None) == errno.ECONNREFUSED for err in e.errors.values()))
+    if refused:
+        return f"connection refused by {where}: nothing listens on port {host.port} (is sshd running? is the port right?)", True
+    if isinstance(e, paramiko.ChannelException):
+        via = host.jump[-1] if host.jump else None
+        return f"the jump host {via.host if via else '?'} could not open a connection to {where}: {e.text}", False
+    return None
+
+
+def _close(chain: list[Connection]) -> None:
+    for conn in reversed(chain):
+        conn.close()
+
+
+def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
+                    probe: Callable[[], str | None] | None = None, again: bool = False) -> Connection:
+    """Connect, retrying with backoff until ``timeout`` while the host is not up yet.
+
+    An unresolvable name fails at once; so does a refused connection, except on GCP, where a
+    booting VM refuses until its sshd is up, and ``again`` (reconnecting to a host that answered
+    a moment ago: its sshd may be restarting). ``probe`` (GCP: the Compute API's view of the VM)
+    runs while SSH does not answer, and its message (a stopped VM) ends the wait.
+    """
+    if target.key_file:
+        check_key_file(target.key_file)
     deadline = time.monotonic() + timeout
-    delay, told = 0.5, False
+    delay, told, probed_at = 0.5, False, -1e9
+    hops = (*[dataclasses.replace(h, jump=host.jump[:i]) for i, h in enumerate(host.jump)], host)
     while True:
+        chain = connections(target, host, say)
+        hop = hops[0]
         try:
-            conn.open()
-            conn.transport.set_keepalive(5)
-            return conn
+            for i, conn in enumerate(chain):  # one by one: a failure names its hop
+                hop = hops[i]
+                conn.open()
+                conn.transport.set_keepalive(5)
+            return chain[-1]
         except paramiko.BadHostKeyException as e:
-            raise HostKeyError(_changed_key_message(host, target, e)) from None
+            _close(chain)
+            raise HostKeyError(_changed_key_message(e.hostname or host_id(hop), target, e)) from None
+        except HostKeyError:
+            _close(chain)
+            raise
         except paramiko.AuthenticationException as e:
-            raise RemoteError(refused_message(target, host, e)) from None
+            _close(chain)
+            raise RemoteError(refused_message(target, hop, e)) from None
         except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
+            _close(chain)
+            fatal = unreachable_now(e, hop)
+            if fatal is not None and hop is not host:
+                fatal = (f"{fatal[0]} (the jump host on the way to {host.spec or host})", fatal[1])
+            if probe is not None and time.monotonic() - probed_at > 15:
+                probed_at = time.monotonic()
+                verdict = probe()
+                if verdict:
+                    raise VmStopped(verdict) from None
+            if fatal is not None and not ((target.is_gcp or again) and fatal[1]):
+                raise RemoteError(fatal[0]) from None
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RemoteError(f"cannot reach {host} over SSH after {timeout:g} s ({e or type(e).__name__}); "
-                                  "is the host up and the port right? (`fab status` after `pulumi up`)") from None
+                                  "is the host up and the port right?") from None
             if not told:
                 say(f"waiting for SSH on {host} (up to {timeout:g} s): {e or type(e).__name__}")
                 told = True
@@ -315,13 +443,27 @@ def end_trailer(stderr: str) -> dict | None:
 
 
 def openssh_options(target: Target, host: SshHost) -> list[str]:
-    """OpenSSH options matching our paramiko policy: our key, our known_hosts, no prompts."""
-    return [
-        "-p", str(host.port), "-i", target.key_file, "-F", "/dev/null",
-        "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+    """OpenSSH options matching our paramiko policy: the host's keys (and ssh-agent's), our
+    known_hosts, no prompts, and its jump hosts as a ProxyCommand built the same way."""
+    keys = [opt for k in host.keys for opt in ("-i", k)]
+    opts = [
+        "-p", str(host.port), *keys, "-F", "/dev/null",
+        "-o", f"IdentitiesOnly={'yes' if target.key_file and host.keys else 'no'}", "-o", "BatchMode=yes",
         "-o", f"UserKnownHostsFile={target.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=15",
         "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
         # AES-GCM runs on the CPU's AES instructions: faster bulk transfers than OpenSSH's default.
         "-o", "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
     ]  # fmt: skip
+    if host.jump:
+        opts += ["-o", "ProxyCommand=" + proxy_command(target, host)]
+    return opts
+
+
+def proxy_command(target: Target, host: SshHost) -> str:
+    """OpenSSH's ProxyCommand reaching ``host`` through its last jump host (itself through the
+    earlier ones), with the same keys and known_hosts; "" without jump hosts."""
+    if not host.jump:
+        return ""
+    via = dataclasses.replace(host.jump[-1], jump=host.jump[:-1])
+    return shlex.join(["ssh", *openssh_options(target, via), "-W", "%h:%p", f"{via.user}@{via.host}"])

@@ -51,14 +51,21 @@ def taken_names(text: str) -> set[str]:
     return names
 
 
-def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_hosts: str, short_free: bool) -> str:
-    """The Host blocks for one stack: node 0 as ``gpu-train-STACK`` (and ``STACK``), node N as ``gpu-train-STACK-N``."""
+def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_hosts: str, short_free: bool,
+          proxies: list[str] | None = None) -> str:
+    """The Host blocks for one stack: node 0 as ``gpu-train-STACK`` (and ``STACK``), node N as ``gpu-train-STACK-N``.
+
+    Without ``key_file`` (keys from ssh-agent and the user's ssh_config) no IdentityFile is
+    pinned; ``proxies`` gives each host's ProxyCommand (its jump hosts), or "" for none.
+    """
     blocks = [f"# written by gpu-train for stack {stack}"]
     for i, (user, host, port) in enumerate(hosts):
         names = [f"gpu-train-{stack}"] + ([stack] if short_free else []) if i == 0 else [f"gpu-train-{stack}-{i}"]
+        keys = f"  IdentityFile {_quote(key_file)}\n  IdentitiesOnly yes\n" if key_file else ""
+        proxy = f"  ProxyCommand {proxies[i]}\n" if proxies and proxies[i] else ""
         blocks.append(
             f"Host {' '.join(names)}\n  HostName {_quote(host)}\n  User {_quote(user)}\n  Port {port}\n"
-            f"  IdentityFile {_quote(key_file)}\n  IdentitiesOnly yes\n  UserKnownHostsFile {_quote(known_hosts)}\n"
+            f"{keys}{proxy}  UserKnownHostsFile {_quote(known_hosts)}\n"
             "  StrictHostKeyChecking yes\n  ServerAliveInterval 15")
     return "\n".join(blocks) + "\n"
 
@@ -79,7 +86,10 @@ def write_alias(target, home: Path) -> tuple[str, bool]:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", target.stack):
         raise ValueError(f"stack name {target.stack!r} cannot be an ssh host alias")
     free = _already_short(path, target.stack) or (not path.is_file() and target.stack not in taken_names(theirs))
-    text = entry(target.stack, [(h.user, h.host, h.port) for h in target.hosts], target.key_file, str(target.known_hosts), free)
+    from remote.ssh import proxy_command
+
+    text = entry(target.stack, [(h.user, h.host, h.port) for h in target.hosts], target.key_file, str(target.known_hosts), free,
+                 [proxy_command(target, h) for h in target.hosts])
     new = not path.is_file()
     if new or path.read_text() != text:
         _atomic_write(path, text)

@@ -163,6 +163,78 @@ def human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """Something in the code directory that the sync does not send, and why."""
+
+    path: str  # relative to the code directory; directories end in '/'
+    bytes: int
+    why: str
+    capped: bool = False  # sized only in part (a huge tree): at least ``bytes``
+
+
+def tree_bytes(path: Path, max_entries: int = 50_000) -> tuple[int, bool]:
+    """(bytes under ``path``, whether the walk stopped at ``max_entries`` first); symlinks not followed."""
+    total, seen, todo = 0, 0, [path]
+    while todo:
+        current = todo.pop()
+        try:
+            st = current.lstat()
+        except OSError:
+            continue
+        seen += 1
+        if seen > max_entries:
+            return total, True
+        if current.is_dir() and not current.is_symlink():
+            try:
+                todo.extend(current.iterdir())
+            except OSError:
+                continue
+        elif current.is_file() and not current.is_symlink():
+            total += st.st_size
+    return total, False
+
+
+def always_excluded(src: Path, outputs: list[tuple[Path, str | None]]) -> list[tuple[str, str | None]]:
+    """Anchored rsync patterns for the outputs that lie inside ``src`` (fetched runs, local state):
+    results never go back as code, whatever the ignore files say. Pairs of (pattern, why)."""
+    out = []
+    for path, why in outputs:
+        try:
+            rel = path.resolve().relative_to(src.resolve())
+        except ValueError:
+            continue
+        if rel.parts:
+            out.append(("/" + rsync_literal(rel.as_posix()) + "/", why))
+    return out
+
+
+def left_out_summary(items: list[LeftOut], limit: int = 4) -> str:
+    """One line naming the biggest things left out and their sizes, and how to send data instead."""
+    shown = sorted(items, key=lambda i: -i.bytes)[:limit]
+    if not shown:
+        return ""
+    parts = [f"{i.path} {'>= ' if i.capped else ''}{human(i.bytes)}, {i.why}" for i in shown]
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return (f"left out: {'; '.join(parts)}{more}. To send data: gpu-train push DIR "
+            "(the job finds it in $DATA_DIR)")
+
+
+def ignore_sources(src: Path, paths: list[str]) -> dict[str, str]:
+    """Which ignore file ignores each path (git check-ignore -v): path -> '.gitignore', 'data/.gitignore', ..."""
+    if not paths:
+        return {}
+    names = "\0".join(paths) + "\0"
+    out = subprocess.run(["git", "-C", str(src), "check-ignore", "-v", "-z", "--no-index", "--stdin"],
+                         input=names.encode("utf-8", "surrogateescape"), capture_output=True)
+    fields = out.stdout.decode("utf-8", "surrogateescape").split("\0")
+    found = {}
+    for i in range(0, len(fields) - 3, 4):  # source, line number, pattern, path
+        source = fields[i]
+        found[fields[i + 3]] = Path(source).name if source.endswith(".gitignore") and "/" not in source else source
+    return found
+
+
 @dataclass
 class CodePlan:
     """What a code sync would send, decided locally before any connection: files, size, manifest.
@@ -177,25 +249,51 @@ class CodePlan:
     manifest: str
     git_mode: bool
     exclude: Path | None
+    left_out: tuple[LeftOut, ...] = ()
 
     def describe(self) -> str:
         return f"{self.src} ({self.files} files, {human(self.bytes)}; .gitignore and {IGNORE_FILE} honoured)"
 
 
-def plan_code(src: Path, scratch: Path) -> CodePlan:
-    """List what would be synced from ``src`` (git's ignores go to a file in ``scratch``)."""
+def plan_code(src: Path, scratch: Path, outputs: tuple[tuple[Path, str | None], ...] = ()) -> CodePlan:
+    """List what would be synced from ``src`` (git's ignores go to a file in ``scratch``).
+
+    ``outputs`` (the fetched runs' folder, the local state) are never sent; what is left out is
+    sized, so the user hears that ``data/`` stayed behind before the job looks for it.
+    """
     check_rsync()
     ignored = git_ignored(src)
+    forced = always_excluded(src, list(outputs))
+    patterns = [p for p, _ in forced] + (ignored or [])
     exclude = None
-    if ignored:
-        exclude = scratch / "gitignored.exclude"
-        exclude.write_text("\n".join(ignored) + "\n", encoding="utf-8", errors="surrogateescape")
+    if patterns:
+        exclude = scratch / "code.exclude"
+        exclude.write_text("\n".join(patterns) + "\n", encoding="utf-8", errors="surrogateescape")
     listing = subprocess.run(list_command(src, exclude, ignored is not None), capture_output=True, text=True)
     if listing.returncode != 0:
         raise RemoteError(f"cannot list {src}: {listing.stderr.strip()}")
     files, size = listed_bytes(listing.stdout)
     manifest = hashlib.sha256(listing.stdout.encode()).hexdigest()
-    return CodePlan(src, files, size, manifest, ignored is not None, exclude)
+    return CodePlan(src, files, size, manifest, ignored is not None, exclude, tuple(_left_out(src, forced, ignored or [])))
+
+
+def _left_out(src: Path, forced: list[tuple[str, str | None]], ignored: list[str]) -> list[LeftOut]:
+    items = []
+    for pattern, why in forced:
+        path = src / pattern.strip("/")
+        if why and path.exists():  # no why: left out without a word (gpu-train's own state)
+            size, capped = tree_bytes(path)
+            items.append(LeftOut(pattern.lstrip("/"), size, why, capped))
+    forced_paths = {p.lstrip("/") for p, _ in forced}
+    rels = [p.lstrip("/") for p in ignored if p.lstrip("/") not in forced_paths and "\\" not in p]
+    sized = [(rel, *tree_bytes(src / rel.rstrip("/"))) for rel in rels]
+    sized = [t for t in sized if t[1] > 0]
+    sized.sort(key=lambda t: -t[1])
+    sources = ignore_sources(src, [rel for rel, _, _ in sized[:8]])
+    for rel, size, capped in sized:
+        source = sources.get(rel) or sources.get(rel.rstrip("/"))
+        items.append(LeftOut(rel, size, f"ignored by {source or 'git'}", capped))
+    return items
 
 
 def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: str, rsh: str | None = None) -> None:
@@ -204,3 +302,20 @@ def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: 
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise RemoteError(f"rsync of the code to {host} failed (exit {result.returncode}): {result.stderr.strip()}")
+
+
+def data_command(target: Target, host: SshHost, src: Path, dest: str, progress: bool, rsh: str | None = None) -> list[str]:
+    """rsync a data directory to ``dest`` on the host: incremental, resumable, never deleting there."""
+    mkdir = shlex.join(["mkdir", "-p", dest])  # older rsyncs lack --mkpath
+    cmd = ["rsync", "-a", "--partial", PROTECT, "-e", rsh or ssh_command(target, host), f"--rsync-path={mkdir} && rsync"]
+    if progress:
+        cmd += ["--info=progress2", "--no-inc-recursive"]
+    return [*cmd, f"{src}/", remote_path(host, f"{dest}/")]
+
+
+def push_data(target: Target, host: SshHost, src: Path, dest: str, progress: bool, rsh: str | None = None) -> None:
+    check_rsync()
+    result = subprocess.run(data_command(target, host, src, dest, progress, rsh), stdout=None if progress else subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise RemoteError(f"push to {host} failed (rsync exit {result.returncode}): {result.stderr.strip()}")

@@ -15,16 +15,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpu_train import config
+from gpu_train import config, project
 from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
 from gpu_train.vm import job_grace_s
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = project.REPO
 
 
 def state_home() -> Path:
-    """Local caches (stack outputs, known_hosts): $GPU_TRAIN_HOME, else .gpu-train/ in the repo."""
-    return Path(os.environ.get("GPU_TRAIN_HOME") or REPO / ".gpu-train")
+    """Local caches (stack outputs, known_hosts): $GPU_TRAIN_HOME, else .gpu-train/ in the project."""
+    return Path(os.environ.get("GPU_TRAIN_HOME") or project.project_root() / ".gpu-train")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Target:
     pinned: bool  # known_hosts given by the user: never written, unknown keys refused
     remote_root: str
     python: str | None
+    venv: bool
     expect_gpus: int  # GCP: wait until nvidia-smi lists this many; SSH stacks: 0 (no waiting)
     hourly_cost_usd: float | None
     is_gcp: bool
@@ -44,6 +45,7 @@ class Target:
     master_addr: str = ""  # where the nodes meet: node 0 as the others reach it (internal IP on GCP)
     gpus_per_node: int | None = None  # known on GCP; on SSH hosts the agent counts them
     node: int = 0
+    vm: dict | None = None  # GCP: project, zone, name (this node's), spot, idleStopMinutes, maxRunHours
     # Pools (GCP): each node's GPUs and role, in node order; empty when every node is alike.
     node_gpus: tuple[int, ...] = ()
     roles: tuple[str, ...] = ()
@@ -54,7 +56,8 @@ class Target:
         hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
         gpus: dict[str, Any] = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
             if node < len(self.node_gpus) else {}
-        return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node,
+        vm = self.vm and {**self.vm, "name": (self.vm.get("names") or [self.vm.get("name")] * (node + 1))[node]}
+        return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node, vm=vm,
                        agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)
 
     @property
@@ -75,19 +78,22 @@ STACK_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # Pulumi's rule;
 
 
 def select_stack(stack: str | None) -> str:
-    """--stack, else $GPU_TRAIN_STACK, else Pulumi's selected stack."""
+    """--stack, else $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack."""
     chosen = stack or os.environ.get("GPU_TRAIN_STACK")
     if chosen and not STACK_NAME_RE.fullmatch(chosen):
         raise ConfigError([Problem("stack", f"{config.shown(chosen)} is not a stack name",
                                    "letters, digits, '_', '.' and '-', starting with a letter or digit")])
     if chosen:
         return chosen
+    own = project.stack_names([project.project_root() / "stacks"])
+    if len(own) == 1:
+        return own[0]
     if shutil.which("pulumi"):
         out = subprocess.run(["pulumi", "stack", "--show-name"], cwd=REPO, capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
-    raise ConfigError([Problem("stack", "no stack selected",
-                               "pass --stack NAME, set GPU_TRAIN_STACK, or `pulumi stack select NAME`")])
+    raise ConfigError([Problem("stack", "no stack selected" + (f" (this project has {', '.join(own)})" if own else ""),
+                               "pass --stack NAME, set GPU_TRAIN_STACK, or create one: gpu-train init")])
 
 
 def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
@@ -119,24 +125,28 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
     if cfg.is_gcp:
         assert outputs is not None
         user = outputs.get("sshUser") or cfg.ssh_user
-        hosts = tuple(SshHost(user, ip, 22) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
+        gcp_key = os.path.expanduser(cfg.ssh_private_key_path())
+        hosts = tuple(SshHost(user, ip, 22, keys=(gcp_key,)) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
         master = (outputs.get("internalIps") or [outputs.get("internalIp") or hosts[0].host])[0]
         expect, cost, gpus = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd"), outputs.get("gpuCount")
         pooled = bool(cfg.pools) and len(outputs.get("nodeGpuCounts") or []) == len(hosts)
         node_gpus = tuple(int(n) for n in outputs["nodeGpuCounts"]) if pooled else ()
         roles = tuple(outputs.get("nodeRoles") or ()) if pooled else ()
     else:
-        hosts, expect, cost, gpus, node_gpus, roles = cfg.hosts, 0, None, None, (), ()
+        own = (os.path.expanduser(cfg.ssh_key),) if cfg.ssh_key else ()
+        hosts = tuple(h if h.keys else replace(h, keys=own) for h in cfg.hosts)
+        expect, cost, gpus, node_gpus, roles = 0, None, None, (), ()
         master = hosts[0].host if hosts else ""
-    key = cfg.ssh_private_key_path() if cfg.is_gcp else (cfg.ssh_key or "~/.ssh/id_ed25519")
+    key = cfg.ssh_private_key_path() if cfg.is_gcp else cfg.ssh_key
     return Target(
         stack=cfg.stack,
         hosts=hosts,
-        key_file=os.path.expanduser(key),
+        key_file=os.path.expanduser(key) if key else "",
         known_hosts=Path(os.path.expanduser(cfg.known_hosts)) if cfg.known_hosts else cache / "known_hosts",
         pinned=cfg.known_hosts is not None,
         remote_root=cfg.remote_root,
         python=cfg.python,
+        venv=cfg.venv,
         expect_gpus=expect,
         hourly_cost_usd=cost,
         is_gcp=cfg.is_gcp,
@@ -145,9 +155,24 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
                         "shutdownGraceS": job_grace_s(cfg)},
         master_addr=master,
         gpus_per_node=int(gpus) if gpus else None,
+        vm={"project": cfg.project, "zone": outputs.get("zone") or cfg.zone, "name": outputs.get("instanceName"),
+            "names": outputs.get("instanceNames"), "spot": cfg.spot, "idleStopMinutes": cfg.idle_stop_minutes,
+            "maxRunHours": cfg.max_run_hours} if cfg.is_gcp and outputs else None,
         node_gpus=node_gpus,
         roles=roles,
     )
+
+
+def ssh_hosts(cfg: StackConfig) -> StackConfig:
+    """An SSH stack with its hosts resolved as OpenSSH would (remote/sshconfig.py)."""
+    from remote import sshconfig
+
+    try:
+        hosts = tuple(sshconfig.resolve(h.spec or str(h), cfg.ssh_key, cfg.ssh_config) for h in cfg.hosts)
+    except sshconfig.SshConfigError as e:
+        raise ConfigError([Problem("hosts", str(e), "fix the ssh_config, or write the host as user@host:port")],
+                          cfg.stack) from None
+    return replace(cfg, hosts=hosts)
 
 
 def resolve(stack: str | None, refresh: bool = False) -> Target:
@@ -161,10 +186,16 @@ def resolve(stack: str | None, refresh: bool = False) -> Target:
     cfg, _ = validate.check(config.read_stack_file(config.stack_file(name)), name, load_catalog())
     home = state_home()
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
-    target = target_from(cfg, outputs, home)
-    if not Path(target.key_file).is_file():
-        raise ConfigError([Problem("sshKey", f"no private key at {target.key_file}",
+    target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
+    if target.key_file and not Path(target.key_file).is_file():
+        raise ConfigError([Problem("sshKey" if cfg.ssh_key else "sshPublicKey", f"no private key at {target.key_file}",
                                    "set gpu-train:sshKey to your private key's path")], name)
+    agent = bool(os.environ.get("SSH_AUTH_SOCK"))
+    for h in target.hosts:
+        if not h.keys and not agent:
+            raise ConfigError([Problem("sshKey", f"no SSH key for {h.spec or h}: no ssh-agent (SSH_AUTH_SOCK) and none of "
+                                       "~/.ssh/id_* nor an IdentityFile in the ssh_config exists",
+                                       "create one (ssh-keygen -t ed25519), start ssh-agent, or set gpu-train:sshKey")], name)
     if target.pinned and not target.known_hosts.is_file():
         raise ConfigError([Problem("knownHosts", f"no file at {target.known_hosts}",
                                    "point gpu-train:knownHosts at a known_hosts file, or remove it to learn keys")], name)

@@ -1,14 +1,22 @@
 # Sourced by the scripts: make sure .venv exists with gpu-train installed, then put it on PATH.
-# Creating it takes a minute once; later runs only check a stamp (the requirements' hash).
+# VENV_EXTRAS=test (scripts/test, scripts/demo) adds the test tools and the CPU torch the example
+# trains with; the user's install (scripts/setup, plan, preflight, up) has only what gpu-train needs.
+# Creating it takes a minute once; later runs only check a stamp per set (the requirements' hash).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
-stamp="$VENV/.gpu-train-stamp"
-want="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+reqs=("$ROOT/requirements.txt")
+[ "${VENV_EXTRAS:-}" = test ] && reqs+=("$ROOT/requirements-test.txt")
+stamp="$VENV/.gpu-train-stamp$([ "${VENV_EXTRAS:-}" = test ] || echo -user)"
+want="$(cat "${reqs[@]}" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setting up $VENV (once) ..." >&2
   python3 -m venv "$VENV" || { echo "python3 -m venv failed: install python3-venv" >&2; exit 1; }
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    -r "$ROOT/requirements.txt" -r "$ROOT/requirements-test.txt" -e "$ROOT" >&2 || exit 1
+  pip_reqs=()
+  for r in "${reqs[@]}"; do pip_reqs+=(-r "$r"); done
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pip_reqs[@]}" -e "$ROOT" >&2 || exit 1
   echo "$want" > "$stamp"
+  if [ "${VENV_EXTRAS:-}" = test ]; then  # the test set holds the user's: it needs no install of its own
+    cat "$ROOT/requirements.txt" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16 > "$VENV/.gpu-train-stamp-user"
+  fi
 fi
 export PATH="$VENV/bin:$PATH"

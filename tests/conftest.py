@@ -23,7 +23,7 @@ from remote.loopback import Sshd
 
 ROOT = Path(__file__).resolve().parent.parent
 # Fixtures that start a real sshd (here and in the test modules): a test using one is `e2e`.
-E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster"})
+E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd"})
 # Fixtures whose tests run many real processes (scripts/up against the stand-in pulumi): `slow`.
 SLOW_FIXTURES = frozenset({"up_env"})
 
@@ -107,7 +107,7 @@ class Lab:
     @property
     def env(self) -> dict[str, str]:
         return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home),
-                "GPU_TRAIN_STACK": "lab", "PYTHONPATH": str(ROOT)}
+                "GPU_TRAIN_STACK": "lab", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
 
     def fab(self, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
         result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,

@@ -1,7 +1,7 @@
 """A local fake of the Google endpoints `check` and `ls` use, on 127.0.15.x, and a throwaway ADC file.
 
 It answers as Google does: OAuth's token endpoint (a service-account JWT grant, which it checks),
-Service Usage ``services:batchGet`` and Compute ``aggregated/instances`` (both refusing a request
+Service Usage ``services:batchGet``, Compute ``aggregated/instances`` and ``instances.get`` (all refusing a request
 without the bearer token it issued), with Google's error document for a disabled API.
 """
 
@@ -78,6 +78,13 @@ class Google(BaseHTTPRequestHandler):
                 items.setdefault(f"zones/{inst['zone'].rsplit('/', 1)[-1]}", {"instances": []})["instances"].append(inst)
             items["zones/europe-west4-a"] = {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "There are no results"}}
             self._send(200, {"kind": "compute#instanceAggregatedList", "items": items})
+        elif parts[:3] == ["compute", "v1", "projects"] and len(parts) == 8 and parts[4] == "zones" and parts[6] == "instances":
+            project, zone, name = parts[3], parts[5], parts[7]  # instances.get
+            for inst in self.state["instances"].get(project, []):
+                if inst["name"] == name and inst["zone"].rsplit("/", 1)[-1] == zone:
+                    self._send(200, inst)
+                    return
+            self._error(404, "NOT_FOUND", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
         else:
             self._error(404, "NOT_FOUND", f"no such method {url.path}")
 

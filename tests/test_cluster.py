@@ -31,11 +31,11 @@ class Cluster:
         (tmp / "stacks" / "Pulumi.duo.yaml").write_text(
             "config:\n  gpu-train:target: ssh\n"
             f"  gpu-train:hosts: ['{self.a.spec}', '{self.b.spec}']\n  gpu-train:sshKey: {self.a.client_key}\n"
-            f"  gpu-train:remoteRoot: {tmp}/node{{node}}\n  gpu-train:python: {sys.executable}\n")
+            f"  gpu-train:remoteRoot: {tmp}/node{{node}}\n  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n")
         self.cwd = tmp / "work"
         self.cwd.mkdir()
         self.env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(tmp / "stacks"), "GPU_TRAIN_HOME": str(tmp / "home"),
-                    "GPU_TRAIN_STACK": "duo", "PYTHONPATH": str(ROOT)}
+                    "GPU_TRAIN_STACK": "duo", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
 
     def fab(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
         r = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd, capture_output=True,

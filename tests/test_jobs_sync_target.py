@@ -24,6 +24,7 @@ from tests.conftest import gcp_raw
         (None, None, "bash run.sh", "job"),
         ("exp_1", "train.py", None, "exp_1"),
         (None, "3d.py", None, "job_3d"),
+        ("my-exp-2", "train.py", None, "my_exp_2"),  # --name accepts hyphens: run ids keep the AI Platform rule
         (None, "x" * 200 + ".py", None, "x" * 112),
     ],
 )
@@ -31,7 +32,7 @@ def test_base_name(name, script, command, base) -> None:
     assert jobs.base_name(name, script, command) == base
 
 
-@pytest.mark.parametrize("name", ["9lives", "has-dash", "", "a b", "é"])
+@pytest.mark.parametrize("name", ["9lives", "-dash", "", "a b", "é"])
 def test_base_name_rejects(name: str) -> None:
     with pytest.raises(jobs.JobError, match="--name"):
         jobs.base_name(name, "train.py", None)
@@ -110,7 +111,7 @@ def test_gcp_target_from_outputs() -> None:
     cfg = parse(gcp_raw(sshPublicKey="~/.ssh/work.pub"), "t4")
     outputs = {"externalIp": "203.0.113.10", "sshUser": "trainer", "gpuCount": 1, "hourlyCostUsd": 0.28}
     t = target.target_from(cfg, outputs, Path("/state"))
-    assert t.hosts == (SshHost("trainer", "203.0.113.10", 22),) and t.is_gcp and t.expect_gpus == 1
+    assert t.hosts == (SshHost("trainer", "203.0.113.10", 22, keys=(t.key_file,)),) and t.is_gcp and t.expect_gpus == 1
     assert t.key_file.endswith("/.ssh/work") and t.known_hosts == Path("/state/t4/known_hosts") and not t.pinned
     assert t.hourly_cost_usd == 0.28 and t.rsync_root() == "gpu-train"
 
@@ -125,10 +126,19 @@ def test_render_status() -> None:
                            Path("/s"))
     doc = {"host": "vm", "root": "/home/trainer/gpu-train", "uptimeS": 7200,
            "gpus": [{"index": 0, "name": "Tesla T4", "utilization": 87.0, "memoryUsedMiB": 9000, "memoryTotalMiB": 15360}],
-           "runs": [{"id": "train_20260101_000000", "state": "failed", "exitCode": 3, "durationS": 3725, "lastLine": "boom"}]}
+           "runs": [{"id": "train_20260101_000000", "state": "failed", "exitCode": 3, "durationS": 3725,
+                     "lastLine": "ValueError: boom"},
+                    {"id": "pip_20260101_000000", "state": "failed", "exitCode": 1, "durationS": 2, "lastLine": "",
+                     "reason": "pip install -r requirements.txt failed (exit 1): no such file"},
+                    {"id": "t_20260101_000000", "state": "running", "exitCode": None, "durationS": 5, "resumes": 2}]}
     text = render_status(doc, t)
     assert "VM up 2.0 h, about $1.00 so far" in text and "GPU 0 Tesla T4: 87% busy, 9000/15360 MiB" in text
-    assert "failed (exit 3)" in text and "1h02m" in text and "boom" in text
+    table = text.splitlines()[-4:]
+    assert table[0].split() == ["RUN", "STATE", "EXIT", "DURATION", "LAST", "LINE"]
+    assert table[1].split() == ["train_20260101_000000", "failed", "3", "1h02m", "ValueError:", "boom"]
+    assert table[2].endswith("pip install -r requirements.txt failed (exit 1): no such file")  # no line of its own
+    assert table[3].split()[:5] == ["t_20260101_000000", "running", "[resumed", "2x]", "-"]
+    assert table[1].index("failed") == table[0].index("STATE")  # columns line up
 
 
 @pytest.fixture

@@ -121,7 +121,8 @@ def test_job_crash_is_failed_with_its_exit_code_and_log(lab: Lab) -> None:
     assert follow.returncode == 3 and "about to fail" in follow.stdout
     info = lab.run_state(run)
     assert (info["state"], info["exitCode"]) == ("failed", 3)
-    assert "failed (exit 3)" in lab.fab("status").stdout
+    row = next(line for line in lab.fab("status").stdout.splitlines() if run in line)
+    assert row.split()[1:3] == ["failed", "3"] and row.endswith("about to fail")  # state, exit code, the job's line
     assert "about to fail" in lab.log(run)
 
 
@@ -159,14 +160,14 @@ def test_two_trains_with_one_name_at_once(lab: Lab) -> None:
     lab.fab("stop", "--grace", "1", check=True)
 
 
-def test_host_down_is_a_clear_error_within_the_timeout(lab: Lab) -> None:
+def test_host_down_is_refused_at_once(lab: Lab) -> None:
     lab.sshd.stop()
     started = time.monotonic()
     result = lab.fab("status", "--json")
     elapsed = time.monotonic() - started
     assert result.returncode == 3
-    assert "cannot reach" in result.stderr and lab.sshd.spec.split("@")[1] in result.stderr
-    assert elapsed < 30  # SSH stacks wait 15 s
+    assert "connection refused by" in result.stderr and lab.sshd.spec.split("@")[1] in result.stderr
+    assert elapsed < 5  # no waiting: nothing listens there
 
 
 def test_changed_host_key_is_refused(lab: Lab) -> None:

@@ -35,6 +35,7 @@ def test_defaults_come_from_the_declarations() -> None:
     gcp = config.parse(gcp_raw(), "g")
     assert gcp.idle_stop_minutes == settings.GCP_IDLE_STOP_MINUTES
     assert gcp.image_family == load_catalog().default_image_family
+    assert ssh.venv and not gcp.venv  # a venv per project on SSH hosts; the DLVM's Python on GCP
 
 
 def test_the_agent_gets_its_settings_with_its_own_defaults() -> None:

@@ -12,7 +12,7 @@ import time
 
 from . import units
 from .procs import detect_python, gpu_count
-from .protocol import FAILED, STARTING
+from .protocol import FAILED, STARTING, project_dirs
 from .status import busy_runs, machine_settings
 from .store import AgentError, agent_path, locked, now, read_json, settings, update_state, write_json
 
@@ -106,7 +106,9 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         update_state(run_dir, state=FAILED, ended=now(), reason=str(e))
         raise
     return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
-            "log": os.path.join(run_dir, "log"), "python": python, "screen": screen}
+            "log": os.path.join(run_dir, "log"), "screen": screen,
+            "python": os.path.join(project_dirs(root, spec.get("project"))[0], "bin", "python") if spec.get("venv") else python,
+            "dataDir": project_dirs(root, spec.get("project"))[1]}
 
 
 def start_wrapper(root: str, run_id: str) -> str:

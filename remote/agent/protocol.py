@@ -75,13 +75,16 @@ class JobSpec:
     launcher: str = "none"  # or "torchrun"
     nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1
     node: dict[str, object] | None = None  # rank, nnodes, masterAddr, masterPort, hosts, tfPort, ps
+    project: str | None = None  # the laptop project's name: REMOTE_ROOT/envs/PROJECT, REMOTE_ROOT/data/PROJECT
+    venv: bool = False  # run in the project's venv (made from ``python`` with its site packages), not in ``python``
     needs_torch: bool = False  # the host checks that its Python imports torch before "started"
 
     def to_json(self) -> dict:
         return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
                 "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
                 "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
-                "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "needsTorch": self.needs_torch}
+                "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "project": self.project,
+                "venv": self.venv, "needsTorch": self.needs_torch}
 
     @classmethod
     def from_json(cls, doc: dict) -> JobSpec:
@@ -90,7 +93,7 @@ class JobSpec:
                    expect_gpus=int(doc.get("expectGpus") or 0), code_manifest=doc.get("codeManifest"),
                    reuse_code=bool(doc.get("reuseCode")), agent_settings=dict(doc.get("agentSettings") or {}),
                    launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"),
-                   needs_torch=bool(doc.get("needsTorch")))
+                   project=doc.get("project"), venv=bool(doc.get("venv")), needs_torch=bool(doc.get("needsTorch")))
 
 
 # -- the documents the agent answers with ----------------------------------------------------
@@ -152,6 +155,12 @@ class StatusDoc(TypedDict):
     host: str
     agent: AgentView
     now: float
+
+
+def project_dirs(root: str, project: str | None) -> tuple[str, str]:
+    """(the project's venv, its data folder) under REMOTE_ROOT: envs/PROJECT, data/PROJECT."""
+    name = project or "default"
+    return f"{root}/envs/{name}", f"{root}/data/{name}"
 
 
 # The log stream's markers on stderr: where it started reading, and the run's last word.

@@ -11,6 +11,7 @@ from .procs import alive, gpus, uptime_s
 from .protocol import (
     ACTIVE,
     DEFAULT_SETTINGS,
+    FAILED,
     INTERRUPTED,
     LAUNCH_GRACE_S,
     LOG_END,
@@ -53,7 +54,7 @@ def describe(run_dir: str) -> dict:
         "durationS": round((end or time.time()) - start, 1) if start else None,
         "jobDir": os.path.join(run_dir, "job"),
         "log": os.path.join(run_dir, "log"),
-        "lastLine": last_line(os.path.join(run_dir, "log")),
+        "lastLine": last_line(os.path.join(run_dir, "log"), st == FAILED),
         "resumes": state.get("resumes", 0),
         "preemptions": state.get("preemptions", 0) + int(bool(state.get("preempted"))),
         "reason": state.get("reason"),

@@ -14,9 +14,11 @@ State on the host is the truth about runs:
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import json
 import os
+import re
 import time
 
 from .protocol import DEFAULT_SETTINGS
@@ -84,13 +86,37 @@ def run_dirs(root: str) -> list[str]:
     return [os.path.join(runs, n) for n in names if os.path.isfile(os.path.join(runs, n, "state.json"))]
 
 
+def match_run(ids: list[str], wanted: str, created: dict[str, float]) -> str:
+    """The run ``wanted`` names: its id, a unique prefix of one, or a base name (its newest run);
+    AgentError with the candidates or a "did you mean" otherwise. Pure, for the table tests."""
+    if wanted in ids:
+        return wanted
+    matches = [i for i in ids if i.startswith(wanted)]
+    same_base = [i for i in matches if i[: -len("_20260101_000000")] == wanted]
+    if same_base:
+        return max(same_base, key=lambda i: created.get(i, 0))
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(sorted(matches)[-4:])
+        raise AgentError(f"{wanted!r} matches {len(matches)} runs ({shown}): give more of the run id")
+    stamp = len("_20260101_000000")
+    newest: dict[str, str] = {}
+    for i in ids:  # each base name stands for its newest run
+        if i[:-stamp] not in newest or created.get(i, 0) >= created.get(newest[i[:-stamp]], 0):
+            newest[i[:-stamp]] = i
+    close = difflib.get_close_matches(wanted, ids, n=3, cutoff=0.6) or \
+        [newest[b] for b in difflib.get_close_matches(wanted, list(newest), n=3, cutoff=0.6)]
+    hint = f"did you mean {' or '.join(close)}?" if close else f"runs here: {', '.join(sorted(ids)[-4:]) or 'none'}"
+    raise AgentError(f"no run {wanted!r} on this host; {hint}")
+
+
 def find_run(root: str, run_id: str | None) -> str:
     dirs = run_dirs(root)
     if run_id:
-        path = os.path.join(root, "runs", run_id)
-        if path in dirs:
-            return path
-        raise AgentError(f"no run {run_id!r} on this host (runs: {', '.join(os.path.basename(d) for d in dirs) or 'none'})")
+        by_id = {os.path.basename(d): d for d in dirs}
+        created = {i: read_state(d).get("created", 0) for i, d in by_id.items()}
+        return by_id[match_run(list(by_id), run_id, created)]
     if not dirs:
         raise AgentError("no runs on this host yet: start one with `fab train`")
     return max(dirs, key=lambda d: read_state(d).get("created", 0))
@@ -150,15 +176,33 @@ def agent_log(root: str, text: str) -> None:
         f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n")
 
 
-def last_line(path: str, limit: int = 4096) -> str:
+WRAPPER_MARK = "[gpu-train] "  # the wrapper's own lines in a job's log
+EXCEPTION_RE = re.compile(r"([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyboardInterrupt|SystemExit)(:|$)")
+
+
+def job_line(text: str, failed: bool) -> str:
+    """The line of a log tail that says most about the job: for a failed run its exception (the
+    last line of a traceback), else its own last line; the wrapper's lines only when the job said
+    nothing (pip failed, say)."""
+    lines = [ln.strip() for ln in text.replace("\r", "\n").split("\n") if ln.strip()]
+    own = [ln for ln in lines if not ln.startswith(WRAPPER_MARK)]
+    if failed:
+        for ln in reversed(own):
+            if EXCEPTION_RE.match(ln):
+                return ln[:200]
+    if own:
+        return own[-1][:200]
+    return lines[-1][:200] if lines else ""
+
+
+def last_line(path: str, failed: bool = False, limit: int = 16384) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - limit))
-            lines = [ln for ln in f.read().decode("utf-8", "replace").replace("\r", "\n").split("\n") if ln.strip()]
+            return job_line(f.read().decode("utf-8", "replace"), failed)
     except OSError:
         return ""
-    return lines[-1][-200:] if lines else ""
 
 
 def tree_summary(path: str) -> dict:

@@ -3,17 +3,101 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 
 from .procs import gpu_count, proc_start_time
-from .protocol import FAILED, INTERRUPTED, NOTICE, RUNNING, SHUTDOWN_REQUESTED, STOP_REQUESTED, STOPPED, SUCCEEDED
+from .protocol import FAILED, INTERRUPTED, NOTICE, RUNNING, SHUTDOWN_REQUESTED, STOP_REQUESTED, STOPPED, SUCCEEDED, project_dirs
 from .store import AgentError, now, read_json, read_state, run_locked, update_state
 from .units import system_stopping
+
+PIP_TAIL_LINES = 15
+
+
+def tail_lines(path: str, n: int = PIP_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            return f.read().decode("utf-8", "replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def env_lock(env_dir: str):
+    """One venv creation or pip install at a time per project (two runs may start together)."""
+    os.makedirs(os.path.dirname(env_dir), exist_ok=True)
+    with open(f"{env_dir}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def job_python(root: str, run_dir: str, spec: dict, log) -> str:
+    """The Python the job runs with: the stack's (or detected) one, or the project's venv made from it.
+
+    The venv keeps the system site packages, so a torch installed on the host is used as it is,
+    and requirements.txt installs only what is missing, into the project's own folder.
+    """
+    base = spec["python"]
+    if not spec.get("venv"):
+        return base
+    env_dir, _ = project_dirs(root, spec.get("project"))
+    python = os.path.join(env_dir, "bin", "python")
+    with env_lock(env_dir):
+        if not os.access(python, os.X_OK):
+            log.write(f"[gpu-train] creating the project's virtual environment {env_dir} from {base} "
+                      "(with the system site packages)\n".encode())
+            made = subprocess.run([base, "-m", "venv", "--system-site-packages", env_dir], capture_output=True, text=True)
+            if made.returncode != 0:
+                shutil.rmtree(env_dir, ignore_errors=True)
+                why = (made.stderr or made.stdout).strip().splitlines()[-1:] or [f"exit {made.returncode}"]
+                raise AgentError(f"{base} -m venv failed ({why[0]}): on Debian/Ubuntu install python3-venv "
+                                 f"(sudo apt install python3-venv), or set gpu-train:venv: false to run with {base} itself")
+    return python
+
+
+def requirements_step(root: str, run_dir: str, python: str, w: Wrapper) -> None:
+    """pip install requirements.txt when it changed since the last install into this Python.
+
+    pip's output goes to pip.log beside the run's log; the log says where, and gets pip's last
+    lines only when it fails.
+    """
+    req = os.path.join(run_dir, "code", "requirements.txt")
+    if not os.path.isfile(req):
+        return
+    with open(req, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    stamp_dir = os.path.join(root, "python")
+    os.makedirs(stamp_dir, exist_ok=True)
+    stamp = os.path.join(stamp_dir, hashlib.sha256(python.encode()).hexdigest()[:16] + ".requirements")
+    try:
+        with open(stamp) as f:
+            if f.read().strip() == digest:
+                w.log.write(b"[gpu-train] requirements.txt unchanged since the last install: skipping pip\n")
+                return
+    except OSError:
+        pass
+    pip_log = os.path.join(run_dir, "pip.log")
+    w.log.write(f"[gpu-train] installing requirements.txt with {python} -m pip (its output: {pip_log})\n".encode())
+    w.log.flush()
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r", req]
+    with open(pip_log, "ab") as out:  # started under the run's lock, in its own group: `fab stop` ends it
+        rc = w.start(pip, "stepPid", stdout=out, cwd=os.path.join(run_dir, "code")).wait()
+        w.child = None
+    if rc != 0:
+        lines = tail_lines(pip_log)
+        w.log.write("".join(f"[gpu-train] pip: {ln}\n" for ln in lines).encode())
+        last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+        raise AgentError(f"pip install -r requirements.txt failed (exit {rc}): {last[:300]} (all of it: {pip_log})")
+    with open(stamp, "w") as f:
+        f.write(digest)
 
 
 def job_argv(spec: dict, python: str, job_dir: str, nproc: int) -> list[str]:
@@ -107,35 +191,11 @@ class Wrapper:
             state = self.halted()
             if state:
                 raise Halted(state)
-            self.child = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            popen.setdefault("stdout", self.log)
+            self.child = subprocess.Popen(argv, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, **popen)
             update_state(self.run_dir, **{pid_field: self.child.pid, start_field: proc_start_time(self.child.pid)})
         return self.child
-
-    def pip(self, python: str) -> None:
-        """pip install requirements.txt when it changed since the last install into this Python."""
-        req = os.path.join(self.run_dir, "code", "requirements.txt")
-        if not os.path.isfile(req):
-            return
-        with open(req, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-        stamp_dir = os.path.join(self.root, "python")
-        os.makedirs(stamp_dir, exist_ok=True)
-        stamp = os.path.join(stamp_dir, hashlib.sha256(python.encode()).hexdigest()[:16] + ".requirements")
-        try:
-            with open(stamp) as f:
-                if f.read().strip() == digest:
-                    self.say("requirements.txt unchanged since the last install: skipping pip")
-                    return
-        except OSError:
-            pass
-        self.say(f"installing requirements.txt with {python} -m pip")
-        rc = self.start([python, "-m", "pip", "install", "--disable-pip-version-check", "-r", req], "stepPid").wait()
-        self.child = None
-        if rc != 0:
-            raise AgentError(f"pip install -r requirements.txt failed with exit code {rc} (see the log above)")
-        with open(stamp, "w") as f:
-            f.write(digest)
 
 
 def check_python(python: str) -> None:
@@ -193,11 +253,20 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
         check_python(python)
     check_writable(job_dir)
     nproc = int(spec.get("nproc") or gpu_count() or 1)
-    env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id, "PYTHONUNBUFFERED": "1",
-           "GPU_TRAIN_ROOT": root, "GPU_TRAIN_NOTICE": os.path.join(run_dir, NOTICE)}
+    env_dir, data_dir = project_dirs(root, spec.get("project"))
+    env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
+           "PYTHONUNBUFFERED": "1", "GPU_TRAIN_ROOT": root, "GPU_TRAIN_NOTICE": os.path.join(run_dir, NOTICE)}
+    if spec.get("venv"):
+        env.update(VIRTUAL_ENV=env_dir, PATH=f"{env_dir}/bin:{env.get('PATH', '')}")
     if spec.get("node") and not spec.get("script"):
         env.update(cluster_env(spec["node"], nproc))
-    w.pip(python)
+    python = job_python(root, run_dir, spec, w.log)
+    if spec.get("venv"):
+        with env_lock(env_dir):
+            requirements_step(root, run_dir, python, w)
+    else:
+        requirements_step(root, run_dir, python, w)
+    link_data(data_dir, os.path.join(run_dir, "code"), w.log)
     argv = job_argv(spec, python, job_dir, nproc)
     resumes = read_state(run_dir).get("resumes", 0)
     if resumes:
@@ -217,6 +286,21 @@ def record_end(run_dir: str, final: str, code: int | None, reason: str | None = 
     else:
         update_state(run_dir, state=final, exitCode=code, ended=now(), **({"reason": reason} if reason else {}))
     return code if code is not None else 0
+
+
+def link_data(data_dir: str, code_dir: str, log) -> None:
+    """What `gpu-train push` sent, also where the code looks for it: data/ in the working directory
+    (a symlink per top-level entry of DATA_DIR the code does not have itself)."""
+    if not os.path.isdir(data_dir):
+        return
+    linked = []
+    for name in sorted(os.listdir(data_dir)):
+        dest = os.path.join(code_dir, name)
+        if not os.path.lexists(dest):
+            os.symlink(os.path.join(data_dir, name), dest)
+            linked.append(name)
+    if linked:
+        log.write(f"[gpu-train] DATA_DIR={data_dir}; linked into the working directory: {', '.join(linked)}\n".encode())
 
 
 def final_state(run_dir: str, code: int, w: Wrapper | None = None) -> str:

@@ -15,15 +15,17 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     power       vm-stop, vm-start
     dashboards  tensorboard, jupyter, tunnel
     importing   import (an AI Platform or Vertex AI job into a stack)
+    data        push (a data directory to the host's DATA_DIR); remote/starter.py: init
 """
 
 from invoke import Collection
 
-from remote.tasks import dashboards, importing, overview, power, runs, shell
+from remote.starter import init
+from remote.tasks import dashboards, data, importing, overview, power, runs, shell
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
 
 ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, fetching.fetch, fetching.down,
                 shell.setup, shell.shell, shell.nvidia_smi, dashboards.tunnel, dashboards.tensorboard, dashboards.jupyter,
                 overview.gpus, overview.check, overview.ls_, overview.ssh_config, power.vm_stop, power.vm_start,
-                importing.import_job)
+                importing.import_job, init, data.push)

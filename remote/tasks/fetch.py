@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
@@ -10,12 +12,19 @@ from pathlib import Path
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
+from gpu_train.project import project_root
 from remote.agent.protocol import ACTIVE
 from remote.fetch_plan import DEFAULT_STREAMS
 from remote.tasks import trust
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.runs import cluster_status
 from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
+
+
+def destination(stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
+    """Where a run's JOB_DIR goes: --dest (RUN/ under it for several runs), else the project's runs/STACK/RUN."""
+    where = Path(dest) / run if dest and several else Path(dest or project_root() / "runs" / stack / run)
+    return where / subdir if subdir else where
 
 
 def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
@@ -28,14 +37,13 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
 
     record = FetchRecord(session.target.cache)
     todo = []
-    base = Path(dest) if dest else Path("runs") / session.target.stack
+    base = Path(dest) if dest else project_root() / "runs" / session.target.stack
     for r in runs:
         try:
             jobs.check_run_id(r["id"], "a run id from the host")
         except jobs.JobError as e:
             raise Exit(str(e), code=ExitStatus.FAILED) from None
-        where = Path(dest) / r["id"] if dest and len(runs) > 1 else Path(dest or Path("runs") / session.target.stack / r["id"])
-        where = where / subdir if subdir else where
+        where = destination(session.target.stack, r["id"], dest, len(runs) > 1, subdir)
         trust.inside(where, base)  # resolved, it stays in its base: a symlink planted there cannot lead out
         if record.up_to_date(r, where):
             if not quiet:
@@ -83,9 +91,9 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
             "watch": "keep fetching new checkpoints until the run ends", "interval": "seconds between --watch rounds (30)",
             "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
             "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
-            "stack": STACK_HELP})
+            "json": "print what was fetched where as JSON", "stack": STACK_HELP})
 def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, streams=DEFAULT_STREAMS,
-          stack=None):
+          stack=None, json_=False):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
     Files move over several SSH streams at once (big files in ranges), each piece checked against
@@ -101,7 +109,9 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_no
     if all_nodes:
         _fetch_every_node(session, run, dest, streams)
         return
-    if run and not all_:
+    if run and not all_ and re.search(r"_\d{8}_\d{6}$", run) is None:  # a prefix or a base name: the host knows
+        runs = session.call("status", "--summaries", "--run", run)["runs"]
+    elif run and not all_:
         # A named run: no status call; the fetch's own listing says whether it exists and what changed.
         from gpu_train import jobs
 
@@ -116,8 +126,12 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_no
         runs = doc["runs"] if all_ else doc["runs"][-1:]
     if not runs:
         raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
-    failed = fetch_runs(session, runs, dest, progress=sys.stderr.isatty(), streams=streams)
+    failed = fetch_runs(session, runs, dest, progress=sys.stderr.isatty() and not json_, streams=streams)
     session.close()
+    if json_:
+        print(json.dumps({"fetched": [{"runId": r["id"], "dest": str(destination(session.target.stack, r["id"], dest,
+                                                                                   len(runs) > 1))}
+                                      for r in runs if r["id"] not in failed], "failed": failed}, indent=1))
     if failed:
         raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=ExitStatus.FAILED)
 
@@ -203,7 +217,11 @@ def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
         raise Exit(f"{e}; nothing was destroyed", code=ExitStatus.FAILED) from None
     if released:
         say(f"data disk(s) {', '.join(released)} released: their runs are in runs/{session.target.stack}/")
-    result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack], cwd=targets.REPO)
+    from gpu_train import config
+    from gpu_train.project import pulumi_config_args
+
+    where = pulumi_config_args(config.stack_file(session.target.stack))  # a stack file in the user's project
+    result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO)
     if result.returncode != 0:
         raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=ExitStatus.FAILED)
     (session.target.cache / "outputs.json").unlink(missing_ok=True)

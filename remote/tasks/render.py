@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from remote.agent.protocol import FAILED
-
 
 def duration(seconds: float | None) -> str:
     if seconds is None:
@@ -12,7 +10,7 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def render_status(doc: dict, target) -> str:
+def render_status(doc: dict, target, cli: str = "gpu-train") -> str:
     lines = [f"stack {target.stack}: {target.host} ({doc.get('host')}), root {doc.get('root')}"]
     if target.is_gcp and doc.get("uptimeS") is not None:
         hours = doc["uptimeS"] / 3600
@@ -25,22 +23,33 @@ def render_status(doc: dict, target) -> str:
     lines += [f"unreachable: {u}" for u in doc.get("unreachable", [])]
     runs = doc.get("runs", [])
     if not runs:
-        lines.append("no runs yet: fab train --script train.py")
+        lines.append(f"no runs yet: {cli} train --script train.py")
+    else:
+        lines += run_table(runs)
+    return "\n".join(lines)
+
+
+def run_table(runs: list[dict]) -> list[str]:
+    """One row per run under a header; LAST LINE is the job's own (its exception when it failed)."""
+    rows = [("RUN", "STATE", "EXIT", "DURATION", "LAST LINE")]
     for r in runs:
-        state = r["state"] + (f" (exit {r['exitCode']})" if r["state"] == FAILED and r.get("exitCode") is not None else "")
+        state = r["state"]
         notes = []
         if r.get("resumes"):
             notes.append(f"resumed {r['resumes']}x")
         if r.get("preemptions"):
             notes.append(f"preempted {r['preemptions']}x")
-        if r.get("reason"):
-            notes.append(r["reason"])
         if r.get("detail"):
             notes.append(r["detail"])
         if notes:
             state += " [" + "; ".join(notes) + "]"
-        lines.append(f"  {r['id']:<40} {state:<18} {duration(r.get('durationS')):>8}  {r.get('lastLine', '')[:80]}")
-    return "\n".join(lines)
+        code = r.get("exitCode")
+        line = r.get("lastLine") or ""
+        if r.get("reason") and (not line or line.startswith("[gpu-train]")):
+            line = r["reason"]  # the job said nothing: why it ended (pip failed, resumes used up, ...)
+        rows.append((r["id"], state, "-" if code is None else str(code), duration(r.get("durationS")), line[:120]))
+    wide = [max(len(row[i]) for row in rows) for i in range(4)]
+    return [f"  {a:<{wide[0]}}  {b:<{wide[1]}}  {c:>{wide[2]}}  {d:>{wide[3]}}  {e}".rstrip() for a, b, c, d, e in rows]
 
 
 def agent_lines(doc: dict, target) -> list[str]:

@@ -13,11 +13,11 @@ from gpu_train.errors import ExitStatus
 from remote.agent.protocol import SUCCEEDED
 from remote.tasks import trust
 from remote.tasks.render import render_status
-from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
 
 # -- logs -------------------------------------------------------------------------------------
-@task(help={"run": "run id (default: the newest)", "follow": "stream until the job ends; exit with its exit code",
+@task(help={"run": "run id or a unique prefix (default: the newest)", "follow": "stream until the job ends; exit with its exit code",
             "lines": "show the last N lines first (default 50; 0 for the whole log)", "node": "which node (default 0)",
             "all": "every node's log, each line prefixed with its node", "stack": STACK_HELP})
 def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=None):
@@ -53,6 +53,21 @@ def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=Non
     if follow:
         bad = [t for t in trailers if t["state"] != SUCCEEDED]
         _exit_with(bad[0] if bad else trailers[0])
+
+
+def follow_to_end(session: Session, run: str) -> None:
+    """`train --follow`: the run's whole log as it grows, then exit with the job's exit code.
+    Ctrl-C detaches: only this stream ends, the job goes on under screen on the host."""
+    out = sys.stdout.buffer
+    try:
+        trailer = _stream_log(session, run, 0, True, out.write, out.flush)
+    except KeyboardInterrupt:
+        say(f"\ndetached: {run} goes on ({CLI} logs --follow --run {run} to watch it again, "
+            f"{CLI} stop --run {run} to stop it)")
+        raise Exit(code=ExitStatus.INTERRUPTED) from None
+    session.close()
+    if trailer is not None:
+        _exit_with(trailer)
 
 
 def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
@@ -139,31 +154,35 @@ def status(c, json_=False, stack=None):
     if json_:
         print(json.dumps({"stack": session.target.stack, **doc}, indent=1))
     else:
-        print(render_status(doc, session.cluster))
+        print(render_status(doc, session.cluster, CLI))
 
 
 # -- stop -------------------------------------------------------------------------------------
-@task(help={"run": "run id (default: the newest)", "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)",
+@task(help={"run": "run id or a unique prefix (default: the newest)",
+            "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)", "json": "print the result as JSON",
             "stack": STACK_HELP})
-def stop(c, run=None, grace=None, stack=None):
+def stop(c, run=None, grace=None, stack=None, json_=False):
     """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(stack)
     sessions = session.nodes()
     args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
     docs = on_every_node(sessions, lambda s: s.call(*args))
+    if json_:
+        print(json.dumps([d if not isinstance(d, Exit) else {"error": d.message} for d in docs], indent=1))
     for s, doc in zip(sessions, docs, strict=True):
         s.close()
         where = f"node {s.node}: " if len(sessions) > 1 else ""
-        if not isinstance(doc, Exit):
+        if not isinstance(doc, Exit) and not json_:
             print(f"{where}{doc['runId']}: {doc['state']} ({', '.join(doc['signals']) or 'no signal needed'})")
     if failed := failures(docs):
         raise Exit("; ".join(failed), code=ExitStatus.FAILED)
 
 
-@task(help={"run": "run id (default: the newest)", "grace": "seconds to let a still-running part stop (default 10)",
+@task(help={"run": "run id or a unique prefix (default: the newest)",
+            "grace": "seconds to let a still-running part stop (default 10)", "json": "print the result as JSON",
             "stack": STACK_HELP})
-def resume(c, run=None, grace=None, stack=None):
+def resume(c, run=None, grace=None, stack=None, json_=False):
     """Restart a run on every node with the same RUN_ID and JOB_DIR, so it carries on from its newest
     checkpoint: after a node of a cluster was preempted, or a run failed for a reason now fixed."""
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
@@ -179,4 +198,7 @@ def resume(c, run=None, grace=None, stack=None):
         s.close()
     if failed := failures(docs):
         raise Exit("; ".join(failed), code=ExitStatus.FAILED)
-    print(f"{run}: restarted on {len(sessions)} node(s) (resume {docs[0]['resumes']})")
+    if json_:
+        print(json.dumps({"runId": run, "nodes": len(sessions), "resumes": docs[0]["resumes"]}))
+    else:
+        print(f"{run}: restarted on {len(sessions)} node(s) (resume {docs[0]['resumes']})")

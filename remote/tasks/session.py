@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 from invoke import Exit
 
 from gpu_train.config import ConfigError
 from gpu_train.errors import ExitStatus, outcome
 
-STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else Pulumi's selected stack)"
+STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack)"
+# How the user called us, for the commands our messages suggest.
+CLI = "gpu-train" if Path(sys.argv[0]).name == "gpu-train" else "fab"
 
 
 def exit_for(error: BaseException) -> Exit:
@@ -49,14 +52,16 @@ class Session:
         """A session for every node of the cluster (this one for its own node)."""
         return [self if i == self.node else Session(None, self.timeout, i, self.cluster) for i in range(len(self.cluster.hosts))]
 
-    def connect(self):
-        from remote import ssh
+    def connect(self, again: bool = False):
+        """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting)."""
+        from remote import ssh, vmprobe
         from remote import target as targets
 
         if self.conn is not None:
             return self.conn
         try:
-            self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
+            self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say,
+                                            vmprobe.probe(self.target.stack, self.target.vm, say), again)
         except ssh.HostKeyError as e:
             raise exit_for(e) from None
         except ssh.RemoteError as e:
@@ -86,7 +91,7 @@ class Session:
         if self.conn is not None:
             self.conn.close()
         self.conn = None
-        return self.connect()
+        return self.connect(again=True)
 
     def call(self, *args: str) -> dict:
         from remote import ssh

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 
 from invoke import Exit, task
 
@@ -29,21 +30,26 @@ def setup(c, stack=None):
         print(f"crontab: {line}")
 
 
-def _exec_ssh(session: Session, *extra: str) -> None:
+def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None:
     from remote import ssh
 
     session.connect()  # verifies (or learns) the host key first
     session.close()
     h = session.target.host
-    argv = ["ssh", *ssh.openssh_options(session.target, h), *extra, f"{h.user}@{h.host}"]
+    argv = ["ssh", *ssh.openssh_options(session.target, h), *extra, f"{h.user}@{h.host}", *([command] if command else [])]
     os.execvp("ssh", argv)
 
 
-@task(name="ssh", help={"stack": STACK_HELP})
-def shell(c, stack=None):
-    """A shell on the host (the first contact also writes the alias gpu-train-STACK for ssh, rsync and editors)."""
+@task(name="ssh", help={"command": "run this command instead of a shell (also: gpu-train ssh -- CMD)", "stack": STACK_HELP})
+def shell(c, command=None, stack=None):
+    """A shell on the host, or one command (`ssh -- CMD`); the first contact also writes the alias gpu-train-STACK."""
     session = Session(stack)
+    if command:
+        _exec_ssh(session, *(["-t"] if sys.stdin.isatty() else []), command=command)
     _exec_ssh(session, "-t")
+
+
+shell.remainder_kwarg = "command"  # `gpu-train ssh -- CMD` (remote/cli.py's Executor)
 
 
 @task(name="nvidia-smi", help={"stack": STACK_HELP})

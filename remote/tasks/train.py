@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -12,9 +13,12 @@ from pathlib import Path
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
+from gpu_train.project import project_name, project_root
+from remote.target import state_home
 from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
-from remote.tasks.session import STACK_HELP, Session, exit_for, failures, on_every_node, say
+from remote.tasks.runs import follow_to_end
+from remote.tasks.session import CLI, STACK_HELP, Session, exit_for, failures, on_every_node, say
 
 
 @task(
@@ -22,7 +26,7 @@ from remote.tasks.session import STACK_HELP, Session, exit_for, failures, on_eve
     help={
         "script": "Python file in --dir to run (gets --job-dir JOB_DIR appended)",
         "command": "shell command to run in the synced code instead of --script",
-        "dir": "code directory to sync (default: the current directory)",
+        "dir": "code directory to sync (default: the project, the nearest directory up with stacks/ or .git)",
         "name": "run name; the run id is NAME_YYYYmmdd_HHMMSS (default: the script's name)",
         "args": "arguments for --script, as one quoted string",
         "env": "NAME=VALUE for the job's environment (repeatable)",
@@ -32,10 +36,12 @@ from remote.tasks.session import STACK_HELP, Session, exit_for, failures, on_eve
         "ps": "with --command on several nodes: the last N nodes are TF parameter servers (default: the stack's ps pool)",
         "stack": STACK_HELP,
         "timeout": "seconds to wait for SSH (and on GCP for the NVIDIA driver); default 600 on GCP, 15 on SSH stacks",
+        "follow": "stream the log until the job ends and exit with its exit code (Ctrl-C detaches; the job goes on)",
+        "json": "print the started run as JSON: runId, host, jobDir, dataDir, python, log",
     },
 )
 def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=None,
-          ps=None, stack=None, timeout=None):
+          ps=None, stack=None, timeout=None, follow=False, json_=False):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
@@ -46,7 +52,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     from gpu_train import jobs
     from remote import ssh, sync
 
-    code_dir = Path(dir or ".").expanduser().resolve()
+    code_dir = Path(dir).expanduser().resolve() if dir else project_root()
     if not code_dir.is_dir():
         raise Exit(f"--dir {code_dir}: no such directory", code=ExitStatus.USAGE)
     nproc, port = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535)
@@ -59,6 +65,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
+                                   project=project_name(project_root()), venv=cluster.venv,
                                    needs_torch=jobs.needs_torch(code_dir, spec.script, chosen))
         ps = jobs.parameter_servers(ps, cluster.parameter_servers)
         specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
@@ -67,13 +74,16 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         raise exit_for(e) from None
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
-            plan = sync.plan_code(code_dir, Path(scratch))
+            plan = sync.plan_code(code_dir, Path(scratch), ((project_root() / "runs", "fetched results"),
+                                                            (state_home(), None)))
         except ssh.RemoteError as e:
             raise Exit(str(e), code=ExitStatus.USAGE) from None
         pushed = PushedManifests(cluster.cache)
         unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
         where = f" to {len(cluster.hosts)} nodes" if len(cluster.hosts) > 1 else ""
         say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
+        if plan.left_out:
+            say(sync.left_out_summary(list(plan.left_out)))
         if plan.bytes > sync.LARGE_SYNC_BYTES:
             say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
         sessions = session.nodes()
@@ -88,12 +98,19 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     for s in sessions:
         s.close()
     first = answers[0]
-    stack_opt = f" --stack {cluster.stack}"
-    nodes = f" on {len(sessions)} nodes (node 0: {cluster.host})" if len(sessions) > 1 else f" on {cluster.host}"
-    print(f"started {first['runId']}{nodes} ({first['python']}); JOB_DIR={first['jobDir']}")
-    print(f"  follow:  fab logs{stack_opt} --follow" + (" [--node N | --all]" if len(sessions) > 1 else ""))
-    print(f"  status:  fab status{stack_opt}")
-    print(f"  fetch:   fab fetch{stack_opt} --run {first['runId']}")
+    if json_:
+        print(json.dumps({"stack": cluster.stack, "host": str(cluster.host), "nodes": len(sessions),
+                          **{k: first.get(k) for k in ("runId", "jobDir", "dataDir", "log", "python")}}, indent=1))
+    else:
+        stack_opt = f" --stack {cluster.stack}"
+        nodes = f" on {len(sessions)} nodes (node 0: {cluster.host})" if len(sessions) > 1 else f" on {cluster.host}"
+        print(f"started {first['runId']}{nodes} ({first['python']}); JOB_DIR={first['jobDir']}")
+        if not follow:
+            print(f"  follow:  {CLI} logs{stack_opt} --follow" + (" [--node N | --all]" if len(sessions) > 1 else ""))
+        print(f"  status:  {CLI} status{stack_opt}")
+        print(f"  fetch:   {CLI} fetch{stack_opt} --run {first['runId']}")
+    if follow:
+        follow_to_end(Session(None, session.timeout, 0, cluster), first["runId"])
 
 
 def _launch(session: Session, plan, spec, unchanged: bool) -> dict:

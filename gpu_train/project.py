@@ -1,0 +1,102 @@
+"""Where a researcher's project is, and where its stack files are found.
+
+`gpu-train` runs from the user's own project (a git repo with their code, not this clone), so the
+stacks, the fetched runs and the local caches belong to that project. Stack files are looked up
+in a search path: the project's ``stacks/`` first, then ``--stacks-dir`` / ``$GPU_TRAIN_STACKS_DIR``,
+then this clone's examples. Standard library only: the config model and the tasks both use it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_STACKS = REPO / "stacks"
+MARKERS = ("stacks", ".git")  # a directory holding one of these is a project's root
+
+
+def project_root(cwd: Path | None = None) -> Path:
+    """The nearest directory at or above ``cwd`` with a ``stacks/`` or ``.git``; else ``cwd``.
+
+    ``$GPU_TRAIN_PROJECT`` names it outright (scripts that run elsewhere).
+    """
+    if os.environ.get("GPU_TRAIN_PROJECT"):
+        return Path(os.environ["GPU_TRAIN_PROJECT"]).expanduser().resolve()
+    here = (cwd or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if any((candidate / m).exists() for m in MARKERS):
+            return candidate
+    return here
+
+
+def stack_dirs(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:
+    """The directories searched for ``Pulumi.NAME.yaml``, in order, without repeats."""
+    env = os.environ if env is None else env
+    dirs = [(project or project_root()) / "stacks"]
+    if env.get("GPU_TRAIN_STACKS_DIR"):
+        dirs.append(Path(env["GPU_TRAIN_STACKS_DIR"]).expanduser())
+    dirs.append(EXAMPLE_STACKS)
+    seen: list[Path] = []
+    for d in dirs:
+        if d.resolve() not in [s.resolve() for s in seen]:
+            seen.append(d)
+    return seen
+
+
+def project_name(root: Path) -> str:
+    """The project's name on a host (REMOTE_ROOT/envs/NAME, REMOTE_ROOT/data/NAME): its directory's name."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", root.name).lstrip(".-")
+    return name[:64] or "project"
+
+
+def stack_path(name: str, dirs: list[Path]) -> Path | None:
+    """The first ``Pulumi.NAME.yaml`` (or ``.yml``) along ``dirs``; None when there is none."""
+    for d in dirs:
+        for suffix in (".yaml", ".yml"):
+            path = d / f"Pulumi.{name}{suffix}"
+            if path.is_file():
+                return path
+    return None
+
+
+def stack_names(dirs: list[Path]) -> list[str]:
+    """Every stack name found along ``dirs`` (first occurrence wins), sorted."""
+    names: set[str] = set()
+    for d in dirs:
+        if d.is_dir():
+            for p in d.glob("Pulumi.*.y*ml"):
+                names.add(p.name.removeprefix("Pulumi.").rsplit(".", 1)[0])
+    return sorted(names)
+
+
+def did_you_mean(word: str, choices: list[str]) -> list[str]:
+    """Close matches for a mistyped name: those it is a prefix of first, then similar spellings."""
+    prefixed = [c for c in choices if c.startswith(word)]
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.5)
+    return list(dict.fromkeys(prefixed[:3] + close))[:3]
+
+
+def listed_stack_files(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:
+    """The stacks to list (`ls`, `check`): the project's and $GPU_TRAIN_STACKS_DIR's; this clone's
+    examples only inside the clone with no other directory named."""
+    env = os.environ if env is None else env
+    dirs = stack_dirs(project, env)
+    own = [d for d in dirs if d.resolve() != EXAMPLE_STACKS.resolve()]
+    if not own and not env.get("GPU_TRAIN_STACKS_DIR"):
+        own = dirs[:1]  # inside the clone: its stacks/ are the project's
+    return [p for p in (stack_path(n, own) for n in stack_names(own)) if p is not None]
+
+
+def pulumi_config_args(path: Path) -> list[str]:
+    """`--config-file PATH` for a stack file the Pulumi CLI would not find itself (it reads this
+    clone's stacks/, Pulumi.yaml's stackConfigDir): a stack in the user's project."""
+    return [] if is_example(path) else ["--config-file", str(path.resolve())]
+
+
+def is_example(path: Path) -> bool:
+    """Whether a stack file is one of this clone's examples (Pulumi finds those without --config-file)."""
+    return path.resolve().parent == EXAMPLE_STACKS.resolve()

@@ -1,0 +1,98 @@
+"""The `gpu-train` command: Fabric's own program over the same tasks as `fab`, from any directory.
+
+`fab` needs a fabfile in (or above) the current directory, so it only works inside this clone;
+`gpu-train` bundles the task collection, so it runs in the researcher's own project, with the same
+options, `--help`, `-l` and completion. Two additions, shared with `fab` through ``Executor``:
+``gpu-train ssh -- CMD`` hands CMD to the task (Fabric would run it on ``-H`` hosts, and with none
+it crashes), and a mistyped task or flag gets a "did you mean".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from fabric import Config
+from fabric import Executor as FabricExecutor
+from fabric.main import Fab
+from invoke import Argument, Exit, ParseError
+
+from gpu_train.errors import ExitStatus
+from gpu_train.project import did_you_mean
+
+UNKNOWN = re.compile(r"No idea what '(.+)' is!")
+
+
+def suggest(error: ParseError, tasks: list[str], flags: list[str]) -> str:
+    """Invoke's "No idea what 'X' is!" with close task names (or flags, for a '-X') added."""
+    m = UNKNOWN.fullmatch(str(error))
+    if not m:
+        return str(error)
+    word = m.group(1)
+    pool = flags if word.startswith("-") else tasks
+    close = did_you_mean(word, pool)
+    if close:
+        return f"{error} Did you mean {' or '.join(close)}?"
+    if word.startswith("-"):
+        return str(error)
+    return f"{error} Tasks: {', '.join(tasks)}"
+
+
+class Executor(FabricExecutor):
+    """Text after ``--`` goes to the task that asks for it (its ``remainder_kwarg``), not to ``-H`` hosts."""
+
+    def expand_calls(self, calls, apply_hosts=True):
+        remainder = self.core.remainder
+        if remainder and apply_hosts and not self.core[0].args.hosts.value:
+            takers = [c for c in calls if getattr(getattr(c, "task", c), "remainder_kwarg", None)]
+            if len(takers) != 1 or len(calls) != 1:
+                raise Exit("`-- COMMAND` goes with one task that runs a command, e.g. `gpu-train ssh -- nvidia-smi`",
+                           code=ExitStatus.USAGE)
+            call = takers[0]
+            call.kwargs[call.task.remainder_kwarg] = remainder
+            self.core.remainder = ""
+            try:
+                return super().expand_calls(calls, apply_hosts)
+            finally:
+                self.core.remainder = remainder
+        return super().expand_calls(calls, apply_hosts)
+
+
+class GpuTrain(Fab):
+    def core_args(self):
+        return [*super().core_args(),
+                Argument(names=("stacks-dir",), help="another directory of stack files (after the project's stacks/)")]
+
+    def parse_tasks(self):
+        try:
+            super().parse_tasks()
+        except ParseError as e:
+            tasks = sorted(self.collection.task_names)
+            flags = sorted(e.context.flags) if e.context is not None else []  # the task being parsed
+            raise ParseError(suggest(e, tasks, flags)) from None
+
+    def update_config(self, *args, **kwargs):
+        super().update_config(*args, **kwargs)
+        if self.args["stacks-dir"].value:
+            os.environ["GPU_TRAIN_STACKS_DIR"] = os.path.abspath(os.path.expanduser(self.args["stacks-dir"].value))
+
+
+def program() -> GpuTrain:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from remote.tasks import ns
+
+    try:
+        own = version("gpu-train")
+    except PackageNotFoundError:
+        own = "unknown"
+    return GpuTrain(name="gpu-train", version=own, binary="gpu-train", binary_names=["gpu-train"], namespace=ns,
+                    executor_class=Executor, config_class=Config)
+
+
+def main() -> None:
+    from remote import errors
+
+    errors.install()  # as fabfile.py does for `fab`: an error is a message and an exit code
+    program().run(sys.argv)

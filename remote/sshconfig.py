@@ -1,0 +1,93 @@
+"""A stack's host as the researcher's OpenSSH would reach it: aliases, User, Port, IdentityFile, ProxyJump.
+
+Lab boxes are usually reached through ``~/.ssh/config`` (an alias, a user, a key, a jump host).
+Rather than re-implement its rules (Host patterns, Match, Include, tokens), we ask OpenSSH itself:
+``ssh -G`` prints the configuration it would use for a destination. What the stack spells out
+(``user@host:port``, ``sshKey``) wins over the file, as on ssh's own command line. Jump hosts are
+resolved the same way, each in turn. The result is a plain SshHost that paramiko and the OpenSSH
+command lines (rsync, ``gpu-train ssh``) both use, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from gpu_train.config import SshHost, split_host
+
+MAX_JUMPS = 8  # a loop in ProxyJump settings stops here
+
+
+class SshConfigError(ValueError):
+    """The ssh_config could not be read for a host; the message says which and why."""
+
+
+def parse_dump(text: str) -> dict[str, list[str]]:
+    """``ssh -G`` output ("key value" lines, keys lowercase) as key -> values (IdentityFile repeats)."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key:
+            out.setdefault(key.lower(), []).append(value.strip())
+    return out
+
+
+def jump_specs(value: str) -> list[str]:
+    """ProxyJump's value: comma-separated ``[user@]host[:port]`` hops (``ssh://`` URIs too); 'none' is none."""
+    if not value or value.lower() == "none":
+        return []
+    return [hop.strip().removeprefix("ssh://") for hop in value.split(",") if hop.strip()]
+
+
+def from_dump(dump: dict[str, list[str]], spec: str, keys: tuple[str, ...], jump: tuple[SshHost, ...]) -> SshHost:
+    """The SshHost ``ssh -G`` describes (pure: the tests feed it tables of dumps)."""
+    return SshHost(dump["user"][0], dump["hostname"][0], int(dump["port"][0]), spec=spec, keys=keys, jump=jump)
+
+
+def identity_files(dump: dict[str, list[str]], key: str | None) -> tuple[str, ...]:
+    """Keys to offer: the stack's ``sshKey`` alone, else the ssh_config's IdentityFiles that exist
+    (OpenSSH lists its defaults, ~/.ssh/id_ed25519 and the like, when the file names none)."""
+    if key:
+        return (os.path.expanduser(key),)
+    found = [os.path.expanduser(p) for p in dump.get("identityfile", [])]
+    return tuple(dict.fromkeys(p for p in found if Path(p).is_file()))
+
+
+def ssh_dump(host: str, user: str | None, port: int | None, config_file: str | None) -> dict[str, list[str]]:
+    """Run ``ssh -G`` for one destination (the user's own config files unless ``config_file``);
+    raises SshConfigError with OpenSSH's complaint."""
+    argv = ["ssh", "-G", *(["-F", config_file] if config_file else [])]
+    argv += ["-l", user] if user else []
+    argv += ["-p", str(port)] if port else []
+    result = subprocess.run([*argv, "--", host], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise SshConfigError(f"ssh -G {host} (reading {config_file or '~/.ssh/config'}) failed: {result.stderr.strip()}")
+    return parse_dump(result.stdout)
+
+
+def resolve(spec: str, key: str | None = None, config_file: str | None = None, depth: int = 0) -> SshHost:
+    """A stack's ``hosts`` entry resolved through the ssh_config (its jump hosts too).
+
+    Without OpenSSH on this machine the entry is taken literally (current user, port 22).
+    """
+    user, host, port = split_host(spec)
+    path = os.path.expanduser(config_file) if config_file else None
+    if path and not Path(path).is_file():
+        raise SshConfigError(f"gpu-train:sshConfig: no file at {path}")
+    if not shutil.which("ssh"):
+        return SshHost(user or os.environ.get("USER") or "root", host, port or 22, spec=spec,
+                       keys=(os.path.expanduser(key),) if key else ())
+    dump = ssh_dump(host, user, port, path)
+    hops: list[SshHost] = []
+    for hop in jump_specs(dump.get("proxyjump", [""])[0]):
+        if depth + len(hops) >= MAX_JUMPS:
+            raise SshConfigError(f"{spec}: more than {MAX_JUMPS} ProxyJump hops (a loop in {path or '~/.ssh/config'}?)")
+        resolved = resolve(hop, None, config_file, depth + 1)
+        hops.extend([*resolved.jump, _without_jump(resolved)])
+    return from_dump(dump, spec, identity_files(dump, key), tuple(hops))
+
+
+def _without_jump(host: SshHost) -> SshHost:
+    return SshHost(host.user, host.host, host.port, spec=host.spec, keys=host.keys)

@@ -1,0 +1,70 @@
+"""`gpu-train push DIR`: data to the host once, not with every run's code.
+
+Data (a gitignored ``data/``, a dataset) is left out of the code sync; ``push`` rsyncs it to the
+project's data folder on each node, REMOTE_ROOT/data/PROJECT/, keeping its path in the project
+(``data/`` there stays ``data/``): incremental (unchanged files are not sent again), resumable
+(--partial), with progress. The job finds it in ``$DATA_DIR``, and as ``data/`` in its working
+directory when its code has no ``data/`` of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from invoke import Exit, task
+
+from gpu_train.errors import ExitStatus
+from gpu_train.project import project_name, project_root
+from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+
+
+def data_path(src: Path, root: Path) -> str:
+    """Where ``src`` goes under the project's data folder: its path in the project, else its name."""
+    try:
+        rel = src.relative_to(root)
+    except ValueError:
+        rel = Path(src.name)
+    return rel.as_posix() if rel.parts else src.name
+
+
+@task(help={"dir": "the directory to send (e.g. data)", "json": "print where it went as JSON", "stack": STACK_HELP})
+def push(c, dir, stack=None, json_=False):
+    """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
+    from remote import ssh, sync
+
+    src = Path(dir).expanduser().resolve()
+    if not src.is_dir():
+        raise Exit(f"{dir}: no such directory", code=ExitStatus.USAGE)
+    root = project_root()
+    rel, project = data_path(src, root), project_name(root)
+    session = Session(stack)
+    sessions = session.nodes()
+    progress = sys.stdout.isatty() and len(sessions) == 1 and not json_
+
+    def one(s: Session) -> str:
+        from remote.relay import ChannelRelay
+
+        target = s.target
+        dest = f"{target.rsync_root()}/data/{project}/{rel}"
+        conn = s.connect()  # verifies (or learns) the host key; rsync goes over this connection
+        try:
+            with ChannelRelay(conn.transport) as relay:
+                sync.push_data(target, target.host, src, dest, progress, rsh=relay.rsh())
+        except ssh.RemoteError as e:
+            raise Exit(str(e), code=ExitStatus.FAILED) from None
+        finally:
+            s.close()
+        return f"{target.remote_root}/data/{project}/{rel}"
+
+    say(f"pushing {src} ({sync.human(sync.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
+    results = on_every_node(sessions, one)
+    if failed := failures(results):
+        raise Exit("; ".join(failed) + f": run `{CLI} push {dir}` again to resume", code=ExitStatus.FAILED)
+    if json_:
+        print(json.dumps({"source": str(src), "project": project, "path": rel, "hosts": [str(s.target.host) for s in sessions],
+                          "remote": results}, indent=1))
+    else:
+        print(f"{src} -> {results[0]} on {session.target.host}" + (f" (and {len(sessions) - 1} more nodes)" if len(sessions) > 1 else ""))
+        print(f"  the job sees it as $DATA_DIR/{rel}" + (f" and as {rel}/ in its working directory" if "/" not in rel else ""))
