@@ -32,7 +32,8 @@ class FabUser:
 
     def restack(self, extra: str = "") -> None:
         """(Re)write the user's stack file, with ``extra`` settings lines (``  gpu-train:KEY: VALUE``)."""
-        self.guest.ssh_stack(self.stacks, "vm", self.key_file, self.remote_root, extra)
+        # the guest stands in for a GCP VM, where jobs run in the host's Python (venv: false)
+        self.guest.ssh_stack(self.stacks, "vm", self.key_file, self.remote_root, "  gpu-train:venv: false\n" + extra)
 
     @property
     def root(self) -> Path:
