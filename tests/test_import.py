@@ -4,6 +4,7 @@ the stack each produces, and that the stack passes `scripts/plan` (with a projec
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -262,3 +263,15 @@ def test_the_import_task_from_gcloud_and_as_json(tmp_path) -> None:
 def plans_file(path) -> int:
     raw = {**config.read_stack_file(path), "gpu-train:sshPublicKey": KEY}
     return plan.plan(raw, "aip")[1]
+
+
+def test_gpu_train_import_takes_gcloud_after_the_double_dash(tmp_path) -> None:
+    """As pasted: `gpu-train import gcloud -- gcloud ai-platform ... -- USER ARGS`, quoting kept."""
+    argv = ["gpu-train", "import", "gcloud", "--stack", "g", "--stacks-dir", str(tmp_path), "--json", "--",
+            *importer.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'"))]
+    out = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}\nfrom remote.cli import main; main()"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["train"][-1] == "python -m trainer.task --epochs 10 --note 'two words' --job-dir \"$JOB_DIR\""
+    assert (tmp_path / "Pulumi.g.yaml").is_file()

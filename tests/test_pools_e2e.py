@@ -26,7 +26,8 @@ from remote.loopback import Sshd
 from tests.conftest import ROOT
 from tests.test_remote import FAB
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# Both tests take port 22 of the same addresses: one worker runs them, one after the other.
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.xdist_group("pools_e2e")]
 
 ADDRESSES = ["127.0.17.2", "127.0.17.3", "127.0.17.4"]
 POOLS = [{"role": "chief", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},

@@ -345,7 +345,7 @@ def test_bad_input_fails_before_anything_is_copied(lab: Lab) -> None:
 
 def test_unknown_stack_names_the_fix(lab: Lab) -> None:
     result = lab.fab("status", "--stack", "nope")
-    assert result.returncode == 2 and "no stack file" in result.stderr and "pulumi stack init" in result.stderr
+    assert result.returncode == 2 and "no stack named 'nope'" in result.stderr and "gpu-train init --stack nope" in result.stderr
 
 
 def test_unchanged_code_is_reused_and_the_host_checks_the_claim(lab: Lab) -> None:
