@@ -77,7 +77,7 @@ def publish(root: str, notice: dict | None) -> list[str]:
         with contextlib.suppress(OSError), open(os.path.join(run_dir, "log"), "ab") as log:
             log.write(f"[gpu-train] early warning: {', '.join(notice['events'])} ($GPU_TRAIN_NOTICE)\n".encode())
         told.append(os.path.basename(run_dir))
-    if told:
+    if told and notice is not None:  # (told is only ever filled with a notice)
         agent_log(root, f"early warning {', '.join(notice['events'])}: told {', '.join(told)}")
     return told
 
