@@ -95,7 +95,8 @@ def test_runs_live_on_the_data_disk_and_survive_a_replaced_vm(make_guest, data_d
     # A run that checkpoints, started as a user would.
     code = tmp_path / "code"
     code.mkdir()
-    first.ssh_stack(tmp_path / "stacks", "vm", public_key.with_suffix(""))
+    # the guest stands in for a GCP VM, where jobs run in the host's Python (venv: false)
+    first.ssh_stack(tmp_path / "stacks", "vm", public_key.with_suffix(""), extra="  gpu-train:venv: false\n")
     started = fab(tmp_path, "train", "--dir", str(code), "--command", JOB, "--name", "counter")
     assert started.returncode == 0, started.stdout + started.stderr
     run = started.stdout.split()[1]
