@@ -40,7 +40,8 @@ def env(tmp_path: Path, public_key: Path):
 
 
 def fab(env: dict, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    """The task from the user's HOME (fetched runs land in HOME/runs/), as a user runs it."""
+    """The task from the user's HOME, as a user runs it; tmp_path holds stacks/, so it is the project
+    (the nearest directory up with stacks/) and fetched runs land in tmp_path/runs/STACK/RUN."""
     return subprocess.run([FAB, "--search-root", str(ROOT), *args], env=env, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, cwd=env["HOME"])
 
@@ -186,7 +187,8 @@ def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: Fak
         assert fab(env, "stop", "--stack", "t4", "--grace", "1").returncode == 0
         stopped = fab(env, "vm-stop", "--stack", "t4")
         assert stopped.returncode == 0, stopped.stderr
-        assert (Path(env["HOME"]) / "runs" / "t4" / run / "ckpt").read_text() == "1"  # fetched before the VM stopped
+        assert (tmp_path / "runs" / "t4" / run / "ckpt").read_text() == "1"  # fetched, into the project, before the VM stopped
+        assert not (Path(env["HOME"]) / "runs").exists()
         assert "config set gpu-train:running false --stack t4" in (tmp_path / "pulumi" / "calls").read_text()
     finally:
         sshd.stop()

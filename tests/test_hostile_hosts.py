@@ -218,7 +218,9 @@ def test_lying_job_dir_is_ignored_and_fetched_modes_are_safe(lab: Lab, liar: Lia
 
 
 # -- another user on the host -------------------------------------------------------------------
-ATTACKER = "gtattack10"
+# One user per pytest process: xdist workers run the attacker tests at once, and a shared name let one
+# worker's teardown delete the user while another's test ran (its files then showed a bare uid).
+ATTACKER = f"gtattack{os.getpid()}"
 SCANNER = r'''import base64, os, sys, time
 secret_file, out, stop = sys.argv[1:4]
 with open(secret_file) as f:
