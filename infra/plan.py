@@ -225,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--stack", help="a stack in stacks/ (stacks/Pulumi.NAME.yaml)")
     which.add_argument("--file", type=Path, help="a stack file anywhere")
     args = parser.parse_args(argv)
-    path = args.file or config.stack_file(args.stack)
-    stack = args.stack or config.stack_name_from_path(path)
     try:
+        path = args.file or config.stack_file(args.stack)  # (a missing stack is said, with its fix)
+        stack = args.stack or config.stack_name_from_path(path)
         raw = config.read_stack_file(path)
     except config.ConfigError as e:
         status, message = outcome(e)

@@ -51,14 +51,16 @@ def descendants(pid: int) -> list[int]:
 
 class Sshd:
     def __init__(self, workdir: Path, address: str = "127.0.0.2", client_key: Path | None = None,
-                 port: int | None = None, extra_config: str = "", prefix: tuple[str, ...] = ()):
-        """``extra_config``: more sshd_config lines; ``prefix``: a command sshd runs under (a test may
-        give a node its own mount namespace, as a VM has its own disk)."""
+                 port: int | None = None, extra_config: str = "", prefix: tuple[str, ...] = (),
+                 setenv: str = ""):
+        """``extra_config``: more sshd_config lines; ``setenv``: more NAME=VALUE for the sessions (sshd
+        takes the first SetEnv line only, so they join ours); ``prefix``: a command sshd runs under (a
+        test may give a node its own mount namespace, as a VM has its own disk)."""
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.address = address
         self.port = port or free_port(address)
-        self.extra_config, self.prefix = extra_config, prefix
+        self.extra_config, self.prefix, self.setenv = extra_config, prefix, setenv
         self.user = getpass.getuser()
         self.client_key = client_key or keygen(self.dir / "client_ed25519")
         self.host_key = keygen(self.dir / "host_ed25519")
@@ -85,7 +87,7 @@ class Sshd:
             "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n"
             # A login shell that runs `pyenv init` (this workplace's ~/.bashrc) would wait up to 60 s on a
             # rehash lock left behind when a test kills a session mid-rehash: do not wait for it.
-            "SetEnv PYENV_REHASH_TIMEOUT=0\n" + self.extra_config
+            f"SetEnv PYENV_REHASH_TIMEOUT=0 {self.setenv}\n" + self.extra_config
         )
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory

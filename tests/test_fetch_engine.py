@@ -28,10 +28,10 @@ class Host:
         self.sshd = Sshd(tmp / "sshd", "127.0.16.3").start()
         self.known = tmp / "known_hosts"
         self.learn_key()
-        self.host = SshHost(self.sshd.user, self.sshd.address, self.sshd.port)
+        self.host = SshHost(self.sshd.user, self.sshd.address, self.sshd.port, keys=(str(self.sshd.client_key),))
         self.root = tmp / "root"
-        self.target = Target("t", (self.host,), str(self.sshd.client_key), self.known, True, str(self.root), None, 0,
-                             None, False, tmp / "cache")
+        self.target = Target("t", (self.host,), str(self.sshd.client_key), self.known, True, str(self.root), None,
+                             venv=False, expect_gpus=0, hourly_cost_usd=None, is_gcp=False, cache=tmp / "cache")
         self.streams_opened = 0
 
     def learn_key(self) -> None:

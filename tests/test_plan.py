@@ -70,7 +70,7 @@ def test_invalid_stack_exits_2_with_every_problem_on_stderr(tmp_path: Path) -> N
         assert w in result.stderr, w
 
 
-@pytest.mark.parametrize(("args", "words"), [(["--stack", "nope"], "no stack file"), ([], "one of the arguments")])
+@pytest.mark.parametrize(("args", "words"), [(["--stack", "nope"], "no stack named"), ([], "one of the arguments")])
 def test_bad_arguments(args: list[str], words: str) -> None:
     result = plan(*args)
     assert result.returncode == 2 and words in result.stderr

@@ -74,8 +74,8 @@ def pool_cluster(tmp_path: Path, public_key: Path):
             (fakebin / "nvidia-smi").chmod(0o755)
             prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
                       f'mount --bind "{disk}" "{mount}" && exec "$0" "$@"')
-            extra = f"SetEnv PATH={fakebin}:/usr/local/bin:/usr/bin:/bin GPUS={pool_gpus}\n"
-            sshds.append(Sshd(tmp_path / f"sshd{i}", address, client_key=key, port=22, extra_config=extra,
+            env = f"PATH={fakebin}:/usr/local/bin:/usr/bin:/bin GPUS={pool_gpus}"
+            sshds.append(Sshd(tmp_path / f"sshd{i}", address, client_key=key, port=22, setenv=env,
                               prefix=prefix).start())
             nodes.append(disk)
         stacks, home = tmp_path / "stacks", tmp_path / "home"
@@ -112,7 +112,7 @@ def test_tf_config_roles_come_from_the_pools(pool_cluster) -> None:
     code = tmp / "code"
     code.mkdir()
     (code / "show.py").write_text("import json, os\nprint('TF_CONFIG=' + os.environ['TF_CONFIG'])\n")
-    out = fab(env, code, "train", "--command", "python3 show.py", "--name", "tfcfg")
+    out = fab(env, code, "train", "--dir", str(code), "--command", "python3 show.py", "--name", "tfcfg")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "on 3 nodes" in out.stdout
     run = out.stdout.split("started ", 1)[1].split()[0]
@@ -141,6 +141,6 @@ def test_torchrun_on_a_cpu_only_pool_is_refused_before_anything_runs(pool_cluste
     code = tmp / "code"
     code.mkdir()
     (code / "train.py").write_text("print('ran')\n")
-    out = fab(env, code, "train", "--script", "train.py")
+    out = fab(env, code, "train", "--dir", str(code), "--script", "train.py")
     assert out.returncode == 2 and "ps pool" in out.stderr and "--command" in out.stderr
     assert not any((disk / "runs").exists() for disk in nodes)  # nothing was sent or started
