@@ -246,6 +246,8 @@ class Guest:
                 self.init_pid = self._init_pid()
             if self.init_pid is not None:
                 state = self.sh("systemctl is-system-running", check=False).stdout.strip()
+                if not state and not os.path.exists(f"/proc/{self.init_pid}"):
+                    self.init_pid = None  # an early child of nspawn, gone since: find the guest's init again
                 if state in ("running", "degraded") and self._ssh_answers():
                     took = time.monotonic() - started
                     self.boots.append(took)
