@@ -13,21 +13,37 @@ import threading
 
 
 def main(argv: list) -> int:
+    """Relay until the far side closes; a lost connection is one line and exit 255, as ssh says it.
+
+    rsync prints whatever its remote shell writes to stderr, and gpu-train shows rsync's error to
+    the user; a Python traceback there (a node lost mid-sync) would read as a bug in gpu-train.
+    """
     path, args = argv[0], argv[1:]
     if args[:1] == ["-l"]:
         args = args[2:]
-    command = " ".join(args[1:])  # as ssh does: the remote shell splits it
+    host = args[0] if args else "host"
+    try:
+        return relay(path, " ".join(args[1:]))  # as ssh does: the remote shell splits it
+    except OSError as e:
+        sys.stderr.write(f"connection to {host} lost: {e.strerror or e}\n")
+        return 255
+
+
+def relay(path: str, command: str) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     sock.sendall((json.dumps(command) + "\n").encode())
 
     def upstream() -> None:
-        while True:
-            data = os.read(0, 65536)
-            if not data:
-                break
-            sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
+        try:
+            while True:
+                data = os.read(0, 65536)
+                if not data:
+                    break
+                sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the downstream side sees the same loss and reports it once
 
     threading.Thread(target=upstream, daemon=True).start()
     out = sys.stdout.buffer

@@ -1,0 +1,37 @@
+"""rsync's remote shell (remote/rsh.py) when the relay behind it goes away mid-stream."""
+
+import socket
+import subprocess
+import sys
+import threading
+
+from remote.relay import RSH
+
+
+def test_a_connection_reset_mid_stream_is_one_line_and_exit_255_not_a_traceback(tmp_path):
+    # What a node lost mid-sync looks like to rsh.py: the relay drops its end with data unread,
+    # so the kernel answers with a reset. rsync shows rsh's stderr to the user as the node's error.
+    path = str(tmp_path / "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve() -> None:
+        client, _ = listener.accept()
+        reader = client.makefile("rb")
+        reader.readline()
+        reader.read(256 << 10)  # rsync's stream is flowing; the rest (MiBs) stays unread, so closing resets it
+        reader.close()
+        client.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", str(RSH), path, "-l", "root", "node1", "rsync", "--server"],
+        input=b"x" * (4 << 20),
+        capture_output=True,
+        timeout=30,
+    )
+    assert "Traceback" not in proc.stderr.decode()
+    assert proc.returncode == 255
+    assert proc.stderr.decode().startswith("connection to node1 lost:")
+    listener.close()
