@@ -73,6 +73,11 @@ def test_hostile_stack_values_run_nothing(lab: Lab, setting: str, value: str, wo
     (["fetch", "--run", "$(touch MARK)"], "--run"),
     (["logs", "--run", "../x"], "--run"),
     (["stop", "--run", "a/b"], "--run"),
+    (["tunnel", "--port", "abc"], "--port"),  # (an int default let Invoke parse it: a ValueError traceback)
+    (["tunnel", "--local-port", "abc"], "--local-port"),
+    (["tensorboard", "--local-port", "99999"], "--local-port"),
+    (["fetch", "--streams", "abc"], "--streams"),
+    (["down", "--streams", "0"], "--streams"),
 ])
 def test_bad_options_are_messages(lab: Lab, args: list[str], words: str) -> None:
     mark = lab.tmp / "MARK"
