@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from remote.listener import accept_each
+
 CHUNK = 1 << 20
 
 
@@ -93,23 +95,18 @@ class DelayProxy:
         self.connections = 0
 
     def start(self) -> DelayProxy:
-        threading.Thread(target=self._accept, daemon=True).start()
+        accept_each(self._listener, self._forward)
         return self
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream)
-            except OSError:
-                client.close()
-                continue
-            self.connections += 1
-            _Direction(_tuned(client), _tuned(server), self.delay).start()
-            _Direction(server, client, self.delay).start()
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.upstream)
+        except OSError:
+            client.close()
+            return
+        self.connections += 1
+        _Direction(_tuned(client), _tuned(server), self.delay).start()
+        _Direction(server, client, self.delay).start()
 
     def close(self) -> None:
         self._listener.close()
