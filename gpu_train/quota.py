@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.disks import disk_quota_metric
-from gpu_train.vm import data_disk_type
 from gpu_train.validate import GpuShape
+from gpu_train.vm import data_disk_type
 
 SERVICE = "compute.googleapis.com"
 
