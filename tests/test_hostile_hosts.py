@@ -73,6 +73,11 @@ def test_hostile_stack_values_run_nothing(lab: Lab, setting: str, value: str, wo
     (["fetch", "--run", "$(touch MARK)"], "--run"),
     (["logs", "--run", "../x"], "--run"),
     (["stop", "--run", "a/b"], "--run"),
+    (["tunnel", "--port", "abc"], "--port"),  # (an int default let Invoke parse it: a ValueError traceback)
+    (["tunnel", "--local-port", "abc"], "--local-port"),
+    (["tensorboard", "--local-port", "99999"], "--local-port"),
+    (["fetch", "--streams", "abc"], "--streams"),
+    (["down", "--streams", "0"], "--streams"),
 ])
 def test_bad_options_are_messages(lab: Lab, args: list[str], words: str) -> None:
     mark = lab.tmp / "MARK"
@@ -389,3 +394,22 @@ def test_a_128_character_name_runs_under_a_short_screen_name(lab: Lab) -> None:
     run = lab.train("--dir", str(EXAMPLE), "--command", "echo long-name-ok", "--name", name)
     assert len(run) == 128
     assert lab.wait(run)["state"] == "succeeded" and "long-name-ok" in lab.log(run)
+
+
+def test_a_hosts_escape_sequences_reach_the_terminal_written_out(lab: Lab, liar: Liar) -> None:
+    # A host's words (a run's last line, its detail, the host name, an error) are printed by status:
+    # raw, an escape sequence could retitle the window, clear the screen or answer back as input.
+    run = lying_run("planted_1", "x", state="failed")
+    run.update(lastLine="loss \x1b]0;pwned\x07", detail="\x1b[2J", reason="\x9b6n")
+    liar.answer(run)
+    doc = json.loads(liar.doc.read_text())
+    liar.doc.write_text(json.dumps({**doc, "host": "liar\x1b[8m", "\x1b[5mkey": 1}))
+    result = lab.fab("status")
+    no_traceback(result)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout + result.stderr and "\x9b" not in result.stdout
+    assert "loss \\x1b]0;pwned\\x07" in result.stdout and "liar\\x1b[8m" in result.stdout
+    liar.doc.write_text(json.dumps({"error": "no such run \x1b]2;owned\x07"}))
+    result = lab.fab("status")
+    no_traceback(result)
+    assert result.returncode != 0 and "\x1b" not in result.stderr and "\\x1b]2;owned" in result.stderr

@@ -230,6 +230,10 @@ def test_a_cluster_of_nodes() -> None:
     internal = fw["gpu-train-big-internal"]
     assert internal["sourceTags"] == internal["targetTags"] == ["gpu-train-big"] and "sourceRanges" not in internal
     assert [a["protocol"] for a in internal["allows"]] == ["tcp", "udp", "icmp"]
+    # SSH between nodes (the code node 0 passes on) is not caught by the deny rule closing port 22:
+    # the rule of lowest priority number applies, and a deny wins a tie.
+    deny = fw["gpu-train-big-ssh-deny-ipv4"]
+    assert internal.get("priority", 1000) < deny["priority"]  # 1000: Compute Engine's default
     assert fw["gpu-train-big-ssh-ipv4"]["sourceRanges"] == ["203.0.113.7/32"]  # nothing new from outside
     out = result.outputs
     assert out["nodes"] == 3 and len(out["externalIps"]) == 3 and len(out["internalIps"]) == 3

@@ -92,7 +92,7 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
             "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
             "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
             "json": "print what was fetched where as JSON", "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, streams=DEFAULT_STREAMS,
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, streams=None,
           stack=None, json_=False):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
@@ -137,6 +137,10 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_no
 
 
 def _streams(value: object) -> int:
+    """--streams as a number (the tasks default it to None, not an int: Invoke would parse an int
+    default itself and fail on "abc" with a traceback instead of this message)."""
+    if value is None:
+        return DEFAULT_STREAMS
     try:
         n = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
@@ -183,7 +187,7 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
 
 @task(help={"force": "destroy even if a run is running or a fetch failed",
             "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP})
-def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
+def down(c, force=False, streams=None, stack=None):
     """Fetch every run, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
     Refuses, naming the runs, while a run is still running or a fetch failed, unless --force. The data
