@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from remote.listener import accept_each
+
 CHUNK = 1 << 20
 
 
@@ -96,25 +98,20 @@ class DelayProxy:
         self._ways: list[tuple[_Direction, _Direction]] = []  # (client to server, server to client) per connection
 
     def start(self) -> DelayProxy:
-        threading.Thread(target=self._accept, daemon=True).start()
+        accept_each(self._listener, self._forward)
         return self
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream)
-            except OSError:
-                client.close()
-                continue
-            self.connections += 1
-            up, down = _Direction(_tuned(client), _tuned(server), self.delay), _Direction(server, client, self.delay)
-            self._ways.append((up, down))
-            up.start()
-            down.start()
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.upstream)
+        except OSError:
+            client.close()
+            return
+        self.connections += 1
+        up, down = _Direction(_tuned(client), _tuned(server), self.delay), _Direction(server, client, self.delay)
+        self._ways.append((up, down))
+        up.start()
+        down.start()
 
     @property
     def bytes_up(self) -> int:

@@ -27,7 +27,8 @@ import paramiko
 
 from gpu_train.config import SshHost
 from remote.agent.bundle import agent_command
-from remote.ssh import RemoteError, host_id
+from remote.errors import RemoteError
+from remote.hostkeys import host_id
 from remote.sync import staging_dest, staging_options
 from remote.target import Target
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from gpu_train.config import SshHost
 from remote.agent.bundle import GUARD
-from remote.ssh import RemoteError, openssh_options
+from remote.errors import RemoteError
+from remote.ssh import openssh_options
 from remote.target import Target
 
 LARGE_SYNC_BYTES = 100 * 1024 * 1024

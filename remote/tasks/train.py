@@ -56,7 +56,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
     """
     from gpu_train import jobs
-    from remote import codehop, ssh, sync
+    from remote import codehop, sync
+    from remote.errors import RemoteError
 
     code_dir = Path(dir).expanduser().resolve() if dir else project_root()
     if not code_dir.is_dir():
@@ -82,7 +83,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         try:
             plan = sync.plan_code(code_dir, Path(scratch), ((project_root() / "runs", "fetched results"),
                                                             (state_home(), None)))
-        except ssh.RemoteError as e:
+        except RemoteError as e:
             raise Exit(str(e), code=ExitStatus.USAGE) from None
         pushed = PushedManifests(cluster.cache)
         unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
@@ -133,7 +134,8 @@ def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | 
 
 def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None) -> dict:
     from gpu_train import jobs
-    from remote import ssh, sync
+    from remote import agentcall, sync
+    from remote.errors import RemoteError
     from remote.relay import ChannelRelay
 
     target = session.target
@@ -153,8 +155,8 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
         deadline, delay = time.monotonic() + session.timeout, 5.0
         while True:
             try:
-                answer = ssh.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
-            except ssh.RemoteError as e:
+                answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
+            except RemoteError as e:
                 raise Exit(str(e), code=ExitStatus.FAILED) from None
             if "waiting" not in answer:
                 trust.host_run_id(answer.get("runId"), target.host)
