@@ -34,6 +34,7 @@ class _Direction:
 
     def __init__(self, src: socket.socket, dst: socket.socket, delay: float):
         self.src, self.dst, self.delay = src, dst, delay
+        self.bytes = 0  # delivered so far (only this direction's writer thread adds)
         self.queue: collections.deque = collections.deque()
         self.ready = threading.Condition()
 
@@ -67,6 +68,7 @@ class _Direction:
                 return
             try:
                 self.dst.sendall(data)
+                self.bytes += len(data)
             except OSError:
                 _quietly(self.src.shutdown, socket.SHUT_RDWR)
                 return
@@ -93,6 +95,7 @@ class DelayProxy:
         self._listener.listen(64)
         self.address: tuple[str, int] = self._listener.getsockname()
         self.connections = 0
+        self._ways: list[tuple[_Direction, _Direction]] = []  # (client to server, server to client) per connection
 
     def start(self) -> DelayProxy:
         accept_each(self._listener, self._forward)
@@ -105,8 +108,15 @@ class DelayProxy:
             client.close()
             return
         self.connections += 1
-        _Direction(_tuned(client), _tuned(server), self.delay).start()
-        _Direction(server, client, self.delay).start()
+        up, down = _Direction(_tuned(client), _tuned(server), self.delay), _Direction(server, client, self.delay)
+        self._ways.append((up, down))
+        up.start()
+        down.start()
+
+    @property
+    def bytes_up(self) -> int:
+        """Bytes the clients sent through the proxy so far, all connections together (an uplink's load)."""
+        return sum(up.bytes for up, _ in self._ways)
 
     def close(self) -> None:
         self._listener.close()
