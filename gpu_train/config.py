@@ -13,13 +13,14 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gpu_train import gpunames
 from gpu_train.catalog import Catalog
 from gpu_train.disks import default_disk_type
-from gpu_train.errors import ExitStatus, GpuTrainError
+from gpu_train.pools import parse_pools
+from gpu_train.problems import ConfigError, Problem, shown
 from gpu_train.settings import (  # each setting is declared once, there
     BY_KEY,
     GCP_IDLE_STOP_MINUTES,
@@ -27,48 +28,6 @@ from gpu_train.settings import (  # each setting is declared once, there
     SshHost,
     StackConfig,
 )
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a stack: the setting, its value, what is wrong and how to fix it."""
-
-    key: str
-    message: str
-    fix: str = ""
-    value: Any = None
-    severity: str = "error"  # or "warning": reported, does not stop anything
-
-    def __str__(self) -> str:
-        where = self.key if self.key.count(":") else f"{NAMESPACE}:{self.key}"
-        value = "" if self.value is None else f" = {shown(self.value)}"
-        text = f"{shown_key(where)}{value}: {self.message}"
-        return f"{text}\n    fix: {self.fix}" if self.fix else text
-
-
-def shown(value: object, limit: int = 80) -> str:
-    """A value for a message: its repr, cut to ``limit`` characters (a stack value can be megabytes)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def shown_key(key: str, limit: int = 60) -> str:
-    """A setting's name for a message: unknown keys come from the file, so they are bounded too."""
-    return key if len(key) <= limit and key.isprintable() else shown(key, limit)
-
-
-class ConfigError(GpuTrainError, ValueError):
-    """A stack's settings are invalid; ``problems`` lists every one."""
-
-    status = ExitStatus.USAGE
-
-    def __init__(self, problems: list[Problem], stack: str = ""):
-        self.stack = stack
-        head = f"stack {stack!r} is invalid" if stack else "invalid stack settings"
-        lines = [f"{head} ({len(problems)} problem{'s' if len(problems) != 1 else ''}):"]
-        lines += [f"  - {p}".replace("\n", "\n  ") for p in problems]
-        super().__init__("\n".join(lines), problems)
-
 
 _TYPE_WORDS = {
     "str": "a string",
@@ -264,8 +223,6 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
         values["gpuType"] = gpunames.api_name(values["gpuType"], catalog)
     kwargs = {BY_KEY[k].attr: v for k, v in values.items() if k != "hosts"}
     if values.get("pools"):
-        from gpu_train.pools import parse_pools  # pools builds on this module
-
         pools, pool_problems = parse_pools(values["pools"])
         problems += pool_problems
         pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, catalog)) if p.gpu_type else p

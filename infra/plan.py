@@ -192,7 +192,7 @@ def changes_against(result: preview.Preview, deployed: list[pulumi_cli.Resource]
     """How the wanted resources differ from the deployed ones, each difference judged by the replace table."""
     want = {(r.typ, r.name): r.inputs for r in result.resources}
     have = {(r.typ, r.name): r.inputs for r in deployed if r.custom}
-    return changes.compare(want, have, {changes.INSTANCE: vm.INSTANCE_IGNORE_CHANGES})
+    return changes.compare(want, have, changes.load_rules(), {changes.INSTANCE: vm.INSTANCE_IGNORE_CHANGES})
 
 
 def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | None = None) -> tuple[str, int]:

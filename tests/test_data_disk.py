@@ -137,7 +137,7 @@ def test_every_input_the_program_sets_has_a_row_in_the_table() -> None:
     (DISK, "labels.x", "1", "2", changes.IN_PLACE),
 ])
 def test_effect_of(typ: str, path: str, old: object, new: object, effect: str) -> None:
-    assert changes.effect_of(typ, path, old, new) == effect
+    assert changes.effect_of(typ, path, old, new, changes.load_rules()) == effect
 
 
 def test_flatten_leaves_out_the_providers_defaults_and_empty_values() -> None:

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from gpu_train import importer, stackfile, translate
+from gpu_train import gcloud_flags, importer, stackfile, translate
 from gpu_train.catalog_file import load_catalog
 from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
 from infra import plan
@@ -79,7 +79,7 @@ def run(text: str, **kw) -> translate.Translation:
 
 
 def gcloud(text: str, **kw) -> translate.Translation:
-    return translate.translate(importer.read_gcloud_args(importer.split_gcloud_command(text)), "imported", CATALOG, **kw)
+    return translate.translate(gcloud_flags.read_gcloud_args(gcloud_flags.split_gcloud_command(text)), "imported", CATALOG, **kw)
 
 
 def plans(settings: dict) -> tuple[str, int]:
@@ -188,7 +188,7 @@ def test_bad_jobs_say_what_is_wrong(text, message):
 
 def test_gcloud_flags_and_config_file_together():
     files = {"c.yaml": {"trainingInput": {"scaleTier": "CUSTOM", "masterType": "standard_v100", "region": "us-west1"}}}
-    job = importer.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
+    job = gcloud_flags.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
                                      "--use-chief-in-tf-config", "--", "--x", "1"], files.__getitem__)
     t = translate.translate(job, "s", CATALOG, project="p", ssh_ranges=("198.51.100.0/24",))
     assert t.settings["gcp:project"] == "p" and t.settings["gpu-train:sshSourceRanges"] == ["198.51.100.0/24"]
@@ -268,7 +268,7 @@ def plans_file(path) -> int:
 def test_gpu_train_import_takes_gcloud_after_the_double_dash(tmp_path) -> None:
     """As pasted: `gpu-train import gcloud -- gcloud ai-platform ... -- USER ARGS`, quoting kept."""
     argv = ["gpu-train", "import", "gcloud", "--stack", "g", "--stacks-dir", str(tmp_path), "--json", "--",
-            *importer.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'"))]
+            *gcloud_flags.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'"))]
     out = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}\nfrom remote.cli import main; main()"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
