@@ -87,7 +87,10 @@ class Sshd:
             "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n"
             # A login shell that runs `pyenv init` (this workplace's ~/.bashrc) would wait up to 60 s on a
             # rehash lock left behind when a test kills a session mid-rehash: do not wait for it.
-            f"SetEnv PYENV_REHASH_TIMEOUT=0 {self.setenv}\n" + self.extra_config
+            # The agent adds a cluster's key where this sshd reads keys (remote/agent/cluster.py), not
+            # into the login user's real ~/.ssh/authorized_keys.
+            f"SetEnv PYENV_REHASH_TIMEOUT=0 {self._keys_env()}{self.setenv}\n"
+            + self.extra_config
         )
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
@@ -104,6 +107,9 @@ class Sshd:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("sshd did not start listening")
+
+    def _keys_env(self) -> str:
+        return "" if "GPU_TRAIN_AUTHORIZED_KEYS=" in self.setenv else f"GPU_TRAIN_AUTHORIZED_KEYS={self.dir}/authorized_keys "
 
     def stop(self) -> None:
         """Kill the daemon and every session it serves (as a crash or a network cut would)."""

@@ -134,7 +134,7 @@ def _instances_by_stack(creds, projects: set[str]) -> tuple[dict[tuple[str, str]
 
 def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> tuple[dict | None, str | None]:
     """Node 0's agent status within QUICK_SSH_S, or why not."""
-    from remote import ssh
+    from remote import agentcall, ssh
     from remote.target import ssh_hosts, target_from
 
     try:
@@ -143,7 +143,7 @@ def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> 
             return None, f"no private key at {target.key_file}"
         conn = ssh.open_connection(target, target.host, QUICK_SSH_S, lambda _text: None)
         try:
-            return ssh.call(conn, target, "status"), None
+            return agentcall.call(conn, target, "status"), None
         finally:
             conn.close()
     except Exception as e:  # any failure is this stack's "?", never the whole listing's

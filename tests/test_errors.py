@@ -7,7 +7,7 @@ import pytest
 from gpu_train.config import ConfigError, Problem
 from gpu_train.errors import ExitStatus, GpuTrainError, outcome
 from gpu_train.jobs import JobError
-from remote.ssh import HostKeyError, KeyFileError, RemoteError
+from remote.errors import HostKeyError, KeyFileError, RemoteError
 
 
 @pytest.mark.parametrize(

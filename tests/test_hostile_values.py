@@ -213,7 +213,7 @@ def test_values_module_knows_its_limits() -> None:
 
 
 def _learn(args: tuple[str, int]) -> None:
-    from remote.ssh import append_known_host
+    from remote.hostkeys import append_known_host
 
     path, worker = args
     for i in range(15):

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from .cluster import cmd_authorize, cmd_relay_code, read_doc
 from .fetchserve import cmd_fetch_serve
 from .guard import UnsafeRoot, check_own_file, secure_root
 from .launch import cmd_launch
@@ -52,6 +53,11 @@ def parser() -> argparse.ArgumentParser:
     watching = sub.add_parser("watch", help="pass the metadata server's maintenance and preemption notices to the jobs")
     watching.add_argument("--rounds", type=int, help="stop after this many answers per value (tests)")
     sub.add_parser("fetch-serve", help="serve `fab fetch`: JSON requests on stdin, framed answers on stdout")
+    authorizing = sub.add_parser("authorize", help="let node 0 of a cluster pass the code on to this node")
+    authorizing.add_argument("--key", required=True, help="the cluster's public key: ssh-ed25519 BASE64")
+    authorizing.add_argument("--name", required=True, help="the stack's name (the line's comment)")
+    authorizing.add_argument("--from", dest="source", help="node 0's address: the key works from there only")
+    sub.add_parser("relay-code", help="node 0: rsync a run's staged code to the other nodes (request on stdin)")
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
@@ -85,6 +91,8 @@ def main(argv: list[str]) -> int:
             return cmd_wrap(root, args.run)
         if args.cmd == "fetch-serve":
             return cmd_fetch_serve(root)
+        if args.cmd == "relay-code":
+            return cmd_relay_code(root, read_doc())
         if args.cmd == "logs":
             return cmd_logs(root, args.run, args.offset, args.lines, args.follow)
         if args.cmd == "launch":
@@ -102,6 +110,8 @@ def main(argv: list[str]) -> int:
             result = cmd_shutdown(root, args.grace)
         elif args.cmd == "tick":
             result = cmd_tick(root)
+        elif args.cmd == "authorize":
+            result = cmd_authorize(args.key, args.name, args.source)
         elif args.cmd == "watch":
             result = cmd_watch(root, args.rounds)
         else:

@@ -32,7 +32,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder) in one transfer session: one
     listing of every run, then parallel streams for whatever changed. The ids that failed."""
     from gpu_train import jobs
-    from remote import fetch_engine, ssh
+    from remote import fetch_engine, hostkeys
     from remote.fetch_progress import Progress
 
     record = FetchRecord(session.target.cache)
@@ -52,7 +52,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
         todo.append((r, where))
     if not todo:
         return []
-    if not ssh.knows_host(session.target, session.target.host):
+    if not hostkeys.knows_host(session.target, session.target.host):
         session.connect()  # learns (and prints) the host key, or refuses a changed one
     bar = Progress(live=progress)
     results = _transfer(session, [(r["id"], where) for r, where in todo], streams, bar)
