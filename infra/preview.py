@@ -19,7 +19,7 @@ import pulumi
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_root_resource
 
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 
 MOCK_EXTERNAL_IP = "203.0.113.10"  # documentation range (RFC 5737)
 MOCK_INTERNAL_IP = "10.128.0.2"

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_train import capacity, changes, config, validate
-from gpu_train.catalog import load_catalog
+from gpu_train import capacity, changes, config, stackfile, validate
+from gpu_train.catalog_file import load_catalog
 from infra import pulumi_cli
 
 # What an attempt may leave behind that the next zone would have to replace: removed between attempts.
@@ -101,8 +101,8 @@ class Up:
         self.stack, self.yes, self.say, self.pulumi, self.sleep = stack, yes, say, pulumi, sleep
         self.retry_delay = retry_delay
         self.catalog = load_catalog()
-        self.path = config.stack_file(stack)
-        self.raw = config.read_stack_file(self.path)
+        self.path = stackfile.stack_file(stack)
+        self.raw = stackfile.read_stack_file(self.path)
         self.cfg, _ = validate.check(self.raw, stack, self.catalog)
 
     # -- a stack with a VM ---------------------------------------------------------------------

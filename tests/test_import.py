@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from gpu_train import config, importer, translate
-from gpu_train.catalog import load_catalog
+from gpu_train import importer, stackfile, translate
+from gpu_train.catalog_file import load_catalog
 from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
 from infra import plan
 from tests.conftest import ROOT
@@ -235,7 +235,7 @@ def test_the_import_task_writes_a_valid_stack_once(tmp_path) -> None:
     out = fab(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "The stack is valid" in out.stdout and "gpu-train train --stack aip --command 'python -m trainer.task'" in out.stdout
-    written = config.read_stack_file(stacks / "Pulumi.aip.yaml")
+    written = stackfile.read_stack_file(stacks / "Pulumi.aip.yaml")
     assert written["gpu-train:pools"] == CLUSTER_POOLS and written["gcp:project"] == "proj-1"
     assert plans_file(stacks / "Pulumi.aip.yaml") == 0
     before = (stacks / "Pulumi.aip.yaml").read_bytes()
@@ -261,7 +261,7 @@ def test_the_import_task_from_gcloud_and_as_json(tmp_path) -> None:
 
 
 def plans_file(path) -> int:
-    raw = {**config.read_stack_file(path), "gpu-train:sshPublicKey": KEY}
+    raw = {**stackfile.read_stack_file(path), "gpu-train:sshPublicKey": KEY}
     return plan.plan(raw, "aip")[1]
 
 

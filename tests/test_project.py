@@ -313,18 +313,20 @@ def test_left_out_and_always_excluded(tmp_path: Path) -> None:
 
 
 def test_suggest_and_starter_stacks() -> None:
+    import yaml
     from invoke import ParseError
 
     from gpu_train import config
+    from gpu_train.catalog_file import load_catalog
     from remote import cli, starter
 
     assert cli.suggest(ParseError("No idea what 'fetc' is!"), ["fetch", "train"], []) == \
         "No idea what 'fetc' is! Did you mean fetch?"
     assert "Did you mean --follow?" in cli.suggest(ParseError("No idea what '--folow' is!"), [], ["--follow", "--run"])
-    cfg = config.parse(config.yaml.safe_load(starter.ssh_stack("me@box:2222", None))["config"], "lab")
+    cfg = config.parse(yaml.safe_load(starter.ssh_stack("me@box:2222", None))["config"], "lab", load_catalog())
     assert cfg.hosts[0] == config.SshHost("me", "box", 2222) and cfg.ssh_key is None
-    raw = config.yaml.safe_load(starter.gcp_stack("proj-1", "us-central1-a", "nvidia-tesla-t4", True, "203.0.113.7/32"))
-    assert config.parse(raw["config"], "gcp").spot
+    raw = yaml.safe_load(starter.gcp_stack("proj-1", "us-central1-a", "nvidia-tesla-t4", True, "203.0.113.7/32"))
+    assert config.parse(raw["config"], "gcp", load_catalog()).spot
     assert starter.ignore_lines("runs\n/.gpu-train/\n") == [] and starter.ignore_lines("data/\n") == ["runs/", ".gpu-train/"]
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import config
-from gpu_train.catalog import load_catalog
+from gpu_train import stackfile
+from gpu_train.catalog_file import load_catalog
 from infra import preview, program, pulumi_cli
 from tests.conftest import ROOT
 from tests.test_capacity import ComputeApi
@@ -239,7 +239,7 @@ def test_new_stack_stockout_then_success_removes_only_what_the_attempt_made(env:
     real_sets = [i for i, c in enumerate(calls) if c.startswith("config set") and "--config-file" not in c]
     assert real_sets and min(real_sets) > max(i for i, c in enumerate(calls) if c.startswith("up "))
     assert stack_text(env) != stack_before and "gpu-train:zone: us-central1-b" in stack_text(env)
-    assert config.read_stack_file(Path(env["GPU_TRAIN_STACKS_DIR"]) / "Pulumi.t4.yaml")["gpu-train:nodes"] == 2
+    assert stackfile.read_stack_file(Path(env["GPU_TRAIN_STACKS_DIR"]) / "Pulumi.t4.yaml")["gpu-train:nodes"] == 2
     now = state(env)
     assert {"gpu-sa", "gpu-ssh-ipv4", "gpu-ssh-deny-ipv4", "gpu-0", "gpu-1", "gpu-0-data"} <= names(now)
 

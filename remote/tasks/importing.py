@@ -77,8 +77,8 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     Every field of the job is reported: mapped exactly, mapped with a change (and why), or not mapped
     (and what to do). The stack is validated as `scripts/plan` validates it, before it is written.
     """
-    from gpu_train import config, importer, translate, validate
-    from gpu_train.catalog import load_catalog
+    from gpu_train import config, importer, stackfile, translate, validate
+    from gpu_train.catalog_file import load_catalog
 
     file = None if source == "gcloud" else source
     if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
@@ -104,8 +104,8 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
         _, problems = validate.check(result.settings, stack_name, catalog)
     except config.ConfigError as e:
         problems = e.problems
-    directory = Path(stacks_dir).expanduser() if stacks_dir else config.stacks_dir()
-    path = config.stack_file(stack_name, directory)
+    directory = Path(stacks_dir).expanduser() if stacks_dir else stackfile.stacks_dir()
+    path = stackfile.stack_file(stack_name, directory)
     _write_stack(path, result.settings, origin, stack_name, force)
     errors = [p for p in problems if p.severity == "error"]
     if json:
