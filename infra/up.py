@@ -37,9 +37,9 @@ NEXT_STEP = {
     capacity.GLOBAL_QUOTA: "the project's global GPU quota is exhausted: no zone helps; request more "
                            "(gpu-train:quotaRequest, or the console's Quotas page)",
     capacity.CONFIG: "the shape itself is invalid: no zone helps; fix the stack (scripts/plan --stack NAME)",
-    capacity.PREFERENCE_EXISTS: "this project already asked Cloud Quotas for that quota (a preference is kept when "
-                                "a stack is destroyed, and is never made twice): remove gpu-train:quotaRequest, or "
-                                "adopt it with `pulumi import gcp:cloudquota/sQuotaPreference:SQuotaPreference`",
+    capacity.PREFERENCE_EXISTS: "this project already asked Cloud Quotas for that quota, and the up could not look "
+                                "it up first to adopt it (the warning above says why: credentials, or permission to "
+                                "list quota preferences): fix that and run again, or remove gpu-train:quotaRequest",
     capacity.UNKNOWN: "not a capacity problem: no other zone will help; the error above says what to fix",
 }
 
