@@ -179,3 +179,41 @@ def current_limit(entries: list[dict], dimensions: dict[str, str]) -> int:
         if values and (best is None or len(own) > best[0]):
             best = (len(own), max(values))
     return 0 if best is None else best[1]
+
+
+PREFERENCE_NAME = "{parent}/locations/global/quotaPreferences/{name}"  # the provider's id and import format
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """An existing preference a stack takes over as it stands (Pulumi imports only what matches)."""
+
+    name: str  # its own id: the last part of its resource name
+    preferred: str  # its quotaConfig.preferredValue, as Cloud Quotas gives it (an int64 as a string)
+    granted: str | None  # what Google granted so far, when it says
+    short_by: int  # how much more the stack asks for than it does (0: it already asks for enough)
+
+
+def existing_preference(found: list[dict], service: str, quota_id: str, dimensions: dict[str, str]) -> dict | None:
+    """The preference Cloud Quotas holds for this quota and these dimensions, whatever its id (it allows
+    one per quota and dimensions, so another made in the console blocks ours as our own would)."""
+    for p in found:
+        if p.get("service") == service and p.get("quotaId") == quota_id and (p.get("dimensions") or {}) == dimensions:
+            return p
+    return None
+
+
+def adoption(existing: dict, want: int) -> Adoption:
+    """How a stack that wants ``want`` adopts ``existing``: with its own values, never changed by the up."""
+    config = existing.get("quotaConfig") or {}
+    preferred = str(config.get("preferredValue", "0"))
+    asked = int(preferred) if preferred.lstrip("-").isdigit() else 0
+    unlimited = asked == -1  # Cloud Quotas' "unlimited"
+    return Adoption(str(existing["name"]).rsplit("/", 1)[-1], preferred, config.get("grantedValue"),
+                    0 if unlimited else max(0, want - asked))
+
+
+def preference_import_id(project: str, name: str) -> str:
+    """The id pulumi-gcp gives a preference of ``projects/PROJECT`` (``{parent}/locations/global/quotaPreferences/
+    {name}``), so an import and a create of ours name it alike: a later up finds it in the state, no import."""
+    return PREFERENCE_NAME.format(parent=f"projects/{project}", name=name)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpu_train import config, project
+from gpu_train import config, project, stackfile
 from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
 from gpu_train.vm import job_grace_s
 
@@ -184,12 +184,12 @@ def ssh_hosts(cfg: StackConfig) -> StackConfig:
 def resolve(stack: str | None, refresh: bool = False) -> Target:
     """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
     from gpu_train import validate
-    from gpu_train.catalog import load_catalog
+    from gpu_train.catalog_file import load_catalog
 
     name = select_stack(stack)
     # The same validation as `scripts/plan` and `pulumi up`: a stack file from elsewhere is checked
     # before any of its values reaches ssh, rsync or a host.
-    cfg, _ = validate.check(config.read_stack_file(config.stack_file(name)), name, load_catalog())
+    cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(name)), name, load_catalog())
     home = state_home()
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
     target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)

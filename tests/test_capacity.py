@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from gpu_train import capacity, config, quota, validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from infra import preflight
 from tests.conftest import ROOT, gcp_raw
 
@@ -224,6 +224,6 @@ def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api:
     ],
 )
 def test_quota_needs(settings: dict, metrics: set, expected: list) -> None:
-    cfg = config.parse(gcp_raw(**settings), "s")
+    cfg = config.parse(gcp_raw(**settings), "s", CATALOG)
     shape = validate.shape_of(cfg, CATALOG)
     assert [n.metric for n in quota.needs(cfg, shape, dict.fromkeys(metrics, (1.0, 0.0)), CATALOG)] == expected

@@ -11,8 +11,8 @@ import sys
 import pytest
 import yaml
 
-from gpu_train import config, importer, translate
-from gpu_train.catalog import load_catalog
+from gpu_train import gcloud_flags, importer, stackfile, translate
+from gpu_train.catalog_file import load_catalog
 from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
 from infra import plan
 from tests.conftest import ROOT
@@ -79,7 +79,7 @@ def run(text: str, **kw) -> translate.Translation:
 
 
 def gcloud(text: str, **kw) -> translate.Translation:
-    return translate.translate(importer.read_gcloud_args(importer.split_gcloud_command(text)), "imported", CATALOG, **kw)
+    return translate.translate(gcloud_flags.read_gcloud_args(gcloud_flags.split_gcloud_command(text)), "imported", CATALOG, **kw)
 
 
 def plans(settings: dict) -> tuple[str, int]:
@@ -188,7 +188,7 @@ def test_bad_jobs_say_what_is_wrong(text, message):
 
 def test_gcloud_flags_and_config_file_together():
     files = {"c.yaml": {"trainingInput": {"scaleTier": "CUSTOM", "masterType": "standard_v100", "region": "us-west1"}}}
-    job = importer.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
+    job = gcloud_flags.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
                                      "--use-chief-in-tf-config", "--", "--x", "1"], files.__getitem__)
     t = translate.translate(job, "s", CATALOG, project="p", ssh_ranges=("198.51.100.0/24",))
     assert t.settings["gcp:project"] == "p" and t.settings["gpu-train:sshSourceRanges"] == ["198.51.100.0/24"]
@@ -235,7 +235,7 @@ def test_the_import_task_writes_a_valid_stack_once(tmp_path) -> None:
     out = fab(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "The stack is valid" in out.stdout and "gpu-train train --stack aip --command 'python -m trainer.task'" in out.stdout
-    written = config.read_stack_file(stacks / "Pulumi.aip.yaml")
+    written = stackfile.read_stack_file(stacks / "Pulumi.aip.yaml")
     assert written["gpu-train:pools"] == CLUSTER_POOLS and written["gcp:project"] == "proj-1"
     assert plans_file(stacks / "Pulumi.aip.yaml") == 0
     before = (stacks / "Pulumi.aip.yaml").read_bytes()
@@ -261,14 +261,14 @@ def test_the_import_task_from_gcloud_and_as_json(tmp_path) -> None:
 
 
 def plans_file(path) -> int:
-    raw = {**config.read_stack_file(path), "gpu-train:sshPublicKey": KEY}
+    raw = {**stackfile.read_stack_file(path), "gpu-train:sshPublicKey": KEY}
     return plan.plan(raw, "aip")[1]
 
 
 def test_gpu_train_import_takes_gcloud_after_the_double_dash(tmp_path) -> None:
     """As pasted: `gpu-train import gcloud -- gcloud ai-platform ... -- USER ARGS`, quoting kept."""
     argv = ["gpu-train", "import", "gcloud", "--stack", "g", "--stacks-dir", str(tmp_path), "--json", "--",
-            *importer.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'"))]
+            *gcloud_flags.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'"))]
     out = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}\nfrom remote.cli import main; main()"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import config, validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from infra import plan, preview, program
 from tests.conftest import gcp_raw
 

@@ -221,10 +221,10 @@ def down(c, force=False, streams=None, stack=None):
         raise Exit(f"{e}; nothing was destroyed", code=ExitStatus.FAILED) from None
     if released:
         say(f"data disk(s) {', '.join(released)} released: their runs are in runs/{session.target.stack}/")
-    from gpu_train import config
+    from gpu_train import stackfile
     from gpu_train.project import pulumi_config_args
 
-    where = pulumi_config_args(config.stack_file(session.target.stack))  # a stack file in the user's project
+    where = pulumi_config_args(stackfile.stack_file(session.target.stack))  # a stack file in the user's project
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO)
     if result.returncode != 0:
         raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=ExitStatus.FAILED)

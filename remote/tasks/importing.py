@@ -77,12 +77,12 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     Every field of the job is reported: mapped exactly, mapped with a change (and why), or not mapped
     (and what to do). The stack is validated as `scripts/plan` validates it, before it is written.
     """
-    from gpu_train import config, importer, translate, validate
-    from gpu_train.catalog import load_catalog
+    from gpu_train import config, gcloud_flags, importer, stackfile, translate, validate
+    from gpu_train.catalog_file import load_catalog
 
     file = None if source == "gcloud" else source
     if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
-        gcloud = _remainder(sys.argv) or importer.split_gcloud_command(gcloud or "")
+        gcloud = _remainder(sys.argv) or gcloud_flags.split_gcloud_command(gcloud or "")
         if not gcloud:
             raise Exit("import gcloud: give gcloud's command after `--` (gpu-train) or as --gcloud \"...\"", code=ExitStatus.USAGE)
     elif gcloud:
@@ -93,7 +93,7 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
             job = importer.read_any(_read_yaml(file), region)
             origin, name = file, Path(file).stem
         else:
-            job = importer.read_gcloud_args(gcloud, _read_yaml)
+            job = gcloud_flags.read_gcloud_args(gcloud, _read_yaml)
             job.region = job.region or region
             origin, name = "gcloud ai-platform jobs submit training", "imported"
         stack_name = stack or name.replace("_", "-")
@@ -104,8 +104,8 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
         _, problems = validate.check(result.settings, stack_name, catalog)
     except config.ConfigError as e:
         problems = e.problems
-    directory = Path(stacks_dir).expanduser() if stacks_dir else config.stacks_dir()
-    path = config.stack_file(stack_name, directory)
+    directory = Path(stacks_dir).expanduser() if stacks_dir else stackfile.stacks_dir()
+    path = stackfile.stack_file(stack_name, directory)
     _write_stack(path, result.settings, origin, stack_name, force)
     errors = [p for p in problems if p.severity == "error"]
     if json:
