@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
@@ -90,7 +91,7 @@ def relay_request(cluster: Target, run: str, base: str, nodes: list[int], privat
     for i in nodes:
         target, peer = cluster.for_node(i), peer_host(cluster, i)
         entries.append({"node": i, "alias": alias(i), "port": peer.port, "options": staging_options(target, base),
-                        "dest": staging_dest(target, peer, run)})
+                        "login": f"{peer.user}@{peer.host}", "dest": staging_dest(target, peer, run)})
     pinned = [line for i in nodes for line in pinned_lines(cluster, i)]
     return {"run": run, "key": private_key, "knownHosts": pinned, "nodes": entries}
 
@@ -135,45 +136,20 @@ class CodeFanout:
                 _settle(f, error=RemoteError(f"the code did not reach node 0 ({why})"))
 
     def node0_sync(self, push: Callable[[], None], open_channel: Callable[[], paramiko.Channel]) -> None:
+        """The laptop's push to node 0, while node 0 gets ready to pass the code on (its agent started,
+        connections to the other nodes opened as soon as they let the key in); then the hop."""
+        relay = _Relay(self, open_channel)
+        preparing = threading.Thread(target=relay.prepare, daemon=True)
+        preparing.start()
         try:
             push()
         except BaseException as e:
             self.settle(0, _message(e))
+            preparing.join()
+            relay.close()
             raise
-        ready = []
-        for i, f in self.authorized.items():
-            why = f.result()
-            if why is None and not pinned_lines(self.cluster, i):
-                why = "its host key is not known here"
-            if why is None:
-                ready.append(i)
-            else:
-                _settle(self.arrived[i], why)
-        if ready:
-            self._relay(ready, open_channel)
-
-    def _relay(self, nodes: list[int], open_channel: Callable[[], paramiko.Channel]) -> None:
-        request = relay_request(self.cluster, self.run, self.base, nodes, self.private_key)
-        target = self.cluster.for_node(0)
-        fallback = "node 0 did not answer"
-        try:
-            chan = open_channel()
-            chan.exec_command(agent_command(target.remote_root, "relay-code"))
-            chan.sendall(base64.b64encode(json.dumps(request).encode()) + b"\n")
-            for line in chan.makefile("rb"):
-                try:
-                    said = json.loads(line)
-                except ValueError:
-                    continue
-                if "node" in said and said["node"] in self.arrived:
-                    _settle(self.arrived[said["node"]], said.get("error") and f"node 0 could not reach it: {said['error']}")
-                elif "error" in said:
-                    fallback = f"node 0 refused: {said['error']}"
-            chan.close()
-        except (OSError, EOFError, paramiko.SSHException) as e:
-            fallback = f"node 0: {_message(e)}"
-        for i in nodes:
-            _settle(self.arrived[i], fallback)
+        preparing.join()
+        relay.go()
 
     def node_sync(self, node: int, push: Callable[[], None], say: Callable[[str], None]) -> None:
         why = self.arrived[node].result()  # raises when node 0 never got the code
@@ -181,6 +157,64 @@ class CodeFanout:
             return
         say(f"node {node}: the code could not come from node 0 ({why}); sending it from here")
         push()
+
+
+class _Relay:
+    """Node 0's `relay-code` agent for one fan-out: started during the laptop's push, released by "go"."""
+
+    def __init__(self, fanout: CodeFanout, open_channel: Callable[[], paramiko.Channel]):
+        self.fanout, self.open_channel = fanout, open_channel
+        self.nodes: list[int] = []
+        self.chan: paramiko.Channel | None = None
+        self.fallback = "node 0 did not answer"
+
+    def prepare(self) -> None:
+        """Wait for each node's word on the key; start node 0's agent for those that let it in."""
+        fanout = self.fanout
+        for i, f in fanout.authorized.items():
+            why = f.result()
+            if why is None and not pinned_lines(fanout.cluster, i):
+                why = "its host key is not known here"
+            if why is None:
+                self.nodes.append(i)
+            else:
+                _settle(fanout.arrived[i], why)
+        if not self.nodes:
+            return
+        request = relay_request(fanout.cluster, fanout.run, fanout.base, self.nodes, fanout.private_key)
+        try:
+            chan = self.open_channel()
+            chan.exec_command(agent_command(fanout.cluster.for_node(0).remote_root, "relay-code"))
+            chan.sendall(base64.b64encode(json.dumps(request).encode()) + b"\n")
+            self.chan = chan
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            self.fallback = f"node 0: {_message(e)}"
+
+    def go(self) -> None:
+        """The code is on node 0: pass it on, settling each node's future as node 0 reports it."""
+        arrived = self.fanout.arrived
+        try:
+            if self.chan is not None:
+                self.chan.sendall(b"go\n")
+                for line in self.chan.makefile("rb"):
+                    try:
+                        said = json.loads(line)
+                    except ValueError:
+                        continue
+                    if "node" in said and said["node"] in arrived:
+                        _settle(arrived[said["node"]], said.get("error") and f"node 0 could not reach it: {said['error']}")
+                    elif "error" in said:
+                        self.fallback = f"node 0 refused: {said['error']}"
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            self.fallback = f"node 0: {_message(e)}"
+        finally:
+            self.close()
+        for i in self.nodes:
+            _settle(arrived[i], self.fallback)
+
+    def close(self) -> None:
+        if self.chan is not None:
+            self.chan.close()
 
 
 def _settle(future: Future, result: object = None, error: BaseException | None = None) -> None:

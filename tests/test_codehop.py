@@ -169,6 +169,10 @@ def test_the_request_for_node_0_pins_the_host_keys_the_laptop_learned(tmp_path: 
     ssh = argv[argv.index("-e") + 1]
     assert "StrictHostKeyChecking=yes" in ssh and "HostKeyAlias=gpu-train-node-1" in ssh and "IdentitiesOnly=yes" in ssh
     assert argv[-2:] == ["/h/gpu-train/staging/r_20250101_000000/", "me@10.0.0.6:gpu-train/staging/r_20250101_000000/"]
+    # The connection opened while the laptop still sends to node 0: the same options, no command.
+    master = cluster.master_command("/h/gpu-train", req["nodes"][0], "/tmp/x/0")
+    assert master[-2:] == ["-N", "me@10.0.0.6"] and "HostKeyAlias=gpu-train-node-1" in master
+    assert "ControlPath=/tmp/x/0" in cluster.hop_command("/h/gpu-train", req["run"], req["nodes"][0], "/tmp/x/0")[argv.index("-e") + 1]
 
 
 @pytest.mark.parametrize("key, name, source, words", [

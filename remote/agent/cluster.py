@@ -21,8 +21,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 
 from .store import AgentError
@@ -93,45 +95,83 @@ def _write_private(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def hop_command(root: str, run: str, node: dict) -> list[str]:
-    """The rsync that sends node 0's staged code for ``run`` to one other node."""
+def ssh_options(root: str, node: dict) -> list[str]:
+    """OpenSSH options for the hop to one node: the cluster key only, its pinned host key only
+    (under the node's alias), never a prompt."""
     if not isinstance(node.get("alias"), str) or not ALIAS_RE.fullmatch(node["alias"]):
         raise AgentError("relay-code: bad host key alias")
-    port = int(node["port"])
     folder = os.path.join(root, "cluster")
-    ssh = shlex.join(["ssh", "-i", os.path.join(folder, "id_ed25519"), "-p", str(port), "-F", "/dev/null",
-                      "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-                      "-o", f"UserKnownHostsFile={os.path.join(folder, 'known_hosts')}",
-                      "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
-                      "-o", f"HostKeyAlias={node['alias']}", "-o", "ConnectTimeout=10",
-                      "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", f"Ciphers={CIPHERS}"])
+    return ["-i", os.path.join(folder, "id_ed25519"), "-p", str(int(node["port"])), "-F", "/dev/null",
+            "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={os.path.join(folder, 'known_hosts')}",
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"HostKeyAlias={node['alias']}", "-o", "ConnectTimeout=10",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", f"Ciphers={CIPHERS}"]
+
+
+def master_command(root: str, node: dict, control: str) -> list[str]:
+    """An SSH connection to the node opened while the laptop still sends the code to node 0: the
+    rsync after it then costs no key exchange and no login (ssh -N: no command, no shell)."""
+    return ["ssh", *ssh_options(root, node), "-o", "ControlMaster=yes", "-o", f"ControlPath={control}", "-N",
+            str(node["login"])]
+
+
+def hop_command(root: str, run: str, node: dict, control: str | None = None) -> list[str]:
+    """The rsync that sends node 0's staged code for ``run`` to one other node (over the node's open
+    connection when ``control`` names one that is up; otherwise ssh connects anew)."""
+    mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={control}"] if control else []
+    ssh = shlex.join(["ssh", *ssh_options(root, node), *mux])
     return ["rsync", "-a", "--delete", "--protect-args", "-e", ssh, *[str(o) for o in node["options"]],
             os.path.join(root, "staging", run) + "/", str(node["dest"])]
 
 
 def cmd_relay_code(root: str, doc: dict) -> int:
-    """On node 0: write the cluster's key and pinned host keys, then rsync the staged code of
-    ``doc["run"]`` to every node of ``doc["nodes"]`` at once, printing one JSON line per node as it
-    finishes ({"node": i} or {"node": i, "error": why}), so each node goes on as soon as it has it."""
+    """On node 0: write the cluster's key and pinned host keys, connect to each node of
+    ``doc["nodes"]``, and on "go" (the laptop's sync to node 0 is done) rsync the staged code of
+    ``doc["run"]`` to them all at once, printing one JSON line per node as it finishes ({"node": i}
+    or {"node": i, "error": why}), so each node goes on as soon as it has the code."""
     run = doc.get("run")
     if not isinstance(run, str) or not RUN_RE.fullmatch(run):
         raise AgentError("relay-code: not a run id")
     if not isinstance(doc.get("key"), str) or not all(isinstance(x, str) and "\n" not in x for x in doc.get("knownHosts") or [0]):
         raise AgentError("relay-code: no key or no pinned host keys in the request")
-    source = os.path.join(root, "staging", run)
-    if not os.path.isdir(source):
-        raise AgentError(f"relay-code: no staged code at {source}")
+    nodes = doc.get("nodes") or []
     folder = os.path.join(root, "cluster")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     _write_private(os.path.join(folder, "id_ed25519"), doc["key"])
     _write_private(os.path.join(folder, "known_hosts"), "".join(f"{line}\n" for line in doc["knownHosts"]))
+    sockets = tempfile.mkdtemp(prefix="gpu-train-hop-")  # 0700; short: a socket's path has ~100 bytes at most
+    masters = []
+    try:
+        for i, node in enumerate(nodes):
+            with contextlib.suppress(OSError, AgentError, KeyError, ValueError):  # the rsync says why, later
+                masters.append(subprocess.Popen(master_command(root, node, os.path.join(sockets, str(i))),
+                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.DEVNULL))
+        if sys.stdin.readline().strip() != "go":
+            return 0  # the laptop's sync failed or it went away: nothing to pass on
+        source = os.path.join(root, "staging", run)
+        if not os.path.isdir(source):
+            raise AgentError(f"relay-code: no staged code at {source}")
+        _hop_all(root, run, nodes, sockets)
+    finally:
+        for master in masters:
+            master.terminate()
+        for master in masters:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                master.wait(timeout=10)
+        shutil.rmtree(sockets, ignore_errors=True)
+    return 0
+
+
+def _hop_all(root: str, run: str, nodes: list[dict], sockets: str) -> None:
     lock = threading.Lock()
 
-    def hop(node: dict) -> None:
+    def hop(i: int, node: dict) -> None:
         answer: dict = {"node": node.get("node")}
         try:
-            done = subprocess.run(hop_command(root, run, node), capture_output=True, text=True,
-                                  stdin=subprocess.DEVNULL, timeout=3600)
+            done = subprocess.run(hop_command(root, run, node, os.path.join(sockets, str(i))), capture_output=True,
+                                  text=True, stdin=subprocess.DEVNULL, timeout=3600)
             if done.returncode != 0:
                 # ssh's own words ("Permission denied (publickey)", "Connection refused") say more
                 # than rsync's "connection unexpectedly closed" after them.
@@ -143,12 +183,11 @@ def cmd_relay_code(root: str, doc: dict) -> int:
         with lock:
             print(json.dumps(answer), flush=True)
 
-    threads = [threading.Thread(target=hop, args=(n,)) for n in doc.get("nodes") or []]
+    threads = [threading.Thread(target=hop, args=(i, n)) for i, n in enumerate(nodes)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return 0
 
 
 def read_doc() -> dict:
