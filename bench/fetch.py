@@ -216,8 +216,8 @@ def main() -> None:
                     one.append(bench.fab("code1", "train", "--dir", str(code), "--command", "true", "--name", f"one{i}"))
                     two.append(bench.fab("code2", "train", "--dir", str(code), "--command", "true", "--name", f"two{i}"))
                 o, t = statistics.median(one), statistics.median(two)
-                size = sum(p.stat().st_size for p in code.rglob("*.py")) / MiB
-                say(f"6. code ({int(400 * SCALE) + 1} files, {size:.0f} MiB) over 100 ms RTT to nodes that reach each other "
+                code_mib = sum(p.stat().st_size for p in code.rglob("*.py")) / MiB
+                say(f"6. code ({int(400 * SCALE) + 1} files, {code_mib:.0f} MiB) over 100 ms RTT to nodes that reach each other "
                     f"directly, medians of 3: 1 node {o:.2f} s, 2 nodes {t:.2f} s: 2 / 1 = {t / o:.2f} (target <= 1.2)")
         finally:
             bench.stop()

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any
 
-from gpu_train.importer import NOT_MAPPED, JobDescription, JobImportError, Note, flag_accelerator, read_training_input
+from gpu_train.importer import NOT_MAPPED, JobDescription, JobImportError, Note, Tables, flag_accelerator, read_training_input
 
 _FLAG_FIELDS = {
     "--scale-tier": "scaleTier", "--master-machine-type": "masterType", "--worker-machine-type": "workerType",
@@ -47,7 +47,7 @@ def _strip_gcloud_prefix(argv: list[str]) -> list[str]:
     return rest
 
 
-def read_gcloud_args(argv: list[str], load_config: Callable[[str], Any] | None = None) -> JobDescription:
+def read_gcloud_args(argv: list[str], tables: Tables, load_config: Callable[[str], Any] | None = None) -> JobDescription:
     """``gcloud ai-platform jobs submit training`` flags; ``--config FILE`` is read first, flags win.
 
     ``load_config`` reads the YAML file named by --config (passed in, so this stays pure).
@@ -104,7 +104,7 @@ def read_gcloud_args(argv: list[str], load_config: Callable[[str], Any] | None =
             notes.append(Note(name, NOT_MAPPED, "not a setting gpu-train knows; it is left out"))
     if "scaleTier" in ti:
         ti["scaleTier"] = str(ti["scaleTier"]).upper().replace("-", "_")
-    job = read_training_input(ti)
+    job = read_training_input(ti, tables)
     job.notes = notes + job.notes
     job.args += user_args
     job.package_dir = package_dir

@@ -4,8 +4,9 @@ Three inputs say the same thing in different words: an AI Platform ``config.yaml
 ``gcloud ai-platform jobs submit training`` flags (read in ``gcloud_flags``, onto the same fields), and
 a Vertex AI ``CustomJob``/``CustomJobSpec`` (``workerPoolSpecs``). Each reader turns its input into a
 :class:`JobDescription` and notes every field it met: mapped exactly, mapped with a change (and why),
-or not mapped (and what to do). Nothing here touches the network, and the only file read is this
-package's own data (``tables``); ``gpu_train.translate`` turns the description into a stack.
+or not mapped (and what to do). Nothing here touches the disk or the network: the AI Platform facts
+(``data/ai-platform.yaml``) are read by the caller with ``load_tables`` and handed in;
+``gpu_train.translate`` turns the description into a stack.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpu_train.errors import ExitStatus, GpuTrainError
 DATA_PATH = Path(__file__).parent / "data" / "ai-platform.yaml"
 
 EXACT, CHANGED, NOT_MAPPED = "exact", "changed", "not mapped"
+Tables = dict[str, Any]  # data/ai-platform.yaml: scale tiers, accelerator enums, legacy machine types
 
 
 class JobImportError(GpuTrainError, ValueError):
@@ -79,7 +81,7 @@ class JobDescription:
 
 
 @cache
-def tables(path: Path = DATA_PATH) -> dict[str, Any]:
+def load_tables(path: Path = DATA_PATH) -> Tables:
     """The AI Platform / Vertex facts (data/ai-platform.yaml)."""
     with open(path, encoding="utf-8") as f:
         return yaml.safe_load(f)
@@ -130,10 +132,10 @@ _TI_HANDLED = {
 }  # fmt: skip
 
 
-def _scale_tier(job: JobDescription, ti: dict) -> dict:
+def _scale_tier(job: JobDescription, ti: dict, tables: Tables) -> dict:
     """Expand a preset scale tier into masterType/workerCount/...; CUSTOM leaves ``ti`` as it is."""
     tier = str(ti.get("scaleTier", "CUSTOM" if ti.get("masterType") else "BASIC")).upper()
-    known = tables()["scaleTiers"]
+    known = tables["scaleTiers"]
     if tier in known["notTranslated"]:
         raise JobImportError(f"trainingInput.scaleTier = {tier}: {known['notTranslated'][tier]}")
     if tier == "CUSTOM":
@@ -158,7 +160,7 @@ def _scale_tier(job: JobDescription, ti: dict) -> dict:
     return expanded
 
 
-def read_training_input(doc: Any) -> JobDescription:
+def read_training_input(doc: Any, tables: Tables) -> JobDescription:
     """An AI Platform job: a ``config.yaml`` (``trainingInput: ...``) or the trainingInput itself."""
     if not isinstance(doc, dict):
         raise JobImportError("expected a YAML mapping with trainingInput (AI Platform) or workerPoolSpecs (Vertex AI)")
@@ -166,7 +168,7 @@ def read_training_input(doc: Any) -> JobDescription:
     if not isinstance(ti, dict):
         raise JobImportError("trainingInput must be a mapping")
     job = JobDescription()
-    ti = _scale_tier(job, ti)
+    ti = _scale_tier(job, ti, tables)
     roles = (("chief", "master", 1), ("worker", "worker", None), ("ps", "parameterServer", None))
     for role, prefix, fixed in roles:
         machine = ti.get(f"{prefix}Type")
@@ -282,11 +284,11 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
     return job
 
 
-def read_any(doc: Any, region: str | None = None) -> JobDescription:
+def read_any(doc: Any, tables: Tables, region: str | None = None) -> JobDescription:
     """Whichever job a YAML/JSON document describes."""
     spec = doc.get("jobSpec", doc) if isinstance(doc, dict) else None
     if isinstance(spec, dict) and "workerPoolSpecs" in spec:
         return read_vertex(doc, region)
-    job = read_training_input(doc)
+    job = read_training_input(doc, tables)
     job.region = region or job.region
     return job

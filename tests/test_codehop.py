@@ -25,7 +25,7 @@ from remote.agent import cluster
 from remote.agent.store import AgentError
 from remote.loopback import Sshd
 from remote.target import Target
-from tests.conftest import FAB, ROOT
+from tests.conftest import ROOT, cluster_stack, fab_env, run_fab
 
 sys.path.insert(0, str(ROOT / "bench"))
 from delayproxy import DelayProxy
@@ -57,11 +57,7 @@ class Trio:
         config.write_text(f"Host gw\n  HostName {NET}.11\n  Port {self.uplink.address[1]}\n  IdentityFile {key}\n"
                           + "".join(f"Host n{i}\n  HostName {s.address}\n  Port {s.port}\n  ProxyJump gw\n"
                                     for i, s in enumerate(self.nodes)))
-        (tmp / "stacks").mkdir()
-        (tmp / "stacks" / "Pulumi.trio.yaml").write_text(
-            "config:\n  gpu-train:target: ssh\n  gpu-train:hosts: [n0, n1, n2]\n"
-            f"  gpu-train:sshKey: {key}\n  gpu-train:sshConfig: {config}\n  gpu-train:remoteRoot: {tmp}/node{{node}}\n"
-            f"  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n")
+        cluster_stack(tmp / "stacks", "trio", ["n0", "n1", "n2"], key, f"  gpu-train:sshConfig: {config}\n")
         self.cwd = tmp / "work"
         self.cwd.mkdir()
         self.code = tmp / "code"
@@ -69,14 +65,10 @@ class Trio:
         for i in range(4):  # incompressible: what crosses the uplink is what was sent
             (self.code / f"weights{i}.bin").write_bytes(os.urandom(MiB))
         (self.code / "train.py").write_text("print('hello')\n")
-        self.env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(tmp / "stacks"), "GPU_TRAIN_HOME": str(tmp / "home"),
-                    "GPU_TRAIN_STACK": "trio", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
+        self.env = fab_env(tmp / "stacks", tmp / "home", "trio", self.cwd)
 
     def fab(self, *args: str) -> subprocess.CompletedProcess:
-        r = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd, capture_output=True,
-                           text=True, timeout=300, stdin=subprocess.DEVNULL)
-        assert r.returncode == 0, f"fab {args}: {r.returncode}\n{r.stdout}\n{r.stderr}"
-        return r
+        return run_fab(self.env, self.cwd, *args, check=True, timeout=300)
 
     def train(self, name: str) -> tuple[str, subprocess.CompletedProcess, int]:
         """(run id, the fab result, bytes the laptop sent on its uplink meanwhile)."""

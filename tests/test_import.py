@@ -18,6 +18,7 @@ from infra import plan
 from tests.conftest import ROOT
 
 CATALOG = load_catalog()
+TABLES = importer.load_tables()
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests user@host"
 
 # AI Platform's GPU guide: a cluster of Compute Engine types with accelerators ...
@@ -74,12 +75,13 @@ BASIC_GPU = "trainingInput: {scaleTier: BASIC_GPU, region: europe-west4, pythonM
 
 def run(text: str, **kw) -> translate.Translation:
     doc = yaml.safe_load(text)
-    job = importer.read_any(doc) if isinstance(doc, dict) else None
-    return translate.translate(job, "imported", CATALOG, **kw)
+    job = importer.read_any(doc, TABLES) if isinstance(doc, dict) else None
+    return translate.translate(job, "imported", CATALOG, TABLES, **kw)
 
 
 def gcloud(text: str, **kw) -> translate.Translation:
-    return translate.translate(gcloud_flags.read_gcloud_args(gcloud_flags.split_gcloud_command(text)), "imported", CATALOG, **kw)
+    job = gcloud_flags.read_gcloud_args(gcloud_flags.split_gcloud_command(text), TABLES)
+    return translate.translate(job, "imported", CATALOG, TABLES, **kw)
 
 
 def plans(settings: dict) -> tuple[str, int]:
@@ -134,7 +136,7 @@ def test_the_report_explains_each_change():
                for n in vertex.notes)
 
 
-LEGACY = importer.tables()["legacyMachineTypes"]["types"]
+LEGACY = TABLES["legacyMachineTypes"]["types"]
 
 
 @pytest.mark.parametrize("name", sorted(LEGACY))
@@ -183,14 +185,14 @@ def test_scale_tiers(tier, nodes, ps):
 def test_bad_jobs_say_what_is_wrong(text, message):
     with pytest.raises(JobImportError, match=message):
         doc = yaml.safe_load(text)
-        translate.translate(importer.read_any(doc), "x", CATALOG)
+        translate.translate(importer.read_any(doc, TABLES), "x", CATALOG, TABLES)
 
 
 def test_gcloud_flags_and_config_file_together():
     files = {"c.yaml": {"trainingInput": {"scaleTier": "CUSTOM", "masterType": "standard_v100", "region": "us-west1"}}}
     job = gcloud_flags.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
-                                     "--use-chief-in-tf-config", "--", "--x", "1"], files.__getitem__)
-    t = translate.translate(job, "s", CATALOG, project="p", ssh_ranges=("198.51.100.0/24",))
+                                     "--use-chief-in-tf-config", "--", "--x", "1"], TABLES, files.__getitem__)
+    t = translate.translate(job, "s", CATALOG, TABLES, project="p", ssh_ranges=("198.51.100.0/24",))
     assert t.settings["gcp:project"] == "p" and t.settings["gpu-train:sshSourceRanges"] == ["198.51.100.0/24"]
     assert t.settings["gpu-train:zone"].startswith("us-west1-")
     assert t.train[-2:] == ["--command", "python -m t.task --x 1"]

@@ -95,3 +95,22 @@ def test_no_import_cycles() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+LOADERS = {"load_catalog", "load_rules", "load_tables", "read_startup_template"}  # each reads one of gpu_train/data/
+
+
+def test_the_core_is_handed_its_data() -> None:
+    """The decisions in gpu_train/ never read the data files: the entry points, tasks and scripts load
+    them and pass them in, so every decision is a plain function of its arguments."""
+    calls = []
+    for path in sorted((ROOT / "gpu_train").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        main = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+        skip = {id(n) for block in main for n in ast.walk(block)}  # `python -m gpu_train.X` is an entry point
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and id(node) not in skip:
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in LOADERS:
+                    calls.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}()")
+    assert not calls, f"take the data as an argument instead: {calls}"

@@ -87,17 +87,17 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
             raise Exit("import gcloud: give gcloud's command after `--` (gpu-train) or as --gcloud \"...\"", code=ExitStatus.USAGE)
     elif gcloud:
         raise Exit(f"--gcloud goes with `import gcloud`, not with a file ({source})", code=ExitStatus.USAGE)
-    catalog = load_catalog()
+    catalog, tables = load_catalog(), importer.load_tables()
     try:
         if file:
-            job = importer.read_any(_read_yaml(file), region)
+            job = importer.read_any(_read_yaml(file), tables, region)
             origin, name = file, Path(file).stem
         else:
-            job = gcloud_flags.read_gcloud_args(gcloud, _read_yaml)
+            job = gcloud_flags.read_gcloud_args(gcloud, tables, _read_yaml)
             job.region = job.region or region
             origin, name = "gcloud ai-platform jobs submit training", "imported"
         stack_name = stack or name.replace("_", "-")
-        result = translate.translate(job, stack_name, catalog, project, tuple(ssh_from or ()))
+        result = translate.translate(job, stack_name, catalog, tables, project, tuple(ssh_from or ()))
     except importer.JobImportError as e:
         raise Exit(f"cannot import {file or 'the gcloud command'}: {e}", code=ExitStatus.USAGE) from None
     try:
