@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 
+from remote.listener import accept_each
+
 CHUNK = 1 << 20
 
 
@@ -32,6 +34,7 @@ class _Direction:
 
     def __init__(self, src: socket.socket, dst: socket.socket, delay: float):
         self.src, self.dst, self.delay = src, dst, delay
+        self.bytes = 0  # delivered so far (only this direction's writer thread adds)
         self.queue: collections.deque = collections.deque()
         self.ready = threading.Condition()
 
@@ -65,6 +68,7 @@ class _Direction:
                 return
             try:
                 self.dst.sendall(data)
+                self.bytes += len(data)
             except OSError:
                 _quietly(self.src.shutdown, socket.SHUT_RDWR)
                 return
@@ -91,25 +95,28 @@ class DelayProxy:
         self._listener.listen(64)
         self.address: tuple[str, int] = self._listener.getsockname()
         self.connections = 0
+        self._ways: list[tuple[_Direction, _Direction]] = []  # (client to server, server to client) per connection
 
     def start(self) -> DelayProxy:
-        threading.Thread(target=self._accept, daemon=True).start()
+        accept_each(self._listener, self._forward)
         return self
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.upstream)
-            except OSError:
-                client.close()
-                continue
-            self.connections += 1
-            _Direction(_tuned(client), _tuned(server), self.delay).start()
-            _Direction(server, client, self.delay).start()
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.upstream)
+        except OSError:
+            client.close()
+            return
+        self.connections += 1
+        up, down = _Direction(_tuned(client), _tuned(server), self.delay), _Direction(server, client, self.delay)
+        self._ways.append((up, down))
+        up.start()
+        down.start()
+
+    @property
+    def bytes_up(self) -> int:
+        """Bytes the clients sent through the proxy so far, all connections together (an uplink's load)."""
+        return sum(up.bytes for up, _ in self._ways)
 
     def close(self) -> None:
         self._listener.close()

@@ -78,9 +78,10 @@ def _longest_prefix(path: str, table: dict[str, Any]) -> str | None:
     return best
 
 
-def effect_of(typ: str, path: str, old: Any, new: Any, rules: dict[str, dict[str, str]] | None = None) -> str:
-    """The effect of changing one input (``path`` without list indices) from ``old`` to ``new``."""
-    rows = (rules or load_rules()).get(typ, {})
+def effect_of(typ: str, path: str, old: Any, new: Any, rules: dict[str, dict[str, str]]) -> str:
+    """The effect of changing one input (``path`` without list indices) from ``old`` to ``new``,
+    by the replace-only table ``rules`` (``load_rules``: the caller reads it)."""
+    rows = rules.get(typ, {})
     key = _longest_prefix(path, rows)
     kind = rows[key] if key is not None else "replace"  # unknown: assume the worst the provider may do
     if kind == "grow-in-place":
@@ -115,7 +116,7 @@ def _strip_indices(path: str) -> str:
     return ".".join(part.split("[")[0] for part in path.split("."))
 
 
-def compare(wanted: dict[tuple[str, str], dict], deployed: dict[tuple[str, str], dict],
+def compare(wanted: dict[tuple[str, str], dict], deployed: dict[tuple[str, str], dict], rules: dict[str, dict[str, str]],
             ignored: dict[str, tuple[str, ...]] | None = None) -> list[Change]:
     """Every difference between wanted and deployed inputs, keyed by (type, logical name).
 
@@ -123,7 +124,6 @@ def compare(wanted: dict[tuple[str, str], dict], deployed: dict[tuple[str, str],
     Only VM-related resources (instances, disks, placement policies) are judged; the rest
     (firewall, service account, quota preferences) never touch the VM or its data.
     """
-    rules = load_rules()
     changes: list[Change] = []
     for key in sorted(set(wanted) | set(deployed)):
         typ, name = key

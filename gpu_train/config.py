@@ -13,66 +13,21 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
-import yaml
-
-from gpu_train import gpunames, project
-from gpu_train.catalog import Catalog, load_catalog
+from gpu_train import gpunames
+from gpu_train.catalog import Catalog
 from gpu_train.disks import default_disk_type
-from gpu_train.errors import ExitStatus, GpuTrainError
+from gpu_train.pools import parse_pools
+from gpu_train.problems import ConfigError, Problem, shown
 from gpu_train.settings import (  # each setting is declared once, there
     BY_KEY,
     GCP_IDLE_STOP_MINUTES,
     NAMESPACE,
     SshHost,
     StackConfig,
-    looks_like_key_text,
 )
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a stack: the setting, its value, what is wrong and how to fix it."""
-
-    key: str
-    message: str
-    fix: str = ""
-    value: Any = None
-    severity: str = "error"  # or "warning": reported, does not stop anything
-
-    def __str__(self) -> str:
-        where = self.key if self.key.count(":") else f"{NAMESPACE}:{self.key}"
-        value = "" if self.value is None else f" = {shown(self.value)}"
-        text = f"{shown_key(where)}{value}: {self.message}"
-        return f"{text}\n    fix: {self.fix}" if self.fix else text
-
-
-def shown(value: object, limit: int = 80) -> str:
-    """A value for a message: its repr, cut to ``limit`` characters (a stack value can be megabytes)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def shown_key(key: str, limit: int = 60) -> str:
-    """A setting's name for a message: unknown keys come from the file, so they are bounded too."""
-    return key if len(key) <= limit and key.isprintable() else shown(key, limit)
-
-
-class ConfigError(GpuTrainError, ValueError):
-    """A stack's settings are invalid; ``problems`` lists every one."""
-
-    status = ExitStatus.USAGE
-
-    def __init__(self, problems: list[Problem], stack: str = ""):
-        self.stack = stack
-        head = f"stack {stack!r} is invalid" if stack else "invalid stack settings"
-        lines = [f"{head} ({len(problems)} problem{'s' if len(problems) != 1 else ''}):"]
-        lines += [f"  - {p}".replace("\n", "\n  ") for p in problems]
-        super().__init__("\n".join(lines), problems)
-
 
 _TYPE_WORDS = {
     "str": "a string",
@@ -203,22 +158,21 @@ def _normalise_keys(raw: dict[str, Any]) -> dict[str, Any]:
     return {(k if ":" in k else f"{NAMESPACE}:{k}"): v for k, v in raw.items()}
 
 
-def parse(raw: dict[str, Any], stack: str, catalog: Catalog | None = None) -> StackConfig:
+def parse(raw: dict[str, Any], stack: str, catalog: Catalog) -> StackConfig:
     """Type-check a stack's raw settings and apply defaults; raise ConfigError listing all problems.
 
-    ``catalog`` gives the defaults that are catalog facts (the bundled one when none is given)."""
+    ``catalog`` gives the defaults that are catalog facts (the caller loads it: see catalog_file)."""
     cfg, problems = parse_partial(raw, stack, catalog)
     if problems:
         raise ConfigError(problems, stack)
     return cfg
 
 
-def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None = None) -> tuple[StackConfig, list[Problem]]:
+def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfig, list[Problem]]:
     """The config built from the settings that parsed (defaults elsewhere), and the problems.
 
     Lets callers run the GPU rules on what did parse, so a user sees every problem at once.
     """
-    catalog = catalog or load_catalog()
     raw = _normalise_keys(raw)
     problems: list[Problem] = []
     values: dict[str, Any] = {}
@@ -269,8 +223,6 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None = Non
         values["gpuType"] = gpunames.api_name(values["gpuType"], catalog)
     kwargs = {BY_KEY[k].attr: v for k, v in values.items() if k != "hosts"}
     if values.get("pools"):
-        from gpu_train.pools import parse_pools  # pools builds on this module
-
         pools, pool_problems = parse_pools(values["pools"])
         problems += pool_problems
         pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, catalog)) if p.gpu_type else p
@@ -296,106 +248,3 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None = Non
         **kwargs,
     )
     return cfg, problems
-
-
-# -- reading stack files ----------------------------------------------------------------------
-def stacks_dir() -> Path:
-    """Where new stack files go: $GPU_TRAIN_STACKS_DIR (--stacks-dir), else the project's stacks/."""
-    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or project.project_root() / "stacks")
-
-
-def stack_file(stack: str, directory: Path | None = None) -> Path:
-    """A stack's file: in ``directory``, else the first along the project's search path
-    (gpu_train/project.py); ConfigError naming the places looked and close names when none."""
-    if directory is not None:
-        return directory / f"Pulumi.{stack}.yaml"
-    dirs = project.stack_dirs()
-    found = project.stack_path(stack, dirs)
-    if found is not None:
-        return found
-    close = project.did_you_mean(stack, project.stack_names(dirs))
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    raise ConfigError([Problem("stack", f"no stack named {stack!r} (looked for Pulumi.{stack}.yaml in "
-                               f"{', '.join(str(d) for d in dirs)})",
-                               f"{hint}`gpu-train init --stack {stack}` writes one into {dirs[0]}")])
-
-
-MAX_STACK_FILE_BYTES = 1 << 20
-
-
-class _StackLoader(yaml.SafeLoader):
-    """YAML without aliases: a 1 KB file of nested aliases ("billion laughs") expands to gigabytes."""
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a stack file; "
-                                              "write the value out", mark)
-        return super().compose_node(parent, index)
-
-
-def read_stack_file(path: Path) -> dict[str, Any]:
-    """The ``config:`` mapping of a Pulumi stack file (a directory, unreadable bytes or aliases: ConfigError)."""
-    fix = "create it with `pulumi stack init NAME`, or copy one from stacks/"
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_STACK_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError([Problem("stack", f"no stack file at {path}", fix)]) from None
-    except IsADirectoryError:
-        raise ConfigError([Problem("stack", f"{path} is a directory, not a stack file", fix)]) from None
-    except OSError as e:
-        raise ConfigError([Problem("stack", f"cannot read {path}: {e.strerror}", "check its permissions")]) from None
-    if len(data) > MAX_STACK_FILE_BYTES:
-        raise ConfigError([Problem("stack", f"{path} is over {MAX_STACK_FILE_BYTES >> 20} MiB", "is it a stack file?")])
-    try:
-        doc = yaml.load(data.decode("utf-8"), Loader=_StackLoader) or {}
-    except UnicodeDecodeError as e:
-        raise ConfigError([Problem("stack", f"{path} is not UTF-8 text (byte {e.start})", "save it as UTF-8")]) from None
-    except yaml.YAMLError as e:
-        raise ConfigError([Problem("stack", f"{path} is not valid YAML: {shown_text(str(e), 400)}",
-                                   "fix the file's syntax")]) from None
-    except RecursionError:
-        raise ConfigError([Problem("stack", f"{path} nests too deeply", "fix the file's syntax")]) from None
-    config = doc.get("config", {}) if isinstance(doc, dict) else None
-    if not isinstance(config, dict):
-        raise ConfigError([Problem("stack", f"{path} has no `config:` mapping", "see stacks/ for examples")])
-    return config
-
-
-def shown_text(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def stack_name_from_path(path: Path) -> str:
-    name = path.name
-    if name.startswith("Pulumi.") and name.endswith((".yaml", ".yml")):
-        return name.removeprefix("Pulumi.").rsplit(".", 1)[0]
-    return path.stem
-
-
-def load_file(path: Path) -> StackConfig:
-    return parse(read_stack_file(path), stack_name_from_path(path))
-
-
-def load_stack(stack: str, directory: Path | None = None) -> StackConfig:
-    return parse(read_stack_file(stack_file(stack, directory)), stack)
-
-
-# -- local files a stack refers to ------------------------------------------------------------
-def read_public_key(cfg: StackConfig) -> tuple[str | None, Problem | None]:
-    """The SSH public key's text: given inline, or read from the path given."""
-    value = cfg.ssh_public_key
-    if looks_like_key_text(value):
-        return value.strip(), None
-    path = Path(value).expanduser()
-    fix = ("create a key with `ssh-keygen -t ed25519`, or set "
-           f"{NAMESPACE}:sshPublicKey to your public key or its path")
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except OSError:
-        return None, Problem("sshPublicKey", f"no readable public key at {path}", fix, value)
-    if not looks_like_key_text(text):
-        return None, Problem("sshPublicKey", f"{path} does not hold an OpenSSH public key", fix, value)
-    return text, None
-

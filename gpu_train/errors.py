@@ -7,6 +7,7 @@ Entry points (the fab tasks, the fab hook in remote/errors.py, scripts/plan, pre
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
@@ -34,8 +35,26 @@ class GpuTrainError(Exception):
         super().__init__(message or "\n".join(map(str, self.problems)))
 
 
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with its control characters (but those in ``keep``) written out, as ``\\x1b``.
+
+    Messages carry words from hosts, stack files and APIs to a terminal: an escape sequence among
+    them could retitle the window, hide lines, or on some terminals answer back as typed input.
+    Written out, it is only text to read.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c in keep or unicodedata.category(c) not in ("Cc", "Cf") else repr(c)[1:-1]
+                   for c in text)
+
+
 def outcome(error: BaseException) -> tuple[ExitStatus, str]:
     """The exit status and the message for an error that ended a command (the one mapping)."""
+    status, message = _outcome(error)
+    return status, printable(message, keep="\n\t")
+
+
+def _outcome(error: BaseException) -> tuple[ExitStatus, str]:
     if isinstance(error, GpuTrainError):
         return error.status, str(error)
     if isinstance(error, KeyboardInterrupt):

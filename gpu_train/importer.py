@@ -1,17 +1,17 @@
 """Bring an AI Platform Training or Vertex AI custom job: read its description into one neutral form.
 
 Three inputs say the same thing in different words: an AI Platform ``config.yaml`` (``trainingInput``),
-``gcloud ai-platform jobs submit training`` flags, and a Vertex AI ``CustomJob``/``CustomJobSpec``
-(``workerPoolSpecs``). Each reader turns its input into a :class:`JobDescription` and notes every field
-it met: mapped exactly, mapped with a change (and why), or not mapped (and what to do). Nothing here
-touches the disk or the network; ``gpu_train.translate`` turns the description into a stack.
+``gcloud ai-platform jobs submit training`` flags (read in ``gcloud_flags``, onto the same fields), and
+a Vertex AI ``CustomJob``/``CustomJobSpec`` (``workerPoolSpecs``). Each reader turns its input into a
+:class:`JobDescription` and notes every field it met: mapped exactly, mapped with a change (and why),
+or not mapped (and what to do). Nothing here touches the disk or the network: the AI Platform facts
+(``data/ai-platform.yaml``) are read by the caller with ``load_tables`` and handed in;
+``gpu_train.translate`` turns the description into a stack.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -24,6 +24,7 @@ from gpu_train.errors import ExitStatus, GpuTrainError
 DATA_PATH = Path(__file__).parent / "data" / "ai-platform.yaml"
 
 EXACT, CHANGED, NOT_MAPPED = "exact", "changed", "not mapped"
+Tables = dict[str, Any]  # data/ai-platform.yaml: scale tiers, accelerator enums, legacy machine types
 
 
 class JobImportError(GpuTrainError, ValueError):
@@ -80,7 +81,7 @@ class JobDescription:
 
 
 @cache
-def tables(path: Path = DATA_PATH) -> dict[str, Any]:
+def load_tables(path: Path = DATA_PATH) -> Tables:
     """The AI Platform / Vertex facts (data/ai-platform.yaml)."""
     with open(path, encoding="utf-8") as f:
         return yaml.safe_load(f)
@@ -115,7 +116,7 @@ def _accelerator_config(conf: Any, name: str) -> tuple[str | None, int | None]:
     return (str(kind) if kind else None), (_count(conf.get("count", 1), f"{name}.count") if kind else None)
 
 
-def _flag_accelerator(text: str, name: str) -> tuple[str, int]:
+def flag_accelerator(text: str, name: str) -> tuple[str, int]:
     """gcloud's ``count=4,type=nvidia-tesla-t4``."""
     parts = dict(p.split("=", 1) for p in text.split(",") if "=" in p)
     if "type" not in parts:
@@ -131,10 +132,10 @@ _TI_HANDLED = {
 }  # fmt: skip
 
 
-def _scale_tier(job: JobDescription, ti: dict) -> dict:
+def _scale_tier(job: JobDescription, ti: dict, tables: Tables) -> dict:
     """Expand a preset scale tier into masterType/workerCount/...; CUSTOM leaves ``ti`` as it is."""
     tier = str(ti.get("scaleTier", "CUSTOM" if ti.get("masterType") else "BASIC")).upper()
-    known = tables()["scaleTiers"]
+    known = tables["scaleTiers"]
     if tier in known["notTranslated"]:
         raise JobImportError(f"trainingInput.scaleTier = {tier}: {known['notTranslated'][tier]}")
     if tier == "CUSTOM":
@@ -159,7 +160,7 @@ def _scale_tier(job: JobDescription, ti: dict) -> dict:
     return expanded
 
 
-def read_training_input(doc: Any) -> JobDescription:
+def read_training_input(doc: Any, tables: Tables) -> JobDescription:
     """An AI Platform job: a ``config.yaml`` (``trainingInput: ...``) or the trainingInput itself."""
     if not isinstance(doc, dict):
         raise JobImportError("expected a YAML mapping with trainingInput (AI Platform) or workerPoolSpecs (Vertex AI)")
@@ -167,7 +168,7 @@ def read_training_input(doc: Any) -> JobDescription:
     if not isinstance(ti, dict):
         raise JobImportError("trainingInput must be a mapping")
     job = JobDescription()
-    ti = _scale_tier(job, ti)
+    ti = _scale_tier(job, ti, tables)
     roles = (("chief", "master", 1), ("worker", "worker", None), ("ps", "parameterServer", None))
     for role, prefix, fixed in roles:
         machine = ti.get(f"{prefix}Type")
@@ -213,107 +214,6 @@ def _common_fields(job: JobDescription, ti: dict) -> None:
         if ti.get(name):
             job.note(name, CHANGED, f"{ti[name]}: the VM runs a Deep Learning VM image with its own framework and "
                      "Python (gpu-train:imageFamily); pin versions in requirements.txt")
-
-
-# -- gcloud ai-platform jobs submit training ---------------------------------------------------
-_FLAG_FIELDS = {
-    "--scale-tier": "scaleTier", "--master-machine-type": "masterType", "--worker-machine-type": "workerType",
-    "--worker-count": "workerCount", "--parameter-server-machine-type": "parameterServerType",
-    "--parameter-server-count": "parameterServerCount", "--region": "region", "--module-name": "pythonModule",
-    "--job-dir": "jobDir", "--runtime-version": "runtimeVersion", "--python-version": "pythonVersion",
-}  # fmt: skip
-_FLAG_ACCEL = {"--master-accelerator": "masterConfig", "--worker-accelerator": "workerConfig",
-               "--parameter-server-accelerator": "parameterServerConfig"}
-_FLAG_IMAGES = ("--master-image-uri", "--worker-image-uri", "--parameter-server-image-uri")
-_FLAG_IGNORED = {
-    "--staging-bucket": "the code is synced over SSH, no bucket is needed",
-    "--stream-logs": "use `gpu-train train --follow` or `gpu-train logs --follow`",
-    "--async": "gpu-train train returns once the job started",
-    "--labels": "put VM labels in gpu-train:labels if you want them",
-    "--packages": "packages are not downloaded: run the train command from the package's source folder",
-    "--kms-key": "not supported", "--kms-keyring": "not supported", "--kms-location": "not supported",
-    "--kms-project": "not supported", "--service-account": "the VM gets its own minimal service account",
-    "--network": "the VM uses the project's network (gpu-train:network)",
-    "--enable-web-access": "use `gpu-train tunnel` / `gpu-train tensorboard`",
-}  # fmt: skip
-_FLAG_SWITCHES = {"--use-chief-in-tf-config", "--async", "--stream-logs", "--enable-web-access"}
-
-
-def _strip_gcloud_prefix(argv: list[str]) -> list[str]:
-    """Drop ``gcloud ai-platform jobs submit training JOB_NAME`` (or part of it) from the front."""
-    words = ["gcloud", "beta", "ai-platform", "jobs", "submit", "training"]
-    rest = list(argv)
-    while rest and rest[0] in words:
-        rest.pop(0)
-    if rest and not rest[0].startswith("-"):  # the job's name
-        rest.pop(0)
-    return rest
-
-
-def read_gcloud_args(argv: list[str], load_config: Callable[[str], Any] | None = None) -> JobDescription:
-    """``gcloud ai-platform jobs submit training`` flags; ``--config FILE`` is read first, flags win.
-
-    ``load_config`` reads the YAML file named by --config (passed in, so this stays pure).
-    """
-    args = _strip_gcloud_prefix(argv)
-    user_args: list[str] = []
-    if "--" in args:
-        cut = args.index("--")
-        args, user_args = args[:cut], args[cut + 1 :]
-    ti: dict[str, Any] = {}
-    notes: list[Note] = []
-    package_dir = project = container = None
-    i = 0
-    while i < len(args):
-        word = args[i]
-        name, eq, inline = word.partition("=")
-        if not name.startswith("--"):
-            raise JobImportError(f"unexpected word {word!r}: user arguments go after `--`")
-        if name in _FLAG_SWITCHES:
-            if name == "--use-chief-in-tf-config":
-                ti["useChiefInTfConfig"] = inline.lower() != "false" if eq else True
-            else:
-                notes.append(Note(name, NOT_MAPPED, _FLAG_IGNORED[name]))
-            i += 1
-            continue
-        if eq:
-            value, i = inline, i + 1
-        elif i + 1 < len(args):
-            value, i = args[i + 1], i + 2
-        else:
-            raise JobImportError(f"{name} needs a value")
-        if name == "--config":
-            if load_config is None:
-                raise JobImportError("--config FILE: no file reader given")
-            loaded = load_config(value)
-            base = loaded.get("trainingInput", loaded) if isinstance(loaded, dict) else None
-            if not isinstance(base, dict):
-                raise JobImportError(f"--config {value}: expected trainingInput in the file")
-            ti = {**base, **ti}
-        elif name in _FLAG_FIELDS:
-            ti[_FLAG_FIELDS[name]] = value
-        elif name in _FLAG_ACCEL:
-            kind, count = _flag_accelerator(value, name)
-            ti.setdefault(_FLAG_ACCEL[name], {})["acceleratorConfig"] = {"type": kind, "count": count}
-        elif name in _FLAG_IMAGES:
-            container = value
-        elif name == "--package-path":
-            package_dir = value
-        elif name == "--project":
-            project = value
-        elif name in _FLAG_IGNORED:
-            notes.append(Note(name, NOT_MAPPED, _FLAG_IGNORED[name]))
-        else:
-            notes.append(Note(name, NOT_MAPPED, "not a setting gpu-train knows; it is left out"))
-    if "scaleTier" in ti:
-        ti["scaleTier"] = str(ti["scaleTier"]).upper().replace("-", "_")
-    job = read_training_input(ti)
-    job.notes = notes + job.notes
-    job.args += user_args
-    job.package_dir = package_dir
-    job.project = project
-    job.container = container or job.container
-    return job
 
 
 # -- Vertex AI CustomJob ------------------------------------------------------------------------
@@ -384,16 +284,11 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
     return job
 
 
-def read_any(doc: Any, region: str | None = None) -> JobDescription:
+def read_any(doc: Any, tables: Tables, region: str | None = None) -> JobDescription:
     """Whichever job a YAML/JSON document describes."""
     spec = doc.get("jobSpec", doc) if isinstance(doc, dict) else None
     if isinstance(spec, dict) and "workerPoolSpecs" in spec:
         return read_vertex(doc, region)
-    job = read_training_input(doc)
+    job = read_training_input(doc, tables)
     job.region = region or job.region
     return job
-
-
-def split_gcloud_command(text: str) -> list[str]:
-    """A pasted gcloud command line (with backslash line continuations) as words."""
-    return shlex.split(text.replace("\\\n", " "))

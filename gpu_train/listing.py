@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from gpu_train import gpunames
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.pricing import hourly_cost
 from gpu_train.validate import shape_of
@@ -119,7 +119,7 @@ def observed(facts: StackFacts, now: float) -> tuple[Interval, ...]:
 
 
 # -- one row ------------------------------------------------------------------------------------
-def shape_text(cfg: StackConfig | None, outputs: dict | None) -> str:
+def shape_text(cfg: StackConfig | None, outputs: dict | None, catalog: Catalog) -> str:
     if cfg is None:
         return "?"
     if not cfg.is_gcp:
@@ -127,7 +127,7 @@ def shape_text(cfg: StackConfig | None, outputs: dict | None) -> str:
     o = outputs or {}
     machine = o.get("machineType") or cfg.machine_type
     gpu, count = o.get("gpuType") or cfg.gpu_type, o.get("gpuCount") or cfg.gpu_count
-    acc = gpunames.resolve(gpu, load_catalog()) if gpu else None
+    acc = gpunames.resolve(gpu, catalog) if gpu else None
     gpu = gpunames.short_name(acc) if acc else gpu
     text = machine + (f" + {count} x {gpu}" if gpu and count and machine.startswith("n1-") else "")
     text = (f"{cfg.nodes} x " if cfg.nodes > 1 else "") + text
@@ -177,7 +177,7 @@ def idle_text(status: dict | None) -> str:
     return f"idle {max(0.0, (now - since) / 60):.0f} of {limit:g} min"
 
 
-def row(facts: StackFacts, now: float) -> Row:
+def row(facts: StackFacts, now: float, catalog: Catalog) -> Row:
     cfg = facts.cfg
     state, source = vm_state(facts)
     notes: list[str] = []
@@ -191,31 +191,30 @@ def row(facts: StackFacts, now: float) -> Row:
     running = None if facts.status is None else sum(r.get("state") in ACTIVE for r in facts.status.get("runs", []))
     if cfg is None or not cfg.is_gcp:
         where = ", ".join(str(h) for h in cfg.hosts) if cfg else "?"
-        return Row(facts.name, cfg.target if cfg else "?", shape_text(cfg, None), where, state, source, running, None, None,
+        return Row(facts.name, cfg.target if cfg else "?", shape_text(cfg, None, catalog), where, state, source, running, None, None,
                    idle_text(facts.status), False, tuple(notes))
     price = (facts.outputs or {}).get("hourlyCostUsd")
     if price is None:  # not deployed yet, or outputs from before: the catalog's price for the stack's shape
-        price = catalog_price(cfg)
+        price = catalog_price(cfg, catalog)
     billing = _billing(state)
     hourly = (price if billing else 0.0) if (price is not None or not billing) else None
     ledger = observed(facts, now)
     spent = None if price is None else round(hours_in_month(ledger, now) * price, 2)
     if price is None and (billing or facts.outputs):
         notes.append("price unknown (not in the catalog)")
-    return Row(facts.name, "gcp", shape_text(cfg, facts.outputs), (facts.outputs or {}).get("zone") or cfg.zone, state, source,
+    return Row(facts.name, "gcp", shape_text(cfg, facts.outputs, catalog), (facts.outputs or {}).get("zone") or cfg.zone, state, source,
                running, hourly, spent, idle_text(facts.status), billing, tuple(notes))
 
 
-def catalog_price(cfg: StackConfig) -> float | None:
+def catalog_price(cfg: StackConfig, catalog: Catalog) -> float | None:
     """The stack's $/h for all its nodes from the catalog (None when the catalog has no price)."""
-    catalog = load_catalog()
     per_vm = hourly_cost(shape_of(cfg, catalog), catalog).hourly(cfg.spot)
     return None if per_vm is None else round(per_vm * cfg.nodes, 5)
 
 
-def rows(facts: list[StackFacts], now: float) -> list[Row]:
+def rows(facts: list[StackFacts], now: float, catalog: Catalog) -> list[Row]:
     """One row per stack, those billing now first (then by name)."""
-    return sorted((row(f, now) for f in facts), key=lambda r: (not r.billing, r.stack))
+    return sorted((row(f, now, catalog) for f in facts), key=lambda r: (not r.billing, r.stack))
 
 
 def render(table: list[Row]) -> str:

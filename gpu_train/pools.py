@@ -20,7 +20,8 @@ from typing import Any
 
 from gpu_train import disks
 from gpu_train.catalog import Catalog
-from gpu_train.config import Problem, StackConfig
+from gpu_train.problems import Problem
+from gpu_train.settings import StackConfig
 
 ROLES = ("chief", "worker", "ps")
 POOL_KEYS = {"role", "count", "machineType", "gpuType", "gpuCount"}

@@ -1,8 +1,9 @@
 """Will the stack fit in the project's quotas? Pure decisions on quota names, needs and shortfalls.
 
 Compute Engine counts a GPU VM against: the region's GPU metric, the region's CPU quota (CPUS, or
-the series' own such as A2_CPUS), the region's quota for its disk type (Hyperdisk has its own), and
-the project-wide GPUS_ALL_REGIONS, often 0 on a new project. Reference section 5.
+the series' own such as A2_CPUS), the region's quota for each of its disks' types (Hyperdisk has its
+own; every node has a boot disk and a data disk, and the two may differ in type), and the project-wide
+GPUS_ALL_REGIONS, often 0 on a new project. Reference section 5.
 
 A spot VM counts against the PREEMPTIBLE_ twin of a GPU or CPU quota only where the project has
 been granted some of it (limit above 0); otherwise it uses the standard quota, like an on-demand VM
@@ -19,6 +20,7 @@ from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.disks import disk_quota_metric
 from gpu_train.validate import GpuShape
+from gpu_train.vm import data_disk_type
 
 SERVICE = "compute.googleapis.com"
 
@@ -81,7 +83,7 @@ def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Cat
     ``nodes`` is each node's shape when they differ (pools); by default every node has ``shape``.
     Needs of the same quota add up, so a pool of CPU-only parameter servers adds vCPUs, not GPUs.
     """
-    disk = disk_quota_metric(catalog, cfg.boot_disk_type)
+    boot_disk = disk_quota_metric(catalog, cfg.boot_disk_type)
     spot = " (spot)" if cfg.spot else ""
     totals: dict[tuple[str | None, str], dict[str, int]] = {}  # (metric, scope) -> {what: amount}
     notes: dict[tuple[str | None, str], str] = {}
@@ -101,7 +103,9 @@ def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Cat
                 gpu, gpu_note = spot_metric(gpu, region_quotas)
             add(gpu, cfg.region, one.gpu_count, f"x {one.gpu_type}{spot}", gpu_note)
         add(cpu, cfg.region, one.vcpus or 0, f"vCPUs of {one.machine_type}", cpu_note)
-        add(disk, cfg.region, cfg.boot_disk_size_gb, f"GB of {cfg.boot_disk_type}")
+        add(boot_disk, cfg.region, cfg.boot_disk_size_gb, f"GB of {cfg.boot_disk_type}")
+        data_type = data_disk_type(cfg, catalog, one.machine_type)  # the series' own unless dataDiskType says
+        add(disk_quota_metric(catalog, data_type), cfg.region, cfg.data_disk_size_gb, f"GB of {data_type} (data disk)")
         add(catalog.global_quota_metric, "global", one.gpu_count, "GPUs in all regions")
     out = []
     for (metric, scope), per in totals.items():
@@ -175,3 +179,41 @@ def current_limit(entries: list[dict], dimensions: dict[str, str]) -> int:
         if values and (best is None or len(own) > best[0]):
             best = (len(own), max(values))
     return 0 if best is None else best[1]
+
+
+PREFERENCE_NAME = "{parent}/locations/global/quotaPreferences/{name}"  # the provider's id and import format
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """An existing preference a stack takes over as it stands (Pulumi imports only what matches)."""
+
+    name: str  # its own id: the last part of its resource name
+    preferred: str  # its quotaConfig.preferredValue, as Cloud Quotas gives it (an int64 as a string)
+    granted: str | None  # what Google granted so far, when it says
+    short_by: int  # how much more the stack asks for than it does (0: it already asks for enough)
+
+
+def existing_preference(found: list[dict], service: str, quota_id: str, dimensions: dict[str, str]) -> dict | None:
+    """The preference Cloud Quotas holds for this quota and these dimensions, whatever its id (it allows
+    one per quota and dimensions, so another made in the console blocks ours as our own would)."""
+    for p in found:
+        if p.get("service") == service and p.get("quotaId") == quota_id and (p.get("dimensions") or {}) == dimensions:
+            return p
+    return None
+
+
+def adoption(existing: dict, want: int) -> Adoption:
+    """How a stack that wants ``want`` adopts ``existing``: with its own values, never changed by the up."""
+    config = existing.get("quotaConfig") or {}
+    preferred = str(config.get("preferredValue", "0"))
+    asked = int(preferred) if preferred.lstrip("-").isdigit() else 0
+    unlimited = asked == -1  # Cloud Quotas' "unlimited"
+    return Adoption(str(existing["name"]).rsplit("/", 1)[-1], preferred, config.get("grantedValue"),
+                    0 if unlimited else max(0, want - asked))
+
+
+def preference_import_id(project: str, name: str) -> str:
+    """The id pulumi-gcp gives a preference of ``projects/PROJECT`` (``{parent}/locations/global/quotaPreferences/
+    {name}``), so an import and a create of ours name it alike: a later up finds it in the state, no import."""
+    return PREFERENCE_NAME.format(parent=f"projects/{project}", name=name)

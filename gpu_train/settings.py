@@ -216,6 +216,6 @@ def readme_table(catalog: Catalog) -> str:
 
 
 if __name__ == "__main__":  # print the README's table
-    from gpu_train.catalog import load_catalog
+    from gpu_train.catalog_file import load_catalog
 
     print(readme_table(load_catalog()), end="")

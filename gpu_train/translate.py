@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_train.catalog import Catalog
-from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, tables
+from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables
 from gpu_train.shape_rules import nearest_regions
 
 NAMESPACE = "gpu-train"
@@ -50,9 +50,9 @@ class Translation:
     notes: list[Note] = field(default_factory=list)
 
 
-def accelerator_type(name: str, catalog: Catalog) -> str:
+def accelerator_type(name: str, catalog: Catalog, tables: Tables) -> str:
     """An AI Platform/Vertex enum (NVIDIA_TESLA_T4) or an API name (nvidia-tesla-t4), as the API name."""
-    known = tables()["accelerators"]["types"]
+    known = tables["accelerators"]["types"]
     if name in known:
         return known[name]
     if name.upper().startswith("TPU"):
@@ -63,9 +63,9 @@ def accelerator_type(name: str, catalog: Catalog) -> str:
                          f"use one of {', '.join(sorted(known))} or an API name such as nvidia-tesla-t4")
 
 
-def _retired(gpu: str, count: int, catalog: Catalog, where: str, notes: list[Note]) -> tuple[str, int]:
+def _retired(gpu: str, count: int, catalog: Catalog, tables: Tables, where: str, notes: list[Note]) -> tuple[str, int]:
     """A retired GPU's replacement, at the nearest count the replacement attaches in (not above)."""
-    swap = tables()["accelerators"]["replacements"].get(gpu)
+    swap = tables["accelerators"]["replacements"].get(gpu)
     if swap is None:
         return gpu, count
     new = swap["gpuType"]
@@ -77,10 +77,10 @@ def _retired(gpu: str, count: int, catalog: Catalog, where: str, notes: list[Not
     return new, new_count
 
 
-def resolve(replica: Replica, catalog: Catalog, notes: list[Note]) -> Shape:
+def resolve(replica: Replica, catalog: Catalog, tables: Tables, notes: list[Note]) -> Shape:
     """One replica pool's Compute Engine shape."""
     where = f"{replica.source or replica.role} ({replica.role})"
-    legacy = tables()["legacyMachineTypes"]
+    legacy = tables["legacyMachineTypes"]
     machine, gpu, count = replica.machine_type, None, None
     if machine in legacy["notTranslated"]:
         raise JobImportError(f"{replica.source} = {machine}: {legacy['notTranslated'][machine]}")
@@ -93,7 +93,7 @@ def resolve(replica: Replica, catalog: Catalog, notes: list[Note]) -> Shape:
             notes.append(Note(where, CHANGED, f"acceleratorConfig {replica.accelerator} ignored: {replica.machine_type} "
                               "comes with its own GPUs (AI Platform refused both too)"))
     elif replica.accelerator:
-        gpu, count = accelerator_type(replica.accelerator, catalog), int(replica.accelerator_count or 1)
+        gpu, count = accelerator_type(replica.accelerator, catalog, tables), int(replica.accelerator_count or 1)
     shape = catalog.parse_machine_type(machine)
     if shape is None:
         raise JobImportError(f"{replica.source} = {replica.machine_type!r} is neither a Compute Engine machine type "
@@ -109,7 +109,7 @@ def resolve(replica: Replica, catalog: Catalog, notes: list[Note]) -> Shape:
             notes.append(Note(where, EXACT, f"{machine}"))
         return Shape(replica.role, replica.count, machine, f.gpu_type, f.gpu_count, fixed=True)
     if gpu:
-        gpu, count = _retired(gpu, int(count or 1), catalog, where, notes)
+        gpu, count = _retired(gpu, int(count or 1), catalog, tables, where, notes)
         if not any(n.field == where for n in notes):
             notes.append(Note(where, EXACT, f"{machine} + {count} x {gpu}"))
     elif replica.role != "ps":
@@ -203,7 +203,7 @@ def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) 
     return argv
 
 
-def translate(job: JobDescription, stack: str, catalog: Catalog, project: str | None = None,
+def translate(job: JobDescription, stack: str, catalog: Catalog, tables: Tables, project: str | None = None,
               ssh_ranges: tuple[str, ...] = ()) -> Translation:
     """The stack settings and train command for a job (validation is the caller's next step).
 
@@ -214,7 +214,7 @@ def translate(job: JobDescription, stack: str, catalog: Catalog, project: str | 
     notes = list(job.notes)
     if not job.replicas:
         raise JobImportError("the job declares no machines")
-    shapes = _merge([resolve(r, catalog, notes) for r in job.replicas])
+    shapes = _merge([resolve(r, catalog, tables, notes) for r in job.replicas])
     zone = choose_zone(shapes, job.region, catalog, notes)
     settings: dict[str, Any] = {"gcp:project": job.project or "YOUR_PROJECT"}
     if not job.project:

@@ -38,6 +38,9 @@ SERVICE_ACCOUNT_SCOPES = (
 )
 SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
 SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
+# The nodes' own traffic, SSH included (node 0 passes the code on to the others over it), must beat
+# that deny: Compute Engine applies the rule of lowest priority number, a deny winning a tie.
+INTERNAL_PRIORITY = SSH_ALLOW_PRIORITY
 # How long Compute Engine lets the guest shut down before a hard power-off: "120 seconds ... for
 # Standard VMs and 30 seconds for Spot VMs" (pulumi-gcp 10.2.0 Instance scheduling.skipGuestOsShutdown
 # doc; Compute Engine "Spot VMs", preemption process; read 2026-11-22).

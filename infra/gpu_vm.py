@@ -133,8 +133,9 @@ class GpuVm(pulumi.ComponentResource):
                 opts=child,
             ).self_link
         if cfg.nodes > 1:
-            # The nodes talk to each other freely (NCCL, rendezvous, TF servers); nothing new from outside.
-            ingress("internal", "traffic between the cluster's nodes", source_tags=[tag],
+            # The nodes talk to each other freely (NCCL, rendezvous, TF servers, SSH for the code node 0
+            # passes on), above the SSH deny rule; nothing new from outside.
+            ingress("internal", "traffic between the cluster's nodes", source_tags=[tag], priority=vm.INTERNAL_PRIORITY,
                     allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}])
 
         def nic(machine_type: str) -> dict[str, object]:

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_train import changes, config, images, validate, vm
-from gpu_train.catalog import Catalog, load_catalog
+from gpu_train import changes, config, images, stackfile, validate, vm
+from gpu_train.catalog import Catalog
+from gpu_train.catalog_file import load_catalog
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.pricing import Cost, hourly_cost
 from infra import preview, program, pulumi_cli
@@ -183,7 +184,7 @@ def _output(value: Any) -> str:
 
 def wanted(cfg: config.StackConfig, catalog: Catalog) -> preview.Preview:
     """The resources the program declares for a valid GCP stack, under mocks (the real key when readable)."""
-    public_key, _ = config.read_public_key(cfg)
+    public_key, _ = stackfile.read_public_key(cfg)
     return preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER, catalog), stack=cfg.stack)
 
 
@@ -191,7 +192,7 @@ def changes_against(result: preview.Preview, deployed: list[pulumi_cli.Resource]
     """How the wanted resources differ from the deployed ones, each difference judged by the replace table."""
     want = {(r.typ, r.name): r.inputs for r in result.resources}
     have = {(r.typ, r.name): r.inputs for r in deployed if r.custom}
-    return changes.compare(want, have, {changes.INSTANCE: vm.INSTANCE_IGNORE_CHANGES})
+    return changes.compare(want, have, changes.load_rules(), {changes.INSTANCE: vm.INSTANCE_IGNORE_CHANGES})
 
 
 def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | None = None) -> tuple[str, int]:
@@ -206,7 +207,7 @@ def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | 
     if not cfg.is_gcp:
         hosts = ", ".join(map(str, cfg.hosts))
         return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the fab tasks.", ExitStatus.OK
-    _, problem = config.read_public_key(cfg)
+    _, problem = stackfile.read_public_key(cfg)
     if problem is not None:  # not needed to plan; `pulumi up` stops on it
         warnings = [*warnings, config.Problem(problem.key, problem.message + " (pulumi up will stop here)",
                                               problem.fix, problem.value, "warning")]
@@ -226,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--file", type=Path, help="a stack file anywhere")
     args = parser.parse_args(argv)
     try:
-        path = args.file or config.stack_file(args.stack)  # (a missing stack is said, with its fix)
-        stack = args.stack or config.stack_name_from_path(path)
-        raw = config.read_stack_file(path)
+        path = args.file or stackfile.stack_file(args.stack)  # (a missing stack is said, with its fix)
+        stack = args.stack or stackfile.stack_name_from_path(path)
+        raw = stackfile.read_stack_file(path)
     except config.ConfigError as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)

@@ -13,8 +13,8 @@ import argparse
 import os
 import sys
 
-from gpu_train import config, quota, validate
-from gpu_train.catalog import load_catalog
+from gpu_train import config, quota, stackfile, validate
+from gpu_train.catalog_file import load_catalog
 from gpu_train.errors import ExitStatus, outcome
 
 ENDPOINT_ENV = "GPU_TRAIN_COMPUTE_ENDPOINT"  # another Compute API endpoint (tests run a local one)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stack", required=True)
     args = p.parse_args(argv)
     try:
-        cfg, _ = validate.check(config.read_stack_file(config.stack_file(args.stack)), args.stack, load_catalog())
+        cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(args.stack)), args.stack, load_catalog())
     except config.ConfigError as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)

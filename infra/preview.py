@@ -19,7 +19,7 @@ import pulumi
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_root_resource
 
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 
 MOCK_EXTERNAL_IP = "203.0.113.10"  # documentation range (RFC 5737)
 MOCK_INTERNAL_IP = "10.128.0.2"
@@ -49,6 +49,8 @@ class Declared:
     provider: str = ""  # the provider reference (URN::id) a resource was declared with, "" for the default
     protect: bool = False
     retain_on_delete: bool = False
+    import_id: str = ""  # the ``import`` option: the id of an existing resource to adopt
+    ignore_changes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -63,10 +65,14 @@ class Recorder(pulumi.runtime.Mocks):
     # first `up`, whatever the family's newest is now); None: the VM is new.
     pinned_image: str | None = None
     pinned_image_disk_gb: int = MOCK_IMAGE_DISK_GB  # the pinned image's own minimum disk size
+    # The project's quota preferences as Cloud Quotas lists them (quotaPreferences.list): what the
+    # program asks before it declares one (infra/quota_request.existing_preferences).
+    quota_preferences: list[dict] = field(default_factory=list)
     resources: list[Declared] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (invoke token, provider reference)
     protected: dict[tuple[str, str], bool] = field(default_factory=dict)
     retained: dict[tuple[str, str], bool] = field(default_factory=dict)
+    imports: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         outputs = dict(args.inputs)
@@ -93,7 +99,9 @@ class Recorder(pulumi.runtime.Mocks):
                 outputs["bootDisk"] = boot
         protect = self.protected.get((args.typ, args.name), False)
         retain = self.retained.get((args.typ, args.name), False)
-        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect, retain))
+        import_id, ignore = self.imports.get((args.typ, args.name), ("", ()))
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect, retain,
+                                       import_id, ignore))
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> Any:  # a dict, or (dict, failures) as Mocks allows
@@ -138,12 +146,13 @@ class Recorder(pulumi.runtime.Mocks):
 
 
 class _Monitor(MockMonitor):
-    """The mock monitor, also noting each registration's ``protect`` and ``retain_on_delete`` options
-    (MockResourceArgs leaves them out)."""
+    """The mock monitor, also noting each registration's ``protect``, ``retain_on_delete``, ``import`` and
+    ``ignore_changes`` options (MockResourceArgs leaves them out)."""
 
     def RegisterResource(self, request):
         self.mocks.protected[(request.type, request.name)] = bool(request.protect)
         self.mocks.retained[(request.type, request.name)] = bool(request.retainOnDelete)
+        self.mocks.imports[(request.type, request.name)] = (request.importId, tuple(request.ignoreChanges))
         return super().RegisterResource(request)
 
 
@@ -158,6 +167,14 @@ def quota_infos(quota_id: str, values: dict[str, int | list[dict]]) -> list[dict
     regions = sorted({z.rsplit("-", 1)[0] for zs in load_catalog().zones.values() for z in zs})
     places = ["global"] if quota_id.endswith("-per-project") else regions
     return [{"dimensions": {}, "applicableLocations": places, "details": [{"value": str(given)}]}]
+
+
+def mocked_google() -> Recorder | None:
+    """The Recorder answering for Google Cloud when the program runs under these mocks, else None (a real
+    `pulumi up`): what the program asks Google itself (not through the provider) is answered here too."""
+    monitor = pulumi.runtime.settings.get_monitor()
+    mocks = getattr(monitor, "mocks", None) if isinstance(monitor, MockMonitor) else None
+    return mocks if isinstance(mocks, Recorder) else None
 
 
 @dataclass
@@ -180,6 +197,7 @@ def run(
     quota_values: dict[str, int | list[dict]] | None = None,
     pinned_image: str | None = None,
     pinned_image_disk_gb: int = MOCK_IMAGE_DISK_GB,
+    quota_preferences: list[dict] | None = None,
 ) -> Preview:
     """Run ``program`` as ``pulumi up`` would, under mocks; collect its resources and stack outputs.
 
@@ -188,7 +206,7 @@ def run(
     ``pulumi up`` reports it.
     """
     recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {}, pinned_image=pinned_image,
-                        pinned_image_disk_gb=pinned_image_disk_gb)
+                        pinned_image_disk_gb=pinned_image_disk_gb, quota_preferences=list(quota_preferences or []))
     pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False, monitor=_Monitor(recorder))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
     root: Any = get_root_resource()  # the mock runtime's root Stack (its outputs dict is what we read)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pulumi
 from pulumi.runtime.config import CONFIG, get_config_env
 
-from gpu_train import config, validate, vm
-from gpu_train.catalog import Catalog, load_catalog
+from gpu_train import config, stackfile, validate, vm
+from gpu_train.catalog import Catalog
+from gpu_train.catalog_file import load_catalog
 from gpu_train.pricing import hourly_cost
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
@@ -49,7 +50,7 @@ def main() -> None:
             return
         for warning in warnings:
             pulumi.log.warn(str(warning))
-        public_key, problem = config.read_public_key(cfg)
+        public_key, problem = stackfile.read_public_key(cfg)
         if problem is not None:
             raise config.ConfigError([problem], stack)
     except config.ConfigError as e:

@@ -8,6 +8,15 @@ README prescribes) Cloud Quotas refuses calls that carry no quota project. So th
 preferences go through their own provider with `userProjectOverride` and `billingProject` set to
 the stack's project, and the stack enables `cloudquotas.googleapis.com` first (left enabled on
 destroy: other tools of the project may use it). Without this `pulumi up` fails as a whole.
+
+A preference outlives the stack that made it (Cloud Quotas cannot delete one: it is declared
+retain_on_delete), and Cloud Quotas holds one per quota and dimensions. So before declaring one the
+program asks Cloud Quotas which the project has (infra/cloud_quotas.py); one that exists (from an
+earlier `up` of this stack before a destroy, another stack, the console) is adopted with the ``import``
+option under its own id, with its own values, since Pulumi imports only a resource whose inputs match it
+exactly. Its justification and contact email are ``ignore_changes``: the provider never reads them back,
+so no import could match them. An adopted preference is never changed by an `up`: when the stack asks
+for more, a warning says so and gives the gcloud command that raises it.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from gpu_train import names, quota
 from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.validate import GpuShape
+from infra import cloud_quotas, preview
 
 
 def current_value(info, dimensions: dict[str, str]) -> int:
@@ -43,15 +53,21 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
     api = gcp.projects.Service("cloudquotas-api", project=cfg.project, service=CLOUD_QUOTAS_API, disable_on_destroy=False,
                                opts=pulumi.ResourceOptions(parent=parent, provider=provider))
     declared = []
+    found = existing_preferences(cfg.project or "")
     for pref in quota.preferences(cfg, shape, gpus, catalog):
         dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
         quota_id, want = str(pref["quota_id"]), int(str(pref["preferred"]))
+        suffix = "-".join([quota_id.lower(), *dims.values()])
+        existing = quota.existing_preference(found, quota.SERVICE, quota_id, dims)
+        if existing is not None:
+            declared.append(adopt(cfg, quota.adoption(existing, want), quota_id, dims, f"quota-{suffix}", want,
+                                  pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api])))
+            continue
         info = gcp.cloudquota.get_s_quota_info_output(parent=parent_path, service=quota.SERVICE,
                                                       quota_id=quota_id,
                                                       opts=pulumi.InvokeOutputOptions(parent=parent, provider=provider,
                                                                                       depends_on=[api]))
         preferred = info.apply(lambda i, d=dims, w=want: str(max(w, current_value(i, d))))  # type: ignore[misc]
-        suffix = "-".join([quota_id.lower(), *dims.values()])
         declared.append(gcp.cloudquota.SQuotaPreference(
             f"quota-{suffix}",
             name=preference_id(str(pref["quota_id"]), dims),
@@ -72,3 +88,48 @@ def preference_id(quota_id: str, dimensions: dict[str, str]) -> str:
     """The preference's id, the same for every `up` of every stack of the project that asks for this quota
     (``gpu-train-QUOTA-DIMENSIONS``): asked twice, Cloud Quotas answers that it exists, never makes two."""
     return names.rfc1035("-".join(["gpu-train", quota_id.lower(), *dimensions.values()]), 63)
+
+
+def existing_preferences(project: str) -> list[dict]:
+    """The project's quota preferences (under `scripts/plan`'s mocks, theirs); [] with a warning when Cloud
+    Quotas cannot be asked: each is then created, and one that exists fails the `up` with a 409."""
+    mocked = preview.mocked_google()
+    if mocked is not None:
+        return list(mocked.quota_preferences)
+    try:
+        return cloud_quotas.list_preferences(project)
+    except cloud_quotas.CannotAsk as e:
+        pulumi.log.warn(f"quotaRequest: cannot ask Cloud Quotas which quota preferences project {project} already has "
+                        f"({e}); each is created, and one that exists fails with a 409 (Requested entity already exists)")
+        return []
+
+
+def adopt(cfg: StackConfig, adopted: quota.Adoption, quota_id: str, dims: dict[str, str], resource_name: str,
+          want: int, opts: pulumi.ResourceOptions) -> gcp.cloudquota.SQuotaPreference:
+    """The existing preference, declared with exactly the values it has, to be imported (or, once in the
+    stack's state, left as it is)."""
+    request = cfg.quota_request or {}
+    if adopted.short_by:
+        where = ",".join(f"{k}={v}" for k, v in dims.items())
+        flags = f" --dimensions={where}" if dims else ""
+        pulumi.log.warn(
+            f"quotaRequest: Cloud Quotas already holds preference {adopted.name} for {quota_id}"
+            f"{f' ({where})' if where else ''}, asking for {adopted.preferred} "
+            f"(granted: {adopted.granted or 'not yet'}); this stack asks for {want}. "
+            "It is adopted as it is (an up can import it or change it, not both; it may be another stack's). "
+            f"To ask for {want}: gcloud quotas preferences update {adopted.name} --project={cfg.project} "
+            f"--service={quota.SERVICE} --quota-id={quota_id}{flags} --preferred-value={want}")
+    return gcp.cloudquota.SQuotaPreference(
+        resource_name,
+        name=adopted.name,
+        parent=f"projects/{cfg.project}",
+        service=quota.SERVICE,
+        quota_id=quota_id,
+        dimensions=dims or None,
+        quota_config={"preferred_value": adopted.preferred},
+        justification=request.get("justification"),
+        contact_email=request.get("contactEmail"),
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+            import_=quota.preference_import_id(cfg.project or "", adopted.name),
+            ignore_changes=["justification", "contactEmail"], retain_on_delete=True)),
+    )

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_train import capacity, changes, config, validate
-from gpu_train.catalog import load_catalog
+from gpu_train import capacity, changes, config, stackfile, validate
+from gpu_train.catalog_file import load_catalog
 from infra import pulumi_cli
 
 # What an attempt may leave behind that the next zone would have to replace: removed between attempts.
@@ -37,9 +37,9 @@ NEXT_STEP = {
     capacity.GLOBAL_QUOTA: "the project's global GPU quota is exhausted: no zone helps; request more "
                            "(gpu-train:quotaRequest, or the console's Quotas page)",
     capacity.CONFIG: "the shape itself is invalid: no zone helps; fix the stack (scripts/plan --stack NAME)",
-    capacity.PREFERENCE_EXISTS: "this project already asked Cloud Quotas for that quota (a preference is kept when "
-                                "a stack is destroyed, and is never made twice): remove gpu-train:quotaRequest, or "
-                                "adopt it with `pulumi import gcp:cloudquota/sQuotaPreference:SQuotaPreference`",
+    capacity.PREFERENCE_EXISTS: "this project already asked Cloud Quotas for that quota, and the up could not look "
+                                "it up first to adopt it (the warning above says why: credentials, or permission to "
+                                "list quota preferences): fix that and run again, or remove gpu-train:quotaRequest",
     capacity.UNKNOWN: "not a capacity problem: no other zone will help; the error above says what to fix",
 }
 
@@ -101,8 +101,8 @@ class Up:
         self.stack, self.yes, self.say, self.pulumi, self.sleep = stack, yes, say, pulumi, sleep
         self.retry_delay = retry_delay
         self.catalog = load_catalog()
-        self.path = config.stack_file(stack)
-        self.raw = config.read_stack_file(self.path)
+        self.path = stackfile.stack_file(stack)
+        self.raw = stackfile.read_stack_file(self.path)
         self.cfg, _ = validate.check(self.raw, stack, self.catalog)
 
     # -- a stack with a VM ---------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""The last line of defence of the `fab` entry point: an error is a message and an exit code.
+"""What goes wrong on the laptop's side of the hosts, and how it reaches the user.
+
+The errors of the way to a host and of the host itself (``RemoteError`` and the ones no retry
+cures), and the last line of defence of the `fab` entry point: an error is a message and an exit code.
 
 The tasks turn every error they expect into Invoke's ``Exit`` with a message. What escapes them
 (a closed pipe in `fab status | head`, a bug) would print a Python traceback: instead a closed
@@ -13,6 +16,24 @@ import sys
 import traceback
 
 from gpu_train.errors import ExitStatus, GpuTrainError, outcome
+
+
+class RemoteError(GpuTrainError):
+    """Something on the host or the way to it failed; the message says what and what to do."""
+
+
+class HostKeyError(RemoteError):
+    """A failure no retry or refreshed address can cure (the tasks stop at once)."""
+
+    status = ExitStatus.UNREACHABLE
+
+
+class KeyFileError(HostKeyError):
+    """Our own private key cannot be used."""
+
+
+class VmStopped(HostKeyError):
+    """The Compute API says the VM is stopped: no wait and no refreshed address will reach it."""
 
 
 def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:

@@ -87,9 +87,12 @@ class Sshd:
             "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n"
             # A login shell that runs `pyenv init` (this workplace's ~/.bashrc) would wait up to 60 s on a
             # rehash lock left behind when a test kills a session mid-rehash: do not wait for it.
+            # The agent adds a cluster's key where this sshd reads keys (remote/agent/cluster.py), not
+            # into the login user's real ~/.ssh/authorized_keys.
             # A CPU torch job here shares a few cores with everything else (the tests beside it): with
             # one OpenMP thread it does not spin against them (the example's 600 steps under load: 54 s -> 17 s).
-            f"SetEnv PYENV_REHASH_TIMEOUT=0 OMP_NUM_THREADS=1 {self.setenv}\n" + self.extra_config
+            f"SetEnv PYENV_REHASH_TIMEOUT=0 OMP_NUM_THREADS=1 {self._keys_env()}{self.setenv}\n"
+            + self.extra_config
         )
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
@@ -106,6 +109,9 @@ class Sshd:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("sshd did not start listening")
+
+    def _keys_env(self) -> str:
+        return "" if "GPU_TRAIN_AUTHORIZED_KEYS=" in self.setenv else f"GPU_TRAIN_AUTHORIZED_KEYS={self.dir}/authorized_keys "
 
     def stop(self) -> None:
         """Kill the daemon and every session it serves (as a crash or a network cut would)."""

@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from gpu_train import checkup, config, listing, validate
-from gpu_train.catalog import load_catalog
+from gpu_train import checkup, config, listing, stackfile, validate
+from gpu_train.catalog_file import load_catalog
 from gpu_train.project import listed_stack_files, stack_dirs
 from gpu_train.vm import label_value
 from infra import probes
@@ -30,9 +30,9 @@ def stack_files() -> list[Path]:
 
 def load(path: Path) -> tuple[str, config.StackConfig | None, str | None]:
     """(name, config or None, the problems' text or None)."""
-    name = config.stack_name_from_path(path)
+    name = stackfile.stack_name_from_path(path)
     try:
-        cfg, _ = validate.check(config.read_stack_file(path), name, load_catalog())
+        cfg, _ = validate.check(stackfile.read_stack_file(path), name, load_catalog())
         return name, cfg, None
     except config.ConfigError as e:
         return name, None, str(e)
@@ -73,7 +73,7 @@ def check_findings(home: Path) -> list[checkup.Finding]:
         if cfg is None:
             continue
         private = os.path.expanduser(cfg.ssh_private_key_path() if cfg.is_gcp else (cfg.ssh_key or "~/.ssh/id_ed25519"))
-        problem = config.read_public_key(cfg)[1] if cfg.is_gcp else None
+        problem = stackfile.read_public_key(cfg)[1] if cfg.is_gcp else None
         keys.setdefault((private, problem.message if problem else None), []).append(name)
     for (private, problem_text), names in keys.items():
         findings.append(checkup.ssh_key(", ".join(names), private, Path(private).is_file(), problem_text))
@@ -134,7 +134,7 @@ def _instances_by_stack(creds, projects: set[str]) -> tuple[dict[tuple[str, str]
 
 def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> tuple[dict | None, str | None]:
     """Node 0's agent status within QUICK_SSH_S, or why not."""
-    from remote import ssh
+    from remote import agentcall, ssh
     from remote.target import ssh_hosts, target_from
 
     try:
@@ -143,7 +143,7 @@ def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> 
             return None, f"no private key at {target.key_file}"
         conn = ssh.open_connection(target, target.host, QUICK_SSH_S, lambda _text: None)
         try:
-            return ssh.call(conn, target, "status"), None
+            return agentcall.call(conn, target, "status"), None
         finally:
             conn.close()
     except Exception as e:  # any failure is this stack's "?", never the whole listing's

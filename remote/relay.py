@@ -13,6 +13,8 @@ from pathlib import Path
 
 import paramiko
 
+from remote.listener import accept_each
+
 RSH = Path(__file__).with_name("rsh.py")
 
 
@@ -26,19 +28,14 @@ class ChannelRelay:
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.path)
         self._listener.listen(4)
-        threading.Thread(target=self._accept, daemon=True).start()
+        accept_each(self._listener, self._start_serving)
 
     def rsh(self) -> str:
         """The value for rsync's -e: a Python without site imports starts in milliseconds."""
         return shlex.join([sys.executable, "-I", "-S", str(RSH), self.path])
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+    def _start_serving(self, client: socket.socket) -> None:
+        threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         # A lost connection (the host went down mid-sync) ends the relay quietly: rsync sees its

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from gpu_train.config import SshHost
 from remote.agent.bundle import GUARD
-from remote.ssh import RemoteError, openssh_options
+from remote.errors import RemoteError
+from remote.ssh import openssh_options
 from remote.target import Target
 
 LARGE_SYNC_BYTES = 100 * 1024 * 1024
@@ -126,14 +127,23 @@ def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: st
 
     ``rsh``: rsync's remote shell; default OpenSSH, or the task's own connection (remote/relay.py).
     """
-    root = target.rsync_root()
-    mkdir = shlex.join(["mkdir", "-p", f"{root}/staging"])  # older rsyncs lack --mkpath
-    cmd = ["rsync", "-a", "--delete", PROTECT, "-e", rsh or ssh_command(target, host),
-           f"--rsync-path={guard_command(target)} && {mkdir} && rsync",
-           f"--link-dest=../../code/{base}.last", *code_filters([] if git_mode else None)]
+    cmd = ["rsync", "-a", "--delete", PROTECT, "-e", rsh or ssh_command(target, host), *staging_options(target, base),
+           *code_filters([] if git_mode else None)]
     if exclude_from is not None:
         cmd.append(f"--exclude-from={exclude_from}")
-    return [*cmd, f"{src}/", remote_path(host, f"{root}/staging/{run_id}/")]
+    return [*cmd, f"{src}/", staging_dest(target, host, run_id)]
+
+
+def staging_options(target: Target, base: str) -> list[str]:
+    """The receiving side of a code sync into ``target``'s staging area (from the laptop, or from
+    node 0 passing the code on): its root checked first, and files unchanged since the last run of
+    ``base`` hard-linked rather than sent."""
+    mkdir = shlex.join(["mkdir", "-p", f"{target.rsync_root()}/staging"])  # older rsyncs lack --mkpath
+    return [f"--rsync-path={guard_command(target)} && {mkdir} && rsync", f"--link-dest=../../code/{base}.last"]
+
+
+def staging_dest(target: Target, host: SshHost, run_id: str) -> str:
+    return remote_path(host, f"{target.rsync_root()}/staging/{run_id}/")
 
 
 def list_command(src: Path, exclude_from: Path | None, git_mode: bool) -> list[str]:

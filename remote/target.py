@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpu_train import config, project
+from gpu_train import config, project, stackfile
 from gpu_train.config import ConfigError, Problem, SshHost, StackConfig
 from gpu_train.vm import job_grace_s
 
@@ -49,6 +49,9 @@ class Target:
     # Pools (GCP): each node's GPUs and role, in node order; empty when every node is alike.
     node_gpus: tuple[int, ...] = ()
     roles: tuple[str, ...] = ()
+    # Where the nodes reach each other, in node order (GCP: internal IPs); empty: at ``hosts``' addresses.
+    # Not rotated by for_node.
+    peer_addresses: tuple[str, ...] = ()
 
     def for_node(self, node: int) -> Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
@@ -132,10 +135,12 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         pooled = bool(cfg.pools) and len(outputs.get("nodeGpuCounts") or []) == len(hosts)
         node_gpus = tuple(int(n) for n in outputs["nodeGpuCounts"]) if pooled else ()
         roles = tuple(outputs.get("nodeRoles") or ()) if pooled else ()
+        peers = tuple(outputs.get("internalIps") or ())
+        peers = peers if len(peers) == len(hosts) else ()
     else:
         own = (os.path.expanduser(cfg.ssh_key),) if cfg.ssh_key else ()
         hosts = tuple(h if h.keys else replace(h, keys=own) for h in cfg.hosts)
-        expect, cost, gpus, node_gpus, roles = 0, None, None, (), ()
+        expect, cost, gpus, node_gpus, roles, peers = 0, None, None, (), (), ()
         master = hosts[0].host if hosts else ""
     key = cfg.ssh_private_key_path() if cfg.is_gcp else cfg.ssh_key
     return Target(
@@ -160,6 +165,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
             "maxRunHours": cfg.max_run_hours} if cfg.is_gcp and outputs else None,
         node_gpus=node_gpus,
         roles=roles,
+        peer_addresses=peers,
     )
 
 
@@ -178,12 +184,12 @@ def ssh_hosts(cfg: StackConfig) -> StackConfig:
 def resolve(stack: str | None, refresh: bool = False) -> Target:
     """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
     from gpu_train import validate
-    from gpu_train.catalog import load_catalog
+    from gpu_train.catalog_file import load_catalog
 
     name = select_stack(stack)
     # The same validation as `scripts/plan` and `pulumi up`: a stack file from elsewhere is checked
     # before any of its values reaches ssh, rsync or a host.
-    cfg, _ = validate.check(config.read_stack_file(config.stack_file(name)), name, load_catalog())
+    cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(name)), name, load_catalog())
     home = state_home()
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
     target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)

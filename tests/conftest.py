@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # sessions say the same).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fixtures that start a real sshd (here and in the test modules): a test using one is `e2e`.
-E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd"})
+E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd", "trio"})
 # Fixtures whose tests run many real processes (scripts/up against the stand-in pulumi): `slow`.
 SLOW_FIXTURES = frozenset({"up_env"})
 
@@ -95,6 +95,32 @@ FAB = str(Path(sys.executable).parent / "fab")
 EXAMPLE = ROOT / "examples"
 
 
+def fab_env(stacks: Path, home: Path, stack: str, project: Path) -> dict[str, str]:
+    """The environment a test runs `fab` in: its own stacks, caches and project, nothing of the user's."""
+    return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home),
+            "GPU_TRAIN_STACK": stack, "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(project)}
+
+
+def run_fab(env: dict[str, str], cwd: Path, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`fab ARGS` as a user runs it (no stdin); ``check``: a failure is the test's, with fab's output."""
+    result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=env, cwd=cwd,
+                            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if check and result.returncode != 0:
+        raise AssertionError(f"fab {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def cluster_stack(stacks: Path, name: str, hosts: list[str], key: str | Path, extra: str = "") -> Path:
+    """An SSH stack over several hosts, node N's REMOTE_ROOT in ``stacks/../nodeN``; jobs run in the
+    tests' own Python as it is (venv: false)."""
+    stacks.mkdir(parents=True, exist_ok=True)
+    path = stacks / f"Pulumi.{name}.yaml"
+    path.write_text(f"config:\n  gpu-train:target: ssh\n  gpu-train:hosts: {json.dumps(hosts)}\n  gpu-train:sshKey: {key}\n"
+                    f"  gpu-train:remoteRoot: {stacks.parent}/node{{node}}\n  gpu-train:python: {sys.executable}\n"
+                    f"  gpu-train:venv: false\n{extra}")
+    return path
+
+
 class Lab:
     """An SSH stack named `lab` on a throwaway sshd, and a way to run fab against it."""
 
@@ -110,15 +136,10 @@ class Lab:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home),
-                "GPU_TRAIN_STACK": "lab", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
+        return fab_env(self.stacks, self.home, "lab", self.cwd)
 
     def fab(self, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
-        result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
-                                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        if check and result.returncode != 0:
-            raise AssertionError(f"fab {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-        return result
+        return run_fab(self.env, self.cwd, *args, check=check, timeout=timeout)
 
     def spawn(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,

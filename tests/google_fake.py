@@ -1,8 +1,9 @@
-"""A local fake of the Google endpoints `check` and `ls` use, on 127.0.15.x, and a throwaway ADC file.
+"""A local fake of the Google endpoints `check`, `ls` and the program use, on 127.0.15.x, and a throwaway ADC file.
 
 It answers as Google does: OAuth's token endpoint (a service-account JWT grant, which it checks),
-Service Usage ``services:batchGet``, Compute ``aggregated/instances`` and ``instances.get`` (all refusing a request
-without the bearer token it issued), with Google's error document for a disabled API.
+Service Usage ``services:batchGet``, Compute ``aggregated/instances`` and ``instances.get``, Cloud Quotas
+``quotaPreferences.list`` (paged; refused as a disabled API unless the project's services say it is
+enabled), all refusing a request without the bearer token it issued, with Google's error documents.
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ class Google(BaseHTTPRequestHandler):
                 found.append({"name": f"projects/123456789/services/{service}", "parent": "projects/123456789",
                               "state": services.get(service, "DISABLED")})
             self._send(200, {"services": found})
+        elif parts[:2] == ["v1", "projects"] and parts[3:] == ["locations", "global", "quotaPreferences"]:
+            project = parts[2]
+            self.state.setdefault("quota_projects", []).append(self.headers.get("x-goog-user-project"))
+            if self.state["services"].get(project, {}).get("cloudquotas.googleapis.com") != "ENABLED":
+                self._send(403, {"error": {"code": 403, "status": "PERMISSION_DENIED", "message": (
+                    f"Cloud Quotas API has not been used in project {project} before or it is disabled. Enable it by "
+                    "visiting https://console.developers.google.com/apis/api/cloudquotas.googleapis.com/overview"
+                    f"?project={project} then retry."), "details": [{
+                        "@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED"}]}})
+                return
+            found = self.state.get("quota_preferences", {}).get(project, [])
+            start = int(query.get("pageToken", ["0"])[0])
+            page = {"quotaPreferences": found[start:start + 2]}  # two a page: callers must follow nextPageToken
+            if start + 2 < len(found):
+                page["nextPageToken"] = str(start + 2)
+            self._send(200, page)
         elif parts[:3] == ["compute", "v1", "projects"] and parts[4:] == ["aggregated", "instances"]:
             project = parts[3]
             wanted = query.get("filter", [""])[0]

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from gpu_train import capacity, validate
-from gpu_train.catalog import CATALOG_PATH, CatalogError, load_catalog, parse_catalog
+from gpu_train.catalog import CatalogError
+from gpu_train.catalog_file import CATALOG_PATH, load_catalog, parse_catalog
 from gpu_train.config import ConfigError, parse
 from tests.conftest import gcp_raw
 
@@ -54,4 +55,4 @@ def test_the_error_parser_reads_ai_zones() -> None:
 
 
 def test_parse_keeps_the_region_of_an_ai_zone() -> None:
-    assert parse(gcp_raw(zone="us-south1-ai1b"), "s").region == "us-south1"
+    assert parse(gcp_raw(zone="us-south1-ai1b"), "s", CATALOG).region == "us-south1"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train.config import load_stack
+from gpu_train.catalog_file import load_catalog
+from gpu_train.stackfile import load_stack
 from remote import notebooks, ssh, sshalias
 from remote.forward import ForwardError, LocalForward, pick_local_port, remote_listens
 from remote.loopback import Sshd, free_port
@@ -30,7 +31,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     sshd.stack_file(stacks, "lab", tmp_path / "remote", sys.executable)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv(sshalias.CHOICE_ENV, raising=False)
-    target = target_from(load_stack("lab", stacks), None, state)
+    target = target_from(load_stack("lab", load_catalog(), stacks), None, state)
     yield sshd, target, state
     sshd.stop()
 
@@ -80,7 +81,7 @@ def test_include_is_never_added_silently(host) -> None:
     assert not (Path(os.environ["HOME"]) / ".ssh" / "config").exists()
     assert any("gpu-train ssh-config" in s for s in said)
     # a "no" is remembered: not asked again
-    other = target_from(load_stack("lab", state.parent / "stacks"), None, state / "other")
+    other = target_from(load_stack("lab", load_catalog(), state.parent / "stacks"), None, state / "other")
     asked: list[str] = []
     sshalias.at_first_contact(other, state / "other", said.append, ask=lambda q: asked.append(q) or "n")
     (state / "other" / "ssh_config.d" / "gpu-train-lab.conf").unlink()

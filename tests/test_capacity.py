@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from gpu_train import capacity, config, quota, validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from infra import preflight
 from tests.conftest import ROOT, gcp_raw
 
@@ -155,7 +155,8 @@ def test_preflight_enough(compute_api: dict, capsys: pytest.CaptureFixture) -> N
         ({"region": {"PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0), "CPUS": (4, 0), "SSD_TOTAL_GB": (500, 0)}},
          "CPUS in us-central1: limit 4, in use 0, needs 8 -> ask for 8"),
         ({"region": {"PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0), "CPUS": (24, 0), "SSD_TOTAL_GB": (250, 100)}},
-         "SSD_TOTAL_GB in us-central1: limit 250, in use 100, needs 200 -> ask for 300"),
+         # the 200 GB boot disk and the 100 GB data disk, both pd-balanced
+         "SSD_TOTAL_GB in us-central1: limit 250, in use 100, needs 300 -> ask for 400"),
         ({"offered": ["nvidia-tesla-v100"]}, "nvidia-tesla-t4 is not offered in us-central1-a"),
     ],
 )
@@ -197,7 +198,8 @@ def test_preflight_counts_hyperdisk_against_its_own_quota(compute_api: dict, cap
                        offered=["nvidia-b200"])
     assert preflight.main(["--stack", "a4"]) == 1
     out = capsys.readouterr().out
-    assert "HYPERDISK_BALANCED_TOTAL_GB in us-central1: limit 300, in use 0, needs 400" in out
+    # the 400 GB boot disk and the 100 GB data disk, both Hyperdisk (A4 takes nothing else)
+    assert "HYPERDISK_BALANCED_TOTAL_GB in us-central1: limit 300, in use 0, needs 500" in out
     assert not any(line.strip().startswith("SSD_TOTAL_GB") for line in out.splitlines())
 
 
@@ -212,7 +214,8 @@ def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api:
     [
         ({}, set(), ["NVIDIA_T4_GPUS", "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
         ({"spot": True, "bootDiskType": "pd-standard"}, {"PREEMPTIBLE_NVIDIA_T4_GPUS", "PREEMPTIBLE_CPUS"},
-         ["PREEMPTIBLE_NVIDIA_T4_GPUS", "PREEMPTIBLE_CPUS", "DISKS_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+         # the pd-standard boot disk against DISKS_TOTAL_GB, the data disk (the series' pd-balanced) against SSD
+         ["PREEMPTIBLE_NVIDIA_T4_GPUS", "PREEMPTIBLE_CPUS", "DISKS_TOTAL_GB", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
         ({"spot": True}, set(), ["NVIDIA_T4_GPUS", "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),  # none granted
         ({"machineType": "a2-highgpu-1g", "gpuType": None, "gpuCount": None}, {"A2_CPUS"},
          ["NVIDIA_A100_GPUS", "A2_CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
@@ -221,6 +224,6 @@ def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api:
     ],
 )
 def test_quota_needs(settings: dict, metrics: set, expected: list) -> None:
-    cfg = config.parse(gcp_raw(**settings), "s")
+    cfg = config.parse(gcp_raw(**settings), "s", CATALOG)
     shape = validate.shape_of(cfg, CATALOG)
     assert [n.metric for n in quota.needs(cfg, shape, dict.fromkeys(metrics, (1.0, 0.0)), CATALOG)] == expected

@@ -7,7 +7,8 @@ import copy
 import pytest
 import yaml
 
-from gpu_train.catalog import CATALOG_PATH, CatalogError, load_catalog, parse_catalog
+from gpu_train.catalog import CatalogError
+from gpu_train.catalog_file import CATALOG_PATH, load_catalog, parse_catalog
 
 
 @pytest.fixture(scope="module")

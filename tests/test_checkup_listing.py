@@ -7,8 +7,11 @@ from datetime import datetime, timezone
 import pytest
 
 from gpu_train import checkup, listing
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import parse
 from tests.conftest import gcp_raw
+
+CATALOG = load_catalog()
 
 WHOAMI = "User: alice\nOrganizations: alice\nBackend URL: https://app.pulumi.com/alice\n"
 NOT_LOGGED_IN = "error: PULUMI_ACCESS_TOKEN must be set for login during non-interactive CLI sessions\n"
@@ -82,8 +85,8 @@ def test_render_and_exit_code() -> None:
 # -- ls ---------------------------------------------------------------------------------------
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc).timestamp()
 HOUR = 3600.0
-GCP = parse(gcp_raw(spot=True), "t4")
-SSH = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@box:22"]}, "lab")
+GCP = parse(gcp_raw(spot=True), "t4", CATALOG)
+SSH = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@box:22"]}, "lab", CATALOG)
 OUTPUTS = {"externalIp": "198.51.100.4", "zone": "us-central1-a", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4",
            "gpuCount": 1, "spot": True, "hourlyCostUsd": 0.28}
 
@@ -108,7 +111,7 @@ def status(runs: list[str], idle_since: float | None = None, limit: int = 30, up
         (listing.StackFacts("t4", GCP, outputs=OUTPUTS, api_error="no credentials"), "RUNNING?", "last known outputs", None,
          0.28, True),
         (listing.StackFacts("t4", GCP, outputs=OUTPUTS, status=status([])), "RUNNING", "host answered", 0, 0.28, True),
-        (listing.StackFacts("t4", parse(gcp_raw(running=False), "t4"), outputs=OUTPUTS), "TERMINATED?", "last known outputs",
+        (listing.StackFacts("t4", parse(gcp_raw(running=False), "t4", CATALOG), outputs=OUTPUTS), "TERMINATED?", "last known outputs",
          None, 0.0, False),
         (listing.StackFacts("t4", GCP), "none", "no outputs", None, 0.0, False),
         (listing.StackFacts("lab", SSH, status=status(["running", "succeeded"], limit=0)), "reachable", "host answered", 1, None,
@@ -118,15 +121,15 @@ def status(runs: list[str], idle_since: float | None = None, limit: int = 30, up
     ],
 )
 def test_rows(facts, state, source, runs, hourly, billing) -> None:
-    r = listing.row(facts, NOW)
+    r = listing.row(facts, NOW, CATALOG)
     assert (r.state, r.source, r.runs_running, r.hourly_now, r.billing) == (state, source, runs, hourly, billing)
 
 
 def test_cluster_state_counts_running_nodes() -> None:
-    facts = listing.StackFacts("c", parse(gcp_raw(nodes=2, machineType="g2-standard-8", gpuType=None, gpuCount=None), "c"),
+    facts = listing.StackFacts("c", parse(gcp_raw(nodes=2, machineType="g2-standard-8", gpuType=None, gpuCount=None), "c", CATALOG),
                                outputs={**OUTPUTS, "machineType": "g2-standard-8", "gpuType": "nvidia-l4"},
                                instances=[{"status": "RUNNING"}, {"status": "TERMINATED"}])
-    r = listing.row(facts, NOW)
+    r = listing.row(facts, NOW, CATALOG)
     assert r.state == "RUNNING 1/2" and r.billing and r.shape.startswith("2 x g2-standard-8")
 
 
@@ -149,7 +152,7 @@ def test_cluster_state_counts_running_nodes() -> None:
 def test_spent_this_month(ledger, instance, uptime, hours) -> None:
     facts = listing.StackFacts("t4", GCP, outputs=OUTPUTS, instances=[instance] if instance else None,
                                status={"runs": [], "uptimeS": uptime, "now": NOW, "agent": {}} if uptime else None, ledger=ledger)
-    r = listing.row(facts, NOW)
+    r = listing.row(facts, NOW, CATALOG)
     assert r.spent_month == round(hours * 0.28, 2)
 
 
@@ -166,7 +169,7 @@ def test_billing_stacks_first_and_render() -> None:
     facts = [listing.StackFacts("aaa-stopped", GCP, outputs=OUTPUTS, instances=[{"status": "TERMINATED"}]),
              listing.StackFacts("lab", SSH, status=status([])),
              listing.StackFacts("zzz-up", GCP, outputs=OUTPUTS, instances=[{"status": "RUNNING", "lastStartTimestamp": iso(NOW - HOUR)}])]
-    table = listing.rows(facts, NOW)
+    table = listing.rows(facts, NOW, CATALOG)
     assert [r.stack for r in table] == ["zzz-up", "aaa-stopped", "lab"]
     text = listing.render(table)
     assert text.splitlines()[1].split()[:7] == ["zzz-up", "gcp", "n1-standard-8", "+", "1", "x", "T4"]

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from gpu_train import jobs
 from remote.agent import wrap
 from remote.loopback import Sshd, free_port
-from tests.conftest import EXAMPLE, FAB, ROOT
+from tests.conftest import EXAMPLE, cluster_stack, fab_env, run_fab
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -27,22 +26,13 @@ class Cluster:
         self.a = Sshd(tmp / "a", "127.0.0.2").start()
         self.b = Sshd(tmp / "b", "127.0.0.3", client_key=self.a.client_key).start()
         self.roots = [tmp / "node0", tmp / "node1"]
-        (tmp / "stacks").mkdir()
-        (tmp / "stacks" / "Pulumi.duo.yaml").write_text(
-            "config:\n  gpu-train:target: ssh\n"
-            f"  gpu-train:hosts: ['{self.a.spec}', '{self.b.spec}']\n  gpu-train:sshKey: {self.a.client_key}\n"
-            f"  gpu-train:remoteRoot: {tmp}/node{{node}}\n  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n")
+        cluster_stack(tmp / "stacks", "duo", [self.a.spec, self.b.spec], self.a.client_key)
         self.cwd = tmp / "work"
         self.cwd.mkdir()
-        self.env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(tmp / "stacks"), "GPU_TRAIN_HOME": str(tmp / "home"),
-                    "GPU_TRAIN_STACK": "duo", "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(self.cwd)}
+        self.env = fab_env(tmp / "stacks", tmp / "home", "duo", self.cwd)
 
     def fab(self, *args: str, check: bool = False) -> subprocess.CompletedProcess:
-        r = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd, capture_output=True,
-                           text=True, timeout=300, stdin=subprocess.DEVNULL)
-        if check and r.returncode:
-            raise AssertionError(f"fab {args}: {r.returncode}\n{r.stdout}\n{r.stderr}")
-        return r
+        return run_fab(self.env, self.cwd, *args, check=check, timeout=300)
 
     def state(self, node: int, run: str) -> dict:
         return json.loads((self.roots[node] / "runs" / run / "state.json").read_text())

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import config
+from gpu_train import config, stackfile
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import ConfigError, SshHost, parse, parse_host
 from tests.conftest import gcp_raw
+
+CATALOG = load_catalog()
 
 
 def problems_of(raw: dict) -> list[config.Problem]:
     with pytest.raises(ConfigError) as e:
-        parse(raw, "s")
+        parse(raw, "s", CATALOG)
     return e.value.problems
 
 
 def test_defaults() -> None:
-    cfg = parse(gcp_raw(), "dev")
+    cfg = parse(gcp_raw(), "dev", CATALOG)
     assert (cfg.machine_type, cfg.spot, cfg.boot_disk_size_gb, cfg.boot_disk_type) == ("n1-standard-8", False, 200, "pd-balanced")
     assert (cfg.ssh_user, cfg.remote_root, cfg.target, cfg.region) == ("trainer", "~/gpu-train", "gcp", "us-central1")
     assert cfg.image_project == "deeplearning-platform-release"
@@ -30,16 +33,16 @@ def test_engine_form_strings_and_json_equal_yaml_form() -> None:
                      labels='{"team":"vision"}', bootDiskSizeGb="300")
     yaml_form = gcp_raw(gpuCount=2, spot=True, sshSourceRanges=["198.51.100.0/24", "203.0.113.7/32"],
                         labels={"team": "vision"}, bootDiskSizeGb=300)
-    assert parse(engine, "s") == parse(yaml_form, "s")
+    assert parse(engine, "s", CATALOG) == parse(yaml_form, "s", CATALOG)
 
 
 def test_bare_keys_belong_to_the_project_namespace() -> None:
     raw = {k.removeprefix("gpu-train:"): v for k, v in gcp_raw().items()}
-    assert parse(raw, "s") == parse(gcp_raw(), "s")
+    assert parse(raw, "s", CATALOG) == parse(gcp_raw(), "s", CATALOG)
 
 
 def test_comma_separated_list() -> None:
-    assert parse(gcp_raw(sshSourceRanges="198.51.100.0/24, 203.0.113.7/32"), "s").ssh_source_ranges == (
+    assert parse(gcp_raw(sshSourceRanges="198.51.100.0/24, 203.0.113.7/32"), "s", CATALOG).ssh_source_ranges == (
         "198.51.100.0/24", "203.0.113.7/32")
 
 
@@ -85,12 +88,12 @@ def test_every_missing_required_setting_at_once() -> None:
 
 
 def test_other_namespaces_are_left_alone() -> None:
-    assert parse(gcp_raw(**{"gcp:region": "us-central1", "aws:region": "x"}), "s").zone == "us-central1-a"
+    assert parse(gcp_raw(**{"gcp:region": "us-central1", "aws:region": "x"}), "s", CATALOG).zone == "us-central1-a"
 
 
 def test_ssh_target() -> None:
     cfg = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222", "box"],
-                 "gpu-train:sshKey": "/k"}, "lab")
+                 "gpu-train:sshKey": "/k"}, "lab", CATALOG)
     assert cfg.hosts[0] == SshHost("me", "127.0.0.2", 2222) and cfg.hosts[1].port == 22
     assert cfg.project is None and cfg.ssh_private_key_path() == "/k"
 
@@ -117,15 +120,15 @@ def test_parse_host_rejects(text: str) -> None:
 
 
 def test_public_key_inline_path_and_missing(public_key, tmp_path) -> None:
-    inline = parse(gcp_raw(), "s")
-    assert config.read_public_key(inline)[0].startswith("ssh-ed25519 ")
-    from_path = parse(gcp_raw(sshPublicKey=str(public_key)), "s")
-    text, problem = config.read_public_key(from_path)
+    inline = parse(gcp_raw(), "s", CATALOG)
+    assert stackfile.read_public_key(inline)[0].startswith("ssh-ed25519 ")
+    from_path = parse(gcp_raw(sshPublicKey=str(public_key)), "s", CATALOG)
+    text, problem = stackfile.read_public_key(from_path)
     assert problem is None and text == public_key.read_text().strip()
     assert from_path.ssh_private_key_path() == str(public_key).removesuffix(".pub")
     (tmp_path / "junk.pub").write_text("not a key")
     for path, msg in ((tmp_path / "none.pub", "no readable public key"), (tmp_path / "junk.pub", "does not hold")):
-        text, problem = config.read_public_key(parse(gcp_raw(sshPublicKey=str(path)), "s"))
+        text, problem = stackfile.read_public_key(parse(gcp_raw(sshPublicKey=str(path)), "s", CATALOG))
         assert text is None and problem.key == "sshPublicKey" and msg in problem.message and "ssh-keygen" in problem.fix
 
 
@@ -133,13 +136,13 @@ def test_stack_files(tmp_path) -> None:
     f = tmp_path / "Pulumi.mine.yaml"
     f.write_text("config:\n  gcp:project: p\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
                  "  gpu-train:gpuCount: 1\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n")
-    assert config.load_file(f).stack == "mine"
+    assert stackfile.load_file(f, CATALOG).stack == "mine"
     for text, msg in (("config: [1", "not valid YAML"), ("config: 5", "no `config:` mapping")):
         f.write_text(text)
         with pytest.raises(ConfigError, match=msg):
-            config.load_file(f)
+            stackfile.load_file(f, CATALOG)
     with pytest.raises(ConfigError, match="no stack file"):
-        config.load_stack("nope", tmp_path)
+        stackfile.load_stack("nope", CATALOG, tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import changes, config, vm
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from infra import plan, preview, program, pulumi_cli
 from tests.conftest import gcp_raw
 
@@ -60,7 +60,7 @@ def test_one_data_disk_per_node() -> None:
     ({"dataDiskType": "pd-standard"}, "pd-standard"),
 ])
 def test_data_disk_type_defaults_to_what_the_series_takes(settings: dict, kind: str) -> None:
-    cfg = config.parse(gcp_raw(**settings), "s")
+    cfg = config.parse(gcp_raw(**settings), "s", CATALOG)
     assert vm.data_disk_type(cfg, CATALOG) == kind
 
 
@@ -137,7 +137,7 @@ def test_every_input_the_program_sets_has_a_row_in_the_table() -> None:
     (DISK, "labels.x", "1", "2", changes.IN_PLACE),
 ])
 def test_effect_of(typ: str, path: str, old: object, new: object, effect: str) -> None:
-    assert changes.effect_of(typ, path, old, new) == effect
+    assert changes.effect_of(typ, path, old, new, changes.load_rules()) == effect
 
 
 def test_flatten_leaves_out_the_providers_defaults_and_empty_values() -> None:
@@ -160,7 +160,7 @@ def test_render_names_the_setting_and_what_survives() -> None:
 ])
 def test_the_startup_script_mounts_the_data_disk_on_remote_root(root: str, rendered: str) -> None:
     """The data-disk block gets REMOTE_ROOT shell-quoted (the script expands ~/ to the user's home)."""
-    script = vm.startup_script(config.parse(gcp_raw(remoteRoot=root), "s"), b"agent", vm.read_startup_template())
+    script = vm.startup_script(config.parse(gcp_raw(remoteRoot=root), "s", CATALOG), b"agent", vm.read_startup_template())
     assert rendered in script and "DATA_USER=trainer\n" in script
     assert f"DATA_DEV=/dev/disk/by-id/google-{vm.DATA_DEVICE_NAME}\n" in script
     assert script.index("# --- gpu-train: the data disk") < script.index("gpu-train-boot.service <<UNIT")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import config, disks, quota, validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from infra import preview, program
 from tests.conftest import gcp_raw
 
@@ -80,18 +80,25 @@ def test_a_given_type_the_series_does_not_take_is_refused(settings: dict, words:
 
 
 @pytest.mark.parametrize(
-    ("settings", "metric"),
+    ("settings", "expected"),
     [
-        ({}, "SSD_TOTAL_GB"),
-        ({"bootDiskType": PDSTD}, "DISKS_TOTAL_GB"),
-        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"}, "HYPERDISK_BALANCED_TOTAL_GB"),
-        ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": HD}, "HYPERDISK_BALANCED_TOTAL_GB"),
+        ({}, [("SSD_TOTAL_GB", 300, f"200 GB of {PDB} + 100 GB of {PDB} (data disk)")]),
+        ({"bootDiskType": PDSTD}, [("DISKS_TOTAL_GB", 200, f"200 GB of {PDSTD}"),
+                                   ("SSD_TOTAL_GB", 100, f"100 GB of {PDB} (data disk)")]),
+        ({"dataDiskType": PDSTD, "dataDiskSizeGb": 500}, [("SSD_TOTAL_GB", 200, f"200 GB of {PDB}"),
+                                                          ("DISKS_TOTAL_GB", 500, f"500 GB of {PDSTD} (data disk)")]),
+        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
+         [("HYPERDISK_BALANCED_TOTAL_GB", 300, f"200 GB of {HD} + 100 GB of {HD} (data disk)")]),
+        ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": HD},  # the data disk keeps the series' pd-balanced
+         [("HYPERDISK_BALANCED_TOTAL_GB", 200, f"200 GB of {HD}"), ("SSD_TOTAL_GB", 100, f"100 GB of {PDB} (data disk)")]),
+        ({"nodes": 3}, [("SSD_TOTAL_GB", 900, f"600 GB of {PDB} + 300 GB of {PDB} (data disk)")]),  # a data disk per node
     ],
 )
-def test_disk_quota_follows_the_type(settings: dict, metric: str) -> None:
+def test_disk_quota_follows_each_disks_type(settings: dict, expected: list) -> None:
+    """Every node's boot disk and data disk count against the quota of their own type."""
     cfg, _ = validate.check(gcp_raw(**settings), "s", CATALOG)
     needs = quota.needs(cfg, validate.shape_of(cfg, CATALOG), {}, CATALOG)
-    assert [n.metric for n in needs if n.what.endswith(cfg.boot_disk_type)] == [metric]
+    assert [(n.metric, n.amount, n.what) for n in needs if n.metric and n.metric.endswith("TOTAL_GB")] == expected
 
 
 def test_program_gives_an_a4_a_hyperdisk_boot_disk() -> None:

@@ -136,35 +136,37 @@ def test_mixed_tree_is_identical_and_a_second_fetch_sends_nothing(host: Host, tm
     assert host.streams_opened == opened + 1  # the listing's stream only
 
 
-def test_a_file_that_grew_sends_only_its_new_tail(host: Host, tmp_path: Path, small_ranges) -> None:
-    job = host.job()
-    log = job / "metrics.jsonl"
-    log.write_bytes(os.urandom(2 * MiB))
-    dest = tmp_path / "home"
-    host.fetch(dest)
-    with log.open("ab") as f:
+def grow_tail(path: Path) -> int:
+    """Append 100 kB (a log that grew); what a fetch may send: the tail and at most the last partial block again."""
+    with path.open("ab") as f:
         f.write(os.urandom(100_000))
-    result = host.fetch(dest)
-    assert result.complete and result.files == 1
-    block = fp.block_size(log.stat().st_size)
-    assert result.bytes <= 100_000 + block  # the tail (and at most the last partial block again)
-    assert tree(dest) == tree(job)
+    return 100_000 + fp.block_size(path.stat().st_size)
 
 
-def test_ranges_changed_in_place_send_only_those_blocks(host: Host, tmp_path: Path, small_ranges) -> None:
-    job = host.job()
-    ckpt = job / "model.pt"
-    ckpt.write_bytes(os.urandom(4 * MiB))
-    dest = tmp_path / "home"
-    host.fetch(dest)
-    block = fp.block_size(4 * MiB)
-    with ckpt.open("r+b") as f:
+def change_in_place(path: Path) -> int:
+    """Overwrite a few bytes in three blocks (a checkpoint updated in place); at most those blocks, and one spare."""
+    block = fp.block_size(path.stat().st_size)
+    with path.open("r+b") as f:
         for at in (block * 3 + 10, 2 * MiB, 4 * MiB - 5):
             f.seek(at)
             f.write(b"changed")
+    return 4 * block
+
+
+@pytest.mark.parametrize(("name", "size", "change"), [
+    ("metrics.jsonl", 2 * MiB, grow_tail),
+    ("model.pt", 4 * MiB, change_in_place),
+], ids=["a file that grew sends its new tail", "ranges changed in place send only those blocks"])
+def test_a_changed_file_sends_only_what_changed(host: Host, tmp_path: Path, small_ranges, name, size, change) -> None:
+    job = host.job()
+    path = job / name
+    path.write_bytes(os.urandom(size))
+    dest = tmp_path / "home"
+    host.fetch(dest)
+    bound = change(path)
     result = host.fetch(dest)
     assert result.complete and result.files == 1
-    assert result.bytes <= 4 * block
+    assert result.bytes <= bound
     assert tree(dest) == tree(job)
 
 

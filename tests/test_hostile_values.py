@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import config, jobs, validate, values
-from gpu_train.catalog import load_catalog
+from gpu_train import config, jobs, stackfile, validate, values
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import ConfigError
 from remote import sync
 from tests.conftest import gcp_raw
@@ -106,7 +106,7 @@ def test_yaml_aliases_are_refused_quickly(tmp_path: Path) -> None:
     tracemalloc.start()
     started = time.monotonic()
     with pytest.raises(ConfigError, match="aliases"):
-        config.read_stack_file(path)
+        stackfile.read_stack_file(path)
     assert time.monotonic() - started < 2 and tracemalloc.get_traced_memory()[1] < 50 << 20
     tracemalloc.stop()
 
@@ -124,7 +124,7 @@ def test_unreadable_stack_files_are_messages(tmp_path: Path, content: bytes | No
     else:
         path.write_bytes(content)
     with pytest.raises(ConfigError, match=words) as e:
-        config.read_stack_file(path)
+        stackfile.read_stack_file(path)
     assert len(str(e.value)) < 2000
 
 
@@ -213,7 +213,7 @@ def test_values_module_knows_its_limits() -> None:
 
 
 def _learn(args: tuple[str, int]) -> None:
-    from remote.ssh import append_known_host
+    from remote.hostkeys import append_known_host
 
     path, worker = args
     for i in range(15):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import images, validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import ConfigError
 from infra import preview, program
 from tests.conftest import gcp_raw

@@ -11,13 +11,14 @@ import sys
 import pytest
 import yaml
 
-from gpu_train import config, importer, translate
-from gpu_train.catalog import load_catalog
+from gpu_train import gcloud_flags, importer, stackfile, translate
+from gpu_train.catalog_file import load_catalog
 from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
 from infra import plan
 from tests.conftest import ROOT
 
 CATALOG = load_catalog()
+TABLES = importer.load_tables()
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests user@host"
 
 # AI Platform's GPU guide: a cluster of Compute Engine types with accelerators ...
@@ -74,12 +75,13 @@ BASIC_GPU = "trainingInput: {scaleTier: BASIC_GPU, region: europe-west4, pythonM
 
 def run(text: str, **kw) -> translate.Translation:
     doc = yaml.safe_load(text)
-    job = importer.read_any(doc) if isinstance(doc, dict) else None
-    return translate.translate(job, "imported", CATALOG, **kw)
+    job = importer.read_any(doc, TABLES) if isinstance(doc, dict) else None
+    return translate.translate(job, "imported", CATALOG, TABLES, **kw)
 
 
 def gcloud(text: str, **kw) -> translate.Translation:
-    return translate.translate(importer.read_gcloud_args(importer.split_gcloud_command(text)), "imported", CATALOG, **kw)
+    job = gcloud_flags.read_gcloud_args(gcloud_flags.split_gcloud_command(text), TABLES)
+    return translate.translate(job, "imported", CATALOG, TABLES, **kw)
 
 
 def plans(settings: dict) -> tuple[str, int]:
@@ -134,7 +136,7 @@ def test_the_report_explains_each_change():
                for n in vertex.notes)
 
 
-LEGACY = importer.tables()["legacyMachineTypes"]["types"]
+LEGACY = TABLES["legacyMachineTypes"]["types"]
 
 
 @pytest.mark.parametrize("name", sorted(LEGACY))
@@ -183,14 +185,14 @@ def test_scale_tiers(tier, nodes, ps):
 def test_bad_jobs_say_what_is_wrong(text, message):
     with pytest.raises(JobImportError, match=message):
         doc = yaml.safe_load(text)
-        translate.translate(importer.read_any(doc), "x", CATALOG)
+        translate.translate(importer.read_any(doc, TABLES), "x", CATALOG, TABLES)
 
 
 def test_gcloud_flags_and_config_file_together():
     files = {"c.yaml": {"trainingInput": {"scaleTier": "CUSTOM", "masterType": "standard_v100", "region": "us-west1"}}}
-    job = importer.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
-                                     "--use-chief-in-tf-config", "--", "--x", "1"], files.__getitem__)
-    t = translate.translate(job, "s", CATALOG, project="p", ssh_ranges=("198.51.100.0/24",))
+    job = gcloud_flags.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
+                                     "--use-chief-in-tf-config", "--", "--x", "1"], TABLES, files.__getitem__)
+    t = translate.translate(job, "s", CATALOG, TABLES, project="p", ssh_ranges=("198.51.100.0/24",))
     assert t.settings["gcp:project"] == "p" and t.settings["gpu-train:sshSourceRanges"] == ["198.51.100.0/24"]
     assert t.settings["gpu-train:zone"].startswith("us-west1-")
     assert t.train[-2:] == ["--command", "python -m t.task --x 1"]
@@ -235,7 +237,7 @@ def test_the_import_task_writes_a_valid_stack_once(tmp_path) -> None:
     out = fab(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "The stack is valid" in out.stdout and "gpu-train train --stack aip --command 'python -m trainer.task'" in out.stdout
-    written = config.read_stack_file(stacks / "Pulumi.aip.yaml")
+    written = stackfile.read_stack_file(stacks / "Pulumi.aip.yaml")
     assert written["gpu-train:pools"] == CLUSTER_POOLS and written["gcp:project"] == "proj-1"
     assert plans_file(stacks / "Pulumi.aip.yaml") == 0
     before = (stacks / "Pulumi.aip.yaml").read_bytes()
@@ -261,14 +263,14 @@ def test_the_import_task_from_gcloud_and_as_json(tmp_path) -> None:
 
 
 def plans_file(path) -> int:
-    raw = {**config.read_stack_file(path), "gpu-train:sshPublicKey": KEY}
+    raw = {**stackfile.read_stack_file(path), "gpu-train:sshPublicKey": KEY}
     return plan.plan(raw, "aip")[1]
 
 
 def test_gpu_train_import_takes_gcloud_after_the_double_dash(tmp_path) -> None:
     """As pasted: `gpu-train import gcloud -- gcloud ai-platform ... -- USER ARGS`, quoting kept."""
     argv = ["gpu-train", "import", "gcloud", "--stack", "g", "--stacks-dir", str(tmp_path), "--json", "--",
-            *importer.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'"))]
+            *gcloud_flags.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'"))]
     out = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}\nfrom remote.cli import main; main()"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr

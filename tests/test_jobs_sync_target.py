@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 
 from gpu_train import jobs
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import SshHost, parse
 from remote import sync, target
 from remote.agent import bundle
 from remote.tasks.render import render_status
 from tests.conftest import gcp_raw
+
+CATALOG = load_catalog()
 
 
 @pytest.mark.parametrize(
@@ -77,7 +80,7 @@ def test_agent_command_carries_the_agent_inline() -> None:
 
 def lab_target(**kw) -> target.Target:
     cfg = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222"], "gpu-train:sshKey": "/k/id",
-                 **kw}, "lab")
+                 **kw}, "lab", CATALOG)
     return target.target_from(cfg, None, Path("/state"))
 
 
@@ -108,7 +111,7 @@ def test_listed_bytes() -> None:
 
 
 def test_gcp_target_from_outputs() -> None:
-    cfg = parse(gcp_raw(sshPublicKey="~/.ssh/work.pub"), "t4")
+    cfg = parse(gcp_raw(sshPublicKey="~/.ssh/work.pub"), "t4", CATALOG)
     outputs = {"externalIp": "203.0.113.10", "sshUser": "trainer", "gpuCount": 1, "hourlyCostUsd": 0.28}
     t = target.target_from(cfg, outputs, Path("/state"))
     assert t.hosts == (SshHost("trainer", "203.0.113.10", 22, keys=(t.key_file,)),) and t.is_gcp and t.expect_gpus == 1
@@ -122,7 +125,7 @@ def test_ssh_target_waits_for_no_gpus() -> None:
 
 
 def test_render_status() -> None:
-    t = target.target_from(parse(gcp_raw(), "t4"), {"externalIp": "203.0.113.10", "gpuCount": 1, "hourlyCostUsd": 0.5},
+    t = target.target_from(parse(gcp_raw(), "t4", CATALOG), {"externalIp": "203.0.113.10", "gpuCount": 1, "hourlyCostUsd": 0.5},
                            Path("/s"))
     doc = {"host": "vm", "root": "/home/trainer/gpu-train", "uptimeS": 7200,
            "gpus": [{"index": 0, "name": "Tesla T4", "utilization": 87.0, "memoryUsedMiB": 9000, "memoryTotalMiB": 15360}],

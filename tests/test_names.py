@@ -8,7 +8,7 @@ import re
 import pytest
 
 from gpu_train import names, validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from infra import preview, program
 from tests.conftest import gcp_raw
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import gpunames, offers
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import ConfigError
 from gpu_train.validate import check
 from tests.conftest import gcp_raw

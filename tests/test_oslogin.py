@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import ssh
+from remote import login
 from remote.target import SshHost
 from tests.conftest import ROOT
 
@@ -54,13 +54,13 @@ def test_without_os_login_a_missing_user_is_waited_for_then_named(tmp_path: Path
 
 
 def test_fab_names_os_login_when_a_gcp_key_is_refused(tmp_path: Path) -> None:
-    assert ssh.OSLOGIN_MARK in SCRIPT  # the line fab points to is the one the script prints
+    assert login.OSLOGIN_MARK in SCRIPT  # the line fab points to is the one the script prints
 
     class T:  # the two fields refused_message reads
         key_file = str(tmp_path / "id_ed25519")
         is_gcp = True
 
-    text = ssh.refused_message(T(), SshHost("trainer", "203.0.113.10"), Exception("Authentication failed."))
-    assert "OS Login" in text and "get-serial-port-output" in text and ssh.OSLOGIN_MARK in text
+    text = login.refused_message(T(), SshHost("trainer", "203.0.113.10"), Exception("Authentication failed."))
+    assert "OS Login" in text and "get-serial-port-output" in text and login.OSLOGIN_MARK in text
     T.is_gcp = False
-    assert "OS Login" not in ssh.refused_message(T(), SshHost("me", "lab"), Exception("Authentication failed."))
+    assert "OS Login" not in login.refused_message(T(), SshHost("me", "lab"), Exception("Authentication failed."))

@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 
 from gpu_train import checkup, listing
+from gpu_train.catalog_file import load_catalog
 from infra import probes
 from remote import overview
 from remote.loopback import Sshd
 from tests.google_fake import FakeGoogle
+
+CATALOG = load_catalog()
 
 STAND_IN = Path(__file__).parent / "stand_in"
 VENV_BIN = str(Path(sys.executable).parent)
@@ -175,8 +178,8 @@ def test_ls_over_gcp_and_ssh_stacks(world: World, lab: Sshd) -> None:
     started = time.monotonic()
     facts = overview.ls_facts(world.state)
     took = time.monotonic() - started
-    table = {r.stack: r for r in listing.rows(facts, time.time())}
-    order = [r.stack for r in listing.rows(facts, time.time())]
+    table = {r.stack: r for r in listing.rows(facts, time.time(), CATALOG)}
+    order = [r.stack for r in listing.rows(facts, time.time(), CATALOG)]
     assert order[0] == "t4" and set(order) == {"t4", "l4", "a100", "lab", "broken"}
     t4, l4, a100, ssh, broken = (table[n] for n in ("t4", "l4", "a100", "lab", "broken"))
     assert (t4.state, t4.source, t4.hourly_now, t4.billing) == ("RUNNING", "compute api", 0.28, True)
@@ -188,12 +191,12 @@ def test_ls_over_gcp_and_ssh_stacks(world: World, lab: Sshd) -> None:
     assert took < overview.ANSWER_S + 10, "ls must never wait long on a host"
     # the ledger keeps what it saw: t4's run is remembered for the month
     assert json.loads((world.state / "t4" / "uptime.json").read_text())["intervals"]
-    text = listing.render(listing.rows(facts, time.time()))
+    text = listing.render(listing.rows(facts, time.time(), CATALOG))
     assert "billing now: $0.28/h across 1 stack(s)" in text
 
 
 def test_ls_without_credentials_uses_last_known_outputs(world: World) -> None:
     world.stack("t4", T4).outputs("t4", {"externalIp": "127.0.15.9", "zone": "us-central1-a", "hourlyCostUsd": 0.28})
     facts = overview.ls_facts(world.state, ask_hosts=False)
-    (r,) = listing.rows(facts, time.time())
+    (r,) = listing.rows(facts, time.time(), CATALOG)
     assert (r.state, r.source) == ("RUNNING?", "last known outputs") and world.google.state["calls"] == []

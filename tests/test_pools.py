@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import config, validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from infra import plan, preview, program
 from tests.conftest import gcp_raw
 
@@ -121,7 +121,8 @@ def test_quota_needs_add_up_over_pools() -> None:
     cpus = by_metric[("CPUS", "us-central1")]
     assert cpus.amount == 3 * 16 + 3 * 8 and cpus.what == "48 vCPUs of n1-standard-16 + 24 vCPUs of n1-highmem-8"
     assert by_metric[("GPUS_ALL_REGIONS", "global")].amount == 12
-    assert sum(n.amount for n in by_metric.values() if n.metric and "TOTAL_GB" in n.metric) == 6 * 200
+    # each of the 6 nodes: its 200 GB boot disk and its 100 GB data disk
+    assert sum(n.amount for n in by_metric.values() if n.metric and "TOTAL_GB" in n.metric) == 6 * (200 + 100)
 
 
 def test_the_target_knows_each_nodes_gpus_and_role(tmp_path) -> None:

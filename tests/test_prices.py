@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from gpu_train import validate
-from gpu_train.catalog import CATALOG_PATH, CatalogError, load_catalog, parse_catalog
+from gpu_train.catalog import CatalogError
+from gpu_train.catalog_file import CATALOG_PATH, load_catalog, parse_catalog
 from gpu_train.config import parse
 from gpu_train.pricing import hourly_cost
 from infra.plan import describe_cost
@@ -34,7 +35,7 @@ def test_the_cost_carries_its_rows_date(settings: dict) -> None:
     for row in (*doc["prices"]["perGpu"].values(), *doc["prices"]["machine"].values()):
         row["date"] = "2026-11-01"
     catalog = parse_catalog(doc)
-    cfg = parse(gcp_raw(**settings), "s")
+    cfg = parse(gcp_raw(**settings), "s", CATALOG)
     cost = hourly_cost(validate.shape_of(cfg, catalog), catalog)
     assert cost.date == "2026-11-01"
     assert "list prices of 2026-11-01" in describe_cost(cost, spot=False)[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import quota, validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import parse
 from infra import preview, program
 from tests.conftest import gcp_raw
@@ -37,7 +37,7 @@ FIXED = {"gpuType": None, "gpuCount": None}
     ],
 )
 def test_preference_targets(settings: dict, quota_id: str, dimensions: dict) -> None:
-    cfg = parse(gcp_raw(**settings), "s")
+    cfg = parse(gcp_raw(**settings), "s", CATALOG)
     prefs = quota.preferences(cfg, validate.shape_of(cfg, CATALOG), 8, CATALOG)
     assert [(p["quota_id"], p["dimensions"]) for p in prefs] == [
         (quota_id, dimensions), ("GPUS-ALL-REGIONS-per-project", {})]

@@ -1,9 +1,13 @@
 """rsync's remote shell (remote/rsh.py) when the relay behind it goes away mid-stream."""
 
+import fcntl
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import threading
+import time
 
 from remote.relay import RSH
 
@@ -20,7 +24,9 @@ def test_a_connection_reset_mid_stream_is_one_line_and_exit_255_not_a_traceback(
         client, _ = listener.accept()
         reader = client.makefile("rb")
         reader.readline()
-        reader.read(256 << 10)  # rsync's stream is flowing; the rest (MiBs) stays unread, so closing resets it
+        reader.read(256 << 10)  # rsync's stream is flowing
+        while not struct.unpack("i", fcntl.ioctl(client, termios.FIONREAD, b"\0" * 4))[0]:
+            time.sleep(0.01)  # more of it waits unread, so the close below resets the stream (not EOF)
         reader.close()
         client.close()
 

@@ -6,9 +6,11 @@ import re
 from dataclasses import fields
 
 from gpu_train import config, settings
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from remote.agent.protocol import DEFAULT_SETTINGS
 from tests.conftest import ROOT, gcp_raw
+
+CATALOG = load_catalog()
 
 
 def test_the_readme_table_is_the_declared_one() -> None:
@@ -28,20 +30,20 @@ def test_every_setting_is_a_field_with_one_declaration() -> None:
 
 
 def test_defaults_come_from_the_declarations() -> None:
-    ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s")
+    ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s", CATALOG)
     for s in settings.SETTINGS:
         if s.key not in ("target", "hosts"):  # the two given
             assert getattr(ssh, s.attr) == s.default, s.key
-    gcp = config.parse(gcp_raw(), "g")
+    gcp = config.parse(gcp_raw(), "g", CATALOG)
     assert gcp.idle_stop_minutes == settings.GCP_IDLE_STOP_MINUTES
     assert gcp.image_family == load_catalog().default_image_family
     assert ssh.venv and not gcp.venv  # a venv per project on SSH hosts; the DLVM's Python on GCP
 
 
 def test_the_agent_gets_its_settings_with_its_own_defaults() -> None:
-    ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s")
+    ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s", CATALOG)
     sent = ssh.agent_settings()
     assert sent == {k: v for k, v in DEFAULT_SETTINGS.items() if k in sent} | {"gcp": False}
     assert set(sent) <= set(DEFAULT_SETTINGS)
-    tuned = config.parse({**gcp_raw(), "gpu-train:maxResumes": 3, "gpu-train:idleStopMinutes": 45}, "g")
+    tuned = config.parse({**gcp_raw(), "gpu-train:maxResumes": 3, "gpu-train:idleStopMinutes": 45}, "g", CATALOG)
     assert tuned.agent_settings() == {"idleStopMinutes": 45, "maxResumes": 3, "maxRunHours": None, "gcp": True}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import validate
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import ConfigError, parse
 from tests.conftest import gcp_raw
 
@@ -139,7 +139,7 @@ WARNINGS = [
 
 
 def problems(settings: dict) -> list:
-    cfg = parse(gcp_raw(**settings), "s")
+    cfg = parse(gcp_raw(**settings), "s", CATALOG)
     return validate.validate(cfg, CATALOG)
 
 
@@ -183,7 +183,7 @@ def test_check_returns_warnings_for_a_valid_stack() -> None:
     ],
 )
 def test_shape_of(settings: dict, shape: tuple) -> None:
-    s = validate.shape_of(parse(gcp_raw(**settings), "s"), CATALOG)
+    s = validate.shape_of(parse(gcp_raw(**settings), "s", CATALOG), CATALOG)
     assert (s.machine_type, s.gpu_type, s.gpu_count, s.attached) == shape
 
 

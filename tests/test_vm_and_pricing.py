@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train import vm
-from gpu_train.catalog import load_catalog
+from gpu_train.catalog_file import load_catalog
 from gpu_train.config import parse
 from gpu_train.pricing import hourly_cost
 from gpu_train.validate import GpuShape
@@ -46,7 +46,7 @@ def test_scheduling(spot: bool, expected: dict) -> None:
 
 
 def test_metadata_locks_ssh_to_our_key() -> None:
-    cfg = parse(gcp_raw(sshUser="alice"), "s")
+    cfg = parse(gcp_raw(sshUser="alice"), "s", CATALOG)
     meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop", b"PK agent", vm.read_startup_template())
     assert meta.pop("startup-script").startswith("#!/bin/bash")
     assert meta == {"ssh-keys": "alice:ssh-ed25519 AAAAkey alice",
@@ -59,7 +59,7 @@ def test_metadata_locks_ssh_to_our_key() -> None:
      ("common-cu121-debian-11", True), ("my-family", True)],
 )
 def test_the_driver_is_installed_at_boot_only_for_families_without_one(family: str, install: bool) -> None:
-    cfg = parse(gcp_raw(imageFamily=family), "s")
+    cfg = parse(gcp_raw(imageFamily=family), "s", CATALOG)
     assert ("install-nvidia-driver" in vm.metadata(cfg, "ssh-ed25519 AAAAkey k", b"PK agent", vm.read_startup_template())) == install
 
 
@@ -75,7 +75,7 @@ def test_ssh_ranges_by_family(ranges: tuple, split: dict) -> None:
 
 
 def test_labels_add_stack_and_project() -> None:
-    cfg = parse(gcp_raw(labels={"team": "nlp"}), "My.Stack")
+    cfg = parse(gcp_raw(labels={"team": "nlp"}), "My.Stack", CATALOG)
     assert vm.labels(cfg, "gpu-train") == {"team": "nlp", "gpu-train-stack": "my-stack", "gpu-train-project": "gpu-train"}
 
 

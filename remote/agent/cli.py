@@ -8,14 +8,11 @@ import json
 import os
 import sys
 
-from .fetchserve import cmd_fetch_serve
 from .guard import UnsafeRoot, check_own_file, secure_root
-from .launch import cmd_launch
-from .lifecycle import cmd_boot, cmd_configure, cmd_resume, cmd_shutdown, cmd_stop, cmd_tick
-from .status import cmd_logs, cmd_status
 from .store import AgentError, root_from_settings, use_settings_file
-from .watch import cmd_watch
-from .wrap import cmd_wrap
+
+# Each subcommand imports its own module when it runs: the agent starts on every call, from a
+# zipapp (compiled anew each time: no .pyc is kept for a zip), and most calls need one module of ten.
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,6 +49,11 @@ def parser() -> argparse.ArgumentParser:
     watching = sub.add_parser("watch", help="pass the metadata server's maintenance and preemption notices to the jobs")
     watching.add_argument("--rounds", type=int, help="stop after this many answers per value (tests)")
     sub.add_parser("fetch-serve", help="serve `fab fetch`: JSON requests on stdin, framed answers on stdout")
+    authorizing = sub.add_parser("authorize", help="let node 0 of a cluster pass the code on to this node")
+    authorizing.add_argument("--key", required=True, help="the cluster's public key: ssh-ed25519 BASE64")
+    authorizing.add_argument("--name", required=True, help="the stack's name (the line's comment)")
+    authorizing.add_argument("--from", dest="source", help="node 0's address: the key works from there only")
+    sub.add_parser("relay-code", help="node 0: rsync a run's staged code to the other nodes (request on stdin)")
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
@@ -81,33 +83,54 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"error": str(e)}), file=sys.stderr if args.cmd == "logs" else sys.stdout)
         return 2
     try:
-        if args.cmd == "wrap":
-            return cmd_wrap(root, args.run)
-        if args.cmd == "fetch-serve":
-            return cmd_fetch_serve(root)
-        if args.cmd == "logs":
-            return cmd_logs(root, args.run, args.offset, args.lines, args.follow)
-        if args.cmd == "launch":
-            spec = sys.stdin.readline() if args.spec == "-" else args.spec
-            result = cmd_launch(root, json.loads(base64.b64decode(spec)), args.await_go)
-        elif args.cmd == "status":
-            result = cmd_status(root, args.run, args.summaries)
-        elif args.cmd == "stop":
-            result = cmd_stop(root, args.run, args.grace)
-        elif args.cmd == "boot":
-            result = cmd_boot(root, args.once_per_boot)
-        elif args.cmd == "resume":
-            result = cmd_resume(root, args.run, args.grace)
-        elif args.cmd == "shutdown":
-            result = cmd_shutdown(root, args.grace)
-        elif args.cmd == "tick":
-            result = cmd_tick(root)
-        elif args.cmd == "watch":
-            result = cmd_watch(root, args.rounds)
-        else:
-            result = cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)
+        result = run(root, args)
     except AgentError as e:  # `logs` streams the log on stdout, so its errors go to stderr
         print(json.dumps({"error": str(e)}), file=sys.stderr if args.cmd == "logs" else sys.stdout)
         return 2
+    if isinstance(result, int):  # streamed its own output
+        return result
     print(json.dumps(result))
     return 0
+
+
+def run(root: str, args: argparse.Namespace) -> dict | int:
+    """The subcommand: its JSON answer, or the exit status of one that writes its own output."""
+    if args.cmd == "wrap":
+        from .wrap import cmd_wrap
+
+        return cmd_wrap(root, args.run)
+    if args.cmd == "fetch-serve":
+        from .fetchserve import cmd_fetch_serve
+
+        return cmd_fetch_serve(root)
+    if args.cmd in ("relay-code", "authorize"):
+        from .cluster import cmd_authorize, cmd_relay_code, read_doc
+
+        return cmd_relay_code(root, read_doc()) if args.cmd == "relay-code" else cmd_authorize(args.key, args.name, args.source)
+    if args.cmd in ("logs", "status"):
+        from .status import cmd_logs, cmd_status
+
+        return cmd_logs(root, args.run, args.offset, args.lines, args.follow) if args.cmd == "logs" \
+            else cmd_status(root, args.run, args.summaries)
+    if args.cmd == "launch":
+        from .launch import cmd_launch
+
+        spec = sys.stdin.readline() if args.spec == "-" else args.spec
+        return cmd_launch(root, json.loads(base64.b64decode(spec)), args.await_go)
+    if args.cmd == "watch":
+        from .watch import cmd_watch
+
+        return cmd_watch(root, args.rounds)
+    from . import lifecycle
+
+    if args.cmd == "stop":
+        return lifecycle.cmd_stop(root, args.run, args.grace)
+    if args.cmd == "boot":
+        return lifecycle.cmd_boot(root, args.once_per_boot)
+    if args.cmd == "resume":
+        return lifecycle.cmd_resume(root, args.run, args.grace)
+    if args.cmd == "shutdown":
+        return lifecycle.cmd_shutdown(root, args.grace)
+    if args.cmd == "tick":
+        return lifecycle.cmd_tick(root)
+    return lifecycle.cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)

@@ -13,6 +13,7 @@ from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
 from remote.tasks.session import STACK_HELP, Session, say
+from remote.tasks.trust import number
 
 LOCAL_HELP = "local port (default: the server's usual port when free, else any free one)"
 
@@ -27,6 +28,7 @@ def _serve(stack: str | None, kind: str, extra, local_port, json_: bool) -> None
     from remote import notebooks
     from remote.forward import ForwardError
 
+    local_port = number("--local-port", local_port, int, 1, 65535)
     session = Session(stack)
     try:
         notebooks.serve(session.connect(), session.target, kind, extra(session.target), local_port, say, show(json_))
@@ -56,15 +58,18 @@ def jupyter(c, dir=None, local_port=None, json_=False, stack=None):
 
 @task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
             "json": 'print {"url": ...}', "stack": STACK_HELP})
-def tunnel(c, port=6006, local_port=None, json_=False, stack=None):
+def tunnel(c, port=None, local_port=None, json_=False, stack=None):
     """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change), after
     checking that something listens there; a busy local port is said as such."""
     from remote import notebooks
     from remote.forward import ForwardError
 
+    # (port=None, not 6006: Invoke would parse an int default itself and fail on "abc" with a traceback)
+    port = number("--port", 6006 if port is None else port, int, 1, 65535)
+    local_port = number("--local-port", local_port, int, 1, 65535)
     session = Session(stack)
     try:
-        notebooks.tunnel(session.connect(), session.target, int(port), local_port, say, show(json_))
+        notebooks.tunnel(session.connect(), session.target, port, local_port, say, show(json_))
     except ForwardError as e:
         raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:

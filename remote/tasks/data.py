@@ -32,7 +32,8 @@ def data_path(src: Path, root: Path) -> str:
 @task(help={"dir": "the directory to send (e.g. data)", "json": "print where it went as JSON", "stack": STACK_HELP})
 def push(c, dir, stack=None, json_=False):
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
-    from remote import ssh, sync
+    from remote import sync
+    from remote.errors import RemoteError
 
     src = Path(dir).expanduser().resolve()
     if not src.is_dir():
@@ -52,7 +53,7 @@ def push(c, dir, stack=None, json_=False):
         try:
             with ChannelRelay(conn.transport) as relay:
                 sync.push_data(target, target.host, src, dest, progress, rsh=relay.rsh())
-        except ssh.RemoteError as e:
+        except RemoteError as e:
             raise Exit(str(e), code=ExitStatus.FAILED) from None
         finally:
             s.close()

@@ -32,7 +32,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder) in one transfer session: one
     listing of every run, then parallel streams for whatever changed. The ids that failed."""
     from gpu_train import jobs
-    from remote import fetch_engine, ssh
+    from remote import fetch_engine, hostkeys
     from remote.fetch_progress import Progress
 
     record = FetchRecord(session.target.cache)
@@ -52,7 +52,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
         todo.append((r, where))
     if not todo:
         return []
-    if not ssh.knows_host(session.target, session.target.host):
+    if not hostkeys.knows_host(session.target, session.target.host):
         session.connect()  # learns (and prints) the host key, or refuses a changed one
     bar = Progress(live=progress)
     results = _transfer(session, [(r["id"], where) for r, where in todo], streams, bar)
@@ -92,7 +92,7 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
             "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
             "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
             "json": "print what was fetched where as JSON", "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, streams=DEFAULT_STREAMS,
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, streams=None,
           stack=None, json_=False):
     """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
 
@@ -137,6 +137,10 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_no
 
 
 def _streams(value: object) -> int:
+    """--streams as a number (the tasks default it to None, not an int: Invoke would parse an int
+    default itself and fail on "abc" with a traceback instead of this message)."""
+    if value is None:
+        return DEFAULT_STREAMS
     try:
         n = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
@@ -183,7 +187,7 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
 
 @task(help={"force": "destroy even if a run is running or a fetch failed",
             "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP})
-def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
+def down(c, force=False, streams=None, stack=None):
     """Fetch every run, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
     Refuses, naming the runs, while a run is still running or a fetch failed, unless --force. The data
@@ -217,10 +221,10 @@ def down(c, force=False, streams=DEFAULT_STREAMS, stack=None):
         raise Exit(f"{e}; nothing was destroyed", code=ExitStatus.FAILED) from None
     if released:
         say(f"data disk(s) {', '.join(released)} released: their runs are in runs/{session.target.stack}/")
-    from gpu_train import config
+    from gpu_train import stackfile
     from gpu_train.project import pulumi_config_args
 
-    where = pulumi_config_args(config.stack_file(session.target.stack))  # a stack file in the user's project
+    where = pulumi_config_args(stackfile.stack_file(session.target.stack))  # a stack file in the user's project
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO)
     if result.returncode != 0:
         raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=ExitStatus.FAILED)

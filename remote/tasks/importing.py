@@ -77,35 +77,35 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     Every field of the job is reported: mapped exactly, mapped with a change (and why), or not mapped
     (and what to do). The stack is validated as `scripts/plan` validates it, before it is written.
     """
-    from gpu_train import config, importer, translate, validate
-    from gpu_train.catalog import load_catalog
+    from gpu_train import config, gcloud_flags, importer, stackfile, translate, validate
+    from gpu_train.catalog_file import load_catalog
 
     file = None if source == "gcloud" else source
     if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
-        gcloud = _remainder(sys.argv) or importer.split_gcloud_command(gcloud or "")
+        gcloud = _remainder(sys.argv) or gcloud_flags.split_gcloud_command(gcloud or "")
         if not gcloud:
             raise Exit("import gcloud: give gcloud's command after `--` (gpu-train) or as --gcloud \"...\"", code=ExitStatus.USAGE)
     elif gcloud:
         raise Exit(f"--gcloud goes with `import gcloud`, not with a file ({source})", code=ExitStatus.USAGE)
-    catalog = load_catalog()
+    catalog, tables = load_catalog(), importer.load_tables()
     try:
         if file:
-            job = importer.read_any(_read_yaml(file), region)
+            job = importer.read_any(_read_yaml(file), tables, region)
             origin, name = file, Path(file).stem
         else:
-            job = importer.read_gcloud_args(gcloud, _read_yaml)
+            job = gcloud_flags.read_gcloud_args(gcloud, tables, _read_yaml)
             job.region = job.region or region
             origin, name = "gcloud ai-platform jobs submit training", "imported"
         stack_name = stack or name.replace("_", "-")
-        result = translate.translate(job, stack_name, catalog, project, tuple(ssh_from or ()))
+        result = translate.translate(job, stack_name, catalog, tables, project, tuple(ssh_from or ()))
     except importer.JobImportError as e:
         raise Exit(f"cannot import {file or 'the gcloud command'}: {e}", code=ExitStatus.USAGE) from None
     try:
         _, problems = validate.check(result.settings, stack_name, catalog)
     except config.ConfigError as e:
         problems = e.problems
-    directory = Path(stacks_dir).expanduser() if stacks_dir else config.stacks_dir()
-    path = config.stack_file(stack_name, directory)
+    directory = Path(stacks_dir).expanduser() if stacks_dir else stackfile.stacks_dir()
+    path = stackfile.stack_file(stack_name, directory)
     _write_stack(path, result.settings, origin, stack_name, force)
     errors = [p for p in problems if p.severity == "error"]
     if json:

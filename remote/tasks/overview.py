@@ -24,7 +24,7 @@ from remote.tasks.session import STACK_HELP, Session
 def gpus(c, name=None, region=None, spot=False, json_=False):
     """GPU types from the catalog: shapes, regions and zones, on-demand and spot $/h, spot- or reservation-only."""
     from gpu_train import offers
-    from gpu_train.catalog import load_catalog
+    from gpu_train.catalog_file import load_catalog
 
     catalog = load_catalog()
     try:
@@ -73,10 +73,11 @@ def ls_(c, json_=False, offline=False):
     outputs; hosts believed up are asked for their runs for a few seconds at most.
     """
     from gpu_train import listing
+    from gpu_train.catalog_file import load_catalog
     from remote import overview
     from remote.target import state_home
 
-    table = listing.rows(overview.ls_facts(state_home(), ask_hosts=not offline), time.time())
+    table = listing.rows(overview.ls_facts(state_home(), ask_hosts=not offline), time.time(), load_catalog())
     if json_:
         print(json.dumps({"stacks": [r.to_json() for r in table]}, indent=1))
     else:

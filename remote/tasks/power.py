@@ -19,12 +19,13 @@ GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its 
 
 
 def _gcp_config(stack: str | None):
-    from gpu_train import config
+    from gpu_train import config, stackfile
+    from gpu_train.catalog_file import load_catalog
     from remote import target as targets
 
     try:
         name = targets.select_stack(stack)
-        cfg = config.load_stack(name)
+        cfg = stackfile.load_stack(name, load_catalog())
     except config.ConfigError as e:
         raise Exit(str(e), code=ExitStatus.USAGE) from None
     if not cfg.is_gcp:

@@ -72,7 +72,8 @@ def follow_to_end(session: Session, run: str) -> None:
 
 def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
     """One node's log from the agent, resuming at the right byte after a dropped connection."""
-    from remote import ssh
+    from remote import agentcall
+    from remote.agent.bundle import agent_command
 
     offset: int | None = None
     received = 0
@@ -88,14 +89,14 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
         args += ["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else [])
         received = 0
         try:
-            status, err = ssh.stream(session.connect(), ssh.agent_command(session.target.remote_root, *args), counted)
+            status, err = agentcall.stream(session.connect(), agent_command(session.target.remote_root, *args), counted)
         except (OSError, EOFError) as e:
             status, err = -1, str(e)
-        start = ssh.start_offset(err)
-        trailer = ssh.end_trailer(err)
+        start = agentcall.start_offset(err)
+        trailer = agentcall.end_trailer(err)
         if trailer is not None:
             return trailer
-        if status not in (-1, 0) and ssh.START_MARK not in err:
+        if status not in (-1, 0) and agentcall.START_MARK not in err:
             raise Exit(_agent_error(err), code=ExitStatus.FAILED)
         if not follow:
             raise Exit(f"the connection dropped: {err.strip()}", code=ExitStatus.FAILED)

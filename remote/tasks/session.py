@@ -56,15 +56,16 @@ class Session:
         """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting)."""
         from remote import ssh, vmprobe
         from remote import target as targets
+        from remote.errors import HostKeyError, RemoteError
 
         if self.conn is not None:
             return self.conn
         try:
             self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say,
                                             vmprobe.probe(self.target.stack, self.target.vm, say), again)
-        except ssh.HostKeyError as e:
+        except HostKeyError as e:
             raise exit_for(e) from None
-        except ssh.RemoteError as e:
+        except RemoteError as e:
             if not self.target.is_gcp:
                 raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
             # The VM may have a new address (stopped and started): refresh the stack outputs once.
@@ -72,7 +73,7 @@ class Session:
             self.target = self.cluster.for_node(self.node)
             try:
                 self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
-            except ssh.RemoteError as e2:
+            except RemoteError as e2:
                 raise Exit(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
                            f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)",
                            code=ExitStatus.UNREACHABLE) from None
@@ -94,12 +95,13 @@ class Session:
         return self.connect(again=True)
 
     def call(self, *args: str) -> dict:
-        from remote import ssh
+        from remote import agentcall
+        from remote.errors import RemoteError
         from remote.tasks.trust import host_doc
 
         try:
-            doc = ssh.call(self.connect(), self.target, *args)
-        except ssh.RemoteError as e:
+            doc = agentcall.call(self.connect(), self.target, *args)
+        except RemoteError as e:
             raise exit_for(e) from None
         return host_doc(doc, self.target.host)  # its run ids checked before any becomes a path
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Exit, task
 
@@ -19,6 +22,9 @@ from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.runs import follow_to_end
 from remote.tasks.session import CLI, STACK_HELP, Session, exit_for, failures, on_every_node, say
+
+if TYPE_CHECKING:
+    from remote.codehop import CodeFanout
 
 
 @task(
@@ -50,7 +56,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
     """
     from gpu_train import jobs
-    from remote import ssh, sync
+    from remote import codehop, sync
+    from remote.errors import RemoteError
 
     code_dir = Path(dir).expanduser().resolve() if dir else project_root()
     if not code_dir.is_dir():
@@ -76,18 +83,20 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         try:
             plan = sync.plan_code(code_dir, Path(scratch), ((project_root() / "runs", "fetched results"),
                                                             (state_home(), None)))
-        except ssh.RemoteError as e:
+        except RemoteError as e:
             raise Exit(str(e), code=ExitStatus.USAGE) from None
         pushed = PushedManifests(cluster.cache)
         unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
-        where = f" to {len(cluster.hosts)} nodes" if len(cluster.hosts) > 1 else ""
+        where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
         say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
         if plan.left_out:
             say(sync.left_out_summary(list(plan.left_out)))
         if plan.bytes > sync.LARGE_SYNC_BYTES:
             say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
         sessions = session.nodes()
-        answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged))
+        # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
+        fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None
+        answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged, fanout))
     failed = failures(answers)
     if failed:
         launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, Exit)]
@@ -113,10 +122,20 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         follow_to_end(Session(None, session.timeout, 0, cluster), first["runId"])
 
 
-def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
-    """Sync (over the node's own connection) and launch one node's part; waits for the driver on GCP."""
+def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None) -> dict:
+    """Sync (over the node's own connection, or from node 0) and launch one node's part; waits for
+    the driver on GCP."""
+    try:
+        return _launch_node(session, plan, spec, unchanged, fanout)
+    finally:
+        if fanout is not None:  # a node that failed before its part of the fan-out holds no one up
+            fanout.settle(session.node, "that node failed")
+
+
+def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None) -> dict:
     from gpu_train import jobs
-    from remote import ssh, sync
+    from remote import agentcall, sync
+    from remote.errors import RemoteError
     from remote.relay import ChannelRelay
 
     target = session.target
@@ -128,11 +147,16 @@ def _launch(session: Session, plan, spec, unchanged: bool) -> dict:
             sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh())
 
         push: Callable[[], None] | None = sync_code
+        if fanout is not None and session.node == 0:
+            push = functools.partial(fanout.node0_sync, sync_code, conn.transport.open_session)
+        elif fanout is not None:
+            threading.Thread(target=fanout.authorize, args=(session.node, session.call), daemon=True).start()
+            push = functools.partial(fanout.node_sync, session.node, sync_code, say)
         deadline, delay = time.monotonic() + session.timeout, 5.0
         while True:
             try:
-                answer = ssh.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
-            except ssh.RemoteError as e:
+                answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
+            except RemoteError as e:
                 raise Exit(str(e), code=ExitStatus.FAILED) from None
             if "waiting" not in answer:
                 trust.host_run_id(answer.get("runId"), target.host)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 
 from gpu_train import vm
 from tests.conftest import ROOT, gcp_raw
+from tests.guest.fabuser import EXAMPLE, FabUser, last_step
 from tests.guest.harness import Guest, startup_script_of
 
 FAB = str(Path(sys.executable).parent / "fab")
@@ -147,3 +149,48 @@ def test_a_disk_that_holds_anything_else_is_never_formatted(make_guest, tmp_path
         assert image.read_bytes()[:1 << 20] == before
     finally:
         subprocess.run(["losetup", "-d", loop.stdout.strip()], capture_output=True)
+
+
+def test_a_training_run_carries_on_from_its_checkpoint_on_a_replaced_vm(make_guest, data_disk: str, tmp_path: Path,
+                                                                         public_key: Path) -> None:
+    """The whole promise with a real job: examples/train.py (torch) trains on the data disk; the VM is
+    powered off (its last checkpoint saved on SIGTERM) and replaced by a new one (a fresh root file system,
+    the same disk). The new VM's boot unit relaunches the run, which resumes from that checkpoint (not from
+    step 0), counts one resume, and runs to success."""
+    script = startup_script_of(gcp_raw(sshUser="trainer", spot=False))
+    first = make_guest(script, address="127.0.21.10", nspawn_args=attached(data_disk))
+    first.add_python_with_torch()
+    first.boot()
+    user = FabUser(tmp_path / "user", first, public_key.with_suffix(""))
+    run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
+                     "--steps 160 --checkpoint-every 100000 --step-time 0.05")
+    wait_for("training to reach step 30", lambda: last_step(log(first, run)) >= 30, first, run, timeout=180)
+    first.power_off()  # Compute Engine's orderly stop: the job gets SIGTERM and saves a last checkpoint
+    first.cleanup()  # the old VM and its boot disk are gone
+
+    second = make_guest(script, address="127.0.21.11", nspawn_args=attached(data_disk))
+    second.add_python_with_torch()
+    assert not second.path(REMOTE_ROOT).exists()  # the new boot disk holds nothing of the run
+    second.boot()
+    relaunched = FabUser(tmp_path / "user2", second, public_key.with_suffix(""))
+    wait_for("the run to be relaunched and resume", lambda: "resumed from ckpt_" in log(second, run), second, run,
+             timeout=180)
+    text = log(second, run)
+    saved = re.search(r"signal 15: saved ckpt_0*(\d+)\.pt", text)
+    assert saved, text[-3000:]  # written on the first VM, at its power-off
+    resumed = re.search(r"resumed from ckpt_0*(\d+)\.pt \(step (\d+)\)", text)
+    assert resumed and int(resumed.group(1)) == int(saved.group(1)) >= 30, text[-3000:]
+    after = text[resumed.end():]
+    steps = [int(s) for s in re.findall(r"^step (\d+) loss", after, re.M)]
+    assert not steps or steps[0] > int(saved.group(1)), after[:2000]  # on from the checkpoint, not from step 0
+    assert state(second, run)["resumes"] == 1
+    done = relaunched.fab("logs", "--follow", "--run", run, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    info = relaunched.run_status(run)
+    assert info["state"] == "succeeded" and info["resumes"] == 1, info
+    assert second.failed_units() == [], second.journal()
+
+
+def log(guest: Guest, run: str) -> str:
+    """The run's log, read inside the guest (the data disk is mounted in the guest's own namespace)."""
+    return guest.sh(f"cat {RUNS}/{run}/log 2>/dev/null", check=False).stdout

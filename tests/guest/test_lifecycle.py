@@ -9,12 +9,12 @@ measured for real); elsewhere short settings keep the tier quick.
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from remote.listener import accept_each
 from tests.conftest import gcp_raw
 from tests.guest.fabuser import EXAMPLE, FabUser
 from tests.guest.harness import LOOPBACK, Guest, MetadataServer, free_port, startup_script_of
@@ -157,20 +157,12 @@ class StallingIndex:
         self.sock.bind((address, free_port(address)))
         self.sock.listen(16)
         self.held: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        accept_each(self.sock, self.held.append)
 
     @property
     def url(self) -> str:
         host, port = self.sock.getsockname()
         return f"http://{host}:{port}/simple/"
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
 
     def close(self) -> None:
         self.sock.close()

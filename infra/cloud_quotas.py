@@ -1,0 +1,64 @@
+"""Which quota preferences a project already has: Cloud Quotas' ``projects.locations.quotaPreferences.list``.
+
+Pulumi adopts an existing resource only when the program says so as it declares it (the ``import``
+resource option takes an id, not an output), so `quotaRequest` must know before it declares a
+preference whether Cloud Quotas holds one: a preference outlives the stack that made it (Cloud Quotas
+cannot delete one) and there is one per quota and dimensions, so creating it again fails with a 409.
+
+One authorised GET per page with the Application Default Credentials the provider uses, and the
+project as the quota project (``x-goog-user-project``: under user credentials Cloud Quotas refuses
+calls without one, as for the provider's ``userProjectOverride``). A project whose Cloud Quotas API was
+never enabled has no preferences: that is an empty answer, not an error.
+"""
+
+from __future__ import annotations
+
+import os
+
+from infra import probes
+
+ENDPOINT_ENV = "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT"  # another Cloud Quotas endpoint (tests run a local one)
+DEFAULT_ENDPOINT = "https://cloudquotas.googleapis.com"
+
+
+class CannotAsk(Exception):
+    """Cloud Quotas could not be asked (no credentials, network, permission): the message says which."""
+
+
+def list_preferences(project: str) -> list[dict]:
+    """Every quota preference of ``project`` as Cloud Quotas lists them (name, service, quotaId,
+    dimensions, quotaConfig, ...); [] when its API was never enabled. Raises CannotAsk."""
+    adc, creds = probes.read_adc()
+    if creds is None:
+        raise CannotAsk(adc.error or f"no Application Default Credentials at {adc.path} "
+                        "(gcloud auth application-default login)")
+    base = os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
+    url = f"{base}/v1/projects/{project}/locations/global/quotaPreferences"
+    found: list[dict] = []
+    params: dict[str, str] = {}
+    from google.auth.transport.requests import AuthorizedSession
+
+    session = AuthorizedSession(creds)
+    while True:
+        try:
+            r = session.get(url, params=params, headers={"x-goog-user-project": project},
+                                           timeout=probes.TIMEOUT_S)
+        except Exception as e:  # token refresh or network: both read the same to a user
+            raise CannotAsk(f"{type(e).__name__}: {e}") from None
+        if r.status_code != 200:
+            message = _message(r)
+            if r.status_code == 403 and ("SERVICE_DISABLED" in r.text or "has not been used" in message):
+                return []  # never enabled: nothing was ever asked through it
+            raise CannotAsk(f"HTTP {r.status_code}: {message}")
+        doc = r.json()
+        found += doc.get("quotaPreferences", [])
+        if not doc.get("nextPageToken"):
+            return found
+        params = {"pageToken": doc["nextPageToken"]}
+
+
+def _message(response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]

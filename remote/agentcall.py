@@ -1,0 +1,152 @@
+"""The agent's calls over an open connection: one JSON answer per call, the launch that overlaps
+the code sync, and a log streamed with the agent's start and end marks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import select
+import threading
+from collections.abc import Callable
+
+import paramiko
+from fabric import Connection
+
+from remote.agent.bundle import agent_command
+from remote.agent.protocol import LOG_END, LOG_START
+from remote.errors import RemoteError
+from remote.target import Target
+
+START_MARK = LOG_START
+END_MARK = LOG_END
+
+
+def call(conn: Connection, target: Target, *args: str) -> dict:
+    """Run one agent subcommand on the host; its JSON answer, or RemoteError with its message."""
+    result = conn.run(agent_command(target.remote_root, *args), hide=True, warn=True, in_stream=False)
+    lines = result.stdout.strip().splitlines()
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        detail = (result.stderr or result.stdout).strip()[-2000:]
+        raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {result.exited}): {detail}")
+    if "error" in doc:
+        raise RemoteError(doc["error"])
+    return doc
+
+
+def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None,
+           reuse: bool = False) -> dict:
+    """The agent's launch, started alongside the code sync and released by "go" after it.
+
+    Opening the agent's channel, its start-up and its checks overlap the sync, so launching costs
+    one round trip once the code is there. With ``reuse`` (the laptop's code matches the last push)
+    the host first tries to reuse the last run's code, and the sync runs only if it cannot.
+    Without ``sync`` (code already staged) it launches at once.
+    """
+    # The spec (with the job's --env values) goes on the channel's stdin: a command line is readable
+    # by every user of the host in /proc.
+    command = agent_command(target.remote_root, "launch", "-", *(["--await-go"] if sync else []))
+    opened: dict[str, object] = {}
+
+    def open_channel() -> None:
+        try:
+            chan = conn.client.get_transport().open_session()
+            chan.exec_command(command)
+            chan.sendall(spec.encode() + b"\n")
+            opened["chan"] = chan
+        except Exception as e:
+            opened["error"] = e
+
+    opener = threading.Thread(target=open_channel, daemon=True)
+    opener.start()
+    failure: BaseException | None = None
+    if sync is not None and not reuse:
+        try:
+            sync()
+        except BaseException as e:
+            failure = e
+    opener.join()
+    if "error" in opened:
+        raise RemoteError(f"cannot start the gpu-train agent: {opened['error']}")
+    chan: paramiko.Channel = opened["chan"]  # type: ignore[assignment]
+    out = chan.makefile("rb")
+    try:
+        if sync is not None:
+            # The agent's first word even when the sync failed: a refusal (REMOTE_ROOT not ours, a
+            # busy name) explains the failed sync better than rsync's exit code.
+            line = out.readline()
+            if failure is not None:
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    if "error" in (said := json.loads(line)):
+                        raise RemoteError(said["error"])
+                first = {}
+            else:
+                first = _answer(line, chan)
+            if failure is None and "ready" in first and reuse and not first.get("reused"):
+                try:
+                    sync()
+                except BaseException as e:
+                    failure = e
+            if failure is not None:
+                with contextlib.suppress(OSError):
+                    chan.sendall(b"abort\n")
+                raise failure
+            if "ready" not in first:
+                return first  # waiting for the driver: the code stays staged for the next try
+            chan.sendall(b"go\n")
+        return _answer(out.readline(), chan)
+    finally:
+        chan.close()
+
+
+def _answer(line: bytes, chan: paramiko.Channel) -> dict:
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        err = chan.recv_stderr(65536).decode("utf-8", "replace") if chan.recv_stderr_ready() else ""
+        raise RemoteError(f"the gpu-train agent failed: {err.strip() or line.decode('utf-8', 'replace')}") from None
+    if "error" in doc:
+        raise RemoteError(doc["error"])
+    return doc
+
+
+def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tuple[int, str]:
+    """Run ``command``, passing stdout bytes to ``out`` as they come; (exit status, stderr)."""
+    chan = conn.client.get_transport().open_session()
+    chan.exec_command(command)
+    err = b""
+    while True:
+        ready, _, _ = select.select([chan], [], [], 1.0)
+        if ready or chan.recv_ready() or chan.recv_stderr_ready():
+            while chan.recv_ready():
+                data = chan.recv(65536)
+                if data:
+                    out(data)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            break
+        if chan.closed or not conn.transport.is_active():
+            break
+    status = chan.recv_exit_status() if chan.exit_status_ready() else -1
+    return status, err.decode("utf-8", "replace")
+
+
+def start_offset(stderr: str) -> int | None:
+    """Where the agent started reading the log (so a dropped stream resumes at the right byte)."""
+    for line in stderr.splitlines():
+        if line.startswith(START_MARK):
+            return int(json.loads(line[len(START_MARK):])["offset"])
+    return None
+
+
+def end_trailer(stderr: str) -> dict | None:
+    """The agent's last word after streaming a log: state, exit code, offset."""
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(END_MARK):
+            return json.loads(line[len(END_MARK):])
+    return None

@@ -1,0 +1,199 @@
+"""Code sent once to a cluster (remote/codehop.py, remote/agent/cluster.py).
+
+End to end: three real sshds on 127.0.24.2-4 are the nodes, reached from the laptop through a
+gateway sshd (ProxyJump) behind a byte-counting proxy, the laptop's uplink; the nodes reach each
+other directly, as a cluster's own network. The laptop must send the code once, and every node
+must hold the same code. A node whose sshd does not read the file the key was added to is sent
+the code directly, with a notice. The pure parts (the request node 0 gets, the authorized_keys
+line, appending it without touching what is there) are tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from gpu_train.config import SshHost
+from remote import codehop
+from remote.agent import cluster
+from remote.agent.store import AgentError
+from remote.loopback import Sshd
+from remote.target import Target
+from tests.conftest import ROOT, cluster_stack, fab_env, run_fab
+
+sys.path.insert(0, str(ROOT / "bench"))
+from delayproxy import DelayProxy
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+NET = "127.0.24"
+MiB = 1 << 20
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+class Trio:
+    """Three nodes behind a gateway; ``sealed``: node numbers whose sshd reads keys from a file the
+    agent is not told about (an sshd with an AuthorizedKeysCommand, say): the hop to them fails."""
+
+    def __init__(self, tmp: Path, sealed: tuple[int, ...] = ()):
+        self.tmp = tmp
+        self.gateway = Sshd(tmp / "gw", f"{NET}.1").start()
+        key = self.gateway.client_key
+        self.nodes = []
+        for i in range(3):
+            elsewhere = f"GPU_TRAIN_AUTHORIZED_KEYS={tmp}/unread_keys{i}" if i in sealed else ""
+            self.nodes.append(Sshd(tmp / f"n{i}", f"{NET}.{i + 2}", client_key=key, setenv=elsewhere).start())
+        self.uplink = DelayProxy((f"{NET}.11", 0), (self.gateway.address, self.gateway.port), 0.0).start()
+        config = tmp / "ssh_config"
+        config.write_text(f"Host gw\n  HostName {NET}.11\n  Port {self.uplink.address[1]}\n  IdentityFile {key}\n"
+                          + "".join(f"Host n{i}\n  HostName {s.address}\n  Port {s.port}\n  ProxyJump gw\n"
+                                    for i, s in enumerate(self.nodes)))
+        cluster_stack(tmp / "stacks", "trio", ["n0", "n1", "n2"], key, f"  gpu-train:sshConfig: {config}\n")
+        self.cwd = tmp / "work"
+        self.cwd.mkdir()
+        self.code = tmp / "code"
+        self.code.mkdir()
+        for i in range(4):  # incompressible: what crosses the uplink is what was sent
+            (self.code / f"weights{i}.bin").write_bytes(os.urandom(MiB))
+        (self.code / "train.py").write_text("print('hello')\n")
+        self.env = fab_env(tmp / "stacks", tmp / "home", "trio", self.cwd)
+
+    def fab(self, *args: str) -> subprocess.CompletedProcess:
+        return run_fab(self.env, self.cwd, *args, check=True, timeout=300)
+
+    def train(self, name: str) -> tuple[str, subprocess.CompletedProcess, int]:
+        """(run id, the fab result, bytes the laptop sent on its uplink meanwhile)."""
+        before = self.uplink.bytes_up
+        r = self.fab("train", "--dir", str(self.code), "--command", "python train.py", "--name", name)
+        return r.stdout.split()[1], r, self.uplink.bytes_up - before
+
+    def stop(self) -> None:
+        for s in (self.gateway, *self.nodes):
+            s.stop()
+        self.uplink.close()
+
+
+@pytest.fixture
+def trio(tmp_path: Path, request: pytest.FixtureRequest):
+    t = Trio(tmp_path, getattr(request, "param", ()))
+    yield t
+    t.stop()
+
+
+def test_the_laptop_sends_the_code_once_and_every_node_has_it(trio: Trio) -> None:
+    trio.fab("status")  # first contact: the host keys are learned (as any first task does)
+    run, result, sent = trio.train("hop")
+    code = 4 * MiB
+    assert code <= sent < 1.5 * code, f"the laptop sent {sent / MiB:.1f} MiB for {code / MiB:.0f} MiB of code to 3 nodes"
+    assert "could not come from node 0" not in result.stderr
+    expected = tree_digest(trio.code)
+    for i in range(3):
+        assert tree_digest(trio.tmp / f"node{i}" / "runs" / run / "code") == expected, f"node {i}"
+    # Node 0 holds the cluster's private key (0600) and the other nodes' host keys as the laptop knows them.
+    folder = trio.tmp / "node0" / "cluster"
+    assert (folder / "id_ed25519").stat().st_mode & 0o777 == 0o600
+    pinned = (folder / "known_hosts").read_text().split("\n")
+    assert [line.split()[0] for line in pinned if line] == ["gpu-train-node-1", "gpu-train-node-2"]
+    # The other nodes let that key in, restricted; node 0 does not (nothing comes to it that way).
+    for i in (1, 2):
+        line = (trio.tmp / f"n{i}" / "authorized_keys").read_text().splitlines()[-1]
+        assert line.startswith("restrict ssh-ed25519 ") and line.endswith(" gpu-train-cluster:trio")
+    assert "gpu-train-cluster" not in (trio.tmp / "n0" / "authorized_keys").read_text()
+
+    # Unchanged code is not sent at all, to any node.
+    run2, _, sent2 = trio.train("hop")
+    assert sent2 < code / 4, f"{sent2 / MiB:.1f} MiB sent for unchanged code"
+    for i in range(3):
+        assert tree_digest(trio.tmp / f"node{i}" / "runs" / run2 / "code") == expected
+
+    # Changed code goes through node 0 again, and only the change crosses the uplink.
+    (trio.code / "train.py").write_text("print('changed')\n")
+    run3, result3, sent3 = trio.train("hop")
+    assert sent3 < code / 4 and "could not come from node 0" not in result3.stderr
+    for i in range(3):
+        assert (trio.tmp / f"node{i}" / "runs" / run3 / "code" / "train.py").read_text() == "print('changed')\n"
+
+
+@pytest.mark.parametrize("trio", [(2,)], indirect=True)
+def test_a_node_the_hop_cannot_reach_gets_the_code_from_the_laptop(trio: Trio) -> None:
+    trio.fab("status")
+    run, result, sent = trio.train("fallback")
+    notices = [line for line in result.stderr.splitlines() if "could not come from node 0" in line]
+    assert len(notices) == 1 and notices[0].startswith("node 2: ") and "sending it from here" in notices[0], result.stderr
+    assert "Permission denied" in notices[0]
+    assert 2 * 4 * MiB <= sent < 2.5 * 4 * MiB  # node 0 and node 2 from the laptop, node 1 from node 0
+    expected = tree_digest(trio.code)
+    for i in range(3):
+        assert tree_digest(trio.tmp / f"node{i}" / "runs" / run / "code") == expected, f"node {i}"
+
+
+# -- the pure parts ---------------------------------------------------------------------------
+
+def _target(tmp: Path, peers: tuple[str, ...] = ()) -> Target:
+    hosts = tuple(SshHost("me", f"203.0.113.{i}", 22, jump=(SshHost("me", "bastion", 22),)) for i in (1, 2, 3))
+    return Target(stack="c", hosts=hosts, key_file="", known_hosts=tmp / "known_hosts", pinned=False,
+                  remote_root="~/gpu-train", python=None, venv=False, expect_gpus=0, hourly_cost_usd=None, is_gcp=bool(peers),
+                  cache=tmp, peer_addresses=peers)
+
+
+def test_nodes_reach_each_other_by_internal_address_when_there_is_one(tmp_path: Path) -> None:
+    gcp, lab = _target(tmp_path, ("10.0.0.5", "10.0.0.6", "10.0.0.7")), _target(tmp_path)
+    assert codehop.peer_host(gcp, 2) == SshHost("me", "10.0.0.7", 22)
+    assert codehop.peer_host(lab, 2) == SshHost("me", "203.0.113.3", 22)  # never through the laptop's jump host
+    assert codehop.authorize_args(gcp, "ssh-ed25519 AAAA")[-2:] == ["--from", "10.0.0.5"]
+    assert "--from" not in codehop.authorize_args(lab, "ssh-ed25519 AAAA")
+
+
+def test_the_request_for_node_0_pins_the_host_keys_the_laptop_learned(tmp_path: Path) -> None:
+    gcp = _target(tmp_path, ("10.0.0.5", "10.0.0.6", "10.0.0.7"))
+    learned = paramiko.Ed25519Key.from_private_key_file(str(Sshd(tmp_path / "s").host_key))
+    (tmp_path / "known_hosts").write_text(f"203.0.113.2 ssh-ed25519 {learned.get_base64()}\n")
+    private, public = codehop.cluster_key(tmp_path)
+    assert public.startswith("ssh-ed25519 ") and codehop.cluster_key(tmp_path) == (private, public)  # made once
+    assert (tmp_path / codehop.KEY_NAME).stat().st_mode & 0o777 == 0o600
+    req = codehop.relay_request(gcp, "r_20250101_000000", "r", [1, 2], private)
+    assert req["knownHosts"] == [f"gpu-train-node-1 ssh-ed25519 {learned.get_base64()}"]  # node 2: not known, none
+    assert [n["dest"] for n in req["nodes"]] == ["me@10.0.0.6:gpu-train/staging/r_20250101_000000/",
+                                                 "me@10.0.0.7:gpu-train/staging/r_20250101_000000/"]
+    assert req["nodes"][0]["options"][1] == "--link-dest=../../code/r.last"
+    argv = cluster.hop_command("/h/gpu-train", req["run"], req["nodes"][0])
+    ssh = argv[argv.index("-e") + 1]
+    assert "StrictHostKeyChecking=yes" in ssh and "HostKeyAlias=gpu-train-node-1" in ssh and "IdentitiesOnly=yes" in ssh
+    assert argv[-2:] == ["/h/gpu-train/staging/r_20250101_000000/", "me@10.0.0.6:gpu-train/staging/r_20250101_000000/"]
+    # The connection opened while the laptop still sends to node 0: the same options, no command.
+    master = cluster.master_command("/h/gpu-train", req["nodes"][0], "/tmp/x/0")
+    assert master[-2:] == ["-N", "me@10.0.0.6"] and "HostKeyAlias=gpu-train-node-1" in master
+    assert "ControlPath=/tmp/x/0" in cluster.hop_command("/h/gpu-train", req["run"], req["nodes"][0], "/tmp/x/0")[argv.index("-e") + 1]
+
+
+@pytest.mark.parametrize("key, name, source, words", [
+    ("ssh-rsa AAAA", "c", None, "not an ssh-ed25519"),
+    ("ssh-ed25519 AAAA\nssh-ed25519 BBBB", "c", None, "not an ssh-ed25519"),
+    ("ssh-ed25519 AA\"AA", "c", None, "not an ssh-ed25519"),
+    ("ssh-ed25519 AAAA", "c d", None, "not a stack name"),
+    ("ssh-ed25519 AAAA", "c", '10.0.0.1",command="sh', "not an address"),
+])
+def test_authorized_line_refuses_anything_but_a_plain_key(key, name, source, words) -> None:
+    with pytest.raises(AgentError, match=words):
+        cluster.authorized_line(key, name, source)
+
+
+def test_authorize_appends_once_and_keeps_what_was_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = tmp_path / "ssh" / "authorized_keys"
+    monkeypatch.setenv("GPU_TRAIN_AUTHORIZED_KEYS", str(keys))
+    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", "10.0.0.5")["added"] is True
+    assert keys.read_text() == 'restrict,from="10.0.0.5" ssh-ed25519 AAAA gpu-train-cluster:c\n'
+    assert keys.stat().st_mode & 0o777 == 0o600 and keys.parent.stat().st_mode & 0o777 == 0o700
+    keys.write_text("ssh-ed25519 MINE me@laptop")  # the user's own line, no newline at the end
+    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", None)["added"] is True
+    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", None)["added"] is False  # once
+    assert keys.read_text() == "ssh-ed25519 MINE me@laptop\nrestrict ssh-ed25519 AAAA gpu-train-cluster:c\n"

@@ -1,0 +1,116 @@
+"""The README's Layout section is the map a newcomer reads first: it must name every module where it is.
+
+A module added, split or renamed without its row updated fails here, so the map cannot drift from the
+tree. The house rules the map relies on are checked too: rooms of a size a newcomer can hold (about
+400 lines) and no import cycles between the packages.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("gpu_train", "infra", "remote", "remote/tasks", "remote/agent")
+MAX_LINES = 400
+
+
+def layout() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("\n## Layout\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def row(directory: str) -> str:
+    """The table row whose first cell names ``directory/``."""
+    for line in layout().splitlines():
+        cells = line.split("|")
+        if len(cells) > 2 and f"`{directory}/`" in cells[1]:
+            return cells[2]
+    raise AssertionError(f"the README's Layout has no row for {directory}/")
+
+
+def modules(directory: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / directory).glob("*.py") if p.stem not in ("__init__", "__main__"))
+
+
+@pytest.mark.parametrize("directory", PACKAGES)
+def test_every_module_is_on_the_map(directory: str) -> None:
+    text = row(directory)
+    named = set(re.findall(r"`([A-Za-z_][\w]*)`", text))
+    missing = [m for m in modules(directory) if m not in named]
+    assert not missing, f"README Layout, row {directory}/: add {', '.join(missing)} (one phrase each: what it is)"
+
+
+def test_where_a_newcomer_starts_reading_exists() -> None:
+    text = layout()
+    start = text.index("A newcomer starts reading")
+    paths = re.findall(r"`([\w/]+\.py)`", text[start:])
+    assert paths, "the Layout section says where a newcomer starts reading, naming files"
+    for path in paths:
+        assert (ROOT / path).is_file(), f"README Layout: {path} (where a newcomer starts reading) does not exist"
+
+
+def source_files() -> list[Path]:
+    dirs = ("gpu_train", "infra", "remote", "scripts", "bench", "tests")
+    return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py") if ".venv" not in p.parts)
+
+
+def test_no_room_is_too_big_for_a_newcomer() -> None:
+    big = {str(p.relative_to(ROOT)): n for p in source_files() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not big, f"split these by concept (a module per concept, not halves): {big}"
+
+
+def test_no_import_cycles() -> None:
+    """Between the modules of gpu_train, infra and remote, counting imports inside functions too."""
+    names = {}
+    for p in source_files():
+        rel = p.relative_to(ROOT)
+        if rel.parts[0] in ("gpu_train", "infra", "remote"):
+            name = ".".join(rel.with_suffix("").parts)
+            names[name.removesuffix(".__init__")] = p
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        graph[name] = {d for d in deps if d in names and d != name}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            raise AssertionError("import cycle: " + " -> ".join([*path[path.index(name):], name]))
+        if name in done:
+            return
+        for dep in sorted(graph[name]):
+            visit(dep, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+LOADERS = {"load_catalog", "load_rules", "load_tables", "read_startup_template"}  # each reads one of gpu_train/data/
+
+
+def test_the_core_is_handed_its_data() -> None:
+    """The decisions in gpu_train/ never read the data files: the entry points, tasks and scripts load
+    them and pass them in, so every decision is a plain function of its arguments."""
+    calls = []
+    for path in sorted((ROOT / "gpu_train").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        main = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+        skip = {id(n) for block in main for n in ast.walk(block)}  # `python -m gpu_train.X` is an entry point
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and id(node) not in skip:
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in LOADERS:
+                    calls.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}()")
+    assert not calls, f"take the data as an argument instead: {calls}"

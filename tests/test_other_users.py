@@ -1,0 +1,135 @@
+"""Another user on the host: a REMOTE_ROOT they made first, a symlinked or open one, and secrets.
+
+A second local user (created for the test, removed after it) plants an agent in a root it made, links
+or opens the root, and scans every process's command line while a job with a secret runs, through
+the real `fab` against a real sshd. Nothing of ours may be written where they can reach it, and no
+secret may show on a command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLE, FAB, Lab
+
+LAB_ADDRESS = "127.0.10.3"  # test_hostile_hosts' loopback addresses, 127.0.10.x (the `lab` fixture reads it)
+
+# One user per pytest process: xdist workers run the attacker tests at once, and a shared name let one
+# worker's teardown delete the user while another's test ran (its files then showed a bare uid).
+ATTACKER = f"gtattack{os.getpid()}"
+SCANNER = r'''import base64, os, sys, time
+secret_file, out, stop = sys.argv[1:4]
+with open(secret_file) as f:
+    secret = f.read()
+hits = {}
+while not os.path.exists(stop):
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            seen = list(args)
+            for a in args:  # base64 hides nothing
+                try:
+                    seen.append(base64.b64decode(a, validate=True))
+                except ValueError:
+                    pass
+            if any(secret.encode() in a for a in seen):
+                hits[pid] = b" ".join(args).decode("utf-8", "replace")[:300]
+    time.sleep(0.01)
+with open(out, "w") as f:
+    f.write("".join(line + "\n" for line in hits.values()))
+'''
+
+
+@pytest.fixture
+def attacker(tmp_path: Path):
+    """A second local user, created for the test and removed after it."""
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to create a second user")
+    subprocess.run(["userdel", "-r", ATTACKER], capture_output=True, check=False)
+    subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", ATTACKER], check=True)
+    shared = Path(tempfile.mkdtemp(prefix="gpu-train-shared-", dir="/tmp"))
+    shared.chmod(0o1777)  # like /tmp itself
+    yield shared
+    subprocess.run(["pkill", "-u", ATTACKER], check=False)
+    subprocess.run(["userdel", ATTACKER], check=False)
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def as_attacker(*argv: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", ATTACKER, "--", *argv], check=True, **kw)
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o777])
+def test_a_root_another_user_made_first_is_refused(lab: Lab, attacker: Path, mode: int) -> None:
+    root = attacker / "gpu-train"
+    mark = attacker / "ran-as-victim"
+    as_attacker("mkdir", "-p", str(root / "bin"))
+    planted = root / "bin" / "gpu-train-agent"
+    as_attacker("sh", "-c", f"printf '#!/bin/sh\\ntouch {mark}\\n' > {planted}; chmod 777 {planted} {root / 'bin'}; "
+                f"chmod {mode:o} {root}")
+    stack = lab.stacks / "Pulumi.lab.yaml"
+    stack.write_text(stack.read_text().replace(str(lab.remote), str(root)))
+    for args in (["train", "--dir", str(EXAMPLE), "--command", "true"], ["status"], ["resume"], ["setup"]):
+        result = lab.fab(*args)
+        assert result.returncode != 0 and f"remoteRoot {root} belongs to {ATTACKER}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert not mark.exists()
+    assert {p.owner() for p in root.rglob("*")} == {ATTACKER}  # nothing of ours was written there
+
+
+def test_a_symlinked_or_open_root_is_refused(lab: Lab, attacker: Path) -> None:
+    target = attacker / "elsewhere"
+    target.mkdir()
+    link = attacker / "link"
+    link.symlink_to(target)
+    open_root = attacker / "open"
+    open_root.mkdir(mode=0o777)
+    open_root.chmod(0o777)
+    for root, words in ((link, "is a symbolic link"), (open_root, "writable by group or others")):
+        stack = lab.stacks / "Pulumi.lab.yaml"
+        stack.write_text(stack.read_text().replace(str(lab.remote), str(root)))
+        lab.remote = root
+        result = lab.fab("status")
+        assert result.returncode != 0 and words in result.stderr, result.stderr
+    assert not list(target.iterdir()) and not list(open_root.iterdir())
+
+
+def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker: Path) -> None:
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    work = attacker / "scan"
+    work.mkdir()
+    work.chmod(0o777)
+    (work / "scan.py").write_text(SCANNER)
+    stop, out = work / "stop", work / "hits"
+    (work / "secret").write_text(secret)  # not on the scanner's own command line
+    scanner = subprocess.Popen(["runuser", "-u", ATTACKER, "--", "/usr/bin/python3", str(work / "scan.py"),
+                                str(work / "secret"), str(out), str(stop)])
+    try:
+        run = lab.train("--dir", str(EXAMPLE), "--command", 'printf %s "$WANDB_API_KEY" | sha256sum > "$JOB_DIR/h"; '
+                        "sleep 1", "--env", f"WANDB_API_KEY={secret}", "--name", "secret")
+        assert lab.wait(run)["state"] == "succeeded"
+        job_hash = (lab.remote / "runs" / run / "job" / "h").read_text().split()[0]
+        assert job_hash == hashlib.sha256(secret.encode()).hexdigest()  # the job got it
+    finally:
+        stop.touch()
+        scanner.wait(timeout=30)
+    # No process on the host showed the secret in its command line (the laptop's own `fab train
+    # --env ...` shares this machine in the test: the user typed it there).
+    assert [line for line in out.read_text().splitlines() if FAB not in line] == []
+    run_dir = lab.remote / "runs" / run
+    assert stat.S_IMODE(lab.remote.stat().st_mode) == 0o700
+    for path in (run_dir / "spec.json", run_dir / "log", run_dir / "state.json"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert secret not in (lab.remote / "agent.log").read_text() if (lab.remote / "agent.log").exists() else True

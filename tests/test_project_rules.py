@@ -1,0 +1,83 @@
+"""The pure parts of working from a researcher's project, as tables: the stack search path, "did you
+mean", the hosts of an ssh_config dump, what the code sync leaves out, and the starter stacks.
+
+The same behaviour end to end, against real sshds, is tests/test_project.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+DUMP = "user me\nhostname 10.1.2.3\nport 2200\nidentityfile ~/.ssh/id_ed25519\nidentityfile /k/lab\nproxyjump gw\n"
+
+
+def test_ssh_dump_and_jumps() -> None:
+    from remote import sshconfig
+
+    dump = sshconfig.parse_dump(DUMP)
+    assert dump["identityfile"] == ["~/.ssh/id_ed25519", "/k/lab"] and dump["proxyjump"] == ["gw"]
+    host = sshconfig.from_dump(dump, "labbox", ("/k/lab",), ())
+    assert (host.user, host.host, host.port, host.spec, host.keys) == ("me", "10.1.2.3", 2200, "labbox", ("/k/lab",))
+    assert sshconfig.identity_files(dump, "~/mine") == (os.path.expanduser("~/mine"),)
+    for value, hops in (("none", []), ("", []), ("a,b@c:22", ["a", "b@c:22"]), ("ssh://u@h:2", ["u@h:2"])):
+        assert sshconfig.jump_specs(value) == hops
+
+
+@pytest.mark.parametrize(("word", "choices", "expected"), [
+    ("trian", ["train", "status", "stop"], ["train"]),
+    ("sta", ["train", "status", "stop"], ["status"]),
+    ("t5", ["t4", "l4", "a100"], ["t4"]),
+    ("zzz", ["train"], []),
+])
+def test_did_you_mean(word: str, choices: list[str], expected: list[str]) -> None:
+    from gpu_train.project import did_you_mean
+
+    assert did_you_mean(word, choices)[: len(expected) or None] == expected
+
+
+def test_stack_search_path(tmp_path: Path) -> None:
+    from gpu_train import project
+
+    mine, extra = tmp_path / "p" / "stacks", tmp_path / "extra"
+    for d in (mine, extra):
+        d.mkdir(parents=True)
+    (extra / "Pulumi.lab.yaml").write_text("config: {}\n")
+    dirs = project.stack_dirs(tmp_path / "p", {"GPU_TRAIN_STACKS_DIR": str(extra)})
+    assert dirs == [mine, extra, project.EXAMPLE_STACKS]
+    assert project.stack_path("lab", dirs) == extra / "Pulumi.lab.yaml"
+    (mine / "Pulumi.lab.yaml").write_text("config: {}\n")
+    assert project.stack_path("lab", dirs) == mine / "Pulumi.lab.yaml"  # the project's own first
+    assert "t4-spot" in project.stack_names(dirs) and project.stack_path("nope", dirs) is None
+    assert project.project_root(mine) == tmp_path / "p"
+
+
+def test_left_out_and_always_excluded(tmp_path: Path) -> None:
+    from remote import sync
+
+    assert sync.always_excluded(tmp_path, [(tmp_path / "runs", "fetched results"), (Path("/elsewhere"), None)]) == \
+        [("/runs/", "fetched results")]
+    items = [sync.LeftOut("data/", 51 * 1024 * 1024, "ignored by .gitignore"), sync.LeftOut("runs/", 10, "fetched results")]
+    text = sync.left_out_summary(items)
+    assert text.startswith("left out: data/ 51.0 MiB, ignored by .gitignore; runs/ 10 B, fetched results.")
+    assert "gpu-train push DIR" in text and "$DATA_DIR" in text and sync.left_out_summary([]) == ""
+
+
+def test_suggest_and_starter_stacks() -> None:
+    import yaml
+    from invoke import ParseError
+
+    from gpu_train import config
+    from gpu_train.catalog_file import load_catalog
+    from remote import cli, starter
+
+    assert cli.suggest(ParseError("No idea what 'fetc' is!"), ["fetch", "train"], []) == \
+        "No idea what 'fetc' is! Did you mean fetch?"
+    assert "Did you mean --follow?" in cli.suggest(ParseError("No idea what '--folow' is!"), [], ["--follow", "--run"])
+    cfg = config.parse(yaml.safe_load(starter.ssh_stack("me@box:2222", None))["config"], "lab", load_catalog())
+    assert cfg.hosts[0] == config.SshHost("me", "box", 2222) and cfg.ssh_key is None
+    raw = yaml.safe_load(starter.gcp_stack("proj-1", "us-central1-a", "nvidia-tesla-t4", True, "203.0.113.7/32"))
+    assert config.parse(raw["config"], "gcp", load_catalog()).spot
+    assert starter.ignore_lines("runs\n/.gpu-train/\n") == [] and starter.ignore_lines("data/\n") == ["runs/", ".gpu-train/"]

@@ -1,0 +1,93 @@
+"""Quota preferences a stack adopts instead of creating twice: the pure decisions (which existing
+preference is ours, with what values), what the program declares under mocks (the ``import`` option,
+exactly the existing values), and the thin Cloud Quotas lookup against a local fake of its API.
+The process-boundary case (destroy, then up again) is in tests/test_up.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_train import quota
+from infra import cloud_quotas, preview, program
+from tests.conftest import gcp_raw
+from tests.google_fake import FakeGoogle
+
+REQUEST = {"gpus": "8", "justification": "training", "contactEmail": "me@example.com"}
+H100 = dict(quotaRequest=REQUEST, machineType="a3-highgpu-8g", gpuType=None, gpuCount=None)
+FAMILY = "GPUS-PER-GPU-FAMILY-per-project-region"
+
+
+def pref(name: str, quota_id: str, dims: dict, preferred: str, granted: str | None = None) -> dict:
+    """A preference as Cloud Quotas lists it (named by the project's number)."""
+    config = {"preferredValue": preferred} | ({"grantedValue": granted} if granted else {})
+    return {"name": f"projects/123456789/locations/global/quotaPreferences/{name}", "service": quota.SERVICE,
+            "quotaId": quota_id, "dimensions": dims, "quotaConfig": config, "justification": "earlier"}
+
+
+@pytest.mark.parametrize(("existing", "want", "expected"), [
+    (pref("a", "Q", {}, "8"), 8, quota.Adoption("a", "8", None, 0)),
+    (pref("a", "Q", {}, "16", "16"), 8, quota.Adoption("a", "16", "16", 0)),  # asks for more already
+    (pref("a", "Q", {}, "2", "2"), 8, quota.Adoption("a", "2", "2", 6)),  # asks for less: the warning's case
+    (pref("a", "Q", {}, "-1"), 8, quota.Adoption("a", "-1", None, 0)),  # unlimited
+])
+def test_adoption_keeps_the_existing_values(existing: dict, want: int, expected: quota.Adoption) -> None:
+    assert quota.adoption(existing, want) == expected
+
+
+def test_the_existing_preference_is_the_one_for_this_quota_and_dimensions() -> None:
+    found = [pref("x", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_A100"}, "4"),
+             pref("y", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "4"),
+             pref("z", "GPUS-ALL-REGIONS-per-project", {}, "8")]
+    assert quota.existing_preference(found, quota.SERVICE, FAMILY, {"region": "us-central1",
+                                                                    "gpu_family": "NVIDIA_H100"})["name"].endswith("/y")
+    assert quota.existing_preference(found, quota.SERVICE, "GPUS-ALL-REGIONS-per-project", {})["name"].endswith("/z")
+    assert quota.existing_preference(found, quota.SERVICE, FAMILY, {"region": "us-east1",
+                                                                    "gpu_family": "NVIDIA_H100"}) is None
+    assert quota.existing_preference(found, "other.googleapis.com", "GPUS-ALL-REGIONS-per-project", {}) is None
+
+
+def test_the_program_imports_an_existing_preference_with_its_own_values() -> None:
+    """One preference exists (made in the console, its own id, asking for 2): it is declared for import under
+    the provider's id format with exactly its values; the other is created as before, under gpu-train's id."""
+    console = pref("console-h100", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "2", "2")
+    result = preview.run(program.main, stack="s", config=gcp_raw(**H100), quota_preferences=[console])
+    assert result.error is None, result.error
+    prefs = {p.inputs["quotaId"]: p for p in result.of_type("SQuotaPreference")}
+    adopted, made = prefs[FAMILY], prefs["GPUS-ALL-REGIONS-per-project"]
+    assert adopted.import_id == "projects/proj-1/locations/global/quotaPreferences/console-h100"
+    assert adopted.inputs["name"] == "console-h100" and adopted.inputs["parent"] == "projects/proj-1"
+    assert adopted.inputs["quotaConfig"] == {"preferredValue": "2"}  # its own value, not the stack's 8
+    assert adopted.inputs["dimensions"] == {"region": "us-central1", "gpu_family": "NVIDIA_H100"}
+    assert set(adopted.ignore_changes) == {"justification", "contactEmail"}  # never read back by the provider
+    assert adopted.retain_on_delete and made.retain_on_delete
+    assert made.import_id == "" and made.inputs["name"] == "gpu-train-gpus-all-regions-per-project"
+    assert made.inputs["quotaConfig"] == {"preferredValue": "8"}
+
+
+@pytest.fixture
+def google(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake = FakeGoogle("127.0.21.1")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(fake.adc_file(tmp_path / "adc.json")))
+    monkeypatch.setenv(cloud_quotas.ENDPOINT_ENV, fake.url)
+    yield fake
+    fake.close()
+
+
+def test_the_lookup_reads_every_page_with_the_project_as_quota_project(google: FakeGoogle) -> None:
+    google.state["services"]["proj-1"] = {"cloudquotas.googleapis.com": "ENABLED"}
+    google.state["quota_preferences"] = {"proj-1": [pref(f"p{i}", "Q", {"region": f"r{i}"}, "1") for i in range(5)]}
+    found = cloud_quotas.list_preferences("proj-1")
+    assert [p["name"].rsplit("/", 1)[-1] for p in found] == ["p0", "p1", "p2", "p3", "p4"]  # three pages
+    assert google.state["quota_projects"] == ["proj-1"] * 3
+
+
+def test_a_project_that_never_enabled_cloud_quotas_has_no_preferences(google: FakeGoogle) -> None:
+    assert cloud_quotas.list_preferences("proj-1") == []
+
+
+def test_without_credentials_the_lookup_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
+    with pytest.raises(cloud_quotas.CannotAsk, match=r"no Application Default Credentials at .*none\.json"):
+        cloud_quotas.list_preferences("proj-1")
