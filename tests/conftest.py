@@ -44,8 +44,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("guest"):  # one booted guest at a time under xdist
-            item.add_marker(pytest.mark.xdist_group("guest"))
 
 
 @pytest.fixture(autouse=True)
