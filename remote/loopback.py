@@ -89,7 +89,9 @@ class Sshd:
             # rehash lock left behind when a test kills a session mid-rehash: do not wait for it.
             # The agent adds a cluster's key where this sshd reads keys (remote/agent/cluster.py), not
             # into the login user's real ~/.ssh/authorized_keys.
-            f"SetEnv PYENV_REHASH_TIMEOUT=0 {self._keys_env()}{self.setenv}\n"
+            # A CPU torch job here shares a few cores with everything else (the tests beside it): with
+            # one OpenMP thread it does not spin against them (the example's 600 steps under load: 54 s -> 17 s).
+            f"SetEnv PYENV_REHASH_TIMEOUT=0 OMP_NUM_THREADS=1 {self._keys_env()}{self.setenv}\n"
             + self.extra_config
         )
         if os.geteuid() == 0:

@@ -22,6 +22,10 @@ import pytest
 from remote.loopback import Sshd
 
 ROOT = Path(__file__).resolve().parent.parent
+# Torch jobs the tests run here (a reference run, torchrun nodes) share two cores with the other
+# tests: one OpenMP thread each, or their idle threads spin against the rest (loopback sshd's
+# sessions say the same).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fixtures that start a real sshd (here and in the test modules): a test using one is `e2e`.
 E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd", "trio"})
 # Fixtures whose tests run many real processes (scripts/up against the stand-in pulumi): `slow`.
@@ -40,8 +44,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("guest"):  # one booted guest at a time under xdist
-            item.add_marker(pytest.mark.xdist_group("guest"))
 
 
 @pytest.fixture(autouse=True)

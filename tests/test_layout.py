@@ -2,7 +2,8 @@
 
 A module added, split or renamed without its row updated fails here, so the map cannot drift from the
 tree. The house rules the map relies on are checked too: rooms of a size a newcomer can hold (about
-400 lines) and no import cycles between the packages.
+400 lines), no import cycles between the packages, no module-level name shadowing a module, and a
+core (gpu_train/) that is handed its data rather than reading it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,28 @@ def test_no_import_cycles() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_no_module_level_name_shadows_a_module() -> None:
+    """A top-level def, class or assignment must not reuse the name of a module: not of one the
+    module imports, and in a package's __init__ not of the package's own modules (``remote.tasks.fetch``
+    would then be a function or a module depending on import order)."""
+    found = []
+    for path in source_files():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {(a.asname or a.name).split(".")[0] for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)
+                    for a in n.names}
+        siblings = {p.stem for p in path.parent.glob("*.py")} if path.name == "__init__.py" else set()
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names = [node.name]
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n in imported | siblings]
+    assert not found, f"rename these (they shadow a module): {found}"
 
 
 LOADERS = {"load_catalog", "load_rules", "load_tables", "read_startup_template"}  # each reads one of gpu_train/data/

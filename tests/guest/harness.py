@@ -5,7 +5,7 @@ reboot, a last checkpoint on preemption, idle power-off), and only a real system
 the units keep them. So the tier boots Debian bookworm with ``systemd-nspawn -b`` (no KVM needed):
 
 - the root file system is built once with debootstrap and cached outside the repo
-  (``/var/cache/gpu-train-guest/bookworm``; ``python -m tests.guest.harness build`` makes it, as
+  (``/var/cache/gpu-train-guest/bookworm``, tests/guest/rootfs.py; ``python -m tests.guest.harness build`` makes it, as
   ``scripts/test`` does when it is missing); each guest boots an overlay of it, never the cache;
 - an ssh-keys user is added as Compute Engine's guest environment adds one (passwordless sudo
   through the ``google-sudoers`` group), and sshd listens on one loopback address of 127.0.9.x;
@@ -39,53 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.guest.metadata import METADATA_ADDRESS, METADATA_ENV, MetadataServer, free_port  # noqa: F401 (re-exported)
+from tests.guest.rootfs import ROOTFS, skip_reason  # noqa: F401 (re-exported)
 
-ROOTFS = Path(os.environ.get("GPU_TRAIN_GUEST_ROOTFS", "/var/cache/gpu-train-guest/bookworm"))
-SUITE = "bookworm"
-PACKAGES = ("systemd", "systemd-sysv", "dbus", "sudo", "screen", "rsync", "openssh-server", "python3", "procps",
-            "cron", "iproute2")
-HOST_PACKAGES = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap"}
 LOOPBACK = "127.0.9"  # this tier's loopback addresses: 127.0.9.1 the metadata server, .10 and up the guests
-_guest_numbers = itertools.count(10)
-
-
-# -- can the tier run here? -------------------------------------------------------------------
-def skip_reason(rootfs: Path = ROOTFS) -> str | None:
-    """Why the guest tier cannot run on this machine, or None when it can."""
-    if sys.platform != "linux":
-        return "the guest tier boots systemd with systemd-nspawn: Linux only"
-    if os.geteuid() != 0:
-        return "the guest tier needs root (systemd-nspawn boots the guest): run scripts/test as root"
-    for tool, package in HOST_PACKAGES.items():
-        if not shutil.which(tool):
-            return f"{tool} is missing: apt-get install {package} (scripts/test does, as root)"
-    if not (rootfs / "sbin" / "init").exists() and not (rootfs / "lib" / "systemd" / "systemd").exists():
-        return f"no guest root file system at {rootfs}: scripts/test builds it (as root), or: python -m tests.guest.harness build"
-    return None
-
-
-def build_rootfs(rootfs: Path = ROOTFS) -> None:
-    """debootstrap Debian bookworm into ``rootfs``: built beside it, renamed into place when complete,
-    so an interrupted build never leaves a half root file system that looks usable."""
-    import fcntl
-
-    rootfs.parent.mkdir(parents=True, exist_ok=True)
-    with open(rootfs.parent / f".{rootfs.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once: one builds, the other waits for it
-        if (rootfs / "sbin" / "init").exists():
-            return
-        partial = rootfs.with_name(rootfs.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        print(f"building the guest root file system at {rootfs} (debootstrap, once) ...", file=sys.stderr, flush=True)
-        log = rootfs.parent / f"{rootfs.name}.debootstrap.log"
-        with open(log, "w") as out:
-            code = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
-                                   str(partial)], stdout=out, stderr=subprocess.STDOUT).returncode
-        if code != 0:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            raise SystemExit(f"debootstrap failed (exit {code}; log {log}):\n{tail}")
-        shutil.rmtree(rootfs, ignore_errors=True)
-        partial.rename(rootfs)
+# Guests boot on every xdist worker at once: each worker numbers its own (gw0 .10-.49, gw1 .50-.89, ...).
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 6
+_guest_numbers = (10 + 40 * _WORKER + n % 40 for n in itertools.count())
 
 
 def startup_script_of(raw_config: dict, stack: str = "guest") -> str:
@@ -179,9 +138,13 @@ class Guest:
         self.write("/usr/bin/google_metadata_script_runner", STARTUP_RUNNER, 0o755)
         self.write("/etc/systemd/system/google-startup-scripts.service", STARTUP_UNIT)
         self._chroot("systemctl", "enable", "google-startup-scripts.service")
-        # Every unit (the agent's included) finds the metadata server through this setting.
+        # Every unit (the agent's included) finds the metadata server through this setting; torch jobs
+        # take one OpenMP thread, as on loopback sshd's sessions (tests/conftest.py says why).
         self.write("/etc/systemd/system.conf.d/gpu-train-guest.conf",
-                   f"[Manager]\nDefaultEnvironment={METADATA_ENV}={self.metadata.url}\n")
+                   f"[Manager]\nDefaultEnvironment={METADATA_ENV}={self.metadata.url} OMP_NUM_THREADS=1\n")
+        # The journal kept across reboots, so a failure after one can show the boot before (journal(boot=-1)).
+        self.write("/etc/systemd/journald.conf.d/gpu-train-guest.conf", "[Journal]\nStorage=persistent\n")
+        self.path("/var/log/journal").mkdir(parents=True, exist_ok=True)
         self.write("/etc/hostname", self.name + "\n")
         self.write("/etc/hosts", f"127.0.0.1 localhost\n127.0.1.1 {self.name}\n")  # sudo resolves the host name
         return self
@@ -228,7 +191,8 @@ class Guest:
     # -- boot and shutdown ------------------------------------------------------------------
     def boot(self, timeout: float = 120) -> float:
         """Boot the guest; return when systemd says the boot is done (the startup script included)
-        and sshd answers. Returns the seconds it took."""
+        and sshd answers. Returns the seconds it took. A boot that fails or does not finish raises,
+        with what systemd last said and the guest's console."""
         assert self.proc is None, "the guest is already up"
         started = time.monotonic()
         console = open(self.workdir / "console.log", "ab")  # noqa: SIM115 (kept open for nspawn's life)
@@ -238,26 +202,63 @@ class Guest:
             stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
         console.close()
         deadline = started + timeout
-        state = ""
+        said = ""  # what `systemctl is-system-running` last said (stdout and stderr)
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"systemd-nspawn exited with {self.proc.returncode}:\n{self.console_tail()}")
+            self._check_nspawn(said)
             if self.init_pid is None:
                 self.init_pid = self._init_pid()
             if self.init_pid is not None:
-                state = self.sh("systemctl is-system-running", check=False).stdout.strip()
-                if not state and not os.path.exists(f"/proc/{self.init_pid}"):
-                    self.init_pid = None  # an early child of nspawn, gone since: find the guest's init again
-                if state in ("running", "degraded") and self._ssh_answers():
-                    took = time.monotonic() - started
-                    self.boots.append(took)
-                    return took
-            time.sleep(0.2)
-        raise TimeoutError(f"the guest did not boot in {timeout:g} s (system state {state!r}):\n{self.console_tail()}")
+                # Blocks until the boot is done; answers at once while the manager's bus is not up yet.
+                try:
+                    result = self.sh("systemctl is-system-running --wait", check=False,
+                                     timeout=max(1.0, deadline - time.monotonic()))
+                    said = (result.stdout + result.stderr).strip()
+                except subprocess.TimeoutExpired:
+                    break
+                state = result.stdout.strip()
+                if state in ("running", "degraded"):
+                    while time.monotonic() < deadline and not self._ssh_answers():
+                        self._check_nspawn(said)
+                        time.sleep(0.1)
+                    if self._ssh_answers():
+                        took = time.monotonic() - started
+                        self.boots.append(took)
+                        return took
+                elif state == "stopping":  # going down (powered off, halted) before we saw it up
+                    self._check_nspawn(said, wait=30)
+            time.sleep(0.1)
+        raise TimeoutError(f"the guest did not boot in {timeout:g} s (systemctl is-system-running said {said!r}; "
+                           f"init pid {self.init_pid}):\n{self.console_tail()}")
+
+    def _check_nspawn(self, said: str, wait: float = 0) -> None:
+        """Raise, with the console, when systemd-nspawn has exited (waiting up to ``wait`` s for it)."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(wait) if wait else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            return
+        if code is None:
+            return
+        self.init_pid = None
+        why = ("the guest powered itself off or halted before the boot was seen to finish"
+               if code == 0 else "the container failed")
+        raise RuntimeError(f"systemd-nspawn exited with {code} during the boot: {why} (systemctl "
+                           f"is-system-running last said {said!r}). The guest's console:\n{self.console_tail()}")
 
     def _init_pid(self) -> int | None:
+        """The guest's init: the child of systemd-nspawn that is pid 1 of a pid namespace of its own.
+        (nspawn's first child sets up the container and exits; it is not in a new pid namespace.)"""
+        assert self.proc is not None
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
-        return int(out[0]) if out else None
+        for pid in map(int, out):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+            if len(nspid) > 1 and nspid[-1] == "1":
+                return pid
+        return None
 
     def _ssh_answers(self) -> bool:
         try:
@@ -297,8 +298,9 @@ class Guest:
         """Kill the guest (its init too: SIGKILL ends its whole pid namespace, and an orphaned guest
         would hold its ports) and remove the overlay."""
         if self.proc is not None:
-            init = self.init_pid or self._init_pid()
-            for pid in (init, self.proc.pid):
+            # Only while nspawn still runs are its pid and its child's ours: a reaped pid may be anyone's now.
+            init = (self.init_pid or self._init_pid()) if self.proc.poll() is None else None
+            for pid in (init, self.proc.pid if self.proc.poll() is None else None):
                 if pid:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
@@ -326,9 +328,11 @@ class Guest:
             raise AssertionError(f"in the guest, {command!r} exited {result.returncode}:\n{result.stdout}{result.stderr}")
         return result
 
-    def journal(self, unit: str | None = None) -> str:
-        """The guest's journal of this boot (of one unit), for assertions and failure messages."""
-        return self.sh("journalctl -b --no-pager -o short-monotonic" + (f" -u {unit}" if unit else ""), check=False).stdout
+    def journal(self, unit: str | None = None, boot: int = 0) -> str:
+        """The guest's journal of this boot (``boot=-1``: the one before), of one unit or all, for
+        assertions and failure messages."""
+        return self.sh(f"journalctl -b {boot} --no-pager -o short-monotonic" + (f" -u {unit}" if unit else ""),
+                       check=False).stdout
 
     def failed_units(self) -> list[str]:
         out = self.sh("systemctl list-units --failed --plain --no-legend", check=False).stdout
@@ -352,16 +356,7 @@ class Guest:
         return path
 
 
-def main(argv: list[str]) -> int:
-    """`python -m tests.guest.harness build [ROOTFS]`: build the cached root file system when missing."""
-    if not argv or argv[0] != "build":
-        print("usage: python -m tests.guest.harness build [ROOTFS]", file=sys.stderr)
-        return 2
-    rootfs = Path(argv[1]) if len(argv) > 1 else ROOTFS
-    build_rootfs(rootfs)
-    print(f"guest root file system ready at {rootfs}", file=sys.stderr)
-    return 0
+if __name__ == "__main__":  # `python -m tests.guest.harness build`: scripts/test's command
+    from tests.guest.rootfs import main
 
-
-if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

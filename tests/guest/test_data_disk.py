@@ -65,7 +65,9 @@ def wait_for(what: str, check, guest: Guest, run: str, timeout: float = 60) -> N
             return
         time.sleep(0.3)
     state = guest.sh(f"cat {RUNS}/{run}/state.json", check=False).stdout
-    raise AssertionError(f"waited {timeout:g} s for {what}; state {state}\n{guest.journal()[-6000:]}")
+    before = guest.journal(boot=-1)  # the shutdown before this boot, where there was one
+    raise AssertionError(f"waited {timeout:g} s for {what}; state {state}\n--- this boot ---\n{guest.journal()[-6000:]}"
+                         + (f"\n--- the boot before ---\n{before[-8000:]}" if before.strip() else ""))
 
 
 def state(guest: Guest, run: str) -> dict:

@@ -24,11 +24,14 @@ from tests.guest.harness import LOOPBACK, Guest, MetadataServer, free_port, star
 def vm(make_guest, public_key: Path, tmp_path: Path):
     """``vm(**stack_settings)``: a booted guest for a GCP stack with these settings, and its user."""
 
-    def start(remote_root: str = "~/gpu-train", torch: bool = True, **settings) -> tuple[Guest, FabUser]:
+    def start(remote_root: str = "~/gpu-train", torch: bool = True, files: dict[str, str] | None = None,
+              **settings) -> tuple[Guest, FabUser]:
         raw = gcp_raw(sshUser="trainer", remoteRoot=remote_root, **settings)
         guest = make_guest(startup_script_of(raw))
         if torch:
             guest.add_python_with_torch()
+        for inside, text in (files or {}).items():  # on the boot disk before the first boot
+            guest.write(inside, text)
         guest.boot()
         return guest, FabUser(tmp_path / "user", guest, public_key.with_suffix(""), remote_root)
 
@@ -226,22 +229,35 @@ def test_a_wrapper_error_fails_the_run_with_its_reason_and_is_not_relaunched(vm,
 
 
 # -- idle auto-stop -------------------------------------------------------------------------------------------
+# The idle check as the startup script installs it (gpu-train-tick.timer running the agent's tick as
+# root, `systemctl poweroff` when idle), on a quicker clock: every second from the first tick, which
+# the test starts, rather than every TICK s from the boot (tick_interval_s is a table test; waiting
+# whole real intervals proves nothing more, and a tick before the test is ready would race it).
+QUICK_TICK = "[Timer]\nOnBootSec=\nOnUnitActiveSec=1s\nAccuracySec=50ms\n"
+
+
 def test_idle_stop_powers_off_only_when_no_job_runs_and_no_ssh_session_is_open(vm, plain: str) -> None:
     import paramiko
 
-    guest, user = vm(idleStopMinutes=0.25, torch=False)  # 15 s idle, checked every 10 s
-    run = user.train("--dir", plain, "--command", "sleep 30", "--name", "busy")
-    user.wait_state(run, ("succeeded",), timeout=60)
+    guest, user = vm(idleStopMinutes=0.05, torch=False,  # 3 s idle
+                     files={"/etc/systemd/system/gpu-train-tick.timer.d/quick.conf": QUICK_TICK})
+    run = user.train("--dir", plain, "--command", "sleep 9", "--name", "busy")
+    user.wait_state(run, ("running",), timeout=60)
+    guest.sh("systemctl start gpu-train-tick.service")  # the first tick; the timer ticks every second from it
+    time.sleep(5)  # five ticks with only the job running
     assert guest.up, "powered off while a job ran"
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     client.connect(guest.address, guest.port, guest.user, key_filename=str(user.key_file), look_for_keys=False,
                    allow_agent=False)
     try:
-        time.sleep(30)
+        user.wait_state(run, ("succeeded",), timeout=60)
+        time.sleep(6)  # idle but for the session: twice the idle time, a tick each second
         assert guest.up, "powered off while an SSH session was open"
+        ticks = guest.journal("gpu-train-tick.service")
+        assert "job(s) running" in ticks and "SSH session(s) open" in ticks, ticks[-3000:]
     finally:
         client.close()
     closed = time.monotonic()
     guest.wait_down(timeout=60)
-    assert time.monotonic() - closed < 45
+    assert time.monotonic() - closed < 15

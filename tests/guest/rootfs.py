@@ -1,0 +1,67 @@
+"""The guest tier's Debian root file system: can the tier run here, and building it (once, cached
+outside the repo; ``python -m tests.guest.harness build``, as ``scripts/test`` runs it as root)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOTFS = Path(os.environ.get("GPU_TRAIN_GUEST_ROOTFS", "/var/cache/gpu-train-guest/bookworm"))
+SUITE = "bookworm"
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "sudo", "screen", "rsync", "openssh-server", "python3", "procps",
+            "cron", "iproute2")
+HOST_PACKAGES = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap"}
+
+
+# -- can the tier run here? -------------------------------------------------------------------
+def skip_reason(rootfs: Path = ROOTFS) -> str | None:
+    """Why the guest tier cannot run on this machine, or None when it can."""
+    if sys.platform != "linux":
+        return "the guest tier boots systemd with systemd-nspawn: Linux only"
+    if os.geteuid() != 0:
+        return "the guest tier needs root (systemd-nspawn boots the guest): run scripts/test as root"
+    for tool, package in HOST_PACKAGES.items():
+        if not shutil.which(tool):
+            return f"{tool} is missing: apt-get install {package} (scripts/test does, as root)"
+    if not (rootfs / "sbin" / "init").exists() and not (rootfs / "lib" / "systemd" / "systemd").exists():
+        return f"no guest root file system at {rootfs}: scripts/test builds it (as root), or: python -m tests.guest.harness build"
+    return None
+
+
+def build_rootfs(rootfs: Path = ROOTFS) -> None:
+    """debootstrap Debian bookworm into ``rootfs``: built beside it, renamed into place when complete,
+    so an interrupted build never leaves a half root file system that looks usable."""
+    import fcntl
+
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
+    with open(rootfs.parent / f".{rootfs.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once: one builds, the other waits for it
+        if (rootfs / "sbin" / "init").exists():
+            return
+        partial = rootfs.with_name(rootfs.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        print(f"building the guest root file system at {rootfs} (debootstrap, once) ...", file=sys.stderr, flush=True)
+        log = rootfs.parent / f"{rootfs.name}.debootstrap.log"
+        with open(log, "w") as out:
+            code = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
+                                   str(partial)], stdout=out, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise SystemExit(f"debootstrap failed (exit {code}; log {log}):\n{tail}")
+        shutil.rmtree(rootfs, ignore_errors=True)
+        partial.rename(rootfs)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tests.guest.harness build [ROOTFS]`: build the cached root file system when missing."""
+    if not argv or argv[0] != "build":
+        print("usage: python -m tests.guest.harness build [ROOTFS]", file=sys.stderr)
+        return 2
+    rootfs = Path(argv[1]) if len(argv) > 1 else ROOTFS
+    build_rootfs(rootfs)
+    print(f"guest root file system ready at {rootfs}", file=sys.stderr)
+    return 0
+
