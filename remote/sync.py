@@ -219,15 +219,22 @@ def always_excluded(src: Path, outputs: list[tuple[Path, str | None]]) -> list[t
     return out
 
 
-def left_out_summary(items: list[LeftOut], limit: int = 4) -> str:
-    """One line naming the biggest things left out and their sizes, and how to send data instead."""
+def left_out_summary(items: list[LeftOut], cli: str = "gpu-train", limit: int = 4) -> str:
+    """One line naming the biggest things left out and their sizes, and how to send data instead:
+    `push` of the biggest directory left out, and where the job finds it (as `push` puts it:
+    $DATA_DIR/PATH, and a top-level one also as PATH/ in the job's working directory)."""
     shown = sorted(items, key=lambda i: -i.bytes)[:limit]
     if not shown:
         return ""
     parts = [f"{i.path} {'>= ' if i.capped else ''}{human(i.bytes)}, {i.why}" for i in shown]
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    return (f"left out: {'; '.join(parts)}{more}. To send data: gpu-train push DIR "
-            "(the job finds it in $DATA_DIR)")
+    folder = next((i.path.rstrip("/") for i in shown if i.path.endswith("/") and i.path.rstrip("/") not in ("runs", ".gpu-train")),
+                  None)
+    if folder is None:
+        return f"left out: {'; '.join(parts)}{more}. To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
+    also = f", and as {folder}/ in its working directory" if "/" not in folder else ""
+    return (f"left out: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {folder} "
+            f"(the job finds it in $DATA_DIR/{folder}{also})")
 
 
 def ignore_sources(src: Path, paths: list[str]) -> dict[str, str]:

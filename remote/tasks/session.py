@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import sys
 import threading
-from pathlib import Path
 
 from invoke import Exit
 
 from gpu_train.config import ConfigError
 from gpu_train.errors import ExitStatus, outcome, printable
+from gpu_train.project import command_name
 
 STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack)"
 # How the user called us, for the commands our messages suggest.
-CLI = "gpu-train" if Path(sys.argv[0]).name == "gpu-train" else "fab"
+CLI = command_name(sys.argv[0])
 
 
 def exit_for(error: BaseException) -> Exit:

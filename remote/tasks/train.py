@@ -51,7 +51,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
-    it with `fab logs --follow`, bring results home with `fab fetch`. On several nodes the code goes
+    it with the logs task (--follow), bring results home with fetch. On several nodes the code goes
     to all of them at once and each starts its part: torchrun with its --node_rank, or a --command
     with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
     """
@@ -69,7 +69,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         base = jobs.base_name(name, script, command)
         run = jobs.run_id(base, datetime.now())
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
-                             python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
+                             python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir,
+                             cwd=Path.cwd())
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
                                    project=project_name(project_root()), venv=cluster.venv,
@@ -90,7 +91,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
         say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
         if plan.left_out:
-            say(sync.left_out_summary(list(plan.left_out)))
+            say(sync.left_out_summary(list(plan.left_out), CLI))
         if plan.bytes > sync.LARGE_SYNC_BYTES:
             say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
         sessions = session.nodes()
