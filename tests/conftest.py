@@ -53,6 +53,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _umask_kept():
+    """The agent sets umask 077 for its whole process (remote/agent/guard.py); a test that calls it in
+    pytest's process must not pass that on: files later tests write would be unreadable to the other
+    users they start (test_other_users failed after test_remote_root_guard, by test order)."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield
+    os.umask(old)
+
+
+@pytest.fixture(autouse=True)
 def _sshd_only_in_e2e(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test outside the e2e tier that starts a real sshd fails, saying how to fix it."""
     if request.node.get_closest_marker("e2e") or request.node.get_closest_marker("guest"):

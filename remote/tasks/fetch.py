@@ -64,6 +64,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
             failed.append(r["id"])
         elif result.complete:
             record.record(r, where)
+    record.save()
     if not quiet or any(res.files for res in results):
         say(fetch_engine.summary_line(results, bar.elapsed, streams))
     return failed

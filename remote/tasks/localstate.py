@@ -32,11 +32,20 @@ class PushedManifests:
 
 
 def local_summary(path: Path) -> dict:
+    """Regular files under ``path`` (links not followed): how many, their bytes, the newest mtime."""
     files = size = newest = 0
-    for p in path.rglob("*") if path.is_dir() else []:
-        if p.is_file() and not p.is_symlink():
-            st = p.stat()
-            files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime_ns)
+    todo = [str(path)]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                todo.append(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime_ns)
     return {"files": files, "bytes": size, "newestNs": newest}
 
 
@@ -63,7 +72,11 @@ class FetchRecord:
         return bool(seen) and run.get("jobSummary") is not None and seen == self._entry(run, dest)
 
     def record(self, run: dict, dest: Path) -> None:
+        """Note a complete fetch; ``save`` writes the notes (once for all the runs of a fetch: one
+        write per run made `fetch --all` of 300 runs rewrite the whole file 300 times)."""
         self.doc[str(dest.resolve())] = self._entry(run, dest)
+
+    def save(self) -> None:
         atomic_write(self.path, json.dumps(self.doc, indent=1))
 
 
