@@ -48,6 +48,17 @@ def printable(text: str, keep: str = "") -> str:
                    for c in text)
 
 
+def printable_doc(value: Any) -> Any:
+    """A host's JSON document with every string in it (keys too) :func:`printable`: its words reach the terminal."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable_doc(k): printable_doc(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_doc(v) for v in value]
+    return value
+
+
 def outcome(error: BaseException) -> tuple[ExitStatus, str]:
     """The exit status and the message for an error that ended a command (the one mapping)."""
     status, message = _outcome(error)

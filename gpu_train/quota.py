@@ -13,6 +13,7 @@ alone would call a project SHORT where the VM would in fact be created.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -182,6 +183,9 @@ def current_limit(entries: list[dict], dimensions: dict[str, str]) -> int:
 
 
 PREFERENCE_NAME = "{parent}/locations/global/quotaPreferences/{name}"  # the provider's id and import format
+# A preference's own id as Cloud Quotas gives them out (ours, or the console's generated ones): it goes
+# into the import id and a gcloud command shown to the user, so nothing else is taken from the API.
+PREFERENCE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,9 @@ def existing_preference(found: list[dict], service: str, quota_id: str, dimensio
     one per quota and dimensions, so another made in the console blocks ours as our own would)."""
     for p in found:
         if p.get("service") == service and p.get("quotaId") == quota_id and (p.get("dimensions") or {}) == dimensions:
+            if not PREFERENCE_ID_RE.fullmatch(str(p.get("name", "")).rsplit("/", 1)[-1]):
+                raise ValueError(f"Cloud Quotas lists a preference for {quota_id} named {str(p.get('name'))[:100]!r}, "
+                                 "not an id it gives out: look at it with `gcloud quotas preferences list`")
             return p
     return None
 

@@ -102,9 +102,19 @@ def wide_range_problem(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> st
     return None
 
 
+# A project id: 6 to 30 lowercase letters, digits and hyphens, from a letter, not ending in '-';
+# older ones may carry an organisation's domain first ("example.com:my-project").
+PROJECT_RE = re.compile(r"([a-z][a-z0-9.-]{0,61}[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
+
+
 def check(cfg: StackConfig) -> list[Problem]:
     """Every value of ``cfg`` that is not what it will be used as."""
     problems: list[Problem] = []
+    if cfg.is_gcp and cfg.project and not PROJECT_RE.fullmatch(cfg.project):
+        # it goes into API paths and gcloud commands shown to the user
+        problems.append(Problem("gcp:project", "is not a project id (6 to 30 lowercase letters, digits and '-', "
+                                "starting with a letter)", "pulumi config set gcp:project YOUR_PROJECT_ID "
+                                "(the id, not the project's name or number)", cfg.project))
     for h in cfg.hosts:
         for why in (login_problem(h.user), host_problem(h.host)):
             if why:

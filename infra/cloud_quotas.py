@@ -19,6 +19,7 @@ from infra import probes
 
 ENDPOINT_ENV = "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT"  # another Cloud Quotas endpoint (tests run a local one)
 DEFAULT_ENDPOINT = "https://cloudquotas.googleapis.com"
+MAX_PAGES = 100  # a project holds a few preferences per GPU family; an endless listing is an API fault
 
 
 class CannotAsk(Exception):
@@ -36,10 +37,11 @@ def list_preferences(project: str) -> list[dict]:
     url = f"{base}/v1/projects/{project}/locations/global/quotaPreferences"
     found: list[dict] = []
     params: dict[str, str] = {}
+    seen: set[str] = set()
     from google.auth.transport.requests import AuthorizedSession
 
     session = AuthorizedSession(creds)
-    while True:
+    for _ in range(MAX_PAGES):
         try:
             r = session.get(url, params=params, headers={"x-goog-user-project": project},
                                            timeout=probes.TIMEOUT_S)
@@ -50,11 +52,22 @@ def list_preferences(project: str) -> list[dict]:
             if r.status_code == 403 and ("SERVICE_DISABLED" in r.text or "has not been used" in message):
                 return []  # never enabled: nothing was ever asked through it
             raise CannotAsk(f"HTTP {r.status_code}: {message}")
-        doc = r.json()
-        found += doc.get("quotaPreferences", [])
-        if not doc.get("nextPageToken"):
+        try:
+            doc = r.json()
+        except ValueError:
+            doc = None
+        page = doc.get("quotaPreferences", []) if isinstance(doc, dict) else None
+        if not isinstance(page, list) or not all(isinstance(p, dict) for p in page):
+            raise CannotAsk(f"Cloud Quotas answered something that is not a list of preferences: {r.text[:200]!r}")
+        found += page
+        token = doc.get("nextPageToken") if isinstance(doc, dict) else None
+        if not token:
             return found
-        params = {"pageToken": doc["nextPageToken"]}
+        if not isinstance(token, str) or token in seen:
+            raise CannotAsk("Cloud Quotas repeated a page of its preference list (its nextPageToken came back)")
+        seen.add(token)
+        params = {"pageToken": token}
+    raise CannotAsk(f"Cloud Quotas listed more than {MAX_PAGES} pages of preferences")
 
 
 def _message(response) -> str:

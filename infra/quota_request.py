@@ -58,7 +58,10 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
         dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
         quota_id, want = str(pref["quota_id"]), int(str(pref["preferred"]))
         suffix = "-".join([quota_id.lower(), *dims.values()])
-        existing = quota.existing_preference(found, quota.SERVICE, quota_id, dims)
+        try:
+            existing = quota.existing_preference(found, quota.SERVICE, quota_id, dims)
+        except ValueError as e:
+            raise pulumi.RunError(f"quotaRequest: {e}") from None
         if existing is not None:
             declared.append(adopt(cfg, quota.adoption(existing, want), quota_id, dims, f"quota-{suffix}", want,
                                   pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api])))

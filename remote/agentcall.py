@@ -13,6 +13,7 @@ from collections.abc import Callable
 import paramiko
 from fabric import Connection
 
+from gpu_train.errors import printable_doc
 from remote.agent.bundle import agent_command
 from remote.agent.protocol import LOG_END, LOG_START
 from remote.errors import RemoteError
@@ -27,7 +28,7 @@ def call(conn: Connection, target: Target, *args: str) -> dict:
     result = conn.run(agent_command(target.remote_root, *args), hide=True, warn=True, in_stream=False)
     lines = result.stdout.strip().splitlines()
     try:
-        doc = json.loads(lines[-1]) if lines else None
+        doc = printable_doc(json.loads(lines[-1])) if lines else None
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
@@ -81,7 +82,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
             line = out.readline()
             if failure is not None:
                 with contextlib.suppress(ValueError, TypeError, AttributeError):
-                    if "error" in (said := json.loads(line)):
+                    if "error" in (said := printable_doc(json.loads(line))):
                         raise RemoteError(said["error"])
                 first = {}
             else:
@@ -105,7 +106,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
 
 def _answer(line: bytes, chan: paramiko.Channel) -> dict:
     try:
-        doc = json.loads(line)
+        doc = printable_doc(json.loads(line))
     except ValueError:
         err = chan.recv_stderr(65536).decode("utf-8", "replace") if chan.recv_stderr_ready() else ""
         raise RemoteError(f"the gpu-train agent failed: {err.strip() or line.decode('utf-8', 'replace')}") from None
@@ -148,5 +149,5 @@ def end_trailer(stderr: str) -> dict | None:
     """The agent's last word after streaming a log: state, exit code, offset."""
     for line in reversed(stderr.splitlines()):
         if line.startswith(END_MARK):
-            return json.loads(line[len(END_MARK):])
+            return printable_doc(json.loads(line[len(END_MARK):]))
     return None

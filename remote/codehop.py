@@ -27,6 +27,7 @@ from pathlib import Path
 import paramiko
 
 from gpu_train.config import SshHost
+from gpu_train.errors import printable_doc
 from remote.agent.bundle import agent_command
 from remote.errors import RemoteError
 from remote.hostkeys import host_id
@@ -199,7 +200,7 @@ class _Relay:
                 self.chan.sendall(b"go\n")
                 for line in self.chan.makefile("rb"):
                     try:
-                        said = json.loads(line)
+                        said = printable_doc(json.loads(line))
                     except ValueError:
                         continue
                     if "node" in said and said["node"] in arrived:

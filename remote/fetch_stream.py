@@ -40,7 +40,7 @@ def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | N
     """`ssh` for one stream: the stack's key and known_hosts, no tty, no compression (checkpoints do not shrink)."""
     mux = control or ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
     return ["ssh", *openssh_options(target, host), "-T", "-x", "-o", "Compression=no", *mux,
-            f"{host.user}@{host.host}", command]
+            "--", f"{host.user}@{host.host}", command]
 
 
 class Opener:

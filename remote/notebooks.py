@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpu_train.errors import printable_doc
 from remote.forward import ForwardError, LocalForward, pick_local_port, remote_listens
 
 HOST_SCRIPT = Path(__file__).with_name("serve_host.py")
@@ -49,7 +50,7 @@ def serve(conn, target, kind: str, spec_extra: dict, local_port: int | None, say
     try:
         line = chan.makefile("rb").readline()
         try:
-            doc = json.loads(line)
+            doc = printable_doc(json.loads(line))
         except ValueError:
             err = chan.makefile_stderr("rb").read(4000).decode("utf-8", "replace") if chan.exit_status_ready() else ""
             raise ForwardError(f"{kind} could not be started on {target.host}: {err.strip() or line!r}") from None

@@ -159,4 +159,4 @@ def proxy_command(target: Target, host: SshHost) -> str:
     if not host.jump:
         return ""
     via = dataclasses.replace(host.jump[-1], jump=host.jump[:-1])
-    return shlex.join(["ssh", *openssh_options(target, via), "-W", "%h:%p", f"{via.user}@{via.host}"])
+    return shlex.join(["ssh", *openssh_options(target, via), "-W", "%h:%p", "--", f"{via.user}@{via.host}"])

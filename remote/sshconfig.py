@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from gpu_train.config import SshHost, split_host
+from gpu_train.values import host_problem, login_problem
 
 MAX_JUMPS = 8  # a loop in ProxyJump settings stops here
 
@@ -42,8 +43,19 @@ def jump_specs(value: str) -> list[str]:
 
 
 def from_dump(dump: dict[str, list[str]], spec: str, keys: tuple[str, ...], jump: tuple[SshHost, ...]) -> SshHost:
-    """The SshHost ``ssh -G`` describes (pure: the tests feed it tables of dumps)."""
-    return SshHost(dump["user"][0], dump["hostname"][0], int(dump["port"][0]), spec=spec, keys=keys, jump=jump)
+    """The SshHost ``ssh -G`` describes (pure: the tests feed it tables of dumps).
+
+    An ssh_config is input like a stack file (``sshConfig`` may name any file): its User and
+    HostName are checked as the stack's own ``user@host`` is, because they go before the destination
+    on OpenSSH and rsync command lines, where ``-oProxyCommand=...`` would run a command here.
+    """
+    user, host, port = dump["user"][0], dump["hostname"][0], dump["port"][0]
+    why = login_problem(user) or host_problem(host)
+    if why is None and not (port.isdigit() and 0 < int(port) < 65536):
+        why = f"the port {port!r} is not a port number"
+    if why:
+        raise SshConfigError(f"{spec}: the ssh_config gives User {user!r}, HostName {host!r}, Port {port!r}: {why}")
+    return SshHost(user, host, int(port), spec=spec, keys=keys, jump=jump)
 
 
 def identity_files(dump: dict[str, list[str]], key: str | None) -> tuple[str, ...]:

@@ -79,6 +79,13 @@ class Google(BaseHTTPRequestHandler):
                     f"?project={project} then retry."), "details": [{
                         "@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED"}]}})
                 return
+            if "quota_preferences_answer" in self.state:  # a faulty answer, as it is
+                data = self.state["quota_preferences_answer"]
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             found = self.state.get("quota_preferences", {}).get(project, [])
             start = int(query.get("pageToken", ["0"])[0])
             page = {"quotaPreferences": found[start:start + 2]}  # two a page: callers must follow nextPageToken

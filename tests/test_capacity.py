@@ -93,14 +93,14 @@ class ComputeApi(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
         s = self.state
-        if path == "/compute/v1/projects/p/regions/us-central1":
+        if path == "/compute/v1/projects/proj-1/regions/us-central1":
             body = {"name": "us-central1", "quotas": [{"metric": m, "limit": lim, "usage": use}
                                                       for m, (lim, use) in s["region"].items()]}
-        elif path == "/compute/v1/projects/p":
-            body = {"name": "p", "quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": s["global"][0], "usage": s["global"][1]}]}
-        elif path.startswith("/compute/v1/projects/p/zones/us-central1-") and path.endswith("/acceleratorTypes"):
+        elif path == "/compute/v1/projects/proj-1":
+            body = {"name": "proj-1", "quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": s["global"][0], "usage": s["global"][1]}]}
+        elif path.startswith("/compute/v1/projects/proj-1/zones/us-central1-") and path.endswith("/acceleratorTypes"):
             body = {"items": [{"name": n, "zone": path.split("/")[-2]} for n in s["offered"]]}
-        elif path.startswith("/compute/v1/projects/p/aggregated/"):  # zones offering a type, by name filter
+        elif path.startswith("/compute/v1/projects/proj-1/aggregated/"):  # zones offering a type, by name filter
             kind = path.rsplit("/", 1)[-1]  # machineTypes | acceleratorTypes
             query = parse_qs(urlparse(self.path).query)
             name = query.get("filter", [""])[0].split("=")[-1].strip()
@@ -128,7 +128,7 @@ def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     stacks = tmp_path / "stacks"
     stacks.mkdir()
     (stacks / "Pulumi.pf.yaml").write_text(
-        "config:\n  gcp:project: p\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
+        "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
         "  gpu-train:gpuCount: 2\n  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n")
     monkeypatch.setenv("GPU_TRAIN_STACKS_DIR", str(stacks))
     ComputeApi.state = {"region": {"PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0), "NVIDIA_T4_GPUS": (0, 0), "CPUS": (24, 0),
@@ -192,7 +192,7 @@ def test_preflight_judges_spot_by_the_quota_it_will_use(compute_api: dict, capsy
 
 def test_preflight_counts_hyperdisk_against_its_own_quota(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
     (Path(os.environ["GPU_TRAIN_STACKS_DIR"]) / "Pulumi.a4.yaml").write_text(
-        "config:\n  gcp:project: p\n  gpu-train:zone: us-central1-b\n  gpu-train:machineType: a4-highgpu-8g\n"
+        "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-b\n  gpu-train:machineType: a4-highgpu-8g\n"
         "  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n  gpu-train:bootDiskSizeGb: 400\n")
     compute_api.update(region={"CPUS": (300, 0), "SSD_TOTAL_GB": (10000, 0), "HYPERDISK_BALANCED_TOTAL_GB": (300, 0)},
                        offered=["nvidia-b200"])

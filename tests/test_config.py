@@ -134,7 +134,7 @@ def test_public_key_inline_path_and_missing(public_key, tmp_path) -> None:
 
 def test_stack_files(tmp_path) -> None:
     f = tmp_path / "Pulumi.mine.yaml"
-    f.write_text("config:\n  gcp:project: p\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
+    f.write_text("config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
                  "  gpu-train:gpuCount: 1\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n")
     assert stackfile.load_file(f, CATALOG).stack == "mine"
     for text, msg in (("config: [1", "not valid YAML"), ("config: 5", "no `config:` mapping")):

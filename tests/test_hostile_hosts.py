@@ -293,6 +293,26 @@ def test_a_hosts_escape_sequences_reach_the_terminal_written_out(lab: Lab, liar:
     assert "\x1b" not in result.stdout + result.stderr and "\x9b" not in result.stdout
     assert "loss \\x1b]0;pwned\\x07" in result.stdout and "liar\\x1b[8m" in result.stdout
     liar.doc.write_text(json.dumps({"error": "no such run \x1b]2;owned\x07"}))
-    result = lab.fab("status")
+    for task in (["status"], ["train", "--command", "true", "--dir", str(EXAMPLE)], ["stop"], ["resume"]):
+        result = lab.fab(*task)
+        no_traceback(result)
+        assert result.returncode != 0 and "\x1b" not in result.stderr, (task, result.stderr)
+        assert "\\x1b]2;owned" in result.stderr, (task, result.stderr)
+
+
+@pytest.mark.parametrize("task", [["ssh", "--command", "true"], ["fetch"], ["train", "--command", "true"]])
+def test_a_hostile_ssh_config_runs_nothing(lab: Lab, task: list[str]) -> None:
+    # sshConfig may name any file (a shared lab one): its User goes before the destination on ssh and
+    # rsync command lines, where "-oProxyCommand=..." would run a command on the laptop.
+    mark = lab.tmp / "marker"
+    config = lab.tmp / "shared_ssh_config"
+    config.write_text(f'Host labbox\n  HostName {lab.sshd.address}\n  Port {lab.sshd.port}\n'
+                      f'  User "-oProxyCommand=touch {mark}"\n')
+    stack = lab.stacks / "Pulumi.lab.yaml"
+    lines = [ln for ln in stack.read_text().splitlines() if not ln.strip().startswith(("gpu-train:hosts", "- "))]
+    stack.write_text("\n".join(lines) + f"\n  gpu-train:hosts: [labbox]\n  gpu-train:sshConfig: {config}\n")
+    args = [*task, "--dir", str(EXAMPLE)] if task[0] == "train" else task
+    result = lab.fab(*args)
     no_traceback(result)
-    assert result.returncode != 0 and "\x1b" not in result.stderr and "\\x1b]2;owned" in result.stderr
+    assert result.returncode != 0 and "starts with '-'" in result.stderr, result.stderr
+    assert not mark.exists()

@@ -71,6 +71,9 @@ HOSTILE = [
     (gcp_raw(sshSourceRanges=["2001:db8::/31"]), "sshSourceRanges", "wider than /32"),
     (ssh_raw(idleStopMinutes=-5), "idleStopMinutes", "0 (off) or more"),
     (ssh_raw(maxResumes=-2), "maxResumes", "0 (never resume) or more"),
+    ({**gcp_raw(), "gcp:project": "a/../../v1/x?y="}, "gcp:project", "not a project id"),  # (it goes in API paths)
+    ({**gcp_raw(), "gcp:project": "my project"}, "gcp:project", "not a project id"),
+    ({**gcp_raw(), "gcp:project": "123456789012"}, "gcp:project", "the id, not the project's name or number"),
 ]
 
 
@@ -86,6 +89,7 @@ def test_hostile_values_are_refused_naming_the_setting(raw: dict, key: str, word
     ssh_raw(hosts=["me@box.lab:2222", "me@10.0.0.2", "me@[::1]:22", "u.name@gpu-1.lab."]),
     ssh_raw(remoteRoot="/srv/gt/{node}"), ssh_raw(remoteRoot="~/gpu-train"), ssh_raw(remoteRoot="/data/x_y-z.1+2"),
     gcp_raw(sshSourceRanges=["10.0.0.0/8", "2001:db8::/32"]),
+    {**gcp_raw(), "gcp:project": "my-lab-project-42"}, {**gcp_raw(), "gcp:project": "example.com:ml-team"},
     gcp_raw(sshSourceRanges=["0.0.0.0/1", "128.0.0.0/1"], allowSshFromAnywhere=True),
 ])
 def test_ordinary_values_pass(raw: dict) -> None:

@@ -60,7 +60,7 @@ def test_missing_key_is_a_warning_in_the_plan(tmp_path: Path) -> None:
 
 def test_invalid_stack_exits_2_with_every_problem_on_stderr(tmp_path: Path) -> None:
     f = tmp_path / "Pulumi.bad.yaml"
-    f.write_text("config:\n  gcp:project: p\n  gpu-train:zone: us-central1-d\n  gpu-train:machineType: n1-standard-8\n"
+    f.write_text("config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-d\n  gpu-train:machineType: n1-standard-8\n"
                  "  gpu-train:gpuType: nvidia-tesla-t4\n  gpu-train:gpuCount: 3\n  gpu-train:sshSourceRanges: [0.0.0.0/0]\n"
                  "  gpu-train:spto: true\n")
     result = plan("--file", str(f))
@@ -85,7 +85,7 @@ def test_ssh_stack_plans_nothing(tmp_path: Path) -> None:
 
 def test_plan_of_a_cluster_with_a_quota_request(tmp_path: Path, home_with_key: Path) -> None:
     f = tmp_path / "Pulumi.duo.yaml"
-    f.write_text("config:\n  gcp:project: p\n  gpu-train:zone: us-central1-a\n  gpu-train:machineType: a3-highgpu-8g\n"
+    f.write_text("config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:machineType: a3-highgpu-8g\n"
                  "  gpu-train:nodes: 2\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n"
                  "  gpu-train:quotaRequest: {gpus: 16, justification: pretraining, contactEmail: me@example.com}\n")
     result = plan("--file", str(f), home=home_with_key)

@@ -26,6 +26,23 @@ def test_ssh_dump_and_jumps() -> None:
         assert sshconfig.jump_specs(value) == hops
 
 
+@pytest.mark.parametrize(("user", "hostname", "port", "words"), [
+    ("-oProxyCommand=touch /tmp/x", "10.1.2.3", "22", "starts with '-'"),
+    ("me", "-oProxyCommand=sh", "22", "starts with '-'"),
+    ("me x", "10.1.2.3", "22", "not a login name"),
+    ("me", "host name; rm", "22", "whitespace"),
+    ("me", "10.1.2.3", "0", "not a port number"),
+])
+def test_an_ssh_config_is_checked_like_a_stack_file(user: str, hostname: str, port: str, words: str) -> None:
+    # User and HostName go before the destination on ssh and rsync command lines: an ssh_config
+    # (sshConfig may name any file, a shared one too) must not turn them into options.
+    from remote import sshconfig
+
+    dump = {"user": [user], "hostname": [hostname], "port": [port]}
+    with pytest.raises(sshconfig.SshConfigError, match=words):
+        sshconfig.from_dump(dump, "labbox", (), ())
+
+
 @pytest.mark.parametrize(("word", "choices", "expected"), [
     ("trian", ["train", "status", "stop"], ["train"]),
     ("sta", ["train", "status", "stop"], ["status"]),

@@ -91,3 +91,25 @@ def test_without_credentials_the_lookup_says_why(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
     with pytest.raises(cloud_quotas.CannotAsk, match=r"no Application Default Credentials at .*none\.json"):
         cloud_quotas.list_preferences("proj-1")
+
+
+@pytest.mark.parametrize("name", ["projects/p/locations/global/quotaPreferences/x; rm -rf ~",
+                                  "projects/p/locations/global/quotaPreferences/$(id)", ""])
+def test_a_preference_name_that_is_not_an_id_is_refused(name: str) -> None:
+    # Its id goes into the import id and a gcloud command shown to the user: nothing else is taken.
+    found = [{"name": name, "service": quota.SERVICE, "quotaId": "GPUS-ALL-REGIONS-per-project", "dimensions": {}}]
+    with pytest.raises(ValueError, match="not an id"):
+        quota.existing_preference(found, quota.SERVICE, "GPUS-ALL-REGIONS-per-project", {})
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (b"<html>proxy login</html>", "not a list of preferences"),
+    (b"[1, 2]", "not a list of preferences"),
+    (b'{"quotaPreferences": ["x"]}', "not a list of preferences"),
+    (b'{"quotaPreferences": [], "nextPageToken": "again"}', "repeated a page"),  # (looped for ever)
+])
+def test_a_faulty_answer_is_cannot_ask_not_a_crash_or_a_loop(google: FakeGoogle, answer: bytes, words: str) -> None:
+    google.state["services"]["proj-1"] = {"cloudquotas.googleapis.com": "ENABLED"}
+    google.state["quota_preferences_answer"] = answer
+    with pytest.raises(cloud_quotas.CannotAsk, match=words):
+        cloud_quotas.list_preferences("proj-1")

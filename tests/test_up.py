@@ -36,7 +36,7 @@ def provider_error(message: str, resource: str = "gpu") -> str:
 
 
 ERRORS = {
-    "stockout": provider_error("Error waiting for instance to create: The zone 'projects/p/zones/us-central1-a' does not "
+    "stockout": provider_error("Error waiting for instance to create: The zone 'projects/proj-1/zones/us-central1-a' does not "
                                "have enough resources available to fulfill the request.  Try a different zone, or try "
                                "again later."),
     "regional": provider_error("Error waiting for instance to create: Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 1.0 in "
@@ -44,20 +44,20 @@ ERRORS = {
     "global": provider_error("Error waiting for instance to create: Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 "
                              "globally.\n\tmetric name = compute.googleapis.com/gpus_all_regions"),
     "machine": provider_error("Error creating instance: googleapi: Error 400: Invalid value for field "
-                              "'resource.machineType': 'projects/p/zones/us-central1-a/machineTypes/n1-standard-8'. "
+                              "'resource.machineType': 'projects/proj-1/zones/us-central1-a/machineTypes/n1-standard-8'. "
                               "Machine type with name 'n1-standard-8' does not exist in zone 'us-central1-a'., invalid"),
     "accelerator": provider_error("Error creating instance: googleapi: Error 400: Invalid value for field "
-                                  "'resource.guestAccelerators[0].acceleratorType': 'projects/p/zones/us-central1-a/"
-                                  "acceleratorTypes/nvidia-tesla-t4'. The resource 'projects/p/zones/us-central1-a/"
+                                  "'resource.guestAccelerators[0].acceleratorType': 'projects/proj-1/zones/us-central1-a/"
+                                  "acceleratorTypes/nvidia-tesla-t4'. The resource 'projects/proj-1/zones/us-central1-a/"
                                   "acceleratorTypes/nvidia-tesla-t4' was not found., invalid"),
     "config": provider_error("Error creating instance: googleapi: Error 400: [n1-standard-8, nvidia-tesla-t4] features "
                              "are not compatible for creating instance., badRequest"),
     "preference": provider_error("Error creating QuotaPreference: googleapi: Error 409: Requested entity already "
                                  "exists", "quota-gpus-all-regions-per-project"),
     "permission": provider_error("Error creating instance: googleapi: Error 403: Required 'compute.instances.create' "
-                                 "permission for 'projects/p/zones/us-central1-a/instances/gpu-train-t4', forbidden"),
+                                 "permission for 'projects/proj-1/zones/us-central1-a/instances/gpu-train-t4', forbidden"),
 }
-STACK = {"gcp:project": "p", "gpu-train:zone": "us-central1-a", "gpu-train:gpuType": "nvidia-tesla-t4",
+STACK = {"gcp:project": "proj-1", "gpu-train:zone": "us-central1-a", "gpu-train:gpuType": "nvidia-tesla-t4",
          "gpu-train:gpuCount": 1, "gpu-train:spot": True, "gpu-train:sshSourceRanges": ["203.0.113.7/32"],
          "gpu-train:sshPublicKey": KEY}  # fmt: skip
 
@@ -80,7 +80,7 @@ def deployed_state(raw: dict, stack: str) -> dict:
             inputs["bootDisk"] |= {"mode": "READ_WRITE", "__defaults": ["mode"]}
         where = inputs.get("zone") or inputs.get("region") or "global"
         resources.append({"urn": f"urn:pulumi:{stack}::gpu-train::{comp}${r.typ}::{r.name}", "type": r.typ,
-                          "custom": True, "id": f"projects/p/{where}/{r.name}", "inputs": inputs, "protect": r.protect})
+                          "custom": True, "id": f"projects/proj-1/{where}/{r.name}", "inputs": inputs, "protect": r.protect})
     return {"version": 3, "deployment": {"manifest": {"version": "3.200.0"}, "resources": resources}}
 
 
@@ -320,7 +320,7 @@ def test_a_destroyed_stack_brought_up_again_adopts_its_quota_preferences(env: di
     assert sorted(cloud_calls(env)) == sorted([f"create {p}" for p in PREFERENCE_IDS] +
                                               [f"import {p}" for p in PREFERENCE_IDS])
     prefs = [r for r in state(env)["deployment"]["resources"] if r["type"].endswith("SQuotaPreference")]
-    assert sorted(r["importId"] for r in prefs) == [f"projects/p/locations/global/quotaPreferences/{p}"
+    assert sorted(r["importId"] for r in prefs) == [f"projects/proj-1/locations/global/quotaPreferences/{p}"
                                                    for p in PREFERENCE_IDS]
     # A third up: they are the stack's now (in its state under the same ids): no import, no change. (--yes:
     # the stand-in's own state of the VM holds too few inputs to compare with the settings.)

@@ -18,8 +18,11 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     data        push (a data directory to the host's DATA_DIR); remote/starter.py: init
 """
 
-from invoke import Collection
+import functools
 
+from invoke import Collection, Exit
+
+from gpu_train.errors import printable
 from remote.starter import init
 from remote.tasks import dashboards, data, importing, overview, power, runs, shell
 from remote.tasks import fetch as fetching
@@ -29,3 +32,23 @@ ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, 
                 shell.setup, shell.shell, shell.nvidia_smi, dashboards.tunnel, dashboards.tensorboard, dashboards.jupyter,
                 overview.gpus, overview.check, overview.ls_, overview.ssh_config, power.vm_stop, power.vm_start,
                 importing.import_job, init, data.push)
+
+
+def _printable_exits(body):
+    """``body`` whose Exit message has its control characters written out: Invoke prints it as it is,
+    and a host's or an API's words are often in it (an escape sequence could act on the terminal)."""
+
+    @functools.wraps(body)  # (Invoke reads the task's options from the wrapped signature)
+    def wrapper(*args, **kwargs):
+        try:
+            return body(*args, **kwargs)
+        except Exit as e:
+            if isinstance(e.message, str):
+                e.message = printable(e.message, keep="\n\t")
+            raise
+
+    return wrapper
+
+
+for _task in ns.tasks.values():
+    _task.body = _printable_exits(_task.body)

@@ -12,7 +12,7 @@ from pathlib import Path
 from invoke import Exit
 
 from gpu_train.config import ConfigError
-from gpu_train.errors import ExitStatus, outcome
+from gpu_train.errors import ExitStatus, outcome, printable
 
 STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack)"
 # How the user called us, for the commands our messages suggest.
@@ -26,7 +26,8 @@ def exit_for(error: BaseException) -> Exit:
 
 
 def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    """A notice on stderr; words from a host may be in it, so its control characters are written out."""
+    print(printable(text, keep="\n\t"), file=sys.stderr, flush=True)
 
 
 class Session:

@@ -36,7 +36,7 @@ def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None
     session.connect()  # verifies (or learns) the host key first
     session.close()
     h = session.target.host
-    argv = ["ssh", *ssh.openssh_options(session.target, h), *extra, f"{h.user}@{h.host}", *([command] if command else [])]
+    argv = ["ssh", *ssh.openssh_options(session.target, h), *extra, "--", f"{h.user}@{h.host}", *([command] if command else [])]
     os.execvp("ssh", argv)
 
 

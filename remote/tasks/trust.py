@@ -13,19 +13,8 @@ from pathlib import Path
 from invoke import Exit
 
 from gpu_train.config import shown
-from gpu_train.errors import printable
+from gpu_train.errors import printable_doc
 from gpu_train.jobs import JobError, check_run_id
-
-
-def printable_doc(value: object) -> object:
-    """A host's document with every string in it (keys too) printable: its words reach the terminal."""
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, dict):
-        return {printable_doc(k): printable_doc(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [printable_doc(v) for v in value]
-    return value
 
 
 def host_doc(doc: object, where: object) -> dict:
