@@ -87,11 +87,12 @@ def pinned_lines(cluster: Target, node: int) -> list[str]:
 
 
 def relay_request(cluster: Target, run: str, base: str, nodes: list[int], private_key: str) -> dict:
-    """What node 0's agent gets (on stdin) to pass the staged code of ``run`` on to ``nodes``."""
+    """What node 0's agent gets (on stdin) to pass the staged code of ``run`` on to ``nodes``. Their
+    REMOTE_ROOTs were checked by the `authorize` call that comes first: the rsync does not again."""
     entries = []
     for i in nodes:
         target, peer = cluster.for_node(i), peer_host(cluster, i)
-        entries.append({"node": i, "alias": alias(i), "port": peer.port, "options": staging_options(target, base),
+        entries.append({"node": i, "alias": alias(i), "port": peer.port, "options": staging_options(target, base, guard=False),
                         "login": f"{peer.user}@{peer.host}", "dest": staging_dest(target, peer, run)})
     pinned = [line for i in nodes for line in pinned_lines(cluster, i)]
     return {"run": run, "key": private_key, "knownHosts": pinned, "nodes": entries}

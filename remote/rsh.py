@@ -33,6 +33,8 @@ def relay(path: str, command: str) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     sock.sendall((json.dumps(command) + "\n").encode())
+    reset: list[OSError] = []
+    sending = threading.Lock()  # held while a send is under way, until its outcome is recorded
 
     def upstream() -> None:
         try:
@@ -40,7 +42,14 @@ def relay(path: str, command: str) -> int:
                 data = os.read(0, 65536)
                 if not data:
                     break
-                sock.sendall(data)
+                with sending:
+                    try:
+                        sock.sendall(data)
+                    except ConnectionResetError as e:
+                        # The far side dropped its end with our data unread. The kernel tells only the
+                        # first call to ask, this one or downstream's recv (which then sees a plain end).
+                        reset.append(e)
+                        return
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # the downstream side sees the same loss and reports it once
@@ -53,6 +62,10 @@ def relay(path: str, command: str) -> int:
             break
         out.write(data)
         out.flush()
+    if sending.acquire(timeout=5):  # a send the reset interrupted has recorded it
+        sending.release()
+    if reset:
+        raise reset[0]
     return 0
 
 

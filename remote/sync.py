@@ -134,12 +134,14 @@ def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: st
     return [*cmd, f"{src}/", staging_dest(target, host, run_id)]
 
 
-def staging_options(target: Target, base: str) -> list[str]:
+def staging_options(target: Target, base: str, guard: bool = True) -> list[str]:
     """The receiving side of a code sync into ``target``'s staging area (from the laptop, or from
-    node 0 passing the code on): its root checked first, and files unchanged since the last run of
-    ``base`` hard-linked rather than sent."""
+    node 0 passing the code on): its root checked first (``guard``; node 0's hop comes after an
+    agent call there checked it, so it skips a Python start), and files unchanged since the last run
+    of ``base`` hard-linked rather than sent."""
     mkdir = shlex.join(["mkdir", "-p", f"{target.rsync_root()}/staging"])  # older rsyncs lack --mkpath
-    return [f"--rsync-path={guard_command(target)} && {mkdir} && rsync", f"--link-dest=../../code/{base}.last"]
+    check = f"{guard_command(target)} && " if guard else ""
+    return [f"--rsync-path={check}{mkdir} && rsync", f"--link-dest=../../code/{base}.last"]
 
 
 def staging_dest(target: Target, host: SshHost, run_id: str) -> str:

@@ -36,6 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "guest: boots a real systemd guest with systemd-nspawn (root); tests/guest/")
     config.addinivalue_line("markers", "e2e: runs against a real sshd, screen and rsync on loopback")
     config.addinivalue_line("markers", "slow: a long real wait or many real processes; left out of the fast tier")
+    config.addinivalue_line("markers", "long: takes a minute or more (any tier): started first under xdist")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -44,6 +45,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    # Longest first: the suite's wall time is its busiest xdist worker's, so the long tests start at
+    # once and the quick tables fill in at the end (not one long test starting last).
+    items.sort(key=lambda item: 0 if item.get_closest_marker("long") else 1 if item.get_closest_marker("guest") or
+               "guest" in item.nodeid.split("/")[:2] else 2 if item.get_closest_marker("slow") else
+               3 if item.get_closest_marker("e2e") else 4)
 
 
 @pytest.fixture(autouse=True)

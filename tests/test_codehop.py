@@ -165,6 +165,7 @@ def test_the_request_for_node_0_pins_the_host_keys_the_laptop_learned(tmp_path: 
     assert [n["dest"] for n in req["nodes"]] == ["me@10.0.0.6:gpu-train/staging/r_20250101_000000/",
                                                  "me@10.0.0.7:gpu-train/staging/r_20250101_000000/"]
     assert req["nodes"][0]["options"][1] == "--link-dest=../../code/r.last"
+    assert req["nodes"][0]["options"][0] == "--rsync-path=mkdir -p gpu-train/staging && rsync"  # authorize checked the root
     argv = cluster.hop_command("/h/gpu-train", req["run"], req["nodes"][0])
     ssh = argv[argv.index("-e") + 1]
     assert "StrictHostKeyChecking=yes" in ssh and "HostKeyAlias=gpu-train-node-1" in ssh and "IdentitiesOnly=yes" in ssh

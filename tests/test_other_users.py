@@ -125,6 +125,7 @@ def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker
     finally:
         stop.touch()
         scanner.wait(timeout=30)
+    assert out.exists(), f"the scanner ended ({scanner.returncode}) without writing what it saw"
     # No process on the host showed the secret in its command line (the laptop's own `fab train
     # --env ...` shares this machine in the test: the user typed it there).
     assert [line for line in out.read_text().splitlines() if FAB not in line] == []

@@ -93,6 +93,7 @@ def started_run(result: subprocess.CompletedProcess) -> str:
 
 
 # -- the loop from a project directory --------------------------------------------------------
+@pytest.mark.long  # a user's whole first session: venv, pip, push, fetch
 def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     server = sshd("127.0.14.1")
     init = proj.run("init", "--host", server.spec, "--key", str(server.client_key), check=True)

@@ -133,6 +133,7 @@ def wait_state(lab: Lab, run: str, states: tuple[str, ...], timeout: float = 60)
     raise AssertionError(f"{run} did not reach {states}: {state(lab, run)}")
 
 
+@pytest.mark.long  # ten resumes, each importing torch again
 def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab) -> None:
     steps, every = 600, 25
     args = f"--steps {steps} --checkpoint-every {every} --step-time 0.015"

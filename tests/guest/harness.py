@@ -41,6 +41,7 @@ from pathlib import Path
 from tests.guest.metadata import METADATA_ADDRESS, METADATA_ENV, MetadataServer, free_port  # noqa: F401 (re-exported)
 from tests.guest.rootfs import ROOTFS, skip_reason  # noqa: F401 (re-exported)
 
+GUEST_UID = 61000  # the ssh-keys user's uid in every guest (the same on a replaced VM: the data disk's files)
 LOOPBACK = "127.0.9"  # this tier's loopback addresses: 127.0.9.1 the metadata server, .10 and up the guests
 # Guests boot on every xdist worker at once: each worker numbers its own (gw0 .10-.49, gw1 .50-.89, ...).
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 6
@@ -156,7 +157,10 @@ class Guest:
         """As google-guest-agent does for an ``ssh-keys`` entry: the user, in google-sudoers."""
         self._chroot("groupadd", "-f", "google-sudoers")
         self.write("/etc/sudoers.d/google_sudoers", "%google-sudoers ALL=(ALL:ALL) NOPASSWD:ALL\n", 0o440)
-        self._chroot("useradd", "-m", "-s", "/bin/bash", "-G", "google-sudoers", self.user)
+        # A uid no host user has (useradd on the host counts from 1000): without a user namespace the
+        # guest's processes are the host's too, and a test that kills a host user's processes
+        # (pkill -u) must not reach the guest's jobs.
+        self._chroot("useradd", "-m", "-u", str(GUEST_UID), "-s", "/bin/bash", "-G", "google-sudoers", self.user)
         self._chroot("usermod", "-p", "*", self.user)  # a locked password ('!') refuses key logins
         home = f"/home/{self.user}"
         self.write(f"{home}/.ssh/authorized_keys", self.public_key.strip() + "\n", 0o600)
