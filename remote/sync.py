@@ -13,6 +13,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -315,12 +317,36 @@ def _left_out(src: Path, forced: list[tuple[str, str | None]], ignored: list[str
     return items
 
 
-def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: str, rsh: str | None = None) -> None:
-    """Sync the planned code to the host's staging area for ``run_id``."""
+class SyncCancelled(RemoteError):
+    """The code sync was stopped from here (Ctrl-C): nothing was launched."""
+
+
+def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: str, rsh: str | None = None,
+              cancel: threading.Event | None = None) -> None:
+    """Sync the planned code to the host's staging area for ``run_id``.
+
+    ``cancel`` set (Ctrl-C on the laptop, seen by the main thread only) ends rsync at once and
+    raises SyncCancelled, also when it is set just as rsync finished: the launch must not go on.
+    """
     cmd = push_command(target, host, plan.src, run_id, base, plan.exclude, plan.git_mode, rsh)
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RemoteError(f"rsync of the code to {host} failed (exit {result.returncode}): {result.stderr.strip()}")
+    if cancel is not None and cancel.is_set():
+        raise SyncCancelled(f"the code sync to {host} was interrupted before it began")
+    with tempfile.TemporaryFile() as err, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err) as proc:
+        while True:
+            try:
+                proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if cancel is not None and cancel.is_set():
+                    proc.terminate()
+                    proc.wait()
+                    break
+        if cancel is not None and cancel.is_set():
+            raise SyncCancelled(f"the code sync to {host} was interrupted")
+        if proc.returncode != 0:
+            err.seek(0)
+            text = err.read().decode("utf-8", "replace").strip()
+            raise RemoteError(f"rsync of the code to {host} failed (exit {proc.returncode}): {text}")
 
 
 def data_command(target: Target, host: SshHost, src: Path, dest: str, progress: bool, rsh: str | None = None) -> list[str]:
