@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -100,3 +101,29 @@ def test_script_paths_from_a_subdirectory(proj: Project, sshd) -> None:  # noqa:
     assert typo.returncode == 2 and "did you mean train.py" in typo.stderr
     right = proj.run("train", "--script", "src/sub_train.py", "--follow", cwd=src, check=True)
     assert "sub" in right.stdout.split()
+
+
+@pytest.mark.e2e
+def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path) -> None:  # noqa: F811
+    """`python -m remote.loopback` (README: trying an SSH stack with no other machine)."""
+    p = subprocess.Popen([sys.executable, "-m", "remote.loopback", "--address", "127.0.25.5", "--dir", str(tmp_path / "lo")],
+                         cwd=proj.dir, env=proj.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("then:"):
+                break
+        text = "".join(lines)
+        stack = text[text.index("config:"):text.index("\n\n", text.index("config:"))] + "\n"
+        (proj.dir / "stacks").mkdir()
+        (proj.dir / "stacks" / "Pulumi.local.yaml").write_text(stack)
+        said = proj.run("ssh", "--stack", "local", "--", "echo from the loopback host", check=True)
+        assert said.stdout.strip() == "from the loopback host"
+    finally:
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0 and "stopped" in out
+    port = int(stack.split("127.0.25.5:")[1].split("'")[0])
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.25.5", port), timeout=2).close()
