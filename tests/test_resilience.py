@@ -233,17 +233,19 @@ def test_fetch_watch_trails_the_run_and_ends_with_everything(lab: Lab) -> None:
                     "--steps 400 --checkpoint-every 50 --keep 100 --step-time 0.02")
     watcher = lab.spawn("fetch", "--watch", "--interval", "1")
     local = lab.cwd / "runs" / "lab" / run / "checkpoints"
-    seen_while_running = False
+    counts_while_running = set()  # how many checkpoints the laptop had, each time it was looked at mid-run
     deadline = time.monotonic() + 120
     while watcher.poll() is None and time.monotonic() < deadline:
         if state(lab, run).get("state") == "running" and local.is_dir() and list(local.glob("*.pt")):
-            remote = sorted((lab.remote / "runs" / run / "job" / "checkpoints").glob("*.pt"))
-            mine = sorted(local.glob("*.pt"))
-            seen_while_running = True
-            assert len(remote) - len(mine) <= 2  # the laptop trails by a round of fetching
+            remote = {p.name for p in (lab.remote / "runs" / run / "job" / "checkpoints").glob("*.pt")}
+            mine = {p.name for p in local.glob("*.pt")}
+            assert mine <= remote, mine - remote  # whole checkpoints only, the host's own
+            counts_while_running.add(len(mine))
         time.sleep(0.3)
     assert watcher.wait(30) == 0, watcher.stderr.read()
-    assert seen_while_running
+    # It trailed the run: checkpoints arrived round after round while it ran, not only at the end.
+    # (How far behind depends on how busy this machine is, not on the code: no bound on that.)
+    assert len(counts_while_running) >= 2 and max(counts_while_running) < 8, counts_while_running
     remote = sorted(p.name for p in (lab.remote / "runs" / run / "job" / "checkpoints").glob("*.pt"))
     assert sorted(p.name for p in local.glob("*.pt")) == remote and len(remote) == 8
 
