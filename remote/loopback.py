@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m remote.loopback", description=main.__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m remote.loopback",
+                                description="a throwaway sshd on loopback: prints the stack lines that reach it, serves until Ctrl-C")
     p.add_argument("--address", default="127.0.0.2", help="a loopback address (127.x.y.z; default 127.0.0.2)")
     p.add_argument("--port", type=int, default=2222, help="default 2222, or a free one when it is taken")
     p.add_argument("--dir", type=Path, default=Path("~/.cache/gpu-train/loopback").expanduser(),
