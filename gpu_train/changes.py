@@ -162,7 +162,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:40] + "...(" + str(len(text)) + " chars)"
 
 
-def render(changes: list[Change], stack: str) -> str:
+def render(changes: list[Change], stack: str, cli: str) -> str:
+    """The changes, one line each, and what they mean for the runs; ``cli``: the command the user
+    runs (gpu-train or fab), for the fixes."""
     if not changes:
         return f"The deployed stack {stack} already matches its settings: `pulumi up` changes nothing on the VM."
     lines = [f"Changes to the deployed stack {stack} (wanted settings vs `pulumi stack export`):"]
@@ -176,6 +178,6 @@ def render(changes: list[Change], stack: str) -> str:
                      "which is kept and attached again, and the agent resumes interrupted runs at boot.")
     if w == REPLACE_DISK:
         lines.append("A data disk would be deleted: Pulumi refuses (the disk is protected). Fetch its runs "
-                     "(fab fetch --all), then `fab down`, or keep the disk's settings (zone, dataDiskType, "
+                     f"({cli} fetch --all), then `{cli} down`, or keep the disk's settings (zone, dataDiskType, "
                      "a smaller dataDiskSizeGb, nodes) as they are.")
     return "\n".join(lines)

@@ -112,18 +112,20 @@ def ssh_key(stack: str, private_key: str, private_exists: bool, public_problem: 
     return Finding(what, True, private_key)
 
 
-def stack_file(stack: str, target: str | None, problems: str | None, deployed: bool | None, how: str) -> Finding:
-    """A stack file: valid or not; for GCP stacks whether it is deployed (``how`` says how we know)."""
+def stack_file(stack: str, target: str | None, problems: str | None, deployed: bool | None, how: str,
+               plan: str = "scripts/plan", up: str = "scripts/up") -> Finding:
+    """A stack file: valid or not; for GCP stacks whether it is deployed (``how`` says how we know).
+    ``plan`` and ``up``: how this clone's scripts are run from where the user is (``project.repo_script``)."""
     what = f"stack {stack}"
     if problems is not None:
         first = problems.splitlines()[1:2] or [problems]
         return Finding(what, False, f"invalid: {first[0].strip().removeprefix('- ')}",
-                       f"scripts/plan --stack {stack} lists every problem and its fix")
+                       f"{plan} --stack {stack} lists every problem and its fix")
     if target == "ssh":
         return Finding(what, True, f"valid (SSH stack{how and ': ' + how})")
     if deployed is None:
         return Finding(what, True, f"valid; deployed: unknown ({how})")
-    state = "deployed" if deployed else "not deployed (pulumi up, or scripts/up)"
+    state = "deployed" if deployed else f"not deployed ({up} --stack {stack}, or pulumi up)"
     return Finding(what, True, f"valid; {state} ({how})")
 
 

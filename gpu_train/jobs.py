@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import difflib
 import json
+import os
 import re
 import shlex
 from dataclasses import replace
@@ -74,8 +76,11 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def job_spec(*, run: str, base: str, script: str | None, command: str | None, args: str, env: list[str],
-             python: str | None, expect_gpus: int, code_dir: Path) -> JobSpec:
-    """Check train's options against the code directory; build what the host runs."""
+             python: str | None, expect_gpus: int, code_dir: Path, cwd: Path | None = None) -> JobSpec:
+    """Check train's options against the code directory; build what the host runs.
+
+    ``cwd`` is where the user is: a relative --script is a path in ``code_dir`` (the project root),
+    and one that names a file from ``cwd`` instead gets the path to use."""
     if bool(script) == bool(command):
         raise JobError("give exactly one of --script FILE or --command CMD")
     if script:
@@ -86,7 +91,7 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
             except ValueError:
                 raise JobError(f"--script {script}: the script must be inside --dir {code_dir}") from None
         if not (code_dir / rel).is_file():
-            raise JobError(f"--script {script}: no such file in {code_dir}")
+            raise JobError(missing_script(script, code_dir, cwd, script_candidates(code_dir)))
         script = rel.as_posix()
         if script.startswith("-"):  # `--script -V` is a file named -V, never an option of Python's
             script = f"./{script}"
@@ -99,6 +104,39 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
                        "so close each quote (an apostrophe inside double quotes: --args \"--title \\\"it's\\\"\")") from None
     return JobSpec(run_id=run, base=base, script=script, command=command, args=argv,
                    env=parse_env(env), python=python, expect_gpus=expect_gpus)
+
+
+SKIPPED_DIRS = {".git", "runs", ".gpu-train", "node_modules", "__pycache__", ".venv", "venv"}
+
+
+def script_candidates(code_dir: Path, limit: int = 5000) -> list[str]:
+    """The Python files under ``code_dir`` (paths relative to it), for a "did you mean": hidden
+    directories, virtual environments and fetched runs left out, at most ``limit`` looked at."""
+    found: list[str] = []
+    for here, dirs, files in os.walk(code_dir):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not d.startswith("."))
+        rel = Path(here).relative_to(code_dir)
+        found += [(rel / f).as_posix() for f in sorted(files) if f.endswith(".py")]
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
+def missing_script(script: str, code_dir: Path, cwd: Path | None, candidates: list[str]) -> str:
+    """Why --script names no file, and the path that would: --script is relative to the project
+    root (``code_dir``), not to the directory the user is in. Pure but for the one look at ``cwd``."""
+    text = f"--script {script}: no such file in the project root {code_dir} (--script paths are relative to it)"
+    if cwd is not None and (cwd / script).is_file():
+        try:
+            inside = (cwd / script).resolve().relative_to(code_dir.resolve()).as_posix()
+        except ValueError:
+            return f"{text}; {cwd / script} is outside it: the script must be in the code that is synced"
+        return f"{text}; from here, use --script {inside}"
+    by_name = [c for c in candidates if Path(c).name == Path(script).name]
+    close = by_name[:3] or difflib.get_close_matches(script, candidates, n=3, cutoff=0.6) or \
+        [c for c in candidates if Path(c).name in difflib.get_close_matches(Path(script).name,
+                                                                          [Path(c).name for c in candidates], n=3, cutoff=0.6)][:3]
+    return f"{text}; did you mean {' or '.join(close)}?" if close else text
 
 
 TORCH_IMPORT_RE = re.compile(r"^\s*(import torch\b|from torch\b)", re.M)

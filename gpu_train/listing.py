@@ -217,6 +217,30 @@ def rows(facts: list[StackFacts], now: float, catalog: Catalog) -> list[Row]:
     return sorted((row(f, now, catalog) for f in facts), key=lambda r: (not r.billing, r.stack))
 
 
+# How a row's VM state is known (vm_state's second value), as the footer says it.
+SOURCE_WORDS = {
+    "compute api": "from the Compute API",
+    "host answered": "from the host's answer",
+    "last known outputs": "from the last known stack outputs",
+    "ssh": "unknown (SSH failed)",
+    "stack file": "unknown (invalid stack file)",
+    "not asked": "not asked",
+    "no outputs": "none deployed (no stack outputs)",
+}
+
+
+def sources_text(table: list[Row]) -> str:
+    """How the VM states were known, each way with the stacks it holds for:
+    "from the Compute API (t4, l4); not asked (lab)"."""
+    by_source: dict[str, list[str]] = {}
+    for r in table:
+        by_source.setdefault(r.source, []).append(r.stack)
+    order = list(SOURCE_WORDS)
+    parts = [f"{SOURCE_WORDS.get(s, s)} ({', '.join(stacks)})"
+             for s, stacks in sorted(by_source.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))]
+    return "; ".join(parts)
+
+
 def render(table: list[Row]) -> str:
     def money(v: float | None) -> str:
         return "-" if v is None else f"${v:.2f}"
@@ -234,7 +258,7 @@ def render(table: list[Row]) -> str:
     total = sum(r.hourly_now or 0 for r in table if r.billing)
     if not table:
         return "no stack files (copy one from stacks/, or `pulumi stack init NAME`)"
-    lines.append(f"billing now: ${total:.2f}/h across {sum(r.billing for r in table)} stack(s); VM states from "
-                 + ", ".join(sorted({r.source for r in table})))
+    lines.append(f"billing now: ${total:.2f}/h across {sum(r.billing for r in table)} stack(s); VM states "
+                 + sources_text(table))
     lines.append("this month: VM uptime seen so far x $/h (disks are not counted: the catalog has no disk prices)")
     return "\n".join(lines)

@@ -29,13 +29,14 @@ def commands(stack: str, running: bool, nodes: int) -> list[list[str]]:
     return [["pulumi", "config", "set", "gpu-train:running", "true" if running else "false", "--stack", stack], up]
 
 
-def refusal(running_runs: list[str], unreachable: list[str], force: bool, stack: str) -> str | None:
-    """Why vm-stop must not stop now (the same guard as `fab down`), or None."""
+def refusal(running_runs: list[str], unreachable: list[str], force: bool, stack: str, cli: str) -> str | None:
+    """Why vm-stop must not stop now (the same guard as `fab down`), or None; ``cli``: the command
+    the user runs (gpu-train or fab), for the fixes."""
     if force:
         return None
     if running_runs:
-        return (f"refusing: still running: {', '.join(running_runs)} (fab stop --stack {stack} first, or vm-stop --force; "
+        return (f"refusing: still running: {', '.join(running_runs)} ({cli} stop --stack {stack} first, or {cli} vm-stop --force; "
                 "a stopped VM keeps its disk and its runs resume at the next start)")
     if unreachable:
-        return f"refusing: cannot check the runs ({'; '.join(unreachable)}); vm-stop --force to stop anyway"
+        return f"refusing: cannot check the runs ({'; '.join(unreachable)}); {cli} vm-stop --force to stop anyway"
     return None

@@ -19,6 +19,37 @@ EXAMPLE_STACKS = REPO / "stacks"
 MARKERS = ("stacks", ".git")  # a directory holding one of these is a project's root
 
 
+def command_name(argv0: str) -> str:
+    """The command the user typed, for the fixes our messages suggest: ``fab`` when Fabric's own
+    program runs the tasks (``fab``, ``python -m fabric``), else ``gpu-train`` (its console script,
+    and the command that works from anywhere, for the scripts and the agent)."""
+    path = Path(argv0)
+    if path.name == "fab" or (path.name == "__main__.py" and path.parent.name == "fabric"):
+        return "fab"
+    return "gpu-train"
+
+
+def repo_script(name: str, cwd: Path | None = None, repo: Path = REPO) -> str:
+    """How to run one of this clone's ``scripts/NAME`` from ``cwd``: ``scripts/NAME`` inside the clone,
+    else its full path (the user's project has no scripts/ of ours)."""
+    here = (cwd or Path.cwd()).resolve()
+    script = repo.resolve() / "scripts" / name
+    if here == repo.resolve():
+        return f"scripts/{name}"
+    if here.is_relative_to(repo.resolve()):
+        return os.path.relpath(script, here)
+    return str(script)
+
+
+def find_project(cwd: Path | None = None) -> Path | None:
+    """The nearest directory at or above ``cwd`` with a ``stacks/`` or ``.git``; None when there is none."""
+    here = (cwd or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if any((candidate / m).exists() for m in MARKERS):
+            return candidate
+    return None
+
+
 def project_root(cwd: Path | None = None) -> Path:
     """The nearest directory at or above ``cwd`` with a ``stacks/`` or ``.git``; else ``cwd``.
 
@@ -26,11 +57,23 @@ def project_root(cwd: Path | None = None) -> Path:
     """
     if os.environ.get("GPU_TRAIN_PROJECT"):
         return Path(os.environ["GPU_TRAIN_PROJECT"]).expanduser().resolve()
-    here = (cwd or Path.cwd()).resolve()
-    for candidate in (here, *here.parents):
-        if any((candidate / m).exists() for m in MARKERS):
-            return candidate
-    return here
+    return find_project(cwd) or (cwd or Path.cwd()).resolve()
+
+
+def no_stack(own: list[str], project: Path | None, cwd: Path, cli: str) -> tuple[str, str]:
+    """(what is wrong, the fix) when no stack was named: ``own`` are the project's stacks, ``project``
+    the project found from ``cwd`` upwards (None: none, so the usual fix, init, must be run elsewhere)."""
+    if project is None:
+        return (f"no stack selected, and no project here: no stacks/ directory or .git in {cwd} or any "
+                "directory above it",
+                f"cd into your project, or make this one: `{cli} init --host USER@HOST` (or --gcp-project ID) writes "
+                f"stacks/ here; or point at stack files: --stacks-dir DIR (or GPU_TRAIN_STACKS_DIR) and --stack NAME")
+    if own:
+        return (f"no stack selected (this project has {', '.join(own)})",
+                f"pass --stack NAME (e.g. --stack {own[0]}), or set GPU_TRAIN_STACK")
+    return (f"no stack selected (the project {project} has no stack files in stacks/)",
+            f"create one: `{cli} init --host USER@HOST` (or --gcp-project ID), or pass --stack NAME "
+            "(one of this clone's examples, or of --stacks-dir)")
 
 
 def stack_dirs(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import disks, images, names, values
+from gpu_train import disks, images, names, placeholders, values
 from gpu_train.catalog import ZONE_PATTERN, Catalog
 from gpu_train.config import ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 from gpu_train.pools import check_pools
@@ -98,6 +98,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     problems += _labels(cfg) + _lifecycle(cfg)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
     problems += names.check(cfg.stack, cfg.nodes)
+    problems += placeholders.check(cfg.project, cfg.ssh_source_ranges)
     return problems
 
 

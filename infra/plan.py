@@ -18,7 +18,10 @@ from gpu_train.catalog import Catalog
 from gpu_train.catalog_file import load_catalog
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.pricing import Cost, hourly_cost
+from gpu_train.project import command_name
 from infra import preview, program, pulumi_cli
+
+CLI = command_name(sys.argv[0])  # the task runner the fixes name (gpu-train, or fab inside the clone)
 
 KEY_PLACEHOLDER = "ssh-ed25519 AAAA...(your key)"
 
@@ -113,7 +116,7 @@ def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
                 "(or the current limit, if higher)"]
     if r.typ.endswith("compute/disk:Disk"):
         return [f"name {i.get('name')}: {int(i['size'])} GB {i.get('type')} in {i.get('zone')}, for REMOTE_ROOT/runs",
-                "kept when the VM is replaced; protected: `pulumi destroy` refuses it, `fab down` fetches first"
+                f"kept when the VM is replaced; protected: `pulumi destroy` refuses it, `{CLI} down` fetches first"
                 if r.protect else "NOT protected"]
     if r.typ.endswith("Instance"):
         init = i["bootDisk"]["initializeParams"]
@@ -167,7 +170,7 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     for r in sorted(result.resources, key=lambda r: (rank(r.typ.rsplit(":", 1)[-1]), r.name)):
         lines.append(f"  + {r.typ}  {r.name}")
         lines += [f"      {p}" for p in _props(r, catalog) if p]
-    lines += ["", "Stack outputs (read by the fab tasks):"]
+    lines += ["", "Stack outputs (read by the tasks):"]
     lines += [f"  {k}: {_output(v)}" for k, v in result.outputs.items()]
     if warnings:
         lines += ["", "Warnings:"] + [f"  - {w}".replace("\n", "\n  ") for w in warnings]
@@ -206,7 +209,7 @@ def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | 
         return message, status
     if not cfg.is_gcp:
         hosts = ", ".join(map(str, cfg.hosts))
-        return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the fab tasks.", ExitStatus.OK
+        return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the tasks ({CLI} train, ...).", ExitStatus.OK
     _, problem = stackfile.read_public_key(cfg)
     if problem is not None:  # not needed to plan; `pulumi up` stops on it
         warnings = [*warnings, config.Problem(problem.key, problem.message + " (pulumi up will stop here)",
@@ -216,7 +219,7 @@ def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | 
         return f"the program failed under the mock runtime: {result.error}", ExitStatus.USAGE
     text = render(cfg, result, warnings, catalog)
     if deployed is not None and pulumi_cli.has_vm(deployed):
-        text += "\n\n" + changes.render(changes_against(result, deployed), stack)
+        text += "\n\n" + changes.render(changes_against(result, deployed), stack, CLI)
     return text, ExitStatus.OK
 
 

@@ -115,11 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stack", required=True)
     args = p.parse_args(argv)
     try:
-        cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(args.stack)), args.stack, load_catalog())
+        cfg, warnings = validate.check(stackfile.read_stack_file(stackfile.stack_file(args.stack)), args.stack, load_catalog())
     except config.ConfigError as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)
         return status
+    for w in warnings:  # the same warnings as scripts/plan (an example value still in the stack, ...)
+        print(f"warning: {w}".replace("\n", "\n  "), file=sys.stderr)
     if not cfg.is_gcp:
         print(f"stack {args.stack} targets SSH hosts: no cloud quotas to check")
         return ExitStatus.OK

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from gpu_train import capacity, changes, config, stackfile, validate
 from gpu_train.catalog_file import load_catalog
+from gpu_train.project import command_name
 from infra import pulumi_cli
 
 # What an attempt may leave behind that the next zone would have to replace: removed between attempts.
@@ -110,7 +111,7 @@ class Up:
         from infra import plan  # the program under mocks: only needed to compare with a deployed VM
 
         found = plan.changes_against(plan.wanted(self.cfg, self.catalog), before)
-        self.say(changes.render(found, self.stack))
+        self.say(changes.render(found, self.stack, command_name(sys.argv[0])))
         if changes.replaces_anything(found) and not ask("Apply these changes (they replace something)?", self.yes,
                                                         self.say):
             return 1
@@ -143,7 +144,7 @@ class Up:
                      "(the VM and its runs stay as they are)\n"
                      f"  scripts/up --stack {self.stack} --move             replace the VM in another zone{where}: a "
                      "disk cannot leave its zone, so the data disk is replaced too and only the runs you fetched home "
-                     "(fab fetch --all, which needs the VM running) survive")
+                     f"({command_name(sys.argv[0])} fetch --all, which needs the VM running) survive")
         return 1
 
     def move(self, before: list[pulumi_cli.Resource], zones: list[str] | None, retry: bool, max_attempts: int) -> int:

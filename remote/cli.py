@@ -40,7 +40,15 @@ def suggest(error: ParseError, tasks: list[str], flags: list[str]) -> str:
 
 
 class Executor(FabricExecutor):
-    """Text after ``--`` goes to the task that asks for it (its ``remainder_kwarg``), not to ``-H`` hosts."""
+    """Text after ``--`` goes to the task that asks for it (its ``remainder_kwarg``), not to ``-H`` hosts;
+    Ctrl-C that a task does not handle itself ends it with "interrupted" and exit status 130 (Invoke's
+    own program would exit 1 and say nothing)."""
+
+    def execute(self, *tasks):
+        try:
+            return super().execute(*tasks)
+        except KeyboardInterrupt:
+            raise Exit("interrupted", code=ExitStatus.INTERRUPTED) from None
 
     def expand_calls(self, calls, apply_hosts=True):
         remainder = self.core.remainder

@@ -136,3 +136,57 @@ class Sshd:
             f"{extra}"
         )
         return path
+
+
+def stack_text(server: Sshd, remote_root: Path) -> str:
+    """The stack file lines that reach ``server`` (an SSH stack on this machine)."""
+    return ("config:\n  gpu-train:target: ssh\n"
+            f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
+            f"  gpu-train:remoteRoot: {remote_root}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m remote.loopback`: an SSH stack to try gpu-train on, with no other machine.
+
+    Starts sshd on a loopback address as you, prints the stack lines that reach it, and serves
+    until Ctrl-C. Its keys live in --dir, so the next start is the same host (the stack's learned
+    host key still matches) on the same port when it is free.
+    """
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m remote.loopback", description=main.__doc__.split("\n\n")[0])
+    p.add_argument("--address", default="127.0.0.2", help="a loopback address (127.x.y.z; default 127.0.0.2)")
+    p.add_argument("--port", type=int, default=2222, help="default 2222, or a free one when it is taken")
+    p.add_argument("--dir", type=Path, default=Path("~/.cache/gpu-train/loopback").expanduser(),
+                   help="where its keys, config and the host's files (remoteRoot) live")
+    args = p.parse_args(argv)
+    if not args.address.startswith("127."):
+        p.error(f"--address {args.address}: give a loopback address (127.x.y.z): this sshd lets in your key only, "
+                "but it should not listen on a network")
+    port = args.port
+    with socket.socket() as s:
+        try:
+            s.bind((args.address, port))
+        except OSError:
+            port = free_port(args.address)
+    workdir = args.dir.expanduser().resolve() / f"{args.address}"
+    server = Sshd(workdir, args.address, port=port).start()
+    try:
+        print(f"sshd on {args.address}:{port} as {server.user}, files in {workdir}; Ctrl-C stops it.\n"
+              "Put these lines in your project's stacks/Pulumi.local.yaml:\n", flush=True)
+        print(stack_text(server, workdir / "remote"), flush=True)
+        print("then: gpu-train ssh --stack local -- uname -a; gpu-train train --stack local --script train.py --follow\n"
+              "(the job's venv is made from this machine's python3 with its site packages)", flush=True)
+        while server.proc is not None and server.proc.poll() is None:
+            time.sleep(0.5)
+        print("sshd exited: see " + str(workdir / "sshd.log"), flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+        return 0
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

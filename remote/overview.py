@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpu_train import checkup, config, listing, stackfile, validate
 from gpu_train.catalog_file import load_catalog
-from gpu_train.project import listed_stack_files, stack_dirs
+from gpu_train.project import listed_stack_files, repo_script, stack_dirs
 from gpu_train.vm import label_value
 from infra import probes
 
@@ -77,10 +77,11 @@ def check_findings(home: Path) -> list[checkup.Finding]:
         keys.setdefault((private, problem.message if problem else None), []).append(name)
     for (private, problem_text), names in keys.items():
         findings.append(checkup.ssh_key(", ".join(names), private, Path(private).is_file(), problem_text))
+    scripts = (repo_script("plan"), repo_script("up"))  # as they run from here (the user's project has no scripts/)
     for name, cfg, problems in stacks:
         if cfg is None or not cfg.is_gcp:
             how = f"{len(cfg.hosts)} host(s)" if cfg else ""
-            findings.append(checkup.stack_file(name, cfg.target if cfg else None, problems, None, how))
+            findings.append(checkup.stack_file(name, cfg.target if cfg else None, problems, None, how, *scripts))
             continue
         if deployed_in_backend is not None:
             info = deployed_in_backend.get(name)
@@ -89,7 +90,7 @@ def check_findings(home: Path) -> list[checkup.Finding]:
             deployed, how = True, "last known outputs"
         else:
             deployed, how = None, "no backend to ask"
-        findings.append(checkup.stack_file(name, "gcp", None, deployed, how))
+        findings.append(checkup.stack_file(name, "gcp", None, deployed, how, *scripts))
     if not stacks:
         findings.append(checkup.Finding("stack files", None, f"none in {stack_dirs()[0]} (gpu-train init writes one)"))
     return findings

@@ -14,6 +14,7 @@ from pathlib import Path
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
+from gpu_train.project import repo_script
 
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 GITIGNORED = ("runs/", ".gpu-train/")
@@ -56,15 +57,9 @@ def to_edit(kind: str, path: Path) -> list[str]:
         return [f"check gpu-train:hosts in {path}", "try it: gpu-train ssh -- nvidia-smi",
                 "then: gpu-train train --script train.py --follow"]
     return [f"edit gcp:project and gpu-train:sshSourceRanges in {path}",
-            f"check it: {_repo_script('plan')} --stack {path.name.removeprefix('Pulumi.').rsplit('.', 1)[0]}",
+            f"check it: {repo_script('plan')} --stack {path.name.removeprefix('Pulumi.').rsplit('.', 1)[0]}",
             "create the VM: see README, \"A GCP stack in your project\"",
             "then: gpu-train train --script train.py --follow"]
-
-
-def _repo_script(name: str) -> str:
-    from gpu_train.project import REPO
-
-    return str(REPO / "scripts" / name)
 
 
 def ignore_lines(existing: str) -> list[str]:

@@ -13,6 +13,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,15 +223,22 @@ def always_excluded(src: Path, outputs: list[tuple[Path, str | None]]) -> list[t
     return out
 
 
-def left_out_summary(items: list[LeftOut], limit: int = 4) -> str:
-    """One line naming the biggest things left out and their sizes, and how to send data instead."""
+def left_out_summary(items: list[LeftOut], cli: str = "gpu-train", limit: int = 4) -> str:
+    """One line naming the biggest things left out and their sizes, and how to send data instead:
+    `push` of the biggest directory left out, and where the job finds it (as `push` puts it:
+    $DATA_DIR/PATH, and a top-level one also as PATH/ in the job's working directory)."""
     shown = sorted(items, key=lambda i: -i.bytes)[:limit]
     if not shown:
         return ""
     parts = [f"{i.path} {'>= ' if i.capped else ''}{human(i.bytes)}, {i.why}" for i in shown]
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    return (f"left out: {'; '.join(parts)}{more}. To send data: gpu-train push DIR "
-            "(the job finds it in $DATA_DIR)")
+    folder = next((i.path.rstrip("/") for i in shown if i.path.endswith("/") and i.path.rstrip("/") not in ("runs", ".gpu-train")),
+                  None)
+    if folder is None:
+        return f"left out: {'; '.join(parts)}{more}. To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
+    also = f", and as {folder}/ in its working directory" if "/" not in folder else ""
+    return (f"left out: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {folder} "
+            f"(the job finds it in $DATA_DIR/{folder}{also})")
 
 
 def ignore_sources(src: Path, paths: list[str]) -> dict[str, str]:
@@ -308,12 +317,36 @@ def _left_out(src: Path, forced: list[tuple[str, str | None]], ignored: list[str
     return items
 
 
-def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: str, rsh: str | None = None) -> None:
-    """Sync the planned code to the host's staging area for ``run_id``."""
+class SyncCancelled(RemoteError):
+    """The code sync was stopped from here (Ctrl-C): nothing was launched."""
+
+
+def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: str, rsh: str | None = None,
+              cancel: threading.Event | None = None) -> None:
+    """Sync the planned code to the host's staging area for ``run_id``.
+
+    ``cancel`` set (Ctrl-C on the laptop, seen by the main thread only) ends rsync at once and
+    raises SyncCancelled, also when it is set just as rsync finished: the launch must not go on.
+    """
     cmd = push_command(target, host, plan.src, run_id, base, plan.exclude, plan.git_mode, rsh)
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RemoteError(f"rsync of the code to {host} failed (exit {result.returncode}): {result.stderr.strip()}")
+    if cancel is not None and cancel.is_set():
+        raise SyncCancelled(f"the code sync to {host} was interrupted before it began")
+    with tempfile.TemporaryFile() as err, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err) as proc:
+        while True:
+            try:
+                proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if cancel is not None and cancel.is_set():
+                    proc.terminate()
+                    proc.wait()
+                    break
+        if cancel is not None and cancel.is_set():
+            raise SyncCancelled(f"the code sync to {host} was interrupted")
+        if proc.returncode != 0:
+            err.seek(0)
+            text = err.read().decode("utf-8", "replace").strip()
+            raise RemoteError(f"rsync of the code to {host} failed (exit {proc.returncode}): {text}")
 
 
 def data_command(target: Target, host: SshHost, src: Path, dest: str, progress: bool, rsh: str | None = None) -> list[str]:

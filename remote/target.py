@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -95,8 +96,9 @@ def select_stack(stack: str | None) -> str:
         out = subprocess.run(["pulumi", "stack", "--show-name"], cwd=REPO, capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
-    raise ConfigError([Problem("stack", "no stack selected" + (f" (this project has {', '.join(own)})" if own else ""),
-                               "pass --stack NAME, set GPU_TRAIN_STACK, or create one: gpu-train init")])
+    found = project.project_root() if os.environ.get("GPU_TRAIN_PROJECT") else project.find_project()
+    what, fix = project.no_stack(own, found, Path.cwd(), project.command_name(sys.argv[0]))
+    raise ConfigError([Problem("stack", what, fix)])
 
 
 def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:

@@ -148,9 +148,9 @@ def test_flatten_leaves_out_the_providers_defaults_and_empty_values() -> None:
 
 def test_render_names_the_setting_and_what_survives() -> None:
     before, after = declared(), declared(spot=True)
-    text = changes.render(plan.changes_against(after, as_deployed(before)), "s")
+    text = changes.render(plan.changes_against(after, as_deployed(before)), "s", "fab")
     assert "replaces the VM (data disk kept)" in text and "[spot]" in text and "data disk, which is kept" in text
-    assert changes.render([], "s").startswith("The deployed stack s already matches")
+    assert changes.render([], "s", "fab").startswith("The deployed stack s already matches")
 
 
 @pytest.mark.parametrize(("root", "rendered"), [

@@ -45,5 +45,5 @@ def test_commands() -> None:
      ([], ["cannot reach 1.2.3.4"], False, "cannot check the runs"), ([], ["x"], True, None)],
 )
 def test_refusal(running, unreachable, force, words) -> None:
-    reason = power.refusal(running, unreachable, force, "t4")
+    reason = power.refusal(running, unreachable, force, "t4", "gpu-train")
     assert (reason is None) == (words is None) and (words is None or words in reason)

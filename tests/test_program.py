@@ -237,7 +237,7 @@ def test_a_cluster_of_nodes() -> None:
     # the rule of lowest priority number applies, and a deny wins a tie.
     deny = fw["gpu-train-big-ssh-deny-ipv4"]
     assert internal.get("priority", 1000) < deny["priority"]  # 1000: Compute Engine's default
-    assert fw["gpu-train-big-ssh-ipv4"]["sourceRanges"] == ["203.0.113.7/32"]  # nothing new from outside
+    assert fw["gpu-train-big-ssh-ipv4"]["sourceRanges"] == ["10.1.2.3/32"]  # nothing new from outside
     out = result.outputs
     assert out["nodes"] == 3 and len(out["externalIps"]) == 3 and len(out["internalIps"]) == 3
     assert out["instanceName"] == "gpu-train-big-0" and out["hourlyCostUsd"] is None

@@ -79,7 +79,12 @@ def test_left_out_and_always_excluded(tmp_path: Path) -> None:
     items = [sync.LeftOut("data/", 51 * 1024 * 1024, "ignored by .gitignore"), sync.LeftOut("runs/", 10, "fetched results")]
     text = sync.left_out_summary(items)
     assert text.startswith("left out: data/ 51.0 MiB, ignored by .gitignore; runs/ 10 B, fetched results.")
-    assert "gpu-train push DIR" in text and "$DATA_DIR" in text and sync.left_out_summary([]) == ""
+    assert "To send data/: gpu-train push data (the job finds it in $DATA_DIR/data, and as data/" in text
+    assert sync.left_out_summary([]) == ""
+    files = sync.left_out_summary([sync.LeftOut("big.bin", 9, "ignored by .gitignore")], "fab")
+    assert "fab push DIR (the job finds it in $DATA_DIR/DIR)" in files
+    nested = sync.left_out_summary([sync.LeftOut("sets/imagenet/", 9, "ignored by .gitignore")], "fab")
+    assert "fab push sets/imagenet (the job finds it in $DATA_DIR/sets/imagenet)" in nested
 
 
 def test_suggest_and_starter_stacks() -> None:

@@ -30,7 +30,7 @@ VALID = [
     {"machineType": "a3-ultragpu-8g", "gpuType": None, "gpuCount": None, "spot": True, "zone": "us-central1-b"},
     {"machineType": "a4-highgpu-8g", "gpuType": None, "gpuCount": None, "spot": True, "zone": "us-central1-b"},
     {"sshSourceRanges": ["0.0.0.0/0"], "allowSshFromAnywhere": True},
-    {"sshSourceRanges": ["2001:db8::/32", "198.51.100.0/24"]},
+    {"sshSourceRanges": ["2001:db9::/32", "198.51.99.0/24"]},
     {"labels": {"team": "vision", "cost-center": "42"}},
     {"bootDiskType": "pd-ssd", "bootDiskSizeGb": 1000},
     {"imageProject": "my-images", "imageFamily": "anything-goes"},
@@ -98,7 +98,7 @@ INVALID = [
     ({"sshSourceRanges": ["0.0.0.0/0"]}, [("sshSourceRanges", "whole internet")]),
     ({"sshSourceRanges": ["::/0"]}, [("sshSourceRanges", "allowSshFromAnywhere")]),
     ({"sshSourceRanges": ["10.1.2.3/8"]}, [("sshSourceRanges", "network address: 10.0.0.0/8")]),
-    ({"sshSourceRanges": ["203.0.113.7"]}, [("sshSourceRanges", "write 203.0.113.7/32")]),
+    ({"sshSourceRanges": ["10.1.2.3"]}, [("sshSourceRanges", "write 10.1.2.3/32")]),
     ({"sshSourceRanges": ["my-laptop"]}, [("sshSourceRanges", "not a CIDR range")]),
     ({"sshSourceRanges": "1.2.3.4/33"}, [("sshSourceRanges", "not a CIDR range")]),
     ({"sshSourceRanges": []}, [("sshSourceRanges", "lists no range")]),
@@ -135,6 +135,13 @@ WARNINGS = [
     ({"imageFamily": "pytorch-3-0-cu130-ubuntu-2404-nvidia-590"}, [("imageFamily", "not among")]),
     ({"machineType": "g4-standard-48", "gpuType": None, "gpuCount": None, "zone": "us-east1-b"},
      [("zone", "unverified for this GPU")]),
+    # example values from the docs and `init`, still in the stack (gpu_train/placeholders.py)
+    ({"sshSourceRanges": ["203.0.113.7/32"]}, [("sshSourceRanges", "reserved for documentation")]),
+    ({"sshSourceRanges": ["10.1.2.3/32", "198.51.100.0/24"]}, [("sshSourceRanges", "curl -s ifconfig.me")]),
+    ({"sshSourceRanges": ["192.0.2.128/25"]}, [("sshSourceRanges", "reserved for documentation")]),
+    ({"sshSourceRanges": ["2001:db8::1/128"]}, [("sshSourceRanges", "reserved for documentation")]),
+    ({"gcp:project": "my-proj"}, [("gcp:project", "gcloud projects list")]),
+    ({"gcp:project": "my-gcp-project"}, [("gcp:project", "example project id")]),
 ]
 
 

@@ -16,6 +16,8 @@ import zipfile
 import zlib
 from pathlib import Path
 
+from remote.agent.protocol import CLI_ENV
+
 PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp
 HERE = Path(__file__).resolve().parent
 LAPTOP_ONLY = {"bundle.py"}  # guard.py goes too: the installed agent checks its root on every run
@@ -79,12 +81,20 @@ def digest(zipapp: bytes) -> str:
     return hashlib.sha256(zipapp).hexdigest()
 
 
-def agent_command(root: str, *args: str, zipapp: bytes | None = None) -> str:
+def agent_command(root: str, *args: str, zipapp: bytes | None = None, cli: str | None = None) -> str:
     """A shell command that runs the agent shipped inline (no file needed on the host yet).
 
-    The zipapp travels compressed on the command line: one SSH exec, no stdin, no upload.
+    The zipapp travels compressed on the command line: one SSH exec, no stdin, no upload. ``cli``
+    (default: the command running here) is the laptop's command the agent's messages name.
     """
+    if cli is None:
+        import sys
+
+        from gpu_train.project import command_name
+
+        cli = command_name(sys.argv[0])
     packed = pack(payload() if zipapp is None else zipapp)
     # The system Python when there is one: it starts fastest and no environment manager wraps it.
     run = shlex.join(["-S", "-c", BOOTSTRAP, packed, "--root", root, *args])
-    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec "$p" {run}'
+    named = shlex.quote(f"{CLI_ENV}={cli}")
+    return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec env {named} "$p" {run}'

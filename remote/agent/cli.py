@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("tick")
     watching = sub.add_parser("watch", help="pass the metadata server's maintenance and preemption notices to the jobs")
     watching.add_argument("--rounds", type=int, help="stop after this many answers per value (tests)")
-    sub.add_parser("fetch-serve", help="serve `fab fetch`: JSON requests on stdin, framed answers on stdout")
+    sub.add_parser("fetch-serve", help="serve the laptop's fetch: JSON requests on stdin, framed answers on stdout")
     authorizing = sub.add_parser("authorize", help="let node 0 of a cluster pass the code on to this node")
     authorizing.add_argument("--key", required=True, help="the cluster's public key: ssh-ed25519 BASE64")
     authorizing.add_argument("--name", required=True, help="the stack's name (the line's comment)")

@@ -14,6 +14,12 @@ import os
 import stat
 
 
+def _cli() -> str:
+    """protocol.cli_name, repeated here: this file runs inline before the package exists on the host."""
+    name = os.environ.get("GPU_TRAIN_CLI", "")
+    return name if name in ("gpu-train", "fab") else "gpu-train"
+
+
 class UnsafeRoot(Exception):
     """REMOTE_ROOT is not ours alone; the message names the path, the reason and the fix."""
 
@@ -93,4 +99,4 @@ def check_own_file(path: str) -> None:
            f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else "")
     if why:
         raise UnsafeRoot(f"{path} {why}: gpu-train did not write it for you, and will not run it. "
-                         "Run any fab task to reinstall the agent")
+                         f"Run any {_cli()} task (e.g. `{_cli()} status`) to reinstall the agent")

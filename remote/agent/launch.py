@@ -12,7 +12,7 @@ import time
 
 from . import units
 from .procs import detect_python, gpu_count
-from .protocol import FAILED, STARTING, project_dirs
+from .protocol import FAILED, STARTING, cli_name, project_dirs
 from .status import busy_runs, machine_settings
 from .store import AgentError, agent_path, locked, now, read_json, settings, update_state, write_json
 
@@ -45,7 +45,7 @@ def refuse_if_busy(root: str, base: str) -> None:
     busy = busy_runs(root, base)
     if busy:
         raise AgentError(f"a run named {base!r} is already running ({', '.join(busy)}): "
-                         f"stop it (fab stop --run {busy[0]}) or pick another --name")
+                         f"stop it ({cli_name()} stop --run {busy[0]}) or pick another --name")
 
 
 def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
@@ -88,7 +88,7 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
             raise AgentError(f"run {run_id} already exists on this host: pick another --name") from None
         if not os.path.isdir(staging):
             os.rmdir(run_dir)
-            raise AgentError(f"the code for {run_id} did not arrive (no {staging}): run fab train again")
+            raise AgentError(f"the code for {run_id} did not arrive (no {staging}): run {cli_name()} train again")
         os.replace(staging, os.path.join(run_dir, "code"))
         os.makedirs(os.path.join(run_dir, "job"), exist_ok=True)
         last = os.path.join(root, "code", f"{base}.last")

@@ -166,3 +166,17 @@ def project_dirs(root: str, project: str | None) -> tuple[str, str]:
 # The log stream's markers on stderr: where it started reading, and the run's last word.
 LOG_START = "GPU-TRAIN-START "
 LOG_END = "GPU-TRAIN-END "
+
+# The command the user runs on the laptop (`gpu-train` or `fab`), in the environment of every agent
+# call, so that the fixes the agent's messages suggest name it; calls from a host's own units and
+# cron (no laptop) get the default.
+CLI_ENV = "GPU_TRAIN_CLI"
+CLI_NAMES = ("gpu-train", "fab")
+
+
+def cli_name(environ: dict[str, str] | None = None) -> str:
+    """The laptop's command as the laptop named it, or ``gpu-train``."""
+    import os
+
+    name = (os.environ if environ is None else environ).get(CLI_ENV, "")
+    return name if name in CLI_NAMES else CLI_NAMES[0]

@@ -21,7 +21,7 @@ import os
 import re
 import time
 
-from .protocol import DEFAULT_SETTINGS
+from .protocol import DEFAULT_SETTINGS, cli_name
 
 
 class AgentError(Exception):
@@ -86,6 +86,15 @@ def run_dirs(root: str) -> list[str]:
     return [os.path.join(runs, n) for n in names if os.path.isfile(os.path.join(runs, n, "state.json"))]
 
 
+def listed(ids: list[str], limit: int = 8) -> str:
+    """Run ids for a message, sorted: every one up to ``limit``, else the last ``limit`` (the newest
+    of a name) "and N more", so that a count beside the list always agrees with it."""
+    ids = sorted(ids)
+    if len(ids) <= limit:
+        return ", ".join(ids)
+    return ", ".join(ids[-limit:]) + f" and {len(ids) - limit} more"
+
+
 def match_run(ids: list[str], wanted: str, created: dict[str, float]) -> str:
     """The run ``wanted`` names: its id, a unique prefix of one, or a base name (its newest run);
     AgentError with the candidates or a "did you mean" otherwise. Pure, for the table tests."""
@@ -98,8 +107,7 @@ def match_run(ids: list[str], wanted: str, created: dict[str, float]) -> str:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        shown = ", ".join(sorted(matches)[-4:])
-        raise AgentError(f"{wanted!r} matches {len(matches)} runs ({shown}): give more of the run id")
+        raise AgentError(f"{wanted!r} matches {len(matches)} runs ({listed(matches)}): give more of the run id")
     stamp = len("_20260101_000000")
     newest: dict[str, str] = {}
     for i in ids:  # each base name stands for its newest run
@@ -107,7 +115,7 @@ def match_run(ids: list[str], wanted: str, created: dict[str, float]) -> str:
             newest[i[:-stamp]] = i
     close = difflib.get_close_matches(wanted, ids, n=3, cutoff=0.6) or \
         [newest[b] for b in difflib.get_close_matches(wanted, list(newest), n=3, cutoff=0.6)]
-    hint = f"did you mean {' or '.join(close)}?" if close else f"runs here: {', '.join(sorted(ids)[-4:]) or 'none'}"
+    hint = f"did you mean {' or '.join(close)}?" if close else f"runs here: {listed(ids) or 'none'}"
     raise AgentError(f"no run {wanted!r} on this host; {hint}")
 
 
@@ -118,7 +126,7 @@ def find_run(root: str, run_id: str | None) -> str:
         created = {i: read_state(d).get("created", 0) for i, d in by_id.items()}
         return by_id[match_run(list(by_id), run_id, created)]
     if not dirs:
-        raise AgentError("no runs on this host yet: start one with `fab train`")
+        raise AgentError(f"no runs on this host yet: start one with `{cli_name()} train`")
     return max(dirs, key=lambda d: read_state(d).get("created", 0))
 
 

@@ -51,16 +51,18 @@ def tensorboard(c, run=None, logdir=None, local_port=None, json_=False, stack=No
 @task(help={"dir": "the notebook root on the host (default: REMOTE_ROOT)", "local_port": LOCAL_HELP,
             "json": 'print {"url": ...} (the URL carries the token)', "stack": STACK_HELP})
 def jupyter(c, dir=None, local_port=None, json_=False, stack=None):
-    """JupyterLab (else Notebook, else Jupyter Server) on the host, bound to localhost there; prints the local URL
-    with its token. Ctrl-C stops both."""
+    """JupyterLab on the host, opened here at a local URL with its token; Ctrl-C stops both.
+
+    JupyterLab, else Notebook, else Jupyter Server, bound to localhost on the host."""
     _serve(stack, "jupyter", lambda t: {"dir": dir or t.remote_root}, local_port, json_)
 
 
 @task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
             "json": 'print {"url": ...}', "stack": STACK_HELP})
 def tunnel(c, port=None, local_port=None, json_=False, stack=None):
-    """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change), after
-    checking that something listens there; a busy local port is said as such."""
+    """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change).
+
+    It first checks that something listens there; a busy local port is said as such."""
     from remote import notebooks
     from remote.forward import ForwardError
 

@@ -18,7 +18,7 @@ from remote.fetch_plan import DEFAULT_STREAMS
 from remote.tasks import trust
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.runs import cluster_status
-from remote.tasks.session import STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
 
 def destination(stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
@@ -134,7 +134,7 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_no
                                                                                    len(runs) > 1))}
                                       for r in runs if r["id"] not in failed], "failed": failed}, indent=1))
     if failed:
-        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch` again to resume", code=ExitStatus.FAILED)
+        raise Exit(f"fetch failed for {', '.join(failed)}: run `{CLI} fetch` again to resume", code=ExitStatus.FAILED)
 
 
 def _streams(value: object) -> int:
@@ -168,7 +168,7 @@ def _fetch_every_node(session: Session, run: str | None, dest: str | None, strea
         s.close()
     failed = failures(results) + [f"node {i}" for i, r in enumerate(results) if isinstance(r, list) and r]
     if failed:
-        raise Exit(f"fetch failed for {', '.join(failed)}: run `fab fetch --all-nodes` again to resume", code=ExitStatus.FAILED)
+        raise Exit(f"fetch failed for {', '.join(failed)}: run `{CLI} fetch --all-nodes` again to resume", code=ExitStatus.FAILED)
 
 
 def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int) -> None:
@@ -200,14 +200,14 @@ def down(c, force=False, streams=None, stack=None):
     runs = doc["runs"]
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
     if running and not force:
-        raise Exit(f"refusing: still running: {', '.join(running)} (fab stop, or fab down --force)", code=ExitStatus.FAILED)
+        raise Exit(f"refusing: still running: {', '.join(running)} ({CLI} stop, or {CLI} down --force)", code=ExitStatus.FAILED)
     if doc.get("unreachable") and not force:
-        raise Exit(f"refusing: cannot check every node ({'; '.join(doc['unreachable'])}); fab down --force to go on",
+        raise Exit(f"refusing: cannot check every node ({'; '.join(doc['unreachable'])}); {CLI} down --force to go on",
                    code=ExitStatus.FAILED)
     failed = fetch_runs(session, runs, None, progress=False, streams=streams)
     session.close()
     if failed and not force:
-        raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was destroyed (fab down --force to lose them)",
+        raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was destroyed ({CLI} down --force to lose them)",
                    code=ExitStatus.FAILED)
     say(f"fetched {len(runs) - len(failed)} run(s) into runs/{session.target.stack}/")
     if not session.target.is_gcp:

@@ -15,6 +15,7 @@ from pathlib import Path
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
+from gpu_train.project import repo_script
 from remote.tasks.session import say
 
 
@@ -41,7 +42,7 @@ def _write_stack(path: Path, settings: dict, source: str, stack: str, force: boo
     if path.exists() and not force:
         raise Exit(f"{path} exists: pass --force to replace it, or choose another --stack", code=ExitStatus.USAGE)
     header = (f"# Written by `gpu-train import` from {source}.\n"
-              f"# Edit what the report marks 'not mapped', then: scripts/plan --stack {stack}\n")
+              f"# Edit what the report marks 'not mapped', then: {repo_script('plan')} --stack {stack}\n")
     text = header + yaml.safe_dump({"config": settings}, sort_keys=False, default_flow_style=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -72,7 +73,7 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
 
     gpu-train import config.yaml --stack aip --project my-proj --ssh-from 203.0.113.7/32
     gpu-train import gcloud --stack aip -- gcloud ai-platform jobs submit training JOB --scale-tier basic-gpu ... -- ARGS
-    fab import gcloud --stack aip --gcloud "gcloud ai-platform jobs submit training JOB ... -- ARGS"
+    gpu-train import gcloud --stack aip --gcloud "gcloud ai-platform jobs submit training JOB ... -- ARGS"
 
     Every field of the job is reported: mapped exactly, mapped with a change (and why), or not mapped
     (and what to do). The stack is validated as `scripts/plan` validates it, before it is written.
@@ -120,11 +121,11 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     for note in result.notes:
         print(f"  {note}")
     if errors:
-        print(f"\nBefore `scripts/plan --stack {stack_name}` passes, change ({len(errors)}):")
+        print(f"\nBefore `{repo_script('plan')} --stack {stack_name}` passes, change ({len(errors)}):")
         for p in errors:
             print(f"  - {p}".replace("\n", "\n    "))
     else:
-        print(f"\nThe stack is valid: scripts/plan --stack {stack_name} shows what it creates and costs.")
+        print(f"\nThe stack is valid: {repo_script('plan')} --stack {stack_name} shows what it creates and costs.")
     print("\nThen run the same job:\n  " + shlex.join(result.train))
     say("(pulumi up first creates the VMs; see the README, 'Coming from AI Platform or Vertex AI')")
 

@@ -13,7 +13,7 @@ from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
 from remote.agent.protocol import ACTIVE
-from remote.tasks.session import STACK_HELP, Session, say
+from remote.tasks.session import CLI, STACK_HELP, Session, say
 
 GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its runs
 
@@ -70,7 +70,7 @@ def vm_stop(c, force=False, stack=None):
             unreachable = [str(e.message).splitlines()[0]]
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
     try:
-        reason = power.refusal(running, unreachable, force, cfg.stack)
+        reason = power.refusal(running, unreachable, force, cfg.stack, CLI)
         if reason:
             raise Exit(reason, code=ExitStatus.FAILED)
         failed = fetch_runs(session, runs, None, progress=False) if runs and session is not None else []
@@ -114,4 +114,4 @@ def vm_start(c, stack=None):
     except config.ConfigError as e:
         raise Exit(str(e), code=ExitStatus.FAILED) from None
     print(f"started {cfg.stack} at {outputs.get('externalIp')}; runs it was running resume by themselves "
-          f"(`fab status --stack {cfg.stack}`)")
+          f"(`{CLI} status --stack {cfg.stack}`)")

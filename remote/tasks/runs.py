@@ -184,8 +184,9 @@ def stop(c, run=None, grace=None, stack=None, json_=False):
             "grace": "seconds to let a still-running part stop (default 10)", "json": "print the result as JSON",
             "stack": STACK_HELP})
 def resume(c, run=None, grace=None, stack=None, json_=False):
-    """Restart a run on every node with the same RUN_ID and JOB_DIR, so it carries on from its newest
-    checkpoint: after a node of a cluster was preempted, or a run failed for a reason now fixed."""
+    """Restart a run on every node with the same RUN_ID and JOB_DIR (it resumes from its checkpoints).
+
+    For a cluster one of whose nodes was preempted, or a run that failed for a reason now fixed."""
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(stack)
     sessions = session.nodes()

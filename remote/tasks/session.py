@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import sys
 import threading
-from pathlib import Path
 
 from invoke import Exit
 
 from gpu_train.config import ConfigError
 from gpu_train.errors import ExitStatus, outcome, printable
+from gpu_train.project import command_name
 
 STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack)"
 # How the user called us, for the commands our messages suggest.
-CLI = "gpu-train" if Path(sys.argv[0]).name == "gpu-train" else "fab"
+CLI = command_name(sys.argv[0])
 
 
 def exit_for(error: BaseException) -> Exit:
@@ -111,9 +111,21 @@ class Session:
             self.conn.close()
 
 
-def on_every_node(sessions: list[Session], work) -> list[object]:
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while ``on_every_node`` ran with a ``cancel`` event: ``results`` as each node's work
+    ended once told to stop (an answer where it had finished anyway, an Exit where it stopped)."""
+
+    def __init__(self, results: list[object]):
+        super().__init__()
+        self.results = results
+
+
+def on_every_node(sessions: list[Session], work, cancel: threading.Event | None = None) -> list[object]:
     """``work(session)`` on each node at once; results in node order, where a node that raised has
-    an Exit saying so: any exception is that node's failure, never a missing result."""
+    an Exit saying so: any exception is that node's failure, never a missing result.
+
+    Ctrl-C reaches the main thread only. With ``cancel``, it is set for the work to see, every node's
+    work is waited for, and ``Interrupted`` says how each ended; without, KeyboardInterrupt goes on."""
     results: list[object] = [None] * len(sessions)
 
     def run(i: int) -> None:
@@ -127,8 +139,16 @@ def on_every_node(sessions: list[Session], work) -> list[object]:
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        if cancel is None:
+            raise
+        cancel.set()
+        for t in threads:  # a second Ctrl-C here leaves at once, as a plain KeyboardInterrupt
+            t.join()
+        raise Interrupted(results) from None
     return results
 
 

@@ -21,7 +21,7 @@ from remote.target import state_home
 from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.runs import follow_to_end
-from remote.tasks.session import CLI, STACK_HELP, Session, exit_for, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Interrupted, Session, exit_for, failures, on_every_node, say
 
 if TYPE_CHECKING:
     from remote.codehop import CodeFanout
@@ -51,7 +51,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
-    it with `fab logs --follow`, bring results home with `fab fetch`. On several nodes the code goes
+    it with the logs task (--follow), bring results home with fetch. On several nodes the code goes
     to all of them at once and each starts its part: torchrun with its --node_rank, or a --command
     with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
     """
@@ -69,7 +69,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         base = jobs.base_name(name, script, command)
         run = jobs.run_id(base, datetime.now())
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
-                             python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir)
+                             python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir,
+                             cwd=Path.cwd())
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
                                    project=project_name(project_root()), venv=cluster.venv,
@@ -79,24 +80,32 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
     except jobs.JobError as e:
         raise exit_for(e) from None
+    cancel = threading.Event()  # Ctrl-C: the syncs stop and no node is told "go"
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
-            plan = sync.plan_code(code_dir, Path(scratch), ((project_root() / "runs", "fetched results"),
-                                                            (state_home(), None)))
-        except RemoteError as e:
-            raise Exit(str(e), code=ExitStatus.USAGE) from None
-        pushed = PushedManifests(cluster.cache)
-        unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
-        where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
-        say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
-        if plan.left_out:
-            say(sync.left_out_summary(list(plan.left_out)))
-        if plan.bytes > sync.LARGE_SYNC_BYTES:
-            say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
-        sessions = session.nodes()
-        # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
-        fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None
-        answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged, fanout))
+            try:
+                plan = sync.plan_code(code_dir, Path(scratch), ((project_root() / "runs", "fetched results"),
+                                                                (state_home(), None)))
+            except RemoteError as e:
+                raise Exit(str(e), code=ExitStatus.USAGE) from None
+            pushed = PushedManifests(cluster.cache)
+            unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
+            where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
+            say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
+            if plan.left_out:
+                say(sync.left_out_summary(list(plan.left_out), CLI))
+            if plan.bytes > sync.LARGE_SYNC_BYTES:
+                say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
+            sessions = session.nodes()
+            # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
+            fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None
+        except KeyboardInterrupt:
+            raise Exit("interrupted before the code sync: nothing was sent and nothing started",
+                       code=ExitStatus.INTERRUPTED) from None
+        try:
+            answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged, fanout, cancel), cancel)
+        except Interrupted as e:
+            raise _interrupted(sessions, e.results, run) from None
     failed = failures(answers)
     if failed:
         launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, Exit)]
@@ -122,17 +131,33 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         follow_to_end(Session(None, session.timeout, 0, cluster), first["runId"])
 
 
-def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None) -> dict:
+def _interrupted(sessions: list[Session], results: list[object], run: str) -> Exit:
+    """What Ctrl-C during the sync and launch left behind, said as it is (every node's work has ended)."""
+    started = [s for s, a in zip(sessions, results, strict=True) if isinstance(a, dict)]
+    if not started:
+        return Exit(f"interrupted during the code sync: nothing was started ({run} was not launched; what was sent "
+                    "waits in the host's staging area, which a later train clears)", code=ExitStatus.INTERRUPTED)
+    if len(started) == len(sessions):
+        return Exit(f"interrupted, but {run} had already started and goes on ({CLI} logs --follow --run {run} to "
+                    f"watch it, {CLI} stop --run {run} to stop it)", code=ExitStatus.INTERRUPTED)
+    on_every_node(started, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
+    nodes = ", ".join(str(s.node) for s in started)
+    return Exit(f"interrupted during the launch: {run} had started on node {nodes} only and was stopped there; "
+                "nothing is running", code=ExitStatus.INTERRUPTED)
+
+
+def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> dict:
     """Sync (over the node's own connection, or from node 0) and launch one node's part; waits for
     the driver on GCP."""
     try:
-        return _launch_node(session, plan, spec, unchanged, fanout)
+        return _launch_node(session, plan, spec, unchanged, fanout, cancel)
     finally:
         if fanout is not None:  # a node that failed before its part of the fan-out holds no one up
             fanout.settle(session.node, "that node failed")
 
 
-def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None) -> dict:
+def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None,
+                 cancel: threading.Event) -> dict:
     from gpu_train import jobs
     from remote import agentcall, sync
     from remote.errors import RemoteError
@@ -144,7 +169,7 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
     conn = session.connect()
     with ChannelRelay(conn.transport) as relay:
         def sync_code() -> None:
-            sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh())
+            sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh(), cancel=cancel)
 
         push: Callable[[], None] | None = sync_code
         if fanout is not None and session.node == 0:
@@ -162,8 +187,10 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
                 trust.host_run_id(answer.get("runId"), target.host)
                 return answer
             push = None  # the code is staged on the host; only the launch is retried
+            if cancel.is_set():
+                raise Exit("interrupted while waiting for the host", code=ExitStatus.INTERRUPTED)
             if time.monotonic() > deadline:
                 raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=ExitStatus.FAILED)
             say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
-            time.sleep(delay)
+            cancel.wait(delay)  # Ctrl-C ends the wait at once
             delay = min(delay * 1.5, 30)
