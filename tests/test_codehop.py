@@ -98,11 +98,8 @@ def test_the_laptop_sends_the_code_once_and_every_node_has_it(trio: Trio) -> Non
     expected = tree_digest(trio.code)
     for i in range(3):
         assert tree_digest(trio.tmp / f"node{i}" / "runs" / run / "code") == expected, f"node {i}"
-    # Node 0 holds the cluster's private key (0600) and the other nodes' host keys as the laptop knows them.
-    folder = trio.tmp / "node0" / "cluster"
-    assert (folder / "id_ed25519").stat().st_mode & 0o777 == 0o600
-    pinned = (folder / "known_hosts").read_text().split("\n")
-    assert [line.split()[0] for line in pinned if line] == ["gpu-train-node-1", "gpu-train-node-2"]
+    # Node 0 kept neither the cluster's private key nor the pins once the hop was done.
+    assert not (trio.tmp / "node0" / "cluster").exists()
     # The other nodes let that key in, restricted; node 0 does not (nothing comes to it that way).
     for i in (1, 2):
         line = (trio.tmp / f"n{i}" / "authorized_keys").read_text().splitlines()[-1]
@@ -166,14 +163,16 @@ def test_the_request_for_node_0_pins_the_host_keys_the_laptop_learned(tmp_path: 
                                                  "me@10.0.0.7:gpu-train/staging/r_20250101_000000/"]
     assert req["nodes"][0]["options"][1] == "--link-dest=../../code/r.last"
     assert req["nodes"][0]["options"][0] == "--rsync-path=mkdir -p gpu-train/staging && rsync"  # authorize checked the root
-    argv = cluster.hop_command("/h/gpu-train", req["run"], req["nodes"][0])
+    argv = cluster.hop_command("/h/gpu-train", "/tmp/hop", req["run"], req["nodes"][0])
     ssh = argv[argv.index("-e") + 1]
     assert "StrictHostKeyChecking=yes" in ssh and "HostKeyAlias=gpu-train-node-1" in ssh and "IdentitiesOnly=yes" in ssh
     assert argv[-2:] == ["/h/gpu-train/staging/r_20250101_000000/", "me@10.0.0.6:gpu-train/staging/r_20250101_000000/"]
     # The connection opened while the laptop still sends to node 0: the same options, no command.
-    master = cluster.master_command("/h/gpu-train", req["nodes"][0], "/tmp/x/0")
+    master = cluster.master_command("/tmp/x", req["nodes"][0], "/tmp/x/0")
     assert master[-2:] == ["-N", "me@10.0.0.6"] and "HostKeyAlias=gpu-train-node-1" in master
-    assert "ControlPath=/tmp/x/0" in cluster.hop_command("/h/gpu-train", req["run"], req["nodes"][0], "/tmp/x/0")[argv.index("-e") + 1]
+    assert "ControlPath=/tmp/x/0" in cluster.hop_command("/h/gpu-train", "/tmp/x", req["run"], req["nodes"][0],
+                                                          "/tmp/x/0")[argv.index("-e") + 1]
+    assert "/tmp/hop/id_ed25519" in ssh and "UserKnownHostsFile=/tmp/hop/known_hosts" in ssh
 
 
 @pytest.mark.parametrize("key, name, source, words", [

@@ -2,12 +2,12 @@
 
 The laptop syncs the code to node 0 only (its uplink pays once, not once per node); node 0 then
 rsyncs its staged copy to each other node over the nodes' own network (internal IPs on GCP), with
-a key pair made for the cluster on the laptop: the private half lives only on node 0
-(REMOTE_ROOT/cluster/id_ed25519, 0600), the public half is in the other nodes' authorized_keys,
-restricted (no forwarding of any kind, no pty; on GCP only from node 0's internal address). Node 0
-checks each node's host key against the key the laptop learned for it (REMOTE_ROOT/cluster/
-known_hosts, under an alias per node), never accepting a new one. No agent forwarding: a hostile
-node could use a forwarded agent to log in anywhere as you.
+a key pair made for the cluster on the laptop. The private half comes to node 0 with each train and
+lives only while that train's hop runs (0600, in a 0700 folder of the hop's own, deleted after); the
+public half is in the other nodes' authorized_keys, restricted (no forwarding of any kind, no pty; on
+GCP only from node 0's internal address). Node 0 checks each node's host key against the key the
+laptop learned for it (a known_hosts beside the key, under an alias per node), never accepting a new
+one. No agent forwarding: a hostile node could use a forwarded agent to log in anywhere as you.
 
 The laptop builds every rsync option that concerns the far node (its guard, its paths); this side
 only adds its own staged folder and the key. Standard library only (it runs on the host).
@@ -95,12 +95,11 @@ def _write_private(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def ssh_options(root: str, node: dict) -> list[str]:
+def ssh_options(folder: str, node: dict) -> list[str]:
     """OpenSSH options for the hop to one node: the cluster key only, its pinned host key only
-    (under the node's alias), never a prompt."""
+    (under the node's alias), never a prompt. ``folder`` holds this hop's key and pins."""
     if not isinstance(node.get("alias"), str) or not ALIAS_RE.fullmatch(node["alias"]):
         raise AgentError("relay-code: bad host key alias")
-    folder = os.path.join(root, "cluster")
     return ["-i", os.path.join(folder, "id_ed25519"), "-p", str(int(node["port"])), "-F", "/dev/null",
             "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
             "-o", f"UserKnownHostsFile={os.path.join(folder, 'known_hosts')}",
@@ -109,18 +108,18 @@ def ssh_options(root: str, node: dict) -> list[str]:
             "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", f"Ciphers={CIPHERS}"]
 
 
-def master_command(root: str, node: dict, control: str) -> list[str]:
+def master_command(folder: str, node: dict, control: str) -> list[str]:
     """An SSH connection to the node opened while the laptop still sends the code to node 0: the
     rsync after it then costs no key exchange and no login (ssh -N: no command, no shell)."""
-    return ["ssh", *ssh_options(root, node), "-o", "ControlMaster=yes", "-o", f"ControlPath={control}", "-N",
+    return ["ssh", *ssh_options(folder, node), "-o", "ControlMaster=yes", "-o", f"ControlPath={control}", "-N",
             str(node["login"])]
 
 
-def hop_command(root: str, run: str, node: dict, control: str | None = None) -> list[str]:
+def hop_command(root: str, folder: str, run: str, node: dict, control: str | None = None) -> list[str]:
     """The rsync that sends node 0's staged code for ``run`` to one other node (over the node's open
     connection when ``control`` names one that is up; otherwise ssh connects anew)."""
     mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={control}"] if control else []
-    ssh = shlex.join(["ssh", *ssh_options(root, node), *mux])
+    ssh = shlex.join(["ssh", *ssh_options(folder, node), *mux])
     return ["rsync", "-a", "--delete", "--protect-args", "-e", ssh, *[str(o) for o in node["options"]],
             os.path.join(root, "staging", run) + "/", str(node["dest"])]
 
@@ -136,16 +135,17 @@ def cmd_relay_code(root: str, doc: dict) -> int:
     if not isinstance(doc.get("key"), str) or not all(isinstance(x, str) and "\n" not in x for x in doc.get("knownHosts") or [0]):
         raise AgentError("relay-code: no key or no pinned host keys in the request")
     nodes = doc.get("nodes") or []
-    folder = os.path.join(root, "cluster")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    _write_private(os.path.join(folder, "id_ed25519"), doc["key"])
-    _write_private(os.path.join(folder, "known_hosts"), "".join(f"{line}\n" for line in doc["knownHosts"]))
-    sockets = tempfile.mkdtemp(prefix="gpu-train-hop-")  # 0700; short: a socket's path has ~100 bytes at most
+    # This hop's own folder (0700; short: a socket's path has ~100 bytes at most) for the key, the pins
+    # and the connections: the key is at rest on node 0 only while the hop runs, and two trains of
+    # stacks sharing node 0's REMOTE_ROOT never overwrite each other's key or pins.
+    folder = tempfile.mkdtemp(prefix="gpu-train-hop-")
     masters = []
     try:
+        _write_private(os.path.join(folder, "id_ed25519"), doc["key"])
+        _write_private(os.path.join(folder, "known_hosts"), "".join(f"{line}\n" for line in doc["knownHosts"]))
         for i, node in enumerate(nodes):
             with contextlib.suppress(OSError, AgentError, KeyError, ValueError):  # the rsync says why, later
-                masters.append(subprocess.Popen(master_command(root, node, os.path.join(sockets, str(i))),
+                masters.append(subprocess.Popen(master_command(folder, node, os.path.join(folder, str(i))),
                                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                 stderr=subprocess.DEVNULL))
         if sys.stdin.readline().strip() != "go":
@@ -153,24 +153,24 @@ def cmd_relay_code(root: str, doc: dict) -> int:
         source = os.path.join(root, "staging", run)
         if not os.path.isdir(source):
             raise AgentError(f"relay-code: no staged code at {source}")
-        _hop_all(root, run, nodes, sockets)
+        _hop_all(root, folder, run, nodes)
     finally:
         for master in masters:
             master.terminate()
         for master in masters:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 master.wait(timeout=10)
-        shutil.rmtree(sockets, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
-def _hop_all(root: str, run: str, nodes: list[dict], sockets: str) -> None:
+def _hop_all(root: str, folder: str, run: str, nodes: list[dict]) -> None:
     lock = threading.Lock()
 
     def hop(i: int, node: dict) -> None:
         answer: dict = {"node": node.get("node")}
         try:
-            done = subprocess.run(hop_command(root, run, node, os.path.join(sockets, str(i))), capture_output=True,
+            done = subprocess.run(hop_command(root, folder, run, node, os.path.join(folder, str(i))), capture_output=True,
                                   text=True, stdin=subprocess.DEVNULL, timeout=3600)
             if done.returncode != 0:
                 # ssh's own words ("Permission denied (publickey)", "Connection refused") say more
