@@ -23,7 +23,8 @@ def test_systemd_run_makes_a_unit_of_the_run() -> None:
                                   {"PATH": "/opt/conda/bin:/usr/bin", "LANG": "C.UTF-8"})
     assert argv[:3] == ["systemd-run", "--quiet", "--collect"]
     assert "--unit=gpu-train-train_20260101_000000.service" in argv and "--uid=trainer" in argv
-    for prop in ("KillMode=control-group", "TimeoutStopSec=25s", "SendSIGKILL=yes", "Before=gpu-train-shutdown.service"):
+    for prop in ("KillMode=control-group", "TimeoutStopSec=25s", "SendSIGKILL=yes", "Before=gpu-train-shutdown.service",
+                 "After=dbus.service"):
         assert f"--property={prop}" in argv
     assert "--setenv=PATH=/opt/conda/bin:/usr/bin" in argv
     tail = argv[argv.index("--") + 1 :]
@@ -53,3 +54,14 @@ def test_ssh_sessions_by_sshd_process_titles(title: bytes, counted: bool) -> Non
     from remote.agent.procs import SSHD_SESSION_RE
 
     assert bool(SSHD_SESSION_RE.match(title)) is counted
+
+
+@pytest.mark.parametrize(("said", "stopping"), [
+    ("running\n", False), ("degraded\n", False), ("starting\n", False), ("initializing", False),
+    ("maintenance", False), ("stopping\n", True),
+    ("", True),  # no answer: late in a shutdown the bus is gone ("Failed to connect to bus"), so going down
+    ("offline\n", True), ("unknown\n", True),
+])
+def test_a_run_sigtermed_from_outside_counts_as_a_shutdown_unless_the_machine_is_up(said: str, stopping: bool) -> None:
+    # A run recorded "stopped" is never resumed: when in doubt it is a shutdown (resumed at the next boot).
+    assert units.stopping_from(said) is stopping

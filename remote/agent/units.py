@@ -74,6 +74,7 @@ def systemd_run_argv(run_id: str, user: str, grace_s: float, wrapper: list[str],
         f"TimeoutStopSec={max(1, round(grace_s))}s",
         "SendSIGKILL=yes",
         "After=network-online.target",  # a job may upload its last checkpoint while stopping
+        "After=dbus.service",  # at shutdown the bus outlives the run: the wrapper asks systemd over it
         f"Before={SHUTDOWN_UNIT}",  # so at shutdown it stops after gpu-train-shutdown marked it
     ]
     return ["systemd-run", "--quiet", "--collect", f"--unit={unit_name(run_id)}", f"--uid={user}",
@@ -106,15 +107,26 @@ def stop_unit(unit: str) -> None:
         subprocess.run([*prefix, "systemctl", "stop", unit], capture_output=True, timeout=300)
 
 
+UP_STATES = ("initializing", "starting", "running", "degraded", "maintenance")  # is-system-running's words
+
+
+def stopping_from(said: str) -> bool:
+    """Whether ``systemctl is-system-running``'s answer means the machine is going down: only a state
+    of a machine that is up counts as up. No answer (the bus already gone, as late in a shutdown, or
+    systemctl killed with the run) counts as going down: a run SIGTERMed from outside is then resumed
+    at the next boot rather than recorded as stopped by its user and never resumed."""
+    return said.strip() not in UP_STATES
+
+
 def system_stopping() -> bool:
-    """The machine is shutting down (systemd says 'stopping')."""
+    """The machine is shutting down (the wrapper was SIGTERMed from outside and systemd is not up)."""
     if not has_systemd():
         return False
     try:
         out = subprocess.run(["systemctl", "is-system-running"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return False
-    return out.strip() == "stopping"
+        out = ""
+    return stopping_from(out)
 
 
 def boot_key() -> str:
