@@ -9,6 +9,7 @@ and reads the SSH public key a stack points to.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def stack_file(stack: str, directory: Path | None = None) -> Path:
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise ConfigError([Problem("stack", f"no stack named {stack!r} (looked for Pulumi.{stack}.yaml in "
                                f"{', '.join(str(d) for d in dirs)})",
-                               f"{hint}`gpu-train init --stack {stack}` writes one into {dirs[0]}")])
+                               f"{hint}`{project.command_name(sys.argv[0])} init --stack {stack}` writes one into {dirs[0]}")])
 
 
 MAX_STACK_FILE_BYTES = 1 << 20

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 
 from gpu_train import checkup, config, listing, stackfile, validate
 from gpu_train.catalog_file import load_catalog
-from gpu_train.project import listed_stack_files, repo_script, stack_dirs
+from gpu_train.project import command_name, listed_stack_files, repo_script, stack_dirs
 from gpu_train.vm import label_value
 from infra import probes
 
@@ -92,7 +93,7 @@ def check_findings(home: Path) -> list[checkup.Finding]:
             deployed, how = None, "no backend to ask"
         findings.append(checkup.stack_file(name, "gcp", None, deployed, how, *scripts))
     if not stacks:
-        findings.append(checkup.Finding("stack files", None, f"none in {stack_dirs()[0]} (gpu-train init writes one)"))
+        findings.append(checkup.Finding("stack files", None, f"none in {stack_dirs()[0]} ({command_name(sys.argv[0])} init writes one)"))
     return findings
 
 

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gpu_train.project import command_name
+
 MARK = "# gpu-train: ssh aliases (`gpu-train ssh-config --remove` undoes this)"
 CHOICE_ENV = "GPU_TRAIN_SSH_CONFIG"  # include | no: answer the question without asking
 
@@ -150,13 +152,13 @@ def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[
         pass
     if ask is None:
         say(f"  to make it work in plain `ssh`, add this line to the top of {user_config()} "
-            f"(or run `gpu-train ssh-config`):\n    {include_line(home)}")
+            f"(or run `{command_name(sys.argv[0])} ssh-config`):\n    {include_line(home)}")
         return False
     answer = ask(f"Add `{include_line(home)}` to {user_config()} so `ssh gpu-train-STACK` works? [y/N] ").strip().lower()
     choice = answer in ("y", "yes")
     _atomic_write(_choice_path(home), json.dumps({"include": choice}))
     if not choice:
-        say(f"  not added (asked once; `gpu-train ssh-config` adds it later, {CHOICE_ENV}=include answers it)")
+        say(f"  not added (asked once; `{command_name(sys.argv[0])} ssh-config` adds it later, {CHOICE_ENV}=include answers it)")
     return choice
 
 

@@ -81,7 +81,7 @@ def vm_stop(c, force=False, stack=None):
         if session is not None:
             session.close()
     _pulumi(power.commands(cfg.stack, False, cfg.nodes))
-    print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `gpu-train vm-start --stack {cfg.stack}` "
+    print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `{CLI} vm-start --stack {cfg.stack}` "
           "starts it again")
 
 

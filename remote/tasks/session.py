@@ -137,16 +137,18 @@ def on_every_node(sessions: list[Session], work, cancel: threading.Event | None 
             results[i] = exit_for(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
-    for t in threads:
-        t.start()
+    started: list[threading.Thread] = []
     try:
         for t in threads:
+            t.start()
+            started.append(t)
+        for t in started:
             t.join()
     except KeyboardInterrupt:
         if cancel is None:
             raise
         cancel.set()
-        for t in threads:  # a second Ctrl-C here leaves at once, as a plain KeyboardInterrupt
+        for t in started:  # a second Ctrl-C here leaves at once, as a plain KeyboardInterrupt
             t.join()
         raise Interrupted(results) from None
     return results
