@@ -14,6 +14,7 @@ from invoke import Exit, task
 from gpu_train.errors import ExitStatus
 from remote.agent.protocol import ACTIVE
 from remote.tasks.session import CLI, STACK_HELP, Session, say
+from remote.tasks.trust import number
 
 GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its runs
 
@@ -44,8 +45,10 @@ def _pulumi(commands: list[list[str]]) -> None:
                        "run the task again (it is safe to repeat)", code=ExitStatus.FAILED)
 
 
-@task(name="vm-stop", help={"force": "stop even while a run is running or the host cannot be checked", "stack": STACK_HELP})
-def vm_stop(c, force=False, stack=None):
+@task(name="vm-stop", help={"force": "stop even while a run is running or the host cannot be checked",
+                            "wait": f"seconds to try reaching the host to check its runs (default {GUARD_TIMEOUT_S:g})",
+                            "stack": STACK_HELP})
+def vm_stop(c, force=False, wait=None, stack=None):
     """Stop the stack's VM(s), keeping the disks (only storage bills while stopped); fetches every run first.
 
     Refuses while a run is running or the host cannot be checked, unless --force (which skips the check
@@ -55,6 +58,7 @@ def vm_stop(c, force=False, stack=None):
     from remote.tasks.fetch import fetch_runs
     from remote.tasks.runs import cluster_status
 
+    wait = number("--wait", GUARD_TIMEOUT_S if wait is None else wait, float, 0.1, 3600)
     cfg = _gcp_config(stack)
     runs, unreachable, session = [], [], None
     if force:
@@ -63,7 +67,7 @@ def vm_stop(c, force=False, stack=None):
         say(f"the Compute API says no VM of {cfg.stack} is running: nothing to fetch first")
     else:
         try:
-            session = Session(cfg.stack, timeout=GUARD_TIMEOUT_S)
+            session = Session(cfg.stack, timeout=wait)
             doc = cluster_status(session, "--summaries")
             runs, unreachable = doc["runs"], list(doc.get("unreachable") or [])
         except Exit as e:
