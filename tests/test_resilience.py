@@ -243,9 +243,10 @@ def test_fetch_watch_trails_the_run_and_ends_with_everything(lab: Lab) -> None:
             counts_while_running.add(len(mine))
         time.sleep(0.3)
     assert watcher.wait(30) == 0, watcher.stderr.read()
-    # It trailed the run: checkpoints arrived round after round while it ran, not only at the end.
-    # (How far behind depends on how busy this machine is, not on the code: no bound on that.)
-    assert len(counts_while_running) >= 2 and max(counts_while_running) < 8, counts_while_running
+    # It trailed the run: checkpoints arrived round after round while it ran, not only at the end
+    # (two different counts seen mid-run). How far behind depends on how busy this machine is, not on
+    # the code: no bound on that; and all 8 may be here while the run is still finishing ("running").
+    assert len(counts_while_running) >= 2, counts_while_running
     remote = sorted(p.name for p in (lab.remote / "runs" / run / "job" / "checkpoints").glob("*.pt"))
     assert sorted(p.name for p in local.glob("*.pt")) == remote and len(remote) == 8
 
