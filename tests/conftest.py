@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,13 @@ from pathlib import Path
 import pytest
 
 from remote.loopback import Sshd
+
+# Tests send Ctrl-C (SIGINT) to the commands they start. A suite started in the background by a
+# non-interactive shell (`scripts/test &`, some CI runners) inherits SIGINT ignored, and an ignored
+# signal stays ignored across exec: every command would then shrug Ctrl-C off. Handled here, it is
+# back to its default in each command the tests start (exec resets handled signals).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Torch jobs the tests run here (a reference run, torchrun nodes) share two cores with the other

@@ -291,7 +291,7 @@ def test_ssh_config_entry_and_plain_ssh(lab: Lab) -> None:
     env = {**lab.env, "HOME": str(lab.tmp / "userhome")}
     first = subprocess.run([FAB, "--search-root", str(ROOT), "status"], env=env, cwd=lab.cwd, capture_output=True, text=True,
                            timeout=60, stdin=subprocess.DEVNULL)
-    assert "ssh alias: ssh gpu-train-lab (or ssh lab)" in first.stderr and "gpu-train ssh-config" in first.stderr
+    assert "ssh alias: ssh gpu-train-lab (or ssh lab)" in first.stderr and "fab ssh-config" in first.stderr
     config = lab.tmp / "userhome" / ".ssh" / "config"
     assert not config.exists()  # never edited without being asked
     for _ in range(2):
@@ -345,7 +345,8 @@ def test_bad_input_fails_before_anything_is_copied(lab: Lab) -> None:
 
 def test_unknown_stack_names_the_fix(lab: Lab) -> None:
     result = lab.fab("status", "--stack", "nope")
-    assert result.returncode == 2 and "no stack named 'nope'" in result.stderr and "gpu-train init --stack nope" in result.stderr
+    # (fab runs it: its fixes say fab)
+    assert result.returncode == 2 and "no stack named 'nope'" in result.stderr and "fab init --stack nope" in result.stderr
 
 
 def test_unchanged_code_is_reused_and_the_host_checks_the_claim(lab: Lab) -> None:
