@@ -13,13 +13,12 @@ from pathlib import Path
 from invoke import Exit
 
 from gpu_train.config import shown
-from gpu_train.errors import printable_doc
 from gpu_train.jobs import JobError, check_run_id
 
 
 def host_doc(doc: object, where: object) -> dict:
-    """An agent's answer whose run ids are all run ids and whose strings are printable; Exit otherwise."""
-    doc = printable_doc(doc)
+    """An agent's answer (its strings already printable: agentcall decodes every answer so) whose run
+    ids are all run ids; Exit otherwise."""
     if not isinstance(doc, dict):
         raise Exit(f"{where} answered {shown(doc)}, not a gpu-train document: is the agent on it ours?", code=1)
     runs = doc.get("runs", [])
