@@ -23,7 +23,9 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
 
 
 def run(cmd: str) -> dict:
-    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    # As over SSH: none of the tests' own Python settings (tests/conftest.py: PYTHONPYCACHEPREFIX).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -44,3 +46,15 @@ def test_the_bootstrap_installs_the_zipapp_only_when_it_changed(tmp_path: Path) 
     run(bundle.agent_command(str(root), "status"))
     assert installed.read_bytes() == bundle.payload()  # a different copy is replaced
     assert not list(installed.parent.glob("*.tmp.*"))
+    # Imported from a folder unpacked once per version, where Python keeps the compiled modules; a new
+    # version gets its own folder and the old one goes.
+    unpacked = list(installed.parent.glob(f"{bundle.UNPACKED}*"))
+    assert len(unpacked) == 1 and (unpacked[0] / bundle.PACKAGE / "cli.py").is_file()
+    assert list((unpacked[0] / bundle.PACKAGE / "__pycache__").glob("cli.*.pyc"))
+    assert unpacked[0].stat().st_mode & 0o077 == 0
+    sources = {p.name: p.read_bytes() for p in sorted(bundle.HERE.glob("*.py")) if p.name not in bundle.LAPTOP_ONLY}
+    newer = bundle.build({**sources, "zz_new.py": b"X = 1\n"})
+    run(bundle.agent_command(str(root), "status", zipapp=newer))
+    now = list(installed.parent.glob(f"{bundle.UNPACKED}*"))
+    assert installed.read_bytes() == newer and len(now) == 1 and now != unpacked
+    assert (now[0] / bundle.PACKAGE / "zz_new.py").is_file()
