@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import zlib
@@ -43,25 +45,71 @@ def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | N
             "--", f"{host.user}@{host.host}", command]
 
 
+SHARED_CHANNELS = 4  # a fetch's streams on the shared connection; two fetches at once stay under MaxSessions
+PERSIST_S = 60  # how long the shared connection outlives its last stream
+
+
+def shared_control_path(options: list[str], destination: str) -> str | None:
+    """Where this user's shared SSH connection to ``destination``, made with exactly ``options``, listens.
+
+    One folder of the user's own in the temporary directory (0700, checked: another user could
+    otherwise plant a socket that our ssh would talk to); the name hashes every option (key,
+    known_hosts, jump hosts) and the destination, so a stack never rides on a connection another
+    stack's key opened. None where no such folder can be had, or the path would be too long for a
+    socket: the fetch then logs in as it would without one.
+    """
+    folder = os.path.join(tempfile.gettempdir(), f"gpu-train-ssh-{os.getuid()}")
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    path = os.path.join(folder, hashlib.sha256("\0".join([*options, destination]).encode()).hexdigest()[:16])
+    # A socket's path holds 104 bytes (macOS; Linux 108), and ssh binds it first under a 17-byte longer name.
+    return path if len(path.encode()) + 17 < 104 else None
+
+
 class Opener:
-    """Opens a host's streams: the first is an SSH connection of its own, the others channels of it.
+    """Opens a host's streams: the first ones as channels of this user's shared connection to the host,
+    the next ones as channels of a connection of this fetch's own, any more as connections of their own.
 
     Each channel has its own window, so N channels move N windows per round trip, as N connections
     would; but a channel opens in one round trip where a connection needs a key exchange and a
-    login (three or four round trips, and tens of milliseconds of CPU on each side). With
-    ``mux=False`` (or where OpenSSH cannot share a connection) every stream is a connection.
+    login (three or four round trips, and tens of milliseconds of CPU on each side). The shared
+    connection (OpenSSH's ControlPersist) stays up for PERSIST_S seconds after its last stream
+    closes, so a fetch soon after another (a re-fetch, `fetch --watch`, `down` after `fetch`) logs
+    in no more: it opens a channel. While it is up the host counts an SSH connection (its idle
+    clock waits for it). A shared connection that died (host rebooted, network cut) is replaced by
+    OpenSSH itself. With ``mux=False`` (or where OpenSSH cannot share a connection) every stream
+    is a connection.
     """
 
     def __init__(self, target: Target, host: SshHost, mux: bool = os.name == "posix"):
         self.target, self.host, self.mux = target, host, mux
         self.command = host_command(target.remote_root)
+        self.shared = shared_control_path(openssh_options(target, host), f"{host.user}@{host.host}") if mux else None
         self._dir = tempfile.mkdtemp(prefix="gpu-train-mux-") if mux else None
         self.opened = 0
 
     def control(self) -> list[str] | None:
-        if self._dir is None or self.opened >= CHANNELS_PER_CONNECTION:
+        if self._dir is None:
+            return None
+        own = self.opened
+        if self.shared is not None:
+            if self.opened < SHARED_CHANNELS:
+                return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.shared}",
+                        "-o", f"ControlPersist={PERSIST_S}"]
+            own -= SHARED_CHANNELS
+        if own >= CHANNELS_PER_CONNECTION:
             return None  # a connection of its own (sshd's MaxSessions is 10 by default)
-        master = "yes" if self.opened == 0 else "no"
+        master = "yes" if own == 0 else "no"
         return ["-o", f"ControlMaster={master}", "-o", f"ControlPath={self._dir}/c", "-o", "ControlPersist=no"]
 
     def __call__(self) -> Stream:

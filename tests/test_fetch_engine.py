@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from gpu_train.config import SshHost
 from remote import fetch_local as fl
 from remote import fetch_plan as fp
+from remote import fetch_stream
 from remote.fetch_engine import Fetcher
 from remote.fetch_progress import Progress
 from remote.fetch_stream import Opener, Stream
@@ -286,3 +288,66 @@ def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: P
     assert result.complete, result
     assert host.streams_opened == 12
     assert tree(dest) == tree(job)
+
+
+def test_a_fetch_soon_after_another_rides_on_its_connection(host: Host, tmp_path: Path) -> None:
+    """The second fetch (a new Opener, as a new `fab fetch` makes) logs in no more: with the host's sshd
+    stopped, so that no new login can happen (it would time out), it still fetches what changed."""
+    job = host.job()
+    (job / "a.pt").write_bytes(os.urandom(50_000))
+    dest = tmp_path / "home"
+    assert host.fetch(dest).complete
+    (job / "b.pt").write_bytes(os.urandom(50_000))
+    os.kill(host.sshd.proc.pid, signal.SIGSTOP)  # the listener: connections made before go on
+    try:
+        result = host.fetch(dest)
+    finally:
+        os.kill(host.sshd.proc.pid, signal.SIGCONT)
+    assert result.complete and result.files == 1, result
+    assert tree(dest) == tree(job)
+
+
+def test_a_shared_connection_whose_host_restarted_is_replaced(host: Host, tmp_path: Path) -> None:
+    job = host.job()
+    (job / "a.pt").write_bytes(os.urandom(50_000))
+    dest = tmp_path / "home"
+    assert host.fetch(dest).complete
+    host.sshd.stop()  # every session dies with it, the shared connection's too
+    host.sshd.start()
+    (job / "b.pt").write_bytes(os.urandom(50_000))
+    result = host.fetch(dest)
+    assert result.complete and result.files == 1, result
+    assert tree(dest) == tree(job)
+
+
+@pytest.fixture
+def short_tmp():
+    """A temporary folder with a short path (pytest's own are too long for a socket's)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gt-"))
+    yield path
+    shutil.rmtree(path)
+
+
+def test_the_shared_connection_is_per_key_and_host_in_a_folder_of_ours(short_tmp: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path = short_tmp
+    monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda: str(tmp_path))
+    a = fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h")
+    assert a is not None and Path(a).parent == tmp_path / f"gpu-train-ssh-{os.getuid()}"
+    assert (Path(a).parent.stat().st_mode & 0o777) == 0o700
+    assert a == fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h")
+    others = {fetch_stream.shared_control_path(["-i", "/k/two", "-o", "UserKnownHostsFile=/s/a"], "u@h"),
+              fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/b"], "u@h"),
+              fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h2")}
+    assert a not in others and len(others) == 3
+    Path(a).parent.chmod(0o755)  # a folder others can read (or one planted by someone else): not used
+    assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None
+    Path(a).parent.rmdir()
+    Path(a).parent.symlink_to(tmp_path)
+    assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None
+    monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda: str(tmp_path / ("x" * 90)))
+    (tmp_path / ("x" * 90)).mkdir()
+    assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None  # too long for a socket's path
