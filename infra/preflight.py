@@ -1,8 +1,9 @@
 """``scripts/preflight``: will this stack fit in the project's quotas, and is its GPU offered there?
 
-Reads, through the Compute API client (google-cloud-compute, with your Application Default
-Credentials): the region's quotas (regions.get), the project's (projects.get: GPUS_ALL_REGIONS) and
-the accelerator types of the zone (acceleratorTypes.list). Prints limit, usage and need for each
+Reads, from the Compute API's REST interface with your Application Default Credentials: the
+region's quotas (regions.get), the project's (projects.get: GPUS_ALL_REGIONS) and the accelerator
+types of the zone (acceleratorTypes.list). Three GETs: no client library (google-cloud-compute took
+2 s of CPU to import, on every `scripts/preflight` and `scripts/up`). Prints limit, usage and need for each
 quota the VM counts against; for every shortfall, the exact quota and how to raise it.
 Exit 0 when it fits, 1 when it cannot, 2 when the stack is invalid or the API cannot be reached.
 """
@@ -12,38 +13,51 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
 
 from gpu_train import config, quota, stackfile, validate
 from gpu_train.catalog_file import load_catalog
 from gpu_train.errors import ExitStatus, outcome
+from infra import probes
 
 ENDPOINT_ENV = "GPU_TRAIN_COMPUTE_ENDPOINT"  # another Compute API endpoint (tests run a local one)
 
 
-def clients():
-    """The three Compute clients, on the endpoint and credentials in force."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
-
-    endpoint = os.environ.get(ENDPOINT_ENV)
-    kwargs: dict = {"transport": "rest"}
-    if endpoint:
+def _credentials():
+    """Application Default Credentials; none against another endpoint (the tests' local API)."""
+    if os.environ.get(ENDPOINT_ENV):
         from google.auth.credentials import AnonymousCredentials
 
-        kwargs |= {"client_options": ClientOptions(api_endpoint=endpoint), "credentials": AnonymousCredentials()}
-    return (compute_v1.RegionsClient(**kwargs), compute_v1.ProjectsClient(**kwargs),
-            compute_v1.AcceleratorTypesClient(**kwargs))
+        return AnonymousCredentials()
+    import google.auth
+
+    return google.auth.default(scopes=probes.SCOPES)[0]
+
+
+def _pages(creds, path: str, params: dict | None = None) -> Iterator[dict]:
+    """Each page of a Compute API list under ``path`` (/compute/v1/...), following nextPageToken."""
+    base = os.environ.get(ENDPOINT_ENV) or "https://compute.googleapis.com"
+    params, seen = dict(params or {}), set()
+    while True:
+        doc = probes.get_json(creds, base + path, params)
+        yield doc
+        token = doc.get("nextPageToken")
+        if not token or token in seen:  # a repeated token would loop forever
+            return
+        seen.add(token)
+        params["pageToken"] = token
 
 
 def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[str]]:
     """(region quotas, project quotas, accelerator types offered in the zone): one call each."""
-    regions, projects, accelerators = clients()
-    region_doc = regions.get(project=project, region=region)
-    project_doc = projects.get(project=project)
-    offered = {a.name for a in accelerators.list(project=project, zone=zone)}
+    creds = _credentials()
+    [region_doc] = _pages(creds, f"/compute/v1/projects/{project}/regions/{region}")
+    [project_doc] = _pages(creds, f"/compute/v1/projects/{project}")
+    offered = {a["name"] for page in _pages(creds, f"/compute/v1/projects/{project}/zones/{zone}/acceleratorTypes")
+               for a in page.get("items", [])}
 
-    def table(doc) -> dict[str, tuple[float, float]]:
-        return {q.metric: (q.limit, q.usage) for q in doc.quotas}
+    def table(doc: dict) -> dict[str, tuple[float, float]]:
+        return {q["metric"]: (float(q.get("limit", 0)), float(q.get("usage", 0))) for q in doc.get("quotas", [])}
 
     return table(region_doc), table(project_doc), offered
 
@@ -51,24 +65,14 @@ def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[s
 def offering_zones(project: str, machine_type: str, gpu_type: str) -> list[str]:
     """The zones that offer both the machine type and the GPU now (machineTypes and acceleratorTypes
     aggregated lists, filtered by name): the Compute API's answer, not the catalog's snapshot."""
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
+    creds = _credentials()
 
-    endpoint = os.environ.get(ENDPOINT_ENV)
-    kwargs: dict = {"transport": "rest"}
-    if endpoint:
-        from google.auth.credentials import AnonymousCredentials
+    def zones(kind: str, name: str) -> set[str]:
+        pages = _pages(creds, f"/compute/v1/projects/{project}/aggregated/{kind}", {"filter": f"name = {name}"})
+        return {scope.split("/")[-1] for page in pages for scope, scoped in (page.get("items") or {}).items()
+                if any(x.get("name") == name for x in scoped.get(kind, []))}
 
-        kwargs |= {"client_options": ClientOptions(api_endpoint=endpoint), "credentials": AnonymousCredentials()}
-
-    def zones(pages, attr: str, name: str) -> set[str]:
-        return {zone.split("/")[-1] for zone, scoped in pages if any(x.name == name for x in getattr(scoped, attr))}
-
-    machines = compute_v1.MachineTypesClient(**kwargs).aggregated_list(
-        request={"project": project, "filter": f"name = {machine_type}"})
-    accelerators = compute_v1.AcceleratorTypesClient(**kwargs).aggregated_list(
-        request={"project": project, "filter": f"name = {gpu_type}"})
-    return sorted(zones(machines, "machine_types", machine_type) & zones(accelerators, "accelerator_types", gpu_type))
+    return sorted(zones("machineTypes", machine_type) & zones("acceleratorTypes", gpu_type))
 
 
 def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str]) -> tuple[str, int]:

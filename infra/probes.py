@@ -90,7 +90,7 @@ def _session(creds):
     return AuthorizedSession(creds)
 
 
-def _get(creds, url: str, params: dict | list | None = None) -> dict:
+def get_json(creds, url: str, params: dict | list | None = None) -> dict:
     """One authorised GET; raises RuntimeError with Google's own error message."""
     try:
         r = _session(creds).get(url, params=params, timeout=TIMEOUT_S)
@@ -109,7 +109,7 @@ def services_state(creds, project: str, services: list[str]) -> dict[str, str]:
     """Service Usage ``services.batchGet``: each service's state (ENABLED, DISABLED) in one call."""
     base = os.environ.get(SERVICEUSAGE_ENV) or "https://serviceusage.googleapis.com"
     names = [("names", f"projects/{project}/services/{s}") for s in services]
-    doc = _get(creds, f"{base}/v1/projects/{project}/services:batchGet", names)
+    doc = get_json(creds, f"{base}/v1/projects/{project}/services:batchGet", names)
     return {s["name"].rsplit("/", 1)[-1]: s.get("state", "STATE_UNSPECIFIED") for s in doc.get("services", [])}
 
 
@@ -120,7 +120,7 @@ def gpu_train_instances(creds, project: str) -> list[dict]:
     out: list[dict] = []
     params = {"filter": "labels.gpu-train-stack:*", "returnPartialSuccess": "true"}
     while True:
-        doc = _get(creds, f"{base}/compute/v1/projects/{project}/aggregated/instances", params)
+        doc = get_json(creds, f"{base}/compute/v1/projects/{project}/aggregated/instances", params)
         for scoped in (doc.get("items") or {}).values():
             out.extend(scoped.get("instances", []))
         if not doc.get("nextPageToken"):

@@ -65,7 +65,7 @@ def instance(vm: dict) -> dict | None:
         return None
     base = os.environ.get(probes.COMPUTE_ENV) or "https://compute.googleapis.com"
     try:
-        return probes._get(creds, f"{base}/compute/v1/projects/{vm['project']}/zones/{vm['zone']}/instances/{vm['name']}")
+        return probes.get_json(creds, f"{base}/compute/v1/projects/{vm['project']}/zones/{vm['zone']}/instances/{vm['name']}")
     except RuntimeError:
         return None
 

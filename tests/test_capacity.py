@@ -1,6 +1,6 @@
 """Quotas and capacity: the error classifier on real error texts, zone plans, scripts/up's failover
 against scripted `pulumi up` outcomes (a stand-in CLI at the process boundary), and preflight
-against a local HTTP server speaking the Compute REST API to the real google-cloud-compute client."""
+against a local HTTP server speaking the Compute REST API."""
 
 from __future__ import annotations
 
@@ -99,7 +99,12 @@ class ComputeApi(BaseHTTPRequestHandler):
         elif path == "/compute/v1/projects/proj-1":
             body = {"name": "proj-1", "quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": s["global"][0], "usage": s["global"][1]}]}
         elif path.startswith("/compute/v1/projects/proj-1/zones/us-central1-") and path.endswith("/acceleratorTypes"):
-            body = {"items": [{"name": n, "zone": path.split("/")[-2]} for n in s["offered"]]}
+            items = [{"name": n, "zone": path.split("/")[-2]} for n in s["offered"]]
+            size = s.get("pageSize") or len(items) or 1  # pages of this many, as the API cuts long lists
+            start = int(parse_qs(urlparse(self.path).query).get("pageToken", ["0"])[0])
+            body = {"items": items[start:start + size]}
+            if start + size < len(items):
+                body["nextPageToken"] = str(start + size)
         elif path.startswith("/compute/v1/projects/proj-1/aggregated/"):  # zones offering a type, by name filter
             kind = path.rsplit("/", 1)[-1]  # machineTypes | acceleratorTypes
             query = parse_qs(urlparse(self.path).query)
@@ -136,6 +141,12 @@ def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
                         "global": (8, 2), "offered": ["nvidia-tesla-t4", "nvidia-tesla-v100"]}
     yield ComputeApi.state
     server.shutdown()
+
+
+def test_preflight_reads_every_page_of_the_zones_gpus(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
+    compute_api |= {"offered": ["nvidia-l4", "nvidia-tesla-v100", "nvidia-tesla-t4"], "pageSize": 1}
+    assert preflight.main(["--stack", "pf"]) == 0
+    assert "The stack fits." in capsys.readouterr().out
 
 
 def test_preflight_enough(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
