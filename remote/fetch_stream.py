@@ -18,6 +18,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 import zlib
 
 from gpu_train.config import SshHost
@@ -45,27 +46,30 @@ def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | N
             "--", f"{host.user}@{host.host}", command]
 
 
-SHARED_CHANNELS = 4  # a fetch's streams on the shared connection; two fetches at once stay under MaxSessions
+SHARED_CHANNELS = 1  # the listing stream: ten fetches at once stay within a stock sshd's MaxSessions
 PERSIST_S = 60  # how long the shared connection outlives its last stream
 
 
 def shared_control_path(options: list[str], destination: str) -> str | None:
     """Where this user's shared SSH connection to ``destination``, made with exactly ``options``, listens.
 
-    One folder of the user's own in the temporary directory (0700, checked: another user could
-    otherwise plant a socket that our ssh would talk to); the name hashes every option (key,
-    known_hosts, jump hosts) and the destination, so a stack never rides on a connection another
-    stack's key opened. None where no such folder can be had, or the path would be too long for a
-    socket: the fetch then logs in as it would without one.
+    One folder of the user's own in the temporary directory (0700, checked, in a parent that others
+    cannot rename it out of: otherwise another user could plant a socket that our ssh would talk
+    to, or listen on ours); the name hashes every option (key, known_hosts, jump hosts) and the
+    destination, so a stack never rides on a connection another stack's key opened. None where no
+    such folder can be had, where ssh would read the path differently (it expands %), or where
+    the path is too long for a socket: the fetch then logs in as it would without one.
     """
-    folder = os.path.join(tempfile.gettempdir(), f"gpu-train-ssh-{os.getuid()}")
-    try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
+    parent = tempfile.gettempdir()
+    folder = os.path.join(parent, f"gpu-train-ssh-{os.getuid()}")
+    if "%" in folder:
         return None
     try:
+        up = os.stat(parent)
+        if up.st_mode & 0o022 and not up.st_mode & stat.S_ISVTX:
+            return None  # anyone may rename what is in it (/tmp has the sticky bit: only the owner may)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
         st = os.lstat(folder)
     except OSError:
         return None
@@ -77,45 +81,56 @@ def shared_control_path(options: list[str], destination: str) -> str | None:
 
 
 class Opener:
-    """Opens a host's streams: the first ones as channels of this user's shared connection to the host,
-    the next ones as channels of a connection of this fetch's own, any more as connections of their own.
+    """Opens a host's streams: the first (the listing) as a channel of this user's shared connection to
+    the host, the next ones as channels of a connection of this fetch's own, any more as connections
+    of their own.
 
     Each channel has its own window, so N channels move N windows per round trip, as N connections
     would; but a channel opens in one round trip where a connection needs a key exchange and a
     login (three or four round trips, and tens of milliseconds of CPU on each side). The shared
     connection (OpenSSH's ControlPersist) stays up for PERSIST_S seconds after its last stream
-    closes, so a fetch soon after another (a re-fetch, `fetch --watch`, `down` after `fetch`) logs
-    in no more: it opens a channel. While it is up the host counts an SSH connection (its idle
-    clock waits for it). A shared connection that died (host rebooted, network cut) is replaced by
-    OpenSSH itself. With ``mux=False`` (or where OpenSSH cannot share a connection) every stream
-    is a connection.
+    closes, so a fetch soon after another (a re-fetch, `fetch --watch`, `down` after `fetch`) that
+    finds nothing new logs in no more: it opens a channel. While it is up the host counts an SSH
+    connection (its idle clock waits for it). Where the shared connection cannot give a channel (it
+    died without a word: after ServerAlive gives up; the host's session limit is reached) OpenSSH
+    itself logs in on a connection of its own. With ``mux=False`` (or where OpenSSH cannot share a
+    connection) every stream is a connection.
     """
 
     def __init__(self, target: Target, host: SshHost, mux: bool = os.name == "posix"):
         self.target, self.host, self.mux = target, host, mux
         self.command = host_command(target.remote_root)
-        self.shared = shared_control_path(openssh_options(target, host), f"{host.user}@{host.host}") if mux else None
+        options = openssh_options(target, host)
+        self.shared = shared_control_path(options, f"{host.user}@{host.host}") if mux else None
         self._dir = tempfile.mkdtemp(prefix="gpu-train-mux-") if mux else None
         self.opened = 0
 
     def control(self) -> list[str] | None:
         if self._dir is None:
             return None
-        own = self.opened
-        if self.shared is not None:
-            if self.opened < SHARED_CHANNELS:
-                return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.shared}",
-                        "-o", f"ControlPersist={PERSIST_S}"]
-            own -= SHARED_CHANNELS
+        own = self.opened - (SHARED_CHANNELS if self.shared is not None else 0)
+        if own < 0:
+            return ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.shared}", "-o", f"ControlPersist={PERSIST_S}"]
         if own >= CHANNELS_PER_CONNECTION:
             return None  # a connection of its own (sshd's MaxSessions is 10 by default)
         master = "yes" if own == 0 else "no"
         return ["-o", f"ControlMaster={master}", "-o", f"ControlPath={self._dir}/c", "-o", "ControlPersist=no"]
 
     def __call__(self) -> Stream:
-        stream = Stream(ssh_argv(self.target, self.host, self.command, self.control()))
+        control = self.control()
+        stream = Stream(ssh_argv(self.target, self.host, self.command, control))
         self.opened += 1
+        if control is not None and "ControlMaster=yes" in control:
+            self._await_master(stream)
         return stream
+
+    def _await_master(self, stream: Stream, timeout: float = 30) -> None:
+        """Until the fetch's own connection listens (it does once logged in): a stream that found no
+        socket yet would quietly log in on a connection of its own."""
+        socket_path = f"{self._dir}/c"
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(socket_path) and stream.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def close(self) -> None:
         if self._dir is not None:

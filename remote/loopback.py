@@ -52,8 +52,9 @@ def descendants(pid: int) -> list[int]:
 class Sshd:
     def __init__(self, workdir: Path, address: str = "127.0.0.2", client_key: Path | None = None,
                  port: int | None = None, extra_config: str = "", prefix: tuple[str, ...] = (),
-                 setenv: str = ""):
-        """``extra_config``: more sshd_config lines; ``setenv``: more NAME=VALUE for the sessions (sshd
+                 setenv: str = "", max_sessions: int = 50, log_level: str = "ERROR"):
+        """``extra_config``: more sshd_config lines; ``max_sessions``: channels per connection (a stock
+        sshd's: 10); ``log_level``: INFO logs each login in sshd.log; ``setenv``: more NAME=VALUE for the sessions (sshd
         takes the first SetEnv line only, so they join ours); ``prefix``: a command sshd runs under (a
         test may give a node its own mount namespace, as a VM has its own disk)."""
         self.dir = workdir
@@ -61,6 +62,7 @@ class Sshd:
         self.address = address
         self.port = port or free_port(address)
         self.extra_config, self.prefix, self.setenv = extra_config, prefix, setenv
+        self.max_sessions, self.log_level = max_sessions, log_level
         self.user = getpass.getuser()
         self.client_key = client_key or keygen(self.dir / "client_ed25519")
         self.host_key = keygen(self.dir / "host_ed25519")
@@ -83,7 +85,8 @@ class Sshd:
             f"Port {self.port}\nListenAddress {self.address}\nHostKey {self.host_key}\nPidFile {self.dir}/sshd.pid\n"
             f"AuthorizedKeysFile {self.dir}/authorized_keys\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
-            "Subsystem sftp internal-sftp\nLogLevel ERROR\nMaxStartups 100\nMaxSessions 50\nPrintMotd no\n"
+            "Subsystem sftp internal-sftp\nMaxStartups 100\nPrintMotd no\n"
+            f"MaxSessions {self.max_sessions}\nLogLevel {self.log_level}\n"
             "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n"
             # A login shell that runs `pyenv init` (this workplace's ~/.bashrc) would wait up to 60 s on a
             # rehash lock left behind when a test kills a session mid-rehash: do not wait for it.

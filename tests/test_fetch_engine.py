@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,8 @@ MiB = 1 << 20
 class Host:
     """A loopback sshd holding REMOTE_ROOT/runs/RUN/job, and a fetcher pointed at it."""
 
-    def __init__(self, tmp: Path):
-        self.sshd = Sshd(tmp / "sshd", "127.0.16.3").start()
+    def __init__(self, tmp: Path, **sshd: object):
+        self.sshd = Sshd(tmp / "sshd", "127.0.16.3", log_level="INFO", **sshd).start()  # type: ignore[arg-type]
         self.known = tmp / "known_hosts"
         self.learn_key()
         self.host = SshHost(self.sshd.user, self.sshd.address, self.sshd.port, keys=(str(self.sshd.client_key),))
@@ -40,6 +41,10 @@ class Host:
         scan = subprocess.run(["ssh-keyscan", "-p", str(self.sshd.port), self.sshd.address], capture_output=True,
                               text=True, check=True)
         self.known.write_text(scan.stdout)
+
+    def logins(self) -> int:
+        """Connections sshd has let in so far (each a key exchange and a login)."""
+        return (self.sshd.dir / "sshd.log").read_text().count("Accepted publickey")
 
     def job(self, run: str = "r_1") -> Path:
         path = self.root / "runs" / run / "job"
@@ -288,6 +293,9 @@ def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: P
     assert result.complete, result
     assert host.streams_opened == 12
     assert tree(dest) == tree(job)
+    # The listing on the shared connection; eight on the fetch's own (each waits for it to be up, or it
+    # would log in on its own); three more with their own: five logins, not twelve.
+    assert host.logins() == 5
 
 
 def test_a_fetch_soon_after_another_rides_on_its_connection(host: Host, tmp_path: Path) -> None:
@@ -348,6 +356,44 @@ def test_the_shared_connection_is_per_key_and_host_in_a_folder_of_ours(short_tmp
     Path(a).parent.rmdir()
     Path(a).parent.symlink_to(tmp_path)
     assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None
+    for name, mode in (("open", 0o777), ("per%cent", 0o700)):  # others may rename in it; ssh would expand %
+        (tmp_path / name).mkdir(mode=mode)
+        (tmp_path / name).chmod(mode)
+        monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda name=name: str(tmp_path / name))
+        assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None
+    (tmp_path / "open").chmod(0o1777)  # sticky, as /tmp: only a file's owner may rename it
+    monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda: str(tmp_path / "open"))
+    assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is not None
     monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda: str(tmp_path / ("x" * 90)))
     (tmp_path / ("x" * 90)).mkdir()
     assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None  # too long for a socket's path
+
+
+@pytest.mark.e2e
+def test_a_host_that_refuses_a_channel_on_the_shared_connection_is_fetched_without_it(tmp_path: Path) -> None:
+    """Another session holds the shared connection, and the host allows one session per connection
+    (a stock sshd allows ten: eleven fetches at once): OpenSSH logs in on a connection of its own."""
+    from remote.ssh import openssh_options
+
+    host = Host(tmp_path, max_sessions=1)
+    try:
+        job = host.job()
+        (job / "a.pt").write_bytes(os.urandom(50_000))
+        shared = fetch_stream.shared_control_path(openssh_options(host.target, host.host), f"{host.host.user}@{host.host.host}")
+        assert shared is not None
+        holder = subprocess.Popen(["ssh", *openssh_options(host.target, host.host), "-o", "ControlMaster=auto", "-o",
+                                   f"ControlPath={shared}", "-o", "ControlPersist=60", "--",
+                                   f"{host.host.user}@{host.host.host}", "sleep 30"], stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(shared) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            dest = tmp_path / "home"
+            result = host.fetch(dest)
+        finally:
+            holder.kill()
+            subprocess.run(["ssh", "-o", f"ControlPath={shared}", "-O", "exit", "x"], capture_output=True)
+        assert result.complete, result
+        assert tree(dest) == tree(job)
+    finally:
+        host.sshd.stop()
