@@ -24,12 +24,14 @@ LAPTOP_ONLY = {"bundle.py"}  # guard.py goes too: the installed agent checks its
 UNPACKED = ".agent-"  # ROOT/bin/.agent-CRC-SIZE: the zipapp unpacked, where Python keeps its compiled modules
 MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
-# Runs under `python3 -S -c BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...` (PACKED: ``pack``): first checks
-# that ROOT is the login user's alone (guard.py, inline: nothing is written before), then keeps the
-# zipapp at ROOT/bin/gpu-train-agent (written atomically, only when it changed) and runs it in this process,
-# importing it from a folder unpacked beside it once per version (UNPACKED): Python compiles a zip's
-# modules anew on every run (about 40 ms a call), a folder's once. The wrapper, cron and systemd run
-# the zipapp itself.
+# Runs under `python3 -I -S -c BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...` (PACKED: ``pack``; -I: nothing
+# from the login folder or PYTHON* variables is imported): first checks that ROOT is the login user's
+# alone (guard.py, inline: nothing is written before), then keeps the zipapp at ROOT/bin/gpu-train-agent
+# (written atomically, only when it changed) and runs it in this process, importing it from a folder
+# unpacked beside it once per version (UNPACKED): Python compiles a zip's modules anew on every run, a
+# folder's once (about 10 ms less a call). Each use touches the folder; another version's goes when
+# unused for a day (a call of that version may still be importing from it), a half-made one after an
+# hour; a disk too full to unpack runs the zipapp itself. The wrapper, cron and systemd run the zipapp.
 GUARD = (HERE / "guard.py").read_text(encoding="utf-8")
 BOOTSTRAP = GUARD + f"""
 import base64,json,sys,zlib
@@ -48,18 +50,24 @@ if o!=z:
     with os.fdopen(os.open(t,os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o700),'wb') as f:f.write(z)
     os.replace(t,p)
 d=os.path.join(r,'bin','{UNPACKED}%08x-%d'%(zlib.crc32(z),len(z)))
-if not os.path.isdir(d):
-    import io,shutil,zipfile
-    t=d+'.tmp.%d'%os.getpid()
-    zipfile.ZipFile(io.BytesIO(z)).extractall(t)
-    try:
-        os.rename(t,d)
-    except OSError:
-        shutil.rmtree(t,ignore_errors=True)
-    for n in os.listdir(os.path.dirname(d)):
-        if n.startswith('{UNPACKED}') and os.path.join(r,'bin',n)!=d and '.tmp.' not in n:
-            shutil.rmtree(os.path.join(r,'bin',n),ignore_errors=True)
-sys.argv[0]=p;sys.path.insert(0,d)
+try:
+    if os.path.isdir(d):
+        os.utime(d)
+    else:
+        import io,shutil,time,zipfile
+        t=d+'.tmp.%d'%os.getpid()
+        zipfile.ZipFile(io.BytesIO(z)).extractall(t)
+        try:
+            os.rename(t,d)
+        except OSError:
+            shutil.rmtree(t,ignore_errors=True)
+        for n in os.listdir(os.path.dirname(d)):
+            q=os.path.join(r,'bin',n)
+            if n.startswith('{UNPACKED}') and q!=d and time.time()-os.lstat(q).st_mtime>(3600 if '.tmp.' in n else 86400):
+                shutil.rmtree(q,ignore_errors=True)
+    sys.argv[0]=p;sys.path.insert(0,d)
+except OSError:
+    sys.argv[0]=p;sys.path.insert(0,p)
 from {PACKAGE}.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -111,6 +119,6 @@ def agent_command(root: str, *args: str, zipapp: bytes | None = None, cli: str |
         cli = command_name(sys.argv[0])
     packed = pack(payload() if zipapp is None else zipapp)
     # The system Python when there is one: it starts fastest and no environment manager wraps it.
-    run = shlex.join(["-S", "-c", BOOTSTRAP, packed, "--root", root, *args])
+    run = shlex.join(["-I", "-S", "-c", BOOTSTRAP, packed, "--root", root, *args])
     named = shlex.quote(f"{CLI_ENV}={cli}")
     return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec env {named} "$p" {run}'
