@@ -133,15 +133,18 @@ def test_render_status() -> None:
                      "lastLine": "ValueError: boom"},
                     {"id": "pip_20260101_000000", "state": "failed", "exitCode": 1, "durationS": 2, "lastLine": "",
                      "reason": "pip install -r requirements.txt failed (exit 1): no such file"},
-                    {"id": "t_20260101_000000", "state": "running", "exitCode": None, "durationS": 5, "resumes": 2}]}
+                    {"id": "t_20260101_000000", "state": "running", "exitCode": None, "durationS": 5, "resumes": 2},
+                    {"id": "loop_20260101_000000", "state": "failed", "exitCode": None, "durationS": 9, "resumes": 2,
+                     "lastLine": "noise from a login shell", "reason": "interrupted 3 times; maxResumes = 2"}]}
     text = render_status(doc, t)
     assert "VM up 2.0 h, about $1.00 so far" in text and "GPU 0 Tesla T4: 87% busy, 9000/15360 MiB" in text
-    table = text.splitlines()[-4:]
+    table = text.splitlines()[-5:]
     assert table[0].split() == ["RUN", "STATE", "EXIT", "DURATION", "LAST", "LINE"]
     assert table[1].split() == ["train_20260101_000000", "failed", "3", "1h02m", "ValueError:", "boom"]
     assert table[2].endswith("pip install -r requirements.txt failed (exit 1): no such file")  # no line of its own
     assert table[3].split()[:5] == ["t_20260101_000000", "running", "[resumed", "2x]", "-"]
     assert table[1].index("failed") == table[0].index("STATE")  # columns line up
+    assert table[4].endswith("interrupted 3 times; maxResumes = 2")  # gpu-train ended it: why, not the last line
 
 
 @pytest.fixture

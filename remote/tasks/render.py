@@ -45,8 +45,10 @@ def run_table(runs: list[dict]) -> list[str]:
             state += " [" + "; ".join(notes) + "]"
         code = r.get("exitCode")
         line = r.get("lastLine") or ""
-        if r.get("reason") and (not line or line.startswith("[gpu-train]")):
-            line = r["reason"]  # the job said nothing: why it ended (pip failed, resumes used up, ...)
+        if r.get("reason") and (not line or line.startswith("[gpu-train]") or (code is None and state.startswith("failed"))):
+            # Why it ended, where the job said nothing, or where gpu-train ended it (no exit code of the job's
+            # own: resumes used up, the wrapper failed); its last line is then whatever came before.
+            line = r["reason"]
         rows.append((r["id"], state, "-" if code is None else str(code), duration(r.get("durationS")), line[:120]))
     wide = [max(len(row[i]) for row in rows) for i in range(4)]
     return [f"  {a:<{wide[0]}}  {b:<{wide[1]}}  {c:>{wide[2]}}  {d:>{wide[3]}}  {e}".rstrip() for a, b, c, d, e in rows]
