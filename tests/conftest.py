@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # 0.06 s of CPU each time). The compiled copies go to a folder of the user's own, not into the checkout.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
     os.environ.setdefault("PYTHONPYCACHEPREFIX", str(Path.home() / ".cache" / "gpu-train" / "test-pycache"))
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # once a run: what earlier runs' temporary folders left
+        shutil.rmtree(Path(os.environ["PYTHONPYCACHEPREFIX"]) / "tmp", ignore_errors=True)
 # Torch jobs the tests run here (a reference run, torchrun nodes) share two cores with the other
 # tests: one OpenMP thread each, or their idle threads spin against the rest (loopback sshd's
 # sessions say the same).
