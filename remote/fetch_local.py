@@ -10,6 +10,7 @@ write outside the destination, not even through a link it created there).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -140,7 +141,13 @@ def ensure_dir(base: Path, rel: str | None) -> Path:
 
 def part_path(dest: Path, rel: str) -> str:
     """Where ``rel`` is assembled: named by a hash of its path, so a later fetch finds it to resume."""
-    return f"{partial_dir(dest)}/{hashlib.sha256(rel.encode()).hexdigest()[:32]}.part"
+    return f"{_partial_str(dest)}/{hashlib.sha256(rel.encode()).hexdigest()[:32]}.part"
+
+
+@functools.lru_cache(maxsize=64)
+def _partial_str(dest: Path) -> str:
+    """partial_dir as text, once per destination (a fetch of 60,000 files asked 60,000 times: 0.75 s)."""
+    return str(partial_dir(dest))
 
 
 def prepare_part(part: str, basis: str | None, size: int) -> None:
