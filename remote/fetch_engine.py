@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -133,7 +134,10 @@ class Fetcher:
             pieces = self._hash_phase(first, basis)
             pieces += [p for j in self.jobs if j.key not in in_basis for p in self._whole(j)]
             self.progress.start(sum(p.length for p in pieces))
-            shares = fp.balance(pieces, fp.streams_for(self.streams, pieces)) if pieces else []
+            n = fp.streams_for(self.streams, pieces)
+            if n > fp.NEAR_STREAMS:  # only where it can change the count: a round trip costs one
+                n = fp.streams_for(self.streams, pieces, self._round_trip(first))
+            shares = fp.balance(pieces, n) if pieces else []
             opened += [self.open_stream() for _ in shares[1:]]
             self._transfer(list(zip(opened, shares, strict=False)))
             self._check_wholes(first)
@@ -149,6 +153,14 @@ class Fetcher:
             if r.complete:
                 shutil.rmtree(fl.partial_dir(r.dest), ignore_errors=True)
         return results
+
+    @staticmethod
+    def _round_trip(stream: Stream) -> float:
+        """Seconds for one request and its answer on an open stream (the host does nothing for it)."""
+        started = time.monotonic()
+        stream.send({"op": "ping"})
+        stream.read_doc()
+        return time.monotonic() - started
 
     def _plan(self, results: list[RunResult], listing: dict) -> tuple[list, list[FileJob]]:
         dirs: list[tuple[Path, fp.Entry]] = []

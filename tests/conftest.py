@@ -207,3 +207,22 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path):
     yield lab
     lab.sshd.stop()
     subprocess.run(["pkill", "-f", str(lab.remote)], check=False)  # jobs left running by a failed test
+
+
+@pytest.fixture
+def host(tmp_path: Path):
+    """The parallel fetch's loopback host (tests/fetch_host.py)."""
+    from tests.fetch_host import Host
+
+    h = Host(tmp_path)
+    yield h
+    h.sshd.stop()
+
+
+@pytest.fixture
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges at test sizes: files over 1 MiB travel in 256 KiB ranges."""
+    from remote import fetch_plan as fp
+
+    monkeypatch.setattr(fp, "SPLIT_BYTES", 1 << 20)
+    monkeypatch.setattr(fp, "RANGE_BYTES", 256 * 1024)

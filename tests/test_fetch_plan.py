@@ -125,16 +125,21 @@ def test_balance_counts_the_cost_of_many_small_files() -> None:
     assert all(sum(1 for p in s if p.length == 200 * MiB) == 1 for s in shares)
 
 
-@pytest.mark.parametrize(("requested", "sizes", "streams"), [
-    (4, [MiB] * 100, 4),
-    (4, [10], 1),  # one small file: one stream
-    (8, [64 * MiB, 64 * MiB], 2),  # no more streams than pieces
-    (4, [MiB, MiB], 1),  # 2 MiB: one stream moves it before another would connect
-    (4, [1000] * 50, 1),  # 50 KB in all: not worth a second connection
-    (1, [MiB] * 10, 1),
+@pytest.mark.parametrize(("requested", "sizes", "rtt", "streams"), [
+    (4, [MiB] * 100, None, 4),
+    (4, [10], None, 1),  # one small file: one stream
+    (8, [64 * MiB, 64 * MiB], None, 2),  # no more streams than pieces
+    (4, [MiB, MiB], None, 1),  # 2 MiB: one stream moves it before another would connect
+    (4, [1000] * 50, None, 1),  # 50 KB in all: not worth a second connection
+    (1, [MiB] * 10, None, 1),
+    (4, [MiB] * 100, 0.0003, 2),  # loopback, a LAN: two streams
+    (12, [MiB] * 100, 0.004, 2),
+    (4, [MiB] * 100, 0.006, 4),  # a few ms away: a window per round trip can be the limit
+    (8, [MiB] * 100, 0.1, 8),  # across a continent
+    (1, [MiB] * 100, 0.0003, 1),
 ])  # fmt: skip
-def test_streams_for(requested: int, sizes: list[int], streams: int) -> None:
-    assert fp.streams_for(requested, [Piece(i, 0, s) for i, s in enumerate(sizes)]) == streams
+def test_streams_for(requested: int, sizes: list[int], rtt: float | None, streams: int) -> None:
+    assert fp.streams_for(requested, [Piece(i, 0, s) for i, s in enumerate(sizes)], rtt) == streams
 
 
 @pytest.mark.parametrize(("path", "target", "safe"), [

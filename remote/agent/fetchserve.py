@@ -17,6 +17,7 @@ Requests:
         -> per item: {"sha256": [hex per BLOCK of the range], "whole": hex of the range, "stat": [...]}
   {"op": "read", "items": [[ID, PATH, OFF, LEN], ...]}
         -> per item: header {"len": N}, N bytes, trailer {"sha256": hex, "stat": [size, mtimeNs, ino]}
+  {"op": "ping"}                                  -> {} (the laptop times one round trip)
 """
 
 from __future__ import annotations
@@ -206,6 +207,8 @@ def serve(root: str, inp, out) -> int:
             send_doc({"runs": list_runs(root, list(req.get("runs") or []))}, out)
         elif op == "hash":
             send_doc({"items": [hash_item(root, item) for item in req.get("items", [])]}, out)
+        elif op == "ping":
+            send_doc({}, out)
         elif op == "read":
             checked: dict = {}
             buf = memoryview(bytearray(CHUNK))

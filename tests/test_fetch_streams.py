@@ -1,0 +1,152 @@
+"""The parallel fetch's streams and connections against a real sshd: how many, on which connection
+(the shared one, the fetch's own, their own), and what happens when the shared one cannot serve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from remote import fetch_plan as fp
+from remote import fetch_stream
+from tests.fetch_host import Host, MiB, tree
+
+
+def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: Path, small_ranges,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """--streams 12 works: eight channels of the first connection, the rest connections of their own
+    (a stock sshd allows MaxSessions = 10 channels per connection)."""
+    monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)  # every stream worth opening at test sizes
+    monkeypatch.setattr(fp, "NEAR_RTT_S", 0)  # as if the host were far: loopback would take two
+    job = host.job()
+    (job / "big.pt").write_bytes(os.urandom(4 * MiB))
+    for i in range(12):
+        (job / f"c{i}.pt").write_bytes(os.urandom(2 * MiB))
+    dest = tmp_path / "home"
+    result = host.fetch(dest, streams=12)
+    assert result.complete, result
+    assert host.streams_opened == 12
+    assert tree(dest) == tree(job)
+    # The listing on the shared connection; eight on the fetch's own (each waits for it to be up, or it
+    # would log in on its own); three more with their own: five logins, not twelve.
+    assert host.logins() == 5
+
+
+def test_a_fetch_soon_after_another_rides_on_its_connection(host: Host, tmp_path: Path) -> None:
+    """The second fetch (a new Opener, as a new `fab fetch` makes) logs in no more: with the host's sshd
+    stopped, so that no new login can happen (it would time out), it still fetches what changed."""
+    job = host.job()
+    (job / "a.pt").write_bytes(os.urandom(50_000))
+    dest = tmp_path / "home"
+    assert host.fetch(dest).complete
+    (job / "b.pt").write_bytes(os.urandom(50_000))
+    os.kill(host.sshd.proc.pid, signal.SIGSTOP)  # the listener: connections made before go on
+    try:
+        result = host.fetch(dest)
+    finally:
+        os.kill(host.sshd.proc.pid, signal.SIGCONT)
+    assert result.complete and result.files == 1, result
+    assert tree(dest) == tree(job)
+
+
+def test_a_shared_connection_whose_host_restarted_is_replaced(host: Host, tmp_path: Path) -> None:
+    job = host.job()
+    (job / "a.pt").write_bytes(os.urandom(50_000))
+    dest = tmp_path / "home"
+    assert host.fetch(dest).complete
+    host.sshd.stop()  # every session dies with it, the shared connection's too
+    host.sshd.start()
+    (job / "b.pt").write_bytes(os.urandom(50_000))
+    result = host.fetch(dest)
+    assert result.complete and result.files == 1, result
+    assert tree(dest) == tree(job)
+
+
+@pytest.fixture
+def short_tmp():
+    """A temporary folder with a short path (pytest's own are too long for a socket's)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="gt-"))
+    yield path
+    shutil.rmtree(path)
+
+
+def test_the_shared_connection_is_per_key_and_host_in_a_folder_of_ours(short_tmp: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path = short_tmp
+    monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda: str(tmp_path))
+    a = fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h")
+    assert a is not None and Path(a).parent == tmp_path / f"gpu-train-ssh-{os.getuid()}"
+    assert (Path(a).parent.stat().st_mode & 0o777) == 0o700
+    assert a == fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h")
+    others = {fetch_stream.shared_control_path(["-i", "/k/two", "-o", "UserKnownHostsFile=/s/a"], "u@h"),
+              fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/b"], "u@h"),
+              fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h2")}
+    assert a not in others and len(others) == 3
+    Path(a).parent.chmod(0o755)  # a folder others can read (or one planted by someone else): not used
+    assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None
+    Path(a).parent.rmdir()
+    Path(a).parent.symlink_to(tmp_path)
+    assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None
+    for name, mode in (("open", 0o777), ("per%cent", 0o700)):  # others may rename in it; ssh would expand %
+        (tmp_path / name).mkdir(mode=mode)
+        (tmp_path / name).chmod(mode)
+        monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda name=name: str(tmp_path / name))
+        assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None
+    (tmp_path / "open").chmod(0o1777)  # sticky, as /tmp: only a file's owner may rename it
+    monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda: str(tmp_path / "open"))
+    assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is not None
+    monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda: str(tmp_path / ("x" * 90)))
+    (tmp_path / ("x" * 90)).mkdir()
+    assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None  # too long for a socket's path
+
+
+@pytest.mark.e2e
+def test_a_host_that_refuses_a_channel_on_the_shared_connection_is_fetched_without_it(tmp_path: Path) -> None:
+    """Another session holds the shared connection, and the host allows one session per connection
+    (a stock sshd allows ten: eleven fetches at once): OpenSSH logs in on a connection of its own."""
+    from remote.ssh import openssh_options
+
+    host = Host(tmp_path, max_sessions=1)
+    try:
+        job = host.job()
+        (job / "a.pt").write_bytes(os.urandom(50_000))
+        shared = fetch_stream.shared_control_path(openssh_options(host.target, host.host), f"{host.host.user}@{host.host.host}")
+        assert shared is not None
+        holder = subprocess.Popen(["ssh", *openssh_options(host.target, host.host), "-o", "ControlMaster=auto", "-o",
+                                   f"ControlPath={shared}", "-o", "ControlPersist=60", "--",
+                                   f"{host.host.user}@{host.host.host}", "sleep 30"], stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(shared) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            dest = tmp_path / "home"
+            result = host.fetch(dest)
+        finally:
+            holder.kill()
+            subprocess.run(["ssh", "-o", f"ControlPath={shared}", "-O", "exit", "x"], capture_output=True)
+        assert result.complete, result
+        assert tree(dest) == tree(job)
+    finally:
+        host.sshd.stop()
+
+
+def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, small_ranges,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One round trip, timed, decides: on loopback two streams; where a round trip is long, all four."""
+    monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
+    job = host.job()
+    for i in range(8):
+        (job / f"c{i}.pt").write_bytes(os.urandom(MiB))
+    assert host.fetch(tmp_path / "near").complete
+    assert host.streams_opened == 2
+    monkeypatch.setattr(fp, "NEAR_RTT_S", 0)  # every round trip counts as long
+    assert host.fetch(tmp_path / "far").complete
+    assert host.streams_opened == 2 + 4
+    assert tree(tmp_path / "near") == tree(tmp_path / "far") == tree(job)
