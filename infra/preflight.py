@@ -13,19 +13,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
 
 from gpu_train import config, quota, stackfile, validate
 from gpu_train.catalog_file import load_catalog
 from gpu_train.errors import ExitStatus, outcome
 from infra import probes
 
-ENDPOINT_ENV = "GPU_TRAIN_COMPUTE_ENDPOINT"  # another Compute API endpoint (tests run a local one)
-
 
 def _credentials():
     """Application Default Credentials; none against another endpoint (the tests' local API)."""
-    if os.environ.get(ENDPOINT_ENV):
+    if os.environ.get(probes.COMPUTE_ENV):
         from google.auth.credentials import AnonymousCredentials
 
         return AnonymousCredentials()
@@ -34,27 +31,13 @@ def _credentials():
     return google.auth.default(scopes=probes.SCOPES)[0]
 
 
-def _pages(creds, path: str, params: dict | None = None) -> Iterator[dict]:
-    """Each page of a Compute API list under ``path`` (/compute/v1/...), following nextPageToken."""
-    base = os.environ.get(ENDPOINT_ENV) or "https://compute.googleapis.com"
-    params, seen = dict(params or {}), set()
-    while True:
-        doc = probes.get_json(creds, base + path, params)
-        yield doc
-        token = doc.get("nextPageToken")
-        if not token or token in seen:  # a repeated token would loop forever
-            return
-        seen.add(token)
-        params["pageToken"] = token
-
-
 def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[str]]:
     """(region quotas, project quotas, accelerator types offered in the zone): one call each."""
     creds = _credentials()
-    [region_doc] = _pages(creds, f"/compute/v1/projects/{project}/regions/{region}")
-    [project_doc] = _pages(creds, f"/compute/v1/projects/{project}")
-    offered = {a["name"] for page in _pages(creds, f"/compute/v1/projects/{project}/zones/{zone}/acceleratorTypes")
-               for a in page.get("items", [])}
+    region_doc = probes.get_json(creds, probes.compute_url(f"/compute/v1/projects/{project}/regions/{region}"))
+    project_doc = probes.get_json(creds, probes.compute_url(f"/compute/v1/projects/{project}"))
+    accelerators = probes.compute_url(f"/compute/v1/projects/{project}/zones/{zone}/acceleratorTypes")
+    offered = {a["name"] for page in probes.pages(creds, accelerators) for a in page.get("items", [])}
 
     def table(doc: dict) -> dict[str, tuple[float, float]]:
         return {q["metric"]: (float(q.get("limit", 0)), float(q.get("usage", 0))) for q in doc.get("quotas", [])}
@@ -68,7 +51,8 @@ def offering_zones(project: str, machine_type: str, gpu_type: str) -> list[str]:
     creds = _credentials()
 
     def zones(kind: str, name: str) -> set[str]:
-        pages = _pages(creds, f"/compute/v1/projects/{project}/aggregated/{kind}", {"filter": f"name = {name}"})
+        pages = probes.pages(creds, probes.compute_url(f"/compute/v1/projects/{project}/aggregated/{kind}"),
+                             {"filter": f"name = {name}"})
         return {scope.split("/")[-1] for page in pages for scope, scoped in (page.get("items") or {}).items()
                 if any(x.get("name") == name for x in scoped.get(kind, []))}
 

@@ -12,11 +12,12 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpu_train.checkup import Adc
 
-COMPUTE_ENV = "GPU_TRAIN_COMPUTE_ENDPOINT"  # the same override scripts/preflight honours
+COMPUTE_ENV = "GPU_TRAIN_COMPUTE_ENDPOINT"  # another Compute API endpoint (tests run a local one)
 SERVICEUSAGE_ENV = "GPU_TRAIN_SERVICEUSAGE_ENDPOINT"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 TIMEOUT_S = 10.0
@@ -113,16 +114,30 @@ def services_state(creds, project: str, services: list[str]) -> dict[str, str]:
     return {s["name"].rsplit("/", 1)[-1]: s.get("state", "STATE_UNSPECIFIED") for s in doc.get("services", [])}
 
 
+def compute_url(path: str) -> str:
+    """A Compute API URL for ``path`` (/compute/v1/...): GPU_TRAIN_COMPUTE_ENDPOINT points it elsewhere."""
+    return (os.environ.get(COMPUTE_ENV) or "https://compute.googleapis.com") + path
+
+
+def pages(creds, url: str, params: dict | None = None) -> Iterator[dict]:
+    """Each page of a Google list at ``url``, following nextPageToken; RuntimeError if a token comes back
+    (an answer that would loop forever)."""
+    params, seen = dict(params or {}), set()
+    while True:
+        doc = get_json(creds, url, params)
+        yield doc
+        token = doc.get("nextPageToken")
+        if not token:
+            return
+        if token in seen:
+            raise RuntimeError(f"{url} repeated a page (its nextPageToken came back)")
+        seen.add(token)
+        params["pageToken"] = token
+
+
 def gpu_train_instances(creds, project: str) -> list[dict]:
     """Every gpu-train VM of the project, in every zone, in one call (instances.aggregatedList
     filtered on the label the program puts on each VM)."""
-    base = os.environ.get(COMPUTE_ENV) or "https://compute.googleapis.com"
-    out: list[dict] = []
     params = {"filter": "labels.gpu-train-stack:*", "returnPartialSuccess": "true"}
-    while True:
-        doc = get_json(creds, f"{base}/compute/v1/projects/{project}/aggregated/instances", params)
-        for scoped in (doc.get("items") or {}).values():
-            out.extend(scoped.get("instances", []))
-        if not doc.get("nextPageToken"):
-            return out
-        params = {**params, "pageToken": doc["nextPageToken"]}
+    return [vm for page in pages(creds, compute_url(f"/compute/v1/projects/{project}/aggregated/instances"), params)
+            for scoped in (page.get("items") or {}).values() for vm in scoped.get("instances", [])]

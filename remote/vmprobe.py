@@ -8,7 +8,6 @@ The message is a pure function of the instance document (tested as a table); the
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -63,9 +62,8 @@ def instance(vm: dict) -> dict | None:
     _, creds = probes.read_adc()
     if creds is None:
         return None
-    base = os.environ.get(probes.COMPUTE_ENV) or "https://compute.googleapis.com"
     try:
-        return probes.get_json(creds, f"{base}/compute/v1/projects/{vm['project']}/zones/{vm['zone']}/instances/{vm['name']}")
+        return probes.get_json(creds, probes.compute_url(f"/compute/v1/projects/{vm['project']}/zones/{vm['zone']}/instances/{vm['name']}"))
     except RuntimeError:
         return None
 

@@ -16,7 +16,7 @@ import pytest
 
 from gpu_train import capacity, config, quota, validate
 from gpu_train.catalog_file import load_catalog
-from infra import preflight
+from infra import preflight, probes
 from tests.conftest import ROOT, gcp_raw
 
 CATALOG = load_catalog()
@@ -103,14 +103,18 @@ class ComputeApi(BaseHTTPRequestHandler):
             size = s.get("pageSize") or len(items) or 1  # pages of this many, as the API cuts long lists
             start = int(parse_qs(urlparse(self.path).query).get("pageToken", ["0"])[0])
             body = {"items": items[start:start + size]}
-            if start + size < len(items):
-                body["nextPageToken"] = str(start + size)
+            if start + size < len(items) or s.get("repeatToken"):
+                body["nextPageToken"] = "0" if s.get("repeatToken") else str(start + size)
         elif path.startswith("/compute/v1/projects/proj-1/aggregated/"):  # zones offering a type, by name filter
             kind = path.rsplit("/", 1)[-1]  # machineTypes | acceleratorTypes
             query = parse_qs(urlparse(self.path).query)
             name = query.get("filter", [""])[0].split("=")[-1].strip()
             zones = s.get("zonesOffering", {}).get(name, [])
-            body = {"items": {f"zones/{z}": {kind: [{"name": name, "zone": z}]} for z in zones}}
+            # As the API answers: every scope, those without a match carrying a warning instead.
+            body = {"items": {f"zones/{z}": {kind: [{"name": name, "zone": z}]} if z in zones else
+                              {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "There are no results for scope "
+                                           f"'zones/{z}' on this page."}}
+                              for z in sorted({*zones, "us-central1-a", "us-west1-b"})}}
         else:
             self.send_error(404)
             return
@@ -129,7 +133,7 @@ class ComputeApi(BaseHTTPRequestHandler):
 def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv(preflight.ENDPOINT_ENV, f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv(probes.COMPUTE_ENV, f"http://127.0.0.1:{server.server_address[1]}")
     stacks = tmp_path / "stacks"
     stacks.mkdir()
     (stacks / "Pulumi.pf.yaml").write_text(
@@ -147,6 +151,12 @@ def test_preflight_reads_every_page_of_the_zones_gpus(compute_api: dict, capsys:
     compute_api |= {"offered": ["nvidia-l4", "nvidia-tesla-v100", "nvidia-tesla-t4"], "pageSize": 1}
     assert preflight.main(["--stack", "pf"]) == 0
     assert "The stack fits." in capsys.readouterr().out
+
+
+def test_preflight_stops_on_a_page_token_that_comes_back(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
+    compute_api |= {"repeatToken": True}
+    assert preflight.main(["--stack", "pf"]) == 2  # an answer that would loop forever: said, not followed
+    assert "nextPageToken came back" in capsys.readouterr().err
 
 
 def test_preflight_enough(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
@@ -215,7 +225,7 @@ def test_preflight_counts_hyperdisk_against_its_own_quota(compute_api: dict, cap
 
 
 def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api: dict, capsys) -> None:
-    monkeypatch.setenv(preflight.ENDPOINT_ENV, "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv(probes.COMPUTE_ENV, "http://127.0.0.1:9")  # nothing listens there
     assert preflight.main(["--stack", "pf"]) == 2
     assert "cannot read the project's quotas" in capsys.readouterr().err
 
