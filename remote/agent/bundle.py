@@ -16,12 +16,11 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from remote.agent.protocol import CLI_ENV
+from remote.agent.protocol import CLI_ENV, UNPACKED
 
 PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp
 HERE = Path(__file__).resolve().parent
 LAPTOP_ONLY = {"bundle.py"}  # guard.py goes too: the installed agent checks its root on every run
-UNPACKED = ".agent-"  # ROOT/bin/.agent-CRC-SIZE: the zipapp unpacked, where Python keeps its compiled modules
 MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 # Runs under `python3 -I -S -c BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...` (PACKED: ``pack``; -I: nothing

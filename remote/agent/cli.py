@@ -9,6 +9,7 @@ import os
 import sys
 
 from .guard import UnsafeRoot, check_own_file, secure_root
+from .protocol import UNPACKED
 from .store import AgentError, root_from_settings, use_settings_file
 
 # Each subcommand imports its own module when it runs: the agent starts on every call, from a
@@ -77,7 +78,7 @@ def main(argv: list[str]) -> int:
         outside = os.path.isfile(installed) and not installed.startswith(root + os.sep)
         elsewhere = outside and (os.geteuid() == 0 or (bool(args.settings_file) and os.stat(installed).st_uid == 0))
         root = secure_root(root, own=not elsewhere)  # umask 077; ours alone, or a refusal naming why
-        if (os.path.isfile(installed) or os.path.basename(installed).startswith(".agent-")) and not elsewhere:
+        if (os.path.isfile(installed) or os.path.basename(installed).startswith(UNPACKED)) and not elsewhere:
             check_own_file(installed)  # the zipapp, or the bootstrap's folder of it (remote/agent/bundle.py)
     except (UnsafeRoot, AgentError, OSError, KeyError) as e:
         print(json.dumps({"error": str(e)}), file=sys.stderr if args.cmd == "logs" else sys.stdout)

@@ -171,6 +171,7 @@ LOG_END = "GPU-TRAIN-END "
 # call, so that the fixes the agent's messages suggest name it; calls from a host's own units and
 # cron (no laptop) get the default.
 CLI_ENV = "GPU_TRAIN_CLI"
+UNPACKED = ".agent-"  # REMOTE_ROOT/bin/.agent-CRC-SIZE: the bootstrap's unpacked copy of the zipapp
 CLI_NAMES = ("gpu-train", "fab")
 
 

@@ -45,7 +45,7 @@ def run_table(runs: list[dict]) -> list[str]:
             state += " [" + "; ".join(notes) + "]"
         code = r.get("exitCode")
         line = r.get("lastLine") or ""
-        if r.get("reason") and (not line or line.startswith("[gpu-train]") or (code is None and state.startswith("failed"))):
+        if r.get("reason") and (not line or line.startswith("[gpu-train]") or (code is None and r["state"] == "failed")):
             # Why it ended, where the job said nothing, or where gpu-train ended it (no exit code of the job's
             # own: resumes used up, the wrapper failed); its last line is then whatever came before.
             line = r["reason"]
