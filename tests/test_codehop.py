@@ -50,8 +50,10 @@ class Trio:
         key = self.gateway.client_key
         self.nodes = []
         for i in range(3):
-            elsewhere = f"GPU_TRAIN_AUTHORIZED_KEYS={tmp}/unread_keys{i}" if i in sealed else ""
-            self.nodes.append(Sshd(tmp / f"n{i}", f"{NET}.{i + 2}", client_key=key, setenv=elsewhere).start())
+            elsewhere = f"GPU_TRAIN_AUTHORIZED_KEYS={tmp}/unread_keys{i} " if i in sealed else ""
+            (tmp / f"hoptmp{i}").mkdir(mode=0o700)  # the node's temporary folder: where a hop keeps its key
+            self.nodes.append(Sshd(tmp / f"n{i}", f"{NET}.{i + 2}", client_key=key,
+                                   setenv=f"{elsewhere}TMPDIR={tmp}/hoptmp{i}").start())
         self.uplink = DelayProxy((f"{NET}.11", 0), (self.gateway.address, self.gateway.port), 0.0).start()
         config = tmp / "ssh_config"
         config.write_text(f"Host gw\n  HostName {NET}.11\n  Port {self.uplink.address[1]}\n  IdentityFile {key}\n"
@@ -91,6 +93,11 @@ def trio(tmp_path: Path, request: pytest.FixtureRequest):
 
 def test_the_laptop_sends_the_code_once_and_every_node_has_it(trio: Trio) -> None:
     trio.fab("status")  # first contact: the host keys are learned (as any first task does)
+    legacy = trio.tmp / "node0" / "cluster" / "id_ed25519"  # where earlier versions left the key for good
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text("an old cluster key")
+    hoptmp = trio.tmp / "hoptmp0"
+    os.utime(hoptmp, (1, 1))
     run, result, sent = trio.train("hop")
     code = 4 * MiB
     assert code <= sent < 1.5 * code, f"the laptop sent {sent / MiB:.1f} MiB for {code / MiB:.0f} MiB of code to 3 nodes"
@@ -98,7 +105,9 @@ def test_the_laptop_sends_the_code_once_and_every_node_has_it(trio: Trio) -> Non
     expected = tree_digest(trio.code)
     for i in range(3):
         assert tree_digest(trio.tmp / f"node{i}" / "runs" / run / "code") == expected, f"node {i}"
-    # Node 0 kept neither the cluster's private key nor the pins once the hop was done.
+    # Node 0 kept neither the cluster's private key nor the pins once the hop was done: the hop's folder
+    # in its temporary directory was made (the folder's time moved) and is gone; an old key at rest too.
+    assert hoptmp.stat().st_mtime > 1 and list(hoptmp.iterdir()) == []
     assert not (trio.tmp / "node0" / "cluster").exists()
     # The other nodes let that key in, restricted; node 0 does not (nothing comes to it that way).
     for i in (1, 2):

@@ -83,16 +83,9 @@ def cmd_authorize(key: str, name: str, source: str | None) -> dict:
 
 
 def _write_private(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` (mode 0600) unless it already holds exactly that; atomically."""
-    with contextlib.suppress(OSError), open(path) as f:
-        if f.read() == text:
-            return
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
+    """Write ``text`` to a new file ``path`` (mode 0600) in this hop's own new folder."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 def ssh_options(folder: str, node: dict) -> list[str]:
@@ -139,6 +132,7 @@ def cmd_relay_code(root: str, doc: dict) -> int:
     # and the connections: the key is at rest on node 0 only while the hop runs, and two trains of
     # stacks sharing node 0's REMOTE_ROOT never overwrite each other's key or pins.
     folder = tempfile.mkdtemp(prefix="gpu-train-hop-")
+    shutil.rmtree(os.path.join(root, "cluster"), ignore_errors=True)  # where earlier versions kept the key for good
     masters = []
     try:
         _write_private(os.path.join(folder, "id_ed25519"), doc["key"])
