@@ -50,9 +50,7 @@ def from_dump(dump: dict[str, list[str]], spec: str, keys: tuple[str, ...], jump
     on OpenSSH and rsync command lines, where ``-oProxyCommand=...`` would run a command here.
     """
     user, host, port = dump["user"][0], dump["hostname"][0], dump["port"][0]
-    why = login_problem(user) or host_problem(host)
-    if why is None and not (port.isdigit() and 0 < int(port) < 65536):
-        why = f"the port {port!r} is not a port number"
+    why = login_problem(user) or host_problem(host)  # (a bad Port, ssh -G itself refuses)
     if why:
         raise SshConfigError(f"{spec}: the ssh_config gives User {user!r}, HostName {host!r}, Port {port!r}: {why}")
     return SshHost(user, host, int(port), spec=spec, keys=keys, jump=jump)

@@ -31,7 +31,6 @@ def test_ssh_dump_and_jumps() -> None:
     ("me", "-oProxyCommand=sh", "22", "starts with '-'"),
     ("me x", "10.1.2.3", "22", "not a login name"),
     ("me", "host name; rm", "22", "whitespace"),
-    ("me", "10.1.2.3", "0", "not a port number"),
 ])
 def test_an_ssh_config_is_checked_like_a_stack_file(user: str, hostname: str, port: str, words: str) -> None:
     # User and HostName go before the destination on ssh and rsync command lines: an ssh_config
