@@ -154,6 +154,10 @@ def main() -> int:
         (job_dir / "metrics.json").write_text(json.dumps({"step": step, "loss": loss_value}))
     print(f"done: step {step} loss {loss_value:.6f}", flush=True)
     if world > 1:
+        # Every rank reaches here before any tears down: a rank that destroys its group while a peer
+        # is still busy (rank 0 saving the last checkpoint) can abort in gloo's teardown, and torchrun
+        # on the other node then waits out its 300 s exit barrier.
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
