@@ -150,9 +150,13 @@ class Stream:
         self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type,type-var]
 
     def send(self, request: dict) -> None:
+        # stdin is unbuffered (a raw pipe): one write() may take only part of a request of megabytes when
+        # a signal arrives meanwhile (Ctrl-Z and fg, a debugger, a handler), and the host would then wait
+        # for the rest of the line while we wait for its answer. So write until all is taken.
+        view = memoryview(json.dumps(request, separators=(",", ":")).encode() + b"\n")
         try:
-            self.proc.stdin.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
+            while view:
+                view = view[self.proc.stdin.write(view) or 0:]  # type: ignore[union-attr]
         except OSError as e:
             raise StreamError(self.why(f"cannot send: {e}")) from None
 

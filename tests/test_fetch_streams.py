@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -150,3 +152,30 @@ def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, 
     assert host.fetch(tmp_path / "far").complete
     assert host.streams_opened == 2 + 4
     assert tree(tmp_path / "near") == tree(tmp_path / "far") == tree(job)
+
+
+def test_a_request_of_megabytes_is_sent_whole_while_signals_interrupt_its_write(tmp_path: Path) -> None:
+    """A signal during a blocking write to a pipe (Ctrl-Z and fg, a debugger attaching) ends it early with
+    part of the data taken; the rest must still go, or the host waits for the end of the line forever."""
+    got = tmp_path / "got"
+    stream = fetch_stream.Stream(["sh", "-c", f'sleep 0.3; cat > "{got}"'])  # slow to read: the write blocks
+    request = {"op": "read", "items": [["run", f"file{i:06d}", 0, 100] for i in range(100_000)]}
+    main, stop = threading.get_ident(), threading.Event()
+
+    def pester() -> None:
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGUSR1)
+            time.sleep(0.002)
+
+    old = signal.signal(signal.SIGUSR1, lambda *_: None)  # with a handler, an interrupted write returns short
+    pest = threading.Thread(target=pester)
+    pest.start()
+    try:
+        stream.send(request)
+    finally:
+        stop.set()
+        pest.join()
+        signal.signal(signal.SIGUSR1, old)
+    stream.proc.stdin.close()  # type: ignore[union-attr]
+    assert stream.proc.wait(timeout=30) == 0
+    assert got.read_bytes() == json.dumps(request, separators=(",", ":")).encode() + b"\n"
