@@ -121,6 +121,9 @@ class Fetcher:
         self.progress = progress or Progress(0, live=False)
         self.jobs: list[FileJob] = []
         self.lock = threading.Lock()  # the runs' counters, updated by every stream's thread
+        umask = os.umask(0o022)
+        os.umask(umask)
+        self.umask = umask  # a new file made with its final mode needs no chmod where the umask keeps it
 
     # -- 1 and 2: list and decide ---------------------------------------------------------------
     def run(self, runs: list[tuple[str, Path]]) -> list[RunResult]:
@@ -135,7 +138,7 @@ class Fetcher:
             pieces += [p for j in self.jobs if j.key not in in_basis for p in self._whole(j)]
             self.progress.start(sum(p.length for p in pieces))
             n = fp.streams_for(self.streams, pieces)
-            if n > fp.NEAR_STREAMS:  # only where it can change the count: a round trip costs one
+            if n > 1:  # only where it can change the count: a round trip costs one
                 n = fp.streams_for(self.streams, pieces, self._round_trip(first))
             shares = fp.balance(pieces, n) if pieces else []
             opened += [self.open_stream() for _ in shares[1:]]
@@ -270,12 +273,7 @@ class Fetcher:
         for piece in share:
             job = self.jobs[piece.key]
             single = job.pieces == 1 and piece.offset == 0 and piece.length == job.entry.size and job.whole is None
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if single else 0)
-            try:
-                fd = os.open(job.part, flags, 0o600)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(job.part), exist_ok=True)
-                fd = os.open(job.part, flags, 0o600)
+            fd, chmod = self._open_part(job, single)
             h, pos = hashlib.sha256(), piece.offset
 
             def sink(view: memoryview, fd: int = fd, h=h) -> None:
@@ -290,7 +288,7 @@ class Fetcher:
                 trailer, length = stream.read_range(sink, buf)
                 ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
                 if ok and single:
-                    self._stamp(job, fd)
+                    self._stamp(job, fd, chmod)
             except StreamError as e:
                 errors.append(e)
                 return
@@ -325,10 +323,27 @@ class Fetcher:
                 job.failed = True
                 job.run.changed.append(job.entry.path)
 
+    def _open_part(self, job: FileJob, single: bool) -> tuple[int, bool]:
+        """The part file open for writing, and whether its mode still needs setting.
+
+        A file sent whole in one piece (most small files) is made new with its final mode, which
+        saves a chmod per file where the umask keeps that mode; a part that an interrupted fetch
+        left behind is emptied, and stays private until it is complete.
+        """
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+        if single:
+            mode = fp.safe_mode(job.entry.mode)
+            try:
+                return _open_in_folder(job.part, flags | os.O_EXCL, mode), mode & ~self.umask != mode
+            except FileExistsError:
+                return _open_in_folder(job.part, flags | os.O_TRUNC, 0o600), True
+        return _open_in_folder(job.part, flags, 0o600), True
+
     @staticmethod
-    def _stamp(job: FileJob, fd: int) -> None:
+    def _stamp(job: FileJob, fd: int, chmod: bool = True) -> None:
         """The host's modification time, and its mode less setuid/setgid and group/world write."""
-        os.fchmod(fd, fp.safe_mode(job.entry.mode))
+        if chmod:
+            os.fchmod(fd, fp.safe_mode(job.entry.mode))
         os.utime(fd, ns=(job.entry.mtime_ns, job.entry.mtime_ns))
 
     def _complete(self, job: FileJob, stamp: bool = True) -> None:
@@ -360,3 +375,12 @@ class Fetcher:
         for job in self.jobs:
             if not job.failed and not job.installed:
                 job.run.error = job.run.error or f"{job.entry.path} was not completed"
+
+
+def _open_in_folder(path: str, flags: int, mode: int) -> int:
+    """os.open, making the (partial) folder first where it is not there yet."""
+    try:
+        return os.open(path, flags, mode)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, mode)

@@ -137,6 +137,10 @@ def test_balance_counts_the_cost_of_many_small_files() -> None:
     (4, [MiB] * 100, 0.006, 4),  # a few ms away: a window per round trip can be the limit
     (8, [MiB] * 100, 0.1, 8),  # across a continent
     (1, [MiB] * 100, 0.0003, 1),
+    (4, [2000] * 60_000, 0.0003, 1),  # near, small files: per-file work in one process, one stream
+    (4, [2000] * 60_000, 0.1, 4),  # far, the same: a window each
+    (4, [200 * 1024] * 1000 + [64 * MiB] * 12, 0.0003, 2),  # near, checkpoints: the big ones are worth two
+    (4, [200 * 1024] * 1000 + [4 * MiB], 0.0003, 1),  # near, one big piece less than a stream's worth
 ])  # fmt: skip
 def test_streams_for(requested: int, sizes: list[int], rtt: float | None, streams: int) -> None:
     assert fp.streams_for(requested, [Piece(i, 0, s) for i, s in enumerate(sizes)], rtt) == streams

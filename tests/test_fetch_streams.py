@@ -141,17 +141,24 @@ def test_a_host_that_refuses_a_channel_on_the_shared_connection_is_fetched_witho
 
 def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, small_ranges,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """One round trip, timed, decides: on loopback two streams; where a round trip is long, all four."""
+    """One round trip, timed, decides: on loopback two streams for big files and one for small ones;
+    where a round trip is long, all four."""
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
-    job = host.job()
+    job, small = host.job(), host.job("r_2")
     for i in range(8):
         (job / f"c{i}.pt").write_bytes(os.urandom(MiB))
+        (small / f"s{i}.json").write_bytes(os.urandom(100 * 1024))
     assert host.fetch(tmp_path / "near").complete
     assert host.streams_opened == 2
+    assert host.fetch(tmp_path / "near-small", run="r_2").complete
+    assert host.streams_opened == 2 + 1
     monkeypatch.setattr(fp, "NEAR_RTT_S", 0)  # every round trip counts as long
     assert host.fetch(tmp_path / "far").complete
-    assert host.streams_opened == 2 + 4
+    assert host.streams_opened == 3 + 4
+    assert host.fetch(tmp_path / "far-small", run="r_2").complete
+    assert host.streams_opened == 7 + 4
     assert tree(tmp_path / "near") == tree(tmp_path / "far") == tree(job)
+    assert tree(tmp_path / "near-small") == tree(tmp_path / "far-small") == tree(small)
 
 
 def test_a_request_of_megabytes_is_sent_whole_while_signals_interrupt_its_write(tmp_path: Path) -> None:
