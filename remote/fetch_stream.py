@@ -23,6 +23,7 @@ import zlib
 
 from gpu_train.config import SshHost
 from remote.agent.bundle import agent_command
+from remote.agent.fetchserve import RANGE_HEAD_RE, RANGE_TRAILER_RE
 from remote.ssh import openssh_options
 from remote.target import Target
 
@@ -161,7 +162,9 @@ class Stream:
             raise StreamError(self.why(f"cannot send: {e}")) from None
 
     def _line(self) -> dict:
-        line = self.out.readline()
+        return self._parse(self.out.readline())
+
+    def _parse(self, line: bytes) -> dict:
         if not line.endswith(b"\n"):
             raise StreamError(self.why("the connection closed"))
         try:
@@ -185,10 +188,14 @@ class Stream:
 
     def read_range(self, sink, buf: memoryview) -> tuple[dict, int]:
         """One range: ``sink(view)`` for each chunk as it comes; (trailer or error header, length)."""
-        head = self._line()
-        length = int(head.get("len", 0))
-        if "error" in head:
-            return head, 0
+        line = self.out.readline()
+        if (m := RANGE_HEAD_RE.fullmatch(line)) is not None:  # the usual header, without a JSON parser
+            length = int(m[1])
+        else:
+            head = self._parse(line)
+            length = int(head.get("len", 0))
+            if "error" in head:
+                return head, 0
         left = length
         while left > 0:
             n = self.out.readinto(buf[: min(len(buf), left)])
@@ -196,7 +203,10 @@ class Stream:
                 raise StreamError(self.why("the connection closed"))
             sink(buf[:n])
             left -= n
-        return self._line(), length
+        line = self.out.readline()
+        if (m := RANGE_TRAILER_RE.fullmatch(line)) is not None:
+            return {"sha256": m[1].decode(), "stat": [int(m[2]), int(m[3]), int(m[4])]}, length
+        return self._parse(line), length
 
     def why(self, what: str) -> str:
         """``what``, with ssh's own words when it has exited (a refused key, a reset connection)."""

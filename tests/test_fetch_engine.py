@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from pathlib import Path
 
@@ -9,7 +11,9 @@ import pytest
 
 from remote import fetch_local as fl
 from remote import fetch_plan as fp
+from remote.agent import fetchserve
 from remote.fetch_progress import Progress
+from remote.fetch_stream import Stream
 from remote.loopback import Sshd
 from tests.fetch_host import Host, MiB, tree
 
@@ -46,6 +50,22 @@ def test_mixed_tree_is_identical_and_a_second_fetch_sends_nothing(host: Host, tm
     again = host.fetch(dest)
     assert again.up_to_date and again.bytes == 0
     assert host.streams_opened == opened + 1  # the listing's stream only
+
+
+def test_modes_are_the_hosts_whatever_the_laptops_umask(host: Host, tmp_path: Path) -> None:
+    """Small files are made with their final mode (no chmod each) only where the umask keeps it."""
+    job = host.job()
+    for name, mode in (("a.sh", 0o755), ("b.json", 0o644), ("c.key", 0o600), ("d.txt", 0o664)):
+        (job / name).write_text(name)
+        (job / name).chmod(mode)
+    for umask in (0o022, 0o077, 0o002):
+        old = os.umask(umask)
+        try:
+            assert host.fetch(tmp_path / f"u{umask:03o}").complete
+        finally:
+            os.umask(old)
+        modes = {p.name: p.stat().st_mode & 0o7777 for p in (tmp_path / f"u{umask:03o}").iterdir()}
+        assert modes == {"a.sh": 0o755, "b.json": 0o644, "c.key": 0o600, "d.txt": 0o644}, umask
 
 
 def grow_tail(path: Path) -> int:
@@ -184,3 +204,33 @@ def test_never_written_through_a_link_or_a_file_on_the_way(tmp_path: Path) -> No
     assert list(outside.iterdir()) == []
 
 
+
+
+def test_ranges_are_read_by_pattern_and_anything_else_as_the_json_it_is(tmp_path: Path) -> None:
+    """The laptop reads the host's usual range header and trailer by pattern (no JSON parser per file);
+    the host's real output must match it, and a short read or an error still reads as JSON."""
+    job = tmp_path / "root" / "runs" / "r_1" / "job"
+    job.mkdir(parents=True)
+    (job / "a.bin").write_bytes(os.urandom(1000))
+    wire, buf = io.BytesIO(), memoryview(bytearray(fetchserve.CHUNK))
+    for item in (["r_1", "a.bin", 0, 1000], ["r_1", "a.bin", 600, 900], ["r_1", "gone.bin", 0, 1]):
+        fetchserve.send_range(str(tmp_path / "root"), item, wire, {}, buf)
+    head, rest = wire.getvalue().split(b"\n", 1)
+    assert fetchserve.RANGE_HEAD_RE.fullmatch(head + b"\n")
+    assert fetchserve.RANGE_TRAILER_RE.fullmatch(rest[1000:].split(b"\n", 1)[0] + b"\n")
+    (tmp_path / "wire").write_bytes(wire.getvalue())
+    stream = Stream(["cat", str(tmp_path / "wire")])
+    got = []
+    try:
+        for _ in range(3):
+            data = bytearray()
+            got.append((*stream.read_range(lambda v, data=data: data.extend(v), buf), bytes(data)))
+    finally:
+        stream.close()
+    (whole, n1, d1), (short, n2, d2), (error, n3, _) = got
+    sha = hashlib.sha256
+    assert (n1, d1, whole["sha256"]) == (1000, (job / "a.bin").read_bytes(), sha(d1).hexdigest())
+    assert whole["stat"][0] == 1000 and len(whole) == 2  # sha256 and stat, nothing more
+    assert (n2, d2[:400], d2[400:]) == (900, (job / "a.bin").read_bytes()[600:], bytes(500))
+    assert short["short"] == 500 and short["sha256"] == sha(d2).hexdigest()  # read as JSON
+    assert n3 == 0 and "error" in error

@@ -32,6 +32,13 @@ import zlib
 
 RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # gpu_train.jobs.RUN_ID_RE (the host has no gpu_train)
 CHUNK = 256 * 1024
+# A range's header and trailer, byte for byte. The laptop (remote/fetch_stream.py) reads them by these
+# patterns: a JSON parser per file was a tenth of its time for small files. Anything else it gets (an
+# error header, a trailer with "short") it parses as the JSON it also is.
+RANGE_HEAD = b'{"len": %d}\n'
+RANGE_TRAILER = b'{"sha256": "%s", "stat": [%d, %d, %d]%s}\n'
+RANGE_HEAD_RE = re.compile(rb'\{"len": (\d+)\}\n')
+RANGE_TRAILER_RE = re.compile(rb'\{"sha256": "([0-9a-f]{64})", "stat": \[(\d+), (\d+), (\d+)\]\}\n')
 
 
 class Refused(Exception):
@@ -164,7 +171,7 @@ def send_range(root: str, item: list, out, checked: dict, buf: memoryview) -> No
         out.write(json.dumps({"len": 0, "error": str(e)}).encode() + b"\n")
         return
     try:
-        out.write(b'{"len": %d}\n' % length)
+        out.write(RANGE_HEAD % length)
         h = hashlib.sha256()
         left, pos = length, off
         while left > 0:
@@ -181,7 +188,7 @@ def send_range(root: str, item: list, out, checked: dict, buf: memoryview) -> No
             out.write(pad)
             left -= len(pad)
         st = os.fstat(fd)
-        out.write(b'{"sha256": "%s", "stat": [%d, %d, %d]%s}\n' % (
+        out.write(RANGE_TRAILER % (
             h.hexdigest().encode(), st.st_size, st.st_mtime_ns, st.st_ino, b', "short": %d' % short if short else b""))
     finally:
         os.close(fd)
