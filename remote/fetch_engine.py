@@ -185,7 +185,7 @@ class Fetcher:
         tree = fl.Tree(result.dest)
         tree.folder("")
         for e in entries:
-            local = tree.state(e.path)
+            local = tree.planned(e.path)
             action = fp.decide(e, local)
             if action == fp.KEEP_NEWER:
                 result.kept_newer.append(e.path)

@@ -119,6 +119,40 @@ def test_a_local_file_newer_than_the_hosts_is_never_replaced(host: Host, tmp_pat
     assert (dest / "b.txt").read_text() == "host changed\n"
 
 
+class Meanwhile(Progress):
+    """Runs ``action`` once, when the first bytes arrive: after the plan, before any file is installed."""
+
+    def __init__(self, action) -> None:
+        super().__init__(live=False)
+        self.action = action
+
+    def add(self, n: int) -> None:
+        super().add(n)
+        action, self.action = self.action, None
+        if action:
+            action()
+
+
+def test_what_appears_at_the_destination_during_a_fetch_is_kept(host: Host, tmp_path: Path) -> None:
+    job = host.job()
+    for name in ("new.txt", "link.txt", "edited.txt"):
+        (job / name).write_text("host\n")
+    dest = tmp_path / "home"
+    dest.mkdir()
+    (dest / "edited.txt").write_text("old\n")
+    os.utime(dest / "edited.txt", (1_000_000, 1_000_000))  # older than the host's: planned to be replaced
+
+    def meanwhile() -> None:
+        (dest / "new.txt").write_text("mine\n")
+        (dest / "link.txt").symlink_to("nowhere")  # a dangling link is something there too
+        (dest / "edited.txt").write_text("my edit\n")
+
+    result = host.fetch(dest, progress=Meanwhile(meanwhile))
+    assert (dest / "new.txt").read_text() == "mine\n" and (dest / "edited.txt").read_text() == "my edit\n"
+    assert os.readlink(dest / "link.txt") == "nowhere"
+    assert sorted(result.kept_newer) == ["edited.txt", "link.txt", "new.txt"]
+
+
 class KillAt(Progress):
     """Kills the sshd (and every session it serves) once ``at`` bytes have arrived."""
 
@@ -188,6 +222,24 @@ def test_host_refuses_paths_out_of_the_job_dir(host: Host) -> None:
 def test_local_paths_from_the_host_are_checked(rel: str) -> None:
     with pytest.raises(fl.UnsafePath):
         fl.check_rel(rel)
+
+
+def test_a_tree_planned_from_folder_listings_reads_as_lstat_does(tmp_path: Path) -> None:
+    """Planning reads each folder once instead of an lstat per file; it must see the very same things,
+    links and files where the host has folders included."""
+    base = tmp_path / "d"
+    (base / "real" / "deep").mkdir(parents=True)
+    (base / "real" / "f").write_text("x")
+    (base / "real" / "deep" / "g").write_text("yy")
+    (base / "file").write_text("z")
+    (base / "link").symlink_to("real")
+    (base / "real" / "l").symlink_to("f")
+    rels = ["real/f", "real/deep/g", "real/l", "real/missing", "missing/x", "file/x", "link/f", "link", "file",
+            "real", "real/deep/missing/y", "link/deep/g"]
+    planned = fl.Tree(base)
+    assert [planned.planned(r) for r in rels] == [fl.Tree(base).state(r) for r in rels]
+    assert [planned.planned(r).kind for r in ("file/x", "link/f", "link/deep/g")] == ["o", "o", "o"]  # type: ignore[union-attr]
+    assert fl.Tree(tmp_path / "nowhere").planned("a/b") is None
 
 
 def test_never_written_through_a_link_or_a_file_on_the_way(tmp_path: Path) -> None:
