@@ -162,6 +162,7 @@ def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: Fak
 
     try:
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as sshd binds (TIME_WAIT is no listener)
             probe.bind(("127.0.15.7", 22))
     except OSError:
         pytest.skip("port 22 on 127.0.15.7 is taken (or this user may not bind it)")

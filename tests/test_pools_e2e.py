@@ -49,6 +49,9 @@ def usable() -> str | None:
         return "needs unshare (util-linux)"
     for address in ADDRESSES:  # a GCP stack's nodes listen on port 22
         with socket.socket() as s:
+            # As sshd binds: a connection of the test before in TIME_WAIT on this port is no listener,
+            # and without SO_REUSEADDR it made this test skip whenever it ran within a minute of that one.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((address, 22))
             except OSError as e:
