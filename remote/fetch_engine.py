@@ -17,6 +17,7 @@ fetch uses as its basis (only blocks that differ from the host's are sent again)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -121,9 +122,7 @@ class Fetcher:
         self.progress = progress or Progress(0, live=False)
         self.jobs: list[FileJob] = []
         self.lock = threading.Lock()  # the runs' counters, updated by every stream's thread
-        umask = os.umask(0o022)
-        os.umask(umask)
-        self.umask = umask  # a new file made with its final mode needs no chmod where the umask keeps it
+        self.umask = fl.current_umask()  # a new file made with its final mode needs no chmod where this keeps it
 
     # -- 1 and 2: list and decide ---------------------------------------------------------------
     def run(self, runs: list[tuple[str, Path]]) -> list[RunResult]:
@@ -273,27 +272,44 @@ class Fetcher:
         for piece in share:
             job = self.jobs[piece.key]
             single = job.pieces == 1 and piece.offset == 0 and piece.length == job.entry.size and job.whole is None
-            fd, chmod = self._open_part(job, single)
+            failure: OSError | None = None  # writing here failed (a full disk, a part in the way): drain, go on
+            try:
+                fd, chmod = fl.open_part(job.part, fp.safe_mode(job.entry.mode) if single else None, self.umask)
+            except OSError as err:
+                fd, chmod, failure = -1, False, err
             h, pos = hashlib.sha256(), piece.offset
 
             def sink(view: memoryview, fd: int = fd, h=h) -> None:
-                nonlocal pos
+                nonlocal pos, failure
                 h.update(view)
                 self.progress.add(len(view))
-                while view:
-                    n = os.pwrite(fd, view, pos)
+                while view and failure is None:
+                    try:
+                        n = os.pwrite(fd, view, pos)
+                    except OSError as err:
+                        failure = err
+                        break
                     pos, view = pos + n, view[n:]
 
             try:
                 trailer, length = stream.read_range(sink, buf)
                 ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
-                if ok and single:
-                    self._stamp(job, fd, chmod)
+                if ok and single and failure is None:
+                    try:
+                        self._stamp(job, fd, chmod)
+                    except OSError as err:
+                        failure = err
             except StreamError as e:
                 errors.append(e)
                 return
             finally:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
+            if failure is not None:
+                job.failed = True
+                with self.lock:
+                    job.run.error = job.run.error or f"{job.entry.path} could not be written here: {failure}"
+                continue
             if not ok or not self._same_file(job, trailer["stat"]):
                 job.failed = True
                 if job.entry.path not in job.run.changed:
@@ -323,22 +339,6 @@ class Fetcher:
                 job.failed = True
                 job.run.changed.append(job.entry.path)
 
-    def _open_part(self, job: FileJob, single: bool) -> tuple[int, bool]:
-        """The part file open for writing, and whether its mode still needs setting.
-
-        A file sent whole in one piece (most small files) is made new with its final mode, which
-        saves a chmod per file where the umask keeps that mode; a part that an interrupted fetch
-        left behind is emptied, and stays private until it is complete.
-        """
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
-        if single:
-            mode = fp.safe_mode(job.entry.mode)
-            try:
-                return _open_in_folder(job.part, flags | os.O_EXCL, mode), mode & ~self.umask != mode
-            except FileExistsError:
-                return _open_in_folder(job.part, flags | os.O_TRUNC, 0o600), True
-        return _open_in_folder(job.part, flags, 0o600), True
-
     @staticmethod
     def _stamp(job: FileJob, fd: int, chmod: bool = True) -> None:
         """The host's modification time, and its mode less setuid/setgid and group/world write."""
@@ -362,6 +362,9 @@ class Fetcher:
             with self.lock:
                 job.run.conflicts.append(f"{e.path} ({err})")
             return
+        if not installed:  # kept for the next fetch to compare with: writable by us, private again
+            with contextlib.suppress(OSError):
+                os.chmod(job.part, 0o600)
         with self.lock:
             if installed:
                 job.run.files += 1
@@ -375,12 +378,3 @@ class Fetcher:
         for job in self.jobs:
             if not job.failed and not job.installed:
                 job.run.error = job.run.error or f"{job.entry.path} was not completed"
-
-
-def _open_in_folder(path: str, flags: int, mode: int) -> int:
-    """os.open, making the (partial) folder first where it is not there yet."""
-    try:
-        return os.open(path, flags, mode)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return os.open(path, flags, mode)

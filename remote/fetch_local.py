@@ -10,6 +10,7 @@ write outside the destination, not even through a link it created there).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import os
@@ -56,46 +57,19 @@ class Tree:
     def __init__(self, base: Path):
         self.base = str(base)
         self.known: set[str] = set()
-        self.listed: dict[str, dict[str, os.DirEntry] | Local | None] = {}
+        self.made: set[str] = set()  # folders this tree made itself (for the base: "")
 
     def planned(self, rel: str) -> Local | None:
-        """``state(rel)`` for planning a whole tree: each folder is read once (one listing, not an
-        ``lstat`` per file: a fresh destination of 60,000 files costs nothing here). What is there is
-        checked again when a file is installed, so a listing a moment old never replaces anything."""
-        parts = check_rel(rel)
-        names = self._names("/".join(parts[:-1]))
-        if not isinstance(names, dict):
-            return names
-        entry = names.get(parts[-1])
-        if entry is None:
+        """``state(rel)`` for planning: nothing, without a system call, in a folder this fetch made (it
+        was empty, and planning puts only folders and links there, each an entry of its own); anywhere
+        else an lstat, so the file system's own name rules (case-insensitive ones too) decide. A fresh
+        destination of 60,000 files costs no lstat per file. Whatever is there is checked again when a
+        file is installed."""
+        folder = rel.rpartition("/")[0]
+        if folder in self.made:
+            check_rel(rel)
             return None
-        st = entry.stat(follow_symlinks=False)
-        return Local(_kind(st), st.st_size, st.st_mtime_ns, os.readlink(entry.path) if stat.S_ISLNK(st.st_mode) else "")
-
-    def _names(self, folder: str) -> dict[str, os.DirEntry] | Local | None:
-        """The entries of ``folder`` by name; None when it is not there, Local("o") when it or a folder on
-        the way is not a real folder (a link, a file: never written through)."""
-        if folder in self.listed:
-            return self.listed[folder]
-        parent, _, name = folder.rpartition("/")
-        found: dict[str, os.DirEntry] | Local | None = None
-        above = self._names(parent) if folder else {}
-        if isinstance(above, dict):
-            entry = above.get(name) if folder else None
-            if folder and entry is not None and not entry.is_dir(follow_symlinks=False):
-                found = Local("o")
-            elif not folder or entry is not None:
-                try:
-                    with os.scandir(f"{self.base}/{folder}" if folder else self.base) as it:
-                        found = {e.name: e for e in it}
-                    if folder:
-                        self.known.add(folder)
-                except FileNotFoundError:
-                    found = None
-        else:
-            found = above
-        self.listed[folder] = found
-        return found
+        return self.state(rel)
 
     def state(self, rel: str) -> Local | None:
         """What is at ``rel`` (not following a final link); kind 'o' when a folder on the way is not one."""
@@ -125,7 +99,11 @@ class Tree:
         """Create ``rel`` folder by folder, refusing any link or file on the way; its path."""
         if rel in self.known:
             return f"{self.base}/{rel}"
-        os.makedirs(self.base, exist_ok=True)
+        if "" not in self.known:
+            if not os.path.isdir(self.base):
+                os.makedirs(self.base)
+                self.made.add("")
+            self.known.add("")
         path, sub = self.base, ""
         for part in check_rel(rel) if rel else []:
             path, sub = f"{path}/{part}", f"{sub}/{part}" if sub else part
@@ -133,6 +111,7 @@ class Tree:
                 continue
             try:
                 os.mkdir(path, 0o755)
+                self.made.add(sub)
             except FileExistsError:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
                     raise UnsafePath(f"{path} is in the way (not a folder); the host's {rel!r} was not written") from None
@@ -147,10 +126,7 @@ class Tree:
         """
         folder, _, name = rel.rpartition("/")
         path = self.folder(folder) + "/" + name if folder else f"{self.base}/{name}"
-        if planned is None:  # nothing was there: nothing may be there now (no exception raised per file)
-            if os.access(path, os.F_OK, follow_symlinks=False):
-                return False
-        elif self.state(rel) != planned:
+        if self.state(rel) != planned:
             return False
         os.replace(part, path)
         return True
@@ -172,6 +148,63 @@ class Tree:
         here = self.state(rel)
         if here is not None and here.kind == "d":
             os.utime(f"{self.base}/{rel}", ns=(mtime_ns, mtime_ns), follow_symlinks=False)
+
+
+def open_part(part: str, mode: int | None, umask: int) -> tuple[int, bool]:
+    """A part file open for writing, and whether its mode still needs setting.
+
+    ``mode`` is given for a file sent whole in one piece (most small files): it is made new with that
+    mode (and our own read and write while it is written), which saves a chmod per file where the
+    umask keeps the mode and no default ACL changes it; a part an earlier attempt left is of no use
+    to it. Otherwise (pieces of a bigger file) the part is opened as it is, private.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+    if mode is None:
+        return _open_in_folder(part, flags, 0o600), True
+    try:
+        fd = _open_in_folder(part, flags | os.O_EXCL, mode | 0o600)
+    except FileExistsError:
+        os.unlink(part)
+        fd = os.open(part, flags | os.O_EXCL, mode | 0o600)
+    return fd, (mode | 0o600) & ~umask != mode or default_acl(os.path.dirname(part))
+
+
+def _open_in_folder(path: str, flags: int, mode: int) -> int:
+    """os.open, making the (partial) folder first where it is not there yet."""
+    try:
+        return os.open(path, flags, mode)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, flags, mode)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (setting and restoring it
+    would briefly change it for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return umask
+
+
+@functools.lru_cache(maxsize=64)
+def default_acl(folder: str) -> bool:
+    """Whether files made in ``folder`` may get other modes than the umask gives (a default ACL there),
+    or we cannot tell (no extended attributes here): then a fetched file's mode is always set."""
+    getxattr = getattr(os, "getxattr", None)
+    if getxattr is None:
+        return True
+    try:
+        getxattr(folder, "system.posix_acl_default")
+    except OSError as e:
+        return e.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+    return True
 
 
 def local_state(base: Path, rel: str) -> Local | None:

@@ -133,6 +133,24 @@ class Meanwhile(Progress):
             action()
 
 
+def test_a_file_that_cannot_be_written_here_is_named_and_the_rest_arrive(host: Host, tmp_path: Path) -> None:
+    """A part file that cannot be made (here a folder in its place; a full disk alike) fails that file
+    alone, with its reason, and the stream goes on with the others; the next fetch completes."""
+    job = host.job()
+    for i in range(5):
+        (job / f"f{i}.json").write_text(f"{i}\n")
+    dest = tmp_path / "home"
+    os.makedirs(fl.part_path(dest, "f2.json"))
+    Path(fl.part_path(dest, "f3.json")).write_text("an earlier attempt's")  # of no use: replaced
+    os.chmod(fl.part_path(dest, "f3.json"), 0o444)
+    result = host.fetch(dest)
+    assert not result.complete and result.error.startswith("f2.json could not be written here: ")  # type: ignore[union-attr]
+    assert sorted(p.name for p in dest.iterdir()) == ["f0.json", "f1.json", "f3.json", "f4.json"]
+    assert (dest / "f3.json").read_text() == "3\n" and (dest / "f3.json").stat().st_mode & 0o777 == 0o644
+    os.rmdir(fl.part_path(dest, "f2.json"))
+    assert host.fetch(dest).complete and tree(dest) == tree(job)
+
+
 def test_what_appears_at_the_destination_during_a_fetch_is_kept(host: Host, tmp_path: Path) -> None:
     job = host.job()
     for name in ("new.txt", "link.txt", "edited.txt"):
@@ -239,7 +257,13 @@ def test_a_tree_planned_from_folder_listings_reads_as_lstat_does(tmp_path: Path)
     planned = fl.Tree(base)
     assert [planned.planned(r) for r in rels] == [fl.Tree(base).state(r) for r in rels]
     assert [planned.planned(r).kind for r in ("file/x", "link/f", "link/deep/g")] == ["o", "o", "o"]  # type: ignore[union-attr]
-    assert fl.Tree(tmp_path / "nowhere").planned("a/b") is None
+    fresh = fl.Tree(tmp_path / "nowhere")
+    fresh.folder("a")
+    assert fresh.made == {"", "a"} and fresh.planned("a/b") is None and fresh.planned("c") is None
+    planned.folder("real/new")
+    assert planned.made == {"real/new"}  # the others were there already
+    with pytest.raises(fl.UnsafePath):
+        fresh.planned("a/../../x")
 
 
 def test_never_written_through_a_link_or_a_file_on_the_way(tmp_path: Path) -> None:

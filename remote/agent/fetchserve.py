@@ -37,8 +37,8 @@ CHUNK = 256 * 1024
 # error header, a trailer with "short") it parses as the JSON it also is.
 RANGE_HEAD = b'{"len": %d}\n'
 RANGE_TRAILER = b'{"sha256": "%s", "stat": [%d, %d, %d]%s}\n'
-RANGE_HEAD_RE = re.compile(rb'\{"len": (\d+)\}\n')
-RANGE_TRAILER_RE = re.compile(rb'\{"sha256": "([0-9a-f]{64})", "stat": \[(\d+), (\d+), (\d+)\]\}\n')
+RANGE_HEAD_RE = re.compile(rb'\{"len": (\d{1,20})\}\n')  # no number int() would refuse: those go to JSON
+RANGE_TRAILER_RE = re.compile(rb'\{"sha256": "([0-9a-f]{64})", "stat": \[(\d{1,20}), (\d{1,20}), (\d{1,20})\]\}\n')
 
 
 class Refused(Exception):
