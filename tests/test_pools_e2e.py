@@ -48,14 +48,19 @@ def usable() -> str | None:
     if not shutil.which("unshare"):
         return "needs unshare (util-linux)"
     for address in ADDRESSES:  # a GCP stack's nodes listen on port 22
-        with socket.socket() as s:
-            # As sshd binds: a connection of the test before in TIME_WAIT on this port is no listener,
-            # and without SO_REUSEADDR it made this test skip whenever it ran within a minute of that one.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((address, 22))
-            except OSError as e:
-                return f"port 22 of {address} is taken ({e.strerror}): is an sshd listening on 0.0.0.0:22?"
+        deadline = time.monotonic() + 10  # the test before in this group may still be letting it go
+        while True:
+            with socket.socket() as s:
+                # As sshd binds: a connection of the test before in TIME_WAIT on this port is no listener.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((address, 22))
+                    break
+                except OSError as e:
+                    if time.monotonic() > deadline:
+                        holders = subprocess.run(["ss", "-Htanp", "sport = :22"], capture_output=True, text=True).stdout
+                        return f"port 22 of {address} is taken ({e.strerror}); on port 22 now: {holders.strip()[:600]!r}"
+            time.sleep(0.2)
     return None
 
 
