@@ -242,9 +242,9 @@ def test_local_paths_from_the_host_are_checked(rel: str) -> None:
         fl.check_rel(rel)
 
 
-def test_a_tree_planned_from_folder_listings_reads_as_lstat_does(tmp_path: Path) -> None:
-    """Planning reads each folder once instead of an lstat per file; it must see the very same things,
-    links and files where the host has folders included."""
+def test_planning_sees_a_tree_as_lstat_does_and_skips_only_folders_it_made(tmp_path: Path) -> None:
+    """Planning skips the lstat only in folders this fetch made (empty when made); everywhere else it
+    must see the very same things as lstat, links and files where the host has folders included."""
     base = tmp_path / "d"
     (base / "real" / "deep").mkdir(parents=True)
     (base / "real" / "f").write_text("x")
