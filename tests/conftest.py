@@ -126,6 +126,16 @@ FAB = str(Path(sys.executable).parent / "fab")
 EXAMPLE = ROOT / "examples"
 
 
+@pytest.fixture
+def plain(tmp_path: Path) -> str:
+    """A code folder with no requirements.txt, for jobs given by --command: the example's folder would
+    have the host check its requirements with pip (1.4 s of CPU a run) for a test about something else."""
+    code = tmp_path / "plain"
+    code.mkdir()
+    (code / "README").write_text("a job given by --command\n")
+    return str(code)
+
+
 def fab_env(stacks: Path, home: Path, stack: str, project: Path) -> dict[str, str]:
     """The environment a test runs `fab` in: its own stacks, caches and project, nothing of the user's."""
     return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home),

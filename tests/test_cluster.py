@@ -83,9 +83,9 @@ def test_two_node_torchrun_trains_one_model(duo: Cluster) -> None:
     assert (duo.cwd / "runs" / "duo" / run / "node-0" / "metrics.json").is_file()
 
 
-def test_a_killed_node_fails_the_run_and_stop_cleans_up_the_other(duo: Cluster) -> None:
+def test_a_killed_node_fails_the_run_and_stop_cleans_up_the_other(duo: Cluster, plain: str) -> None:
     cmd = 'echo "rank $NODE_RANK of $NNODES via $MASTER_ADDR:$MASTER_PORT"; echo "$TF_CONFIG"; sleep 60'
-    out = duo.fab("train", "--dir", str(EXAMPLE), "--command", cmd, "--name", "pair", "--ps", "0", check=True)
+    out = duo.fab("train", "--dir", plain, "--command", cmd, "--name", "pair", "--ps", "0", check=True)
     run = out.stdout.split()[1]
     deadline = time.monotonic() + 30
     while not all('"task"' in duo.log(n, run) for n in (0, 1)):  # both printed their TF_CONFIG

@@ -97,8 +97,8 @@ def test_a_file_that_is_not_a_key_is_said_at_once(lab: Lab) -> None:
     no_traceback(result)
 
 
-def test_closed_pipe_is_quiet(lab: Lab) -> None:
-    lab.train("--dir", str(EXAMPLE), "--command", "true", "--name", "a")
+def test_closed_pipe_is_quiet(lab: Lab, plain: str) -> None:
+    lab.train("--dir", plain, "--command", "true", "--name", "a")
     fab = [sys.executable, "-m", "fabric", "--search-root", str(Path(__file__).parent.parent), "status"]
     script = f"{shlex.join(fab)} | true; echo rc=${{PIPESTATUS[0]}} >&2"
     result = subprocess.run(["bash", "-c", script], env=lab.env, cwd=lab.cwd, capture_output=True, text=True,
@@ -272,9 +272,9 @@ def test_a_node_lost_mid_sync_fails_the_launch_and_stops_the_others(tmp_path: Pa
             subprocess.run(["pkill", "-f", str(r)], check=False)
 
 
-def test_a_128_character_name_runs_under_a_short_screen_name(lab: Lab) -> None:
+def test_a_128_character_name_runs_under_a_short_screen_name(lab: Lab, plain: str) -> None:
     name = "n" * (128 - len("_20260101_000000"))
-    run = lab.train("--dir", str(EXAMPLE), "--command", "echo long-name-ok", "--name", name)
+    run = lab.train("--dir", plain, "--command", "echo long-name-ok", "--name", name)
     assert len(run) == 128
     assert lab.wait(run)["state"] == "succeeded" and "long-name-ok" in lab.log(run)
 

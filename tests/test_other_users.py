@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLE, FAB, Lab
+from tests.conftest import FAB, Lab
 
 LAB_ADDRESS = "127.0.10.3"  # test_hostile_hosts' loopback addresses, 127.0.10.x (the `lab` fixture reads it)
 
@@ -72,7 +72,7 @@ def as_attacker(*argv: str, **kw) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("mode", [0o755, 0o777])
-def test_a_root_another_user_made_first_is_refused(lab: Lab, attacker: Path, mode: int) -> None:
+def test_a_root_another_user_made_first_is_refused(lab: Lab, attacker: Path, mode: int, plain: str) -> None:
     root = attacker / "gpu-train"
     mark = attacker / "ran-as-victim"
     as_attacker("mkdir", "-p", str(root / "bin"))
@@ -81,7 +81,7 @@ def test_a_root_another_user_made_first_is_refused(lab: Lab, attacker: Path, mod
                 f"chmod {mode:o} {root}")
     stack = lab.stacks / "Pulumi.lab.yaml"
     stack.write_text(stack.read_text().replace(str(lab.remote), str(root)))
-    for args in (["train", "--dir", str(EXAMPLE), "--command", "true"], ["status"], ["resume"], ["setup"]):
+    for args in (["train", "--dir", plain, "--command", "true"], ["status"], ["resume"], ["setup"]):
         result = lab.fab(*args)
         assert result.returncode != 0 and f"remoteRoot {root} belongs to {ATTACKER}" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr + result.stdout, result.stderr
@@ -106,7 +106,7 @@ def test_a_symlinked_or_open_root_is_refused(lab: Lab, attacker: Path) -> None:
     assert not list(target.iterdir()) and not list(open_root.iterdir())
 
 
-def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker: Path) -> None:
+def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker: Path, plain: str) -> None:
     secret = "s3cr3t-" + os.urandom(8).hex()
     work = attacker / "scan"
     work.mkdir()
@@ -117,7 +117,7 @@ def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker
     scanner = subprocess.Popen(["runuser", "-u", ATTACKER, "--", "/usr/bin/python3", str(work / "scan.py"),
                                 str(work / "secret"), str(out), str(stop)])
     try:
-        run = lab.train("--dir", str(EXAMPLE), "--command", 'printf %s "$WANDB_API_KEY" | sha256sum > "$JOB_DIR/h"; '
+        run = lab.train("--dir", plain, "--command", 'printf %s "$WANDB_API_KEY" | sha256sum > "$JOB_DIR/h"; '
                         "sleep 1", "--env", f"WANDB_API_KEY={secret}", "--name", "secret")
         assert lab.wait(run)["state"] == "succeeded"
         job_hash = (lab.remote / "runs" / run / "job" / "h").read_text().split()[0]

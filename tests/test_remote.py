@@ -115,8 +115,8 @@ def test_outside_git_rsync_reads_gitignore(lab: Lab) -> None:
     assert not (lab.remote / "runs" / run / "code" / "out.log").exists()
 
 
-def test_job_crash_is_failed_with_its_exit_code_and_log(lab: Lab) -> None:
-    run = lab.train("--dir", str(EXAMPLE), "--command", "echo about to fail; exit 3", "--name", "crash")
+def test_job_crash_is_failed_with_its_exit_code_and_log(lab: Lab, plain: str) -> None:
+    run = lab.train("--dir", plain, "--command", "echo about to fail; exit 3", "--name", "crash")
     follow = lab.fab("logs", "--follow", "--run", run)
     assert follow.returncode == 3 and "about to fail" in follow.stdout
     info = lab.run_state(run)
@@ -126,9 +126,9 @@ def test_job_crash_is_failed_with_its_exit_code_and_log(lab: Lab) -> None:
     assert "about to fail" in lab.log(run)
 
 
-def test_stop_escalates_sigint_sigterm_sigkill(lab: Lab) -> None:
+def test_stop_escalates_sigint_sigterm_sigkill(lab: Lab, plain: str) -> None:
     stubborn = "trap 'echo got INT' INT; trap 'echo got TERM' TERM; while true; do sleep 0.1; done"
-    run = lab.train("--dir", str(EXAMPLE), "--command", stubborn, "--name", "stubborn")
+    run = lab.train("--dir", plain, "--command", stubborn, "--name", "stubborn")
     lab.wait(run, ("running",))
     time.sleep(0.5)
     out = lab.fab("stop", "--grace", "1", check=True).stdout
@@ -149,8 +149,8 @@ def test_stop_of_a_polite_job_needs_only_sigint(lab: Lab) -> None:
     assert "saved ckpt_" in lab.log(run)  # the example checkpoints on SIGINT
 
 
-def test_two_trains_with_one_name_at_once(lab: Lab) -> None:
-    args = ("train", "--dir", str(EXAMPLE), "--command", "sleep 30", "--name", "same")
+def test_two_trains_with_one_name_at_once(lab: Lab, plain: str) -> None:
+    args = ("train", "--dir", plain, "--command", "sleep 30", "--name", "same")
     procs = [lab.spawn(*args) for _ in range(2)]
     results = [(p.wait(60), p.stdout.read(), p.stderr.read()) for p in procs]
     codes = sorted(r[0] for r in results)
@@ -192,10 +192,10 @@ def test_pinned_known_hosts_refuses_unknown_hosts(lab: Lab) -> None:
     assert lab.fab("status").returncode == 0
 
 
-def test_fetch_survives_a_killed_sshd(lab: Lab) -> None:
+def test_fetch_survives_a_killed_sshd(lab: Lab, plain: str) -> None:
     big = ('python3 -c "import os; [open(os.environ[\'JOB_DIR\'] + f\'/part{i}.bin\', \'wb\')'
            '.write(os.urandom(300 << 20)) for i in range(2)]"')
-    run = lab.train("--dir", str(EXAMPLE), "--command", big, "--name", "big")
+    run = lab.train("--dir", plain, "--command", big, "--name", "big")
     assert lab.wait(run, timeout=120)["state"] == "succeeded"
     job = Path(lab.run_state(run)["jobDir"])
     fetch = lab.spawn("fetch", "--run", run)
@@ -214,8 +214,8 @@ def test_fetch_survives_a_killed_sshd(lab: Lab) -> None:
     assert not partial.exists()
 
 
-def test_fetch_never_replaces_a_newer_local_file(lab: Lab) -> None:
-    run = lab.train("--dir", str(EXAMPLE), "--command", 'echo remote > "$JOB_DIR/result.txt"', "--name", "res")
+def test_fetch_never_replaces_a_newer_local_file(lab: Lab, plain: str) -> None:
+    run = lab.train("--dir", plain, "--command", 'echo remote > "$JOB_DIR/result.txt"', "--name", "res")
     lab.wait(run)
     dest = lab.cwd / "runs" / "lab" / run
     dest.mkdir(parents=True)
@@ -239,12 +239,12 @@ def streaming_agents(lab: Lab) -> list[int]:
     return found
 
 
-def test_logs_follow_reconnects_after_a_dropped_connection(lab: Lab) -> None:
+def test_logs_follow_reconnects_after_a_dropped_connection(lab: Lab, plain: str) -> None:
     # Half the ticks, then the job waits for `go`: the connection drops while the log is being followed,
     # however slowly this machine starts the follower.
     ticker = ('for i in $(seq 1 20); do echo "tick $i"; sleep 0.1; done; '
               'while [ ! -e "$JOB_DIR/go" ]; do sleep 0.1; done; for i in $(seq 21 40); do echo "tick $i"; done')
-    run = lab.train("--dir", str(EXAMPLE), "--command", ticker, "--name", "ticker")
+    run = lab.train("--dir", plain, "--command", ticker, "--name", "ticker")
     follower = lab.spawn("logs", "--follow", "--lines", "0", "--run", run)
     deadline = time.monotonic() + 60
     while not (streaming_agents(lab) and "tick 20" in lab.log(run)) and time.monotonic() < deadline:
@@ -261,8 +261,8 @@ def test_logs_follow_reconnects_after_a_dropped_connection(lab: Lab) -> None:
     assert "reconnecting" in err
 
 
-def test_logs_tail_and_errors(lab: Lab) -> None:
-    run = lab.train("--dir", str(EXAMPLE), "--command", "seq 1 100", "--name", "counter")
+def test_logs_tail_and_errors(lab: Lab, plain: str) -> None:
+    run = lab.train("--dir", plain, "--command", "seq 1 100", "--name", "counter")
     lab.wait(run)
     out = lab.fab("logs", "--lines", "3", check=True).stdout.splitlines()
     assert len(out) == 3 and out[:2] == ["99", "100"] and out[2].startswith("[gpu-train]")
@@ -270,8 +270,8 @@ def test_logs_tail_and_errors(lab: Lab) -> None:
     assert missing.returncode == 1 and "no run 'nope_20260101_000000'" in missing.stderr
 
 
-def test_down_refuses_while_running_then_fetches_everything(lab: Lab) -> None:
-    run = lab.train("--dir", str(EXAMPLE), "--command", "sleep 30", "--name", "busy")
+def test_down_refuses_while_running_then_fetches_everything(lab: Lab, plain: str) -> None:
+    run = lab.train("--dir", plain, "--command", "sleep 30", "--name", "busy")
     lab.wait(run, ("running",))
     refused = lab.fab("down")
     assert refused.returncode == 1 and f"still running: {run}" in refused.stderr
@@ -328,14 +328,14 @@ def test_tunnel_forwards_a_port(lab: Lab) -> None:
         server.wait(10)
 
 
-def test_bad_input_fails_before_anything_is_copied(lab: Lab) -> None:
+def test_bad_input_fails_before_anything_is_copied(lab: Lab, plain: str) -> None:
     cases = [
         (("--dir", str(EXAMPLE)), "exactly one of --script"),
         (("--dir", str(EXAMPLE), "--script", "nope.py"), "no such file"),
         (("--dir", str(lab.tmp / "missing"), "--script", "x.py"), "no such directory"),
         (("--dir", str(EXAMPLE), "--script", "train.py", "--name", "9lives"), "--name '9lives'"),
         (("--dir", str(EXAMPLE), "--script", "train.py", "--env", "NOEQUALS"), "NAME=VALUE"),
-        (("--dir", str(EXAMPLE), "--command", "true", "--args", "x"), "--args goes with --script"),
+        (("--dir", plain, "--command", "true", "--args", "x"), "--args goes with --script"),
     ]
     for args, words in cases:
         result = lab.fab("train", *args)

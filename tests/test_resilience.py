@@ -95,9 +95,9 @@ def test_idle_decision(now, since, minutes, jobs, sessions, util, expected_since
     assert why in got_why
 
 
-def test_tick_powers_off_for_real_only_when_idle(lab: Lab) -> None:
+def test_tick_powers_off_for_real_only_when_idle(lab: Lab, plain: str) -> None:
     marker = lab.tmp / "powered-off"
-    run = lab.train("--dir", str(EXAMPLE), "--command", "sleep 4", "--name", "busy")
+    run = lab.train("--dir", plain, "--command", "sleep 4", "--name", "busy")
     settings = {"idleStopMinutes": 0.02, "sshPort": lab.sshd.port, "poweroffCommand": ["touch", str(marker)]}
     (lab.remote / "agent.json").write_text(json.dumps(settings))
     assert "job(s) running" in agent_cmd(lab, "tick")["why"]  # a job runs: not idle
@@ -204,9 +204,9 @@ def test_shutdown_lets_the_example_checkpoint_within_25_s(lab: Lab) -> None:
     assert agent_cmd(lab, "boot")["actions"] == []  # a stopped run is not resumed
 
 
-def test_a_crash_loop_stops_after_max_resumes(lab: Lab) -> None:
+def test_a_crash_loop_stops_after_max_resumes(lab: Lab, plain: str) -> None:
     lab.sshd.stack_file(lab.stacks, "lab", lab.remote, sys.executable, "  gpu-train:maxResumes: 2\n")
-    run = lab.train("--dir", str(EXAMPLE), "--command", "sleep 60", "--name", "doomed")
+    run = lab.train("--dir", plain, "--command", "sleep 60", "--name", "doomed")
     for i in range(3):
         lab.wait(run, ("running",))
         reboot(lab, run)
@@ -220,8 +220,8 @@ def test_a_crash_loop_stops_after_max_resumes(lab: Lab) -> None:
     assert "resumed 2x" in text and "maxResumes = 2" in text
 
 
-def test_a_failed_job_is_not_resumed(lab: Lab) -> None:
-    run = lab.train("--dir", str(EXAMPLE), "--command", "exit 4", "--name", "bad")
+def test_a_failed_job_is_not_resumed(lab: Lab, plain: str) -> None:
+    run = lab.train("--dir", plain, "--command", "exit 4", "--name", "bad")
     lab.wait(run)
     assert agent_cmd(lab, "boot")["actions"] == []
     assert lab.run_state(run)["state"] == "failed"
@@ -251,9 +251,9 @@ def test_fetch_watch_trails_the_run_and_ends_with_everything(lab: Lab) -> None:
     assert sorted(p.name for p in local.glob("*.pt")) == remote and len(remote) == 8
 
 
-def test_status_shows_the_agent_view(lab: Lab) -> None:
+def test_status_shows_the_agent_view(lab: Lab, plain: str) -> None:
     lab.sshd.stack_file(lab.stacks, "lab", lab.remote, sys.executable, "  gpu-train:idleStopMinutes: 20\n")
-    run = lab.train("--dir", str(EXAMPLE), "--command", "true", "--name", "quick")
+    run = lab.train("--dir", plain, "--command", "true", "--name", "quick")
     lab.wait(run)
     text = lab.fab("status", check=True).stdout
     assert "idle stop after 20 min (not checked yet" in text

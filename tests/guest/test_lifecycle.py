@@ -38,15 +38,6 @@ def vm(make_guest, public_key: Path, tmp_path: Path):
     return start
 
 
-@pytest.fixture
-def plain(tmp_path: Path) -> str:
-    """A code folder with no requirements.txt, for --command jobs on a guest without pip."""
-    code = tmp_path / "plain"
-    code.mkdir()
-    (code / "README").write_text("a job given by --command\n")
-    return str(code)
-
-
 def unit_of(run: str) -> str:
     return f"gpu-train-{run}.service"
 
