@@ -50,7 +50,7 @@ def paired(a, b, n: int = 5) -> tuple[float, float]:
 def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         work = Path(tmp)
-        sshd = Sshd(work / "sshd", "127.0.0.2").start()
+        sshd = Sshd(work / "sshd", "127.0.0.2", quick_kex=False).start()  # key exchange as a real host offers
         sshd.stack_file(work / "stacks", "bench", work / "host", sys.executable)
         env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(work / "stacks"), "GPU_TRAIN_HOME": str(work / "state"),
                "GPU_TRAIN_STACK": "bench"}

@@ -75,7 +75,7 @@ def timed(cmd: list[str], env: dict, runs: int = 5) -> float:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        sshd = Sshd(work / "sshd", "127.0.0.2").start()
+        sshd = Sshd(work / "sshd", "127.0.0.2", quick_kex=False).start()  # key exchange as a real host offers
         proxy = ("127.0.0.3", free_port("127.0.0.3"))
         start_proxy(proxy, (sshd.address, sshd.port))
         time.sleep(0.2)

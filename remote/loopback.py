@@ -52,17 +52,30 @@ def descendants(pid: int) -> list[int]:
 class Sshd:
     def __init__(self, workdir: Path, address: str = "127.0.0.2", client_key: Path | None = None,
                  port: int | None = None, extra_config: str = "", prefix: tuple[str, ...] = (),
-                 setenv: str = "", max_sessions: int = 50, log_level: str = "ERROR"):
+                 setenv: str = "", max_sessions: int = 50, log_level: str = "ERROR", own_home: bool = True,
+                 quick_kex: bool = True):
         """``extra_config``: more sshd_config lines; ``max_sessions``: channels per connection (a stock
         sshd's: 10); ``log_level``: INFO logs each login in sshd.log; ``setenv``: more NAME=VALUE for the sessions (sshd
         takes the first SetEnv line only, so they join ours); ``prefix``: a command sshd runs under (a
-        test may give a node its own mount namespace, as a VM has its own disk)."""
+        test may give a node its own mount namespace, as a VM has its own disk).
+
+        ``own_home``: the login shell's HOME is an empty folder of this server's, as a fresh VM's user
+        starts with, not this machine's dotfiles (a ~/.bashrc that runs `pyenv init`, as this workplace's
+        does, costs every command sshd runs 0.1 s of CPU); False keeps the real HOME. ``quick_kex``: key
+        exchange by X25519 alone (OpenSSH 9's default, a post-quantum hybrid, costs both ends 0.1 s of
+        CPU per connection, and nothing gpu-train does depends on which is agreed); False offers
+        OpenSSH's default, as a real host does (the benchmarks).
+        """
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.address = address
         self.port = port or free_port(address)
         self.extra_config, self.prefix, self.setenv = extra_config, prefix, setenv
-        self.max_sessions, self.log_level = max_sessions, log_level
+        self.max_sessions, self.log_level, self.quick_kex = max_sessions, log_level, quick_kex
+        if own_home and "HOME=" not in setenv:
+            home = self.dir / "home"
+            home.mkdir(mode=0o700, exist_ok=True)
+            self.setenv = f"HOME={home} {setenv}".strip()
         self.user = getpass.getuser()
         self.client_key = client_key or keygen(self.dir / "client_ed25519")
         self.host_key = keygen(self.dir / "host_ed25519")
@@ -88,13 +101,14 @@ class Sshd:
             "Subsystem sftp internal-sftp\nMaxStartups 100\nPrintMotd no\n"
             f"MaxSessions {self.max_sessions}\nLogLevel {self.log_level}\n"
             "AllowTcpForwarding yes\nPermitUserEnvironment no\nAcceptEnv LANG\n"
+            + ("KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org\n" if self.quick_kex else "")
             # A login shell that runs `pyenv init` (this workplace's ~/.bashrc) would wait up to 60 s on a
             # rehash lock left behind when a test kills a session mid-rehash: do not wait for it.
             # The agent adds a cluster's key where this sshd reads keys (remote/agent/cluster.py), not
             # into the login user's real ~/.ssh/authorized_keys.
             # A CPU torch job here shares a few cores with everything else (the tests beside it): with
             # one OpenMP thread it does not spin against them (the example's 600 steps under load: 54 s -> 17 s).
-            f"SetEnv PYENV_REHASH_TIMEOUT=0 OMP_NUM_THREADS=1 {self._keys_env()}{self.setenv}\n"
+            + f"SetEnv PYENV_REHASH_TIMEOUT=0 OMP_NUM_THREADS=1 {self._keys_env()}{self.setenv}\n"
             + self.extra_config
         )
         if os.geteuid() == 0:
@@ -174,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             port = free_port(args.address)
     workdir = args.dir.expanduser().resolve() / f"{args.address}"
-    server = Sshd(workdir, args.address, port=port).start()
+    server = Sshd(workdir, args.address, port=port, own_home=False).start()  # your own machine: your HOME
     try:
         print(f"sshd on {args.address}:{port} as {server.user}, files in {workdir}; Ctrl-C stops it.\n"
               "Put these lines in your project's stacks/Pulumi.local.yaml:\n", flush=True)
