@@ -136,6 +136,17 @@ def plain(tmp_path: Path) -> str:
     return str(code)
 
 
+@pytest.fixture
+def example(tmp_path: Path) -> str:
+    """The example's train.py in a folder of its own without its requirements.txt, for tests about what
+    the example does (checkpoints, signals, resumes): with it, each test's fresh host would check with
+    pip first. The whole example, requirements and all, is test_train_follow_status_fetch_the_example's."""
+    code = tmp_path / "example"
+    code.mkdir()
+    shutil.copy2(EXAMPLE / "train.py", code / "train.py")
+    return str(code)
+
+
 def fab_env(stacks: Path, home: Path, stack: str, project: Path) -> dict[str, str]:
     """The environment a test runs `fab` in: its own stacks, caches and project, nothing of the user's."""
     return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home),

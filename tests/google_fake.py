@@ -123,7 +123,7 @@ class FakeGoogle:
         self.server = ThreadingHTTPServer((address, 0), handler)
         self.state = handler.state
         self.url = f"http://{address}:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
 
     def adc_file(self, path: Path, project: str = "proj-1") -> Path:
         """A service-account key file whose token endpoint is this fake (a throwaway key)."""

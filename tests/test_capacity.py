@@ -132,7 +132,7 @@ class ComputeApi(BaseHTTPRequestHandler):
 @pytest.fixture
 def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     monkeypatch.setenv(probes.COMPUTE_ENV, f"http://127.0.0.1:{server.server_address[1]}")
     stacks = tmp_path / "stacks"
     stacks.mkdir()

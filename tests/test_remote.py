@@ -139,8 +139,8 @@ def test_stop_escalates_sigint_sigterm_sigkill(lab: Lab, plain: str) -> None:
     assert lab.run_state(run)["state"] == "stopped"
 
 
-def test_stop_of_a_polite_job_needs_only_sigint(lab: Lab) -> None:
-    run = lab.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 100000 --step-time 0.01")
+def test_stop_of_a_polite_job_needs_only_sigint(lab: Lab, example: str) -> None:
+    run = lab.train("--dir", example, "--script", "train.py", "--args", "--steps 100000 --step-time 0.01")
     deadline = time.monotonic() + 30
     while "step 10 " not in lab.log(run) and time.monotonic() < deadline:
         time.sleep(0.2)

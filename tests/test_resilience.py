@@ -134,14 +134,14 @@ def wait_state(lab: Lab, run: str, states: tuple[str, ...], timeout: float = 60)
 
 
 @pytest.mark.long  # ten resumes, each importing torch again
-def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab) -> None:
+def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab, example: str) -> None:
     steps, every = 600, 25
     args = f"--steps {steps} --checkpoint-every {every} --step-time 0.015"
     # The same training without reboots, beside it (it only has to end with the same numbers).
     reference = subprocess.Popen([sys.executable, str(EXAMPLE / "train.py"), "--job-dir", str(lab.tmp / "ref"),
                                   *args.split()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    run = lab.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", args)
+    run = lab.train("--dir", example, "--script", "train.py", "--args", args)
     rng = random.Random(7)
     kills, start, segment = 0, 0, 0  # segment: where the log of this start of the job begins
     while kills < 10:
@@ -180,8 +180,8 @@ def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab) 
     assert metrics["step"] == steps
 
 
-def test_shutdown_lets_the_example_checkpoint_within_25_s(lab: Lab) -> None:
-    run = lab.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
+def test_shutdown_lets_the_example_checkpoint_within_25_s(lab: Lab, example: str) -> None:
+    run = lab.train("--dir", example, "--script", "train.py", "--args",
                     "--steps 100000 --checkpoint-every 100000 --step-time 0.01")
     deadline = time.monotonic() + 60
     while last_step(lab.log(run)) < 20 and time.monotonic() < deadline:
@@ -228,8 +228,8 @@ def test_a_failed_job_is_not_resumed(lab: Lab, plain: str) -> None:
 
 
 # -- fetch while training; setup; status --------------------------------------------------------
-def test_fetch_watch_trails_the_run_and_ends_with_everything(lab: Lab) -> None:
-    run = lab.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
+def test_fetch_watch_trails_the_run_and_ends_with_everything(lab: Lab, example: str) -> None:
+    run = lab.train("--dir", example, "--script", "train.py", "--args",
                     "--steps 400 --checkpoint-every 50 --keep 100 --step-time 0.02")
     watcher = lab.spawn("fetch", "--watch", "--interval", "1")
     local = lab.cwd / "runs" / "lab" / run / "checkpoints"

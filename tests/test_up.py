@@ -93,7 +93,7 @@ def env(tmp_path: Path):
     for name, text in ERRORS.items():
         (tmp_path / name).write_text(text)
     server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     ComputeApi.state = {"zonesOffering": {"n1-standard-8": ["us-central1-a", "us-central1-b", "us-central1-c",
                                                             "us-central1-f", "us-east1-c"],
                                           "nvidia-tesla-t4": ["us-central1-a", "us-central1-b", "us-central1-f",
