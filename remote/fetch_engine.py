@@ -136,10 +136,11 @@ class Fetcher:
             pieces = self._hash_phase(first, basis)
             pieces += [p for j in self.jobs if j.key not in in_basis for p in self._whole(j)]
             self.progress.start(sum(p.length for p in pieces))
-            n = fp.streams_for(self.streams, pieces)
+            n, rtt = fp.streams_for(self.streams, pieces), None
             if n > 1:  # only where it can change the count: a round trip costs one
-                n = fp.streams_for(self.streams, pieces, self._round_trip(first))
-            shares = fp.balance(pieces, n) if pieces else []
+                rtt = self._round_trip(first)
+                n = fp.streams_for(self.streams, pieces, rtt)
+            shares = fp.balance(pieces, n, near=fp.is_near(rtt)) if pieces else []
             opened += [self.open_stream() for _ in shares[1:]]
             self._transfer(list(zip(opened, shares, strict=False)))
             self._check_wholes(first)

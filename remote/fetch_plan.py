@@ -147,19 +147,32 @@ class Piece:
     length: int
 
 
-def balance(pieces: list[Piece], streams: int) -> list[list[Piece]]:
+def balance(pieces: list[Piece], streams: int, near: bool = False) -> list[list[Piece]]:
     """Spread pieces over ``streams``: largest first onto the least-loaded (bytes plus PIECE_COST each).
 
     Within a stream, pieces keep the order they were assigned in (largest first), which also
     starts the big transfers early. Deterministic: equal loads go to the lower stream number.
+    ``near`` (a near link, see streams_for): every small piece goes to the first stream, since their
+    cost is the laptop's per-file work that a second stream's thread only contends with, and the big
+    pieces fill in by bytes.
     """
     loads = [0] * max(1, streams)
     out: list[list[Piece]] = [[] for _ in loads]
-    for piece in sorted(pieces, key=lambda p: (-p.length, p.key, p.offset)):
+    ordered = sorted(pieces, key=_largest_first)
+    if near and len(loads) > 1:
+        out[0] = [p for p in ordered if p.length < NEAR_BIG]
+        loads[0] = sum(p.length + PIECE_COST for p in out[0])
+        ordered = [p for p in ordered if p.length >= NEAR_BIG]
+    for piece in ordered:
         i = min(range(len(loads)), key=lambda s: (loads[s], s))
         out[i].append(piece)
         loads[i] += piece.length + PIECE_COST
+    out[0].sort(key=_largest_first)
     return [s for s in out if s]
+
+
+def _largest_first(p: Piece) -> tuple[int, int, int]:
+    return (-p.length, p.key, p.offset)
 
 
 STREAM_WORTH = 8 * MiB  # about what one stream moves while another connection is being opened
@@ -168,6 +181,11 @@ STREAM_WORTH = 8 * MiB  # about what one stream moves while another connection i
 NEAR_RTT_S = 0.005  # a round trip this short: one stream's window moves 400 MiB/s, more than a disk takes
 NEAR_STREAMS = 2  # streams on such a link: more only contend for the laptop's CPU and disk
 NEAR_BIG = MiB  # on such a link, a piece this big costs more in bytes than in the laptop's per-file work
+
+
+def is_near(rtt: float | None) -> bool:
+    """A round trip (seconds; None: not timed) short enough that one stream's window is no limit."""
+    return rtt is not None and rtt < NEAR_RTT_S
 
 
 def streams_for(requested: int, pieces: list[Piece], rtt: float | None = None) -> int:
@@ -180,7 +198,7 @@ def streams_for(requested: int, pieces: list[Piece], rtt: float | None = None) -
     checkpoints: two streams 3.7 s, one 4.2 s, four 15% slower than two).
     """
     total = sum(p.length + PIECE_COST for p in pieces)
-    if rtt is not None and rtt < NEAR_RTT_S:
+    if is_near(rtt):
         big = sum(p.length for p in pieces if p.length >= NEAR_BIG)
         requested = min(requested, NEAR_STREAMS, 1 + big // STREAM_WORTH)
     return max(1, min(requested, len(pieces), total // STREAM_WORTH + 1))

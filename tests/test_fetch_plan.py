@@ -125,6 +125,31 @@ def test_balance_counts_the_cost_of_many_small_files() -> None:
     assert all(sum(1 for p in s if p.length == 200 * MiB) == 1 for s in shares)
 
 
+KiB = 1024
+
+
+@pytest.mark.parametrize(("sizes", "streams", "expect"), [
+    # 60,000 files of 2 KB and one of 64 MiB: the small ones together on the first stream (one thread's
+    # per-file work), the big one on the second; balanced by bytes alone, each stream had half the small ones
+    ([2 * KiB] * 60_000 + [64 * MiB], 2, [[2 * KiB] * 60_000, [64 * MiB]]),
+    # checkpoints: 1,000 x 200 KiB and 4 x 200 MiB: the small ones on the first, the big ones by bytes
+    ([200 * KiB] * 1000 + [200 * MiB] * 4, 2, [[200 * MiB] + [200 * KiB] * 1000, [200 * MiB] * 3]),
+    ([200 * MiB] * 4, 2, [[200 * MiB] * 2, [200 * MiB] * 2]),  # only big ones: as far away
+    ([MiB, MiB - 1, 5], 2, [[MiB - 1, 5], [MiB]]),  # NEAR_BIG is big; one byte less is small
+    ([2 * KiB] * 3, 1, [[2 * KiB] * 3]),
+])  # fmt: skip
+def test_balance_near(sizes: list[int], streams: int, expect: list[list[int]]) -> None:
+    pieces = [Piece(i, 0, s) for i, s in enumerate(sizes)]
+    shares = fp.balance(pieces, streams, near=True)
+    assert [[p.length for p in s] for s in shares] == expect  # each stream largest first
+    assert sorted(p.key for s in shares for p in s) == list(range(len(sizes)))
+
+
+@pytest.mark.parametrize(("rtt", "near"), [(None, False), (0.0003, True), (0.0049, True), (0.005, False), (0.1, False)])
+def test_is_near(rtt: float | None, near: bool) -> None:
+    assert fp.is_near(rtt) is near
+
+
 @pytest.mark.parametrize(("requested", "sizes", "rtt", "streams"), [
     (4, [MiB] * 100, None, 4),
     (4, [10], None, 1),  # one small file: one stream
