@@ -49,6 +49,11 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def sets(setenv: str, name: str) -> bool:
+    """Whether SetEnv's ``NAME=VALUE ...`` text sets ``name`` itself (CUDA_HOME= is not HOME=)."""
+    return any(word.startswith(name + "=") for word in setenv.split())
+
+
 class Sshd:
     def __init__(self, workdir: Path, address: str = "127.0.0.2", client_key: Path | None = None,
                  port: int | None = None, extra_config: str = "", prefix: tuple[str, ...] = (),
@@ -59,9 +64,12 @@ class Sshd:
         takes the first SetEnv line only, so they join ours); ``prefix``: a command sshd runs under (a
         test may give a node its own mount namespace, as a VM has its own disk).
 
-        ``own_home``: the login shell's HOME is an empty folder of this server's, as a fresh VM's user
-        starts with, not this machine's dotfiles (a ~/.bashrc that runs `pyenv init`, as this workplace's
-        does, costs every command sshd runs 0.1 s of CPU); False keeps the real HOME. ``quick_kex``: key
+        ``own_home``: the login shell's HOME is a folder of this server's, as a fresh VM's user starts
+        with, not this machine's dotfiles (a ~/.bashrc that runs `pyenv init`, as this workplace's does,
+        costs every command sshd runs 0.1 s of CPU); its .bashrc and .zshenv only change to it, since sshd
+        starts every session in the user's real home (a `~/x` on an rsync command line and the agent's
+        `~` then mean the same folder; a login shell that reads neither stays where sshd put it). False
+        keeps the real HOME. ``quick_kex``: key
         exchange by X25519 alone (OpenSSH 9's default, a post-quantum hybrid, costs both ends 0.1 s of
         CPU per connection, and nothing gpu-train does depends on which is agreed); False offers
         OpenSSH's default, as a real host does (the benchmarks).
@@ -72,9 +80,11 @@ class Sshd:
         self.port = port or free_port(address)
         self.extra_config, self.prefix, self.setenv = extra_config, prefix, setenv
         self.max_sessions, self.log_level, self.quick_kex = max_sessions, log_level, quick_kex
-        if own_home and "HOME=" not in setenv:
+        if own_home and not sets(setenv, "HOME"):
             home = self.dir / "home"
             home.mkdir(mode=0o700, exist_ok=True)
+            for rc in (".bashrc", ".zshenv"):
+                (home / rc).write_text('cd "$HOME"\n')
             self.setenv = f"HOME={home} {setenv}".strip()
         self.user = getpass.getuser()
         self.client_key = client_key or keygen(self.dir / "client_ed25519")
@@ -128,7 +138,7 @@ class Sshd:
         raise RuntimeError("sshd did not start listening")
 
     def _keys_env(self) -> str:
-        return "" if "GPU_TRAIN_AUTHORIZED_KEYS=" in self.setenv else f"GPU_TRAIN_AUTHORIZED_KEYS={self.dir}/authorized_keys "
+        return "" if sets(self.setenv, "GPU_TRAIN_AUTHORIZED_KEYS") else f"GPU_TRAIN_AUTHORIZED_KEYS={self.dir}/authorized_keys "
 
     def stop(self) -> None:
         """Kill the daemon and every session it serves (as a crash or a network cut would)."""
@@ -188,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             port = free_port(args.address)
     workdir = args.dir.expanduser().resolve() / f"{args.address}"
-    server = Sshd(workdir, args.address, port=port, own_home=False).start()  # your own machine: your HOME
+    server = Sshd(workdir, args.address, port=port, own_home=False, quick_kex=False).start()  # your machine, as it is
     try:
         print(f"sshd on {args.address}:{port} as {server.user}, files in {workdir}; Ctrl-C stops it.\n"
               "Put these lines in your project's stacks/Pulumi.local.yaml:\n", flush=True)

@@ -162,6 +162,38 @@ def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, 
     assert tree(tmp_path / "near-small") == tree(tmp_path / "far-small") == tree(small)
 
 
+def test_a_near_host_sends_every_small_file_over_the_first_stream(host: Host, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixed big and small files on a near host: the small ones all go over the first stream (one thread's
+    per-file work), the big ones fill in; far away every stream takes its share of both."""
+    monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
+    monkeypatch.setattr(fp, "NEAR_RTT_S", 10.0)  # loopback is near even while a busy machine slows its answer
+    shares: list[tuple[bool, list[list[int]]]] = []
+    balance = fp.balance
+
+    def spy(pieces: list[fp.Piece], streams: int, near: bool = False) -> list[list[fp.Piece]]:
+        out = balance(pieces, streams, near=near)
+        shares.append((near, [sorted(p.length for p in s) for s in out]))
+        return out
+
+    monkeypatch.setattr(fp, "balance", spy)
+    job = host.job()
+    for i in range(4):
+        (job / f"c{i}.pt").write_bytes(os.urandom(MiB))
+    for i in range(20):
+        (job / f"s{i:02d}.json").write_bytes(os.urandom(10 * 1024))
+    assert host.fetch(tmp_path / "near").complete
+    near, first_and_rest = shares[-1]
+    assert near and len(first_and_rest) == 2
+    assert [n for n in first_and_rest[0] if n < MiB] == [10 * 1024] * 20  # every small file on the first
+    assert all(n == MiB for n in first_and_rest[1])
+    monkeypatch.setattr(fp, "NEAR_RTT_S", 0)  # every round trip counts as long
+    assert host.fetch(tmp_path / "far").complete
+    near, spread = shares[-1]
+    assert not near and len(spread) == 4 and all(any(n < MiB for n in s) for s in spread)
+    assert tree(tmp_path / "near") == tree(tmp_path / "far") == tree(job)
+
+
 def test_a_request_of_megabytes_is_sent_whole_while_signals_interrupt_its_write(tmp_path: Path) -> None:
     """A signal during a blocking write to a pipe (Ctrl-Z and fg, a debugger attaching) ends it early with
     part of the data taken; the rest must still go, or the host waits for the end of the line forever."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from remote import loopback
 from tests.test_project import GPU_TRAIN, Project, proj, sshd  # noqa: F401  (fixtures)
 
 
@@ -127,3 +128,27 @@ def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path) -> 
     port = int(stack.split("127.0.25.5:")[1].split("'")[0])
     with pytest.raises(OSError):
         socket.create_connection(("127.0.25.5", port), timeout=2).close()
+
+
+@pytest.mark.parametrize(("setenv", "name", "sets"), [
+    ("HOME=/h", "HOME", True),
+    ("OMP_NUM_THREADS=1 HOME=/h", "HOME", True),
+    ("CUDA_HOME=/opt/cuda", "HOME", False),  # another variable that ends in HOME keeps the server's own HOME
+    ("GPU_TRAIN_HOME=/x XDG_CONFIG_HOME=/y", "HOME", False),
+    ("", "HOME", False),
+    ("GPU_TRAIN_AUTHORIZED_KEYS=/k", "GPU_TRAIN_AUTHORIZED_KEYS", True),
+])  # fmt: skip
+def test_a_loopback_sshds_setenv_is_read_by_name(setenv: str, name: str, sets: bool) -> None:
+    assert loopback.sets(setenv, name) is sets
+
+
+def test_a_loopback_sshds_sessions_start_in_its_own_home(sshd, tmp_path: Path) -> None:  # noqa: F811
+    """As on a fresh VM: HOME is the server's own folder and every command starts there (sshd itself
+    starts sessions in the user's real home, where an rsync path of ~/x would land)."""
+    server = sshd("127.0.25.7")
+    out = subprocess.run(["ssh", "-i", str(server.client_key), "-p", str(server.port), "-o", "BatchMode=yes",
+                          "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                          f"{server.user}@{server.address}", 'echo "$PWD|$HOME"'],
+                         capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    home = str(server.dir / "home")
+    assert out == f"{home}|{home}"
