@@ -67,11 +67,13 @@ def test_env_run_id_job_dir_and_requirements_once(lab: Lab) -> None:
     code = lab.tmp / "code"
     code.mkdir()
     (code / "requirements.txt").write_text("# nothing to install\n")
-    cmd = 'echo "rid=$RUN_ID jd=$JOB_DIR greet=$GREETING"; pwd; echo ok > "$JOB_DIR/out.txt"'
+    cmd = 'echo "rid=$RUN_ID jd=$JOB_DIR greet=$GREETING ssh=${SSH_CONNECTION:-none}"; pwd; echo ok > "$JOB_DIR/out.txt"'
     run = lab.train("--dir", str(code), "--command", cmd, "--name", "envcheck", "--env", "GREETING=hello world")
     assert lab.wait(run)["state"] == "succeeded"
     log = lab.log(run)
-    assert f"rid={run} jd={lab.remote}/runs/{run}/job greet=hello world" in log
+    # Nothing of the SSH session that launched it, as after a reboot; and so the job's bash did not read the
+    # login user's ~/.bashrc (the lab host's changes folder: remote/loopback.py): it runs in its code folder.
+    assert f"rid={run} jd={lab.remote}/runs/{run}/job greet=hello world ssh=none" in log
     assert f"{lab.remote}/runs/{run}/code" in log
     assert "installing requirements.txt" in log
     run2 = lab.train("--dir", str(code), "--command", "true", "--name", "envcheck2")

@@ -111,6 +111,17 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
             "dataDir": project_dirs(root, spec.get("project"))[1]}
 
 
+# What only the SSH session that ran `launch` has. A run outlives that session, and `boot` relaunches it
+# with none; with SSH_CLIENT set, a job's `bash -c` reads the login user's ~/.bashrc (bash's rule for
+# commands from sshd), so its first start would see what no restart after a reboot sees.
+SESSION_ONLY = ("SSH_CLIENT", "SSH2_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_ORIGINAL_COMMAND")
+
+
+def run_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The wrapper's environment in a screen session: the agent call's, less what only its session has."""
+    return {k: v for k, v in environ.items() if k not in SESSION_ONLY}
+
+
 def start_wrapper(root: str, run_id: str) -> str:
     """Start the run's wrapper: in a systemd unit of its own where the host allows (see units.py),
     else in a detached screen session. Either way `screen -r NAME` shows it; returns NAME."""
@@ -134,7 +145,7 @@ def start_wrapper(root: str, run_id: str) -> str:
         return name
     update_state(run_dir, unit=None)
     try:
-        subprocess.run(["screen", "-dmS", name, *wrapper], check=True, capture_output=True)
+        subprocess.run(["screen", "-dmS", name, *wrapper], check=True, capture_output=True, env=run_env(os.environ))
     except (OSError, subprocess.CalledProcessError) as e:
         raise AgentError(f"screen could not start the run's wrapper: {e}") from None
     return name
