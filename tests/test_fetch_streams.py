@@ -164,7 +164,7 @@ def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, 
 
 def test_a_near_host_sends_every_small_file_over_the_first_stream(host: Host, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mixed big and small files on a near host: the small ones all go over the first stream (one thread's
+    """Mixed big and small files on a near host: those under 32 KiB all go over the first stream (one thread's
     per-file work), the big ones fill in; far away every stream takes its share of both."""
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
     monkeypatch.setattr(fp, "NEAR_RTT_S", 10.0)  # loopback is near even while a busy machine slows its answer
