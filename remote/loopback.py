@@ -123,6 +123,8 @@ class Sshd:
         )
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
+        pid_file = self.dir / "sshd.pid"
+        pid_file.unlink(missing_ok=True)
         with open(self.dir / "sshd.log", "ab") as log:
             self.proc = subprocess.Popen([*self.prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
                                          stderr=log, start_new_session=True)
@@ -130,11 +132,15 @@ class Sshd:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited: {(self.dir / 'sshd.log').read_text()}")
+            # Ours is up once it wrote its pid file, which sshd does after binding: a connection alone
+            # may reach another listener still on the address (a server of a test before, going away).
             try:
-                with socket.create_connection((self.address, self.port), timeout=0.5):
-                    return self
+                if pid_file.read_text().strip() == str(self.proc.pid):
+                    with socket.create_connection((self.address, self.port), timeout=0.5):
+                        return self
             except OSError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
         raise RuntimeError("sshd did not start listening")
 
     def _keys_env(self) -> str:
