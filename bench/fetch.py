@@ -67,8 +67,9 @@ class Bench:
     figures, nodes A and B behind a gateway (NET.3) reached through a 100 ms proxy (NET.13): the
     laptop's long link, while the nodes reach each other directly, as a cluster's own network does.
 
-    The hosts' login shells start plain (HOME is a folder of their own, with none of this machine's dotfiles), as a fresh VM's
-    user does; this machine's own ~/.bashrc (pyenv) adds a few tenths of a second to every login,
+    The hosts' login shells start plain (HOME is a folder of their own, with none of this machine's
+    dotfiles), as a fresh VM's user does; this machine's own ~/.bashrc (pyenv) adds a few tenths of a
+    second to every login,
     which figure 4 shows beside its result. Every host offers OpenSSH's own key exchanges, as a real
     one does (the tests' hosts take a cheaper one).
     """

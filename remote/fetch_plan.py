@@ -181,7 +181,7 @@ STREAM_WORTH = 8 * MiB  # about what one stream moves while another connection i
 
 NEAR_RTT_S = 0.005  # a round trip this short: one stream's window moves 400 MiB/s, more than a disk takes
 NEAR_STREAMS = 2  # streams on such a link: more only contend for the laptop's CPU and disk
-NEAR_BIG = MiB  # on such a link, a piece this big costs more in bytes than in the laptop's per-file work
+NEAR_BIG = MiB  # on such a link, a second stream opens only for the bytes of pieces this big
 
 
 def is_near(rtt: float | None) -> bool:

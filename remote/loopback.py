@@ -69,10 +69,11 @@ class Sshd:
         costs every command sshd runs 0.1 s of CPU); its .bashrc and .zshenv only change to it, since sshd
         starts every session in the user's real home (a `~/x` on an rsync command line and the agent's
         `~` then mean the same folder; a login shell that reads neither stays where sshd put it). False
-        keeps the real HOME. ``quick_kex``: key
-        exchange by X25519 alone (OpenSSH 9's default, a post-quantum hybrid, costs both ends 0.1 s of
-        CPU per connection, and nothing gpu-train does depends on which is agreed); False offers
-        OpenSSH's default, as a real host does (the benchmarks).
+        keeps the real HOME.
+
+        ``quick_kex``: key exchange by X25519 alone (OpenSSH 9's default, a post-quantum hybrid, costs
+        both ends 0.1 s of CPU per connection, and nothing gpu-train does depends on which is agreed);
+        False offers OpenSSH's default, as a real host does (the benchmarks).
         """
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,6 @@ import getpass
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -47,26 +46,12 @@ def usable() -> str | None:
         return "needs root (a mount namespace per node, sshd on port 22 of loopback addresses)"
     if not shutil.which("unshare"):
         return "needs unshare (util-linux)"
-    for address in ADDRESSES:  # a GCP stack's nodes listen on port 22
-        deadline = time.monotonic() + 10  # the test before in this group may still be letting it go
-        while True:
-            with socket.socket() as s:
-                # As sshd binds: a connection of the test before in TIME_WAIT on this port is no listener.
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((address, 22))
-                    break
-                except OSError as e:
-                    if time.monotonic() > deadline:
-                        holders = subprocess.run(["ss", "-Htanp", "sport = :22"], capture_output=True, text=True).stdout
-                        return f"port 22 of {address} is taken ({e.strerror}); on port 22 now: {holders.strip()[:600]!r}"
-            time.sleep(0.2)
     return None
 
 
 def start_on_22(server: Sshd) -> Sshd:
-    """Start it; while port 22 of its address is still another server's (a test before letting it go,
-    after the probe above found it free), try again for 10 s, then skip naming the holder."""
+    """Start it (a GCP stack's nodes listen on port 22); while port 22 of its address is still another
+    server's (the test before in this group letting it go), try again for 10 s, then skip naming the holder."""
     deadline = time.monotonic() + 10
     while True:
         try:

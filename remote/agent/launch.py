@@ -117,11 +117,6 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
 SESSION_ONLY = ("SSH_CLIENT", "SSH2_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_ORIGINAL_COMMAND")
 
 
-def run_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
-    """The wrapper's environment in a screen session: the agent call's, less what only its session has."""
-    return {k: v for k, v in environ.items() if k not in SESSION_ONLY}
-
-
 def start_wrapper(root: str, run_id: str) -> str:
     """Start the run's wrapper: in a systemd unit of its own where the host allows (see units.py),
     else in a detached screen session. Either way `screen -r NAME` shows it; returns NAME."""
@@ -145,7 +140,8 @@ def start_wrapper(root: str, run_id: str) -> str:
         return name
     update_state(run_dir, unit=None)
     try:
-        subprocess.run(["screen", "-dmS", name, *wrapper], check=True, capture_output=True, env=run_env(os.environ))
+        env = {k: v for k, v in os.environ.items() if k not in SESSION_ONLY}  # the agent call's, less its session's
+        subprocess.run(["screen", "-dmS", name, *wrapper], check=True, capture_output=True, env=env)
     except (OSError, subprocess.CalledProcessError) as e:
         raise AgentError(f"screen could not start the run's wrapper: {e}") from None
     return name
