@@ -7,9 +7,11 @@ So a task uses one SSH connection, and rsync pays no second handshake (about a s
 
 import json
 import os
+import select
 import socket
 import sys
 import threading
+import time
 
 
 def main(argv: list) -> int:
@@ -33,26 +35,30 @@ def relay(path: str, command: str) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     sock.sendall((json.dumps(command) + "\n").encode())
-    reset: list[OSError] = []
-    sending = threading.Lock()  # held while a send is under way, until its outcome is recorded
+    lost: list[OSError] = []
+    ended: list[bool] = []  # upstream is done: stdin ended, or a send failed
+    # Held while upstream takes data from stdin and sends it, until the outcome is recorded: so the
+    # end below can tell "nothing of ours in flight" from "our data refused".
+    sending = threading.Lock()
 
     def upstream() -> None:
         try:
             while True:
-                data = os.read(0, 65536)
-                if not data:
-                    break
+                select.select([0], [], [])  # data or the end of stdin, without holding the lock
                 with sending:
+                    data = os.read(0, 65536)
+                    if not data:
+                        sock.shutdown(socket.SHUT_WR)
+                        return
                     try:
                         sock.sendall(data)
-                    except ConnectionResetError as e:
-                        # The far side dropped its end with our data unread. The kernel tells only the
-                        # first call to ask, this one or downstream's recv (which then sees a plain end).
-                        reset.append(e)
+                    except OSError as e:  # the far side is gone with our data unread (reset) or unsent (pipe)
+                        lost.append(e)
                         return
-            sock.shutdown(socket.SHUT_WR)
         except OSError:
-            pass  # the downstream side sees the same loss and reports it once
+            pass  # stdin itself failed: the downstream side sees the end and reports it
+        finally:
+            ended.append(True)
 
     threading.Thread(target=upstream, daemon=True).start()
     out = sys.stdout.buffer
@@ -62,10 +68,21 @@ def relay(path: str, command: str) -> int:
             break
         out.write(data)
         out.flush()
-    if sending.acquire(timeout=5):  # a send the reset interrupted has recorded it
-        sending.release()
-    if reset:
-        raise reset[0]
+    # A plain end is a lost connection if our data was still flowing: Linux reports the reset of a far
+    # side that dropped its end with data unread to the first call to ask, or (6.18 here, now and then)
+    # to none. So wait while stdin holds data for upstream to try (its send then fails), and ask the
+    # socket for a reset no call has taken; when stdin is quiet (rsync waits for us), the end is clean.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        with sending:
+            if lost or ended or not select.select([0], [], [], 0)[0]:
+                pending = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if pending and not lost:
+                    lost.append(OSError(pending, os.strerror(pending)))
+                break
+        time.sleep(0.001)
+    if lost:
+        raise lost[0]
     return 0
 
 

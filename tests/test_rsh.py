@@ -41,3 +41,38 @@ def test_a_connection_reset_mid_stream_is_one_line_and_exit_255_not_a_traceback(
     assert proc.returncode == 255
     assert proc.stderr.decode().startswith("connection to node1 lost:")
     listener.close()
+
+
+def test_a_clean_end_while_stdin_stays_open_is_exit_0_at_once(tmp_path):
+    # The far side's command finished: the relay sends its last output and closes. rsync keeps rsh's
+    # stdin open, waiting for it to exit; quiet stdin means nothing of ours was refused.
+    path = str(tmp_path / "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve() -> None:
+        client, _ = listener.accept()
+        reader = client.makefile("rb")
+        assert reader.readline() == b'"rsync --server"\n'
+        assert reader.read(5) == b"hello"
+        client.sendall(b"bye")
+        client.shutdown(socket.SHUT_WR)
+        reader.close()
+        client.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    proc = subprocess.Popen([sys.executable, "-I", "-S", str(RSH), path, "node1", "rsync", "--server"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin and proc.stdout and proc.stderr
+    try:
+        proc.stdin.write(b"hello")
+        proc.stdin.flush()  # and kept open
+        assert proc.wait(timeout=3) == 0
+        assert proc.stdout.read() == b"bye"
+        assert proc.stderr.read() == b""
+    finally:
+        proc.kill()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            pipe.close()
+    listener.close()
