@@ -33,11 +33,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 ROOT = Path(__file__).resolve().parent.parent
 # Python keeps compiled modules for its users; a workplace that sets PYTHONDONTWRITEBYTECODE (this one,
 # some CI images) makes each of the thousands of `fab`s the tests start compile gpu-train anew (about
-# 0.06 s of CPU each time). The compiled copies go to a folder of the user's own, not into the checkout.
-if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
-    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(Path.home() / ".cache" / "gpu-train" / "test-pycache"))
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # once a run: what earlier runs' temporary folders left
-        shutil.rmtree(Path(os.environ["PYTHONPYCACHEPREFIX"]) / "tmp", ignore_errors=True)
+# 0.06 s of CPU each time). Without it, the commands the tests start keep them as users' do: gpu-train's
+# beside its sources (__pycache__/, ignored by git), and the packages' where pip put them at install.
+# (A separate cache folder, as PYTHONPYCACHEPREFIX gives, would start empty on a fresh machine and have
+# the first commands compile torch, Fabric and pulumi-gcp anew, several at once: 3 s of CPU for torch.)
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+    shutil.rmtree(Path.home() / ".cache" / "gpu-train" / "test-pycache", ignore_errors=True)  # where earlier versions kept them
 # Torch jobs the tests run here (a reference run, torchrun nodes) share two cores with the other
 # tests: one OpenMP thread each, or their idle threads spin against the rest (loopback sshd's
 # sessions say the same).

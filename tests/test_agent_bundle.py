@@ -24,7 +24,7 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
 
 
 def run(cmd: str) -> dict:
-    # As over SSH: none of the tests' own Python settings (tests/conftest.py: PYTHONPYCACHEPREFIX).
+    # As over SSH: none of the Python settings of the environment the tests run in.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
