@@ -63,10 +63,24 @@ def startup_script_of(raw_config: dict, stack: str = "guest") -> str:
 # -- the guest --------------------------------------------------------------------------------
 STARTUP_RUNNER = r'''#!/usr/bin/python3
 """Stand-in for google_metadata_script_runner: fetch instance/attributes/startup-script, run it."""
-import os, subprocess, sys, tempfile, urllib.request
+import os, subprocess, sys, tempfile, time, urllib.error, urllib.request
 base = os.environ.get("GPU_TRAIN_METADATA_URL") or "http://169.254.169.254/computeMetadata/v1/"
 req = urllib.request.Request(base + "instance/attributes/startup-script", headers={"Metadata-Flavor": "Google"})
-script = urllib.request.urlopen(req, timeout=10).read()
+for attempt in range(30):  # as Google's runner does, it asks the metadata server again when it does not answer
+    try:
+        script = urllib.request.urlopen(req, timeout=10).read()
+        break
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            print("startup-script: none in the metadata", flush=True)
+            sys.exit(0)
+        print("startup-script: metadata server:", e, flush=True)
+        time.sleep(2)
+    except OSError as e:
+        print("startup-script: metadata server:", e, flush=True)
+        time.sleep(2)
+else:
+    sys.exit("startup-script: the metadata server did not answer")
 with tempfile.NamedTemporaryFile(prefix="startup-script-", delete=False) as f:
     f.write(script)
 print("startup-script: running", f.name, flush=True)
