@@ -188,7 +188,8 @@ def main() -> None:
                     theirs_t.append(bench.rsync(None, str(job), fresh(theirs)))
                 o, r = statistics.median(ours), statistics.median(theirs_t)
                 say(f"3. {size / 2**30:.2f} GiB on loopback, medians of 3 alternating: fab fetch {o:.2f} s, rsync -a {r:.2f} s: "
-                    f"ours / rsync = {o / r:.2f} (target <= 1.0)")
+                    f"ours / rsync = {o / r:.2f} (target <= 1.0) "
+                    f"[each: fab {' '.join(f'{t:.2f}' for t in ours)}; rsync {' '.join(f'{t:.2f}' for t in theirs_t)}]")
             if 4 in ONLY:
                 bench.fab("lo", "fetch", "--run", run, "--dest", str(dest))
                 noop = statistics.median(bench.fab("lo", "fetch", "--run", run, "--dest", str(dest)) for _ in range(5))
