@@ -73,13 +73,18 @@ def relay(path: str, command: str) -> int:
     # to none. So wait while stdin holds data for upstream to try (its send then fails), and ask the
     # socket for a reset no call has taken; when stdin is quiet (rsync waits for us), the end is clean.
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        with sending:
+    # At most 5 s in all: a far side that half-closed and stopped reading would block a send for good.
+    while sending.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        try:
             if lost or ended or not select.select([0], [], [], 0)[0]:
                 pending = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if pending and not lost:
                     lost.append(OSError(pending, os.strerror(pending)))
                 break
+        finally:
+            sending.release()
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.001)
     if lost:
         raise lost[0]
