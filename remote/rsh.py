@@ -72,8 +72,8 @@ def relay(path: str, command: str) -> int:
     # side that dropped its end with data unread to the first call to ask, or (6.18 here, now and then)
     # to none. So wait while stdin holds data for upstream to try (its send then fails), and ask the
     # socket for a reset no call has taken; when stdin is quiet (rsync waits for us), the end is clean.
-    deadline = time.monotonic() + 5
     # At most 5 s in all: a far side that half-closed and stopped reading would block a send for good.
+    deadline = time.monotonic() + 5
     while sending.acquire(timeout=max(0.0, deadline - time.monotonic())):
         try:
             if lost or ended or not select.select([0], [], [], 0)[0]:

@@ -1,4 +1,4 @@
-"""rsync's remote shell (remote/rsh.py) when the relay behind it goes away mid-stream."""
+"""rsync's remote shell (remote/rsh.py) when the relay behind it goes away mid-stream, or ends cleanly."""
 
 import fcntl
 import socket
@@ -8,20 +8,38 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 from remote.relay import RSH
 
 
-def test_a_connection_reset_mid_stream_is_one_line_and_exit_255_not_a_traceback(tmp_path):
-    # What a node lost mid-sync looks like to rsh.py: the relay drops its end with data unread,
-    # so the kernel answers with a reset. rsync shows rsh's stderr to the user as the node's error.
+def far_side(tmp_path: Path, serve: Callable[[socket.socket], None]) -> str:
+    """A Unix socket where the relay would be; ``serve`` gets the one connection rsh.py makes."""
     path = str(tmp_path / "s")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(1)
 
-    def serve() -> None:
-        client, _ = listener.accept()
+    def accept() -> None:
+        with listener:
+            client, _ = listener.accept()
+        serve(client)
+
+    threading.Thread(target=accept, daemon=True).start()
+    return path
+
+
+def rsh(path: str) -> list[str]:
+    return [sys.executable, "-I", "-S", str(RSH), path, "-l", "root", "node1", "rsync", "--server"]
+
+
+def test_a_connection_reset_mid_stream_is_one_line_and_exit_255_not_a_traceback(tmp_path):
+    # What a node lost mid-sync looks like to rsh.py: the relay drops its end with data unread,
+    # so the kernel answers with a reset. rsync shows rsh's stderr to the user as the node's error.
+    def serve(client: socket.socket) -> None:
         reader = client.makefile("rb")
         reader.readline()
         reader.read(256 << 10)  # rsync's stream is flowing
@@ -30,40 +48,27 @@ def test_a_connection_reset_mid_stream_is_one_line_and_exit_255_not_a_traceback(
         reader.close()
         client.close()
 
-    threading.Thread(target=serve, daemon=True).start()
-    proc = subprocess.run(
-        [sys.executable, "-I", "-S", str(RSH), path, "-l", "root", "node1", "rsync", "--server"],
-        input=b"x" * (4 << 20),
-        capture_output=True,
-        timeout=30,
-    )
+    proc = subprocess.run(rsh(far_side(tmp_path, serve)), input=b"x" * (4 << 20), capture_output=True, timeout=30)
     assert "Traceback" not in proc.stderr.decode()
     assert proc.returncode == 255
     assert proc.stderr.decode().startswith("connection to node1 lost:")
-    listener.close()
 
 
 def test_a_clean_end_while_stdin_stays_open_is_exit_0_at_once(tmp_path):
     # The far side's command finished: the relay sends its last output and closes. rsync keeps rsh's
     # stdin open, waiting for it to exit; quiet stdin means nothing of ours was refused.
-    path = str(tmp_path / "s")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(1)
+    received: list[bytes] = []
 
-    def serve() -> None:
-        client, _ = listener.accept()
+    def serve(client: socket.socket) -> None:
         reader = client.makefile("rb")
-        assert reader.readline() == b'"rsync --server"\n'
-        assert reader.read(5) == b"hello"
+        received.extend([reader.readline(), reader.read(5)])
         client.sendall(b"bye")
         client.shutdown(socket.SHUT_WR)
         reader.close()
         client.close()
 
-    threading.Thread(target=serve, daemon=True).start()
-    proc = subprocess.Popen([sys.executable, "-I", "-S", str(RSH), path, "node1", "rsync", "--server"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(rsh(far_side(tmp_path, serve)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     assert proc.stdin and proc.stdout and proc.stderr
     try:
         proc.stdin.write(b"hello")
@@ -75,4 +80,21 @@ def test_a_clean_end_while_stdin_stays_open_is_exit_0_at_once(tmp_path):
         proc.kill()
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             pipe.close()
-    listener.close()
+    assert received == [b'"rsync --server"\n', b"hello"]
+
+
+@pytest.mark.slow  # waits out rsh's 5 s bound
+def test_a_far_side_that_half_closes_and_stops_reading_does_not_hold_rsh_for_good(tmp_path):
+    # Its output ended (EOF to rsh) while rsh's send of our data is blocked: rsh gives up waiting for
+    # that send's outcome after 5 s rather than hanging rsync with it.
+    held: list[socket.socket] = []
+
+    def serve(client: socket.socket) -> None:
+        held.append(client)  # open, never read again
+        client.recv(64)
+        client.shutdown(socket.SHUT_WR)
+
+    started = time.monotonic()
+    proc = subprocess.run(rsh(far_side(tmp_path, serve)), input=b"x" * (8 << 20), capture_output=True, timeout=30)
+    assert proc.returncode == 0 and proc.stderr == b""  # its command ended: the far side's word
+    assert time.monotonic() - started < 15

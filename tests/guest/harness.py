@@ -63,20 +63,17 @@ def startup_script_of(raw_config: dict, stack: str = "guest") -> str:
 # -- the guest --------------------------------------------------------------------------------
 STARTUP_RUNNER = r'''#!/usr/bin/python3
 """Stand-in for google_metadata_script_runner: fetch instance/attributes/startup-script, run it."""
-import os, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import os, subprocess, sys, tempfile, time, urllib.request
 base = os.environ.get("GPU_TRAIN_METADATA_URL") or "http://169.254.169.254/computeMetadata/v1/"
 req = urllib.request.Request(base + "instance/attributes/startup-script", headers={"Metadata-Flavor": "Google"})
 for attempt in range(30):  # as Google's runner does, it asks the metadata server again when it does not answer
     try:
         script = urllib.request.urlopen(req, timeout=10).read()
         break
-    except urllib.error.HTTPError as e:
-        if e.code == 404:
+    except OSError as e:  # urllib's HTTPError too
+        if getattr(e, "code", None) == 404:
             print("startup-script: none in the metadata", flush=True)
             sys.exit(0)
-        print("startup-script: metadata server:", e, flush=True)
-        time.sleep(2)
-    except OSError as e:
         print("startup-script: metadata server:", e, flush=True)
         time.sleep(2)
 else:
