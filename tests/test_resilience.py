@@ -11,6 +11,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from remote.agent import lifecycle
+from remote.agent import lifecycle, procs
 from remote.loopback import descendants
 from tests.conftest import EXAMPLE, Lab
 
@@ -93,6 +94,36 @@ def test_idle_decision(now, since, minutes, jobs, sessions, util, expected_since
     got_since, got_stop, got_why = lifecycle.idle_decision(now, since, minutes, jobs, sessions, util)
     assert (got_since, got_stop) == (expected_since, stop)
     assert why in got_why
+
+
+@pytest.mark.parametrize(("state", "events", "counted"), [
+    ("running", ["PREEMPTED"], True),  # gpu-train-watch told the job; the shutdown's own query got no answer
+    ("running", ["TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED"], True),
+    ("running", ["TERMINATE_ON_HOST_MAINTENANCE"], False),  # a maintenance is not a preemption
+    ("running", None, False),
+    ("succeeded", ["PREEMPTED"], False),  # an ended run's leftover says nothing about this stop
+])
+def test_a_preemption_the_watcher_saw_is_counted_when_the_metadata_server_does_not_answer(
+        tmp_path: Path, state: str, events: list[str] | None, counted: bool) -> None:
+    root = tmp_path / "root"
+    (root / "runs" / "r1").mkdir(parents=True)
+    with socket.socket() as s:  # a port where nothing listens: the query fails at once
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    (root / "agent.json").write_text(json.dumps({"gcp": True, "metadataUrl": f"http://127.0.0.1:{dead}/"}))
+    job = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        doc = {"state": state, "pid": job.pid, "pidStart": procs.proc_start_time(job.pid), "unit": "gpu-train-r1.service"}
+        (root / "runs" / "r1" / "state.json").write_text(json.dumps(doc))
+        if events:
+            (root / "runs" / "r1" / "notice").write_text(json.dumps({"event": events[0], "events": events}))
+        result = lifecycle.cmd_shutdown(str(root), grace=0)
+    finally:
+        job.kill()
+        job.wait()
+    assert result["preempted"] is counted
+    if state == "running":
+        assert json.loads((root / "runs" / "r1" / "state.json").read_text())["preempted"] is counted
 
 
 def test_tick_powers_off_for_real_only_when_idle(lab: Lab, plain: str) -> None:

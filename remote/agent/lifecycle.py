@@ -157,22 +157,32 @@ def cmd_resume(root: str, run_id: str | None, grace: float) -> dict:
 
 
 def preempted(conf: dict) -> bool:
-    """Compute Engine's word on whether this stop is a preemption (False off GCP)."""
+    """Compute Engine's word on whether this stop is a preemption (False off GCP). One query of 2 s at
+    most: a run in a unit of its own gets its SIGTERM only after the shutdown command, so every second
+    spent here is taken from the job's grace."""
     return metadata_value(conf, "instance/preempted", timeout=2).upper() == "TRUE"
+
+
+def told_preempted(run_dir: str) -> bool:
+    """gpu-train-watch saw ``instance/preempted`` become TRUE and told this run (its notice, which a
+    relaunch removes): the machine's preemption, even when the shutdown's own query gets no answer in
+    time."""
+    notice = read_json(os.path.join(run_dir, NOTICE)) or {}
+    return "PREEMPTED" in (notice.get("events") or [])
 
 
 def cmd_shutdown(root: str, grace: float | None = None) -> dict:
     """The machine is going down: record each running run as interrupted (preempted when Compute
-    Engine says so). A run in a unit of its own is ordered to stop after this, and its unit gives it
-    SIGTERM and the grace; a run under screen alone gets SIGTERM here, and ``grace`` seconds."""
+    Engine says so now, or said so to a running run through gpu-train-watch). A run in a unit of its
+    own is ordered to stop after this, and its unit gives it SIGTERM and the grace; a run under screen
+    alone gets SIGTERM here, and ``grace`` seconds."""
     conf = settings(root)
     grace = float(conf["shutdownGraceS"] if grace is None else grace)
     was_preempted = bool(conf["gcp"]) and preempted(conf)
+    active = [(d, st) for d in run_dirs(root) if effective_state(st := read_state(d)) in ACTIVE]
+    was_preempted = was_preempted or (bool(conf["gcp"]) and any(told_preempted(d) for d, _ in active))
     running, result = [], []
-    for run_dir in run_dirs(root):
-        state = read_state(run_dir)
-        if effective_state(state) not in ACTIVE:
-            continue
+    for run_dir, state in active:
         open(os.path.join(run_dir, SHUTDOWN_REQUESTED), "w").close()
         update_state(run_dir, preempted=was_preempted)
         agent_log(root, f"{os.path.basename(run_dir)}: interrupted by shutdown (preempted: {was_preempted})")
