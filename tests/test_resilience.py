@@ -11,7 +11,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 from remote.agent import lifecycle, procs
 from remote.loopback import descendants
 from tests.conftest import EXAMPLE, Lab
+from tests.guest.metadata import MetadataServer, free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -96,34 +96,48 @@ def test_idle_decision(now, since, minutes, jobs, sessions, util, expected_since
     assert why in got_why
 
 
-@pytest.mark.parametrize(("state", "events", "counted"), [
-    ("running", ["PREEMPTED"], True),  # gpu-train-watch told the job; the shutdown's own query got no answer
-    ("running", ["TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED"], True),
-    ("running", ["TERMINATE_ON_HOST_MAINTENANCE"], False),  # a maintenance is not a preemption
-    ("running", None, False),
-    ("succeeded", ["PREEMPTED"], False),  # an ended run's leftover says nothing about this stop
+@pytest.mark.parametrize(("server", "state", "events", "counted"), [
+    ("TRUE", "running", None, True),  # the metadata server's word at shutdown
+    ("FALSE", "running", None, False),
+    (None, "running", ["PREEMPTED"], True),  # gpu-train-watch told the job; nothing answers the shutdown's query
+    ("slow", "running", ["PREEMPTED"], True),  # ... or it answers too late (after the query's 2 s)
+    (None, "running", ["TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED"], True),
+    ("FALSE", "running", ["TERMINATE_ON_HOST_MAINTENANCE"], False),  # a maintenance is not a preemption
+    (None, "running", None, False),
+    (None, "succeeded", ["PREEMPTED"], False),  # an ended run's leftover says nothing about this stop
 ])
-def test_a_preemption_the_watcher_saw_is_counted_when_the_metadata_server_does_not_answer(
-        tmp_path: Path, state: str, events: list[str] | None, counted: bool) -> None:
+def test_a_preemption_is_counted_from_the_metadata_server_or_from_what_the_watcher_told_a_run(
+        tmp_path: Path, server: str | None, state: str, events: list[str] | None, counted: bool) -> None:
     root = tmp_path / "root"
     (root / "runs" / "r1").mkdir(parents=True)
-    with socket.socket() as s:  # a port where nothing listens: the query fails at once
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
-    (root / "agent.json").write_text(json.dumps({"gcp": True, "metadataUrl": f"http://127.0.0.1:{dead}/"}))
+    metadata = MetadataServer("127.0.0.1").start() if server is not None else None
+    if metadata is None:  # a port where nothing listens: the query fails at once
+        url = f"http://127.0.0.1:{free_port('127.0.0.1')}/computeMetadata/v1/"
+    else:
+        url = metadata.url
+        metadata.set("instance/preempted", "TRUE" if server == "slow" else server)
+        if server == "slow":
+            metadata.stall("instance/preempted", 3)
+    (root / "agent.json").write_text(json.dumps({"gcp": True, "metadataUrl": url}))
     job = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         doc = {"state": state, "pid": job.pid, "pidStart": procs.proc_start_time(job.pid), "unit": "gpu-train-r1.service"}
         (root / "runs" / "r1" / "state.json").write_text(json.dumps(doc))
         if events:
             (root / "runs" / "r1" / "notice").write_text(json.dumps({"event": events[0], "events": events}))
+        started = time.monotonic()
         result = lifecycle.cmd_shutdown(str(root), grace=0)
+        assert time.monotonic() - started < 2.5  # the job's grace is not spent waiting for the server
     finally:
         job.kill()
         job.wait()
+        if metadata is not None:
+            metadata.stop()
     assert result["preempted"] is counted
     if state == "running":
         assert json.loads((root / "runs" / "r1" / "state.json").read_text())["preempted"] is counted
+    if metadata is not None:
+        assert "/computeMetadata/v1/instance/preempted" in metadata.requests  # it did ask
 
 
 def test_tick_powers_off_for_real_only_when_idle(lab: Lab, plain: str) -> None:

@@ -43,7 +43,7 @@ from .store import (
     update_state,
     write_json,
 )
-from .watch import metadata_value
+from .watch import metadata_value, told_preempted
 
 
 def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
@@ -163,14 +163,6 @@ def preempted(conf: dict) -> bool:
     return metadata_value(conf, "instance/preempted", timeout=2).upper() == "TRUE"
 
 
-def told_preempted(run_dir: str) -> bool:
-    """gpu-train-watch saw ``instance/preempted`` become TRUE and told this run (its notice, which a
-    relaunch removes): the machine's preemption, even when the shutdown's own query gets no answer in
-    time."""
-    notice = read_json(os.path.join(run_dir, NOTICE)) or {}
-    return "PREEMPTED" in (notice.get("events") or [])
-
-
 def cmd_shutdown(root: str, grace: float | None = None) -> dict:
     """The machine is going down: record each running run as interrupted (preempted when Compute
     Engine says so now, or said so to a running run through gpu-train-watch). A run in a unit of its
@@ -178,9 +170,11 @@ def cmd_shutdown(root: str, grace: float | None = None) -> dict:
     alone gets SIGTERM here, and ``grace`` seconds."""
     conf = settings(root)
     grace = float(conf["shutdownGraceS"] if grace is None else grace)
-    was_preempted = bool(conf["gcp"]) and preempted(conf)
+    said = bool(conf["gcp"]) and preempted(conf)
     active = [(d, st) for d in run_dirs(root) if effective_state(st := read_state(d)) in ACTIVE]
-    was_preempted = was_preempted or (bool(conf["gcp"]) and any(told_preempted(d) for d, _ in active))
+    # gpu-train-watch may have told a running run already: the machine's preemption, even when the
+    # query above got no answer in time (a busy metadata server).
+    was_preempted = said or (bool(conf["gcp"]) and any(told_preempted(d) for d, _ in active))
     running, result = [], []
     for run_dir, state in active:
         open(os.path.join(run_dir, SHUTDOWN_REQUESTED), "w").close()

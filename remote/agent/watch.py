@@ -22,6 +22,7 @@ from .status import effective_state
 from .store import agent_log, now, read_json, read_state, run_dirs, settings, write_json
 
 WATCHED = {"instance/maintenance-event": "NONE", "instance/preempted": "FALSE"}
+PREEMPTED = "PREEMPTED"  # the event a notice names for ``instance/preempted`` = TRUE
 
 
 def metadata_base(conf: dict) -> str:
@@ -55,8 +56,14 @@ def notice_for(values: dict[str, str]) -> dict | None:
     if maintenance and maintenance.upper() != "NONE":
         events.append(maintenance)
     if values.get("instance/preempted", "FALSE").strip().upper() == "TRUE":
-        events.append("PREEMPTED")
+        events.append(PREEMPTED)
     return {"event": events[0], "events": events} if events else None
+
+
+def told_preempted(run_dir: str) -> bool:
+    """This run was told of a preemption (its notice, which a relaunch removes, names it)."""
+    notice = read_json(os.path.join(run_dir, NOTICE)) or {}
+    return PREEMPTED in (notice.get("events") or [])
 
 
 def publish(root: str, notice: dict | None) -> list[str]:

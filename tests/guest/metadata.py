@@ -37,6 +37,7 @@ class MetadataServer:
             "instance/attributes/startup-script": "",
         }
         self.requests: list[str] = []
+        self.stalled: dict[str, float] = {}  # path -> seconds a plain GET of it waits before its answer
         self._changed = threading.Condition()
         self._server = http.server.ThreadingHTTPServer((address, free_port(address)), self._handler())
         self._server.daemon_threads = True
@@ -62,6 +63,11 @@ class MetadataServer:
         with self._changed:
             self.values[path] = value
             self._changed.notify_all()
+
+    def stall(self, path: str, seconds: float) -> None:
+        """Answer plain GETs of ``path`` only after ``seconds``, as a busy server does (a watcher's held
+        request is not affected)."""
+        self.stalled[path] = seconds
 
     @staticmethod
     def etag(value: str) -> str:
@@ -89,7 +95,10 @@ class MetadataServer:
                     self._reply(403, "Missing required header: Metadata-Flavor\n")
                     return
                 prefix = "/computeMetadata/v1/"
-                value = server._answer(parsed.path[len(prefix):], urllib.parse.parse_qs(parsed.query)) \
+                query = urllib.parse.parse_qs(parsed.query)
+                if "wait_for_change" not in query:
+                    time.sleep(server.stalled.get(parsed.path[len(prefix):], 0))
+                value = server._answer(parsed.path[len(prefix):], query) \
                     if parsed.path.startswith(prefix) else None
                 if value is None:
                     self._reply(404, "Not Found\n")

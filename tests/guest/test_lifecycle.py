@@ -86,9 +86,15 @@ def test_a_maintenance_notice_reaches_the_job_and_a_preemption_is_counted(vm, me
     user.wait_for("the early warning in the job's log",
                   lambda: "early warning (TERMINATE_ON_HOST_MAINTENANCE): saved ckpt_" in user.log(run), timeout=30)
     metadata_server.set("instance/preempted", "TRUE")
+    user.wait_for("the preemption notice in the job's log",
+                  lambda: "early warning: TERMINATE_ON_HOST_MAINTENANCE, PREEMPTED" in user.log(run), timeout=30)
+    # A busy metadata server: the shutdown's own question goes unanswered for longer than it waits
+    # (2 s), and what gpu-train-watch already told the job still counts the preemption.
+    metadata_server.stall("instance/preempted", 5)
     took = guest.power_off()
     assert took < 30, "a spot VM has 30 s"
     assert "signal 15: saved ckpt_" in user.log(run)
+    metadata_server.stall("instance/preempted", 0)
     metadata_server.set("instance/preempted", "FALSE")
     metadata_server.set("instance/maintenance-event", "NONE")
     guest.boot()
