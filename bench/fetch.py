@@ -63,7 +63,7 @@ def side_by_side(work: Path, source: Path, ours: Callable[[Path], float], theirs
     - after figure 2's rsync (53 s, writing slowly into its folder), rsync fetched 1 GiB in 2.8-3.2 s
       and ours in 3.8-4.6 s; with the two folders swapped, ours took 2.7-3.2 s: a folder's past, not
       the tool, decided;
-    - this machine empties its page cache within about a minute (512 MiB to 15 MiB in 80 s), so a tool
+    - this machine pages out file data untouched for 30 s (DAMON; 512 MiB to 15 MiB in 80 s), so a tool
       that started after a pause read its source from disk;
     - which tool goes first alternates (ours, rsync; rsync, ours; ...), as the machine drifts.
     """
@@ -73,7 +73,7 @@ def side_by_side(work: Path, source: Path, ours: Callable[[Path], float], theirs
         for name, tool in order[::-1] if i % 2 else order:
             for old in work.glob("out-*"):
                 fresh(old)
-            os.sync()
+            os.sync()  # also when there was nothing to delete (fresh writes out what it deleted)
             for path in source.rglob("*"):
                 if path.is_file() and not path.is_symlink():
                     path.read_bytes()
@@ -211,6 +211,7 @@ def main() -> None:
                 say(f"2. {size / 2**30:.2f} GiB over 100 ms RTT: fab fetch {t_ours:.1f} s ({size / t_ours / MiB:.0f} MiB/s), "
                     f"rsync -a {t_rsync:.1f} s ({size / t_rsync / MiB:.0f} MiB/s): rsync / ours = "
                     f"{t_rsync / t_ours:.2f} (target >= 2.5)")
+                fresh(dest), fresh(theirs)  # figure 3's runs start with nothing of figure 2's left
             if 3 in ONLY:
                 ours, theirs_t = side_by_side(bench.work, job, lambda out: bench.fab("lo", "fetch", "--run", run, "--dest", str(out)),
                                               lambda out: bench.rsync(None, str(job), out))
