@@ -29,6 +29,7 @@ import paramiko
 from gpu_train.config import SshHost
 from gpu_train.errors import printable_doc
 from remote.agent.bundle import agent_command
+from remote.agent.protocol import ARRIVED, RELAYED, go_marker
 from remote.errors import RemoteError
 from remote.hostkeys import host_id
 from remote.sync import staging_dest, staging_options
@@ -92,7 +93,9 @@ def relay_request(cluster: Target, run: str, base: str, nodes: list[int], privat
     entries = []
     for i in nodes:
         target, peer = cluster.for_node(i), peer_host(cluster, i)
-        entries.append({"node": i, "alias": alias(i), "port": peer.port, "options": staging_options(target, base, guard=False),
+        arrived = go_marker(target.rsync_root(), run, ARRIVED)  # the node's own "go" (see GO_WHEN)
+        entries.append({"node": i, "alias": alias(i), "port": peer.port,
+                        "options": staging_options(target, base, guard=False, marker=arrived),
                         "login": f"{peer.user}@{peer.host}", "dest": staging_dest(target, peer, run)})
     pinned = [line for i in nodes for line in pinned_lines(cluster, i)]
     return {"run": run, "key": private_key, "knownHosts": pinned, "nodes": entries}
@@ -120,6 +123,12 @@ class CodeFanout:
         others = range(1, len(cluster.hosts))
         self.authorized: dict[int, Future] = {i: Future() for i in others}  # result: None, or why not
         self.arrived: dict[int, Future] = {i: Future() for i in others}  # None: the code is there; or why not
+
+    @staticmethod
+    def go_when(node: int) -> str:
+        """What the node's launch also takes as "go" (protocol.GO_WHEN): node 0 goes on once its relay
+        has ended (its staged folder is the hops' source), node i once node 0's hop has left it the code."""
+        return RELAYED if node == 0 else ARRIVED
 
     def authorize(self, node: int, call: Callable[..., dict]) -> None:
         """Node ``node``'s thread, once connected: let the cluster key in. Never raises."""

@@ -136,14 +136,18 @@ def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: st
     return [*cmd, f"{src}/", staging_dest(target, host, run_id)]
 
 
-def staging_options(target: Target, base: str, guard: bool = True) -> list[str]:
+def staging_options(target: Target, base: str, guard: bool = True, marker: str | None = None) -> list[str]:
     """The receiving side of a code sync into ``target``'s staging area (from the laptop, or from
     node 0 passing the code on): its root checked first (``guard``; node 0's hop comes after an
     agent call there checked it, so it skips a Python start), and files unchanged since the last run
-    of ``base`` hard-linked rather than sent."""
+    of ``base`` hard-linked rather than sent. With ``marker`` (a path as rsync takes it) the receiving
+    rsync leaves that file once it has the whole tree (a fan-out's RUN.arrived)."""
     mkdir = shlex.join(["mkdir", "-p", f"{target.rsync_root()}/staging"])  # older rsyncs lack --mkpath
     check = f"{guard_command(target)} && " if guard else ""
-    return [f"--rsync-path={check}{mkdir} && rsync", f"--link-dest=../../code/{base}.last"]
+    rsync = "rsync"
+    if marker is not None:  # rsync appends its own arguments: they become "$@"
+        rsync = shlex.join(["sh", "-c", f'rsync "$@" && : > {shlex.quote(marker)}', "rsync"])
+    return [f"--rsync-path={check}{mkdir} && {rsync}", f"--link-dest=../../code/{base}.last"]
 
 
 def staging_dest(target: Target, host: SshHost, run_id: str) -> str:

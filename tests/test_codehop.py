@@ -10,7 +10,9 @@ line, appending it without touching what is there) are tables.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -105,6 +107,11 @@ def test_the_laptop_sends_the_code_once_and_every_node_has_it(trio: Trio) -> Non
     expected = tree_digest(trio.code)
     for i in range(3):
         assert tree_digest(trio.tmp / f"node{i}" / "runs" / run / "code") == expected, f"node {i}"
+    # Each node went on the cluster's own word, not a long-link trip later: node 0 once its relay had
+    # ended, the others once the hop had left them the whole tree. No marker is left behind.
+    for i, when in enumerate(("relayed", "arrived", "arrived")):
+        assert [line.endswith(f"({when}), not the laptop's") for line in launched_how(trio, i, run)] == [True], f"node {i}"
+        assert not list((trio.tmp / f"node{i}" / "staging").glob(f"{run}.*"))
     # Node 0 kept neither the cluster's private key nor the pins once the hop was done: the hop's folder
     # in its temporary directory was made (the folder's time moved) and is gone; an old key at rest too.
     assert hoptmp.stat().st_mtime > 1 and list(hoptmp.iterdir()) == []
@@ -140,6 +147,14 @@ def test_a_node_the_hop_cannot_reach_gets_the_code_from_the_laptop(trio: Trio) -
     expected = tree_digest(trio.code)
     for i in range(3):
         assert tree_digest(trio.tmp / f"node{i}" / "runs" / run / "code") == expected, f"node {i}"
+    # Node 2 had no code from node 0, so no marker: it went on the laptop's "go", after the laptop's push.
+    assert launched_how(trio, 2, run) == [] and launched_how(trio, 1, run)
+
+
+def launched_how(trio: Trio, node: int, run: str) -> list[str]:
+    """Node ``node``'s agent log lines on how ``run``'s launch went on without the laptop's "go"."""
+    log = (trio.tmp / f"node{node}" / "agent.log").read_text() if (trio.tmp / f"node{node}" / "agent.log").exists() else ""
+    return [line for line in log.splitlines() if f"{run}: launched on the fan-out's own word" in line]
 
 
 # -- the pure parts ---------------------------------------------------------------------------
@@ -171,7 +186,9 @@ def test_the_request_for_node_0_pins_the_host_keys_the_laptop_learned(tmp_path: 
     assert [n["dest"] for n in req["nodes"]] == ["me@10.0.0.6:gpu-train/staging/r_20250101_000000/",
                                                  "me@10.0.0.7:gpu-train/staging/r_20250101_000000/"]
     assert req["nodes"][0]["options"][1] == "--link-dest=../../code/r.last"
-    assert req["nodes"][0]["options"][0] == "--rsync-path=mkdir -p gpu-train/staging && rsync"  # authorize checked the root
+    # authorize checked the root; the receiving rsync leaves the node's own "go" once it has the tree
+    assert req["nodes"][0]["options"][0] == ("--rsync-path=mkdir -p gpu-train/staging && sh -c 'rsync \"$@\" && : > "
+                                             "gpu-train/staging/r_20250101_000000.arrived' rsync")
     argv = cluster.hop_command("/h/gpu-train", "/tmp/hop", req["run"], req["nodes"][0])
     ssh = argv[argv.index("-e") + 1]
     assert "StrictHostKeyChecking=yes" in ssh and "HostKeyAlias=gpu-train-node-1" in ssh and "IdentitiesOnly=yes" in ssh
@@ -206,3 +223,52 @@ def test_authorize_appends_once_and_keeps_what_was_there(tmp_path: Path, monkeyp
     assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", None)["added"] is True
     assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", None)["added"] is False  # once
     assert keys.read_text() == "ssh-ed25519 MINE me@laptop\nrestrict ssh-ed25519 AAAA gpu-train-cluster:c\n"
+
+
+# -- a node's launch goes on the cluster's own word ----------------------------------------------
+def _waiting_launch(root: Path, run: str, go_when: str | None) -> subprocess.Popen:
+    """The agent's `launch --await-go` as the laptop starts it, answered "ready" (the code staged)."""
+    (root / "staging" / run).mkdir(parents=True)
+    (root / "staging" / run / "train.py").write_text("print('hi')\n")
+    spec = {"runId": run, "base": run.split("_")[0], "command": "true", "python": sys.executable, "goWhen": go_when}
+    agent = subprocess.Popen([sys.executable, "-m", "remote.agent", "--root", str(root), "launch", "-", "--await-go"],
+                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    agent.stdin.write(base64.b64encode(json.dumps(spec).encode()) + b"\n")
+    agent.stdin.flush()
+    assert json.loads(agent.stdout.readline())["ready"]
+    return agent
+
+
+@pytest.mark.parametrize(("go_when", "marker", "said", "launched"), [
+    ("arrived", "arrived", None, True),    # node i: the hop left the code; the laptop has said nothing
+    ("relayed", "relayed", None, True),    # node 0: its relay ended
+    ("arrived", None, b"go\n", True),      # the hop failed: the laptop pushed, then said go
+    ("arrived", None, b"abort\n", False),  # ... and its push failed
+    ("arrived", None, b"", False),         # the laptop went away
+    ("arrived", "relayed", b"", False),    # another node's word is not this one's
+    (None, "arrived", b"", False),         # a launch not in a fan-out takes the laptop's word only
+])
+def test_a_launch_goes_on_its_marker_or_the_laptops_word(tmp_path: Path, go_when, marker, said, launched) -> None:
+    root, run = tmp_path / "root", "hop_20250101_000000"
+    agent = _waiting_launch(root, run, go_when)
+    if marker:
+        (root / "staging" / f"{run}.{marker}").touch()
+    if said is not None:
+        agent.stdin.write(said)
+        agent.stdin.close()  # (after "go", as the laptop: nothing more comes)
+    try:
+        agent.wait(timeout=2 if said is None else 30)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        raise AssertionError(f"the launch still waits ({go_when=}, {marker=})") from None
+    finally:
+        if not agent.stdin.closed:
+            agent.stdin.close()
+    out, err = agent.stdout.read(), agent.stderr.read()
+    answer = json.loads(out.decode().splitlines()[-1]) if out.strip() else {}
+    assert (answer.get("runId") == run) is launched, (out, err)
+    assert (root / "runs" / run / "code" / "train.py").exists() is launched
+    log = (root / "agent.log").read_text() if (root / "agent.log").exists() else ""
+    assert (f"{run}: launched on the fan-out's own word ({go_when})" in log) is (launched and said is None)
+    if launched:
+        assert not list((root / "staging").glob(f"{run}.*"))  # the marker went with the launch

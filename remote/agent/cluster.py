@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 
+from .protocol import RELAYED, go_marker
 from .store import AgentError
 
 KEY_TAG = "gpu-train-cluster"  # the comment of the authorized_keys line: `grep -v gpu-train-cluster` removes it
@@ -121,7 +122,9 @@ def cmd_relay_code(root: str, doc: dict) -> int:
     """On node 0: write the cluster's key and pinned host keys, connect to each node of
     ``doc["nodes"]``, and on "go" (the laptop's sync to node 0 is done) rsync the staged code of
     ``doc["run"]`` to them all at once, printing one JSON line per node as it finishes ({"node": i}
-    or {"node": i, "error": why}), so each node goes on as soon as it has the code."""
+    or {"node": i, "error": why}), so each node goes on as soon as it has the code. Each node's rsync
+    leaves RUN.arrived there, and node 0 gets RUN.relayed once every hop ended: the launches waiting
+    on those nodes go on at once, not a long-link trip later (protocol.GO_WHEN)."""
     run = doc.get("run")
     if not isinstance(run, str) or not RUN_RE.fullmatch(run):
         raise AgentError("relay-code: not a run id")
@@ -148,6 +151,8 @@ def cmd_relay_code(root: str, doc: dict) -> int:
         if not os.path.isdir(source):
             raise AgentError(f"relay-code: no staged code at {source}")
         _hop_all(root, folder, run, nodes)
+        # Node 0's launch may go now (its staged folder, the hops' source, is free to move).
+        open(go_marker(root, run, RELAYED), "w").close()
     finally:
         for master in masters:
             master.terminate()

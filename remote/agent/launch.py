@@ -8,26 +8,30 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 from . import units
 from .procs import detect_python, gpu_count
-from .protocol import FAILED, STARTING, cli_name, project_dirs
+from .protocol import FAILED, GO_WHEN, STARTING, cli_name, go_marker, project_dirs
 from .status import busy_runs, machine_settings
-from .store import AgentError, agent_path, locked, now, read_json, settings, update_state, write_json
+from .store import AgentError, agent_log, agent_path, locked, now, read_json, settings, update_state, write_json
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def clean_staging(root: str, older_than_s: float = 3600) -> None:
-    """Code synced for launches that never happened (refused, or the laptop went away)."""
+    """Code synced for launches that never happened (refused, or the laptop went away), and their markers."""
     staging = os.path.join(root, "staging")
     for name in os.listdir(staging) if os.path.isdir(staging) else []:
         path = os.path.join(staging, name)
         with contextlib.suppress(OSError):
             # ctime, not mtime: rsync -a gives the folder its source's (old) mtime while it syncs.
-            if time.time() - os.stat(path).st_ctime > older_than_s:
-                shutil.rmtree(path, ignore_errors=True)
+            if time.time() - os.lstat(path).st_ctime > older_than_s:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:  # a fan-out's go marker (RUN.arrived, RUN.relayed)
+                    os.remove(path)
 
 
 def reuse_code(root: str, base: str, manifest: str | None, staging: str) -> bool:
@@ -39,6 +43,27 @@ def reuse_code(root: str, base: str, manifest: str | None, staging: str) -> bool
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(os.path.realpath(last), staging, symlinks=True, copy_function=os.link)
     return True
+
+
+def await_word(marker: str | None, poll_s: float = 0.01) -> str:
+    """Wait for the laptop's word on stdin, or for ``marker`` to appear, whichever comes first: "go"
+    (the laptop's), "marker", or what else the laptop said ("abort"; "" when it went away). The
+    laptop says "go" to a node of a fan-out only after node 0 reported the code there, which is after
+    the marker was left: a "go" found beside the marker counts as the marker's. stdin is read by a
+    thread of its own, buffered as the spec before it was (a "go" sent after the marker was taken is
+    never read)."""
+    said: list[str] = []
+    heard = threading.Event()
+
+    def listen() -> None:
+        said.append(sys.stdin.readline().strip())
+        heard.set()
+
+    threading.Thread(target=listen, daemon=True).start()
+    while not heard.wait(poll_s if marker is not None else None):
+        if marker is not None and os.path.exists(marker):
+            return "marker"
+    return "marker" if said[0] == "go" and marker is not None and os.path.exists(marker) else said[0]
 
 
 def refuse_if_busy(root: str, base: str) -> None:
@@ -72,8 +97,15 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         refuse_if_busy(root, base)
         reused = bool(spec.get("reuseCode")) and reuse_code(root, base, spec.get("codeManifest"), staging)
         print(json.dumps({"ready": True, "reused": reused}), flush=True)
-        if sys.stdin.readline().strip() != "go":
+        when = spec.get("goWhen") if spec.get("goWhen") in GO_WHEN else None
+        word = await_word(go_marker(root, run_id, when) if when else None)
+        if word == "marker":
+            agent_log(root, f"{run_id}: launched on the fan-out's own word ({when}), not the laptop's")
+        elif word != "go":
             raise AgentError("launch aborted by the laptop (the code sync failed)")
+    for when in GO_WHEN:
+        with contextlib.suppress(OSError):
+            os.remove(go_marker(root, run_id, when))
     with locked(root):
         if busy_runs(root, base):
             shutil.rmtree(staging, ignore_errors=True)

@@ -8,6 +8,7 @@ Standard library only, Python 3.8+ (it runs on whatever python3 the host has).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -78,13 +79,14 @@ class JobSpec:
     project: str | None = None  # the laptop project's name: REMOTE_ROOT/envs/PROJECT, REMOTE_ROOT/data/PROJECT
     venv: bool = False  # run in the project's venv (made from ``python`` with its site packages), not in ``python``
     needs_torch: bool = False  # the host checks that its Python imports torch before "started"
+    go_when: str | None = None  # in a fan-out, the host's own word that also means "go" (see GO_WHEN)
 
     def to_json(self) -> dict:
         return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
                 "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
                 "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
                 "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "project": self.project,
-                "venv": self.venv, "needsTorch": self.needs_torch}
+                "venv": self.venv, "needsTorch": self.needs_torch, "goWhen": self.go_when}
 
     @classmethod
     def from_json(cls, doc: dict) -> JobSpec:
@@ -93,7 +95,24 @@ class JobSpec:
                    expect_gpus=int(doc.get("expectGpus") or 0), code_manifest=doc.get("codeManifest"),
                    reuse_code=bool(doc.get("reuseCode")), agent_settings=dict(doc.get("agentSettings") or {}),
                    launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"),
-                   project=doc.get("project"), venv=bool(doc.get("venv")), needs_torch=bool(doc.get("needsTorch")))
+                   project=doc.get("project"), venv=bool(doc.get("venv")), needs_torch=bool(doc.get("needsTorch")),
+                   go_when=doc.get("goWhen"))
+
+
+# In a fan-out (several nodes, the code sent once), the laptop's "go" to a node's waiting launch is one
+# long-link trip after the code arrived there, and it learns of the arrival one trip before that. So
+# the hosts say it among themselves, over the cluster's own network: the hop's rsync leaves
+# ``staging/RUN.arrived`` on a node when it has received the whole tree, and node 0's relay leaves
+# ``staging/RUN.relayed`` on node 0 when every hop has ended (its staged folder, the hops' source,
+# may move then). A launch told ``goWhen`` takes that file as its "go" (the laptop committed when it
+# released the relay); the laptop's own "go" still works, after sending the code itself.
+ARRIVED, RELAYED = "arrived", "relayed"
+GO_WHEN = (ARRIVED, RELAYED)
+
+
+def go_marker(root: str, run_id: str, when: str) -> str:
+    """The file that means "go" for ``run_id``'s launch (``when``: one of GO_WHEN)."""
+    return os.path.join(root, "staging", f"{run_id}.{when}")
 
 
 # -- the documents the agent answers with ----------------------------------------------------
@@ -177,7 +196,5 @@ CLI_NAMES = ("gpu-train", "fab")
 
 def cli_name(environ: dict[str, str] | None = None) -> str:
     """The laptop's command as the laptop named it, or ``gpu-train``."""
-    import os
-
     name = (os.environ if environ is None else environ).get(CLI_ENV, "")
     return name if name in CLI_NAMES else CLI_NAMES[0]

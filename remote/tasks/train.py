@@ -165,7 +165,8 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
 
     target = session.target
     spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged,
-                               agent_settings=target.agent_settings)
+                               agent_settings=target.agent_settings,
+                               go_when=fanout.go_when(session.node) if fanout is not None else None)
     conn = session.connect()
     with ChannelRelay(conn.transport) as relay:
         def sync_code() -> None:

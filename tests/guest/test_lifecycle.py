@@ -100,7 +100,9 @@ def test_a_maintenance_notice_reaches_the_job_and_a_preemption_is_counted(vm, me
     guest.boot()
     user.wait_state(run, ("running",))
     info = user.run_status(run)
-    assert info["preemptions"] == 1 and info["resumes"] == 1
+    # (seen once in a loaded full run: 0 preemptions; then what the agent and the last boot's journal said)
+    assert info["preemptions"] == 1 and info["resumes"] == 1, (
+        guest.sh(f"cat ~{guest.user}/gpu-train/agent.log", check=False).stdout[-3000:] + guest.journal(boot=-1)[-6000:])
     user.fab("stop", "--grace", "5", check=True)
 
 
