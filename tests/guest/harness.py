@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -38,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.guest.cgroups import drop_cgroups, own_cgroups
 from tests.guest.metadata import METADATA_ADDRESS, METADATA_ENV, MetadataServer, free_port  # noqa: F401 (re-exported)
 from tests.guest.rootfs import ROOTFS, skip_reason  # noqa: F401 (re-exported)
 
@@ -211,9 +213,14 @@ class Guest:
         assert self.proc is None, "the guest is already up"
         started = time.monotonic()
         console = open(self.workdir / "console.log", "ab")  # noqa: SIM115 (kept open for nspawn's life)
+        nspawn = ["systemd-nspawn", "-q", "-b", "-D", str(self.root), "-M", self.name, "--register=no", "--keep-unit",
+                  "--console=pipe", *self.nspawn_args]
+        procs = own_cgroups(self.name)
+        if procs:  # nspawn (the pid kept by exec) starts in them: the guest's cgroups go below
+            moves = " && ".join(f"echo $$ > {shlex.quote(str(p))}" for p in procs)
+            nspawn = ["sh", "-c", f'{moves} && exec "$@"', "sh", *nspawn]
         self.proc = subprocess.Popen(
-            ["systemd-nspawn", "-q", "-b", "-D", str(self.root), "-M", self.name, "--register=no", "--keep-unit",
-             "--console=pipe", *self.nspawn_args],
+            nspawn,
             stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
         console.close()
         deadline = started + timeout
@@ -299,6 +306,7 @@ class Guest:
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"the guest did not go down in {timeout:g} s:\n{self.console_tail()}") from None
         self.proc, self.init_pid = None, None
+        drop_cgroups(self.name)
 
     @property
     def up(self) -> bool:
@@ -325,6 +333,7 @@ class Guest:
             while init and Path(f"/proc/{init}").exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.proc, self.init_pid = None, None
+        drop_cgroups(self.name)
         if self._mounted:
             if subprocess.run(["umount", str(self.root)], capture_output=True).returncode != 0:
                 subprocess.run(["umount", "-l", str(self.root)], capture_output=True)

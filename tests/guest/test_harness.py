@@ -25,6 +25,10 @@ def test_a_guest_boots_like_a_vm_and_powers_off_in_order(make_guest, metadata_se
     key = public_key.with_suffix("")
     assert ssh(guest, key, "sudo -n id -u").stdout.strip() == "0"  # google-sudoers: passwordless sudo
     assert guest.failed_units() == [], guest.journal()
+    # Its own cgroups, as a VM has its own machine: guests booted side by side (-n 4) never share the
+    # folders their units live in (they did, all under /payload, and one guest's shutdown broke another's units).
+    cgroups = Path(f"/proc/{guest.init_pid}/cgroup").read_text().splitlines()
+    assert [line for line in cgroups if line.endswith(f"/gpu-train-guests/{guest.name}/payload/init.scope")], cgroups
     # Where a Deep Learning VM has its conda: a Python with torch, for the user.
     assert guest.sh(f"{python} -c 'import torch; print(torch.__version__)'", user="trainer").stdout.startswith("2.")
     # The startup script came from the metadata server and installed the agent and its units.
