@@ -10,6 +10,8 @@ The fast tier is ``pytest -m "not e2e and not guest and not slow"``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -17,7 +19,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -152,6 +156,31 @@ def fab_env(stacks: Path, home: Path, stack: str, project: Path) -> dict[str, st
     """The environment a test runs `fab` in: its own stacks, caches and project, nothing of the user's."""
     return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home),
             "GPU_TRAIN_STACK": stack, "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(project)}
+
+
+def in_process(main: Callable[[list[str]], int], argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``main(argv)`` of scripts/up or scripts/plan run here as the script runs it in a process of its own:
+    the environment ``env``, stdin at its end (no terminal), stdout and stderr captured, SystemExit as the
+    exit status. Each such process spends about a second of CPU importing pulumi-gcp before it does
+    anything; a test worker imports it once. (Each script is still also run as a user runs it.)"""
+    saved = dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        with open(os.devnull) as nothing, mock.patch.object(sys, "stdin", nothing), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as e:  # argparse's errors; a message as the code is printed, as Python does
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def run_fab(env: dict[str, str], cwd: Path, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:

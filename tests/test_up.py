@@ -1,9 +1,11 @@
-"""scripts/up and scripts/plan at the process boundary: the stand-in `pulumi` (tests/stand_in/pulumi)
+"""scripts/up and scripts/plan against the Pulumi CLI's boundary: the stand-in `pulumi` (tests/stand_in/pulumi)
 keeps a stack's state like the engine (export, protect, targeted destroy, config files) and answers
 `up` with real provider error texts; a local HTTP server speaks the Compute REST API.
 
 What is checked: nothing that existed before is destroyed, nothing moves unasked, the stack file
 changes only when an attempt succeeded, and a change that replaces the VM is shown and asked about.
+The scripts' main runs in the test's process (tests.conftest.in_process: the same program, its `pulumi`
+calls real processes of the stand-in); one test runs scripts/up itself, as a user does.
 """
 
 from __future__ import annotations
@@ -17,17 +19,20 @@ from pathlib import Path
 
 import pytest
 
+import infra.plan
+import infra.up
 from gpu_train import stackfile
 from gpu_train.catalog_file import load_catalog
 from infra import preview, program, pulumi_cli
-from tests.conftest import ROOT
+from tests.conftest import ROOT, in_process
 from tests.test_capacity import ComputeApi
 
 CATALOG = load_catalog()
 STAND_IN = ROOT / "tests" / "stand_in"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests user@host"
 
-pytestmark = pytest.mark.slow  # each test runs scripts/up (infra.up) against the stand-in pulumi in a process
+pytestmark = pytest.mark.slow  # each test runs scripts/up (infra.up) against the stand-in pulumi, seconds
+SCRIPTS = {"up": infra.up.main, "plan": infra.plan.main}
 
 
 def provider_error(message: str, resource: str = "gpu") -> str:
@@ -121,18 +126,21 @@ def edit_stack(env: dict, **settings: object) -> None:
     path.write_text(json.dumps({"config": with_settings(**settings)}, indent=1))
 
 
-def run(env: dict, script: str, outcomes: str, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def run(env: dict, script: str, outcomes: str, *args: str, process: bool = False) -> tuple[subprocess.CompletedProcess, list[str]]:
     d = Path(env["PULUMI_STAND_IN_DIR"])
     (d / "up-outcomes").write_text(outcomes)
     (d / "calls").unlink(missing_ok=True)
-    result = subprocess.run([str(ROOT / "scripts" / script), "--stack", "t4", *args], env=env, capture_output=True,
-                            text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if process:
+        result = subprocess.run([str(ROOT / "scripts" / script), "--stack", "t4", *args], env=env, capture_output=True,
+                                text=True, timeout=120, stdin=subprocess.DEVNULL)
+    else:
+        result = in_process(SCRIPTS[script], ["--stack", "t4", *args], env)
     calls = (d / "calls").read_text().splitlines() if (d / "calls").exists() else []
     return result, calls
 
 
-def up(env: dict, outcomes: str, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    return run(env, "up", outcomes, "--skip-preflight", *args)
+def up(env: dict, outcomes: str, *args: str, process: bool = False) -> tuple[subprocess.CompletedProcess, list[str]]:
+    return run(env, "up", outcomes, "--skip-preflight", *args, process=process)
 
 
 def state(env: dict) -> dict:
@@ -227,7 +235,7 @@ def test_new_stack_stockout_then_success_removes_only_what_the_attempt_made(env:
     ComputeApi.state["zonesOffering"] |= {"g2-standard-8": ["us-central1-a", "us-central1-b", "us-central1-c"],
                                           "nvidia-l4": ["us-central1-a", "us-central1-b", "us-central1-c"]}
     stack_before = stack_text(env)
-    result, calls = up(env, "stockout ok")
+    result, calls = up(env, "stockout ok", process=True)  # scripts/up itself, as a user runs it
     assert result.returncode == 0, result.stdout + result.stderr
     destroys = [c for c in calls if c.startswith("destroy")]
     assert len(destroys) == 1 and "--target" in destroys[0]
