@@ -95,6 +95,13 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
             if failure is not None:
                 with contextlib.suppress(OSError):
                     chan.sendall(b"abort\n")
+                # In a fan-out the host may have gone on its own word first (the code did reach it from
+                # node 0): then it runs, and says so, and the caller must count it as started.
+                with contextlib.suppress(OSError, EOFError, paramiko.SSHException, RemoteError):
+                    chan.settimeout(30)
+                    late = _answer(out.readline(), chan)
+                    if "runId" in late:
+                        return late
                 raise failure
             if "ready" not in first:
                 return first  # waiting for the driver: the code stays staged for the next try

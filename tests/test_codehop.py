@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import paramiko
@@ -245,19 +246,23 @@ def _waiting_launch(root: Path, run: str, go_when: str | None) -> subprocess.Pop
     ("arrived", None, b"go\n", True),      # the hop failed: the laptop pushed, then said go
     ("arrived", None, b"abort\n", False),  # ... and its push failed
     ("arrived", None, b"", False),         # the laptop went away
-    ("arrived", "relayed", b"", False),    # another node's word is not this one's
-    (None, "arrived", b"", False),         # a launch not in a fan-out takes the laptop's word only
+    ("arrived", "relayed", None, False),   # another node's word is not this one's
+    (None, "arrived", None, False),        # a launch not in a fan-out takes the laptop's word only
 ])
 def test_a_launch_goes_on_its_marker_or_the_laptops_word(tmp_path: Path, go_when, marker, said, launched) -> None:
     root, run = tmp_path / "root", "hop_20250101_000000"
     agent = _waiting_launch(root, run, go_when)
     if marker:
         (root / "staging" / f"{run}.{marker}").touch()
+    if said is None and not launched:  # a marker that is not this launch's word: it still waits ...
+        time.sleep(0.5)
+        assert agent.poll() is None, agent.stdout.read()
+        said = b""  # ... until the laptop goes away
     if said is not None:
         agent.stdin.write(said)
         agent.stdin.close()  # (after "go", as the laptop: nothing more comes)
     try:
-        agent.wait(timeout=2 if said is None else 30)
+        agent.wait(timeout=15 if said is None else 30)
     except subprocess.TimeoutExpired:
         agent.kill()
         raise AssertionError(f"the launch still waits ({go_when=}, {marker=})") from None
@@ -267,8 +272,66 @@ def test_a_launch_goes_on_its_marker_or_the_laptops_word(tmp_path: Path, go_when
     out, err = agent.stdout.read(), agent.stderr.read()
     answer = json.loads(out.decode().splitlines()[-1]) if out.strip() else {}
     assert (answer.get("runId") == run) is launched, (out, err)
+    assert (agent.returncode == 0) is launched, (agent.returncode, err)
     assert (root / "runs" / run / "code" / "train.py").exists() is launched
     log = (root / "agent.log").read_text() if (root / "agent.log").exists() else ""
     assert (f"{run}: launched on the fan-out's own word ({go_when})" in log) is (launched and said is None)
     if launched:
         assert not list((root / "staging").glob(f"{run}.*"))  # the marker went with the launch
+
+
+class _PipeChannel:
+    """What agentcall.launch uses of a paramiko channel, over a local agent process's pipes: the real
+    agent and the real laptop side, without an sshd."""
+
+    def __init__(self, root: Path):
+        self.root, self.proc = root, None
+
+    def exec_command(self, _command: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "remote.agent", "--root", str(self.root), "launch", "-",
+                                      "--await-go"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+
+    def sendall(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def makefile(self, _mode: str):
+        return self.proc.stdout
+
+    def settimeout(self, _seconds: float) -> None:
+        pass
+
+    def recv_stderr_ready(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def test_a_node_that_went_on_its_own_word_counts_as_started_when_the_laptops_push_fails(tmp_path: Path) -> None:
+    """The hop reached node i (its marker), so its launch went on; then the laptop's own push there
+    failed (or Ctrl-C came): the node runs, and the laptop must count it as started (to stop it with
+    the others, or say it runs), not as failed and forgotten."""
+    from types import SimpleNamespace
+
+    from remote import agentcall
+
+    root, run = tmp_path / "root", "hop_20250101_000000"
+    (root / "staging" / run).mkdir(parents=True)
+    (root / "staging" / run / "train.py").write_text("print('hi')\n")
+    chan = _PipeChannel(root)
+    conn = SimpleNamespace(client=SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=lambda: chan)))
+    spec = {"runId": run, "base": "hop", "command": "true", "python": sys.executable, "goWhen": "arrived"}
+
+    def push_that_fails() -> None:
+        (root / "staging" / f"{run}.arrived").touch()  # node 0's hop got there first
+        deadline = time.monotonic() + 30
+        while not (root / "runs" / run / "code").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        raise RuntimeError("the laptop's push failed")
+
+    target = SimpleNamespace(remote_root=str(root))
+    answer = agentcall.launch(conn, target, base64.b64encode(json.dumps(spec).encode()).decode(), push_that_fails)
+    assert answer["runId"] == run and (root / "runs" / run / "code" / "train.py").exists()

@@ -80,7 +80,9 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
     except jobs.JobError as e:
         raise exit_for(e) from None
-    cancel = threading.Event()  # Ctrl-C: the syncs stop and no node is told "go"
+    # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and
+    # passes it on, the nodes go on their own word; those that started are stopped, as below.)
+    cancel = threading.Event()
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
             try:
