@@ -15,8 +15,11 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   for r in "${reqs[@]}"; do pip_reqs+=(-r "$r"); done
   # editable_mode=compat: the checkout on sys.path by a plain .pth line. The default mode installs an
   # import hook that every Python start in this venv loads (about 15 ms each, on every fab and gpu-train).
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pip_reqs[@]}" -e "$ROOT" \
-    --config-settings editable_mode=compat >&2 || exit 1
+  # (pip takes --config-settings from 22.1 on; an older one installs the default way.)
+  compat=(--config-settings editable_mode=compat)
+  "$VENV/bin/python" -c 'import pip, sys; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (22, 1))' \
+    2>/dev/null || compat=()
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pip_reqs[@]}" -e "$ROOT" "${compat[@]}" >&2 || exit 1
   echo "$want" > "$stamp"
   if [ "${VENV_EXTRAS:-}" = test ]; then  # the test set holds the user's: it needs no install of its own
     cat "$ROOT/requirements.txt" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16 > "$VENV/.gpu-train-stamp-user"

@@ -215,10 +215,11 @@ class Guest:
         console = open(self.workdir / "console.log", "ab")  # noqa: SIM115 (kept open for nspawn's life)
         nspawn = ["systemd-nspawn", "-q", "-b", "-D", str(self.root), "-M", self.name, "--register=no", "--keep-unit",
                   "--console=pipe", *self.nspawn_args]
+        drop_cgroups(self.name)  # (what a crashed run of the same name left)
         procs = own_cgroups(self.name)
         if procs:  # nspawn (the pid kept by exec) starts in them: the guest's cgroups go below
-            moves = " && ".join(f"echo $$ > {shlex.quote(str(p))}" for p in procs)
-            nspawn = ["sh", "-c", f'{moves} && exec "$@"', "sh", *nspawn]
+            moves = "; ".join(f"echo $$ > {shlex.quote(str(p))}" for p in procs)  # each as it can
+            nspawn = ["sh", "-c", f'{moves}; exec "$@"', "sh", *nspawn]
         self.proc = subprocess.Popen(
             nspawn,
             stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
@@ -305,7 +306,10 @@ class Guest:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"the guest did not go down in {timeout:g} s:\n{self.console_tail()}") from None
-        self.proc, self.init_pid = None, None
+        init, self.proc, self.init_pid = self.init_pid, None, None
+        deadline = time.monotonic() + 30  # its last processes leave the cgroups a moment after nspawn
+        while init and Path(f"/proc/{init}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         drop_cgroups(self.name)
 
     @property
