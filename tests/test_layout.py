@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import parse_source
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gpu_train", "infra", "remote", "remote/tasks", "remote/agent")
 MAX_LINES = 400
@@ -77,7 +79,7 @@ def test_no_import_cycles() -> None:
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_source(path)):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in names else node.module for a in node.names}
             elif isinstance(node, ast.Import):
@@ -104,7 +106,7 @@ def test_no_module_level_name_shadows_a_module() -> None:
     would then be a function or a module depending on import order)."""
     found = []
     for path in source_files():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_source(path)
         imported = {(a.asname or a.name).split(".")[0] for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)
                     for a in n.names}
         siblings = {p.stem for p in path.parent.glob("*.py")} if path.name == "__init__.py" else set()
@@ -128,7 +130,7 @@ def test_the_core_is_handed_its_data() -> None:
     them and pass them in, so every decision is a plain function of its arguments."""
     calls = []
     for path in sorted((ROOT / "gpu_train").glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_source(path)
         main = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
         skip = {id(n) for block in main for n in ast.walk(block)}  # `python -m gpu_train.X` is an entry point
         for node in ast.walk(tree):

@@ -14,7 +14,7 @@ import pytest
 from gpu_train import checkup, jobs, listing, placeholders, power, project
 from remote.agent import bundle
 from remote.agent.store import AgentError, listed, match_run
-from tests.conftest import ROOT
+from tests.conftest import ROOT, parse_source
 
 
 @pytest.mark.parametrize(("argv0", "name"), [
@@ -107,7 +107,7 @@ def test_no_message_names_fab_outright() -> None:
     found = []
     for top in ("gpu_train", "remote", "infra"):
         for path in sorted((ROOT / top).rglob("*.py")):
-            tree = ast.parse(path.read_text())
+            tree = parse_source(path)
             docs = {id(n.body[0].value) for n in ast.walk(tree)
                     if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef) and n.body
                     and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
