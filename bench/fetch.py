@@ -19,7 +19,6 @@ Run: .venv/bin/python bench/fetch.py
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -66,9 +65,7 @@ def side_by_side(work: Path, source: Path, ours: Callable[[Path], float], theirs
       the tool, decided;
     - this machine pages out file data untouched for 30 s (DAMON; 512 MiB to 15 MiB in 80 s), so a tool
       that started after a pause read its source from disk;
-    - which tool goes first alternates (ours, rsync; rsync, ours; ...), as the machine drifts;
-    - the page cache is emptied (drop_clean_pages), so that each writer finds the same free memory,
-      then both tools' own code is read back (WARM) and the source.
+    - which tool goes first alternates (ours, rsync; rsync, ours; ...), as the machine drifts.
     """
     times: dict[str, list[float]] = {"ours": [], "theirs": []}
     for i in range(rounds):
@@ -77,9 +74,6 @@ def side_by_side(work: Path, source: Path, ours: Callable[[Path], float], theirs
             for old in work.glob("out-*"):
                 fresh(old)
             os.sync()  # also when there was nothing to delete (fresh writes out what it deleted)
-            drop_clean_pages()
-            for warm in WARM:  # each tool's own code back in the cache, as one just used
-                subprocess.run(warm, capture_output=True, stdin=subprocess.DEVNULL)
             for path in source.rglob("*"):
                 if path.is_file() and not path.is_symlink():
                     path.read_bytes()
@@ -87,18 +81,6 @@ def side_by_side(work: Path, source: Path, ours: Callable[[Path], float], theirs
     for old in work.glob("out-*"):
         fresh(old)
     return times["ours"], times["theirs"]
-
-
-WARM = ([FAB, "--list"], ["rsync", "--version"], ["ssh", "-V"])
-
-
-def drop_clean_pages() -> None:
-    """Empty the page cache (as root; elsewhere the runs start from what the last one left). Measured
-    here (process accounting, 1 GiB on loopback): both tools spend about 2.5 s of user CPU, while the
-    kernel time of the process writing the copy went from 2.1 to 4.5 s for rsync and 2.1 to 3.4 s for
-    ours, run to run, with the memory the run before left to reclaim; that, not the tool, decided."""
-    with contextlib.suppress(OSError):
-        Path("/proc/sys/vm/drop_caches").write_text("1\n")
 
 
 def fresh(path: Path) -> Path:
