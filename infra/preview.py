@@ -223,13 +223,15 @@ def run(
         _run()
     except Exception as e:
         error = e
-        _forget_failed_tasks()
+        forget_failed_tasks()
     return Preview(recorder.resources, outputs, error, recorder.calls)
 
 
-def _forget_failed_tasks() -> None:
+def forget_failed_tasks() -> None:
     """The program's error is returned to the caller; the registrations it failed stay as asyncio
-    tasks whose exceptions nobody reads, which asyncio would print at exit. Let them go quietly."""
+    tasks whose exceptions nobody reads, which asyncio would print at exit. Let them go quietly.
+    (Those the returned error still holds go when it does: tests.conftest.in_process calls this
+    again once a script's main has returned, as the script's own exit would end them.)"""
     loop = asyncio.get_event_loop()
     previous = loop.get_exception_handler()
     loop.set_exception_handler(lambda _loop, _context: None)

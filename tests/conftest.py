@@ -11,7 +11,6 @@ The fast tier is ``pytest -m "not e2e and not guest and not slow"``.
 from __future__ import annotations
 
 import ast
-import asyncio
 import contextlib
 import gc
 import io
@@ -183,7 +182,12 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], env: dict[str,
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        _collect_quietly()
+        # What the Pulumi program under mocks left (a failed registration's futures), collected now and
+        # quietly: collected later, inside another test, asyncio logs each with its traceback, and
+        # CPython 3.11 formats one by parsing source, which broke that test's own ast.parse once.
+        from infra.preview import forget_failed_tasks
+
+        forget_failed_tasks()
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
@@ -196,21 +200,6 @@ def parse_source(path: Path) -> ast.Module:
         return ast.parse(path.read_text(encoding="utf-8"))
     finally:
         gc.enable()
-
-
-def _collect_quietly() -> None:
-    """A script's own process ends; here, what the Pulumi program under mocks left behind (futures of
-    a failed registration, whose exceptions nobody reads) is collected now, without asyncio's report.
-    Collected later, inside another test, asyncio would log each with its traceback, and CPython 3.11
-    formats a traceback by parsing source: in the middle of that test's own ast.parse it raised
-    "SystemError: AST constructor recursion depth mismatch" (seen once, in test_layout)."""
-    loop = asyncio.get_event_loop_policy().get_event_loop()
-    previous = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _loop, _context: None)
-    try:
-        gc.collect()
-    finally:
-        loop.set_exception_handler(previous)
 
 
 def run_fab(env: dict[str, str], cwd: Path, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:

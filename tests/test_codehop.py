@@ -280,58 +280,38 @@ def test_a_launch_goes_on_its_marker_or_the_laptops_word(tmp_path: Path, go_when
         assert not list((root / "staging").glob(f"{run}.*"))  # the marker went with the launch
 
 
-class _PipeChannel:
-    """What agentcall.launch uses of a paramiko channel, over a local agent process's pipes: the real
-    agent and the real laptop side, without an sshd."""
-
-    def __init__(self, root: Path):
-        self.root, self.proc = root, None
-
-    def exec_command(self, _command: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "remote.agent", "--root", str(self.root), "launch", "-",
-                                      "--await-go"], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL)
-
-    def sendall(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def makefile(self, _mode: str):
-        return self.proc.stdout
-
-    def settimeout(self, _seconds: float) -> None:
-        pass
-
-    def recv_stderr_ready(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(30)
-
-
+@pytest.mark.e2e
 def test_a_node_that_went_on_its_own_word_counts_as_started_when_the_laptops_push_fails(tmp_path: Path) -> None:
     """The hop reached node i (its marker), so its launch went on; then the laptop's own push there
     failed (or Ctrl-C came): the node runs, and the laptop must count it as started (to stop it with
-    the others, or say it runs), not as failed and forgotten."""
-    from types import SimpleNamespace
+    the others, or say it runs), not as failed and forgotten. The laptop's launch over a real sshd."""
+    from gpu_train.catalog_file import load_catalog
+    from gpu_train.stackfile import load_stack
+    from remote import agentcall, ssh
+    from remote.target import target_from
 
-    from remote import agentcall
+    sshd = Sshd(tmp_path / "sshd", f"{NET}.20").start()
+    try:
+        root = tmp_path / "remote"
+        sshd.stack_file(tmp_path / "stacks", "node", root, sys.executable)
+        target = target_from(load_stack("node", load_catalog(), tmp_path / "stacks"), None, tmp_path / "state")
+        run = "hop_20250101_000000"
+        (root / "staging" / run).mkdir(parents=True)
+        (root / "staging" / run / "train.py").write_text("print('hi')\n")
+        spec = {"runId": run, "base": "hop", "command": "true", "python": sys.executable, "goWhen": "arrived"}
 
-    root, run = tmp_path / "root", "hop_20250101_000000"
-    (root / "staging" / run).mkdir(parents=True)
-    (root / "staging" / run / "train.py").write_text("print('hi')\n")
-    chan = _PipeChannel(root)
-    conn = SimpleNamespace(client=SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=lambda: chan)))
-    spec = {"runId": run, "base": "hop", "command": "true", "python": sys.executable, "goWhen": "arrived"}
+        def push_that_fails() -> None:
+            (root / "staging" / f"{run}.arrived").touch()  # node 0's hop got there first
+            deadline = time.monotonic() + 30
+            while not (root / "runs" / run / "code").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            raise RuntimeError("the laptop's push failed")
 
-    def push_that_fails() -> None:
-        (root / "staging" / f"{run}.arrived").touch()  # node 0's hop got there first
-        deadline = time.monotonic() + 30
-        while not (root / "runs" / run / "code").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        raise RuntimeError("the laptop's push failed")
-
-    target = SimpleNamespace(remote_root=str(root))
-    answer = agentcall.launch(conn, target, base64.b64encode(json.dumps(spec).encode()).decode(), push_that_fails)
-    assert answer["runId"] == run and (root / "runs" / run / "code" / "train.py").exists()
+        conn = ssh.open_connection(target, target.host, 10, lambda _: None)
+        try:
+            answer = agentcall.launch(conn, target, base64.b64encode(json.dumps(spec).encode()).decode(), push_that_fails)
+        finally:
+            conn.close()
+        assert answer["runId"] == run and (root / "runs" / run / "code" / "train.py").exists()
+    finally:
+        sshd.stop()
