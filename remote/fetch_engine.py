@@ -4,8 +4,9 @@
 2. Each entry is compared with what is here (remote/fetch_plan.py): unchanged files are not
    sent, local files newer than the host's are kept, files that exist here but differ (or that
    an interrupted fetch left partly done) are compared block by block and only what differs is sent.
-3. The pieces (whole small files, ranges of big ones) are spread over the streams by size; each
-   stream gets its whole share in one request, so no round trip is paid per file.
+3. The pieces (whole small files, ranges of big ones) wait in one queue, largest first; each stream
+   asks for a batch whenever the work it has asked for runs low, so no round trip is paid per file,
+   the first stream moves data while the others log in, and the streams end together.
 4. Each piece is written into the file's part beside the destination and checked against the
    SHA-256 the host computed while sending it; a file of several pieces is also checked whole
    against the host's hash of the whole file. The host's identity of the file (size, time, inode)
@@ -23,6 +24,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,32 +33,8 @@ from pathlib import Path
 from remote import fetch_local as fl
 from remote import fetch_plan as fp
 from remote.fetch_progress import Progress
+from remote.fetch_report import RunResult, summary
 from remote.fetch_stream import Stream, StreamError
-from remote.sync import human
-
-
-@dataclass
-class RunResult:
-    """What one run's fetch did: the counts for the summary line and the reasons it is not complete."""
-
-    run_id: str
-    dest: Path
-    files: int = 0
-    bytes: int = 0
-    kept_newer: list[str] = field(default_factory=list)
-    conflicts: list[str] = field(default_factory=list)
-    unsafe: list[str] = field(default_factory=list)  # links pointing out of the JOB_DIR: not made here
-    changed: list[str] = field(default_factory=list)  # changed on the host while being read: next time
-    error: str | None = None
-    summary: dict | None = None  # the host's JOB_DIR: files, bytes, newest change (for the fetch record)
-
-    @property
-    def up_to_date(self) -> bool:
-        return self.error is None and self.files == 0 and not self.changed
-
-    @property
-    def complete(self) -> bool:
-        return self.error is None and not self.changed
 
 
 @dataclass
@@ -73,45 +51,6 @@ class FileJob:
     failed: bool = False
     installed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _some(paths: list[str], limit: int = 5) -> str:
-    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
-
-
-def notes(result: RunResult, where: Path) -> list[str]:
-    """What to tell the user about one run's fetch."""
-    rid = result.run_id
-    if result.error is not None:
-        lines = [f"{rid}: fetch failed: {result.error}"]
-    elif result.up_to_date:
-        lines = [f"{rid}: up to date in {where}"]
-    else:
-        lines = [f"{rid}: fetched {result.files} file(s), {human(result.bytes)} -> {where}"]
-    if result.kept_newer:
-        lines.append(f"  kept {len(result.kept_newer)} local file(s) newer than the host's: {_some(result.kept_newer)}")
-    if result.conflicts:
-        lines.append(f"  left alone, something else is in the way here: {_some(result.conflicts)}")
-    if result.unsafe:
-        lines.append(f"  not made, links pointing out of the run: {_some(result.unsafe)}")
-    if result.changed:
-        lines.append(f"  changed on the host while being read (the next fetch takes them): {_some(result.changed)}")
-    return lines
-
-
-def summary_line(results: list[RunResult], elapsed: float, streams: int) -> str:
-    """The one line a fetch ends with."""
-    files, moved = sum(r.files for r in results), sum(r.bytes for r in results)
-    fresh = sum(1 for r in results if r.up_to_date)
-    rate = f", {human(moved / elapsed)}/s" if elapsed > 0 and moved else ""
-    return (f"fetched {files} file(s), {human(moved)} from {len(results)} run(s) in {elapsed:.1f} s{rate} "
-            f"(up to {streams} streams); {fresh} up to date, {sum(1 for r in results if r.error)} failed")
-
-
-def summary(entries: list[fp.Entry]) -> dict:
-    files = [e for e in entries if e.kind == "f"]
-    return {"files": len(files), "bytes": sum(e.size for e in files),
-            "newestNs": max((e.mtime_ns for e in entries), default=0)}
 
 
 class Fetcher:
@@ -140,9 +79,8 @@ class Fetcher:
             if n > 1:  # only where it can change the count: a round trip costs one
                 rtt = self._round_trip(first)
                 n = fp.streams_for(self.streams, pieces, rtt)
-            shares = fp.balance(pieces, n, near=fp.is_near(rtt)) if pieces else []
-            opened += [self.open_stream() for _ in shares[1:]]
-            self._transfer(list(zip(opened, shares, strict=False)))
+            queue = fp.PieceQueue(pieces, fp.is_near(rtt), self._request_bytes)
+            self._transfer(opened, queue, n, fp.lookahead(rtt))
             self._check_wholes(first)
             self._finish(dirs)
         except StreamError as e:
@@ -255,74 +193,119 @@ class Fetcher:
             return size == job.entry.size and mtime_ns == job.entry.mtime_ns and ino == job.ino
 
     # -- 3 and 4: move the pieces ---------------------------------------------------------------
-    def _transfer(self, shares: list[tuple[Stream, list[fp.Piece]]]) -> None:
-        for stream, share in shares:
-            stream.send({"op": "read", "items": [[self.jobs[p.key].run.run_id, self.jobs[p.key].entry.path, p.offset,
-                                                  p.length] for p in share]})
-        errors: list[StreamError] = []
-        threads = [threading.Thread(target=self._receive, args=(s, share, errors)) for s, share in shares]
-        for t in threads:
-            t.start()
+    def _transfer(self, opened: list[Stream], queue: fp.PieceQueue, n: int, lookahead: int) -> None:
+        """Up to ``n`` streams take the pieces from ``queue``: the first (open already) at once, each
+        other as soon as it is open (a connection of its own logs in meanwhile, while the first moves
+        data); none opens for less than a stream moves while it would connect."""
+        lock, errors = threading.Lock(), list[StreamError]()
+        threads: list[threading.Thread] = []
+        for i in range(n):
+            if i:
+                with lock:
+                    if errors or queue.left < fp.STREAM_WORTH:
+                        break
+                opened.append(self.open_stream())
+            threads.append(threading.Thread(target=self._work, args=(opened[i], queue, i == 0, lookahead, lock, errors)))
+            threads[-1].start()
         for t in threads:
             t.join()
         if errors:
             raise errors[0]
 
-    def _receive(self, stream: Stream, share: list[fp.Piece], errors: list) -> None:
+    def _request_bytes(self, piece: fp.Piece) -> int:
+        job = self.jobs[piece.key]
+        return len(job.entry.path.encode()) + len(job.run.run_id) + 48
+
+    def _work(self, stream: Stream, queue: fp.PieceQueue, lead: bool, lookahead: int, lock: threading.Lock,
+              errors: list[StreamError]) -> None:
+        """One stream: ask for batches so that ``lookahead`` bytes of work stay asked for beyond the piece
+        being received (the host never waits for a request), and receive the pieces in order."""
         buf = memoryview(bytearray(fl.CHUNK))
-        for piece in share:
-            job = self.jobs[piece.key]
-            single = job.pieces == 1 and piece.offset == 0 and piece.length == job.entry.size and job.whole is None
-            failure: OSError | None = None  # writing here failed (a full disk, a part in the way): drain, go on
-            try:
-                fd, chmod = fl.open_part(job.part, fp.safe_mode(job.entry.mode) if single else None, self.umask)
-            except OSError as err:
-                fd, chmod, failure = -1, False, err
-            h, pos = hashlib.sha256(), piece.offset
+        ahead: deque[fp.Piece] = deque()
+        asked, dry = 0, False  # the work in ``ahead``; whether the queue has nothing more for this stream
 
-            def sink(view: memoryview, fd: int = fd, h=h) -> None:
-                nonlocal pos, failure
-                h.update(view)
-                self.progress.add(len(view))
-                while view and failure is None:
-                    try:
-                        n = os.pwrite(fd, view, pos)
-                    except OSError as err:
-                        failure = err
-                        break
-                    pos, view = pos + n, view[n:]
+        def top_up(reserve: int) -> None:
+            """Ask for more while the work asked for, beyond ``reserve`` bytes of the piece being received,
+            is under the lookahead (checked as each chunk of a big piece comes, so a stream holds no more
+            than one piece and the lookahead, and the next request is there before the piece ends)."""
+            nonlocal asked, dry
+            while not dry and (want := lookahead - asked - reserve) > 0:
+                with lock:
+                    batch = [] if errors else queue.take(lead, want)
+                if not batch:
+                    dry = True
+                    return
+                stream.send({"op": "read", "items": [[self.jobs[p.key].run.run_id, self.jobs[p.key].entry.path,
+                                                      p.offset, p.length] for p in batch]})
+                ahead.extend(batch)
+                asked += sum(fp.cost(p) for p in batch)
 
-            try:
-                trailer, length = stream.read_range(sink, buf)
-                ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
-                if ok and single and failure is None:
-                    try:
-                        self._stamp(job, fd, chmod)
-                    except OSError as err:
-                        failure = err
-            except StreamError as e:
+        try:
+            while True:
+                top_up(0)
+                if not ahead:
+                    return
+                piece = ahead.popleft()
+                asked -= fp.cost(piece)
+                self._receive(stream, piece, buf, top_up)
+        except StreamError as e:
+            with lock:
                 errors.append(e)
-                return
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-            if failure is not None:
-                job.failed = True
-                with self.lock:
-                    job.run.error = job.run.error or f"{job.entry.path} could not be written here: {failure}"
-                continue
-            if not ok or not self._same_file(job, trailer["stat"]):
-                job.failed = True
-                if job.entry.path not in job.run.changed:
-                    job.run.changed.append(job.entry.path)
-                continue
+
+    def _receive(self, stream: Stream, piece: fp.Piece, buf: memoryview, top_up: Callable[[int], None]) -> None:
+        """One piece: into its file's part, checked against the host's SHA-256; the file installed when complete.
+        ``top_up(bytes still to come)`` as each chunk comes."""
+        job = self.jobs[piece.key]
+        single = job.pieces == 1 and piece.offset == 0 and piece.length == job.entry.size and job.whole is None
+        failure: OSError | None = None  # writing here failed (a full disk, a part in the way): drain, go on
+        try:
+            fd, chmod = fl.open_part(job.part, fp.safe_mode(job.entry.mode) if single else None, self.umask)
+        except OSError as err:
+            fd, chmod, failure = -1, False, err
+        h, pos, end = hashlib.sha256(), piece.offset, piece.offset + piece.length
+        top_up(piece.length)
+
+        def sink(view: memoryview, fd: int = fd, h=h) -> None:
+            nonlocal pos, failure
+            top_up(end - pos - len(view))
+            h.update(view)
+            self.progress.add(len(view))
+            while view and failure is None:
+                try:
+                    n = os.pwrite(fd, view, pos)
+                except OSError as err:
+                    failure = err
+                    break
+                pos, view = pos + n, view[n:]
+
+        try:
+            trailer, length = stream.read_range(sink, buf)
+            ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
+            if ok and single and failure is None:
+                try:
+                    self._stamp(job, fd, chmod)
+                except OSError as err:
+                    failure = err
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if failure is not None:
+            job.failed = True
             with self.lock:
-                job.run.bytes += length
-            with job.lock:
-                job.pieces -= 1
-                last = job.pieces == 0
-            if last and single:
-                self._complete(job, stamp=False)
+                job.run.error = job.run.error or f"{job.entry.path} could not be written here: {failure}"
+            return
+        if not ok or not self._same_file(job, trailer["stat"]):
+            job.failed = True
+            if job.entry.path not in job.run.changed:
+                job.run.changed.append(job.entry.path)
+            return
+        with self.lock:
+            job.run.bytes += length
+        with job.lock:
+            job.pieces -= 1
+            last = job.pieces == 0
+        if last and single:
+            self._complete(job, stamp=False)
 
     def _check_wholes(self, stream: Stream) -> None:
         """Files of several pieces: the SHA-256 of what was assembled against the host's of the whole file."""

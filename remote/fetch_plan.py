@@ -9,13 +9,15 @@ The rules are rsync's (`rsync -a --update`), made explicit:
   changed. (rsync's rolling checksum also finds data that moved; checkpoints do not move data.)
   A partial file left by an interrupted fetch is such a basis too, so a fetch resumes where it was.
 
-Then the work is cut into pieces (a whole small file, or a range of a big one) and spread over the
-streams: largest first onto the least-loaded stream, each piece weighted by its bytes plus a fixed
+Then the work is cut into pieces (a whole small file, or a range of a big one), which the streams take
+in batches, largest first, each as its own work runs low; each piece weighs its bytes plus a fixed
 per-file cost, so 1,000 small files count for what they cost.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MiB = 1 << 20
@@ -147,29 +149,60 @@ class Piece:
     length: int
 
 
-def balance(pieces: list[Piece], streams: int, near: bool = False) -> list[list[Piece]]:
-    """Spread pieces over ``streams``: largest first onto the least-loaded (bytes plus PIECE_COST each).
+class PieceQueue:
+    """The pieces not yet asked for, in the order streams take them: largest first.
 
-    Within a stream, pieces keep the order they were assigned in (largest first), which also
-    starts the big transfers early. Deterministic: equal loads go to the lower stream number.
-    ``near`` (a near link, see streams_for): every piece under PIECE_COST goes to the first stream: its
-    cost is the laptop's per-file work, which a second stream's thread only contends with for the one
-    interpreter; the rest is spread by load as anywhere (1 GiB of checkpoints, 200 KiB files among them:
-    kept together on one stream, the bytes were uneven and the fetch 8% slower).
+    Each stream takes a batch whenever the work it has asked for and not yet begun runs low
+    (``lookahead``, below), so no stream waits for another's fixed share: one that opened late, or
+    moves slower, simply takes less, and the streams end within a batch of each other. Largest
+    first starts the big transfers early and leaves small pieces for the end, where they even out.
+
+    ``near`` (a near link, see streams_for): pieces under PIECE_COST are taken by the lead stream
+    only, before anything else: their cost is the laptop's per-file work, which a second stream's
+    thread only contends with for the one interpreter, while the other streams move the big ones.
+    ``request_bytes`` is what a piece adds to the request that asks for it (its path): a batch stops
+    at REQUEST_BYTES of it, so the requests a stream has sent ahead never fill the SSH channel's
+    window while the host is busy answering (the host reads the next request only after the last).
     """
-    loads = [0] * max(1, streams)
-    out: list[list[Piece]] = [[] for _ in loads]
-    ordered = sorted(pieces, key=_largest_first)
-    if near and len(loads) > 1:
-        out[0] = [p for p in ordered if p.length < PIECE_COST]
-        loads[0] = sum(p.length + PIECE_COST for p in out[0])
-        ordered = [p for p in ordered if p.length >= PIECE_COST]
-    for piece in ordered:
-        i = min(range(len(loads)), key=lambda s: (loads[s], s))
-        out[i].append(piece)
-        loads[i] += piece.length + PIECE_COST
-    out[0].sort(key=_largest_first)
-    return [s for s in out if s]
+
+    def __init__(self, pieces: list[Piece], near: bool = False, request_bytes: Callable[[Piece], int] = lambda p: 64):
+        ordered = sorted(pieces, key=_largest_first)
+        self._lead = deque(p for p in ordered if near and p.length < PIECE_COST)
+        self._any = deque(p for p in ordered if not (near and p.length < PIECE_COST))
+        self._request_bytes = request_bytes
+        self.left = sum(cost(p) for p in ordered)  # bytes plus PIECE_COST each, not yet taken
+
+    def take(self, lead: bool, want: int) -> list[Piece]:
+        """Pieces worth at least ``want`` (fewer where fewer are left; none when the queue has nothing
+        for this stream)."""
+        batch: list[Piece] = []
+        worth = size = 0
+        while worth < want and size < REQUEST_BYTES:
+            lane = self._lead if lead and self._lead else self._any
+            if not lane:
+                break
+            piece = lane.popleft()
+            batch.append(piece)
+            worth += cost(piece)
+            size += self._request_bytes(piece)
+        self.left -= worth
+        return batch
+
+
+def cost(piece: Piece) -> int:
+    """What a piece costs a stream: its bytes, and PIECE_COST for the per-file work."""
+    return piece.length + PIECE_COST
+
+
+REQUEST_BYTES = 64 * 1024  # a batch's request stays under this (OpenSSH's channel window is 2 MiB)
+LOOKAHEAD_NEAR = 2 * MiB  # work a stream keeps asked for beyond the piece it receives, on a near link
+LOOKAHEAD = 16 * MiB  # elsewhere: a round trip's worth of a window (2 MiB), several times over
+
+
+def lookahead(rtt: float | None) -> int:
+    """How much work a stream keeps asked for ahead: enough to cover a round trip at the stream's
+    pace (at most a 2 MiB window per round trip), little enough that the streams end together."""
+    return LOOKAHEAD_NEAR if is_near(rtt) else LOOKAHEAD
 
 
 def _largest_first(p: Piece) -> tuple[int, int, int]:

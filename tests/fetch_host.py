@@ -6,7 +6,10 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import threading
 from pathlib import Path
+
+import pytest
 
 from gpu_train.config import SshHost
 from remote import fetch_plan as fp
@@ -88,3 +91,21 @@ def tree(root: Path) -> dict[str, tuple]:
         else:
             out[rel] = ("f", hashlib.sha256(p.read_bytes()).hexdigest(), st.st_mtime_ns, fp.safe_mode(st.st_mode & 0o7777))
     return out
+
+
+def every_stream_opens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stream takes work until all the fetch's streams are open: a fetch opens another stream only
+    while enough work is left, and on loopback the first ones would otherwise finish test-sized work
+    before the last logged in. For the tests that count streams and logins."""
+    transfer, work = Fetcher._transfer, Fetcher._work
+
+    def gated_transfer(self, opened, queue, n, lookahead):
+        self.gate = threading.Barrier(n, timeout=60)
+        return transfer(self, opened, queue, n, lookahead)
+
+    def gated_work(self, *args):
+        self.gate.wait()
+        return work(self, *args)
+
+    monkeypatch.setattr(Fetcher, "_transfer", gated_transfer)
+    monkeypatch.setattr(Fetcher, "_work", gated_work)

@@ -98,52 +98,109 @@ def test_compared_length(local: int, remote: int, block: int, compared: int) -> 
     assert fp.compared_length(local, remote, block) == compared
 
 
-def loads(shares: list[list[Piece]]) -> list[int]:
-    return [sum(p.length for p in s) for s in shares]
+def sizes(batch: list[Piece], unit: int = MiB) -> list[int]:
+    return [p.length // unit for p in batch]
 
 
-@pytest.mark.parametrize(("sizes", "streams", "expect"), [
-    ([100, 100, 100, 100], 4, [[100], [100], [100], [100]]),
-    ([400, 100, 100, 100, 100], 2, [[400], [100, 100, 100, 100]]),  # the big one alone, the small ones together
-    ([5, 4, 3, 3, 3], 2, [[5, 3], [4, 3, 3]]),  # largest first onto the least loaded
-    ([7], 4, [[7]]),  # streams without work are not returned
-    ([], 3, []),
-])  # fmt: skip
-def test_balance(sizes: list[int], streams: int, expect: list[list[int]]) -> None:
-    pieces = [Piece(i, 0, s * MiB) for i, s in enumerate(sizes)]
-    shares = fp.balance(pieces, streams)
-    assert [[p.length // MiB for p in s] for s in shares] == expect
-    assert sorted(p.key for s in shares for p in s) == list(range(len(sizes)))
+def test_the_queue_gives_largest_first_in_batches_worth_what_is_asked() -> None:
+    queue = fp.PieceQueue([Piece(i, 0, s * MiB) for i, s in enumerate([3, 5, 3, 4, 3])])
+    assert queue.left == 18 * MiB + 5 * fp.PIECE_COST
+    assert sizes(queue.take(False, 6 * MiB)) == [5, 4]  # 5 MiB and its per-file cost are not yet 6 MiB
+    assert sizes(queue.take(True, 1)) == [3]  # at least one piece
+    assert sizes(queue.take(False, 100 * MiB)) == [3, 3]  # fewer where fewer are left
+    assert queue.take(True, MiB) == [] and queue.left == 0
 
 
-def test_balance_counts_the_cost_of_many_small_files() -> None:
-    """1,000 files of 200 KiB and 4 of 200 MiB over 4 streams: each stream within 1% of the others."""
-    pieces = [Piece(i, 0, 200 * MiB) for i in range(4)] + [Piece(4 + i, 0, 200 * 1024) for i in range(1000)]
-    shares = fp.balance(pieces, 4)
-    costs = [sum(p.length + fp.PIECE_COST for p in s) for s in shares]
-    assert len(shares) == 4 and max(costs) / min(costs) < 1.01
-    assert all(sum(1 for p in s if p.length == 200 * MiB) == 1 for s in shares)
+def test_equal_pieces_keep_the_listing_order() -> None:
+    queue = fp.PieceQueue([Piece(k, off, MiB) for k, off in [(2, 0), (1, MiB), (1, 0)]])
+    assert [(p.key, p.offset) for p in queue.take(False, 10 * MiB)] == [(1, 0), (1, MiB), (2, 0)]
 
 
 KiB = 1024
 
 
-@pytest.mark.parametrize(("sizes", "streams", "expect"), [
-    # 60,000 files of 2 KB and one of 64 MiB: the small ones together on the first stream (one thread's
-    # per-file work), the big one on the second; balanced by bytes alone, each stream had half the small ones
-    ([2 * KiB] * 60_000 + [64 * MiB], 2, [[2 * KiB] * 60_000, [64 * MiB]]),
-    # checkpoints: 1,000 x 200 KiB and 4 x 200 MiB: files this size cost bytes more than per-file work,
-    # so they are spread as anywhere (kept on one stream, the bytes were uneven: 8% slower)
-    ([200 * KiB] * 1000 + [200 * MiB] * 4, 2, [[200 * MiB] * 2 + [200 * KiB] * 500] * 2),
-    ([200 * MiB] * 4, 2, [[200 * MiB] * 2, [200 * MiB] * 2]),  # only big ones: as far away
-    ([32 * KiB, 32 * KiB - 1, 5], 2, [[32 * KiB - 1, 5], [32 * KiB]]),  # under PIECE_COST: per-file work
-    ([2 * KiB] * 3, 1, [[2 * KiB] * 3]),
+def test_near_the_small_pieces_are_the_lead_streams_own() -> None:
+    """Near: pieces under PIECE_COST go to the lead stream only, before its big ones (the laptop's per-file
+    work in one thread, while the other streams move bytes); far, every stream takes them in turn."""
+    pieces = [Piece(0, 0, 64 * MiB), Piece(1, 0, 2 * KiB), Piece(2, 0, 32 * KiB), Piece(3, 0, 32 * KiB - 1)]
+    near = fp.PieceQueue(pieces, near=True)
+    assert sizes(near.take(False, MiB), KiB) == [64 * KiB]  # the other streams: big ones only
+    assert sizes(near.take(False, MiB), KiB) == [32]
+    assert near.take(False, MiB) == []
+    assert [p.length for p in near.take(True, 1)] == [32 * KiB - 1]
+    assert [p.length for p in near.take(True, GiB)] == [2 * KiB]
+    far = fp.PieceQueue(pieces)
+    assert [p.key for p in far.take(False, GiB)] == [0, 2, 3, 1]
+
+
+def test_a_batch_stops_at_a_request_the_channel_takes_at_once() -> None:
+    """Long paths: a batch's request stays within REQUEST_BYTES however little the pieces weigh."""
+    queue = fp.PieceQueue([Piece(i, 0, 10) for i in range(100)], request_bytes=lambda p: 4096)
+    assert len(queue.take(False, GiB)) == fp.REQUEST_BYTES // 4096
+    assert len(fp.PieceQueue([Piece(i, 0, 10) for i in range(100)]).take(False, GiB)) == 100
+
+
+def finish_times(pieces: list[Piece], starts: list[float], rate: float, lookahead: int) -> list[float]:
+    """When each stream ends, taking from one queue as the engine's streams do: stream i opens at
+    ``starts[i]`` and moves ``rate`` bytes a second; before each piece, and again as soon as the piece's
+    bytes still to come plus the work asked for ahead fall under ``lookahead``, it asks for more."""
+    queue = fp.PieceQueue(pieces)
+    ahead: list[list[Piece]] = [[] for _ in starts]
+    asked = [0] * len(starts)
+    done: list[float] = [0.0] * len(starts)
+
+    def top_up(s: int, reserve: int) -> None:
+        while (want := lookahead - asked[s] - reserve) > 0 and (batch := queue.take(s == 0, want)):
+            ahead[s] += batch
+            asked[s] += sum(fp.cost(p) for p in batch)
+
+    events = [(t, s, "next", 0) for s, t in enumerate(starts)]
+    while events:
+        events.sort()
+        t, s, what, end = events.pop(0)
+        if what == "top up":
+            top_up(s, round((end - t) * rate))
+            continue
+        top_up(s, 0)
+        if not ahead[s]:
+            done[s] = t
+            continue
+        piece = ahead[s].pop(0)
+        asked[s] -= fp.cost(piece)
+        end = t + fp.cost(piece) / rate
+        events.append((end, s, "next", 0))
+        if fp.cost(piece) + asked[s] >= lookahead:  # the moment the rest of the piece no longer covers it
+            events.append((end - (lookahead - asked[s]) / rate, s, "top up", end))
+        else:
+            top_up(s, fp.cost(piece))
+    return done
+
+
+CHECKPOINTS = [Piece(i, 0, 200 * MiB) for i in range(4)] + [Piece(4 + i, 0, 200 * KiB) for i in range(1000)]
+
+
+@pytest.mark.parametrize(("pieces", "starts", "rate", "lookahead"), [
+    # loopback: the second stream logs in while the first moves data, 0.17 s later
+    (CHECKPOINTS, [0, 0.17], 200 * MiB, fp.LOOKAHEAD_NEAR),
+    # 100 ms away: a window per round trip each, the streams opening one after another
+    (CHECKPOINTS, [0, 0.4, 0.5, 0.6], 20 * MiB, fp.LOOKAHEAD),
+    (CHECKPOINTS[:3] + CHECKPOINTS[4:], [0, 0.4, 0.5, 0.6], 20 * MiB, fp.LOOKAHEAD),  # three big ones, four streams
+    # a file in 64 MiB ranges and a few small ones
+    ([Piece(0, i * 64 * MiB, 64 * MiB) for i in range(16)] + [Piece(1 + i, 0, MiB) for i in range(9)],
+     [0, 0.4, 0.5, 0.6], 20 * MiB, fp.LOOKAHEAD),
 ])  # fmt: skip
-def test_balance_near(sizes: list[int], streams: int, expect: list[list[int]]) -> None:
-    pieces = [Piece(i, 0, s) for i, s in enumerate(sizes)]
-    shares = fp.balance(pieces, streams, near=True)
-    assert [[p.length for p in s] for s in shares] == expect  # each stream largest first
-    assert sorted(p.key for s in shares for p in s) == list(range(len(sizes)))
+def test_streams_taking_from_the_queue_end_together(pieces: list[Piece], starts: list[float], rate: float,
+                                                    lookahead: int) -> None:
+    """Whatever each stream's start, they end within the time of the lookahead and a piece of those left at
+    the end, where the big pieces would have gone first."""
+    ends = finish_times(pieces, starts, rate, lookahead)
+    small = min(fp.cost(p) for p in pieces if p.length < 100 * MiB)
+    assert max(ends) - min(ends) <= (lookahead + small) / rate + 1e-9, ends
+    total = sum(fp.cost(p) for p in pieces) / rate
+    assert max(ends) <= (total + sum(starts)) / len(starts) + (lookahead + small) / rate  # no stream idles
+
+
+GiB = 1 << 30
 
 
 @pytest.mark.parametrize(("rtt", "near"), [(None, False), (0.0003, True), (0.0049, True), (0.005, False), (0.1, False)])

@@ -15,7 +15,7 @@ import pytest
 
 from remote import fetch_plan as fp
 from remote import fetch_stream
-from tests.fetch_host import Host, MiB, tree
+from tests.fetch_host import Host, MiB, every_stream_opens, tree
 
 
 def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: Path, small_ranges,
@@ -24,6 +24,7 @@ def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: P
     (a stock sshd allows MaxSessions = 10 channels per connection)."""
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)  # every stream worth opening at test sizes
     monkeypatch.setattr(fp, "NEAR_RTT_S", 0)  # as if the host were far: loopback would take two
+    every_stream_opens(monkeypatch)
     job = host.job()
     (job / "big.pt").write_bytes(os.urandom(4 * MiB))
     for i in range(12):
@@ -145,6 +146,7 @@ def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, 
     where a round trip is long, all four."""
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
     monkeypatch.setattr(fp, "NEAR_RTT_S", 10.0)  # loopback is near even while a busy machine slows its answer
+    every_stream_opens(monkeypatch)
     job, small = host.job(), host.job("r_2")
     for i in range(8):
         (job / f"c{i}.pt").write_bytes(os.urandom(MiB))
@@ -165,32 +167,36 @@ def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, 
 def test_a_near_host_sends_every_small_file_over_the_first_stream(host: Host, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Mixed big and small files on a near host: those under 32 KiB all go over the first stream (one thread's
-    per-file work), the big ones fill in; far away every stream takes its share of both."""
+    per-file work), the big ones over any; far away every stream takes both."""
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
     monkeypatch.setattr(fp, "NEAR_RTT_S", 10.0)  # loopback is near even while a busy machine slows its answer
-    shares: list[tuple[bool, list[list[int]]]] = []
-    balance = fp.balance
+    monkeypatch.setattr(fp, "LOOKAHEAD_NEAR", 1)  # a piece per request: every stream takes its turn
+    monkeypatch.setattr(fp, "LOOKAHEAD", 1)
+    every_stream_opens(monkeypatch)
+    taken: list[tuple[bool, list[int]]] = []
+    take = fp.PieceQueue.take
 
-    def spy(pieces: list[fp.Piece], streams: int, near: bool = False) -> list[list[fp.Piece]]:
-        out = balance(pieces, streams, near=near)
-        shares.append((near, [sorted(p.length for p in s) for s in out]))
+    def spy(self: fp.PieceQueue, lead: bool, want: int) -> list[fp.Piece]:
+        out = take(self, lead, want)
+        taken.append((lead, [p.length for p in out]))
         return out
 
-    monkeypatch.setattr(fp, "balance", spy)
+    monkeypatch.setattr(fp.PieceQueue, "take", spy)
     job = host.job()
     for i in range(4):
         (job / f"c{i}.pt").write_bytes(os.urandom(MiB))
     for i in range(20):
         (job / f"s{i:02d}.json").write_bytes(os.urandom(10 * 1024))
     assert host.fetch(tmp_path / "near").complete
-    near, first_and_rest = shares[-1]
-    assert near and len(first_and_rest) == 2
-    assert [n for n in first_and_rest[0] if n < MiB] == [10 * 1024] * 20  # every small file on the first
-    assert all(n == MiB for n in first_and_rest[1])
+    by_lead = [n for lead, sizes in taken if lead for n in sizes]
+    by_others = [n for lead, sizes in taken if not lead for n in sizes]
+    assert by_lead[:20] == [10 * 1024] * 20  # the small ones first, all on the first stream
+    assert by_others and all(n == MiB for n in by_others)
+    taken.clear()
     monkeypatch.setattr(fp, "NEAR_RTT_S", 0)  # every round trip counts as long
     assert host.fetch(tmp_path / "far").complete
-    near, spread = shares[-1]
-    assert not near and len(spread) == 4 and all(any(n < MiB for n in s) for s in spread)
+    assert [n for _, sizes in taken for n in sizes] == [MiB] * 4 + [10 * 1024] * 20  # largest first, any stream
+    assert sum(1 for lead, sizes in taken if not lead and sizes) >= 3  # the other streams took their turns
     assert tree(tmp_path / "near") == tree(tmp_path / "far") == tree(job)
 
 

@@ -32,7 +32,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder) in one transfer session: one
     listing of every run, then parallel streams for whatever changed. The ids that failed."""
     from gpu_train import jobs
-    from remote import fetch_engine, hostkeys
+    from remote import fetch_report, hostkeys
     from remote.fetch_progress import Progress
 
     record = FetchRecord(session.target.cache)
@@ -58,7 +58,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     results = _transfer(session, [(r["id"], where) for r, where in todo], streams, bar)
     failed = []
     for (r, where), result in zip(todo, results, strict=True):
-        for line in fetch_engine.notes(result, where):
+        for line in fetch_report.notes(result, where):
             say(line)
         if result.error is not None:
             failed.append(r["id"])
@@ -66,7 +66,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
             record.record(r, where)
     record.save()
     if not quiet or any(res.files for res in results):
-        say(fetch_engine.summary_line(results, bar.elapsed, streams))
+        say(fetch_report.summary_line(results, bar.elapsed, streams))
     return failed
 
 
