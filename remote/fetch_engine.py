@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import shutil
 import threading
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from remote import fetch_direct as fdirect
 from remote import fetch_local as fl
 from remote import fetch_plan as fp
 from remote.fetch_progress import Progress
@@ -48,6 +50,7 @@ class FileJob:
     pieces: int = 0
     whole: str | None = None  # the host's SHA-256 of the whole file, when it comes in several pieces
     ino: int | None = None
+    direct: bool = False  # its big pieces are written past the page cache (remote/fetch_direct.py)
     failed: bool = False
     installed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -121,6 +124,8 @@ class Fetcher:
 
     def _plan_run(self, result: RunResult, entries: list[fp.Entry], dirs: list, basis: list) -> None:
         tree = fl.Tree(result.dest)
+        direct = (any(e.kind == "f" and e.size >= fdirect.DIRECT_MIN for e in entries)
+                  and fdirect.writes_direct(result.dest.parent))
         tree.folder("")
         for e in entries:
             local = tree.planned(e.path)
@@ -137,7 +142,7 @@ class Fetcher:
                 if tree.link(e.path, e.target, local):
                     result.files += 1
             elif action in (fp.FETCH, fp.DELTA):
-                job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path))
+                job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path), direct=direct)
                 self.jobs.append(job)
                 if action == fp.DELTA or (e.size >= fp.DELTA_MIN and os.path.isfile(job.part)):
                     basis.append(job)  # a local copy, or what an interrupted fetch left: compared by blocks
@@ -220,7 +225,7 @@ class Fetcher:
               errors: list[StreamError]) -> None:
         """One stream: ask for batches so that ``lookahead`` bytes of work stay asked for beyond the piece
         being received (the host never waits for a request), and receive the pieces in order."""
-        buf = memoryview(bytearray(fl.CHUNK))
+        buf = memoryview(mmap.mmap(-1, fl.CHUNK))  # page-aligned, as a direct write's buffer must be
         ahead: deque[fp.Piece] = deque()
         asked, dry = 0, False  # the work in ``ahead``; whether the queue has nothing more for this stream
 
@@ -264,15 +269,17 @@ class Fetcher:
             fd, chmod, failure = -1, False, err
         h, pos, end = hashlib.sha256(), piece.offset, piece.offset + piece.length
         top_up(piece.length)
+        direct = (job.direct and fd >= 0 and piece.length >= fdirect.DIRECT_MIN and piece.offset % fdirect.DIRECT_ALIGN == 0
+                  and fdirect.set_direct(fd, True))
 
         def sink(view: memoryview, fd: int = fd, h=h) -> None:
-            nonlocal pos, failure
+            nonlocal pos, failure, direct
             top_up(end - pos - len(view))
             h.update(view)
             self.progress.add(len(view))
             while view and failure is None:
                 try:
-                    n = os.pwrite(fd, view, pos)
+                    n, direct = fdirect.write(fd, view, pos, direct)
                 except OSError as err:
                     failure = err
                     break

@@ -197,12 +197,15 @@ class Stream:
             if "error" in head:
                 return head, 0
         left = length
-        while left > 0:
-            n = self.out.readinto(buf[: min(len(buf), left)])
-            if not n:
-                raise StreamError(self.why("the connection closed"))
-            sink(buf[:n])
-            left -= n
+        while left > 0:  # ``buf`` filled whole each time (but at the end): direct writes take whole blocks
+            want, got = min(len(buf), left), 0
+            while got < want:
+                n = self.out.readinto(buf[got:want])
+                if not n:
+                    raise StreamError(self.why("the connection closed"))
+                got += n
+            sink(buf[:got])
+            left -= got
         line = self.out.readline()
         if (m := RANGE_TRAILER_RE.fullmatch(line)) is not None:
             return {"sha256": m[1].decode(), "stat": [int(m[2]), int(m[3]), int(m[4])]}, length

@@ -280,10 +280,13 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 @pytest.fixture
-def host(tmp_path: Path):
-    """The parallel fetch's loopback host (tests/fetch_host.py)."""
+def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The parallel fetch's loopback host (tests/fetch_host.py). Pieces from 64 KiB are written directly
+    (remote/fetch_direct.py) where the test's folder is on a local disk, so the fetch tests cover both ways."""
+    from remote import fetch_direct
     from tests.fetch_host import Host
 
+    monkeypatch.setattr(fetch_direct, "DIRECT_MIN", 64 * 1024)
     h = Host(tmp_path)
     yield h
     h.sshd.stop()

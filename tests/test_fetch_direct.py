@@ -1,0 +1,121 @@
+"""Big fetched files written past the page cache (remote/fetch_direct.py): where, and that a refusal
+by the kernel only means the ordinary way."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+from remote import fetch_direct as fd
+from tests.fetch_host import Host, MiB, tree
+
+MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard
+30 27 0:30 / /tmp rw,nosuid - tmpfs tmpfs rw
+31 27 0:31 / /home/me/nfs rw shared:5 - nfs4 server:/export rw,vers=4.2
+32 27 0:32 / /mnt/my\\040disk rw - xfs /dev/sdb1 rw
+33 27 0:33 / /mnt/data rw master:1 - btrfs /dev/sdc rw
+34 33 0:34 / /mnt/data rw - fuse.sshfs me@h: rw
+35 27 0:35 / /media/x rw - ext4 /dev/sdd rw
+"""
+
+
+@pytest.mark.parametrize(("path", "kind"), [
+    ("/", "ext4"),
+    ("/home/me/runs", "ext4"),
+    ("/tmp/x", "tmpfs"),
+    ("/home/me/nfs/runs/a", "nfs4"),  # optional fields (shared:5) before the separator
+    ("/mnt/my disk/runs", "xfs"),  # a space, escaped in mountinfo
+    ("/mnt/data/runs", "fuse.sshfs"),  # mounted over the btrfs: the last one mounted there
+    ("/mnt/data2", "ext4"),  # a longer name is not inside /mnt/data
+    ("/media/x", "ext4"),
+])  # fmt: skip
+def test_the_file_system_holding_a_path(path: str, kind: str) -> None:
+    assert fd.file_system(path, MOUNTINFO) == kind
+
+
+def test_direct_only_on_a_local_disks_file_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    here = fd.file_system(os.path.realpath(tmp_path), Path(fd.MOUNTINFO).read_text())
+    assert fd.writes_direct(tmp_path / "not" / "yet") is (here in fd.DIRECT_FS)  # the nearest folder that exists
+    if Path("/dev/shm").is_dir():
+        assert not fd.writes_direct(Path("/dev/shm"))  # tmpfs: no disk to write to
+    monkeypatch.setattr(fd, "MOUNTINFO", str(tmp_path / "none"))
+    assert not fd.writes_direct(tmp_path)  # not Linux's /proc: the ordinary way
+
+
+def direct_capable(path: Path) -> bool:
+    probe = path / ".probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+    except (OSError, AttributeError):
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    return True
+
+
+def test_whole_blocks_go_directly_the_tail_and_refused_writes_the_ordinary_way(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    if not direct_capable(tmp_path):
+        pytest.skip("no O_DIRECT here")
+    buf = memoryview(mmap.mmap(-1, 64 * 1024))
+    data = os.urandom(64 * 1024)
+    buf[:] = data
+    path = tmp_path / "f"
+    fdesc = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        assert fd.set_direct(fdesc, True)
+        assert fd.write(fdesc, buf[:12288], 0, True) == (12288, True)
+        assert fd.write(fdesc, buf[:5000], 12288, True) == (4096, True)  # the whole blocks only
+        assert fd.write(fdesc, buf[4096:4096 + 904], 16384, True) == (904, False)  # the tail: flag off
+        assert fd.write(fdesc, buf[8192:16384], 17288, False) == (8192, False)
+        # An offset the disk does not take (its blocks are 512 bytes or more): the kernel refuses the write
+        # (EINVAL), and it goes the ordinary way.
+        monkeypatch.setattr(fd, "DIRECT_ALIGN", 256)
+        assert fd.set_direct(fdesc, True)
+        assert fd.write(fdesc, buf[:512], 25856, True) == (512, False)
+    finally:
+        os.close(fdesc)
+    expect = data[:12288] + data[:4096] + data[4096:5000] + data[8192:16384]
+    expect += bytes(25856 - len(expect)) + data[:512]
+    assert path.read_bytes() == expect
+
+
+def test_a_fetch_writes_big_files_directly_and_they_arrive_whole(host: Host, tmp_path: Path, small_ranges,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files sent whole and in ranges, of odd sizes (a tail of less than a block), small ones among them:
+    byte for byte the host's, and the big ones did go directly (where this folder's disk allows it)."""
+    job = host.job()
+    sizes = {"a.pt": 3 * MiB + 1234, "b.pt": 700 * 1024, "c.pt": 2 * MiB, "s.json": 1000, "t.bin": 64 * 1024 - 1}
+    for name, size in sizes.items():
+        (job / name).write_bytes(os.urandom(size))
+    direct: list[int] = []
+    write = fd.write
+
+    def spy(fdesc: int, view: memoryview, pos: int, on: bool) -> tuple[int, bool]:
+        n, still = write(fdesc, view, pos, on)
+        if on and still:
+            direct.append(n)
+        return n, still
+
+    monkeypatch.setattr(fd, "write", spy)
+    dest = tmp_path / "home"
+    assert host.fetch(dest).complete
+    assert tree(dest) == tree(job)
+    if fd.writes_direct(tmp_path):
+        # a.pt's twelve whole 256 KiB ranges (its last, 1234 bytes, is small), b.pt whole, c.pt's eight ranges
+        assert sum(direct) == 3 * MiB + 700 * 1024 + 2 * MiB
+    else:
+        assert not direct
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):  # tmpfs: the ordinary way
+        import tempfile
+
+        with tempfile.TemporaryDirectory(dir=shm) as where:
+            direct.clear()
+            assert host.fetch(Path(where) / "home").complete
+            assert tree(Path(where) / "home") == tree(job) and not direct
