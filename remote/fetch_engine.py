@@ -227,14 +227,19 @@ class Fetcher:
         being received (the host never waits for a request), and receive the pieces in order."""
         buf = memoryview(mmap.mmap(-1, fl.CHUNK))  # page-aligned, as a direct write's buffer must be
         ahead: deque[fp.Piece] = deque()
-        asked, dry = 0, False  # the work in ``ahead``; whether the queue has nothing more for this stream
+        asked = requests = 0  # the bytes in ``ahead``, and what their requests took
+        dry = False  # the queue has nothing more for this stream
 
         def top_up(reserve: int) -> None:
-            """Ask for more while the work asked for, beyond ``reserve`` bytes of the piece being received,
-            is under the lookahead (checked as each chunk of a big piece comes, so a stream holds no more
-            than one piece and the lookahead, and the next request is there before the piece ends)."""
-            nonlocal asked, dry
-            while not dry and (want := lookahead - asked - reserve) > 0:
+            """Once the bytes asked for, beyond ``reserve`` bytes of the piece being received, fall under half
+            the lookahead, ask for the lookahead again (in large batches, not a request per file consumed).
+            Checked as each chunk of a big piece comes, so a stream holds no more than one piece and the
+            lookahead, and the next request is there before the piece ends. The requests sent ahead stay
+            far within what the channel takes while the host is busy answering."""
+            nonlocal asked, requests, dry
+            if dry or asked + reserve > lookahead // 2:
+                return
+            while not dry and (want := lookahead - asked - reserve) > 0 and requests < fp.REQUESTS_AHEAD:
                 with lock:
                     batch = [] if errors else queue.take(lead, want)
                 if not batch:
@@ -243,7 +248,8 @@ class Fetcher:
                 stream.send({"op": "read", "items": [[self.jobs[p.key].run.run_id, self.jobs[p.key].entry.path,
                                                       p.offset, p.length] for p in batch]})
                 ahead.extend(batch)
-                asked += sum(fp.cost(p) for p in batch)
+                asked += sum(p.length for p in batch)
+                requests += sum(self._request_bytes(p) for p in batch)
 
         try:
             while True:
@@ -251,7 +257,8 @@ class Fetcher:
                 if not ahead:
                     return
                 piece = ahead.popleft()
-                asked -= fp.cost(piece)
+                asked -= piece.length
+                requests -= self._request_bytes(piece)
                 self._receive(stream, piece, buf, top_up)
         except StreamError as e:
             with lock:

@@ -173,19 +173,19 @@ class PieceQueue:
         self.left = sum(cost(p) for p in ordered)  # bytes plus PIECE_COST each, not yet taken
 
     def take(self, lead: bool, want: int) -> list[Piece]:
-        """Pieces worth at least ``want`` (fewer where fewer are left; none when the queue has nothing
-        for this stream)."""
+        """Pieces of at least ``want`` bytes in all (fewer where fewer are left; none when the queue has
+        nothing for this stream), whose request stays under REQUEST_BYTES."""
         batch: list[Piece] = []
-        worth = size = 0
-        while worth < want and size < REQUEST_BYTES:
+        got = size = 0
+        while got < want and size < REQUEST_BYTES:
             lane = self._lead if lead and self._lead else self._any
             if not lane:
                 break
             piece = lane.popleft()
             batch.append(piece)
-            worth += cost(piece)
+            got += piece.length
             size += self._request_bytes(piece)
-        self.left -= worth
+            self.left -= cost(piece)
         return batch
 
 
@@ -194,14 +194,16 @@ def cost(piece: Piece) -> int:
     return piece.length + PIECE_COST
 
 
-REQUEST_BYTES = 64 * 1024  # a batch's request stays under this (OpenSSH's channel window is 2 MiB)
-LOOKAHEAD_NEAR = 2 * MiB  # work a stream keeps asked for beyond the piece it receives, on a near link
-LOOKAHEAD = 16 * MiB  # elsewhere: a round trip's worth of a window (2 MiB), several times over
+REQUEST_BYTES = 64 * 1024  # a batch's request stays under this
+REQUESTS_AHEAD = 512 * 1024  # a stream's requests not yet answered stay under this (a channel's window is 2 MiB)
+LOOKAHEAD_NEAR = 2 * MiB  # bytes a stream keeps asked for beyond the piece it receives, on a near link
+LOOKAHEAD = 8 * MiB  # elsewhere: a window (2 MiB) a round trip moves at most, several times over
 
 
 def lookahead(rtt: float | None) -> int:
-    """How much work a stream keeps asked for ahead: enough to cover a round trip at the stream's
-    pace (at most a 2 MiB window per round trip), little enough that the streams end together."""
+    """How many bytes a stream keeps asked for ahead: enough to cover a round trip at the stream's
+    pace (a stream moves at most a 2 MiB window per round trip; per-file work only slows it, so bytes,
+    not the pieces' cost, say how long the host stays busy), little enough that the streams end together."""
     return LOOKAHEAD_NEAR if is_near(rtt) else LOOKAHEAD
 
 

@@ -105,7 +105,7 @@ def sizes(batch: list[Piece], unit: int = MiB) -> list[int]:
 def test_the_queue_gives_largest_first_in_batches_worth_what_is_asked() -> None:
     queue = fp.PieceQueue([Piece(i, 0, s * MiB) for i, s in enumerate([3, 5, 3, 4, 3])])
     assert queue.left == 18 * MiB + 5 * fp.PIECE_COST
-    assert sizes(queue.take(False, 6 * MiB)) == [5, 4]  # 5 MiB and its per-file cost are not yet 6 MiB
+    assert sizes(queue.take(False, 6 * MiB)) == [5, 4]  # 5 MiB are not yet 6 MiB
     assert sizes(queue.take(True, 1)) == [3]  # at least one piece
     assert sizes(queue.take(False, 100 * MiB)) == [3, 3]  # fewer where fewer are left
     assert queue.take(True, MiB) == [] and queue.left == 0
@@ -142,37 +142,41 @@ def test_a_batch_stops_at_a_request_the_channel_takes_at_once() -> None:
 
 def finish_times(pieces: list[Piece], starts: list[float], rate: float, lookahead: int) -> list[float]:
     """When each stream ends, taking from one queue as the engine's streams do: stream i opens at
-    ``starts[i]`` and moves ``rate`` bytes a second; before each piece, and again as soon as the piece's
-    bytes still to come plus the work asked for ahead fall under ``lookahead``, it asks for more."""
+    ``starts[i]``; a piece takes its cost (bytes and per-file work) over ``rate``, its bytes arriving
+    evenly; before each piece, and again as soon as the piece's bytes still to come plus the bytes asked
+    for ahead fall under ``lookahead``, the stream asks for more."""
     queue = fp.PieceQueue(pieces)
     ahead: list[list[Piece]] = [[] for _ in starts]
     asked = [0] * len(starts)
     done: list[float] = [0.0] * len(starts)
 
     def top_up(s: int, reserve: int) -> None:
+        if asked[s] + reserve > lookahead // 2:
+            return
         while (want := lookahead - asked[s] - reserve) > 0 and (batch := queue.take(s == 0, want)):
             ahead[s] += batch
-            asked[s] += sum(fp.cost(p) for p in batch)
+            asked[s] += sum(p.length for p in batch)
 
-    events = [(t, s, "next", 0) for s, t in enumerate(starts)]
+    events: list[tuple[float, int, str, float, float, int]] = [(t, s, "next", 0, 0, 0) for s, t in enumerate(starts)]
     while events:
         events.sort()
-        t, s, what, end = events.pop(0)
+        t, s, what, end, duration, length = events.pop(0)
         if what == "top up":
-            top_up(s, round((end - t) * rate))
+            top_up(s, max(0, round((end - t) / duration * length)))  # the bytes of the piece still to come
             continue
         top_up(s, 0)
         if not ahead[s]:
             done[s] = t
             continue
         piece = ahead[s].pop(0)
-        asked[s] -= fp.cost(piece)
-        end = t + fp.cost(piece) / rate
-        events.append((end, s, "next", 0))
-        if fp.cost(piece) + asked[s] >= lookahead:  # the moment the rest of the piece no longer covers it
-            events.append((end - (lookahead - asked[s]) / rate, s, "top up", end))
+        asked[s] -= piece.length
+        duration = fp.cost(piece) / rate
+        events.append((t + duration, s, "next", 0, 0, 0))
+        if piece.length + asked[s] >= lookahead // 2:  # the moment the rest of the piece no longer covers it
+            left = lookahead // 2 - asked[s]
+            events.append((t + duration * (1 - left / piece.length), s, "top up", t + duration, duration, piece.length))
         else:
-            top_up(s, fp.cost(piece))
+            top_up(s, piece.length)
     return done
 
 
