@@ -209,7 +209,10 @@ class Fetcher:
                 with lock:
                     if errors or queue.left < fp.STREAM_WORTH:
                         break
-                opened.append(self.open_stream())
+                try:
+                    opened.append(self.open_stream())
+                except OSError:
+                    break  # no more processes to be had here: the streams open take the rest
             threads.append(threading.Thread(target=self._work, args=(opened[i], queue, i == 0, lookahead, lock, errors)))
             threads[-1].start()
         for t in threads:

@@ -225,3 +225,31 @@ def test_a_request_of_megabytes_is_sent_whole_while_signals_interrupt_its_write(
     stream.proc.stdin.close()  # type: ignore[union-attr]
     assert stream.proc.wait(timeout=30) == 0
     assert got.read_bytes() == json.dumps(request, separators=(",", ":")).encode() + b"\n"
+
+
+def test_streams_that_cannot_be_started_leave_the_work_to_those_open(host: Host, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No process to be had for a second stream (the system's limits): the first takes the whole queue."""
+    from remote.fetch_engine import Fetcher
+
+    monkeypatch.setattr(fp, "NEAR_RTT_S", 0)  # four streams wanted
+    monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
+    monkeypatch.setattr(fp, "LOOKAHEAD", 64 * 1024)  # work is left in the queue when the second would open
+    job = host.job()
+    for i in range(6):
+        (job / f"c{i}.pt").write_bytes(os.urandom(MiB + i))
+    opener, tries = host.opener(), []
+
+    def open_stream() -> fetch_stream.Stream:
+        tries.append(1)
+        if len(tries) > 1:
+            raise OSError(11, "Resource temporarily unavailable")
+        return opener()
+
+    dest = tmp_path / "home"
+    try:
+        [result] = Fetcher(open_stream, 4).run([("r_1", dest)])
+    finally:
+        opener.close()  # type: ignore[attr-defined]
+    assert result.complete and result.files == 6, result
+    assert len(tries) == 2 and tree(dest) == tree(job)
