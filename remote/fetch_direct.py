@@ -14,8 +14,12 @@ Only where it is safe and cheap: Linux (elsewhere there is no O_DIRECT), a file 
 disk (ext4, xfs, btrfs, f2fs: on NFS or FUSE every direct write would wait for a round trip),
 pieces of at least DIRECT_MIN (a small file is not worth a flag change), and only the whole
 DIRECT_ALIGN blocks of a piece: a file's unaligned tail goes through the page cache as before.
-Where the kernel refuses the flag or a direct write (EINVAL), the rest of the file is written the
-ordinary way. Whether a file was written directly or not, it is verified and installed alike.
+Where the kernel refuses the flag or a direct write (EINVAL), the rest of that piece is written the
+ordinary way, and so it is where direct writes take longer than SLOW_S per 256 KiB: a disk that seeks (a
+spinning one, which the kernel's "rotational" flag does not tell reliably: virtio disks and USB
+bridges report it for SSDs too) writes synchronous pieces from several streams slower than its page
+cache would gather them. A file of several pieces is read back once for its whole-file check: from the disk,
+where it was written directly. Whether a file was written directly or not, it is verified and installed alike.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ import errno
 import fcntl
 import os
 import re
+import time
 from pathlib import Path
 
 DIRECT_MIN = 4 << 20  # pieces this big are written directly
 DIRECT_ALIGN = 4096  # a direct write's offset, length and buffer: multiples of any disk's logical block
 DIRECT_FS = frozenset({"ext4", "xfs", "btrfs", "f2fs"})  # local disks' file systems
+SLOW_S = 0.004  # direct writes slower than this per 256 KiB (64 MB/s): the rest of the piece through the cache
+SLOW_AFTER = 2 << 20  # judged over at least this many bytes
 MOUNTINFO = "/proc/self/mountinfo"
 
 
@@ -59,7 +66,7 @@ def writes_direct(folder: Path) -> bool:
     if not hasattr(os, "O_DIRECT"):
         return False
     try:
-        text = Path(MOUNTINFO).read_text()
+        text = os.fsdecode(Path(MOUNTINFO).read_bytes())
     except OSError:
         return False
     path = folder.absolute()
@@ -78,19 +85,39 @@ def set_direct(fd: int, on: bool) -> bool:
     return True
 
 
-def write(fd: int, view: memoryview, pos: int, direct: bool) -> tuple[int, bool]:
-    """One write of ``view`` at ``pos``: (bytes written, whether the file is still written directly).
+class Writer:
+    """Writes one piece into its part file (``fd``): directly while it may, else the ordinary way.
 
-    Directly, only whole DIRECT_ALIGN blocks at an aligned offset (``view`` starts at an aligned
-    address: the caller's buffer is page-aligned); what is left, and everything after a refused
-    direct write, through the page cache. OSError for any other failure (a full disk)."""
-    if direct:
-        n = len(view) // DIRECT_ALIGN * DIRECT_ALIGN if pos % DIRECT_ALIGN == 0 else 0
-        if n:
-            try:
-                return os.pwrite(fd, view[:n], pos), True
-            except OSError as e:
-                if e.errno != errno.EINVAL:  # EINVAL: the file system took the flag, not the write
-                    raise
-        set_direct(fd, False)
-    return os.pwrite(fd, view, pos), False
+    Directly, only whole DIRECT_ALIGN blocks at an aligned offset (each ``view`` starts at an aligned
+    address: the caller's buffer is page-aligned); what is left, everything after a refused direct
+    write, and everything after direct writes proved slow (SLOW_S per 256 KiB on average, over at
+    least SLOW_AFTER bytes: one write held up by a busy machine proves nothing), through the page cache.
+    """
+
+    def __init__(self, fd: int, direct: bool):
+        self.fd, self.direct = fd, direct
+        self.spent, self.written = 0.0, 0  # the direct writes' time and bytes
+
+    def write(self, view: memoryview, pos: int) -> int:
+        """Bytes of ``view`` written at ``pos`` (at least one); OSError for a failure (a full disk)."""
+        if self.direct:
+            n = len(view) // DIRECT_ALIGN * DIRECT_ALIGN if pos % DIRECT_ALIGN == 0 else 0
+            if n:
+                started = time.monotonic()
+                try:
+                    n = os.pwrite(self.fd, view[:n], pos)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:  # EINVAL: the file system took the flag, not the write
+                        raise
+                else:
+                    self.spent += time.monotonic() - started
+                    self.written += n
+                    if self.written >= SLOW_AFTER and self.spent > SLOW_S * self.written / (256 * 1024):
+                        self.stop()  # a disk slower directly than through its cache
+                    return n
+            self.stop()
+        return os.pwrite(self.fd, view, pos)
+
+    def stop(self) -> None:
+        self.direct = False
+        set_direct(self.fd, False)

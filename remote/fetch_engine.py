@@ -221,8 +221,12 @@ class Fetcher:
             raise errors[0]
 
     def _request_bytes(self, piece: fp.Piece) -> int:
+        """At least what the piece adds to its request's JSON (a character beyond printable ASCII is
+        escaped: \\uXXXX, twice for one beyond the first 64K)."""
         job = self.jobs[piece.key]
-        return len(job.entry.path.encode()) + len(job.run.run_id) + 48
+        path = job.entry.path
+        size = len(path) + path.count('"') + path.count("\\") if path.isascii() and path.isprintable() else 12 * len(path)
+        return size + len(job.run.run_id) + 48  # a run id is plain ASCII; the numbers, quotes and commas
 
     def _work(self, stream: Stream, queue: fp.PieceQueue, lead: bool, lookahead: int, lock: threading.Lock,
               errors: list[StreamError]) -> None:
@@ -236,9 +240,10 @@ class Fetcher:
         def top_up(reserve: int) -> None:
             """Once the bytes asked for, beyond ``reserve`` bytes of the piece being received, fall under half
             the lookahead, ask for the lookahead again (in large batches, not a request per file consumed).
-            Checked as each chunk of a big piece comes, so a stream holds no more than one piece and the
-            lookahead, and the next request is there before the piece ends. The requests sent ahead stay
-            far within what the channel takes while the host is busy answering."""
+            Checked as each chunk of a big piece comes, so the next request is there before the piece
+            ends, and a stream holds little more than the lookahead beyond its current piece (a batch may
+            end with one whole piece more). The requests sent ahead stay far within what an OpenSSH
+            channel takes while the host is busy answering (its window is 2 MiB)."""
             nonlocal asked, requests, dry
             if dry or asked + reserve > lookahead // 2:
                 return
@@ -266,6 +271,10 @@ class Fetcher:
         except StreamError as e:
             with lock:
                 errors.append(e)
+        except Exception as e:
+            stream.close(kill=True)  # its answers are not read to the end: never used again
+            with lock:
+                errors.append(StreamError(f"a stream failed: {type(e).__name__}: {e}"))
 
     def _receive(self, stream: Stream, piece: fp.Piece, buf: memoryview, top_up: Callable[[int], None]) -> None:
         """One piece: into its file's part, checked against the host's SHA-256; the file installed when complete.
@@ -277,19 +286,20 @@ class Fetcher:
             fd, chmod = fl.open_part(job.part, fp.safe_mode(job.entry.mode) if single else None, self.umask)
         except OSError as err:
             fd, chmod, failure = -1, False, err
-        h, pos, end = hashlib.sha256(), piece.offset, piece.offset + piece.length
+        h, pos, received = hashlib.sha256(), piece.offset, 0
         top_up(piece.length)
-        direct = (job.direct and fd >= 0 and piece.length >= fdirect.DIRECT_MIN and piece.offset % fdirect.DIRECT_ALIGN == 0
-                  and fdirect.set_direct(fd, True))
+        writer = fdirect.Writer(fd, job.direct and fd >= 0 and piece.length >= fdirect.DIRECT_MIN
+                                and piece.offset % fdirect.DIRECT_ALIGN == 0 and fdirect.set_direct(fd, True))
 
-        def sink(view: memoryview, fd: int = fd, h=h) -> None:
-            nonlocal pos, failure, direct
-            top_up(end - pos - len(view))
+        def sink(view: memoryview, h=h) -> None:
+            nonlocal pos, failure, received
+            received += len(view)
+            top_up(piece.length - received)
             h.update(view)
             self.progress.add(len(view))
             while view and failure is None:
                 try:
-                    n, direct = fdirect.write(fd, view, pos, direct)
+                    n = writer.write(view, pos)
                 except OSError as err:
                     failure = err
                     break

@@ -10,8 +10,8 @@ The rules are rsync's (`rsync -a --update`), made explicit:
   A partial file left by an interrupted fetch is such a basis too, so a fetch resumes where it was.
 
 Then the work is cut into pieces (a whole small file, or a range of a big one), which the streams take
-in batches, largest first, each as its own work runs low; each piece weighs its bytes plus a fixed
-per-file cost, so 1,000 small files count for what they cost.
+in batches, largest first, each as the bytes it has asked for run low. Whether another stream is worth
+opening weighs each piece's bytes plus a fixed per-file cost, so 1,000 small files count for what they cost.
 """
 
 from __future__ import annotations
@@ -161,8 +161,9 @@ class PieceQueue:
     only, before anything else: their cost is the laptop's per-file work, which a second stream's
     thread only contends with for the one interpreter, while the other streams move the big ones.
     ``request_bytes`` is what a piece adds to the request that asks for it (its path): a batch stops
-    at REQUEST_BYTES of it, so the requests a stream has sent ahead never fill the SSH channel's
-    window while the host is busy answering (the host reads the next request only after the last).
+    at REQUEST_BYTES of it; the engine keeps a stream's unanswered requests under REQUESTS_AHEAD, so
+    they never fill the SSH channel's window while the host is busy answering (it reads the next
+    request only after answering the last).
     """
 
     def __init__(self, pieces: list[Piece], near: bool = False, request_bytes: Callable[[Piece], int] = lambda p: 64):
@@ -195,7 +196,7 @@ def cost(piece: Piece) -> int:
 
 
 REQUEST_BYTES = 64 * 1024  # a batch's request stays under this
-REQUESTS_AHEAD = 512 * 1024  # a stream's requests not yet answered stay under this (a channel's window is 2 MiB)
+REQUESTS_AHEAD = 512 * 1024  # a stream stops asking while its unanswered requests exceed this (a channel's window is 2 MiB)
 LOOKAHEAD_NEAR = 2 * MiB  # bytes a stream keeps asked for beyond the piece it receives, on a near link
 LOOKAHEAD = 8 * MiB  # elsewhere: a window (2 MiB) a round trip moves at most, several times over
 

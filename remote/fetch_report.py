@@ -33,7 +33,6 @@ class RunResult:
         return self.error is None and not self.changed
 
 
-
 def _some(paths: list[str], limit: int = 5) -> str:
     return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 

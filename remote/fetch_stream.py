@@ -213,7 +213,7 @@ class Stream:
 
     def why(self, what: str) -> str:
         """``what``, with ssh's own words when it has exited (a refused key, a reset connection)."""
-        if self.proc.poll() is None:
+        if self.proc.poll() is None or self._err.closed:  # closed: the fetch is ending (Ctrl-C)
             return what
         self._err.seek(0)
         err = self._err.read().decode("utf-8", "replace").strip()[-500:]

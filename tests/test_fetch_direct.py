@@ -68,16 +68,19 @@ def test_whole_blocks_go_directly_the_tail_and_refused_writes_the_ordinary_way(t
     path = tmp_path / "f"
     fdesc = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        assert fd.set_direct(fdesc, True)
-        assert fd.write(fdesc, buf[:12288], 0, True) == (12288, True)
-        assert fd.write(fdesc, buf[:5000], 12288, True) == (4096, True)  # the whole blocks only
-        assert fd.write(fdesc, buf[4096:4096 + 904], 16384, True) == (904, False)  # the tail: flag off
-        assert fd.write(fdesc, buf[8192:16384], 17288, False) == (8192, False)
-        # An offset the disk does not take (its blocks are 512 bytes or more): the kernel refuses the write
-        # (EINVAL), and it goes the ordinary way.
+        writer = fd.Writer(fdesc, fd.set_direct(fdesc, True))
+        assert writer.direct
+        assert writer.write(buf[:12288], 0) == 12288 and writer.direct
+        assert writer.write(buf[:5000], 12288) == 4096 and writer.direct  # the whole blocks only
+        assert writer.write(buf[4096:4096 + 904], 16384) == 904 and not writer.direct  # the tail: flag off
+        assert writer.write(buf[8192:16384], 17288) == 8192
+        # An offset the disk does not take (its blocks are 512 bytes or more): ext4 refuses the write
+        # (EINVAL), and it goes the ordinary way (btrfs would quietly go through its cache itself).
         monkeypatch.setattr(fd, "DIRECT_ALIGN", 256)
-        assert fd.set_direct(fdesc, True)
-        assert fd.write(fdesc, buf[:512], 25856, True) == (512, False)
+        writer = fd.Writer(fdesc, fd.set_direct(fdesc, True))
+        assert writer.write(buf[:512], 25856) == 512
+        if fd.file_system(os.path.realpath(path), Path(fd.MOUNTINFO).read_text()) == "ext4":
+            assert not writer.direct
     finally:
         os.close(fdesc)
     expect = data[:12288] + data[:4096] + data[4096:5000] + data[8192:16384]
@@ -85,32 +88,62 @@ def test_whole_blocks_go_directly_the_tail_and_refused_writes_the_ordinary_way(t
     assert path.read_bytes() == expect
 
 
+def test_direct_writes_that_prove_slow_give_way_to_the_page_cache(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that seeks (here: every direct write counts as slow) gets the rest through its cache, once
+    enough was written to judge; data whole either way. Writes of 256 KiB, as a fetch's chunks are."""
+    if not direct_capable(tmp_path):
+        pytest.skip("no O_DIRECT here")
+    chunk = 256 * 1024
+    monkeypatch.setattr(fd, "SLOW_AFTER", 3 * chunk)
+    buf = memoryview(mmap.mmap(-1, chunk))
+    buf[:] = os.urandom(chunk)
+    path = tmp_path / "f"
+    fdesc = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fast = fd.Writer(fdesc, fd.set_direct(fdesc, True))
+        for i in range(4):
+            assert fast.write(buf, i * chunk) == chunk
+        assert fast.direct or fast.spent > fd.SLOW_S * 4  # a healthy disk stays direct (unless this one is slow)
+        monkeypatch.setattr(fd, "SLOW_S", 0.0)
+        slow = fd.Writer(fdesc, fd.set_direct(fdesc, True))
+        states = []
+        for i in range(4, 8):
+            assert slow.write(buf, i * chunk) == chunk
+            states.append(slow.direct)
+        assert states == [True, True, False, False]  # judged after 768 KiB, not on one write
+    finally:
+        os.close(fdesc)
+    assert path.read_bytes() == bytes(buf) * 8
+
+
 def test_a_fetch_writes_big_files_directly_and_they_arrive_whole(host: Host, tmp_path: Path, small_ranges,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Files sent whole and in ranges, of odd sizes (a tail of less than a block), small ones among them:
     byte for byte the host's, and the big ones did go directly (where this folder's disk allows it)."""
     job = host.job()
-    sizes = {"a.pt": 3 * MiB + 1234, "b.pt": 700 * 1024, "c.pt": 2 * MiB, "s.json": 1000, "t.bin": 64 * 1024 - 1}
+    sizes = {"a.pt": 3 * MiB + 1234, "b.pt": 700 * 1024 + 100, "c.pt": 2 * MiB, "s.json": 1000, "t.bin": 64 * 1024 - 1}
     for name, size in sizes.items():
         (job / name).write_bytes(os.urandom(size))
     direct: list[int] = []
-    write = fd.write
+    write = fd.Writer.write
 
-    def spy(fdesc: int, view: memoryview, pos: int, on: bool) -> tuple[int, bool]:
-        n, still = write(fdesc, view, pos, on)
-        if on and still:
-            direct.append(n)
-        return n, still
+    def spy(self: fd.Writer, view: memoryview, pos: int) -> int:
+        before = self.written  # the bytes this writer wrote directly
+        n = write(self, view, pos)
+        direct.append(self.written - before)
+        return n
 
-    monkeypatch.setattr(fd, "write", spy)
+    monkeypatch.setattr(fd.Writer, "write", spy)
     dest = tmp_path / "home"
     assert host.fetch(dest).complete
     assert tree(dest) == tree(job)
     if fd.writes_direct(tmp_path):
-        # a.pt's twelve whole 256 KiB ranges (its last, 1234 bytes, is small), b.pt whole, c.pt's eight ranges
+        # a.pt's twelve whole 256 KiB ranges (its last, 1234 bytes, is small), b.pt but its last 100 bytes,
+        # c.pt's eight ranges
         assert sum(direct) == 3 * MiB + 700 * 1024 + 2 * MiB
     else:
-        assert not direct
+        assert not any(direct)
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):  # tmpfs: the ordinary way
         import tempfile
@@ -118,4 +151,4 @@ def test_a_fetch_writes_big_files_directly_and_they_arrive_whole(host: Host, tmp
         with tempfile.TemporaryDirectory(dir=shm) as where:
             direct.clear()
             assert host.fetch(Path(where) / "home").complete
-            assert tree(Path(where) / "home") == tree(job) and not direct
+            assert tree(Path(where) / "home") == tree(job) and not any(direct)

@@ -253,3 +253,29 @@ def test_streams_that_cannot_be_started_leave_the_work_to_those_open(host: Host,
         opener.close()  # type: ignore[attr-defined]
     assert result.complete and result.files == 6, result
     assert len(tries) == 2 and tree(dest) == tree(job)
+
+
+def test_a_bug_in_a_stream_fails_the_fetch_with_its_name_not_quietly(host: Host, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected error in a stream's thread is the fetch's error (before, the thread ended quietly,
+    its pieces never came, and the first stream was then asked for hashes with answers still pending)."""
+    from remote.fetch_engine import Fetcher
+
+    job = host.job()
+    for i in range(3):
+        (job / f"c{i}.pt").write_bytes(os.urandom(100_000))
+    receive = Fetcher._receive
+
+    def broken(self: Fetcher, stream: fetch_stream.Stream, piece: fp.Piece, *args: object) -> None:
+        if piece.key == 1:
+            raise RuntimeError("a bug")
+        return receive(self, stream, piece, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Fetcher, "_receive", broken)
+    dest = tmp_path / "home"
+    result = host.fetch(dest)
+    assert result.error is not None and "a stream failed: RuntimeError: a bug" in result.error, result
+    for p in dest.rglob("*"):  # what arrived is whole
+        assert p.read_bytes() == (job / p.name).read_bytes()
+    monkeypatch.setattr(Fetcher, "_receive", receive)
+    assert host.fetch(dest).complete and tree(dest) == tree(job)
