@@ -31,11 +31,17 @@ import re
 import time
 from pathlib import Path
 
+from remote.fetch_local import CHUNK
+
 DIRECT_MIN = 4 << 20  # pieces this big are written directly
 DIRECT_ALIGN = 4096  # a direct write's offset, length and buffer: multiples of any disk's logical block
 DIRECT_FS = frozenset({"ext4", "xfs", "btrfs", "f2fs"})  # local disks' file systems
 SLOW_S = 0.004  # direct writes slower than this per 256 KiB (64 MB/s): the rest of the piece through the cache
 SLOW_AFTER = 2 << 20  # judged over at least this many bytes
+# A stream's buffer, so the size of a direct write: each costs a system call and, on a VM, a notice to
+# the host's disk (a virtio kick). 1 GiB on loopback, medians of 6 in turns: 256 KiB 3.29 s, 1 MiB
+# 2.95 s, 4 MiB 3.16 s. Writes through the page cache stay CHUNK-sized (bigger ones cost more per byte).
+BUFFER = 1 << 20
 MOUNTINFO = "/proc/self/mountinfo"
 
 
@@ -116,7 +122,7 @@ class Writer:
                         self.stop()  # a disk slower directly than through its cache
                     return n
             self.stop()
-        return os.pwrite(self.fd, view, pos)
+        return os.pwrite(self.fd, view[:CHUNK], pos)
 
     def stop(self) -> None:
         self.direct = False

@@ -232,7 +232,7 @@ class Fetcher:
               errors: list[StreamError]) -> None:
         """One stream: ask for batches so that ``lookahead`` bytes of work stay asked for beyond the piece
         being received (the host never waits for a request), and receive the pieces in order."""
-        buf = memoryview(mmap.mmap(-1, fl.CHUNK))  # page-aligned, as a direct write's buffer must be
+        buf = memoryview(mmap.mmap(-1, fdirect.BUFFER))  # page-aligned, as a direct write's buffer must be
         ahead: deque[fp.Piece] = deque()
         asked = requests = 0  # the bytes in ``ahead``, and what their requests took
         dry = False  # the queue has nothing more for this stream
