@@ -217,7 +217,7 @@ def ensure_dir(base: Path, rel: str | None) -> Path:
 
 def part_path(dest: Path, rel: str) -> str:
     """Where ``rel`` is assembled: named by a hash of its path, so a later fetch finds it to resume."""
-    return f"{_partial_str(dest)}/{hashlib.sha256(rel.encode()).hexdigest()[:32]}.part"
+    return f"{_partial_str(dest)}/{hashlib.sha256(os.fsencode(rel)).hexdigest()[:32]}.part"  # a name as its bytes
 
 
 @functools.lru_cache(maxsize=64)

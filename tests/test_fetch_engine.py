@@ -310,3 +310,17 @@ def test_ranges_are_read_by_pattern_and_anything_else_as_the_json_it_is(tmp_path
     assert (n2, d2[:400], d2[400:]) == (900, (job / "a.bin").read_bytes()[600:], bytes(500))
     assert short["short"] == 500 and short["sha256"] == sha(d2).hexdigest()  # read as JSON
     assert n3 == 0 and "error" in error
+
+
+def test_a_file_name_that_is_not_utf8_comes_home_as_the_same_bytes(host: Host, tmp_path: Path) -> None:
+    """Linux file names are bytes: one that is not UTF-8 (an old archive's Latin-1) arrives as itself."""
+    job = host.job()
+    name = os.fsdecode(b"caf\xe9.pt")
+    (job / name).write_bytes(os.urandom(100_000))
+    (job / "plain.txt").write_text("x\n")
+    dest = tmp_path / "home"
+    result = host.fetch(dest)
+    assert result.complete and result.files == 2, result
+    assert sorted(os.listdir(os.fsencode(dest))) == [b"caf\xe9.pt", b"plain.txt"]
+    assert tree(dest) == tree(job)
+    assert host.fetch(dest).up_to_date
