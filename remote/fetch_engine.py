@@ -51,6 +51,7 @@ class FileJob:
     whole: str | None = None  # the host's SHA-256 of the whole file, when it comes in several pieces
     ino: int | None = None
     direct: bool = False  # its big pieces are written past the page cache (remote/fetch_direct.py)
+    request: int = 0  # what each of its pieces adds to a read request (fp.request_bytes)
     failed: bool = False
     installed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -142,7 +143,8 @@ class Fetcher:
                 if tree.link(e.path, e.target, local):
                     result.files += 1
             elif action in (fp.FETCH, fp.DELTA):
-                job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path), direct=direct)
+                job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path), direct=direct,
+                              request=fp.request_bytes(result.run_id, e.path))
                 self.jobs.append(job)
                 if action == fp.DELTA or (e.size >= fp.DELTA_MIN and os.path.isfile(job.part)):
                     basis.append(job)  # a local copy, or what an interrupted fetch left: compared by blocks
@@ -221,12 +223,7 @@ class Fetcher:
             raise errors[0]
 
     def _request_bytes(self, piece: fp.Piece) -> int:
-        """At least what the piece adds to its request's JSON (a character beyond printable ASCII is
-        escaped: \\uXXXX, twice for one beyond the first 64K)."""
-        job = self.jobs[piece.key]
-        path = job.entry.path
-        size = len(path) + path.count('"') + path.count("\\") if path.isascii() and path.isprintable() else 12 * len(path)
-        return size + len(job.run.run_id) + 48  # a run id is plain ASCII; the numbers, quotes and commas
+        return self.jobs[piece.key].request
 
     def _work(self, stream: Stream, queue: fp.PieceQueue, lead: bool, lookahead: int, lock: threading.Lock,
               errors: list[StreamError]) -> None:

@@ -190,6 +190,13 @@ class PieceQueue:
         return batch
 
 
+def request_bytes(run_id: str, path: str) -> int:
+    """At least what one piece of ``path`` adds to a read request's JSON: a character beyond printable
+    ASCII is escaped (\\uXXXX, twice for one beyond the first 64K); a run id is plain ASCII."""
+    size = len(path) + path.count('"') + path.count("\\") if path.isascii() and path.isprintable() else 12 * len(path)
+    return size + len(run_id) + 48  # the numbers, quotes and commas
+
+
 def cost(piece: Piece) -> int:
     """What a piece costs a stream: its bytes, and PIECE_COST for the per-file work."""
     return piece.length + PIECE_COST

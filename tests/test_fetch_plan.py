@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from remote import fetch_plan as fp
@@ -263,3 +266,12 @@ def test_safe_mode(mode: int, safe: int) -> None:
 ])  # fmt: skip
 def test_bar_line(done: int, total: int, elapsed: float, text: str) -> None:
     assert bar_line(done, total, elapsed) == text
+
+
+@pytest.mark.parametrize("path", ["ckpt/step_10.pt", 'a"b\\c', "café/ü.pt", "日本/データ.pt", "emoji/🙂.pt",
+                                  "ctl\x01name", os.fsdecode(b"caf\xe9.pt")])
+def test_a_requests_size_is_never_counted_short(path: str) -> None:
+    """What a piece adds to a read request, as the engine sends it: never more than counted (the bound on
+    requests sent ahead rests on it)."""
+    item = json.dumps([["r_20250101_000000", path, 2**40, 2**30]], separators=(",", ":"))
+    assert len(item.encode()) - 2 <= fp.request_bytes("r_20250101_000000", path)
