@@ -124,6 +124,11 @@ def flag_accelerator(text: str, name: str) -> tuple[str, int]:
     return parts["type"], _count(parts.get("count", "1"), f"{name} count")
 
 
+def together(wrong: list[str]) -> str:
+    """Every problem of a job in one message, so one edit fixes them all."""
+    return wrong[0] if len(wrong) == 1 else f"{len(wrong)} problems in the job:\n" + "\n".join(f"  {w}" for w in wrong)
+
+
 # -- AI Platform config.yaml -------------------------------------------------------------------
 _TI_HANDLED = {
     "scaleTier", "masterType", "masterConfig", "workerCount", "workerType", "workerConfig",
@@ -139,8 +144,6 @@ def _scale_tier(job: JobDescription, ti: dict, tables: Tables) -> dict:
     if tier in known["notTranslated"]:
         raise JobImportError(f"trainingInput.scaleTier = {tier}: {known['notTranslated'][tier]}")
     if tier == "CUSTOM":
-        if not ti.get("masterType"):
-            raise JobImportError("trainingInput.scaleTier = CUSTOM needs masterType (AI Platform requires it too)")
         if "scaleTier" in ti:
             job.note("scaleTier", EXACT, "CUSTOM: the machines come from masterType, workerType, parameterServerType")
         return ti
@@ -169,29 +172,44 @@ def read_training_input(doc: Any, tables: Tables) -> JobDescription:
         raise JobImportError("trainingInput must be a mapping")
     job = JobDescription()
     ti = _scale_tier(job, ti, tables)
+    wrong: list[str] = []  # every field missing or malformed, said together (AI Platform's own check did too)
     roles = (("chief", "master", 1), ("worker", "worker", None), ("ps", "parameterServer", None))
     for role, prefix, fixed in roles:
-        machine = ti.get(f"{prefix}Type")
-        count = fixed if fixed is not None else _count(ti.get(f"{prefix}Count", 0), f"{prefix}Count")
-        if not count:
-            continue
-        if not machine:
-            raise JobImportError(f"trainingInput.{prefix}Count = {count} needs {prefix}Type")
-        conf = ti.get(f"{prefix}Config") or {}
-        accel, accel_count = _accelerator_config(conf.get("acceleratorConfig"), f"{prefix}Config.acceleratorConfig")
-        job.replicas.append(Replica(role, count, str(machine), accel, accel_count, f"{prefix}Type"))
-        if conf.get("imageUri"):
-            job.container = str(conf["imageUri"])
-        for extra in sorted(set(conf) - {"acceleratorConfig", "imageUri"}):
-            job.note(f"{prefix}Config.{extra}", NOT_MAPPED, "gpu-train has no such setting; it is left out")
-    _common_fields(job, ti)
+        try:
+            _replica(job, ti, role, prefix, fixed)
+        except JobImportError as e:
+            wrong.append(str(e))
+    wrong += _common_fields(job, ti)
+    if wrong:
+        raise JobImportError(together(wrong))
     for extra in sorted(set(ti) - _TI_HANDLED):
         job.note(extra, NOT_MAPPED, "gpu-train has no such setting; it is left out")
     return job
 
 
-def _common_fields(job: JobDescription, ti: dict) -> None:
-    """The fields AI Platform's config and gcloud's flags share (flags are read into this shape)."""
+def _replica(job: JobDescription, ti: dict, role: str, prefix: str, fixed: int | None) -> None:
+    """One AI Platform replica pool (master, workers, parameter servers) into ``job``, if it has any."""
+    machine = ti.get(f"{prefix}Type")
+    count = fixed if fixed is not None else _count(ti.get(f"{prefix}Count", 0), f"trainingInput.{prefix}Count")
+    if not count:
+        return
+    if not machine:
+        if role == "chief":
+            raise JobImportError("trainingInput.scaleTier = CUSTOM needs masterType (AI Platform requires it too)")
+        raise JobImportError(f"trainingInput.{prefix}Count = {count} needs {prefix}Type")
+    conf = ti.get(f"{prefix}Config") or {}
+    accel, accel_count = _accelerator_config(conf.get("acceleratorConfig"), f"{prefix}Config.acceleratorConfig")
+    job.replicas.append(Replica(role, count, str(machine), accel, accel_count, f"{prefix}Type"))
+    if conf.get("imageUri"):
+        job.container = str(conf["imageUri"])
+    for extra in sorted(set(conf) - {"acceleratorConfig", "imageUri"}):
+        job.note(f"{prefix}Config.{extra}", NOT_MAPPED, "gpu-train has no such setting; it is left out")
+
+
+def _common_fields(job: JobDescription, ti: dict) -> list[str]:
+    """The fields AI Platform's config and gcloud's flags share (flags are read into this shape); returns
+    what is wrong in them."""
+    wrong: list[str] = []
     if ti.get("region"):
         job.region = str(ti["region"])
     if ti.get("pythonModule"):
@@ -200,20 +218,25 @@ def _common_fields(job: JobDescription, ti: dict) -> None:
         job.note("packageUris", CHANGED, "packages are not downloaded: run the import's train command from the "
                  "folder that holds the package's source (it is synced as code)")
     if ti.get("args") is not None:
-        if not isinstance(ti["args"], list):
-            raise JobImportError("trainingInput.args must be a list of strings")
-        job.args += [str(a) for a in ti["args"]]
+        if isinstance(ti["args"], list):
+            job.args += [str(a) for a in ti["args"]]
+        else:
+            wrong.append("trainingInput.args must be a list of strings")
     if ti.get("jobDir"):
         job.job_dir = str(ti["jobDir"])
     scheduling = ti.get("scheduling") or {}
     if isinstance(scheduling, dict) and scheduling.get("maxRunningTime"):
-        job.max_running_s = _seconds(scheduling["maxRunningTime"], "scheduling.maxRunningTime")
+        try:
+            job.max_running_s = _seconds(scheduling["maxRunningTime"], "scheduling.maxRunningTime")
+        except JobImportError as e:
+            wrong.append(str(e))
     if "useChiefInTfConfig" in ti:
         job.use_chief_in_tf_config = str(ti["useChiefInTfConfig"]).lower() == "true"
     for name in ("runtimeVersion", "pythonVersion"):
         if ti.get(name):
             job.note(name, CHANGED, f"{ti[name]}: the VM runs a Deep Learning VM image with its own framework and "
                      "Python (gpu-train:imageFamily); pin versions in requirements.txt")
+    return wrong
 
 
 # -- Vertex AI CustomJob ------------------------------------------------------------------------
@@ -228,20 +251,34 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
     """
     spec = doc.get("jobSpec", doc) if isinstance(doc, dict) else None
     pools = spec.get("workerPoolSpecs") if isinstance(spec, dict) else None
+    single = isinstance(pools, dict)  # gcloud's reference writes one pool as a mapping, not a list of one
+    pools = [pools] if single else pools
     if not isinstance(spec, dict) or not isinstance(pools, list) or not pools:
-        raise JobImportError("a Vertex AI job needs workerPoolSpecs (a list, pool 0 being the chief)")
+        raise JobImportError("a Vertex AI job needs workerPoolSpecs (a list, pool 0 being the chief, or one pool as "
+                             "a mapping)")
     job = JobDescription(region=region or (doc.get("region") if isinstance(doc, dict) else None))
+    if single:
+        job.note("workerPoolSpecs", EXACT, "one pool written as a mapping (gcloud's form): the chief")
+    wrong: list[str] = []
     for index, pool in enumerate(pools):
-        where = f"workerPoolSpecs[{index}]"
+        where = "workerPoolSpecs" if single else f"workerPoolSpecs[{index}]"
         if not pool:  # an empty pool keeps its place (Vertex's way to skip the worker pool)
             continue
         if index > 2:
             job.note(where, NOT_MAPPED, "evaluator pools are not run; evaluate from the chief or after training")
             continue
+        if not isinstance(pool, dict):
+            wrong.append(f"{where} must be a mapping with machineSpec and replicaCount")
+            continue
         machine = (pool.get("machineSpec") or {})
-        if not machine.get("machineType"):
-            raise JobImportError(f"{where}.machineSpec.machineType is required")
-        count = _count(pool.get("replicaCount", 1), f"{where}.replicaCount")
+        if not isinstance(machine, dict) or not machine.get("machineType"):
+            wrong.append(f"{where}.machineSpec.machineType is required")
+            continue
+        try:
+            count = _count(pool.get("replicaCount", 1), f"{where}.replicaCount")
+        except JobImportError as e:
+            wrong.append(str(e))
+            continue
         accel = machine.get("acceleratorType")
         accel = None if accel in (None, "ACCELERATOR_TYPE_UNSPECIFIED") else accel
         shape = (machine["machineType"], accel, machine.get("acceleratorCount"))
@@ -266,6 +303,8 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
                          f"{py['executorImageUri']}: the module runs in the VM's Deep Learning VM Python instead")
         if pool.get("containerSpec"):
             job.container = pool["containerSpec"].get("imageUri") or "a container"
+    if wrong:
+        raise JobImportError(together(wrong))
     output = (spec.get("baseOutputDirectory") or {}).get("outputUriPrefix")
     if output:
         job.job_dir = str(output)

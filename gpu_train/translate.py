@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_train.catalog import Catalog
-from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables
+from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables, together
 from gpu_train.shape_rules import nearest_regions
 
 NAMESPACE = "gpu-train"
@@ -214,7 +214,15 @@ def translate(job: JobDescription, stack: str, catalog: Catalog, tables: Tables,
     notes = list(job.notes)
     if not job.replicas:
         raise JobImportError("the job declares no machines")
-    shapes = _merge([resolve(r, catalog, tables, notes) for r in job.replicas])
+    resolved, wrong = [], []
+    for replica in job.replicas:  # every pool's problem at once, not the first only
+        try:
+            resolved.append(resolve(replica, catalog, tables, notes))
+        except JobImportError as e:
+            wrong.append(str(e))
+    if wrong:
+        raise JobImportError(together(wrong))
+    shapes = _merge(resolved)
     zone = choose_zone(shapes, job.region, catalog, notes)
     settings: dict[str, Any] = {"gcp:project": job.project or "YOUR_PROJECT"}
     if not job.project:

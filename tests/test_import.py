@@ -277,3 +277,53 @@ def test_gpu_train_import_takes_gcloud_after_the_double_dash(tmp_path) -> None:
     doc = json.loads(out.stdout)
     assert doc["train"][-1] == "python -m trainer.task --epochs 10 --note 'two words' --job-dir \"$JOB_DIR\""
     assert (tmp_path / "Pulumi.g.yaml").is_file()
+
+
+# gcloud's reference (`gcloud ai custom-jobs create --config`) writes one pool as a mapping, not a list of one.
+VERTEX_SINGLE = """
+workerPoolSpecs:
+  machineSpec:
+    machineType: n1-standard-8
+    acceleratorType: NVIDIA_TESLA_T4
+    acceleratorCount: 1
+  replicaCount: 1
+  pythonPackageSpec:
+    executorImageUri: us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-1.py310:latest
+    pythonModule: trainer.task
+    args: [--epochs, "2"]
+"""
+
+
+@pytest.mark.parametrize("form", ["mapping", "list"])
+def test_vertex_pool_as_a_single_mapping_is_the_list_of_one(form):
+    doc = yaml.safe_load(VERTEX_SINGLE)
+    if form == "list":
+        doc["workerPoolSpecs"] = [doc["workerPoolSpecs"]]
+    t = translate.translate(importer.read_any(doc, TABLES), "v", CATALOG, TABLES)
+    assert {k: t.settings[f"gpu-train:{k}"] for k in ("machineType", "gpuType", "gpuCount")} == {
+        "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1}
+    assert "gpu-train:nodes" not in t.settings and t.train[-1].startswith("python -m trainer.task --epochs 2")
+    assert (form == "mapping") == any(n.field == "workerPoolSpecs" and "mapping" in n.detail for n in t.notes)
+    assert plans(t.settings)[1] == 0
+
+
+@pytest.mark.parametrize("text, problems", [
+    ("trainingInput: {scaleTier: CUSTOM, workerCount: 2, parameterServerCount: 1, args: x}",
+     ["needs masterType", "workerCount = 2 needs workerType", "parameterServerCount = 1 needs parameterServerType",
+      "args must be a list"]),
+    ("trainingInput: {scaleTier: CUSTOM, masterType: standard, workerCount: many, scheduling: {maxRunningTime: soon}}",
+     ["workerCount = 'many'", "duration"]),
+    ("trainingInput: {scaleTier: CUSTOM, masterType: turbo, workerCount: 1, workerType: warp}",
+     ["masterType = 'turbo'", "workerType = 'warp'"]),
+    ("workerPoolSpecs: [{replicaCount: 1}, {replicaCount: 2, machineSpec: {}}, {machineSpec: {machineType: n1-highmem-8},"
+     " replicaCount: x}]",
+     ["workerPoolSpecs[0].machineSpec.machineType", "workerPoolSpecs[1].machineSpec.machineType",
+      "workerPoolSpecs[2].replicaCount"]),
+])
+def test_every_missing_field_is_reported_at_once(text, problems):
+    with pytest.raises(JobImportError) as e:
+        translate.translate(importer.read_any(yaml.safe_load(text), TABLES), "x", CATALOG, TABLES)
+    message = str(e.value)
+    assert f"{len(problems)} problems in the job" in message, message
+    for p in problems:
+        assert p in message, (p, message)
