@@ -42,6 +42,32 @@ def test_an_ssh_config_is_checked_like_a_stack_file(user: str, hostname: str, po
         sshconfig.from_dump(dump, "labbox", (), ())
 
 
+@pytest.mark.parametrize(("text", "refused"), [
+    (b"Host lab\n  HostName 10.0.0.1\n  User me\n  Port 2200\n  IdentityFile ~/.ssh/lab\n  ProxyJump gw\n", []),
+    (b"Host lab\n  # ProxyCommand in a comment\n", []),
+    (b'Match exec "touch /tmp/x; false"\n', ["Match exec"]),
+    (b'Match host lab !exec "touch /tmp/x"\n', ["Match exec"]),
+    (b'  "Match" "exec" "touch /tmp/x"\n', ["Match exec"]),  # OpenSSH takes the quoted keywords
+    (b"MATCH EXEC=true\n", ["Match exec"]),
+    (b"Match\texec\ttrue\n", ["Match exec"]),
+    (b"Match all\n  ProxyCommand=nc %h %p\n", ["proxycommand"]),
+    (b"Host *\n  LocalCommand touch /tmp/x\n  PermitLocalCommand yes\n", ["localcommand", "permitlocalcommand"]),
+    (b"Host *\n  KnownHostsCommand /bin/sh -c x\n", ["knownhostscommand"]),
+    (b"Include /tmp/other\n", ["include"]),
+    (b"Host *\n  PKCS11Provider /tmp/evil.so\n  SecurityKeyProvider /tmp/evil.so\n", ["pkcs11provider", "securitykeyprovider"]),
+    (b"Host *\n  ProxyUseFdpass yes\n", ["proxyusefdpass"]),
+    (b"Host *\r\n  Proxy\\Command nc\r\n", ["proxycommand"]),  # a backslash OpenSSH would drop
+    (b"Host a\0junk\nMatch exec x\n", ["Match exec"]),  # a NUL ends a line, not the file
+])
+def test_an_ssh_config_that_runs_commands_is_refused(text: bytes, refused: list[str]) -> None:
+    # A project's (or a shared) ssh_config is read with `ssh -G -F FILE`, which runs Match exec as it
+    # reads: anything that runs a command is refused in any file but the user's own.
+    from remote import sshconfig
+
+    found = sshconfig.config_problems(text)
+    assert [p.split(": ")[1].split(" ")[0] if "Match exec" not in p else "Match exec" for p in found] == refused, found
+
+
 @pytest.mark.parametrize(("word", "choices", "expected"), [
     ("trian", ["train", "status", "stop"], ["train"]),
     ("sta", ["train", "status", "stop"], ["status"]),
