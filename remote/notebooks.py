@@ -31,22 +31,30 @@ def logdir_for(remote_root: str, run: str | None, logdir: str | None) -> str:
     return f"{runs}/{run}/job" if run else runs
 
 
-def host_command(python: str | None, spec: dict) -> str:
-    return f"{shlex.quote(python or 'python3')} -c {shlex.quote(HOST_SCRIPT.read_text())} {shlex.quote(json.dumps(spec))}"
+def host_command(python: str | None) -> str:
+    """The host script's command line: the script only. Its spec (Jupyter's token) goes on stdin, since
+    every user of the host reads command lines in /proc."""
+    return f"{shlex.quote(python or 'python3')} -c {shlex.quote(HOST_SCRIPT.read_text())}"
 
 
 def url_for(kind: str, port: int, token: str | None) -> str:
-    return f"http://127.0.0.1:{port}/" + (f"?token={token}" if kind == "jupyter" and token else "")
+    """Where the forwarded server answers: Jupyter with its token, TensorBoard under its secret path."""
+    if not token:
+        return f"http://127.0.0.1:{port}/"
+    return f"http://127.0.0.1:{port}/?token={token}" if kind == "jupyter" else f"http://127.0.0.1:{port}/{token}/"
 
 
 def serve(conn, target, kind: str, spec_extra: dict, local_port: int | None, say: Callable[[str], None],
           show: Callable[[str], None], wait: Callable[[], None] | None = None) -> None:
     """Start ``kind`` on the host, forward it, print its URL, and stop both when interrupted."""
-    token = secrets.token_hex(24) if kind == "jupyter" else None
+    # Both ends listen on a loopback port every local user may connect to (the host's server, this
+    # laptop's forward): a secret only this user sees (Jupyter's token, TensorBoard's path) is the lock.
+    token = secrets.token_hex(24)
     spec = {"kind": kind, "python": target.python, "root": target.remote_root, "token": token or "", **spec_extra}
     transport = conn.client.get_transport()
     chan = transport.open_session()
-    chan.exec_command(host_command(target.python, spec))
+    chan.exec_command(host_command(target.python))
+    chan.sendall(json.dumps(spec).encode() + b"\n")
     try:
         line = chan.makefile("rb").readline()
         try:

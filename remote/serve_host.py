@@ -1,8 +1,9 @@
 """Runs on the host (standard library only): start TensorBoard or Jupyter on localhost, for as long as
 the laptop's SSH channel stays open.
 
-Sent with the call (``python3 -c``) by `gpu-train tensorboard` / `jupyter`, with one argument: the
-spec as JSON. It picks the Python that has the server (the stack's, else the Deep Learning VM's
+Sent with the call (``python3 -c``) by `gpu-train tensorboard` / `jupyter`; the spec (Jupyter's
+token) comes as the first line of stdin, never on the command line, which every user of the host
+can read. It picks the Python that has the server (the stack's, else the Deep Learning VM's
 conda, else python3), a free port on 127.0.0.1 (never on a public address: the tunnel is the only
 way in), starts the server in its own process group, waits until it accepts connections, and
 answers one JSON line. Then it waits for its stdin to close, which happens when the laptop stops
@@ -46,9 +47,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+# TensorBoard has no token: it answers only under a secret path prefix, given by environment (a
+# command line is readable by every user of the host), so it is started through its Python API.
+TENSORBOARD = ("import os, sys\nfrom tensorboard import program\ntb = program.TensorBoard()\n"
+               "tb.configure(argv=[*sys.argv, '--path_prefix', '/' + os.environ.pop('GPU_TRAIN_SECRET')])\n"
+               "sys.exit(tb.main())\n")
+
+
 def argv_for(spec, python, module, port):
     if spec["kind"] == "tensorboard":
-        return [python, "-m", module, "--logdir", spec["logdir"], "--host", "127.0.0.1", "--port", str(port)]
+        return [python, "-c", TENSORBOARD, "--logdir", spec["logdir"], "--host", "127.0.0.1", "--port", str(port)]
     return [python, "-m", module, "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
             f"--ServerApp.root_dir={spec['dir']}"]
 
@@ -74,8 +82,19 @@ def stop(proc):
             continue
 
 
+def first_line(fd=0, limit=1 << 20):
+    """The spec's line, read byte by byte (stdin stays unbuffered for the wait on its end below)."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) < limit:
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        data += byte
+    return data
+
+
 def main():
-    spec = json.loads(sys.argv[1])
+    spec = json.loads(first_line())
     for key in ("root", "logdir", "dir"):
         if spec.get(key):
             spec[key] = os.path.expanduser(spec[key])
@@ -91,7 +110,8 @@ def main():
     port = free_port()
     log_path = os.path.join(spec["root"], f"{spec['kind']}.log")
     os.makedirs(spec["root"], exist_ok=True)
-    env = dict(os.environ, JUPYTER_TOKEN=spec.get("token", ""))  # not on the command line, where ps shows it
+    # Not on the command line, where ps shows it: Jupyter's token, TensorBoard's path prefix.
+    env = dict(os.environ, JUPYTER_TOKEN=spec.get("token", ""), GPU_TRAIN_SECRET=spec.get("token", ""))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv_for(spec, python, module, port), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, env=env, cwd=spec.get("dir") or spec["root"])

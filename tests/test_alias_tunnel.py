@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -118,7 +119,20 @@ def test_busy_local_port_and_silent_remote_port(host) -> None:
         conn.close()
 
 
+def command_lines() -> list[bytes]:
+    """Every process's command line, as any user of the machine reads it."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            out.append((proc / "cmdline").read_bytes())
+        except OSError:
+            continue
+    return out
+
+
 def test_tensorboard_through_the_tunnel_and_gone_after_ctrl_c(host, tmp_path: Path) -> None:
+    # The host script's spec (Jupyter's token) was its argument: /proc showed it to every user there.
+    canary = "spec-canary-3f9a1c"
     _, target, _ = host
     conn = ssh.open_connection(target, target.host, 10, lambda _: None)
     urls: list[str] = []
@@ -130,16 +144,22 @@ def test_tensorboard_through_the_tunnel_and_gone_after_ctrl_c(host, tmp_path: Pa
         url = urls[0]
         seen["page"] = urllib.request.urlopen(url, timeout=30).read().decode()
         seen["pid"] = int(said[0].split("pid ")[1].split(",")[0])
+        seen["argv"] = [c for c in command_lines() if canary.encode() in c or url.split("/")[3].encode() in c]
+        remote_port = int(said[0].split("127.0.0.1:")[1].split(",")[0])
+        for port in (remote_port, int(url.split(":")[2].split("/")[0])):  # the host's port, this laptop's forward
+            with pytest.raises(urllib.error.HTTPError, match="404"):  # any other local user, without the secret
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30)
         stop.set()
         raise KeyboardInterrupt
 
     logdir = notebooks.logdir_for(target.remote_root, None, None)
     try:
-        notebooks.serve(conn, target, "tensorboard", {"logdir": logdir, "startTimeoutS": 240}, None, said.append,
+        notebooks.serve(conn, target, "tensorboard", {"logdir": logdir, "startTimeoutS": 240, "note": canary}, None, said.append,
                         urls.append, wait=wait)
     finally:
         conn.close()
     assert stop.is_set() and "<title>TensorBoard</title>" in seen["page"]
+    assert seen["argv"] == [], "the spec is on a command line"
     port = int(urls[0].split(":")[2].split("/")[0])
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()  # the local end is closed
@@ -170,12 +190,12 @@ def test_logdir(root: str, run: str | None, logdir: str | None, expected: str) -
 def test_server_command_lines_bind_localhost_only() -> None:
     from remote import serve_host
 
-    tb = serve_host.argv_for({"kind": "tensorboard", "logdir": "/l"}, "/py", "tensorboard.main", 7000)
-    assert tb == ["/py", "-m", "tensorboard.main", "--logdir", "/l", "--host", "127.0.0.1", "--port", "7000"]
+    tb = serve_host.argv_for({"kind": "tensorboard", "logdir": "/l", "token": "t"}, "/py", "tensorboard.main", 7000)
+    assert tb == ["/py", "-c", serve_host.TENSORBOARD, "--logdir", "/l", "--host", "127.0.0.1", "--port", "7000"]
     nb = serve_host.argv_for({"kind": "jupyter", "dir": "/w", "token": "t"}, "/py", "jupyterlab", 7001)
     assert "--ip=127.0.0.1" in nb and "--port=7001" in nb and "t" not in nb  # the token goes by environment, not argv
     assert notebooks.url_for("jupyter", 8888, "abc") == "http://127.0.0.1:8888/?token=abc"
-    assert notebooks.url_for("tensorboard", 6006, None) == "http://127.0.0.1:6006/"
+    assert notebooks.url_for("tensorboard", 6006, "abc") == "http://127.0.0.1:6006/abc/"
 
 
 def test_jupyter_missing_on_the_host_says_how_to_get_it(host) -> None:
