@@ -1,7 +1,10 @@
-"""A local fake of the Google endpoints `check`, `ls` and the program use, on 127.0.15.x, and a throwaway ADC file.
+"""A local fake of the Google endpoints `check`, `ls`, the program and the recovery function use, on 127.0.15.x,
+and a throwaway ADC file.
 
-It answers as Google does: OAuth's token endpoint (a service-account JWT grant, which it checks),
-Service Usage ``services:batchGet``, Compute ``aggregated/instances`` and ``instances.get``, Cloud Quotas
+It answers as Google does: OAuth's token endpoint (a service-account JWT grant, which it checks), the
+metadata server's service-account token, Service Usage ``services:batchGet``, Compute ``aggregated/instances``,
+``instances.get``, ``instances.start``/``stop``/``setMetadata`` (operations that finish later, with the error
+documents of a zone out of capacity; a fingerprint that must match) and ``zoneOperations.get``, Cloud Quotas
 ``quotaPreferences.list`` (paged; refused as a disabled API unless the project's services say it is
 enabled), all refusing a request without the bearer token it issued, with Google's error documents.
 """
@@ -9,8 +12,10 @@ enabled), all refusing a request without the bearer token it issued, with Google
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,6 +44,12 @@ class Google(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
         form = urllib.parse.parse_qs(body)
         self.state["calls"].append(("POST", self.path))
+        if self.path.startswith("/compute/"):
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                self._error(401, "UNAUTHENTICATED", "Request is missing required authentication credential.")
+                return
+            compute_post(self, self.path.strip("/").split("/"), json.loads(body or "{}"))
+            return
         if self.path != "/token" or form.get("grant_type") != ["urn:ietf:params:oauth:grant-type:jwt-bearer"]:
             self._send(400, {"error": "invalid_grant"})
             return
@@ -53,6 +64,12 @@ class Google(BaseHTTPRequestHandler):
         url = urllib.parse.urlparse(self.path)
         query = urllib.parse.parse_qs(url.query)
         self.state["calls"].append(("GET", url.path))
+        if url.path == "/computeMetadata/v1/instance/service-accounts/default/token":  # the function's token
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self._send(403, {"error": "Missing required header: Metadata-Flavor"})
+            else:
+                self._send(200, {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"})
+            return
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
             self._error(401, "UNAUTHENTICATED", "Request is missing required authentication credential.")
             return
@@ -109,6 +126,12 @@ class Google(BaseHTTPRequestHandler):
                     self._send(200, inst)
                     return
             self._error(404, "NOT_FOUND", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        elif parts[:3] == ["compute", "v1", "projects"] and len(parts) == 8 and parts[6] == "operations":
+            op = self.state["operations"].get(parts[7])  # zoneOperations.get
+            if op is None:
+                self._error(404, "NOT_FOUND", f"The resource '{'/'.join(parts[2:])}' was not found")
+            else:
+                self._send(200, op)
         else:
             self._error(404, "NOT_FOUND", f"no such method {url.path}")
 
@@ -116,9 +139,83 @@ class Google(BaseHTTPRequestHandler):
         pass
 
 
+# -- Compute's state changes ----------------------------------------------------------------------------
+CAPACITY_ERROR = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": (
+    "The zone 'projects/{p}/zones/{z}' does not have enough resources available to fulfill the request.  "
+    "Try a different zone, or try again later.")}]}
+_op_numbers = itertools.count(1)
+
+
+def rfc3339(at: float) -> str:
+    """A timestamp as Compute Engine writes one (Pacific time, milliseconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at - 8 * 3600)) + f".{int(at * 1000) % 1000:03d}-08:00"
+
+
+def compute_post(handler: Google, parts: list[str], body: dict) -> None:
+    """instances.start / stop / setMetadata on .../projects/P/zones/Z/instances/N/VERB."""
+    state = handler.state
+    if len(parts) != 9 or parts[:3] != ["compute", "v1", "projects"] or parts[6] != "instances":
+        handler._error(404, "NOT_FOUND", "no such method")
+        return
+    project, zone, name, verb = parts[3], parts[5], parts[7], parts[8]
+    inst = next((i for i in state["instances"].get(project, []) if i["name"] == name), None)
+    if inst is None:
+        handler._error(404, "NOT_FOUND", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+        return
+    target = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}/instances/{name}"
+    op = {"kind": "compute#operation", "id": str(next(_op_numbers)), "operationType": verb, "targetLink": target,
+          "targetId": inst.get("id", "1"), "status": "RUNNING", "progress": 0, "insertTime": rfc3339(time.time()),
+          "zone": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"}
+    op["name"] = f"operation-{op['id']}-{verb}"
+    op["selfLink"] = f"{op['zone']}/operations/{op['name']}"
+    state["operations"][op["name"]] = op
+    if verb == "setMetadata":
+        meta = inst.setdefault("metadata", {"kind": "compute#metadata", "fingerprint": "fp-0", "items": []})
+        if body.get("fingerprint") != meta.get("fingerprint"):
+            handler._send(412, {"error": {"code": 412, "message": "Supplied fingerprint does not match current metadata "
+                                          "fingerprint.", "errors": [{"message": "Supplied fingerprint does not match "
+                                          "current metadata fingerprint.", "domain": "global", "reason": "conditionNotMet",
+                                          "location": "If-Match", "locationType": "header"}]}})
+            return
+        meta["items"] = body.get("items", [])
+        meta["fingerprint"] = f"fp-{op['id']}"
+        op.update(status="DONE", progress=100)
+        handler._send(200, op)
+        return
+    if verb not in ("start", "stop"):
+        handler._error(400, "INVALID_ARGUMENT", f"no such verb {verb}")
+        return
+    handler._send(200, dict(op))
+    threading.Thread(target=_finish, args=(state, inst, op, project, zone), daemon=True).start()
+
+
+def _finish(state: dict, inst: dict, op: dict, project: str, zone: str) -> None:
+    """What Compute Engine does after answering: power the VM on or off (the hooks boot or power off a
+    guest), or fail a start for want of capacity (``start_answers``: per instance, "ok" or "capacity")."""
+    verb, name = op["operationType"], inst["name"]
+    if verb == "start" and inst["status"] == "TERMINATED":
+        answers = state["start_answers"].get(name) or []
+        if (answers.pop(0) if answers else "ok") == "capacity":
+            time.sleep(0.2)
+            error = json.loads(json.dumps(CAPACITY_ERROR).replace("{p}", project).replace("{z}", zone))
+            op.update(status="DONE", progress=100, error=error, httpErrorStatusCode=503,
+                      httpErrorMessage="SERVICE UNAVAILABLE", endTime=rfc3339(time.time()))
+            return
+        inst["status"] = "STAGING"
+        state["on_start"](name)
+        inst.update(status="RUNNING", lastStartTimestamp=rfc3339(time.time()))
+    elif verb == "stop" and inst["status"] in ("RUNNING", "STAGING", "PROVISIONING"):
+        inst["status"] = "STOPPING"
+        state["on_stop"](name)
+        inst.update(status="TERMINATED", lastStopTimestamp=rfc3339(time.time()))
+    op.update(status="DONE", progress=100, endTime=rfc3339(time.time()))
+
+
 class FakeGoogle:
     def __init__(self, address: str = "127.0.15.1"):
-        handler = type("Handler", (Google,), {"state": {"services": {}, "instances": {}, "calls": [],
+        handler = type("Handler", (Google,), {"state": {"services": {}, "instances": {}, "calls": [], "operations": {},
+                                                        "start_answers": {}, "on_start": lambda name: None,
+                                                        "on_stop": lambda name: None,
                                                         "client_email": "gpu-train-test@proj-1.iam.gserviceaccount.com"}})
         self.server = ThreadingHTTPServer((address, 0), handler)
         self.state = handler.state

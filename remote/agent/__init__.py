@@ -12,6 +12,8 @@ cron and systemd run it. Start reading at ``protocol`` (the contract with the la
     launch     `launch`: code into place, the wrapper under screen
     wrap       `wrap`: one job's process, requirements, exit code
     lifecycle  `stop`, `resume`, `boot`, `shutdown`, `tick`, `configure`
+    notify     the webhook (gpu-train:notify): run ends, preemptions, returns
+    recovery   a preempted VM back by itself: the recovery function's decisions (recovery_call: its calls)
     cli        the command line
     bundle     (laptop only) the deterministic zipapp and the bootstrap that installs it
 """

@@ -1,0 +1,90 @@
+"""Notifications: one line to the stack's webhook (``gpu-train:notify``) when a run ends, fails, is
+preempted, comes back or gives up. Slack and Discord incoming webhooks and ntfy-style topics (a plain
+POST of the text) each get their own body. Delivery never affects the run: a short timeout, every
+error swallowed, and the URL (a secret) is never printed, logged or put in an error. Standard library
+only (the agent on the host, the recovery function in Google's cloud).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import threading
+import urllib.parse
+import urllib.request
+
+NOTIFY_FILE = "notify.url"  # REMOTE_ROOT/notify.url on a host: the webhook, 0600, the login user's
+TIMEOUT_S = 10
+
+
+def request_for(url: str, text: str) -> urllib.request.Request:
+    """The POST the webhook at ``url`` expects for ``text``."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "hooks.slack.com":
+        body, kind = json.dumps({"text": text}).encode(), "application/json"
+    elif host in ("discord.com", "discordapp.com") or host.endswith(".discord.com"):
+        body, kind = json.dumps({"content": text[:2000]}).encode(), "application/json"  # Discord's limit
+    else:  # ntfy.sh and its kin: the message is the body
+        body, kind = text.encode(), "text/plain; charset=utf-8"
+    return urllib.request.Request(url, data=body, method="POST",
+                                  headers={"Content-Type": kind, "User-Agent": "gpu-train"})
+
+
+def send(url: str | None, text: str, timeout: float = TIMEOUT_S) -> bool:
+    """POST ``text``; True when the webhook took it. Never raises, never names the URL."""
+    if not url:
+        return False
+    try:
+        with urllib.request.urlopen(request_for(url, text), timeout=timeout) as r:
+            return 200 <= r.status < 300
+    except Exception:  # a notification must never fail its sender
+        return False
+
+
+def send_soon(url: str | None, text: str) -> threading.Thread | None:
+    """``send`` on a daemon thread, so the caller never waits on a slow webhook."""
+    if not url:
+        return None
+    thread = threading.Thread(target=send, args=(url, text), daemon=True)
+    thread.start()
+    return thread
+
+
+def read_url(root: str) -> str | None:
+    """REMOTE_ROOT/notify.url, only when it is the user's own file and no one else can read it (0600)."""
+    path = os.path.join(root, NOTIFY_FILE)
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if stat.S_IMODE(st.st_mode) & 0o077 or st.st_uid != os.getuid():
+                return None
+            url = f.read().strip()
+            return url if url.startswith(("https://", "http://")) else None
+    return None
+
+
+def write_url(root: str, url: str | None) -> None:
+    """Keep (or, with None, remove) the webhook on the host, 0600 from its first byte."""
+    path = os.path.join(root, NOTIFY_FILE)
+    if not url:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(url.strip() + "\n")
+    os.replace(tmp, path)
+
+
+def run_end_text(run_id: str, state: str, exit_code: int | None, duration_s: float | None, last_line: str,
+                 host: str = "") -> str:
+    """The run-end message: exit code, duration, last line."""
+    took = "" if duration_s is None else f" after {int(duration_s) // 3600}h{int(duration_s) % 3600 // 60:02d}m"
+    code = "" if exit_code is None else f" (exit {exit_code})"
+    where = f" on {host}" if host else ""
+    tail = f": {last_line[:300]}" if last_line else ""
+    return f"gpu-train: {run_id} {state}{code}{took}{where}{tail}"

@@ -1,0 +1,189 @@
+"""The recovery function as it runs in Google's cloud: the thin Compute API layer around ``recovery``.
+
+``on_event`` is the Cloud Run function's entry point (a CloudEvent of Pub/Sub's messagePublished,
+whose message is the log sink's LogEntry). It asks the Compute API about every node, does what
+``recovery.plan`` says, keeps each node's record in its metadata, tells the webhook, and raises when
+the event should come again (the trigger's retry policy: exponential backoff, 10 s to 600 s, for up
+to 7 days; the stack's ``recoverHours`` ends it sooner). The identity it runs as may get, start,
+stop and set the metadata of the stack's instances only. Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+
+from . import notify, recovery
+from .recovery import DONE, RETRY, Event
+
+COMPUTE_URL = "https://compute.googleapis.com"
+TOKEN_PATH = "instance/service-accounts/default/token"
+METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/"
+
+
+class Retry(Exception):
+    """The event is not settled yet: the trigger delivers it again later."""
+
+
+class Compute:
+    """The few Compute API calls the function makes, with a token from the metadata server."""
+
+    def __init__(self, project: str, zone: str, base: str = COMPUTE_URL, metadata: str = METADATA_URL):
+        self.prefix = f"{base.rstrip('/')}/compute/v1/projects/{project}/zones/{zone}"
+        self.metadata = metadata if metadata.endswith("/") else metadata + "/"
+        self._token: tuple[str, float] | None = None
+
+    def token(self) -> str:
+        if self._token is None or self._token[1] < time.time() + 60:
+            req = urllib.request.Request(self.metadata + TOKEN_PATH, headers={"Metadata-Flavor": "Google"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                doc = json.loads(r.read())
+            self._token = (doc["access_token"], time.time() + float(doc.get("expires_in", 300)))
+        return self._token[0]
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        """(HTTP status, JSON document): Google's error documents come back, not raised."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.prefix + path, data=data, method=method,
+                                     headers={"Authorization": f"Bearer {self.token()}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            try:
+                return e.code, json.loads(e.read() or b"{}")
+            except ValueError:
+                return e.code, {}
+
+    def get(self, name: str) -> dict | None:
+        status, doc = self.call("GET", f"/instances/{name}")
+        if status == 404:
+            return None
+        if status >= 400:
+            raise Retry(f"instances.get {name}: {status} {(doc.get('error') or {}).get('message', '')}")
+        return doc
+
+    def wait(self, operation: dict, deadline: float) -> dict:
+        """The operation as zoneOperations.get has it once DONE (or at ``deadline``)."""
+        while operation.get("status") != "DONE" and time.time() < deadline:
+            time.sleep(1)
+            status, doc = self.call("GET", f"/operations/{operation.get('name')}")
+            if status < 400:
+                operation = doc
+        return operation
+
+    def set_record(self, name: str, inst: dict, record: dict) -> None:
+        """Keep ``record`` in the instance's metadata (every other item as it is; the fingerprint
+        guards against a concurrent change: asked again once on 412)."""
+        for _ in range(2):
+            meta = inst.get("metadata") or {}
+            items = [i for i in meta.get("items") or [] if i.get("key") != recovery.RECORD_KEY]
+            items.append({"key": recovery.RECORD_KEY, "value": json.dumps(record, sort_keys=True)})
+            status, _ = self.call("POST", f"/instances/{name}/setMetadata",
+                                  {"fingerprint": meta.get("fingerprint"), "items": items})
+            if status != 412:
+                return
+            inst = self.get(name) or {}
+
+
+def settings_from_env(env: dict[str, str]) -> dict:
+    return {"stack": env.get("GPU_TRAIN_STACK", ""), "nodes": [n for n in env.get("GPU_TRAIN_NODES", "").split(",") if n],
+            "hours": float(env.get("GPU_TRAIN_RECOVER_HOURS") or 24), "notify": env.get("GPU_TRAIN_NOTIFY") or None,
+            "compute": env.get("GPU_TRAIN_COMPUTE_URL") or COMPUTE_URL,
+            "metadata": env.get("GPU_TRAIN_METADATA_URL") or METADATA_URL,
+            "opWaitS": float(env.get("GPU_TRAIN_OP_WAIT_S") or 150)}
+
+
+def recover(event: Event, conf: dict, now: float | None = None, api: Compute | None = None) -> tuple[str, str]:
+    """One invocation for ``event``: (DONE or RETRY, why)."""
+    now = time.time() if now is None else now
+    api = api or Compute(event.project, event.zone, conf["compute"], conf["metadata"])
+    nodes, stack = conf["nodes"], conf["stack"]
+    if event.instance not in nodes:
+        return DONE, f"{event.instance} is not a VM of stack {stack}"
+    found = {n: api.get(n) for n in nodes}
+    p = recovery.plan(event, nodes, found)
+    say = lambda text: notify.send(conf["notify"], f"gpu-train {stack}: {text}")  # noqa: E731
+    head = found.get(event.instance)
+    record = recovery.record_of(head) if head else {}
+    attempts = int(record.get("attempts", 0)) if record.get("at") == event.at else 0
+    # Nodes this event took down that are up again (a start that finished after the last look).
+    for name in nodes:
+        inst = found.get(name)
+        rec = recovery.record_of(inst) if inst else {}
+        if inst and inst.get("status") == "RUNNING" and rec.get("at") == event.at and rec.get("state") != "resumed" \
+                and rec.get("state") != "stopping for the group":
+            api.set_record(name, inst, recovery.updated_record(rec, event, "resumed", now))
+    todo = p.start or p.stop or p.waiting
+    if not todo:
+        return DONE, "; ".join(f"{n}: {w}" for n, w in p.why.items())
+    if record.get("at") != event.at:
+        say(f"{event.instance} {event.kind} at {recovery.clock(event.at, local=False)} UTC; bringing it back")
+    reason = recovery.give_up_reason(event, now, conf["hours"], attempts)
+    if reason:
+        for name in sorted(set(p.start + p.stop + p.waiting + [event.instance])):
+            if (doc := found.get(name)) is not None:
+                api.set_record(name, doc, recovery.updated_record(recovery.record_of(doc), event, "gave up", now, reason))
+        say(f"gave up bringing {event.instance} back: {reason}")
+        return DONE, reason
+    for name in p.stop:
+        doc = found[name] or {}  # planned to stop: it exists
+        api.call("POST", f"/instances/{name}/stop")
+        api.set_record(name, doc, recovery.updated_record(recovery.record_of(doc), event, "stopping for the group",
+                                                          now, p.why[name]))
+    if p.stop or p.waiting:
+        return RETRY, "waiting for the cluster's other nodes to stop: " + ", ".join(p.stop + p.waiting)
+    return start_all(api, event, p.start, found, conf, now, say)
+
+
+def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: dict, now: float, say) -> tuple[str, str]:
+    """Start every node of ``names`` at once, then read each operation's end."""
+    answers: dict[str, tuple[int, dict]] = {n: api.call("POST", f"/instances/{n}/start") for n in names}
+    deadline = time.time() + conf["opWaitS"]
+    verdicts = {}
+    for name, (status, doc) in answers.items():
+        operation = api.wait(doc, deadline) if status < 400 else None
+        verdicts[name] = recovery.start_answer(status, operation, doc if status >= 400 else None)
+    for name, (verdict, why) in verdicts.items():
+        state = {"started": "resumed", "retry": "coming back", "give up": "gave up"}[verdict]
+        inst = api.get(name) or found[name]  # a fresh fingerprint: the start changed the instance
+        api.set_record(name, inst, recovery.updated_record(recovery.record_of(inst), event, state,
+                                                           time.time(), "" if verdict == "started" else why,
+                                                           attempt=True))
+    gave_up = [f"{n}: {w}" for n, (v, w) in verdicts.items() if v == "give up"]
+    waiting = [f"{n}: {w}" for n, (v, w) in verdicts.items() if v == "retry"]
+    if gave_up:
+        say("gave up bringing the VMs back: " + "; ".join(gave_up))
+        return DONE, "; ".join(gave_up)
+    if waiting:
+        return RETRY, "; ".join(waiting)
+    say(f"back: {', '.join(names)} started again after the {event.kind} at "
+        f"{recovery.clock(event.at, local=False)} UTC (the runs resume at boot)")
+    return DONE, "started " + ", ".join(names)
+
+
+def entry_of(data: dict) -> dict:
+    """The LogEntry inside a messagePublished CloudEvent's data ({"message": {"data": base64}})."""
+    message = data.get("message") or {}
+    return json.loads(base64.b64decode(message.get("data") or b"e30="))
+
+
+def on_event(cloud_event) -> str:
+    """The function's entry point. Raises ``Retry`` (an error to the trigger) to be called again."""
+    return on_event_with(getattr(cloud_event, "data", cloud_event), settings_from_env(dict(os.environ)))
+
+
+def on_event_with(data: dict, conf: dict) -> str:
+    event = recovery.event_of(entry_of(data))
+    if event is None:
+        return "not a preemption or host error"
+    outcome, why = recover(event, conf)
+    print(json.dumps({"event": event.kind, "instance": event.instance, "outcome": outcome, "why": why}), flush=True)
+    if outcome == RETRY:
+        raise Retry(why)
+    return why
