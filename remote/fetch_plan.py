@@ -31,7 +31,7 @@ PIECE_COST = 32 * 1024  # what one more piece costs a stream beyond its bytes (h
 SKIP = "skip"  # same size and time here: nothing to do
 KEEP_NEWER = "keep-newer"  # the local file is newer than the host's: never replaced
 CONFLICT = "conflict"  # a different kind of thing is in the way here (a folder where a file goes): left alone
-UNSAFE = "unsafe"  # a link pointing out of the JOB_DIR (rsync --safe-links): not made here
+UNSAFE = "unsafe"  # a link that could point out of the run's folder (rsync's rules): not made here
 MKDIR = "mkdir"
 LINK = "link"
 FETCH = "fetch"  # not here yet: sent whole (in ranges if big)
@@ -249,17 +249,21 @@ def streams_for(requested: int, pieces: list[Piece], rtt: float | None = None) -
 
 
 def safe_link(path: str, target: str) -> bool:
-    """Whether a link at ``path`` to ``target`` stays inside the tree (relative, never climbing out)."""
+    """Whether a link at ``path`` to ``target`` stays inside the tree: relative, its leading ``..`` no
+    more than the folders above it, and no ``..`` after any other part (rsync's rule since 3.4,
+    CVE-2024-12088): ``d/e/up -> ../..`` is fine alone, but ``x -> d/e/up/../../..`` climbs out
+    through it, and a lexical count cannot know that ``up`` is a link made by the same fetch."""
     if not target or target.startswith("/") or "\0" in target:
         return False
     depth = path.count("/")  # folders above the link, inside the tree
+    descended = False
     for part in target.split("/"):
         if part == "..":
             depth -= 1
-            if depth < 0:
+            if descended or depth < 0:
                 return False
         elif part not in ("", "."):
-            depth += 1
+            descended = True
     return True
 
 

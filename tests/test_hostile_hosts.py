@@ -361,3 +361,22 @@ def test_the_users_own_ssh_config_is_read_as_it_is(lab: Lab, tmp_path: Path) -> 
     result = run_fab({**lab.env, "HOME": str(home)}, lab.cwd, "status")
     assert result.returncode == 0, result.stderr
     assert mark.exists()
+
+
+def test_no_fetched_link_resolves_outside_the_run(lab: Lab, plain: str) -> None:
+    # Anything the job runs (a malicious dependency) may plant links in its outputs. Each alone stays
+    # inside, but one goes through the other: `notes.txt -> a/b/c/d/up/../../../../victim` where
+    # `a/b/c/d/up -> ../../../..` (issue 28 C; rsync's CVE-2024-12088).
+    victim = lab.tmp / "victim"
+    victim.write_text("a laptop file")
+    plant = ("mkdir -p $JOB_DIR/a/b/c/d && ln -s ../../../.. $JOB_DIR/a/b/c/d/up && "
+             "ln -s a/b/c/d/up/../../../../victim $JOB_DIR/notes.txt && echo ok > $JOB_DIR/real.txt")
+    run = lab.train("--dir", plain, "--command", plant)
+    assert lab.wait(run)["state"] == "succeeded", lab.log(run)
+    result = lab.fab("fetch", "--run", run)
+    no_traceback(result)
+    local = (lab.cwd / "runs" / "lab" / run).resolve()
+    assert (local / "real.txt").read_text() == "ok\n", result.stderr
+    for link in [p for p in local.rglob("*") if p.is_symlink()]:
+        assert os.path.realpath(link).startswith(f"{local}/") or os.path.realpath(link) == str(local), link
+    assert not (local / "notes.txt").is_symlink() and "notes.txt" in result.stdout + result.stderr
