@@ -27,6 +27,7 @@ from remote.starter import init
 from remote.tasks import dashboards, data, importing, overview, power, runs, shell
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
+from remote.tasks.shortflags import pin_short_flags
 
 ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, fetching.fetch, fetching.down,
                 shell.setup, shell.shell, shell.nvidia_smi, dashboards.tunnel, dashboards.tensorboard, dashboards.jupyter,
@@ -52,3 +53,4 @@ def _printable_exits(body):
 
 for _task in ns.tasks.values():
     _task.body = _printable_exits(_task.body)
+    pin_short_flags(_task)
