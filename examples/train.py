@@ -9,7 +9,7 @@
 - Under torchrun (WORLD_SIZE > 1) it trains with DistributedDataParallel: gloo on CPU, NCCL on
   GPU; rank 0 writes the checkpoints; the logged loss is all-reduced, so every rank logs the same.
 
-    python train.py --job-dir /tmp/job --steps 300
+    python train.py --job-dir /tmp/job --steps 300     (under gpu-train: --job-dir defaults to $JOB_DIR)
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from remote.agent.protocol import (  # the contract with the host, written once
     ACTIVE,
     FAILED,
     INTERRUPTED,
+    RESUMES_ENV,
     RUNNING,
     STOPPED,
     SUCCEEDED,
@@ -63,26 +65,79 @@ def run_id(base: str, when: datetime) -> str:
     return rid
 
 
-def parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV = ("JOB_DIR", "RUN_ID", "DATA_DIR", RESUMES_ENV)  # gpu-train sets these itself
+
+
+def parse_env(pairs: list[str], environ: Mapping[str, str] | None = None, files: Mapping[str, str] | None = None
+              ) -> dict[str, str]:
+    """The job's environment from ``--env-file`` texts (``files``: name -> text, in order) and ``--env``
+    (NAME=VALUE, or NAME alone: its value from ``environ``, the laptop's, so a secret stays off the
+    command line). ``--env`` wins over a file; a later file over an earlier one."""
+    env: dict[str, str] = {}
+    for name, text in (files or {}).items():
+        env.update(parse_env_file(text, name))
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise JobError(f"--env {pair!r}: write it as NAME=VALUE")
-        if key in ("JOB_DIR", "RUN_ID"):
-            raise JobError(f"--env {key}: gpu-train sets {key} itself")
+        if not ENV_NAME_RE.fullmatch(key):
+            raise JobError(f"--env {pair if sep else key!r}: write it as NAME=VALUE, or NAME to pass this shell's $NAME")
+        if not sep:
+            if environ is None or key not in environ:
+                raise JobError(f"--env {key}: {key} is not set in this shell's environment; export it first "
+                               f"(export {key}=...), or give it in an --env-file")
+            value = environ[key]
+        env[key] = value
+    if taken := [k for k in env if k in RESERVED_ENV]:
+        raise JobError(f"--env {taken[0]}: gpu-train sets {taken[0]} itself")
+    return env
+
+
+def parse_env_file(text: str, name: str) -> dict[str, str]:
+    """``--env-file``'s ``NAME=VALUE`` lines, as dotenv files write them, kept simple: blank lines and
+    ``#`` comments skipped, an optional ``export`` before the name, a value in matching single quotes
+    taken as it is, in double quotes with ``\\"``, ``\\\\`` and ``\\n`` unescaped, unquoted with
+    surrounding spaces and a trailing `` # comment`` dropped. No ``${VAR}`` expansion, no multi-line values."""
+    env: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not ENV_NAME_RE.fullmatch(key):
+            raise JobError(f"--env-file {name}, line {number}: expected NAME=VALUE (a line that starts with "
+                           "# is a comment)")
+        if len(value) >= 2 and value[0] == value[-1] == "'":
+            value = value[1:-1]
+        elif len(value) >= 2 and value[0] == value[-1] == '"':
+            value = re.sub(r'\\([\\"n])', lambda m: "\n" if m.group(1) == "n" else m.group(1), value[1:-1])
+        elif value[:1] in ("'", '"'):
+            raise JobError(f"--env-file {name}, line {number}: {key}'s value has no closing {value[0]} "
+                           "(values span one line)")
+        else:
+            value = re.split(r"\s+#", value, maxsplit=1)[0]
         env[key] = value
     return env
 
 
 def job_spec(*, run: str, base: str, script: str | None, command: str | None, args: str, env: list[str],
-             python: str | None, expect_gpus: int, code_dir: Path, cwd: Path | None = None) -> JobSpec:
+             python: str | None, expect_gpus: int, code_dir: Path, cwd: Path | None = None,
+             environ: Mapping[str, str] | None = None, env_files: Mapping[str, str] | None = None,
+             pass_job_dir: bool = False, resume_args: str = "", resume_if: str | None = None) -> JobSpec:
     """Check train's options against the code directory; build what the host runs.
 
     ``cwd`` is where the user is: a relative --script is a path in ``code_dir`` (the project root),
-    and one that names a file from ``cwd`` instead gets the path to use."""
+    and one that names a file from ``cwd`` instead gets the path to use. ``environ`` is the laptop's
+    environment (for ``--env NAME``), ``env_files`` the ``--env-file`` texts by name."""
     if bool(script) == bool(command):
         raise JobError("give exactly one of --script FILE or --command CMD")
+    if pass_job_dir and not script:
+        raise JobError('--pass-job-dir goes with --script; a --command passes it itself: --job-dir "$JOB_DIR"')
+    if resume_if and not resume_args:
+        raise JobError("--resume-if says when to add --resume-args: give both (e.g. --resume-args "
+                       "'--init_from=resume' --resume-if out/ckpt.pt)")
     if script:
         rel = Path(script)
         if rel.is_absolute():
@@ -97,13 +152,19 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
             script = f"./{script}"
     elif args:
         raise JobError("--args goes with --script; with --command, put the arguments in the command")
+    return JobSpec(run_id=run, base=base, script=script, command=command, args=split_args("--args", args),
+                   env=parse_env(env, environ, env_files), python=python, expect_gpus=expect_gpus,
+                   pass_job_dir=pass_job_dir, resume_args=split_args("--resume-args", resume_args),
+                   resume_if=resume_if or None)
+
+
+def split_args(option: str, text: str) -> tuple[str, ...]:
+    """An option's arguments, split as a shell would."""
     try:
-        argv = tuple(shlex.split(args or ""))
+        return tuple(shlex.split(text or ""))
     except ValueError as e:
-        raise JobError(f"--args {args[:80]!r}: {e.args[0].lower()}; the arguments are split as a shell would, "
-                       "so close each quote (an apostrophe inside double quotes: --args \"--title \\\"it's\\\"\")") from None
-    return JobSpec(run_id=run, base=base, script=script, command=command, args=argv,
-                   env=parse_env(env), python=python, expect_gpus=expect_gpus)
+        raise JobError(f"{option} {text[:80]!r}: {e.args[0].lower()}; the arguments are split as a shell would, "
+                       f"so close each quote (an apostrophe inside double quotes: {option} \"--title \\\"it's\\\"\")") from None
 
 
 SKIPPED_DIRS = {".git", "runs", ".gpu-train", "node_modules", "__pycache__", ".venv", "venv"}
@@ -241,6 +302,22 @@ def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
     if STOPPED in states:
         return STOPPED, None, ""
     return SUCCEEDED, 0, ""
+
+
+def resumable(runs: list[dict], named: str) -> str:
+    """The run `resume` takes without --run: the newest interrupted one (on a cluster, one that any
+    node lost to an interruption), never one that finished; JobError naming the runs otherwise."""
+    def interrupted(r: dict) -> bool:
+        return r["state"] == INTERRUPTED or any(n.get("state") == INTERRUPTED for n in r.get("nodes") or ())
+
+    candidates = [r for r in runs if interrupted(r)]
+    if candidates:
+        return max(candidates, key=lambda r: r.get("created") or 0)["id"]
+    if not runs:
+        raise JobError("no runs on this host yet: nothing to resume")
+    newest = max(runs, key=lambda r: r.get("created") or 0)
+    raise JobError(f"no interrupted run to resume (the newest, {newest['id']}, is {newest['state']}); "
+                   f"to restart a run anyway, name it: {named}")
 
 
 def aggregate_runs(docs: list[dict | None]) -> dict:

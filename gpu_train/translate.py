@@ -182,12 +182,12 @@ def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) 
     if job.python_module:
         command = ["python", "-m", job.python_module, *job.args]
         text = shlex.join(command)
-        if job.job_dir:  # AI Platform passes --job-dir to the application; so does gpu-train's --script
+        if job.job_dir:  # AI Platform passes --job-dir to the application: the code expects it
             text += ' --job-dir "$JOB_DIR"'
         argv += ["--command", text]
         notes.append(Note("pythonModule", EXACT, f"python -m {job.python_module}, from the synced package folder"))
     else:
-        argv += ["--script", "YOUR_SCRIPT.py"]
+        argv += ["--script", "YOUR_SCRIPT.py", *(["--pass-job-dir"] if job.job_dir else [])]
         notes.append(Note("pythonModule", NOT_MAPPED, "the job names no Python module: replace YOUR_SCRIPT.py"))
     if job.args:
         notes.append(Note("args", EXACT, shlex.join(job.args)))

@@ -121,19 +121,47 @@ NODE = {"rank": 1, "nnodes": 3, "masterAddr": "10.0.0.2", "masterPort": 29500,
 
 
 @pytest.mark.parametrize(
-    ("spec", "argv"),
+    ("spec", "extra", "argv"),
     [
-        ({"script": "t.py", "args": ["--lr", "1"]}, ["py", "-u", "t.py", "--lr", "1", "--job-dir", "/j"]),
-        ({"script": "t.py", "launcher": "torchrun", "node": {"nnodes": 1}},
-         ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "t.py", "--job-dir", "/j"]),
-        ({"script": "t.py", "launcher": "torchrun", "node": NODE},
+        ({"script": "t.py", "args": ["--lr", "1"]}, [], ["py", "-u", "t.py", "--lr", "1"]),  # no flag it did not ask for
+        ({"script": "t.py", "args": ["--lr", "1"], "passJobDir": True}, [],
+         ["py", "-u", "t.py", "--lr", "1", "--job-dir", "/j"]),
+        ({"script": "t.py", "args": ["--lr", "1"], "passJobDir": True}, ["--init_from=resume"],
+         ["py", "-u", "t.py", "--lr", "1", "--job-dir", "/j", "--init_from=resume"]),
+        ({"script": "t.py", "launcher": "torchrun", "node": {"nnodes": 1}}, [],
+         ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "t.py"]),
+        ({"script": "t.py", "launcher": "torchrun", "node": NODE, "passJobDir": True}, ["--resume"],
          ["py", "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank", "1", "--nproc_per_node", "4",
-          "--master_addr", "10.0.0.2", "--master_port", "29500", "t.py", "--job-dir", "/j"]),
-        ({"command": "make train"}, ["bash", "-c", "make train"]),
+          "--master_addr", "10.0.0.2", "--master_port", "29500", "t.py", "--job-dir", "/j", "--resume"]),
+        ({"command": "make train"}, [], ["bash", "-c", "make train"]),
+        ({"command": "python t.py"}, ["--ckpt", "last one"], ["bash", "-c", "python t.py --ckpt 'last one'"]),
     ],
 )
-def test_job_argv(spec: dict, argv: list[str]) -> None:
-    assert wrap.job_argv(spec, "py", "/j", 4) == argv
+def test_job_argv(spec: dict, extra: list[str], argv: list[str]) -> None:
+    assert wrap.job_argv(spec, "py", "/j", 4, extra) == argv
+
+
+@pytest.mark.parametrize(
+    ("spec", "resumes", "files", "extra", "said"),
+    [
+        ({"resumeArgs": ["--init_from=resume"]}, 0, [], [], None),  # the first start: the original arguments
+        ({"resumeArgs": ["--init_from=resume"]}, 1, [], ["--init_from=resume"], "resume arguments added"),
+        ({}, 3, [], [], None),
+        ({"resumeArgs": ["-r"], "resumeIf": "out/ckpt.pt"}, 1, [], [], "out/ckpt.pt not there yet: starting fresh"),
+        ({"resumeArgs": ["-r"], "resumeIf": "out/ckpt.pt"}, 2, ["out/ckpt.pt"], ["-r"], "out/ckpt.pt exists"),
+        ({"resumeArgs": ["-r"], "resumeIf": "ckpts/*.ckpt"}, 1, ["ckpts/last.txt"], [], "not there yet"),
+        ({"resumeArgs": ["-r"], "resumeIf": "ckpts/*.ckpt"}, 1, ["ckpts/epoch=1.ckpt"], ["-r"], "exists"),
+        ({"resumeArgs": ["-r"], "resumeIf": "**/checkpoint-*"}, 1, ["out/checkpoint-500/model.bin"], ["-r"], "exists"),
+    ],
+)
+def test_resume_args(tmp_path: Path, spec: dict, resumes: int, files: list[str], extra: list[str],
+                     said: str | None) -> None:
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    got, note = wrap.resume_args(spec, resumes, str(tmp_path))
+    assert got == extra
+    assert (note is None) if said is None else (said in note)
 
 
 @pytest.mark.parametrize(

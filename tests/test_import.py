@@ -108,6 +108,9 @@ CLUSTER_POOLS = [{"role": "chief", **T4x4}, {"role": "worker", "count": 9, **T4x
      ["--command", "python -m trainer.task --epochs 5 --job-dir \"$JOB_DIR\"", "--env", "WANDB_MODE=offline"]),
     (BASIC_GPU, "yaml", "europe-west4-a", {"machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
      ["--command", "python -m trainer.task"]),
+    # No module named, a jobDir: the script the user names gets --job-dir, as AI Platform gave it.
+    ("trainingInput: {scaleTier: BASIC_GPU, region: europe-west4, jobDir: gs://b/out}", "yaml", "europe-west4-a", {},
+     ["--script", "YOUR_SCRIPT.py", "--pass-job-dir"]),
 ])
 def test_seed_examples(text, form, zone, shape, train_tail):
     t = gcloud(text) if form == "gcloud" else run(text)

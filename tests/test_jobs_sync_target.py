@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from gpu_train.catalog_file import load_catalog
 from gpu_train.config import SshHost, parse
 from remote import sync, target
 from remote.agent import bundle
+from remote.agent.protocol import JobSpec
 from remote.tasks.render import render_status
 from tests.conftest import gcp_raw
 
@@ -47,17 +49,52 @@ def test_run_id_follows_the_ai_platform_rule() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pairs", "env"),
-    [([], {}), (["A=1", "B=x=y", "C="], {"A": "1", "B": "x=y", "C": ""})],
+    ("pairs", "environ", "files", "env"),
+    [([], {}, {}, {}),
+     (["A=1", "B=x=y", "C="], {}, {}, {"A": "1", "B": "x=y", "C": ""}),
+     (["TOKEN"], {"TOKEN": "s3cr=t", "OTHER": "no"}, {}, {"TOKEN": "s3cr=t"}),  # NAME: the laptop's value
+     (["TOKEN", "A=2"], {"TOKEN": ""}, {"f": "A=1\nB=1"}, {"A": "2", "B": "1", "TOKEN": ""}),  # --env wins
+     ([], {}, {"a": "A=1\nB=1", "b": "B=2"}, {"A": "1", "B": "2"}),  # a later file wins
+     ],
 )
-def test_parse_env(pairs, env) -> None:
-    assert jobs.parse_env(pairs) == env
+def test_parse_env(pairs, environ, files, env) -> None:
+    assert jobs.parse_env(pairs, environ, files) == env
 
 
-@pytest.mark.parametrize(("pair", "words"), [("NOEQ", "NAME=VALUE"), ("1A=2", "NAME=VALUE"), ("JOB_DIR=/x", "sets JOB_DIR")])
-def test_parse_env_rejects(pair: str, words: str) -> None:
-    with pytest.raises(jobs.JobError, match=words):
-        jobs.parse_env([pair])
+@pytest.mark.parametrize(("pair", "environ", "words"), [
+    ("1A=2", {}, "NAME=VALUE"), ("A-B", {"A-B": "x"}, "NAME=VALUE, or NAME"),
+    ("JOB_DIR=/x", {}, "sets JOB_DIR"), ("GPU_TRAIN_RESUMES=3", {}, "sets GPU_TRAIN_RESUMES"),
+    ("NOEQ", {}, "NOEQ is not set in this shell's environment; export it first"),
+    ("TOKEN", {"TOKEN2": "x"}, "TOKEN is not set"),
+])
+def test_parse_env_rejects(pair: str, environ: dict, words: str) -> None:
+    with pytest.raises(jobs.JobError, match=re.escape(words)):
+        jobs.parse_env([pair], environ)
+
+
+@pytest.mark.parametrize(("text", "env"), [
+    ("", {}),
+    ("# a comment\n\n  \nA=1\n", {"A": "1"}),
+    ("export A=1\nB = two words \n", {"A": "1", "B": "two words"}),
+    ("A=x # a comment\nB=x#not-a-comment\n", {"A": "x", "B": "x#not-a-comment"}),
+    ("A='single $X \\n # kept'\n", {"A": "single $X \\n # kept"}),
+    ('A="dq \\"q\\" \\\\ \\n end"\n', {"A": 'dq "q" \\ \n end'}),
+    ("A=\nB=''\nC=\"\"\n", {"A": "", "B": "", "C": ""}),
+    ("A=1\r\nB=2\r\n", {"A": "1", "B": "2"}),  # a file saved on Windows
+    ("A=1\nA=2\n", {"A": "2"}),
+])
+def test_parse_env_file(text: str, env: dict) -> None:
+    assert jobs.parse_env_file(text, "f.env") == env
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("A=1\nnot a pair\n", "--env-file f.env, line 2: expected NAME=VALUE"),
+    ("1A=1", "line 1: expected NAME=VALUE"),
+    ("A='open\n", "line 1: A's value has no closing '"),
+])
+def test_parse_env_file_rejects(text: str, words: str) -> None:
+    with pytest.raises(jobs.JobError, match=re.escape(words)):
+        jobs.parse_env_file(text, "f.env")
 
 
 def test_job_spec(tmp_path: Path) -> None:
@@ -70,6 +107,18 @@ def test_job_spec(tmp_path: Path) -> None:
     with pytest.raises(jobs.JobError, match="inside --dir"):
         jobs.job_spec(run="t", base="t", script="/etc/passwd", command=None, args="", env=[], python=None, expect_gpus=0,
                       code_dir=tmp_path)
+    assert not spec.pass_job_dir and spec.to_json()["resumeArgs"] == [] and spec.resume_if is None
+    spec = jobs.job_spec(run="t_1", base="t", script="sub/t.py", command=None, args="", env=["T"], python=None,
+                         expect_gpus=0, code_dir=tmp_path, environ={"T": "v"}, pass_job_dir=True,
+                         resume_args="--init_from=resume --note 'a b'", resume_if="out/ckpt.pt")
+    assert JobSpec.from_json(spec.to_json()) == spec  # what the host keeps in spec.json, read back
+    assert (spec.pass_job_dir, spec.resume_args, spec.resume_if) == (True, ("--init_from=resume", "--note", "a b"), "out/ckpt.pt")
+    for kwargs, words in [({"command": "x", "script": None, "pass_job_dir": True}, "--pass-job-dir goes with --script"),
+                          ({"resume_if": "out/ckpt.pt"}, "give both"),
+                          ({"resume_args": "'open"}, "--resume-args \"'open\": no closing quotation")]:
+        with pytest.raises(jobs.JobError, match=re.escape(words)):
+            jobs.job_spec(**{"run": "t_1", "base": "t", "script": "sub/t.py", "command": None, "args": "", "env": [],
+                             "python": None, "expect_gpus": 0, "code_dir": tmp_path, **kwargs})
 
 
 def test_agent_command_carries_the_agent_inline() -> None:
@@ -184,3 +233,29 @@ def test_selected_stack(stand_in_pulumi: Path, monkeypatch: pytest.MonkeyPatch) 
     assert target.select_stack(None) == "from-env"
     monkeypatch.delenv("GPU_TRAIN_STACK")
     assert target.select_stack(None) == "selected-stack"
+
+
+def _run(rid: str, state: str, created: float, nodes: list[str] | None = None) -> dict:
+    return {"id": rid, "state": state, "created": created,
+            **({"nodes": [{"node": i, "state": s} for i, s in enumerate(nodes)]} if nodes else {})}
+
+
+@pytest.mark.parametrize(("runs", "chosen"), [
+    ([_run("a", "interrupted", 1), _run("b", "succeeded", 2)], "a"),  # never the newer, finished one
+    ([_run("a", "interrupted", 1), _run("b", "interrupted", 3), _run("c", "failed", 4)], "b"),
+    ([_run("b", "interrupted", 3), _run("a", "interrupted", 1)], "b"),  # by creation, not by listing order
+    ([_run("a", "failed", 1, ["interrupted", "failed"]), _run("b", "stopped", 2)], "a"),  # a node was preempted
+])
+def test_resume_takes_the_newest_interrupted_run(runs: list[dict], chosen: str) -> None:
+    assert jobs.resumable(runs, "gpu-train resume --run RUN") == chosen
+
+
+@pytest.mark.parametrize(("runs", "words"), [
+    ([], "no runs on this host yet"),
+    ([_run("a", "running", 1), _run("b", "succeeded", 2)],
+     "no interrupted run to resume (the newest, b, is succeeded); to restart a run anyway, name it: "
+     "gpu-train resume --run RUN"),
+])
+def test_resume_without_an_interrupted_run_says_so(runs: list[dict], words: str) -> None:
+    with pytest.raises(jobs.JobError, match=re.escape(words)):
+        jobs.resumable(runs, "gpu-train resume --run RUN")

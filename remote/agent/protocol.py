@@ -80,13 +80,17 @@ class JobSpec:
     venv: bool = False  # run in the project's venv (made from ``python`` with its site packages), not in ``python``
     needs_torch: bool = False  # the host checks that its Python imports torch before "started"
     go_when: str | None = None  # in a fan-out, the host's own word that also means "go" (see GO_WHEN)
+    pass_job_dir: bool = False  # --script gets `--job-dir JOB_DIR` appended (AI Platform's convention), only if asked
+    resume_args: tuple[str, ...] = ()  # appended at every relaunch (boot, preemption, `resume`) ...
+    resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
 
     def to_json(self) -> dict:
         return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
                 "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
                 "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
                 "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "project": self.project,
-                "venv": self.venv, "needsTorch": self.needs_torch, "goWhen": self.go_when}
+                "venv": self.venv, "needsTorch": self.needs_torch, "goWhen": self.go_when,
+                "passJobDir": self.pass_job_dir, "resumeArgs": list(self.resume_args), "resumeIf": self.resume_if}
 
     @classmethod
     def from_json(cls, doc: dict) -> JobSpec:
@@ -96,7 +100,8 @@ class JobSpec:
                    reuse_code=bool(doc.get("reuseCode")), agent_settings=dict(doc.get("agentSettings") or {}),
                    launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"),
                    project=doc.get("project"), venv=bool(doc.get("venv")), needs_torch=bool(doc.get("needsTorch")),
-                   go_when=doc.get("goWhen"))
+                   go_when=doc.get("goWhen"), pass_job_dir=bool(doc.get("passJobDir")),
+                   resume_args=tuple(doc.get("resumeArgs") or ()), resume_if=doc.get("resumeIf"))
 
 
 # In a fan-out (several nodes, the code sent once), the laptop's "go" to a node's waiting launch is one
@@ -113,6 +118,10 @@ GO_WHEN = (ARRIVED, RELAYED)
 def go_marker(root: str, run_id: str, when: str) -> str:
     """The file that means "go" for ``run_id``'s launch (``when``: one of GO_WHEN)."""
     return os.path.join(root, "staging", f"{run_id}.{when}")
+
+
+# The job's environment: which start of the run this is (0 the first, N the Nth relaunch).
+RESUMES_ENV = "GPU_TRAIN_RESUMES"
 
 
 # -- the documents the agent answers with ----------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -13,7 +14,18 @@ import signal
 import subprocess
 
 from .procs import gpu_count, proc_start_time
-from .protocol import FAILED, INTERRUPTED, NOTICE, RUNNING, SHUTDOWN_REQUESTED, STOP_REQUESTED, STOPPED, SUCCEEDED, project_dirs
+from .protocol import (
+    FAILED,
+    INTERRUPTED,
+    NOTICE,
+    RESUMES_ENV,
+    RUNNING,
+    SHUTDOWN_REQUESTED,
+    STOP_REQUESTED,
+    STOPPED,
+    SUCCEEDED,
+    project_dirs,
+)
 from .store import AgentError, now, read_json, read_state, run_locked, update_state
 from .units import system_stopping
 
@@ -100,11 +112,12 @@ def requirements_step(root: str, run_dir: str, python: str, w: Wrapper) -> None:
         f.write(digest)
 
 
-def job_argv(spec: dict, python: str, job_dir: str, nproc: int) -> list[str]:
-    """The job's command line: the script (through torchrun when asked), or the shell command."""
+def job_argv(spec: dict, python: str, job_dir: str, nproc: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The job's command line: the script (through torchrun when asked), or the shell command; with
+    ``--job-dir JOB_DIR`` only when the spec asks for it, and ``extra`` (the resume arguments) last."""
     if not spec.get("script"):
-        return ["bash", "-c", spec["command"]]
-    tail = [spec["script"], *spec.get("args", []), "--job-dir", job_dir]
+        return ["bash", "-c", " ".join([spec["command"], shlex.join(extra)]) if extra else spec["command"]]
+    tail = [spec["script"], *spec.get("args", []), *(["--job-dir", job_dir] if spec.get("passJobDir") else []), *extra]
     node = spec.get("node") or {}
     if spec.get("launcher") != "torchrun":
         return [python, "-u", *tail]
@@ -113,6 +126,21 @@ def job_argv(spec: dict, python: str, job_dir: str, nproc: int) -> list[str]:
         return [*run, "--standalone", "--nproc_per_node", str(nproc), *tail]
     return [*run, "--nnodes", str(node["nnodes"]), "--node_rank", str(node["rank"]), "--nproc_per_node", str(nproc),
             "--master_addr", node["masterAddr"], "--master_port", str(node["masterPort"]), *tail]
+
+
+def resume_args(spec: dict, resumes: int, workdir: str) -> tuple[list[str], str | None]:
+    """(the arguments a relaunch adds, what the log says about them): ``resumeArgs`` from the first
+    relaunch on, but only once ``resumeIf`` (a file or glob in the working directory) matches, so a
+    relaunch before the first checkpoint starts fresh, with the original arguments."""
+    extra = list(spec.get("resumeArgs") or ())
+    if not resumes or not extra:
+        return [], None
+    wanted = spec.get("resumeIf")
+    if not wanted:
+        return extra, f"resume arguments added: {shlex.join(extra)}"
+    if glob.glob(os.path.join(workdir, wanted), recursive=True):
+        return extra, f"{wanted} exists: resume arguments added: {shlex.join(extra)}"
+    return [], f"{wanted} not there yet: starting fresh, without the resume arguments"
 
 
 def cluster_env(node: dict, nproc: int) -> dict:
@@ -254,7 +282,9 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     check_writable(job_dir)
     nproc = int(spec.get("nproc") or gpu_count() or 1)
     env_dir, data_dir = project_dirs(root, spec.get("project"))
+    resumes = int(read_state(run_dir).get("resumes", 0))
     env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
+           RESUMES_ENV: str(resumes),
            "PYTHONUNBUFFERED": "1", "GPU_TRAIN_ROOT": root, "GPU_TRAIN_NOTICE": os.path.join(run_dir, NOTICE)}
     if spec.get("venv"):
         env.update(VIRTUAL_ENV=env_dir, PATH=f"{env_dir}/bin:{env.get('PATH', '')}")
@@ -266,14 +296,15 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
             requirements_step(root, run_dir, python, w)
     else:
         requirements_step(root, run_dir, python, w)
-    link_data(data_dir, os.path.join(run_dir, "code"), w.log)
-    argv = job_argv(spec, python, job_dir, nproc)
-    resumes = read_state(run_dir).get("resumes", 0)
+    workdir = os.path.join(run_dir, "code")
+    link_data(data_dir, workdir, w.log)
+    extra, said = resume_args(spec, resumes, workdir)
+    argv = job_argv(spec, python, job_dir, nproc, extra)
     if resumes:
-        w.say(f"{run_id}: resumed ({resumes}), same RUN_ID and JOB_DIR")
+        w.say(f"{run_id}: resumed ({resumes}), same RUN_ID and JOB_DIR; {RESUMES_ENV}={resumes}" + (f"; {said}" if said else ""))
     w.say(f"{run_id}: {shlex.join(argv)}")
     try:
-        proc = w.start(argv, "pid", cwd=os.path.join(run_dir, "code"), env=env)
+        proc = w.start(argv, "pid", cwd=workdir, env=env)
     except OSError as e:
         raise AgentError(f"cannot start the job ({argv[0]}): {e.strerror or e}") from None
     update_state(run_dir, state=RUNNING, started=now(), ended=None, exitCode=None)

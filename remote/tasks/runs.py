@@ -180,21 +180,24 @@ def stop(c, run=None, grace=None, stack=None, json_=False):
         raise Exit("; ".join(failed), code=ExitStatus.FAILED)
 
 
-@task(help={"run": "run id or a unique prefix (default: the newest)",
+@task(help={"run": "run id or a unique prefix (default: the newest interrupted run)",
             "grace": "seconds to let a still-running part stop (default 10)", "json": "print the result as JSON",
             "stack": STACK_HELP})
 def resume(c, run=None, grace=None, stack=None, json_=False):
     """Restart a run on every node with the same RUN_ID and JOB_DIR (it resumes from its checkpoints).
 
-    For a cluster one of whose nodes was preempted, or a run that failed for a reason now fixed."""
+    Without --run: the newest interrupted run (a finished one only when named). For a cluster one
+    of whose nodes was preempted, or a run that failed for a reason now fixed (name it)."""
+    from gpu_train.jobs import JobError, resumable
+
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(stack)
-    sessions = session.nodes()
     if not run:
-        runs = session.call("status")["runs"]
-        if not runs:
-            raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
-        run = runs[-1]["id"]
+        try:
+            run = resumable(cluster_status(session)["runs"], f"{CLI} resume --stack {session.target.stack} --run RUN")
+        except JobError as e:
+            raise Exit(str(e), code=ExitStatus.FAILED) from None
+    sessions = session.nodes()
     docs = on_every_node(sessions, lambda s: s.call("resume", "--run", run, "--grace", str(float(grace))))
     for s in sessions:
         s.close()

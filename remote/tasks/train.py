@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import tempfile
 import threading
 import time
@@ -28,14 +29,20 @@ if TYPE_CHECKING:
 
 
 @task(
-    iterable=["env"],
+    iterable=["env", "env_file"],
     help={
-        "script": "Python file in --dir to run (gets --job-dir JOB_DIR appended)",
+        "script": "Python file in --dir to run, with --args and nothing else (the job finds $JOB_DIR in its environment)",
         "command": "shell command to run in the synced code instead of --script",
         "dir": "code directory to sync (default: the project, the nearest directory up with stacks/ or .git)",
         "name": "run name; the run id is NAME_YYYYmmdd_HHMMSS (default: the script's name)",
         "args": "arguments for --script, as one quoted string",
-        "env": "NAME=VALUE for the job's environment (repeatable)",
+        "env": "NAME=VALUE for the job's environment, or NAME to pass this shell's $NAME (a secret stays off "
+               "command lines); repeatable",
+        "env_file": "a file of NAME=VALUE lines for the job's environment (dotenv style: # comments, quotes); "
+                    "repeatable; --env wins",
+        "pass_job_dir": "append --job-dir JOB_DIR to the script's arguments (AI Platform's convention)",
+        "resume_args": "arguments appended at every relaunch (reboot, preemption, resume), e.g. '--init_from=resume'",
+        "resume_if": "add --resume-args only once this file or glob exists in the working directory, e.g. out/ckpt.pt",
         "launcher": "torchrun (default for a multi-node --script) or none",
         "nproc": "processes per node under torchrun (default: the node's GPUs, or 1)",
         "port": "torchrun's master port on node 0 (default 29500)",
@@ -46,11 +53,13 @@ if TYPE_CHECKING:
         "json": "print the started run as JSON: runId, host, jobDir, dataDir, python, log",
     },
 )
-def train(c, script=None, command=None, dir=None, name=None, args="", env=None, launcher=None, nproc=None, port=None,
-          ps=None, stack=None, timeout=None, follow=False, json_=False):
+def train(c, script=None, command=None, dir=None, name=None, args="", env=None, env_file=None, pass_job_dir=False,
+          resume_args="", resume_if=None, launcher=None, nproc=None, port=None, ps=None, stack=None, timeout=None,
+          follow=False, json_=False):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
-    The job sees JOB_DIR (write checkpoints there) and RUN_ID. It survives the SSH session; follow
+    The job sees JOB_DIR (write checkpoints there), RUN_ID and GPU_TRAIN_RESUMES (0, then N on the
+    Nth relaunch; --resume-args are added then). It survives the SSH session; follow
     it with the logs task (--follow), bring results home with fetch. On several nodes the code goes
     to all of them at once and each starts its part: torchrun with its --node_rank, or a --command
     with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
@@ -63,6 +72,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     if not code_dir.is_dir():
         raise Exit(f"--dir {code_dir}: no such directory", code=ExitStatus.USAGE)
     nproc, port = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535)
+    env_files = _read_env_files(env_file or [])
     session = Session(stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
     cluster = session.cluster
     try:
@@ -70,7 +80,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         run = jobs.run_id(base, datetime.now())
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir,
-                             cwd=Path.cwd())
+                             cwd=Path.cwd(), environ=os.environ, env_files=env_files, pass_job_dir=bool(pass_job_dir),
+                             resume_args=resume_args or "", resume_if=resume_if)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
                                    project=project_name(project_root()), venv=cluster.venv,
@@ -131,6 +142,18 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         print(f"  fetch:   {CLI} fetch{stack_opt} --run {first['runId']}")
     if follow:
         follow_to_end(Session(None, session.timeout, 0, cluster), first["runId"])
+
+
+def _read_env_files(paths: list[str]) -> dict[str, str]:
+    """--env-file texts by the name given, read before anything is sent."""
+    texts = {}
+    for name in paths:
+        try:
+            texts[name] = Path(name).expanduser().read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise Exit(f"--env-file {name}: cannot read it ({getattr(e, 'strerror', None) or e})",
+                       code=ExitStatus.USAGE) from None
+    return texts
 
 
 def _interrupted(sessions: list[Session], results: list[object], run: str) -> Exit:

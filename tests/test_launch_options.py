@@ -1,0 +1,102 @@
+"""What train adds to a user's own job, and nothing more: no flag it did not ask for, which start this
+is (GPU_TRAIN_RESUMES), resume arguments once a checkpoint exists, `resume` of the interrupted run,
+pushed data where the code reads it, and secrets kept off every command line. Real sshd, screen and
+Python on loopback; a reboot is every process of the run's screen session SIGKILLed, then `boot`."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Lab
+from tests.test_resilience import agent_cmd, reboot, wait_state
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+# A script in the style of real projects: argparse that rejects any flag it does not know, its own
+# out_dir in the working directory, and a resume flag of its own.
+STRICT = '''\
+import argparse, os, pathlib, time
+p = argparse.ArgumentParser()
+p.add_argument("--out_dir", default="out")
+p.add_argument("--init_from", default="scratch", choices=["scratch", "resume"])
+p.add_argument("--sleep", type=float, default=0)
+a = p.parse_args()
+print(f"start resumes={os.environ['GPU_TRAIN_RESUMES']} init_from={a.init_from}", flush=True)
+if a.init_from == "resume":
+    print("loaded", pathlib.Path(a.out_dir, "ckpt.pt").read_text(), flush=True)
+time.sleep(a.sleep)
+print("done", flush=True)
+'''
+
+
+@pytest.fixture
+def strict(tmp_path: Path) -> str:
+    code = tmp_path / "strict"
+    code.mkdir()
+    (code / "train.py").write_text(STRICT)
+    return str(code)
+
+
+def starts(lab: Lab, run: str) -> list[str]:
+    return re.findall(r"^start (resumes=\d+ init_from=\w+)$", lab.log(run), re.M)
+
+
+def wait_starts(lab: Lab, run: str, n: int, timeout: float = 60) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while len(found := starts(lab, run)) < n:
+        assert time.monotonic() < deadline, lab.log(run)
+        time.sleep(0.05)
+    return found
+
+
+def test_a_script_that_rejects_unknown_flags_runs_as_given(lab: Lab, strict: str) -> None:
+    run = lab.train("--dir", strict, "--script", "train.py", "--args", "--out_dir out2")
+    info = lab.wait(run)
+    assert info["state"] == "succeeded", lab.log(run)
+    assert starts(lab, run) == ["resumes=0 init_from=scratch"] and "--job-dir" not in lab.log(run)
+    # Asked for, it comes: a script that wants AI Platform's --job-dir gets it.
+    (Path(strict) / "aip.py").write_text("import argparse, os\np = argparse.ArgumentParser()\n"
+                                         "p.add_argument('--job-dir', required=True)\na = p.parse_args()\n"
+                                         "assert a.job_dir == os.environ['JOB_DIR']\nprint('job dir', a.job_dir)\n")
+    run = lab.train("--dir", strict, "--script", "aip.py", "--pass-job-dir")
+    assert lab.wait(run)["state"] == "succeeded", lab.log(run)
+    assert f"job dir {lab.remote / 'runs' / run / 'job'}" in lab.log(run)
+
+
+def test_relaunches_count_and_add_the_resume_args_once_the_checkpoint_exists(lab: Lab, strict: str, plain: str) -> None:
+    run = lab.train("--dir", strict, "--script", "train.py", "--args", "--sleep 60",
+                    "--resume-args", "--init_from=resume", "--resume-if", "out/ckpt.pt")
+    assert wait_starts(lab, run, 1) == ["resumes=0 init_from=scratch"]
+    # Killed before its first checkpoint: the relaunch starts fresh, with the original arguments.
+    reboot(lab, run)
+    assert agent_cmd(lab, "boot")["actions"] == [{"runId": run, "action": "resumed", "resumes": 1}]
+    assert wait_starts(lab, run, 2)[1] == "resumes=1 init_from=scratch"
+    assert "out/ckpt.pt not there yet: starting fresh" in lab.log(run)
+    # It checkpoints in its own out_dir; the next relaunch resumes from it.
+    ckpt = lab.remote / "runs" / run / "code" / "out" / "ckpt.pt"
+    ckpt.parent.mkdir()
+    ckpt.write_text("step 500")
+    reboot(lab, run)
+    agent_cmd(lab, "boot")
+    assert wait_starts(lab, run, 3)[2] == "resumes=2 init_from=resume"
+    assert "loaded step 500" in lab.log(run)
+    # Killed again, no boot: interrupted. A newer run that succeeded is not what `resume` takes.
+    wait_state(lab, run, ("running",))
+    reboot(lab, run)
+    other = lab.train("--dir", plain, "--command", "true", "--name", "quick")
+    assert lab.wait(other)["state"] == "succeeded"
+    assert lab.run_state(run)["state"] == "interrupted"
+    out = lab.fab("resume", check=True).stdout
+    assert f"{run}: restarted" in out
+    assert wait_starts(lab, run, 4)[3] == "resumes=3 init_from=resume"
+    assert lab.run_state(other)["resumes"] == 0
+    lab.fab("stop", "--run", run, "--grace", "1", check=True)
+    refused = lab.fab("resume")
+    assert refused.returncode != 0
+    assert "no interrupted run to resume" in refused.stderr and "--run RUN" in refused.stderr
+    assert json.loads((lab.remote / "runs" / run / "state.json").read_text())["state"] == "stopped"
