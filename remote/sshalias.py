@@ -1,8 +1,10 @@
 """`ssh gpu-train-STACK`: an ssh_config alias per stack, written at first contact, never a silent edit.
 
-The first task that reaches a stack writes ``Host gpu-train-STACK`` (and ``STACK`` itself when no
-Host line of yours uses that name) into gpu-train's own include file, with our key and known_hosts,
-and says so once. Making OpenSSH read that file needs one ``Include`` line in ~/.ssh/config: that
+The first task that reaches a stack writes ``Host gpu-train-STACK`` into gpu-train's own include
+file, with our key and known_hosts, and says so once. Only ``gpu-train-`` names: a stack's name (a
+shared stack may be called ``github.com``) never shadows a real host. The files live in a folder of
+the user's (``~/.ssh/gpu-train``, or ``$GPU_TRAIN_HOME``), never in a project, where any file that
+appeared would become part of every ssh the user runs. Making OpenSSH read that file needs one ``Include`` line in ~/.ssh/config: that
 line is added only when you say so (asked once on a terminal, or ``gpu-train ssh-config``, or
 ``GPU_TRAIN_SSH_CONFIG=include``), and ``gpu-train ssh-config --remove`` takes it and the aliases
 away again. A GCP VM's new address after a restart simply rewrites its alias.
@@ -23,6 +25,12 @@ MARK = "# gpu-train: ssh aliases (`gpu-train ssh-config --remove` undoes this)"
 CHOICE_ENV = "GPU_TRAIN_SSH_CONFIG"  # include | no: answer the question without asking
 
 
+def own_home() -> Path:
+    """The user's own folder for aliases and the answer given once: $GPU_TRAIN_HOME (the user's setting),
+    else ~/.ssh/gpu-train; never the project's .gpu-train (a project's files are not the user's word)."""
+    return Path(os.environ["GPU_TRAIN_HOME"]) if os.environ.get("GPU_TRAIN_HOME") else Path.home() / ".ssh" / "gpu-train"
+
+
 def alias_dir(home: Path) -> Path:
     return home / "ssh_config.d"
 
@@ -32,7 +40,8 @@ def user_config() -> Path:
 
 
 def include_line(home: Path) -> str:
-    return f'Include "{alias_dir(home)}/*.conf"'
+    """Only the files gpu-train writes (gpu-train-*.conf), not whatever else lands in the folder."""
+    return f'Include "{alias_dir(home)}/gpu-train-*.conf"'
 
 
 def _quote(value: str) -> str:
@@ -43,26 +52,16 @@ def _quote(value: str) -> str:
     return value
 
 
-def taken_names(text: str) -> set[str]:
-    """Names that Host lines of a user's ssh_config already use (patterns with wildcards do not count)."""
-    names: set[str] = set()
-    for line in text.splitlines():
-        m = re.match(r"\s*Host\s+(.+)", line, re.I)
-        if m:
-            names.update(n for n in m.group(1).split() if not any(c in n for c in "*?!"))
-    return names
-
-
-def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_hosts: str, short_free: bool,
+def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_hosts: str,
           proxies: list[str] | None = None) -> str:
-    """The Host blocks for one stack: node 0 as ``gpu-train-STACK`` (and ``STACK``), node N as ``gpu-train-STACK-N``.
+    """The Host blocks for one stack: node 0 as ``gpu-train-STACK``, node N as ``gpu-train-STACK-N``.
 
     Without ``key_file`` (keys from ssh-agent and the user's ssh_config) no IdentityFile is
     pinned; ``proxies`` gives each host's ProxyCommand (its jump hosts), or "" for none.
     """
     blocks = [f"# written by gpu-train for stack {stack}"]
     for i, (user, host, port) in enumerate(hosts):
-        names = [f"gpu-train-{stack}"] + ([stack] if short_free else []) if i == 0 else [f"gpu-train-{stack}-{i}"]
+        names = [f"gpu-train-{stack}"] if i == 0 else [f"gpu-train-{stack}-{i}"]
         keys = f"  IdentityFile {_quote(key_file)}\n  IdentitiesOnly yes\n" if key_file else ""
         proxy = f"  ProxyCommand {proxies[i]}\n" if proxies and proxies[i] else ""
         blocks.append(
@@ -73,6 +72,8 @@ def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_ho
 
 
 def _atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace ``path`` whole; a symbolic link (a dotfiles ~/.ssh/config) is edited where it points, not replaced."""
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.gpu-train.tmp")
     tmp.write_text(text)
@@ -83,14 +84,11 @@ def _atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
 def write_alias(target, home: Path) -> tuple[str, bool]:
     """Write (or refresh) the stack's alias file; (alias, whether it is new)."""
     path = alias_dir(home) / f"gpu-train-{target.stack}.conf"
-    conf = user_config()
-    theirs = conf.read_text() if conf.is_file() else ""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", target.stack):
         raise ValueError(f"stack name {target.stack!r} cannot be an ssh host alias")
-    free = _already_short(path, target.stack) or (not path.is_file() and target.stack not in taken_names(theirs))
     from remote.ssh import proxy_command
 
-    text = entry(target.stack, [(h.user, h.host, h.port) for h in target.hosts], target.key_file, str(target.known_hosts), free,
+    text = entry(target.stack, [(h.user, h.host, h.port) for h in target.hosts], target.key_file, str(target.known_hosts),
                  [proxy_command(target, h) for h in target.hosts])
     new = not path.is_file()
     if new or path.read_text() != text:
@@ -98,22 +96,44 @@ def write_alias(target, home: Path) -> tuple[str, bool]:
     return f"gpu-train-{target.stack}", new
 
 
-def _already_short(path: Path, stack: str) -> bool:
-    """Keep the short name once given (the user's config may since mention it through our include)."""
-    return path.is_file() and re.search(rf"^Host gpu-train-{re.escape(stack)} {re.escape(stack)}$", path.read_text(), re.M) is not None
-
-
 def included(home: Path) -> bool:
     conf = user_config()
     return conf.is_file() and include_line(home) in conf.read_text()
 
 
+def _without_ours(lines: list[str]) -> list[str]:
+    """``lines`` less each of our comments and the Include after it (this version's, or an older one's
+    that included a project's folder), and the blank line add_include put after them."""
+    keep: list[str] = []
+    skip = 0
+    for ln in lines:
+        if ln.rstrip("\n") == MARK:
+            skip = 2
+            continue
+        if skip == 2 and ln.lstrip().lower().startswith("include"):
+            skip = 1
+            continue
+        if skip == 1 and not ln.strip():
+            skip = 0
+            continue
+        skip = 0
+        keep.append(ln)
+    return keep
+
+
 def add_include(home: Path) -> Path:
-    """Put the Include line first in ~/.ssh/config (Include must come before any Host block)."""
+    """Put the Include line first in ~/.ssh/config (Include must come before any Host block), in
+    place of an older one of ours; a symbolic link is edited where it points. Raises OSError with
+    the line to add when the file cannot be written."""
     conf = user_config()
     existing = conf.read_text() if conf.is_file() else ""
     if include_line(home) not in existing:
-        _atomic_write(conf, f"{MARK}\n{include_line(home)}\n\n{existing}" if existing else f"{MARK}\n{include_line(home)}\n")
+        rest = "".join(_without_ours(existing.splitlines(keepends=True)))
+        try:
+            _atomic_write(conf, f"{MARK}\n{include_line(home)}\n\n{rest}" if rest else f"{MARK}\n{include_line(home)}\n")
+        except OSError as e:
+            raise OSError(f"cannot write {os.path.realpath(conf)} ({e.strerror or e}): add this line at its top "
+                          f"yourself:\n    {include_line(home)}") from None
     return conf
 
 
@@ -123,10 +143,8 @@ def remove(home: Path) -> list[str]:
     conf = user_config()
     if conf.is_file():
         lines = conf.read_text().splitlines(keepends=True)
-        keep = [ln for ln in lines if ln.rstrip("\n") not in (MARK, include_line(home))]
+        keep = [ln for ln in _without_ours(lines) if ln.rstrip("\n") != include_line(home)]
         if len(keep) != len(lines):
-            if keep and not keep[0].strip() and len(lines) - len(keep) == 2:
-                keep = keep[1:]  # the blank line add_include put after it
             _atomic_write(conf, "".join(keep))
             done.append(f"removed the Include line from {conf}")
     for f in sorted(alias_dir(home).glob("gpu-train-*.conf")) if alias_dir(home).is_dir() else []:
@@ -185,9 +203,11 @@ def at_first_contact(target, home: Path, say: Callable[[str], None], ask: Callab
         say(f"ssh alias not written: {e}")
         return ""
     if new:
-        short = f" (or ssh {target.stack})" if _already_short(alias_dir(home) / f"{alias}.conf", target.stack) else ""
-        say(f"ssh alias: ssh {alias}{short}, also for rsync, scp and editors' remote-SSH "
+        say(f"ssh alias: ssh {alias}, also for rsync, scp and editors' remote-SSH "
             f"(written to {alias_dir(home) / (alias + '.conf')})")
         if not included(home) and decide_include(home, ask, say):
-            say(f"  added `{include_line(home)}` to {add_include(home)}")
+            try:
+                say(f"  added `{include_line(home)}` to {add_include(home)}")
+            except OSError as e:
+                say(f"  {e}")
     return alias

@@ -38,19 +38,11 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 # -- the alias ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("text", "names"),
-    [("Host a b\n  HostName x\nHost *.lab !c\nhost d\n", {"a", "b", "d"}), ("", set()), ("Match host x\n", set())],
-)
-def test_taken_names(text: str, names: set[str]) -> None:
-    assert sshalias.taken_names(text) == names
-
-
 def test_entry_quotes_paths_and_refuses_what_ssh_config_cannot_hold() -> None:
-    text = sshalias.entry("t4", [("me", "10.0.0.1", 22), ("me", "10.0.0.2", 22)], "/k/my key", "/kh", True)
-    assert "Host gpu-train-t4 t4\n" in text and "Host gpu-train-t4-1\n" in text and 'IdentityFile "/k/my key"' in text
+    text = sshalias.entry("t4", [("me", "10.0.0.1", 22), ("me", "10.0.0.2", 22)], "/k/my key", "/kh")
+    assert "Host gpu-train-t4\n" in text and "Host gpu-train-t4-1\n" in text and 'IdentityFile "/k/my key"' in text
     with pytest.raises(ValueError):
-        sshalias.entry("t4", [("me", "10.0.0.1\n  ProxyCommand evil", 22)], "/k", "/kh", True)
+        sshalias.entry("t4", [("me", "10.0.0.1\n  ProxyCommand evil", 22)], "/k", "/kh")
 
 
 def test_alias_written_once_said_once_and_used_by_ssh(host) -> None:
@@ -58,7 +50,7 @@ def test_alias_written_once_said_once_and_used_by_ssh(host) -> None:
     said: list[str] = []
     asked: list[str] = []
     alias = sshalias.at_first_contact(target, state, said.append, ask=lambda q: asked.append(q) or "y")
-    assert alias == "gpu-train-lab" and len(asked) == 1 and any("ssh gpu-train-lab (or ssh lab)" in s for s in said)
+    assert alias == "gpu-train-lab" and len(asked) == 1 and any("ssh gpu-train-lab," in s for s in said)
     conf = Path(os.environ["HOME"]) / ".ssh" / "config"
     assert conf.read_text().startswith(sshalias.MARK)
     # the second contact says nothing and asks nothing
@@ -66,7 +58,7 @@ def test_alias_written_once_said_once_and_used_by_ssh(host) -> None:
     sshalias.at_first_contact(target, state, said.append, ask=lambda q: asked.append(q) or "y")
     assert said == [] and len(asked) == 1
     ssh.open_connection(target, target.host, 10, said.append).close()  # learn the host key into the stack's known_hosts
-    for name in ("gpu-train-lab", "lab"):
+    for name in ("gpu-train-lab",):
         result = subprocess.run(["ssh", "-F", str(conf), "-o", "BatchMode=yes", name, "true"], capture_output=True, text=True,
                                 timeout=30, stdin=subprocess.DEVNULL)
         assert result.returncode == 0, result.stderr
@@ -90,13 +82,64 @@ def test_include_is_never_added_silently(host) -> None:
     assert len(asked) == 1 and not (Path(os.environ["HOME"]) / ".ssh" / "config").exists()
 
 
-def test_short_name_only_when_free(host) -> None:
+def test_a_stack_name_never_shadows_a_real_host(host) -> None:
+    # A shared stack called github.com wrote `Host gpu-train-github.com github.com`: once included,
+    # `git` to github.com went to the stack's host (issue 28 I).
     _, target, state = host
+    import dataclasses
+
+    sshalias.write_alias(dataclasses.replace(target, stack="github.com"), state)
+    sshalias.add_include(state)
+    conf = Path(os.environ["HOME"]) / ".ssh" / "config"
+    dump = subprocess.run(["ssh", "-G", "-F", str(conf), "github.com"], capture_output=True, text=True, check=True).stdout
+    assert "hostname github.com\n" in dump and f"port {target.host.port}\n" not in dump
+    dump = subprocess.run(["ssh", "-G", "-F", str(conf), "gpu-train-github.com"], capture_output=True, text=True).stdout
+    assert f"hostname {target.host.host}\n" in dump
+
+
+def test_the_include_is_the_users_folder_and_only_our_files(host, tmp_path: Path, monkeypatch) -> None:
+    # The Include named the project's .gpu-train/ssh_config.d/*.conf: any committed *.conf there
+    # became part of every ssh the user ran (a Match exec ran each time).
+    _, target, _ = host
+    monkeypatch.delenv("GPU_TRAIN_HOME", raising=False)
+    home = sshalias.own_home()
+    assert home == Path(os.environ["HOME"]) / ".ssh" / "gpu-train"
+    mark = tmp_path / "ran"
+    project = tmp_path / "project" / ".gpu-train" / "ssh_config.d"
+    project.mkdir(parents=True)
+    (project / "gpu-train-x.conf").write_text(f'Match exec "touch {mark}"\n')
+    sshalias.write_alias(target, home)
+    (sshalias.alias_dir(home) / "notes.conf").write_text(f'Match exec "touch {mark}"\n')  # not ours: not read
+    conf = sshalias.add_include(home)
+    assert str(project) not in conf.read_text()
+    subprocess.run(["ssh", "-G", "-F", str(conf), "gpu-train-lab"], capture_output=True, check=True)
+    assert not mark.exists()
+
+
+def test_a_symlinked_ssh_config_is_edited_where_it_points(host, tmp_path: Path) -> None:
+    # dotfiles: ~/.ssh/config -> ~/dotfiles/ssh_config was replaced by a plain file.
+    _, target, state = host
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    (dotfiles / "ssh_config").write_text("Host mine\n  HostName example.org\n")
     conf = Path(os.environ["HOME"]) / ".ssh" / "config"
     conf.parent.mkdir(parents=True)
-    conf.write_text("Host lab\n  HostName lab.example.org\n")
+    conf.symlink_to(dotfiles / "ssh_config")
     sshalias.write_alias(target, state)
-    assert "Host gpu-train-lab\n" in (state / "ssh_config.d" / "gpu-train-lab.conf").read_text()
+    sshalias.add_include(state)
+    assert conf.is_symlink() and (dotfiles / "ssh_config").read_text().startswith(sshalias.MARK)
+    assert "Host mine\n" in (dotfiles / "ssh_config").read_text()
+    sshalias.remove(state)
+    assert conf.is_symlink() and (dotfiles / "ssh_config").read_text() == "Host mine\n  HostName example.org\n"
+
+
+def test_an_older_include_of_a_project_folder_is_replaced(host) -> None:
+    _, _, state = host
+    conf = Path(os.environ["HOME"]) / ".ssh" / "config"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f'{sshalias.MARK}\nInclude "/work/project/.gpu-train/ssh_config.d/*.conf"\n\nHost mine\n')
+    sshalias.add_include(state)
+    assert conf.read_text() == f"{sshalias.MARK}\n{sshalias.include_line(state)}\n\nHost mine\n"
 
 
 # -- forwarding ----------------------------------------------------------------------------------

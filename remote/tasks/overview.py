@@ -92,14 +92,16 @@ def ssh_config(c, remove=False, stack=None):
     without asking. --remove undoes both.
     """
     from remote import sshalias
-    from remote.target import state_home
 
-    home = state_home()
+    home = sshalias.own_home()
     if remove:
         done = sshalias.remove(home)
         print("\n".join(done) if done else "nothing to remove")
         return
     session = Session(stack)
     alias, _ = sshalias.write_alias(session.target, home)
-    conf = sshalias.add_include(home)
+    try:
+        conf = sshalias.add_include(home)
+    except OSError as e:
+        raise Exit(str(e), code=1) from None
     print(f"ssh {alias} works now ({sshalias.include_line(home)} in {conf})")

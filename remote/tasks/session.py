@@ -85,9 +85,8 @@ class Session:
     def _alias(self) -> None:
         """``ssh gpu-train-STACK`` from the first contact on (written once, refreshed when the address changes)."""
         from remote import sshalias
-        from remote import target as targets
 
-        sshalias.at_first_contact(self.cluster, targets.state_home(), say, sshalias.terminal_ask())
+        sshalias.at_first_contact(self.cluster, sshalias.own_home(), say, sshalias.terminal_ask())
 
     def reconnect(self):
         if self.conn is not None:
