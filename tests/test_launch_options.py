@@ -6,6 +6,7 @@ Python on loopback; a reboot is every process of the run's screen session SIGKIL
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -100,3 +101,50 @@ def test_relaunches_count_and_add_the_resume_args_once_the_checkpoint_exists(lab
     assert refused.returncode != 0
     assert "no interrupted run to resume" in refused.stderr and "--run RUN" in refused.stderr
     assert json.loads((lab.remote / "runs" / run / "state.json").read_text())["state"] == "stopped"
+
+
+READS_DATA = '''\
+import os, pathlib
+d = pathlib.Path("data/shakespeare_char")
+print("train.bin", d.joinpath("train.bin").read_bytes().hex())
+print("prepare", d.joinpath("prepare.py").read_text().strip())
+print("other", pathlib.Path("data/other/x.bin").read_bytes().hex())
+print("new", pathlib.Path("data/new/deep/y.bin").read_bytes().hex())
+'''
+
+
+def test_pushed_data_is_merged_into_the_codes_own_folder_of_that_name(lab: Lab) -> None:
+    """nanoGPT's layout: data/shakespeare_char/prepare.py is code (in git), the .bin files it made are
+    data (ignored, pushed); the job reads data/shakespeare_char/train.bin from its working directory."""
+    project = lab.cwd
+    (project / "train.py").write_text(READS_DATA)
+    own = project / "data" / "shakespeare_char"
+    own.mkdir(parents=True)
+    (own / "prepare.py").write_text("print('v1')\n")
+    (own / "train.bin").write_bytes(b"\x01\x02")
+    (project / "data" / "other").mkdir()
+    (project / "data" / "other" / "x.bin").write_bytes(b"\x03")
+    (project / "data" / "new" / "deep").mkdir(parents=True)  # a folder the code does not have at all
+    (project / "data" / "new" / "deep" / "y.bin").write_bytes(b"\x04")
+    (project / ".gputrainignore").write_text("*.bin\ndata/new/\n")
+    lab.fab("push", "data", check=True)
+    run = lab.train("--script", "train.py")
+    assert lab.wait(run)["state"] == "succeeded", lab.log(run)
+    log = lab.log(run)
+    assert "train.bin 0102" in log and "prepare print('v1')" in log and "other 03" in log and "new 04" in log
+    assert os.readlink(lab.remote / "runs" / run / "code" / "data" / "new") == str(lab.remote / "data" / project.name / "data" / "new")
+    code = lab.remote / "runs" / run / "code"
+    data_dir = lab.remote / "data" / project.name
+    assert (code / "data" / "shakespeare_char").is_dir() and not (code / "data" / "shakespeare_char").is_symlink()
+    assert os.readlink(code / "data" / "shakespeare_char" / "train.bin") == str(data_dir / "data/shakespeare_char/train.bin")
+    assert os.readlink(code / "data" / "other" / "x.bin") == str(data_dir / "data" / "other" / "x.bin")
+    assert not (code / "data" / "shakespeare_char" / "prepare.py").is_symlink()  # the same file in both: the code's
+    assert "differ" not in log
+    # The code's copy changed since the push: the code's own is used, and the log says so.
+    (own / "prepare.py").write_text("print('v2')\n")
+    run = lab.train("--script", "train.py")
+    assert lab.wait(run)["state"] == "succeeded", lab.log(run)
+    log = lab.log(run)
+    assert "prepare print('v2')" in log and "train.bin 0102" in log
+    assert ("data/shakespeare_char/prepare.py: the code and the pushed data both have it, and they differ: the code's "
+            "own copy is used") in log

@@ -3,8 +3,9 @@
 Data (a gitignored ``data/``, a dataset) is left out of the code sync; ``push`` rsyncs it to the
 project's data folder on each node, REMOTE_ROOT/data/PROJECT/, keeping its path in the project
 (``data/`` there stays ``data/``): incremental (unchanged files are not sent again), resumable
-(--partial), with progress. The job finds it in ``$DATA_DIR``, and as ``data/`` in its working
-directory when its code has no ``data/`` of its own.
+(--partial), with progress. The job finds it in ``$DATA_DIR``, and at the same path in its working
+directory, merged with the code's own folder of that name (a file in both: the code's copy, said in
+the run's log).
 """
 
 from __future__ import annotations
@@ -68,4 +69,5 @@ def push(c, dir, stack=None, json_=False):
                           "remote": results}, indent=1))
     else:
         print(f"{src} -> {results[0]} on {session.target.host}" + (f" (and {len(sessions) - 1} more nodes)" if len(sessions) > 1 else ""))
-        print(f"  the job sees it as $DATA_DIR/{rel}" + (f" and as {rel}/ in its working directory" if "/" not in rel else ""))
+        print(f"  the job sees it as $DATA_DIR/{rel} and as {rel}/ in its working directory (merged with the code's "
+              f"own {rel}/: a file in both is the code's copy)")
