@@ -70,10 +70,44 @@ def no_stack(own: list[str], project: Path | None, cwd: Path, cli: str) -> tuple
                 f"stacks/ here; or point at stack files: --stacks-dir DIR (or GPU_TRAIN_STACKS_DIR) and --stack NAME")
     if own:
         return (f"no stack selected (this project has {', '.join(own)})",
-                f"pass --stack NAME (e.g. --stack {own[0]}), or set GPU_TRAIN_STACK")
+                f"select one for this project: `{cli} stack {own[0]}`; or pass --stack NAME for one command")
     return (f"no stack selected (the project {project} has no stack files in stacks/)",
             f"create one: `{cli} init --host USER@HOST` (or --gcp-project ID), or pass --stack NAME "
             "(one of this clone's examples, or of --stacks-dir)")
+
+
+SELECTED = Path(".gpu-train") / "stack"  # under the project: the stack `gpu-train stack NAME` selected
+
+
+def choose_stack(given: str | None, env: str | None, selected: str | None, own: list[str]) -> tuple[str | None, str]:
+    """Which stack a task uses, and why: --stack, then $GPU_TRAIN_STACK, then the project's selected
+    stack (`gpu-train stack NAME`), then the project's only stack; (None, "") leaves it to Pulumi's."""
+    for name, why in ((given, "--stack"), (env, "$GPU_TRAIN_STACK"), (selected, "selected: gpu-train stack NAME")):
+        if name:
+            return name, why
+    if len(own) == 1:
+        return own[0], "the project's only stack"
+    return None, ""
+
+
+def selected_stack(root: Path) -> str | None:
+    """The stack the project ``root`` has selected (its .gpu-train/stack), if any."""
+    try:
+        return (root / SELECTED).read_text(encoding="utf-8").strip() or None
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def select_stack(root: Path, name: str | None) -> None:
+    """Remember ``name`` as the project's stack (None forgets it); written whole or not at all."""
+    path = root / SELECTED
+    if name is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".stack.{os.getpid()}.tmp")
+    tmp.write_text(name + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def stack_dirs(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:

@@ -115,4 +115,4 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
         print(f"  next: {step}")
     others = [p.name for p in path.parent.glob("Pulumi.*.y*ml") if p != path]
     if others and not os.environ.get("GPU_TRAIN_STACK"):
-        print(f"  this project has several stacks now: pass --stack {name} (or export GPU_TRAIN_STACK={name})")
+        print(f"  this project has several stacks now: `gpu-train stack {name}` selects this one (or pass --stack {name})")

@@ -82,20 +82,31 @@ STACK_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # Pulumi's rule;
 
 
 def select_stack(stack: str | None) -> str:
-    """--stack, else $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack."""
-    chosen = stack or os.environ.get("GPU_TRAIN_STACK")
+    """--stack, else $GPU_TRAIN_STACK, else the project's selected stack (`gpu-train stack NAME`), else
+    its only stack, else Pulumi's selected stack."""
+    return chosen_stack(stack)[0]
+
+
+def chosen_stack(stack: str | None) -> tuple[str, str]:
+    """``select_stack``'s answer and why it is that one."""
+    root = project.project_root()
+    own = project.stack_names([root / "stacks"])
+    chosen, why = project.choose_stack(stack, os.environ.get("GPU_TRAIN_STACK"), project.selected_stack(root), own)
     if chosen and not STACK_NAME_RE.fullmatch(chosen):
         raise ConfigError([Problem("stack", f"{config.shown(chosen)} is not a stack name",
                                    "letters, digits, '_', '.' and '-', starting with a letter or digit")])
+    if chosen and why.startswith("selected") and project.stack_path(chosen, project.stack_dirs(root)) is None:
+        cli = project.command_name(sys.argv[0])
+        raise ConfigError([Problem("stack", f"the project's selected stack {chosen!r} has no stack file any more "
+                                   f"(selected in {root / project.SELECTED})",
+                                   f"select another: `{cli} stack NAME`" + (f" ({', '.join(own)})" if own else "")
+                                   + f", or `{cli} stack --clear`")])
     if chosen:
-        return chosen
-    own = project.stack_names([project.project_root() / "stacks"])
-    if len(own) == 1:
-        return own[0]
+        return chosen, why
     if shutil.which("pulumi"):
         out = subprocess.run(["pulumi", "stack", "--show-name"], cwd=REPO, capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+            return out.stdout.strip(), "Pulumi's selected stack"
     found = project.project_root() if os.environ.get("GPU_TRAIN_PROJECT") else project.find_project()
     what, fix = project.no_stack(own, found, Path.cwd(), project.command_name(sys.argv[0]))
     raise ConfigError([Problem("stack", what, fix)])

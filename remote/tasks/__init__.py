@@ -1,5 +1,5 @@
 """The fab tasks: train, logs, status, stop, resume, fetch, down, setup, ssh, nvidia-smi; gpus, check, ls,
-vm-stop, vm-start, ssh-config, tensorboard, jupyter, tunnel.
+vm-stop, vm-start, ssh-config, stack, tensorboard, jupyter, tunnel.
 
 Each task resolves the stack's target, opens one SSH connection per node (``session``), and does
 its remote work in one agent call (plus rsync for bulk data). Start reading at ``train``.
@@ -11,7 +11,7 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     runs        logs, status, stop, resume
     fetch       fetch, down
     shell       setup, ssh, nvidia-smi
-    overview    gpus (the catalog), check, ls, ssh-config
+    overview    gpus (the catalog), stack, check, ls, ssh-config
     power       vm-stop, vm-start
     dashboards  tensorboard, jupyter, tunnel
     importing   import (an AI Platform or Vertex AI job into a stack)
@@ -31,7 +31,7 @@ from remote.tasks.shortflags import pin_short_flags
 
 ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, fetching.fetch, fetching.down,
                 shell.setup, shell.shell, shell.nvidia_smi, dashboards.tunnel, dashboards.tensorboard, dashboards.jupyter,
-                overview.gpus, overview.check, overview.ls_, overview.ssh_config, power.vm_stop, power.vm_start,
+                overview.gpus, overview.stack, overview.check, overview.ls_, overview.ssh_config, power.vm_stop, power.vm_start,
                 importing.import_job, init, data.push)
 
 

@@ -13,6 +13,7 @@ import time
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
+from gpu_train.problems import ConfigError
 from remote.tasks.optional import optional_positional
 from remote.tasks.session import STACK_HELP, Session
 
@@ -82,6 +83,41 @@ def ls_(c, json_=False, offline=False):
         print(json.dumps({"stacks": [r.to_json() for r in table]}, indent=1))
     else:
         print(listing.render(table))
+
+
+@task(positional=["name"], help={"name": "the stack to use from now on in this project (a name from the list)",
+            "clear": "forget the selected stack"})
+def stack(c, name=None, clear=False):
+    """Select the project's stack (kept in .gpu-train/stack), as `pulumi stack select` does; alone: which
+    stack tasks use now, and why, and every stack found.
+
+    --stack and $GPU_TRAIN_STACK still win over the selected stack for one command.
+    """
+    from gpu_train import project
+    from remote import target
+
+    root = project.project_root()
+    dirs = project.stack_dirs(root)
+    if clear:
+        project.select_stack(root, None)
+        print("no stack selected in this project now")
+    elif name is not None:
+        if not target.STACK_NAME_RE.fullmatch(name) or project.stack_path(name, dirs) is None:
+            close = project.did_you_mean(name, project.stack_names(dirs))
+            raise Exit(f"no stack named {name!r} (looked for Pulumi.{name}.yaml in {', '.join(str(d) for d in dirs)})"
+                       + (f"; did you mean {' or '.join(close)}?" if close else ""), code=ExitStatus.USAGE)
+        project.select_stack(root, name)
+    try:
+        current, why = target.chosen_stack(None)
+    except ConfigError as e:
+        current, why = None, e.problems[0].message
+    print(f"current stack: {current} ({why})" if current else f"current stack: none ({why})")
+    for path in project.listed_stack_files(root):
+        mark = "*" if path.name.removeprefix("Pulumi.").rsplit(".", 1)[0] == current else " "
+        print(f"{mark} {path.name.removeprefix('Pulumi.').rsplit('.', 1)[0]:<20} {path}")
+
+
+optional_positional(stack, "name")
 
 
 @task(name="ssh-config", help={"remove": "take the Include line and every gpu-train alias away", "stack": STACK_HELP})

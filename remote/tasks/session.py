@@ -14,7 +14,8 @@ from gpu_train.config import ConfigError
 from gpu_train.errors import ExitStatus, outcome, printable
 from gpu_train.project import command_name
 
-STACK_HELP = "stack name (default: $GPU_TRAIN_STACK, else the project's only stack, else Pulumi's selected stack)"
+STACK_HELP = ("stack name (default: $GPU_TRAIN_STACK, else the one `gpu-train stack NAME` selected, else the project's "
+              "only stack, else Pulumi's selected stack)")
 # How the user called us, for the commands our messages suggest.
 CLI = command_name(sys.argv[0])
 
