@@ -260,11 +260,18 @@ def test_remote_root_guard(tmp_path: Path) -> None:
     shared.chmod(0o777)
     if os.geteuid() == 0:
         os.chown(shared, 65534, 65534)
-        with pytest.raises(UnsafeRoot, match="no sticky bit"):
+        with pytest.raises(UnsafeRoot, match="belongs to nobody"):
             secure_root(str(shared / "root"))
-    shared.chmod(0o1777)  # as /tmp: others cannot rename what is ours
-    if os.geteuid() == 0:
+    shared.chmod(0o1777)
+    if os.geteuid() == 0:  # sticky, but its owner may rename anything in it (issue 28 O)
+        with pytest.raises(UnsafeRoot, match="belongs to nobody"):
+            secure_root(str(shared / "root2"))
+        os.chown(shared, 0, 0)  # as /tmp: root's, sticky: others cannot rename what is ours
         secure_root(str(shared / "root2"))
+        shared.chmod(0o777)
+        with pytest.raises(UnsafeRoot, match="no sticky bit"):
+            secure_root(str(shared / "root3"))
+        assert not (shared / "root3").exists()  # refused before anything was made
     assert secure_root(str(tmp_path / "absent"), own=False) and not (tmp_path / "absent").exists()
     agent = made / "agent"
     agent.write_text("")

@@ -134,3 +134,26 @@ def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker
     for path in (run_dir / "spec.json", run_dir / "log", run_dir / "state.json"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     assert secret not in (lab.remote / "agent.log").read_text() if (lab.remote / "agent.log").exists() else True
+
+
+@pytest.mark.parametrize("how", ["sticky", "linked"])
+def test_a_root_under_another_users_folder_is_refused(lab: Lab, attacker: Path, how: str) -> None:
+    # The owner of a sticky folder may rename anything in it: a root the victim made under the
+    # attacker's 1777 folder was swapped, and the crontab line `setup` wrote ran the attacker's agent
+    # as the victim (issue 28 O). A link to such a place is the same place.
+    theirs = attacker / "theirs"
+    as_attacker("mkdir", "-m", "1777", str(theirs))
+    mine = theirs / "victim"
+    mine.mkdir(mode=0o700)  # the victim's own folder, in the attacker's
+    if how == "sticky":
+        root = mine / "gpu-train"
+    else:
+        (lab.tmp / "link").symlink_to(mine)
+        root = lab.tmp / "link" / "gpu-train"
+    stack = lab.stacks / "Pulumi.lab.yaml"
+    stack.write_text(stack.read_text().replace(str(lab.remote), str(root)))
+    for args in (["status"], ["setup"]):
+        result = lab.fab(*args)
+        assert result.returncode != 0 and f"{theirs}, which belongs to {ATTACKER}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+    assert not list(mine.iterdir())

@@ -4,7 +4,9 @@ Another user who can write REMOTE_ROOT (a `remoteRoot` under /tmp they created f
 directory) could replace the agent that cron, screen and `fab resume` run as you, or read your
 runs. So the root (and every parent the agent creates) must be a real directory, owned by the login
 user, not writable by group or others; it is created 0700 under umask 077, and an existing root of
-ours is narrowed to 0700. Standard library only; this file's source also runs inline in the
+ours is narrowed to 0700. Every folder above it (as written and as links resolve) belongs to root or
+the user and is not writable by others unless sticky (OpenSSH's StrictModes rule).
+Standard library only; this file's source also runs inline in the
 laptop's bootstrap (remote/agent/bundle.py), before the agent is written to the host, so it
 imports nothing from the package.
 """
@@ -47,6 +49,32 @@ def dir_problem(st: os.stat_result, uid: int | None) -> str:
     return ""
 
 
+def ancestor_problem(st: os.stat_result, uid: int) -> str:
+    """Why a folder above REMOTE_ROOT lets another user swap what is in it ('' when it does not):
+    OpenSSH's StrictModes rule, owned by root or the user and not writable by others, with one
+    allowance: a sticky folder of root's or the user's (/tmp), where only an entry's owner (or the
+    folder's) may rename it. A sticky folder of another user's is refused: its owner renames anything."""
+    if st.st_uid not in (0, uid):
+        return f"belongs to {_owner(st.st_uid)}"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"others may write (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit)"
+    return ""
+
+
+def ancestors_problem(folder: str, uid: int) -> str:
+    """The first of ``folder`` and the folders above it (as written, and as symbolic links resolve)
+    that fails ancestor_problem, with why; '' when none does."""
+    for parent in (folder, os.path.realpath(folder)):
+        while True:
+            why = ancestor_problem(os.stat(parent), uid)
+            if why:
+                return f"{parent}, which {why}"
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
+    return ""
+
+
 def secure_root(root: str, own: bool = True) -> str:
     """Create REMOTE_ROOT 0700 (and its missing parents), or check the one there; its absolute path.
 
@@ -64,6 +92,11 @@ def secure_root(root: str, own: bool = True) -> str:
     while not os.path.lexists(path):
         created.append(path)
         path = os.path.dirname(path)
+    if own and uid is not None:  # before anything is created in them
+        why = ancestors_problem(path if created else os.path.dirname(root), uid)
+        if why:
+            raise UnsafeRoot(f"remoteRoot {root} lies in {why}, so another user could rename it and put theirs "
+                             "in its place: use a remoteRoot only you can write, e.g. ~/gpu-train")
     for path in reversed(created):
         with contextlib.suppress(FileExistsError):  # someone was faster: checked below like any other
             os.mkdir(path, 0o700)
@@ -74,17 +107,6 @@ def secure_root(root: str, own: bool = True) -> str:
                 f"remoteRoot {path} {why}: another user could replace gpu-train's agent, which runs as you, or "
                 "read your runs. Use a remoteRoot only you can write, e.g. ~/gpu-train (not under /tmp or a "
                 "shared directory)" + ("" if path == root else f" (it was to hold {root})"))
-    if own:  # above it: a directory others may write without the sticky bit lets them swap our tree
-        parent = os.path.dirname(root)
-        while True:
-            st = os.stat(parent)
-            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX and st.st_uid != uid:
-                raise UnsafeRoot(f"remoteRoot {root} lies in {parent}, which others may write (mode "
-                                 f"{stat.S_IMODE(st.st_mode):04o}, no sticky bit) and so rename: use a remoteRoot "
-                                 "only you can write, e.g. ~/gpu-train")
-            if parent == os.path.dirname(parent):
-                break
-            parent = os.path.dirname(parent)
     if own and stat.S_IMODE(os.lstat(root).st_mode) & 0o077:
         os.chmod(root, 0o700)  # ours and not writable by others, but readable: runs hold secrets
     return root
