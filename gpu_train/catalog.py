@@ -38,10 +38,38 @@ class Accelerator:
     vws: bool = False
     spot_quota_id: str | None = None
     short: str | None = None  # the name people say: T4, A100-80GB (gpu_train.gpunames reads it)
+    shutdown: str | None = None  # deprecated: the date Compute Engine shuts it down (T4, P4: 2027-08-01)
 
     @property
     def attachable_to_n1(self) -> bool:
         return self.series == "N1"
+
+
+@dataclass(frozen=True)
+class RetiredGpu:
+    """A GPU Compute Engine no longer creates: why, and the nearest current GPU to use instead."""
+
+    name: str
+    note: str
+    replacement: str
+    short: str | None = None
+
+    def gpu_name(self) -> str:
+        return self.short or self.name
+
+
+@dataclass(frozen=True)
+class FlexStart:
+    """Flex-start (Dynamic Workload Scheduler): the series that take it and its run-time bounds."""
+
+    series: frozenset[str] = frozenset()
+    unverified: frozenset[str] = frozenset()  # allowed with a warning: no source says yes or no
+    min_run_minutes: int = 10
+    max_run_hours: int = 168
+
+
+# The ways a VM may be had, as `plan`, `gpus` and the stack settings name them.
+ON_DEMAND, SPOT, FLEX_START, RESERVATION = "on-demand", "spot", "flex-start", "reservation"
 
 
 @dataclass(frozen=True)
@@ -70,6 +98,7 @@ class FixedShape:
     obtain: tuple[str, ...] = ()  # empty: on-demand and spot both allowed
     zones: tuple[str, ...] = ()  # empty: every zone of the accelerator
     arch: str = "x86_64"  # arm64: A4X (NVIDIA Grace)
+    local_ssd: bool = False  # comes with Local SSD (a STOP at maxRunDuration must discard it)
 
     @property
     def family(self) -> str:
@@ -109,7 +138,7 @@ class MachineShape:
 class Catalog:
     sources: dict[str, dict[str, str]]
     accelerators: dict[str, Accelerator]
-    retired: dict[str, str]
+    retired: dict[str, RetiredGpu]
     global_quota_metric: str
     global_quota_id: str
     family_quota_id: str
@@ -136,6 +165,9 @@ class Catalog:
     disk_quota_metrics: dict[str, str] = field(default_factory=dict)
     dates: dict[str, str] = field(default_factory=dict)
     disk_prices: dict[str, float | None] = field(default_factory=dict)  # USD per GB-month; None: unknown
+    cpu_quota_series: frozenset[str] = frozenset({"N1"})  # the series whose VMs count against CPUS
+    flex_start: FlexStart = FlexStart()
+    prices_unknown_where: str = ""  # where a reader finds the prices the catalog does not know
 
     # -- lookups -------------------------------------------------------------------------------
     def accelerator(self, name: str) -> Accelerator | None:
@@ -162,6 +194,22 @@ class Catalog:
             return []
         shapes = [s for s in self.fixed_shapes.values() if s.gpu_type == acc.name]
         return sorted(shapes, key=lambda s: (s.gpu_count, s.vcpus, s.memory_gb))
+
+    def ways(self, machine_type: str) -> tuple[str, ...]:
+        """How a VM of ``machine_type`` may be had: on-demand, spot, flex-start, reservation (in that order).
+
+        A fixed shape's ``obtain`` says it where it is restricted; otherwise on demand and spot, Flex-start
+        where the series takes it (or may: unverified), and a reservation (any GPU shape can be reserved).
+        """
+        machine = self.parse_machine_type(machine_type)
+        if machine is not None and machine.fixed is not None and machine.fixed.obtain:
+            found = set(machine.fixed.obtain)
+        else:
+            series = self.series_of(machine_type)
+            found = {ON_DEMAND, SPOT, RESERVATION}
+            if series in self.flex_start.series | self.flex_start.unverified:
+                found.add(FLEX_START)
+        return tuple(w for w in (ON_DEMAND, SPOT, FLEX_START, RESERVATION) if w in found)
 
     def image_deprecation(self, family: str) -> str | None:
         for pattern, reason in self.deprecated_image_patterns:

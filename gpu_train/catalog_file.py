@@ -21,8 +21,10 @@ from gpu_train.catalog import (
     CatalogError,
     DiskSeries,
     FixedShape,
+    FlexStart,
     N1Limit,
     Price,
+    RetiredGpu,
 )
 
 CATALOG_PATH = Path(__file__).parent / "data" / "gpu-catalog.yaml"
@@ -80,7 +82,15 @@ def parse_catalog(doc: Any) -> Catalog:
             vws=bool(a.get("vws", False)),
             spot_quota_id=a.get("spotQuotaId"),
             short=a.get("short"),
+            shutdown=a.get("shutdown"),
         )
+    retired = {}
+    for name, r in (acc_t.get("retired") or {}).items():
+        where = f"accelerators.retired.{name}"
+        replacement = _need(r, "replacement", str, where)
+        if replacement not in accelerators:
+            raise CatalogError(f"{where}.replacement: {replacement!r} is not in accelerators.types")
+        retired[name] = RetiredGpu(name, _need(r, "note", str, where), replacement, r.get("short"))
     glob = _need(acc_t, "globalQuota", dict, "accelerators")
 
     n1 = _table(doc, "n1", sources)
@@ -121,6 +131,7 @@ def parse_catalog(doc: Any) -> Catalog:
             obtain=tuple(s.get("obtain", ())),
             zones=tuple(s.get("zones", ())),
             arch=s.get("arch", "x86_64"),
+            local_ssd=bool(s.get("localSsd", False)),
         )
 
     zt = _table(doc, "zones", sources)
@@ -165,7 +176,10 @@ def parse_catalog(doc: Any) -> Catalog:
     return Catalog(
         sources=sources,
         accelerators=accelerators,
-        retired=dict(acc_t.get("retired") or {}),
+        retired=retired,
+        cpu_quota_series=frozenset(_need(acc_t, "cpuQuotaSeries", list, "accelerators")),
+        flex_start=_flex_start(doc, sources, dates),
+        prices_unknown_where=str(pt.get("unknownWhere", "")),
         global_quota_metric=_need(glob, "metric", str, "accelerators.globalQuota"),
         global_quota_id=_need(glob, "quotaId", str, "accelerators.globalQuota"),
         family_quota_id=_need(acc_t, "familyQuotaId", str, "accelerators"),
@@ -196,6 +210,16 @@ def parse_catalog(doc: Any) -> Catalog:
         dates=dates,
         disk_prices=_disk_prices(doc, sources, dates),
     )
+
+
+def _flex_start(doc: dict, sources: dict, dates: dict[str, str]) -> FlexStart:
+    table = _table(doc, "provisioning", sources)
+    dates["provisioning"] = table["date"]
+    flex = _need(table, "flexStart", dict, "provisioning")
+    return FlexStart(frozenset(_need(flex, "series", list, "provisioning.flexStart")),
+                     frozenset(flex.get("unverified") or ()),
+                     _need(flex, "minRunMinutes", int, "provisioning.flexStart"),
+                     _need(flex, "maxRunHours", int, "provisioning.flexStart"))
 
 
 def _disk_prices(doc: dict, sources: dict, dates: dict[str, str]) -> dict[str, float | None]:

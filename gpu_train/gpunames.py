@@ -51,6 +51,9 @@ def api_name(name: str, catalog: Catalog) -> str:
     """
     if catalog.accelerator(name) is not None or name in catalog.retired:
         return name
+    for gone in catalog.retired.values():  # `gpuType: P100` is refused as the retired GPU it names
+        if _key(name) in {_key(gone.name), _key(gone.name.removeprefix("nvidia-tesla-")), _key(gone.short or "")}:
+            return gone.name
     acc = resolve(name, catalog)
     return acc.name if acc is not None else name
 

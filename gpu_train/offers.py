@@ -13,12 +13,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from gpu_train import gpunames
-from gpu_train.catalog import Accelerator, Catalog
+from gpu_train.catalog import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Accelerator, Catalog
 from gpu_train.errors import ExitStatus, GpuTrainError
 from gpu_train.pricing import hourly_cost
 from gpu_train.validate import GpuShape
-
-ON_DEMAND = "on-demand"
 
 
 class OfferError(GpuTrainError, ValueError):
@@ -78,22 +76,18 @@ def _camel(doc: dict) -> dict:
     return {re.sub(r"_(\w)", lambda m: m.group(1).upper(), k): v for k, v in doc.items()}
 
 
-def _obtain(raw: tuple[str, ...]) -> tuple[str, ...]:
-    return raw or (ON_DEMAND, "spot")
-
-
 def _shapes(acc: Accelerator, catalog: Catalog) -> list[ShapeOffer]:
     per_gpu = catalog.gpu_prices.get(acc.name)
     out = []
     for lim in catalog.n1_limits.get(acc.name, ()):
         od = None if per_gpu is None or per_gpu.on_demand is None else round(per_gpu.on_demand * lim.count, 5)
         sp = None if per_gpu is None or per_gpu.spot is None else round(per_gpu.spot * lim.count, 5)
-        out.append(ShapeOffer("n1-*", lim.count, lim.max_vcpus, lim.max_memory_gb, _obtain(()), od, sp, (),
+        out.append(ShapeOffer("n1-*", lim.count, lim.max_vcpus, lim.max_memory_gb, catalog.ways("n1-standard-8"), od, sp, (),
                               per_gpu.date if per_gpu else None))
     for s in catalog.shapes_with(acc.name):
         cost = hourly_cost(GpuShape(s.name, s.vcpus, s.memory_gb, s.gpu_type, s.gpu_count, attached=False), catalog)
         known = cost.on_demand is not None or cost.spot is not None
-        out.append(ShapeOffer(s.name, s.gpu_count, s.vcpus, s.memory_gb, _obtain(s.obtain), cost.on_demand, cost.spot,
+        out.append(ShapeOffer(s.name, s.gpu_count, s.vcpus, s.memory_gb, catalog.ways(s.name), cost.on_demand, cost.spot,
                               s.zones, cost.date if known else None))
     return out
 
@@ -202,7 +196,7 @@ def render_table(rows: list[GpuOffer], catalog: Catalog, spot: bool = False) -> 
 def _footer(catalog: Catalog, dates: list[str]) -> str:
     when = "; ".join(dates) or catalog.dates["prices"]
     return (f"prices: {catalog.price_region} list prices as of {when} (other regions differ; spot prices change; "
-            f"n/a = not in the catalog); zones: {catalog.dates['zones']} snapshot")
+            f"n/a = not in the catalog: see {catalog.prices_unknown_where}); zones: {catalog.dates['zones']} snapshot")
 
 
 def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
@@ -217,7 +211,7 @@ def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
         else:
             what = f"    {s.machine}".ljust(34) + f"{s.gpus} GPU, {s.max_vcpus} vCPUs, {s.max_memory_gb:g} GB"
             price = f"{per_hour(s.on_demand)}, spot {per_hour(s.spot)}"
-        ways = "" if s.obtain == (ON_DEMAND, "spot") else f" [{', '.join(s.obtain)}]"
+        ways = f" [{ways_priced(s)}]"
         zones = f" (zones: {', '.join(s.zones)})" if s.zones else ""
         dated = f" ({s.price_date})" if s.price_date and s.price_date != o.price_date else ""
         lines.append(f"{what.ljust(70)}{price}{dated}{ways}{zones}")
@@ -228,6 +222,14 @@ def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
     if spot:
         lines.append("(--spot: shapes that cannot be had as spot are left out)")
     return "\n".join(lines)
+
+
+def ways_priced(s: ShapeOffer) -> str:
+    """Each way the shape may be had, with its price where the catalog knows one: Flex-start bills its own
+    (Dynamic Workload Scheduler) rate, a reservation the on-demand rate unless a commitment covers it."""
+    price = {ON_DEMAND: per_hour(s.on_demand), SPOT: per_hour(s.spot), FLEX_START: "DWS rate n/a",
+             RESERVATION: "on-demand rate"}
+    return ", ".join(f"{w} {price[w]}" if w in price else w for w in s.obtain)
 
 
 def to_json(rows: list[GpuOffer], catalog: Catalog) -> dict:

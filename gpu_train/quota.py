@@ -1,7 +1,8 @@
 """Will the stack fit in the project's quotas? Pure decisions on quota names, needs and shortfalls.
 
-Compute Engine counts a GPU VM against: the region's GPU metric, the region's CPU quota (CPUS, or
-the series' own such as A2_CPUS), the region's quota for each of its disks' types (Hyperdisk has its
+Compute Engine counts a GPU VM against: the region's GPU metric, the region's CPU quota where the
+series counts one (only N1: A2, A3, A4, A4X, G2 and G4 VMs need GPU quota only; catalog
+``cpuQuotaSeries``), the region's quota for each of its disks' types (Hyperdisk has its
 own; every node has a boot disk and a data disk, and the two may differ in type), and the project-wide
 GPUS_ALL_REGIONS, often 0 on a new project. Reference section 5.
 
@@ -64,17 +65,16 @@ def spot_metric(standard: str, region_quotas: Quotas) -> tuple[str, str]:
     twin = f"PREEMPTIBLE_{standard}"
     limit = region_quotas.get(twin, (0.0, 0.0))[0]
     if limit > 0:
-        return twin, f"spot: judged against {twin} (this project has {limit:g} of it)"
+        return twin, f"spot/flex-start: judged against {twin} (this project has {limit:g} of it)"
     granted = "0" if twin in region_quotas else "none"
-    return standard, (f"spot: judged against {standard}, since {twin} is {granted} here "
-                      "(spot VMs then use the standard quota)")
+    return standard, (f"spot/flex-start: judged against {standard}, since {twin} is {granted} here "
+                      "(spot and Flex-start VMs then use the standard quota)")
 
 
-def cpu_metric(machine_type: str, region_metrics: Quotas | set[str], catalog: Catalog) -> str:
-    """N1 counts against CPUS; other series against their own (A2_CPUS, G2_CPUS, ...) where listed."""
-    series = catalog.series_of(machine_type)
-    own = f"{series}_CPUS"
-    return own if series != "N1" and own in region_metrics else "CPUS"
+def cpu_metric(machine_type: str, catalog: Catalog) -> str | None:
+    """CPUS for the series Compute Engine counts vCPUs of (N1); None for the GPU series, which need GPU
+    quota only (a CPU shortfall reported for them would be false, and stop scripts/up for nothing)."""
+    return "CPUS" if catalog.series_of(machine_type) in catalog.cpu_quota_series else None
 
 
 def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Catalog,
@@ -85,7 +85,7 @@ def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Cat
     Needs of the same quota add up, so a pool of CPU-only parameter servers adds vCPUs, not GPUs.
     """
     boot_disk = disk_quota_metric(catalog, cfg.boot_disk_type)
-    spot = " (spot)" if cfg.spot else ""
+    spot = " (spot)" if cfg.spot else " (flex-start)" if cfg.flex_start else ""
     totals: dict[tuple[str | None, str], dict[str, int]] = {}  # (metric, scope) -> {what: amount}
     notes: dict[tuple[str | None, str], str] = {}
 
@@ -95,15 +95,16 @@ def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Cat
         notes[(metric, scope)] = notes.get((metric, scope)) or note
 
     for one in nodes or [shape] * cfg.nodes:
-        cpu, cpu_note = cpu_metric(one.machine_type, region_quotas, catalog), ""
-        if cfg.spot and cpu == "CPUS":
+        cpu, cpu_note = cpu_metric(one.machine_type, catalog), ""
+        if cfg.preemptible_quota and cpu is not None:
             cpu, cpu_note = spot_metric(cpu, region_quotas)
         if one.gpu_count:  # a CPU-only node (a parameter server pool) asks nothing of a GPU quota
             gpu, gpu_note = gpu_metric(one.gpu_type, catalog), ""
-            if cfg.spot and gpu is not None:
+            if cfg.preemptible_quota and gpu is not None:
                 gpu, gpu_note = spot_metric(gpu, region_quotas)
             add(gpu, cfg.region, one.gpu_count, f"x {one.gpu_type}{spot}", gpu_note)
-        add(cpu, cfg.region, one.vcpus or 0, f"vCPUs of {one.machine_type}", cpu_note)
+        if cpu is not None:
+            add(cpu, cfg.region, one.vcpus or 0, f"vCPUs of {one.machine_type}", cpu_note)
         add(boot_disk, cfg.region, cfg.boot_disk_size_gb, f"GB of {cfg.boot_disk_type}")
         data_type = data_disk_type(cfg, catalog, one.machine_type)  # the series' own unless dataDiskType says
         add(disk_quota_metric(catalog, data_type), cfg.region, cfg.data_disk_size_gb, f"GB of {data_type} (data disk)")
@@ -141,14 +142,15 @@ def preferences(cfg: StackConfig, shape: GpuShape, gpus: int, catalog: Catalog) 
     """The Cloud Quotas preferences `quotaRequest` declares: the region's GPU quota and the project-wide
     GPUS-ALL-REGIONS.
 
-    The region's GPU quota is, for spot, the GPU's preemptible per-model quota where the catalog knows
-    one (spot H100: PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region); otherwise the per-family quota
+    The region's GPU quota is, for spot and Flex-start (preemptible quota first), the GPU's preemptible
+    per-model quota where the catalog knows one (spot H100: PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region;
+    H200 and B200 have no standard on-demand quota at all); otherwise the per-family quota
     where the GPU has a family (H100, H200, B200) and else its per-model one (L4 has its own:
     NVIDIA-L4-GPUS-per-project-region, not a family).
     """
     acc = catalog.accelerator(shape.gpu_type)
     out: list[dict[str, object]] = []
-    if acc is not None and cfg.spot and acc.spot_quota_id:
+    if acc is not None and cfg.preemptible_quota and acc.spot_quota_id:
         out.append({"quota_id": acc.spot_quota_id, "dimensions": {"region": cfg.region}})
     elif acc is not None and acc.gpu_family:
         out.append({"quota_id": catalog.family_quota_id, "dimensions": {"region": cfg.region, "gpu_family": acc.gpu_family}})

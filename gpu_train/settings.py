@@ -87,6 +87,20 @@ class StackConfig:
                                     "given)", targets=GCP, shown="required for N1")
     spot: bool = setting("spot", "bool", False, "Spot VM: cheaper (Google: up to 91% off; spot "
                          "prices may change daily), may be preempted", targets=GCP)
+    flex_start: bool = setting("flexStart", "bool", False, "Flex-start VM (Dynamic Workload Scheduler): A2, G2, A3, A4 "
+                               "(G4 unverified); needs `maxRunHours` (10 min to 7 days); not with `spot`",
+                               targets=GCP)
+    reservation: str | None = setting("reservation", "str", None, "consume this reservation: `NAME`, "
+                                      "`projects/P/reservations/NAME` or `.../reservationBlocks/B` (never created "
+                                      "or deleted by the stack); not with `spot` or `flexStart`", targets=GCP,
+                                      shown="none")
+    reservation_bound: bool = setting("reservationBound", "bool", False, "the reservation is a calendar-mode or "
+                                      "future reservation's: the VM is `RESERVATION_BOUND` (ends with it)",
+                                      targets=GCP)
+    provisioning_fallback: tuple[str, ...] = setting("provisioningFallback", "list", (), "`scripts/up`: other ways "
+                                                     "to try, in order, when the stack's own finds no capacity in a "
+                                                     "zone: `spot`, `flex-start`, `on-demand`", targets=GCP,
+                                                     shown="`[]`")
     boot_disk_size_gb: int = setting("bootDiskSizeGb", "int", 200, "boot disk size (checked against the image's "
                                      "size at `up`)", targets=GCP)
     boot_disk_type: str = setting("bootDiskType", "str", "pd-balanced", "boot disk type: `pd-balanced` on N1, G2, "
@@ -136,9 +150,10 @@ class StackConfig:
                                        "power off after this many idle minutes (fractions allowed); `0` = off",
                                        shown=f"`{GCP_IDLE_STOP_MINUTES}` on GCP, `{DEFAULT_SETTINGS['idleStopMinutes']}` "
                                        "on SSH stacks", agent=True)
-    max_run_hours: int | None = setting("maxRunHours", "int", DEFAULT_SETTINGS["maxRunHours"], "hard cap on the "
-                                        "VM's run time (1 to 2880), then Compute Engine stops it", targets=GCP,
-                                        agent=True)
+    max_run_hours: float | None = setting("maxRunHours", "number", DEFAULT_SETTINGS["maxRunHours"], "hard cap on "
+                                          "the VM's run time in hours from each start (fractions allowed; 1 to 2880; "
+                                          "Flex-start: required, 10 min to 168), then Compute Engine stops it; "
+                                          "the job is warned before", targets=GCP, agent=True)
     running: bool = setting("running", "bool", True, "`false` stops the VM (disk kept)", targets=GCP)
     max_resumes: int = setting("maxResumes", "int", DEFAULT_SETTINGS["maxResumes"], "relaunches after "
                                "reboots/preemptions before a run is marked failed", agent=True)
@@ -162,6 +177,11 @@ class StackConfig:
     @property
     def is_gcp(self) -> bool:
         return self.target == "gcp"
+
+    @property
+    def preemptible_quota(self) -> bool:
+        """Spot and Flex-start VMs count against the PREEMPTIBLE_ quotas first (Compute Engine docs)."""
+        return self.spot or self.flex_start
 
     def ssh_private_key_path(self) -> str:
         """The private key used to log in: ``sshKey``, else the public key's path minus .pub."""

@@ -10,7 +10,7 @@ import re
 
 from gpu_train import gpunames
 from gpu_train.catalog import AI_ZONE_PATTERN, Catalog, FixedShape, MachineShape
-from gpu_train.config import NAMESPACE, Problem, StackConfig
+from gpu_train.config import Problem, StackConfig
 
 
 # -- machine type and GPUs --------------------------------------------------------------------
@@ -32,9 +32,16 @@ def machine_and_gpus(cfg: StackConfig, catalog: Catalog) -> tuple[list[Problem],
 def _gpu_type_problem(cfg: StackConfig, catalog: Catalog) -> Problem | None:
     gpu_type = cfg.gpu_type or ""
     if gpu_type in catalog.retired:
-        return Problem("gpuType", catalog.retired[gpu_type], "choose a current GPU, e.g. nvidia-tesla-t4 or nvidia-l4", cfg.gpu_type)
-    if catalog.accelerator(gpu_type) is None:
+        gone = catalog.retired[gpu_type]
+        return Problem("gpuType", gone.note, f"the nearest current GPU is {gone.replacement}: set gpuType "
+                       f"{gone.replacement} (gpuCount and machineType checked against it)", cfg.gpu_type)
+    acc = catalog.accelerator(gpu_type)
+    if acc is None:
         return Problem("gpuType", "is not a GPU type", gpunames.describe_unknown(gpu_type, catalog), cfg.gpu_type)
+    if acc.shutdown:
+        return Problem("gpuType", f"{acc.gpu} is deprecated: Compute Engine shuts it down on {acc.shutdown}",
+                       "plan a move to a current GPU, e.g. nvidia-l4 (machineType g2-standard-8)", cfg.gpu_type,
+                       "warning")
     return None
 
 
@@ -55,14 +62,7 @@ def _fixed_shape(cfg: StackConfig, catalog: Catalog, shape: FixedShape) -> list[
         if same_gpu:
             fix += f"; for {cfg.gpu_count} GPUs use machineType {same_gpu[0]}"
         problems.append(Problem("gpuCount", f"does not match the machine type: {implied}", fix, cfg.gpu_count))
-    if shape.obtain:
-        if "spot" not in shape.obtain:
-            problems.append(Problem("machineType", f"can only be had with {' or '.join(shape.obtain)}, which gpu-train does not declare",
-                                    "choose another shape, e.g. a3-highgpu-8g or a4-highgpu-8g with spot: true", shape.name))
-        elif not cfg.spot:
-            problems.append(Problem("spot", f"{shape.name} can only be had as {', '.join(shape.obtain)}, not on demand",
-                                    f"set {NAMESPACE}:spot true", cfg.spot))
-    return problems
+    return problems  # how the shape may be had (on demand, spot, ...): gpu_train.provisioning
 
 
 def _nearest(value: int, allowed: list[int]) -> int:
@@ -72,10 +72,11 @@ def _nearest(value: int, allowed: list[int]) -> int:
 def _n1(cfg: StackConfig, catalog: Catalog, machine: MachineShape) -> list[Problem]:
     n1_gpus = [a.name for a in catalog.accelerators.values() if a.attachable_to_n1]
     problems = []
+    p: Problem | None = None
     if cfg.gpu_type is None:
         problems.append(Problem("gpuType", f"is required with an N1 machine type ({cfg.machine_type})",
                                 f"set gpuType to one of {', '.join(n1_gpus)}, or use a GPU shape such as g2-standard-8"))
-    elif (p := _gpu_type_problem(cfg, catalog)) is not None:
+    elif (p := _gpu_type_problem(cfg, catalog)) is not None and p.severity == "error":
         problems.append(p)
     elif not (acc := catalog.accelerator(cfg.gpu_type)) or not acc.attachable_to_n1:
         problems.append(_not_attachable(cfg, catalog))
@@ -88,10 +89,11 @@ def _n1(cfg: StackConfig, catalog: Catalog, machine: MachineShape) -> list[Probl
 
     acc = catalog.accelerator(cfg.gpu_type or "")
     assert acc is not None and cfg.gpu_count is not None and machine.vcpus is not None and machine.memory_gb is not None
+    warned = [p] if p is not None else []  # a deprecated GPU: said, and the shape still checked
     limits = {lim.count: lim for lim in catalog.n1_limits[acc.name]}
     if cfg.gpu_count not in limits:
         allowed = sorted(limits)
-        return [Problem("gpuCount", f"{cfg.gpu_type} attaches to N1 in counts of {', '.join(map(str, allowed))} only",
+        return [*warned, Problem("gpuCount", f"{cfg.gpu_type} attaches to N1 in counts of {', '.join(map(str, allowed))} only",
                         f"nearest valid count: {_nearest(cfg.gpu_count, allowed)}", cfg.gpu_count)]
     max_vcpus, max_mem = limits[cfg.gpu_count].ceilings(cfg.zone)
     if machine.vcpus > max_vcpus or machine.memory_gb > max_mem:
@@ -105,9 +107,10 @@ def _n1(cfg: StackConfig, catalog: Catalog, machine: MachineShape) -> list[Probl
             fix += f", e.g. machineType {largest}"
         if more:
             fix += f"; or keep {cfg.machine_type} with gpuCount {more[0]}"
-        return [Problem("machineType", f"has {machine.vcpus} vCPUs and {machine.memory_gb:g} GB, over the ceiling of "
-                        f"{max_vcpus} vCPUs and {max_mem:g} GB for {cfg.gpu_count} x {cfg.gpu_type}", fix, cfg.machine_type)]
-    return []
+        return [*warned, Problem("machineType", f"has {machine.vcpus} vCPUs and {machine.memory_gb:g} GB, over the "
+                                 f"ceiling of {max_vcpus} vCPUs and {max_mem:g} GB for {cfg.gpu_count} x {cfg.gpu_type}",
+                                 fix, cfg.machine_type)]
+    return warned
 
 
 def _allowed_counts(cfg: StackConfig, catalog: Catalog) -> list[int]:

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_train.catalog import Catalog
+from gpu_train.catalog import ON_DEMAND, SPOT, Catalog
 from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables, together
 from gpu_train.shape_rules import nearest_regions
 
@@ -63,17 +63,19 @@ def accelerator_type(name: str, catalog: Catalog, tables: Tables) -> str:
                          f"use one of {', '.join(sorted(known))} or an API name such as nvidia-tesla-t4")
 
 
-def _retired(gpu: str, count: int, catalog: Catalog, tables: Tables, where: str, notes: list[Note]) -> tuple[str, int]:
-    """A retired GPU's replacement, at the nearest count the replacement attaches in (not above)."""
-    swap = tables["accelerators"]["replacements"].get(gpu)
-    if swap is None:
+def _retired(gpu: str, count: int, catalog: Catalog, where: str, notes: list[Note]) -> tuple[str, int]:
+    """A retired GPU's nearest current one (the catalog's ``retired`` table), at the nearest count it
+    attaches in (not above)."""
+    gone = catalog.retired.get(gpu)
+    if gone is None:
         return gpu, count
-    new = swap["gpuType"]
+    new = gone.replacement
     allowed = sorted(lim.count for lim in catalog.n1_limits.get(new, ()))
     fits = [c for c in allowed if c <= count] or allowed[:1]
     new_count = fits[-1]
     more = "" if new_count == count else f" (at most {new_count} per VM)"
-    notes.append(Note(where, CHANGED, f"{count} x {gpu} -> {new_count} x {new}{more}: {swap['why']}"))
+    notes.append(Note(where, CHANGED, f"{count} x {gpu} -> {new_count} x {new}{more}: {gone.gpu_name()} {gone.note}; "
+                      f"{new} is the nearest current GPU"))
     return new, new_count
 
 
@@ -109,7 +111,7 @@ def resolve(replica: Replica, catalog: Catalog, tables: Tables, notes: list[Note
             notes.append(Note(where, EXACT, f"{machine}"))
         return Shape(replica.role, replica.count, machine, f.gpu_type, f.gpu_count, fixed=True)
     if gpu:
-        gpu, count = _retired(gpu, int(count or 1), catalog, tables, where, notes)
+        gpu, count = _retired(gpu, int(count or 1), catalog, where, notes)
         if not any(n.field == where for n in notes):
             notes.append(Note(where, EXACT, f"{machine} + {count} x {gpu}"))
     elif replica.role != "ps":
@@ -165,10 +167,9 @@ def _merge(shapes: list[Shape]) -> list[Shape]:
 
 
 def _spot_only(machine_type: str, catalog: Catalog) -> bool:
-    """A shape whose ways to be had (catalog `obtain`) include spot but not on demand."""
-    machine = catalog.parse_machine_type(machine_type)
-    obtain = machine.fixed.obtain if machine is not None and machine.fixed is not None else ()
-    return bool(obtain) and "spot" in obtain and "on-demand" not in obtain
+    """A shape whose ways to be had (catalog.ways) include spot but not on demand."""
+    ways = catalog.ways(machine_type)
+    return SPOT in ways and ON_DEMAND not in ways
 
 
 def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) -> list[str]:
@@ -252,11 +253,13 @@ def translate(job: JobDescription, stack: str, catalog: Catalog, tables: Tables,
                           "flex-start or reservations only): the stack uses spot; the VM may be preempted, and "
                           "gpu-train resumes the run from its last checkpoint"))
     if job.max_running_s:
-        hours = max(1, math.ceil(job.max_running_s / 3600))
+        minutes = math.ceil(job.max_running_s / 60)  # fractions of an hour are allowed: whole minutes
+        hours = max(1, minutes // 60 if minutes % 60 == 0 else round(minutes / 60, 4))
         settings[f"{NAMESPACE}:maxRunHours"] = hours
-        exact = hours * 3600 == job.max_running_s
+        exact = round(hours * 3600) == job.max_running_s
         notes.append(Note("maxRunningTime", EXACT if exact else CHANGED, f"{job.max_running_s} s -> maxRunHours {hours}"
-                          + ("" if exact else " (whole hours, rounded up)") + ": Compute Engine stops the VM then"))
+                          + ("" if exact else " (at least 1 hour, whole minutes)") + ": Compute Engine stops the VM "
+                          "then"))
     if job.boot_disk_gb:
         settings[f"{NAMESPACE}:bootDiskSizeGb"] = job.boot_disk_gb
         notes.append(Note("diskSpec.bootDiskSizeGb", EXACT, str(job.boot_disk_gb)))

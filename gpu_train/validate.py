@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import disks, images, names, placeholders, values
+from gpu_train import disks, images, names, placeholders, provisioning, values
 from gpu_train.catalog import ZONE_PATTERN, Catalog
 from gpu_train.config import ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 from gpu_train.pools import check_pools
@@ -95,7 +95,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     else:
         problems += _shape(cfg, catalog, zone_ok=not problems)
     problems += _disk(cfg, catalog) + _data_disk(cfg, catalog) + images.check(cfg, catalog) + _ssh(cfg)
-    problems += _labels(cfg) + _lifecycle(cfg)
+    problems += _labels(cfg) + _lifecycle(cfg) + provisioning.check(cfg, catalog)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
     problems += names.check(cfg.stack, cfg.nodes)
     problems += placeholders.check(cfg.project, cfg.ssh_source_ranges)
@@ -155,17 +155,11 @@ def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     return problems
 
 
-# -- lifecycle: idle stop, run-time cap, resumes ----------------------------------------------
-MAX_RUN_HOURS = 120 * 24  # Compute Engine caps maxRunDuration at 120 days
-
-
+# -- lifecycle: idle stop, resumes (the run-time cap: provisioning) ---------------------------
 def _lifecycle(cfg: StackConfig) -> list[Problem]:
     problems = []
     if cfg.idle_stop_minutes < 0:
         problems.append(Problem("idleStopMinutes", "must be 0 (off) or more", "e.g. 30", cfg.idle_stop_minutes))
-    if cfg.max_run_hours is not None and not 1 <= cfg.max_run_hours <= MAX_RUN_HOURS:
-        problems.append(Problem("maxRunHours", f"must be between 1 and {MAX_RUN_HOURS}",
-                                "e.g. 24, or remove it for no cap", cfg.max_run_hours))
     if cfg.max_resumes < 0:
         problems.append(Problem("maxResumes", "must be 0 (never resume) or more", "e.g. 10", cfg.max_resumes))
     return problems
@@ -230,7 +224,8 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         if "bootDiskType" in cfg.given and (why := disks.disk_type_problem(catalog, machine, cfg.boot_disk_type)):
             shape_problems.append(Problem("bootDiskType", why, "remove bootDiskType so each shape gets its series' own type"))
         for p in shape_problems:
-            problems.append(Problem("fallbackShapes", f"{shown(text)}: {p.message}", p.fix))
+            if p.severity == "error":  # (a deprecated GPU is warned about where the stack names it)
+                problems.append(Problem("fallbackShapes", f"{shown(text)}: {p.message}", p.fix))
     return problems
 
 

@@ -105,27 +105,6 @@ def labels(cfg: StackConfig, pulumi_project: str) -> dict[str, str]:
     return {**cfg.labels, "gpu-train-stack": label_value(cfg.stack), "gpu-train-project": label_value(pulumi_project)}
 
 
-def scheduling(spot: bool, max_run_hours: int | None = None) -> dict[str, object]:
-    """GPUs cannot live-migrate, so host maintenance always TERMINATEs; spot VMs STOP (keeping the disk).
-
-    ``max_run_hours`` is a hard cap: Compute Engine STOPs the VM when it has run that long.
-    """
-    if spot:
-        out: dict[str, object] = {
-            "on_host_maintenance": "TERMINATE",
-            "provisioning_model": "SPOT",
-            "preemptible": True,
-            "automatic_restart": False,
-            "instance_termination_action": "STOP",
-        }
-    else:
-        out = {"on_host_maintenance": "TERMINATE", "provisioning_model": "STANDARD", "automatic_restart": True}
-    if max_run_hours:
-        out["max_run_duration"] = {"seconds": max_run_hours * 3600}
-        out["instance_termination_action"] = "STOP"
-    return out
-
-
 def desired_status(running: bool) -> str:
     """A stopped VM bills no GPU and no vCPU, and keeps its disk."""
     return "RUNNING" if running else "TERMINATED"

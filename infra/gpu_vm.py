@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import names, vm
+from gpu_train import names, provisioning, vm
 from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.pools import boot_disk_type
@@ -171,7 +171,8 @@ class GpuVm(pulumi.ComponentResource):
                 attached_disks=[{"source": self.data_disks[i].self_link, "device_name": vm.DATA_DEVICE_NAME,
                                  "mode": "READ_WRITE"}],
                 guest_accelerators=vm.guest_accelerators(shapes[i]),
-                scheduling=vm.scheduling(cfg.spot, cfg.max_run_hours),
+                scheduling=provisioning.scheduling(cfg, catalog, shapes[i].machine_type),
+                reservation_affinity=provisioning.reservation_affinity(cfg),
                 desired_status=vm.desired_status(cfg.running),
                 network_interfaces=[nic(shapes[i].machine_type)],
                 service_account={"email": account.email, "scopes": list(vm.SERVICE_ACCOUNT_SCOPES)},
@@ -207,6 +208,8 @@ class GpuVm(pulumi.ComponentResource):
             "gpuType": shape.gpu_type,
             "gpuCount": shape.gpu_count,
             "spot": cfg.spot,
+            "provisioning": provisioning.way(cfg),
+            "maxRunHours": cfg.max_run_hours,
             "image": self.image,
             "hourlyCostUsd": args.hourly_cost_usd,
             "nodes": cfg.nodes,

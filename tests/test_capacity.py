@@ -238,10 +238,18 @@ def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api:
          # the pd-standard boot disk against DISKS_TOTAL_GB, the data disk (the series' pd-balanced) against SSD
          ["PREEMPTIBLE_NVIDIA_T4_GPUS", "PREEMPTIBLE_CPUS", "DISKS_TOTAL_GB", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
         ({"spot": True}, set(), ["NVIDIA_T4_GPUS", "CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),  # none granted
+        # Only N1 counts vCPUs: A2, A3, A4, G2 need GPU quota only (no CPUS row, A2_CPUS listed or not).
         ({"machineType": "a2-highgpu-1g", "gpuType": None, "gpuCount": None}, {"A2_CPUS"},
-         ["NVIDIA_A100_GPUS", "A2_CPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+         ["NVIDIA_A100_GPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+        ({"machineType": "g2-standard-8", "gpuType": None, "gpuCount": None}, set(),
+         ["NVIDIA_L4_GPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
         ({"machineType": "a3-ultragpu-8g", "gpuType": None, "gpuCount": None, "spot": True, "zone": "us-central1-b"},
-         set(), [None, "CPUS", "HYPERDISK_BALANCED_TOTAL_GB", "GPUS_ALL_REGIONS"]),  # Hyperdisk: its own quota
+         set(), [None, "HYPERDISK_BALANCED_TOTAL_GB", "GPUS_ALL_REGIONS"]),  # Hyperdisk: its own quota
+        # Flex-start: preemptible quota first, as spot.
+        ({"machineType": "a2-highgpu-1g", "gpuType": None, "gpuCount": None, "flexStart": True, "maxRunHours": 2},
+         {"PREEMPTIBLE_NVIDIA_A100_GPUS"}, ["PREEMPTIBLE_NVIDIA_A100_GPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
+        ({"machineType": "a2-highgpu-1g", "gpuType": None, "gpuCount": None, "flexStart": True, "maxRunHours": 2},
+         set(), ["NVIDIA_A100_GPUS", "SSD_TOTAL_GB", "GPUS_ALL_REGIONS"]),
     ],
 )
 def test_quota_needs(settings: dict, metrics: set, expected: list) -> None:

@@ -20,7 +20,7 @@ FIXED = {"gpuType": None, "gpuCount": None}
     [
         ("n1-standard-8", PDB, (PDSTD, PDB, PDS)),
         ("n1-custom-12-46080", PDB, (PDSTD, PDB, PDS)),
-        ("g2-standard-8", PDB, (PDSTD, PDB, PDS)),
+        ("g2-standard-8", PDB, (PDB, PDS)),  # G2 takes no pd-standard (reference, corrected 2026-11-25)
         ("a2-highgpu-1g", PDB, (PDSTD, PDB, PDS)),
         ("a3-highgpu-8g", PDB, (PDB, PDS, HD)),
         ("a3-megagpu-8g", PDB, (PDB, PDS, HD)),
@@ -51,7 +51,7 @@ def test_every_fixed_shape_has_a_disk_row() -> None:
         ({"machineType": "g4-standard-48", **FIXED, "zone": "us-central1-b"}, HD),
         ({"machineType": "a3-highgpu-8g", **FIXED}, PDB),
         ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": HD}, HD),
-        ({"machineType": "g2-standard-8", **FIXED, "bootDiskType": PDSTD}, PDSTD),
+        ({"machineType": "g2-standard-8", **FIXED, "bootDiskType": PDS}, PDS),
     ],
 )
 def test_boot_disk_type_defaults_to_the_series_own(settings: dict, expected: str) -> None:
@@ -68,6 +68,7 @@ def test_boot_disk_type_defaults_to_the_series_own(settings: dict, expected: str
          "A3 Ultra (a3-ultragpu-8g) does not take pd-ssd"),
         ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": PDSTD}, "A3 High (a3-highgpu-8g) does not take pd-standard"),
         ({"bootDiskType": HD}, "N1 (n1-standard-8) does not take hyperdisk-balanced"),
+        ({"machineType": "g2-standard-8", **FIXED, "bootDiskType": PDSTD}, "G2 (g2-standard-8) does not take pd-standard"),
         ({"fallbackShapes": ["a3-highgpu-8g"], "bootDiskType": PDSTD}, "'a3-highgpu-8g': A3 High"),
     ],
 )
@@ -77,6 +78,13 @@ def test_a_given_type_the_series_does_not_take_is_refused(settings: dict, words:
     (problem,) = e.value.problems
     assert words in f"{problem.message} {problem.fix}"
     assert problem.key in ("bootDiskType", "fallbackShapes") and "bootDiskType" in f"{problem.key} {problem.fix}"
+
+
+def test_g2_takes_no_pd_standard_data_disk() -> None:
+    with pytest.raises(config.ConfigError) as e:
+        validate.check(gcp_raw(machineType="g2-standard-8", **FIXED, dataDiskType=PDSTD), "s", CATALOG)
+    (problem,) = e.value.problems
+    assert problem.key == "dataDiskType" and "G2 (g2-standard-8) does not take pd-standard as a data disk" in problem.message
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def test_driver_of(family: str, driver: int | None) -> None:
 @pytest.mark.parametrize(
     ("settings", "key", "words"),
     [
-        ({"machineType": "a4x-highgpu-4g", **FIXED, "spot": True, "zone": "us-central1-b"}, "machineType",
+        ({"machineType": "a4x-highgpu-4g", **FIXED, "reservation": "gb200-res", "zone": "us-central1-b"}, "machineType",
          "A4X is Arm (NVIDIA Grace): no x86 Deep Learning VM image boots on it"),
         ({"machineType": "g4-standard-48", **FIXED, "zone": "us-central1-b",
           "imageFamily": "pytorch-2-7-cu128-ubuntu-2204-nvidia-570"}, "imageFamily", "G4's GPUs need 575 or later"),
@@ -56,7 +56,7 @@ def test_images_that_cannot_boot_on_the_gpu_are_refused(settings: dict, key: str
     [
         {"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b",
          "imageFamily": "pytorch-2-7-cu128-ubuntu-2204-nvidia-570"},  # 570 serves B200
-        {"machineType": "a4x-highgpu-4g", **FIXED, "spot": True, "zone": "us-central1-b",
+        {"machineType": "a4x-highgpu-4g", **FIXED, "reservation": "gb200-res", "zone": "us-central1-b",
          "imageProject": "my-arm-images", "imageFamily": "ubuntu-2404-arm64-cuda"},  # an Arm image of one's own
         {"machineType": "g4-standard-48", **FIXED, "zone": "us-central1-b"},  # the default family, 580
     ],

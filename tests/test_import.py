@@ -151,6 +151,10 @@ def test_every_legacy_machine_type(name):
     if row.get("gpuType") == "nvidia-tesla-k80":
         assert settings["gpuType"] == "nvidia-tesla-t4"
         assert settings["gpuCount"] == min(row["gpuCount"], 4)  # T4 attaches 1, 2 or 4
+    elif row.get("gpuType") == "nvidia-tesla-p100":  # shut down 2026-09-15: the nearest current GPU
+        assert (settings["gpuType"], settings["gpuCount"]) == ("nvidia-tesla-v100", row["gpuCount"])
+        assert any(n.status == CHANGED and "2026-09-15" in n.detail and "nvidia-tesla-v100" in n.detail
+                   for n in t.notes)
     elif row.get("gpuType"):
         assert (settings["gpuType"], settings["gpuCount"]) == (row["gpuType"], row["gpuCount"])
     else:  # a CPU master: the chief carries a GPU, and the report says so

@@ -97,9 +97,9 @@ def test_every_catalog_gpu_is_listed_with_short_and_api_names() -> None:
         ("L4", {}, ["g2-standard-4", "g2-standard-8", "g2-standard-12", "g2-standard-16", "g2-standard-32",
                     "g2-standard-24", "g2-standard-48", "g2-standard-96"], ""),
         ("H100", {}, ["a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g", "a3-highgpu-8g", "a3-edgegpu-8g"], ""),
-        ("H200", {}, ["a3-ultragpu-8g"], "no on-demand: reservation, spot, flex-start, mig-resize-request"),
-        ("GB200", {}, ["a4x-highgpu-4g"], "no on-demand: reservation, spot"),  # S1: spot or reservation
-        ("GB200", {"spot": True}, ["a4x-highgpu-4g"], "no on-demand: reservation, spot"),
+        ("H200", {}, ["a3-ultragpu-8g"], "no on-demand: spot, flex-start, reservation"),
+        ("GB200", {}, ["a4x-highgpu-4g"], "reservation-only"),  # reservation-only in 2026 (reference, 2026-11-25)
+        ("GB200", {"spot": True}, None, None),
         ("A100", {"region": "europe-west4"}, ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g",
                                               "a2-megagpu-16g"], ""),
         ("A100", {"region": "me-west1"}, ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g"], ""),
@@ -141,14 +141,21 @@ def test_renderings() -> None:
     table = offers.render_table(offers.offers(CATALOG), CATALOG)
     t4_line = next(line for line in table.splitlines() if line.startswith("T4 "))
     assert t4_line.split()[:4] == ["T4", "nvidia-tesla-t4", "16", "GB"] and "$0.35" in t4_line and "$0.17" in t4_line
-    assert "no on-demand: reservation, spot" in table and CATALOG.dates["prices"] in table
+    assert "no on-demand: spot, flex-start, reservation" in table and CATALOG.dates["prices"] in table
     spot = offers.render_table(offers.offers(CATALOG, spot=True), CATALOG, spot=True)
-    assert "spot $/h/GPU" in spot and "GB200" in spot  # A4X is had as spot too (S1)
+    assert "spot $/h/GPU" in spot and "GB200" not in spot and "H200" in spot  # A4X: reservation-only
     detail = offers.render_detail(offers.offers(CATALOG, "T4")[0], CATALOG)
     assert "n1-* + 4 x T4" in detail and "GPUs $1.40/h" in detail and "us-central1: a, b, c, f" in detail
     assert "gpu-train:gpuType: T4" in detail
+    assert "[on-demand $0.35/h, spot $0.17/h, reservation on-demand rate]" in detail
+    h100 = offers.render_detail(offers.offers(CATALOG, "H100")[0], CATALOG)
+    ways = {line.split()[0]: line[line.index("["):] for line in h100.splitlines() if line.startswith("    a3-")}
+    assert ways["a3-highgpu-1g"] == "[spot n/a, flex-start DWS rate n/a]"
+    assert ways["a3-highgpu-8g"] == "[on-demand n/a, spot n/a, flex-start DWS rate n/a, reservation on-demand rate]"
+    assert "cloud.google.com/compute/gpus-pricing" in h100
     doc = offers.to_json(offers.offers(CATALOG, "h200"), CATALOG)
-    assert doc["gpus"][0]["api"] == "nvidia-h200-141gb" and doc["gpus"][0]["shapes"][0]["obtain"][0] == "reservation"
+    assert doc["gpus"][0]["api"] == "nvidia-h200-141gb"
+    assert list(doc["gpus"][0]["shapes"][0]["obtain"]) == ["spot", "flex-start", "reservation"]
 
 
 def test_prices_carry_their_rows_dates() -> None:

@@ -53,7 +53,8 @@ def test_pools_parse_into_node_order() -> None:
     ([{"role": "chief", "machineType": "a2-highgpu-1g"}, {"role": "worker", "machineType": "n1-standard-8",
       "gpuType": "nvidia-tesla-v100", "gpuCount": 1}], {"zone": "us-central1-b"}, None),
     ([{"role": "chief", "machineType": "g2-standard-8"}, {"role": "worker", "machineType": "n1-standard-8",
-      "gpuType": "nvidia-tesla-p100", "gpuCount": 1}], {"zone": "us-central1-a"}, "pools[1] (n1-standard-8): P100 is not"),
+      "gpuType": "nvidia-tesla-p100", "gpuCount": 1}], {"zone": "us-central1-a"},
+     "pools[1].gpuType = 'nvidia-tesla-p100': reached end of support on 2026-09-15"),
 ])
 def test_pool_rules(pools, over, words) -> None:
     found = problems(pools_raw(pools, **over))

@@ -89,7 +89,7 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert out["image"] == init["image"]
     assert set(out) == {"instanceName", "zone", "externalIp", "internalIp", "sshUser", "machineType", "gpuType",
                         "gpuCount", "spot", "image", "hourlyCostUsd", "nodes", "instanceNames", "externalIps", "internalIps",
-                        "nodeGpuCounts", "nodeRoles", "dataDisks", "dataDiskMonthlyCostUsd"}
+                        "nodeGpuCounts", "nodeRoles", "dataDisks", "dataDiskMonthlyCostUsd", "provisioning", "maxRunHours"}
     assert out["nodes"] == 1 and out["instanceNames"] == [out["instanceName"]] and out["externalIps"] == [out["externalIp"]]
     # every child is parented to the component
     assert result.resources[0].typ == "gpu-train:index:GpuVm"

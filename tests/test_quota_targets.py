@@ -30,10 +30,21 @@ FIXED = {"gpuType": None, "gpuCount": None}
         # Spot H100: the preemptible per-model quota, often granted while the family quota is 0.
         ({"machineType": "a3-highgpu-1g", **FIXED, "spot": True}, "PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region",
          {"region": "us-central1"}),
-        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"}, FAMILY,
-         {"region": "us-central1", "gpu_family": "NVIDIA_B200"}),
-        ({"machineType": "a3-ultragpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"}, FAMILY,
-         {"region": "us-central1", "gpu_family": "NVIDIA_H200"}),
+        # Spot H200, B200, RTX PRO 6000: their preemptible per-model quotas (H200 and B200 have no on-demand one).
+        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
+         "PREEMPTIBLE-NVIDIA-B200-GPUS-per-project-region", {"region": "us-central1"}),
+        ({"machineType": "a3-ultragpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
+         "PREEMPTIBLE-NVIDIA-H200-GPUS-per-project-region", {"region": "us-central1"}),
+        ({"machineType": "g4-standard-48", **FIXED, "spot": True, "zone": "us-central1-b"},
+         "PREEMPTIBLE-NVIDIA-RTX-PRO-6000-GPUS-per-project-region", {"region": "us-central1"}),
+        # Flex-start uses preemptible quota first: it asks for the same quota as spot.
+        ({"machineType": "a3-highgpu-2g", **FIXED, "flexStart": True, "maxRunHours": 4},
+         "PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region", {"region": "us-central1"}),
+        ({"machineType": "a4-highgpu-8g", **FIXED, "flexStart": True, "maxRunHours": 24, "zone": "us-central1-b"},
+         "PREEMPTIBLE-NVIDIA-B200-GPUS-per-project-region", {"region": "us-central1"}),
+        # A reservation runs on demand: the family quota.
+        ({"machineType": "a3-highgpu-8g", **FIXED, "reservation": "res-1"}, FAMILY,
+         {"region": "us-central1", "gpu_family": "NVIDIA_H100"}),
     ],
 )
 def test_preference_targets(settings: dict, quota_id: str, dimensions: dict) -> None:

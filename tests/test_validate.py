@@ -17,8 +17,6 @@ VALID = [
     {"gpuType": "nvidia-tesla-t4-vws"},
     {"gpuType": "nvidia-tesla-v100", "gpuCount": 1, "machineType": "n1-standard-8"},
     {"gpuType": "nvidia-tesla-v100", "gpuCount": 8, "machineType": "n1-highmem-96", "zone": "us-central1-f"},
-    {"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-standard-96", "zone": "us-central1-c"},
-    {"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-highmem-32", "zone": "us-east1-c"},
     {"gpuType": "nvidia-tesla-p4", "gpuCount": 2, "machineType": "n1-custom-12-46080", "zone": "us-east4-a"},
     {"machineType": "g2-standard-8", "gpuType": None, "gpuCount": None},
     {"machineType": "g2-standard-24", "gpuType": "nvidia-l4", "gpuCount": 2},
@@ -52,6 +50,9 @@ INVALID = [
     ({"gpuCount": None}, [("gpuCount", "1, 2, 4 for nvidia-tesla-t4")]),
     ({"gpuType": "nvidia-tesla-t5"}, [("gpuType", "did you mean nvidia-tesla-t4")]),
     ({"gpuType": "nvidia-tesla-k80"}, [("gpuType", "end of support")]),
+    ({"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-standard-16", "zone": "us-central1-c"},
+     [("gpuType", "end of support on 2026-09-15")]),
+    ({"gpuType": "P100"}, [("gpuType", "the nearest current GPU is nvidia-tesla-v100")]),
     ({"gpuType": "nvidia-tesla-v100-vws"}, [("gpuType", "is not a GPU type")]),
     # vCPU and memory ceilings
     ({"gpuType": "nvidia-tesla-v100", "machineType": "n1-standard-16"}, [("machineType", "over the ceiling of 12 vCPUs")]),
@@ -59,8 +60,6 @@ INVALID = [
     ({"gpuType": "nvidia-tesla-v100", "machineType": "n1-standard-16"}, [("machineType", "gpuCount 2")]),
     ({"gpuType": "nvidia-tesla-v100", "machineType": "n1-highmem-32", "gpuCount": 2}, [("machineType", "24 vCPUs and 156 GB")]),
     ({"machineType": "n1-standard-64"}, [("machineType", "at most 48 vCPUs")]),
-    ({"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-standard-96", "zone": "us-east1-c"},
-     [("machineType", "ceiling of 64 vCPUs and 208 GB")]),
     # machine series
     ({"machineType": "n2-standard-32"}, [("machineType", "features are not compatible")]),
     ({"machineType": "n2-standard-32"}, [("machineType", "machineType n1-standard-32")]),
@@ -77,10 +76,11 @@ INVALID = [
     ({"machineType": "g2-standard-8", "gpuType": None, "gpuCount": 2}, [("gpuCount", "use machineType g2-standard-24")]),
     ({"machineType": "a2-highgpu-1g", "gpuType": "nvidia-a100-80gb", "gpuCount": None},
      [("gpuType", "use machineType a2-ultragpu-1g")]),
-    ({"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None}, [("spot", "set gpu-train:spot true")]),
+    ({"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None}, [("machineType", "set gpu-train:spot true")]),
     ({"machineType": "a4-highgpu-8g", "gpuType": None, "gpuCount": None, "zone": "us-central1-b"},
-     [("spot", "not on demand")]),
-    ({"machineType": "a4x-highgpu-4g", "gpuType": None, "gpuCount": None, "spot": True}, [("machineType", "A4X is Arm (NVIDIA Grace)")]),
+     [("machineType", "cannot be had on demand, only as spot, flex-start, reservation")]),
+    ({"machineType": "a4x-highgpu-4g", "gpuType": None, "gpuCount": None, "spot": True},
+     [("machineType", "A4X is Arm (NVIDIA Grace)"), ("spot", "only as reservation")]),
     # zones
     ({"zone": "us-central1-d"}, [("zone", "zones of us-central1 with T4: us-central1-a, us-central1-b, us-central1-c")]),
     ({"zone": "europe-north1-a"}, [("zone", "nearest regions with it: europe-")]),
@@ -109,6 +109,7 @@ INVALID = [
     # lifecycle and nodes
     ({"idleStopMinutes": -1}, [("idleStopMinutes", "0 (off) or more")]),
     ({"maxRunHours": 0}, [("maxRunHours", "between 1 and 2880")]),
+    ({"maxRunHours": 0.5}, [("maxRunHours", "between 1 and 2880")]),
     ({"maxRunHours": 3000}, [("maxRunHours", "between 1 and 2880")]),
     ({"maxResumes": -2}, [("maxResumes", "0 (never resume)")]),
     ({"nodes": 0}, [("nodes", "1 or more")]),
@@ -145,9 +146,26 @@ WARNINGS = [
 ]
 
 
+def deprecated_gpu(p) -> bool:
+    """T4 and P4 (gcp_raw's T4 too) are warned about: tested on their own below."""
+    return p.key == "gpuType" and p.severity == "warning" and "shuts it down on 2027-08-01" in p.message
+
+
 def problems(settings: dict) -> list:
     cfg = parse(gcp_raw(**settings), "s", CATALOG)
-    return validate.validate(cfg, CATALOG)
+    return [p for p in validate.validate(cfg, CATALOG) if not deprecated_gpu(p)]
+
+
+@pytest.mark.parametrize(("settings", "warned"), [
+    ({}, True),  # the default stack: N1 + T4
+    ({"gpuType": "P4", "gpuCount": 2, "zone": "us-central1-c"}, True),
+    ({"gpuType": "nvidia-tesla-v100"}, False),
+    ({"machineType": "g2-standard-8", "gpuType": None, "gpuCount": None}, False),
+])
+def test_t4_and_p4_are_warned_with_their_shutdown_date(settings: dict, warned: bool) -> None:
+    found = validate.validate(parse(gcp_raw(**settings), "s", CATALOG), CATALOG)
+    assert [p for p in found if p.severity == "error"] == []
+    assert any(deprecated_gpu(p) for p in found) == warned
 
 
 @pytest.mark.parametrize("settings", VALID, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "default")
@@ -177,7 +195,7 @@ def test_check_reports_type_and_rule_problems_together() -> None:
 
 def test_check_returns_warnings_for_a_valid_stack() -> None:
     cfg, warnings = validate.check(gcp_raw(imageFamily="pytorch-latest-gpu"), "s", CATALOG)
-    assert cfg.image_family == "pytorch-latest-gpu" and [w.key for w in warnings] == ["imageFamily"]
+    assert cfg.image_family == "pytorch-latest-gpu" and [w.key for w in warnings if not deprecated_gpu(w)] == ["imageFamily"]
 
 
 @pytest.mark.parametrize(

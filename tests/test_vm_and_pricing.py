@@ -31,20 +31,6 @@ def test_names_follow_gce_rules(stack: str, instance: str | None, account: str |
     assert vm.instance_name("a" * 80) != vm.instance_name("a" * 81)  # cut names stay distinct
 
 
-@pytest.mark.parametrize(
-    ("spot", "expected"),
-    [
-        (False, {"on_host_maintenance": "TERMINATE", "provisioning_model": "STANDARD", "automatic_restart": True}),
-        (True, {"on_host_maintenance": "TERMINATE", "provisioning_model": "SPOT", "preemptible": True,
-                "automatic_restart": False, "instance_termination_action": "STOP"}),
-    ],
-)
-def test_scheduling(spot: bool, expected: dict) -> None:
-    assert vm.scheduling(spot) == expected
-    capped = vm.scheduling(spot, max_run_hours=3)
-    assert capped == {**expected, "max_run_duration": {"seconds": 10800}, "instance_termination_action": "STOP"}
-
-
 def test_metadata_locks_ssh_to_our_key() -> None:
     cfg = parse(gcp_raw(sshUser="alice"), "s", CATALOG)
     meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop", b"PK agent", vm.read_startup_template())
