@@ -5,15 +5,21 @@ Python on loopback; a reboot is every process of the run's screen session SIGKIL
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
+import stat
+import subprocess
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Lab
+from tests.conftest import FAB, ROOT, Lab
 from tests.test_resilience import agent_cmd, reboot, wait_state
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -148,3 +154,87 @@ def test_pushed_data_is_merged_into_the_codes_own_folder_of_that_name(lab: Lab) 
     assert "prepare print('v2')" in log and "train.bin 0102" in log
     assert ("data/shakespeare_char/prepare.py: the code and the pushed data both have it, and they differ: the code's "
             "own copy is used") in log
+
+
+USES_SECRETS = '''\
+import hashlib, os, time
+for name in ("TOKEN", "API_KEY"):
+    print(name, hashlib.sha256(os.environ[name].encode()).hexdigest(), flush=True)
+time.sleep(float(os.environ.get("HOLD", "0")))
+'''
+
+
+class CmdlineWatch:
+    """Every process's command line, read again and again from /proc while it runs: any that holds
+    ``secrets`` is kept (a command line is readable by every user of a host)."""
+
+    def __init__(self, secrets: list[bytes]):
+        self.secrets, self.seen, self.reads = secrets, [], 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+        self.thread.start()
+
+    def watch(self) -> None:
+        while not self.done.is_set():
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    with contextlib.suppress(OSError):
+                        cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                        if any(s in cmd for s in self.secrets):
+                            self.seen.append(cmd)
+            self.reads += 1
+
+    def stop(self) -> list[bytes]:
+        self.done.set()
+        self.thread.join()
+        return self.seen
+
+
+def test_secrets_stay_off_every_command_line_and_out_of_status_and_logs(lab: Lab, tmp_path: Path) -> None:
+    code = tmp_path / "secret-job"
+    code.mkdir()
+    (code / "job.py").write_text(USES_SECRETS)
+    token, key = f"tok-{uuid.uuid4().hex}", f"key {uuid.uuid4().hex}"
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text(f"# the job's keys\nexport API_KEY='{key}'\nHOLD=3\n")
+    env = {**lab.env, "TOKEN": token}
+    watch = CmdlineWatch([token.encode(), key.encode()])
+    try:
+        started = subprocess.run([FAB, "--search-root", str(ROOT), "train", "--dir", str(code), "--script", "job.py",
+                                  "--env", "TOKEN", "--env-file", str(env_file), "--json"],
+                                 env=env, cwd=lab.cwd, capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0, started.stderr
+        run = json.loads(started.stdout)["runId"]
+        wait_state(lab, run, ("running",))
+        wait_starts_line = time.monotonic() + 30
+        while "API_KEY" not in lab.log(run) and time.monotonic() < wait_starts_line:
+            time.sleep(0.05)
+        reads_while_running = watch.reads
+        info = lab.wait(run)
+    finally:
+        seen = watch.stop()
+    assert seen == [] and watch.reads > reads_while_running > 0  # looked at while it launched and while it ran
+    assert info["state"] == "succeeded", lab.log(run)
+    log = lab.log(run)
+    assert f"TOKEN {hashlib.sha256(token.encode()).hexdigest()}" in log  # the job got the very values
+    assert f"API_KEY {hashlib.sha256(key.encode()).hexdigest()}" in log
+    spec = lab.remote / "runs" / run / "spec.json"
+    assert stat.S_IMODE(spec.stat().st_mode) == 0o600 and token in spec.read_text()  # kept, for relaunches only
+    shown = [started.stdout, started.stderr, lab.fab("status", check=True).stdout, lab.fab("status", "--json", check=True).stdout,
+             lab.fab("logs", "--run", run, "--lines", "0", check=True).stdout]
+    assert not [s for s in shown if token in s or key in s]
+    # A relaunch has them still, from the 0600 spec: nothing is sent again.
+    lab.fab("resume", "--run", run, check=True)
+    lab.wait(run, ("succeeded",), timeout=60)
+    while lab.log(run).count("TOKEN ") < 2:
+        time.sleep(0.05)
+    assert lab.log(run).count(f"TOKEN {hashlib.sha256(token.encode()).hexdigest()}") == 2
+
+
+def test_a_secret_missing_from_the_laptops_environment_stops_train_before_anything_is_sent(lab: Lab, plain: str) -> None:
+    env = {k: v for k, v in lab.env.items() if k != "NO_SUCH_TOKEN"}
+    out = subprocess.run([FAB, "--search-root", str(ROOT), "train", "--dir", plain, "--command", "true",
+                          "--env", "NO_SUCH_TOKEN"], env=env, cwd=lab.cwd, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "--env NO_SUCH_TOKEN: NO_SUCH_TOKEN is not set in this shell's environment; export it first" in out.stderr
+    assert "syncing" not in out.stderr and not (lab.remote / "runs").exists() and not (lab.remote / "staging").exists()
