@@ -69,6 +69,7 @@ class JobDescription:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     job_dir: str | None = None
+    output_env: bool = False  # Vertex: the output folder reaches the code as AIP_* variables, not --job-dir
     max_running_s: int | None = None
     use_chief_in_tf_config: bool | None = None
     container: str | None = None
@@ -307,7 +308,7 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
         raise JobImportError(together(wrong))
     output = (spec.get("baseOutputDirectory") or {}).get("outputUriPrefix")
     if output:
-        job.job_dir = str(output)
+        job.job_dir, job.output_env = str(output), True
     scheduling = spec.get("scheduling") or {}
     if scheduling.get("timeout"):
         job.max_running_s = _seconds(scheduling["timeout"], "scheduling.timeout")

@@ -172,6 +172,11 @@ def _spot_only(machine_type: str, catalog: Catalog) -> bool:
     return SPOT in ways and ON_DEMAND not in ways
 
 
+# Vertex's variables for a CustomJob's baseOutputDirectory, with $JOB_DIR in its place.
+VERTEX_OUTPUTS = ('AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/checkpoints/" '
+                  'AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" ')
+
+
 def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) -> list[str]:
     if job.container:
         notes.append(Note("container", NOT_MAPPED, f"{job.container}: containers are not run (yet). Run the code "
@@ -180,15 +185,17 @@ def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) 
     if job.package_dir:
         parent = job.package_dir.rstrip("/").rpartition("/")[0] or "."
         argv += ["--dir", parent]
+    # The output folder as the platform gave it to the code: AI Platform appends --job-dir to the
+    # application's arguments; Vertex sets AIP_MODEL_DIR and its siblings (baseOutputDirectory's subfolders).
+    flag = bool(job.job_dir) and not job.output_env
+    prefix = VERTEX_OUTPUTS if job.job_dir and job.output_env else ""
     if job.python_module:
-        command = ["python", "-m", job.python_module, *job.args]
-        text = shlex.join(command)
-        if job.job_dir:  # AI Platform passes --job-dir to the application: the code expects it
-            text += ' --job-dir "$JOB_DIR"'
+        text = prefix + shlex.join(["python", "-m", job.python_module, *job.args]) + (' --job-dir "$JOB_DIR"' if flag else "")
         argv += ["--command", text]
         notes.append(Note("pythonModule", EXACT, f"python -m {job.python_module}, from the synced package folder"))
     else:
-        argv += ["--script", "YOUR_SCRIPT.py", *(["--pass-job-dir"] if job.job_dir else [])]
+        argv += ["--command", f"{prefix}python YOUR_SCRIPT.py"] if prefix else \
+            ["--script", "YOUR_SCRIPT.py", *(["--pass-job-dir"] if flag else [])]
         notes.append(Note("pythonModule", NOT_MAPPED, "the job names no Python module: replace YOUR_SCRIPT.py"))
     if job.args:
         notes.append(Note("args", EXACT, shlex.join(job.args)))
@@ -199,8 +206,10 @@ def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) 
     if job.job_dir:
         copy = (f"; copy results to the bucket with `gcloud storage rsync -r runs/{stack}/RUN {job.job_dir}` after "
                 "`gpu-train fetch`") if job.job_dir.startswith("gs://") else ""
-        notes.append(Note("jobDir", CHANGED, f"{job.job_dir} -> $JOB_DIR on the VM (the run's own folder), fetched "
-                          f"home by `gpu-train fetch`{copy}"))
+        given = "AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR under it" if job.output_env else "--job-dir"
+        notes.append(Note("baseOutputDirectory" if job.output_env else "jobDir", CHANGED,
+                          f"{job.job_dir} -> $JOB_DIR on the VM (the run's own folder; the code gets {given}, as "
+                          f"before), fetched home by `gpu-train fetch`{copy}"))
     return argv
 
 

@@ -105,7 +105,9 @@ CLUSTER_POOLS = [{"role": "chief", **T4x4}, {"role": "worker", "count": 9, **T4x
     (GUIDE_GCLOUD, "gcloud", "us-central1-a", {"pools": CLUSTER_POOLS},
      ["--dir", ".", "--command", 'python -m trainer.task --epochs 10 --lr 0.1 --job-dir "$JOB_DIR"']),
     (VERTEX_H100, "yaml", "us-central1-a", {"machineType": "a3-highgpu-2g", "maxRunHours": 2, "bootDiskSizeGb": 250},
-     ["--command", "python -m trainer.task --epochs 5 --job-dir \"$JOB_DIR\"", "--env", "WANDB_MODE=offline"]),
+     # Vertex gives the code AIP_MODEL_DIR and its siblings, never a --job-dir its parser may reject.
+     ["--command", 'AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/checkpoints/" '
+                   'AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" python -m trainer.task --epochs 5', "--env", "WANDB_MODE=offline"]),
     (BASIC_GPU, "yaml", "europe-west4-a", {"machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
      ["--command", "python -m trainer.task"]),
     # No module named, a jobDir: the script the user names gets --job-dir, as AI Platform gave it.
@@ -134,7 +136,8 @@ def test_the_report_explains_each_change():
     statuses = {n.field: n.status for n in vertex.notes}
     assert statuses["workerPoolSpecs[0].pythonPackageSpec.executorImageUri"] == CHANGED
     assert statuses["maxRunningTime"] == EXACT  # 7200 s is exactly 2 h
-    assert "gs://b/vertex-out" in next(n.detail for n in vertex.notes if n.field == "jobDir")
+    output = next(n.detail for n in vertex.notes if n.field == "baseOutputDirectory")
+    assert "gs://b/vertex-out" in output and "AIP_MODEL_DIR" in output
     assert any(n.field.startswith("workerPoolSpecs[0]") and "a3-highgpu-2g with its 2 x nvidia-h100-80gb" in n.detail
                for n in vertex.notes)
 
