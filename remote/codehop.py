@@ -18,11 +18,9 @@ import base64
 import contextlib
 import dataclasses
 import json
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from pathlib import Path
 
 import paramiko
 
@@ -35,34 +33,7 @@ from remote.hostkeys import host_id
 from remote.sync import staging_dest, staging_options
 from remote.target import Target
 
-KEY_NAME = "cluster_ed25519"
-
-
-def cluster_key(cache: Path) -> tuple[str, str]:
-    """(private key in OpenSSH format, public key line) of the stack's cluster key, made on first use
-    (cache/cluster_ed25519, 0600; two tasks making it at once keep the first)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    path = cache / KEY_NAME
-    if not path.is_file():
-        key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = cache / f".{KEY_NAME}.{os.getpid()}"
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
-            f.write(pem)
-        try:
-            os.link(tmp, path)  # never replaces a key another task made meanwhile
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    private = path.read_text()
-    loaded = serialization.load_ssh_private_key(private.encode(), password=None)
-    public = loaded.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    return private, public.decode()
+KEY_NAME = "cluster_ed25519"  # where earlier versions kept one key per stack for good: removed
 
 
 def alias(node: int) -> str:
@@ -101,11 +72,25 @@ def relay_request(cluster: Target, run: str, base: str, nodes: list[int], privat
     return {"run": run, "key": private_key, "knownHosts": pinned, "nodes": entries}
 
 
-def authorize_args(cluster: Target, public_key: str) -> list[str]:
-    """The agent's `authorize` for a node other than 0: on GCP the key works from node 0's internal
-    address only (the hop comes from there); SSH stacks cannot know what address node 0 comes from."""
+def authorize_args(cluster: Target, public_key: str, run: str, base: str) -> list[str]:
+    """The agent's `authorize` for a node other than 0: the key may only receive ``run``'s code there
+    (its forced command); on GCP it works from node 0's internal address only (the hop comes from
+    there); SSH stacks cannot know what address node 0 comes from."""
     source = cluster.peer_addresses[0] if cluster.peer_addresses else None
-    return ["authorize", "--key", public_key, "--name", cluster.stack, *(["--from", source] if source else [])]
+    return ["authorize", "--key", public_key, "--name", cluster.stack, "--run", run, "--base", base,
+            *(["--from", source] if source else [])]
+
+
+def new_key() -> tuple[str, str]:
+    """(private key in OpenSSH format, public key line): a key pair for one train, never stored here.
+    A copy taken on node 0 during the hop dies with the hop: the nodes forget it once the code is there."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return private.decode(), public.decode()
 
 
 class CodeFanout:
@@ -119,7 +104,10 @@ class CodeFanout:
 
     def __init__(self, cluster: Target, run: str, base: str):
         self.cluster, self.run, self.base = cluster, run, base
-        self.private_key, self.public_key = cluster_key(cluster.cache)
+        self.private_key, self.public_key = new_key()
+        with contextlib.suppress(OSError):
+            (cluster.cache / KEY_NAME).unlink()
+        self.calls: dict[int, Callable[..., dict]] = {}  # each node's agent call, to take the key away again
         others = range(1, len(cluster.hosts))
         self.authorized: dict[int, Future] = {i: Future() for i in others}  # result: None, or why not
         self.arrived: dict[int, Future] = {i: Future() for i in others}  # None: the code is there; or why not
@@ -133,7 +121,8 @@ class CodeFanout:
     def authorize(self, node: int, call: Callable[..., dict]) -> None:
         """Node ``node``'s thread, once connected: let the cluster key in. Never raises."""
         try:
-            call(*authorize_args(self.cluster, self.public_key))
+            self.calls[node] = call
+            call(*authorize_args(self.cluster, self.public_key, self.run, self.base))
             _settle(self.authorized[node], None)
         except Exception as e:  # (an Exit from the task layer too) the node gets the code directly
             _settle(self.authorized[node], f"the cluster key could not be authorized there: {_message(e)}")
@@ -163,11 +152,22 @@ class CodeFanout:
         relay.go()
 
     def node_sync(self, node: int, push: Callable[[], None], say: Callable[[str], None]) -> None:
-        why = self.arrived[node].result()  # raises when node 0 never got the code
+        try:
+            why = self.arrived[node].result()  # raises when node 0 never got the code
+        finally:
+            self.revoke(node)
         if why is None:
             return
         say(f"node {node}: the code could not come from node 0 ({why}); sending it from here")
         push()
+
+
+    def revoke(self, node: int) -> None:
+        """Take the train's key out of node ``node``'s authorized_keys (its expiry covers a failure here)."""
+        call = self.calls.get(node)
+        if call is not None and self.authorized[node].done():
+            with contextlib.suppress(Exception):
+                call("unauthorize", "--key", self.public_key)
 
 
 class _Relay:

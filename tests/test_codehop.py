@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -117,11 +118,10 @@ def test_the_laptop_sends_the_code_once_and_every_node_has_it(trio: Trio) -> Non
     # in its temporary directory was made (the folder's time moved) and is gone; an old key at rest too.
     assert hoptmp.stat().st_mtime > 1 and list(hoptmp.iterdir()) == []
     assert not (trio.tmp / "node0" / "cluster").exists()
-    # The other nodes let that key in, restricted; node 0 does not (nothing comes to it that way).
-    for i in (1, 2):
-        line = (trio.tmp / f"n{i}" / "authorized_keys").read_text().splitlines()[-1]
-        assert line.startswith("restrict ssh-ed25519 ") and line.endswith(" gpu-train-cluster:trio")
-    assert "gpu-train-cluster" not in (trio.tmp / "n0" / "authorized_keys").read_text()
+    # The other nodes let that train's key in only until the code arrived (a copy taken on node 0
+    # during the hop was a shell on every node for good, issue 28 H); node 0 never did.
+    for i in range(3):
+        assert "gpu-train-cluster" not in (trio.tmp / f"n{i}" / "authorized_keys").read_text(), f"node {i}"
 
     # Unchanged code is not sent at all, to any node.
     run2, _, sent2 = trio.train("hop")
@@ -135,6 +135,31 @@ def test_the_laptop_sends_the_code_once_and_every_node_has_it(trio: Trio) -> Non
     assert sent3 < code / 4 and "could not come from node 0" not in result3.stderr
     for i in range(3):
         assert (trio.tmp / f"node{i}" / "runs" / run3 / "code" / "train.py").read_text() == "print('changed')\n"
+
+
+def test_a_copied_cluster_key_opens_no_shell_and_reads_nothing(trio: Trio, tmp_path: Path) -> None:
+    # What a process on node 0 holding a copy of the key could do while it is authorized.
+    trio.fab("status")  # the agents are installed on every node
+    node, root = trio.nodes[1], trio.tmp / "node1"
+    private, public = codehop.new_key()
+    key = tmp_path / "stolen"
+    key.write_text(private)
+    key.chmod(0o600)
+    env = {**os.environ, "GPU_TRAIN_AUTHORIZED_KEYS": str(node.dir / "authorized_keys"), "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "remote.agent", "--root", str(root), "authorize", "--key", public, "--name", "trio",
+                    "--run", "hop_20260101_000000", "--base", "hop"], env=env, check=True, capture_output=True)
+    ssh = ["ssh", "-F", "/dev/null", "-i", str(key), "-p", str(node.port), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+           "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", f"{node.user}@{node.address}"]
+    shell = subprocess.run([*ssh, "id"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert "uid=" not in shell.stdout and shell.returncode != 0 and "only receives a run's code" in shell.stdout
+    secret = root / "agent.json"
+    read = subprocess.run(["rsync", "-e", shlex.join(ssh[:-1]), f"{ssh[-1]}:{secret}", str(tmp_path / "got")],
+                          capture_output=True, text=True, timeout=30)
+    assert read.returncode != 0 and not (tmp_path / "got").exists()
+    subprocess.run([sys.executable, "-m", "remote.agent", "--root", str(root), "unauthorize", "--key", public], env=env,
+                   check=True, capture_output=True)
+    gone = subprocess.run([*ssh, "id"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert "Permission denied" in gone.stderr
 
 
 @pytest.mark.parametrize("trio", [(2,)], indirect=True)
@@ -171,17 +196,16 @@ def test_nodes_reach_each_other_by_internal_address_when_there_is_one(tmp_path: 
     gcp, lab = _target(tmp_path, ("10.0.0.5", "10.0.0.6", "10.0.0.7")), _target(tmp_path)
     assert codehop.peer_host(gcp, 2) == SshHost("me", "10.0.0.7", 22)
     assert codehop.peer_host(lab, 2) == SshHost("me", "203.0.113.3", 22)  # never through the laptop's jump host
-    assert codehop.authorize_args(gcp, "ssh-ed25519 AAAA")[-2:] == ["--from", "10.0.0.5"]
-    assert "--from" not in codehop.authorize_args(lab, "ssh-ed25519 AAAA")
+    assert codehop.authorize_args(gcp, "ssh-ed25519 AAAA", "r_1", "r")[-2:] == ["--from", "10.0.0.5"]
+    assert "--from" not in codehop.authorize_args(lab, "ssh-ed25519 AAAA", "r_1", "r")
 
 
 def test_the_request_for_node_0_pins_the_host_keys_the_laptop_learned(tmp_path: Path) -> None:
     gcp = _target(tmp_path, ("10.0.0.5", "10.0.0.6", "10.0.0.7"))
     learned = paramiko.Ed25519Key.from_private_key_file(str(Sshd(tmp_path / "s").host_key))
     (tmp_path / "known_hosts").write_text(f"203.0.113.2 ssh-ed25519 {learned.get_base64()}\n")
-    private, public = codehop.cluster_key(tmp_path)
-    assert public.startswith("ssh-ed25519 ") and codehop.cluster_key(tmp_path) == (private, public)  # made once
-    assert (tmp_path / codehop.KEY_NAME).stat().st_mode & 0o777 == 0o600
+    private, public = codehop.new_key()
+    assert public.startswith("ssh-ed25519 ") and codehop.new_key() != (private, public)  # one per train
     req = codehop.relay_request(gcp, "r_20250101_000000", "r", [1, 2], private)
     assert req["knownHosts"] == [f"gpu-train-node-1 ssh-ed25519 {learned.get_base64()}"]  # node 2: not known, none
     assert [n["dest"] for n in req["nodes"]] == ["me@10.0.0.6:gpu-train/staging/r_20250101_000000/",
@@ -214,16 +238,41 @@ def test_authorized_line_refuses_anything_but_a_plain_key(key, name, source, wor
         cluster.authorized_line(key, name, source)
 
 
-def test_authorize_appends_once_and_keeps_what_was_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_authorize_binds_the_key_to_one_run_and_takes_it_away(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     keys = tmp_path / "ssh" / "authorized_keys"
     monkeypatch.setenv("GPU_TRAIN_AUTHORIZED_KEYS", str(keys))
-    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", "10.0.0.5")["added"] is True
-    assert keys.read_text() == 'restrict,from="10.0.0.5" ssh-ed25519 AAAA gpu-train-cluster:c\n'
+    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", "10.0.0.5", "/r oot", "r_1", "r")["added"] is True
+    line = keys.read_text()
+    assert line.startswith('restrict,expiry-time="') and ' ssh-ed25519 AAAA gpu-train-cluster:c\n' in line
+    assert ',command="' + cluster.receive_command("/r oot", "r_1", "r") + '",from="10.0.0.5"' in line
+    assert "receive-code --run r_1 --base r" in line
     assert keys.stat().st_mode & 0o777 == 0o600 and keys.parent.stat().st_mode & 0o777 == 0o700
-    keys.write_text("ssh-ed25519 MINE me@laptop")  # the user's own line, no newline at the end
-    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", None)["added"] is True
-    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", None)["added"] is False  # once
-    assert keys.read_text() == "ssh-ed25519 MINE me@laptop\nrestrict ssh-ed25519 AAAA gpu-train-cluster:c\n"
+    # the user's own line (no newline at the end) and an earlier version's permanent cluster line
+    keys.write_text("ssh-ed25519 MINE me@laptop\nrestrict ssh-ed25519 OLD gpu-train-cluster:c")
+    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", None, "/r", "r_1", "r")["added"] is True
+    assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", None, "/r", "r_1", "r")["added"] is False  # once
+    lines = keys.read_text().splitlines()
+    assert lines[0] == "ssh-ed25519 MINE me@laptop" and len(lines) == 2 and "OLD" not in keys.read_text()
+    assert cluster.cmd_unauthorize("ssh-ed25519 AAAA")["removed"] is True
+    assert keys.read_text() == "ssh-ed25519 MINE me@laptop\n"
+
+
+@pytest.mark.parametrize(("original", "ok"), [
+    ("rsync --server -logDtpre.iLsfxCIvu --delete --link-dest=../../code/r.last . gpu-train/staging/r_1/", True),
+    ("mkdir -p x && sh -c 'rsync \"$@\" && : > m' rsync --server -logDtpre.iLsfxCIvu . x", True),
+    ("rsync --server --sender -logDtpre.iLsfxCIvu . /home/me/.ssh", False),  # sending: reading the node
+    ("rsync --server -slogDtpre.iLsfxCIvu .", False),  # protected args: options the line does not show
+    ("rsync --server -logDtpre.iLsfxCIvu --log-file=/home/me/.bashrc . x", True),  # (ours replace the rest)
+    ("sh -i", False),
+    ("", False),
+])
+def test_the_cluster_keys_command_only_receives_a_runs_code(original: str, ok: bool) -> None:
+    if not ok:
+        with pytest.raises(AgentError, match="only receives"):
+            cluster.server_argv(original, "/r", "r_1", "r")
+        return
+    assert cluster.server_argv(original, "/r", "r_1", "r") == [
+        "rsync", "--server", "-logDtpre.iLsfxCIvu", "--delete", "--link-dest=../../code/r.last", ".", "/r/staging/r_1/"]
 
 
 # -- a node's launch goes on the cluster's own word ----------------------------------------------

@@ -54,6 +54,13 @@ def parser() -> argparse.ArgumentParser:
     authorizing.add_argument("--key", required=True, help="the cluster's public key: ssh-ed25519 BASE64")
     authorizing.add_argument("--name", required=True, help="the stack's name (the line's comment)")
     authorizing.add_argument("--from", dest="source", help="node 0's address: the key works from there only")
+    authorizing.add_argument("--run", help="the run whose code the key may receive (its forced command)")
+    authorizing.add_argument("--base", help="the run's base name (its last code, for unchanged files)")
+    unauthorizing = sub.add_parser("unauthorize", help="take a train's cluster key away again")
+    unauthorizing.add_argument("--key", required=True, help="the cluster's public key: ssh-ed25519 BASE64")
+    receiving = sub.add_parser("receive-code", help="a cluster key's forced command: receive one run's code")
+    receiving.add_argument("--run", required=True)
+    receiving.add_argument("--base", required=True)
     sub.add_parser("relay-code", help="node 0: rsync a run's staged code to the other nodes (request on stdin)")
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
@@ -104,10 +111,16 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
         from .fetchserve import cmd_fetch_serve
 
         return cmd_fetch_serve(root)
-    if args.cmd in ("relay-code", "authorize"):
-        from .cluster import cmd_authorize, cmd_relay_code, read_doc
+    if args.cmd in ("relay-code", "authorize", "unauthorize", "receive-code"):
+        from . import cluster
 
-        return cmd_relay_code(root, read_doc()) if args.cmd == "relay-code" else cmd_authorize(args.key, args.name, args.source)
+        if args.cmd == "receive-code":
+            return cluster.cmd_receive_code(root, args.run, args.base)
+        if args.cmd == "unauthorize":
+            return cluster.cmd_unauthorize(args.key)
+        if args.cmd == "authorize":
+            return cluster.cmd_authorize(args.key, args.name, args.source, root, args.run, args.base)
+        return cluster.cmd_relay_code(root, cluster.read_doc())
     if args.cmd in ("logs", "status"):
         from .status import cmd_logs, cmd_status
 

@@ -2,10 +2,13 @@
 
 The laptop syncs the code to node 0 only (its uplink pays once, not once per node); node 0 then
 rsyncs its staged copy to each other node over the nodes' own network (internal IPs on GCP), with
-a key pair made for the cluster on the laptop. The private half comes to node 0 with each train and
-lives only while that train's hop runs (0600, in a 0700 folder of the hop's own, deleted after); the
-public half is in the other nodes' authorized_keys, restricted (no forwarding of any kind, no pty; on
-GCP only from node 0's internal address). Node 0 checks each node's host key against the key the
+a key pair made on the laptop for each train. The private half comes to node 0 and lives only while
+that train's hop runs (0600, in a 0700 folder of the hop's own, deleted after); the public half is in
+the other nodes' authorized_keys only until the code arrived, bound to a forced command that receives
+that run's code into its staging folder and nothing else (``receive-code``: no shell, no other path,
+no sending), restricted (no forwarding, no pty; on GCP only from node 0's internal address), and
+expiring within hours should nobody remove it. A process on node 0 that copies the key during the hop
+gets a way to write one staging folder, for a while. Node 0 checks each node's host key against the key the
 laptop learned for it (a known_hosts beside the key, under an alias per node), never accepting a new
 one. No agent forwarding: a hostile node could use a forwarded agent to log in anywhere as you.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -26,8 +30,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
-from .protocol import RELAYED, go_marker
+from .protocol import ARRIVED, RELAYED, go_marker
 from .store import AgentError
 
 KEY_TAG = "gpu-train-cluster"  # the comment of the authorized_keys line: `grep -v gpu-train-cluster` removes it
@@ -36,6 +41,12 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a stack name (Pulumi
 FROM_RE = re.compile(r"[0-9A-Fa-f.:/]{2,64}")  # an IP address or CIDR
 RUN_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 ALIAS_RE = re.compile(r"gpu-train-node-[0-9]{1,4}")
+BASE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+KEY_LIFE_S = 2 * 3600  # a cluster key no one removed (the laptop gone mid-hop) stops working after this
+# The receiving rsync's own flags as a client's `rsync -a --delete` sends them: archive letters, then
+# "e." and the client's capabilities. No 's' (protected args would bring options the command line does
+# not show), no --sender.
+SERVER_FLAGS_RE = re.compile(r"-[logDtpr]+e\.[A-Za-z]*")
 # OpenSSH as the hop runs it: only our key, only our pinned host keys, never a prompt.
 CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 
@@ -46,41 +57,136 @@ def authorized_keys_path() -> str:
     return os.environ.get("GPU_TRAIN_AUTHORIZED_KEYS") or os.path.expanduser("~/.ssh/authorized_keys")
 
 
-def authorized_line(key: str, name: str, source: str | None) -> str:
-    """The authorized_keys line for a cluster key, each part checked (it ends up in a file sshd reads)."""
+def authorized_line(key: str, name: str, source: str | None, command: str | None = None,
+                    expires: float | None = None) -> str:
+    """The authorized_keys line for a cluster key, each part checked (it ends up in a file sshd reads).
+    ``command``: the forced command (its characters are ours, quoted here); ``expires``: a time (epoch s)."""
     parts = key.split()
     if len(parts) != 2 or parts[0] not in KEY_TYPES or not re.fullmatch(r"[A-Za-z0-9+/]+={0,2}", parts[1]):
         raise AgentError("the cluster key is not an ssh-ed25519 public key")
     if not NAME_RE.fullmatch(name):
         raise AgentError("the cluster's stack name is not a stack name")
-    options = "restrict" + (f',from="{source}"' if source else "")
     if source and not FROM_RE.fullmatch(source):
         raise AgentError("the cluster key's from= is not an address")
+    if command is not None and re.search(r"[\x00-\x1f\x7f]", command):
+        raise AgentError("the cluster key's command has control characters")
+    options = "restrict"
+    if expires is not None:
+        options += f',expiry-time="{time.strftime("%Y%m%d%H%M", time.localtime(expires))}"'  # sshd reads local time
+    if command is not None:
+        options += ',command="' + command.replace('"', '\\"') + '"'  # sshd unescapes \" only
+    options += f',from="{source}"' if source else ""
     return f"{options} {parts[0]} {parts[1]} {KEY_TAG}:{name}"
 
 
-def cmd_authorize(key: str, name: str, source: str | None) -> dict:
-    """Add the cluster's public key to authorized_keys once (appended: nothing there is rewritten)."""
-    line = authorized_line(key, name, source)
-    path = authorized_keys_path()
+def receive_command(root: str, run: str, base: str) -> str:
+    """The forced command of a train's cluster key: this agent's receive-code for that run only."""
+    if not RUN_RE.fullmatch(run) or not BASE_RE.fullmatch(base):
+        raise AgentError("authorize: not a run id or base name")
+    agent = os.path.join(root, "bin", "gpu-train-agent")
+    return shlex.join([sys.executable, "-I", "-S", agent, "--root", root, "receive-code", "--run", run, "--base", base])
+
+
+def _rewrite_keys(path: str, change) -> tuple[str, str]:
+    """``change(old text) -> new text`` on authorized_keys, under a lock, written whole (a reader sees the
+    old or the new file; a symbolic link is followed, its file rewritten); (old, new)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    real = os.path.realpath(path)
+    with open(os.path.join(os.path.dirname(path), ".gpu-train-keys.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(real, "rb") as f:
+                old = f.read().decode("utf-8", "surrogateescape")
+                mode = os.fstat(f.fileno()).st_mode & 0o777
+        except FileNotFoundError:
+            old, mode = "", 0o600
+        new = change(old)
+        if new != old:
+            tmp = f"{real}.gpu-train.{os.getpid()}"
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o600 or 0o600), "wb") as f:
+                f.write(new.encode("utf-8", "surrogateescape"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, real)
+        return old, new
+
+
+def _ours(line: str) -> bool:
+    return f" {KEY_TAG}:" in line
+
+
+def _stale(line: str) -> bool:
+    """A cluster line of ours that must go: an earlier version's permanent one (no forced command)."""
+    return _ours(line) and "command=" not in line.split(" ssh-")[0]
+
+
+def cmd_authorize(key: str, name: str, source: str | None, root: str = "", run: str | None = None,
+                  base: str | None = None) -> dict:
+    """Add a train's cluster key to authorized_keys, bound to receiving ``run``'s code (``receive-code``)
+    and expiring; earlier versions' permanent cluster lines are taken out on the way."""
+    command = receive_command(root, run, base) if run is not None and base is not None else None
+    line = authorized_line(key, name, source, command, time.time() + KEY_LIFE_S)
     blob = key.split()[1]
+    path = authorized_keys_path()
+
+    def add(old: str) -> str:
+        lines = [ln for ln in old.splitlines() if not _stale(ln)]
+        if not any(blob in existing.split() for existing in lines):
+            lines.append(line)
+        return "".join(f"{ln}\n" for ln in lines) if lines != old.splitlines() else old
+
     try:
-        with open(path, "rb") as f:
-            old = f.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        old = ""
-    except OSError as e:
-        raise AgentError(f"cannot read {path}: {e.strerror}") from None
-    if any(blob in existing.split() for existing in old.splitlines()):
-        return {"authorized": path, "added": False}
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(("\n" if old and not old.endswith("\n") else "") + line + "\n")
+        old, new = _rewrite_keys(path, add)
     except OSError as e:
         raise AgentError(f"cannot add the cluster key to {path}: {e.strerror}") from None
-    return {"authorized": path, "added": True}
+    return {"authorized": path, "added": line in new.splitlines() and line not in old.splitlines()}
+
+
+def cmd_unauthorize(key: str) -> dict:
+    """Take a train's cluster key out of authorized_keys (the code arrived, or will not)."""
+    parts = key.split()
+    if len(parts) != 2 or not re.fullmatch(r"[A-Za-z0-9+/]+={0,2}", parts[1]):
+        raise AgentError("the cluster key is not an ssh-ed25519 public key")
+    path = authorized_keys_path()
+
+    def drop(old: str) -> str:
+        lines = old.splitlines()
+        keep = [ln for ln in lines if not (_ours(ln) and parts[1] in ln.split())]
+        return "".join(f"{ln}\n" for ln in keep) if keep != lines else old
+
+    try:
+        old, new = _rewrite_keys(path, drop)
+    except OSError as e:
+        raise AgentError(f"cannot remove the cluster key from {path}: {e.strerror}") from None
+    return {"authorized": path, "removed": old != new}
+
+
+def server_argv(original: str, root: str, run: str, base: str) -> list[str]:
+    """The receiving rsync a cluster key may run: the flags of the command node 0 asked for
+    (``original``, SSH_ORIGINAL_COMMAND) if they are a plain receive, and everything else ours."""
+    try:
+        words = shlex.split(original)
+    except ValueError:
+        words = []
+    at = words.index("--server") if "--server" in words else -1
+    flags = words[at + 1] if 0 <= at < len(words) - 1 else ""
+    if at < 0 or "--sender" in words or not SERVER_FLAGS_RE.fullmatch(flags):
+        raise AgentError(f"receive-code: this key only receives a run's code, not {original[:200]!r}")
+    if not RUN_RE.fullmatch(run) or not BASE_RE.fullmatch(base):
+        raise AgentError("receive-code: not a run id or base name")
+    return ["rsync", "--server", flags, "--delete", f"--link-dest=../../code/{base}.last", ".",
+            os.path.join(root, "staging", run) + "/"]
+
+
+def cmd_receive_code(root: str, run: str, base: str) -> int:
+    """The forced command of a cluster key: receive ``run``'s code into its staging folder, then leave
+    RUN.arrived (the node's own "go"). stdin and stdout stay rsync's."""
+    argv = server_argv(os.environ.get("SSH_ORIGINAL_COMMAND", ""), root, run, base)
+    os.makedirs(os.path.join(root, "staging"), exist_ok=True)
+    code = subprocess.run(argv).returncode
+    if code == 0:
+        open(go_marker(root, run, ARRIVED), "w").close()
+    return code
 
 
 def _write_private(path: str, text: str) -> None:
@@ -114,7 +220,8 @@ def hop_command(root: str, folder: str, run: str, node: dict, control: str | Non
     connection when ``control`` names one that is up; otherwise ssh connects anew)."""
     mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={control}"] if control else []
     ssh = shlex.join(["ssh", *ssh_options(folder, node), *mux])
-    return ["rsync", "-a", "--delete", "--protect-args", "-e", ssh, *[str(o) for o in node["options"]],
+    # No --protect-args: the far side's forced command reads the flags from its command line (receive-code)
+    return ["rsync", "-a", "--delete", "-e", ssh, *[str(o) for o in node["options"]],
             os.path.join(root, "staging", run) + "/", str(node["dest"])]
 
 
