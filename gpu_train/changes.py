@@ -136,7 +136,7 @@ def compare(wanted: dict[tuple[str, str], dict], deployed: dict[tuple[str, str],
             changes.append(Change(name, typ, "", "exists", None,
                                   {INSTANCE: DELETE, DISK: REPLACE_DISK}.get(typ, RESTART)))
             continue
-        skip = (ignored or {}).get(typ, ())
+        skip = [s.replace('["', ".").replace('"]', "") for s in (ignored or {}).get(typ, ())]  # Pulumi's paths, dotted
         new, old = flatten(wanted[key]), flatten(deployed[key])
         for path in sorted(set(new) | set(old)):
             bare = _strip_indices(path)

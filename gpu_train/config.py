@@ -29,6 +29,9 @@ from gpu_train.settings import (  # each setting is declared once, there
     StackConfig,
 )
 
+SECRET_SETTINGS = ("notify",)  # may be stored encrypted (`pulumi config set --secret`)
+SECRET_VALUE = "(secret)"  # such a setting's value where it is not decrypted
+
 _TYPE_WORDS = {
     "str": "a string",
     "int": "a whole number",
@@ -185,6 +188,9 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
             close = difflib.get_close_matches(name, BY_KEY, n=1, cutoff=0.6)
             fix = f"did you mean '{NAMESPACE}:{close[0]}'?" if close else f"known keys: {', '.join(sorted(BY_KEY))}"
             problems.append(Problem(name, "unknown setting", fix, value))
+            continue
+        if isinstance(value, dict) and set(value) == {"secure"} and name in SECRET_SETTINGS:
+            values[name] = SECRET_VALUE  # Pulumi decrypts it for the program; the laptop asks `pulumi config get`
             continue
         if isinstance(value, dict) and set(value) == {"secure"}:
             problems.append(Problem(name, "is stored as a secret, which gpu-train cannot use here",

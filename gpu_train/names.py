@@ -65,6 +65,11 @@ def service_account_id(stack: str) -> str:
     return rfc1035(f"gpu-train-{stack}", SA_MAX).ljust(SA_MIN, "0")
 
 
+def recovery_account_id(stack: str) -> str:
+    """The recovery function's service account (infra/recovery.py): 6 to 30 characters."""
+    return rfc1035(f"gpu-train-rec-{stack}", SA_MAX).ljust(SA_MIN, "0")
+
+
 def derived(stack: str, nodes: int = 1) -> dict[str, list[str]]:
     """Every name the program gives a resource of this stack, by kind."""
     return {
@@ -73,7 +78,7 @@ def derived(stack: str, nodes: int = 1) -> dict[str, list[str]]:
         "placement policy": [resource_name(stack, PLACEMENT_SUFFIX)],
         "data disk": [data_disk_name(stack, None if nodes <= 1 else i) for i in range(max(nodes, 1))],
         "network tag": [network_tag(stack)],
-        "service account id": [service_account_id(stack)],
+        "service account id": [service_account_id(stack), recovery_account_id(stack)],
     }
 
 

@@ -157,6 +157,12 @@ class StackConfig:
     running: bool = setting("running", "bool", True, "`false` stops the VM (disk kept)", targets=GCP)
     max_resumes: int = setting("maxResumes", "int", DEFAULT_SETTINGS["maxResumes"], "relaunches after "
                                "reboots/preemptions before a run is marked failed", agent=True)
+    recover_hours: float = setting("recoverHours", "number", 24, "spot stacks: a preempted VM is started again by "
+                                   "a function of the stack's own (scale to zero) for this many hours, then given up "
+                                   "(`0`: no recovery; at most 168); see docs/recovery.md", targets=GCP)
+    notify: str | None = setting("notify", "str", None, "a webhook told when a run ends, fails, is preempted, comes "
+                                 "back or is given up (Slack, Discord, ntfy.sh topic); a secret: "
+                                 "`pulumi config set --secret gpu-train:notify URL`")
     nodes: int = setting("nodes", "int", 1, "VMs of the same shape for multi-node training (GCP; SSH stacks list "
                          "several `hosts`)", targets=GCP)
     quota_request: dict[str, str] = setting("quotaRequest", "map", help="`{gpus, justification, contactEmail}`: "

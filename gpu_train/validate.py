@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu_train import disks, images, names, placeholders, provisioning, values
 from gpu_train.catalog import ZONE_PATTERN, Catalog
-from gpu_train.config import ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
+from gpu_train.config import SECRET_VALUE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
 from gpu_train.pools import check_pools
 from gpu_train.shape_rules import availability, machine_and_gpus, offered_gpu
 
@@ -156,12 +156,21 @@ def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
 
 
 # -- lifecycle: idle stop, resumes (the run-time cap: provisioning) ---------------------------
+MAX_RECOVER_HOURS = 7 * 24  # a function's event trigger retries an event for 7 days at most
+
+
 def _lifecycle(cfg: StackConfig) -> list[Problem]:
     problems = []
     if cfg.idle_stop_minutes < 0:
         problems.append(Problem("idleStopMinutes", "must be 0 (off) or more", "e.g. 30", cfg.idle_stop_minutes))
     if cfg.max_resumes < 0:
         problems.append(Problem("maxResumes", "must be 0 (never resume) or more", "e.g. 10", cfg.max_resumes))
+    if not 0 <= cfg.recover_hours <= MAX_RECOVER_HOURS:
+        problems.append(Problem("recoverHours", f"must be between 0 (no recovery) and {MAX_RECOVER_HOURS} (the "
+                                "trigger retries an event for 7 days at most)", "e.g. 24", cfg.recover_hours))
+    if cfg.notify not in (None, SECRET_VALUE) and not re.fullmatch(r"https?://[^\s/]+\S*", cfg.notify):
+        problems.append(Problem("notify", "is not a webhook URL (https://...)", "pulumi config set --secret "
+                                "gpu-train:notify https://ntfy.sh/YOUR-TOPIC (or a Slack or Discord webhook)", "(hidden)"))
     return problems
 
 

@@ -27,6 +27,7 @@ from gpu_train.names import (  # noqa: F401
 )
 from gpu_train.validate import GpuShape, node_shapes
 from gpu_train.values import LOGIN_RE
+from remote.agent.recovery import RECORD_KEY
 
 STARTUP_TEMPLATE = Path(__file__).parent / "data" / "startup-script.sh.in"
 
@@ -53,8 +54,9 @@ def shutdown_grace_s(spot: bool) -> int:
 
 
 # Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
-# `up` and then pinned, so a newer image never replaces the VM.
-INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image",)
+# `up` and then pinned, so a newer image never replaces the VM; the recovery function's record of
+# preemptions and returns (metadata it sets itself) stays when an `up` sets the other metadata.
+INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image", f'metadata["{RECORD_KEY}"]')
 # The data disk's device name: the VM sees it as /dev/disk/by-id/google-gpu-train-data whatever
 # order disks attach in, so the startup script mounts it by this name.
 DATA_DEVICE_NAME = "gpu-train-data"

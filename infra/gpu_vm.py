@@ -17,6 +17,7 @@ from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.pools import boot_disk_type
 from gpu_train.validate import GpuShape
+from infra import recovery
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ class GpuVm(pulumi.ComponentResource):
                 service_account={"email": account.email, "scopes": list(vm.SERVICE_ACCOUNT_SCOPES)},
                 metadata=metadata,
                 tags=[tag],
-                labels={**vm.labels(cfg, args.pulumi_project), "gpu-train-node": str(i)},
+                labels={**vm.labels(cfg, args.pulumi_project), "gpu-train-node": str(i), **recovery.label(cfg)},
                 resource_policies=policy_link,  # one policy per instance is all Compute Engine takes
                 allow_stopping_for_update=True,
                 opts=pulumi.ResourceOptions(
@@ -192,6 +193,8 @@ class GpuVm(pulumi.ComponentResource):
             for i, instance_name in enumerate(instance_names)
         ]
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
+        # Spot: started again after a preemption by a function of the stack's own (infra/recovery.py).
+        self.recovery = recovery.declare(name, cfg, self.instances, instance_names, self)
         # The image the VM runs: the boot disk's, as the provider reads it back. After the first `up`
         # it stays the image pinned then (initializeParams.image is ignored afterwards), while the
         # family moves on; exporting the family's newest would name an image the VM never booted.
@@ -220,6 +223,7 @@ class GpuVm(pulumi.ComponentResource):
             "internalIps": internal,
             "dataDisks": [disk.name for disk in self.data_disks],
             "dataDiskMonthlyCostUsd": vm.data_disk_monthly_cost(cfg, catalog),
+            "recoverHours": cfg.recover_hours if self.recovery is not None else 0,
         }
         self.register_outputs(self.outputs)
 

@@ -19,7 +19,7 @@ from gpu_train.catalog_file import load_catalog
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.pricing import Cost, hourly_cost
 from gpu_train.project import command_name
-from infra import preview, program, pulumi_cli
+from infra import preview, program, pulumi_cli, recovery
 
 CLI = command_name(sys.argv[0])  # the task runner the fixes name (gpu-train, or fab inside the clone)
 
@@ -160,6 +160,8 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), *describe_data_disk(cfg, catalog), ""]
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]
+    if cfg.spot:
+        lines += [recovery.describe(cfg), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
     order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "gcp", "Service", "SQuotaPreference",
              "Disk", "Instance"]

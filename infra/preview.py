@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,6 +88,13 @@ class Recorder(pulumi.runtime.Mocks):
         if args.typ == "gcp:serviceaccount/account:Account":
             project = args.inputs.get("project") or "project"
             outputs["email"] = f"{args.inputs['accountId']}@{project}.iam.gserviceaccount.com"
+            outputs["uniqueId"] = str(int(hashlib.sha256(outputs["email"].encode()).hexdigest()[:15], 16))  # 21 digits
+        if args.typ == "gcp:projects/iAMCustomRole:IAMCustomRole":  # what the provider reads back
+            outputs["name"] = f"projects/{args.inputs.get('project') or 'project'}/roles/{args.inputs['roleId']}"
+        if args.typ == "gcp:logging/projectSink:ProjectSink":  # unique_writer_identity: the sink's own account
+            outputs["writerIdentity"] = "serviceAccount:service-123456789@gcp-sa-logging.iam.gserviceaccount.com"
+        if args.typ == "gcp:pubsub/topic:Topic":
+            outputs["id"] = f"projects/{args.inputs.get('project') or 'project'}/topics/{args.inputs['name']}"
         if args.typ == "gcp:compute/instance:Instance":
             nics = [dict(nic) for nic in args.inputs.get("networkInterfaces", [])]
             for nic in nics:
@@ -102,7 +110,7 @@ class Recorder(pulumi.runtime.Mocks):
         import_id, ignore = self.imports.get((args.typ, args.name), ("", ()))
         self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect, retain,
                                        import_id, ignore))
-        return f"{args.name}-id", outputs
+        return outputs.get("id") or f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> Any:  # a dict, or (dict, failures) as Mocks allows
         self.calls.append((args.token, args.provider or ""))

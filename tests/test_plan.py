@@ -33,19 +33,20 @@ def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("stack", "words"),
     [
-        ("t4-spot", ["1 x T4", "n1-standard-8", "$0.28", "$6.71", "$0.73", "$17.52", "<- this stack", "provisioningModel=SPOT",
+        ("t4-spot", ["would create 27 resources", "Recovery: a preempted VM is started again",
+                     "1 x T4", "n1-standard-8", "$0.28", "$6.71", "$0.73", "$17.52", "<- this stack", "provisioningModel=SPOT",
                      "Shutdown grace: 30 s (spot VM", "then 25 s to checkpoint"]),
-        ("l4", ["1 x L4", "built into g2-standard-8", "$0.85", "$20.49", "provisioningModel=STANDARD",
+        ("l4", ["would create 8 resources", "1 x L4", "built into g2-standard-8", "$0.85", "$20.49", "provisioningModel=STANDARD",
                 "Shutdown grace: 120 s (standard VM", "then 110 s to checkpoint"]),
-        ("a100", ["1 x A100 40GB", "a2-highgpu-1g", "$3.67", "$88.16", "500 GB pd-ssd"]),
-        ("h100-spot", ["1 x H100", "a3-highgpu-1g", "unknown", "no trustworthy price"]),
+        ("a100", ["would create 8 resources", "1 x A100 40GB", "a2-highgpu-1g", "$3.67", "$88.16", "500 GB pd-ssd"]),
+        ("h100-spot", ["would create 27 resources", "1 x H100", "a3-highgpu-1g", "unknown", "no trustworthy price"]),
     ],
 )
 def test_plan_of_each_example(stack: str, words: list[str], home_with_key: Path) -> None:
     result = plan("--stack", stack, home=home_with_key, process=stack == "t4-spot")  # one as a user runs it
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    common = ["would create 8 resources", "gcp:compute/instance:Instance", "allow tcp:22 from 203.0.113.7/32",
+    common = ["gcp:compute/instance:Instance", "allow tcp:22 from 203.0.113.7/32",
               "deny tcp:22 from 0.0.0.0/0", "onHostMaintenance=TERMINATE",
               "NVIDIA driver: 580, installed in the image family (no first-boot install, no reboot)",
               "roles/logging.logWriter", f"instanceName: gpu-train-{stack}",

@@ -62,18 +62,18 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert script.startswith("#!/bin/bash") and "gpu-train-shutdown.service" in script
     assert i["desiredStatus"] == "RUNNING" and "maxRunDuration" not in sched
     assert i["tags"] == [f"gpu-train-{stack}"]
-    assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train", "gpu-train-node": "0"}
+    assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train", "gpu-train-node": "0",
+                           **({"gpu-train-recover": "on"} if cfg.spot else {})}
     nic = i["networkInterfaces"][0]
     assert nic.get("nicType") == ("GVNIC" if cfg.machine_type.startswith(("a3-", "a4", "g4-")) else None)
     assert not i.get("resourcePolicies")
 
-    (sa,) = result.of_type("serviceaccount/account:Account")
+    (sa,) = [a for a in result.of_type("serviceaccount/account:Account") if a.name == "gpu-sa"]
     email = f"{sa.inputs['accountId']}@{cfg.project}.iam.gserviceaccount.com"
     assert i["serviceAccount"]["email"] == email
     assert not any("cloud-platform" in s for s in i["serviceAccount"]["scopes"])
-    roles = sorted(m.inputs["role"] for m in result.of_type("IAMMember"))
-    assert roles == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
-    assert {m.inputs["member"] for m in result.of_type("IAMMember")} == {f"serviceAccount:{email}"}
+    vm_grants = [m for m in result.of_type("projects/iAMMember:IAMMember") if m.inputs["member"] == f"serviceAccount:{email}"]
+    assert sorted(m.inputs["role"] for m in vm_grants) == ["roles/logging.logWriter", "roles/monitoring.metricWriter"]
 
     fw = {f.inputs["name"]: f.inputs for f in result.of_type("Firewall")}
     allow, deny = fw[f"gpu-train-{stack}-ssh-ipv4"], fw[f"gpu-train-{stack}-ssh-deny-ipv4"]
@@ -89,7 +89,9 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert out["image"] == init["image"]
     assert set(out) == {"instanceName", "zone", "externalIp", "internalIp", "sshUser", "machineType", "gpuType",
                         "gpuCount", "spot", "image", "hourlyCostUsd", "nodes", "instanceNames", "externalIps", "internalIps",
-                        "nodeGpuCounts", "nodeRoles", "dataDisks", "dataDiskMonthlyCostUsd", "provisioning", "maxRunHours"}
+                        "nodeGpuCounts", "nodeRoles", "dataDisks", "dataDiskMonthlyCostUsd", "provisioning", "maxRunHours",
+                        "recoverHours"}
+    assert out["recoverHours"] == (24 if cfg.spot else 0)
     assert out["nodes"] == 1 and out["instanceNames"] == [out["instanceName"]] and out["externalIps"] == [out["externalIp"]]
     # every child is parented to the component
     assert result.resources[0].typ == "gpu-train:index:GpuVm"

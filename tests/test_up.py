@@ -79,7 +79,7 @@ def deployed_state(raw: dict, stack: str) -> dict:
         if r.typ == comp:
             resources.append({"urn": f"urn:pulumi:{stack}::gpu-train::{comp}::{r.name}", "type": comp, "custom": False})
             continue
-        inputs = json.loads(json.dumps(r.inputs))
+        inputs = json.loads(json.dumps(r.inputs, default=lambda o: type(o).__name__))  # (an asset archive)
         if r.typ == "gcp:compute/instance:Instance":  # what tfbridge's Check fills in, and lists as defaults
             inputs |= {"canIpForward": False, "deletionProtection": False, "__defaults": ["canIpForward", "deletionProtection"]}
             inputs["bootDisk"] |= {"mode": "READ_WRITE", "__defaults": ["mode"]}
