@@ -157,7 +157,8 @@ class StackConfig:
     running: bool = setting("running", "bool", True, "`false` stops the VM (disk kept)", targets=GCP)
     max_resumes: int = setting("maxResumes", "int", DEFAULT_SETTINGS["maxResumes"], "relaunches after "
                                "reboots/preemptions before a run is marked failed", agent=True)
-    recover_hours: float = setting("recoverHours", "number", 24, "spot stacks: a preempted VM is started again by "
+    recover_hours: float = setting("recoverHours", "number", 24, "spot (Flex-start, reservation-bound) stacks: a VM "
+                                   "preempted or stopped by a host error is started again by "
                                    "a function of the stack's own (scale to zero) for this many hours, then given up "
                                    "(`0`: no recovery; at most 168); see docs/recovery.md", targets=GCP)
     notify: str | None = setting("notify", "str", None, "a webhook told when a run ends, fails, is preempted, comes "

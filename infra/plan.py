@@ -160,7 +160,7 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), *describe_data_disk(cfg, catalog), ""]
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]
-    if cfg.spot:
+    if recovery.stops_for_good(cfg):
         lines += [recovery.describe(cfg), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
     order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "gcp", "Service", "SQuotaPreference",

@@ -17,7 +17,8 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import names
+from gpu_train import names, provisioning
+from gpu_train.catalog import FLEX_START, RESERVATION, SPOT
 from gpu_train.config import StackConfig
 from remote.agent import recovery
 
@@ -44,14 +45,21 @@ OPERATION_PERMISSIONS = ("compute.zoneOperations.get",)  # the start's outcome (
 SUFFIX = "recovery"
 
 
+def stops_for_good(cfg: StackConfig) -> bool:
+    """VMs that Compute Engine leaves stopped after a preemption or a host error (automaticRestart false):
+    spot, Flex-start and reservation-bound ones. Standard VMs restart by themselves."""
+    chosen = provisioning.way(cfg)
+    return chosen in (SPOT, FLEX_START) or (chosen == RESERVATION and cfg.reservation_bound)
+
+
 def wanted(cfg: StackConfig) -> bool:
-    """Only a spot stack can be preempted; recoverHours 0 turns it off."""
-    return cfg.spot and cfg.recover_hours > 0
+    """Such a stack gets its way back unless recoverHours is 0."""
+    return stops_for_good(cfg) and cfg.recover_hours > 0
 
 
 def label(cfg: StackConfig) -> dict[str, str]:
     """The instances' label the function reads: on while the stack wants its VMs back (running: true)."""
-    return {recovery.LABEL: "on" if wanted(cfg) and cfg.running else "off"} if cfg.spot else {}
+    return {recovery.LABEL: "on" if wanted(cfg) and cfg.running else "off"} if stops_for_good(cfg) else {}
 
 
 def describe(cfg: StackConfig) -> str:
