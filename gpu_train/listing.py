@@ -21,6 +21,7 @@ from gpu_train.catalog import Catalog
 from gpu_train.config import StackConfig
 from gpu_train.pricing import hourly_cost
 from gpu_train.validate import shape_of
+from remote.agent import recovery
 from remote.agent.protocol import ACTIVE  # the contract with the host, written once
 
 BILLING_STATES = ("RUNNING", "PROVISIONING", "STAGING", "STOPPING", "REPAIRING", "SUSPENDING")
@@ -162,6 +163,16 @@ def _billing(state: str) -> bool:
     return state.rstrip("?").split(" ")[0] in BILLING_STATES
 
 
+def recovery_notes(instances: list[dict]) -> list[str]:
+    """What the stack's recovery function last did, per VM: "preempted 14:02, coming back (attempt 3, ...)"."""
+    out = []
+    for inst in instances:
+        said = recovery.describe(recovery.record_of(inst))
+        if said:
+            out.append(f"{inst.get('name')}: {said}" if len(instances) > 1 else said)
+    return out
+
+
 def idle_text(status: dict | None) -> str:
     if not status:
         return "-"
@@ -188,6 +199,7 @@ def row(facts: StackFacts, now: float, catalog: Catalog) -> Row:
         notes.append(f"compute api: {facts.api_error}")
     if facts.status_error and state not in ("TERMINATED", "none"):
         notes.append(f"host: {facts.status_error}")
+    notes += recovery_notes(facts.instances or [])
     running = None if facts.status is None else sum(r.get("state") in ACTIVE for r in facts.status.get("runs", []))
     if cfg is None or not cfg.is_gcp:
         where = ", ".join(str(h) for h in cfg.hosts) if cfg else "?"

@@ -53,6 +53,7 @@ class Target:
     # Where the nodes reach each other, in node order (GCP: internal IPs); empty: at ``hosts``' addresses.
     # Not rotated by for_node.
     peer_addresses: tuple[str, ...] = ()
+    notify: str | None = None  # gpu-train:notify (config.SECRET_VALUE while encrypted in the stack file)
 
     def for_node(self, node: int) -> Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
@@ -179,6 +180,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         node_gpus=node_gpus,
         roles=roles,
         peer_addresses=peers,
+        notify=cfg.notify,
     )
 
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from remote.agent import recovery
+
 DOWN = {"TERMINATED", "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED"}
 
 
@@ -52,6 +54,11 @@ def stopped_message(inst: dict, stack: str, vm: dict, now: float) -> str | None:
     causes = " or ".join(likely_causes(bool(vm.get("spot")), int(vm.get("idleStopMinutes") or 0), vm.get("maxRunHours")))
     start = (f"gcloud compute instances {'resume' if status.startswith('SUSPEND') else 'start'} {vm['name']} "
              f"--zone {vm['zone']} --project {vm['project']}")
+    said = recovery.describe(recovery.record_of(inst))
+    if said and recovery.record_of(inst).get("state") not in ("resumed", "gave up"):
+        return f"the VM {vm['name']} is {status}: {said}; the stack's recovery starts it (or: {start})"
+    if said:
+        causes = f"{causes}; last: {said}"
     return (f"the VM {vm['name']} is {status}{when} (likely {causes}); it does not answer SSH. Start it: {start}")
 
 

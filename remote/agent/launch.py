@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from . import units
+from . import notify, units
 from .procs import detect_python, gpu_count
 from .protocol import FAILED, GO_WHEN, STARTING, cli_name, go_marker, project_dirs
 from .status import busy_runs, machine_settings
@@ -80,6 +80,7 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
     {"ready": true} and waits for "go" on stdin, so the launch costs one round trip after the sync.
     """
     run_id, base = spec["runId"], spec["base"]
+    notify.write_url(root, spec.pop("notify", None))  # the webhook: 0600, never in spec.json
     if spec.get("agentSettings"):  # the stack's settings (maxResumes, idle stop, ...) for boot and tick
         write_json(os.path.join(root, "agent.json"), {**settings(root), **spec["agentSettings"]})
     clean_staging(root)

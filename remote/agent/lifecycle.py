@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from . import units
+from . import recovery, units
 from .launch import start_wrapper
 from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
 from .protocol import (
@@ -126,12 +127,25 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
         return {"runId": run_id, "action": "failed", "reason": reason}
     if read_json(os.path.join(run_dir, "spec.json")) is None:
         raise AgentError("its spec.json is missing or unreadable")
-    relaunch(root, run_dir, state)
+    relaunch(root, run_dir, state, came_back(settings(root), state))
     return {"runId": run_id, "action": "resumed", "resumes": resumes + 1}
 
 
-def relaunch(root: str, run_dir: str, state: dict) -> None:
-    """Start a run again under screen, same RUN_ID and JOB_DIR, counting the resume."""
+def came_back(conf: dict, state: dict) -> dict | None:
+    """On a VM the stack's recovery function started again: its record of the preemption (or host error)
+    that interrupted this run, from the instance's metadata, for the run's own record."""
+    if not conf.get("gcp"):
+        return None
+    try:
+        record = json.loads(metadata_value(conf, f"instance/attributes/{recovery.RECORD_KEY}") or "{}")
+    except ValueError:
+        return None
+    return recovery.run_return(record, state.get("interruptedAt"), now()) if isinstance(record, dict) else None
+
+
+def relaunch(root: str, run_dir: str, state: dict, back: dict | None = None) -> None:
+    """Start a run again under screen, same RUN_ID and JOB_DIR, counting the resume (and ``back``: the
+    recovery's return that brought the machine back, kept in the run's ``returns``)."""
     for marker in (SHUTDOWN_REQUESTED, STOP_REQUESTED, NOTICE):
         with contextlib.suppress(OSError):
             os.remove(os.path.join(run_dir, marker))
@@ -140,7 +154,8 @@ def relaunch(root: str, run_dir: str, state: dict) -> None:
                  wrapperPid=None, wrapperStart=None, pid=None, pidStart=None, stepPid=None, stepStart=None,
                  relaunched=now(), ended=None,
                  exitCode=None, reason=None,
-                 preemptions=int(state.get("preemptions", 0)) + int(bool(state.get("preempted"))), preempted=False)
+                 preemptions=int(state.get("preemptions", 0)) + int(bool(state.get("preempted"))), preempted=False,
+                 **({"returns": [*(state.get("returns") or []), back][-50:]} if back else {}))
     start_wrapper(root, os.path.basename(run_dir))
     agent_log(root, f"{os.path.basename(run_dir)}: resumed ({resumes})")
 

@@ -80,6 +80,7 @@ class JobSpec:
     venv: bool = False  # run in the project's venv (made from ``python`` with its site packages), not in ``python``
     needs_torch: bool = False  # the host checks that its Python imports torch before "started"
     go_when: str | None = None  # in a fan-out, the host's own word that also means "go" (see GO_WHEN)
+    notify: str | None = None  # the webhook (a secret): kept as REMOTE_ROOT/notify.url (0600), not in spec.json
     pass_job_dir: bool = False  # --script gets `--job-dir JOB_DIR` appended (AI Platform's convention), only if asked
     resume_args: tuple[str, ...] = ()  # appended at every relaunch (boot, preemption, `resume`) ...
     resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
@@ -90,7 +91,8 @@ class JobSpec:
                 "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
                 "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "project": self.project,
                 "venv": self.venv, "needsTorch": self.needs_torch, "goWhen": self.go_when,
-                "passJobDir": self.pass_job_dir, "resumeArgs": list(self.resume_args), "resumeIf": self.resume_if}
+                "passJobDir": self.pass_job_dir, "resumeArgs": list(self.resume_args), "resumeIf": self.resume_if,
+                **({"notify": self.notify} if self.notify else {})}
 
     @classmethod
     def from_json(cls, doc: dict) -> JobSpec:
@@ -101,7 +103,7 @@ class JobSpec:
                    launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"),
                    project=doc.get("project"), venv=bool(doc.get("venv")), needs_torch=bool(doc.get("needsTorch")),
                    go_when=doc.get("goWhen"), pass_job_dir=bool(doc.get("passJobDir")),
-                   resume_args=tuple(doc.get("resumeArgs") or ()), resume_if=doc.get("resumeIf"))
+                   resume_args=tuple(doc.get("resumeArgs") or ()), resume_if=doc.get("resumeIf"), notify=doc.get("notify"))
 
 
 # In a fan-out (several nodes, the code sent once), the laptop's "go" to a node's waiting launch is one
@@ -149,6 +151,7 @@ class RunStatus(TypedDict, total=False):
     lastLine: str
     resumes: int
     preemptions: int
+    returns: list[dict]  # each preemption (or host error) and return: event, at, back, attempts (the recovery's)
     reason: str | None
     pid: int | None
     jobSummary: TreeSummary

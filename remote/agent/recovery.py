@@ -218,6 +218,22 @@ def updated_record(record: dict, event: Event, state: str, now: float, why: str 
     return out
 
 
+def run_return(record: dict, interrupted_at: float | None, back: float) -> dict | None:
+    """The run's record of this return (event, at, back, attempts), when the recovery's record (the
+    instance's metadata, as the booted VM reads it) tells of the stop that interrupted the run."""
+    at = record.get("at")
+    if not isinstance(at, (int, float)) or not isinstance(interrupted_at, (int, float)) or abs(at - interrupted_at) > 900:
+        return None
+    return {"event": record.get("event", "preempted"), "at": at, "back": back, "attempts": int(record.get("attempts") or 0)}
+
+
+def describe_return(ret: dict, local: bool = True) -> str:
+    """A run's return for `status`: "preempted 14:02, resumed 14:19 (3 attempts)"."""
+    tries = int(ret.get("attempts") or 0)
+    return (f"{ret.get('event', 'preempted')} {clock(ret['at'], local)}, resumed {clock(ret['back'], local)}"
+            + (f" ({tries} attempts)" if tries > 1 else ""))
+
+
 # -- words ----------------------------------------------------------------------------------------------------
 def clock(at: float, local: bool = True) -> str:
     return time.strftime("%H:%M", time.localtime(at) if local else time.gmtime(at))

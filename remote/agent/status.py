@@ -57,6 +57,7 @@ def describe(run_dir: str) -> dict:
         "lastLine": last_line(os.path.join(run_dir, "log"), st == FAILED),
         "resumes": state.get("resumes", 0),
         "preemptions": state.get("preemptions", 0) + int(bool(state.get("preempted"))),
+        "returns": list(state.get("returns") or []),
         "reason": state.get("reason"),
         "pid": state.get("pid"),
     }

@@ -12,8 +12,10 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 
+from . import notify
 from .procs import gpu_count, proc_start_time
 from .protocol import (
     FAILED,
@@ -27,7 +29,7 @@ from .protocol import (
     SUCCEEDED,
     project_dirs,
 )
-from .store import AgentError, now, read_json, read_state, run_locked, update_state
+from .store import AgentError, last_line, now, read_json, read_state, run_locked, update_state
 from .units import system_stopping
 
 PIP_TAIL_LINES = 15
@@ -317,7 +319,25 @@ def record_end(run_dir: str, final: str, code: int | None, reason: str | None = 
         update_state(run_dir, state=final, exitCode=code, interruptedAt=now())
     else:
         update_state(run_dir, state=final, exitCode=code, ended=now(), **({"reason": reason} if reason else {}))
+        announce_end(run_dir)
     return code if code is not None else 0
+
+
+def announce_end(run_dir: str) -> None:
+    """Tell the stack's webhook (REMOTE_ROOT/notify.url) how the run ended, from node 0 only; after the
+    state is recorded, within the webhook's short timeout, never raising."""
+    root = os.path.dirname(os.path.dirname(run_dir))
+    url = notify.read_url(root)
+    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
+    if not url or int((spec.get("node") or {}).get("rank") or 0) != 0:
+        return
+    st = read_state(run_dir)
+    began, ended = st.get("created"), st.get("ended")
+    took = ended - began if isinstance(began, (int, float)) and isinstance(ended, (int, float)) else None
+    failed = st.get("state") == FAILED
+    line = st.get("reason") if failed and st.get("exitCode") is None else last_line(os.path.join(run_dir, "log"), failed)
+    notify.send(url, notify.run_end_text(os.path.basename(run_dir), st.get("state", "?"), st.get("exitCode"), took,
+                                         line or "", socket.gethostname()))
 
 
 def link_data(data_dir: str, code_dir: str, log) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from remote.agent.recovery import describe_return
+
 
 def duration(seconds: float | None) -> str:
     if seconds is None:
@@ -39,6 +41,8 @@ def run_table(runs: list[dict]) -> list[str]:
             notes.append(f"resumed {r['resumes']}x")
         if r.get("preemptions"):
             notes.append(f"preempted {r['preemptions']}x")
+        if r.get("returns"):  # the last time the stack's recovery brought the machine back
+            notes.append(describe_return(r["returns"][-1]))
         if r.get("detail"):
             notes.append(r["detail"])
         if notes:

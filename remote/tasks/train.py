@@ -85,6 +85,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
                                    project=project_name(project_root()), venv=cluster.venv,
+                                   notify=notify_url(cluster.stack, cluster.notify),
                                    needs_torch=jobs.needs_torch(code_dir, spec.script, chosen))
         ps = jobs.parameter_servers(ps, cluster.parameter_servers)
         specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
@@ -142,6 +143,26 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         print(f"  fetch:   {CLI} fetch{stack_opt} --run {first['runId']}")
     if follow:
         follow_to_end(Session(None, session.timeout, 0, cluster), first["runId"])
+
+
+def notify_url(stack: str, setting: str | None) -> str | None:
+    """gpu-train:notify for the host: as written, or decrypted by Pulumi when it is stored as a secret
+    (`pulumi config get`); a secret that cannot be read costs the notifications, never the run."""
+    from gpu_train.config import SECRET_VALUE
+
+    if setting != SECRET_VALUE:
+        return setting
+    from infra import pulumi_cli
+
+    try:
+        code, out = pulumi_cli.run(["config", "get", "gpu-train:notify", "--stack", stack], echo=False)
+    except OSError:
+        code, out = 1, ""
+    if code != 0 or not out.strip().startswith(("https://", "http://")):
+        say("notify: the webhook is a Pulumi secret this machine cannot read (pulumi config get gpu-train:notify "
+            f"--stack {stack}); this run's end is not announced")
+        return None
+    return out.strip()
 
 
 def _read_env_files(paths: list[str]) -> dict[str, str]:

@@ -1,0 +1,106 @@
+"""What the recovery's record becomes where users look (`status`, `ls`, a stopped VM's message), and the
+host's own notification of a run's end."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_train import listing
+from remote import vmprobe
+from remote.agent import notify, protocol, recovery, wrap
+from remote.tasks.render import run_table
+from tests.webhook import Webhook
+
+T0 = 1_790_000_000.0
+
+
+def record(state: str, attempts: int = 0, why: str = "", **more) -> dict:
+    return {"event": "preempted", "at": T0, "state": state, "attempts": attempts, "why": why, **more}
+
+
+def inst(rec: dict | None, status: str = "TERMINATED", name: str = "gpu-train-s") -> dict:
+    items = [{"key": "startup-script", "value": "#!"}]
+    if rec is not None:
+        items.append({"key": recovery.RECORD_KEY, "value": json.dumps(rec)})
+    return {"name": name, "status": status, "lastStopTimestamp": "2026-09-21T07:13:45.000-07:00",
+            "metadata": {"fingerprint": "x", "items": items}}
+
+
+@pytest.mark.parametrize("interrupted,expected", [(T0 + 20, True), (T0 - 30, True), (T0 + 3600, False), (None, False)])
+def test_a_run_keeps_the_return_of_the_stop_that_interrupted_it(interrupted, expected) -> None:
+    ret = recovery.run_return(record("coming back", 3), interrupted, T0 + 1020)
+    assert (ret is not None) == expected
+    if ret:
+        assert ret == {"event": "preempted", "at": T0, "back": T0 + 1020, "attempts": 3}
+    assert recovery.run_return({}, T0, T0 + 5) is None  # no record: a reboot, an idle stop, vm-stop
+
+
+def test_status_shows_each_return() -> None:
+    run = {"id": "train_20260921_141300", "state": "running", "resumes": 1, "preemptions": 1, "durationS": 4000,
+           "returns": [{"event": "preempted", "at": T0, "back": T0 + 1020, "attempts": 3}]}
+    (row,) = run_table([run])[1:]
+    clock = time.strftime("%H:%M", time.localtime(T0))
+    back = time.strftime("%H:%M", time.localtime(T0 + 1020))
+    assert f"preempted {clock}, resumed {back} (3 attempts)" in row and "preempted 1x" in row
+
+
+def test_ls_and_a_stopped_vm_say_what_the_recovery_is_doing() -> None:
+    coming = inst(record("coming back", 3, "zone out of capacity (ZONE_RESOURCE_POOL_EXHAUSTED)"))
+    clock = time.strftime("%H:%M", time.localtime(T0))
+    said = f"preempted {clock}, coming back (attempt 3, zone out of capacity (ZONE_RESOURCE_POOL_EXHAUSTED))"
+    assert listing.recovery_notes([coming]) == [said]
+    assert listing.recovery_notes([coming, inst(None, "RUNNING", "gpu-train-s-1")]) == [f"gpu-train-s: {said}"]
+    assert listing.recovery_notes([inst(None)]) == []
+    vm = {"name": "gpu-train-s", "zone": "us-central1-a", "project": "proj-1", "spot": True, "idleStopMinutes": 30}
+    msg = vmprobe.stopped_message(coming, "s", vm, T0 + 600)
+    assert msg is not None and said in msg and "recovery starts it" in msg
+    gave_up = inst(record("gave up", 40, "not back after 24.0 h and 40 attempt(s) (gpu-train:recoverHours = 24)"))
+    msg = vmprobe.stopped_message(gave_up, "s", vm, T0 + 86400)
+    assert msg is not None and "recoverHours = 24" in msg and "gcloud compute instances start" in msg
+    plain = vmprobe.stopped_message(inst(None), "s", vm, T0 + 600)
+    assert plain is not None and "recovery" not in plain  # an idle stop or vm-stop: as before
+
+
+def run_dir(root: Path, rank: int | None, state: dict) -> Path:
+    d = root / "runs" / "train_20260921_141300"
+    (d / "job").mkdir(parents=True)
+    (d / "spec.json").write_text(json.dumps({"runId": d.name, "node": None if rank is None else {"rank": rank}}))
+    (d / "state.json").write_text(json.dumps(state))
+    (d / "log").write_text("step 99 loss 0.1\nsaved ckpt_000099.pt\n")
+    return d
+
+
+@pytest.mark.parametrize("rank,told", [(None, True), (0, True), (1, False)])
+def test_the_host_tells_the_webhook_how_a_run_ended_once_per_cluster(tmp_path: Path, rank, told: bool) -> None:
+    hook = Webhook()
+    try:
+        notify.write_url(str(tmp_path), hook.url)
+        d = run_dir(tmp_path, rank, {"state": "succeeded", "exitCode": 0, "created": T0, "ended": T0 + 3725})
+        wrap.announce_end(str(d))
+        if told:
+            (text,) = hook.texts()
+            assert text.startswith("gpu-train: train_20260921_141300 succeeded (exit 0) after 1h02m on ")
+            assert text.endswith(": saved ckpt_000099.pt")
+        else:
+            assert hook.texts() == []
+    finally:
+        hook.close()
+
+
+def test_a_run_end_with_no_webhook_or_a_dead_one_is_quiet(tmp_path: Path) -> None:
+    d = run_dir(tmp_path, None, {"state": "failed", "exitCode": 1, "created": T0, "ended": T0 + 5})
+    wrap.announce_end(str(d))  # no notify.url: nothing to do
+    notify.write_url(str(tmp_path), "http://127.0.15.9:9/nobody-listens")
+    started = time.monotonic()
+    wrap.announce_end(str(d))
+    assert time.monotonic() - started < notify.TIMEOUT_S + 1
+
+
+def test_the_webhook_travels_in_the_spec() -> None:
+    spec = protocol.JobSpec(run_id="r_20260921_141300", base="r", notify="https://ntfy.sh/t")
+    assert protocol.JobSpec.from_json(spec.to_json()).notify == "https://ntfy.sh/t"
+    assert "notify" not in protocol.JobSpec(run_id="r_20260921_141300", base="r").to_json()
