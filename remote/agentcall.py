@@ -8,6 +8,7 @@ import contextlib
 import json
 import select
 import threading
+import time
 from collections.abc import Callable
 
 import paramiko
@@ -21,19 +22,55 @@ from remote.target import Target
 
 START_MARK = LOG_START
 END_MARK = LOG_END
+# A host's answers are bounded: an agent call's output (a status of thousands of runs is a few MiB),
+# how long it may take (`stop --grace` waits for jobs; nothing waits longer), one line of an answer,
+# and the stderr a streamed log keeps (its end marks come last).
+CALL_OUTPUT_MAX = 64 << 20
+CALL_TIMEOUT_S = 600.0
+LINE_MAX = 1 << 20
+STDERR_KEEP = 1 << 20
 
 
-def call(conn: Connection, target: Target, *args: str) -> dict:
+def run_bounded(conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S,
+                cap: int = CALL_OUTPUT_MAX) -> tuple[int, bytes, bytes]:
+    """``command`` on the host: (exit status, stdout, stderr), or RemoteError once it has run ``timeout``
+    seconds or written more than ``cap`` bytes (the channel is closed: the host's process gets SIGPIPE/EOF)."""
+    chan = conn.client.get_transport().open_session()
+    try:
+        chan.exec_command(command)
+        chan.shutdown_write()
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteError(f"the gpu-train agent on {conn.host} did not answer within {timeout:g} s")
+            select.select([chan], [], [], min(left, 1.0))
+            while chan.recv_ready():
+                out += chan.recv(65536)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            if len(out) + len(err) > cap:
+                raise RemoteError(f"the gpu-train agent on {conn.host} answered more than {cap} bytes")
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                return chan.recv_exit_status(), bytes(out), bytes(err)
+            if chan.closed or not conn.transport.is_active():
+                raise RemoteError(f"the connection to {conn.host} closed during the agent's call")
+    finally:
+        chan.close()
+
+
+def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIMEOUT_S) -> dict:
     """Run one agent subcommand on the host; its JSON answer, or RemoteError with its message."""
-    result = conn.run(agent_command(target.remote_root, *args), hide=True, warn=True, in_stream=False)
-    lines = result.stdout.strip().splitlines()
+    status, out, err = run_bounded(conn, agent_command(target.remote_root, *args), timeout)
+    lines = out.decode("utf-8", "replace").strip().splitlines()
     try:
         doc = printable_doc(json.loads(lines[-1])) if lines else None
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
-        detail = (result.stderr or result.stdout).strip()[-2000:]
-        raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {result.exited}): {detail}")
+        detail = (err or out).decode("utf-8", "replace").strip()[-2000:]
+        raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {status}): {detail}")
     if "error" in doc:
         raise RemoteError(doc["error"])
     return doc
@@ -79,7 +116,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
         if sync is not None:
             # The agent's first word even when the sync failed: a refusal (REMOTE_ROOT not ours, a
             # busy name) explains the failed sync better than rsync's exit code.
-            line = out.readline()
+            line = out.readline(LINE_MAX)
             if failure is not None:
                 with contextlib.suppress(ValueError, TypeError, AttributeError):
                     if "error" in (said := printable_doc(json.loads(line))):
@@ -99,7 +136,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                 # node 0): then it runs, and says so, and the caller must count it as started.
                 with contextlib.suppress(OSError, EOFError, paramiko.SSHException, RemoteError):
                     chan.settimeout(30)
-                    late = _answer(out.readline(), chan)
+                    late = _answer(out.readline(LINE_MAX), chan)
                     if "runId" in late:
                         return late
                 raise failure
@@ -109,7 +146,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
             # answer is already here, and this "go" has no one to read it.
             with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
                 chan.sendall(b"go\n")
-        return _answer(out.readline(), chan)
+        return _answer(out.readline(LINE_MAX), chan)
     finally:
         chan.close()
 
@@ -138,7 +175,7 @@ def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tupl
                 if data:
                     out(data)
             while chan.recv_stderr_ready():
-                err += chan.recv_stderr(65536)
+                err = (err + chan.recv_stderr(65536))[-STDERR_KEEP:]
         if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
             break
         if chan.closed or not conn.transport.is_active():

@@ -111,11 +111,21 @@ class Fetcher:
         dirs: list[tuple[Path, fp.Entry]] = []
         basis: list[FileJob] = []
         for result in results:
-            doc = listing.get(result.run_id) or {"error": f"the host did not list {result.run_id}"}
+            doc = (listing.get(result.run_id) if isinstance(listing, dict) else None) or \
+                {"error": f"the host did not list {result.run_id}"}
+            if not isinstance(doc, dict) or not isinstance(doc.get("entries", []), list):
+                doc = {"error": f"the host's listing of {result.run_id} is not one"}
             if "error" in doc:
                 result.error = doc["error"]
                 continue
-            entries = [fp.Entry.from_wire(row) for row in doc["entries"]]
+            try:
+                entries = [fp.Entry.from_wire(row) for row in doc["entries"]]
+                why = fp.listing_problem(entries, fl.capacity(result.dest))
+            except (ValueError, TypeError) as e:
+                why = f"the host's listing of {result.run_id} is not one ({e})"
+            if why:
+                result.error = why
+                continue
             result.summary = summary(entries)
             try:
                 self._plan_run(result, entries, dirs, basis)
@@ -303,7 +313,7 @@ class Fetcher:
                 pos, view = pos + n, view[n:]
 
         try:
-            trailer, length = stream.read_range(sink, buf)
+            trailer, length = stream.read_range(sink, buf, piece.length)
             ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
             if ok and single and failure is None:
                 try:

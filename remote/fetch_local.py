@@ -263,3 +263,9 @@ def file_hash(path: str) -> str:
     return h.hexdigest()
 
 
+def capacity(dest: Path) -> int:
+    """The size of the disk ``dest`` (or its nearest existing folder) is on: no fetch stores more."""
+    path = Path(dest)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).total

@@ -21,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MiB = 1 << 20
+MAX_SIZE = 1 << 56  # a claimed file size beyond any disk (the ranges it would take are bounded below too)
+MAX_PATH = 4096  # Linux's PATH_MAX: a longer name in a listing is not a file's
+MAX_ENTRIES = 2_000_000  # entries in one fetch's listing: beyond, a host is flooding, not listing
 DEFAULT_STREAMS = 4  # `fab fetch --streams N`: enough to fill a long link from one laptop (4 x 2 MiB windows)
 SPLIT_BYTES = 256 * MiB  # files larger than this travel in ranges, over several streams at once
 RANGE_BYTES = 64 * MiB  # the size of those ranges
@@ -51,8 +54,15 @@ class Entry:
 
     @classmethod
     def from_wire(cls, row: list) -> Entry:
+        """One row of the host's listing, each field checked as what it is (ValueError names the row)."""
         path, kind, size, mtime_ns, mode, target = row
-        return cls(str(path), str(kind), int(size), int(mtime_ns), int(mode), str(target))
+        ints = (size, mtime_ns, mode)
+        if (not isinstance(path, str) or not isinstance(target, str) or kind not in ("f", "d", "l")
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in ints)
+                or not 0 <= size <= MAX_SIZE or not 0 <= mode <= 0o177777 or abs(mtime_ns) > 1 << 63
+                or len(path) > MAX_PATH or len(target) > MAX_PATH):
+            raise ValueError(f"a listing row that is not one: {str(row)[:200]}")
+        return cls(path, kind, size, mtime_ns, mode, target)
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,17 @@ def decide(entry: Entry, local: Local | None) -> str:
     if local.size == entry.size and local.mtime_ns == entry.mtime_ns:
         return SKIP
     return DELTA if entry.size >= DELTA_MIN and local.size > 0 else FETCH
+
+
+def listing_problem(entries: list[Entry], capacity: int) -> str:
+    """Why a run's listing cannot be fetched to a disk of ``capacity`` bytes ('' when it can): a file,
+    or all of them, bigger than the whole disk never fits, and would only make ranges by the billion."""
+    biggest = max((e.size for e in entries if e.kind == "f"), default=0)
+    total = sum(e.size for e in entries if e.kind == "f")
+    if total > capacity:
+        return (f"the host lists {total} bytes of files (the largest {biggest}), more than this disk holds "
+                f"({capacity} bytes): nothing was fetched")
+    return ""
 
 
 def block_size(size: int) -> int:

@@ -30,6 +30,10 @@ from remote.target import Target
 READ_BUFFER = 64 * 1024  # reads of a range's data bigger than this go straight into the caller's buffer
 PIPE_SIZE = 1 << 20  # a bigger pipe from ssh: fewer wake-ups on both sides per MiB
 CHANNELS_PER_CONNECTION = 8  # streams beyond this many get connections of their own
+# A hostile host's answers are bounded: a header line, a document's compressed and inflated bytes
+# (a listing of 2,000,000 entries is about 150 MiB of JSON), its entries, a range's length (the request's).
+MAX_LINE = 1 << 20
+MAX_DOC = 256 << 20
 
 
 class StreamError(Exception):
@@ -162,9 +166,11 @@ class Stream:
             raise StreamError(self.why(f"cannot send: {e}")) from None
 
     def _line(self) -> dict:
-        return self._parse(self.out.readline())
+        return self._parse(self.out.readline(MAX_LINE))
 
     def _parse(self, line: bytes) -> dict:
+        if len(line) >= MAX_LINE and not line.endswith(b"\n"):
+            raise StreamError(f"the host answered a line longer than {MAX_LINE} bytes")
         if not line.endswith(b"\n"):
             raise StreamError(self.why("the connection closed"))
         try:
@@ -179,23 +185,47 @@ class Stream:
         return data
 
     def read_doc(self) -> dict:
-        """A compressed JSON document (listing, hashes)."""
+        """A compressed JSON document (listing, hashes), within MAX_DOC bytes before and after inflating
+        and MAX_ENTRIES rows (counted before parsing: each row is a JSON array)."""
+        from remote.fetch_plan import MAX_ENTRIES
+
         head = self._line()
-        doc = json.loads(zlib.decompress(self._exactly(int(head["len"]))))
+        size = head.get("len") if isinstance(head, dict) else None
+        if not isinstance(size, int) or not 0 <= size <= MAX_DOC:
+            raise StreamError(f"the host announced a document of {str(size)[:40]} bytes (at most {MAX_DOC})")
+        inflate = zlib.decompressobj()
+        try:
+            text = inflate.decompress(self._exactly(size), MAX_DOC)
+        except zlib.error as e:
+            raise StreamError(f"the host's document is not zlib data ({e})") from None
+        if inflate.unconsumed_tail:
+            raise StreamError(f"the host's document inflates to more than {MAX_DOC} bytes")
+        if text.count(b"[") > MAX_ENTRIES + 16:
+            raise StreamError(f"the host's document has more than {MAX_ENTRIES} entries")
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise StreamError(f"the host's document is not JSON: {text[:200]!r}") from None
+        if not isinstance(doc, dict):
+            raise StreamError(f"the host's document is not one: {text[:200]!r}")
         if "error" in doc:
             raise StreamError(f"the host refused: {doc['error']}")
         return doc
 
-    def read_range(self, sink, buf: memoryview) -> tuple[dict, int]:
-        """One range: ``sink(view)`` for each chunk as it comes; (trailer or error header, length)."""
-        line = self.out.readline()
+    def read_range(self, sink, buf: memoryview, expected: int) -> tuple[dict, int]:
+        """One range of ``expected`` bytes (the request's: the host pads a file that shrank): ``sink(view)``
+        for each chunk as it comes; (trailer or error header, length). Any other length is refused."""
+        line = self.out.readline(MAX_LINE)
         if (m := RANGE_HEAD_RE.fullmatch(line)) is not None:  # the usual header, without a JSON parser
             length = int(m[1])
         else:
             head = self._parse(line)
-            length = int(head.get("len", 0))
             if "error" in head:
                 return head, 0
+            said = head.get("len")
+            length = said if isinstance(said, int) else -1
+        if length != expected:
+            raise StreamError(f"the host answered {length} bytes for a request of {expected}")
         left = length
         while left > 0:  # ``buf`` filled whole each time (but at the end): direct writes take whole blocks
             want, got = min(len(buf), left), 0
@@ -206,7 +236,7 @@ class Stream:
                 got += n
             sink(buf[:got])
             left -= got
-        line = self.out.readline()
+        line = self.out.readline(MAX_LINE)
         if (m := RANGE_TRAILER_RE.fullmatch(line)) is not None:
             return {"sha256": m[1].decode(), "stat": [int(m[2]), int(m[3]), int(m[4])]}, length
         return self._parse(line), length

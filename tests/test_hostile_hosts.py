@@ -141,6 +141,12 @@ with open(log_path, "a") as f:
     f.write(cmd[:300].replace("\n", " ") + "\n")
 if "rsync --server" in cmd or "fetch-serve" in cmd:  # bulk data: the real thing
     os.execvp("sh", ["sh", "-c", cmd])
+if os.path.exists(doc_path + ".flood"):  # an answer that never ends
+    while True:
+        sys.stdout.write("x" * 65536)
+if os.path.exists(doc_path + ".hang"):  # or never comes
+    import time
+    time.sleep(3600)
 with open(doc_path) as f:
     print(f.read())
 '''
@@ -380,3 +386,32 @@ def test_no_fetched_link_resolves_outside_the_run(lab: Lab, plain: str) -> None:
     for link in [p for p in local.rglob("*") if p.is_symlink()]:
         assert os.path.realpath(link).startswith(f"{local}/") or os.path.realpath(link) == str(local), link
     assert not (local / "notes.txt").is_symlink() and "notes.txt" in result.stdout + result.stderr
+
+
+def test_an_agent_answer_that_never_ends_is_cut_off(lab: Lab, liar: Liar) -> None:
+    # `status` that never stops writing: the old call read it all into memory, with no end.
+    Path(f"{liar.doc}.flood").touch()
+    started = time.monotonic()
+    result = lab.fab("status", timeout=120)
+    no_traceback(result)
+    assert result.returncode != 0 and "answered more than" in result.stderr, result.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_an_agent_call_that_never_answers_times_out(lab: Lab, liar: Liar) -> None:
+    from gpu_train.catalog_file import load_catalog
+    from gpu_train.stackfile import load_stack
+    from remote import agentcall, ssh
+    from remote.errors import RemoteError
+    from remote.target import target_from
+
+    Path(f"{liar.doc}.hang").touch()
+    target = target_from(load_stack("lab", load_catalog(), lab.stacks), None, lab.home)
+    conn = ssh.open_connection(target, target.host, 10, lambda _: None)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RemoteError, match="did not answer within 2 s"):
+            agentcall.call(conn, target, "status", timeout=2)
+        assert time.monotonic() - started < 10
+    finally:
+        conn.close()
