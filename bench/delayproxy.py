@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from remote.listener import accept_each
+from remote.ssh.listener import accept_each
 
 CHUNK = 1 << 20
 

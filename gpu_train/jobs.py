@@ -13,8 +13,7 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-from gpu_train.errors import ExitStatus, GpuTrainError
-from remote.agent.protocol import (  # the contract with the host, written once
+from gpu_train.contract import (  # the contract with the host, written once
     ACTIVE,
     FAILED,
     INTERRUPTED,
@@ -24,6 +23,7 @@ from remote.agent.protocol import (  # the contract with the host, written once
     SUCCEEDED,
     JobSpec,
 )
+from gpu_train.errors import ExitStatus, GpuTrainError
 
 # The job naming rule of AI Platform / Vertex jobs: letters, digits, underscores, starting with a
 # letter, at most 128 characters. Run ids are BASE_YYYYmmdd_HHMMSS.

@@ -1,6 +1,6 @@
 """GpuVm: a Deep Learning VM with GPUs, its own service account and SSH from chosen ranges only.
 
-A thin Pulumi layer: every setting comes from ``gpu_train.vm`` (pure decisions) and a validated
+A thin Pulumi layer: every setting comes from ``gpu_train.gcp.vm`` (pure decisions) and a validated
 StackConfig; this module only declares resources, each parented to the component.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import names, provisioning, vm
-from gpu_train.catalog import Catalog
-from gpu_train.config import StackConfig
-from gpu_train.pools import boot_disk_type
-from gpu_train.validate import GpuShape
+from gpu_train.gcp import names, provisioning, vm
+from gpu_train.gcp.catalog import Catalog
+from gpu_train.gcp.validate import GpuShape
+from gpu_train.stack.config import StackConfig
+from gpu_train.stack.pools import boot_disk_type
 from infra import recovery
 
 
@@ -123,7 +123,7 @@ class GpuVm(pulumi.ComponentResource):
         policy = vm.placement_policy(cfg.nodes, sorted({s.machine_type for s in shapes}), catalog)
         policy_link = None
         if policy is not None:
-            # The plain dicts of gpu_train.vm are what pulumi_gcp's *ArgsDict types spell out.
+            # The plain dicts of gpu_train.gcp.vm are what pulumi_gcp's *ArgsDict types spell out.
             policy_link = gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
                 f"{name}-placement",
                 name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),

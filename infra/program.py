@@ -9,10 +9,11 @@ from __future__ import annotations
 import pulumi
 from pulumi.runtime.config import CONFIG, get_config_env
 
-from gpu_train import config, stackfile, validate, vm
-from gpu_train.catalog import Catalog
-from gpu_train.catalog_file import load_catalog
-from gpu_train.pricing import hourly_cost
+from gpu_train.gcp import validate, vm
+from gpu_train.gcp.catalog import Catalog
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.gcp.pricing import hourly_cost
+from gpu_train.stack import config, stackfile
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
 from remote.agent import bundle

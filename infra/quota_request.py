@@ -11,7 +11,7 @@ destroy: other tools of the project may use it). Without this `pulumi up` fails 
 
 A preference outlives the stack that made it (Cloud Quotas cannot delete one: it is declared
 retain_on_delete), and Cloud Quotas holds one per quota and dimensions. So before declaring one the
-program asks Cloud Quotas which the project has (infra/cloud_quotas.py); one that exists (from an
+program asks Cloud Quotas which the project has (infra/ops/cloud_quotas.py); one that exists (from an
 earlier `up` of this stack before a destroy, another stack, the console) is adopted with the ``import``
 option under its own id, with its own values, since Pulumi imports only a resource whose inputs match it
 exactly. Its justification and contact email are ``ignore_changes``: the provider never reads them back,
@@ -24,11 +24,11 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import names, quota
-from gpu_train.catalog import Catalog
-from gpu_train.config import StackConfig
-from gpu_train.validate import GpuShape
-from infra import cloud_quotas, preview
+from gpu_train.gcp import names, quota
+from gpu_train.gcp.catalog import Catalog
+from gpu_train.gcp.validate import GpuShape
+from gpu_train.stack.config import StackConfig
+from infra.ops import cloud_quotas, preview
 
 
 def current_value(info, dimensions: dict[str, str]) -> int:

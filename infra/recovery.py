@@ -17,9 +17,9 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from gpu_train import names, provisioning
-from gpu_train.catalog import FLEX_START, RESERVATION, SPOT
-from gpu_train.config import StackConfig
+from gpu_train.gcp import names, provisioning
+from gpu_train.gcp.catalog import FLEX_START, RESERVATION, SPOT
+from gpu_train.stack.config import StackConfig
 from remote.agent import recovery
 
 AGENT = Path(__file__).resolve().parent.parent / "remote" / "agent"

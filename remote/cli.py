@@ -19,7 +19,7 @@ from fabric.main import Fab
 from invoke import Argument, Exit, ParseError
 
 from gpu_train.errors import ExitStatus
-from gpu_train.project import did_you_mean
+from gpu_train.stack.project import did_you_mean
 
 UNKNOWN = re.compile(r"No idea what '(.+)' is!")
 

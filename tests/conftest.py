@@ -185,7 +185,7 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], env: dict[str,
         # What the Pulumi program under mocks left (a failed registration's futures), collected now and
         # quietly: collected later, inside another test, asyncio logs each with its traceback, and
         # CPython 3.11 formats one by parsing source, which broke that test's own ast.parse once.
-        from infra.preview import forget_failed_tasks
+        from infra.ops.preview import forget_failed_tasks
 
         forget_failed_tasks()
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
@@ -282,8 +282,8 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path):
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The parallel fetch's loopback host (tests/fetch_host.py). Pieces from 64 KiB are written directly
-    (remote/fetch_direct.py) where the test's folder is on a local disk, so the fetch tests cover both ways."""
-    from remote import fetch_direct
+    (remote/transfer/fetch/direct.py) where the test's folder is on a local disk, so the fetch tests cover both ways."""
+    from remote.transfer.fetch import direct as fetch_direct
     from tests.fetch_host import Host
 
     monkeypatch.setattr(fetch_direct, "DIRECT_MIN", 64 * 1024)
@@ -295,7 +295,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ranges at test sizes: files over 1 MiB travel in 256 KiB ranges."""
-    from remote import fetch_plan as fp
+    from remote.transfer.fetch import generator as fp
 
     monkeypatch.setattr(fp, "SPLIT_BYTES", 1 << 20)
     monkeypatch.setattr(fp, "RANGE_BYTES", 256 * 1024)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train.config import SshHost
-from remote import fetch_plan as fp
-from remote.fetch_engine import Fetcher
-from remote.fetch_progress import Progress
-from remote.fetch_stream import Opener, Stream
+from gpu_train.stack.config import SshHost
 from remote.loopback import Sshd
-from remote.target import Target
+from remote.ssh.target import Target
+from remote.transfer.fetch import generator as fp
+from remote.transfer.fetch.engine import Fetcher
+from remote.transfer.fetch.progress import Progress
+from remote.transfer.fetch.stream import Opener, Stream
 
 MiB = 1 << 20
 

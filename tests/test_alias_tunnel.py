@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train.catalog_file import load_catalog
-from gpu_train.stackfile import load_stack
-from remote import notebooks, ssh, sshalias
-from remote.forward import ForwardError, LocalForward, pick_local_port, remote_listens
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack.stackfile import load_stack
 from remote.loopback import Sshd, free_port
-from remote.target import target_from
+from remote.ssh import alias as sshalias
+from remote.ssh import connect as ssh
+from remote.ssh.forward import ForwardError, LocalForward, pick_local_port, remote_listens
+from remote.ssh.target import target_from
+from remote.tasks import notebooks
 
 
 @pytest.fixture
@@ -231,7 +233,7 @@ def test_logdir(root: str, run: str | None, logdir: str | None, expected: str) -
 
 
 def test_server_command_lines_bind_localhost_only() -> None:
-    from remote import serve_host
+    from remote.agent import serve as serve_host
 
     tb = serve_host.argv_for({"kind": "tensorboard", "logdir": "/l", "token": "t"}, "/py", "tensorboard.main", 7000)
     assert tb == ["/py", "-c", serve_host.TENSORBOARD, "--logdir", "/l", "--host", "127.0.0.1", "--port", "7000"]

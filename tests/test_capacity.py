@@ -14,9 +14,10 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from gpu_train import capacity, config, quota, validate
-from gpu_train.catalog_file import load_catalog
-from infra import preflight, probes
+from gpu_train.gcp import capacity, quota, validate
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack import config
+from infra.ops import preflight, probes
 from tests.conftest import ROOT, gcp_raw
 
 CATALOG = load_catalog()

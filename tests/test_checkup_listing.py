@@ -6,9 +6,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpu_train import checkup, listing
-from gpu_train.catalog_file import load_catalog
-from gpu_train.config import parse
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack.config import parse
+from gpu_train.views import checkup, listing
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()

@@ -1,4 +1,4 @@
-"""Code sent once to a cluster (remote/codehop.py, remote/agent/cluster.py).
+"""Code sent once to a cluster (remote/transfer/codehop.py, remote/agent/cluster.py).
 
 End to end: three real sshds on 127.0.24.2-4 are the nodes, reached from the laptop through a
 gateway sshd (ProxyJump) behind a byte-counting proxy, the laptop's uplink; the nodes reach each
@@ -23,12 +23,12 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from gpu_train.config import SshHost
-from remote import codehop
+from gpu_train.stack.config import SshHost
 from remote.agent import cluster
 from remote.agent.store import AgentError
 from remote.loopback import Sshd
-from remote.target import Target
+from remote.ssh.target import Target
+from remote.transfer import codehop
 from tests.conftest import ROOT, cluster_stack, fab_env, run_fab
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -334,10 +334,11 @@ def test_a_node_that_went_on_its_own_word_counts_as_started_when_the_laptops_pus
     """The hop reached node i (its marker), so its launch went on; then the laptop's own push there
     failed (or Ctrl-C came): the node runs, and the laptop must count it as started (to stop it with
     the others, or say it runs), not as failed and forgotten. The laptop's launch over a real sshd."""
-    from gpu_train.catalog_file import load_catalog
-    from gpu_train.stackfile import load_stack
-    from remote import agentcall, ssh
-    from remote.target import target_from
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.stack.stackfile import load_stack
+    from remote.ssh import agentcall
+    from remote.ssh import connect as ssh
+    from remote.ssh.target import target_from
 
     sshd = Sshd(tmp_path / "sshd", f"{NET}.20").start()
     try:

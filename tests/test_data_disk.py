@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import changes, config, vm
-from gpu_train.catalog_file import load_catalog
-from infra import plan, preview, program, pulumi_cli
+from gpu_train.gcp import changes, vm
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack import config
+from infra import program
+from infra.ops import plan, preview, pulumi_cli
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()

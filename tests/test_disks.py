@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import config, disks, quota, validate
-from gpu_train.catalog_file import load_catalog
-from infra import preview, program
+from gpu_train.gcp import disks, quota, validate
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack import config
+from infra import program
+from infra.ops import preview
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()

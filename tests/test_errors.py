@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.config import ConfigError, Problem
 from gpu_train.errors import ExitStatus, GpuTrainError, outcome
 from gpu_train.jobs import JobError
+from gpu_train.stack.config import ConfigError, Problem
 from remote.errors import HostKeyError, KeyFileError, RemoteError
 
 

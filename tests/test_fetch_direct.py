@@ -1,4 +1,4 @@
-"""Big fetched files written past the page cache (remote/fetch_direct.py): where, and that a refusal
+"""Big fetched files written past the page cache (remote/transfer/fetch/direct.py): where, and that a refusal
 by the kernel only means the ordinary way."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import fetch_direct as fd
+from remote.transfer.fetch import direct as fd
 from tests.fetch_host import Host, MiB, tree
 
 MOUNTINFO = """\

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from remote import fetch_local as fl
-from remote import fetch_plan as fp
 from remote.agent import fetchserve
-from remote.fetch_progress import Progress
-from remote.fetch_stream import Stream
 from remote.loopback import Sshd
+from remote.transfer.fetch import generator as fp
+from remote.transfer.fetch import receiver as fl
+from remote.transfer.fetch.progress import Progress
+from remote.transfer.fetch.stream import Stream
 from tests.fetch_host import Host, MiB, tree
 
 

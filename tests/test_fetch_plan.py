@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from remote import fetch_plan as fp
-from remote.fetch_plan import Entry, Local, Piece
-from remote.fetch_progress import bar_line
+from remote.transfer.fetch import generator as fp
+from remote.transfer.fetch.generator import Entry, Local, Piece
+from remote.transfer.fetch.progress import bar_line
 
 MiB = fp.MiB
 T = 1_700_000_000_000_000_000  # a modification time, in ns

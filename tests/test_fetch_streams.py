@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from remote import fetch_plan as fp
-from remote import fetch_stream
+from remote.transfer.fetch import generator as fp
+from remote.transfer.fetch import stream as fetch_stream
 from tests.fetch_host import Host, MiB, every_stream_opens, tree
 
 
@@ -114,7 +114,7 @@ def test_the_shared_connection_is_per_key_and_host_in_a_folder_of_ours(short_tmp
 def test_a_host_that_refuses_a_channel_on_the_shared_connection_is_fetched_without_it(tmp_path: Path) -> None:
     """Another session holds the shared connection, and the host allows one session per connection
     (a stock sshd allows ten: eleven fetches at once): OpenSSH logs in on a connection of its own."""
-    from remote.ssh import openssh_options
+    from remote.ssh.connect import openssh_options
 
     host = Host(tmp_path, max_sessions=1)
     try:
@@ -230,7 +230,7 @@ def test_a_request_of_megabytes_is_sent_whole_while_signals_interrupt_its_write(
 def test_streams_that_cannot_be_started_leave_the_work_to_those_open(host: Host, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """No process to be had for a second stream (the system's limits): the first takes the whole queue."""
-    from remote.fetch_engine import Fetcher
+    from remote.transfer.fetch.engine import Fetcher
 
     monkeypatch.setattr(fp, "NEAR_RTT_S", 0)  # four streams wanted
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
@@ -259,7 +259,7 @@ def test_a_bug_in_a_stream_fails_the_fetch_with_its_name_not_quietly(host: Host,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """An unexpected error in a stream's thread is the fetch's error (before, the thread ended quietly,
     its pieces never came, and the first stream was then asked for hashes with answers still pending)."""
-    from remote.fetch_engine import Fetcher
+    from remote.transfer.fetch.engine import Fetcher
 
     job = host.job()
     for i in range(3):

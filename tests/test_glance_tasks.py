@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import probes
+from infra.ops import probes
 from remote.loopback import Sshd
 from tests.conftest import ROOT
 from tests.google_fake import FakeGoogle

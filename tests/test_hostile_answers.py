@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from remote import fetch_plan as fp
 from remote.agent.fetchserve import RANGE_HEAD, RANGE_TRAILER
-from remote.fetch_stream import MAX_DOC, MAX_LINE, Stream, StreamError
+from remote.transfer.fetch import generator as fp
+from remote.transfer.fetch.stream import MAX_DOC, MAX_LINE, Stream, StreamError
 from tests.conftest import ROOT
 
 MiB = 1 << 20
@@ -41,7 +41,7 @@ def zeros_bomb(size: int) -> bytes:
 
 CAPPED = r'''import sys
 sys.path.insert(0, sys.argv[2])
-from remote.fetch_stream import Stream, StreamError
+from remote.transfer.fetch.stream import Stream, StreamError
 s = Stream(["cat", sys.argv[1]])
 try:
     s.read_doc()
@@ -141,7 +141,7 @@ def test_a_listing_bigger_than_the_disk_is_refused_before_any_range() -> None:
 
 
 def test_a_fetch_of_a_lying_listing_says_so_and_plans_nothing(tmp_path: Path) -> None:
-    from remote.fetch_engine import Fetcher
+    from remote.transfer.fetch.engine import Fetcher
 
     listing = {"runs": {"r_1": {"entries": [["huge.bin", "f", 1 << 55, 1, 0o644, ""]]}}}
     (tmp_path / "wire").write_bytes(doc_wire(json.dumps(listing).encode()))

@@ -399,11 +399,12 @@ def test_an_agent_answer_that_never_ends_is_cut_off(lab: Lab, liar: Liar) -> Non
 
 
 def test_an_agent_call_that_never_answers_times_out(lab: Lab, liar: Liar) -> None:
-    from gpu_train.catalog_file import load_catalog
-    from gpu_train.stackfile import load_stack
-    from remote import agentcall, ssh
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.stack.stackfile import load_stack
     from remote.errors import RemoteError
-    from remote.target import target_from
+    from remote.ssh import agentcall
+    from remote.ssh import connect as ssh
+    from remote.ssh.target import target_from
 
     Path(f"{liar.doc}.hang").touch()
     target = target_from(load_stack("lab", load_catalog(), lab.stacks), None, lab.home)

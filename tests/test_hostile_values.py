@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import config, jobs, stackfile, validate, values
-from gpu_train.catalog_file import load_catalog
-from gpu_train.config import ConfigError
-from remote import sync
+from gpu_train import jobs
+from gpu_train.gcp import validate
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack import config, stackfile, values
+from gpu_train.stack.config import ConfigError
+from remote.transfer import sync
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()
@@ -217,7 +219,7 @@ def test_values_module_knows_its_limits() -> None:
 
 
 def _learn(args: tuple[str, int]) -> None:
-    from remote.hostkeys import append_known_host
+    from remote.ssh.hostkeys import append_known_host
 
     path, worker = args
     for i in range(15):

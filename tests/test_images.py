@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import images, validate
-from gpu_train.catalog_file import load_catalog
-from gpu_train.config import ConfigError
-from infra import preview, program
+from gpu_train.gcp import images, validate
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack.config import ConfigError
+from infra import program
+from infra.ops import preview
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()

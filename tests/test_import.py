@@ -11,10 +11,11 @@ import sys
 import pytest
 import yaml
 
-from gpu_train import gcloud_flags, importer, stackfile, translate
-from gpu_train.catalog_file import load_catalog
-from gpu_train.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
-from infra import plan
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.importing import gcloud_flags, importer, translate
+from gpu_train.importing.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
+from gpu_train.stack import stackfile
+from infra.ops import plan
 from tests.conftest import ROOT
 
 CATALOG = load_catalog()

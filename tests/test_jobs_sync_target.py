@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from gpu_train import jobs
-from gpu_train.catalog_file import load_catalog
-from gpu_train.config import SshHost, parse
-from remote import sync, target
+from gpu_train.contract import JobSpec
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack.config import SshHost, parse
 from remote.agent import bundle
-from remote.agent.protocol import JobSpec
+from remote.ssh import target
 from remote.tasks.render import render_status
+from remote.transfer import sync
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()

@@ -1,4 +1,4 @@
-"""The README's Layout section is the map a newcomer reads first: it must name every module where it is.
+"""docs/architecture.md is the map a newcomer reads first: it must name every module where it is.
 
 A module added, split or renamed without its row updated fails here, so the map cannot drift from the
 tree. The house rules the map relies on are checked too: rooms of a size a newcomer can hold (about
@@ -17,13 +17,15 @@ import pytest
 from tests.conftest import parse_source
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gpu_train", "infra", "remote", "remote/tasks", "remote/agent")
+PACKAGES = ("gpu_train", "gpu_train/stack", "gpu_train/gcp", "gpu_train/views", "gpu_train/importing", "infra", "infra/ops",
+            "remote", "remote/ssh", "remote/transfer", "remote/transfer/fetch", "remote/tasks", "remote/agent")
+MAP = ROOT / "docs" / "architecture.md"
 MAX_LINES = 400
 
 
 def layout() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("\n## Layout\n")
+    text = MAP.read_text(encoding="utf-8")
+    start = text.index("\n## The rooms\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else len(text)]
 
@@ -34,7 +36,7 @@ def row(directory: str) -> str:
         cells = line.split("|")
         if len(cells) > 2 and f"`{directory}/`" in cells[1]:
             return cells[2]
-    raise AssertionError(f"the README's Layout has no row for {directory}/")
+    raise AssertionError(f"docs/architecture.md has no row for {directory}/")
 
 
 def modules(directory: str) -> list[str]:
@@ -46,16 +48,16 @@ def test_every_module_is_on_the_map(directory: str) -> None:
     text = row(directory)
     named = set(re.findall(r"`([A-Za-z_][\w]*)`", text))
     missing = [m for m in modules(directory) if m not in named]
-    assert not missing, f"README Layout, row {directory}/: add {', '.join(missing)} (one phrase each: what it is)"
+    assert not missing, f"docs/architecture.md, row {directory}/: add {', '.join(missing)} (one phrase each: what it is)"
 
 
 def test_where_a_newcomer_starts_reading_exists() -> None:
     text = layout()
     start = text.index("A newcomer starts reading")
     paths = re.findall(r"`([\w/]+\.py)`", text[start:])
-    assert paths, "the Layout section says where a newcomer starts reading, naming files"
+    assert paths, "the map says where a newcomer starts reading, naming files"
     for path in paths:
-        assert (ROOT / path).is_file(), f"README Layout: {path} (where a newcomer starts reading) does not exist"
+        assert (ROOT / path).is_file(), f"docs/architecture.md: {path} (where a newcomer starts reading) does not exist"
 
 
 def source_files() -> list[Path]:
@@ -129,7 +131,7 @@ def test_the_core_is_handed_its_data() -> None:
     """The decisions in gpu_train/ never read the data files: the entry points, tasks and scripts load
     them and pass them in, so every decision is a plain function of its arguments."""
     calls = []
-    for path in sorted((ROOT / "gpu_train").glob("*.py")):
+    for path in sorted((ROOT / "gpu_train").rglob("*.py")):
         tree = parse_source(path)
         main = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
         skip = {id(n) for block in main for n in ast.walk(block)}  # `python -m gpu_train.X` is an entry point
@@ -139,3 +141,86 @@ def test_the_core_is_handed_its_data() -> None:
                 if name in LOADERS:
                     calls.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}()")
     assert not calls, f"take the data as an argument instead: {calls}"
+
+
+# Which rooms may import which (a room: a package folder; its modules' imports, inside functions too).
+# Bottom up: contract <- stack <-> gcp <- jobs/views/importing; the agent takes the contract only;
+# the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
+ALLOWED = {
+    "gpu_train.contract": set(),
+    "gpu_train.errors": set(),
+    "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.gcp"},
+    "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack"},
+    "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
+    "gpu_train.views": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
+    "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
+    "remote.agent": {"gpu_train.contract"},
+    "infra": {"gpu_train"},
+    "infra.ops": {"gpu_train", "infra"},
+    "remote.errors": {"gpu_train"},
+    "remote.ssh": {"gpu_train", "remote.errors", "remote.agent.bundle"},
+    "remote.transfer": {"gpu_train", "remote.errors", "remote.ssh", "remote.agent.bundle"},
+    "remote.tasks": {"gpu_train", "remote.errors", "remote.ssh", "remote.transfer", "remote.agent.bundle", "infra.ops"},
+    "remote.cli": {"gpu_train", "remote.errors", "remote.tasks", "remote"},
+    "remote.loopback": set(),
+}
+# Arrows that still point the wrong way, each a debt with its reason (pay it, then delete the line).
+DEBTS = {
+    ("remote.agent.bundle", "gpu_train.stack.project"): "a laptop-only module in the agent's folder (not in the zipapp)",
+    ("infra.program", "remote.agent.bundle"): "the startup script carries the agent's zipapp: the laptop's agent, built here",
+    ("infra.quota_request", "infra.ops.preview"): "the program asks whether it runs under mocks instead of being handed its lookups",
+    ("infra.quota_request", "infra.ops.cloud_quotas"): "the program reads the project's quota preferences itself",
+    ("infra.ops.setup", "remote.transfer.sync"): "scripts/setup reuses the laptop's ssh helper",
+    ("remote.ssh.vmprobe", "infra.ops.probes"): "a stopped VM is asked about with the probes' Compute call",
+    # The recovery decisions sit in the agent's folder so that the Cloud Run function ships them; they
+    # belong in the core (their record's metadata key in the contract).
+    ("gpu_train", "remote.agent.recovery"): "the recovery decisions belong in the core",
+    ("infra", "remote.agent.recovery"): "the recovery function's source is shipped from the agent's folder",
+    ("remote", "remote.agent.recovery"): "the recovery decisions belong in the core",
+    ("remote.transfer.fetch.stream", "remote.agent.fetchserve"): "the fetch framing lives with the host's sender",
+}
+
+
+def room(module: str) -> str:
+    """The room a module lives in: its package folder, or the module itself at a top level."""
+    for r in sorted(ALLOWED, key=len, reverse=True):
+        if module == r or module.startswith(r + "."):
+            return r
+    return module
+
+
+def arrows() -> set[tuple[str, str]]:
+    found = set()
+    for p in source_files():
+        rel = p.relative_to(ROOT)
+        if rel.parts[0] not in ("gpu_train", "infra", "remote"):
+            continue
+        me = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(parse_source(p)):
+            mods = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                mods = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            found |= {(me, m) for m in mods if m.split(".")[0] in ("gpu_train", "infra", "remote")}
+    return found
+
+
+def test_imports_point_down_the_house() -> None:
+    wrong = []
+    for me, dep in sorted(arrows()):
+        a, b = room(me), room(dep)
+        if a == b or any(x == ok or x.startswith(ok + ".") for ok in ALLOWED.get(a, set()) for x in (b, dep)):
+            continue
+        if any((me == x or me.startswith(x + ".")) and (dep == y or dep.startswith(y + ".")) for x, y in DEBTS):
+            continue
+        wrong.append(f"{me} -> {dep}")
+    assert not wrong, f"these imports point the wrong way (see docs/architecture.md): {wrong}"
+
+
+def test_every_debt_is_still_owed() -> None:
+    """A debt paid is deleted from DEBTS, so the list never hides a new arrow behind an old excuse."""
+    found = arrows()
+    paid = [f"{x} -> {y}" for x, y in DEBTS if not any((me == x or me.startswith(x + ".")) and
+                                                        (dep == y or dep.startswith(y + ".")) for me, dep in found)]
+    assert not paid, f"delete these from DEBTS: {paid}"

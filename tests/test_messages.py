@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import checkup, jobs, listing, placeholders, power, project
+from gpu_train import jobs
+from gpu_train.gcp import power
+from gpu_train.stack import placeholders, project
+from gpu_train.views import checkup, listing
 from remote.agent import bundle
 from remote.agent.store import AgentError, listed, match_run
 from tests.conftest import ROOT, parse_source

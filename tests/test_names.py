@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from gpu_train import names, validate
-from gpu_train.catalog_file import load_catalog
-from infra import preview, program
+from gpu_train.gcp import names, validate
+from gpu_train.gcp.catalog_file import load_catalog
+from infra import program
+from infra.ops import preview
 from tests.conftest import gcp_raw
 
 RFC1035 = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import gpunames, offers
-from gpu_train.catalog_file import load_catalog
-from gpu_train.config import ConfigError
-from gpu_train.validate import check
+from gpu_train.gcp import gpunames
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.gcp.validate import check
+from gpu_train.stack.config import ConfigError
+from gpu_train.views import offers
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()

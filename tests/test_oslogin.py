@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from remote import login
-from remote.target import SshHost
+from remote.ssh import login
+from remote.ssh.target import SshHost
 from tests.conftest import ROOT
 
 SCRIPT = (ROOT / "gpu_train" / "data" / "startup-script.sh.in").read_text()

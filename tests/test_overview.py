@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import checkup, listing
-from gpu_train.catalog_file import load_catalog
-from infra import probes
-from remote import overview
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.views import checkup, listing
+from infra.ops import probes
 from remote.loopback import Sshd
+from remote.tasks import gather as overview
 from tests.google_fake import FakeGoogle
 
 CATALOG = load_catalog()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.plan import main
+from infra.ops.plan import main
 from tests.conftest import ROOT, in_process
 
 pytestmark = pytest.mark.slow  # the Pulumi program under mocks, a second or so each
@@ -54,7 +54,7 @@ def test_plan_of_each_example(stack: str, words: list[str], home_with_key: Path)
               f"gpu-train-{stack}-data as /dev/disk/by-id/google-gpu-train-data", "protected: `pulumi destroy` refuses it"]
     for w in words + common:
         assert w in out, w
-    # The examples hold example values (gpu_train/placeholders.py): warned about, and nothing else is.
+    # The examples hold example values (gpu_train/stack/placeholders.py): warned about, and nothing else is.
     warned = [line.strip() for line in out.split("Warnings:")[1].splitlines() if line.strip().startswith("- ")]
     assert [w.split(" = ")[0] for w in warned] == ["- gcp:project", "- gpu-train:sshSourceRanges"], warned
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import config, validate
-from gpu_train.catalog_file import load_catalog
-from infra import plan, preview, program
+from gpu_train.gcp import validate
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack import config
+from infra import program
+from infra.ops import plan, preview
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()
@@ -111,7 +113,7 @@ def test_plan_shows_cost_per_pool() -> None:
 
 
 def test_quota_needs_add_up_over_pools() -> None:
-    from gpu_train import quota
+    from gpu_train.gcp import quota
 
     cfg, _ = validate.check(pools_raw([{"role": "chief", **T4}, {"role": "worker", "count": 2, **T4},
                                        {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]), "p", CATALOG)
@@ -127,7 +129,7 @@ def test_quota_needs_add_up_over_pools() -> None:
 
 
 def test_the_target_knows_each_nodes_gpus_and_role(tmp_path) -> None:
-    from remote.target import target_from
+    from remote.ssh.target import target_from
 
     cfg, _ = validate.check(pools_raw([{"role": "chief", **T4}, {"role": "worker", **T4},
                                        {"role": "ps", "machineType": "n1-highmem-8"}]), "p", CATALOG)
@@ -157,7 +159,7 @@ def test_parameter_servers_refused(option, pools, words) -> None:
 
 def test_per_node_gpus() -> None:
     from gpu_train import jobs
-    from remote.agent.protocol import JobSpec
+    from gpu_train.contract import JobSpec
 
     specs = [JobSpec(run_id="r", base="r", script="t.py", launcher="torchrun", nproc=None)] * 3
     out = jobs.per_node_gpus(specs, [2, 1, 1], "torchrun", nproc_given=False)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import preview, program
+from infra import program
+from infra.ops import preview
 from remote.loopback import Sshd
 from tests.conftest import ROOT
 from tests.test_remote import FAB

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import power
-from infra import preview, program
+from gpu_train.gcp import power
+from infra import program
+from infra.ops import preview
 from tests.conftest import gcp_raw
 
 

@@ -8,12 +8,12 @@ import copy
 import pytest
 import yaml
 
-from gpu_train import validate
-from gpu_train.catalog import CatalogError
-from gpu_train.catalog_file import CATALOG_PATH, load_catalog, parse_catalog
-from gpu_train.config import parse
-from gpu_train.pricing import hourly_cost
-from infra.plan import describe_cost
+from gpu_train.gcp import validate
+from gpu_train.gcp.catalog import CatalogError
+from gpu_train.gcp.catalog_file import CATALOG_PATH, load_catalog, parse_catalog
+from gpu_train.gcp.pricing import hourly_cost
+from gpu_train.stack.config import parse
+from infra.ops.plan import describe_cost
 from tests.conftest import ROOT, gcp_raw
 
 CATALOG = load_catalog()

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import config, stackfile
-from gpu_train.catalog_file import load_catalog
-from infra import preview, program
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack import config, stackfile
+from infra import program
+from infra.ops import preview
 from tests.conftest import ROOT, gcp_raw
 
 CATALOG = load_catalog()
@@ -188,7 +189,7 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
 
 
 def test_startup_script_grace_and_idle_check_follow_the_stack(tmp_path: Path) -> None:
-    from gpu_train import vm
+    from gpu_train.gcp import vm
 
     spot = config.parse(gcp_raw(spot=True, idleStopMinutes=1), "s", CATALOG)
     values = startup_values(vm.startup_script(spot, b"agent", vm.read_startup_template()), tmp_path)
@@ -201,7 +202,7 @@ def test_startup_script_values_are_quoted_whatever_they_hold(tmp_path: Path) -> 
     import dataclasses
     import json
 
-    from gpu_train import vm
+    from gpu_train.gcp import vm
 
     hostile = "~/a b/'c\"$(touch /tmp/gpu-train-pwned)`x`;\n[Service]\nExecStart=/bin/sh"
     cfg = dataclasses.replace(config.parse(gcp_raw(), "s", CATALOG), remote_root=hostile)

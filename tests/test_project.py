@@ -268,7 +268,7 @@ def test_fab_in_the_repo_keeps_working() -> None:
 def test_stopped_message(inst: dict, words: str | None) -> None:
     from datetime import datetime
 
-    from remote import vmprobe
+    from remote.ssh import vmprobe
 
     vm = {"project": "p", "zone": "us-central1-a", "name": "vm-0", "spot": True, "idleStopMinutes": 30}
     now = datetime.fromisoformat("2026-11-22T07:10:00+00:00").timestamp()
@@ -317,7 +317,7 @@ def test_a_stopped_vm_is_said_at_once(proj: Project, tmp_path: Path, public_key:
 
 # -- the user's install -----------------------------------------------------------------------------
 def test_user_install_is_lean_and_links_the_command(tmp_path: Path) -> None:
-    from infra import setup
+    from infra.ops import setup
     from tests.conftest import ROOT
 
     user = {line.split("==")[0].lower() for line in (ROOT / "requirements.txt").read_text().splitlines()

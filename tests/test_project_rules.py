@@ -15,7 +15,7 @@ DUMP = "user me\nhostname 10.1.2.3\nport 2200\nidentityfile ~/.ssh/id_ed25519\ni
 
 
 def test_ssh_dump_and_jumps() -> None:
-    from remote import sshconfig
+    from remote.ssh import config as sshconfig
 
     dump = sshconfig.parse_dump(DUMP)
     assert dump["identityfile"] == ["~/.ssh/id_ed25519", "/k/lab"] and dump["proxyjump"] == ["gw"]
@@ -35,7 +35,7 @@ def test_ssh_dump_and_jumps() -> None:
 def test_an_ssh_config_is_checked_like_a_stack_file(user: str, hostname: str, port: str, words: str) -> None:
     # User and HostName go before the destination on ssh and rsync command lines: an ssh_config
     # (sshConfig may name any file, a shared one too) must not turn them into options.
-    from remote import sshconfig
+    from remote.ssh import config as sshconfig
 
     dump = {"user": [user], "hostname": [hostname], "port": [port]}
     with pytest.raises(sshconfig.SshConfigError, match=words):
@@ -62,7 +62,7 @@ def test_an_ssh_config_is_checked_like_a_stack_file(user: str, hostname: str, po
 def test_an_ssh_config_that_runs_commands_is_refused(text: bytes, refused: list[str]) -> None:
     # A project's (or a shared) ssh_config is read with `ssh -G -F FILE`, which runs Match exec as it
     # reads: anything that runs a command is refused in any file but the user's own.
-    from remote import sshconfig
+    from remote.ssh import config as sshconfig
 
     found = sshconfig.config_problems(text)
     assert [p.split(": ")[1].split(" ")[0] if "Match exec" not in p else "Match exec" for p in found] == refused, found
@@ -75,13 +75,13 @@ def test_an_ssh_config_that_runs_commands_is_refused(text: bytes, refused: list[
     ("zzz", ["train"], []),
 ])
 def test_did_you_mean(word: str, choices: list[str], expected: list[str]) -> None:
-    from gpu_train.project import did_you_mean
+    from gpu_train.stack.project import did_you_mean
 
     assert did_you_mean(word, choices)[: len(expected) or None] == expected
 
 
 def test_stack_search_path(tmp_path: Path) -> None:
-    from gpu_train import project
+    from gpu_train.stack import project
 
     mine, extra = tmp_path / "p" / "stacks", tmp_path / "extra"
     for d in (mine, extra):
@@ -97,7 +97,7 @@ def test_stack_search_path(tmp_path: Path) -> None:
 
 
 def test_left_out_and_always_excluded(tmp_path: Path) -> None:
-    from remote import sync
+    from remote.transfer import sync
 
     assert sync.always_excluded(tmp_path, [(tmp_path / "runs", "fetched results"), (Path("/elsewhere"), None)]) == \
         [("/runs/", "fetched results")]
@@ -116,9 +116,10 @@ def test_suggest_and_starter_stacks() -> None:
     import yaml
     from invoke import ParseError
 
-    from gpu_train import config
-    from gpu_train.catalog_file import load_catalog
-    from remote import cli, starter
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.stack import config
+    from remote import cli
+    from remote.tasks import starter
 
     assert cli.suggest(ParseError("No idea what 'fetc' is!"), ["fetch", "train"], []) == \
         "No idea what 'fetc' is! Did you mean fetch?"

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import quota
-from infra import cloud_quotas, preview, program
+from gpu_train.gcp import quota
+from infra import program
+from infra.ops import cloud_quotas, preview
 from tests.conftest import gcp_raw
 from tests.google_fake import FakeGoogle
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import quota, validate
-from gpu_train.catalog_file import load_catalog
-from gpu_train.config import parse
-from infra import preview, program
+from gpu_train.gcp import quota, validate
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack.config import parse
+from infra import program
+from infra.ops import preview
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()

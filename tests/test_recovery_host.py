@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import listing
-from remote import vmprobe
-from remote.agent import notify, protocol, recovery, wrap
+from gpu_train import contract as protocol
+from gpu_train.views import listing
+from remote.agent import notify, recovery, wrap
+from remote.ssh import vmprobe
 from remote.tasks.render import run_table
 from tests.webhook import Webhook
 

@@ -1,4 +1,4 @@
-"""rsync's remote shell (remote/rsh.py) when the relay behind it goes away mid-stream, or ends cleanly."""
+"""rsync's remote shell (remote/transfer/rsh.py) when the relay behind it goes away mid-stream, or ends cleanly."""
 
 import fcntl
 import socket
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.relay import RSH
+from remote.transfer.relay import RSH
 
 
 def far_side(tmp_path: Path, serve: Callable[[socket.socket], None]) -> str:

@@ -1,13 +1,13 @@
-"""Each stack setting is declared once (gpu_train/settings.py); the README and the agent follow it."""
+"""Each stack setting is declared once (gpu_train/stack/settings.py); the README and the agent follow it."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import fields
 
-from gpu_train import config, settings
-from gpu_train.catalog_file import load_catalog
-from remote.agent.protocol import DEFAULT_SETTINGS
+from gpu_train.contract import DEFAULT_SETTINGS
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack import config, settings
 from tests.conftest import ROOT, gcp_raw
 
 CATALOG = load_catalog()
@@ -18,7 +18,7 @@ def test_the_readme_table_is_the_declared_one() -> None:
     found = re.search(r"<!-- settings-table:[^\n]*-->\n(.*?)<!-- /settings-table -->", readme, re.S)
     assert found, "README.md lost its settings-table markers"
     assert found.group(1) == settings.readme_table(load_catalog()), \
-        "README's settings table is stale: python -m gpu_train.settings prints the new one"
+        "README's settings table is stale: python -m gpu_train.stack.settings prints the new one"
 
 
 def test_every_setting_is_a_field_with_one_declaration() -> None:

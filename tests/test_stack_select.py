@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import project
+from gpu_train.stack import project
 from tests.conftest import ROOT
 from tests.test_project import Project, sshd  # noqa: F401  (the fixture)
 

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-import infra.plan
-import infra.up
-from gpu_train import stackfile
-from gpu_train.catalog_file import load_catalog
-from infra import preview, program, pulumi_cli
+import infra.ops.plan
+import infra.ops.up
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack import stackfile
+from infra import program
+from infra.ops import preview, pulumi_cli
 from tests.conftest import ROOT, in_process
 from tests.test_capacity import ComputeApi
 
@@ -31,8 +32,8 @@ CATALOG = load_catalog()
 STAND_IN = ROOT / "tests" / "stand_in"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests user@host"
 
-pytestmark = pytest.mark.slow  # each test runs scripts/up (infra.up) against the stand-in pulumi, seconds
-SCRIPTS = {"up": infra.up.main, "plan": infra.plan.main}
+pytestmark = pytest.mark.slow  # each test runs scripts/up (infra.ops.up) against the stand-in pulumi, seconds
+SCRIPTS = {"up": infra.ops.up.main, "plan": infra.ops.plan.main}
 
 
 def provider_error(message: str, resource: str = "gpu") -> str:

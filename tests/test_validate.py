@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import validate
-from gpu_train.catalog_file import load_catalog
-from gpu_train.config import ConfigError, parse
+from gpu_train.gcp import validate
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.stack.config import ConfigError, parse
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()
@@ -136,7 +136,7 @@ WARNINGS = [
     ({"imageFamily": "pytorch-3-0-cu130-ubuntu-2404-nvidia-590"}, [("imageFamily", "not among")]),
     ({"machineType": "g4-standard-48", "gpuType": None, "gpuCount": None, "zone": "us-east1-b"},
      [("zone", "unverified for this GPU")]),
-    # example values from the docs and `init`, still in the stack (gpu_train/placeholders.py)
+    # example values from the docs and `init`, still in the stack (gpu_train/stack/placeholders.py)
     ({"sshSourceRanges": ["203.0.113.7/32"]}, [("sshSourceRanges", "reserved for documentation")]),
     ({"sshSourceRanges": ["10.1.2.3/32", "198.51.100.0/24"]}, [("sshSourceRanges", "curl -s ifconfig.me")]),
     ({"sshSourceRanges": ["192.0.2.128/25"]}, [("sshSourceRanges", "reserved for documentation")]),

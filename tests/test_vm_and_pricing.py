@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train import vm
-from gpu_train.catalog_file import load_catalog
-from gpu_train.config import parse
-from gpu_train.pricing import hourly_cost
-from gpu_train.validate import GpuShape
+from gpu_train.gcp import vm
+from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.gcp.pricing import hourly_cost
+from gpu_train.gcp.validate import GpuShape
+from gpu_train.stack.config import parse
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()

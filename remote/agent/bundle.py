@@ -16,10 +16,11 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from remote.agent.protocol import CLI_ENV, UNPACKED
+from gpu_train.contract import CLI_ENV, UNPACKED
 
 PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp
 HERE = Path(__file__).resolve().parent
+CONTRACT = HERE.parent.parent / "gpu_train" / "contract.py"  # the laptop<->host contract, shipped as gpu_train.contract
 LAPTOP_ONLY = {"bundle.py"}  # guard.py goes too: the installed agent checks its root on every run
 MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
@@ -72,9 +73,11 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def build(sources: dict[str, bytes]) -> bytes:
-    """A zipapp of ``sources`` (name -> bytes) under PACKAGE, plus its __main__: same input, same bytes."""
+def build(sources: dict[str, bytes], contract: bytes | None = None) -> bytes:
+    """A zipapp of ``sources`` (name -> bytes) under PACKAGE and the contract as ``gpu_train.contract``
+    (the agent imports it as the laptop does), plus its __main__: same input, same bytes."""
     files = {f"{PACKAGE}/{name}": data for name, data in sources.items()}
+    files["gpu_train/__init__.py"], files["gpu_train/contract.py"] = b"", CONTRACT.read_bytes() if contract is None else contract
     files["__main__.py"] = MAIN.encode()
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:
@@ -113,7 +116,7 @@ def agent_command(root: str, *args: str, zipapp: bytes | None = None, cli: str |
     if cli is None:
         import sys
 
-        from gpu_train.project import command_name
+        from gpu_train.stack.project import command_name
 
         cli = command_name(sys.argv[0])
     packed = pack(payload() if zipapp is None else zipapp)

@@ -8,8 +8,9 @@ import json
 import os
 import sys
 
+from gpu_train.contract import UNPACKED
+
 from .guard import UnsafeRoot, check_own_file, secure_root
-from .protocol import UNPACKED
 from .store import AgentError, root_from_settings, use_settings_file
 
 # Each subcommand imports its own module when it runs: the agent starts on every call, from a

@@ -32,7 +32,8 @@ import tempfile
 import threading
 import time
 
-from .protocol import ARRIVED, RELAYED, go_marker
+from gpu_train.contract import ARRIVED, RELAYED, go_marker
+
 from .store import AgentError
 
 KEY_TAG = "gpu-train-cluster"  # the comment of the authorized_keys line: `grep -v gpu-train-cluster` removes it

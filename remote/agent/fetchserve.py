@@ -32,7 +32,7 @@ import zlib
 
 RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # gpu_train.jobs.RUN_ID_RE (the host has no gpu_train)
 CHUNK = 256 * 1024
-# A range's header and trailer, byte for byte. The laptop (remote/fetch_stream.py) reads them by these
+# A range's header and trailer, byte for byte. The laptop (remote/transfer/fetch/stream.py) reads them by these
 # patterns: a JSON parser per file was a tenth of its time for small files. Anything else it gets (an
 # error header, a trailer with "short") it parses as the JSON it also is.
 RANGE_HEAD = b'{"len": %d}\n'

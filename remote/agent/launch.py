@@ -11,9 +11,10 @@ import sys
 import threading
 import time
 
+from gpu_train.contract import FAILED, GO_WHEN, STARTING, cli_name, go_marker, project_dirs
+
 from . import notify, units
 from .procs import detect_python, gpu_count
-from .protocol import FAILED, GO_WHEN, STARTING, cli_name, go_marker, project_dirs
 from .status import busy_runs, machine_settings
 from .store import AgentError, agent_log, agent_path, locked, now, read_json, settings, update_state, write_json
 

@@ -12,10 +12,7 @@ import subprocess
 import sys
 import time
 
-from . import recovery, units
-from .launch import start_wrapper
-from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
-from .protocol import (
+from gpu_train.contract import (
     ACTIVE,
     FAILED,
     INTERRUPTED,
@@ -27,6 +24,10 @@ from .protocol import (
     STOPPED,
     TERMINAL,
 )
+
+from . import recovery, units
+from .launch import start_wrapper
+from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
 from .status import describe, effective_state
 from .store import (
     AgentError,

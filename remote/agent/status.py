@@ -7,8 +7,7 @@ import os
 import sys
 import time
 
-from .procs import alive, gpus, uptime_s
-from .protocol import (
+from gpu_train.contract import (
     ACTIVE,
     DEFAULT_SETTINGS,
     FAILED,
@@ -21,6 +20,8 @@ from .protocol import (
     STARTING,
     TERMINAL,
 )
+
+from .procs import alive, gpus, uptime_s
 from .store import find_run, last_line, now, read_json, read_state, root_from_settings, run_dirs, settings, tree_summary
 
 

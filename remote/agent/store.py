@@ -21,7 +21,7 @@ import os
 import re
 import time
 
-from .protocol import DEFAULT_SETTINGS, cli_name
+from gpu_train.contract import DEFAULT_SETTINGS, cli_name
 
 
 class AgentError(Exception):

@@ -17,7 +17,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from .protocol import ACTIVE, METADATA_URL, NOTICE
+from gpu_train.contract import ACTIVE, METADATA_URL, NOTICE
+
 from .status import effective_state
 from .store import agent_log, now, read_json, read_state, run_dirs, settings, write_json
 

@@ -15,9 +15,7 @@ import signal
 import socket
 import subprocess
 
-from . import notify
-from .procs import gpu_count, proc_start_time
-from .protocol import (
+from gpu_train.contract import (
     FAILED,
     INTERRUPTED,
     NOTICE,
@@ -29,6 +27,9 @@ from .protocol import (
     SUCCEEDED,
     project_dirs,
 )
+
+from . import notify
+from .procs import gpu_count, proc_start_time
 from .store import AgentError, last_line, now, read_json, read_state, run_locked, update_state
 from .units import system_stopping
 

@@ -15,7 +15,7 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     power       vm-stop, vm-start
     dashboards  tensorboard, jupyter, tunnel
     importing   import (an AI Platform or Vertex AI job into a stack)
-    data        push (a data directory to the host's DATA_DIR); remote/starter.py: init
+    data        push (a data directory to the host's DATA_DIR); remote/tasks/starter.py: init
 """
 
 import functools
@@ -23,11 +23,11 @@ import functools
 from invoke import Collection, Exit
 
 from gpu_train.errors import printable
-from remote.starter import init
 from remote.tasks import dashboards, data, importing, overview, power, runs, shell
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
 from remote.tasks.shortflags import pin_short_flags
+from remote.tasks.starter import init
 
 ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, fetching.fetch, fetching.down,
                 shell.setup, shell.shell, shell.nvidia_smi, dashboards.tunnel, dashboards.tensorboard, dashboards.jupyter,

@@ -1,7 +1,7 @@
 """`tensorboard`, `jupyter`, `tunnel`: a server on the host, opened on the laptop's localhost.
 
 The server listens on the host's 127.0.0.1 only; the task's own SSH connection carries it
-(``remote.notebooks``). Ctrl-C stops the forward and the server both.
+(``remote.tasks.notebooks``). Ctrl-C stops the forward and the server both.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def show(json_: bool):
 
 def _serve(stack: str | None, kind: str, extra, local_port, json_: bool) -> None:
     """``extra(target)``: the server's settings (log dir, notebook root) for the stack's target."""
-    from remote import notebooks
-    from remote.forward import ForwardError
+    from remote.ssh.forward import ForwardError
+    from remote.tasks import notebooks
 
     local_port = number("--local-port", local_port, int, 1, 65535)
     session = Session(stack)
@@ -43,7 +43,7 @@ def _serve(stack: str | None, kind: str, extra, local_port, json_: bool) -> None
             "local_port": LOCAL_HELP, "json": 'print {"url": ...}', "stack": STACK_HELP})
 def tensorboard(c, run=None, logdir=None, local_port=None, json_=False, stack=None):
     """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both."""
-    from remote import notebooks
+    from remote.tasks import notebooks
 
     _serve(stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)}, local_port, json_)
 
@@ -63,8 +63,8 @@ def tunnel(c, port=None, local_port=None, json_=False, stack=None):
     """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change).
 
     It first checks that something listens there; a busy local port is said as such."""
-    from remote import notebooks
-    from remote.forward import ForwardError
+    from remote.ssh.forward import ForwardError
+    from remote.tasks import notebooks
 
     # (port=None, not 6006: Invoke would parse an int default itself and fail on "abc" with a traceback)
     port = number("--port", 6006 if port is None else port, int, 1, 65535)

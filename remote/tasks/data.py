@@ -17,7 +17,7 @@ from pathlib import Path
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
-from gpu_train.project import project_name, project_root
+from gpu_train.stack.project import project_name, project_root
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
 
@@ -33,8 +33,8 @@ def data_path(src: Path, root: Path) -> str:
 @task(help={"dir": "the directory to send (e.g. data)", "json": "print where it went as JSON", "stack": STACK_HELP})
 def push(c, dir, stack=None, json_=False):
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
-    from remote import sync
     from remote.errors import RemoteError
+    from remote.transfer import sync
 
     src = Path(dir).expanduser().resolve()
     if not src.is_dir():
@@ -46,7 +46,7 @@ def push(c, dir, stack=None, json_=False):
     progress = sys.stdout.isatty() and len(sessions) == 1 and not json_
 
     def one(s: Session) -> str:
-        from remote.relay import ChannelRelay
+        from remote.transfer.relay import ChannelRelay
 
         target = s.target
         dest = f"{target.rsync_root()}/data/{project}/{rel}"

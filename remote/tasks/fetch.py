@@ -11,14 +11,14 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.contract import ACTIVE
 from gpu_train.errors import ExitStatus
-from gpu_train.project import project_root
-from remote.agent.protocol import ACTIVE
-from remote.fetch_plan import DEFAULT_STREAMS
+from gpu_train.stack.project import project_root
 from remote.tasks import trust
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.runs import cluster_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 
 def destination(stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
@@ -32,8 +32,9 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder) in one transfer session: one
     listing of every run, then parallel streams for whatever changed. The ids that failed."""
     from gpu_train import jobs
-    from remote import fetch_report, hostkeys
-    from remote.fetch_progress import Progress
+    from remote.ssh import hostkeys
+    from remote.transfer.fetch import report as fetch_report
+    from remote.transfer.fetch.progress import Progress
 
     record = FetchRecord(session.target.cache)
     todo = []
@@ -72,8 +73,8 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
 
 def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar) -> list:
     """The engine over OpenSSH; on GCP a host that cannot be reached may have a new address (refreshed once)."""
-    from remote.fetch_engine import Fetcher
-    from remote.fetch_stream import Opener
+    from remote.transfer.fetch.engine import Fetcher
+    from remote.transfer.fetch.stream import Opener
 
     for attempt in (1, 2):
         opener = Opener(session.target, session.target.host)
@@ -213,8 +214,8 @@ def down(c, force=False, streams=None, stack=None):
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
         return
-    from infra import pulumi_cli
-    from remote import target as targets
+    from infra.ops import pulumi_cli
+    from remote.ssh import target as targets
 
     try:  # the data disks are protected against a plain `pulumi destroy`; their runs are home now
         released = pulumi_cli.release_data_disks(session.target.stack)
@@ -222,8 +223,8 @@ def down(c, force=False, streams=None, stack=None):
         raise Exit(f"{e}; nothing was destroyed", code=ExitStatus.FAILED) from None
     if released:
         say(f"data disk(s) {', '.join(released)} released: their runs are in runs/{session.target.stack}/")
-    from gpu_train import stackfile
-    from gpu_train.project import pulumi_config_args
+    from gpu_train.stack import stackfile
+    from gpu_train.stack.project import pulumi_config_args
 
     where = pulumi_config_args(stackfile.stack_file(session.target.stack))  # a stack file in the user's project
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO)

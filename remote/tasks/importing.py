@@ -1,6 +1,6 @@
 """`gpu-train import`: an AI Platform or Vertex AI job becomes a stack file and a train command.
 
-The reading and translating are pure (``gpu_train.importer``, ``gpu_train.translate``); this task
+The reading and translating are pure (``gpu_train.importing.importer``, ``gpu_train.importing.translate``); this task
 reads the input, validates the stack exactly as `scripts/plan` does, writes the stack file (never
 over an existing one unless --force, and atomically), and prints the report and the command.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
-from gpu_train.project import repo_script
+from gpu_train.stack.project import repo_script
 from remote.tasks.session import say
 
 
@@ -78,8 +78,10 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     Every field of the job is reported: mapped exactly, mapped with a change (and why), or not mapped
     (and what to do). The stack is validated as `scripts/plan` validates it, before it is written.
     """
-    from gpu_train import config, gcloud_flags, importer, stackfile, translate, validate
-    from gpu_train.catalog_file import load_catalog
+    from gpu_train.gcp import validate
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.importing import gcloud_flags, importer, translate
+    from gpu_train.stack import config, stackfile
 
     file = None if source == "gcloud" else source
     if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)

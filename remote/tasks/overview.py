@@ -13,7 +13,7 @@ import time
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
-from gpu_train.problems import ConfigError
+from gpu_train.stack.problems import ConfigError
 from remote.tasks.optional import optional_positional
 from remote.tasks.session import STACK_HELP, Session
 
@@ -24,8 +24,8 @@ from remote.tasks.session import STACK_HELP, Session
                                  "json": "print JSON"})
 def gpus(c, name=None, region=None, spot=False, json_=False):
     """GPU types from the catalog: shapes, regions and zones, on-demand and spot $/h, spot- or reservation-only."""
-    from gpu_train import offers
-    from gpu_train.catalog_file import load_catalog
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.views import offers
 
     catalog = load_catalog()
     try:
@@ -52,9 +52,9 @@ def check(c, json_=False):
 
     Each item passes or fails with its fix; exit 1 when something is missing.
     """
-    from gpu_train import checkup
-    from remote import overview
-    from remote.target import state_home
+    from gpu_train.views import checkup
+    from remote.ssh.target import state_home
+    from remote.tasks import gather as overview
 
     findings = overview.check_findings(state_home())
     if json_:
@@ -73,10 +73,10 @@ def ls_(c, json_=False, offline=False):
     VM states come from the Compute API when you have credentials, else from the last known
     outputs; hosts believed up are asked for their runs for a few seconds at most.
     """
-    from gpu_train import listing
-    from gpu_train.catalog_file import load_catalog
-    from remote import overview
-    from remote.target import state_home
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.views import listing
+    from remote.ssh.target import state_home
+    from remote.tasks import gather as overview
 
     table = listing.rows(overview.ls_facts(state_home(), ask_hosts=not offline), time.time(), load_catalog())
     if json_:
@@ -93,8 +93,8 @@ def stack(c, name=None, clear=False):
 
     --stack and $GPU_TRAIN_STACK still win over the selected stack for one command.
     """
-    from gpu_train import project
-    from remote import target
+    from gpu_train.stack import project
+    from remote.ssh import target
 
     root = project.project_root()
     dirs = project.stack_dirs(root)
@@ -127,7 +127,7 @@ def ssh_config(c, remove=False, stack=None):
     The first task that reaches a stack writes its alias anyway; this adds the Include line
     without asking. --remove undoes both.
     """
-    from remote import sshalias
+    from remote.ssh import alias as sshalias
 
     home = sshalias.own_home()
     if remove:

@@ -1,7 +1,7 @@
 """`vm-stop` / `vm-start`: stop a stack's VMs keeping their disks, and start them again, the IaC way.
 
 The stack's `running` setting is set (so the stack file says what the VM is) and a `pulumi up`
-aimed at the instances only makes it so (``gpu_train.power``). Stopping first does what `fab down`
+aimed at the instances only makes it so (``gpu_train.gcp.power``). Stopping first does what `fab down`
 does before destroying: it refuses while a run is running, and fetches every run.
 """
 
@@ -11,8 +11,8 @@ import subprocess
 
 from invoke import Exit, task
 
+from gpu_train.contract import ACTIVE
 from gpu_train.errors import ExitStatus
-from remote.agent.protocol import ACTIVE
 from remote.tasks.session import CLI, STACK_HELP, Session, say
 from remote.tasks.trust import number
 
@@ -20,9 +20,9 @@ GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its 
 
 
 def _gcp_config(stack: str | None):
-    from gpu_train import config, stackfile
-    from gpu_train.catalog_file import load_catalog
-    from remote import target as targets
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.stack import config, stackfile
+    from remote.ssh import target as targets
 
     try:
         name = targets.select_stack(stack)
@@ -35,7 +35,7 @@ def _gcp_config(stack: str | None):
 
 
 def _pulumi(commands: list[list[str]]) -> None:
-    from remote import target as targets
+    from remote.ssh import target as targets
 
     for argv in commands:
         say("$ " + " ".join(argv))
@@ -54,7 +54,7 @@ def vm_stop(c, force=False, wait=None, stack=None):
     Refuses while a run is running or the host cannot be checked, unless --force (which skips the check
     and the fetch: a running run gets SIGTERM, saves a checkpoint and resumes at vm-start).
     """
-    from gpu_train import power
+    from gpu_train.gcp import power
     from remote.tasks.fetch import fetch_runs
     from remote.tasks.runs import cluster_status
 
@@ -91,8 +91,8 @@ def vm_stop(c, force=False, wait=None, stack=None):
 
 def _vm_is_down(cfg) -> bool:
     """True when the Compute API (with your credentials) says none of the stack's VMs runs."""
-    from gpu_train.vm import label_value
-    from infra import probes
+    from gpu_train.gcp.vm import label_value
+    from infra.ops import probes
 
     _, creds = probes.read_adc()
     if creds is None or not cfg.project:
@@ -108,8 +108,9 @@ def _vm_is_down(cfg) -> bool:
 @task(name="vm-start", help={"stack": STACK_HELP})
 def vm_start(c, stack=None):
     """Start the stack's stopped VM(s) again (after vm-stop, idle auto-stop, maxRunHours or preemption)."""
-    from gpu_train import config, power
-    from remote import target as targets
+    from gpu_train.gcp import power
+    from gpu_train.stack import config
+    from remote.ssh import target as targets
 
     cfg = _gcp_config(stack)
     _pulumi(power.commands(cfg.stack, True, cfg.nodes))

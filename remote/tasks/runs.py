@@ -9,8 +9,8 @@ from typing import cast
 
 from invoke import Exit, task
 
+from gpu_train.contract import SUCCEEDED
 from gpu_train.errors import ExitStatus
-from remote.agent.protocol import SUCCEEDED
 from remote.tasks import trust
 from remote.tasks.render import render_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
@@ -72,8 +72,8 @@ def follow_to_end(session: Session, run: str) -> None:
 
 def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
     """One node's log from the agent, resuming at the right byte after a dropped connection."""
-    from remote import agentcall
     from remote.agent.bundle import agent_command
+    from remote.ssh import agentcall
 
     offset: int | None = None
     received = 0

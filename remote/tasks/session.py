@@ -10,9 +10,9 @@ import threading
 
 from invoke import Exit
 
-from gpu_train.config import ConfigError
 from gpu_train.errors import ExitStatus, outcome, printable
-from gpu_train.project import command_name
+from gpu_train.stack.config import ConfigError
+from gpu_train.stack.project import command_name
 
 STACK_HELP = ("stack name (default: $GPU_TRAIN_STACK, else the one `gpu-train stack NAME` selected, else the project's "
               "only stack, else Pulumi's selected stack)")
@@ -35,7 +35,7 @@ class Session:
     """One node of a stack's target and one open connection to it, reconnecting on demand."""
 
     def __init__(self, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None):
-        from remote import target as targets
+        from remote.ssh import target as targets
 
         if cluster is None:
             try:
@@ -56,9 +56,10 @@ class Session:
 
     def connect(self, again: bool = False):
         """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting)."""
-        from remote import ssh, vmprobe
-        from remote import target as targets
         from remote.errors import HostKeyError, RemoteError
+        from remote.ssh import connect as ssh
+        from remote.ssh import target as targets
+        from remote.ssh import vmprobe
 
         if self.conn is not None:
             return self.conn
@@ -85,7 +86,7 @@ class Session:
 
     def _alias(self) -> None:
         """``ssh gpu-train-STACK`` from the first contact on (written once, refreshed when the address changes)."""
-        from remote import sshalias
+        from remote.ssh import alias as sshalias
 
         sshalias.at_first_contact(self.cluster, sshalias.own_home(), say, sshalias.terminal_ask())
 
@@ -96,8 +97,8 @@ class Session:
         return self.connect(again=True)
 
     def call(self, *args: str) -> dict:
-        from remote import agentcall
         from remote.errors import RemoteError
+        from remote.ssh import agentcall
         from remote.tasks.trust import host_doc
 
         try:

@@ -31,7 +31,7 @@ def setup(c, stack=None):
 
 
 def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None:
-    from remote import ssh
+    from remote.ssh import connect as ssh
 
     session.connect()  # verifies (or learns) the host key first
     session.close()

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 from invoke import Exit, task
 
 from gpu_train.errors import ExitStatus
-from gpu_train.project import project_name, project_root
-from remote.target import state_home
+from gpu_train.stack.project import project_name, project_root
+from remote.ssh.target import state_home
 from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.runs import follow_to_end
 from remote.tasks.session import CLI, STACK_HELP, Interrupted, Session, exit_for, failures, on_every_node, say
 
 if TYPE_CHECKING:
-    from remote.codehop import CodeFanout
+    from remote.transfer.codehop import CodeFanout
 
 
 @task(
@@ -65,8 +65,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
     """
     from gpu_train import jobs
-    from remote import codehop, sync
     from remote.errors import RemoteError
+    from remote.transfer import codehop, sync
 
     code_dir = Path(dir).expanduser().resolve() if dir else project_root()
     if not code_dir.is_dir():
@@ -148,11 +148,11 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
 def notify_url(stack: str, setting: str | None) -> str | None:
     """gpu-train:notify for the host: as written, or decrypted by Pulumi when it is stored as a secret
     (`pulumi config get`); a secret that cannot be read costs the notifications, never the run."""
-    from gpu_train.config import SECRET_VALUE
+    from gpu_train.stack.config import SECRET_VALUE
 
     if setting != SECRET_VALUE:
         return setting
-    from infra import pulumi_cli
+    from infra.ops import pulumi_cli
 
     try:
         code, out = pulumi_cli.run(["config", "get", "gpu-train:notify", "--stack", stack], echo=False)
@@ -205,9 +205,10 @@ def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | 
 def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None,
                  cancel: threading.Event) -> dict:
     from gpu_train import jobs
-    from remote import agentcall, sync
     from remote.errors import RemoteError
-    from remote.relay import ChannelRelay
+    from remote.ssh import agentcall
+    from remote.transfer import sync
+    from remote.transfer.relay import ChannelRelay
 
     target = session.target
     spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged,

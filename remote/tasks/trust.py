@@ -12,8 +12,8 @@ from pathlib import Path
 
 from invoke import Exit
 
-from gpu_train.config import shown
 from gpu_train.jobs import JobError, check_run_id
+from gpu_train.stack.config import shown
 
 
 def host_doc(doc: object, where: object) -> dict:

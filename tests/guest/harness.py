@@ -53,7 +53,8 @@ _guest_numbers = (10 + 40 * _WORKER + n % 40 for n in itertools.count())
 def startup_script_of(raw_config: dict, stack: str = "guest") -> str:
     """The ``startup-script`` metadata of the VM the Pulumi program declares for these settings
     (the real program, under Pulumi's mock runtime)."""
-    from infra import preview, program
+    from infra import program
+    from infra.ops import preview
 
     result = preview.run(program.main, stack=stack, config=raw_config)
     if result.error is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train import vm
+from gpu_train.gcp import vm
 from tests.conftest import ROOT, gcp_raw
 from tests.guest.fabuser import EXAMPLE, FabUser, last_step
 from tests.guest.harness import Guest, startup_script_of

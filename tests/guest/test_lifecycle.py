@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.listener import accept_each
+from remote.ssh.listener import accept_each
 from tests.conftest import gcp_raw
 from tests.guest.fabuser import EXAMPLE, FabUser
 from tests.guest.harness import LOOPBACK, Guest, MetadataServer, free_port, startup_script_of

@@ -1,0 +1,212 @@
+"""The contract between the laptop and the on-host agent, written once.
+
+Both sides import this module: the laptop as ``gpu_train.contract``, the host from the agent's
+zipapp. Run states, the job spec the laptop sends, the documents the agent answers with and the
+agent's settings with their defaults live here, so no state name, field or default is spelled twice.
+Standard library only, Python 3.8+ (it runs on whatever python3 the host has).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+# -- run states -------------------------------------------------------------------------------
+STARTING = "starting"  # launched; the wrapper has not started the job yet
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+STOPPED = "stopped"  # `fab stop`
+INTERRUPTED = "interrupted"  # the machine went down under it: `boot` resumes it
+ACTIVE = (STARTING, RUNNING)  # a process is (or is about to be) at work
+TERMINAL = (SUCCEEDED, FAILED, STOPPED)  # nothing will change it again, short of `fab resume`
+
+LAUNCH_GRACE_S = 30  # a 'starting' run with no wrapper yet is still starting for this long
+
+# -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "idleStopMinutes": 0,  # 0: never power off (SSH stacks unless asked; GCP stacks default to 30)
+    "maxResumes": 10,
+    "sshPort": 22,
+    "poweroffCommand": ["systemctl", "poweroff"],
+    "gcp": False,
+    "maxRunHours": None,
+    "shutdownGraceS": 80,  # SIGTERM to SIGKILL when the machine goes down: 25 on spot, 110 on standard VMs
+    "metadataUrl": None,  # Compute Engine's metadata server (None: $GPU_TRAIN_METADATA_URL, else 169.254.169.254)
+}
+METADATA_URL = "http://169.254.169.254/computeMetadata/v1/"
+# On a VM: the startup script's root-owned settings (what the units run with), and the root idle clock.
+MACHINE_SETTINGS = "/etc/gpu-train/agent.json"
+MACHINE_IDLE = "/run/gpu-train/idle.json"
+
+# Files in a run's folder: requests to the wrapper, and the early warning the job may watch.
+STOP_REQUESTED = "stop-requested"
+SHUTDOWN_REQUESTED = "shutdown-requested"
+NOTICE = "notice"  # exists while a maintenance or preemption is announced; the job sees $GPU_TRAIN_NOTICE
+
+
+class AgentSettings(TypedDict):
+    idleStopMinutes: float
+    maxResumes: int
+    sshPort: int
+    poweroffCommand: list[str]
+    gcp: bool
+    maxRunHours: float | None
+    shutdownGraceS: float
+    metadataUrl: str | None
+
+
+# -- the job spec: what `fab train` asks a host to run -----------------------------------------
+@dataclass(frozen=True)
+class JobSpec:
+    """What `fab train` asks the host to run (``launch``'s argument, kept as runs/RUN/spec.json)."""
+
+    run_id: str
+    base: str
+    script: str | None = None
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    expect_gpus: int = 0
+    code_manifest: str | None = None  # hash of the code listing, so the host can skip an unchanged sync
+    reuse_code: bool = False
+    agent_settings: dict[str, object] = field(default_factory=dict)
+    launcher: str = "none"  # or "torchrun"
+    nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1
+    node: dict[str, object] | None = None  # rank, nnodes, masterAddr, masterPort, hosts, tfPort, ps
+    project: str | None = None  # the laptop project's name: REMOTE_ROOT/envs/PROJECT, REMOTE_ROOT/data/PROJECT
+    venv: bool = False  # run in the project's venv (made from ``python`` with its site packages), not in ``python``
+    needs_torch: bool = False  # the host checks that its Python imports torch before "started"
+    go_when: str | None = None  # in a fan-out, the host's own word that also means "go" (see GO_WHEN)
+    notify: str | None = None  # the webhook (a secret): kept as REMOTE_ROOT/notify.url (0600), not in spec.json
+    pass_job_dir: bool = False  # --script gets `--job-dir JOB_DIR` appended (AI Platform's convention), only if asked
+    resume_args: tuple[str, ...] = ()  # appended at every relaunch (boot, preemption, `resume`) ...
+    resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
+
+    def to_json(self) -> dict:
+        return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
+                "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
+                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
+                "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "project": self.project,
+                "venv": self.venv, "needsTorch": self.needs_torch, "goWhen": self.go_when,
+                "passJobDir": self.pass_job_dir, "resumeArgs": list(self.resume_args), "resumeIf": self.resume_if,
+                **({"notify": self.notify} if self.notify else {})}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> JobSpec:
+        return cls(run_id=doc["runId"], base=doc["base"], script=doc.get("script"), command=doc.get("command"),
+                   args=tuple(doc.get("args") or ()), env=dict(doc.get("env") or {}), python=doc.get("python"),
+                   expect_gpus=int(doc.get("expectGpus") or 0), code_manifest=doc.get("codeManifest"),
+                   reuse_code=bool(doc.get("reuseCode")), agent_settings=dict(doc.get("agentSettings") or {}),
+                   launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"),
+                   project=doc.get("project"), venv=bool(doc.get("venv")), needs_torch=bool(doc.get("needsTorch")),
+                   go_when=doc.get("goWhen"), pass_job_dir=bool(doc.get("passJobDir")),
+                   resume_args=tuple(doc.get("resumeArgs") or ()), resume_if=doc.get("resumeIf"), notify=doc.get("notify"))
+
+
+# In a fan-out (several nodes, the code sent once), the laptop's "go" to a node's waiting launch is one
+# long-link trip after the code arrived there, and it learns of the arrival one trip before that. So
+# the hosts say it among themselves, over the cluster's own network: the hop's rsync leaves
+# ``staging/RUN.arrived`` on a node when it has received the whole tree, and node 0's relay leaves
+# ``staging/RUN.relayed`` on node 0 when every hop has ended (its staged folder, the hops' source,
+# may move then). A launch told ``goWhen`` takes that file as its "go" (the laptop committed when it
+# released the relay); the laptop's own "go" still works, after sending the code itself.
+ARRIVED, RELAYED = "arrived", "relayed"
+GO_WHEN = (ARRIVED, RELAYED)
+
+
+def go_marker(root: str, run_id: str, when: str) -> str:
+    """The file that means "go" for ``run_id``'s launch (``when``: one of GO_WHEN)."""
+    return os.path.join(root, "staging", f"{run_id}.{when}")
+
+
+# The job's environment: which start of the run this is (0 the first, N the Nth relaunch).
+RESUMES_ENV = "GPU_TRAIN_RESUMES"
+
+
+# -- the documents the agent answers with ----------------------------------------------------
+class TreeSummary(TypedDict):
+    """Files, bytes and newest change of a JOB_DIR: equal summaries mean nothing to fetch."""
+
+    files: int
+    bytes: int
+    newestNs: int
+
+
+class RunStatus(TypedDict, total=False):
+    """One run as `status` describes it (``jobSummary`` only with --summaries)."""
+
+    id: str
+    base: str | None
+    state: str
+    exitCode: int | None
+    created: float | None
+    started: float | None
+    ended: float | None
+    durationS: float | None
+    jobDir: str
+    log: str
+    lastLine: str
+    resumes: int
+    preemptions: int
+    returns: list[dict]  # each preemption (or host error) and return: event, at, back, attempts (the recovery's)
+    reason: str | None
+    pid: int | None
+    jobSummary: TreeSummary
+
+
+class AgentView(TypedDict):
+    """What `fab status` shows of the agent: its settings and the idle clock."""
+
+    idleStopMinutes: float
+    maxResumes: int
+    maxRunHours: float | None
+    idleSince: float | None
+    idleWhy: str | None
+    installed: bool
+
+
+class GpuRow(TypedDict):
+    index: int
+    name: str
+    utilization: float
+    memoryUsedMiB: float
+    memoryTotalMiB: float
+
+
+class StatusDoc(TypedDict):
+    """`status`'s answer: the host's runs, GPUs and agent."""
+
+    root: str
+    runs: list[RunStatus]
+    gpus: list[GpuRow]
+    uptimeS: float | None
+    host: str
+    agent: AgentView
+    now: float
+
+
+def project_dirs(root: str, project: str | None) -> tuple[str, str]:
+    """(the project's venv, its data folder) under REMOTE_ROOT: envs/PROJECT, data/PROJECT."""
+    name = project or "default"
+    return f"{root}/envs/{name}", f"{root}/data/{name}"
+
+
+# The log stream's markers on stderr: where it started reading, and the run's last word.
+LOG_START = "GPU-TRAIN-START "
+LOG_END = "GPU-TRAIN-END "
+
+# The command the user runs on the laptop (`gpu-train` or `fab`), in the environment of every agent
+# call, so that the fixes the agent's messages suggest name it; calls from a host's own units and
+# cron (no laptop) get the default.
+CLI_ENV = "GPU_TRAIN_CLI"
+UNPACKED = ".agent-"  # REMOTE_ROOT/bin/.agent-CRC-SIZE: the bootstrap's unpacked copy of the zipapp
+CLI_NAMES = ("gpu-train", "fab")
+
+
+def cli_name(environ: dict[str, str] | None = None) -> str:
+    """The laptop's command as the laptop named it, or ``gpu-train``."""
+    name = (os.environ if environ is None else environ).get(CLI_ENV, "")
+    return name if name in CLI_NAMES else CLI_NAMES[0]

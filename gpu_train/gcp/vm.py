@@ -1,0 +1,195 @@
+"""What the GPU VM's resources look like, as plain data (pure decisions, no Pulumi).
+
+The Pulumi component in ``infra/`` turns these into resources; keeping the decisions here lets
+tables of cases test them, and keeps names and settings identical wherever they are needed
+(the ``fab`` tasks find the VM by the same name).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import ipaddress
+import json
+import re
+import shlex
+from pathlib import Path
+
+from gpu_train.gcp import disks, images
+from gpu_train.gcp.names import (  # noqa: F401
+    data_disk_name,
+    instance_name,
+    network_tag,
+    node_names,
+    resource_name,
+    service_account_id,
+)
+from gpu_train.gcp.validate import GpuShape, node_shapes
+from gpu_train.stack.config import StackConfig
+from gpu_train.stack.values import LOGIN_RE
+from remote.agent.recovery import RECORD_KEY
+
+STARTUP_TEMPLATE = Path(__file__).parent.parent / "data" / "startup-script.sh.in"
+
+# Roles of the VM's own service account: write logs and metrics, nothing else.
+SERVICE_ACCOUNT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+SERVICE_ACCOUNT_SCOPES = (
+    "https://www.googleapis.com/auth/logging.write",
+    "https://www.googleapis.com/auth/monitoring.write",
+)
+SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
+SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
+# The nodes' own traffic, SSH included (node 0 passes the code on to the others over it), must beat
+# that deny: Compute Engine applies the rule of lowest priority number, a deny winning a tie.
+INTERNAL_PRIORITY = SSH_ALLOW_PRIORITY
+# How long Compute Engine lets the guest shut down before a hard power-off: "120 seconds ... for
+# Standard VMs and 30 seconds for Spot VMs" (pulumi-gcp 10.2.0 Instance scheduling.skipGuestOsShutdown
+# doc; Compute Engine "Spot VMs", preemption process; read 2026-11-22).
+SHUTDOWN_GRACE_S = {True: 30, False: 120}
+
+
+def shutdown_grace_s(spot: bool) -> int:
+    """Seconds a job has to checkpoint when the VM stops or is preempted."""
+    return SHUTDOWN_GRACE_S[spot]
+
+
+# Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
+# `up` and then pinned, so a newer image never replaces the VM; the recovery function's record of
+# preemptions and returns (metadata it sets itself) stays when an `up` sets the other metadata.
+INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image", f'metadata["{RECORD_KEY}"]')
+# The data disk's device name: the VM sees it as /dev/disk/by-id/google-gpu-train-data whatever
+# order disks attach in, so the startup script mounts it by this name.
+DATA_DEVICE_NAME = "gpu-train-data"
+
+
+def data_disk_type(cfg: StackConfig, catalog, machine_type: str | None = None) -> str:
+    """``dataDiskType``, else the default of the node's series (the catalog's disks table)."""
+    return cfg.data_disk_type or disks.default_disk_type(catalog, machine_type or cfg.machine_type)
+
+
+def node_machine_types(cfg: StackConfig, catalog) -> list[str]:
+    """Each node's machine type, in node order (pools may differ)."""
+    return [shape.machine_type for shape in node_shapes(cfg, catalog)]
+
+
+def data_disk_monthly_cost(cfg: StackConfig, catalog) -> float | None:
+    """USD a month for every node's data disk (it bills while it exists, VM running or not); None: unknown."""
+    prices = [catalog.disk_prices.get(data_disk_type(cfg, catalog, m)) for m in node_machine_types(cfg, catalog)]
+    return None if None in prices else round(sum(prices) * cfg.data_disk_size_gb, 2)
+
+
+def node_roles(cfg: StackConfig) -> list[str]:
+    """chief, then workers, then parameter servers: each pool's role per node ('worker' without pools)."""
+    if not cfg.pools:
+        return ["chief"] + ["worker"] * (cfg.nodes - 1)
+    return [p.role for p in cfg.pools for _ in range(p.count)]
+
+
+def placement_policy(nodes: int, machine_type: str | list[str], catalog) -> dict[str, object] | None:
+    """A compact group placement for a cluster whose series (every pool's) support one (validation says
+    when not)."""
+    types = [machine_type] if isinstance(machine_type, str) else machine_type
+    if nodes < 2 or any(catalog.series_of(m) not in catalog.compact_series for m in types):
+        return None
+    return {"collocation": "COLLOCATED", "vm_count": nodes}
+
+
+def nic_type(machine_type: str, catalog) -> str | None:
+    """gVNIC for the series that take nothing else (A3, A4, G4); the image default elsewhere."""
+    return "GVNIC" if catalog.series_of(machine_type) in catalog.gvnic_series else None
+
+
+def label_value(text: str) -> str:
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
+
+
+def labels(cfg: StackConfig, pulumi_project: str) -> dict[str, str]:
+    return {**cfg.labels, "gpu-train-stack": label_value(cfg.stack), "gpu-train-project": label_value(pulumi_project)}
+
+
+def desired_status(running: bool) -> str:
+    """A stopped VM bills no GPU and no vCPU, and keeps its disk."""
+    return "RUNNING" if running else "TERMINATED"
+
+
+def job_grace_s(cfg: StackConfig) -> int:
+    """Seconds a job has between SIGTERM and SIGKILL when the machine goes down: within Compute
+    Engine's window (``shutdown_grace_s``), leaving the rest of the shutdown a few seconds. SSH
+    hosts: under systemd's default stop timeout (90 s)."""
+    if not cfg.is_gcp:
+        return 80
+    return shutdown_grace_s(cfg.spot) - (5 if cfg.spot else 10)
+
+
+def tick_interval_s(idle_stop_minutes: float) -> int:
+    """How often the idle check runs: a fifth of the idle time, between 10 s and a minute."""
+    return int(min(60, max(10, idle_stop_minutes * 60 / 5))) if idle_stop_minutes > 0 else 60
+
+
+def root_settings(cfg: StackConfig) -> dict[str, object]:
+    """/etc/gpu-train/agent.json on the VM: what the root-installed units run with (root-owned;
+    the user's REMOTE_ROOT/agent.json never reaches them)."""
+    return {**cfg.agent_settings(), "user": cfg.ssh_user, "remoteRoot": cfg.remote_root,
+            "shutdownGraceS": job_grace_s(cfg)}
+
+
+def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:
+    """The startup script's data-disk block: its device name, user and REMOTE_ROOT, shell-quoted
+    (``~/`` is left for the script to expand to the user's home)."""
+    root = cfg.remote_root.rstrip("/") or "/"
+    quoted = "'~/'" + shlex.quote(root[2:]) if root.startswith("~/") else shlex.quote(root)
+    return (("@DATA_DEVICE@", DATA_DEVICE_NAME), ("@DATA_USER@", shlex.quote(cfg.ssh_user)), ("@DATA_ROOT@", quoted))
+
+
+def read_startup_template() -> str:
+    """data/startup-script.sh.in, for ``startup_script`` (read by the caller: the decisions read no files)."""
+    return STARTUP_TEMPLATE.read_text(encoding="utf-8")
+
+
+def startup_script(cfg: StackConfig, agent_zipapp: bytes, template: str) -> str:
+    """Runs as root at every boot: install the agent and its systemd units (``template``).
+
+    Every stack value goes in shell-quoted; the units name fixed paths and the user only. Before the units, the
+    data disk (device ``DATA_DEVICE_NAME``) is formatted if new and mounted on REMOTE_ROOT.
+    """
+    if not LOGIN_RE.fullmatch(cfg.ssh_user):  # validation refuses it first; the units must never see one
+        raise ValueError(f"sshUser {cfg.ssh_user!r} is not a login name")
+    packed = base64.b64encode(gzip.compress(agent_zipapp, mtime=0)).decode()
+    values = {
+        "@USER@": shlex.quote(cfg.ssh_user),
+        "@SETTINGS@": shlex.quote(json.dumps(root_settings(cfg), sort_keys=True)),
+        "@PACKED@": shlex.quote(packed),
+        "@GRACE@": str(job_grace_s(cfg)),
+        "@TICK@": str(tick_interval_s(cfg.idle_stop_minutes)),
+        **dict(data_disk_marks(cfg)),
+    }
+    return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], template)
+
+
+def metadata(cfg: StackConfig, public_key: str, agent_zipapp: bytes, template: str) -> dict[str, str]:
+    """Only our key logs in (project-wide keys blocked, OS Login off); the startup script installs
+    the on-host agent at every boot. The driver is installed at first boot only for a family that
+    does not ship one (``*-nvidia-DRIVER`` families have it: no install, no reboot)."""
+    key = " ".join(public_key.split()[:2])  # type and key, with our user as the comment
+    driver = {} if images.driver_of(cfg.image_family) is not None else {"install-nvidia-driver": "True"}
+    return {
+        **driver,
+        "ssh-keys": f"{cfg.ssh_user}:{key} {cfg.ssh_user}",
+        "block-project-ssh-keys": "TRUE",
+        "enable-oslogin": "FALSE",
+        "startup-script": startup_script(cfg, agent_zipapp, template),
+    }
+
+
+def guest_accelerators(shape: GpuShape) -> list[dict[str, object]]:
+    """N1 gets its GPUs attached; fixed shapes come with theirs and must list none."""
+    return [{"type": shape.gpu_type, "count": shape.gpu_count}] if shape.attached else []
+
+
+def ssh_ranges_by_family(ranges: tuple[str, ...]) -> dict[str, list[str]]:
+    """A firewall rule takes IPv4 or IPv6 sources, not both: split them."""
+    out: dict[str, list[str]] = {}
+    for r in ranges:
+        family = "ipv6" if ipaddress.ip_network(r, strict=False).version == 6 else "ipv4"
+        out.setdefault(family, []).append(r)
+    return out

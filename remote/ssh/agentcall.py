@@ -1,0 +1,200 @@
+"""The agent's calls over an open connection: one JSON answer per call, the launch that overlaps
+the code sync, and a log streamed with the agent's start and end marks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import select
+import threading
+import time
+from collections.abc import Callable
+
+import paramiko
+from fabric import Connection
+
+from gpu_train.contract import LOG_END, LOG_START
+from gpu_train.errors import printable_doc
+from remote.agent.bundle import agent_command
+from remote.errors import RemoteError
+from remote.ssh.target import Target
+
+START_MARK = LOG_START
+END_MARK = LOG_END
+# A host's answers are bounded: an agent call's output (a status of thousands of runs is a few MiB),
+# how long it may take (`stop --grace` waits for jobs; nothing waits longer), one line of an answer,
+# and the stderr a streamed log keeps (its end marks come last).
+CALL_OUTPUT_MAX = 64 << 20
+CALL_TIMEOUT_S = 600.0
+LINE_MAX = 1 << 20
+STDERR_KEEP = 1 << 20
+
+
+def run_bounded(conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S,
+                cap: int = CALL_OUTPUT_MAX) -> tuple[int, bytes, bytes]:
+    """``command`` on the host: (exit status, stdout, stderr), or RemoteError once it has run ``timeout``
+    seconds or written more than ``cap`` bytes (the channel is closed: the host's process gets SIGPIPE/EOF)."""
+    chan = conn.client.get_transport().open_session()
+    try:
+        chan.exec_command(command)
+        chan.shutdown_write()
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteError(f"the gpu-train agent on {conn.host} did not answer within {timeout:g} s")
+            select.select([chan], [], [], min(left, 1.0))
+            while chan.recv_ready():
+                out += chan.recv(65536)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            if len(out) + len(err) > cap:
+                raise RemoteError(f"the gpu-train agent on {conn.host} answered more than {cap} bytes")
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                return chan.recv_exit_status(), bytes(out), bytes(err)
+            if chan.closed or not conn.transport.is_active():
+                raise RemoteError(f"the connection to {conn.host} closed during the agent's call")
+    finally:
+        chan.close()
+
+
+def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIMEOUT_S) -> dict:
+    """Run one agent subcommand on the host; its JSON answer, or RemoteError with its message."""
+    status, out, err = run_bounded(conn, agent_command(target.remote_root, *args), timeout)
+    lines = out.decode("utf-8", "replace").strip().splitlines()
+    try:
+        doc = printable_doc(json.loads(lines[-1])) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        detail = (err or out).decode("utf-8", "replace").strip()[-2000:]
+        raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {status}): {detail}")
+    if "error" in doc:
+        raise RemoteError(doc["error"])
+    return doc
+
+
+def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None,
+           reuse: bool = False) -> dict:
+    """The agent's launch, started alongside the code sync and released by "go" after it.
+
+    Opening the agent's channel, its start-up and its checks overlap the sync, so launching costs
+    one round trip once the code is there. With ``reuse`` (the laptop's code matches the last push)
+    the host first tries to reuse the last run's code, and the sync runs only if it cannot.
+    Without ``sync`` (code already staged) it launches at once.
+    """
+    # The spec (with the job's --env values) goes on the channel's stdin: a command line is readable
+    # by every user of the host in /proc.
+    command = agent_command(target.remote_root, "launch", "-", *(["--await-go"] if sync else []))
+    opened: dict[str, object] = {}
+
+    def open_channel() -> None:
+        try:
+            chan = conn.client.get_transport().open_session()
+            chan.exec_command(command)
+            chan.sendall(spec.encode() + b"\n")
+            opened["chan"] = chan
+        except Exception as e:
+            opened["error"] = e
+
+    opener = threading.Thread(target=open_channel, daemon=True)
+    opener.start()
+    failure: BaseException | None = None
+    if sync is not None and not reuse:
+        try:
+            sync()
+        except BaseException as e:
+            failure = e
+    opener.join()
+    if "error" in opened:
+        raise RemoteError(f"cannot start the gpu-train agent: {opened['error']}")
+    chan: paramiko.Channel = opened["chan"]  # type: ignore[assignment]
+    out = chan.makefile("rb")
+    try:
+        if sync is not None:
+            # The agent's first word even when the sync failed: a refusal (REMOTE_ROOT not ours, a
+            # busy name) explains the failed sync better than rsync's exit code.
+            line = out.readline(LINE_MAX)
+            if failure is not None:
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    if "error" in (said := printable_doc(json.loads(line))):
+                        raise RemoteError(said["error"])
+                first = {}
+            else:
+                first = _answer(line, chan)
+            if failure is None and "ready" in first and reuse and not first.get("reused"):
+                try:
+                    sync()
+                except BaseException as e:
+                    failure = e
+            if failure is not None:
+                with contextlib.suppress(OSError):
+                    chan.sendall(b"abort\n")
+                # In a fan-out the host may have gone on its own word first (the code did reach it from
+                # node 0): then it runs, and says so, and the caller must count it as started.
+                with contextlib.suppress(OSError, EOFError, paramiko.SSHException, RemoteError):
+                    chan.settimeout(30)
+                    late = _answer(out.readline(LINE_MAX), chan)
+                    if "runId" in late:
+                        return late
+                raise failure
+            if "ready" not in first:
+                return first  # waiting for the driver: the code stays staged for the next try
+            # In a fan-out the host may have gone on its own word (the spec's goWhen) and ended: its
+            # answer is already here, and this "go" has no one to read it.
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                chan.sendall(b"go\n")
+        return _answer(out.readline(LINE_MAX), chan)
+    finally:
+        chan.close()
+
+
+def _answer(line: bytes, chan: paramiko.Channel) -> dict:
+    try:
+        doc = printable_doc(json.loads(line))
+    except ValueError:
+        err = chan.recv_stderr(65536).decode("utf-8", "replace") if chan.recv_stderr_ready() else ""
+        raise RemoteError(f"the gpu-train agent failed: {err.strip() or line.decode('utf-8', 'replace')}") from None
+    if "error" in doc:
+        raise RemoteError(doc["error"])
+    return doc
+
+
+def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tuple[int, str]:
+    """Run ``command``, passing stdout bytes to ``out`` as they come; (exit status, stderr)."""
+    chan = conn.client.get_transport().open_session()
+    chan.exec_command(command)
+    err = b""
+    while True:
+        ready, _, _ = select.select([chan], [], [], 1.0)
+        if ready or chan.recv_ready() or chan.recv_stderr_ready():
+            while chan.recv_ready():
+                data = chan.recv(65536)
+                if data:
+                    out(data)
+            while chan.recv_stderr_ready():
+                err = (err + chan.recv_stderr(65536))[-STDERR_KEEP:]
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            break
+        if chan.closed or not conn.transport.is_active():
+            break
+    status = chan.recv_exit_status() if chan.exit_status_ready() else -1
+    return status, err.decode("utf-8", "replace")
+
+
+def start_offset(stderr: str) -> int | None:
+    """Where the agent started reading the log (so a dropped stream resumes at the right byte)."""
+    for line in stderr.splitlines():
+        if line.startswith(START_MARK):
+            return int(json.loads(line[len(START_MARK):])["offset"])
+    return None
+
+
+def end_trailer(stderr: str) -> dict | None:
+    """The agent's last word after streaming a log: state, exit code, offset."""
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(END_MARK):
+            return printable_doc(json.loads(line[len(END_MARK):]))
+    return None

@@ -1,0 +1,223 @@
+"""Which hosts a stack's tasks talk to: from the stack file (SSH stacks) or stack outputs (GCP).
+
+GCP stack outputs come from `pulumi stack output --json`, which is slow to start, so they are
+cached per stack under the local state directory and refreshed when a connection fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gpu_train.gcp.vm import job_grace_s
+from gpu_train.stack import config, project, stackfile
+from gpu_train.stack.config import ConfigError, Problem, SshHost, StackConfig
+
+REPO = project.REPO
+
+
+def state_home() -> Path:
+    """Local caches (stack outputs, known_hosts): $GPU_TRAIN_HOME, else .gpu-train/ in the project."""
+    return Path(os.environ.get("GPU_TRAIN_HOME") or project.project_root() / ".gpu-train")
+
+
+@dataclass(frozen=True)
+class Target:
+    stack: str
+    hosts: tuple[SshHost, ...]
+    key_file: str
+    known_hosts: Path
+    pinned: bool  # known_hosts given by the user: never written, unknown keys refused
+    remote_root: str
+    python: str | None
+    venv: bool
+    expect_gpus: int  # GCP: wait until nvidia-smi lists this many; SSH stacks: 0 (no waiting)
+    hourly_cost_usd: float | None
+    is_gcp: bool
+    cache: Path
+    agent_settings: dict = field(default_factory=dict)  # REMOTE_ROOT/agent.json on the host
+    master_addr: str = ""  # where the nodes meet: node 0 as the others reach it (internal IP on GCP)
+    gpus_per_node: int | None = None  # known on GCP; on SSH hosts the agent counts them
+    node: int = 0
+    vm: dict | None = None  # GCP: project, zone, name (this node's), spot, idleStopMinutes, maxRunHours
+    # Pools (GCP): each node's GPUs and role, in node order; empty when every node is alike.
+    node_gpus: tuple[int, ...] = ()
+    roles: tuple[str, ...] = ()
+    # Where the nodes reach each other, in node order (GCP: internal IPs); empty: at ``hosts``' addresses.
+    # Not rotated by for_node.
+    peer_addresses: tuple[str, ...] = ()
+    notify: str | None = None  # gpu-train:notify (config.SECRET_VALUE while encrypted in the stack file)
+
+    def for_node(self, node: int) -> Target:
+        """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
+        for hosts that share a file system)."""
+        hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
+        gpus: dict[str, Any] = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
+            if node < len(self.node_gpus) else {}
+        vm = self.vm and {**self.vm, "name": (self.vm.get("names") or [self.vm.get("name")] * (node + 1))[node]}
+        return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node, vm=vm,
+                       agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)
+
+    @property
+    def parameter_servers(self) -> int:
+        """How many of the last nodes are a pool of parameter servers (0 without pools)."""
+        return self.roles.count("ps")
+
+    @property
+    def host(self) -> SshHost:
+        return self.hosts[0]
+
+    def rsync_root(self) -> str:
+        """remoteRoot as rsync wants it: '~/x' becomes 'x' (relative to the login's home)."""
+        return self.remote_root[2:] if self.remote_root.startswith("~/") else self.remote_root
+
+
+STACK_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # Pulumi's rule; it names local folders too
+
+
+def select_stack(stack: str | None) -> str:
+    """--stack, else $GPU_TRAIN_STACK, else the project's selected stack (`gpu-train stack NAME`), else
+    its only stack, else Pulumi's selected stack."""
+    return chosen_stack(stack)[0]
+
+
+def chosen_stack(stack: str | None) -> tuple[str, str]:
+    """``select_stack``'s answer and why it is that one."""
+    root = project.project_root()
+    own = project.stack_names([root / "stacks"])
+    chosen, why = project.choose_stack(stack, os.environ.get("GPU_TRAIN_STACK"), project.selected_stack(root), own)
+    if chosen and not STACK_NAME_RE.fullmatch(chosen):
+        raise ConfigError([Problem("stack", f"{config.shown(chosen)} is not a stack name",
+                                   "letters, digits, '_', '.' and '-', starting with a letter or digit")])
+    if chosen and why.startswith("selected") and project.stack_path(chosen, project.stack_dirs(root)) is None:
+        cli = project.command_name(sys.argv[0])
+        raise ConfigError([Problem("stack", f"the project's selected stack {chosen!r} has no stack file any more "
+                                   f"(selected in {root / project.SELECTED})",
+                                   f"select another: `{cli} stack NAME`" + (f" ({', '.join(own)})" if own else "")
+                                   + f", or `{cli} stack --clear`")])
+    if chosen:
+        return chosen, why
+    if shutil.which("pulumi"):
+        out = subprocess.run(["pulumi", "stack", "--show-name"], cwd=REPO, capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip(), "Pulumi's selected stack"
+    found = project.project_root() if os.environ.get("GPU_TRAIN_PROJECT") else project.find_project()
+    what, fix = project.no_stack(own, found, Path.cwd(), project.command_name(sys.argv[0]))
+    raise ConfigError([Problem("stack", what, fix)])
+
+
+def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
+    """`pulumi stack output --json`, cached in cache/outputs.json."""
+    path = cache / "outputs.json"
+    if not refresh and path.is_file():
+        return json.loads(path.read_text())
+    if not shutil.which("pulumi"):
+        raise ConfigError([Problem("stack", f"stack {stack} is a GCP stack and its outputs are unknown here",
+                                   "install the Pulumi CLI and run `pulumi up`, or use an SSH stack (target: ssh)")])
+    out = subprocess.run(["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack],
+                         cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise ConfigError([Problem("stack", f"`pulumi stack output --stack {stack}` failed: {out.stderr.strip()}",
+                                   "run `pulumi up` for this stack first")])
+    outputs = json.loads(out.stdout or "{}")
+    if not outputs.get("externalIp"):
+        raise ConfigError([Problem("stack", f"stack {stack} has no VM yet (no externalIp output)", "run `pulumi up`")])
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(outputs, indent=1))
+    tmp.replace(path)
+    return outputs
+
+
+def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
+    """The pure mapping from a stack's settings (and, on GCP, its outputs) to a Target."""
+    cache = home / cfg.stack
+    if cfg.is_gcp:
+        assert outputs is not None
+        user = outputs.get("sshUser") or cfg.ssh_user
+        gcp_key = os.path.expanduser(cfg.ssh_private_key_path())
+        hosts = tuple(SshHost(user, ip, 22, keys=(gcp_key,)) for ip in outputs.get("externalIps") or [outputs["externalIp"]])
+        master = (outputs.get("internalIps") or [outputs.get("internalIp") or hosts[0].host])[0]
+        expect, cost, gpus = int(outputs.get("gpuCount") or 0), outputs.get("hourlyCostUsd"), outputs.get("gpuCount")
+        pooled = bool(cfg.pools) and len(outputs.get("nodeGpuCounts") or []) == len(hosts)
+        node_gpus = tuple(int(n) for n in outputs["nodeGpuCounts"]) if pooled else ()
+        roles = tuple(outputs.get("nodeRoles") or ()) if pooled else ()
+        peers = tuple(outputs.get("internalIps") or ())
+        peers = peers if len(peers) == len(hosts) else ()
+    else:
+        own = (os.path.expanduser(cfg.ssh_key),) if cfg.ssh_key else ()
+        hosts = tuple(h if h.keys else replace(h, keys=own) for h in cfg.hosts)
+        expect, cost, gpus, node_gpus, roles, peers = 0, None, None, (), (), ()
+        master = hosts[0].host if hosts else ""
+    key = cfg.ssh_private_key_path() if cfg.is_gcp else cfg.ssh_key
+    return Target(
+        stack=cfg.stack,
+        hosts=hosts,
+        key_file=os.path.expanduser(key) if key else "",
+        known_hosts=Path(os.path.expanduser(cfg.known_hosts)) if cfg.known_hosts else cache / "known_hosts",
+        pinned=cfg.known_hosts is not None,
+        remote_root=cfg.remote_root,
+        python=cfg.python,
+        venv=cfg.venv,
+        expect_gpus=expect,
+        hourly_cost_usd=cost,
+        is_gcp=cfg.is_gcp,
+        cache=cache,
+        agent_settings={**cfg.agent_settings(), "sshPort": hosts[0].port if hosts else 22,
+                        "shutdownGraceS": job_grace_s(cfg)},
+        master_addr=master,
+        gpus_per_node=int(gpus) if gpus else None,
+        vm={"project": cfg.project, "zone": outputs.get("zone") or cfg.zone, "name": outputs.get("instanceName"),
+            "names": outputs.get("instanceNames"), "spot": cfg.spot, "idleStopMinutes": cfg.idle_stop_minutes,
+            "maxRunHours": cfg.max_run_hours} if cfg.is_gcp and outputs else None,
+        node_gpus=node_gpus,
+        roles=roles,
+        peer_addresses=peers,
+        notify=cfg.notify,
+    )
+
+
+def ssh_hosts(cfg: StackConfig) -> StackConfig:
+    """An SSH stack with its hosts resolved as OpenSSH would (remote/ssh/config.py)."""
+    from remote.ssh import config as sshconfig
+
+    try:
+        hosts = tuple(sshconfig.resolve(h.spec or str(h), cfg.ssh_key, cfg.ssh_config) for h in cfg.hosts)
+    except sshconfig.SshConfigError as e:
+        raise ConfigError([Problem("hosts", str(e), "fix the ssh_config, or write the host as user@host:port")],
+                          cfg.stack) from None
+    return replace(cfg, hosts=hosts)
+
+
+def resolve(stack: str | None, refresh: bool = False) -> Target:
+    """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
+    from gpu_train.gcp import validate
+    from gpu_train.gcp.catalog_file import load_catalog
+
+    name = select_stack(stack)
+    # The same validation as `scripts/plan` and `pulumi up`: a stack file from elsewhere is checked
+    # before any of its values reaches ssh, rsync or a host.
+    cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(name)), name, load_catalog())
+    home = state_home()
+    outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
+    target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
+    if target.key_file and not Path(target.key_file).is_file():
+        raise ConfigError([Problem("sshKey" if cfg.ssh_key else "sshPublicKey", f"no private key at {target.key_file}",
+                                   "set gpu-train:sshKey to your private key's path")], name)
+    agent = bool(os.environ.get("SSH_AUTH_SOCK"))
+    for h in target.hosts:
+        if not h.keys and not agent:
+            raise ConfigError([Problem("sshKey", f"no SSH key for {h.spec or h}: no ssh-agent (SSH_AUTH_SOCK) and none of "
+                                       "~/.ssh/id_* nor an IdentityFile in the ssh_config exists",
+                                       "create one (ssh-keygen -t ed25519), start ssh-agent, or set gpu-train:sshKey")], name)
+    if target.pinned and not target.known_hosts.is_file():
+        raise ConfigError([Problem("knownHosts", f"no file at {target.known_hosts}",
+                                   "point gpu-train:knownHosts at a known_hosts file, or remove it to learn keys")], name)
+    return target

@@ -1,0 +1,72 @@
+"""What a fetch did, per run, and how it is told: the lines of each run and the summary line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from remote.transfer.fetch import generator as fp
+from remote.transfer.sync import human
+
+
+@dataclass
+class RunResult:
+    """What one run's fetch did: the counts for the summary line and the reasons it is not complete."""
+
+    run_id: str
+    dest: Path
+    files: int = 0
+    bytes: int = 0
+    kept_newer: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    unsafe: list[str] = field(default_factory=list)  # links pointing out of the JOB_DIR: not made here
+    changed: list[str] = field(default_factory=list)  # changed on the host while being read: next time
+    error: str | None = None
+    summary: dict | None = None  # the host's JOB_DIR: files, bytes, newest change (for the fetch record)
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.error is None and self.files == 0 and not self.changed
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None and not self.changed
+
+
+def _some(paths: list[str], limit: int = 5) -> str:
+    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def notes(result: RunResult, where: Path) -> list[str]:
+    """What to tell the user about one run's fetch."""
+    rid = result.run_id
+    if result.error is not None:
+        lines = [f"{rid}: fetch failed: {result.error}"]
+    elif result.up_to_date:
+        lines = [f"{rid}: up to date in {where}"]
+    else:
+        lines = [f"{rid}: fetched {result.files} file(s), {human(result.bytes)} -> {where}"]
+    if result.kept_newer:
+        lines.append(f"  kept {len(result.kept_newer)} local file(s) newer than the host's: {_some(result.kept_newer)}")
+    if result.conflicts:
+        lines.append(f"  left alone, something else is in the way here: {_some(result.conflicts)}")
+    if result.unsafe:
+        lines.append(f"  not made, links pointing out of the run: {_some(result.unsafe)}")
+    if result.changed:
+        lines.append(f"  changed on the host while being read (the next fetch takes them): {_some(result.changed)}")
+    return lines
+
+
+def summary_line(results: list[RunResult], elapsed: float, streams: int) -> str:
+    """The one line a fetch ends with."""
+    files, moved = sum(r.files for r in results), sum(r.bytes for r in results)
+    fresh = sum(1 for r in results if r.up_to_date)
+    rate = f", {human(moved / elapsed)}/s" if elapsed > 0 and moved else ""
+    return (f"fetched {files} file(s), {human(moved)} from {len(results)} run(s) in {elapsed:.1f} s{rate} "
+            f"(up to {streams} streams); {fresh} up to date, {sum(1 for r in results if r.error)} failed")
+
+
+def summary(entries: list[fp.Entry]) -> dict:
+    files = [e for e in entries if e.kind == "f"]
+    return {"files": len(files), "bytes": sum(e.size for e in files),
+            "newestNs": max((e.mtime_ns for e in entries), default=0)}
