@@ -183,6 +183,7 @@ class CmdlineWatch:
                         if any(s in cmd for s in self.secrets):
                             self.seen.append(cmd)
             self.reads += 1
+            time.sleep(0.005)
 
     def stop(self) -> list[bytes]:
         self.done.set()
