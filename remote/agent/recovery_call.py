@@ -142,7 +142,11 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
 
 
 def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: dict, now: float, say) -> tuple[str, str]:
-    """Start every node of ``names`` at once, then read each operation's end."""
+    """Start every node of ``names`` at once, then read each operation's end. The attempt is counted in
+    each node's record before its start, so the VM that boots reads the attempt that brought it back."""
+    for name in names:
+        api.set_record(name, found[name], recovery.updated_record(recovery.record_of(found[name]), event,
+                                                                  "coming back", now, "starting", attempt=True))
     answers: dict[str, tuple[int, dict]] = {n: api.call("POST", f"/instances/{n}/start") for n in names}
     deadline = time.time() + conf["opWaitS"]
     verdicts = {}
@@ -151,10 +155,9 @@ def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: d
         verdicts[name] = recovery.start_answer(status, operation, doc if status >= 400 else None)
     for name, (verdict, why) in verdicts.items():
         state = {"started": "resumed", "retry": "coming back", "give up": "gave up"}[verdict]
-        inst = api.get(name) or found[name]  # a fresh fingerprint: the start changed the instance
-        api.set_record(name, inst, recovery.updated_record(recovery.record_of(inst), event, state,
-                                                           time.time(), "" if verdict == "started" else why,
-                                                           attempt=True))
+        inst = api.get(name) or found[name]  # a fresh fingerprint: the start and the record changed it
+        api.set_record(name, inst, recovery.updated_record(recovery.record_of(inst), event, state, time.time(),
+                                                           "" if verdict == "started" else why))
     gave_up = [f"{n}: {w}" for n, (v, w) in verdicts.items() if v == "give up"]
     waiting = [f"{n}: {w}" for n, (v, w) in verdicts.items() if v == "retry"]
     if gave_up:
