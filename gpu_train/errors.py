@@ -7,6 +7,8 @@ Entry points (the fab tasks, the fab hook in remote/errors.py, scripts/plan, pre
 
 from __future__ import annotations
 
+import codecs
+import re
 import unicodedata
 from collections.abc import Sequence
 from enum import IntEnum
@@ -76,3 +78,43 @@ def _outcome(error: BaseException) -> tuple[ExitStatus, str]:
     if len(text) > 2000:
         text = text[:2000] + " ..."
     return ExitStatus.FAILED, f"{text} ({type(error).__name__}; GPU_TRAIN_DEBUG=1 shows where)"
+
+
+# -- a job's output on the user's terminal --------------------------------------------------------
+# `logs`, `logs --follow` and `train --follow` pass a job's log through. A job (or anything it runs)
+# may write escape sequences: OSC 52 sets the clipboard, others retitle the window, move the cursor
+# over earlier lines, or answer back as typed input. Kept as they are: text, \t, \n, \r (progress
+# bars) and SGR colour (ESC [ ... m). Every other control character, escape sequence, C1 control
+# (U+0080-U+009F) and bidirectional override is written out as text (\x1b]52;...).
+# SGR, or any other control: C0 (but \t \n \r), ESC, DEL, C1, and the bidirectional overrides.
+_TOKEN = re.compile(r"\x1b\[[0-9;:]{0,64}m|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_OPEN = re.compile(r"\x1b(\[[0-9;:]{0,64})?\Z")  # a sequence the next chunk may complete
+
+
+def _written_out(m: re.Match) -> str:
+    text = m[0]
+    return text if text.startswith("\x1b[") else text.encode("unicode_escape").decode("ascii")
+
+
+def shown(text: str) -> str:
+    """``text`` as a terminal may show it (whole text, no chunks)."""
+    return _TOKEN.sub(_written_out, text)
+
+
+class TerminalStream:
+    """Bytes of a log, chunk by chunk, made safe for a terminal; a sequence or a UTF-8 character cut
+    between two chunks is held until the next. Bytes that are not UTF-8 are written out (``\\x9b``)."""
+
+    def __init__(self) -> None:
+        self._decode = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+        self._held = ""
+
+    def feed(self, data: bytes) -> bytes:
+        text = self._held + self._decode.decode(data)
+        m = _OPEN.search(text)
+        self._held, text = (text[m.start():], text[: m.start()]) if m else ("", text)
+        return shown(text).encode()
+
+    def end(self) -> bytes:
+        text, self._held = self._held + self._decode.decode(b"", final=True), ""
+        return shown(text).encode()

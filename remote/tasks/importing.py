@@ -14,7 +14,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import ExitStatus, printable
 from gpu_train.stack.project import repo_script
 from remote.tasks.session import say
 
@@ -120,15 +120,15 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
         return
     print(f"wrote {path}")
     print("\nReport (exact = same as the job; changed = mapped differently, and why; not mapped = what to do):")
-    for note in result.notes:
-        print(f"  {note}")
+    for note in result.notes:  # a job config's words: its escape sequences written out, never sent to the terminal
+        print(f"  {printable(str(note))}")
     if errors:
         print(f"\nBefore `{repo_script('plan')} --stack {stack_name}` passes, change ({len(errors)}):")
         for p in errors:
-            print(f"  - {p}".replace("\n", "\n    "))
+            print(printable(f"  - {p}", keep="\n").replace("\n", "\n    "))
     else:
         print(f"\nThe stack is valid: {repo_script('plan')} --stack {stack_name} shows what it creates and costs.")
-    print("\nThen run the same job:\n  " + shlex.join(result.train))
+    print("\nThen run the same job:\n  " + printable(shlex.join(result.train)))
     say("(pulumi up first creates the VMs; see the README, 'Coming from AI Platform or Vertex AI')")
 
 

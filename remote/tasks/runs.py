@@ -72,16 +72,18 @@ def follow_to_end(session: Session, run: str) -> None:
 
 def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
     """One node's log from the agent, resuming at the right byte after a dropped connection."""
+    from gpu_train.errors import TerminalStream
     from remote.agent.bundle import agent_command
     from remote.ssh import agentcall
 
     offset: int | None = None
     received = 0
+    shown = TerminalStream()  # the job's text and colours; its other escapes written out (OSC 52 ...)
 
     def counted(data: bytes) -> None:
         nonlocal received
         received += len(data)
-        write(data)
+        write(shown.feed(data))
         flush()
 
     while True:
@@ -94,6 +96,8 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
             status, err = -1, str(e)
         start = agentcall.start_offset(err)
         trailer = agentcall.end_trailer(err)
+        if trailer is not None or not follow:
+            write(shown.end())
         if trailer is not None:
             return trailer
         if status not in (-1, 0) and agentcall.START_MARK not in err:
@@ -117,13 +121,16 @@ def _exit_with(trailer: dict) -> None:
 
 
 def _agent_error(err: str) -> str:
+    """The host's error, written out: its newlines cannot make lines of ours."""
+    from gpu_train.errors import printable
+
     for line in reversed(err.splitlines()):
         if line.startswith("{"):
             try:
-                return json.loads(line).get("error", line)
-            except ValueError:
+                return printable(str(json.loads(line).get("error", line)))
+            except (ValueError, AttributeError):
                 pass
-    return err.strip() or "the log could not be read"
+    return printable(err.strip()) or "the log could not be read"
 
 
 def cluster_status(session: Session, *args: str) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_train.errors import printable
 from remote.transfer.fetch import generator as fp
 from remote.transfer.sync import human
 
@@ -34,14 +35,15 @@ class RunResult:
 
 
 def _some(paths: list[str], limit: int = 5) -> str:
-    return ", ".join(paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+    """A few of the host's file names, each written out (a newline in a name cannot start a line of ours)."""
+    return ", ".join(printable(p) for p in paths[:limit]) + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
 def notes(result: RunResult, where: Path) -> list[str]:
     """What to tell the user about one run's fetch."""
     rid = result.run_id
     if result.error is not None:
-        lines = [f"{rid}: fetch failed: {result.error}"]
+        lines = [f"{rid}: fetch failed: {printable(result.error)}"]
     elif result.up_to_date:
         lines = [f"{rid}: up to date in {where}"]
     else:
