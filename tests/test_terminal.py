@@ -13,7 +13,7 @@ from gpu_train.errors import TerminalStream, shown
 from remote.transfer.fetch.report import RunResult, notes
 from tests.conftest import Lab
 
-LAB_ADDRESS = "127.0.10.4"
+LAB_ADDRESS = "127.0.10.9"  # 127.0.10.x: the hostile suites
 
 OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"  # sets the clipboard to "echo pwned"
 
