@@ -44,6 +44,18 @@ MACHINE_IDLE = "/run/gpu-train/idle.json"
 STOP_REQUESTED = "stop-requested"
 SHUTDOWN_REQUESTED = "shutdown-requested"
 NOTICE = "notice"  # exists while a maintenance or preemption is announced; the job sees $GPU_TRAIN_NOTICE
+# maxRunHours: Compute Engine stops the VM that long after each start (maxRunDuration); the job is told
+# this long before, through the same notice file, so it saves a last checkpoint.
+RUN_LIMIT_NOTICE_S = 600
+RUN_LIMIT = "RUN_LIMIT"  # the event a notice names for that stop
+
+
+def run_limit_at(now: float, uptime_s: float | None, max_run_hours: float | None) -> float | None:
+    """When Compute Engine stops the VM for maxRunHours (epoch seconds): its boot (now - uptime) plus the
+    cap, since maxRunDuration counts from each start; None without a cap or an uptime."""
+    if not max_run_hours or uptime_s is None:
+        return None
+    return now - uptime_s + max_run_hours * 3600
 
 
 class AgentSettings(TypedDict):

@@ -39,7 +39,16 @@ def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("l4", ["would create 8 resources", "1 x L4", "built into g2-standard-8", "$0.85", "$20.49", "provisioningModel=STANDARD",
                 "Shutdown grace: 120 s (standard VM", "then 110 s to checkpoint"]),
         ("a100", ["would create 8 resources", "1 x A100 40GB", "a2-highgpu-1g", "$3.67", "$88.16", "500 GB pd-ssd"]),
-        ("h100-spot", ["would create 27 resources", "1 x H100", "a3-highgpu-1g", "unknown", "no trustworthy price"]),
+        ("h100-spot", ["would create 27 resources", "1 x H100", "a3-highgpu-1g", "unknown", "no trustworthy price",
+                       "cloud.google.com/compute/gpus-pricing"]),
+        ("h100-flex", ["8 x H100", "a3-highgpu-8g", "Flex-start (Dynamic Workload Scheduler)", "provisioningModel=FLEX_START",
+                       "maxRunDuration={'seconds': 86400.0}", "onInstanceStopAction={'discardLocalSsd': True}",
+                       "reservationAffinity: NO_RESERVATION", "flex-start", "unknown  <- this stack",
+                       "Run-time cap: Compute Engine stops the VM 24 h after each start",
+                       "bundled Local SSD is discarded at that stop", "scripts/up tries, zone by zone: flex-start -> spot"]),
+        ("b200-reserved", ["8 x B200", "in reservation my-b200-reservation", "provisioningModel=STANDARD",
+                           "reservationAffinity: SPECIFIC_RESERVATION (compute.googleapis.com/reservation-name = "
+                           "my-b200-reservation)", "reservation", "the on-demand rate, unless a commitment covers it"]),
     ],
 )
 def test_plan_of_each_example(stack: str, words: list[str], home_with_key: Path) -> None:
@@ -50,13 +59,15 @@ def test_plan_of_each_example(stack: str, words: list[str], home_with_key: Path)
               "deny tcp:22 from 0.0.0.0/0", "onHostMaintenance=TERMINATE",
               "NVIDIA driver: 580, installed in the image family (no first-boot install, no reboot)",
               "roles/logging.logWriter", f"instanceName: gpu-train-{stack}",
-              "Data disk: 100 GB pd-balanced: $10.00 a month", f"name gpu-train-{stack}-data: 100 GB pd-balanced",
+              *(["Data disk: 100 GB pd-balanced: $10.00 a month", f"name gpu-train-{stack}-data: 100 GB pd-balanced"]
+                if stack != "b200-reserved" else ["Data disk: 100 GB hyperdisk-balanced: price unknown"]),
               f"gpu-train-{stack}-data as /dev/disk/by-id/google-gpu-train-data", "protected: `pulumi destroy` refuses it"]
     for w in words + common:
         assert w in out, w
     # The examples hold example values (gpu_train/stack/placeholders.py): warned about, and nothing else is.
     warned = [line.strip() for line in out.split("Warnings:")[1].splitlines() if line.strip().startswith("- ")]
-    assert [w.split(" = ")[0] for w in warned] == ["- gcp:project", "- gpu-train:sshSourceRanges"], warned
+    t4 = ["- gpu-train:gpuType"] if stack == "t4-spot" else []  # T4: shut down 2027-08-01
+    assert [w.split(" = ")[0] for w in warned] == [*t4, "- gcp:project", "- gpu-train:sshSourceRanges"], warned
 
 
 def test_missing_key_is_a_warning_in_the_plan(tmp_path: Path) -> None:

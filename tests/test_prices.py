@@ -38,7 +38,7 @@ def test_the_cost_carries_its_rows_date(settings: dict) -> None:
     cfg = parse(gcp_raw(**settings), "s", CATALOG)
     cost = hourly_cost(validate.shape_of(cfg, catalog), catalog)
     assert cost.date == "2026-11-01"
-    assert "list prices of 2026-11-01" in describe_cost(cost, spot=False)[0]
+    assert "list prices of 2026-11-01" in describe_cost(cost, "on-demand", catalog.ways(cfg.machine_type), "")[0]
 
 
 def test_no_fixed_spot_discount_is_promised() -> None:

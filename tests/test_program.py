@@ -50,6 +50,8 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     if cfg.spot:
         assert sched == {"onHostMaintenance": "TERMINATE", "provisioningModel": "SPOT", "preemptible": True,
                          "automaticRestart": False, "instanceTerminationAction": "STOP"}
+    elif cfg.flex_start:  # (tests/test_provisioning.py checks the whole of it)
+        assert sched["provisioningModel"] == "FLEX_START" and sched["maxRunDuration"]["seconds"] > 0
     else:
         assert sched["automaticRestart"] is True and sched["provisioningModel"] == "STANDARD"
     init = i["bootDisk"]["initializeParams"]
@@ -61,7 +63,7 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert meta == {"ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
                     "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
     assert script.startswith("#!/bin/bash") and "gpu-train-shutdown.service" in script
-    assert i["desiredStatus"] == "RUNNING" and "maxRunDuration" not in sched
+    assert i["desiredStatus"] == "RUNNING" and ("maxRunDuration" in sched) == bool(cfg.max_run_hours)
     assert i["tags"] == [f"gpu-train-{stack}"]
     assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train", "gpu-train-node": "0",
                            **({"gpu-train-recover": "on"} if cfg.spot else {})}

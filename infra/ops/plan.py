@@ -13,15 +13,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpu_train.contract import RUN_LIMIT_NOTICE_S
 from gpu_train.errors import ExitStatus, outcome
-from gpu_train.gcp import changes, images, validate, vm
-from gpu_train.gcp.catalog import Catalog
+from gpu_train.gcp import changes, images, provisioning, validate, vm
+from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.gcp.pricing import Cost, hourly_cost
 from gpu_train.stack import config, stackfile
 from gpu_train.stack.project import command_name
 from infra import program, recovery
 from infra.ops import preview, pulumi_cli
+
+NOTICE_MINUTES = RUN_LIMIT_NOTICE_S // 60
 
 CLI = command_name(sys.argv[0])  # the task runner the fixes name (gpu-train, or fab inside the clone)
 
@@ -32,16 +35,38 @@ def _money(value: float | None) -> str:
     return "unknown" if value is None else f"${value:,.2f}"
 
 
-def describe_cost(cost: Cost, spot: bool) -> list[str]:
+def describe_cost(cost: Cost, way: str, ways: tuple[str, ...], unknown_where: str) -> list[str]:
+    """The price of each way the shape may be had (the catalog's ways), the stack's own marked."""
     lines = [f"Cost per VM ({cost.region} list prices of {cost.date}; other regions differ, spot prices may change "
              "daily):",
              f"  {'':<24}{'per hour':>10}{'per day':>11}"]
-    for label, value, chosen in (("on demand", cost.on_demand, not spot), ("spot", cost.spot, spot)):
-        mark = "  <- this stack" if chosen else ""
+    prices = {ON_DEMAND: cost.on_demand, SPOT: cost.spot, FLEX_START: None, RESERVATION: cost.on_demand}
+    labels = {ON_DEMAND: "on demand", SPOT: "spot", FLEX_START: "flex-start", RESERVATION: "reservation"}
+    notes = {FLEX_START: "  (its own Dynamic Workload Scheduler rate: not in the catalog)",
+             RESERVATION: "  (the on-demand rate, unless a commitment covers it)"}
+    for w in dict.fromkeys([*ways, way]):
+        value = prices[w]
+        mark = "  <- this stack" if w == way else ""
         per_day = None if value is None else value * 24
-        lines.append(f"  {label:<24}{_money(value):>10}{_money(per_day):>11}{mark}")
-    if cost.hourly(spot) is None:
-        lines.append("  The catalog has no trustworthy price for this shape: check cloud.google.com/compute/gpus-pricing.")
+        lines.append(f"  {labels[w]:<24}{_money(value):>10}{_money(per_day):>11}{mark}{notes.get(w, '')}")
+    if prices[way] is None:
+        lines.append(f"  The catalog has no trustworthy price for this: see {unknown_where}.")
+    return lines
+
+
+def describe_run_limit(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
+    """When Compute Engine will stop the VM (maxRunDuration counts from each start), and what goes with it."""
+    if not cfg.max_run_hours:
+        return []
+    hours = cfg.max_run_hours
+    local_ssd = any(getattr(catalog.parse_machine_type(m), "fixed", None) is not None
+                    and catalog.fixed_shapes[m].local_ssd for m in vm.node_machine_types(cfg, catalog))
+    lines = [f"Run-time cap: Compute Engine stops the VM {hours:g} h after each start (maxRunDuration "
+             f"{provisioning.run_seconds(hours)} s, then STOP: the disks stay); `{CLI} status` shows the moment, and "
+             f"the job's $GPU_TRAIN_NOTICE file appears {NOTICE_MINUTES} minutes before it"]
+    if local_ssd:
+        lines.append("  The shape's bundled Local SSD is discarded at that stop (onInstanceStopAction.discardLocalSsd: "
+                     "Compute Engine refuses the VM otherwise); runs live on the data disk")
     return lines
 
 
@@ -60,9 +85,18 @@ def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: C
     acc = catalog.accelerator(shape.gpu_type)
     assert acc is not None  # a validated shape's GPU is in the catalog
     how = "attached to" if shape.attached else "built into"
-    model = "spot" if cfg.spot else "on demand"
+    model = {ON_DEMAND: "on demand", SPOT: "spot", FLEX_START: "Flex-start (Dynamic Workload Scheduler)",
+             RESERVATION: f"in reservation {cfg.reservation}" + (" (RESERVATION_BOUND)" if cfg.reservation_bound
+                                                                 else "")}[provisioning.way(cfg)]
     return (f"GPU shape: {shape.gpu_count} x {acc.gpu} ({acc.memory_gb} GB, {shape.gpu_type}) {how} "
             f"{shape.machine_type} ({shape.vcpus} vCPUs, {shape.memory_gb:g} GB), {model}, in {cfg.zone}")
+
+
+def describe_fallback(cfg: config.StackConfig) -> list[str]:
+    if not cfg.provisioning_fallback:
+        return []
+    order = " -> ".join(dict.fromkeys([provisioning.way(cfg), *cfg.provisioning_fallback]))
+    return [f"scripts/up tries, zone by zone: {order} (provisioningFallback)"]
 
 
 def _carries_gpus(machine_type: str, catalog: Catalog) -> bool:
@@ -136,12 +170,20 @@ def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
             "data disk: " + ", ".join(f"{d['source'].rsplit('/', 1)[-1]} as /dev/disk/by-id/google-{d['deviceName']}"
                                       for d in i.get("attachedDisks") or []),
             "scheduling: " + ", ".join(f"{k}={v}" for k, v in sched.items()),
+            *([f"reservationAffinity: {_affinity(i['reservationAffinity'])}"] if i.get("reservationAffinity") else []),
             f"desired status: {i.get('desiredStatus')}",
             "metadata: " + ", ".join(f"{k}={_meta(k, v)}" for k, v in meta.items()),
             f"service account: {i['serviceAccount']['email']} (scopes: logging.write, monitoring.write)",
             f"network tag {', '.join(i.get('tags', []))}; labels " + ", ".join(f"{k}={v}" for k, v in i.get("labels", {}).items()),
         ]
     return []
+
+
+def _affinity(affinity: dict) -> str:
+    specific = affinity.get("specificReservation")
+    if not specific:
+        return str(affinity.get("type"))
+    return f"{affinity.get('type')} ({specific.get('key')} = {', '.join(specific.get('values') or [])})"
 
 
 def _meta(key: str, value: str) -> str:
@@ -159,7 +201,9 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
               f"Shutdown grace: {vm.shutdown_grace_s(cfg.spot)} s ({'spot' if cfg.spot else 'standard'} VM: what Compute "
               f"Engine gives the guest before a hard power-off; jobs get SIGTERM, then {vm.job_grace_s(cfg)} s to "
               "checkpoint before SIGKILL)", ""]
-    lines += [*describe_cost(hourly_cost(shape, catalog), cfg.spot), *describe_data_disk(cfg, catalog), ""]
+    lines += [*describe_cost(hourly_cost(shape, catalog), provisioning.way(cfg), catalog.ways(shape.machine_type),
+                             catalog.prices_unknown_where), *describe_data_disk(cfg, catalog)]
+    lines += [*describe_run_limit(cfg, catalog), *describe_fallback(cfg), ""]
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]
     if recovery.stops_for_good(cfg):

@@ -1,7 +1,8 @@
 """The early warning: Compute Engine's metadata server announces a host maintenance (about an hour
 ahead on GPU VMs: ``instance/maintenance-event`` becomes ``TERMINATE_ON_HOST_MAINTENANCE``) and a
 preemption (``instance/preempted`` becomes ``TRUE``; with ``scheduling.preemptionNoticeDuration``
-before the shutdown starts). `watch` (the VM's gpu-train-watch.service) follows both with the
+before the shutdown starts); and, from its own clock, the stop maxRunHours brings (Flex-start's end
+among them): RUN_LIMIT_NOTICE_S before boot + maxRunHours. `watch` (the VM's gpu-train-watch.service) follows both with the
 server's hanging GETs and tells each running job: the file ``runs/RUN/notice`` (the job's
 ``$GPU_TRAIN_NOTICE``) exists while a warning stands, with the event in it, and the run's log says
 so. The SIGTERM comes later, at the shutdown, as always. Standard library only.
@@ -17,13 +18,15 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from gpu_train.contract import ACTIVE, METADATA_URL, NOTICE
+from gpu_train.contract import ACTIVE, METADATA_URL, NOTICE, RUN_LIMIT, RUN_LIMIT_NOTICE_S, run_limit_at
 
+from .procs import uptime_s
 from .status import effective_state
 from .store import agent_log, now, read_json, read_state, run_dirs, settings, write_json
 
 WATCHED = {"instance/maintenance-event": "NONE", "instance/preempted": "FALSE"}
 PREEMPTED = "PREEMPTED"  # the event a notice names for ``instance/preempted`` = TRUE
+RUN_LIMIT_KEY = "gpu-train/run-limit"  # not a metadata path: the stop time, once its warning is due
 
 
 def metadata_base(conf: dict) -> str:
@@ -58,7 +61,18 @@ def notice_for(values: dict[str, str]) -> dict | None:
         events.append(maintenance)
     if values.get("instance/preempted", "FALSE").strip().upper() == "TRUE":
         events.append(PREEMPTED)
-    return {"event": events[0], "events": events} if events else None
+    stops_at = values.get(RUN_LIMIT_KEY)
+    if stops_at:
+        events.append(RUN_LIMIT)
+    if not events:
+        return None
+    return {"event": events[0], "events": events, **({"stopsAt": float(stops_at)} if stops_at else {})}
+
+
+def run_limit_warning(conf: dict, at: float, uptime: float | None) -> tuple[float, float] | None:
+    """(when to warn, when the VM stops) for a VM with maxRunHours; None for none (or off GCP)."""
+    stop = run_limit_at(at, uptime, conf.get("maxRunHours")) if conf.get("gcp") else None
+    return None if stop is None else (stop - RUN_LIMIT_NOTICE_S, stop)
 
 
 def told_preempted(run_dir: str) -> bool:
@@ -116,6 +130,19 @@ def cmd_watch(root: str, rounds: int | None = None) -> dict:
             if rounds is not None and count >= rounds:
                 return
 
+    def run_limit(warn_at: float, stop: float) -> None:
+        if done.wait(max(0.0, warn_at - time.time())):
+            return
+        with lock:
+            values[RUN_LIMIT_KEY] = repr(stop)
+            publish(root, notice_for(values))
+
+    limit = run_limit_warning(conf, time.time(), uptime_s())
+    if limit is not None and limit[0] <= time.time():  # due already (a watcher started late): now
+        values[RUN_LIMIT_KEY] = repr(limit[1])
+        publish(root, notice_for(values))
+    elif limit is not None:
+        threading.Thread(target=run_limit, args=limit, daemon=True).start()
     threads = [threading.Thread(target=follow, args=(p,), daemon=True) for p in WATCHED]
     for t in threads:
         t.start()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from gpu_train.contract import RUN_LIMIT_NOTICE_S, run_limit_at
 from remote.agent.recovery import describe_return
 
 
@@ -70,7 +73,11 @@ def agent_lines(doc: dict, target) -> list[str]:
     else:
         lines.append("idle stop: off")
     hours = agent.get("maxRunHours")
-    if hours and doc.get("uptimeS") is not None:
-        left = hours - doc["uptimeS"] / 3600
-        lines.append(f"run-time cap {hours} h: the VM stops in {max(left, 0):.1f} h")
+    stop = run_limit_at(doc.get("now") or time.time(), doc.get("uptimeS"), hours)
+    if hours and stop is not None:
+        left = stop - (doc.get("now") or time.time())
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(stop))
+        lines.append(f"run-time cap {hours:g} h (maxRunHours): Compute Engine stops the VM at {when} (start + "
+                     f"{hours:g} h), in {duration(max(left, 0))}; the job's $GPU_TRAIN_NOTICE appears "
+                     f"{RUN_LIMIT_NOTICE_S // 60} min before")
     return lines
