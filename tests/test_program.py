@@ -66,7 +66,7 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert i["desiredStatus"] == "RUNNING" and ("maxRunDuration" in sched) == bool(cfg.max_run_hours)
     assert i["tags"] == [f"gpu-train-{stack}"]
     assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train", "gpu-train-node": "0",
-                           **({"gpu-train-recover": "on"} if cfg.spot else {})}
+                           **({"gpu-train-recover": "on"} if cfg.spot or cfg.flex_start else {})}
     nic = i["networkInterfaces"][0]
     assert nic.get("nicType") == ("GVNIC" if cfg.machine_type.startswith(("a3-", "a4", "g4-")) else None)
     assert not i.get("resourcePolicies")
@@ -94,7 +94,7 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
                         "gpuCount", "spot", "image", "hourlyCostUsd", "nodes", "instanceNames", "externalIps", "internalIps",
                         "nodeGpuCounts", "nodeRoles", "dataDisks", "dataDiskMonthlyCostUsd", "provisioning", "maxRunHours",
                         "recoverHours"}
-    assert out["recoverHours"] == (24 if cfg.spot else 0)
+    assert out["recoverHours"] == (24 if cfg.spot or cfg.flex_start else 0)
     assert out["nodes"] == 1 and out["instanceNames"] == [out["instanceName"]] and out["externalIps"] == [out["externalIp"]]
     # every child is parented to the component
     assert result.resources[0].typ == "gpu-train:index:GpuVm"
