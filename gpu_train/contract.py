@@ -24,6 +24,16 @@ TERMINAL = (SUCCEEDED, FAILED, STOPPED)  # nothing will change it again, short o
 
 LAUNCH_GRACE_S = 30  # a 'starting' run with no wrapper yet is still starting for this long
 
+# -- REMOTE_ROOT when a stack does not set remoteRoot -------------------------------------------
+# Hidden in the login's home, where no one clones a repository: the old default, ~/gpu-train, is
+# where the README clones gpu-train itself, so a host you also work on got its runs inside your
+# clone. An SSH host that has runs of ours under the old default keeps using it (remote/ssh/target.py
+# asks once and says so). GCP VMs keep it: there it is the data disk's bind mount, made by the
+# startup script when the VM was created, and a live VM's runs must not move out of sight.
+REMOTE_ROOT_DEFAULT = "~/.gpu-train"
+REMOTE_ROOT_BEFORE = "~/gpu-train"
+GCP_REMOTE_ROOT = REMOTE_ROOT_BEFORE
+
 # -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
 DEFAULT_SETTINGS: dict[str, Any] = {
     "idleStopMinutes": 0,  # 0: never power off (SSH stacks unless asked; GCP stacks default to 30)

@@ -141,7 +141,7 @@ def test_push_command() -> None:
     cmd = sync.push_command(t, t.host, Path("/code"), "run_1", "run", Path("/tmp/ex"), git_mode=True)
     assert cmd[:3] == ["rsync", "-a", "--delete"]
     rsync_path = next(a for a in cmd if a.startswith("--rsync-path="))
-    assert rsync_path.endswith(" && mkdir -p gpu-train/staging && rsync") and "secure_root" in rsync_path
+    assert rsync_path.endswith(" && mkdir -p .gpu-train/staging && rsync") and "secure_root" in rsync_path  # the default root
     assert "--link-dest=../../code/run.last" in cmd and "--exclude-from=/tmp/ex" in cmd
     assert "--exclude=/.git/" in cmd and "--filter=:- .gputrainignore" in cmd and "--filter=:- .gitignore" not in cmd
     assert cmd[-2:] == ["/code/", "me@127.0.0.2:gpu-train/staging/run_1/"]

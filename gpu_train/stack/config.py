@@ -24,6 +24,7 @@ from gpu_train.stack.problems import ConfigError, Problem, shown
 from gpu_train.stack.settings import (  # each setting is declared once, there
     BY_KEY,
     GCP_IDLE_STOP_MINUTES,
+    GCP_REMOTE_ROOT,
     NAMESPACE,
     SshHost,
     StackConfig,
@@ -242,6 +243,8 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
         kwargs.setdefault("idle_stop_minutes", GCP_IDLE_STOP_MINUTES)
     if target == "gcp":  # the Deep Learning VM's framework Python, as it is
         kwargs.setdefault("venv", False)
+    if target == "gcp":  # where the VM's startup script binds the data disk (contract.GCP_REMOTE_ROOT says why)
+        kwargs.setdefault("remote_root", GCP_REMOTE_ROOT)
     if target == "gcp":  # image and disk defaults are catalog facts
         kwargs.setdefault("image_family", catalog.default_image_family)
         kwargs.setdefault("image_project", catalog.image_project)

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from gpu_train.contract import DEFAULT_SETTINGS  # the agent's own defaults, shared with the host
+from gpu_train.contract import (  # the agent's own defaults, shared with the host
+    DEFAULT_SETTINGS,
+    GCP_REMOTE_ROOT,
+    REMOTE_ROOT_DEFAULT,
+)
 
 if TYPE_CHECKING:
     from gpu_train.gcp.catalog import Catalog
@@ -137,8 +141,10 @@ class StackConfig:
                                      "`IdentityFile`, `ProxyJump`", targets=SSH, shown="`~/.ssh/config`")
     known_hosts: str | None = setting("knownHosts", "str", None, "a known_hosts file pinning host keys",
                                       shown="learned on first contact")
-    remote_root: str = setting("remoteRoot", "str", "~/gpu-train", "where gpu-train keeps its files on a host "
-                               "(`{node}` is replaced by the node's number)")
+    remote_root: str = setting("remoteRoot", "str", REMOTE_ROOT_DEFAULT, "where gpu-train keeps its files on a host "
+                               "(`{node}` is replaced by the node's number)",
+                               shown=f"`{REMOTE_ROOT_DEFAULT}` (an SSH host with runs in `{GCP_REMOTE_ROOT}`, the "
+                               f"old default, keeps that); GCP: `{GCP_REMOTE_ROOT}` (the data disk)")
     python: str | None = setting("python", "str", None, "Python on the host; detected: the first candidate that imports "
                                  "torch (`/opt/conda/bin/python`, ..., `python3` on PATH)",
                                  shown="detected")

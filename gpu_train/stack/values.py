@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from gpu_train.contract import REMOTE_ROOT_DEFAULT
 from gpu_train.stack.config import Problem, StackConfig, shown
 
 # Login names as useradd accepts them by default (NAME_REGEX), plus upper case and dots, which
@@ -120,7 +121,7 @@ def check(cfg: StackConfig) -> list[Problem]:
             if why:
                 problems.append(Problem("hosts", f"{shown(str(h))}: {why}", "write each host as user@host:port"))
     if (why := remote_root_problem(cfg.remote_root, cfg.is_gcp)) is not None:
-        problems.append(Problem("remoteRoot", why, "e.g. ~/gpu-train, in a directory only you can write (not /tmp)",
+        problems.append(Problem("remoteRoot", why, f"e.g. {REMOTE_ROOT_DEFAULT}, in a directory only you can write (not /tmp)",
                                 cfg.remote_root))
     paths = {"sshKey": cfg.ssh_key, "knownHosts": cfg.known_hosts, "sshConfig": cfg.ssh_config, "python": cfg.python}
     if cfg.is_gcp and not cfg.ssh_public_key.lstrip().startswith(("ssh-", "ecdsa-", "sk-")):

@@ -96,7 +96,7 @@ def secure_root(root: str, own: bool = True) -> str:
         why = ancestors_problem(path if created else os.path.dirname(root), uid)
         if why:
             raise UnsafeRoot(f"remoteRoot {root} lies in {why}, so another user could rename it and put theirs "
-                             "in its place: use a remoteRoot only you can write, e.g. ~/gpu-train")
+                             "in its place: use a remoteRoot only you can write, under your home directory")
     for path in reversed(created):
         with contextlib.suppress(FileExistsError):  # someone was faster: checked below like any other
             os.mkdir(path, 0o700)
@@ -105,7 +105,7 @@ def secure_root(root: str, own: bool = True) -> str:
         if why:
             raise UnsafeRoot(
                 f"remoteRoot {path} {why}: another user could replace gpu-train's agent, which runs as you, or "
-                "read your runs. Use a remoteRoot only you can write, e.g. ~/gpu-train (not under /tmp or a "
+                "read your runs. Use a remoteRoot only you can write, under your home directory (not under /tmp or a "
                 "shared directory)" + ("" if path == root else f" (it was to hold {root})"))
     if own and stat.S_IMODE(os.lstat(root).st_mode) & 0o077:
         os.chmod(root, 0o700)  # ours and not writable by others, but readable: runs hold secrets

@@ -21,7 +21,7 @@ import os
 import re
 import time
 
-from gpu_train.contract import DEFAULT_SETTINGS, cli_name
+from gpu_train.contract import DEFAULT_SETTINGS, GCP_REMOTE_ROOT, cli_name
 
 
 class AgentError(Exception):
@@ -158,7 +158,7 @@ def root_from_settings(conf: dict) -> str:
     """REMOTE_ROOT of the settings' user: '~/x' is under that user's home."""
     import pwd
 
-    root = str(conf.get("remoteRoot") or "~/gpu-train")
+    root = str(conf.get("remoteRoot") or GCP_REMOTE_ROOT)  # (the startup script always writes it)
     if root.startswith("~/"):
         root = os.path.join(pwd.getpwnam(str(conf["user"])).pw_dir, root[2:])
     return os.path.abspath(root)

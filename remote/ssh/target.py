@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT
 from gpu_train.gcp.vm import job_grace_s
 from gpu_train.stack import config, project, stackfile
 from gpu_train.stack.config import ConfigError, Problem, SshHost, StackConfig
@@ -54,6 +55,10 @@ class Target:
     # Not rotated by for_node.
     peer_addresses: tuple[str, ...] = ()
     notify: str | None = None  # gpu-train:notify (config.SECRET_VALUE while encrypted in the stack file)
+    # An SSH stack without remoteRoot: each node's root as first contact found it (REMOTE_ROOT_DEFAULT,
+    # or the old default where that host has runs of ours), in node order; "" until asked. Not rotated.
+    ask_root: bool = False
+    node_roots: tuple[str, ...] = ()
 
     def for_node(self, node: int) -> Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
@@ -62,8 +67,21 @@ class Target:
         gpus: dict[str, Any] = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
             if node < len(self.node_gpus) else {}
         vm = self.vm and {**self.vm, "name": (self.vm.get("names") or [self.vm.get("name")] * (node + 1))[node]}
-        return replace(self, hosts=hosts, remote_root=self.remote_root.replace("{node}", str(node)), node=node, vm=vm,
-                       agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)
+        known = self.node_roots[node] if node < len(self.node_roots) else ""
+        return replace(self, hosts=hosts, remote_root=known or self.remote_root.replace("{node}", str(node)), node=node,
+                       vm=vm, agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)
+
+    def root_known(self, node: int, root: str) -> Target:
+        """This target with ``node``'s REMOTE_ROOT as its host answered (see ``root_question``)."""
+        roots = list(self.node_roots or [""] * len(self.hosts))
+        roots[node] = root
+        return replace(self, node_roots=tuple(roots))
+
+    @property
+    def root_unknown(self) -> bool:
+        """Whether this node's REMOTE_ROOT is still to be asked of its host (first contact)."""
+        return self.ask_root and not (self.node < len(self.node_roots) and self.node_roots[self.node])
+
 
     @property
     def parameter_servers(self) -> int:
@@ -111,6 +129,40 @@ def chosen_stack(stack: str | None) -> tuple[str, str]:
     found = project.project_root() if os.environ.get("GPU_TRAIN_PROJECT") else project.find_project()
     what, fix = project.no_stack(own, found, Path.cwd(), project.command_name(sys.argv[0]))
     raise ConfigError([Problem("stack", what, fix)])
+
+
+# First contact with an SSH host when the stack sets no remoteRoot: one command, before the agent is
+# installed (which would create the new root). Its answer is kept per host in the stack's cache.
+ROOT_QUESTION = (f'if [ -e {REMOTE_ROOT_DEFAULT} ]; then echo new; elif [ -d {REMOTE_ROOT_BEFORE}/runs ] && '
+                 f'[ -f {REMOTE_ROOT_BEFORE}/bin/gpu-train-agent ]; then echo before; else echo new; fi')
+ROOTS_FILE = "remote-roots.json"
+
+
+def root_from_answer(answer: str) -> str | None:
+    """REMOTE_ROOT from ROOT_QUESTION's answer: the old default only where runs of ours are (the new
+    one exists, or nothing of ours is in the old); None for an answer that is neither."""
+    return {"new": REMOTE_ROOT_DEFAULT, "before": REMOTE_ROOT_BEFORE}.get(answer.strip())
+
+
+def host_key(host: SshHost) -> str:
+    return f"{host.user}@{host.host}:{host.port}"
+
+
+def known_roots(cache: Path) -> dict[str, str]:
+    try:
+        doc = json.loads((cache / ROOTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in doc.items() if v in (REMOTE_ROOT_DEFAULT, REMOTE_ROOT_BEFORE)} if isinstance(doc, dict) else {}
+
+
+def remember_root(cache: Path, host: SshHost, root: str) -> None:
+    """Keep a host's REMOTE_ROOT in the stack's cache (rebuilt by asking again when lost)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    roots = {**known_roots(cache), host_key(host): root}
+    tmp = cache / f".{ROOTS_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(roots, indent=1))
+    tmp.replace(cache / ROOTS_FILE)
 
 
 def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
@@ -181,6 +233,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         roles=roles,
         peer_addresses=peers,
         notify=cfg.notify,
+        ask_root=not cfg.is_gcp and "remoteRoot" not in cfg.given,
     )
 
 
@@ -208,6 +261,9 @@ def resolve(stack: str | None, refresh: bool = False) -> Target:
     home = state_home()
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
     target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
+    if target.ask_root:  # what first contact found on each host, if it was asked before
+        roots = known_roots(target.cache)
+        target = replace(target, node_roots=tuple(roots.get(host_key(h), "") for h in target.hosts))
     if target.key_file and not Path(target.key_file).is_file():
         raise ConfigError([Problem("sshKey" if cfg.ssh_key else "sshPublicKey", f"no private key at {target.key_file}",
                                    "set gpu-train:sshKey to your private key's path")], name)

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from invoke import Exit
 
 from gpu_train.errors import ExitStatus, outcome, printable
 from gpu_train.stack.config import ConfigError
 from gpu_train.stack.project import command_name
+
+if TYPE_CHECKING:
+    from remote.ssh.target import Target
 
 STACK_HELP = ("stack name (default: $GPU_TRAIN_STACK, else the one `gpu-train stack NAME` selected, else the project's "
               "only stack, else Pulumi's selected stack)")
@@ -45,10 +49,18 @@ class Session:
         if not 0 <= node < len(cluster.hosts):
             raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=ExitStatus.USAGE)
         self.cluster = cluster
-        self.target = cluster.for_node(node)
+        self._target = cluster.for_node(node)  # (read through ``target``)
         self.node = node
-        self.timeout = timeout if timeout is not None else (600.0 if self.target.is_gcp else 15.0)
+        self.timeout = timeout if timeout is not None else (600.0 if self._target.is_gcp else 15.0)
         self.conn = None
+
+    @property
+    def target(self) -> Target:
+        """This node's target. On first contact with an SSH host whose stack sets no remoteRoot, the
+        host is asked where gpu-train's files are before anything uses REMOTE_ROOT (which connects)."""
+        if self._target.root_unknown and self.conn is None:
+            self.connect()
+        return self._target
 
     def nodes(self) -> list[Session]:
         """A session for every node of the cluster (this one for its own node)."""
@@ -64,25 +76,48 @@ class Session:
         if self.conn is not None:
             return self.conn
         try:
-            self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say,
-                                            vmprobe.probe(self.target.stack, self.target.vm, say), again)
+            self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say,
+                                            vmprobe.probe(self._target.stack, self._target.vm, say), again)
         except HostKeyError as e:
             raise exit_for(e) from None
         except RemoteError as e:
-            if not self.target.is_gcp:
+            if not self._target.is_gcp:
                 raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
             # The VM may have a new address (stopped and started): refresh the stack outputs once.
-            self.cluster = targets.resolve(self.target.stack, refresh=True)
-            self.target = self.cluster.for_node(self.node)
+            self.cluster = targets.resolve(self._target.stack, refresh=True)
+            self._target = self.cluster.for_node(self.node)
             try:
-                self.conn = ssh.open_connection(self.target, self.target.host, self.timeout, say)
+                self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say)
             except RemoteError as e2:
                 raise Exit(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
-                           f"pulumi up --refresh --stack {self.target.stack} (with gpu-train:running true)",
+                           f"pulumi up --refresh --stack {self._target.stack} (with gpu-train:running true)",
                            code=ExitStatus.UNREACHABLE) from None
+        if self._target.root_unknown:
+            self._ask_root()
         if self.node == 0:
             self._alias()
         return self.conn
+
+    def _ask_root(self) -> None:
+        """First contact with an SSH host on the default remoteRoot: keep using the old default where
+        that host has runs of ours (and say so), else the new one; the answer is kept for next time."""
+        from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT
+        from remote.ssh import target as targets
+
+        assert self.conn is not None
+        answer = self.conn.run(targets.ROOT_QUESTION, hide=True, warn=True, in_stream=False)
+        root = targets.root_from_answer(answer.stdout)
+        if root is None:
+            raise Exit(f"{self._target.host}: could not tell where gpu-train's files are (the login shell answered "
+                       f"{printable(answer.stdout.strip()[:200] or answer.stderr.strip()[:200])!r}); set "
+                       f"gpu-train:remoteRoot in the stack (e.g. {REMOTE_ROOT_DEFAULT})", code=ExitStatus.UNREACHABLE)
+        if root == REMOTE_ROOT_BEFORE:
+            say(f"{self._target.host}: its runs are in {REMOTE_ROOT_BEFORE} (remoteRoot's old default), so they stay "
+                f"there and this stack keeps using it (a new host gets {REMOTE_ROOT_DEFAULT}); to write it down: "
+                f"gpu-train:remoteRoot: {REMOTE_ROOT_BEFORE} in the stack")
+        targets.remember_root(self._target.cache, self._target.host, root)
+        self.cluster = self.cluster.root_known(self.node, root)
+        self._target = self.cluster.for_node(self.node)
 
     def _alias(self) -> None:
         """``ssh gpu-train-STACK`` from the first contact on (written once, refreshed when the address changes)."""
@@ -102,10 +137,10 @@ class Session:
         from remote.tasks.trust import host_doc
 
         try:
-            doc = agentcall.call(self.connect(), self.target, *args)
+            doc = agentcall.call(self.connect(), self._target, *args)
         except RemoteError as e:
             raise exit_for(e) from None
-        return host_doc(doc, self.target.host)  # its run ids checked before any becomes a path
+        return host_doc(doc, self._target.host)  # its run ids checked before any becomes a path
 
     def close(self) -> None:
         if self.conn is not None:

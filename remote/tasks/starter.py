@@ -13,6 +13,7 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.contract import REMOTE_ROOT_DEFAULT
 from gpu_train.errors import ExitStatus
 from gpu_train.stack.project import repo_script
 
@@ -31,7 +32,7 @@ def ssh_stack(host: str, key: str | None) -> str:
         f"{key_line}"
         "  # gpu-train:python: /usr/bin/python3     # the host's Python; the job runs in a venv made from it,\n"
         "  #                                        # with its site packages (a preinstalled torch is used)\n"
-        "  # gpu-train:remoteRoot: ~/gpu-train      # where runs, code and data live on the host\n"
+        f"  # gpu-train:remoteRoot: {REMOTE_ROOT_DEFAULT:<17}# where runs, code and data live on the host\n"
         "  # gpu-train:sshConfig: ~/.ssh/config     # another ssh_config file for the alias\n"
     )
 

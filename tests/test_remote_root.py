@@ -1,0 +1,68 @@
+"""remoteRoot's default, ~/.gpu-train, cannot be a clone (the old one, ~/gpu-train, is where the README
+clones gpu-train itself); an SSH host with runs under the old default keeps them there and says so."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT
+from remote.ssh import target
+from tests.test_project import sshd, started_run  # noqa: F401  (the fixture)
+from tests.test_stack_select import OurProject
+
+
+@pytest.mark.parametrize(("answer", "root"), [
+    ("new\n", REMOTE_ROOT_DEFAULT), ("before\n", REMOTE_ROOT_BEFORE), ("", None), ("Welcome!\nnew\n", None),
+])
+def test_what_first_contact_answers(answer: str, root: str | None) -> None:
+    assert target.root_from_answer(answer) == root
+
+
+def test_the_question_keeps_the_old_root_only_with_runs_of_ours(tmp_path: Path) -> None:
+    import subprocess
+
+    def ask(make: list[str]) -> str:
+        home = tmp_path / f"h{len(list(tmp_path.iterdir()))}"
+        home.mkdir()
+        for rel in make:
+            p = home / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.mkdir() if rel.endswith("/") else p.write_text("")
+        return subprocess.run(["sh", "-c", target.ROOT_QUESTION], env={"HOME": str(home)}, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert ask([]) == "new"
+    assert ask(["gpu-train/README.md", "gpu-train/runs/"]) == "new"  # a clone with a runs/ folder: not ours
+    assert ask(["gpu-train/runs/", "gpu-train/bin/gpu-train-agent"]) == "before"
+    assert ask(["gpu-train/runs/", "gpu-train/bin/gpu-train-agent", ".gpu-train/"]) == "new"
+
+
+def test_a_fresh_host_gets_the_hidden_root_and_an_old_one_keeps_its_runs(tmp_path: Path, sshd) -> None:  # noqa: F811
+    proj = OurProject(tmp_path)
+    fresh, old = sshd("127.0.14.10"), sshd("127.0.14.11")
+
+    def stack(name: str, server, root: str = "") -> None:
+        proj.stack(name, f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
+                         f"  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n" + root)
+
+    # Runs made before the default changed: the stack said nothing, so they went to ~/gpu-train.
+    stack("old", old, f"  gpu-train:remoteRoot: {REMOTE_ROOT_BEFORE}\n")
+    before = started_run(proj.run("train", "--stack", "old", "--command", "echo before", check=True))
+    proj.run("logs", "--stack", "old", "--run", before, "--follow", check=True)
+    stack("old", old)  # now the same stack on this version
+    status = proj.run("status", "--stack", "old", check=True)
+    assert before in status.stdout and "remoteRoot's old default" in status.stderr, status.stderr
+    after = started_run(proj.run("train", "--stack", "old", "--command", "echo after", check=True))
+    home = old.dir / "home"
+    assert (home / "gpu-train" / "runs" / after).is_dir() and not (home / ".gpu-train").exists()
+    again = proj.run("status", "--stack", "old", check=True)  # asked once, said once
+    assert before in again.stdout and after in again.stdout and "old default" not in again.stderr
+
+    stack("fresh", fresh)
+    run = started_run(proj.run("train", "--stack", "fresh", "--command", "echo new", check=True))
+    home = fresh.dir / "home"
+    assert (home / ".gpu-train" / "runs" / run).is_dir() and not (home / "gpu-train").exists()
+    assert "old default" not in proj.run("status", "--stack", "fresh", check=True).stderr
