@@ -144,7 +144,7 @@ def test_push_command() -> None:
     assert rsync_path.endswith(" && mkdir -p .gpu-train/staging && rsync") and "secure_root" in rsync_path  # the default root
     assert "--link-dest=../../code/run.last" in cmd and "--exclude-from=/tmp/ex" in cmd
     assert "--exclude=/.git/" in cmd and "--filter=:- .gputrainignore" in cmd and "--filter=:- .gitignore" not in cmd
-    assert cmd[-2:] == ["/code/", "me@127.0.0.2:gpu-train/staging/run_1/"]
+    assert cmd[-2:] == ["/code/", "me@127.0.0.2:.gpu-train/staging/run_1/"]
     ssh = cmd[cmd.index("-e") + 1]
     for opt in ("-p 2222", "-i /k/id", "StrictHostKeyChecking=yes", "UserKnownHostsFile=/state/lab/known_hosts", "BatchMode=yes"):
         assert opt in ssh
