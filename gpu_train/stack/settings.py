@@ -2,7 +2,7 @@
 
 Each field's ``setting(...)`` says the key in the stack file, its kind, its default, what it means
 and which targets (``gcp``, ``ssh``) it applies to. Parsing (``config.parse``), the defaults, the
-README's settings table (``readme_table``, checked by a test) and the on-host agent's settings
+docs/settings.md's table (``readme_table``, checked by a test) and the on-host agent's settings
 (``StackConfig.agent_settings``) all come from these fields. A new setting is one field here.
 """
 
