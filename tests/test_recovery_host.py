@@ -105,3 +105,52 @@ def test_the_webhook_travels_in_the_spec() -> None:
     spec = protocol.JobSpec(run_id="r_20260921_141300", base="r", notify="https://ntfy.sh/t")
     assert protocol.JobSpec.from_json(spec.to_json()).notify == "https://ntfy.sh/t"
     assert "notify" not in protocol.JobSpec(run_id="r_20260921_141300", base="r").to_json()
+
+
+@pytest.mark.parametrize("ended,nnodes,lost", [(T0 + 40, 2, True), (T0 - 60, 4, True), (T0 + 40, 1, False),
+                                               (T0 + 3600, 2, False), (T0 - 600, 2, False), (None, 2, False)])
+def test_a_cluster_part_that_failed_as_its_group_lost_a_node(ended, nnodes: int, lost: bool) -> None:
+    assert recovery.lost_its_group(record("coming back", 1), ended, nnodes) is lost
+    assert recovery.lost_its_group({}, T0, 2) is False  # no recovery behind it: a failure of its own
+
+
+@pytest.fixture
+def booted(tmp_path: Path, monkeypatch):
+    """A REMOTE_ROOT on a "VM" whose metadata server holds the recovery's record; relaunches are noted."""
+    from remote.agent import lifecycle
+    from tests.guest.metadata import MetadataServer
+
+    server = MetadataServer().start()
+    (tmp_path / "agent.json").write_text(json.dumps({"gcp": True, "metadataUrl": server.url}))
+    started: list[str] = []
+    monkeypatch.setattr(lifecycle, "start_wrapper", lambda root, run_id: started.append(run_id))
+
+    def add(name: str, state: dict, nnodes: int | None = None) -> None:
+        d = tmp_path / "runs" / name
+        (d / "job").mkdir(parents=True)
+        (d / "spec.json").write_text(json.dumps({"runId": name, "node": {"rank": 1, "nnodes": nnodes} if nnodes else None}))
+        (d / "state.json").write_text(json.dumps(state))
+
+    yield tmp_path, server, add, started
+    server.stop()
+
+
+def test_boot_relaunches_the_group_and_keeps_each_return(booted) -> None:
+    from remote.agent import lifecycle
+
+    root, server, add, started = booted
+    server.set(f"instance/attributes/{recovery.RECORD_KEY}", json.dumps(record("coming back", 2, "starting")))
+    add("part_20260921_141300", {"state": "failed", "exitCode": 1, "ended": T0 + 35, "resumes": 0}, nnodes=2)
+    add("solo_20260921_141300", {"state": "failed", "exitCode": 1, "ended": T0 + 35}, nnodes=None)
+    add("late_20260921_141300", {"state": "failed", "exitCode": 1, "ended": T0 + 5000}, nnodes=2)
+    add("cut_20260921_141300", {"state": "interrupted", "interruptedAt": T0 + 10, "preempted": True})
+    done = lifecycle.cmd_boot(str(root))
+    assert sorted(started) == ["cut_20260921_141300", "part_20260921_141300"], done
+    cut = json.loads((root / "runs" / "cut_20260921_141300" / "state.json").read_text())
+    assert [(r["event"], r["at"], r["attempts"]) for r in cut["returns"]] == [("preempted", T0, 2)]
+    assert cut["preemptions"] == 1 and cut["resumes"] == 1
+    part = json.loads((root / "runs" / "part_20260921_141300" / "state.json").read_text())
+    assert part["state"] == "starting" and part["resumes"] == 1 and part["exitCode"] is None
+    assert "relaunched with the group" in (root / "agent.log").read_text()
+    for name in ("solo_20260921_141300", "late_20260921_141300"):  # failures of their own stay failed
+        assert json.loads((root / "runs" / name / "state.json").read_text())["state"] == "failed"

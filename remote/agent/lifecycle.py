@@ -118,7 +118,15 @@ def cmd_boot(root: str, once_per_boot: bool = False) -> dict:
 def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
     state = read_state(run_dir)
     run_id = os.path.basename(run_dir)
-    if effective_state(state) != INTERRUPTED:
+    conf = settings(root)
+    current = effective_state(state)
+    if current == FAILED and lost_group(conf, run_dir, state):
+        back = recovery.run_return(recovery_record(conf), state.get("ended"), now())
+        agent_log(root, f"{run_id}: its part failed as the cluster lost a node ({recovery.describe(recovery_record(conf))});"
+                        " relaunched with the group")
+    elif current == INTERRUPTED:
+        back = came_back(conf, state)
+    else:
         return None
     resumes = int(state.get("resumes", 0))
     if resumes >= limit:
@@ -128,20 +136,33 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
         return {"runId": run_id, "action": "failed", "reason": reason}
     if read_json(os.path.join(run_dir, "spec.json")) is None:
         raise AgentError("its spec.json is missing or unreadable")
-    relaunch(root, run_dir, state, came_back(settings(root), state))
+    relaunch(root, run_dir, state, back)
     return {"runId": run_id, "action": "resumed", "resumes": resumes + 1}
+
+
+def recovery_record(conf: dict) -> dict:
+    """On a VM: the stack's recovery function's record of this machine (instance metadata), or {}."""
+    if not conf.get("gcp"):
+        return {}
+    try:
+        record = json.loads(metadata_value(conf, f"instance/attributes/{recovery.RECORD_KEY}") or "{}")
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def lost_group(conf: dict, run_dir: str, state: dict) -> bool:
+    """This failed run is a cluster part that failed because the recovery stopped its group (see
+    recovery.lost_its_group)."""
+    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
+    nnodes = int((spec.get("node") or {}).get("nnodes") or 1)
+    return nnodes > 1 and recovery.lost_its_group(recovery_record(conf), state.get("ended"), nnodes)
 
 
 def came_back(conf: dict, state: dict) -> dict | None:
     """On a VM the stack's recovery function started again: its record of the preemption (or host error)
-    that interrupted this run, from the instance's metadata, for the run's own record."""
-    if not conf.get("gcp"):
-        return None
-    try:
-        record = json.loads(metadata_value(conf, f"instance/attributes/{recovery.RECORD_KEY}") or "{}")
-    except ValueError:
-        return None
-    return recovery.run_return(record, state.get("interruptedAt"), now()) if isinstance(record, dict) else None
+    that interrupted this run, for the run's own record."""
+    return recovery.run_return(recovery_record(conf), state.get("interruptedAt"), now())
 
 
 def relaunch(root: str, run_dir: str, state: dict, back: dict | None = None) -> None:

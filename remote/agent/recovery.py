@@ -227,6 +227,16 @@ def run_return(record: dict, interrupted_at: float | None, back: float) -> dict 
     return {"event": record.get("event", "preempted"), "at": at, "back": back, "attempts": int(record.get("attempts") or 0)}
 
 
+def lost_its_group(record: dict, ended: float | None, nnodes: int) -> bool:
+    """A cluster run's part that failed because its group lost a node: the recovery stopped this node
+    (or brought it back) for an event that happened just before the part ended (torchrun fails when a
+    peer vanishes). Such a part is relaunched at boot like an interrupted one, so the group meets again."""
+    at = record.get("at")
+    if nnodes < 2 or not isinstance(at, (int, float)) or not isinstance(ended, (int, float)):
+        return False
+    return at - 120 <= ended <= at + 900
+
+
 def describe_return(ret: dict, local: bool = True) -> str:
     """A run's return for `status`: "preempted 14:02, resumed 14:19 (3 attempts)"."""
     tries = int(ret.get("attempts") or 0)
