@@ -133,8 +133,7 @@ def declare(prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance]
                                          opts=child))
 
     topic = gcp.pubsub.Topic(f"{prefix}-{SUFFIX}-topic", name=name, project=project, opts=after_apis,
-                             labels={"gpu-train-stack": names.rfc1035(cfg.stack, 63)},
-                             message_retention_duration="86400s")
+                             labels={"gpu-train-stack": names.rfc1035(cfg.stack, 63)})
     sink = gcp.logging.ProjectSink(
         f"{prefix}-{SUFFIX}-sink", name=name, project=project, unique_writer_identity=True, opts=after_apis,
         destination=topic.name.apply(lambda t: f"pubsub.googleapis.com/projects/{project}/topics/{t}"),
