@@ -287,3 +287,28 @@ def test_every_node_of_a_cluster_comes_back_together(google) -> None:
     assert recovery_call.recover(ev, c)[0] == DONE
     assert [i["status"] for i in fake.state["instances"]["proj-1"]] == ["RUNNING", "RUNNING"]
     assert [record(fake, n)["state"] for n in nodes] == ["resumed", "resumed"]
+
+
+def test_an_api_that_keeps_failing_is_retried_only_within_the_bound(google) -> None:
+    fake, hook = google
+    fake.state["instances"]["proj-1"] = [vm("gpu-train-s")]
+    c = conf(fake, hook, ["gpu-train-s"], hours=1)
+    c["compute"] = "http://127.0.15.1:9"  # nothing listens: every call fails
+    recent = cloud_event(entry(stamp=rfc3339(time.time() - 60)))
+    with pytest.raises(OSError):
+        recovery_call.on_event_with(recent, c)  # an error to the trigger: delivered again
+    old = cloud_event(entry(stamp=rfc3339(time.time() - 7200)))
+    said = recovery_call.on_event_with(old, c)
+    assert said.startswith("gave up after an error") and "recoverHours = 1" in said
+    assert "gave up" in hook.wait_for("recoverHours = 1")
+
+
+def test_a_start_that_ended_after_the_functions_wait_is_announced_on_the_next_look(google) -> None:
+    fake, hook = google
+    rec = recovery.updated_record({}, EV, "coming back", T0 + 60, "the start is still in progress", attempt=True)
+    doc = vm("gpu-train-s", status="RUNNING", started=T0 + 200)
+    doc["metadata"]["items"].append({"key": recovery.RECORD_KEY, "value": json.dumps(rec)})
+    fake.state["instances"]["proj-1"] = [doc]
+    assert recovery_call.recover(EV, conf(fake, hook, ["gpu-train-s"]), now=T0 + 400)[0] == DONE
+    assert record(fake, "gpu-train-s")["state"] == "resumed"
+    assert "back: gpu-train-s" in hook.wait_for("started again")

@@ -113,12 +113,17 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
     record = recovery.record_of(head) if head else {}
     attempts = int(record.get("attempts", 0)) if record.get("at") == event.at else 0
     # Nodes this event took down that are up again (a start that finished after the last look).
+    late = []
     for name in nodes:
         inst = found.get(name)
         rec = recovery.record_of(inst) if inst else {}
         if inst and inst.get("status") == "RUNNING" and rec.get("at") == event.at and rec.get("state") != "resumed" \
                 and rec.get("state") != "stopping for the group":
             api.set_record(name, inst, recovery.updated_record(rec, event, "resumed", now))
+            late.append(name)
+    if late and not (p.start or p.stop or p.waiting):
+        say(f"back: {', '.join(late)} started again after the {event.kind} at "
+            f"{recovery.clock(event.at, local=False)} UTC (the runs resume at boot)")
     todo = p.start or p.stop or p.waiting
     if not todo:
         return DONE, "; ".join(f"{n}: {w}" for n, w in p.why.items())
@@ -185,7 +190,14 @@ def on_event_with(data: dict, conf: dict) -> str:
     event = recovery.event_of(entry_of(data))
     if event is None:
         return "not a preemption or host error"
-    outcome, why = recover(event, conf)
+    try:
+        outcome, why = recover(event, conf)
+    except Exception as e:  # Google's API or the token failing: again later, but not past the stack's bound
+        reason = recovery.give_up_reason(event, time.time(), conf["hours"], 0)
+        if reason is None:
+            raise
+        outcome, why = DONE, f"gave up after an error ({e}): {reason}"
+        notify.send(conf["notify"], f"gpu-train {conf['stack']}: gave up bringing {event.instance} back: {why}")
     print(json.dumps({"event": event.kind, "instance": event.instance, "outcome": outcome, "why": why}), flush=True)
     if outcome == RETRY:
         raise Retry(why)
