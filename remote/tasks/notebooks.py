@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpu_train.errors import printable_doc
+from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.forward import ForwardError, LocalForward, pick_local_port, remote_listens
 
 HOST_SCRIPT = Path(__file__).resolve().parent.parent / "agent" / "serve.py"
@@ -56,7 +57,7 @@ def serve(conn, target, kind: str, spec_extra: dict, local_port: int | None, say
     chan.exec_command(host_command(target.python))
     chan.sendall(json.dumps(spec).encode() + b"\n")
     try:
-        line = chan.makefile("rb").readline()
+        line = chan.makefile("rb").readline(LINE_MAX)  # a host's answer: bounded
         try:
             doc = printable_doc(json.loads(line))
         except ValueError:

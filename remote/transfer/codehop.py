@@ -29,6 +29,7 @@ from gpu_train.errors import printable_doc
 from gpu_train.stack.config import SshHost
 from remote.agent.bundle import agent_command
 from remote.errors import RemoteError
+from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.hostkeys import host_id
 from remote.ssh.target import Target
 from remote.transfer.sync import staging_dest, staging_options
@@ -131,6 +132,7 @@ class CodeFanout:
         """Node ``node``'s thread is done or failed: nothing may wait on it any longer."""
         if node in self.authorized:
             _settle(self.authorized[node], why)
+            self.revoke(node)  # a node that failed before its code arrived: its key goes too
         if node == 0:
             for f in self.arrived.values():
                 _settle(f, error=RemoteError(f"the code did not reach node 0 ({why})"))
@@ -164,7 +166,7 @@ class CodeFanout:
 
     def revoke(self, node: int) -> None:
         """Take the train's key out of node ``node``'s authorized_keys (its expiry covers a failure here)."""
-        call = self.calls.get(node)
+        call = self.calls.pop(node, None)  # once per node
         if call is not None and self.authorized[node].done():
             with contextlib.suppress(Exception):
                 call("unauthorize", "--key", self.public_key)
@@ -207,7 +209,8 @@ class _Relay:
         try:
             if self.chan is not None:
                 self.chan.sendall(b"go\n")
-                for line in self.chan.makefile("rb"):
+                answers = self.chan.makefile("rb")
+                for line in iter(lambda: answers.readline(LINE_MAX), b""):  # node 0's lines, bounded
                     try:
                         said = printable_doc(json.loads(line))
                     except ValueError:
