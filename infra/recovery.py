@@ -43,6 +43,7 @@ INSTANCE_PERMISSIONS = ("compute.instances.get", "compute.instances.start", "com
                         "compute.instances.setMetadata")
 OPERATION_PERMISSIONS = ("compute.zoneOperations.get",)  # the start's outcome (capacity errors are there)
 SUFFIX = "recovery"
+FUNCTION_NAME_MAX = 49
 
 
 def stops_for_good(cfg: StackConfig) -> bool:
@@ -104,7 +105,8 @@ def declare(prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance]
         return None
     child = pulumi.ResourceOptions(parent=parent)
     project, region = cfg.project or "", cfg.region
-    name = names.resource_name(cfg.stack, SUFFIX)
+    # Cloud Run names the function's service after it, and takes 49 characters at most.
+    name = f"{names.rfc1035(f'gpu-train-{cfg.stack}', FUNCTION_NAME_MAX - len(SUFFIX) - 1)}-{SUFFIX}"
     apis = [gcp.projects.Service(f"{prefix}-{SUFFIX}-{api.split('.')[0]}-api", project=project, service=api,
                                  disable_on_destroy=False, opts=child)
             for api in (*APIS, *((SECRETS_API,) if cfg.notify else ()))]

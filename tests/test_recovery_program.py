@@ -151,3 +151,12 @@ def test_a_secret_webhook_in_the_stack_file_is_taken_and_never_shown() -> None:
     assert cfg.notify == config.SECRET_VALUE
     with pytest.raises(config.ConfigError, match="secret, which gpu-train cannot use"):
         config.parse({**gcp_raw(), "gpu-train:zone": {"secure": "v1:Zm9vYmFy"}}, "s", load_catalog())
+
+
+def test_a_long_stack_name_still_gives_a_function_cloud_run_takes(public_key: Path) -> None:
+    raw = gcp_raw(spot=True)
+    raw["gpu-train:sshPublicKey"] = str(public_key)
+    result = preview.run(program.main, stack="a-rather-long-stack-name-for-the-big-h100-experiments", config=raw)
+    assert result.error is None, result.error
+    name = one(result, "cloudfunctionsv2/function:Function")["name"]
+    assert len(name) <= recovery.FUNCTION_NAME_MAX and name.endswith("-recovery") and name.startswith("gpu-train-a-")
