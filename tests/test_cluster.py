@@ -105,8 +105,9 @@ def test_a_killed_node_fails_the_run_and_stop_cleans_up_the_other(duo: Cluster, 
     assert f"node 0: {run}: stopped" in stopped
     assert duo.state(0, run)["state"] == "stopped"
     assert not Path(f"/proc/{duo.state(0, run)['pid']}").exists()
-    # The whole group restarts, same run id and JOB_DIR on each node.
-    assert f"{run}: restarted on 2 node(s) (resume 1)" in duo.fab("resume", check=True).stdout
+    # A stopped run is restarted only when named; the whole group restarts, same run id and JOB_DIR on each node.
+    assert "no interrupted run to resume" in duo.fab("resume").stderr
+    assert f"{run}: restarted on 2 node(s) (resume 1)" in duo.fab("resume", "--run", run, check=True).stdout
     deadline = time.monotonic() + 30
     while not all(duo.log(n, run).count('"task"') == 2 for n in (0, 1)):
         assert time.monotonic() < deadline, "the group did not restart"

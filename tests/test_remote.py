@@ -336,7 +336,7 @@ def test_bad_input_fails_before_anything_is_copied(lab: Lab, plain: str) -> None
         (("--dir", str(EXAMPLE), "--script", "nope.py"), "no such file"),
         (("--dir", str(lab.tmp / "missing"), "--script", "x.py"), "no such directory"),
         (("--dir", str(EXAMPLE), "--script", "train.py", "--name", "9lives"), "--name '9lives'"),
-        (("--dir", str(EXAMPLE), "--script", "train.py", "--env", "NOEQUALS"), "NAME=VALUE"),
+        (("--dir", str(EXAMPLE), "--script", "train.py", "--env", "NOEQUALS"), "NOEQUALS is not set in this shell"),
         (("--dir", plain, "--command", "true", "--args", "x"), "--args goes with --script"),
     ]
     for args, words in cases:
