@@ -17,7 +17,7 @@ from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import StackConfig
 from gpu_train.stack.pools import boot_disk_type
-from infra import recovery
+from infra import bucket, recovery
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class GpuVm(pulumi.ComponentResource):
             project=cfg.project,
             opts=child,
         )
-        grants = [
+        grants: list[pulumi.Resource] = [
             gcp.projects.IAMMember(
                 f"{name}-{role.split('/')[-1]}",
                 project=cfg.project,
@@ -111,6 +111,8 @@ class GpuVm(pulumi.ComponentResource):
             )
             for role in vm.SERVICE_ACCOUNT_ROLES
         ]
+
+        grants += bucket.declare(name, cfg, account.email, vm.labels(cfg, args.pulumi_project), self)
 
         # Resolved at `up` time from the family, then pinned: the instance ignores later changes of
         # the family's newest image, so a re-run of `pulumi up` never replaces the VM (and its disk).
@@ -176,7 +178,7 @@ class GpuVm(pulumi.ComponentResource):
                 reservation_affinity=provisioning.reservation_affinity(cfg),
                 desired_status=vm.desired_status(cfg.running),
                 network_interfaces=[nic(shapes[i].machine_type)],
-                service_account={"email": account.email, "scopes": list(vm.SERVICE_ACCOUNT_SCOPES)},
+                service_account={"email": account.email, "scopes": vm.scopes(cfg)},
                 metadata=metadata,
                 tags=[tag],
                 labels={**vm.labels(cfg, args.pulumi_project), "gpu-train-node": str(i), **recovery.label(cfg)},

@@ -37,6 +37,17 @@ SERVICE_ACCOUNT_SCOPES = (
     "https://www.googleapis.com/auth/logging.write",
     "https://www.googleapis.com/auth/monitoring.write",
 )
+# With gpu-train:bucket: object read/write (no bucket admin, no ACLs) on that bucket only, granted on
+# the bucket itself; the storage scope that lets the VM's token reach Cloud Storage at all.
+BUCKET_ROLE = "roles/storage.objectUser"
+STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+
+
+def scopes(cfg: StackConfig) -> list[str]:
+    """The VM's OAuth scopes: logs and metrics, and Cloud Storage only with a bucket."""
+    return [*SERVICE_ACCOUNT_SCOPES, *([STORAGE_SCOPE] if cfg.bucket else [])]
+
+
 SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
 SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, for this VM only
 # The nodes' own traffic, SSH included (node 0 passes the code on to the others over it), must beat

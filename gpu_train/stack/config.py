@@ -19,6 +19,7 @@ from typing import Any
 from gpu_train.gcp import gpunames
 from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.disks import default_disk_type
+from gpu_train.stack.bucket import bucket_problems
 from gpu_train.stack.pools import parse_pools
 from gpu_train.stack.problems import ConfigError, Problem, shown
 from gpu_train.stack.settings import (  # each setting is declared once, there
@@ -226,6 +227,8 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
     if target == "gcp" and not (isinstance(project, str) and project.strip()):
         problems.append(Problem("gcp:project", "is required", "pulumi config set gcp:project YOUR_PROJECT_ID"))
 
+    if not any(p.key in ("bucket", "bucketCreate") for p in problems):
+        problems += bucket_problems(values.get("bucket"), bool(values.get("bucketCreate")))
     if "gpuType" in values:  # `gpuType: T4` means nvidia-tesla-t4: the program and the API get the API name
         values["gpuType"] = gpunames.api_name(values["gpuType"], catalog)
     kwargs = {BY_KEY[k].attr: v for k, v in values.items() if k != "hosts"}

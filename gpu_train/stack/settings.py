@@ -170,6 +170,12 @@ class StackConfig:
     notify: str | None = setting("notify", "str", None, "a webhook told when a run ends, fails, is preempted, comes "
                                  "back or is given up (Slack, Discord, ntfy.sh topic); a secret: "
                                  "`pulumi config set --secret gpu-train:notify URL`")
+    bucket: str | None = setting("bucket", "str", None, "Cloud Storage for runs: `NAME` or `gs://NAME/PREFIX`; each "
+                                 "run's JOB_DIR goes to `PREFIX/STACK/RUN/` while it trains (see docs/bucket.md)",
+                                 shown="none")
+    bucket_create: bool = setting("bucketCreate", "bool", False, "`true`: the stack creates `bucket` in the VM's "
+                                  "region (uniform access; kept at `down`); `false`: the bucket exists already",
+                                  targets=GCP)
     nodes: int = setting("nodes", "int", 1, "VMs of the same shape for multi-node training (GCP; SSH stacks list "
                          "several `hosts`)", targets=GCP)
     quota_request: dict[str, str] = setting("quotaRequest", "map", help="`{gpus, justification, contactEmail}`: "

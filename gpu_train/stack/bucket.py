@@ -1,0 +1,83 @@
+"""`gpu-train:bucket`: where in Cloud Storage a stack's runs go, checked before anything is created.
+
+``NAME`` or ``gs://NAME/PREFIX``; a run's files are objects under ``PREFIX/STACK/RUN/`` (node N > 0 of a
+cluster: ``.../RUN/node-N/``), the same shape as the laptop's ``runs/STACK/RUN/``. Pure: the program,
+the laptop's tasks and the host's uploader (through the job spec) all take the names from here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from gpu_train.stack.problems import Problem
+
+SCHEME = "gs://"
+# Google's naming rules (cloud.google.com/storage/docs/buckets#naming): lowercase letters, digits,
+# dashes, underscores and dots; start and end with a letter or digit; 3-63 characters (up to 222 with
+# dots, each dot-separated part at most 63); not an IP address; no "goog" prefix, no "google" inside.
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*[a-z0-9]")
+MAX_OBJECT_NAME = 1024  # bytes of UTF-8 (Cloud Storage's limit); RUN and file names come after the prefix
+MAX_PREFIX = 512  # leaves the other half to STACK/RUN/<path>
+
+
+@dataclass(frozen=True)
+class BucketPlace:
+    """A bucket and the prefix (empty, or ending in ``/``) every stack's runs go under."""
+
+    name: str
+    prefix: str = ""
+
+    def url(self, path: str = "") -> str:
+        return f"{SCHEME}{self.name}/{self.prefix}{path}"
+
+
+def name_problem(name: str) -> str | None:
+    """What is wrong with a bucket name, or None."""
+    if not _NAME.fullmatch(name):
+        return "a bucket name is lowercase letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+    parts = name.split(".")
+    if len(name) < 3 or len(name) > (222 if len(parts) > 1 else 63) or any(len(p) > 63 for p in parts):
+        return "a bucket name has 3 to 63 characters (up to 222 with dots, each dotted part at most 63)"
+    try:
+        ipaddress.ip_address(name)
+        return "a bucket name cannot be an IP address"
+    except ValueError:
+        pass
+    if name.startswith("goog") or "google" in name or "g00gle" in name:
+        return "a bucket name cannot start with 'goog' or contain 'google'"
+    return None
+
+
+def parse_bucket(text: str) -> BucketPlace:
+    """``NAME`` or ``gs://NAME[/PREFIX]`` -> a BucketPlace; ValueError saying what is wrong."""
+    rest = text.strip().removeprefix(SCHEME)
+    name, _, prefix = rest.partition("/")
+    if (why := name_problem(name)) is not None:
+        raise ValueError(why)
+    parts = [p for p in prefix.split("/") if p]
+    if any(p in (".", "..") for p in parts) or any(ord(c) < 32 or c in "\x7f#[]*?" for c in prefix):
+        raise ValueError("the prefix is folder names without '.', '..', control characters or # [ ] * ?")
+    joined = "".join(f"{p}/" for p in parts)
+    if len(joined.encode()) > MAX_PREFIX:
+        raise ValueError(f"the prefix is at most {MAX_PREFIX} bytes (an object name is at most {MAX_OBJECT_NAME})")
+    return BucketPlace(name, joined)
+
+
+def bucket_problems(text: str | None, create: bool) -> list[Problem]:
+    """The problems of ``bucket`` (and ``bucketCreate`` without it), each naming the fix."""
+    if text is None:
+        return [Problem("bucketCreate", "needs gpu-train:bucket (the bucket's name)",
+                        "pulumi config set gpu-train:bucket NAME, or remove gpu-train:bucketCreate")] if create else []
+    try:
+        parse_bucket(text)
+    except ValueError as e:
+        return [Problem("bucket", str(e), "pulumi config set gpu-train:bucket NAME (or gs://NAME/PREFIX), e.g. "
+                        "gs://my-team-checkpoints/gpu-train", text)]
+    return []
+
+
+def run_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
+    """The object prefix of one run's files (node N > 0 of a cluster: its own folder inside)."""
+    return f"{place.prefix}{stack}/{run}/" + (f"node-{node}/" if node else "")

@@ -1,0 +1,49 @@
+"""The stack's Cloud Storage bucket (gpu-train:bucket): created or existing, and the VM's access to it.
+
+With ``bucketCreate`` the program creates the bucket in the VM's region (no egress charge between
+them), with uniform bucket-level access and public access prevented, and retains it when the stack
+is destroyed: checkpoints in a bucket are what is meant to outlive the VM. Either way the VM's own
+service account gets object read/write on this bucket only, as a member of the bucket's policy.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from gpu_train.gcp import vm
+from gpu_train.stack.bucket import parse_bucket
+from gpu_train.stack.config import StackConfig
+
+
+def declare(name: str, cfg: StackConfig, account_email: pulumi.Output[str], labels: dict[str, str],
+            parent: pulumi.Resource) -> list[pulumi.Resource]:
+    """The bucket (when the stack creates it) and the VM's grant on it; nothing without ``bucket``."""
+    if not cfg.bucket:
+        return []
+    place = parse_bucket(cfg.bucket)
+    made: list[pulumi.Resource] = []
+    bucket_name: pulumi.Input[str] = place.name
+    if cfg.bucket_create:
+        created = gcp.storage.Bucket(
+            f"{name}-bucket",
+            name=place.name,
+            project=cfg.project,
+            location=cfg.region.upper(),
+            uniform_bucket_level_access=True,
+            public_access_prevention="enforced",
+            force_destroy=False,  # never deletes objects; retained below anyway
+            labels=labels,
+            # `down` (pulumi destroy) leaves the bucket and its runs; delete it yourself when done.
+            opts=pulumi.ResourceOptions(parent=parent, retain_on_delete=True),
+        )
+        made.append(created)
+        bucket_name = created.name
+    made.append(gcp.storage.BucketIAMMember(
+        f"{name}-bucket-objects",
+        bucket=bucket_name,
+        role=vm.BUCKET_ROLE,
+        member=account_email.apply(lambda email: f"serviceAccount:{email}"),
+        opts=pulumi.ResourceOptions(parent=parent),
+    ))
+    return made
