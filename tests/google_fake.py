@@ -4,7 +4,9 @@ and a throwaway ADC file.
 It answers as Google does: OAuth's token endpoint (a service-account JWT grant, which it checks), the
 metadata server's service-account token, Service Usage ``services:batchGet``, Compute ``aggregated/instances``,
 ``instances.get``, ``instances.start``/``stop``/``setMetadata`` (operations that finish later, with the error
-documents of a zone out of capacity; a fingerprint that must match) and ``zoneOperations.get``, Cloud Quotas
+documents of a zone out of capacity; a fingerprint that must match) and ``zoneOperations.get``, what
+`scripts/preflight` reads (``regions.get``, ``projects.get``, ``acceleratorTypes.list``, ``reservations.get``
+and ``aggregated/reservations``, from ``state["compute"][project]``), Cloud Quotas
 ``quotaPreferences.list`` (paged; refused as a disabled API unless the project's services say it is
 enabled), all refusing a request without the bearer token it issued, with Google's error documents.
 """
@@ -21,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 TOKEN = "ya29.fake-token-for-tests"
+BASE = "https://www.googleapis.com/compute/v1"  # the API's self links name this host, wherever it is asked
 SERVICE_USAGE_DISABLED = ("Service Usage API has not been used in project {p} before or it is disabled. Enable it by "
                           "visiting https://console.developers.google.com/apis/api/serviceusage.googleapis.com/overview"
                           "?project={p} then retry.")
@@ -132,8 +135,56 @@ class Google(BaseHTTPRequestHandler):
                 self._error(404, "NOT_FOUND", f"The resource '{'/'.join(parts[2:])}' was not found")
             else:
                 self._send(200, op)
+        elif parts[:3] == ["compute", "v1", "projects"] and self._preflight(parts, query):
+            pass
         else:
             self._error(404, "NOT_FOUND", f"no such method {url.path}")
+
+    def _preflight(self, parts: list[str], query: dict[str, list[str]]) -> bool:
+        """What scripts/preflight reads, answered from ``state["compute"][project]``: {"region": {metric: (limit,
+        usage)}, "global": (limit, usage), "offered": [accelerator type names], "reservations": {zone: [the
+        reservations resource, as the API gives it]}}. False for a path it does not serve."""
+        project = parts[3]
+        doc = self.state.get("compute", {}).get(project)
+        rest = parts[4:]
+        if doc is None:
+            if not rest or rest[0] in ("regions", "zones", "aggregated"):
+                self._error(403, "PERMISSION_DENIED", f"Permission denied on resource project {project}.")
+                return True
+            return False
+
+        def quotas(table: dict) -> list[dict]:
+            return [{"metric": m, "limit": float(lim), "usage": float(use)} for m, (lim, use) in table.items()]
+
+        if not rest:  # projects.get
+            limit, usage = doc.get("global", (0, 0))
+            self._send(200, {"kind": "compute#project", "name": project,
+                             "quotas": quotas({"GPUS_ALL_REGIONS": (limit, usage)})})
+        elif len(rest) == 2 and rest[0] == "regions":  # regions.get
+            self._send(200, {"kind": "compute#region", "name": rest[1], "quotas": quotas(doc.get("region", {}))})
+        elif len(rest) == 3 and rest[0] == "zones" and rest[2] == "acceleratorTypes":
+            self._send(200, {"kind": "compute#acceleratorTypeList", "items": [
+                {"kind": "compute#acceleratorType", "name": n, "zone": f"{BASE}/projects/{project}/zones/{rest[1]}"}
+                for n in doc.get("offered", [])]})
+        elif len(rest) == 4 and rest[0] == "zones" and rest[2] == "reservations":  # reservations.get
+            zone, name = rest[1], rest[3]
+            found = [r for r in doc.get("reservations", {}).get(zone, []) if r["name"] == name]
+            if found:
+                self._send(200, found[0])
+            else:
+                self._error(404, "NOT_FOUND",
+                            f"The resource 'projects/{project}/zones/{zone}/reservations/{name}' was not found")
+        elif rest == ["aggregated", "reservations"]:  # aggregatedList, filtered by name as the client asks
+            wanted = query.get("filter", [""])[0].split("=")[-1].strip()
+            items: dict[str, dict] = {}
+            for zone, found in doc.get("reservations", {}).items():
+                mine = [r for r in found if not wanted or r["name"] == wanted]
+                items[f"zones/{zone}"] = {"reservations": mine} if mine else {"warning": {
+                    "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{zone}' on this page."}}
+            self._send(200, {"kind": "compute#reservationAggregatedList", "items": items})
+        else:
+            return False
+        return True
 
     def log_message(self, *args) -> None:
         pass
@@ -239,3 +290,20 @@ class FakeGoogle:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def reservation(project: str, zone: str, name: str, machine_type: str, count: int = 1, in_use: int = 0,
+                accelerators: list[tuple[str, int]] | None = None, local_ssds: list[int] | None = None,
+                status: str = "READY") -> dict:
+    """A ``compute#reservation`` as reservations.get gives it (int64 fields as strings, as the API's JSON has
+    them): a specific reservation of ``count`` VMs of ``machine_type``."""
+    props: dict = {"machineType": machine_type}
+    if accelerators:
+        props["guestAccelerators"] = [{"acceleratorType": t, "acceleratorCount": c} for t, c in accelerators]
+    if local_ssds:
+        props["localSsds"] = [{"diskSizeGb": str(gb), "interface": "NVME"} for gb in local_ssds]
+    link = f"{BASE}/projects/{project}/zones/{zone}/reservations/{name}"
+    return {"kind": "compute#reservation", "id": "1234567890123456789", "creationTimestamp": "2026-11-01T08:00:00.000-07:00",
+            "selfLink": link, "zone": f"{BASE}/projects/{project}/zones/{zone}", "name": name,
+            "specificReservation": {"instanceProperties": props, "count": str(count), "inUseCount": str(in_use)},
+            "specificReservationRequired": True, "status": status, "shareSettings": {"shareType": "LOCAL"}}

@@ -135,6 +135,8 @@ def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     monkeypatch.setenv(probes.COMPUTE_ENV, f"http://127.0.0.1:{server.server_address[1]}")
+    # No ADC: this local API asks for none (tests/test_reservations.py runs preflight with credentials).
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-adc.json"))
     stacks = tmp_path / "stacks"
     stacks.mkdir()
     (stacks / "Pulumi.pf.yaml").write_text(

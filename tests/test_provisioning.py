@@ -196,3 +196,22 @@ def test_the_program_declares_a_vm_in_a_reservation_and_never_the_reservation() 
 def test_an_on_demand_vm_says_nothing_of_reservations() -> None:
     """The provider's default (ANY_RESERVATION) stays: nothing is sent that the user did not ask for."""
     assert "reservationAffinity" not in instance(gcp_raw()).inputs
+
+
+@pytest.mark.parametrize(("settings", "tried"), [
+    ({}, ["n1-standard-8 + 1 x nvidia-tesla-t4"]),
+    ({"spot": True, "spotFallback": True}, ["n1-standard-8 + 1 x nvidia-tesla-t4 (spot)", "n1-standard-8 + 1 x nvidia-tesla-t4"]),
+    ({**A3_2G, "spot": True, "maxRunHours": 4, "provisioningFallback": ["flex-start"]},
+     ["a3-highgpu-2g (spot)", "a3-highgpu-2g (flex-start)"]),
+    ({**A3, "flexStart": True, "maxRunHours": 4, "provisioningFallback": ["spot", "on-demand"],
+      "fallbackShapes": ["a3-highgpu-4g"]},
+     ["a3-highgpu-8g (flex-start)", "a3-highgpu-8g (spot)", "a3-highgpu-8g", "a3-highgpu-4g (flex-start)",
+      "a3-highgpu-4g (spot)"]),  # a3-highgpu-4g is not had on demand: left out
+])
+def test_what_scripts_up_tries_in_order(settings: dict, tried: list[str]) -> None:
+    from infra.ops.up import shapes_to_try
+
+    cfg = parse(gcp_raw(**settings), "s", CATALOG)
+    assert [str(s) for s in shapes_to_try(cfg, CATALOG)] == tried
+    flex = [s.settings() for s in shapes_to_try(cfg, CATALOG) if s.way == "flex-start"]
+    assert all(x["flexStart"] == "true" and x["spot"] == "false" for x in flex)

@@ -18,6 +18,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 import infra.ops.plan
 import infra.ops.up
@@ -106,7 +107,8 @@ def env(tmp_path: Path):
                                                               "us-east1-c", "us-east1-d"]}}
     yield {**os.environ, "PATH": f"{STAND_IN}:{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
            "PULUMI_STAND_IN_DIR": str(tmp_path), "GPU_TRAIN_STACKS_DIR": str(stacks),
-           "GPU_TRAIN_COMPUTE_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}"}
+           "GPU_TRAIN_COMPUTE_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+           "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "no-adc.json")}  # this local API asks for none
     server.shutdown()
 
 
@@ -367,3 +369,18 @@ def test_a_plain_destroy_is_refused_until_the_data_disks_are_released(env: dict,
     assert pulumi_cli.release_data_disks("t4") == []  # released once
     done = subprocess.run(["pulumi", "destroy", "--yes", "--stack", "t4"], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and not names(state(env), "Disk")
+
+
+# -- provisioningFallback: other ways, zone by zone ---------------------------------------------
+def test_spot_then_flex_start_zone_by_zone(env: dict) -> None:
+    """Spot in each zone first, then Flex-start in each: the way that got capacity is written back."""
+    edit_stack(env, machineType="a3-highgpu-2g", gpuType=None, gpuCount=None, maxRunHours=8,
+               provisioningFallback=["flex-start"])
+    result, _ = up(env, "stockout stockout ok", "--zones", "us-central1-a,us-central1-b")
+    assert result.returncode == 0, result.stdout
+    tried = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("[up] attempt ") and " in " in line
+             and "failed" not in line]
+    assert tried == ["a3-highgpu-2g (spot) in us-central1-a", "a3-highgpu-2g (spot) in us-central1-b",
+                     "a3-highgpu-2g (flex-start) in us-central1-a"]
+    written = yaml.safe_load(stack_text(env))["config"]
+    assert (str(written["gpu-train:flexStart"]), str(written["gpu-train:spot"])) == ("true", "false"), written

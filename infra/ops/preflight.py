@@ -2,7 +2,9 @@
 
 Reads, from the Compute API's REST interface with your Application Default Credentials: the
 region's quotas (regions.get), the project's (projects.get: GPUS_ALL_REGIONS) and the accelerator
-types of the zone (acceleratorTypes.list). Three GETs: no client library (google-cloud-compute took
+types of the zone (acceleratorTypes.list), and, for a stack that consumes a reservation, that reservation
+(reservations.get in the stack's zone; where it is not there, aggregated/reservations says where it is).
+Three GETs (four, five): no client library (google-cloud-compute took
 2 s of CPU to import, on every `scripts/preflight` and `scripts/up`). Prints limit, usage and need for each
 quota the VM counts against; for every shortfall, the exact quota and how to raise it.
 Exit 0 when it fits, 1 when it cannot, 2 when the stack is invalid or the API cannot be reached.
@@ -15,14 +17,18 @@ import os
 import sys
 
 from gpu_train.errors import ExitStatus, outcome
-from gpu_train.gcp import quota, validate
+from gpu_train.gcp import provisioning, quota, reservations, validate
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile
 from infra.ops import probes
 
 
 def _credentials():
-    """Application Default Credentials; none against another endpoint (the tests' local API)."""
+    """The user's Application Default Credentials; none only against another endpoint when there are none
+    (a local API that asks for none)."""
+    _, creds = probes.read_adc()
+    if creds is not None:
+        return creds
     if os.environ.get(probes.COMPUTE_ENV):
         from google.auth.credentials import AnonymousCredentials
 
@@ -30,6 +36,22 @@ def _credentials():
     import google.auth
 
     return google.auth.default(scopes=probes.SCOPES)[0]
+
+
+def read_reservation(project: str, zone: str, name: str) -> tuple[dict | None, list[str]]:
+    """The reservation ``name`` of ``project`` in ``zone`` (reservations.get), or None and the zones that
+    do hold one of that name (aggregated/reservations filtered by name). Raises RuntimeError otherwise."""
+    creds = _credentials()
+    try:
+        return probes.get_json(creds, probes.compute_url(f"/compute/v1/projects/{project}/zones/{zone}/reservations/"
+                                                         f"{name}")), []
+    except RuntimeError as e:
+        if not str(e).startswith("HTTP 404"):
+            raise
+    pages = probes.pages(creds, probes.compute_url(f"/compute/v1/projects/{project}/aggregated/reservations"),
+                         {"filter": f"name = {name}"})
+    return None, sorted(scope.split("/")[-1] for page in pages for scope, scoped in (page.get("items") or {}).items()
+                        if any(r.get("name") == name for r in scoped.get("reservations", [])))
 
 
 def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[str]]:
@@ -60,13 +82,17 @@ def offering_zones(project: str, machine_type: str, gpu_type: str) -> list[str]:
     return sorted(zones("machineTypes", machine_type) & zones("acceleratorTypes", gpu_type))
 
 
-def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str]) -> tuple[str, int]:
+Reservation = tuple[dict | None, list[str]]  # read_reservation's answer
+
+
+def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str],
+           reservation: Reservation | None = None) -> tuple[str, int]:
     catalog = load_catalog()
     shape = validate.shape_of(cfg, catalog)
     nodes = validate.node_shapes(cfg, catalog)
     rows = quota.evaluate(quota.needs(cfg, shape, region_q, catalog, nodes), region_q, global_q)
     what = ", ".join(f"{p.count} x {p.role} {p.machine_type}" for p in cfg.pools) if cfg.pools else \
-        f"{cfg.nodes} x {shape.machine_type} ({shape.gpu_count} x {shape.gpu_type}{', spot' if cfg.spot else ''})"
+        f"{cfg.nodes} x {shape.machine_type} ({shape.gpu_count} x {shape.gpu_type}, {provisioning.way(cfg)})"
     lines = [f"Preflight of stack {cfg.stack}: project {cfg.project}, {cfg.zone}, {what}", "",
              f"  {'quota':<32}{'scope':<14}{'limit':>8}{'usage':>8}{'need':>8}  status"]
     short = []
@@ -91,12 +117,34 @@ def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set
             continue
         short.append(f"{acc.name} is not offered in {cfg.zone} for this project "
                      f"(offered there: {', '.join(sorted(offered)) or 'no GPUs'}); pick another zone (scripts/plan suggests some)")
+    if reservation is not None and cfg.reservation:
+        lines.append("")
+        short += _reservation_lines(cfg, reservation, nodes, catalog, lines)
     lines.append("")
     if short:
         lines += ["The stack cannot fit:"] + [f"  - {s}" for s in short]
         return "\n".join(lines), ExitStatus.FAILED
     lines.append("The stack fits.")
     return "\n".join(lines), ExitStatus.OK
+
+
+def _reservation_lines(cfg: config.StackConfig, found: Reservation, nodes: list, catalog, lines: list[str]) -> list[str]:
+    """The reservation's row in the report (appended to ``lines``), and its problems for 'cannot fit'."""
+    assert cfg.reservation
+    project, name = reservations.where(cfg.reservation, cfg.project or "")
+    doc, elsewhere = found
+    if doc is None:
+        there = f"; project {project} has one of that name in {', '.join(elsewhere)}: set gpu-train:zone to it" \
+            if elsewhere else f"; `gcloud compute reservations list --project={project}` lists those it has"
+        lines.append(f"  reservation {name} (project {project}): NOT FOUND in {cfg.zone}")
+        return [f"reservation {name} does not exist in {cfg.zone} (project {project}){there}"]
+    fit = reservations.fit(doc, nodes, catalog)
+    specific = doc.get("specificReservation") or {}
+    lines.append(f"  reservation {name} (project {project}, {cfg.zone}): {doc.get('status', '?')}, "
+                 f"{specific.get('inUseCount', 0)} of {specific.get('count', 0)} VMs in use: "
+                 + ("matches the shape" if not fit.errors else "DIFFERS"))
+    lines += [f"      {w}" for w in fit.warnings]
+    return fit.errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot read the project's quotas: {type(e).__name__}: {e}\n"
               "fix: `gcloud auth application-default login`, and check gcp:project", file=sys.stderr)
         return ExitStatus.USAGE
-    text, code = report(cfg, region_q, global_q, offered)
+    found = None
+    if cfg.reservation:
+        project, name = reservations.where(cfg.reservation, cfg.project or "")
+        try:
+            found = read_reservation(project, cfg.zone, name)
+        except Exception as e:  # credentials, permissions on a shared reservation's project: say which
+            print(f"cannot read reservation {name} of project {project}: {type(e).__name__}: {e}\n"
+                  "fix: `gcloud auth application-default login`; a shared reservation needs "
+                  "compute.reservations.get in its project", file=sys.stderr)
+            return ExitStatus.USAGE
+    text, code = report(cfg, region_q, global_q, offered, found)
     print(text)
     return code
 

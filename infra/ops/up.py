@@ -5,7 +5,8 @@
   data disk kept) and anything that replaces is asked about first (`--yes` to skip; without a
   terminal it refuses). A VM that cannot start for lack of capacity is reported with the choices
   (`--retry-until-up` waits in its zone; `--move` replaces it elsewhere): never moved silently.
-- A new stack (or `--move`): zones (and fallbackShapes, spotFallback) are tried in turn. Each attempt
+- A new stack (or `--move`): zones (and fallbackShapes, provisioningFallback's ways such as spot then
+  Flex-start, spotFallback) are tried in turn, each shape and way zone by zone. Each attempt
   runs on a copy of the stack file (`--config-file`), so the stack file changes only when an attempt
   succeeded. After a failed attempt only the instances, data disks and placement policy that attempt
   created are removed (`pulumi destroy --target`); the service account, firewall rules and quota
@@ -23,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_train.gcp import capacity, changes, validate
+from gpu_train.gcp import capacity, changes, provisioning, validate
+from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile
 from gpu_train.stack.project import command_name
@@ -48,29 +50,44 @@ NEXT_STEP = {
 
 @dataclass(frozen=True)
 class Shape:
+    """One thing to try: a machine shape, had one way (on-demand, spot, flex-start, reservation)."""
+
     machine_type: str
     gpu_type: str | None
     gpu_count: int | None
-    spot: bool
+    way: str = ON_DEMAND
+    set_flex: bool = False  # the stack says flexStart: the setting must be written either way
+
+    @property
+    def spot(self) -> bool:
+        return self.way == SPOT
 
     def settings(self) -> dict[str, str]:
         out = {"machineType": self.machine_type, "spot": str(self.spot).lower()}
+        if self.way == FLEX_START or self.set_flex:
+            out["flexStart"] = str(self.way == FLEX_START).lower()
         if self.gpu_type:
             out |= {"gpuType": self.gpu_type, "gpuCount": str(self.gpu_count)}
         return out
 
     def __str__(self) -> str:
         gpus = f" + {self.gpu_count} x {self.gpu_type}" if self.gpu_type else ""
-        return f"{self.machine_type}{gpus}{' (spot)' if self.spot else ''}"
+        return f"{self.machine_type}{gpus}{'' if self.way == ON_DEMAND else f' ({self.way})'}"
 
 
-def shapes_to_try(cfg: config.StackConfig) -> list[Shape]:
-    """The stack's shape, then its fallbackShapes, then (spotFallback) all of them on demand."""
-    shapes = [Shape(cfg.machine_type, cfg.gpu_type, cfg.gpu_count, cfg.spot)]
-    shapes += [Shape(*config.parse_shape(text), cfg.spot) for text in cfg.fallback_shapes]
+def shapes_to_try(cfg: config.StackConfig, catalog: Catalog | None = None) -> list[Shape]:
+    """The stack's shape, then its fallbackShapes; each the stack's way, then the ways provisioningFallback
+    names (where the shape can be had so), in its order; then (spotFallback) every spot one on demand.
+    Each is tried zone by zone before the next."""
+    own = provisioning.way(cfg)
+    ways = list(dict.fromkeys([own, *cfg.provisioning_fallback]))
+    machines = [(cfg.machine_type, cfg.gpu_type, cfg.gpu_count)] + [config.parse_shape(t) for t in cfg.fallback_shapes]
+    shapes = [Shape(m, g, c, w, cfg.flex_start) for m, g, c in machines for w in ways
+              if catalog is None or w == own or w in catalog.ways(m)]
     if cfg.spot and cfg.spot_fallback:
-        shapes += [Shape(s.machine_type, s.gpu_type, s.gpu_count, False) for s in shapes]
-    return shapes
+        shapes += [Shape(s.machine_type, s.gpu_type, s.gpu_count, ON_DEMAND, cfg.flex_start)
+                   for s in shapes if s.way == SPOT]
+    return list(dict.fromkeys(shapes))
 
 
 def ask(question: str, yes: bool, say: Callable[[str], None]) -> bool:
@@ -169,7 +186,7 @@ class Up:
         kept = {(r.urn, r.id) for r in before}
         offered: list[str] | None = None
         while True:
-            for shape in shapes_to_try(self.cfg):
+            for shape in shapes_to_try(self.cfg, self.catalog):
                 candidate = validate.check({**self.raw, **{f"gpu-train:{k}": v for k, v in shape.settings().items()}},
                                            self.stack, self.catalog)[0]
                 gpu = validate.shape_of(candidate, self.catalog)
