@@ -78,6 +78,7 @@ def test_data_disk_names_fit_compute_engine() -> None:
     ({"spot": True}, changes.REPLACE, "scheduling.provisioningModel"),
     ({"gpuCount": 2}, changes.REPLACE, "guestAccelerators[0].count"),
     ({"maxRunHours": 4}, changes.REPLACE, "scheduling.maxRunDuration.seconds"),
+    ({"reservation": "res-1"}, changes.REPLACE, "reservationAffinity.type"),
     ({"machineType": "n1-standard-16"}, changes.RESTART, "machineType"),
     ({"labels": {"team": "a"}}, changes.IN_PLACE, "labels.team"),
     ({"running": False}, changes.IN_PLACE, "desiredStatus"),
