@@ -9,7 +9,7 @@ from __future__ import annotations
 import pulumi
 from pulumi.runtime.config import CONFIG, get_config_env
 
-from gpu_train.gcp import validate, vm
+from gpu_train.gcp import provisioning, validate, vm
 from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.gcp.pricing import hourly_cost
@@ -27,7 +27,7 @@ def stack_settings() -> dict[str, object]:
 def declare(cfg: config.StackConfig, public_key: str, catalog: Catalog) -> GpuVm:
     """Declare the VM of a validated GCP stack and export what the fab tasks read."""
     shapes = validate.node_shapes(cfg, catalog)
-    per_node = [hourly_cost(s, catalog).hourly(cfg.spot) for s in shapes]
+    per_node = [hourly_cost(s, catalog).for_way(provisioning.way(cfg)) for s in shapes]
     known = [c for c in per_node if c is not None]
     cost = round(sum(known), 5) if len(known) == len(per_node) else None
     gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shapes[0], public_key, pulumi.get_project(), cost,

@@ -215,3 +215,15 @@ def test_what_scripts_up_tries_in_order(settings: dict, tried: list[str]) -> Non
     assert [str(s) for s in shapes_to_try(cfg, CATALOG)] == tried
     flex = [s.settings() for s in shapes_to_try(cfg, CATALOG) if s.way == "flex-start"]
     assert all(x["flexStart"] == "true" and x["spot"] == "false" for x in flex)
+
+
+@pytest.mark.parametrize(("settings", "cost"), [
+    ({}, 0.85362),
+    ({"spot": True}, 0.34057),
+    ({"reservation": "l4-res"}, 0.85362),  # the on-demand rate, unless a commitment covers it
+    ({"flexStart": True, "maxRunHours": 3}, None),  # the DWS rate: not in the catalog, never the on-demand one
+])
+def test_the_cost_the_stack_exports_is_its_ways(settings: dict, cost: float | None) -> None:
+    result = preview.run(program.main, stack="s", config=gcp_raw(**G2, **settings))
+    assert result.error is None, result.error
+    assert result.outputs["hourlyCostUsd"] == cost

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_train.gcp.catalog import Catalog, Price
+from gpu_train.gcp.catalog import FLEX_START, SPOT, Catalog, Price
 from gpu_train.gcp.validate import GpuShape
 
 
@@ -23,6 +23,11 @@ class Cost:
 
     def hourly(self, spot: bool) -> float | None:
         return self.spot if spot else self.on_demand
+
+    def for_way(self, way: str) -> float | None:
+        """The price of one way to have the VM: Flex-start bills its own (DWS) rate, which the catalog does not
+        hold; a reservation's VM bills on demand unless a commitment covers it."""
+        return {SPOT: self.spot, FLEX_START: None}.get(way, self.on_demand)
 
 
 def _machine_price(machine_type: str, catalog: Catalog) -> Price | None:

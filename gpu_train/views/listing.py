@@ -20,6 +20,7 @@ from gpu_train.contract import ACTIVE  # the contract with the host, written onc
 from gpu_train.gcp import gpunames
 from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.pricing import hourly_cost
+from gpu_train.gcp.provisioning import way
 from gpu_train.gcp.validate import shape_of
 from gpu_train.stack.config import StackConfig
 from remote.agent import recovery
@@ -220,7 +221,7 @@ def row(facts: StackFacts, now: float, catalog: Catalog) -> Row:
 
 def catalog_price(cfg: StackConfig, catalog: Catalog) -> float | None:
     """The stack's $/h for all its nodes from the catalog (None when the catalog has no price)."""
-    per_vm = hourly_cost(shape_of(cfg, catalog), catalog).hourly(cfg.spot)
+    per_vm = hourly_cost(shape_of(cfg, catalog), catalog).for_way(way(cfg))
     return None if per_vm is None else round(per_vm * cfg.nodes, 5)
 
 

@@ -115,7 +115,7 @@ def describe_pools(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
         nodes = f"node {first}" if pool.count == 1 else f"nodes {first}-{first + pool.count - 1}"
         first += pool.count
         gpus = f"{shape.gpu_count} x {shape.gpu_type}" if shape.gpu_count else "no GPU"
-        per_node = hourly_cost(shape, catalog).hourly(cfg.spot)
+        per_node = hourly_cost(shape, catalog).for_way(provisioning.way(cfg))
         cost = None if per_node is None else per_node * pool.count
         total = None if total is None or cost is None else total + cost
         lines.append(f"  {pool.role:<7}{nodes:<13}{pool.count} x {shape.machine_type} ({gpus}): {_money(cost)}/h")
