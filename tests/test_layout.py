@@ -149,7 +149,8 @@ def test_the_core_is_handed_its_data() -> None:
 ALLOWED = {
     "gpu_train.contract": set(),
     "gpu_train.errors": set(),
-    "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.gcp"},
+    "gpu_train.atomic": set(),
+    "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.atomic", "gpu_train.gcp"},
     "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack"},
     "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
     "gpu_train.views": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},

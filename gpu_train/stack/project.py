@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpu_train.atomic import atomic_write
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_STACKS = REPO / "stacks"
 MARKERS = ("stacks", ".git")  # a directory holding one of these is a project's root
@@ -104,10 +106,7 @@ def select_stack(root: Path, name: str | None) -> None:
     if name is None:
         path.unlink(missing_ok=True)
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".stack.{os.getpid()}.tmp")
-    tmp.write_text(name + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, name + "\n", mode=0o644)
 
 
 def stack_dirs(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:

@@ -23,6 +23,7 @@ from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.provisioning import way
 from gpu_train.gcp.validate import shape_of
 from gpu_train.stack.config import StackConfig
+from gpu_train.views.table import aligned
 from remote.agent import recovery
 
 BILLING_STATES = ("RUNNING", "PROVISIONING", "STAGING", "STOPPING", "REPAIRING", "SUSPENDING")
@@ -262,8 +263,7 @@ def render(table: list[Row]) -> str:
     body = [[r.stack, r.target, r.shape, r.where, r.state, "?" if r.runs_running is None else str(r.runs_running),
              money(r.hourly_now), money(r.spent_month) if r.spent_month is None else f"≥{money(r.spent_month)}", r.idle]
             for r in table]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)).rstrip() for x in [head, *body]]
+    lines = aligned([head, *body])
     everywhere = set.intersection(*(set(r.notes) for r in table)) if len(table) > 1 else set()
     for r in table:
         lines += [f"  {r.stack}: {n}" for n in r.notes if n not in everywhere]

@@ -17,6 +17,7 @@ from gpu_train.gcp import gpunames
 from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Accelerator, Catalog
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.validate import GpuShape
+from gpu_train.views.table import aligned
 
 
 class OfferError(GpuTrainError, ValueError):
@@ -185,8 +186,7 @@ def render_table(rows: list[GpuOffer], catalog: Catalog, spot: bool = False) -> 
     body = [[o.short, o.api, f"{o.memory_gb} GB", _shapes_summary(o), _regions_summary(o),
              money(o.spot_per_gpu if spot else o.on_demand_per_gpu), "" if spot else money(o.spot_per_gpu), o.note]
             for o in rows]
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *body]]
+    lines = aligned([head, *body])
     lines.append("")
     lines.append(_footer(catalog, _dates(rows)))
     lines.append("`gpu-train gpus NAME` shows one GPU's shapes, zones and prices; short names work in stacks (gpuType: T4).")

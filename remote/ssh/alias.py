@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gpu_train.atomic import atomic_write
 from gpu_train.stack.project import command_name
 
 MARK = "# gpu-train: ssh aliases (`gpu-train ssh-config --remove` undoes this)"
@@ -71,16 +72,6 @@ def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_ho
     return "\n".join(blocks) + "\n"
 
 
-def _atomic_write(path: Path, text: str, mode: int = 0o600) -> None:
-    """Replace ``path`` whole; a symbolic link (a dotfiles ~/.ssh/config) is edited where it points, not replaced."""
-    path = Path(os.path.realpath(path))
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.gpu-train.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else mode)
-    tmp.replace(path)
-
-
 def write_alias(target, home: Path) -> tuple[str, bool]:
     """Write (or refresh) the stack's alias file; (alias, whether it is new)."""
     path = alias_dir(home) / f"gpu-train-{target.stack}.conf"
@@ -92,7 +83,7 @@ def write_alias(target, home: Path) -> tuple[str, bool]:
                  [proxy_command(target, h) for h in target.hosts])
     new = not path.is_file()
     if new or path.read_text() != text:
-        _atomic_write(path, text)
+        atomic_write(path, text)
     return f"gpu-train-{target.stack}", new
 
 
@@ -130,7 +121,7 @@ def add_include(home: Path) -> Path:
     if include_line(home) not in existing:
         rest = "".join(_without_ours(existing.splitlines(keepends=True)))
         try:
-            _atomic_write(conf, f"{MARK}\n{include_line(home)}\n\n{rest}" if rest else f"{MARK}\n{include_line(home)}\n")
+            atomic_write(conf, f"{MARK}\n{include_line(home)}\n\n{rest}" if rest else f"{MARK}\n{include_line(home)}\n")
         except OSError as e:
             raise OSError(f"cannot write {os.path.realpath(conf)} ({e.strerror or e}): add this line at its top "
                           f"yourself:\n    {include_line(home)}") from None
@@ -145,7 +136,7 @@ def remove(home: Path) -> list[str]:
         lines = conf.read_text().splitlines(keepends=True)
         keep = [ln for ln in _without_ours(lines) if ln.rstrip("\n") != include_line(home)]
         if len(keep) != len(lines):
-            _atomic_write(conf, "".join(keep))
+            atomic_write(conf, "".join(keep))
             done.append(f"removed the Include line from {conf}")
     for f in sorted(alias_dir(home).glob("gpu-train-*.conf")) if alias_dir(home).is_dir() else []:
         f.unlink()
@@ -174,7 +165,7 @@ def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[
         return False
     answer = ask(f"Add `{include_line(home)}` to {user_config()} so `ssh gpu-train-STACK` works? [y/N] ").strip().lower()
     choice = answer in ("y", "yes")
-    _atomic_write(_choice_path(home), json.dumps({"include": choice}))
+    atomic_write(_choice_path(home), json.dumps({"include": choice}))
     if not choice:
         say(f"  not added (asked once; `{command_name(sys.argv[0])} ssh-config` adds it later, {CHOICE_ENV}=include answers it)")
     return choice

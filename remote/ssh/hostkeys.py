@@ -11,12 +11,12 @@ import base64
 import fcntl
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
 
+from gpu_train.atomic import atomic_write
 from gpu_train.stack.config import SshHost
 from remote.errors import HostKeyError
 from remote.ssh.target import Target
@@ -66,9 +66,7 @@ def append_known_host(path: Path, line: str) -> None:
             return  # learned by the task beside us meanwhile
         if old and not old.endswith("\n"):
             old += "\n"
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-            tmp.write(old + line)
-        os.replace(tmp.name, path)
+        atomic_write(path, old + line)
     finally:
         os.close(lock_fd)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpu_train.atomic import atomic_write
 from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT
 from gpu_train.gcp.vm import job_grace_s
 from gpu_train.stack import config, project, stackfile
@@ -158,11 +159,8 @@ def known_roots(cache: Path) -> dict[str, str]:
 
 def remember_root(cache: Path, host: SshHost, root: str) -> None:
     """Keep a host's REMOTE_ROOT in the stack's cache (rebuilt by asking again when lost)."""
-    cache.mkdir(parents=True, exist_ok=True)
     roots = {**known_roots(cache), host_key(host): root}
-    tmp = cache / f".{ROOTS_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(roots, indent=1))
-    tmp.replace(cache / ROOTS_FILE)
+    atomic_write(cache / ROOTS_FILE, json.dumps(roots, indent=1))
 
 
 def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
@@ -181,10 +179,7 @@ def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
     outputs = json.loads(out.stdout or "{}")
     if not outputs.get("externalIp"):
         raise ConfigError([Problem("stack", f"stack {stack} has no VM yet (no externalIp output)", "run `pulumi up`")])
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(outputs, indent=1))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(outputs, indent=1))
     return outputs
 
 

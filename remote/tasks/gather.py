@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpu_train.atomic import atomic_write
 from gpu_train.gcp import validate
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.gcp.vm import label_value
@@ -114,10 +115,7 @@ class Ledger:
 
     def write(self, intervals: tuple[listing.Interval, ...]) -> None:
         keep = [iv for iv in intervals if iv[1] > time.time() - 400 * 86400]  # a year and a bit is enough
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps({"intervals": keep}))
-        tmp.replace(self.path)
+        atomic_write(self.path, json.dumps({"intervals": keep}))
 
 
 def _instances_by_stack(creds, projects: set[str]) -> tuple[dict[tuple[str, str], list[dict]], dict[str, str]]:

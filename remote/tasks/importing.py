@@ -7,13 +7,13 @@ over an existing one unless --force, and atomically), and prints the report and 
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.atomic import atomic_write
 from gpu_train.errors import ExitStatus, printable
 from gpu_train.stack.project import repo_script
 from remote.tasks.session import say
@@ -44,10 +44,7 @@ def _write_stack(path: Path, settings: dict, source: str, stack: str, force: boo
     header = (f"# Written by `gpu-train import` from {source}.\n"
               f"# Edit what the report marks 'not mapped', then: {repo_script('plan')} --stack {stack}\n")
     text = header + yaml.safe_dump({"config": settings}, sort_keys=False, default_flow_style=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, text, mode=0o644)
 
 
 @task(

@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+from gpu_train.atomic import atomic_write
+
 
 class PushedManifests:
     """Which code (by manifest) each host last received for a run name: a local cache, so an
@@ -78,12 +80,3 @@ class FetchRecord:
 
     def save(self) -> None:
         atomic_write(self.path, json.dumps(self.doc, indent=1))
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    if path.exists():
-        os.chmod(tmp, path.stat().st_mode & 0o777)
-    tmp.replace(path)

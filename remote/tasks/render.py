@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from gpu_train.contract import RUN_LIMIT_NOTICE_S, run_limit_at
+from gpu_train.views.table import aligned
 from remote.agent.recovery import describe_return
 
 
@@ -57,8 +58,7 @@ def run_table(runs: list[dict]) -> list[str]:
             # own: resumes used up, the wrapper failed); its last line is then whatever came before.
             line = r["reason"]
         rows.append((r["id"], state, "-" if code is None else str(code), duration(r.get("durationS")), line[:120]))
-    wide = [max(len(row[i]) for row in rows) for i in range(4)]
-    return [f"  {a:<{wide[0]}}  {b:<{wide[1]}}  {c:>{wide[2]}}  {d:>{wide[3]}}  {e}".rstrip() for a, b, c, d, e in rows]
+    return [f"  {line}" for line in aligned(rows, right={2, 3})]
 
 
 def agent_lines(doc: dict, target) -> list[str]:
