@@ -105,7 +105,8 @@ def declare(prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance]
         return None
     child = pulumi.ResourceOptions(parent=parent)
     project, region = cfg.project or "", cfg.region
-    # Cloud Run names the function's service after it, and takes 49 characters at most.
+    # Cloud Run names the function's service after it (63 characters at most) and each revision after that
+    # (NAME-00001-abc, 63 at most too): 49 leaves the revisions room.
     name = f"{names.rfc1035(f'gpu-train-{cfg.stack}', FUNCTION_NAME_MAX - len(SUFFIX) - 1)}-{SUFFIX}"
     apis = [gcp.projects.Service(f"{prefix}-{SUFFIX}-{api.split('.')[0]}-api", project=project, service=api,
                                  disable_on_destroy=False, opts=child)
