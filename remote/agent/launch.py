@@ -15,6 +15,7 @@ from gpu_train.contract import FAILED, GO_WHEN, STARTING, cli_name, go_marker, p
 
 from . import notify, units
 from .procs import detect_python, gpu_count
+from .pyenv import run_env, venv_python
 from .status import busy_runs, machine_settings
 from .store import AgentError, agent_log, agent_path, locked, now, read_json, settings, update_state, write_json
 
@@ -93,7 +94,7 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         if have < want:
             return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
     python = detect_python(spec.get("python"))
-    check_python(python, bool(spec.get("python")), bool(spec.get("needsTorch")))
+    managed = check_python(python, bool(spec.get("python")), bool(spec.get("needsTorch")))
     staging = os.path.join(root, "staging", run_id)
     if await_go:
         refuse_if_busy(root, base)
@@ -132,7 +133,8 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         os.replace(tmp_link, last)
         if spec.get("codeManifest"):
             write_json(f"{last[:-len('.last')]}.manifest", {"manifest": spec["codeManifest"]})
-        write_json(os.path.join(run_dir, "spec.json"), {**spec, "python": python, "path": os.environ.get("PATH")})
+        write_json(os.path.join(run_dir, "spec.json"), {**spec, "python": python, "externallyManaged": managed,
+                                                           "path": os.environ.get("PATH")})
         update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0)
     try:
         screen = start_wrapper(root, run_id)
@@ -141,7 +143,7 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         raise
     return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
             "log": os.path.join(run_dir, "log"), "screen": screen,
-            "python": os.path.join(project_dirs(root, spec.get("project"))[0], "bin", "python") if spec.get("venv") else python,
+            "python": job_python(root, spec, python, managed),
             "dataDir": project_dirs(root, spec.get("project"))[1]}
 
 
@@ -181,10 +183,22 @@ def start_wrapper(root: str, run_id: str) -> str:
     return name
 
 
-def check_python(python: str, configured: bool, torch: bool) -> None:
-    """Before "started": the job's Python runs, and imports torch when the job needs it."""
+def job_python(root: str, spec: dict, python: str, managed: bool) -> str:
+    """The Python the job will run with: the project's venv's, or ``python`` itself (pyenv.run_env)."""
+    venv = run_env(project_dirs(root, spec.get("project"))[0], python, bool(spec.get("venv")), managed)
+    return venv_python(venv) if venv else python
+
+
+# Prints whether the Python refuses installs of its own (PEP 668's marker, outside a venv).
+MANAGED_PROBE = ("import os,sys,sysconfig;print(sys.prefix==sys.base_prefix and "
+                 "os.path.isfile(os.path.join(sysconfig.get_path('stdlib'),'EXTERNALLY-MANAGED')))")
+
+
+def check_python(python: str, configured: bool, torch: bool) -> bool:
+    """Before "started": the job's Python runs, and imports torch when the job needs it. Whether it
+    is externally managed (PEP 668), so that requirements go into a venv of it instead."""
     where = f"gpu-train:python = {python}" if configured else f"the host's Python {python} (detected; set gpu-train:python)"
-    probe = "import torch" if torch else "import sys"
+    probe = ("import torch;" if torch else "") + MANAGED_PROBE
     try:
         result = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
@@ -196,3 +210,4 @@ def check_python(python: str, configured: bool, torch: bool) -> None:
             raise AgentError(f"{where} cannot `import torch` ({last}): set gpu-train:python to a Python with torch, "
                              "or list torch in requirements.txt")
         raise AgentError(f"{where} does not run ({last})")
+    return result.stdout.strip().endswith("True")

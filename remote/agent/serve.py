@@ -3,9 +3,10 @@ the laptop's SSH channel stays open.
 
 Sent with the call (``python3 -c``) by `gpu-train tensorboard` / `jupyter`; the spec (Jupyter's
 token) comes as the first line of stdin, never on the command line, which every user of the host
-can read. It picks the Python that has the server (the stack's, else the Deep Learning VM's
-conda, else python3), a free port on 127.0.0.1 (never on a public address: the tunnel is the only
-way in), starts the server in its own process group, waits until it accepts connections, and
+can read. It picks the Python that has the server (the project's venv where the runs made one, else
+the stack's, else the Deep Learning VM's conda, else python3), a free port on 127.0.0.1 (never on a
+public address: the tunnel is the only way in), starts the server in its own process group, waits
+until it accepts connections, and
 answers one JSON line. Then it waits for its stdin to close, which happens when the laptop stops
 (Ctrl-C) or its connection drops, and stops the whole group: no server is left behind.
 """
@@ -30,15 +31,20 @@ def has_module(python, module):
 
 
 def choose(spec):
-    """(python, module) for the server, or an error text."""
-    candidates = [spec["python"]] if spec.get("python") else ["/opt/conda/bin/python", "python3"]
+    """(python, module) for the server, or an error text. The run's environment first: the project's
+    venv where the runs made one, then the stack's Python (else the Deep Learning VM's conda, else python3)."""
+    env_python = spec.get("envPython")
+    base = [spec["python"]] if spec.get("python") else ["/opt/conda/bin/python", "python3"]
+    has_env = bool(env_python) and os.access(env_python, os.X_OK)
+    candidates = ([env_python] if has_env else []) + base
     for python in candidates:
         for module in MODULES[spec["kind"]]:
             if has_module(python, module):
                 return python, module, None
     wanted = "tensorboard" if spec["kind"] == "tensorboard" else "jupyterlab"
+    into = env_python if has_env or spec.get("venv") else base[0]
     return None, None, (f"no {wanted} in {' or '.join(candidates)} on this host: add {wanted} to your requirements.txt "
-                        f"(installed by the next train), or pip install {wanted}")
+                        f"(the next train installs it into {into}, the jobs' Python)")
 
 
 def free_port():
@@ -95,7 +101,7 @@ def first_line(fd=0, limit=1 << 20):
 
 def main():
     spec = json.loads(first_line())
-    for key in ("root", "logdir", "dir"):
+    for key in ("root", "logdir", "dir", "envPython"):
         if spec.get(key):
             spec[key] = os.path.expanduser(spec[key])
     for sig in (signal.SIGTERM, signal.SIGHUP):  # sshd ending the session: stop the server too

@@ -8,7 +8,9 @@ State on the host is the truth about runs:
       code/BASE.last -> ../runs/RUN/code   (the newest code of a name: rsync --link-dest)
       staging/RUN/                          (code being synced, before launch)
       runs/RUN/{code/, job/ (= JOB_DIR), log, state.json, spec.json}
-      python/<hash>.requirements            (hash of the last requirements.txt installed per Python)
+      python/<hash>.requirements            (hash of the last dependencies installed per Python and venv)
+      envs/PROJECT/, data/PROJECT/          (the project's venv, what `push` sent)
+      tools/uv-VERSION/uv, cache/{uv,pip}/  (uv, fetched once; the downloads every venv links or copies)
 """
 
 from __future__ import annotations

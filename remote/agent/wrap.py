@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,7 +27,7 @@ from gpu_train.contract import (
     project_dirs,
 )
 
-from . import notify
+from . import notify, pyenv, uvfetch
 from .procs import gpu_count, proc_start_time
 from .store import AgentError, last_line, now, read_json, read_state, run_locked, update_state
 from .units import system_stopping
@@ -47,73 +46,80 @@ def tail_lines(path: str, n: int = PIP_TAIL_LINES) -> list[str]:
 
 
 @contextlib.contextmanager
-def env_lock(env_dir: str):
-    """One venv creation or pip install at a time per project (two runs may start together)."""
-    os.makedirs(os.path.dirname(env_dir), exist_ok=True)
-    with open(f"{env_dir}.lock", "w") as f:
+def env_lock(path: str):
+    """One venv creation or install at a time per environment (two runs may start together)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(f"{path}.lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
 
-def job_python(root: str, run_dir: str, spec: dict, log) -> str:
-    """The Python the job runs with: the stack's (or detected) one, or the project's venv made from it.
+def environment_step(w: Wrapper, root: str, run_dir: str, base: str, venv: str | None) -> str:
+    """The job's Python, ready: the project's venv made (or rebuilt when it is gone or its base
+    changed) and the code's dependencies installed when they changed since the last install there.
 
-    The venv keeps the system site packages, so a torch installed on the host is used as it is,
-    and requirements.txt installs only what is missing, into the project's own folder.
+    uv does both where it can be had (uvfetch.py), with its cache on REMOTE_ROOT; else venv and pip,
+    and the log says why. Their output goes to pip.log beside the run's log; the log says where, and
+    gets its last lines only when it fails.
     """
-    base = spec["python"]
-    if not spec.get("venv"):
-        return base
-    env_dir, _ = project_dirs(root, spec.get("project"))
-    python = os.path.join(env_dir, "bin", "python")
-    with env_lock(env_dir):
-        if not os.access(python, os.X_OK):
-            log.write(f"[gpu-train] creating the project's virtual environment {env_dir} from {base} "
-                      "(with the system site packages)\n".encode())
-            made = subprocess.run([base, "-m", "venv", "--system-site-packages", env_dir], capture_output=True, text=True)
-            if made.returncode != 0:
-                shutil.rmtree(env_dir, ignore_errors=True)
-                why = (made.stderr or made.stdout).strip().splitlines()[-1:] or [f"exit {made.returncode}"]
-                raise AgentError(f"{base} -m venv failed ({why[0]}): on Debian/Ubuntu install python3-venv "
-                                 f"(sudo apt install python3-venv), or set gpu-train:venv: false to run with {base} itself")
+    code_dir = os.path.join(run_dir, "code")
+    files = pyenv.dependency_files(code_dir)
+    tool_env = {**os.environ, **pyenv.cache_dirs(root), "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
+    python = pyenv.venv_python(venv) if venv else base
+    stamp = os.path.join(root, "python", hashlib.sha256(python.encode()).hexdigest()[:16] + ".requirements")
+    with env_lock(venv or stamp):
+        problem = pyenv.venv_problem(venv, base) if venv else None
+        source, _ = pyenv.install_plan(files, have_uv=True)
+        digest = pyenv.install_digest(source, files, python) if source and not problem else None
+        if digest and read_text(stamp) == digest:
+            w.say(f"{source} unchanged since the last install: skipping the install")
+            return python
+        if not problem and not source:
+            return python
+        uv, found = uvfetch.find_uv(root, tool_env)
+        if uv:
+            tool_env.update(uvfetch.uv_index_env(uvfetch.read_pip_index(tool_env)))
+        else:
+            w.say(f"uv is not available ({found}): using venv and pip instead (slower)")
+        if problem and venv:
+            if problem != "it does not exist yet":
+                w.say(f"rebuilding the project's virtual environment {venv}: {problem}")
+            pyenv.make_venv(venv, base, uv, tool_env, w.say)
+        source, why = pyenv.install_plan(files, have_uv=uv is not None)
+        if why:
+            w.say(why)
+        if source:
+            install(w, run_dir, python, uv, found, source, tool_env)
+            os.makedirs(os.path.dirname(stamp), exist_ok=True)
+            with open(stamp, "w") as f:
+                f.write(pyenv.install_digest(source, files, python))
     return python
 
 
-def requirements_step(root: str, run_dir: str, python: str, w: Wrapper) -> None:
-    """pip install requirements.txt when it changed since the last install into this Python.
-
-    pip's output goes to pip.log beside the run's log; the log says where, and gets pip's last
-    lines only when it fails.
-    """
-    req = os.path.join(run_dir, "code", "requirements.txt")
-    if not os.path.isfile(req):
-        return
-    with open(req, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-    stamp_dir = os.path.join(root, "python")
-    os.makedirs(stamp_dir, exist_ok=True)
-    stamp = os.path.join(stamp_dir, hashlib.sha256(python.encode()).hexdigest()[:16] + ".requirements")
+def read_text(path: str) -> str | None:
     try:
-        with open(stamp) as f:
-            if f.read().strip() == digest:
-                w.log.write(b"[gpu-train] requirements.txt unchanged since the last install: skipping pip\n")
-                return
+        with open(path) as f:
+            return f.read().strip()
     except OSError:
-        pass
+        return None
+
+
+def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, source: str, env: dict) -> None:
+    code_dir = os.path.join(run_dir, "code")
     pip_log = os.path.join(run_dir, "pip.log")
-    w.log.write(f"[gpu-train] installing requirements.txt with {python} -m pip (its output: {pip_log})\n".encode())
+    how = f"{found} (cache {env['UV_CACHE_DIR']})" if uv else f"{python} -m pip"
+    w.say(f"installing {source} with {how} into {python} (its output: {pip_log})")
     w.log.flush()
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r", req]
-    with open(pip_log, "ab") as out:  # started under the run's lock, in its own group: `fab stop` ends it
-        rc = w.start(pip, "stepPid", stdout=out, cwd=os.path.join(run_dir, "code")).wait()
-        w.child = None
-    if rc != 0:
-        lines = tail_lines(pip_log)
-        w.log.write("".join(f"[gpu-train] pip: {ln}\n" for ln in lines).encode())
-        last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
-        raise AgentError(f"pip install -r requirements.txt failed (exit {rc}): {last[:300]} (all of it: {pip_log})")
-    with open(stamp, "w") as f:
-        f.write(digest)
+    tool = "uv" if uv else "pip"
+    for argv in pyenv.install_argv(source, python, uv, code_dir, run_dir):
+        with open(pip_log, "ab") as out:  # started under the run's lock, in its own group: `fab stop` ends it
+            rc = w.start(argv, "stepPid", stdout=out, cwd=code_dir, env=env).wait()
+            w.child = None
+        if rc != 0:
+            lines = tail_lines(pip_log)
+            w.log.write("".join(f"[gpu-train] {tool}: {ln}\n" for ln in lines).encode())
+            last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+            raise AgentError(f"{tool} install -r {source} failed (exit {rc}): {last[:300]} (all of it: {pip_log})")
 
 
 def job_argv(spec: dict, python: str, job_dir: str, nproc: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -281,7 +287,7 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     if spec is None:
         raise AgentError(f"the run's spec.json is missing or unreadable in {run_dir}")
     python, job_dir = spec["python"], os.path.join(run_dir, "job")
-    if spec.get("script") or os.path.isfile(os.path.join(run_dir, "code", "requirements.txt")):
+    if spec.get("script") or pyenv.dependency_files(os.path.join(run_dir, "code")):
         check_python(python)
     check_writable(job_dir)
     nproc = int(spec.get("nproc") or gpu_count() or 1)
@@ -290,16 +296,14 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
            RESUMES_ENV: str(resumes),
            "PYTHONUNBUFFERED": "1", "GPU_TRAIN_ROOT": root, "GPU_TRAIN_NOTICE": os.path.join(run_dir, NOTICE)}
-    if spec.get("venv"):
-        env.update(VIRTUAL_ENV=env_dir, PATH=f"{env_dir}/bin:{env.get('PATH', '')}")
+    venv = pyenv.run_env(env_dir, python, bool(spec.get("venv")), bool(spec.get("externallyManaged")))
+    if venv:
+        env.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{env.get('PATH', '')}")
+    elif spec.get("venv"):
+        w.say(f"{python} is a virtual environment's own Python: the job runs with it as it is")
     if spec.get("node") and not spec.get("script"):
         env.update(cluster_env(spec["node"], nproc))
-    python = job_python(root, run_dir, spec, w.log)
-    if spec.get("venv"):
-        with env_lock(env_dir):
-            requirements_step(root, run_dir, python, w)
-    else:
-        requirements_step(root, run_dir, python, w)
+    python = environment_step(w, root, run_dir, spec["python"], venv)
     workdir = os.path.join(run_dir, "code")
     link_data(data_dir, workdir, w.log)
     extra, said = resume_args(spec, resumes, workdir)

@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpu_train.contract import project_dirs
 from gpu_train.errors import printable_doc
+from gpu_train.stack.project import project_name, project_root
 from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.forward import ForwardError, LocalForward, pick_local_port, remote_listens
 
@@ -38,6 +40,11 @@ def host_command(python: str | None) -> str:
     return f"{shlex.quote(python or 'python3')} -c {shlex.quote(HOST_SCRIPT.read_text())}"
 
 
+def env_python(target) -> str:
+    """The project's venv's Python on the host (where the runs install requirements.txt when it exists)."""
+    return f"{project_dirs(target.remote_root, project_name(project_root()))[0]}/bin/python"
+
+
 def url_for(kind: str, port: int, token: str | None) -> str:
     """Where the forwarded server answers: Jupyter with its token, TensorBoard under its secret path."""
     if not token:
@@ -51,7 +58,8 @@ def serve(conn, target, kind: str, spec_extra: dict, local_port: int | None, say
     # Both ends listen on a loopback port every local user may connect to (the host's server, this
     # laptop's forward): a secret only this user sees (Jupyter's token, TensorBoard's path) is the lock.
     token = secrets.token_hex(24)
-    spec = {"kind": kind, "python": target.python, "root": target.remote_root, "token": token or "", **spec_extra}
+    spec = {"kind": kind, "python": target.python, "root": target.remote_root, "token": token or "",
+            "envPython": env_python(target), "venv": target.venv, **spec_extra}
     transport = conn.client.get_transport()
     chan = transport.open_session()
     chan.exec_command(host_command(target.python))

@@ -1,0 +1,104 @@
+"""A package index on loopback (PEP 503's simple pages, http.server in a thread): what a test host's
+pip and uv download from, with no traffic beyond this machine.
+
+It serves real wheels: uv's, rebuilt from the uv binary the test environment installed (PyPI's
+`uv`, a static binary in a wheel), and small pure-Python ones a test makes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import http.server
+import threading
+import zipfile
+from pathlib import Path
+
+from remote.agent.uvfetch import UV_VERSION
+from remote.loopback import free_port
+
+# An index nothing listens on: a host whose sessions have it set reaches no index at all (pip and the
+# uv fetch fail at once), as a host without internet; tests that do not exercise installs use it.
+OFFLINE_INDEX = "http://127.0.0.1:9/simple"
+
+
+def make_wheel(folder: Path, name: str, version: str, modules: dict[str, str]) -> Path:
+    """A pure-Python wheel of ``modules`` (file name -> source), installable by pip and uv."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    files = {**{m: s.encode() for m, s in modules.items()},
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpu-train-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
+                     for p, d in files.items()) + f"{dist}.dist-info/RECORD,,\n"
+    files[f"{dist}.dist-info/RECORD"] = record.encode()
+    path = folder / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for p, d in files.items():
+            z.writestr(p, d)
+    return path
+
+
+def uv_wheel(folder: Path, binary: Path) -> Path:
+    """uv's wheel for this machine, holding ``binary`` where PyPI's wheel has it."""
+    path = folder / f"uv-{UV_VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.write(binary, f"uv-{UV_VERSION}.data/scripts/uv")
+        z.writestr(f"uv-{UV_VERSION}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: uv\nVersion: {UV_VERSION}\n")
+    return path
+
+
+class PackageIndex:
+    """Serves /simple/PROJECT/ and /files/NAME for the wheels given; counts the files sent."""
+
+    def __init__(self, address: str, wheels: list[Path]):
+        self.files = {w.name: w for w in wheels}
+        self.sent: list[str] = []
+        index = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self) -> None:
+                self.answer(head=True)
+
+            def do_GET(self) -> None:
+                self.answer(head=False)
+
+            def answer(self, head: bool) -> None:
+                body = index.page(self.path, count=not head)
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html" if self.path.startswith("/simple") else "application/octet-stream")
+                self.send_header("Content-Length", str(len(body)))
+                # As PyPI answers: a file never changes; a project's page may, after ten minutes.
+                files = self.path.startswith("/files/")
+                self.send_header("Cache-Control", "max-age=365000000, immutable, public" if files else "max-age=600, public")
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((address, free_port(address)), Handler)
+        self.url = f"http://{address}:{self.server.server_address[1]}/simple"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def page(self, path: str, count: bool = True) -> bytes | None:
+        parts = [p for p in path.split("?")[0].split("/") if p]
+        if parts[:1] == ["files"] and len(parts) == 2 and parts[1] in self.files:
+            if count:
+                self.sent.append(parts[1])
+            return self.files[parts[1]].read_bytes()
+        if parts[:1] == ["simple"] and len(parts) == 2:
+            project = parts[1].lower().replace("_", "-")
+            links = [f'<a href="../../files/{html.escape(n)}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{html.escape(n)}</a>'
+                     for n, p in sorted(self.files.items()) if n.split("-")[0].lower().replace("_", "-") == project]
+            if links:
+                return ("<!DOCTYPE html><html><body>" + "<br>".join(links) + "</body></html>").encode()
+        return None
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
