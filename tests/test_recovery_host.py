@@ -53,9 +53,15 @@ def test_ls_and_a_stopped_vm_say_what_the_recovery_is_doing() -> None:
     coming = inst(record("coming back", 3, "zone out of capacity (ZONE_RESOURCE_POOL_EXHAUSTED)"))
     clock = time.strftime("%H:%M", time.localtime(T0))
     said = f"preempted {clock}, coming back (attempt 3, zone out of capacity (ZONE_RESOURCE_POOL_EXHAUSTED))"
-    assert listing.recovery_notes([coming]) == [said]
-    assert listing.recovery_notes([coming, inst(None, "RUNNING", "gpu-train-s-1")]) == [f"gpu-train-s: {said}"]
-    assert listing.recovery_notes([inst(None)]) == []
+    assert listing.recovery_notes([coming], T0 + 600) == [said]
+    assert listing.recovery_notes([coming, inst(None, "RUNNING", "gpu-train-s-1")], T0 + 600) == [f"gpu-train-s: {said}"]
+    assert listing.recovery_notes([inst(None)], T0 + 600) == []
+    back = inst(record("resumed", 3, resumedAt=T0 + 1020), "RUNNING")
+    assert listing.recovery_notes([back], T0 + 3600)[0].endswith(f"resumed {time.strftime('%H:%M', time.localtime(T0 + 1020))}")
+    assert listing.recovery_notes([back], T0 + 2 * 86400) == []  # old news
+    started_by_hand = inst(record("gave up", 40, "not back after 24.0 h"), "RUNNING")
+    assert listing.recovery_notes([started_by_hand], T0 + 90000) == []
+    assert listing.recovery_notes([inst(record("gave up", 40, "not back after 24.0 h"))], T0 + 90000) != []
     vm = {"name": "gpu-train-s", "zone": "us-central1-a", "project": "proj-1", "spot": True, "idleStopMinutes": 30}
     msg = vmprobe.stopped_message(coming, "s", vm, T0 + 600)
     assert msg is not None and said in msg and "recovery starts it" in msg

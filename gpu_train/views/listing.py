@@ -165,11 +165,13 @@ def _billing(state: str) -> bool:
     return state.rstrip("?").split(" ")[0] in BILLING_STATES
 
 
-def recovery_notes(instances: list[dict]) -> list[str]:
-    """What the stack's recovery function last did, per VM: "preempted 14:02, coming back (attempt 3, ...)"."""
+def recovery_notes(instances: list[dict], now: float) -> list[str]:
+    """What the stack's recovery function last did, per VM: "preempted 14:02, coming back (attempt 3, ...)",
+    while it is news (recovery.worth_saying)."""
     out = []
     for inst in instances:
-        said = recovery.describe(recovery.record_of(inst))
+        record = recovery.record_of(inst)
+        said = recovery.describe(record) if recovery.worth_saying(record, inst.get("status", ""), now) else ""
         if said:
             out.append(f"{inst.get('name')}: {said}" if len(instances) > 1 else said)
     return out
@@ -201,7 +203,7 @@ def row(facts: StackFacts, now: float, catalog: Catalog) -> Row:
         notes.append(f"compute api: {facts.api_error}")
     if facts.status_error and state not in ("TERMINATED", "none"):
         notes.append(f"host: {facts.status_error}")
-    notes += recovery_notes(facts.instances or [])
+    notes += recovery_notes(facts.instances or [], now)
     running = None if facts.status is None else sum(r.get("state") in ACTIVE for r in facts.status.get("runs", []))
     if cfg is None or not cfg.is_gcp:
         where = ", ".join(str(h) for h in cfg.hosts) if cfg else "?"

@@ -249,6 +249,20 @@ def clock(at: float, local: bool = True) -> str:
     return time.strftime("%H:%M", time.localtime(at) if local else time.gmtime(at))
 
 
+RECENT_S = 24 * 3600  # a return is news for a day; a VM someone started after the recovery gave up is none
+
+
+def worth_saying(record: dict, status: str, now: float) -> bool:
+    """Does `ls` mention this record? While the recovery is at work or gave up on a VM still down; a
+    return for a day after it."""
+    state = record.get("state")
+    if not record.get("at") or state is None:
+        return False
+    if state == "resumed":
+        return now - float(record.get("resumedAt") or record["at"]) < RECENT_S
+    return status not in UP
+
+
 def describe(record: dict, local: bool = True) -> str:
     """One line for `status` and `ls`: "preempted 14:02, coming back (attempt 3, zone out of capacity)"."""
     if not record.get("at"):
