@@ -38,6 +38,10 @@ def test_a_run_keeps_the_return_of_the_stop_that_interrupted_it(interrupted, exp
     if ret:
         assert ret == {"event": "preempted", "at": T0, "back": T0 + 1020, "attempts": 3}
     assert recovery.run_return({}, T0, T0 + 5) is None  # no record: a reboot, an idle stop, vm-stop
+    why = "not back after 24.0 h and 40 attempt(s) (gpu-train:recoverHours = 24)"
+    late = recovery.run_return(record("gave up", 40, why), T0 + 20, T0 + 90000)
+    assert late is not None and late["gaveUp"] == why  # the run's record says why it was not brought back
+    assert f"not brought back ({why}); resumed" in recovery.describe_return(late)
 
 
 def test_status_shows_each_return() -> None:

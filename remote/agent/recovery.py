@@ -224,7 +224,10 @@ def run_return(record: dict, interrupted_at: float | None, back: float) -> dict 
     at = record.get("at")
     if not isinstance(at, (int, float)) or not isinstance(interrupted_at, (int, float)) or abs(at - interrupted_at) > 900:
         return None
-    return {"event": record.get("event", "preempted"), "at": at, "back": back, "attempts": int(record.get("attempts") or 0)}
+    out = {"event": record.get("event", "preempted"), "at": at, "back": back, "attempts": int(record.get("attempts") or 0)}
+    if record.get("state") == "gave up":  # started by someone else after the recovery's bound
+        out["gaveUp"] = str(record.get("why") or "")
+    return out
 
 
 def lost_its_group(record: dict, ended: float | None, nnodes: int) -> bool:
@@ -240,8 +243,10 @@ def lost_its_group(record: dict, ended: float | None, nnodes: int) -> bool:
 def describe_return(ret: dict, local: bool = True) -> str:
     """A run's return for `status`: "preempted 14:02, resumed 14:19 (3 attempts)"."""
     tries = int(ret.get("attempts") or 0)
-    return (f"{ret.get('event', 'preempted')} {clock(ret['at'], local)}, resumed {clock(ret['back'], local)}"
-            + (f" ({tries} attempts)" if tries > 1 else ""))
+    head = f"{ret.get('event', 'preempted')} {clock(ret['at'], local)}"
+    if "gaveUp" in ret:
+        return f"{head}, not brought back ({ret['gaveUp']}); resumed {clock(ret['back'], local)} when started again"
+    return f"{head}, resumed {clock(ret['back'], local)}" + (f" ({tries} attempts)" if tries > 1 else "")
 
 
 # -- words ----------------------------------------------------------------------------------------------------
