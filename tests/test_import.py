@@ -338,3 +338,32 @@ def test_every_missing_field_is_reported_at_once(text, problems):
     assert f"{len(problems)} problems in the job" in message, message
     for p in problems:
         assert p in message, (p, message)
+
+
+@pytest.mark.parametrize(("machine", "timeout", "expected", "words"), [
+    ("a3-highgpu-2g", "7200s", {"flexStart": True, "maxRunHours": 2}, "FLEX_START -> gpu-train:flexStart true"),
+    ("a3-highgpu-2g", None, {"flexStart": True, "maxRunHours": 168}, "Vertex's default timeout"),
+    ("a3-highgpu-2g", "1000000s", {"flexStart": True, "maxRunHours": 168}, "1000000 s -> maxRunHours 168"),
+    ("a3-highgpu-2g", "5400s", {"flexStart": True, "maxRunHours": 1.5}, "5400 s -> maxRunHours 1.5"),
+    ("g2-standard-8", "3600s", {"flexStart": True, "maxRunHours": 1}, "FLEX_START"),
+])
+def test_a_vertex_flex_start_job_becomes_a_flex_start_stack(machine, timeout, expected, words):
+    sched = f"{{strategy: FLEX_START, maxWaitDuration: 1800s{', timeout: ' + timeout if timeout else ''}}}"
+    t = run(VERTEX_H100.replace("a3-highgpu-2g", machine).replace("acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2",
+                                                                  "acceleratorCount: 0" if machine.startswith("g2") else
+                                                                  "acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2")
+            .replace("scheduling: {timeout: 7200s}", f"scheduling: {sched}"))
+    settings = {k.removeprefix("gpu-train:"): v for k, v in t.settings.items()}
+    assert {k: settings.get(k) for k in expected} == expected and "spot" not in settings
+    assert any(words in n.detail for n in t.notes), [n.detail for n in t.notes]
+    assert any(n.field == "scheduling.maxWaitDuration" and n.status == CHANGED for n in t.notes)
+    text_out, code = plans(t.settings)
+    assert code == 0, text_out
+
+
+def test_a_vertex_flex_start_job_on_n1_runs_on_demand():
+    t = run(VERTEX_H100.replace("machineType: a3-highgpu-2g, acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2",
+                                "machineType: n1-standard-8, acceleratorType: NVIDIA_TESLA_V100, acceleratorCount: 1")
+            .replace("scheduling: {timeout: 7200s}", "scheduling: {strategy: FLEX_START, timeout: 7200s}"))
+    assert "gpu-train:flexStart" not in t.settings and t.settings["gpu-train:maxRunHours"] == 2
+    assert any("n1-standard-8 cannot be had as Flex-start" in n.detail for n in t.notes)

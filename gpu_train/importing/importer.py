@@ -75,6 +75,7 @@ class JobDescription:
     container: str | None = None
     boot_disk_gb: int | None = None
     spot: bool = False  # Vertex scheduling.strategy SPOT
+    flex_start: bool = False  # Vertex scheduling.strategy FLEX_START (Dynamic Workload Scheduler)
     notes: list[Note] = field(default_factory=list)
 
     def note(self, name: str, status: str, detail: str) -> None:
@@ -316,9 +317,14 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
     if strategy == "SPOT":
         job.spot = True
         job.note("scheduling.strategy", EXACT, "SPOT -> gpu-train:spot true")
+    elif strategy == "FLEX_START":
+        job.flex_start = True  # (the stack's flexStart; translate checks the shape takes it)
+        if scheduling.get("maxWaitDuration"):
+            job.note("scheduling.maxWaitDuration", CHANGED, f"{scheduling['maxWaitDuration']}: no counterpart (the "
+                     "provider sends no queueing time); scripts/up tries zone by zone, --retry-until-up keeps trying")
     elif strategy not in ("STANDARD", "ON_DEMAND", "STRATEGY_UNSPECIFIED"):
         job.note("scheduling.strategy", CHANGED, f"{strategy}: gpu-train creates the VM on demand (or spot: "
-                 "set gpu-train:spot); a queued start (FLEX_START) is not supported")
+                 "set gpu-train:spot)")
     for extra in sorted(set(spec) - {"workerPoolSpecs", "baseOutputDirectory", "scheduling"}):
         job.note(extra, NOT_MAPPED, "gpu-train has no such setting; it is left out")
     return job

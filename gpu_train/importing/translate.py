@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_train.gcp.catalog import ON_DEMAND, SPOT, Catalog
+from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.shape_rules import nearest_regions
 from gpu_train.importing.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables, together
 
@@ -177,6 +177,28 @@ VERTEX_OUTPUTS = ('AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/
                   'AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" ')
 
 
+def _flex_start(job: JobDescription, shapes: list[Shape], catalog: Catalog, settings: dict[str, Any],
+                notes: list[Note]) -> bool:
+    """Vertex's FLEX_START as the stack's flexStart, where every shape takes it; its timeout as maxRunHours
+    (Flex-start needs one: Vertex's default timeout, 7 days, where the job gives none; at most 7 days)."""
+    cannot = sorted({s.machine_type for s in shapes if FLEX_START not in catalog.ways(s.machine_type)})
+    if cannot:
+        notes.append(Note("scheduling.strategy", CHANGED, f"FLEX_START: {', '.join(cannot)} cannot be had as Flex-start "
+                          "on Compute Engine; the stack asks for the VM on demand"))
+        return False
+    top = catalog.flex_start.max_run_hours
+    hours = min(top, max(1, math.ceil((job.max_running_s or top * 3600) / 60) / 60))
+    hours = int(hours) if float(hours).is_integer() else round(hours, 4)
+    settings[f"{NAMESPACE}:flexStart"] = True
+    settings[f"{NAMESPACE}:maxRunHours"] = hours
+    notes.append(Note("scheduling.strategy", EXACT, "FLEX_START -> gpu-train:flexStart true"))
+    exact = job.max_running_s is not None and round(hours * 3600) == job.max_running_s
+    notes.append(Note("scheduling.timeout", EXACT if exact else CHANGED,
+                      f"{job.max_running_s} s -> maxRunHours {hours}" if job.max_running_s else
+                      f"none -> maxRunHours {hours} (Vertex's default timeout; Flex-start needs one)"))
+    return True
+
+
 def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) -> list[str]:
     if job.container:
         notes.append(Note("container", NOT_MAPPED, f"{job.container}: containers are not run (yet). Run the code "
@@ -254,14 +276,15 @@ def translate(job: JobDescription, stack: str, catalog: Catalog, tables: Tables,
             f"{s.count} x {s.role} {s.machine_type}" + (f" + {s.gpu_count} x {s.gpu_type}" if s.gpu_type and not s.fixed
                                                         else "") for s in shapes)))
     spot_only = [s.machine_type for s in shapes if _spot_only(s.machine_type, catalog)]
+    flex = job.flex_start and _flex_start(job, shapes, catalog, settings, notes)
     if job.spot:
         settings[f"{NAMESPACE}:spot"] = True
-    elif spot_only:
+    elif spot_only and not flex:
         settings[f"{NAMESPACE}:spot"] = True
         notes.append(Note("spot", CHANGED, f"{', '.join(spot_only)} cannot be had on demand on Compute Engine (spot, "
                           "flex-start or reservations only): the stack uses spot; the VM may be preempted, and "
                           "gpu-train resumes the run from its last checkpoint"))
-    if job.max_running_s:
+    if job.max_running_s and not flex:
         minutes = math.ceil(job.max_running_s / 60)  # fractions of an hour are allowed: whole minutes
         hours = max(1, minutes // 60 if minutes % 60 == 0 else round(minutes / 60, 4))
         settings[f"{NAMESPACE}:maxRunHours"] = hours
