@@ -30,7 +30,8 @@ def problems(settings: dict) -> list:
     return [p for p in validate.validate(cfg, CATALOG)
             if not (p.key == "gpuType" and "2027-08-01" in p.message)  # T4's own warning (test_validate)
             and not (p.key == "zone" and p.severity == "warning")  # G4's zones are unverified (test_validate)
-            and not (p.key == "machineType" and "Arm" in p.message)]  # A4X is Arm (test_images)
+            and not (p.key == "machineType" and "Arm" in p.message)  # A4X is Arm (test_images)
+            and not (p.key == "pools" and "placement" in p.message)]  # N1 pools' placement (test_pools)
 
 
 VALID = [
@@ -66,6 +67,10 @@ INVALID = [
     ({**A3, "reservation": "My Reservation"}, [("reservation", "not a reservation's name or path")]),
     ({**A3, "reservation": "projects/p/reservations"}, [("reservation", "not a reservation's name or path")]),
     ({**A3, "reservationBound": True}, [("reservationBound", "needs a reservation")]),
+    ({"reservation": "r", "pools": [{"role": "chief", "machineType": "a3-highgpu-8g"},
+                                    {"role": "ps", "count": 2, "machineType": "n1-highmem-8"}],
+      "machineType": None, "gpuType": None, "gpuCount": None},
+     [("reservation", "holds VMs of one machine type; the pools have a3-highgpu-8g, n1-highmem-8")]),
     ({**A3, "spot": True, "provisioningFallback": ["flex-start"]}, [("provisioningFallback", "flex-start: maxRunHours")]),
     ({**A3, "spot": True, "provisioningFallback": ["dws"]}, [("provisioningFallback", "'dws' is not a way")]),
     ({**A3_2G, "spot": True, "provisioningFallback": ["on-demand"]},

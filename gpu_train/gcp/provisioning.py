@@ -69,7 +69,7 @@ def check(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         if catalog.parse_machine_type(machine) is None:
             continue  # the machine type's own problem says so
         problems += _offered(cfg, catalog, machine, way(cfg))
-    problems += _reservation(cfg)
+    problems += _reservation(cfg, machines)
     problems += _fallback(cfg, catalog, machines)
     return problems
 
@@ -145,12 +145,17 @@ def _fix_for(machine: str, ways: tuple[str, ...], catalog: Catalog) -> str:
     return f"for {machine} set " + ", or ".join(options)
 
 
-def _reservation(cfg: StackConfig) -> list[Problem]:
-    if not cfg.reservation or parse_reservation(cfg.reservation) is not None:
+def _reservation(cfg: StackConfig, machines: list[str]) -> list[Problem]:
+    if not cfg.reservation:
         return []
-    return [Problem("reservation", "is not a reservation's name or path",
-                    "write NAME, projects/PROJECT/reservations/NAME or "
-                    "projects/PROJECT/reservations/NAME/reservationBlocks/BLOCK", cfg.reservation)]
+    if parse_reservation(cfg.reservation) is None:
+        return [Problem("reservation", "is not a reservation's name or path",
+                        "write NAME, projects/PROJECT/reservations/NAME or "
+                        "projects/PROJECT/reservations/NAME/reservationBlocks/BLOCK", cfg.reservation)]
+    if len(machines) > 1:  # every node names it, and a VM of another type than it holds is refused
+        return [Problem("reservation", f"holds VMs of one machine type; the pools have {', '.join(machines)}",
+                        "use one machine type for every pool, or no reservation", cfg.reservation)]
+    return []
 
 
 def _fallback(cfg: StackConfig, catalog: Catalog, machines: list[str]) -> list[Problem]:
