@@ -9,16 +9,31 @@ Standard library only, Python 3.8+ (it runs on whatever python3 the host has).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
+from enum import Enum
 from typing import Any, TypedDict
 
+
 # -- run states -------------------------------------------------------------------------------
-STARTING = "starting"  # launched; the wrapper has not started the job yet
-RUNNING = "running"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-STOPPED = "stopped"  # `fab stop`
-INTERRUPTED = "interrupted"  # the machine went down under it: `boot` resumes it
+class RunState(str, Enum):
+    """A run's state as the host records it (state.json) and reports it. A str, so the JSON and any
+    comparison with a state read back from a file are the plain word."""
+
+    STARTING = "starting"  # launched; the wrapper has not started the job yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # `fab stop`
+    INTERRUPTED = "interrupted"  # the machine went down under it: `boot` resumes it
+
+    def __str__(self) -> str:  # the word, in messages and f-strings, on every Python from 3.8
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED, INTERRUPTED = RunState
 ACTIVE = (STARTING, RUNNING)  # a process is (or is about to be) at work
 TERMINAL = (SUCCEEDED, FAILED, STOPPED)  # nothing will change it again, short of `fab resume`
 
@@ -108,24 +123,66 @@ class JobSpec:
     resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
 
     def to_json(self) -> dict:
-        return {"runId": self.run_id, "base": self.base, "script": self.script, "command": self.command,
-                "args": list(self.args), "env": self.env, "python": self.python, "expectGpus": self.expect_gpus,
-                "codeManifest": self.code_manifest, "reuseCode": self.reuse_code, "agentSettings": self.agent_settings,
-                "launcher": self.launcher, "nproc": self.nproc, "node": self.node, "project": self.project,
-                "venv": self.venv, "needsTorch": self.needs_torch, "goWhen": self.go_when,
-                "passJobDir": self.pass_job_dir, "resumeArgs": list(self.resume_args), "resumeIf": self.resume_if,
-                **({"notify": self.notify} if self.notify else {})}
+        """The spec as it travels and is kept (runs/RUN/spec.json): each field under its wire name, and the
+        contract's version; a secret left unset is left out."""
+        doc = {wire_name(f.name): _plain(getattr(self, f.name)) for f in fields(self)
+               if not (f.name in OMITTED_WHEN_UNSET and getattr(self, f.name) is None)}
+        return {"version": CONTRACT_VERSION, **doc}
 
     @classmethod
     def from_json(cls, doc: dict) -> JobSpec:
-        return cls(run_id=doc["runId"], base=doc["base"], script=doc.get("script"), command=doc.get("command"),
-                   args=tuple(doc.get("args") or ()), env=dict(doc.get("env") or {}), python=doc.get("python"),
-                   expect_gpus=int(doc.get("expectGpus") or 0), code_manifest=doc.get("codeManifest"),
-                   reuse_code=bool(doc.get("reuseCode")), agent_settings=dict(doc.get("agentSettings") or {}),
-                   launcher=doc.get("launcher") or "none", nproc=doc.get("nproc"), node=doc.get("node"),
-                   project=doc.get("project"), venv=bool(doc.get("venv")), needs_torch=bool(doc.get("needsTorch")),
-                   go_when=doc.get("goWhen"), pass_job_dir=bool(doc.get("passJobDir")),
-                   resume_args=tuple(doc.get("resumeArgs") or ()), resume_if=doc.get("resumeIf"), notify=doc.get("notify"))
+        """A spec from its JSON, each field as its default's type (a missing field gets the default).
+        Refuses a spec of a newer contract, and one without runId or base, naming what is wrong."""
+        version = doc.get("version", 1)
+        if not isinstance(version, int) or version > CONTRACT_VERSION:
+            raise ValueError(f"the job spec is of contract version {version!r}, newer than this agent's "
+                             f"{CONTRACT_VERSION}: run the task again from the laptop to update the host's agent")
+        kwargs = {}
+        for f in fields(cls):
+            key = wire_name(f.name)
+            if key not in doc:
+                continue
+            kwargs[f.name] = _typed(doc[key], f, key)
+        missing = [wire_name(n) for n in ("run_id", "base") if n not in kwargs]
+        if missing:
+            raise ValueError(f"the job spec has no {', '.join(missing)}")
+        return cls(**kwargs)
+
+
+CONTRACT_VERSION = 1  # raised when a field changes meaning; a new field with a default needs no new version
+OMITTED_WHEN_UNSET = ("notify",)  # secrets: absent from the document when unset
+# What launch adds to the spec it keeps (runs/RUN/spec.json): the login's PATH, for relaunches.
+HOST_SPEC_KEYS = ("path",)
+
+
+def wire_name(name: str) -> str:
+    """A field's name on the wire: ``expect_gpus`` -> ``expectGpus`` (one rule, so the two sides cannot differ)."""
+    first, *rest = name.split("_")
+    return first + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _typed(value: Any, f: Any, key: str) -> Any:
+    """``value`` as field ``f``'s default says (tuple, dict, bool, int, str); None stays None where the default is None."""
+    default = f.default_factory() if f.default_factory is not MISSING else f.default
+    if value is None:
+        return None if default is MISSING else default
+    kind = type(default)
+    if default is None or default is MISSING or kind is str:
+        return value
+    try:
+        if kind is tuple:
+            return tuple(value)
+        if kind is dict:
+            return dict(value)
+        if kind is bool:
+            return bool(value)
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"the job spec's {key} is {value!r}, not a {kind.__name__}") from None
 
 
 # In a fan-out (several nodes, the code sent once), the laptop's "go" to a node's waiting launch is one

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from gpu_train.contract import FAILED, GO_WHEN, STARTING, cli_name, go_marker, project_dirs
+from gpu_train.contract import FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, project_dirs
 
 from . import notify, units
 from .procs import detect_python, gpu_count
@@ -81,6 +81,10 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
     With ``await_go`` the checks run while the laptop is still syncing: the agent prints
     {"ready": true} and waits for "go" on stdin, so the launch costs one round trip after the sync.
     """
+    try:  # the spec as the contract reads it: a field of the wrong type or a newer contract, said here
+        JobSpec.from_json(spec)
+    except ValueError as e:
+        raise AgentError(str(e)) from None
     run_id, base = spec["runId"], spec["base"]
     notify.write_url(root, spec.pop("notify", None))  # the webhook: 0600, never in spec.json
     if spec.get("agentSettings"):  # the stack's settings (maxResumes, idle stop, ...) for boot and tick

@@ -1,0 +1,119 @@
+"""The laptop<->host contract: one codec both sides use, and a field renamed on one side fails here."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from gpu_train.contract import (
+    ACTIVE,
+    CONTRACT_VERSION,
+    FAILED,
+    HOST_SPEC_KEYS,
+    RUNNING,
+    TERMINAL,
+    JobSpec,
+    RunState,
+    wire_name,
+)
+from tests.conftest import ROOT, parse_source
+
+FULL = JobSpec(run_id="r_20260101_000000", base="r", script="train.py", command="true", args=("--lr", "3e-4"),
+               env={"WANDB_API_KEY": "s3cret"}, python="/usr/bin/python3", expect_gpus=2, code_manifest="abc",
+               reuse_code=True, agent_settings={"maxResumes": 3}, launcher="torchrun", nproc=2,
+               node={"rank": 1, "nnodes": 2}, project="p", venv=True, needs_torch=True, go_when="arrived",
+               notify="https://hooks.example/x", pass_job_dir=True, resume_args=("--init_from=resume",),
+               resume_if="out/ckpt.pt")
+
+
+def test_every_field_is_set_in_the_full_example() -> None:
+    """So the round trip below covers every field (a new field must be added to FULL)."""
+    for f in fields(JobSpec):
+        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        assert getattr(FULL, f.name) != default, f"give FULL a non-default {f.name}"
+
+
+def test_the_spec_round_trips_through_json() -> None:
+    doc = json.loads(json.dumps(FULL.to_json()))
+    assert doc["version"] == CONTRACT_VERSION
+    assert JobSpec.from_json(doc) == FULL
+    assert JobSpec.from_json({"runId": "a", "base": "a"}) == JobSpec(run_id="a", base="a")
+    assert "notify" not in JobSpec(run_id="a", base="a").to_json()  # a secret left unset is left out
+
+
+@pytest.mark.parametrize(("doc", "words"), [
+    ({"runId": "a"}, "no base"),
+    ({"runId": "a", "base": "a", "version": CONTRACT_VERSION + 1}, "newer than this agent"),
+    ({"runId": "a", "base": "a", "expectGpus": "two"}, "expectGpus is 'two', not a int"),
+    ({"runId": "a", "base": "a", "args": 5}, "args is 5"),
+])
+def test_a_bad_spec_is_refused_naming_the_field(doc: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        JobSpec.from_json(doc)
+
+
+@pytest.mark.parametrize(("name", "wire"), [("run_id", "runId"), ("expect_gpus", "expectGpus"),
+                                            ("pass_job_dir", "passJobDir"), ("env", "env")])
+def test_wire_names(name: str, wire: str) -> None:
+    assert wire_name(name) == wire
+
+
+def spec_keys_read_by_the_agent() -> set[str]:
+    """Every key the agent reads from a spec: spec["X"], spec.get("X") (on a name called spec)."""
+    keys = set()
+    for path in sorted((ROOT / "remote" / "agent").glob("*.py")):
+        if path.name == "serve.py":  # TensorBoard/Jupyter's own request, not a job spec
+            continue
+        for node in ast.walk(parse_source(path)):
+            target, key = None, None
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                target, key = node.value, node.slice.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                  and node.args and isinstance(node.args[0], ast.Constant)):
+                target, key = node.func.value, node.args[0].value
+            if isinstance(target, ast.Name) and target.id == "spec" and isinstance(key, str):
+                keys.add(key)
+    return keys
+
+
+def test_the_agent_reads_only_fields_the_laptop_writes() -> None:
+    """A JobSpec field renamed on the laptop (or a key misspelt in the agent) fails here."""
+    written = set(JobSpec(run_id="a", base="a", notify="x").to_json()) | set(HOST_SPEC_KEYS)
+    read = spec_keys_read_by_the_agent()
+    assert read, "the scan found no spec reads: the agent's code changed shape, update the scan"
+    assert read <= written, f"the agent reads spec keys no laptop writes: {sorted(read - written)}"
+
+
+def test_run_states_are_plain_words() -> None:
+    assert [str(s) for s in RunState] == ["starting", "running", "succeeded", "failed", "stopped", "interrupted"]
+    assert json.dumps({"state": RUNNING}) == '{"state": "running"}' and f"{FAILED:>7}" == " failed"
+    assert "running" in ACTIVE and "failed" in TERMINAL and RunState("stopped") in TERMINAL
+    assert not set(ACTIVE) & set(TERMINAL)
+
+
+def test_the_agent_ships_the_contract_it_imports() -> None:
+    import zipfile
+    from io import BytesIO
+
+    from remote.agent import bundle
+
+    shipped = zipfile.ZipFile(BytesIO(bundle.payload()))
+    assert shipped.read("gpu_train/contract.py") == (ROOT / "gpu_train" / "contract.py").read_bytes()
+    agent_imports = {n.module for p in (ROOT / "remote" / "agent").glob("*.py") if p.name != "bundle.py"
+                     for n in ast.walk(parse_source(p)) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+                     and n.module.split(".")[0] == "gpu_train"}
+    assert agent_imports == {"gpu_train.contract"}, agent_imports
+
+
+def test_the_contract_needs_python_3_8_and_the_standard_library_only() -> None:
+    tree = ast.parse((ROOT / "gpu_train" / "contract.py").read_text(), feature_version=(3, 8))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    import sys
+
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    assert Path(ROOT / "gpu_train" / "contract.py").is_file()
