@@ -151,8 +151,9 @@ class JobSpec:
 
 CONTRACT_VERSION = 1  # raised when a field changes meaning; a new field with a default needs no new version
 OMITTED_WHEN_UNSET = ("notify",)  # secrets: absent from the document when unset
-# What launch adds to the spec it keeps (runs/RUN/spec.json): the login's PATH, for relaunches.
-HOST_SPEC_KEYS = ("path",)
+# What launch adds to the spec it keeps (runs/RUN/spec.json), for relaunches: the login's PATH, and
+# whether the job's Python is an externally managed one (PEP 668: no venv of ours, no pip into it).
+HOST_SPEC_KEYS = ("path", "externallyManaged")
 
 
 def wire_name(name: str) -> str:
