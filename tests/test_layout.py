@@ -150,6 +150,7 @@ ALLOWED = {
     "gpu_train.contract": set(),
     "gpu_train.errors": set(),
     "gpu_train.atomic": set(),
+    "gpu_train.launcher": {"remote.cli"},  # the command's entry point: the one arrow from the core up
     "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.atomic", "gpu_train.gcp"},
     "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack"},
     "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},

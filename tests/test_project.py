@@ -324,7 +324,7 @@ def test_user_install_is_lean_and_links_the_command(tmp_path: Path) -> None:
     user = {line.split("==")[0].lower() for line in (ROOT / "requirements.txt").read_text().splitlines()
             if line and not line.startswith("#")}
     assert not user & {"torch", "pytest", "ruff", "numpy", "tensorboard"}  # those are scripts/test's
-    assert 'gpu-train = "remote.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert 'gpu-train = "gpu_train.launcher:main"' in (ROOT / "pyproject.toml").read_text()
     script = tmp_path / "venv" / "bin" / "gpu-train"
     script.parent.mkdir(parents=True)
     script.write_text("#!/bin/sh\n")
@@ -336,3 +336,17 @@ def test_user_install_is_lean_and_links_the_command(tmp_path: Path) -> None:
     assert "left alone" in setup.link_command(bin_dir, script)  # never replaces a file that is not our link
     findings = {f.what: f for f in setup.ssh_findings()}
     assert findings["ssh (OpenSSH client)"].ok and findings["rsync 3.4+"].ok
+
+
+def test_installed_alone_the_command_says_it_runs_from_its_clone(tmp_path: Path) -> None:
+    """A wheel holds gpu_train only (no generic `remote`/`infra` names): its command says how to install."""
+    from tests.conftest import ROOT
+
+    site = tmp_path / "site" / "gpu_train"
+    site.mkdir(parents=True)
+    for name in ("__init__.py", "launcher.py"):
+        (site / name).write_bytes((ROOT / "gpu_train" / name).read_bytes())
+    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site.parent)!r}); "
+                          "from gpu_train.launcher import main; main()"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "gpu-train runs from its clone" in out.stderr, out.stderr
+    assert 'include = ["gpu_train*"]' in (ROOT / "pyproject.toml").read_text()

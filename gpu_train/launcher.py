@@ -1,0 +1,22 @@
+"""The `gpu-train` command's entry point: the tasks, from the clone gpu-train runs from.
+
+Installed, gpu-train claims one import name, ``gpu_train``. Its other folders (``remote``, ``infra``:
+the tasks, the agent, the Pulumi program, which Pulumi runs from the clone) are importable only
+through the clone's own editable install (scripts/setup), never as generic top-level names in
+someone else's environment. A wheel installed elsewhere says so instead of failing on an import.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    try:
+        from remote.cli import main as run
+    except ModuleNotFoundError as e:
+        if e.name not in ("remote", "remote.cli"):
+            raise
+        sys.exit("gpu-train runs from its clone: git clone URL ~/gpu-train && ~/gpu-train/scripts/setup "
+                 "(that puts the `gpu-train` of the clone's .venv on PATH)")
+    run()
