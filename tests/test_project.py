@@ -346,7 +346,7 @@ def test_installed_alone_the_command_says_it_runs_from_its_clone(tmp_path: Path)
     site.mkdir(parents=True)
     for name in ("__init__.py", "launcher.py"):
         (site / name).write_bytes((ROOT / "gpu_train" / name).read_bytes())
-    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site.parent)!r}); "
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(site.parent)!r}); "
                           "from gpu_train.launcher import main; main()"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 1 and "gpu-train runs from its clone" in out.stderr, out.stderr
     assert 'include = ["gpu_train*"]' in (ROOT / "pyproject.toml").read_text()
