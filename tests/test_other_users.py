@@ -159,3 +159,13 @@ def test_a_root_under_another_users_folder_is_refused(lab: Lab, attacker: Path, 
         assert result.returncode != 0 and f"{theirs}, which belongs to {ATTACKER}" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr + result.stdout
     assert not list(mine.iterdir())
+
+
+def test_a_projects_state_another_user_owns_is_not_trusted(lab: Lab, attacker: Path) -> None:
+    # The project's .gpu-train/ holds the stack's cached addresses (GCP outputs) and pinned host keys:
+    # in a shared lab folder, its owner could point the victim's tasks, code and --env secrets at their host.
+    theirs = attacker / "state"
+    as_attacker("mkdir", "-p", str(theirs / "lab"))
+    result = run_fab({**lab.env, "GPU_TRAIN_HOME": str(theirs)}, lab.cwd, "status")
+    assert result.returncode == 2 and f"{theirs} belongs to uid" in result.stderr, result.stderr
+    assert "GPU_TRAIN_HOME" in result.stderr and not lab.remote.exists()

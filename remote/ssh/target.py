@@ -30,6 +30,20 @@ def state_home() -> Path:
     return Path(os.environ.get("GPU_TRAIN_HOME") or project.project_root() / ".gpu-train")
 
 
+def state_problem(*folders: Path) -> str:
+    """Why these state folders cannot be trusted ('' when they can): they hold the hosts' cached
+    addresses and pinned keys, so a folder another user owns or may write (a project in a shared lab
+    folder) could point your tasks, your code and your secrets at their host."""
+    for folder in folders:
+        try:
+            st = folder.stat()
+        except OSError:
+            continue
+        if st.st_uid != os.getuid():  # (modes are not judged: a umask of 002, WSL's /mnt/c)
+            return f"{folder} belongs to uid {st.st_uid}, not to you"
+    return ""
+
+
 @dataclass(frozen=True)
 class Target:
     stack: str
@@ -254,6 +268,12 @@ def resolve(stack: str | None, refresh: bool = False) -> Target:
     # before any of its values reaches ssh, rsync or a host.
     cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(name)), name, load_catalog())
     home = state_home()
+    why = state_problem(home, home / name)
+    if why:
+        raise ConfigError([Problem("stack", f"{why}: it holds the stack's host addresses and host keys, which "
+                                   "another user could point at their own host",
+                                   "work in a copy of the project that is yours, or set GPU_TRAIN_HOME to a folder of yours")],
+                          name)
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
     target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
     if target.ask_root:  # what first contact found on each host, if it was asked before
