@@ -216,7 +216,7 @@ class TreeSummary(TypedDict):
 
 
 class RunStatus(TypedDict, total=False):
-    """One run as `status` describes it (``jobSummary`` only with --summaries)."""
+    """One run as `status` describes it (``jobSummary``, ``workdirSummary`` only with --summaries)."""
 
     id: str
     base: str | None
@@ -235,6 +235,7 @@ class RunStatus(TypedDict, total=False):
     reason: str | None
     pid: int | None
     jobSummary: TreeSummary
+    workdirSummary: TreeSummary  # the outputs in its working directory (remote/agent/outputs.py)
 
 
 class AgentView(TypedDict):
@@ -266,6 +267,13 @@ class StatusDoc(TypedDict):
     host: str
     agent: AgentView
     now: float
+
+
+# The fetch's sources: a run id (its JOB_DIR), or RUN/WORKDIR (the outputs in its working directory,
+# which come home into runs/STACK/RUN/WORKDIR/); a listing row of kind UNREADABLE is something the host
+# could not look into: [path, UNREADABLE, 0, 0, 0, why].
+WORKDIR = "workdir"
+UNREADABLE = "?"
 
 
 def project_dirs(root: str, project: str | None) -> tuple[str, str]:

@@ -51,7 +51,7 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) and "PYTEST_XDIST_WORKER" not
 # sessions say the same).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fixtures that start a real sshd (here and in the test modules): a test using one is `e2e`.
-E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd", "trio"})
+E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd", "trio", "blind_lab", "pair"})
 # Fixtures whose tests run many real processes (scripts/up against the stand-in pulumi): `slow`.
 SLOW_FIXTURES = frozenset({"up_env"})
 

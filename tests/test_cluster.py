@@ -78,9 +78,10 @@ def test_two_node_torchrun_trains_one_model(duo: Cluster) -> None:
     assert r["state"] == "succeeded" and [n["state"] for n in r["nodes"]] == ["succeeded", "succeeded"]
     duo.fab("fetch", check=True)
     assert (duo.cwd / "runs" / "duo" / run / "checkpoints" / "ckpt_00000060.pt").is_file()
-    duo.fab("fetch", "--all-nodes", check=True)
+    duo.fab("fetch", "--all-nodes", check=True)  # node 0's at the top, node N's in node-N/
     assert (duo.cwd / "runs" / "duo" / run / "node-1" / "metrics.json").exists() is False
-    assert (duo.cwd / "runs" / "duo" / run / "node-0" / "metrics.json").is_file()
+    assert (duo.cwd / "runs" / "duo" / run / "metrics.json").is_file()
+    assert not (duo.cwd / "runs" / "duo" / run / "node-0").exists()
 
 
 def test_a_killed_node_fails_the_run_and_stop_cleans_up_the_other(duo: Cluster, plain: str) -> None:

@@ -95,11 +95,17 @@ def test_a_changed_file_sends_only_what_changed(host: Host, tmp_path: Path, smal
     path.write_bytes(os.urandom(size))
     dest = tmp_path / "home"
     host.fetch(dest)
+    before = (dest / name).read_bytes()
     bound = change(path)
     result = host.fetch(dest)
     assert result.complete and result.files == 1
     assert result.bytes <= bound
-    assert tree(dest) == tree(job)
+    kept = {k: v for k, v in tree(dest).items() if k.startswith(".previous")}
+    assert {k: v for k, v in tree(dest).items() if k not in kept} == tree(job)
+    if change is grow_tail:  # nothing of the laptop's copy is lost: it is the start of the new one
+        assert not kept and result.kept == []
+    else:  # the content it had is kept, once
+        assert (dest / ".previous" / name).read_bytes() == before and result.kept == [name]
 
 
 def test_a_local_file_newer_than_the_hosts_is_never_replaced(host: Host, tmp_path: Path) -> None:

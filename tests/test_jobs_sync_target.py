@@ -197,6 +197,15 @@ def test_render_status() -> None:
     assert table[3].split()[:5] == ["t_20260101_000000", "running", "[resumed", "2x]", "-"]
     assert table[1].index("failed") == table[0].index("STATE")  # columns line up
     assert table[4].endswith("interrupted 3 times; maxResumes = 2")  # gpu-train ended it: why, not the last line
+    ns = int(datetime(2026, 1, 1, 12, 30).timestamp() * 1e9)
+    doc["runs"][0] |= {"jobSummary": {"files": 1, "bytes": 1024, "newestNs": 1},
+                       "workdirSummary": {"files": 2, "bytes": 2048, "newestNs": ns}}
+    doc["runs"][1] |= {"jobSummary": {"files": 0, "bytes": 0, "newestNs": 0},
+                       "workdirSummary": {"files": 0, "bytes": 0, "newestNs": 0}}
+    summed = render_status(doc, t).splitlines()[-5:]
+    assert summed[0].split()[:6] == ["RUN", "STATE", "EXIT", "DURATION", "OUTPUTS", "LAST"]
+    assert "3 files 3.0 KiB (2 in workdir), newest 01-01 12:30  ValueError: boom" in summed[1]
+    assert "0 files 0 B " in summed[2] and summed[3].split()[6] == "-"  # a run the host did not sum up
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
     wrapping.add_argument("run")
     reporting = sub.add_parser("status")
     reporting.add_argument("--run")
-    reporting.add_argument("--summaries", action="store_true", help="with each run's JOB_DIR summary (for fetch)")
+    reporting.add_argument("--summaries", action="store_true", help="with each run's JOB_DIR and outputs summaries (for fetch)")
     logging = sub.add_parser("logs")
     logging.add_argument("--run")
     logging.add_argument("--offset", type=int, default=0)

@@ -7,9 +7,10 @@ or a zlib-compressed JSON document), then for ranges a JSON trailer line with th
 the bytes sent and the file's identity (size, mtime, inode) read after sending: the laptop installs
 a file only when every range's hash matches and the identity never moved.
 
-Paths are never taken from the wire as they are: a request names a run id (checked against the
-run-id syntax) and a path relative to that run's JOB_DIR (no ``..``, not absolute); the host rebuilds
-ROOT/runs/ID/job/PATH and refuses to read through a symbolic link.
+Paths are never taken from the wire as they are: a request names a source, a run id (checked against the
+run-id syntax: its JOB_DIR) or ``ID/workdir`` (its working directory, of which only the outputs are
+listed: remote/agent/outputs.py), and a path relative to it (no ``..``, not absolute); the host rebuilds
+ROOT/runs/ID/job/PATH (or code/PATH) and refuses to read through a symbolic link.
 
 Requests:
   {"op": "list", "runs": [ID, ...]}               -> {"runs": {ID: {"entries": [...]} | {"error": ...}}}
@@ -30,6 +31,10 @@ import stat
 import sys
 import zlib
 
+from gpu_train.contract import UNREADABLE, WORKDIR
+
+from .outputs import listing as outputs_listing
+
 RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # gpu_train.jobs.RUN_ID_RE (the host has no gpu_train)
 CHUNK = 256 * 1024
 # A range's header and trailer, byte for byte. The laptop (remote/transfer/fetch/stream.py) reads them by these
@@ -46,9 +51,11 @@ class Refused(Exception):
 
 
 def job_dir(root: str, run_id: object) -> str:
-    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+    """The folder a source names: ``RUN`` its JOB_DIR, ``RUN/workdir`` its working directory."""
+    run, sep, tree = run_id.partition("/") if isinstance(run_id, str) else ("", "", "")
+    if not RUN_ID_RE.fullmatch(run) or (sep and tree != WORKDIR):
         raise Refused(f"not a run id: {str(run_id)[:80]!r}")
-    return os.path.join(root, "runs", run_id, "job")
+    return os.path.join(root, "runs", run, "code" if sep else "job")
 
 
 def job_path(root: str, run_id: object, rel: object, checked: dict | None = None) -> str:
@@ -76,6 +83,11 @@ def job_path(root: str, run_id: object, rel: object, checked: dict | None = None
     return path
 
 
+def why(e: Exception) -> str:
+    """An error as the laptop shows it beside the path: the system's words, without the host's full path."""
+    return (getattr(e, "strerror", None) or str(e))[:200]
+
+
 def identity(st: os.stat_result) -> list:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
@@ -84,17 +96,27 @@ def listing(path: str) -> list:
     """[rel, kind, size, mtimeNs, mode, link target] for everything under ``path`` (never following links).
 
     kind: f (regular file), d (directory), l (symbolic link). Other kinds (sockets, fifos) are left out.
+    What cannot be looked into is a row of kind UNREADABLE with the reason (never silently left out).
     """
     entries = []
-    for folder, dirs, names in os.walk(path):
+
+    def walk_error(err: OSError) -> None:
+        if not isinstance(err, FileNotFoundError):
+            entries.append([os.path.relpath(err.filename or path, path).replace(os.sep, "/"), UNREADABLE, 0, 0, 0,
+                            err.strerror or str(err)])
+
+    for folder, dirs, names in os.walk(path, onerror=walk_error):
         rel_folder = os.path.relpath(folder, path)
         prefix = "" if rel_folder == "." else rel_folder.replace(os.sep, "/") + "/"
         for name in sorted(dirs) + sorted(names):
             full = os.path.join(folder, name)
             try:
                 st = os.lstat(full)
-            except OSError:
+            except FileNotFoundError:
                 continue  # gone since os.walk listed it
+            except OSError as e:
+                entries.append([prefix + name, UNREADABLE, 0, 0, 0, e.strerror or str(e)])
+                continue
             if stat.S_ISREG(st.st_mode):
                 entries.append([prefix + name, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""])
             elif stat.S_ISDIR(st.st_mode):
@@ -116,10 +138,14 @@ def list_runs(root: str, run_ids: list) -> dict:
         except Refused as e:
             out[str(run_id)[:80]] = {"error": str(e)}
             continue
-        if not os.path.isdir(os.path.dirname(path)):
-            out[run_id] = {"error": f"no run {run_id} on this host"}
+        run_dir = os.path.dirname(path)
+        if not os.path.isdir(run_dir):
+            out[run_id] = {"error": f"no run {run_id.partition('/')[0]} on this host"}
             continue
-        out[run_id] = {"entries": listing(path) if os.path.isdir(path) else []}
+        if run_id.endswith("/" + WORKDIR):
+            out[run_id] = {"entries": outputs_listing(root, run_dir)}
+        else:
+            out[run_id] = {"entries": listing(path) if os.path.isdir(path) else []}
     return out
 
 
@@ -138,7 +164,7 @@ def hash_item(root: str, item: list) -> dict:
     try:
         fd = open_regular(job_path(root, run_id, rel))
     except (OSError, Refused) as e:
-        return {"error": str(e)}
+        return {"error": why(e)}
     try:
         whole, blocks = hashlib.sha256(), []
         os.lseek(fd, off, os.SEEK_SET)
@@ -168,7 +194,7 @@ def send_range(root: str, item: list, out, checked: dict, buf: memoryview) -> No
     try:
         fd = open_regular(job_path(root, run_id, rel, checked))
     except (OSError, Refused) as e:
-        out.write(json.dumps({"len": 0, "error": str(e)}).encode() + b"\n")
+        out.write(json.dumps({"len": 0, "error": why(e)}).encode() + b"\n")
         return
     try:
         out.write(RANGE_HEAD % length)

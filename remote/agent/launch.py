@@ -13,7 +13,7 @@ import time
 
 from gpu_train.contract import FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, project_dirs
 
-from . import notify, units
+from . import notify, outputs, units
 from .procs import detect_python, gpu_count
 from .pyenv import run_env, venv_python
 from .status import busy_runs, machine_settings
@@ -129,6 +129,7 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
             os.rmdir(run_dir)
             raise AgentError(f"the code for {run_id} did not arrive (no {staging}): run {cli_name()} train again")
         os.replace(staging, os.path.join(run_dir, "code"))
+        outputs.record_sent(run_dir)  # what was sent, so that what the job writes beside it is its output
         os.makedirs(os.path.join(run_dir, "job"), exist_ok=True)
         last = os.path.join(root, "code", f"{base}.last")
         os.makedirs(os.path.dirname(last), exist_ok=True)

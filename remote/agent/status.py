@@ -21,6 +21,7 @@ from gpu_train.contract import (
     TERMINAL,
 )
 
+from . import outputs
 from .procs import alive, gpus, uptime_s
 from .store import find_run, last_line, now, read_json, read_state, root_from_settings, run_dirs, settings, tree_summary
 
@@ -99,6 +100,7 @@ def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
     if summaries:
         for r in runs:
             r["jobSummary"] = tree_summary(r["jobDir"])
+            r["workdirSummary"] = outputs.summary(root, os.path.dirname(r["jobDir"]))
     return {"root": root, "runs": runs, "gpus": gpus(), "uptimeS": uptime_s(), "host": os.uname().nodename,
             "agent": agent_view(root), "now": now()}
 

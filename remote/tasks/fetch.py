@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from invoke import Exit, task
 
@@ -16,7 +17,6 @@ from gpu_train.errors import ExitStatus
 from gpu_train.stack.project import project_root
 from remote.tasks import trust
 from remote.tasks.localstate import FetchRecord
-from remote.tasks.runs import cluster_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
@@ -27,11 +27,19 @@ def destination(stack: str, run: str, dest: str | None, several: bool, subdir: s
     return where / subdir if subdir else where
 
 
+def node_dir(node: int) -> str:
+    """Where a node's runs go inside each run's folder: node 0 at the top, node N in node-N/."""
+    return f"node-{node}" if node else ""
+
+
 def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
-               subdir: str = "", streams: int = DEFAULT_STREAMS) -> list[str]:
-    """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder) in one transfer session: one
-    listing of every run, then parallel streams for whatever changed. The ids that failed."""
+               subdir: str = "", streams: int = DEFAULT_STREAMS, strict: bool = False) -> list[str]:
+    """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder) and the outputs in their working
+    directories (into its workdir/) in one transfer session: one listing of every run, then parallel
+    streams for whatever changed. What is not home as it should be, one line each ("RUN: why"); with
+    ``strict`` (the guards before destroying) a host's file not taken because the laptop's is newer too."""
     from gpu_train import jobs
+    from gpu_train.contract import WORKDIR
     from remote.ssh import hostkeys
     from remote.transfer.fetch import report as fetch_report
     from remote.transfer.fetch.progress import Progress
@@ -56,19 +64,25 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     if not hostkeys.knows_host(session.target, session.target.host):
         session.connect()  # learns (and prints) the host key, or refuses a changed one
     bar = Progress(live=progress)
-    results = _transfer(session, [(r["id"], where) for r, where in todo], streams, bar)
-    failed = []
-    for (r, where), result in zip(todo, results, strict=True):
-        for line in fetch_report.notes(result, where):
+    sources = [(s, p) for r, where in todo for s, p in ((r["id"], where), (f"{r['id']}/{WORKDIR}", where / WORKDIR))]
+    results = _transfer(session, sources, streams, bar)
+    problems = []
+    for (r, where), job, work in zip(todo, results[::2], results[1::2], strict=True):
+        for line in fetch_report.notes(job, where):
             say(line)
-        if result.error is not None:
-            failed.append(r["id"])
-        elif result.complete:
+        if work.error is not None or work.files or not work.up_to_date or (work.summary or {}).get("files"):
+            for line in fetch_report.notes(work, where / WORKDIR):
+                say(line.replace(work.run_id, f"{r['id']} working directory's outputs", 1))
+        lost = [f"{r['id']}: {m}" for res in (job, work) for m in res.missing()]
+        newer = [f"{r['id']}: {p}: the host's differs, and the laptop's copy is newer (kept)"
+                 for res in (job, work) for p in res.kept_newer]
+        problems += lost + (newer if strict else [])
+        if not lost and not newer:
             record.record(r, where)
     record.save()
     if not quiet or any(res.files for res in results):
-        say(fetch_report.summary_line(results, bar.elapsed, streams))
-    return failed
+        say(fetch_report.summary_line(results, bar.elapsed, streams, runs=len(todo)))
+    return problems
 
 
 def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar) -> list:
@@ -91,26 +105,68 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
 
 @task(help={"run": "run id (default: the newest)", "all": "every run", "dest": "where to (default runs/STACK/RUN/)",
             "watch": "keep fetching new checkpoints until the run ends", "interval": "seconds between --watch rounds (30)",
-            "all_nodes": "each node's JOB_DIR into RUN/node-N/ (default: node 0's, where checkpoints are written)",
+            "node": "which node (default 0; node N's files go into RUN/node-N/)",
+            "all_nodes": "every node's files (node N's into RUN/node-N/; default: node 0's, where checkpoints are written)",
             "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
             "json": "print what was fetched where as JSON", "stack": STACK_HELP})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_nodes=False, streams=None,
+def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=None, all_nodes=False, streams=None,
           stack=None, json_=False):
-    """Bring a run's JOB_DIR home: incremental, resumable, each file complete and verified before use.
+    """Bring a run's results home: its JOB_DIR, and what the job wrote in its working directory.
 
-    Files move over several SSH streams at once (big files in ranges), each piece checked against
-    the SHA-256 the host computed, and each file renamed into place only when complete. With
-    --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
+    JOB_DIR's files go into runs/STACK/RUN/, the working directory's outputs (a checkpoint in the
+    project's own out_dir) into runs/STACK/RUN/workdir/.
+
+    Incremental and resumable: files move over several SSH streams at once (big files in ranges), each
+    piece checked against the SHA-256 the host computed, and each file renamed into place only when
+    complete. A local file of other content that a fetch replaces is kept in runs/STACK/RUN/.previous/
+    (one previous version per file). Exits non-zero, naming each, when anything the host has is not home.
+    With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
     streams = _streams(streams)
     run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
-    session = Session(stack)
+    session = Session(stack, node=trust.number("--node", node or 0, int, 0))
     if watch:
+        if all_nodes:
+            raise Exit("--watch follows one node: give --node N (default 0), not --all-nodes", code=ExitStatus.USAGE)
         _watch(session, run, dest, interval, streams)
         return
-    if all_nodes:
-        _fetch_every_node(session, run, dest, streams)
-        return
+    sessions = session.nodes() if all_nodes else [session]
+    if len(sessions) > 1 and not all_ and run is None:  # the newest run is node 0's, fetched from every node
+        lead = session.call("status")["runs"]
+        if not lead:
+            raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
+        run = lead[-1]["id"]
+
+    def one(s: Session) -> tuple[list[dict], list[str]]:
+        runs = _which_runs(s, run, all_)
+        return runs, fetch_runs(s, runs, dest, progress=sys.stderr.isatty() and not json_ and len(sessions) == 1,
+                                subdir=node_dir(s.node), streams=streams)
+
+    results = on_every_node(sessions, one) if len(sessions) > 1 else [one(session)]
+    for s in sessions:
+        s.close()
+    problems = [m for m in failures(results)]
+    fetched = []
+    for s, r in zip(sessions, results, strict=True):
+        if isinstance(r, tuple):
+            runs, lost = r
+            problems += [f"node {s.node}: {m}" if len(sessions) > 1 else m for m in lost]
+            failed_ids = {m.split(":", 1)[0] for m in lost}
+            fetched += [{"runId": x["id"], "node": s.node, "failed": x["id"] in failed_ids,
+                         "dest": str(destination(session.target.stack, x["id"], dest, len(runs) > 1, node_dir(s.node)))}
+                        for x in runs]
+    if json_:
+        print(json.dumps({"fetched": [f for f in fetched if not f["failed"]],
+                          "failed": sorted({f["runId"] for f in fetched if f["failed"]}), "problems": problems}, indent=1))
+    if problems:
+        raise Exit(f"not everything is home ({len(problems)}):\n  " + "\n  ".join(problems[:20])
+                   + (f"\n  and {len(problems) - 20} more" if len(problems) > 20 else "")
+                   + f"\nFix what is named (a file the host cannot read, something in the way here) and run `{CLI} fetch` "
+                   "again: it resumes", code=ExitStatus.FAILED)
+
+
+def _which_runs(session: Session, run: str | None, all_: bool) -> list[dict]:
+    """The runs to fetch from a node: a named one, a prefix the host resolves, every run, or the newest."""
     if run and not all_ and re.search(r"_\d{8}_\d{6}$", run) is None:  # a prefix or a base name: the host knows
         runs = session.call("status", "--summaries", "--run", run)["runs"]
     elif run and not all_:
@@ -128,14 +184,7 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, all_no
         runs = doc["runs"] if all_ else doc["runs"][-1:]
     if not runs:
         raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
-    failed = fetch_runs(session, runs, dest, progress=sys.stderr.isatty() and not json_, streams=streams)
-    session.close()
-    if json_:
-        print(json.dumps({"fetched": [{"runId": r["id"], "dest": str(destination(session.target.stack, r["id"], dest,
-                                                                                   len(runs) > 1))}
-                                      for r in runs if r["id"] not in failed], "failed": failed}, indent=1))
-    if failed:
-        raise Exit(f"fetch failed for {', '.join(failed)}: run `{CLI} fetch` again to resume", code=ExitStatus.FAILED)
+    return runs
 
 
 def _streams(value: object) -> int:
@@ -153,25 +202,6 @@ def _streams(value: object) -> int:
     return n
 
 
-def _fetch_every_node(session: Session, run: str | None, dest: str | None, streams: int) -> None:
-    sessions = session.nodes()
-    lead = session.call("status", *(["--run", run] if run else []))["runs"]
-    if not lead:
-        raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
-    run_id = lead[-1]["id"]
-
-    def one(s: Session) -> list[str]:
-        return fetch_runs(s, [{"id": run_id, "state": "?"}], dest, progress=False, subdir=f"node-{s.node}",
-                          streams=streams)
-
-    results = on_every_node(sessions, one)
-    for s in sessions:
-        s.close()
-    failed = failures(results) + [f"node {i}" for i, r in enumerate(results) if isinstance(r, list) and r]
-    if failed:
-        raise Exit(f"fetch failed for {', '.join(failed)}: run `{CLI} fetch --all-nodes` again to resume", code=ExitStatus.FAILED)
-
-
 def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int) -> None:
     """Fetch a run's new files every ``interval`` seconds until it ends, then once more."""
     while True:
@@ -180,37 +210,82 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
             raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
         current = doc["runs"][-1]
         run = current["id"]
-        fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams)
+        problems = fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams,
+                              subdir=node_dir(session.node))
         if current["state"] not in ACTIVE:
+            if problems:
+                raise Exit(f"{run} is {current['state']}, but not everything is home:\n  " + "\n  ".join(problems),
+                           code=ExitStatus.FAILED)
             say(f"{run} is {current['state']}: fetched everything")
             return
         time.sleep(interval)
 
 
-@task(help={"force": "destroy even if a run is running or a fetch failed",
+def every_node_status(session: Session) -> tuple[list[Session], list[object]]:
+    """Every node's session and its status document with summaries (an Exit for a node that failed)."""
+    sessions = session.nodes()
+    return sessions, on_every_node(sessions, lambda s: s.call("status", "--summaries"))
+
+
+def guard_runs(sessions: list[Session], docs: list[object]) -> tuple[list[dict], list[str]]:
+    """The cluster's runs (one state each) and the nodes that could not be asked, for the guards."""
+    from gpu_train.jobs import aggregate_runs
+
+    if len(docs) == 1 and not isinstance(docs[0], Exit):
+        return cast(dict, docs[0])["runs"], []
+    doc = aggregate_runs([None if isinstance(d, Exit) else cast(dict, d) for d in docs])
+    return doc["runs"], failures(docs)
+
+
+def fetch_every_node(sessions: list[Session], docs: list[object], streams: int = DEFAULT_STREAMS) -> list[str]:
+    """Before anything is destroyed: every node's runs home (node N's in RUN/node-N/), strictly (a host's
+    file the laptop kept its newer copy of counts as not home). What is not, one line each."""
+
+    def one(s: Session) -> list[str]:
+        runs = cast(dict, docs[s.node])["runs"]
+        lost = fetch_runs(s, runs, None, progress=False, subdir=node_dir(s.node), streams=streams, strict=True) if runs else []
+        return [f"node {s.node}: {m}" for m in lost] if len(sessions) > 1 else lost
+
+    results = on_every_node([s for s in sessions if not isinstance(docs[s.node], Exit)], one)
+    return failures(results) + [m for r in results if isinstance(r, list) for m in r]
+
+
+def refusal(problems: list[str], what: str, force_hint: str) -> str:
+    """The guards' message: what would be lost, and the ways on."""
+    shown = "\n  ".join(problems[:20]) + (f"\n  and {len(problems) - 20} more" if len(problems) > 20 else "")
+    return (f"refusing: not everything is home; nothing was {what}. What would be lost:\n  {shown}\n"
+            f"Fix what is named and run it again, or {force_hint} to lose them")
+
+
+@task(help={"force": "destroy even if a run is running or not everything could be fetched (naming what is lost)",
             "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP})
 def down(c, force=False, streams=None, stack=None):
-    """Fetch every run, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
+    """Fetch every run from every node, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
-    Refuses, naming the runs, while a run is still running or a fetch failed, unless --force. The data
-    disks are protected against a plain `pulumi destroy`; only here, after the fetch, are they released.
+    Refuses, naming what would be lost, while a run is still running or anything of any node (a JOB_DIR,
+    the outputs in a working directory) is not home, unless --force. The data disks are protected
+    against a plain `pulumi destroy`; only here, after the fetch, are they released.
     """
     streams = _streams(streams)
     session = Session(stack)
-    doc = cluster_status(session, "--summaries")
-    runs = doc["runs"]
+    sessions, docs = every_node_status(session)
+    if len(docs) == 1 and isinstance(docs[0], Exit):
+        raise docs[0]
+    runs, unreachable = guard_runs(sessions, docs)
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
     if running and not force:
         raise Exit(f"refusing: still running: {', '.join(running)} ({CLI} stop, or {CLI} down --force)", code=ExitStatus.FAILED)
-    if doc.get("unreachable") and not force:
-        raise Exit(f"refusing: cannot check every node ({'; '.join(doc['unreachable'])}); {CLI} down --force to go on",
+    if unreachable and not force:
+        raise Exit(f"refusing: cannot check every node ({'; '.join(unreachable)}); {CLI} down --force to go on",
                    code=ExitStatus.FAILED)
-    failed = fetch_runs(session, runs, None, progress=False, streams=streams)
-    session.close()
-    if failed and not force:
-        raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was destroyed ({CLI} down --force to lose them)",
-                   code=ExitStatus.FAILED)
-    say(f"fetched {len(runs) - len(failed)} run(s) into runs/{session.target.stack}/")
+    problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, streams)
+    for s in sessions:
+        s.close()
+    if problems and not force:
+        raise Exit(refusal(problems, "destroyed", f"{CLI} down --force"), code=ExitStatus.FAILED)
+    if problems:
+        say("--force: going on; lost with the host:\n  " + "\n  ".join(problems))
+    say(f"fetched {len(runs)} run(s) into runs/{session.target.stack}/")
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
         return

@@ -2,7 +2,7 @@
 
 The stack's `running` setting is set (so the stack file says what the VM is) and a `pulumi up`
 aimed at the instances only makes it so (``gpu_train.gcp.power``). Stopping first does what `fab down`
-does before destroying: it refuses while a run is running, and fetches every run.
+does before destroying: it refuses while a run is running, and fetches every run of every node.
 """
 
 from __future__ import annotations
@@ -55,21 +55,21 @@ def vm_stop(c, force=False, wait=None, stack=None):
     and the fetch: a running run gets SIGTERM, saves a checkpoint and resumes at vm-start).
     """
     from gpu_train.gcp import power
-    from remote.tasks.fetch import fetch_runs
-    from remote.tasks.runs import cluster_status
+    from remote.tasks.fetch import every_node_status, fetch_every_node, guard_runs, refusal
 
     wait = number("--wait", GUARD_TIMEOUT_S if wait is None else wait, float, 0.1, 3600)
     cfg = _gcp_config(stack)
-    runs, unreachable, session = [], [], None
+    runs, unreachable, sessions, docs = [], [], [], []
     if force:
         say("--force: not checking or fetching the runs (the disk keeps them; running ones resume at vm-start)")
     elif _vm_is_down(cfg):
         say(f"the Compute API says no VM of {cfg.stack} is running: nothing to fetch first")
     else:
         try:
-            session = Session(cfg.stack, timeout=wait)
-            doc = cluster_status(session, "--summaries")
-            runs, unreachable = doc["runs"], list(doc.get("unreachable") or [])
+            sessions, docs = every_node_status(Session(cfg.stack, timeout=wait))
+            runs, unreachable = guard_runs(sessions, docs)
+            if len(docs) == 1 and isinstance(docs[0], Exit):
+                raise docs[0]
         except Exit as e:
             unreachable = [str(e.message).splitlines()[0]]
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
@@ -77,13 +77,12 @@ def vm_stop(c, force=False, wait=None, stack=None):
         reason = power.refusal(running, unreachable, force, cfg.stack, CLI)
         if reason:
             raise Exit(reason, code=ExitStatus.FAILED)
-        failed = fetch_runs(session, runs, None, progress=False) if runs and session is not None else []
-        if failed:
-            raise Exit(f"refusing: fetch failed for {', '.join(failed)}; nothing was stopped (vm-stop --force to go on)",
-                       code=ExitStatus.FAILED)
+        problems = fetch_every_node(sessions, docs) if sessions and not unreachable else []
+        if problems:
+            raise Exit(refusal(problems, "stopped", f"{CLI} vm-stop --force"), code=ExitStatus.FAILED)
     finally:
-        if session is not None:
-            session.close()
+        for s in sessions:
+            s.close()
     _pulumi(power.commands(cfg.stack, False, cfg.nodes))
     print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `{CLI} vm-start --stack {cfg.stack}` "
           "starts it again")

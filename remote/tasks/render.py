@@ -35,9 +35,28 @@ def render_status(doc: dict, target, cli: str = "gpu-train") -> str:
     return "\n".join(lines)
 
 
+def outputs_cell(run: dict) -> str:
+    """A run's results on the host: JOB_DIR's files and the outputs in its working directory, the newest change."""
+    job, work = run.get("jobSummary"), run.get("workdirSummary")
+    if job is None and work is None:
+        return "-"
+    from datetime import datetime
+
+    from remote.transfer.sync import human
+
+    files = sum(int(s["files"]) for s in (job, work) if s)
+    size = sum(int(s["bytes"]) for s in (job, work) if s)
+    newest = max(int(s["newestNs"]) for s in (job, work) if s)
+    where = f" ({work['files']} in workdir)" if work and work["files"] else ""
+    when = f", newest {datetime.fromtimestamp(newest / 1e9):%m-%d %H:%M}" if files else ""
+    return f"{files} files {human(size)}{where}{when}"
+
+
 def run_table(runs: list[dict]) -> list[str]:
-    """One row per run under a header; LAST LINE is the job's own (its exception when it failed)."""
-    rows = [("RUN", "STATE", "EXIT", "DURATION", "LAST LINE")]
+    """One row per run under a header; OUTPUTS when the host summed them up; LAST LINE is the job's own
+    (its exception when it failed)."""
+    summed = any("jobSummary" in r or "workdirSummary" in r for r in runs)
+    rows: list[tuple[str, ...]] = [("RUN", "STATE", "EXIT", "DURATION", *(("OUTPUTS",) if summed else ()), "LAST LINE")]
     for r in runs:
         state = r["state"]
         notes = []
@@ -57,7 +76,8 @@ def run_table(runs: list[dict]) -> list[str]:
             # Why it ended, where the job said nothing, or where gpu-train ended it (no exit code of the job's
             # own: resumes used up, the wrapper failed); its last line is then whatever came before.
             line = r["reason"]
-        rows.append((r["id"], state, "-" if code is None else str(code), duration(r.get("durationS")), line[:120]))
+        cells = (r["id"], state, "-" if code is None else str(code), duration(r.get("durationS")))
+        rows.append((*cells, outputs_cell(r), line[:120]) if summed else (*cells, line[:120]))
     return [f"  {line}" for line in aligned(rows, right={2, 3})]
 
 

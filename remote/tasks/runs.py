@@ -151,14 +151,15 @@ def cluster_status(session: Session, *args: str) -> dict:
     return doc
 
 
-@task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, ...}", "stack": STACK_HELP})
+@task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, jobSummary, workdirSummary, ...}", "stack": STACK_HELP})
 def status(c, json_=False, stack=None):
-    """Every run with its state, duration and last log line; GPU use; hours and cost on GCP.
+    """Every run with its state, duration, outputs (JOB_DIR and what it wrote in its working directory) and
+    last log line; GPU use; hours and cost on GCP.
 
     On several nodes a run is failed if any node failed (and says which), running while any runs.
     """
     session = Session(stack)
-    doc = cluster_status(session)
+    doc = cluster_status(session, "--summaries")  # each run's results: JOB_DIR and the working directory's outputs
     if json_:
         print(json.dumps({"stack": session.target.stack, **doc}, indent=1))
     else:

@@ -18,7 +18,6 @@ fetch uses as its basis (only blocks that differ from the host's are sent again)
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import mmap
 import os
@@ -28,33 +27,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_train.contract import UNREADABLE
 from remote.transfer.fetch import direct as fdirect
 from remote.transfer.fetch import generator as fp
+from remote.transfer.fetch import job as fj
 from remote.transfer.fetch import receiver as fl
+from remote.transfer.fetch.job import FileJob
 from remote.transfer.fetch.progress import Progress
 from remote.transfer.fetch.report import RunResult, summary
 from remote.transfer.fetch.stream import Stream, StreamError
-
-
-@dataclass
-class FileJob:
-    key: int
-    run: RunResult
-    tree: fl.Tree
-    entry: fp.Entry
-    planned: fl.Local | None
-    part: str
-    pieces: int = 0
-    whole: str | None = None  # the host's SHA-256 of the whole file, when it comes in several pieces
-    ino: int | None = None
-    direct: bool = False  # its big pieces are written past the page cache (remote/transfer/fetch/direct.py)
-    request: int = 0  # what each of its pieces adds to a read request (fp.request_bytes)
-    failed: bool = False
-    installed: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class Fetcher:
@@ -135,31 +118,51 @@ class Fetcher:
 
     def _plan_run(self, result: RunResult, entries: list[fp.Entry], dirs: list, basis: list) -> None:
         tree = fl.Tree(result.dest)
+        workdir = "/" in result.run_id  # RUN/workdir: the working directory's outputs (no names reserved there)
+        result.previous = fl.previous_dir(result.dest, workdir)
         direct = (any(e.kind == "f" and e.size >= fdirect.DIRECT_MIN for e in entries)
                   and fdirect.writes_direct(result.dest.parent))
-        tree.folder("")
+        if entries or not workdir:  # no workdir/ for a job that wrote nothing in its working directory
+            tree.folder("")
+        taken: set[str] = set()  # top-level JOB_DIR names the run's folder here keeps for itself
         for e in entries:
-            local = tree.planned(e.path)
-            action = fp.decide(e, local)
-            if action == fp.KEEP_NEWER:
-                result.kept_newer.append(e.path)
-            elif action == fp.CONFLICT:
-                result.conflicts.append(e.path)
-            elif action == fp.UNSAFE:
-                result.unsafe.append(f"{e.path} -> {e.target}")
-            elif action == fp.MKDIR:
-                tree.folder(e.path)
-            elif action == fp.LINK:
-                if tree.link(e.path, e.target, local):
-                    result.files += 1
-            elif action in (fp.FETCH, fp.DELTA):
-                job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path), direct=direct,
-                              request=fp.request_bytes(result.run_id, e.path))
-                self.jobs.append(job)
-                if action == fp.DELTA or (e.size >= fp.DELTA_MIN and os.path.isfile(job.part)):
-                    basis.append(job)  # a local copy, or what an interrupted fetch left: compared by blocks
-            if e.kind == "d":
-                dirs.append((tree, e))
+            if e.kind == UNREADABLE:
+                result.unreadable.append(f"{e.path} ({e.target})")
+                continue
+            if not workdir and (("/" not in e.path and fp.reserved(e.path))
+                                or (taken and e.path.partition("/")[0] in taken)):
+                if "/" not in e.path:
+                    taken.add(e.path)
+                    result.conflicts.append(f"{e.path} (a name the run's folder here keeps for gpu-train: rename it in "
+                                            "the JOB_DIR, or fetch with --dest)")
+                continue
+            try:
+                self._plan_entry(result, tree, e, dirs, basis, direct)
+            except (fl.UnsafePath, OSError) as err:  # a name this file system refuses (too long, not valid here)
+                result.unstorable.append(f"{e.path} ({getattr(err, 'strerror', None) or err})")
+
+    def _plan_entry(self, result: RunResult, tree: fl.Tree, e: fp.Entry, dirs: list, basis: list, direct: bool) -> None:
+        local = tree.planned(e.path)
+        action = fp.decide(e, local)
+        if action == fp.KEEP_NEWER:
+            result.kept_newer.append(e.path)
+        elif action == fp.CONFLICT:
+            result.conflicts.append(e.path)
+        elif action == fp.UNSAFE:
+            result.unsafe.append(f"{e.path} -> {e.target}")
+        elif action == fp.MKDIR:
+            tree.folder(e.path)
+        elif action == fp.LINK:
+            if tree.link(e.path, e.target, local):
+                result.files += 1
+        elif action in (fp.FETCH, fp.DELTA):
+            job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path), direct=direct,
+                          request=fp.request_bytes(result.run_id, e.path))
+            self.jobs.append(job)
+            if action == fp.DELTA or (e.size >= fp.DELTA_MIN and os.path.isfile(job.part)):
+                basis.append(job)  # a local copy, or what an interrupted fetch left: compared by blocks
+        if e.kind == "d":
+            dirs.append((tree, e))
 
     # -- delta: compare blocks with the host ----------------------------------------------------
     def _hash_phase(self, stream: Stream, basis: list[FileJob]) -> list[fp.Piece]:
@@ -173,6 +176,8 @@ class Fetcher:
             src = job.part if os.path.isfile(job.part) else f"{job.tree.base}/{job.entry.path}"
             fl.prepare_part(job.part, src, job.entry.size)
             have = min(job.entry.size, (job.planned.size if job.planned and src != job.part else job.entry.size))
+            if src != job.part:  # the local file's blocks are compared with the host's
+                job.compared = fp.compared_length(have, job.entry.size, blocks[job.key])
             return fl.block_hashes(job.part, fp.compared_length(have, job.entry.size, blocks[job.key]), blocks[job.key])
 
         with ThreadPoolExecutor(2) as pool:
@@ -181,15 +186,16 @@ class Fetcher:
         pieces = []
         for job, here, there in zip(basis, mine, theirs, strict=True):
             if "error" in there or not self._same_file(job, there["stat"]):
-                job.run.changed.append(job.entry.path)
-                job.failed = True
+                self._unread(job, there.get("error"))
                 continue
             job.whole = there["whole"]
             ranges = fp.changed_ranges(here, there["sha256"][: len(here)], blocks[job.key], job.entry.size)
+            if job.compared is not None and any(off < job.compared for off, _ in ranges):
+                job.compared = -1  # blocks of the local file differ from the host's
             job.pieces = len(ranges)
             pieces += [fp.Piece(job.key, off, n) for off, n in ranges]
             if not ranges:
-                self._complete(job)
+                fj.install(job, self.lock)
         return pieces
 
     def _whole(self, job: FileJob) -> list[fp.Piece]:
@@ -198,7 +204,7 @@ class Fetcher:
         if len(ranges) > 1 or job.entry.size == 0:
             fl.prepare_part(job.part, None, job.entry.size)
         if job.entry.size == 0:
-            self._complete(job)
+            fj.install(job, self.lock)
             return []
         return [fp.Piece(job.key, off, n) for off, n in ranges]
 
@@ -317,7 +323,7 @@ class Fetcher:
             ok = "error" not in trailer and "short" not in trailer and trailer.get("sha256") == h.hexdigest()
             if ok and single and failure is None:
                 try:
-                    self._stamp(job, fd, chmod)
+                    fj.stamp(job, fd, chmod)
                 except OSError as err:
                     failure = err
         finally:
@@ -329,9 +335,7 @@ class Fetcher:
                 job.run.error = job.run.error or f"{job.entry.path} could not be written here: {failure}"
             return
         if not ok or not self._same_file(job, trailer["stat"]):
-            job.failed = True
-            if job.entry.path not in job.run.changed:
-                job.run.changed.append(job.entry.path)
+            self._unread(job, trailer.get("error"))
             return
         with self.lock:
             job.run.bytes += length
@@ -339,7 +343,7 @@ class Fetcher:
             job.pieces -= 1
             last = job.pieces == 0
         if last and single:
-            self._complete(job, stamp=False)
+            fj.install(job, self.lock, stamped=True)
 
     def _check_wholes(self, stream: Stream) -> None:
         """Files of several pieces: the SHA-256 of what was assembled against the host's of the whole file."""
@@ -350,44 +354,26 @@ class Fetcher:
             for job, there in zip(need, stream.read_doc()["items"], strict=True):
                 if "error" not in there and self._same_file(job, there["stat"]):
                     job.whole = there["whole"]
+                else:
+                    self._unread(job, there.get("error"))
         for job in todo:
+            if job.failed:
+                continue
             if job.whole is not None and fl.file_hash(job.part) == job.whole:
-                self._complete(job)
-            elif job.entry.path not in job.run.changed:
-                job.failed = True
-                job.run.changed.append(job.entry.path)
-
-    @staticmethod
-    def _stamp(job: FileJob, fd: int, chmod: bool = True) -> None:
-        """The host's modification time, and its mode less setuid/setgid and group/world write."""
-        if chmod:
-            os.fchmod(fd, fp.safe_mode(job.entry.mode))
-        os.utime(fd, ns=(job.entry.mtime_ns, job.entry.mtime_ns))
-
-    def _complete(self, job: FileJob, stamp: bool = True) -> None:
-        """Rename a verified file into place (unless the destination changed meanwhile)."""
-        job.installed = True
-        e = job.entry
-        try:
-            if stamp:
-                fd = os.open(job.part, os.O_RDONLY | os.O_NOFOLLOW)
-                try:
-                    self._stamp(job, fd)
-                finally:
-                    os.close(fd)
-            installed = job.tree.install(job.part, e.path, job.planned)
-        except (OSError, fl.UnsafePath) as err:
-            with self.lock:
-                job.run.conflicts.append(f"{e.path} ({err})")
-            return
-        if not installed:  # kept for the next fetch to compare with: writable by us, private again
-            with contextlib.suppress(OSError):
-                os.chmod(job.part, 0o600)
-        with self.lock:
-            if installed:
-                job.run.files += 1
+                fj.install(job, self.lock)
             else:
-                job.run.kept_newer.append(e.path)
+                self._unread(job, None)
+
+    def _unread(self, job: FileJob, error: str | None) -> None:
+        """A file not home: unreadable on the host (its error), else changed while it was read. Once per file."""
+        with self.lock:
+            if job.failed:
+                return
+            job.failed = True
+            if error is not None:
+                job.run.unreadable.append(f"{job.entry.path} ({error})")
+            else:
+                job.run.changed.append(job.entry.path)
 
     def _finish(self, dirs: list[tuple[fl.Tree, fp.Entry]]) -> None:
         """Folders get the host's times last (writing files into them moved their times)."""

@@ -16,9 +16,12 @@ opening weighs each piece's bytes plus a fixed per-file cost, so 1,000 small fil
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from gpu_train.contract import UNREADABLE
 
 MiB = 1 << 20
 MAX_SIZE = 1 << 56  # a claimed file size beyond any disk (the ranges it would take are bounded below too)
@@ -57,7 +60,7 @@ class Entry:
         """One row of the host's listing, each field checked as what it is (ValueError names the row)."""
         path, kind, size, mtime_ns, mode, target = row
         ints = (size, mtime_ns, mode)
-        if (not isinstance(path, str) or not isinstance(target, str) or kind not in ("f", "d", "l")
+        if (not isinstance(path, str) or not isinstance(target, str) or kind not in ("f", "d", "l", UNREADABLE)
                 or not all(isinstance(n, int) and not isinstance(n, bool) for n in ints)
                 or not 0 <= size <= MAX_SIZE or not 0 <= mode <= 0o177777 or abs(mtime_ns) > 1 << 63
                 or len(path) > MAX_PATH or len(target) > MAX_PATH):
@@ -109,6 +112,16 @@ def listing_problem(entries: list[Entry], capacity: int) -> str:
         return (f"the host lists {total} bytes of files (the largest {biggest}), more than this disk holds "
                 f"({capacity} bytes): nothing was fetched")
     return ""
+
+
+PREVIOUS = ".previous"  # runs/STACK/RUN/.previous/: the previous content of files a fetch replaced
+_RESERVED = re.compile(r"workdir|\.previous|node-[0-9]+|\..*\.gpu-train-partial")
+
+
+def reserved(path: str) -> bool:
+    """Whether a JOB_DIR path lies under a top-level name the run's folder here keeps for itself: its
+    working directory's outputs, the previous versions, other nodes' files, partial files."""
+    return _RESERVED.fullmatch(path.partition("/")[0]) is not None
 
 
 def block_size(size: int) -> int:

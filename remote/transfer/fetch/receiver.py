@@ -18,7 +18,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from remote.transfer.fetch.generator import Local
+from remote.transfer.fetch.generator import PREVIOUS, Local
 
 CHUNK = 256 * 1024  # bigger writes cost several times more CPU per byte (measured on ext4)
 
@@ -30,6 +30,12 @@ class UnsafePath(Exception):
 def partial_dir(dest: Path) -> Path:
     """Beside the destination, never inside it: a half-fetched file is never where results are read."""
     return dest.parent / f".{dest.name}.gpu-train-partial"
+
+
+def previous_dir(dest: Path, workdir: bool) -> Path:
+    """Where replaced files' previous content is kept: RUN/.previous/ (RUN/.previous/workdir/ for the
+    working directory's outputs, fetched into RUN/workdir/)."""
+    return dest.parent / PREVIOUS / dest.name if workdir else dest / PREVIOUS
 
 
 def check_rel(rel: str) -> list[str]:
@@ -118,8 +124,9 @@ class Tree:
             self.known.add(sub)
         return path
 
-    def install(self, part: str, rel: str, planned: Local | None) -> bool:
-        """Rename the verified ``part`` (mode and time already set) to ``rel``.
+    def install(self, part: str, rel: str, planned: Local | None, keep: Tree | None = None) -> bool:
+        """Rename the verified ``part`` (mode and time already set) to ``rel``; with ``keep``, the file
+        it replaces stays at ``rel`` in that tree (a hard link made first: ``rel`` is never absent).
 
         False (and the part left where it is) when the destination changed since the fetch was
         planned: whatever was written there meanwhile is not ours to replace.
@@ -128,6 +135,13 @@ class Tree:
         path = self.folder(folder) + "/" + name if folder else f"{self.base}/{name}"
         if self.state(rel) != planned:
             return False
+        if keep is not None:
+            kept = keep.folder(folder) + "/" + name if folder else f"{keep.folder('')}/{name}"
+            tmp = f"{kept}.gpu-train-keep"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            os.link(path, tmp, follow_symlinks=False)
+            os.replace(tmp, kept)  # one previous version per file: an older one goes
         os.replace(part, path)
         return True
 
@@ -253,6 +267,20 @@ def block_hashes(path: str, length: int, block: int) -> list[str]:
                 want -= len(data)
             out.append(h.hexdigest())
     return out
+
+
+def same_bytes(a: str, b: str, start: int, end: int) -> bool:
+    """Whether two files hold the same bytes in [start, end) (what lies before ``start`` is known equal)."""
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        fa.seek(start)
+        fb.seek(start)
+        left = end - start
+        while left > 0:
+            x, y = fa.read(min(CHUNK, left)), fb.read(min(CHUNK, left))
+            if x != y or not x:  # different, or one ends early
+                return False
+            left -= len(x)
+        return True
 
 
 def file_hash(path: str) -> str:

@@ -1,0 +1,137 @@
+"""The run's outputs in its working directory: what the job created or changed there, not what was sent.
+
+A real project writes its checkpoints where its own config says (``out_dir``), under its working
+directory (REMOTE_ROOT/runs/RUN/code), not in JOB_DIR. So `launch` records what it put there
+(``runs/RUN/sent.json``: each file's size, mtime and inode), and an output is any file or link that
+is not in that record or whose identity moved: a file the job changed in place counts even when the
+code was staged as hard links of the previous run's copy (its mtime moves). Not outputs: links into
+the project's pushed data or venvs (REMOTE_ROOT/data, REMOTE_ROOT/envs), venvs and ``__pycache__``.
+A run launched before the record existed counts what changed after it was created.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from gpu_train.contract import UNREADABLE
+
+from .store import read_json, read_state, write_json
+
+SENT = "sent.json"
+SKIP_DIRS = ("__pycache__",)
+SKIP_SUFFIXES = (".pyc",)
+
+
+def identity(st: os.stat_result) -> list:
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def record_sent(run_dir: str) -> None:
+    """What the launch put in the working directory (files and links), by path: [size, mtimeNs, inode]."""
+    code = os.path.join(run_dir, "code")
+    sent = {}
+    for folder, dirs, names in os.walk(code):
+        prefix = os.path.relpath(folder, code).replace(os.sep, "/") + "/"
+        prefix = "" if prefix == "./" else prefix
+        for name in dirs + names:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                sent[prefix + name] = identity(st)
+    write_json(os.path.join(run_dir, SENT), {"files": sent})
+
+
+def skip_roots(root: str) -> tuple[str, ...]:
+    """Where links that are not outputs point: the project's pushed data and venvs (as named, and resolved)."""
+    roots = set()
+    for sub in ("data", "envs"):
+        path = os.path.join(root, sub)
+        roots.update({os.path.normpath(path) + os.sep, os.path.realpath(path) + os.sep})
+    return tuple(sorted(roots))
+
+
+def _into(folder: str, target: str, roots: tuple[str, ...]) -> bool:
+    where = os.path.normpath(os.path.join(folder, target)) + os.sep
+    return where.startswith(roots)
+
+
+def listing(root: str, run_dir: str) -> list:
+    """The fetch listing of the working directory's outputs (fetchserve.listing's rows), each output's
+    folders before it; things the host cannot read are rows of kind UNREADABLE with the reason."""
+    code = os.path.join(run_dir, "code")
+    doc = read_json(os.path.join(run_dir, SENT))
+    sent = doc.get("files") if isinstance(doc, dict) else None
+    since_ns = int((read_state(run_dir).get("created") or 0) * 1e9) if sent is None else 0
+    roots = skip_roots(root)
+    rows, folders, emitted = [], {}, set()
+
+    def walk_error(err: OSError) -> None:
+        if isinstance(err, FileNotFoundError):
+            return  # gone since its folder was listed (or no working directory at all)
+        rel = os.path.relpath(err.filename or code, code).replace(os.sep, "/")
+        rows.append((rel, [rel, UNREADABLE, 0, 0, 0, err.strerror or str(err)]))
+
+    for folder, dirs, names in os.walk(code, onerror=walk_error):
+        rel_folder = os.path.relpath(folder, code).replace(os.sep, "/")
+        prefix = "" if rel_folder == "." else rel_folder + "/"
+        keep = []
+        for name in sorted(dirs):
+            full = os.path.join(folder, name)
+            if name in SKIP_DIRS or os.path.isfile(os.path.join(full, "pyvenv.cfg")):
+                continue
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                rows.append((prefix + name, [prefix + name, UNREADABLE, 0, 0, 0, e.strerror or str(e)]))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                keep.append(name)
+                folders[prefix + name] = [prefix + name, "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""]
+            else:
+                names.append(name)  # a link to a folder: a link, as os.walk does not follow it
+        dirs[:] = keep
+        for name in sorted(names):
+            rel = prefix + name
+            if name.endswith(SKIP_SUFFIXES):
+                continue
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                rows.append((rel, [rel, UNREADABLE, 0, 0, 0, e.strerror or str(e)]))
+                continue
+            if sent is not None and sent.get(rel) == identity(st):
+                continue
+            if sent is None and st.st_mtime_ns <= since_ns:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                rows.append((rel, [rel, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""]))
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    target = os.readlink(os.path.join(folder, name))
+                except OSError:
+                    continue
+                if not _into(folder, target, roots):
+                    rows.append((rel, [rel, "l", 0, st.st_mtime_ns, 0o777, target]))
+    out = []
+    for rel, row in rows:
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            up = "/".join(parts[:i])
+            if up not in emitted and up in folders:
+                emitted.add(up)
+                out.append(folders[up])
+        out.append(row)
+    return out
+
+
+def summary(root: str, run_dir: str) -> dict:
+    """protocol.TreeSummary of the outputs (files, bytes, newest change)."""
+    files = [r for r in listing(root, run_dir) if r[1] == "f"]
+    return {"files": len(files), "bytes": sum(r[2] for r in files), "newestNs": max((r[3] for r in files), default=0)}
