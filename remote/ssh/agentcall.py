@@ -111,6 +111,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
     if "error" in opened:
         raise RemoteError(f"cannot start the gpu-train agent: {opened['error']}")
     chan: paramiko.Channel = opened["chan"]  # type: ignore[assignment]
+    chan.settimeout(CALL_TIMEOUT_S)  # each wait for the host's word (a sync in between is not one)
     out = chan.makefile("rb")
     try:
         if sync is not None:
@@ -147,6 +148,8 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
             with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
                 chan.sendall(b"go\n")
         return _answer(out.readline(LINE_MAX), chan)
+    except TimeoutError:
+        raise RemoteError(f"the gpu-train agent on {conn.host} did not answer within {CALL_TIMEOUT_S:g} s") from None
     finally:
         chan.close()
 
