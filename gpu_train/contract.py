@@ -49,6 +49,10 @@ REMOTE_ROOT_DEFAULT = "~/.gpu-train"
 REMOTE_ROOT_BEFORE = "~/gpu-train"
 GCP_REMOTE_ROOT = REMOTE_ROOT_BEFORE
 
+# Whether a reboot resumes an SSH host's runs (launch's "bootResume"): its @reboot crontab line is
+# there and a cron daemon runs it; not there; no crontab command; there, but no daemon runs.
+BOOT_ON, BOOT_OFF, BOOT_NO_CRONTAB, BOOT_CRON_STOPPED = "on", "off", "no-crontab", "cron-stopped"
+
 # -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
 DEFAULT_SETTINGS: dict[str, Any] = {
     "idleStopMinutes": 0,  # 0: never power off (SSH stacks unless asked; GCP stacks default to 30)

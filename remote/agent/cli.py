@@ -66,6 +66,7 @@ def parser() -> argparse.ArgumentParser:
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
+    sub.add_parser("uncron", help="take this root's lines out of the user's crontab (down)")
     return p
 
 
@@ -148,4 +149,6 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
         return lifecycle.cmd_shutdown(root, args.grace)
     if args.cmd == "tick":
         return lifecycle.cmd_tick(root)
+    if args.cmd == "uncron":
+        return lifecycle.cmd_uncron(root)
     return lifecycle.cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)

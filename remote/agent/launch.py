@@ -11,13 +11,13 @@ import sys
 import threading
 import time
 
-from gpu_train.contract import FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, project_dirs
+from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, project_dirs
 
-from . import notify, outputs, units
-from .procs import detect_python, gpu_count
+from . import hostcheck, notify, outputs, units
+from .procs import detect_python, gpu_apps, gpu_count, gpus
 from .pyenv import run_env, venv_python
-from .status import busy_runs, machine_settings
-from .store import AgentError, agent_log, agent_path, locked, now, read_json, settings, update_state, write_json
+from .status import busy_runs, describe, machine_settings
+from .store import AgentError, agent_log, agent_path, locked, now, read_json, run_dirs, settings, update_state, write_json
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -99,6 +99,7 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
             return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
     python = detect_python(spec.get("python"))
     managed = check_python(python, bool(spec.get("python")), bool(spec.get("needsTorch")))
+    notes = host_notes(root)  # (while the laptop still syncs)
     staging = os.path.join(root, "staging", run_id)
     if await_go:
         refuse_if_busy(root, base)
@@ -149,7 +150,17 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
     return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
             "log": os.path.join(run_dir, "log"), "screen": screen,
             "python": job_python(root, spec, python, managed),
-            "dataDir": project_dirs(root, spec.get("project"))[1]}
+            "dataDir": project_dirs(root, spec.get("project"))[1], **notes}
+
+
+def host_notes(root: str) -> dict:
+    """What the laptop says after "started": who else uses the GPUs, other runs of ours still going,
+    and on an SSH host whether a reboot would resume the run (a VM's units always do)."""
+    active = [r["id"] for r in map(describe, run_dirs(root)) if r["state"] in ACTIVE]
+    notes: dict = {"warnings": hostcheck.busy_warnings(gpu_apps(), gpus(), active)}
+    if not settings(root).get("gcp"):
+        notes["bootResume"] = hostcheck.boot_resume(root)
+    return notes
 
 
 # What only the SSH session that ran `launch` has. A run outlives that session, and `boot` relaunches it

@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 from gpu_train.contract import (
@@ -25,7 +23,7 @@ from gpu_train.contract import (
     TERMINAL,
 )
 
-from . import recovery, units
+from . import hostcheck, recovery, units
 from .launch import start_wrapper
 from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
 from .status import describe, effective_state
@@ -284,20 +282,17 @@ def cmd_tick(root: str) -> dict:
 
 def cmd_configure(root: str, new: dict, cron: bool) -> dict:
     """Write agent.json; with ``cron``, run `boot` at reboot (and `tick` every minute when idle stop is on)."""
-    agent = agent_path(root)
     write_json(os.path.join(root, "agent.json"), {**settings(root), **new})
     if not cron:
         return {"settings": settings(root)}
     if not shutil.which("crontab"):
         raise AgentError("crontab is not installed on this host (sudo apt-get install cron); "
                          "or run `gpu-train-agent boot` from your own boot hook")
-    current = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
-    py = shlex.quote(sys.executable)
-    base = f"{py} {shlex.quote(agent)} --root {shlex.quote(root)}"
-    tag = f"# gpu-train {root}"
-    keep = [line for line in current.splitlines() if not line.endswith(tag)]
-    lines = [*keep, f"@reboot {base} boot >/dev/null 2>&1 {tag}"]
-    if float(settings(root)["idleStopMinutes"]) > 0:
-        lines.append(f"* * * * * {base} tick >/dev/null 2>&1 {tag}")
-    subprocess.run(["crontab", "-"], input="\n".join(lines) + "\n", text=True, check=True)
-    return {"settings": settings(root), "crontab": [line for line in lines if line.endswith(tag)]}
+    lines = hostcheck.cron_lines(root, agent_path(root), float(settings(root)["idleStopMinutes"]) > 0)
+    hostcheck.set_cron(root, lines)
+    return {"settings": settings(root), "crontab": lines, "bootResume": hostcheck.boot_resume(root)}
+
+
+def cmd_uncron(root: str) -> dict:
+    """Take this root's crontab lines away (`down` on an SSH stack): nothing of ours is left to run."""
+    return {"removed": hostcheck.set_cron(root, []) if hostcheck.crontab() is not None else []}

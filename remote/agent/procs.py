@@ -56,6 +56,24 @@ def gpus() -> list[dict]:
     return rows
 
 
+def gpu_apps() -> list[dict]:
+    """The processes computing on the GPUs (nvidia-smi's compute apps), or [] where there is none."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    apps = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            memory = float(parts[2]) if parts[2].replace(".", "", 1).isdigit() else None  # "[N/A]" in some containers
+            apps.append({"pid": int(parts[0]), "name": os.path.basename(parts[1]), "memoryMiB": memory})
+    return apps
+
+
 def gpu_count() -> int:
     if not shutil.which("nvidia-smi"):
         return 0

@@ -257,6 +257,17 @@ def refusal(problems: list[str], what: str, force_hint: str) -> str:
             f"Fix what is named and run it again, or {force_hint} to lose them")
 
 
+def uncron(session: Session) -> None:
+    """`down` on an SSH stack: each host's @reboot line (reboot-resume, from `setup`) goes too."""
+    nodes = session.nodes()
+    results = on_every_node(nodes, lambda s: s.call("uncron"))
+    for s, r in zip(nodes, results, strict=True):
+        if isinstance(r, dict) and r.get("removed"):
+            say(f"{s.target.host}: took gpu-train's lines out of your crontab (reboots no longer resume runs there)")
+    for line in failures(results):
+        say(f"warning: {line}: gpu-train's crontab lines may still be there (`crontab -e` there to remove them)")
+
+
 @task(help={"force": "destroy even if a run is running or not everything could be fetched (naming what is lost)",
             "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP})
 def down(c, force=False, streams=None, stack=None):
@@ -288,6 +299,7 @@ def down(c, force=False, streams=None, stack=None):
     say(f"fetched {len(runs)} run(s) into runs/{session.target.stack}/")
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
+        uncron(session)
         return
     from infra.ops import pulumi_cli
     from remote.ssh import target as targets

@@ -145,6 +145,7 @@ class Session:
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
+        self.conn = None  # a later call connects again
 
 
 class Interrupted(KeyboardInterrupt):

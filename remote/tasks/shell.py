@@ -9,7 +9,9 @@ import sys
 
 from invoke import Exit, task
 
-from remote.tasks.session import STACK_HELP, Session
+from gpu_train.contract import BOOT_CRON_STOPPED, BOOT_NO_CRONTAB, BOOT_OFF
+from remote.tasks.localstate import atomic_write
+from remote.tasks.session import CLI, STACK_HELP, Session, say
 
 
 # -- setup --------------------------------------------------------------------------------------
@@ -28,6 +30,39 @@ def setup(c, stack=None):
     print(f"agent settings on {session.target.host}: {json.dumps(doc['settings'])}")
     for line in doc.get("crontab", []):
         print(f"crontab: {line}")
+    if doc.get("bootResume") == BOOT_CRON_STOPPED:
+        say(f"warning: {session.target.host}: {CRON_STOPPED_WORDS}")
+
+
+CRON_STOPPED_WORDS = ("no cron daemon runs there, so a reboot will not resume runs (start it: sudo systemctl enable "
+                      "--now cron, or crond)")
+BOOT_OFFERED = "boot-offered.json"  # in the stack's cache: hosts already told how to turn reboot-resume on
+
+
+def say_host_notes(sessions: list[Session], answers: list[dict]) -> None:
+    """After "started": each node's warnings (its GPUs busy, other runs of ours), and on an SSH host
+    whether a reboot resumes the run; how to turn that on is said once per host."""
+    from remote.ssh.target import host_key
+
+    for s, answer in zip(sessions, answers, strict=True):
+        where = f"node {s.node} ({s.target.host})" if len(sessions) > 1 else str(s.target.host)
+        warnings = answer.get("warnings")
+        for words in (warnings if isinstance(warnings, list) else [])[:5]:
+            say(f"warning: {where}: {str(words)[:400]}")
+        state, offered = answer.get("bootResume"), s.target.cache / BOOT_OFFERED
+        if state == BOOT_CRON_STOPPED:
+            say(f"warning: {where}: {CRON_STOPPED_WORDS}")
+        elif state in (BOOT_OFF, BOOT_NO_CRONTAB):
+            try:
+                told = json.loads(offered.read_text())
+            except (OSError, ValueError):
+                told = {}
+            if host_key(s.target.host) in told:
+                continue
+            fix = f"`{CLI} setup`" if state == BOOT_OFF else f"install cron there (sudo apt-get install cron), then `{CLI} setup`"
+            say(f"{where}: a reboot there leaves this run interrupted until `{CLI} resume`; {fix} makes reboots resume "
+                f"runs (an @reboot line in your crontab there, which `{CLI} down` takes away)")
+            atomic_write(offered, json.dumps({**told, host_key(s.target.host): state}))
 
 
 def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None:

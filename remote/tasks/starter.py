@@ -56,6 +56,8 @@ def to_edit(kind: str, path: Path) -> list[str]:
     """What the user still has to do, line by line."""
     if kind == "ssh":
         return [f"check gpu-train:hosts in {path}", "try it: gpu-train ssh -- nvidia-smi",
+                "so that a reboot of the host resumes runs: gpu-train setup (an @reboot line in your crontab there; "
+                "gpu-train down takes it away)",
                 "then: gpu-train train --script train.py --follow"]
     return [f"edit gcp:project and gpu-train:sshSourceRanges in {path}",
             f"check it: {repo_script('plan')} --stack {path.name.removeprefix('Pulumi.').rsplit('.', 1)[0]}",

@@ -23,6 +23,7 @@ from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.runs import follow_to_end
 from remote.tasks.session import CLI, STACK_HELP, Interrupted, Session, exit_for, failures, on_every_node, say
+from remote.tasks.shell import say_host_notes
 
 if TYPE_CHECKING:
     from remote.transfer.codehop import CodeFanout
@@ -130,6 +131,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     for s in sessions:
         s.close()
     first = answers[0]
+    say_host_notes(sessions, answers)  # (stderr: busy GPUs, other runs, whether a reboot resumes it)
     if json_:
         print(json.dumps({"stack": cluster.stack, "host": str(cluster.host), "nodes": len(sessions),
                           **{k: first.get(k) for k in ("runId", "jobDir", "dataDir", "log", "python")}}, indent=1))
