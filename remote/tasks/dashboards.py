@@ -31,7 +31,7 @@ def _serve(stack: str | None, kind: str, extra, local_port, json_: bool) -> None
     local_port = number("--local-port", local_port, int, 1, 65535)
     session = Session(stack)
     try:
-        notebooks.serve(session.connect(), session.target, kind, extra(session.target), local_port, say, show(json_))
+        notebooks.serve(session.connect(shared=False), session.target, kind, extra(session.target), local_port, say, show(json_))
     except ForwardError as e:
         raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:
@@ -71,7 +71,7 @@ def tunnel(c, port=None, local_port=None, json_=False, stack=None):
     local_port = number("--local-port", local_port, int, 1, 65535)
     session = Session(stack)
     try:
-        notebooks.tunnel(session.connect(), session.target, port, local_port, say, show(json_))
+        notebooks.tunnel(session.connect(shared=False), session.target, port, local_port, say, show(json_))
     except ForwardError as e:
         raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:

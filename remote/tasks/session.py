@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from invoke import Exit
 
@@ -52,7 +52,7 @@ class Session:
         self._target = cluster.for_node(node)  # (read through ``target``)
         self.node = node
         self.timeout = timeout if timeout is not None else (600.0 if self._target.is_gcp else 15.0)
-        self.conn = None
+        self.conn: Any = None  # a Fabric Connection, or a MuxConnection over the shared one
 
     @property
     def target(self) -> Target:
@@ -66,15 +66,23 @@ class Session:
         """A session for every node of the cluster (this one for its own node)."""
         return [self if i == self.node else Session(None, self.timeout, i, self.cluster) for i in range(len(self.cluster.hosts))]
 
-    def connect(self, again: bool = False):
-        """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting)."""
+    def connect(self, again: bool = False, shared: bool = True):
+        """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting).
+
+        With ``shared`` (every task but the port forwards), this user's shared OpenSSH connection to
+        the host is used when it is up (remote/ssh/mux.py): one round trip, no login; else a login,
+        and the shared connection is started beside it for the next task."""
         from remote.errors import HostKeyError, RemoteError
         from remote.ssh import connect as ssh
+        from remote.ssh import mux, vmprobe
         from remote.ssh import target as targets
-        from remote.ssh import vmprobe
 
         if self.conn is not None:
             return self.conn
+        if shared and not again and not self._target.root_unknown:
+            self.conn = mux.reuse(self._target, self._target.host)
+            if self.conn is not None:
+                return self.conn
         try:
             self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say,
                                             vmprobe.probe(self._target.stack, self._target.vm, say), again)
@@ -96,6 +104,8 @@ class Session:
             self._ask_root()
         if self.node == 0:
             self._alias()
+        if shared:
+            mux.start_master(self._target, self._target.host)
         return self.conn
 
     def _ask_root(self) -> None:

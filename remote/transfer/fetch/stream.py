@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import io
 import json
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
 import time
@@ -25,6 +23,7 @@ from gpu_train.stack.config import SshHost
 from remote.agent.bundle import agent_command
 from remote.agent.fetchserve import RANGE_HEAD_RE, RANGE_TRAILER_RE
 from remote.ssh.connect import openssh_options
+from remote.ssh.mux import PERSIST_S, shared_control_path
 from remote.ssh.target import Target
 
 READ_BUFFER = 64 * 1024  # reads of a range's data bigger than this go straight into the caller's buffer
@@ -52,39 +51,6 @@ def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | N
 
 
 SHARED_CHANNELS = 1  # the listing stream: ten fetches at once stay within a stock sshd's MaxSessions
-PERSIST_S = 60  # how long the shared connection outlives its last stream
-
-
-def shared_control_path(options: list[str], destination: str) -> str | None:
-    """Where this user's shared SSH connection to ``destination``, made with exactly ``options``, listens.
-
-    One folder of the user's own in the temporary directory (0700, checked, in a parent that others
-    cannot rename it out of: otherwise another user could plant a socket that our ssh would talk
-    to, or listen on ours); the name hashes every option (key, known_hosts, jump hosts) and the
-    destination, so a stack never rides on a connection another stack's key opened. None where no
-    such folder can be had, where ssh would read the path differently (it expands %), or where
-    the path is too long for a socket: the fetch then logs in as it would without one.
-    """
-    parent = tempfile.gettempdir()
-    folder = os.path.join(parent, f"gpu-train-ssh-{os.getuid()}")
-    if "%" in folder:
-        return None
-    try:
-        up = os.stat(parent)
-        if up.st_mode & 0o022 and not up.st_mode & stat.S_ISVTX:
-            return None  # anyone may rename what is in it (/tmp has the sticky bit: only the owner may)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(folder, 0o700)
-        st = os.lstat(folder)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    path = os.path.join(folder, hashlib.sha256("\0".join([*options, destination]).encode()).hexdigest()[:16])
-    # A socket's path holds 104 bytes (macOS; Linux 108), and ssh binds it first under a 17-byte longer name.
-    return path if len(path.encode()) + 17 < 104 else None
-
-
 class Opener:
     """Opens a host's streams: the first (the listing) as a channel of this user's shared connection to
     the host, the next ones as channels of a connection of this fetch's own, any more as connections
