@@ -67,3 +67,13 @@ def test_import_writes_out_a_job_configs_escapes(tmp_path: Path) -> None:
                           "--stacks-dir", str(tmp_path / "stacks")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode in (0, 2), out.stderr
     assert "\x1b" not in out.stdout + out.stderr and "\\x1b]52;c;" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_nvidia_smi_writes_out_a_hosts_escapes(lab: Lab) -> None:
+    from tests.test_hostile_hosts import Liar
+
+    lab.fab("status", check=True)
+    liar = Liar(lab)
+    liar.doc.write_text(f"| GPU 0 {OSC52} |\n")
+    result = lab.fab("nvidia-smi")
+    assert "\x1b" not in result.stdout + result.stderr and "| GPU 0 \\x1b]52;c;" in result.stdout, result.stdout

@@ -112,14 +112,20 @@ class Session:
         """First contact with an SSH host on the default remoteRoot: keep using the old default where
         that host has runs of ours (and say so), else the new one; the answer is kept for next time."""
         from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT
+        from remote.errors import RemoteError
         from remote.ssh import target as targets
+        from remote.ssh.agentcall import run_bounded
 
         assert self.conn is not None
-        answer = self.conn.run(targets.ROOT_QUESTION, hide=True, warn=True, in_stream=False)
-        root = targets.root_from_answer(answer.stdout)
+        try:  # a host's answer: bounded
+            _, out, err = run_bounded(self.conn, targets.ROOT_QUESTION, timeout=60, cap=1 << 20)
+        except RemoteError as e:
+            raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
+        stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        root = targets.root_from_answer(stdout)
         if root is None:
             raise Exit(f"{self._target.host}: could not tell where gpu-train's files are (the login shell answered "
-                       f"{printable(answer.stdout.strip()[:200] or answer.stderr.strip()[:200])!r}); set "
+                       f"{printable(stdout.strip()[:200] or stderr.strip()[:200])!r}); set "
                        f"gpu-train:remoteRoot in the stack (e.g. {REMOTE_ROOT_DEFAULT})", code=ExitStatus.UNREACHABLE)
         if root == REMOTE_ROOT_BEFORE:
             say(f"{self._target.host}: its runs are in {REMOTE_ROOT_BEFORE} (remoteRoot's old default), so they stay "

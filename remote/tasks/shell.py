@@ -10,6 +10,8 @@ import sys
 from invoke import Exit, task
 
 from gpu_train.contract import BOOT_CRON_STOPPED, BOOT_NO_CRONTAB, BOOT_OFF
+from gpu_train.errors import ExitStatus
+from remote.errors import RemoteError
 from remote.tasks.localstate import atomic_write
 from remote.tasks.session import CLI, STACK_HELP, Session, say
 
@@ -90,9 +92,18 @@ shell.remainder_kwarg = "command"  # `gpu-train ssh -- CMD` (remote/cli.py's Exe
 @task(name="nvidia-smi", help={"stack": STACK_HELP})
 def nvidia_smi(c, stack=None):
     """nvidia-smi on the host (`gpus` lists the GPU types you can have)."""
+    from gpu_train.errors import shown
+    from remote.ssh.agentcall import run_bounded
+
     session = Session(stack)
-    result = session.connect().run("command -v nvidia-smi >/dev/null && nvidia-smi || echo 'no nvidia-smi on this host'",
-                                   warn=True, in_stream=False)
-    session.close()
-    if result.exited:
-        raise Exit(code=result.exited)
+    try:  # the host's output, bounded, its escapes written out
+        status, out, err = run_bounded(session.connect(), "command -v nvidia-smi >/dev/null && nvidia-smi || "
+                                       "echo 'no nvidia-smi on this host'", timeout=120, cap=4 << 20)
+    except RemoteError as e:
+        raise Exit(str(e), code=ExitStatus.FAILED) from None
+    finally:
+        session.close()
+    sys.stdout.write(shown(out.decode("utf-8", "backslashreplace")))
+    sys.stderr.write(shown(err.decode("utf-8", "backslashreplace")))
+    if status:
+        raise Exit(code=status)
