@@ -152,6 +152,18 @@ with open(doc_path) as f:
 '''
 
 
+def _end_shared_connection(lab: Lab) -> None:
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.stack.stackfile import load_stack
+    from remote.ssh import mux
+    from remote.ssh.target import target_from
+
+    target = target_from(load_stack("lab", load_catalog(), lab.stacks), None, lab.home)
+    path = mux.control_path(target, target.host)
+    if path is not None:
+        subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "x"], capture_output=True, check=False)
+
+
 class Liar:
     """The lab's sshd, its key bound to a forced command answering crafted documents."""
 
@@ -164,6 +176,7 @@ class Liar:
         keys = lab.sshd.dir / "authorized_keys"
         command = f"{sys.executable} {script} {self.doc} {self.log}"
         keys.write_text(f'command="{command}" {keys.read_text().strip()}\n')  # read by sshd at each login
+        _end_shared_connection(lab)  # logged in before the lie: a task would ride on it (remote/ssh/mux.py)
 
     def answer(self, *runs: dict) -> None:
         self.doc.write_text(json.dumps({"root": str(self.lab.remote), "runs": list(runs), "gpus": [], "uptimeS": 1,
