@@ -146,7 +146,7 @@ if os.path.exists(doc_path + ".flood"):  # an answer that never ends
         sys.stdout.write("x" * 65536)
 if os.path.exists(doc_path + ".hang"):  # or never comes
     import time
-    time.sleep(3600)
+    time.sleep(30)  # (longer than any timeout the tests set; no session left behind for long)
 with open(doc_path) as f:
     print(f.read())
 '''
@@ -368,3 +368,15 @@ def test_an_agent_call_that_never_answers_times_out(lab: Lab, liar: Liar, monkey
         assert time.monotonic() - started < 15
     finally:
         conn.close()
+    from remote.ssh import mux  # and on the shared connection, whose channels have no timeout of their own
+
+    mux.start_master(target, target.host)
+    deadline = time.monotonic() + 20
+    while (shared := mux.reuse(target, target.host)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert shared is not None
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match="did not answer within 2 s"):
+        agentcall.launch(shared, target, "{}", None)
+    assert time.monotonic() - started < 15
+    _end_shared_connection(lab)

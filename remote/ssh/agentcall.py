@@ -112,7 +112,30 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
         raise RemoteError(f"cannot start the gpu-train agent: {opened['error']}")
     chan: paramiko.Channel = opened["chan"]  # type: ignore[assignment]
     chan.settimeout(CALL_TIMEOUT_S)  # each wait for the host's word (a sync in between is not one)
-    out = chan.makefile("rb")
+    raw = chan.makefile("rb")
+    silent = threading.Event()
+
+    class _Out:
+        """Each line of the host's answer within CALL_TIMEOUT_S, on any kind of channel (a shared
+        connection's channel has no timeout of its own): past it, the channel is closed."""
+
+        @staticmethod
+        def readline(limit: int) -> bytes:
+            def give_up() -> None:
+                silent.set()
+                chan.close()
+
+            timer = threading.Timer(CALL_TIMEOUT_S, give_up)
+            timer.start()
+            try:
+                line = raw.readline(limit)
+            finally:
+                timer.cancel()
+            if silent.is_set():
+                raise TimeoutError
+            return line
+
+    out = _Out()
     try:
         if sync is not None:
             # The agent's first word even when the sync failed: a refusal (REMOTE_ROOT not ours, a
