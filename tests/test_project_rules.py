@@ -129,3 +129,14 @@ def test_suggest_and_starter_stacks() -> None:
     raw = yaml.safe_load(starter.gcp_stack("proj-1", "us-central1-a", "nvidia-tesla-t4", True, "203.0.113.7/32"))
     assert config.parse(raw["config"], "gcp", load_catalog()).spot
     assert starter.ignore_lines("runs\n/.gpu-train/\n") == [] and starter.ignore_lines("data/\n") == ["runs/", ".gpu-train/"]
+
+
+@pytest.mark.parametrize(("kind", "several", "flagged"), [("ssh", False, 0), ("ssh", True, 3), ("gcp", False, 0), ("gcp", True, 1)])
+def test_init_next_steps_name_the_new_stack_when_there_are_several(kind: str, several: bool, flagged: int) -> None:
+    """A second `init` printed `gpu-train ssh -- nvidia-smi`, which then stopped at "no stack selected"."""
+    from remote.tasks import starter
+
+    steps = starter.to_edit(kind, Path("stacks/Pulumi.box2.yaml"), several)
+    commands = [s for s in steps if "gpu-train " in s]
+    assert sum("gpu-train " in s and " --stack box2 " in s.split("gpu-train ", 1)[1] for s in commands) == flagged
+    assert all(" --stack lab" not in s for s in steps)

@@ -52,17 +52,20 @@ def gcp_stack(project: str, zone: str, gpu: str, spot: bool, source: str) -> str
     )
 
 
-def to_edit(kind: str, path: Path) -> list[str]:
-    """What the user still has to do, line by line."""
+def to_edit(kind: str, path: Path, several: bool = False) -> list[str]:
+    """What the user still has to do, line by line. In a project with several stacks each command names
+    this one (without --stack they would stop at "no stack selected", or reach the selected other one)."""
+    name = path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
+    flag = f" --stack {name}" if several else ""
     if kind == "ssh":
-        return [f"check gpu-train:hosts in {path}", "try it: gpu-train ssh -- nvidia-smi",
-                "so that a reboot of the host resumes runs: gpu-train setup (an @reboot line in your crontab there; "
-                "gpu-train down takes it away)",
-                "then: gpu-train train --script train.py --follow"]
+        return [f"check gpu-train:hosts in {path}", f"try it: gpu-train ssh{flag} -- nvidia-smi",
+                f"so that a reboot of the host resumes runs: gpu-train setup{flag} (an @reboot line in your crontab "
+                "there; gpu-train down takes it away)",
+                f"then: gpu-train train{flag} --script train.py --follow"]
     return [f"edit gcp:project and gpu-train:sshSourceRanges in {path}",
-            f"check it: {repo_script('plan')} --stack {path.name.removeprefix('Pulumi.').rsplit('.', 1)[0]}",
+            f"check it: {repo_script('plan')} --stack {name}",
             "create the VM: see README, \"A GCP stack in your project\"",
-            "then: gpu-train train --script train.py --follow"]
+            f"then: gpu-train train{flag} --script train.py --follow"]
 
 
 def ignore_lines(existing: str) -> list[str]:
@@ -114,8 +117,8 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
             with open(gitignore, "a", encoding="utf-8") as f:
                 f.write(sep + "".join(f"{line}\n" for line in missing))
             print(f"added {', '.join(missing)} to {gitignore} (fetched runs and gpu-train's local state)")
-    for step in to_edit(kind, path.relative_to(root) if path.is_relative_to(root) else path):
-        print(f"  next: {step}")
     others = [p.name for p in path.parent.glob("Pulumi.*.y*ml") if p != path]
+    for step in to_edit(kind, path.relative_to(root) if path.is_relative_to(root) else path, bool(others)):
+        print(f"  next: {step}")
     if others and not os.environ.get("GPU_TRAIN_STACK"):
         print(f"  this project has several stacks now: `gpu-train stack {name}` selects this one (or pass --stack {name})")
