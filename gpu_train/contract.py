@@ -52,6 +52,8 @@ GCP_REMOTE_ROOT = REMOTE_ROOT_BEFORE
 # Whether a reboot resumes an SSH host's runs (launch's "bootResume"): its @reboot crontab line is
 # there and a cron daemon runs it; not there; no crontab command; there, but no daemon runs.
 BOOT_ON, BOOT_OFF, BOOT_NO_CRONTAB, BOOT_CRON_STOPPED = "on", "off", "no-crontab", "cron-stopped"
+# `prune`'s answer: pruned[].{id, files, PRUNE_FREED} and kept[].{id, why}.
+PRUNE_FREED = "freedBytes"
 
 # -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
 DEFAULT_SETTINGS: dict[str, Any] = {

@@ -67,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
     sub.add_parser("uncron", help="take this root's lines out of the user's crontab (down)")
+    pruning = sub.add_parser("prune", help="free finished runs' code copies (their outputs stay)")
+    pruning.add_argument("--run")
+    pruning.add_argument("--dry-run", action="store_true")
     return p
 
 
@@ -151,4 +154,8 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
         return lifecycle.cmd_tick(root)
     if args.cmd == "uncron":
         return lifecycle.cmd_uncron(root)
+    if args.cmd == "prune":
+        from .prune import cmd_prune
+
+        return cmd_prune(root, args.run, args.dry_run)
     return lifecycle.cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)

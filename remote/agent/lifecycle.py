@@ -26,6 +26,7 @@ from gpu_train.contract import (
 from . import hostcheck, recovery, units
 from .launch import start_wrapper
 from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
+from .prune import refuse_pruned
 from .status import describe, effective_state
 from .store import (
     AgentError,
@@ -183,6 +184,7 @@ def relaunch(root: str, run_dir: str, state: dict, back: dict | None = None) -> 
 def cmd_resume(root: str, run_id: str | None, grace: float) -> dict:
     """Restart one run's part on this host (the laptop does it on every node: the whole group)."""
     run_dir = find_run(root, run_id)
+    refuse_pruned(run_dir)
     if describe(run_dir)["state"] in ACTIVE:
         cmd_stop(root, os.path.basename(run_dir), grace)
     state = read_state(run_dir)

@@ -215,3 +215,40 @@ def resume(c, run=None, grace=None, stack=None, json_=False):
         print(json.dumps({"runId": run, "nodes": len(sessions), "resumes": docs[0]["resumes"]}))
     else:
         print(f"{run}: restarted on {len(sessions)} node(s) (resume {docs[0]['resumes']})")
+
+
+@task(help={"run": "only this run (an id or a unique prefix)", "dry_run": "say what would go; remove nothing",
+            "stack": STACK_HELP})
+def prune(c, run=None, dry_run=False, stack=None):
+    """Free the code copies of finished runs on the host (every node), keeping everything each job wrote.
+
+    Each run keeps the code it was sent; this removes the files still exactly as sent from runs that
+    succeeded, failed or were stopped. Outputs (what the job created or changed), running and
+    interrupted runs, and the newest run of each name stay. A pruned run cannot be resumed.
+    """
+    from gpu_train.contract import PRUNE_FREED
+    from remote.transfer.sync import human
+
+    run = trust.run_option(run)
+    args = ["prune", *(["--run", run] if run else []), *(["--dry-run"] if dry_run else [])]
+    session = Session(stack)
+    nodes = session.nodes()
+    results = on_every_node(nodes, lambda s: s.call(*args))
+    for s, doc in zip(nodes, results, strict=True):
+        where = f"node {s.node} ({s.target.host})" if len(nodes) > 1 else str(s.target.host)
+        if not isinstance(doc, dict):
+            continue
+        pruned, kept = doc.get("pruned") or [], doc.get("kept") or []
+        files = sum(int(p.get("files") or 0) for p in pruned)
+        freed = sum(int(p.get(PRUNE_FREED) or 0) for p in pruned)
+        verb = "would remove" if dry_run else "removed"
+        print(f"{where}: {verb} the code of {len(pruned)} run(s), {files} file(s)"
+              + ("" if dry_run else f", {human(freed)} freed (a file linked from a newer run's code frees nothing)")
+              + "; what the jobs wrote stays")
+        for p in pruned:
+            print(f"  {p.get('id')}")
+        for k in kept:
+            print(f"  kept {k.get('id')}: {k.get('why')}")
+    if failed := failures(results):
+        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
+

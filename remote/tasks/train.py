@@ -67,7 +67,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     """
     from gpu_train import jobs
     from remote.errors import RemoteError
-    from remote.transfer import codehop, sync
+    from remote.transfer import codehop, codesize, sync
 
     code_dir = Path(dir).expanduser().resolve() if dir else project_root()
     if not code_dir.is_dir():
@@ -109,8 +109,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
             say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
             if plan.left_out:
                 say(sync.left_out_summary(list(plan.left_out), CLI))
-            if plan.bytes > sync.LARGE_SYNC_BYTES:
-                say(f"warning: {sync.human(plan.bytes)} is a lot of code; put data and outputs in {sync.IGNORE_FILE}")
+            if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, sync.IGNORE_FILE, CLI):
+                say(heavy)
             sessions = session.nodes()
             # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
             fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None

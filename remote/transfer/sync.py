@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_train.stack.config import SshHost
@@ -23,8 +23,8 @@ from remote.agent.bundle import GUARD
 from remote.errors import RemoteError
 from remote.ssh.connect import openssh_options
 from remote.ssh.target import Target
+from remote.transfer.codesize import folder_counts, human
 
-LARGE_SYNC_BYTES = 100 * 1024 * 1024
 IGNORE_FILE = ".gputrainignore"
 # rsync before 3.4.0 has known client-side holes (CVE-2024-12085 .. 12088: a malicious server
 # can read client memory or write outside the destination).
@@ -173,14 +173,6 @@ def listed_bytes(listing: str) -> tuple[int, int]:
     return files, total
 
 
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 @dataclass(frozen=True)
 class LeftOut:
     """Something in the code directory that the sync does not send, and why."""
@@ -275,6 +267,7 @@ class CodePlan:
     git_mode: bool
     exclude: Path | None
     left_out: tuple[LeftOut, ...] = ()
+    folders: dict[str, int] = field(default_factory=dict)  # files per top-level folder (codesize.folder_counts)
 
     def describe(self) -> str:
         return f"{self.src} ({self.files} files, {human(self.bytes)}; .gitignore and {IGNORE_FILE} honoured)"
@@ -299,7 +292,8 @@ def plan_code(src: Path, scratch: Path, outputs: tuple[tuple[Path, str | None], 
         raise RemoteError(f"cannot list {src}: {listing.stderr.strip()}")
     files, size = listed_bytes(listing.stdout)
     manifest = hashlib.sha256(listing.stdout.encode()).hexdigest()
-    return CodePlan(src, files, size, manifest, ignored is not None, exclude, tuple(_left_out(src, forced, ignored or [])))
+    return CodePlan(src, files, size, manifest, ignored is not None, exclude, tuple(_left_out(src, forced, ignored or [])),
+                    folder_counts(listing.stdout))
 
 
 def _left_out(src: Path, forced: list[tuple[str, str | None]], ignored: list[str]) -> list[LeftOut]:
