@@ -169,3 +169,22 @@ def test_a_projects_state_another_user_owns_is_not_trusted(lab: Lab, attacker: P
     result = run_fab({**lab.env, "GPU_TRAIN_HOME": str(theirs)}, lab.cwd, "status")
     assert result.returncode == 2 and f"{theirs} belongs to uid" in result.stderr, result.stderr
     assert "GPU_TRAIN_HOME" in result.stderr and not lab.remote.exists()
+
+
+def test_a_root_through_another_users_link_is_refused(lab: Lab, attacker: Path) -> None:
+    # The attacker's link in a sticky folder (/tmp, /scratch) to a folder of the victim's: every folder
+    # it leads to is the victim's or root's, but the link is the attacker's, and the sticky bit lets an
+    # entry's owner replace it. Once the victim's root was made through it, the attacker points it at
+    # a tree of theirs, and the crontab line `setup` wrote (REMOTE_ROOT/bin/gpu-train-agent) runs theirs.
+    mine = lab.tmp / "victims"
+    mine.mkdir(mode=0o700)
+    link = attacker / "scratch"
+    as_attacker("ln", "-s", str(mine), str(link))
+    root = link / "gpu-train"
+    stack = lab.stacks / "Pulumi.lab.yaml"
+    stack.write_text(stack.read_text().replace(str(lab.remote), str(root)))
+    for args in (["status"], ["setup"]):
+        result = lab.fab(*args)
+        assert result.returncode != 0 and f"{link}, which is a symbolic link that belongs to {ATTACKER}" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+    assert not list(mine.iterdir())

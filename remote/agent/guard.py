@@ -61,12 +61,21 @@ def ancestor_problem(st: os.stat_result, uid: int) -> str:
     return ""
 
 
+def link_problem(st: os.stat_result, uid: int) -> str:
+    """Why a symbolic link on the way to REMOTE_ROOT lets another user swap where it leads ('' when it
+    does not): its owner may replace it (in a sticky folder too), so it must be root's or the user's."""
+    return "" if st.st_uid in (0, uid) else f"is a symbolic link that belongs to {_owner(st.st_uid)}"
+
+
 def ancestors_problem(folder: str, uid: int) -> str:
-    """The first of ``folder`` and the folders above it (as written, and as symbolic links resolve)
-    that fails ancestor_problem, with why; '' when none does."""
+    """The first of ``folder`` and the folders above it (as written, each link itself too, and as
+    symbolic links resolve) that fails ancestor_problem or link_problem, with why; '' when none does."""
     for parent in (folder, os.path.realpath(folder)):
         while True:
-            why = ancestor_problem(os.stat(parent), uid)
+            st = os.lstat(parent)
+            why = link_problem(st, uid) if stat.S_ISLNK(st.st_mode) else ancestor_problem(st, uid)
+            if not why and stat.S_ISLNK(st.st_mode):
+                why = ancestor_problem(os.stat(parent), uid)
             if why:
                 return f"{parent}, which {why}"
             if parent == os.path.dirname(parent):
