@@ -26,6 +26,7 @@ import pytest
 from gpu_train.stack.config import SshHost
 from remote.agent import cluster
 from remote.agent.store import AgentError
+from remote.errors import RemoteError
 from remote.loopback import Sshd
 from remote.ssh.target import Target
 from remote.transfer import codehop
@@ -365,3 +366,19 @@ def test_a_node_that_went_on_its_own_word_counts_as_started_when_the_laptops_pus
         assert answer["runId"] == run and (root / "runs" / run / "code" / "train.py").exists()
     finally:
         sshd.stop()
+
+
+def test_a_node_that_fails_before_its_code_arrived_loses_the_key(tmp_path: Path) -> None:
+    # The key is taken back on every path: the code arrived (node_sync), or the node's part ended first.
+    fanout = codehop.CodeFanout(_target(tmp_path), "r_20250101_000000", "r")
+    said: list[tuple[str, ...]] = []
+    fanout.authorize(1, lambda *args: said.append(args) or {})
+    fanout.authorize(2, lambda *args: said.append(args) or {})
+    fanout.settle(1, "that node failed")
+    assert said[-1] == ("unauthorize", "--key", fanout.public_key)
+    fanout.settle(1, "that node failed")  # once
+    assert [a[0] for a in said] == ["authorize", "authorize", "unauthorize"]
+    fanout.settle(0, "node 0 failed")  # node 2 waits on node 0's code: it never comes, the key goes
+    with pytest.raises(RemoteError):
+        fanout.node_sync(2, lambda: None, lambda _: None)
+    assert [a[0] for a in said].count("unauthorize") == 2
