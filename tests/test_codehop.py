@@ -256,6 +256,8 @@ def test_authorize_binds_the_key_to_one_run_and_takes_it_away(tmp_path: Path, mo
     assert lines[0] == "ssh-ed25519 MINE me@laptop" and len(lines) == 2 and "OLD" not in keys.read_text()
     assert cluster.cmd_unauthorize("ssh-ed25519 AAAA")["removed"] is True
     assert keys.read_text() == "ssh-ed25519 MINE me@laptop\n"
+    with pytest.raises(AgentError, match="--run and --base are required"):  # never a key for anything else
+        cluster.cmd_authorize("ssh-ed25519 BBBB", "c", None, "/r")
 
 
 @pytest.mark.parametrize(("original", "ok"), [

@@ -125,7 +125,9 @@ def cmd_authorize(key: str, name: str, source: str | None, root: str = "", run: 
                   base: str | None = None) -> dict:
     """Add a train's cluster key to authorized_keys, bound to receiving ``run``'s code (``receive-code``)
     and expiring; earlier versions' permanent cluster lines are taken out on the way."""
-    command = receive_command(root, run, base) if run is not None and base is not None else None
+    if run is None or base is None:  # never a key that logs in for anything else
+        raise AgentError("authorize: the key is bound to one run's code: --run and --base are required")
+    command = receive_command(root, run, base)
     line = authorized_line(key, name, source, command, time.time() + KEY_LIFE_S)
     blob = key.split()[1]
     path = authorized_keys_path()
