@@ -237,3 +237,38 @@ def test_run_env(tmp_path: Path) -> None:
     assert pyenv.run_env("/r/envs/p", "/usr/bin/python3", True, False) == "/r/envs/p"
     assert pyenv.run_env("/r/envs/p", "/usr/bin/python3", False, False) is None  # gpu-train:venv false: the Python itself
     assert pyenv.run_env("/r/envs/p", "/usr/bin/python3", False, True) == "/r/envs/p"  # unless it refuses installs (PEP 668)
+
+
+UV_NO_NETWORK = """Using Python 3.11.7 environment at: /srv/envs/proj
+error: Failed to fetch: https://pypi.org/simple/torch/
+  cause: error sending request for url (https://pypi.org/simple/torch/)
+  cause: client error (Connect)
+  cause: invalid peer certificate: UnknownIssuer
+
+hint: Consider enabling use of system TLS certificates with the `--system-certs` command-line flag"""
+UV_NO_SOLUTION = """Using Python 3.11.7 environment at: /srv/envs/proj
+error: No solution found when resolving dependencies
+  cause: Because not-a-real-pkg-xyz was not found in the cache and you require not-a-real-pkg-xyz, we can conclude \
+that your requirements are unsatisfiable.
+
+hint: Packages were unavailable because the network was disabled. When the network is disabled, registry packages \
+may only be read from the cache."""
+PIP_NO_MATCH = """Requirement already satisfied: numpy in /srv/envs/proj/lib/python3.11/site-packages (2.4.6)
+ERROR: Could not find a version that satisfies the requirement not-a-real-pkg-xyz (from versions: none)
+ERROR: No matching distribution found for not-a-real-pkg-xyz
+"""
+
+
+@pytest.mark.parametrize(("output", "reason"), [
+    # uv 0.13.9's and pip 23's own words (a host with no network; a package that does not exist)
+    (UV_NO_NETWORK, "Failed to fetch: https://pypi.org/simple/torch/ (invalid peer certificate: UnknownIssuer)"),
+    (UV_NO_SOLUTION, "No solution found when resolving dependencies (Because not-a-real-pkg-xyz was not found in "
+                     "the cache and you require not-a-real-pkg-xyz, we can conclude that your requirements are "
+                     "unsatisfiable.)"),
+    (PIP_NO_MATCH, "No matching distribution found for not-a-real-pkg-xyz"),
+    ("Killed\n\n", "Killed"),
+    ("", ""),
+])
+def test_an_install_failure_names_the_error_not_the_closing_hint(output: str, reason: str) -> None:
+    """The run's reason (status, the log) had been uv's last line: a TLS hint on a host with no network."""
+    assert pyenv.failure_reason(output.splitlines()) == reason

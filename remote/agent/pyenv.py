@@ -157,6 +157,22 @@ def install_digest(source: str, files: dict, python: str) -> str:
     return h.hexdigest()
 
 
+def failure_reason(lines: list) -> str:
+    """The line that says why an install failed: uv's last ``error:`` with its innermost ``cause:``
+    (uv ends with a ``hint:`` that is often beside the point: a TLS hint on a host with no network),
+    pip's last ``ERROR:``; else the last line there is."""
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i].strip()
+        if line.lower().startswith("error:"):
+            error, causes = line.split(":", 1)[1].strip(), []
+            for follow in lines[i + 1:]:
+                if not follow.strip().startswith("cause:"):
+                    break
+                causes.append(follow.strip().split(":", 1)[1].strip())
+            return f"{error} ({causes[-1]})" if causes else error
+    return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
+
+
 def install_argv(source: str, python: str, uv: str | None, code_dir: str, scratch: str) -> list[list[str]]:
     """The commands that install ``source`` into ``python``'s environment, in order."""
     if uv is None:

@@ -118,8 +118,8 @@ def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, s
         if rc != 0:
             lines = tail_lines(pip_log)
             w.log.write("".join(f"[gpu-train] {tool}: {ln}\n" for ln in lines).encode())
-            last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
-            raise AgentError(f"{tool} install -r {source} failed (exit {rc}): {last[:300]} (all of it: {pip_log})")
+            why = pyenv.failure_reason(lines)
+            raise AgentError(f"{tool} install -r {source} failed (exit {rc}): {why[:300]} (all of it: {pip_log})")
 
 
 def job_argv(spec: dict, python: str, job_dir: str, nproc: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
