@@ -127,6 +127,7 @@ class JobSpec:
     pass_job_dir: bool = False  # --script gets `--job-dir JOB_DIR` appended (AI Platform's convention), only if asked
     resume_args: tuple[str, ...] = ()  # appended at every relaunch (boot, preemption, `resume`) ...
     resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
+    bucket: dict[str, str] | None = None  # {"name", "prefix"}: JOB_DIR goes to gs://NAME/PREFIX as it is written
 
     def to_json(self) -> dict:
         """The spec as it travels and is kept (runs/RUN/spec.json): each field under its wire name, and the
@@ -208,6 +209,39 @@ def go_marker(root: str, run_id: str, when: str) -> str:
     return os.path.join(root, "staging", f"{run_id}.{when}")
 
 
+# gpu-train:bucket: the host's uploader keeps what it verified in the bucket in runs/RUN/bucket.json
+# (BucketRecord); `status` compares it with JOB_DIR to say what is still only on the host.
+BUCKET_RECORD = "bucket.json"
+UPLOAD_LOG = "upload.log"
+
+
+class BucketFile(TypedDict):
+    size: int
+    mtimeNs: int
+    crc32c: str  # base64 of the big-endian CRC32C, as Cloud Storage reports it
+    generation: int
+
+
+class BucketRecord(TypedDict, total=False):
+    bucket: str
+    prefix: str
+    files: dict[str, BucketFile]  # path relative to JOB_DIR -> what is verified in the bucket
+    final: bool  # the last pass after the job's end is done
+    error: str | None
+    at: float
+
+
+class BucketView(TypedDict):
+    """A run's bucket in `status`: where, what is verified there, what is only on the host."""
+
+    url: str
+    files: int
+    bytes: int
+    onlyHost: list[str]  # JOB_DIR files not (or not as they are now) in the bucket
+    final: bool
+    error: str | None
+
+
 # The job's environment: which start of the run this is (0 the first, N the Nth relaunch).
 RESUMES_ENV = "GPU_TRAIN_RESUMES"
 
@@ -242,6 +276,7 @@ class RunStatus(TypedDict, total=False):
     pid: int | None
     jobSummary: TreeSummary
     workdirSummary: TreeSummary  # the outputs in its working directory (remote/agent/outputs.py)
+    bucket: BucketView
 
 
 class AgentView(TypedDict):

@@ -24,6 +24,7 @@ from gpu_train.contract import (  # the contract with the host, written once
     JobSpec,
 )
 from gpu_train.errors import ExitStatus, GpuTrainError
+from gpu_train.stack.bucket import parse_bucket, run_prefix
 
 # The job naming rule of AI Platform / Vertex jobs: letters, digits, underscores, starting with a
 # letter, at most 128 characters. Run ids are BASE_YYYYmmdd_HHMMSS.
@@ -248,6 +249,16 @@ def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: i
     return [replace(spec, node={"rank": i, "nnodes": nnodes, "masterAddr": master_addr, "masterPort": master_port,
                                 "hosts": hosts, "tfPort": tf_port, "ps": ps})
             for i in range(nnodes)]
+
+
+def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None) -> list[JobSpec]:
+    """With gpu-train:bucket, each node's spec names where its JOB_DIR goes: PREFIX/STACK/RUN/ (node N > 0:
+    .../node-N/, as `fetch --all-nodes` lays a cluster out on the laptop)."""
+    if not bucket:
+        return specs
+    place = parse_bucket(bucket)
+    return [replace(s, bucket={"name": place.name, "prefix": run_prefix(place, stack, s.run_id, i)})
+            for i, s in enumerate(specs)]
 
 
 def parameter_servers(option: object, from_pools: int) -> int:

@@ -51,7 +51,8 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) and "PYTEST_XDIST_WORKER" not
 # sessions say the same).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fixtures that start a real sshd (here and in the test modules): a test using one is `e2e`.
-E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd", "trio", "blind_lab", "pair"})
+E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd", "trio", "blind_lab", "pair",
+                          "bucket_lab"})
 # Fixtures whose tests run many real processes (scripts/up against the stand-in pulumi): `slow`.
 SLOW_FIXTURES = frozenset({"up_env"})
 
@@ -226,9 +227,9 @@ def cluster_stack(stacks: Path, name: str, hosts: list[str], key: str | Path, ex
 class Lab:
     """An SSH stack named `lab` on a throwaway sshd, and a way to run fab against it."""
 
-    def __init__(self, tmp: Path, address: str = "127.0.0.2"):
+    def __init__(self, tmp: Path, address: str = "127.0.0.2", setenv: str = ""):
         self.tmp = tmp
-        self.sshd = Sshd(tmp / "sshd", address, setenv=f"PIP_INDEX_URL={OFFLINE_INDEX}").start()  # no internet
+        self.sshd = Sshd(tmp / "sshd", address, setenv=f"PIP_INDEX_URL={OFFLINE_INDEX} {setenv}".strip()).start()  # no internet
         self.remote = tmp / "remote"
         self.stacks = tmp / "stacks"
         self.home = tmp / "home"

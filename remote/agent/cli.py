@@ -63,6 +63,8 @@ def parser() -> argparse.ArgumentParser:
     receiving.add_argument("--run", required=True)
     receiving.add_argument("--base", required=True)
     sub.add_parser("relay-code", help="node 0: rsync a run's staged code to the other nodes (request on stdin)")
+    uploading = sub.add_parser("upload", help="a run's JOB_DIR to its bucket until stdin closes (the wrapper starts it)")
+    uploading.add_argument("run")
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
@@ -112,6 +114,10 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
         from .wrap import cmd_wrap
 
         return cmd_wrap(root, args.run)
+    if args.cmd == "upload":
+        from .upload import serve
+
+        return serve(root, args.run)
     if args.cmd == "fetch-serve":
         from .fetchserve import cmd_fetch_serve
 

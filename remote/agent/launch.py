@@ -181,8 +181,9 @@ def start_wrapper(root: str, run_id: str) -> str:
     if units.available():
         spec = read_json(os.path.join(run_dir, "spec.json")) or {}
         env = {"PATH": spec.get("path") or os.environ.get("PATH") or DEFAULT_PATH}
-        if os.environ.get("LANG"):
-            env["LANG"] = os.environ["LANG"]
+        for name in ("LANG", "STORAGE_EMULATOR_HOST"):  # the login's emulator, for the run's uploader (Google's own variable)
+            if os.environ.get(name):
+                env[name] = os.environ[name]
         update_state(run_dir, unit=units.unit_name(run_id))
         try:
             conf = machine_settings(root) or settings(root)  # on a VM, the grace its stack gives

@@ -21,7 +21,7 @@ from gpu_train.contract import (
     TERMINAL,
 )
 
-from . import outputs
+from . import outputs, upload
 from .procs import alive, gpus, uptime_s
 from .store import find_run, last_line, now, read_json, read_state, root_from_settings, run_dirs, settings, tree_summary
 
@@ -62,6 +62,7 @@ def describe(run_dir: str) -> dict:
         "returns": list(state.get("returns") or []),
         "reason": state.get("reason"),
         "pid": state.get("pid"),
+        **({"bucket": bucket} if (bucket := upload.view(run_dir)) is not None else {}),
     }
 
 

@@ -27,7 +27,7 @@ from gpu_train.contract import (
     project_dirs,
 )
 
-from . import notify, pyenv, uvfetch
+from . import notify, pyenv, upload, uvfetch
 from .procs import gpu_count, proc_start_time
 from .store import AgentError, last_line, now, read_json, read_state, run_locked, update_state
 from .units import system_stopping
@@ -276,9 +276,11 @@ def cmd_wrap(root: str, run_id: str) -> int:
             state = w.halted() or FAILED  # a stop that killed pip is a stop, not a pip failure
             w.say(reason if state == FAILED else f"{run_id}: {state} before the job started")
             return record_end(run_dir, state, 1, reason if state == FAILED else None)
+        uploader = upload.start(root, run_dir)  # gpu-train:bucket: JOB_DIR to the bucket as it is written
         code = proc.wait()
         final = final_state(run_dir, code, w)
         w.say(f"{run_id}: {final}, exit code {code}")
+        upload.finish(uploader, w.say)  # before the end is recorded: `down` waits for a run until it is in the bucket
         return record_end(run_dir, final, code)
 
 

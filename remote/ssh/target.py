@@ -70,6 +70,7 @@ class Target:
     # Not rotated by for_node.
     peer_addresses: tuple[str, ...] = ()
     notify: str | None = None  # gpu-train:notify (config.SECRET_VALUE while encrypted in the stack file)
+    bucket: str | None = None  # gpu-train:bucket (NAME or gs://NAME/PREFIX), checked
     # An SSH stack without remoteRoot: each node's root as first contact found it (REMOTE_ROOT_DEFAULT,
     # or the old default where that host has runs of ours), in node order; "" until asked. Not rotated.
     ask_root: bool = False
@@ -242,6 +243,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         roles=roles,
         peer_addresses=peers,
         notify=cfg.notify,
+        bucket=cfg.bucket,
         ask_root=not cfg.is_gcp and "remoteRoot" not in cfg.given,
     )
 

@@ -97,6 +97,8 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
         finally:
             opener.close()
         unreachable = all(r.error and "ssh exit 255" in r.error and r.summary is None for r in results)
+        if unreachable and (attempt == 2 or not session.target.is_gcp):  # (a stack with a bucket fetches from it)
+            raise Exit(f"cannot reach {session.target.host} over SSH ({results[0].error})", code=ExitStatus.UNREACHABLE)
         if attempt == 2 or not unreachable or not session.target.is_gcp:
             return results
         session.reconnect()  # refreshes the stack outputs when the VM moved
@@ -108,9 +110,11 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
             "node": "which node (default 0; node N's files go into RUN/node-N/)",
             "all_nodes": "every node's files (node N's into RUN/node-N/; default: node 0's, where checkpoints are written)",
             "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
-            "json": "print what was fetched where as JSON", "stack": STACK_HELP})
+            "json": "print what was fetched where as JSON", "stack": STACK_HELP,
+            "from": "`bucket`: from the stack's gpu-train:bucket instead of the host (also used by itself when "
+                    "the host cannot be reached)"})
 def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=None, all_nodes=False, streams=None,
-          stack=None, json_=False):
+          stack=None, json_=False, from_=None):
     """Bring a run's results home: its JOB_DIR, and what the job wrote in its working directory.
 
     JOB_DIR's files go into runs/STACK/RUN/, the working directory's outputs (a checkpoint in the
@@ -124,7 +128,59 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
     """
     streams = _streams(streams)
     run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
+    if from_ not in (None, "host", "bucket"):
+        raise Exit(f"--from {from_}: `host` (the default) or `bucket`", code=ExitStatus.USAGE)
     session = Session(stack, node=trust.number("--node", node or 0, int, 0))
+    if from_ == "bucket":
+        from_bucket(session.cluster, run, all_, dest, streams)
+        return
+    try:
+        _fetch_from_host(session, run, all_, dest, watch, interval, all_nodes, streams, json_)
+    except Exit as e:
+        if e.code != ExitStatus.UNREACHABLE or not session.cluster.bucket or watch or all_nodes:
+            raise
+        say(f"{e.message}\nthe host cannot be reached: fetching from the bucket {session.cluster.bucket} instead")
+        from_bucket(session.cluster, run, all_, dest, streams)
+
+
+def from_bucket(target, run: str | None, all_: bool, dest: str | None, streams: int) -> None:
+    """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/STACK/ into runs/STACK/RUN."""
+    from gpu_train.stack.bucket import parse_bucket
+    from remote.errors import RemoteError
+    from remote.transfer import bucketfetch
+
+    if not target.bucket:
+        raise Exit(f"stack {target.stack} has no bucket: set gpu-train:bucket (see docs/bucket.md), or fetch from "
+                   "the host", code=ExitStatus.USAGE)
+    place = parse_bucket(target.bucket)
+    try:
+        gcs = bucketfetch.client()
+        runs = bucketfetch.runs_in(gcs, place, target.stack)
+        if run:
+            runs = [r for r in runs if r == run] or [r for r in runs if r.startswith(f"{run}_")][-1:]
+        elif not all_:
+            runs = runs[-1:]
+        if not runs:
+            raise Exit(f"no run{' ' + run if run else 's'} of stack {target.stack} in {place.url(target.stack + '/')}",
+                       code=ExitStatus.FAILED)
+        base = Path(dest) if dest else project_root() / "runs" / target.stack
+        failed = []
+        for r in runs:
+            where = trust.inside(destination(target.stack, r, dest, len(runs) > 1), base)
+            got = bucketfetch.fetch_run(gcs, place, target.stack, r, where, streams, say)
+            for problem in got.problems:
+                say(f"{r}: {problem}")
+            failed += [r] if got.problems else []
+            say(f"{r}: {got.files} file(s), {got.bytes} bytes from {place.url(f'{target.stack}/{r}/')} into {where} "
+                f"(verified; {got.unchanged} unchanged)")
+    except RemoteError as e:
+        raise Exit(str(e), code=ExitStatus.FAILED) from None
+    if failed:
+        raise Exit(f"fetch from the bucket failed for {', '.join(failed)}: run `{CLI} fetch --from bucket` again",
+                   code=ExitStatus.FAILED)
+
+
+def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_) -> None:
     if watch:
         if all_nodes:
             raise Exit("--watch follows one node: give --node N (default 0), not --all-nodes", code=ExitStatus.USAGE)
@@ -142,7 +198,7 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
         return runs, fetch_runs(s, runs, dest, progress=sys.stderr.isatty() and not json_ and len(sessions) == 1,
                                 subdir=node_dir(s.node), streams=streams)
 
-    results = on_every_node(sessions, one) if len(sessions) > 1 else [one(session)]
+    results: list[object] = on_every_node(sessions, one) if len(sessions) > 1 else [one(session)]
     for s in sessions:
         s.close()
     problems = [m for m in failures(results)]

@@ -32,6 +32,7 @@ def render_status(doc: dict, target, cli: str = "gpu-train") -> str:
         lines.append(f"no runs yet: {cli} train --script train.py")
     else:
         lines += run_table(runs)
+        lines += [bucket_line(r["id"], r["bucket"]) for r in runs if r.get("bucket")]
     return "\n".join(lines)
 
 
@@ -50,6 +51,19 @@ def outputs_cell(run: dict) -> str:
     where = f" ({work['files']} in workdir)" if work and work["files"] else ""
     when = f", newest {datetime.fromtimestamp(newest / 1e9):%m-%d %H:%M}" if files else ""
     return f"{files} files {human(size)}{where}{when}"
+
+
+def bucket_line(run: str, b: dict) -> str:
+    """What of a run is in its bucket (verified) and what is still only on the host."""
+    only = b.get("onlyHost") or []
+    text = f"  {run}: {b.get('files', 0)} file(s) in {b.get('url')} (verified)"
+    if only:
+        text += f"; only on the host: {len(only)} ({', '.join(only[:3])}{', ...' if len(only) > 3 else ''})"
+    elif b.get("final"):
+        text += "; nothing only on the host"
+    if b.get("error"):
+        text += f"; upload error: {str(b['error'])[:160]}"
+    return text
 
 
 def run_table(runs: list[dict]) -> list[str]:

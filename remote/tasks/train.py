@@ -91,6 +91,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         ps = jobs.parameter_servers(ps, cluster.parameter_servers)
         specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
         specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
+        specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket)
     except jobs.JobError as e:
         raise exit_for(e) from None
     # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and

@@ -1,0 +1,225 @@
+"""`gpu-train-agent upload RUN`: the run's outputs to its bucket while the job trains, and once more at its end.
+
+The outputs as `fetch` brings them home: JOB_DIR's files, and what the job wrote in its working
+directory under ``workdir/``, to ``PREFIX/STACK/RUN/`` (the laptop's ``runs/STACK/RUN/``).
+
+Started by the wrapper next to the job, with the job's Python, in a process (and group) of its own;
+Google's own client (google-cloud-storage) is imported in ``serve`` only, so the agent's other
+modules stay standard library. It honours STORAGE_EMULATOR_HOST from its environment, as the client does.
+
+The rules, each chosen so that nothing half-written is ever taken for a checkpoint:
+- *complete*: a file is uploaded once its size and mtime have not changed for SETTLE_S seconds (a
+  checkpoint being written keeps changing); after the job's end (stdin closed by the wrapper) every
+  file goes, settled or not, since nothing writes any more.
+- *atomic*: each file is one upload to its final name; Cloud Storage makes an object visible only when
+  its upload completes (a single request, or a resumable session's last chunk), so a process killed
+  mid-upload leaves the old object or none, never a partial one.
+- *verified*: the CRC32C of the bytes read from disk must equal the object's as Cloud Storage reports it,
+  and the file's size and mtime must be the same after the upload as before; only then is the file
+  recorded in runs/RUN/bucket.json (what `status` and `down` trust). Otherwise it goes again next round.
+SIGTERM (the machine going down) does not stop an upload: the last pass runs when the job has ended.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from gpu_train.contract import BUCKET_RECORD, UPLOAD_LOG, BucketFile, BucketRecord, BucketView, project_dirs
+
+from . import outputs
+from .store import agent_path, now, read_json, write_json
+
+SETTLE_S = 5.0  # unchanged this long: complete
+POLL_S = 2.0
+SKIP_PREFIX = ".gpu-train-"  # the wrapper's write probe
+WORKDIR = "workdir/"  # the working directory's outputs, as fetch lays them out (runs/STACK/RUN/workdir/)
+Sig = tuple  # (size, mtime_ns)
+
+
+def scan_dir(top_dir: str, into: str = "") -> dict[str, Sig]:
+    """A folder's regular files (symlinks left out), by path relative to it (after ``into``)."""
+    out: dict[str, Sig] = {}
+    for top, dirs, files in os.walk(top_dir):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+        for name in files:
+            path = os.path.join(top, name)
+            if name.startswith(SKIP_PREFIX) or ".tmp." in name:
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if os.path.isfile(path) and not os.path.islink(path):
+                out[into + os.path.relpath(path, top_dir).replace(os.sep, "/")] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def scan(run_dir: str) -> dict[str, Sig]:
+    """The run's outputs as the laptop lays them out: JOB_DIR's files, and what the job wrote in its
+    working directory (remote/agent/outputs.py) under ``workdir/``."""
+    root = os.path.dirname(os.path.dirname(run_dir))
+    found = scan_dir(os.path.join(run_dir, "job"))
+    found.update({f"{WORKDIR}{row[0]}": (row[2], row[3]) for row in outputs.listing(root, run_dir) if row[1] == "f"})
+    return found
+
+
+def local_path(run_dir: str, rel: str) -> str:
+    """Where an output's file is on the host: its working directory's for ``workdir/...``, else JOB_DIR's."""
+    if rel.startswith(WORKDIR):
+        return os.path.join(run_dir, "code", rel[len(WORKDIR) :])
+    return os.path.join(run_dir, "job", rel)
+
+
+def due(current: dict[str, Sig], seen: dict[str, tuple[Sig, float]], done: dict[str, BucketFile], at: float,
+        final: bool) -> list[str]:
+    """The files to upload now, updating ``seen`` (each file's signature and since when): those not in
+    the bucket as they are, and settled (unchanged SETTLE_S seconds), or any such file once ``final``."""
+    for rel in list(seen):
+        if rel not in current:
+            del seen[rel]
+    out = []
+    for rel, sig in sorted(current.items()):
+        if rel not in seen or seen[rel][0] != sig:
+            seen[rel] = (sig, at)
+        have = done.get(rel)
+        if have is not None and (have["size"], have["mtimeNs"]) == sig:
+            continue
+        if final or at - seen[rel][1] >= SETTLE_S:
+            out.append(rel)
+    return out
+
+
+def only_on_host(run_dir: str, record: BucketRecord | dict) -> list[str]:
+    """The run's output files the bucket lacks, or holds in another version (for `status` and `down`)."""
+    done = record.get("files") or {}
+    return [rel for rel, sig in sorted(scan(run_dir).items())
+            if rel not in done or (done[rel]["size"], done[rel]["mtimeNs"]) != sig]
+
+
+def view(run_dir: str) -> BucketView | None:
+    """The run's bucket for `status`, from its record and its JOB_DIR now; None without a bucket."""
+    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
+    where = spec.get("bucket")
+    if not where:
+        return None
+    record = read_json(os.path.join(run_dir, BUCKET_RECORD)) or {}
+    files = record.get("files") or {}
+    return {"url": f"gs://{where['name']}/{where['prefix']}", "files": len(files),
+            "bytes": sum(f["size"] for f in files.values()), "onlyHost": only_on_host(run_dir, record),
+            "final": bool(record.get("final")), "error": record.get("error")}
+
+
+def start(root: str, run_dir: str) -> subprocess.Popen | None:
+    """The uploader of a run whose spec names a bucket, next to its job, run by the job's Python (its
+    venv's, where it has one: google-cloud-storage may come from the project's requirements); its stdin
+    is the wrapper's "the job has ended" (closed: the last pass). None without a bucket."""
+    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
+    if not spec.get("bucket"):
+        return None
+    venv_python = os.path.join(project_dirs(root, spec.get("project"))[0], "bin", "python")
+    python = venv_python if spec.get("venv") and os.access(venv_python, os.X_OK) else spec.get("python") or sys.executable
+    agent = agent_path(root)
+    if not os.path.isfile(agent):  # as launch does: the copy this agent runs from
+        agent = os.path.abspath(sys.argv[0])
+    with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
+        return subprocess.Popen([python, agent, "--root", root, "upload", os.path.basename(run_dir)],
+                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen | None, say) -> None:
+    """Tell the uploader the job has ended and wait for its last pass."""
+    if proc is None:
+        return
+    say("uploading the run's last files to the bucket")
+    if proc.stdin is not None:
+        proc.stdin.close()
+    code = proc.wait()
+    say("the run is in the bucket, verified" if code == 0 else f"the bucket upload ended with exit {code} (see upload.log)")
+
+
+def crc32c_of(path: str) -> str:
+    import google_crc32c  # google-cloud-storage's own dependency
+
+    c = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            c.update(block)
+    return base64.b64encode(c.digest()).decode()
+
+
+def put(bucket, name: str, path: str, sig: Sig) -> BucketFile | None:
+    """One file to one object, verified; None when the file changed meanwhile (it goes again later)."""
+    crc = crc32c_of(path)
+    blob = bucket.blob(name)
+    blob.upload_from_filename(path, checksum="crc32c")  # one upload: visible only once complete
+    st = os.stat(path)
+    if (st.st_size, st.st_mtime_ns) != sig or crc32c_of(path) != crc:
+        return None
+    if blob.crc32c != crc or int(blob.size) != sig[0]:
+        raise OSError(f"{name}: the bucket's object (crc32c {blob.crc32c}, {blob.size} bytes) is not the file "
+                      f"uploaded (crc32c {crc}, {sig[0]} bytes)")
+    return {"size": sig[0], "mtimeNs": sig[1], "crc32c": crc, "generation": int(blob.generation)}
+
+
+def serve(root: str, run_id: str) -> int:
+    """Upload until stdin closes (the job ended), then a last pass of everything; 0 when all is verified."""
+    run_dir = os.path.join(root, "runs", run_id)
+    record_path = os.path.join(run_dir, BUCKET_RECORD)
+    where = (read_json(os.path.join(run_dir, "spec.json")) or {}).get("bucket") or {}
+    record: dict = read_json(record_path) or {}  # a BucketRecord
+    if record.get("bucket") != where.get("name") or record.get("prefix") != where.get("prefix"):
+        record = {"bucket": where["name"], "prefix": where["prefix"], "files": {}}
+    record.update(final=False, error=None)
+
+    def save(**changes: object) -> None:
+        record.update(changes, at=now())
+        write_json(record_path, record)
+
+    save()  # not final: `status` and `down` know an uploader is at work from here on
+    try:
+        from google.cloud import storage
+    except ImportError as e:
+        save(error=f"{sys.executable} cannot import google-cloud-storage ({e}): pip install google-cloud-storage")
+        print(record["error"], flush=True)
+        return 2
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the last pass comes when the job has ended
+    ended = threading.Event()
+
+    def wait_for_the_end() -> None:
+        sys.stdin.buffer.read()
+        ended.set()
+
+    threading.Thread(target=wait_for_the_end, daemon=True).start()
+    bucket = storage.Client().bucket(where["name"])
+    seen: dict[str, tuple[Sig, float]] = {}
+    failures = 0
+    while True:
+        final = ended.is_set()
+        current = scan(run_dir)
+        error = None
+        for rel in due(current, seen, record["files"], time.monotonic(), final):
+            try:
+                got = put(bucket, where["prefix"] + rel, local_path(run_dir, rel), current[rel])
+            except Exception as e:  # the network, a permission: said, and tried again next round
+                error = f"{rel}: {e}"
+                print(f"[gpu-train upload] {error}", flush=True)
+                continue
+            if got is not None:
+                record["files"][rel] = got
+                print(f"[gpu-train upload] {rel}: verified in gs://{where['name']}/{where['prefix']}{rel}", flush=True)
+                save()
+        save(error=error)
+        if final:
+            complete = error is None and not only_on_host(run_dir, record)
+            if complete or failures >= 3:
+                save(final=complete)
+                return 0 if complete else 1
+            failures += 1
+            time.sleep(POLL_S)
+        ended.wait(POLL_S)

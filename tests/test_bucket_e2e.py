@@ -1,0 +1,72 @@
+"""A stack with a bucket, end to end: real sshd on loopback, the real agent and uploader, and a real
+Cloud Storage emulator found by STORAGE_EMULATOR_HOST on both sides (the host's login session has it)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Lab
+from tests.gcs import Emulator
+
+LAB_ADDRESS = "127.0.0.61"
+# Three checkpoints 7 s apart, each written in two steps (a half-written file must not be taken), then a last
+# file, and one in the working directory (a project's own out_dir).
+JOB = ('for i in 1 2 3; do head -c 150000 /dev/urandom > "$JOB_DIR/ckpt-$i.pt"; sleep 1; '
+       'head -c 150000 /dev/urandom >> "$JOB_DIR/ckpt-$i.pt"; sleep 6; done; '
+       'mkdir -p "$JOB_DIR/eval" out; echo done > "$JOB_DIR/eval/final.txt"; echo weights > out/model.pt')
+
+
+@pytest.fixture
+def bucket_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    emu = Emulator("ckpt", tmp_path / "emulator.log")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emu.url)  # the laptop's side
+    lab = Lab(tmp_path, LAB_ADDRESS, setenv=f"STORAGE_EMULATOR_HOST={emu.url}")  # the host's login sessions
+    stack = lab.stacks / "Pulumi.lab.yaml"
+    stack.write_text(stack.read_text() + "  gpu-train:bucket: gs://ckpt/team\n")
+    yield lab, emu
+    lab.sshd.stop()
+    emu.stop()
+
+
+def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_host(bucket_lab, plain: str) -> None:
+    lab, emu = bucket_lab
+    run = lab.train("--command", JOB, "--dir", plain)
+    prefix = f"team/lab/{run}/"
+    deadline = time.monotonic() + 40
+    while f"{prefix}ckpt-1.pt" not in (seen := emu.objects(prefix)):
+        assert time.monotonic() < deadline, f"nothing in the bucket while training; upload.log: {lab.log(run)}"
+        time.sleep(0.5)
+    assert lab.run_state(run)["state"] == "running"  # in the bucket *during* training
+    assert len(seen[f"{prefix}ckpt-1.pt"]) == 300000  # complete, never the first half
+
+    done = lab.wait(run, timeout=60)
+    assert done["state"] == "succeeded", lab.log(run)
+    job_dir = lab.remote / "runs" / run / "job"
+    host_files = {p.relative_to(job_dir).as_posix(): p.read_bytes() for p in job_dir.rglob("*") if p.is_file()}
+    host_files["workdir/out/model.pt"] = (lab.remote / "runs" / run / "code" / "out" / "model.pt").read_bytes()
+    assert set(host_files) == {"ckpt-1.pt", "ckpt-2.pt", "ckpt-3.pt", "eval/final.txt", "workdir/out/model.pt"}
+    assert emu.objects(prefix) == {prefix + rel: data for rel, data in host_files.items()}  # the last upload too
+    bucket = done["bucket"]
+    assert bucket["final"] and bucket["onlyHost"] == [] and bucket["files"] == 5
+    assert bucket["url"] == f"gs://ckpt/{prefix}"
+    shown = lab.fab("status", check=True).stdout
+    assert f"{run}: 5 file(s) in gs://ckpt/{prefix} (verified); nothing only on the host" in shown
+
+    shutil.rmtree(lab.remote)  # the host's REMOTE_ROOT is gone
+    home = lab.cwd / "runs" / "lab" / run
+    got = lab.fab("fetch", "--from", "bucket", "--run", run, check=True)
+    assert "5 file(s)" in got.stderr, got.stderr
+    assert {p.relative_to(home).as_posix(): p.read_bytes() for p in home.rglob("*") if p.is_file()} == host_files
+
+    (home / "ckpt-2.pt").write_bytes(b"damaged")  # a local copy that differs is replaced; the rest stays
+    lab.sshd.stop()  # and now the host cannot be reached at all
+    got = lab.fab("fetch", "--run", run)
+    assert got.returncode == 0, got.stderr
+    assert "cannot be reached: fetching from the bucket" in got.stderr and "1 file(s)" in got.stderr
+    assert "4 unchanged" in got.stderr
+    assert (home / "ckpt-2.pt").read_bytes() == host_files["ckpt-2.pt"]
+    assert not list(home.parent.glob(".*partial*"))
