@@ -27,7 +27,7 @@ FULL = JobSpec(run_id="r_20260101_000000", base="r", script="train.py", command=
                reuse_code=True, agent_settings={"maxResumes": 3}, launcher="torchrun", nproc=2,
                node={"rank": 1, "nnodes": 2}, project="p", venv=True, needs_torch=True, go_when="arrived",
                notify="https://hooks.example/x", pass_job_dir=True, resume_args=("--init_from=resume",),
-               resume_if="out/ckpt.pt")
+               resume_if="out/ckpt.pt", bucket={"name": "ckpt", "prefix": "team/l4/r_20260101_000000/"})
 
 
 def test_every_field_is_set_in_the_full_example() -> None:
