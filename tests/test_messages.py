@@ -43,7 +43,7 @@ def test_no_stack_says_why_and_what_to_do(tmp_path: Path) -> None:
     assert f"no stacks/ directory or .git in {tmp_path} or any directory above it" in what
     assert "gpu-train init --host USER@HOST" in fix and "--stacks-dir DIR" in fix and "--stack NAME" in fix
     what, fix = project.no_stack(["a", "b"], tmp_path, tmp_path, "fab")
-    assert "this project has a, b" in what and "--stack a" in fix
+    assert "this project has a, b" in what and "`fab stack a`" in fix and "--stack NAME" in fix
     what, fix = project.no_stack([], tmp_path, tmp_path, "fab")
     assert "has no stack files" in what and "fab init" in fix
     (tmp_path / "p" / "stacks").mkdir(parents=True)

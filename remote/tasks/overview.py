@@ -88,10 +88,9 @@ def ls_(c, json_=False, offline=False):
 @task(positional=["name"], help={"name": "the stack to use from now on in this project (a name from the list)",
             "clear": "forget the selected stack"})
 def stack(c, name=None, clear=False):
-    """Select the project's stack (kept in .gpu-train/stack), as `pulumi stack select` does; alone: which
-    stack tasks use now, and why, and every stack found.
+    """Select the project's stack, as `pulumi stack select` does; alone, say which one tasks use and list them.
 
-    --stack and $GPU_TRAIN_STACK still win over the selected stack for one command.
+    Kept in the project's .gpu-train/stack; --stack and $GPU_TRAIN_STACK still win for one command.
     """
     from gpu_train.stack import project
     from remote.ssh import target
