@@ -109,7 +109,13 @@ def test_left_out_and_always_excluded(tmp_path: Path) -> None:
     files = sync.left_out_summary([sync.LeftOut("big.bin", 9, "ignored by .gitignore")], "fab")
     assert "fab push DIR (the job finds it in $DATA_DIR/DIR)" in files
     nested = sync.left_out_summary([sync.LeftOut("sets/imagenet/", 9, "ignored by .gitignore")], "fab")
-    assert "fab push sets/imagenet (the job finds it in $DATA_DIR/sets/imagenet)" in nested
+    assert "fab push sets/imagenet (the job finds it in $DATA_DIR/sets/imagenet, and as sets/imagenet/ in its" in nested
+    # a gitignored file in a folder (`data/**/*.bin`, as nanoGPT's prepare scripts make): push its folder
+    bins = sync.left_out_summary([sync.LeftOut("runs/", 99, "fetched results"),
+                                  sync.LeftOut("data/mydata/train.bin", 9, "ignored by .gitignore")])
+    assert "To send data/mydata/: gpu-train push data/mydata (the job finds it in $DATA_DIR/data/mydata, and as" in bins
+    top = sync.left_out_summary([sync.LeftOut("cache.bin", 9, "ignored by .gitignore")])
+    assert "gpu-train push DIR (the job finds it in $DATA_DIR/DIR)" in top
 
 
 def test_suggest_and_starter_stacks() -> None:

@@ -222,19 +222,25 @@ def always_excluded(src: Path, outputs: list[tuple[Path, str | None]]) -> list[t
 def left_out_summary(items: list[LeftOut], cli: str = "gpu-train", limit: int = 4) -> str:
     """One line naming the biggest things left out and their sizes, and how to send data instead:
     `push` of the biggest directory left out, and where the job finds it (as `push` puts it:
-    $DATA_DIR/PATH, and a top-level one also as PATH/ in the job's working directory)."""
+    $DATA_DIR/PATH, and as PATH/ in the job's working directory, nested ones too)."""
     shown = sorted(items, key=lambda i: -i.bytes)[:limit]
     if not shown:
         return ""
     parts = [f"{i.path} {'>= ' if i.capped else ''}{human(i.bytes)}, {i.why}" for i in shown]
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    folder = next((i.path.rstrip("/") for i in shown if i.path.endswith("/") and i.path.rstrip("/") not in ("runs", ".gpu-train")),
-                  None)
+    folder = next((f for f in map(folder_of, shown) if f and f not in ("runs", ".gpu-train")), None)
     if folder is None:
         return f"left out: {'; '.join(parts)}{more}. To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
-    also = f", and as {folder}/ in its working directory" if "/" not in folder else ""
     return (f"left out: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {folder} "
-            f"(the job finds it in $DATA_DIR/{folder}{also})")
+            f"(the job finds it in $DATA_DIR/{folder}, and as {folder}/ in its working directory)")
+
+
+def folder_of(item: LeftOut) -> str | None:
+    """The folder to push for a thing left out: itself, or the folder a file lies in (a gitignored
+    data/mydata/train.bin is sent by `push data/mydata`); None for a file at the top."""
+    if item.path.endswith("/"):
+        return item.path.rstrip("/")
+    return item.path.rsplit("/", 1)[0] if "/" in item.path else None
 
 
 def ignore_sources(src: Path, paths: list[str]) -> dict[str, str]:
