@@ -42,6 +42,8 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
         time.sleep(0.5)
     assert lab.run_state(run)["state"] == "running"  # in the bucket *during* training
     assert len(seen[f"{prefix}ckpt-1.pt"]) == 300000  # complete, never the first half
+    refused = lab.fab("down", "--no-fetch")
+    assert refused.returncode != 0 and f"still running: {run}" in refused.stderr
 
     done = lab.wait(run, timeout=60)
     assert done["state"] == "succeeded", lab.log(run)
@@ -55,6 +57,14 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     assert bucket["url"] == f"gs://ckpt/{prefix}"
     shown = lab.fab("status", check=True).stdout
     assert f"{run}: 5 file(s) in gs://ckpt/{prefix} (verified); nothing only on the host" in shown
+
+    (job_dir / "late.txt").write_text("written after the run")  # only on the host: down --no-fetch refuses
+    refused = lab.fab("down", "--no-fetch")
+    assert refused.returncode != 0 and f"{run}: only on the host: late.txt" in refused.stderr, refused.stderr
+    (job_dir / "late.txt").unlink()
+    gone = lab.fab("down", "--no-fetch", check=True)
+    assert "every run is verified in gs://ckpt/team; nothing downloaded" in gone.stderr
+    assert not (lab.cwd / "runs").exists()  # nothing came home
 
     shutil.rmtree(lab.remote)  # the host's REMOTE_ROOT is gone
     home = lab.cwd / "runs" / "lab" / run

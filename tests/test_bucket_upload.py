@@ -96,3 +96,15 @@ def test_status_says_what_is_only_on_the_host() -> None:
     b = {"url": "gs://ckpt/p/lab/r/", "files": 2, "onlyHost": ["ckpt-3.pt", "a", "b", "c"], "final": False, "error": None}
     assert bucket_line("r", b) == "  r: 2 file(s) in gs://ckpt/p/lab/r/ (verified); only on the host: 4 (ckpt-3.pt, a, b, ...)"
     assert bucket_line("r", {**b, "onlyHost": [], "final": True}).endswith("(verified); nothing only on the host")
+
+
+def test_down_without_a_download_needs_every_run_verified_in_the_bucket() -> None:
+    from remote.tasks.bucketguard import not_in_bucket
+
+    ok = {"id": "a", "bucket": {"files": 2, "onlyHost": [], "final": True, "error": None}}
+    assert not_in_bucket([{"runs": [ok]}]) == []
+    assert not_in_bucket([{"runs": [ok, {"id": "old"}]}]) == ["old: not in the bucket (it started before gpu-train:bucket was set)"]
+    late = {"id": "b", "bucket": {"files": 1, "onlyHost": ["x.pt"], "final": True}}
+    busy = {"id": "c", "bucket": {"files": 1, "onlyHost": [], "final": False, "error": "503"}}
+    assert not_in_bucket([{"runs": [late]}, {"runs": [busy]}, None]) == [
+        "node 0: b: only on the host: x.pt", "node 1: c: its last upload has not finished (503)", "node 2: could not be asked"]

@@ -325,8 +325,9 @@ def uncron(session: Session) -> None:
 
 
 @task(help={"force": "destroy even if a run is running or not everything could be fetched (naming what is lost)",
-            "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP})
-def down(c, force=False, streams=None, stack=None):
+            "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP,
+            "no_fetch": "with gpu-train:bucket: download nothing; refuses unless every run is verified in the bucket"})
+def down(c, force=False, streams=None, stack=None, no_fetch=False):
     """Fetch every run from every node, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
     Refuses, naming what would be lost, while a run is still running or anything of any node (a JOB_DIR,
@@ -345,14 +346,27 @@ def down(c, force=False, streams=None, stack=None):
     if unreachable and not force:
         raise Exit(f"refusing: cannot check every node ({'; '.join(unreachable)}); {CLI} down --force to go on",
                    code=ExitStatus.FAILED)
-    problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, streams)
+    bucket = session.target.bucket
+    if no_fetch:
+        from remote.tasks.bucketguard import not_in_bucket
+
+        if not bucket:
+            raise Exit(f"--no-fetch: stack {session.target.stack} has no gpu-train:bucket to keep its runs (docs/bucket.md)",
+                       code=ExitStatus.USAGE)
+        problems = not_in_bucket([None if isinstance(d, Exit) else cast(dict, d) for d in docs])
+    else:
+        problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, streams)
     for s in sessions:
         s.close()
     if problems and not force:
-        raise Exit(refusal(problems, "destroyed", f"{CLI} down --force"), code=ExitStatus.FAILED)
+        raise Exit(refusal(problems, "destroyed", f"{CLI} down --force") + (f" (or {CLI} down, which downloads them)"
+                                                                           if no_fetch else ""), code=ExitStatus.FAILED)
     if problems:
         say("--force: going on; lost with the host:\n  " + "\n  ".join(problems))
-    say(f"fetched {len(runs)} run(s) into runs/{session.target.stack}/")
+    say(f"every run is verified in {bucket}; nothing downloaded" if no_fetch else
+        f"fetched {len(runs)} run(s) into runs/{session.target.stack}/")
+    if bucket:
+        say(f"the bucket {bucket} and the runs in it stay (`{CLI} fetch --from bucket` brings one home)")
     if not session.target.is_gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
         uncron(session)
@@ -365,7 +379,8 @@ def down(c, force=False, streams=None, stack=None):
     except RuntimeError as e:
         raise Exit(f"{e}; nothing was destroyed", code=ExitStatus.FAILED) from None
     if released:
-        say(f"data disk(s) {', '.join(released)} released: their runs are in runs/{session.target.stack}/")
+        say(f"data disk(s) {', '.join(released)} released: their runs are in "
+            f"{bucket if no_fetch else f'runs/{session.target.stack}/'}")
     from gpu_train.stack import stackfile
     from gpu_train.stack.project import pulumi_config_args
 
