@@ -174,3 +174,45 @@ def test_down_fetches_every_nodes_outputs(pair: Duo, plain: str) -> None:
     assert (dest / "workdir" / "out" / "rank.txt").read_text() == "rank 0\n"
     assert (dest / "shard.txt").read_text() == "job of 0\n" and (dest / "node-1" / "shard.txt").read_text() == "job of 1\n"
     assert (dest / "node-1" / "workdir" / "out" / "rank.txt").read_text() == "rank 1\n"
+
+
+def test_unchanged_code_is_staged_as_sent_not_as_the_last_job_left_it(lab: Lab) -> None:
+    code = lab.tmp / "project"
+    code.mkdir()
+    (code / "train.py").write_text("print(1)\n")
+    (code / "conf").mkdir()
+    (code / "conf" / "base.yaml").write_text("lr: 1\n")
+    job = 'cat conf/base.yaml; ls out 2>/dev/null | sed "s/^/FOUND /"; mkdir -p out && echo ckpt > out/ckpt.pt'
+
+    def train(said: str) -> str:
+        time.sleep(1.1)  # a new second: a new run id
+        result = lab.fab("train", "--dir", str(code), "--command", job, "--name", "same", check=True)
+        assert said in result.stderr
+        run = result.stdout.split()[1]
+        lab.wait(run)
+        return run
+
+    train("syncing")
+    second = train("unchanged since the last run")
+    assert "FOUND ckpt.pt" not in lab.log(second) and "lr: 1" in lab.log(second)  # the first run's checkpoint stays its own
+    # A job that changed a file it was sent: the next run gets the laptop's copy, synced again.
+    with (lab.remote / "runs" / second / "code" / "conf" / "base.yaml").open("a") as f:
+        f.write("changed by the job\n")
+    third = train("unchanged since the last run")  # the laptop's claim; the host checks it and asks for the code
+    assert (lab.remote / "runs" / third / "code" / "conf" / "base.yaml").read_text() == "lr: 1\n"
+    assert [r["workdirSummary"]["files"] for r in lab.status()["runs"] if r["id"] == third] == [1]  # out/ckpt.pt
+
+
+def test_a_name_this_laptop_cannot_store_is_named_and_the_rest_arrives(host, tmp_path: Path) -> None:
+    """The laptop's folder is deeper than the host's: a path that fits there is too long here (PATH_MAX)."""
+    job = host.job()
+    deep = "/".join(["d" * 200] * 12)
+    (job / deep).mkdir(parents=True)
+    (job / deep / "ckpt.pt").write_text("x")
+    (job / "fine.txt").write_text("ok")
+    dest = tmp_path / "/".join(["h" * 200] * 9)
+    result = host.fetch(dest)
+    assert not result.complete and result.error is None
+    assert any(p.startswith(f"{deep}/ckpt.pt (") and "too long" in p for p in result.unstorable), result.unstorable
+    assert any("a name this laptop cannot store" in m for m in result.missing())
+    assert (dest / "fine.txt").read_text() == "ok"

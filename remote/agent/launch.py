@@ -37,12 +37,20 @@ def clean_staging(root: str, older_than_s: float = 3600) -> None:
 
 
 def reuse_code(root: str, base: str, manifest: str | None, staging: str) -> bool:
-    """Stage the last run's code again (hard links) when the laptop's manifest says nothing changed."""
+    """Stage the last run's code again (hard links) when the laptop's manifest says nothing changed: what
+    was sent to it, not what its job wrote beside it (outputs.stage_sent); a run from before that record,
+    as its folder is."""
     last = os.path.join(root, "code", f"{base}.last")
     recorded = read_json(os.path.join(root, "code", f"{base}.manifest")) or {}
     if not manifest or recorded.get("manifest") != manifest or not os.path.isdir(last):
         return False
     shutil.rmtree(staging, ignore_errors=True)
+    run_dir = os.path.dirname(os.path.realpath(last))
+    if os.path.isfile(os.path.join(run_dir, outputs.SENT)):
+        if outputs.stage_sent(run_dir, staging):
+            return True
+        shutil.rmtree(staging, ignore_errors=True)
+        return False
     shutil.copytree(os.path.realpath(last), staging, symlinks=True, copy_function=os.link)
     return True
 

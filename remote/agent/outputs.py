@@ -30,7 +30,7 @@ def identity(st: os.stat_result) -> list:
 def record_sent(run_dir: str) -> None:
     """What the launch put in the working directory (files and links), by path: [size, mtimeNs, inode]."""
     code = os.path.join(run_dir, "code")
-    sent = {}
+    sent, folders = {}, []
     for folder, dirs, names in os.walk(code):
         prefix = os.path.relpath(folder, code).replace(os.sep, "/") + "/"
         prefix = "" if prefix == "./" else prefix
@@ -39,9 +39,37 @@ def record_sent(run_dir: str) -> None:
                 st = os.lstat(os.path.join(folder, name))
             except OSError:
                 continue
-            if not stat.S_ISDIR(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):
+                folders.append(prefix + name)
+            else:
                 sent[prefix + name] = identity(st)
-    write_json(os.path.join(run_dir, SENT), {"files": sent})
+    write_json(os.path.join(run_dir, SENT), {"files": sent, "dirs": folders})
+
+
+def stage_sent(run_dir: str, staging: str) -> bool:
+    """``staging`` as what was sent to ``run_dir`` (hard links; not what its job wrote there), when every
+    file sent is still as it was; False (nothing staged) when a record is missing or a file moved."""
+    code = os.path.join(run_dir, "code")
+    doc = read_json(os.path.join(run_dir, SENT))
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
+        return False
+    try:
+        os.makedirs(staging, exist_ok=True)
+        for rel in doc.get("dirs") or []:
+            os.makedirs(os.path.join(staging, rel), exist_ok=True)
+        for rel, ident in doc["files"].items():
+            src, dest = os.path.join(code, rel), os.path.join(staging, rel)
+            st = os.lstat(src)
+            if identity(st) != ident:
+                return False  # the job changed what was sent: the laptop sends it again
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(src), dest)
+            else:
+                os.link(src, dest, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
 
 
 def skip_roots(root: str) -> tuple[str, ...]:
