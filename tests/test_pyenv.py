@@ -123,6 +123,7 @@ def test_uv_makes_the_venv_caches_on_remote_root_and_a_deleted_venv_is_rebuilt(l
         again = host.train()
         assert again.returncode == 0, again.stdout + again.stderr
         assert f"tiny 42 in {host.venv}" in again.stdout and "creating the project's virtual environment" in again.stdout
+        assert "offline" in again.stdout and "from the index then" not in again.stdout  # the same files: cache alone
         assert index.sent.count(wheels["tinypkg"].name) == downloads  # from uv's cache on REMOTE_ROOT, not downloaded again
         assert index.sent.count(wheels["uv"].name) == 1
 
@@ -210,7 +211,8 @@ def test_install_plan_without_uv_says_what_is_left_out() -> None:
 
 def test_pip_index_as_pip_reads_it() -> None:
     conf = "[global]\nindex-url = https://mirror/simple\nextra-index-url = https://a/simple https://b/simple\n"
-    assert uvfetch.pip_index({}, []) == {"index": "https://pypi.org/simple", "extra": [], "findLinks": []}
+    assert uvfetch.pip_index({}, []) == {"index": "https://pypi.org/simple", "extra": [], "findLinks": [], "cert": None}
+    assert uvfetch.uv_index_env(uvfetch.pip_index({}, ["[global]\ncert = /etc/ca.pem\n"]))["SSL_CERT_FILE"] == "/etc/ca.pem"
     assert uvfetch.pip_index({}, [conf])["extra"] == ["https://a/simple", "https://b/simple"]
     assert uvfetch.pip_index({"PIP_INDEX_URL": "http://x/simple"}, [conf])["index"] == "http://x/simple"
     env = uvfetch.uv_index_env(uvfetch.pip_index({}, [conf, "[install]\nfind-links = /nonexistent/wheels\n"]))

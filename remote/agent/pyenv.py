@@ -173,11 +173,18 @@ def failure_reason(lines: list) -> str:
     return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
 
 
-def install_argv(source: str, python: str, uv: str | None, code_dir: str, scratch: str) -> list[list[str]]:
-    """The commands that install ``source`` into ``python``'s environment, in order."""
+def files_digest(source: str, files: dict) -> str:
+    """The dependency files alone: the same ones reinstalled into a rebuilt venv may come from the cache."""
+    return hashlib.sha256(json.dumps([source, files], sort_keys=True).encode()).hexdigest()
+
+
+def install_argv(source: str, python: str, uv: str | None, code_dir: str, scratch: str,
+                 offline: bool = False) -> list[list[str]]:
+    """The commands that install ``source`` into ``python``'s environment, in order (``offline``:
+    from uv's cache alone)."""
     if uv is None:
         return [[python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r", "requirements.txt"]]
-    install = [uv, "pip", "install", "--python", python]
+    install = [uv, "pip", "install", "--python", python, *(["--offline"] if offline else [])]
     if source == "uv.lock":
         pinned = os.path.join(scratch, "uv-lock-requirements.txt")
         return [[uv, "export", "--frozen", "--no-hashes", "--no-emit-project", "--quiet", "--format", "requirements-txt",

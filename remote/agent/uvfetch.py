@@ -47,7 +47,8 @@ def pip_config_files(env: dict) -> list[str]:
 
 def pip_index(env: dict, configs: list[str]) -> dict:
     """pip's index settings as it would use them: PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS,
-    else the config files' [global] or [install] index-url, extra-index-url, find-links, else PyPI."""
+    PIP_CERT, else the config files' [global] or [install] index-url, extra-index-url, find-links,
+    cert, else PyPI."""
     found: dict = {}
     for text in configs:
         parser = configparser.ConfigParser(interpolation=None)
@@ -55,11 +56,12 @@ def pip_index(env: dict, configs: list[str]) -> dict:
             parser.read_string(text)
             for section in ("global", "install"):
                 if parser.has_section(section):
-                    for key in ("index-url", "extra-index-url", "find-links"):
+                    for key in ("index-url", "extra-index-url", "find-links", "cert"):
                         found[key] = parser[section].get(key, found.get(key))
     return {"index": (env.get("PIP_INDEX_URL") or found.get("index-url") or DEFAULT_INDEX).strip(),
             "extra": (env.get("PIP_EXTRA_INDEX_URL") or found.get("extra-index-url") or "").split(),
-            "findLinks": (env.get("PIP_FIND_LINKS") or found.get("find-links") or "").split()}
+            "findLinks": (env.get("PIP_FIND_LINKS") or found.get("find-links") or "").split(),
+            "cert": env.get("PIP_CERT") or found.get("cert")}
 
 
 def read_pip_index(env: dict) -> dict:
@@ -86,6 +88,8 @@ def uv_index_env(index: dict) -> dict:
         out.update(UV_INDEX=" ".join(extra), UV_INDEX_STRATEGY="unsafe-best-match")
     if links:
         out["UV_FIND_LINKS"] = ",".join(links)
+    if index.get("cert"):  # the CA bundle pip trusts (a proxy's own CA, say): uv trusts it too
+        out["SSL_CERT_FILE"] = index["cert"]
     return out
 
 

@@ -71,7 +71,8 @@ def environment_step(w: Wrapper, root: str, run_dir: str, base: str, venv: str |
         problem = pyenv.venv_problem(venv, base) if venv else None
         source, _ = pyenv.install_plan(files, have_uv=True)
         digest = pyenv.install_digest(source, files, python) if source and not problem else None
-        if digest and read_text(stamp) == digest:
+        last = (read_text(stamp) or "").split()  # the last install here: its digest, and that of its files
+        if digest and last[:1] == [digest]:
             w.say(f"{source} unchanged since the last install: skipping the install")
             return python
         if not problem and not source:
@@ -89,10 +90,14 @@ def environment_step(w: Wrapper, root: str, run_dir: str, base: str, venv: str |
         if why:
             w.say(why)
         if source:
-            install(w, run_dir, python, uv, found, source, tool_env)
+            # A rebuilt venv with the same requirements: the same packages, from uv's cache alone (asking
+            # the index costs a round trip per package and may pick newer versions than the venv had).
+            again = bool(uv and problem and last[1:2] == [pyenv.files_digest(source, files)])
+            if not (again and install(w, run_dir, python, uv, found, source, tool_env, offline=True)):
+                install(w, run_dir, python, uv, found, source, tool_env)
             os.makedirs(os.path.dirname(stamp), exist_ok=True)
             with open(stamp, "w") as f:
-                f.write(pyenv.install_digest(source, files, python))
+                f.write(f"{pyenv.install_digest(source, files, python)} {pyenv.files_digest(source, files)}")
     return python
 
 
@@ -104,22 +109,29 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, source: str, env: dict) -> None:
+def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, source: str, env: dict,
+            offline: bool = False) -> bool:
+    """Install ``source``; with ``offline``, from uv's cache alone, answering False where that is not
+    enough (the caller then installs as usual)."""
     code_dir = os.path.join(run_dir, "code")
     pip_log = os.path.join(run_dir, "pip.log")
-    how = f"{found} (cache {env['UV_CACHE_DIR']})" if uv else f"{python} -m pip"
+    how = f"{found} (cache {env['UV_CACHE_DIR']}{', offline' if offline else ''})" if uv else f"{python} -m pip"
     w.say(f"installing {source} with {how} into {python} (its output: {pip_log})")
     w.log.flush()
     tool = "uv" if uv else "pip"
-    for argv in pyenv.install_argv(source, python, uv, code_dir, run_dir):
+    for argv in pyenv.install_argv(source, python, uv, code_dir, run_dir, offline):
         with open(pip_log, "ab") as out:  # started under the run's lock, in its own group: `fab stop` ends it
             rc = w.start(argv, "stepPid", stdout=out, cwd=code_dir, env=env).wait()
             w.child = None
+        if rc != 0 and offline:
+            w.say("not all of it is in uv's cache: from the index then")
+            return False
         if rc != 0:
             lines = tail_lines(pip_log)
             w.log.write("".join(f"[gpu-train] {tool}: {ln}\n" for ln in lines).encode())
             why = pyenv.failure_reason(lines)
             raise AgentError(f"{tool} install -r {source} failed (exit {rc}): {why[:300]} (all of it: {pip_log})")
+    return True
 
 
 def job_argv(spec: dict, python: str, job_dir: str, nproc: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
