@@ -127,7 +127,7 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     assert crashed.startswith("no_data_")
     table = proj.run("status", check=True).stdout.splitlines()
     header = next(line for line in table if "RUN" in line)
-    assert header.split() == ["RUN", "STATE", "EXIT", "DURATION", "LAST", "LINE"]
+    assert header.split() == ["RUN", "STATE", "EXIT", "DURATION", "OUTPUTS", "LAST", "LINE"]
     row = next(line for line in table if crashed in line)
     assert "failed" in row and "FileNotFoundError: [Errno 2] No such file or directory: 'data/train.csv'" in row
     assert proj.run("status", "--json", check=True).stdout.lstrip().startswith("{")

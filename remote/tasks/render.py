@@ -50,7 +50,7 @@ def outputs_cell(run: dict) -> str:
     newest = max(int(s["newestNs"]) for s in (job, work) if s)
     where = f" ({work['files']} in workdir)" if work and work["files"] else ""
     when = f", newest {datetime.fromtimestamp(newest / 1e9):%m-%d %H:%M}" if files else ""
-    return f"{files} files {human(size)}{where}{when}"
+    return f"{files} file{'' if files == 1 else 's'} {human(size)}{where}{when}"
 
 
 def bucket_line(run: str, b: dict) -> str:

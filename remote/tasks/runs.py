@@ -153,8 +153,9 @@ def cluster_status(session: Session, *args: str) -> dict:
 
 @task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, jobSummary, workdirSummary, ...}", "stack": STACK_HELP})
 def status(c, json_=False, stack=None):
-    """Every run with its state, duration, outputs (JOB_DIR and what it wrote in its working directory) and
-    last log line; GPU use; hours and cost on GCP.
+    """Every run with its state, duration, outputs and last log line; GPU use; hours and cost on GCP.
+
+    A run's outputs are JOB_DIR's files and what the job wrote in its working directory.
 
     On several nodes a run is failed if any node failed (and says which), running while any runs.
     """
