@@ -72,13 +72,25 @@ class GpuTrain(Fab):
         return [*super().core_args(),
                 Argument(names=("stacks-dir",), help="another directory of stack files (after the project's stacks/)")]
 
+    def parse_core(self, argv):
+        try:
+            super().parse_core(argv)
+        except ParseError as e:  # Invoke exits 1 on a parse error, as a failed job would: it is bad input
+            raise Exit(str(e), code=ExitStatus.USAGE) from None
+
     def parse_tasks(self):
         try:
             super().parse_tasks()
         except ParseError as e:
             tasks = sorted(self.collection.task_names)
             flags = sorted(e.context.flags) if e.context is not None else []  # the task being parsed
-            raise ParseError(suggest(e, tasks, flags)) from None
+            raise Exit(suggest(e, tasks, flags), code=ExitStatus.USAGE) from None
+
+    def parse_cleanup(self):
+        try:
+            super().parse_cleanup()
+        except ParseError as e:  # `--help TASK` of a task there is not
+            raise Exit(suggest(e, sorted(self.collection.task_names), []), code=ExitStatus.USAGE) from None
 
     def update_config(self, *args, **kwargs):
         super().update_config(*args, **kwargs)

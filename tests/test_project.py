@@ -107,7 +107,7 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
         f.write(f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: /usr/bin/python3\n")
 
     typo = proj.run("trian")
-    assert typo.returncode == 1 and "Did you mean train?" in typo.stderr
+    assert typo.returncode == 2 and "Did you mean train?" in typo.stderr
     wrong = proj.run("status", "--stack", "lob")
     assert wrong.returncode == 2 and "did you mean lab?" in wrong.stderr
 

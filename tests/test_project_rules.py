@@ -146,3 +146,16 @@ def test_init_next_steps_name_the_new_stack_when_there_are_several(kind: str, se
     commands = [s for s in steps if "gpu-train " in s]
     assert sum("gpu-train " in s and " --stack box2 " in s.split("gpu-train ", 1)[1] for s in commands) == flagged
     assert all(" --stack lab" not in s for s in steps)
+
+
+@pytest.mark.parametrize("argv", [["trian"], ["train", "--scrpit", "x.py"], ["--stak", "lab", "status"], ["--help", "trian"]])
+def test_a_mistyped_task_or_option_is_a_usage_error(argv: list[str], tmp_path: Path) -> None:
+    """Exit 2 (bad input, nothing done), as a mistyped stack is; Invoke's own exit 1 reads as a failed job."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    cli = [sys.executable, "-c", "from gpu_train.launcher import main; main()", *argv]
+    done = subprocess.run(cli, cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and "No idea what" in done.stderr, done.stderr
