@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port(args.address)
     workdir = args.dir.expanduser().resolve() / f"{args.address}"
     server = Sshd(workdir, args.address, port=port, own_home=False, quick_kex=False).start()  # your machine, as it is
+    # `kill` (SIGTERM), as from a job control or a test, stops the sshd too, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         print(f"sshd on {args.address}:{port} as {server.user}, files in {workdir}; Ctrl-C stops it.\n"
               "Put these lines in your project's stacks/Pulumi.local.yaml:\n", flush=True)

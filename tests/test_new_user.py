@@ -105,8 +105,9 @@ def test_script_paths_from_a_subdirectory(proj: Project, sshd) -> None:  # noqa:
 
 
 @pytest.mark.e2e
-def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path) -> None:  # noqa: F811
-    """`python -m remote.loopback` (README: trying an SSH stack with no other machine)."""
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path, stop: signal.Signals) -> None:  # noqa: F811
+    """`python -m remote.loopback` (README: trying an SSH stack with no other machine); Ctrl-C or a kill stops its sshd."""
     p = subprocess.Popen([sys.executable, "-m", "remote.loopback", "--address", "127.0.25.5", "--dir", str(tmp_path / "lo")],
                          cwd=proj.dir, env=proj.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -122,7 +123,7 @@ def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path) -> 
         said = proj.run("ssh", "--stack", "local", "--", "echo from the loopback host", check=True)
         assert said.stdout.strip() == "from the loopback host"
     finally:
-        p.send_signal(signal.SIGINT)
+        p.send_signal(stop)
         out, _ = p.communicate(timeout=30)
     assert p.returncode == 0 and "stopped" in out
     port = int(stack.split("127.0.25.5:")[1].split("'")[0])
