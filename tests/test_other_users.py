@@ -188,3 +188,25 @@ def test_a_root_through_another_users_link_is_refused(lab: Lab, attacker: Path) 
         assert result.returncode != 0 and f"{link}, which is a symbolic link that belongs to {ATTACKER}" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr + result.stdout
     assert not list(mine.iterdir())
+
+
+def test_a_state_folder_committed_to_git_is_not_trusted(lab: Lab) -> None:
+    # .gpu-train/ is git-ignored, and git replaces ignored files without a word: a commit that adds
+    # .gpu-train/STACK/outputs.json (a GCP VM's address) and known_hosts (its key, pinned), pulled or
+    # cloned, sends the victim's code and --env secrets to the committer's host (issue 28's threat model:
+    # anything in the project tree).
+    project = lab.cwd
+    state = project / ".gpu-train"
+    (state / "lab").mkdir(parents=True)
+    (state / "lab" / "known_hosts").write_text("# pinned by a commit\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-f", ".gpu-train"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "cache"], cwd=project, check=True)
+    result = run_fab({**lab.env, "GPU_TRAIN_HOME": str(state)}, lab.cwd, "status")
+    assert result.returncode == 2 and f"{state} holds files committed to git (lab/known_hosts)" in result.stderr, \
+        result.stderr
+    assert "git rm -r --cached" in result.stderr and not lab.remote.exists()
+    subprocess.run([*git, "rm", "-rq", "--cached", ".gpu-train"], cwd=project, check=True)
+    (state / "lab" / "known_hosts").unlink()
+    assert run_fab({**lab.env, "GPU_TRAIN_HOME": str(state)}, lab.cwd, "status").returncode == 0

@@ -41,7 +41,26 @@ def state_problem(*folders: Path) -> str:
             continue
         if st.st_uid != os.getuid():  # (modes are not judged: a umask of 002, WSL's /mnt/c)
             return f"{folder} belongs to uid {st.st_uid}, not to you"
+    if folders and (tracked := committed(folders[0])):
+        return (f"{folders[0]} holds files committed to git ({', '.join(tracked[:3])}"
+                f"{' ...' if len(tracked) > 3 else ''}): a commit (a clone, a `git pull`, which replaces ignored files "
+                "without a word) chose them, not you")
     return ""
+
+
+def committed(folder: Path) -> list[str]:
+    """The files under ``folder`` that the git repository around it tracks ([] outside one, or without git).
+
+    git is asked with no hook, fsmonitor or pager a repository's own config could name."""
+    if not folder.is_dir() or not shutil.which("git"):
+        return []
+    try:
+        out = subprocess.run(["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
+                              "--no-pager", "ls-files", "-z", "--", "."], cwd=folder, capture_output=True,
+                             timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [n for n in out.stdout.decode("utf-8", "replace").split("\0") if n] if out.returncode == 0 else []
 
 
 @dataclass(frozen=True)
@@ -274,7 +293,8 @@ def resolve(stack: str | None, refresh: bool = False) -> Target:
     if why:
         raise ConfigError([Problem("stack", f"{why}: it holds the stack's host addresses and host keys, which "
                                    "another user could point at their own host",
-                                   "work in a copy of the project that is yours, or set GPU_TRAIN_HOME to a folder of yours")],
+                                   "work in a copy of the project that is yours, or set GPU_TRAIN_HOME to a folder of yours"
+                                   + (f" (committed files: `git rm -r --cached {home}` and delete them)" if "committed" in why else ""))],
                           name)
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
     target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
