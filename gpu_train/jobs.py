@@ -24,7 +24,7 @@ from gpu_train.contract import (  # the contract with the host, written once
     JobSpec,
 )
 from gpu_train.errors import ExitStatus, GpuTrainError
-from gpu_train.stack.bucket import parse_bucket, run_prefix
+from gpu_train.stack.bucket import data_prefix, parse_bucket, run_prefix
 
 # The job naming rule of AI Platform / Vertex jobs: letters, digits, underscores, starting with a
 # letter, at most 128 characters. Run ids are BASE_YYYYmmdd_HHMMSS.
@@ -257,7 +257,8 @@ def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None) -> list[JobS
     if not bucket:
         return specs
     place = parse_bucket(bucket)
-    return [replace(s, bucket={"name": place.name, "prefix": run_prefix(place, stack, s.run_id, i)})
+    return [replace(s, bucket={"name": place.name, "prefix": run_prefix(place, stack, s.run_id, i),
+                               "data": data_prefix(place, s.project)})
             for i, s in enumerate(specs)]
 
 

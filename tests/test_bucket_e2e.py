@@ -3,6 +3,7 @@ Cloud Storage emulator found by STORAGE_EMULATOR_HOST on both sides (the host's 
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -80,3 +81,20 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     assert "4 unchanged" in got.stderr
     assert (home / "ckpt-2.pt").read_bytes() == host_files["ckpt-2.pt"]
     assert not list(home.parent.glob(".*partial*"))
+
+
+def test_data_pushed_to_the_bucket_is_on_local_disk_before_the_job_starts(bucket_lab, plain: str) -> None:
+    lab, _ = bucket_lab
+    data = lab.cwd / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "a.txt").write_text("hello from the bucket\n")
+    (data / "sub" / "b.bin").write_bytes(os.urandom(300000))
+    sent = lab.fab("push", "data", "--to", "bucket", check=True).stdout
+    assert "2 file(s)" in sent and "gs://ckpt/team/data/" in sent
+    assert "0 file(s)" in lab.fab("push", "data", "--to", "bucket", check=True).stdout  # incremental
+    run = lab.train("--command", 'cat "$DATA_DIR/data/a.txt" > "$JOB_DIR/seen.txt" && '
+                    'test ! -L "$DATA_DIR/data/sub/b.bin" && cmp data/sub/b.bin "$DATA_DIR/data/sub/b.bin" && '
+                    'echo same >> "$JOB_DIR/seen.txt"', "--dir", plain)
+    assert lab.wait(run, timeout=60)["state"] == "succeeded", lab.log(run)
+    assert (lab.remote / "runs" / run / "job" / "seen.txt").read_text() == "hello from the bucket\nsame\n"
+    assert (lab.remote / "data").is_dir()  # on the host's own disk

@@ -81,3 +81,9 @@ def bucket_problems(text: str | None, create: bool) -> list[Problem]:
 def run_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
     """The object prefix of one run's files (node N > 0 of a cluster: its own folder inside)."""
     return f"{place.prefix}{stack}/{run}/" + (f"node-{node}/" if node else "")
+
+
+def data_prefix(place: BucketPlace, project: str | None) -> str:
+    """Where `push --to bucket` puts a project's data: PREFIX/data/PROJECT/ (beside the stacks' runs, so
+    every stack using the bucket finds it); a run copies it to its $DATA_DIR before the job starts."""
+    return f"{place.prefix}data/{project or 'default'}/"

@@ -65,6 +65,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("relay-code", help="node 0: rsync a run's staged code to the other nodes (request on stdin)")
     uploading = sub.add_parser("upload", help="a run's JOB_DIR to its bucket until stdin closes (the wrapper starts it)")
     uploading.add_argument("run")
+    sub.add_parser("bucket-data", help="the project's data from the bucket into DATA_DIR (before a job)").add_argument("run")
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
@@ -114,10 +115,10 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
         from .wrap import cmd_wrap
 
         return cmd_wrap(root, args.run)
-    if args.cmd == "upload":
-        from .upload import serve
+    if args.cmd in ("upload", "bucket-data"):
+        from .upload import pull_data, serve
 
-        return serve(root, args.run)
+        return serve(root, args.run) if args.cmd == "upload" else pull_data(root, args.run)
     if args.cmd == "fetch-serve":
         from .fetchserve import cmd_fetch_serve
 

@@ -33,7 +33,7 @@ import time
 from gpu_train.contract import BUCKET_RECORD, UPLOAD_LOG, BucketFile, BucketRecord, BucketView, project_dirs
 
 from . import outputs
-from .store import agent_path, now, read_json, write_json
+from .store import AgentError, agent_path, now, read_json, write_json
 
 SETTLE_S = 5.0  # unchanged this long: complete
 POLL_S = 2.0
@@ -115,6 +115,65 @@ def view(run_dir: str) -> BucketView | None:
             "final": bool(record.get("final")), "error": record.get("error")}
 
 
+def argv(root: str, run_dir: str, spec: dict, command: str) -> list[str]:
+    """The agent's ``command`` for this run, run by the job's Python (its venv's, where it has one:
+    google-cloud-storage may come from the project's requirements)."""
+    venv_python = os.path.join(project_dirs(root, spec.get("project"))[0], "bin", "python")
+    python = venv_python if spec.get("venv") and os.access(venv_python, os.X_OK) else spec.get("python") or sys.executable
+    agent = agent_path(root)
+    if not os.path.isfile(agent):  # as launch does: the copy this agent runs from
+        agent = os.path.abspath(sys.argv[0])
+    return [python, agent, "--root", root, command, os.path.basename(run_dir)]
+
+
+def bring_data(root: str, run_dir: str, say) -> None:
+    """Before the job starts: the project's data pushed to the bucket (`push --to bucket`) copied to
+    $DATA_DIR on local disk, incremental and verified; an AgentError (the run fails, saying why) if not."""
+    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
+    if not (spec.get("bucket") or {}).get("data"):
+        return
+    with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
+        code = subprocess.run(argv(root, run_dir, spec, "bucket-data"), stdin=subprocess.DEVNULL, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise AgentError(f"copying the project's data from the bucket failed (exit {code}; see {UPLOAD_LOG})")
+    say("the project's data in the bucket is in $DATA_DIR")
+
+
+def pull_data(root: str, run_id: str) -> int:
+    """`bucket-data RUN`: gs://NAME/PREFIX/data/PROJECT/ into REMOTE_ROOT/data/PROJECT/: each object whose
+    local copy differs (size, CRC32C) downloaded to a temporary name beside it, verified, then renamed."""
+    run_dir = os.path.join(root, "runs", run_id)
+    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
+    where, data_dir = spec["bucket"], project_dirs(root, spec.get("project"))[1]
+    from google.cloud import storage
+
+    gcs = storage.Client()
+    got = 0
+    for blob in gcs.list_blobs(where["name"], prefix=where["data"]):
+        rel = blob.name[len(where["data"]) :]
+        parts = rel.split("/")
+        if not rel or rel.endswith("/") or any(p in ("", ".", "..") for p in parts):
+            continue
+        path = os.path.join(data_dir, *parts)
+        if os.path.isfile(path) and os.path.getsize(path) == blob.size and crc32c_of(path) == blob.crc32c:
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.gpu-train-part.{os.getpid()}"
+        try:
+            blob.download_to_filename(tmp, if_generation_match=blob.generation, checksum="crc32c")
+            if crc32c_of(tmp) != blob.crc32c:
+                print(f"[gpu-train data] {rel}: crc32c differs from the bucket's: not installed", flush=True)
+                return 1
+            os.replace(tmp, path)
+            got += 1
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    print(f"[gpu-train data] {got} file(s) copied from gs://{where['name']}/{where['data']} to {data_dir}", flush=True)
+    return 0
+
+
 def start(root: str, run_dir: str) -> subprocess.Popen | None:
     """The uploader of a run whose spec names a bucket, next to its job, run by the job's Python (its
     venv's, where it has one: google-cloud-storage may come from the project's requirements); its stdin
@@ -122,14 +181,9 @@ def start(root: str, run_dir: str) -> subprocess.Popen | None:
     spec = read_json(os.path.join(run_dir, "spec.json")) or {}
     if not spec.get("bucket"):
         return None
-    venv_python = os.path.join(project_dirs(root, spec.get("project"))[0], "bin", "python")
-    python = venv_python if spec.get("venv") and os.access(venv_python, os.X_OK) else spec.get("python") or sys.executable
-    agent = agent_path(root)
-    if not os.path.isfile(agent):  # as launch does: the copy this agent runs from
-        agent = os.path.abspath(sys.argv[0])
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
-        return subprocess.Popen([python, agent, "--root", root, "upload", os.path.basename(run_dir)],
-                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(argv(root, run_dir, spec, "upload"), stdin=subprocess.PIPE, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def finish(proc: subprocess.Popen | None, say) -> None:

@@ -319,6 +319,7 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
         env.update(cluster_env(spec["node"], nproc))
     python = environment_step(w, root, run_dir, spec["python"], venv)
     workdir = os.path.join(run_dir, "code")
+    upload.bring_data(root, run_dir, w.say)  # `push --to bucket`: to local disk first
     link_data(data_dir, workdir, w.log)
     extra, said = resume_args(spec, resumes, workdir)
     argv = job_argv(spec, python, job_dir, nproc, extra)

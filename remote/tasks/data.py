@@ -30,8 +30,9 @@ def data_path(src: Path, root: Path) -> str:
     return rel.as_posix() if rel.parts else src.name
 
 
-@task(help={"dir": "the directory to send (e.g. data)", "json": "print where it went as JSON", "stack": STACK_HELP})
-def push(c, dir, stack=None, json_=False):
+@task(help={"dir": "the directory to send (e.g. data)", "json": "print where it went as JSON", "stack": STACK_HELP,
+            "to": "`bucket`: to the stack's gpu-train:bucket; each run copies it to $DATA_DIR before its job starts"})
+def push(c, dir, stack=None, json_=False, to=None):
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
     from remote.errors import RemoteError
     from remote.transfer import sync
@@ -39,9 +40,14 @@ def push(c, dir, stack=None, json_=False):
     src = Path(dir).expanduser().resolve()
     if not src.is_dir():
         raise Exit(f"{dir}: no such directory", code=ExitStatus.USAGE)
+    if to not in (None, "host", "bucket"):
+        raise Exit(f"--to {to}: `host` (the default) or `bucket`", code=ExitStatus.USAGE)
     root = project_root()
     rel, project = data_path(src, root), project_name(root)
     session = Session(stack)
+    if to == "bucket":
+        push_to_bucket(session.cluster, src, rel, project)
+        return
     sessions = session.nodes()
     progress = sys.stdout.isatty() and len(sessions) == 1 and not json_
 
@@ -71,3 +77,26 @@ def push(c, dir, stack=None, json_=False):
         print(f"{src} -> {results[0]} on {session.target.host}" + (f" (and {len(sessions) - 1} more nodes)" if len(sessions) > 1 else ""))
         print(f"  the job sees it as $DATA_DIR/{rel} and as {rel}/ in its working directory (merged with the code's "
               f"own {rel}/: a file in both is the code's copy)")
+
+
+def push_to_bucket(target, src: Path, rel: str, project: str) -> None:
+    """`push --to bucket`: DIR to gs://NAME/PREFIX/data/PROJECT/REL/, incremental and verified."""
+    from gpu_train.stack.bucket import data_prefix, parse_bucket
+    from remote.errors import RemoteError
+    from remote.transfer import bucketfetch
+
+    if not target.bucket:
+        raise Exit(f"--to bucket: stack {target.stack} has no gpu-train:bucket (docs/bucket.md)", code=ExitStatus.USAGE)
+    place = parse_bucket(target.bucket)
+    prefix = f"{data_prefix(place, project)}{rel}/"
+    try:
+        got = bucketfetch.push_dir(bucketfetch.client(), place, prefix, src)
+    except RemoteError as e:
+        raise Exit(str(e), code=ExitStatus.FAILED) from None
+    for problem in got.problems:
+        say(problem)
+    if got.problems:
+        raise Exit(f"not everything is in the bucket: run `{CLI} push {src} --to bucket` again", code=ExitStatus.FAILED)
+    print(f"{src} -> gs://{place.name}/{prefix}: {got.files} file(s), {got.bytes} bytes sent (verified; "
+          f"{got.unchanged} unchanged)")
+    print(f"  each run copies it to local disk before its job starts: $DATA_DIR/{rel}, and {rel}/ in its working directory")
