@@ -241,7 +241,7 @@ def test_run_env(tmp_path: Path) -> None:
     assert pyenv.run_env("/r/envs/p", "/usr/bin/python3", False, True) == "/r/envs/p"  # unless it refuses installs (PEP 668)
 
 
-UV_NO_NETWORK = """Using Python 3.11.7 environment at: /srv/envs/proj
+UV_UNTRUSTED_CA = """Using Python 3.11.7 environment at: /srv/envs/proj
 error: Failed to fetch: https://pypi.org/simple/torch/
   cause: error sending request for url (https://pypi.org/simple/torch/)
   cause: client error (Connect)
@@ -262,15 +262,18 @@ ERROR: No matching distribution found for not-a-real-pkg-xyz
 
 
 @pytest.mark.parametrize(("output", "reason"), [
-    # uv 0.13.9's and pip 23's own words (a host with no network; a package that does not exist)
-    (UV_NO_NETWORK, "Failed to fetch: https://pypi.org/simple/torch/ (invalid peer certificate: UnknownIssuer)"),
+    # uv 0.13.9's and pip 23's own words (behind a TLS-inspecting proxy whose CA uv was not given; --offline
+    # and a package that does not exist)
+    (UV_UNTRUSTED_CA, "Failed to fetch: https://pypi.org/simple/torch/ (invalid peer certificate: UnknownIssuer); "
+                    "hint: Consider enabling use of system TLS certificates with the `--system-certs` command-line flag"),
     (UV_NO_SOLUTION, "No solution found when resolving dependencies (Because not-a-real-pkg-xyz was not found in "
                      "the cache and you require not-a-real-pkg-xyz, we can conclude that your requirements are "
-                     "unsatisfiable.)"),
+                     "unsatisfiable.); hint: Packages were unavailable because the network was disabled. When the "
+                     "network is disabled, registry packages may only be read from the cache."),
     (PIP_NO_MATCH, "No matching distribution found for not-a-real-pkg-xyz"),
     ("Killed\n\n", "Killed"),
     ("", ""),
 ])
 def test_an_install_failure_names_the_error_not_the_closing_hint(output: str, reason: str) -> None:
-    """The run's reason (status, the log) had been uv's last line: a TLS hint on a host with no network."""
+    """The run's reason (status, the log) had been uv's last line, its hint, without the error it is about."""
     assert pyenv.failure_reason(output.splitlines()) == reason

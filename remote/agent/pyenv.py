@@ -158,9 +158,9 @@ def install_digest(source: str, files: dict, python: str) -> str:
 
 
 def failure_reason(lines: list) -> str:
-    """The line that says why an install failed: uv's last ``error:`` with its innermost ``cause:``
-    (uv ends with a ``hint:`` that is often beside the point: a TLS hint on a host with no network),
-    pip's last ``ERROR:``; else the last line there is."""
+    """What says why an install failed: uv's last ``error:`` with its innermost ``cause:`` and the
+    ``hint:`` after them (the hint alone, uv's last line, had stood for the failure), pip's last
+    ``ERROR:``; else the last line there is."""
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i].strip()
         if line.lower().startswith("error:"):
@@ -169,7 +169,8 @@ def failure_reason(lines: list) -> str:
                 if not follow.strip().startswith("cause:"):
                     break
                 causes.append(follow.strip().split(":", 1)[1].strip())
-            return f"{error} ({causes[-1]})" if causes else error
+            hint = next((ln.strip() for ln in lines[i + 1:] if ln.strip().startswith("hint:")), "")
+            return (f"{error} ({causes[-1]})" if causes else error) + (f"; {hint}" if hint else "")
     return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
 
 
