@@ -66,3 +66,20 @@ def test_a_fresh_host_gets_the_hidden_root_and_an_old_one_keeps_its_runs(tmp_pat
     home = fresh.dir / "home"
     assert (home / ".gpu-train" / "runs" / run).is_dir() and not (home / "gpu-train").exists()
     assert "old default" not in proj.run("status", "--stack", "fresh", check=True).stderr
+
+
+def test_a_cluster_asks_each_node_before_the_code_hop(tmp_path: Path, sshd) -> None:  # noqa: F811
+    # Node 1 has runs under the old default, node 0 is fresh: node 0 passes the code on to node 1's own root.
+    proj = OurProject(tmp_path)
+    a = sshd("127.0.14.14")
+    b = sshd("127.0.14.15", a.client_key)  # one key for both (the stack's sshKey)
+    common = f"  gpu-train:sshKey: {a.client_key}\n  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n"
+    proj.stack("old", f"  gpu-train:hosts: ['{b.spec}']\n  gpu-train:remoteRoot: {REMOTE_ROOT_BEFORE}\n" + common)
+    before = started_run(proj.run("train", "--stack", "old", "--command", "echo before", "--follow", check=True))
+    proj.stack("duo", f"  gpu-train:hosts: ['{a.spec}', '{b.spec}']\n" + common)
+    run = proj.run("train", "--stack", "duo", "--command", "echo $NODE_RANK", "--follow", check=True)
+    rid = started_run(run)
+    assert "remoteRoot's old default" in run.stderr and run.stderr.count("remoteRoot's old default") == 1
+    assert (a.dir / "home" / ".gpu-train" / "runs" / rid).is_dir() and not (a.dir / "home" / "gpu-train").exists()
+    assert (b.dir / "home" / "gpu-train" / "runs" / rid).is_dir() and not (b.dir / "home" / ".gpu-train").exists()
+    assert (b.dir / "home" / "gpu-train" / "runs" / before).is_dir()

@@ -48,7 +48,7 @@ class Session:
                 raise exit_for(e) from None
         if not 0 <= node < len(cluster.hosts):
             raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=ExitStatus.USAGE)
-        self.cluster = cluster
+        self._cluster = cluster
         self._target = cluster.for_node(node)  # (read through ``target``)
         self.node = node
         self.timeout = timeout if timeout is not None else (600.0 if self._target.is_gcp else 15.0)
@@ -62,9 +62,29 @@ class Session:
             self.connect()
         return self._target
 
+    @property
+    def cluster(self) -> Target:
+        """The whole stack's target. On first contact with SSH hosts whose stack sets no remoteRoot, each
+        node is asked where gpu-train's files are before the cluster is handed out (a cluster's code hop
+        and launch read every node's REMOTE_ROOT from it)."""
+        unknown = [i for i in range(len(self._cluster.hosts)) if self._cluster.for_node(i).root_unknown] \
+            if self._cluster.ask_root else []
+        for i in unknown:
+            if i == self.node:
+                self.connect()
+                continue
+            other = Session(None, self.timeout, i, self._cluster)
+            try:
+                other.connect()
+            finally:
+                other.close()
+            self._cluster = self._cluster.root_known(i, other._cluster.node_roots[i])
+        return self._cluster
+
     def nodes(self) -> list[Session]:
         """A session for every node of the cluster (this one for its own node)."""
-        return [self if i == self.node else Session(None, self.timeout, i, self.cluster) for i in range(len(self.cluster.hosts))]
+        cluster = self.cluster
+        return [self if i == self.node else Session(None, self.timeout, i, cluster) for i in range(len(cluster.hosts))]
 
     def connect(self, again: bool = False, shared: bool = True):
         """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting).
@@ -92,8 +112,8 @@ class Session:
             if not self._target.is_gcp:
                 raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
             # The VM may have a new address (stopped and started): refresh the stack outputs once.
-            self.cluster = targets.resolve(self._target.stack, refresh=True)
-            self._target = self.cluster.for_node(self.node)
+            self._cluster = targets.resolve(self._target.stack, refresh=True)
+            self._target = self._cluster.for_node(self.node)
             try:
                 self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say)
             except RemoteError as e2:
@@ -132,14 +152,14 @@ class Session:
                 f"there and this stack keeps using it (a new host gets {REMOTE_ROOT_DEFAULT}); to write it down: "
                 f"gpu-train:remoteRoot: {REMOTE_ROOT_BEFORE} in the stack")
         targets.remember_root(self._target.cache, self._target.host, root)
-        self.cluster = self.cluster.root_known(self.node, root)
-        self._target = self.cluster.for_node(self.node)
+        self._cluster = self._cluster.root_known(self.node, root)
+        self._target = self._cluster.for_node(self.node)
 
     def _alias(self) -> None:
         """``ssh gpu-train-STACK`` from the first contact on (written once, refreshed when the address changes)."""
         from remote.ssh import alias as sshalias
 
-        sshalias.at_first_contact(self.cluster, sshalias.own_home(), say, sshalias.terminal_ask())
+        sshalias.at_first_contact(self._cluster, sshalias.own_home(), say, sshalias.terminal_ask())
 
     def reconnect(self):
         if self.conn is not None:
