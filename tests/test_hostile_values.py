@@ -204,6 +204,21 @@ def test_git_ignored_names_with_wildcards_match_only_themselves(tmp_path: Path) 
     assert sent == [".gitignore", "keep.py", "modelB.ckpt", "weXrd.txt"]
 
 
+def test_a_projects_git_config_runs_nothing_here(tmp_path: Path) -> None:
+    """A project's .git/config (a shared folder, an archive) naming core.fsmonitor: git runs it for
+    ls-files and check-ignore, so planning the code sync ran it on the laptop. Our git calls refuse it."""
+    code, mark = tmp_path / "code", tmp_path / "ran"
+    code.mkdir()
+    (code / "train.py").write_text("print()")
+    (code / "data.bin").write_text("x")
+    (code / ".gitignore").write_text("data.bin\n")
+    subprocess.run(["git", "init", "-q", str(code)], check=True)
+    subprocess.run(["git", "-C", str(code), "config", "core.fsmonitor", f"touch {mark}; false #"], check=True)
+    plan = sync.plan_code(code, tmp_path)
+    assert plan.left_out and sync.ignore_sources(code, ["data.bin"]) == {"data.bin": ".gitignore"}
+    assert not mark.exists()
+
+
 def test_every_rsync_protects_its_arguments() -> None:
     """(Fetching is no longer rsync: what it receives is checked in tests/test_fetch_engine.py.)"""
     from tests.test_jobs_sync_target import lab_target

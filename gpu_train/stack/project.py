@@ -43,6 +43,11 @@ def repo_script(name: str, cwd: Path | None = None, repo: Path = REPO) -> str:
     return str(script)
 
 
+# A project's own .git/config may name commands git runs for a plain read: core.fsmonitor runs for
+# ls-files and check-ignore. A project is others' input (a shared folder, an archive): never those.
+GIT = ("git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "--no-pager")
+
+
 def find_project(cwd: Path | None = None) -> Path | None:
     """The nearest directory at or above ``cwd`` with a ``stacks/`` or ``.git``; None when there is none."""
     here = (cwd or Path.cwd()).resolve()

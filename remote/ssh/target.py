@@ -51,12 +51,11 @@ def state_problem(*folders: Path) -> str:
 def committed(folder: Path) -> list[str]:
     """The files under ``folder`` that the git repository around it tracks ([] outside one, or without git).
 
-    git is asked with no hook, fsmonitor or pager a repository's own config could name."""
+    git is asked with no command a repository's own config could name (project.GIT)."""
     if not folder.is_dir() or not shutil.which("git"):
         return []
     try:
-        out = subprocess.run(["git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
-                              "--no-pager", "ls-files", "-z", "--", "."], cwd=folder, capture_output=True,
+        out = subprocess.run([*project.GIT, "ls-files", "-z", "--", "."], cwd=folder, capture_output=True,
                              timeout=10, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_train.stack.config import SshHost
+from gpu_train.stack.project import GIT
 from remote.agent.bundle import GUARD
 from remote.errors import RemoteError
 from remote.ssh.connect import openssh_options
@@ -105,10 +106,10 @@ def git_ignored(directory: Path) -> list[str] | None:
     """Paths git ignores under ``directory`` (anchored rsync patterns), or None outside a work tree."""
     if not shutil.which("git"):
         return None
-    inside = subprocess.run(["git", "-C", str(directory), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
+    inside = subprocess.run([*GIT, "-C", str(directory), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
     if inside.stdout.strip() != "true":
         return None
-    out = subprocess.run(["git", "-C", str(directory), "ls-files", "--others", "--ignored", "--exclude-standard",
+    out = subprocess.run([*GIT, "-C", str(directory), "ls-files", "--others", "--ignored", "--exclude-standard",
                           "--directory", "-z"], capture_output=True, check=True)
     names = out.stdout.decode("utf-8", "surrogateescape").split("\0")
     return ["/" + rsync_literal(p) for p in names if p]
@@ -248,7 +249,7 @@ def ignore_sources(src: Path, paths: list[str]) -> dict[str, str]:
     if not paths:
         return {}
     names = "\0".join(paths) + "\0"
-    out = subprocess.run(["git", "-C", str(src), "check-ignore", "-v", "-z", "--no-index", "--stdin"],
+    out = subprocess.run([*GIT, "-C", str(src), "check-ignore", "-v", "-z", "--no-index", "--stdin"],
                          input=names.encode("utf-8", "surrogateescape"), capture_output=True)
     fields = out.stdout.decode("utf-8", "surrogateescape").split("\0")
     found = {}
