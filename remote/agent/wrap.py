@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import filecmp
 import glob
 import hashlib
 import json
@@ -27,7 +26,7 @@ from gpu_train.contract import (
     project_dirs,
 )
 
-from . import notify, pyenv, upload, uvfetch
+from . import datalink, notify, pyenv, upload, uvfetch
 from .procs import gpu_count, proc_start_time
 from .store import AgentError, last_line, now, read_json, read_state, run_locked, update_state
 from .units import system_stopping
@@ -320,7 +319,7 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     python = environment_step(w, root, run_dir, spec["python"], venv)
     workdir = os.path.join(run_dir, "code")
     upload.bring_data(root, run_dir, w.say)  # `push --to bucket`: to local disk first
-    link_data(data_dir, workdir, w.log)
+    datalink.link_data(data_dir, workdir, w.log)
     extra, said = resume_args(spec, resumes, workdir)
     argv = job_argv(spec, python, job_dir, nproc, extra)
     if resumes:
@@ -358,40 +357,6 @@ def announce_end(run_dir: str) -> None:
     line = st.get("reason") if failed and st.get("exitCode") is None else last_line(os.path.join(run_dir, "log"), failed)
     notify.send(url, notify.run_end_text(os.path.basename(run_dir), st.get("state", "?"), st.get("exitCode"), took,
                                          line or "", socket.gethostname()))
-
-
-def link_data(data_dir: str, code_dir: str, log) -> None:
-    """What `gpu-train push` sent, also where the code reads it: each path of DATA_DIR at the same path
-    in the working directory, merged with the code's own folders (a folder in both gets the pushed
-    entries it lacks, one by one, as symlinks into DATA_DIR). On a name in both whose contents differ
-    the code's own file is used, and the log says so; nothing is ever silently left out."""
-    if not os.path.isdir(data_dir):
-        return
-    linked: list[str] = []
-    kept: list[str] = []
-    merge_links(data_dir, code_dir, "", linked, kept)
-    if linked:
-        shown = ", ".join(linked[:8]) + (f" and {len(linked) - 8} more" if len(linked) > 8 else "")
-        log.write(f"[gpu-train] DATA_DIR={data_dir}; linked into the working directory: {shown}\n".encode())
-    for rel in kept:
-        log.write(f"[gpu-train] {rel}: the code and the pushed data both have it, and they differ: the code's "
-                  f"own copy is used (the pushed one is $DATA_DIR/{rel}; rename one to use both)\n".encode())
-
-
-def merge_links(src: str, dest: str, rel: str, linked: list[str], kept: list[str]) -> None:
-    """Link ``src``'s entries into ``dest``: an entry ``dest`` lacks as a symlink to it, a folder in both
-    entry by entry; a link already there (an earlier start's) stays. ``linked``/``kept`` collect paths."""
-    for name in sorted(os.listdir(src)):
-        s, d, r = os.path.join(src, name), os.path.join(dest, name), f"{rel}{name}"
-        if os.path.islink(d):
-            continue
-        if not os.path.lexists(d):
-            os.symlink(s, d)
-            linked.append(r)
-        elif os.path.isdir(d) and os.path.isdir(s):
-            merge_links(s, d, f"{r}/", linked, kept)
-        elif not (os.path.isfile(d) and os.path.isfile(s) and filecmp.cmp(s, d, shallow=False)):
-            kept.append(r)
 
 
 def final_state(run_dir: str, code: int, w: Wrapper | None = None) -> str:
