@@ -267,6 +267,15 @@ class Lab:
             time.sleep(0.2)
         raise AssertionError(f"{run} did not reach {states}")
 
+    def end_shared_connection(self) -> None:
+        """Close this user's shared OpenSSH connection to the lab host (remote/ssh/mux.py)."""
+        from remote.ssh import mux
+        from remote.ssh.target import resolve
+
+        with mock.patch.dict(os.environ, self.env):
+            target = resolve("lab").for_node(0)
+        mux.end_master(target, target.host)
+
     def log(self, run: str) -> str:
         path = self.remote / "runs" / run / "log"
         return path.read_text() if path.exists() else ""

@@ -182,6 +182,10 @@ def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: Fak
         started = fab(env, "train", "--stack", "t4", "--dir", str(code), "--script", "job.py")
         assert started.returncode == 0, started.stderr
         run = started.stdout.split()[1]
+        ckpt = tmp_path / "vmroot" / "runs" / run / "job" / "ckpt"
+        deadline = time.monotonic() + 60  # the job's checkpoint written (tasks now answer faster than a job starts)
+        while not ckpt.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         refused = fab(env, "vm-stop", "--stack", "t4")
         assert refused.returncode == 1 and f"refusing: still running: {run}" in refused.stderr, refused.stderr
         assert not (tmp_path / "pulumi" / "calls").exists() or "up " not in (tmp_path / "pulumi" / "calls").read_text()

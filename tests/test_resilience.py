@@ -147,6 +147,7 @@ def test_tick_powers_off_for_real_only_when_idle(lab: Lab, plain: str) -> None:
     (lab.remote / "agent.json").write_text(json.dumps(settings))
     assert "job(s) running" in agent_cmd(lab, "tick")["why"]  # a job runs: not idle
     lab.wait(run)
+    lab.end_shared_connection()  # (a task's shared connection is an SSH session: the idle clock waits for it)
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     client.connect(lab.sshd.address, lab.sshd.port, lab.sshd.user, key_filename=str(lab.sshd.client_key),

@@ -95,6 +95,14 @@ def start_master(target: Target, host: SshHost) -> None:
                          start_new_session=True)
 
 
+def end_master(target: Target, host: SshHost) -> None:
+    """Close the shared connection now (the host then counts no SSH session of ours)."""
+    path = control_path(target, host)
+    if path is not None and master_up(path):
+        subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
+                       capture_output=True, stdin=subprocess.DEVNULL, timeout=30)
+
+
 def reuse(target: Target, host: SshHost) -> MuxConnection | None:
     """A connection over the shared one when it is up, else None (the caller logs in)."""
     path = control_path(target, host)
