@@ -80,3 +80,16 @@ def test_two_versions_at_once_both_answer_and_an_unused_one_goes_after_a_day(tmp
     run(bundle.agent_command(str(root), "status"))  # a third version, unpacked: the unused two go
     [left] = bin_.glob(f"{bundle.UNPACKED}*")
     assert (left / bundle.PACKAGE / "cli.py").read_bytes() == (bundle.HERE / "cli.py").read_bytes()
+
+
+def test_the_zipapp_imports_nothing_it_does_not_carry() -> None:
+    """What is left out of the zipapp (bundle.LAPTOP_ONLY) is never imported by what goes in."""
+    import ast
+
+    shipped = {p.stem for p in bundle.HERE.glob("*.py") if p.name not in bundle.LAPTOP_ONLY}
+    left_out = {name.removesuffix(".py") for name in bundle.LAPTOP_ONLY}
+    for name in shipped:
+        tree = ast.parse((bundle.HERE / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                assert node.module not in left_out, f"{name}.py imports .{node.module}, which the zipapp leaves out"

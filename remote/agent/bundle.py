@@ -21,7 +21,11 @@ from gpu_train.contract import CLI_ENV, UNPACKED
 PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp
 HERE = Path(__file__).resolve().parent
 CONTRACT = HERE.parent.parent / "gpu_train" / "contract.py"  # the laptop<->host contract, shipped as gpu_train.contract
-LAPTOP_ONLY = {"bundle.py"}  # guard.py goes too: the installed agent checks its root on every run
+# Not in the zipapp: the laptop's builder; the recovery function's Compute layer (infra/recovery.py ships it to
+# Cloud Run, no host imports it); serve.py (sent as a script of its own by `tensorboard`/`jupyter`). The
+# zipapp travels inline on every call's command line, whose one argument Linux caps at 128 KiB.
+# guard.py goes: the installed agent checks its root on every run.
+LAPTOP_ONLY = {"bundle.py", "recovery_call.py", "serve.py"}
 MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 # Runs under `python3 -I -S -c BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...` (PACKED: ``pack``; -I: nothing
