@@ -216,3 +216,31 @@ def test_a_name_this_laptop_cannot_store_is_named_and_the_rest_arrives(host, tmp
     assert any(p.startswith(f"{deep}/ckpt.pt (") and "too long" in p for p in result.unstorable), result.unstorable
     assert any("a name this laptop cannot store" in m for m in result.missing())
     assert (dest / "fine.txt").read_text() == "ok"
+
+
+def test_what_the_job_writes_through_a_pushed_folder_comes_home(lab: Lab) -> None:
+    """A pushed folder the code does not have is one link into DATA_DIR, so a job writing its
+    checkpoints there writes into the pushed data: those files are outputs all the same (listed,
+    fetched to workdir/, guarded by down); a pushed file rewritten through its link is named."""
+    project = lab.cwd
+    (project / "checkpoints").mkdir()
+    (project / "checkpoints" / "pretrained.pt").write_bytes(b"start")
+    (project / "weights.bin").write_bytes(b"w0")
+    (project / ".gputrainignore").write_text("checkpoints/\nweights.bin\n")
+    (project / "job.sh").write_text("echo step > checkpoints/step1.pt\n")
+    lab.fab("push", "checkpoints", check=True)
+    run = lab.train("--command", "bash job.sh", "--name", "through")
+    assert lab.wait(run)["state"] == "succeeded", lab.log(run)
+    code = lab.remote / "runs" / run / "code"
+    assert (code / "checkpoints").is_symlink()  # written through the link, into DATA_DIR
+    [r] = [r for r in lab.status()["runs"] if r["id"] == run]
+    assert r["workdirSummary"]["files"] == 1, r  # step1.pt, not the pushed pretrained.pt
+    dest = lab.cwd / "runs" / "lab" / run
+    (dest / "workdir").mkdir(parents=True)
+    (dest / "workdir" / "checkpoints").write_text("in the way")
+    refused = lab.fab("down")
+    assert refused.returncode == 1 and "checkpoints" in refused.stderr
+    (dest / "workdir" / "checkpoints").unlink()
+    lab.fab("down", check=True)
+    assert (dest / "workdir" / "checkpoints" / "step1.pt").read_text() == "step\n"
+    assert not (dest / "workdir" / "checkpoints" / "pretrained.pt").exists()

@@ -10,7 +10,8 @@ a file only when every range's hash matches and the identity never moved.
 Paths are never taken from the wire as they are: a request names a source, a run id (checked against the
 run-id syntax: its JOB_DIR) or ``ID/workdir`` (its working directory, of which only the outputs are
 listed: remote/agent/outputs.py), and a path relative to it (no ``..``, not absolute); the host rebuilds
-ROOT/runs/ID/job/PATH (or code/PATH) and refuses to read through a symbolic link.
+ROOT/runs/ID/job/PATH (or code/PATH) and refuses to read through a symbolic link (but a working
+directory's link to the project's own pushed data, where the job's writes through it land).
 
 Requests:
   {"op": "list", "runs": [ID, ...]}               -> {"runs": {ID: {"entries": [...]} | {"error": ...}}}
@@ -76,6 +77,8 @@ def job_path(root: str, run_id: object, rel: object, checked: dict | None = None
     if known is None:
         parent, real_base = os.path.realpath(folder), os.path.realpath(base)
         known = parent == real_base or parent.startswith(real_base + os.sep)
+        if not known and base.endswith(os.sep + "code"):  # an output the job wrote through a link to its pushed data
+            known = parent.startswith(os.path.realpath(os.path.join(root, "data")) + os.sep)
         if checked is not None:
             checked[folder] = known
     if not known:

@@ -6,6 +6,9 @@ directory (REMOTE_ROOT/runs/RUN/code), not in JOB_DIR. So `launch` records what 
 is not in that record or whose identity moved: a file the job changed in place counts even when the
 code was staged as hard links of the previous run's copy (its mtime moves). Not outputs: links into
 the project's pushed data or venvs (REMOTE_ROOT/data, REMOTE_ROOT/envs), venvs and ``__pycache__``.
+But what the job writes *through* a link to a pushed folder lands in DATA_DIR: those files (changed,
+by their ctime, since the run was created) are outputs at the path the job wrote them; a pushed file
+the job rewrote through its own link is named as one that cannot come home (copy it out of the data).
 A run launched before the record existed counts what changed after it was created.
 """
 
@@ -92,8 +95,10 @@ def listing(root: str, run_dir: str) -> list:
     code = os.path.join(run_dir, "code")
     doc = read_json(os.path.join(run_dir, SENT))
     sent = doc.get("files") if isinstance(doc, dict) else None
-    since_ns = int((read_state(run_dir).get("created") or 0) * 1e9) if sent is None else 0
+    created_ns = int((read_state(run_dir).get("created") or 0) * 1e9)
+    since_ns = created_ns if sent is None else 0
     roots = skip_roots(root)
+    data_roots = tuple(r for r in roots if r.rstrip(os.sep).endswith(os.sep + "data"))
     rows, folders, emitted = [], {}, set()
 
     def walk_error(err: OSError) -> None:
@@ -147,6 +152,8 @@ def listing(root: str, run_dir: str) -> list:
                     continue
                 if not _into(folder, target, roots):
                     rows.append((rel, [rel, "l", 0, st.st_mtime_ns, 0o777, target]))
+                elif _into(folder, target, data_roots):
+                    rows.extend(written_through(os.path.join(folder, target), rel, created_ns, folders))
     out = []
     for rel, row in rows:
         parts = rel.split("/")
@@ -157,6 +164,38 @@ def listing(root: str, run_dir: str) -> list:
                 out.append(folders[up])
         out.append(row)
     return out
+
+
+def written_through(target: str, rel: str, since_ns: int, folders: dict) -> list:
+    """What the job wrote through a link to pushed data (``rel`` -> ``target`` in DATA_DIR): each file of
+    a linked folder changed since ``since_ns`` (ctime: rsync sets a pushed file's mtime, not its ctime),
+    as a row at its path under ``rel``; a linked file itself rewritten, as a row that says why it cannot
+    come home. Never follows a further link."""
+    try:
+        st = os.stat(target)
+    except OSError:
+        return []
+    if stat.S_ISREG(st.st_mode):
+        if st.st_ctime_ns <= since_ns:
+            return []
+        return [(rel, [rel, UNREADABLE, 0, 0, 0, "the job rewrote this pushed file through its link into DATA_DIR: "
+                       "copy it out of the pushed data (or write to a new name) to bring it home"])]
+    rows = []
+    for folder, dirs, names in os.walk(target):
+        sub = os.path.relpath(folder, target).replace(os.sep, "/")
+        prefix = rel + "/" if sub == "." else f"{rel}/{sub}/"
+        for d in dirs:
+            with_st = os.lstat(os.path.join(folder, d))
+            folders[prefix + d] = [prefix + d, "d", 0, with_st.st_mtime_ns, stat.S_IMODE(with_st.st_mode), ""]
+        folders.setdefault(prefix.rstrip("/"), [prefix.rstrip("/"), "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""])
+        for name in sorted(names):
+            try:
+                fst = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(fst.st_mode) and fst.st_ctime_ns > since_ns:
+                rows.append((prefix + name, [prefix + name, "f", fst.st_size, fst.st_mtime_ns, stat.S_IMODE(fst.st_mode), ""]))
+    return rows
 
 
 def summary(root: str, run_dir: str) -> dict:
