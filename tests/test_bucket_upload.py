@@ -108,3 +108,12 @@ def test_down_without_a_download_needs_every_run_verified_in_the_bucket() -> Non
     busy = {"id": "c", "bucket": {"files": 1, "onlyHost": [], "final": False, "error": "503"}}
     assert not_in_bucket([{"runs": [late]}, {"runs": [busy]}, None]) == [
         "node 0: b: only on the host: x.pt", "node 1: c: its last upload has not finished (503)", "node 2: could not be asked"]
+
+
+def test_an_uploader_that_cannot_start_leaves_the_job_alone_and_says_why(tmp_path: Path) -> None:
+    d = run_dir(tmp_path)
+    spec = json.loads((d / "spec.json").read_text())
+    (d / "spec.json").write_text(json.dumps({**spec, "python": str(tmp_path / "no-python")}))
+    assert upload.start(str(tmp_path / "root"), str(d)) is None
+    view = upload.view(str(d))
+    assert view is not None and "the uploader did not start" in str(view["error"]) and not view["final"]

@@ -182,8 +182,12 @@ def start(root: str, run_dir: str) -> subprocess.Popen | None:
     if not spec.get("bucket"):
         return None
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
-        return subprocess.Popen(argv(root, run_dir, spec, "upload"), stdin=subprocess.PIPE, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return subprocess.Popen(argv(root, run_dir, spec, "upload"), stdin=subprocess.PIPE, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:  # the job runs on; status shows the error and down --no-fetch refuses
+            write_json(os.path.join(run_dir, BUCKET_RECORD), {"error": f"the uploader did not start: {e}", "files": {}})
+            return None
 
 
 def finish(proc: subprocess.Popen | None, say) -> None:
