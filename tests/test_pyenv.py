@@ -239,6 +239,8 @@ def test_run_env(tmp_path: Path) -> None:
     assert pyenv.run_env("/r/envs/p", "/usr/bin/python3", True, False) == "/r/envs/p"
     assert pyenv.run_env("/r/envs/p", "/usr/bin/python3", False, False) is None  # gpu-train:venv false: the Python itself
     assert pyenv.run_env("/r/envs/p", "/usr/bin/python3", False, True) == "/r/envs/p"  # unless it refuses installs (PEP 668)
+    # ... and there is something to install: with nothing, it runs as it is (a host may lack python3-venv)
+    assert pyenv.run_env("/r/envs/p", "/usr/bin/python3", False, True, installs=False) is None
 
 
 UV_UNTRUSTED_CA = """Using Python 3.11.7 environment at: /srv/envs/proj

@@ -15,7 +15,7 @@ from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, STARTING, JobSpec, cli_n
 
 from . import hostcheck, notify, outputs, units
 from .procs import detect_python, gpu_apps, gpu_count, gpus
-from .pyenv import run_env, venv_python
+from .pyenv import dependency_files, run_env, venv_python
 from .status import busy_runs, describe, machine_settings
 from .store import AgentError, agent_log, agent_path, locked, now, read_json, run_dirs, settings, update_state, write_json
 
@@ -210,7 +210,8 @@ def start_wrapper(root: str, run_id: str) -> str:
 
 def job_python(root: str, spec: dict, python: str, managed: bool) -> str:
     """The Python the job will run with: the project's venv's, or ``python`` itself (pyenv.run_env)."""
-    venv = run_env(project_dirs(root, spec.get("project"))[0], python, bool(spec.get("venv")), managed)
+    installs = bool(dependency_files(os.path.join(root, "runs", spec["runId"], "code")))
+    venv = run_env(project_dirs(root, spec.get("project"))[0], python, bool(spec.get("venv")), managed, installs)
     return venv_python(venv) if venv else python
 
 

@@ -34,16 +34,18 @@ def is_venv_python(python: str) -> bool:
     return os.path.isfile(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "pyvenv.cfg"))
 
 
-def run_env(root_env_dir: str, python: str, venv: bool, externally_managed: bool) -> str | None:
+def run_env(root_env_dir: str, python: str, venv: bool, externally_managed: bool, installs: bool = True) -> str | None:
     """The venv the job runs in, or None for ``python`` itself.
 
     A venv's interpreter is used as it is; otherwise the project's venv when the stack asks for one
-    (gpu-train:venv), or when ``python`` refuses installs (PEP 668: Ubuntu 24.04, Debian 12), where a
-    venv with the system site packages is the way to add packages and still see what it has (torch).
+    (gpu-train:venv), or when ``python`` refuses installs (PEP 668: Ubuntu 24.04, Debian 12) and the
+    code has something to install (``installs``): a venv with the system site packages is the way to
+    add packages and still see what it has (torch). With nothing to install, such a Python runs the
+    job as it is (no venv to make: a host may lack python3-venv).
     """
     if is_venv_python(python):
         return None
-    return root_env_dir if venv or externally_managed else None
+    return root_env_dir if venv or (externally_managed and installs) else None
 
 
 def venv_python(env_dir: str) -> str:

@@ -309,7 +309,8 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
            RESUMES_ENV: str(resumes),
            "PYTHONUNBUFFERED": "1", "GPU_TRAIN_ROOT": root, "GPU_TRAIN_NOTICE": os.path.join(run_dir, NOTICE)}
-    venv = pyenv.run_env(env_dir, python, bool(spec.get("venv")), bool(spec.get("externallyManaged")))
+    venv = pyenv.run_env(env_dir, python, bool(spec.get("venv")), bool(spec.get("externallyManaged")),
+                         bool(pyenv.dependency_files(os.path.join(run_dir, "code"))))
     if venv:
         env.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{env.get('PATH', '')}")
     elif spec.get("venv"):

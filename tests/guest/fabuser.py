@@ -50,6 +50,19 @@ class FabUser:
             raise AssertionError(f"fab {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
+    def end_shared_connection(self) -> None:
+        """Close the shared OpenSSH connection the tasks left (remote/ssh/mux.py): an SSH session on the
+        host, which the idle clock waits for (60 s at most, its ControlPersist)."""
+        from unittest import mock
+
+        from remote.ssh import mux
+        from remote.ssh.target import resolve
+
+        env = {"GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home), "GPU_TRAIN_STACK": "vm"}
+        with mock.patch.dict(os.environ, env):
+            target = resolve("vm").for_node(0)
+        mux.end_master(target, target.host)
+
     def train(self, *args: str) -> str:
         out = self.fab("train", *args, check=True).stdout
         return out.split()[1]  # "started RUN_ID on ..."

@@ -255,6 +255,7 @@ def test_idle_stop_powers_off_only_when_no_job_runs_and_no_ssh_session_is_open(v
                    allow_agent=False)
     try:
         user.wait_state(run, ("succeeded",), timeout=60)
+        user.end_shared_connection()  # the tasks' own shared connection would hold the clock too (for 60 s)
         time.sleep(6)  # idle but for the session: twice the idle time, a tick each second
         assert guest.up, "powered off while an SSH session was open"
         ticks = guest.journal("gpu-train-tick.service")

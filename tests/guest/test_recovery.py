@@ -112,6 +112,7 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
         # Idle now: the stack's idle stop powers it off. A late delivery of the old preemption (at least once)
         # or any stop event must not start it again.
         starts = [c for c in google.state["calls"] if c[1].endswith("/start")]
+        user.end_shared_connection()  # the tasks' shared connection is an SSH session the idle clock waits for
         guest.sh("systemctl start gpu-train-tick.service")
         guest.wait_down(timeout=60)
         inst.update(status="TERMINATED", lastStopTimestamp=rfc3339(time.time()))
