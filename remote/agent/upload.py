@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from gpu_train.contract import BUCKET_RECORD, UPLOAD_LOG, BucketFile, BucketRecord, BucketView, project_dirs
+from gpu_train.contract import BUCKET_RECORD, UNREADABLE, UPLOAD_LOG, BucketFile, BucketRecord, BucketView, project_dirs
 
 from . import outputs
 from .store import AgentError, agent_path, now, read_json, write_json
@@ -42,30 +42,44 @@ WORKDIR = "workdir/"  # the working directory's outputs, as fetch lays them out 
 Sig = tuple  # (size, mtime_ns)
 
 
-def scan_dir(top_dir: str, into: str = "") -> dict[str, Sig]:
-    """A folder's regular files (symlinks left out), by path relative to it (after ``into``)."""
+def scan_dir(top_dir: str, into: str = "", unseen: list[str] | None = None) -> dict[str, Sig]:
+    """A folder's regular files (symlinks left out), by path relative to it (after ``into``); what
+    cannot be looked at (an unreadable folder or file) goes to ``unseen`` with its reason, never
+    silently left out (a guard that trusts this scan would destroy it)."""
     out: dict[str, Sig] = {}
-    for top, dirs, files in os.walk(top_dir):
+
+    def seen_not(path: str, e: OSError) -> None:
+        if unseen is not None and not isinstance(e, FileNotFoundError):
+            rel = os.path.relpath(path, top_dir).replace(os.sep, "/")
+            unseen.append(f"{into}{'' if rel == '.' else rel} (unreadable on the host: {e.strerror or e})")
+
+    for top, dirs, files in os.walk(top_dir, onerror=lambda e: seen_not(e.filename or top_dir, e)):
         dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
         for name in files:
             path = os.path.join(top, name)
-            if name.startswith(SKIP_PREFIX) or ".tmp." in name:
+            if name.startswith(SKIP_PREFIX):
                 continue
             try:
                 st = os.lstat(path)
-            except OSError:
+            except OSError as e:
+                seen_not(path, e)
                 continue
             if os.path.isfile(path) and not os.path.islink(path):
                 out[into + os.path.relpath(path, top_dir).replace(os.sep, "/")] = (st.st_size, st.st_mtime_ns)
     return out
 
 
-def scan(run_dir: str) -> dict[str, Sig]:
+def scan(run_dir: str, unseen: list[str] | None = None) -> dict[str, Sig]:
     """The run's outputs as the laptop lays them out: JOB_DIR's files, and what the job wrote in its
-    working directory (remote/agent/outputs.py) under ``workdir/``."""
+    working directory (remote/agent/outputs.py) under ``workdir/``; what the host cannot read goes to
+    ``unseen``."""
     root = os.path.dirname(os.path.dirname(run_dir))
-    found = scan_dir(os.path.join(run_dir, "job"))
-    found.update({f"{WORKDIR}{row[0]}": (row[2], row[3]) for row in outputs.listing(root, run_dir) if row[1] == "f"})
+    found = scan_dir(os.path.join(run_dir, "job"), unseen=unseen)
+    for row in outputs.listing(root, run_dir):
+        if row[1] == "f":
+            found[f"{WORKDIR}{row[0]}"] = (row[2], row[3])
+        elif row[1] == UNREADABLE and unseen is not None:
+            unseen.append(f"{WORKDIR}{row[0]} ({row[5]})")
     return found
 
 
@@ -96,10 +110,13 @@ def due(current: dict[str, Sig], seen: dict[str, tuple[Sig, float]], done: dict[
 
 
 def only_on_host(run_dir: str, record: BucketRecord | dict) -> list[str]:
-    """The run's output files the bucket lacks, or holds in another version (for `status` and `down`)."""
+    """The run's output files the bucket lacks, or holds in another version, and what the host cannot
+    read (it cannot be in the bucket either): for `status` and `down --no-fetch`'s guard."""
     done = record.get("files") or {}
-    return [rel for rel, sig in sorted(scan(run_dir).items())
-            if rel not in done or (done[rel]["size"], done[rel]["mtimeNs"]) != sig]
+    unseen: list[str] = []
+    found = scan(run_dir, unseen)
+    return [rel for rel, sig in sorted(found.items())
+            if rel not in done or (done[rel]["size"], done[rel]["mtimeNs"]) != sig] + unseen
 
 
 def view(run_dir: str) -> BucketView | None:
