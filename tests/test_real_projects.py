@@ -80,14 +80,16 @@ def steps(pattern: str, text: str) -> list[int]:
     return [int(m) for m in re.findall(pattern, text, re.M)]
 
 
-def relaunched_by_boot(lab: Lab, run: str, resumes: int) -> int:
-    """Power cut (every process of the run's screen session SIGKILLed), then the host's boot step;
-    returns where the log of the relaunch begins."""
+def relaunched_by_boot(lab: Lab, run: str, resumes: int, while_down: Callable[[], object] = lambda: None) -> tuple[int, object]:
+    """Power cut (every process of the run's screen session SIGKILLed), ``while_down()`` (what the
+    checkpoint says, read before the relaunch can write a newer one), then the host's boot step;
+    returns where the log of the relaunch begins, and what ``while_down`` gave."""
     reboot(lab, run)
+    seen = while_down()
     relaunch_starts = len(lab.log(run))
     actions = agent_cmd(lab, "boot")["actions"]
     assert [(a["runId"], a["action"], a["resumes"]) for a in actions] == [(run, "resumed", resumes)], actions
-    return relaunch_starts
+    return relaunch_starts, seen
 
 
 def outputs_come_home(lab: Lab, run: str, sent: set[str], expected: set[str]) -> None:
@@ -124,12 +126,12 @@ def test_hugging_face_trainer_resumes_from_its_own_checkpoint(lab: Lab) -> None:
     wait_for("job start", lambda: state(lab, run).get("state") == "running", lab, run)
     time.sleep(0.5)
     assert not steps(r"^global step (\d+)/", lab.log(run)), "killed too late: it had started training"
-    fresh = relaunched_by_boot(lab, run, 1)
+    fresh, _ = relaunched_by_boot(lab, run, 1)
     wait_for("step 12", lambda: max(steps(r"^global step (\d+)/", lab.log(run)[fresh:]), default=0) >= 12, lab, run)
     output = lab.remote / "runs" / run / "code" / "output"
     assert steps(r"^global step (\d+)/", lab.log(run)[fresh:])[0] == 1  # started over, and did not fail
-    cont = relaunched_by_boot(lab, run, 2)
-    saved = max(json.loads(p.read_text())["global_step"] for p in output.glob("checkpoint-*/trainer_state.json"))
+    cont, saved = relaunched_by_boot(lab, run, 2, lambda: max(
+        json.loads(p.read_text())["global_step"] for p in output.glob("checkpoint-*/trainer_state.json")))
     assert saved >= 10
     info = lab.wait(run, timeout=180)
     log = lab.log(run)
@@ -145,11 +147,10 @@ def test_lightning_trainer_resumes_from_last_ckpt(lab: Lab) -> None:
     run = lab.train("--script", "train.py", *readme_recipe("Lightning", "--max_steps 30 --every_n_steps 10 --step_sleep 0.2"))
     wait_for("step 12", lambda: max(steps(r"^global_step=(\d+) ", lab.log(run)), default=-1) >= 12, lab, run)
     assert steps(r"^global_step=(\d+) ", lab.log(run))[0] == 0
-    cont = relaunched_by_boot(lab, run, 1)
     import torch
 
     last = lab.remote / "runs" / run / "code" / "checkpoints" / "last.ckpt"
-    saved = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    cont, saved = relaunched_by_boot(lab, run, 1, lambda: torch.load(last, map_location="cpu", weights_only=False)["global_step"])
     assert saved >= 10
     info = lab.wait(run, timeout=180)
     log = lab.log(run)
@@ -173,11 +174,10 @@ def test_configurator_script_resumes_with_init_from_resume(lab: Lab) -> None:
     run = lab.train("--script", "train.py", *readme_recipe("nanoGPT", "--iter_sleep=0.2"))  # its out_dir: out/
     wait_for("iter 12", lambda: max(steps(r"^iter (\d+):", lab.log(run)), default=-1) >= 12, lab, run)
     assert "Initializing a new model from scratch" in lab.log(run) and steps(r"^iter (\d+):", lab.log(run))[0] == 0
-    cont = relaunched_by_boot(lab, run, 1)
     import torch
 
     ckpt = lab.remote / "runs" / run / "code" / "out" / "ckpt.pt"
-    saved = torch.load(ckpt, map_location="cpu")["iter_num"]
+    cont, saved = relaunched_by_boot(lab, run, 1, lambda: torch.load(ckpt, map_location="cpu")["iter_num"])
     assert saved >= 10
     refused = lab.fab("down")  # relaunched, running again
     assert refused.returncode == 1 and f"still running: {run}" in refused.stderr, refused.stderr
