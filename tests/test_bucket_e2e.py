@@ -75,6 +75,7 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
 
     (home / "ckpt-2.pt").write_bytes(b"damaged")  # a local copy that differs is replaced; the rest stays
     lab.sshd.stop()  # and now the host cannot be reached at all
+    lab.end_shared_connection()  # (as its keepalive would, 15 s after a host vanished: see docs/bucket.md)
     got = lab.fab("fetch", "--run", run)
     assert got.returncode == 0, got.stderr
     assert "cannot be reached: fetching from the bucket" in got.stderr and "1 file(s)" in got.stderr

@@ -121,7 +121,7 @@ def test_hugging_face_trainer_resumes_from_its_own_checkpoint(lab: Lab) -> None:
     """`resume_from_checkpoint=True` raises when output_dir holds no checkpoint: a relaunch before the
     first one must start fresh (--resume-if), one after it must continue from it."""
     sent = write_project(lab, "hf_trainer")
-    run = lab.train("--script", "train.py", *readme_recipe("Hugging Face", "--max_steps 30 --save_steps 10 --step_sleep 0.2"))
+    run = lab.train("--script", "train.py", *readme_recipe("Hugging Face", "--max_steps 30 --save_steps 10 --step_sleep 0.4"))
     # Killed while importing transformers: nothing to resume from.
     wait_for("job start", lambda: state(lab, run).get("state") == "running", lab, run)
     time.sleep(0.5)
@@ -144,7 +144,7 @@ def test_hugging_face_trainer_resumes_from_its_own_checkpoint(lab: Lab) -> None:
 
 def test_lightning_trainer_resumes_from_last_ckpt(lab: Lab) -> None:
     sent = write_project(lab, "lightning_trainer")
-    run = lab.train("--script", "train.py", *readme_recipe("Lightning", "--max_steps 30 --every_n_steps 10 --step_sleep 0.2"))
+    run = lab.train("--script", "train.py", *readme_recipe("Lightning", "--max_steps 30 --every_n_steps 10 --step_sleep 0.4"))
     wait_for("step 12", lambda: max(steps(r"^global_step=(\d+) ", lab.log(run)), default=-1) >= 12, lab, run)
     assert steps(r"^global_step=(\d+) ", lab.log(run))[0] == 0
     import torch
