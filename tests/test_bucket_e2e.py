@@ -74,8 +74,12 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     assert {p.relative_to(home).as_posix(): p.read_bytes() for p in home.rglob("*") if p.is_file()} == host_files
 
     (home / "ckpt-2.pt").write_bytes(b"damaged")  # a local copy that differs is replaced; the rest stays
-    lab.sshd.stop()  # and now the host cannot be reached at all
-    lab.end_shared_connection()  # (as its keepalive would, 15 s after a host vanished: see docs/bucket.md)
+    # And now the host cannot be reached at all: the stack names a port nothing listens on (stopping the
+    # lab's sshd would leave the connections it already serves, and the tasks' shared ones, up).
+    from remote.loopback import free_port
+
+    stack = lab.stacks / "Pulumi.lab.yaml"
+    stack.write_text(stack.read_text().replace(f":{lab.sshd.port}'", f":{free_port(lab.sshd.address)}'"))
     got = lab.fab("fetch", "--run", run)
     assert got.returncode == 0, got.stderr
     assert "cannot be reached: fetching from the bucket" in got.stderr and "1 file(s)" in got.stderr

@@ -144,7 +144,7 @@ def test_hugging_face_trainer_resumes_from_its_own_checkpoint(lab: Lab) -> None:
 
 def test_lightning_trainer_resumes_from_last_ckpt(lab: Lab) -> None:
     sent = write_project(lab, "lightning_trainer")
-    run = lab.train("--script", "train.py", *readme_recipe("Lightning", "--max_steps 30 --every_n_steps 10 --step_sleep 0.4"))
+    run = lab.train("--script", "train.py", *readme_recipe("Lightning", "--max_steps 30 --every_n_steps 10 --step_sleep 1.0"))
     wait_for("step 12", lambda: max(steps(r"^global_step=(\d+) ", lab.log(run)), default=-1) >= 12, lab, run)
     assert steps(r"^global_step=(\d+) ", lab.log(run))[0] == 0
     import torch
