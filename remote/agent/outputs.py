@@ -180,12 +180,26 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict) -> list
             return []
         return [(rel, [rel, UNREADABLE, 0, 0, 0, "the job rewrote this pushed file through its link into DATA_DIR: "
                        "copy it out of the pushed data (or write to a new name) to bring it home"])]
-    rows = []
-    for folder, dirs, names in os.walk(target):
+    rows: list = []
+
+    def unseen(err: OSError) -> None:  # a folder of the pushed data the job made unreadable: named, not skipped
+        try:  # only one the run changed: a folder pushed as it is holds no output of this run
+            changed = os.lstat(err.filename or target).st_ctime_ns > since_ns
+        except OSError:
+            changed = False
+        if changed and not isinstance(err, FileNotFoundError):
+            sub = os.path.relpath(err.filename or target, target).replace(os.sep, "/")
+            where = rel if sub == "." else f"{rel}/{sub}"
+            rows.append((where, [where, UNREADABLE, 0, 0, 0, err.strerror or str(err)]))
+
+    for folder, dirs, names in os.walk(target, onerror=unseen):
         sub = os.path.relpath(folder, target).replace(os.sep, "/")
         prefix = rel + "/" if sub == "." else f"{rel}/{sub}/"
         for d in dirs:
-            with_st = os.lstat(os.path.join(folder, d))
+            try:
+                with_st = os.lstat(os.path.join(folder, d))
+            except OSError:  # gone since its folder was listed: nothing of it to bring home
+                continue
             folders[prefix + d] = [prefix + d, "d", 0, with_st.st_mtime_ns, stat.S_IMODE(with_st.st_mode), ""]
         folders.setdefault(prefix.rstrip("/"), [prefix.rstrip("/"), "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""])
         for name in sorted(names):
