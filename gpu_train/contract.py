@@ -37,6 +37,13 @@ STARTING, RUNNING, SUCCEEDED, FAILED, STOPPED, INTERRUPTED = RunState
 ACTIVE = (STARTING, RUNNING)  # a process is (or is about to be) at work
 TERMINAL = (SUCCEEDED, FAILED, STOPPED)  # nothing will change it again, short of `fab resume`
 
+# -- names both sides check ------------------------------------------------------------------
+# A run id: AI Platform / Vertex's job naming rule (letters, digits, underscores, starting with a
+# letter, at most 128 characters); ids are BASE_YYYYmmdd_HHMMSS.
+RUN_ID_PATTERN = r"[A-Za-z][A-Za-z0-9_]{0,127}"
+# A stack name: Pulumi's rule; it names local folders and the cluster's hosts too.
+STACK_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
+
 LAUNCH_GRACE_S = 30  # a 'starting' run with no wrapper yet is still starting for this long
 
 # -- REMOTE_ROOT when a stack does not set remoteRoot -------------------------------------------

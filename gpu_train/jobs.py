@@ -18,6 +18,7 @@ from gpu_train.contract import (  # the contract with the host, written once
     FAILED,
     INTERRUPTED,
     RESUMES_ENV,
+    RUN_ID_PATTERN,
     RUNNING,
     STOPPED,
     SUCCEEDED,
@@ -26,9 +27,7 @@ from gpu_train.contract import (  # the contract with the host, written once
 from gpu_train.errors import ExitStatus, GpuTrainError
 from gpu_train.stack.bucket import data_prefix, parse_bucket, run_prefix
 
-# The job naming rule of AI Platform / Vertex jobs: letters, digits, underscores, starting with a
-# letter, at most 128 characters. Run ids are BASE_YYYYmmdd_HHMMSS.
-RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 STAMP_LEN = len("_20260101_000000")
 
 

@@ -32,17 +32,17 @@ import tempfile
 import threading
 import time
 
-from gpu_train.contract import ARRIVED, RELAYED, go_marker
+from gpu_train.contract import ARRIVED, RELAYED, RUN_ID_PATTERN, STACK_NAME_PATTERN, go_marker
 
 from .store import AgentError
 
 KEY_TAG = "gpu-train-cluster"  # the comment of the authorized_keys line: `grep -v gpu-train-cluster` removes it
 KEY_TYPES = ("ssh-ed25519",)
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # a stack name (Pulumi's rule)
+NAME_RE = re.compile(STACK_NAME_PATTERN)
 FROM_RE = re.compile(r"[0-9A-Fa-f.:/]{2,64}")  # an IP address or CIDR
-RUN_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+RUN_RE = re.compile(RUN_ID_PATTERN)
 ALIAS_RE = re.compile(r"gpu-train-node-[0-9]{1,4}")
-BASE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+BASE_RE = RUN_RE  # a run id's base follows the same rule
 KEY_LIFE_S = 2 * 3600  # a cluster key no one removed (the laptop gone mid-hop) stops working after this
 # The receiving rsync's own flags as a client's `rsync -a --delete` sends them: archive letters, then
 # "e." and the client's capabilities. No 's' (protected args would bring options the command line does

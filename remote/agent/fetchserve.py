@@ -32,11 +32,11 @@ import stat
 import sys
 import zlib
 
-from gpu_train.contract import UNREADABLE, WORKDIR
+from gpu_train.contract import RUN_ID_PATTERN, UNREADABLE, WORKDIR
 
 from .outputs import listing as outputs_listing
 
-RUN_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # gpu_train.jobs.RUN_ID_RE (the host has no gpu_train)
+RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 CHUNK = 256 * 1024
 # A range's header and trailer, byte for byte. The laptop (remote/transfer/fetch/stream.py) reads them by these
 # patterns: a JSON parser per file was a tenth of its time for small files. Anything else it gets (an

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.atomic import atomic_write
-from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT
+from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
 from gpu_train.gcp.vm import job_grace_s
 from gpu_train.stack import config, project, stackfile
 from gpu_train.stack.config import ConfigError, Problem, SshHost, StackConfig
@@ -131,7 +131,7 @@ class Target:
         return self.remote_root[2:] if self.remote_root.startswith("~/") else self.remote_root
 
 
-STACK_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # Pulumi's rule; it names local folders too
+STACK_NAME_RE = re.compile(STACK_NAME_PATTERN)
 
 
 def select_stack(stack: str | None) -> str:

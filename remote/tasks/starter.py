@@ -13,11 +13,11 @@ from pathlib import Path
 
 from invoke import Exit, task
 
-from gpu_train.contract import REMOTE_ROOT_DEFAULT
+from gpu_train.contract import REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
 from gpu_train.errors import ExitStatus
 from gpu_train.stack.project import repo_script
 
-NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+NAME_RE = re.compile(STACK_NAME_PATTERN)
 GITIGNORED = ("runs/", ".gpu-train/")
 
 
@@ -91,7 +91,7 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
     kind = "ssh" if host else "gcp"
     name = stack or ("lab" if host else "gcp")
     if not NAME_RE.fullmatch(name):
-        raise Exit(f"--stack {name!r}: use letters, digits, '.', '_' and '-'", code=ExitStatus.USAGE)
+        raise Exit(f"--stack {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 100)", code=ExitStatus.USAGE)
     if host:
         try:
             config.split_host(host)
