@@ -1,8 +1,9 @@
-"""Entry point for `pulumi up` (Pulumi.yaml: main: infra/)."""
+"""Entry point for `pulumi up` (Pulumi.yaml: main: infra/): the program, handed Google's own lookups."""
 
 try:
+    from infra.ops.lookups import Google
     from infra.program import main
 except ModuleNotFoundError as e:  # pragma: no cover - only without scripts/setup
     raise SystemExit(f"{e}: gpu-train is not installed in .venv; run scripts/setup first") from None
 
-main()
+main(Google())

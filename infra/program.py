@@ -1,7 +1,9 @@
 """The Pulumi program: read the stack's settings, validate them, then declare the GPU VM.
 
 Nothing is declared unless validation passed, so an invalid stack creates (and bills) nothing.
-``declare`` is shared with ``scripts/plan``, which runs it under Pulumi's mock runtime.
+``declare`` is shared with ``scripts/plan``, which runs it under Pulumi's mock runtime. What the program
+asks Google itself comes from the ``Lookups`` it is handed (infra/lookups.py): Google's for `pulumi up`,
+recorded ones under the mocks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.stack import config, stackfile
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
+from infra.lookups import Lookups
 from remote.agent import bundle
 
 
@@ -24,7 +27,7 @@ def stack_settings() -> dict[str, object]:
     return {**get_config_env(), **CONFIG.get()}
 
 
-def declare(cfg: config.StackConfig, public_key: str, catalog: Catalog) -> GpuVm:
+def declare(cfg: config.StackConfig, public_key: str, catalog: Catalog, lookups: Lookups) -> GpuVm:
     """Declare the VM of a validated GCP stack and export what the fab tasks read."""
     shapes = validate.node_shapes(cfg, catalog)
     per_node = [hourly_cost(s, catalog).for_way(provisioning.way(cfg)) for s in shapes]
@@ -34,13 +37,13 @@ def declare(cfg: config.StackConfig, public_key: str, catalog: Catalog) -> GpuVm
                                     agent_zipapp=bundle.payload(), startup_template=vm.read_startup_template(),
                                     catalog=catalog, node_shapes=tuple(shapes) if cfg.pools else ()))
     shape = shapes[0]
-    quota_request.declare(cfg, shape, gpu_vm, catalog)
+    quota_request.declare(cfg, shape, gpu_vm, catalog, lookups)
     for key, value in gpu_vm.outputs.items():
         pulumi.export(key, value)
     return gpu_vm
 
 
-def main() -> None:
+def main(lookups: Lookups) -> None:
     stack = pulumi.get_stack()
     try:
         catalog = load_catalog()
@@ -57,4 +60,4 @@ def main() -> None:
     except config.ConfigError as e:
         raise pulumi.RunError(str(e)) from None
     assert public_key is not None  # read_public_key gives a key or a problem
-    declare(cfg, public_key, catalog)
+    declare(cfg, public_key, catalog, lookups)

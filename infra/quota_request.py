@@ -11,7 +11,7 @@ destroy: other tools of the project may use it). Without this `pulumi up` fails 
 
 A preference outlives the stack that made it (Cloud Quotas cannot delete one: it is declared
 retain_on_delete), and Cloud Quotas holds one per quota and dimensions. So before declaring one the
-program asks Cloud Quotas which the project has (infra/ops/cloud_quotas.py); one that exists (from an
+program asks Cloud Quotas which the project has (through the lookups it is handed: infra/lookups.py); one that exists (from an
 earlier `up` of this stack before a destroy, another stack, the console) is adopted with the ``import``
 option under its own id, with its own values, since Pulumi imports only a resource whose inputs match it
 exactly. Its justification and contact email are ``ignore_changes``: the provider never reads them back,
@@ -28,7 +28,7 @@ from gpu_train.gcp import names, quota
 from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import StackConfig
-from infra.ops import cloud_quotas, preview
+from infra.lookups import CannotAsk, Lookups
 
 
 def current_value(info, dimensions: dict[str, str]) -> int:
@@ -42,7 +42,7 @@ CLOUD_QUOTAS_API = "cloudquotas.googleapis.com"
 
 
 def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
-            catalog: Catalog) -> list[gcp.cloudquota.SQuotaPreference]:
+            catalog: Catalog, lookups: Lookups) -> list[gcp.cloudquota.SQuotaPreference]:
     request = cfg.quota_request
     if not request:
         return []
@@ -53,7 +53,7 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
     api = gcp.projects.Service("cloudquotas-api", project=cfg.project, service=CLOUD_QUOTAS_API, disable_on_destroy=False,
                                opts=pulumi.ResourceOptions(parent=parent, provider=provider))
     declared = []
-    found = existing_preferences(cfg.project or "")
+    found = existing_preferences(cfg.project or "", lookups)
     for pref in quota.preferences(cfg, shape, gpus, catalog):
         dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
         quota_id, want = str(pref["quota_id"]), int(str(pref["preferred"]))
@@ -93,15 +93,12 @@ def preference_id(quota_id: str, dimensions: dict[str, str]) -> str:
     return names.rfc1035("-".join(["gpu-train", quota_id.lower(), *dimensions.values()]), 63)
 
 
-def existing_preferences(project: str) -> list[dict]:
-    """The project's quota preferences (under `scripts/plan`'s mocks, theirs); [] with a warning when Cloud
-    Quotas cannot be asked: each is then created, and one that exists fails the `up` with a 409."""
-    mocked = preview.mocked_google()
-    if mocked is not None:
-        return list(mocked.quota_preferences)
+def existing_preferences(project: str, lookups: Lookups) -> list[dict]:
+    """The project's quota preferences; [] with a warning when Cloud Quotas cannot be asked: each is then
+    created, and one that exists fails the `up` with a 409."""
     try:
-        return cloud_quotas.list_preferences(project)
-    except cloud_quotas.CannotAsk as e:
+        return lookups.quota_preferences(project)
+    except CannotAsk as e:
         pulumi.log.warn(f"quotaRequest: cannot ask Cloud Quotas which quota preferences project {project} already has "
                         f"({e}); each is created, and one that exists fails with a 409 (Requested entity already exists)")
         return []

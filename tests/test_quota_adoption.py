@@ -5,12 +5,14 @@ The process-boundary case (destroy, then up again) is in tests/test_up.py."""
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
 
+import pulumi
 import pytest
 
 from gpu_train.gcp import quota
-from infra import program
+from infra import lookups, program
 from infra.ops import cloud_quotas, preview
 from tests.conftest import gcp_raw
 from tests.google_fake import FakeGoogle
@@ -114,3 +116,33 @@ def test_a_faulty_answer_is_cannot_ask_not_a_crash_or_a_loop(google: FakeGoogle,
     google.state["quota_preferences_answer"] = answer
     with pytest.raises(cloud_quotas.CannotAsk, match=words):
         cloud_quotas.list_preferences("proj-1")
+
+
+def test_pulumi_up_hands_the_program_google_s_own_lookups(google: FakeGoogle) -> None:
+    """infra/__main__.py (what `pulumi up` runs) gives the program lookups that ask Cloud Quotas itself: a
+    preference only the API holds is adopted. (The mocks stand in for the engine only: no recorded answer.)"""
+    google.state["services"]["proj-1"] = {"cloudquotas.googleapis.com": "ENABLED"}
+    console = pref("console-h100", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "2", "2")
+    google.state["quota_preferences"] = {"proj-1": [console]}
+    result = preview.run(lambda _recorded: runpy.run_module("infra.__main__", run_name="__main__"), stack="s",
+                         config=gcp_raw(**H100))
+    assert result.error is None, result.error
+    prefs = {p.inputs["quotaId"]: p for p in result.of_type("SQuotaPreference")}
+    assert prefs[FAMILY].import_id == "projects/proj-1/locations/global/quotaPreferences/console-h100"
+    assert google.state["quota_projects"] == ["proj-1"]
+
+
+class Refusing:
+    def quota_preferences(self, project: str) -> list[dict]:
+        raise lookups.CannotAsk("HTTP 403: the caller does not have permission")
+
+
+def test_when_cloud_quotas_cannot_be_asked_each_preference_is_created_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **kw: warned.append(message))
+    result = preview.run(program.main, stack="s", config=gcp_raw(**H100), lookups=Refusing())
+    assert result.error is None, result.error
+    prefs = result.of_type("SQuotaPreference")
+    assert len(prefs) == 2 and not any(p.import_id for p in prefs)  # each created: none known to adopt
+    assert any("cannot ask Cloud Quotas" in w and "HTTP 403" in w and "409" in w for w in warned), warned

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import os
 
+from infra.lookups import CannotAsk
 from infra.ops import probes
 
 ENDPOINT_ENV = "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT"  # another Cloud Quotas endpoint (tests run a local one)
 DEFAULT_ENDPOINT = "https://cloudquotas.googleapis.com"
 MAX_PAGES = 100  # a project holds a few preferences per GPU family; an endless listing is an API fault
-
-
-class CannotAsk(Exception):
-    """Cloud Quotas could not be asked (no credentials, network, permission): the message says which."""
 
 
 def list_preferences(project: str) -> list[dict]:

@@ -236,7 +236,8 @@ def _output(value: Any) -> str:
 def wanted(cfg: config.StackConfig, catalog: Catalog) -> preview.Preview:
     """The resources the program declares for a valid GCP stack, under mocks (the real key when readable)."""
     public_key, _ = stackfile.read_public_key(cfg)
-    return preview.run(lambda: program.declare(cfg, public_key or KEY_PLACEHOLDER, catalog), stack=cfg.stack)
+    return preview.run(lambda lookups: program.declare(cfg, public_key or KEY_PLACEHOLDER, catalog, lookups),
+                       stack=cfg.stack)
 
 
 def changes_against(result: preview.Preview, deployed: list[pulumi_cli.Resource]) -> list[changes.Change]:

@@ -2,7 +2,8 @@
 
 This is how ``scripts/plan`` shows what ``pulumi up`` would create without credentials or the
 Pulumi CLI, and how the tests inspect the program. The mocks sit at the outermost boundary: they
-stand in for the engine and Google Cloud, answering with what the real API would fill in.
+stand in for the engine and Google Cloud, answering with what the real API would fill in; what the
+program asks Google itself it asks the recorded lookups it is handed here (``Recorded``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_root_resource
 
 from gpu_train.gcp.catalog_file import load_catalog
+from infra.lookups import Lookups
 
 MOCK_EXTERNAL_IP = "203.0.113.10"  # documentation range (RFC 5737)
 MOCK_INTERNAL_IP = "10.128.0.2"
@@ -66,9 +68,6 @@ class Recorder(pulumi.runtime.Mocks):
     # first `up`, whatever the family's newest is now); None: the VM is new.
     pinned_image: str | None = None
     pinned_image_disk_gb: int = MOCK_IMAGE_DISK_GB  # the pinned image's own minimum disk size
-    # The project's quota preferences as Cloud Quotas lists them (quotaPreferences.list): what the
-    # program asks before it declares one (infra/quota_request.existing_preferences).
-    quota_preferences: list[dict] = field(default_factory=list)
     resources: list[Declared] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)  # (invoke token, provider reference)
     protected: dict[tuple[str, str], bool] = field(default_factory=dict)
@@ -177,12 +176,16 @@ def quota_infos(quota_id: str, values: dict[str, int | list[dict]]) -> list[dict
     return [{"dimensions": {}, "applicableLocations": places, "details": [{"value": str(given)}]}]
 
 
-def mocked_google() -> Recorder | None:
-    """The Recorder answering for Google Cloud when the program runs under these mocks, else None (a real
-    `pulumi up`): what the program asks Google itself (not through the provider) is answered here too."""
-    monitor = pulumi.runtime.settings.get_monitor()
-    mocks = getattr(monitor, "mocks", None) if isinstance(monitor, MockMonitor) else None
-    return mocks if isinstance(mocks, Recorder) else None
+@dataclass
+class Recorded:
+    """The program's lookups (infra.lookups.Lookups) answered from what a test or `scripts/plan` recorded."""
+
+    # The project's quota preferences as Cloud Quotas lists them (quotaPreferences.list): what the
+    # program asks before it declares one (infra/quota_request.existing_preferences).
+    preferences: list[dict] = field(default_factory=list)
+
+    def quota_preferences(self, project: str) -> list[dict]:
+        return list(self.preferences)
 
 
 @dataclass
@@ -197,7 +200,7 @@ class Preview:
 
 
 def run(
-    program: Callable[[], Any],
+    program: Callable[[Lookups], Any],
     *,
     stack: str,
     config: dict[str, Any] | None = None,
@@ -206,15 +209,18 @@ def run(
     pinned_image: str | None = None,
     pinned_image_disk_gb: int = MOCK_IMAGE_DISK_GB,
     quota_preferences: list[dict] | None = None,
+    lookups: Lookups | None = None,
 ) -> Preview:
-    """Run ``program`` as ``pulumi up`` would, under mocks; collect its resources and stack outputs.
+    """Run ``program`` as ``pulumi up`` would, under mocks, handed ``lookups`` (default: the recorded
+    ``quota_preferences``); collect its resources and stack outputs.
 
     ``preview=False`` so that apply callbacks run (under preview they are skipped and an
     assertion inside one would pass silently). A program error is returned, not raised, the way
     ``pulumi up`` reports it.
     """
     recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {}, pinned_image=pinned_image,
-                        pinned_image_disk_gb=pinned_image_disk_gb, quota_preferences=list(quota_preferences or []))
+                        pinned_image_disk_gb=pinned_image_disk_gb)
+    given: Lookups = Recorded(list(quota_preferences or [])) if lookups is None else lookups
     pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False, monitor=_Monitor(recorder))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})
     root: Any = get_root_resource()  # the mock runtime's root Stack (its outputs dict is what we read)
@@ -224,7 +230,7 @@ def run(
 
     @pulumi.runtime.test
     def _run() -> Any:
-        program()
+        program(given)
         return pulumi.Output.all(**root.outputs).apply(outputs.update)
 
     try:

@@ -1,0 +1,12 @@
+"""The program's lookups for a real `pulumi up` (infra/__main__.py builds them): Google's own answers."""
+
+from __future__ import annotations
+
+from infra.ops import cloud_quotas
+
+
+class Google:
+    """infra.lookups.Lookups answered by Google's APIs, with the Application Default Credentials."""
+
+    def quota_preferences(self, project: str) -> list[dict]:
+        return cloud_quotas.list_preferences(project)
