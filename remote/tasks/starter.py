@@ -91,7 +91,8 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
     kind = "ssh" if host else "gcp"
     name = stack or ("lab" if host else "gcp")
     if not NAME_RE.fullmatch(name):
-        raise Exit(f"--stack {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 100)", code=ExitStatus.USAGE)
+        raise Exit(f"--stack {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit"
+                   " (at most 100)", code=ExitStatus.USAGE)
     if host:
         try:
             config.split_host(host)
