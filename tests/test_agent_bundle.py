@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import time
+import tokenize
 import zipfile
 from io import BytesIO
 from pathlib import Path
@@ -22,6 +24,20 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
     assert {i.date_time for i in zipfile.ZipFile(BytesIO(first)).infolist()} == {(1980, 1, 1, 0, 0, 0)}
     shipped = zipfile.ZipFile(BytesIO(bundle.payload())).namelist()
     assert "gpu_train/contract.py" in shipped and f"{bundle.PACKAGE}/bundle.py" not in shipped
+
+
+def test_the_agent_travels_without_its_comments_each_line_where_it_was() -> None:
+    """What runs on the host is the checkout's code: the same syntax tree, every node at its line and column."""
+    sources = [*sorted(bundle.HERE.glob("*.py")), bundle.CONTRACT]
+    for path in sources:
+        source = path.read_bytes()
+        shipped = bundle.lean(source)
+        assert ast.dump(ast.parse(shipped), include_attributes=True) == \
+            ast.dump(ast.parse(source), include_attributes=True), path.name
+        assert shipped.count(b"\n") == source.count(b"\n"), path.name
+        assert not [t for t in tokenize.tokenize(BytesIO(shipped).readline) if t.type == tokenize.COMMENT], path.name
+    assert bundle.lean(b"x = '# kept'  # gone\n") == b"x = '# kept'\n"
+    assert sum(len(bundle.lean(p.read_bytes())) for p in sources) < 0.95 * sum(len(p.read_bytes()) for p in sources)
 
 
 def run(cmd: str) -> dict:
@@ -79,7 +95,7 @@ def test_two_versions_at_once_both_answer_and_an_unused_one_goes_after_a_day(tmp
         os.utime(folder, (day_ago, day_ago))
     run(bundle.agent_command(str(root), "status"))  # a third version, unpacked: the unused two go
     [left] = bin_.glob(f"{bundle.UNPACKED}*")
-    assert (left / bundle.PACKAGE / "cli.py").read_bytes() == (bundle.HERE / "cli.py").read_bytes()
+    assert (left / bundle.PACKAGE / "cli.py").read_bytes() == bundle.lean((bundle.HERE / "cli.py").read_bytes())
 
 
 def test_the_zipapp_imports_nothing_it_does_not_carry() -> None:

@@ -102,7 +102,7 @@ def test_the_agent_ships_the_contract_it_imports() -> None:
     from remote.agent import bundle
 
     shipped = zipfile.ZipFile(BytesIO(bundle.payload()))
-    assert shipped.read("gpu_train/contract.py") == (ROOT / "gpu_train" / "contract.py").read_bytes()
+    assert shipped.read("gpu_train/contract.py") == bundle.lean((ROOT / "gpu_train" / "contract.py").read_bytes())
     agent_imports = {n.module for p in (ROOT / "remote" / "agent").glob("*.py") if p.name != "bundle.py"
                      for n in ast.walk(parse_source(p)) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
                      and n.module.split(".")[0] == "gpu_train"}

@@ -11,7 +11,9 @@ import base64
 import functools
 import hashlib
 import io
+import re
 import shlex
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -36,7 +38,17 @@ MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:])
 # folder's once (about 10 ms less a call). Each use touches the folder; another version's goes when
 # unused for a day (a call of that version may still be importing from it), a half-made one after an
 # hour; a disk too full to unpack runs the zipapp itself. The wrapper, cron and systemd run the zipapp.
-GUARD = (HERE / "guard.py").read_text(encoding="utf-8")
+
+
+def lean(source: bytes) -> bytes:
+    """``source`` without its comments, each line where it was (a traceback on the host names the line
+    of the checkout): every call carries the agent, and its comments were a tenth of the packed bytes."""
+    tokens = [t for t in tokenize.tokenize(io.BytesIO(source).readline) if t.type != tokenize.COMMENT]
+    text = tokenize.untokenize(tokens)  # bytes, in the source's encoding (tokenize's first token)
+    return re.sub(rb"[ \t]+\n", b"\n", text if isinstance(text, bytes) else text.encode())
+
+
+GUARD = lean((HERE / "guard.py").read_bytes()).decode()
 BOOTSTRAP = GUARD + f"""
 import base64,json,sys,zlib
 try:
@@ -79,9 +91,10 @@ sys.exit(main(sys.argv[1:]))
 
 def build(sources: dict[str, bytes], contract: bytes | None = None) -> bytes:
     """A zipapp of ``sources`` (name -> bytes) under PACKAGE and the contract as ``gpu_train.contract``
-    (the agent imports it as the laptop does), plus its __main__: same input, same bytes."""
-    files = {f"{PACKAGE}/{name}": data for name, data in sources.items()}
-    files["gpu_train/__init__.py"], files["gpu_train/contract.py"] = b"", CONTRACT.read_bytes() if contract is None else contract
+    (the agent imports it as the laptop does), plus its __main__, all ``lean``: same input, same bytes."""
+    files = {f"{PACKAGE}/{name}": lean(data) for name, data in sources.items()}
+    files["gpu_train/__init__.py"] = b""
+    files["gpu_train/contract.py"] = lean(CONTRACT.read_bytes() if contract is None else contract)
     files["__main__.py"] = MAIN.encode()
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:
