@@ -135,39 +135,21 @@ class JobSpec:
     resume_args: tuple[str, ...] = ()  # appended at every relaunch (boot, preemption, `resume`) ...
     resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
     bucket: dict[str, str] | None = None  # {"name", "prefix"}: JOB_DIR goes to gs://NAME/PREFIX as it is written
+    path: str | None = None  # set by launch on the host: the login's PATH, for relaunches without a login
+    externally_managed: bool = False  # set by launch: the job's Python refuses installs of its own (PEP 668)
 
     def to_json(self) -> dict:
-        """The spec as it travels and is kept (runs/RUN/spec.json): each field under its wire name, and the
-        contract's version; a secret left unset is left out."""
-        doc = {wire_name(f.name): _plain(getattr(self, f.name)) for f in fields(self)
-               if not (f.name in OMITTED_WHEN_UNSET and getattr(self, f.name) is None)}
-        return {"version": CONTRACT_VERSION, **doc}
+        """The spec as it travels and is kept (runs/RUN/spec.json)."""
+        return encode(self)
 
     @classmethod
     def from_json(cls, doc: dict) -> JobSpec:
-        """A spec from its JSON, each field as its default's type (a missing field gets the default).
-        Refuses a spec of a newer contract, and one without runId or base, naming what is wrong."""
-        version = doc.get("version", 1)
-        if not isinstance(version, int) or version > CONTRACT_VERSION:
-            raise ValueError(f"the job spec is of contract version {version!r}, newer than this agent's "
-                             f"{CONTRACT_VERSION}: run the task again from the laptop to update the host's agent")
-        kwargs = {}
-        for f in fields(cls):
-            key = wire_name(f.name)
-            if key not in doc:
-                continue
-            kwargs[f.name] = _typed(doc[key], f, key)
-        missing = [wire_name(n) for n in ("run_id", "base") if n not in kwargs]
-        if missing:
-            raise ValueError(f"the job spec has no {', '.join(missing)}")
-        return cls(**kwargs)
+        """A spec from its JSON (see ``decode``); refuses one without runId or base."""
+        return decode(cls, doc, "the job spec", ("run_id", "base"))
 
 
 CONTRACT_VERSION = 1  # raised when a field changes meaning; a new field with a default needs no new version
-OMITTED_WHEN_UNSET = ("notify",)  # secrets: absent from the document when unset
-# What launch adds to the spec it keeps (runs/RUN/spec.json), for relaunches: the login's PATH, and
-# whether the job's Python is an externally managed one (PEP 668: no venv of ours, no pip into it).
-HOST_SPEC_KEYS = ("path", "externallyManaged")
+OMITTED_WHEN_UNSET = ("notify", "path")  # a secret, and what only the host sets: left out while None
 
 
 def wire_name(name: str) -> str:
@@ -176,28 +158,72 @@ def wire_name(name: str) -> str:
     return first + "".join(w[:1].upper() + w[1:] for w in rest)
 
 
+# -- the one codec of the contract's documents (JobSpec, RunRecord, AgentSettings) ---------------
+def encode(obj: Any) -> dict:
+    """A contract dataclass as its JSON document: each field under its wire name, and the contract's version."""
+    doc = {wire_name(f.name): _plain(getattr(obj, f.name)) for f in fields(obj)
+           if not (f.name in OMITTED_WHEN_UNSET and getattr(obj, f.name) is None)}
+    return {"version": CONTRACT_VERSION, **doc}
+
+
+def decode(cls: Any, doc: Any, what: str, required: tuple[str, ...] = ()) -> Any:
+    """``cls`` from its JSON document, each field checked against its declared type: a missing or null
+    one gets its default, a key of no field is ignored (older documents read, a newer one's extra key
+    does no harm). A ValueError names the document, the key and the type wanted; a document of a newer
+    contract is refused."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} is {type(doc).__name__}, not a JSON object")
+    version = doc.get("version", 1)
+    if not isinstance(version, int) or version > CONTRACT_VERSION:
+        raise ValueError(f"{what} is of contract version {version!r}, newer than this agent's "
+                         f"{CONTRACT_VERSION}: run the task again from the laptop to update the host's agent")
+    kwargs = {f.name: _typed(doc[wire_name(f.name)], f, f"{what}'s {wire_name(f.name)}")
+              for f in fields(cls) if wire_name(f.name) in doc}
+    kwargs = {k: v for k, v in kwargs.items() if v is not MISSING}  # null for a field with no default
+    missing = [wire_name(n) for n in required if kwargs.get(n) is None]
+    if missing:
+        raise ValueError(f"{what} has no {', '.join(missing)}")
+    return cls(**kwargs)
+
+
 def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
     return list(value) if isinstance(value, tuple) else value
 
 
-def _typed(value: Any, f: Any, key: str) -> Any:
-    """``value`` as field ``f``'s default says (tuple, dict, bool, int, str); None stays None where the default is None."""
-    default = f.default_factory() if f.default_factory is not MISSING else f.default
+_KINDS: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "tuple": tuple, "list": list,
+                          "dict": dict}
+
+
+def _typed(value: Any, f: Any, where: str) -> Any:
+    """``value`` as field ``f`` declares it (its annotation read as text: Python 3.8 cannot evaluate
+    ``str | None``); null stays None where the field may be None, else gives its default."""
+    declared = str(f.type)
     if value is None:
-        return None if default is MISSING else default
-    kind = type(default)
-    if default is None or default is MISSING or kind is str:
-        return value
-    try:
-        if kind is tuple:
-            return tuple(value)
-        if kind is dict:
-            return dict(value)
-        if kind is bool:
-            return bool(value)
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"the job spec's {key} is {value!r}, not a {kind.__name__}") from None
+        if "None" in declared:
+            return None
+        return f.default_factory() if f.default_factory is not MISSING else f.default
+    name = declared.split("|")[0].split("[")[0].strip()
+    kind = _KINDS.get(name) or globals()[name]
+    if issubclass(kind, Enum):
+        if value in {k.value for k in kind}:
+            return kind(value)
+        raise ValueError(f"{where} is {value!r}, not one of {', '.join(str(k.value) for k in kind)}")
+    strings = "[str" in declared
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind in (int, float):
+        whole = isinstance(value, int) or (isinstance(value, float) and (kind is float or value.is_integer()))
+        ok = whole and not isinstance(value, bool)
+    elif kind in (tuple, list):
+        ok = isinstance(value, (list, tuple)) and (not strings or all(isinstance(v, str) for v in value))
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        wanted = "a list of strings" if strings and kind in (tuple, list) else f"a{'n' * (name[0] in 'aeiou')} {name}"
+        raise ValueError(f"{where} is {value!r}, not {wanted}")
+    return kind(value)
 
 
 # In a fan-out (several nodes, the code sent once), the laptop's "go" to a node's waiting launch is one

@@ -32,7 +32,7 @@ def run_dir(tmp_path: Path) -> Path:
     d = tmp_path / "root" / "runs" / RUN
     (d / "job").mkdir(parents=True)
     (d / "code").mkdir()
-    (d / "spec.json").write_text(json.dumps({"runId": RUN, "bucket": {"name": "ckpt", "prefix": f"p/lab/{RUN}/"}}))
+    (d / "spec.json").write_text(json.dumps({"runId": RUN, "base": "job", "bucket": {"name": "ckpt", "prefix": f"p/lab/{RUN}/"}}))
     return d
 
 

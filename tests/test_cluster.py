@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpu_train import jobs
+from gpu_train.contract import JobSpec
 from remote.agent import wrap
 from remote.loopback import Sshd, free_port
 from tests.conftest import EXAMPLE, cluster_stack, fab_env, run_fab
@@ -140,7 +141,7 @@ NODE = {"rank": 1, "nnodes": 3, "masterAddr": "10.0.0.2", "masterPort": 29500,
     ],
 )
 def test_job_argv(spec: dict, extra: list[str], argv: list[str]) -> None:
-    assert wrap.job_argv(spec, "py", "/j", 4, extra) == argv
+    assert wrap.job_argv(JobSpec.from_json({"runId": "r", "base": "r", **spec}), "py", "/j", 4, extra) == argv
 
 
 @pytest.mark.parametrize(
@@ -161,7 +162,7 @@ def test_resume_args(tmp_path: Path, spec: dict, resumes: int, files: list[str],
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
-    got, note = wrap.resume_args(spec, resumes, str(tmp_path))
+    got, note = wrap.resume_args(JobSpec.from_json({"runId": "r", "base": "r", **spec}), resumes, str(tmp_path))
     assert got == extra
     assert (note is None) if said is None else (said in note)
 

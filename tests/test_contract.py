@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,6 @@ from gpu_train.contract import (
     ACTIVE,
     CONTRACT_VERSION,
     FAILED,
-    HOST_SPEC_KEYS,
     RUNNING,
     TERMINAL,
     JobSpec,
@@ -27,7 +26,8 @@ FULL = JobSpec(run_id="r_20260101_000000", base="r", script="train.py", command=
                reuse_code=True, agent_settings={"maxResumes": 3}, launcher="torchrun", nproc=2,
                node={"rank": 1, "nnodes": 2}, project="p", venv=True, needs_torch=True, go_when="arrived",
                notify="https://hooks.example/x", pass_job_dir=True, resume_args=("--init_from=resume",),
-               resume_if="out/ckpt.pt", bucket={"name": "ckpt", "prefix": "team/l4/r_20260101_000000/"})
+               resume_if="out/ckpt.pt", bucket={"name": "ckpt", "prefix": "team/l4/r_20260101_000000/"},
+               path="/usr/bin:/bin", externally_managed=True)
 
 
 def test_every_field_is_set_in_the_full_example() -> None:
@@ -48,8 +48,15 @@ def test_the_spec_round_trips_through_json() -> None:
 @pytest.mark.parametrize(("doc", "words"), [
     ({"runId": "a"}, "no base"),
     ({"runId": "a", "base": "a", "version": CONTRACT_VERSION + 1}, "newer than this agent"),
-    ({"runId": "a", "base": "a", "expectGpus": "two"}, "expectGpus is 'two', not a int"),
-    ({"runId": "a", "base": "a", "args": 5}, "args is 5"),
+    ({"runId": "a", "base": "a", "expectGpus": "two"}, "expectGpus is 'two', not an int"),
+    ({"runId": "a", "base": "a", "expectGpus": 1.5}, "expectGpus is 1.5, not an int"),
+    ({"runId": "a", "base": "a", "args": 5}, "args is 5, not a list of strings"),
+    ({"runId": "a", "base": "a", "args": ["--lr", 3]}, "args is .* not a list of strings"),
+    ({"runId": "a", "base": "a", "venv": "false"}, "venv is 'false', not a bool"),
+    ({"runId": "a", "base": "a", "script": ["t.py"]}, r"script is \['t.py'\], not a str"),
+    ({"runId": "a", "base": "a", "env": ["A=1"]}, "env is .*, not a dict"),
+    ({"runId": "a", "base": None}, "no base"),
+    (["runId"], "the job spec is list, not a JSON object"),
 ])
 def test_a_bad_spec_is_refused_naming_the_field(doc: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
@@ -62,30 +69,42 @@ def test_wire_names(name: str, wire: str) -> None:
     assert wire_name(name) == wire
 
 
-def spec_keys_read_by_the_agent() -> set[str]:
-    """Every key the agent reads from a spec: spec["X"], spec.get("X") (on a name called spec)."""
-    keys = set()
+def spec_reads_in_the_agent() -> tuple[set[str], list[str]]:
+    """(the attributes the agent reads from a spec: ``spec.X`` on a name called spec; the dict lookups
+    on one: ``spec["X"]``, ``spec.get("X")``, as file:line)."""
+    attributes: set[str] = set()
+    lookups: list[str] = []
     for path in sorted((ROOT / "remote" / "agent").glob("*.py")):
         if path.name == "serve.py":  # TensorBoard/Jupyter's own request, not a job spec
             continue
         for node in ast.walk(parse_source(path)):
-            target, key = None, None
-            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-                target, key = node.value, node.slice.value
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                  and node.args and isinstance(node.args[0], ast.Constant)):
-                target, key = node.func.value, node.args[0].value
-            if isinstance(target, ast.Name) and target.id == "spec" and isinstance(key, str):
-                keys.add(key)
-    return keys
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "spec":
+                if node.attr in ("get", "pop", "keys", "items", "setdefault"):
+                    lookups.append(f"{path.name}:{node.lineno}")
+                else:
+                    attributes.add(node.attr)
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "spec":
+                lookups.append(f"{path.name}:{node.lineno}")
+    return attributes, lookups
 
 
-def test_the_agent_reads_only_fields_the_laptop_writes() -> None:
-    """A JobSpec field renamed on the laptop (or a key misspelt in the agent) fails here."""
-    written = set(JobSpec(run_id="a", base="a", notify="x").to_json()) | set(HOST_SPEC_KEYS)
-    read = spec_keys_read_by_the_agent()
-    assert read, "the scan found no spec reads: the agent's code changed shape, update the scan"
-    assert read <= written, f"the agent reads spec keys no laptop writes: {sorted(read - written)}"
+def test_the_agent_reads_the_typed_spec_only() -> None:
+    """The agent reads the JobSpec the contract decoded, by attribute: a field renamed in the contract
+    (or misspelt in the agent) fails here, and so does a dict lookup on a spec (no rename would catch it)."""
+    attributes, lookups = spec_reads_in_the_agent()
+    assert not lookups, f"the agent looks a spec up as a dict (read it with store.read_spec): {lookups}"
+    assert {"run_id", "python", "node", "bucket", "resume_args"} <= attributes, "the scan found too little: update it"
+    known = {f.name for f in fields(JobSpec)} | {"to_json"}
+    assert attributes <= known, f"the agent reads spec attributes JobSpec lacks: {sorted(attributes - known)}"
+
+
+def test_what_the_laptop_writes_the_agent_reads() -> None:
+    """One codec both ways: every key of the laptop's document is a field the agent decodes, and back."""
+    doc = FULL.to_json()
+    assert set(doc) == {"version"} | {wire_name(f.name) for f in fields(JobSpec)}
+    assert JobSpec.from_json({**doc, "someNewerKey": 1}) == FULL  # a newer laptop's extra key does no harm
+    kept = replace(FULL, notify=None, path=None).to_json()
+    assert "notify" not in kept and "path" not in kept  # a secret (and the host's own PATH) left out while unset
 
 
 def test_run_states_are_plain_words() -> None:

@@ -79,7 +79,7 @@ def test_ls_and_a_stopped_vm_say_what_the_recovery_is_doing() -> None:
 def run_dir(root: Path, rank: int | None, state: dict) -> Path:
     d = root / "runs" / "train_20260921_141300"
     (d / "job").mkdir(parents=True)
-    (d / "spec.json").write_text(json.dumps({"runId": d.name, "node": None if rank is None else {"rank": rank}}))
+    (d / "spec.json").write_text(json.dumps({"runId": d.name, "base": "train", "node": None if rank is None else {"rank": rank}}))
     (d / "state.json").write_text(json.dumps(state))
     (d / "log").write_text("step 99 loss 0.1\nsaved ckpt_000099.pt\n")
     return d
@@ -138,7 +138,8 @@ def booted(tmp_path: Path, monkeypatch):
     def add(name: str, state: dict, nnodes: int | None = None) -> None:
         d = tmp_path / "runs" / name
         (d / "job").mkdir(parents=True)
-        (d / "spec.json").write_text(json.dumps({"runId": name, "node": {"rank": 1, "nnodes": nnodes} if nnodes else None}))
+        node = {"rank": 1, "nnodes": nnodes} if nnodes else None
+        (d / "spec.json").write_text(json.dumps({"runId": name, "base": "train", "node": node}))
         (d / "state.json").write_text(json.dumps(state))
 
     yield tmp_path, server, add, started

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, project_dirs
 
@@ -17,7 +18,19 @@ from . import hostcheck, notify, outputs, units
 from .procs import detect_python, gpu_apps, gpu_count, gpus
 from .pyenv import dependency_files, run_env, venv_python
 from .status import busy_runs, describe, machine_settings
-from .store import AgentError, agent_log, agent_path, locked, now, read_json, run_dirs, settings, update_state, write_json
+from .store import (
+    AgentError,
+    agent_log,
+    agent_path,
+    locked,
+    now,
+    read_json,
+    run_dirs,
+    settings,
+    spec_or_none,
+    update_state,
+    write_json,
+)
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -83,37 +96,37 @@ def refuse_if_busy(root: str, base: str) -> None:
                          f"stop it ({cli_name()} stop --run {busy[0]}) or pick another --name")
 
 
-def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
+def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
     """Move the synced code into place and start the job under screen.
 
     With ``await_go`` the checks run while the laptop is still syncing: the agent prints
     {"ready": true} and waits for "go" on stdin, so the launch costs one round trip after the sync.
     """
     try:  # the spec as the contract reads it: a field of the wrong type or a newer contract, said here
-        JobSpec.from_json(spec)
+        spec = JobSpec.from_json(doc)
     except ValueError as e:
         raise AgentError(str(e)) from None
-    run_id, base = spec["runId"], spec["base"]
-    notify.write_url(root, spec.pop("notify", None))  # the webhook: 0600, never in spec.json
-    if spec.get("agentSettings"):  # the stack's settings (maxResumes, idle stop, ...) for boot and tick
-        write_json(os.path.join(root, "agent.json"), {**settings(root), **spec["agentSettings"]})
+    run_id, base = spec.run_id, spec.base
+    notify.write_url(root, spec.notify)  # the webhook: 0600, never in spec.json
+    if spec.agent_settings:  # the stack's settings (maxResumes, idle stop, ...) for boot and tick
+        write_json(os.path.join(root, "agent.json"), {**settings(root), **spec.agent_settings})
     clean_staging(root)
     if not shutil.which("screen"):
         raise AgentError("screen is not installed on this host: sudo apt-get install screen")
-    want = spec.get("expectGpus") or 0
+    want = spec.expect_gpus
     if want:
         have = gpu_count()
         if have < want:
             return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
-    python = detect_python(spec.get("python"))
-    managed = check_python(python, bool(spec.get("python")), bool(spec.get("needsTorch")))
+    python = detect_python(spec.python)
+    managed = check_python(python, bool(spec.python), spec.needs_torch)
     notes = host_notes(root)  # (while the laptop still syncs)
     staging = os.path.join(root, "staging", run_id)
     if await_go:
         refuse_if_busy(root, base)
-        reused = bool(spec.get("reuseCode")) and reuse_code(root, base, spec.get("codeManifest"), staging)
+        reused = spec.reuse_code and reuse_code(root, base, spec.code_manifest, staging)
         print(json.dumps({"ready": True, "reused": reused}), flush=True)
-        when = spec.get("goWhen") if spec.get("goWhen") in GO_WHEN else None
+        when = spec.go_when if spec.go_when in GO_WHEN else None
         word = await_word(go_marker(root, run_id, when) if when else None)
         if word == "marker":
             agent_log(root, f"{run_id}: launched on the fan-out's own word ({when}), not the laptop's")
@@ -145,10 +158,10 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
         tmp_link = f"{last}.tmp.{os.getpid()}"
         os.symlink(os.path.join("..", "runs", run_id, "code"), tmp_link)
         os.replace(tmp_link, last)
-        if spec.get("codeManifest"):
-            write_json(f"{last[:-len('.last')]}.manifest", {"manifest": spec["codeManifest"]})
-        write_json(os.path.join(run_dir, "spec.json"), {**spec, "python": python, "externallyManaged": managed,
-                                                           "path": os.environ.get("PATH")})
+        if spec.code_manifest:
+            write_json(f"{last[:-len('.last')]}.manifest", {"manifest": spec.code_manifest})
+        spec = replace(spec, python=python, externally_managed=managed, path=os.environ.get("PATH"), notify=None)
+        write_json(os.path.join(run_dir, "spec.json"), spec.to_json())
         update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0)
     try:
         screen = start_wrapper(root, run_id)
@@ -158,7 +171,7 @@ def cmd_launch(root: str, spec: dict, await_go: bool) -> dict:
     return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
             "log": os.path.join(run_dir, "log"), "screen": screen,
             "python": job_python(root, spec, python, managed),
-            "dataDir": project_dirs(root, spec.get("project"))[1], **notes}
+            "dataDir": project_dirs(root, spec.project)[1], **notes}
 
 
 def host_notes(root: str) -> dict:
@@ -187,8 +200,8 @@ def start_wrapper(root: str, run_id: str) -> str:
     wrapper = [sys.executable, agent, "--root", root, "wrap", run_id]
     name = units.screen_name(run_id)
     if units.available():
-        spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-        env = {"PATH": spec.get("path") or os.environ.get("PATH") or DEFAULT_PATH}
+        spec = spec_or_none(run_dir)
+        env = {"PATH": (spec and spec.path) or os.environ.get("PATH") or DEFAULT_PATH}
         for name in ("LANG", "STORAGE_EMULATOR_HOST"):  # the login's emulator, for the run's uploader (Google's own variable)
             if os.environ.get(name):
                 env[name] = os.environ[name]
@@ -208,10 +221,10 @@ def start_wrapper(root: str, run_id: str) -> str:
     return name
 
 
-def job_python(root: str, spec: dict, python: str, managed: bool) -> str:
+def job_python(root: str, spec: JobSpec, python: str, managed: bool) -> str:
     """The Python the job will run with: the project's venv's, or ``python`` itself (pyenv.run_env)."""
-    installs = bool(dependency_files(os.path.join(root, "runs", spec["runId"], "code")))
-    venv = run_env(project_dirs(root, spec.get("project"))[0], python, bool(spec.get("venv")), managed, installs)
+    installs = bool(dependency_files(os.path.join(root, "runs", spec.run_id, "code")))
+    venv = run_env(project_dirs(root, spec.project)[0], python, spec.venv, managed, installs)
     return venv_python(venv) if venv else python
 
 

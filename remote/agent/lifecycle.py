@@ -37,10 +37,12 @@ from .store import (
     machine_mode,
     now,
     read_json,
+    read_spec,
     read_state,
     run_dirs,
     run_locked,
     settings,
+    spec_or_none,
     update_state,
     write_json,
 )
@@ -133,8 +135,7 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
         update_state(run_dir, state=FAILED, ended=now(), reason=reason)
         agent_log(root, f"{run_id}: {reason}")
         return {"runId": run_id, "action": "failed", "reason": reason}
-    if read_json(os.path.join(run_dir, "spec.json")) is None:
-        raise AgentError("its spec.json is missing or unreadable")
+    read_spec(run_dir)  # an AgentError saying what is wrong with it: the run cannot be relaunched
     relaunch(root, run_dir, state, back)
     return {"runId": run_id, "action": "resumed", "resumes": resumes + 1}
 
@@ -153,8 +154,9 @@ def recovery_record(conf: dict) -> dict:
 def lost_group(conf: dict, run_dir: str, state: dict) -> bool:
     """This failed run is a cluster part that failed because the recovery stopped its group (see
     recovery.lost_its_group)."""
-    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-    nnodes = int((spec.get("node") or {}).get("nnodes") or 1)
+    spec = spec_or_none(run_dir)
+    node: dict = (spec and spec.node) or {}
+    nnodes = int(node.get("nnodes") or 1)
     return nnodes > 1 and recovery.lost_its_group(recovery_record(conf), state.get("ended"), nnodes)
 
 

@@ -23,7 +23,7 @@ import os
 import re
 import time
 
-from gpu_train.contract import DEFAULT_SETTINGS, GCP_REMOTE_ROOT, cli_name
+from gpu_train.contract import DEFAULT_SETTINGS, GCP_REMOTE_ROOT, JobSpec, cli_name
 
 
 class AgentError(Exception):
@@ -51,6 +51,25 @@ def read_json(path: str) -> dict | None:
         with open(path) as f:
             return json.load(f)
     except (OSError, ValueError):
+        return None
+
+
+def read_spec(run_dir: str) -> JobSpec:
+    """runs/RUN/spec.json as the contract reads it, or an AgentError saying what is wrong with it."""
+    doc = read_json(os.path.join(run_dir, "spec.json"))
+    if doc is None:
+        raise AgentError(f"the run's spec.json is missing or unreadable in {run_dir}")
+    try:
+        return JobSpec.from_json(doc)
+    except ValueError as e:
+        raise AgentError(f"{e} (in {run_dir})") from None
+
+
+def spec_or_none(run_dir: str) -> JobSpec | None:
+    """The run's spec, or None where it has no readable one (then it has no bucket, node or PATH of its own)."""
+    try:
+        return read_spec(run_dir)
+    except AgentError:
         return None
 
 

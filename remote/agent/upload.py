@@ -30,10 +30,19 @@ import sys
 import threading
 import time
 
-from gpu_train.contract import BUCKET_RECORD, UNREADABLE, UPLOAD_LOG, BucketFile, BucketRecord, BucketView, project_dirs
+from gpu_train.contract import (
+    BUCKET_RECORD,
+    UNREADABLE,
+    UPLOAD_LOG,
+    BucketFile,
+    BucketRecord,
+    BucketView,
+    JobSpec,
+    project_dirs,
+)
 
 from . import outputs
-from .store import AgentError, agent_path, now, read_json, write_json
+from .store import AgentError, agent_path, now, read_json, read_spec, spec_or_none, write_json
 
 SETTLE_S = 5.0  # unchanged this long: complete
 POLL_S = 2.0
@@ -121,8 +130,8 @@ def only_on_host(run_dir: str, record: BucketRecord | dict) -> list[str]:
 
 def view(run_dir: str) -> BucketView | None:
     """The run's bucket for `status`, from its record and its JOB_DIR now; None without a bucket."""
-    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-    where = spec.get("bucket")
+    spec = spec_or_none(run_dir)
+    where = spec and spec.bucket
     if not where:
         return None
     record = read_json(os.path.join(run_dir, BUCKET_RECORD)) or {}
@@ -132,11 +141,11 @@ def view(run_dir: str) -> BucketView | None:
             "final": bool(record.get("final")), "error": record.get("error")}
 
 
-def argv(root: str, run_dir: str, spec: dict, command: str) -> list[str]:
+def argv(root: str, run_dir: str, spec: JobSpec, command: str) -> list[str]:
     """The agent's ``command`` for this run, run by the job's Python (its venv's, where it has one:
     google-cloud-storage may come from the project's requirements)."""
-    venv_python = os.path.join(project_dirs(root, spec.get("project"))[0], "bin", "python")
-    python = venv_python if spec.get("venv") and os.access(venv_python, os.X_OK) else spec.get("python") or sys.executable
+    venv_python = os.path.join(project_dirs(root, spec.project)[0], "bin", "python")
+    python = venv_python if spec.venv and os.access(venv_python, os.X_OK) else spec.python or sys.executable
     agent = agent_path(root)
     if not os.path.isfile(agent):  # as launch does: the copy this agent runs from
         agent = os.path.abspath(sys.argv[0])
@@ -146,8 +155,8 @@ def argv(root: str, run_dir: str, spec: dict, command: str) -> list[str]:
 def bring_data(root: str, run_dir: str, say) -> None:
     """Before the job starts: the project's data pushed to the bucket (`push --to bucket`) copied to
     $DATA_DIR on local disk, incremental and verified; an AgentError (the run fails, saying why) if not."""
-    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-    if not (spec.get("bucket") or {}).get("data"):
+    spec = read_spec(run_dir)
+    if not (spec.bucket or {}).get("data"):
         return
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
         code = subprocess.run(argv(root, run_dir, spec, "bucket-data"), stdin=subprocess.DEVNULL, stdout=log,
@@ -161,8 +170,8 @@ def pull_data(root: str, run_id: str) -> int:
     """`bucket-data RUN`: gs://NAME/PREFIX/data/PROJECT/ into REMOTE_ROOT/data/PROJECT/: each object whose
     local copy differs (size, CRC32C) downloaded to a temporary name beside it, verified, then renamed."""
     run_dir = os.path.join(root, "runs", run_id)
-    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-    where, data_dir = spec["bucket"], project_dirs(root, spec.get("project"))[1]
+    spec = read_spec(run_dir)
+    where, data_dir = spec.bucket or {}, project_dirs(root, spec.project)[1]
     from google.cloud import storage
 
     gcs = storage.Client()
@@ -195,8 +204,8 @@ def start(root: str, run_dir: str) -> subprocess.Popen | None:
     """The uploader of a run whose spec names a bucket, next to its job, run by the job's Python (its
     venv's, where it has one: google-cloud-storage may come from the project's requirements); its stdin
     is the wrapper's "the job has ended" (closed: the last pass). None without a bucket."""
-    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-    if not spec.get("bucket"):
+    spec = spec_or_none(run_dir)
+    if not (spec and spec.bucket):
         return None
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
         try:
@@ -246,7 +255,7 @@ def serve(root: str, run_id: str) -> int:
     """Upload until stdin closes (the job ended), then a last pass of everything; 0 when all is verified."""
     run_dir = os.path.join(root, "runs", run_id)
     record_path = os.path.join(run_dir, BUCKET_RECORD)
-    where = (read_json(os.path.join(run_dir, "spec.json")) or {}).get("bucket") or {}
+    where = read_spec(run_dir).bucket or {}
     record: dict = read_json(record_path) or {}  # a BucketRecord
     if record.get("bucket") != where.get("name") or record.get("prefix") != where.get("prefix"):
         record = {"bucket": where["name"], "prefix": where["prefix"], "files": {}}

@@ -23,12 +23,13 @@ from gpu_train.contract import (
     STOP_REQUESTED,
     STOPPED,
     SUCCEEDED,
+    JobSpec,
     project_dirs,
 )
 
 from . import datalink, notify, pyenv, upload, uvfetch
 from .procs import gpu_count, proc_start_time
-from .store import AgentError, last_line, now, read_json, read_state, run_locked, update_state
+from .store import AgentError, last_line, now, read_spec, read_state, run_locked, spec_or_none, update_state
 from .units import system_stopping
 
 PIP_TAIL_LINES = 15
@@ -133,14 +134,15 @@ def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, s
     return True
 
 
-def job_argv(spec: dict, python: str, job_dir: str, nproc: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+def job_argv(spec: JobSpec, python: str, job_dir: str, nproc: int, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The job's command line: the script (through torchrun when asked), or the shell command; with
     ``--job-dir JOB_DIR`` only when the spec asks for it, and ``extra`` (the resume arguments) last."""
-    if not spec.get("script"):
-        return ["bash", "-c", " ".join([spec["command"], shlex.join(extra)]) if extra else spec["command"]]
-    tail = [spec["script"], *spec.get("args", []), *(["--job-dir", job_dir] if spec.get("passJobDir") else []), *extra]
-    node = spec.get("node") or {}
-    if spec.get("launcher") != "torchrun":
+    if not spec.script:
+        command = spec.command or ""
+        return ["bash", "-c", " ".join([command, shlex.join(extra)]) if extra else command]
+    tail = [spec.script, *spec.args, *(["--job-dir", job_dir] if spec.pass_job_dir else []), *extra]
+    node: dict = spec.node or {}
+    if spec.launcher != "torchrun":
         return [python, "-u", *tail]
     run = [python, "-m", "torch.distributed.run"]
     if int(node.get("nnodes", 1)) == 1:
@@ -149,14 +151,14 @@ def job_argv(spec: dict, python: str, job_dir: str, nproc: int, extra: list[str]
             "--master_addr", node["masterAddr"], "--master_port", str(node["masterPort"]), *tail]
 
 
-def resume_args(spec: dict, resumes: int, workdir: str) -> tuple[list[str], str | None]:
+def resume_args(spec: JobSpec, resumes: int, workdir: str) -> tuple[list[str], str | None]:
     """(the arguments a relaunch adds, what the log says about them): ``resumeArgs`` from the first
     relaunch on, but only once ``resumeIf`` (a file or glob in the working directory) matches, so a
     relaunch before the first checkpoint starts fresh, with the original arguments."""
-    extra = list(spec.get("resumeArgs") or ())
+    extra = list(spec.resume_args)
     if not resumes or not extra:
         return [], None
-    wanted = spec.get("resumeIf")
+    wanted = spec.resume_if
     if not wanted:
         return extra, f"resume arguments added: {shlex.join(extra)}"
     if glob.glob(os.path.join(workdir, wanted), recursive=True):
@@ -296,28 +298,26 @@ def cmd_wrap(root: str, run_id: str) -> int:
 
 
 def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subprocess.Popen:
-    spec = read_json(os.path.join(run_dir, "spec.json"))
-    if spec is None:
-        raise AgentError(f"the run's spec.json is missing or unreadable in {run_dir}")
-    python, job_dir = spec["python"], os.path.join(run_dir, "job")
-    if spec.get("script") or pyenv.dependency_files(os.path.join(run_dir, "code")):
+    spec = read_spec(run_dir)
+    python, job_dir = spec.python or "python3", os.path.join(run_dir, "job")  # (launch always sets it)
+    if spec.script or pyenv.dependency_files(os.path.join(run_dir, "code")):
         check_python(python)
     check_writable(job_dir)
-    nproc = int(spec.get("nproc") or gpu_count() or 1)
-    env_dir, data_dir = project_dirs(root, spec.get("project"))
+    nproc = int(spec.nproc or gpu_count() or 1)
+    env_dir, data_dir = project_dirs(root, spec.project)
     resumes = int(read_state(run_dir).get("resumes", 0))
-    env = {**os.environ, **spec.get("env", {}), "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
+    env = {**os.environ, **spec.env, "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
            RESUMES_ENV: str(resumes),
            "PYTHONUNBUFFERED": "1", "GPU_TRAIN_ROOT": root, "GPU_TRAIN_NOTICE": os.path.join(run_dir, NOTICE)}
-    venv = pyenv.run_env(env_dir, python, bool(spec.get("venv")), bool(spec.get("externallyManaged")),
+    venv = pyenv.run_env(env_dir, python, spec.venv, spec.externally_managed,
                          bool(pyenv.dependency_files(os.path.join(run_dir, "code"))))
     if venv:
         env.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{env.get('PATH', '')}")
-    elif spec.get("venv"):
+    elif spec.venv:
         w.say(f"{python} is a virtual environment's own Python: the job runs with it as it is")
-    if spec.get("node") and not spec.get("script"):
-        env.update(cluster_env(spec["node"], nproc))
-    python = environment_step(w, root, run_dir, spec["python"], venv)
+    if spec.node and not spec.script:
+        env.update(cluster_env(spec.node, nproc))
+    python = environment_step(w, root, run_dir, python, venv)
     workdir = os.path.join(run_dir, "code")
     upload.bring_data(root, run_dir, w.say)  # `push --to bucket`: to local disk first
     datalink.link_data(data_dir, workdir, w.log)
@@ -348,8 +348,9 @@ def announce_end(run_dir: str) -> None:
     state is recorded, within the webhook's short timeout, never raising."""
     root = os.path.dirname(os.path.dirname(run_dir))
     url = notify.read_url(root)
-    spec = read_json(os.path.join(run_dir, "spec.json")) or {}
-    if not url or int((spec.get("node") or {}).get("rank") or 0) != 0:
+    spec = spec_or_none(run_dir)
+    node: dict = (spec and spec.node) or {}
+    if not url or int(node.get("rank") or 0) != 0:
         return
     st = read_state(run_dir)
     began, ended = st.get("created"), st.get("ended")
