@@ -3,8 +3,10 @@ Cloud Storage emulator found by STORAGE_EMULATOR_HOST on both sides (the host's 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -103,3 +105,57 @@ def test_data_pushed_to_the_bucket_is_on_local_disk_before_the_job_starts(bucket
     assert lab.wait(run, timeout=60)["state"] == "succeeded", lab.log(run)
     assert (lab.remote / "runs" / run / "job" / "seen.txt").read_text() == "hello from the bucket\nsame\n"
     assert (lab.remote / "data").is_dir()  # on the host's own disk
+
+
+def _freeze(pid: int, sig: int) -> None:
+    """``sig`` to an sshd and every process under it (its sessions: the shared connection's server side)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, sig)
+
+
+def test_a_host_that_vanishes_falls_back_to_the_bucket_at_once(bucket_lab, plain: str) -> None:
+    """A host gone silent (its sshd and sessions frozen: packets go unanswered, as a deleted VM's) leaves the
+    tasks' shared connection up until its keepalive gives up (15 s); fetch finds it in one round trip and
+    turns to the bucket. --watch and --all-nodes turn to it too (--watch saying why it does not watch)."""
+    lab, _ = bucket_lab
+    run = lab.train("--command", 'head -c 200000 /dev/urandom > "$JOB_DIR/ckpt.pt"', "--dir", plain)
+    assert lab.wait(run, timeout=60)["state"] == "succeeded", lab.log(run)
+    assert lab.run_state(run)["bucket"]["final"]
+    lab.fab("status", check=True)  # the shared connection is up (remote/ssh/mux.py)
+    home = lab.cwd / "runs" / "lab" / run
+    _freeze(lab.sshd.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        got = lab.fab("fetch", "--run", run, timeout=60)
+        took = time.monotonic() - started
+    finally:
+        _freeze(lab.sshd.proc.pid, signal.SIGCONT)
+    assert got.returncode == 0, got.stderr
+    assert "did not answer within 5 s" in got.stderr and "cannot be reached: fetching from the bucket" in got.stderr
+    assert took < 12, f"{took:.1f} s"  # (the keepalive alone takes 15 s)
+    assert (home / "ckpt.pt").read_bytes() == (lab.remote / "runs" / run / "job" / "ckpt.pt").read_bytes()
+
+    from remote.loopback import free_port
+
+    (home / "ckpt.pt").unlink()
+    stack = lab.stacks / "Pulumi.lab.yaml"
+    stack.write_text(stack.read_text().replace(f":{lab.sshd.port}'", f":{free_port(lab.sshd.address)}'"))
+    watched = lab.fab("fetch", "--watch")
+    assert watched.returncode == 3, watched.stderr  # UNREACHABLE: fetched, but not watched
+    assert "cannot be reached: fetching from the bucket" in watched.stderr and "not watching" in watched.stderr
+    assert (home / "ckpt.pt").is_file()
+    (home / "ckpt.pt").unlink()
+    every = lab.fab("fetch", "--all-nodes")
+    assert every.returncode == 0, every.stderr
+    assert "every node's files" in every.stderr and (home / "ckpt.pt").is_file()

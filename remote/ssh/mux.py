@@ -31,6 +31,7 @@ from remote.ssh.connect import openssh_options
 from remote.ssh.target import Target
 
 PERSIST_S = 60  # how long the shared connection outlives its last use
+PROBE_S = 5.0  # a shared connection that runs no `true` within this long has lost its host
 
 
 def shared_control_path(options: list[str], destination: str) -> str | None:
@@ -101,6 +102,25 @@ def end_master(target: Target, host: SshHost) -> None:
     if path is not None and master_up(path):
         subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
                        capture_output=True, stdin=subprocess.DEVNULL, timeout=30)
+
+
+def answers(target: Target, host: SshHost, timeout: float = PROBE_S) -> bool | None:
+    """Whether the shared connection still reaches the host: `true` over it within ``timeout`` (one round
+    trip). True: it did; None: it failed at once (the connection ended meanwhile: log in); False: no
+    answer. A host that vanished (a VM deleted, its packets dropped) leaves the connection up until its
+    keepalive gives up (ServerAliveInterval 5 s x 3), and each command over it hangs until then; one
+    that does not answer is ended here, so the next task logs in (or finds the host gone) at once."""
+    path = control_path(target, host)
+    if path is None:
+        return None
+    try:
+        return subprocess.run(["ssh", *openssh_options(target, host), "-o", "ControlMaster=no", "-o", f"ControlPath={path}",
+                               "-T", "-x", "--", f"{host.user}@{host.host}", "true"], capture_output=True,
+                              stdin=subprocess.DEVNULL, timeout=timeout).returncode != 255 or None
+    except subprocess.TimeoutExpired:
+        subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
+                       capture_output=True, stdin=subprocess.DEVNULL, timeout=10)  # answered by the local master
+        return False
 
 
 def reuse(target: Target, host: SshHost) -> MuxConnection | None:

@@ -61,6 +61,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
         todo.append((r, where))
     if not todo:
         return []
+    session.check_shared()  # a shared connection whose host vanished: found now, not after its keepalive's 15 s
     if not hostkeys.knows_host(session.target, session.target.host):
         session.connect()  # learns (and prints) the host key, or refuses a changed one
     bar = Progress(live=progress)
@@ -126,65 +127,36 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
     (one previous version per file). Exits non-zero, naming each, when anything the host has is not home.
     With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
+    from remote.tasks import frombucket
+
     streams = _streams(streams)
     run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
     if from_ not in (None, "host", "bucket"):
         raise Exit(f"--from {from_}: `host` (the default) or `bucket`", code=ExitStatus.USAGE)
-    session = Session(stack, node=trust.number("--node", node or 0, int, 0))
+    session = Session(stack, node=trust.number("--node", node or 0, int, 0), probe_shared=True)
     if from_ == "bucket":
-        from_bucket(session.cluster, run, all_, dest, streams)
+        frombucket.from_bucket(session.cluster, run, all_, dest, streams)
         return
+    followed: dict[str, str] = {}  # the run --watch follows, once known
     try:
-        _fetch_from_host(session, run, all_, dest, watch, interval, all_nodes, streams, json_)
+        _fetch_from_host(session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed)
     except Exit as e:
-        if e.code != ExitStatus.UNREACHABLE or not session.cluster.bucket or watch or all_nodes:
+        if e.code != ExitStatus.UNREACHABLE or not session.cluster.bucket:
             raise
-        say(f"{e.message}\nthe host cannot be reached: fetching from the bucket {session.cluster.bucket} instead")
-        from_bucket(session.cluster, run, all_, dest, streams)
+        every = " (every node's files: node N's in node-N/)" if all_nodes or len(session.cluster.hosts) > 1 else ""
+        say(f"{e.message}\nthe host cannot be reached: fetching from the bucket {session.cluster.bucket} instead{every}")
+        frombucket.from_bucket(session.cluster, followed.get("run", run), all_, dest, streams)
+        if watch:
+            raise Exit("--watch: fetched what the bucket holds now, but not watching: only the host knows whether the run "
+                       f"still trains. Run `{CLI} fetch --watch` again once it can be reached", code=ExitStatus.UNREACHABLE) from None
 
 
-def from_bucket(target, run: str | None, all_: bool, dest: str | None, streams: int) -> None:
-    """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/STACK/ into runs/STACK/RUN."""
-    from gpu_train.stack.bucket import parse_bucket
-    from remote.errors import RemoteError
-    from remote.transfer import bucketfetch
-
-    if not target.bucket:
-        raise Exit(f"stack {target.stack} has no bucket: set gpu-train:bucket (see docs/bucket.md), or fetch from "
-                   "the host", code=ExitStatus.USAGE)
-    place = parse_bucket(target.bucket)
-    try:
-        gcs = bucketfetch.client()
-        runs = bucketfetch.runs_in(gcs, place, target.stack)
-        if run:
-            runs = [r for r in runs if r == run] or [r for r in runs if r.startswith(f"{run}_")][-1:]
-        elif not all_:
-            runs = runs[-1:]
-        if not runs:
-            raise Exit(f"no run{' ' + run if run else 's'} of stack {target.stack} in {place.url(target.stack + '/')}",
-                       code=ExitStatus.FAILED)
-        base = Path(dest) if dest else project_root() / "runs" / target.stack
-        failed = []
-        for r in runs:
-            where = trust.inside(destination(target.stack, r, dest, len(runs) > 1), base)
-            got = bucketfetch.fetch_run(gcs, place, target.stack, r, where, streams, say)
-            for problem in got.problems:
-                say(f"{r}: {problem}")
-            failed += [r] if got.problems else []
-            say(f"{r}: {got.files} file(s), {got.bytes} bytes from {place.url(f'{target.stack}/{r}/')} into {where} "
-                f"(verified; {got.unchanged} unchanged)")
-    except RemoteError as e:
-        raise Exit(str(e), code=ExitStatus.FAILED) from None
-    if failed:
-        raise Exit(f"fetch from the bucket failed for {', '.join(failed)}: run `{CLI} fetch --from bucket` again",
-                   code=ExitStatus.FAILED)
-
-
-def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_) -> None:
+def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_,
+                     followed: dict[str, str]) -> None:
     if watch:
         if all_nodes:
             raise Exit("--watch follows one node: give --node N (default 0), not --all-nodes", code=ExitStatus.USAGE)
-        _watch(session, run, dest, interval, streams)
+        _watch(session, run, dest, interval, streams, followed)
         return
     sessions = session.nodes() if all_nodes else [session]
     if len(sessions) > 1 and not all_ and run is None:  # the newest run is node 0's, fetched from every node
@@ -201,6 +173,9 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
     results: list[object] = on_every_node(sessions, one) if len(sessions) > 1 else [one(session)]
     for s in sessions:
         s.close()
+    from remote.tasks import frombucket
+
+    results = frombucket.gone_nodes(session, sessions, results, run, all_, dest, streams)
     problems = [m for m in failures(results)]
     fetched = []
     for s, r in zip(sessions, results, strict=True):
@@ -258,14 +233,16 @@ def _streams(value: object) -> int:
     return n
 
 
-def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int) -> None:
-    """Fetch a run's new files every ``interval`` seconds until it ends, then once more."""
+def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int,
+           followed: dict[str, str]) -> None:
+    """Fetch a run's new files every ``interval`` seconds until it ends, then once more (``followed``
+    names the run from its first answer on: the bucket's fallback takes that one)."""
     while True:
         doc = session.call("status", "--summaries", *(["--run", run] if run else []))
         if not doc["runs"]:
             raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
         current = doc["runs"][-1]
-        run = current["id"]
+        run = followed["run"] = current["id"]
         problems = fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams,
                               subdir=node_dir(session.node))
         if current["state"] not in ACTIVE:
@@ -274,6 +251,7 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
                            code=ExitStatus.FAILED)
             say(f"{run} is {current['state']}: fetched everything")
             return
+        session.close()  # the next round's first call checks the shared connection again (a host gone meanwhile)
         time.sleep(interval)
 
 

@@ -38,7 +38,8 @@ def say(text: str) -> None:
 class Session:
     """One node of a stack's target and one open connection to it, reconnecting on demand."""
 
-    def __init__(self, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None):
+    def __init__(self, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None,
+                 probe_shared: bool = False):
         from remote.ssh import target as targets
 
         if cluster is None:
@@ -53,6 +54,9 @@ class Session:
         self.node = node
         self.timeout = timeout if timeout is not None else (600.0 if self._target.is_gcp else 15.0)
         self.conn: Any = None  # a Fabric Connection, or a MuxConnection over the shared one
+        # A task with somewhere else to turn (fetch: the bucket) first makes sure the shared connection still
+        # reaches the host: one round trip, instead of hanging on one whose host has vanished.
+        self.probe_shared = probe_shared
 
     @property
     def target(self) -> Target:
@@ -84,7 +88,8 @@ class Session:
     def nodes(self) -> list[Session]:
         """A session for every node of the cluster (this one for its own node)."""
         cluster = self.cluster
-        return [self if i == self.node else Session(None, self.timeout, i, cluster) for i in range(len(cluster.hosts))]
+        return [self if i == self.node else Session(None, self.timeout, i, cluster, self.probe_shared)
+                for i in range(len(cluster.hosts))]
 
     def connect(self, again: bool = False, shared: bool = True):
         """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting).
@@ -100,7 +105,7 @@ class Session:
         if self.conn is not None:
             return self.conn
         if shared and not again and not self._target.root_unknown:
-            self.conn = mux.reuse(self._target, self._target.host)
+            self.conn = self._shared()
             if self.conn is not None:
                 return self.conn
         try:
@@ -127,6 +132,24 @@ class Session:
         if shared:
             mux.start_master(self._target, self._target.host)
         return self.conn
+
+    def _shared(self):
+        """A connection over the shared one when it is up, else None. With ``probe_shared``, only when it
+        answers too: one that does not is ended, and an SSH host is taken for gone (UNREACHABLE)."""
+        from remote.ssh import mux
+
+        conn = mux.reuse(self._target, self._target.host)
+        alive = mux.answers(self._target, self._target.host) if conn is not None and self.probe_shared else True
+        if alive is False and not self._target.is_gcp:  # (a GCP VM may have a new address, which a login finds)
+            raise Exit(f"cannot reach {self._target.host}: the shared SSH connection to it did not answer within "
+                       f"{mux.PROBE_S:g} s (the host is gone, or the way to it)", code=ExitStatus.UNREACHABLE)
+        return conn if alive is True else None
+
+    def check_shared(self) -> None:
+        """Before work that rides on the shared connection by itself (the fetch's streams), with
+        ``probe_shared``: take it up here, so a vanished host is found in one round trip."""
+        if self.conn is None and self.probe_shared and not self._target.root_unknown:
+            self.conn = self._shared()
 
     def _ask_root(self) -> None:
         """First contact with an SSH host on the default remoteRoot: keep using the old default where

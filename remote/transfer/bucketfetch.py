@@ -23,6 +23,7 @@ from remote.errors import RemoteError
 from remote.transfer.fetch.receiver import Tree, UnsafePath, part_path, partial_dir
 
 RUN_TIME = re.compile(r"_(\d{8}_\d{6})$")
+NODE_DIR = re.compile(r"node-[1-9]\d*/")  # node N's files inside a run's folder (gpu_train.stack.bucket.run_prefix)
 
 
 @dataclass
@@ -62,12 +63,14 @@ def runs_in(gcs, place: BucketPlace, stack: str) -> list[str]:
 
 
 def fetch_run(gcs, place: BucketPlace, stack: str, run: str, dest: Path, streams: int = 8,
-              say: Callable[[str], None] = print) -> Fetched:
-    """Bring gs://NAME/PREFIX/STACK/RUN/ into ``dest``: each object whose local copy differs, verified."""
-    prefix = run_prefix(place, stack, run)
-    blobs = [b for b in gcs.list_blobs(place.name, prefix=prefix) if not b.name.endswith("/")]
+              say: Callable[[str], None] = print, node: int | None = None) -> Fetched:
+    """Bring gs://NAME/PREFIX/STACK/RUN/ into ``dest``: each object whose local copy differs, verified.
+    ``node``: that node's files only (node 0's: all but the node-N/ folders; node N's: RUN/node-N/)."""
+    prefix = run_prefix(place, stack, run, node or 0)
+    blobs = [b for b in gcs.list_blobs(place.name, prefix=prefix) if not b.name.endswith("/")
+             and not (node == 0 and NODE_DIR.match(b.name[len(prefix) :]))]
     if not blobs:
-        raise RemoteError(f"nothing in {place.url(f'{stack}/{run}/')}: no such run in the bucket")
+        raise RemoteError(f"nothing in {place.url(prefix[len(place.prefix) :])}: no such run in the bucket")
     tree, out = Tree(dest), Fetched()
     todo = []
     for blob in blobs:

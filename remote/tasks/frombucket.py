@@ -1,0 +1,87 @@
+"""`fetch` from the stack's gpu-train:bucket: on request (`--from bucket`), or when a host cannot be reached
+(the whole fetch, or the nodes of `--all-nodes` that do not answer): the bucket holds each run as the
+laptop's runs/STACK/RUN/ (node N's files in node-N/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+from invoke import Exit
+
+from gpu_train.errors import ExitStatus
+from gpu_train.stack.project import project_root
+from remote.tasks import trust
+from remote.tasks.fetch import destination, node_dir
+from remote.tasks.session import CLI, Session, say
+
+
+def from_bucket(target, run: str | None, all_: bool, dest: str | None, streams: int, node: int | None = None) -> None:
+    """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/STACK/ into runs/STACK/RUN
+    (``node``: that node's files only, into its folder there: a node that cannot be reached)."""
+    from gpu_train.stack.bucket import parse_bucket
+    from remote.errors import RemoteError
+    from remote.transfer import bucketfetch
+
+    if not target.bucket:
+        raise Exit(f"stack {target.stack} has no bucket: set gpu-train:bucket (see docs/bucket.md), or fetch from "
+                   "the host", code=ExitStatus.USAGE)
+    place = parse_bucket(target.bucket)
+    try:
+        gcs = bucketfetch.client()
+        runs = bucketfetch.runs_in(gcs, place, target.stack)
+        if run:
+            runs = [r for r in runs if r == run] or [r for r in runs if r.startswith(f"{run}_")][-1:]
+        elif not all_:
+            runs = runs[-1:]
+        if not runs:
+            raise Exit(f"no run{' ' + run if run else 's'} of stack {target.stack} in {place.url(target.stack + '/')}",
+                       code=ExitStatus.FAILED)
+        base = Path(dest) if dest else project_root() / "runs" / target.stack
+        failed = []
+        for r in runs:
+            where = trust.inside(destination(target.stack, r, dest, len(runs) > 1, node_dir(node or 0)), base)
+            try:
+                got = bucketfetch.fetch_run(gcs, place, target.stack, r, where, streams, say, node)
+            except RemoteError as e:
+                if node is None:
+                    raise
+                failed.append(r)
+                say(f"{r}: {e}")
+                continue
+            for problem in got.problems:
+                say(f"{r}: {problem}")
+            failed += [r] if got.problems else []
+            say(f"{r}: {got.files} file(s), {got.bytes} bytes from {place.url(f'{target.stack}/{r}/{node_dir(node or 0)}')} into {where} "
+                f"(verified; {got.unchanged} unchanged)")
+    except RemoteError as e:
+        raise Exit(str(e), code=ExitStatus.FAILED) from None
+    if failed:
+        raise Exit(f"fetch from the bucket failed for {', '.join(failed)}: run `{CLI} fetch --from bucket` again",
+                   code=ExitStatus.FAILED)
+
+
+def gone_nodes(session: Session, sessions: list[Session], results: list[object], run: str | None,
+               all_: bool, dest: str | None, streams: int) -> list[object]:
+    """--all-nodes where some nodes cannot be reached (all of them: the caller's fallback): those nodes'
+    files from the bucket (its RUN/node-N/), the same runs the others answered with. The results, those
+    nodes' failures taken out where the bucket served them."""
+    gone = [s.node for s, r in zip(sessions, results, strict=True) if isinstance(r, Exit) and r.code == ExitStatus.UNREACHABLE]
+    if not gone or not session.cluster.bucket:
+        return results
+    if len(gone) == len(sessions):
+        raise cast(Exit, results[0])  # not one node answered: the whole runs from the bucket (the caller)
+    answered = sorted({x["id"] for r in results if isinstance(r, tuple) for x in r[0]})
+    out = list(results)
+    for n in gone:
+        say(f"node {n}: {cast(Exit, results[n]).message}\nnode {n} cannot be reached: fetching its files from the bucket "
+            f"{session.cluster.bucket} instead")
+        try:
+            for r in answered:  # (one run each, into where the host's fetch put it: --dest/RUN for several)
+                from_bucket(session.cluster, r, False, str(Path(dest) / r) if dest and len(answered) > 1 else dest,
+                            streams, node=n)
+        except Exit as e:
+            out[n] = Exit(f"not from the bucket either: {e.message}", code=ExitStatus.FAILED)
+            continue
+        out[n] = ([], [])
+    return out
