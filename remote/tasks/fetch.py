@@ -15,21 +15,11 @@ from invoke import Exit, task
 from gpu_train.contract import ACTIVE
 from gpu_train.errors import ExitStatus
 from gpu_train.stack.project import project_root
-from remote.tasks import trust
+from remote.tasks import frombucket, trust
+from remote.tasks.frombucket import destination, node_dir
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
-
-
-def destination(stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
-    """Where a run's JOB_DIR goes: --dest (RUN/ under it for several runs), else the project's runs/STACK/RUN."""
-    where = Path(dest) / run if dest and several else Path(dest or project_root() / "runs" / stack / run)
-    return where / subdir if subdir else where
-
-
-def node_dir(node: int) -> str:
-    """Where a node's runs go inside each run's folder: node 0 at the top, node N in node-N/."""
-    return f"node-{node}" if node else ""
 
 
 def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
@@ -127,8 +117,6 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
     (one previous version per file). Exits non-zero, naming each, when anything the host has is not home.
     With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
-    from remote.tasks import frombucket
-
     streams = _streams(streams)
     run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
     if from_ not in (None, "host", "bucket"):
@@ -173,8 +161,6 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
     results: list[object] = on_every_node(sessions, one) if len(sessions) > 1 else [one(session)]
     for s in sessions:
         s.close()
-    from remote.tasks import frombucket
-
     results = frombucket.gone_nodes(session, sessions, results, run, all_, dest, streams)
     problems = [m for m in failures(results)]
     fetched = []

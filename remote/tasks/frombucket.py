@@ -12,8 +12,18 @@ from invoke import Exit
 from gpu_train.errors import ExitStatus
 from gpu_train.stack.project import project_root
 from remote.tasks import trust
-from remote.tasks.fetch import destination, node_dir
 from remote.tasks.session import CLI, Session, say
+
+
+def destination(stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
+    """Where a run's JOB_DIR goes: --dest (RUN/ under it for several runs), else the project's runs/STACK/RUN."""
+    where = Path(dest) / run if dest and several else Path(dest or project_root() / "runs" / stack / run)
+    return where / subdir if subdir else where
+
+
+def node_dir(node: int) -> str:
+    """Where a node's runs go inside each run's folder: node 0 at the top, node N in node-N/."""
+    return f"node-{node}" if node else ""
 
 
 def from_bucket(target, run: str | None, all_: bool, dest: str | None, streams: int, node: int | None = None) -> None:
