@@ -2,7 +2,8 @@
 
 A log sink sends Compute Engine's ``compute.instances.preempted`` and ``hostError`` system events of
 the stack's own VMs to a Pub/Sub topic; a Cloud Run function (2nd gen Cloud Functions, scale to
-zero, one instance at most) runs ``remote.agent.recovery_call.on_event`` for each, retried with
+zero, one instance at most) runs ``remote.agent.recovery_call.on_event`` (around the decisions of
+``gpu_train.recovery``) for each, retried with
 exponential backoff while the zone has no capacity. It runs as a service account of its own whose
 only grants are a custom role on each of the stack's instances (get, start, stop, setMetadata),
 another on the project for reading zone operations, the invoker role on its own service, and (with
@@ -17,13 +18,18 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
+from gpu_train import recovery
 from gpu_train.gcp import names, provisioning
 from gpu_train.gcp.catalog import FLEX_START, RESERVATION, SPOT
 from gpu_train.stack.config import StackConfig
-from remote.agent import recovery
 
-AGENT = Path(__file__).resolve().parent.parent / "remote" / "agent"
-FUNCTION_MODULES = ("__init__.py", "notify.py", "recovery.py", "recovery_call.py")  # stdlib only: no other imports
+ROOT = Path(__file__).resolve().parent.parent
+# The function's modules, stdlib only (no other imports): the agent's webhook and Compute calls, and the
+# recovery's decisions from the core (as the agent's zipapp carries them: gpu_train.recovery).
+FUNCTION_MODULES = {"gpu_train_agent/__init__.py": "remote/agent/__init__.py",
+                    "gpu_train_agent/notify.py": "remote/agent/notify.py",
+                    "gpu_train_agent/recovery_call.py": "remote/agent/recovery_call.py",
+                    "gpu_train/__init__.py": "", "gpu_train/recovery.py": "gpu_train/recovery.py"}
 RUNTIME = "python312"
 ENTRY_POINT = "on_event"
 MAIN = ('"""gpu-train: a preempted VM back by itself (remote/agent/recovery_call.py)."""\n'
@@ -81,10 +87,10 @@ def log_filter(project: str, zone: str, instances: list[str]) -> str:
 
 
 def source_files() -> dict[str, str]:
-    """The function's source, as uploaded: main.py and the agent's stdlib modules it runs."""
+    """The function's source, as uploaded: main.py and the stdlib modules it runs."""
     files = {"main.py": MAIN, "requirements.txt": "functions-framework>=3.5,<4\n"}
-    for module in FUNCTION_MODULES:
-        files[f"gpu_train_agent/{module}"] = (AGENT / module).read_text(encoding="utf-8")
+    for name, source in FUNCTION_MODULES.items():
+        files[name] = (ROOT / source).read_text(encoding="utf-8") if source else ""
     return files
 
 

@@ -122,17 +122,20 @@ def test_the_agent_ships_the_contract_it_imports() -> None:
 
     shipped = zipfile.ZipFile(BytesIO(bundle.payload()))
     assert shipped.read("gpu_train/contract.py") == bundle.lean((ROOT / "gpu_train" / "contract.py").read_bytes())
-    agent_imports = {n.module for p in (ROOT / "remote" / "agent").glob("*.py") if p.name != "bundle.py"
+    assert shipped.read("gpu_train/recovery.py") == bundle.lean((ROOT / "gpu_train" / "recovery.py").read_bytes())
+    agent_imports = {n.module if n.module != "gpu_train" else f"gpu_train.{a.name}"
+                     for p in (ROOT / "remote" / "agent").glob("*.py") if p.name != "bundle.py"
                      for n in ast.walk(parse_source(p)) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
-                     and n.module.split(".")[0] == "gpu_train"}
-    assert agent_imports == {"gpu_train.contract"}, agent_imports
+                     and n.module.split(".")[0] == "gpu_train" for a in n.names}
+    assert agent_imports == {"gpu_train.contract", "gpu_train.recovery"}, agent_imports
 
 
-def test_the_contract_needs_python_3_8_and_the_standard_library_only() -> None:
-    tree = ast.parse((ROOT / "gpu_train" / "contract.py").read_text(), feature_version=(3, 8))
+@pytest.mark.parametrize("shipped", ["contract.py", "recovery.py"])
+def test_what_the_agent_carries_of_the_core_needs_python_3_8_and_the_standard_library_only(shipped: str) -> None:
+    tree = ast.parse((ROOT / "gpu_train" / shipped).read_text(), feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     import sys
 
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
-    assert Path(ROOT / "gpu_train" / "contract.py").is_file()
+    assert Path(ROOT / "gpu_train" / shipped).is_file()

@@ -144,19 +144,21 @@ def test_the_core_is_handed_its_data() -> None:
 
 
 # Which rooms may import which (a room: a package folder; its modules' imports, inside functions too).
-# Bottom up: contract <- stack <-> gcp <- jobs/views/importing; the agent takes the contract only;
+# Bottom up: contract <- stack <-> gcp <- jobs/views/importing; the agent takes the contract and the
+# recovery's decisions only (its zipapp carries both);
 # the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
 ALLOWED = {
     "gpu_train.contract": set(),
+    "gpu_train.recovery": set(),  # stdlib only: the zipapp and the Cloud Run function carry it too
     "gpu_train.errors": set(),
     "gpu_train.atomic": set(),
     "gpu_train.launcher": {"remote.cli"},  # the command's entry point: the one arrow from the core up
     "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.atomic", "gpu_train.gcp"},
-    "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack"},
+    "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.recovery"},
     "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
-    "gpu_train.views": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
+    "gpu_train.views": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp", "gpu_train.recovery"},
     "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
-    "remote.agent": {"gpu_train.contract"},
+    "remote.agent": {"gpu_train.contract", "gpu_train.recovery"},  # the two the zipapp carries
     "infra": {"gpu_train"},
     "infra.__main__": {"gpu_train", "infra"},  # `pulumi up`'s entry point: builds Google's lookups (infra.ops)
     "infra.ops": {"gpu_train", "infra"},
@@ -173,11 +175,6 @@ DEBTS = {
     ("infra.program", "remote.agent.bundle"): "the startup script carries the agent's zipapp: the laptop's agent, built here",
     ("infra.ops.setup", "remote.transfer.sync"): "scripts/setup reuses the laptop's ssh helper",
     ("remote.ssh.vmprobe", "infra.ops.probes"): "a stopped VM is asked about with the probes' Compute call",
-    # The recovery decisions sit in the agent's folder so that the Cloud Run function ships them; they
-    # belong in the core (their record's metadata key in the contract).
-    ("gpu_train", "remote.agent.recovery"): "the recovery decisions belong in the core",
-    ("infra", "remote.agent.recovery"): "the recovery function's source is shipped from the agent's folder",
-    ("remote", "remote.agent.recovery"): "the recovery decisions belong in the core",
     ("remote.transfer.fetch.stream", "remote.agent.fetchserve"): "the fetch framing lives with the host's sender",
 }
 

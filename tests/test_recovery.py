@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from remote.agent import notify, recovery, recovery_call
-from remote.agent.recovery import DONE, RETRY, Event
+from gpu_train import recovery
+from gpu_train.recovery import DONE, RETRY, Event
+from remote.agent import notify, recovery_call
 from tests.google_fake import FakeGoogle, rfc3339
 from tests.webhook import Webhook
 

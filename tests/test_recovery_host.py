@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpu_train import contract as protocol
+from gpu_train import recovery
 from gpu_train.views import listing
-from remote.agent import notify, recovery, wrap
+from remote.agent import notify, wrap
 from remote.ssh import vmprobe
 from remote.tasks.render import run_table
 from tests.webhook import Webhook

@@ -25,9 +25,9 @@ from gpu_train.gcp.names import (  # noqa: F401
     service_account_id,
 )
 from gpu_train.gcp.validate import GpuShape, node_shapes
+from gpu_train.recovery import RECORD_KEY
 from gpu_train.stack.config import StackConfig
 from gpu_train.stack.values import LOGIN_RE
-from remote.agent.recovery import RECORD_KEY
 
 STARTUP_TEMPLATE = Path(__file__).parent.parent / "data" / "startup-script.sh.in"
 

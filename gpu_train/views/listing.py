@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from gpu_train import recovery
 from gpu_train.contract import ACTIVE  # the contract with the host, written once
 from gpu_train.gcp import gpunames
 from gpu_train.gcp.catalog import Catalog
@@ -24,7 +25,6 @@ from gpu_train.gcp.provisioning import way
 from gpu_train.gcp.validate import shape_of
 from gpu_train.stack.config import StackConfig
 from gpu_train.views.table import aligned
-from remote.agent import recovery
 
 BILLING_STATES = ("RUNNING", "PROVISIONING", "STAGING", "STOPPING", "REPAIRING", "SUSPENDING")
 Interval = tuple[float, float]

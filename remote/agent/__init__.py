@@ -13,7 +13,8 @@ cron and systemd run it. Start reading at ``protocol`` (the contract with the la
     wrap       `wrap`: one job's process, requirements, exit code
     lifecycle  `stop`, `resume`, `boot`, `shutdown`, `tick`, `configure`
     notify     the webhook (gpu-train:notify): run ends, preemptions, returns
-    recovery   a preempted VM back by itself: the recovery function's decisions (recovery_call: its calls)
+    recovery_call  (laptop only: shipped to Cloud Run) a preempted VM back by itself: the Compute calls around
+               the recovery's decisions (gpu_train/recovery.py, which the zipapp carries for lifecycle)
     cli        the command line
     bundle     (laptop only) the deterministic zipapp and the bootstrap that installs it
 """

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 
+from gpu_train import recovery
 from gpu_train.contract import (
     ACTIVE,
     FAILED,
@@ -23,7 +24,7 @@ from gpu_train.contract import (
     TERMINAL,
 )
 
-from . import hostcheck, recovery, units
+from . import hostcheck, units
 from .launch import start_wrapper
 from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
 from .prune import refuse_pruned

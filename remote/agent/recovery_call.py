@@ -17,8 +17,10 @@ import time
 import urllib.error
 import urllib.request
 
-from . import notify, recovery
-from .recovery import DONE, RETRY, Event
+from gpu_train import recovery
+from gpu_train.recovery import DONE, RETRY, Event
+
+from . import notify
 
 COMPUTE_URL = "https://compute.googleapis.com"
 TOKEN_PATH = "instance/service-accounts/default/token"

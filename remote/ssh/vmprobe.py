@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from remote.agent import recovery
+from gpu_train import recovery
 
 DOWN = {"TERMINATED", "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED"}
 

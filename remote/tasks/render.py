@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from gpu_train.contract import RUN_LIMIT_NOTICE_S, run_limit_at
+from gpu_train.recovery import describe_return
 from gpu_train.views.table import aligned
-from remote.agent.recovery import describe_return
 
 
 def duration(seconds: float | None) -> str:

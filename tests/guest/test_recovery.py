@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import recovery, recovery_call
+from gpu_train import recovery
+from remote.agent import recovery_call
 from tests.conftest import gcp_raw
 from tests.google_fake import FakeGoogle, rfc3339
 from tests.guest.fabuser import EXAMPLE, FabUser

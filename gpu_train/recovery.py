@@ -7,8 +7,9 @@ Compute API: start every node that this event took down, stop the others of a cl
 group resumes together), leave every stop that was meant (idle auto-stop, `vm-stop`, `running:
 false`, maxRunHours, `down`) alone, and keep trying while the zone has no capacity, until the
 stack's bound (``recoverHours``). What happened is kept on each instance (metadata RECORD_KEY),
-where `status`, `ls` and the booted agent read it. Standard library only (it runs in Google's cloud
-and in the agent's zipapp); every Google answer it reads is checked by a table in
+where `status`, `ls` and the booted agent read it. Standard library only, Python 3.8+: it runs in
+Google's cloud (infra/recovery.py ships it with the function) and on the host (the agent's zipapp
+carries it beside the contract); every Google answer it reads is checked by a table in
 tests/test_recovery.py.
 """
 
