@@ -90,13 +90,13 @@ def main() -> None:
         t_ours, t_rsync = paired(ours, rsync)
         t_scp = median(scp, 3)
         noop = median(lambda: run([FAB, "fetch", "--run", run_id, "--dest", str(work / "ours")], env))
-        os.environ.update({k: v for k, v in env.items() if k.startswith("GPU_TRAIN")})
+        from gpu_train.environment import Environment
         from remote.tasks import fetch
         from remote.tasks import session as sessions
 
         def noop_in_process() -> float:
             t = time.perf_counter()
-            session = sessions.Session("bench")
+            session = sessions.Session(Environment.from_os(env), "bench")
             runs = session.call("status", "--summaries", "--run", run_id)["runs"]
             assert fetch.fetch_runs(session, runs, str(work / "ours"), False) == []
             session.close()

@@ -71,7 +71,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "gcp": False,
     "maxRunHours": None,
     "shutdownGraceS": 80,  # SIGTERM to SIGKILL when the machine goes down: 25 on spot, 110 on standard VMs
-    "metadataUrl": None,  # Compute Engine's metadata server (None: $GPU_TRAIN_METADATA_URL, else 169.254.169.254)
+    "metadataUrl": None,  # Compute Engine's metadata server (None: $METADATA_URL_ENV, else 169.254.169.254)
 }
 METADATA_URL = "http://169.254.169.254/computeMetadata/v1/"
 # On a VM: the startup script's root-owned settings (what the units run with), and the root idle clock.
@@ -275,8 +275,10 @@ class BucketView(TypedDict):
     error: str | None
 
 
-# The job's environment: which start of the run this is (0 the first, N the Nth relaunch).
-RESUMES_ENV = "GPU_TRAIN_RESUMES"
+# The job's environment: which start of the run this is (0 the first, N the Nth relaunch), REMOTE_ROOT, NOTICE's path.
+RESUMES_ENV, ROOT_ENV, NOTICE_ENV = "GPU_TRAIN_RESUMES", "GPU_TRAIN_ROOT", "GPU_TRAIN_NOTICE"
+# The host's own (the laptop's are gpu_train/environment.py's): another metadata server, authorized_keys.
+METADATA_URL_ENV, AUTHORIZED_KEYS_ENV = "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_AUTHORIZED_KEYS"
 
 
 # -- the documents the agent answers with ----------------------------------------------------

@@ -23,6 +23,10 @@ RECORD_KEY = "gpu-train-recovery"  # instance metadata: the recovery's record of
 LABEL = "gpu-train-recover"  # instance label: "on" while the stack wants its VMs back after a preemption
 EVENTS = {"compute.instances.preempted": "preempted", "compute.instances.hostError": "host error"}
 UP = ("PROVISIONING", "STAGING", "RUNNING")
+# The function's environment (infra/recovery.py sets it; the last three: tests). No contract in its bundle:
+# METADATA_URL_ENV repeats the contract's (a test holds them equal).
+STACK_ENV, NODES_ENV, HOURS_ENV, NOTIFY_ENV = "GPU_TRAIN_STACK", "GPU_TRAIN_NODES", "GPU_TRAIN_RECOVER_HOURS", "GPU_TRAIN_NOTIFY"
+COMPUTE_URL_ENV, METADATA_URL_ENV, OP_WAIT_S_ENV = "GPU_TRAIN_COMPUTE_URL", "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_OP_WAIT_S"
 # instances.start's operation errors that pass with time: the zone's capacity (the usual answer right
 # after a preemption), the region's quota (other VMs stop), Google's own trouble.
 CAPACITY = {"ZONE_RESOURCE_POOL_EXHAUSTED": "zone out of capacity",

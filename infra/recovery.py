@@ -161,8 +161,8 @@ def declare(prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance]
         f"{prefix}-{SUFFIX}-source-zip", bucket=bucket.name, name=f"recovery-{digest}.zip", opts=child,
         source=pulumi.AssetArchive({path: pulumi.StringAsset(text) for path, text in files.items()}))
 
-    env = {"GPU_TRAIN_STACK": cfg.stack, "GPU_TRAIN_NODES": ",".join(instance_names),
-           "GPU_TRAIN_RECOVER_HOURS": f"{cfg.recover_hours:g}"}
+    env = {recovery.STACK_ENV: cfg.stack, recovery.NODES_ENV: ",".join(instance_names),
+           recovery.HOURS_ENV: f"{cfg.recover_hours:g}"}
     secrets = []
     depends: list[pulumi.Resource] = [*grants, *apis]
     if cfg.notify:
@@ -173,7 +173,7 @@ def declare(prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance]
         reader = gcp.secretmanager.SecretIamMember(f"{prefix}-{SUFFIX}-notify-reader", project=project,
                                                    secret_id=secret.secret_id, role="roles/secretmanager.secretAccessor",
                                                    member=member, opts=child)
-        secrets.append({"key": "GPU_TRAIN_NOTIFY", "project_id": project, "secret": secret.secret_id,
+        secrets.append({"key": recovery.NOTIFY_ENV, "project_id": project, "secret": secret.secret_id,
                         "version": version.version})
         depends += [version, reader]
     function = gcp.cloudfunctionsv2.Function(  # type: ignore[call-overload]

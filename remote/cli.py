@@ -9,15 +9,16 @@ it crashes), and a mistyped task or flag gets a "did you mean".
 
 from __future__ import annotations
 
-import os
 import re
 import sys
+from pathlib import Path
 
 from fabric import Config
 from fabric import Executor as FabricExecutor
 from fabric.main import Fab
 from invoke import Argument, Exit, ParseError
 
+from gpu_train.environment import CONFIG_KEY, Environment
 from gpu_train.errors import ExitStatus
 from gpu_train.stack.project import did_you_mean
 
@@ -92,13 +93,18 @@ class GpuTrain(Fab):
         except ParseError as e:  # `--help TASK` of a task there is not
             raise Exit(suggest(e, sorted(self.collection.task_names), []), code=ExitStatus.USAGE) from None
 
+    environment: Environment | None = None  # the one main() built; else built from this process
+
     def update_config(self, *args, **kwargs):
+        """The tasks' Environment goes into their Context (``Environment.of(c)``), --stacks-dir in it."""
         super().update_config(*args, **kwargs)
+        env = self.environment or Environment.from_os()
         if self.args["stacks-dir"].value:
-            os.environ["GPU_TRAIN_STACKS_DIR"] = os.path.abspath(os.path.expanduser(self.args["stacks-dir"].value))
+            env = env.replace(stacks_dir=Path(self.args["stacks-dir"].value).expanduser().absolute())
+        self.config[CONFIG_KEY] = env
 
 
-def program() -> GpuTrain:
+def program(env: Environment | None = None) -> GpuTrain:
     from importlib.metadata import PackageNotFoundError, version
 
     from remote.tasks import ns
@@ -107,12 +113,14 @@ def program() -> GpuTrain:
         own = version("gpu-train")
     except PackageNotFoundError:
         own = "unknown"
-    return GpuTrain(name="gpu-train", version=own, binary="gpu-train", binary_names=["gpu-train"], namespace=ns,
-                    executor_class=Executor, config_class=Config)
+    gpu_train = GpuTrain(name="gpu-train", version=own, binary="gpu-train", binary_names=["gpu-train"], namespace=ns,
+                         executor_class=Executor, config_class=Config)
+    gpu_train.environment = env
+    return gpu_train
 
 
 def main() -> None:
     from remote import errors
 
-    errors.install()  # as fabfile.py does for `fab`: an error is a message and an exit code
-    program().run(sys.argv)
+    env = errors.install()  # as fabfile.py does for `fab`: an error is a message and an exit code
+    program(env).run(sys.argv)

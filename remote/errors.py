@@ -15,6 +15,7 @@ import os
 import sys
 import traceback
 
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus, GpuTrainError, outcome
 
 
@@ -44,7 +45,7 @@ def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
         os.dup2(devnull, sys.stdout.fileno())
         os._exit(ExitStatus.BROKEN_PIPE)
     status, message = outcome(value)
-    if os.environ.get("GPU_TRAIN_DEBUG") and not isinstance(value, KeyboardInterrupt):
+    if _DEBUG and not isinstance(value, KeyboardInterrupt):
         traceback.print_exception(kind, value, tb)  # type: ignore[arg-type,call-overload]
     elif isinstance(value, GpuTrainError | KeyboardInterrupt):
         print(message, file=sys.stderr)  # a message for the user, with its fix: no "error:" label needed
@@ -54,6 +55,13 @@ def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
     os._exit(status)
 
 
-def install() -> None:
-    """Make the hook the interpreter's: called when fabfile.py is loaded, before any task runs."""
+_DEBUG: list[bool] = []  # [True] once the entry point's Environment says GPU_TRAIN_DEBUG
+
+
+def install() -> Environment:
+    """Make the hook the interpreter's, then build the command's Environment (a bad GPU_TRAIN_* value is
+    already said by the hook): called by the entry points (fabfile.py, `gpu-train`) before any task runs."""
     sys.excepthook = _hook
+    env = Environment.from_os()
+    _DEBUG[:] = [True] if env.debug else []
+    return env

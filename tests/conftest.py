@@ -269,11 +269,11 @@ class Lab:
 
     def end_shared_connection(self) -> None:
         """Close this user's shared OpenSSH connection to the lab host (remote/ssh/mux.py)."""
+        from gpu_train.environment import Environment
         from remote.ssh import mux
         from remote.ssh.target import resolve
 
-        with mock.patch.dict(os.environ, self.env):
-            target = resolve("lab").for_node(0)
+        target = resolve(Environment.from_os(self.env), "lab").for_node(0)
         mux.end_master(target, target.host)
 
     def log(self, run: str) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.environment import Environment
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.stackfile import load_stack
 from remote.loopback import Sshd, free_port
@@ -33,8 +34,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     stacks, state = tmp_path / "stacks", tmp_path / "state"
     sshd.stack_file(stacks, "lab", tmp_path / "remote", sys.executable)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv(sshalias.CHOICE_ENV, raising=False)
-    target = target_from(load_stack("lab", load_catalog(), stacks), None, state)
+    target = target_from(load_stack("lab", load_catalog(), [stacks]), None, state)
     yield sshd, target, state
     sshd.stop()
 
@@ -76,7 +76,7 @@ def test_include_is_never_added_silently(host) -> None:
     assert not (Path(os.environ["HOME"]) / ".ssh" / "config").exists()
     assert any("gpu-train ssh-config" in s for s in said)
     # a "no" is remembered: not asked again
-    other = target_from(load_stack("lab", load_catalog(), state.parent / "stacks"), None, state / "other")
+    other = target_from(load_stack("lab", load_catalog(), [state.parent / "stacks"]), None, state / "other")
     asked: list[str] = []
     sshalias.at_first_contact(other, state / "other", said.append, ask=lambda q: asked.append(q) or "n")
     (state / "other" / "ssh_config.d" / "gpu-train-lab.conf").unlink()
@@ -103,8 +103,7 @@ def test_the_include_is_the_users_folder_and_only_our_files(host, tmp_path: Path
     # The Include named the project's .gpu-train/ssh_config.d/*.conf: any committed *.conf there
     # became part of every ssh the user ran (a Match exec ran each time).
     _, target, _ = host
-    monkeypatch.delenv("GPU_TRAIN_HOME", raising=False)
-    home = sshalias.own_home()
+    home = sshalias.own_home(Environment())
     assert home == Path(os.environ["HOME"]) / ".ssh" / "gpu-train"
     mark = tmp_path / "ran"
     project = tmp_path / "project" / ".gpu-train" / "ssh_config.d"
@@ -200,7 +199,7 @@ def test_tensorboard_through_the_tunnel_and_gone_after_ctrl_c(host, tmp_path: Pa
     logdir = notebooks.logdir_for(target.remote_root, None, None)
     try:
         notebooks.serve(conn, target, "tensorboard", {"logdir": logdir, "startTimeoutS": 240, "note": canary}, None, said.append,
-                        urls.append, wait=wait)
+                        urls.append, wait=wait, project="default")
     finally:
         conn.close()
     assert stop.is_set() and "<title>TensorBoard</title>" in seen["page"]
@@ -248,6 +247,7 @@ def test_jupyter_missing_on_the_host_says_how_to_get_it(host) -> None:
     conn = ssh.open_connection(target, target.host, 10, lambda _: None)
     try:
         with pytest.raises(ForwardError, match=r"no jupyterlab in .* on this host: add jupyterlab to your requirements\.txt"):
-            notebooks.serve(conn, target, "jupyter", {"dir": str(target.remote_root)}, None, lambda _: None, lambda _: None)
+            notebooks.serve(conn, target, "jupyter", {"dir": str(target.remote_root)}, None, lambda _: None, lambda _: None,
+                            project="default")
     finally:
         conn.close()

@@ -13,13 +13,13 @@ from remote.tasks import frombucket
 
 
 def _cluster(bucket: str | None):
-    lead = SimpleNamespace(node=0, cluster=SimpleNamespace(bucket=bucket))
+    lead = SimpleNamespace(node=0, cluster=SimpleNamespace(bucket=bucket), env=None)
     return lead, [lead, SimpleNamespace(node=1), SimpleNamespace(node=2)]
 
 
 def test_only_the_nodes_out_of_reach_come_from_the_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = []
-    monkeypatch.setattr(frombucket, "from_bucket", lambda target, run, all_, dest, streams, node: asked.append((run, dest, node)))
+    monkeypatch.setattr(frombucket, "from_bucket", lambda env, target, run, all_, dest, streams, node: asked.append((run, dest, node)))
     lead, sessions = _cluster("gs://ckpt/team")
     gone = Exit("cannot reach 10.0.0.2 over SSH", code=ExitStatus.UNREACHABLE)
     failed = Exit("a file the host cannot read", code=ExitStatus.FAILED)

@@ -5,8 +5,8 @@ against a local HTTP server speaking the Compute REST API."""
 from __future__ import annotations
 
 import json
-import os
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -14,10 +14,11 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from gpu_train.environment import Environment
 from gpu_train.gcp import capacity, quota, validate
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config
-from infra.ops import preflight, probes
+from infra.ops import preflight
 from tests.conftest import ROOT, gcp_raw
 
 CATALOG = load_catalog()
@@ -130,11 +131,18 @@ class ComputeApi(BaseHTTPRequestHandler):
         pass
 
 
+@dataclass
+class Api:
+    """The local Compute API's answers, and the Environment that points scripts/preflight at it."""
+
+    state: dict
+    env: Environment
+
+
 @pytest.fixture
 def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
-    monkeypatch.setenv(probes.COMPUTE_ENV, f"http://127.0.0.1:{server.server_address[1]}")
     # No ADC: this local API asks for none (tests/test_reservations.py runs preflight with credentials).
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-adc.json"))
     stacks = tmp_path / "stacks"
@@ -142,28 +150,28 @@ def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     (stacks / "Pulumi.pf.yaml").write_text(
         "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
         "  gpu-train:gpuCount: 2\n  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n")
-    monkeypatch.setenv("GPU_TRAIN_STACKS_DIR", str(stacks))
+    env = Environment(compute_endpoint=f"http://127.0.0.1:{server.server_address[1]}", stacks_dir=stacks, cwd=tmp_path)
     ComputeApi.state = {"region": {"PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0), "NVIDIA_T4_GPUS": (0, 0), "CPUS": (24, 0),
                                    "SSD_TOTAL_GB": (500, 100)},
                         "global": (8, 2), "offered": ["nvidia-tesla-t4", "nvidia-tesla-v100"]}
-    yield ComputeApi.state
+    yield Api(ComputeApi.state, env)
     server.shutdown()
 
 
-def test_preflight_reads_every_page_of_the_zones_gpus(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
-    compute_api |= {"offered": ["nvidia-l4", "nvidia-tesla-v100", "nvidia-tesla-t4"], "pageSize": 1}
-    assert preflight.main(["--stack", "pf"]) == 0
+def test_preflight_reads_every_page_of_the_zones_gpus(compute_api: Api, capsys: pytest.CaptureFixture) -> None:
+    compute_api.state |= {"offered": ["nvidia-l4", "nvidia-tesla-v100", "nvidia-tesla-t4"], "pageSize": 1}
+    assert preflight.main(["--stack", "pf"], compute_api.env) == 0
     assert "The stack fits." in capsys.readouterr().out
 
 
-def test_preflight_stops_on_a_page_token_that_comes_back(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
-    compute_api |= {"repeatToken": True}
-    assert preflight.main(["--stack", "pf"]) == 2  # an answer that would loop forever: said, not followed
+def test_preflight_stops_on_a_page_token_that_comes_back(compute_api: Api, capsys: pytest.CaptureFixture) -> None:
+    compute_api.state |= {"repeatToken": True}
+    assert preflight.main(["--stack", "pf"], compute_api.env) == 2  # an answer that would loop forever: said, not followed
     assert "nextPageToken came back" in capsys.readouterr().err
 
 
-def test_preflight_enough(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
-    assert preflight.main(["--stack", "pf"]) == 0
+def test_preflight_enough(compute_api: Api, capsys: pytest.CaptureFixture) -> None:
+    assert preflight.main(["--stack", "pf"], compute_api.env) == 0
     out = capsys.readouterr().out
     assert "PREEMPTIBLE_NVIDIA_T4_GPUS" in out and "The stack fits." in out
     row = next(line for line in out.splitlines() if line.strip().startswith("PREEMPTIBLE_NVIDIA_T4_GPUS"))
@@ -184,9 +192,9 @@ def test_preflight_enough(compute_api: dict, capsys: pytest.CaptureFixture) -> N
         ({"offered": ["nvidia-tesla-v100"]}, "nvidia-tesla-t4 is not offered in us-central1-a"),
     ],
 )
-def test_preflight_shortfalls(compute_api: dict, capsys: pytest.CaptureFixture, change: dict, words: str) -> None:
-    compute_api.update(change)
-    assert preflight.main(["--stack", "pf"]) == 1
+def test_preflight_shortfalls(compute_api: Api, capsys: pytest.CaptureFixture, change: dict, words: str) -> None:
+    compute_api.state.update(change)
+    assert preflight.main(["--stack", "pf"], compute_api.env) == 1
     out = capsys.readouterr().out
     assert "The stack cannot fit:" in out and words in out
     assert ("iam-admin/quotas?project=p" in out) == ("->" in words)  # each short quota says where to raise it
@@ -204,32 +212,32 @@ def test_preflight_shortfalls(compute_api: dict, capsys: pytest.CaptureFixture, 
         ({"NVIDIA_T4_GPUS": (1, 0)}, "NVIDIA_T4_GPUS", "SHORT", "since PREEMPTIBLE_NVIDIA_T4_GPUS is none here"),
     ],
 )
-def test_preflight_judges_spot_by_the_quota_it_will_use(compute_api: dict, capsys: pytest.CaptureFixture, region: dict,
+def test_preflight_judges_spot_by_the_quota_it_will_use(compute_api: Api, capsys: pytest.CaptureFixture, region: dict,
                                                           metric: str, status: str, note: str) -> None:
-    compute_api["region"] = {**region, "CPUS": (24, 0), "SSD_TOTAL_GB": (500, 0)}
-    assert preflight.main(["--stack", "pf"]) == (0 if status == "ok" else 1)
+    compute_api.state["region"] = {**region, "CPUS": (24, 0), "SSD_TOTAL_GB": (500, 0)}
+    assert preflight.main(["--stack", "pf"], compute_api.env) == (0 if status == "ok" else 1)
     lines = capsys.readouterr().out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.strip().startswith(("NVIDIA_T4", "PREEMPTIBLE_NVIDIA_T4")))
     assert lines[at].split()[0] == metric and lines[at].split()[-1] == status
     assert note in lines[at + 1]
 
 
-def test_preflight_counts_hyperdisk_against_its_own_quota(compute_api: dict, capsys: pytest.CaptureFixture) -> None:
-    (Path(os.environ["GPU_TRAIN_STACKS_DIR"]) / "Pulumi.a4.yaml").write_text(
+def test_preflight_counts_hyperdisk_against_its_own_quota(compute_api: Api, capsys: pytest.CaptureFixture) -> None:
+    (compute_api.env.new_stacks_dir / "Pulumi.a4.yaml").write_text(
         "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-b\n  gpu-train:machineType: a4-highgpu-8g\n"
         "  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n  gpu-train:bootDiskSizeGb: 400\n")
-    compute_api.update(region={"CPUS": (300, 0), "SSD_TOTAL_GB": (10000, 0), "HYPERDISK_BALANCED_TOTAL_GB": (300, 0)},
+    compute_api.state.update(region={"CPUS": (300, 0), "SSD_TOTAL_GB": (10000, 0), "HYPERDISK_BALANCED_TOTAL_GB": (300, 0)},
                        offered=["nvidia-b200"])
-    assert preflight.main(["--stack", "a4"]) == 1
+    assert preflight.main(["--stack", "a4"], compute_api.env) == 1
     out = capsys.readouterr().out
     # the 400 GB boot disk and the 100 GB data disk, both Hyperdisk (A4 takes nothing else)
     assert "HYPERDISK_BALANCED_TOTAL_GB in us-central1: limit 300, in use 0, needs 500" in out
     assert not any(line.strip().startswith("SSD_TOTAL_GB") for line in out.splitlines())
 
 
-def test_preflight_unreachable_api(monkeypatch: pytest.MonkeyPatch, compute_api: dict, capsys) -> None:
-    monkeypatch.setenv(probes.COMPUTE_ENV, "http://127.0.0.1:9")  # nothing listens there
-    assert preflight.main(["--stack", "pf"]) == 2
+def test_preflight_unreachable_api(compute_api: Api, capsys) -> None:
+    nowhere = compute_api.env.replace(compute_endpoint="http://127.0.0.1:9")  # nothing listens there
+    assert preflight.main(["--stack", "pf"], nowhere) == 2
     assert "cannot read the project's quotas" in capsys.readouterr().err
 
 

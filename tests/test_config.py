@@ -142,7 +142,7 @@ def test_stack_files(tmp_path) -> None:
         with pytest.raises(ConfigError, match=msg):
             stackfile.load_file(f, CATALOG)
     with pytest.raises(ConfigError, match="no stack file"):
-        stackfile.load_stack("nope", CATALOG, tmp_path)
+        stackfile.load_file(tmp_path / "Pulumi.nope.yaml", CATALOG)
 
 
 @pytest.mark.parametrize(

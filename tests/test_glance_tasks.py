@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.ops import probes
 from remote.loopback import Sshd
 from tests.conftest import ROOT
 from tests.google_fake import FakeGoogle
@@ -63,7 +62,7 @@ def test_check_with_nothing_then_everything(env: dict, tmp_path: Path) -> None:
         google.state["services"]["proj-1"] = {"compute.googleapis.com": "ENABLED", "cloudquotas.googleapis.com": "ENABLED"}
         env.update({"PATH": f"{STAND_IN}:{env['PATH']}", "PULUMI_STAND_IN_DIR": str(tmp_path / "pulumi"),
                     "GOOGLE_APPLICATION_CREDENTIALS": str(google.adc_file(tmp_path / "adc.json")),
-                    probes.SERVICEUSAGE_ENV: google.url, probes.COMPUTE_ENV: google.url})
+                    "GPU_TRAIN_SERVICEUSAGE_ENDPOINT": google.url, "GPU_TRAIN_COMPUTE_ENDPOINT": google.url})
         (tmp_path / "pulumi" / "stacks.json").write_text('[{"name": "t4", "resourceCount": 7}]')
         full = fab(env, "check", "--json")
         doc = json.loads(full.stdout)
@@ -89,7 +88,7 @@ def gcp(env: dict, tmp_path: Path):
                                              "labels": {"gpu-train-stack": "t4"}, "lastStartTimestamp": "2026-11-22T06:00:00Z"}]
     env.update({"PATH": f"{STAND_IN}:{env['PATH']}", "PULUMI_STAND_IN_DIR": str(tmp_path / "pulumi"),
                 "GOOGLE_APPLICATION_CREDENTIALS": str(google.adc_file(tmp_path / "adc.json")),
-                probes.SERVICEUSAGE_ENV: google.url, probes.COMPUTE_ENV: google.url})
+                "GPU_TRAIN_SERVICEUSAGE_ENDPOINT": google.url, "GPU_TRAIN_COMPUTE_ENDPOINT": google.url})
     yield google
     google.close()
 

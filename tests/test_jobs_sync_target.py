@@ -11,6 +11,7 @@ import pytest
 
 from gpu_train import jobs
 from gpu_train.contract import JobSpec
+from gpu_train.environment import Environment
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import SshHost, parse
 from remote.agent import bundle
@@ -238,13 +239,11 @@ def test_stack_outputs_errors(stand_in_pulumi: Path, tmp_path: Path) -> None:
         target.stack_outputs("t4", tmp_path / "c")
 
 
-def test_selected_stack(stand_in_pulumi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GPU_TRAIN_STACK", raising=False)
-    assert target.select_stack("given") == "given"
-    monkeypatch.setenv("GPU_TRAIN_STACK", "from-env")
-    assert target.select_stack(None) == "from-env"
-    monkeypatch.delenv("GPU_TRAIN_STACK")
-    assert target.select_stack(None) == "selected-stack"
+def test_selected_stack(stand_in_pulumi: Path, tmp_path: Path) -> None:
+    env = Environment(cwd=tmp_path)
+    assert target.select_stack(env, "given") == "given"
+    assert target.select_stack(Environment.from_os({"GPU_TRAIN_STACK": "from-env"}, cwd=tmp_path), None) == "from-env"
+    assert target.select_stack(env, None) == "selected-stack"
 
 
 def _run(rid: str, state: str, created: float, nodes: list[str] | None = None) -> dict:

@@ -152,6 +152,7 @@ ALLOWED = {
     "gpu_train.recovery": set(),  # stdlib only: the zipapp and the Cloud Run function carry it too
     "gpu_train.errors": set(),
     "gpu_train.atomic": set(),
+    "gpu_train.environment": {"gpu_train.errors", "gpu_train.stack"},  # what the laptop's commands take from the world
     "gpu_train.launcher": {"remote.cli"},  # the command's entry point: the one arrow from the core up
     "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.atomic", "gpu_train.gcp"},
     "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.recovery"},

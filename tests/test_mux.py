@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.environment import Environment
 from remote.loopback import Sshd
 from remote.ssh import mux
 from remote.ssh.target import resolve
@@ -36,9 +37,7 @@ def test_a_second_task_rides_on_the_first_ones_connection(tmp_path: Path, monkey
             return (sshd.dir / "sshd.log").read_text().count("Accepted publickey")
 
         run_fab(env, tmp_path / "proj", "status", check=True)  # first contact: a login, and the shared one beside it
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        target = resolve("lab").for_node(0)
+        target = resolve(Environment.from_os(env), "lab").for_node(0)
         path = mux.control_path(target, target.host)
         assert path is not None
         deadline = time.monotonic() + 20

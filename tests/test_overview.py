@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.environment import Environment
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.views import checkup, listing
-from infra.ops import probes
 from remote.loopback import Sshd
 from remote.tasks import gather as overview
 from tests.google_fake import FakeGoogle
@@ -38,12 +38,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, public_key: Path):
     monkeypatch.setenv("PATH", f"{VENV_BIN}:/usr/bin:/bin")
     for var in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "GOOGLE_CLOUD_PROJECT"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("GPU_TRAIN_STACKS_DIR", str(tmp_path / "stacks"))
-    monkeypatch.setenv("GPU_TRAIN_HOME", str(tmp_path / "state"))
     (tmp_path / "stacks").mkdir()
     google = FakeGoogle()
-    monkeypatch.setenv(probes.SERVICEUSAGE_ENV, google.url)
-    monkeypatch.setenv(probes.COMPUTE_ENV, google.url)
     w = World(tmp_path, monkeypatch, google, public_key)
     yield w
     google.close()
@@ -53,6 +49,9 @@ class World:
     def __init__(self, tmp: Path, monkeypatch: pytest.MonkeyPatch, google: FakeGoogle, public_key: Path):
         self.tmp, self.mp, self.google, self.public_key = tmp, monkeypatch, google, public_key
         self.stacks, self.state, self.pulumi_dir = tmp / "stacks", tmp / "state", tmp / "pulumi"
+        # What `check` and `ls` are handed: their stacks, their records, Google's APIs here.
+        self.env = Environment(stacks_dir=self.stacks, home=self.state, compute_endpoint=google.url,
+                               serviceusage_endpoint=google.url, cwd=tmp)
 
     def with_pulumi(self, stacks: list[dict] | None = None) -> World:
         self.pulumi_dir.mkdir(exist_ok=True)
@@ -86,7 +85,7 @@ def by_what(findings: list[checkup.Finding]) -> dict[str, checkup.Finding]:
 
 
 def test_check_with_none_of_it_says_what_is_missing(world: World) -> None:
-    found = by_what(overview.check_findings(world.state))
+    found = by_what(overview.check_findings(world.env))
     assert found["Pulumi CLI"].ok is False and "not found on PATH" in found["Pulumi CLI"].detail
     assert found["Pulumi backend"].ok is None
     adc = found["Application Default Credentials"]
@@ -97,7 +96,7 @@ def test_check_with_none_of_it_says_what_is_missing(world: World) -> None:
 
 def test_check_with_everything(world: World) -> None:
     world.everything()
-    findings = overview.check_findings(world.state)
+    findings = overview.check_findings(world.env)
     found = by_what(findings)
     assert [f.what for f in findings if f.ok is not True] == []
     assert found["Pulumi CLI"].detail == "v3.272.0" and "stand-in at file://~" in found["Pulumi backend"].detail
@@ -129,7 +128,7 @@ def _logged_out(w: World) -> None:
 def test_check_each_missing_piece(world: World, change, what: str, words: str) -> None:
     world.everything()
     change(world)
-    findings = overview.check_findings(world.state)
+    findings = overview.check_findings(world.env)
     found = by_what(findings)
     assert what in found, [f.what for f in findings]
     f = found[what]
@@ -176,7 +175,7 @@ def test_ls_over_gcp_and_ssh_stacks(world: World, lab: Sshd) -> None:
         {"name": "someone-elses", "zone": "zones/us-central1-a", "status": "RUNNING", "labels": {}},
     ]
     started = time.monotonic()
-    facts = overview.ls_facts(world.state)
+    facts = overview.ls_facts(world.env)
     took = time.monotonic() - started
     table = {r.stack: r for r in listing.rows(facts, time.time(), CATALOG)}
     order = [r.stack for r in listing.rows(facts, time.time(), CATALOG)]
@@ -197,6 +196,6 @@ def test_ls_over_gcp_and_ssh_stacks(world: World, lab: Sshd) -> None:
 
 def test_ls_without_credentials_uses_last_known_outputs(world: World) -> None:
     world.stack("t4", T4).outputs("t4", {"externalIp": "127.0.15.9", "zone": "us-central1-a", "hourlyCostUsd": 0.28})
-    facts = overview.ls_facts(world.state, ask_hosts=False)
+    facts = overview.ls_facts(world.env, ask_hosts=False)
     (r,) = listing.rows(facts, time.time(), CATALOG)
     assert (r.state, r.source) == ("RUNNING?", "last known outputs") and world.google.state["calls"] == []

@@ -87,7 +87,7 @@ def test_stack_search_path(tmp_path: Path) -> None:
     for d in (mine, extra):
         d.mkdir(parents=True)
     (extra / "Pulumi.lab.yaml").write_text("config: {}\n")
-    dirs = project.stack_dirs(tmp_path / "p", {"GPU_TRAIN_STACKS_DIR": str(extra)})
+    dirs = project.stack_dirs(tmp_path / "p", extra)
     assert dirs == [mine, extra, project.EXAMPLE_STACKS]
     assert project.stack_path("lab", dirs) == extra / "Pulumi.lab.yaml"
     (mine / "Pulumi.lab.yaml").write_text("config: {}\n")

@@ -73,7 +73,8 @@ def test_the_program_imports_an_existing_preference_with_its_own_values() -> Non
 def google(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     fake = FakeGoogle("127.0.21.1")
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(fake.adc_file(tmp_path / "adc.json")))
-    monkeypatch.setenv(cloud_quotas.ENDPOINT_ENV, fake.url)
+    # `pulumi up`'s program is an entry point of its own: it reads its endpoint from its process.
+    monkeypatch.setenv("GPU_TRAIN_CLOUDQUOTAS_ENDPOINT", fake.url)
     yield fake
     fake.close()
 
@@ -87,7 +88,7 @@ def test_the_lookup_reads_every_page_with_the_project_as_quota_project(google: F
 
 
 def test_a_project_that_never_enabled_cloud_quotas_has_no_preferences(google: FakeGoogle) -> None:
-    assert cloud_quotas.list_preferences("proj-1") == []
+    assert cloud_quotas.list_preferences("proj-1", google.url) == []
 
 
 def test_without_credentials_the_lookup_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,7 +116,7 @@ def test_a_faulty_answer_is_cannot_ask_not_a_crash_or_a_loop(google: FakeGoogle,
     google.state["services"]["proj-1"] = {"cloudquotas.googleapis.com": "ENABLED"}
     google.state["quota_preferences_answer"] = answer
     with pytest.raises(cloud_quotas.CannotAsk, match=words):
-        cloud_quotas.list_preferences("proj-1")
+        cloud_quotas.list_preferences("proj-1", google.url)
 
 
 def test_pulumi_up_hands_the_program_google_s_own_lookups(google: FakeGoogle) -> None:

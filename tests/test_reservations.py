@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.environment import Environment
 from gpu_train.gcp import reservations, validate
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import parse
-from infra.ops import preflight, probes
+from infra.ops import preflight
 from tests.conftest import gcp_raw
 from tests.google_fake import FakeGoogle, reservation
 
@@ -70,29 +71,27 @@ QUOTAS = {"CPUS": (24, 0), "NVIDIA_H100_GPUS": (8, 0), "SSD_TOTAL_GB": (1000, 0)
 def google(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     fake = FakeGoogle("127.0.22.1")
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(fake.adc_file(tmp_path / "adc.json")))
-    monkeypatch.setenv(probes.COMPUTE_ENV, fake.url)
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    monkeypatch.setenv("GPU_TRAIN_STACKS_DIR", str(stacks))
     fake.state["compute"] = {"proj-1": {"region": dict(QUOTAS), "global": (16, 0), "offered": ["nvidia-h100-80gb"],
                                         "reservations": {}}}
-    yield fake, stacks
+    yield fake, Environment(compute_endpoint=fake.url, stacks_dir=stacks, cwd=tmp_path)
     fake.close()
 
 
-def run(stacks: Path, extra: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    (stacks / "Pulumi.a3.yaml").write_text(STACK + extra)
-    code = preflight.main(["--stack", "a3"])
+def run(env: Environment, extra: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    (env.new_stacks_dir / "Pulumi.a3.yaml").write_text(STACK + extra)
+    code = preflight.main(["--stack", "a3"], env)
     captured = capsys.readouterr()
     return code, captured.out + captured.err
 
 
 def test_an_a3_stack_fits_a_project_with_24_cpus(google, capsys: pytest.CaptureFixture) -> None:
     """A3 needs GPU quota only: its 208 vCPUs are not judged against CPUS (a false shortfall stopped scripts/up)."""
-    fake, stacks = google
+    fake, env = google
     fake.state["compute"]["proj-1"]["reservations"]["us-central1-a"] = [
         reservation("proj-1", "us-central1-a", "h100-res", "a3-highgpu-8g", count=2)]
-    code, out = run(stacks, "  gpu-train:reservation: h100-res\n", capsys)
+    code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 0, out
     assert "The stack fits." in out and not any(line.strip().startswith("CPUS") for line in out.splitlines())
     assert "reservation h100-res (project proj-1, us-central1-a): READY, 0 of 2 VMs in use: matches the shape" in out
@@ -101,35 +100,35 @@ def test_an_a3_stack_fits_a_project_with_24_cpus(google, capsys: pytest.CaptureF
 
 
 def test_a_missing_reservation_fails_naming_it(google, capsys: pytest.CaptureFixture) -> None:
-    _, stacks = google
-    code, out = run(stacks, "  gpu-train:reservation: h100-res\n", capsys)
+    _, env = google
+    code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 1
     assert "reservation h100-res does not exist in us-central1-a (project proj-1)" in out
     assert "gcloud compute reservations list --project=proj-1" in out
 
 
 def test_a_reservation_in_another_zone_is_named(google, capsys: pytest.CaptureFixture) -> None:
-    fake, stacks = google
+    fake, env = google
     fake.state["compute"]["proj-1"]["reservations"]["us-central1-b"] = [
         reservation("proj-1", "us-central1-b", "h100-res", "a3-highgpu-8g")]
-    code, out = run(stacks, "  gpu-train:reservation: h100-res\n", capsys)
+    code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 1 and "has one of that name in us-central1-b: set gpu-train:zone to it" in out
 
 
 def test_a_reservation_of_another_shape_fails_saying_what_differs(google, capsys: pytest.CaptureFixture) -> None:
-    fake, stacks = google
+    fake, env = google
     fake.state["compute"]["proj-1"]["reservations"]["us-central1-a"] = [
         reservation("proj-1", "us-central1-a", "h100-res", "a3-megagpu-8g")]
-    code, out = run(stacks, "  gpu-train:reservation: h100-res\n", capsys)
+    code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 1 and "DIFFERS" in out
     assert "holds a3-megagpu-8g VMs, the stack declares a3-highgpu-8g" in out
 
 
 def test_a_shared_reservation_is_read_from_its_own_project(google, capsys: pytest.CaptureFixture) -> None:
-    fake, stacks = google
+    fake, env = google
     fake.state["compute"]["shared-proj"] = {"reservations": {"us-central1-a": [
         reservation("shared-proj", "us-central1-a", "h100-res", "a3-highgpu-8g", count=4, in_use=1)]}}
-    code, out = run(stacks, "  gpu-train:reservation: projects/shared-proj/reservations/h100-res\n", capsys)
+    code, out = run(env, "  gpu-train:reservation: projects/shared-proj/reservations/h100-res\n", capsys)
     assert code == 0, out
     assert "reservation h100-res (project shared-proj, us-central1-a): READY, 1 of 4 VMs in use" in out
 
@@ -137,7 +136,7 @@ def test_a_shared_reservation_is_read_from_its_own_project(google, capsys: pytes
 def test_without_credentials_preflight_says_so(google, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture) -> None:
     """The fake refuses requests without its token: nothing is judged on an anonymous answer."""
-    _, stacks = google
+    _, env = google
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
-    code, out = run(stacks, "  gpu-train:reservation: h100-res\n", capsys)
+    code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 2 and "cannot read the project's quotas" in out  # (the fake answered 401; no token to refresh)

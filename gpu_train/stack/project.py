@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 
 from gpu_train.atomic import atomic_write
@@ -57,14 +56,10 @@ def find_project(cwd: Path | None = None) -> Path | None:
     return None
 
 
-def project_root(cwd: Path | None = None) -> Path:
-    """The nearest directory at or above ``cwd`` with a ``stacks/`` or ``.git``; else ``cwd``.
-
-    ``$GPU_TRAIN_PROJECT`` names it outright (scripts that run elsewhere).
-    """
-    if os.environ.get("GPU_TRAIN_PROJECT"):
-        return Path(os.environ["GPU_TRAIN_PROJECT"]).expanduser().resolve()
-    return find_project(cwd) or (cwd or Path.cwd()).resolve()
+def project_root(cwd: Path) -> Path:
+    """The nearest directory at or above ``cwd`` with a ``stacks/`` or ``.git``; else ``cwd``
+    (``Environment.project_root`` adds ``$GPU_TRAIN_PROJECT``, which names it outright)."""
+    return find_project(cwd) or cwd.resolve()
 
 
 def no_stack(own: list[str], project: Path | None, cwd: Path, cli: str) -> tuple[str, str]:
@@ -114,12 +109,12 @@ def select_stack(root: Path, name: str | None) -> None:
     atomic_write(path, name + "\n", mode=0o644)
 
 
-def stack_dirs(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:
-    """The directories searched for ``Pulumi.NAME.yaml``, in order, without repeats."""
-    env = os.environ if env is None else env
-    dirs = [(project or project_root()) / "stacks"]
-    if env.get("GPU_TRAIN_STACKS_DIR"):
-        dirs.append(Path(env["GPU_TRAIN_STACKS_DIR"]).expanduser())
+def stack_dirs(project: Path, extra: Path | None) -> list[Path]:
+    """The directories searched for ``Pulumi.NAME.yaml``, in order, without repeats: the ``project``'s
+    stacks/, ``extra`` ($GPU_TRAIN_STACKS_DIR, --stacks-dir), this clone's examples."""
+    dirs = [project / "stacks"]
+    if extra is not None:
+        dirs.append(extra)
     dirs.append(EXAMPLE_STACKS)
     seen: list[Path] = []
     for d in dirs:
@@ -161,13 +156,12 @@ def did_you_mean(word: str, choices: list[str]) -> list[str]:
     return list(dict.fromkeys(prefixed[:3] + close))[:3]
 
 
-def listed_stack_files(project: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:
-    """The stacks to list (`ls`, `check`): the project's and $GPU_TRAIN_STACKS_DIR's; this clone's
-    examples only inside the clone with no other directory named."""
-    env = os.environ if env is None else env
-    dirs = stack_dirs(project, env)
+def listed_stack_files(project: Path, extra: Path | None) -> list[Path]:
+    """The stacks to list (`ls`, `check`): the project's and ``extra``'s ($GPU_TRAIN_STACKS_DIR); this
+    clone's examples only inside the clone with no other directory named."""
+    dirs = stack_dirs(project, extra)
     own = [d for d in dirs if d.resolve() != EXAMPLE_STACKS.resolve()]
-    if not own and not env.get("GPU_TRAIN_STACKS_DIR"):
+    if not own and extra is None:
         own = dirs[:1]  # inside the clone: its stacks/ are the project's
     return [p for p in (stack_path(n, own) for n in stack_names(own)) if p is not None]
 

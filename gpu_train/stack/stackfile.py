@@ -8,7 +8,6 @@ and reads the SSH public key a stack points to.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,9 @@ from gpu_train.stack.config import ConfigError, Problem, StackConfig, parse
 from gpu_train.stack.settings import NAMESPACE, looks_like_key_text
 
 
-def stacks_dir() -> Path:
-    """Where new stack files go: $GPU_TRAIN_STACKS_DIR (--stacks-dir), else the project's stacks/."""
-    return Path(os.environ.get("GPU_TRAIN_STACKS_DIR") or project.project_root() / "stacks")
-
-
-def stack_file(stack: str, directory: Path | None = None) -> Path:
-    """A stack's file: in ``directory``, else the first along the project's search path
-    (gpu_train/stack/project.py); ConfigError naming the places looked and close names when none."""
-    if directory is not None:
-        return directory / f"Pulumi.{stack}.yaml"
-    dirs = project.stack_dirs()
+def stack_file(stack: str, dirs: list[Path]) -> Path:
+    """A stack's file: the first along ``dirs``, the search path (``Environment.stack_dirs``);
+    ConfigError naming the places looked and close names when none."""
     found = project.stack_path(stack, dirs)
     if found is not None:
         return found
@@ -100,8 +91,8 @@ def load_file(path: Path, catalog: Catalog) -> StackConfig:
     return parse(read_stack_file(path), stack_name_from_path(path), catalog)
 
 
-def load_stack(stack: str, catalog: Catalog, directory: Path | None = None) -> StackConfig:
-    return parse(read_stack_file(stack_file(stack, directory)), stack, catalog)
+def load_stack(stack: str, catalog: Catalog, dirs: list[Path]) -> StackConfig:
+    return parse(read_stack_file(stack_file(stack, dirs)), stack, catalog)
 
 
 # -- local files a stack refers to ------------------------------------------------------------

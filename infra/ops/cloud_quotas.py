@@ -13,24 +13,22 @@ never enabled has no preferences: that is an empty answer, not an error.
 
 from __future__ import annotations
 
-import os
-
+from gpu_train.environment import Environment
 from infra.lookups import CannotAsk
 from infra.ops import probes
 
-ENDPOINT_ENV = "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT"  # another Cloud Quotas endpoint (tests run a local one)
-DEFAULT_ENDPOINT = "https://cloudquotas.googleapis.com"
 MAX_PAGES = 100  # a project holds a few preferences per GPU family; an endless listing is an API fault
 
 
-def list_preferences(project: str) -> list[dict]:
+def list_preferences(project: str, endpoint: str | None = None) -> list[dict]:
     """Every quota preference of ``project`` as Cloud Quotas lists them (name, service, quotaId,
-    dimensions, quotaConfig, ...); [] when its API was never enabled. Raises CannotAsk."""
+    dimensions, quotaConfig, ...); [] when its API was never enabled. Raises CannotAsk. ``endpoint``:
+    the Environment's Cloud Quotas API (None: this process's, for the Pulumi program, an entry point of its own)."""
     adc, creds = probes.read_adc()
     if creds is None:
         raise CannotAsk(adc.error or f"no Application Default Credentials at {adc.path} "
                         "(gcloud auth application-default login)")
-    base = os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT
+    base = endpoint or Environment.from_os().cloudquotas_endpoint
     url = f"{base}/v1/projects/{project}/locations/global/quotaPreferences"
     found: list[dict] = []
     params: dict[str, str] = {}

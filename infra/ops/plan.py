@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.contract import RUN_LIMIT_NOTICE_S
+from gpu_train.environment import Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import changes, images, provisioning, validate, vm
 from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
@@ -272,17 +273,18 @@ def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | 
     return text, ExitStatus.OK
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/plan", description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--stack", help="a stack in stacks/ (stacks/Pulumi.NAME.yaml)")
     which.add_argument("--file", type=Path, help="a stack file anywhere")
     args = parser.parse_args(argv)
     try:
-        path = args.file or stackfile.stack_file(args.stack)  # (a missing stack is said, with its fix)
+        env = env or Environment.from_os()
+        path = args.file or stackfile.stack_file(args.stack, env.stack_dirs)  # (a missing stack is said, with its fix)
         stack = args.stack or stackfile.stack_name_from_path(path)
         raw = stackfile.read_stack_file(path)
-    except config.ConfigError as e:
+    except (config.ConfigError, SettingError) as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)
         return status

@@ -13,9 +13,10 @@ Exit 0 when it fits, 1 when it cannot, 2 when the stack is invalid or the API ca
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
+from gpu_train import environment
+from gpu_train.environment import Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import provisioning, quota, reservations, validate
 from gpu_train.gcp.catalog_file import load_catalog
@@ -23,13 +24,13 @@ from gpu_train.stack import config, stackfile
 from infra.ops import probes
 
 
-def _credentials():
+def _credentials(env: Environment):
     """The user's Application Default Credentials; none only against another endpoint when there are none
     (a local API that asks for none)."""
     _, creds = probes.read_adc()
     if creds is not None:
         return creds
-    if os.environ.get(probes.COMPUTE_ENV):
+    if env.compute_endpoint != environment.COMPUTE:
         from google.auth.credentials import AnonymousCredentials
 
         return AnonymousCredentials()
@@ -38,28 +39,28 @@ def _credentials():
     return google.auth.default(scopes=probes.SCOPES)[0]
 
 
-def read_reservation(project: str, zone: str, name: str) -> tuple[dict | None, list[str]]:
+def read_reservation(env: Environment, project: str, zone: str, name: str) -> tuple[dict | None, list[str]]:
     """The reservation ``name`` of ``project`` in ``zone`` (reservations.get), or None and the zones that
     do hold one of that name (aggregated/reservations filtered by name). Raises RuntimeError otherwise."""
-    creds = _credentials()
+    creds = _credentials(env)
     try:
-        return probes.get_json(creds, probes.compute_url(f"/compute/v1/projects/{project}/zones/{zone}/reservations/"
-                                                         f"{name}")), []
+        return probes.get_json(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/zones/{zone}/reservations/"
+                                                              f"{name}")), []
     except RuntimeError as e:
         if not str(e).startswith("HTTP 404"):
             raise
-    pages = probes.pages(creds, probes.compute_url(f"/compute/v1/projects/{project}/aggregated/reservations"),
+    pages = probes.pages(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/aggregated/reservations"),
                          {"filter": f"name = {name}"})
     return None, sorted(scope.split("/")[-1] for page in pages for scope, scoped in (page.get("items") or {}).items()
                         if any(r.get("name") == name for r in scoped.get("reservations", [])))
 
 
-def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[str]]:
+def read_quotas(env: Environment, project: str, region: str, zone: str) -> tuple[dict, dict, set[str]]:
     """(region quotas, project quotas, accelerator types offered in the zone): one call each."""
-    creds = _credentials()
-    region_doc = probes.get_json(creds, probes.compute_url(f"/compute/v1/projects/{project}/regions/{region}"))
-    project_doc = probes.get_json(creds, probes.compute_url(f"/compute/v1/projects/{project}"))
-    accelerators = probes.compute_url(f"/compute/v1/projects/{project}/zones/{zone}/acceleratorTypes")
+    creds = _credentials(env)
+    region_doc = probes.get_json(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/regions/{region}"))
+    project_doc = probes.get_json(creds, probes.compute_url(env, f"/compute/v1/projects/{project}"))
+    accelerators = probes.compute_url(env, f"/compute/v1/projects/{project}/zones/{zone}/acceleratorTypes")
     offered = {a["name"] for page in probes.pages(creds, accelerators) for a in page.get("items", [])}
 
     def table(doc: dict) -> dict[str, tuple[float, float]]:
@@ -68,13 +69,13 @@ def read_quotas(project: str, region: str, zone: str) -> tuple[dict, dict, set[s
     return table(region_doc), table(project_doc), offered
 
 
-def offering_zones(project: str, machine_type: str, gpu_type: str) -> list[str]:
+def offering_zones(env: Environment, project: str, machine_type: str, gpu_type: str) -> list[str]:
     """The zones that offer both the machine type and the GPU now (machineTypes and acceleratorTypes
     aggregated lists, filtered by name): the Compute API's answer, not the catalog's snapshot."""
-    creds = _credentials()
+    creds = _credentials(env)
 
     def zones(kind: str, name: str) -> set[str]:
-        pages = probes.pages(creds, probes.compute_url(f"/compute/v1/projects/{project}/aggregated/{kind}"),
+        pages = probes.pages(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/aggregated/{kind}"),
                              {"filter": f"name = {name}"})
         return {scope.split("/")[-1] for page in pages for scope, scoped in (page.get("items") or {}).items()
                 if any(x.get("name") == name for x in scoped.get(kind, []))}
@@ -147,13 +148,15 @@ def _reservation_lines(cfg: config.StackConfig, found: Reservation, nodes: list,
     return fit.errors
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/preflight", description=__doc__.split("\n\n")[0])
     p.add_argument("--stack", required=True)
     args = p.parse_args(argv)
     try:
-        cfg, warnings = validate.check(stackfile.read_stack_file(stackfile.stack_file(args.stack)), args.stack, load_catalog())
-    except config.ConfigError as e:
+        env = env or Environment.from_os()
+        cfg, warnings = validate.check(stackfile.read_stack_file(stackfile.stack_file(args.stack, env.stack_dirs)), args.stack,
+                                       load_catalog())
+    except (config.ConfigError, SettingError) as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)
         return status
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stack {args.stack} targets SSH hosts: no cloud quotas to check")
         return ExitStatus.OK
     try:
-        region_q, global_q, offered = read_quotas(cfg.project or "", cfg.region, cfg.zone)
+        region_q, global_q, offered = read_quotas(env, cfg.project or "", cfg.region, cfg.zone)
     except Exception as e:  # credentials, network, permissions: say which, and stop
         print(f"cannot read the project's quotas: {type(e).__name__}: {e}\n"
               "fix: `gcloud auth application-default login`, and check gcp:project", file=sys.stderr)
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.reservation:
         project, name = reservations.where(cfg.reservation, cfg.project or "")
         try:
-            found = read_reservation(project, cfg.zone, name)
+            found = read_reservation(env, project, cfg.zone, name)
         except Exception as e:  # credentials, permissions on a shared reservation's project: say which
             print(f"cannot read reservation {name} of project {project}: {type(e).__name__}: {e}\n"
                   "fix: `gcloud auth application-default login`; a shared reservation needs "

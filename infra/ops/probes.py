@@ -15,10 +15,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpu_train.environment import Environment
 from gpu_train.views.checkup import Adc
 
-COMPUTE_ENV = "GPU_TRAIN_COMPUTE_ENDPOINT"  # another Compute API endpoint (tests run a local one)
-SERVICEUSAGE_ENV = "GPU_TRAIN_SERVICEUSAGE_ENDPOINT"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 TIMEOUT_S = 10.0
 REPO = Path(__file__).resolve().parents[2]
@@ -106,17 +105,17 @@ def get_json(creds, url: str, params: dict | list | None = None) -> dict:
     return r.json()
 
 
-def services_state(creds, project: str, services: list[str]) -> dict[str, str]:
+def services_state(env: Environment, creds, project: str, services: list[str]) -> dict[str, str]:
     """Service Usage ``services.batchGet``: each service's state (ENABLED, DISABLED) in one call."""
-    base = os.environ.get(SERVICEUSAGE_ENV) or "https://serviceusage.googleapis.com"
+    base = env.serviceusage_endpoint
     names = [("names", f"projects/{project}/services/{s}") for s in services]
     doc = get_json(creds, f"{base}/v1/projects/{project}/services:batchGet", names)
     return {s["name"].rsplit("/", 1)[-1]: s.get("state", "STATE_UNSPECIFIED") for s in doc.get("services", [])}
 
 
-def compute_url(path: str) -> str:
+def compute_url(env: Environment, path: str) -> str:
     """A Compute API URL for ``path`` (/compute/v1/...): GPU_TRAIN_COMPUTE_ENDPOINT points it elsewhere."""
-    return (os.environ.get(COMPUTE_ENV) or "https://compute.googleapis.com") + path
+    return env.compute_endpoint + path
 
 
 def pages(creds, url: str, params: dict | None = None) -> Iterator[dict]:
@@ -135,9 +134,9 @@ def pages(creds, url: str, params: dict | None = None) -> Iterator[dict]:
         params["pageToken"] = token
 
 
-def gpu_train_instances(creds, project: str) -> list[dict]:
+def gpu_train_instances(env: Environment, creds, project: str) -> list[dict]:
     """Every gpu-train VM of the project, in every zone, in one call (instances.aggregatedList
     filtered on the label the program puts on each VM)."""
     params = {"filter": "labels.gpu-train-stack:*", "returnPartialSuccess": "true"}
-    return [vm for page in pages(creds, compute_url(f"/compute/v1/projects/{project}/aggregated/instances"), params)
+    return [vm for page in pages(creds, compute_url(env, f"/compute/v1/projects/{project}/aggregated/instances"), params)
             for scoped in (page.get("items") or {}).values() for vm in scoped.get("instances", [])]

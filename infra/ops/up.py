@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_train.environment import Environment, SettingError
 from gpu_train.gcp import capacity, changes, provisioning, validate
 from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.catalog_file import load_catalog
@@ -100,12 +101,12 @@ def ask(question: str, yes: bool, say: Callable[[str], None]) -> bool:
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
-def offering_zones(cfg: config.StackConfig, gpu_type: str, say: Callable[[str], None]) -> list[str] | None:
+def offering_zones(env: Environment, cfg: config.StackConfig, gpu_type: str, say: Callable[[str], None]) -> list[str] | None:
     """Zones that offer the machine type and the GPU, from the Compute API; None if it cannot be asked."""
     from infra.ops import preflight
 
     try:
-        return preflight.offering_zones(cfg.project or "", cfg.machine_type, gpu_type)
+        return preflight.offering_zones(env, cfg.project or "", cfg.machine_type, gpu_type)
     except Exception as e:  # credentials, network: the catalog's snapshot will do
         say(f"(cannot ask the Compute API which zones offer {cfg.machine_type} + {gpu_type}: {type(e).__name__}; "
             "using the catalog's zones)")
@@ -115,12 +116,12 @@ def offering_zones(cfg: config.StackConfig, gpu_type: str, say: Callable[[str], 
 class Up:
     """One `scripts/up` run on one stack."""
 
-    def __init__(self, stack: str, yes: bool, say: Callable[[str], None], retry_delay: float = 30.0,
+    def __init__(self, env: Environment, stack: str, yes: bool, say: Callable[[str], None], retry_delay: float = 30.0,
                  pulumi: pulumi_cli.Runner = pulumi_cli.run, sleep: Callable[[float], None] = time.sleep):
-        self.stack, self.yes, self.say, self.pulumi, self.sleep = stack, yes, say, pulumi, sleep
+        self.env, self.stack, self.yes, self.say, self.pulumi, self.sleep = env, stack, yes, say, pulumi, sleep
         self.retry_delay = retry_delay
         self.catalog = load_catalog()
-        self.path = stackfile.stack_file(stack)
+        self.path = stackfile.stack_file(stack, env.stack_dirs)
         self.raw = stackfile.read_stack_file(self.path)
         self.cfg, _ = validate.check(self.raw, stack, self.catalog)
 
@@ -155,7 +156,7 @@ class Up:
                  f"({self.path.name}) are as they were. {NEXT_STEP.get(failure.kind, '')}.")
         if failure.kind in (capacity.STOCKOUT, capacity.TRANSIENT):
             gpu = validate.shape_of(self.cfg, self.catalog).gpu_type
-            offered = offering_zones(self.cfg, gpu, self.say)
+            offered = offering_zones(self.env, self.cfg, gpu, self.say)
             where = f" (zones offering {self.cfg.machine_type} + {gpu}: {', '.join(offered)})" if offered else ""
             self.say("What to do:\n"
                      f"  scripts/up --stack {self.stack} --retry-until-up   keep trying in {self.cfg.zone} "
@@ -221,7 +222,7 @@ class Up:
                         skipped.add(zone.rsplit("-", 1)[0])
                         self.say(f"skipping region {zone.rsplit('-', 1)[0]} (quota)")
                     if failure.kind == capacity.STOCKOUT and offered is None and not zones:
-                        offered = offering_zones(candidate, gpu.gpu_type, self.say) or []
+                        offered = offering_zones(self.env, candidate, gpu.gpu_type, self.say) or []
                     todo = capacity.next_zones(plan_zones, tried, failure, skipped)
                     if offered:
                         todo = [z for z in todo if z in offered]
@@ -270,7 +271,7 @@ class Up:
             self.pulumi(["config", "set", f"gpu-train:{key}", value, "--stack", self.stack], echo=False)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/up", description=__doc__.split("\n\n")[0])
     p.add_argument("--stack", required=True)
     p.add_argument("--zones", default="auto", help="new stacks, --move: auto, or a comma-separated list to try in order")
@@ -288,14 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     zones = None if args.zones == "auto" else [z.strip() for z in args.zones.split(",") if z.strip()]
     try:
-        run = Up(args.stack, args.yes, lambda s: print(f"[up] {s}", flush=True), args.retry_delay)
-    except config.ConfigError as e:
+        env = env or Environment.from_os()
+        run = Up(env, args.stack, args.yes, lambda s: print(f"[up] {s}", flush=True), args.retry_delay)
+    except (config.ConfigError, SettingError) as e:
         print(e, file=sys.stderr)
         return 2
     if not args.skip_preflight:
         from infra.ops import preflight
 
-        if preflight.main(["--stack", args.stack]) == 1:
+        if preflight.main(["--stack", args.stack], env) == 1:
             return 1
     before = pulumi_cli.stack_resources(args.stack) or []
     if pulumi_cli.has_vm(before):

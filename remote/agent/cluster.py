@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 
-from gpu_train.contract import ARRIVED, RELAYED, RUN_ID_PATTERN, STACK_NAME_PATTERN, go_marker
+from gpu_train.contract import ARRIVED, AUTHORIZED_KEYS_ENV, RELAYED, RUN_ID_PATTERN, STACK_NAME_PATTERN, go_marker
 
 from .store import AgentError
 
@@ -55,7 +55,7 @@ CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@opens
 def authorized_keys_path() -> str:
     """Where this host's sshd reads the login user's keys: ~/.ssh/authorized_keys, unless the
     session says otherwise (GPU_TRAIN_AUTHORIZED_KEYS: an sshd with its own AuthorizedKeysFile)."""
-    return os.environ.get("GPU_TRAIN_AUTHORIZED_KEYS") or os.path.expanduser("~/.ssh/authorized_keys")
+    return os.environ.get(AUTHORIZED_KEYS_ENV) or os.path.expanduser("~/.ssh/authorized_keys")
 
 
 def authorized_line(key: str, name: str, source: str | None, command: str | None = None,

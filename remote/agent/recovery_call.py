@@ -94,11 +94,19 @@ class Compute:
 
 
 def settings_from_env(env: dict[str, str]) -> dict:
-    return {"stack": env.get("GPU_TRAIN_STACK", ""), "nodes": [n for n in env.get("GPU_TRAIN_NODES", "").split(",") if n],
-            "hours": float(env.get("GPU_TRAIN_RECOVER_HOURS") or 24), "notify": env.get("GPU_TRAIN_NOTIFY") or None,
-            "compute": env.get("GPU_TRAIN_COMPUTE_URL") or COMPUTE_URL,
-            "metadata": env.get("GPU_TRAIN_METADATA_URL") or METADATA_URL,
-            "opWaitS": float(env.get("GPU_TRAIN_OP_WAIT_S") or 150)}
+    return {"stack": env.get(recovery.STACK_ENV, ""), "nodes": [n for n in env.get(recovery.NODES_ENV, "").split(",") if n],
+            "hours": _number(env, recovery.HOURS_ENV, 24), "notify": env.get(recovery.NOTIFY_ENV) or None,
+            "compute": env.get(recovery.COMPUTE_URL_ENV) or COMPUTE_URL,
+            "metadata": env.get(recovery.METADATA_URL_ENV) or METADATA_URL,
+            "opWaitS": _number(env, recovery.OP_WAIT_S_ENV, 150)}
+
+
+def _number(env: dict[str, str], name: str, default: float) -> float:
+    value = env.get(name) or ""
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number: set it to one (e.g. {default:g}), or unset it") from None
 
 
 def recover(event: Event, conf: dict, now: float | None = None, api: Compute | None = None) -> tuple[str, str]:

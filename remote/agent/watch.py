@@ -18,7 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from gpu_train.contract import ACTIVE, METADATA_URL, NOTICE, RUN_LIMIT, RUN_LIMIT_NOTICE_S, run_limit_at
+from gpu_train.contract import ACTIVE, METADATA_URL, METADATA_URL_ENV, NOTICE, RUN_LIMIT, RUN_LIMIT_NOTICE_S, run_limit_at
 
 from .procs import uptime_s
 from .status import effective_state
@@ -31,7 +31,7 @@ RUN_LIMIT_KEY = "gpu-train/run-limit"  # not a metadata path: the stop time, onc
 
 def metadata_base(conf: dict) -> str:
     """The metadata server's base URL: the setting, else $GPU_TRAIN_METADATA_URL, else Compute Engine's."""
-    base = conf.get("metadataUrl") or os.environ.get("GPU_TRAIN_METADATA_URL") or METADATA_URL
+    base = conf.get("metadataUrl") or os.environ.get(METADATA_URL_ENV) or METADATA_URL
     return base if base.endswith("/") else base + "/"
 
 

@@ -17,7 +17,9 @@ from gpu_train.contract import (
     FAILED,
     INTERRUPTED,
     NOTICE,
+    NOTICE_ENV,
     RESUMES_ENV,
+    ROOT_ENV,
     RUNNING,
     SHUTDOWN_REQUESTED,
     STOP_REQUESTED,
@@ -308,7 +310,7 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     resumes = int(read_state(run_dir).get("resumes", 0))
     env = {**os.environ, **spec.env, "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
            RESUMES_ENV: str(resumes),
-           "PYTHONUNBUFFERED": "1", "GPU_TRAIN_ROOT": root, "GPU_TRAIN_NOTICE": os.path.join(run_dir, NOTICE)}
+           "PYTHONUNBUFFERED": "1", ROOT_ENV: root, NOTICE_ENV: os.path.join(run_dir, NOTICE)}
     venv = pyenv.run_env(env_dir, python, spec.venv, spec.externally_managed,
                          bool(pyenv.dependency_files(os.path.join(run_dir, "code"))))
     if venv:

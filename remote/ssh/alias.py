@@ -20,16 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpu_train.atomic import atomic_write
+from gpu_train.environment import Environment
 from gpu_train.stack.project import command_name
 
 MARK = "# gpu-train: ssh aliases (`gpu-train ssh-config --remove` undoes this)"
-CHOICE_ENV = "GPU_TRAIN_SSH_CONFIG"  # include | no: answer the question without asking
+CHOICE_ENV = "GPU_TRAIN_SSH_CONFIG"  # include | no: answer the question without asking (Environment.ssh_config)
 
 
-def own_home() -> Path:
+def own_home(env: Environment) -> Path:
     """The user's own folder for aliases and the answer given once: $GPU_TRAIN_HOME (the user's setting),
     else ~/.ssh/gpu-train; never the project's .gpu-train (a project's files are not the user's word)."""
-    return Path(os.environ["GPU_TRAIN_HOME"]) if os.environ.get("GPU_TRAIN_HOME") else Path.home() / ".ssh" / "gpu-train"
+    return env.home if env.home is not None else Path.home() / ".ssh" / "gpu-train"
 
 
 def alias_dir(home: Path) -> Path:
@@ -148,13 +149,12 @@ def _choice_path(home: Path) -> Path:
     return home / "ssh-config-choice.json"
 
 
-def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[str], None]) -> bool:
-    """Whether to add the Include line: the setting, else the answer given once, else ask (on a terminal)."""
-    setting = os.environ.get(CHOICE_ENV, "").strip().lower()
-    if setting in ("include", "yes", "true", "1"):
-        return True
-    if setting in ("no", "false", "0"):
-        return False
+def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[str], None],
+                   setting: bool | None = None) -> bool:
+    """Whether to add the Include line: the setting ($GPU_TRAIN_SSH_CONFIG), else the answer given once,
+    else ask (on a terminal)."""
+    if setting is not None:
+        return setting
     try:
         return json.loads(_choice_path(home).read_text())["include"]
     except (OSError, ValueError, KeyError):
@@ -184,7 +184,8 @@ def terminal_ask() -> Callable[[str], str] | None:
     return ask
 
 
-def at_first_contact(target, home: Path, say: Callable[[str], None], ask: Callable[[str], str] | None = None) -> str:
+def at_first_contact(target, home: Path, say: Callable[[str], None], ask: Callable[[str], str] | None = None,
+                     setting: bool | None = None) -> str:
     """Write or refresh the alias after a task reached the stack; the first time, say so (and ask once).
 
     Never fails the task: a problem with the alias is said, and the task goes on."""
@@ -196,7 +197,7 @@ def at_first_contact(target, home: Path, say: Callable[[str], None], ask: Callab
     if new:
         say(f"ssh alias: ssh {alias}, also for rsync, scp and editors' remote-SSH "
             f"(written to {alias_dir(home) / (alias + '.conf')})")
-        if not included(home) and decide_include(home, ask, say):
+        if not included(home) and decide_include(home, ask, say, setting):
             try:
                 say(f"  added `{include_line(home)}` to {add_include(home)}")
             except OSError as e:

@@ -11,23 +11,18 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpu_train.atomic import atomic_write
 from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
+from gpu_train.environment import Environment
 from gpu_train.gcp.vm import job_grace_s
 from gpu_train.stack import config, project, stackfile
 from gpu_train.stack.config import ConfigError, Problem, SshHost, StackConfig
 
 REPO = project.REPO
-
-
-def state_home() -> Path:
-    """Local caches (stack outputs, known_hosts): $GPU_TRAIN_HOME, else .gpu-train/ in the project."""
-    return Path(os.environ.get("GPU_TRAIN_HOME") or project.project_root() / ".gpu-train")
 
 
 def state_problem(*folders: Path) -> str:
@@ -134,22 +129,22 @@ class Target:
 STACK_NAME_RE = re.compile(STACK_NAME_PATTERN)
 
 
-def select_stack(stack: str | None) -> str:
+def select_stack(env: Environment, stack: str | None) -> str:
     """--stack, else $GPU_TRAIN_STACK, else the project's selected stack (`gpu-train stack NAME`), else
     its only stack, else Pulumi's selected stack."""
-    return chosen_stack(stack)[0]
+    return chosen_stack(env, stack)[0]
 
 
-def chosen_stack(stack: str | None) -> tuple[str, str]:
+def chosen_stack(env: Environment, stack: str | None) -> tuple[str, str]:
     """``select_stack``'s answer and why it is that one."""
-    root = project.project_root()
+    root = env.project_root
     own = project.stack_names([root / "stacks"])
-    chosen, why = project.choose_stack(stack, os.environ.get("GPU_TRAIN_STACK"), project.selected_stack(root), own)
+    chosen, why = project.choose_stack(stack, env.stack, project.selected_stack(root), own)
     if chosen and not STACK_NAME_RE.fullmatch(chosen):
         raise ConfigError([Problem("stack", f"{config.shown(chosen)} is not a stack name",
                                    "letters, digits, '_', '.' and '-', starting with a letter or digit")])
-    if chosen and why.startswith("selected") and project.stack_path(chosen, project.stack_dirs(root)) is None:
-        cli = project.command_name(sys.argv[0])
+    if chosen and why.startswith("selected") and project.stack_path(chosen, env.stack_dirs) is None:
+        cli = env.cli
         raise ConfigError([Problem("stack", f"the project's selected stack {chosen!r} has no stack file any more "
                                    f"(selected in {root / project.SELECTED})",
                                    f"select another: `{cli} stack NAME`" + (f" ({', '.join(own)})" if own else "")
@@ -160,8 +155,7 @@ def chosen_stack(stack: str | None) -> tuple[str, str]:
         out = subprocess.run(["pulumi", "stack", "--show-name"], cwd=REPO, capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip(), "Pulumi's selected stack"
-    found = project.project_root() if os.environ.get("GPU_TRAIN_PROJECT") else project.find_project()
-    what, fix = project.no_stack(own, found, Path.cwd(), project.command_name(sys.argv[0]))
+    what, fix = project.no_stack(own, env.found_project, env.cwd, env.cli)
     raise ConfigError([Problem("stack", what, fix)])
 
 
@@ -278,16 +272,16 @@ def ssh_hosts(cfg: StackConfig) -> StackConfig:
     return replace(cfg, hosts=hosts)
 
 
-def resolve(stack: str | None, refresh: bool = False) -> Target:
+def resolve(env: Environment, stack: str | None, refresh: bool = False) -> Target:
     """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
     from gpu_train.gcp import validate
     from gpu_train.gcp.catalog_file import load_catalog
 
-    name = select_stack(stack)
+    name = select_stack(env, stack)
     # The same validation as `scripts/plan` and `pulumi up`: a stack file from elsewhere is checked
     # before any of its values reaches ssh, rsync or a host.
-    cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(name)), name, load_catalog())
-    home = state_home()
+    cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(name, env.stack_dirs)), name, load_catalog())
+    home = env.state_home
     why = state_problem(home, home / name)
     if why:
         raise ConfigError([Problem("stack", f"{why}: it holds the stack's host addresses and host keys, which "

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from gpu_train import recovery
+from gpu_train.environment import Environment
 
 DOWN = {"TERMINATED", "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED"}
 
@@ -62,7 +63,7 @@ def stopped_message(inst: dict, stack: str, vm: dict, now: float) -> str | None:
     return (f"the VM {vm['name']} is {status}{when} (likely {causes}); it does not answer SSH. Start it: {start}")
 
 
-def instance(vm: dict) -> dict | None:
+def instance(env: Environment, vm: dict) -> dict | None:
     """The instance's Compute API document (instances.get), or None when it cannot be asked."""
     from infra.ops import probes
 
@@ -70,19 +71,20 @@ def instance(vm: dict) -> dict | None:
     if creds is None:
         return None
     try:
-        return probes.get_json(creds, probes.compute_url(f"/compute/v1/projects/{vm['project']}/zones/{vm['zone']}/instances/{vm['name']}"))
+        path = f"/compute/v1/projects/{vm['project']}/zones/{vm['zone']}/instances/{vm['name']}"
+        return probes.get_json(creds, probes.compute_url(env, path))
     except RuntimeError:
         return None
 
 
-def probe(stack: str, vm: dict | None, say: Callable[[str], None]) -> Callable[[], str | None] | None:
+def probe(env: Environment, stack: str, vm: dict | None, say: Callable[[str], None]) -> Callable[[], str | None] | None:
     """The check open_connection runs while SSH does not answer (None when the VM is unknown)."""
     if not vm or not vm.get("name"):
         return None
     asked = {"told": False}
 
     def check() -> str | None:
-        doc = instance(vm)
+        doc = instance(env, vm)
         if doc is None:
             if not asked["told"]:
                 say("(cannot ask the Compute API about the VM: no Application Default Credentials; waiting for SSH)")

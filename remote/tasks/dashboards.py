@@ -11,7 +11,9 @@ import sys
 
 from invoke import Exit, task
 
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
+from gpu_train.stack.project import project_name
 from remote.tasks.session import STACK_HELP, Session, say
 from remote.tasks.trust import number
 
@@ -23,15 +25,16 @@ def show(json_: bool):
     return lambda url: print(json.dumps({"url": url}) if json_ else url, flush=True)
 
 
-def _serve(stack: str | None, kind: str, extra, local_port, json_: bool) -> None:
+def _serve(env: Environment, stack: str | None, kind: str, extra, local_port, json_: bool) -> None:
     """``extra(target)``: the server's settings (log dir, notebook root) for the stack's target."""
     from remote.ssh.forward import ForwardError
     from remote.tasks import notebooks
 
     local_port = number("--local-port", local_port, int, 1, 65535)
-    session = Session(stack)
+    session = Session(env, stack)
     try:
-        notebooks.serve(session.connect(shared=False), session.target, kind, extra(session.target), local_port, say, show(json_))
+        notebooks.serve(session.connect(shared=False), session.target, kind, extra(session.target), local_port, say, show(json_),
+                        project=project_name(env.project_root))
     except ForwardError as e:
         raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:
@@ -45,7 +48,8 @@ def tensorboard(c, run=None, logdir=None, local_port=None, json_=False, stack=No
     """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both."""
     from remote.tasks import notebooks
 
-    _serve(stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)}, local_port, json_)
+    _serve(Environment.of(c), stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)},
+           local_port, json_)
 
 
 @task(help={"dir": "the notebook root on the host (default: REMOTE_ROOT)", "local_port": LOCAL_HELP,
@@ -54,7 +58,7 @@ def jupyter(c, dir=None, local_port=None, json_=False, stack=None):
     """JupyterLab on the host, opened here at a local URL with its token; Ctrl-C stops both.
 
     JupyterLab, else Notebook, else Jupyter Server, bound to localhost on the host."""
-    _serve(stack, "jupyter", lambda t: {"dir": dir or t.remote_root}, local_port, json_)
+    _serve(Environment.of(c), stack, "jupyter", lambda t: {"dir": dir or t.remote_root}, local_port, json_)
 
 
 @task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
@@ -69,7 +73,7 @@ def tunnel(c, port=None, local_port=None, json_=False, stack=None):
     # (port=None, not 6006: Invoke would parse an int default itself and fail on "abc" with a traceback)
     port = number("--port", 6006 if port is None else port, int, 1, 65535)
     local_port = number("--local-port", local_port, int, 1, 65535)
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     try:
         notebooks.tunnel(session.connect(shared=False), session.target, port, local_port, say, show(json_))
     except ForwardError as e:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from invoke import Exit, task
 
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
-from gpu_train.stack.project import project_name, project_root
+from gpu_train.stack.project import project_name
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
 
@@ -42,9 +43,10 @@ def push(c, dir, stack=None, json_=False, to=None):
         raise Exit(f"{dir}: no such directory", code=ExitStatus.USAGE)
     if to not in (None, "host", "bucket"):
         raise Exit(f"--to {to}: `host` (the default) or `bucket`", code=ExitStatus.USAGE)
-    root = project_root()
+    env = Environment.of(c)
+    root = env.project_root
     rel, project = data_path(src, root), project_name(root)
-    session = Session(stack)
+    session = Session(env, stack)
     if to == "bucket":
         push_to_bucket(session.cluster, src, rel, project)
         return

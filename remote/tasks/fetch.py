@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,8 +14,8 @@ from typing import cast
 from invoke import Exit, task
 
 from gpu_train.contract import ACTIVE
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
-from gpu_train.stack.project import project_root
 from remote.tasks import frombucket, trust
 from remote.tasks.frombucket import destination, node_dir
 from remote.tasks.localstate import FetchRecord
@@ -36,13 +37,13 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
 
     record = FetchRecord(session.target.cache)
     todo = []
-    base = Path(dest) if dest else project_root() / "runs" / session.target.stack
+    base = Path(dest) if dest else session.env.project_root / "runs" / session.target.stack
     for r in runs:
         try:
             jobs.check_run_id(r["id"], "a run id from the host")
         except jobs.JobError as e:
             raise Exit(str(e), code=ExitStatus.FAILED) from None
-        where = destination(session.target.stack, r["id"], dest, len(runs) > 1, subdir)
+        where = destination(session.env, session.target.stack, r["id"], dest, len(runs) > 1, subdir)
         trust.inside(where, base)  # resolved, it stays in its base: a symlink planted there cannot lead out
         if record.up_to_date(r, where):
             if not quiet:
@@ -121,9 +122,9 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
     run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
     if from_ not in (None, "host", "bucket"):
         raise Exit(f"--from {from_}: `host` (the default) or `bucket`", code=ExitStatus.USAGE)
-    session = Session(stack, node=trust.number("--node", node or 0, int, 0), probe_shared=True)
+    session = Session(Environment.of(c), stack, node=trust.number("--node", node or 0, int, 0), probe_shared=True)
     if from_ == "bucket":
-        frombucket.from_bucket(session.cluster, run, all_, dest, streams)
+        frombucket.from_bucket(session.env, session.cluster, run, all_, dest, streams)
         return
     followed: dict[str, str] = {}  # the run --watch follows, once known
     try:
@@ -133,7 +134,7 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
             raise
         every = " (every node's files: node N's in node-N/)" if all_nodes or len(session.cluster.hosts) > 1 else ""
         say(f"{e.message}\nthe host cannot be reached: fetching from the bucket {session.cluster.bucket} instead{every}")
-        frombucket.from_bucket(session.cluster, followed.get("run", run), all_, dest, streams)
+        frombucket.from_bucket(session.env, session.cluster, followed.get("run", run), all_, dest, streams)
         if watch:
             raise Exit("--watch: fetched what the bucket holds now, but not watching: only the host knows whether the run "
                        f"still trains. Run `{CLI} fetch --watch` again once it can be reached", code=ExitStatus.UNREACHABLE) from None
@@ -170,7 +171,7 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
             problems += [f"node {s.node}: {m}" if len(sessions) > 1 else m for m in lost]
             failed_ids = {m.split(":", 1)[0] for m in lost}
             fetched += [{"runId": x["id"], "node": s.node, "failed": x["id"] in failed_ids,
-                         "dest": str(destination(session.target.stack, x["id"], dest, len(runs) > 1, node_dir(s.node)))}
+                         "dest": str(destination(session.env, session.target.stack, x["id"], dest, len(runs) > 1, node_dir(s.node)))}
                         for x in runs]
     if json_:
         print(json.dumps({"fetched": [f for f in fetched if not f["failed"]],
@@ -299,7 +300,7 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     against a plain `pulumi destroy`; only here, after the fetch, are they released.
     """
     streams = _streams(streams)
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     sessions, docs = every_node_status(session)
     if len(docs) == 1 and isinstance(docs[0], Exit):
         raise docs[0]
@@ -348,8 +349,9 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     from gpu_train.stack import stackfile
     from gpu_train.stack.project import pulumi_config_args
 
-    where = pulumi_config_args(stackfile.stack_file(session.target.stack))  # a stack file in the user's project
-    result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO)
+    where = pulumi_config_args(stackfile.stack_file(session.target.stack, session.env.stack_dirs))  # a stack file in the user's project
+    result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO,
+                            env={**os.environ, **session.env.exported()})
     if result.returncode != 0:
         raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=ExitStatus.FAILED)
     (session.target.cache / "outputs.json").unlink(missing_ok=True)

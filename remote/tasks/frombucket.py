@@ -9,15 +9,15 @@ from typing import cast
 
 from invoke import Exit
 
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
-from gpu_train.stack.project import project_root
 from remote.tasks import trust
 from remote.tasks.session import CLI, Session, say
 
 
-def destination(stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
+def destination(env: Environment, stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
     """Where a run's JOB_DIR goes: --dest (RUN/ under it for several runs), else the project's runs/STACK/RUN."""
-    where = Path(dest) / run if dest and several else Path(dest or project_root() / "runs" / stack / run)
+    where = Path(dest) / run if dest and several else Path(dest or env.project_root / "runs" / stack / run)
     return where / subdir if subdir else where
 
 
@@ -26,7 +26,7 @@ def node_dir(node: int) -> str:
     return f"node-{node}" if node else ""
 
 
-def from_bucket(target, run: str | None, all_: bool, dest: str | None, streams: int, node: int | None = None) -> None:
+def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str | None, streams: int, node: int | None = None) -> None:
     """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/STACK/ into runs/STACK/RUN
     (``node``: that node's files only, into its folder there: a node that cannot be reached)."""
     from gpu_train.stack.bucket import parse_bucket
@@ -47,10 +47,10 @@ def from_bucket(target, run: str | None, all_: bool, dest: str | None, streams: 
         if not runs:
             raise Exit(f"no run{' ' + run if run else 's'} of stack {target.stack} in {place.url(target.stack + '/')}",
                        code=ExitStatus.FAILED)
-        base = Path(dest) if dest else project_root() / "runs" / target.stack
+        base = Path(dest) if dest else env.project_root / "runs" / target.stack
         failed = []
         for r in runs:
-            where = trust.inside(destination(target.stack, r, dest, len(runs) > 1, node_dir(node or 0)), base)
+            where = trust.inside(destination(env, target.stack, r, dest, len(runs) > 1, node_dir(node or 0)), base)
             try:
                 got = bucketfetch.fetch_run(gcs, place, target.stack, r, where, streams, say, node)
             except RemoteError as e:
@@ -88,7 +88,7 @@ def gone_nodes(session: Session, sessions: list[Session], results: list[object],
             f"{session.cluster.bucket} instead")
         try:
             for r in answered:  # (one run each, into where the host's fetch put it: --dest/RUN for several)
-                from_bucket(session.cluster, r, False, str(Path(dest) / r) if dest and len(answered) > 1 else dest,
+                from_bucket(session.env, session.cluster, r, False, str(Path(dest) / r) if dest and len(answered) > 1 else dest,
                             streams, node=n)
         except Exit as e:
             out[n] = Exit(f"not from the bucket either: {e.message}", code=ExitStatus.FAILED)

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 
 from gpu_train.atomic import atomic_write
+from gpu_train.environment import Environment
 from gpu_train.gcp import validate
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.gcp.vm import label_value
 from gpu_train.stack import config, stackfile
-from gpu_train.stack.project import command_name, listed_stack_files, repo_script, stack_dirs
+from gpu_train.stack.project import listed_stack_files, repo_script
 from gpu_train.views import checkup, listing
 from infra.ops import probes
 
@@ -28,8 +28,8 @@ QUICK_SSH_S = 5.0  # how long `ls` tries to connect to a host
 ANSWER_S = 30.0  # and how long it waits for all the hosts' answers, all asked at once
 
 
-def stack_files() -> list[Path]:
-    return listed_stack_files()
+def stack_files(env: Environment) -> list[Path]:
+    return listed_stack_files(env.project_root, env.stacks_dir)
 
 
 def load(path: Path) -> tuple[str, config.StackConfig | None, str | None]:
@@ -50,7 +50,8 @@ def cached_outputs(home: Path, stack: str) -> dict | None:
 
 
 # -- check ----------------------------------------------------------------------------------------
-def check_findings(home: Path) -> list[checkup.Finding]:
+def check_findings(env: Environment) -> list[checkup.Finding]:
+    home = env.state_home
     findings = []
     version = probes.pulumi_version()
     findings.append(checkup.pulumi_cli(version))
@@ -58,14 +59,14 @@ def check_findings(home: Path) -> list[checkup.Finding]:
     findings.append(backend)
     adc, creds = probes.read_adc()
     findings.append(checkup.credentials(adc))
-    stacks = [load(p) for p in stack_files()]
+    stacks = [load(p) for p in stack_files(env)]
     projects = sorted({cfg.project for _, cfg, _ in stacks if cfg and cfg.is_gcp and cfg.project}) or (
         [adc.project] if adc.project else [])
     for project in projects:
         states, error = None, None
         if creds is not None:
             try:
-                states = probes.services_state(creds, project, list(checkup.SERVICES))
+                states = probes.services_state(env, creds, project, list(checkup.SERVICES))
             except RuntimeError as e:
                 error = str(e)
         findings += checkup.apis(project, states, error, creds is not None)
@@ -96,7 +97,7 @@ def check_findings(home: Path) -> list[checkup.Finding]:
             deployed, how = None, "no backend to ask"
         findings.append(checkup.stack_file(name, "gcp", None, deployed, how, *scripts))
     if not stacks:
-        findings.append(checkup.Finding("stack files", None, f"none in {stack_dirs()[0]} ({command_name(sys.argv[0])} init writes one)"))
+        findings.append(checkup.Finding("stack files", None, f"none in {env.stack_dirs[0]} ({env.cli} init writes one)"))
     return findings
 
 
@@ -118,13 +119,13 @@ class Ledger:
         atomic_write(self.path, json.dumps({"intervals": keep}))
 
 
-def _instances_by_stack(creds, projects: set[str]) -> tuple[dict[tuple[str, str], list[dict]], dict[str, str]]:
+def _instances_by_stack(env: Environment, creds, projects: set[str]) -> tuple[dict[tuple[str, str], list[dict]], dict[str, str]]:
     """{(project, stack label): instances}, {project: error}: one aggregated list per project."""
     found: dict[tuple[str, str], list[dict]] = {}
     errors: dict[str, str] = {}
     for project in sorted(projects):
         try:
-            for inst in probes.gpu_train_instances(creds, project):
+            for inst in probes.gpu_train_instances(env, creds, project):
                 label = (inst.get("labels") or {}).get("gpu-train-stack", "")
                 found.setdefault((project, label), []).append(inst)
         except RuntimeError as e:
@@ -153,12 +154,13 @@ def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> 
         return None, str(e).splitlines()[0][:160] if str(e) else type(e).__name__
 
 
-def ls_facts(home: Path, ask_hosts: bool = True) -> list[listing.StackFacts]:
-    stacks = [load(p) for p in stack_files()]
+def ls_facts(env: Environment, ask_hosts: bool = True) -> list[listing.StackFacts]:
+    home = env.state_home
+    stacks = [load(p) for p in stack_files(env)]
     gcp = [(n, c) for n, c, _ in stacks if c is not None and c.is_gcp]
     projects = {c.project for _, c in gcp if c.project}
     adc, creds = probes.read_adc() if gcp else (None, None)
-    by_stack, api_errors = _instances_by_stack(creds, projects) if creds is not None else ({}, {})
+    by_stack, api_errors = _instances_by_stack(env, creds, projects) if creds is not None else ({}, {})
     facts: dict[str, listing.StackFacts] = {}
     for name, cfg, problem in stacks:
         if cfg is None:

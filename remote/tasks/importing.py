@@ -14,6 +14,7 @@ from pathlib import Path
 from invoke import Exit, task
 
 from gpu_train.atomic import atomic_write
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus, printable
 from gpu_train.stack.project import repo_script
 from remote.tasks.session import say
@@ -78,7 +79,7 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     from gpu_train.gcp import validate
     from gpu_train.gcp.catalog_file import load_catalog
     from gpu_train.importing import gcloud_flags, importer, translate
-    from gpu_train.stack import config, stackfile
+    from gpu_train.stack import config
 
     file = None if source == "gcloud" else source
     if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
@@ -104,8 +105,8 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
         _, problems = validate.check(result.settings, stack_name, catalog)
     except config.ConfigError as e:
         problems = e.problems
-    directory = Path(stacks_dir).expanduser() if stacks_dir else stackfile.stacks_dir()
-    path = stackfile.stack_file(stack_name, directory)
+    directory = Path(stacks_dir).expanduser() if stacks_dir else Environment.of(c).new_stacks_dir
+    path = directory / f"Pulumi.{stack_name}.yaml"
     _write_stack(path, result.settings, origin, stack_name, force)
     errors = [p for p in problems if p.severity == "error"]
     if json:

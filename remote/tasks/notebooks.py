@@ -18,7 +18,6 @@ from pathlib import Path
 
 from gpu_train.contract import project_dirs
 from gpu_train.errors import printable_doc
-from gpu_train.stack.project import project_name, project_root
 from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.forward import ForwardError, LocalForward, pick_local_port, remote_listens
 
@@ -40,9 +39,9 @@ def host_command(python: str | None) -> str:
     return f"{shlex.quote(python or 'python3')} -c {shlex.quote(HOST_SCRIPT.read_text())}"
 
 
-def env_python(target) -> str:
-    """The project's venv's Python on the host (where the runs install requirements.txt when it exists)."""
-    return f"{project_dirs(target.remote_root, project_name(project_root()))[0]}/bin/python"
+def env_python(target, project: str) -> str:
+    """The ``project``'s venv's Python on the host (where the runs install requirements.txt when it exists)."""
+    return f"{project_dirs(target.remote_root, project)[0]}/bin/python"
 
 
 def url_for(kind: str, port: int, token: str | None) -> str:
@@ -53,13 +52,14 @@ def url_for(kind: str, port: int, token: str | None) -> str:
 
 
 def serve(conn, target, kind: str, spec_extra: dict, local_port: int | None, say: Callable[[str], None],
-          show: Callable[[str], None], wait: Callable[[], None] | None = None) -> None:
-    """Start ``kind`` on the host, forward it, print its URL, and stop both when interrupted."""
+          show: Callable[[str], None], wait: Callable[[], None] | None = None, *, project: str) -> None:
+    """Start ``kind`` on the host, forward it, print its URL, and stop both when interrupted; ``project``:
+    the project's name on the host (its venv's Python runs the server when it has one)."""
     # Both ends listen on a loopback port every local user may connect to (the host's server, this
     # laptop's forward): a secret only this user sees (Jupyter's token, TensorBoard's path) is the lock.
     token = secrets.token_hex(24)
     spec = {"kind": kind, "python": target.python, "root": target.remote_root, "token": token or "",
-            "envPython": env_python(target), "venv": target.venv, **spec_extra}
+            "envPython": env_python(target, project), "venv": target.venv, **spec_extra}
     transport = conn.client.get_transport()
     chan = transport.open_session()
     chan.exec_command(host_command(target.python))

@@ -12,6 +12,7 @@ import time
 
 from invoke import Exit, task
 
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
 from gpu_train.stack.problems import ConfigError
 from remote.tasks.optional import optional_positional
@@ -53,10 +54,9 @@ def check(c, json_=False):
     Each item passes or fails with its fix; exit 1 when something is missing.
     """
     from gpu_train.views import checkup
-    from remote.ssh.target import state_home
     from remote.tasks import gather as overview
 
-    findings = overview.check_findings(state_home())
+    findings = overview.check_findings(Environment.of(c))
     if json_:
         print(json.dumps({"findings": [f.to_json() for f in findings], "ok": checkup.exit_code(findings) == 0}, indent=1))
     else:
@@ -75,10 +75,9 @@ def ls_(c, json_=False, offline=False):
     """
     from gpu_train.gcp.catalog_file import load_catalog
     from gpu_train.views import listing
-    from remote.ssh.target import state_home
     from remote.tasks import gather as overview
 
-    table = listing.rows(overview.ls_facts(state_home(), ask_hosts=not offline), time.time(), load_catalog())
+    table = listing.rows(overview.ls_facts(Environment.of(c), ask_hosts=not offline), time.time(), load_catalog())
     if json_:
         print(json.dumps({"stacks": [r.to_json() for r in table]}, indent=1))
     else:
@@ -95,8 +94,8 @@ def stack(c, name=None, clear=False):
     from gpu_train.stack import project
     from remote.ssh import target
 
-    root = project.project_root()
-    dirs = project.stack_dirs(root)
+    env = Environment.of(c)
+    root, dirs = env.project_root, env.stack_dirs
     if clear:
         project.select_stack(root, None)
         print("no stack selected in this project now")
@@ -107,11 +106,11 @@ def stack(c, name=None, clear=False):
                        + (f"; did you mean {' or '.join(close)}?" if close else ""), code=ExitStatus.USAGE)
         project.select_stack(root, name)
     try:
-        current, why = target.chosen_stack(None)
+        current, why = target.chosen_stack(env, None)
     except ConfigError as e:
         current, why = None, e.problems[0].message
     print(f"current stack: {current} ({why})" if current else f"current stack: none ({why})")
-    for path in project.listed_stack_files(root):
+    for path in project.listed_stack_files(root, env.stacks_dir):
         mark = "*" if path.name.removeprefix("Pulumi.").rsplit(".", 1)[0] == current else " "
         print(f"{mark} {path.name.removeprefix('Pulumi.').rsplit('.', 1)[0]:<20} {path}")
 
@@ -128,12 +127,13 @@ def ssh_config(c, remove=False, stack=None):
     """
     from remote.ssh import alias as sshalias
 
-    home = sshalias.own_home()
+    env = Environment.of(c)
+    home = sshalias.own_home(env)
     if remove:
         done = sshalias.remove(home)
         print("\n".join(done) if done else "nothing to remove")
         return
-    session = Session(stack)
+    session = Session(env, stack)
     alias, _ = sshalias.write_alias(session.target, home)
     try:
         conf = sshalias.add_include(home)

@@ -7,11 +7,13 @@ does before destroying: it refuses while a run is running, and fetches every run
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from invoke import Exit, task
 
 from gpu_train.contract import ACTIVE
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
 from remote.tasks.session import CLI, STACK_HELP, Session, say
 from remote.tasks.trust import number
@@ -19,14 +21,14 @@ from remote.tasks.trust import number
 GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its runs
 
 
-def _gcp_config(stack: str | None):
+def _gcp_config(env: Environment, stack: str | None):
     from gpu_train.gcp.catalog_file import load_catalog
     from gpu_train.stack import config, stackfile
     from remote.ssh import target as targets
 
     try:
-        name = targets.select_stack(stack)
-        cfg = stackfile.load_stack(name, load_catalog())
+        name = targets.select_stack(env, stack)
+        cfg = stackfile.load_stack(name, load_catalog(), env.stack_dirs)
     except config.ConfigError as e:
         raise Exit(str(e), code=ExitStatus.USAGE) from None
     if not cfg.is_gcp:
@@ -34,12 +36,12 @@ def _gcp_config(stack: str | None):
     return cfg
 
 
-def _pulumi(commands: list[list[str]]) -> None:
+def _pulumi(env: Environment, commands: list[list[str]]) -> None:
     from remote.ssh import target as targets
 
     for argv in commands:
         say("$ " + " ".join(argv))
-        result = subprocess.run(argv, cwd=targets.REPO, stdin=subprocess.DEVNULL)
+        result = subprocess.run(argv, cwd=targets.REPO, stdin=subprocess.DEVNULL, env={**os.environ, **env.exported()})
         if result.returncode != 0:
             raise Exit(f"`{' '.join(argv[:4])} ...` failed (exit {result.returncode}): see its output above; once fixed, "
                        "run the task again (it is safe to repeat)", code=ExitStatus.FAILED)
@@ -58,15 +60,16 @@ def vm_stop(c, force=False, wait=None, stack=None):
     from remote.tasks.fetch import every_node_status, fetch_every_node, guard_runs, refusal
 
     wait = number("--wait", GUARD_TIMEOUT_S if wait is None else wait, float, 0.1, 3600)
-    cfg = _gcp_config(stack)
+    env = Environment.of(c)
+    cfg = _gcp_config(env, stack)
     runs, unreachable, sessions, docs = [], [], [], []
     if force:
         say("--force: not checking or fetching the runs (the disk keeps them; running ones resume at vm-start)")
-    elif _vm_is_down(cfg):
+    elif _vm_is_down(env, cfg):
         say(f"the Compute API says no VM of {cfg.stack} is running: nothing to fetch first")
     else:
         try:
-            sessions, docs = every_node_status(Session(cfg.stack, timeout=wait))
+            sessions, docs = every_node_status(Session(env, cfg.stack, timeout=wait))
             runs, unreachable = guard_runs(sessions, docs)
             if len(docs) == 1 and isinstance(docs[0], Exit):
                 raise docs[0]
@@ -83,12 +86,12 @@ def vm_stop(c, force=False, wait=None, stack=None):
     finally:
         for s in sessions:
             s.close()
-    _pulumi(power.commands(cfg.stack, False, cfg.nodes))
+    _pulumi(env, power.commands(cfg.stack, False, cfg.nodes))
     print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `{CLI} vm-start --stack {cfg.stack}` "
           "starts it again")
 
 
-def _vm_is_down(cfg) -> bool:
+def _vm_is_down(env: Environment, cfg) -> bool:
     """True when the Compute API (with your credentials) says none of the stack's VMs runs."""
     from gpu_train.gcp.vm import label_value
     from infra.ops import probes
@@ -97,7 +100,7 @@ def _vm_is_down(cfg) -> bool:
     if creds is None or not cfg.project:
         return False
     try:
-        mine = [i for i in probes.gpu_train_instances(creds, cfg.project)
+        mine = [i for i in probes.gpu_train_instances(env, creds, cfg.project)
                 if (i.get("labels") or {}).get("gpu-train-stack") == label_value(cfg.stack)]
     except RuntimeError:
         return False
@@ -111,10 +114,11 @@ def vm_start(c, stack=None):
     from gpu_train.stack import config
     from remote.ssh import target as targets
 
-    cfg = _gcp_config(stack)
-    _pulumi(power.commands(cfg.stack, True, cfg.nodes))
+    env = Environment.of(c)
+    cfg = _gcp_config(env, stack)
+    _pulumi(env, power.commands(cfg.stack, True, cfg.nodes))
     try:  # a restarted VM may have a new address
-        outputs = targets.stack_outputs(cfg.stack, targets.state_home() / cfg.stack, refresh=True)
+        outputs = targets.stack_outputs(cfg.stack, env.state_home / cfg.stack, refresh=True)
     except config.ConfigError as e:
         raise Exit(str(e), code=ExitStatus.FAILED) from None
     print(f"started {cfg.stack} at {outputs.get('externalIp')}; runs it was running resume by themselves "

@@ -10,6 +10,7 @@ from typing import cast
 from invoke import Exit, task
 
 from gpu_train.contract import SUCCEEDED
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
 from remote.tasks import trust
 from remote.tasks.render import render_status
@@ -23,7 +24,7 @@ from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_no
 def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=None):
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
     run, lines = trust.run_option(run), trust.number("--lines", 50 if lines is None else lines, int, 0)
-    session = Session(stack, node=trust.number("--node", node or 0, int, 0))
+    session = Session(Environment.of(c), stack, node=trust.number("--node", node or 0, int, 0))
     out = sys.stdout.buffer
     if not all_:
         trailer = _stream_log(session, run, lines, follow, out.write, out.flush)
@@ -159,7 +160,7 @@ def status(c, json_=False, stack=None):
 
     On several nodes a run is failed if any node failed (and says which), running while any runs.
     """
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     doc = cluster_status(session, "--summaries")  # each run's results: JOB_DIR and the working directory's outputs
     if json_:
         print(json.dumps({"stack": session.target.stack, **doc}, indent=1))
@@ -174,7 +175,7 @@ def status(c, json_=False, stack=None):
 def stop(c, run=None, grace=None, stack=None, json_=False):
     """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     sessions = session.nodes()
     args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
     docs = on_every_node(sessions, lambda s: s.call(*args))
@@ -200,7 +201,7 @@ def resume(c, run=None, grace=None, stack=None, json_=False):
     from gpu_train.jobs import JobError, resumable
 
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     if not run:
         try:
             run = resumable(cluster_status(session)["runs"], f"{CLI} resume --stack {session.target.stack} --run RUN")
@@ -232,7 +233,7 @@ def prune(c, run=None, dry_run=False, stack=None):
 
     run = trust.run_option(run)
     args = ["prune", *(["--run", run] if run else []), *(["--dry-run"] if dry_run else [])]
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     nodes = session.nodes()
     results = on_every_node(nodes, lambda s: s.call(*args))
     for s, doc in zip(nodes, results, strict=True):

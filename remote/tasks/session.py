@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from invoke import Exit
 
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus, outcome, printable
 from gpu_train.stack.config import ConfigError
 from gpu_train.stack.project import command_name
@@ -38,13 +39,14 @@ def say(text: str) -> None:
 class Session:
     """One node of a stack's target and one open connection to it, reconnecting on demand."""
 
-    def __init__(self, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None,
+    def __init__(self, env: Environment, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None,
                  probe_shared: bool = False):
         from remote.ssh import target as targets
 
+        self.env = env
         if cluster is None:
             try:
-                cluster = targets.resolve(stack)
+                cluster = targets.resolve(env, stack)
             except ConfigError as e:
                 raise exit_for(e) from None
         if not 0 <= node < len(cluster.hosts):
@@ -77,7 +79,7 @@ class Session:
             if i == self.node:
                 self.connect()
                 continue
-            other = Session(None, self.timeout, i, self._cluster)
+            other = Session(self.env, None, self.timeout, i, self._cluster)
             try:
                 other.connect()
             finally:
@@ -88,7 +90,7 @@ class Session:
     def nodes(self) -> list[Session]:
         """A session for every node of the cluster (this one for its own node)."""
         cluster = self.cluster
-        return [self if i == self.node else Session(None, self.timeout, i, cluster, self.probe_shared)
+        return [self if i == self.node else Session(self.env, None, self.timeout, i, cluster, self.probe_shared)
                 for i in range(len(cluster.hosts))]
 
     def connect(self, again: bool = False, shared: bool = True):
@@ -110,14 +112,14 @@ class Session:
                 return self.conn
         try:
             self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say,
-                                            vmprobe.probe(self._target.stack, self._target.vm, say), again)
+                                            vmprobe.probe(self.env, self._target.stack, self._target.vm, say), again)
         except HostKeyError as e:
             raise exit_for(e) from None
         except RemoteError as e:
             if not self._target.is_gcp:
                 raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
             # The VM may have a new address (stopped and started): refresh the stack outputs once.
-            self._cluster = targets.resolve(self._target.stack, refresh=True)
+            self._cluster = targets.resolve(self.env, self._target.stack, refresh=True)
             self._target = self._cluster.for_node(self.node)
             try:
                 self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say)
@@ -182,7 +184,7 @@ class Session:
         """``ssh gpu-train-STACK`` from the first contact on (written once, refreshed when the address changes)."""
         from remote.ssh import alias as sshalias
 
-        sshalias.at_first_contact(self._cluster, sshalias.own_home(), say, sshalias.terminal_ask())
+        sshalias.at_first_contact(self._cluster, sshalias.own_home(self.env), say, sshalias.terminal_ask(), self.env.ssh_config)
 
     def reconnect(self):
         if self.conn is not None:

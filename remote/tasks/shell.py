@@ -10,6 +10,7 @@ import sys
 from invoke import Exit, task
 
 from gpu_train.contract import BOOT_CRON_STOPPED, BOOT_NO_CRONTAB, BOOT_OFF
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
 from remote.errors import RemoteError
 from remote.tasks.localstate import atomic_write
@@ -25,7 +26,7 @@ def setup(c, stack=None):
     (@reboot) so runs a reboot interrupted carry on; power-off when idle stays off unless the stack
     sets gpu-train:idleStopMinutes (then `tick` runs every minute, and must be allowed to power off).
     """
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     encoded = base64.b64encode(json.dumps(session.target.agent_settings).encode()).decode()
     doc = session.call("configure", encoded, *([] if session.target.is_gcp else ["--cron"]))
     session.close()
@@ -80,7 +81,7 @@ def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None
 @task(name="ssh", help={"command": "run this command instead of a shell (also: gpu-train ssh -- CMD)", "stack": STACK_HELP})
 def shell(c, command=None, stack=None):
     """A shell on the host, or one command (`ssh -- CMD`); the first contact also writes the alias gpu-train-STACK."""
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     if command:
         _exec_ssh(session, *(["-t"] if sys.stdin.isatty() else []), command=command)
     _exec_ssh(session, "-t")
@@ -95,7 +96,7 @@ def nvidia_smi(c, stack=None):
     from gpu_train.errors import shown
     from remote.ssh.agentcall import run_bounded
 
-    session = Session(stack)
+    session = Session(Environment.of(c), stack)
     try:  # the host's output, bounded, its escapes written out
         status, out, err = run_bounded(session.connect(), "command -v nvidia-smi >/dev/null && nvidia-smi || "
                                        "echo 'no nvidia-smi on this host'", timeout=120, cap=4 << 20)

@@ -7,13 +7,13 @@ git (``runs/``, ``.gpu-train/``), as the code sync already keeps them off the ho
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from invoke import Exit, task
 
 from gpu_train.contract import REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
 from gpu_train.stack.project import repo_script
 
@@ -84,7 +84,6 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
          on_demand=False):
     """Write a starter stack into this project's stacks/ (an SSH host, or a GCP VM), and say what to edit."""
     from gpu_train.stack import config
-    from gpu_train.stack.project import project_root
 
     if bool(host) == bool(gcp_project):
         raise Exit("give --host USER@HOST[:PORT] (a machine you have) or --gcp-project ID (a VM on Google Cloud)", code=ExitStatus.USAGE)
@@ -101,7 +100,8 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
         text = ssh_stack(host, key)
     else:
         text = gcp_stack(gcp_project, zone, gpu, not on_demand, "203.0.113.7/32")
-    root = project_root()
+    env = Environment.of(c)
+    root = env.project_root
     path = root / "stacks" / f"Pulumi.{name}.yaml"
     if path.exists():
         raise Exit(f"{path} exists; nothing written (edit it, or pick another --stack)", code=ExitStatus.FAILED)
@@ -121,5 +121,5 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
     others = [p.name for p in path.parent.glob("Pulumi.*.y*ml") if p != path]
     for step in to_edit(kind, path.relative_to(root) if path.is_relative_to(root) else path, bool(others)):
         print(f"  next: {step}")
-    if others and not os.environ.get("GPU_TRAIN_STACK"):
+    if others and not env.stack:
         print(f"  this project has several stacks now: `gpu-train stack {name}` selects this one (or pass --stack {name})")

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from invoke import Exit, task
 
+from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus
-from gpu_train.stack.project import project_name, project_root
-from remote.ssh.target import state_home
+from gpu_train.stack.project import project_name
 from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.runs import follow_to_end
@@ -69,23 +69,24 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     from remote.errors import RemoteError
     from remote.transfer import codehop, codesize, sync
 
-    code_dir = Path(dir).expanduser().resolve() if dir else project_root()
+    environment = Environment.of(c)  # (`env` is --env)
+    code_dir = Path(dir).expanduser().resolve() if dir else environment.project_root
     if not code_dir.is_dir():
         raise Exit(f"--dir {code_dir}: no such directory", code=ExitStatus.USAGE)
     nproc, port = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535)
     env_files = _read_env_files(env_file or [])
-    session = Session(stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
+    session = Session(environment, stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
     cluster = session.cluster
     try:
         base = jobs.base_name(name, script, command)
         run = jobs.run_id(base, datetime.now())
         spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
                              python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir,
-                             cwd=Path.cwd(), environ=os.environ, env_files=env_files, pass_job_dir=bool(pass_job_dir),
+                             cwd=environment.cwd, environ=os.environ, env_files=env_files, pass_job_dir=bool(pass_job_dir),
                              resume_args=resume_args or "", resume_if=resume_if)
         chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
         spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
-                                   project=project_name(project_root()), venv=cluster.venv,
+                                   project=project_name(environment.project_root), venv=cluster.venv,
                                    notify=notify_url(cluster.stack, cluster.notify),
                                    needs_torch=jobs.needs_torch(code_dir, spec.script, chosen))
         ps = jobs.parameter_servers(ps, cluster.parameter_servers)
@@ -100,8 +101,8 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
             try:
-                plan = sync.plan_code(code_dir, Path(scratch), ((project_root() / "runs", "fetched results"),
-                                                                (state_home(), None)))
+                plan = sync.plan_code(code_dir, Path(scratch), ((environment.project_root / "runs", "fetched results"),
+                                                                (environment.state_home, None)))
             except RemoteError as e:
                 raise Exit(str(e), code=ExitStatus.USAGE) from None
             pushed = PushedManifests(cluster.cache)
@@ -145,7 +146,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
         print(f"  status:  {CLI} status{stack_opt}")
         print(f"  fetch:   {CLI} fetch{stack_opt} --run {first['runId']}")
     if follow:
-        follow_to_end(Session(None, session.timeout, 0, cluster), first["runId"])
+        follow_to_end(Session(environment, None, session.timeout, 0, cluster), first["runId"])
 
 
 def notify_url(stack: str, setting: str | None) -> str | None:

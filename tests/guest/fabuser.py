@@ -53,14 +53,13 @@ class FabUser:
     def end_shared_connection(self) -> None:
         """Close the shared OpenSSH connection the tasks left (remote/ssh/mux.py): an SSH session on the
         host, which the idle clock waits for (60 s at most, its ControlPersist)."""
-        from unittest import mock
 
+        from gpu_train.environment import Environment
         from remote.ssh import mux
         from remote.ssh.target import resolve
 
         env = {"GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home), "GPU_TRAIN_STACK": "vm"}
-        with mock.patch.dict(os.environ, env):
-            target = resolve("vm").for_node(0)
+        target = resolve(Environment.from_os(env), "vm").for_node(0)
         mux.end_master(target, target.host)
 
     def train(self, *args: str) -> str:
