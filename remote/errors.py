@@ -11,6 +11,7 @@ the traceback kept for those who ask (GPU_TRAIN_DEBUG=1).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import traceback
@@ -37,7 +38,7 @@ class VmStopped(HostKeyError):
     """The Compute API says the VM is stopped: no wait and no refreshed address will reach it."""
 
 
-def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
+def _hook(kind: type[BaseException], value: BaseException, tb: object, debug: bool = False) -> None:
     if issubclass(kind, BrokenPipeError):
         # The reader went away: nothing more can be said on stdout, and Python's own flush at exit
         # would raise again. Point stdout at /dev/null and leave as `yes | head` does.
@@ -45,7 +46,7 @@ def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
         os.dup2(devnull, sys.stdout.fileno())
         os._exit(ExitStatus.BROKEN_PIPE)
     status, message = outcome(value)
-    if _DEBUG and not isinstance(value, KeyboardInterrupt):
+    if debug and not isinstance(value, KeyboardInterrupt):
         traceback.print_exception(kind, value, tb)  # type: ignore[arg-type,call-overload]
     elif isinstance(value, GpuTrainError | KeyboardInterrupt):
         print(message, file=sys.stderr)  # a message for the user, with its fix: no "error:" label needed
@@ -55,13 +56,10 @@ def _hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
     os._exit(status)
 
 
-_DEBUG: list[bool] = []  # [True] once the entry point's Environment says GPU_TRAIN_DEBUG
-
-
 def install() -> Environment:
     """Make the hook the interpreter's, then build the command's Environment (a bad GPU_TRAIN_* value is
     already said by the hook): called by the entry points (fabfile.py, `gpu-train`) before any task runs."""
     sys.excepthook = _hook
     env = Environment.from_os()
-    _DEBUG[:] = [True] if env.debug else []
+    sys.excepthook = functools.partial(_hook, debug=env.debug)
     return env

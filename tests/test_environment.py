@@ -139,3 +139,19 @@ def test_the_hosts_variable_names_are_the_contracts() -> None:
     with pytest.raises(ValueError, match=r"GPU_TRAIN_OP_WAIT_S='soon' is not a number: set it to one \(e\.g\. 150\)"):
         recovery_call.settings_from_env({recovery.OP_WAIT_S_ENV: "soon"})
     assert recovery_call.settings_from_env({})["opWaitS"] == 150
+
+
+@pytest.mark.parametrize(("debug", "said"), [("", "error: boom (ValueError; GPU_TRAIN_DEBUG=1 shows where)"),
+                                             ("1", "Traceback (most recent call last)")])
+def test_debug_shows_where_an_unexpected_error_came_from(debug: str, said: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_DEBUG": debug}
+    out = subprocess.run([sys.executable, "-c", "from remote import errors; errors.install(); raise ValueError('boom')"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and said in out.stderr and ("Traceback" in out.stderr) == bool(debug)
+
+
+def test_no_terminal_no_question() -> None:
+    from remote.ssh import alias
+
+    assert alias.terminal_ask(Environment(stdin_isatty=False)) is None
+    assert alias.terminal_ask(Environment(stdin_isatty=True)) is not None

@@ -29,7 +29,6 @@ from gpu_train.gcp import capacity, changes, provisioning, validate
 from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile
-from gpu_train.stack.project import command_name
 from infra.ops import pulumi_cli
 
 # What an attempt may leave behind that the next zone would have to replace: removed between attempts.
@@ -91,11 +90,11 @@ def shapes_to_try(cfg: config.StackConfig, catalog: Catalog | None = None) -> li
     return list(dict.fromkeys(shapes))
 
 
-def ask(question: str, yes: bool, say: Callable[[str], None]) -> bool:
+def ask(env: Environment, question: str, yes: bool, say: Callable[[str], None]) -> bool:
     """--yes, or a "yes" typed at a terminal; with no terminal to ask, refuse."""
     if yes:
         return True
-    if not sys.stdin.isatty():
+    if not env.stdin_isatty:
         say(f"refusing: {question} needs a yes, and there is no terminal to ask (pass --yes to go ahead)")
         return False
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
@@ -130,8 +129,8 @@ class Up:
         from infra.ops import plan  # the program under mocks: only needed to compare with a deployed VM
 
         found = plan.changes_against(plan.wanted(self.cfg, self.catalog), before)
-        self.say(changes.render(found, self.stack, command_name(sys.argv[0])))
-        if changes.replaces_anything(found) and not ask("Apply these changes (they replace something)?", self.yes,
+        self.say(changes.render(found, self.stack, self.env.cli))
+        if changes.replaces_anything(found) and not ask(self.env, "Apply these changes (they replace something)?", self.yes,
                                                         self.say):
             return 1
         delay = self.retry_delay
@@ -163,7 +162,7 @@ class Up:
                      "(the VM and its runs stay as they are)\n"
                      f"  scripts/up --stack {self.stack} --move             replace the VM in another zone{where}: a "
                      "disk cannot leave its zone, so the data disk is replaced too and only the runs you fetched home "
-                     f"({command_name(sys.argv[0])} fetch --all, which needs the VM running) survive")
+                     f"({self.env.cli} fetch --all, which needs the VM running) survive")
         return 1
 
     def move(self, before: list[pulumi_cli.Resource], zones: list[str] | None, retry: bool, max_attempts: int) -> int:
@@ -171,7 +170,7 @@ class Up:
         self.say(f"--move replaces the VM of stack {self.stack} in another zone. A disk cannot leave its zone: its "
                  f"data disk{'s' if len(disks) > 1 else ''} ({', '.join(d.name for d in disks)}) will be deleted with "
                  "every run on it; only what you fetched home (runs/) survives.")
-        if not ask("Replace the VM and its data disk elsewhere?", self.yes, self.say):
+        if not ask(self.env, "Replace the VM and its data disk elsewhere?", self.yes, self.say):
             return 1
         for disk in disks:
             code, out = self.pulumi(["state", "unprotect", disk.urn, "--yes", "--stack", self.stack], echo=False)

@@ -171,8 +171,9 @@ def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[
     return choice
 
 
-def terminal_ask() -> Callable[[str], str] | None:
-    if not sys.stdin.isatty():
+def terminal_ask(env: Environment) -> Callable[[str], str] | None:
+    """A question to the user at the terminal; None when stdin is none (a script, CI: nobody to answer)."""
+    if not env.stdin_isatty:
         return None
 
     def ask(question: str) -> str:

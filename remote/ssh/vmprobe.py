@@ -8,7 +8,6 @@ The message is a pure function of the instance document (tested as a table); the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import datetime
 
@@ -90,6 +89,6 @@ def probe(env: Environment, stack: str, vm: dict | None, say: Callable[[str], No
                 say("(cannot ask the Compute API about the VM: no Application Default Credentials; waiting for SSH)")
                 asked["told"] = True
             return None
-        return stopped_message(doc, stack, vm, time.time())
+        return stopped_message(doc, stack, vm, env.clock())
 
     return check

@@ -11,7 +11,6 @@ the run's log).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from invoke import Exit, task
@@ -51,7 +50,7 @@ def push(c, dir, stack=None, json_=False, to=None):
         push_to_bucket(session.cluster, src, rel, project)
         return
     sessions = session.nodes()
-    progress = sys.stdout.isatty() and len(sessions) == 1 and not json_
+    progress = env.stdout_isatty and len(sessions) == 1 and not json_
 
     def one(s: Session) -> str:
         from remote.transfer.relay import ChannelRelay

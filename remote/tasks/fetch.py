@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import cast
@@ -156,7 +155,7 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
 
     def one(s: Session) -> tuple[list[dict], list[str]]:
         runs = _which_runs(s, run, all_)
-        return runs, fetch_runs(s, runs, dest, progress=sys.stderr.isatty() and not json_ and len(sessions) == 1,
+        return runs, fetch_runs(s, runs, dest, progress=s.env.stderr_isatty and not json_ and len(sessions) == 1,
                                 subdir=node_dir(s.node), streams=streams)
 
     results: list[object] = on_every_node(sessions, one) if len(sessions) > 1 else [one(session)]

@@ -193,7 +193,7 @@ def ls_facts(env: Environment, ask_hosts: bool = True) -> list[listing.StackFact
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     out = []
-    now = time.time()
+    now = env.clock()
     for name, f in facts.items():
         late = (None, f"no answer within {ANSWER_S:g} s") if name in asks else (None, None)
         status, error = answers.get(name, late)

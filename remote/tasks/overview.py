@@ -8,7 +8,6 @@ credentials and no VM.
 from __future__ import annotations
 
 import json
-import time
 
 from invoke import Exit, task
 
@@ -77,7 +76,8 @@ def ls_(c, json_=False, offline=False):
     from gpu_train.views import listing
     from remote.tasks import gather as overview
 
-    table = listing.rows(overview.ls_facts(Environment.of(c), ask_hosts=not offline), time.time(), load_catalog())
+    env = Environment.of(c)
+    table = listing.rows(overview.ls_facts(env, ask_hosts=not offline), env.clock(), load_catalog())
     if json_:
         print(json.dumps({"stacks": [r.to_json() for r in table]}, indent=1))
     else:

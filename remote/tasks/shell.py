@@ -83,7 +83,7 @@ def shell(c, command=None, stack=None):
     """A shell on the host, or one command (`ssh -- CMD`); the first contact also writes the alias gpu-train-STACK."""
     session = Session(Environment.of(c), stack)
     if command:
-        _exec_ssh(session, *(["-t"] if sys.stdin.isatty() else []), command=command)
+        _exec_ssh(session, *(["-t"] if session.env.stdin_isatty else []), command=command)
     _exec_ssh(session, "-t")
 
 
