@@ -311,6 +311,7 @@ class RunStatus(TypedDict, total=False):
     pid: int | None
     jobSummary: TreeSummary
     workdirSummary: TreeSummary  # the outputs in its working directory (remote/agent/outputs.py)
+    logSummary: TreeSummary  # its log (RUN_LOG), which the fetch brings home too
     bucket: BucketView
 
 
@@ -350,6 +351,12 @@ class StatusDoc(TypedDict):
 # could not look into: [path, UNREADABLE, 0, 0, 0, why].
 WORKDIR = "workdir"
 UNREADABLE = "?"
+# The run's own log (the job's stdout and stderr, the wrapper's lines: REMOTE_ROOT/runs/RUN/log) comes home
+# with every fetch as runs/STACK/RUN/RUN_FILES/RUN_LOG, and goes to the bucket under the same name: a
+# top-level name the run's folder keeps for gpu-train, so a JOB_DIR file called `log` never meets it. The
+# fetch's source for it is RUN/RUN_FILES, which serves that one file and nothing else of the run's folder.
+RUN_FILES = ".gpu-train"
+RUN_LOG = "log"
 
 
 def project_dirs(root: str, project: str | None) -> tuple[str, str]:

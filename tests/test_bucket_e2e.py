@@ -53,18 +53,27 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     job_dir = lab.remote / "runs" / run / "job"
     host_files = {p.relative_to(job_dir).as_posix(): p.read_bytes() for p in job_dir.rglob("*") if p.is_file()}
     host_files["workdir/out/model.pt"] = (lab.remote / "runs" / run / "code" / "out" / "model.pt").read_bytes()
-    assert set(host_files) == {"ckpt-1.pt", "ckpt-2.pt", "ckpt-3.pt", "eval/final.txt", "workdir/out/model.pt"}
+    host_files[".gpu-train/log"] = (lab.remote / "runs" / run / "log").read_bytes()  # the run's log, as it ends
+    assert set(host_files) == {"ckpt-1.pt", "ckpt-2.pt", "ckpt-3.pt", "eval/final.txt", "workdir/out/model.pt",
+                               ".gpu-train/log"}
     assert emu.objects(prefix) == {prefix + rel: data for rel, data in host_files.items()}  # the last upload too
     bucket = done["bucket"]
-    assert bucket["final"] and bucket["onlyHost"] == [] and bucket["files"] == 5
+    assert bucket["final"] and bucket["onlyHost"] == [] and bucket["files"] == 6
     assert bucket["url"] == f"gs://ckpt/{prefix}"
     shown = lab.fab("status", check=True).stdout
-    assert f"{run}: 5 file(s) in gs://ckpt/{prefix} (verified); nothing only on the host" in shown
+    assert f"{run}: 6 file(s) in gs://ckpt/{prefix} (verified); nothing only on the host" in shown
 
     (job_dir / "late.txt").write_text("written after the run")  # only on the host: down --no-fetch refuses
     refused = lab.fab("down", "--no-fetch")
     assert refused.returncode != 0 and f"{run}: only on the host: late.txt" in refused.stderr, refused.stderr
     (job_dir / "late.txt").unlink()
+    log, was = lab.remote / "runs" / run / "log", (lab.remote / "runs" / run / "log").stat()
+    with log.open("a") as f:  # the run's log is a result too: a line the bucket lacks is only on the host
+        f.write("a line after the last upload\n")
+    refused = lab.fab("down", "--no-fetch")
+    assert refused.returncode != 0 and f"{run}: only on the host: .gpu-train/log" in refused.stderr, refused.stderr
+    os.truncate(log, was.st_size)
+    os.utime(log, ns=(was.st_atime_ns, was.st_mtime_ns))
     gone = lab.fab("down", "--no-fetch", check=True)
     assert "every run is verified in gs://ckpt/team; nothing downloaded" in gone.stderr
     assert not (lab.cwd / "runs").exists()  # nothing came home
@@ -72,7 +81,7 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     shutil.rmtree(lab.remote)  # the host's REMOTE_ROOT is gone
     home = lab.cwd / "runs" / "lab" / run
     got = lab.fab("fetch", "--from", "bucket", "--run", run, check=True)
-    assert "5 file(s)" in got.stderr, got.stderr
+    assert "6 file(s)" in got.stderr, got.stderr
     assert {p.relative_to(home).as_posix(): p.read_bytes() for p in home.rglob("*") if p.is_file()} == host_files
 
     (home / "ckpt-2.pt").write_bytes(b"damaged")  # a local copy that differs is replaced; the rest stays
@@ -85,7 +94,7 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     got = lab.fab("fetch", "--run", run)
     assert got.returncode == 0, got.stderr
     assert "cannot be reached: fetching from the bucket" in got.stderr and "1 file(s)" in got.stderr
-    assert "4 unchanged" in got.stderr
+    assert "5 unchanged" in got.stderr
     assert (home / "ckpt-2.pt").read_bytes() == host_files["ckpt-2.pt"]
     assert not list(home.parent.glob(".*partial*"))
 

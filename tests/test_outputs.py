@@ -61,6 +61,7 @@ def test_outputs_in_the_working_directory_are_listed_fetched_and_guarded(lab: La
     assert sha256(dest / "workdir" / "out" / "ckpt.pt") == sha256(code / "out" / "ckpt.pt")
     assert (dest / "workdir" / "README").read_bytes() == (code / "README").read_bytes()
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
+        ".gpu-train", ".gpu-train/log",  # the run's log
         "metrics.txt", "workdir", "workdir/README", "workdir/out", "workdir/out/ckpt.pt"]  # no venv, pyc, data link
     fetched = lab.fab("fetch", "--run", run, check=True)
     assert f"{run}: up to date" in fetched.stderr
@@ -174,6 +175,8 @@ def test_down_fetches_every_nodes_outputs(pair: Duo, plain: str) -> None:
     assert (dest / "workdir" / "out" / "rank.txt").read_text() == "rank 0\n"
     assert (dest / "shard.txt").read_text() == "job of 0\n" and (dest / "node-1" / "shard.txt").read_text() == "job of 1\n"
     assert (dest / "node-1" / "workdir" / "out" / "rank.txt").read_text() == "rank 1\n"
+    for node, root in (("", pair.roots[0]), ("node-1", pair.roots[1])):  # each node's own log, beside its files
+        assert (dest / node / ".gpu-train" / "log").read_bytes() == (root / "runs" / run / "log").read_bytes()
 
 
 def test_unchanged_code_is_staged_as_sent_not_as_the_last_job_left_it(lab: Lab) -> None:

@@ -8,8 +8,9 @@ the bytes sent and the file's identity (size, mtime, inode) read after sending: 
 a file only when every range's hash matches and the identity never moved.
 
 Paths are never taken from the wire as they are: a request names a source, a run id (checked against the
-run-id syntax: its JOB_DIR) or ``ID/workdir`` (its working directory, of which only the outputs are
-listed: remote/agent/outputs.py), and a path relative to it (no ``..``, not absolute); the host rebuilds
+run-id syntax: its JOB_DIR), ``ID/workdir`` (its working directory, of which only the outputs are
+listed: remote/agent/outputs.py) or ``ID/.gpu-train`` (the run's log, and nothing else of its folder:
+the spec and the secrets beside it stay), and a path relative to it (no ``..``, not absolute); the host rebuilds
 ROOT/runs/ID/job/PATH (or code/PATH) and refuses to read through a symbolic link (but a working
 directory's link to the project's own pushed data, where the job's writes through it land).
 
@@ -32,7 +33,7 @@ import stat
 import sys
 import zlib
 
-from gpu_train.contract import RUN_ID_PATTERN, UNREADABLE, WORKDIR
+from gpu_train.contract import RUN_FILES, RUN_ID_PATTERN, RUN_LOG, UNREADABLE, WORKDIR
 
 from .outputs import listing as outputs_listing
 
@@ -52,11 +53,25 @@ class Refused(Exception):
 
 
 def job_dir(root: str, run_id: object) -> str:
-    """The folder a source names: ``RUN`` its JOB_DIR, ``RUN/workdir`` its working directory."""
+    """The folder a source names: ``RUN`` its JOB_DIR, ``RUN/workdir`` its working directory,
+    ``RUN/.gpu-train`` the run's own folder (of which only its log is served)."""
     run, sep, tree = run_id.partition("/") if isinstance(run_id, str) else ("", "", "")
-    if not RUN_ID_RE.fullmatch(run) or (sep and tree != WORKDIR):
+    if not RUN_ID_RE.fullmatch(run) or (sep and tree not in (WORKDIR, RUN_FILES)):
         raise Refused(f"not a run id: {str(run_id)[:80]!r}")
-    return os.path.join(root, "runs", run, "code" if sep else "job")
+    return os.path.join(root, "runs", run, *({"": ["job"], WORKDIR: ["code"], RUN_FILES: []}[tree]))
+
+
+def log_row(run_dir: str) -> list:
+    """The run's log as the fetch's one row for RUN/.gpu-train (none while it does not exist)."""
+    try:
+        st = os.lstat(os.path.join(run_dir, RUN_LOG))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        return [[RUN_LOG, UNREADABLE, 0, 0, 0, e.strerror or str(e)]]
+    if not stat.S_ISREG(st.st_mode):
+        return [[RUN_LOG, UNREADABLE, 0, 0, 0, "not a regular file"]]
+    return [[RUN_LOG, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""]]
 
 
 def job_path(root: str, run_id: object, rel: object, checked: dict | None = None) -> str:
@@ -68,6 +83,8 @@ def job_path(root: str, run_id: object, rel: object, checked: dict | None = None
     base = job_dir(root, run_id)
     if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
         raise Refused(f"not a relative path: {str(rel)[:80]!r}")
+    if isinstance(run_id, str) and run_id.endswith("/" + RUN_FILES) and rel != RUN_LOG:
+        raise Refused(f"{rel[:80]!r}: of the run's own folder, only its {RUN_LOG} is fetched")
     parts = rel.split("/")
     if "" in parts or "." in parts or ".." in parts:
         raise Refused(f"not a plain relative path: {rel[:80]!r}")
@@ -141,11 +158,13 @@ def list_runs(root: str, run_ids: list) -> dict:
         except Refused as e:
             out[str(run_id)[:80]] = {"error": str(e)}
             continue
-        run_dir = os.path.dirname(path)
+        run_dir = os.path.join(root, "runs", run_id.partition("/")[0])
         if not os.path.isdir(run_dir):
             out[run_id] = {"error": f"no run {run_id.partition('/')[0]} on this host"}
             continue
-        if run_id.endswith("/" + WORKDIR):
+        if run_id.endswith("/" + RUN_FILES):
+            out[run_id] = {"entries": log_row(run_dir)}
+        elif run_id.endswith("/" + WORKDIR):
             out[run_id] = {"entries": outputs_listing(root, run_dir)}
         else:
             out[run_id] = {"entries": listing(path) if os.path.isdir(path) else []}

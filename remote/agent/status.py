@@ -102,8 +102,18 @@ def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
         for r in runs:
             r["jobSummary"] = tree_summary(r["jobDir"])
             r["workdirSummary"] = outputs.summary(root, os.path.dirname(r["jobDir"]))
+            r["logSummary"] = log_summary(r["log"])
     return {"root": root, "runs": runs, "gpus": gpus(), "uptimeS": uptime_s(), "host": os.uname().nodename,
             "agent": agent_view(root), "now": now()}
+
+
+def log_summary(path: str) -> dict:
+    """protocol.TreeSummary of the run's log (the fetch brings it home too: a log that grew is something to fetch)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return {"files": 0, "bytes": 0, "newestNs": 0}
+    return {"files": 1, "bytes": st.st_size, "newestNs": st.st_mtime_ns}
 
 
 def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool) -> int:

@@ -1,7 +1,8 @@
 """`gpu-train-agent upload RUN`: the run's outputs to its bucket while the job trains, and once more at its end.
 
-The outputs as `fetch` brings them home: JOB_DIR's files, and what the job wrote in its working
-directory under ``workdir/``, to ``PREFIX/STACK/RUN/`` (the laptop's ``runs/STACK/RUN/``).
+The outputs as `fetch` brings them home: JOB_DIR's files, what the job wrote in its working
+directory under ``workdir/``, and the run's log as ``.gpu-train/log``, to ``PREFIX/STACK/RUN/`` (the
+laptop's ``runs/STACK/RUN/``).
 
 Started by the wrapper next to the job, with the job's Python, in a process (and group) of its own;
 Google's own client (google-cloud-storage) is imported in ``serve`` only, so the agent's other
@@ -23,6 +24,7 @@ SIGTERM (the machine going down) does not stop an upload: the last pass runs whe
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,6 +34,8 @@ import time
 
 from gpu_train.contract import (
     BUCKET_RECORD,
+    RUN_FILES,
+    RUN_LOG,
     UNREADABLE,
     UPLOAD_LOG,
     BucketFile,
@@ -48,6 +52,7 @@ SETTLE_S = 5.0  # unchanged this long: complete
 POLL_S = 2.0
 SKIP_PREFIX = ".gpu-train-"  # the wrapper's write probe
 WORKDIR = "workdir/"  # the working directory's outputs, as fetch lays them out (runs/STACK/RUN/workdir/)
+LOG = f"{RUN_FILES}/{RUN_LOG}"  # the run's log, as fetch lays it out (runs/STACK/RUN/.gpu-train/log)
 Sig = tuple  # (size, mtime_ns)
 
 
@@ -89,11 +94,17 @@ def scan(run_dir: str, unseen: list[str] | None = None) -> dict[str, Sig]:
             found[f"{WORKDIR}{row[0]}"] = (row[2], row[3])
         elif row[1] == UNREADABLE and unseen is not None:
             unseen.append(f"{WORKDIR}{row[0]} ({row[5]})")
+    with contextlib.suppress(FileNotFoundError):  # the run's log, under the name fetch gives it (contract.RUN_FILES)
+        st = os.stat(os.path.join(run_dir, RUN_LOG))
+        found[LOG] = (st.st_size, st.st_mtime_ns)
     return found
 
 
 def local_path(run_dir: str, rel: str) -> str:
-    """Where an output's file is on the host: its working directory's for ``workdir/...``, else JOB_DIR's."""
+    """Where an output's file is on the host: its working directory's for ``workdir/...``, the run's log
+    for ``.gpu-train/log``, else JOB_DIR's."""
+    if rel == LOG:
+        return os.path.join(run_dir, RUN_LOG)
     if rel.startswith(WORKDIR):
         return os.path.join(run_dir, "code", rel[len(WORKDIR) :])
     return os.path.join(run_dir, "job", rel)
@@ -224,7 +235,8 @@ def finish(proc: subprocess.Popen | None, say) -> None:
     if proc.stdin is not None:
         proc.stdin.close()
     code = proc.wait()
-    say("the run is in the bucket, verified" if code == 0 else f"the bucket upload ended with exit {code} (see upload.log)")
+    if code != 0:  # (a success is not written: the log went to the bucket in the last pass, as it is now)
+        say(f"the bucket upload ended with exit {code} (see upload.log)")
 
 
 def crc32c_of(path: str) -> str:

@@ -24,12 +24,12 @@ from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
                subdir: str = "", streams: int = DEFAULT_STREAMS, strict: bool = False) -> list[str]:
-    """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder) and the outputs in their working
-    directories (into its workdir/) in one transfer session: one listing of every run, then parallel
+    """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder), the outputs in their working
+    directories (into its workdir/) and their logs (into its .gpu-train/) in one transfer session: one listing of every run, then parallel
     streams for whatever changed. What is not home as it should be, one line each ("RUN: why"); with
     ``strict`` (the guards before destroying) a host's file not taken because the laptop's is newer too."""
     from gpu_train import jobs
-    from gpu_train.contract import WORKDIR
+    from gpu_train.contract import RUN_FILES, RUN_LOG, WORKDIR
     from remote.ssh import hostkeys
     from remote.transfer.fetch import report as fetch_report
     from remote.transfer.fetch.progress import Progress
@@ -55,18 +55,25 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     if not hostkeys.knows_host(session.target, session.target.host):
         session.connect()  # learns (and prints) the host key, or refuses a changed one
     bar = Progress(live=progress)
-    sources = [(s, p) for r, where in todo for s, p in ((r["id"], where), (f"{r['id']}/{WORKDIR}", where / WORKDIR))]
+    sources = [(s, p) for r, where in todo for s, p in
+               ((r["id"], where), (f"{r['id']}/{WORKDIR}", where / WORKDIR), (f"{r['id']}/{RUN_FILES}", where / RUN_FILES))]
     results = _transfer(session, sources, streams, bar)
     problems = []
-    for (r, where), job, work in zip(todo, results[::2], results[1::2], strict=True):
+    for (r, where), job, work, log in zip(todo, results[::3], results[1::3], results[2::3], strict=True):
         for line in fetch_report.notes(job, where):
             say(line)
         if work.error is not None or work.files or not work.up_to_date or (work.summary or {}).get("files"):
             for line in fetch_report.notes(work, where / WORKDIR):
                 say(line.replace(work.run_id, f"{r['id']} working directory's outputs", 1))
-        lost = [f"{r['id']}: {m}" for res in (job, work) for m in res.missing()]
+        if log.files and not quiet:
+            say(f"{r['id']}: its log (the job's stdout and stderr) -> {where / RUN_FILES / RUN_LOG}")
+        if not log.complete:
+            for line in fetch_report.notes(log, where / RUN_FILES)[1:]:
+                say(line)
+        lost = list(dict.fromkeys([f"{r['id']}: {m}" for res in (job, work) for m in res.missing()]
+                                  + [f"{r['id']}: its log: {m}" for m in log.missing() if m != job.error]))
         newer = [f"{r['id']}: {p}: the host's differs, and the laptop's copy is newer (kept)"
-                 for res in (job, work) for p in res.kept_newer]
+                 for res in (job, work, log) for p in res.kept_newer]
         problems += lost + (newer if strict else [])
         if not lost and not newer:
             record.record(r, where)
@@ -109,7 +116,8 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
     """Bring a run's results home: its JOB_DIR, and what the job wrote in its working directory.
 
     JOB_DIR's files go into runs/STACK/RUN/, the working directory's outputs (a checkpoint in the
-    project's own out_dir) into runs/STACK/RUN/workdir/.
+    project's own out_dir) into runs/STACK/RUN/workdir/, the run's log (the job's stdout and stderr)
+    into runs/STACK/RUN/.gpu-train/log.
 
     Incremental and resumable: files move over several SSH streams at once (big files in ranges), each
     piece checked against the SHA-256 the host computed, and each file renamed into place only when

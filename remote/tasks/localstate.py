@@ -52,8 +52,8 @@ def local_summary(path: Path) -> dict:
 
 
 class FetchRecord:
-    """What each run's JOB_DIR and working directory's outputs looked like, on the host and here, after
-    its last complete fetch.
+    """What each run's JOB_DIR, working directory's outputs and log looked like, on the host and here,
+    after its last complete fetch.
 
     When both are unchanged there is nothing to fetch, and no rsync is started.
     """
@@ -68,11 +68,11 @@ class FetchRecord:
     @staticmethod
     def _entry(run: dict, dest: Path) -> dict:
         return {"run": run["id"], "dest": str(dest.resolve()), "remote": run.get("jobSummary"),
-                "workdir": run.get("workdirSummary"), "local": local_summary(dest)}
+                "workdir": run.get("workdirSummary"), "log": run.get("logSummary"), "local": local_summary(dest)}
 
     def up_to_date(self, run: dict, dest: Path) -> bool:
         seen = self.doc.get(str(dest.resolve()))
-        return (bool(seen) and run.get("jobSummary") is not None and run.get("workdirSummary") is not None
+        return (bool(seen) and all(run.get(k) is not None for k in ("jobSummary", "workdirSummary", "logSummary"))
                 and seen == self._entry(run, dest))
 
     def record(self, run: dict, dest: Path) -> None:

@@ -209,11 +209,13 @@ class Fetcher:
         return [fp.Piece(job.key, off, n) for off, n in ranges]
 
     def _same_file(self, job: FileJob, st: list) -> bool:
-        """The host's file is the one listed (size and time), and the same inode every time we look."""
+        """The host's file is the one listed (size and time), and the same inode every time we look; a
+        file that only grows (the run's log) may have grown meanwhile: what was listed is its start."""
         size, mtime_ns, ino = st
+        grown = size > job.entry.size and fp.appends_only(job.run.run_id)
         with job.lock:
             job.ino = ino if job.ino is None else job.ino
-            return size == job.entry.size and mtime_ns == job.entry.mtime_ns and ino == job.ino
+            return (grown or (size == job.entry.size and mtime_ns == job.entry.mtime_ns)) and ino == job.ino
 
     # -- 3 and 4: move the pieces ---------------------------------------------------------------
     def _transfer(self, opened: list[Stream], queue: fp.PieceQueue, n: int, lookahead: int) -> None:

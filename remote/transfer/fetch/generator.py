@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpu_train.contract import UNREADABLE
+from gpu_train.contract import RUN_FILES, UNREADABLE, WORKDIR
 
 MiB = 1 << 20
 MAX_SIZE = 1 << 56  # a claimed file size beyond any disk (the ranges it would take are bounded below too)
@@ -115,13 +115,19 @@ def listing_problem(entries: list[Entry], capacity: int) -> str:
 
 
 PREVIOUS = ".previous"  # runs/STACK/RUN/.previous/: the previous content of files a fetch replaced
-_RESERVED = re.compile(r"workdir|\.previous|node-[0-9]+|\..*\.gpu-train-partial")
+_RESERVED = re.compile(rf"{WORKDIR}|\.previous|{re.escape(RUN_FILES)}|node-[0-9]+|\..*\.gpu-train-partial")
 
 
 def reserved(path: str) -> bool:
     """Whether a JOB_DIR path lies under a top-level name the run's folder here keeps for itself: its
-    working directory's outputs, the previous versions, other nodes' files, partial files."""
+    working directory's outputs, the previous versions, the run's log, other nodes' files, partial files."""
     return _RESERVED.fullmatch(path.partition("/")[0]) is not None
+
+
+def appends_only(source: str) -> bool:
+    """Whether a source's files only grow (the run's log, RUN/.gpu-train): one that grew while it was
+    read is still home as the start the host had when it was listed, not "changed while being read"."""
+    return source.endswith("/" + RUN_FILES)
 
 
 def block_size(size: int) -> int:

@@ -1,0 +1,92 @@
+"""The run's own log (the job's stdout and stderr: a traceback, the loss curve it prints) comes home with
+every fetch, as runs/STACK/RUN/.gpu-train/log: beside a JOB_DIR file called `log`, while it grows, and
+before `down` destroys the only copy. Through the real `fab`, against a real sshd on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_train.contract import RUN_FILES, RUN_LOG
+from remote.agent import fetchserve
+from tests.conftest import Lab
+
+LAB_ADDRESS = "127.0.41.2"  # this module's loopback addresses: 127.0.41.x (the `lab` fixture reads it)
+
+# A job that prints its loss curve: about 100 KB at once (past the size a fetch compares by blocks), then
+# more lines for a few seconds (the log grows while a fetch reads it), and a file of its own named `log`.
+JOB = (f"{sys.executable} -u -c \"import os, time\n"
+       "open(os.path.join(os.environ['JOB_DIR'], 'log'), 'w').write('the job\\'s own file\\n')\n"
+       "for i in range(4000): print(f'step {i} loss {1 / (i + 1):.8f}')\n"
+       "for i in range(4000, 4400): print(f'step {i} loss {1 / (i + 1):.8f}'); time.sleep(0.01)\n"
+       "print('done')\"")
+
+
+def test_the_log_comes_home_with_every_fetch_while_it_grows(lab: Lab, plain: str) -> None:
+    run = lab.train("--dir", plain, "--command", JOB, "--name", "curve")
+    host_log = lab.remote / "runs" / run / "log"
+    deadline = time.monotonic() + 60
+    while "step 4000 " not in lab.log(run):
+        assert time.monotonic() < deadline, lab.log(run)
+        time.sleep(0.1)
+    during = lab.fab("fetch", "--run", run)  # the job prints on meanwhile
+    assert during.returncode == 0, during.stderr
+    dest = lab.cwd / "runs" / "lab" / run
+    home = dest / RUN_FILES / RUN_LOG
+    early = home.read_bytes()
+    assert len(early) > 100_000 and host_log.read_bytes().startswith(early)  # the start the host had
+    assert f"its log (the job's stdout and stderr) -> {home}" in during.stderr
+
+    assert lab.wait(run)["state"] == "succeeded", lab.log(run)
+    done = lab.fab("fetch", "--run", run, check=True)
+    assert home.read_bytes() == host_log.read_bytes() and b"done\n" in home.read_bytes(), done.stderr
+    assert home.stat().st_mtime_ns == host_log.stat().st_mtime_ns
+    assert not (dest / ".previous").exists()  # it grew: nothing of the laptop's copy was lost
+    assert (dest / "log").read_text() == "the job's own file\n"  # JOB_DIR's `log`, untouched by the run's
+    again = lab.fab("fetch", "--run", run, check=True)
+    assert "its log" not in again.stderr and f"{run}: up to date" in again.stderr
+
+
+def test_down_refuses_while_the_log_is_not_home(lab: Lab, plain: str) -> None:
+    run = lab.train("--dir", plain, "--command", "echo 'Traceback: the only copy of it'; exit 3", "--name", "crash")
+    assert lab.wait(run)["state"] == "failed"
+    dest = lab.cwd / "runs" / "lab" / run
+    dest.mkdir(parents=True)
+    (dest / RUN_FILES).write_text("a file where the log's folder goes")
+    refused = lab.fab("down")
+    assert refused.returncode == 1 and "refusing: not everything is home" in refused.stderr
+    assert f"{run}: its log: " in refused.stderr, refused.stderr
+    (dest / RUN_FILES).unlink()
+    lab.fab("down", check=True)
+    assert "Traceback: the only copy of it" in (dest / RUN_FILES / RUN_LOG).read_text()
+
+
+def test_the_host_serves_the_log_and_nothing_else_of_the_runs_folder(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "r_20260101_000000"
+    (run_dir / "job").mkdir(parents=True)
+    (run_dir / "log").write_text("line\n")
+    (run_dir / "env").write_text("WANDB_API_KEY=secret\n")
+    source = f"r_20260101_000000/{RUN_FILES}"
+    [row] = fetchserve.list_runs(str(tmp_path), [source])[source]["entries"]
+    assert row[:3] == [RUN_LOG, "f", 5]
+    assert fetchserve.job_path(str(tmp_path), source, RUN_LOG) == f"{run_dir}/log"
+    for rel in ("env", "spec.json", "job/x", "../r_20260101_000000/env"):
+        with pytest.raises(fetchserve.Refused):
+            fetchserve.job_path(str(tmp_path), source, rel)
+    (run_dir / "log").unlink()
+    os.symlink(run_dir / "env", run_dir / "log")  # a link planted as the log is not followed
+    assert fetchserve.list_runs(str(tmp_path), [source])[source]["entries"][0][1] == "?"
+
+
+@pytest.mark.parametrize(("path", "reserved"), [
+    (".gpu-train", True), (".gpu-train/log", True), ("log", False), (".gpu-trainer/x", False), ("x/.gpu-train", False)])
+def test_the_logs_folder_is_a_name_the_runs_folder_keeps(path: str, reserved: bool) -> None:
+    from remote.transfer.fetch import generator as fp
+
+    assert fp.reserved(path) is reserved  # a JOB_DIR entry of that name is reported, never fetched over the log
+    assert fp.appends_only(f"r_20260101_000000/{RUN_FILES}") and not fp.appends_only("r_20260101_000000/workdir")
