@@ -275,6 +275,22 @@ class BucketView(TypedDict):
     error: str | None
 
 
+class BucketProbe(TypedDict, total=False):
+    """`check`'s `bucket-check` on an SSH host (the uploader's Python and login environment)."""
+
+    python: str
+    ok: bool  # credentials found; an object written, read back and deleted
+    step: str  # where it stopped: client, credentials, bucket, access, network
+    detail: str
+    credentials: str  # which ones the client found, or why none were needed
+    member: str  # the IAM member they act as (serviceAccount:EMAIL), where known
+    object: str
+
+
+# Google's variables choosing a host's credentials (or the tests' emulator): a run's unit gets the login's too.
+GOOGLE_ENV = ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "STORAGE_EMULATOR_HOST")
+
+
 # The job's environment: which start of the run this is (0 the first, N the Nth relaunch), REMOTE_ROOT, NOTICE's path.
 RESUMES_ENV, ROOT_ENV, NOTICE_ENV = "GPU_TRAIN_RESUMES", "GPU_TRAIN_ROOT", "GPU_TRAIN_NOTICE"
 # The host's own (the laptop's are gpu_train/environment.py's): another metadata server, authorized_keys.

@@ -129,6 +129,41 @@ def stack_file(stack: str, target: str | None, problems: str | None, deployed: b
     return Finding(what, True, f"valid; {state} ({how})")
 
 
+def bucket_access(stack: str, url: str, answer: dict | None, error: str | None) -> Finding:
+    """An SSH stack's bucket as its host's uploader will use it: ``answer`` is the host's BucketProbe
+    (gpu_train.contract), ``error`` why the host could not be asked."""
+    what = f"bucket of {stack} ({url})"
+    if answer is None:
+        return Finding(what, None, f"not checked: the host cannot be asked ({error})")
+    python = answer.get("python", "the job's Python")
+    if answer.get("ok"):
+        return Finding(what, True, f"{python} wrote, read and deleted {answer.get('object', 'an object')}; "
+                                   f"credentials: {answer.get('credentials', '?')}")
+    detail, member = f"{answer.get('detail', '')} (with {python})", answer.get("member") or "MEMBER"
+    name = url.removeprefix("gs://").split("/", 1)[0]
+    step = answer.get("step")
+    if step == "client":
+        return Finding(what, False, detail, f"on the host: {python} -m pip install google-cloud-storage (or list "
+                                            "google-cloud-storage in the project's requirements.txt, which runs install)")
+    if step == "credentials":
+        return Finding(what, False, f"no usable credentials on the host: {detail}",
+                       "on the host: gcloud auth application-default login (your account), or a service account's key: "
+                       "export GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json where its SSH sessions get it (~/.bashrc, "
+                       "above any return for non-interactive shells)")
+    if step == "bucket":
+        return Finding(what, False, f"no bucket {name}: {detail}",
+                       f"create it (gcloud storage buckets create gs://{name} --uniform-bucket-level-access), or set "
+                       "gpu-train:bucket to one that exists")
+    if step == "access":
+        return Finding(what, False, f"no access to objects in {name}: {detail}",
+                       f"gcloud storage buckets add-iam-policy-binding gs://{name} --member={member} "
+                       "--role=roles/storage.objectUser (object read, write, delete; that bucket only)"
+                       + ("" if answer.get("member") else "; MEMBER: user:YOU@DOMAIN or serviceAccount:EMAIL, "
+                          "the credentials named"))
+    return Finding(what, False, detail, "the host must reach storage.googleapis.com over HTTPS (port 443): a proxy "
+                                        "or firewall in the way?")
+
+
 def exit_code(findings: list[Finding]) -> int:
     return 1 if any(f.ok is False for f in findings) else 0
 

@@ -66,6 +66,13 @@ def parser() -> argparse.ArgumentParser:
     uploading = sub.add_parser("upload", help="a run's JOB_DIR to its bucket until stdin closes (the wrapper starts it)")
     uploading.add_argument("run")
     sub.add_parser("bucket-data", help="the project's data from the bucket into DATA_DIR (before a job)").add_argument("run")
+    checking = sub.add_parser("bucket-check", help="can this host's uploader use the bucket (`check`)")
+    checking.add_argument("--bucket", required=True)
+    checking.add_argument("--prefix", default="", help="where the stack's runs go: PREFIX/STACK/")
+    checking.add_argument("--python", help="the stack's gpu-train:python (default: detected as for a run)")
+    probing = sub.add_parser("bucket-probe", help="(bucket-check's, under the job's Python)")
+    probing.add_argument("bucket")
+    probing.add_argument("name")
     configuring = sub.add_parser("configure")
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
@@ -119,6 +126,12 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
         from .upload import pull_data, serve
 
         return serve(root, args.run) if args.cmd == "upload" else pull_data(root, args.run)
+    if args.cmd in ("bucket-check", "bucket-probe"):
+        from .bucketcheck import cmd_bucket_check, probe
+
+        if args.cmd == "bucket-probe":
+            return probe(args.bucket, args.name)
+        return dict(cmd_bucket_check(root, args.bucket, args.prefix, args.python))
     if args.cmd == "fetch-serve":
         from .fetchserve import cmd_fetch_serve
 

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import replace
 
-from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, project_dirs
+from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker, project_dirs
 
 from . import hostcheck, notify, outputs, units
 from .procs import detect_python, gpu_apps, gpu_count, gpus
@@ -202,7 +202,7 @@ def start_wrapper(root: str, run_id: str) -> str:
     if units.available():
         spec = spec_or_none(run_dir)
         env = {"PATH": (spec and spec.path) or os.environ.get("PATH") or DEFAULT_PATH}
-        for name in ("LANG", "STORAGE_EMULATOR_HOST"):  # the login's emulator, for the run's uploader (Google's own variable)
+        for name in ("LANG", *GOOGLE_ENV):  # the login's credentials (or emulator), for the run's uploader
             if os.environ.get(name):
                 env[name] = os.environ[name]
         update_state(run_dir, unit=units.unit_name(run_id))

@@ -82,6 +82,10 @@ def check_findings(env: Environment) -> list[checkup.Finding]:
         keys.setdefault((private, problem.message if problem else None), []).append(name)
     for (private, problem_text), names in keys.items():
         findings.append(checkup.ssh_key(", ".join(names), private, Path(private).is_file(), problem_text))
+    for name, cfg, _ in stacks:  # SSH stacks' buckets: the host's own credentials (a GCP VM's: the stack grants them)
+        if cfg is not None and not cfg.is_gcp and cfg.bucket:
+            findings.append(checkup.bucket_access(name, cfg.bucket if cfg.bucket.startswith("gs://") else f"gs://{cfg.bucket}",
+                                                  *_bucket_probe(name, cfg, home)))
     scripts = (repo_script("plan"), repo_script("up"))  # as they run from here (the user's project has no scripts/)
     for name, cfg, problems in stacks:
         if cfg is None or not cfg.is_gcp:
@@ -151,6 +155,27 @@ def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> 
         finally:
             conn.close()
     except Exception as e:  # any failure is this stack's "?", never the whole listing's
+        return None, str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+
+
+def _bucket_probe(stack: str, cfg: config.StackConfig, home: Path) -> tuple[dict | None, str | None]:
+    """Node 0's answer to `bucket-check` (the uploader's Python and login environment), or why none."""
+    from gpu_train.stack.bucket import parse_bucket
+    from remote.ssh import agentcall
+    from remote.ssh import connect as ssh
+    from remote.ssh.target import ssh_hosts, target_from
+
+    place = parse_bucket(cfg.bucket or "")
+    try:
+        target = target_from(ssh_hosts(cfg), cached_outputs(home, stack), home)
+        conn = ssh.open_connection(target, target.host, QUICK_SSH_S, lambda _text: None)
+        try:
+            return agentcall.call(conn, target, "bucket-check", "--bucket", place.name, "--prefix",
+                                  f"{place.prefix}{stack}/", *(["--python", cfg.python] if cfg.python else []),
+                                  timeout=ANSWER_S + 90), None
+        finally:
+            conn.close()
+    except Exception as e:  # this stack's "not checked", never the whole check's
         return None, str(e).splitlines()[0][:160] if str(e) else type(e).__name__
 
 

@@ -1,0 +1,132 @@
+"""`check` on an SSH stack with a bucket: on the host, in its login environment, with the job's Python (what
+the uploader will see), Google's client finds credentials and writes, reads and deletes an object.
+
+Against the storage emulator (tests/gcs.py) for the way that works and for a bucket that does not exist; with
+the real google-auth and no credentials at all for the way that has none (its probe of the GCE metadata
+server led to a loopback port by google-auth's own GCE_METADATA_HOST / GCE_METADATA_IP)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpu_train.views.checkup import bucket_access
+from tests.conftest import Lab
+from tests.gcs import Emulator
+
+LAB_ADDRESS = "127.0.0.62"
+URL = "gs://ckpt/team"
+
+
+@pytest.mark.parametrize(("answer", "ok", "said", "fix"), [
+    ({"ok": True, "object": "gs://ckpt/team/lab/.gpu-train-check-h-1", "credentials": "service account a@p.iam"},
+     True, "wrote, read and deleted gs://ckpt/team/lab/.gpu-train-check-h-1", ""),
+    ({"ok": False, "step": "client", "detail": "cannot import google-cloud-storage"}, False, "cannot import",
+     "pip install google-cloud-storage"),
+    ({"ok": False, "step": "credentials", "detail": "Your default credentials were not found."}, False,
+     "no usable credentials", "gcloud auth application-default login"),
+    ({"ok": False, "step": "bucket", "detail": "write: 404 The specified bucket does not exist."}, False,
+     "no bucket ckpt", "gcloud storage buckets create gs://ckpt"),
+    ({"ok": False, "step": "access", "member": "serviceAccount:up@p.iam.gserviceaccount.com", "detail": "403"}, False,
+     "no access to objects in ckpt", "--member=serviceAccount:up@p.iam.gserviceaccount.com --role=roles/storage.objectUser"),
+    ({"ok": False, "step": "access", "detail": "403 you@x does not have storage.objects.create"}, False,
+     "no access", "MEMBER: user:YOU@DOMAIN or serviceAccount:EMAIL"),
+    ({"ok": False, "step": "network", "detail": "write: Connection refused"}, False, "Connection refused",
+     "storage.googleapis.com"),
+])
+def test_each_answer_is_a_finding_with_its_fix(answer: dict, ok: bool, said: str, fix: str) -> None:
+    f = bucket_access("lab", URL, {"python": "/usr/bin/python3", **answer}, None)
+    assert f.ok is ok and said in f.detail and fix in f.fix, f
+
+
+def test_a_host_that_cannot_be_asked_is_not_checked() -> None:
+    f = bucket_access("lab", URL, None, "connection refused")
+    assert f.ok is None and "connection refused" in f.detail
+
+
+def test_google_s_own_exceptions_give_their_step() -> None:
+    from google.api_core import exceptions as api
+    from google.auth import exceptions as auth
+    from requests import ConnectionError as Refused
+
+    from remote.agent.bucketcheck import step_of
+
+    assert [step_of(e) for e in (api.NotFound("b"), api.Forbidden("f"), api.Unauthorized("u"), auth.RefreshError("r"),
+                                 auth.DefaultCredentialsError("d"), Refused("c"))] == \
+        ["bucket", "access", "credentials", "credentials", "credentials", "network"]
+
+
+def finding(lab: Lab) -> dict:
+    doc = json.loads(lab.fab("check", "--json", timeout=240).stdout)
+    return next(f for f in doc["findings"] if f["what"].startswith("bucket of lab"))
+
+
+@pytest.fixture
+def emulator(tmp_path: Path):
+    emu = Emulator("ckpt", tmp_path / "emulator.log")
+    yield emu
+    emu.stop()
+
+
+@pytest.mark.e2e
+def test_the_host_writes_reads_and_deletes_through_the_emulator_and_a_missing_bucket_is_named(
+        tmp_path: Path, emulator: Emulator) -> None:
+    lab = Lab(tmp_path, LAB_ADDRESS, setenv=f"STORAGE_EMULATOR_HOST={emulator.url}")  # only the host's login has it
+    try:
+        stack = lab.stacks / "Pulumi.lab.yaml"
+        stack.write_text(stack.read_text() + f"  gpu-train:bucket: {URL}\n")
+        f = finding(lab)
+        assert f["ok"] is True, f
+        assert "wrote, read and deleted gs://ckpt/team/lab/.gpu-train-check-" in f["detail"]
+        assert f"none needed: STORAGE_EMULATOR_HOST={emulator.url}" in f["detail"]
+        assert emulator.objects() == {}  # nothing left behind
+
+        stack.write_text(stack.read_text().replace(URL, "gs://nosuch/team"))
+        f = finding(lab)
+        assert f["ok"] is False and "no bucket nosuch" in f["detail"], f
+        assert "gcloud storage buckets create gs://nosuch" in f["fix"]
+    finally:
+        lab.sshd.stop()
+
+
+class Listener:
+    """A loopback port that takes each connection and closes it, counting them (the metadata server's stand-in:
+    none here answers, as on a machine outside Google Cloud)."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.count = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.server.accept()
+                self.count += 1
+                conn.close()
+
+
+@pytest.mark.e2e
+def test_no_credentials_on_the_host_says_how_to_get_them(tmp_path: Path) -> None:
+    metadata = Listener()
+    # No emulator, no GOOGLE_APPLICATION_CREDENTIALS, a HOME of the sshd's own (no gcloud files): the real
+    # google-auth looks for Application Default Credentials and finds none.
+    lab = Lab(tmp_path, LAB_ADDRESS, setenv=f"GCE_METADATA_HOST={metadata.address} GCE_METADATA_IP={metadata.address}")
+    try:
+        stack = lab.stacks / "Pulumi.lab.yaml"
+        stack.write_text(stack.read_text() + f"  gpu-train:bucket: {URL}\n")
+        result = lab.fab("check", timeout=240)
+        assert result.returncode == 1
+        assert "no usable credentials on the host" in result.stdout, result.stdout
+        assert "gcloud auth application-default login" in result.stdout
+        assert "GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json" in result.stdout
+        assert metadata.count > 0  # google-auth's metadata probe went here, to loopback, and nowhere else
+    finally:
+        lab.sshd.stop()
+        metadata.server.close()
