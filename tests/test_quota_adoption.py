@@ -82,7 +82,7 @@ def google(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_the_lookup_reads_every_page_with_the_project_as_quota_project(google: FakeGoogle) -> None:
     google.state["services"]["proj-1"] = {"cloudquotas.googleapis.com": "ENABLED"}
     google.state["quota_preferences"] = {"proj-1": [pref(f"p{i}", "Q", {"region": f"r{i}"}, "1") for i in range(5)]}
-    found = cloud_quotas.list_preferences("proj-1")
+    found = cloud_quotas.list_preferences("proj-1", google.url)
     assert [p["name"].rsplit("/", 1)[-1] for p in found] == ["p0", "p1", "p2", "p3", "p4"]  # three pages
     assert google.state["quota_projects"] == ["proj-1"] * 3
 
@@ -94,7 +94,7 @@ def test_a_project_that_never_enabled_cloud_quotas_has_no_preferences(google: Fa
 def test_without_credentials_the_lookup_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
     with pytest.raises(cloud_quotas.CannotAsk, match=r"no Application Default Credentials at .*none\.json"):
-        cloud_quotas.list_preferences("proj-1")
+        cloud_quotas.list_preferences("proj-1", "https://cloudquotas.googleapis.com")  # (never reached)
 
 
 @pytest.mark.parametrize("name", ["projects/p/locations/global/quotaPreferences/x; rm -rf ~",

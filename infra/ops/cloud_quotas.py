@@ -13,22 +13,21 @@ never enabled has no preferences: that is an empty answer, not an error.
 
 from __future__ import annotations
 
-from gpu_train.environment import Environment
 from infra.lookups import CannotAsk
 from infra.ops import probes
 
 MAX_PAGES = 100  # a project holds a few preferences per GPU family; an endless listing is an API fault
 
 
-def list_preferences(project: str, endpoint: str | None = None) -> list[dict]:
+def list_preferences(project: str, endpoint: str) -> list[dict]:
     """Every quota preference of ``project`` as Cloud Quotas lists them (name, service, quotaId,
     dimensions, quotaConfig, ...); [] when its API was never enabled. Raises CannotAsk. ``endpoint``:
-    the Environment's Cloud Quotas API (None: this process's, for the Pulumi program, an entry point of its own)."""
+    the Cloud Quotas API (Environment.cloudquotas_endpoint)."""
     adc, creds = probes.read_adc()
     if creds is None:
         raise CannotAsk(adc.error or f"no Application Default Credentials at {adc.path} "
                         "(gcloud auth application-default login)")
-    base = endpoint or Environment.from_os().cloudquotas_endpoint
+    base = endpoint
     url = f"{base}/v1/projects/{project}/locations/global/quotaPreferences"
     found: list[dict] = []
     params: dict[str, str] = {}

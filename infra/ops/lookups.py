@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from gpu_train.environment import Environment
 from infra.ops import cloud_quotas
 
 
 class Google:
-    """infra.lookups.Lookups answered by Google's APIs, with the Application Default Credentials."""
+    """infra.lookups.Lookups answered by Google's APIs (at the Environment's endpoints), with the Application
+    Default Credentials."""
+
+    def __init__(self, env: Environment):
+        self.env = env
 
     def quota_preferences(self, project: str) -> list[dict]:
-        return cloud_quotas.list_preferences(project)
+        return cloud_quotas.list_preferences(project, self.env.cloudquotas_endpoint)
