@@ -1,18 +1,19 @@
-"""What an error means to the person who ran a command: one base error that carries its problems,
-the exit statuses every entry point uses, and the one place that maps an error to both.
+"""What an error means to the person who ran a command: errors by meaning that carry their problems
+(and a failed command its result), the exit statuses, and the one place that maps an error to both.
 
-Entry points (the fab tasks, the fab hook in remote/errors.py, scripts/plan, preflight, up) say
-``ExitStatus.X``, never a bare number, and turn an error into (status, message) with ``outcome``.
+Code raises these errors; only the entry points turn one into an exit, through ``outcome``: the task
+wrapper and the hook (remote/errors.py), each script's main (``leave``). tests/test_exits.py holds it.
 """
 
 from __future__ import annotations
 
 import codecs
 import re
+import sys
 import unicodedata
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Any
+from typing import Any, NoReturn
 
 
 class ExitStatus(IntEnum):
@@ -30,11 +31,58 @@ class GpuTrainError(Exception):
     ``problems`` are the lines of it (one per thing wrong); ``status`` is the exit status it means.
     """
 
-    status: ExitStatus = ExitStatus.FAILED
+    status: int = ExitStatus.FAILED
 
     def __init__(self, message: str = "", problems: Sequence[Any] = ()):
         self.problems: list[Any] = list(problems)
         super().__init__(message or "\n".join(map(str, self.problems)))
+
+
+class UsageError(GpuTrainError):
+    """Bad input (an option, an argument, a file named): nothing was created, copied or started."""
+
+    status = ExitStatus.USAGE
+
+
+class Unreachable(GpuTrainError):
+    """No way to the host: SSH down, a host key that does not match, no key file."""
+
+    status = ExitStatus.UNREACHABLE
+
+
+class Interrupted(GpuTrainError):
+    """Ctrl-C, caught where the message can say what was done and what goes on."""
+
+    status = ExitStatus.INTERRUPTED
+
+
+class CommandFailed(GpuTrainError):
+    """A command that ran and failed (``pulumi``, a job, a command on a host), carrying its result as
+    Invoke's ``UnexpectedExit`` carries its ``Result``: the command, where, its exit code, its stderr's end."""
+
+    def __init__(self, message: str = "", *, command: str = "", exited: int | None = None, host: str = "",
+                 stderr: str = "", problems: Sequence[Any] = ()):
+        super().__init__(message, problems)
+        self.command, self.exited, self.host, self.stderr = command, exited, host, stderr
+
+
+class CommandExit(CommandFailed):
+    """A command whose exit code the task ends with (`logs --follow` ends as its job did, `nvidia-smi`
+    as nvidia-smi), as a shell passes a command's on; one that is no exit status (none, a signal) is FAILED."""
+
+    def __init__(self, message: str = "", **result: Any):
+        super().__init__(message, **result)
+        self.status = self.exited if self.exited is not None and 0 < self.exited < 256 else ExitStatus.FAILED
+
+
+def as_error(error: BaseException) -> GpuTrainError:
+    """Any exception as the error the user would be told of (a node's failure among others)."""
+    if isinstance(error, GpuTrainError):
+        return error
+    status, message = outcome(error)
+    failed = GpuTrainError(message)
+    failed.status = status
+    return failed
 
 
 def printable(text: str, keep: str = "") -> str:
@@ -61,13 +109,21 @@ def printable_doc(value: Any) -> Any:
     return value
 
 
-def outcome(error: BaseException) -> tuple[ExitStatus, str]:
+def outcome(error: BaseException) -> tuple[int, str]:
     """The exit status and the message for an error that ended a command (the one mapping)."""
     status, message = _outcome(error)
     return status, printable(message, keep="\n\t")
 
 
-def _outcome(error: BaseException) -> tuple[ExitStatus, str]:
+def leave(error: BaseException) -> NoReturn:
+    """A script's main ends on ``error``: its message on stderr, its status as the exit status."""
+    status, message = outcome(error)
+    if message:
+        print(message, file=sys.stderr)
+    sys.exit(status)
+
+
+def _outcome(error: BaseException) -> tuple[int, str]:
     if isinstance(error, GpuTrainError):
         return error.status, str(error)
     if isinstance(error, KeyboardInterrupt):

@@ -16,11 +16,12 @@ from pathlib import Path
 from fabric import Config
 from fabric import Executor as FabricExecutor
 from fabric.main import Fab
-from invoke import Argument, Exit, ParseError
+from invoke import Argument, ParseError
 
 from gpu_train.environment import CONFIG_KEY, Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import UsageError
 from gpu_train.stack.project import did_you_mean
+from remote.errors import exit_for
 
 UNKNOWN = re.compile(r"No idea what '(.+)' is!")
 
@@ -48,16 +49,15 @@ class Executor(FabricExecutor):
     def execute(self, *tasks):
         try:
             return super().execute(*tasks)
-        except KeyboardInterrupt:
-            raise Exit("interrupted", code=ExitStatus.INTERRUPTED) from None
+        except KeyboardInterrupt as e:
+            raise exit_for(e) from None
 
     def expand_calls(self, calls, apply_hosts=True):
         remainder = self.core.remainder
         if remainder and apply_hosts and not self.core[0].args.hosts.value:
             takers = [c for c in calls if getattr(getattr(c, "task", c), "remainder_kwarg", None)]
             if len(takers) != 1 or len(calls) != 1:
-                raise Exit("`-- COMMAND` goes with one task that runs a command, e.g. `gpu-train ssh -- nvidia-smi`",
-                           code=ExitStatus.USAGE)
+                raise exit_for(UsageError("`-- COMMAND` goes with one task that runs a command, e.g. `gpu-train ssh -- nvidia-smi`"))
             call = takers[0]
             call.kwargs[call.task.remainder_kwarg] = remainder
             self.core.remainder = ""
@@ -77,7 +77,7 @@ class GpuTrain(Fab):
         try:
             super().parse_core(argv)
         except ParseError as e:  # Invoke exits 1 on a parse error, as a failed job would: it is bad input
-            raise Exit(str(e), code=ExitStatus.USAGE) from None
+            raise exit_for(UsageError(str(e))) from None
 
     def parse_tasks(self):
         try:
@@ -85,13 +85,13 @@ class GpuTrain(Fab):
         except ParseError as e:
             tasks = sorted(self.collection.task_names)
             flags = sorted(e.context.flags) if e.context is not None else []  # the task being parsed
-            raise Exit(suggest(e, tasks, flags), code=ExitStatus.USAGE) from None
+            raise exit_for(UsageError(suggest(e, tasks, flags))) from None
 
     def parse_cleanup(self):
         try:
             super().parse_cleanup()
         except ParseError as e:  # `--help TASK` of a task there is not
-            raise Exit(suggest(e, sorted(self.collection.task_names), []), code=ExitStatus.USAGE) from None
+            raise exit_for(UsageError(suggest(e, sorted(self.collection.task_names), []))) from None
 
     environment: Environment | None = None  # the one main() built; else built from this process
 

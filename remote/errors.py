@@ -1,12 +1,13 @@
 """What goes wrong on the laptop's side of the hosts, and how it reaches the user.
 
 The errors of the way to a host and of the host itself (``RemoteError`` and the ones no retry
-cures), and the last line of defence of the `fab` entry point: an error is a message and an exit code.
+cures), and where the tasks' errors become exits: an error is a message and an exit code.
 
-The tasks turn every error they expect into Invoke's ``Exit`` with a message. What escapes them
-(a closed pipe in `fab status | head`, a bug) would print a Python traceback: instead a closed
-stdout ends quietly, as a Unix filter does, and anything else is one line naming the error, with
-the traceback kept for those who ask (GPU_TRAIN_DEBUG=1).
+The tasks raise the errors of gpu_train/errors.py; ``exit_for`` (the task wrapper in
+remote/tasks/__init__.py, the program in remote/cli.py) is the only maker of Invoke's ``Exit``. What
+is not one of ours (a closed pipe in `fab status | head`, a bug) would print a Python traceback: instead
+a closed stdout ends quietly, as a Unix filter does, and anything else is one line naming the error,
+with the traceback kept for those who ask (GPU_TRAIN_DEBUG=1).
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ import functools
 import os
 import sys
 import traceback
+from typing import TYPE_CHECKING
 
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus, GpuTrainError, outcome
+from gpu_train.errors import ExitStatus, GpuTrainError, Unreachable, outcome
+
+if TYPE_CHECKING:
+    from invoke import Exit
 
 
 class RemoteError(GpuTrainError):
     """Something on the host or the way to it failed; the message says what and what to do."""
 
 
-class HostKeyError(RemoteError):
+class HostKeyError(RemoteError, Unreachable):
     """A failure no retry or refreshed address can cure (the tasks stop at once)."""
-
-    status = ExitStatus.UNREACHABLE
 
 
 class KeyFileError(HostKeyError):
@@ -36,6 +39,14 @@ class KeyFileError(HostKeyError):
 
 class VmStopped(HostKeyError):
     """The Compute API says the VM is stopped: no wait and no refreshed address will reach it."""
+
+
+def exit_for(error: BaseException) -> Exit:
+    """Invoke's Exit for an error: its message and exit status, as gpu_train.errors maps them."""
+    from invoke import Exit
+
+    status, message = outcome(error)
+    return Exit(message, code=status)
 
 
 def _hook(kind: type[BaseException], value: BaseException, tb: object, debug: bool = False) -> None:

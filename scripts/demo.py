@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gpu_train.errors import CommandFailed, leave  # noqa: E402
 from remote.loopback import Sshd  # noqa: E402
 
 FAB = str(Path(sys.executable).parent / "fab")
@@ -26,7 +27,8 @@ def step(title: str, *args: str, env: dict[str, str]) -> subprocess.CompletedPro
     print(f"\n== {title}\n$ fab {shlex.join(args)}", flush=True)
     result = subprocess.run([FAB, *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
-        raise SystemExit(f"demo: `fab {shlex.join(args)}` exited {result.returncode}")
+        raise CommandFailed(f"demo: `fab {shlex.join(args)}` exited {result.returncode}", command=shlex.join(args),
+                            exited=result.returncode)
     return result
 
 
@@ -56,4 +58,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except CommandFailed as e:
+        leave(e)

@@ -6,9 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from invoke import Exit
 
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import ExitStatus, GpuTrainError, Unreachable
 from remote.tasks import frombucket
 
 
@@ -21,8 +20,8 @@ def test_only_the_nodes_out_of_reach_come_from_the_bucket(monkeypatch: pytest.Mo
     asked = []
     monkeypatch.setattr(frombucket, "from_bucket", lambda env, target, run, all_, dest, streams, node: asked.append((run, dest, node)))
     lead, sessions = _cluster("gs://ckpt/team")
-    gone = Exit("cannot reach 10.0.0.2 over SSH", code=ExitStatus.UNREACHABLE)
-    failed = Exit("a file the host cannot read", code=ExitStatus.FAILED)
+    gone = Unreachable("cannot reach 10.0.0.2 over SSH")
+    failed = GpuTrainError("a file the host cannot read")
     results = [([{"id": "a_20260101_000000"}, {"id": "b_20260101_000000"}], []), gone, failed]
     out = frombucket.gone_nodes(lead, sessions, results, None, True, "/tmp/d", 4)  # type: ignore[arg-type]
     assert asked == [("a_20260101_000000", "/tmp/d/a_20260101_000000", 1), ("b_20260101_000000", "/tmp/d/b_20260101_000000", 1)]
@@ -31,11 +30,11 @@ def test_only_the_nodes_out_of_reach_come_from_the_bucket(monkeypatch: pytest.Mo
 
 def test_no_bucket_leaves_the_failures_and_none_answering_is_the_whole_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(frombucket, "from_bucket", lambda *a, **k: pytest.fail("no bucket to fetch from"))
-    gone = Exit("cannot reach", code=ExitStatus.UNREACHABLE)
+    gone = Unreachable("cannot reach")
     lead, sessions = _cluster(None)
     results = [([], []), gone, gone]
     assert frombucket.gone_nodes(lead, sessions, results, None, False, None, 4) == results  # type: ignore[arg-type]
     lead, sessions = _cluster("gs://ckpt")
-    with pytest.raises(Exit) as e:  # the caller brings the whole runs (every node's files) from the bucket
+    with pytest.raises(Unreachable) as e:  # the caller brings the whole runs (every node's files) from the bucket
         frombucket.gone_nodes(lead, sessions, [gone, gone, gone], None, False, None, 4)  # type: ignore[arg-type]
-    assert e.value.code == ExitStatus.UNREACHABLE
+    assert e.value.status == ExitStatus.UNREACHABLE

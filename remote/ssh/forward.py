@@ -16,8 +16,10 @@ import threading
 
 import paramiko
 
+from remote.errors import RemoteError
 
-class ForwardError(Exception):
+
+class ForwardError(RemoteError):
     """A port cannot be forwarded; the message says which and what to do."""
 
 

@@ -20,9 +20,10 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
 
 import functools
 
-from invoke import Collection, Exit
+from invoke import Collection
 
-from gpu_train.errors import printable
+from gpu_train.errors import GpuTrainError
+from remote.errors import exit_for
 from remote.tasks import dashboards, data, importing, overview, power, runs, shell
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
@@ -35,22 +36,20 @@ ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, 
                 importing.import_job, init, data.push)
 
 
-def _printable_exits(body):
-    """``body`` whose Exit message has its control characters written out: Invoke prints it as it is,
-    and a host's or an API's words are often in it (an escape sequence could act on the terminal)."""
+def _exits(body):
+    """``body`` whose errors become Invoke's Exit here, once (``exit_for``: the status and the message
+    ``outcome`` maps them to, control characters written out); the tasks raise, they never exit."""
 
     @functools.wraps(body)  # (Invoke reads the task's options from the wrapped signature)
     def wrapper(*args, **kwargs):
         try:
             return body(*args, **kwargs)
-        except Exit as e:
-            if isinstance(e.message, str):
-                e.message = printable(e.message, keep="\n\t")
-            raise
+        except GpuTrainError as e:
+            raise exit_for(e) from None
 
     return wrapper
 
 
 for _task in ns.tasks.values():
-    _task.body = _printable_exits(_task.body)
+    _task.body = _exits(_task.body)
     pin_short_flags(_task)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
 from gpu_train.stack.project import project_name
 from remote.tasks.session import STACK_HELP, Session, say
 from remote.tasks.trust import number
@@ -27,7 +26,6 @@ def show(json_: bool):
 
 def _serve(env: Environment, stack: str | None, kind: str, extra, local_port, json_: bool) -> None:
     """``extra(target)``: the server's settings (log dir, notebook root) for the stack's target."""
-    from remote.ssh.forward import ForwardError
     from remote.tasks import notebooks
 
     local_port = number("--local-port", local_port, int, 1, 65535)
@@ -35,8 +33,6 @@ def _serve(env: Environment, stack: str | None, kind: str, extra, local_port, js
     try:
         notebooks.serve(session.connect(shared=False), session.target, kind, extra(session.target), local_port, say, show(json_),
                         project=project_name(env.project_root))
-    except ForwardError as e:
-        raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:
         session.close()
 
@@ -67,7 +63,6 @@ def tunnel(c, port=None, local_port=None, json_=False, stack=None):
     """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change).
 
     It first checks that something listens there; a busy local port is said as such."""
-    from remote.ssh.forward import ForwardError
     from remote.tasks import notebooks
 
     # (port=None, not 6006: Invoke would parse an int default itself and fail on "abc" with a traceback)
@@ -76,8 +71,6 @@ def tunnel(c, port=None, local_port=None, json_=False, stack=None):
     session = Session(Environment.of(c), stack)
     try:
         notebooks.tunnel(session.connect(shared=False), session.target, port, local_port, say, show(json_))
-    except ForwardError as e:
-        raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:
         session.close()
     sys.stdout.flush()

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import GpuTrainError, UsageError
 from gpu_train.stack.project import project_name
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
@@ -34,14 +34,13 @@ def data_path(src: Path, root: Path) -> str:
             "to": "`bucket`: to the stack's gpu-train:bucket; each run copies it to $DATA_DIR before its job starts"})
 def push(c, dir, stack=None, json_=False, to=None):
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
-    from remote.errors import RemoteError
     from remote.transfer import sync
 
     src = Path(dir).expanduser().resolve()
     if not src.is_dir():
-        raise Exit(f"{dir}: no such directory", code=ExitStatus.USAGE)
+        raise UsageError(f"{dir}: no such directory")
     if to not in (None, "host", "bucket"):
-        raise Exit(f"--to {to}: `host` (the default) or `bucket`", code=ExitStatus.USAGE)
+        raise UsageError(f"--to {to}: `host` (the default) or `bucket`")
     env = Environment.of(c)
     root = env.project_root
     rel, project = data_path(src, root), project_name(root)
@@ -61,8 +60,6 @@ def push(c, dir, stack=None, json_=False, to=None):
         try:
             with ChannelRelay(conn.transport) as relay:
                 sync.push_data(target, target.host, src, dest, progress, rsh=relay.rsh())
-        except RemoteError as e:
-            raise Exit(str(e), code=ExitStatus.FAILED) from None
         finally:
             s.close()
         return f"{target.remote_root}/data/{project}/{rel}"
@@ -70,7 +67,7 @@ def push(c, dir, stack=None, json_=False, to=None):
     say(f"pushing {src} ({sync.human(sync.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
     results = on_every_node(sessions, one)
     if failed := failures(results):
-        raise Exit("; ".join(failed) + f": run `{CLI} push {dir}` again to resume", code=ExitStatus.FAILED)
+        raise GpuTrainError("; ".join(failed) + f": run `{CLI} push {dir}` again to resume")
     if json_:
         print(json.dumps({"source": str(src), "project": project, "path": rel, "hosts": [str(s.target.host) for s in sessions],
                           "remote": results}, indent=1))
@@ -83,21 +80,17 @@ def push(c, dir, stack=None, json_=False, to=None):
 def push_to_bucket(target, src: Path, rel: str, project: str) -> None:
     """`push --to bucket`: DIR to gs://NAME/PREFIX/data/PROJECT/REL/, incremental and verified."""
     from gpu_train.stack.bucket import data_prefix, parse_bucket
-    from remote.errors import RemoteError
     from remote.transfer import bucketfetch
 
     if not target.bucket:
-        raise Exit(f"--to bucket: stack {target.stack} has no gpu-train:bucket (docs/bucket.md)", code=ExitStatus.USAGE)
+        raise UsageError(f"--to bucket: stack {target.stack} has no gpu-train:bucket (docs/bucket.md)")
     place = parse_bucket(target.bucket)
     prefix = f"{data_prefix(place, project)}{rel}/"
-    try:
-        got = bucketfetch.push_dir(bucketfetch.client(), place, prefix, src)
-    except RemoteError as e:
-        raise Exit(str(e), code=ExitStatus.FAILED) from None
+    got = bucketfetch.push_dir(bucketfetch.client(), place, prefix, src)
     for problem in got.problems:
         say(problem)
     if got.problems:
-        raise Exit(f"not everything is in the bucket: run `{CLI} push {src} --to bucket` again", code=ExitStatus.FAILED)
+        raise GpuTrainError(f"not everything is in the bucket: run `{CLI} push {src} --to bucket` again")
     print(f"{src} -> gs://{place.name}/{prefix}: {got.files} file(s), {got.bytes} bytes sent (verified; "
           f"{got.unchanged} unchanged)")
     print(f"  each run copies it to local disk before its job starts: $DATA_DIR/{rel}, and {rel}/ in its working directory")

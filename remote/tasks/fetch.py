@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import cast
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import CommandFailed, ExitStatus, GpuTrainError, Unreachable, UsageError
 from remote.tasks import frombucket, trust
 from remote.tasks.frombucket import destination, node_dir
 from remote.tasks.localstate import FetchRecord
@@ -41,7 +41,7 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
         try:
             jobs.check_run_id(r["id"], "a run id from the host")
         except jobs.JobError as e:
-            raise Exit(str(e), code=ExitStatus.FAILED) from None
+            raise GpuTrainError(str(e)) from None
         where = destination(session.env, session.target.stack, r["id"], dest, len(runs) > 1, subdir)
         trust.inside(where, base)  # resolved, it stays in its base: a symlink planted there cannot lead out
         if record.up_to_date(r, where):
@@ -94,9 +94,9 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
             results = Fetcher(opener, streams, bar).run(runs)
         finally:
             opener.close()
-        unreachable = all(r.error and "ssh exit 255" in r.error and r.summary is None for r in results)
+        unreachable = all(r.unreachable for r in results)
         if unreachable and (attempt == 2 or not session.target.is_gcp):  # (a stack with a bucket fetches from it)
-            raise Exit(f"cannot reach {session.target.host} over SSH ({results[0].error})", code=ExitStatus.UNREACHABLE)
+            raise Unreachable(f"cannot reach {session.target.host} over SSH ({results[0].error})")
         if attempt == 2 or not unreachable or not session.target.is_gcp:
             return results
         session.reconnect()  # refreshes the stack outputs when the VM moved
@@ -128,7 +128,7 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
     streams = _streams(streams)
     run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
     if from_ not in (None, "host", "bucket"):
-        raise Exit(f"--from {from_}: `host` (the default) or `bucket`", code=ExitStatus.USAGE)
+        raise UsageError(f"--from {from_}: `host` (the default) or `bucket`")
     session = Session(Environment.of(c), stack, node=trust.number("--node", node or 0, int, 0), probe_shared=True)
     if from_ == "bucket":
         frombucket.from_bucket(session.env, session.cluster, run, all_, dest, streams)
@@ -136,29 +136,29 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
     followed: dict[str, str] = {}  # the run --watch follows, once known
     try:
         _fetch_from_host(session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed)
-    except Exit as e:
-        if e.code != ExitStatus.UNREACHABLE or not session.cluster.bucket:
+    except GpuTrainError as e:
+        if e.status != ExitStatus.UNREACHABLE or not session.cluster.bucket:
             raise
         every = " (every node's files: node N's in node-N/)" if all_nodes or len(session.cluster.hosts) > 1 else ""
-        say(f"{e.message}\nthe host cannot be reached: fetching from the bucket {session.cluster.bucket} instead{every}")
+        say(f"{e}\nthe host cannot be reached: fetching from the bucket {session.cluster.bucket} instead{every}")
         frombucket.from_bucket(session.env, session.cluster, followed.get("run", run), all_, dest, streams)
         if watch:
-            raise Exit("--watch: fetched what the bucket holds now, but not watching: only the host knows whether the run "
-                       f"still trains. Run `{CLI} fetch --watch` again once it can be reached", code=ExitStatus.UNREACHABLE) from None
+            raise Unreachable("--watch: fetched what the bucket holds now, but not watching: only the host knows whether the "
+                              f"run still trains. Run `{CLI} fetch --watch` again once it can be reached") from None
 
 
 def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_,
                      followed: dict[str, str]) -> None:
     if watch:
         if all_nodes:
-            raise Exit("--watch follows one node: give --node N (default 0), not --all-nodes", code=ExitStatus.USAGE)
+            raise UsageError("--watch follows one node: give --node N (default 0), not --all-nodes")
         _watch(session, run, dest, interval, streams, followed)
         return
     sessions = session.nodes() if all_nodes else [session]
     if len(sessions) > 1 and not all_ and run is None:  # the newest run is node 0's, fetched from every node
         lead = session.call("status")["runs"]
         if not lead:
-            raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
+            raise GpuTrainError("no runs on this host yet")
         run = lead[-1]["id"]
 
     def one(s: Session) -> tuple[list[dict], list[str]]:
@@ -184,10 +184,10 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
         print(json.dumps({"fetched": [f for f in fetched if not f["failed"]],
                           "failed": sorted({f["runId"] for f in fetched if f["failed"]}), "problems": problems}, indent=1))
     if problems:
-        raise Exit(f"not everything is home ({len(problems)}):\n  " + "\n  ".join(problems[:20])
+        raise GpuTrainError(f"not everything is home ({len(problems)}):\n  " + "\n  ".join(problems[:20])
                    + (f"\n  and {len(problems) - 20} more" if len(problems) > 20 else "")
                    + f"\nFix what is named (a file the host cannot read, something in the way here) and run `{CLI} fetch` "
-                   "again: it resumes", code=ExitStatus.FAILED)
+                   "again: it resumes")
 
 
 def _which_runs(session: Session, run: str | None, all_: bool) -> list[dict]:
@@ -201,14 +201,14 @@ def _which_runs(session: Session, run: str | None, all_: bool) -> list[dict]:
         try:
             runs = [{"id": jobs.check_run_id(run, "--run"), "state": "?"}]
         except jobs.JobError as e:
-            raise Exit(str(e), code=ExitStatus.USAGE) from None
+            raise UsageError(str(e)) from None
     else:
         # Which runs there are; what changed in them comes from the fetch's own listing of them all
         # (the host walks each JOB_DIR once, not once for summaries and once more to fetch).
         doc = session.call("status")
         runs = doc["runs"] if all_ else doc["runs"][-1:]
     if not runs:
-        raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
+        raise GpuTrainError("no runs on this host yet")
     return runs
 
 
@@ -222,8 +222,7 @@ def _streams(value: object) -> int:
     except (TypeError, ValueError):
         n = 0
     if not 1 <= n <= 64:
-        raise Exit(f"--streams {value}: a number of parallel SSH streams from 1 to 64 (default {DEFAULT_STREAMS})",
-                   code=ExitStatus.USAGE)
+        raise UsageError(f"--streams {value}: a number of parallel SSH streams from 1 to 64 (default {DEFAULT_STREAMS})")
     return n
 
 
@@ -234,15 +233,14 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
     while True:
         doc = session.call("status", "--summaries", *(["--run", run] if run else []))
         if not doc["runs"]:
-            raise Exit("no runs on this host yet", code=ExitStatus.FAILED)
+            raise GpuTrainError("no runs on this host yet")
         current = doc["runs"][-1]
         run = followed["run"] = current["id"]
         problems = fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams,
                               subdir=node_dir(session.node))
         if current["state"] not in ACTIVE:
             if problems:
-                raise Exit(f"{run} is {current['state']}, but not everything is home:\n  " + "\n  ".join(problems),
-                           code=ExitStatus.FAILED)
+                raise GpuTrainError(f"{run} is {current['state']}, but not everything is home:\n  " + "\n  ".join(problems))
             say(f"{run} is {current['state']}: fetched everything")
             return
         session.close()  # the next round's first call checks the shared connection again (a host gone meanwhile)
@@ -250,7 +248,7 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
 
 
 def every_node_status(session: Session) -> tuple[list[Session], list[object]]:
-    """Every node's session and its status document with summaries (an Exit for a node that failed)."""
+    """Every node's session and its status document with summaries (the error of a node that failed)."""
     sessions = session.nodes()
     return sessions, on_every_node(sessions, lambda s: s.call("status", "--summaries"))
 
@@ -259,9 +257,9 @@ def guard_runs(sessions: list[Session], docs: list[object]) -> tuple[list[dict],
     """The cluster's runs (one state each) and the nodes that could not be asked, for the guards."""
     from gpu_train.jobs import aggregate_runs
 
-    if len(docs) == 1 and not isinstance(docs[0], Exit):
+    if len(docs) == 1 and not isinstance(docs[0], GpuTrainError):
         return cast(dict, docs[0])["runs"], []
-    doc = aggregate_runs([None if isinstance(d, Exit) else cast(dict, d) for d in docs])
+    doc = aggregate_runs([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
     return doc["runs"], failures(docs)
 
 
@@ -274,7 +272,7 @@ def fetch_every_node(sessions: list[Session], docs: list[object], streams: int =
         lost = fetch_runs(s, runs, None, progress=False, subdir=node_dir(s.node), streams=streams, strict=True) if runs else []
         return [f"node {s.node}: {m}" for m in lost] if len(sessions) > 1 else lost
 
-    results = on_every_node([s for s in sessions if not isinstance(docs[s.node], Exit)], one)
+    results = on_every_node([s for s in sessions if not isinstance(docs[s.node], GpuTrainError)], one)
     return failures(results) + [m for r in results if isinstance(r, list) for m in r]
 
 
@@ -309,30 +307,28 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     streams = _streams(streams)
     session = Session(Environment.of(c), stack)
     sessions, docs = every_node_status(session)
-    if len(docs) == 1 and isinstance(docs[0], Exit):
+    if len(docs) == 1 and isinstance(docs[0], GpuTrainError):
         raise docs[0]
     runs, unreachable = guard_runs(sessions, docs)
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
     if running and not force:
-        raise Exit(f"refusing: still running: {', '.join(running)} ({CLI} stop, or {CLI} down --force)", code=ExitStatus.FAILED)
+        raise GpuTrainError(f"refusing: still running: {', '.join(running)} ({CLI} stop, or {CLI} down --force)")
     if unreachable and not force:
-        raise Exit(f"refusing: cannot check every node ({'; '.join(unreachable)}); {CLI} down --force to go on",
-                   code=ExitStatus.FAILED)
+        raise GpuTrainError(f"refusing: cannot check every node ({'; '.join(unreachable)}); {CLI} down --force to go on")
     bucket = session.target.bucket
     if no_fetch:
         from remote.tasks.bucketguard import not_in_bucket
 
         if not bucket:
-            raise Exit(f"--no-fetch: stack {session.target.stack} has no gpu-train:bucket to keep its runs (docs/bucket.md)",
-                       code=ExitStatus.USAGE)
-        problems = not_in_bucket([None if isinstance(d, Exit) else cast(dict, d) for d in docs])
+            raise UsageError(f"--no-fetch: stack {session.target.stack} has no gpu-train:bucket to keep its runs (docs/bucket.md)")
+        problems = not_in_bucket([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
     else:
         problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, streams)
     for s in sessions:
         s.close()
     if problems and not force:
-        raise Exit(refusal(problems, "destroyed", f"{CLI} down --force") + (f" (or {CLI} down, which downloads them)"
-                                                                           if no_fetch else ""), code=ExitStatus.FAILED)
+        raise GpuTrainError(refusal(problems, "destroyed", f"{CLI} down --force") + (f" (or {CLI} down, which downloads them)"
+                                                                           if no_fetch else ""))
     if problems:
         say("--force: going on; lost with the host:\n  " + "\n  ".join(problems))
     say(f"every run is verified in {bucket}; nothing downloaded" if no_fetch else
@@ -349,7 +345,7 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     try:  # the data disks are protected against a plain `pulumi destroy`; their runs are home now
         released = pulumi_cli.release_data_disks(session.target.stack)
     except RuntimeError as e:
-        raise Exit(f"{e}; nothing was destroyed", code=ExitStatus.FAILED) from None
+        raise GpuTrainError(f"{e}; nothing was destroyed") from None
     if released:
         say(f"data disk(s) {', '.join(released)} released: their runs are in "
             f"{bucket if no_fetch else f'runs/{session.target.stack}/'}")
@@ -360,5 +356,6 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO,
                             env={**os.environ, **session.env.exported()})
     if result.returncode != 0:
-        raise Exit("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself", code=ExitStatus.FAILED)
+        raise CommandFailed("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself",
+                            command="pulumi destroy", exited=result.returncode)
     (session.target.cache / "outputs.json").unlink(missing_ok=True)

@@ -7,10 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
-from invoke import Exit
-
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import ExitStatus, GpuTrainError, UsageError, outcome
 from remote.tasks import trust
 from remote.tasks.session import CLI, Session, say
 
@@ -34,8 +32,8 @@ def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str
     from remote.transfer import bucketfetch
 
     if not target.bucket:
-        raise Exit(f"stack {target.stack} has no bucket: set gpu-train:bucket (see docs/bucket.md), or fetch from "
-                   "the host", code=ExitStatus.USAGE)
+        raise UsageError(f"stack {target.stack} has no bucket: set gpu-train:bucket (see docs/bucket.md), or fetch from "
+                         "the host")
     place = parse_bucket(target.bucket)
     try:
         gcs = bucketfetch.client()
@@ -45,8 +43,7 @@ def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str
         elif not all_:
             runs = runs[-1:]
         if not runs:
-            raise Exit(f"no run{' ' + run if run else 's'} of stack {target.stack} in {place.url(target.stack + '/')}",
-                       code=ExitStatus.FAILED)
+            raise GpuTrainError(f"no run{' ' + run if run else 's'} of stack {target.stack} in {place.url(target.stack + '/')}")
         base = Path(dest) if dest else env.project_root / "runs" / target.stack
         failed = []
         for r in runs:
@@ -65,10 +62,9 @@ def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str
             say(f"{r}: {got.files} file(s), {got.bytes} bytes from {place.url(f'{target.stack}/{r}/{node_dir(node or 0)}')} into {where} "
                 f"(verified; {got.unchanged} unchanged)")
     except RemoteError as e:
-        raise Exit(str(e), code=ExitStatus.FAILED) from None
+        raise GpuTrainError(str(e)) from None
     if failed:
-        raise Exit(f"fetch from the bucket failed for {', '.join(failed)}: run `{CLI} fetch --from bucket` again",
-                   code=ExitStatus.FAILED)
+        raise GpuTrainError(f"fetch from the bucket failed for {', '.join(failed)}: run `{CLI} fetch --from bucket` again")
 
 
 def gone_nodes(session: Session, sessions: list[Session], results: list[object], run: str | None,
@@ -76,22 +72,22 @@ def gone_nodes(session: Session, sessions: list[Session], results: list[object],
     """--all-nodes where some nodes cannot be reached (all of them: the caller's fallback): those nodes'
     files from the bucket (its RUN/node-N/), the same runs the others answered with. The results, those
     nodes' failures taken out where the bucket served them."""
-    gone = [s.node for s, r in zip(sessions, results, strict=True) if isinstance(r, Exit) and r.code == ExitStatus.UNREACHABLE]
+    gone = [s.node for s, r in zip(sessions, results, strict=True) if isinstance(r, GpuTrainError) and r.status == ExitStatus.UNREACHABLE]
     if not gone or not session.cluster.bucket:
         return results
     if len(gone) == len(sessions):
-        raise cast(Exit, results[0])  # not one node answered: the whole runs from the bucket (the caller)
+        raise cast(GpuTrainError, results[0])  # not one node answered: the whole runs from the bucket (the caller)
     answered = sorted({x["id"] for r in results if isinstance(r, tuple) for x in r[0]})
     out = list(results)
     for n in gone:
-        say(f"node {n}: {cast(Exit, results[n]).message}\nnode {n} cannot be reached: fetching its files from the bucket "
+        say(f"node {n}: {outcome(cast(GpuTrainError, results[n]))[1]}\nnode {n} cannot be reached: fetching its files from the bucket "
             f"{session.cluster.bucket} instead")
         try:
             for r in answered:  # (one run each, into where the host's fetch put it: --dest/RUN for several)
                 from_bucket(session.env, session.cluster, r, False, str(Path(dest) / r) if dest and len(answered) > 1 else dest,
                             streams, node=n)
-        except Exit as e:
-            out[n] = Exit(f"not from the bucket either: {e.message}", code=ExitStatus.FAILED)
+        except GpuTrainError as e:
+            out[n] = GpuTrainError(f"not from the bucket either: {outcome(e)[1]}")
             continue
         out[n] = ([], [])
     return out

@@ -11,11 +11,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.atomic import atomic_write
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus, printable
+from gpu_train.errors import UsageError, printable
 from gpu_train.stack.project import repo_script
 from remote.tasks.session import say
 
@@ -32,16 +32,16 @@ def _read_yaml(path: str):
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f)
     except OSError as e:
-        raise Exit(f"cannot read {path}: {e.strerror}", code=ExitStatus.USAGE) from None
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise Exit(f"{path} is not YAML or JSON: {e}", code=ExitStatus.USAGE) from None
+        raise UsageError(f"{path} is not YAML or JSON: {e}") from None
 
 
 def _write_stack(path: Path, settings: dict, source: str, stack: str, force: bool) -> None:
     import yaml
 
     if path.exists() and not force:
-        raise Exit(f"{path} exists: pass --force to replace it, or choose another --stack", code=ExitStatus.USAGE)
+        raise UsageError(f"{path} exists: pass --force to replace it, or choose another --stack")
     header = (f"# Written by `gpu-train import` from {source}.\n"
               f"# Edit what the report marks 'not mapped', then: {repo_script('plan')} --stack {stack}\n")
     text = header + yaml.safe_dump({"config": settings}, sort_keys=False, default_flow_style=False)
@@ -85,9 +85,9 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
         gcloud = _remainder(sys.argv) or gcloud_flags.split_gcloud_command(gcloud or "")
         if not gcloud:
-            raise Exit("import gcloud: give gcloud's command after `--` (gpu-train) or as --gcloud \"...\"", code=ExitStatus.USAGE)
+            raise UsageError("import gcloud: give gcloud's command after `--` (gpu-train) or as --gcloud \"...\"")
     elif gcloud:
-        raise Exit(f"--gcloud goes with `import gcloud`, not with a file ({source})", code=ExitStatus.USAGE)
+        raise UsageError(f"--gcloud goes with `import gcloud`, not with a file ({source})")
     catalog, tables = load_catalog(), importer.load_tables()
     try:
         if file:
@@ -100,7 +100,7 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
         stack_name = stack or name.replace("_", "-")
         result = translate.translate(job, stack_name, catalog, tables, project, tuple(ssh_from or ()))
     except importer.JobImportError as e:
-        raise Exit(f"cannot import {file or 'the gcloud command'}: {e}", code=ExitStatus.USAGE) from None
+        raise UsageError(f"cannot import {file or 'the gcloud command'}: {e}") from None
     try:
         _, problems = validate.check(result.settings, stack_name, catalog)
     except config.ConfigError as e:

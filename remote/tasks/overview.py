@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import GpuTrainError, UsageError
 from gpu_train.stack.problems import ConfigError
 from remote.tasks.optional import optional_positional
 from remote.tasks.session import STACK_HELP, Session
@@ -31,12 +31,12 @@ def gpus(c, name=None, region=None, spot=False, json_=False):
     try:
         rows = offers.offers(catalog, name, region, spot)
     except offers.OfferError as e:
-        raise Exit(str(e), code=ExitStatus.USAGE) from None
+        raise UsageError(str(e)) from None
     if json_:
         print(json.dumps(offers.to_json(rows, catalog), indent=1))
     elif not rows:
         where = f" in {region}" if region else ""
-        raise Exit(f"{name or 'no GPU'} is not offered{where}{' as spot' if spot else ''} (catalog snapshot)", code=ExitStatus.FAILED)
+        raise GpuTrainError(f"{name or 'no GPU'} is not offered{where}{' as spot' if spot else ''} (catalog snapshot)")
     elif name:
         print(offers.render_detail(rows[0], catalog, spot))
     else:
@@ -61,7 +61,7 @@ def check(c, json_=False):
     else:
         print(checkup.render(findings))
     if checkup.exit_code(findings):
-        raise Exit(code=ExitStatus.FAILED)
+        raise GpuTrainError()
 
 
 @task(name="ls", help={"json": "print JSON: stacks[].{stack, state, runsRunning, hourlyNow, spentMonth, ...}",
@@ -102,8 +102,8 @@ def stack(c, name=None, clear=False):
     elif name is not None:
         if not target.STACK_NAME_RE.fullmatch(name) or project.stack_path(name, dirs) is None:
             close = project.did_you_mean(name, project.stack_names(dirs))
-            raise Exit(f"no stack named {name!r} (looked for Pulumi.{name}.yaml in {', '.join(str(d) for d in dirs)})"
-                       + (f"; did you mean {' or '.join(close)}?" if close else ""), code=ExitStatus.USAGE)
+            raise UsageError(f"no stack named {name!r} (looked for Pulumi.{name}.yaml in {', '.join(str(d) for d in dirs)})"
+                       + (f"; did you mean {' or '.join(close)}?" if close else ""))
         project.select_stack(root, name)
     try:
         current, why = target.chosen_stack(env, None)
@@ -138,5 +138,5 @@ def ssh_config(c, remove=False, stack=None):
     try:
         conf = sshalias.add_include(home)
     except OSError as e:
-        raise Exit(str(e), code=1) from None
+        raise GpuTrainError(str(e)) from None
     print(f"ssh {alias} works now ({sshalias.include_line(home)} in {conf})")

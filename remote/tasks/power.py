@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import CommandFailed, GpuTrainError, UsageError, outcome
 from remote.tasks.session import CLI, STACK_HELP, Session, say
 from remote.tasks.trust import number
 
@@ -30,9 +30,9 @@ def _gcp_config(env: Environment, stack: str | None):
         name = targets.select_stack(env, stack)
         cfg = stackfile.load_stack(name, load_catalog(), env.stack_dirs)
     except config.ConfigError as e:
-        raise Exit(str(e), code=ExitStatus.USAGE) from None
+        raise UsageError(str(e)) from None
     if not cfg.is_gcp:
-        raise Exit(f"stack {name} is an SSH stack: gpu-train does not power your own hosts on or off", code=ExitStatus.USAGE)
+        raise UsageError(f"stack {name} is an SSH stack: gpu-train does not power your own hosts on or off")
     return cfg
 
 
@@ -43,8 +43,8 @@ def _pulumi(env: Environment, commands: list[list[str]]) -> None:
         say("$ " + " ".join(argv))
         result = subprocess.run(argv, cwd=targets.REPO, stdin=subprocess.DEVNULL, env={**os.environ, **env.exported()})
         if result.returncode != 0:
-            raise Exit(f"`{' '.join(argv[:4])} ...` failed (exit {result.returncode}): see its output above; once fixed, "
-                       "run the task again (it is safe to repeat)", code=ExitStatus.FAILED)
+            raise CommandFailed(f"`{' '.join(argv[:4])} ...` failed (exit {result.returncode}): see its output above; once "
+                                "fixed, run the task again (it is safe to repeat)", command=" ".join(argv), exited=result.returncode)
 
 
 @task(name="vm-stop", help={"force": "stop even while a run is running or the host cannot be checked",
@@ -71,18 +71,18 @@ def vm_stop(c, force=False, wait=None, stack=None):
         try:
             sessions, docs = every_node_status(Session(env, cfg.stack, timeout=wait))
             runs, unreachable = guard_runs(sessions, docs)
-            if len(docs) == 1 and isinstance(docs[0], Exit):
+            if len(docs) == 1 and isinstance(docs[0], GpuTrainError):
                 raise docs[0]
-        except Exit as e:
-            unreachable = [str(e.message).splitlines()[0]]
+        except GpuTrainError as e:
+            unreachable = [outcome(e)[1].splitlines()[0]]
     running = [r["id"] for r in runs if r["state"] in ACTIVE]
     try:
         reason = power.refusal(running, unreachable, force, cfg.stack, CLI)
         if reason:
-            raise Exit(reason, code=ExitStatus.FAILED)
+            raise GpuTrainError(reason)
         problems = fetch_every_node(sessions, docs) if sessions and not unreachable else []
         if problems:
-            raise Exit(refusal(problems, "stopped", f"{CLI} vm-stop --force"), code=ExitStatus.FAILED)
+            raise GpuTrainError(refusal(problems, "stopped", f"{CLI} vm-stop --force"))
     finally:
         for s in sessions:
             s.close()
@@ -120,6 +120,6 @@ def vm_start(c, stack=None):
     try:  # a restarted VM may have a new address
         outputs = targets.stack_outputs(cfg.stack, env.state_home / cfg.stack, refresh=True)
     except config.ConfigError as e:
-        raise Exit(str(e), code=ExitStatus.FAILED) from None
+        raise GpuTrainError(str(e)) from None
     print(f"started {cfg.stack} at {outputs.get('externalIp')}; runs it was running resume by themselves "
           f"(`{CLI} status --stack {cfg.stack}`)")

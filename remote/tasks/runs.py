@@ -7,11 +7,11 @@ import sys
 import threading
 from typing import cast
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.contract import SUCCEEDED
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import CommandExit, GpuTrainError, Interrupted, outcome
 from remote.tasks import trust
 from remote.tasks.render import render_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
@@ -50,7 +50,7 @@ def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=Non
     sessions = session.nodes()
     trailers = on_every_node(sessions, lambda s: _stream_log(s, run, lines, follow, prefixed(s), out.flush))
     if failed := failures(trailers):
-        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
+        raise GpuTrainError("; ".join(failed))
     if follow:
         bad = [t for t in trailers if t["state"] != SUCCEEDED]
         _exit_with(bad[0] if bad else trailers[0])
@@ -65,7 +65,7 @@ def follow_to_end(session: Session, run: str) -> None:
     except KeyboardInterrupt:
         say(f"\ndetached: {run} goes on ({CLI} logs --follow --run {run} to watch it again, "
             f"{CLI} stop --run {run} to stop it)")
-        raise Exit(code=ExitStatus.INTERRUPTED) from None
+        raise Interrupted() from None
     session.close()
     if trailer is not None:
         _exit_with(trailer)
@@ -102,9 +102,9 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
         if trailer is not None:
             return trailer
         if status not in (-1, 0) and agentcall.START_MARK not in err:
-            raise Exit(_agent_error(err), code=ExitStatus.FAILED)
+            raise GpuTrainError(_agent_error(err))
         if not follow:
-            raise Exit(f"the connection dropped: {err.strip()}", code=ExitStatus.FAILED)
+            raise GpuTrainError(f"the connection dropped: {err.strip()}")
         if start is not None:
             offset = start + received
         say(f"{session.target.host}: connection lost; reconnecting ...")
@@ -115,10 +115,8 @@ def _exit_with(trailer: dict) -> None:
     """End `fab logs --follow` with the job's own exit code."""
     state, code = trailer["state"], trailer["exitCode"]
     say(f"{trailer['runId']}: {state}" + (f", exit code {code}" if code is not None else ""))
-    if code:
-        raise Exit(code=code if 0 < code < 256 else ExitStatus.FAILED)
-    if state != SUCCEEDED:
-        raise Exit(code=ExitStatus.FAILED)
+    if code or state != SUCCEEDED:
+        raise CommandExit(exited=code, command=trailer["runId"])
 
 
 def _agent_error(err: str) -> str:
@@ -144,10 +142,10 @@ def cluster_status(session: Session, *args: str) -> dict:
         if s is not session:
             s.close()
     if len(docs) == 1:
-        if isinstance(docs[0], Exit):
+        if isinstance(docs[0], GpuTrainError):
             raise docs[0]
         return cast(dict, docs[0])
-    doc = aggregate_runs([None if isinstance(d, Exit) else cast(dict, d) for d in docs])
+    doc = aggregate_runs([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
     doc["unreachable"] = failures(docs)
     return doc
 
@@ -180,14 +178,14 @@ def stop(c, run=None, grace=None, stack=None, json_=False):
     args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
     docs = on_every_node(sessions, lambda s: s.call(*args))
     if json_:
-        print(json.dumps([d if not isinstance(d, Exit) else {"error": d.message} for d in docs], indent=1))
+        print(json.dumps([d if not isinstance(d, GpuTrainError) else {"error": outcome(d)[1]} for d in docs], indent=1))
     for s, doc in zip(sessions, docs, strict=True):
         s.close()
         where = f"node {s.node}: " if len(sessions) > 1 else ""
-        if not isinstance(doc, Exit) and not json_:
+        if not isinstance(doc, GpuTrainError) and not json_:
             print(f"{where}{doc['runId']}: {doc['state']} ({', '.join(doc['signals']) or 'no signal needed'})")
     if failed := failures(docs):
-        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
+        raise GpuTrainError("; ".join(failed))
 
 
 @task(help={"run": "run id or a unique prefix (default: the newest interrupted run)",
@@ -206,13 +204,13 @@ def resume(c, run=None, grace=None, stack=None, json_=False):
         try:
             run = resumable(cluster_status(session)["runs"], f"{CLI} resume --stack {session.target.stack} --run RUN")
         except JobError as e:
-            raise Exit(str(e), code=ExitStatus.FAILED) from None
+            raise GpuTrainError(str(e)) from None
     sessions = session.nodes()
     docs = on_every_node(sessions, lambda s: s.call("resume", "--run", run, "--grace", str(float(grace))))
     for s in sessions:
         s.close()
     if failed := failures(docs):
-        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
+        raise GpuTrainError("; ".join(failed))
     if json_:
         print(json.dumps({"runId": run, "nodes": len(sessions), "resumes": docs[0]["resumes"]}))
     else:
@@ -252,5 +250,5 @@ def prune(c, run=None, dry_run=False, stack=None):
         for k in kept:
             print(f"  kept {k.get('id')}: {k.get('why')}")
     if failed := failures(results):
-        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
+        raise GpuTrainError("; ".join(failed))
 

@@ -9,11 +9,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from invoke import Exit
-
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus, outcome, printable
-from gpu_train.stack.config import ConfigError
+from gpu_train.errors import GpuTrainError, Unreachable, UsageError, as_error, outcome, printable
 from gpu_train.stack.project import command_name
 
 if TYPE_CHECKING:
@@ -23,12 +20,6 @@ STACK_HELP = ("stack name (default: $GPU_TRAIN_STACK, else the one `gpu-train st
               "only stack, else Pulumi's selected stack)")
 # How the user called us, for the commands our messages suggest.
 CLI = command_name(sys.argv[0])
-
-
-def exit_for(error: BaseException) -> Exit:
-    """Invoke's Exit for an error: its message and exit status, as gpu_train.errors maps them."""
-    status, message = outcome(error)
-    return Exit(message, code=status)
 
 
 def say(text: str) -> None:
@@ -45,12 +36,9 @@ class Session:
 
         self.env = env
         if cluster is None:
-            try:
-                cluster = targets.resolve(env, stack)
-            except ConfigError as e:
-                raise exit_for(e) from None
+            cluster = targets.resolve(env, stack)
         if not 0 <= node < len(cluster.hosts):
-            raise Exit(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}", code=ExitStatus.USAGE)
+            raise UsageError(f"--node {node}: the stack has nodes 0 to {len(cluster.hosts) - 1}")
         self._cluster = cluster
         self._target = cluster.for_node(node)  # (read through ``target``)
         self.node = node
@@ -113,20 +101,19 @@ class Session:
         try:
             self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say,
                                             vmprobe.probe(self.env, self._target.stack, self._target.vm, say), again)
-        except HostKeyError as e:
-            raise exit_for(e) from None
+        except HostKeyError:
+            raise  # (no refreshed address cures it)
         except RemoteError as e:
             if not self._target.is_gcp:
-                raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
+                raise Unreachable(str(e)) from None
             # The VM may have a new address (stopped and started): refresh the stack outputs once.
             self._cluster = targets.resolve(self.env, self._target.stack, refresh=True)
             self._target = self._cluster.for_node(self.node)
             try:
                 self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say)
             except RemoteError as e2:
-                raise Exit(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
-                           f"pulumi up --refresh --stack {self._target.stack} (with gpu-train:running true)",
-                           code=ExitStatus.UNREACHABLE) from None
+                raise Unreachable(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
+                                  f"pulumi up --refresh --stack {self._target.stack} (with gpu-train:running true)") from None
         if self._target.root_unknown:
             self._ask_root()
         if self.node == 0:
@@ -143,8 +130,8 @@ class Session:
         conn = mux.reuse(self._target, self._target.host)
         alive = mux.answers(self._target, self._target.host) if conn is not None and self.probe_shared else True
         if alive is False and not self._target.is_gcp:  # (a GCP VM may have a new address, which a login finds)
-            raise Exit(f"cannot reach {self._target.host}: the shared SSH connection to it did not answer within "
-                       f"{mux.PROBE_S:g} s (the host is gone, or the way to it)", code=ExitStatus.UNREACHABLE)
+            raise Unreachable(f"cannot reach {self._target.host}: the shared SSH connection to it did not answer within "
+                              f"{mux.PROBE_S:g} s (the host is gone, or the way to it)")
         return conn if alive is True else None
 
     def check_shared(self) -> None:
@@ -165,13 +152,13 @@ class Session:
         try:  # a host's answer: bounded
             _, out, err = run_bounded(self.conn, targets.ROOT_QUESTION, timeout=60, cap=1 << 20)
         except RemoteError as e:
-            raise Exit(str(e), code=ExitStatus.UNREACHABLE) from None
+            raise Unreachable(str(e)) from None
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         root = targets.root_from_answer(stdout)
         if root is None:
-            raise Exit(f"{self._target.host}: could not tell where gpu-train's files are (the login shell answered "
-                       f"{printable(stdout.strip()[:200] or stderr.strip()[:200])!r}); set "
-                       f"gpu-train:remoteRoot in the stack (e.g. {REMOTE_ROOT_DEFAULT})", code=ExitStatus.UNREACHABLE)
+            raise Unreachable(f"{self._target.host}: could not tell where gpu-train's files are (the login shell answered "
+                              f"{printable(stdout.strip()[:200] or stderr.strip()[:200])!r}); set "
+                              f"gpu-train:remoteRoot in the stack (e.g. {REMOTE_ROOT_DEFAULT})")
         if root == REMOTE_ROOT_BEFORE:
             say(f"{self._target.host}: its runs are in {REMOTE_ROOT_BEFORE} (remoteRoot's old default), so they stay "
                 f"there and this stack keeps using it (a new host gets {REMOTE_ROOT_DEFAULT}); to write it down: "
@@ -193,14 +180,10 @@ class Session:
         return self.connect(again=True)
 
     def call(self, *args: str) -> dict:
-        from remote.errors import RemoteError
         from remote.ssh import agentcall
         from remote.tasks.trust import host_doc
 
-        try:
-            doc = agentcall.call(self.connect(), self._target, *args)
-        except RemoteError as e:
-            raise exit_for(e) from None
+        doc = agentcall.call(self.connect(), self._target, *args)
         return host_doc(doc, self._target.host)  # its run ids checked before any becomes a path
 
     def close(self) -> None:
@@ -209,9 +192,9 @@ class Session:
         self.conn = None  # a later call connects again
 
 
-class Interrupted(KeyboardInterrupt):
+class Cancelled(KeyboardInterrupt):
     """Ctrl-C while ``on_every_node`` ran with a ``cancel`` event: ``results`` as each node's work
-    ended once told to stop (an answer where it had finished anyway, an Exit where it stopped)."""
+    ended once told to stop (an answer where it had finished anyway, an error where it stopped)."""
 
     def __init__(self, results: list[object]):
         super().__init__()
@@ -220,19 +203,17 @@ class Interrupted(KeyboardInterrupt):
 
 def on_every_node(sessions: list[Session], work, cancel: threading.Event | None = None) -> list[object]:
     """``work(session)`` on each node at once; results in node order, where a node that raised has
-    an Exit saying so: any exception is that node's failure, never a missing result.
+    its error (``as_error``): any exception is that node's failure, never a missing result.
 
     Ctrl-C reaches the main thread only. With ``cancel``, it is set for the work to see, every node's
-    work is waited for, and ``Interrupted`` says how each ended; without, KeyboardInterrupt goes on."""
+    work is waited for, and ``Cancelled`` says how each ended; without, KeyboardInterrupt goes on."""
     results: list[object] = [None] * len(sessions)
 
     def run(i: int) -> None:
         try:
             results[i] = work(sessions[i])
-        except Exit as e:
-            results[i] = e
         except Exception as e:  # (a node's bug or lost connection fails that node only)
-            results[i] = exit_for(e)
+            results[i] = as_error(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(sessions))]
     started: list[threading.Thread] = []
@@ -248,10 +229,10 @@ def on_every_node(sessions: list[Session], work, cancel: threading.Event | None 
         cancel.set()
         for t in started:  # a second Ctrl-C here leaves at once, as a plain KeyboardInterrupt
             t.join()
-        raise Interrupted(results) from None
+        raise Cancelled(results) from None
     return results
 
 
 def failures(results: list[object]) -> list[str]:
     """One line per node that failed, naming it."""
-    return [f"node {i}: {r.message}" for i, r in enumerate(results) if isinstance(r, Exit)]
+    return [f"node {i}: {outcome(r)[1]}" for i, r in enumerate(results) if isinstance(r, GpuTrainError)]

@@ -7,12 +7,11 @@ import json
 import os
 import sys
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.contract import BOOT_CRON_STOPPED, BOOT_NO_CRONTAB, BOOT_OFF
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
-from remote.errors import RemoteError
+from gpu_train.errors import CommandExit
 from remote.tasks.localstate import atomic_write
 from remote.tasks.session import CLI, STACK_HELP, Session, say
 
@@ -100,11 +99,10 @@ def nvidia_smi(c, stack=None):
     try:  # the host's output, bounded, its escapes written out
         status, out, err = run_bounded(session.connect(), "command -v nvidia-smi >/dev/null && nvidia-smi || "
                                        "echo 'no nvidia-smi on this host'", timeout=120, cap=4 << 20)
-    except RemoteError as e:
-        raise Exit(str(e), code=ExitStatus.FAILED) from None
     finally:
         session.close()
     sys.stdout.write(shown(out.decode("utf-8", "backslashreplace")))
     sys.stderr.write(shown(err.decode("utf-8", "backslashreplace")))
     if status:
-        raise Exit(code=status)
+        raise CommandExit(exited=status, command="nvidia-smi", host=str(session.target.host),
+                            stderr=err[-2000:].decode("utf-8", "replace"))

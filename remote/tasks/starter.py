@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.contract import REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import GpuTrainError, UsageError
 from gpu_train.stack.project import repo_script
 
 NAME_RE = re.compile(STACK_NAME_PATTERN)
@@ -86,17 +86,17 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
     from gpu_train.stack import config
 
     if bool(host) == bool(gcp_project):
-        raise Exit("give --host USER@HOST[:PORT] (a machine you have) or --gcp-project ID (a VM on Google Cloud)", code=ExitStatus.USAGE)
+        raise UsageError("give --host USER@HOST[:PORT] (a machine you have) or --gcp-project ID (a VM on Google Cloud)")
     kind = "ssh" if host else "gcp"
     name = stack or ("lab" if host else "gcp")
     if not NAME_RE.fullmatch(name):
-        raise Exit(f"--stack {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit"
-                   " (at most 100)", code=ExitStatus.USAGE)
+        raise UsageError(f"--stack {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit "
+                         "(at most 100)")
     if host:
         try:
             config.split_host(host)
         except ValueError:
-            raise Exit(f"--host {host!r}: write it as user@host:port or a Host alias", code=ExitStatus.USAGE) from None
+            raise UsageError(f"--host {host!r}: write it as user@host:port or a Host alias") from None
         text = ssh_stack(host, key)
     else:
         text = gcp_stack(gcp_project, zone, gpu, not on_demand, "203.0.113.7/32")
@@ -104,7 +104,7 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
     root = env.project_root
     path = root / "stacks" / f"Pulumi.{name}.yaml"
     if path.exists():
-        raise Exit(f"{path} exists; nothing written (edit it, or pick another --stack)", code=ExitStatus.FAILED)
+        raise GpuTrainError(f"{path} exists; nothing written (edit it, or pick another --stack)")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "x", encoding="utf-8") as f:  # never replaces a file written meanwhile
         f.write(text)

@@ -14,15 +14,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from invoke import Exit, task
+from invoke import task
 
 from gpu_train.environment import Environment
-from gpu_train.errors import ExitStatus
+from gpu_train.errors import GpuTrainError, Interrupted, UsageError
 from gpu_train.stack.project import project_name
 from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
 from remote.tasks.runs import follow_to_end
-from remote.tasks.session import CLI, STACK_HELP, Interrupted, Session, exit_for, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Cancelled, Session, failures, on_every_node, say
 from remote.tasks.shell import say_host_notes
 
 if TYPE_CHECKING:
@@ -72,29 +72,26 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     environment = Environment.of(c)  # (`env` is --env)
     code_dir = Path(dir).expanduser().resolve() if dir else environment.project_root
     if not code_dir.is_dir():
-        raise Exit(f"--dir {code_dir}: no such directory", code=ExitStatus.USAGE)
+        raise UsageError(f"--dir {code_dir}: no such directory")
     nproc, port = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535)
     env_files = _read_env_files(env_file or [])
     session = Session(environment, stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
     cluster = session.cluster
-    try:
-        base = jobs.base_name(name, script, command)
-        run = jobs.run_id(base, datetime.now())
-        spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
-                             python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir,
-                             cwd=environment.cwd, environ=os.environ, env_files=env_files, pass_job_dir=bool(pass_job_dir),
-                             resume_args=resume_args or "", resume_if=resume_if)
-        chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
-        spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
-                                   project=project_name(environment.project_root), venv=cluster.venv,
-                                   notify=notify_url(cluster.stack, cluster.notify),
-                                   needs_torch=jobs.needs_torch(code_dir, spec.script, chosen))
-        ps = jobs.parameter_servers(ps, cluster.parameter_servers)
-        specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
-        specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
-        specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket)
-    except jobs.JobError as e:
-        raise exit_for(e) from None
+    base = jobs.base_name(name, script, command)
+    run = jobs.run_id(base, datetime.now())
+    spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
+                         python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir,
+                         cwd=environment.cwd, environ=os.environ, env_files=env_files, pass_job_dir=bool(pass_job_dir),
+                         resume_args=resume_args or "", resume_if=resume_if)
+    chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
+    spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
+                               project=project_name(environment.project_root), venv=cluster.venv,
+                               notify=notify_url(cluster.stack, cluster.notify),
+                               needs_torch=jobs.needs_torch(code_dir, spec.script, chosen))
+    ps = jobs.parameter_servers(ps, cluster.parameter_servers)
+    specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
+    specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
+    specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket)
     # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and
     # passes it on, the nodes go on their own word; those that started are stopped, as below.)
     cancel = threading.Event()
@@ -104,7 +101,7 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
                 plan = sync.plan_code(code_dir, Path(scratch), ((environment.project_root / "runs", "fetched results"),
                                                                 (environment.state_home, None)))
             except RemoteError as e:
-                raise Exit(str(e), code=ExitStatus.USAGE) from None
+                raise UsageError(str(e)) from None
             pushed = PushedManifests(cluster.cache)
             unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
             where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
@@ -117,17 +114,16 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
             # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
             fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None
         except KeyboardInterrupt:
-            raise Exit("interrupted before the code sync: nothing was sent and nothing started",
-                       code=ExitStatus.INTERRUPTED) from None
+            raise Interrupted("interrupted before the code sync: nothing was sent and nothing started") from None
         try:
             answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged, fanout, cancel), cancel)
-        except Interrupted as e:
+        except Cancelled as e:
             raise _interrupted(sessions, e.results, run) from None
     failed = failures(answers)
     if failed:
-        launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, Exit)]
+        launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, GpuTrainError)]
         on_every_node(launched, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
-        raise Exit("; ".join(failed), code=ExitStatus.FAILED)
+        raise GpuTrainError("; ".join(failed))
     for h in cluster.hosts:
         pushed.set(h, base, plan.manifest)
     for s in sessions:
@@ -176,24 +172,23 @@ def _read_env_files(paths: list[str]) -> dict[str, str]:
         try:
             texts[name] = Path(name).expanduser().read_text()
         except (OSError, UnicodeDecodeError) as e:
-            raise Exit(f"--env-file {name}: cannot read it ({getattr(e, 'strerror', None) or e})",
-                       code=ExitStatus.USAGE) from None
+            raise UsageError(f"--env-file {name}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
     return texts
 
 
-def _interrupted(sessions: list[Session], results: list[object], run: str) -> Exit:
+def _interrupted(sessions: list[Session], results: list[object], run: str) -> Interrupted:
     """What Ctrl-C during the sync and launch left behind, said as it is (every node's work has ended)."""
     started = [s for s, a in zip(sessions, results, strict=True) if isinstance(a, dict)]
     if not started:
-        return Exit(f"interrupted during the code sync: nothing was started ({run} was not launched; what was sent "
-                    "waits in the host's staging area, which a later train clears)", code=ExitStatus.INTERRUPTED)
+        return Interrupted(f"interrupted during the code sync: nothing was started ({run} was not launched; what was sent "
+                           "waits in the host's staging area, which a later train clears)")
     if len(started) == len(sessions):
-        return Exit(f"interrupted, but {run} had already started and goes on ({CLI} logs --follow --run {run} to "
-                    f"watch it, {CLI} stop --run {run} to stop it)", code=ExitStatus.INTERRUPTED)
+        return Interrupted(f"interrupted, but {run} had already started and goes on ({CLI} logs --follow --run {run} to "
+                           f"watch it, {CLI} stop --run {run} to stop it)")
     on_every_node(started, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
     nodes = ", ".join(str(s.node) for s in started)
-    return Exit(f"interrupted during the launch: {run} had started on node {nodes} only and was stopped there; "
-                "nothing is running", code=ExitStatus.INTERRUPTED)
+    return Interrupted(f"interrupted during the launch: {run} had started on node {nodes} only and was stopped there; "
+                       "nothing is running")
 
 
 def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> dict:
@@ -209,7 +204,6 @@ def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | 
 def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None,
                  cancel: threading.Event) -> dict:
     from gpu_train import jobs
-    from remote.errors import RemoteError
     from remote.ssh import agentcall
     from remote.transfer import sync
     from remote.transfer.relay import ChannelRelay
@@ -231,18 +225,15 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
             push = functools.partial(fanout.node_sync, session.node, sync_code, say)
         deadline, delay = time.monotonic() + session.timeout, 5.0
         while True:
-            try:
-                answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
-            except RemoteError as e:
-                raise Exit(str(e), code=ExitStatus.FAILED) from None
+            answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
             if "waiting" not in answer:
                 trust.host_run_id(answer.get("runId"), target.host)
                 return answer
             push = None  # the code is staged on the host; only the launch is retried
             if cancel.is_set():
-                raise Exit("interrupted while waiting for the host", code=ExitStatus.INTERRUPTED)
+                raise Interrupted("interrupted while waiting for the host")
             if time.monotonic() > deadline:
-                raise Exit(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}", code=ExitStatus.FAILED)
+                raise GpuTrainError(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}")
             say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
             cancel.wait(delay)  # Ctrl-C ends the wait at once
             delay = min(delay * 1.5, 30)

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import Exit
-
+from gpu_train.errors import GpuTrainError, UsageError
 from gpu_train.jobs import JobError, check_run_id
 from gpu_train.stack.config import shown
 
 
 def host_doc(doc: object, where: object) -> dict:
     """An agent's answer (its strings already printable: agentcall decodes every answer so) whose run
-    ids are all run ids; Exit otherwise."""
+    ids are all run ids; an error otherwise."""
     if not isinstance(doc, dict):
-        raise Exit(f"{where} answered {shown(doc)}, not a gpu-train document: is the agent on it ours?", code=1)
+        raise GpuTrainError(f"{where} answered {shown(doc)}, not a gpu-train document: is the agent on it ours?")
     runs = doc.get("runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
-        raise Exit(f"{where} answered a run list that is not one ({shown(runs)})", code=1)
+        raise GpuTrainError(f"{where} answered a run list that is not one ({shown(runs)})")
     for r in runs:
         host_run_id(r.get("id"), where)
     if "runId" in doc:
@@ -35,8 +34,8 @@ def host_run_id(value: object, where: object) -> str:
     try:
         return check_run_id(value, "run id")
     except JobError as e:
-        raise Exit(f"{where} answered with a {e}; refusing to use it as a path (the host's gpu-train files may "
-                   "have been tampered with)", code=1) from None
+        raise GpuTrainError(f"{where} answered with a {e}; refusing to use it as a path (the host's gpu-train files may "
+                            "have been tampered with)") from None
 
 
 def run_option(value: str | None) -> str | None:
@@ -46,7 +45,7 @@ def run_option(value: str | None) -> str | None:
     try:
         return check_run_id(value)
     except JobError as e:
-        raise Exit(str(e), code=2) from None
+        raise UsageError(str(e)) from None
 
 
 def remote_job_dir(target, run_id: str) -> str:
@@ -55,24 +54,24 @@ def remote_job_dir(target, run_id: str) -> str:
 
 
 def inside(path: Path, base: Path) -> Path:
-    """``path`` resolved, when it lies inside ``base`` (both resolved: a symlink cannot lead out); else Exit."""
+    """``path`` resolved, when it lies inside ``base`` (both resolved: a symlink cannot lead out); else an error."""
     resolved, top = path.resolve(), base.resolve()
     if resolved != top and top not in resolved.parents:
-        raise Exit(f"refusing to write {path}: it resolves to {resolved}, outside {top}", code=1)
+        raise GpuTrainError(f"refusing to write {path}: it resolves to {resolved}, outside {top}")
     return resolved
 
 
 def number(option: str, value: object, kind: type = int, low: float | None = None, high: float | None = None):
-    """An option's value as ``kind`` within [low, high]; Exit naming the option otherwise."""
+    """An option's value as ``kind`` within [low, high]; a UsageError naming the option otherwise."""
     if value is None:
         return None
     try:
         result = kind(value)
     except (TypeError, ValueError):
         word = "a whole number" if kind is int else "a number"
-        raise Exit(f"{option} {shown(value)}: expected {word}", code=2) from None
+        raise UsageError(f"{option} {shown(value)}: expected {word}") from None
     if result != result or (low is not None and result < low) or (high is not None and result > high):  # NaN too
         bounds = f"from {low:g}" if low is not None else ""
         bounds += f" to {high:g}" if high is not None else " or more"
-        raise Exit(f"{option} {shown(value)}: must be {bounds.strip()}", code=2)
+        raise UsageError(f"{option} {shown(value)}: must be {bounds.strip()}")
     return result

@@ -125,7 +125,7 @@ class CodeFanout:
             self.calls[node] = call
             call(*authorize_args(self.cluster, self.public_key, self.run, self.base))
             _settle(self.authorized[node], None)
-        except Exception as e:  # (an Exit from the task layer too) the node gets the code directly
+        except Exception as e:  # (a task's error too) the node gets the code directly
             _settle(self.authorized[node], f"the cluster key could not be authorized there: {_message(e)}")
 
     def settle(self, node: int, why: str) -> None:

@@ -72,7 +72,8 @@ class Fetcher:
             self._finish(dirs)
         except StreamError as e:
             for r in results:
-                r.error = r.error or f"{e}; run it again to resume"
+                if r.error is None:
+                    r.error, r.ssh_exit = f"{e}; run it again to resume", e.ssh_exit
         finally:
             for s in opened:
                 s.close(kill=True)

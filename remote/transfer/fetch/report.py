@@ -27,7 +27,13 @@ class RunResult:
     kept: list[str] = field(default_factory=list)  # replaced here, their previous content kept in ``previous``
     previous: Path | None = None  # where (receiver.previous_dir)
     error: str | None = None
+    ssh_exit: int | None = None  # ssh's exit status where ssh's end ended the fetch (255: the host was not reached)
     summary: dict | None = None  # the host's JOB_DIR: files, bytes, newest change (for the fetch record)
+
+    @property
+    def unreachable(self) -> bool:
+        """Nothing of the run was listed because ssh could not reach the host."""
+        return self.ssh_exit == 255 and self.summary is None
 
     @property
     def up_to_date(self) -> bool:

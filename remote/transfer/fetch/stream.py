@@ -36,7 +36,12 @@ MAX_DOC = 256 << 20
 
 
 class StreamError(Exception):
-    """The stream broke (connection dropped, server died) or answered nonsense."""
+    """The stream broke (connection dropped, server died) or answered nonsense; ``ssh_exit``: ssh's own
+    exit status where ssh had ended (255: the host could not be reached)."""
+
+    def __init__(self, message: str, ssh_exit: int | None = None):
+        super().__init__(message)
+        self.ssh_exit = ssh_exit
 
 
 def host_command(remote_root: str) -> str:
@@ -129,7 +134,7 @@ class Stream:
             while view:
                 view = view[self.proc.stdin.write(view) or 0:]  # type: ignore[union-attr]
         except OSError as e:
-            raise StreamError(self.why(f"cannot send: {e}")) from None
+            raise self.broken(f"cannot send: {e}") from None
 
     def _line(self) -> dict:
         return self._parse(self.out.readline(MAX_LINE))
@@ -138,16 +143,16 @@ class Stream:
         if len(line) >= MAX_LINE and not line.endswith(b"\n"):
             raise StreamError(f"the host answered a line longer than {MAX_LINE} bytes")
         if not line.endswith(b"\n"):
-            raise StreamError(self.why("the connection closed"))
+            raise self.broken("the connection closed", ended=True)
         try:
             return json.loads(line)
         except ValueError:
-            raise StreamError(self.why(f"unexpected answer {line[:200]!r}")) from None
+            raise self.broken(f"unexpected answer {line[:200]!r}") from None
 
     def _exactly(self, n: int) -> bytes:
         data = self.out.read(n)
         if len(data) != n:
-            raise StreamError(self.why("the connection closed"))
+            raise self.broken("the connection closed", ended=True)
         return data
 
     def read_doc(self) -> dict:
@@ -198,7 +203,7 @@ class Stream:
             while got < want:
                 n = self.out.readinto(buf[got:want])
                 if not n:
-                    raise StreamError(self.why("the connection closed"))
+                    raise self.broken("the connection closed", ended=True)
                 got += n
             sink(buf[:got])
             left -= got
@@ -207,13 +212,17 @@ class Stream:
             return {"sha256": m[1].decode(), "stat": [int(m[2]), int(m[3]), int(m[4])]}, length
         return self._parse(line), length
 
-    def why(self, what: str) -> str:
-        """``what``, with ssh's own words when it has exited (a refused key, a reset connection)."""
+    def broken(self, what: str, ended: bool = False) -> StreamError:
+        """``what`` went wrong, with ssh's exit status and own words when it has exited (a refused key, a reset
+        connection). ``ended``: ssh closed its output, so it is exiting: its status is waited for (briefly)."""
+        if ended and not self._err.closed:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
         if self.proc.poll() is None or self._err.closed:  # closed: the fetch is ending (Ctrl-C)
-            return what
+            return StreamError(what)
         self._err.seek(0)
         err = self._err.read().decode("utf-8", "replace").strip()[-500:]
-        return f"{what} (ssh exit {self.proc.returncode}{': ' + err if err else ''})"
+        return StreamError(f"{what} (ssh exit {self.proc.returncode}{': ' + err if err else ''})", self.proc.returncode)
 
     def close(self, kill: bool = False) -> None:
         if self.proc.poll() is None:
