@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_train.errors import CommandFailed, leave  # noqa: E402
+from gpu_train.errors import CommandFailed, ExitStatus, leave  # noqa: E402
 from remote.loopback import Sshd  # noqa: E402
 
 FAB = str(Path(sys.executable).parent / "fab")
@@ -54,7 +54,7 @@ def main() -> int:
             sshd.stop()
     print(f"\nDone in {time.monotonic() - started:.0f} s; the sshd is stopped. On Google Cloud the same tasks run "
           "after `pulumi up` (see README).")
-    return 0
+    return ExitStatus.OK
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+from gpu_train.errors import ExitStatus
+
 MIN_PULUMI = (3, 200, 0)  # the pulumi SDK range in pyproject.toml starts here
 SERVICES = {
     "compute.googleapis.com": "Compute Engine API",
@@ -165,7 +167,7 @@ def bucket_access(stack: str, url: str, answer: dict | None, error: str | None) 
 
 
 def exit_code(findings: list[Finding]) -> int:
-    return 1 if any(f.ok is False for f in findings) else 0
+    return ExitStatus.FAILED if any(f.ok is False for f in findings) else ExitStatus.OK
 
 
 def render(findings: list[Finding]) -> str:

@@ -15,6 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from gpu_train.errors import ExitStatus
 from gpu_train.views import checkup
 from infra.ops import probes
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nGoogle Cloud (GCP stacks only):")
     print(checkup.render(gcp_findings()))
     print("\nnext, in your project: gpu-train init --host USER@HOST   (or --gcp-project ID)")
-    return 0
+    return ExitStatus.OK
 
 
 if __name__ == "__main__":

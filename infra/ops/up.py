@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_train.environment import Environment, SettingError
+from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import capacity, changes, provisioning, validate
 from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.catalog_file import load_catalog
@@ -132,13 +133,13 @@ class Up:
         self.say(changes.render(found, self.stack, self.env.cli))
         if changes.replaces_anything(found) and not ask(self.env, "Apply these changes (they replace something)?", self.yes,
                                                         self.say):
-            return 1
+            return ExitStatus.FAILED
         delay = self.retry_delay
         for attempt in range(1, max_attempts + 1):
             code, out = self.pulumi(["up", "--yes", "--skip-preview", "--stack", self.stack])
             if code == 0:
                 self.say(f"up: stack {self.stack} is up in {self.cfg.zone}")
-                return 0
+                return ExitStatus.OK
             failure = capacity.classify(out)
             self.say(f"up failed: {failure.kind}: {failure.reason}")
             if failure.kind not in (capacity.STOCKOUT, capacity.TRANSIENT) or not retry_until_up:
@@ -148,7 +149,7 @@ class Up:
                 self.sleep(delay)
                 delay = min(delay * 2, 600)
         self.say(f"stopping after {max_attempts} attempts (--max-attempts); the stack is as it was")
-        return 1
+        return ExitStatus.FAILED
 
     def report_existing(self, failure: capacity.Failure) -> int:
         self.say(f"Nothing was destroyed and nothing moved: the VM, its data disk and the stack file "
@@ -163,7 +164,7 @@ class Up:
                      f"  scripts/up --stack {self.stack} --move             replace the VM in another zone{where}: a "
                      "disk cannot leave its zone, so the data disk is replaced too and only the runs you fetched home "
                      f"({self.env.cli} fetch --all, which needs the VM running) survive")
-        return 1
+        return ExitStatus.FAILED
 
     def move(self, before: list[pulumi_cli.Resource], zones: list[str] | None, retry: bool, max_attempts: int) -> int:
         disks = pulumi_cli.of_type(before, "compute/disk:Disk")
@@ -171,12 +172,12 @@ class Up:
                  f"data disk{'s' if len(disks) > 1 else ''} ({', '.join(d.name for d in disks)}) will be deleted with "
                  "every run on it; only what you fetched home (runs/) survives.")
         if not ask(self.env, "Replace the VM and its data disk elsewhere?", self.yes, self.say):
-            return 1
+            return ExitStatus.FAILED
         for disk in disks:
             code, out = self.pulumi(["state", "unprotect", disk.urn, "--yes", "--stack", self.stack], echo=False)
             if code:
                 self.say(f"cannot unprotect {disk.name}: {out.strip()}")
-                return 1
+                return ExitStatus.FAILED
         return self.failover(before, zones, retry, max_attempts, skip_zone=self.cfg.zone)
 
     # -- a new stack: try zones and shapes ------------------------------------------------------
@@ -201,7 +202,7 @@ class Up:
                     attempt += 1
                     if attempt > max_attempts:
                         self.say(f"stopping after {max_attempts} attempts (--max-attempts); the stack file is as it was")
-                        return 1
+                        return ExitStatus.FAILED
                     tried.add(zone)
                     self.say(f"attempt {attempt}: {shape} in {zone}")
                     settings = {**shape.settings(), "zone": zone}
@@ -209,14 +210,14 @@ class Up:
                     if code == 0:
                         self.write_back(settings)
                         self.say(f"up: {shape} in {zone} (attempt {attempt}); the stack's zone is now {zone}")
-                        return 0
+                        return ExitStatus.OK
                     failure = capacity.classify(out)
                     self.say(f"attempt {attempt} failed: {failure.kind}: {failure.reason}")
                     if not self.remove_leftovers(kept):
-                        return 1
+                        return ExitStatus.FAILED
                     if not failure.moves_zone:
                         self.say(f"{NEXT_STEP[failure.kind]}. The stack file is as it was.")
-                        return 1
+                        return ExitStatus.FAILED
                     if failure.kind == capacity.REGIONAL_QUOTA:
                         skipped.add(zone.rsplit("-", 1)[0])
                         self.say(f"skipping region {zone.rsplit('-', 1)[0]} (quota)")
@@ -228,7 +229,7 @@ class Up:
                 self.say(f"no zone had capacity for {shape}")
             if not retry_until_up:
                 self.say("every zone and shape tried; the stack file is as it was")
-                return 1
+                return ExitStatus.FAILED
             self.say(f"every zone and shape tried; trying again in {delay:.0f} s (--retry-until-up)")
             self.sleep(delay)
             delay = min(delay * 2, 600)
@@ -285,19 +286,20 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     args = p.parse_args(argv)
     if not shutil.which("pulumi"):
         print("scripts/up needs the Pulumi CLI (https://www.pulumi.com/docs/install/)", file=sys.stderr)
-        return 2
+        return ExitStatus.USAGE
     zones = None if args.zones == "auto" else [z.strip() for z in args.zones.split(",") if z.strip()]
     try:
         env = env or Environment.from_os()
         run = Up(env, args.stack, args.yes, lambda s: print(f"[up] {s}", flush=True), args.retry_delay)
     except (config.ConfigError, SettingError) as e:
-        print(e, file=sys.stderr)
-        return 2
+        status, message = outcome(e)
+        print(message, file=sys.stderr)
+        return status
     if not args.skip_preflight:
         from infra.ops import preflight
 
-        if preflight.main(["--stack", args.stack], env) == 1:
-            return 1
+        if preflight.main(["--stack", args.stack], env) == ExitStatus.FAILED:
+            return ExitStatus.FAILED
     before = pulumi_cli.stack_resources(args.stack) or []
     if pulumi_cli.has_vm(before):
         if args.move:
