@@ -11,7 +11,10 @@ Blocking sockets in threads (the copies release the GIL) with 1 MiB reads keep t
 clear of being the limit: `python bench/delayproxy.py --selftest` measures its own throughput
 with no delay.
 
-Use from a benchmark: ``DelayProxy(("127.0.16.1", 0), (sshd_host, sshd_port), 0.050).start()``.
+Use from a benchmark: ``DelayProxy(("127.0.16.1", 0), (sshd_host, sshd_port), 0.050).start()``. A
+``window`` (bytes) bounds what each direction of a connection holds in flight, as a TCP sender's window
+does: for a sender with no window of its own above TCP (an HTTP upload), the link then moves at most
+window per round trip per connection, as a real long one does.
 """
 
 from __future__ import annotations
@@ -30,13 +33,30 @@ CHUNK = 1 << 20
 
 
 class _Direction:
-    """One way of one connection: read, stamp, deliver in order after ``delay``."""
+    """One way of one connection: read, stamp, deliver in order after ``delay``. With a ``window``, at
+    most that many bytes are in flight, as a TCP sender's window bounds what it has sent and not seen
+    acknowledged: a byte read counts for one round trip (2 x ``delay``), the receiver taken to keep up
+    (a server that reads one connection at a time, as gcp-storage-emulator does, does not slow the
+    others' link: what it has not read yet waits in the proxy)."""
 
-    def __init__(self, src: socket.socket, dst: socket.socket, delay: float):
-        self.src, self.dst, self.delay = src, dst, delay
+    def __init__(self, src: socket.socket, dst: socket.socket, delay: float, window: int | None = None):
+        self.src, self.dst, self.delay, self.window = src, dst, delay, window
         self.bytes = 0  # delivered so far (only this direction's writer thread adds)
         self.queue: collections.deque = collections.deque()
         self.ready = threading.Condition()
+        self.acks: collections.deque = collections.deque()  # (when the sender would see the ACK, bytes)
+        self.in_flight = 0
+
+    def _room(self) -> int:
+        """Bytes the reader may take now: waits while the window is full."""
+        if self.window is None:
+            return CHUNK
+        while True:
+            while self.acks and self.acks[0][0] <= time.monotonic():
+                self.in_flight -= self.acks.popleft()[1]
+            if self.in_flight < self.window:
+                return min(CHUNK, self.window - self.in_flight)
+            time.sleep(max(0.0005, self.acks[0][0] - time.monotonic()) if self.acks else 0.001)
 
     def start(self) -> None:
         threading.Thread(target=self._read, daemon=True).start()
@@ -45,9 +65,12 @@ class _Direction:
     def _read(self) -> None:
         while True:
             try:
-                data = self.src.recv(CHUNK)
+                data = self.src.recv(self._room())
             except OSError:
                 data = b""
+            self.in_flight += len(data)
+            if self.window is not None:
+                self.acks.append((time.monotonic() + 2 * self.delay, len(data)))
             with self.ready:
                 self.queue.append((time.monotonic() + self.delay, data))
                 self.ready.notify()
@@ -87,8 +110,8 @@ def _tuned(sock: socket.socket) -> socket.socket:
 class DelayProxy:
     """Listen on ``listen`` (port 0: any free one, see ``.address``); forward to ``upstream``."""
 
-    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], delay: float):
-        self.upstream, self.delay = upstream, delay
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], delay: float, window: int | None = None):
+        self.upstream, self.delay, self.window = upstream, delay, window
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(listen)
@@ -108,7 +131,8 @@ class DelayProxy:
             client.close()
             return
         self.connections += 1
-        up, down = _Direction(_tuned(client), _tuned(server), self.delay), _Direction(server, client, self.delay)
+        up = _Direction(_tuned(client), _tuned(server), self.delay, self.window)
+        down = _Direction(server, client, self.delay, self.window)
         self._ways.append((up, down))
         up.start()
         down.start()

@@ -134,7 +134,7 @@ class JobSpec:
     pass_job_dir: bool = False  # --script gets `--job-dir JOB_DIR` appended (AI Platform's convention), only if asked
     resume_args: tuple[str, ...] = ()  # appended at every relaunch (boot, preemption, `resume`) ...
     resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
-    bucket: dict[str, str] | None = None  # {"name", "prefix"}: JOB_DIR goes to gs://NAME/PREFIX as it is written
+    bucket: dict[str, str] | None = None  # {"name", "prefix", "data", "parts"}: JOB_DIR goes to gs://NAME/PREFIX as it is written
     path: str | None = None  # set by launch on the host: the login's PATH, for relaunches without a login
     externally_managed: bool = False  # set by launch: the job's Python refuses installs of its own (PEP 668)
 

@@ -25,7 +25,7 @@ from gpu_train.contract import (  # the contract with the host, written once
     JobSpec,
 )
 from gpu_train.errors import ExitStatus, GpuTrainError
-from gpu_train.stack.bucket import data_prefix, parse_bucket, run_prefix
+from gpu_train.stack.bucket import data_prefix, parse_bucket, parts_prefix, run_prefix
 
 RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 STAMP_LEN = len("_20260101_000000")
@@ -257,7 +257,8 @@ def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None) -> list[JobS
         return specs
     place = parse_bucket(bucket)
     return [replace(s, bucket={"name": place.name, "prefix": run_prefix(place, stack, s.run_id, i),
-                               "data": data_prefix(place, s.project)})
+                               "data": data_prefix(place, s.project),
+                               "parts": parts_prefix(place, stack, s.run_id, i)})
             for i, s in enumerate(specs)]
 
 

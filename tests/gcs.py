@@ -27,14 +27,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Emulator:
     """The emulator with ``bucket`` made, in memory; ``url`` is STORAGE_EMULATOR_HOST's value."""
 
-    def __init__(self, bucket: str, log: Path):
+    def __init__(self, bucket: str, log: Path, threaded: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.bucket_name = bucket
         self._log = open(log, "ab")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen([EMULATOR, "start", "--host", "127.0.0.1", "--port", str(self.port), "--in-memory",
+        # threaded: serving connections concurrently, as Cloud Storage does (bench/gcs_threaded.py; benchmarks only)
+        command = [sys.executable, str(Path(__file__).resolve().parent.parent / "bench" / "gcs_threaded.py")] if threaded else [EMULATOR]
+        self.proc = subprocess.Popen([*command, "start", "--host", "127.0.0.1", "--port", str(self.port), "--in-memory",
                                       "--default-bucket", bucket, "--quiet"], stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, cwd=Path(__file__).resolve().parent.parent)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):

@@ -78,9 +78,18 @@ def bucket_problems(text: str | None, create: bool) -> list[Problem]:
     return []
 
 
+PARTS_FOLDER = ".gpu-train-parts/"
+
+
 def run_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
     """The object prefix of one run's files (node N > 0 of a cluster: its own folder inside)."""
     return f"{place.prefix}{stack}/{run}/" + (f"node-{node}/" if node else "")
+
+
+def parts_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
+    """Where the host's uploader keeps a big file's parts until it composes them into the run's object:
+    beside the stacks' runs (PREFIX/.gpu-train-parts/STACK/RUN/), so no listing of a run ever sees one."""
+    return f"{place.prefix}{PARTS_FOLDER}" + run_prefix(place, stack, run, node)[len(place.prefix):]
 
 
 def data_prefix(place: BucketPlace, project: str | None) -> str:

@@ -14,7 +14,9 @@ The rules, each chosen so that nothing half-written is ever taken for a checkpoi
   file goes, settled or not, since nothing writes any more.
 - *atomic*: each file is one upload to its final name; Cloud Storage makes an object visible only when
   its upload completes (a single request, or a resumable session's last chunk), so a process killed
-  mid-upload leaves the old object or none, never a partial one.
+  mid-upload leaves the old object or none, never a partial one. A big file goes in parts sent in
+  parallel to the run's parts prefix (never a run's), composed into its object by one request
+  (composite.py); a killed uploader's parts are deleted at its next start.
 - *verified*: the CRC32C of the bytes read from disk must equal the object's as Cloud Storage reports it,
   and the file's size and mtime must be the same after the upload as before; only then is the file
   recorded in runs/RUN/bucket.json (what `status` and `down` trust). Otherwise it goes again next round.
@@ -45,7 +47,7 @@ from gpu_train.contract import (
     project_dirs,
 )
 
-from . import outputs
+from . import composite, outputs
 from .store import AgentError, agent_path, now, read_json, read_spec, spec_or_none, write_json
 
 SETTLE_S = 5.0  # unchanged this long: complete
@@ -249,11 +251,19 @@ def crc32c_of(path: str) -> str:
     return base64.b64encode(c.digest()).decode()
 
 
-def put(bucket, name: str, path: str, sig: Sig) -> BucketFile | None:
-    """One file to one object, verified; None when the file changed meanwhile (it goes again later)."""
+def put(bucket, name: str, path: str, sig: Sig, parts_prefix: str | None = None, rel: str = "") -> BucketFile | None:
+    """One file to one object, verified; None when the file changed meanwhile (it goes again later).
+    A big one goes in parts sent in parallel and composed into the object (remote/agent/composite.py)
+    where the run has a parts prefix."""
     crc = crc32c_of(path)
-    blob = bucket.blob(name)
-    blob.upload_from_filename(path, checksum="crc32c")  # one upload: visible only once complete
+    pieces = composite.slices(sig[0])
+    names = composite.part_names(parts_prefix, rel, len(pieces)) if parts_prefix and len(pieces) > 1 else None
+    if names:
+        blob = composite.put_parts(bucket, name, path, pieces, names)  # the object appears whole, or not at all
+        print(f"[gpu-train upload] {rel}: {len(names)} parts sent in parallel, composed into one object", flush=True)
+    else:
+        blob = bucket.blob(name)
+        blob.upload_from_filename(path, checksum="crc32c")  # one upload: visible only once complete
     st = os.stat(path)
     if (st.st_size, st.st_mtime_ns) != sig or crc32c_of(path) != crc:
         return None
@@ -293,6 +303,10 @@ def serve(root: str, run_id: str) -> int:
 
     threading.Thread(target=wait_for_the_end, daemon=True).start()
     bucket = storage.Client().bucket(where["name"])
+    if where.get("parts"):  # a killed uploader's parts: never an object of the run, and gone now
+        with contextlib.suppress(Exception):  # the network: the parts go at a later start
+            if gone := composite.forget_parts(bucket, where["parts"]):
+                print(f"[gpu-train upload] {gone} part(s) of an unfinished upload deleted", flush=True)
     seen: dict[str, tuple[Sig, float]] = {}
     failures = 0
     while True:
@@ -301,7 +315,7 @@ def serve(root: str, run_id: str) -> int:
         error = None
         for rel in due(current, seen, record["files"], time.monotonic(), final):
             try:
-                got = put(bucket, where["prefix"] + rel, local_path(run_dir, rel), current[rel])
+                got = put(bucket, where["prefix"] + rel, local_path(run_dir, rel), current[rel], where.get("parts"), rel)
             except Exception as e:  # the network, a permission: said, and tried again next round
                 error = f"{rel}: {e}"
                 print(f"[gpu-train upload] {error}", flush=True)
