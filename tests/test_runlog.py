@@ -5,6 +5,7 @@ before `down` destroys the only copy. Through the real `fab`, against a real ssh
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -90,3 +91,51 @@ def test_the_logs_folder_is_a_name_the_runs_folder_keeps(path: str, reserved: bo
 
     assert fp.reserved(path) is reserved  # a JOB_DIR entry of that name is reported, never fetched over the log
     assert fp.appends_only(f"r_20260101_000000/{RUN_FILES}") and not fp.appends_only("r_20260101_000000/workdir")
+
+
+# -- DURATION: the time a run's job ran, over all its starts ------------------------------------
+T0 = 1_000_000.0
+
+
+@pytest.mark.parametrize(("state", "current", "log_mtime", "at", "seconds"), [
+    ({"created": T0}, "starting", None, T0 + 5, 5.0),  # launched, installing: from the launch
+    ({"created": T0, "started": T0 + 10}, "running", None, T0 + 70, 60.0),
+    ({"created": T0, "started": T0 + 10, "ended": T0 + 110}, "succeeded", None, T0 + 999, 100.0),
+    # relaunched after a preemption: 100 s before; the new leg's job not started yet, then running
+    ({"created": T0, "ranS": 100.0}, "starting", None, T0 + 5000, 100.0),
+    ({"created": T0, "ranS": 100.0, "started": T0 + 4000}, "running", None, T0 + 4030, 130.0),
+    ({"created": T0, "ranS": 100.0, "started": T0 + 4000, "ended": T0 + 4050}, "failed", None, T0 + 9e4, 150.0),
+    # interrupted as the wrapper saw it go (a preemption's SIGTERM), not counting the time down since
+    ({"created": T0, "started": T0 + 10, "interruptedAt": T0 + 40}, "interrupted", T0 + 39, T0 + 9e4, 30.0),
+    # a hard kill records nothing: the log's last write; an older leg's interruptedAt does not count
+    ({"created": T0, "started": T0 + 10}, "interrupted", T0 + 25, T0 + 9e4, 15.0),
+    ({"created": T0, "ranS": 30.0, "started": T0 + 500, "interruptedAt": T0 + 40}, "interrupted", T0 + 520, T0 + 9e4, 50.0),
+    ({}, "starting", None, T0, None),
+])
+def test_duration_sums_the_legs_a_run_ran(state: dict, current: str, log_mtime: float | None, at: float,
+                                          seconds: float | None) -> None:
+    from remote.agent.status import run_seconds
+
+    assert run_seconds(state, current, log_mtime, at) == seconds
+
+
+def test_a_resumed_runs_duration_counts_every_leg_and_not_the_wait(lab: Lab, plain: str) -> None:
+    run = lab.train("--dir", plain, "--command", "echo leg; sleep 2; echo done", "--name", "legs")
+    state_file = lab.remote / "runs" / run / "state.json"
+    deadline = time.monotonic() + 30
+    while "leg" not in lab.log(run):
+        assert time.monotonic() < deadline, lab.log(run)
+        time.sleep(0.1)
+    time.sleep(1)
+    lab.fab("stop", "--run", run, "--grace", "1", check=True)
+    first = json.loads(state_file.read_text())
+    assert first["state"] == "stopped"
+    time.sleep(3)  # stopped: not run time
+    lab.fab("resume", "--run", run, check=True)
+    assert lab.wait(run)["state"] == "succeeded", lab.log(run)
+    second = json.loads(state_file.read_text())
+    legs = (first["ended"] - first["started"]) + (second["ended"] - second["started"])
+    shown = lab.run_state(run)["durationS"]
+    assert abs(shown - legs) < 0.2, (shown, legs)  # both legs (the last alone is about 2 s)
+    assert shown < second["ended"] - first["started"] - 2.5  # not the 3 s it waited
+    assert "resumed 1x" in lab.fab("status", check=True).stdout

@@ -28,7 +28,7 @@ from . import hostcheck, units
 from .launch import start_wrapper
 from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
 from .prune import refuse_pruned
-from .status import describe, effective_state
+from .status import describe, effective_state, log_mtime, run_seconds
 from .store import (
     AgentError,
     agent_log,
@@ -174,9 +174,10 @@ def relaunch(root: str, run_dir: str, state: dict, back: dict | None = None) -> 
         with contextlib.suppress(OSError):
             os.remove(os.path.join(run_dir, marker))
     resumes = int(state.get("resumes", 0)) + 1
+    ran = run_seconds(state, effective_state(state), log_mtime(run_dir), now())  # the legs so far: DURATION goes on
     update_state(run_dir, state=STARTING, created=state.get("created", now()), resumes=resumes,
                  wrapperPid=None, wrapperStart=None, pid=None, pidStart=None, stepPid=None, stepStart=None,
-                 relaunched=now(), ended=None,
+                 relaunched=now(), ended=None, started=None, ranS=ran or 0,
                  exitCode=None, reason=None,
                  preemptions=int(state.get("preemptions", 0)) + int(bool(state.get("preempted"))), preempted=False,
                  **({"returns": [*(state.get("returns") or []), back][-50:]} if back else {}))

@@ -39,12 +39,37 @@ def effective_state(state: dict) -> str:
     return INTERRUPTED
 
 
+def run_seconds(state: dict, current: str, log_mtime: float | None, at: float) -> float | None:
+    """How long the run's job has run, summed over its starts (`status`'s DURATION): the legs before this
+    one (``ranS``, added up as each relaunch begins) and this one, from its job's start (on the first
+    leg, from the launch while it installs) to its end: the one recorded (ended; interrupted, as the
+    wrapper saw it go); after a hard kill, which records none, the log's last write; now while it runs.
+    Time while the machine was down, or the run waited for `resume`, is not run time. None before any."""
+    before = float(state.get("ranS") or 0)
+    start = state.get("started") or (None if before else state.get("created"))
+    if not start:
+        return round(before, 1) if before else None
+    if current in ACTIVE:
+        end = at
+    elif current == INTERRUPTED:
+        cut = state.get("interruptedAt")
+        end = cut if cut and cut >= start else (log_mtime or start)
+    else:
+        end = state.get("ended") or at
+    return round(before + max(0.0, min(end, at) - start), 1)
+
+
+def log_mtime(run_dir: str) -> float | None:
+    try:
+        return os.stat(os.path.join(run_dir, "log")).st_mtime
+    except OSError:
+        return None
+
+
 def describe(run_dir: str) -> dict:
     """One run as `status` reports it (protocol.RunStatus)."""
     state = read_state(run_dir)
     st = effective_state(state)
-    end = state.get("ended") or (state.get("interruptedAt") if st == INTERRUPTED else None)
-    start = state.get("started") or state.get("created")
     return {
         "id": os.path.basename(run_dir),
         "base": state.get("base"),
@@ -53,7 +78,7 @@ def describe(run_dir: str) -> dict:
         "created": state.get("created"),
         "started": state.get("started"),
         "ended": state.get("ended"),
-        "durationS": round((end or time.time()) - start, 1) if start else None,
+        "durationS": run_seconds(state, st, log_mtime(run_dir) if st == INTERRUPTED else None, time.time()),
         "jobDir": os.path.join(run_dir, "job"),
         "log": os.path.join(run_dir, "log"),
         "lastLine": last_line(os.path.join(run_dir, "log"), st == FAILED),

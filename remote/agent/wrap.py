@@ -31,6 +31,7 @@ from gpu_train.contract import (
 
 from . import datalink, notify, pyenv, upload, uvfetch
 from .procs import gpu_count, proc_start_time
+from .status import run_seconds
 from .store import AgentError, last_line, now, read_spec, read_state, run_locked, spec_or_none, update_state
 from .units import system_stopping
 
@@ -355,8 +356,7 @@ def announce_end(run_dir: str) -> None:
     if not url or int(node.get("rank") or 0) != 0:
         return
     st = read_state(run_dir)
-    began, ended = st.get("created"), st.get("ended")
-    took = ended - began if isinstance(began, (int, float)) and isinstance(ended, (int, float)) else None
+    took = run_seconds(st, st.get("state", ""), None, now())  # as `status` says it: summed over the run's starts
     failed = st.get("state") == FAILED
     line = st.get("reason") if failed and st.get("exitCode") is None else last_line(os.path.join(run_dir, "log"), failed)
     notify.send(url, notify.run_end_text(os.path.basename(run_dir), st.get("state", "?"), st.get("exitCode"), took,

@@ -154,7 +154,9 @@ def cluster_status(session: Session, *args: str) -> dict:
 def status(c, json_=False, stack=None):
     """Every run with its state, duration, outputs and last log line; GPU use; hours and cost on GCP.
 
-    A run's outputs are JOB_DIR's files and what the job wrote in its working directory.
+    A run's outputs are JOB_DIR's files and what the job wrote in its working directory. Its duration
+    is the time its job ran, summed over its starts (every leg of a run resumed after a preemption or
+    a reboot; not the time the machine was down or the run waited for `resume`).
 
     On several nodes a run is failed if any node failed (and says which), running while any runs.
     """
