@@ -68,10 +68,28 @@ class Executor(FabricExecutor):
         return super().expand_calls(calls, apply_hosts)
 
 
+# The core options `gpu-train --help` shows and takes: its own, and Invoke's help, listing, version, debug
+# and shell completion. Fabric's and Invoke's others (-H hosts, --hide, --prompt-for-..., --ssh-config,
+# -i, --write-pyc, ...) are for running shell commands on hosts given on the command line, which gpu-train's
+# tasks never do: neither shown nor accepted; each keeps its default. (`fab` in the clone keeps them all.)
+OWN_CORE = ("complete", "debug", "help", "list", "print-completion-script", "stacks-dir", "version")
+
+
 class GpuTrain(Fab):
-    def core_args(self):
+    def every_core_arg(self) -> list[Argument]:
         return [*super().core_args(),
                 Argument(names=("stacks-dir",), help="another directory of stack files (after the project's stacks/)")]
+
+    def core_args(self):
+        return [a for a in self.every_core_arg() if a.name in OWN_CORE]
+
+    def parse_core_args(self):
+        """The options gpu-train does not take are there for Invoke's and Fabric's own code, at their
+        defaults, once the command line is parsed without them."""
+        super().parse_core_args()
+        for arg in self.every_core_arg():
+            if arg.name not in OWN_CORE:
+                self.core[0].add_arg(arg)
 
     def parse_core(self, argv):
         try:
