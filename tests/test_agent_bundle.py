@@ -19,8 +19,9 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
     first = bundle.build({"b.py": b"B = 1\n", "a.py": b"A = 1\n"})
     assert first == bundle.build({"a.py": b"A = 1\n", "b.py": b"B = 1\n"})  # order of discovery does not matter
     names = zipfile.ZipFile(BytesIO(first)).namelist()
-    assert names == sorted(names) == ["__main__.py", "gpu_train/__init__.py", "gpu_train/contract.py",
-                                      "gpu_train/recovery.py", f"{bundle.PACKAGE}/a.py", f"{bundle.PACKAGE}/b.py"]
+    assert names == sorted(names) == ["__main__.py", "gpu_train/__init__.py", "gpu_train/checksum.py",
+                                      "gpu_train/contract.py", "gpu_train/fetchwire.py", "gpu_train/recovery.py",
+                                      f"{bundle.PACKAGE}/a.py", f"{bundle.PACKAGE}/b.py"]
     assert {i.date_time for i in zipfile.ZipFile(BytesIO(first)).infolist()} == {(1980, 1, 1, 0, 0, 0)}
     shipped = zipfile.ZipFile(BytesIO(bundle.payload())).namelist()
     assert "gpu_train/contract.py" in shipped and f"{bundle.PACKAGE}/bundle.py" not in shipped
@@ -28,7 +29,7 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
 
 def test_the_agent_travels_without_its_comments_each_line_where_it_was() -> None:
     """What runs on the host is the checkout's code: the same syntax tree, every node at its line and column."""
-    sources = [*sorted(bundle.HERE.glob("*.py")), bundle.CONTRACT]
+    sources = [*sorted(bundle.HERE.glob("*.py")), *(bundle.CORE / name for name in bundle.CARRIED)]
     for path in sources:
         source = path.read_bytes()
         shipped = bundle.lean(source)

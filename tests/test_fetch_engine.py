@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train import fetchwire
 from remote.agent import fetchserve
 from remote.loopback import Sshd
 from remote.transfer.fetch import generator as fp
@@ -298,8 +299,8 @@ def test_ranges_are_read_by_pattern_and_anything_else_as_the_json_it_is(tmp_path
     for item in (["r_1", "a.bin", 0, 1000], ["r_1", "a.bin", 600, 900], ["r_1", "gone.bin", 0, 1]):
         fetchserve.send_range(str(tmp_path / "root"), item, wire, {}, buf)
     head, rest = wire.getvalue().split(b"\n", 1)
-    assert fetchserve.RANGE_HEAD_RE.fullmatch(head + b"\n")
-    assert fetchserve.RANGE_TRAILER_RE.fullmatch(rest[1000:].split(b"\n", 1)[0] + b"\n")
+    assert fetchwire.RANGE_HEAD_RE.fullmatch(head + b"\n")
+    assert fetchwire.RANGE_TRAILER_RE.fullmatch(rest[1000:].split(b"\n", 1)[0] + b"\n")
     (tmp_path / "wire").write_bytes(wire.getvalue())
     stream = Stream(["cat", str(tmp_path / "wire")])
     got = []

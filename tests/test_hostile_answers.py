@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent.fetchserve import RANGE_HEAD, RANGE_TRAILER
+from gpu_train.fetchwire import RANGE_HEAD, RANGE_TRAILER
 from remote.transfer.fetch import generator as fp
 from remote.transfer.fetch.stream import MAX_DOC, MAX_LINE, Stream, StreamError
 from tests.conftest import ROOT

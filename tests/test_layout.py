@@ -144,12 +144,14 @@ def test_the_core_is_handed_its_data() -> None:
 
 
 # Which rooms may import which (a room: a package folder; its modules' imports, inside functions too).
-# Bottom up: contract <- stack <-> gcp <- jobs/views/importing; the agent takes the contract and the
-# recovery's decisions only (its zipapp carries both);
+# Bottom up: contract <- stack <-> gcp <- jobs/views/importing; the agent takes only the core's modules
+# its zipapp carries (contract, recovery, fetchwire, checksum);
 # the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
 ALLOWED = {
     "gpu_train.contract": set(),
     "gpu_train.recovery": set(),  # stdlib only: the zipapp and the Cloud Run function carry it too
+    "gpu_train.fetchwire": set(),  # these two: stdlib only, the zipapp carries them (remote/agent/bundle.py CARRIED)
+    "gpu_train.checksum": set(),
     "gpu_train.errors": set(),
     "gpu_train.atomic": set(),
     "gpu_train.environment": {"gpu_train.errors", "gpu_train.stack"},  # what the laptop's commands take from the world
@@ -159,7 +161,8 @@ ALLOWED = {
     "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
     "gpu_train.views": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp", "gpu_train.recovery"},
     "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
-    "remote.agent": {"gpu_train.contract", "gpu_train.recovery"},  # the two the zipapp carries
+    # what the zipapp carries of the core (remote/agent/bundle.py CARRIED)
+    "remote.agent": {"gpu_train.contract", "gpu_train.recovery", "gpu_train.fetchwire", "gpu_train.checksum"},
     "infra": {"gpu_train"},
     "infra.__main__": {"gpu_train", "infra"},  # `pulumi up`'s entry point: builds Google's lookups (infra.ops)
     "infra.ops": {"gpu_train", "infra"},
@@ -176,7 +179,6 @@ DEBTS = {
     ("infra.program", "remote.agent.bundle"): "the startup script carries the agent's zipapp: the laptop's agent, built here",
     ("infra.ops.setup", "remote.transfer.sync"): "scripts/setup reuses the laptop's ssh helper",
     ("remote.ssh.vmprobe", "infra.ops.probes"): "a stopped VM is asked about with the probes' Compute call",
-    ("remote.transfer.fetch.stream", "remote.agent.fetchserve"): "the fetch framing lives with the host's sender",
 }
 
 

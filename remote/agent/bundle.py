@@ -22,11 +22,15 @@ from gpu_train.contract import CLI_ENV, UNPACKED
 
 PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp
 HERE = Path(__file__).resolve().parent
-CONTRACT = HERE.parent.parent / "gpu_train" / "contract.py"  # the laptop<->host contract, shipped as gpu_train.contract
-RECOVERY = CONTRACT.with_name("recovery.py")  # the recovery's decisions (the booted agent reads its record)
+CORE = HERE.parent.parent / "gpu_train"
+CONTRACT = CORE / "contract.py"  # the laptop<->host contract, shipped as gpu_train.contract
+# The core's modules the agent imports, carried as gpu_train.NAME (standard library only, Python 3.8+): the
+# contract, the recovery's decisions (the booted agent reads its record), the fetch stream's framing, a file's CRC32C.
+CARRIED = ("contract.py", "recovery.py", "fetchwire.py", "checksum.py")
 # Not in the zipapp: the laptop's builder; the recovery function's Compute layer (infra/recovery.py ships it to
-# Cloud Run with gpu_train/recovery.py, no host imports it); serve.py (sent as a script of its own by `tensorboard`/`jupyter`). The
-# zipapp travels inline on every call's command line, whose one argument Linux caps at 128 KiB.
+# Cloud Run with gpu_train/recovery.py, no host imports it); serve.py (sent as a script of its own by
+# `tensorboard`/`jupyter`). The zipapp travels inline on every call's command line, whose one argument Linux
+# caps at 128 KiB.
 # guard.py goes: the installed agent checks its root on every run.
 LAPTOP_ONLY = {"bundle.py", "recovery_call.py", "serve.py"}
 MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:]))\n"
@@ -91,13 +95,15 @@ sys.exit(main(sys.argv[1:]))
 
 
 def build(sources: dict[str, bytes], contract: bytes | None = None) -> bytes:
-    """A zipapp of ``sources`` (name -> bytes) under PACKAGE, the contract as ``gpu_train.contract`` and the
-    recovery's decisions as ``gpu_train.recovery`` (the agent imports them as the laptop does), plus its
-    __main__, all ``lean``: same input, same bytes."""
+    """A zipapp of ``sources`` (name -> bytes) under PACKAGE and the CARRIED core modules as ``gpu_train.NAME``
+    (``contract``: another contract's bytes; the agent imports them as the laptop does), plus its __main__, all
+    ``lean``: same input, same bytes."""
     files = {f"{PACKAGE}/{name}": lean(data) for name, data in sources.items()}
     files["gpu_train/__init__.py"] = b""
-    files["gpu_train/contract.py"] = lean(CONTRACT.read_bytes() if contract is None else contract)
-    files["gpu_train/recovery.py"] = lean(RECOVERY.read_bytes())
+    for name in CARRIED:
+        files[f"gpu_train/{name}"] = lean((CORE / name).read_bytes())
+    if contract is not None:
+        files["gpu_train/contract.py"] = lean(contract)
     files["__main__.py"] = MAIN.encode()
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as z:

@@ -34,18 +34,12 @@ import sys
 import zlib
 
 from gpu_train.contract import RUN_FILES, RUN_ID_PATTERN, RUN_LOG, UNREADABLE, WORKDIR
+from gpu_train.fetchwire import RANGE_HEAD, RANGE_TRAILER
 
 from .outputs import listing as outputs_listing
 
 RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 CHUNK = 256 * 1024
-# A range's header and trailer, byte for byte. The laptop (remote/transfer/fetch/stream.py) reads them by these
-# patterns: a JSON parser per file was a tenth of its time for small files. Anything else it gets (an
-# error header, a trailer with "short") it parses as the JSON it also is.
-RANGE_HEAD = b'{"len": %d}\n'
-RANGE_TRAILER = b'{"sha256": "%s", "stat": [%d, %d, %d]%s}\n'
-RANGE_HEAD_RE = re.compile(rb'\{"len": (\d{1,20})\}\n')  # no number int() would refuse: those go to JSON
-RANGE_TRAILER_RE = re.compile(rb'\{"sha256": "([0-9a-f]{64})", "stat": \[(\d{1,20}), (\d{1,20}), (\d{1,20})\]\}\n')
 
 
 class Refused(Exception):

@@ -25,7 +25,6 @@ SIGTERM (the machine going down) does not stop an upload: the last pass runs whe
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import signal
@@ -34,6 +33,7 @@ import sys
 import threading
 import time
 
+from gpu_train.checksum import crc32c_of
 from gpu_train.contract import (
     BUCKET_RECORD,
     RUN_FILES,
@@ -239,16 +239,6 @@ def finish(proc: subprocess.Popen | None, say) -> None:
     code = proc.wait()
     if code != 0:  # (a success is not written: the log went to the bucket in the last pass, as it is now)
         say(f"the bucket upload ended with exit {code} (see upload.log)")
-
-
-def crc32c_of(path: str) -> str:
-    import google_crc32c  # google-cloud-storage's own dependency
-
-    c = google_crc32c.Checksum()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            c.update(block)
-    return base64.b64encode(c.digest()).decode()
 
 
 def put(bucket, name: str, path: str, sig: Sig, parts_prefix: str | None = None, rel: str = "") -> BucketFile | None:

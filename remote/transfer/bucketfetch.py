@@ -10,7 +10,6 @@ and parallel (several objects at once).
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_train.checksum import crc32c_of
 from gpu_train.stack.bucket import BucketPlace, run_prefix
 from remote.errors import RemoteError
 from remote.transfer.fetch.receiver import Tree, UnsafePath, part_path, partial_dir
@@ -41,16 +41,6 @@ def client(project: str | None = None):
     except ImportError as e:
         raise RemoteError(f"fetching from a bucket needs google-cloud-storage ({e}): pip install -r requirements.txt") from None
     return storage.Client(project=project)
-
-
-def crc32c_file(path: str) -> str:
-    import google_crc32c
-
-    c = google_crc32c.Checksum()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            c.update(block)
-    return base64.b64encode(c.digest()).decode()
 
 
 def runs_in(gcs, place: BucketPlace, stack: str) -> list[str]:
@@ -80,7 +70,7 @@ def fetch_run(gcs, place: BucketPlace, stack: str, run: str, dest: Path, streams
         except UnsafePath as e:
             out.problems.append(str(e))
             continue
-        if here is not None and here.kind == "f" and here.size == blob.size and crc32c_file(f"{dest}/{rel}") == blob.crc32c:
+        if here is not None and here.kind == "f" and here.size == blob.size and crc32c_of(f"{dest}/{rel}") == blob.crc32c:
             out.unchanged += 1
             continue
         if here is not None and here.kind != "f":
@@ -98,7 +88,7 @@ def fetch_run(gcs, place: BucketPlace, stack: str, run: str, dest: Path, streams
         try:
             # The generation listed, so an object replaced meanwhile is not mixed into this one.
             blob.download_to_filename(part, if_generation_match=blob.generation, checksum="crc32c")
-            got = crc32c_file(part)
+            got = crc32c_of(part)
             if got != blob.crc32c or os.path.getsize(part) != blob.size:
                 return f"{rel}: received {os.path.getsize(part)} bytes with crc32c {got}; the bucket has " \
                        f"{blob.size} bytes with crc32c {blob.crc32c}; not installed"
@@ -130,7 +120,7 @@ def push_dir(gcs, place: BucketPlace, prefix: str, src: Path, streams: int = 8) 
     for path in sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink()):
         name = prefix + path.relative_to(src).as_posix()
         have = there.get(name)
-        crc = crc32c_file(str(path))
+        crc = crc32c_of(str(path))
         if have is not None and have.size == path.stat().st_size and have.crc32c == crc:
             out.unchanged += 1
         else:

@@ -19,9 +19,9 @@ import tempfile
 import time
 import zlib
 
+from gpu_train.fetchwire import RANGE_HEAD_RE, RANGE_TRAILER_RE
 from gpu_train.stack.config import SshHost
 from remote.agent.bundle import agent_command
-from remote.agent.fetchserve import RANGE_HEAD_RE, RANGE_TRAILER_RE
 from remote.ssh.connect import openssh_options
 from remote.ssh.mux import PERSIST_S, shared_control_path
 from remote.ssh.target import Target
