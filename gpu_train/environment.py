@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from gpu_train.errors import ExitStatus, GpuTrainError
 from gpu_train.stack import project as projects
+from gpu_train.stack import stackfile
 
 COMPUTE = "https://compute.googleapis.com"
 SERVICEUSAGE = "https://serviceusage.googleapis.com"
@@ -151,6 +152,10 @@ class Environment:
     def state_home(self) -> Path:
         """The laptop's records (stack outputs, known_hosts): $GPU_TRAIN_HOME, else the project's .gpu-train/."""
         return self.home if self.home is not None else self.project_root / ".gpu-train"
+
+    def stack_file(self, name: str) -> Path:
+        """The stack ``name``'s file along ``stack_dirs``; ConfigError (with close names and the fix) when none."""
+        return stackfile.stack_file(name, self.stack_dirs, self.cli)
 
     @property
     def new_stacks_dir(self) -> Path:

@@ -34,7 +34,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     stacks, state = tmp_path / "stacks", tmp_path / "state"
     sshd.stack_file(stacks, "lab", tmp_path / "remote", sys.executable)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    target = target_from(load_stack("lab", load_catalog(), [stacks]), None, state)
+    target = target_from(load_stack("lab", load_catalog(), [stacks], "gpu-train"), None, state)
     yield sshd, target, state
     sshd.stop()
 
@@ -76,7 +76,7 @@ def test_include_is_never_added_silently(host) -> None:
     assert not (Path(os.environ["HOME"]) / ".ssh" / "config").exists()
     assert any("gpu-train ssh-config" in s for s in said)
     # a "no" is remembered: not asked again
-    other = target_from(load_stack("lab", load_catalog(), [state.parent / "stacks"]), None, state / "other")
+    other = target_from(load_stack("lab", load_catalog(), [state.parent / "stacks"], "gpu-train"), None, state / "other")
     asked: list[str] = []
     sshalias.at_first_contact(other, state / "other", said.append, ask=lambda q: asked.append(q) or "n")
     (state / "other" / "ssh_config.d" / "gpu-train-lab.conf").unlink()

@@ -347,7 +347,7 @@ def test_a_node_that_went_on_its_own_word_counts_as_started_when_the_laptops_pus
     try:
         root = tmp_path / "remote"
         sshd.stack_file(tmp_path / "stacks", "node", root, sys.executable)
-        target = target_from(load_stack("node", load_catalog(), [tmp_path / "stacks"]), None, tmp_path / "state")
+        target = target_from(load_stack("node", load_catalog(), [tmp_path / "stacks"], "gpu-train"), None, tmp_path / "state")
         run = "hop_20250101_000000"
         (root / "staging" / run).mkdir(parents=True)
         (root / "staging" / run / "train.py").write_text("print('hi')\n")

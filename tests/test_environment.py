@@ -155,3 +155,14 @@ def test_no_terminal_no_question() -> None:
 
     assert alias.terminal_ask(Environment(stdin_isatty=False)) is None
     assert alias.terminal_ask(Environment(stdin_isatty=True)) is not None
+
+
+def test_a_missing_stack_names_the_command_the_user_runs(tmp_path: Path) -> None:
+    from gpu_train.stack.config import ConfigError
+
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.lab.yaml").write_text("config: {}\n")
+    env = Environment(cli="fab", cwd=tmp_path)
+    assert env.stack_file("lab") == tmp_path / "stacks" / "Pulumi.lab.yaml"
+    with pytest.raises(ConfigError, match=r"did you mean lab( or \w+)?\? `fab init --stack lb` writes one into"):
+        env.stack_file("lb")

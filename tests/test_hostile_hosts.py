@@ -158,7 +158,7 @@ def _end_shared_connection(lab: Lab) -> None:
     from remote.ssh import mux
     from remote.ssh.target import target_from
 
-    target = target_from(load_stack("lab", load_catalog(), [lab.stacks]), None, lab.home)
+    target = target_from(load_stack("lab", load_catalog(), [lab.stacks], "gpu-train"), None, lab.home)
     path = mux.control_path(target, target.host)
     if path is not None:
         subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "x"], capture_output=True, check=False)
@@ -356,7 +356,7 @@ def test_an_agent_call_that_never_answers_times_out(lab: Lab, liar: Liar, monkey
     from remote.ssh.target import target_from
 
     Path(f"{liar.doc}.hang").touch()
-    target = target_from(load_stack("lab", load_catalog(), [lab.stacks]), None, lab.home)
+    target = target_from(load_stack("lab", load_catalog(), [lab.stacks], "gpu-train"), None, lab.home)
     conn = ssh.open_connection(target, target.host, 10, lambda _: None)
     try:
         started = time.monotonic()

@@ -8,7 +8,6 @@ and reads the SSH public key a stack points to.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,9 @@ from gpu_train.stack.config import ConfigError, Problem, StackConfig, parse
 from gpu_train.stack.settings import NAMESPACE, looks_like_key_text
 
 
-def stack_file(stack: str, dirs: list[Path]) -> Path:
-    """A stack's file: the first along ``dirs``, the search path (``Environment.stack_dirs``);
-    ConfigError naming the places looked and close names when none."""
+def stack_file(stack: str, dirs: list[Path], cli: str) -> Path:
+    """A stack's file: the first along ``dirs``, the search path (``Environment.stack_file``); ConfigError
+    naming the places looked, close names and the fix (``cli``: the command the user runs) when none."""
     found = project.stack_path(stack, dirs)
     if found is not None:
         return found
@@ -30,7 +29,7 @@ def stack_file(stack: str, dirs: list[Path]) -> Path:
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise ConfigError([Problem("stack", f"no stack named {stack!r} (looked for Pulumi.{stack}.yaml in "
                                f"{', '.join(str(d) for d in dirs)})",
-                               f"{hint}`{project.command_name(sys.argv[0])} init --stack {stack}` writes one into {dirs[0]}")])
+                               f"{hint}`{cli} init --stack {stack}` writes one into {dirs[0]}")])
 
 
 MAX_STACK_FILE_BYTES = 1 << 20
@@ -91,8 +90,8 @@ def load_file(path: Path, catalog: Catalog) -> StackConfig:
     return parse(read_stack_file(path), stack_name_from_path(path), catalog)
 
 
-def load_stack(stack: str, catalog: Catalog, dirs: list[Path]) -> StackConfig:
-    return parse(read_stack_file(stack_file(stack, dirs)), stack, catalog)
+def load_stack(stack: str, catalog: Catalog, dirs: list[Path], cli: str) -> StackConfig:
+    return parse(read_stack_file(stack_file(stack, dirs, cli)), stack, catalog)
 
 
 # -- local files a stack refers to ------------------------------------------------------------

@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         env = env or Environment.from_os()
-        path = args.file or stackfile.stack_file(args.stack, env.stack_dirs)  # (a missing stack is said, with its fix)
+        path = args.file or env.stack_file(args.stack)  # (a missing stack is said, with its fix)
         stack = args.stack or stackfile.stack_name_from_path(path)
         raw = stackfile.read_stack_file(path)
     except (config.ConfigError, SettingError) as e:

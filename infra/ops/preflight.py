@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     args = p.parse_args(argv)
     try:
         env = env or Environment.from_os()
-        cfg, warnings = validate.check(stackfile.read_stack_file(stackfile.stack_file(args.stack, env.stack_dirs)), args.stack,
+        cfg, warnings = validate.check(stackfile.read_stack_file(env.stack_file(args.stack)), args.stack,
                                        load_catalog())
     except (config.ConfigError, SettingError) as e:
         status, message = outcome(e)

@@ -121,7 +121,7 @@ class Up:
         self.env, self.stack, self.yes, self.say, self.pulumi, self.sleep = env, stack, yes, say, pulumi, sleep
         self.retry_delay = retry_delay
         self.catalog = load_catalog()
-        self.path = stackfile.stack_file(stack, env.stack_dirs)
+        self.path = env.stack_file(stack)
         self.raw = stackfile.read_stack_file(self.path)
         self.cfg, _ = validate.check(self.raw, stack, self.catalog)
 

@@ -280,7 +280,7 @@ def resolve(env: Environment, stack: str | None, refresh: bool = False) -> Targe
     name = select_stack(env, stack)
     # The same validation as `scripts/plan` and `pulumi up`: a stack file from elsewhere is checked
     # before any of its values reaches ssh, rsync or a host.
-    cfg, _ = validate.check(stackfile.read_stack_file(stackfile.stack_file(name, env.stack_dirs)), name, load_catalog())
+    cfg, _ = validate.check(stackfile.read_stack_file(env.stack_file(name)), name, load_catalog())
     home = env.state_home
     why = state_problem(home, home / name)
     if why:

@@ -349,10 +349,9 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     if released:
         say(f"data disk(s) {', '.join(released)} released: their runs are in "
             f"{bucket if no_fetch else f'runs/{session.target.stack}/'}")
-    from gpu_train.stack import stackfile
     from gpu_train.stack.project import pulumi_config_args
 
-    where = pulumi_config_args(stackfile.stack_file(session.target.stack, session.env.stack_dirs))  # a stack file in the user's project
+    where = pulumi_config_args(session.env.stack_file(session.target.stack))  # a stack file in the user's project
     result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO,
                             env={**os.environ, **session.env.exported()})
     if result.returncode != 0:

@@ -28,7 +28,7 @@ def _gcp_config(env: Environment, stack: str | None):
 
     try:
         name = targets.select_stack(env, stack)
-        cfg = stackfile.load_stack(name, load_catalog(), env.stack_dirs)
+        cfg = stackfile.load_stack(name, load_catalog(), env.stack_dirs, env.cli)
     except config.ConfigError as e:
         raise UsageError(str(e)) from None
     if not cfg.is_gcp:
