@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_train.errors import ExitStatus, GpuTrainError
+from gpu_train.errors import UsageError
 from gpu_train.stack import project as projects
 from gpu_train.stack import stackfile
 
@@ -31,10 +31,8 @@ CLOUDQUOTAS = "https://cloudquotas.googleapis.com"
 SSH_CONFIG_CHOICES = {"include": True, "yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
 
-class SettingError(GpuTrainError):
+class SettingError(UsageError):
     """A ``GPU_TRAIN_*`` variable with a value it cannot have: bad input, before anything is done."""
-
-    status = ExitStatus.USAGE
 
 
 def _path(name: str, value: str) -> Path:

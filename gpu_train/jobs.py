@@ -24,17 +24,15 @@ from gpu_train.contract import (  # the contract with the host, written once
     SUCCEEDED,
     JobSpec,
 )
-from gpu_train.errors import ExitStatus, GpuTrainError
+from gpu_train.errors import UsageError
 from gpu_train.stack.bucket import data_prefix, parse_bucket, parts_prefix, run_prefix
 
 RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 STAMP_LEN = len("_20260101_000000")
 
 
-class JobError(GpuTrainError, ValueError):
+class JobError(UsageError, ValueError):
     """A job's options are invalid; the message says which and how to fix it."""
-
-    status = ExitStatus.USAGE
 
 
 def base_name(name: str | None, script: str | None, command: str | None) -> str:

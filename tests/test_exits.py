@@ -120,6 +120,18 @@ def test_each_error_means_one_status(error: BaseException, status: int) -> None:
     assert isinstance(made, Exit) and made.code == status and made.message == outcome(error)[1]
 
 
+def test_bad_input_is_a_usage_error_wherever_it_is_found() -> None:
+    """Each error of bad input (a stack, a job's options, a GPU_TRAIN_* value, a job to import, a GPU name) is one."""
+    from gpu_train.environment import SettingError
+    from gpu_train.importing.importer import JobImportError
+    from gpu_train.jobs import JobError
+    from gpu_train.stack.problems import ConfigError
+    from gpu_train.views.offers import OfferError
+
+    for kind in (ConfigError, JobError, SettingError, JobImportError, OfferError):
+        assert issubclass(kind, UsageError) and kind.status == ExitStatus.USAGE, kind
+
+
 def test_a_failed_command_carries_its_result() -> None:
     error = CommandExit(exited=7, command="nvidia-smi", host="h", stderr="no devices")
     assert (error.command, error.exited, error.host, error.stderr, str(error)) == ("nvidia-smi", 7, "h", "no devices", "")

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gpu_train.errors import ExitStatus, GpuTrainError
+from gpu_train.errors import UsageError
 
 DATA_PATH = Path(__file__).parent.parent / "data" / "ai-platform.yaml"
 
@@ -27,10 +27,8 @@ EXACT, CHANGED, NOT_MAPPED = "exact", "changed", "not mapped"
 Tables = dict[str, Any]  # data/ai-platform.yaml: scale tiers, accelerator enums, legacy machine types
 
 
-class JobImportError(GpuTrainError, ValueError):
+class JobImportError(UsageError, ValueError):
     """The input is not a job description this import can read; the message says what it expected."""
-
-    status = ExitStatus.USAGE
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_train.errors import ExitStatus, GpuTrainError
+from gpu_train.errors import UsageError
 from gpu_train.stack.settings import NAMESPACE
 
 
@@ -43,10 +43,8 @@ def shown_key(key: str, limit: int = 60) -> str:
     return key if len(key) <= limit and key.isprintable() else shown(key, limit)
 
 
-class ConfigError(GpuTrainError, ValueError):
+class ConfigError(UsageError, ValueError):
     """A stack's settings are invalid; ``problems`` lists every one."""
-
-    status = ExitStatus.USAGE
 
     def __init__(self, problems: list[Problem], stack: str = ""):
         self.stack = stack

@@ -12,7 +12,7 @@ import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from gpu_train.errors import ExitStatus, GpuTrainError
+from gpu_train.errors import UsageError
 from gpu_train.gcp import gpunames
 from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Accelerator, Catalog
 from gpu_train.gcp.pricing import hourly_cost
@@ -20,10 +20,8 @@ from gpu_train.gcp.validate import GpuShape
 from gpu_train.views.table import aligned
 
 
-class OfferError(GpuTrainError, ValueError):
+class OfferError(UsageError, ValueError):
     """A GPU or region the catalog does not know; the message says what it does know."""
-
-    status = ExitStatus.USAGE
 
 
 @dataclass(frozen=True)
