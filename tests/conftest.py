@@ -64,12 +64,35 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: takes a minute or more (any tier): started first under xdist")
 
 
+# A test's folder is its tier (scripts/dev/tiers.py moved them there): tests/unit/ holds the fast tier.
+# The heaviest marker a test has names its folder.
+TIERS = ("guest", "e2e", "slow", "unit")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier a collected test belongs to, by its markers (the heaviest it has); `unit` when none.
+    (tests/guest/conftest.py marks its tests `guest`, maybe after this conftest's hook ran.)"""
+    if item.nodeid.startswith("tests/guest/"):
+        return "guest"
+    return next((tier for tier in TIERS[:-1] if item.get_closest_marker(tier)), "unit")
+
+
+def folder_tier(item: pytest.Item) -> str | None:
+    """The tier folder a test lives in (tests/TIER/...), None at the top of tests/."""
+    parts = item.nodeid.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    misplaced = [f"{item.nodeid} ({tier_of(item)})" for item in items if folder_tier(item) not in (None, tier_of(item))]
+    if misplaced:
+        raise pytest.UsageError("tests in another tier's folder: move each to tests/TIER/ (or change what it uses):\n  "
+                                + "\n  ".join(misplaced))
     # Longest first: the suite's wall time is its busiest xdist worker's, so the long tests start at
     # once and the quick tables fill in at the end (not one long test starting last).
     items.sort(key=lambda item: 0 if item.get_closest_marker("long") else 1 if item.get_closest_marker("guest") or
