@@ -17,9 +17,8 @@ from invoke import Exit
 
 from gpu_train.errors import CommandExit, CommandFailed, ExitStatus, GpuTrainError, Interrupted, Unreachable, UsageError, as_error, outcome
 from remote.errors import HostKeyError, RemoteError, exit_for
-from tests.conftest import parse_source
+from tests.conftest import ROOT, parse_source
 
-ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("gpu_train", "remote", "infra", "scripts")  # the agent (remote/agent/) answers the host's protocol: not scanned
 CONVERTERS = {
     "remote/errors.py": "exit_for makes Invoke's Exit; the hook ends what escapes",
@@ -55,6 +54,7 @@ def exits_outside_the_mapping(path: Path) -> list[str]:
 
 
 def test_only_the_mapping_exits() -> None:
+    assert len(source_files()) > 100 and ROOT / "remote" / "tasks" / "fetch.py" in source_files()  # (the scan sees the tree)
     bad = {str(p.relative_to(ROOT)): lines for p in source_files()
            if str(p.relative_to(ROOT)) not in CONVERTERS and (lines := exits_outside_the_mapping(p))}
     assert not bad, ("raise an error of gpu_train/errors.py (UsageError, Unreachable, CommandFailed, ...) instead; "
