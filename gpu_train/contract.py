@@ -63,16 +63,31 @@ BOOT_ON, BOOT_OFF, BOOT_NO_CRONTAB, BOOT_CRON_STOPPED = "on", "off", "no-crontab
 PRUNE_FREED = "freedBytes"
 
 # -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
-DEFAULT_SETTINGS: dict[str, Any] = {
-    "idleStopMinutes": 0,  # 0: never power off (SSH stacks unless asked; GCP stacks default to 30)
-    "maxResumes": 10,
-    "sshPort": 22,
-    "poweroffCommand": ["systemctl", "poweroff"],
-    "gcp": False,
-    "maxRunHours": None,
-    "shutdownGraceS": 80,  # SIGTERM to SIGKILL when the machine goes down: 25 on spot, 110 on standard VMs
-    "metadataUrl": None,  # Compute Engine's metadata server (None: $METADATA_URL_ENV, else 169.254.169.254)
-}
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the agent runs with: REMOTE_ROOT/agent.json (the stack's part, sent by `train` and `setup`) or,
+    on a VM, root's MACHINE_SETTINGS, which also names whose REMOTE_ROOT it serves."""
+
+    idle_stop_minutes: float = 0  # 0: never power off (SSH stacks unless asked; GCP stacks default to 30)
+    max_resumes: int = 10
+    ssh_port: int = 22
+    poweroff_command: tuple[str, ...] = ("systemctl", "poweroff")
+    gcp: bool = False
+    max_run_hours: float | None = None
+    shutdown_grace_s: float = 80  # SIGTERM to SIGKILL when the machine goes down: 25 on spot, 110 on standard VMs
+    metadata_url: str | None = None  # Compute Engine's metadata server (None: $METADATA_URL_ENV, else METADATA_URL)
+    user: str | None = None  # MACHINE_SETTINGS: the login whose REMOTE_ROOT the VM's units serve ...
+    remote_root: str | None = None  # ... as the stack says it ('~/' is that login's home)
+
+    def to_json(self) -> dict:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, doc: dict, what: str = "the agent's settings") -> AgentSettings:
+        """Settings from their JSON (see ``decode``): a bad value is named, with ``what`` (the file)."""
+        return decode(cls, doc, what)
+
+
 METADATA_URL = "http://169.254.169.254/computeMetadata/v1/"
 # On a VM: the startup script's root-owned settings (what the units run with), and the root idle clock.
 MACHINE_SETTINGS = "/etc/gpu-train/agent.json"
@@ -94,17 +109,6 @@ def run_limit_at(now: float, uptime_s: float | None, max_run_hours: float | None
     if not max_run_hours or uptime_s is None:
         return None
     return now - uptime_s + max_run_hours * 3600
-
-
-class AgentSettings(TypedDict):
-    idleStopMinutes: float
-    maxResumes: int
-    sshPort: int
-    poweroffCommand: list[str]
-    gcp: bool
-    maxRunHours: float | None
-    shutdownGraceS: float
-    metadataUrl: str | None
 
 
 # -- the job spec: what `fab train` asks a host to run -----------------------------------------
@@ -149,7 +153,7 @@ class JobSpec:
 
 
 CONTRACT_VERSION = 1  # raised when a field changes meaning; a new field with a default needs no new version
-OMITTED_WHEN_UNSET = ("notify", "path")  # a secret, and what only the host sets: left out while None
+OMITTED_WHEN_UNSET = ("notify", "path", "user", "remote_root")  # a secret, and what only one side sets: out while None
 
 
 def wire_name(name: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import fields, replace
 
 import pytest
@@ -14,6 +15,7 @@ from gpu_train.contract import (
     FAILED,
     RUNNING,
     TERMINAL,
+    AgentSettings,
     JobSpec,
     RunState,
     wire_name,
@@ -145,3 +147,41 @@ def test_what_the_agent_carries_of_the_core_needs_python_3_8_and_the_standard_li
     assert imported <= set(sys.stdlib_module_names) | {"__future__"} | BEYOND_STDLIB.get(shipped, set()), imported
     at_load = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     assert not at_load & BEYOND_STDLIB.get(shipped, set()), "import it where it is used: the agent's other calls lack it"
+    assert Path(ROOT / "gpu_train" / shipped).is_file()
+
+
+# -- the agent's settings: checked where they arrive -----------------------------------------------
+def test_settings_round_trip_and_default_once() -> None:
+    tuned = AgentSettings(idle_stop_minutes=0.5, max_resumes=3, ssh_port=2222, poweroff_command=("true",), gcp=True,
+                          max_run_hours=2.5, shutdown_grace_s=25, metadata_url="http://127.0.0.1:1/", user="alice",
+                          remote_root="~/gpu-train")
+    assert AgentSettings.from_json(json.loads(json.dumps(tuned.to_json()))) == tuned
+    assert AgentSettings.from_json({}) == AgentSettings()
+    assert "user" not in AgentSettings().to_json()  # only a VM's root copy names whose root it serves
+
+
+@pytest.mark.parametrize(("doc", "words"), [
+    ({"maxResumes": "ten"}, "agent.json's maxResumes is 'ten', not an int"),
+    ({"idleStopMinutes": "30"}, "agent.json's idleStopMinutes is '30', not a float"),
+    ({"gcp": "yes"}, "agent.json's gcp is 'yes', not a bool"),
+    ({"poweroffCommand": "systemctl poweroff"}, "agent.json's poweroffCommand is 'systemctl poweroff', not a list of strings"),
+    ({"sshPort": True}, "agent.json's sshPort is True, not an int"),
+])
+def test_bad_settings_are_named(doc: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        AgentSettings.from_json(doc, "agent.json")
+
+
+def test_the_agent_refuses_bad_settings_where_they_arrive(tmp_path: Path) -> None:
+    """A bad value from the laptop is refused before agent.json is written; a bad agent.json is named, no KeyError."""
+    from remote.agent import store
+
+    root = str(tmp_path)
+    assert store.write_settings(root, {"maxResumes": 3}).max_resumes == 3
+    with pytest.raises(store.AgentError, match=r"agent.json's maxResumes is 'lots', not an int: .* setup"):
+        store.write_settings(root, {"maxResumes": "lots"})
+    assert store.settings(root).max_resumes == 3  # the file as it was
+    (tmp_path / "agent.json").write_text(json.dumps({"sshPort": "22a"}))
+    with pytest.raises(store.AgentError, match=r"agent.json's sshPort is '22a', not an int"):
+        store.settings(root)
+    assert store.write_settings(root, {"sshPort": 22}).ssh_port == 22  # the laptop's setup mends it

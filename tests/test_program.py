@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.contract import AgentSettings
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile
 from infra import program
@@ -180,6 +181,7 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     settings = json.loads(values["settings"])
     assert settings["idleStopMinutes"] == 45 and settings["maxResumes"] == 3 and settings["gcp"] is True
     assert settings["user"] == "alice" and settings["remoteRoot"] == "~/gpu-train" and "poweroffCommand" not in settings
+    assert AgentSettings.from_json(settings).shutdown_grace_s == 110  # what the VM's units decode
     assert values["user"] == "alice" and values["grace"] == "110" and values["tick"] == "60"
     # REMOTE_ROOT/agent.json has one writer, the laptop: the script never writes it.
     assert "agent.json.new" not in script and "wait_for_user \"$USER_NAME\"" in script

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train.contract import RUN_LIMIT, RUN_LIMIT_NOTICE_S, run_limit_at
+from gpu_train.contract import RUN_LIMIT, RUN_LIMIT_NOTICE_S, AgentSettings, run_limit_at
 from remote.agent import procs, watch
 from remote.tasks.render import agent_lines
 from tests.guest.metadata import MetadataServer
@@ -33,7 +33,7 @@ def test_the_notice_names_the_run_limit_with_its_moment() -> None:
     values["instance/maintenance-event"] = "TERMINATE_ON_HOST_MAINTENANCE"
     assert watch.notice_for(values)["events"] == ["TERMINATE_ON_HOST_MAINTENANCE", RUN_LIMIT]
     assert watch.notice_for(dict(watch.WATCHED)) is None
-    assert watch.run_limit_warning({"gcp": False, "maxRunHours": 1}, 1000.0, 10.0) is None  # an SSH host: no cap
+    assert watch.run_limit_warning(AgentSettings(gcp=False, max_run_hours=1), 1000.0, 10.0) is None  # an SSH host: no cap
 
 
 def test_status_says_when_the_vm_stops() -> None:

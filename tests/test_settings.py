@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 
-from gpu_train.contract import DEFAULT_SETTINGS
+from gpu_train.contract import AgentSettings
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, settings
 from tests.conftest import ROOT, gcp_raw
@@ -43,7 +43,9 @@ def test_defaults_come_from_the_declarations() -> None:
 def test_the_agent_gets_its_settings_with_its_own_defaults() -> None:
     ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s", CATALOG)
     sent = ssh.agent_settings()
-    assert sent == {k: v for k, v in DEFAULT_SETTINGS.items() if k in sent} | {"gcp": False}
-    assert set(sent) <= set(DEFAULT_SETTINGS)
+    defaults = AgentSettings().to_json()
+    assert sent == {k: v for k, v in defaults.items() if k in sent} | {"gcp": False}
+    assert set(sent) <= set(defaults)
+    assert AgentSettings.from_json(sent) == AgentSettings()  # what the host decodes, the same defaults
     tuned = config.parse({**gcp_raw(), "gpu-train:maxResumes": 3, "gpu-train:idleStopMinutes": 45}, "g", CATALOG)
     assert tuned.agent_settings() == {"idleStopMinutes": 45, "maxResumes": 3, "maxRunHours": None, "gcp": True}

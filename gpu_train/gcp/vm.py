@@ -137,11 +137,16 @@ def tick_interval_s(idle_stop_minutes: float) -> int:
     return int(min(60, max(10, idle_stop_minutes * 60 / 5))) if idle_stop_minutes > 0 else 60
 
 
+def agent_settings(cfg: StackConfig, **host: object) -> dict[str, object]:
+    """The agent's settings from this stack, as a host gets them (contract.AgentSettings' document): the
+    stack's own, the job's shutdown grace, and ``host``'s (its sshPort; a VM's root copy: whose root)."""
+    return {**cfg.agent_settings(), "shutdownGraceS": job_grace_s(cfg), **host}
+
+
 def root_settings(cfg: StackConfig) -> dict[str, object]:
     """/etc/gpu-train/agent.json on the VM: what the root-installed units run with (root-owned;
     the user's REMOTE_ROOT/agent.json never reaches them)."""
-    return {**cfg.agent_settings(), "user": cfg.ssh_user, "remoteRoot": cfg.remote_root,
-            "shutdownGraceS": job_grace_s(cfg)}
+    return agent_settings(cfg, user=cfg.ssh_user, remoteRoot=cfg.remote_root)
 
 
 def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:

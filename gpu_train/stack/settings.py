@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from gpu_train.contract import (  # the agent's own defaults, shared with the host
-    DEFAULT_SETTINGS,
     GCP_REMOTE_ROOT,
     REMOTE_ROOT_DEFAULT,
+    AgentSettings,
 )
 
 if TYPE_CHECKING:
@@ -152,16 +152,16 @@ class StackConfig:
                                 "(`REMOTE_ROOT/envs/PROJECT`) made from `python` with its site packages; `false` "
                                 "installs `requirements.txt` into `python` itself", shown="`true` on SSH stacks, "
                                 "`false` on GCP")
-    idle_stop_minutes: float = setting("idleStopMinutes", "number", DEFAULT_SETTINGS["idleStopMinutes"],
+    idle_stop_minutes: float = setting("idleStopMinutes", "number", AgentSettings.idle_stop_minutes,
                                        "power off after this many idle minutes (fractions allowed); `0` = off",
-                                       shown=f"`{GCP_IDLE_STOP_MINUTES}` on GCP, `{DEFAULT_SETTINGS['idleStopMinutes']}` "
+                                       shown=f"`{GCP_IDLE_STOP_MINUTES}` on GCP, `{AgentSettings.idle_stop_minutes}` "
                                        "on SSH stacks", agent=True)
-    max_run_hours: float | None = setting("maxRunHours", "number", DEFAULT_SETTINGS["maxRunHours"], "hard cap on "
+    max_run_hours: float | None = setting("maxRunHours", "number", AgentSettings.max_run_hours, "hard cap on "
                                           "the VM's run time in hours from each start (fractions allowed; 1 to 2880; "
                                           "Flex-start: required, 10 min to 168), then Compute Engine stops it; "
                                           "the job is warned before", targets=GCP, agent=True)
     running: bool = setting("running", "bool", True, "`false` stops the VM (disk kept)", targets=GCP)
-    max_resumes: int = setting("maxResumes", "int", DEFAULT_SETTINGS["maxResumes"], "relaunches after "
+    max_resumes: int = setting("maxResumes", "int", AgentSettings.max_resumes, "relaunches after "
                                "reboots/preemptions before a run is marked failed", agent=True)
     recover_hours: float = setting("recoverHours", "number", 24, "spot (Flex-start, reservation-bound) stacks: a VM "
                                    "preempted or stopped by a host error is started again by "

@@ -30,6 +30,7 @@ from .store import (
     spec_or_none,
     update_state,
     write_json,
+    write_settings,
 )
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -109,7 +110,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
     run_id, base = spec.run_id, spec.base
     notify.write_url(root, spec.notify)  # the webhook: 0600, never in spec.json
     if spec.agent_settings:  # the stack's settings (maxResumes, idle stop, ...) for boot and tick
-        write_json(os.path.join(root, "agent.json"), {**settings(root), **spec.agent_settings})
+        write_settings(root, spec.agent_settings)
     clean_staging(root)
     if not shutil.which("screen"):
         raise AgentError("screen is not installed on this host: sudo apt-get install screen")
@@ -179,7 +180,7 @@ def host_notes(root: str) -> dict:
     and on an SSH host whether a reboot would resume the run (a VM's units always do)."""
     active = [r["id"] for r in map(describe, run_dirs(root)) if r["state"] in ACTIVE]
     notes: dict = {"warnings": hostcheck.busy_warnings(gpu_apps(), gpus(), active)}
-    if not settings(root).get("gcp"):
+    if not settings(root).gcp:
         notes["bootResume"] = hostcheck.boot_resume(root)
     return notes
 
@@ -208,7 +209,7 @@ def start_wrapper(root: str, run_id: str) -> str:
         update_state(run_dir, unit=units.unit_name(run_id))
         try:
             conf = machine_settings(root) or settings(root)  # on a VM, the grace its stack gives
-            units.start_unit(run_id, float(conf.get("shutdownGraceS") or 80), wrapper, env)
+            units.start_unit(run_id, conf.shutdown_grace_s, wrapper, env)
         except OSError as e:
             raise AgentError(str(e)) from None
         return name

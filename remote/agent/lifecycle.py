@@ -22,6 +22,7 @@ from gpu_train.contract import (
     STOP_REQUESTED,
     STOPPED,
     TERMINAL,
+    AgentSettings,
 )
 
 from . import hostcheck, units
@@ -46,6 +47,7 @@ from .store import (
     spec_or_none,
     update_state,
     write_json,
+    write_settings,
 )
 from .watch import metadata_value, told_preempted
 
@@ -92,7 +94,7 @@ def cmd_boot(root: str, once_per_boot: bool = False) -> dict:
     crash loop. Each run on its own: one that cannot be relaunched is failed with the reason, the
     others carry on. ``once_per_boot`` (the boot unit): a second call in the same boot does nothing,
     so a resume is counted once per boot."""
-    limit = int(settings(root)["maxResumes"])
+    limit = settings(root).max_resumes
     actions: list[dict] = []
     if not os.path.isdir(os.path.join(root, "runs")):
         return {"actions": []}  # no run yet (a VM's first boot)
@@ -141,9 +143,9 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
     return {"runId": run_id, "action": "resumed", "resumes": resumes + 1}
 
 
-def recovery_record(conf: dict) -> dict:
+def recovery_record(conf: AgentSettings) -> dict:
     """On a VM: the stack's recovery function's record of this machine (instance metadata), or {}."""
-    if not conf.get("gcp"):
+    if not conf.gcp:
         return {}
     try:
         record = json.loads(metadata_value(conf, f"instance/attributes/{recovery.RECORD_KEY}") or "{}")
@@ -152,7 +154,7 @@ def recovery_record(conf: dict) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def lost_group(conf: dict, run_dir: str, state: dict) -> bool:
+def lost_group(conf: AgentSettings, run_dir: str, state: dict) -> bool:
     """This failed run is a cluster part that failed because the recovery stopped its group (see
     recovery.lost_its_group)."""
     spec = spec_or_none(run_dir)
@@ -161,7 +163,7 @@ def lost_group(conf: dict, run_dir: str, state: dict) -> bool:
     return nnodes > 1 and recovery.lost_its_group(recovery_record(conf), state.get("ended"), nnodes)
 
 
-def came_back(conf: dict, state: dict) -> dict | None:
+def came_back(conf: AgentSettings, state: dict) -> dict | None:
     """On a VM the stack's recovery function started again: its record of the preemption (or host error)
     that interrupted this run, for the run's own record."""
     return recovery.run_return(recovery_record(conf), state.get("interruptedAt"), now())
@@ -197,7 +199,7 @@ def cmd_resume(root: str, run_id: str | None, grace: float) -> dict:
     return {"runId": os.path.basename(run_dir), "resumes": int(state.get("resumes", 0)) + 1}
 
 
-def preempted(conf: dict) -> bool:
+def preempted(conf: AgentSettings) -> bool:
     """Compute Engine's word on whether this stop is a preemption (False off GCP). One query of 2 s at
     most: a run in a unit of its own gets its SIGTERM only after the shutdown command, so every second
     spent here is taken from the job's grace."""
@@ -210,12 +212,12 @@ def cmd_shutdown(root: str, grace: float | None = None) -> dict:
     own is ordered to stop after this, and its unit gives it SIGTERM and the grace; a run under screen
     alone gets SIGTERM here, and ``grace`` seconds."""
     conf = settings(root)
-    grace = float(conf["shutdownGraceS"] if grace is None else grace)
-    said = bool(conf["gcp"]) and preempted(conf)
+    grace = conf.shutdown_grace_s if grace is None else grace
+    said = conf.gcp and preempted(conf)
     active = [(d, st) for d in run_dirs(root) if effective_state(st := read_state(d)) in ACTIVE]
     # gpu-train-watch may have told a running run already: the machine's preemption, even when the
     # query above got no answer in time (a busy metadata server).
-    was_preempted = said or (bool(conf["gcp"]) and any(told_preempted(d) for d, _ in active))
+    was_preempted = said or (conf.gcp and any(told_preempted(d) for d, _ in active))
     running, result = [], []
     for run_dir, state in active:
         open(os.path.join(run_dir, SHUTDOWN_REQUESTED), "w").close()
@@ -274,29 +276,29 @@ def cmd_tick(root: str) -> dict:
     path = MACHINE_IDLE if machine else os.path.join(root, "idle.json")
     jobs = sum(1 for d in run_dirs(root) if effective_state(read_state(d)) in ACTIVE)
     util = max((g["utilization"] for g in gpus()), default=0.0)
-    sessions = sshd_sessions() if machine else ssh_sessions(int(conf["sshPort"]))
+    sessions = sshd_sessions() if machine else ssh_sessions(conf.ssh_port)
     since, stop, why = idle_decision(time.time(), (read_json(path) or {}).get("idleSince"),
-                                     float(conf["idleStopMinutes"]), jobs, sessions, util)
+                                     conf.idle_stop_minutes, jobs, sessions, util)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json(path, {"idleSince": since, "why": why, "checked": now(), "root": root})
     if stop:
         if not machine:
             agent_log(root, why)
-        subprocess.run(["systemctl", "poweroff"] if machine else conf["poweroffCommand"], check=False)
+        subprocess.run(["systemctl", "poweroff"] if machine else list(conf.poweroff_command), check=False)
     return {"idleSince": since, "poweroff": stop, "why": why}
 
 
 def cmd_configure(root: str, new: dict, cron: bool) -> dict:
     """Write agent.json; with ``cron``, run `boot` at reboot (and `tick` every minute when idle stop is on)."""
-    write_json(os.path.join(root, "agent.json"), {**settings(root), **new})
+    conf = write_settings(root, new)
     if not cron:
-        return {"settings": settings(root)}
+        return {"settings": conf.to_json()}
     if not shutil.which("crontab"):
         raise AgentError("crontab is not installed on this host (sudo apt-get install cron); "
                          "or run `gpu-train-agent boot` from your own boot hook")
-    lines = hostcheck.cron_lines(root, agent_path(root), float(settings(root)["idleStopMinutes"]) > 0)
+    lines = hostcheck.cron_lines(root, agent_path(root), conf.idle_stop_minutes > 0)
     hostcheck.set_cron(root, lines)
-    return {"settings": settings(root), "crontab": lines, "bootResume": hostcheck.boot_resume(root)}
+    return {"settings": conf.to_json(), "crontab": lines, "bootResume": hostcheck.boot_resume(root)}
 
 
 def cmd_uncron(root: str) -> dict:

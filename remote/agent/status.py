@@ -9,7 +9,6 @@ import time
 
 from gpu_train.contract import (
     ACTIVE,
-    DEFAULT_SETTINGS,
     FAILED,
     INTERRUPTED,
     LAUNCH_GRACE_S,
@@ -19,11 +18,24 @@ from gpu_train.contract import (
     MACHINE_SETTINGS,
     STARTING,
     TERMINAL,
+    AgentSettings,
 )
 
 from . import outputs, upload
 from .procs import alive, gpus, uptime_s
-from .store import find_run, last_line, now, read_json, read_state, root_from_settings, run_dirs, settings, tree_summary
+from .store import (
+    AgentError,
+    checked_settings,
+    find_run,
+    last_line,
+    now,
+    read_json,
+    read_state,
+    root_from_settings,
+    run_dirs,
+    settings,
+    tree_summary,
+)
 
 
 def effective_state(state: dict) -> str:
@@ -99,12 +111,13 @@ def busy_runs(root: str, base: str) -> list[str]:
     return [r["id"] for r in map(describe, run_dirs(root)) if r["base"] == base and r["state"] in ACTIVE]
 
 
-def machine_settings(root: str) -> dict | None:
+def machine_settings(root: str) -> AgentSettings | None:
     """The VM's root-owned settings when they are this REMOTE_ROOT's (what its units run with)."""
     doc = read_json(MACHINE_SETTINGS)
     try:
-        return {**DEFAULT_SETTINGS, **doc} if doc and root_from_settings(doc) == root else None
-    except (KeyError, OSError):
+        conf = checked_settings(doc, MACHINE_SETTINGS) if doc else None
+        return conf if conf and root_from_settings(conf) == root else None
+    except (AgentError, KeyError, OSError):
         return None
 
 
@@ -114,8 +127,8 @@ def agent_view(root: str) -> dict:
     machine = machine_settings(root)
     conf = machine or settings(root)
     idle = read_json(MACHINE_IDLE if machine else os.path.join(root, "idle.json")) or {}
-    return {"idleStopMinutes": conf["idleStopMinutes"], "maxResumes": conf["maxResumes"],
-            "maxRunHours": conf["maxRunHours"], "idleSince": idle.get("idleSince"), "idleWhy": idle.get("why"),
+    return {"idleStopMinutes": conf.idle_stop_minutes, "maxResumes": conf.max_resumes,
+            "maxRunHours": conf.max_run_hours, "idleSince": idle.get("idleSince"), "idleWhy": idle.get("why"),
             "installed": bool(machine) or os.path.exists(os.path.join(root, "agent.json"))}
 
 

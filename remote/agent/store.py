@@ -23,7 +23,7 @@ import os
 import re
 import time
 
-from gpu_train.contract import DEFAULT_SETTINGS, GCP_REMOTE_ROOT, JobSpec, cli_name
+from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, AgentSettings, JobSpec, cli_name
 
 
 class AgentError(Exception):
@@ -156,7 +156,7 @@ def find_run(root: str, run_id: str | None) -> str:
 _settings_file: str | None = None
 
 
-def use_settings_file(path: str) -> dict:
+def use_settings_file(path: str) -> AgentSettings:
     """Take the settings from ``path`` (root-owned, not writable by others) for this process; they name
     the user and remoteRoot, which tell REMOTE_ROOT. Returns them."""
     global _settings_file
@@ -166,8 +166,9 @@ def use_settings_file(path: str) -> dict:
     doc = read_json(path)
     if doc is None:
         raise AgentError(f"{path} is not a JSON document")
+    conf = checked_settings(doc, path)
     _settings_file = path
-    return {**DEFAULT_SETTINGS, **doc}
+    return conf
 
 
 def machine_mode() -> bool:
@@ -175,19 +176,39 @@ def machine_mode() -> bool:
     return _settings_file is not None
 
 
-def root_from_settings(conf: dict) -> str:
+def root_from_settings(conf: AgentSettings) -> str:
     """REMOTE_ROOT of the settings' user: '~/x' is under that user's home."""
     import pwd
 
-    root = str(conf.get("remoteRoot") or GCP_REMOTE_ROOT)  # (the startup script always writes it)
+    root = conf.remote_root or GCP_REMOTE_ROOT  # (the startup script always writes it)
     if root.startswith("~/"):
-        root = os.path.join(pwd.getpwnam(str(conf["user"])).pw_dir, root[2:])
+        if not conf.user:
+            raise AgentError(f"the machine's settings ({MACHINE_SETTINGS}) name no user for remoteRoot {root}")
+        root = os.path.join(pwd.getpwnam(conf.user).pw_dir, root[2:])
     return os.path.abspath(root)
 
 
-def settings(root: str) -> dict:
+def checked_settings(doc: dict, path: str) -> AgentSettings:
+    """The settings in ``doc`` (read from ``path``), or an AgentError naming the bad value and the file."""
+    try:
+        return AgentSettings.from_json(doc, path)
+    except ValueError as e:
+        raise AgentError(f"{e}: the stack's setting is sent again by `{cli_name()} setup` (or correct the file)") from None
+
+
+def settings(root: str) -> AgentSettings:
+    """What this agent runs with: REMOTE_ROOT/agent.json, or the machine's (``use_settings_file``), checked."""
     path = _settings_file or os.path.join(root, "agent.json")
-    return {**DEFAULT_SETTINGS, **(read_json(path) or {})}
+    return checked_settings(read_json(path) or {}, path)
+
+
+def write_settings(root: str, new: dict) -> AgentSettings:
+    """REMOTE_ROOT/agent.json with ``new`` (the laptop's, from the stack) over what it held: checked as
+    one document before it is written, so a bad value is refused where it arrives."""
+    path = os.path.join(root, "agent.json")
+    conf = checked_settings({**(read_json(path) or {}), **new}, path)
+    write_json(path, conf.to_json())
+    return conf
 
 
 @contextlib.contextmanager

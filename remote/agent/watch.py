@@ -18,7 +18,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from gpu_train.contract import ACTIVE, METADATA_URL, METADATA_URL_ENV, NOTICE, RUN_LIMIT, RUN_LIMIT_NOTICE_S, run_limit_at
+from gpu_train.contract import (
+    ACTIVE,
+    METADATA_URL,
+    METADATA_URL_ENV,
+    NOTICE,
+    RUN_LIMIT,
+    RUN_LIMIT_NOTICE_S,
+    AgentSettings,
+    run_limit_at,
+)
 
 from .procs import uptime_s
 from .status import effective_state
@@ -29,9 +38,9 @@ PREEMPTED = "PREEMPTED"  # the event a notice names for ``instance/preempted`` =
 RUN_LIMIT_KEY = "gpu-train/run-limit"  # not a metadata path: the stop time, once its warning is due
 
 
-def metadata_base(conf: dict) -> str:
+def metadata_base(conf: AgentSettings) -> str:
     """The metadata server's base URL: the setting, else $GPU_TRAIN_METADATA_URL, else Compute Engine's."""
-    base = conf.get("metadataUrl") or os.environ.get(METADATA_URL_ENV) or METADATA_URL
+    base = conf.metadata_url or os.environ.get(METADATA_URL_ENV) or METADATA_URL
     return base if base.endswith("/") else base + "/"
 
 
@@ -45,7 +54,7 @@ def metadata_get(url: str, timeout: float, wait_etag: str | None = None, wait_s:
         return r.read().decode().strip(), r.headers.get("ETag", "")
 
 
-def metadata_value(conf: dict, path: str, timeout: float = 2) -> str:
+def metadata_value(conf: AgentSettings, path: str, timeout: float = 2) -> str:
     """One value, or '' when there is no metadata server (off GCP) or it does not answer."""
     try:
         return metadata_get(metadata_base(conf) + path, timeout)[0]
@@ -69,9 +78,9 @@ def notice_for(values: dict[str, str]) -> dict | None:
     return {"event": events[0], "events": events, **({"stopsAt": float(stops_at)} if stops_at else {})}
 
 
-def run_limit_warning(conf: dict, at: float, uptime: float | None) -> tuple[float, float] | None:
+def run_limit_warning(conf: AgentSettings, at: float, uptime: float | None) -> tuple[float, float] | None:
     """(when to warn, when the VM stops) for a VM with maxRunHours; None for none (or off GCP)."""
-    stop = run_limit_at(at, uptime, conf.get("maxRunHours")) if conf.get("gcp") else None
+    stop = run_limit_at(at, uptime, conf.max_run_hours) if conf.gcp else None
     return None if stop is None else (stop - RUN_LIMIT_NOTICE_S, stop)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from gpu_train.atomic import atomic_write
 from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
 from gpu_train.environment import Environment
-from gpu_train.gcp.vm import job_grace_s
+from gpu_train.gcp.vm import agent_settings
 from gpu_train.stack import config, project, stackfile
 from gpu_train.stack.config import ConfigError, Problem, SshHost, StackConfig
 
@@ -244,8 +244,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         hourly_cost_usd=cost,
         is_gcp=cfg.is_gcp,
         cache=cache,
-        agent_settings={**cfg.agent_settings(), "sshPort": hosts[0].port if hosts else 22,
-                        "shutdownGraceS": job_grace_s(cfg)},
+        agent_settings=agent_settings(cfg, sshPort=hosts[0].port if hosts else 22),
         master_addr=master,
         gpus_per_node=int(gpus) if gpus else None,
         vm={"project": cfg.project, "zone": outputs.get("zone") or cfg.zone, "name": outputs.get("instanceName"),
