@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 
 # -- run states -------------------------------------------------------------------------------
@@ -45,6 +45,55 @@ RUN_ID_PATTERN = r"[A-Za-z][A-Za-z0-9_]{0,127}"
 STACK_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
 
 LAUNCH_GRACE_S = 30  # a 'starting' run with no wrapper yet is still starting for this long
+D = TypeVar("D", bound="Document")
+
+
+class Document:
+    """A document of the contract (a dataclass): its JSON through the one codec, ``encode``/``decode``."""
+
+    WHAT = "the document"  # its name in messages
+    REQUIRED: tuple[str, ...] = ()  # fields without which it means nothing
+
+    def to_json(self) -> dict:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls: type[D], doc: dict, what: str | None = None) -> D:
+        """From its JSON: a bad value named with ``what`` (default: WHAT), see ``decode``."""
+        return decode(cls, doc, what or cls.WHAT, cls.REQUIRED)
+
+
+# -- a run's record on its host: runs/RUN/state.json ----------------------------------------------
+@dataclass(frozen=True)
+class RunRecord(Document):
+    """A run as its host records it (runs/RUN/state.json): written by the agent alone (launch, the wrapper,
+    stop, boot, shutdown), read by it to answer `status` (RunStatus) and to stop, relaunch or resume. An
+    older agent's record reads: what it lacks gets the default, what this agent no longer knows is dropped."""
+
+    id: str = ""
+    base: str | None = None
+    state: RunState = STARTING
+    created: float | None = None  # launched (epoch seconds); kept across relaunches
+    started: float | None = None  # the job's process started (the latest start)
+    ended: float | None = None
+    exit_code: int | None = None
+    reason: str | None = None  # why it failed before its job could say (a refusal, maxResumes, a lost spec)
+    resumes: int = 0  # relaunches so far ($GPU_TRAIN_RESUMES)
+    preemptions: int = 0  # preemptions before the latest relaunch ...
+    preempted: bool = False  # ... and whether the latest interruption was one
+    returns: tuple[dict, ...] = ()  # each way back from a preemption or host error (the recovery's record)
+    interrupted_at: float | None = None
+    relaunched: float | None = None
+    ran_s: float = 0  # the job's run time in the legs before the latest relaunch (DURATION sums them)
+    unit: str | None = None  # its systemd unit, where the host allows one (else screen alone)
+    wrapper_pid: int | None = None  # the wrapper, the job and the step before it (pip, uv): a pid with its
+    wrapper_start: str | None = None  # process's start time (procs.proc_start_time), to tell a reused pid
+    pid: int | None = None
+    pid_start: str | None = None
+    step_pid: int | None = None
+    step_start: str | None = None
+    WHAT = "the run's state.json"
+
 
 # -- REMOTE_ROOT when a stack does not set remoteRoot -------------------------------------------
 # Hidden in the login's home, where no one clones a repository: the old default, ~/gpu-train, is
@@ -64,7 +113,7 @@ PRUNE_FREED = "freedBytes"
 
 # -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
 @dataclass(frozen=True)
-class AgentSettings:
+class AgentSettings(Document):
     """What the agent runs with: REMOTE_ROOT/agent.json (the stack's part, sent by `train` and `setup`) or,
     on a VM, root's MACHINE_SETTINGS, which also names whose REMOTE_ROOT it serves."""
 
@@ -78,14 +127,7 @@ class AgentSettings:
     metadata_url: str | None = None  # Compute Engine's metadata server (None: $METADATA_URL_ENV, else METADATA_URL)
     user: str | None = None  # MACHINE_SETTINGS: the login whose REMOTE_ROOT the VM's units serve ...
     remote_root: str | None = None  # ... as the stack says it ('~/' is that login's home)
-
-    def to_json(self) -> dict:
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, doc: dict, what: str = "the agent's settings") -> AgentSettings:
-        """Settings from their JSON (see ``decode``): a bad value is named, with ``what`` (the file)."""
-        return decode(cls, doc, what)
+    WHAT = "the agent's settings"
 
 
 METADATA_URL = "http://169.254.169.254/computeMetadata/v1/"
@@ -113,7 +155,7 @@ def run_limit_at(now: float, uptime_s: float | None, max_run_hours: float | None
 
 # -- the job spec: what `fab train` asks a host to run -----------------------------------------
 @dataclass(frozen=True)
-class JobSpec:
+class JobSpec(Document):
     """What `fab train` asks the host to run (``launch``'s argument, kept as runs/RUN/spec.json)."""
 
     run_id: str
@@ -141,15 +183,7 @@ class JobSpec:
     bucket: dict[str, str] | None = None  # {"name", "prefix", "data", "parts"}: JOB_DIR goes to gs://NAME/PREFIX as it is written
     path: str | None = None  # set by launch on the host: the login's PATH, for relaunches without a login
     externally_managed: bool = False  # set by launch: the job's Python refuses installs of its own (PEP 668)
-
-    def to_json(self) -> dict:
-        """The spec as it travels and is kept (runs/RUN/spec.json)."""
-        return encode(self)
-
-    @classmethod
-    def from_json(cls, doc: dict) -> JobSpec:
-        """A spec from its JSON (see ``decode``); refuses one without runId or base."""
-        return decode(cls, doc, "the job spec", ("run_id", "base"))
+    WHAT, REQUIRED = "the job spec", ("run_id", "base")
 
 
 CONTRACT_VERSION = 1  # raised when a field changes meaning; a new field with a default needs no new version
@@ -171,10 +205,8 @@ def encode(obj: Any) -> dict:
 
 
 def decode(cls: Any, doc: Any, what: str, required: tuple[str, ...] = ()) -> Any:
-    """``cls`` from its JSON document, each field checked against its declared type: a missing or null
-    one gets its default, a key of no field is ignored (older documents read, a newer one's extra key
-    does no harm). A ValueError names the document, the key and the type wanted; a document of a newer
-    contract is refused."""
+    """``cls`` from its JSON, each field checked against its declared type (a ValueError naming the key), a
+    missing one defaulted, a key of no field ignored (an older document reads); a newer contract's refused."""
     if not isinstance(doc, dict):
         raise ValueError(f"{what} is {type(doc).__name__}, not a JSON object")
     version = doc.get("version", 1)
@@ -191,13 +223,7 @@ def decode(cls: Any, doc: Any, what: str, required: tuple[str, ...] = ()) -> Any
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    return list(value) if isinstance(value, tuple) else value
-
-
-_KINDS: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "tuple": tuple, "list": list,
-                          "dict": dict}
+    return value.value if isinstance(value, Enum) else list(value) if isinstance(value, tuple) else value
 
 
 def _typed(value: Any, f: Any, where: str) -> Any:
@@ -205,29 +231,24 @@ def _typed(value: Any, f: Any, where: str) -> Any:
     ``str | None``); null stays None where the field may be None, else gives its default."""
     declared = str(f.type)
     if value is None:
-        if "None" in declared:
-            return None
-        return f.default_factory() if f.default_factory is not MISSING else f.default
+        return None if "None" in declared else f.default_factory() if f.default_factory is not MISSING else f.default
     name = declared.split("|")[0].split("[")[0].strip()
-    kind = _KINDS.get(name) or globals()[name]
+    kind: Any = {"str": str, "int": int, "float": float, "bool": bool, "tuple": tuple, "list": list, "dict": dict}.get(name) \
+        or globals()[name]  # an Enum of the contract
+    strings = "[str" in declared and kind in (tuple, list)
+    wanted = "a list of strings" if strings else f"a{'n' * (name[0] in 'aeiou')} {name}"
     if issubclass(kind, Enum):
-        if value in {k.value for k in kind}:
-            return kind(value)
-        raise ValueError(f"{where} is {value!r}, not one of {', '.join(str(k.value) for k in kind)}")
-    strings = "[str" in declared
-    if kind is bool:
-        ok = isinstance(value, bool)
+        ok, wanted = value in {k.value for k in kind}, "one of " + ", ".join(str(k.value) for k in kind)
     elif kind in (int, float):
         whole = isinstance(value, int) or (isinstance(value, float) and (kind is float or value.is_integer()))
         ok = whole and not isinstance(value, bool)
     elif kind in (tuple, list):
         ok = isinstance(value, (list, tuple)) and (not strings or all(isinstance(v, str) for v in value))
     else:
-        ok = isinstance(value, kind)
+        ok = isinstance(value, kind)  # a bool is True or False, never 0 or "false"
     if not ok:
-        wanted = "a list of strings" if strings and kind in (tuple, list) else f"a{'n' * (name[0] in 'aeiou')} {name}"
         raise ValueError(f"{where} is {value!r}, not {wanted}")
-    return kind(value)
+    return value if kind is float else kind(value)  # a float field's 20 stays 20 (in JSON, in messages)
 
 
 # In a fan-out (several nodes, the code sent once), the laptop's "go" to a node's waiting launch is one

@@ -17,6 +17,7 @@ from gpu_train.contract import (
     TERMINAL,
     AgentSettings,
     JobSpec,
+    RunRecord,
     RunState,
     wire_name,
 )
@@ -185,3 +186,55 @@ def test_the_agent_refuses_bad_settings_where_they_arrive(tmp_path: Path) -> Non
     with pytest.raises(store.AgentError, match=r"agent.json's sshPort is '22a', not an int"):
         store.settings(root)
     assert store.write_settings(root, {"sshPort": 22}).ssh_port == 22  # the laptop's setup mends it
+
+
+# -- a run's record on its host: state.json ---------------------------------------------------------
+OLD_RECORDS = [  # state.json as agents before the contract wrote it (no version), and what it reads as
+    ({"id": "r_20250101_000000", "base": "r", "state": "starting", "created": 1735689600.0, "resumes": 0},
+     {"state": RunState.STARTING, "created": 1735689600.0, "returns": (), "preempted": False}),
+    ({"id": "r_20250101_000000", "base": "r", "state": "running", "created": 1735689600.5, "resumes": 0,
+      "wrapperPid": 41, "wrapperStart": "8812", "pid": 42, "pidStart": "8813", "started": 1735689601.25,
+      "ended": None, "exitCode": None},
+     {"state": RunState.RUNNING, "pid": 42, "pid_start": "8813", "wrapper_pid": 41, "exit_code": None}),
+    ({"id": "r_20250101_000000", "state": "failed", "exitCode": 1, "ended": 1735690000, "reason": "pip install failed",
+      "stepPid": 50, "stepStart": "alive"},  # an int time, a start time no /proc could give
+     {"state": RunState.FAILED, "exit_code": 1, "ended": 1735690000, "step_start": "alive", "base": None}),
+    ({"state": "interrupted", "interruptedAt": 1735690100.0, "preempted": True, "resumes": 2, "unit": "gpu-train-r.service"},
+     {"state": RunState.INTERRUPTED, "interrupted_at": 1735690100.0, "preempted": True, "resumes": 2, "id": ""}),
+    ({"state": "starting", "resumes": 3, "preemptions": 2, "relaunched": 1735690200.0,
+      "returns": [{"event": "PREEMPTED", "at": 1735690100.0, "back": 1735690190.0, "attempts": 1}], "someOldKey": 7},
+     {"preemptions": 2, "returns": ({"event": "PREEMPTED", "at": 1735690100.0, "back": 1735690190.0, "attempts": 1},)}),
+    ({}, {"state": RunState.STARTING, "resumes": 0}),  # a run whose state.json is not there yet
+]
+
+
+@pytest.mark.parametrize(("doc", "expected"), OLD_RECORDS)
+def test_an_older_agents_record_reads(doc: dict, expected: dict) -> None:
+    record = RunRecord.from_json(doc)
+    assert {k: getattr(record, k) for k in expected} == expected
+    again = RunRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert again == record and again.to_json()["version"] == CONTRACT_VERSION
+
+
+def test_every_key_an_agent_wrote_is_a_field() -> None:
+    """Each key of the old records is read (or known to be dropped), so a renamed field fails here."""
+    written = {k for doc, _ in OLD_RECORDS for k in doc} - {"someOldKey"}
+    assert written <= {wire_name(f.name) for f in fields(RunRecord)}, written - {wire_name(f.name) for f in fields(RunRecord)}
+
+
+@pytest.mark.parametrize(("doc", "words"), [
+    ({"state": "paused"}, "state is 'paused', not one of starting, running, succeeded, failed, stopped, interrupted"),
+    ({"pid": "42"}, "pid is '42', not an int"),
+    ({"returns": {"event": "x"}}, "returns is {'event': 'x'}, not a tuple"),
+    ({"version": CONTRACT_VERSION + 1}, "newer than this agent"),
+])
+def test_a_bad_record_is_named(doc: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        RunRecord.from_json(doc, "runs/r/state.json")
+
+
+def test_a_whole_number_stays_as_written() -> None:
+    """`idle stop after 20 min`, not 20.0: a float field keeps an int as the stack wrote it."""
+    conf = AgentSettings.from_json({"idleStopMinutes": 20, "shutdownGraceS": 25.5})
+    assert (conf.to_json()["idleStopMinutes"], conf.shutdown_grace_s) == (20, 25.5)
+    assert str(conf.idle_stop_minutes) == "20"

@@ -114,9 +114,10 @@ T0 = 1_000_000.0
 ])
 def test_duration_sums_the_legs_a_run_ran(state: dict, current: str, log_mtime: float | None, at: float,
                                           seconds: float | None) -> None:
+    from gpu_train.contract import RunRecord
     from remote.agent.status import run_seconds
 
-    assert run_seconds(state, current, log_mtime, at) == seconds
+    assert run_seconds(RunRecord.from_json(state), current, log_mtime, at) == seconds
 
 
 def test_a_resumed_runs_duration_counts_every_leg_and_not_the_wait(lab: Lab, plain: str) -> None:

@@ -23,6 +23,7 @@ from gpu_train.contract import (
     STOPPED,
     TERMINAL,
     AgentSettings,
+    RunRecord,
 )
 
 from . import hostcheck, units
@@ -63,7 +64,7 @@ def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
         open(os.path.join(run_dir, STOP_REQUESTED), "w").close()
         state = read_state(run_dir)
     sent = []
-    steps = [(state.get("pid"), state.get("pidStart")), (state.get("stepPid"), state.get("stepStart"))]
+    steps = [(state.pid, state.pid_start), (state.step_pid, state.step_start)]
     for pid, started in steps:  # the job, else pip
         if not (pid and alive(pid, started)):
             continue
@@ -77,12 +78,11 @@ def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
             if not alive(pid, started):
                 break
         break
-    wrapper = state.get("wrapperPid")
     deadline = time.time() + 10
-    while time.time() < deadline and alive(wrapper, state.get("wrapperStart")):
+    while time.time() < deadline and alive(state.wrapper_pid, state.wrapper_start):
         time.sleep(0.1)
-    if state.get("unit"):
-        units.stop_unit(state["unit"])  # whatever of the run is left (a daemon the job spawned)
+    if state.unit:
+        units.stop_unit(state.unit)  # whatever of the run is left (a daemon the job spawned)
     if effective_state(read_state(run_dir)) not in TERMINAL:
         update_state(run_dir, state=STOPPED, ended=now())  # the wrapper was gone: record it ourselves
     return {"runId": info["id"], "state": describe(run_dir)["state"], "signals": sent}
@@ -125,14 +125,14 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
     conf = settings(root)
     current = effective_state(state)
     if current == FAILED and lost_group(conf, run_dir, state):
-        back = recovery.run_return(recovery_record(conf), state.get("ended"), now())
+        back = recovery.run_return(recovery_record(conf), state.ended, now())
         agent_log(root, f"{run_id}: its part failed as the cluster lost a node ({recovery.describe(recovery_record(conf))});"
                         " relaunched with the group")
     elif current == INTERRUPTED:
         back = came_back(conf, state)
     else:
         return None
-    resumes = int(state.get("resumes", 0))
+    resumes = state.resumes
     if resumes >= limit:
         reason = f"interrupted {resumes + 1} times; not resumed again (maxResumes = {limit})"
         update_state(run_dir, state=FAILED, ended=now(), reason=reason)
@@ -154,35 +154,34 @@ def recovery_record(conf: AgentSettings) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def lost_group(conf: AgentSettings, run_dir: str, state: dict) -> bool:
+def lost_group(conf: AgentSettings, run_dir: str, state: RunRecord) -> bool:
     """This failed run is a cluster part that failed because the recovery stopped its group (see
     recovery.lost_its_group)."""
     spec = spec_or_none(run_dir)
     node: dict = (spec and spec.node) or {}
     nnodes = int(node.get("nnodes") or 1)
-    return nnodes > 1 and recovery.lost_its_group(recovery_record(conf), state.get("ended"), nnodes)
+    return nnodes > 1 and recovery.lost_its_group(recovery_record(conf), state.ended, nnodes)
 
 
-def came_back(conf: AgentSettings, state: dict) -> dict | None:
+def came_back(conf: AgentSettings, state: RunRecord) -> dict | None:
     """On a VM the stack's recovery function started again: its record of the preemption (or host error)
     that interrupted this run, for the run's own record."""
-    return recovery.run_return(recovery_record(conf), state.get("interruptedAt"), now())
+    return recovery.run_return(recovery_record(conf), state.interrupted_at, now())
 
 
-def relaunch(root: str, run_dir: str, state: dict, back: dict | None = None) -> None:
+def relaunch(root: str, run_dir: str, state: RunRecord, back: dict | None = None) -> None:
     """Start a run again under screen, same RUN_ID and JOB_DIR, counting the resume (and ``back``: the
     recovery's return that brought the machine back, kept in the run's ``returns``)."""
     for marker in (SHUTDOWN_REQUESTED, STOP_REQUESTED, NOTICE):
         with contextlib.suppress(OSError):
             os.remove(os.path.join(run_dir, marker))
-    resumes = int(state.get("resumes", 0)) + 1
+    resumes = state.resumes + 1
     ran = run_seconds(state, effective_state(state), log_mtime(run_dir), now())  # the legs so far: DURATION goes on
-    update_state(run_dir, state=STARTING, created=state.get("created", now()), resumes=resumes,
-                 wrapperPid=None, wrapperStart=None, pid=None, pidStart=None, stepPid=None, stepStart=None,
-                 relaunched=now(), ended=None, started=None, ranS=ran or 0,
-                 exitCode=None, reason=None,
-                 preemptions=int(state.get("preemptions", 0)) + int(bool(state.get("preempted"))), preempted=False,
-                 **({"returns": [*(state.get("returns") or []), back][-50:]} if back else {}))
+    update_state(run_dir, state=STARTING, created=now() if state.created is None else state.created, resumes=resumes,
+                 wrapper_pid=None, wrapper_start=None, pid=None, pid_start=None, step_pid=None, step_start=None,
+                 relaunched=now(), ended=None, started=None, ran_s=ran or 0, exit_code=None, reason=None,
+                 preemptions=state.preemptions + int(state.preempted), preempted=False,
+                 **({"returns": (*state.returns, back)[-50:]} if back else {}))
     start_wrapper(root, os.path.basename(run_dir))
     agent_log(root, f"{os.path.basename(run_dir)}: resumed ({resumes})")
 
@@ -196,7 +195,7 @@ def cmd_resume(root: str, run_id: str | None, grace: float) -> dict:
     state = read_state(run_dir)
     with locked(root):
         relaunch(root, run_dir, state)
-    return {"runId": os.path.basename(run_dir), "resumes": int(state.get("resumes", 0)) + 1}
+    return {"runId": os.path.basename(run_dir), "resumes": state.resumes + 1}
 
 
 def preempted(conf: AgentSettings) -> bool:
@@ -223,23 +222,23 @@ def cmd_shutdown(root: str, grace: float | None = None) -> dict:
         open(os.path.join(run_dir, SHUTDOWN_REQUESTED), "w").close()
         update_state(run_dir, preempted=was_preempted)
         agent_log(root, f"{os.path.basename(run_dir)}: interrupted by shutdown (preempted: {was_preempted})")
-        if state.get("unit"):
+        if state.unit:
             result.append({"runId": os.path.basename(run_dir), "state": INTERRUPTED})
             continue
-        if state.get("pid") and alive(state["pid"], state.get("pidStart")):
-            signal_group(state["pid"], signal.SIGTERM)
+        if state.pid and alive(state.pid, state.pid_start):
+            signal_group(state.pid, signal.SIGTERM)
         running.append((run_dir, state))
     deadline = time.time() + grace
-    while time.time() < deadline and any(alive(st.get("pid"), st.get("pidStart")) for _, st in running):
+    while time.time() < deadline and any(alive(st.pid, st.pid_start) for _, st in running):
         time.sleep(0.2)
     # Give the wrappers a moment to record the exit codes, then make sure every run says interrupted.
     settle = time.time() + 2
-    while time.time() < settle and any(alive(st.get("wrapperPid"), st.get("wrapperStart")) for _, st in running):
+    while time.time() < settle and any(alive(st.wrapper_pid, st.wrapper_start) for _, st in running):
         time.sleep(0.1)
     for run_dir, _ in running:
         current = read_state(run_dir)
-        if current.get("state") not in TERMINAL:
-            update_state(run_dir, state=INTERRUPTED, interruptedAt=current.get("interruptedAt") or now())
+        if current.state not in TERMINAL:
+            update_state(run_dir, state=INTERRUPTED, interrupted_at=current.interrupted_at or now())
         result.append({"runId": os.path.basename(run_dir), "state": describe(run_dir)["state"]})
     return {"runs": result, "preempted": was_preempted}
 

@@ -95,7 +95,7 @@ def listing(root: str, run_dir: str) -> list:
     code = os.path.join(run_dir, "code")
     doc = read_json(os.path.join(run_dir, SENT))
     sent = doc.get("files") if isinstance(doc, dict) else None
-    created_ns = int((read_state(run_dir).get("created") or 0) * 1e9)
+    created_ns = int((read_state(run_dir).created or 0) * 1e9)
     since_ns = created_ns if sent is None else 0
     roots = skip_roots(root)
     data_roots = tuple(r for r in roots if r.rstrip(os.sep).endswith(os.sep + "data"))

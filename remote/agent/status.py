@@ -19,6 +19,8 @@ from gpu_train.contract import (
     STARTING,
     TERMINAL,
     AgentSettings,
+    RunRecord,
+    RunState,
 )
 
 from . import outputs, upload
@@ -38,36 +40,36 @@ from .store import (
 )
 
 
-def effective_state(state: dict) -> str:
+def effective_state(state: RunRecord) -> RunState:
     """The recorded state, corrected by what is alive: a 'running' run with no process was interrupted."""
-    recorded = state.get("state", STARTING)
+    recorded = state.state
     if recorded in TERMINAL or recorded == INTERRUPTED:
         return recorded
-    if alive(state.get("pid"), state.get("pidStart")) or alive(state.get("wrapperPid"), state.get("wrapperStart")):
+    if alive(state.pid, state.pid_start) or alive(state.wrapper_pid, state.wrapper_start):
         return recorded
-    launching = recorded == STARTING and not state.get("wrapperPid")
-    if launching and time.time() - state.get("created", 0) < LAUNCH_GRACE_S:
+    launching = recorded == STARTING and not state.wrapper_pid
+    if launching and time.time() - (state.created or 0) < LAUNCH_GRACE_S:
         return recorded  # screen is starting the wrapper, which records its pid first thing
     return INTERRUPTED
 
 
-def run_seconds(state: dict, current: str, log_mtime: float | None, at: float) -> float | None:
+def run_seconds(state: RunRecord, current: str, log_mtime: float | None, at: float) -> float | None:
     """How long the run's job has run, summed over its starts (`status`'s DURATION): the legs before this
     one (``ranS``, added up as each relaunch begins) and this one, from its job's start (on the first
     leg, from the launch while it installs) to its end: the one recorded (ended; interrupted, as the
     wrapper saw it go); after a hard kill, which records none, the log's last write; now while it runs.
     Time while the machine was down, or the run waited for `resume`, is not run time. None before any."""
-    before = float(state.get("ranS") or 0)
-    start = state.get("started") or (None if before else state.get("created"))
+    before = state.ran_s
+    start = state.started or (None if before else state.created)
     if not start:
         return round(before, 1) if before else None
     if current in ACTIVE:
         end = at
     elif current == INTERRUPTED:
-        cut = state.get("interruptedAt")
+        cut = state.interrupted_at
         end = cut if cut and cut >= start else (log_mtime or start)
     else:
-        end = state.get("ended") or at
+        end = state.ended or at
     return round(before + max(0.0, min(end, at) - start), 1)
 
 
@@ -84,21 +86,21 @@ def describe(run_dir: str) -> dict:
     st = effective_state(state)
     return {
         "id": os.path.basename(run_dir),
-        "base": state.get("base"),
+        "base": state.base,
         "state": st,
-        "exitCode": state.get("exitCode"),
-        "created": state.get("created"),
-        "started": state.get("started"),
-        "ended": state.get("ended"),
+        "exitCode": state.exit_code,
+        "created": state.created,
+        "started": state.started,
+        "ended": state.ended,
         "durationS": run_seconds(state, st, log_mtime(run_dir) if st == INTERRUPTED else None, time.time()),
         "jobDir": os.path.join(run_dir, "job"),
         "log": os.path.join(run_dir, "log"),
         "lastLine": last_line(os.path.join(run_dir, "log"), st == FAILED),
-        "resumes": state.get("resumes", 0),
-        "preemptions": state.get("preemptions", 0) + int(bool(state.get("preempted"))),
-        "returns": list(state.get("returns") or []),
-        "reason": state.get("reason"),
-        "pid": state.get("pid"),
+        "resumes": state.resumes,
+        "preemptions": state.preemptions + int(state.preempted),
+        "returns": list(state.returns),
+        "reason": state.reason,
+        "pid": state.pid,
         **({"bucket": bucket} if (bucket := upload.view(run_dir)) is not None else {}),
     }
 

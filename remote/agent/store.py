@@ -22,8 +22,10 @@ import json
 import os
 import re
 import time
+from dataclasses import replace
+from typing import Any
 
-from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, AgentSettings, JobSpec, cli_name
+from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, AgentSettings, JobSpec, RunRecord, cli_name
 
 
 class AgentError(Exception):
@@ -73,15 +75,20 @@ def spec_or_none(run_dir: str) -> JobSpec | None:
         return None
 
 
-def read_state(run_dir: str) -> dict:
-    return read_json(os.path.join(run_dir, "state.json")) or {}
-
-
-def update_state(run_dir: str, **changes: object) -> dict:
+def read_state(run_dir: str) -> RunRecord:
+    """runs/RUN/state.json as the contract reads it (none yet: a run just launched), or an AgentError naming
+    what is wrong with it."""
     path = os.path.join(run_dir, "state.json")
-    state = read_json(path) or {}
-    state.update(changes)
-    write_json(path, state)
+    try:
+        return RunRecord.from_json(read_json(path) or {}, path)
+    except ValueError as e:
+        raise AgentError(str(e)) from None
+
+
+def update_state(run_dir: str, **changes: Any) -> RunRecord:
+    """The run's record with ``changes`` (RunRecord's fields), written whole."""
+    state = replace(read_state(run_dir), **changes)
+    write_json(os.path.join(run_dir, "state.json"), state.to_json())
     return state
 
 
@@ -144,11 +151,11 @@ def find_run(root: str, run_id: str | None) -> str:
     dirs = run_dirs(root)
     if run_id:
         by_id = {os.path.basename(d): d for d in dirs}
-        created = {i: read_state(d).get("created", 0) for i, d in by_id.items()}
+        created = {i: read_state(d).created or 0 for i, d in by_id.items()}
         return by_id[match_run(list(by_id), run_id, created)]
     if not dirs:
         raise AgentError(f"no runs on this host yet: start one with `{cli_name()} train`")
-    return max(dirs, key=lambda d: read_state(d).get("created", 0))
+    return max(dirs, key=lambda d: read_state(d).created or 0)
 
 
 # Set by `--settings FILE` (the VM's root-installed units): the root-owned settings that the

@@ -124,7 +124,7 @@ def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, s
     tool = "uv" if uv else "pip"
     for argv in pyenv.install_argv(source, python, uv, code_dir, run_dir, offline):
         with open(pip_log, "ab") as out:  # started under the run's lock, in its own group: `fab stop` ends it
-            rc = w.start(argv, "stepPid", stdout=out, cwd=code_dir, env=env).wait()
+            rc = w.start(argv, "step_pid", stdout=out, cwd=code_dir, env=env).wait()
             w.child = None
         if rc != 0 and offline:
             w.say("not all of it is in uv's cache: from the index then")
@@ -239,8 +239,8 @@ class Wrapper:
 
     def start(self, argv: list[str], pid_field: str, **popen) -> subprocess.Popen:
         """Start a step unless a stop came first; its pid is recorded under the run's lock
-        (``pid``/``pidStart`` for the job, ``stepPid``/``stepStart`` for pip)."""
-        start_field = {"pid": "pidStart", "stepPid": "stepStart"}[pid_field]
+        (``pid``/``pid_start`` for the job, ``step_pid``/``step_start`` for pip)."""
+        start_field = {"pid": "pid_start", "step_pid": "step_start"}[pid_field]
         with run_locked(self.run_dir):
             state = self.halted()
             if state:
@@ -272,12 +272,12 @@ def cmd_wrap(root: str, run_id: str) -> int:
     """Run the job: record pid, times, exit code; log to runs/RUN/log. Any error before the job
     starts fails the run with its reason (never `interrupted`, so never relaunched)."""
     run_dir = os.path.join(root, "runs", run_id)
-    update_state(run_dir, wrapperPid=os.getpid(), wrapperStart=proc_start_time(os.getpid()))
+    update_state(run_dir, wrapper_pid=os.getpid(), wrapper_start=proc_start_time(os.getpid()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         log = open(os.path.join(run_dir, "log"), "ab", buffering=0)  # noqa: SIM115 (closed below)
     except OSError as e:
-        update_state(run_dir, state=FAILED, exitCode=1, ended=now(), reason=f"cannot write the run's log: {e}")
+        update_state(run_dir, state=FAILED, exit_code=1, ended=now(), reason=f"cannot write the run's log: {e}")
         return 1
     with log:
         w = Wrapper(root, run_id, log)
@@ -308,7 +308,7 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     check_writable(job_dir)
     nproc = int(spec.nproc or gpu_count() or 1)
     env_dir, data_dir = project_dirs(root, spec.project)
-    resumes = int(read_state(run_dir).get("resumes", 0))
+    resumes = read_state(run_dir).resumes
     env = {**os.environ, **spec.env, "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
            RESUMES_ENV: str(resumes),
            "PYTHONUNBUFFERED": "1", ROOT_ENV: root, NOTICE_ENV: os.path.join(run_dir, NOTICE)}
@@ -333,15 +333,15 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
         proc = w.start(argv, "pid", cwd=workdir, env=env)
     except OSError as e:
         raise AgentError(f"cannot start the job ({argv[0]}): {e.strerror or e}") from None
-    update_state(run_dir, state=RUNNING, started=now(), ended=None, exitCode=None)
+    update_state(run_dir, state=RUNNING, started=now(), ended=None, exit_code=None)
     return proc
 
 
 def record_end(run_dir: str, final: str, code: int | None, reason: str | None = None) -> int:
     if final == INTERRUPTED:  # the machine is going down: `boot` resumes it
-        update_state(run_dir, state=final, exitCode=code, interruptedAt=now())
+        update_state(run_dir, state=final, exit_code=code, interrupted_at=now())
     else:
-        update_state(run_dir, state=final, exitCode=code, ended=now(), **({"reason": reason} if reason else {}))
+        update_state(run_dir, state=final, exit_code=code, ended=now(), **({"reason": reason} if reason else {}))
         announce_end(run_dir)
     return code if code is not None else 0
 
@@ -356,10 +356,10 @@ def announce_end(run_dir: str) -> None:
     if not url or int(node.get("rank") or 0) != 0:
         return
     st = read_state(run_dir)
-    took = run_seconds(st, st.get("state", ""), None, now())  # as `status` says it: summed over the run's starts
-    failed = st.get("state") == FAILED
-    line = st.get("reason") if failed and st.get("exitCode") is None else last_line(os.path.join(run_dir, "log"), failed)
-    notify.send(url, notify.run_end_text(os.path.basename(run_dir), st.get("state", "?"), st.get("exitCode"), took,
+    took = run_seconds(st, st.state, None, now())  # as `status` says it: summed over the run's starts
+    failed = st.state == FAILED
+    line = st.reason if failed and st.exit_code is None else last_line(os.path.join(run_dir, "log"), failed)
+    notify.send(url, notify.run_end_text(os.path.basename(run_dir), st.state, st.exit_code, took,
                                          line or "", socket.gethostname()))
 
 
