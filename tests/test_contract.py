@@ -238,3 +238,16 @@ def test_a_whole_number_stays_as_written() -> None:
     conf = AgentSettings.from_json({"idleStopMinutes": 20, "shutdownGraceS": 25.5})
     assert (conf.to_json()["idleStopMinutes"], conf.shutdown_grace_s) == (20, 25.5)
     assert str(conf.idle_stop_minutes) == "20"
+
+
+def test_the_agent_writes_only_fields_of_the_record() -> None:
+    """update_state(run_dir, field=...) takes RunRecord's fields: a field renamed in the contract, or
+    misspelt in the agent, fails here before any run does (mypy checks the reads, attributes)."""
+    known = {f.name for f in fields(RunRecord)}
+    written = {}
+    for path in sorted((ROOT / "remote" / "agent").glob("*.py")):
+        for node in ast.walk(parse_source(path)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "update_state":
+                written.update({k.arg: f"{path.name}:{node.lineno}" for k in node.keywords if k.arg})
+    assert {"state", "exit_code", "interrupted_at", "wrapper_pid"} <= set(written), "the scan found too little"
+    assert set(written) <= known, {k: v for k, v in written.items() if k not in known}

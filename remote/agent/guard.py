@@ -11,6 +11,8 @@ laptop's bootstrap (remote/agent/bundle.py), before the agent is written to the 
 imports nothing from the package.
 """
 
+from __future__ import annotations  # (first in the bootstrap too: this source opens it)
+
 import contextlib
 import os
 import stat
