@@ -23,6 +23,7 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
     assert first == bundle.build({"a.py": b"A = 1\n", "b.py": b"B = 1\n"})  # order of discovery does not matter
     names = zipfile.ZipFile(BytesIO(first)).namelist()
     assert names == sorted(names) == ["__main__.py", "gpu_train/__init__.py", "gpu_train/checksum.py",
+                                      "gpu_train/codec.py",
                                       "gpu_train/contract.py", "gpu_train/fetchwire.py", "gpu_train/recovery.py",
                                       f"{bundle.PACKAGE}/a.py", f"{bundle.PACKAGE}/b.py"]
     assert {i.date_time for i in zipfile.ZipFile(BytesIO(first)).infolist()} == {(1980, 1, 1, 0, 0, 0)}

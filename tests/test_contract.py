@@ -6,12 +6,13 @@ import ast
 import json
 import re
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 
+from gpu_train.codec import CONTRACT_VERSION, wire_name
 from gpu_train.contract import (
     ACTIVE,
-    CONTRACT_VERSION,
     FAILED,
     RUNNING,
     TERMINAL,
@@ -19,7 +20,6 @@ from gpu_train.contract import (
     JobSpec,
     RunRecord,
     RunState,
-    wire_name,
 )
 from remote.agent.bundle import CARRIED
 from tests.conftest import ROOT, parse_source
@@ -142,13 +142,14 @@ BEYOND_STDLIB = {"checksum.py": {"google_crc32c"}}
 def test_what_the_agent_carries_of_the_core_needs_python_3_8_and_the_standard_library_only(shipped: str) -> None:
     tree = ast.parse((ROOT / "gpu_train" / shipped).read_text(), feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     import sys
 
+    carried = {f"gpu_train.{name.removesuffix('.py')}" for name in CARRIED}  # beside it in the zipapp
+    imported = {m if m in carried else m.split(".")[0] for m in imported} - carried
     assert imported <= set(sys.stdlib_module_names) | {"__future__"} | BEYOND_STDLIB.get(shipped, set()), imported
     at_load = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
     assert not at_load & BEYOND_STDLIB.get(shipped, set()), "import it where it is used: the agent's other calls lack it"
-    assert Path(ROOT / "gpu_train" / shipped).is_file()
 
 
 # -- the agent's settings: checked where they arrive -----------------------------------------------

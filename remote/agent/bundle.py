@@ -25,8 +25,9 @@ HERE = Path(__file__).resolve().parent
 CORE = HERE.parent.parent / "gpu_train"
 CONTRACT = CORE / "contract.py"  # the laptop<->host contract, shipped as gpu_train.contract
 # The core's modules the agent imports, carried as gpu_train.NAME (standard library only, Python 3.8+): the
-# contract, the recovery's decisions (the booted agent reads its record), the fetch stream's framing, a file's CRC32C.
-CARRIED = ("contract.py", "recovery.py", "fetchwire.py", "checksum.py")
+# contract and its codec, the recovery's decisions (the booted agent reads its record), the fetch stream's framing,
+# a file's CRC32C.
+CARRIED = ("contract.py", "codec.py", "recovery.py", "fetchwire.py", "checksum.py")
 # Not in the zipapp: the laptop's builder; the recovery function's Compute layer (infra/recovery.py ships it to
 # Cloud Run with gpu_train/recovery.py, no host imports it); serve.py (sent as a script of its own by
 # `tensorboard`/`jupyter`). The zipapp travels inline on every call's command line, whose one argument Linux
