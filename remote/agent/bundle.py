@@ -7,6 +7,7 @@ it was last sent at REMOTE_ROOT/bin/gpu-train-agent and rewrites it only when th
 
 from __future__ import annotations
 
+import ast
 import base64
 import functools
 import hashlib
@@ -47,11 +48,25 @@ MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:])
 
 
 def lean(source: bytes) -> bytes:
-    """``source`` without its comments, each line where it was (a traceback on the host names the line
-    of the checkout): every call carries the agent, and its comments were a tenth of the packed bytes."""
-    tokens = [t for t in tokenize.tokenize(io.BytesIO(source).readline) if t.type != tokenize.COMMENT]
+    """``source`` without its comments and docstrings, each line where it was (a traceback on the host names
+    the line of the checkout): every call carries the agent, and they were a third of the packed bytes."""
+    docs = {(n.body[0].lineno, n.body[0].col_offset) for n in ast.walk(ast.parse(source)) if _docstring(n)}  # type: ignore[attr-defined]
+    tokens = []
+    for t in tokenize.tokenize(io.BytesIO(source).readline):
+        if t.type == tokenize.STRING and t.start in docs:  # an empty string over as many lines
+            t = t._replace(string=f'"""{chr(10) * t.string.count(chr(10))}"""' if "\n" in t.string else '""')
+        if t.type != tokenize.COMMENT:
+            tokens.append(t)
     text = tokenize.untokenize(tokens)  # bytes, in the source's encoding (tokenize's first token)
     return re.sub(rb"[ \t]+\n", b"\n", text if isinstance(text, bytes) else text.encode())
+
+
+def _docstring(node: ast.AST) -> bool:
+    """Whether ``node`` (a module, class or function) opens with a docstring."""
+    if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+        return False
+    first = node.body[0]
+    return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
 
 
 GUARD = lean((HERE / "guard.py").read_bytes()).decode()
