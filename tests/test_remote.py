@@ -52,7 +52,8 @@ def test_train_follow_status_fetch_the_example(lab: Lab) -> None:
 
     lab.fab("fetch", check=True)
     local = lab.cwd / "runs" / "lab" / run
-    assert tree_digest(local) == tree_digest(Path(info["jobDir"]))
+    host = {**tree_digest(Path(info["jobDir"])), ".gpu-train/log": sha256(lab.remote / "runs" / run / "log")}  # and its log
+    assert tree_digest(local) == host
     assert sorted(p.name for p in (local / "checkpoints").iterdir()) == ["ckpt_00000040.pt", "ckpt_00000080.pt", "ckpt_00000120.pt"]
     assert not list(local.parent.glob(".*partial*"))
 
@@ -60,7 +61,7 @@ def test_train_follow_status_fetch_the_example(lab: Lab) -> None:
     assert f"{run}: up to date" in second.stderr  # nothing changed on either side: nothing sent
     (local / "checkpoints" / "ckpt_00000040.pt").unlink()  # a local change is noticed
     assert f"{run}: fetched 1 file(s)" in lab.fab("fetch", check=True).stderr
-    assert tree_digest(local) == tree_digest(Path(info["jobDir"]))
+    assert tree_digest(local) == host
 
 
 def test_env_run_id_job_dir_and_requirements_of_comments(lab: Lab) -> None:

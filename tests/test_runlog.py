@@ -140,3 +140,38 @@ def test_a_resumed_runs_duration_counts_every_leg_and_not_the_wait(lab: Lab, pla
     assert abs(shown - legs) < 0.2, (shown, legs)  # both legs (the last alone is about 2 s)
     assert shown < second["ended"] - first["started"] - 2.5  # not the 3 s it waited
     assert "resumed 1x" in lab.fab("status", check=True).stdout
+
+
+def test_a_log_that_grows_while_it_is_read_comes_home_as_listed_and_then_its_tail(host, tmp_path: Path) -> None:
+    """Deterministic: the host's files grow between the listing and the reads. The log (an append-only
+    source) comes home as far as it was listed; a JOB_DIR file that changed so is "changed while being
+    read" as before. The next fetch sends the log's new end only."""
+    from remote.transfer.fetch.engine import Fetcher
+    from tests.fetch_host import MiB
+
+    job = host.job()
+    run_dir = job.parent
+    (job / "metrics.jsonl").write_bytes(b"{}\n" * 1000)
+    lines = b"".join(b"step %d loss %.8f\n" % (i, 1 / (i + 1)) for i in range(40_000))  # about 1 MiB
+    (run_dir / "log").write_bytes(lines)
+
+    class Growing(Fetcher):
+        def _plan(self, results, listing):
+            planned = super()._plan(results, listing)
+            for path in (run_dir / "log", job / "metrics.jsonl"):  # the job prints on, after the listing
+                with path.open("ab") as f:
+                    f.write(b"step 40000 loss 0.00002500\n")
+            return planned
+
+    dest = tmp_path / "home"
+    opener = host.opener()
+    try:
+        files, log = Growing(opener, 4).run([("r_1", dest), (f"r_1/{RUN_FILES}", dest / RUN_FILES)])
+    finally:
+        opener.close()
+    assert log.complete and log.changed == [] and (dest / RUN_FILES / RUN_LOG).read_bytes() == lines
+    assert files.changed == ["metrics.jsonl"]  # not an append-only source: as before
+    [again] = host.run([(f"r_1/{RUN_FILES}", dest / RUN_FILES)])
+    assert again.complete and (dest / RUN_FILES / RUN_LOG).read_bytes() == (run_dir / "log").read_bytes()
+    assert again.bytes <= 2 * 64 * 1024 < MiB  # the new end (and the block it starts in), not the whole log
+    assert not (dest / ".previous").exists() and not (dest.parent / ".previous").exists()
