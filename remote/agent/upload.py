@@ -223,10 +223,17 @@ def start(root: str, run_dir: str) -> subprocess.Popen | None:
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
         try:
             return subprocess.Popen(argv(root, run_dir, spec, "upload"), stdin=subprocess.PIPE, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=deaf_to_sigterm)
         except OSError as e:  # the job runs on; status shows the error and down --no-fetch refuses
             write_json(os.path.join(run_dir, BUCKET_RECORD), {"error": f"the uploader did not start: {e}", "files": {}})
             return None
+
+
+def deaf_to_sigterm() -> None:
+    """In the uploader's process before it runs Python: SIGTERM ignored from its first instruction (an
+    ignored signal stays ignored across exec). A machine going down while the uploader still imports
+    Google's client (seconds on a busy host) would otherwise kill it before its last pass."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def finish(proc: subprocess.Popen | None, say) -> None:
