@@ -69,18 +69,18 @@ def run(cmd: str) -> dict:
 
 def test_the_bootstrap_installs_the_zipapp_only_when_it_changed(tmp_path: Path) -> None:
     root = tmp_path / "gpu-train"
-    doc = run(bundle.agent_command(str(root), "status"))
+    doc = run(bundle.agent_command(str(root), "status", cli="gpu-train"))
     assert doc["root"] == str(root) and doc["runs"] == []
     installed = root / "bin" / "gpu-train-agent"
     assert installed.read_bytes() == bundle.payload() and os.access(installed, os.X_OK)
     before = installed.stat()
-    run(bundle.agent_command(str(root), "status"))
+    run(bundle.agent_command(str(root), "status", cli="gpu-train"))
     assert installed.stat().st_ino == before.st_ino  # unchanged: not rewritten
     # The installed file runs on its own (as the job wrapper, cron and systemd run it).
     out = subprocess.run(["python3", str(installed), "--root", str(root), "status"], capture_output=True, text=True)
     assert json.loads(out.stdout)["root"] == str(root)
     installed.write_bytes(b"stale")
-    run(bundle.agent_command(str(root), "status"))
+    run(bundle.agent_command(str(root), "status", cli="gpu-train"))
     assert installed.read_bytes() == bundle.payload()  # a different copy is replaced
     assert not list(installed.parent.glob("*.tmp.*"))
     # Imported from a folder unpacked once per version, where Python keeps the compiled modules.
@@ -101,7 +101,7 @@ def test_two_versions_at_once_both_answer_and_an_unused_one_goes_after_a_day(tmp
     root = tmp_path / "gpu-train"
     one, two = versions()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    calls = [subprocess.Popen(["bash", "-c", bundle.agent_command(str(root), "status", zipapp=z)], env=env,
+    calls = [subprocess.Popen(["bash", "-c", bundle.agent_command(str(root), "status", cli="gpu-train", zipapp=z)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8) for z in (one, two)]
     for call in calls:
         out, err = call.communicate(timeout=60)
@@ -112,7 +112,7 @@ def test_two_versions_at_once_both_answer_and_an_unused_one_goes_after_a_day(tmp
     day_ago = time.time() - 2 * 86400
     for folder in bin_.glob(f"{bundle.UNPACKED}*"):
         os.utime(folder, (day_ago, day_ago))
-    run(bundle.agent_command(str(root), "status"))  # a third version, unpacked: the unused two go
+    run(bundle.agent_command(str(root), "status", cli="gpu-train"))  # a third version, unpacked: the unused two go
     [left] = bin_.glob(f"{bundle.UNPACKED}*")
     assert (left / bundle.PACKAGE / "cli.py").read_bytes() == bundle.lean((bundle.HERE / "cli.py").read_bytes())
 

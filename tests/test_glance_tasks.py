@@ -196,3 +196,15 @@ def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: Fak
         assert "config set gpu-train:running false --stack t4" in (tmp_path / "pulumi" / "calls").read_text()
     finally:
         sshd.stop()
+
+
+def test_a_vm_that_does_not_answer_is_named_from_the_compute_api(env: dict, gcp: FakeGoogle, tmp_path: Path) -> None:
+    """The session hands the SSH wait its Compute call (infra/ops/probes.instance): a stopped VM is said at once."""
+    for where in (tmp_path / "state" / "t4" / "outputs.json", tmp_path / "pulumi" / "outputs.json"):
+        where.write_text(json.dumps({**json.loads(where.read_text()), "instanceName": "gpu-train-t4"}))
+    gcp.state["instances"]["proj-1"][0].update(status="TERMINATED", lastStopTimestamp="2026-11-22T07:00:00Z")
+    result = fab(env, "status", "--stack", "t4", timeout=120)
+    said = result.stdout + result.stderr
+    assert result.returncode != 0 and "the VM gpu-train-t4 is TERMINATED" in said and "Start it: gcloud compute instances " \
+        "start gpu-train-t4 --zone us-central1-a --project proj-1" in said, said
+    assert any("/instances/gpu-train-t4" in path for _, path in gcp.state["calls"])

@@ -124,7 +124,7 @@ def test_job_spec(tmp_path: Path) -> None:
 
 
 def test_agent_command_carries_the_agent_inline() -> None:
-    cmd = bundle.agent_command("~/gpu-train", "status")
+    cmd = bundle.agent_command("~/gpu-train", "status", cli="gpu-train")
     assert cmd.startswith("p=/usr/bin/python3; ") and ' -S -c ' in cmd and cmd.endswith("--root '~/gpu-train' status")
     # sshd runs it as one argument of `sh -c`, and Linux takes at most MAX_ARG_STRLEN (32 pages: 128 KiB)
     # in one argument; 96 KiB leaves a quarter of that spare.

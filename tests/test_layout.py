@@ -176,10 +176,8 @@ ALLOWED = {
 }
 # Arrows that still point the wrong way, each a debt with its reason (pay it, then delete the line).
 DEBTS = {
-    ("remote.agent.bundle", "gpu_train.stack.project"): "a laptop-only module in the agent's folder (not in the zipapp)",
     ("infra.program", "remote.agent.bundle"): "the startup script carries the agent's zipapp: the laptop's agent, built here",
     ("infra.ops.setup", "remote.transfer.sync"): "scripts/setup reuses the laptop's ssh helper",
-    ("remote.ssh.vmprobe", "infra.ops.probes"): "a stopped VM is asked about with the probes' Compute call",
 }
 
 

@@ -180,3 +180,21 @@ def test_placeholders_name_the_setting_and_the_fix() -> None:
     assert [(p.key, p.severity) for p in found] == [("gcp:project", "warning"), ("sshSourceRanges", "warning")]
     assert "gcloud projects list" in found[0].fix and "curl -s ifconfig.me" in found[1].fix
     assert placeholders.check("proj-42", ("10.1.2.3/32",)) == []
+
+
+@pytest.mark.parametrize(("argv0", "cli"), [("/venv/bin/fab", "fab"), ("/venv/bin/gpu-train", "gpu-train")])
+def test_the_agent_is_told_the_command_the_user_typed(tmp_path: Path, argv0: str, cli: str) -> None:
+    """The Environment's command name reaches the host through the stack's Target, on every node."""
+    from gpu_train.environment import Environment
+    from remote.ssh.target import resolve
+    from remote.transfer.fetch.stream import host_command
+
+    (tmp_path / "id").write_text("a key")
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.s.yaml").write_text(json.dumps({"config": {
+        "gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.1", "me@127.0.0.2"], "gpu-train:sshKey": str(tmp_path / "id")}}))
+    env = Environment.from_os({"GPU_TRAIN_STACKS_DIR": str(tmp_path / "stacks"), "GPU_TRAIN_HOME": str(tmp_path / "home")},
+                              argv0=argv0, cwd=tmp_path)
+    node = resolve(env, "s").for_node(1)
+    assert node.cli == cli
+    assert f"exec env GPU_TRAIN_CLI={cli} " in host_command(node)

@@ -118,6 +118,17 @@ def compute_url(env: Environment, path: str) -> str:
     return env.compute_endpoint + path
 
 
+def instance(env: Environment, vm: dict) -> dict | None:
+    """A VM's Compute API document (instances.get; ``vm``: project, zone, name), or None when it cannot be asked."""
+    _, creds = read_adc()
+    if creds is None:
+        return None
+    try:
+        return get_json(creds, compute_url(env, f"/compute/v1/projects/{vm['project']}/zones/{vm['zone']}/instances/{vm['name']}"))
+    except RuntimeError:
+        return None
+
+
 def pages(creds, url: str, params: dict | None = None) -> Iterator[dict]:
     """Each page of a Google list at ``url``, following nextPageToken; RuntimeError if a token comes back
     (an answer that would loop forever)."""

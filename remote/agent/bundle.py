@@ -149,18 +149,12 @@ def digest(zipapp: bytes) -> str:
     return hashlib.sha256(zipapp).hexdigest()
 
 
-def agent_command(root: str, *args: str, zipapp: bytes | None = None, cli: str | None = None) -> str:
+def agent_command(root: str, *args: str, cli: str, zipapp: bytes | None = None) -> str:
     """A shell command that runs the agent shipped inline (no file needed on the host yet).
 
     The zipapp travels compressed on the command line: one SSH exec, no stdin, no upload. ``cli``
-    (default: the command running here) is the laptop's command the agent's messages name.
+    is the laptop's command the agent's messages name (the Environment's: ``Target.cli``).
     """
-    if cli is None:
-        import sys
-
-        from gpu_train.stack.project import command_name
-
-        cli = command_name(sys.argv[0])
     packed = pack(payload() if zipapp is None else zipapp)
     # The system Python when there is one: it starts fastest and no environment manager wraps it.
     run = shlex.join(["-I", "-S", "-c", BOOTSTRAP, packed, "--root", root, *args])

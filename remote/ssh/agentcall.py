@@ -62,7 +62,7 @@ def run_bounded(conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S,
 
 def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIMEOUT_S) -> dict:
     """Run one agent subcommand on the host; its JSON answer, or RemoteError with its message."""
-    status, out, err = run_bounded(conn, agent_command(target.remote_root, *args), timeout)
+    status, out, err = run_bounded(conn, agent_command(target.remote_root, *args, cli=target.cli), timeout)
     lines = out.decode("utf-8", "replace").strip().splitlines()
     try:
         doc = printable_doc(json.loads(lines[-1])) if lines else None
@@ -87,7 +87,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
     """
     # The spec (with the job's --env values) goes on the channel's stdin: a command line is readable
     # by every user of the host in /proc.
-    command = agent_command(target.remote_root, "launch", "-", *(["--await-go"] if sync else []))
+    command = agent_command(target.remote_root, "launch", "-", *(["--await-go"] if sync else []), cli=target.cli)
     opened: dict[str, object] = {}
 
     def open_channel() -> None:

@@ -83,6 +83,8 @@ class Target:
     # Not rotated by for_node.
     peer_addresses: tuple[str, ...] = ()
     notify: str | None = None  # gpu-train:notify (config.SECRET_VALUE while encrypted in the stack file)
+    # The laptop's command the agent's messages name (Environment.cli: `fab` inside this clone).
+    cli: str = "gpu-train"
     bucket: str | None = None  # gpu-train:bucket (NAME or gs://NAME/PREFIX), checked
     # An SSH stack without remoteRoot: each node's root as first contact found it (REMOTE_ROOT_DEFAULT,
     # or the old default where that host has runs of ours), in node order; "" until asked. Not rotated.
@@ -210,8 +212,8 @@ def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
     return outputs
 
 
-def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
-    """The pure mapping from a stack's settings (and, on GCP, its outputs) to a Target."""
+def target_from(cfg: StackConfig, outputs: dict | None, home: Path, cli: str = "gpu-train") -> Target:
+    """The pure mapping from a stack's settings (and, on GCP, its outputs) to a Target (``cli``: Environment.cli)."""
     cache = home / cfg.stack
     if cfg.is_gcp:
         assert outputs is not None
@@ -256,6 +258,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path) -> Target:
         notify=cfg.notify,
         bucket=cfg.bucket,
         ask_root=not cfg.is_gcp and "remoteRoot" not in cfg.given,
+        cli=cli,
     )
 
 
@@ -289,7 +292,7 @@ def resolve(env: Environment, stack: str | None, refresh: bool = False) -> Targe
                                    + (f" (committed files: `git rm -r --cached {home}` and delete them)" if "committed" in why else ""))],
                           name)
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
-    target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
+    target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home, env.cli)
     if target.ask_root:  # what first contact found on each host, if it was asked before
         roots = known_roots(target.cache)
         target = replace(target, node_roots=tuple(roots.get(host_key(h), "") for h in target.hosts))

@@ -3,7 +3,8 @@
 A VM that stopped itself when idle (or was preempted, or hit maxRunHours) never answers: waiting
 the full SSH timeout for it helps nobody. The API's status (TERMINATED, STOPPING, SUSPENDED, ...)
 and last stop time settle it in one call; RUNNING or PROVISIONING means "booting, keep waiting".
-The message is a pure function of the instance document (tested as a table); the call is thin.
+The message is a pure function of the instance document (tested as a table); the call is handed in
+(infra/ops/probes.instance, by the task's session).
 """
 
 from __future__ import annotations
@@ -62,28 +63,16 @@ def stopped_message(inst: dict, stack: str, vm: dict, now: float) -> str | None:
     return (f"the VM {vm['name']} is {status}{when} (likely {causes}); it does not answer SSH. Start it: {start}")
 
 
-def instance(env: Environment, vm: dict) -> dict | None:
-    """The instance's Compute API document (instances.get), or None when it cannot be asked."""
-    from infra.ops import probes
-
-    _, creds = probes.read_adc()
-    if creds is None:
-        return None
-    try:
-        path = f"/compute/v1/projects/{vm['project']}/zones/{vm['zone']}/instances/{vm['name']}"
-        return probes.get_json(creds, probes.compute_url(env, path))
-    except RuntimeError:
-        return None
-
-
-def probe(env: Environment, stack: str, vm: dict | None, say: Callable[[str], None]) -> Callable[[], str | None] | None:
-    """The check open_connection runs while SSH does not answer (None when the VM is unknown)."""
+def probe(env: Environment, stack: str, vm: dict | None, say: Callable[[str], None],
+          ask: Callable[[dict], dict | None]) -> Callable[[], str | None] | None:
+    """The check open_connection runs while SSH does not answer (None when the VM is unknown). ``ask``:
+    the VM's Compute API document (instances.get; infra/ops/probes.instance), None when it cannot be asked."""
     if not vm or not vm.get("name"):
         return None
     asked = {"told": False}
 
     def check() -> str | None:
-        doc = instance(env, vm)
+        doc = ask(vm)
         if doc is None:
             if not asked["told"]:
                 say("(cannot ask the Compute API about the VM: no Application Default Credentials; waiting for SSH)")

@@ -85,7 +85,7 @@ def check_findings(env: Environment) -> list[checkup.Finding]:
     for name, cfg, _ in stacks:  # SSH stacks' buckets: the host's own credentials (a GCP VM's: the stack grants them)
         if cfg is not None and not cfg.is_gcp and cfg.bucket:
             findings.append(checkup.bucket_access(name, cfg.bucket if cfg.bucket.startswith("gs://") else f"gs://{cfg.bucket}",
-                                                  *_bucket_probe(name, cfg, home)))
+                                                  *_bucket_probe(name, cfg, home, env.cli)))
     scripts = (repo_script("plan"), repo_script("up"))  # as they run from here (the user's project has no scripts/)
     for name, cfg, problems in stacks:
         if cfg is None or not cfg.is_gcp:
@@ -139,14 +139,14 @@ def _instances_by_stack(env: Environment, creds, projects: set[str]) -> tuple[di
     return found, errors
 
 
-def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> tuple[dict | None, str | None]:
+def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path, cli: str) -> tuple[dict | None, str | None]:
     """Node 0's agent status within QUICK_SSH_S, or why not."""
     from remote.ssh import agentcall
     from remote.ssh import connect as ssh
     from remote.ssh.target import ssh_hosts, target_from
 
     try:
-        target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home)
+        target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home, cli)
         if target.key_file and not Path(target.key_file).is_file():
             return None, f"no private key at {target.key_file}"
         conn = ssh.open_connection(target, target.host, QUICK_SSH_S, lambda _text: None)
@@ -158,7 +158,7 @@ def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path) -> 
         return None, str(e).splitlines()[0][:160] if str(e) else type(e).__name__
 
 
-def _bucket_probe(stack: str, cfg: config.StackConfig, home: Path) -> tuple[dict | None, str | None]:
+def _bucket_probe(stack: str, cfg: config.StackConfig, home: Path, cli: str) -> tuple[dict | None, str | None]:
     """Node 0's answer to `bucket-check` (the uploader's Python and login environment), or why none."""
     from gpu_train.stack.bucket import parse_bucket
     from remote.ssh import agentcall
@@ -167,7 +167,7 @@ def _bucket_probe(stack: str, cfg: config.StackConfig, home: Path) -> tuple[dict
 
     place = parse_bucket(cfg.bucket or "")
     try:
-        target = target_from(ssh_hosts(cfg), cached_outputs(home, stack), home)
+        target = target_from(ssh_hosts(cfg), cached_outputs(home, stack), home, cli)
         conn = ssh.open_connection(target, target.host, QUICK_SSH_S, lambda _text: None)
         try:
             return agentcall.call(conn, target, "bucket-check", "--bucket", place.name, "--prefix",
@@ -209,7 +209,7 @@ def ls_facts(env: Environment, ask_hosts: bool = True) -> list[listing.StackFact
     def ask(name: str) -> None:
         cfg = asks[name].cfg
         assert cfg is not None  # only stacks that parsed are asked
-        answers[name] = _quick_status(cfg, asks[name].outputs, home)
+        answers[name] = _quick_status(cfg, asks[name].outputs, home, env.cli)
 
     threads = [threading.Thread(target=ask, args=(n,), daemon=True) for n in asks]
     for t in threads:

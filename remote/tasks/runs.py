@@ -92,7 +92,8 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
         args += ["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else [])
         received = 0
         try:
-            status, err = agentcall.stream(session.connect(), agent_command(session.target.remote_root, *args), counted)
+            command = agent_command(session.target.remote_root, *args, cli=session.target.cli)
+            status, err = agentcall.stream(session.connect(), command, counted)
         except (OSError, EOFError) as e:
             status, err = -1, str(e)
         start = agentcall.start_offset(err)

@@ -87,6 +87,7 @@ class Session:
         With ``shared`` (every task but the port forwards), this user's shared OpenSSH connection to
         the host is used when it is up (remote/ssh/mux.py): one round trip, no login; else a login,
         and the shared connection is started beside it for the next task."""
+        from infra.ops import probes
         from remote.errors import HostKeyError, RemoteError
         from remote.ssh import connect as ssh
         from remote.ssh import mux, vmprobe
@@ -100,7 +101,8 @@ class Session:
                 return self.conn
         try:
             self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say,
-                                            vmprobe.probe(self.env, self._target.stack, self._target.vm, say), again)
+                                            vmprobe.probe(self.env, self._target.stack, self._target.vm, say,
+                                                          lambda vm: probes.instance(self.env, vm)), again)
         except HostKeyError:
             raise  # (no refreshed address cures it)
         except RemoteError as e:

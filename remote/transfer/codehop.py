@@ -197,7 +197,7 @@ class _Relay:
         request = relay_request(fanout.cluster, fanout.run, fanout.base, self.nodes, fanout.private_key)
         try:
             chan = self.open_channel()
-            chan.exec_command(agent_command(fanout.cluster.for_node(0).remote_root, "relay-code"))
+            chan.exec_command(agent_command(fanout.cluster.for_node(0).remote_root, "relay-code", cli=fanout.cluster.cli))
             chan.sendall(base64.b64encode(json.dumps(request).encode()) + b"\n")
             self.chan = chan
         except (OSError, EOFError, paramiko.SSHException) as e:

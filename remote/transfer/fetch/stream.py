@@ -44,8 +44,8 @@ class StreamError(Exception):
         self.ssh_exit = ssh_exit
 
 
-def host_command(remote_root: str) -> str:
-    return agent_command(remote_root, "fetch-serve")
+def host_command(target: Target) -> str:
+    return agent_command(target.remote_root, "fetch-serve", cli=target.cli)
 
 
 def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | None = None) -> list[str]:
@@ -75,7 +75,7 @@ class Opener:
 
     def __init__(self, target: Target, host: SshHost, mux: bool = os.name == "posix"):
         self.target, self.host, self.mux = target, host, mux
-        self.command = host_command(target.remote_root)
+        self.command = host_command(target)
         options = openssh_options(target, host)
         self.shared = shared_control_path(options, f"{host.user}@{host.host}") if mux else None
         self._dir = tempfile.mkdtemp(prefix="gpu-train-mux-") if mux else None
