@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from remote.agent import upload  # noqa: E402
 from tests.gcs import Emulator  # noqa: E402  (the tests' emulator helper)
 
 STEPS = int(os.environ.get("BENCH_STEPS", "3000"))
@@ -59,7 +60,8 @@ def one(tmp: Path, emulator: Emulator | None) -> list[float]:
         env["STORAGE_EMULATOR_HOST"] = emulator.url
         log = open(tmp / f"{run}.upload.log", "wb")  # noqa: SIM115 (the uploader's; read at the end)
         uploader = subprocess.Popen([sys.executable, "-m", "remote.agent", "--root", str(tmp / "root"), "upload", run],
-                                    stdin=subprocess.PIPE, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                    stdin=subprocess.PIPE, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=upload.in_background)  # as the wrapper starts it
     subprocess.run([sys.executable, "-c", JOB], env=env, check=True)
     if uploader is not None:
         during = len(json.loads((run_dir / "bucket.json").read_text())["files"])

@@ -52,6 +52,7 @@ from .store import AgentError, agent_path, now, read_json, read_spec, spec_or_no
 
 SETTLE_S = 5.0  # unchanged this long: complete
 POLL_S = 2.0
+NICE = 10  # the uploader's niceness above the job's
 SKIP_PREFIX = ".gpu-train-"  # the wrapper's write probe
 WORKDIR = "workdir/"  # the working directory's outputs, as fetch lays them out (runs/STACK/RUN/workdir/)
 LOG = f"{RUN_FILES}/{RUN_LOG}"  # the run's log, as fetch lays it out (runs/STACK/RUN/.gpu-train/log)
@@ -223,17 +224,19 @@ def start(root: str, run_dir: str) -> subprocess.Popen | None:
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
         try:
             return subprocess.Popen(argv(root, run_dir, spec, "upload"), stdin=subprocess.PIPE, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=deaf_to_sigterm)
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=in_background)
         except OSError as e:  # the job runs on; status shows the error and down --no-fetch refuses
             write_json(os.path.join(run_dir, BUCKET_RECORD), {"error": f"the uploader did not start: {e}", "files": {}})
             return None
 
 
-def deaf_to_sigterm() -> None:
+def in_background() -> None:
     """In the uploader's process before it runs Python: SIGTERM ignored from its first instruction (an
-    ignored signal stays ignored across exec). A machine going down while the uploader still imports
-    Google's client (seconds on a busy host) would otherwise kill it before its last pass."""
+    ignored signal stays ignored across exec; a machine going down while the uploader still imports
+    Google's client, seconds on a busy host, would otherwise kill it before its last pass), and a
+    lower CPU priority than the job's (its hashing and parallel parts wait for a core the job leaves)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(NICE)
 
 
 def finish(proc: subprocess.Popen | None, say) -> None:
