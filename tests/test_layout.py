@@ -176,6 +176,7 @@ ALLOWED = {
 }
 # Arrows that still point the wrong way, each a debt with its reason (pay it, then delete the line).
 DEBTS = {
+    ("remote.agent.bundle", "gpu_train.atomic"): "a laptop-only module in the agent's folder keeps the built zipapp on disk",
     ("infra.program", "remote.agent.bundle"): "the startup script carries the agent's zipapp: the laptop's agent, built here",
     ("infra.ops.setup", "remote.transfer.sync"): "scripts/setup reuses the laptop's ssh helper",
 }
