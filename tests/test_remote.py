@@ -210,7 +210,7 @@ def test_fetch_survives_a_killed_sshd(lab: Lab, plain: str) -> None:
     assert not (dest / "part1.bin").exists()  # nothing half-written where results are read
     lab.sshd.start()
     lab.fab("fetch", "--run", run, check=True)
-    assert tree_digest(dest) == tree_digest(job)
+    assert tree_digest(dest) == {**tree_digest(job), ".gpu-train/log": sha256(job.parent / "log")}  # and the run's log
     assert not partial.exists()
 
 
