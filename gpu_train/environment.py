@@ -3,7 +3,7 @@
 Each entry point (the `gpu-train` and `fab` tasks, scripts/plan, preflight, up, setup) builds one
 ``Environment`` from ``os.environ`` and its streams, and passes it in: a task gets it with
 ``Environment.of(c)``, a script's ``main`` builds it. Below them, code takes an ``env`` argument and never
-reads ``os.environ`` for a ``GPU_TRAIN_*`` setting (tests/test_environment.py holds that), so a test hands
+reads ``os.environ`` for a ``GPU_TRAIN_*`` setting (tests/unit/test_environment.py holds that), so a test hands
 in the Environment it wants instead of swapping the process's. Each setting is declared once below, with
 its variable, its type and its default; a bad value is an error naming the variable and the fix.
 The host's variables (the job's and the agent's) are the contract's: gpu_train/contract.py.

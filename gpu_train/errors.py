@@ -2,7 +2,7 @@
 (and a failed command its result), the exit statuses, and the one place that maps an error to both.
 
 Code raises these errors; only the entry points turn one into an exit, through ``outcome``: the task
-wrapper and the hook (remote/errors.py), each script's main (``leave``). tests/test_exits.py holds it.
+wrapper and the hook (remote/errors.py), each script's main (``leave``). tests/unit/test_exits.py holds it.
 """
 
 from __future__ import annotations

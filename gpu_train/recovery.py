@@ -10,7 +10,7 @@ stack's bound (``recoverHours``). What happened is kept on each instance (metada
 where `status`, `ls` and the booted agent read it. Standard library only, Python 3.8+: it runs in
 Google's cloud (infra/recovery.py ships it with the function) and on the host (the agent's zipapp
 carries it beside the contract); every Google answer it reads is checked by a table in
-tests/test_recovery.py.
+tests/unit/test_recovery.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,65 @@
+"""The e2e tier of tests/unit/test_agent_bundle.py (the same subject; its helpers are there)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from remote.agent import bundle
+
+
+def oldest_python() -> str | None:
+    """A Python 3.8 here (the oldest a host may have), or None: on PATH, or one pyenv built."""
+    import glob
+    import shutil
+
+    for python in [shutil.which("python3.8"), *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))]:
+        if python and subprocess.run([python, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
+                                     capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+OLD_PYTHON = oldest_python()
+
+
+@pytest.mark.skipif(OLD_PYTHON is None, reason="no Python 3.8 on this machine (the agent's oldest)")
+@pytest.mark.e2e
+def test_the_agent_launches_a_run_and_reports_it_on_python_3_8(tmp_path: Path) -> None:
+    """The zipapp as a host with Python 3.8 runs it: launch decodes the spec, the wrapper (under screen)
+    writes the run's record, status reads it back through the contract."""
+    from gpu_train.contract import JobSpec, RunRecord
+
+    assert OLD_PYTHON is not None
+    agent, root = tmp_path / "agent.pyz", tmp_path / "root"
+    agent.write_bytes(bundle.payload())
+    run_id = "old_20260101_000000"
+    (root / "staging" / run_id).mkdir(parents=True)
+    spec = JobSpec(run_id=run_id, base="old", command="python3 -c 'import sys; print(sys.version_info[:2])'",
+                   python=OLD_PYTHON, venv=False, agent_settings={"maxResumes": 2})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PATH"] = f"{os.path.dirname(OLD_PYTHON)}:{env['PATH']}"
+
+    def agent_call(*args: str) -> dict:
+        out = subprocess.run([OLD_PYTHON, "-I", str(agent), "--root", str(root), *args], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+    started = agent_call("launch", base64.b64encode(json.dumps(spec.to_json()).encode()).decode())
+    assert started["runId"] == run_id
+    deadline = time.monotonic() + 30
+    while (run := agent_call("status")["runs"][0])["state"] in ("starting", "running") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (run["state"], run["exitCode"]) == ("succeeded", 0), run
+    record = RunRecord.from_json(json.loads((root / "runs" / run_id / "state.json").read_text()))
+    assert (record.id, record.base, record.exit_code, record.pid_start is not None) == (run_id, "old", 0, True)
+    assert "(3, 8)" in (root / "runs" / run_id / "log").read_text()
+    assert JobSpec.from_json(json.loads((root / "runs" / run_id / "spec.json").read_text())).python == OLD_PYTHON
+    assert agent_call("status")["agent"]["maxResumes"] == 2  # the stack's settings, checked and kept

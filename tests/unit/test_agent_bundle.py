@@ -1,0 +1,149 @@
+"""The agent as one zipapp: the same sources give the same bytes, and the bootstrap installs it once."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import time
+import tokenize
+import zipfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from remote.agent import bundle
+
+
+def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
+    first = bundle.build({"b.py": b"B = 1\n", "a.py": b"A = 1\n"})
+    assert first == bundle.build({"a.py": b"A = 1\n", "b.py": b"B = 1\n"})  # order of discovery does not matter
+    names = zipfile.ZipFile(BytesIO(first)).namelist()
+    assert names == sorted(names) == ["__main__.py", "gpu_train/__init__.py", "gpu_train/checksum.py",
+                                      "gpu_train/codec.py",
+                                      "gpu_train/contract.py", "gpu_train/fetchwire.py", "gpu_train/recovery.py",
+                                      f"{bundle.PACKAGE}/a.py", f"{bundle.PACKAGE}/b.py"]
+    assert {i.date_time for i in zipfile.ZipFile(BytesIO(first)).infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    shipped = zipfile.ZipFile(BytesIO(bundle.payload())).namelist()
+    assert "gpu_train/contract.py" in shipped and f"{bundle.PACKAGE}/bundle.py" not in shipped
+
+
+def test_what_is_sent_is_built_once_per_checkout_and_is_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building it tokenized every source (0.2 s of CPU a task): it is kept under a hash of its inputs."""
+    sources = {p.name: p.read_bytes() for p in sorted(bundle.HERE.glob("*.py")) if p.name not in bundle.LAPTOP_ONLY}
+    assert bundle.payload() == bundle.build(sources)  # as kept, what a fresh build gives
+    assert bundle.lean((bundle.HERE / "guard.py").read_bytes()).decode() == bundle.GUARD
+    made: list[str] = []
+
+    def make() -> str:
+        made.append("x")
+        return f"made {len(made)}"
+
+    monkeypatch.setattr(bundle, "CACHE", tmp_path / "cache")
+    assert bundle.cached("t", [b"a", b"b"], make) == bundle.cached("t", [b"a", b"b"], make) == "made 1"
+    assert bundle.cached("t", [b"a", b"c"], make) == "made 2"  # another input: built again
+    assert len(list((tmp_path / "cache").glob("t-*.txt"))) == 2
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(bundle, "CACHE", tmp_path / "file")  # no folder to keep it in: built every time
+    assert [bundle.cached("t", [b"a"], make) for _ in range(2)] == ["made 3", "made 4"]
+
+
+def code_of(source: bytes) -> str:
+    """The syntax tree with every node's line and column, its docstrings left out (and where a class's
+    docstring was all its body, where the class ends)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if bundle._docstring(node):
+            node.body = node.body[1:]  # type: ignore[attr-defined]
+            node.end_col_offset = None  # type: ignore[attr-defined]
+    return ast.dump(tree, include_attributes=True)
+
+
+def test_the_agent_travels_without_comments_and_docstrings_each_line_where_it_was() -> None:
+    """What runs on the host is the checkout's code: the same syntax tree, every node at its line and column."""
+    sources = [*sorted(bundle.HERE.glob("*.py")), *(bundle.CORE / name for name in bundle.CARRIED)]
+    for path in sources:
+        source = path.read_bytes()
+        shipped = bundle.lean(source)
+        assert code_of(shipped) == code_of(source), path.name
+        assert shipped.count(b"\n") == source.count(b"\n"), path.name
+        assert not [t for t in tokenize.tokenize(BytesIO(shipped).readline) if t.type == tokenize.COMMENT], path.name
+        assert all(not ast.get_docstring(n) for n in ast.walk(ast.parse(shipped)) if bundle._docstring(n)), path.name
+    assert bundle.lean(b"x = '# kept'  # gone\n") == b"x = '# kept'\n"
+    assert bundle.lean(b'def f():\n    """Why,\n    in two lines."""\n    return "kept"\n') == \
+        b'def f():\n    """\n"""\n    return "kept"\n'
+    assert bundle.lean(b"class E(Exception):\n    'one line'\n") == b'class E(Exception):\n    ""\n'
+    assert sum(len(bundle.lean(p.read_bytes())) for p in sources) < 0.8 * sum(len(p.read_bytes()) for p in sources)
+
+
+def run(cmd: str) -> dict:
+    # As over SSH: none of the Python settings of the environment the tests run in.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_bootstrap_installs_the_zipapp_only_when_it_changed(tmp_path: Path) -> None:
+    root = tmp_path / "gpu-train"
+    doc = run(bundle.agent_command(str(root), "status", cli="gpu-train"))
+    assert doc["root"] == str(root) and doc["runs"] == []
+    installed = root / "bin" / "gpu-train-agent"
+    assert installed.read_bytes() == bundle.payload() and os.access(installed, os.X_OK)
+    before = installed.stat()
+    run(bundle.agent_command(str(root), "status", cli="gpu-train"))
+    assert installed.stat().st_ino == before.st_ino  # unchanged: not rewritten
+    # The installed file runs on its own (as the job wrapper, cron and systemd run it).
+    out = subprocess.run(["python3", str(installed), "--root", str(root), "status"], capture_output=True, text=True)
+    assert json.loads(out.stdout)["root"] == str(root)
+    installed.write_bytes(b"stale")
+    run(bundle.agent_command(str(root), "status", cli="gpu-train"))
+    assert installed.read_bytes() == bundle.payload()  # a different copy is replaced
+    assert not list(installed.parent.glob("*.tmp.*"))
+    # Imported from a folder unpacked once per version, where Python keeps the compiled modules.
+    unpacked = list(installed.parent.glob(f"{bundle.UNPACKED}*"))
+    assert len(unpacked) == 1 and (unpacked[0] / bundle.PACKAGE / "cli.py").is_file()
+    assert list((unpacked[0] / bundle.PACKAGE / "__pycache__").glob("cli.*.pyc"))
+    assert unpacked[0].stat().st_mode & 0o077 == 0
+
+
+def versions() -> tuple[bytes, bytes]:
+    sources = {p.name: p.read_bytes() for p in sorted(bundle.HERE.glob("*.py")) if p.name not in bundle.LAPTOP_ONLY}
+    return bundle.build({**sources, "zz_one.py": b"X = 1\n"}), bundle.build({**sources, "zz_two.py": b"X = 2\n"})
+
+
+def test_two_versions_at_once_both_answer_and_an_unused_one_goes_after_a_day(tmp_path: Path) -> None:
+    """Two laptops (or checkouts) with different agents call one host at the same time: every call
+    answers (neither deletes the folder the other imports from); a version unused for a day goes."""
+    root = tmp_path / "gpu-train"
+    one, two = versions()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    calls = [subprocess.Popen(["bash", "-c", bundle.agent_command(str(root), "status", cli="gpu-train", zipapp=z)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8) for z in (one, two)]
+    for call in calls:
+        out, err = call.communicate(timeout=60)
+        assert call.returncode == 0 and json.loads(out)["root"] == str(root), err
+    bin_ = root / "bin"
+    assert len(list(bin_.glob(f"{bundle.UNPACKED}*"))) == 2
+    assert not [p for p in bin_.iterdir() if ".tmp." in p.name]
+    day_ago = time.time() - 2 * 86400
+    for folder in bin_.glob(f"{bundle.UNPACKED}*"):
+        os.utime(folder, (day_ago, day_ago))
+    run(bundle.agent_command(str(root), "status", cli="gpu-train"))  # a third version, unpacked: the unused two go
+    [left] = bin_.glob(f"{bundle.UNPACKED}*")
+    assert (left / bundle.PACKAGE / "cli.py").read_bytes() == bundle.lean((bundle.HERE / "cli.py").read_bytes())
+
+
+def test_the_zipapp_imports_nothing_it_does_not_carry() -> None:
+    """What is left out of the zipapp (bundle.LAPTOP_ONLY) is never imported by what goes in."""
+    import ast
+
+    shipped = {p.stem for p in bundle.HERE.glob("*.py") if p.name not in bundle.LAPTOP_ONLY}
+    left_out = {name.removesuffix(".py") for name in bundle.LAPTOP_ONLY}
+    for name in shipped:
+        tree = ast.parse((bundle.HERE / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                assert node.module not in left_out, f"{name}.py imports .{node.module}, which the zipapp leaves out"

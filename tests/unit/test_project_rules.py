@@ -1,0 +1,161 @@
+"""The pure parts of working from a researcher's project, as tables: the stack search path, "did you
+mean", the hosts of an ssh_config dump, what the code sync leaves out, and the starter stacks.
+
+The same behaviour end to end, against real sshds, is tests/unit/test_project.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+DUMP = "user me\nhostname 10.1.2.3\nport 2200\nidentityfile ~/.ssh/id_ed25519\nidentityfile /k/lab\nproxyjump gw\n"
+
+
+def test_ssh_dump_and_jumps() -> None:
+    from remote.ssh import config as sshconfig
+
+    dump = sshconfig.parse_dump(DUMP)
+    assert dump["identityfile"] == ["~/.ssh/id_ed25519", "/k/lab"] and dump["proxyjump"] == ["gw"]
+    host = sshconfig.from_dump(dump, "labbox", ("/k/lab",), ())
+    assert (host.user, host.host, host.port, host.spec, host.keys) == ("me", "10.1.2.3", 2200, "labbox", ("/k/lab",))
+    assert sshconfig.identity_files(dump, "~/mine") == (os.path.expanduser("~/mine"),)
+    for value, hops in (("none", []), ("", []), ("a,b@c:22", ["a", "b@c:22"]), ("ssh://u@h:2", ["u@h:2"])):
+        assert sshconfig.jump_specs(value) == hops
+
+
+@pytest.mark.parametrize(("user", "hostname", "port", "words"), [
+    ("-oProxyCommand=touch /tmp/x", "10.1.2.3", "22", "starts with '-'"),
+    ("me", "-oProxyCommand=sh", "22", "starts with '-'"),
+    ("me x", "10.1.2.3", "22", "not a login name"),
+    ("me", "host name; rm", "22", "whitespace"),
+])
+def test_an_ssh_config_is_checked_like_a_stack_file(user: str, hostname: str, port: str, words: str) -> None:
+    # User and HostName go before the destination on ssh and rsync command lines: an ssh_config
+    # (sshConfig may name any file, a shared one too) must not turn them into options.
+    from remote.ssh import config as sshconfig
+
+    dump = {"user": [user], "hostname": [hostname], "port": [port]}
+    with pytest.raises(sshconfig.SshConfigError, match=words):
+        sshconfig.from_dump(dump, "labbox", (), ())
+
+
+@pytest.mark.parametrize(("text", "refused"), [
+    (b"Host lab\n  HostName 10.0.0.1\n  User me\n  Port 2200\n  IdentityFile ~/.ssh/lab\n  ProxyJump gw\n", []),
+    (b"Host lab\n  # ProxyCommand in a comment\n", []),
+    (b'Match exec "touch /tmp/x; false"\n', ["Match exec"]),
+    (b'Match host lab !exec "touch /tmp/x"\n', ["Match exec"]),
+    (b'  "Match" "exec" "touch /tmp/x"\n', ["Match exec"]),  # OpenSSH takes the quoted keywords
+    (b"MATCH EXEC=true\n", ["Match exec"]),
+    (b"Match\texec\ttrue\n", ["Match exec"]),
+    (b"Match all\n  ProxyCommand=nc %h %p\n", ["proxycommand"]),
+    (b"Host *\n  LocalCommand touch /tmp/x\n  PermitLocalCommand yes\n", ["localcommand", "permitlocalcommand"]),
+    (b"Host *\n  KnownHostsCommand /bin/sh -c x\n", ["knownhostscommand"]),
+    (b"Include /tmp/other\n", ["include"]),
+    (b"Host *\n  PKCS11Provider /tmp/evil.so\n  SecurityKeyProvider /tmp/evil.so\n", ["pkcs11provider", "securitykeyprovider"]),
+    (b"Host *\n  ProxyUseFdpass yes\n", ["proxyusefdpass"]),
+    (b"Host *\r\n  Proxy\\Command nc\r\n", ["proxycommand"]),  # a backslash OpenSSH would drop
+    (b"Host a\0junk\nMatch exec x\n", ["Match exec"]),  # a NUL ends a line, not the file
+])
+def test_an_ssh_config_that_runs_commands_is_refused(text: bytes, refused: list[str]) -> None:
+    # A project's (or a shared) ssh_config is read with `ssh -G -F FILE`, which runs Match exec as it
+    # reads: anything that runs a command is refused in any file but the user's own.
+    from remote.ssh import config as sshconfig
+
+    found = sshconfig.config_problems(text)
+    assert [p.split(": ")[1].split(" ")[0] if "Match exec" not in p else "Match exec" for p in found] == refused, found
+
+
+@pytest.mark.parametrize(("word", "choices", "expected"), [
+    ("trian", ["train", "status", "stop"], ["train"]),
+    ("sta", ["train", "status", "stop"], ["status"]),
+    ("t5", ["t4", "l4", "a100"], ["t4"]),
+    ("zzz", ["train"], []),
+])
+def test_did_you_mean(word: str, choices: list[str], expected: list[str]) -> None:
+    from gpu_train.stack.project import did_you_mean
+
+    assert did_you_mean(word, choices)[: len(expected) or None] == expected
+
+
+def test_stack_search_path(tmp_path: Path) -> None:
+    from gpu_train.stack import project
+
+    mine, extra = tmp_path / "p" / "stacks", tmp_path / "extra"
+    for d in (mine, extra):
+        d.mkdir(parents=True)
+    (extra / "Pulumi.lab.yaml").write_text("config: {}\n")
+    dirs = project.stack_dirs(tmp_path / "p", extra)
+    assert dirs == [mine, extra, project.EXAMPLE_STACKS]
+    assert project.stack_path("lab", dirs) == extra / "Pulumi.lab.yaml"
+    (mine / "Pulumi.lab.yaml").write_text("config: {}\n")
+    assert project.stack_path("lab", dirs) == mine / "Pulumi.lab.yaml"  # the project's own first
+    assert "t4-spot" in project.stack_names(dirs) and project.stack_path("nope", dirs) is None
+    assert project.project_root(mine) == tmp_path / "p"
+
+
+def test_left_out_and_always_excluded(tmp_path: Path) -> None:
+    from remote.transfer import sync
+
+    assert sync.always_excluded(tmp_path, [(tmp_path / "runs", "fetched results"), (Path("/elsewhere"), None)]) == \
+        [("/runs/", "fetched results")]
+    items = [sync.LeftOut("data/", 51 * 1024 * 1024, "ignored by .gitignore"), sync.LeftOut("runs/", 10, "fetched results")]
+    text = sync.left_out_summary(items)
+    assert text.startswith("left out: data/ 51.0 MiB, ignored by .gitignore; runs/ 10 B, fetched results.")
+    assert "To send data/: gpu-train push data (the job finds it in $DATA_DIR/data, and as data/" in text
+    assert sync.left_out_summary([]) == ""
+    files = sync.left_out_summary([sync.LeftOut("big.bin", 9, "ignored by .gitignore")], "fab")
+    assert "fab push DIR (the job finds it in $DATA_DIR/DIR)" in files
+    nested = sync.left_out_summary([sync.LeftOut("sets/imagenet/", 9, "ignored by .gitignore")], "fab")
+    assert "fab push sets/imagenet (the job finds it in $DATA_DIR/sets/imagenet, and as sets/imagenet/ in its" in nested
+    # a gitignored file in a folder (`data/**/*.bin`, as nanoGPT's prepare scripts make): push its folder
+    bins = sync.left_out_summary([sync.LeftOut("runs/", 99, "fetched results"),
+                                  sync.LeftOut("data/mydata/train.bin", 9, "ignored by .gitignore")])
+    assert "To send data/mydata/: gpu-train push data/mydata (the job finds it in $DATA_DIR/data/mydata, and as" in bins
+    top = sync.left_out_summary([sync.LeftOut("cache.bin", 9, "ignored by .gitignore")])
+    assert "gpu-train push DIR (the job finds it in $DATA_DIR/DIR)" in top
+
+
+def test_suggest_and_starter_stacks() -> None:
+    import yaml
+    from invoke import ParseError
+
+    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.stack import config
+    from remote import cli
+    from remote.tasks import starter
+
+    assert cli.suggest(ParseError("No idea what 'fetc' is!"), ["fetch", "train"], []) == \
+        "No idea what 'fetc' is! Did you mean fetch?"
+    assert "Did you mean --follow?" in cli.suggest(ParseError("No idea what '--folow' is!"), [], ["--follow", "--run"])
+    cfg = config.parse(yaml.safe_load(starter.ssh_stack("me@box:2222", None))["config"], "lab", load_catalog())
+    assert cfg.hosts[0] == config.SshHost("me", "box", 2222) and cfg.ssh_key is None
+    raw = yaml.safe_load(starter.gcp_stack("proj-1", "us-central1-a", "nvidia-tesla-t4", True, "203.0.113.7/32"))
+    assert config.parse(raw["config"], "gcp", load_catalog()).spot
+    assert starter.ignore_lines("runs\n/.gpu-train/\n") == [] and starter.ignore_lines("data/\n") == ["runs/", ".gpu-train/"]
+
+
+@pytest.mark.parametrize(("kind", "several", "flagged"), [("ssh", False, 0), ("ssh", True, 3), ("gcp", False, 0), ("gcp", True, 1)])
+def test_init_next_steps_name_the_new_stack_when_there_are_several(kind: str, several: bool, flagged: int) -> None:
+    """A second `init` printed `gpu-train ssh -- nvidia-smi`, which then stopped at "no stack selected"."""
+    from remote.tasks import starter
+
+    steps = starter.to_edit(kind, Path("stacks/Pulumi.box2.yaml"), several)
+    commands = [s for s in steps if "gpu-train " in s]
+    assert sum("gpu-train " in s and " --stack box2 " in s.split("gpu-train ", 1)[1] for s in commands) == flagged
+    assert all(" --stack lab" not in s for s in steps)
+
+
+@pytest.mark.parametrize("argv", [["trian"], ["train", "--scrpit", "x.py"], ["--stak", "lab", "status"], ["--help", "trian"]])
+def test_a_mistyped_task_or_option_is_a_usage_error(argv: list[str], tmp_path: Path) -> None:
+    """Exit 2 (bad input, nothing done), as a mistyped stack is; Invoke's own exit 1 reads as a failed job."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    cli = [sys.executable, "-c", "from gpu_train.launcher import main; main()", *argv]
+    done = subprocess.run(cli, cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and "No idea what" in done.stderr, done.stderr
