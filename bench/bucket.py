@@ -53,15 +53,26 @@ def one(tmp: Path, emulator: Emulator | None) -> list[float]:
     (run_dir / "code").mkdir()
     bucket = {"name": "bench", "prefix": f"b/{run}/", "parts": f"b/.gpu-train-parts/{run}/"}  # as gpu_train/jobs.py names them
     (run_dir / "spec.json").write_text(json.dumps({"runId": run, "base": "job", "bucket": bucket}))
-    env = {**os.environ, "JOB_DIR": str(run_dir / "job"), "STEP_TIMES": str(tmp / f"{run}.times"), "PYTHONPATH": str(ROOT),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "JOB_DIR": str(run_dir / "job"),
+        "STEP_TIMES": str(tmp / f"{run}.times"),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
     uploader = None
     if emulator:
         env["STORAGE_EMULATOR_HOST"] = emulator.url
         log = open(tmp / f"{run}.upload.log", "wb")  # noqa: SIM115 (the uploader's; read at the end)
-        uploader = subprocess.Popen([sys.executable, "-m", "remote.agent", "--root", str(tmp / "root"), "upload", run],
-                                    stdin=subprocess.PIPE, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                    preexec_fn=upload.in_background)  # as the wrapper starts it
+        uploader = subprocess.Popen(
+            [sys.executable, "-m", "remote.agent", "--root", str(tmp / "root"), "upload", run],
+            stdin=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=upload.in_background,
+        )  # as the wrapper starts it
     subprocess.run([sys.executable, "-c", JOB], env=env, check=True)
     if uploader is not None:
         during = len(json.loads((run_dir / "bucket.json").read_text())["files"])
@@ -72,8 +83,10 @@ def one(tmp: Path, emulator: Emulator | None) -> list[float]:
         record = json.loads((run_dir / "bucket.json").read_text())
         log.close()
         parallel = (tmp / f"{run}.upload.log").read_text().count("parts sent in parallel")
-        print(f"  uploader: exit {uploader.returncode}, {len(record['files'])} checkpoint(s) verified in the bucket "
-              f"({parallel} as parts in parallel), final={record['final']}")
+        print(
+            f"  uploader: exit {uploader.returncode}, {len(record['files'])} checkpoint(s) verified in the bucket "
+            f"({parallel} as parts in parallel), final={record['final']}"
+        )
     return [float(x) for x in (tmp / f"{run}.times").read_text().split()]
 
 

@@ -55,9 +55,11 @@ def timed(bucket, path: Path, parallel: bool) -> float:
 def main() -> None:
     from google.cloud import storage
 
-    print(f"{DELAY * 1000:.0f} ms each way ({DELAY * 2000:.0f} ms round trip), {WINDOW >> 10} KiB in flight per "
-          f"connection; parts of at least "
-          f"{composite.PART_MIN >> 20} MiB, at most {composite.MAX_PARTS}, {composite.WORKERS} at once")
+    print(
+        f"{DELAY * 1000:.0f} ms each way ({DELAY * 2000:.0f} ms round trip), {WINDOW >> 10} KiB in flight per "
+        f"connection; parts of at least "
+        f"{composite.PART_MIN >> 20} MiB, at most {composite.MAX_PARTS}, {composite.WORKERS} at once"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as t:
         tmp = Path(t)
         emulator = Emulator("bench", tmp / "emulator.log", threaded=True)
@@ -71,8 +73,11 @@ def main() -> None:
                 single = timed(bucket, path, parallel=False)
                 parallel = timed(bucket, path, parallel=True)
                 parts = len(composite.slices(mb << 20, parallel_from=0))
-                print(f"{mb:>6} MiB: one stream {single:6.2f} s ({mb / single:6.1f} MiB/s), {parts:>2} parts in "
-                      f"parallel {parallel:6.2f} s ({mb / parallel:6.1f} MiB/s): {single / parallel:.2f}x", flush=True)
+                print(
+                    f"{mb:>6} MiB: one stream {single:6.2f} s ({mb / single:6.1f} MiB/s), {parts:>2} parts in "
+                    f"parallel {parallel:6.2f} s ({mb / parallel:6.1f} MiB/s): {single / parallel:.2f}x",
+                    flush=True,
+                )
                 path.unlink()
         finally:
             proxy.close()

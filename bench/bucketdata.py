@@ -72,7 +72,7 @@ def epoch(folder: Path) -> int:
 
 def copy_one_by_one(gcs, bucket: str, prefix: str, into: Path) -> int:
     for blob in gcs.list_blobs(bucket, prefix=prefix):
-        path = into / blob.name[len(prefix):]
+        path = into / blob.name[len(prefix) :]
         path.parent.mkdir(parents=True, exist_ok=True)
         blob.download_to_filename(str(path), checksum="crc32c")
     return epoch(into)
@@ -83,8 +83,9 @@ def copy_parallel(gcs, bucket: str, prefix: str, into: Path) -> int:
 
     blobs = list(gcs.list_blobs(bucket, prefix=prefix))
     small = [b.name for b in blobs if b.size < 32 << 20]
-    for result in tm.download_many_to_path(gcs.bucket(bucket), small, destination_directory=str(into),
-                                           max_workers=WORKERS, worker_type=tm.THREAD, raise_exception=True):
+    for result in tm.download_many_to_path(
+        gcs.bucket(bucket), small, destination_directory=str(into), max_workers=WORKERS, worker_type=tm.THREAD, raise_exception=True
+    ):
         assert result is None, result
     for b in (b for b in blobs if b.size >= 32 << 20):
         path = into / b.name
@@ -104,15 +105,22 @@ def mounted(readers: int) -> Callable:
 
         with ThreadPoolExecutor(readers) as pool:
             return sum(pool.map(one, names))
+
     return read
 
 
 def measure(far_url: str, work: Path, delay: float) -> None:
-    ways = {"copy, one by one": copy_one_by_one, "copy, parallel (transfer manager)": copy_parallel,
-            "mount, 1 reader": mounted(1), f"mount, {WORKERS} readers": mounted(WORKERS)}
+    ways = {
+        "copy, one by one": copy_one_by_one,
+        "copy, parallel (transfer manager)": copy_parallel,
+        "mount, 1 reader": mounted(1),
+        f"mount, {WORKERS} readers": mounted(WORKERS),
+    }
     print(f"\n== emulator behind a {delay * 2000:g} ms round trip; {WORKERS} workers; seconds until one epoch is read")
-    for kind, prefix, what in (("small", "small/", f"{SMALL} files of {SMALL_KB} KiB"),
-                               ("large", "large/", f"{LARGE} files of {LARGE_MB} MiB")):
+    for kind, prefix, what in (
+        ("small", "small/", f"{SMALL} files of {SMALL_KB} KiB"),
+        ("large", "large/", f"{LARGE} files of {LARGE_MB} MiB"),
+    ):
         took = {}
         into = work / "local" / kind
         for name, way in ways.items():
@@ -134,15 +142,34 @@ def measure(far_url: str, work: Path, delay: float) -> None:
         print(f"  (each later epoch: {again:.2f} s from local disk after a copy; an uncached mount reads the bucket again)")
 
 
-THREADED = ("import http.server as h, runpy, sys; h.HTTPServer = h.ThreadingHTTPServer; sys.argv = sys.argv[1:]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')")
+THREADED = (
+    "import http.server as h, runpy, sys; h.HTTPServer = h.ThreadingHTTPServer; sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 
 
 def threaded_emulator(port: int, log: Path) -> subprocess.Popen:
     """gcp-storage-emulator, unchanged but for a thread per connection, in memory, with the bucket `data`."""
-    proc = subprocess.Popen([sys.executable, "-c", THREADED, EMULATOR, "start", "--host", "127.0.0.1", "--port", str(port),
-                             "--in-memory", "--default-bucket", "data", "--quiet"], stdout=log.open("ab"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            THREADED,
+            EMULATOR,
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--in-memory",
+            "--default-bucket",
+            "data",
+            "--quiet",
+        ],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -161,8 +188,9 @@ def main() -> int:
         # Uploaded through the proxy (with no delay yet): the emulator writes each object's mediaLink, which
         # Google's client downloads from, with the address the upload came to.
         store = client(far_url).bucket("data")
-        names = [(f"small/{i // 100:02d}/{i:05d}.jpg", SMALL_KB << 10) for i in range(SMALL)] + \
-                [(f"large/shard-{i:02d}.bin", LARGE_MB << 20) for i in range(LARGE)]
+        names = [(f"small/{i // 100:02d}/{i:05d}.jpg", SMALL_KB << 10) for i in range(SMALL)] + [
+            (f"large/shard-{i:02d}.bin", LARGE_MB << 20) for i in range(LARGE)
+        ]
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda item: store.blob(item[0]).upload_from_string(os.urandom(item[1])), names))
         for delay in DELAYS:

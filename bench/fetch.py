@@ -54,8 +54,9 @@ def timed(cmd: list[str], env: dict, cwd: Path = ROOT) -> float:
     return time.perf_counter() - t
 
 
-def side_by_side(work: Path, source: Path, ours: Callable[[Path], float], theirs: Callable[[Path], float],
-                 rounds: int = 3) -> tuple[list[float], list[float]]:
+def side_by_side(
+    work: Path, source: Path, ours: Callable[[Path], float], theirs: Callable[[Path], float], rounds: int = 3
+) -> tuple[list[float], list[float]]:
     """Each tool ``rounds`` times, taking turns, every run from the same start: its own new folder under
     ``work`` (given to it), every earlier output deleted and written out, and ``source`` read once (in
     the page cache, as just after training wrote it). Measured here, a start left to chance moved
@@ -117,9 +118,11 @@ class Bench:
         self.stack(stacks, "lo", [f"{self.a.user}@{self.a.address}:{self.a.port}"], str(self.host_root))
         self.stack(stacks, "wan", [f"{self.a.user}@{NET}.11:{self.pa.address[1]}"], str(self.host_root))
         config = work / "ssh_config"
-        config.write_text(f"Host gw\n  HostName {NET}.13\n  Port {self.pg.address[1]}\n  IdentityFile {self.a.client_key}\n"
-                          f"Host node0\n  HostName {self.a.address}\n  Port {self.a.port}\n  ProxyJump gw\n"
-                          f"Host node1\n  HostName {self.b.address}\n  Port {self.b.port}\n  ProxyJump gw\n")
+        config.write_text(
+            f"Host gw\n  HostName {NET}.13\n  Port {self.pg.address[1]}\n  IdentityFile {self.a.client_key}\n"
+            f"Host node0\n  HostName {self.a.address}\n  Port {self.a.port}\n  ProxyJump gw\n"
+            f"Host node1\n  HostName {self.b.address}\n  Port {self.b.port}\n  ProxyJump gw\n"
+        )
         extra = f"  gpu-train:sshConfig: {config}\n"
         self.stack(stacks, "code1", ["node0"], str(work / "node{node}"), extra)
         self.stack(stacks, "code2", ["node0", "node1"], str(work / "node{node}"), extra)
@@ -137,28 +140,51 @@ class Bench:
         (stacks / f"Pulumi.{name}.yaml").write_text(
             f"config:\n  gpu-train:target: ssh\n  gpu-train:hosts: {json.dumps(hosts)}\n"
             f"  gpu-train:sshKey: {self.a.client_key}\n  gpu-train:remoteRoot: {root}\n  gpu-train:python: {sys.executable}\n"
-            "  gpu-train:venv: false\n" + extra)
+            "  gpu-train:venv: false\n" + extra
+        )
 
     def fab(self, stack: str, *args: str) -> float:
         return timed([FAB, *args, "--stack", stack], self.env)
 
     def rsync(self, proxy: DelayProxy | None, src: str, dest: Path) -> float:
         host, port = proxy.address if proxy else (self.a.address, self.a.port)
-        ssh = (f"ssh -p {port} -i {self.a.client_key} -o BatchMode=yes -o StrictHostKeyChecking=no "
-               f"-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+        ssh = (
+            f"ssh -p {port} -i {self.a.client_key} -o BatchMode=yes -o StrictHostKeyChecking=no "
+            f"-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+        )
         return timed(["rsync", "-a", "-e", ssh, f"{self.a.user}@{host}:{src}/", f"{dest}/"], self.env)
 
     def ssh_true(self, plain: bool) -> list[str]:
         """A bare login on host A: with the bench's plain login shell, or with this machine's own HOME."""
         host = self.a if plain else self.c
-        return ["ssh", "-p", str(host.port), "-i", str(self.a.client_key), "-o", "BatchMode=yes",
-                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-                f"{host.user}@{host.address}", "true"]
+        return [
+            "ssh",
+            "-p",
+            str(host.port),
+            "-i",
+            str(self.a.client_key),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            f"{host.user}@{host.address}",
+            "true",
+        ]
 
     def make_run(self, name: str, script: str) -> str:
         """A finished run on host A whose JOB_DIR ``script`` filled (a real `fab train`)."""
-        out = subprocess.run([FAB, "train", "--stack", "lo", "--dir", str(ROOT / "examples"), "--command", script,
-                              "--name", name], env=self.env, cwd=ROOT, check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [FAB, "train", "--stack", "lo", "--dir", str(ROOT / "examples"), "--command", script, "--name", name],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         run_id = out.stdout.split()[1]
         state = self.host_root / "runs" / run_id / "state.json"
         while '"succeeded"' not in state.read_text():
@@ -180,9 +206,11 @@ class Bench:
 def checkpoints_script(scale: float) -> str:
     big, small = int(200 * MiB * scale), 200 * 1024
     n_small = int(1000 * scale)
-    return ("python3 -c \"import os; d=os.environ['JOB_DIR']; os.makedirs(d+'/small', exist_ok=True); "
-            f"[open(f'{{d}}/big{{i}}.pt','wb').write(os.urandom({big})) for i in range(4)]; "
-            f"[open(f'{{d}}/small/s{{i:04d}}.bin','wb').write(os.urandom({small})) for i in range({n_small})]\"")
+    return (
+        "python3 -c \"import os; d=os.environ['JOB_DIR']; os.makedirs(d+'/small', exist_ok=True); "
+        f"[open(f'{{d}}/big{{i}}.pt','wb').write(os.urandom({big})) for i in range(4)]; "
+        f"[open(f'{{d}}/small/s{{i:04d}}.bin','wb').write(os.urandom({small})) for i in range({n_small})]\""
+    )
 
 
 def main() -> None:
@@ -208,35 +236,49 @@ def main() -> None:
             if 2 in ONLY:
                 t_ours = bench.fab("wan", "fetch", "--run", run, "--dest", str(fresh(dest)))
                 t_rsync = bench.rsync(bench.pa, str(job), fresh(theirs))
-                say(f"2. {size / 2**30:.2f} GiB over 100 ms RTT: fab fetch {t_ours:.1f} s ({size / t_ours / MiB:.0f} MiB/s), "
+                say(
+                    f"2. {size / 2**30:.2f} GiB over 100 ms RTT: fab fetch {t_ours:.1f} s ({size / t_ours / MiB:.0f} MiB/s), "
                     f"rsync -a {t_rsync:.1f} s ({size / t_rsync / MiB:.0f} MiB/s): rsync / ours = "
-                    f"{t_rsync / t_ours:.2f} (target >= 2.5)")
+                    f"{t_rsync / t_ours:.2f} (target >= 2.5)"
+                )
                 fresh(dest), fresh(theirs)  # figure 3's runs start with nothing of figure 2's left
             if 3 in ONLY:
-                ours, theirs_t = side_by_side(bench.work, job, lambda out: bench.fab("lo", "fetch", "--run", run, "--dest", str(out)),
-                                              lambda out: bench.rsync(None, str(job), out))
+                ours, theirs_t = side_by_side(
+                    bench.work,
+                    job,
+                    lambda out: bench.fab("lo", "fetch", "--run", run, "--dest", str(out)),
+                    lambda out: bench.rsync(None, str(job), out),
+                )
                 o, r = statistics.median(ours), statistics.median(theirs_t)
-                say(f"3. {size / 2**30:.2f} GiB on loopback, medians of 3 taking turns: fab fetch {o:.2f} s, rsync -a {r:.2f} s: "
+                say(
+                    f"3. {size / 2**30:.2f} GiB on loopback, medians of 3 taking turns: fab fetch {o:.2f} s, rsync -a {r:.2f} s: "
                     f"ours / rsync = {o / r:.2f} (target <= 1.0) "
-                    f"[each: fab {' '.join(f'{t:.2f}' for t in ours)}; rsync {' '.join(f'{t:.2f}' for t in theirs_t)}]")
+                    f"[each: fab {' '.join(f'{t:.2f}' for t in ours)}; rsync {' '.join(f'{t:.2f}' for t in theirs_t)}]"
+                )
             if 4 in ONLY:
                 bench.fab("lo", "fetch", "--run", run, "--dest", str(dest))
                 noop = statistics.median(bench.fab("lo", "fetch", "--run", run, "--dest", str(dest)) for _ in range(5))
                 login = statistics.median(timed(bench.ssh_true(plain), bench.env) for plain in (True,) * 5)
                 bashrc = statistics.median(timed(bench.ssh_true(False), bench.env) for _ in range(5))
                 start = statistics.median(timed([FAB, "--list"], bench.env) for _ in range(5))
-                say(f"4. fab fetch again, nothing changed, on loopback: {noop:.2f} s end to end (target <= 0.5 s); "
+                say(
+                    f"4. fab fetch again, nothing changed, on loopback: {noop:.2f} s end to end (target <= 0.5 s); "
                     f"for scale on this machine now: fab --list {start:.2f} s, ssh host true {login:.2f} s "
                     f"({bashrc:.2f} s with this machine's ~/.bashrc), which a fetch within 60 s of another does "
                     f"not pay (it opens a channel of the shared connection); the fetch's own part beyond "
-                    f"fab's start: {noop - start:.2f} s")
+                    f"fab's start: {noop - start:.2f} s"
+                )
             if 5 in ONLY:
                 n_runs, n_files = max(2, int(300 * SCALE)), 200
-                seed = bench.make_run("many", "python3 -c \"import os; d=os.environ['JOB_DIR']; "
-                                      f"[open(f'{{d}}/f{{i:03d}}.json','wb').write(os.urandom(2000)) for i in range({n_files})]\"")
+                seed = bench.make_run(
+                    "many",
+                    "python3 -c \"import os; d=os.environ['JOB_DIR']; "
+                    f"[open(f'{{d}}/f{{i:03d}}.json','wb').write(os.urandom(2000)) for i in range({n_files})]\"",
+                )
                 bench.copies(seed, n_runs - 1)
                 runs = bench.host_root / "runs"
                 for stack, proxy in (("lo", None), ("wan", bench.pa)):
+
                     def fetch_all(out: Path, stack: str = stack) -> float:
                         return timed([FAB, "fetch", "--all", "--stack", stack, "--dest", str(out)], bench.env)
 
@@ -246,9 +288,11 @@ def main() -> None:
                     ours, theirs_t = side_by_side(bench.work, runs, fetch_all, rsync_all)
                     o, r = statistics.median(ours), statistics.median(theirs_t)
                     where = "loopback" if proxy is None else "100 ms RTT"
-                    say(f"5. fetch --all of {n_runs} runs x {n_files} files on {where}, medians of 3 taking turns: fab {o:.2f} s, "
+                    say(
+                        f"5. fetch --all of {n_runs} runs x {n_files} files on {where}, medians of 3 taking turns: fab {o:.2f} s, "
                         f"rsync -a of runs/ {r:.2f} s: ours / rsync = {o / r:.2f} (target <= 1.5) "
-                        f"[each: fab {' '.join(f'{t:.1f}' for t in ours)}; rsync {' '.join(f'{t:.1f}' for t in theirs_t)}]")
+                        f"[each: fab {' '.join(f'{t:.1f}' for t in ours)}; rsync {' '.join(f'{t:.1f}' for t in theirs_t)}]"
+                    )
             if 6 in ONLY:
                 code = bench.work / "code"
                 for i in range(int(400 * SCALE) + 1):
@@ -262,9 +306,11 @@ def main() -> None:
                     two.append(bench.fab("code2", "train", "--dir", str(code), "--command", "true", "--name", f"two{i}"))
                 o, t = statistics.median(one), statistics.median(two)
                 code_mib = sum(p.stat().st_size for p in code.rglob("*.py")) / MiB
-                say(f"6. code ({int(400 * SCALE) + 1} files, {code_mib:.0f} MiB) over 100 ms RTT to nodes that reach each other "
+                say(
+                    f"6. code ({int(400 * SCALE) + 1} files, {code_mib:.0f} MiB) over 100 ms RTT to nodes that reach each other "
                     f"directly, medians of 3: 1 node {o:.2f} s, 2 nodes {t:.2f} s: 2 / 1 = {t / o:.2f} (target <= 1.2) "
-                    f"[each: 1 node {' '.join(f'{x:.2f}' for x in one)}; 2 nodes {' '.join(f'{x:.2f}' for x in two)}]")
+                    f"[each: 1 node {' '.join(f'{x:.2f}' for x in one)}; 2 nodes {' '.join(f'{x:.2f}' for x in two)}]"
+                )
         finally:
             bench.stop()
     print("\nsummary:\n" + "\n".join(lines))

@@ -48,8 +48,12 @@ def pip_by_hand(work: Path) -> float:
     req.write_text(REQUIREMENTS)
     t = time.perf_counter()
     subprocess.run([PYTHON, "-m", "venv", "--system-site-packages", str(work / "by-hand")], check=True, env=env)
-    subprocess.run([str(work / "by-hand" / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "-r", str(req)],
-                   check=True, env=env, capture_output=True)
+    subprocess.run(
+        [str(work / "by-hand" / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "-r", str(req)],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     subprocess.run([str(work / "by-hand" / "bin" / "python"), "-c", JOB], check=True, capture_output=True)
     return time.perf_counter() - t
 
@@ -57,8 +61,7 @@ def pip_by_hand(work: Path) -> float:
 def to_first_line(cmd: list[str], env: dict, cwd: Path) -> float:
     """Seconds from the command to the job's READY line (the command then runs to its end)."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     took, out = None, []
     for line in proc.stdout:  # type: ignore[union-attr]
         out.append(line)
@@ -95,8 +98,13 @@ def main() -> None:
             sshd.stack_file(work / "stacks", "lab", work / "remote", PYTHON)
             stack = work / "stacks" / "Pulumi.lab.yaml"
             stack.write_text(stack.read_text().replace("gpu-train:venv: false", "gpu-train:venv: true"))
-            env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(work / "stacks"), "GPU_TRAIN_HOME": str(work / "state"),
-                   "GPU_TRAIN_STACK": "lab", "GPU_TRAIN_PROJECT": str(project)}
+            env = {
+                **os.environ,
+                "GPU_TRAIN_STACKS_DIR": str(work / "stacks"),
+                "GPU_TRAIN_HOME": str(work / "state"),
+                "GPU_TRAIN_STACK": "lab",
+                "GPU_TRAIN_PROJECT": str(project),
+            }
             train = [GPU_TRAIN, "train", "--script", "job.py", "--follow"]
             first = to_first_line(train, env, project)
             shutil.rmtree(work / "remote" / "envs" / "proj")  # the venv gone, uv and its cache kept
@@ -114,9 +122,25 @@ def main() -> None:
                 (code / f"m{i}.py").write_text("x = 1\n" * 50)
             wtrain = [GPU_TRAIN, "train", "--dir", str(code), "--command", "true", "--name", "bench"]
             subprocess.run(wtrain, env=wenv, cwd=project, check=True, capture_output=True)  # host key, first sync
-            ssh = ["ssh", "-p", str(proxy.address[1]), "-i", str(sshd.client_key), "-o", "BatchMode=yes",
-                   "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-                   "-o", "ControlPath=none", f"{sshd.user}@{proxy.address[0]}", "true"]
+            ssh = [
+                "ssh",
+                "-p",
+                str(proxy.address[1]),
+                "-i",
+                str(sshd.client_key),
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "LogLevel=ERROR",
+                "-o",
+                "ControlPath=none",
+                f"{sshd.user}@{proxy.address[0]}",
+                "true",
+            ]
             bare = timed(ssh, wenv, project)
             unchanged = timed(wtrain, wenv, project)
             status = timed([GPU_TRAIN, "status"], wenv, project)
@@ -126,8 +150,9 @@ def main() -> None:
     print(f"requirements: {REQUIREMENTS.strip().replace(chr(10), ', ')}; host Python {PYTHON}; index {INDEX}")
     print(f"  pip by hand (venv + pip install, cold)       {by_hand:6.2f} s")
     print(f"  gpu-train first train, fresh host, cold      {first:6.2f} s  {first / by_hand:.2f}x pip  goal <= 0.50x")
-    print(f"  gpu-train, venv rebuilt, uv cache kept       {rebuilt:6.2f} s  {rebuilt / by_hand:.2f}x pip  goal <= 0.15x"
-          f"  (uv cache {cache})")
+    print(
+        f"  gpu-train, venv rebuilt, uv cache kept       {rebuilt:6.2f} s  {rebuilt / by_hand:.2f}x pip  goal <= 0.15x  (uv cache {cache})"
+    )
     print(f"  gpu-train, nothing to install (the floor)    {again:6.2f} s  {again / by_hand:.2f}x pip")
     print(f"network: +{DELAY * 1000:.0f} ms each way through a TCP proxy; medians of 5")
     print(f"  ssh host true (one bare OpenSSH login)       {bare:6.2f} s")

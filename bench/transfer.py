@@ -52,18 +52,43 @@ def main() -> None:
         work = Path(tmp)
         sshd = Sshd(work / "sshd", "127.0.0.2", quick_kex=False).start()  # key exchange as a real host offers
         sshd.stack_file(work / "stacks", "bench", work / "host", sys.executable)
-        env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(work / "stacks"), "GPU_TRAIN_HOME": str(work / "state"),
-               "GPU_TRAIN_STACK": "bench"}
-        ssh = ["ssh", "-p", str(sshd.port), "-i", str(sshd.client_key), "-o", "BatchMode=yes",
-               "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+        env = {
+            **os.environ,
+            "GPU_TRAIN_STACKS_DIR": str(work / "stacks"),
+            "GPU_TRAIN_HOME": str(work / "state"),
+            "GPU_TRAIN_STACK": "bench",
+        }
+        ssh = [
+            "ssh",
+            "-p",
+            str(sshd.port),
+            "-i",
+            str(sshd.client_key),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+        ]
         remote = f"{sshd.user}@{sshd.address}"
 
         # A run whose JOB_DIR holds the 1 GiB.
-        make = ("python3 -c \"import os; d=os.environ['JOB_DIR']; os.makedirs(d+'/small', exist_ok=True); "
-                "[open(f'{d}/big{i}.bin','wb').write(os.urandom(200<<20)) for i in range(4)]; "
-                "[open(f'{d}/small/s{i:04d}.bin','wb').write(os.urandom(200<<10)) for i in range(1000)]\"")
-        out = subprocess.run([FAB, "train", "--dir", str(ROOT / "examples"), "--command", make, "--name", "data"],
-                             env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        make = (
+            "python3 -c \"import os; d=os.environ['JOB_DIR']; os.makedirs(d+'/small', exist_ok=True); "
+            "[open(f'{d}/big{i}.bin','wb').write(os.urandom(200<<20)) for i in range(4)]; "
+            "[open(f'{d}/small/s{i:04d}.bin','wb').write(os.urandom(200<<10)) for i in range(1000)]\""
+        )
+        out = subprocess.run(
+            [FAB, "train", "--dir", str(ROOT / "examples"), "--command", make, "--name", "data"],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         run_id = out.split()[1]
         job = work / "host" / "runs" / run_id / "job"
         while not (work / "host" / "runs" / run_id / "state.json").read_text().count('"succeeded"'):
@@ -105,11 +130,11 @@ def main() -> None:
         noop_inside = median(noop_in_process)
         print(f"fetch {size / 2**30:.2f} GiB (4 x 200 MiB + 1,000 x 200 KiB), medians of 5, alternating:")
         print(f"  fab fetch   {t_ours:6.2f} s  ({size / t_ours / 2**20:5.0f} MiB/s)")
-        print(f"  rsync -a    {t_rsync:6.2f} s  ({size / t_rsync / 2**20:5.0f} MiB/s)   ours / rsync = {t_ours / t_rsync:.2f} "
-              "(target <= 1.0)")
+        print(
+            f"  rsync -a    {t_rsync:6.2f} s  ({size / t_rsync / 2**20:5.0f} MiB/s)   ours / rsync = {t_ours / t_rsync:.2f} (target <= 1.0)"
+        )
         print(f"  scp -r      {t_scp:6.2f} s  ({size / t_scp / 2**20:5.0f} MiB/s)   ours / scp   = {t_ours / t_scp:.2f}")
-        print(f"  fab fetch, nothing changed: {noop_inside:.2f} s (target <= 0.5 s); "
-              f"{noop:.2f} s with the fab process's start-up")
+        print(f"  fab fetch, nothing changed: {noop_inside:.2f} s (target <= 0.5 s); {noop:.2f} s with the fab process's start-up")
 
         # A 5,000-file code tree.
         code = work / "code"

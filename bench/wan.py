@@ -81,16 +81,30 @@ def main() -> None:
         time.sleep(0.2)
         sshd.address, sshd.port = proxy  # the stack names the proxy
         sshd.stack_file(work / "stacks", "wan", work / "host", sys.executable)
-        env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(work / "stacks"), "GPU_TRAIN_HOME": str(work / "state"),
-               "GPU_TRAIN_STACK": "wan"}
+        env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(work / "stacks"), "GPU_TRAIN_HOME": str(work / "state"), "GPU_TRAIN_STACK": "wan"}
         code = work / "code"
         code.mkdir()
         for i in range(50):
             (code / f"m{i}.py").write_text("x = 1\n" * 50)
         train = [FAB, "train", "--dir", str(code), "--command", "true", "--name", "bench"]
         subprocess.run(train, env=env, cwd=ROOT, check=True, capture_output=True)  # learns the host key
-        ssh = ["ssh", "-p", str(proxy[1]), "-i", str(sshd.client_key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"{sshd.user}@{proxy[0]}", "true"]
+        ssh = [
+            "ssh",
+            "-p",
+            str(proxy[1]),
+            "-i",
+            str(sshd.client_key),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            f"{sshd.user}@{proxy[0]}",
+            "true",
+        ]
         bare = timed(ssh, env)
         listing = timed([FAB, "--list"], env)
         status = timed([FAB, "status"], env)
@@ -99,10 +113,14 @@ def main() -> None:
     print(f"network: +{DELAY * 1000:.0f} ms each way through a TCP proxy; medians of 5")
     print(f"  ssh host true (one bare OpenSSH login):   {bare:5.2f} s")
     print(f"  fab --list                                {listing:5.2f} s  target <= 0.4 s  ratio to target {listing / 0.4:.2f}")
-    print(f"  fab status                                {status:5.2f} s  target <= 1.3 s  ratio to target {status / 1.3:.2f}"
-          f"  ({status / bare:.2f}x ssh true)")
-    print(f"  fab train, unchanged code (50 files)      {unchanged:5.2f} s  target <= 1.8 s  ratio to target "
-          f"{unchanged / 1.8:.2f}  ({unchanged / bare:.2f}x ssh true)")
+    print(
+        f"  fab status                                {status:5.2f} s  target <= 1.3 s  ratio to target {status / 1.3:.2f}"
+        f"  ({status / bare:.2f}x ssh true)"
+    )
+    print(
+        f"  fab train, unchanged code (50 files)      {unchanged:5.2f} s  target <= 1.8 s  ratio to target "
+        f"{unchanged / 1.8:.2f}  ({unchanged / bare:.2f}x ssh true)"
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ def wire_name(name: str) -> str:
 
 def encode(obj: Any) -> dict:
     """A contract dataclass as its JSON document: each field under its wire name, and the contract's version."""
-    doc = {wire_name(f.name): _plain(getattr(obj, f.name)) for f in fields(obj)
-           if not (f.name in OMITTED_WHEN_UNSET and getattr(obj, f.name) is None)}
+    doc = {
+        wire_name(f.name): _plain(getattr(obj, f.name))
+        for f in fields(obj)
+        if not (f.name in OMITTED_WHEN_UNSET and getattr(obj, f.name) is None)
+    }
     return {"version": CONTRACT_VERSION, **doc}
 
 
@@ -53,10 +56,13 @@ def decode(cls: Any, doc: Any, what: str, required: tuple[str, ...] = ()) -> Any
         raise ValueError(f"{what} is {type(doc).__name__}, not a JSON object")
     version = doc.get("version", 1)
     if not isinstance(version, int) or version > CONTRACT_VERSION:
-        raise ValueError(f"{what} is of contract version {version!r}, newer than this agent's "
-                         f"{CONTRACT_VERSION}: run the task again from the laptop to update the host's agent")
-    kwargs = {f.name: _typed(doc[wire_name(f.name)], f, f"{what}'s {wire_name(f.name)}", cls)
-              for f in fields(cls) if wire_name(f.name) in doc}
+        raise ValueError(
+            f"{what} is of contract version {version!r}, newer than this agent's "
+            f"{CONTRACT_VERSION}: run the task again from the laptop to update the host's agent"
+        )
+    kwargs = {
+        f.name: _typed(doc[wire_name(f.name)], f, f"{what}'s {wire_name(f.name)}", cls) for f in fields(cls) if wire_name(f.name) in doc
+    }
     kwargs = {k: v for k, v in kwargs.items() if v is not MISSING}  # null for a field with no default
     missing = [wire_name(n) for n in required if kwargs.get(n) is None]
     if missing:
@@ -75,8 +81,9 @@ def _typed(value: Any, f: Any, where: str, cls: Any) -> Any:
     if value is None:
         return None if "None" in declared else f.default_factory() if f.default_factory is not MISSING else f.default
     name = declared.split("|")[0].split("[")[0].strip()
-    kind: Any = {"str": str, "int": int, "float": float, "bool": bool, "tuple": tuple, "list": list, "dict": dict}.get(name) \
-        or vars(sys.modules[cls.__module__])[name]  # an Enum beside the document (contract.RunState)
+    kind: Any = {"str": str, "int": int, "float": float, "bool": bool, "tuple": tuple, "list": list, "dict": dict}.get(name) or vars(
+        sys.modules[cls.__module__]
+    )[name]  # an Enum beside the document (contract.RunState)
     strings = "[str" in declared and kind in (tuple, list)
     wanted = "a list of strings" if strings else f"a{'n' * (name[0] in 'aeiou')} {name}"
     if issubclass(kind, Enum):

@@ -47,6 +47,8 @@ RUN_ID_PATTERN = r"[A-Za-z][A-Za-z0-9_]{0,127}"
 STACK_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
 
 LAUNCH_GRACE_S = 30  # a 'starting' run with no wrapper yet is still starting for this long
+
+
 # -- a run's record on its host: runs/RUN/state.json ----------------------------------------------
 @dataclass(frozen=True)
 class RunRecord(Document):
@@ -94,6 +96,7 @@ GCP_REMOTE_ROOT = REMOTE_ROOT_BEFORE
 BOOT_ON, BOOT_OFF, BOOT_NO_CRONTAB, BOOT_CRON_STOPPED = "on", "off", "no-crontab", "cron-stopped"
 # `prune`'s answer: pruned[].{id, files, PRUNE_FREED} and kept[].{id, why}.
 PRUNE_FREED = "freedBytes"
+
 
 # -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
 @dataclass(frozen=True)

@@ -70,25 +70,37 @@ class Environment:
     """The streams, the command's name, the project, the state home, the clock and the settings."""
 
     # -- the GPU_TRAIN_* settings: each read here and nowhere else on the laptop -------------------
-    stack: str | None = field(default=None, metadata=variable(
-        "GPU_TRAIN_STACK", _text, "the stack when --stack is not given"))
-    stacks_dir: Path | None = field(default=None, metadata=variable(
-        "GPU_TRAIN_STACKS_DIR", _path, "another directory of stack files (--stacks-dir), after the project's stacks/"))
-    home: Path | None = field(default=None, metadata=variable(
-        "GPU_TRAIN_HOME", _path, "the laptop's records (stack outputs, known_hosts, ssh aliases); else the "
-        "project's .gpu-train/ (aliases: ~/.ssh/gpu-train)"))
-    project: Path | None = field(default=None, metadata=variable(
-        "GPU_TRAIN_PROJECT", _path, "the user's project outright, for scripts run elsewhere; else found from the cwd"))
-    debug: bool = field(default=False, metadata=variable(
-        "GPU_TRAIN_DEBUG", _flag, "an unexpected error prints its traceback"))
-    ssh_config: bool | None = field(default=None, metadata=variable(
-        "GPU_TRAIN_SSH_CONFIG", _ssh_config, "include | no: whether to add the ssh aliases' Include line, unasked"))
-    compute_endpoint: str = field(default=COMPUTE, metadata=variable(
-        "GPU_TRAIN_COMPUTE_ENDPOINT", _url, "another Compute API (tests run a local one)"))
-    serviceusage_endpoint: str = field(default=SERVICEUSAGE, metadata=variable(
-        "GPU_TRAIN_SERVICEUSAGE_ENDPOINT", _url, "another Service Usage API"))
-    cloudquotas_endpoint: str = field(default=CLOUDQUOTAS, metadata=variable(
-        "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT", _url, "another Cloud Quotas API"))
+    stack: str | None = field(default=None, metadata=variable("GPU_TRAIN_STACK", _text, "the stack when --stack is not given"))
+    stacks_dir: Path | None = field(
+        default=None,
+        metadata=variable("GPU_TRAIN_STACKS_DIR", _path, "another directory of stack files (--stacks-dir), after the project's stacks/"),
+    )
+    home: Path | None = field(
+        default=None,
+        metadata=variable(
+            "GPU_TRAIN_HOME",
+            _path,
+            "the laptop's records (stack outputs, known_hosts, ssh aliases); else the project's .gpu-train/ (aliases: ~/.ssh/gpu-train)",
+        ),
+    )
+    project: Path | None = field(
+        default=None,
+        metadata=variable("GPU_TRAIN_PROJECT", _path, "the user's project outright, for scripts run elsewhere; else found from the cwd"),
+    )
+    debug: bool = field(default=False, metadata=variable("GPU_TRAIN_DEBUG", _flag, "an unexpected error prints its traceback"))
+    ssh_config: bool | None = field(
+        default=None,
+        metadata=variable("GPU_TRAIN_SSH_CONFIG", _ssh_config, "include | no: whether to add the ssh aliases' Include line, unasked"),
+    )
+    compute_endpoint: str = field(
+        default=COMPUTE, metadata=variable("GPU_TRAIN_COMPUTE_ENDPOINT", _url, "another Compute API (tests run a local one)")
+    )
+    serviceusage_endpoint: str = field(
+        default=SERVICEUSAGE, metadata=variable("GPU_TRAIN_SERVICEUSAGE_ENDPOINT", _url, "another Service Usage API")
+    )
+    cloudquotas_endpoint: str = field(
+        default=CLOUDQUOTAS, metadata=variable("GPU_TRAIN_CLOUDQUOTAS_ENDPOINT", _url, "another Cloud Quotas API")
+    )
     # -- the world the command runs in -------------------------------------------------------------
     cli: str = "gpu-train"  # what the user typed: `gpu-train`, or `fab` inside this clone (for the fixes we suggest)
     cwd: Path = field(default_factory=Path.cwd)
@@ -110,10 +122,15 @@ class Environment:
             name = f.metadata.get("variable")
             if name and environ.get(name, "").strip():
                 values[f.name] = f.metadata["parse"](name, environ[name].strip())
-        values.update(cli=projects.command_name(sys.argv[0] if argv0 is None else argv0),
-                      stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr,
-                      stdin_isatty=_isatty(sys.stdin), stdout_isatty=_isatty(sys.stdout),
-                      stderr_isatty=_isatty(sys.stderr))
+        values.update(
+            cli=projects.command_name(sys.argv[0] if argv0 is None else argv0),
+            stdin=sys.stdin,
+            stdout=sys.stdout,
+            stderr=sys.stderr,
+            stdin_isatty=_isatty(sys.stdin),
+            stdout_isatty=_isatty(sys.stdout),
+            stderr_isatty=_isatty(sys.stderr),
+        )
         values.update(given)
         return cls(**values)
 
@@ -182,5 +199,8 @@ def _isatty(stream: Any) -> bool:
 
 def settings() -> list[tuple[str, str, str]]:
     """(variable, default, what it does) for each setting, for the docs and `--help`."""
-    return [(f.metadata["variable"], "" if f.default is None else str(f.default), f.metadata["why"])
-            for f in dataclasses.fields(Environment) if "variable" in f.metadata]
+    return [
+        (f.metadata["variable"], "" if f.default is None else str(f.default), f.metadata["why"])
+        for f in dataclasses.fields(Environment)
+        if "variable" in f.metadata
+    ]

@@ -60,8 +60,16 @@ class CommandFailed(GpuTrainError):
     """A command that ran and failed (``pulumi``, a job, a command on a host), carrying its result as
     Invoke's ``UnexpectedExit`` carries its ``Result``: the command, where, its exit code, its stderr's end."""
 
-    def __init__(self, message: str = "", *, command: str = "", exited: int | None = None, host: str = "",
-                 stderr: str = "", problems: Sequence[Any] = ()):
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        command: str = "",
+        exited: int | None = None,
+        host: str = "",
+        stderr: str = "",
+        problems: Sequence[Any] = (),
+    ):
         super().__init__(message, problems)
         self.command, self.exited, self.host, self.stderr = command, exited, host, stderr
 
@@ -94,8 +102,7 @@ def printable(text: str, keep: str = "") -> str:
     """
     if text.isprintable():
         return text
-    return "".join(c if c in keep or unicodedata.category(c) not in ("Cc", "Cf") else repr(c)[1:-1]
-                   for c in text)
+    return "".join(c if c in keep or unicodedata.category(c) not in ("Cc", "Cf") else repr(c)[1:-1] for c in text)
 
 
 def printable_doc(value: Any) -> Any:
@@ -168,7 +175,7 @@ class TerminalStream:
     def feed(self, data: bytes) -> bytes:
         text = self._held + self._decode.decode(data)
         m = _OPEN.search(text)
-        self._held, text = (text[m.start():], text[: m.start()]) if m else ("", text)
+        self._held, text = (text[m.start() :], text[: m.start()]) if m else ("", text)
         return shown(text).encode()
 
     def end(self) -> bytes:

@@ -53,8 +53,7 @@ def check_run_id(text: object, where: str = "--run") -> str:
         return text
     shown = repr(text)
     shown = shown if len(shown) <= 80 else f"{shown[:80]}... ({len(shown)} characters)"
-    raise JobError(f"{where} {shown} is not a run id (letters, digits and underscores, starting with a letter, "
-                   "at most 128)")
+    raise JobError(f"{where} {shown} is not a run id (letters, digits and underscores, starting with a letter, at most 128)")
 
 
 def run_id(base: str, when: datetime) -> str:
@@ -67,8 +66,7 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("JOB_DIR", "RUN_ID", "DATA_DIR", RESUMES_ENV)  # gpu-train sets these itself
 
 
-def parse_env(pairs: list[str], environ: Mapping[str, str] | None = None, files: Mapping[str, str] | None = None
-              ) -> dict[str, str]:
+def parse_env(pairs: list[str], environ: Mapping[str, str] | None = None, files: Mapping[str, str] | None = None) -> dict[str, str]:
     """The job's environment from ``--env-file`` texts (``files``: name -> text, in order) and ``--env``
     (NAME=VALUE, or NAME alone: its value from ``environ``, the laptop's, so a secret stays off the
     command line). ``--env`` wins over a file; a later file over an earlier one."""
@@ -81,8 +79,10 @@ def parse_env(pairs: list[str], environ: Mapping[str, str] | None = None, files:
             raise JobError(f"--env {pair if sep else key!r}: write it as NAME=VALUE, or NAME to pass this shell's $NAME")
         if not sep:
             if environ is None or key not in environ:
-                raise JobError(f"--env {key}: {key} is not set in this shell's environment; export it first "
-                               f"(export {key}=...), or give it in an --env-file")
+                raise JobError(
+                    f"--env {key}: {key} is not set in this shell's environment; export it first "
+                    f"(export {key}=...), or give it in an --env-file"
+                )
             value = environ[key]
         env[key] = value
     if taken := [k for k in env if k in RESERVED_ENV]:
@@ -101,29 +101,41 @@ def parse_env_file(text: str, name: str) -> dict[str, str]:
         if not line or line.startswith("#"):
             continue
         if line.startswith("export "):
-            line = line[len("export "):].lstrip()
+            line = line[len("export ") :].lstrip()
         key, sep, value = line.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not ENV_NAME_RE.fullmatch(key):
-            raise JobError(f"--env-file {name}, line {number}: expected NAME=VALUE (a line that starts with "
-                           "# is a comment)")
+            raise JobError(f"--env-file {name}, line {number}: expected NAME=VALUE (a line that starts with # is a comment)")
         if len(value) >= 2 and value[0] == value[-1] == "'":
             value = value[1:-1]
         elif len(value) >= 2 and value[0] == value[-1] == '"':
             value = re.sub(r'\\([\\"n])', lambda m: "\n" if m.group(1) == "n" else m.group(1), value[1:-1])
         elif value[:1] in ("'", '"'):
-            raise JobError(f"--env-file {name}, line {number}: {key}'s value has no closing {value[0]} "
-                           "(values span one line)")
+            raise JobError(f"--env-file {name}, line {number}: {key}'s value has no closing {value[0]} (values span one line)")
         else:
             value = re.split(r"\s+#", value, maxsplit=1)[0]
         env[key] = value
     return env
 
 
-def job_spec(*, run: str, base: str, script: str | None, command: str | None, args: str, env: list[str],
-             python: str | None, expect_gpus: int, code_dir: Path, cwd: Path | None = None,
-             environ: Mapping[str, str] | None = None, env_files: Mapping[str, str] | None = None,
-             pass_job_dir: bool = False, resume_args: str = "", resume_if: str | None = None) -> JobSpec:
+def job_spec(
+    *,
+    run: str,
+    base: str,
+    script: str | None,
+    command: str | None,
+    args: str,
+    env: list[str],
+    python: str | None,
+    expect_gpus: int,
+    code_dir: Path,
+    cwd: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    env_files: Mapping[str, str] | None = None,
+    pass_job_dir: bool = False,
+    resume_args: str = "",
+    resume_if: str | None = None,
+) -> JobSpec:
     """Check train's options against the code directory; build what the host runs.
 
     ``cwd`` is where the user is: a relative --script is a path in ``code_dir`` (the project root),
@@ -134,8 +146,9 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
     if pass_job_dir and not script:
         raise JobError('--pass-job-dir goes with --script; a --command passes it itself: --job-dir "$JOB_DIR"')
     if resume_if and not resume_args:
-        raise JobError("--resume-if says when to add --resume-args: give both (e.g. --resume-args "
-                       "'--init_from=resume' --resume-if out/ckpt.pt)")
+        raise JobError(
+            "--resume-if says when to add --resume-args: give both (e.g. --resume-args '--init_from=resume' --resume-if out/ckpt.pt)"
+        )
     if script:
         rel = Path(script)
         if rel.is_absolute():
@@ -150,10 +163,19 @@ def job_spec(*, run: str, base: str, script: str | None, command: str | None, ar
             script = f"./{script}"
     elif args:
         raise JobError("--args goes with --script; with --command, put the arguments in the command")
-    return JobSpec(run_id=run, base=base, script=script, command=command, args=split_args("--args", args),
-                   env=parse_env(env, environ, env_files), python=python, expect_gpus=expect_gpus,
-                   pass_job_dir=pass_job_dir, resume_args=split_args("--resume-args", resume_args),
-                   resume_if=resume_if or None)
+    return JobSpec(
+        run_id=run,
+        base=base,
+        script=script,
+        command=command,
+        args=split_args("--args", args),
+        env=parse_env(env, environ, env_files),
+        python=python,
+        expect_gpus=expect_gpus,
+        pass_job_dir=pass_job_dir,
+        resume_args=split_args("--resume-args", resume_args),
+        resume_if=resume_if or None,
+    )
 
 
 def split_args(option: str, text: str) -> tuple[str, ...]:
@@ -161,8 +183,10 @@ def split_args(option: str, text: str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(text or ""))
     except ValueError as e:
-        raise JobError(f"{option} {text[:80]!r}: {e.args[0].lower()}; the arguments are split as a shell would, "
-                       f"so close each quote (an apostrophe inside double quotes: {option} \"--title \\\"it's\\\"\")") from None
+        raise JobError(
+            f"{option} {text[:80]!r}: {e.args[0].lower()}; the arguments are split as a shell would, "
+            f'so close each quote (an apostrophe inside double quotes: {option} "--title \\"it\'s\\"")'
+        ) from None
 
 
 SKIPPED_DIRS = {".git", "runs", ".gpu-train", "node_modules", "__pycache__", ".venv", "venv"}
@@ -192,9 +216,15 @@ def missing_script(script: str, code_dir: Path, cwd: Path | None, candidates: li
             return f"{text}; {cwd / script} is outside it: the script must be in the code that is synced"
         return f"{text}; from here, use --script {inside}"
     by_name = [c for c in candidates if Path(c).name == Path(script).name]
-    close = by_name[:3] or difflib.get_close_matches(script, candidates, n=3, cutoff=0.6) or \
-        [c for c in candidates if Path(c).name in difflib.get_close_matches(Path(script).name,
-                                                                          [Path(c).name for c in candidates], n=3, cutoff=0.6)][:3]
+    close = (
+        by_name[:3]
+        or difflib.get_close_matches(script, candidates, n=3, cutoff=0.6)
+        or [
+            c
+            for c in candidates
+            if Path(c).name in difflib.get_close_matches(Path(script).name, [Path(c).name for c in candidates], n=3, cutoff=0.6)
+        ][:3]
+    )
     return f"{text}; did you mean {' or '.join(close)}?" if close else text
 
 
@@ -235,17 +265,28 @@ def choose_launcher(option: str | None, nodes: int, script: str | None) -> str:
     return chosen
 
 
-def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: int, ps: int,
-               tf_port: int = 2222) -> list[JobSpec]:
+def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: int, ps: int, tf_port: int = 2222) -> list[JobSpec]:
     """One spec per node: its rank, and where the cluster meets (node 0 leads)."""
     nnodes = len(hosts)
     if not 0 <= ps < nnodes:
         raise JobError(f"--ps {ps}: needs 0 to {nnodes - 1} parameter servers for {nnodes} nodes (node 0 is the chief)")
     if nnodes == 1 and spec.launcher != "torchrun":
         return [spec]
-    return [replace(spec, node={"rank": i, "nnodes": nnodes, "masterAddr": master_addr, "masterPort": master_port,
-                                "hosts": hosts, "tfPort": tf_port, "ps": ps})
-            for i in range(nnodes)]
+    return [
+        replace(
+            spec,
+            node={
+                "rank": i,
+                "nnodes": nnodes,
+                "masterAddr": master_addr,
+                "masterPort": master_port,
+                "hosts": hosts,
+                "tfPort": tf_port,
+                "ps": ps,
+            },
+        )
+        for i in range(nnodes)
+    ]
 
 
 def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None) -> list[JobSpec]:
@@ -254,10 +295,18 @@ def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None) -> list[JobS
     if not bucket:
         return specs
     place = parse_bucket(bucket)
-    return [replace(s, bucket={"name": place.name, "prefix": run_prefix(place, stack, s.run_id, i),
-                               "data": data_prefix(place, s.project),
-                               "parts": parts_prefix(place, stack, s.run_id, i)})
-            for i, s in enumerate(specs)]
+    return [
+        replace(
+            s,
+            bucket={
+                "name": place.name,
+                "prefix": run_prefix(place, stack, s.run_id, i),
+                "data": data_prefix(place, s.project),
+                "parts": parts_prefix(place, stack, s.run_id, i),
+            },
+        )
+        for i, s in enumerate(specs)
+    ]
 
 
 def parameter_servers(option: object, from_pools: int) -> int:
@@ -269,8 +318,9 @@ def parameter_servers(option: object, from_pools: int) -> int:
     except ValueError:
         raise JobError(f"--ps {option!r}: expected a whole number") from None
     if from_pools and ps != from_pools:
-        raise JobError(f"--ps {ps}: the stack's pools make the last {from_pools} nodes parameter servers; "
-                       "leave --ps out (or change the pools)")
+        raise JobError(
+            f"--ps {ps}: the stack's pools make the last {from_pools} nodes parameter servers; leave --ps out (or change the pools)"
+        )
     return ps
 
 
@@ -281,11 +331,12 @@ def per_node_gpus(specs: list[JobSpec], node_gpus: list[int], launcher: str, npr
         return specs
     if launcher == "torchrun" and 0 in node_gpus:
         cpu = [i for i, n in enumerate(node_gpus) if n == 0]
-        raise JobError(f"--script runs under torchrun on every node, and node{'s' if len(cpu) > 1 else ''} "
-                       f"{', '.join(map(str, cpu))} (the ps pool) have no GPU: run a TF parameter-server job with "
-                       "--command (it gets TF_CONFIG), or remove the ps pool for a PyTorch job")
-    return [replace(s, expect_gpus=n, nproc=s.nproc if nproc_given else (n or s.nproc))
-            for s, n in zip(specs, node_gpus, strict=True)]
+        raise JobError(
+            f"--script runs under torchrun on every node, and node{'s' if len(cpu) > 1 else ''} "
+            f"{', '.join(map(str, cpu))} (the ps pool) have no GPU: run a TF parameter-server job with "
+            "--command (it gets TF_CONFIG), or remove the ps pool for a PyTorch job"
+        )
+    return [replace(s, expect_gpus=n, nproc=s.nproc if nproc_given else (n or s.nproc)) for s, n in zip(specs, node_gpus, strict=True)]
 
 
 def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
@@ -317,6 +368,7 @@ def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
 def resumable(runs: list[dict], named: str) -> str:
     """The run `resume` takes without --run: the newest interrupted one (on a cluster, one that any
     node lost to an interruption), never one that finished; JobError naming the runs otherwise."""
+
     def interrupted(r: dict) -> bool:
         return r["state"] == INTERRUPTED or any(n.get("state") == INTERRUPTED for n in r.get("nodes") or ())
 
@@ -326,8 +378,9 @@ def resumable(runs: list[dict], named: str) -> str:
     if not runs:
         raise JobError("no runs on this host yet: nothing to resume")
     newest = max(runs, key=lambda r: r.get("created") or 0)
-    raise JobError(f"no interrupted run to resume (the newest, {newest['id']}, is {newest['state']}); "
-                   f"to restart a run anyway, name it: {named}")
+    raise JobError(
+        f"no interrupted run to resume (the newest, {newest['id']}, is {newest['state']}); to restart a run anyway, name it: {named}"
+    )
 
 
 def aggregate_runs(docs: list[dict | None]) -> dict:
@@ -338,7 +391,9 @@ def aggregate_runs(docs: list[dict | None]) -> dict:
     for r in lead["runs"]:
         per_node = [(m or {}).get(r["id"]) if m is not None else None for m in by_node]
         state, code, detail = aggregate_state(per_node)
-        nodes = [{"node": i, "state": p["state"] if p else "unknown", "exitCode": p.get("exitCode") if p else None}
-                 for i, p in enumerate(per_node)]
+        nodes = [
+            {"node": i, "state": p["state"] if p else "unknown", "exitCode": p.get("exitCode") if p else None}
+            for i, p in enumerate(per_node)
+        ]
         runs.append({**r, "state": state, "exitCode": code, "detail": detail, "nodes": nodes})
     return {**lead, "runs": runs, "nodeCount": len(docs)}

@@ -17,6 +17,8 @@ def main() -> None:
     except ModuleNotFoundError as e:
         if e.name not in ("remote", "remote.cli"):
             raise
-        sys.exit("gpu-train runs from its clone: git clone URL ~/gpu-train && ~/gpu-train/scripts/setup "
-                 "(that puts the `gpu-train` of the clone's .venv on PATH)")
+        sys.exit(
+            "gpu-train runs from its clone: git clone URL ~/gpu-train && ~/gpu-train/scripts/setup "
+            "(that puts the `gpu-train` of the clone's .venv on PATH)"
+        )
     run()

@@ -29,12 +29,14 @@ STACK_ENV, NODES_ENV, HOURS_ENV, NOTIFY_ENV = "GPU_TRAIN_STACK", "GPU_TRAIN_NODE
 COMPUTE_URL_ENV, METADATA_URL_ENV, OP_WAIT_S_ENV = "GPU_TRAIN_COMPUTE_URL", "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_OP_WAIT_S"
 # instances.start's operation errors that pass with time: the zone's capacity (the usual answer right
 # after a preemption), the region's quota (other VMs stop), Google's own trouble.
-CAPACITY = {"ZONE_RESOURCE_POOL_EXHAUSTED": "zone out of capacity",
-            "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": "zone out of capacity",
-            "RESOURCE_POOL_EXHAUSTED": "zone out of capacity",
-            "QUOTA_EXCEEDED": "quota exceeded in the region",
-            "RESOURCE_OPERATION_RATE_EXCEEDED": "too many operations at once",
-            "INTERNAL_ERROR": "Compute Engine internal error"}
+CAPACITY = {
+    "ZONE_RESOURCE_POOL_EXHAUSTED": "zone out of capacity",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": "zone out of capacity",
+    "RESOURCE_POOL_EXHAUSTED": "zone out of capacity",
+    "QUOTA_EXCEEDED": "quota exceeded in the region",
+    "RESOURCE_OPERATION_RATE_EXCEEDED": "too many operations at once",
+    "INTERNAL_ERROR": "Compute Engine internal error",
+}
 TRANSIENT_HTTP = (408, 429, 500, 502, 503, 504)
 
 # What the function does with the event in the end (the Pub/Sub delivery): done (acknowledged), or
@@ -63,8 +65,8 @@ def parse_time(stamp: str | None) -> float | None:
     text = stamp.strip().replace("Z", "+00:00")
     if "." in text:  # Python 3.8's fromisoformat takes 3 or 6 digits of fraction only
         head, _, rest = text.partition(".")
-        digits = rest[:len(rest) - len(rest.lstrip("0123456789"))]
-        text = head + "." + (digits + "000000")[:6] + rest[len(digits):]
+        digits = rest[: len(rest) - len(rest.lstrip("0123456789"))]
+        text = head + "." + (digits + "000000")[:6] + rest[len(digits) :]
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
@@ -201,8 +203,7 @@ def start_answer(http_status: int, operation: dict | None, error_doc: dict | Non
 def give_up_reason(event: Event, now: float, bound_hours: float, attempts: int) -> str | None:
     """Why to stop trying (the stack's bound passed), or None while it has not."""
     if now - event.at >= bound_hours * 3600:
-        return (f"not back after {(now - event.at) / 3600:.1f} h and {attempts} attempt(s) "
-                f"(gpu-train:recoverHours = {bound_hours:g})")
+        return f"not back after {(now - event.at) / 3600:.1f} h and {attempts} attempt(s) (gpu-train:recoverHours = {bound_hours:g})"
     return None
 
 
@@ -210,8 +211,11 @@ def updated_record(record: dict, event: Event, state: str, now: float, why: str 
     """The node's record after this step: a new event starts a new record (the old one's outcome goes
     into ``history``); ``state``: preempted | stopping for the group | coming back | resumed | gave up."""
     if record.get("at") != event.at:
-        past = [*record.get("history", []), {k: record[k] for k in ("event", "at", "state", "attempts", "resumedAt")
-                                                 if k in record}][-10:] if record.get("at") else []
+        past = (
+            [*record.get("history", []), {k: record[k] for k in ("event", "at", "state", "attempts", "resumedAt") if k in record}][-10:]
+            if record.get("at")
+            else []
+        )
         record = {"event": event.kind, "at": event.at, "attempts": 0, "history": past}
     out = {**record, "state": state, "updated": now}
     if why:

@@ -16,8 +16,9 @@ from gpu_train.stack.bucket import parse_bucket
 from gpu_train.stack.config import StackConfig
 
 
-def declare(name: str, cfg: StackConfig, account_email: pulumi.Output[str], labels: dict[str, str],
-            parent: pulumi.Resource) -> list[pulumi.Resource]:
+def declare(
+    name: str, cfg: StackConfig, account_email: pulumi.Output[str], labels: dict[str, str], parent: pulumi.Resource
+) -> list[pulumi.Resource]:
     """The bucket (when the stack creates it) and the VM's grant on it; nothing without ``bucket``."""
     if not cfg.bucket:
         return []
@@ -39,11 +40,13 @@ def declare(name: str, cfg: StackConfig, account_email: pulumi.Output[str], labe
         )
         made.append(created)
         bucket_name = created.name
-    made.append(gcp.storage.BucketIAMMember(
-        f"{name}-bucket-objects",
-        bucket=bucket_name,
-        role=vm.BUCKET_ROLE,
-        member=account_email.apply(lambda email: f"serviceAccount:{email}"),
-        opts=pulumi.ResourceOptions(parent=parent),
-    ))
+    made.append(
+        gcp.storage.BucketIAMMember(
+            f"{name}-bucket-objects",
+            bucket=bucket_name,
+            role=vm.BUCKET_ROLE,
+            member=account_email.apply(lambda email: f"serviceAccount:{email}"),
+            opts=pulumi.ResourceOptions(parent=parent),
+        )
+    )
     return made

@@ -41,8 +41,7 @@ def existing_boot_image(cfg: StackConfig, instance_name: str, parent: pulumi.Res
     "projects/P/zones/Z/instances/N not found" on a 404 (the provider's HandleDataSourceNotFoundError);
     any other failure (permissions, API disabled) is the user's to see, not a first `up`."""
     try:
-        found = gcp.compute.get_instance(name=instance_name, zone=cfg.zone, project=cfg.project,
-                                         opts=pulumi.InvokeOptions(parent=parent))
+        found = gcp.compute.get_instance(name=instance_name, zone=cfg.zone, project=cfg.project, opts=pulumi.InvokeOptions(parent=parent))
     except Exception as e:
         if f"/instances/{instance_name} not found" in str(e):
             return None
@@ -82,16 +81,33 @@ class GpuVm(pulumi.ComponentResource):
 
         def ingress(suffix: str, description: str, **rule: Any) -> gcp.compute.Firewall:
             """An ingress rule of the default network for this VM's tag."""
-            return gcp.compute.Firewall(f"{name}-{suffix}", name=vm.resource_name(cfg.stack, suffix), project=cfg.project,
-                                        network=cfg.network, direction="INGRESS", target_tags=[tag],
-                                        description=f"gpu-train {cfg.stack}: {description}", opts=child, **rule)
+            return gcp.compute.Firewall(
+                f"{name}-{suffix}",
+                name=vm.resource_name(cfg.stack, suffix),
+                project=cfg.project,
+                network=cfg.network,
+                direction="INGRESS",
+                target_tags=[tag],
+                description=f"gpu-train {cfg.stack}: {description}",
+                opts=child,
+                **rule,
+            )
 
         for family, ranges in vm.ssh_ranges_by_family(cfg.ssh_source_ranges).items():
-            ingress(f"ssh-{family}", "SSH from the stack's sshSourceRanges only", priority=vm.SSH_ALLOW_PRIORITY,
-                    allows=[{"protocol": "tcp", "ports": ["22"]}], source_ranges=ranges)
-            ingress(f"ssh-deny-{family}", "no SSH from anywhere else (overrides default-allow-ssh)",
-                    priority=vm.SSH_DENY_PRIORITY, denies=[{"protocol": "tcp", "ports": ["22"]}],
-                    source_ranges=["::/0" if family == "ipv6" else "0.0.0.0/0"])
+            ingress(
+                f"ssh-{family}",
+                "SSH from the stack's sshSourceRanges only",
+                priority=vm.SSH_ALLOW_PRIORITY,
+                allows=[{"protocol": "tcp", "ports": ["22"]}],
+                source_ranges=ranges,
+            )
+            ingress(
+                f"ssh-deny-{family}",
+                "no SSH from anywhere else (overrides default-allow-ssh)",
+                priority=vm.SSH_DENY_PRIORITY,
+                denies=[{"protocol": "tcp", "ports": ["22"]}],
+                source_ranges=["::/0" if family == "ipv6" else "0.0.0.0/0"],
+            )
 
         account = gcp.serviceaccount.Account(
             f"{name}-sa",
@@ -116,9 +132,7 @@ class GpuVm(pulumi.ComponentResource):
 
         # Resolved at `up` time from the family, then pinned: the instance ignores later changes of
         # the family's newest image, so a re-run of `pulumi up` never replaces the VM (and its disk).
-        newest = gcp.compute.get_image_output(
-            family=cfg.image_family, project=cfg.image_project, opts=pulumi.InvokeOptions(parent=self)
-        )
+        newest = gcp.compute.get_image_output(family=cfg.image_family, project=cfg.image_project, opts=pulumi.InvokeOptions(parent=self))
 
         catalog = args.catalog
         shapes = list(args.node_shapes) or [shape] * cfg.nodes
@@ -138,8 +152,13 @@ class GpuVm(pulumi.ComponentResource):
         if cfg.nodes > 1:
             # The nodes talk to each other freely (NCCL, rendezvous, TF servers, SSH for the code node 0
             # passes on), above the SSH deny rule; nothing new from outside.
-            ingress("internal", "traffic between the cluster's nodes", source_tags=[tag], priority=vm.INTERNAL_PRIORITY,
-                    allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}])
+            ingress(
+                "internal",
+                "traffic between the cluster's nodes",
+                source_tags=[tag],
+                priority=vm.INTERNAL_PRIORITY,
+                allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
+            )
 
         def nic(machine_type: str) -> dict[str, object]:
             out: dict[str, object] = {"network": cfg.network, "access_configs": [{}]}
@@ -152,8 +171,7 @@ class GpuVm(pulumi.ComponentResource):
         # Each node's boot disk against the image it boots: an existing node keeps the image of its own
         # first `up` (nodes added later get the newest), so a bigger newest image refuses no one.
         boot_images = [self._boot_image(cfg, instance_name, newest) for instance_name in instance_names]
-        self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type))
-                           for i in range(cfg.nodes)]
+        self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type)) for i in range(cfg.nodes)]
         self.instances = [
             gcp.compute.Instance(  # type: ignore[call-overload]
                 name if cfg.nodes == 1 else f"{name}-{i}",
@@ -171,8 +189,7 @@ class GpuVm(pulumi.ComponentResource):
                 },
                 # Attached, not created with the VM: a replaced VM (any replace-only field) gets the same
                 # disk back, by the same device name, so runs and checkpoints carry over.
-                attached_disks=[{"source": self.data_disks[i].self_link, "device_name": vm.DATA_DEVICE_NAME,
-                                 "mode": "READ_WRITE"}],
+                attached_disks=[{"source": self.data_disks[i].self_link, "device_name": vm.DATA_DEVICE_NAME, "mode": "READ_WRITE"}],
                 guest_accelerators=vm.guest_accelerators(shapes[i]),
                 scheduling=provisioning.scheduling(cfg, catalog, shapes[i].machine_type),
                 reservation_affinity=provisioning.reservation_affinity(cfg),
@@ -229,18 +246,17 @@ class GpuVm(pulumi.ComponentResource):
         }
         self.register_outputs(self.outputs)
 
-    def _boot_image(self, cfg: StackConfig, instance_name: str,
-                    newest: pulumi.Output[gcp.compute.GetImageResult]) -> tuple[pulumi.Input[str], pulumi.Input[int]]:
+    def _boot_image(
+        self, cfg: StackConfig, instance_name: str, newest: pulumi.Output[gcp.compute.GetImageResult]
+    ) -> tuple[pulumi.Input[str], pulumi.Input[int]]:
         """The image ``instance_name`` boots and its checked boot disk size: the image its boot disk was
         created from where the instance exists already, else the family's newest (its first `up`)."""
         pinned = existing_boot_image(cfg, instance_name, self)
         if pinned is None:
-            return newest.self_link, newest.disk_size_gb.apply(
-                lambda gb: boot_disk_size(cfg, gb, f"the image family {cfg.image_family}"))
+            return newest.self_link, newest.disk_size_gb.apply(lambda gb: boot_disk_size(cfg, gb, f"the image family {cfg.image_family}"))
         project, image_name = image_project_and_name(pinned)
         image = gcp.compute.get_image(name=image_name, project=project, opts=pulumi.InvokeOptions(parent=self))
-        return pinned, boot_disk_size(
-            cfg, image.disk_size_gb, f"the image {image_name} that {instance_name} runs (pinned at its first up)")
+        return pinned, boot_disk_size(cfg, image.disk_size_gb, f"the image {image_name} that {instance_name} runs (pinned at its first up)")
 
     def _data_disk(self, name: str, cfg, node: int, disk_type: str) -> gcp.compute.Disk:
         """Node ``node``'s data disk (REMOTE_ROOT/runs). ``protect``: neither `pulumi destroy` nor a change
@@ -255,6 +271,6 @@ class GpuVm(pulumi.ComponentResource):
             type=disk_type,
             labels={**vm.labels(cfg, pulumi.get_project()), "gpu-train-node": str(node)},
             description=f"gpu-train {cfg.stack}: runs and checkpoints of node {node}; outlives the VM; "
-                        "`fab down` fetches them before it lets the disk go",
+            "`fab down` fetches them before it lets the disk go",
             opts=pulumi.ResourceOptions(parent=self, protect=True),
         )

@@ -33,9 +33,20 @@ def declare(cfg: config.StackConfig, public_key: str, catalog: Catalog, lookups:
     per_node = [hourly_cost(s, catalog).for_way(provisioning.way(cfg)) for s in shapes]
     known = [c for c in per_node if c is not None]
     cost = round(sum(known), 5) if len(known) == len(per_node) else None
-    gpu_vm = GpuVm("gpu", GpuVmArgs(cfg, shapes[0], public_key, pulumi.get_project(), cost,
-                                    agent_zipapp=bundle.payload(), startup_template=vm.read_startup_template(),
-                                    catalog=catalog, node_shapes=tuple(shapes) if cfg.pools else ()))
+    gpu_vm = GpuVm(
+        "gpu",
+        GpuVmArgs(
+            cfg,
+            shapes[0],
+            public_key,
+            pulumi.get_project(),
+            cost,
+            agent_zipapp=bundle.payload(),
+            startup_template=vm.read_startup_template(),
+            catalog=catalog,
+            node_shapes=tuple(shapes) if cfg.pools else (),
+        ),
+    )
     shape = shapes[0]
     quota_request.declare(cfg, shape, gpu_vm, catalog, lookups)
     for key, value in gpu_vm.outputs.items():

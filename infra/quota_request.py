@@ -33,25 +33,38 @@ from infra.lookups import CannotAsk, Lookups
 
 def current_value(info, dimensions: dict[str, str]) -> int:
     """The limit in force for these dimensions (see quota.current_limit), 0 if none."""
-    entries = [{"dimensions": dict(e.dimensions or {}), "applicableLocations": list(e.applicable_locations or []),
-                "values": [d.value for d in e.details or []]} for e in info.dimensions_infos or []]
+    entries = [
+        {
+            "dimensions": dict(e.dimensions or {}),
+            "applicableLocations": list(e.applicable_locations or []),
+            "values": [d.value for d in e.details or []],
+        }
+        for e in info.dimensions_infos or []
+    ]
     return quota.current_limit(entries, dimensions)
 
 
 CLOUD_QUOTAS_API = "cloudquotas.googleapis.com"
 
 
-def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
-            catalog: Catalog, lookups: Lookups) -> list[gcp.cloudquota.SQuotaPreference]:
+def declare(
+    cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource, catalog: Catalog, lookups: Lookups
+) -> list[gcp.cloudquota.SQuotaPreference]:
     request = cfg.quota_request
     if not request:
         return []
     gpus = int(request["gpus"])
     parent_path = f"projects/{cfg.project}"
-    provider = gcp.Provider("quotas", project=cfg.project, user_project_override=True, billing_project=cfg.project,
-                            opts=pulumi.ResourceOptions(parent=parent))
-    api = gcp.projects.Service("cloudquotas-api", project=cfg.project, service=CLOUD_QUOTAS_API, disable_on_destroy=False,
-                               opts=pulumi.ResourceOptions(parent=parent, provider=provider))
+    provider = gcp.Provider(
+        "quotas", project=cfg.project, user_project_override=True, billing_project=cfg.project, opts=pulumi.ResourceOptions(parent=parent)
+    )
+    api = gcp.projects.Service(
+        "cloudquotas-api",
+        project=cfg.project,
+        service=CLOUD_QUOTAS_API,
+        disable_on_destroy=False,
+        opts=pulumi.ResourceOptions(parent=parent, provider=provider),
+    )
     declared = []
     found = existing_preferences(cfg.project or "", lookups)
     for pref in quota.preferences(cfg, shape, gpus, catalog):
@@ -63,27 +76,40 @@ def declare(cfg: StackConfig, shape: GpuShape, parent: pulumi.Resource,
         except ValueError as e:
             raise pulumi.RunError(f"quotaRequest: {e}") from None
         if existing is not None:
-            declared.append(adopt(cfg, quota.adoption(existing, want), quota_id, dims, f"quota-{suffix}", want,
-                                  pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api])))
+            declared.append(
+                adopt(
+                    cfg,
+                    quota.adoption(existing, want),
+                    quota_id,
+                    dims,
+                    f"quota-{suffix}",
+                    want,
+                    pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api]),
+                )
+            )
             continue
-        info = gcp.cloudquota.get_s_quota_info_output(parent=parent_path, service=quota.SERVICE,
-                                                      quota_id=quota_id,
-                                                      opts=pulumi.InvokeOutputOptions(parent=parent, provider=provider,
-                                                                                      depends_on=[api]))
-        preferred = info.apply(lambda i, d=dims, w=want: str(max(w, current_value(i, d))))  # type: ignore[misc]
-        declared.append(gcp.cloudquota.SQuotaPreference(
-            f"quota-{suffix}",
-            name=preference_id(str(pref["quota_id"]), dims),
+        info = gcp.cloudquota.get_s_quota_info_output(
             parent=parent_path,
             service=quota.SERVICE,
             quota_id=quota_id,
-            dimensions=dims or None,
-            quota_config={"preferred_value": preferred},
-            justification=request["justification"],
-            contact_email=request["contactEmail"],
-            # Cloud Quotas cannot delete a preference (the provider only forgets it): say so, and keep it.
-            opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api], retain_on_delete=True),
-        ))
+            opts=pulumi.InvokeOutputOptions(parent=parent, provider=provider, depends_on=[api]),
+        )
+        preferred = info.apply(lambda i, d=dims, w=want: str(max(w, current_value(i, d))))  # type: ignore[misc]
+        declared.append(
+            gcp.cloudquota.SQuotaPreference(
+                f"quota-{suffix}",
+                name=preference_id(str(pref["quota_id"]), dims),
+                parent=parent_path,
+                service=quota.SERVICE,
+                quota_id=quota_id,
+                dimensions=dims or None,
+                quota_config={"preferred_value": preferred},
+                justification=request["justification"],
+                contact_email=request["contactEmail"],
+                # Cloud Quotas cannot delete a preference (the provider only forgets it): say so, and keep it.
+                opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[api], retain_on_delete=True),
+            )
+        )
     return declared
 
 
@@ -99,13 +125,22 @@ def existing_preferences(project: str, lookups: Lookups) -> list[dict]:
     try:
         return lookups.quota_preferences(project)
     except CannotAsk as e:
-        pulumi.log.warn(f"quotaRequest: cannot ask Cloud Quotas which quota preferences project {project} already has "
-                        f"({e}); each is created, and one that exists fails with a 409 (Requested entity already exists)")
+        pulumi.log.warn(
+            f"quotaRequest: cannot ask Cloud Quotas which quota preferences project {project} already has "
+            f"({e}); each is created, and one that exists fails with a 409 (Requested entity already exists)"
+        )
         return []
 
 
-def adopt(cfg: StackConfig, adopted: quota.Adoption, quota_id: str, dims: dict[str, str], resource_name: str,
-          want: int, opts: pulumi.ResourceOptions) -> gcp.cloudquota.SQuotaPreference:
+def adopt(
+    cfg: StackConfig,
+    adopted: quota.Adoption,
+    quota_id: str,
+    dims: dict[str, str],
+    resource_name: str,
+    want: int,
+    opts: pulumi.ResourceOptions,
+) -> gcp.cloudquota.SQuotaPreference:
     """The existing preference, declared with exactly the values it has, to be imported (or, once in the
     stack's state, left as it is)."""
     request = cfg.quota_request or {}
@@ -118,7 +153,8 @@ def adopt(cfg: StackConfig, adopted: quota.Adoption, quota_id: str, dims: dict[s
             f"(granted: {adopted.granted or 'not yet'}); this stack asks for {want}. "
             "It is adopted as it is (an up can import it or change it, not both; it may be another stack's). "
             f"To ask for {want}: gcloud quotas preferences update {adopted.name} --project={cfg.project} "
-            f"--service={quota.SERVICE} --quota-id={quota_id}{flags} --preferred-value={want}")
+            f"--service={quota.SERVICE} --quota-id={quota_id}{flags} --preferred-value={want}"
+        )
     return gcp.cloudquota.SQuotaPreference(
         resource_name,
         name=adopted.name,
@@ -129,7 +165,12 @@ def adopt(cfg: StackConfig, adopted: quota.Adoption, quota_id: str, dims: dict[s
         quota_config={"preferred_value": adopted.preferred},
         justification=request.get("justification"),
         contact_email=request.get("contactEmail"),
-        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
-            import_=quota.preference_import_id(cfg.project or "", adopted.name),
-            ignore_changes=["justification", "contactEmail"], retain_on_delete=True)),
+        opts=pulumi.ResourceOptions.merge(
+            opts,
+            pulumi.ResourceOptions(
+                import_=quota.preference_import_id(cfg.project or "", adopted.name),
+                ignore_changes=["justification", "contactEmail"],
+                retain_on_delete=True,
+            ),
+        ),
     )

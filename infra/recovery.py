@@ -26,27 +26,37 @@ from gpu_train.stack.config import StackConfig
 ROOT = Path(__file__).resolve().parent.parent
 # The function's modules, stdlib only (no other imports): the agent's webhook and Compute calls, and the
 # recovery's decisions from the core (as the agent's zipapp carries them: gpu_train.recovery).
-FUNCTION_MODULES = {"gpu_train_agent/__init__.py": "remote/agent/__init__.py",
-                    "gpu_train_agent/notify.py": "remote/agent/notify.py",
-                    "gpu_train_agent/recovery_call.py": "remote/agent/recovery_call.py",
-                    "gpu_train/__init__.py": "", "gpu_train/recovery.py": "gpu_train/recovery.py"}
+FUNCTION_MODULES = {
+    "gpu_train_agent/__init__.py": "remote/agent/__init__.py",
+    "gpu_train_agent/notify.py": "remote/agent/notify.py",
+    "gpu_train_agent/recovery_call.py": "remote/agent/recovery_call.py",
+    "gpu_train/__init__.py": "",
+    "gpu_train/recovery.py": "gpu_train/recovery.py",
+}
 RUNTIME = "python312"
 ENTRY_POINT = "on_event"
-MAIN = ('"""gpu-train: a preempted VM back by itself (remote/agent/recovery_call.py)."""\n'
-        "from gpu_train_agent.recovery_call import on_event\n\n"
-        "try:  # the Functions Framework the runtime provides: a CloudEvent function\n"
-        "    import functions_framework\n"
-        "    on_event = functions_framework.cloud_event(on_event)\n"
-        "except ImportError:\n"
-        "    pass\n")
+MAIN = (
+    '"""gpu-train: a preempted VM back by itself (remote/agent/recovery_call.py)."""\n'
+    "from gpu_train_agent.recovery_call import on_event\n\n"
+    "try:  # the Functions Framework the runtime provides: a CloudEvent function\n"
+    "    import functions_framework\n"
+    "    on_event = functions_framework.cloud_event(on_event)\n"
+    "except ImportError:\n"
+    "    pass\n"
+)
 # The APIs the recovery needs (left enabled on destroy: other tools of the project may use them).
-APIS = ("cloudfunctions.googleapis.com", "run.googleapis.com", "cloudbuild.googleapis.com",
-        "artifactregistry.googleapis.com", "eventarc.googleapis.com", "pubsub.googleapis.com",
-        "logging.googleapis.com")
+APIS = (
+    "cloudfunctions.googleapis.com",
+    "run.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "artifactregistry.googleapis.com",
+    "eventarc.googleapis.com",
+    "pubsub.googleapis.com",
+    "logging.googleapis.com",
+)
 SECRETS_API = "secretmanager.googleapis.com"
 # What the function's identity may do to the stack's instances, and nothing else.
-INSTANCE_PERMISSIONS = ("compute.instances.get", "compute.instances.start", "compute.instances.stop",
-                        "compute.instances.setMetadata")
+INSTANCE_PERMISSIONS = ("compute.instances.get", "compute.instances.start", "compute.instances.stop", "compute.instances.setMetadata")
 OPERATION_PERMISSIONS = ("compute.zoneOperations.get",)  # the start's outcome (capacity errors are there)
 SUFFIX = "recovery"
 FUNCTION_NAME_MAX = 49
@@ -73,17 +83,21 @@ def describe(cfg: StackConfig) -> str:
     """`plan`'s line about it."""
     if not wanted(cfg):
         return "Recovery: off (recoverHours 0): a preempted VM stays stopped until vm-start"
-    return (f"Recovery: a preempted VM is started again by the stack's own function for up to {cfg.recover_hours:g} h "
-            "(log sink, Pub/Sub, Cloud Run function; nothing runs and nothing bills while no VM is preempted; "
-            "docs/recovery.md)")
+    return (
+        f"Recovery: a preempted VM is started again by the stack's own function for up to {cfg.recover_hours:g} h "
+        "(log sink, Pub/Sub, Cloud Run function; nothing runs and nothing bills while no VM is preempted; "
+        "docs/recovery.md)"
+    )
 
 
 def log_filter(project: str, zone: str, instances: list[str]) -> str:
     """The sink's filter: the two system events, of these instances only."""
     methods = " OR ".join(f'"{m}"' for m in recovery.EVENTS)
     targets = " OR ".join(f'"projects/{project}/zones/{zone}/instances/{n}"' for n in instances)
-    return (f'logName="projects/{project}/logs/cloudaudit.googleapis.com%2Fsystem_event" '
-            f"AND protoPayload.methodName=({methods}) AND protoPayload.resourceName=({targets})")
+    return (
+        f'logName="projects/{project}/logs/cloudaudit.googleapis.com%2Fsystem_event" '
+        f"AND protoPayload.methodName=({methods}) AND protoPayload.resourceName=({targets})"
+    )
 
 
 def source_files() -> dict[str, str]:
@@ -104,8 +118,9 @@ def role_id(stack: str, what: str, account_unique_id: str) -> str:
     return (base[:36] + "_" + digest if len(base) > 36 else base) + f"_{what}_{account_unique_id[-8:]}"
 
 
-def declare(prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance], instance_names: list[str],
-            parent: pulumi.Resource) -> gcp.cloudfunctionsv2.Function | None:
+def declare(
+    prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance], instance_names: list[str], parent: pulumi.Resource
+) -> gcp.cloudfunctionsv2.Function | None:
     """The recovery's resources (``prefix``: the component's name), or nothing where it does not apply."""
     if not wanted(cfg):
         return None
@@ -114,81 +129,159 @@ def declare(prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance]
     # Cloud Run names the function's service after it (63 characters at most) and each revision after that
     # (NAME-00001-abc, 63 at most too): 49 leaves the revisions room.
     name = f"{names.rfc1035(f'gpu-train-{cfg.stack}', FUNCTION_NAME_MAX - len(SUFFIX) - 1)}-{SUFFIX}"
-    apis = [gcp.projects.Service(f"{prefix}-{SUFFIX}-{api.split('.')[0]}-api", project=project, service=api,
-                                 disable_on_destroy=False, opts=child)
-            for api in (*APIS, *((SECRETS_API,) if cfg.notify else ()))]
+    apis = [
+        gcp.projects.Service(
+            f"{prefix}-{SUFFIX}-{api.split('.')[0]}-api", project=project, service=api, disable_on_destroy=False, opts=child
+        )
+        for api in (*APIS, *((SECRETS_API,) if cfg.notify else ()))
+    ]
     after_apis = pulumi.ResourceOptions(parent=parent, depends_on=apis)
 
     account = gcp.serviceaccount.Account(
-        f"{prefix}-{SUFFIX}-sa", account_id=names.recovery_account_id(cfg.stack), project=project, opts=child,
+        f"{prefix}-{SUFFIX}-sa",
+        account_id=names.recovery_account_id(cfg.stack),
+        project=project,
+        opts=child,
         display_name=f"gpu-train {cfg.stack} recovery",
-        description="Starts the stack's preempted VMs again: may get, start, stop them and set their metadata only.")
+        description="Starts the stack's preempted VMs again: may get, start, stop them and set their metadata only.",
+    )
     member = account.email.apply(lambda email: f"serviceAccount:{email}")
     start_role = gcp.projects.IAMCustomRole(
-        f"{prefix}-{SUFFIX}-instances-role", project=project, opts=child,
+        f"{prefix}-{SUFFIX}-instances-role",
+        project=project,
+        opts=child,
         role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "recover", u)),
-        title=f"gpu-train {cfg.stack}: start preempted VMs", permissions=list(INSTANCE_PERMISSIONS),
-        description="Bound on the stack's instances only, for its recovery function.")
+        title=f"gpu-train {cfg.stack}: start preempted VMs",
+        permissions=list(INSTANCE_PERMISSIONS),
+        description="Bound on the stack's instances only, for its recovery function.",
+    )
     ops_role = gcp.projects.IAMCustomRole(
-        f"{prefix}-{SUFFIX}-operations-role", project=project, opts=child,
+        f"{prefix}-{SUFFIX}-operations-role",
+        project=project,
+        opts=child,
         role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "operations", u)),
-        title=f"gpu-train {cfg.stack}: read zone operations", permissions=list(OPERATION_PERMISSIONS),
-        description="Lets the recovery function read how a start it asked for ended.")
+        title=f"gpu-train {cfg.stack}: read zone operations",
+        permissions=list(OPERATION_PERMISSIONS),
+        description="Lets the recovery function read how a start it asked for ended.",
+    )
     grants: list[pulumi.Resource] = [
-        gcp.compute.InstanceIAMMember(f"{prefix}-{SUFFIX}-start-{i}", project=project, zone=cfg.zone, instance_name=inst.name,
-                                      role=start_role.name, member=member, opts=child)
-        for i, inst in enumerate(instances)]
-    grants.append(gcp.projects.IAMMember(f"{prefix}-{SUFFIX}-operations", project=project, role=ops_role.name, member=member,
-                                         opts=child))
+        gcp.compute.InstanceIAMMember(
+            f"{prefix}-{SUFFIX}-start-{i}",
+            project=project,
+            zone=cfg.zone,
+            instance_name=inst.name,
+            role=start_role.name,
+            member=member,
+            opts=child,
+        )
+        for i, inst in enumerate(instances)
+    ]
+    grants.append(gcp.projects.IAMMember(f"{prefix}-{SUFFIX}-operations", project=project, role=ops_role.name, member=member, opts=child))
 
-    topic = gcp.pubsub.Topic(f"{prefix}-{SUFFIX}-topic", name=name, project=project, opts=after_apis,
-                             labels={"gpu-train-stack": names.rfc1035(cfg.stack, 63)})
+    topic = gcp.pubsub.Topic(
+        f"{prefix}-{SUFFIX}-topic", name=name, project=project, opts=after_apis, labels={"gpu-train-stack": names.rfc1035(cfg.stack, 63)}
+    )
     sink = gcp.logging.ProjectSink(
-        f"{prefix}-{SUFFIX}-sink", name=name, project=project, unique_writer_identity=True, opts=after_apis,
+        f"{prefix}-{SUFFIX}-sink",
+        name=name,
+        project=project,
+        unique_writer_identity=True,
+        opts=after_apis,
         destination=topic.name.apply(lambda t: f"pubsub.googleapis.com/projects/{project}/topics/{t}"),
         filter=log_filter(project, cfg.zone, instance_names),
-        description=f"gpu-train {cfg.stack}: preemptions and host errors of the stack's VMs, for its recovery")
-    gcp.pubsub.TopicIAMMember(f"{prefix}-{SUFFIX}-sink-publishes", project=project, topic=topic.name,
-                              role="roles/pubsub.publisher", member=sink.writer_identity, opts=child)
+        description=f"gpu-train {cfg.stack}: preemptions and host errors of the stack's VMs, for its recovery",
+    )
+    gcp.pubsub.TopicIAMMember(
+        f"{prefix}-{SUFFIX}-sink-publishes",
+        project=project,
+        topic=topic.name,
+        role="roles/pubsub.publisher",
+        member=sink.writer_identity,
+        opts=child,
+    )
 
     bucket = gcp.storage.Bucket(
-        f"{prefix}-{SUFFIX}-source", name=f"{name[:40]}-{hashlib.sha256(f'{project}/{cfg.stack}'.encode()).hexdigest()[:12]}",
-        project=project, location=region.upper(), force_destroy=True, uniform_bucket_level_access=True,
-        public_access_prevention="enforced", opts=after_apis)
+        f"{prefix}-{SUFFIX}-source",
+        name=f"{name[:40]}-{hashlib.sha256(f'{project}/{cfg.stack}'.encode()).hexdigest()[:12]}",
+        project=project,
+        location=region.upper(),
+        force_destroy=True,
+        uniform_bucket_level_access=True,
+        public_access_prevention="enforced",
+        opts=after_apis,
+    )
     files = source_files()
     digest = hashlib.sha256("".join(f"{k}\0{v}\0" for k, v in sorted(files.items())).encode()).hexdigest()[:16]
     source = gcp.storage.BucketObject(
-        f"{prefix}-{SUFFIX}-source-zip", bucket=bucket.name, name=f"recovery-{digest}.zip", opts=child,
-        source=pulumi.AssetArchive({path: pulumi.StringAsset(text) for path, text in files.items()}))
+        f"{prefix}-{SUFFIX}-source-zip",
+        bucket=bucket.name,
+        name=f"recovery-{digest}.zip",
+        opts=child,
+        source=pulumi.AssetArchive({path: pulumi.StringAsset(text) for path, text in files.items()}),
+    )
 
-    env = {recovery.STACK_ENV: cfg.stack, recovery.NODES_ENV: ",".join(instance_names),
-           recovery.HOURS_ENV: f"{cfg.recover_hours:g}"}
+    env = {recovery.STACK_ENV: cfg.stack, recovery.NODES_ENV: ",".join(instance_names), recovery.HOURS_ENV: f"{cfg.recover_hours:g}"}
     secrets = []
     depends: list[pulumi.Resource] = [*grants, *apis]
     if cfg.notify:
-        secret = gcp.secretmanager.Secret(f"{prefix}-{SUFFIX}-notify", secret_id=names.resource_name(cfg.stack, "notify"),
-                                          project=project, replication={"auto": {}}, opts=after_apis)
-        version = gcp.secretmanager.SecretVersion(f"{prefix}-{SUFFIX}-notify-value", secret=secret.id, opts=child,
-                                                  secret_data=pulumi.Output.secret(cfg.notify))
-        reader = gcp.secretmanager.SecretIamMember(f"{prefix}-{SUFFIX}-notify-reader", project=project,
-                                                   secret_id=secret.secret_id, role="roles/secretmanager.secretAccessor",
-                                                   member=member, opts=child)
-        secrets.append({"key": recovery.NOTIFY_ENV, "project_id": project, "secret": secret.secret_id,
-                        "version": version.version})
+        secret = gcp.secretmanager.Secret(
+            f"{prefix}-{SUFFIX}-notify",
+            secret_id=names.resource_name(cfg.stack, "notify"),
+            project=project,
+            replication={"auto": {}},
+            opts=after_apis,
+        )
+        version = gcp.secretmanager.SecretVersion(
+            f"{prefix}-{SUFFIX}-notify-value", secret=secret.id, opts=child, secret_data=pulumi.Output.secret(cfg.notify)
+        )
+        reader = gcp.secretmanager.SecretIamMember(
+            f"{prefix}-{SUFFIX}-notify-reader",
+            project=project,
+            secret_id=secret.secret_id,
+            role="roles/secretmanager.secretAccessor",
+            member=member,
+            opts=child,
+        )
+        secrets.append({"key": recovery.NOTIFY_ENV, "project_id": project, "secret": secret.secret_id, "version": version.version})
         depends += [version, reader]
     function = gcp.cloudfunctionsv2.Function(  # type: ignore[call-overload]
-        f"{prefix}-{SUFFIX}-function", name=name, project=project, location=region,
+        f"{prefix}-{SUFFIX}-function",
+        name=name,
+        project=project,
+        location=region,
         description=f"gpu-train {cfg.stack}: starts the stack's VMs again after a preemption (docs/recovery.md)",
-        build_config={"runtime": RUNTIME, "entry_point": ENTRY_POINT,
-                      "source": {"storage_source": {"bucket": bucket.name, "object": source.name}}},
-        service_config={"max_instance_count": 1, "min_instance_count": 0, "available_memory": "256M",
-                        "timeout_seconds": 300, "ingress_settings": "ALLOW_INTERNAL_ONLY",
-                        "all_traffic_on_latest_revision": True, "service_account_email": account.email,
-                        "environment_variables": env, "secret_environment_variables": secrets},
-        event_trigger={"trigger_region": region, "event_type": "google.cloud.pubsub.topic.v1.messagePublished",
-                       "pubsub_topic": topic.id, "retry_policy": "RETRY_POLICY_RETRY",
-                       "service_account_email": account.email},
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends))
-    gcp.cloudrunv2.ServiceIamMember(f"{prefix}-{SUFFIX}-invoker", project=project, location=region, name=function.name,
-                                    role="roles/run.invoker", member=member, opts=child)
+        build_config={
+            "runtime": RUNTIME,
+            "entry_point": ENTRY_POINT,
+            "source": {"storage_source": {"bucket": bucket.name, "object": source.name}},
+        },
+        service_config={
+            "max_instance_count": 1,
+            "min_instance_count": 0,
+            "available_memory": "256M",
+            "timeout_seconds": 300,
+            "ingress_settings": "ALLOW_INTERNAL_ONLY",
+            "all_traffic_on_latest_revision": True,
+            "service_account_email": account.email,
+            "environment_variables": env,
+            "secret_environment_variables": secrets,
+        },
+        event_trigger={
+            "trigger_region": region,
+            "event_type": "google.cloud.pubsub.topic.v1.messagePublished",
+            "pubsub_topic": topic.id,
+            "retry_policy": "RETRY_POLICY_RETRY",
+            "service_account_email": account.email,
+        },
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends),
+    )
+    gcp.cloudrunv2.ServiceIamMember(
+        f"{prefix}-{SUFFIX}-invoker",
+        project=project,
+        location=region,
+        name=function.name,
+        role="roles/run.invoker",
+        member=member,
+        opts=child,
+    )
     return function

@@ -77,8 +77,10 @@ OWN_CORE = ("complete", "debug", "help", "list", "print-completion-script", "sta
 
 class GpuTrain(Fab):
     def every_core_arg(self) -> list[Argument]:
-        return [*super().core_args(),
-                Argument(names=("stacks-dir",), help="another directory of stack files (after the project's stacks/)")]
+        return [
+            *super().core_args(),
+            Argument(names=("stacks-dir",), help="another directory of stack files (after the project's stacks/)"),
+        ]
 
     def core_args(self):
         return [a for a in self.every_core_arg() if a.name in OWN_CORE]
@@ -131,8 +133,15 @@ def program(env: Environment | None = None) -> GpuTrain:
         own = version("gpu-train")
     except PackageNotFoundError:
         own = "unknown"
-    gpu_train = GpuTrain(name="gpu-train", version=own, binary="gpu-train", binary_names=["gpu-train"], namespace=ns,
-                         executor_class=Executor, config_class=Config)
+    gpu_train = GpuTrain(
+        name="gpu-train",
+        version=own,
+        binary="gpu-train",
+        binary_names=["gpu-train"],
+        namespace=ns,
+        executor_class=Executor,
+        config_class=Config,
+    )
     gpu_train.environment = env
     return gpu_train
 

@@ -55,10 +55,20 @@ def sets(setenv: str, name: str) -> bool:
 
 
 class Sshd:
-    def __init__(self, workdir: Path, address: str = "127.0.0.2", client_key: Path | None = None,
-                 port: int | None = None, extra_config: str = "", prefix: tuple[str, ...] = (),
-                 setenv: str = "", max_sessions: int = 50, log_level: str = "ERROR", own_home: bool = True,
-                 quick_kex: bool = True):
+    def __init__(
+        self,
+        workdir: Path,
+        address: str = "127.0.0.2",
+        client_key: Path | None = None,
+        port: int | None = None,
+        extra_config: str = "",
+        prefix: tuple[str, ...] = (),
+        setenv: str = "",
+        max_sessions: int = 50,
+        log_level: str = "ERROR",
+        own_home: bool = True,
+        quick_kex: bool = True,
+    ):
         """``extra_config``: more sshd_config lines; ``max_sessions``: channels per connection (a stock
         sshd's: 10); ``log_level``: INFO logs each login in sshd.log; ``setenv``: more NAME=VALUE for the sessions (sshd
         takes the first SetEnv line only, so they join ours); ``prefix``: a command sshd runs under (a
@@ -127,8 +137,9 @@ class Sshd:
         pid_file = self.dir / "sshd.pid"
         pid_file.unlink(missing_ok=True)
         with open(self.dir / "sshd.log", "ab") as log:
-            self.proc = subprocess.Popen([*self.prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
-                                         stderr=log, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [*self.prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
+            )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -174,9 +185,11 @@ class Sshd:
 
 def stack_text(server: Sshd, remote_root: Path) -> str:
     """The stack file lines that reach ``server`` (an SSH stack on this machine)."""
-    return ("config:\n  gpu-train:target: ssh\n"
-            f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
-            f"  gpu-train:remoteRoot: {remote_root}\n")
+    return (
+        "config:\n  gpu-train:target: ssh\n"
+        f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
+        f"  gpu-train:remoteRoot: {remote_root}\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,16 +201,24 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m remote.loopback",
-                                description="a throwaway sshd on loopback: prints the stack lines that reach it, serves until Ctrl-C")
+    p = argparse.ArgumentParser(
+        prog="python -m remote.loopback",
+        description="a throwaway sshd on loopback: prints the stack lines that reach it, serves until Ctrl-C",
+    )
     p.add_argument("--address", default="127.0.0.2", help="a loopback address (127.x.y.z; default 127.0.0.2)")
     p.add_argument("--port", type=int, default=2222, help="default 2222, or a free one when it is taken")
-    p.add_argument("--dir", type=Path, default=Path("~/.cache/gpu-train/loopback").expanduser(),
-                   help="where its keys, config and the host's files (remoteRoot) live")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("~/.cache/gpu-train/loopback").expanduser(),
+        help="where its keys, config and the host's files (remoteRoot) live",
+    )
     args = p.parse_args(argv)
     if not args.address.startswith("127."):
-        p.error(f"--address {args.address}: give a loopback address (127.x.y.z): this sshd lets in your key only, "
-                "but it should not listen on a network")
+        p.error(
+            f"--address {args.address}: give a loopback address (127.x.y.z): this sshd lets in your key only, "
+            "but it should not listen on a network"
+        )
     port = args.port
     with socket.socket() as s:
         try:
@@ -209,11 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     # `kill` (SIGTERM), as from a job control or a test, stops the sshd too, as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        print(f"sshd on {args.address}:{port} as {server.user}, files in {workdir}; Ctrl-C stops it.\n"
-              "Put these lines in your project's stacks/Pulumi.local.yaml:\n", flush=True)
+        print(
+            f"sshd on {args.address}:{port} as {server.user}, files in {workdir}; Ctrl-C stops it.\n"
+            "Put these lines in your project's stacks/Pulumi.local.yaml:\n",
+            flush=True,
+        )
         print(stack_text(server, workdir / "remote"), flush=True)
-        print("then: gpu-train ssh --stack local -- uname -a; gpu-train train --stack local --script train.py --follow\n"
-              "(the job's venv is made from this machine's python3 with its site packages)", flush=True)
+        print(
+            "then: gpu-train ssh --stack local -- uname -a; gpu-train train --stack local --script train.py --follow\n"
+            "(the job's venv is made from this machine's python3 with its site packages)",
+            flush=True,
+        )
         while server.proc is not None and server.proc.poll() is None:
             time.sleep(0.5)
         print("sshd exited: see " + str(workdir / "sshd.log"), flush=True)

@@ -27,8 +27,9 @@ def step(title: str, *args: str, env: dict[str, str]) -> subprocess.CompletedPro
     print(f"\n== {title}\n$ fab {shlex.join(args)}", flush=True)
     result = subprocess.run([FAB, *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
-        raise CommandFailed(f"demo: `fab {shlex.join(args)}` exited {result.returncode}", command=shlex.join(args),
-                            exited=result.returncode)
+        raise CommandFailed(
+            f"demo: `fab {shlex.join(args)}` exited {result.returncode}", command=shlex.join(args), exited=result.returncode
+        )
     return result
 
 
@@ -41,10 +42,23 @@ def main() -> int:
             stack = sshd.stack_file(work / "stacks", "demo", work / "host", sys.executable)
             print(f"A throwaway sshd listens on {sshd.address}:{sshd.port}. The SSH stack {stack.name}:")
             print("  " + stack.read_text().replace("\n", "\n  ").rstrip())
-            env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(work / "stacks"), "GPU_TRAIN_HOME": str(work / "state"),
-                   "GPU_TRAIN_STACK": "demo"}
-            step("Sync the example and start it under screen", "train", "--dir", "examples", "--script", "train.py",
-                 "--args", "--steps 300 --checkpoint-every 100", env=env)
+            env = {
+                **os.environ,
+                "GPU_TRAIN_STACKS_DIR": str(work / "stacks"),
+                "GPU_TRAIN_HOME": str(work / "state"),
+                "GPU_TRAIN_STACK": "demo",
+            }
+            step(
+                "Sync the example and start it under screen",
+                "train",
+                "--dir",
+                "examples",
+                "--script",
+                "train.py",
+                "--args",
+                "--steps 300 --checkpoint-every 100",
+                env=env,
+            )
             step("Follow its log until it ends (exit code = the job's)", "logs", "--follow", "--lines", "0", env=env)
             step("Status of every run", "status", env=env)
             step("Bring the checkpoints home (incremental, resumable, verified)", "fetch", env=env)
@@ -52,8 +66,10 @@ def main() -> int:
             print(f"\nfetched: {', '.join(str(p.relative_to(ROOT)) for p in fetched[-3:])}")
         finally:
             sshd.stop()
-    print(f"\nDone in {time.monotonic() - started:.0f} s; the sshd is stopped. On Google Cloud the same tasks run "
-          "after `pulumi up` (see README).")
+    print(
+        f"\nDone in {time.monotonic() - started:.0f} s; the sshd is stopped. On Google Cloud the same tasks run "
+        "after `pulumi up` (see README)."
+    )
     return ExitStatus.OK
 
 

@@ -51,8 +51,7 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) and "PYTEST_XDIST_WORKER" not
 # sessions say the same).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Fixtures that start a real sshd (here and in the test modules): a test using one is `e2e`.
-E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd", "trio", "blind_lab", "pair",
-                          "bucket_lab"})
+E2E_FIXTURES = frozenset({"lab", "duo", "host", "sshd_host", "pool_cluster", "sshd", "trio", "blind_lab", "pair", "bucket_lab"})
 # Fixtures whose tests run many real processes (scripts/up against the stand-in pulumi): `slow`.
 SLOW_FIXTURES = frozenset({"up_env"})
 
@@ -91,13 +90,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
     misplaced = [f"{item.nodeid} ({tier_of(item)})" for item in items if folder_tier(item) not in (None, tier_of(item))]
     if misplaced:
-        raise pytest.UsageError("tests in another tier's folder: move each to tests/TIER/ (or change what it uses):\n  "
-                                + "\n  ".join(misplaced))
+        raise pytest.UsageError(
+            "tests in another tier's folder: move each to tests/TIER/ (or change what it uses):\n  " + "\n  ".join(misplaced)
+        )
     # Longest first: the suite's wall time is its busiest xdist worker's, so the long tests start at
     # once and the quick tables fill in at the end (not one long test starting last).
-    items.sort(key=lambda item: 0 if item.get_closest_marker("long") else 1 if item.get_closest_marker("guest") or
-               "guest" in item.nodeid.split("/")[:2] else 2 if item.get_closest_marker("slow") else
-               3 if item.get_closest_marker("e2e") else 4)
+    items.sort(
+        key=lambda item: (
+            0
+            if item.get_closest_marker("long")
+            else 1
+            if item.get_closest_marker("guest") or "guest" in item.nodeid.split("/")[:2]
+            else 2
+            if item.get_closest_marker("slow")
+            else 3
+            if item.get_closest_marker("e2e")
+            else 4
+        )
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -119,8 +129,10 @@ def _sshd_only_in_e2e(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     # (A test that starts one in its body says @pytest.mark.e2e.)
 
     def refuse(self: Sshd) -> Sshd:
-        raise AssertionError(f"{request.node.nodeid} starts a real sshd: use a fixture in tests/conftest.py "
-                             "E2E_FIXTURES (or add yours there), so that it is marked e2e")
+        raise AssertionError(
+            f"{request.node.nodeid} starts a real sshd: use a fixture in tests/conftest.py "
+            "E2E_FIXTURES (or add yours there), so that it is marked e2e"
+        )
 
     monkeypatch.setattr(Sshd, "start", refuse)
 
@@ -181,8 +193,14 @@ def example(tmp_path: Path) -> str:
 
 def fab_env(stacks: Path, home: Path, stack: str, project: Path) -> dict[str, str]:
     """The environment a test runs `fab` in: its own stacks, caches and project, nothing of the user's."""
-    return {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home),
-            "GPU_TRAIN_STACK": stack, "PYTHONPATH": str(ROOT), "GPU_TRAIN_PROJECT": str(project)}
+    return {
+        **os.environ,
+        "GPU_TRAIN_STACKS_DIR": str(stacks),
+        "GPU_TRAIN_HOME": str(home),
+        "GPU_TRAIN_STACK": stack,
+        "PYTHONPATH": str(ROOT),
+        "GPU_TRAIN_PROJECT": str(project),
+    }
 
 
 def in_process(main: Callable[[list[str]], int], argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -196,8 +214,12 @@ def in_process(main: Callable[[list[str]], int], argv: list[str], env: dict[str,
         if env is not None:
             os.environ.clear()
             os.environ.update(env)
-        with open(os.devnull) as nothing, mock.patch.object(sys, "stdin", nothing), \
-                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with (
+            open(os.devnull) as nothing,
+            mock.patch.object(sys, "stdin", nothing),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
             try:
                 code = main(argv)
             except SystemExit as e:  # argparse's errors; a message as the code is printed, as Python does
@@ -229,8 +251,15 @@ def parse_source(path: Path) -> ast.Module:
 
 def run_fab(env: dict[str, str], cwd: Path, *args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
     """`fab ARGS` as a user runs it (no stdin); ``check``: a failure is the test's, with fab's output."""
-    result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=env, cwd=cwd,
-                            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [FAB, "--search-root", str(ROOT), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"fab {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
@@ -241,9 +270,11 @@ def cluster_stack(stacks: Path, name: str, hosts: list[str], key: str | Path, ex
     tests' own Python as it is (venv: false)."""
     stacks.mkdir(parents=True, exist_ok=True)
     path = stacks / f"Pulumi.{name}.yaml"
-    path.write_text(f"config:\n  gpu-train:target: ssh\n  gpu-train:hosts: {json.dumps(hosts)}\n  gpu-train:sshKey: {key}\n"
-                    f"  gpu-train:remoteRoot: {stacks.parent}/node{{node}}\n  gpu-train:python: {sys.executable}\n"
-                    f"  gpu-train:venv: false\n{extra}")
+    path.write_text(
+        f"config:\n  gpu-train:target: ssh\n  gpu-train:hosts: {json.dumps(hosts)}\n  gpu-train:sshKey: {key}\n"
+        f"  gpu-train:remoteRoot: {stacks.parent}/node{{node}}\n  gpu-train:python: {sys.executable}\n"
+        f"  gpu-train:venv: false\n{extra}"
+    )
     return path
 
 
@@ -268,8 +299,15 @@ class Lab:
         return run_fab(self.env, self.cwd, *args, check=check, timeout=timeout)
 
     def spawn(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([FAB, "--search-root", str(ROOT), *args], env=self.env, cwd=self.cwd,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [FAB, "--search-root", str(ROOT), *args],
+            env=self.env,
+            cwd=self.cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
 
     def train(self, *args: str) -> str:
         out = self.fab("train", *args, check=True).stdout

@@ -31,13 +31,24 @@ class Host:
         self.learn_key()
         self.host = SshHost(self.sshd.user, self.sshd.address, self.sshd.port, keys=(str(self.sshd.client_key),))
         self.root = tmp / "root"
-        self.target = Target("t", (self.host,), str(self.sshd.client_key), self.known, True, str(self.root), None,
-                             venv=False, expect_gpus=0, hourly_cost_usd=None, is_gcp=False, cache=tmp / "cache")
+        self.target = Target(
+            "t",
+            (self.host,),
+            str(self.sshd.client_key),
+            self.known,
+            True,
+            str(self.root),
+            None,
+            venv=False,
+            expect_gpus=0,
+            hourly_cost_usd=None,
+            is_gcp=False,
+            cache=tmp / "cache",
+        )
         self.streams_opened = 0
 
     def learn_key(self) -> None:
-        scan = subprocess.run(["ssh-keyscan", "-p", str(self.sshd.port), self.sshd.address], capture_output=True,
-                              text=True, check=True)
+        scan = subprocess.run(["ssh-keyscan", "-p", str(self.sshd.port), self.sshd.address], capture_output=True, text=True, check=True)
         self.known.write_text(scan.stdout)
 
     def logins(self) -> int:

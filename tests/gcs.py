@@ -34,9 +34,13 @@ class Emulator:
         self._log = open(log, "ab")  # noqa: SIM115 (closed in stop)
         # threaded: serving connections concurrently, as Cloud Storage does (bench/gcs_threaded.py; benchmarks only)
         command = [sys.executable, str(Path(__file__).resolve().parent.parent / "bench" / "gcs_threaded.py")] if threaded else [EMULATOR]
-        self.proc = subprocess.Popen([*command, "start", "--host", "127.0.0.1", "--port", str(self.port), "--in-memory",
-                                      "--default-bucket", bucket, "--quiet"], stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=Path(__file__).resolve().parent.parent)
+        self.proc = subprocess.Popen(
+            [*command, "start", "--host", "127.0.0.1", "--port", str(self.port), "--in-memory", "--default-bucket", bucket, "--quiet"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):

@@ -24,9 +24,11 @@ from pathlib import Path
 
 TOKEN = "ya29.fake-token-for-tests"
 BASE = "https://www.googleapis.com/compute/v1"  # the API's self links name this host, wherever it is asked
-SERVICE_USAGE_DISABLED = ("Service Usage API has not been used in project {p} before or it is disabled. Enable it by "
-                          "visiting https://console.developers.google.com/apis/api/serviceusage.googleapis.com/overview"
-                          "?project={p} then retry.")
+SERVICE_USAGE_DISABLED = (
+    "Service Usage API has not been used in project {p} before or it is disabled. Enable it by "
+    "visiting https://console.developers.google.com/apis/api/serviceusage.googleapis.com/overview"
+    "?project={p} then retry."
+)
 
 
 class Google(BaseHTTPRequestHandler):
@@ -86,18 +88,33 @@ class Google(BaseHTTPRequestHandler):
             found = []
             for name in query.get("names", []):
                 service = name.rsplit("/", 1)[-1]
-                found.append({"name": f"projects/123456789/services/{service}", "parent": "projects/123456789",
-                              "state": services.get(service, "DISABLED")})
+                found.append(
+                    {
+                        "name": f"projects/123456789/services/{service}",
+                        "parent": "projects/123456789",
+                        "state": services.get(service, "DISABLED"),
+                    }
+                )
             self._send(200, {"services": found})
         elif parts[:2] == ["v1", "projects"] and parts[3:] == ["locations", "global", "quotaPreferences"]:
             project = parts[2]
             self.state.setdefault("quota_projects", []).append(self.headers.get("x-goog-user-project"))
             if self.state["services"].get(project, {}).get("cloudquotas.googleapis.com") != "ENABLED":
-                self._send(403, {"error": {"code": 403, "status": "PERMISSION_DENIED", "message": (
-                    f"Cloud Quotas API has not been used in project {project} before or it is disabled. Enable it by "
-                    "visiting https://console.developers.google.com/apis/api/cloudquotas.googleapis.com/overview"
-                    f"?project={project} then retry."), "details": [{
-                        "@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED"}]}})
+                self._send(
+                    403,
+                    {
+                        "error": {
+                            "code": 403,
+                            "status": "PERMISSION_DENIED",
+                            "message": (
+                                f"Cloud Quotas API has not been used in project {project} before or it is disabled. Enable it by "
+                                "visiting https://console.developers.google.com/apis/api/cloudquotas.googleapis.com/overview"
+                                f"?project={project} then retry."
+                            ),
+                            "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED"}],
+                        }
+                    },
+                )
                 return
             if "quota_preferences_answer" in self.state:  # a faulty answer, as it is
                 data = self.state["quota_preferences_answer"]
@@ -108,7 +125,7 @@ class Google(BaseHTTPRequestHandler):
                 return
             found = self.state.get("quota_preferences", {}).get(project, [])
             start = int(query.get("pageToken", ["0"])[0])
-            page = {"quotaPreferences": found[start:start + 2]}  # two a page: callers must follow nextPageToken
+            page = {"quotaPreferences": found[start : start + 2]}  # two a page: callers must follow nextPageToken
             if start + 2 < len(found):
                 page["nextPageToken"] = str(start + 2)
             self._send(200, page)
@@ -158,29 +175,39 @@ class Google(BaseHTTPRequestHandler):
 
         if not rest:  # projects.get
             limit, usage = doc.get("global", (0, 0))
-            self._send(200, {"kind": "compute#project", "name": project,
-                             "quotas": quotas({"GPUS_ALL_REGIONS": (limit, usage)})})
+            self._send(200, {"kind": "compute#project", "name": project, "quotas": quotas({"GPUS_ALL_REGIONS": (limit, usage)})})
         elif len(rest) == 2 and rest[0] == "regions":  # regions.get
             self._send(200, {"kind": "compute#region", "name": rest[1], "quotas": quotas(doc.get("region", {}))})
         elif len(rest) == 3 and rest[0] == "zones" and rest[2] == "acceleratorTypes":
-            self._send(200, {"kind": "compute#acceleratorTypeList", "items": [
-                {"kind": "compute#acceleratorType", "name": n, "zone": f"{BASE}/projects/{project}/zones/{rest[1]}"}
-                for n in doc.get("offered", [])]})
+            self._send(
+                200,
+                {
+                    "kind": "compute#acceleratorTypeList",
+                    "items": [
+                        {"kind": "compute#acceleratorType", "name": n, "zone": f"{BASE}/projects/{project}/zones/{rest[1]}"}
+                        for n in doc.get("offered", [])
+                    ],
+                },
+            )
         elif len(rest) == 4 and rest[0] == "zones" and rest[2] == "reservations":  # reservations.get
             zone, name = rest[1], rest[3]
             found = [r for r in doc.get("reservations", {}).get(zone, []) if r["name"] == name]
             if found:
                 self._send(200, found[0])
             else:
-                self._error(404, "NOT_FOUND",
-                            f"The resource 'projects/{project}/zones/{zone}/reservations/{name}' was not found")
+                self._error(404, "NOT_FOUND", f"The resource 'projects/{project}/zones/{zone}/reservations/{name}' was not found")
         elif rest == ["aggregated", "reservations"]:  # aggregatedList, filtered by name as the client asks
             wanted = query.get("filter", [""])[0].split("=")[-1].strip()
             items: dict[str, dict] = {}
             for zone, found in doc.get("reservations", {}).items():
                 mine = [r for r in found if not wanted or r["name"] == wanted]
-                items[f"zones/{zone}"] = {"reservations": mine} if mine else {"warning": {
-                    "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{zone}' on this page."}}
+                items[f"zones/{zone}"] = (
+                    {"reservations": mine}
+                    if mine
+                    else {
+                        "warning": {"code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope 'zones/{zone}' on this page."}
+                    }
+                )
             self._send(200, {"kind": "compute#reservationAggregatedList", "items": items})
         else:
             return False
@@ -191,9 +218,17 @@ class Google(BaseHTTPRequestHandler):
 
 
 # -- Compute's state changes ----------------------------------------------------------------------------
-CAPACITY_ERROR = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": (
-    "The zone 'projects/{p}/zones/{z}' does not have enough resources available to fulfill the request.  "
-    "Try a different zone, or try again later.")}]}
+CAPACITY_ERROR = {
+    "errors": [
+        {
+            "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+            "message": (
+                "The zone 'projects/{p}/zones/{z}' does not have enough resources available to fulfill the request.  "
+                "Try a different zone, or try again later."
+            ),
+        }
+    ]
+}
 _op_numbers = itertools.count(1)
 
 
@@ -214,19 +249,41 @@ def compute_post(handler: Google, parts: list[str], body: dict) -> None:
         handler._error(404, "NOT_FOUND", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
         return
     target = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}/instances/{name}"
-    op = {"kind": "compute#operation", "id": str(next(_op_numbers)), "operationType": verb, "targetLink": target,
-          "targetId": inst.get("id", "1"), "status": "RUNNING", "progress": 0, "insertTime": rfc3339(time.time()),
-          "zone": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"}
+    op = {
+        "kind": "compute#operation",
+        "id": str(next(_op_numbers)),
+        "operationType": verb,
+        "targetLink": target,
+        "targetId": inst.get("id", "1"),
+        "status": "RUNNING",
+        "progress": 0,
+        "insertTime": rfc3339(time.time()),
+        "zone": f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}",
+    }
     op["name"] = f"operation-{op['id']}-{verb}"
     op["selfLink"] = f"{op['zone']}/operations/{op['name']}"
     state["operations"][op["name"]] = op
     if verb == "setMetadata":
         meta = inst.setdefault("metadata", {"kind": "compute#metadata", "fingerprint": "fp-0", "items": []})
         if body.get("fingerprint") != meta.get("fingerprint"):
-            handler._send(412, {"error": {"code": 412, "message": "Supplied fingerprint does not match current metadata "
-                                          "fingerprint.", "errors": [{"message": "Supplied fingerprint does not match "
-                                          "current metadata fingerprint.", "domain": "global", "reason": "conditionNotMet",
-                                          "location": "If-Match", "locationType": "header"}]}})
+            handler._send(
+                412,
+                {
+                    "error": {
+                        "code": 412,
+                        "message": "Supplied fingerprint does not match current metadata fingerprint.",
+                        "errors": [
+                            {
+                                "message": "Supplied fingerprint does not match current metadata fingerprint.",
+                                "domain": "global",
+                                "reason": "conditionNotMet",
+                                "location": "If-Match",
+                                "locationType": "header",
+                            }
+                        ],
+                    }
+                },
+            )
             return
         meta["items"] = body.get("items", [])
         meta["fingerprint"] = f"fp-{op['id']}"
@@ -249,8 +306,14 @@ def _finish(state: dict, inst: dict, op: dict, project: str, zone: str) -> None:
         if (answers.pop(0) if answers else "ok") == "capacity":
             time.sleep(0.2)
             error = json.loads(json.dumps(CAPACITY_ERROR).replace("{p}", project).replace("{z}", zone))
-            op.update(status="DONE", progress=100, error=error, httpErrorStatusCode=503,
-                      httpErrorMessage="SERVICE UNAVAILABLE", endTime=rfc3339(time.time()))
+            op.update(
+                status="DONE",
+                progress=100,
+                error=error,
+                httpErrorStatusCode=503,
+                httpErrorMessage="SERVICE UNAVAILABLE",
+                endTime=rfc3339(time.time()),
+            )
             return
         inst["status"] = "STAGING"
         state["on_start"](name)
@@ -264,10 +327,22 @@ def _finish(state: dict, inst: dict, op: dict, project: str, zone: str) -> None:
 
 class FakeGoogle:
     def __init__(self, address: str = "127.0.15.1"):
-        handler = type("Handler", (Google,), {"state": {"services": {}, "instances": {}, "calls": [], "operations": {},
-                                                        "start_answers": {}, "on_start": lambda name: None,
-                                                        "on_stop": lambda name: None,
-                                                        "client_email": "gpu-train-test@proj-1.iam.gserviceaccount.com"}})
+        handler = type(
+            "Handler",
+            (Google,),
+            {
+                "state": {
+                    "services": {},
+                    "instances": {},
+                    "calls": [],
+                    "operations": {},
+                    "start_answers": {},
+                    "on_start": lambda name: None,
+                    "on_stop": lambda name: None,
+                    "client_email": "gpu-train-test@proj-1.iam.gserviceaccount.com",
+                }
+            },
+        )
         self.server = ThreadingHTTPServer((address, 0), handler)
         self.state = handler.state
         self.url = f"http://{address}:{self.server.server_address[1]}"
@@ -279,12 +354,20 @@ class FakeGoogle:
         from cryptography.hazmat.primitives.asymmetric import rsa
 
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
-        path.write_text(json.dumps({
-            "type": "service_account", "project_id": project, "private_key_id": "0123abcd", "private_key": pem,
-            "client_email": self.state["client_email"], "client_id": "1234567890", "token_uri": f"{self.url}/token",
-        }))
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+        path.write_text(
+            json.dumps(
+                {
+                    "type": "service_account",
+                    "project_id": project,
+                    "private_key_id": "0123abcd",
+                    "private_key": pem,
+                    "client_email": self.state["client_email"],
+                    "client_id": "1234567890",
+                    "token_uri": f"{self.url}/token",
+                }
+            )
+        )
         return path
 
     def close(self) -> None:
@@ -292,9 +375,17 @@ class FakeGoogle:
         self.server.server_close()
 
 
-def reservation(project: str, zone: str, name: str, machine_type: str, count: int = 1, in_use: int = 0,
-                accelerators: list[tuple[str, int]] | None = None, local_ssds: list[int] | None = None,
-                status: str = "READY") -> dict:
+def reservation(
+    project: str,
+    zone: str,
+    name: str,
+    machine_type: str,
+    count: int = 1,
+    in_use: int = 0,
+    accelerators: list[tuple[str, int]] | None = None,
+    local_ssds: list[int] | None = None,
+    status: str = "READY",
+) -> dict:
     """A ``compute#reservation`` as reservations.get gives it (int64 fields as strings, as the API's JSON has
     them): a specific reservation of ``count`` VMs of ``machine_type``."""
     props: dict = {"machineType": machine_type}
@@ -303,7 +394,15 @@ def reservation(project: str, zone: str, name: str, machine_type: str, count: in
     if local_ssds:
         props["localSsds"] = [{"diskSizeGb": str(gb), "interface": "NVME"} for gb in local_ssds]
     link = f"{BASE}/projects/{project}/zones/{zone}/reservations/{name}"
-    return {"kind": "compute#reservation", "id": "1234567890123456789", "creationTimestamp": "2026-11-01T08:00:00.000-07:00",
-            "selfLink": link, "zone": f"{BASE}/projects/{project}/zones/{zone}", "name": name,
-            "specificReservation": {"instanceProperties": props, "count": str(count), "inUseCount": str(in_use)},
-            "specificReservationRequired": True, "status": status, "shareSettings": {"shareType": "LOCAL"}}
+    return {
+        "kind": "compute#reservation",
+        "id": "1234567890123456789",
+        "creationTimestamp": "2026-11-01T08:00:00.000-07:00",
+        "selfLink": link,
+        "zone": f"{BASE}/projects/{project}/zones/{zone}",
+        "name": name,
+        "specificReservation": {"instanceProperties": props, "count": str(count), "inUseCount": str(in_use)},
+        "specificReservationRequired": True,
+        "status": status,
+        "shareSettings": {"shareType": "LOCAL"},
+    }

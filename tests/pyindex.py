@@ -26,11 +26,17 @@ OFFLINE_INDEX = "http://127.0.0.1:9/simple"
 def make_wheel(folder: Path, name: str, version: str, modules: dict[str, str]) -> Path:
     """A pure-Python wheel of ``modules`` (file name -> source), installable by pip and uv."""
     dist = f"{name.replace('-', '_')}-{version}"
-    files = {**{m: s.encode() for m, s in modules.items()},
-             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
-             f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpu-train-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
-                     for p, d in files.items()) + f"{dist}.dist-info/RECORD,,\n"
+    files = {
+        **{m: s.encode() for m, s in modules.items()},
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpu-train-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = (
+        "".join(
+            f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n" for p, d in files.items()
+        )
+        + f"{dist}.dist-info/RECORD,,\n"
+    )
     files[f"{dist}.dist-info/RECORD"] = record.encode()
     path = folder / f"{dist}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
@@ -93,8 +99,11 @@ class PackageIndex:
             return self.files[parts[1]].read_bytes()
         if parts[:1] == ["simple"] and len(parts) == 2:
             project = parts[1].lower().replace("_", "-")
-            links = [f'<a href="../../files/{html.escape(n)}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{html.escape(n)}</a>'
-                     for n, p in sorted(self.files.items()) if n.split("-")[0].lower().replace("_", "-") == project]
+            links = [
+                f'<a href="../../files/{html.escape(n)}#sha256={hashlib.sha256(p.read_bytes()).hexdigest()}">{html.escape(n)}</a>'
+                for n, p in sorted(self.files.items())
+                if n.split("-")[0].lower().replace("_", "-") == project
+            ]
             if links:
                 return ("<!DOCTYPE html><html><body>" + "<br>".join(links) + "</body></html>").encode()
         return None

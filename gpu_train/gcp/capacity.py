@@ -53,8 +53,10 @@ def classify(text: str) -> Failure:
         return Failure(REGIONAL_QUOTA, m.group(0), metric=m.group(1))
     if re.search(r"QUOTA_EXCEEDED|quotaExceeded", text):
         return Failure(REGIONAL_QUOTA, "quota exceeded")
-    stockout = r"ZONE_RESOURCE_POOL_EXHAUSTED|insufficientCapacity|does not have enough resources available|" \
-               r"is currently unavailable in the"
+    stockout = (
+        r"ZONE_RESOURCE_POOL_EXHAUSTED|insufficientCapacity|does not have enough resources available|"
+        r"is currently unavailable in the"
+    )
     if re.search(stockout, text):
         return Failure(STOCKOUT, _first_line_with(text, stockout), zones_available=_zones_available(text))
     if m := re.search(r"RESOURCE_NOT_READY|RESOURCE_OPERATION_RATE_EXCEEDED|UNSUPPORTED_OPERATION", text):

@@ -219,8 +219,7 @@ class Catalog:
 
     def disks_of(self, machine_type: str) -> DiskSeries | None:
         """The disk-support row of the series ``machine_type`` belongs to (None: not a GPU series)."""
-        return next((d for d in self.disk_series
-                     if any(fnmatch.fnmatchcase(machine_type, p) for p in d.machine_types)), None)
+        return next((d for d in self.disk_series if any(fnmatch.fnmatchcase(machine_type, p) for p in d.machine_types)), None)
 
     def series_of(self, machine_type: str) -> str:
         """A2, A3, G2, N1, ... (fixed shapes by their family; everything else by its prefix)."""
@@ -253,9 +252,5 @@ class Catalog:
 
     def n1_types(self) -> list[MachineShape]:
         """Every predefined N1 type, smallest (vCPUs, then memory) first."""
-        shapes = [
-            self.parse_machine_type(f"n1-{kind}-{v}")
-            for kind, sizes in self.n1_vcpus.items()
-            for v in sizes
-        ]
+        shapes = [self.parse_machine_type(f"n1-{kind}-{v}") for kind, sizes in self.n1_vcpus.items() for v in sizes]
         return sorted((s for s in shapes if s), key=lambda s: (s.vcpus, s.memory_gb))

@@ -164,8 +164,13 @@ def parse_catalog(doc: Any) -> Catalog:
     disk_series = []
     for name, d in _need(dk, "series", dict, "disks").items():
         where = f"disks.series.{name}"
-        row = DiskSeries(name, tuple(_need(d, "machineTypes", list, where)), _need(d, "default", str, where),
-                         tuple(_need(d, "boot", list, where)), tuple(_need(d, "data", list, where)))
+        row = DiskSeries(
+            name,
+            tuple(_need(d, "machineTypes", list, where)),
+            _need(d, "default", str, where),
+            tuple(_need(d, "boot", list, where)),
+            tuple(_need(d, "data", list, where)),
+        )
         for t in {row.default, *row.boot, *row.data}:
             if t not in disk_metrics:
                 raise CatalogError(f"{where}: disk type {t!r} has no disks.quotaMetric")
@@ -216,10 +221,12 @@ def _flex_start(doc: dict, sources: dict, dates: dict[str, str]) -> FlexStart:
     table = _table(doc, "provisioning", sources)
     dates["provisioning"] = table["date"]
     flex = _need(table, "flexStart", dict, "provisioning")
-    return FlexStart(frozenset(_need(flex, "series", list, "provisioning.flexStart")),
-                     frozenset(flex.get("unverified") or ()),
-                     _need(flex, "minRunMinutes", int, "provisioning.flexStart"),
-                     _need(flex, "maxRunHours", int, "provisioning.flexStart"))
+    return FlexStart(
+        frozenset(_need(flex, "series", list, "provisioning.flexStart")),
+        frozenset(flex.get("unverified") or ()),
+        _need(flex, "minRunMinutes", int, "provisioning.flexStart"),
+        _need(flex, "maxRunHours", int, "provisioning.flexStart"),
+    )
 
 
 def _disk_prices(doc: dict, sources: dict, dates: dict[str, str]) -> dict[str, float | None]:

@@ -118,8 +118,12 @@ def _strip_indices(path: str) -> str:
     return ".".join(part.split("[")[0] for part in path.split("."))
 
 
-def compare(wanted: dict[tuple[str, str], dict], deployed: dict[tuple[str, str], dict], rules: dict[str, dict[str, str]],
-            ignored: dict[str, tuple[str, ...]] | None = None) -> list[Change]:
+def compare(
+    wanted: dict[tuple[str, str], dict],
+    deployed: dict[tuple[str, str], dict],
+    rules: dict[str, dict[str, str]],
+    ignored: dict[str, tuple[str, ...]] | None = None,
+) -> list[Change]:
     """Every difference between wanted and deployed inputs, keyed by (type, logical name).
 
     ``ignored``: inputs the program tells Pulumi to ignore (``ignore_changes``), by resource type.
@@ -135,8 +139,7 @@ def compare(wanted: dict[tuple[str, str], dict], deployed: dict[tuple[str, str],
             changes.append(Change(name, typ, "", None, "created", ADD if typ == INSTANCE else IN_PLACE))
             continue
         if key not in wanted:
-            changes.append(Change(name, typ, "", "exists", None,
-                                  {INSTANCE: DELETE, DISK: REPLACE_DISK}.get(typ, RESTART)))
+            changes.append(Change(name, typ, "", "exists", None, {INSTANCE: DELETE, DISK: REPLACE_DISK}.get(typ, RESTART)))
             continue
         skip = [s.replace('["', ".").replace('"]', "") for s in (ignored or {}).get(typ, ())]  # Pulumi's paths, dotted
         new, old = flatten(wanted[key]), flatten(deployed[key])
@@ -144,8 +147,7 @@ def compare(wanted: dict[tuple[str, str], dict], deployed: dict[tuple[str, str],
             bare = _strip_indices(path)
             if any(bare == s or bare.startswith(s + ".") for s in skip) or new.get(path) == old.get(path):
                 continue
-            changes.append(Change(name, typ, path, old.get(path), new.get(path),
-                                  effect_of(typ, bare, old.get(path), new.get(path), rules)))
+            changes.append(Change(name, typ, path, old.get(path), new.get(path), effect_of(typ, bare, old.get(path), new.get(path), rules)))
     return changes
 
 
@@ -176,10 +178,14 @@ def render(changes: list[Change], stack: str, cli: str) -> str:
         lines.append(f"  {c.effect:<34} {what}: {_short(c.old)} -> {_short(c.new)}{why}")
     w = worst(changes)
     if w in (REPLACE, DELETE):
-        lines.append("A replaced VM gets a new boot disk from the image; REMOTE_ROOT/runs is on the data disk, "
-                     "which is kept and attached again, and the agent resumes interrupted runs at boot.")
+        lines.append(
+            "A replaced VM gets a new boot disk from the image; REMOTE_ROOT/runs is on the data disk, "
+            "which is kept and attached again, and the agent resumes interrupted runs at boot."
+        )
     if w == REPLACE_DISK:
-        lines.append("A data disk would be deleted: Pulumi refuses (the disk is protected). Fetch its runs "
-                     f"({cli} fetch --all), then `{cli} down`, or keep the disk's settings (zone, dataDiskType, "
-                     "a smaller dataDiskSizeGb, nodes) as they are.")
+        lines.append(
+            "A data disk would be deleted: Pulumi refuses (the disk is protected). Fetch its runs "
+            f"({cli} fetch --all), then `{cli} down`, or keep the disk's settings (zone, dataDiskType, "
+            "a smaller dataDiskSizeGb, nodes) as they are."
+        )
     return "\n".join(lines)

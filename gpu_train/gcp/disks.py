@@ -34,8 +34,10 @@ def disk_type_problem(catalog: Catalog, machine_type: str, disk_type: str, role:
     allowed = allowed_disk_types(catalog, machine_type, role)
     if row is None or disk_type in allowed:
         return None
-    return (f"{row.name} ({machine_type}) does not take {disk_type} as a {role} disk; it takes "
-            f"{', '.join(allowed)} (catalog of {catalog.dates['disks']})")
+    return (
+        f"{row.name} ({machine_type}) does not take {disk_type} as a {role} disk; it takes "
+        f"{', '.join(allowed)} (catalog of {catalog.dates['disks']})"
+    )
 
 
 def disk_quota_metric(catalog: Catalog, disk_type: str) -> str:

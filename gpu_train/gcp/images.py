@@ -49,18 +49,43 @@ def check(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         return []  # the user's own image: nothing the catalog can say about it
     family = cfg.image_family or ""
     if arm:
-        return [Problem("machineType", f"{series} is Arm (NVIDIA Grace): no x86 Deep Learning VM image boots on it",
-                        f"set {NAMESPACE}:imageProject and imageFamily to an Arm image of your own, or use an x86 GPU "
-                        "shape such as a4-highgpu-8g", cfg.machine_type)]
+        return [
+            Problem(
+                "machineType",
+                f"{series} is Arm (NVIDIA Grace): no x86 Deep Learning VM image boots on it",
+                f"set {NAMESPACE}:imageProject and imageFamily to an Arm image of your own, or use an x86 GPU shape such as a4-highgpu-8g",
+                cfg.machine_type,
+            )
+        ]
     driver, least = driver_of(family), facts.get("minDriver")
     if driver is not None and least is not None and driver < int(least):
         newer = [f for f in catalog.image_families if (driver_of(f) or 0) >= int(least)]
-        return [Problem("imageFamily", f"ships NVIDIA driver {driver}; {series}'s GPUs need {least} or later",
-                        f"use {newer[0] if newer else catalog.default_image_family}", family)]
+        return [
+            Problem(
+                "imageFamily",
+                f"ships NVIDIA driver {driver}; {series}'s GPUs need {least} or later",
+                f"use {newer[0] if newer else catalog.default_image_family}",
+                family,
+            )
+        ]
     if (reason := catalog.image_deprecation(family)) is not None:
-        return [Problem("imageFamily", f"is deprecated ({reason}; catalog of {catalog.dates['images']})",
-                        f"use {catalog.default_image_family}", family, "warning")]
+        return [
+            Problem(
+                "imageFamily",
+                f"is deprecated ({reason}; catalog of {catalog.dates['images']})",
+                f"use {catalog.default_image_family}",
+                family,
+                "warning",
+            )
+        ]
     if family not in catalog.image_families:
-        return [Problem("imageFamily", "is not among the Deep Learning VM families the catalog knows",
-                        f"current families: {', '.join(catalog.image_families)}", family, "warning")]
+        return [
+            Problem(
+                "imageFamily",
+                "is not among the Deep Learning VM families the catalog knows",
+                f"current families: {', '.join(catalog.image_families)}",
+                family,
+                "warning",
+            )
+        ]
     return []

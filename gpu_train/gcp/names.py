@@ -89,10 +89,22 @@ def check(stack: str, nodes: int = 1) -> list[Problem]:
         pattern, limit = (SERVICE_ACCOUNT_RE, SA_MAX) if kind == "service account id" else (RFC1035_RE, MAX_NAME)
         for name in names:
             if not pattern.fullmatch(name) or len(name) > limit:
-                problems.append(Problem("stack", f"gives the {kind} name {name!r}, which Google Cloud refuses",
-                                        "use a shorter stack name of letters, digits and '-'", stack))
+                problems.append(
+                    Problem(
+                        "stack",
+                        f"gives the {kind} name {name!r}, which Google Cloud refuses",
+                        "use a shorter stack name of letters, digits and '-'",
+                        stack,
+                    )
+                )
     if not problems and rfc1035(f"gpu-train-{stack}", 10**6) != resource_name(stack):
-        problems.append(Problem("stack", f"is long: its resources are named {resource_name(stack)!r} and the like "
-                                "(cut, with a hash of the whole name)", "nothing to do; a shorter stack name reads "
-                                "better in the console", stack, "warning"))
+        problems.append(
+            Problem(
+                "stack",
+                f"is long: its resources are named {resource_name(stack)!r} and the like (cut, with a hash of the whole name)",
+                "nothing to do; a shorter stack name reads better in the console",
+                stack,
+                "warning",
+            )
+        )
     return problems

@@ -35,8 +35,10 @@ def refusal(running_runs: list[str], unreachable: list[str], force: bool, stack:
     if force:
         return None
     if running_runs:
-        return (f"refusing: still running: {', '.join(running_runs)} ({cli} stop --stack {stack} first, or {cli} vm-stop --force; "
-                "a stopped VM keeps its disk and its runs resume at the next start)")
+        return (
+            f"refusing: still running: {', '.join(running_runs)} ({cli} stop --stack {stack} first, or {cli} vm-stop --force; "
+            "a stopped VM keeps its disk and its runs resume at the next start)"
+        )
     if unreachable:
         return f"refusing: cannot check the runs ({'; '.join(unreachable)}); {cli} vm-stop --force to stop anyway"
     return None

@@ -29,8 +29,10 @@ MAX_RUN_HOURS = 120 * 24  # Compute Engine caps maxRunDuration at 120 days
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"  # the key a SPECIFIC_RESERVATION names its reservation by
 _NAME = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
 _PROJECT = r"[a-z][-a-z0-9.:]{4,62}[a-z0-9]"
-RESERVATION_RE = re.compile(rf"(?:projects/(?P<project>{_PROJECT})/reservations/)?(?P<name>{_NAME})"
-                            rf"(?:/reservationBlocks/(?P<block>{_NAME}))?")
+RESERVATION_RE = re.compile(
+    rf"(?:projects/(?P<project>{_PROJECT})/reservations/)?(?P<name>{_NAME})"
+    rf"(?:/reservationBlocks/(?P<block>{_NAME}))?"
+)
 FALLBACK_WAYS = (SPOT, FLEX_START, ON_DEMAND)  # what provisioningFallback may name
 
 
@@ -77,17 +79,30 @@ def check(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
 def _exclusive(cfg: StackConfig) -> list[Problem]:
     problems = []
     if cfg.flex_start and cfg.spot:
-        problems.append(Problem("flexStart", "cannot be combined with spot: a VM is one or the other",
-                                f"remove {NAMESPACE}:spot or {NAMESPACE}:flexStart (provisioningFallback tries one "
-                                "after the other)", True))
+        problems.append(
+            Problem(
+                "flexStart",
+                "cannot be combined with spot: a VM is one or the other",
+                f"remove {NAMESPACE}:spot or {NAMESPACE}:flexStart (provisioningFallback tries one after the other)",
+                True,
+            )
+        )
     if cfg.reservation and (cfg.spot or cfg.flex_start):
         which = "spot" if cfg.spot else "flexStart"
-        problems.append(Problem("reservation", f"cannot be combined with {which}: a VM that consumes a reservation "
-                                "runs on demand", f"remove {NAMESPACE}:{which} or {NAMESPACE}:reservation",
-                                cfg.reservation))
+        problems.append(
+            Problem(
+                "reservation",
+                f"cannot be combined with {which}: a VM that consumes a reservation runs on demand",
+                f"remove {NAMESPACE}:{which} or {NAMESPACE}:reservation",
+                cfg.reservation,
+            )
+        )
     if cfg.reservation_bound and not cfg.reservation:
-        problems.append(Problem("reservationBound", "needs a reservation to be bound to",
-                                f"set {NAMESPACE}:reservation, or remove reservationBound", True))
+        problems.append(
+            Problem(
+                "reservationBound", "needs a reservation to be bound to", f"set {NAMESPACE}:reservation, or remove reservationBound", True
+            )
+        )
     return problems
 
 
@@ -95,20 +110,31 @@ def _run_hours(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     hours = cfg.max_run_hours
     if not cfg.flex_start:
         if hours is not None and not 1 <= hours <= MAX_RUN_HOURS:
-            return [Problem("maxRunHours", f"must be between 1 and {MAX_RUN_HOURS} (fractions allowed)",
-                            "e.g. 24, or remove it for no cap", hours)]
+            return [
+                Problem(
+                    "maxRunHours", f"must be between 1 and {MAX_RUN_HOURS} (fractions allowed)", "e.g. 24, or remove it for no cap", hours
+                )
+            ]
         return []
     flex = catalog.flex_start
     low = flex.min_run_minutes / 60
     if hours is None:
-        return [Problem("maxRunHours", "is required with flexStart (a Flex-start VM runs at most 7 days, and "
-                        "Compute Engine needs its run time up front)",
-                        f"set {NAMESPACE}:maxRunHours between {low:.3g} ({flex.min_run_minutes} minutes) and "
-                        f"{flex.max_run_hours}, e.g. 24")]
+        return [
+            Problem(
+                "maxRunHours",
+                "is required with flexStart (a Flex-start VM runs at most 7 days, and Compute Engine needs its run time up front)",
+                f"set {NAMESPACE}:maxRunHours between {low:.3g} ({flex.min_run_minutes} minutes) and {flex.max_run_hours}, e.g. 24",
+            )
+        ]
     if not low <= hours <= flex.max_run_hours:
-        return [Problem("maxRunHours", f"must be between {low:.3g} ({flex.min_run_minutes} minutes) and "
-                        f"{flex.max_run_hours} (7 days) with flexStart", "e.g. 24 (fractions allowed: 0.5 is 30 "
-                        "minutes)", hours)]
+        return [
+            Problem(
+                "maxRunHours",
+                f"must be between {low:.3g} ({flex.min_run_minutes} minutes) and {flex.max_run_hours} (7 days) with flexStart",
+                "e.g. 24 (fractions allowed: 0.5 is 30 minutes)",
+                hours,
+            )
+        ]
     return []
 
 
@@ -122,9 +148,16 @@ def _offered(cfg: StackConfig, catalog: Catalog, machine: str, wanted: str) -> l
     series = catalog.series_of(machine)
     key = {SPOT: "spot", FLEX_START: "flexStart", RESERVATION: "reservation", ON_DEMAND: "machineType"}[wanted]
     if wanted == FLEX_START and series in catalog.flex_start.unverified:
-        return [Problem("flexStart", f"Flex-start on {series} ({machine}) is unverified: Google's Flex-start page "
-                        "lists every accelerator-optimized type except A4X and G4, other sources say nothing",
-                        "it may be refused at `up`; scripts/plan shows what would be sent", True, "warning")]
+        return [
+            Problem(
+                "flexStart",
+                f"Flex-start on {series} ({machine}) is unverified: Google's Flex-start page "
+                "lists every accelerator-optimized type except A4X and G4, other sources say nothing",
+                "it may be refused at `up`; scripts/plan shows what would be sent",
+                True,
+                "warning",
+            )
+        ]
     if wanted in ways:
         return []
     fix = _fix_for(machine, ways, catalog)
@@ -136,9 +169,12 @@ def _offered(cfg: StackConfig, catalog: Catalog, machine: str, wanted: str) -> l
 
 
 def _fix_for(machine: str, ways: tuple[str, ...], catalog: Catalog) -> str:
-    settings = {SPOT: f"{NAMESPACE}:spot true", FLEX_START: f"{NAMESPACE}:flexStart true with maxRunHours",
-                RESERVATION: f"{NAMESPACE}:reservation NAME (one your project holds)", ON_DEMAND: "neither spot "
-                "nor flexStart"}
+    settings = {
+        SPOT: f"{NAMESPACE}:spot true",
+        FLEX_START: f"{NAMESPACE}:flexStart true with maxRunHours",
+        RESERVATION: f"{NAMESPACE}:reservation NAME (one your project holds)",
+        ON_DEMAND: "neither spot nor flexStart",
+    }
     options = [settings[w] for w in ways]
     if not options:
         return "choose another machine type"
@@ -149,12 +185,23 @@ def _reservation(cfg: StackConfig, machines: list[str]) -> list[Problem]:
     if not cfg.reservation:
         return []
     if parse_reservation(cfg.reservation) is None:
-        return [Problem("reservation", "is not a reservation's name or path",
-                        "write NAME, projects/PROJECT/reservations/NAME or "
-                        "projects/PROJECT/reservations/NAME/reservationBlocks/BLOCK", cfg.reservation)]
+        return [
+            Problem(
+                "reservation",
+                "is not a reservation's name or path",
+                "write NAME, projects/PROJECT/reservations/NAME or projects/PROJECT/reservations/NAME/reservationBlocks/BLOCK",
+                cfg.reservation,
+            )
+        ]
     if len(machines) > 1:  # every node names it, and a VM of another type than it holds is refused
-        return [Problem("reservation", f"holds VMs of one machine type; the pools have {', '.join(machines)}",
-                        "use one machine type for every pool, or no reservation", cfg.reservation)]
+        return [
+            Problem(
+                "reservation",
+                f"holds VMs of one machine type; the pools have {', '.join(machines)}",
+                "use one machine type for every pool, or no reservation",
+                cfg.reservation,
+            )
+        ]
     return []
 
 
@@ -162,23 +209,38 @@ def _fallback(cfg: StackConfig, catalog: Catalog, machines: list[str]) -> list[P
     problems = []
     for w in cfg.provisioning_fallback:
         if w not in FALLBACK_WAYS:
-            problems.append(Problem("provisioningFallback", f"{w!r} is not a way to fall back to",
-                                    f"use {', '.join(FALLBACK_WAYS)} (a reservation is the stack's own setting)",
-                                    list(cfg.provisioning_fallback)))
+            problems.append(
+                Problem(
+                    "provisioningFallback",
+                    f"{w!r} is not a way to fall back to",
+                    f"use {', '.join(FALLBACK_WAYS)} (a reservation is the stack's own setting)",
+                    list(cfg.provisioning_fallback),
+                )
+            )
             continue
         if cfg.reservation:
-            problems.append(Problem("provisioningFallback", "does not apply to a stack that consumes a reservation",
-                                    "remove provisioningFallback, or the reservation", list(cfg.provisioning_fallback)))
+            problems.append(
+                Problem(
+                    "provisioningFallback",
+                    "does not apply to a stack that consumes a reservation",
+                    "remove provisioningFallback, or the reservation",
+                    list(cfg.provisioning_fallback),
+                )
+            )
             break
         for machine in machines:
             if catalog.parse_machine_type(machine) is not None and w not in catalog.ways(machine):
-                problems.append(Problem("provisioningFallback", f"{machine} cannot be had as {w} "
-                                        f"(only {_ways_text(catalog.ways(machine))})", f"remove {w}",
-                                        list(cfg.provisioning_fallback)))
+                problems.append(
+                    Problem(
+                        "provisioningFallback",
+                        f"{machine} cannot be had as {w} (only {_ways_text(catalog.ways(machine))})",
+                        f"remove {w}",
+                        list(cfg.provisioning_fallback),
+                    )
+                )
         if w == FLEX_START and not cfg.flex_start:
             trial = _run_hours(_as_flex(cfg), catalog)
-            problems += [Problem("provisioningFallback", f"flex-start: maxRunHours {p.message}", p.fix, cfg.max_run_hours)
-                         for p in trial]
+            problems += [Problem("provisioningFallback", f"flex-start: maxRunHours {p.message}", p.fix, cfg.max_run_hours) for p in trial]
     return problems
 
 
@@ -199,13 +261,11 @@ def scheduling(cfg: StackConfig, catalog: Catalog, machine_type: str) -> dict[st
     chosen = way(cfg)
     out: dict[str, object] = {"on_host_maintenance": "TERMINATE"}
     if chosen == SPOT:
-        out |= {"provisioning_model": "SPOT", "preemptible": True, "automatic_restart": False,
-                "instance_termination_action": "STOP"}
+        out |= {"provisioning_model": "SPOT", "preemptible": True, "automatic_restart": False, "instance_termination_action": "STOP"}
     elif chosen == FLEX_START:
         out |= {"provisioning_model": "FLEX_START", "automatic_restart": False, "instance_termination_action": "STOP"}
     elif chosen == RESERVATION and cfg.reservation_bound:
-        out |= {"provisioning_model": "RESERVATION_BOUND", "automatic_restart": False,
-                "instance_termination_action": "STOP"}
+        out |= {"provisioning_model": "RESERVATION_BOUND", "automatic_restart": False, "instance_termination_action": "STOP"}
     else:
         out |= {"provisioning_model": "STANDARD", "automatic_restart": True}
     if cfg.max_run_hours:
@@ -221,8 +281,7 @@ def reservation_affinity(cfg: StackConfig) -> dict[str, object] | None:
     """The instance's ``reservationAffinity``: the named reservation (SPECIFIC_RESERVATION), none at all for
     Flex-start (it must not consume one), else the provider's default (any reservation that matches)."""
     if cfg.reservation:
-        return {"type": "SPECIFIC_RESERVATION",
-                "specific_reservation": {"key": RESERVATION_KEY, "values": [cfg.reservation.strip()]}}
+        return {"type": "SPECIFIC_RESERVATION", "specific_reservation": {"key": RESERVATION_KEY, "values": [cfg.reservation.strip()]}}
     if cfg.flex_start:
         return {"type": "NO_RESERVATION"}
     return None

@@ -67,8 +67,9 @@ def spot_metric(standard: str, region_quotas: Quotas) -> tuple[str, str]:
     if limit > 0:
         return twin, f"spot/flex-start: judged against {twin} (this project has {limit:g} of it)"
     granted = "0" if twin in region_quotas else "none"
-    return standard, (f"spot/flex-start: judged against {standard}, since {twin} is {granted} here "
-                      "(spot and Flex-start VMs then use the standard quota)")
+    return standard, (
+        f"spot/flex-start: judged against {standard}, since {twin} is {granted} here (spot and Flex-start VMs then use the standard quota)"
+    )
 
 
 def cpu_metric(machine_type: str, catalog: Catalog) -> str | None:
@@ -77,8 +78,7 @@ def cpu_metric(machine_type: str, catalog: Catalog) -> str | None:
     return "CPUS" if catalog.series_of(machine_type) in catalog.cpu_quota_series else None
 
 
-def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Catalog,
-          nodes: list[GpuShape] | None = None) -> list[Need]:
+def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Catalog, nodes: list[GpuShape] | None = None) -> list[Need]:
     """What the stack's VMs take from each quota; ``region_quotas`` decides spot's (see the module).
 
     ``nodes`` is each node's shape when they differ (pools); by default every node has ``shape``.
@@ -111,14 +111,16 @@ def needs(cfg: StackConfig, shape: GpuShape, region_quotas: Quotas, catalog: Cat
         add(catalog.global_quota_metric, "global", one.gpu_count, "GPUs in all regions")
     out = []
     for (metric, scope), per in totals.items():
-        what = "GPUs in all regions" if metric == catalog.global_quota_metric and scope == "global" \
+        what = (
+            "GPUs in all regions"
+            if metric == catalog.global_quota_metric and scope == "global"
             else " + ".join(f"{amount} {label}" for label, amount in per.items())
+        )
         out.append(Need(metric, scope, sum(per.values()), what, notes[(metric, scope)]))
     return out
 
 
-def evaluate(wanted: list[Need], region_quotas: dict[str, tuple[float, float]],
-             global_quotas: dict[str, tuple[float, float]]) -> list[Row]:
+def evaluate(wanted: list[Need], region_quotas: dict[str, tuple[float, float]], global_quotas: dict[str, tuple[float, float]]) -> list[Row]:
     """Each need beside its quota's (limit, usage); a metric the project does not list stays unknown."""
     rows = []
     for need in wanted:
@@ -133,9 +135,11 @@ def advice(row: Row, project: str) -> str:
     n = row.need
     target = int((row.usage or 0) + n.amount)
     where = "globally" if n.scope == "global" else f"in {n.scope}"
-    return (f"{n.metric} {where}: limit {row.limit:g}, in use {row.usage:g}, needs {n.amount} -> ask for {target}: "
-            f"https://console.cloud.google.com/iam-admin/quotas?project={project} (filter: {n.metric}), "
-            "or set gpu-train:quotaRequest to request it from `pulumi up`")
+    return (
+        f"{n.metric} {where}: limit {row.limit:g}, in use {row.usage:g}, needs {n.amount} -> ask for {target}: "
+        f"https://console.cloud.google.com/iam-admin/quotas?project={project} (filter: {n.metric}), "
+        "or set gpu-train:quotaRequest to request it from `pulumi up`"
+    )
 
 
 def preferences(cfg: StackConfig, shape: GpuShape, gpus: int, catalog: Catalog) -> list[dict[str, object]]:
@@ -206,8 +210,10 @@ def existing_preference(found: list[dict], service: str, quota_id: str, dimensio
     for p in found:
         if p.get("service") == service and p.get("quotaId") == quota_id and (p.get("dimensions") or {}) == dimensions:
             if not PREFERENCE_ID_RE.fullmatch(str(p.get("name", "")).rsplit("/", 1)[-1]):
-                raise ValueError(f"Cloud Quotas lists a preference for {quota_id} named {str(p.get('name'))[:100]!r}, "
-                                 "not an id it gives out: look at it with `gcloud quotas preferences list`")
+                raise ValueError(
+                    f"Cloud Quotas lists a preference for {quota_id} named {str(p.get('name'))[:100]!r}, "
+                    "not an id it gives out: look at it with `gcloud quotas preferences list`"
+                )
             return p
     return None
 
@@ -218,8 +224,9 @@ def adoption(existing: dict, want: int) -> Adoption:
     preferred = str(config.get("preferredValue", "0"))
     asked = int(preferred) if preferred.lstrip("-").isdigit() else 0
     unlimited = asked == -1  # Cloud Quotas' "unlimited"
-    return Adoption(str(existing["name"]).rsplit("/", 1)[-1], preferred, config.get("grantedValue"),
-                    0 if unlimited else max(0, want - asked))
+    return Adoption(
+        str(existing["name"]).rsplit("/", 1)[-1], preferred, config.get("grantedValue"), 0 if unlimited else max(0, want - asked)
+    )
 
 
 def preference_import_id(project: str, name: str) -> str:

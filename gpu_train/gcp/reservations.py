@@ -40,8 +40,10 @@ def fit(doc: dict, shapes: list[GpuShape], catalog: Catalog) -> Fit:
     machine = str(props.get("machineType", "")).rsplit("/", 1)[-1]
     shape = shapes[0]
     if machine != shape.machine_type:
-        out.errors.append(f"reservation {name} holds {machine or 'no machine type'} VMs, the stack declares "
-                          f"{shape.machine_type}: a VM consumes a reservation only of its own machine type")
+        out.errors.append(
+            f"reservation {name} holds {machine or 'no machine type'} VMs, the stack declares "
+            f"{shape.machine_type}: a VM consumes a reservation only of its own machine type"
+        )
     wanted = {shape.gpu_type: shape.gpu_count} if shape.attached else {}
     held: dict[str, int] = {}
     for acc in props.get("guestAccelerators") or []:
@@ -50,21 +52,21 @@ def fit(doc: dict, shapes: list[GpuShape], catalog: Catalog) -> Fit:
     fixed = catalog.parse_machine_type(shape.machine_type)
     implied = fixed is not None and fixed.fixed is not None
     if held and implied and held != {shape.gpu_type: shape.gpu_count}:
-        out.errors.append(f"reservation {name} lists GPUs {_gpus(held)}; {shape.machine_type} comes with "
-                          f"{shape.gpu_count} x {shape.gpu_type}")
+        out.errors.append(
+            f"reservation {name} lists GPUs {_gpus(held)}; {shape.machine_type} comes with {shape.gpu_count} x {shape.gpu_type}"
+        )
     elif not implied and held != wanted:
-        out.errors.append(f"reservation {name} holds GPUs {_gpus(held) or 'none'}, the stack attaches "
-                          f"{_gpus(wanted) or 'none'}")
+        out.errors.append(f"reservation {name} holds GPUs {_gpus(held) or 'none'}, the stack attaches {_gpus(wanted) or 'none'}")
     ssds = props.get("localSsds") or []
     bundled = implied and fixed is not None and fixed.fixed is not None and fixed.fixed.local_ssd
     if ssds and not bundled:
         total = sum(int(str(s.get("diskSizeGb", 0))) for s in ssds)
-        out.errors.append(f"reservation {name} holds {len(ssds)} Local SSD ({total} GB) per VM; gpu-train's VMs "
-                          f"attach none, so they do not match it")
+        out.errors.append(
+            f"reservation {name} holds {len(ssds)} Local SSD ({total} GB) per VM; gpu-train's VMs attach none, so they do not match it"
+        )
     count, in_use = int(str(specific.get("count", 0))), int(str(specific.get("inUseCount", 0)))
     if count - in_use < len(shapes):
-        out.warnings.append(f"reservation {name} holds {count} VMs, {in_use} in use: {count - in_use} free for the "
-                            f"stack's {len(shapes)}")
+        out.warnings.append(f"reservation {name} holds {count} VMs, {in_use} in use: {count - in_use} free for the stack's {len(shapes)}")
     if doc.get("status", "READY") != "READY":
         out.warnings.append(f"reservation {name} is {doc.get('status')}, not READY")
     return out

@@ -19,8 +19,9 @@ def machine_and_gpus(cfg: StackConfig, catalog: Catalog) -> tuple[list[Problem],
     if machine is None:
         known = [s.name for s in catalog.n1_types()] + list(catalog.fixed_shapes)
         close = difflib.get_close_matches(cfg.machine_type, known, n=3, cutoff=0.6)
-        fix = (f"did you mean {', '.join(close)}?" if close
-               else "use an N1 type (n1-standard-8) or a GPU shape (g2-standard-8, a2-highgpu-1g)")
+        fix = (
+            f"did you mean {', '.join(close)}?" if close else "use an N1 type (n1-standard-8) or a GPU shape (g2-standard-8, a2-highgpu-1g)"
+        )
         return [Problem("machineType", "is not a machine type gpu-train knows", fix, cfg.machine_type)], None
     if machine.fixed is not None:
         return _fixed_shape(cfg, catalog, machine.fixed), machine
@@ -33,15 +34,23 @@ def _gpu_type_problem(cfg: StackConfig, catalog: Catalog) -> Problem | None:
     gpu_type = cfg.gpu_type or ""
     if gpu_type in catalog.retired:
         gone = catalog.retired[gpu_type]
-        return Problem("gpuType", gone.note, f"the nearest current GPU is {gone.replacement}: set gpuType "
-                       f"{gone.replacement} (gpuCount and machineType checked against it)", cfg.gpu_type)
+        return Problem(
+            "gpuType",
+            gone.note,
+            f"the nearest current GPU is {gone.replacement}: set gpuType {gone.replacement} (gpuCount and machineType checked against it)",
+            cfg.gpu_type,
+        )
     acc = catalog.accelerator(gpu_type)
     if acc is None:
         return Problem("gpuType", "is not a GPU type", gpunames.describe_unknown(gpu_type, catalog), cfg.gpu_type)
     if acc.shutdown:
-        return Problem("gpuType", f"{acc.gpu} is deprecated: Compute Engine shuts it down on {acc.shutdown}",
-                       "plan a move to a current GPU, e.g. nvidia-l4 (machineType g2-standard-8)", cfg.gpu_type,
-                       "warning")
+        return Problem(
+            "gpuType",
+            f"{acc.gpu} is deprecated: Compute Engine shuts it down on {acc.shutdown}",
+            "plan a move to a current GPU, e.g. nvidia-l4 (machineType g2-standard-8)",
+            cfg.gpu_type,
+            "warning",
+        )
     return None
 
 
@@ -74,8 +83,13 @@ def _n1(cfg: StackConfig, catalog: Catalog, machine: MachineShape) -> list[Probl
     problems = []
     p: Problem | None = None
     if cfg.gpu_type is None:
-        problems.append(Problem("gpuType", f"is required with an N1 machine type ({cfg.machine_type})",
-                                f"set gpuType to one of {', '.join(n1_gpus)}, or use a GPU shape such as g2-standard-8"))
+        problems.append(
+            Problem(
+                "gpuType",
+                f"is required with an N1 machine type ({cfg.machine_type})",
+                f"set gpuType to one of {', '.join(n1_gpus)}, or use a GPU shape such as g2-standard-8",
+            )
+        )
     elif (p := _gpu_type_problem(cfg, catalog)) is not None and p.severity == "error":
         problems.append(p)
     elif not (acc := catalog.accelerator(cfg.gpu_type)) or not acc.attachable_to_n1:
@@ -93,23 +107,36 @@ def _n1(cfg: StackConfig, catalog: Catalog, machine: MachineShape) -> list[Probl
     limits = {lim.count: lim for lim in catalog.n1_limits[acc.name]}
     if cfg.gpu_count not in limits:
         allowed = sorted(limits)
-        return [*warned, Problem("gpuCount", f"{cfg.gpu_type} attaches to N1 in counts of {', '.join(map(str, allowed))} only",
-                        f"nearest valid count: {_nearest(cfg.gpu_count, allowed)}", cfg.gpu_count)]
+        return [
+            *warned,
+            Problem(
+                "gpuCount",
+                f"{cfg.gpu_type} attaches to N1 in counts of {', '.join(map(str, allowed))} only",
+                f"nearest valid count: {_nearest(cfg.gpu_count, allowed)}",
+                cfg.gpu_count,
+            ),
+        ]
     max_vcpus, max_mem = limits[cfg.gpu_count].ceilings(cfg.zone)
     if machine.vcpus > max_vcpus or machine.memory_gb > max_mem:
         fits = [t for t in catalog.n1_types() if (t.vcpus or 0) <= max_vcpus and (t.memory_gb or 0) <= max_mem]
         largest = max(fits, key=lambda t: (t.vcpus or 0, t.memory_gb or 0)).name if fits else None
         vcpus, memory_gb = machine.vcpus, machine.memory_gb
-        more = [c for c, lim in sorted(limits.items()) if vcpus <= lim.ceilings(cfg.zone)[0]
-                and memory_gb <= lim.ceilings(cfg.zone)[1]]
+        more = [c for c, lim in sorted(limits.items()) if vcpus <= lim.ceilings(cfg.zone)[0] and memory_gb <= lim.ceilings(cfg.zone)[1]]
         fix = f"with {cfg.gpu_count} x {cfg.gpu_type} use at most {max_vcpus} vCPUs and {max_mem:g} GB"
         if largest:
             fix += f", e.g. machineType {largest}"
         if more:
             fix += f"; or keep {cfg.machine_type} with gpuCount {more[0]}"
-        return [*warned, Problem("machineType", f"has {machine.vcpus} vCPUs and {machine.memory_gb:g} GB, over the "
-                                 f"ceiling of {max_vcpus} vCPUs and {max_mem:g} GB for {cfg.gpu_count} x {cfg.gpu_type}",
-                                 fix, cfg.machine_type)]
+        return [
+            *warned,
+            Problem(
+                "machineType",
+                f"has {machine.vcpus} vCPUs and {machine.memory_gb:g} GB, over the "
+                f"ceiling of {max_vcpus} vCPUs and {max_mem:g} GB for {cfg.gpu_count} x {cfg.gpu_type}",
+                fix,
+                cfg.machine_type,
+            ),
+        ]
     return warned
 
 
@@ -129,8 +156,11 @@ def _not_attachable(cfg: StackConfig, catalog: Catalog) -> Problem:
     acc = catalog.accelerator(cfg.gpu_type or "")
     assert acc is not None  # a known GPU that N1 does not take
     shape = _smallest_shape(catalog, acc.name, cfg.gpu_count)
-    fix = (f"set machineType {shape.name} ({shape.gpu_count} x {shape.gpu_type}, {shape.vcpus} vCPUs) "
-           "and remove gpuType/gpuCount" if shape else "choose an N1 GPU such as nvidia-tesla-t4")
+    fix = (
+        f"set machineType {shape.name} ({shape.gpu_count} x {shape.gpu_type}, {shape.vcpus} vCPUs) and remove gpuType/gpuCount"
+        if shape
+        else "choose an N1 GPU such as nvidia-tesla-t4"
+    )
     return Problem("gpuType", f"{acc.gpu} is not attached to N1 VMs: it comes with {acc.series} machine types", fix, cfg.gpu_type)
 
 
@@ -150,9 +180,13 @@ def _incompatible_series(cfg: StackConfig, catalog: Catalog, machine: MachineSha
         fix = f"use machineType {shape.name}, which comes with {acc.gpu}" if shape else "use a GPU machine type"
     else:
         fix = "use an N1 type with gpuType/gpuCount (n1-standard-8 + nvidia-tesla-t4), or a GPU shape (g2-standard-8)"
-    return Problem("machineType", f"the {machine.series.upper()} series takes no GPUs "
-                   f"(Compute Engine: '[{cfg.machine_type}, {cfg.gpu_type or 'GPU'}] features are not compatible')",
-                   fix, cfg.machine_type)
+    return Problem(
+        "machineType",
+        f"the {machine.series.upper()} series takes no GPUs "
+        f"(Compute Engine: '[{cfg.machine_type}, {cfg.gpu_type or 'GPU'}] features are not compatible')",
+        fix,
+        cfg.machine_type,
+    )
 
 
 # -- where the GPU is offered -----------------------------------------------------------------
@@ -199,6 +233,5 @@ def nearest_regions(region: str, zones: tuple[str, ...], n: int = 3) -> list[tup
         by_region.setdefault(_region_of(z), []).append(z)
     area = region.split("-")[0]
     # Within an area, prefer regions whose name is closest (us-east1 is near us-east4).
-    order = sorted(by_region, key=lambda r: (r.split("-")[0] != area,
-                                             -difflib.SequenceMatcher(None, r, region).ratio(), r))
+    order = sorted(by_region, key=lambda r: (r.split("-")[0] != area, -difflib.SequenceMatcher(None, r, region).ratio(), r))
     return [(r, by_region[r]) for r in order[:n]]

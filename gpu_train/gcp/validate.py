@@ -63,8 +63,9 @@ def node_shapes(cfg: StackConfig, catalog: Catalog) -> list[GpuShape]:
         machine = catalog.parse_machine_type(pool.machine_type)
         assert machine is not None, "validate the stack first"
         if machine.fixed is not None or pool.gpu_type:
-            shape = shape_of(replace(cfg, machine_type=pool.machine_type, gpu_type=pool.gpu_type,
-                                     gpu_count=pool.gpu_count, pools=()), catalog)
+            shape = shape_of(
+                replace(cfg, machine_type=pool.machine_type, gpu_type=pool.gpu_type, gpu_count=pool.gpu_count, pools=()), catalog
+            )
         else:
             shape = GpuShape(pool.machine_type, machine.vcpus, machine.memory_gb, "", 0, attached=False)
         out += [shape] * pool.count
@@ -116,23 +117,42 @@ def _shape(cfg: StackConfig, catalog: Catalog, zone_ok: bool) -> list[Problem]:
 def _zone(cfg: StackConfig) -> list[Problem]:
     if ZONE_RE.fullmatch(cfg.zone):
         return []
-    return [Problem("zone", "is not a zone name", "use a zone such as us-central1-a (region + '-' + letter) or an AI "
-                    "zone such as us-central1-ai1", cfg.zone)]
+    return [
+        Problem(
+            "zone",
+            "is not a zone name",
+            "use a zone such as us-central1-a (region + '-' + letter) or an AI zone such as us-central1-ai1",
+            cfg.zone,
+        )
+    ]
 
 
 # -- disk -------------------------------------------------------------------------------------
 def _disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     problems = []
     if not MIN_DISK_GB <= cfg.boot_disk_size_gb <= MAX_DISK_GB:
-        problems.append(Problem("bootDiskSizeGb", f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
-                                "Deep Learning VM images need about 50 GB or more; 200 is the default", cfg.boot_disk_size_gb))
+        problems.append(
+            Problem(
+                "bootDiskSizeGb",
+                f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
+                "Deep Learning VM images need about 50 GB or more; 200 is the default",
+                cfg.boot_disk_size_gb,
+            )
+        )
     if cfg.boot_disk_type not in DISK_TYPES:
         close = difflib.get_close_matches(cfg.boot_disk_type, DISK_TYPES, n=1)
         fix = f"did you mean {close[0]}?" if close else f"one of {', '.join(DISK_TYPES)}"
         problems.append(Problem("bootDiskType", "is not a disk type", fix, cfg.boot_disk_type))
     elif (why := disks.disk_type_problem(catalog, cfg.machine_type, cfg.boot_disk_type)) is not None:
-        problems.append(Problem("bootDiskType", why, f"remove bootDiskType (the default for {cfg.machine_type} is "
-                                f"{disks.default_disk_type(catalog, cfg.machine_type)}) or set one of those", cfg.boot_disk_type))
+        problems.append(
+            Problem(
+                "bootDiskType",
+                why,
+                f"remove bootDiskType (the default for {cfg.machine_type} is "
+                f"{disks.default_disk_type(catalog, cfg.machine_type)}) or set one of those",
+                cfg.boot_disk_type,
+            )
+        )
     return problems
 
 
@@ -140,8 +160,14 @@ def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     """Each node's data disk: its size, and a given type every node's series takes as a data disk."""
     problems = []
     if not MIN_DISK_GB <= cfg.data_disk_size_gb <= MAX_DISK_GB:
-        problems.append(Problem("dataDiskSizeGb", f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
-                                "room for your runs' checkpoints; 100 is the default", cfg.data_disk_size_gb))
+        problems.append(
+            Problem(
+                "dataDiskSizeGb",
+                f"must be between {MIN_DISK_GB} and {MAX_DISK_GB}",
+                "room for your runs' checkpoints; 100 is the default",
+                cfg.data_disk_size_gb,
+            )
+        )
     kind = cfg.data_disk_type
     if kind is None:
         return problems
@@ -151,8 +177,14 @@ def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         return [*problems, Problem("dataDiskType", "is not a disk type", fix, kind)]
     for machine in dict.fromkeys([p.machine_type for p in cfg.pools] or [cfg.machine_type]):
         if (why := disks.disk_type_problem(catalog, machine, kind, disks.DATA)) is not None:
-            problems.append(Problem("dataDiskType", why, f"remove dataDiskType (the default for {machine} is "
-                                    f"{disks.default_disk_type(catalog, machine)}) or set one of those", kind))
+            problems.append(
+                Problem(
+                    "dataDiskType",
+                    why,
+                    f"remove dataDiskType (the default for {machine} is {disks.default_disk_type(catalog, machine)}) or set one of those",
+                    kind,
+                )
+            )
     return problems
 
 
@@ -167,11 +199,23 @@ def _lifecycle(cfg: StackConfig) -> list[Problem]:
     if cfg.max_resumes < 0:
         problems.append(Problem("maxResumes", "must be 0 (never resume) or more", "e.g. 10", cfg.max_resumes))
     if not 0 <= cfg.recover_hours <= MAX_RECOVER_HOURS:
-        problems.append(Problem("recoverHours", f"must be between 0 (no recovery) and {MAX_RECOVER_HOURS} (the "
-                                "trigger retries an event for 7 days at most)", "e.g. 24", cfg.recover_hours))
+        problems.append(
+            Problem(
+                "recoverHours",
+                f"must be between 0 (no recovery) and {MAX_RECOVER_HOURS} (the trigger retries an event for 7 days at most)",
+                "e.g. 24",
+                cfg.recover_hours,
+            )
+        )
     if cfg.notify not in (None, SECRET_VALUE) and not re.fullmatch(r"https?://[^\s/]+\S*", cfg.notify):
-        problems.append(Problem("notify", "is not a webhook URL (https://...)", "pulumi config set --secret "
-                                "gpu-train:notify https://ntfy.sh/YOUR-TOPIC (or a Slack or Discord webhook)", "(hidden)"))
+        problems.append(
+            Problem(
+                "notify",
+                "is not a webhook URL (https://...)",
+                "pulumi config set --secret gpu-train:notify https://ntfy.sh/YOUR-TOPIC (or a Slack or Discord webhook)",
+                "(hidden)",
+            )
+        )
     return problems
 
 
@@ -186,14 +230,19 @@ def _nodes(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     limit = catalog.max_vms_per_compact_policy
     if outside:
         series = "/".join(outside)
-        return [Problem("pools" if cfg.pools else "nodes", f"{series} takes no compact placement policy: the "
-                        f"{cfg.nodes} nodes will be placed "
-                        "anywhere in the zone, with more latency between them",
-                        f"for tight coupling use a series that supports it ({', '.join(sorted(catalog.compact_series))})",
-                        cfg.nodes, "warning")]
+        return [
+            Problem(
+                "pools" if cfg.pools else "nodes",
+                f"{series} takes no compact placement policy: the "
+                f"{cfg.nodes} nodes will be placed "
+                "anywhere in the zone, with more latency between them",
+                f"for tight coupling use a series that supports it ({', '.join(sorted(catalog.compact_series))})",
+                cfg.nodes,
+                "warning",
+            )
+        ]
     if cfg.nodes > limit:
-        return [Problem("nodes", f"a compact placement policy holds at most {limit} VMs",
-                        f"use at most {limit} nodes", cfg.nodes)]
+        return [Problem("nodes", f"a compact placement policy holds at most {limit} VMs", f"use at most {limit} nodes", cfg.nodes)]
     return []
 
 
@@ -205,11 +254,16 @@ def _quota_request(cfg: StackConfig) -> list[Problem]:
     problems = []
     unknown = sorted(set(q) - {"gpus", "justification", "contactEmail"})
     if unknown:
-        problems.append(Problem("quotaRequest", f"unknown field(s) {', '.join(unknown)}",
-                                "use gpus, justification and contactEmail", q))
+        problems.append(Problem("quotaRequest", f"unknown field(s) {', '.join(unknown)}", "use gpus, justification and contactEmail", q))
     if not q.get("gpus", "").isdigit() or int(q["gpus"]) < 1:
-        problems.append(Problem("quotaRequest", "needs gpus: a whole number of GPUs, 1 or more",
-                                "e.g. {gpus: 8, justification: ..., contactEmail: you@example.com}", q))
+        problems.append(
+            Problem(
+                "quotaRequest",
+                "needs gpus: a whole number of GPUs, 1 or more",
+                "e.g. {gpus: 8, justification: ..., contactEmail: you@example.com}",
+                q,
+            )
+        )
     if not q.get("justification"):
         problems.append(Problem("quotaRequest", "needs a justification (Google reads it)", "say what you will train", q))
     if "@" not in q.get("contactEmail", ""):
@@ -224,12 +278,22 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
         try:
             machine, gpu, count = parse_shape(text)
         except ValueError:
-            problems.append(Problem("fallbackShapes", f"{shown(text)}: the count must be a whole number",
-                                    "write MACHINE or MACHINE/GPU/COUNT, e.g. n1-standard-8/nvidia-tesla-v100/1"))
+            problems.append(
+                Problem(
+                    "fallbackShapes",
+                    f"{shown(text)}: the count must be a whole number",
+                    "write MACHINE or MACHINE/GPU/COUNT, e.g. n1-standard-8/nvidia-tesla-v100/1",
+                )
+            )
             continue
-        trial = replace(cfg, machine_type=machine, gpu_type=gpu, gpu_count=count,
-                        given=cfg.given - {"gpuType", "gpuCount"} | ({"gpuType", "gpuCount"} if gpu else set()),
-                        fallback_shapes=())
+        trial = replace(
+            cfg,
+            machine_type=machine,
+            gpu_type=gpu,
+            gpu_count=count,
+            given=cfg.given - {"gpuType", "gpuCount"} | ({"gpuType", "gpuCount"} if gpu else set()),
+            fallback_shapes=(),
+        )
         shape_problems, _ = machine_and_gpus(trial, catalog)
         if "bootDiskType" in cfg.given and (why := disks.disk_type_problem(catalog, machine, cfg.boot_disk_type)):
             shape_problems.append(Problem("bootDiskType", why, "remove bootDiskType so each shape gets its series' own type"))
@@ -243,43 +307,71 @@ def _fallbacks(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
 def _ssh(cfg: StackConfig) -> list[Problem]:
     problems = []
     if not USER_RE.fullmatch(cfg.ssh_user) or cfg.ssh_user == "root":
-        problems.append(Problem("sshUser", "must be a Linux user name other than root (lower case, digits, _ or -)",
-                                "e.g. trainer", cfg.ssh_user))
+        problems.append(
+            Problem("sshUser", "must be a Linux user name other than root (lower case, digits, _ or -)", "e.g. trainer", cfg.ssh_user)
+        )
     if not cfg.ssh_source_ranges:
-        problems.append(Problem("sshSourceRanges", "lists no range",
-                                "add your address as a /32, e.g. [\"203.0.113.7/32\"] (curl -s ifconfig.me)"))
+        problems.append(
+            Problem("sshSourceRanges", "lists no range", 'add your address as a /32, e.g. ["203.0.113.7/32"] (curl -s ifconfig.me)')
+        )
     for text in cfg.ssh_source_ranges:
         try:
             net = ipaddress.ip_network(text, strict=False)
         except ValueError:
-            problems.append(Problem("sshSourceRanges", f"{shown(text)} is not a CIDR range",
-                                    "write an address with its prefix length, e.g. 203.0.113.7/32", list(cfg.ssh_source_ranges)))
+            problems.append(
+                Problem(
+                    "sshSourceRanges",
+                    f"{shown(text)} is not a CIDR range",
+                    "write an address with its prefix length, e.g. 203.0.113.7/32",
+                    list(cfg.ssh_source_ranges),
+                )
+            )
             continue
         if str(net) != text and "/" in text:
-            problems.append(Problem("sshSourceRanges", f"{shown(text)} has host bits set",
-                                    f"write the network address: {net}", list(cfg.ssh_source_ranges)))
+            problems.append(
+                Problem(
+                    "sshSourceRanges", f"{shown(text)} has host bits set", f"write the network address: {net}", list(cfg.ssh_source_ranges)
+                )
+            )
         elif "/" not in text:
-            problems.append(Problem("sshSourceRanges", f"{shown(text)} has no prefix length",
-                                    f"write {net}", list(cfg.ssh_source_ranges)))
+            problems.append(Problem("sshSourceRanges", f"{shown(text)} has no prefix length", f"write {net}", list(cfg.ssh_source_ranges)))
         if net.prefixlen == 0 and not cfg.allow_ssh_from_anywhere:
-            problems.append(Problem("sshSourceRanges", f"{text} opens SSH to the whole internet",
-                                    "list only your own addresses, or set allowSshFromAnywhere: true if you mean it",
-                                    list(cfg.ssh_source_ranges)))
+            problems.append(
+                Problem(
+                    "sshSourceRanges",
+                    f"{text} opens SSH to the whole internet",
+                    "list only your own addresses, or set allowSshFromAnywhere: true if you mean it",
+                    list(cfg.ssh_source_ranges),
+                )
+            )
     return problems
 
 
 def _labels(cfg: StackConfig) -> list[Problem]:
     problems = []
     if len(cfg.labels) > 64 - len(RESERVED_LABELS):
-        problems.append(Problem("labels", f"has too many labels (Compute Engine allows 64, gpu-train sets "
-                                          f"{len(RESERVED_LABELS)})", "remove some"))
+        problems.append(
+            Problem("labels", f"has too many labels (Compute Engine allows 64, gpu-train sets {len(RESERVED_LABELS)})", "remove some")
+        )
     for k, v in cfg.labels.items():
         if k in RESERVED_LABELS:
             problems.append(Problem("labels", f"{shown(k)} is set by gpu-train itself", f"remove {k}", cfg.labels))
         elif not LABEL_KEY_RE.fullmatch(k):
-            problems.append(Problem("labels", f"key {shown(k)} is not a valid label key",
-                                    "start with a lower-case letter; lower case, digits, _ and - only; at most 63", cfg.labels))
+            problems.append(
+                Problem(
+                    "labels",
+                    f"key {shown(k)} is not a valid label key",
+                    "start with a lower-case letter; lower case, digits, _ and - only; at most 63",
+                    cfg.labels,
+                )
+            )
         if not LABEL_VALUE_RE.fullmatch(v):
-            problems.append(Problem("labels", f"value {shown(v)} of {shown(k)} is not a valid label value",
-                                    "lower case, digits, _ and - only; at most 63", cfg.labels))
+            problems.append(
+                Problem(
+                    "labels",
+                    f"value {shown(v)} of {shown(k)} is not a valid label value",
+                    "lower case, digits, _ and - only; at most 63",
+                    cfg.labels,
+                )
+            )
     return problems

@@ -19,8 +19,11 @@ _FLAG_FIELDS = {
     "--parameter-server-count": "parameterServerCount", "--region": "region", "--module-name": "pythonModule",
     "--job-dir": "jobDir", "--runtime-version": "runtimeVersion", "--python-version": "pythonVersion",
 }  # fmt: skip
-_FLAG_ACCEL = {"--master-accelerator": "masterConfig", "--worker-accelerator": "workerConfig",
-               "--parameter-server-accelerator": "parameterServerConfig"}
+_FLAG_ACCEL = {
+    "--master-accelerator": "masterConfig",
+    "--worker-accelerator": "workerConfig",
+    "--parameter-server-accelerator": "parameterServerConfig",
+}
 _FLAG_IMAGES = ("--master-image-uri", "--worker-image-uri", "--parameter-server-image-uri")
 _FLAG_IGNORED = {
     "--staging-bucket": "the code is synced over SSH, no bucket is needed",

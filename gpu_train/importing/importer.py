@@ -157,9 +157,14 @@ def _scale_tier(job: JobDescription, ti: dict, tables: Tables) -> dict:
         expanded.update(parameterServerCount=preset["parameterServers"], parameterServerType=preset["parameterServerType"])
     unverified = "" if preset.get("verified", True) else " (the tier's machine types were never published; "
     unverified += "each replica gets the legacy 'standard' type: choose your own shapes in the stack)" if unverified else ""
-    job.note("scaleTier", CHANGED if unverified else EXACT,
-             f"{tier} = master {preset['master']}" + (f", {preset['workers']} workers" if preset.get("workers") else "")
-             + (f", {preset['parameterServers']} parameter servers" if preset.get("parameterServers") else "") + unverified)
+    job.note(
+        "scaleTier",
+        CHANGED if unverified else EXACT,
+        f"{tier} = master {preset['master']}"
+        + (f", {preset['workers']} workers" if preset.get("workers") else "")
+        + (f", {preset['parameterServers']} parameter servers" if preset.get("parameterServers") else "")
+        + unverified,
+    )
     return expanded
 
 
@@ -215,8 +220,12 @@ def _common_fields(job: JobDescription, ti: dict) -> list[str]:
     if ti.get("pythonModule"):
         job.python_module = str(ti["pythonModule"])
     if ti.get("packageUris"):
-        job.note("packageUris", CHANGED, "packages are not downloaded: run the import's train command from the "
-                 "folder that holds the package's source (it is synced as code)")
+        job.note(
+            "packageUris",
+            CHANGED,
+            "packages are not downloaded: run the import's train command from the "
+            "folder that holds the package's source (it is synced as code)",
+        )
     if ti.get("args") is not None:
         if isinstance(ti["args"], list):
             job.args += [str(a) for a in ti["args"]]
@@ -234,8 +243,12 @@ def _common_fields(job: JobDescription, ti: dict) -> list[str]:
         job.use_chief_in_tf_config = str(ti["useChiefInTfConfig"]).lower() == "true"
     for name in ("runtimeVersion", "pythonVersion"):
         if ti.get(name):
-            job.note(name, CHANGED, f"{ti[name]}: the VM runs a Deep Learning VM image with its own framework and "
-                     "Python (gpu-train:imageFamily); pin versions in requirements.txt")
+            job.note(
+                name,
+                CHANGED,
+                f"{ti[name]}: the VM runs a Deep Learning VM image with its own framework and "
+                "Python (gpu-train:imageFamily); pin versions in requirements.txt",
+            )
     return wrong
 
 
@@ -254,8 +267,7 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
     single = isinstance(pools, dict)  # gcloud's reference writes one pool as a mapping, not a list of one
     pools = [pools] if single else pools
     if not isinstance(spec, dict) or not isinstance(pools, list) or not pools:
-        raise JobImportError("a Vertex AI job needs workerPoolSpecs (a list, pool 0 being the chief, or one pool as "
-                             "a mapping)")
+        raise JobImportError("a Vertex AI job needs workerPoolSpecs (a list, pool 0 being the chief, or one pool as a mapping)")
     job = JobDescription(region=region or (doc.get("region") if isinstance(doc, dict) else None))
     if single:
         job.note("workerPoolSpecs", EXACT, "one pool written as a mapping (gcloud's form): the chief")
@@ -270,7 +282,7 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
         if not isinstance(pool, dict):
             wrong.append(f"{where} must be a mapping with machineSpec and replicaCount")
             continue
-        machine = (pool.get("machineSpec") or {})
+        machine = pool.get("machineSpec") or {}
         if not isinstance(machine, dict) or not machine.get("machineType"):
             wrong.append(f"{where}.machineSpec.machineType is required")
             continue
@@ -299,8 +311,11 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
                 job.args += [str(a) for a in py.get("args") or []]
                 job.env.update({e["name"]: str(e.get("value", "")) for e in py.get("env") or [] if "name" in e})
             if py.get("executorImageUri") and index == 0:
-                job.note(f"{where}.pythonPackageSpec.executorImageUri", CHANGED,
-                         f"{py['executorImageUri']}: the module runs in the VM's Deep Learning VM Python instead")
+                job.note(
+                    f"{where}.pythonPackageSpec.executorImageUri",
+                    CHANGED,
+                    f"{py['executorImageUri']}: the module runs in the VM's Deep Learning VM Python instead",
+                )
         if pool.get("containerSpec"):
             job.container = pool["containerSpec"].get("imageUri") or "a container"
     if wrong:
@@ -318,11 +333,14 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
     elif strategy == "FLEX_START":
         job.flex_start = True  # (the stack's flexStart; translate checks the shape takes it)
         if scheduling.get("maxWaitDuration"):
-            job.note("scheduling.maxWaitDuration", CHANGED, f"{scheduling['maxWaitDuration']}: no counterpart (the "
-                     "provider sends no queueing time); scripts/up tries zone by zone, --retry-until-up keeps trying")
+            job.note(
+                "scheduling.maxWaitDuration",
+                CHANGED,
+                f"{scheduling['maxWaitDuration']}: no counterpart (the "
+                "provider sends no queueing time); scripts/up tries zone by zone, --retry-until-up keeps trying",
+            )
     elif strategy not in ("STANDARD", "ON_DEMAND", "STRATEGY_UNSPECIFIED"):
-        job.note("scheduling.strategy", CHANGED, f"{strategy}: gpu-train creates the VM on demand (or spot: "
-                 "set gpu-train:spot)")
+        job.note("scheduling.strategy", CHANGED, f"{strategy}: gpu-train creates the VM on demand (or spot: set gpu-train:spot)")
     for extra in sorted(set(spec) - {"workerPoolSpecs", "baseOutputDirectory", "scheduling"}):
         job.note(extra, NOT_MAPPED, "gpu-train has no such setting; it is left out")
     return job

@@ -59,8 +59,9 @@ def accelerator_type(name: str, catalog: Catalog, tables: Tables) -> str:
         raise JobImportError(f"accelerator {name}: a Cloud TPU; gpu-train runs GPU VMs only")
     if catalog.accelerator(name) is not None or name in catalog.retired:
         return name
-    raise JobImportError(f"accelerator {name!r} is not a GPU gpu-train knows: "
-                         f"use one of {', '.join(sorted(known))} or an API name such as nvidia-tesla-t4")
+    raise JobImportError(
+        f"accelerator {name!r} is not a GPU gpu-train knows: use one of {', '.join(sorted(known))} or an API name such as nvidia-tesla-t4"
+    )
 
 
 def _retired(gpu: str, count: int, catalog: Catalog, where: str, notes: list[Note]) -> tuple[str, int]:
@@ -74,8 +75,11 @@ def _retired(gpu: str, count: int, catalog: Catalog, where: str, notes: list[Not
     fits = [c for c in allowed if c <= count] or allowed[:1]
     new_count = fits[-1]
     more = "" if new_count == count else f" (at most {new_count} per VM)"
-    notes.append(Note(where, CHANGED, f"{count} x {gpu} -> {new_count} x {new}{more}: {gone.gpu_name()} {gone.note}; "
-                      f"{new} is the nearest current GPU"))
+    notes.append(
+        Note(
+            where, CHANGED, f"{count} x {gpu} -> {new_count} x {new}{more}: {gone.gpu_name()} {gone.note}; {new} is the nearest current GPU"
+        )
+    )
     return new, new_count
 
 
@@ -92,19 +96,32 @@ def resolve(replica: Replica, catalog: Catalog, tables: Tables, notes: list[Note
         gpus = f" + {count} x {gpu}" if gpu else ""
         notes.append(Note(where, EXACT, f"legacy {replica.machine_type} = {machine}{gpus}"))
         if replica.accelerator:
-            notes.append(Note(where, CHANGED, f"acceleratorConfig {replica.accelerator} ignored: {replica.machine_type} "
-                              "comes with its own GPUs (AI Platform refused both too)"))
+            notes.append(
+                Note(
+                    where,
+                    CHANGED,
+                    f"acceleratorConfig {replica.accelerator} ignored: {replica.machine_type} "
+                    "comes with its own GPUs (AI Platform refused both too)",
+                )
+            )
     elif replica.accelerator:
         gpu, count = accelerator_type(replica.accelerator, catalog, tables), int(replica.accelerator_count or 1)
     shape = catalog.parse_machine_type(machine)
     if shape is None:
-        raise JobImportError(f"{replica.source} = {replica.machine_type!r} is neither a Compute Engine machine type "
-                             "nor a legacy AI Platform type (standard_gpu, complex_model_m_p100, ...)")
+        raise JobImportError(
+            f"{replica.source} = {replica.machine_type!r} is neither a Compute Engine machine type "
+            "nor a legacy AI Platform type (standard_gpu, complex_model_m_p100, ...)"
+        )
     if shape.fixed is not None:
         f = shape.fixed
         if gpu and (gpu != f.gpu_type or count != f.gpu_count):
-            notes.append(Note(where, CHANGED, f"{machine} carries {f.gpu_count} x {f.gpu_type}; the job's "
-                              f"{count} x {gpu} is replaced by what the shape has"))
+            notes.append(
+                Note(
+                    where,
+                    CHANGED,
+                    f"{machine} carries {f.gpu_count} x {f.gpu_type}; the job's {count} x {gpu} is replaced by what the shape has",
+                )
+            )
         elif gpu:
             notes.append(Note(where, EXACT, f"{machine} with its {f.gpu_count} x {f.gpu_type}"))
         else:
@@ -116,8 +133,13 @@ def resolve(replica: Replica, catalog: Catalog, tables: Tables, notes: list[Note
             notes.append(Note(where, EXACT, f"{machine} + {count} x {gpu}"))
     elif replica.role != "ps":
         gpu, count = "nvidia-tesla-t4", 1
-        notes.append(Note(where, CHANGED, f"{machine} had no GPU; gpu-train's {replica.role} nodes carry one: "
-                          "added 1 x nvidia-tesla-t4 (the cheapest N1 GPU)"))
+        notes.append(
+            Note(
+                where,
+                CHANGED,
+                f"{machine} had no GPU; gpu-train's {replica.role} nodes carry one: added 1 x nvidia-tesla-t4 (the cheapest N1 GPU)",
+            )
+        )
     elif not any(n.field == where for n in notes):
         notes.append(Note(where, EXACT, f"{machine} (CPU only: a parameter server)"))
     return Shape(replica.role, replica.count, machine, gpu, count, fixed=False)
@@ -139,18 +161,23 @@ def choose_zone(shapes: list[Shape], region: str | None, catalog: Catalog, notes
     if not common:
         if common is None:  # nothing needs a GPU zone (cannot happen: chief nodes carry GPUs)
             return f"{wanted}-a"
-        raise JobImportError("no zone in the catalog offers every shape of this job together; "
-                             "use one GPU type for the whole cluster")
+        raise JobImportError("no zone in the catalog offers every shape of this job together; use one GPU type for the whole cluster")
     in_region = sorted(z for z in common if _region_of(z) == wanted)
     if in_region:
         how = "the job's region" if region else f"no region given; {DEFAULT_REGION}, AI Platform's usual one"
-        notes.append(Note("region", EXACT if region else CHANGED,
-                          f"{wanted} -> zone {in_region[0]} ({how}; zones there with every shape: {', '.join(in_region)})"))
+        notes.append(
+            Note(
+                "region",
+                EXACT if region else CHANGED,
+                f"{wanted} -> zone {in_region[0]} ({how}; zones there with every shape: {', '.join(in_region)})",
+            )
+        )
         return in_region[0]
     nearby = nearest_regions(wanted, tuple(sorted(common)), n=1)
     zone = sorted(nearby[0][1])[0]
-    notes.append(Note("region", CHANGED, f"no zone of {wanted} offers every shape of this job (catalog snapshot); "
-                      f"the nearest that does: {zone}"))
+    notes.append(
+        Note("region", CHANGED, f"no zone of {wanted} offers every shape of this job (catalog snapshot); the nearest that does: {zone}")
+    )
     return zone
 
 
@@ -159,7 +186,11 @@ def _merge(shapes: list[Shape]) -> list[Shape]:
     out: list[Shape] = []
     for s in shapes:
         if out and (out[-1].role, out[-1].machine_type, out[-1].gpu_type, out[-1].gpu_count) == (
-                s.role, s.machine_type, s.gpu_type, s.gpu_count):
+            s.role,
+            s.machine_type,
+            s.gpu_type,
+            s.gpu_count,
+        ):
             last = out.pop()
             s = Shape(s.role, last.count + s.count, s.machine_type, s.gpu_type, s.gpu_count, s.fixed)
         out.append(s)
@@ -173,18 +204,21 @@ def _spot_only(machine_type: str, catalog: Catalog) -> bool:
 
 
 # Vertex's variables for a CustomJob's baseOutputDirectory, with $JOB_DIR in its place.
-VERTEX_OUTPUTS = ('AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/checkpoints/" '
-                  'AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" ')
+VERTEX_OUTPUTS = 'AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/checkpoints/" AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" '
 
 
-def _flex_start(job: JobDescription, shapes: list[Shape], catalog: Catalog, settings: dict[str, Any],
-                notes: list[Note]) -> bool:
+def _flex_start(job: JobDescription, shapes: list[Shape], catalog: Catalog, settings: dict[str, Any], notes: list[Note]) -> bool:
     """Vertex's FLEX_START as the stack's flexStart, where every shape takes it; its timeout as maxRunHours
     (Flex-start needs one: Vertex's default timeout, 7 days, where the job gives none; at most 7 days)."""
     cannot = sorted({s.machine_type for s in shapes if FLEX_START not in catalog.ways(s.machine_type)})
     if cannot:
-        notes.append(Note("scheduling.strategy", CHANGED, f"FLEX_START: {', '.join(cannot)} cannot be had as Flex-start "
-                          "on Compute Engine; the stack asks for the VM on demand"))
+        notes.append(
+            Note(
+                "scheduling.strategy",
+                CHANGED,
+                f"FLEX_START: {', '.join(cannot)} cannot be had as Flex-start on Compute Engine; the stack asks for the VM on demand",
+            )
+        )
         return False
     top = catalog.flex_start.max_run_hours
     hours = min(top, max(1, math.ceil((job.max_running_s or top * 3600) / 60) / 60))
@@ -193,16 +227,28 @@ def _flex_start(job: JobDescription, shapes: list[Shape], catalog: Catalog, sett
     settings[f"{NAMESPACE}:maxRunHours"] = hours
     notes.append(Note("scheduling.strategy", EXACT, "FLEX_START -> gpu-train:flexStart true"))
     exact = job.max_running_s is not None and round(hours * 3600) == job.max_running_s
-    notes.append(Note("scheduling.timeout", EXACT if exact else CHANGED,
-                      f"{job.max_running_s} s -> maxRunHours {hours}" if job.max_running_s else
-                      f"none -> maxRunHours {hours} (Vertex's default timeout; Flex-start needs one)"))
+    notes.append(
+        Note(
+            "scheduling.timeout",
+            EXACT if exact else CHANGED,
+            f"{job.max_running_s} s -> maxRunHours {hours}"
+            if job.max_running_s
+            else f"none -> maxRunHours {hours} (Vertex's default timeout; Flex-start needs one)",
+        )
+    )
     return True
 
 
 def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) -> list[str]:
     if job.container:
-        notes.append(Note("container", NOT_MAPPED, f"{job.container}: containers are not run (yet). Run the code "
-                          "that the image holds with --script or --command, with its requirements in requirements.txt"))
+        notes.append(
+            Note(
+                "container",
+                NOT_MAPPED,
+                f"{job.container}: containers are not run (yet). Run the code "
+                "that the image holds with --script or --command, with its requirements in requirements.txt",
+            )
+        )
     argv = ["gpu-train", "train", "--stack", stack]
     if job.package_dir:
         parent = job.package_dir.rstrip("/").rpartition("/")[0] or "."
@@ -216,8 +262,11 @@ def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) 
         argv += ["--command", text]
         notes.append(Note("pythonModule", EXACT, f"python -m {job.python_module}, from the synced package folder"))
     else:
-        argv += ["--command", f"{prefix}python YOUR_SCRIPT.py"] if prefix else \
-            ["--script", "YOUR_SCRIPT.py", *(["--pass-job-dir"] if flag else [])]
+        argv += (
+            ["--command", f"{prefix}python YOUR_SCRIPT.py"]
+            if prefix
+            else ["--script", "YOUR_SCRIPT.py", *(["--pass-job-dir"] if flag else [])]
+        )
         notes.append(Note("pythonModule", NOT_MAPPED, "the job names no Python module: replace YOUR_SCRIPT.py"))
     if job.args:
         notes.append(Note("args", EXACT, shlex.join(job.args)))
@@ -226,17 +275,26 @@ def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) 
     if ps:
         argv += ["--ps", str(ps)]
     if job.job_dir:
-        copy = (f"; copy results to the bucket with `gcloud storage rsync -r runs/{stack}/RUN {job.job_dir}` after "
-                "`gpu-train fetch`") if job.job_dir.startswith("gs://") else ""
+        copy = (
+            (f"; copy results to the bucket with `gcloud storage rsync -r runs/{stack}/RUN {job.job_dir}` after `gpu-train fetch`")
+            if job.job_dir.startswith("gs://")
+            else ""
+        )
         given = "AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR under it" if job.output_env else "--job-dir"
-        notes.append(Note("baseOutputDirectory" if job.output_env else "jobDir", CHANGED,
-                          f"{job.job_dir} -> $JOB_DIR on the VM (the run's own folder; the code gets {given}, as "
-                          f"before), fetched home by `gpu-train fetch`{copy}"))
+        notes.append(
+            Note(
+                "baseOutputDirectory" if job.output_env else "jobDir",
+                CHANGED,
+                f"{job.job_dir} -> $JOB_DIR on the VM (the run's own folder; the code gets {given}, as "
+                f"before), fetched home by `gpu-train fetch`{copy}",
+            )
+        )
     return argv
 
 
-def translate(job: JobDescription, stack: str, catalog: Catalog, tables: Tables, project: str | None = None,
-              ssh_ranges: tuple[str, ...] = ()) -> Translation:
+def translate(
+    job: JobDescription, stack: str, catalog: Catalog, tables: Tables, project: str | None = None, ssh_ranges: tuple[str, ...] = ()
+) -> Translation:
     """The stack settings and train command for a job (validation is the caller's next step).
 
     ``project`` and ``ssh_ranges`` are what no job description holds; without them the stack gets a
@@ -267,43 +325,81 @@ def translate(job: JobDescription, stack: str, catalog: Catalog, tables: Tables,
         total = sum(s.count for s in shapes)
         if total > 1:
             settings[f"{NAMESPACE}:nodes"] = total
-        notes.append(Note("cluster", EXACT, f"{total} node{'s' if total > 1 else ''} of one shape"
-                          + (f"; the last {ps} are TF parameter servers (--ps {ps})" if ps else "")))
+        notes.append(
+            Note(
+                "cluster",
+                EXACT,
+                f"{total} node{'s' if total > 1 else ''} of one shape"
+                + (f"; the last {ps} are TF parameter servers (--ps {ps})" if ps else ""),
+            )
+        )
     else:
-        settings[f"{NAMESPACE}:pools"] = [{"role": s.role, **({"count": s.count} if s.count != 1 else {}),
-                                           **s.setting()} for s in shapes]
-        notes.append(Note("cluster", EXACT, "pools of different shapes: " + ", ".join(
-            f"{s.count} x {s.role} {s.machine_type}" + (f" + {s.gpu_count} x {s.gpu_type}" if s.gpu_type and not s.fixed
-                                                        else "") for s in shapes)))
+        settings[f"{NAMESPACE}:pools"] = [{"role": s.role, **({"count": s.count} if s.count != 1 else {}), **s.setting()} for s in shapes]
+        notes.append(
+            Note(
+                "cluster",
+                EXACT,
+                "pools of different shapes: "
+                + ", ".join(
+                    f"{s.count} x {s.role} {s.machine_type}" + (f" + {s.gpu_count} x {s.gpu_type}" if s.gpu_type and not s.fixed else "")
+                    for s in shapes
+                ),
+            )
+        )
     spot_only = [s.machine_type for s in shapes if _spot_only(s.machine_type, catalog)]
     flex = job.flex_start and _flex_start(job, shapes, catalog, settings, notes)
     if job.spot:
         settings[f"{NAMESPACE}:spot"] = True
     elif spot_only and not flex:
         settings[f"{NAMESPACE}:spot"] = True
-        notes.append(Note("spot", CHANGED, f"{', '.join(spot_only)} cannot be had on demand on Compute Engine (spot, "
-                          "flex-start or reservations only): the stack uses spot; the VM may be preempted, and "
-                          "gpu-train resumes the run from its last checkpoint"))
+        notes.append(
+            Note(
+                "spot",
+                CHANGED,
+                f"{', '.join(spot_only)} cannot be had on demand on Compute Engine (spot, "
+                "flex-start or reservations only): the stack uses spot; the VM may be preempted, and "
+                "gpu-train resumes the run from its last checkpoint",
+            )
+        )
     if job.max_running_s and not flex:
         minutes = math.ceil(job.max_running_s / 60)  # fractions of an hour are allowed: whole minutes
         hours = max(1, minutes // 60 if minutes % 60 == 0 else round(minutes / 60, 4))
         settings[f"{NAMESPACE}:maxRunHours"] = hours
         exact = round(hours * 3600) == job.max_running_s
-        notes.append(Note("maxRunningTime", EXACT if exact else CHANGED, f"{job.max_running_s} s -> maxRunHours {hours}"
-                          + ("" if exact else " (at least 1 hour, whole minutes)") + ": Compute Engine stops the VM "
-                          "then"))
+        notes.append(
+            Note(
+                "maxRunningTime",
+                EXACT if exact else CHANGED,
+                f"{job.max_running_s} s -> maxRunHours {hours}"
+                + ("" if exact else " (at least 1 hour, whole minutes)")
+                + ": Compute Engine stops the VM "
+                "then",
+            )
+        )
     if job.boot_disk_gb:
         settings[f"{NAMESPACE}:bootDiskSizeGb"] = job.boot_disk_gb
         notes.append(Note("diskSpec.bootDiskSizeGb", EXACT, str(job.boot_disk_gb)))
     if job.use_chief_in_tf_config is False and (len(shapes) > 1 or shapes[0].count > 1):
-        notes.append(Note("useChiefInTfConfig", CHANGED, "false: TF_CONFIG names node 0 'chief' (as "
-                          "useChiefInTfConfig: true did); code that looks for 'master' must look for 'chief'"))
+        notes.append(
+            Note(
+                "useChiefInTfConfig",
+                CHANGED,
+                "false: TF_CONFIG names node 0 'chief' (as "
+                "useChiefInTfConfig: true did); code that looks for 'master' must look for 'chief'",
+            )
+        )
     elif job.use_chief_in_tf_config:
         notes.append(Note("useChiefInTfConfig", EXACT, "TF_CONFIG names node 0 'chief'"))
     if ssh_ranges:
         settings[f"{NAMESPACE}:sshSourceRanges"] = list(ssh_ranges)
     else:
-        notes.append(Note("sshSourceRanges", NOT_MAPPED, "AI Platform had no SSH: set the addresses allowed to "
-                          "reach the VM (--ssh-from \"$(curl -s ifconfig.me)/32\", or edit the stack file)"))
+        notes.append(
+            Note(
+                "sshSourceRanges",
+                NOT_MAPPED,
+                "AI Platform had no SSH: set the addresses allowed to "
+                'reach the VM (--ssh-from "$(curl -s ifconfig.me)/32", or edit the stack file)',
+            )
+        )
     # With pools the stack itself says which nodes are parameter servers; `--ps` is for `nodes`.
     return Translation(stack, settings, _train_command(job, stack, 0 if not uniform else ps, notes), notes)

@@ -68,13 +68,28 @@ def parse_bucket(text: str) -> BucketPlace:
 def bucket_problems(text: str | None, create: bool) -> list[Problem]:
     """The problems of ``bucket`` (and ``bucketCreate`` without it), each naming the fix."""
     if text is None:
-        return [Problem("bucketCreate", "needs gpu-train:bucket (the bucket's name)",
-                        "pulumi config set gpu-train:bucket NAME, or remove gpu-train:bucketCreate")] if create else []
+        return (
+            [
+                Problem(
+                    "bucketCreate",
+                    "needs gpu-train:bucket (the bucket's name)",
+                    "pulumi config set gpu-train:bucket NAME, or remove gpu-train:bucketCreate",
+                )
+            ]
+            if create
+            else []
+        )
     try:
         parse_bucket(text)
     except ValueError as e:
-        return [Problem("bucket", str(e), "pulumi config set gpu-train:bucket NAME (or gs://NAME/PREFIX), e.g. "
-                        "gs://my-team-checkpoints/gpu-train", text)]
+        return [
+            Problem(
+                "bucket",
+                str(e),
+                "pulumi config set gpu-train:bucket NAME (or gs://NAME/PREFIX), e.g. gs://my-team-checkpoints/gpu-train",
+                text,
+            )
+        ]
     return []
 
 
@@ -89,7 +104,7 @@ def run_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
 def parts_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
     """Where the host's uploader keeps a big file's parts until it composes them into the run's object:
     beside the stacks' runs (PREFIX/.gpu-train-parts/STACK/RUN/), so no listing of a run ever sees one."""
-    return f"{place.prefix}{PARTS_FOLDER}" + run_prefix(place, stack, run, node)[len(place.prefix):]
+    return f"{place.prefix}{PARTS_FOLDER}" + run_prefix(place, stack, run, node)[len(place.prefix) :]
 
 
 def data_prefix(place: BucketPlace, project: str | None) -> str:

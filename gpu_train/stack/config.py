@@ -195,14 +195,22 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
             values[name] = SECRET_VALUE  # Pulumi decrypts it for the program; the laptop asks `pulumi config get`
             continue
         if isinstance(value, dict) and set(value) == {"secure"}:
-            problems.append(Problem(name, "is stored as a secret, which gpu-train cannot use here",
-                                    f"set it in plain text: pulumi config set {NAMESPACE}:{name} VALUE"))
+            problems.append(
+                Problem(
+                    name,
+                    "is stored as a secret, which gpu-train cannot use here",
+                    f"set it in plain text: pulumi config set {NAMESPACE}:{name} VALUE",
+                )
+            )
             continue
         try:
             values[name] = _COERCE[key.kind](value)
         except TypeError:
-            problems.append(Problem(name, f"expected {_TYPE_WORDS[key.kind]}, got {type(value).__name__}",
-                                    f"set {name} to {_TYPE_WORDS[key.kind]}", value))
+            problems.append(
+                Problem(
+                    name, f"expected {_TYPE_WORDS[key.kind]}, got {type(value).__name__}", f"set {name} to {_TYPE_WORDS[key.kind]}", value
+                )
+            )
 
     target = values.get("target", "gcp")
     if target not in ("gcp", "ssh"):
@@ -210,8 +218,9 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
         target = "gcp"
     for name in values:
         if target not in BY_KEY[name].targets:
-            problems.append(Problem(name, f"does not apply to a target '{target}' stack",
-                                    f"remove {NAMESPACE}:{name} from the stack", values[name]))
+            problems.append(
+                Problem(name, f"does not apply to a target '{target}' stack", f"remove {NAMESPACE}:{name} from the stack", values[name])
+            )
     for key in BY_KEY.values():
         if target in key.required_for and key.key not in values and not any(p.key == key.key for p in problems):
             problems.append(Problem(key.key, "is required", f"pulumi config set {NAMESPACE}:{key.key} ... ({key.help})"))
@@ -235,13 +244,13 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
     if values.get("pools"):
         pools, pool_problems = parse_pools(values["pools"])
         problems += pool_problems
-        pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, catalog)) if p.gpu_type else p
-                      for p in pools)
+        pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, catalog)) if p.gpu_type else p for p in pools)
         kwargs["pools"] = pools
         if pools:  # the stack's own shape is the chief's; nodes counts every pool
             chief = pools[0]
-            kwargs.update(machine_type=chief.machine_type, gpu_type=chief.gpu_type, gpu_count=chief.gpu_count,
-                          nodes=sum(p.count for p in pools))
+            kwargs.update(
+                machine_type=chief.machine_type, gpu_type=chief.gpu_type, gpu_count=chief.gpu_count, nodes=sum(p.count for p in pools)
+            )
     if target == "gcp":  # a VM bills by the minute: it stops itself when idle unless told otherwise
         kwargs.setdefault("idle_stop_minutes", GCP_IDLE_STOP_MINUTES)
     if target == "gcp":  # the Deep Learning VM's framework Python, as it is

@@ -15,11 +15,11 @@ import ipaddress
 from gpu_train.stack.problems import Problem
 
 # Reserved for documentation: no packet from the internet comes from these.
-DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in
-                             ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
 # The project ids our own docs and examples use for "your project here".
-EXAMPLE_PROJECTS = frozenset({"my-proj", "my-project", "my-gcp-project", "my-project-id", "your-project",
-                              "your-project-id", "project-id", "example-project"})
+EXAMPLE_PROJECTS = frozenset(
+    {"my-proj", "my-project", "my-gcp-project", "my-project-id", "your-project", "your-project-id", "project-id", "example-project"}
+)
 
 
 def is_documentation_range(text: str) -> bool:
@@ -35,14 +35,26 @@ def check(project: str | None, ssh_source_ranges: tuple[str, ...] | list[str]) -
     """Warnings for example values still in a GCP stack: the project id and the SSH source ranges."""
     problems = []
     if project and project.lower() in EXAMPLE_PROJECTS:
-        problems.append(Problem("gcp:project", "is an example project id from the docs, not yours",
-                                "your project's id: `gcloud projects list` (or the console's project picker)",
-                                project, "warning"))
+        problems.append(
+            Problem(
+                "gcp:project",
+                "is an example project id from the docs, not yours",
+                "your project's id: `gcloud projects list` (or the console's project picker)",
+                project,
+                "warning",
+            )
+        )
     examples = [r for r in ssh_source_ranges if is_documentation_range(r)]
     if examples:
-        problems.append(Problem("sshSourceRanges", f"{', '.join(examples)} is reserved for documentation "
-                                "(192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24): no one connects from there, so "
-                                "SSH to the VM would be refused", "your own public address as a /32: "
-                                "\"$(curl -s ifconfig.me)/32\" (or your network's range)",
-                                list(ssh_source_ranges), "warning"))
+        problems.append(
+            Problem(
+                "sshSourceRanges",
+                f"{', '.join(examples)} is reserved for documentation "
+                "(192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24): no one connects from there, so "
+                "SSH to the VM would be refused",
+                'your own public address as a /32: "$(curl -s ifconfig.me)/32" (or your network\'s range)',
+                list(ssh_source_ranges),
+                "warning",
+            )
+        )
     return problems

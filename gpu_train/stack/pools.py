@@ -58,8 +58,13 @@ def parse_pools(raw: Any) -> tuple[tuple[Pool, ...], list[Problem]]:
     for i, item in enumerate(raw):
         where = f"pools[{i}]"
         if not isinstance(item, dict):
-            problems.append(Problem(where, "expected a mapping with role, count, machineType, gpuType, gpuCount",
-                                    "write each pool as {role: worker, count: 2, machineType: ...}"))
+            problems.append(
+                Problem(
+                    where,
+                    "expected a mapping with role, count, machineType, gpuType, gpuCount",
+                    "write each pool as {role: worker, count: 2, machineType: ...}",
+                )
+            )
             continue
         unknown = sorted(set(item) - POOL_KEYS)
         if unknown:
@@ -69,8 +74,11 @@ def parse_pools(raw: Any) -> tuple[tuple[Pool, ...], list[Problem]]:
             problems.append(Problem(f"{where}.role", f"must be one of {', '.join(ROLES)}", "e.g. role: worker", role))
             continue
         count, gpu_count = item.get("count", 1), item.get("gpuCount")
-        bad_int = [(k, v) for k, v in (("count", count), ("gpuCount", gpu_count))
-                   if v is not None and (isinstance(v, bool) or not str(v).isdigit())]
+        bad_int = [
+            (k, v)
+            for k, v in (("count", count), ("gpuCount", gpu_count))
+            if v is not None and (isinstance(v, bool) or not str(v).isdigit())
+        ]
         for k, v in bad_int:
             problems.append(Problem(f"{where}.{k}", "expected a whole number", f"set {k} to a number", v))
         machine = item.get("machineType")
@@ -80,8 +88,9 @@ def parse_pools(raw: Any) -> tuple[tuple[Pool, ...], list[Problem]]:
         if bad_int:
             continue
         gpu = item.get("gpuType")
-        pools.append(Pool(role, int(count), machine.strip(), str(gpu).strip() if gpu else None,
-                          int(gpu_count) if gpu_count is not None else None))
+        pools.append(
+            Pool(role, int(count), machine.strip(), str(gpu).strip() if gpu else None, int(gpu_count) if gpu_count is not None else None)
+        )
     order = {r: i for i, r in enumerate(ROLES)}
     return tuple(sorted(pools, key=lambda p: order[p.role])), problems
 
@@ -106,10 +115,21 @@ def boot_disk_type(cfg: StackConfig, machine_type: str, catalog: Catalog) -> str
 
 def pool_config(cfg: StackConfig, pool: Pool) -> StackConfig:
     """The stack as one pool sees it: the shape settings are the pool's."""
-    given = (cfg.given - set(SHAPE_KEYS)) | {"machineType"} | ({"gpuType"} if pool.gpu_type else set()) \
+    given = (
+        (cfg.given - set(SHAPE_KEYS))
+        | {"machineType"}
+        | ({"gpuType"} if pool.gpu_type else set())
         | ({"gpuCount"} if pool.gpu_count is not None else set())
-    return replace(cfg, machine_type=pool.machine_type, gpu_type=pool.gpu_type, gpu_count=pool.gpu_count,
-                   nodes=pool.count, pools=(), given=frozenset(given))
+    )
+    return replace(
+        cfg,
+        machine_type=pool.machine_type,
+        gpu_type=pool.gpu_type,
+        gpu_count=pool.gpu_count,
+        nodes=pool.count,
+        pools=(),
+        given=frozenset(given),
+    )
 
 
 def check_pools(cfg: StackConfig, catalog: Catalog, shape_rules) -> list[Problem]:
@@ -121,33 +141,54 @@ def check_pools(cfg: StackConfig, catalog: Catalog, shape_rules) -> list[Problem
     problems = []
     clash = sorted(k for k in (*SHAPE_KEYS, "nodes") if k in cfg.given)
     if clash:
-        problems.append(Problem(clash[0], "is set together with pools: with pools, each pool has its own shape",
-                                f"remove {', '.join(clash)} from the stack, or remove pools"))
+        problems.append(
+            Problem(
+                clash[0],
+                "is set together with pools: with pools, each pool has its own shape",
+                f"remove {', '.join(clash)} from the stack, or remove pools",
+            )
+        )
     chiefs = [p for p in pools if p.role == "chief"]
     if len(chiefs) != 1 or chiefs[0].count != 1:
-        problems.append(Problem("pools", "needs exactly one chief pool with count 1 (node 0, which leads)",
-                                "e.g. - {role: chief, machineType: ..., gpuType: ..., gpuCount: ...}"))
+        problems.append(
+            Problem(
+                "pools",
+                "needs exactly one chief pool with count 1 (node 0, which leads)",
+                "e.g. - {role: chief, machineType: ..., gpuType: ..., gpuCount: ...}",
+            )
+        )
     total = sum(p.count for p in pools)
     if not 1 <= total <= MAX_POOL_NODES or any(p.count < 1 for p in pools):
-        problems.append(Problem("pools", f"each pool needs count 1 or more, and {MAX_POOL_NODES} nodes at most in all",
-                                "check the pools' counts", total))
+        problems.append(
+            Problem(
+                "pools", f"each pool needs count 1 or more, and {MAX_POOL_NODES} nodes at most in all", "check the pools' counts", total
+            )
+        )
     for i, pool in enumerate(pools):
         where = f"pools[{i}]"
         machine = catalog.parse_machine_type(pool.machine_type)
         cpu_only = pool.gpu_type is None and (machine is None or machine.fixed is None)
         if cpu_only and pool.role != "ps":
-            problems.append(Problem(f"{where}.gpuType", f"a {pool.role} pool needs GPUs",
-                                    "set gpuType and gpuCount, or use a GPU shape; only ps pools may be CPU only"))
+            problems.append(
+                Problem(
+                    f"{where}.gpuType",
+                    f"a {pool.role} pool needs GPUs",
+                    "set gpuType and gpuCount, or use a GPU shape; only ps pools may be CPU only",
+                )
+            )
             continue
         if cpu_only:
             if machine is None or machine.vcpus is None or (machine.series == "n1" and machine.memory_gb is None):
-                problems.append(Problem(f"{where}.machineType", "is not a machine type gpu-train knows",
-                                        "e.g. n1-highmem-8", pool.machine_type))
+                problems.append(
+                    Problem(f"{where}.machineType", "is not a machine type gpu-train knows", "e.g. n1-highmem-8", pool.machine_type)
+                )
             continue
-        if "bootDiskType" in cfg.given and (why := disks.disk_type_problem(catalog, pool.machine_type,
-                                                                            cfg.boot_disk_type)) is not None:
-            problems.append(Problem("bootDiskType", f"{where}: {why}", "remove bootDiskType: each pool then gets "
-                                    "its series' own type", cfg.boot_disk_type))
+        if "bootDiskType" in cfg.given and (why := disks.disk_type_problem(catalog, pool.machine_type, cfg.boot_disk_type)) is not None:
+            problems.append(
+                Problem(
+                    "bootDiskType", f"{where}: {why}", "remove bootDiskType: each pool then gets its series' own type", cfg.boot_disk_type
+                )
+            )
         for p in shape_rules(pool_config(cfg, pool), catalog):
             key = p.key.removeprefix("gpu-train:")
             if key in SHAPE_KEYS:

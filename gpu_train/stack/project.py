@@ -66,16 +66,21 @@ def no_stack(own: list[str], project: Path | None, cwd: Path, cli: str) -> tuple
     """(what is wrong, the fix) when no stack was named: ``own`` are the project's stacks, ``project``
     the project found from ``cwd`` upwards (None: none, so the usual fix, init, must be run elsewhere)."""
     if project is None:
-        return (f"no stack selected, and no project here: no stacks/ directory or .git in {cwd} or any "
-                "directory above it",
-                f"cd into your project, or make this one: `{cli} init --host USER@HOST` (or --gcp-project ID) writes "
-                f"stacks/ here; or point at stack files: --stacks-dir DIR (or GPU_TRAIN_STACKS_DIR) and --stack NAME")
+        return (
+            f"no stack selected, and no project here: no stacks/ directory or .git in {cwd} or any directory above it",
+            f"cd into your project, or make this one: `{cli} init --host USER@HOST` (or --gcp-project ID) writes "
+            f"stacks/ here; or point at stack files: --stacks-dir DIR (or GPU_TRAIN_STACKS_DIR) and --stack NAME",
+        )
     if own:
-        return (f"no stack selected (this project has {', '.join(own)})",
-                f"select one for this project: `{cli} stack {own[0]}`; or pass --stack NAME for one command")
-    return (f"no stack selected (the project {project} has no stack files in stacks/)",
-            f"create one: `{cli} init --host USER@HOST` (or --gcp-project ID), or pass --stack NAME "
-            "(one of this clone's examples, or of --stacks-dir)")
+        return (
+            f"no stack selected (this project has {', '.join(own)})",
+            f"select one for this project: `{cli} stack {own[0]}`; or pass --stack NAME for one command",
+        )
+    return (
+        f"no stack selected (the project {project} has no stack files in stacks/)",
+        f"create one: `{cli} init --host USER@HOST` (or --gcp-project ID), or pass --stack NAME "
+        "(one of this clone's examples, or of --stacks-dir)",
+    )
 
 
 SELECTED = Path(".gpu-train") / "stack"  # under the project: the stack `gpu-train stack NAME` selected

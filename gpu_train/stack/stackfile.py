@@ -27,9 +27,15 @@ def stack_file(stack: str, dirs: list[Path], cli: str) -> Path:
         return found
     close = project.did_you_mean(stack, project.stack_names(dirs))
     hint = f"did you mean {' or '.join(close)}? " if close else ""
-    raise ConfigError([Problem("stack", f"no stack named {stack!r} (looked for Pulumi.{stack}.yaml in "
-                               f"{', '.join(str(d) for d in dirs)})",
-                               f"{hint}`{cli} init --stack {stack}` writes one into {dirs[0]}")])
+    raise ConfigError(
+        [
+            Problem(
+                "stack",
+                f"no stack named {stack!r} (looked for Pulumi.{stack}.yaml in {', '.join(str(d) for d in dirs)})",
+                f"{hint}`{cli} init --stack {stack}` writes one into {dirs[0]}",
+            )
+        ]
+    )
 
 
 MAX_STACK_FILE_BYTES = 1 << 20
@@ -41,8 +47,7 @@ class _StackLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a stack file; "
-                                              "write the value out", mark)
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a stack file; write the value out", mark)
         return super().compose_node(parent, index)
 
 
@@ -65,8 +70,7 @@ def read_stack_file(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError([Problem("stack", f"{path} is not UTF-8 text (byte {e.start})", "save it as UTF-8")]) from None
     except yaml.YAMLError as e:
-        raise ConfigError([Problem("stack", f"{path} is not valid YAML: {shown_text(str(e), 400)}",
-                                   "fix the file's syntax")]) from None
+        raise ConfigError([Problem("stack", f"{path} is not valid YAML: {shown_text(str(e), 400)}", "fix the file's syntax")]) from None
     except RecursionError:
         raise ConfigError([Problem("stack", f"{path} nests too deeply", "fix the file's syntax")]) from None
     config = doc.get("config", {}) if isinstance(doc, dict) else None
@@ -101,8 +105,7 @@ def read_public_key(cfg: StackConfig) -> tuple[str | None, Problem | None]:
     if looks_like_key_text(value):
         return value.strip(), None
     path = Path(value).expanduser()
-    fix = ("create a key with `ssh-keygen -t ed25519`, or set "
-           f"{NAMESPACE}:sshPublicKey to your public key or its path")
+    fix = f"create a key with `ssh-keygen -t ed25519`, or set {NAMESPACE}:sshPublicKey to your public key or its path"
     try:
         text = path.read_text(encoding="utf-8").strip()
     except OSError:
@@ -110,4 +113,3 @@ def read_public_key(cfg: StackConfig) -> tuple[str | None, Problem | None]:
     if not looks_like_key_text(text):
         return None, Problem("sshPublicKey", f"{path} does not hold an OpenSSH public key", fix, value)
     return text, None
-

@@ -75,8 +75,7 @@ def remote_root_problem(root: str, gcp: bool) -> str | None:
         return "has a {node} placeholder, which only SSH stacks expand (each VM of a GCP stack has its own disk)"
     bare = root.replace("{node}", "0")
     if not REMOTE_ROOT_RE.fullmatch(bare):
-        return ("must be an absolute path or ~/PATH using only letters, digits, '.', '_', '-', '+' and '/' "
-                "(and {node})")
+        return "must be an absolute path or ~/PATH using only letters, digits, '.', '_', '-', '+' and '/' (and {node})"
     parts = bare.split("/")
     if ".." in parts:
         return "must not contain '..'"
@@ -98,7 +97,7 @@ def wide_range_problem(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> st
     """Why an SSH source range is too wide to accept without allowSshFromAnywhere."""
     widest = WIDEST_PREFIX[net.version]
     if net.prefixlen < widest:
-        share = f"1/{2 ** net.prefixlen}" if net.prefixlen else "all"
+        share = f"1/{2**net.prefixlen}" if net.prefixlen else "all"
         return f"{net} opens SSH to {share} of the {'IPv4' if net.version == 4 else 'IPv6'} internet (wider than /{widest})"
     return None
 
@@ -113,16 +112,22 @@ def check(cfg: StackConfig) -> list[Problem]:
     problems: list[Problem] = []
     if cfg.is_gcp and cfg.project and not PROJECT_RE.fullmatch(cfg.project):
         # it goes into API paths and gcloud commands shown to the user
-        problems.append(Problem("gcp:project", "is not a project id (6 to 30 lowercase letters, digits and '-', "
-                                "starting with a letter)", "pulumi config set gcp:project YOUR_PROJECT_ID "
-                                "(the id, not the project's name or number)", cfg.project))
+        problems.append(
+            Problem(
+                "gcp:project",
+                "is not a project id (6 to 30 lowercase letters, digits and '-', starting with a letter)",
+                "pulumi config set gcp:project YOUR_PROJECT_ID (the id, not the project's name or number)",
+                cfg.project,
+            )
+        )
     for h in cfg.hosts:
         for why in (login_problem(h.user), host_problem(h.host)):
             if why:
                 problems.append(Problem("hosts", f"{shown(str(h))}: {why}", "write each host as user@host:port"))
     if (why := remote_root_problem(cfg.remote_root, cfg.is_gcp)) is not None:
-        problems.append(Problem("remoteRoot", why, f"e.g. {REMOTE_ROOT_DEFAULT}, in a directory only you can write (not /tmp)",
-                                cfg.remote_root))
+        problems.append(
+            Problem("remoteRoot", why, f"e.g. {REMOTE_ROOT_DEFAULT}, in a directory only you can write (not /tmp)", cfg.remote_root)
+        )
     paths = {"sshKey": cfg.ssh_key, "knownHosts": cfg.known_hosts, "sshConfig": cfg.ssh_config, "python": cfg.python}
     if cfg.is_gcp and not cfg.ssh_public_key.lstrip().startswith(("ssh-", "ecdsa-", "sk-")):
         paths["sshPublicKey"] = cfg.ssh_public_key
@@ -133,8 +138,7 @@ def check(cfg: StackConfig) -> list[Problem]:
         problems.append(Problem("nodes", f"must be at most {MAX_NODES}", "e.g. 2", cfg.nodes))
     gpus = cfg.quota_request.get("gpus", "")
     if gpus.isdigit() and int(gpus) > MAX_QUOTA_GPUS:
-        problems.append(Problem("quotaRequest", f"gpus must be at most {MAX_QUOTA_GPUS}", "ask for what you will use",
-                                cfg.quota_request))
+        problems.append(Problem("quotaRequest", f"gpus must be at most {MAX_QUOTA_GPUS}", "ask for what you will use", cfg.quota_request))
     if cfg.is_gcp and not cfg.allow_ssh_from_anywhere:
         for text in cfg.ssh_source_ranges:
             try:
@@ -142,6 +146,12 @@ def check(cfg: StackConfig) -> list[Problem]:
             except ValueError:
                 continue  # validate reports it
             if net.prefixlen and (why := wide_range_problem(net)) is not None:
-                problems.append(Problem("sshSourceRanges", why, "list only your own addresses, or set "
-                                        "allowSshFromAnywhere: true if you mean it", list(cfg.ssh_source_ranges)))
+                problems.append(
+                    Problem(
+                        "sshSourceRanges",
+                        why,
+                        "list only your own addresses, or set allowSshFromAnywhere: true if you mean it",
+                        list(cfg.ssh_source_ranges),
+                    )
+                )
     return problems

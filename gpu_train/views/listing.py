@@ -207,8 +207,20 @@ def row(facts: StackFacts, now: float, catalog: Catalog) -> Row:
     running = None if facts.status is None else sum(r.get("state") in ACTIVE for r in facts.status.get("runs", []))
     if cfg is None or not cfg.is_gcp:
         where = ", ".join(str(h) for h in cfg.hosts) if cfg else "?"
-        return Row(facts.name, cfg.target if cfg else "?", shape_text(cfg, None, catalog), where, state, source, running, None, None,
-                   idle_text(facts.status), False, tuple(notes))
+        return Row(
+            facts.name,
+            cfg.target if cfg else "?",
+            shape_text(cfg, None, catalog),
+            where,
+            state,
+            source,
+            running,
+            None,
+            None,
+            idle_text(facts.status),
+            False,
+            tuple(notes),
+        )
     price = (facts.outputs or {}).get("hourlyCostUsd")
     if price is None:  # not deployed yet, or outputs from before: the catalog's price for the stack's shape
         price = catalog_price(cfg, catalog)
@@ -218,8 +230,20 @@ def row(facts: StackFacts, now: float, catalog: Catalog) -> Row:
     spent = None if price is None else round(hours_in_month(ledger, now) * price, 2)
     if price is None and (billing or facts.outputs):
         notes.append("price unknown (not in the catalog)")
-    return Row(facts.name, "gcp", shape_text(cfg, facts.outputs, catalog), (facts.outputs or {}).get("zone") or cfg.zone, state, source,
-               running, hourly, spent, idle_text(facts.status), billing, tuple(notes))
+    return Row(
+        facts.name,
+        "gcp",
+        shape_text(cfg, facts.outputs, catalog),
+        (facts.outputs or {}).get("zone") or cfg.zone,
+        state,
+        source,
+        running,
+        hourly,
+        spent,
+        idle_text(facts.status),
+        billing,
+        tuple(notes),
+    )
 
 
 def catalog_price(cfg: StackConfig, catalog: Catalog) -> float | None:
@@ -252,8 +276,10 @@ def sources_text(table: list[Row]) -> str:
     for r in table:
         by_source.setdefault(r.source, []).append(r.stack)
     order = list(SOURCE_WORDS)
-    parts = [f"{SOURCE_WORDS.get(s, s)} ({', '.join(stacks)})"
-             for s, stacks in sorted(by_source.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))]
+    parts = [
+        f"{SOURCE_WORDS.get(s, s)} ({', '.join(stacks)})"
+        for s, stacks in sorted(by_source.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+    ]
     return "; ".join(parts)
 
 
@@ -262,9 +288,20 @@ def render(table: list[Row]) -> str:
         return "-" if v is None else f"${v:.2f}"
 
     head = ["STACK", "TARGET", "SHAPE", "ZONE/HOSTS", "VM", "RUNS", "$/H NOW", "THIS MONTH", "IDLE STOP"]
-    body = [[r.stack, r.target, r.shape, r.where, r.state, "?" if r.runs_running is None else str(r.runs_running),
-             money(r.hourly_now), money(r.spent_month) if r.spent_month is None else f"≥{money(r.spent_month)}", r.idle]
-            for r in table]
+    body = [
+        [
+            r.stack,
+            r.target,
+            r.shape,
+            r.where,
+            r.state,
+            "?" if r.runs_running is None else str(r.runs_running),
+            money(r.hourly_now),
+            money(r.spent_month) if r.spent_month is None else f"≥{money(r.spent_month)}",
+            r.idle,
+        ]
+        for r in table
+    ]
     lines = aligned([head, *body])
     everywhere = set.intersection(*(set(r.notes) for r in table)) if len(table) > 1 else set()
     for r in table:
@@ -273,7 +310,6 @@ def render(table: list[Row]) -> str:
     total = sum(r.hourly_now or 0 for r in table if r.billing)
     if not table:
         return "no stack files (copy one from stacks/, or `pulumi stack init NAME`)"
-    lines.append(f"billing now: ${total:.2f}/h across {sum(r.billing for r in table)} stack(s); VM states "
-                 + sources_text(table))
+    lines.append(f"billing now: ${total:.2f}/h across {sum(r.billing for r in table)} stack(s); VM states " + sources_text(table))
     lines.append("this month: VM uptime seen so far x $/h (disks are not counted: the catalog has no disk prices)")
     return "\n".join(lines)

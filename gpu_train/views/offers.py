@@ -81,13 +81,35 @@ def _shapes(acc: Accelerator, catalog: Catalog) -> list[ShapeOffer]:
     for lim in catalog.n1_limits.get(acc.name, ()):
         od = None if per_gpu is None or per_gpu.on_demand is None else round(per_gpu.on_demand * lim.count, 5)
         sp = None if per_gpu is None or per_gpu.spot is None else round(per_gpu.spot * lim.count, 5)
-        out.append(ShapeOffer("n1-*", lim.count, lim.max_vcpus, lim.max_memory_gb, catalog.ways("n1-standard-8"), od, sp, (),
-                              per_gpu.date if per_gpu else None))
+        out.append(
+            ShapeOffer(
+                "n1-*",
+                lim.count,
+                lim.max_vcpus,
+                lim.max_memory_gb,
+                catalog.ways("n1-standard-8"),
+                od,
+                sp,
+                (),
+                per_gpu.date if per_gpu else None,
+            )
+        )
     for s in catalog.shapes_with(acc.name):
         cost = hourly_cost(GpuShape(s.name, s.vcpus, s.memory_gb, s.gpu_type, s.gpu_count, attached=False), catalog)
         known = cost.on_demand is not None or cost.spot is not None
-        out.append(ShapeOffer(s.name, s.gpu_count, s.vcpus, s.memory_gb, catalog.ways(s.name), cost.on_demand, cost.spot,
-                              s.zones, cost.date if known else None))
+        out.append(
+            ShapeOffer(
+                s.name,
+                s.gpu_count,
+                s.vcpus,
+                s.memory_gb,
+                catalog.ways(s.name),
+                cost.on_demand,
+                cost.spot,
+                s.zones,
+                cost.date if known else None,
+            )
+        )
     return out
 
 
@@ -137,13 +159,21 @@ def offers(catalog: Catalog, name: str | None = None, region: str | None = None,
             continue
         per_gpu = catalog.gpu_prices.get(acc.name)
         obtain = tuple(dict.fromkeys(w for s in shapes for w in s.obtain))
-        out.append(GpuOffer(
-            short=gpunames.short_name(acc), api=acc.name, memory_gb=acc.memory_gb, series=acc.series,
-            shapes=tuple(shapes), regions=_by_region(zones),
-            on_demand_per_gpu=per_gpu.on_demand if per_gpu else None, spot_per_gpu=per_gpu.spot if per_gpu else None,
-            obtain=obtain, zones_verified=acc.name not in catalog.unverified_zones,
-            price_date=per_gpu.date if per_gpu else None,
-        ))
+        out.append(
+            GpuOffer(
+                short=gpunames.short_name(acc),
+                api=acc.name,
+                memory_gb=acc.memory_gb,
+                series=acc.series,
+                shapes=tuple(shapes),
+                regions=_by_region(zones),
+                on_demand_per_gpu=per_gpu.on_demand if per_gpu else None,
+                spot_per_gpu=per_gpu.spot if per_gpu else None,
+                obtain=obtain,
+                zones_verified=acc.name not in catalog.unverified_zones,
+                price_date=per_gpu.date if per_gpu else None,
+            )
+        )
     return out
 
 
@@ -181,9 +211,19 @@ def render_table(rows: list[GpuOffer], catalog: Catalog, spot: bool = False) -> 
     """One line per GPU type."""
     price_head = "spot $/h/GPU" if spot else "$/h/GPU"
     head = ["GPU", "API name", "memory", "shapes", "where", price_head, "" if spot else "spot", "note"]
-    body = [[o.short, o.api, f"{o.memory_gb} GB", _shapes_summary(o), _regions_summary(o),
-             money(o.spot_per_gpu if spot else o.on_demand_per_gpu), "" if spot else money(o.spot_per_gpu), o.note]
-            for o in rows]
+    body = [
+        [
+            o.short,
+            o.api,
+            f"{o.memory_gb} GB",
+            _shapes_summary(o),
+            _regions_summary(o),
+            money(o.spot_per_gpu if spot else o.on_demand_per_gpu),
+            "" if spot else money(o.spot_per_gpu),
+            o.note,
+        ]
+        for o in rows
+    ]
     lines = aligned([head, *body])
     lines.append("")
     lines.append(_footer(catalog, _dates(rows)))
@@ -193,15 +233,21 @@ def render_table(rows: list[GpuOffer], catalog: Catalog, spot: bool = False) -> 
 
 def _footer(catalog: Catalog, dates: list[str]) -> str:
     when = "; ".join(dates) or catalog.dates["prices"]
-    return (f"prices: {catalog.price_region} list prices as of {when} (other regions differ; spot prices change; "
-            f"n/a = not in the catalog: see {catalog.prices_unknown_where}); zones: {catalog.dates['zones']} snapshot")
+    return (
+        f"prices: {catalog.price_region} list prices as of {when} (other regions differ; spot prices change; "
+        f"n/a = not in the catalog: see {catalog.prices_unknown_where}); zones: {catalog.dates['zones']} snapshot"
+    )
 
 
 def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
     """Every shape, region and price of one GPU type."""
-    lines = [f"{o.short} ({o.api}): {o.memory_gb} GB, series {o.series}" + (f"; {o.note}" if o.note else ""),
-             f"  per GPU: {per_hour(o.on_demand_per_gpu)} on demand, {per_hour(o.spot_per_gpu)} spot"
-             + (f" (prices of {o.price_date})" if o.price_date else ""), "", "  shapes:"]
+    lines = [
+        f"{o.short} ({o.api}): {o.memory_gb} GB, series {o.series}" + (f"; {o.note}" if o.note else ""),
+        f"  per GPU: {per_hour(o.on_demand_per_gpu)} on demand, {per_hour(o.spot_per_gpu)} spot"
+        + (f" (prices of {o.price_date})" if o.price_date else ""),
+        "",
+        "  shapes:",
+    ]
     for s in o.shapes:
         if s.machine == "n1-*":
             what = f"    n1-* + {s.gpus} x {o.short}".ljust(34) + f"up to {s.max_vcpus} vCPUs, {s.max_memory_gb:g} GB"
@@ -215,8 +261,13 @@ def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
         lines.append(f"{what.ljust(70)}{price}{dated}{ways}{zones}")
     lines += ["", f"  zones ({'snapshot' if o.zones_verified else 'snapshot, unverified'}):"]
     lines += [f"    {r}: {', '.join(z.rsplit('-', 1)[1] for z in zs)}" for r, zs in o.regions.items()]
-    lines += ["", _footer(catalog, _dates([o])), f"use it: gpu-train:gpuType: {o.short}" if o.series == "N1"
-              else f"use it: gpu-train:machineType: {o.shapes[0].machine if o.shapes else '?'}"]
+    lines += [
+        "",
+        _footer(catalog, _dates([o])),
+        f"use it: gpu-train:gpuType: {o.short}"
+        if o.series == "N1"
+        else f"use it: gpu-train:machineType: {o.shapes[0].machine if o.shapes else '?'}",
+    ]
     if spot:
         lines.append("(--spot: shapes that cannot be had as spot are left out)")
     return "\n".join(lines)
@@ -225,11 +276,14 @@ def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
 def ways_priced(s: ShapeOffer) -> str:
     """Each way the shape may be had, with its price where the catalog knows one: Flex-start bills its own
     (Dynamic Workload Scheduler) rate, a reservation the on-demand rate unless a commitment covers it."""
-    price = {ON_DEMAND: per_hour(s.on_demand), SPOT: per_hour(s.spot), FLEX_START: "DWS rate n/a",
-             RESERVATION: "on-demand rate"}
+    price = {ON_DEMAND: per_hour(s.on_demand), SPOT: per_hour(s.spot), FLEX_START: "DWS rate n/a", RESERVATION: "on-demand rate"}
     return ", ".join(f"{w} {price[w]}" if w in price else w for w in s.obtain)
 
 
 def to_json(rows: list[GpuOffer], catalog: Catalog) -> dict:
-    return {"priceRegion": catalog.price_region, "priceDate": catalog.dates["prices"], "zonesDate": catalog.dates["zones"],
-            "gpus": [o.to_json() for o in rows]}
+    return {
+        "priceRegion": catalog.price_region,
+        "priceDate": catalog.dates["prices"],
+        "zonesDate": catalog.dates["zones"],
+        "gpus": [o.to_json() for o in rows],
+    }

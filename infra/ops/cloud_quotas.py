@@ -25,8 +25,7 @@ def list_preferences(project: str, endpoint: str) -> list[dict]:
     the Cloud Quotas API (Environment.cloudquotas_endpoint)."""
     adc, creds = probes.read_adc()
     if creds is None:
-        raise CannotAsk(adc.error or f"no Application Default Credentials at {adc.path} "
-                        "(gcloud auth application-default login)")
+        raise CannotAsk(adc.error or f"no Application Default Credentials at {adc.path} (gcloud auth application-default login)")
     base = endpoint
     url = f"{base}/v1/projects/{project}/locations/global/quotaPreferences"
     found: list[dict] = []
@@ -37,8 +36,7 @@ def list_preferences(project: str, endpoint: str) -> list[dict]:
     session = AuthorizedSession(creds)
     for _ in range(MAX_PAGES):
         try:
-            r = session.get(url, params=params, headers={"x-goog-user-project": project},
-                                           timeout=probes.TIMEOUT_S)
+            r = session.get(url, params=params, headers={"x-goog-user-project": project}, timeout=probes.TIMEOUT_S)
         except Exception as e:  # token refresh or network: both read the same to a user
             raise CannotAsk(f"{type(e).__name__}: {e}") from None
         if r.status_code != 200:

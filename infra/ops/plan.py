@@ -38,13 +38,16 @@ def _money(value: float | None) -> str:
 
 def describe_cost(cost: Cost, way: str, ways: tuple[str, ...], unknown_where: str) -> list[str]:
     """The price of each way the shape may be had (the catalog's ways), the stack's own marked."""
-    lines = [f"Cost per VM ({cost.region} list prices of {cost.date}; other regions differ, spot prices may change "
-             "daily):",
-             f"  {'':<24}{'per hour':>10}{'per day':>11}"]
+    lines = [
+        f"Cost per VM ({cost.region} list prices of {cost.date}; other regions differ, spot prices may change daily):",
+        f"  {'':<24}{'per hour':>10}{'per day':>11}",
+    ]
     prices = {ON_DEMAND: cost.on_demand, SPOT: cost.spot, FLEX_START: None, RESERVATION: cost.on_demand}
     labels = {ON_DEMAND: "on demand", SPOT: "spot", FLEX_START: "flex-start", RESERVATION: "reservation"}
-    notes = {FLEX_START: "  (its own Dynamic Workload Scheduler rate: not in the catalog)",
-             RESERVATION: "  (the on-demand rate, unless a commitment covers it)"}
+    notes = {
+        FLEX_START: "  (its own Dynamic Workload Scheduler rate: not in the catalog)",
+        RESERVATION: "  (the on-demand rate, unless a commitment covers it)",
+    }
     for w in dict.fromkeys([*ways, way]):
         value = prices[w]
         mark = "  <- this stack" if w == way else ""
@@ -60,14 +63,20 @@ def describe_run_limit(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
     if not cfg.max_run_hours:
         return []
     hours = cfg.max_run_hours
-    local_ssd = any(getattr(catalog.parse_machine_type(m), "fixed", None) is not None
-                    and catalog.fixed_shapes[m].local_ssd for m in vm.node_machine_types(cfg, catalog))
-    lines = [f"Run-time cap: Compute Engine stops the VM {hours:g} h after each start (maxRunDuration "
-             f"{provisioning.run_seconds(hours)} s, then STOP: the disks stay); `{CLI} status` shows the moment, and "
-             f"the job's $GPU_TRAIN_NOTICE file appears {NOTICE_MINUTES} minutes before it"]
+    local_ssd = any(
+        getattr(catalog.parse_machine_type(m), "fixed", None) is not None and catalog.fixed_shapes[m].local_ssd
+        for m in vm.node_machine_types(cfg, catalog)
+    )
+    lines = [
+        f"Run-time cap: Compute Engine stops the VM {hours:g} h after each start (maxRunDuration "
+        f"{provisioning.run_seconds(hours)} s, then STOP: the disks stay); `{CLI} status` shows the moment, and "
+        f"the job's $GPU_TRAIN_NOTICE file appears {NOTICE_MINUTES} minutes before it"
+    ]
     if local_ssd:
-        lines.append("  The shape's bundled Local SSD is discarded at that stop (onInstanceStopAction.discardLocalSsd: "
-                     "Compute Engine refuses the VM otherwise); runs live on the data disk")
+        lines.append(
+            "  The shape's bundled Local SSD is discarded at that stop (onInstanceStopAction.discardLocalSsd: "
+            "Compute Engine refuses the VM otherwise); runs live on the data disk"
+        )
     return lines
 
 
@@ -76,21 +85,27 @@ def describe_data_disk(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
     kind = "/".join(dict.fromkeys(vm.data_disk_type(cfg, catalog, m) for m in vm.node_machine_types(cfg, catalog)))
     per_month = vm.data_disk_monthly_cost(cfg, catalog)
     count = f"{cfg.nodes} x " if cfg.nodes > 1 else ""
-    price = "price unknown (check cloud.google.com/compute/disks-image-pricing)" if per_month is None else (
-        f"{_money(per_month)} a month")
-    return [f"Data disk{'s' if cfg.nodes > 1 else ''}: {count}{cfg.data_disk_size_gb} GB {kind}: {price}, "
-            "billed while it exists, the VM running or not"]
+    price = "price unknown (check cloud.google.com/compute/disks-image-pricing)" if per_month is None else (f"{_money(per_month)} a month")
+    return [
+        f"Data disk{'s' if cfg.nodes > 1 else ''}: {count}{cfg.data_disk_size_gb} GB {kind}: {price}, "
+        "billed while it exists, the VM running or not"
+    ]
 
 
 def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: Catalog) -> str:
     acc = catalog.accelerator(shape.gpu_type)
     assert acc is not None  # a validated shape's GPU is in the catalog
     how = "attached to" if shape.attached else "built into"
-    model = {ON_DEMAND: "on demand", SPOT: "spot", FLEX_START: "Flex-start (Dynamic Workload Scheduler)",
-             RESERVATION: f"in reservation {cfg.reservation}" + (" (RESERVATION_BOUND)" if cfg.reservation_bound
-                                                                 else "")}[provisioning.way(cfg)]
-    return (f"GPU shape: {shape.gpu_count} x {acc.gpu} ({acc.memory_gb} GB, {shape.gpu_type}) {how} "
-            f"{shape.machine_type} ({shape.vcpus} vCPUs, {shape.memory_gb:g} GB), {model}, in {cfg.zone}")
+    model = {
+        ON_DEMAND: "on demand",
+        SPOT: "spot",
+        FLEX_START: "Flex-start (Dynamic Workload Scheduler)",
+        RESERVATION: f"in reservation {cfg.reservation}" + (" (RESERVATION_BOUND)" if cfg.reservation_bound else ""),
+    }[provisioning.way(cfg)]
+    return (
+        f"GPU shape: {shape.gpu_count} x {acc.gpu} ({acc.memory_gb} GB, {shape.gpu_type}) {how} "
+        f"{shape.machine_type} ({shape.vcpus} vCPUs, {shape.memory_gb:g} GB), {model}, in {cfg.zone}"
+    )
 
 
 def describe_fallback(cfg: config.StackConfig) -> list[str]:
@@ -120,8 +135,10 @@ def describe_pools(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
         cost = None if per_node is None else per_node * pool.count
         total = None if total is None or cost is None else total + cost
         lines.append(f"  {pool.role:<7}{nodes:<13}{pool.count} x {shape.machine_type} ({gpus}): {_money(cost)}/h")
-    lines.append(f"  all {cfg.nodes} nodes: {_money(total)}/h, {_money(None if total is None else total * 24)}/day "
-                 f"({'spot' if cfg.spot else 'on demand'})")
+    lines.append(
+        f"  all {cfg.nodes} nodes: {_money(total)}/h, {_money(None if total is None else total * 24)}/day "
+        f"({'spot' if cfg.spot else 'on demand'})"
+    )
     return lines
 
 
@@ -132,8 +149,11 @@ def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
         verb, rules = ("allow", i.get("allows")) if i.get("allows") else ("deny", i.get("denies"))
         ports = ",".join(f"{x['protocol']}:{'/'.join(x.get('ports', []))}" for x in rules or [])
         sources = ", ".join(i.get("sourceRanges") or []) or "tag " + ", ".join(i.get("sourceTags") or [])
-        return [f"name {i.get('name')}", f"{verb} {ports} from {sources}",
-                f"to tag {', '.join(i.get('targetTags', []))}, priority {int(i.get('priority', 1000))}"]
+        return [
+            f"name {i.get('name')}",
+            f"{verb} {ports} from {sources}",
+            f"to tag {', '.join(i.get('targetTags', []))}, priority {int(i.get('priority', 1000))}",
+        ]
     if r.typ.endswith("Account"):
         return [f"account {i.get('accountId')}", i.get("description", "")]
     if r.typ.endswith("IAMMember"):
@@ -143,18 +163,21 @@ def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
         shown = ", ".join(f"{k}={int(v) if isinstance(v, float) else v}" for k, v in policy)
         return [f"name {i.get('name')}: compact placement ({shown})"]
     if r.typ == "pulumi:providers:gcp":
-        return [f"for Cloud Quotas: userProjectOverride, billingProject {i.get('billingProject')} "
-                "(user credentials need a quota project)"]
+        return [f"for Cloud Quotas: userProjectOverride, billingProject {i.get('billingProject')} (user credentials need a quota project)"]
     if r.typ.endswith("projects/service:Service"):
         return [f"enable {i.get('service')} (left enabled on destroy)"]
     if r.typ.endswith("SQuotaPreference"):
         dims = ", ".join(f"{k}={v}" for k, v in sorted((i.get("dimensions") or {}).items())) or "project-wide"
-        return [f"ask Cloud Quotas for {i.get('quotaId')} ({dims}) = {i['quotaConfig']['preferredValue']} "
-                "(or the current limit, if higher)"]
+        return [
+            f"ask Cloud Quotas for {i.get('quotaId')} ({dims}) = {i['quotaConfig']['preferredValue']} (or the current limit, if higher)"
+        ]
     if r.typ.endswith("compute/disk:Disk"):
-        return [f"name {i.get('name')}: {int(i['size'])} GB {i.get('type')} in {i.get('zone')}, for REMOTE_ROOT/runs",
-                f"kept when the VM is replaced; protected: `pulumi destroy` refuses it, `{CLI} down` fetches first"
-                if r.protect else "NOT protected"]
+        return [
+            f"name {i.get('name')}: {int(i['size'])} GB {i.get('type')} in {i.get('zone')}, for REMOTE_ROOT/runs",
+            f"kept when the VM is replaced; protected: `pulumi destroy` refuses it, `{CLI} down` fetches first"
+            if r.protect
+            else "NOT protected",
+        ]
     if r.typ.endswith("Instance"):
         init = i["bootDisk"]["initializeParams"]
         gpus = i.get("guestAccelerators") or []
@@ -162,14 +185,19 @@ def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
         meta = dict(i.get("metadata", {}))
         return [
             f"name {i.get('name')}, {i.get('machineType')} in {i.get('zone')}",
-            "GPUs: " + (", ".join(f"{int(g['count'])} x {g['type']} attached" for g in gpus)
-                        or ("built into the machine type" if _carries_gpus(i.get("machineType", ""), catalog) else "none (CPU only)")),
+            "GPUs: "
+            + (
+                ", ".join(f"{int(g['count'])} x {g['type']} attached" for g in gpus)
+                or ("built into the machine type" if _carries_gpus(i.get("machineType", ""), catalog) else "none (CPU only)")
+            ),
             f"network: {i['networkInterfaces'][0].get('nicType') or 'default NIC'}"
             + (f", placement {i['resourcePolicies'].rsplit('/', 1)[-1]}" if i.get("resourcePolicies") else ""),
             f"boot disk: {int(init['size'])} GB {init['type']}, image {init['image'].rsplit('/', 1)[-1]} "
             "(newest of the family at `up`, then pinned)",
-            "data disk: " + ", ".join(f"{d['source'].rsplit('/', 1)[-1]} as /dev/disk/by-id/google-{d['deviceName']}"
-                                      for d in i.get("attachedDisks") or []),
+            "data disk: "
+            + ", ".join(
+                f"{d['source'].rsplit('/', 1)[-1]} as /dev/disk/by-id/google-{d['deviceName']}" for d in i.get("attachedDisks") or []
+            ),
             "scheduling: " + ", ".join(f"{k}={v}" for k, v in sched.items()),
             *([f"reservationAffinity: {_affinity(i['reservationAffinity'])}"] if i.get("reservationAffinity") else []),
             f"desired status: {i.get('desiredStatus')}",
@@ -198,20 +226,25 @@ def _meta(key: str, value: str) -> str:
 def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[config.Problem], catalog: Catalog) -> str:
     shape = validate.shape_of(cfg, catalog)
     lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
-    lines += [describe_shape(shape, cfg, catalog), images.driver_note(cfg, catalog),
-              f"Shutdown grace: {vm.shutdown_grace_s(cfg.spot)} s ({'spot' if cfg.spot else 'standard'} VM: what Compute "
-              f"Engine gives the guest before a hard power-off; jobs get SIGTERM, then {vm.job_grace_s(cfg)} s to "
-              "checkpoint before SIGKILL)", ""]
-    lines += [*describe_cost(hourly_cost(shape, catalog), provisioning.way(cfg), catalog.ways(shape.machine_type),
-                             catalog.prices_unknown_where), *describe_data_disk(cfg, catalog)]
+    lines += [
+        describe_shape(shape, cfg, catalog),
+        images.driver_note(cfg, catalog),
+        f"Shutdown grace: {vm.shutdown_grace_s(cfg.spot)} s ({'spot' if cfg.spot else 'standard'} VM: what Compute "
+        f"Engine gives the guest before a hard power-off; jobs get SIGTERM, then {vm.job_grace_s(cfg)} s to "
+        "checkpoint before SIGKILL)",
+        "",
+    ]
+    lines += [
+        *describe_cost(hourly_cost(shape, catalog), provisioning.way(cfg), catalog.ways(shape.machine_type), catalog.prices_unknown_where),
+        *describe_data_disk(cfg, catalog),
+    ]
     lines += [*describe_run_limit(cfg, catalog), *describe_fallback(cfg), ""]
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]
     if recovery.stops_for_good(cfg):
         lines += [recovery.describe(cfg), ""]
     lines.append(f"`pulumi up` would create {len(result.resources)} resources:")
-    order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "gcp", "Service", "SQuotaPreference",
-             "Disk", "Instance"]
+    order = ["GpuVm", "Account", "IAMMember", "Firewall", "ResourcePolicy", "gcp", "Service", "SQuotaPreference", "Disk", "Instance"]
 
     def rank(kind: str) -> int:
         return order.index(kind) if kind in order else len(order)
@@ -237,8 +270,7 @@ def _output(value: Any) -> str:
 def wanted(cfg: config.StackConfig, catalog: Catalog) -> preview.Preview:
     """The resources the program declares for a valid GCP stack, under mocks (the real key when readable)."""
     public_key, _ = stackfile.read_public_key(cfg)
-    return preview.run(lambda lookups: program.declare(cfg, public_key or KEY_PLACEHOLDER, catalog, lookups),
-                       stack=cfg.stack)
+    return preview.run(lambda lookups: program.declare(cfg, public_key or KEY_PLACEHOLDER, catalog, lookups), stack=cfg.stack)
 
 
 def changes_against(result: preview.Preview, deployed: list[pulumi_cli.Resource]) -> list[changes.Change]:
@@ -262,8 +294,10 @@ def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | 
         return f"Stack {stack} targets SSH hosts ({hosts}): `pulumi up` creates nothing; use the tasks ({CLI} train, ...).", ExitStatus.OK
     _, problem = stackfile.read_public_key(cfg)
     if problem is not None:  # not needed to plan; `pulumi up` stops on it
-        warnings = [*warnings, config.Problem(problem.key, problem.message + " (pulumi up will stop here)",
-                                              problem.fix, problem.value, "warning")]
+        warnings = [
+            *warnings,
+            config.Problem(problem.key, problem.message + " (pulumi up will stop here)", problem.fix, problem.value, "warning"),
+        ]
     result = wanted(cfg, catalog)
     if result.error is not None:
         return f"the program failed under the mock runtime: {result.error}", ExitStatus.USAGE

@@ -44,15 +44,19 @@ def read_reservation(env: Environment, project: str, zone: str, name: str) -> tu
     do hold one of that name (aggregated/reservations filtered by name). Raises RuntimeError otherwise."""
     creds = _credentials(env)
     try:
-        return probes.get_json(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/zones/{zone}/reservations/"
-                                                              f"{name}")), []
+        return probes.get_json(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/zones/{zone}/reservations/{name}")), []
     except RuntimeError as e:
         if not str(e).startswith("HTTP 404"):
             raise
-    pages = probes.pages(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/aggregated/reservations"),
-                         {"filter": f"name = {name}"})
-    return None, sorted(scope.split("/")[-1] for page in pages for scope, scoped in (page.get("items") or {}).items()
-                        if any(r.get("name") == name for r in scoped.get("reservations", [])))
+    pages = probes.pages(
+        creds, probes.compute_url(env, f"/compute/v1/projects/{project}/aggregated/reservations"), {"filter": f"name = {name}"}
+    )
+    return None, sorted(
+        scope.split("/")[-1]
+        for page in pages
+        for scope, scoped in (page.get("items") or {}).items()
+        if any(r.get("name") == name for r in scoped.get("reservations", []))
+    )
 
 
 def read_quotas(env: Environment, project: str, region: str, zone: str) -> tuple[dict, dict, set[str]]:
@@ -75,10 +79,15 @@ def offering_zones(env: Environment, project: str, machine_type: str, gpu_type: 
     creds = _credentials(env)
 
     def zones(kind: str, name: str) -> set[str]:
-        pages = probes.pages(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/aggregated/{kind}"),
-                             {"filter": f"name = {name}"})
-        return {scope.split("/")[-1] for page in pages for scope, scoped in (page.get("items") or {}).items()
-                if any(x.get("name") == name for x in scoped.get(kind, []))}
+        pages = probes.pages(
+            creds, probes.compute_url(env, f"/compute/v1/projects/{project}/aggregated/{kind}"), {"filter": f"name = {name}"}
+        )
+        return {
+            scope.split("/")[-1]
+            for page in pages
+            for scope, scoped in (page.get("items") or {}).items()
+            if any(x.get("name") == name for x in scoped.get(kind, []))
+        }
 
     return sorted(zones("machineTypes", machine_type) & zones("acceleratorTypes", gpu_type))
 
@@ -86,38 +95,47 @@ def offering_zones(env: Environment, project: str, machine_type: str, gpu_type: 
 Reservation = tuple[dict | None, list[str]]  # read_reservation's answer
 
 
-def report(cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str],
-           reservation: Reservation | None = None) -> tuple[str, int]:
+def report(
+    cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str], reservation: Reservation | None = None
+) -> tuple[str, int]:
     catalog = load_catalog()
     shape = validate.shape_of(cfg, catalog)
     nodes = validate.node_shapes(cfg, catalog)
     rows = quota.evaluate(quota.needs(cfg, shape, region_q, catalog, nodes), region_q, global_q)
-    what = ", ".join(f"{p.count} x {p.role} {p.machine_type}" for p in cfg.pools) if cfg.pools else \
-        f"{cfg.nodes} x {shape.machine_type} ({shape.gpu_count} x {shape.gpu_type}, {provisioning.way(cfg)})"
-    lines = [f"Preflight of stack {cfg.stack}: project {cfg.project}, {cfg.zone}, {what}", "",
-             f"  {'quota':<32}{'scope':<14}{'limit':>8}{'usage':>8}{'need':>8}  status"]
+    what = (
+        ", ".join(f"{p.count} x {p.role} {p.machine_type}" for p in cfg.pools)
+        if cfg.pools
+        else f"{cfg.nodes} x {shape.machine_type} ({shape.gpu_count} x {shape.gpu_type}, {provisioning.way(cfg)})"
+    )
+    lines = [
+        f"Preflight of stack {cfg.stack}: project {cfg.project}, {cfg.zone}, {what}",
+        "",
+        f"  {'quota':<32}{'scope':<14}{'limit':>8}{'usage':>8}{'need':>8}  status",
+    ]
     short = []
     for row in rows:
         n = row.need
         status = {True: "ok", False: "SHORT", None: "not listed"}[row.ok]
-        fmt = (lambda v: "-" if v is None else f"{v:g}")  # noqa: E731
-        lines.append(f"  {n.metric or '(per-family quota)':<32}{n.scope:<14}{fmt(row.limit):>8}{fmt(row.usage):>8}"
-                     f"{n.amount:>8}  {status}")
+        fmt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+        lines.append(f"  {n.metric or '(per-family quota)':<32}{n.scope:<14}{fmt(row.limit):>8}{fmt(row.usage):>8}{n.amount:>8}  {status}")
         if n.note:
             lines.append(f"      {n.note}")
         if row.ok is False:
             short.append(quota.advice(row, cfg.project or ""))
         elif row.ok is None and n.scope != "global":
             maybe = "; it may use a per-family GPU quota" if n is rows[0].need else ""
-            lines.append(f"      {n.what}: this project lists no {n.metric or 'per-model'} quota in {n.scope}{maybe}:"
-                         " check the Quotas page")
+            lines.append(
+                f"      {n.what}: this project lists no {n.metric or 'per-model'} quota in {n.scope}{maybe}: check the Quotas page"
+            )
     for gpu_type in sorted({n.gpu_type for n in nodes if n.gpu_count}):
         acc = catalog.accelerator(gpu_type)
         assert acc is not None  # a validated stack's GPUs are in the catalog
         if acc.name in offered:
             continue
-        short.append(f"{acc.name} is not offered in {cfg.zone} for this project "
-                     f"(offered there: {', '.join(sorted(offered)) or 'no GPUs'}); pick another zone (scripts/plan suggests some)")
+        short.append(
+            f"{acc.name} is not offered in {cfg.zone} for this project "
+            f"(offered there: {', '.join(sorted(offered)) or 'no GPUs'}); pick another zone (scripts/plan suggests some)"
+        )
     if reservation is not None and cfg.reservation:
         lines.append("")
         short += _reservation_lines(cfg, reservation, nodes, catalog, lines)
@@ -135,15 +153,20 @@ def _reservation_lines(cfg: config.StackConfig, found: Reservation, nodes: list,
     project, name = reservations.where(cfg.reservation, cfg.project or "")
     doc, elsewhere = found
     if doc is None:
-        there = f"; project {project} has one of that name in {', '.join(elsewhere)}: set gpu-train:zone to it" \
-            if elsewhere else f"; `gcloud compute reservations list --project={project}` lists those it has"
+        there = (
+            f"; project {project} has one of that name in {', '.join(elsewhere)}: set gpu-train:zone to it"
+            if elsewhere
+            else f"; `gcloud compute reservations list --project={project}` lists those it has"
+        )
         lines.append(f"  reservation {name} (project {project}): NOT FOUND in {cfg.zone}")
         return [f"reservation {name} does not exist in {cfg.zone} (project {project}){there}"]
     fit = reservations.fit(doc, nodes, catalog)
     specific = doc.get("specificReservation") or {}
-    lines.append(f"  reservation {name} (project {project}, {cfg.zone}): {doc.get('status', '?')}, "
-                 f"{specific.get('inUseCount', 0)} of {specific.get('count', 0)} VMs in use: "
-                 + ("matches the shape" if not fit.errors else "DIFFERS"))
+    lines.append(
+        f"  reservation {name} (project {project}, {cfg.zone}): {doc.get('status', '?')}, "
+        f"{specific.get('inUseCount', 0)} of {specific.get('count', 0)} VMs in use: "
+        + ("matches the shape" if not fit.errors else "DIFFERS")
+    )
     lines += [f"      {w}" for w in fit.warnings]
     return fit.errors
 
@@ -154,8 +177,7 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     args = p.parse_args(argv)
     try:
         env = env or Environment.from_os()
-        cfg, warnings = validate.check(stackfile.read_stack_file(env.stack_file(args.stack)), args.stack,
-                                       load_catalog())
+        cfg, warnings = validate.check(stackfile.read_stack_file(env.stack_file(args.stack)), args.stack, load_catalog())
     except (config.ConfigError, SettingError) as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)
@@ -168,8 +190,11 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     try:
         region_q, global_q, offered = read_quotas(env, cfg.project or "", cfg.region, cfg.zone)
     except Exception as e:  # credentials, network, permissions: say which, and stop
-        print(f"cannot read the project's quotas: {type(e).__name__}: {e}\n"
-              "fix: `gcloud auth application-default login`, and check gcp:project", file=sys.stderr)
+        print(
+            f"cannot read the project's quotas: {type(e).__name__}: {e}\n"
+            "fix: `gcloud auth application-default login`, and check gcp:project",
+            file=sys.stderr,
+        )
         return ExitStatus.USAGE
     found = None
     if cfg.reservation:
@@ -177,9 +202,12 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
         try:
             found = read_reservation(env, project, cfg.zone, name)
         except Exception as e:  # credentials, permissions on a shared reservation's project: say which
-            print(f"cannot read reservation {name} of project {project}: {type(e).__name__}: {e}\n"
-                  "fix: `gcloud auth application-default login`; a shared reservation needs "
-                  "compute.reservations.get in its project", file=sys.stderr)
+            print(
+                f"cannot read reservation {name} of project {project}: {type(e).__name__}: {e}\n"
+                "fix: `gcloud auth application-default login`; a shared reservation needs "
+                "compute.reservations.get in its project",
+                file=sys.stderr,
+            )
             return ExitStatus.USAGE
     text, code = report(cfg, region_q, global_q, offered, found)
     print(text)

@@ -78,12 +78,12 @@ class Recorder(pulumi.runtime.Mocks):
         outputs = dict(args.inputs)
         if args.typ == "gcp:compute/resourcePolicy:ResourcePolicy":
             project, region = args.inputs.get("project") or "project", args.inputs.get("region")
-            outputs["selfLink"] = (f"https://www.googleapis.com/compute/v1/projects/{project}/regions/{region}"
-                                   f"/resourcePolicies/{args.inputs.get('name')}")
+            outputs["selfLink"] = (
+                f"https://www.googleapis.com/compute/v1/projects/{project}/regions/{region}/resourcePolicies/{args.inputs.get('name')}"
+            )
         if args.typ == "gcp:compute/disk:Disk":
             project, zone = args.inputs.get("project") or "project", args.inputs.get("zone")
-            outputs["selfLink"] = (f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
-                                   f"/disks/{args.inputs.get('name')}")
+            outputs["selfLink"] = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}/disks/{args.inputs.get('name')}"
         if args.typ == "gcp:serviceaccount/account:Account":
             project = args.inputs.get("project") or "project"
             outputs["email"] = f"{args.inputs['accountId']}@{project}.iam.gserviceaccount.com"
@@ -107,8 +107,7 @@ class Recorder(pulumi.runtime.Mocks):
         protect = self.protected.get((args.typ, args.name), False)
         retain = self.retained.get((args.typ, args.name), False)
         import_id, ignore = self.imports.get((args.typ, args.name), ("", ()))
-        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect, retain,
-                                       import_id, ignore))
+        self.resources.append(Declared(args.typ, args.name, dict(args.inputs), args.provider or "", protect, retain, import_id, ignore))
         return outputs.get("id") or f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> Any:  # a dict, or (dict, failures) as Mocks allows
@@ -136,19 +135,22 @@ class Recorder(pulumi.runtime.Mocks):
         wrapped by the bridge)."""
         name, zone, project = given.get("name"), given.get("zone"), given.get("project") or "project"
         if not self.pinned_image:
-            raise ProviderError("invoking gcp:compute/getInstance:getInstance: 1 error occurred:\n"
-                            f"\t* projects/{project}/zones/{zone}/instances/{name} not found")
-        return {"name": name, "zone": zone, "project": project,
-                "bootDisks": [{"initializeParams": [{"image": self.pinned_image}]}]}
+            raise ProviderError(
+                "invoking gcp:compute/getInstance:getInstance: 1 error occurred:\n"
+                f"\t* projects/{project}/zones/{zone}/instances/{name} not found"
+            )
+        return {"name": name, "zone": zone, "project": project, "bootDisks": [{"initializeParams": [{"image": self.pinned_image}]}]}
 
     def _image_by_name(self, given: dict) -> dict:
         """An image looked up by name: the pinned one (of its own size); any other name is a 404."""
         name, project = given["name"], given.get("project") or "project"
         link = f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{name}"
         if link != self.pinned_image:
-            raise ProviderError("invoking gcp:compute/getImage:getImage: 1 error occurred:\n"
-                            f"\t* Error retrieving image {name}: googleapi: Error 404: The resource "
-                            f"'projects/{project}/global/images/{name}' was not found, notFound")
+            raise ProviderError(
+                "invoking gcp:compute/getImage:getImage: 1 error occurred:\n"
+                f"\t* Error retrieving image {name}: googleapi: Error 404: The resource "
+                f"'projects/{project}/global/images/{name}' was not found, notFound"
+            )
         return {"name": name, "selfLink": link, "diskSizeGb": self.pinned_image_disk_gb}
 
 
@@ -169,8 +171,14 @@ def quota_infos(quota_id: str, values: dict[str, int | list[dict]]) -> list[dict
     and, where given, entries for specific dimensions (listed first, as the API may)."""
     given = values.get(quota_id, 0)
     if isinstance(given, list):
-        return [{"dimensions": e.get("dimensions") or {}, "applicableLocations": e["applicableLocations"],
-                 "details": [{"value": str(e["value"])}]} for e in given]
+        return [
+            {
+                "dimensions": e.get("dimensions") or {},
+                "applicableLocations": e["applicableLocations"],
+                "details": [{"value": str(e["value"])}],
+            }
+            for e in given
+        ]
     regions = sorted({z.rsplit("-", 1)[0] for zs in load_catalog().zones.values() for z in zs})
     places = ["global"] if quota_id.endswith("-per-project") else regions
     return [{"dimensions": {}, "applicableLocations": places, "details": [{"value": str(given)}]}]
@@ -218,8 +226,9 @@ def run(
     assertion inside one would pass silently). A program error is returned, not raised, the way
     ``pulumi up`` reports it.
     """
-    recorder = Recorder(image_disk_gb=image_disk_gb, quota_values=quota_values or {}, pinned_image=pinned_image,
-                        pinned_image_disk_gb=pinned_image_disk_gb)
+    recorder = Recorder(
+        image_disk_gb=image_disk_gb, quota_values=quota_values or {}, pinned_image=pinned_image, pinned_image_disk_gb=pinned_image_disk_gb
+    )
     given: Lookups = Recorded(list(quota_preferences or [])) if lookups is None else lookups
     pulumi.runtime.set_mocks(recorder, project="gpu-train", stack=stack, preview=False, monitor=_Monitor(recorder))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()})

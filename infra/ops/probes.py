@@ -27,8 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _pulumi(*args: str, timeout: float = 30) -> tuple[int, str, str]:
     env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
     try:
-        p = subprocess.run(["pulumi", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(["pulumi", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return 124, "", f"`pulumi {' '.join(args)}` did not answer in {timeout:g} s"
     return p.returncode, p.stdout, p.stderr
@@ -149,5 +148,9 @@ def gpu_train_instances(env: Environment, creds, project: str) -> list[dict]:
     """Every gpu-train VM of the project, in every zone, in one call (instances.aggregatedList
     filtered on the label the program puts on each VM)."""
     params = {"filter": "labels.gpu-train-stack:*", "returnPartialSuccess": "true"}
-    return [vm for page in pages(creds, compute_url(env, f"/compute/v1/projects/{project}/aggregated/instances"), params)
-            for scoped in (page.get("items") or {}).values() for vm in scoped.get("instances", [])]
+    return [
+        vm
+        for page in pages(creds, compute_url(env, f"/compute/v1/projects/{project}/aggregated/instances"), params)
+        for scoped in (page.get("items") or {}).values()
+        for vm in scoped.get("instances", [])
+    ]

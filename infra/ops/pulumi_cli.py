@@ -52,8 +52,17 @@ def parse_export(text: str) -> list[Resource]:
     doc = json.loads(text)
     out = []
     for r in (doc.get("deployment") or {}).get("resources") or []:
-        out.append(Resource(r["urn"], r["type"], r.get("inputs") or {}, r.get("outputs") or {},
-                            bool(r.get("protect")), bool(r.get("custom", True)), str(r.get("id") or "")))
+        out.append(
+            Resource(
+                r["urn"],
+                r["type"],
+                r.get("inputs") or {},
+                r.get("outputs") or {},
+                bool(r.get("protect")),
+                bool(r.get("custom", True)),
+                str(r.get("id") or ""),
+            )
+        )
     return out
 
 

@@ -39,13 +39,19 @@ def link_command(bin_dir: Path, console_script: Path) -> str:
 def ssh_findings() -> list[checkup.Finding]:
     from remote.transfer import sync
 
-    found = [checkup.Finding("ssh (OpenSSH client)", bool(shutil.which("ssh")),
-                             shutil.which("ssh") or "not found", "install openssh-client")]
+    found = [
+        checkup.Finding("ssh (OpenSSH client)", bool(shutil.which("ssh")), shutil.which("ssh") or "not found", "install openssh-client")
+    ]
     why = sync.rsync_problem(sync._rsync_version_text())
-    found.append(checkup.Finding("rsync 3.4+", why is None, "ok" if why is None else why.split(":")[0],
-                                 "" if why is None else why))
-    found.append(checkup.Finding("git (to honour .gitignore)", bool(shutil.which("git")) or None,
-                                 shutil.which("git") or "not found: rsync reads .gitignore files itself", ""))
+    found.append(checkup.Finding("rsync 3.4+", why is None, "ok" if why is None else why.split(":")[0], "" if why is None else why))
+    found.append(
+        checkup.Finding(
+            "git (to honour .gitignore)",
+            bool(shutil.which("git")) or None,
+            shutil.which("git") or "not found: rsync reads .gitignore files itself",
+            "",
+        )
+    )
     return found
 
 
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         bin_dir = Path.home() / ".local" / "bin"
         print(f"command: {link_command(bin_dir, console)}")
         if str(bin_dir) not in os.environ.get("PATH", "").split(os.pathsep):
-            print(f"  {bin_dir} is not on your PATH: add  export PATH=\"{bin_dir}:$PATH\"  to your shell's profile")
+            print(f'  {bin_dir} is not on your PATH: add  export PATH="{bin_dir}:$PATH"  to your shell\'s profile')
     print("\nSSH hosts (any machine you reach over SSH):")
     print(checkup.render(ssh_findings()).rsplit("\n\n", 1)[0])
     print("\nGoogle Cloud (GCP stacks only):")

@@ -40,11 +40,11 @@ NEXT_STEP = {
     capacity.NOT_OFFERED: "the zone does not offer this machine or GPU type",
     capacity.TRANSIENT: "a passing error: another zone, or later",
     capacity.GLOBAL_QUOTA: "the project's global GPU quota is exhausted: no zone helps; request more "
-                           "(gpu-train:quotaRequest, or the console's Quotas page)",
+    "(gpu-train:quotaRequest, or the console's Quotas page)",
     capacity.CONFIG: "the shape itself is invalid: no zone helps; fix the stack (scripts/plan --stack NAME)",
     capacity.PREFERENCE_EXISTS: "this project already asked Cloud Quotas for that quota, and the up could not look "
-                                "it up first to adopt it (the warning above says why: credentials, or permission to "
-                                "list quota preferences): fix that and run again, or remove gpu-train:quotaRequest",
+    "it up first to adopt it (the warning above says why: credentials, or permission to "
+    "list quota preferences): fix that and run again, or remove gpu-train:quotaRequest",
     capacity.UNKNOWN: "not a capacity problem: no other zone will help; the error above says what to fix",
 }
 
@@ -83,11 +83,11 @@ def shapes_to_try(cfg: config.StackConfig, catalog: Catalog | None = None) -> li
     own = provisioning.way(cfg)
     ways = list(dict.fromkeys([own, *cfg.provisioning_fallback]))
     machines = [(cfg.machine_type, cfg.gpu_type, cfg.gpu_count)] + [config.parse_shape(t) for t in cfg.fallback_shapes]
-    shapes = [Shape(m, g, c, w, cfg.flex_start) for m, g, c in machines for w in ways
-              if catalog is None or w == own or w in catalog.ways(m)]
+    shapes = [
+        Shape(m, g, c, w, cfg.flex_start) for m, g, c in machines for w in ways if catalog is None or w == own or w in catalog.ways(m)
+    ]
     if cfg.spot and cfg.spot_fallback:
-        shapes += [Shape(s.machine_type, s.gpu_type, s.gpu_count, ON_DEMAND, cfg.flex_start)
-                   for s in shapes if s.way == SPOT]
+        shapes += [Shape(s.machine_type, s.gpu_type, s.gpu_count, ON_DEMAND, cfg.flex_start) for s in shapes if s.way == SPOT]
     return list(dict.fromkeys(shapes))
 
 
@@ -108,16 +108,25 @@ def offering_zones(env: Environment, cfg: config.StackConfig, gpu_type: str, say
     try:
         return preflight.offering_zones(env, cfg.project or "", cfg.machine_type, gpu_type)
     except Exception as e:  # credentials, network: the catalog's snapshot will do
-        say(f"(cannot ask the Compute API which zones offer {cfg.machine_type} + {gpu_type}: {type(e).__name__}; "
-            "using the catalog's zones)")
+        say(
+            f"(cannot ask the Compute API which zones offer {cfg.machine_type} + {gpu_type}: {type(e).__name__}; using the catalog's zones)"
+        )
         return None
 
 
 class Up:
     """One `scripts/up` run on one stack."""
 
-    def __init__(self, env: Environment, stack: str, yes: bool, say: Callable[[str], None], retry_delay: float = 30.0,
-                 pulumi: pulumi_cli.Runner = pulumi_cli.run, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        env: Environment,
+        stack: str,
+        yes: bool,
+        say: Callable[[str], None],
+        retry_delay: float = 30.0,
+        pulumi: pulumi_cli.Runner = pulumi_cli.run,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.env, self.stack, self.yes, self.say, self.pulumi, self.sleep = env, stack, yes, say, pulumi, sleep
         self.retry_delay = retry_delay
         self.catalog = load_catalog()
@@ -131,8 +140,7 @@ class Up:
 
         found = plan.changes_against(plan.wanted(self.cfg, self.catalog), before)
         self.say(changes.render(found, self.stack, self.env.cli))
-        if changes.replaces_anything(found) and not ask(self.env, "Apply these changes (they replace something)?", self.yes,
-                                                        self.say):
+        if changes.replaces_anything(found) and not ask(self.env, "Apply these changes (they replace something)?", self.yes, self.say):
             return ExitStatus.FAILED
         delay = self.retry_delay
         for attempt in range(1, max_attempts + 1):
@@ -152,25 +160,31 @@ class Up:
         return ExitStatus.FAILED
 
     def report_existing(self, failure: capacity.Failure) -> int:
-        self.say(f"Nothing was destroyed and nothing moved: the VM, its data disk and the stack file "
-                 f"({self.path.name}) are as they were. {NEXT_STEP.get(failure.kind, '')}.")
+        self.say(
+            f"Nothing was destroyed and nothing moved: the VM, its data disk and the stack file "
+            f"({self.path.name}) are as they were. {NEXT_STEP.get(failure.kind, '')}."
+        )
         if failure.kind in (capacity.STOCKOUT, capacity.TRANSIENT):
             gpu = validate.shape_of(self.cfg, self.catalog).gpu_type
             offered = offering_zones(self.env, self.cfg, gpu, self.say)
             where = f" (zones offering {self.cfg.machine_type} + {gpu}: {', '.join(offered)})" if offered else ""
-            self.say("What to do:\n"
-                     f"  scripts/up --stack {self.stack} --retry-until-up   keep trying in {self.cfg.zone} "
-                     "(the VM and its runs stay as they are)\n"
-                     f"  scripts/up --stack {self.stack} --move             replace the VM in another zone{where}: a "
-                     "disk cannot leave its zone, so the data disk is replaced too and only the runs you fetched home "
-                     f"({self.env.cli} fetch --all, which needs the VM running) survive")
+            self.say(
+                "What to do:\n"
+                f"  scripts/up --stack {self.stack} --retry-until-up   keep trying in {self.cfg.zone} "
+                "(the VM and its runs stay as they are)\n"
+                f"  scripts/up --stack {self.stack} --move             replace the VM in another zone{where}: a "
+                "disk cannot leave its zone, so the data disk is replaced too and only the runs you fetched home "
+                f"({self.env.cli} fetch --all, which needs the VM running) survive"
+            )
         return ExitStatus.FAILED
 
     def move(self, before: list[pulumi_cli.Resource], zones: list[str] | None, retry: bool, max_attempts: int) -> int:
         disks = pulumi_cli.of_type(before, "compute/disk:Disk")
-        self.say(f"--move replaces the VM of stack {self.stack} in another zone. A disk cannot leave its zone: its "
-                 f"data disk{'s' if len(disks) > 1 else ''} ({', '.join(d.name for d in disks)}) will be deleted with "
-                 "every run on it; only what you fetched home (runs/) survives.")
+        self.say(
+            f"--move replaces the VM of stack {self.stack} in another zone. A disk cannot leave its zone: its "
+            f"data disk{'s' if len(disks) > 1 else ''} ({', '.join(d.name for d in disks)}) will be deleted with "
+            "every run on it; only what you fetched home (runs/) survives."
+        )
         if not ask(self.env, "Replace the VM and its data disk elsewhere?", self.yes, self.say):
             return ExitStatus.FAILED
         for disk in disks:
@@ -181,19 +195,27 @@ class Up:
         return self.failover(before, zones, retry, max_attempts, skip_zone=self.cfg.zone)
 
     # -- a new stack: try zones and shapes ------------------------------------------------------
-    def failover(self, before: list[pulumi_cli.Resource], zones: list[str] | None, retry_until_up: bool,
-                 max_attempts: int, skip_zone: str | None = None) -> int:
+    def failover(
+        self,
+        before: list[pulumi_cli.Resource],
+        zones: list[str] | None,
+        retry_until_up: bool,
+        max_attempts: int,
+        skip_zone: str | None = None,
+    ) -> int:
         attempt, delay = 0, self.retry_delay
         kept = {(r.urn, r.id) for r in before}
         offered: list[str] | None = None
         while True:
             for shape in shapes_to_try(self.cfg, self.catalog):
-                candidate = validate.check({**self.raw, **{f"gpu-train:{k}": v for k, v in shape.settings().items()}},
-                                           self.stack, self.catalog)[0]
+                candidate = validate.check(
+                    {**self.raw, **{f"gpu-train:{k}": v for k, v in shape.settings().items()}}, self.stack, self.catalog
+                )[0]
                 gpu = validate.shape_of(candidate, self.catalog)
                 machine = self.catalog.parse_machine_type(shape.machine_type)
-                plan_zones = zones or capacity.zone_plan(self.cfg.zone, gpu.gpu_type, self.catalog,
-                                                         self.catalog.zones_for(gpu.gpu_type, machine))
+                plan_zones = zones or capacity.zone_plan(
+                    self.cfg.zone, gpu.gpu_type, self.catalog, self.catalog.zones_for(gpu.gpu_type, machine)
+                )
                 tried: set[str] = {skip_zone} if skip_zone else set()
                 skipped: set[str] = set()
                 todo = [z for z in plan_zones if z not in tried]
@@ -240,8 +262,9 @@ class Up:
             copy = Path(tmp) / self.path.name
             shutil.copyfile(self.path, copy)
             for key, value in settings.items():
-                code, out = self.pulumi(["config", "set", f"gpu-train:{key}", value, "--stack", self.stack,
-                                         "--config-file", str(copy)], echo=False)
+                code, out = self.pulumi(
+                    ["config", "set", f"gpu-train:{key}", value, "--stack", self.stack, "--config-file", str(copy)], echo=False
+                )
                 if code:
                     return code, out
             return self.pulumi(["up", "--yes", "--skip-preview", "--stack", self.stack, "--config-file", str(copy)])
@@ -276,10 +299,14 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     p.add_argument("--stack", required=True)
     p.add_argument("--zones", default="auto", help="new stacks, --move: auto, or a comma-separated list to try in order")
     p.add_argument("--retry-until-up", action="store_true", help="keep trying (with backoff) when there is no capacity")
-    p.add_argument("--retry-delay", type=float, default=30.0, metavar="SECONDS",
-                   help="--retry-until-up: the first wait (it doubles, up to 10 minutes)")
-    p.add_argument("--move", action="store_true", help="a stack with a VM: replace it in another zone (its data disk "
-                   "too: only runs fetched home survive)")
+    p.add_argument(
+        "--retry-delay", type=float, default=30.0, metavar="SECONDS", help="--retry-until-up: the first wait (it doubles, up to 10 minutes)"
+    )
+    p.add_argument(
+        "--move",
+        action="store_true",
+        help="a stack with a VM: replace it in another zone (its data disk too: only runs fetched home survive)",
+    )
     p.add_argument("--yes", action="store_true", help="do not ask before replacing anything")
     p.add_argument("--max-attempts", type=int, default=20)
     p.add_argument("--skip-preflight", action="store_true", help="do not check quotas first")

@@ -39,8 +39,12 @@ def cmd_bucket_check(root: str, bucket: str, prefix: str, python: str | None) ->
         answer = None
     if not isinstance(answer, dict) or "ok" not in answer:
         said = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()[-3:]
-        return {"python": job_python, "ok": False, "step": "client",
-                "detail": f"{job_python} could not run the probe (exit {done.returncode}): {' '.join(said)[:600]}"}
+        return {
+            "python": job_python,
+            "ok": False,
+            "step": "client",
+            "detail": f"{job_python} could not run the probe (exit {done.returncode}): {' '.join(said)[:600]}",
+        }
     answer["python"] = job_python
     return answer  # type: ignore[return-value]
 
@@ -48,8 +52,13 @@ def cmd_bucket_check(root: str, bucket: str, prefix: str, python: str | None) ->
 def step_of(error: BaseException) -> str:
     """Which step an exception of Google's client stops at, by its class (api_core's and google-auth's)."""
     kinds = [k.__name__ for k in type(error).__mro__]
-    for kind, step in (("NotFound", "bucket"), ("Forbidden", "access"), ("Unauthorized", "credentials"),
-                       ("RefreshError", "credentials"), ("DefaultCredentialsError", "credentials")):
+    for kind, step in (
+        ("NotFound", "bucket"),
+        ("Forbidden", "access"),
+        ("Unauthorized", "credentials"),
+        ("RefreshError", "credentials"),
+        ("DefaultCredentialsError", "credentials"),
+    ):
         if kind in kinds:
             return step
     return "network"

@@ -95,7 +95,9 @@ def cached(name: str, inputs: list[bytes], make: Callable[[], str]) -> str:
 
 _GUARD_SOURCE = (HERE / "guard.py").read_bytes()
 GUARD = cached("guard", [_GUARD_SOURCE], lambda: lean(_GUARD_SOURCE).decode())
-BOOTSTRAP = GUARD + f"""
+BOOTSTRAP = (
+    GUARD
+    + f"""
 import base64,json,sys,zlib
 try:
     r=secure_root(sys.argv[3])
@@ -133,6 +135,7 @@ except OSError:
 from {PACKAGE}.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+)
 
 
 def build(sources: dict[str, bytes], contract: bytes | None = None) -> bytes:

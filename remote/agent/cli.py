@@ -20,12 +20,19 @@ from .store import AgentError, root_from_settings, use_settings_file
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-train-agent")
     p.add_argument("--root", help="REMOTE_ROOT (or from --settings)")
-    p.add_argument("--settings", dest="settings_file", help="root-owned settings to run with instead of REMOTE_ROOT/agent.json "
-                   "(the VM's units: /etc/gpu-train/agent.json, which also names the user and remoteRoot)")
+    p.add_argument(
+        "--settings",
+        dest="settings_file",
+        help="root-owned settings to run with instead of REMOTE_ROOT/agent.json "
+        "(the VM's units: /etc/gpu-train/agent.json, which also names the user and remoteRoot)",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     launching = sub.add_parser("launch")
-    launching.add_argument("spec", help="base64 JSON, or - to read it from the first line of stdin (kept off the "
-                           "command line, which every user of the host can read in /proc)")
+    launching.add_argument(
+        "spec",
+        help="base64 JSON, or - to read it from the first line of stdin (kept off the "
+        "command line, which every user of the host can read in /proc)",
+    )
     launching.add_argument("--await-go", action="store_true")
     wrapping = sub.add_parser("wrap")
     wrapping.add_argument("run")
@@ -149,8 +156,11 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
     if args.cmd in ("logs", "status"):
         from .status import cmd_logs, cmd_status
 
-        return cmd_logs(root, args.run, args.offset, args.lines, args.follow) if args.cmd == "logs" \
+        return (
+            cmd_logs(root, args.run, args.offset, args.lines, args.follow)
+            if args.cmd == "logs"
             else cmd_status(root, args.run, args.summaries)
+        )
     if args.cmd == "launch":
         from .launch import cmd_launch
 

@@ -58,8 +58,7 @@ def authorized_keys_path() -> str:
     return os.environ.get(AUTHORIZED_KEYS_ENV) or os.path.expanduser("~/.ssh/authorized_keys")
 
 
-def authorized_line(key: str, name: str, source: str | None, command: str | None = None,
-                    expires: float | None = None) -> str:
+def authorized_line(key: str, name: str, source: str | None, command: str | None = None, expires: float | None = None) -> str:
     """The authorized_keys line for a cluster key, each part checked (it ends up in a file sshd reads).
     ``command``: the forced command (its characters are ours, quoted here); ``expires``: a time (epoch s)."""
     parts = key.split()
@@ -121,8 +120,7 @@ def _stale(line: str) -> bool:
     return _ours(line) and "command=" not in line.split(" ssh-")[0]
 
 
-def cmd_authorize(key: str, name: str, source: str | None, root: str = "", run: str | None = None,
-                  base: str | None = None) -> dict:
+def cmd_authorize(key: str, name: str, source: str | None, root: str = "", run: str | None = None, base: str | None = None) -> dict:
     """Add a train's cluster key to authorized_keys, bound to receiving ``run``'s code (``receive-code``)
     and expiring; earlier versions' permanent cluster lines are taken out on the way."""
     if run is None or base is None:  # never a key that logs in for anything else
@@ -177,8 +175,7 @@ def server_argv(original: str, root: str, run: str, base: str) -> list[str]:
         raise AgentError(f"receive-code: this key only receives a run's code, not {original[:200]!r}")
     if not RUN_RE.fullmatch(run) or not BASE_RE.fullmatch(base):
         raise AgentError("receive-code: not a run id or base name")
-    return ["rsync", "--server", flags, "--delete", f"--link-dest=../../code/{base}.last", ".",
-            os.path.join(root, "staging", run) + "/"]
+    return ["rsync", "--server", flags, "--delete", f"--link-dest=../../code/{base}.last", ".", os.path.join(root, "staging", run) + "/"]
 
 
 def cmd_receive_code(root: str, run: str, base: str) -> int:
@@ -203,19 +200,40 @@ def ssh_options(folder: str, node: dict) -> list[str]:
     (under the node's alias), never a prompt. ``folder`` holds this hop's key and pins."""
     if not isinstance(node.get("alias"), str) or not ALIAS_RE.fullmatch(node["alias"]):
         raise AgentError("relay-code: bad host key alias")
-    return ["-i", os.path.join(folder, "id_ed25519"), "-p", str(int(node["port"])), "-F", "/dev/null",
-            "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-            "-o", f"UserKnownHostsFile={os.path.join(folder, 'known_hosts')}",
-            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"HostKeyAlias={node['alias']}", "-o", "ConnectTimeout=10",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", f"Ciphers={CIPHERS}"]
+    return [
+        "-i",
+        os.path.join(folder, "id_ed25519"),
+        "-p",
+        str(int(node["port"])),
+        "-F",
+        "/dev/null",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={os.path.join(folder, 'known_hosts')}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"HostKeyAlias={node['alias']}",
+        "-o",
+        "ConnectTimeout=10",
+        "-o",
+        "ServerAliveInterval=5",
+        "-o",
+        "ServerAliveCountMax=3",
+        "-o",
+        f"Ciphers={CIPHERS}",
+    ]
 
 
 def master_command(folder: str, node: dict, control: str) -> list[str]:
     """An SSH connection to the node opened while the laptop still sends the code to node 0: the
     rsync after it then costs no key exchange and no login (ssh -N: no command, no shell)."""
-    return ["ssh", *ssh_options(folder, node), "-o", "ControlMaster=yes", "-o", f"ControlPath={control}", "-N",
-            str(node["login"])]
+    return ["ssh", *ssh_options(folder, node), "-o", "ControlMaster=yes", "-o", f"ControlPath={control}", "-N", str(node["login"])]
 
 
 def hop_command(root: str, folder: str, run: str, node: dict, control: str | None = None) -> list[str]:
@@ -224,8 +242,16 @@ def hop_command(root: str, folder: str, run: str, node: dict, control: str | Non
     mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={control}"] if control else []
     ssh = shlex.join(["ssh", *ssh_options(folder, node), *mux])
     # No --protect-args: the far side's forced command reads the flags from its command line (receive-code)
-    return ["rsync", "-a", "--delete", "-e", ssh, *[str(o) for o in node["options"]],
-            os.path.join(root, "staging", run) + "/", str(node["dest"])]
+    return [
+        "rsync",
+        "-a",
+        "--delete",
+        "-e",
+        ssh,
+        *[str(o) for o in node["options"]],
+        os.path.join(root, "staging", run) + "/",
+        str(node["dest"]),
+    ]
 
 
 def cmd_relay_code(root: str, doc: dict) -> int:
@@ -252,9 +278,14 @@ def cmd_relay_code(root: str, doc: dict) -> int:
         _write_private(os.path.join(folder, "known_hosts"), "".join(f"{line}\n" for line in doc["knownHosts"]))
         for i, node in enumerate(nodes):
             with contextlib.suppress(OSError, AgentError, KeyError, ValueError):  # the rsync says why, later
-                masters.append(subprocess.Popen(master_command(folder, node, os.path.join(folder, str(i))),
-                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                stderr=subprocess.DEVNULL))
+                masters.append(
+                    subprocess.Popen(
+                        master_command(folder, node, os.path.join(folder, str(i))),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
         if sys.stdin.readline().strip() != "go":
             return 0  # the laptop's sync failed or it went away: nothing to pass on
         source = os.path.join(root, "staging", run)
@@ -279,8 +310,13 @@ def _hop_all(root: str, folder: str, run: str, nodes: list[dict]) -> None:
     def hop(i: int, node: dict) -> None:
         answer: dict = {"node": node.get("node")}
         try:
-            done = subprocess.run(hop_command(root, folder, run, node, os.path.join(folder, str(i))), capture_output=True,
-                                  text=True, stdin=subprocess.DEVNULL, timeout=3600)
+            done = subprocess.run(
+                hop_command(root, folder, run, node, os.path.join(folder, str(i))),
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=3600,
+            )
             if done.returncode != 0:
                 # ssh's own words ("Permission denied (publickey)", "Connection refused") say more
                 # than rsync's "connection unexpectedly closed" after them.

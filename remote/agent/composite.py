@@ -28,8 +28,7 @@ WORKERS = 8
 MAX_OBJECT_NAME = 1024  # bytes, Cloud Storage's limit
 
 
-def slices(size: int, parallel_from: int = PARALLEL_FROM, part_min: int = PART_MIN,
-           max_parts: int = MAX_PARTS) -> list[tuple[int, int]]:
+def slices(size: int, parallel_from: int = PARALLEL_FROM, part_min: int = PART_MIN, max_parts: int = MAX_PARTS) -> list[tuple[int, int]]:
     """(offset, length) of each part of a file of ``size`` bytes; one part below ``parallel_from``."""
     if size < max(parallel_from, 2 * part_min):
         return [(0, size)]
@@ -96,8 +95,7 @@ class Slice(io.RawIOBase):
         super().close()
 
 
-def put_parts(bucket, name: str, path: str, pieces: list[tuple[int, int]], names: list[str],
-              workers: int = WORKERS):
+def put_parts(bucket, name: str, path: str, pieces: list[tuple[int, int]], names: list[str], workers: int = WORKERS):
     """Upload the file's ``pieces`` to ``names`` in parallel, each verified by its CRC32C as it lands,
     then compose them into ``name``; the parts are deleted either way. Returns the composed blob
     (its crc32c, size and generation as Cloud Storage answered the compose)."""

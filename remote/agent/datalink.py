@@ -20,8 +20,10 @@ def link_data(data_dir: str, code_dir: str, log) -> None:
         shown = ", ".join(linked[:8]) + (f" and {len(linked) - 8} more" if len(linked) > 8 else "")
         log.write(f"[gpu-train] DATA_DIR={data_dir}; linked into the working directory: {shown}\n".encode())
     for rel in kept:
-        log.write(f"[gpu-train] {rel}: the code and the pushed data both have it, and they differ: the code's "
-                  f"own copy is used (the pushed one is $DATA_DIR/{rel}; rename one to use both)\n".encode())
+        log.write(
+            f"[gpu-train] {rel}: the code and the pushed data both have it, and they differ: the code's "
+            f"own copy is used (the pushed one is $DATA_DIR/{rel}; rename one to use both)\n".encode()
+        )
 
 
 def merge_links(src: str, dest: str, rel: str, linked: list[str], kept: list[str]) -> None:

@@ -116,8 +116,9 @@ def listing(path: str) -> list:
 
     def walk_error(err: OSError) -> None:
         if not isinstance(err, FileNotFoundError):
-            entries.append([os.path.relpath(err.filename or path, path).replace(os.sep, "/"), UNREADABLE, 0, 0, 0,
-                            err.strerror or str(err)])
+            entries.append(
+                [os.path.relpath(err.filename or path, path).replace(os.sep, "/"), UNREADABLE, 0, 0, 0, err.strerror or str(err)]
+            )
 
     for folder, dirs, names in os.walk(path, onerror=walk_error):
         rel_folder = os.path.relpath(folder, path)
@@ -230,8 +231,9 @@ def send_range(root: str, item: list, out, checked: dict, buf: memoryview) -> No
             out.write(pad)
             left -= len(pad)
         st = os.fstat(fd)
-        out.write(RANGE_TRAILER % (
-            h.hexdigest().encode(), st.st_size, st.st_mtime_ns, st.st_ino, b', "short": %d' % short if short else b""))
+        out.write(
+            RANGE_TRAILER % (h.hexdigest().encode(), st.st_size, st.st_mtime_ns, st.st_ino, b', "short": %d' % short if short else b"")
+        )
     finally:
         os.close(fd)
 

@@ -106,8 +106,10 @@ def secure_root(root: str, own: bool = True) -> str:
     if own and uid is not None:  # before anything is created in them
         why = ancestors_problem(path if created else os.path.dirname(root), uid)
         if why:
-            raise UnsafeRoot(f"remoteRoot {root} lies in {why}, so another user could rename it and put theirs "
-                             "in its place: use a remoteRoot only you can write, under your home directory")
+            raise UnsafeRoot(
+                f"remoteRoot {root} lies in {why}, so another user could rename it and put theirs "
+                "in its place: use a remoteRoot only you can write, under your home directory"
+            )
     for path in reversed(created):
         with contextlib.suppress(FileExistsError):  # someone was faster: checked below like any other
             os.mkdir(path, 0o700)
@@ -117,7 +119,8 @@ def secure_root(root: str, own: bool = True) -> str:
             raise UnsafeRoot(
                 f"remoteRoot {path} {why}: another user could replace gpu-train's agent, which runs as you, or "
                 "read your runs. Use a remoteRoot only you can write, under your home directory (not under /tmp or a "
-                "shared directory)" + ("" if path == root else f" (it was to hold {root})"))
+                "shared directory)" + ("" if path == root else f" (it was to hold {root})")
+            )
     if own and stat.S_IMODE(os.lstat(root).st_mode) & 0o077:
         os.chmod(root, 0o700)  # ours and not writable by others, but readable: runs hold secrets
     return root
@@ -127,9 +130,17 @@ def check_own_file(path: str) -> None:
     """Refuse to run an agent file we did not write: a symlink, someone else's, or writable by others."""
     st = os.lstat(path)
     uid = os.geteuid()
-    why = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else
-           f"belongs to {_owner(st.st_uid)}" if st.st_uid != uid else
-           f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else "")
+    why = (
+        "is a symbolic link"
+        if stat.S_ISLNK(st.st_mode)
+        else f"belongs to {_owner(st.st_uid)}"
+        if st.st_uid != uid
+        else f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+        if st.st_mode & 0o022
+        else ""
+    )
     if why:
-        raise UnsafeRoot(f"{path} {why}: gpu-train did not write it for you, and will not run it. "
-                         f"Run any {_cli()} task (e.g. `{_cli()} status`) to reinstall the agent")
+        raise UnsafeRoot(
+            f"{path} {why}: gpu-train did not write it for you, and will not run it. "
+            f"Run any {_cli()} task (e.g. `{_cli()} status`) to reinstall the agent"
+        )

@@ -75,16 +75,23 @@ def busy_warnings(apps: list[dict], gpus: list[dict], runs: list[str]) -> list[s
     that is working with none listed, as inside a container), and runs of ours still going."""
     said = []
     if apps:
-        shown = ", ".join(f"pid {a['pid']} {a['name']}" + (f" ({a['memoryMiB']:.0f} MiB)" if a.get("memoryMiB") else "")
-                          for a in apps[:4])
-        said.append(f"the GPUs are in use by {len(apps)} process{'es' if len(apps) > 1 else ''} already: {shown}"
-                    + (" ..." if len(apps) > 4 else "") + "; the new run shares them (memory, speed)")
+        shown = ", ".join(f"pid {a['pid']} {a['name']}" + (f" ({a['memoryMiB']:.0f} MiB)" if a.get("memoryMiB") else "") for a in apps[:4])
+        said.append(
+            f"the GPUs are in use by {len(apps)} process{'es' if len(apps) > 1 else ''} already: {shown}"
+            + (" ..." if len(apps) > 4 else "")
+            + "; the new run shares them (memory, speed)"
+        )
     else:
         working = [g for g in gpus if g["utilization"] >= 5]
         if working:
-            said.append("GPU " + ", ".join(f"{g['index']} is {g['utilization']:.0f}% busy" for g in working)
-                        + " with no process this user can see (another user's or container's)")
+            said.append(
+                "GPU "
+                + ", ".join(f"{g['index']} is {g['utilization']:.0f}% busy" for g in working)
+                + " with no process this user can see (another user's or container's)"
+            )
     if runs:
-        said.append(f"{len(runs)} other run{'s' if len(runs) > 1 else ''} of gpu-train still running here: "
-                    f"{', '.join(runs[:4])}" + (" ..." if len(runs) > 4 else ""))
+        said.append(
+            f"{len(runs)} other run{'s' if len(runs) > 1 else ''} of gpu-train still running here: "
+            f"{', '.join(runs[:4])}" + (" ..." if len(runs) > 4 else "")
+        )
     return said

@@ -93,8 +93,10 @@ def await_word(marker: str | None, poll_s: float = 0.01) -> str:
 def refuse_if_busy(root: str, base: str) -> None:
     busy = busy_runs(root, base)
     if busy:
-        raise AgentError(f"a run named {base!r} is already running ({', '.join(busy)}): "
-                         f"stop it ({cli_name()} stop --run {busy[0]}) or pick another --name")
+        raise AgentError(
+            f"a run named {base!r} is already running ({', '.join(busy)}): "
+            f"stop it ({cli_name()} stop --run {busy[0]}) or pick another --name"
+        )
 
 
 def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
@@ -160,7 +162,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
         os.symlink(os.path.join("..", "runs", run_id, "code"), tmp_link)
         os.replace(tmp_link, last)
         if spec.code_manifest:
-            write_json(f"{last[:-len('.last')]}.manifest", {"manifest": spec.code_manifest})
+            write_json(f"{last[: -len('.last')]}.manifest", {"manifest": spec.code_manifest})
         spec = replace(spec, python=python, externally_managed=managed, path=os.environ.get("PATH"), notify=None)
         write_json(os.path.join(run_dir, "spec.json"), spec.to_json())
         update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0)
@@ -169,10 +171,16 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
     except AgentError as e:
         update_state(run_dir, state=FAILED, ended=now(), reason=str(e))
         raise
-    return {"runId": run_id, "runDir": run_dir, "jobDir": os.path.join(run_dir, "job"),
-            "log": os.path.join(run_dir, "log"), "screen": screen,
-            "python": job_python(root, spec, python, managed),
-            "dataDir": project_dirs(root, spec.project)[1], **notes}
+    return {
+        "runId": run_id,
+        "runDir": run_dir,
+        "jobDir": os.path.join(run_dir, "job"),
+        "log": os.path.join(run_dir, "log"),
+        "screen": screen,
+        "python": job_python(root, spec, python, managed),
+        "dataDir": project_dirs(root, spec.project)[1],
+        **notes,
+    }
 
 
 def host_notes(root: str) -> dict:
@@ -230,8 +238,10 @@ def job_python(root: str, spec: JobSpec, python: str, managed: bool) -> str:
 
 
 # Prints whether the Python refuses installs of its own (PEP 668's marker, outside a venv).
-MANAGED_PROBE = ("import os,sys,sysconfig;print(sys.prefix==sys.base_prefix and "
-                 "os.path.isfile(os.path.join(sysconfig.get_path('stdlib'),'EXTERNALLY-MANAGED')))")
+MANAGED_PROBE = (
+    "import os,sys,sysconfig;print(sys.prefix==sys.base_prefix and "
+    "os.path.isfile(os.path.join(sysconfig.get_path('stdlib'),'EXTERNALLY-MANAGED')))"
+)
 
 
 def check_python(python: str, configured: bool, torch: bool) -> bool:
@@ -242,12 +252,14 @@ def check_python(python: str, configured: bool, torch: bool) -> bool:
     try:
         result = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
-        raise AgentError(f"{where}: cannot run it ({getattr(e, 'strerror', None) or e}); "
-                         "set gpu-train:python to a Python on the host") from None
+        raise AgentError(
+            f"{where}: cannot run it ({getattr(e, 'strerror', None) or e}); set gpu-train:python to a Python on the host"
+        ) from None
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
         if torch:
-            raise AgentError(f"{where} cannot `import torch` ({last}): set gpu-train:python to a Python with torch, "
-                             "or list torch in requirements.txt")
+            raise AgentError(
+                f"{where} cannot `import torch` ({last}): set gpu-train:python to a Python with torch, or list torch in requirements.txt"
+            )
         raise AgentError(f"{where} does not run ({last})")
     return result.stdout.strip().endswith("True")

@@ -126,8 +126,10 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
     current = effective_state(state)
     if current == FAILED and lost_group(conf, run_dir, state):
         back = recovery.run_return(recovery_record(conf), state.ended, now())
-        agent_log(root, f"{run_id}: its part failed as the cluster lost a node ({recovery.describe(recovery_record(conf))});"
-                        " relaunched with the group")
+        agent_log(
+            root,
+            f"{run_id}: its part failed as the cluster lost a node ({recovery.describe(recovery_record(conf))}); relaunched with the group",
+        )
     elif current == INTERRUPTED:
         back = came_back(conf, state)
     else:
@@ -177,11 +179,27 @@ def relaunch(root: str, run_dir: str, state: RunRecord, back: dict | None = None
             os.remove(os.path.join(run_dir, marker))
     resumes = state.resumes + 1
     ran = run_seconds(state, effective_state(state), log_mtime(run_dir), now())  # the legs so far: DURATION goes on
-    update_state(run_dir, state=STARTING, created=now() if state.created is None else state.created, resumes=resumes,
-                 wrapper_pid=None, wrapper_start=None, pid=None, pid_start=None, step_pid=None, step_start=None,
-                 relaunched=now(), ended=None, started=None, ran_s=ran or 0, exit_code=None, reason=None,
-                 preemptions=state.preemptions + int(state.preempted), preempted=False,
-                 **({"returns": (*state.returns, back)[-50:]} if back else {}))
+    update_state(
+        run_dir,
+        state=STARTING,
+        created=now() if state.created is None else state.created,
+        resumes=resumes,
+        wrapper_pid=None,
+        wrapper_start=None,
+        pid=None,
+        pid_start=None,
+        step_pid=None,
+        step_start=None,
+        relaunched=now(),
+        ended=None,
+        started=None,
+        ran_s=ran or 0,
+        exit_code=None,
+        reason=None,
+        preemptions=state.preemptions + int(state.preempted),
+        preempted=False,
+        **({"returns": (*state.returns, back)[-50:]} if back else {}),
+    )
     start_wrapper(root, os.path.basename(run_dir))
     agent_log(root, f"{os.path.basename(run_dir)}: resumed ({resumes})")
 
@@ -243,8 +261,9 @@ def cmd_shutdown(root: str, grace: float | None = None) -> dict:
     return {"runs": result, "preempted": was_preempted}
 
 
-def idle_decision(now_s: float, idle_since: float | None, minutes: float, jobs_running: int, sessions: int,
-                  gpu_util: float) -> tuple[float | None, bool, str]:
+def idle_decision(
+    now_s: float, idle_since: float | None, minutes: float, jobs_running: int, sessions: int, gpu_util: float
+) -> tuple[float | None, bool, str]:
     """(idle since, power off now?, why). Idle means: no job, no SSH session, GPUs under 5% busy."""
     if minutes <= 0:
         return None, False, "idle stop is off"
@@ -276,8 +295,7 @@ def cmd_tick(root: str) -> dict:
     jobs = sum(1 for d in run_dirs(root) if effective_state(read_state(d)) in ACTIVE)
     util = max((g["utilization"] for g in gpus()), default=0.0)
     sessions = sshd_sessions() if machine else ssh_sessions(conf.ssh_port)
-    since, stop, why = idle_decision(time.time(), (read_json(path) or {}).get("idleSince"),
-                                     conf.idle_stop_minutes, jobs, sessions, util)
+    since, stop, why = idle_decision(time.time(), (read_json(path) or {}).get("idleSince"), conf.idle_stop_minutes, jobs, sessions, util)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json(path, {"idleSince": since, "why": why, "checked": now(), "root": root})
     if stop:
@@ -293,8 +311,9 @@ def cmd_configure(root: str, new: dict, cron: bool) -> dict:
     if not cron:
         return {"settings": conf.to_json()}
     if not shutil.which("crontab"):
-        raise AgentError("crontab is not installed on this host (sudo apt-get install cron); "
-                         "or run `gpu-train-agent boot` from your own boot hook")
+        raise AgentError(
+            "crontab is not installed on this host (sudo apt-get install cron); or run `gpu-train-agent boot` from your own boot hook"
+        )
     lines = hostcheck.cron_lines(root, agent_path(root), conf.idle_stop_minutes > 0)
     hostcheck.set_cron(root, lines)
     return {"settings": conf.to_json(), "crontab": lines, "bootResume": hostcheck.boot_resume(root)}

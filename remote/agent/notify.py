@@ -28,8 +28,7 @@ def request_for(url: str, text: str) -> urllib.request.Request:
         body, kind = json.dumps({"content": text[:2000]}).encode(), "application/json"  # Discord's limit
     else:  # ntfy.sh and its kin: the message is the body
         body, kind = text.encode(), "text/plain; charset=utf-8"
-    return urllib.request.Request(url, data=body, method="POST",
-                                  headers={"Content-Type": kind, "User-Agent": "gpu-train"})
+    return urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": kind, "User-Agent": "gpu-train"})
 
 
 def send(url: str | None, text: str, timeout: float = TIMEOUT_S) -> bool:
@@ -80,8 +79,7 @@ def write_url(root: str, url: str | None) -> None:
     os.replace(tmp, path)
 
 
-def run_end_text(run_id: str, state: str, exit_code: int | None, duration_s: float | None, last_line: str,
-                 host: str = "") -> str:
+def run_end_text(run_id: str, state: str, exit_code: int | None, duration_s: float | None, last_line: str, host: str = "") -> str:
     """The run-end message: exit code, duration, last line."""
     took = "" if duration_s is None else f" after {int(duration_s) // 3600}h{int(duration_s) % 3600 // 60:02d}m"
     code = "" if exit_code is None else f" (exit {exit_code})"

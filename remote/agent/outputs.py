@@ -178,8 +178,20 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict) -> list
     if stat.S_ISREG(st.st_mode):
         if st.st_ctime_ns <= since_ns:
             return []
-        return [(rel, [rel, UNREADABLE, 0, 0, 0, "the job rewrote this pushed file through its link into DATA_DIR: "
-                       "copy it out of the pushed data (or write to a new name) to bring it home"])]
+        return [
+            (
+                rel,
+                [
+                    rel,
+                    UNREADABLE,
+                    0,
+                    0,
+                    0,
+                    "the job rewrote this pushed file through its link into DATA_DIR: "
+                    "copy it out of the pushed data (or write to a new name) to bring it home",
+                ],
+            )
+        ]
     rows: list = []
 
     def unseen(err: OSError) -> None:  # a folder of the pushed data the job made unreadable: named, not skipped

@@ -43,16 +43,24 @@ def gpus() -> list[dict]:
         return []
     query = "index,name,utilization.gpu,memory.used,memory.total"
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     rows = []
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 5:
-            rows.append({"index": int(parts[0]), "name": parts[1], "utilization": float(parts[2]),
-                         "memoryUsedMiB": float(parts[3]), "memoryTotalMiB": float(parts[4])})
+            rows.append(
+                {
+                    "index": int(parts[0]),
+                    "name": parts[1],
+                    "utilization": float(parts[2]),
+                    "memoryUsedMiB": float(parts[3]),
+                    "memoryTotalMiB": float(parts[4]),
+                }
+            )
     return rows
 
 
@@ -61,8 +69,12 @@ def gpu_apps() -> list[dict]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     apps = []
@@ -109,8 +121,12 @@ def python_candidates() -> list[str]:
 
 def imports_torch(python: str) -> bool:
     try:
-        return subprocess.run([python, "-c", "import torch"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=120).returncode == 0
+        return (
+            subprocess.run(
+                [python, "-c", "import torch"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 

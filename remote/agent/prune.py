@@ -37,8 +37,9 @@ def newest_code(root: str) -> set[str]:
 def why_kept(run: dict, has_record: bool, newest: set[str]) -> str | None:
     """Why a run's code must stay (None: it may go)."""
     if run["state"] not in TERMINAL:
-        return f"{run['state']}: " + ("boot or resume relaunches it from that code" if run["state"] == "interrupted"
-                                      else "it is still going")
+        return f"{run['state']}: " + (
+            "boot or resume relaunches it from that code" if run["state"] == "interrupted" else "it is still going"
+        )
     if run["id"] in newest:
         return "the newest run of its name: the next sync links its unchanged files against it"
     if not has_record:
@@ -80,8 +81,11 @@ def cmd_prune(root: str, run_id: str | None, dry_run: bool) -> dict:
         if why:
             kept.append({"id": run["id"], "why": why})
             continue
-        done = {"files": len((read_json(os.path.join(run_dir, SENT)) or {}).get("files") or {}), PRUNE_FREED: None} \
-            if dry_run else prune_run(run_dir)
+        done = (
+            {"files": len((read_json(os.path.join(run_dir, SENT)) or {}).get("files") or {}), PRUNE_FREED: None}
+            if dry_run
+            else prune_run(run_dir)
+        )
         if not dry_run:
             write_json(os.path.join(run_dir, PRUNED), {**done, "at": now()})
         pruned.append({"id": run["id"], **done})
@@ -91,5 +95,4 @@ def cmd_prune(root: str, run_id: str | None, dry_run: bool) -> dict:
 def refuse_pruned(run_dir: str) -> None:
     """`resume` of a pruned run: its code is gone."""
     if os.path.exists(os.path.join(run_dir, PRUNED)):
-        raise AgentError(f"run {os.path.basename(run_dir)}'s code was pruned (gpu-train prune): it cannot be resumed; "
-                         "train it again")
+        raise AgentError(f"run {os.path.basename(run_dir)}'s code was pruned (gpu-train prune): it cannot be resumed; train it again")

@@ -90,15 +90,15 @@ def make_venv(env_dir: str, base: str, uv: str | None, env: dict, say: Callable[
     else:
         argv = [base, "-m", "venv", "--system-site-packages", env_dir]
         fix = ": on Debian/Ubuntu install python3-venv (sudo apt install python3-venv)"
-    say(f"creating the project's virtual environment {env_dir} from {base} with {'uv' if uv else 'venv'} "
-        "(with the system site packages)")
+    say(f"creating the project's virtual environment {env_dir} from {base} with {'uv' if uv else 'venv'} (with the system site packages)")
     made = subprocess.run(argv, capture_output=True, text=True, env=env)
     version = probe_version(venv_python(env_dir)) if made.returncode == 0 else None
     if version is None:
         shutil.rmtree(env_dir, ignore_errors=True)
         why = (made.stderr or made.stdout).strip().splitlines()[-1:] or [f"exit {made.returncode}"]
-        raise AgentError(f"{' '.join(argv[:3])} failed to make {env_dir} ({why[0]}){fix}, or set gpu-train:venv: false "
-                         f"to run with {base} itself")
+        raise AgentError(
+            f"{' '.join(argv[:3])} failed to make {env_dir} ({why[0]}){fix}, or set gpu-train:venv: false to run with {base} itself"
+        )
     with open(os.path.join(env_dir, VENV_STAMP), "w") as f:  # written last: a half-made venv has none
         json.dump({"base": base, "version": version}, f)
 
@@ -167,11 +167,11 @@ def failure_reason(lines: list) -> str:
         line = lines[i].strip()
         if line.lower().startswith("error:"):
             error, causes = line.split(":", 1)[1].strip(), []
-            for follow in lines[i + 1:]:
+            for follow in lines[i + 1 :]:
                 if not follow.strip().startswith("cause:"):
                     break
                 causes.append(follow.strip().split(":", 1)[1].strip())
-            hint = next((ln.strip() for ln in lines[i + 1:] if ln.strip().startswith("hint:")), "")
+            hint = next((ln.strip() for ln in lines[i + 1 :] if ln.strip().startswith("hint:")), "")
             return (f"{error} ({causes[-1]})" if causes else error) + (f"; {hint}" if hint else "")
     return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
 
@@ -181,8 +181,7 @@ def files_digest(source: str, files: dict) -> str:
     return hashlib.sha256(json.dumps([source, files], sort_keys=True).encode()).hexdigest()
 
 
-def install_argv(source: str, python: str, uv: str | None, code_dir: str, scratch: str,
-                 offline: bool = False) -> list[list[str]]:
+def install_argv(source: str, python: str, uv: str | None, code_dir: str, scratch: str, offline: bool = False) -> list[list[str]]:
     """The commands that install ``source`` into ``python``'s environment, in order (``offline``:
     from uv's cache alone)."""
     if uv is None:
@@ -190,6 +189,19 @@ def install_argv(source: str, python: str, uv: str | None, code_dir: str, scratc
     install = [uv, "pip", "install", "--python", python, *(["--offline"] if offline else [])]
     if source == "uv.lock":
         pinned = os.path.join(scratch, "uv-lock-requirements.txt")
-        return [[uv, "export", "--frozen", "--no-hashes", "--no-emit-project", "--quiet", "--format", "requirements-txt",
-                 "--output-file", pinned], [*install, "-r", pinned]]
+        return [
+            [
+                uv,
+                "export",
+                "--frozen",
+                "--no-hashes",
+                "--no-emit-project",
+                "--quiet",
+                "--format",
+                "requirements-txt",
+                "--output-file",
+                pinned,
+            ],
+            [*install, "-r", pinned],
+        ]
     return [[*install, "-r", source]]

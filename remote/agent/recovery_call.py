@@ -50,9 +50,12 @@ class Compute:
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         """(HTTP status, JSON document): Google's error documents come back, not raised."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.prefix + path, data=data, method=method,
-                                     headers={"Authorization": f"Bearer {self.token()}",
-                                              "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.prefix + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read() or b"{}")
@@ -86,19 +89,22 @@ class Compute:
             meta = inst.get("metadata") or {}
             items = [i for i in meta.get("items") or [] if i.get("key") != recovery.RECORD_KEY]
             items.append({"key": recovery.RECORD_KEY, "value": json.dumps(record, sort_keys=True)})
-            status, _ = self.call("POST", f"/instances/{name}/setMetadata",
-                                  {"fingerprint": meta.get("fingerprint"), "items": items})
+            status, _ = self.call("POST", f"/instances/{name}/setMetadata", {"fingerprint": meta.get("fingerprint"), "items": items})
             if status != 412:
                 return
             inst = self.get(name) or {}
 
 
 def settings_from_env(env: dict[str, str]) -> dict:
-    return {"stack": env.get(recovery.STACK_ENV, ""), "nodes": [n for n in env.get(recovery.NODES_ENV, "").split(",") if n],
-            "hours": _number(env, recovery.HOURS_ENV, 24), "notify": env.get(recovery.NOTIFY_ENV) or None,
-            "compute": env.get(recovery.COMPUTE_URL_ENV) or COMPUTE_URL,
-            "metadata": env.get(recovery.METADATA_URL_ENV) or METADATA_URL,
-            "opWaitS": _number(env, recovery.OP_WAIT_S_ENV, 150)}
+    return {
+        "stack": env.get(recovery.STACK_ENV, ""),
+        "nodes": [n for n in env.get(recovery.NODES_ENV, "").split(",") if n],
+        "hours": _number(env, recovery.HOURS_ENV, 24),
+        "notify": env.get(recovery.NOTIFY_ENV) or None,
+        "compute": env.get(recovery.COMPUTE_URL_ENV) or COMPUTE_URL,
+        "metadata": env.get(recovery.METADATA_URL_ENV) or METADATA_URL,
+        "opWaitS": _number(env, recovery.OP_WAIT_S_ENV, 150),
+    }
 
 
 def _number(env: dict[str, str], name: str, default: float) -> float:
@@ -127,13 +133,20 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
     for name in nodes:
         inst = found.get(name)
         rec = recovery.record_of(inst) if inst else {}
-        if inst and inst.get("status") == "RUNNING" and rec.get("at") == event.at and rec.get("state") != "resumed" \
-                and rec.get("state") != "stopping for the group":
+        if (
+            inst
+            and inst.get("status") == "RUNNING"
+            and rec.get("at") == event.at
+            and rec.get("state") != "resumed"
+            and rec.get("state") != "stopping for the group"
+        ):
             api.set_record(name, inst, recovery.updated_record(rec, event, "resumed", now))
             late.append(name)
     if late and not (p.start or p.stop or p.waiting):
-        say(f"back: {', '.join(late)} started again after the {event.kind} at "
-            f"{recovery.clock(event.at, local=False)} UTC (the runs resume at boot)")
+        say(
+            f"back: {', '.join(late)} started again after the {event.kind} at "
+            f"{recovery.clock(event.at, local=False)} UTC (the runs resume at boot)"
+        )
     todo = p.start or p.stop or p.waiting
     if not todo:
         return DONE, "; ".join(f"{n}: {w}" for n, w in p.why.items())
@@ -149,8 +162,7 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
     for name in p.stop:
         doc = found[name] or {}  # planned to stop: it exists
         api.call("POST", f"/instances/{name}/stop")
-        api.set_record(name, doc, recovery.updated_record(recovery.record_of(doc), event, "stopping for the group",
-                                                          now, p.why[name]))
+        api.set_record(name, doc, recovery.updated_record(recovery.record_of(doc), event, "stopping for the group", now, p.why[name]))
     if p.stop or p.waiting:
         return RETRY, "waiting for the cluster's other nodes to stop: " + ", ".join(p.stop + p.waiting)
     return start_all(api, event, p.start, found, conf, now, say)
@@ -160,8 +172,9 @@ def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: d
     """Start every node of ``names`` at once, then read each operation's end. The attempt is counted in
     each node's record before its start, so the VM that boots reads the attempt that brought it back."""
     for name in names:
-        api.set_record(name, found[name], recovery.updated_record(recovery.record_of(found[name]), event,
-                                                                  "coming back", now, "starting", attempt=True))
+        api.set_record(
+            name, found[name], recovery.updated_record(recovery.record_of(found[name]), event, "coming back", now, "starting", attempt=True)
+        )
     answers: dict[str, tuple[int, dict]] = {n: api.call("POST", f"/instances/{n}/start") for n in names}
     deadline = time.time() + conf["opWaitS"]
     verdicts = {}
@@ -171,8 +184,9 @@ def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: d
     for name, (verdict, why) in verdicts.items():
         state = {"started": "resumed", "retry": "coming back", "give up": "gave up"}[verdict]
         inst = api.get(name) or found[name]  # a fresh fingerprint: the start and the record changed it
-        api.set_record(name, inst, recovery.updated_record(recovery.record_of(inst), event, state, time.time(),
-                                                           "" if verdict == "started" else why))
+        api.set_record(
+            name, inst, recovery.updated_record(recovery.record_of(inst), event, state, time.time(), "" if verdict == "started" else why)
+        )
     gave_up = [f"{n}: {w}" for n, (v, w) in verdicts.items() if v == "give up"]
     waiting = [f"{n}: {w}" for n, (v, w) in verdicts.items() if v == "retry"]
     if gave_up:
@@ -180,8 +194,10 @@ def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: d
         return DONE, "; ".join(gave_up)
     if waiting:
         return RETRY, "; ".join(waiting)
-    say(f"back: {', '.join(names)} started again after the {event.kind} at "
-        f"{recovery.clock(event.at, local=False)} UTC (the runs resume at boot)")
+    say(
+        f"back: {', '.join(names)} started again after the {event.kind} at "
+        f"{recovery.clock(event.at, local=False)} UTC (the runs resume at boot)"
+    )
     return DONE, "started " + ", ".join(names)
 
 

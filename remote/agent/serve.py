@@ -43,8 +43,14 @@ def choose(spec):
                 return python, module, None
     wanted = "tensorboard" if spec["kind"] == "tensorboard" else "jupyterlab"
     into = env_python if has_env or spec.get("venv") else base[0]
-    return None, None, (f"no {wanted} in {' or '.join(candidates)} on this host: add {wanted} to your requirements.txt "
-                        f"(the next train installs it into {into}, the jobs' Python)")
+    return (
+        None,
+        None,
+        (
+            f"no {wanted} in {' or '.join(candidates)} on this host: add {wanted} to your requirements.txt "
+            f"(the next train installs it into {into}, the jobs' Python)"
+        ),
+    )
 
 
 def free_port():
@@ -55,16 +61,26 @@ def free_port():
 
 # TensorBoard has no token: it answers only under a secret path prefix, given by environment (a
 # command line is readable by every user of the host), so it is started through its Python API.
-TENSORBOARD = ("import os, sys\nfrom tensorboard import program\ntb = program.TensorBoard()\n"
-               "tb.configure(argv=[*sys.argv, '--path_prefix', '/' + os.environ.pop('GPU_TRAIN_SECRET')])\n"
-               "sys.exit(tb.main())\n")
+TENSORBOARD = (
+    "import os, sys\nfrom tensorboard import program\ntb = program.TensorBoard()\n"
+    "tb.configure(argv=[*sys.argv, '--path_prefix', '/' + os.environ.pop('GPU_TRAIN_SECRET')])\n"
+    "sys.exit(tb.main())\n"
+)
 
 
 def argv_for(spec, python, module, port):
     if spec["kind"] == "tensorboard":
         return [python, "-c", TENSORBOARD, "--logdir", spec["logdir"], "--host", "127.0.0.1", "--port", str(port)]
-    return [python, "-m", module, "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-            f"--ServerApp.root_dir={spec['dir']}"]
+    return [
+        python,
+        "-m",
+        module,
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={spec['dir']}",
+    ]
 
 
 def listening(port):
@@ -119,8 +135,15 @@ def main():
     # Not on the command line, where ps shows it: Jupyter's token, TensorBoard's path prefix.
     env = dict(os.environ, JUPYTER_TOKEN=spec.get("token", ""), GPU_TRAIN_SECRET=spec.get("token", ""))
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv_for(spec, python, module, port), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, env=env, cwd=spec.get("dir") or spec["root"])
+        proc = subprocess.Popen(
+            argv_for(spec, python, module, port),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env=env,
+            cwd=spec.get("dir") or spec["root"],
+        )
     deadline = time.monotonic() + float(spec.get("startTimeoutS", 180))
     while not listening(port):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -129,9 +129,14 @@ def agent_view(root: str) -> dict:
     machine = machine_settings(root)
     conf = machine or settings(root)
     idle = read_json(MACHINE_IDLE if machine else os.path.join(root, "idle.json")) or {}
-    return {"idleStopMinutes": conf.idle_stop_minutes, "maxResumes": conf.max_resumes,
-            "maxRunHours": conf.max_run_hours, "idleSince": idle.get("idleSince"), "idleWhy": idle.get("why"),
-            "installed": bool(machine) or os.path.exists(os.path.join(root, "agent.json"))}
+    return {
+        "idleStopMinutes": conf.idle_stop_minutes,
+        "maxResumes": conf.max_resumes,
+        "maxRunHours": conf.max_run_hours,
+        "idleSince": idle.get("idleSince"),
+        "idleWhy": idle.get("why"),
+        "installed": bool(machine) or os.path.exists(os.path.join(root, "agent.json")),
+    }
 
 
 def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
@@ -143,8 +148,15 @@ def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
             r["jobSummary"] = tree_summary(r["jobDir"])
             r["workdirSummary"] = outputs.summary(root, os.path.dirname(r["jobDir"]))
             r["logSummary"] = log_summary(r["log"])
-    return {"root": root, "runs": runs, "gpus": gpus(), "uptimeS": uptime_s(), "host": os.uname().nodename,
-            "agent": agent_view(root), "now": now()}
+    return {
+        "root": root,
+        "runs": runs,
+        "gpus": gpus(),
+        "uptimeS": uptime_s(),
+        "host": os.uname().nodename,
+        "agent": agent_view(root),
+        "now": now(),
+    }
 
 
 def log_summary(path: str) -> dict:
@@ -184,8 +196,9 @@ def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, foll
         if not follow or (info["state"] not in ACTIVE and not chunk):
             break
         time.sleep(0.3)
-    sys.stderr.write("\n" + LOG_END + json.dumps({"runId": info["id"], "state": info["state"],
-                                                  "exitCode": info["exitCode"], "offset": pos}) + "\n")
+    sys.stderr.write(
+        "\n" + LOG_END + json.dumps({"runId": info["id"], "state": info["state"], "exitCode": info["exitCode"], "offset": pos}) + "\n"
+    )
     return 0
 
 

@@ -141,8 +141,9 @@ def match_run(ids: list[str], wanted: str, created: dict[str, float]) -> str:
     for i in ids:  # each base name stands for its newest run
         if i[:-stamp] not in newest or created.get(i, 0) >= created.get(newest[i[:-stamp]], 0):
             newest[i[:-stamp]] = i
-    close = difflib.get_close_matches(wanted, ids, n=3, cutoff=0.6) or \
-        [newest[b] for b in difflib.get_close_matches(wanted, list(newest), n=3, cutoff=0.6)]
+    close = difflib.get_close_matches(wanted, ids, n=3, cutoff=0.6) or [
+        newest[b] for b in difflib.get_close_matches(wanted, list(newest), n=3, cutoff=0.6)
+    ]
     hint = f"did you mean {' or '.join(close)}?" if close else f"runs here: {listed(ids) or 'none'}"
     raise AgentError(f"no run {wanted!r} on this host; {hint}")
 

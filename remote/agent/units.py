@@ -64,8 +64,9 @@ def available() -> bool:
     return has_systemd() and shutil.which("systemd-run") is not None and privilege() is not None
 
 
-def systemd_run_argv(run_id: str, user: str, grace_s: float, wrapper: list[str], env: dict[str, str],
-                     screen: str = "/usr/bin/screen") -> list[str]:
+def systemd_run_argv(
+    run_id: str, user: str, grace_s: float, wrapper: list[str], env: dict[str, str], screen: str = "/usr/bin/screen"
+) -> list[str]:
     """``systemd-run`` for a run's unit: the wrapper under ``screen -DmS`` (screen stays in the
     foreground as the unit's main process), as ``user``, stopped with SIGTERM to the whole run, then
     SIGKILL after ``grace_s``."""
@@ -77,10 +78,21 @@ def systemd_run_argv(run_id: str, user: str, grace_s: float, wrapper: list[str],
         "After=dbus.service",  # at shutdown the bus outlives the run: the wrapper asks systemd over it
         f"Before={SHUTDOWN_UNIT}",  # so at shutdown it stops after gpu-train-shutdown marked it
     ]
-    return ["systemd-run", "--quiet", "--collect", f"--unit={unit_name(run_id)}", f"--uid={user}",
-            f"--description=gpu-train run {run_id}", *(f"--property={p}" for p in props),
-            *(f"--setenv={k}={v}" for k, v in sorted(env.items())),
-            "--", screen, "-DmS", screen_name(run_id), *wrapper]
+    return [
+        "systemd-run",
+        "--quiet",
+        "--collect",
+        f"--unit={unit_name(run_id)}",
+        f"--uid={user}",
+        f"--description=gpu-train run {run_id}",
+        *(f"--property={p}" for p in props),
+        *(f"--setenv={k}={v}" for k, v in sorted(env.items())),
+        "--",
+        screen,
+        "-DmS",
+        screen_name(run_id),
+        *wrapper,
+    ]
 
 
 def start_unit(run_id: str, grace_s: float, wrapper: list[str], env: dict[str, str]) -> str | None:

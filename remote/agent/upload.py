@@ -113,8 +113,7 @@ def local_path(run_dir: str, rel: str) -> str:
     return os.path.join(run_dir, "job", rel)
 
 
-def due(current: dict[str, Sig], seen: dict[str, tuple[Sig, float]], done: dict[str, BucketFile], at: float,
-        final: bool) -> list[str]:
+def due(current: dict[str, Sig], seen: dict[str, tuple[Sig, float]], done: dict[str, BucketFile], at: float, final: bool) -> list[str]:
     """The files to upload now, updating ``seen`` (each file's signature and since when): those not in
     the bucket as they are, and settled (unchanged SETTLE_S seconds), or any such file once ``final``."""
     for rel in list(seen):
@@ -138,8 +137,7 @@ def only_on_host(run_dir: str, record: BucketRecord | dict) -> list[str]:
     done = record.get("files") or {}
     unseen: list[str] = []
     found = scan(run_dir, unseen)
-    return [rel for rel, sig in sorted(found.items())
-            if rel not in done or (done[rel]["size"], done[rel]["mtimeNs"]) != sig] + unseen
+    return [rel for rel, sig in sorted(found.items()) if rel not in done or (done[rel]["size"], done[rel]["mtimeNs"]) != sig] + unseen
 
 
 def view(run_dir: str) -> BucketView | None:
@@ -150,9 +148,14 @@ def view(run_dir: str) -> BucketView | None:
         return None
     record = read_json(os.path.join(run_dir, BUCKET_RECORD)) or {}
     files = record.get("files") or {}
-    return {"url": f"gs://{where['name']}/{where['prefix']}", "files": len(files),
-            "bytes": sum(f["size"] for f in files.values()), "onlyHost": only_on_host(run_dir, record),
-            "final": bool(record.get("final")), "error": record.get("error")}
+    return {
+        "url": f"gs://{where['name']}/{where['prefix']}",
+        "files": len(files),
+        "bytes": sum(f["size"] for f in files.values()),
+        "onlyHost": only_on_host(run_dir, record),
+        "final": bool(record.get("final")),
+        "error": record.get("error"),
+    }
 
 
 def argv(root: str, run_dir: str, spec: JobSpec, command: str) -> list[str]:
@@ -173,8 +176,9 @@ def bring_data(root: str, run_dir: str, say) -> None:
     if not (spec.bucket or {}).get("data"):
         return
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
-        code = subprocess.run(argv(root, run_dir, spec, "bucket-data"), stdin=subprocess.DEVNULL, stdout=log,
-                              stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(
+            argv(root, run_dir, spec, "bucket-data"), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        ).returncode
     if code != 0:
         raise AgentError(f"copying the project's data from the bucket failed (exit {code}; see {UPLOAD_LOG})")
     say("the project's data in the bucket is in $DATA_DIR")
@@ -223,8 +227,14 @@ def start(root: str, run_dir: str) -> subprocess.Popen | None:
         return None
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
         try:
-            return subprocess.Popen(argv(root, run_dir, spec, "upload"), stdin=subprocess.PIPE, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=in_background)
+            return subprocess.Popen(
+                argv(root, run_dir, spec, "upload"),
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=in_background,
+            )
         except OSError as e:  # the job runs on; status shows the error and down --no-fetch refuses
             write_json(os.path.join(run_dir, BUCKET_RECORD), {"error": f"the uploader did not start: {e}", "files": {}})
             return None
@@ -268,8 +278,9 @@ def put(bucket, name: str, path: str, sig: Sig, parts_prefix: str | None = None,
     if (st.st_size, st.st_mtime_ns) != sig or crc32c_of(path) != crc:
         return None
     if blob.crc32c != crc or int(blob.size) != sig[0]:
-        raise OSError(f"{name}: the bucket's object (crc32c {blob.crc32c}, {blob.size} bytes) is not the file "
-                      f"uploaded (crc32c {crc}, {sig[0]} bytes)")
+        raise OSError(
+            f"{name}: the bucket's object (crc32c {blob.crc32c}, {blob.size} bytes) is not the file uploaded (crc32c {crc}, {sig[0]} bytes)"
+        )
     return {"size": sig[0], "mtimeNs": sig[1], "crc32c": crc, "generation": int(blob.generation)}
 
 

@@ -36,8 +36,7 @@ def pip_config_files(env: dict) -> list[str]:
     """pip's configuration files, in the order pip reads them (later ones win)."""
     home = os.path.expanduser("~")
     xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    files = ["/etc/xdg/pip/pip.conf", "/etc/pip.conf", os.path.join(home, ".pip", "pip.conf"),
-             os.path.join(xdg, "pip", "pip.conf")]
+    files = ["/etc/xdg/pip/pip.conf", "/etc/pip.conf", os.path.join(home, ".pip", "pip.conf"), os.path.join(xdg, "pip", "pip.conf")]
     if env.get("VIRTUAL_ENV"):
         files.append(os.path.join(env["VIRTUAL_ENV"], "pip.conf"))
     if env.get("PIP_CONFIG_FILE"):
@@ -58,10 +57,12 @@ def pip_index(env: dict, configs: list[str]) -> dict:
                 if parser.has_section(section):
                     for key in ("index-url", "extra-index-url", "find-links", "cert"):
                         found[key] = parser[section].get(key, found.get(key))
-    return {"index": (env.get("PIP_INDEX_URL") or found.get("index-url") or DEFAULT_INDEX).strip(),
-            "extra": (env.get("PIP_EXTRA_INDEX_URL") or found.get("extra-index-url") or "").split(),
-            "findLinks": (env.get("PIP_FIND_LINKS") or found.get("find-links") or "").split(),
-            "cert": env.get("PIP_CERT") or found.get("cert")}
+    return {
+        "index": (env.get("PIP_INDEX_URL") or found.get("index-url") or DEFAULT_INDEX).strip(),
+        "extra": (env.get("PIP_EXTRA_INDEX_URL") or found.get("extra-index-url") or "").split(),
+        "findLinks": (env.get("PIP_FIND_LINKS") or found.get("find-links") or "").split(),
+        "cert": env.get("PIP_CERT") or found.get("cert"),
+    }
 
 
 def read_pip_index(env: dict) -> dict:
@@ -148,14 +149,15 @@ def _get(url: str) -> bytes:
 def fetch_uv(root: str, index: str) -> str:
     """Download uv's wheel from ``index``, check its hash, keep its binary; the binary's path."""
     page_url = index.rstrip("/") + "/uv/"
-    chosen = pick_wheel(index_links(_get(page_url).decode("utf-8", "replace"), page_url), UV_VERSION,
-                        platform_tags(platform.machine(), has_glibc()))
+    chosen = pick_wheel(
+        index_links(_get(page_url).decode("utf-8", "replace"), page_url), UV_VERSION, platform_tags(platform.machine(), has_glibc())
+    )
     if chosen is None:
         raise ValueError(f"{page_url} has no uv {UV_VERSION} wheel for {platform.machine()}")
     name, url = chosen
     data = _get(url)
     want = urllib.parse.urlsplit(url).fragment
-    if want.startswith("sha256=") and hashlib.sha256(data).hexdigest() != want[len("sha256="):]:
+    if want.startswith("sha256=") and hashlib.sha256(data).hexdigest() != want[len("sha256=") :]:
         raise ValueError(f"{name} from {page_url} does not match its sha256")
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         binary = z.read(f"uv-{UV_VERSION}.data/scripts/uv")

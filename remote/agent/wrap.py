@@ -112,8 +112,7 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, source: str, env: dict,
-            offline: bool = False) -> bool:
+def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, source: str, env: dict, offline: bool = False) -> bool:
     """Install ``source``; with ``offline``, from uv's cache alone, answering False where that is not
     enough (the caller then installs as usual)."""
     code_dir = os.path.join(run_dir, "code")
@@ -150,8 +149,20 @@ def job_argv(spec: JobSpec, python: str, job_dir: str, nproc: int, extra: list[s
     run = [python, "-m", "torch.distributed.run"]
     if int(node.get("nnodes", 1)) == 1:
         return [*run, "--standalone", "--nproc_per_node", str(nproc), *tail]
-    return [*run, "--nnodes", str(node["nnodes"]), "--node_rank", str(node["rank"]), "--nproc_per_node", str(nproc),
-            "--master_addr", node["masterAddr"], "--master_port", str(node["masterPort"]), *tail]
+    return [
+        *run,
+        "--nnodes",
+        str(node["nnodes"]),
+        "--node_rank",
+        str(node["rank"]),
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        node["masterAddr"],
+        "--master_port",
+        str(node["masterPort"]),
+        *tail,
+    ]
 
 
 def resume_args(spec: JobSpec, resumes: int, workdir: str) -> tuple[list[str], str | None]:
@@ -246,8 +257,7 @@ class Wrapper:
             if state:
                 raise Halted(state)
             popen.setdefault("stdout", self.log)
-            self.child = subprocess.Popen(argv, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, **popen)
+            self.child = subprocess.Popen(argv, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, **popen)
             update_state(self.run_dir, **{pid_field: self.child.pid, start_field: proc_start_time(self.child.pid)})
         return self.child
 
@@ -309,11 +319,18 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     nproc = int(spec.nproc or gpu_count() or 1)
     env_dir, data_dir = project_dirs(root, spec.project)
     resumes = read_state(run_dir).resumes
-    env = {**os.environ, **spec.env, "JOB_DIR": job_dir, "RUN_ID": run_id, "DATA_DIR": data_dir,
-           RESUMES_ENV: str(resumes),
-           "PYTHONUNBUFFERED": "1", ROOT_ENV: root, NOTICE_ENV: os.path.join(run_dir, NOTICE)}
-    venv = pyenv.run_env(env_dir, python, spec.venv, spec.externally_managed,
-                         bool(pyenv.dependency_files(os.path.join(run_dir, "code"))))
+    env = {
+        **os.environ,
+        **spec.env,
+        "JOB_DIR": job_dir,
+        "RUN_ID": run_id,
+        "DATA_DIR": data_dir,
+        RESUMES_ENV: str(resumes),
+        "PYTHONUNBUFFERED": "1",
+        ROOT_ENV: root,
+        NOTICE_ENV: os.path.join(run_dir, NOTICE),
+    }
+    venv = pyenv.run_env(env_dir, python, spec.venv, spec.externally_managed, bool(pyenv.dependency_files(os.path.join(run_dir, "code"))))
     if venv:
         env.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{env.get('PATH', '')}")
     elif spec.venv:
@@ -359,8 +376,7 @@ def announce_end(run_dir: str) -> None:
     took = run_seconds(st, st.state, None, now())  # as `status` says it: summed over the run's starts
     failed = st.state == FAILED
     line = st.reason if failed and st.exit_code is None else last_line(os.path.join(run_dir, "log"), failed)
-    notify.send(url, notify.run_end_text(os.path.basename(run_dir), st.state, st.exit_code, took,
-                                         line or "", socket.gethostname()))
+    notify.send(url, notify.run_end_text(os.path.basename(run_dir), st.state, st.exit_code, took, line or "", socket.gethostname()))
 
 
 def final_state(run_dir: str, code: int, w: Wrapper | None = None) -> str:

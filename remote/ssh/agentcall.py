@@ -31,8 +31,7 @@ LINE_MAX = 1 << 20
 STDERR_KEEP = 1 << 20
 
 
-def run_bounded(conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S,
-                cap: int = CALL_OUTPUT_MAX) -> tuple[int, bytes, bytes]:
+def run_bounded(conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S, cap: int = CALL_OUTPUT_MAX) -> tuple[int, bytes, bytes]:
     """``command`` on the host: (exit status, stdout, stderr), or RemoteError once it has run ``timeout``
     seconds or written more than ``cap`` bytes (the channel is closed: the host's process gets SIGPIPE/EOF)."""
     chan = conn.client.get_transport().open_session()
@@ -76,8 +75,7 @@ def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIM
     return doc
 
 
-def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None,
-           reuse: bool = False) -> dict:
+def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None, reuse: bool = False) -> dict:
     """The agent's launch, started alongside the code sync and released by "go" after it.
 
     Opening the agent's channel, its start-up and its checks overlap the sync, so launching costs
@@ -214,7 +212,7 @@ def start_offset(stderr: str) -> int | None:
     """Where the agent started reading the log (so a dropped stream resumes at the right byte)."""
     for line in stderr.splitlines():
         if line.startswith(START_MARK):
-            return int(json.loads(line[len(START_MARK):])["offset"])
+            return int(json.loads(line[len(START_MARK) :])["offset"])
     return None
 
 
@@ -222,5 +220,5 @@ def end_trailer(stderr: str) -> dict | None:
     """The agent's last word after streaming a log: state, exit code, offset."""
     for line in reversed(stderr.splitlines()):
         if line.startswith(END_MARK):
-            return printable_doc(json.loads(line[len(END_MARK):]))
+            return printable_doc(json.loads(line[len(END_MARK) :]))
     return None

@@ -54,8 +54,7 @@ def _quote(value: str) -> str:
     return value
 
 
-def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_hosts: str,
-          proxies: list[str] | None = None) -> str:
+def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_hosts: str, proxies: list[str] | None = None) -> str:
     """The Host blocks for one stack: node 0 as ``gpu-train-STACK``, node N as ``gpu-train-STACK-N``.
 
     Without ``key_file`` (keys from ssh-agent and the user's ssh_config) no IdentityFile is
@@ -69,7 +68,8 @@ def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_ho
         blocks.append(
             f"Host {' '.join(names)}\n  HostName {_quote(host)}\n  User {_quote(user)}\n  Port {port}\n"
             f"{keys}{proxy}  UserKnownHostsFile {_quote(known_hosts)}\n"
-            "  StrictHostKeyChecking yes\n  ServerAliveInterval 15")
+            "  StrictHostKeyChecking yes\n  ServerAliveInterval 15"
+        )
     return "\n".join(blocks) + "\n"
 
 
@@ -80,8 +80,13 @@ def write_alias(target, home: Path) -> tuple[str, bool]:
         raise ValueError(f"stack name {target.stack!r} cannot be an ssh host alias")
     from remote.ssh.connect import proxy_command
 
-    text = entry(target.stack, [(h.user, h.host, h.port) for h in target.hosts], target.key_file, str(target.known_hosts),
-                 [proxy_command(target, h) for h in target.hosts])
+    text = entry(
+        target.stack,
+        [(h.user, h.host, h.port) for h in target.hosts],
+        target.key_file,
+        str(target.known_hosts),
+        [proxy_command(target, h) for h in target.hosts],
+    )
     new = not path.is_file()
     if new or path.read_text() != text:
         atomic_write(path, text)
@@ -124,8 +129,9 @@ def add_include(home: Path) -> Path:
         try:
             atomic_write(conf, f"{MARK}\n{include_line(home)}\n\n{rest}" if rest else f"{MARK}\n{include_line(home)}\n")
         except OSError as e:
-            raise OSError(f"cannot write {os.path.realpath(conf)} ({e.strerror or e}): add this line at its top "
-                          f"yourself:\n    {include_line(home)}") from None
+            raise OSError(
+                f"cannot write {os.path.realpath(conf)} ({e.strerror or e}): add this line at its top yourself:\n    {include_line(home)}"
+            ) from None
     return conf
 
 
@@ -149,8 +155,7 @@ def _choice_path(home: Path) -> Path:
     return home / "ssh-config-choice.json"
 
 
-def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[str], None],
-                   setting: bool | None = None) -> bool:
+def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[str], None], setting: bool | None = None) -> bool:
     """Whether to add the Include line: the setting ($GPU_TRAIN_SSH_CONFIG), else the answer given once,
     else ask (on a terminal)."""
     if setting is not None:
@@ -160,8 +165,10 @@ def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[
     except (OSError, ValueError, KeyError):
         pass
     if ask is None:
-        say(f"  to make it work in plain `ssh`, add this line to the top of {user_config()} "
-            f"(or run `{command_name(sys.argv[0])} ssh-config`):\n    {include_line(home)}")
+        say(
+            f"  to make it work in plain `ssh`, add this line to the top of {user_config()} "
+            f"(or run `{command_name(sys.argv[0])} ssh-config`):\n    {include_line(home)}"
+        )
         return False
     answer = ask(f"Add `{include_line(home)}` to {user_config()} so `ssh gpu-train-STACK` works? [y/N] ").strip().lower()
     choice = answer in ("y", "yes")
@@ -185,8 +192,9 @@ def terminal_ask(env: Environment) -> Callable[[str], str] | None:
     return ask
 
 
-def at_first_contact(target, home: Path, say: Callable[[str], None], ask: Callable[[str], str] | None = None,
-                     setting: bool | None = None) -> str:
+def at_first_contact(
+    target, home: Path, say: Callable[[str], None], ask: Callable[[str], str] | None = None, setting: bool | None = None
+) -> str:
     """Write or refresh the alias after a task reached the stack; the first time, say so (and ask once).
 
     Never fails the task: a problem with the alias is said, and the task goes on."""
@@ -196,8 +204,7 @@ def at_first_contact(target, home: Path, say: Callable[[str], None], ask: Callab
         say(f"ssh alias not written: {e}")
         return ""
     if new:
-        say(f"ssh alias: ssh {alias}, also for rsync, scp and editors' remote-SSH "
-            f"(written to {alias_dir(home) / (alias + '.conf')})")
+        say(f"ssh alias: ssh {alias}, also for rsync, scp and editors' remote-SSH (written to {alias_dir(home) / (alias + '.conf')})")
         if not included(home) and decide_include(home, ask, say, setting):
             try:
                 say(f"  added `{include_line(home)}` to {add_include(home)}")

@@ -123,9 +123,11 @@ def checked_copy(path: str, folder: str) -> str:
     if problems:
         raise SshConfigError(
             f"gpu-train:sshConfig: {path} is not your own ~/.ssh/config, and ssh would run what it says: "
-            + "; ".join(problems) + ". Remove those lines (a project's or a shared ssh_config may give HostName, "
+            + "; ".join(problems)
+            + ". Remove those lines (a project's or a shared ssh_config may give HostName, "
             "User, Port, IdentityFile, ProxyJump), or move the host's block into your own ~/.ssh/config and "
-            "remove gpu-train:sshConfig")
+            "remove gpu-train:sshConfig"
+        )
     copy = os.path.join(folder, "ssh_config")
     with os.fdopen(os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
         f.write(data)
@@ -154,8 +156,9 @@ def resolve(spec: str, key: str | None = None, config_file: str | None = None, d
     if path and not Path(path).is_file():
         raise SshConfigError(f"gpu-train:sshConfig: no file at {path}")
     if not shutil.which("ssh"):
-        return SshHost(user or os.environ.get("USER") or "root", host, port or 22, spec=spec,
-                       keys=(os.path.expanduser(key),) if key else ())
+        return SshHost(
+            user or os.environ.get("USER") or "root", host, port or 22, spec=spec, keys=(os.path.expanduser(key),) if key else ()
+        )
     if path and not own_config(path):
         with tempfile.TemporaryDirectory(prefix="gpu-train-ssh-") as folder:
             copy = checked_copy(path, folder)

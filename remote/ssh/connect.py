@@ -44,10 +44,19 @@ def connections(target: Target, host: SshHost, say: Say) -> list[Connection]:
     chain: list[Connection] = []
     for hop in (*host.jump, host):
         conn = Connection(
-            hop.host, user=hop.user, port=hop.port, connect_timeout=10, gateway=chain[-1] if chain else None,
+            hop.host,
+            user=hop.user,
+            port=hop.port,
+            connect_timeout=10,
+            gateway=chain[-1] if chain else None,
             config=Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}}),
-            connect_kwargs={"key_filename": list(hop.keys), "look_for_keys": False, "allow_agent": True,
-                            "banner_timeout": 15, "auth_timeout": 15},
+            connect_kwargs={
+                "key_filename": list(hop.keys),
+                "look_for_keys": False,
+                "allow_agent": True,
+                "banner_timeout": 15,
+                "auth_timeout": 15,
+            },
         )
         conn.client = _client(target, say)
         chain.append(conn)
@@ -66,7 +75,8 @@ def unreachable_now(e: BaseException, host: SshHost) -> tuple[str, bool] | None:
         return f"cannot resolve the host name {host.host!r} ({where}): {e.strerror or e}", False
     refused = isinstance(e, ConnectionRefusedError) or (
         isinstance(e, paramiko.ssh_exception.NoValidConnectionsError)
-        and all(getattr(err, "errno", None) == errno.ECONNREFUSED for err in e.errors.values()))
+        and all(getattr(err, "errno", None) == errno.ECONNREFUSED for err in e.errors.values())
+    )
     if refused:
         return f"connection refused by {where}: nothing listens on port {host.port} (is sshd running? is the port right?)", True
     if isinstance(e, paramiko.ChannelException):
@@ -80,8 +90,9 @@ def _close(chain: list[Connection]) -> None:
         conn.close()
 
 
-def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
-                    probe: Callable[[], str | None] | None = None, again: bool = False) -> Connection:
+def open_connection(
+    target: Target, host: SshHost, timeout: float, say: Say, probe: Callable[[], str | None] | None = None, again: bool = False
+) -> Connection:
     """Connect, retrying with backoff until ``timeout`` while the host is not up yet.
 
     An unresolvable name fails at once; so does a refused connection, except on GCP, where a
@@ -126,8 +137,9 @@ def open_connection(target: Target, host: SshHost, timeout: float, say: Say,
                 raise RemoteError(fatal[0]) from None
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RemoteError(f"cannot reach {host} over SSH after {timeout:g} s ({e or type(e).__name__}); "
-                                  "is the host up and the port right?") from None
+                raise RemoteError(
+                    f"cannot reach {host} over SSH after {timeout:g} s ({e or type(e).__name__}); is the host up and the port right?"
+                ) from None
             if not told:
                 say(f"waiting for SSH on {host} (up to {timeout:g} s): {e or type(e).__name__}")
                 told = True

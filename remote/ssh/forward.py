@@ -61,8 +61,9 @@ class LocalForward:
         except OSError as e:
             self.listener.close()
             if e.errno == errno.EADDRINUSE:
-                raise ForwardError(f"local port {local_port} is busy (another tunnel, TensorBoard or Jupyter?): "
-                                   "stop what uses it, or pass --local-port N") from None
+                raise ForwardError(
+                    f"local port {local_port} is busy (another tunnel, TensorBoard or Jupyter?): stop what uses it, or pass --local-port N"
+                ) from None
             raise ForwardError(f"cannot listen on local port {local_port}: {e}") from None
         self.listener.listen(16)
         self.port = self.listener.getsockname()[1]

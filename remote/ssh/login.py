@@ -45,11 +45,14 @@ def check_key_file(path: str) -> None:
     except (paramiko.PasswordRequiredException, TypeError):  # TypeError: cryptography's word for an OpenSSH-format one
         if public_fingerprint(path) in agent_fingerprints():
             return  # the agent signs with it
-        raise KeyFileError(f"the key {path} has a passphrase and ssh-agent does not hold it: add it once per login "
-                           f"session (ssh-add {path}), then run the task again") from None
+        raise KeyFileError(
+            f"the key {path} has a passphrase and ssh-agent does not hold it: add it once per login "
+            f"session (ssh-add {path}), then run the task again"
+        ) from None
     except (paramiko.SSHException, ValueError, OSError, UnicodeError) as e:
-        raise KeyFileError(f"{path} is not an SSH private key ({str(e).split('. ')[0]}): set gpu-train:sshKey to your "
-                          "private key's path (not the .pub)") from None
+        raise KeyFileError(
+            f"{path} is not an SSH private key ({str(e).split('. ')[0]}): set gpu-train:sshKey to your private key's path (not the .pub)"
+        ) from None
 
 
 OSLOGIN_MARK = "gpu-train: OS Login is on for this VM"  # what the startup script prints (serial console)
@@ -62,11 +65,13 @@ def refused_message(target: Target, host: SshHost, error: Exception) -> str:
     text = auth_message(host, target, error)
     if not target.is_gcp:
         return text
-    return (f"{text} On Google Cloud this usually means OS Login is on for the project (organisation policy "
-            "constraints/compute.requireOsLogin, or project metadata enable-oslogin=TRUE): the VM ignores the "
-            f"ssh-keys metadata and {host.user} is never created. Check: `gcloud compute instances "
-            "get-serial-port-output INSTANCE --zone ZONE | grep 'OS Login'` (the startup script prints "
-            f"'{OSLOGIN_MARK}'); fix: let the project use metadata SSH keys.")
+    return (
+        f"{text} On Google Cloud this usually means OS Login is on for the project (organisation policy "
+        "constraints/compute.requireOsLogin, or project metadata enable-oslogin=TRUE): the VM ignores the "
+        f"ssh-keys metadata and {host.user} is never created. Check: `gcloud compute instances "
+        "get-serial-port-output INSTANCE --zone ZONE | grep 'OS Login'` (the startup script prints "
+        f"'{OSLOGIN_MARK}'); fix: let the project use metadata SSH keys."
+    )
 
 
 def offered_keys(host: SshHost) -> list[str]:
@@ -86,13 +91,17 @@ def auth_message(host: SshHost, target: Target, e: paramiko.AuthenticationExcept
     keys = offered_keys(host)
     if isinstance(e, paramiko.PasswordRequiredException):
         locked = ", ".join(host.keys)
-        return (f"{where}: the key {locked} is protected by a passphrase and ssh-agent does not hold it; add it "
-                f"once per login session: ssh-add {host.keys[0] if host.keys else ''}".rstrip())
+        return (
+            f"{where}: the key {locked} is protected by a passphrase and ssh-agent does not hold it; add it "
+            f"once per login session: ssh-add {host.keys[0] if host.keys else ''}".rstrip()
+        )
     answer = (str(e) or type(e).__name__).rstrip(".")
     allowed = getattr(e, "allowed_types", None)
     if allowed:
         answer += f" (it accepts: {', '.join(allowed)})"
     offered = "; ".join(keys) if keys else "no key at all (no identity file exists and no ssh-agent)"
     fix = "gpu-train:sshKey" if target.key_file else "gpu-train:sshKey or the IdentityFile in your ssh_config"
-    return (f"{where} refused the login as {host.user!r}. Offered: {offered}. The host answered: {answer}. "
-            f"Put one of these keys' public halves in ~{host.user}/.ssh/authorized_keys there, or set {fix}.")
+    return (
+        f"{where} refused the login as {host.user!r}. Offered: {offered}. The host answered: {answer}. "
+        f"Put one of these keys' public halves in ~{host.user}/.ssh/authorized_keys there, or set {fix}."
+    )

@@ -89,19 +89,34 @@ def start_master(target: Target, host: SshHost) -> None:
     path = control_path(target, host)
     if path is None or master_up(path):
         return
-    argv = ["ssh", *openssh_options(target, host), "-o", "ControlMaster=auto", "-o", f"ControlPath={path}",
-            "-o", f"ControlPersist={PERSIST_S}", "-T", "--", f"{host.user}@{host.host}", "true"]
+    argv = [
+        "ssh",
+        *openssh_options(target, host),
+        "-o",
+        "ControlMaster=auto",
+        "-o",
+        f"ControlPath={path}",
+        "-o",
+        f"ControlPersist={PERSIST_S}",
+        "-T",
+        "--",
+        f"{host.user}@{host.host}",
+        "true",
+    ]
     with contextlib.suppress(OSError):
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def end_master(target: Target, host: SshHost) -> None:
     """Close the shared connection now (the host then counts no SSH session of ours)."""
     path = control_path(target, host)
     if path is not None and master_up(path):
-        subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
-                       capture_output=True, stdin=subprocess.DEVNULL, timeout=30)
+        subprocess.run(
+            ["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
+        )
 
 
 def answers(target: Target, host: SshHost, timeout: float = PROBE_S) -> bool | None:
@@ -114,12 +129,35 @@ def answers(target: Target, host: SshHost, timeout: float = PROBE_S) -> bool | N
     if path is None:
         return None
     try:
-        return subprocess.run(["ssh", *openssh_options(target, host), "-o", "ControlMaster=no", "-o", f"ControlPath={path}",
-                               "-T", "-x", "--", f"{host.user}@{host.host}", "true"], capture_output=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout).returncode != 255 or None
+        return (
+            subprocess.run(
+                [
+                    "ssh",
+                    *openssh_options(target, host),
+                    "-o",
+                    "ControlMaster=no",
+                    "-o",
+                    f"ControlPath={path}",
+                    "-T",
+                    "-x",
+                    "--",
+                    f"{host.user}@{host.host}",
+                    "true",
+                ],
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+            ).returncode
+            != 255
+            or None
+        )
     except subprocess.TimeoutExpired:
-        subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
-                       capture_output=True, stdin=subprocess.DEVNULL, timeout=10)  # answered by the local master
+        subprocess.run(
+            ["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=10,
+        )  # answered by the local master
         return False
 
 
@@ -128,13 +166,27 @@ def reuse(target: Target, host: SshHost) -> MuxConnection | None:
     path = control_path(target, host)
     if path is None or not master_up(path):
         return None
-    return MuxConnection(host, ["ssh", *openssh_options(target, host), "-o", "ControlMaster=no", "-o",
-                                f"ControlPath={path}", "-T", "-x", "--", f"{host.user}@{host.host}"])
+    return MuxConnection(
+        host,
+        [
+            "ssh",
+            *openssh_options(target, host),
+            "-o",
+            "ControlMaster=no",
+            "-o",
+            f"ControlPath={path}",
+            "-T",
+            "-x",
+            "--",
+            f"{host.user}@{host.host}",
+        ],
+    )
 
 
 @dataclass
 class Result:
     """What Fabric's ``run`` answers, as far as the tasks read it."""
+
     stdout: str
     stderr: str
     exited: int
@@ -189,8 +241,9 @@ class MuxChannel:
         self._reader: io.BufferedReader | None = None
 
     def exec_command(self, command: str) -> None:
-        self.proc = subprocess.Popen([*self.argv, command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [*self.argv, command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True
+        )
         self._drain = threading.Thread(target=self._drain_stderr, daemon=True)
         self._drain.start()
 
@@ -204,7 +257,7 @@ class MuxChannel:
         assert self.proc is not None and self.proc.stdin is not None
         view = memoryview(data)
         while view:
-            view = view[self.proc.stdin.write(view) or 0:]
+            view = view[self.proc.stdin.write(view) or 0 :]
 
     def makefile(self, mode: str = "rb") -> io.BufferedReader:
         assert self.proc is not None and self.proc.stdout is not None

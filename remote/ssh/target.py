@@ -37,9 +37,11 @@ def state_problem(*folders: Path) -> str:
         if st.st_uid != os.getuid():  # (modes are not judged: a umask of 002, WSL's /mnt/c)
             return f"{folder} belongs to uid {st.st_uid}, not to you"
     if folders and (tracked := committed(folders[0])):
-        return (f"{folders[0]} holds files committed to git ({', '.join(tracked[:3])}"
-                f"{' ...' if len(tracked) > 3 else ''}): a commit (a clone, a `git pull`, which replaces ignored files "
-                "without a word) chose them, not you")
+        return (
+            f"{folders[0]} holds files committed to git ({', '.join(tracked[:3])}"
+            f"{' ...' if len(tracked) > 3 else ''}): a commit (a clone, a `git pull`, which replaces ignored files "
+            "without a word) chose them, not you"
+        )
     return ""
 
 
@@ -50,8 +52,9 @@ def committed(folder: Path) -> list[str]:
     if not folder.is_dir() or not shutil.which("git"):
         return []
     try:
-        out = subprocess.run([*project.GIT, "ls-files", "-z", "--", "."], cwd=folder, capture_output=True,
-                             timeout=10, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            [*project.GIT, "ls-files", "-z", "--", "."], cwd=folder, capture_output=True, timeout=10, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [n for n in out.stdout.decode("utf-8", "replace").split("\0") if n] if out.returncode == 0 else []
@@ -95,12 +98,20 @@ class Target:
         """This target seen from one node: its host first, and its own REMOTE_ROOT ({node} expanded,
         for hosts that share a file system)."""
         hosts = (self.hosts[node], *self.hosts[:node], *self.hosts[node + 1 :])
-        gpus: dict[str, Any] = {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} \
-            if node < len(self.node_gpus) else {}
+        gpus: dict[str, Any] = (
+            {"expect_gpus": self.node_gpus[node], "gpus_per_node": self.node_gpus[node] or None} if node < len(self.node_gpus) else {}
+        )
         vm = self.vm and {**self.vm, "name": (self.vm.get("names") or [self.vm.get("name")] * (node + 1))[node]}
         known = self.node_roots[node] if node < len(self.node_roots) else ""
-        return replace(self, hosts=hosts, remote_root=known or self.remote_root.replace("{node}", str(node)), node=node,
-                       vm=vm, agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port}, **gpus)
+        return replace(
+            self,
+            hosts=hosts,
+            remote_root=known or self.remote_root.replace("{node}", str(node)),
+            node=node,
+            vm=vm,
+            agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port},
+            **gpus,
+        )
 
     def root_known(self, node: int, root: str) -> Target:
         """This target with ``node``'s REMOTE_ROOT as its host answered (see ``root_question``)."""
@@ -112,7 +123,6 @@ class Target:
     def root_unknown(self) -> bool:
         """Whether this node's REMOTE_ROOT is still to be asked of its host (first contact)."""
         return self.ask_root and not (self.node < len(self.node_roots) and self.node_roots[self.node])
-
 
     @property
     def parameter_servers(self) -> int:
@@ -143,14 +153,26 @@ def chosen_stack(env: Environment, stack: str | None) -> tuple[str, str]:
     own = project.stack_names([root / "stacks"])
     chosen, why = project.choose_stack(stack, env.stack, project.selected_stack(root), own)
     if chosen and not STACK_NAME_RE.fullmatch(chosen):
-        raise ConfigError([Problem("stack", f"{config.shown(chosen)} is not a stack name",
-                                   "letters, digits, '_', '.' and '-', starting with a letter or digit")])
+        raise ConfigError(
+            [
+                Problem(
+                    "stack",
+                    f"{config.shown(chosen)} is not a stack name",
+                    "letters, digits, '_', '.' and '-', starting with a letter or digit",
+                )
+            ]
+        )
     if chosen and why.startswith("selected") and project.stack_path(chosen, env.stack_dirs) is None:
         cli = env.cli
-        raise ConfigError([Problem("stack", f"the project's selected stack {chosen!r} has no stack file any more "
-                                   f"(selected in {root / project.SELECTED})",
-                                   f"select another: `{cli} stack NAME`" + (f" ({', '.join(own)})" if own else "")
-                                   + f", or `{cli} stack --clear`")])
+        raise ConfigError(
+            [
+                Problem(
+                    "stack",
+                    f"the project's selected stack {chosen!r} has no stack file any more (selected in {root / project.SELECTED})",
+                    f"select another: `{cli} stack NAME`" + (f" ({', '.join(own)})" if own else "") + f", or `{cli} stack --clear`",
+                )
+            ]
+        )
     if chosen:
         return chosen, why
     if shutil.which("pulumi"):
@@ -163,8 +185,10 @@ def chosen_stack(env: Environment, stack: str | None) -> tuple[str, str]:
 
 # First contact with an SSH host when the stack sets no remoteRoot: one command, before the agent is
 # installed (which would create the new root). Its answer is kept per host in the stack's cache.
-ROOT_QUESTION = (f'if [ -e {REMOTE_ROOT_DEFAULT} ]; then echo new; elif [ -d {REMOTE_ROOT_BEFORE}/runs ] && '
-                 f'[ -f {REMOTE_ROOT_BEFORE}/bin/gpu-train-agent ]; then echo before; else echo new; fi')
+ROOT_QUESTION = (
+    f"if [ -e {REMOTE_ROOT_DEFAULT} ]; then echo new; elif [ -d {REMOTE_ROOT_BEFORE}/runs ] && "
+    f"[ -f {REMOTE_ROOT_BEFORE}/bin/gpu-train-agent ]; then echo before; else echo new; fi"
+)
 ROOTS_FILE = "remote-roots.json"
 
 
@@ -198,13 +222,26 @@ def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
     if not refresh and path.is_file():
         return json.loads(path.read_text())
     if not shutil.which("pulumi"):
-        raise ConfigError([Problem("stack", f"stack {stack} is a GCP stack and its outputs are unknown here",
-                                   "install the Pulumi CLI and run `pulumi up`, or use an SSH stack (target: ssh)")])
-    out = subprocess.run(["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack],
-                         cwd=REPO, capture_output=True, text=True)
+        raise ConfigError(
+            [
+                Problem(
+                    "stack",
+                    f"stack {stack} is a GCP stack and its outputs are unknown here",
+                    "install the Pulumi CLI and run `pulumi up`, or use an SSH stack (target: ssh)",
+                )
+            ]
+        )
+    out = subprocess.run(
+        ["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack], cwd=REPO, capture_output=True, text=True
+    )
     if out.returncode != 0:
-        raise ConfigError([Problem("stack", f"`pulumi stack output --stack {stack}` failed: {out.stderr.strip()}",
-                                   "run `pulumi up` for this stack first")])
+        raise ConfigError(
+            [
+                Problem(
+                    "stack", f"`pulumi stack output --stack {stack}` failed: {out.stderr.strip()}", "run `pulumi up` for this stack first"
+                )
+            ]
+        )
     outputs = json.loads(out.stdout or "{}")
     if not outputs.get("externalIp"):
         raise ConfigError([Problem("stack", f"stack {stack} has no VM yet (no externalIp output)", "run `pulumi up`")])
@@ -249,9 +286,17 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path, cli: str = "
         agent_settings=agent_settings(cfg, sshPort=hosts[0].port if hosts else 22),
         master_addr=master,
         gpus_per_node=int(gpus) if gpus else None,
-        vm={"project": cfg.project, "zone": outputs.get("zone") or cfg.zone, "name": outputs.get("instanceName"),
-            "names": outputs.get("instanceNames"), "spot": cfg.spot, "idleStopMinutes": cfg.idle_stop_minutes,
-            "maxRunHours": cfg.max_run_hours} if cfg.is_gcp and outputs else None,
+        vm={
+            "project": cfg.project,
+            "zone": outputs.get("zone") or cfg.zone,
+            "name": outputs.get("instanceName"),
+            "names": outputs.get("instanceNames"),
+            "spot": cfg.spot,
+            "idleStopMinutes": cfg.idle_stop_minutes,
+            "maxRunHours": cfg.max_run_hours,
+        }
+        if cfg.is_gcp and outputs
+        else None,
         node_gpus=node_gpus,
         roles=roles,
         peer_addresses=peers,
@@ -269,8 +314,7 @@ def ssh_hosts(cfg: StackConfig) -> StackConfig:
     try:
         hosts = tuple(sshconfig.resolve(h.spec or str(h), cfg.ssh_key, cfg.ssh_config) for h in cfg.hosts)
     except sshconfig.SshConfigError as e:
-        raise ConfigError([Problem("hosts", str(e), "fix the ssh_config, or write the host as user@host:port")],
-                          cfg.stack) from None
+        raise ConfigError([Problem("hosts", str(e), "fix the ssh_config, or write the host as user@host:port")], cfg.stack) from None
     return replace(cfg, hosts=hosts)
 
 
@@ -286,26 +330,56 @@ def resolve(env: Environment, stack: str | None, refresh: bool = False) -> Targe
     home = env.state_home
     why = state_problem(home, home / name)
     if why:
-        raise ConfigError([Problem("stack", f"{why}: it holds the stack's host addresses and host keys, which "
-                                   "another user could point at their own host",
-                                   "work in a copy of the project that is yours, or set GPU_TRAIN_HOME to a folder of yours"
-                                   + (f" (committed files: `git rm -r --cached {home}` and delete them)" if "committed" in why else ""))],
-                          name)
+        raise ConfigError(
+            [
+                Problem(
+                    "stack",
+                    f"{why}: it holds the stack's host addresses and host keys, which another user could point at their own host",
+                    "work in a copy of the project that is yours, or set GPU_TRAIN_HOME to a folder of yours"
+                    + (f" (committed files: `git rm -r --cached {home}` and delete them)" if "committed" in why else ""),
+                )
+            ],
+            name,
+        )
     outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
     target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home, env.cli)
     if target.ask_root:  # what first contact found on each host, if it was asked before
         roots = known_roots(target.cache)
         target = replace(target, node_roots=tuple(roots.get(host_key(h), "") for h in target.hosts))
     if target.key_file and not Path(target.key_file).is_file():
-        raise ConfigError([Problem("sshKey" if cfg.ssh_key else "sshPublicKey", f"no private key at {target.key_file}",
-                                   "set gpu-train:sshKey to your private key's path")], name)
+        raise ConfigError(
+            [
+                Problem(
+                    "sshKey" if cfg.ssh_key else "sshPublicKey",
+                    f"no private key at {target.key_file}",
+                    "set gpu-train:sshKey to your private key's path",
+                )
+            ],
+            name,
+        )
     agent = bool(os.environ.get("SSH_AUTH_SOCK"))
     for h in target.hosts:
         if not h.keys and not agent:
-            raise ConfigError([Problem("sshKey", f"no SSH key for {h.spec or h}: no ssh-agent (SSH_AUTH_SOCK) and none of "
-                                       "~/.ssh/id_* nor an IdentityFile in the ssh_config exists",
-                                       "create one (ssh-keygen -t ed25519), start ssh-agent, or set gpu-train:sshKey")], name)
+            raise ConfigError(
+                [
+                    Problem(
+                        "sshKey",
+                        f"no SSH key for {h.spec or h}: no ssh-agent (SSH_AUTH_SOCK) and none of "
+                        "~/.ssh/id_* nor an IdentityFile in the ssh_config exists",
+                        "create one (ssh-keygen -t ed25519), start ssh-agent, or set gpu-train:sshKey",
+                    )
+                ],
+                name,
+            )
     if target.pinned and not target.known_hosts.is_file():
-        raise ConfigError([Problem("knownHosts", f"no file at {target.known_hosts}",
-                                   "point gpu-train:knownHosts at a known_hosts file, or remove it to learn keys")], name)
+        raise ConfigError(
+            [
+                Problem(
+                    "knownHosts",
+                    f"no file at {target.known_hosts}",
+                    "point gpu-train:knownHosts at a known_hosts file, or remove it to learn keys",
+                )
+            ],
+            name,
+        )
     return target

@@ -53,18 +53,21 @@ def stopped_message(inst: dict, stack: str, vm: dict, now: float) -> str | None:
         except ValueError:
             when = f", stopped at {stamp}"
     causes = " or ".join(likely_causes(bool(vm.get("spot")), int(vm.get("idleStopMinutes") or 0), vm.get("maxRunHours")))
-    start = (f"gcloud compute instances {'resume' if status.startswith('SUSPEND') else 'start'} {vm['name']} "
-             f"--zone {vm['zone']} --project {vm['project']}")
+    start = (
+        f"gcloud compute instances {'resume' if status.startswith('SUSPEND') else 'start'} {vm['name']} "
+        f"--zone {vm['zone']} --project {vm['project']}"
+    )
     said = recovery.describe(recovery.record_of(inst))
     if said and recovery.record_of(inst).get("state") not in ("resumed", "gave up"):
         return f"the VM {vm['name']} is {status}: {said}; the stack's recovery starts it (or: {start})"
     if said:
         causes = f"{causes}; last: {said}"
-    return (f"the VM {vm['name']} is {status}{when} (likely {causes}); it does not answer SSH. Start it: {start}")
+    return f"the VM {vm['name']} is {status}{when} (likely {causes}); it does not answer SSH. Start it: {start}"
 
 
-def probe(env: Environment, stack: str, vm: dict | None, say: Callable[[str], None],
-          ask: Callable[[dict], dict | None]) -> Callable[[], str | None] | None:
+def probe(
+    env: Environment, stack: str, vm: dict | None, say: Callable[[str], None], ask: Callable[[dict], dict | None]
+) -> Callable[[], str | None] | None:
     """The check open_connection runs while SSH does not answer (None when the VM is unknown). ``ask``:
     the VM's Compute API document (instances.get; infra/ops/probes.instance), None when it cannot be asked."""
     if not vm or not vm.get("name"):

@@ -30,10 +30,32 @@ from remote.tasks import train as training
 from remote.tasks.shortflags import pin_short_flags
 from remote.tasks.starter import init
 
-ns = Collection(training.train, runs.logs, runs.status, runs.stop, runs.resume, runs.prune, fetching.fetch, fetching.down,
-                shell.setup, shell.shell, shell.nvidia_smi, dashboards.tunnel, dashboards.tensorboard, dashboards.jupyter,
-                overview.gpus, overview.stack, overview.check, overview.ls_, overview.ssh_config, power.vm_stop, power.vm_start,
-                importing.import_job, init, data.push)
+ns = Collection(
+    training.train,
+    runs.logs,
+    runs.status,
+    runs.stop,
+    runs.resume,
+    runs.prune,
+    fetching.fetch,
+    fetching.down,
+    shell.setup,
+    shell.shell,
+    shell.nvidia_smi,
+    dashboards.tunnel,
+    dashboards.tensorboard,
+    dashboards.jupyter,
+    overview.gpus,
+    overview.stack,
+    overview.check,
+    overview.ls_,
+    overview.ssh_config,
+    power.vm_stop,
+    power.vm_start,
+    importing.import_job,
+    init,
+    data.push,
+)
 
 
 def _exits(body):

@@ -22,9 +22,9 @@ def not_in_bucket(docs: list[dict | None]) -> list[str]:
                 lines.append(f"{where}{run['id']}: not in the bucket (it started before gpu-train:bucket was set)")
             elif b.get("onlyHost"):
                 only = b["onlyHost"]
-                lines.append(f"{where}{run['id']}: only on the host: {', '.join(only[:5])}"
-                             + (f" and {len(only) - 5} more" if len(only) > 5 else ""))
+                lines.append(
+                    f"{where}{run['id']}: only on the host: {', '.join(only[:5])}" + (f" and {len(only) - 5} more" if len(only) > 5 else "")
+                )
             elif not b.get("final"):
-                lines.append(f"{where}{run['id']}: its last upload has not finished"
-                             + (f" ({b['error']})" if b.get("error") else ""))
+                lines.append(f"{where}{run['id']}: its last upload has not finished" + (f" ({b['error']})" if b.get("error") else ""))
     return lines

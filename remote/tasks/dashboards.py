@@ -31,25 +31,46 @@ def _serve(env: Environment, stack: str | None, kind: str, extra, local_port, js
     local_port = number("--local-port", local_port, int, 1, 65535)
     session = Session(env, stack)
     try:
-        notebooks.serve(session.connect(shared=False), session.target, kind, extra(session.target), local_port, say, show(json_),
-                        project=project_name(env.project_root))
+        notebooks.serve(
+            session.connect(shared=False),
+            session.target,
+            kind,
+            extra(session.target),
+            local_port,
+            say,
+            show(json_),
+            project=project_name(env.project_root),
+        )
     finally:
         session.close()
 
 
-@task(help={"run": "show this run's JOB_DIR (default: every run under REMOTE_ROOT/runs)",
-            "logdir": "a log directory on the host (relative paths are under REMOTE_ROOT/runs)",
-            "local_port": LOCAL_HELP, "json": 'print {"url": ...}', "stack": STACK_HELP})
+@task(
+    help={
+        "run": "show this run's JOB_DIR (default: every run under REMOTE_ROOT/runs)",
+        "logdir": "a log directory on the host (relative paths are under REMOTE_ROOT/runs)",
+        "local_port": LOCAL_HELP,
+        "json": 'print {"url": ...}',
+        "stack": STACK_HELP,
+    }
+)
 def tensorboard(c, run=None, logdir=None, local_port=None, json_=False, stack=None):
     """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both."""
     from remote.tasks import notebooks
 
-    _serve(Environment.of(c), stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)},
-           local_port, json_)
+    _serve(
+        Environment.of(c), stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)}, local_port, json_
+    )
 
 
-@task(help={"dir": "the notebook root on the host (default: REMOTE_ROOT)", "local_port": LOCAL_HELP,
-            "json": 'print {"url": ...} (the URL carries the token)', "stack": STACK_HELP})
+@task(
+    help={
+        "dir": "the notebook root on the host (default: REMOTE_ROOT)",
+        "local_port": LOCAL_HELP,
+        "json": 'print {"url": ...} (the URL carries the token)',
+        "stack": STACK_HELP,
+    }
+)
 def jupyter(c, dir=None, local_port=None, json_=False, stack=None):
     """JupyterLab on the host, opened here at a local URL with its token; Ctrl-C stops both.
 
@@ -57,8 +78,14 @@ def jupyter(c, dir=None, local_port=None, json_=False, stack=None):
     _serve(Environment.of(c), stack, "jupyter", lambda t: {"dir": dir or t.remote_root}, local_port, json_)
 
 
-@task(help={"port": "remote port (default 6006, TensorBoard)", "local_port": "local port (default: the same)",
-            "json": 'print {"url": ...}', "stack": STACK_HELP})
+@task(
+    help={
+        "port": "remote port (default 6006, TensorBoard)",
+        "local_port": "local port (default: the same)",
+        "json": 'print {"url": ...}',
+        "stack": STACK_HELP,
+    }
+)
 def tunnel(c, port=None, local_port=None, json_=False, stack=None):
     """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change).
 

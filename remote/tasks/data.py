@@ -30,8 +30,14 @@ def data_path(src: Path, root: Path) -> str:
     return rel.as_posix() if rel.parts else src.name
 
 
-@task(help={"dir": "the directory to send (e.g. data)", "json": "print where it went as JSON", "stack": STACK_HELP,
-            "to": "`bucket`: to the stack's gpu-train:bucket; each run copies it to $DATA_DIR before its job starts"})
+@task(
+    help={
+        "dir": "the directory to send (e.g. data)",
+        "json": "print where it went as JSON",
+        "stack": STACK_HELP,
+        "to": "`bucket`: to the stack's gpu-train:bucket; each run copies it to $DATA_DIR before its job starts",
+    }
+)
 def push(c, dir, stack=None, json_=False, to=None):
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
     from remote.transfer import sync
@@ -69,12 +75,18 @@ def push(c, dir, stack=None, json_=False, to=None):
     if failed := failures(results):
         raise GpuTrainError("; ".join(failed) + f": run `{CLI} push {dir}` again to resume")
     if json_:
-        print(json.dumps({"source": str(src), "project": project, "path": rel, "hosts": [str(s.target.host) for s in sessions],
-                          "remote": results}, indent=1))
+        print(
+            json.dumps(
+                {"source": str(src), "project": project, "path": rel, "hosts": [str(s.target.host) for s in sessions], "remote": results},
+                indent=1,
+            )
+        )
     else:
         print(f"{src} -> {results[0]} on {session.target.host}" + (f" (and {len(sessions) - 1} more nodes)" if len(sessions) > 1 else ""))
-        print(f"  the job sees it as $DATA_DIR/{rel} and as {rel}/ in its working directory (merged with the code's "
-              f"own {rel}/: a file in both is the code's copy)")
+        print(
+            f"  the job sees it as $DATA_DIR/{rel} and as {rel}/ in its working directory (merged with the code's "
+            f"own {rel}/: a file in both is the code's copy)"
+        )
 
 
 def push_to_bucket(target, src: Path, rel: str, project: str) -> None:
@@ -91,6 +103,5 @@ def push_to_bucket(target, src: Path, rel: str, project: str) -> None:
         say(problem)
     if got.problems:
         raise GpuTrainError(f"not everything is in the bucket: run `{CLI} push {src} --to bucket` again")
-    print(f"{src} -> gs://{place.name}/{prefix}: {got.files} file(s), {got.bytes} bytes sent (verified; "
-          f"{got.unchanged} unchanged)")
+    print(f"{src} -> gs://{place.name}/{prefix}: {got.files} file(s), {got.bytes} bytes sent (verified; {got.unchanged} unchanged)")
     print(f"  each run copies it to local disk before its job starts: $DATA_DIR/{rel}, and {rel}/ in its working directory")

@@ -22,8 +22,16 @@ from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_no
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 
-def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: bool, quiet: bool = False,
-               subdir: str = "", streams: int = DEFAULT_STREAMS, strict: bool = False) -> list[str]:
+def fetch_runs(
+    session: Session,
+    runs: list[dict],
+    dest: str | None,
+    progress: bool,
+    quiet: bool = False,
+    subdir: str = "",
+    streams: int = DEFAULT_STREAMS,
+    strict: bool = False,
+) -> list[str]:
     """Fetch the runs' JOB_DIRs (into ``subdir`` of each run's folder), the outputs in their working
     directories (into its workdir/) and their logs (into its .gpu-train/) in one transfer session: one listing of every run, then parallel
     streams for whatever changed. What is not home as it should be, one line each ("RUN: why"); with
@@ -55,8 +63,11 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
     if not hostkeys.knows_host(session.target, session.target.host):
         session.connect()  # learns (and prints) the host key, or refuses a changed one
     bar = Progress(live=progress)
-    sources = [(s, p) for r, where in todo for s, p in
-               ((r["id"], where), (f"{r['id']}/{WORKDIR}", where / WORKDIR), (f"{r['id']}/{RUN_FILES}", where / RUN_FILES))]
+    sources = [
+        (s, p)
+        for r, where in todo
+        for s, p in ((r["id"], where), (f"{r['id']}/{WORKDIR}", where / WORKDIR), (f"{r['id']}/{RUN_FILES}", where / RUN_FILES))
+    ]
     results = _transfer(session, sources, streams, bar)
     problems = []
     for (r, where), job, work, log in zip(todo, results[::3], results[1::3], results[2::3], strict=True):
@@ -70,10 +81,15 @@ def fetch_runs(session: Session, runs: list[dict], dest: str | None, progress: b
         if not log.complete:
             for line in fetch_report.notes(log, where / RUN_FILES)[1:]:
                 say(line)
-        lost = list(dict.fromkeys([f"{r['id']}: {m}" for res in (job, work) for m in res.missing()]
-                                  + [f"{r['id']}: its log: {m}" for m in log.missing() if m != job.error]))
-        newer = [f"{r['id']}: {p}: the host's differs, and the laptop's copy is newer (kept)"
-                 for res in (job, work, log) for p in res.kept_newer]
+        lost = list(
+            dict.fromkeys(
+                [f"{r['id']}: {m}" for res in (job, work) for m in res.missing()]
+                + [f"{r['id']}: its log: {m}" for m in log.missing() if m != job.error]
+            )
+        )
+        newer = [
+            f"{r['id']}: {p}: the host's differs, and the laptop's copy is newer (kept)" for res in (job, work, log) for p in res.kept_newer
+        ]
         problems += lost + (newer if strict else [])
         if not lost and not newer:
             record.record(r, where)
@@ -103,16 +119,35 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
     return results
 
 
-@task(help={"run": "run id (default: the newest)", "all": "every run", "dest": "where to (default runs/STACK/RUN/)",
-            "watch": "keep fetching new checkpoints until the run ends", "interval": "seconds between --watch rounds (30)",
-            "node": "which node (default 0; node N's files go into RUN/node-N/)",
-            "all_nodes": "every node's files (node N's into RUN/node-N/; default: node 0's, where checkpoints are written)",
-            "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
-            "json": "print what was fetched where as JSON", "stack": STACK_HELP,
-            "from": "`bucket`: from the stack's gpu-train:bucket instead of the host (also used by itself when "
-                    "the host cannot be reached)"})
-def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=None, all_nodes=False, streams=None,
-          stack=None, json_=False, from_=None):
+@task(
+    help={
+        "run": "run id (default: the newest)",
+        "all": "every run",
+        "dest": "where to (default runs/STACK/RUN/)",
+        "watch": "keep fetching new checkpoints until the run ends",
+        "interval": "seconds between --watch rounds (30)",
+        "node": "which node (default 0; node N's files go into RUN/node-N/)",
+        "all_nodes": "every node's files (node N's into RUN/node-N/; default: node 0's, where checkpoints are written)",
+        "streams": f"parallel SSH streams (default {DEFAULT_STREAMS}; 1 for a single stream)",
+        "json": "print what was fetched where as JSON",
+        "stack": STACK_HELP,
+        "from": "`bucket`: from the stack's gpu-train:bucket instead of the host (also used by itself when the host cannot be reached)",
+    }
+)
+def fetch(
+    c,
+    run=None,
+    all_=False,
+    dest=None,
+    watch=False,
+    interval=None,
+    node=None,
+    all_nodes=False,
+    streams=None,
+    stack=None,
+    json_=False,
+    from_=None,
+):
     """Bring a run's results home: its JOB_DIR, and what the job wrote in its working directory.
 
     JOB_DIR's files go into runs/STACK/RUN/, the working directory's outputs (a checkpoint in the
@@ -143,12 +178,13 @@ def fetch(c, run=None, all_=False, dest=None, watch=False, interval=None, node=N
         say(f"{e}\nthe host cannot be reached: fetching from the bucket {session.cluster.bucket} instead{every}")
         frombucket.from_bucket(session.env, session.cluster, followed.get("run", run), all_, dest, streams)
         if watch:
-            raise Unreachable("--watch: fetched what the bucket holds now, but not watching: only the host knows whether the "
-                              f"run still trains. Run `{CLI} fetch --watch` again once it can be reached") from None
+            raise Unreachable(
+                "--watch: fetched what the bucket holds now, but not watching: only the host knows whether the "
+                f"run still trains. Run `{CLI} fetch --watch` again once it can be reached"
+            ) from None
 
 
-def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_,
-                     followed: dict[str, str]) -> None:
+def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed: dict[str, str]) -> None:
     if watch:
         if all_nodes:
             raise UsageError("--watch follows one node: give --node N (default 0), not --all-nodes")
@@ -163,8 +199,9 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
 
     def one(s: Session) -> tuple[list[dict], list[str]]:
         runs = _which_runs(s, run, all_)
-        return runs, fetch_runs(s, runs, dest, progress=s.env.stderr_isatty and not json_ and len(sessions) == 1,
-                                subdir=node_dir(s.node), streams=streams)
+        return runs, fetch_runs(
+            s, runs, dest, progress=s.env.stderr_isatty and not json_ and len(sessions) == 1, subdir=node_dir(s.node), streams=streams
+        )
 
     results: list[object] = on_every_node(sessions, one) if len(sessions) > 1 else [one(session)]
     for s in sessions:
@@ -177,17 +214,34 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
             runs, lost = r
             problems += [f"node {s.node}: {m}" if len(sessions) > 1 else m for m in lost]
             failed_ids = {m.split(":", 1)[0] for m in lost}
-            fetched += [{"runId": x["id"], "node": s.node, "failed": x["id"] in failed_ids,
-                         "dest": str(destination(session.env, session.target.stack, x["id"], dest, len(runs) > 1, node_dir(s.node)))}
-                        for x in runs]
+            fetched += [
+                {
+                    "runId": x["id"],
+                    "node": s.node,
+                    "failed": x["id"] in failed_ids,
+                    "dest": str(destination(session.env, session.target.stack, x["id"], dest, len(runs) > 1, node_dir(s.node))),
+                }
+                for x in runs
+            ]
     if json_:
-        print(json.dumps({"fetched": [f for f in fetched if not f["failed"]],
-                          "failed": sorted({f["runId"] for f in fetched if f["failed"]}), "problems": problems}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "fetched": [f for f in fetched if not f["failed"]],
+                    "failed": sorted({f["runId"] for f in fetched if f["failed"]}),
+                    "problems": problems,
+                },
+                indent=1,
+            )
+        )
     if problems:
-        raise GpuTrainError(f"not everything is home ({len(problems)}):\n  " + "\n  ".join(problems[:20])
-                   + (f"\n  and {len(problems) - 20} more" if len(problems) > 20 else "")
-                   + f"\nFix what is named (a file the host cannot read, something in the way here) and run `{CLI} fetch` "
-                   "again: it resumes")
+        raise GpuTrainError(
+            f"not everything is home ({len(problems)}):\n  "
+            + "\n  ".join(problems[:20])
+            + (f"\n  and {len(problems) - 20} more" if len(problems) > 20 else "")
+            + f"\nFix what is named (a file the host cannot read, something in the way here) and run `{CLI} fetch` "
+            "again: it resumes"
+        )
 
 
 def _which_runs(session: Session, run: str | None, all_: bool) -> list[dict]:
@@ -226,8 +280,7 @@ def _streams(value: object) -> int:
     return n
 
 
-def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int,
-           followed: dict[str, str]) -> None:
+def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int, followed: dict[str, str]) -> None:
     """Fetch a run's new files every ``interval`` seconds until it ends, then once more (``followed``
     names the run from its first answer on: the bucket's fallback takes that one)."""
     while True:
@@ -236,8 +289,7 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
             raise GpuTrainError("no runs on this host yet")
         current = doc["runs"][-1]
         run = followed["run"] = current["id"]
-        problems = fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams,
-                              subdir=node_dir(session.node))
+        problems = fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams, subdir=node_dir(session.node))
         if current["state"] not in ACTIVE:
             if problems:
                 raise GpuTrainError(f"{run} is {current['state']}, but not everything is home:\n  " + "\n  ".join(problems))
@@ -279,8 +331,10 @@ def fetch_every_node(sessions: list[Session], docs: list[object], streams: int =
 def refusal(problems: list[str], what: str, force_hint: str) -> str:
     """The guards' message: what would be lost, and the ways on."""
     shown = "\n  ".join(problems[:20]) + (f"\n  and {len(problems) - 20} more" if len(problems) > 20 else "")
-    return (f"refusing: not everything is home; nothing was {what}. What would be lost:\n  {shown}\n"
-            f"Fix what is named and run it again, or {force_hint} to lose them")
+    return (
+        f"refusing: not everything is home; nothing was {what}. What would be lost:\n  {shown}\n"
+        f"Fix what is named and run it again, or {force_hint} to lose them"
+    )
 
 
 def uncron(session: Session) -> None:
@@ -294,9 +348,14 @@ def uncron(session: Session) -> None:
         say(f"warning: {line}: gpu-train's crontab lines may still be there (`crontab -e` there to remove them)")
 
 
-@task(help={"force": "destroy even if a run is running or not everything could be fetched (naming what is lost)",
-            "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})", "stack": STACK_HELP,
-            "no_fetch": "with gpu-train:bucket: download nothing; refuses unless every run is verified in the bucket"})
+@task(
+    help={
+        "force": "destroy even if a run is running or not everything could be fetched (naming what is lost)",
+        "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})",
+        "stack": STACK_HELP,
+        "no_fetch": "with gpu-train:bucket: download nothing; refuses unless every run is verified in the bucket",
+    }
+)
 def down(c, force=False, streams=None, stack=None, no_fetch=False):
     """Fetch every run from every node, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
@@ -327,12 +386,16 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     for s in sessions:
         s.close()
     if problems and not force:
-        raise GpuTrainError(refusal(problems, "destroyed", f"{CLI} down --force") + (f" (or {CLI} down, which downloads them)"
-                                                                           if no_fetch else ""))
+        raise GpuTrainError(
+            refusal(problems, "destroyed", f"{CLI} down --force") + (f" (or {CLI} down, which downloads them)" if no_fetch else "")
+        )
     if problems:
         say("--force: going on; lost with the host:\n  " + "\n  ".join(problems))
-    say(f"every run is verified in {bucket}; nothing downloaded" if no_fetch else
-        f"fetched {len(runs)} run(s) into runs/{session.target.stack}/")
+    say(
+        f"every run is verified in {bucket}; nothing downloaded"
+        if no_fetch
+        else f"fetched {len(runs)} run(s) into runs/{session.target.stack}/"
+    )
     if bucket:
         say(f"the bucket {bucket} and the runs in it stay (`{CLI} fetch --from bucket` brings one home)")
     if not session.target.is_gcp:
@@ -347,14 +410,19 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     except RuntimeError as e:
         raise GpuTrainError(f"{e}; nothing was destroyed") from None
     if released:
-        say(f"data disk(s) {', '.join(released)} released: their runs are in "
-            f"{bucket if no_fetch else f'runs/{session.target.stack}/'}")
+        say(f"data disk(s) {', '.join(released)} released: their runs are in {bucket if no_fetch else f'runs/{session.target.stack}/'}")
     from gpu_train.stack.project import pulumi_config_args
 
     where = pulumi_config_args(session.env.stack_file(session.target.stack))  # a stack file in the user's project
-    result = subprocess.run(["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where], cwd=targets.REPO,
-                            env={**os.environ, **session.env.exported()})
+    result = subprocess.run(
+        ["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where],
+        cwd=targets.REPO,
+        env={**os.environ, **session.env.exported()},
+    )
     if result.returncode != 0:
-        raise CommandFailed("pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself",
-                            command="pulumi destroy", exited=result.returncode)
+        raise CommandFailed(
+            "pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself",
+            command="pulumi destroy",
+            exited=result.returncode,
+        )
     (session.target.cache / "outputs.json").unlink(missing_ok=True)

@@ -32,8 +32,7 @@ def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str
     from remote.transfer import bucketfetch
 
     if not target.bucket:
-        raise UsageError(f"stack {target.stack} has no bucket: set gpu-train:bucket (see docs/bucket.md), or fetch from "
-                         "the host")
+        raise UsageError(f"stack {target.stack} has no bucket: set gpu-train:bucket (see docs/bucket.md), or fetch from the host")
     place = parse_bucket(target.bucket)
     try:
         gcs = bucketfetch.client()
@@ -59,16 +58,19 @@ def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str
             for problem in got.problems:
                 say(f"{r}: {problem}")
             failed += [r] if got.problems else []
-            say(f"{r}: {got.files} file(s), {got.bytes} bytes from {place.url(f'{target.stack}/{r}/{node_dir(node or 0)}')} into {where} "
-                f"(verified; {got.unchanged} unchanged)")
+            say(
+                f"{r}: {got.files} file(s), {got.bytes} bytes from {place.url(f'{target.stack}/{r}/{node_dir(node or 0)}')} into {where} "
+                f"(verified; {got.unchanged} unchanged)"
+            )
     except RemoteError as e:
         raise GpuTrainError(str(e)) from None
     if failed:
         raise GpuTrainError(f"fetch from the bucket failed for {', '.join(failed)}: run `{CLI} fetch --from bucket` again")
 
 
-def gone_nodes(session: Session, sessions: list[Session], results: list[object], run: str | None,
-               all_: bool, dest: str | None, streams: int) -> list[object]:
+def gone_nodes(
+    session: Session, sessions: list[Session], results: list[object], run: str | None, all_: bool, dest: str | None, streams: int
+) -> list[object]:
     """--all-nodes where some nodes cannot be reached (all of them: the caller's fallback): those nodes'
     files from the bucket (its RUN/node-N/), the same runs the others answered with. The results, those
     nodes' failures taken out where the bucket served them."""
@@ -80,12 +82,15 @@ def gone_nodes(session: Session, sessions: list[Session], results: list[object],
     answered = sorted({x["id"] for r in results if isinstance(r, tuple) for x in r[0]})
     out = list(results)
     for n in gone:
-        say(f"node {n}: {outcome(cast(GpuTrainError, results[n]))[1]}\nnode {n} cannot be reached: fetching its files from the bucket "
-            f"{session.cluster.bucket} instead")
+        say(
+            f"node {n}: {outcome(cast(GpuTrainError, results[n]))[1]}\nnode {n} cannot be reached: fetching its files from the bucket "
+            f"{session.cluster.bucket} instead"
+        )
         try:
             for r in answered:  # (one run each, into where the host's fetch put it: --dest/RUN for several)
-                from_bucket(session.env, session.cluster, r, False, str(Path(dest) / r) if dest and len(answered) > 1 else dest,
-                            streams, node=n)
+                from_bucket(
+                    session.env, session.cluster, r, False, str(Path(dest) / r) if dest and len(answered) > 1 else dest, streams, node=n
+                )
         except GpuTrainError as e:
             out[n] = GpuTrainError(f"not from the bucket either: {outcome(e)[1]}")
             continue

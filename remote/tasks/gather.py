@@ -60,8 +60,7 @@ def check_findings(env: Environment) -> list[checkup.Finding]:
     adc, creds = probes.read_adc()
     findings.append(checkup.credentials(adc))
     stacks = [load(p) for p in stack_files(env)]
-    projects = sorted({cfg.project for _, cfg, _ in stacks if cfg and cfg.is_gcp and cfg.project}) or (
-        [adc.project] if adc.project else [])
+    projects = sorted({cfg.project for _, cfg, _ in stacks if cfg and cfg.is_gcp and cfg.project}) or ([adc.project] if adc.project else [])
     for project in projects:
         states, error = None, None
         if creds is not None:
@@ -84,8 +83,11 @@ def check_findings(env: Environment) -> list[checkup.Finding]:
         findings.append(checkup.ssh_key(", ".join(names), private, Path(private).is_file(), problem_text))
     for name, cfg, _ in stacks:  # SSH stacks' buckets: the host's own credentials (a GCP VM's: the stack grants them)
         if cfg is not None and not cfg.is_gcp and cfg.bucket:
-            findings.append(checkup.bucket_access(name, cfg.bucket if cfg.bucket.startswith("gs://") else f"gs://{cfg.bucket}",
-                                                  *_bucket_probe(name, cfg, home, env.cli)))
+            findings.append(
+                checkup.bucket_access(
+                    name, cfg.bucket if cfg.bucket.startswith("gs://") else f"gs://{cfg.bucket}", *_bucket_probe(name, cfg, home, env.cli)
+                )
+            )
     scripts = (repo_script("plan"), repo_script("up"))  # as they run from here (the user's project has no scripts/)
     for name, cfg, problems in stacks:
         if cfg is None or not cfg.is_gcp:
@@ -170,9 +172,17 @@ def _bucket_probe(stack: str, cfg: config.StackConfig, home: Path, cli: str) -> 
         target = target_from(ssh_hosts(cfg), cached_outputs(home, stack), home, cli)
         conn = ssh.open_connection(target, target.host, QUICK_SSH_S, lambda _text: None)
         try:
-            return agentcall.call(conn, target, "bucket-check", "--bucket", place.name, "--prefix",
-                                  f"{place.prefix}{stack}/", *(["--python", cfg.python] if cfg.python else []),
-                                  timeout=ANSWER_S + 90), None
+            return agentcall.call(
+                conn,
+                target,
+                "bucket-check",
+                "--bucket",
+                place.name,
+                "--prefix",
+                f"{place.prefix}{stack}/",
+                *(["--python", cfg.python] if cfg.python else []),
+                timeout=ANSWER_S + 90,
+            ), None
         finally:
             conn.close()
     except Exception as e:  # this stack's "not checked", never the whole check's
@@ -200,8 +210,9 @@ def ls_facts(env: Environment, ask_hosts: bool = True) -> list[listing.StackFact
                 api_error = api_errors[cfg.project]
             else:
                 instances = by_stack.get((cfg.project or "", label_value(name)), [])
-        facts[name] = listing.StackFacts(name, cfg, outputs=outputs, instances=instances, api_error=api_error,
-                                         ledger=Ledger(home, name).read())
+        facts[name] = listing.StackFacts(
+            name, cfg, outputs=outputs, instances=instances, api_error=api_error, ledger=Ledger(home, name).read()
+        )
     # The agents of hosts believed up, all at once and briefly.
     asks = {n: f for n, f in facts.items() if ask_hosts and f.cfg is not None and _worth_asking(f)}
     answers: dict[str, tuple[dict | None, str | None]] = {}

@@ -42,8 +42,10 @@ def _write_stack(path: Path, settings: dict, source: str, stack: str, force: boo
 
     if path.exists() and not force:
         raise UsageError(f"{path} exists: pass --force to replace it, or choose another --stack")
-    header = (f"# Written by `gpu-train import` from {source}.\n"
-              f"# Edit what the report marks 'not mapped', then: {repo_script('plan')} --stack {stack}\n")
+    header = (
+        f"# Written by `gpu-train import` from {source}.\n"
+        f"# Edit what the report marks 'not mapped', then: {repo_script('plan')} --stack {stack}\n"
+    )
     text = header + yaml.safe_dump({"config": settings}, sort_keys=False, default_flow_style=False)
     atomic_write(path, text, mode=0o644)
 
@@ -54,19 +56,18 @@ def _write_stack(path: Path, settings: dict, source: str, stack: str, force: boo
     iterable=["ssh_from"],
     help={
         "source": "an AI Platform config.yaml (trainingInput) or a Vertex AI CustomJob / CustomJobSpec (YAML or "
-                  "JSON); or the word gcloud, with gcloud's command after `--` (or in --gcloud)",
+        "JSON); or the word gcloud, with gcloud's command after `--` (or in --gcloud)",
         "gcloud": "with source gcloud: the `gcloud ai-platform jobs submit training ...` command, quoted",
         "stack": "name of the stack to write (default: the file's name)",
         "region": "region when the input names none (Vertex specs do not); default us-central1",
         "project": "the Google Cloud project for the stack (gcp:project)",
-        "ssh_from": "a CIDR allowed to SSH to the VM (repeatable), e.g. \"$(curl -s ifconfig.me)/32\"",
+        "ssh_from": 'a CIDR allowed to SSH to the VM (repeatable), e.g. "$(curl -s ifconfig.me)/32"',
         "stacks_dir": "where to write Pulumi.STACK.yaml (default: the stacks directory in use)",
         "force": "replace an existing stack file",
         "json": "print the stack, the command and the report as JSON",
     },
 )
-def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ssh_from=None, stacks_dir=None,
-               force=False, json=False):
+def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ssh_from=None, stacks_dir=None, force=False, json=False):
     """Translate an AI Platform or Vertex AI training job into a stack and the train command that runs it.
 
     gpu-train import config.yaml --stack aip --project my-proj --ssh-from 203.0.113.7/32
@@ -85,7 +86,7 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
         gcloud = _remainder(sys.argv) or gcloud_flags.split_gcloud_command(gcloud or "")
         if not gcloud:
-            raise UsageError("import gcloud: give gcloud's command after `--` (gpu-train) or as --gcloud \"...\"")
+            raise UsageError('import gcloud: give gcloud\'s command after `--` (gpu-train) or as --gcloud "..."')
     elif gcloud:
         raise UsageError(f"--gcloud goes with `import gcloud`, not with a file ({source})")
     catalog, tables = load_catalog(), importer.load_tables()
@@ -112,9 +113,18 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     if json:
         import json as json_lib  # (the task's --json flag takes the name)
 
-        print(json_lib.dumps({"stackFile": str(path), "settings": result.settings, "train": result.train,
-                              "report": [{"field": n.field, "status": n.status, "detail": n.detail} for n in result.notes],
-                              "problems": [str(p) for p in problems]}, indent=1))
+        print(
+            json_lib.dumps(
+                {
+                    "stackFile": str(path),
+                    "settings": result.settings,
+                    "train": result.train,
+                    "report": [{"field": n.field, "status": n.status, "detail": n.detail} for n in result.notes],
+                    "problems": [str(p) for p in problems],
+                },
+                indent=1,
+            )
+        )
         return
     print(f"wrote {path}")
     print("\nReport (exact = same as the job; changed = mapped differently, and why; not mapped = what to do):")

@@ -67,13 +67,22 @@ class FetchRecord:
 
     @staticmethod
     def _entry(run: dict, dest: Path) -> dict:
-        return {"run": run["id"], "dest": str(dest.resolve()), "remote": run.get("jobSummary"),
-                "workdir": run.get("workdirSummary"), "log": run.get("logSummary"), "local": local_summary(dest)}
+        return {
+            "run": run["id"],
+            "dest": str(dest.resolve()),
+            "remote": run.get("jobSummary"),
+            "workdir": run.get("workdirSummary"),
+            "log": run.get("logSummary"),
+            "local": local_summary(dest),
+        }
 
     def up_to_date(self, run: dict, dest: Path) -> bool:
         seen = self.doc.get(str(dest.resolve()))
-        return (bool(seen) and all(run.get(k) is not None for k in ("jobSummary", "workdirSummary", "logSummary"))
-                and seen == self._entry(run, dest))
+        return (
+            bool(seen)
+            and all(run.get(k) is not None for k in ("jobSummary", "workdirSummary", "logSummary"))
+            and seen == self._entry(run, dest)
+        )
 
     def record(self, run: dict, dest: Path) -> None:
         """Note a complete fetch; ``save`` writes the notes (once for all the runs of a fetch: one

@@ -51,15 +51,32 @@ def url_for(kind: str, port: int, token: str | None) -> str:
     return f"http://127.0.0.1:{port}/?token={token}" if kind == "jupyter" else f"http://127.0.0.1:{port}/{token}/"
 
 
-def serve(conn, target, kind: str, spec_extra: dict, local_port: int | None, say: Callable[[str], None],
-          show: Callable[[str], None], wait: Callable[[], None] | None = None, *, project: str) -> None:
+def serve(
+    conn,
+    target,
+    kind: str,
+    spec_extra: dict,
+    local_port: int | None,
+    say: Callable[[str], None],
+    show: Callable[[str], None],
+    wait: Callable[[], None] | None = None,
+    *,
+    project: str,
+) -> None:
     """Start ``kind`` on the host, forward it, print its URL, and stop both when interrupted; ``project``:
     the project's name on the host (its venv's Python runs the server when it has one)."""
     # Both ends listen on a loopback port every local user may connect to (the host's server, this
     # laptop's forward): a secret only this user sees (Jupyter's token, TensorBoard's path) is the lock.
     token = secrets.token_hex(24)
-    spec = {"kind": kind, "python": target.python, "root": target.remote_root, "token": token or "",
-            "envPython": env_python(target, project), "venv": target.venv, **spec_extra}
+    spec = {
+        "kind": kind,
+        "python": target.python,
+        "root": target.remote_root,
+        "token": token or "",
+        "envPython": env_python(target, project),
+        "venv": target.venv,
+        **spec_extra,
+    }
     transport = conn.client.get_transport()
     chan = transport.open_session()
     chan.exec_command(host_command(target.python))
@@ -77,8 +94,10 @@ def serve(conn, target, kind: str, spec_extra: dict, local_port: int | None, say
         forward = LocalForward(transport, doc["port"], port)
         try:
             show(url_for(kind, forward.port, token))
-            say(f"{doc['module']} on {target.host} (127.0.0.1:{doc['port']}, pid {doc['pid']}, {doc['python']}, "
-                f"log {doc['log']}); Ctrl-C stops it")
+            say(
+                f"{doc['module']} on {target.host} (127.0.0.1:{doc['port']}, pid {doc['pid']}, {doc['python']}, "
+                f"log {doc['log']}); Ctrl-C stops it"
+            )
             with contextlib.suppress(KeyboardInterrupt):
                 (wait or (lambda: _until_closed(chan)))()
         finally:
@@ -99,13 +118,22 @@ def _until_closed(chan) -> None:
     raise ForwardError("the server on the host stopped by itself (see its log)")
 
 
-def tunnel(conn, target, port: int, local_port: int | None, say: Callable[[str], None], show: Callable[[str], None],
-           wait: Callable[[], None] | None = None) -> None:
+def tunnel(
+    conn,
+    target,
+    port: int,
+    local_port: int | None,
+    say: Callable[[str], None],
+    show: Callable[[str], None],
+    wait: Callable[[], None] | None = None,
+) -> None:
     """Forward localhost:LOCAL to the host's 127.0.0.1:PORT, after checking that something listens there."""
     transport = conn.client.get_transport()
     if not remote_listens(transport, port):
-        raise ForwardError(f"nothing listens on {target.host.host} 127.0.0.1:{port}: start the server there first "
-                           "(or `gpu-train tensorboard` / `gpu-train jupyter`, which start one and tunnel it)")
+        raise ForwardError(
+            f"nothing listens on {target.host.host} 127.0.0.1:{port}: start the server there first "
+            "(or `gpu-train tensorboard` / `gpu-train jupyter`, which start one and tunnel it)"
+        )
     forward = LocalForward(transport, port, port if local_port is None else int(local_port))
     try:
         show(f"http://127.0.0.1:{forward.port}/")

@@ -18,10 +18,15 @@ from remote.tasks.optional import optional_positional
 from remote.tasks.session import STACK_HELP, Session
 
 
-@task(positional=["name"], help={"name": "one GPU: a short name (T4, L4, A100, A100-80GB, H100, H200, B200) or an API name",
-                                 "region": "only what is offered in this region (e.g. us-central1)",
-                                 "spot": "spot prices, and only shapes that can be had as spot",
-                                 "json": "print JSON"})
+@task(
+    positional=["name"],
+    help={
+        "name": "one GPU: a short name (T4, L4, A100, A100-80GB, H100, H200, B200) or an API name",
+        "region": "only what is offered in this region (e.g. us-central1)",
+        "spot": "spot prices, and only shapes that can be had as spot",
+        "json": "print JSON",
+    },
+)
 def gpus(c, name=None, region=None, spot=False, json_=False):
     """GPU types from the catalog: shapes, regions and zones, on-demand and spot $/h, spot- or reservation-only."""
     from gpu_train.gcp.catalog_file import load_catalog
@@ -64,8 +69,13 @@ def check(c, json_=False):
         raise GpuTrainError()
 
 
-@task(name="ls", help={"json": "print JSON: stacks[].{stack, state, runsRunning, hourlyNow, spentMonth, ...}",
-                       "offline": "do not ask the hosts (no SSH): runs and idle clocks stay unknown"})
+@task(
+    name="ls",
+    help={
+        "json": "print JSON: stacks[].{stack, state, runsRunning, hourlyNow, spentMonth, ...}",
+        "offline": "do not ask the hosts (no SSH): runs and idle clocks stay unknown",
+    },
+)
 def ls_(c, json_=False, offline=False):
     """Every stack at a glance, billing ones first: shape, zone, VM state, runs, $/h now, this month, idle stop.
 
@@ -84,8 +94,10 @@ def ls_(c, json_=False, offline=False):
         print(listing.render(table))
 
 
-@task(positional=["name"], help={"name": "the stack to use from now on in this project (a name from the list)",
-            "clear": "forget the selected stack"})
+@task(
+    positional=["name"],
+    help={"name": "the stack to use from now on in this project (a name from the list)", "clear": "forget the selected stack"},
+)
 def stack(c, name=None, clear=False):
     """Select the project's stack, as `pulumi stack select` does; alone, say which one tasks use and list them.
 
@@ -102,8 +114,10 @@ def stack(c, name=None, clear=False):
     elif name is not None:
         if not target.STACK_NAME_RE.fullmatch(name) or project.stack_path(name, dirs) is None:
             close = project.did_you_mean(name, project.stack_names(dirs))
-            raise UsageError(f"no stack named {name!r} (looked for Pulumi.{name}.yaml in {', '.join(str(d) for d in dirs)})"
-                       + (f"; did you mean {' or '.join(close)}?" if close else ""))
+            raise UsageError(
+                f"no stack named {name!r} (looked for Pulumi.{name}.yaml in {', '.join(str(d) for d in dirs)})"
+                + (f"; did you mean {' or '.join(close)}?" if close else "")
+            )
         project.select_stack(root, name)
     try:
         current, why = target.chosen_stack(env, None)

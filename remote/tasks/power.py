@@ -43,13 +43,22 @@ def _pulumi(env: Environment, commands: list[list[str]]) -> None:
         say("$ " + " ".join(argv))
         result = subprocess.run(argv, cwd=targets.REPO, stdin=subprocess.DEVNULL, env={**os.environ, **env.exported()})
         if result.returncode != 0:
-            raise CommandFailed(f"`{' '.join(argv[:4])} ...` failed (exit {result.returncode}): see its output above; once "
-                                "fixed, run the task again (it is safe to repeat)", command=" ".join(argv), exited=result.returncode)
+            raise CommandFailed(
+                f"`{' '.join(argv[:4])} ...` failed (exit {result.returncode}): see its output above; once "
+                "fixed, run the task again (it is safe to repeat)",
+                command=" ".join(argv),
+                exited=result.returncode,
+            )
 
 
-@task(name="vm-stop", help={"force": "stop even while a run is running or the host cannot be checked",
-                            "wait": f"seconds to try reaching the host to check its runs (default {GUARD_TIMEOUT_S:g})",
-                            "stack": STACK_HELP})
+@task(
+    name="vm-stop",
+    help={
+        "force": "stop even while a run is running or the host cannot be checked",
+        "wait": f"seconds to try reaching the host to check its runs (default {GUARD_TIMEOUT_S:g})",
+        "stack": STACK_HELP,
+    },
+)
 def vm_stop(c, force=False, wait=None, stack=None):
     """Stop the stack's VM(s), keeping the disks (only storage bills while stopped); fetches every run first.
 
@@ -87,8 +96,7 @@ def vm_stop(c, force=False, wait=None, stack=None):
         for s in sessions:
             s.close()
     _pulumi(env, power.commands(cfg.stack, False, cfg.nodes))
-    print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `{CLI} vm-start --stack {cfg.stack}` "
-          "starts it again")
+    print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `{CLI} vm-start --stack {cfg.stack}` starts it again")
 
 
 def _vm_is_down(env: Environment, cfg) -> bool:
@@ -100,8 +108,11 @@ def _vm_is_down(env: Environment, cfg) -> bool:
     if creds is None or not cfg.project:
         return False
     try:
-        mine = [i for i in probes.gpu_train_instances(env, creds, cfg.project)
-                if (i.get("labels") or {}).get("gpu-train-stack") == label_value(cfg.stack)]
+        mine = [
+            i
+            for i in probes.gpu_train_instances(env, creds, cfg.project)
+            if (i.get("labels") or {}).get("gpu-train-stack") == label_value(cfg.stack)
+        ]
     except RuntimeError:
         return False
     return not any(i.get("status") == "RUNNING" for i in mine)
@@ -121,5 +132,6 @@ def vm_start(c, stack=None):
         outputs = targets.stack_outputs(cfg.stack, env.state_home / cfg.stack, refresh=True)
     except config.ConfigError as e:
         raise GpuTrainError(str(e)) from None
-    print(f"started {cfg.stack} at {outputs.get('externalIp')}; runs it was running resume by themselves "
-          f"(`{CLI} status --stack {cfg.stack}`)")
+    print(
+        f"started {cfg.stack} at {outputs.get('externalIp')}; runs it was running resume by themselves (`{CLI} status --stack {cfg.stack}`)"
+    )

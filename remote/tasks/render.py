@@ -24,8 +24,7 @@ def render_status(doc: dict, target, cli: str = "gpu-train") -> str:
         lines.append(f"VM up {hours:.1f} h{cost}")
     lines += agent_lines(doc, target)
     for g in doc.get("gpus", []):
-        lines.append(f"GPU {g['index']} {g['name']}: {g['utilization']:.0f}% busy, "
-                     f"{g['memoryUsedMiB']:.0f}/{g['memoryTotalMiB']:.0f} MiB")
+        lines.append(f"GPU {g['index']} {g['name']}: {g['utilization']:.0f}% busy, {g['memoryUsedMiB']:.0f}/{g['memoryTotalMiB']:.0f} MiB")
     lines += [f"unreachable: {u}" for u in doc.get("unreachable", [])]
     runs = doc.get("runs", [])
     if not runs:
@@ -111,7 +110,9 @@ def agent_lines(doc: dict, target) -> list[str]:
     if hours and stop is not None:
         left = stop - (doc.get("now") or time.time())
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(stop))
-        lines.append(f"run-time cap {hours:g} h (maxRunHours): Compute Engine stops the VM at {when} (start + "
-                     f"{hours:g} h), in {duration(max(left, 0))}; the job's $GPU_TRAIN_NOTICE appears "
-                     f"{RUN_LIMIT_NOTICE_S // 60} min before")
+        lines.append(
+            f"run-time cap {hours:g} h (maxRunHours): Compute Engine stops the VM at {when} (start + "
+            f"{hours:g} h), in {duration(max(left, 0))}; the job's $GPU_TRAIN_NOTICE appears "
+            f"{RUN_LIMIT_NOTICE_S // 60} min before"
+        )
     return lines

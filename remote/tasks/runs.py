@@ -18,9 +18,16 @@ from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_no
 
 
 # -- logs -------------------------------------------------------------------------------------
-@task(help={"run": "run id or a unique prefix (default: the newest)", "follow": "stream until the job ends; exit with its exit code",
-            "lines": "show the last N lines first (default 50; 0 for the whole log)", "node": "which node (default 0)",
-            "all": "every node's log, each line prefixed with its node", "stack": STACK_HELP})
+@task(
+    help={
+        "run": "run id or a unique prefix (default: the newest)",
+        "follow": "stream until the job ends; exit with its exit code",
+        "lines": "show the last N lines first (default 50; 0 for the whole log)",
+        "node": "which node (default 0)",
+        "all": "every node's log, each line prefixed with its node",
+        "stack": STACK_HELP,
+    }
+)
 def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=None):
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
     run, lines = trust.run_option(run), trust.number("--lines", 50 if lines is None else lines, int, 0)
@@ -63,8 +70,7 @@ def follow_to_end(session: Session, run: str) -> None:
     try:
         trailer = _stream_log(session, run, 0, True, out.write, out.flush)
     except KeyboardInterrupt:
-        say(f"\ndetached: {run} goes on ({CLI} logs --follow --run {run} to watch it again, "
-            f"{CLI} stop --run {run} to stop it)")
+        say(f"\ndetached: {run} goes on ({CLI} logs --follow --run {run} to watch it again, {CLI} stop --run {run} to stop it)")
         raise Interrupted() from None
     session.close()
     if trailer is not None:
@@ -170,9 +176,14 @@ def status(c, json_=False, stack=None):
 
 
 # -- stop -------------------------------------------------------------------------------------
-@task(help={"run": "run id or a unique prefix (default: the newest)",
-            "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)", "json": "print the result as JSON",
-            "stack": STACK_HELP})
+@task(
+    help={
+        "run": "run id or a unique prefix (default: the newest)",
+        "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)",
+        "json": "print the result as JSON",
+        "stack": STACK_HELP,
+    }
+)
 def stop(c, run=None, grace=None, stack=None, json_=False):
     """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
@@ -191,9 +202,14 @@ def stop(c, run=None, grace=None, stack=None, json_=False):
         raise GpuTrainError("; ".join(failed))
 
 
-@task(help={"run": "run id or a unique prefix (default: the newest interrupted run)",
-            "grace": "seconds to let a still-running part stop (default 10)", "json": "print the result as JSON",
-            "stack": STACK_HELP})
+@task(
+    help={
+        "run": "run id or a unique prefix (default: the newest interrupted run)",
+        "grace": "seconds to let a still-running part stop (default 10)",
+        "json": "print the result as JSON",
+        "stack": STACK_HELP,
+    }
+)
 def resume(c, run=None, grace=None, stack=None, json_=False):
     """Restart a run on every node with the same RUN_ID and JOB_DIR (it resumes from its checkpoints).
 
@@ -220,8 +236,7 @@ def resume(c, run=None, grace=None, stack=None, json_=False):
         print(f"{run}: restarted on {len(sessions)} node(s) (resume {docs[0]['resumes']})")
 
 
-@task(help={"run": "only this run (an id or a unique prefix)", "dry_run": "say what would go; remove nothing",
-            "stack": STACK_HELP})
+@task(help={"run": "only this run (an id or a unique prefix)", "dry_run": "say what would go; remove nothing", "stack": STACK_HELP})
 def prune(c, run=None, dry_run=False, stack=None):
     """Free the code copies of finished runs on the host (every node), keeping everything each job wrote.
 
@@ -245,13 +260,14 @@ def prune(c, run=None, dry_run=False, stack=None):
         files = sum(int(p.get("files") or 0) for p in pruned)
         freed = sum(int(p.get(PRUNE_FREED) or 0) for p in pruned)
         verb = "would remove" if dry_run else "removed"
-        print(f"{where}: {verb} the code of {len(pruned)} run(s), {files} file(s)"
-              + ("" if dry_run else f", {human(freed)} freed (a file linked from a newer run's code frees nothing)")
-              + "; what the jobs wrote stays")
+        print(
+            f"{where}: {verb} the code of {len(pruned)} run(s), {files} file(s)"
+            + ("" if dry_run else f", {human(freed)} freed (a file linked from a newer run's code frees nothing)")
+            + "; what the jobs wrote stays"
+        )
         for p in pruned:
             print(f"  {p.get('id')}")
         for k in kept:
             print(f"  kept {k.get('id')}: {k.get('why')}")
     if failed := failures(results):
         raise GpuTrainError("; ".join(failed))
-

@@ -16,8 +16,10 @@ from gpu_train.stack.project import command_name
 if TYPE_CHECKING:
     from remote.ssh.target import Target
 
-STACK_HELP = ("stack name (default: $GPU_TRAIN_STACK, else the one `gpu-train stack NAME` selected, else the project's "
-              "only stack, else Pulumi's selected stack)")
+STACK_HELP = (
+    "stack name (default: $GPU_TRAIN_STACK, else the one `gpu-train stack NAME` selected, else the project's "
+    "only stack, else Pulumi's selected stack)"
+)
 # How the user called us, for the commands our messages suggest.
 CLI = command_name(sys.argv[0])
 
@@ -30,8 +32,9 @@ def say(text: str) -> None:
 class Session:
     """One node of a stack's target and one open connection to it, reconnecting on demand."""
 
-    def __init__(self, env: Environment, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None,
-                 probe_shared: bool = False):
+    def __init__(
+        self, env: Environment, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None, probe_shared: bool = False
+    ):
         from remote.ssh import target as targets
 
         self.env = env
@@ -61,8 +64,7 @@ class Session:
         """The whole stack's target. On first contact with SSH hosts whose stack sets no remoteRoot, each
         node is asked where gpu-train's files are before the cluster is handed out (a cluster's code hop
         and launch read every node's REMOTE_ROOT from it)."""
-        unknown = [i for i in range(len(self._cluster.hosts)) if self._cluster.for_node(i).root_unknown] \
-            if self._cluster.ask_root else []
+        unknown = [i for i in range(len(self._cluster.hosts)) if self._cluster.for_node(i).root_unknown] if self._cluster.ask_root else []
         for i in unknown:
             if i == self.node:
                 self.connect()
@@ -78,8 +80,10 @@ class Session:
     def nodes(self) -> list[Session]:
         """A session for every node of the cluster (this one for its own node)."""
         cluster = self.cluster
-        return [self if i == self.node else Session(self.env, None, self.timeout, i, cluster, self.probe_shared)
-                for i in range(len(cluster.hosts))]
+        return [
+            self if i == self.node else Session(self.env, None, self.timeout, i, cluster, self.probe_shared)
+            for i in range(len(cluster.hosts))
+        ]
 
     def connect(self, again: bool = False, shared: bool = True):
         """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting).
@@ -100,9 +104,14 @@ class Session:
             if self.conn is not None:
                 return self.conn
         try:
-            self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say,
-                                            vmprobe.probe(self.env, self._target.stack, self._target.vm, say,
-                                                          lambda vm: probes.instance(self.env, vm)), again)
+            self.conn = ssh.open_connection(
+                self._target,
+                self._target.host,
+                self.timeout,
+                say,
+                vmprobe.probe(self.env, self._target.stack, self._target.vm, say, lambda vm: probes.instance(self.env, vm)),
+                again,
+            )
         except HostKeyError:
             raise  # (no refreshed address cures it)
         except RemoteError as e:
@@ -114,8 +123,10 @@ class Session:
             try:
                 self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say)
             except RemoteError as e2:
-                raise Unreachable(f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
-                                  f"pulumi up --refresh --stack {self._target.stack} (with gpu-train:running true)") from None
+                raise Unreachable(
+                    f"{e2}\nIf the VM was stopped (idle auto-stop, maxRunHours, or running: false), start it: "
+                    f"pulumi up --refresh --stack {self._target.stack} (with gpu-train:running true)"
+                ) from None
         if self._target.root_unknown:
             self._ask_root()
         if self.node == 0:
@@ -132,8 +143,10 @@ class Session:
         conn = mux.reuse(self._target, self._target.host)
         alive = mux.answers(self._target, self._target.host) if conn is not None and self.probe_shared else True
         if alive is False and not self._target.is_gcp:  # (a GCP VM may have a new address, which a login finds)
-            raise Unreachable(f"cannot reach {self._target.host}: the shared SSH connection to it did not answer within "
-                              f"{mux.PROBE_S:g} s (the host is gone, or the way to it)")
+            raise Unreachable(
+                f"cannot reach {self._target.host}: the shared SSH connection to it did not answer within "
+                f"{mux.PROBE_S:g} s (the host is gone, or the way to it)"
+            )
         return conn if alive is True else None
 
     def check_shared(self) -> None:
@@ -158,13 +171,17 @@ class Session:
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         root = targets.root_from_answer(stdout)
         if root is None:
-            raise Unreachable(f"{self._target.host}: could not tell where gpu-train's files are (the login shell answered "
-                              f"{printable(stdout.strip()[:200] or stderr.strip()[:200])!r}); set "
-                              f"gpu-train:remoteRoot in the stack (e.g. {REMOTE_ROOT_DEFAULT})")
+            raise Unreachable(
+                f"{self._target.host}: could not tell where gpu-train's files are (the login shell answered "
+                f"{printable(stdout.strip()[:200] or stderr.strip()[:200])!r}); set "
+                f"gpu-train:remoteRoot in the stack (e.g. {REMOTE_ROOT_DEFAULT})"
+            )
         if root == REMOTE_ROOT_BEFORE:
-            say(f"{self._target.host}: its runs are in {REMOTE_ROOT_BEFORE} (remoteRoot's old default), so they stay "
+            say(
+                f"{self._target.host}: its runs are in {REMOTE_ROOT_BEFORE} (remoteRoot's old default), so they stay "
                 f"there and this stack keeps using it (a new host gets {REMOTE_ROOT_DEFAULT}); to write it down: "
-                f"gpu-train:remoteRoot: {REMOTE_ROOT_BEFORE} in the stack")
+                f"gpu-train:remoteRoot: {REMOTE_ROOT_BEFORE} in the stack"
+            )
         targets.remember_root(self._target.cache, self._target.host, root)
         self._cluster = self._cluster.root_known(self.node, root)
         self._target = self._cluster.for_node(self.node)

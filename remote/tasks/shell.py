@@ -36,8 +36,7 @@ def setup(c, stack=None):
         say(f"warning: {session.target.host}: {CRON_STOPPED_WORDS}")
 
 
-CRON_STOPPED_WORDS = ("no cron daemon runs there, so a reboot will not resume runs (start it: sudo systemctl enable "
-                      "--now cron, or crond)")
+CRON_STOPPED_WORDS = "no cron daemon runs there, so a reboot will not resume runs (start it: sudo systemctl enable --now cron, or crond)"
 BOOT_OFFERED = "boot-offered.json"  # in the stack's cache: hosts already told how to turn reboot-resume on
 
 
@@ -62,8 +61,10 @@ def say_host_notes(sessions: list[Session], answers: list[dict]) -> None:
             if host_key(s.target.host) in told:
                 continue
             fix = f"`{CLI} setup`" if state == BOOT_OFF else f"install cron there (sudo apt-get install cron), then `{CLI} setup`"
-            say(f"{where}: a reboot there leaves this run interrupted until `{CLI} resume`; {fix} makes reboots resume "
-                f"runs (an @reboot line in your crontab there, which `{CLI} down` takes away)")
+            say(
+                f"{where}: a reboot there leaves this run interrupted until `{CLI} resume`; {fix} makes reboots resume "
+                f"runs (an @reboot line in your crontab there, which `{CLI} down` takes away)"
+            )
             atomic_write(offered, json.dumps({**told, host_key(s.target.host): state}))
 
 
@@ -97,12 +98,15 @@ def nvidia_smi(c, stack=None):
 
     session = Session(Environment.of(c), stack)
     try:  # the host's output, bounded, its escapes written out
-        status, out, err = run_bounded(session.connect(), "command -v nvidia-smi >/dev/null && nvidia-smi || "
-                                       "echo 'no nvidia-smi on this host'", timeout=120, cap=4 << 20)
+        status, out, err = run_bounded(
+            session.connect(),
+            "command -v nvidia-smi >/dev/null && nvidia-smi || echo 'no nvidia-smi on this host'",
+            timeout=120,
+            cap=4 << 20,
+        )
     finally:
         session.close()
     sys.stdout.write(shown(out.decode("utf-8", "backslashreplace")))
     sys.stderr.write(shown(err.decode("utf-8", "backslashreplace")))
     if status:
-        raise CommandExit(exited=status, command="nvidia-smi", host=str(session.target.host),
-                            stderr=err[-2000:].decode("utf-8", "replace"))
+        raise CommandExit(exited=status, command="nvidia-smi", host=str(session.target.host), stderr=err[-2000:].decode("utf-8", "replace"))

@@ -22,8 +22,11 @@ GITIGNORED = ("runs/", ".gpu-train/")
 
 
 def ssh_stack(host: str, key: str | None) -> str:
-    key_line = f"  gpu-train:sshKey: {key}\n" if key else \
-        "  # gpu-train:sshKey: ~/.ssh/id_ed25519   # default: ssh-agent and your ~/.ssh/config's IdentityFile\n"
+    key_line = (
+        f"  gpu-train:sshKey: {key}\n"
+        if key
+        else "  # gpu-train:sshKey: ~/.ssh/id_ed25519   # default: ssh-agent and your ~/.ssh/config's IdentityFile\n"
+    )
     return (
         "# An SSH stack: a GPU machine you already have. `gpu-train train --script train.py` runs there.\n"
         "config:\n"
@@ -40,7 +43,7 @@ def ssh_stack(host: str, key: str | None) -> str:
 def gcp_stack(project: str, zone: str, gpu: str, spot: bool, source: str) -> str:
     return (
         "# A GCP stack: a Deep Learning VM with a GPU, created by `pulumi up` through gpu-train's Pulumi program\n"
-        "# (see the README, \"A GCP stack in your project\"). Check it first: gpu-train's scripts/plan --stack NAME\n"
+        '# (see the README, "A GCP stack in your project"). Check it first: gpu-train\'s scripts/plan --stack NAME\n'
         "config:\n"
         f"  gcp:project: {project}   # EDIT: your Google Cloud project id\n"
         f"  gpu-train:zone: {zone}\n"
@@ -58,14 +61,19 @@ def to_edit(kind: str, path: Path, several: bool = False) -> list[str]:
     name = path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
     flag = f" --stack {name}" if several else ""
     if kind == "ssh":
-        return [f"check gpu-train:hosts in {path}", f"try it: gpu-train ssh{flag} -- nvidia-smi",
-                f"so that a reboot of the host resumes runs: gpu-train setup{flag} (an @reboot line in your crontab "
-                "there; gpu-train down takes it away)",
-                f"then: gpu-train train{flag} --script train.py --follow"]
-    return [f"edit gcp:project and gpu-train:sshSourceRanges in {path}",
-            f"check it: {repo_script('plan')} --stack {name}",
-            "create the VM: see README, \"A GCP stack in your project\"",
-            f"then: gpu-train train{flag} --script train.py --follow"]
+        return [
+            f"check gpu-train:hosts in {path}",
+            f"try it: gpu-train ssh{flag} -- nvidia-smi",
+            f"so that a reboot of the host resumes runs: gpu-train setup{flag} (an @reboot line in your crontab "
+            "there; gpu-train down takes it away)",
+            f"then: gpu-train train{flag} --script train.py --follow",
+        ]
+    return [
+        f"edit gcp:project and gpu-train:sshSourceRanges in {path}",
+        f"check it: {repo_script('plan')} --stack {name}",
+        'create the VM: see README, "A GCP stack in your project"',
+        f"then: gpu-train train{flag} --script train.py --follow",
+    ]
 
 
 def ignore_lines(existing: str) -> list[str]:
@@ -74,14 +82,18 @@ def ignore_lines(existing: str) -> list[str]:
     return [line for line in GITIGNORED if line not in have and line.rstrip("/") not in have]
 
 
-@task(help={"stack": "the stack's name (default: lab for --host, gcp for --gcp-project)",
-            "host": "SSH stack: user@host[:port] or an alias from ~/.ssh/config",
-            "key": "SSH stack: the private key (default: ssh-agent and ~/.ssh/config)",
-            "gcp_project": "GCP stack: your Google Cloud project id",
-            "zone": "GCP stack: zone (default us-central1-a)", "gpu": "GCP stack: GPU type (default nvidia-tesla-t4)",
-            "on_demand": "GCP stack: on-demand rather than spot"})
-def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1-a", gpu="nvidia-tesla-t4",
-         on_demand=False):
+@task(
+    help={
+        "stack": "the stack's name (default: lab for --host, gcp for --gcp-project)",
+        "host": "SSH stack: user@host[:port] or an alias from ~/.ssh/config",
+        "key": "SSH stack: the private key (default: ssh-agent and ~/.ssh/config)",
+        "gcp_project": "GCP stack: your Google Cloud project id",
+        "zone": "GCP stack: zone (default us-central1-a)",
+        "gpu": "GCP stack: GPU type (default nvidia-tesla-t4)",
+        "on_demand": "GCP stack: on-demand rather than spot",
+    }
+)
+def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1-a", gpu="nvidia-tesla-t4", on_demand=False):
     """Write a starter stack into this project's stacks/ (an SSH host, or a GCP VM), and say what to edit."""
     from gpu_train.stack import config
 
@@ -90,8 +102,7 @@ def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1
     kind = "ssh" if host else "gcp"
     name = stack or ("lab" if host else "gcp")
     if not NAME_RE.fullmatch(name):
-        raise UsageError(f"--stack {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit "
-                         "(at most 100)")
+        raise UsageError(f"--stack {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 100)")
     if host:
         try:
             config.split_host(host)

@@ -37,10 +37,8 @@ if TYPE_CHECKING:
         "dir": "code directory to sync (default: the project, the nearest directory up with stacks/ or .git)",
         "name": "run name; the run id is NAME_YYYYmmdd_HHMMSS (default: the script's name)",
         "args": "arguments for --script, as one quoted string",
-        "env": "NAME=VALUE for the job's environment, or NAME to pass this shell's $NAME (a secret stays off "
-               "command lines); repeatable",
-        "env_file": "a file of NAME=VALUE lines for the job's environment (dotenv style: # comments, quotes); "
-                    "repeatable; --env wins",
+        "env": "NAME=VALUE for the job's environment, or NAME to pass this shell's $NAME (a secret stays off command lines); repeatable",
+        "env_file": "a file of NAME=VALUE lines for the job's environment (dotenv style: # comments, quotes); repeatable; --env wins",
         "pass_job_dir": "append --job-dir JOB_DIR to the script's arguments (AI Platform's convention)",
         "resume_args": "arguments appended at every relaunch (reboot, preemption, resume), e.g. '--init_from=resume'",
         "resume_if": "add --resume-args only once this file or glob exists in the working directory, e.g. out/ckpt.pt",
@@ -54,9 +52,27 @@ if TYPE_CHECKING:
         "json": "print the started run as JSON: runId, host, jobDir, dataDir, python, log",
     },
 )
-def train(c, script=None, command=None, dir=None, name=None, args="", env=None, env_file=None, pass_job_dir=False,
-          resume_args="", resume_if=None, launcher=None, nproc=None, port=None, ps=None, stack=None, timeout=None,
-          follow=False, json_=False):
+def train(
+    c,
+    script=None,
+    command=None,
+    dir=None,
+    name=None,
+    args="",
+    env=None,
+    env_file=None,
+    pass_job_dir=False,
+    resume_args="",
+    resume_if=None,
+    launcher=None,
+    nproc=None,
+    port=None,
+    ps=None,
+    stack=None,
+    timeout=None,
+    follow=False,
+    json_=False,
+):
     """Sync code, install requirements.txt when it changed, launch the job under screen.
 
     The job sees JOB_DIR (write checkpoints there), RUN_ID and GPU_TRAIN_RESUMES (0, then N on the
@@ -79,15 +95,33 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     cluster = session.cluster
     base = jobs.base_name(name, script, command)
     run = jobs.run_id(base, datetime.now())
-    spec = jobs.job_spec(run=run, base=base, script=script, command=command, args=args, env=env or [],
-                         python=cluster.python, expect_gpus=cluster.expect_gpus, code_dir=code_dir,
-                         cwd=environment.cwd, environ=os.environ, env_files=env_files, pass_job_dir=bool(pass_job_dir),
-                         resume_args=resume_args or "", resume_if=resume_if)
+    spec = jobs.job_spec(
+        run=run,
+        base=base,
+        script=script,
+        command=command,
+        args=args,
+        env=env or [],
+        python=cluster.python,
+        expect_gpus=cluster.expect_gpus,
+        code_dir=code_dir,
+        cwd=environment.cwd,
+        environ=os.environ,
+        env_files=env_files,
+        pass_job_dir=bool(pass_job_dir),
+        resume_args=resume_args or "",
+        resume_if=resume_if,
+    )
     chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
-    spec = dataclasses.replace(spec, launcher=chosen, nproc=nproc or cluster.gpus_per_node,
-                               project=project_name(environment.project_root), venv=cluster.venv,
-                               notify=notify_url(cluster.stack, cluster.notify),
-                               needs_torch=jobs.needs_torch(code_dir, spec.script, chosen))
+    spec = dataclasses.replace(
+        spec,
+        launcher=chosen,
+        nproc=nproc or cluster.gpus_per_node,
+        project=project_name(environment.project_root),
+        venv=cluster.venv,
+        notify=notify_url(cluster.stack, cluster.notify),
+        needs_torch=jobs.needs_torch(code_dir, spec.script, chosen),
+    )
     ps = jobs.parameter_servers(ps, cluster.parameter_servers)
     specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
     specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
@@ -98,8 +132,9 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
             try:
-                plan = sync.plan_code(code_dir, Path(scratch), ((environment.project_root / "runs", "fetched results"),
-                                                                (environment.state_home, None)))
+                plan = sync.plan_code(
+                    code_dir, Path(scratch), ((environment.project_root / "runs", "fetched results"), (environment.state_home, None))
+                )
             except RemoteError as e:
                 raise UsageError(str(e)) from None
             pushed = PushedManifests(cluster.cache)
@@ -131,8 +166,17 @@ def train(c, script=None, command=None, dir=None, name=None, args="", env=None, 
     first = answers[0]
     say_host_notes(sessions, answers)  # (stderr: busy GPUs, other runs, whether a reboot resumes it)
     if json_:
-        print(json.dumps({"stack": cluster.stack, "host": str(cluster.host), "nodes": len(sessions),
-                          **{k: first.get(k) for k in ("runId", "jobDir", "dataDir", "log", "python")}}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "stack": cluster.stack,
+                    "host": str(cluster.host),
+                    "nodes": len(sessions),
+                    **{k: first.get(k) for k in ("runId", "jobDir", "dataDir", "log", "python")},
+                },
+                indent=1,
+            )
+        )
     else:
         stack_opt = f" --stack {cluster.stack}"
         nodes = f" on {len(sessions)} nodes (node 0: {cluster.host})" if len(sessions) > 1 else f" on {cluster.host}"
@@ -159,8 +203,10 @@ def notify_url(stack: str, setting: str | None) -> str | None:
     except OSError:
         code, out = 1, ""
     if code != 0 or not out.strip().startswith(("https://", "http://")):
-        say("notify: the webhook is a Pulumi secret this machine cannot read (pulumi config get gpu-train:notify "
-            f"--stack {stack}); this run's end is not announced")
+        say(
+            "notify: the webhook is a Pulumi secret this machine cannot read (pulumi config get gpu-train:notify "
+            f"--stack {stack}); this run's end is not announced"
+        )
         return None
     return out.strip()
 
@@ -180,15 +226,18 @@ def _interrupted(sessions: list[Session], results: list[object], run: str) -> In
     """What Ctrl-C during the sync and launch left behind, said as it is (every node's work has ended)."""
     started = [s for s, a in zip(sessions, results, strict=True) if isinstance(a, dict)]
     if not started:
-        return Interrupted(f"interrupted during the code sync: nothing was started ({run} was not launched; what was sent "
-                           "waits in the host's staging area, which a later train clears)")
+        return Interrupted(
+            f"interrupted during the code sync: nothing was started ({run} was not launched; what was sent "
+            "waits in the host's staging area, which a later train clears)"
+        )
     if len(started) == len(sessions):
-        return Interrupted(f"interrupted, but {run} had already started and goes on ({CLI} logs --follow --run {run} to "
-                           f"watch it, {CLI} stop --run {run} to stop it)")
+        return Interrupted(
+            f"interrupted, but {run} had already started and goes on ({CLI} logs --follow --run {run} to "
+            f"watch it, {CLI} stop --run {run} to stop it)"
+        )
     on_every_node(started, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
     nodes = ", ".join(str(s.node) for s in started)
-    return Interrupted(f"interrupted during the launch: {run} had started on node {nodes} only and was stopped there; "
-                       "nothing is running")
+    return Interrupted(f"interrupted during the launch: {run} had started on node {nodes} only and was stopped there; nothing is running")
 
 
 def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> dict:
@@ -201,19 +250,23 @@ def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | 
             fanout.settle(session.node, "that node failed")
 
 
-def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None,
-                 cancel: threading.Event) -> dict:
+def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> dict:
     from gpu_train import jobs
     from remote.ssh import agentcall
     from remote.transfer import sync
     from remote.transfer.relay import ChannelRelay
 
     target = session.target
-    spec = dataclasses.replace(spec, code_manifest=plan.manifest, reuse_code=unchanged,
-                               agent_settings=target.agent_settings,
-                               go_when=fanout.go_when(session.node) if fanout is not None else None)
+    spec = dataclasses.replace(
+        spec,
+        code_manifest=plan.manifest,
+        reuse_code=unchanged,
+        agent_settings=target.agent_settings,
+        go_when=fanout.go_when(session.node) if fanout is not None else None,
+    )
     conn = session.connect()
     with ChannelRelay(conn.transport) as relay:
+
         def sync_code() -> None:
             sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh(), cancel=cancel)
 

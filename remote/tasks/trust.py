@@ -34,8 +34,9 @@ def host_run_id(value: object, where: object) -> str:
     try:
         return check_run_id(value, "run id")
     except JobError as e:
-        raise GpuTrainError(f"{where} answered with a {e}; refusing to use it as a path (the host's gpu-train files may "
-                            "have been tampered with)") from None
+        raise GpuTrainError(
+            f"{where} answered with a {e}; refusing to use it as a path (the host's gpu-train files may have been tampered with)"
+        ) from None
 
 
 def run_option(value: str | None) -> str | None:

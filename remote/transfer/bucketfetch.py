@@ -52,13 +52,17 @@ def runs_in(gcs, place: BucketPlace, stack: str) -> list[str]:
     return sorted(names, key=lambda r: (m.group(1) if (m := RUN_TIME.search(r)) else "", r))
 
 
-def fetch_run(gcs, place: BucketPlace, stack: str, run: str, dest: Path, streams: int = 8,
-              say: Callable[[str], None] = print, node: int | None = None) -> Fetched:
+def fetch_run(
+    gcs, place: BucketPlace, stack: str, run: str, dest: Path, streams: int = 8, say: Callable[[str], None] = print, node: int | None = None
+) -> Fetched:
     """Bring gs://NAME/PREFIX/STACK/RUN/ into ``dest``: each object whose local copy differs, verified.
     ``node``: that node's files only (node 0's: all but the node-N/ folders; node N's: RUN/node-N/)."""
     prefix = run_prefix(place, stack, run, node or 0)
-    blobs = [b for b in gcs.list_blobs(place.name, prefix=prefix) if not b.name.endswith("/")
-             and not (node == 0 and NODE_DIR.match(b.name[len(prefix) :]))]
+    blobs = [
+        b
+        for b in gcs.list_blobs(place.name, prefix=prefix)
+        if not b.name.endswith("/") and not (node == 0 and NODE_DIR.match(b.name[len(prefix) :]))
+    ]
     if not blobs:
         raise RemoteError(f"nothing in {place.url(prefix[len(place.prefix) :])}: no such run in the bucket")
     tree, out = Tree(dest), Fetched()
@@ -90,8 +94,10 @@ def fetch_run(gcs, place: BucketPlace, stack: str, run: str, dest: Path, streams
             blob.download_to_filename(part, if_generation_match=blob.generation, checksum="crc32c")
             got = crc32c_of(part)
             if got != blob.crc32c or os.path.getsize(part) != blob.size:
-                return f"{rel}: received {os.path.getsize(part)} bytes with crc32c {got}; the bucket has " \
-                       f"{blob.size} bytes with crc32c {blob.crc32c}; not installed"
+                return (
+                    f"{rel}: received {os.path.getsize(part)} bytes with crc32c {got}; the bucket has "
+                    f"{blob.size} bytes with crc32c {blob.crc32c}; not installed"
+                )
             if not tree.install(part, rel, planned):
                 return f"{dest}/{rel} changed during the fetch; the bucket's copy was not put in its place"
         except Exception as e:  # the network, a permission, an object gone: said, the rest goes on

@@ -66,9 +66,16 @@ def relay_request(cluster: Target, run: str, base: str, nodes: list[int], privat
     for i in nodes:
         target, peer = cluster.for_node(i), peer_host(cluster, i)
         arrived = go_marker(target.rsync_root(), run, ARRIVED)  # the node's own "go" (see GO_WHEN)
-        entries.append({"node": i, "alias": alias(i), "port": peer.port,
-                        "options": staging_options(target, base, guard=False, marker=arrived),
-                        "login": f"{peer.user}@{peer.host}", "dest": staging_dest(target, peer, run)})
+        entries.append(
+            {
+                "node": i,
+                "alias": alias(i),
+                "port": peer.port,
+                "options": staging_options(target, base, guard=False, marker=arrived),
+                "login": f"{peer.user}@{peer.host}",
+                "dest": staging_dest(target, peer, run),
+            }
+        )
     pinned = [line for i in nodes for line in pinned_lines(cluster, i)]
     return {"run": run, "key": private_key, "knownHosts": pinned, "nodes": entries}
 
@@ -78,8 +85,18 @@ def authorize_args(cluster: Target, public_key: str, run: str, base: str) -> lis
     (its forced command); on GCP it works from node 0's internal address only (the hop comes from
     there); SSH stacks cannot know what address node 0 comes from."""
     source = cluster.peer_addresses[0] if cluster.peer_addresses else None
-    return ["authorize", "--key", public_key, "--name", cluster.stack, "--run", run, "--base", base,
-            *(["--from", source] if source else [])]
+    return [
+        "authorize",
+        "--key",
+        public_key,
+        "--name",
+        cluster.stack,
+        "--run",
+        run,
+        "--base",
+        base,
+        *(["--from", source] if source else []),
+    ]
 
 
 def new_key() -> tuple[str, str]:
@@ -162,7 +179,6 @@ class CodeFanout:
             return
         say(f"node {node}: the code could not come from node 0 ({why}); sending it from here")
         push()
-
 
     def revoke(self, node: int) -> None:
         """Take the train's key out of node ``node``'s authorized_keys (its expiry covers a failure here)."""

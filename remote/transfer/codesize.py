@@ -38,6 +38,8 @@ def heavy_code(files: int, size: int, folders: dict[str, int], ignore_file: str,
     top = sorted(((n, f) for f, n in folders.items() if f != "."), reverse=True)[:3]
     where = f" (most in {', '.join(f'{f} {n:,} file' + ('s' * (n != 1)) for n, f in top)})" if top else ""
     example = top[0][1] if top else "data/"
-    return (f"warning: {files:,} files, {human(size)} go as code{where}, and every run keeps its own copy on the "
-            f"host. Leave out what is not code: a line `{example}` in {ignore_file}, and `{cli} push DIR` for data; "
-            f"`{cli} prune` frees the copies of finished runs")
+    return (
+        f"warning: {files:,} files, {human(size)} go as code{where}, and every run keeps its own copy on the "
+        f"host. Leave out what is not code: a line `{example}` in {ignore_file}, and `{cli} push DIR` for data; "
+        f"`{cli} prune` frees the copies of finished runs"
+    )

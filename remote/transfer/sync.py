@@ -59,9 +59,11 @@ def rsync_problem(text: str | None) -> str | None:
         return "cannot tell rsync's version from `rsync --version`: install rsync 3.4.0 or newer"
     if version < MIN_RSYNC:
         have = ".".join(map(str, version))
-        return (f"rsync {have} is older than 3.4.0, which fixed holes a hostile host can use against your machine "
-                "(CVE-2024-12084..12088): install a newer rsync (macOS: brew install rsync; Ubuntu/Debian: the "
-                "security update, or a backport) and make it the first rsync on PATH")
+        return (
+            f"rsync {have} is older than 3.4.0, which fixed holes a hostile host can use against your machine "
+            "(CVE-2024-12084..12088): install a newer rsync (macOS: brew install rsync; Ubuntu/Debian: the "
+            "security update, or a backport) and make it the first rsync on PATH"
+        )
     return None
 
 
@@ -109,8 +111,11 @@ def git_ignored(directory: Path) -> list[str] | None:
     inside = subprocess.run([*GIT, "-C", str(directory), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
     if inside.stdout.strip() != "true":
         return None
-    out = subprocess.run([*GIT, "-C", str(directory), "ls-files", "--others", "--ignored", "--exclude-standard",
-                          "--directory", "-z"], capture_output=True, check=True)
+    out = subprocess.run(
+        [*GIT, "-C", str(directory), "ls-files", "--others", "--ignored", "--exclude-standard", "--directory", "-z"],
+        capture_output=True,
+        check=True,
+    )
     names = out.stdout.decode("utf-8", "surrogateescape").split("\0")
     return ["/" + rsync_literal(p) for p in names if p]
 
@@ -119,19 +124,29 @@ def guard_command(target: Target) -> str:
     """A shell command that checks REMOTE_ROOT is the login user's alone (creating it 0700), as the
     agent does, so that rsync writes nothing into a root another user made or can write. The sync
     runs alongside the agent's start, so it cannot wait for the agent's word."""
-    check = GUARD + ("\nimport sys\ntry:\n    secure_root(sys.argv[1])\nexcept (UnsafeRoot, OSError) as e:\n"
-                     "    sys.exit('gpu-train: %s' % e)\n")
+    check = GUARD + (
+        "\nimport sys\ntry:\n    secure_root(sys.argv[1])\nexcept (UnsafeRoot, OSError) as e:\n    sys.exit('gpu-train: %s' % e)\n"
+    )
     return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; "$p" -S -c {shlex.quote(check)} {shlex.quote(target.remote_root)}'
 
 
-def push_command(target: Target, host: SshHost, src: Path, run_id: str, base: str, exclude_from: Path | None,
-                 git_mode: bool, rsh: str | None = None) -> list[str]:
+def push_command(
+    target: Target, host: SshHost, src: Path, run_id: str, base: str, exclude_from: Path | None, git_mode: bool, rsh: str | None = None
+) -> list[str]:
     """rsync the code into REMOTE_ROOT/staging/RUN, hard-linking files unchanged since the last run.
 
     ``rsh``: rsync's remote shell; default OpenSSH, or the task's own connection (remote/transfer/relay.py).
     """
-    cmd = ["rsync", "-a", "--delete", PROTECT, "-e", rsh or ssh_command(target, host), *staging_options(target, base),
-           *code_filters([] if git_mode else None)]
+    cmd = [
+        "rsync",
+        "-a",
+        "--delete",
+        PROTECT,
+        "-e",
+        rsh or ssh_command(target, host),
+        *staging_options(target, base),
+        *code_filters([] if git_mode else None),
+    ]
     if exclude_from is not None:
         cmd.append(f"--exclude-from={exclude_from}")
     return [*cmd, f"{src}/", staging_dest(target, host, run_id)]
@@ -232,8 +247,10 @@ def left_out_summary(items: list[LeftOut], cli: str = "gpu-train", limit: int = 
     folder = next((f for f in map(folder_of, shown) if f and f not in ("runs", ".gpu-train")), None)
     if folder is None:
         return f"left out: {'; '.join(parts)}{more}. To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
-    return (f"left out: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {folder} "
-            f"(the job finds it in $DATA_DIR/{folder}, and as {folder}/ in its working directory)")
+    return (
+        f"left out: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {folder} "
+        f"(the job finds it in $DATA_DIR/{folder}, and as {folder}/ in its working directory)"
+    )
 
 
 def folder_of(item: LeftOut) -> str | None:
@@ -249,8 +266,11 @@ def ignore_sources(src: Path, paths: list[str]) -> dict[str, str]:
     if not paths:
         return {}
     names = "\0".join(paths) + "\0"
-    out = subprocess.run([*GIT, "-C", str(src), "check-ignore", "-v", "-z", "--no-index", "--stdin"],
-                         input=names.encode("utf-8", "surrogateescape"), capture_output=True)
+    out = subprocess.run(
+        [*GIT, "-C", str(src), "check-ignore", "-v", "-z", "--no-index", "--stdin"],
+        input=names.encode("utf-8", "surrogateescape"),
+        capture_output=True,
+    )
     fields = out.stdout.decode("utf-8", "surrogateescape").split("\0")
     found = {}
     for i in range(0, len(fields) - 3, 4):  # source, line number, pattern, path
@@ -299,8 +319,16 @@ def plan_code(src: Path, scratch: Path, outputs: tuple[tuple[Path, str | None], 
         raise RemoteError(f"cannot list {src}: {listing.stderr.strip()}")
     files, size = listed_bytes(listing.stdout)
     manifest = hashlib.sha256(listing.stdout.encode()).hexdigest()
-    return CodePlan(src, files, size, manifest, ignored is not None, exclude, tuple(_left_out(src, forced, ignored or [])),
-                    folder_counts(listing.stdout))
+    return CodePlan(
+        src,
+        files,
+        size,
+        manifest,
+        ignored is not None,
+        exclude,
+        tuple(_left_out(src, forced, ignored or [])),
+        folder_counts(listing.stdout),
+    )
 
 
 def _left_out(src: Path, forced: list[tuple[str, str | None]], ignored: list[str]) -> list[LeftOut]:
@@ -326,8 +354,9 @@ class SyncCancelled(RemoteError):
     """The code sync was stopped from here (Ctrl-C): nothing was launched."""
 
 
-def push_code(target: Target, host: SshHost, plan: CodePlan, run_id: str, base: str, rsh: str | None = None,
-              cancel: threading.Event | None = None) -> None:
+def push_code(
+    target: Target, host: SshHost, plan: CodePlan, run_id: str, base: str, rsh: str | None = None, cancel: threading.Event | None = None
+) -> None:
     """Sync the planned code to the host's staging area for ``run_id``.
 
     ``cancel`` set (Ctrl-C on the laptop, seen by the main thread only) ends rsync at once and
@@ -365,7 +394,11 @@ def data_command(target: Target, host: SshHost, src: Path, dest: str, progress: 
 
 def push_data(target: Target, host: SshHost, src: Path, dest: str, progress: bool, rsh: str | None = None) -> None:
     check_rsync()
-    result = subprocess.run(data_command(target, host, src, dest, progress, rsh), stdout=None if progress else subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    result = subprocess.run(
+        data_command(target, host, src, dest, progress, rsh),
+        stdout=None if progress else subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if result.returncode != 0:
         raise RemoteError(f"push to {host} failed (rsync exit {result.returncode}): {result.stderr.strip()}")

@@ -23,13 +23,15 @@ class Stmt:
         self.uses = used_names(node)
         self.is_import = isinstance(node, ast.Import | ast.ImportFrom)
         self.fixture = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(
-            "fixture" in ast.unparse(d) for d in node.decorator_list)
+            "fixture" in ast.unparse(d) for d in node.decorator_list
+        )
         self.autouse = self.fixture and any("autouse=True" in ast.unparse(d) for d in node.decorator_list)
-        self.args = {a.arg for a in node.args.args + node.args.kwonlyargs} if isinstance(
-            node, ast.FunctionDef | ast.AsyncFunctionDef) else set()
+        self.args = (
+            {a.arg for a in node.args.args + node.args.kwonlyargs} if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else set()
+        )
 
     def text(self, lines: list[str]) -> str:
-        return "\n".join(lines[self.start - 1:self.end])
+        return "\n".join(lines[self.start - 1 : self.end])
 
 
 def bound_names(node: ast.stmt) -> set[str]:
@@ -79,8 +81,14 @@ def split(path: Path, tiers: dict[str, str], imported_elsewhere: set[str]) -> di
         name = next(iter(s.binds), None) if isinstance(s.node, ast.FunctionDef | ast.AsyncFunctionDef) else None
         if name in tiers:
             where[i] = tiers[name]
-    first_code = next((i for i, s in enumerate(stmts) if not s.is_import and not (
-        isinstance(s.node, ast.Expr) and isinstance(s.node.value, ast.Constant))), len(stmts))
+    first_code = next(
+        (
+            i
+            for i, s in enumerate(stmts)
+            if not s.is_import and not (isinstance(s.node, ast.Expr) and isinstance(s.node.value, ast.Constant))
+        ),
+        len(stmts),
+    )
     defs = {name: i for i, s in enumerate(stmts) if not s.is_import for name in s.binds}
     # A helper moves with the tests of one other tier when only they (and helpers moving with them) use it.
     changed = True
@@ -89,8 +97,9 @@ def split(path: Path, tiers: dict[str, str], imported_elsewhere: set[str]) -> di
         for i, s in enumerate(stmts):
             if i in where or s.is_import or not s.binds or s.autouse or "pytestmark" in s.binds:
                 continue
-            if s.binds & imported_elsewhere or not isinstance(s.node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
-                                                                 | ast.Assign | ast.AnnAssign):
+            if s.binds & imported_elsewhere or not isinstance(
+                s.node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Assign | ast.AnnAssign
+            ):
                 continue
             users = {j for j, t in enumerate(stmts) if j != i and t.uses & s.binds}
             implicit = {j for j, t in where.items() if t in IMPLICIT.get(next(iter(s.binds)), ())}
@@ -131,8 +140,12 @@ def split(path: Path, tiers: dict[str, str], imported_elsewhere: set[str]) -> di
                     imports.append(import_of(stmts[at], name))
         fixtures |= {n for s in stmts if s.autouse for n in s.binds}
         mod = f"tests.{home}.{path.stem}"
-        head = [f'"""The {tier} tier of tests/{home}/{path.name} (the same subject; its helpers are there)."""', "",
-                "from __future__ import annotations", ""]
+        head = [
+            f'"""The {tier} tier of tests/{home}/{path.name} (the same subject; its helpers are there)."""',
+            "",
+            "from __future__ import annotations",
+            "",
+        ]
         head += sorted(set(imports) - {"from __future__ import annotations"})
         if from_home:
             head.append(f"from {mod} import {', '.join(sorted(from_home))}")

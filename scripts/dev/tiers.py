@@ -150,23 +150,32 @@ def follow_moves(touched: list[Path]) -> None:
 
 
 def text_files() -> list[Path]:
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.split()
-    return [ROOT / p for p in listed if not SKIP_DIRS & set(Path(p).parts) and Path(p).suffix in TEXT_SUFFIXES
-            and (ROOT / p).is_file()]
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [ROOT / p for p in listed if not SKIP_DIRS & set(Path(p).parts) and Path(p).suffix in TEXT_SUFFIXES and (ROOT / p).is_file()]
 
 
 TESTING_SECTION = "\n" + (Path(__file__).parent / "tiers.md").read_text(encoding="utf-8")  # docs/testing.md's new section
 TEXT_EDITS = [  # (file, text there before the move, the same text after it); each applied once
-    ("docs/testing.md", "The tests come in tiers (pytest markers, declared in `tests/conftest.py`).",
-     "The tests come in tiers (pytest markers, declared in `tests/conftest.py`), a folder each (below)."),
+    (
+        "docs/testing.md",
+        "The tests come in tiers (pytest markers, declared in `tests/conftest.py`).",
+        "The tests come in tiers (pytest markers, declared in `tests/conftest.py`), a folder each (below).",
+    ),
     ("docs/testing.md", None, TESTING_SECTION),
-    ("docs/architecture.md", "| the tests (`tests/guest/`: the booted-guest tier) and the benchmarks |",
-     "| the tests, a folder per tier (`unit/` the fast tier, `e2e/` a real sshd on loopback, `slow/` scripts/up "
-     "and plan, `guest/` a booted systemd guest; docs/testing.md), the helpers they share at the top; the benchmarks |"),
-    ("CONTRIBUTING.md", "A new behaviour's test fails on the old code.\n",
-     "A new behaviour's test fails on the old code.\nA test goes in its tier's folder (`tests/unit/`, `e2e/`, "
-     "`slow/`, `guest/`: docs/testing.md, \"Where a test goes\").\n"),
+    (
+        "docs/architecture.md",
+        "| the tests (`tests/guest/`: the booted-guest tier) and the benchmarks |",
+        "| the tests, a folder per tier (`unit/` the fast tier, `e2e/` a real sshd on loopback, `slow/` scripts/up "
+        "and plan, `guest/` a booted systemd guest; docs/testing.md), the helpers they share at the top; the benchmarks |",
+    ),
+    (
+        "CONTRIBUTING.md",
+        "A new behaviour's test fails on the old code.\n",
+        "A new behaviour's test fails on the old code.\nA test goes in its tier's folder (`tests/unit/`, `e2e/`, "
+        '`slow/`, `guest/`: docs/testing.md, "Where a test goes").\n',
+    ),
 ]
 
 
@@ -181,8 +190,7 @@ def edit_texts() -> None:
         elif old in text:
             path.write_text(text.replace(old, new, 1), encoding="utf-8")
         else:
-            print(f"tiers: {rel} no longer says {old.strip()!r}: say there that the tests are in tier folders",
-                  file=sys.stderr)
+            print(f"tiers: {rel} no longer says {old.strip()!r}: say there that the tests are in tier folders", file=sys.stderr)
 
 
 FILE_PATHS = [  # a module one folder deeper: paths it made from its own place
@@ -231,8 +239,7 @@ def main(argv: list[str]) -> int:
             counts[t] += 1
         print(f"{rel}: " + ", ".join(f"{n} {t}" for t, n in sorted(counts.items(), key=lambda c: LIGHTEST_FIRST.index(c[0]))))
     if unclassified:
-        print("tiers: left where they are (no test collected, or it failed to collect): " + ", ".join(unclassified),
-              file=sys.stderr)
+        print("tiers: left where they are (no test collected, or it failed to collect): " + ", ".join(unclassified), file=sys.stderr)
     if args.dry_run:
         return ExitStatus.OK
     for f, tiers in plan.items():
@@ -261,11 +268,16 @@ def main(argv: list[str]) -> int:
         subprocess.run([*ruff, "--add-noqa", "--select", "F811"], cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
     after = collect("--setup-plan")  # every fixture each test asks for is found
     if after["errors"] or len(after["items"]) != len(before["items"]):
-        print(f"tiers: {len(before['items'])} tests before, {len(after['items'])} after; failed to collect: "
-              f"{after['errors']} (pytest --collect-only -q says why)", file=sys.stderr)
+        print(
+            f"tiers: {len(before['items'])} tests before, {len(after['items'])} after; failed to collect: "
+            f"{after['errors']} (pytest --collect-only -q says why)",
+            file=sys.stderr,
+        )
         return ExitStatus.FAILED
-    print(f"tiers: {len(after['items'])} tests, as before; moved {len(plan)} modules into "
-          + ", ".join(f"tests/{t}/" for t in LIGHTEST_FIRST if (TESTS / t).is_dir()))
+    print(
+        f"tiers: {len(after['items'])} tests, as before; moved {len(plan)} modules into "
+        + ", ".join(f"tests/{t}/" for t in LIGHTEST_FIRST if (TESTS / t).is_dir())
+    )
     return ExitStatus.OK
 
 

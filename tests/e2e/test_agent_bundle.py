@@ -20,8 +20,10 @@ def oldest_python() -> str | None:
     import shutil
 
     for python in [shutil.which("python3.8"), *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))]:
-        if python and subprocess.run([python, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
-                                     capture_output=True).returncode == 0:
+        if (
+            python
+            and subprocess.run([python, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"], capture_output=True).returncode == 0
+        ):
             return python
     return None
 
@@ -41,14 +43,21 @@ def test_the_agent_launches_a_run_and_reports_it_on_python_3_8(tmp_path: Path) -
     agent.write_bytes(bundle.payload())
     run_id = "old_20260101_000000"
     (root / "staging" / run_id).mkdir(parents=True)
-    spec = JobSpec(run_id=run_id, base="old", command="python3 -c 'import sys; print(sys.version_info[:2])'",
-                   python=OLD_PYTHON, venv=False, agent_settings={"maxResumes": 2})
+    spec = JobSpec(
+        run_id=run_id,
+        base="old",
+        command="python3 -c 'import sys; print(sys.version_info[:2])'",
+        python=OLD_PYTHON,
+        venv=False,
+        agent_settings={"maxResumes": 2},
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["PATH"] = f"{os.path.dirname(OLD_PYTHON)}:{env['PATH']}"
 
     def agent_call(*args: str) -> dict:
-        out = subprocess.run([OLD_PYTHON, "-I", str(agent), "--root", str(root), *args], capture_output=True, text=True,
-                             timeout=60, env=env)
+        out = subprocess.run(
+            [OLD_PYTHON, "-I", str(agent), "--root", str(root), *args], capture_output=True, text=True, timeout=60, env=env
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)
 

@@ -50,8 +50,13 @@ def test_alias_written_once_said_once_and_used_by_ssh(host) -> None:
     assert said == [] and len(asked) == 1
     ssh.open_connection(target, target.host, 10, said.append).close()  # learn the host key into the stack's known_hosts
     for name in ("gpu-train-lab",):
-        result = subprocess.run(["ssh", "-F", str(conf), "-o", "BatchMode=yes", name, "true"], capture_output=True, text=True,
-                                timeout=30, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            ["ssh", "-F", str(conf), "-o", "BatchMode=yes", name, "true"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
         assert result.returncode == 0, result.stderr
     done = sshalias.remove(state)
     assert any("Include" in d for d in done) and not list((state / "ssh_config.d").glob("*.conf"))
@@ -187,8 +192,17 @@ def test_tensorboard_through_the_tunnel_and_gone_after_ctrl_c(host, tmp_path: Pa
 
     logdir = notebooks.logdir_for(target.remote_root, None, None)
     try:
-        notebooks.serve(conn, target, "tensorboard", {"logdir": logdir, "startTimeoutS": 240, "note": canary}, None, said.append,
-                        urls.append, wait=wait, project="default")
+        notebooks.serve(
+            conn,
+            target,
+            "tensorboard",
+            {"logdir": logdir, "startTimeoutS": 240, "note": canary},
+            None,
+            said.append,
+            urls.append,
+            wait=wait,
+            project="default",
+        )
     finally:
         conn.close()
     assert stop.is_set() and "<title>TensorBoard</title>" in seen["page"]
@@ -215,7 +229,8 @@ def test_jupyter_missing_on_the_host_says_how_to_get_it(host) -> None:
     conn = ssh.open_connection(target, target.host, 10, lambda _: None)
     try:
         with pytest.raises(ForwardError, match=r"no jupyterlab in .* on this host: add jupyterlab to your requirements\.txt"):
-            notebooks.serve(conn, target, "jupyter", {"dir": str(target.remote_root)}, None, lambda _: None, lambda _: None,
-                            project="default")
+            notebooks.serve(
+                conn, target, "jupyter", {"dir": str(target.remote_root)}, None, lambda _: None, lambda _: None, project="default"
+            )
     finally:
         conn.close()

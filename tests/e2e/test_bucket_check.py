@@ -30,8 +30,7 @@ def emulator(tmp_path: Path):
 
 
 @pytest.mark.e2e
-def test_the_host_writes_reads_and_deletes_through_the_emulator_and_a_missing_bucket_is_named(
-        tmp_path: Path, emulator: Emulator) -> None:
+def test_the_host_writes_reads_and_deletes_through_the_emulator_and_a_missing_bucket_is_named(tmp_path: Path, emulator: Emulator) -> None:
     lab = Lab(tmp_path, LAB_ADDRESS, setenv=f"STORAGE_EMULATOR_HOST={emulator.url}")  # only the host's login has it
     try:
         stack = lab.stacks / "Pulumi.lab.yaml"

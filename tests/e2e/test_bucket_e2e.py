@@ -18,9 +18,11 @@ from tests.gcs import Emulator
 LAB_ADDRESS = "127.0.0.61"
 # Three checkpoints 7 s apart, each written in two steps (a half-written file must not be taken), then a last
 # file, and one in the working directory (a project's own out_dir).
-JOB = ('for i in 1 2 3; do head -c 150000 /dev/urandom > "$JOB_DIR/ckpt-$i.pt"; sleep 1; '
-       'head -c 150000 /dev/urandom >> "$JOB_DIR/ckpt-$i.pt"; sleep 6; done; '
-       'mkdir -p "$JOB_DIR/eval" out; echo done > "$JOB_DIR/eval/final.txt"; echo weights > out/model.pt')
+JOB = (
+    'for i in 1 2 3; do head -c 150000 /dev/urandom > "$JOB_DIR/ckpt-$i.pt"; sleep 1; '
+    'head -c 150000 /dev/urandom >> "$JOB_DIR/ckpt-$i.pt"; sleep 6; done; '
+    'mkdir -p "$JOB_DIR/eval" out; echo done > "$JOB_DIR/eval/final.txt"; echo weights > out/model.pt'
+)
 
 
 @pytest.fixture
@@ -54,8 +56,7 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     host_files = {p.relative_to(job_dir).as_posix(): p.read_bytes() for p in job_dir.rglob("*") if p.is_file()}
     host_files["workdir/out/model.pt"] = (lab.remote / "runs" / run / "code" / "out" / "model.pt").read_bytes()
     host_files[".gpu-train/log"] = (lab.remote / "runs" / run / "log").read_bytes()  # the run's log, as it ends
-    assert set(host_files) == {"ckpt-1.pt", "ckpt-2.pt", "ckpt-3.pt", "eval/final.txt", "workdir/out/model.pt",
-                               ".gpu-train/log"}
+    assert set(host_files) == {"ckpt-1.pt", "ckpt-2.pt", "ckpt-3.pt", "eval/final.txt", "workdir/out/model.pt", ".gpu-train/log"}
     assert emu.objects(prefix) == {prefix + rel: data for rel, data in host_files.items()}  # the last upload too
     bucket = done["bucket"]
     assert bucket["final"] and bucket["onlyHost"] == [] and bucket["files"] == 6
@@ -108,9 +109,14 @@ def test_data_pushed_to_the_bucket_is_on_local_disk_before_the_job_starts(bucket
     sent = lab.fab("push", "data", "--to", "bucket", check=True).stdout
     assert "2 file(s)" in sent and "gs://ckpt/team/data/" in sent
     assert "0 file(s)" in lab.fab("push", "data", "--to", "bucket", check=True).stdout  # incremental
-    run = lab.train("--command", 'cat "$DATA_DIR/data/a.txt" > "$JOB_DIR/seen.txt" && '
-                    'test ! -L "$DATA_DIR/data/sub/b.bin" && cmp data/sub/b.bin "$DATA_DIR/data/sub/b.bin" && '
-                    'echo same >> "$JOB_DIR/seen.txt"', "--dir", plain)
+    run = lab.train(
+        "--command",
+        'cat "$DATA_DIR/data/a.txt" > "$JOB_DIR/seen.txt" && '
+        'test ! -L "$DATA_DIR/data/sub/b.bin" && cmp data/sub/b.bin "$DATA_DIR/data/sub/b.bin" && '
+        'echo same >> "$JOB_DIR/seen.txt"',
+        "--dir",
+        plain,
+    )
     assert lab.wait(run, timeout=60)["state"] == "succeeded", lab.log(run)
     assert (lab.remote / "runs" / run / "job" / "seen.txt").read_text() == "hello from the bucket\nsame\n"
     assert (lab.remote / "data").is_dir()  # on the host's own disk

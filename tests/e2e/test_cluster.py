@@ -53,8 +53,22 @@ def duo(tmp_path: Path):
 
 def test_two_node_torchrun_trains_one_model(duo: Cluster) -> None:
     port = free_port("127.0.0.2")
-    out = duo.fab("train", "--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 60 --checkpoint-every 20",
-                  "--nproc", "1", "--port", str(port), "--env", "GLOO_SOCKET_IFNAME=lo", check=True)
+    out = duo.fab(
+        "train",
+        "--dir",
+        str(EXAMPLE),
+        "--script",
+        "train.py",
+        "--args",
+        "--steps 60 --checkpoint-every 20",
+        "--nproc",
+        "1",
+        "--port",
+        str(port),
+        "--env",
+        "GLOO_SOCKET_IFNAME=lo",
+        check=True,
+    )
     run = out.stdout.split()[1]
     assert "on 2 nodes" in out.stdout and "syncing to 2 nodes" in out.stderr
     follow = duo.fab("logs", "--follow", "--all")
@@ -67,8 +81,7 @@ def test_two_node_torchrun_trains_one_model(duo: Cluster) -> None:
     assert "rank 1/2" in duo.log(1, run) and "rank 0/2" in duo.log(0, run)
     assert "[node 0] step 60" in follow.stdout and "[node 1] step 60" in follow.stdout
     job0, job1 = (duo.roots[n] / "runs" / run / "job" for n in (0, 1))
-    assert sorted(p.name for p in (job0 / "checkpoints").iterdir()) == ["ckpt_00000020.pt", "ckpt_00000040.pt",
-                                                                        "ckpt_00000060.pt"]
+    assert sorted(p.name for p in (job0 / "checkpoints").iterdir()) == ["ckpt_00000020.pt", "ckpt_00000040.pt", "ckpt_00000060.pt"]
     assert not (job1 / "checkpoints").exists()  # node 0 writes the checkpoints
     status = json.loads(duo.fab("status", "--json", check=True).stdout)
     (r,) = status["runs"]
@@ -91,8 +104,7 @@ def test_a_killed_node_fails_the_run_and_stop_cleans_up_the_other(duo: Cluster, 
         time.sleep(0.2)
     assert "rank 1 of 2 via 127.0.0.2:29500" in duo.log(1, run)
     tf = json.loads(duo.log(1, run).splitlines()[-1])
-    assert tf == {"cluster": {"chief": ["127.0.0.2:2222"], "worker": ["127.0.0.3:2222"]},
-                  "task": {"type": "worker", "index": 0}}
+    assert tf == {"cluster": {"chief": ["127.0.0.2:2222"], "worker": ["127.0.0.3:2222"]}, "task": {"type": "worker", "index": 0}}
     os.killpg(duo.state(1, run)["pid"], 9)  # node 1's job dies
     deadline = time.monotonic() + 30
     while duo.state(1, run).get("state") != "failed" and time.monotonic() < deadline:

@@ -31,8 +31,7 @@ MiB = 1 << 20
 
 
 def tree_digest(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 class Trio:
@@ -47,13 +46,13 @@ class Trio:
         for i in range(3):
             elsewhere = f"GPU_TRAIN_AUTHORIZED_KEYS={tmp}/unread_keys{i} " if i in sealed else ""
             (tmp / f"hoptmp{i}").mkdir(mode=0o700)  # the node's temporary folder: where a hop keeps its key
-            self.nodes.append(Sshd(tmp / f"n{i}", f"{NET}.{i + 2}", client_key=key,
-                                   setenv=f"{elsewhere}TMPDIR={tmp}/hoptmp{i}").start())
+            self.nodes.append(Sshd(tmp / f"n{i}", f"{NET}.{i + 2}", client_key=key, setenv=f"{elsewhere}TMPDIR={tmp}/hoptmp{i}").start())
         self.uplink = DelayProxy((f"{NET}.11", 0), (self.gateway.address, self.gateway.port), 0.0).start()
         config = tmp / "ssh_config"
-        config.write_text(f"Host gw\n  HostName {NET}.11\n  Port {self.uplink.address[1]}\n  IdentityFile {key}\n"
-                          + "".join(f"Host n{i}\n  HostName {s.address}\n  Port {s.port}\n  ProxyJump gw\n"
-                                    for i, s in enumerate(self.nodes)))
+        config.write_text(
+            f"Host gw\n  HostName {NET}.11\n  Port {self.uplink.address[1]}\n  IdentityFile {key}\n"
+            + "".join(f"Host n{i}\n  HostName {s.address}\n  Port {s.port}\n  ProxyJump gw\n" for i, s in enumerate(self.nodes))
+        )
         cluster_stack(tmp / "stacks", "trio", ["n0", "n1", "n2"], key, f"  gpu-train:sshConfig: {config}\n")
         self.cwd = tmp / "work"
         self.cwd.mkdir()
@@ -137,18 +136,58 @@ def test_a_copied_cluster_key_opens_no_shell_and_reads_nothing(trio: Trio, tmp_p
     key.write_text(private)
     key.chmod(0o600)
     env = {**os.environ, "GPU_TRAIN_AUTHORIZED_KEYS": str(node.dir / "authorized_keys"), "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "remote.agent", "--root", str(root), "authorize", "--key", public, "--name", "trio",
-                    "--run", "hop_20260101_000000", "--base", "hop"], env=env, check=True, capture_output=True)
-    ssh = ["ssh", "-F", "/dev/null", "-i", str(key), "-p", str(node.port), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-           "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", f"{node.user}@{node.address}"]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "remote.agent",
+            "--root",
+            str(root),
+            "authorize",
+            "--key",
+            public,
+            "--name",
+            "trio",
+            "--run",
+            "hop_20260101_000000",
+            "--base",
+            "hop",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    ssh = [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        str(key),
+        "-p",
+        str(node.port),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        f"{node.user}@{node.address}",
+    ]
     shell = subprocess.run([*ssh, "id"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert "uid=" not in shell.stdout and shell.returncode != 0 and "only receives a run's code" in shell.stdout
     secret = root / "agent.json"
-    read = subprocess.run(["rsync", "-e", shlex.join(ssh[:-1]), f"{ssh[-1]}:{secret}", str(tmp_path / "got")],
-                          capture_output=True, text=True, timeout=30)
+    read = subprocess.run(
+        ["rsync", "-e", shlex.join(ssh[:-1]), f"{ssh[-1]}:{secret}", str(tmp_path / "got")], capture_output=True, text=True, timeout=30
+    )
     assert read.returncode != 0 and not (tmp_path / "got").exists()
-    subprocess.run([sys.executable, "-m", "remote.agent", "--root", str(root), "unauthorize", "--key", public], env=env,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "remote.agent", "--root", str(root), "unauthorize", "--key", public],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     gone = subprocess.run([*ssh, "id"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert "Permission denied" in gone.stderr
 

@@ -11,8 +11,9 @@ from remote.transfer.fetch import direct as fd
 from tests.fetch_host import Host, MiB, tree
 
 
-def test_a_fetch_writes_big_files_directly_and_they_arrive_whole(host: Host, tmp_path: Path, small_ranges,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fetch_writes_big_files_directly_and_they_arrive_whole(
+    host: Host, tmp_path: Path, small_ranges, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Files sent whole and in ranges, of odd sizes (a tail of less than a block), small ones among them:
     byte for byte the host's, and the big ones did go directly (where this folder's disk allows it)."""
     job = host.job()

@@ -81,10 +81,14 @@ def change_in_place(path: Path) -> int:
     return 4 * block
 
 
-@pytest.mark.parametrize(("name", "size", "change"), [
-    ("metrics.jsonl", 2 * MiB, grow_tail),
-    ("model.pt", 4 * MiB, change_in_place),
-], ids=["a file that grew sends its new tail", "ranges changed in place send only those blocks"])
+@pytest.mark.parametrize(
+    ("name", "size", "change"),
+    [
+        ("metrics.jsonl", 2 * MiB, grow_tail),
+        ("model.pt", 4 * MiB, change_in_place),
+    ],
+    ids=["a file that grew sends its new tail", "ranges changed in place send only those blocks"],
+)
 def test_a_changed_file_sends_only_what_changed(host: Host, tmp_path: Path, small_ranges, name, size, change) -> None:
     job = host.job()
     path = job / name

@@ -15,8 +15,7 @@ from remote.transfer.fetch import stream as fetch_stream
 from tests.fetch_host import Host, MiB, every_stream_opens, tree
 
 
-def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: Path, small_ranges,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_many_streams_go_beyond_one_connections_sessions(host: Host, tmp_path: Path, small_ranges, monkeypatch: pytest.MonkeyPatch) -> None:
     """--streams 12 works: eight channels of the first connection, the rest connections of their own
     (a stock sshd allows MaxSessions = 10 channels per connection)."""
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)  # every stream worth opening at test sizes
@@ -78,9 +77,22 @@ def test_a_host_that_refuses_a_channel_on_the_shared_connection_is_fetched_witho
         (job / "a.pt").write_bytes(os.urandom(50_000))
         shared = fetch_stream.shared_control_path(openssh_options(host.target, host.host), f"{host.host.user}@{host.host.host}")
         assert shared is not None
-        holder = subprocess.Popen(["ssh", *openssh_options(host.target, host.host), "-o", "ControlMaster=auto", "-o",
-                                   f"ControlPath={shared}", "-o", "ControlPersist=60", "--",
-                                   f"{host.host.user}@{host.host.host}", "sleep 30"], stdin=subprocess.DEVNULL)
+        holder = subprocess.Popen(
+            [
+                "ssh",
+                *openssh_options(host.target, host.host),
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                f"ControlPath={shared}",
+                "-o",
+                "ControlPersist=60",
+                "--",
+                f"{host.host.user}@{host.host.host}",
+                "sleep 30",
+            ],
+            stdin=subprocess.DEVNULL,
+        )
         try:
             deadline = time.monotonic() + 20
             while not os.path.exists(shared) and time.monotonic() < deadline:
@@ -96,8 +108,7 @@ def test_a_host_that_refuses_a_channel_on_the_shared_connection_is_fetched_witho
         host.sshd.stop()
 
 
-def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, small_ranges,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, small_ranges, monkeypatch: pytest.MonkeyPatch) -> None:
     """One round trip, timed, decides: on loopback two streams for big files and one for small ones;
     where a round trip is long, all four."""
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
@@ -120,8 +131,7 @@ def test_a_near_host_gets_two_streams_a_far_one_all(host: Host, tmp_path: Path, 
     assert tree(tmp_path / "near-small") == tree(tmp_path / "far-small") == tree(small)
 
 
-def test_a_near_host_sends_every_small_file_over_the_first_stream(host: Host, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_near_host_sends_every_small_file_over_the_first_stream(host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Mixed big and small files on a near host: those under 32 KiB all go over the first stream (one thread's
     per-file work), the big ones over any; far away every stream takes both."""
     monkeypatch.setattr(fp, "STREAM_WORTH", 64 * 1024)
@@ -156,8 +166,7 @@ def test_a_near_host_sends_every_small_file_over_the_first_stream(host: Host, tm
     assert tree(tmp_path / "near") == tree(tmp_path / "far") == tree(job)
 
 
-def test_streams_that_cannot_be_started_leave_the_work_to_those_open(host: Host, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_streams_that_cannot_be_started_leave_the_work_to_those_open(host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No process to be had for a second stream (the system's limits): the first takes the whole queue."""
     from remote.transfer.fetch.engine import Fetcher
 
@@ -184,8 +193,7 @@ def test_streams_that_cannot_be_started_leave_the_work_to_those_open(host: Host,
     assert len(tries) == 2 and tree(dest) == tree(job)
 
 
-def test_a_bug_in_a_stream_fails_the_fetch_with_its_name_not_quietly(host: Host, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bug_in_a_stream_fails_the_fetch_with_its_name_not_quietly(host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An unexpected error in a stream's thread is the fetch's error (before, the thread ended quietly,
     its pieces never came, and the first stream was then asked for hashes with answers still pending)."""
     from remote.transfer.fetch.engine import Fetcher

@@ -19,12 +19,19 @@ from tests.unit.test_glance_tasks import FAB, T4, env, fab, gcp  # noqa: F401 (f
 
 
 @pytest.mark.e2e  # a real sshd
-def test_tensorboard_task_stopped_by_ctrl_c(env: dict, tmp_path: Path) -> None:  # noqa: F811
+def test_tensorboard_task_stopped_by_ctrl_c(env: dict, tmp_path: Path) -> None:
     sshd = Sshd(tmp_path / "sshd", "127.0.15.6").start()
     try:
         sshd.stack_file(Path(env["GPU_TRAIN_STACKS_DIR"]), "lab", tmp_path / "remote", sys.executable)
-        proc = subprocess.Popen([FAB, "--search-root", str(ROOT), "tensorboard", "--stack", "lab", "--json"], env=env, cwd=env["HOME"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [FAB, "--search-root", str(ROOT), "tensorboard", "--stack", "lab", "--json"],
+            env=env,
+            cwd=env["HOME"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         line = proc.stdout.readline()
         assert line.startswith("{"), proc.stderr.read() if proc.poll() is not None else line
         url = json.loads(line)["url"]
@@ -45,7 +52,7 @@ def test_tensorboard_task_stopped_by_ctrl_c(env: dict, tmp_path: Path) -> None: 
 
 
 @pytest.mark.e2e  # a real sshd
-def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: FakeGoogle, tmp_path: Path) -> None:  # noqa: F811
+def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: FakeGoogle, tmp_path: Path) -> None:
     """The t4 'VM' is a real sshd on 127.0.15.7:22 (GCP stacks log in on port 22), so the guard talks to a real agent."""
     import socket
 
@@ -63,11 +70,13 @@ def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: Fak
         stack.write_text(T4.format(key=f"{sshd.client_key}.pub") + f"  gpu-train:remoteRoot: {tmp_path / 'vmroot'}\n")
         outputs = json.loads((tmp_path / "state" / "t4" / "outputs.json").read_text())
         (tmp_path / "state" / "t4" / "outputs.json").write_text(
-            json.dumps({**outputs, "externalIp": "127.0.15.7", "sshUser": sshd.user, "gpuCount": 0}))
+            json.dumps({**outputs, "externalIp": "127.0.15.7", "sshUser": sshd.user, "gpuCount": 0})
+        )
         code = tmp_path / "code"
         code.mkdir()
-        (code / "job.py").write_text("import os, pathlib, time\npathlib.Path(os.environ['JOB_DIR'], 'ckpt').write_text('1')\n"
-                                     "time.sleep(120)\n")
+        (code / "job.py").write_text(
+            "import os, pathlib, time\npathlib.Path(os.environ['JOB_DIR'], 'ckpt').write_text('1')\ntime.sleep(120)\n"
+        )
         started = fab(env, "train", "--stack", "t4", "--dir", str(code), "--script", "job.py")
         assert started.returncode == 0, started.stderr
         run = started.stdout.split()[1]

@@ -40,14 +40,16 @@ def busy_host(tmp_path: Path):
 
 
 @pytest.mark.e2e
-def test_train_says_what_the_host_is_busy_with_and_how_reboots_go(tmp_path: Path, busy_host: Sshd,
-                                                                   crontab_restored) -> None:  # noqa: F811
+def test_train_says_what_the_host_is_busy_with_and_how_reboots_go(tmp_path: Path, busy_host: Sshd, crontab_restored) -> None:
     if not shutil.which("crontab"):
         pytest.skip("crontab is not installed (scripts/test installs cron)")
     proj = OurProject(tmp_path)
     root = busy_host.dir / "home" / ".gpu-train"
-    proj.stack("lab", f"  gpu-train:hosts: ['{busy_host.spec}']\n  gpu-train:sshKey: {busy_host.client_key}\n"
-                      f"  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n")
+    proj.stack(
+        "lab",
+        f"  gpu-train:hosts: ['{busy_host.spec}']\n  gpu-train:sshKey: {busy_host.client_key}\n"
+        f"  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n",
+    )
     first = proj.run("train", "--name", "long", "--command", "sleep 60", check=True)
     long_run = started_run(first)
     assert "in use by 1 process already: pid 4242 python3 (10240 MiB)" in first.stderr, first.stderr
@@ -59,8 +61,11 @@ def test_train_says_what_the_host_is_busy_with_and_how_reboots_go(tmp_path: Path
     assert "a reboot there" not in second.stderr  # offered once per host
 
     setup = proj.run("setup", check=True)
-    mine = [ln for ln in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout.splitlines()
-            if ln.endswith(f"# gpu-train {root}")]
+    mine = [
+        ln
+        for ln in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout.splitlines()
+        if ln.endswith(f"# gpu-train {root}")
+    ]
     assert len(mine) == 1 and mine[0].startswith("@reboot ")
     state = hostcheck.boot_resume(str(root))  # this machine's cron daemon may or may not run
     assert state in (BOOT_ON, BOOT_CRON_STOPPED)

@@ -33,16 +33,19 @@ def files_under(root: Path) -> set[str]:
 
 
 # -- hostile stack files: refused before anything runs ------------------------------------------
-@pytest.mark.parametrize(("setting", "value", "words"), [
-    ("hosts", "['root@{addr}\\n  ProxyCommand touch {mark}']", "hosts"),
-    ("hosts", "['-oProxyCommand=touch {mark}@{addr}']", "hosts"),
-    ("remoteRoot", "'/tmp/x\"; touch {mark}; \"'", "remoteRoot"),
-    ("remoteRoot", "'~/$(touch {mark})'", "remoteRoot"),
-    ("sshKey", "\"/k\\n  ProxyCommand touch {mark}\"", "sshKey"),
-    ("python", "'-c'", "python"),
-    ("maxResumes", "-2", "maxResumes"),
-    ("idleStopMinutes", "-5", "idleStopMinutes"),
-])
+@pytest.mark.parametrize(
+    ("setting", "value", "words"),
+    [
+        ("hosts", "['root@{addr}\\n  ProxyCommand touch {mark}']", "hosts"),
+        ("hosts", "['-oProxyCommand=touch {mark}@{addr}']", "hosts"),
+        ("remoteRoot", "'/tmp/x\"; touch {mark}; \"'", "remoteRoot"),
+        ("remoteRoot", "'~/$(touch {mark})'", "remoteRoot"),
+        ("sshKey", '"/k\\n  ProxyCommand touch {mark}"', "sshKey"),
+        ("python", "'-c'", "python"),
+        ("maxResumes", "-2", "maxResumes"),
+        ("idleStopMinutes", "-5", "idleStopMinutes"),
+    ],
+)
 @pytest.mark.parametrize("task", [["ssh"], ["train", "--command", "true"]])
 def test_hostile_stack_values_run_nothing(lab: Lab, setting: str, value: str, words: str, task: list[str]) -> None:
     mark = lab.tmp / "marker"
@@ -60,22 +63,25 @@ def test_hostile_stack_values_run_nothing(lab: Lab, setting: str, value: str, wo
     assert files_under(lab.home) == before  # no ssh config entry, no known_hosts line
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["train", "--command", "true", "--nproc", "abc"], "--nproc"),
-    (["train", "--command", "true", "--port", "abc"], "--port"),
-    (["train", "--command", "true", "--timeout", "abc"], "--timeout"),
-    (["train", "--script", "train.py", "--args", "it's"], "--args"),
-    (["logs", "--lines", "x"], "--lines"),
-    (["fetch", "--run", "../../x"], "--run"),
-    (["fetch", "--run", "$(touch MARK)"], "--run"),
-    (["logs", "--run", "../x"], "--run"),
-    (["stop", "--run", "a/b"], "--run"),
-    (["tunnel", "--port", "abc"], "--port"),  # (an int default let Invoke parse it: a ValueError traceback)
-    (["tunnel", "--local-port", "abc"], "--local-port"),
-    (["tensorboard", "--local-port", "99999"], "--local-port"),
-    (["fetch", "--streams", "abc"], "--streams"),
-    (["down", "--streams", "0"], "--streams"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["train", "--command", "true", "--nproc", "abc"], "--nproc"),
+        (["train", "--command", "true", "--port", "abc"], "--port"),
+        (["train", "--command", "true", "--timeout", "abc"], "--timeout"),
+        (["train", "--script", "train.py", "--args", "it's"], "--args"),
+        (["logs", "--lines", "x"], "--lines"),
+        (["fetch", "--run", "../../x"], "--run"),
+        (["fetch", "--run", "$(touch MARK)"], "--run"),
+        (["logs", "--run", "../x"], "--run"),
+        (["stop", "--run", "a/b"], "--run"),
+        (["tunnel", "--port", "abc"], "--port"),  # (an int default let Invoke parse it: a ValueError traceback)
+        (["tunnel", "--local-port", "abc"], "--local-port"),
+        (["tensorboard", "--local-port", "99999"], "--local-port"),
+        (["fetch", "--streams", "abc"], "--streams"),
+        (["down", "--streams", "0"], "--streams"),
+    ],
+)
 def test_bad_options_are_messages(lab: Lab, args: list[str], words: str) -> None:
     mark = lab.tmp / "MARK"
     args = [a.replace("MARK", str(mark)) for a in args]
@@ -101,8 +107,7 @@ def test_closed_pipe_is_quiet(lab: Lab, plain: str) -> None:
     lab.train("--dir", plain, "--command", "true", "--name", "a")
     fab = [sys.executable, "-m", "fabric", "--search-root", str(Path(__file__).parents[2]), "status"]
     script = f"{shlex.join(fab)} | true; echo rc=${{PIPESTATUS[0]}} >&2"
-    result = subprocess.run(["bash", "-c", script], env=lab.env, cwd=lab.cwd, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(["bash", "-c", script], env=lab.env, cwd=lab.cwd, capture_output=True, text=True, timeout=60)
     no_traceback(result)
     assert "Exception ignored" not in result.stderr
 
@@ -114,14 +119,19 @@ def test_old_rsync_argument_parsing_changes_nothing(lab: Lab) -> None:
     (code / "a b $(touch MARK).py").write_text("x = 1\n")
     (code / "train.py").write_text("import os; open(os.environ['JOB_DIR'] + '/out $(x).txt', 'w').write('ok')\n")
     env = {**lab.env, "RSYNC_OLD_ARGS": "1"}
-    out = subprocess.run([*fab_argv(lab), "train", "--dir", str(code), "--script", "train.py", "--name", "old"],
-                         env=env, cwd=lab.cwd, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [*fab_argv(lab), "train", "--dir", str(code), "--script", "train.py", "--name", "old"],
+        env=env,
+        cwd=lab.cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     run = out.stdout.split()[1]
     lab.wait(run)
     assert (lab.remote / "runs" / run / "code" / "a b $(touch MARK).py").is_file()
-    got = subprocess.run([*fab_argv(lab), "fetch", "--run", run], env=env, cwd=lab.cwd, capture_output=True,
-                         text=True, timeout=120)
+    got = subprocess.run([*fab_argv(lab), "fetch", "--run", run], env=env, cwd=lab.cwd, capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
     assert (lab.cwd / "runs" / "lab" / run / "out $(x).txt").read_text() == "ok"
     assert not list(lab.tmp.rglob("MARK")) and not (lab.cwd / "MARK").exists()
@@ -134,7 +144,7 @@ def fab_argv(lab: Lab) -> list[str]:
 
 
 # -- a lying host -------------------------------------------------------------------------------
-LIAR = r'''import json, os, sys
+LIAR = r"""import json, os, sys
 doc_path, log_path = sys.argv[1:3]
 cmd = os.environ.get("SSH_ORIGINAL_COMMAND", "")
 with open(log_path, "a") as f:
@@ -149,7 +159,7 @@ if os.path.exists(doc_path + ".hang"):  # or never comes
     time.sleep(30)  # (longer than any timeout the tests set; no session left behind for long)
 with open(doc_path) as f:
     print(f.read())
-'''
+"""
 
 
 def _end_shared_connection(lab: Lab) -> None:
@@ -179,14 +189,26 @@ class Liar:
         _end_shared_connection(lab)  # logged in before the lie: a task would ride on it (remote/ssh/mux.py)
 
     def answer(self, *runs: dict) -> None:
-        self.doc.write_text(json.dumps({"root": str(self.lab.remote), "runs": list(runs), "gpus": [], "uptimeS": 1,
-                                        "host": "liar", "agent": {}, "now": 0}))
+        self.doc.write_text(
+            json.dumps({"root": str(self.lab.remote), "runs": list(runs), "gpus": [], "uptimeS": 1, "host": "liar", "agent": {}, "now": 0})
+        )
 
 
 def lying_run(run_id: object, job_dir: str, state: str = "succeeded") -> dict:
-    return {"id": run_id, "base": "x", "state": state, "exitCode": 0, "jobDir": job_dir, "log": "",
-            "lastLine": "", "resumes": 0, "preemptions": 0, "created": 1, "durationS": 1,
-            "jobSummary": {"files": 1, "bytes": 1, "newestNs": 1}}
+    return {
+        "id": run_id,
+        "base": "x",
+        "state": state,
+        "exitCode": 0,
+        "jobDir": job_dir,
+        "log": "",
+        "lastLine": "",
+        "resumes": 0,
+        "preemptions": 0,
+        "created": 1,
+        "durationS": 1,
+        "jobSummary": {"files": 1, "bytes": 1, "newestNs": 1},
+    }
 
 
 @pytest.fixture
@@ -196,12 +218,18 @@ def liar(lab: Lab) -> Liar:
 
 
 LYING_IDS = ["../../../victim3/planted", "ok/../../../../victim3/planted", "..", "/tmp/abs", "a" * 500, 12, None]
-TASKS_TAKING_IDS = [["fetch", "--all"], ["down"], ["fetch", "--watch", "--interval", "0.1"], ["fetch", "--all-nodes"],
-                    ["resume"], ["stop"], ["status"]]
+TASKS_TAKING_IDS = [
+    ["fetch", "--all"],
+    ["down"],
+    ["fetch", "--watch", "--interval", "0.1"],
+    ["fetch", "--all-nodes"],
+    ["resume"],
+    ["stop"],
+    ["status"],
+]
 
 
-@pytest.mark.parametrize(("task", "bad_id"), [(["fetch"], i) for i in LYING_IDS] +
-                         [(t, LYING_IDS[0]) for t in TASKS_TAKING_IDS])
+@pytest.mark.parametrize(("task", "bad_id"), [(["fetch"], i) for i in LYING_IDS] + [(t, LYING_IDS[0]) for t in TASKS_TAKING_IDS])
 def test_lying_run_ids_write_nothing(lab: Lab, liar: Liar, task: list[str], bad_id: object) -> None:
     secrets = lab.tmp / "host-secrets"
     secrets.mkdir()
@@ -252,7 +280,8 @@ def test_a_node_lost_mid_sync_fails_the_launch_and_stops_the_others(tmp_path: Pa
     hosts = ", ".join(f"'{n.spec}'" for n in nodes)
     (stacks / "Pulumi.trio.yaml").write_text(
         f"config:\n  gpu-train:target: ssh\n  gpu-train:hosts: [{hosts}]\n  gpu-train:sshKey: {nodes[0].client_key}\n"
-        f"  gpu-train:remoteRoot: {tmp_path}/node{{node}}\n  gpu-train:python: {sys.executable}\n")
+        f"  gpu-train:remoteRoot: {tmp_path}/node{{node}}\n  gpu-train:python: {sys.executable}\n"
+    )
     code = tmp_path / "code"
     code.mkdir()
     for i in range(4):
@@ -262,9 +291,14 @@ def test_a_node_lost_mid_sync_fails_the_launch_and_stops_the_others(tmp_path: Pa
     env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home), "GPU_TRAIN_STACK": "trio"}
     from tests.conftest import ROOT
 
-    proc = subprocess.Popen([FAB, "--search-root", str(ROOT), "train", "--dir", str(code), "--command", "sh job.sh",
-                             "--name", "trio"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [FAB, "--search-root", str(ROOT), "train", "--dir", str(code), "--command", "sh job.sh", "--name", "trio"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
@@ -325,8 +359,7 @@ def test_a_hostile_ssh_config_runs_nothing(lab: Lab, task: list[str]) -> None:
     # rsync command lines, where "-oProxyCommand=..." would run a command on the laptop.
     mark = lab.tmp / "marker"
     config = lab.tmp / "shared_ssh_config"
-    config.write_text(f'Host labbox\n  HostName {lab.sshd.address}\n  Port {lab.sshd.port}\n'
-                      f'  User "-oProxyCommand=touch {mark}"\n')
+    config.write_text(f'Host labbox\n  HostName {lab.sshd.address}\n  Port {lab.sshd.port}\n  User "-oProxyCommand=touch {mark}"\n')
     stack = lab.stacks / "Pulumi.lab.yaml"
     lines = [ln for ln in stack.read_text().splitlines() if not ln.strip().startswith(("gpu-train:hosts", "- "))]
     stack.write_text("\n".join(lines) + f"\n  gpu-train:hosts: [labbox]\n  gpu-train:sshConfig: {config}\n")

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 # A script in the style of real projects: argparse that rejects any flag it does not know, its own
 # out_dir in the working directory, and a resume flag of its own.
-STRICT = '''\
+STRICT = """\
 import argparse, os, pathlib, time
 p = argparse.ArgumentParser()
 p.add_argument("--out_dir", default="out")
@@ -38,7 +38,7 @@ if a.init_from == "resume":
     print("loaded", pathlib.Path(a.out_dir, "ckpt.pt").read_text(), flush=True)
 time.sleep(a.sleep)
 print("done", flush=True)
-'''
+"""
 
 
 @pytest.fixture
@@ -67,17 +67,20 @@ def test_a_script_that_rejects_unknown_flags_runs_as_given(lab: Lab, strict: str
     assert info["state"] == "succeeded", lab.log(run)
     assert starts(lab, run) == ["resumes=0 init_from=scratch"] and "--job-dir" not in lab.log(run)
     # Asked for, it comes: a script that wants AI Platform's --job-dir gets it.
-    (Path(strict) / "aip.py").write_text("import argparse, os\np = argparse.ArgumentParser()\n"
-                                         "p.add_argument('--job-dir', required=True)\na = p.parse_args()\n"
-                                         "assert a.job_dir == os.environ['JOB_DIR']\nprint('job dir', a.job_dir)\n")
+    (Path(strict) / "aip.py").write_text(
+        "import argparse, os\np = argparse.ArgumentParser()\n"
+        "p.add_argument('--job-dir', required=True)\na = p.parse_args()\n"
+        "assert a.job_dir == os.environ['JOB_DIR']\nprint('job dir', a.job_dir)\n"
+    )
     run = lab.train("--dir", strict, "--script", "aip.py", "--pass-job-dir")
     assert lab.wait(run)["state"] == "succeeded", lab.log(run)
     assert f"job dir {lab.remote / 'runs' / run / 'job'}" in lab.log(run)
 
 
 def test_relaunches_count_and_add_the_resume_args_once_the_checkpoint_exists(lab: Lab, strict: str, plain: str) -> None:
-    run = lab.train("--dir", strict, "--script", "train.py", "--args", "--sleep 60",
-                    "--resume-args", "--init_from=resume", "--resume-if", "out/ckpt.pt")
+    run = lab.train(
+        "--dir", strict, "--script", "train.py", "--args", "--sleep 60", "--resume-args", "--init_from=resume", "--resume-if", "out/ckpt.pt"
+    )
     assert wait_starts(lab, run, 1) == ["resumes=0 init_from=scratch"]
     # Killed before its first checkpoint: the relaunch starts fresh, with the original arguments.
     reboot(lab, run)
@@ -109,14 +112,14 @@ def test_relaunches_count_and_add_the_resume_args_once_the_checkpoint_exists(lab
     assert json.loads((lab.remote / "runs" / run / "state.json").read_text())["state"] == "stopped"
 
 
-READS_DATA = '''\
+READS_DATA = """\
 import os, pathlib
 d = pathlib.Path("data/shakespeare_char")
 print("train.bin", d.joinpath("train.bin").read_bytes().hex())
 print("prepare", d.joinpath("prepare.py").read_text().strip())
 print("other", pathlib.Path("data/other/x.bin").read_bytes().hex())
 print("new", pathlib.Path("data/new/deep/y.bin").read_bytes().hex())
-'''
+"""
 
 
 def test_pushed_data_is_merged_into_the_codes_own_folder_of_that_name(lab: Lab) -> None:
@@ -152,16 +155,17 @@ def test_pushed_data_is_merged_into_the_codes_own_folder_of_that_name(lab: Lab) 
     assert lab.wait(run)["state"] == "succeeded", lab.log(run)
     log = lab.log(run)
     assert "prepare print('v2')" in log and "train.bin 0102" in log
-    assert ("data/shakespeare_char/prepare.py: the code and the pushed data both have it, and they differ: the code's "
-            "own copy is used") in log
+    assert (
+        "data/shakespeare_char/prepare.py: the code and the pushed data both have it, and they differ: the code's own copy is used"
+    ) in log
 
 
-USES_SECRETS = '''\
+USES_SECRETS = """\
 import hashlib, os, time
 for name in ("TOKEN", "API_KEY"):
     print(name, hashlib.sha256(os.environ[name].encode()).hexdigest(), flush=True)
 time.sleep(float(os.environ.get("HOLD", "0")))
-'''
+"""
 
 
 class CmdlineWatch:
@@ -201,9 +205,28 @@ def test_secrets_stay_off_every_command_line_and_out_of_status_and_logs(lab: Lab
     env = {**lab.env, "TOKEN": token}
     watch = CmdlineWatch([token.encode(), key.encode()])
     try:
-        started = subprocess.run([FAB, "--search-root", str(ROOT), "train", "--dir", str(code), "--script", "job.py",
-                                  "--env", "TOKEN", "--env-file", str(env_file), "--json"],
-                                 env=env, cwd=lab.cwd, capture_output=True, text=True, timeout=120)
+        started = subprocess.run(
+            [
+                FAB,
+                "--search-root",
+                str(ROOT),
+                "train",
+                "--dir",
+                str(code),
+                "--script",
+                "job.py",
+                "--env",
+                "TOKEN",
+                "--env-file",
+                str(env_file),
+                "--json",
+            ],
+            env=env,
+            cwd=lab.cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert started.returncode == 0, started.stderr
         run = json.loads(started.stdout)["runId"]
         wait_state(lab, run, ("running",))
@@ -221,8 +244,13 @@ def test_secrets_stay_off_every_command_line_and_out_of_status_and_logs(lab: Lab
     assert f"API_KEY {hashlib.sha256(key.encode()).hexdigest()}" in log
     spec = lab.remote / "runs" / run / "spec.json"
     assert stat.S_IMODE(spec.stat().st_mode) == 0o600 and token in spec.read_text()  # kept, for relaunches only
-    shown = [started.stdout, started.stderr, lab.fab("status", check=True).stdout, lab.fab("status", "--json", check=True).stdout,
-             lab.fab("logs", "--run", run, "--lines", "0", check=True).stdout]
+    shown = [
+        started.stdout,
+        started.stderr,
+        lab.fab("status", check=True).stdout,
+        lab.fab("status", "--json", check=True).stdout,
+        lab.fab("logs", "--run", run, "--lines", "0", check=True).stdout,
+    ]
     assert not [s for s in shown if token in s or key in s]
     # A relaunch has them still, from the 0600 spec: nothing is sent again.
     lab.fab("resume", "--run", run, check=True)
@@ -234,8 +262,14 @@ def test_secrets_stay_off_every_command_line_and_out_of_status_and_logs(lab: Lab
 
 def test_a_secret_missing_from_the_laptops_environment_stops_train_before_anything_is_sent(lab: Lab, plain: str) -> None:
     env = {k: v for k, v in lab.env.items() if k != "NO_SUCH_TOKEN"}
-    out = subprocess.run([FAB, "--search-root", str(ROOT), "train", "--dir", plain, "--command", "true",
-                          "--env", "NO_SUCH_TOKEN"], env=env, cwd=lab.cwd, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [FAB, "--search-root", str(ROOT), "train", "--dir", plain, "--command", "true", "--env", "NO_SUCH_TOKEN"],
+        env=env,
+        cwd=lab.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0
     assert "--env NO_SUCH_TOKEN: NO_SUCH_TOKEN is not set in this shell's environment; export it first" in out.stderr
     assert "syncing" not in out.stderr and not (lab.remote / "runs").exists() and not (lab.remote / "staging").exists()

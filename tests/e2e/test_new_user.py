@@ -21,9 +21,12 @@ from tests.unit.test_project import (
 )
 
 
-def lab(proj: Project, server) -> None:  # noqa: F811
-    proj.stack("lab", f"  gpu-train:hosts: [{server.spec!r}]\n  gpu-train:sshKey: {server.client_key}\n"
-               f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n")
+def lab(proj: Project, server) -> None:
+    proj.stack(
+        "lab",
+        f"  gpu-train:hosts: [{server.spec!r}]\n  gpu-train:sshKey: {server.client_key}\n"
+        f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n",
+    )
 
 
 def children(pid: int) -> list[tuple[int, str]]:
@@ -58,15 +61,23 @@ def in_group(pgid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("whom", ["terminal", "process"])
-def test_ctrl_c_during_the_code_sync_starts_nothing(proj: Project, sshd, whom: str) -> None:  # noqa: F811
+def test_ctrl_c_during_the_code_sync_starts_nothing(proj: Project, sshd, whom: str) -> None:
     """Ctrl-C at a terminal reaches the whole process group (rsync too); `kill -INT PID` only gpu-train,
     whose rsync must then be ended by gpu-train itself. Either way: "interrupted", 130, no run."""
     lab(proj, sshd(f"127.0.25.{1 if whom == 'terminal' else 2}"))
     (proj.dir / "weights").mkdir()
     for i in range(40):  # code, not data: 160 MiB that the sync sends over the task's SSH connection
         (proj.dir / "weights" / f"w{i}.bin").write_bytes(os.urandom(4 << 20))
-    p = subprocess.Popen([GPU_TRAIN, "train", "--script", "hello.py"], cwd=proj.dir, env=proj.env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
+    p = subprocess.Popen(
+        [GPU_TRAIN, "train", "--script", "hello.py"],
+        cwd=proj.dir,
+        env=proj.env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not any("rsync" in c and "staging/" in c for _, c in children(p.pid)):
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
@@ -91,7 +102,7 @@ def test_ctrl_c_during_the_code_sync_starts_nothing(proj: Project, sshd, whom: s
     assert "hello_" not in proj.run("status").stdout
 
 
-def test_script_paths_from_a_subdirectory(proj: Project, sshd) -> None:  # noqa: F811
+def test_script_paths_from_a_subdirectory(proj: Project, sshd) -> None:
     lab(proj, sshd("127.0.25.3"))
     src = proj.dir / "src"
     src.mkdir()
@@ -109,10 +120,16 @@ def test_script_paths_from_a_subdirectory(proj: Project, sshd) -> None:  # noqa:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
-def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path, stop: signal.Signals) -> None:  # noqa: F811
+def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path, stop: signal.Signals) -> None:
     """`python -m remote.loopback` (README: trying an SSH stack with no other machine); Ctrl-C or a kill stops its sshd."""
-    p = subprocess.Popen([sys.executable, "-m", "remote.loopback", "--address", "127.0.25.5", "--dir", str(tmp_path / "lo")],
-                         cwd=proj.dir, env=proj.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "remote.loopback", "--address", "127.0.25.5", "--dir", str(tmp_path / "lo")],
+        cwd=proj.dir,
+        env=proj.env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         lines = []
         for line in p.stdout:
@@ -120,7 +137,7 @@ def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path, sto
             if line.startswith("then:"):
                 break
         text = "".join(lines)
-        stack = text[text.index("config:"):text.index("\n\n", text.index("config:"))] + "\n"
+        stack = text[text.index("config:") : text.index("\n\n", text.index("config:"))] + "\n"
         (proj.dir / "stacks").mkdir()
         (proj.dir / "stacks" / "Pulumi.local.yaml").write_text(stack)
         said = proj.run("ssh", "--stack", "local", "--", "echo from the loopback host", check=True)
@@ -134,13 +151,32 @@ def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path, sto
         socket.create_connection(("127.0.25.5", port), timeout=2).close()
 
 
-def test_a_loopback_sshds_sessions_start_in_its_own_home(sshd, tmp_path: Path) -> None:  # noqa: F811
+def test_a_loopback_sshds_sessions_start_in_its_own_home(sshd, tmp_path: Path) -> None:
     """As on a fresh VM: HOME is the server's own folder and every command starts there (sshd itself
     starts sessions in the user's real home, where an rsync path of ~/x would land)."""
     server = sshd("127.0.25.7")
-    out = subprocess.run(["ssh", "-i", str(server.client_key), "-p", str(server.port), "-o", "BatchMode=yes",
-                          "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-                          f"{server.user}@{server.address}", 'echo "$PWD|$HOME"'],
-                         capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    out = subprocess.run(
+        [
+            "ssh",
+            "-i",
+            str(server.client_key),
+            "-p",
+            str(server.port),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            f"{server.user}@{server.address}",
+            'echo "$PWD|$HOME"',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
     home = str(server.dir / "home")
     assert out == f"{home}|{home}"

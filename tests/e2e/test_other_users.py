@@ -25,7 +25,7 @@ LAB_ADDRESS = "127.0.10.3"  # test_hostile_hosts' loopback addresses, 127.0.10.x
 # One user per pytest process: xdist workers run the attacker tests at once, and a shared name let one
 # worker's teardown delete the user while another's test ran (its files then showed a bare uid).
 ATTACKER = f"gtattack{os.getpid()}"
-SCANNER = r'''import base64, os, sys, time
+SCANNER = r"""import base64, os, sys, time
 secret_file, out, stop = sys.argv[1:4]
 with open(secret_file) as f:
     secret = f.read()
@@ -49,7 +49,7 @@ while not os.path.exists(stop):
     time.sleep(0.01)
 with open(out, "w") as f:
     f.write("".join(line + "\n" for line in hits.values()))
-'''
+"""
 
 
 @pytest.fixture
@@ -77,8 +77,7 @@ def test_a_root_another_user_made_first_is_refused(lab: Lab, attacker: Path, mod
     mark = attacker / "ran-as-victim"
     as_attacker("mkdir", "-p", str(root / "bin"))
     planted = root / "bin" / "gpu-train-agent"
-    as_attacker("sh", "-c", f"printf '#!/bin/sh\\ntouch {mark}\\n' > {planted}; chmod 777 {planted} {root / 'bin'}; "
-                f"chmod {mode:o} {root}")
+    as_attacker("sh", "-c", f"printf '#!/bin/sh\\ntouch {mark}\\n' > {planted}; chmod 777 {planted} {root / 'bin'}; chmod {mode:o} {root}")
     stack = lab.stacks / "Pulumi.lab.yaml"
     stack.write_text(stack.read_text().replace(str(lab.remote), str(root)))
     for args in (["train", "--dir", plain, "--command", "true"], ["status"], ["resume"], ["setup"]):
@@ -114,12 +113,24 @@ def test_secrets_never_on_a_command_line_and_runs_are_private(lab: Lab, attacker
     (work / "scan.py").write_text(SCANNER)
     stop, out = work / "stop", work / "hits"
     (work / "secret").write_text(secret)  # not on the scanner's own command line
-    scanner = subprocess.Popen(["runuser", "-u", ATTACKER, "--", "/usr/bin/python3", str(work / "scan.py"),
-                                str(work / "secret"), str(out), str(stop)])
+    scanner = subprocess.Popen(
+        ["runuser", "-u", ATTACKER, "--", "/usr/bin/python3", str(work / "scan.py"), str(work / "secret"), str(out), str(stop)]
+    )
     try:
-        started = run_fab({**lab.env, "WANDB_API_KEY": secret}, lab.cwd, "train", "--dir", plain, "--command",
-                          'printf %s "$WANDB_API_KEY" | sha256sum > "$JOB_DIR/h"; sleep 1', "--env", "WANDB_API_KEY",
-                          "--name", "secret", check=True)
+        started = run_fab(
+            {**lab.env, "WANDB_API_KEY": secret},
+            lab.cwd,
+            "train",
+            "--dir",
+            plain,
+            "--command",
+            'printf %s "$WANDB_API_KEY" | sha256sum > "$JOB_DIR/h"; sleep 1',
+            "--env",
+            "WANDB_API_KEY",
+            "--name",
+            "secret",
+            check=True,
+        )
         run = started.stdout.split()[1]
         assert lab.wait(run)["state"] == "succeeded"
         job_hash = (lab.remote / "runs" / run / "job" / "h").read_text().split()[0]
@@ -204,8 +215,7 @@ def test_a_state_folder_committed_to_git_is_not_trusted(lab: Lab) -> None:
     subprocess.run([*git, "add", "-f", ".gpu-train"], cwd=project, check=True)
     subprocess.run([*git, "commit", "-qm", "cache"], cwd=project, check=True)
     result = run_fab({**lab.env, "GPU_TRAIN_HOME": str(state)}, lab.cwd, "status")
-    assert result.returncode == 2 and f"{state} holds files committed to git (lab/known_hosts)" in result.stderr, \
-        result.stderr
+    assert result.returncode == 2 and f"{state} holds files committed to git (lab/known_hosts)" in result.stderr, result.stderr
     assert "git rm -r --cached" in result.stderr and not lab.remote.exists()
     subprocess.run([*git, "rm", "-rq", "--cached", ".gpu-train"], cwd=project, check=True)
     (state / "lab" / "known_hosts").unlink()

@@ -30,9 +30,11 @@ def sha256(path: Path) -> str:
 
 # The job of a project that does not know gpu-train: a checkpoint in its own out/, a code file it
 # appends to; and what is not its output: a venv, compiled modules, a link into the pushed data.
-JOB = ('mkdir -p out .venv/lib __pycache__ && head -c 300000 /dev/urandom > out/ckpt.pt && echo appended >> README '
-       '&& touch .venv/pyvenv.cfg .venv/lib/site.py __pycache__/m.cpython-311.pyc && mkdir -p "$DATA_DIR" '
-       '&& ln -s "$DATA_DIR/train.bin" train.bin && echo job > "$JOB_DIR/metrics.txt"')
+JOB = (
+    "mkdir -p out .venv/lib __pycache__ && head -c 300000 /dev/urandom > out/ckpt.pt && echo appended >> README "
+    '&& touch .venv/pyvenv.cfg .venv/lib/site.py __pycache__/m.cpython-311.pyc && mkdir -p "$DATA_DIR" '
+    '&& ln -s "$DATA_DIR/train.bin" train.bin && echo job > "$JOB_DIR/metrics.txt"'
+)
 
 
 def test_outputs_in_the_working_directory_are_listed_fetched_and_guarded(lab: Lab, plain: str) -> None:
@@ -61,8 +63,14 @@ def test_outputs_in_the_working_directory_are_listed_fetched_and_guarded(lab: La
     assert sha256(dest / "workdir" / "out" / "ckpt.pt") == sha256(code / "out" / "ckpt.pt")
     assert (dest / "workdir" / "README").read_bytes() == (code / "README").read_bytes()
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
-        ".gpu-train", ".gpu-train/log",  # the run's log
-        "metrics.txt", "workdir", "workdir/README", "workdir/out", "workdir/out/ckpt.pt"]  # no venv, pyc, data link
+        ".gpu-train",
+        ".gpu-train/log",  # the run's log
+        "metrics.txt",
+        "workdir",
+        "workdir/README",
+        "workdir/out",
+        "workdir/out/ckpt.pt",
+    ]  # no venv, pyc, data link
     fetched = lab.fab("fetch", "--run", run, check=True)
     assert f"{run}: up to date" in fetched.stderr
 
@@ -86,9 +94,11 @@ def blind_lab(tmp_path: Path):
 
 def test_what_the_host_cannot_read_fails_the_fetch_and_stops_down(blind_lab: Lab, plain: str) -> None:
     lab = blind_lab
-    job = ('mkdir -p out locked && echo ok > out/ok.pt && echo secret > out/secret.pt && chmod 000 out/secret.pt '
-           '&& echo inside > locked/inside && chmod 000 locked && echo hidden > "$JOB_DIR/hidden.bin" '
-           '&& chmod 000 "$JOB_DIR/hidden.bin" && echo fine > "$JOB_DIR/fine.txt"')
+    job = (
+        "mkdir -p out locked && echo ok > out/ok.pt && echo secret > out/secret.pt && chmod 000 out/secret.pt "
+        '&& echo inside > locked/inside && chmod 000 locked && echo hidden > "$JOB_DIR/hidden.bin" '
+        '&& chmod 000 "$JOB_DIR/hidden.bin" && echo fine > "$JOB_DIR/fine.txt"'
+    )
     run = lab.train("--dir", plain, "--command", job, "--name", "blind")
     assert lab.wait(run)["state"] == "succeeded", lab.log(run)
     fetch = lab.fab("fetch", "--run", run)
@@ -102,8 +112,11 @@ def test_what_the_host_cannot_read_fails_the_fetch_and_stops_down(blind_lab: Lab
 
     refused = lab.fab("down")
     assert refused.returncode == 1 and "out/secret.pt" in refused.stderr and "hidden.bin" in refused.stderr
-    for p in (lab.remote / "runs" / run / "job" / "hidden.bin", lab.remote / "runs" / run / "code" / "locked",
-              lab.remote / "runs" / run / "code" / "out" / "secret.pt"):
+    for p in (
+        lab.remote / "runs" / run / "job" / "hidden.bin",
+        lab.remote / "runs" / run / "code" / "locked",
+        lab.remote / "runs" / run / "code" / "out" / "secret.pt",
+    ):
         p.chmod(0o755)
     lab.fab("down", check=True)
     assert (dest / "hidden.bin").read_text() == "hidden\n" and (dest / "workdir" / "locked" / "inside").read_text() == "inside\n"
@@ -111,8 +124,7 @@ def test_what_the_host_cannot_read_fails_the_fetch_and_stops_down(blind_lab: Lab
 
 
 def test_a_fetch_that_replaces_a_changed_local_file_keeps_the_old_one(lab: Lab, plain: str) -> None:
-    run = lab.train("--dir", plain, "--command", 'mkdir -p out && echo "step 500" > out/ckpt.pt && echo a > log.txt',
-                    "--name", "keep")
+    run = lab.train("--dir", plain, "--command", 'mkdir -p out && echo "step 500" > out/ckpt.pt && echo a > log.txt', "--name", "keep")
     lab.wait(run)
     lab.fab("fetch", check=True)
     dest = lab.cwd / "runs" / "lab" / run
@@ -162,8 +174,7 @@ def test_down_fetches_every_nodes_outputs(pair: Duo, plain: str) -> None:
     cmd = 'mkdir -p out && echo "rank $NODE_RANK" > out/rank.txt && echo "job of $NODE_RANK" > "$JOB_DIR/shard.txt"'
     run = pair.fab("train", "--dir", plain, "--command", cmd, "--name", "ranks", "--ps", "0", check=True).stdout.split()[1]
     deadline = time.monotonic() + 60
-    while not all(json.loads((r / "runs" / run / "state.json").read_text()).get("state") == "succeeded"
-                  for r in pair.roots):
+    while not all(json.loads((r / "runs" / run / "state.json").read_text()).get("state") == "succeeded" for r in pair.roots):
         assert time.monotonic() < deadline, "the nodes did not finish"
         time.sleep(0.2)
     one = pair.fab("fetch", "--node", "1", check=True)

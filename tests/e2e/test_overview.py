@@ -20,8 +20,10 @@ from tests.unit.test_overview import (
     world,  # noqa: F401 (fixtures)
 )
 
-L4 = ("config:\n  gcp:project: proj-1\n  gpu-train:zone: us-east1-b\n  gpu-train:machineType: g2-standard-8\n"
-      "  gpu-train:sshSourceRanges: [203.0.113.7/32]\n  gpu-train:sshPublicKey: {key}\n")
+L4 = (
+    "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-east1-b\n  gpu-train:machineType: g2-standard-8\n"
+    "  gpu-train:sshSourceRanges: [203.0.113.7/32]\n  gpu-train:sshPublicKey: {key}\n"
+)
 
 
 # -- ls -------------------------------------------------------------------------------------------
@@ -30,9 +32,14 @@ def iso(t: float) -> str:
 
 
 def instance(stack: str, zone: str, status: str, started: float, stopped: float | None = None) -> dict:
-    doc = {"name": f"gpu-train-{stack}", "zone": f"https://www.googleapis.com/compute/v1/projects/proj-1/zones/{zone}",
-           "status": status, "labels": {"gpu-train-stack": stack, "gpu-train-project": "gpu-train", "gpu-train-node": "0"},
-           "creationTimestamp": iso(started - 86400), "lastStartTimestamp": iso(started)}
+    doc = {
+        "name": f"gpu-train-{stack}",
+        "zone": f"https://www.googleapis.com/compute/v1/projects/proj-1/zones/{zone}",
+        "status": status,
+        "labels": {"gpu-train-stack": stack, "gpu-train-project": "gpu-train", "gpu-train-node": "0"},
+        "creationTimestamp": iso(started - 86400),
+        "lastStartTimestamp": iso(started),
+    }
     if stopped:
         doc["lastStopTimestamp"] = iso(stopped)
     return doc
@@ -45,17 +52,37 @@ def lab(tmp_path: Path):
     sshd.stop()
 
 
-def test_ls_over_gcp_and_ssh_stacks(world: World, lab: Sshd) -> None:  # noqa: F811
+def test_ls_over_gcp_and_ssh_stacks(world: World, lab: Sshd) -> None:
     now = time.time()
     world.with_adc().stack("t4", T4).stack("l4", L4)
     world.stack("a100", T4.replace("gpuType: T4\n  gpu-train:gpuCount: 1", "machineType: a2-highgpu-1g"))
     lab.stack_file(world.stacks, "lab", world.tmp / "remote", sys.executable)
     world.stack("broken", "config:\n  gpu-train:target: ssh\n")
     # t4 runs; its recorded outputs point at an address where nothing answers (a stale one)
-    world.outputs("t4", {"externalIp": "127.0.15.9", "zone": "us-central1-a", "machineType": "n1-standard-8",
-                         "gpuType": "nvidia-tesla-t4", "gpuCount": 1, "spot": True, "hourlyCostUsd": 0.28})
-    world.outputs("l4", {"externalIp": "127.0.15.8", "zone": "us-east1-b", "machineType": "g2-standard-8",
-                         "gpuType": "nvidia-l4", "gpuCount": 1, "spot": False, "hourlyCostUsd": 0.85362})
+    world.outputs(
+        "t4",
+        {
+            "externalIp": "127.0.15.9",
+            "zone": "us-central1-a",
+            "machineType": "n1-standard-8",
+            "gpuType": "nvidia-tesla-t4",
+            "gpuCount": 1,
+            "spot": True,
+            "hourlyCostUsd": 0.28,
+        },
+    )
+    world.outputs(
+        "l4",
+        {
+            "externalIp": "127.0.15.8",
+            "zone": "us-east1-b",
+            "machineType": "g2-standard-8",
+            "gpuType": "nvidia-l4",
+            "gpuCount": 1,
+            "spot": False,
+            "hourlyCostUsd": 0.85362,
+        },
+    )
     world.google.state["instances"]["proj-1"] = [
         instance("t4", "us-central1-a", "RUNNING", now - 2 * 3600),
         instance("l4", "us-east1-b", "TERMINATED", now - 5 * 3600, now - 4 * 3600),

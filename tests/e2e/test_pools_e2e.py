@@ -30,9 +30,11 @@ from tests.e2e.test_remote import FAB
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.xdist_group("pools_e2e")]
 
 ADDRESSES = ["127.0.17.2", "127.0.17.3", "127.0.17.4"]
-POOLS = [{"role": "chief", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
-         {"role": "worker", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
-         {"role": "ps", "machineType": "n1-highmem-8"}]
+POOLS = [
+    {"role": "chief", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
+    {"role": "worker", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
+    {"role": "ps", "machineType": "n1-highmem-8"},
+]
 FAKE_SMI = """#!/bin/sh
 # nvidia-smi as a T4 VM answers: the GPU list, and a utilisation query.
 case "$*" in
@@ -81,29 +83,45 @@ def pool_cluster(tmp_path: Path, public_key: Path):
             fakebin.mkdir()
             (fakebin / "nvidia-smi").write_text(FAKE_SMI)
             (fakebin / "nvidia-smi").chmod(0o755)
-            prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
-                      f'mount --bind "{disk}" "{mount}" && exec "$0" "$@"')
+            prefix = ("unshare", "--mount", "--propagation", "private", "sh", "-c", f'mount --bind "{disk}" "{mount}" && exec "$0" "$@"')
             env = f"PATH={fakebin}:/usr/local/bin:/usr/bin:/bin GPUS={pool_gpus}"
-            sshds.append(start_on_22(Sshd(tmp_path / f"sshd{i}", address, client_key=key, port=22, setenv=env,
-                                          prefix=prefix)))
+            sshds.append(start_on_22(Sshd(tmp_path / f"sshd{i}", address, client_key=key, port=22, setenv=env, prefix=prefix)))
             nodes.append(disk)
         stacks, home = tmp_path / "stacks", tmp_path / "home"
         stacks.mkdir()
-        raw = {"gcp:project": "proj-1", "gpu-train:zone": "us-central1-a", "gpu-train:sshSourceRanges": ["203.0.113.7/32"],
-               "gpu-train:sshPublicKey": str(public_key), "gpu-train:remoteRoot": str(mount),
-               "gpu-train:python": sys.executable, "gpu-train:idleStopMinutes": 0, "gpu-train:pools": POOLS}
+        raw = {
+            "gcp:project": "proj-1",
+            "gpu-train:zone": "us-central1-a",
+            "gpu-train:sshSourceRanges": ["203.0.113.7/32"],
+            "gpu-train:sshPublicKey": str(public_key),
+            "gpu-train:remoteRoot": str(mount),
+            "gpu-train:python": sys.executable,
+            "gpu-train:idleStopMinutes": 0,
+            "gpu-train:pools": POOLS,
+        }
         (stacks / "Pulumi.pools.yaml").write_text(json.dumps({"config": raw}))
         # The outputs `pulumi up` exports for this stack: the program's own, with the nodes' real addresses.
         declared = preview.run(program.main, stack="pools", config=raw)
         assert declared.error is None, declared.error
         # (The loopback nodes log in as this test's user rather than the VM's `trainer`.)
-        outputs = {**declared.outputs, "externalIps": ADDRESSES, "internalIps": ADDRESSES, "externalIp": ADDRESSES[0],
-                   "internalIp": ADDRESSES[0], "sshUser": getpass.getuser()}
+        outputs = {
+            **declared.outputs,
+            "externalIps": ADDRESSES,
+            "internalIps": ADDRESSES,
+            "externalIp": ADDRESSES[0],
+            "internalIp": ADDRESSES[0],
+            "sshUser": getpass.getuser(),
+        }
         assert (outputs["nodeRoles"], outputs["nodeGpuCounts"]) == (["chief", "worker", "ps"], [1, 1, 0])
         (home / "pools").mkdir(parents=True)
         (home / "pools" / "outputs.json").write_text(json.dumps(outputs))
-        env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(stacks), "GPU_TRAIN_HOME": str(home), "GPU_TRAIN_STACK": "pools",
-               "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "GPU_TRAIN_STACKS_DIR": str(stacks),
+            "GPU_TRAIN_HOME": str(home),
+            "GPU_TRAIN_STACK": "pools",
+            "PYTHONPATH": str(ROOT),
+        }
         yield nodes, env, tmp_path
     finally:  # also when setting up failed half way
         for s in sshds:
@@ -112,8 +130,9 @@ def pool_cluster(tmp_path: Path, public_key: Path):
 
 
 def fab(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FAB, "--search-root", str(ROOT), *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [FAB, "--search-root", str(ROOT), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
 
 
 def test_tf_config_roles_come_from_the_pools(pool_cluster) -> None:
@@ -136,8 +155,11 @@ def test_tf_config_roles_come_from_the_pools(pool_cluster) -> None:
     assert len(configs) == 3, f"TF_CONFIG seen on nodes {sorted(configs)}"
     cluster = {"chief": [f"{ADDRESSES[0]}:2222"], "worker": [f"{ADDRESSES[1]}:2222"], "ps": [f"{ADDRESSES[2]}:2222"]}
     assert all(c["cluster"] == cluster for c in configs.values())
-    assert [configs[i]["task"] for i in range(3)] == [{"type": "chief", "index": 0}, {"type": "worker", "index": 0},
-                                                       {"type": "ps", "index": 0}]
+    assert [configs[i]["task"] for i in range(3)] == [
+        {"type": "chief", "index": 0},
+        {"type": "worker", "index": 0},
+        {"type": "ps", "index": 0},
+    ]
     status = fab(env, code, "status", "--json")
     assert status.returncode == 0, status.stderr
     doc = json.loads(status.stdout)

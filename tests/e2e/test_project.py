@@ -15,7 +15,7 @@ from tests.unit.test_project import GPU_TRAIN, Project, proj, sshd, started_run 
 
 # -- the loop from a project directory --------------------------------------------------------
 @pytest.mark.long  # a user's whole first session: venv, pip, push, fetch
-def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:  # noqa: F811
+def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     server = sshd("127.0.14.1")
     init = proj.run("init", "--host", server.spec, "--key", str(server.client_key), check=True)
     stack = proj.dir / "stacks" / "Pulumi.lab.yaml"
@@ -78,8 +78,15 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:  
 
     (proj.dir / "requirements.txt").write_text("")
     (proj.dir / "slow.py").write_text("import time\nprint('tick', flush=True)\ntime.sleep(120)\n")
-    follower = subprocess.Popen([GPU_TRAIN, "train", "--script", "slow.py", "--follow"], cwd=proj.dir, env=proj.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    follower = subprocess.Popen(
+        [GPU_TRAIN, "train", "--script", "slow.py", "--follow"],
+        cwd=proj.dir,
+        env=proj.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     for line in follower.stdout:
         if line.strip() == "tick":
             break
@@ -102,12 +109,15 @@ def _start_agent(tmp: Path) -> tuple[str, int]:
     return sock, pid
 
 
-def test_passphrase_key_through_a_real_ssh_agent(proj: Project, sshd, tmp_path: Path) -> None:  # noqa: F811
+def test_passphrase_key_through_a_real_ssh_agent(proj: Project, sshd, tmp_path: Path) -> None:
     key = tmp_path / "locked_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "correct horse", "-f", str(key)], check=True)
     server = sshd("127.0.14.2", key)
-    proj.stack("lab", f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {key}\n"
-                      f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n")
+    proj.stack(
+        "lab",
+        f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {key}\n"
+        f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n",
+    )
     locked = proj.run("status")
     assert locked.returncode == 3 and f"ssh-add {key}" in locked.stderr and "passphrase" in locked.stderr
 
@@ -116,9 +126,13 @@ def test_passphrase_key_through_a_real_ssh_agent(proj: Project, sshd, tmp_path: 
         askpass = tmp_path / "askpass"
         askpass.write_text("#!/bin/sh\necho 'correct horse'\n")
         askpass.chmod(0o700)
-        subprocess.run(["ssh-add", str(key)], env={**proj.env, "SSH_AUTH_SOCK": sock, "SSH_ASKPASS": str(askpass),
-                                                    "SSH_ASKPASS_REQUIRE": "force", "DISPLAY": ":0"},
-                       stdin=subprocess.DEVNULL, capture_output=True, check=True)
+        subprocess.run(
+            ["ssh-add", str(key)],
+            env={**proj.env, "SSH_AUTH_SOCK": sock, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force", "DISPLAY": ":0"},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=True,
+        )
         proj.agent_sock = sock
         run = started_run(proj.run("train", "--script", "hello.py", check=True))  # paramiko, signing through the agent
         proj.run("logs", "--run", run, "--follow", check=True)
@@ -128,15 +142,20 @@ def test_passphrase_key_through_a_real_ssh_agent(proj: Project, sshd, tmp_path: 
         os.kill(pid, signal.SIGTERM)
 
 
-def test_alias_and_proxyjump_from_an_ssh_config(proj: Project, sshd, tmp_path: Path) -> None:  # noqa: F811
+def test_alias_and_proxyjump_from_an_ssh_config(proj: Project, sshd, tmp_path: Path) -> None:
     box, jump = sshd("127.0.14.3"), sshd("127.0.14.4")
     conf = tmp_path / "ssh_config"
-    conf.write_text(f"Host labbox\n  HostName {box.address}\n  Port {box.port}\n  User {box.user}\n"
-                    f"  IdentityFile {box.client_key}\n  ProxyJump jumpbox\n\n"
-                    f"Host jumpbox\n  HostName {jump.address}\n  Port {jump.port}\n  User {jump.user}\n"
-                    f"  IdentityFile {jump.client_key}\n")
-    proj.stack("lab", f"  gpu-train:hosts: [labbox]\n  gpu-train:sshConfig: {conf}\n"
-                      f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n")
+    conf.write_text(
+        f"Host labbox\n  HostName {box.address}\n  Port {box.port}\n  User {box.user}\n"
+        f"  IdentityFile {box.client_key}\n  ProxyJump jumpbox\n\n"
+        f"Host jumpbox\n  HostName {jump.address}\n  Port {jump.port}\n  User {jump.user}\n"
+        f"  IdentityFile {jump.client_key}\n"
+    )
+    proj.stack(
+        "lab",
+        f"  gpu-train:hosts: [labbox]\n  gpu-train:sshConfig: {conf}\n"
+        f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n",
+    )
     first = proj.run("train", "--script", "hello.py", check=True)
     assert f"first contact with [{jump.address}]:{jump.port}" in first.stderr  # the jump host was used
     run = started_run(first)

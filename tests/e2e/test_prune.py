@@ -13,11 +13,14 @@ from tests.unit.test_project import (
 from tests.unit.test_stack_select import OurProject
 
 
-def test_prune_frees_code_keeps_outputs_and_finished_runs_only(tmp_path: Path, sshd) -> None:  # noqa: F811
+def test_prune_frees_code_keeps_outputs_and_finished_runs_only(tmp_path: Path, sshd) -> None:
     proj = OurProject(tmp_path)
     server = sshd("127.0.14.13")
-    proj.stack("lab", f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
-                      f"  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n")
+    proj.stack(
+        "lab",
+        f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
+        f"  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n",
+    )
     assets = proj.dir / "assets"
     assets.mkdir()
     for i in range(codesize.MANY_FILES + 1):

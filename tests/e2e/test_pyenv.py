@@ -36,10 +36,16 @@ def uv_binary() -> Path:
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("wheels")
-    return {"uv": uv_wheel(folder, uv_binary()),
-            "tinypkg": make_wheel(folder, "tinypkg", "1.0", {"tinypkg.py": "VALUE = 42\n"}),
-            "tensorboard": make_wheel(folder, "tensorboard", "0.0.1", {"tensorboard/__init__.py": "", "tensorboard/main.py": "",
-                                                                      "tensorboard/program.py": FAKE_TENSORBOARD})}
+    return {
+        "uv": uv_wheel(folder, uv_binary()),
+        "tinypkg": make_wheel(folder, "tinypkg", "1.0", {"tinypkg.py": "VALUE = 42\n"}),
+        "tensorboard": make_wheel(
+            folder,
+            "tensorboard",
+            "0.0.1",
+            {"tensorboard/__init__.py": "", "tensorboard/main.py": "", "tensorboard/program.py": FAKE_TENSORBOARD},
+        ),
+    }
 
 
 # A stand-in for TensorBoard's server in the project's venv: it answers HTTP on --port (what the
@@ -156,8 +162,11 @@ def test_pip_is_the_fallback_where_uv_cannot_be_had_and_says_so(lab_host, wheels
 def test_a_python_that_is_a_venv_is_used_as_it_is(lab_host, wheels, tmp_path: Path) -> None:
     own = tmp_path / "users-own-venv"  # made by the user, with their packages in it
     subprocess.run([str(uv_binary()), "venv", "--quiet", "--python", SYSTEM_PYTHON, str(own)], check=True)
-    subprocess.run([str(uv_binary()), "pip", "install", "--quiet", "--python", str(own / "bin" / "python"),
-                    str(wheels["tinypkg"])], check=True, env={**os.environ, "UV_CACHE_DIR": str(tmp_path / "uvcache")})
+    subprocess.run(
+        [str(uv_binary()), "pip", "install", "--quiet", "--python", str(own / "bin" / "python"), str(wheels["tinypkg"])],
+        check=True,
+        env={**os.environ, "UV_CACHE_DIR": str(tmp_path / "uvcache")},
+    )
     host = lab_host(OFFLINE_INDEX, python=str(own / "bin" / "python"))
     result = host.train(requirements=None)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -174,8 +183,14 @@ def test_tensorboard_is_found_in_the_project_venv(lab_host, wheels) -> None:
         assert missing.returncode != 0 and f"the next train installs it into {host.venv}/bin/python" in missing.stderr
         result = host.train("print('ok')\n", "tensorboard==0.0.1\n")  # the advice, followed
         assert result.returncode == 0, result.stdout + result.stderr
-        served = subprocess.Popen([FAB, "--search-root", str(ROOT), "tensorboard", "--json"], env=host.env, cwd=host.project,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        served = subprocess.Popen(
+            [FAB, "--search-root", str(ROOT), "tensorboard", "--json"],
+            env=host.env,
+            cwd=host.project,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             line = served.stdout.readline()  # type: ignore[union-attr]
             assert line, served.communicate(timeout=30)

@@ -33,15 +33,21 @@ def readme_recipe(style: str, own_args: str) -> list[str]:
     README's resume recipe gives them for ``style`` (in the comment above its command): the tests run
     what the README tells a user."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Resuming after a reboot"):]
-    block = section[section.index("```sh\n") + 6:section.index("```\n", section.index("```sh\n") + 6)]
+    section = text[text.index("### Resuming after a reboot") :]
+    block = section[section.index("```sh\n") + 6 : section.index("```\n", section.index("```sh\n") + 6)]
     lines = block.replace("\\\n", " ").splitlines()
     command = next(lines[i + 1] for i, line in enumerate(lines) if line.startswith("#") and style in line)
     words = shlex.split(command)
     given = {word: words[i + 1] for i, word in enumerate(words) if word in ("--args", "--resume-args", "--resume-if")}
     assert "--resume-args" in given and "--resume-if" in given, f"README's recipe for {style}: {command}"
-    return ["--args", " ".join(filter(None, (given.get("--args"), own_args))),
-            "--resume-args", given["--resume-args"], "--resume-if", given["--resume-if"]]
+    return [
+        "--args",
+        " ".join(filter(None, (given.get("--args"), own_args))),
+        "--resume-args",
+        given["--resume-args"],
+        "--resume-if",
+        given["--resume-if"],
+    ]
 
 
 PROJECTS = Path(__file__).parents[1] / "real_projects"
@@ -111,7 +117,7 @@ def outputs_come_home(lab: Lab, run: str, sent: set[str], expected: set[str]) ->
     (home / "workdir").unlink()
     lab.fab("fetch", "--run", run, check=True)
     local = home / "workdir"
-    assert files_under(local) == set(outputs), (sorted(files_under(local) ^ set(outputs)))
+    assert files_under(local) == set(outputs), sorted(files_under(local) ^ set(outputs))
     different = [rel for rel, data in outputs.items() if (local / rel).read_bytes() != data]
     assert not different, f"fetched but not byte-identical: {different}"
     assert "nothing to destroy" in lab.fab("down", check=True).stdout
@@ -130,16 +136,26 @@ def test_hugging_face_trainer_resumes_from_its_own_checkpoint(lab: Lab) -> None:
     wait_for("step 12", lambda: max(steps(r"^global step (\d+)/", lab.log(run)[fresh:]), default=0) >= 12, lab, run)
     output = lab.remote / "runs" / run / "code" / "output"
     assert steps(r"^global step (\d+)/", lab.log(run)[fresh:])[0] == 1  # started over, and did not fail
-    cont, saved = relaunched_by_boot(lab, run, 2, lambda: max(
-        json.loads(p.read_text())["global_step"] for p in output.glob("checkpoint-*/trainer_state.json")))
+    cont, saved = relaunched_by_boot(
+        lab, run, 2, lambda: max(json.loads(p.read_text())["global_step"] for p in output.glob("checkpoint-*/trainer_state.json"))
+    )
     assert saved >= 10
     info = lab.wait(run, timeout=180)
     log = lab.log(run)
     assert info["state"] == "succeeded", log[-3000:]
     assert steps(r"^global step (\d+)/", log[cont:])[0] == saved + 1, log[cont:]  # the Trainer's own count
     assert "finished at global step 30" in log[cont:]
-    outputs_come_home(lab, run, sent, {"output/model.safetensors", "output/config.json",
-                                       f"output/checkpoint-{saved}/optimizer.pt", "output/checkpoint-30/trainer_state.json"})
+    outputs_come_home(
+        lab,
+        run,
+        sent,
+        {
+            "output/model.safetensors",
+            "output/config.json",
+            f"output/checkpoint-{saved}/optimizer.pt",
+            "output/checkpoint-30/trainer_state.json",
+        },
+    )
 
 
 def test_lightning_trainer_resumes_from_last_ckpt(lab: Lab) -> None:
@@ -159,9 +175,18 @@ def test_lightning_trainer_resumes_from_last_ckpt(lab: Lab) -> None:
     assert "Restored all states from the checkpoint at" in after and "last.ckpt" in after, after
     assert steps(r"^global_step=(\d+) ", after)[0] == saved  # Lightning's own count, restored
     assert "done at global_step=30" in after
-    outputs_come_home(lab, run, sent, {"checkpoints/last.ckpt", f"checkpoints/epoch=0-step={saved}.ckpt",
-                                       "checkpoints/epoch=0-step=30.ckpt", "lightning_logs/version_0/hparams.yaml",
-                                       "lightning_logs/version_1/hparams.yaml"})
+    outputs_come_home(
+        lab,
+        run,
+        sent,
+        {
+            "checkpoints/last.ckpt",
+            f"checkpoints/epoch=0-step={saved}.ckpt",
+            "checkpoints/epoch=0-step=30.ckpt",
+            "lightning_logs/version_0/hparams.yaml",
+            "lightning_logs/version_1/hparams.yaml",
+        },
+    )
 
 
 def test_configurator_script_resumes_with_init_from_resume(lab: Lab) -> None:

@@ -31,8 +31,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 # -- the whole loop ---------------------------------------------------------------------------
 def test_train_follow_status_fetch_the_example(lab: Lab) -> None:
-    started = lab.fab("train", "--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 120 --checkpoint-every 40",
-                      check=True)
+    started = lab.fab("train", "--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 120 --checkpoint-every 40", check=True)
     run = started.stdout.split()[1]
     assert run.startswith("train_") and len(run) == len("train_20260101_000000")
     assert "first contact with" in started.stderr and "SHA256:" in started.stderr
@@ -193,8 +192,7 @@ def test_pinned_known_hosts_refuses_unknown_hosts(lab: Lab) -> None:
 
 
 def test_fetch_survives_a_killed_sshd(lab: Lab, plain: str) -> None:
-    big = ('python3 -c "import os; [open(os.environ[\'JOB_DIR\'] + f\'/part{i}.bin\', \'wb\')'
-           '.write(os.urandom(300 << 20)) for i in range(2)]"')
+    big = "python3 -c \"import os; [open(os.environ['JOB_DIR'] + f'/part{i}.bin', 'wb').write(os.urandom(300 << 20)) for i in range(2)]\""
     run = lab.train("--dir", plain, "--command", big, "--name", "big")
     assert lab.wait(run, timeout=120)["state"] == "succeeded"
     job = Path(lab.run_state(run)["jobDir"])
@@ -242,8 +240,10 @@ def streaming_agents(lab: Lab) -> list[int]:
 def test_logs_follow_reconnects_after_a_dropped_connection(lab: Lab, plain: str) -> None:
     # Half the ticks, then the job waits for `go`: the connection drops while the log is being followed,
     # however slowly this machine starts the follower.
-    ticker = ('for i in $(seq 1 20); do echo "tick $i"; sleep 0.1; done; '
-              'while [ ! -e "$JOB_DIR/go" ]; do sleep 0.1; done; for i in $(seq 21 40); do echo "tick $i"; done')
+    ticker = (
+        'for i in $(seq 1 20); do echo "tick $i"; sleep 0.1; done; '
+        'while [ ! -e "$JOB_DIR/go" ]; do sleep 0.1; done; for i in $(seq 21 40); do echo "tick $i"; done'
+    )
     run = lab.train("--dir", plain, "--command", ticker, "--name", "ticker")
     follower = lab.spawn("logs", "--follow", "--lines", "0", "--run", run)
     deadline = time.monotonic() + 60
@@ -289,28 +289,57 @@ def test_gpus_without_nvidia_smi(lab: Lab) -> None:
 
 def test_ssh_config_entry_and_plain_ssh(lab: Lab) -> None:
     env = {**lab.env, "HOME": str(lab.tmp / "userhome")}
-    first = subprocess.run([FAB, "--search-root", str(ROOT), "status"], env=env, cwd=lab.cwd, capture_output=True, text=True,
-                           timeout=60, stdin=subprocess.DEVNULL)
+    first = subprocess.run(
+        [FAB, "--search-root", str(ROOT), "status"],
+        env=env,
+        cwd=lab.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert "ssh alias: ssh gpu-train-lab," in first.stderr and "fab ssh-config" in first.stderr
     config = lab.tmp / "userhome" / ".ssh" / "config"
     assert not config.exists()  # never edited without being asked
     for _ in range(2):
-        added = subprocess.run([FAB, "--search-root", str(ROOT), "ssh-config"], env=env, cwd=lab.cwd, capture_output=True,
-                               text=True, timeout=60, stdin=subprocess.DEVNULL)
+        added = subprocess.run(
+            [FAB, "--search-root", str(ROOT), "ssh-config"],
+            env=env,
+            cwd=lab.cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert added.returncode == 0, added.stderr
     assert config.read_text().count("Include ") == 1  # idempotent
-    out = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", "gpu-train-lab", "echo via-alias"],
-                         capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        ["ssh", "-F", str(config), "-o", "BatchMode=yes", "gpu-train-lab", "echo via-alias"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.stdout.strip() == "via-alias", out.stderr
-    removed = subprocess.run([FAB, "--search-root", str(ROOT), "ssh-config", "--remove"], env=env, cwd=lab.cwd,
-                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    removed = subprocess.run(
+        [FAB, "--search-root", str(ROOT), "ssh-config", "--remove"],
+        env=env,
+        cwd=lab.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert "removed the Include line" in removed.stdout and "Include" not in config.read_text()
 
 
 def test_tunnel_forwards_a_port(lab: Lab) -> None:
     remote_port, local_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(remote_port), "--bind", "127.0.0.1",
-                               "--directory", str(EXAMPLE)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(remote_port), "--bind", "127.0.0.1", "--directory", str(EXAMPLE)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     tunnel = lab.spawn("tunnel", "--port", str(remote_port), "--local-port", str(local_port))
     try:
         body = b""

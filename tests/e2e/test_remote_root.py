@@ -13,13 +13,16 @@ from tests.unit.test_project import (
 from tests.unit.test_stack_select import OurProject
 
 
-def test_a_fresh_host_gets_the_hidden_root_and_an_old_one_keeps_its_runs(tmp_path: Path, sshd) -> None:  # noqa: F811
+def test_a_fresh_host_gets_the_hidden_root_and_an_old_one_keeps_its_runs(tmp_path: Path, sshd) -> None:
     proj = OurProject(tmp_path)
     fresh, old = sshd("127.0.14.10"), sshd("127.0.14.11")
 
     def stack(name: str, server, root: str = "") -> None:
-        proj.stack(name, f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
-                         f"  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n" + root)
+        proj.stack(
+            name,
+            f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
+            f"  gpu-train:python: {sys.executable}\n  gpu-train:venv: false\n" + root,
+        )
 
     # Runs made before the default changed: the stack said nothing, so they went to ~/gpu-train.
     stack("old", old, f"  gpu-train:remoteRoot: {REMOTE_ROOT_BEFORE}\n")
@@ -41,7 +44,7 @@ def test_a_fresh_host_gets_the_hidden_root_and_an_old_one_keeps_its_runs(tmp_pat
     assert "old default" not in proj.run("status", "--stack", "fresh", check=True).stderr
 
 
-def test_a_cluster_asks_each_node_before_the_code_hop(tmp_path: Path, sshd) -> None:  # noqa: F811
+def test_a_cluster_asks_each_node_before_the_code_hop(tmp_path: Path, sshd) -> None:
     # Node 1 has runs under the old default, node 0 is fresh: node 0 passes the code on to node 1's own root.
     proj = OurProject(tmp_path)
     a = sshd("127.0.14.14")

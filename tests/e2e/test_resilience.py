@@ -39,8 +39,9 @@ def test_tick_powers_off_for_real_only_when_idle(lab: Lab, plain: str) -> None:
     lab.end_shared_connection()  # (a task's shared connection is an SSH session: the idle clock waits for it)
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect(lab.sshd.address, lab.sshd.port, lab.sshd.user, key_filename=str(lab.sshd.client_key),
-                   look_for_keys=False, allow_agent=False)
+    client.connect(
+        lab.sshd.address, lab.sshd.port, lab.sshd.user, key_filename=str(lab.sshd.client_key), look_for_keys=False, allow_agent=False
+    )
     try:
         assert "SSH session(s) open" in agent_cmd(lab, "tick")["why"]
     finally:
@@ -59,8 +60,12 @@ def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab, 
     steps, every = 600, 25
     args = f"--steps {steps} --checkpoint-every {every} --step-time 0.015"
     # The same training without reboots, beside it (it only has to end with the same numbers).
-    reference = subprocess.Popen([sys.executable, str(EXAMPLE / "train.py"), "--job-dir", str(lab.tmp / "ref"),
-                                  *args.split()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    reference = subprocess.Popen(
+        [sys.executable, str(EXAMPLE / "train.py"), "--job-dir", str(lab.tmp / "ref"), *args.split()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     run = lab.train("--dir", example, "--script", "train.py", "--args", args)
     rng = random.Random(7)
@@ -83,12 +88,12 @@ def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab, 
         kills += 1
         wait_state(lab, run, ("running",))
         deadline = time.monotonic() + 60  # the job says where it starts: its newest checkpoint, or 0
-        while not (started := re.findall(r"steps (\d+)\.\.", lab.log(run)[len(log):])) and time.monotonic() < deadline:
+        while not (started := re.findall(r"steps (\d+)\.\.", lab.log(run)[len(log) :])) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert started and killed_at - int(started[0]) <= every + 10, (killed_at, started)  # logged every 10 steps
         start = int(started[0])
         if start:
-            assert f"resumed from ckpt_{start:08d}.pt (step {start})" in lab.log(run)[len(log):]
+            assert f"resumed from ckpt_{start:08d}.pt (step {start})" in lab.log(run)[len(log) :]
     info = lab.wait(run, timeout=180)
     assert kills >= 8, "the run ended before most of the kills"
     assert info["state"] == "succeeded" and info["resumes"] == kills
@@ -102,8 +107,7 @@ def test_ten_reboots_at_random_moments_lose_at_most_one_interval_each(lab: Lab, 
 
 
 def test_shutdown_lets_the_example_checkpoint_within_25_s(lab: Lab, example: str) -> None:
-    run = lab.train("--dir", example, "--script", "train.py", "--args",
-                    "--steps 100000 --checkpoint-every 100000 --step-time 0.01")
+    run = lab.train("--dir", example, "--script", "train.py", "--args", "--steps 100000 --checkpoint-every 100000 --step-time 0.01")
     deadline = time.monotonic() + 60
     while last_step(lab.log(run)) < 20 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -150,8 +154,7 @@ def test_a_failed_job_is_not_resumed(lab: Lab, plain: str) -> None:
 
 # -- fetch while training; setup; status --------------------------------------------------------
 def test_fetch_watch_trails_the_run_and_ends_with_everything(lab: Lab, example: str) -> None:
-    run = lab.train("--dir", example, "--script", "train.py", "--args",
-                    "--steps 400 --checkpoint-every 50 --keep 100 --step-time 0.02")
+    run = lab.train("--dir", example, "--script", "train.py", "--args", "--steps 400 --checkpoint-every 50 --keep 100 --step-time 0.02")
     watcher = lab.spawn("fetch", "--watch", "--interval", "1")
     local = lab.cwd / "runs" / "lab" / run / "checkpoints"
     counts_while_running = set()  # how many checkpoints the laptop had, each time it was looked at mid-run
@@ -178,13 +181,12 @@ def test_status_shows_the_agent_view(lab: Lab, plain: str) -> None:
     lab.wait(run)
     text = lab.fab("status", check=True).stdout
     assert "idle stop after 20 min (not checked yet" in text
-    (lab.remote / "agent.json").write_text(json.dumps({"idleStopMinutes": 20, "poweroffCommand": ["true"],
-                                                       "sshPort": 1}))
+    (lab.remote / "agent.json").write_text(json.dumps({"idleStopMinutes": 20, "poweroffCommand": ["true"], "sshPort": 1}))
     agent_cmd(lab, "tick")
     assert "idle stop: idle 0 min, stops at 20" in lab.fab("status", check=True).stdout
 
 
-def test_setup_installs_boot_at_reboot_on_an_ssh_host(lab: Lab, crontab_restored) -> None:  # noqa: F811
+def test_setup_installs_boot_at_reboot_on_an_ssh_host(lab: Lab, crontab_restored) -> None:
     out = lab.fab("setup", check=True).stdout
     assert '"maxResumes": 10' in out and '"idleStopMinutes": 0' in out
     cron = subprocess.run(["crontab", "-l"], capture_output=True, text=True, check=True).stdout

@@ -15,11 +15,13 @@ LAB_ADDRESS = "127.0.41.2"  # this module's loopback addresses: 127.0.41.x (the 
 
 # A job that prints its loss curve: about 100 KB at once (past the size a fetch compares by blocks), then
 # more lines for a few seconds (the log grows while a fetch reads it), and a file of its own named `log`.
-JOB = (f"{sys.executable} -u -c \"import os, time\n"
-       "open(os.path.join(os.environ['JOB_DIR'], 'log'), 'w').write('the job\\'s own file\\n')\n"
-       "for i in range(4000): print(f'step {i} loss {1 / (i + 1):.8f}')\n"
-       "for i in range(4000, 4400): print(f'step {i} loss {1 / (i + 1):.8f}'); time.sleep(0.01)\n"
-       "print('done')\"")
+JOB = (
+    f'{sys.executable} -u -c "import os, time\n'
+    "open(os.path.join(os.environ['JOB_DIR'], 'log'), 'w').write('the job\\'s own file\\n')\n"
+    "for i in range(4000): print(f'step {i} loss {1 / (i + 1):.8f}')\n"
+    "for i in range(4000, 4400): print(f'step {i} loss {1 / (i + 1):.8f}'); time.sleep(0.01)\n"
+    "print('done')\""
+)
 
 
 def test_the_log_comes_home_with_every_fetch_while_it_grows(lab: Lab, plain: str) -> None:

@@ -51,8 +51,9 @@ def test_the_users_own_ssh_config_is_read_as_it_is(lab: Lab, tmp_path: Path) -> 
     (home / ".ssh").mkdir(parents=True)
     mark = lab.tmp / "ran"
     config = home / ".ssh" / "config"
-    config.write_text(f'Match exec "touch {mark}"\nHost labbox\n  HostName {lab.sshd.address}\n  Port {lab.sshd.port}\n'
-                      f"  User {lab.sshd.user}\n")
+    config.write_text(
+        f'Match exec "touch {mark}"\nHost labbox\n  HostName {lab.sshd.address}\n  Port {lab.sshd.port}\n  User {lab.sshd.user}\n'
+    )
     _use_ssh_config(lab, config)
     result = run_fab({**lab.env, "HOME": str(home)}, lab.cwd, "status")
     assert result.returncode == 0, result.stderr
@@ -65,8 +66,10 @@ def test_no_fetched_link_resolves_outside_the_run(lab: Lab, plain: str) -> None:
     # `a/b/c/d/up -> ../../../..` (issue 28 C; rsync's CVE-2024-12088).
     victim = lab.tmp / "victim"
     victim.write_text("a laptop file")
-    plant = ("mkdir -p $JOB_DIR/a/b/c/d && ln -s ../../../.. $JOB_DIR/a/b/c/d/up && "
-             "ln -s a/b/c/d/up/../../../../victim $JOB_DIR/notes.txt && echo ok > $JOB_DIR/real.txt")
+    plant = (
+        "mkdir -p $JOB_DIR/a/b/c/d && ln -s ../../../.. $JOB_DIR/a/b/c/d/up && "
+        "ln -s a/b/c/d/up/../../../../victim $JOB_DIR/notes.txt && echo ok > $JOB_DIR/real.txt"
+    )
     run = lab.train("--dir", plain, "--command", plant)
     assert lab.wait(run)["state"] == "succeeded", lab.log(run)
     result = lab.fab("fetch", "--run", run)

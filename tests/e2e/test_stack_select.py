@@ -9,11 +9,14 @@ from tests.unit.test_project import sshd  # noqa: F401 (a fixture)
 from tests.unit.test_stack_select import OurProject
 
 
-def test_a_second_stack_does_not_make_stack_mandatory(tmp_path: Path, sshd) -> None:  # noqa: F811
+def test_a_second_stack_does_not_make_stack_mandatory(tmp_path: Path, sshd) -> None:
     proj = OurProject(tmp_path)
     server = sshd("127.0.14.9")
-    proj.stack("lab", f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
-                      f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n")
+    proj.stack(
+        "lab",
+        f"  gpu-train:hosts: ['{server.spec}']\n  gpu-train:sshKey: {server.client_key}\n"
+        f"  gpu-train:remoteRoot: {proj.remote}\n  gpu-train:python: {sys.executable}\n",
+    )
     assert proj.run("ssh", "--", "echo", "one-stack", check=True).stdout.strip() == "one-stack"
     proj.stack("gone", f"  gpu-train:hosts: ['root@127.0.14.9:1']\n  gpu-train:sshKey: {server.client_key}\n")
     none = proj.run("ssh", "--", "echo", "x")

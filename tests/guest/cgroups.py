@@ -30,7 +30,8 @@ def _hierarchies() -> list[Path]:
     else:
         CGROUP2_MOUNT.mkdir(parents=True, exist_ok=True)
         if (CGROUP2_MOUNT / "cgroup.controllers").exists() or subprocess.run(
-                ["mount", "-t", "cgroup2", "none", str(CGROUP2_MOUNT)], capture_output=True).returncode == 0:
+            ["mount", "-t", "cgroup2", "none", str(CGROUP2_MOUNT)], capture_output=True
+        ).returncode == 0:
             roots.append(CGROUP2_MOUNT)
     if (Path("/sys/fs/cgroup/systemd") / "cgroup.procs").exists():
         roots.append(Path("/sys/fs/cgroup/systemd"))

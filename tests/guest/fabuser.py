@@ -42,10 +42,22 @@ class FabUser:
         return self.guest.path(inside)
 
     def fab(self, *args: str, check: bool = False, timeout: float = 180) -> subprocess.CompletedProcess:
-        env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(self.stacks), "GPU_TRAIN_HOME": str(self.home),
-               "GPU_TRAIN_STACK": "vm", "PYTHONPATH": str(ROOT)}
-        result = subprocess.run([FAB, "--search-root", str(ROOT), *args], env=env, cwd=self.cwd, capture_output=True,
-                                text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        env = {
+            **os.environ,
+            "GPU_TRAIN_STACKS_DIR": str(self.stacks),
+            "GPU_TRAIN_HOME": str(self.home),
+            "GPU_TRAIN_STACK": "vm",
+            "PYTHONPATH": str(ROOT),
+        }
+        result = subprocess.run(
+            [FAB, "--search-root", str(ROOT), *args],
+            env=env,
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"fab {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
@@ -95,8 +107,7 @@ class FabUser:
         raise AssertionError(f"timed out waiting for {what}\n--- journal ---\n{self.guest.journal()[-6000:]}")
 
     def wait_state(self, run: str, states: tuple[str, ...], timeout: float = 120) -> dict:
-        return self.wait_for(f"{run} in {states}", lambda: (s := self.state(run)).get("state") in states and s,
-                             timeout)
+        return self.wait_for(f"{run} in {states}", lambda: (s := self.state(run)).get("state") in states and s, timeout)
 
     def wait_step(self, run: str, step: int, timeout: float = 120) -> int:
         return self.wait_for(f"{run} at step {step}", lambda: (s := last_step(self.log(run))) >= step and s, timeout)

@@ -140,23 +140,29 @@ class Guest:
         upper, work = self.workdir / "upper", self.workdir / "work"
         for d in (self.root, upper, work):
             d.mkdir(exist_ok=True)
-        mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                                  f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root)],
-                                 capture_output=True, text=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={self.rootfs},upperdir={upper},workdir={work}", str(self.root)],
+            capture_output=True,
+            text=True,
+        )
         if mounted.returncode == 0:
             self._mounted = True
         else:
             subprocess.run(["cp", "-a", "--reflink=auto", f"{self.rootfs}/.", str(self.root)], check=True)
         self._add_user()
-        self.write("/etc/ssh/sshd_config.d/gpu-train-guest.conf",
-                   f"ListenAddress {self.address}:{self.port}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n")
+        self.write(
+            "/etc/ssh/sshd_config.d/gpu-train-guest.conf",
+            f"ListenAddress {self.address}:{self.port}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n",
+        )
         self.write("/usr/bin/google_metadata_script_runner", STARTUP_RUNNER, 0o755)
         self.write("/etc/systemd/system/google-startup-scripts.service", STARTUP_UNIT)
         self._chroot("systemctl", "enable", "google-startup-scripts.service")
         # Every unit (the agent's included) finds the metadata server through this setting; torch jobs
         # take one OpenMP thread, as on loopback sshd's sessions (tests/conftest.py says why).
-        self.write("/etc/systemd/system.conf.d/gpu-train-guest.conf",
-                   f"[Manager]\nDefaultEnvironment={METADATA_ENV}={self.metadata.url} OMP_NUM_THREADS=1\n")
+        self.write(
+            "/etc/systemd/system.conf.d/gpu-train-guest.conf",
+            f"[Manager]\nDefaultEnvironment={METADATA_ENV}={self.metadata.url} OMP_NUM_THREADS=1\n",
+        )
         # The journal kept across reboots, so a failure after one can show the boot before (journal(boot=-1)).
         self.write("/etc/systemd/journald.conf.d/gpu-train-guest.conf", "[Journal]\nStorage=persistent\n")
         self.path("/var/log/journal").mkdir(parents=True, exist_ok=True)
@@ -200,9 +206,12 @@ class Guest:
         site = site_packages or Path(sysconfig.get_paths()["purelib"])
         self.nspawn_args += [f"--bind-ro={site}:/opt/host-site"]
         self._chroot("python3", "-m", "venv", "--without-pip", at)
-        version = subprocess.run(["chroot", str(self.root), "python3", "-c",
-                                  "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
+        version = subprocess.run(
+            ["chroot", str(self.root), "python3", "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         self.write(f"{at}/lib/python{version}/site-packages/host-site.pth", "/opt/host-site\n")
         return f"{at}/bin/python"
 
@@ -214,16 +223,25 @@ class Guest:
         assert self.proc is None, "the guest is already up"
         started = time.monotonic()
         console = open(self.workdir / "console.log", "ab")  # noqa: SIM115 (kept open for nspawn's life)
-        nspawn = ["systemd-nspawn", "-q", "-b", "-D", str(self.root), "-M", self.name, "--register=no", "--keep-unit",
-                  "--console=pipe", *self.nspawn_args]
+        nspawn = [
+            "systemd-nspawn",
+            "-q",
+            "-b",
+            "-D",
+            str(self.root),
+            "-M",
+            self.name,
+            "--register=no",
+            "--keep-unit",
+            "--console=pipe",
+            *self.nspawn_args,
+        ]
         drop_cgroups(self.name)  # (what a crashed run of the same name left)
         procs = own_cgroups(self.name)
         if procs:  # nspawn (the pid kept by exec) starts in them: the guest's cgroups go below
             moves = "; ".join(f"echo $$ > {shlex.quote(str(p))}" for p in procs)  # each as it can
             nspawn = ["sh", "-c", f'{moves}; exec "$@"', "sh", *nspawn]
-        self.proc = subprocess.Popen(
-            nspawn,
-            stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(nspawn, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
         console.close()
         deadline = started + timeout
         said = ""  # what `systemctl is-system-running` last said (stdout and stderr)
@@ -234,8 +252,7 @@ class Guest:
             if self.init_pid is not None:
                 # Blocks until the boot is done; answers at once while the manager's bus is not up yet.
                 try:
-                    result = self.sh("systemctl is-system-running --wait", check=False,
-                                     timeout=max(1.0, deadline - time.monotonic()))
+                    result = self.sh("systemctl is-system-running --wait", check=False, timeout=max(1.0, deadline - time.monotonic()))
                     said = (result.stdout + result.stderr).strip()
                 except subprocess.TimeoutExpired:
                     break
@@ -251,8 +268,10 @@ class Guest:
                 elif state == "stopping":  # going down (powered off, halted) before we saw it up
                     self._check_nspawn(said, wait=30)
             time.sleep(0.1)
-        raise TimeoutError(f"the guest did not boot in {timeout:g} s (systemctl is-system-running said {said!r}; "
-                           f"init pid {self.init_pid}):\n{self.console_tail()}")
+        raise TimeoutError(
+            f"the guest did not boot in {timeout:g} s (systemctl is-system-running said {said!r}; "
+            f"init pid {self.init_pid}):\n{self.console_tail()}"
+        )
 
     def _check_nspawn(self, said: str, wait: float = 0) -> None:
         """Raise, with the console, when systemd-nspawn has exited (waiting up to ``wait`` s for it)."""
@@ -264,10 +283,11 @@ class Guest:
         if code is None:
             return
         self.init_pid = None
-        why = ("the guest powered itself off or halted before the boot was seen to finish"
-               if code == 0 else "the container failed")
-        raise RuntimeError(f"systemd-nspawn exited with {code} during the boot: {why} (systemctl "
-                           f"is-system-running last said {said!r}). The guest's console:\n{self.console_tail()}")
+        why = "the guest powered itself off or halted before the boot was seen to finish" if code == 0 else "the container failed"
+        raise RuntimeError(
+            f"systemd-nspawn exited with {code} during the boot: {why} (systemctl "
+            f"is-system-running last said {said!r}). The guest's console:\n{self.console_tail()}"
+        )
 
     def _init_pid(self) -> int | None:
         """The guest's init: the child of systemd-nspawn that is pid 1 of a pid namespace of its own.
@@ -351,8 +371,7 @@ class Guest:
         """``command`` through bash inside the guest, as root or as ``user`` (a login shell)."""
         assert self.init_pid is not None, "the guest is not up"
         inner = ["runuser", "-l", user, "-c", command] if user else ["bash", "-c", command]
-        result = subprocess.run(["nsenter", "-t", str(self.init_pid), "-a", *inner], capture_output=True, text=True,
-                                timeout=timeout)
+        result = subprocess.run(["nsenter", "-t", str(self.init_pid), "-a", *inner], capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
             raise AssertionError(f"in the guest, {command!r} exited {result.returncode}:\n{result.stdout}{result.stderr}")
         return result
@@ -360,8 +379,7 @@ class Guest:
     def journal(self, unit: str | None = None, boot: int = 0) -> str:
         """The guest's journal of this boot (``boot=-1``: the one before), of one unit or all, for
         assertions and failure messages."""
-        return self.sh(f"journalctl -b {boot} --no-pager -o short-monotonic" + (f" -u {unit}" if unit else ""),
-                       check=False).stdout
+        return self.sh(f"journalctl -b {boot} --no-pager -o short-monotonic" + (f" -u {unit}" if unit else ""), check=False).stdout
 
     def failed_units(self) -> list[str]:
         out = self.sh("systemctl list-units --failed --plain --no-legend", check=False).stdout
@@ -374,14 +392,15 @@ class Guest:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def ssh_stack(self, stacks_dir: Path, name: str, key_file: Path, remote_root: str = "~/gpu-train",
-                  extra: str = "") -> Path:
+    def ssh_stack(self, stacks_dir: Path, name: str, key_file: Path, remote_root: str = "~/gpu-train", extra: str = "") -> Path:
         """An SSH stack pointing at this guest's sshd, for `fab --stack NAME` as a user would."""
         stacks_dir.mkdir(parents=True, exist_ok=True)
         path = stacks_dir / f"Pulumi.{name}.yaml"
-        path.write_text("config:\n  gpu-train:target: ssh\n"
-                        f"  gpu-train:hosts: ['{self.user}@{self.address}:{self.port}']\n"
-                        f"  gpu-train:sshKey: {key_file}\n  gpu-train:remoteRoot: {json.dumps(remote_root)}\n{extra}")
+        path.write_text(
+            "config:\n  gpu-train:target: ssh\n"
+            f"  gpu-train:hosts: ['{self.user}@{self.address}:{self.port}']\n"
+            f"  gpu-train:sshKey: {key_file}\n  gpu-train:remoteRoot: {json.dumps(remote_root)}\n{extra}"
+        )
         return path
 
 

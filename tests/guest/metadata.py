@@ -97,9 +97,8 @@ class MetadataServer:
                 prefix = "/computeMetadata/v1/"
                 query = urllib.parse.parse_qs(parsed.query)
                 if "wait_for_change" not in query:
-                    time.sleep(server.stalled.get(parsed.path[len(prefix):], 0))
-                value = server._answer(parsed.path[len(prefix):], query) \
-                    if parsed.path.startswith(prefix) else None
+                    time.sleep(server.stalled.get(parsed.path[len(prefix) :], 0))
+                value = server._answer(parsed.path[len(prefix) :], query) if parsed.path.startswith(prefix) else None
                 if value is None:
                     self._reply(404, "Not Found\n")
                 else:

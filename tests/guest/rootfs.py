@@ -11,8 +11,7 @@ from pathlib import Path
 
 ROOTFS = Path(os.environ.get("GPU_TRAIN_GUEST_ROOTFS", "/var/cache/gpu-train-guest/bookworm"))
 SUITE = "bookworm"
-PACKAGES = ("systemd", "systemd-sysv", "dbus", "sudo", "screen", "rsync", "openssh-server", "python3", "procps",
-            "cron", "iproute2")
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "sudo", "screen", "rsync", "openssh-server", "python3", "procps", "cron", "iproute2")
 HOST_PACKAGES = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap"}
 
 
@@ -46,8 +45,11 @@ def build_rootfs(rootfs: Path = ROOTFS) -> None:
         print(f"building the guest root file system at {rootfs} (debootstrap, once) ...", file=sys.stderr, flush=True)
         log = rootfs.parent / f"{rootfs.name}.debootstrap.log"
         with open(log, "w") as out:
-            code = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
-                                   str(partial)], stdout=out, stderr=subprocess.STDOUT).returncode
+            code = subprocess.run(
+                ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(partial)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            ).returncode
         if code != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
             raise SystemExit(f"debootstrap failed (exit {code}; log {log}):\n{tail}")
@@ -64,4 +66,3 @@ def main(argv: list[str]) -> int:
     build_rootfs(rootfs)
     print(f"guest root file system ready at {rootfs}", file=sys.stderr)
     return 0
-

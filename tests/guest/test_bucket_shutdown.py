@@ -25,17 +25,19 @@ from tests.guest.harness import startup_script_of
 CKPT_MB = 256  # past composite.PARALLEL_FROM: the last upload goes in parallel parts
 # The job (the guest's /opt/conda Python): up, then on SIGTERM (the machine going down) writes its last
 # checkpoint in its own process, as torch.save does, and ends.
-JOB = ("/opt/conda/bin/python -c 'import os, signal, sys, time\n"
-       "def save(*_):\n"
-       "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-       "    path = os.path.join(os.environ[\"JOB_DIR\"], \"last.ckpt\")\n"
-       f"    open(path + \".tmp\", \"wb\").write(os.urandom({CKPT_MB << 20}))\n"
-       "    os.replace(path + \".tmp\", path)\n"
-       "    print(\"saved\", flush=True)\n"
-       "    sys.exit(0)\n"
-       "signal.signal(signal.SIGTERM, save)\n"
-       "print(\"up\", flush=True)\n"
-       "while True: time.sleep(0.2)\n'")
+JOB = (
+    "/opt/conda/bin/python -c 'import os, signal, sys, time\n"
+    "def save(*_):\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    '    path = os.path.join(os.environ["JOB_DIR"], "last.ckpt")\n'
+    f'    open(path + ".tmp", "wb").write(os.urandom({CKPT_MB << 20}))\n'
+    '    os.replace(path + ".tmp", path)\n'
+    '    print("saved", flush=True)\n'
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, save)\n"
+    'print("up", flush=True)\n'
+    "while True: time.sleep(0.2)\n'"
+)
 
 
 @pytest.fixture
@@ -46,7 +48,8 @@ def emulator(tmp_path: Path):
 
 
 def test_the_checkpoint_written_on_sigterm_is_in_the_bucket_before_the_spot_vm_is_gone(
-        make_guest, public_key: Path, tmp_path: Path, plain: str, emulator: Emulator) -> None:
+    make_guest, public_key: Path, tmp_path: Path, plain: str, emulator: Emulator
+) -> None:
     assert CKPT_MB << 20 >= composite.PARALLEL_FROM
     guest = make_guest(startup_script_of(gcp_raw(sshUser="trainer", spot=True)))
     guest.add_python_with_torch()
@@ -63,11 +66,32 @@ def test_the_checkpoint_written_on_sigterm_is_in_the_bucket_before_the_spot_vm_i
     prefix = f"team/vm/{run}/"
     in_bucket = emulator.objects(prefix)
     run_dir = user.root / "runs" / run
-    said = "\n".join(f"--- {name}:\n{(run_dir / name).read_text(errors='replace')[-3000:]}"
-                     for name in ("log", "upload.log", "bucket.json", "state.json") if (run_dir / name).exists())
-    said += f"\n--- power off took {took:.1f} s; journal:\n" + subprocess.run(
-        ["journalctl", "--directory", str(guest.path("/var/log/journal")), "-b", "0", "--no-pager", "-o", "short-monotonic",
-         "-u", unit, "-u", "gpu-train-shutdown.service"], capture_output=True, text=True).stdout[-5000:]
+    said = "\n".join(
+        f"--- {name}:\n{(run_dir / name).read_text(errors='replace')[-3000:]}"
+        for name in ("log", "upload.log", "bucket.json", "state.json")
+        if (run_dir / name).exists()
+    )
+    said += (
+        f"\n--- power off took {took:.1f} s; journal:\n"
+        + subprocess.run(
+            [
+                "journalctl",
+                "--directory",
+                str(guest.path("/var/log/journal")),
+                "-b",
+                "0",
+                "--no-pager",
+                "-o",
+                "short-monotonic",
+                "-u",
+                unit,
+                "-u",
+                "gpu-train-shutdown.service",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout[-5000:]
+    )
     assert took < 30, f"power off took {took:.1f} s: a spot VM is gone at 30 s\n{said}"
     on_disk = (run_dir / "job" / "last.ckpt").read_bytes()
     assert in_bucket.get(f"{prefix}last.ckpt") == on_disk, f"the last checkpoint is not in the bucket\n{said}"

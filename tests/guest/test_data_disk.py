@@ -31,8 +31,10 @@ FAB = str(Path(sys.executable).parent / "fab")
 REMOTE_ROOT = "/home/trainer/gpu-train"
 RUNS = f"{REMOTE_ROOT}/runs"
 # Counts on from its checkpoint, one step each 0.2 s, writing the checkpoint atomically.
-JOB = ('n=$(cat "$JOB_DIR/ckpt" 2>/dev/null || echo 0); while :; do n=$((n+1)); echo $n > "$JOB_DIR/ckpt.new"; '
-       'mv "$JOB_DIR/ckpt.new" "$JOB_DIR/ckpt"; sleep 0.2; done')
+JOB = (
+    'n=$(cat "$JOB_DIR/ckpt" 2>/dev/null || echo 0); while :; do n=$((n+1)); echo $n > "$JOB_DIR/ckpt.new"; '
+    'mv "$JOB_DIR/ckpt.new" "$JOB_DIR/ckpt"; sleep 0.2; done'
+)
 
 
 @pytest.fixture
@@ -52,10 +54,16 @@ def attached(disk: str) -> list[str]:
 
 
 def fab(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GPU_TRAIN_STACKS_DIR": str(tmp / "stacks"), "GPU_TRAIN_HOME": str(tmp / "home"),
-           "GPU_TRAIN_STACK": "vm", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([FAB, "--search-root", str(ROOT), *args], env=env, cwd=tmp, capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "GPU_TRAIN_STACKS_DIR": str(tmp / "stacks"),
+        "GPU_TRAIN_HOME": str(tmp / "home"),
+        "GPU_TRAIN_STACK": "vm",
+        "PYTHONPATH": str(ROOT),
+    }
+    return subprocess.run(
+        [FAB, "--search-root", str(ROOT), *args], env=env, cwd=tmp, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL
+    )
 
 
 def wait_for(what: str, check, guest: Guest, run: str, timeout: float = 60) -> None:
@@ -66,8 +74,10 @@ def wait_for(what: str, check, guest: Guest, run: str, timeout: float = 60) -> N
         time.sleep(0.3)
     state = guest.sh(f"cat {RUNS}/{run}/state.json", check=False).stdout
     before = guest.journal(boot=-1)  # the shutdown before this boot, where there was one
-    raise AssertionError(f"waited {timeout:g} s for {what}; state {state}\n--- this boot ---\n{guest.journal()[-6000:]}"
-                         + (f"\n--- the boot before ---\n{before[-8000:]}" if before.strip() else ""))
+    raise AssertionError(
+        f"waited {timeout:g} s for {what}; state {state}\n--- this boot ---\n{guest.journal()[-6000:]}"
+        + (f"\n--- the boot before ---\n{before[-8000:]}" if before.strip() else "")
+    )
 
 
 def state(guest: Guest, run: str) -> dict:
@@ -83,8 +93,7 @@ def checkpoint(guest: Guest, run: str) -> int:
     return int(out or 0)
 
 
-def test_runs_live_on_the_data_disk_and_survive_a_replaced_vm(make_guest, data_disk: str, tmp_path: Path,
-                                                               public_key: Path) -> None:
+def test_runs_live_on_the_data_disk_and_survive_a_replaced_vm(make_guest, data_disk: str, tmp_path: Path, public_key: Path) -> None:
     script = startup_script_of(gcp_raw(sshUser="trainer"))
     first = make_guest(script, address="127.0.11.10", nspawn_args=attached(data_disk))
     first.boot()
@@ -125,8 +134,7 @@ def test_runs_live_on_the_data_disk_and_survive_a_replaced_vm(make_guest, data_d
     assert second.sh(f"test -f {RUNS}/{run}/state.json", check=False).returncode == 0, second.sh(f"ls -la {RUNS}").stdout
     assert checkpoint(second, run) >= reached  # the checkpoints are all there
     # gpu-train-boot on the new VM found the run on the disk and relaunched it, from its checkpoint.
-    wait_for("the boot step to relaunch the run on the new VM", lambda: state(second, run).get("resumes") == 2,
-             second, run)
+    wait_for("the boot step to relaunch the run on the new VM", lambda: state(second, run).get("resumes") == 2, second, run)
     assert second.failed_units() == [], second.journal()
 
 
@@ -140,21 +148,21 @@ def test_a_disk_that_holds_anything_else_is_never_formatted(make_guest, tmp_path
     if loop.returncode != 0:
         pytest.skip(f"no loop device: {loop.stderr.strip()}")
     try:
-        before = image.read_bytes()[:1 << 20]
-        guest = make_guest(startup_script_of(gcp_raw(sshUser="trainer")), address="127.0.11.12",
-                           nspawn_args=attached(loop.stdout.strip()))
+        before = image.read_bytes()[: 1 << 20]
+        guest = make_guest(startup_script_of(gcp_raw(sshUser="trainer")), address="127.0.11.12", nspawn_args=attached(loop.stdout.strip()))
         guest.boot()
         assert "formatted the new data disk" not in guest.journal("google-startup-scripts.service")
         assert guest.sh(f"mountpoint -q {REMOTE_ROOT}", check=False).returncode != 0
         assert guest.failed_units() == [], guest.journal()
         guest.power_off()
-        assert image.read_bytes()[:1 << 20] == before
+        assert image.read_bytes()[: 1 << 20] == before
     finally:
         subprocess.run(["losetup", "-d", loop.stdout.strip()], capture_output=True)
 
 
-def test_a_training_run_carries_on_from_its_checkpoint_on_a_replaced_vm(make_guest, data_disk: str, tmp_path: Path,
-                                                                         public_key: Path) -> None:
+def test_a_training_run_carries_on_from_its_checkpoint_on_a_replaced_vm(
+    make_guest, data_disk: str, tmp_path: Path, public_key: Path
+) -> None:
     """The whole promise with a real job: examples/train.py (torch) trains on the data disk; the VM is
     powered off (its last checkpoint saved on SIGTERM) and replaced by a new one (a fresh root file system,
     the same disk). The new VM's boot unit relaunches the run, which resumes from that checkpoint (not from
@@ -164,8 +172,7 @@ def test_a_training_run_carries_on_from_its_checkpoint_on_a_replaced_vm(make_gue
     first.add_python_with_torch()
     first.boot()
     user = FabUser(tmp_path / "user", first, public_key.with_suffix(""))
-    run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
-                     "--steps 160 --checkpoint-every 100000 --step-time 0.05")
+    run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 160 --checkpoint-every 100000 --step-time 0.05")
     wait_for("training to reach step 30", lambda: last_step(log(first, run)) >= 30, first, run, timeout=180)
     first.power_off()  # Compute Engine's orderly stop: the job gets SIGTERM and saves a last checkpoint
     first.cleanup()  # the old VM and its boot disk are gone
@@ -175,14 +182,13 @@ def test_a_training_run_carries_on_from_its_checkpoint_on_a_replaced_vm(make_gue
     assert not second.path(REMOTE_ROOT).exists()  # the new boot disk holds nothing of the run
     second.boot()
     relaunched = FabUser(tmp_path / "user2", second, public_key.with_suffix(""))
-    wait_for("the run to be relaunched and resume", lambda: "resumed from ckpt_" in log(second, run), second, run,
-             timeout=180)
+    wait_for("the run to be relaunched and resume", lambda: "resumed from ckpt_" in log(second, run), second, run, timeout=180)
     text = log(second, run)
     saved = re.search(r"signal 15: saved ckpt_0*(\d+)\.pt", text)
     assert saved, text[-3000:]  # written on the first VM, at its power-off
     resumed = re.search(r"resumed from ckpt_0*(\d+)\.pt \(step (\d+)\)", text)
     assert resumed and int(resumed.group(1)) == int(saved.group(1)) >= 30, text[-3000:]
-    after = text[resumed.end():]
+    after = text[resumed.end() :]
     steps = [int(s) for s in re.findall(r"^step (\d+) loss", after, re.M)]
     assert not steps or steps[0] > int(saved.group(1)), after[:2000]  # on from the checkpoint, not from step 0
     assert state(second, run)["resumes"] == 1

@@ -12,13 +12,31 @@ from tests.guest.harness import METADATA_ENV, Guest, MetadataServer, startup_scr
 
 
 def ssh(guest: Guest, key: Path, command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ssh", "-i", str(key), "-p", str(guest.port), "-o", "StrictHostKeyChecking=no",
-                           "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-                           f"{guest.user}@{guest.address}", command], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            "ssh",
+            "-i",
+            str(key),
+            "-p",
+            str(guest.port),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            f"{guest.user}@{guest.address}",
+            command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-def test_a_guest_boots_like_a_vm_and_powers_off_in_order(make_guest, metadata_server: MetadataServer,
-                                                         public_key: Path) -> None:
+def test_a_guest_boots_like_a_vm_and_powers_off_in_order(make_guest, metadata_server: MetadataServer, public_key: Path) -> None:
     guest = make_guest(startup_script_of(gcp_raw()))
     python = guest.add_python_with_torch()
     guest.boot()
@@ -38,8 +56,10 @@ def test_a_guest_boots_like_a_vm_and_powers_off_in_order(make_guest, metadata_se
         st = guest.path(installed).stat()
         assert st.st_uid == 0 and not st.st_mode & 0o022, installed
     # Units in the guest find the metadata server through the agent's setting, and see it flip.
-    read = ("systemd-run --wait --pipe -q python3 -c \"import os, urllib.request as u; print(u.urlopen(u.Request("
-            f"os.environ['{METADATA_ENV}'] + 'instance/preempted', headers={{'Metadata-Flavor': 'Google'}})).read().decode())\"")
+    read = (
+        'systemd-run --wait --pipe -q python3 -c "import os, urllib.request as u; print(u.urlopen(u.Request('
+        f"os.environ['{METADATA_ENV}'] + 'instance/preempted', headers={{'Metadata-Flavor': 'Google'}})).read().decode())\""
+    )
     assert guest.sh(read).stdout.strip() == "FALSE"
     metadata_server.set("instance/preempted", "TRUE")
     assert guest.sh(read).stdout.strip() == "TRUE"

@@ -24,8 +24,9 @@ from tests.guest.harness import LOOPBACK, Guest, MetadataServer, free_port, star
 def vm(make_guest, public_key: Path, tmp_path: Path):
     """``vm(**stack_settings)``: a booted guest for a GCP stack with these settings, and its user."""
 
-    def start(remote_root: str = "~/gpu-train", torch: bool = True, files: dict[str, str] | None = None,
-              **settings) -> tuple[Guest, FabUser]:
+    def start(
+        remote_root: str = "~/gpu-train", torch: bool = True, files: dict[str, str] | None = None, **settings
+    ) -> tuple[Guest, FabUser]:
         raw = gcp_raw(sshUser="trainer", remoteRoot=remote_root, **settings)
         guest = make_guest(startup_script_of(raw))
         if torch:
@@ -49,8 +50,7 @@ def unit_of(run: str) -> str:
 # -- power off mid-training, boot: resumed once, from the checkpoint ----------------------------------
 def test_power_off_mid_training_then_boot_resumes_once_from_the_checkpoint(vm) -> None:
     guest, user = vm(spot=False)
-    run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
-                     "--steps 300 --checkpoint-every 100000 --step-time 0.03")
+    run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 300 --checkpoint-every 100000 --step-time 0.03")
     user.wait_state(run, ("running",))
     # Its own unit, with Compute Engine's grace for a standard VM; screen -r still shows it.
     show = guest.sh(f"systemctl show -P TimeoutStopUSec {unit_of(run)}").stdout.strip()
@@ -66,7 +66,7 @@ def test_power_off_mid_training_then_boot_resumes_once_from_the_checkpoint(vm) -
     assert saved and int(saved[-1].stem.split("_")[1]) >= at
 
     guest.boot()
-    user.wait_for("the resumed job", lambda: "resumed from ckpt_" in user.log(run)[len(log):])
+    user.wait_for("the resumed job", lambda: "resumed from ckpt_" in user.log(run)[len(log) :])
     # The boot unit has finished; the job runs on in its own unit.
     assert guest.sh("systemctl show -P SubState gpu-train-boot.service").stdout.strip() == "exited"
     assert guest.sh(f"systemctl is-active {unit_of(run)}", check=False).stdout.strip() == "active"
@@ -81,15 +81,20 @@ def test_power_off_mid_training_then_boot_resumes_once_from_the_checkpoint(vm) -
 # -- preemption and the maintenance notice ---------------------------------------------------------------
 def test_a_maintenance_notice_reaches_the_job_and_a_preemption_is_counted(vm, metadata_server: MetadataServer) -> None:
     guest, user = vm(spot=True)
-    run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
-                     "--steps 100000 --checkpoint-every 100000 --step-time 0.03")
+    run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 100000 --checkpoint-every 100000 --step-time 0.03")
     user.wait_step(run, 20)
     metadata_server.set("instance/maintenance-event", "TERMINATE_ON_HOST_MAINTENANCE")
-    user.wait_for("the early warning in the job's log",
-                  lambda: "early warning (TERMINATE_ON_HOST_MAINTENANCE): saved ckpt_" in user.log(run), timeout=30)
+    user.wait_for(
+        "the early warning in the job's log",
+        lambda: "early warning (TERMINATE_ON_HOST_MAINTENANCE): saved ckpt_" in user.log(run),
+        timeout=30,
+    )
     metadata_server.set("instance/preempted", "TRUE")
-    user.wait_for("the preemption notice in the job's log",
-                  lambda: "early warning: TERMINATE_ON_HOST_MAINTENANCE, PREEMPTED" in user.log(run), timeout=30)
+    user.wait_for(
+        "the preemption notice in the job's log",
+        lambda: "early warning: TERMINATE_ON_HOST_MAINTENANCE, PREEMPTED" in user.log(run),
+        timeout=30,
+    )
     # A busy metadata server: the shutdown's own question goes unanswered for longer than it waits
     # (2 s), and what gpu-train-watch already told the job still counts the preemption.
     metadata_server.stall("instance/preempted", 5)
@@ -104,7 +109,8 @@ def test_a_maintenance_notice_reaches_the_job_and_a_preemption_is_counted(vm, me
     info = user.run_status(run)
     # (seen once in a loaded full run: 0 preemptions; then what the agent and the last boot's journal said)
     assert info["preemptions"] == 1 and info["resumes"] == 1, (
-        guest.sh(f"cat ~{guest.user}/gpu-train/agent.log", check=False).stdout[-3000:] + guest.journal(boot=-1)[-6000:])
+        guest.sh(f"cat ~{guest.user}/gpu-train/agent.log", check=False).stdout[-3000:] + guest.journal(boot=-1)[-6000:]
+    )
     user.fab("stop", "--grace", "5", check=True)
 
 
@@ -242,8 +248,11 @@ QUICK_TICK = "[Timer]\nOnBootSec=\nOnUnitActiveSec=1s\nAccuracySec=50ms\n"
 def test_idle_stop_powers_off_only_when_no_job_runs_and_no_ssh_session_is_open(vm, plain: str) -> None:
     import paramiko
 
-    guest, user = vm(idleStopMinutes=0.05, torch=False,  # 3 s idle
-                     files={"/etc/systemd/system/gpu-train-tick.timer.d/quick.conf": QUICK_TICK})
+    guest, user = vm(
+        idleStopMinutes=0.05,
+        torch=False,  # 3 s idle
+        files={"/etc/systemd/system/gpu-train-tick.timer.d/quick.conf": QUICK_TICK},
+    )
     run = user.train("--dir", plain, "--command", "sleep 9", "--name", "busy")
     user.wait_state(run, ("running",), timeout=60)
     guest.sh("systemctl start gpu-train-tick.service")  # the first tick; the timer ticks every second from it
@@ -251,8 +260,7 @@ def test_idle_stop_powers_off_only_when_no_job_runs_and_no_ssh_session_is_open(v
     assert guest.up, "powered off while a job ran"
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect(guest.address, guest.port, guest.user, key_filename=str(user.key_file), look_for_keys=False,
-                   allow_agent=False)
+    client.connect(guest.address, guest.port, guest.user, key_filename=str(user.key_file), look_for_keys=False, allow_agent=False)
     try:
         user.wait_state(run, ("succeeded",), timeout=60)
         user.end_shared_connection()  # the tasks' own shared connection would hold the clock too (for 60 s)

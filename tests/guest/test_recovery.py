@@ -32,17 +32,24 @@ def log_entry(method: str, at: float) -> dict:
     """The system event as Cloud Logging writes it, wrapped as the trigger delivers it (messagePublished)."""
     import base64
 
-    entry = {"protoPayload": {"@type": "type.googleapis.com/google.cloud.audit.AuditLog", "methodName": method,
-                              "serviceName": "compute.googleapis.com",
-                              "resourceName": f"projects/{PROJECT}/zones/{ZONE}/instances/{NAME}",
-                              "authenticationInfo": {"principalEmail": "system@google.com"}},
-             "resource": {"type": "gce_instance", "labels": {"project_id": PROJECT, "zone": ZONE}},
-             "timestamp": rfc3339(at), "logName": f"projects/{PROJECT}/logs/cloudaudit.googleapis.com%2Fsystem_event"}
+    entry = {
+        "protoPayload": {
+            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+            "methodName": method,
+            "serviceName": "compute.googleapis.com",
+            "resourceName": f"projects/{PROJECT}/zones/{ZONE}/instances/{NAME}",
+            "authenticationInfo": {"principalEmail": "system@google.com"},
+        },
+        "resource": {"type": "gce_instance", "labels": {"project_id": PROJECT, "zone": ZONE}},
+        "timestamp": rfc3339(at),
+        "logName": f"projects/{PROJECT}/logs/cloudaudit.googleapis.com%2Fsystem_event",
+    }
     return {"message": {"data": base64.b64encode(json.dumps(entry).encode()).decode(), "messageId": "7"}}
 
 
 def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
-        make_guest, metadata_server: MetadataServer, public_key: Path, tmp_path: Path) -> None:
+    make_guest, metadata_server: MetadataServer, public_key: Path, tmp_path: Path
+) -> None:
     hook, google = Webhook(), FakeGoogle()
     try:
         raw = gcp_raw(sshUser="trainer", spot=True, idleStopMinutes=0.05)  # 3 s idle (its ticks start below)
@@ -51,10 +58,16 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
         guest.write("/etc/systemd/system/gpu-train-tick.timer.d/quick.conf", QUICK_TICK)
         guest.boot()
         user = FabUser(tmp_path / "user", guest, public_key.with_suffix(""), extra=f"  gpu-train:notify: {hook.url}\n")
-        inst = {"kind": "compute#instance", "id": "4242", "name": NAME, "status": "RUNNING",
-                "zone": f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}",
-                "labels": {"gpu-train-stack": "guest", recovery.LABEL: "on"}, "lastStartTimestamp": rfc3339(time.time()),
-                "metadata": {"kind": "compute#metadata", "fingerprint": "fp-0", "items": []}}
+        inst = {
+            "kind": "compute#instance",
+            "id": "4242",
+            "name": NAME,
+            "status": "RUNNING",
+            "zone": f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}",
+            "labels": {"gpu-train-stack": "guest", recovery.LABEL: "on"},
+            "lastStartTimestamp": rfc3339(time.time()),
+            "metadata": {"kind": "compute#metadata", "fingerprint": "fp-0", "items": []},
+        }
         google.state["instances"][PROJECT] = [inst]
 
         def on_start(_name: str) -> None:  # Compute Engine powers the VM on: its metadata as the function left it
@@ -64,13 +77,19 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
             guest.boot()
 
         google.state["on_start"] = on_start
-        conf = recovery_call.settings_from_env({
-            "GPU_TRAIN_STACK": "guest", "GPU_TRAIN_NODES": NAME, "GPU_TRAIN_RECOVER_HOURS": "24",
-            "GPU_TRAIN_NOTIFY": hook.url, "GPU_TRAIN_COMPUTE_URL": google.url,
-            "GPU_TRAIN_METADATA_URL": google.url + "/computeMetadata/v1/", "GPU_TRAIN_OP_WAIT_S": "180"})
+        conf = recovery_call.settings_from_env(
+            {
+                "GPU_TRAIN_STACK": "guest",
+                "GPU_TRAIN_NODES": NAME,
+                "GPU_TRAIN_RECOVER_HOURS": "24",
+                "GPU_TRAIN_NOTIFY": hook.url,
+                "GPU_TRAIN_COMPUTE_URL": google.url,
+                "GPU_TRAIN_METADATA_URL": google.url + "/computeMetadata/v1/",
+                "GPU_TRAIN_OP_WAIT_S": "180",
+            }
+        )
 
-        run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args",
-                         "--steps 300 --checkpoint-every 100000 --step-time 0.03")
+        run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 300 --checkpoint-every 100000 --step-time 0.03")
         assert "notify" not in json.loads((user.root / "runs" / run / "spec.json").read_text())
         assert guest.sh("stat -c %a ~trainer/gpu-train/notify.url").stdout.strip() == "600"
         at_step = user.wait_step(run, 30)
@@ -94,7 +113,7 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
         # The trigger's next delivery: started, and the guest boots.
         assert recovery_call.on_event_with(event, conf).startswith("started")
         assert guest.up
-        user.wait_for("the resumed job", lambda: "resumed from ckpt_" in user.log(run)[len(log):])
+        user.wait_for("the resumed job", lambda: "resumed from ckpt_" in user.log(run)[len(log) :])
         done = user.fab("logs", "--follow", "--run", run, timeout=300)
         assert done.returncode == 0, done.stderr
         info = user.run_status(run)
@@ -119,8 +138,10 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
         inst.update(status="TERMINATED", lastStopTimestamp=rfc3339(time.time()))
         outcome = recovery_call.on_event_with(event, conf)
         assert "stopped again after it came back" in outcome
-        assert recovery_call.on_event_with(log_entry("compute.instances.guestTerminate", time.time()), conf) == \
-            "not a preemption or host error"
+        assert (
+            recovery_call.on_event_with(log_entry("compute.instances.guestTerminate", time.time()), conf)
+            == "not a preemption or host error"
+        )
         assert [c for c in google.state["calls"] if c[1].endswith("/start")] == starts
         time.sleep(2)
         assert not guest.up and inst["status"] == "TERMINATED"

@@ -43,26 +43,38 @@ def provider_error(message: str, resource: str = "gpu") -> str:
 
 
 ERRORS = {
-    "stockout": provider_error("Error waiting for instance to create: The zone 'projects/proj-1/zones/us-central1-a' does not "
-                               "have enough resources available to fulfill the request.  Try a different zone, or try "
-                               "again later."),
-    "regional": provider_error("Error waiting for instance to create: Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 1.0 in "
-                               "region us-central1."),
-    "global": provider_error("Error waiting for instance to create: Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 "
-                             "globally.\n\tmetric name = compute.googleapis.com/gpus_all_regions"),
-    "machine": provider_error("Error creating instance: googleapi: Error 400: Invalid value for field "
-                              "'resource.machineType': 'projects/proj-1/zones/us-central1-a/machineTypes/n1-standard-8'. "
-                              "Machine type with name 'n1-standard-8' does not exist in zone 'us-central1-a'., invalid"),
-    "accelerator": provider_error("Error creating instance: googleapi: Error 400: Invalid value for field "
-                                  "'resource.guestAccelerators[0].acceleratorType': 'projects/proj-1/zones/us-central1-a/"
-                                  "acceleratorTypes/nvidia-tesla-t4'. The resource 'projects/proj-1/zones/us-central1-a/"
-                                  "acceleratorTypes/nvidia-tesla-t4' was not found., invalid"),
-    "config": provider_error("Error creating instance: googleapi: Error 400: [n1-standard-8, nvidia-tesla-t4] features "
-                             "are not compatible for creating instance., badRequest"),
-    "preference": provider_error("Error creating QuotaPreference: googleapi: Error 409: Requested entity already "
-                                 "exists", "quota-gpus-all-regions-per-project"),
-    "permission": provider_error("Error creating instance: googleapi: Error 403: Required 'compute.instances.create' "
-                                 "permission for 'projects/proj-1/zones/us-central1-a/instances/gpu-train-t4', forbidden"),
+    "stockout": provider_error(
+        "Error waiting for instance to create: The zone 'projects/proj-1/zones/us-central1-a' does not "
+        "have enough resources available to fulfill the request.  Try a different zone, or try "
+        "again later."
+    ),
+    "regional": provider_error("Error waiting for instance to create: Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 1.0 in region us-central1."),
+    "global": provider_error(
+        "Error waiting for instance to create: Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 "
+        "globally.\n\tmetric name = compute.googleapis.com/gpus_all_regions"
+    ),
+    "machine": provider_error(
+        "Error creating instance: googleapi: Error 400: Invalid value for field "
+        "'resource.machineType': 'projects/proj-1/zones/us-central1-a/machineTypes/n1-standard-8'. "
+        "Machine type with name 'n1-standard-8' does not exist in zone 'us-central1-a'., invalid"
+    ),
+    "accelerator": provider_error(
+        "Error creating instance: googleapi: Error 400: Invalid value for field "
+        "'resource.guestAccelerators[0].acceleratorType': 'projects/proj-1/zones/us-central1-a/"
+        "acceleratorTypes/nvidia-tesla-t4'. The resource 'projects/proj-1/zones/us-central1-a/"
+        "acceleratorTypes/nvidia-tesla-t4' was not found., invalid"
+    ),
+    "config": provider_error(
+        "Error creating instance: googleapi: Error 400: [n1-standard-8, nvidia-tesla-t4] features "
+        "are not compatible for creating instance., badRequest"
+    ),
+    "preference": provider_error(
+        "Error creating QuotaPreference: googleapi: Error 409: Requested entity already exists", "quota-gpus-all-regions-per-project"
+    ),
+    "permission": provider_error(
+        "Error creating instance: googleapi: Error 403: Required 'compute.instances.create' "
+        "permission for 'projects/proj-1/zones/us-central1-a/instances/gpu-train-t4', forbidden"
+    ),
 }
 STACK = {"gcp:project": "proj-1", "gpu-train:zone": "us-central1-a", "gpu-train:gpuType": "nvidia-tesla-t4",
          "gpu-train:gpuCount": 1, "gpu-train:spot": True, "gpu-train:sshSourceRanges": ["203.0.113.7/32"],
@@ -75,8 +87,14 @@ def deployed_state(raw: dict, stack: str) -> dict:
     result = preview.run(program.main, stack=stack, config=raw)
     assert result.error is None, result.error
     comp = "gpu-train:index:GpuVm"
-    resources = [{"urn": f"urn:pulumi:{stack}::gpu-train::pulumi:pulumi:Stack::gpu-train-{stack}",
-                  "type": "pulumi:pulumi:Stack", "custom": False, "outputs": result.outputs}]
+    resources = [
+        {
+            "urn": f"urn:pulumi:{stack}::gpu-train::pulumi:pulumi:Stack::gpu-train-{stack}",
+            "type": "pulumi:pulumi:Stack",
+            "custom": False,
+            "outputs": result.outputs,
+        }
+    ]
     for r in result.resources:
         if r.typ == comp:
             resources.append({"urn": f"urn:pulumi:{stack}::gpu-train::{comp}::{r.name}", "type": comp, "custom": False})
@@ -86,8 +104,16 @@ def deployed_state(raw: dict, stack: str) -> dict:
             inputs |= {"canIpForward": False, "deletionProtection": False, "__defaults": ["canIpForward", "deletionProtection"]}
             inputs["bootDisk"] |= {"mode": "READ_WRITE", "__defaults": ["mode"]}
         where = inputs.get("zone") or inputs.get("region") or "global"
-        resources.append({"urn": f"urn:pulumi:{stack}::gpu-train::{comp}${r.typ}::{r.name}", "type": r.typ,
-                          "custom": True, "id": f"projects/proj-1/{where}/{r.name}", "inputs": inputs, "protect": r.protect})
+        resources.append(
+            {
+                "urn": f"urn:pulumi:{stack}::gpu-train::{comp}${r.typ}::{r.name}",
+                "type": r.typ,
+                "custom": True,
+                "id": f"projects/proj-1/{where}/{r.name}",
+                "inputs": inputs,
+                "protect": r.protect,
+            }
+        )
     return {"version": 3, "deployment": {"manifest": {"version": "3.200.0"}, "resources": resources}}
 
 
@@ -101,14 +127,20 @@ def env(tmp_path: Path):
         (tmp_path / name).write_text(text)
     server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
-    ComputeApi.state = {"zonesOffering": {"n1-standard-8": ["us-central1-a", "us-central1-b", "us-central1-c",
-                                                            "us-central1-f", "us-east1-c"],
-                                          "nvidia-tesla-t4": ["us-central1-a", "us-central1-b", "us-central1-f",
-                                                              "us-east1-c", "us-east1-d"]}}
-    yield {**os.environ, "PATH": f"{STAND_IN}:{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
-           "PULUMI_STAND_IN_DIR": str(tmp_path), "GPU_TRAIN_STACKS_DIR": str(stacks),
-           "GPU_TRAIN_COMPUTE_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
-           "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "no-adc.json")}  # this local API asks for none
+    ComputeApi.state = {
+        "zonesOffering": {
+            "n1-standard-8": ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "us-east1-c"],
+            "nvidia-tesla-t4": ["us-central1-a", "us-central1-b", "us-central1-f", "us-east1-c", "us-east1-d"],
+        }
+    }
+    yield {
+        **os.environ,
+        "PATH": f"{STAND_IN}:{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+        "PULUMI_STAND_IN_DIR": str(tmp_path),
+        "GPU_TRAIN_STACKS_DIR": str(stacks),
+        "GPU_TRAIN_COMPUTE_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+        "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "no-adc.json"),
+    }  # this local API asks for none
     server.shutdown()
 
 
@@ -134,8 +166,14 @@ def run(env: dict, script: str, outcomes: str, *args: str, process: bool = False
     (d / "up-outcomes").write_text(outcomes)
     (d / "calls").unlink(missing_ok=True)
     if process:
-        result = subprocess.run([str(ROOT / "scripts" / script), "--stack", "t4", *args], env=env, capture_output=True,
-                                text=True, timeout=120, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            [str(ROOT / "scripts" / script), "--stack", "t4", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
     else:
         result = in_process(SCRIPTS[script], ["--stack", "t4", *args], env)
     calls = (d / "calls").read_text().splitlines() if (d / "calls").exists() else []
@@ -156,8 +194,7 @@ def stack_text(env: dict) -> str:
 
 
 def names(doc: dict, suffix: str = "") -> set[str]:
-    return {r["urn"].rsplit("::", 1)[-1] for r in doc.get("deployment", {}).get("resources", [])
-            if r["type"].endswith(suffix)}
+    return {r["urn"].rsplit("::", 1)[-1] for r in doc.get("deployment", {}).get("resources", []) if r["type"].endswith(suffix)}
 
 
 # -- a stack with a VM ------------------------------------------------------------------------
@@ -187,12 +224,15 @@ def test_existing_stack_retry_until_up_stays_in_its_zone(env: dict) -> None:
     assert not [c for c in calls if c.startswith(("destroy", "config set", "state"))]
 
 
-@pytest.mark.parametrize(("setting", "value", "path"), [
-    ("spot", False, "scheduling.provisioningModel"),
-    ("bootDiskSizeGb", 300, "bootDisk.initializeParams.size"),
-    ("gpuCount", 2, "guestAccelerators[0].count"),
-    ("maxRunHours", 8, "scheduling.maxRunDuration.seconds"),
-])
+@pytest.mark.parametrize(
+    ("setting", "value", "path"),
+    [
+        ("spot", False, "scheduling.provisioningModel"),
+        ("bootDiskSizeGb", 300, "bootDisk.initializeParams.size"),
+        ("gpuCount", 2, "guestAccelerators[0].count"),
+        ("maxRunHours", 8, "scheduling.maxRunDuration.seconds"),
+    ],
+)
 def test_a_replacing_change_is_listed_and_refused_without_yes(env: dict, setting: str, value: object, path: str) -> None:
     deploy(env)
     edit_stack(env, **{setting: value})
@@ -203,8 +243,7 @@ def test_a_replacing_change_is_listed_and_refused_without_yes(env: dict, setting
     assert "needs a yes, and there is no terminal to ask (pass --yes" in result.stdout
     assert not [c for c in calls if c.startswith(("up ", "destroy", "config set"))]
     plan, _ = run(env, "plan", "ok")  # scripts/plan --stack shows the same, from the same table
-    assert plan.returncode == 0 and any(path in ln and "replaces the VM (data disk kept)" in ln
-                                        for ln in plan.stdout.splitlines())
+    assert plan.returncode == 0 and any(path in ln and "replaces the VM (data disk kept)" in ln for ln in plan.stdout.splitlines())
     result, calls = up(env, "ok", "--yes")
     assert result.returncode == 0 and sum(c.startswith("up ") for c in calls) == 1
     assert "gpu-data" in names(state(env), "Disk")  # the same data disk, still there
@@ -227,16 +266,19 @@ def test_move_asks_then_replaces_elsewhere(env: dict) -> None:
     assert not [c for c in calls if c.startswith(("up ", "destroy", "state"))]
     result, calls = up(env, "ok", "--move", "--yes")
     assert result.returncode == 0, result.stdout
-    assert any(c.startswith("state unprotect urn:pulumi:t4::gpu-train::gpu-train:index:GpuVm$gcp:compute/disk:Disk::gpu-data")
-               for c in calls)
+    assert any(
+        c.startswith("state unprotect urn:pulumi:t4::gpu-train::gpu-train:index:GpuVm$gcp:compute/disk:Disk::gpu-data") for c in calls
+    )
     assert "gpu-train:zone: us-central1-b" in stack_text(env)  # the first other zone offering both
 
 
 # -- a new stack: zone failover ---------------------------------------------------------------
 def test_new_stack_stockout_then_success_removes_only_what_the_attempt_made(env: dict) -> None:
     edit_stack(env, nodes=2, machineType="g2-standard-8", gpuType=None, gpuCount=None)
-    ComputeApi.state["zonesOffering"] |= {"g2-standard-8": ["us-central1-a", "us-central1-b", "us-central1-c"],
-                                          "nvidia-l4": ["us-central1-a", "us-central1-b", "us-central1-c"]}
+    ComputeApi.state["zonesOffering"] |= {
+        "g2-standard-8": ["us-central1-a", "us-central1-b", "us-central1-c"],
+        "nvidia-l4": ["us-central1-a", "us-central1-b", "us-central1-c"],
+    }
     stack_before = stack_text(env)
     result, calls = up(env, "stockout ok", process=True)  # scripts/up itself, as a user runs it
     assert result.returncode == 0, result.stdout + result.stderr
@@ -265,16 +307,19 @@ def test_new_stack_gives_up_with_the_stack_file_as_it_was(env: dict) -> None:
     assert names(state(env)) >= {"gpu-sa", "gpu-ssh-ipv4"} and not names(state(env), "Instance")
 
 
-@pytest.mark.parametrize(("outcome", "moves", "words"), [
-    ("stockout", True, "attempt 2: n1-standard-8 + 1 x nvidia-tesla-t4 (spot) in us-central1-b"),
-    ("machine", True, "attempt 1 failed: not-offered"),
-    ("accelerator", True, "attempt 1 failed: not-offered"),
-    ("regional", True, "skipping region us-central1 (quota)"),
-    ("global", False, "global GPU quota is exhausted: no zone helps"),
-    ("config", False, "the shape itself is invalid: no zone helps"),
-    ("permission", False, "not a capacity problem: no other zone will help"),
-    ("preference", False, "this project already asked Cloud Quotas for that quota"),
-])
+@pytest.mark.parametrize(
+    ("outcome", "moves", "words"),
+    [
+        ("stockout", True, "attempt 2: n1-standard-8 + 1 x nvidia-tesla-t4 (spot) in us-central1-b"),
+        ("machine", True, "attempt 1 failed: not-offered"),
+        ("accelerator", True, "attempt 1 failed: not-offered"),
+        ("regional", True, "skipping region us-central1 (quota)"),
+        ("global", False, "global GPU quota is exhausted: no zone helps"),
+        ("config", False, "the shape itself is invalid: no zone helps"),
+        ("permission", False, "not a capacity problem: no other zone will help"),
+        ("preference", False, "this project already asked Cloud Quotas for that quota"),
+    ],
+)
 def test_each_error_kind_has_its_next_step(env: dict, outcome: str, moves: bool, words: str) -> None:
     result, calls = up(env, f"{outcome} ok")
     assert words in result.stdout, result.stdout
@@ -328,11 +373,9 @@ def test_a_destroyed_stack_brought_up_again_adopts_its_quota_preferences(env: di
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     assert "409" not in out and "already exists" not in out
-    assert sorted(cloud_calls(env)) == sorted([f"create {p}" for p in PREFERENCE_IDS] +
-                                              [f"import {p}" for p in PREFERENCE_IDS])
+    assert sorted(cloud_calls(env)) == sorted([f"create {p}" for p in PREFERENCE_IDS] + [f"import {p}" for p in PREFERENCE_IDS])
     prefs = [r for r in state(env)["deployment"]["resources"] if r["type"].endswith("SQuotaPreference")]
-    assert sorted(r["importId"] for r in prefs) == [f"projects/proj-1/locations/global/quotaPreferences/{p}"
-                                                   for p in PREFERENCE_IDS]
+    assert sorted(r["importId"] for r in prefs) == [f"projects/proj-1/locations/global/quotaPreferences/{p}" for p in PREFERENCE_IDS]
     # A third up: they are the stack's now (in its state under the same ids): no import, no change. (--yes:
     # the stand-in's own state of the VM holds too few inputs to compare with the settings.)
     result, _ = up(env, "ok", "--yes")
@@ -342,10 +385,20 @@ def test_a_destroyed_stack_brought_up_again_adopts_its_quota_preferences(env: di
 def test_a_preference_made_elsewhere_is_adopted_as_it_stands(env: dict) -> None:
     """One preference per quota and dimensions: one made in the console (its own id, asking for less) is
     imported as it is, with a warning that gives the command to ask for more."""
-    (Path(env["PULUMI_STAND_IN_DIR"]) / "quota-preferences.json").write_text(json.dumps({"console-t4": {
-        "name": "projects/123456789/locations/global/quotaPreferences/console-t4", "service": "compute.googleapis.com",
-        "quotaId": "PREEMPTIBLE-NVIDIA-T4-GPUS-per-project-region", "dimensions": {"region": "us-central1"},
-        "quotaConfig": {"preferredValue": "2", "grantedValue": "2"}, "justification": "by hand"}}))
+    (Path(env["PULUMI_STAND_IN_DIR"]) / "quota-preferences.json").write_text(
+        json.dumps(
+            {
+                "console-t4": {
+                    "name": "projects/123456789/locations/global/quotaPreferences/console-t4",
+                    "service": "compute.googleapis.com",
+                    "quotaId": "PREEMPTIBLE-NVIDIA-T4-GPUS-per-project-region",
+                    "dimensions": {"region": "us-central1"},
+                    "quotaConfig": {"preferredValue": "2", "grantedValue": "2"},
+                    "justification": "by hand",
+                }
+            }
+        )
+    )
     edit_stack(env, quotaRequest=REQUEST)
     result, _ = up(env, "ok")
     out = result.stdout + result.stderr
@@ -374,13 +427,18 @@ def test_a_plain_destroy_is_refused_until_the_data_disks_are_released(env: dict,
 # -- provisioningFallback: other ways, zone by zone ---------------------------------------------
 def test_spot_then_flex_start_zone_by_zone(env: dict) -> None:
     """Spot in each zone first, then Flex-start in each: the way that got capacity is written back."""
-    edit_stack(env, machineType="a3-highgpu-2g", gpuType=None, gpuCount=None, maxRunHours=8,
-               provisioningFallback=["flex-start"])
+    edit_stack(env, machineType="a3-highgpu-2g", gpuType=None, gpuCount=None, maxRunHours=8, provisioningFallback=["flex-start"])
     result, _ = up(env, "stockout stockout ok", "--zones", "us-central1-a,us-central1-b")
     assert result.returncode == 0, result.stdout
-    tried = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("[up] attempt ") and " in " in line
-             and "failed" not in line]
-    assert tried == ["a3-highgpu-2g (spot) in us-central1-a", "a3-highgpu-2g (spot) in us-central1-b",
-                     "a3-highgpu-2g (flex-start) in us-central1-a"]
+    tried = [
+        line.split(": ", 1)[1]
+        for line in result.stdout.splitlines()
+        if line.startswith("[up] attempt ") and " in " in line and "failed" not in line
+    ]
+    assert tried == [
+        "a3-highgpu-2g (spot) in us-central1-a",
+        "a3-highgpu-2g (spot) in us-central1-b",
+        "a3-highgpu-2g (flex-start) in us-central1-a",
+    ]
     written = yaml.safe_load(stack_text(env))["config"]
     assert (str(written["gpu-train:flexStart"]), str(written["gpu-train:spot"])) == ("true", "false"), written

@@ -21,10 +21,21 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
     first = bundle.build({"b.py": b"B = 1\n", "a.py": b"A = 1\n"})
     assert first == bundle.build({"a.py": b"A = 1\n", "b.py": b"B = 1\n"})  # order of discovery does not matter
     names = zipfile.ZipFile(BytesIO(first)).namelist()
-    assert names == sorted(names) == ["__main__.py", "gpu_train/__init__.py", "gpu_train/checksum.py",
-                                      "gpu_train/codec.py",
-                                      "gpu_train/contract.py", "gpu_train/fetchwire.py", "gpu_train/recovery.py",
-                                      f"{bundle.PACKAGE}/a.py", f"{bundle.PACKAGE}/b.py"]
+    assert (
+        names
+        == sorted(names)
+        == [
+            "__main__.py",
+            "gpu_train/__init__.py",
+            "gpu_train/checksum.py",
+            "gpu_train/codec.py",
+            "gpu_train/contract.py",
+            "gpu_train/fetchwire.py",
+            "gpu_train/recovery.py",
+            f"{bundle.PACKAGE}/a.py",
+            f"{bundle.PACKAGE}/b.py",
+        ]
+    )
     assert {i.date_time for i in zipfile.ZipFile(BytesIO(first)).infolist()} == {(1980, 1, 1, 0, 0, 0)}
     shipped = zipfile.ZipFile(BytesIO(bundle.payload())).namelist()
     assert "gpu_train/contract.py" in shipped and f"{bundle.PACKAGE}/bundle.py" not in shipped
@@ -72,8 +83,9 @@ def test_the_agent_travels_without_comments_and_docstrings_each_line_where_it_wa
         assert not [t for t in tokenize.tokenize(BytesIO(shipped).readline) if t.type == tokenize.COMMENT], path.name
         assert all(not ast.get_docstring(n) for n in ast.walk(ast.parse(shipped)) if bundle._docstring(n)), path.name
     assert bundle.lean(b"x = '# kept'  # gone\n") == b"x = '# kept'\n"
-    assert bundle.lean(b'def f():\n    """Why,\n    in two lines."""\n    return "kept"\n') == \
-        b'def f():\n    """\n"""\n    return "kept"\n'
+    assert (
+        bundle.lean(b'def f():\n    """Why,\n    in two lines."""\n    return "kept"\n') == b'def f():\n    """\n"""\n    return "kept"\n'
+    )
     assert bundle.lean(b"class E(Exception):\n    'one line'\n") == b'class E(Exception):\n    ""\n'
     assert sum(len(bundle.lean(p.read_bytes())) for p in sources) < 0.8 * sum(len(p.read_bytes()) for p in sources)
 
@@ -120,8 +132,17 @@ def test_two_versions_at_once_both_answer_and_an_unused_one_goes_after_a_day(tmp
     root = tmp_path / "gpu-train"
     one, two = versions()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    calls = [subprocess.Popen(["bash", "-c", bundle.agent_command(str(root), "status", cli="gpu-train", zipapp=z)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8) for z in (one, two)]
+    calls = [
+        subprocess.Popen(
+            ["bash", "-c", bundle.agent_command(str(root), "status", cli="gpu-train", zipapp=z)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+        for z in (one, two)
+    ]
     for call in calls:
         out, err = call.communicate(timeout=60)
         assert call.returncode == 0 and json.loads(out)["root"] == str(root), err

@@ -17,8 +17,9 @@ from tests.conftest import gcp_raw
 CATALOG = load_catalog()
 
 
-@pytest.mark.parametrize(("zone", "region"), [("us-central1-ai1", "us-central1"), ("us-south1-ai1b", "us-south1"),
-                                              ("us-central1-a", "us-central1")])
+@pytest.mark.parametrize(
+    ("zone", "region"), [("us-central1-ai1", "us-central1"), ("us-south1-ai1b", "us-south1"), ("us-central1-a", "us-central1")]
+)
 def test_the_validator_takes_ai_zones(zone: str, region: str) -> None:
     raw = gcp_raw(zone=zone, machineType="a3-highgpu-8g", gpuType=None, gpuCount=None)
     cfg, warnings = validate.check(raw, "s", CATALOG)
@@ -46,9 +47,11 @@ def test_the_catalog_loader_takes_ai_zones_and_refuses_junk() -> None:
 
 
 def test_the_error_parser_reads_ai_zones() -> None:
-    text = ("error: googleapi: Error 503: ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: The zone "
-            "'projects/p/zones/us-central1-b' does not have enough resources available to fulfill the request. "
-            "Details: [{'metadatas': {'zonesAvailable': 'us-central1-ai1,us-south1-ai1b,us-central1-c'}}]")
+    text = (
+        "error: googleapi: Error 503: ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: The zone "
+        "'projects/p/zones/us-central1-b' does not have enough resources available to fulfill the request. "
+        "Details: [{'metadatas': {'zonesAvailable': 'us-central1-ai1,us-south1-ai1b,us-central1-c'}}]"
+    )
     failure = capacity.classify(text)
     assert failure.kind == capacity.STOCKOUT
     assert failure.zones_available == ("us-central1-ai1", "us-south1-ai1b", "us-central1-c")

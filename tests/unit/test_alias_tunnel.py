@@ -21,8 +21,12 @@ def test_entry_quotes_paths_and_refuses_what_ssh_config_cannot_hold() -> None:
 # -- what the host runs -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("root", "run", "logdir", "expected"),
-    [("~/gpu-train", None, None, "~/gpu-train/runs"), ("~/gpu-train", "r_1", None, "~/gpu-train/runs/r_1/job"),
-     ("/srv/gt/", None, "r_1/job/tb", "/srv/gt/runs/r_1/job/tb"), ("~/gpu-train", "r_1", "/data/tb", "/data/tb")],
+    [
+        ("~/gpu-train", None, None, "~/gpu-train/runs"),
+        ("~/gpu-train", "r_1", None, "~/gpu-train/runs/r_1/job"),
+        ("/srv/gt/", None, "r_1/job/tb", "/srv/gt/runs/r_1/job/tb"),
+        ("~/gpu-train", "r_1", "/data/tb", "/data/tb"),
+    ],
 )
 def test_logdir(root: str, run: str | None, logdir: str | None, expected: str) -> None:
     assert notebooks.logdir_for(root, run, logdir) == expected

@@ -14,22 +14,48 @@ from gpu_train.views.checkup import bucket_access
 URL = "gs://ckpt/team"
 
 
-@pytest.mark.parametrize(("answer", "ok", "said", "fix"), [
-    ({"ok": True, "object": "gs://ckpt/team/lab/.gpu-train-check-h-1", "credentials": "service account a@p.iam"},
-     True, "wrote, read and deleted gs://ckpt/team/lab/.gpu-train-check-h-1", ""),
-    ({"ok": False, "step": "client", "detail": "cannot import google-cloud-storage"}, False, "cannot import",
-     "pip install google-cloud-storage"),
-    ({"ok": False, "step": "credentials", "detail": "Your default credentials were not found."}, False,
-     "no usable credentials", "gcloud auth application-default login"),
-    ({"ok": False, "step": "bucket", "detail": "write: 404 The specified bucket does not exist."}, False,
-     "no bucket ckpt", "gcloud storage buckets create gs://ckpt"),
-    ({"ok": False, "step": "access", "member": "serviceAccount:up@p.iam.gserviceaccount.com", "detail": "403"}, False,
-     "no access to objects in ckpt", "--member=serviceAccount:up@p.iam.gserviceaccount.com --role=roles/storage.objectUser"),
-    ({"ok": False, "step": "access", "detail": "403 you@x does not have storage.objects.create"}, False,
-     "no access", "MEMBER: user:YOU@DOMAIN or serviceAccount:EMAIL"),
-    ({"ok": False, "step": "network", "detail": "write: Connection refused"}, False, "Connection refused",
-     "storage.googleapis.com"),
-])
+@pytest.mark.parametrize(
+    ("answer", "ok", "said", "fix"),
+    [
+        (
+            {"ok": True, "object": "gs://ckpt/team/lab/.gpu-train-check-h-1", "credentials": "service account a@p.iam"},
+            True,
+            "wrote, read and deleted gs://ckpt/team/lab/.gpu-train-check-h-1",
+            "",
+        ),
+        (
+            {"ok": False, "step": "client", "detail": "cannot import google-cloud-storage"},
+            False,
+            "cannot import",
+            "pip install google-cloud-storage",
+        ),
+        (
+            {"ok": False, "step": "credentials", "detail": "Your default credentials were not found."},
+            False,
+            "no usable credentials",
+            "gcloud auth application-default login",
+        ),
+        (
+            {"ok": False, "step": "bucket", "detail": "write: 404 The specified bucket does not exist."},
+            False,
+            "no bucket ckpt",
+            "gcloud storage buckets create gs://ckpt",
+        ),
+        (
+            {"ok": False, "step": "access", "member": "serviceAccount:up@p.iam.gserviceaccount.com", "detail": "403"},
+            False,
+            "no access to objects in ckpt",
+            "--member=serviceAccount:up@p.iam.gserviceaccount.com --role=roles/storage.objectUser",
+        ),
+        (
+            {"ok": False, "step": "access", "detail": "403 you@x does not have storage.objects.create"},
+            False,
+            "no access",
+            "MEMBER: user:YOU@DOMAIN or serviceAccount:EMAIL",
+        ),
+        ({"ok": False, "step": "network", "detail": "write: Connection refused"}, False, "Connection refused", "storage.googleapis.com"),
+    ],
+)
 def test_each_answer_is_a_finding_with_its_fix(answer: dict, ok: bool, said: str, fix: str) -> None:
     f = bucket_access("lab", URL, {"python": "/usr/bin/python3", **answer}, None)
     assert f.ok is ok and said in f.detail and fix in f.fix, f
@@ -47,6 +73,14 @@ def test_google_s_own_exceptions_give_their_step() -> None:
 
     from remote.agent.bucketcheck import step_of
 
-    assert [step_of(e) for e in (api.NotFound("b"), api.Forbidden("f"), api.Unauthorized("u"), auth.RefreshError("r"),
-                                 auth.DefaultCredentialsError("d"), Refused("c"))] == \
-        ["bucket", "access", "credentials", "credentials", "credentials", "network"]
+    assert [
+        step_of(e)
+        for e in (
+            api.NotFound("b"),
+            api.Forbidden("f"),
+            api.Unauthorized("u"),
+            auth.RefreshError("r"),
+            auth.DefaultCredentialsError("d"),
+            Refused("c"),
+        )
+    ] == ["bucket", "access", "credentials", "credentials", "credentials", "network"]

@@ -27,11 +27,23 @@ def test_what_the_host_cannot_read_is_only_on_the_host(tmp_path: Path) -> None:
     record = {"files": {"ok.txt": {"size": 1, "mtimeNs": (run_dir / "job" / "ok.txt").stat().st_mtime_ns}}}
     try:
         # as the host's login user, not root: root reads mode 000 (the sshd of tests/e2e/test_outputs' blind_lab)
-        out = subprocess.run(["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--", sys.executable, "-c",
-                              "import json,sys; from remote.agent import upload; "
-                              f"print(json.dumps(upload.only_on_host({str(run_dir)!r}, json.loads(sys.argv[1]))))",
-                              json.dumps(record)], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        out = subprocess.run(
+            [
+                "setpriv",
+                "--bounding-set",
+                "-dac_override,-dac_read_search",
+                "--",
+                sys.executable,
+                "-c",
+                "import json,sys; from remote.agent import upload; "
+                f"print(json.dumps(upload.only_on_host({str(run_dir)!r}, json.loads(sys.argv[1]))))",
+                json.dumps(record),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     finally:
         (run_dir / "job" / "ckpts").chmod(0o755)
     assert out.returncode == 0, out.stderr

@@ -21,7 +21,7 @@ runpy.run_module("remote.agent", run_name="__main__")
 """
 
 
-def test_sigterm_as_the_uploader_starts_does_not_stop_its_last_pass(tmp_path: Path, gcs: Emulator) -> None:  # noqa: F811
+def test_sigterm_as_the_uploader_starts_does_not_stop_its_last_pass(tmp_path: Path, gcs: Emulator) -> None:
     d = run_dir(tmp_path)
     root = tmp_path / "root"
     (root / "bin").mkdir()

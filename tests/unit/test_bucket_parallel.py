@@ -20,13 +20,16 @@ PARTS = f"p/{PARTS_FOLDER}lab/{RUN}/"
 BIG = composite.PARALLEL_FROM + (16 << 20)  # past the threshold: parts
 
 
-@pytest.mark.parametrize(("size", "want"), [
-    (0, [(0, 0)]),
-    (composite.PARALLEL_FROM - 1, [(0, composite.PARALLEL_FROM - 1)]),  # below the threshold: one stream
-    (64 << 20, [(0, 32 << 20), (32 << 20, 32 << 20)]),
-    (100 << 20, [(0, 34952534), (34952534, 34952534), (69905068, 34952532)]),  # 3 parts of at least PART_MIN
-    (10 << 30, [(i * (320 << 20), 320 << 20) for i in range(32)]),  # never more than compose takes (32)
-])
+@pytest.mark.parametrize(
+    ("size", "want"),
+    [
+        (0, [(0, 0)]),
+        (composite.PARALLEL_FROM - 1, [(0, composite.PARALLEL_FROM - 1)]),  # below the threshold: one stream
+        (64 << 20, [(0, 32 << 20), (32 << 20, 32 << 20)]),
+        (100 << 20, [(0, 34952534), (34952534, 34952534), (69905068, 34952532)]),  # 3 parts of at least PART_MIN
+        (10 << 30, [(i * (320 << 20), 320 << 20) for i in range(32)]),  # never more than compose takes (32)
+    ],
+)
 def test_a_file_is_cut_into_parts_above_the_threshold_never_more_than_compose_takes(size: int, want: list) -> None:
     assert composite.PARALLEL_FROM == 64 << 20 and composite.PART_MIN == 32 << 20
     got = composite.slices(size)
@@ -38,10 +41,10 @@ def test_parts_go_beside_the_stacks_runs_and_never_past_cloud_storages_name_limi
     from gpu_train.contract import JobSpec
 
     spec = in_bucket([JobSpec(run_id="r1", base="runs/r1", project="proj")], "lab", "gs://ckpt/team")[0]
-    assert spec.bucket == {"name": "ckpt", "prefix": "team/lab/r1/", "data": "team/data/proj/",
-                           "parts": "team/.gpu-train-parts/lab/r1/"}
+    assert spec.bucket == {"name": "ckpt", "prefix": "team/lab/r1/", "data": "team/data/proj/", "parts": "team/.gpu-train-parts/lab/r1/"}
     assert composite.part_names("team/.gpu-train-parts/lab/r1/", "ck/a.pt", 3) == [
-        f"team/.gpu-train-parts/lab/r1/ck/a.pt.part-{i:02d}-of-03" for i in range(3)]
+        f"team/.gpu-train-parts/lab/r1/ck/a.pt.part-{i:02d}-of-03" for i in range(3)
+    ]
     assert composite.part_names("p/", "x" * 1010, 2) is None  # the file goes as one stream
 
 
@@ -55,7 +58,7 @@ def with_parts(d: Path) -> None:
     (d / "spec.json").write_text(json.dumps(spec))
 
 
-def test_a_big_file_is_composed_from_parallel_parts_and_verified(tmp_path: Path, gcs: Emulator) -> None:  # noqa: F811
+def test_a_big_file_is_composed_from_parallel_parts_and_verified(tmp_path: Path, gcs: Emulator) -> None:
     d = run_dir(tmp_path)
     with_parts(d)
     data = os.urandom(BIG)
@@ -72,7 +75,8 @@ def test_a_big_file_is_composed_from_parallel_parts_and_verified(tmp_path: Path,
 
 
 def test_killed_mid_way_no_object_passes_for_the_file_and_the_next_start_clears_the_parts(
-        tmp_path: Path, gcs: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    tmp_path: Path, gcs: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     d = run_dir(tmp_path)
     with_parts(d)
     data = os.urandom(BIG)

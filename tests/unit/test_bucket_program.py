@@ -39,8 +39,7 @@ def test_an_existing_bucket_gets_the_vms_object_grant_on_it_only() -> None:
     (grant,) = result.of_type("storage/bucketIAMMember:BucketIAMMember")
     assert grant.inputs == {"bucket": "team-ckpt", "role": "roles/storage.objectUser", "member": vm_email(result)}
     # nothing project-wide: the VM's project roles stay logs and metrics
-    project_roles = {m.inputs["role"] for m in result.of_type("projects/iAMMember:IAMMember")
-                     if m.inputs["member"] == vm_email(result)}
+    project_roles = {m.inputs["role"] for m in result.of_type("projects/iAMMember:IAMMember") if m.inputs["member"] == vm_email(result)}
     assert not any("storage" in r for r in project_roles)
     (inst,) = result.of_type("compute/instance:Instance")
     assert STORAGE in inst.inputs["serviceAccount"]["scopes"]
@@ -48,8 +47,7 @@ def test_an_existing_bucket_gets_the_vms_object_grant_on_it_only() -> None:
 
 
 def test_a_created_bucket_is_regional_uniform_private_and_outlives_destroy() -> None:
-    result = run(bucket="team-ckpt-2", bucketCreate=True, zone="europe-west4-a", machineType="g2-standard-8",
-                 gpuType=None, gpuCount=None)
+    result = run(bucket="team-ckpt-2", bucketCreate=True, zone="europe-west4-a", machineType="g2-standard-8", gpuType=None, gpuCount=None)
     (bucket,) = result.of_type("storage/bucket:Bucket")
     i = bucket.inputs
     assert (i["name"], i["location"], i["project"]) == ("team-ckpt-2", "EUROPE-WEST4", "proj-1")
@@ -59,26 +57,32 @@ def test_a_created_bucket_is_regional_uniform_private_and_outlives_destroy() -> 
     assert grant.inputs["bucket"] == "team-ckpt-2" and grant.inputs["member"] == vm_email(result)
 
 
-@pytest.mark.parametrize(("value", "place"), [
-    ("ckpt", BucketPlace("ckpt", "")),
-    ("gs://ckpt", BucketPlace("ckpt", "")),
-    ("gs://ckpt/", BucketPlace("ckpt", "")),
-    ("gs://my.ckpt/a//b/", BucketPlace("my.ckpt", "a/b/")),
-])
+@pytest.mark.parametrize(
+    ("value", "place"),
+    [
+        ("ckpt", BucketPlace("ckpt", "")),
+        ("gs://ckpt", BucketPlace("ckpt", "")),
+        ("gs://ckpt/", BucketPlace("ckpt", "")),
+        ("gs://my.ckpt/a//b/", BucketPlace("my.ckpt", "a/b/")),
+    ],
+)
 def test_bucket_values(value: str, place: BucketPlace) -> None:
     assert parse_bucket(value) == place
     assert run_prefix(place, "l4", "train_20260101_000000") == f"{place.prefix}l4/train_20260101_000000/"
     assert run_prefix(place, "l4", "r", 2).endswith("l4/r/node-2/")
 
 
-@pytest.mark.parametrize(("raw", "words"), [
-    ({"bucket": "Ckpt"}, "lowercase"),
-    ({"bucket": "gs://ab"}, "3 to 63"),
-    ({"bucket": "gs://google-ckpt"}, "google"),
-    ({"bucket": "192.168.1.10"}, "IP address"),
-    ({"bucket": "gs://ckpt/a/../b"}, "'..'"),
-    ({"bucketCreate": True}, "needs gpu-train:bucket"),
-])
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"bucket": "Ckpt"}, "lowercase"),
+        ({"bucket": "gs://ab"}, "3 to 63"),
+        ({"bucket": "gs://google-ckpt"}, "google"),
+        ({"bucket": "192.168.1.10"}, "IP address"),
+        ({"bucket": "gs://ckpt/a/../b"}, "'..'"),
+        ({"bucketCreate": True}, "needs gpu-train:bucket"),
+    ],
+)
 def test_bad_bucket_settings_name_the_setting_and_the_fix(raw: dict, words: str) -> None:
     with pytest.raises(config.ConfigError) as e:
         config.parse(gcp_raw(**raw), "s", CATALOG)

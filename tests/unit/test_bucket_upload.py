@@ -37,9 +37,14 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def uploader(tmp_path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "remote.agent", "--root", str(tmp_path / "root"), "upload", RUN],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.Popen(
+        [sys.executable, "-m", "remote.agent", "--root", str(tmp_path / "root"), "upload", RUN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def crc(data: bytes) -> str:
@@ -56,8 +61,9 @@ def test_settled_files_only_then_everything_at_the_end() -> None:
     assert upload.due(current, seen, done, 100.0 + upload.SETTLE_S, final=True) == ["b"]  # a is there as it is
 
 
-def test_sigkill_mid_upload_leaves_no_object_and_sigterm_finishes_it(tmp_path: Path, gcs: Emulator,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigkill_mid_upload_leaves_no_object_and_sigterm_finishes_it(
+    tmp_path: Path, gcs: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
     d = run_dir(tmp_path)
     data = os.urandom(24 << 20)  # past the client's 8 MiB: a resumable upload, in chunks
     (d / "job" / "big.bin").write_bytes(data)
@@ -107,7 +113,10 @@ def test_down_without_a_download_needs_every_run_verified_in_the_bucket() -> Non
     late = {"id": "b", "bucket": {"files": 1, "onlyHost": ["x.pt"], "final": True}}
     busy = {"id": "c", "bucket": {"files": 1, "onlyHost": [], "final": False, "error": "503"}}
     assert not_in_bucket([{"runs": [late]}, {"runs": [busy]}, None]) == [
-        "node 0: b: only on the host: x.pt", "node 1: c: its last upload has not finished (503)", "node 2: could not be asked"]
+        "node 0: b: only on the host: x.pt",
+        "node 1: c: its last upload has not finished (503)",
+        "node 2: could not be asked",
+    ]
 
 
 def test_an_uploader_that_cannot_start_leaves_the_job_alone_and_says_why(tmp_path: Path) -> None:

@@ -19,8 +19,12 @@ NOT_LOGGED_IN = "error: PULUMI_ACCESS_TOKEN must be set for login during non-int
 
 @pytest.mark.parametrize(
     ("output", "ok", "words"),
-    [(None, False, "not found on PATH"), ("v3.272.0\n", True, "v3.272.0"), ("v3.150.1\n", False, "older than v3.200.0"),
-     ("garbage", False, "cannot read its version")],
+    [
+        (None, False, "not found on PATH"),
+        ("v3.272.0\n", True, "v3.272.0"),
+        ("v3.150.1\n", False, "older than v3.200.0"),
+        ("garbage", False, "cannot read its version"),
+    ],
 )
 def test_pulumi_cli(output: str | None, ok: bool, words: str) -> None:
     f = checkup.pulumi_cli(output)
@@ -29,8 +33,12 @@ def test_pulumi_cli(output: str | None, ok: bool, words: str) -> None:
 
 @pytest.mark.parametrize(
     ("found", "whoami", "ok", "words"),
-    [(False, None, None, "not checked"), (True, (255, "", NOT_LOGGED_IN), False, "PULUMI_ACCESS_TOKEN must be set"),
-     (True, (0, WHOAMI, ""), True, "alice at https://app.pulumi.com/alice"), (True, (0, "bob\n", ""), True, "bob")],
+    [
+        (False, None, None, "not checked"),
+        (True, (255, "", NOT_LOGGED_IN), False, "PULUMI_ACCESS_TOKEN must be set"),
+        (True, (0, WHOAMI, ""), True, "alice at https://app.pulumi.com/alice"),
+        (True, (0, "bob\n", ""), True, "bob"),
+    ],
 )
 def test_backend(found: bool, whoami, ok, words: str) -> None:
     f = checkup.backend(found, whoami)
@@ -39,10 +47,12 @@ def test_backend(found: bool, whoami, ok, words: str) -> None:
 
 @pytest.mark.parametrize(
     ("adc", "ok", "words"),
-    [(checkup.Adc("/h/adc.json", False), False, "no file at /h/adc.json"),
-     (checkup.Adc("/h/adc.json", True, error="ValueError: bad"), False, "cannot be used: ValueError"),
-     (checkup.Adc("/h/adc.json", True, "authorized_user", "proj-1"), True, "authorized_user in /h/adc.json; project proj-1"),
-     (checkup.Adc("/h/adc.json", True, "authorized_user"), True, "no project of its own")],
+    [
+        (checkup.Adc("/h/adc.json", False), False, "no file at /h/adc.json"),
+        (checkup.Adc("/h/adc.json", True, error="ValueError: bad"), False, "cannot be used: ValueError"),
+        (checkup.Adc("/h/adc.json", True, "authorized_user", "proj-1"), True, "authorized_user in /h/adc.json; project proj-1"),
+        (checkup.Adc("/h/adc.json", True, "authorized_user"), True, "no project of its own"),
+    ],
 )
 def test_credentials(adc, ok, words) -> None:
     f = checkup.credentials(adc)
@@ -51,11 +61,18 @@ def test_credentials(adc, ok, words) -> None:
 
 @pytest.mark.parametrize(
     ("states", "error", "creds", "oks", "fix"),
-    [({"compute.googleapis.com": "ENABLED", "cloudquotas.googleapis.com": "ENABLED"}, None, True, [True, True], ""),
-     ({"compute.googleapis.com": "ENABLED", "cloudquotas.googleapis.com": "DISABLED"}, None, True, [True, False],
-      "gcloud services enable cloudquotas.googleapis.com --project p"),
-     (None, "HTTP 403: Permission denied", True, [False, False], "serviceUsageViewer"),
-     (None, None, False, [None, None], "")],
+    [
+        ({"compute.googleapis.com": "ENABLED", "cloudquotas.googleapis.com": "ENABLED"}, None, True, [True, True], ""),
+        (
+            {"compute.googleapis.com": "ENABLED", "cloudquotas.googleapis.com": "DISABLED"},
+            None,
+            True,
+            [True, False],
+            "gcloud services enable cloudquotas.googleapis.com --project p",
+        ),
+        (None, "HTTP 403: Permission denied", True, [False, False], "serviceUsageViewer"),
+        (None, None, False, [None, None], ""),
+    ],
 )
 def test_apis(states, error, creds, oks, fix) -> None:
     found = checkup.apis("p", states, error, creds)
@@ -87,8 +104,15 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc).timestamp()
 HOUR = 3600.0
 GCP = parse(gcp_raw(spot=True), "t4", CATALOG)
 SSH = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@box:22"]}, "lab", CATALOG)
-OUTPUTS = {"externalIp": "198.51.100.4", "zone": "us-central1-a", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4",
-           "gpuCount": 1, "spot": True, "hourlyCostUsd": 0.28}
+OUTPUTS = {
+    "externalIp": "198.51.100.4",
+    "zone": "us-central1-a",
+    "machineType": "n1-standard-8",
+    "gpuType": "nvidia-tesla-t4",
+    "gpuCount": 1,
+    "spot": True,
+    "hourlyCostUsd": 0.28,
+}
 
 
 def iso(t: float) -> str:
@@ -96,26 +120,52 @@ def iso(t: float) -> str:
 
 
 def status(runs: list[str], idle_since: float | None = None, limit: int = 30, uptime: float = 2 * HOUR) -> dict:
-    return {"runs": [{"id": f"r{i}", "state": s} for i, s in enumerate(runs)], "uptimeS": uptime, "now": NOW,
-            "agent": {"idleStopMinutes": limit, "idleSince": idle_since}}
+    return {
+        "runs": [{"id": f"r{i}", "state": s} for i, s in enumerate(runs)],
+        "uptimeS": uptime,
+        "now": NOW,
+        "agent": {"idleStopMinutes": limit, "idleSince": idle_since},
+    }
 
 
 @pytest.mark.parametrize(
     ("facts", "state", "source", "runs", "hourly", "billing"),
     [
-        (listing.StackFacts("t4", GCP, outputs=OUTPUTS, instances=[{"status": "RUNNING", "lastStartTimestamp": iso(NOW - HOUR)}],
-                            status=status(["running"])), "RUNNING", "compute api", 1, 0.28, True),
-        (listing.StackFacts("t4", GCP, outputs=OUTPUTS, instances=[{"status": "TERMINATED"}]), "TERMINATED", "compute api",
-         None, 0.0, False),
+        (
+            listing.StackFacts(
+                "t4",
+                GCP,
+                outputs=OUTPUTS,
+                instances=[{"status": "RUNNING", "lastStartTimestamp": iso(NOW - HOUR)}],
+                status=status(["running"]),
+            ),
+            "RUNNING",
+            "compute api",
+            1,
+            0.28,
+            True,
+        ),
+        (
+            listing.StackFacts("t4", GCP, outputs=OUTPUTS, instances=[{"status": "TERMINATED"}]),
+            "TERMINATED",
+            "compute api",
+            None,
+            0.0,
+            False,
+        ),
         (listing.StackFacts("t4", GCP, outputs=None, instances=[]), "none", "compute api", None, 0.0, False),
-        (listing.StackFacts("t4", GCP, outputs=OUTPUTS, api_error="no credentials"), "RUNNING?", "last known outputs", None,
-         0.28, True),
+        (listing.StackFacts("t4", GCP, outputs=OUTPUTS, api_error="no credentials"), "RUNNING?", "last known outputs", None, 0.28, True),
         (listing.StackFacts("t4", GCP, outputs=OUTPUTS, status=status([])), "RUNNING", "host answered", 0, 0.28, True),
-        (listing.StackFacts("t4", parse(gcp_raw(running=False), "t4", CATALOG), outputs=OUTPUTS), "TERMINATED?", "last known outputs",
-         None, 0.0, False),
+        (
+            listing.StackFacts("t4", parse(gcp_raw(running=False), "t4", CATALOG), outputs=OUTPUTS),
+            "TERMINATED?",
+            "last known outputs",
+            None,
+            0.0,
+            False,
+        ),
         (listing.StackFacts("t4", GCP), "none", "no outputs", None, 0.0, False),
-        (listing.StackFacts("lab", SSH, status=status(["running", "succeeded"], limit=0)), "reachable", "host answered", 1, None,
-         False),
+        (listing.StackFacts("lab", SSH, status=status(["running", "succeeded"], limit=0)), "reachable", "host answered", 1, None, False),
         (listing.StackFacts("lab", SSH, status_error="cannot reach"), "unreachable", "ssh", None, None, False),
         (listing.StackFacts("bad", problem="stack 'bad' is invalid"), "invalid", "stack file", None, None, False),
     ],
@@ -126,9 +176,12 @@ def test_rows(facts, state, source, runs, hourly, billing) -> None:
 
 
 def test_cluster_state_counts_running_nodes() -> None:
-    facts = listing.StackFacts("c", parse(gcp_raw(nodes=2, machineType="g2-standard-8", gpuType=None, gpuCount=None), "c", CATALOG),
-                               outputs={**OUTPUTS, "machineType": "g2-standard-8", "gpuType": "nvidia-l4"},
-                               instances=[{"status": "RUNNING"}, {"status": "TERMINATED"}])
+    facts = listing.StackFacts(
+        "c",
+        parse(gcp_raw(nodes=2, machineType="g2-standard-8", gpuType=None, gpuCount=None), "c", CATALOG),
+        outputs={**OUTPUTS, "machineType": "g2-standard-8", "gpuType": "nvidia-l4"},
+        instances=[{"status": "RUNNING"}, {"status": "TERMINATED"}],
+    )
     r = listing.row(facts, NOW, CATALOG)
     assert r.state == "RUNNING 1/2" and r.billing and r.shape.startswith("2 x g2-standard-8")
 
@@ -138,37 +191,52 @@ def test_cluster_state_counts_running_nodes() -> None:
     [
         ((), {"status": "RUNNING", "lastStartTimestamp": iso(NOW - 3 * HOUR)}, None, 3.0),
         # stopped: from last start to last stop
-        ((), {"status": "TERMINATED", "lastStartTimestamp": iso(NOW - 5 * HOUR), "lastStopTimestamp": iso(NOW - 4 * HOUR)},
-         None, 1.0),
+        ((), {"status": "TERMINATED", "lastStartTimestamp": iso(NOW - 5 * HOUR), "lastStopTimestamp": iso(NOW - 4 * HOUR)}, None, 1.0),
         # a run from last month counts only from the 1st
-        ((), {"status": "RUNNING", "lastStartTimestamp": iso(listing.month_start(NOW) - 10 * HOUR)}, None,
-         (NOW - listing.month_start(NOW)) / HOUR),
+        (
+            (),
+            {"status": "RUNNING", "lastStartTimestamp": iso(listing.month_start(NOW) - 10 * HOUR)},
+            None,
+            (NOW - listing.month_start(NOW)) / HOUR,
+        ),
         # the ledger remembers earlier runs; overlapping looks are not counted twice
-        (((NOW - 30 * HOUR, NOW - 20 * HOUR),), {"status": "RUNNING", "lastStartTimestamp": iso(NOW - 2 * HOUR)}, 2 * HOUR,
-         12.0),
+        (((NOW - 30 * HOUR, NOW - 20 * HOUR),), {"status": "RUNNING", "lastStartTimestamp": iso(NOW - 2 * HOUR)}, 2 * HOUR, 12.0),
         (((NOW - 30 * HOUR, NOW - 20 * HOUR), (NOW - 25 * HOUR, NOW - 18 * HOUR)), None, None, 12.0),
     ],
 )
 def test_spent_this_month(ledger, instance, uptime, hours) -> None:
-    facts = listing.StackFacts("t4", GCP, outputs=OUTPUTS, instances=[instance] if instance else None,
-                               status={"runs": [], "uptimeS": uptime, "now": NOW, "agent": {}} if uptime else None, ledger=ledger)
+    facts = listing.StackFacts(
+        "t4",
+        GCP,
+        outputs=OUTPUTS,
+        instances=[instance] if instance else None,
+        status={"runs": [], "uptimeS": uptime, "now": NOW, "agent": {}} if uptime else None,
+        ledger=ledger,
+    )
     r = listing.row(facts, NOW, CATALOG)
     assert r.spent_month == round(hours * 0.28, 2)
 
 
 @pytest.mark.parametrize(
     ("doc", "text"),
-    [(None, "-"), (status([], limit=0), "off"), (status(["running"]), "busy (stops after 30 idle min)"),
-     (status([], idle_since=NOW - 12 * 60), "idle 12 of 30 min"), (status([]), "stops after 30 idle min")],
+    [
+        (None, "-"),
+        (status([], limit=0), "off"),
+        (status(["running"]), "busy (stops after 30 idle min)"),
+        (status([], idle_since=NOW - 12 * 60), "idle 12 of 30 min"),
+        (status([]), "stops after 30 idle min"),
+    ],
 )
 def test_idle_clock(doc, text) -> None:
     assert listing.idle_text(doc) == text
 
 
 def test_billing_stacks_first_and_render() -> None:
-    facts = [listing.StackFacts("aaa-stopped", GCP, outputs=OUTPUTS, instances=[{"status": "TERMINATED"}]),
-             listing.StackFacts("lab", SSH, status=status([])),
-             listing.StackFacts("zzz-up", GCP, outputs=OUTPUTS, instances=[{"status": "RUNNING", "lastStartTimestamp": iso(NOW - HOUR)}])]
+    facts = [
+        listing.StackFacts("aaa-stopped", GCP, outputs=OUTPUTS, instances=[{"status": "TERMINATED"}]),
+        listing.StackFacts("lab", SSH, status=status([])),
+        listing.StackFacts("zzz-up", GCP, outputs=OUTPUTS, instances=[{"status": "RUNNING", "lastStartTimestamp": iso(NOW - HOUR)}]),
+    ]
     table = listing.rows(facts, NOW, CATALOG)
     assert [r.stack for r in table] == ["zzz-up", "aaa-stopped", "lab"]
     text = listing.render(table)

@@ -16,23 +16,55 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 # -- pure decisions ---------------------------------------------------------------------------
-NODE = {"rank": 1, "nnodes": 3, "masterAddr": "10.0.0.2", "masterPort": 29500,
-        "hosts": ["10.0.0.2", "10.0.0.3", "10.0.0.4"], "tfPort": 2222, "ps": 0}
+NODE = {
+    "rank": 1,
+    "nnodes": 3,
+    "masterAddr": "10.0.0.2",
+    "masterPort": 29500,
+    "hosts": ["10.0.0.2", "10.0.0.3", "10.0.0.4"],
+    "tfPort": 2222,
+    "ps": 0,
+}
 
 
 @pytest.mark.parametrize(
     ("spec", "extra", "argv"),
     [
         ({"script": "t.py", "args": ["--lr", "1"]}, [], ["py", "-u", "t.py", "--lr", "1"]),  # no flag it did not ask for
-        ({"script": "t.py", "args": ["--lr", "1"], "passJobDir": True}, [],
-         ["py", "-u", "t.py", "--lr", "1", "--job-dir", "/j"]),
-        ({"script": "t.py", "args": ["--lr", "1"], "passJobDir": True}, ["--init_from=resume"],
-         ["py", "-u", "t.py", "--lr", "1", "--job-dir", "/j", "--init_from=resume"]),
-        ({"script": "t.py", "launcher": "torchrun", "node": {"nnodes": 1}}, [],
-         ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "t.py"]),
-        ({"script": "t.py", "launcher": "torchrun", "node": NODE, "passJobDir": True}, ["--resume"],
-         ["py", "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank", "1", "--nproc_per_node", "4",
-          "--master_addr", "10.0.0.2", "--master_port", "29500", "t.py", "--job-dir", "/j", "--resume"]),
+        ({"script": "t.py", "args": ["--lr", "1"], "passJobDir": True}, [], ["py", "-u", "t.py", "--lr", "1", "--job-dir", "/j"]),
+        (
+            {"script": "t.py", "args": ["--lr", "1"], "passJobDir": True},
+            ["--init_from=resume"],
+            ["py", "-u", "t.py", "--lr", "1", "--job-dir", "/j", "--init_from=resume"],
+        ),
+        (
+            {"script": "t.py", "launcher": "torchrun", "node": {"nnodes": 1}},
+            [],
+            ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", "t.py"],
+        ),
+        (
+            {"script": "t.py", "launcher": "torchrun", "node": NODE, "passJobDir": True},
+            ["--resume"],
+            [
+                "py",
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "3",
+                "--node_rank",
+                "1",
+                "--nproc_per_node",
+                "4",
+                "--master_addr",
+                "10.0.0.2",
+                "--master_port",
+                "29500",
+                "t.py",
+                "--job-dir",
+                "/j",
+                "--resume",
+            ],
+        ),
         ({"command": "make train"}, [], ["bash", "-c", "make train"]),
         ({"command": "python t.py"}, ["--ckpt", "last one"], ["bash", "-c", "python t.py --ckpt 'last one'"]),
     ],
@@ -54,8 +86,7 @@ def test_job_argv(spec: dict, extra: list[str], argv: list[str]) -> None:
         ({"resumeArgs": ["-r"], "resumeIf": "**/checkpoint-*"}, 1, ["out/checkpoint-500/model.bin"], ["-r"], "exists"),
     ],
 )
-def test_resume_args(tmp_path: Path, spec: dict, resumes: int, files: list[str], extra: list[str],
-                     said: str | None) -> None:
+def test_resume_args(tmp_path: Path, spec: dict, resumes: int, files: list[str], extra: list[str], said: str | None) -> None:
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
@@ -69,8 +100,7 @@ def test_resume_args(tmp_path: Path, spec: dict, resumes: int, files: list[str],
     [
         (0, 0, {"type": "chief", "index": 0}, {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]}),
         (2, 0, {"type": "worker", "index": 1}, {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222", "10.0.0.4:2222"]}),
-        (1, 1, {"type": "worker", "index": 0},
-         {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222"], "ps": ["10.0.0.4:2222"]}),
+        (1, 1, {"type": "worker", "index": 0}, {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222"], "ps": ["10.0.0.4:2222"]}),
         (2, 1, {"type": "ps", "index": 0}, {"chief": ["10.0.0.2:2222"], "worker": ["10.0.0.3:2222"], "ps": ["10.0.0.4:2222"]}),
         (2, 2, {"type": "ps", "index": 1}, {"chief": ["10.0.0.2:2222"], "ps": ["10.0.0.3:2222", "10.0.0.4:2222"]}),
     ],
@@ -84,15 +114,19 @@ def test_cluster_env(rank: int, ps: int, task: dict, cluster: dict) -> None:
 
 @pytest.mark.parametrize(
     ("option", "nodes", "script", "chosen"),
-    [(None, 2, "t.py", "torchrun"), (None, 1, "t.py", "none"), (None, 2, None, "none"), ("torchrun", 1, "t.py", "torchrun"),
-     ("none", 4, "t.py", "none")],
+    [
+        (None, 2, "t.py", "torchrun"),
+        (None, 1, "t.py", "none"),
+        (None, 2, None, "none"),
+        ("torchrun", 1, "t.py", "torchrun"),
+        ("none", 4, "t.py", "none"),
+    ],
 )
 def test_choose_launcher(option, nodes, script, chosen) -> None:
     assert jobs.choose_launcher(option, nodes, script) == chosen
 
 
-@pytest.mark.parametrize(("option", "script", "words"), [("mpirun", "t.py", "use torchrun or none"),
-                                                          ("torchrun", None, "runs a --script")])
+@pytest.mark.parametrize(("option", "script", "words"), [("mpirun", "t.py", "use torchrun or none"), ("torchrun", None, "runs a --script")])
 def test_choose_launcher_rejects(option, script, words) -> None:
     with pytest.raises(jobs.JobError, match=words):
         jobs.choose_launcher(option, 2, script)

@@ -36,11 +36,24 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 # -- the pure parts ---------------------------------------------------------------------------
 
+
 def _target(tmp: Path, peers: tuple[str, ...] = ()) -> Target:
     hosts = tuple(SshHost("me", f"203.0.113.{i}", 22, jump=(SshHost("me", "bastion", 22),)) for i in (1, 2, 3))
-    return Target(stack="c", hosts=hosts, key_file="", known_hosts=tmp / "known_hosts", pinned=False,
-                  remote_root="~/gpu-train", python=None, venv=False, expect_gpus=0, hourly_cost_usd=None, is_gcp=bool(peers),
-                  cache=tmp, peer_addresses=peers)
+    return Target(
+        stack="c",
+        hosts=hosts,
+        key_file="",
+        known_hosts=tmp / "known_hosts",
+        pinned=False,
+        remote_root="~/gpu-train",
+        python=None,
+        venv=False,
+        expect_gpus=0,
+        hourly_cost_usd=None,
+        is_gcp=bool(peers),
+        cache=tmp,
+        peer_addresses=peers,
+    )
 
 
 def test_nodes_reach_each_other_by_internal_address_when_there_is_one(tmp_path: Path) -> None:
@@ -59,12 +72,15 @@ def test_the_request_for_node_0_pins_the_host_keys_the_laptop_learned(tmp_path: 
     assert public.startswith("ssh-ed25519 ") and codehop.new_key() != (private, public)  # one per train
     req = codehop.relay_request(gcp, "r_20250101_000000", "r", [1, 2], private)
     assert req["knownHosts"] == [f"gpu-train-node-1 ssh-ed25519 {learned.get_base64()}"]  # node 2: not known, none
-    assert [n["dest"] for n in req["nodes"]] == ["me@10.0.0.6:gpu-train/staging/r_20250101_000000/",
-                                                 "me@10.0.0.7:gpu-train/staging/r_20250101_000000/"]
+    assert [n["dest"] for n in req["nodes"]] == [
+        "me@10.0.0.6:gpu-train/staging/r_20250101_000000/",
+        "me@10.0.0.7:gpu-train/staging/r_20250101_000000/",
+    ]
     assert req["nodes"][0]["options"][1] == "--link-dest=../../code/r.last"
     # authorize checked the root; the receiving rsync leaves the node's own "go" once it has the tree
-    assert req["nodes"][0]["options"][0] == ("--rsync-path=mkdir -p gpu-train/staging && sh -c 'rsync \"$@\" && : > "
-                                             "gpu-train/staging/r_20250101_000000.arrived' rsync")
+    assert req["nodes"][0]["options"][0] == (
+        "--rsync-path=mkdir -p gpu-train/staging && sh -c 'rsync \"$@\" && : > gpu-train/staging/r_20250101_000000.arrived' rsync"
+    )
     argv = cluster.hop_command("/h/gpu-train", "/tmp/hop", req["run"], req["nodes"][0])
     ssh = argv[argv.index("-e") + 1]
     assert "StrictHostKeyChecking=yes" in ssh and "HostKeyAlias=gpu-train-node-1" in ssh and "IdentitiesOnly=yes" in ssh
@@ -72,18 +88,23 @@ def test_the_request_for_node_0_pins_the_host_keys_the_laptop_learned(tmp_path: 
     # The connection opened while the laptop still sends to node 0: the same options, no command.
     master = cluster.master_command("/tmp/x", req["nodes"][0], "/tmp/x/0")
     assert master[-2:] == ["-N", "me@10.0.0.6"] and "HostKeyAlias=gpu-train-node-1" in master
-    assert "ControlPath=/tmp/x/0" in cluster.hop_command("/h/gpu-train", "/tmp/x", req["run"], req["nodes"][0],
-                                                          "/tmp/x/0")[argv.index("-e") + 1]
+    assert (
+        "ControlPath=/tmp/x/0"
+        in cluster.hop_command("/h/gpu-train", "/tmp/x", req["run"], req["nodes"][0], "/tmp/x/0")[argv.index("-e") + 1]
+    )
     assert "/tmp/hop/id_ed25519" in ssh and "UserKnownHostsFile=/tmp/hop/known_hosts" in ssh
 
 
-@pytest.mark.parametrize("key, name, source, words", [
-    ("ssh-rsa AAAA", "c", None, "not an ssh-ed25519"),
-    ("ssh-ed25519 AAAA\nssh-ed25519 BBBB", "c", None, "not an ssh-ed25519"),
-    ("ssh-ed25519 AA\"AA", "c", None, "not an ssh-ed25519"),
-    ("ssh-ed25519 AAAA", "c d", None, "not a stack name"),
-    ("ssh-ed25519 AAAA", "c", '10.0.0.1",command="sh', "not an address"),
-])
+@pytest.mark.parametrize(
+    "key, name, source, words",
+    [
+        ("ssh-rsa AAAA", "c", None, "not an ssh-ed25519"),
+        ("ssh-ed25519 AAAA\nssh-ed25519 BBBB", "c", None, "not an ssh-ed25519"),
+        ('ssh-ed25519 AA"AA', "c", None, "not an ssh-ed25519"),
+        ("ssh-ed25519 AAAA", "c d", None, "not a stack name"),
+        ("ssh-ed25519 AAAA", "c", '10.0.0.1",command="sh', "not an address"),
+    ],
+)
 def test_authorized_line_refuses_anything_but_a_plain_key(key, name, source, words) -> None:
     with pytest.raises(AgentError, match=words):
         cluster.authorized_line(key, name, source)
@@ -94,7 +115,7 @@ def test_authorize_binds_the_key_to_one_run_and_takes_it_away(tmp_path: Path, mo
     monkeypatch.setenv("GPU_TRAIN_AUTHORIZED_KEYS", str(keys))
     assert cluster.cmd_authorize("ssh-ed25519 AAAA", "c", "10.0.0.5", "/r oot", "r_1", "r")["added"] is True
     line = keys.read_text()
-    assert line.startswith('restrict,expiry-time="') and ' ssh-ed25519 AAAA gpu-train-cluster:c\n' in line
+    assert line.startswith('restrict,expiry-time="') and " ssh-ed25519 AAAA gpu-train-cluster:c\n" in line
     assert ',command="' + cluster.receive_command("/r oot", "r_1", "r") + '",from="10.0.0.5"' in line
     assert "receive-code --run r_1 --base r" in line
     assert keys.stat().st_mode & 0o777 == 0o600 and keys.parent.stat().st_mode & 0o777 == 0o700
@@ -110,22 +131,32 @@ def test_authorize_binds_the_key_to_one_run_and_takes_it_away(tmp_path: Path, mo
         cluster.cmd_authorize("ssh-ed25519 BBBB", "c", None, "/r")
 
 
-@pytest.mark.parametrize(("original", "ok"), [
-    ("rsync --server -logDtpre.iLsfxCIvu --delete --link-dest=../../code/r.last . gpu-train/staging/r_1/", True),
-    ("mkdir -p x && sh -c 'rsync \"$@\" && : > m' rsync --server -logDtpre.iLsfxCIvu . x", True),
-    ("rsync --server --sender -logDtpre.iLsfxCIvu . /home/me/.ssh", False),  # sending: reading the node
-    ("rsync --server -slogDtpre.iLsfxCIvu .", False),  # protected args: options the line does not show
-    ("rsync --server -logDtpre.iLsfxCIvu --log-file=/home/me/.bashrc . x", True),  # (ours replace the rest)
-    ("sh -i", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    ("original", "ok"),
+    [
+        ("rsync --server -logDtpre.iLsfxCIvu --delete --link-dest=../../code/r.last . gpu-train/staging/r_1/", True),
+        ("mkdir -p x && sh -c 'rsync \"$@\" && : > m' rsync --server -logDtpre.iLsfxCIvu . x", True),
+        ("rsync --server --sender -logDtpre.iLsfxCIvu . /home/me/.ssh", False),  # sending: reading the node
+        ("rsync --server -slogDtpre.iLsfxCIvu .", False),  # protected args: options the line does not show
+        ("rsync --server -logDtpre.iLsfxCIvu --log-file=/home/me/.bashrc . x", True),  # (ours replace the rest)
+        ("sh -i", False),
+        ("", False),
+    ],
+)
 def test_the_cluster_keys_command_only_receives_a_runs_code(original: str, ok: bool) -> None:
     if not ok:
         with pytest.raises(AgentError, match="only receives"):
             cluster.server_argv(original, "/r", "r_1", "r")
         return
     assert cluster.server_argv(original, "/r", "r_1", "r") == [
-        "rsync", "--server", "-logDtpre.iLsfxCIvu", "--delete", "--link-dest=../../code/r.last", ".", "/r/staging/r_1/"]
+        "rsync",
+        "--server",
+        "-logDtpre.iLsfxCIvu",
+        "--delete",
+        "--link-dest=../../code/r.last",
+        ".",
+        "/r/staging/r_1/",
+    ]
 
 
 # -- a node's launch goes on the cluster's own word ----------------------------------------------
@@ -134,23 +165,31 @@ def _waiting_launch(root: Path, run: str, go_when: str | None) -> subprocess.Pop
     (root / "staging" / run).mkdir(parents=True)
     (root / "staging" / run / "train.py").write_text("print('hi')\n")
     spec = {"runId": run, "base": run.split("_")[0], "command": "true", "python": sys.executable, "goWhen": go_when}
-    agent = subprocess.Popen([sys.executable, "-m", "remote.agent", "--root", str(root), "launch", "-", "--await-go"],
-                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "remote.agent", "--root", str(root), "launch", "-", "--await-go"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     agent.stdin.write(base64.b64encode(json.dumps(spec).encode()) + b"\n")
     agent.stdin.flush()
     assert json.loads(agent.stdout.readline())["ready"]
     return agent
 
 
-@pytest.mark.parametrize(("go_when", "marker", "said", "launched"), [
-    ("arrived", "arrived", None, True),    # node i: the hop left the code; the laptop has said nothing
-    ("relayed", "relayed", None, True),    # node 0: its relay ended
-    ("arrived", None, b"go\n", True),      # the hop failed: the laptop pushed, then said go
-    ("arrived", None, b"abort\n", False),  # ... and its push failed
-    ("arrived", None, b"", False),         # the laptop went away
-    ("arrived", "relayed", None, False),   # another node's word is not this one's
-    (None, "arrived", None, False),        # a launch not in a fan-out takes the laptop's word only
-])
+@pytest.mark.parametrize(
+    ("go_when", "marker", "said", "launched"),
+    [
+        ("arrived", "arrived", None, True),  # node i: the hop left the code; the laptop has said nothing
+        ("relayed", "relayed", None, True),  # node 0: its relay ended
+        ("arrived", None, b"go\n", True),  # the hop failed: the laptop pushed, then said go
+        ("arrived", None, b"abort\n", False),  # ... and its push failed
+        ("arrived", None, b"", False),  # the laptop went away
+        ("arrived", "relayed", None, False),  # another node's word is not this one's
+        (None, "arrived", None, False),  # a launch not in a fan-out takes the laptop's word only
+    ],
+)
 def test_a_launch_goes_on_its_marker_or_the_laptops_word(tmp_path: Path, go_when, marker, said, launched) -> None:
     root, run = tmp_path / "root", "hop_20250101_000000"
     agent = _waiting_launch(root, run, go_when)

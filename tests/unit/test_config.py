@@ -29,10 +29,12 @@ def test_defaults() -> None:
 
 def test_engine_form_strings_and_json_equal_yaml_form() -> None:
     """`pulumi up` hands every value over as a string, structured ones as JSON."""
-    engine = gcp_raw(gpuCount="2", spot="true", sshSourceRanges='["198.51.100.0/24","203.0.113.7/32"]',
-                     labels='{"team":"vision"}', bootDiskSizeGb="300")
-    yaml_form = gcp_raw(gpuCount=2, spot=True, sshSourceRanges=["198.51.100.0/24", "203.0.113.7/32"],
-                        labels={"team": "vision"}, bootDiskSizeGb=300)
+    engine = gcp_raw(
+        gpuCount="2", spot="true", sshSourceRanges='["198.51.100.0/24","203.0.113.7/32"]', labels='{"team":"vision"}', bootDiskSizeGb="300"
+    )
+    yaml_form = gcp_raw(
+        gpuCount=2, spot=True, sshSourceRanges=["198.51.100.0/24", "203.0.113.7/32"], labels={"team": "vision"}, bootDiskSizeGb=300
+    )
     assert parse(engine, "s", CATALOG) == parse(yaml_form, "s", CATALOG)
 
 
@@ -43,7 +45,9 @@ def test_bare_keys_belong_to_the_project_namespace() -> None:
 
 def test_comma_separated_list() -> None:
     assert parse(gcp_raw(sshSourceRanges="198.51.100.0/24, 203.0.113.7/32"), "s", CATALOG).ssh_source_ranges == (
-        "198.51.100.0/24", "203.0.113.7/32")
+        "198.51.100.0/24",
+        "203.0.113.7/32",
+    )
 
 
 @pytest.mark.parametrize(
@@ -73,8 +77,13 @@ def test_wrong_types_name_the_key(key: str, value: object, expected: str) -> Non
 
 @pytest.mark.parametrize(
     ("key", "suggestion"),
-    [("gpuTyp", "gpu-train:gpuType"), ("gpu_count", "gpu-train:gpuCount"), ("sshSourceRange", "gpu-train:sshSourceRanges"),
-     ("machinetype", "gpu-train:machineType"), ("xyzzy", "known keys")],
+    [
+        ("gpuTyp", "gpu-train:gpuType"),
+        ("gpu_count", "gpu-train:gpuCount"),
+        ("sshSourceRange", "gpu-train:sshSourceRanges"),
+        ("machinetype", "gpu-train:machineType"),
+        ("xyzzy", "known keys"),
+    ],
 )
 def test_unknown_keys_suggest(key: str, suggestion: str) -> None:
     (p,) = problems_of(gcp_raw(**{key: "x"}))
@@ -92,16 +101,14 @@ def test_other_namespaces_are_left_alone() -> None:
 
 
 def test_ssh_target() -> None:
-    cfg = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222", "box"],
-                 "gpu-train:sshKey": "/k"}, "lab", CATALOG)
+    cfg = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222", "box"], "gpu-train:sshKey": "/k"}, "lab", CATALOG)
     assert cfg.hosts[0] == SshHost("me", "127.0.0.2", 2222) and cfg.hosts[1].port == 22
     assert cfg.project is None and cfg.ssh_private_key_path() == "/k"
 
 
 def test_ssh_target_rejects_gcp_keys_and_needs_hosts() -> None:
     problems = problems_of({"gpu-train:target": "ssh", "gpu-train:gpuType": "nvidia-l4"})
-    assert {p.key: p.message for p in problems} == {
-        "gpuType": "does not apply to a target 'ssh' stack", "hosts": "is required"}
+    assert {p.key: p.message for p in problems} == {"gpuType": "does not apply to a target 'ssh' stack", "hosts": "is required"}
 
 
 @pytest.mark.parametrize("text", ["u@h:port", "u@:22", "u@h:0", "u@h:70000"])
@@ -125,8 +132,10 @@ def test_public_key_inline_path_and_missing(public_key, tmp_path) -> None:
 
 def test_stack_files(tmp_path) -> None:
     f = tmp_path / "Pulumi.mine.yaml"
-    f.write_text("config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
-                 "  gpu-train:gpuCount: 1\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n")
+    f.write_text(
+        "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
+        "  gpu-train:gpuCount: 1\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n"
+    )
     assert stackfile.load_file(f, CATALOG).stack == "mine"
     for text, msg in (("config: [1", "not valid YAML"), ("config: 5", "no `config:` mapping")):
         f.write_text(text)
@@ -138,8 +147,11 @@ def test_stack_files(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "shape"),
-    [("g2-standard-8", ("g2-standard-8", None, None)), ("n1-standard-8/nvidia-tesla-v100", ("n1-standard-8", "nvidia-tesla-v100", 1)),
-     ("n1-standard-16/nvidia-tesla-t4/4", ("n1-standard-16", "nvidia-tesla-t4", 4))],
+    [
+        ("g2-standard-8", ("g2-standard-8", None, None)),
+        ("n1-standard-8/nvidia-tesla-v100", ("n1-standard-8", "nvidia-tesla-v100", 1)),
+        ("n1-standard-16/nvidia-tesla-t4/4", ("n1-standard-16", "nvidia-tesla-t4", 4)),
+    ],
 )
 def test_parse_shape(text: str, shape: tuple) -> None:
     assert config.parse_shape(text) == shape

@@ -24,13 +24,33 @@ from gpu_train.contract import (
 from remote.agent.bundle import CARRIED
 from tests.conftest import ROOT, parse_source
 
-FULL = JobSpec(run_id="r_20260101_000000", base="r", script="train.py", command="true", args=("--lr", "3e-4"),
-               env={"WANDB_API_KEY": "s3cret"}, python="/usr/bin/python3", expect_gpus=2, code_manifest="abc",
-               reuse_code=True, agent_settings={"maxResumes": 3}, launcher="torchrun", nproc=2,
-               node={"rank": 1, "nnodes": 2}, project="p", venv=True, needs_torch=True, go_when="arrived",
-               notify="https://hooks.example/x", pass_job_dir=True, resume_args=("--init_from=resume",),
-               resume_if="out/ckpt.pt", bucket={"name": "ckpt", "prefix": "team/l4/r_20260101_000000/"},
-               path="/usr/bin:/bin", externally_managed=True)
+FULL = JobSpec(
+    run_id="r_20260101_000000",
+    base="r",
+    script="train.py",
+    command="true",
+    args=("--lr", "3e-4"),
+    env={"WANDB_API_KEY": "s3cret"},
+    python="/usr/bin/python3",
+    expect_gpus=2,
+    code_manifest="abc",
+    reuse_code=True,
+    agent_settings={"maxResumes": 3},
+    launcher="torchrun",
+    nproc=2,
+    node={"rank": 1, "nnodes": 2},
+    project="p",
+    venv=True,
+    needs_torch=True,
+    go_when="arrived",
+    notify="https://hooks.example/x",
+    pass_job_dir=True,
+    resume_args=("--init_from=resume",),
+    resume_if="out/ckpt.pt",
+    bucket={"name": "ckpt", "prefix": "team/l4/r_20260101_000000/"},
+    path="/usr/bin:/bin",
+    externally_managed=True,
+)
 
 
 def test_every_field_is_set_in_the_full_example() -> None:
@@ -48,26 +68,30 @@ def test_the_spec_round_trips_through_json() -> None:
     assert "notify" not in JobSpec(run_id="a", base="a").to_json()  # a secret left unset is left out
 
 
-@pytest.mark.parametrize(("doc", "words"), [
-    ({"runId": "a"}, "no base"),
-    ({"runId": "a", "base": "a", "version": CONTRACT_VERSION + 1}, "newer than this agent"),
-    ({"runId": "a", "base": "a", "expectGpus": "two"}, "expectGpus is 'two', not an int"),
-    ({"runId": "a", "base": "a", "expectGpus": 1.5}, "expectGpus is 1.5, not an int"),
-    ({"runId": "a", "base": "a", "args": 5}, "args is 5, not a list of strings"),
-    ({"runId": "a", "base": "a", "args": ["--lr", 3]}, "args is .* not a list of strings"),
-    ({"runId": "a", "base": "a", "venv": "false"}, "venv is 'false', not a bool"),
-    ({"runId": "a", "base": "a", "script": ["t.py"]}, r"script is \['t.py'\], not a str"),
-    ({"runId": "a", "base": "a", "env": ["A=1"]}, "env is .*, not a dict"),
-    ({"runId": "a", "base": None}, "no base"),
-    (["runId"], "the job spec is list, not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("doc", "words"),
+    [
+        ({"runId": "a"}, "no base"),
+        ({"runId": "a", "base": "a", "version": CONTRACT_VERSION + 1}, "newer than this agent"),
+        ({"runId": "a", "base": "a", "expectGpus": "two"}, "expectGpus is 'two', not an int"),
+        ({"runId": "a", "base": "a", "expectGpus": 1.5}, "expectGpus is 1.5, not an int"),
+        ({"runId": "a", "base": "a", "args": 5}, "args is 5, not a list of strings"),
+        ({"runId": "a", "base": "a", "args": ["--lr", 3]}, "args is .* not a list of strings"),
+        ({"runId": "a", "base": "a", "venv": "false"}, "venv is 'false', not a bool"),
+        ({"runId": "a", "base": "a", "script": ["t.py"]}, r"script is \['t.py'\], not a str"),
+        ({"runId": "a", "base": "a", "env": ["A=1"]}, "env is .*, not a dict"),
+        ({"runId": "a", "base": None}, "no base"),
+        (["runId"], "the job spec is list, not a JSON object"),
+    ],
+)
 def test_a_bad_spec_is_refused_naming_the_field(doc: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         JobSpec.from_json(doc)
 
 
-@pytest.mark.parametrize(("name", "wire"), [("run_id", "runId"), ("expect_gpus", "expectGpus"),
-                                            ("pass_job_dir", "passJobDir"), ("env", "env")])
+@pytest.mark.parametrize(
+    ("name", "wire"), [("run_id", "runId"), ("expect_gpus", "expectGpus"), ("pass_job_dir", "passJobDir"), ("env", "env")]
+)
 def test_wire_names(name: str, wire: str) -> None:
     assert wire_name(name) == wire
 
@@ -126,10 +150,14 @@ def test_the_agent_ships_the_contract_it_imports() -> None:
     shipped = zipfile.ZipFile(BytesIO(bundle.payload()))
     for name in bundle.CARRIED:
         assert shipped.read(f"gpu_train/{name}") == bundle.lean((ROOT / "gpu_train" / name).read_bytes()), name
-    agent_imports = {n.module if n.module != "gpu_train" else f"gpu_train.{a.name}"
-                     for p in (ROOT / "remote" / "agent").glob("*.py") if p.name != "bundle.py"
-                     for n in ast.walk(parse_source(p)) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
-                     and n.module.split(".")[0] == "gpu_train" for a in n.names}
+    agent_imports = {
+        n.module if n.module != "gpu_train" else f"gpu_train.{a.name}"
+        for p in (ROOT / "remote" / "agent").glob("*.py")
+        if p.name != "bundle.py"
+        for n in ast.walk(parse_source(p))
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0 and n.module.split(".")[0] == "gpu_train"
+        for a in n.names
+    }
     assert agent_imports <= {f"gpu_train.{name.removesuffix('.py')}" for name in bundle.CARRIED}, agent_imports
     assert "gpu_train.contract" in agent_imports
 
@@ -154,21 +182,33 @@ def test_what_the_agent_carries_of_the_core_needs_python_3_8_and_the_standard_li
 
 # -- the agent's settings: checked where they arrive -----------------------------------------------
 def test_settings_round_trip_and_default_once() -> None:
-    tuned = AgentSettings(idle_stop_minutes=0.5, max_resumes=3, ssh_port=2222, poweroff_command=("true",), gcp=True,
-                          max_run_hours=2.5, shutdown_grace_s=25, metadata_url="http://127.0.0.1:1/", user="alice",
-                          remote_root="~/gpu-train")
+    tuned = AgentSettings(
+        idle_stop_minutes=0.5,
+        max_resumes=3,
+        ssh_port=2222,
+        poweroff_command=("true",),
+        gcp=True,
+        max_run_hours=2.5,
+        shutdown_grace_s=25,
+        metadata_url="http://127.0.0.1:1/",
+        user="alice",
+        remote_root="~/gpu-train",
+    )
     assert AgentSettings.from_json(json.loads(json.dumps(tuned.to_json()))) == tuned
     assert AgentSettings.from_json({}) == AgentSettings()
     assert "user" not in AgentSettings().to_json()  # only a VM's root copy names whose root it serves
 
 
-@pytest.mark.parametrize(("doc", "words"), [
-    ({"maxResumes": "ten"}, "agent.json's maxResumes is 'ten', not an int"),
-    ({"idleStopMinutes": "30"}, "agent.json's idleStopMinutes is '30', not a float"),
-    ({"gcp": "yes"}, "agent.json's gcp is 'yes', not a bool"),
-    ({"poweroffCommand": "systemctl poweroff"}, "agent.json's poweroffCommand is 'systemctl poweroff', not a list of strings"),
-    ({"sshPort": True}, "agent.json's sshPort is True, not an int"),
-])
+@pytest.mark.parametrize(
+    ("doc", "words"),
+    [
+        ({"maxResumes": "ten"}, "agent.json's maxResumes is 'ten', not an int"),
+        ({"idleStopMinutes": "30"}, "agent.json's idleStopMinutes is '30', not a float"),
+        ({"gcp": "yes"}, "agent.json's gcp is 'yes', not a bool"),
+        ({"poweroffCommand": "systemctl poweroff"}, "agent.json's poweroffCommand is 'systemctl poweroff', not a list of strings"),
+        ({"sshPort": True}, "agent.json's sshPort is True, not an int"),
+    ],
+)
 def test_bad_settings_are_named(doc: dict, words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         AgentSettings.from_json(doc, "agent.json")
@@ -191,20 +231,54 @@ def test_the_agent_refuses_bad_settings_where_they_arrive(tmp_path: Path) -> Non
 
 # -- a run's record on its host: state.json ---------------------------------------------------------
 OLD_RECORDS = [  # state.json as agents before the contract wrote it (no version), and what it reads as
-    ({"id": "r_20250101_000000", "base": "r", "state": "starting", "created": 1735689600.0, "resumes": 0},
-     {"state": RunState.STARTING, "created": 1735689600.0, "returns": (), "preempted": False}),
-    ({"id": "r_20250101_000000", "base": "r", "state": "running", "created": 1735689600.5, "resumes": 0,
-      "wrapperPid": 41, "wrapperStart": "8812", "pid": 42, "pidStart": "8813", "started": 1735689601.25,
-      "ended": None, "exitCode": None},
-     {"state": RunState.RUNNING, "pid": 42, "pid_start": "8813", "wrapper_pid": 41, "exit_code": None}),
-    ({"id": "r_20250101_000000", "state": "failed", "exitCode": 1, "ended": 1735690000, "reason": "pip install failed",
-      "stepPid": 50, "stepStart": "alive"},  # an int time, a start time no /proc could give
-     {"state": RunState.FAILED, "exit_code": 1, "ended": 1735690000, "step_start": "alive", "base": None}),
-    ({"state": "interrupted", "interruptedAt": 1735690100.0, "preempted": True, "resumes": 2, "unit": "gpu-train-r.service"},
-     {"state": RunState.INTERRUPTED, "interrupted_at": 1735690100.0, "preempted": True, "resumes": 2, "id": ""}),
-    ({"state": "starting", "resumes": 3, "preemptions": 2, "relaunched": 1735690200.0,
-      "returns": [{"event": "PREEMPTED", "at": 1735690100.0, "back": 1735690190.0, "attempts": 1}], "someOldKey": 7},
-     {"preemptions": 2, "returns": ({"event": "PREEMPTED", "at": 1735690100.0, "back": 1735690190.0, "attempts": 1},)}),
+    (
+        {"id": "r_20250101_000000", "base": "r", "state": "starting", "created": 1735689600.0, "resumes": 0},
+        {"state": RunState.STARTING, "created": 1735689600.0, "returns": (), "preempted": False},
+    ),
+    (
+        {
+            "id": "r_20250101_000000",
+            "base": "r",
+            "state": "running",
+            "created": 1735689600.5,
+            "resumes": 0,
+            "wrapperPid": 41,
+            "wrapperStart": "8812",
+            "pid": 42,
+            "pidStart": "8813",
+            "started": 1735689601.25,
+            "ended": None,
+            "exitCode": None,
+        },
+        {"state": RunState.RUNNING, "pid": 42, "pid_start": "8813", "wrapper_pid": 41, "exit_code": None},
+    ),
+    (
+        {
+            "id": "r_20250101_000000",
+            "state": "failed",
+            "exitCode": 1,
+            "ended": 1735690000,
+            "reason": "pip install failed",
+            "stepPid": 50,
+            "stepStart": "alive",
+        },  # an int time, a start time no /proc could give
+        {"state": RunState.FAILED, "exit_code": 1, "ended": 1735690000, "step_start": "alive", "base": None},
+    ),
+    (
+        {"state": "interrupted", "interruptedAt": 1735690100.0, "preempted": True, "resumes": 2, "unit": "gpu-train-r.service"},
+        {"state": RunState.INTERRUPTED, "interrupted_at": 1735690100.0, "preempted": True, "resumes": 2, "id": ""},
+    ),
+    (
+        {
+            "state": "starting",
+            "resumes": 3,
+            "preemptions": 2,
+            "relaunched": 1735690200.0,
+            "returns": [{"event": "PREEMPTED", "at": 1735690100.0, "back": 1735690190.0, "attempts": 1}],
+            "someOldKey": 7,
+        },
+        {"preemptions": 2, "returns": ({"event": "PREEMPTED", "at": 1735690100.0, "back": 1735690190.0, "attempts": 1},)},
+    ),
     ({}, {"state": RunState.STARTING, "resumes": 0}),  # a run whose state.json is not there yet
 ]
 
@@ -223,12 +297,15 @@ def test_every_key_an_agent_wrote_is_a_field() -> None:
     assert written <= {wire_name(f.name) for f in fields(RunRecord)}, written - {wire_name(f.name) for f in fields(RunRecord)}
 
 
-@pytest.mark.parametrize(("doc", "words"), [
-    ({"state": "paused"}, "state is 'paused', not one of starting, running, succeeded, failed, stopped, interrupted"),
-    ({"pid": "42"}, "pid is '42', not an int"),
-    ({"returns": {"event": "x"}}, "returns is {'event': 'x'}, not a tuple"),
-    ({"version": CONTRACT_VERSION + 1}, "newer than this agent"),
-])
+@pytest.mark.parametrize(
+    ("doc", "words"),
+    [
+        ({"state": "paused"}, "state is 'paused', not one of starting, running, succeeded, failed, stopped, interrupted"),
+        ({"pid": "42"}, "pid is '42', not an int"),
+        ({"returns": {"event": "x"}}, "returns is {'event': 'x'}, not a tuple"),
+        ({"version": CONTRACT_VERSION + 1}, "newer than this agent"),
+    ],
+)
 def test_a_bad_record_is_named(doc: dict, words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         RunRecord.from_json(doc, "runs/r/state.json")

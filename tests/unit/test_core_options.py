@@ -12,15 +12,38 @@ from tests.conftest import FAB, ROOT
 
 GPU_TRAIN = str(Path(sys.executable).parent / "gpu-train")
 OWN = ("--complete", "--print-completion-script", "--stacks-dir", "--debug", "--help", "--list", "--version")
-FABRICS = ("--hide", "--prompt-for-login-password", "--prompt-for-passphrase", "--prompt-for-sudo-password",
-           "--ssh-config", "--hosts", "--identity", "--list-agent-keys", "--connect-timeout", "--command-timeout",
-           "--write-pyc", "--warn-only", "--echo", "--dry", "--pty", "--config", "--list-format", "--list-depth")
+FABRICS = (
+    "--hide",
+    "--prompt-for-login-password",
+    "--prompt-for-passphrase",
+    "--prompt-for-sudo-password",
+    "--ssh-config",
+    "--hosts",
+    "--identity",
+    "--list-agent-keys",
+    "--connect-timeout",
+    "--command-timeout",
+    "--write-pyc",
+    "--warn-only",
+    "--echo",
+    "--dry",
+    "--pty",
+    "--config",
+    "--list-format",
+    "--list-depth",
+)
 
 
 def gpu_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([GPU_TRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL, env={"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(ROOT),
-                                                         "HOME": str(cwd)})
+    return subprocess.run(
+        [GPU_TRAIN, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(ROOT), "HOME": str(cwd)},
+    )
 
 
 def test_help_shows_only_gpu_trains_own_core_options(tmp_path: Path) -> None:
@@ -40,5 +63,7 @@ def test_fabrics_core_options_are_refused_and_gpu_trains_work(tmp_path: Path) ->
         assert refused.returncode == 2 and f"No idea what '{argv[0]}' is!" in refused.stderr, (argv, refused.stderr)
     assert gpu_train("-d", "stack", cwd=tmp_path).returncode == 0
     assert gpu_train("--version", cwd=tmp_path).stdout.startswith("gpu-train ")
-    assert "--hide" in subprocess.run([FAB, "--search-root", str(ROOT), "--help"], capture_output=True, text=True,
-                                      timeout=60, cwd=tmp_path).stdout  # the clone's `fab` is Fabric's own
+    assert (
+        "--hide"
+        in subprocess.run([FAB, "--search-root", str(ROOT), "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout
+    )  # the clone's `fab` is Fabric's own

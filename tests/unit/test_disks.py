@@ -64,10 +64,14 @@ def test_boot_disk_type_defaults_to_the_series_own(settings: dict, expected: str
 @pytest.mark.parametrize(
     ("settings", "words"),
     [
-        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b", "bootDiskType": PDB},
-         "A4 (a4-highgpu-8g) does not take pd-balanced as a boot disk; it takes hyperdisk-balanced"),
-        ({"machineType": "a3-ultragpu-8g", **FIXED, "spot": True, "zone": "us-central1-b", "bootDiskType": PDS},
-         "A3 Ultra (a3-ultragpu-8g) does not take pd-ssd"),
+        (
+            {"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b", "bootDiskType": PDB},
+            "A4 (a4-highgpu-8g) does not take pd-balanced as a boot disk; it takes hyperdisk-balanced",
+        ),
+        (
+            {"machineType": "a3-ultragpu-8g", **FIXED, "spot": True, "zone": "us-central1-b", "bootDiskType": PDS},
+            "A3 Ultra (a3-ultragpu-8g) does not take pd-ssd",
+        ),
         ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": PDSTD}, "A3 High (a3-highgpu-8g) does not take pd-standard"),
         ({"bootDiskType": HD}, "N1 (n1-standard-8) does not take hyperdisk-balanced"),
         ({"machineType": "g2-standard-8", **FIXED, "bootDiskType": PDSTD}, "G2 (g2-standard-8) does not take pd-standard"),
@@ -93,14 +97,19 @@ def test_g2_takes_no_pd_standard_data_disk() -> None:
     ("settings", "expected"),
     [
         ({}, [("SSD_TOTAL_GB", 300, f"200 GB of {PDB} + 100 GB of {PDB} (data disk)")]),
-        ({"bootDiskType": PDSTD}, [("DISKS_TOTAL_GB", 200, f"200 GB of {PDSTD}"),
-                                   ("SSD_TOTAL_GB", 100, f"100 GB of {PDB} (data disk)")]),
-        ({"dataDiskType": PDSTD, "dataDiskSizeGb": 500}, [("SSD_TOTAL_GB", 200, f"200 GB of {PDB}"),
-                                                          ("DISKS_TOTAL_GB", 500, f"500 GB of {PDSTD} (data disk)")]),
-        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
-         [("HYPERDISK_BALANCED_TOTAL_GB", 300, f"200 GB of {HD} + 100 GB of {HD} (data disk)")]),
-        ({"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": HD},  # the data disk keeps the series' pd-balanced
-         [("HYPERDISK_BALANCED_TOTAL_GB", 200, f"200 GB of {HD}"), ("SSD_TOTAL_GB", 100, f"100 GB of {PDB} (data disk)")]),
+        ({"bootDiskType": PDSTD}, [("DISKS_TOTAL_GB", 200, f"200 GB of {PDSTD}"), ("SSD_TOTAL_GB", 100, f"100 GB of {PDB} (data disk)")]),
+        (
+            {"dataDiskType": PDSTD, "dataDiskSizeGb": 500},
+            [("SSD_TOTAL_GB", 200, f"200 GB of {PDB}"), ("DISKS_TOTAL_GB", 500, f"500 GB of {PDSTD} (data disk)")],
+        ),
+        (
+            {"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
+            [("HYPERDISK_BALANCED_TOTAL_GB", 300, f"200 GB of {HD} + 100 GB of {HD} (data disk)")],
+        ),
+        (
+            {"machineType": "a3-highgpu-8g", **FIXED, "bootDiskType": HD},  # the data disk keeps the series' pd-balanced
+            [("HYPERDISK_BALANCED_TOTAL_GB", 200, f"200 GB of {HD}"), ("SSD_TOTAL_GB", 100, f"100 GB of {PDB} (data disk)")],
+        ),
         ({"nodes": 3}, [("SSD_TOTAL_GB", 900, f"600 GB of {PDB} + 300 GB of {PDB} (data disk)")]),  # a data disk per node
     ],
 )

@@ -17,8 +17,12 @@ from remote.agent import recovery_call
 from tests.conftest import ROOT, parse_source
 
 # The laptop's side: everything but the agent (the host's own environment, gpu_train/contract.py's names).
-LAPTOP = [p for d in ("gpu_train", "remote", "infra", "scripts", "bench") for p in sorted((ROOT / d).rglob("*.py"))
-          if "agent" not in p.relative_to(ROOT).parts] + [ROOT / "fabfile.py"]
+LAPTOP = [
+    p
+    for d in ("gpu_train", "remote", "infra", "scripts", "bench")
+    for p in sorted((ROOT / d).rglob("*.py"))
+    if "agent" not in p.relative_to(ROOT).parts
+] + [ROOT / "fabfile.py"]
 THE_ONE_PLACE = {ROOT / "gpu_train" / "environment.py", ROOT / "gpu_train" / "contract.py"}  # (the contract's: the host's)
 
 
@@ -45,32 +49,52 @@ def environment_reads(tree: ast.AST) -> list[int]:
 
 
 def test_each_setting_is_read_in_one_place() -> None:
-    reads = [f"{p.relative_to(ROOT)}:{line}" for p in LAPTOP if p not in THE_ONE_PLACE
-             for line in environment_reads(parse_source(p))]
+    reads = [f"{p.relative_to(ROOT)}:{line}" for p in LAPTOP if p not in THE_ONE_PLACE for line in environment_reads(parse_source(p))]
     assert not reads, f"take the setting from the Environment (env.NAME) that the entry point hands in: {reads}"
 
 
 def test_the_check_sees_the_ways_a_variable_is_read() -> None:
-    tree = ast.parse('os.environ.get("GPU_TRAIN_HOME")\nos.environ["GPU_TRAIN_STACKS_DIR"] = x\n'
-                     'os.getenv(probes.COMPUTE_ENV)\nenv.get("GPU_TRAIN_STACK")\nos.environ.get(CHOICE_ENV, "")\n'
-                     '{"GPU_TRAIN_HOME": str(home)}\nos.environ.get("HOME")\n')
+    tree = ast.parse(
+        'os.environ.get("GPU_TRAIN_HOME")\nos.environ["GPU_TRAIN_STACKS_DIR"] = x\n'
+        'os.getenv(probes.COMPUTE_ENV)\nenv.get("GPU_TRAIN_STACK")\nos.environ.get(CHOICE_ENV, "")\n'
+        '{"GPU_TRAIN_HOME": str(home)}\nos.environ.get("HOME")\n'
+    )
     assert environment_reads(tree) == [1, 2, 3, 4, 5]
 
 
 def test_every_setting_typed_from_its_variable(tmp_path: Path) -> None:
-    env = Environment.from_os({
-        "GPU_TRAIN_STACK": "lab", "GPU_TRAIN_STACKS_DIR": "~/stacks", "GPU_TRAIN_HOME": str(tmp_path / "state"),
-        "GPU_TRAIN_PROJECT": str(tmp_path), "GPU_TRAIN_DEBUG": "1", "GPU_TRAIN_SSH_CONFIG": "no",
-        "GPU_TRAIN_COMPUTE_ENDPOINT": "http://127.0.0.1:9/", "GPU_TRAIN_SERVICEUSAGE_ENDPOINT": "http://127.0.0.1:8",
-        "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT": "https://q.example", "HOME": "/elsewhere"})
+    env = Environment.from_os(
+        {
+            "GPU_TRAIN_STACK": "lab",
+            "GPU_TRAIN_STACKS_DIR": "~/stacks",
+            "GPU_TRAIN_HOME": str(tmp_path / "state"),
+            "GPU_TRAIN_PROJECT": str(tmp_path),
+            "GPU_TRAIN_DEBUG": "1",
+            "GPU_TRAIN_SSH_CONFIG": "no",
+            "GPU_TRAIN_COMPUTE_ENDPOINT": "http://127.0.0.1:9/",
+            "GPU_TRAIN_SERVICEUSAGE_ENDPOINT": "http://127.0.0.1:8",
+            "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT": "https://q.example",
+            "HOME": "/elsewhere",
+        }
+    )
     assert (env.stack, env.stacks_dir, env.debug, env.ssh_config) == ("lab", Path("~/stacks").expanduser(), True, False)
     assert (env.compute_endpoint, env.serviceusage_endpoint, env.cloudquotas_endpoint) == (
-        "http://127.0.0.1:9", "http://127.0.0.1:8", "https://q.example")
+        "http://127.0.0.1:9",
+        "http://127.0.0.1:8",
+        "https://q.example",
+    )
     assert env.project_root == tmp_path.resolve() and env.state_home == tmp_path / "state"
     assert [name for name, _, _ in settings()] == [
-        "GPU_TRAIN_STACK", "GPU_TRAIN_STACKS_DIR", "GPU_TRAIN_HOME", "GPU_TRAIN_PROJECT", "GPU_TRAIN_DEBUG",
-        "GPU_TRAIN_SSH_CONFIG", "GPU_TRAIN_COMPUTE_ENDPOINT", "GPU_TRAIN_SERVICEUSAGE_ENDPOINT",
-        "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT"]
+        "GPU_TRAIN_STACK",
+        "GPU_TRAIN_STACKS_DIR",
+        "GPU_TRAIN_HOME",
+        "GPU_TRAIN_PROJECT",
+        "GPU_TRAIN_DEBUG",
+        "GPU_TRAIN_SSH_CONFIG",
+        "GPU_TRAIN_COMPUTE_ENDPOINT",
+        "GPU_TRAIN_SERVICEUSAGE_ENDPOINT",
+        "GPU_TRAIN_CLOUDQUOTAS_ENDPOINT",
+    ]
 
 
 def test_unset_or_empty_is_the_default(tmp_path: Path) -> None:
@@ -84,10 +108,13 @@ def test_unset_or_empty_is_the_default(tmp_path: Path) -> None:
     assert Environment.from_os({}, cwd=tmp_path).found_project is None
 
 
-@pytest.mark.parametrize(("variable", "value", "words"), [
-    ("GPU_TRAIN_COMPUTE_ENDPOINT", "localhost:8080", "GPU_TRAIN_COMPUTE_ENDPOINT='localhost:8080' is not a URL: set it to http"),
-    ("GPU_TRAIN_SSH_CONFIG", "maybe", "GPU_TRAIN_SSH_CONFIG='maybe': set it to include or no"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("GPU_TRAIN_COMPUTE_ENDPOINT", "localhost:8080", "GPU_TRAIN_COMPUTE_ENDPOINT='localhost:8080' is not a URL: set it to http"),
+        ("GPU_TRAIN_SSH_CONFIG", "maybe", "GPU_TRAIN_SSH_CONFIG='maybe': set it to include or no"),
+    ],
+)
 def test_a_bad_value_names_the_variable_and_the_fix(variable: str, value: str, words: str) -> None:
     with pytest.raises(SettingError) as e:
         Environment.from_os({variable: value})
@@ -96,17 +123,27 @@ def test_a_bad_value_names_the_variable_and_the_fix(variable: str, value: str, w
 
 def test_a_bad_value_stops_the_command_with_its_message(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_SSH_CONFIG": "sometimes"}
-    out = subprocess.run([sys.executable, "-c", "from remote.cli import main; main()", "gpus", "T4"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", "from remote.cli import main; main()", "gpus", "T4"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "GPU_TRAIN_SSH_CONFIG='sometimes': set it to include or no" in out.stderr
     assert "Traceback" not in out.stderr and not out.stdout
 
 
 def test_the_settings_pass_to_a_process_of_ours(tmp_path: Path) -> None:
-    env = Environment.from_os({"GPU_TRAIN_STACKS_DIR": str(tmp_path), "GPU_TRAIN_SSH_CONFIG": "include",
-                               "GPU_TRAIN_COMPUTE_ENDPOINT": "http://127.0.0.1:9"})
-    assert env.exported() == {"GPU_TRAIN_STACKS_DIR": str(tmp_path), "GPU_TRAIN_SSH_CONFIG": "1",
-                              "GPU_TRAIN_COMPUTE_ENDPOINT": "http://127.0.0.1:9"}
+    env = Environment.from_os(
+        {"GPU_TRAIN_STACKS_DIR": str(tmp_path), "GPU_TRAIN_SSH_CONFIG": "include", "GPU_TRAIN_COMPUTE_ENDPOINT": "http://127.0.0.1:9"}
+    )
+    assert env.exported() == {
+        "GPU_TRAIN_STACKS_DIR": str(tmp_path),
+        "GPU_TRAIN_SSH_CONFIG": "1",
+        "GPU_TRAIN_COMPUTE_ENDPOINT": "http://127.0.0.1:9",
+    }
     assert Environment.from_os(env.exported()) == env.replace(cwd=Path.cwd())
 
 
@@ -141,12 +178,18 @@ def test_the_hosts_variable_names_are_the_contracts() -> None:
     assert recovery_call.settings_from_env({})["opWaitS"] == 150
 
 
-@pytest.mark.parametrize(("debug", "said"), [("", "error: boom (ValueError; GPU_TRAIN_DEBUG=1 shows where)"),
-                                             ("1", "Traceback (most recent call last)")])
+@pytest.mark.parametrize(
+    ("debug", "said"), [("", "error: boom (ValueError; GPU_TRAIN_DEBUG=1 shows where)"), ("1", "Traceback (most recent call last)")]
+)
 def test_debug_shows_where_an_unexpected_error_came_from(debug: str, said: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_DEBUG": debug}
-    out = subprocess.run([sys.executable, "-c", "from remote import errors; errors.install(); raise ValueError('boom')"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "from remote import errors; errors.install(); raise ValueError('boom')"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and said in out.stderr and ("Traceback" in out.stderr) == bool(debug)
 
 

@@ -55,10 +55,15 @@ def exits_outside_the_mapping(path: Path) -> list[str]:
 
 def test_only_the_mapping_exits() -> None:
     assert len(source_files()) > 100 and ROOT / "remote" / "tasks" / "fetch.py" in source_files()  # (the scan sees the tree)
-    bad = {str(p.relative_to(ROOT)): lines for p in source_files()
-           if str(p.relative_to(ROOT)) not in CONVERTERS and (lines := exits_outside_the_mapping(p))}
-    assert not bad, ("raise an error of gpu_train/errors.py (UsageError, Unreachable, CommandFailed, ...) instead; "
-                     f"only {', '.join(CONVERTERS)} turn errors into exits: {bad}")
+    bad = {
+        str(p.relative_to(ROOT)): lines
+        for p in source_files()
+        if str(p.relative_to(ROOT)) not in CONVERTERS and (lines := exits_outside_the_mapping(p))
+    }
+    assert not bad, (
+        "raise an error of gpu_train/errors.py (UsageError, Unreachable, CommandFailed, ...) instead; "
+        f"only {', '.join(CONVERTERS)} turn errors into exits: {bad}"
+    )
 
 
 OWN_STATUSES = {
@@ -70,26 +75,35 @@ OWN_STATUSES = {
 def bare_statuses(path: Path) -> list[str]:
     """In a script (a module that ends with ``sys.exit(main())``): each ``return 1``, where ``ExitStatus.FAILED`` says it."""
     tree = parse_source(path)
-    if not any(isinstance(n, ast.Call) and "main(" in ast.unparse(n) and ast.unparse(n.func) in ("sys.exit", "SystemExit")
-               for n in ast.walk(tree)):
+    if not any(
+        isinstance(n, ast.Call) and "main(" in ast.unparse(n) and ast.unparse(n.func) in ("sys.exit", "SystemExit") for n in ast.walk(tree)
+    ):
         return []
-    return [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(tree)
-            if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant) and type(n.value.value) is int]
+    return [
+        f"line {n.lineno}: {ast.unparse(n)}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Return) and isinstance(n.value, ast.Constant) and type(n.value.value) is int
+    ]
 
 
 def test_scripts_say_their_statuses_by_name() -> None:
-    bad = {str(p.relative_to(ROOT)): lines for p in source_files()
-           if str(p.relative_to(ROOT)) not in OWN_STATUSES and (lines := bare_statuses(p))}
+    bad = {
+        str(p.relative_to(ROOT)): lines
+        for p in source_files()
+        if str(p.relative_to(ROOT)) not in OWN_STATUSES and (lines := bare_statuses(p))
+    }
     assert not bad, f"return ExitStatus.X (gpu_train/errors.py), not a number: {bad}"
 
 
 def test_the_scan_finds_an_exit(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("import sys\nfrom invoke import Exit\n"
-                      "def f():\n    raise Exit('no', code=2)\n"
-                      "def g():\n    sys.exit(3)\n"
-                      "def h():\n    raise SystemExit('words')\n"
-                      "if __name__ == '__main__':\n    sys.exit(main())\n")
+    module.write_text(
+        "import sys\nfrom invoke import Exit\n"
+        "def f():\n    raise Exit('no', code=2)\n"
+        "def g():\n    sys.exit(3)\n"
+        "def h():\n    raise SystemExit('words')\n"
+        "if __name__ == '__main__':\n    sys.exit(main())\n"
+    )
     assert [line.split(":")[0] for line in exits_outside_the_mapping(module)] == ["line 4", "line 6", "line 8"]
     module.write_text("import sys\ndef main():\n    return 2\nif __name__ == '__main__':\n    sys.exit(main())\n")
     assert bare_statuses(module) == ["line 3: return 2"]

@@ -57,8 +57,7 @@ def direct_capable(path: Path) -> bool:
     return True
 
 
-def test_whole_blocks_go_directly_the_tail_and_refused_writes_the_ordinary_way(tmp_path: Path,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_whole_blocks_go_directly_the_tail_and_refused_writes_the_ordinary_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not direct_capable(tmp_path):
         pytest.skip("no O_DIRECT here")
     buf = memoryview(mmap.mmap(-1, 64 * 1024))
@@ -71,7 +70,7 @@ def test_whole_blocks_go_directly_the_tail_and_refused_writes_the_ordinary_way(t
         assert writer.direct
         assert writer.write(buf[:12288], 0) == 12288 and writer.direct
         assert writer.write(buf[:5000], 12288) == 4096 and writer.direct  # the whole blocks only
-        assert writer.write(buf[4096:4096 + 904], 16384) == 904 and not writer.direct  # the tail: flag off
+        assert writer.write(buf[4096 : 4096 + 904], 16384) == 904 and not writer.direct  # the tail: flag off
         assert writer.write(buf[8192:16384], 17288) == 8192
         # An offset the disk does not take (its blocks are 512 bytes or more): ext4 refuses the write
         # (EINVAL), and it goes the ordinary way (btrfs would quietly go through its cache itself).
@@ -87,8 +86,7 @@ def test_whole_blocks_go_directly_the_tail_and_refused_writes_the_ordinary_way(t
     assert path.read_bytes() == expect
 
 
-def test_direct_writes_that_prove_slow_give_way_to_the_page_cache(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_direct_writes_that_prove_slow_give_way_to_the_page_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A disk that seeks (here: every direct write counts as slow) gets the rest through its cache, once
     enough was written to judge; data whole either way. Writes of 256 KiB, as a fetch's chunks are."""
     if not direct_capable(tmp_path):

@@ -32,8 +32,20 @@ def test_planning_sees_a_tree_as_lstat_does_and_skips_only_folders_it_made(tmp_p
     (base / "file").write_text("z")
     (base / "link").symlink_to("real")
     (base / "real" / "l").symlink_to("f")
-    rels = ["real/f", "real/deep/g", "real/l", "real/missing", "missing/x", "file/x", "link/f", "link", "file",
-            "real", "real/deep/missing/y", "link/deep/g"]
+    rels = [
+        "real/f",
+        "real/deep/g",
+        "real/l",
+        "real/missing",
+        "missing/x",
+        "file/x",
+        "link/f",
+        "link",
+        "file",
+        "real",
+        "real/deep/missing/y",
+        "link/deep/g",
+    ]
     planned = fl.Tree(base)
     assert [planned.planned(r) for r in rels] == [fl.Tree(base).state(r) for r in rels]
     assert [planned.planned(r).kind for r in ("file/x", "link/f", "link/deep/g")] == ["o", "o", "o"]  # type: ignore[union-attr]

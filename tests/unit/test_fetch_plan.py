@@ -196,8 +196,7 @@ CHECKPOINTS = [Piece(i, 0, 200 * MiB) for i in range(4)] + [Piece(4 + i, 0, 200 
     ([Piece(0, i * 64 * MiB, 64 * MiB) for i in range(16)] + [Piece(1 + i, 0, MiB) for i in range(9)],
      [0, 0.4, 0.5, 0.6], 20 * MiB, fp.LOOKAHEAD),
 ])  # fmt: skip
-def test_streams_taking_from_the_queue_end_together(pieces: list[Piece], starts: list[float], rate: float,
-                                                    lookahead: int) -> None:
+def test_streams_taking_from_the_queue_end_together(pieces: list[Piece], starts: list[float], rate: float, lookahead: int) -> None:
     """Whatever each stream's start, they end within the time of the lookahead and a piece of those left at
     the end, where the big pieces would have gone first."""
     ends = finish_times(pieces, starts, rate, lookahead)
@@ -273,8 +272,9 @@ def test_bar_line(done: int, total: int, elapsed: float, text: str) -> None:
     assert bar_line(done, total, elapsed) == text
 
 
-@pytest.mark.parametrize("path", ["ckpt/step_10.pt", 'a"b\\c', "café/ü.pt", "日本/データ.pt", "emoji/🙂.pt",
-                                  "ctl\x01name", os.fsdecode(b"caf\xe9.pt")])
+@pytest.mark.parametrize(
+    "path", ["ckpt/step_10.pt", 'a"b\\c', "café/ü.pt", "日本/データ.pt", "emoji/🙂.pt", "ctl\x01name", os.fsdecode(b"caf\xe9.pt")]
+)
 def test_a_requests_size_is_never_counted_short(path: str) -> None:
     """What a piece adds to a read request, as the engine sends it: never more than counted (the bound on
     requests sent ahead rests on it)."""

@@ -26,17 +26,18 @@ def short_tmp():
     shutil.rmtree(path)
 
 
-def test_the_shared_connection_is_per_key_and_host_in_a_folder_of_ours(short_tmp: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_shared_connection_is_per_key_and_host_in_a_folder_of_ours(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tmp_path = short_tmp
     monkeypatch.setattr(fetch_stream.tempfile, "gettempdir", lambda: str(tmp_path))
     a = fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h")
     assert a is not None and Path(a).parent == tmp_path / f"gpu-train-ssh-{os.getuid()}"
     assert (Path(a).parent.stat().st_mode & 0o777) == 0o700
     assert a == fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h")
-    others = {fetch_stream.shared_control_path(["-i", "/k/two", "-o", "UserKnownHostsFile=/s/a"], "u@h"),
-              fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/b"], "u@h"),
-              fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h2")}
+    others = {
+        fetch_stream.shared_control_path(["-i", "/k/two", "-o", "UserKnownHostsFile=/s/a"], "u@h"),
+        fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/b"], "u@h"),
+        fetch_stream.shared_control_path(["-i", "/k/one", "-o", "UserKnownHostsFile=/s/a"], "u@h2"),
+    }
     assert a not in others and len(others) == 3
     Path(a).parent.chmod(0o755)  # a folder others can read (or one planted by someone else): not used
     assert fetch_stream.shared_control_path(["-i", "/k/one"], "u@h") is None

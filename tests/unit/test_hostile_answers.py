@@ -50,7 +50,7 @@ def test_the_bomb_is_zlib_of_that_many_zeros() -> None:
     assert len(data) == 128 * MiB and not data.strip(b"\0") and inflate.eof and not inflate.unused_data  # Adler-32 checked
 
 
-CAPPED = r'''import sys
+CAPPED = r"""import sys
 sys.path.insert(0, sys.argv[2])
 from remote.transfer.fetch.stream import Stream, StreamError
 s = Stream(["cat", sys.argv[1]])
@@ -61,14 +61,15 @@ except StreamError as e:
     print("refused:", e)
 finally:
     s.close()
-'''
+"""
 
 
 def read_doc_capped(wire: Path) -> subprocess.CompletedProcess:
     if not shutil.which("prlimit"):
         pytest.skip("needs prlimit")
-    return subprocess.run(["prlimit", MEMORY_CAP, sys.executable, "-c", CAPPED, str(wire), str(ROOT)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["prlimit", MEMORY_CAP, sys.executable, "-c", CAPPED, str(wire), str(ROOT)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_zlib_bomb_is_refused_under_a_memory_cap(tmp_path: Path) -> None:

@@ -25,8 +25,7 @@ CATALOG = load_catalog()
 
 
 def ssh_raw(**overrides: object) -> dict[str, object]:
-    raw: dict[str, object] = {"gpu-train:target": "ssh", "gpu-train:hosts": ["me@box.lab:22"],
-                              "gpu-train:sshKey": "/k/id"}
+    raw: dict[str, object] = {"gpu-train:target": "ssh", "gpu-train:hosts": ["me@box.lab:22"], "gpu-train:sshKey": "/k/id"}
     raw.update({(k if ":" in k else f"gpu-train:{k}"): v for k, v in overrides.items()})
     return raw
 
@@ -65,8 +64,7 @@ HOSTILE = [
     (ssh_raw(knownHosts="/k/kh\rx"), "knownHosts", "control character"),
     (ssh_raw(python="-c"), "python", "starts with '-'"),
     (gcp_raw(nodes=100000, machineType="g2-standard-8", gpuType=None, gpuCount=None), "nodes", "at most 256"),
-    (gcp_raw(quotaRequest={"gpus": "99999999", "justification": "x", "contactEmail": "a@b.c"}), "quotaRequest",
-     "at most 10000"),
+    (gcp_raw(quotaRequest={"gpus": "99999999", "justification": "x", "contactEmail": "a@b.c"}), "quotaRequest", "at most 10000"),
     (gcp_raw(sshSourceRanges=["0.0.0.0/1", "128.0.0.0/1"]), "sshSourceRanges", "1/2 of the IPv4"),
     (gcp_raw(sshSourceRanges=["10.0.0.0/7"]), "sshSourceRanges", "wider than /8"),
     (gcp_raw(sshSourceRanges=["2000::/3"]), "sshSourceRanges", "IPv6 internet"),
@@ -87,13 +85,19 @@ def test_hostile_values_are_refused_naming_the_setting(raw: dict, key: str, word
         assert "\n" not in str(p).split("\n    fix:")[0], "a message line must not carry the value's newlines"
 
 
-@pytest.mark.parametrize("raw", [
-    ssh_raw(hosts=["me@box.lab:2222", "me@10.0.0.2", "me@[::1]:22", "u.name@gpu-1.lab."]),
-    ssh_raw(remoteRoot="/srv/gt/{node}"), ssh_raw(remoteRoot="~/gpu-train"), ssh_raw(remoteRoot="/data/x_y-z.1+2"),
-    gcp_raw(sshSourceRanges=["10.0.0.0/8", "2001:db8::/32"]),
-    {**gcp_raw(), "gcp:project": "my-lab-project-42"}, {**gcp_raw(), "gcp:project": "example.com:ml-team"},
-    gcp_raw(sshSourceRanges=["0.0.0.0/1", "128.0.0.0/1"], allowSshFromAnywhere=True),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        ssh_raw(hosts=["me@box.lab:2222", "me@10.0.0.2", "me@[::1]:22", "u.name@gpu-1.lab."]),
+        ssh_raw(remoteRoot="/srv/gt/{node}"),
+        ssh_raw(remoteRoot="~/gpu-train"),
+        ssh_raw(remoteRoot="/data/x_y-z.1+2"),
+        gcp_raw(sshSourceRanges=["10.0.0.0/8", "2001:db8::/32"]),
+        {**gcp_raw(), "gcp:project": "my-lab-project-42"},
+        {**gcp_raw(), "gcp:project": "example.com:ml-team"},
+        gcp_raw(sshSourceRanges=["0.0.0.0/1", "128.0.0.0/1"], allowSshFromAnywhere=True),
+    ],
+)
 def test_ordinary_values_pass(raw: dict) -> None:
     validate.check(raw, "s", CATALOG)
 
@@ -106,7 +110,8 @@ def test_messages_never_print_an_unbounded_value() -> None:
 
 def test_yaml_aliases_are_refused_quickly(tmp_path: Path) -> None:
     bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    )
     path = tmp_path / "Pulumi.bomb.yaml"
     path.write_text("config:\n  gpu-train:target: ssh\n" + "".join("  " + line + "\n" for line in bomb.splitlines()))
     tracemalloc.start()
@@ -117,12 +122,15 @@ def test_yaml_aliases_are_refused_quickly(tmp_path: Path) -> None:
     tracemalloc.stop()
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    (b"config:\n  gpu-train:remoteRoot: \xff\xfe\n", "not UTF-8"),
-    (None, "is a directory"),
-    (b"config: [" * 100_000, "not valid YAML|nests too deeply"),
-    (b"#" * (2 << 20), "over 1 MiB"),
-])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"config:\n  gpu-train:remoteRoot: \xff\xfe\n", "not UTF-8"),
+        (None, "is a directory"),
+        (b"config: [" * 100_000, "not valid YAML|nests too deeply"),
+        (b"#" * (2 << 20), "over 1 MiB"),
+    ],
+)
 def test_unreadable_stack_files_are_messages(tmp_path: Path, content: bytes | None, words: str) -> None:
     path = tmp_path / "Pulumi.s.yaml"
     if content is None:
@@ -134,8 +142,7 @@ def test_unreadable_stack_files_are_messages(tmp_path: Path, content: bytes | No
     assert len(str(e.value)) < 2000
 
 
-@pytest.mark.parametrize("text", ["../../../victim/planted", "a/b", "..", "", "x" * 129, "_x", "1abc", "a b", "a\nb",
-                                  None, 7, ["a"]])
+@pytest.mark.parametrize("text", ["../../../victim/planted", "a/b", "..", "", "x" * 129, "_x", "1abc", "a b", "a\nb", None, 7, ["a"]])
 def test_run_ids_from_hosts_and_users_are_checked(text: object) -> None:
     with pytest.raises(jobs.JobError, match="is not a run id"):
         jobs.check_run_id(text)
@@ -148,26 +155,27 @@ def test_a_good_run_id_passes() -> None:
 
 def test_script_named_like_an_option_stays_a_file_and_bad_args_are_messages(tmp_path: Path) -> None:
     (tmp_path / "-V").write_text("print('ran')\n")
-    spec = jobs.job_spec(run="r_1", base="r", script="-V", command=None, args="", env=[], python=None, expect_gpus=0,
-                         code_dir=tmp_path)
+    spec = jobs.job_spec(run="r_1", base="r", script="-V", command=None, args="", env=[], python=None, expect_gpus=0, code_dir=tmp_path)
     assert spec.script == "./-V"
     (tmp_path / "t.py").write_text("")
     with pytest.raises(jobs.JobError, match="--args"):
-        jobs.job_spec(run="r_1", base="r", script="t.py", command=None, args="it's", env=[], python=None,
-                      expect_gpus=0, code_dir=tmp_path)
+        jobs.job_spec(run="r_1", base="r", script="t.py", command=None, args="it's", env=[], python=None, expect_gpus=0, code_dir=tmp_path)
 
 
 # -- rsync --------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("version", "ok"), [
-    ("rsync  version 3.5.0  protocol version 32", True),
-    ("rsync  version 3.4.0  protocol version 32", True),
-    ("rsync  version v3.4.1  protocol version 32", True),
-    ("rsync  version 3.3.0  protocol version 31", False),
-    ("rsync  version 3.2.3  protocol version 31", False),
-    ("openrsync: protocol version 29\nrsync version 2.6.9 compatible", False),
-    ("garbage", False),
-    (None, False),
-])
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [
+        ("rsync  version 3.5.0  protocol version 32", True),
+        ("rsync  version 3.4.0  protocol version 32", True),
+        ("rsync  version v3.4.1  protocol version 32", True),
+        ("rsync  version 3.3.0  protocol version 31", False),
+        ("rsync  version 3.2.3  protocol version 31", False),
+        ("openrsync: protocol version 29\nrsync version 2.6.9 compatible", False),
+        ("garbage", False),
+        (None, False),
+    ],
+)
 def test_rsync_versions(version: str | None, ok: bool) -> None:
     why = sync.rsync_problem(version)
     assert (why is None) == ok
@@ -175,16 +183,19 @@ def test_rsync_versions(version: str | None, ok: bool) -> None:
         assert "3.4.0" in why
 
 
-@pytest.mark.parametrize(("name", "pattern"), [
-    ("a.py", "a.py"),
-    ("secret[prod].env", "secret\\[prod].env"),
-    ("api[1].key", "api\\[1].key"),
-    ("model?.ckpt", "model\\?.ckpt"),
-    ("a\\b", "a\\b"),
-    ("a\\b*", "a\\\\b\\*"),
-    ("x\ny", "x?y"),
-    ("x\\\ny", "x\\\\?y"),
-])
+@pytest.mark.parametrize(
+    ("name", "pattern"),
+    [
+        ("a.py", "a.py"),
+        ("secret[prod].env", "secret\\[prod].env"),
+        ("api[1].key", "api\\[1].key"),
+        ("model?.ckpt", "model\\?.ckpt"),
+        ("a\\b", "a\\b"),
+        ("a\\b*", "a\\\\b\\*"),
+        ("x\ny", "x?y"),
+        ("x\\\ny", "x\\\\?y"),
+    ],
+)
 def test_rsync_literal(name: str, pattern: str) -> None:
     assert sync.rsync_literal(name) == pattern
 
@@ -198,8 +209,7 @@ def test_git_ignored_names_with_wildcards_match_only_themselves(tmp_path: Path) 
     (code / ".gitignore").write_text("secret[[]prod].env\napi\\[1\\].key\nmodel\\?.ckpt\nwe\\*rd.txt\n")
     subprocess.run(["git", "init", "-q", str(code)], check=True)
     plan = sync.plan_code(code, tmp_path)
-    listing = subprocess.run(sync.list_command(code, plan.exclude, plan.git_mode), capture_output=True, text=True,
-                             check=True).stdout
+    listing = subprocess.run(sync.list_command(code, plan.exclude, plan.git_mode), capture_output=True, text=True, check=True).stdout
     sent = sorted(line.split(None, 4)[4] for line in listing.splitlines() if line.startswith("-"))
     assert sent == [".gitignore", "keep.py", "modelB.ckpt", "weXrd.txt"]
 
@@ -268,8 +278,11 @@ def test_remote_root_guard(tmp_path: Path) -> None:
     open_dir.chmod(0o777)
     (tmp_path / "link").symlink_to(made)
     (tmp_path / "file").write_text("")
-    for path, words in ((open_dir, "writable by group or others"), (tmp_path / "link", "symbolic link"),
-                        (tmp_path / "file", "not a directory")):
+    for path, words in (
+        (open_dir, "writable by group or others"),
+        (tmp_path / "link", "symbolic link"),
+        (tmp_path / "file", "not a directory"),
+    ):
         with pytest.raises(UnsafeRoot, match=words):
             secure_root(str(path))
     shared = tmp_path / "shared"  # another user's world-writable directory without the sticky bit

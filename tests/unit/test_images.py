@@ -14,8 +14,10 @@ from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()
 FIXED = {"gpuType": None, "gpuCount": None}
-PINNED = ("https://www.googleapis.com/compute/v1/projects/deeplearning-platform-release/global/images/"
-          "pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20251101")
+PINNED = (
+    "https://www.googleapis.com/compute/v1/projects/deeplearning-platform-release/global/images/"
+    "pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20251101"
+)
 
 
 def test_the_image_output_is_the_one_the_vm_runs() -> None:
@@ -30,8 +32,12 @@ def test_the_image_output_is_the_one_the_vm_runs() -> None:
 
 @pytest.mark.parametrize(
     ("family", "driver"),
-    [("pytorch-2-9-cu129-ubuntu-2204-nvidia-580", 580), ("common-cu128-ubuntu-2204-nvidia-570", 570),
-     ("common-cu121-debian-11", None), ("", None)],
+    [
+        ("pytorch-2-9-cu129-ubuntu-2204-nvidia-580", 580),
+        ("common-cu128-ubuntu-2204-nvidia-570", 570),
+        ("common-cu121-debian-11", None),
+        ("", None),
+    ],
 )
 def test_driver_of(family: str, driver: int | None) -> None:
     assert images.driver_of(family) == driver
@@ -40,10 +46,16 @@ def test_driver_of(family: str, driver: int | None) -> None:
 @pytest.mark.parametrize(
     ("settings", "key", "words"),
     [
-        ({"machineType": "a4x-highgpu-4g", **FIXED, "reservation": "gb200-res", "zone": "us-central1-b"}, "machineType",
-         "A4X is Arm (NVIDIA Grace): no x86 Deep Learning VM image boots on it"),
-        ({"machineType": "g4-standard-48", **FIXED, "zone": "us-central1-b",
-          "imageFamily": "pytorch-2-7-cu128-ubuntu-2204-nvidia-570"}, "imageFamily", "G4's GPUs need 575 or later"),
+        (
+            {"machineType": "a4x-highgpu-4g", **FIXED, "reservation": "gb200-res", "zone": "us-central1-b"},
+            "machineType",
+            "A4X is Arm (NVIDIA Grace): no x86 Deep Learning VM image boots on it",
+        ),
+        (
+            {"machineType": "g4-standard-48", **FIXED, "zone": "us-central1-b", "imageFamily": "pytorch-2-7-cu128-ubuntu-2204-nvidia-570"},
+            "imageFamily",
+            "G4's GPUs need 575 or later",
+        ),
     ],
 )
 def test_images_that_cannot_boot_on_the_gpu_are_refused(settings: dict, key: str, words: str) -> None:
@@ -55,10 +67,21 @@ def test_images_that_cannot_boot_on_the_gpu_are_refused(settings: dict, key: str
 @pytest.mark.parametrize(
     "settings",
     [
-        {"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b",
-         "imageFamily": "pytorch-2-7-cu128-ubuntu-2204-nvidia-570"},  # 570 serves B200
-        {"machineType": "a4x-highgpu-4g", **FIXED, "reservation": "gb200-res", "zone": "us-central1-b",
-         "imageProject": "my-arm-images", "imageFamily": "ubuntu-2404-arm64-cuda"},  # an Arm image of one's own
+        {
+            "machineType": "a4-highgpu-8g",
+            **FIXED,
+            "spot": True,
+            "zone": "us-central1-b",
+            "imageFamily": "pytorch-2-7-cu128-ubuntu-2204-nvidia-570",
+        },  # 570 serves B200
+        {
+            "machineType": "a4x-highgpu-4g",
+            **FIXED,
+            "reservation": "gb200-res",
+            "zone": "us-central1-b",
+            "imageProject": "my-arm-images",
+            "imageFamily": "ubuntu-2404-arm64-cuda",
+        },  # an Arm image of one's own
         {"machineType": "g4-standard-48", **FIXED, "zone": "us-central1-b"},  # the default family, 580
     ],
 )
@@ -66,8 +89,10 @@ def test_images_that_boot_pass(settings: dict) -> None:
     validate.check(gcp_raw(**settings), "s", CATALOG)
 
 
-NEWEST = ("https://www.googleapis.com/compute/v1/projects/deeplearning-platform-release/global/images/"
-          "pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20260416")  # the mock family's newest
+NEWEST = (
+    "https://www.googleapis.com/compute/v1/projects/deeplearning-platform-release/global/images/"
+    "pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20260416"
+)  # the mock family's newest
 
 
 @pytest.mark.parametrize(
@@ -79,15 +104,27 @@ NEWEST = ("https://www.googleapis.com/compute/v1/projects/deeplearning-platform-
         # a later `up`: the family moved on to a bigger image; the VM still boots its smaller pinned one
         ("pinned older, newest bigger", PINNED, 50, 300, PINNED, None),
         # the pinned image itself needs more than bootDiskSizeGb (the setting was lowered since)
-        ("pinned bigger than the setting", PINNED, 150, 50, None,
-         "the image pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20251101 that gpu-train-s runs"),
+        (
+            "pinned bigger than the setting",
+            PINNED,
+            150,
+            50,
+            None,
+            "the image pytorch-2-9-cu129-ubuntu-2204-nvidia-580-v20251101 that gpu-train-s runs",
+        ),
     ],
 )
 def test_the_boot_disk_is_checked_against_the_image_the_vm_boots(
     case: str, pinned: str | None, pinned_gb: int, newest_gb: int, image: str | None, refused: str | None
 ) -> None:
-    result = preview.run(program.main, stack="s", config=gcp_raw(bootDiskSizeGb=100, imageFamily=images_family()),
-                         image_disk_gb=newest_gb, pinned_image=pinned, pinned_image_disk_gb=pinned_gb)
+    result = preview.run(
+        program.main,
+        stack="s",
+        config=gcp_raw(bootDiskSizeGb=100, imageFamily=images_family()),
+        image_disk_gb=newest_gb,
+        pinned_image=pinned,
+        pinned_image_disk_gb=pinned_gb,
+    )
     if refused is None:
         assert result.error is None, (case, result.error)
         assert result.outputs["image"] == image
@@ -111,5 +148,4 @@ def test_each_node_is_checked_against_its_own_instance() -> None:
     assert result.error is None, result.error
     looked_up = [token for token, _ in result.calls if token == "gcp:compute/getInstance:getInstance"]
     assert len(looked_up) == 2
-    assert {i.inputs["bootDisk"]["initializeParams"]["image"] for i in result.of_type("compute/instance:Instance")} \
-        == {PINNED}
+    assert {i.inputs["bootDisk"]["initializeParams"]["image"] for i in result.of_type("compute/instance:Instance")} == {PINNED}

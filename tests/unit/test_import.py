@@ -87,34 +87,73 @@ def gcloud(text: str, **kw) -> translate.Translation:
 
 def plans(settings: dict) -> tuple[str, int]:
     """scripts/plan on the imported stack, once the user gave a project, SSH ranges and a key."""
-    raw = {**settings, "gcp:project": "proj-1", "gpu-train:sshSourceRanges": ["203.0.113.7/32"],
-           "gpu-train:sshPublicKey": KEY}
+    raw = {**settings, "gcp:project": "proj-1", "gpu-train:sshSourceRanges": ["203.0.113.7/32"], "gpu-train:sshPublicKey": KEY}
     return plan.plan(raw, "imported")
 
 
 T4x4 = {"machineType": "n1-highcpu-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4}
-CLUSTER_POOLS = [{"role": "chief", **T4x4}, {"role": "worker", "count": 9, **T4x4},
-                 {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]
+CLUSTER_POOLS = [
+    {"role": "chief", **T4x4},
+    {"role": "worker", "count": 9, **T4x4},
+    {"role": "ps", "count": 3, "machineType": "n1-highmem-8"},
+]
 
 
-@pytest.mark.parametrize("text, form, zone, shape, train_tail", [
-    (GUIDE_CE, "yaml", "us-central1-a", {"pools": CLUSTER_POOLS}, ["--script", "YOUR_SCRIPT.py"]),
-    (GUIDE_LEGACY, "yaml", "us-central1-a", {"pools": [
-        {"role": "chief", "machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4},
-        {"role": "worker", "count": 9, "machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4},
-        {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]}, ["--script", "YOUR_SCRIPT.py"]),
-    (GUIDE_GCLOUD, "gcloud", "us-central1-a", {"pools": CLUSTER_POOLS},
-     ["--dir", ".", "--command", 'python -m trainer.task --epochs 10 --lr 0.1 --job-dir "$JOB_DIR"']),
-    (VERTEX_H100, "yaml", "us-central1-a", {"machineType": "a3-highgpu-2g", "maxRunHours": 2, "bootDiskSizeGb": 250},
-     # Vertex gives the code AIP_MODEL_DIR and its siblings, never a --job-dir its parser may reject.
-     ["--command", 'AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/checkpoints/" '
-                   'AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" python -m trainer.task --epochs 5', "--env", "WANDB_MODE=offline"]),
-    (BASIC_GPU, "yaml", "europe-west4-a", {"machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
-     ["--command", "python -m trainer.task"]),
-    # No module named, a jobDir: the script the user names gets --job-dir, as AI Platform gave it.
-    ("trainingInput: {scaleTier: BASIC_GPU, region: europe-west4, jobDir: gs://b/out}", "yaml", "europe-west4-a", {},
-     ["--script", "YOUR_SCRIPT.py", "--pass-job-dir"]),
-])
+@pytest.mark.parametrize(
+    "text, form, zone, shape, train_tail",
+    [
+        (GUIDE_CE, "yaml", "us-central1-a", {"pools": CLUSTER_POOLS}, ["--script", "YOUR_SCRIPT.py"]),
+        (
+            GUIDE_LEGACY,
+            "yaml",
+            "us-central1-a",
+            {
+                "pools": [
+                    {"role": "chief", "machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4},
+                    {"role": "worker", "count": 9, "machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4},
+                    {"role": "ps", "count": 3, "machineType": "n1-highmem-8"},
+                ]
+            },
+            ["--script", "YOUR_SCRIPT.py"],
+        ),
+        (
+            GUIDE_GCLOUD,
+            "gcloud",
+            "us-central1-a",
+            {"pools": CLUSTER_POOLS},
+            ["--dir", ".", "--command", 'python -m trainer.task --epochs 10 --lr 0.1 --job-dir "$JOB_DIR"'],
+        ),
+        (
+            VERTEX_H100,
+            "yaml",
+            "us-central1-a",
+            {"machineType": "a3-highgpu-2g", "maxRunHours": 2, "bootDiskSizeGb": 250},
+            # Vertex gives the code AIP_MODEL_DIR and its siblings, never a --job-dir its parser may reject.
+            [
+                "--command",
+                'AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/checkpoints/" '
+                'AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" python -m trainer.task --epochs 5',
+                "--env",
+                "WANDB_MODE=offline",
+            ],
+        ),
+        (
+            BASIC_GPU,
+            "yaml",
+            "europe-west4-a",
+            {"machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
+            ["--command", "python -m trainer.task"],
+        ),
+        # No module named, a jobDir: the script the user names gets --job-dir, as AI Platform gave it.
+        (
+            "trainingInput: {scaleTier: BASIC_GPU, region: europe-west4, jobDir: gs://b/out}",
+            "yaml",
+            "europe-west4-a",
+            {},
+            ["--script", "YOUR_SCRIPT.py", "--pass-job-dir"],
+        ),
+    ],
+)
 def test_seed_examples(text, form, zone, shape, train_tail):
     t = gcloud(text) if form == "gcloud" else run(text)
     settings = {k.removeprefix("gpu-train:"): v for k, v in t.settings.items()}
@@ -139,8 +178,7 @@ def test_the_report_explains_each_change():
     assert statuses["maxRunningTime"] == EXACT  # 7200 s is exactly 2 h
     output = next(n.detail for n in vertex.notes if n.field == "baseOutputDirectory")
     assert "gs://b/vertex-out" in output and "AIP_MODEL_DIR" in output
-    assert any(n.field.startswith("workerPoolSpecs[0]") and "a3-highgpu-2g with its 2 x nvidia-h100-80gb" in n.detail
-               for n in vertex.notes)
+    assert any(n.field.startswith("workerPoolSpecs[0]") and "a3-highgpu-2g with its 2 x nvidia-h100-80gb" in n.detail for n in vertex.notes)
 
 
 LEGACY = TABLES["legacyMachineTypes"]["types"]
@@ -157,8 +195,7 @@ def test_every_legacy_machine_type(name):
         assert settings["gpuCount"] == min(row["gpuCount"], 4)  # T4 attaches 1, 2 or 4
     elif row.get("gpuType") == "nvidia-tesla-p100":  # shut down 2026-09-15: the nearest current GPU
         assert (settings["gpuType"], settings["gpuCount"]) == ("nvidia-tesla-v100", row["gpuCount"])
-        assert any(n.status == CHANGED and "2026-09-15" in n.detail and "nvidia-tesla-v100" in n.detail
-                   for n in t.notes)
+        assert any(n.status == CHANGED and "2026-09-15" in n.detail and "nvidia-tesla-v100" in n.detail for n in t.notes)
     elif row.get("gpuType"):
         assert (settings["gpuType"], settings["gpuCount"]) == (row["gpuType"], row["gpuCount"])
     else:  # a CPU master: the chief carries a GPU, and the report says so
@@ -182,17 +219,19 @@ def test_scale_tiers(tier, nodes, ps):
         assert any(n.field == "scaleTier" and n.status == CHANGED and "never published" in n.detail for n in t.notes)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("trainingInput: {scaleTier: BASIC_TPU}", "Cloud TPU"),
-    ("trainingInput: {scaleTier: CUSTOM}", "needs masterType"),
-    ("trainingInput: {scaleTier: CUSTOM, masterType: turbo}", "neither a Compute Engine machine type"),
-    ("trainingInput: {scaleTier: CUSTOM, masterType: n1-standard-8, masterConfig: {acceleratorConfig: {type: TPU_V3}}}",
-     "Cloud TPU"),
-    ("trainingInput: {scaleTier: CUSTOM, masterType: standard, workerCount: 2}", "needs workerType"),
-    ("trainingInput: {scaleTier: CUSTOM, masterType: standard, scheduling: {maxRunningTime: soon}}", "duration"),
-    ("jobSpec: {workerPoolSpecs: [{replicaCount: 1}]}", "machineType is required"),
-    ("- not a mapping", "expected a YAML mapping"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("trainingInput: {scaleTier: BASIC_TPU}", "Cloud TPU"),
+        ("trainingInput: {scaleTier: CUSTOM}", "needs masterType"),
+        ("trainingInput: {scaleTier: CUSTOM, masterType: turbo}", "neither a Compute Engine machine type"),
+        ("trainingInput: {scaleTier: CUSTOM, masterType: n1-standard-8, masterConfig: {acceleratorConfig: {type: TPU_V3}}}", "Cloud TPU"),
+        ("trainingInput: {scaleTier: CUSTOM, masterType: standard, workerCount: 2}", "needs workerType"),
+        ("trainingInput: {scaleTier: CUSTOM, masterType: standard, scheduling: {maxRunningTime: soon}}", "duration"),
+        ("jobSpec: {workerPoolSpecs: [{replicaCount: 1}]}", "machineType is required"),
+        ("- not a mapping", "expected a YAML mapping"),
+    ],
+)
 def test_bad_jobs_say_what_is_wrong(text, message):
     with pytest.raises(JobImportError, match=message):
         doc = yaml.safe_load(text)
@@ -201,8 +240,11 @@ def test_bad_jobs_say_what_is_wrong(text, message):
 
 def test_gcloud_flags_and_config_file_together():
     files = {"c.yaml": {"trainingInput": {"scaleTier": "CUSTOM", "masterType": "standard_v100", "region": "us-west1"}}}
-    job = gcloud_flags.read_gcloud_args(["--config", "c.yaml", "--module-name", "t.task", "--stream-logs",
-                                     "--use-chief-in-tf-config", "--", "--x", "1"], TABLES, files.__getitem__)
+    job = gcloud_flags.read_gcloud_args(
+        ["--config", "c.yaml", "--module-name", "t.task", "--stream-logs", "--use-chief-in-tf-config", "--", "--x", "1"],
+        TABLES,
+        files.__getitem__,
+    )
     t = translate.translate(job, "s", CATALOG, TABLES, project="p", ssh_ranges=("198.51.100.0/24",))
     assert t.settings["gcp:project"] == "p" and t.settings["gpu-train:sshSourceRanges"] == ["198.51.100.0/24"]
     assert t.settings["gpu-train:zone"].startswith("us-west1-")
@@ -212,8 +254,10 @@ def test_gcloud_flags_and_config_file_together():
 
 
 def test_region_without_every_shape_moves_to_the_nearest_that_has_them():
-    t = run("trainingInput: {scaleTier: CUSTOM, masterType: n1-standard-8, masterConfig: {acceleratorConfig: "
-            "{type: NVIDIA_TESLA_V100, count: 1}}, region: europe-west1}")
+    t = run(
+        "trainingInput: {scaleTier: CUSTOM, masterType: n1-standard-8, masterConfig: {acceleratorConfig: "
+        "{type: NVIDIA_TESLA_V100, count: 1}}, region: europe-west1}"
+    )
     zone = t.settings["gpu-train:zone"]
     assert zone in CATALOG.zones_for("nvidia-tesla-v100") and not zone.startswith("europe-west1-")
     assert zone.startswith("europe-")  # same geography first
@@ -221,30 +265,32 @@ def test_region_without_every_shape_moves_to_the_nearest_that_has_them():
 
 
 def test_container_jobs_are_reported_not_run():
-    t = run("jobSpec: {workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, replicaCount: 1, "
-            "containerSpec: {imageUri: gcr.io/p/img}}]}")
+    t = run(
+        "jobSpec: {workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, replicaCount: 1, "
+        "containerSpec: {imageUri: gcr.io/p/img}}]}"
+    )
     note = next(n for n in t.notes if n.field == "container")
     assert note.status == NOT_MAPPED and "not run" in note.detail
 
 
 def test_one_shape_cluster_gets_nodes_and_ps() -> None:
-    t = run("trainingInput: {scaleTier: CUSTOM, masterType: standard_v100, workerType: standard_v100, workerCount: 2,"
-            " parameterServerType: standard_v100, parameterServerCount: 1, region: us-central1, pythonModule: a.b}")
+    t = run(
+        "trainingInput: {scaleTier: CUSTOM, masterType: standard_v100, workerType: standard_v100, workerCount: 2,"
+        " parameterServerType: standard_v100, parameterServerCount: 1, region: us-central1, pythonModule: a.b}"
+    )
     assert t.settings["gpu-train:nodes"] == 4 and "gpu-train:pools" not in t.settings
     assert t.train[-2:] == ["--ps", "1"]
 
 
 def fab(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fabric", "-r", str(ROOT), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "fabric", "-r", str(ROOT), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def test_the_import_task_writes_a_valid_stack_once(tmp_path) -> None:
     job = tmp_path / "config.yaml"
     job.write_text(GUIDE_CE + "  region: us-central1\n  pythonModule: trainer.task\n")
     stacks = tmp_path / "stacks"
-    args = ("import", str(job), "--stack", "aip", "--stacks-dir", str(stacks), "--project", "proj-1",
-            "--ssh-from", "203.0.113.7/32")
+    args = ("import", str(job), "--stack", "aip", "--stacks-dir", str(stacks), "--project", "proj-1", "--ssh-from", "203.0.113.7/32")
     out = fab(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "The stack is valid" in out.stdout and "gpu-train train --stack aip --command 'python -m trainer.task'" in out.stdout
@@ -258,8 +304,7 @@ def test_the_import_task_writes_a_valid_stack_once(tmp_path) -> None:
 
 
 def test_the_import_task_from_gcloud_and_as_json(tmp_path) -> None:
-    out = fab("import", "gcloud", "--stack", "g", "--stacks-dir", str(tmp_path), "--json", "--gcloud", GUIDE_GCLOUD,
-              cwd=tmp_path)
+    out = fab("import", "gcloud", "--stack", "g", "--stacks-dir", str(tmp_path), "--json", "--gcloud", GUIDE_GCLOUD, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["settings"]["gpu-train:pools"] == CLUSTER_POOLS
@@ -280,10 +325,26 @@ def plans_file(path) -> int:
 
 def test_gpu_train_import_takes_gcloud_after_the_double_dash(tmp_path) -> None:
     """As pasted: `gpu-train import gcloud -- gcloud ai-platform ... -- USER ARGS`, quoting kept."""
-    argv = ["gpu-train", "import", "gcloud", "--stack", "g", "--stacks-dir", str(tmp_path), "--json", "--",
-            *gcloud_flags.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'"))]
-    out = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}\nfrom remote.cli import main; main()"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    argv = [
+        "gpu-train",
+        "import",
+        "gcloud",
+        "--stack",
+        "g",
+        "--stacks-dir",
+        str(tmp_path),
+        "--json",
+        "--",
+        *gcloud_flags.split_gcloud_command(GUIDE_GCLOUD.replace("--lr 0.1", "--note 'two words'")),
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.argv = {argv!r}\nfrom remote.cli import main; main()"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["train"][-1] == "python -m trainer.task --epochs 10 --note 'two words' --job-dir \"$JOB_DIR\""
@@ -312,25 +373,42 @@ def test_vertex_pool_as_a_single_mapping_is_the_list_of_one(form):
         doc["workerPoolSpecs"] = [doc["workerPoolSpecs"]]
     t = translate.translate(importer.read_any(doc, TABLES), "v", CATALOG, TABLES)
     assert {k: t.settings[f"gpu-train:{k}"] for k in ("machineType", "gpuType", "gpuCount")} == {
-        "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1}
+        "machineType": "n1-standard-8",
+        "gpuType": "nvidia-tesla-t4",
+        "gpuCount": 1,
+    }
     assert "gpu-train:nodes" not in t.settings and t.train[-1].startswith("python -m trainer.task --epochs 2")
     assert (form == "mapping") == any(n.field == "workerPoolSpecs" and "mapping" in n.detail for n in t.notes)
     assert plans(t.settings)[1] == 0
 
 
-@pytest.mark.parametrize("text, problems", [
-    ("trainingInput: {scaleTier: CUSTOM, workerCount: 2, parameterServerCount: 1, args: x}",
-     ["needs masterType", "workerCount = 2 needs workerType", "parameterServerCount = 1 needs parameterServerType",
-      "args must be a list"]),
-    ("trainingInput: {scaleTier: CUSTOM, masterType: standard, workerCount: many, scheduling: {maxRunningTime: soon}}",
-     ["workerCount = 'many'", "duration"]),
-    ("trainingInput: {scaleTier: CUSTOM, masterType: turbo, workerCount: 1, workerType: warp}",
-     ["masterType = 'turbo'", "workerType = 'warp'"]),
-    ("workerPoolSpecs: [{replicaCount: 1}, {replicaCount: 2, machineSpec: {}}, {machineSpec: {machineType: n1-highmem-8},"
-     " replicaCount: x}]",
-     ["workerPoolSpecs[0].machineSpec.machineType", "workerPoolSpecs[1].machineSpec.machineType",
-      "workerPoolSpecs[2].replicaCount"]),
-])
+@pytest.mark.parametrize(
+    "text, problems",
+    [
+        (
+            "trainingInput: {scaleTier: CUSTOM, workerCount: 2, parameterServerCount: 1, args: x}",
+            [
+                "needs masterType",
+                "workerCount = 2 needs workerType",
+                "parameterServerCount = 1 needs parameterServerType",
+                "args must be a list",
+            ],
+        ),
+        (
+            "trainingInput: {scaleTier: CUSTOM, masterType: standard, workerCount: many, scheduling: {maxRunningTime: soon}}",
+            ["workerCount = 'many'", "duration"],
+        ),
+        (
+            "trainingInput: {scaleTier: CUSTOM, masterType: turbo, workerCount: 1, workerType: warp}",
+            ["masterType = 'turbo'", "workerType = 'warp'"],
+        ),
+        (
+            "workerPoolSpecs: [{replicaCount: 1}, {replicaCount: 2, machineSpec: {}}, {machineSpec: {machineType: n1-highmem-8},"
+            " replicaCount: x}]",
+            ["workerPoolSpecs[0].machineSpec.machineType", "workerPoolSpecs[1].machineSpec.machineType", "workerPoolSpecs[2].replicaCount"],
+        ),
+    ],
+)
 def test_every_missing_field_is_reported_at_once(text, problems):
     with pytest.raises(JobImportError) as e:
         translate.translate(importer.read_any(yaml.safe_load(text), TABLES), "x", CATALOG, TABLES)
@@ -340,19 +418,26 @@ def test_every_missing_field_is_reported_at_once(text, problems):
         assert p in message, (p, message)
 
 
-@pytest.mark.parametrize(("machine", "timeout", "expected", "words"), [
-    ("a3-highgpu-2g", "7200s", {"flexStart": True, "maxRunHours": 2}, "FLEX_START -> gpu-train:flexStart true"),
-    ("a3-highgpu-2g", None, {"flexStart": True, "maxRunHours": 168}, "Vertex's default timeout"),
-    ("a3-highgpu-2g", "1000000s", {"flexStart": True, "maxRunHours": 168}, "1000000 s -> maxRunHours 168"),
-    ("a3-highgpu-2g", "5400s", {"flexStart": True, "maxRunHours": 1.5}, "5400 s -> maxRunHours 1.5"),
-    ("g2-standard-8", "3600s", {"flexStart": True, "maxRunHours": 1}, "FLEX_START"),
-])
+@pytest.mark.parametrize(
+    ("machine", "timeout", "expected", "words"),
+    [
+        ("a3-highgpu-2g", "7200s", {"flexStart": True, "maxRunHours": 2}, "FLEX_START -> gpu-train:flexStart true"),
+        ("a3-highgpu-2g", None, {"flexStart": True, "maxRunHours": 168}, "Vertex's default timeout"),
+        ("a3-highgpu-2g", "1000000s", {"flexStart": True, "maxRunHours": 168}, "1000000 s -> maxRunHours 168"),
+        ("a3-highgpu-2g", "5400s", {"flexStart": True, "maxRunHours": 1.5}, "5400 s -> maxRunHours 1.5"),
+        ("g2-standard-8", "3600s", {"flexStart": True, "maxRunHours": 1}, "FLEX_START"),
+    ],
+)
 def test_a_vertex_flex_start_job_becomes_a_flex_start_stack(machine, timeout, expected, words):
     sched = f"{{strategy: FLEX_START, maxWaitDuration: 1800s{', timeout: ' + timeout if timeout else ''}}}"
-    t = run(VERTEX_H100.replace("a3-highgpu-2g", machine).replace("acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2",
-                                                                  "acceleratorCount: 0" if machine.startswith("g2") else
-                                                                  "acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2")
-            .replace("scheduling: {timeout: 7200s}", f"scheduling: {sched}"))
+    t = run(
+        VERTEX_H100.replace("a3-highgpu-2g", machine)
+        .replace(
+            "acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2",
+            "acceleratorCount: 0" if machine.startswith("g2") else "acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2",
+        )
+        .replace("scheduling: {timeout: 7200s}", f"scheduling: {sched}")
+    )
     settings = {k.removeprefix("gpu-train:"): v for k, v in t.settings.items()}
     assert {k: settings.get(k) for k in expected} == expected and "spot" not in settings
     assert any(words in n.detail for n in t.notes), [n.detail for n in t.notes]
@@ -362,8 +447,11 @@ def test_a_vertex_flex_start_job_becomes_a_flex_start_stack(machine, timeout, ex
 
 
 def test_a_vertex_flex_start_job_on_n1_runs_on_demand():
-    t = run(VERTEX_H100.replace("machineType: a3-highgpu-2g, acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2",
-                                "machineType: n1-standard-8, acceleratorType: NVIDIA_TESLA_V100, acceleratorCount: 1")
-            .replace("scheduling: {timeout: 7200s}", "scheduling: {strategy: FLEX_START, timeout: 7200s}"))
+    t = run(
+        VERTEX_H100.replace(
+            "machineType: a3-highgpu-2g, acceleratorType: NVIDIA_H100_80GB, acceleratorCount: 2",
+            "machineType: n1-standard-8, acceleratorType: NVIDIA_TESLA_V100, acceleratorCount: 1",
+        ).replace("scheduling: {timeout: 7200s}", "scheduling: {strategy: FLEX_START, timeout: 7200s}")
+    )
     assert "gpu-train:flexStart" not in t.settings and t.settings["gpu-train:maxRunHours"] == 2
     assert any("n1-standard-8 cannot be had as Flex-start" in n.detail for n in t.notes)

@@ -52,37 +52,44 @@ def test_run_id_follows_the_ai_platform_rule() -> None:
 
 @pytest.mark.parametrize(
     ("pairs", "environ", "files", "env"),
-    [([], {}, {}, {}),
-     (["A=1", "B=x=y", "C="], {}, {}, {"A": "1", "B": "x=y", "C": ""}),
-     (["TOKEN"], {"TOKEN": "s3cr=t", "OTHER": "no"}, {}, {"TOKEN": "s3cr=t"}),  # NAME: the laptop's value
-     (["TOKEN", "A=2"], {"TOKEN": ""}, {"f": "A=1\nB=1"}, {"A": "2", "B": "1", "TOKEN": ""}),  # --env wins
-     ([], {}, {"a": "A=1\nB=1", "b": "B=2"}, {"A": "1", "B": "2"}),  # a later file wins
-     ],
+    [
+        ([], {}, {}, {}),
+        (["A=1", "B=x=y", "C="], {}, {}, {"A": "1", "B": "x=y", "C": ""}),
+        (["TOKEN"], {"TOKEN": "s3cr=t", "OTHER": "no"}, {}, {"TOKEN": "s3cr=t"}),  # NAME: the laptop's value
+        (["TOKEN", "A=2"], {"TOKEN": ""}, {"f": "A=1\nB=1"}, {"A": "2", "B": "1", "TOKEN": ""}),  # --env wins
+        ([], {}, {"a": "A=1\nB=1", "b": "B=2"}, {"A": "1", "B": "2"}),  # a later file wins
+    ],
 )
 def test_parse_env(pairs, environ, files, env) -> None:
     assert jobs.parse_env(pairs, environ, files) == env
 
 
-@pytest.mark.parametrize(("text", "env"), [
-    ("", {}),
-    ("# a comment\n\n  \nA=1\n", {"A": "1"}),
-    ("export A=1\nB = two words \n", {"A": "1", "B": "two words"}),
-    ("A=x # a comment\nB=x#not-a-comment\n", {"A": "x", "B": "x#not-a-comment"}),
-    ("A='single $X \\n # kept'\n", {"A": "single $X \\n # kept"}),
-    ('A="dq \\"q\\" \\\\ \\n end"\n', {"A": 'dq "q" \\ \n end'}),
-    ("A=\nB=''\nC=\"\"\n", {"A": "", "B": "", "C": ""}),
-    ("A=1\r\nB=2\r\n", {"A": "1", "B": "2"}),  # a file saved on Windows
-    ("A=1\nA=2\n", {"A": "2"}),
-])
+@pytest.mark.parametrize(
+    ("text", "env"),
+    [
+        ("", {}),
+        ("# a comment\n\n  \nA=1\n", {"A": "1"}),
+        ("export A=1\nB = two words \n", {"A": "1", "B": "two words"}),
+        ("A=x # a comment\nB=x#not-a-comment\n", {"A": "x", "B": "x#not-a-comment"}),
+        ("A='single $X \\n # kept'\n", {"A": "single $X \\n # kept"}),
+        ('A="dq \\"q\\" \\\\ \\n end"\n', {"A": 'dq "q" \\ \n end'}),
+        ("A=\nB=''\nC=\"\"\n", {"A": "", "B": "", "C": ""}),
+        ("A=1\r\nB=2\r\n", {"A": "1", "B": "2"}),  # a file saved on Windows
+        ("A=1\nA=2\n", {"A": "2"}),
+    ],
+)
 def test_parse_env_file(text: str, env: dict) -> None:
     assert jobs.parse_env_file(text, "f.env") == env
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ("A=1\nnot a pair\n", "--env-file f.env, line 2: expected NAME=VALUE"),
-    ("1A=1", "line 1: expected NAME=VALUE"),
-    ("A='open\n", "line 1: A's value has no closing '"),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("A=1\nnot a pair\n", "--env-file f.env, line 2: expected NAME=VALUE"),
+        ("1A=1", "line 1: expected NAME=VALUE"),
+        ("A='open\n", "line 1: A's value has no closing '"),
+    ],
+)
 def test_parse_env_file_rejects(text: str, words: str) -> None:
     with pytest.raises(jobs.JobError, match=re.escape(words)):
         jobs.parse_env_file(text, "f.env")
@@ -91,38 +98,71 @@ def test_parse_env_file_rejects(text: str, words: str) -> None:
 def test_job_spec(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "t.py").write_text("")
-    spec = jobs.job_spec(run="t_1", base="t", script=str(tmp_path / "sub" / "t.py"), command=None, args="--lr 0.1 --name 'a b'",
-                         env=["K=V"], python=None, expect_gpus=2, code_dir=tmp_path)
+    spec = jobs.job_spec(
+        run="t_1",
+        base="t",
+        script=str(tmp_path / "sub" / "t.py"),
+        command=None,
+        args="--lr 0.1 --name 'a b'",
+        env=["K=V"],
+        python=None,
+        expect_gpus=2,
+        code_dir=tmp_path,
+    )
     assert spec.script == "sub/t.py" and spec.args == ("--lr", "0.1", "--name", "a b")
     assert spec.to_json()["expectGpus"] == 2 and spec.env == {"K": "V"}
     with pytest.raises(jobs.JobError, match="inside --dir"):
-        jobs.job_spec(run="t", base="t", script="/etc/passwd", command=None, args="", env=[], python=None, expect_gpus=0,
-                      code_dir=tmp_path)
+        jobs.job_spec(run="t", base="t", script="/etc/passwd", command=None, args="", env=[], python=None, expect_gpus=0, code_dir=tmp_path)
     assert not spec.pass_job_dir and spec.to_json()["resumeArgs"] == [] and spec.resume_if is None
-    spec = jobs.job_spec(run="t_1", base="t", script="sub/t.py", command=None, args="", env=["T"], python=None,
-                         expect_gpus=0, code_dir=tmp_path, environ={"T": "v"}, pass_job_dir=True,
-                         resume_args="--init_from=resume --note 'a b'", resume_if="out/ckpt.pt")
+    spec = jobs.job_spec(
+        run="t_1",
+        base="t",
+        script="sub/t.py",
+        command=None,
+        args="",
+        env=["T"],
+        python=None,
+        expect_gpus=0,
+        code_dir=tmp_path,
+        environ={"T": "v"},
+        pass_job_dir=True,
+        resume_args="--init_from=resume --note 'a b'",
+        resume_if="out/ckpt.pt",
+    )
     assert JobSpec.from_json(spec.to_json()) == spec  # what the host keeps in spec.json, read back
     assert (spec.pass_job_dir, spec.resume_args, spec.resume_if) == (True, ("--init_from=resume", "--note", "a b"), "out/ckpt.pt")
-    for kwargs, words in [({"command": "x", "script": None, "pass_job_dir": True}, "--pass-job-dir goes with --script"),
-                          ({"resume_if": "out/ckpt.pt"}, "give both"),
-                          ({"resume_args": "'open"}, "--resume-args \"'open\": no closing quotation")]:
+    for kwargs, words in [
+        ({"command": "x", "script": None, "pass_job_dir": True}, "--pass-job-dir goes with --script"),
+        ({"resume_if": "out/ckpt.pt"}, "give both"),
+        ({"resume_args": "'open"}, '--resume-args "\'open": no closing quotation'),
+    ]:
         with pytest.raises(jobs.JobError, match=re.escape(words)):
-            jobs.job_spec(**{"run": "t_1", "base": "t", "script": "sub/t.py", "command": None, "args": "", "env": [],
-                             "python": None, "expect_gpus": 0, "code_dir": tmp_path, **kwargs})
+            jobs.job_spec(
+                **{
+                    "run": "t_1",
+                    "base": "t",
+                    "script": "sub/t.py",
+                    "command": None,
+                    "args": "",
+                    "env": [],
+                    "python": None,
+                    "expect_gpus": 0,
+                    "code_dir": tmp_path,
+                    **kwargs,
+                }
+            )
 
 
 def test_agent_command_carries_the_agent_inline() -> None:
     cmd = bundle.agent_command("~/gpu-train", "status", cli="gpu-train")
-    assert cmd.startswith("p=/usr/bin/python3; ") and ' -S -c ' in cmd and cmd.endswith("--root '~/gpu-train' status")
+    assert cmd.startswith("p=/usr/bin/python3; ") and " -S -c " in cmd and cmd.endswith("--root '~/gpu-train' status")
     # sshd runs it as one argument of `sh -c`, and Linux takes at most MAX_ARG_STRLEN (32 pages: 128 KiB)
     # in one argument; 96 KiB leaves a quarter of that spare.
     assert len(cmd) < 96 * 1024
 
 
 def lab_target(**kw) -> target.Target:
-    cfg = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222"], "gpu-train:sshKey": "/k/id",
-                 **kw}, "lab", CATALOG)
+    cfg = parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.2:2222"], "gpu-train:sshKey": "/k/id", **kw}, "lab", CATALOG)
     return target.target_from(cfg, None, Path("/state"))
 
 
@@ -147,8 +187,10 @@ def test_remote_path_ipv6() -> None:
 
 
 def test_listed_bytes() -> None:
-    listing = ("drwxr-xr-x          4,096 2026/11/21 23:00:00 .\n-rw-r--r--          1,234 2026/11/21 23:00:00 a.py\n"
-               "-rw-r--r--     10,000,000 2026/11/21 23:00:00 b.bin\nlrwxrwxrwx             12 2026/11/21 23:00:00 l -> a\n")
+    listing = (
+        "drwxr-xr-x          4,096 2026/11/21 23:00:00 .\n-rw-r--r--          1,234 2026/11/21 23:00:00 a.py\n"
+        "-rw-r--r--     10,000,000 2026/11/21 23:00:00 b.bin\nlrwxrwxrwx             12 2026/11/21 23:00:00 l -> a\n"
+    )
     assert sync.listed_bytes(listing) == (2, 10_001_234)
 
 
@@ -167,17 +209,34 @@ def test_ssh_target_waits_for_no_gpus() -> None:
 
 
 def test_render_status() -> None:
-    t = target.target_from(parse(gcp_raw(), "t4", CATALOG), {"externalIp": "203.0.113.10", "gpuCount": 1, "hourlyCostUsd": 0.5},
-                           Path("/s"))
-    doc = {"host": "vm", "root": "/home/trainer/gpu-train", "uptimeS": 7200,
-           "gpus": [{"index": 0, "name": "Tesla T4", "utilization": 87.0, "memoryUsedMiB": 9000, "memoryTotalMiB": 15360}],
-           "runs": [{"id": "train_20260101_000000", "state": "failed", "exitCode": 3, "durationS": 3725,
-                     "lastLine": "ValueError: boom"},
-                    {"id": "pip_20260101_000000", "state": "failed", "exitCode": 1, "durationS": 2, "lastLine": "",
-                     "reason": "pip install -r requirements.txt failed (exit 1): no such file"},
-                    {"id": "t_20260101_000000", "state": "running", "exitCode": None, "durationS": 5, "resumes": 2},
-                    {"id": "loop_20260101_000000", "state": "failed", "exitCode": None, "durationS": 9, "resumes": 2,
-                     "lastLine": "noise from a login shell", "reason": "interrupted 3 times; maxResumes = 2"}]}
+    t = target.target_from(parse(gcp_raw(), "t4", CATALOG), {"externalIp": "203.0.113.10", "gpuCount": 1, "hourlyCostUsd": 0.5}, Path("/s"))
+    doc = {
+        "host": "vm",
+        "root": "/home/trainer/gpu-train",
+        "uptimeS": 7200,
+        "gpus": [{"index": 0, "name": "Tesla T4", "utilization": 87.0, "memoryUsedMiB": 9000, "memoryTotalMiB": 15360}],
+        "runs": [
+            {"id": "train_20260101_000000", "state": "failed", "exitCode": 3, "durationS": 3725, "lastLine": "ValueError: boom"},
+            {
+                "id": "pip_20260101_000000",
+                "state": "failed",
+                "exitCode": 1,
+                "durationS": 2,
+                "lastLine": "",
+                "reason": "pip install -r requirements.txt failed (exit 1): no such file",
+            },
+            {"id": "t_20260101_000000", "state": "running", "exitCode": None, "durationS": 5, "resumes": 2},
+            {
+                "id": "loop_20260101_000000",
+                "state": "failed",
+                "exitCode": None,
+                "durationS": 9,
+                "resumes": 2,
+                "lastLine": "noise from a login shell",
+                "reason": "interrupted 3 times; maxResumes = 2",
+            },
+        ],
+    }
     text = render_status(doc, t)
     assert "VM up 2.0 h, about $1.00 so far" in text and "GPU 0 Tesla T4: 87% busy, 9000/15360 MiB" in text
     table = text.splitlines()[-5:]
@@ -188,10 +247,11 @@ def test_render_status() -> None:
     assert table[1].index("failed") == table[0].index("STATE")  # columns line up
     assert table[4].endswith("interrupted 3 times; maxResumes = 2")  # gpu-train ended it: why, not the last line
     ns = int(datetime(2026, 1, 1, 12, 30).timestamp() * 1e9)
-    doc["runs"][0] |= {"jobSummary": {"files": 1, "bytes": 1024, "newestNs": 1},
-                       "workdirSummary": {"files": 2, "bytes": 2048, "newestNs": ns}}
-    doc["runs"][1] |= {"jobSummary": {"files": 0, "bytes": 0, "newestNs": 0},
-                       "workdirSummary": {"files": 0, "bytes": 0, "newestNs": 0}}
+    doc["runs"][0] |= {
+        "jobSummary": {"files": 1, "bytes": 1024, "newestNs": 1},
+        "workdirSummary": {"files": 2, "bytes": 2048, "newestNs": ns},
+    }
+    doc["runs"][1] |= {"jobSummary": {"files": 0, "bytes": 0, "newestNs": 0}, "workdirSummary": {"files": 0, "bytes": 0, "newestNs": 0}}
     summed = render_status(doc, t).splitlines()[-5:]
     assert summed[0].split()[:6] == ["RUN", "STATE", "EXIT", "DURATION", "OUTPUTS", "LAST"]
     assert "3 files 3.0 KiB (2 in workdir), newest 01-01 12:30  ValueError: boom" in summed[1]
@@ -236,26 +296,37 @@ def test_selected_stack(stand_in_pulumi: Path, tmp_path: Path) -> None:
 
 
 def _run(rid: str, state: str, created: float, nodes: list[str] | None = None) -> dict:
-    return {"id": rid, "state": state, "created": created,
-            **({"nodes": [{"node": i, "state": s} for i, s in enumerate(nodes)]} if nodes else {})}
+    return {
+        "id": rid,
+        "state": state,
+        "created": created,
+        **({"nodes": [{"node": i, "state": s} for i, s in enumerate(nodes)]} if nodes else {}),
+    }
 
 
-@pytest.mark.parametrize(("runs", "chosen"), [
-    ([_run("a", "interrupted", 1), _run("b", "succeeded", 2)], "a"),  # never the newer, finished one
-    ([_run("a", "interrupted", 1), _run("b", "interrupted", 3), _run("c", "failed", 4)], "b"),
-    ([_run("b", "interrupted", 3), _run("a", "interrupted", 1)], "b"),  # by creation, not by listing order
-    ([_run("a", "failed", 1, ["interrupted", "failed"]), _run("b", "stopped", 2)], "a"),  # a node was preempted
-])
+@pytest.mark.parametrize(
+    ("runs", "chosen"),
+    [
+        ([_run("a", "interrupted", 1), _run("b", "succeeded", 2)], "a"),  # never the newer, finished one
+        ([_run("a", "interrupted", 1), _run("b", "interrupted", 3), _run("c", "failed", 4)], "b"),
+        ([_run("b", "interrupted", 3), _run("a", "interrupted", 1)], "b"),  # by creation, not by listing order
+        ([_run("a", "failed", 1, ["interrupted", "failed"]), _run("b", "stopped", 2)], "a"),  # a node was preempted
+    ],
+)
 def test_resume_takes_the_newest_interrupted_run(runs: list[dict], chosen: str) -> None:
     assert jobs.resumable(runs, "gpu-train resume --run RUN") == chosen
 
 
-@pytest.mark.parametrize(("runs", "words"), [
-    ([], "no runs on this host yet"),
-    ([_run("a", "running", 1), _run("b", "succeeded", 2)],
-     "no interrupted run to resume (the newest, b, is succeeded); to restart a run anyway, name it: "
-     "gpu-train resume --run RUN"),
-])
+@pytest.mark.parametrize(
+    ("runs", "words"),
+    [
+        ([], "no runs on this host yet"),
+        (
+            [_run("a", "running", 1), _run("b", "succeeded", 2)],
+            "no interrupted run to resume (the newest, b, is succeeded); to restart a run anyway, name it: gpu-train resume --run RUN",
+        ),
+    ],
+)
 def test_resume_without_an_interrupted_run_says_so(runs: list[dict], words: str) -> None:
     with pytest.raises(jobs.JobError, match=re.escape(words)):
         jobs.resumable(runs, "gpu-train resume --run RUN")

@@ -17,8 +17,21 @@ import pytest
 from tests.conftest import parse_source
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gpu_train", "gpu_train/stack", "gpu_train/gcp", "gpu_train/views", "gpu_train/importing", "infra", "infra/ops",
-            "remote", "remote/ssh", "remote/transfer", "remote/transfer/fetch", "remote/tasks", "remote/agent")
+PACKAGES = (
+    "gpu_train",
+    "gpu_train/stack",
+    "gpu_train/gcp",
+    "gpu_train/views",
+    "gpu_train/importing",
+    "infra",
+    "infra/ops",
+    "remote",
+    "remote/ssh",
+    "remote/transfer",
+    "remote/transfer/fetch",
+    "remote/tasks",
+    "remote/agent",
+)
 MAP = ROOT / "docs" / "architecture.md"
 MAX_LINES = 400
 
@@ -91,7 +104,7 @@ def test_no_import_cycles() -> None:
 
     def visit(name: str, path: list[str]) -> None:
         if name in path:
-            raise AssertionError("import cycle: " + " -> ".join([*path[path.index(name):], name]))
+            raise AssertionError("import cycle: " + " -> ".join([*path[path.index(name) :], name]))
         if name in done:
             return
         for dep in sorted(graph[name]):
@@ -109,8 +122,7 @@ def test_no_module_level_name_shadows_a_module() -> None:
     found = []
     for path in source_files():
         tree = parse_source(path)
-        imported = {(a.asname or a.name).split(".")[0] for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)
-                    for a in n.names}
+        imported = {(a.asname or a.name).split(".")[0] for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
         siblings = {p.stem for p in path.parent.glob("*.py")} if path.name == "__init__.py" else set()
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -222,6 +234,9 @@ def test_imports_point_down_the_house() -> None:
 def test_every_debt_is_still_owed() -> None:
     """A debt paid is deleted from DEBTS, so the list never hides a new arrow behind an old excuse."""
     found = arrows()
-    paid = [f"{x} -> {y}" for x, y in DEBTS if not any((me == x or me.startswith(x + ".")) and
-                                                        (dep == y or dep.startswith(y + ".")) for me, dep in found)]
+    paid = [
+        f"{x} -> {y}"
+        for x, y in DEBTS
+        if not any((me == x or me.startswith(x + ".")) and (dep == y or dep.startswith(y + ".")) for me, dep in found)
+    ]
     assert not paid, f"delete these from DEBTS: {paid}"

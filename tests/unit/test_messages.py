@@ -20,12 +20,19 @@ from remote.agent.store import AgentError, listed, match_run
 from tests.conftest import ROOT, parse_source
 
 
-@pytest.mark.parametrize(("argv0", "name"), [
-    ("/home/u/gpu-train/.venv/bin/gpu-train", "gpu-train"), ("gpu-train", "gpu-train"),
-    ("/usr/local/bin/fab", "fab"), ("fab", "fab"),
-    ("/x/site-packages/fabric/__main__.py", "fab"),  # python -m fabric
-    ("/x/site-packages/pytest/__main__.py", "gpu-train"), ("/repo/infra/plan.py", "gpu-train"), ("", "gpu-train"),
-])
+@pytest.mark.parametrize(
+    ("argv0", "name"),
+    [
+        ("/home/u/gpu-train/.venv/bin/gpu-train", "gpu-train"),
+        ("gpu-train", "gpu-train"),
+        ("/usr/local/bin/fab", "fab"),
+        ("fab", "fab"),
+        ("/x/site-packages/fabric/__main__.py", "fab"),  # python -m fabric
+        ("/x/site-packages/pytest/__main__.py", "gpu-train"),
+        ("/repo/infra/plan.py", "gpu-train"),
+        ("", "gpu-train"),
+    ],
+)
 def test_command_name(argv0: str, name: str) -> None:
     assert project.command_name(argv0) == name
 
@@ -65,25 +72,37 @@ def test_a_count_and_its_list_agree(count: int) -> None:
         assert f"matches {count} runs ({text})" in said
 
 
-@pytest.mark.parametrize(("sources", "words"), [
-    (["compute api"], "VM states from the Compute API (s0)"),
-    (["host answered", "not asked"], "VM states from the host's answer (s0); not asked (s1)"),
-    (["not asked"], "VM states not asked (s0)"),
-    (["last known outputs", "compute api", "compute api"], "VM states from the Compute API (s1, s2); from the last known"),
-    (["ssh", "stack file", "no outputs"], "VM states unknown (SSH failed) (s0); unknown (invalid stack file) (s1); none "
-                                          "deployed (no stack outputs) (s2)"),
-])
+@pytest.mark.parametrize(
+    ("sources", "words"),
+    [
+        (["compute api"], "VM states from the Compute API (s0)"),
+        (["host answered", "not asked"], "VM states from the host's answer (s0); not asked (s1)"),
+        (["not asked"], "VM states not asked (s0)"),
+        (["last known outputs", "compute api", "compute api"], "VM states from the Compute API (s1, s2); from the last known"),
+        (
+            ["ssh", "stack file", "no outputs"],
+            "VM states unknown (SSH failed) (s0); unknown (invalid stack file) (s1); none deployed (no stack outputs) (s2)",
+        ),
+    ],
+)
 def test_ls_footer_reads_as_english(sources: list[str], words: str) -> None:
     table = [listing.Row(f"s{i}", "gcp", "-", "-", "-", s, None, None, None, "-", False) for i, s in enumerate(sources)]
     assert words in listing.render(table)
-    assert set(listing.SOURCE_WORDS) >= {"compute api", "host answered", "last known outputs", "ssh", "stack file",
-                                         "not asked", "no outputs"}
+    assert set(listing.SOURCE_WORDS) >= {
+        "compute api",
+        "host answered",
+        "last known outputs",
+        "ssh",
+        "stack file",
+        "not asked",
+        "no outputs",
+    }
 
 
 def test_every_vm_state_source_has_words() -> None:
     """Every "how it is known" that vm_state can return is in SOURCE_WORDS (read from its source)."""
     source = Path(listing.__file__).read_text()
-    body = source[source.index("def vm_state"):source.index("def _billing")]
+    body = source[source.index("def vm_state") : source.index("def _billing")]
     said = set(re.findall(r'"([a-z ]+)"\)?\s*$', body, re.M)) | set(re.findall(r', "([a-z ]+)"\)', body))
     assert said and said <= set(listing.SOURCE_WORDS), said - set(listing.SOURCE_WORDS)
 
@@ -111,9 +130,14 @@ def test_no_message_names_fab_outright() -> None:
     for top in ("gpu_train", "remote", "infra"):
         for path in sorted((ROOT / top).rglob("*.py")):
             tree = parse_source(path)
-            docs = {id(n.body[0].value) for n in ast.walk(tree)
-                    if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef) and n.body
-                    and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+            docs = {
+                id(n.body[0].value)
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+                and n.body
+                and isinstance(n.body[0], ast.Expr)
+                and isinstance(n.body[0].value, ast.Constant)
+            }
             rel = path.relative_to(ROOT).as_posix()
             for n in ast.walk(tree):
                 said = n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs else ""
@@ -133,11 +157,17 @@ def test_the_agent_names_the_laptops_command(tmp_path: Path, cli: str) -> None:
 def test_pure_fixes_name_the_command() -> None:
     assert "fab stop --stack t4" in power.refusal(["r"], [], False, "t4", "fab")
     assert "gpu-train vm-stop --force" in power.refusal([], ["x"], False, "t4", "gpu-train")
-    bad = checkup.stack_file("b", None, "stack 'b' is invalid (1 problem):\n  - gpu-train:zone: is required", None, "",
-                             "/home/u/gpu-train/scripts/plan", "/home/u/gpu-train/scripts/up")
+    bad = checkup.stack_file(
+        "b",
+        None,
+        "stack 'b' is invalid (1 problem):\n  - gpu-train:zone: is required",
+        None,
+        "",
+        "/home/u/gpu-train/scripts/plan",
+        "/home/u/gpu-train/scripts/up",
+    )
     assert bad.fix == "/home/u/gpu-train/scripts/plan --stack b lists every problem and its fix"
-    assert "/x/scripts/up --stack t" in checkup.stack_file("t", "gcp", None, False, "backend", "/x/scripts/plan",
-                                                          "/x/scripts/up").detail
+    assert "/x/scripts/up --stack t" in checkup.stack_file("t", "gcp", None, False, "backend", "/x/scripts/plan", "/x/scripts/up").detail
 
 
 def test_missing_script_says_relative_to_what(tmp_path: Path) -> None:
@@ -152,8 +182,9 @@ def test_missing_script_says_relative_to_what(tmp_path: Path) -> None:
 
     def said(script: str, cwd: Path) -> str:
         with pytest.raises(jobs.JobError) as e:
-            jobs.job_spec(run="r", base="r", script=script, command=None, args="", env=[], python=None, expect_gpus=0,
-                          code_dir=root, cwd=cwd)
+            jobs.job_spec(
+                run="r", base="r", script=script, command=None, args="", env=[], python=None, expect_gpus=0, code_dir=root, cwd=cwd
+            )
         return str(e.value)
 
     from_src = said("sub_train.py", root / "src")
@@ -166,11 +197,21 @@ def test_missing_script_says_relative_to_what(tmp_path: Path) -> None:
     assert "did you mean" not in said("zzzz.py", root)
 
 
-@pytest.mark.parametrize(("text", "doc"), [
-    ("203.0.113.7/32", True), ("203.0.113.0/24", True), ("198.51.100.9/32", True), ("192.0.2.0/25", True),
-    ("2001:db8::1/128", True), ("203.0.114.7/32", False), ("198.51.0.0/16", False), ("10.1.2.3/32", False),
-    ("0.0.0.0/0", False), ("not-a-cidr", False),
-])
+@pytest.mark.parametrize(
+    ("text", "doc"),
+    [
+        ("203.0.113.7/32", True),
+        ("203.0.113.0/24", True),
+        ("198.51.100.9/32", True),
+        ("192.0.2.0/25", True),
+        ("2001:db8::1/128", True),
+        ("203.0.114.7/32", False),
+        ("198.51.0.0/16", False),
+        ("10.1.2.3/32", False),
+        ("0.0.0.0/0", False),
+        ("not-a-cidr", False),
+    ],
+)
 def test_documentation_ranges(text: str, doc: bool) -> None:
     assert placeholders.is_documentation_range(text) is doc
 
@@ -191,10 +232,20 @@ def test_the_agent_is_told_the_command_the_user_typed(tmp_path: Path, argv0: str
 
     (tmp_path / "id").write_text("a key")
     (tmp_path / "stacks").mkdir()
-    (tmp_path / "stacks" / "Pulumi.s.yaml").write_text(json.dumps({"config": {
-        "gpu-train:target": "ssh", "gpu-train:hosts": ["me@127.0.0.1", "me@127.0.0.2"], "gpu-train:sshKey": str(tmp_path / "id")}}))
-    env = Environment.from_os({"GPU_TRAIN_STACKS_DIR": str(tmp_path / "stacks"), "GPU_TRAIN_HOME": str(tmp_path / "home")},
-                              argv0=argv0, cwd=tmp_path)
+    (tmp_path / "stacks" / "Pulumi.s.yaml").write_text(
+        json.dumps(
+            {
+                "config": {
+                    "gpu-train:target": "ssh",
+                    "gpu-train:hosts": ["me@127.0.0.1", "me@127.0.0.2"],
+                    "gpu-train:sshKey": str(tmp_path / "id"),
+                }
+            }
+        )
+    )
+    env = Environment.from_os(
+        {"GPU_TRAIN_STACKS_DIR": str(tmp_path / "stacks"), "GPU_TRAIN_HOME": str(tmp_path / "home")}, argv0=argv0, cwd=tmp_path
+    )
     node = resolve(env, "s").for_node(1)
     assert node.cli == cli
     assert f"exec env GPU_TRAIN_CLI={cli} " in host_command(node)

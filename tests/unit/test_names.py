@@ -53,8 +53,7 @@ def test_validation_notes_a_shortened_name() -> None:
 
 
 def test_the_program_under_mocks_names_everything_within_limits() -> None:
-    raw = gcp_raw(nodes=2, machineType="g2-standard-8", gpuType=None, gpuCount=None,
-                  sshSourceRanges=["203.0.113.7/32", "2001:db8::/32"])
+    raw = gcp_raw(nodes=2, machineType="g2-standard-8", gpuType=None, gpuCount=None, sshSourceRanges=["203.0.113.7/32", "2001:db8::/32"])
     result = preview.run(program.main, stack=LONG, config=raw)
     assert result.error is None, result.error
     named = [(r.typ, r.inputs["name"]) for r in result.resources if "name" in r.inputs]
@@ -67,8 +66,9 @@ def test_the_program_under_mocks_names_everything_within_limits() -> None:
 @pytest.mark.parametrize("network", [None, "my-vpc"])
 def test_the_network_setting_reaches_the_nic_and_every_firewall_rule(network: str | None) -> None:
     """Projects without a `default` VPC set `network`; everything the VM uses is on it."""
-    result = preview.run(program.main, stack="s", config=gcp_raw(network=network, nodes=2, machineType="g2-standard-8",
-                                                                 gpuType=None, gpuCount=None))
+    result = preview.run(
+        program.main, stack="s", config=gcp_raw(network=network, nodes=2, machineType="g2-standard-8", gpuType=None, gpuCount=None)
+    )
     assert result.error is None, result.error
     want = network or "default"
     rules = result.of_type("compute/firewall:Firewall")

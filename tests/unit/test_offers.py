@@ -17,16 +17,29 @@ CATALOG = load_catalog()
 @pytest.mark.parametrize(
     ("name", "api"),
     [
-        ("T4", "nvidia-tesla-t4"), ("t4", "nvidia-tesla-t4"), ("tesla t4", "nvidia-tesla-t4"), ("L4", "nvidia-l4"),
-        ("A100", "nvidia-tesla-a100"), ("A100-40GB", "nvidia-tesla-a100"), ("a100 40gb", "nvidia-tesla-a100"),
-        ("A100-80GB", "nvidia-a100-80gb"), ("a100_80gb", "nvidia-a100-80gb"), ("H100", "nvidia-h100-80gb"),
-        ("H100-MEGA", "nvidia-h100-mega-80gb"), ("H200", "nvidia-h200-141gb"), ("B200", "nvidia-b200"),
-        ("RTX PRO 6000", "nvidia-rtx-pro-6000"), ("V100", "nvidia-tesla-v100"),
+        ("T4", "nvidia-tesla-t4"),
+        ("t4", "nvidia-tesla-t4"),
+        ("tesla t4", "nvidia-tesla-t4"),
+        ("L4", "nvidia-l4"),
+        ("A100", "nvidia-tesla-a100"),
+        ("A100-40GB", "nvidia-tesla-a100"),
+        ("a100 40gb", "nvidia-tesla-a100"),
+        ("A100-80GB", "nvidia-a100-80gb"),
+        ("a100_80gb", "nvidia-a100-80gb"),
+        ("H100", "nvidia-h100-80gb"),
+        ("H100-MEGA", "nvidia-h100-mega-80gb"),
+        ("H200", "nvidia-h200-141gb"),
+        ("B200", "nvidia-b200"),
+        ("RTX PRO 6000", "nvidia-rtx-pro-6000"),
+        ("V100", "nvidia-tesla-v100"),
         # API names (and -vws variants, and retired types) are kept as written
-        ("nvidia-tesla-t4", "nvidia-tesla-t4"), ("nvidia-tesla-t4-vws", "nvidia-tesla-t4-vws"),
+        ("nvidia-tesla-t4", "nvidia-tesla-t4"),
+        ("nvidia-tesla-t4-vws", "nvidia-tesla-t4-vws"),
         ("nvidia-tesla-k80", "nvidia-tesla-k80"),
         # unknown names pass through for validation to report
-        ("T5", "T5"), ("A10", "A10"), ("", ""),
+        ("T5", "T5"),
+        ("A10", "A10"),
+        ("", ""),
     ],
 )
 def test_api_name(name: str, api: str) -> None:
@@ -95,17 +108,33 @@ def test_every_catalog_gpu_is_listed_with_short_and_api_names() -> None:
 @pytest.mark.parametrize(
     ("name", "kwargs", "shapes", "note"),
     [
-        ("L4", {}, ["g2-standard-4", "g2-standard-8", "g2-standard-12", "g2-standard-16", "g2-standard-32",
-                    "g2-standard-24", "g2-standard-48", "g2-standard-96"], ""),
+        (
+            "L4",
+            {},
+            [
+                "g2-standard-4",
+                "g2-standard-8",
+                "g2-standard-12",
+                "g2-standard-16",
+                "g2-standard-32",
+                "g2-standard-24",
+                "g2-standard-48",
+                "g2-standard-96",
+            ],
+            "",
+        ),
         ("H100", {}, ["a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g", "a3-highgpu-8g", "a3-edgegpu-8g"], ""),
         ("H200", {}, ["a3-ultragpu-8g"], "no on-demand: spot, flex-start, reservation"),
         ("GB200", {}, ["a4x-highgpu-4g"], "reservation-only"),  # reservation-only in 2026 (reference, 2026-11-25)
         ("GB200", {"spot": True}, None, None),
-        ("A100", {"region": "europe-west4"}, ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g",
-                                              "a2-megagpu-16g"], ""),
+        ("A100", {"region": "europe-west4"}, ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g", "a2-megagpu-16g"], ""),
         ("A100", {"region": "me-west1"}, ["a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g"], ""),
-        ("H100", {"region": "us-central1", "spot": True},
-         ["a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g", "a3-highgpu-8g", "a3-edgegpu-8g"], ""),
+        (
+            "H100",
+            {"region": "us-central1", "spot": True},
+            ["a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g", "a3-highgpu-8g", "a3-edgegpu-8g"],
+            "",
+        ),
         ("T4", {"region": "us-east5"}, None, None),  # not offered there
     ],
 )
@@ -129,8 +158,11 @@ def test_prices_of_fixed_shapes_are_whole_vm_prices() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "words"),
-    [({"name": "T5"}, "no GPU called 'T5' in the catalog: did you mean T4"),
-     ({"region": "us-central"}, "did you mean us-central1"), ({"region": "mars1"}, "no GPU is offered in a region called 'mars1'")],
+    [
+        ({"name": "T5"}, "no GPU called 'T5' in the catalog: did you mean T4"),
+        ({"region": "us-central"}, "did you mean us-central1"),
+        ({"region": "mars1"}, "no GPU is offered in a region called 'mars1'"),
+    ],
 )
 def test_unknown_names_and_regions(kwargs: dict, words: str) -> None:
     with pytest.raises(offers.OfferError) as e:
@@ -150,7 +182,7 @@ def test_renderings() -> None:
     assert "gpu-train:gpuType: T4" in detail
     assert "[on-demand $0.35/h, spot $0.17/h, reservation on-demand rate]" in detail
     h100 = offers.render_detail(offers.offers(CATALOG, "H100")[0], CATALOG)
-    ways = {line.split()[0]: line[line.index("["):] for line in h100.splitlines() if line.startswith("    a3-")}
+    ways = {line.split()[0]: line[line.index("[") :] for line in h100.splitlines() if line.startswith("    a3-")}
     assert ways["a3-highgpu-1g"] == "[spot n/a, flex-start DWS rate n/a]"
     assert ways["a3-highgpu-8g"] == "[on-demand n/a, spot n/a, flex-start DWS rate n/a, reservation on-demand rate]"
     assert "cloud.google.com/compute/gpus-pricing" in h100

@@ -15,15 +15,19 @@ from remote.ssh.target import SshHost
 from tests.conftest import ROOT
 
 SCRIPT = (ROOT / "gpu_train" / "data" / "startup-script.sh.in").read_text()
-BLOCK = SCRIPT[SCRIPT.index("# --- gpu-train: OS Login"):SCRIPT.index("# --- end of OS Login")]
+BLOCK = SCRIPT[SCRIPT.index("# --- gpu-train: OS Login") : SCRIPT.index("# --- end of OS Login")]
 NO_SUCH_USER = "gpu-train-no-such-user"
 
 
 def run_block(etc: Path, user: str, wait: int = 90) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    result = subprocess.run(["bash", "-c", BLOCK + '\nwait_for_user "$1" && echo present', "bash", user],
-                            env={"PATH": "/usr/bin:/bin", "GPU_TRAIN_ETC": str(etc), "GPU_TRAIN_USER_WAIT": str(wait)},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "-c", BLOCK + '\nwait_for_user "$1" && echo present', "bash", user],
+        env={"PATH": "/usr/bin:/bin", "GPU_TRAIN_ETC": str(etc), "GPU_TRAIN_USER_WAIT": str(wait)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return result, time.monotonic() - started
 
 
@@ -31,14 +35,17 @@ def run_block(etc: Path, user: str, wait: int = 90) -> tuple[subprocess.Complete
     ("files", "user", "present", "words"),
     [
         ({"nsswitch.conf": "passwd:         files cache_oslogin oslogin\n"}, NO_SUCH_USER, False, "OS Login is on"),
-        ({"ssh/sshd_config.d/oslogin.conf": "AuthorizedKeysCommand /usr/bin/google_authorized_keys\n"}, NO_SUCH_USER,
-         False, "OS Login is on"),
+        (
+            {"ssh/sshd_config.d/oslogin.conf": "AuthorizedKeysCommand /usr/bin/google_authorized_keys\n"},
+            NO_SUCH_USER,
+            False,
+            "OS Login is on",
+        ),
         ({"nsswitch.conf": "passwd: files systemd\n"}, "root", True, ""),  # the user is there: go on
         ({"nsswitch.conf": "passwd: files cache_oslogin oslogin\n"}, "root", True, ""),
     ],
 )
-def test_the_startup_script_sees_os_login_at_once(tmp_path: Path, files: dict, user: str, present: bool,
-                                                  words: str) -> None:
+def test_the_startup_script_sees_os_login_at_once(tmp_path: Path, files: dict, user: str, present: bool, words: str) -> None:
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)

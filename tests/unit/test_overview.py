@@ -21,8 +21,10 @@ CATALOG = load_catalog()
 
 STAND_IN = Path(__file__).parents[1] / "stand_in"
 VENV_BIN = str(Path(sys.executable).parent)
-T4 = ("config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: T4\n  gpu-train:gpuCount: 1\n"
-      "  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n  gpu-train:sshPublicKey: {key}\n")
+T4 = (
+    "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: T4\n  gpu-train:gpuCount: 1\n"
+    "  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n  gpu-train:sshPublicKey: {key}\n"
+)
 
 
 @pytest.fixture
@@ -46,8 +48,9 @@ class World:
         self.tmp, self.mp, self.google, self.public_key = tmp, monkeypatch, google, public_key
         self.stacks, self.state, self.pulumi_dir = tmp / "stacks", tmp / "state", tmp / "pulumi"
         # What `check` and `ls` are handed: their stacks, their records, Google's APIs here.
-        self.env = Environment(stacks_dir=self.stacks, home=self.state, compute_endpoint=google.url,
-                               serviceusage_endpoint=google.url, cwd=tmp)
+        self.env = Environment(
+            stacks_dir=self.stacks, home=self.state, compute_endpoint=google.url, serviceusage_endpoint=google.url, cwd=tmp
+        )
 
     def with_pulumi(self, stacks: list[dict] | None = None) -> World:
         self.pulumi_dir.mkdir(exist_ok=True)
@@ -112,8 +115,11 @@ def _logged_out(w: World) -> None:
     [
         (lambda w: (w.pulumi_dir / "version").write_text("v3.120.0\n"), "Pulumi CLI", "older than v3.200.0"),
         (_logged_out, "Pulumi backend", "PULUMI_ACCESS_TOKEN must be set"),
-        (lambda w: w.google.state["services"]["proj-1"].update({"cloudquotas.googleapis.com": "DISABLED"}),
-         "Cloud Quotas API in proj-1", "gcloud services enable cloudquotas.googleapis.com --project proj-1"),
+        (
+            lambda w: w.google.state["services"]["proj-1"].update({"cloudquotas.googleapis.com": "DISABLED"}),
+            "Cloud Quotas API in proj-1",
+            "gcloud services enable cloudquotas.googleapis.com --project proj-1",
+        ),
         (lambda w: w.google.state["services"].pop("proj-1"), "Compute Engine API in proj-1", "Service Usage API has not been used"),
         (lambda w: (w.tmp / "adc.json").write_text("{not json"), "Application Default Credentials", "cannot be used"),
         (lambda w: w.stack("t4", T4.replace("{key}", "/nonexistent/id.pub")), "SSH key of t4", "no private key at /nonexistent/id"),

@@ -14,8 +14,11 @@ from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()
 T4 = {"machineType": "n1-standard-16", "gpuType": "nvidia-tesla-t4", "gpuCount": 4}
-AIP = [{"role": "ps", "count": 2, "machineType": "n1-highmem-8"},  # order given need not be node order
-       {"role": "chief", **T4}, {"role": "worker", "count": 3, **T4}]
+AIP = [
+    {"role": "ps", "count": 2, "machineType": "n1-highmem-8"},  # order given need not be node order
+    {"role": "chief", **T4},
+    {"role": "worker", "count": 3, **T4},
+]
 
 
 def pools_raw(pools: list, **over: object) -> dict:
@@ -40,24 +43,38 @@ def test_pools_parse_into_node_order() -> None:
     assert any("no compact placement" in str(w) for w in warnings)  # N1: placed anywhere in the zone
 
 
-@pytest.mark.parametrize("pools, over, words", [
-    ([{"role": "worker", **T4}], {}, "exactly one chief"),
-    ([{"role": "chief", "count": 2, **T4}], {}, "exactly one chief"),
-    ([{"role": "chief", **T4}, {"role": "worker", "count": 2, "machineType": "n1-standard-8"}], {}, "needs GPUs"),
-    ([{"role": "chief", **T4}, {"role": "boss", **T4}], {}, "must be one of chief, worker, ps"),
-    ([{"role": "chief", **T4, "gpuCount": 3}], {}, "counts of 1, 2, 4 only"),
-    ([{"role": "chief", **T4}, {"role": "ps", "machineType": "n1-mega-8"}], {}, "not a machine type"),
-    ([{"role": "chief", **T4}], {"nodes": 3}, "set together with pools"),
-    ([{"role": "chief", **T4}], {"machineType": "n1-standard-8"}, "set together with pools"),
-    ([{"role": "chief", **T4}, {"role": "worker", "count": 5000, **T4}], {}, "1000 nodes at most"),
-    ([{"role": "chief", **T4}, {"role": "worker", "count": "two", **T4}], {}, "whole number"),
-    ([{"role": "chief", **T4, "gpus": 4}], {}, "unknown field 'gpus'"),
-    ([{"role": "chief", "machineType": "a2-highgpu-1g"}, {"role": "worker", "machineType": "n1-standard-8",
-      "gpuType": "nvidia-tesla-v100", "gpuCount": 1}], {"zone": "us-central1-b"}, None),
-    ([{"role": "chief", "machineType": "g2-standard-8"}, {"role": "worker", "machineType": "n1-standard-8",
-      "gpuType": "nvidia-tesla-p100", "gpuCount": 1}], {"zone": "us-central1-a"},
-     "pools[1].gpuType = 'nvidia-tesla-p100': reached end of support on 2026-09-15"),
-])
+@pytest.mark.parametrize(
+    "pools, over, words",
+    [
+        ([{"role": "worker", **T4}], {}, "exactly one chief"),
+        ([{"role": "chief", "count": 2, **T4}], {}, "exactly one chief"),
+        ([{"role": "chief", **T4}, {"role": "worker", "count": 2, "machineType": "n1-standard-8"}], {}, "needs GPUs"),
+        ([{"role": "chief", **T4}, {"role": "boss", **T4}], {}, "must be one of chief, worker, ps"),
+        ([{"role": "chief", **T4, "gpuCount": 3}], {}, "counts of 1, 2, 4 only"),
+        ([{"role": "chief", **T4}, {"role": "ps", "machineType": "n1-mega-8"}], {}, "not a machine type"),
+        ([{"role": "chief", **T4}], {"nodes": 3}, "set together with pools"),
+        ([{"role": "chief", **T4}], {"machineType": "n1-standard-8"}, "set together with pools"),
+        ([{"role": "chief", **T4}, {"role": "worker", "count": 5000, **T4}], {}, "1000 nodes at most"),
+        ([{"role": "chief", **T4}, {"role": "worker", "count": "two", **T4}], {}, "whole number"),
+        ([{"role": "chief", **T4, "gpus": 4}], {}, "unknown field 'gpus'"),
+        (
+            [
+                {"role": "chief", "machineType": "a2-highgpu-1g"},
+                {"role": "worker", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-v100", "gpuCount": 1},
+            ],
+            {"zone": "us-central1-b"},
+            None,
+        ),
+        (
+            [
+                {"role": "chief", "machineType": "g2-standard-8"},
+                {"role": "worker", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-p100", "gpuCount": 1},
+            ],
+            {"zone": "us-central1-a"},
+            "pools[1].gpuType = 'nvidia-tesla-p100': reached end of support on 2026-09-15",
+        ),
+    ],
+)
 def test_pool_rules(pools, over, words) -> None:
     found = problems(pools_raw(pools, **over))
     errors = [p for p in found if "placement" not in p]
@@ -68,9 +85,14 @@ def test_pool_rules(pools, over, words) -> None:
 
 
 def test_pools_under_mocks(public_key) -> None:
-    raw = pools_raw([{"role": "chief", "machineType": "g2-standard-24"},
-                     {"role": "worker", "count": 2, "machineType": "g2-standard-24"},
-                     {"role": "ps", "count": 1, "machineType": "n1-highmem-8"}], sshPublicKey=str(public_key))
+    raw = pools_raw(
+        [
+            {"role": "chief", "machineType": "g2-standard-24"},
+            {"role": "worker", "count": 2, "machineType": "g2-standard-24"},
+            {"role": "ps", "count": 1, "machineType": "n1-highmem-8"},
+        ],
+        sshPublicKey=str(public_key),
+    )
     result = preview.run(program.main, stack="p", config=raw)
     assert result.error is None, result.error
     instances = sorted(result.of_type("compute/instance:Instance"), key=lambda r: r.inputs["name"])
@@ -86,22 +108,28 @@ def test_pools_under_mocks(public_key) -> None:
 
 
 def test_one_placement_when_every_pool_takes_one(public_key) -> None:
-    raw = pools_raw([{"role": "chief", "machineType": "a2-highgpu-2g"},
-                     {"role": "worker", "count": 2, "machineType": "a2-highgpu-1g"}], sshPublicKey=str(public_key))
+    raw = pools_raw(
+        [{"role": "chief", "machineType": "a2-highgpu-2g"}, {"role": "worker", "count": 2, "machineType": "a2-highgpu-1g"}],
+        sshPublicKey=str(public_key),
+    )
     result = preview.run(program.main, stack="p", config=raw)
     assert result.error is None, result.error
     (policy,) = result.of_type("compute/resourcePolicy:ResourcePolicy")
     assert policy.inputs["groupPlacementPolicy"]["vmCount"] == 3
     instances = result.of_type("compute/instance:Instance")
     assert {i.inputs["resourcePolicies"] for i in instances} == {policy.inputs["name"]} or all(
-        i.inputs.get("resourcePolicies") for i in instances)
+        i.inputs.get("resourcePolicies") for i in instances
+    )
 
 
 def test_plan_shows_cost_per_pool() -> None:
-    raw = pools_raw([{"role": "chief", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
-                     {"role": "worker", "count": 2, "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4",
-                      "gpuCount": 1},
-                     {"role": "ps", "count": 2, "machineType": "n1-standard-8"}])
+    raw = pools_raw(
+        [
+            {"role": "chief", "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
+            {"role": "worker", "count": 2, "machineType": "n1-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": 1},
+            {"role": "ps", "count": 2, "machineType": "n1-standard-8"},
+        ]
+    )
     text, code = plan.plan(raw, "p")
     assert code == 0, text
     # n1-standard-8 $0.38/h + one T4 $0.35/h; the parameter servers pay the machine only.
@@ -115,8 +143,13 @@ def test_plan_shows_cost_per_pool() -> None:
 def test_quota_needs_add_up_over_pools() -> None:
     from gpu_train.gcp import quota
 
-    cfg, _ = validate.check(pools_raw([{"role": "chief", **T4}, {"role": "worker", "count": 2, **T4},
-                                       {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]), "p", CATALOG)
+    cfg, _ = validate.check(
+        pools_raw(
+            [{"role": "chief", **T4}, {"role": "worker", "count": 2, **T4}, {"role": "ps", "count": 3, "machineType": "n1-highmem-8"}]
+        ),
+        "p",
+        CATALOG,
+    )
     nodes = validate.node_shapes(cfg, CATALOG)
     region = {"NVIDIA_T4_GPUS": (100.0, 0.0), "CPUS": (1000.0, 0.0)}
     by_metric = {(n.metric, n.scope): n for n in quota.needs(cfg, nodes[0], region, CATALOG, nodes)}
@@ -131,15 +164,24 @@ def test_quota_needs_add_up_over_pools() -> None:
 def test_the_target_knows_each_nodes_gpus_and_role(tmp_path) -> None:
     from remote.ssh.target import target_from
 
-    cfg, _ = validate.check(pools_raw([{"role": "chief", **T4}, {"role": "worker", **T4},
-                                       {"role": "ps", "machineType": "n1-highmem-8"}]), "p", CATALOG)
-    outputs = {"sshUser": "trainer", "externalIps": ["198.51.100.1", "198.51.100.2", "198.51.100.3"],
-               "internalIps": ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "gpuCount": 4,
-               "nodeGpuCounts": [4, 4, 0], "nodeRoles": ["chief", "worker", "ps"]}
+    cfg, _ = validate.check(
+        pools_raw([{"role": "chief", **T4}, {"role": "worker", **T4}, {"role": "ps", "machineType": "n1-highmem-8"}]), "p", CATALOG
+    )
+    outputs = {
+        "sshUser": "trainer",
+        "externalIps": ["198.51.100.1", "198.51.100.2", "198.51.100.3"],
+        "internalIps": ["10.0.0.1", "10.0.0.2", "10.0.0.3"],
+        "gpuCount": 4,
+        "nodeGpuCounts": [4, 4, 0],
+        "nodeRoles": ["chief", "worker", "ps"],
+    }
     t = target_from(cfg, outputs, tmp_path)
     assert t.parameter_servers == 1 and t.master_addr == "10.0.0.1"
     assert [(n.expect_gpus, n.gpus_per_node, n.host.host) for n in map(t.for_node, range(3))] == [
-        (4, 4, "198.51.100.1"), (4, 4, "198.51.100.2"), (0, None, "198.51.100.3")]
+        (4, 4, "198.51.100.1"),
+        (4, 4, "198.51.100.2"),
+        (0, None, "198.51.100.3"),
+    ]
 
 
 @pytest.mark.parametrize("option, pools, expected", [(None, 0, 0), (None, 3, 3), ("2", 0, 2), ("3", 3, 3), ("", 1, 1)])

@@ -15,8 +15,14 @@ from tests.conftest import gcp_raw
     ("stack", "nodes", "urns"),
     [
         ("t4", 1, ["urn:pulumi:t4::gpu-train::gpu-train:index:GpuVm$gcp:compute/instance:Instance::gpu"]),
-        ("a100x2", 2, ["urn:pulumi:a100x2::gpu-train::gpu-train:index:GpuVm$gcp:compute/instance:Instance::gpu-0",
-                       "urn:pulumi:a100x2::gpu-train::gpu-train:index:GpuVm$gcp:compute/instance:Instance::gpu-1"]),
+        (
+            "a100x2",
+            2,
+            [
+                "urn:pulumi:a100x2::gpu-train::gpu-train:index:GpuVm$gcp:compute/instance:Instance::gpu-0",
+                "urn:pulumi:a100x2::gpu-train::gpu-train:index:GpuVm$gcp:compute/instance:Instance::gpu-1",
+            ],
+        ),
     ],
 )
 def test_instance_urns(stack: str, nodes: int, urns: list[str]) -> None:
@@ -42,8 +48,13 @@ def test_commands() -> None:
 
 @pytest.mark.parametrize(
     ("running", "unreachable", "force", "words"),
-    [([], [], False, None), (["r1"], [], False, "refusing: still running: r1"), (["r1"], [], True, None),
-     ([], ["cannot reach 1.2.3.4"], False, "cannot check the runs"), ([], ["x"], True, None)],
+    [
+        ([], [], False, None),
+        (["r1"], [], False, "refusing: still running: r1"),
+        (["r1"], [], True, None),
+        ([], ["cannot reach 1.2.3.4"], False, "cannot check the runs"),
+        ([], ["x"], True, None),
+    ],
 )
 def test_refusal(running, unreachable, force, words) -> None:
     reason = power.refusal(running, unreachable, force, "t4", "gpu-train")

@@ -49,8 +49,13 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     sched = i["scheduling"]
     assert sched["onHostMaintenance"] == "TERMINATE"
     if cfg.spot:
-        assert sched == {"onHostMaintenance": "TERMINATE", "provisioningModel": "SPOT", "preemptible": True,
-                         "automaticRestart": False, "instanceTerminationAction": "STOP"}
+        assert sched == {
+            "onHostMaintenance": "TERMINATE",
+            "provisioningModel": "SPOT",
+            "preemptible": True,
+            "automaticRestart": False,
+            "instanceTerminationAction": "STOP",
+        }
     elif cfg.flex_start:  # (tests/unit/test_provisioning.py checks the whole of it)
         assert sched["provisioningModel"] == "FLEX_START" and sched["maxRunDuration"]["seconds"] > 0
     else:
@@ -61,13 +66,16 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     key = public_key.read_text().split()
     meta = dict(i["metadata"])
     script = meta.pop("startup-script")
-    assert meta == {"ssh-keys": f"trainer:{key[0]} {key[1]} trainer",
-                    "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
+    assert meta == {"ssh-keys": f"trainer:{key[0]} {key[1]} trainer", "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
     assert script.startswith("#!/bin/bash") and "gpu-train-shutdown.service" in script
     assert i["desiredStatus"] == "RUNNING" and ("maxRunDuration" in sched) == bool(cfg.max_run_hours)
     assert i["tags"] == [f"gpu-train-{stack}"]
-    assert i["labels"] == {"gpu-train-stack": stack, "gpu-train-project": "gpu-train", "gpu-train-node": "0",
-                           **({"gpu-train-recover": "on"} if cfg.spot or cfg.flex_start else {})}
+    assert i["labels"] == {
+        "gpu-train-stack": stack,
+        "gpu-train-project": "gpu-train",
+        "gpu-train-node": "0",
+        **({"gpu-train-recover": "on"} if cfg.spot or cfg.flex_start else {}),
+    }
     nic = i["networkInterfaces"][0]
     assert nic.get("nicType") == ("GVNIC" if cfg.machine_type.startswith(("a3-", "a4", "g4-")) else None)
     assert not i.get("resourcePolicies")
@@ -91,10 +99,30 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
     assert (out["sshUser"], out["machineType"], out["spot"]) == ("trainer", cfg.machine_type, cfg.spot)
     assert out["gpuCount"] >= 1 and out["gpuType"].startswith("nvidia-")
     assert out["image"] == init["image"]
-    assert set(out) == {"instanceName", "zone", "externalIp", "internalIp", "sshUser", "machineType", "gpuType",
-                        "gpuCount", "spot", "image", "hourlyCostUsd", "nodes", "instanceNames", "externalIps", "internalIps",
-                        "nodeGpuCounts", "nodeRoles", "dataDisks", "dataDiskMonthlyCostUsd", "provisioning", "maxRunHours",
-                        "recoverHours"}
+    assert set(out) == {
+        "instanceName",
+        "zone",
+        "externalIp",
+        "internalIp",
+        "sshUser",
+        "machineType",
+        "gpuType",
+        "gpuCount",
+        "spot",
+        "image",
+        "hourlyCostUsd",
+        "nodes",
+        "instanceNames",
+        "externalIps",
+        "internalIps",
+        "nodeGpuCounts",
+        "nodeRoles",
+        "dataDisks",
+        "dataDiskMonthlyCostUsd",
+        "provisioning",
+        "maxRunHours",
+        "recoverHours",
+    }
     assert out["recoverHours"] == (24 if cfg.spot or cfg.flex_start else 0)
     assert out["nodes"] == 1 and out["instanceNames"] == [out["instanceName"]] and out["externalIps"] == [out["externalIp"]]
     # every child is parented to the component
@@ -109,8 +137,12 @@ def test_hourly_cost_output() -> None:
 def test_ipv6_ranges_get_their_own_rules() -> None:
     result = run_stack(gcp_raw(sshSourceRanges=["2001:db8::/32", "198.51.100.0/24"]))
     fw = {f.inputs["name"]: f.inputs["sourceRanges"] for f in result.of_type("Firewall")}
-    assert fw == {"gpu-train-s-ssh-ipv4": ["198.51.100.0/24"], "gpu-train-s-ssh-deny-ipv4": ["0.0.0.0/0"],
-                  "gpu-train-s-ssh-ipv6": ["2001:db8::/32"], "gpu-train-s-ssh-deny-ipv6": ["::/0"]}
+    assert fw == {
+        "gpu-train-s-ssh-ipv4": ["198.51.100.0/24"],
+        "gpu-train-s-ssh-deny-ipv4": ["0.0.0.0/0"],
+        "gpu-train-s-ssh-ipv6": ["2001:db8::/32"],
+        "gpu-train-s-ssh-deny-ipv6": ["::/0"],
+    }
 
 
 @pytest.mark.parametrize(
@@ -184,7 +216,7 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     assert AgentSettings.from_json(settings).shutdown_grace_s == 110  # what the VM's units decode
     assert values["user"] == "alice" and values["grace"] == "110" and values["tick"] == "60"
     # REMOTE_ROOT/agent.json has one writer, the laptop: the script never writes it.
-    assert "agent.json.new" not in script and "wait_for_user \"$USER_NAME\"" in script
+    assert "agent.json.new" not in script and 'wait_for_user "$USER_NAME"' in script
     for unit in ("gpu-train-boot.service", "gpu-train-shutdown.service", "gpu-train-watch.service", "gpu-train-tick.timer"):
         assert unit in script
     # The units run the root-owned copy with the root-owned settings, never the user's.
@@ -266,8 +298,10 @@ QUOTA = {"gpus": "8", "justification": "training a vision model", "contactEmail"
 
 
 def test_quota_request_declares_cloud_quota_preferences() -> None:
-    result = run_stack(gcp_raw(quotaRequest=QUOTA, machineType="a3-highgpu-8g", gpuType=None, gpuCount=None),
-                       quota_values={"GPUS-ALL-REGIONS-per-project": 16})
+    result = run_stack(
+        gcp_raw(quotaRequest=QUOTA, machineType="a3-highgpu-8g", gpuType=None, gpuCount=None),
+        quota_values={"GPUS-ALL-REGIONS-per-project": 16},
+    )
     assert result.error is None, result.error
     prefs = {p.inputs["quotaId"]: p.inputs for p in result.of_type("SQuotaPreference")}
     family = prefs["GPUS-PER-GPU-FAMILY-per-project-region"]

@@ -37,8 +37,13 @@ class Project:
         self.dir.mkdir()
         self.home.mkdir()
         self.agent_sock: str | None = None
-        for name, text in {".gitignore": "data/\n__pycache__/\n", "hello.py": HELLO, "crash.py": CRASH,
-                           "uses_data.py": USES_DATA, "requirements.txt": "# nothing yet\n"}.items():
+        for name, text in {
+            ".gitignore": "data/\n__pycache__/\n",
+            "hello.py": HELLO,
+            "crash.py": CRASH,
+            "uses_data.py": USES_DATA,
+            "requirements.txt": "# nothing yet\n",
+        }.items():
             (self.dir / name).write_text(text)
         (self.dir / "data").mkdir()
         (self.dir / "data" / "train.csv").write_bytes(b"x" * (3 * 1024 * 1024))
@@ -53,8 +58,9 @@ class Project:
         return env
 
     def run(self, *args: str, check: bool = False, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-        result = subprocess.run([GPU_TRAIN, *args], cwd=cwd or self.dir, env=self.env, capture_output=True, text=True,
-                                timeout=timeout, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            [GPU_TRAIN, *args], cwd=cwd or self.dir, env=self.env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
         assert "Traceback" not in result.stderr, result.stderr
         if check and result.returncode != 0:
             raise AssertionError(f"gpu-train {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
@@ -99,8 +105,10 @@ def test_refused_and_unresolvable_hosts_fail_at_once(proj: Project) -> None:
     proj.run("--version", check=True)
     baseline = time.monotonic() - started  # starting Python and Fabric, on a busy machine
     port = free_port("127.0.14.5")
-    for host, words in ((f"root@127.0.14.5:{port}", f"connection refused by 127.0.14.5:{port}"),
-                        ("root@gpu-box.invalid", "cannot resolve the host name 'gpu-box.invalid'")):
+    for host, words in (
+        (f"root@127.0.14.5:{port}", f"connection refused by 127.0.14.5:{port}"),
+        ("root@gpu-box.invalid", "cannot resolve the host name 'gpu-box.invalid'"),
+    ):
         proj.stack("lab", f"  gpu-train:hosts: ['{host}']\n  gpu-train:sshKey: {key}\n")
         started = time.monotonic()
         result = proj.run("status")
@@ -122,12 +130,15 @@ def test_fab_in_the_repo_keeps_working() -> None:
 
 
 # -- a GCP stack whose VM stopped itself ---------------------------------------------------------
-@pytest.mark.parametrize(("inst", "words"), [
-    ({"status": "RUNNING"}, None),
-    ({"status": "PROVISIONING"}, None),
-    ({"status": "TERMINATED", "lastStopTimestamp": "2026-11-22T05:00:00+00:00"}, "is TERMINATED, stopped 2 h ago"),
-    ({"status": "SUSPENDED"}, "gcloud compute instances resume vm-0"),
-])
+@pytest.mark.parametrize(
+    ("inst", "words"),
+    [
+        ({"status": "RUNNING"}, None),
+        ({"status": "PROVISIONING"}, None),
+        ({"status": "TERMINATED", "lastStopTimestamp": "2026-11-22T05:00:00+00:00"}, "is TERMINATED, stopped 2 h ago"),
+        ({"status": "SUSPENDED"}, "gcloud compute instances resume vm-0"),
+    ],
+)
 def test_stopped_message(inst: dict, words: str | None) -> None:
     from datetime import datetime
 
@@ -152,24 +163,46 @@ def test_a_stopped_vm_is_said_at_once(proj: Project, tmp_path: Path, public_key:
         now = time.time()
         from datetime import datetime, timezone
 
-        google.state["instances"]["proj-1"] = [{
-            "name": "gpu-train-t4", "zone": "https://www.googleapis.com/compute/v1/projects/proj-1/zones/us-central1-a",
-            "status": "TERMINATED", "lastStopTimestamp": datetime.fromtimestamp(now - 7300, timezone.utc).isoformat()}]
+        google.state["instances"]["proj-1"] = [
+            {
+                "name": "gpu-train-t4",
+                "zone": "https://www.googleapis.com/compute/v1/projects/proj-1/zones/us-central1-a",
+                "status": "TERMINATED",
+                "lastStopTimestamp": datetime.fromtimestamp(now - 7300, timezone.utc).isoformat(),
+            }
+        ]
         (proj.dir / "stacks").mkdir()
         (proj.dir / "stacks" / "Pulumi.t4.yaml").write_text(
             "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:gpuType: nvidia-tesla-t4\n"
             f"  gpu-train:gpuCount: 1\n  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n"
-            f"  gpu-train:sshPublicKey: {public_key}\n")
+            f"  gpu-train:sshPublicKey: {public_key}\n"
+        )
         state = proj.dir / ".gpu-train" / "t4"
         state.mkdir(parents=True)
-        (state / "outputs.json").write_text(json.dumps({  # the VM's last known address: nothing listens there now
-            "externalIp": "127.0.14.6", "internalIp": "10.0.0.2", "sshUser": "trainer", "instanceName": "gpu-train-t4",
-            "zone": "us-central1-a", "gpuCount": 1}))
+        (state / "outputs.json").write_text(
+            json.dumps(
+                {  # the VM's last known address: nothing listens there now
+                    "externalIp": "127.0.14.6",
+                    "internalIp": "10.0.0.2",
+                    "sshUser": "trainer",
+                    "instanceName": "gpu-train-t4",
+                    "zone": "us-central1-a",
+                    "gpuCount": 1,
+                }
+            )
+        )
         adc = google.adc_file(tmp_path / "adc.json")
         env = {"GOOGLE_APPLICATION_CREDENTIALS": str(adc), "GPU_TRAIN_COMPUTE_ENDPOINT": google.url}
         started = time.monotonic()
-        result = subprocess.run([GPU_TRAIN, "status"], cwd=proj.dir, env={**proj.env, **env}, capture_output=True,
-                                text=True, timeout=120, stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            [GPU_TRAIN, "status"],
+            cwd=proj.dir,
+            env={**proj.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         assert result.returncode == 3, result.stderr
         assert "the VM gpu-train-t4 is TERMINATED, stopped 2 h ago" in result.stderr
         assert "gcloud compute instances start gpu-train-t4 --zone us-central1-a --project proj-1" in result.stderr
@@ -183,8 +216,9 @@ def test_user_install_is_lean_and_links_the_command(tmp_path: Path) -> None:
     from infra.ops import setup
     from tests.conftest import ROOT
 
-    user = {line.split("==")[0].lower() for line in (ROOT / "requirements.txt").read_text().splitlines()
-            if line and not line.startswith("#")}
+    user = {
+        line.split("==")[0].lower() for line in (ROOT / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")
+    }
     assert not user & {"torch", "pytest", "ruff", "numpy", "tensorboard"}  # those are scripts/test's
     assert 'gpu-train = "gpu_train.launcher:main"' in (ROOT / "pyproject.toml").read_text()
     script = tmp_path / "venv" / "bin" / "gpu-train"
@@ -208,7 +242,17 @@ def test_installed_alone_the_command_says_it_runs_from_its_clone(tmp_path: Path)
     site.mkdir(parents=True)
     for name in ("__init__.py", "launcher.py"):
         (site / name).write_bytes((ROOT / "gpu_train" / name).read_bytes())
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {str(site.parent)!r}); "
-                          "from gpu_train.launcher import main; main()"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(site.parent)!r}); from gpu_train.launcher import main; main()",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 1 and "gpu-train runs from its clone" in out.stderr, out.stderr
     assert 'include = ["gpu_train*"]' in (ROOT / "pyproject.toml").read_text()

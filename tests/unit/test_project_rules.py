@@ -26,12 +26,15 @@ def test_ssh_dump_and_jumps() -> None:
         assert sshconfig.jump_specs(value) == hops
 
 
-@pytest.mark.parametrize(("user", "hostname", "port", "words"), [
-    ("-oProxyCommand=touch /tmp/x", "10.1.2.3", "22", "starts with '-'"),
-    ("me", "-oProxyCommand=sh", "22", "starts with '-'"),
-    ("me x", "10.1.2.3", "22", "not a login name"),
-    ("me", "host name; rm", "22", "whitespace"),
-])
+@pytest.mark.parametrize(
+    ("user", "hostname", "port", "words"),
+    [
+        ("-oProxyCommand=touch /tmp/x", "10.1.2.3", "22", "starts with '-'"),
+        ("me", "-oProxyCommand=sh", "22", "starts with '-'"),
+        ("me x", "10.1.2.3", "22", "not a login name"),
+        ("me", "host name; rm", "22", "whitespace"),
+    ],
+)
 def test_an_ssh_config_is_checked_like_a_stack_file(user: str, hostname: str, port: str, words: str) -> None:
     # User and HostName go before the destination on ssh and rsync command lines: an ssh_config
     # (sshConfig may name any file, a shared one too) must not turn them into options.
@@ -42,23 +45,26 @@ def test_an_ssh_config_is_checked_like_a_stack_file(user: str, hostname: str, po
         sshconfig.from_dump(dump, "labbox", (), ())
 
 
-@pytest.mark.parametrize(("text", "refused"), [
-    (b"Host lab\n  HostName 10.0.0.1\n  User me\n  Port 2200\n  IdentityFile ~/.ssh/lab\n  ProxyJump gw\n", []),
-    (b"Host lab\n  # ProxyCommand in a comment\n", []),
-    (b'Match exec "touch /tmp/x; false"\n', ["Match exec"]),
-    (b'Match host lab !exec "touch /tmp/x"\n', ["Match exec"]),
-    (b'  "Match" "exec" "touch /tmp/x"\n', ["Match exec"]),  # OpenSSH takes the quoted keywords
-    (b"MATCH EXEC=true\n", ["Match exec"]),
-    (b"Match\texec\ttrue\n", ["Match exec"]),
-    (b"Match all\n  ProxyCommand=nc %h %p\n", ["proxycommand"]),
-    (b"Host *\n  LocalCommand touch /tmp/x\n  PermitLocalCommand yes\n", ["localcommand", "permitlocalcommand"]),
-    (b"Host *\n  KnownHostsCommand /bin/sh -c x\n", ["knownhostscommand"]),
-    (b"Include /tmp/other\n", ["include"]),
-    (b"Host *\n  PKCS11Provider /tmp/evil.so\n  SecurityKeyProvider /tmp/evil.so\n", ["pkcs11provider", "securitykeyprovider"]),
-    (b"Host *\n  ProxyUseFdpass yes\n", ["proxyusefdpass"]),
-    (b"Host *\r\n  Proxy\\Command nc\r\n", ["proxycommand"]),  # a backslash OpenSSH would drop
-    (b"Host a\0junk\nMatch exec x\n", ["Match exec"]),  # a NUL ends a line, not the file
-])
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        (b"Host lab\n  HostName 10.0.0.1\n  User me\n  Port 2200\n  IdentityFile ~/.ssh/lab\n  ProxyJump gw\n", []),
+        (b"Host lab\n  # ProxyCommand in a comment\n", []),
+        (b'Match exec "touch /tmp/x; false"\n', ["Match exec"]),
+        (b'Match host lab !exec "touch /tmp/x"\n', ["Match exec"]),
+        (b'  "Match" "exec" "touch /tmp/x"\n', ["Match exec"]),  # OpenSSH takes the quoted keywords
+        (b"MATCH EXEC=true\n", ["Match exec"]),
+        (b"Match\texec\ttrue\n", ["Match exec"]),
+        (b"Match all\n  ProxyCommand=nc %h %p\n", ["proxycommand"]),
+        (b"Host *\n  LocalCommand touch /tmp/x\n  PermitLocalCommand yes\n", ["localcommand", "permitlocalcommand"]),
+        (b"Host *\n  KnownHostsCommand /bin/sh -c x\n", ["knownhostscommand"]),
+        (b"Include /tmp/other\n", ["include"]),
+        (b"Host *\n  PKCS11Provider /tmp/evil.so\n  SecurityKeyProvider /tmp/evil.so\n", ["pkcs11provider", "securitykeyprovider"]),
+        (b"Host *\n  ProxyUseFdpass yes\n", ["proxyusefdpass"]),
+        (b"Host *\r\n  Proxy\\Command nc\r\n", ["proxycommand"]),  # a backslash OpenSSH would drop
+        (b"Host a\0junk\nMatch exec x\n", ["Match exec"]),  # a NUL ends a line, not the file
+    ],
+)
 def test_an_ssh_config_that_runs_commands_is_refused(text: bytes, refused: list[str]) -> None:
     # A project's (or a shared) ssh_config is read with `ssh -G -F FILE`, which runs Match exec as it
     # reads: anything that runs a command is refused in any file but the user's own.
@@ -68,12 +74,15 @@ def test_an_ssh_config_that_runs_commands_is_refused(text: bytes, refused: list[
     assert [p.split(": ")[1].split(" ")[0] if "Match exec" not in p else "Match exec" for p in found] == refused, found
 
 
-@pytest.mark.parametrize(("word", "choices", "expected"), [
-    ("trian", ["train", "status", "stop"], ["train"]),
-    ("sta", ["train", "status", "stop"], ["status"]),
-    ("t5", ["t4", "l4", "a100"], ["t4"]),
-    ("zzz", ["train"], []),
-])
+@pytest.mark.parametrize(
+    ("word", "choices", "expected"),
+    [
+        ("trian", ["train", "status", "stop"], ["train"]),
+        ("sta", ["train", "status", "stop"], ["status"]),
+        ("t5", ["t4", "l4", "a100"], ["t4"]),
+        ("zzz", ["train"], []),
+    ],
+)
 def test_did_you_mean(word: str, choices: list[str], expected: list[str]) -> None:
     from gpu_train.stack.project import did_you_mean
 
@@ -99,8 +108,9 @@ def test_stack_search_path(tmp_path: Path) -> None:
 def test_left_out_and_always_excluded(tmp_path: Path) -> None:
     from remote.transfer import sync
 
-    assert sync.always_excluded(tmp_path, [(tmp_path / "runs", "fetched results"), (Path("/elsewhere"), None)]) == \
-        [("/runs/", "fetched results")]
+    assert sync.always_excluded(tmp_path, [(tmp_path / "runs", "fetched results"), (Path("/elsewhere"), None)]) == [
+        ("/runs/", "fetched results")
+    ]
     items = [sync.LeftOut("data/", 51 * 1024 * 1024, "ignored by .gitignore"), sync.LeftOut("runs/", 10, "fetched results")]
     text = sync.left_out_summary(items)
     assert text.startswith("left out: data/ 51.0 MiB, ignored by .gitignore; runs/ 10 B, fetched results.")
@@ -111,8 +121,9 @@ def test_left_out_and_always_excluded(tmp_path: Path) -> None:
     nested = sync.left_out_summary([sync.LeftOut("sets/imagenet/", 9, "ignored by .gitignore")], "fab")
     assert "fab push sets/imagenet (the job finds it in $DATA_DIR/sets/imagenet, and as sets/imagenet/ in its" in nested
     # a gitignored file in a folder (`data/**/*.bin`, as nanoGPT's prepare scripts make): push its folder
-    bins = sync.left_out_summary([sync.LeftOut("runs/", 99, "fetched results"),
-                                  sync.LeftOut("data/mydata/train.bin", 9, "ignored by .gitignore")])
+    bins = sync.left_out_summary(
+        [sync.LeftOut("runs/", 99, "fetched results"), sync.LeftOut("data/mydata/train.bin", 9, "ignored by .gitignore")]
+    )
     assert "To send data/mydata/: gpu-train push data/mydata (the job finds it in $DATA_DIR/data/mydata, and as" in bins
     top = sync.left_out_summary([sync.LeftOut("cache.bin", 9, "ignored by .gitignore")])
     assert "gpu-train push DIR (the job finds it in $DATA_DIR/DIR)" in top
@@ -127,8 +138,7 @@ def test_suggest_and_starter_stacks() -> None:
     from remote import cli
     from remote.tasks import starter
 
-    assert cli.suggest(ParseError("No idea what 'fetc' is!"), ["fetch", "train"], []) == \
-        "No idea what 'fetc' is! Did you mean fetch?"
+    assert cli.suggest(ParseError("No idea what 'fetc' is!"), ["fetch", "train"], []) == "No idea what 'fetc' is! Did you mean fetch?"
     assert "Did you mean --follow?" in cli.suggest(ParseError("No idea what '--folow' is!"), [], ["--follow", "--run"])
     cfg = config.parse(yaml.safe_load(starter.ssh_stack("me@box:2222", None))["config"], "lab", load_catalog())
     assert cfg.hosts[0] == config.SshHost("me", "box", 2222) and cfg.ssh_key is None

@@ -17,14 +17,17 @@ from remote.agent import pyenv, uvfetch
 
 
 # -- decisions, by table -------------------------------------------------------------------------
-@pytest.mark.parametrize(("files", "have_uv", "expected"), [
-    ({}, True, (None, "")),
-    ({"requirements.txt": "# nothing yet\n\n"}, True, (None, "")),
-    ({"requirements.txt": "numpy\n", "pyproject.toml": "[project]\ndependencies = ['x']\n"}, False, ("requirements.txt", "")),
-    ({"pyproject.toml": "[tool.ruff]\nline-length = 100\n"}, True, (None, "")),
-    ({"pyproject.toml": "[project]\nname = 'p'\ndependencies = ['x']\n"}, True, ("pyproject.toml", "")),
-    ({"pyproject.toml": "[project]\nname = 'p'\n", "uv.lock": "version = 1\n"}, True, ("uv.lock", "")),
-])
+@pytest.mark.parametrize(
+    ("files", "have_uv", "expected"),
+    [
+        ({}, True, (None, "")),
+        ({"requirements.txt": "# nothing yet\n\n"}, True, (None, "")),
+        ({"requirements.txt": "numpy\n", "pyproject.toml": "[project]\ndependencies = ['x']\n"}, False, ("requirements.txt", "")),
+        ({"pyproject.toml": "[tool.ruff]\nline-length = 100\n"}, True, (None, "")),
+        ({"pyproject.toml": "[project]\nname = 'p'\ndependencies = ['x']\n"}, True, ("pyproject.toml", "")),
+        ({"pyproject.toml": "[project]\nname = 'p'\n", "uv.lock": "version = 1\n"}, True, ("uv.lock", "")),
+    ],
+)
 def test_install_plan(files: dict, have_uv: bool, expected: tuple) -> None:
     assert pyenv.install_plan(files, have_uv) == expected
 
@@ -41,15 +44,23 @@ def test_pip_index_as_pip_reads_it() -> None:
     assert uvfetch.pip_index({}, [conf])["extra"] == ["https://a/simple", "https://b/simple"]
     assert uvfetch.pip_index({"PIP_INDEX_URL": "http://x/simple"}, [conf])["index"] == "http://x/simple"
     env = uvfetch.uv_index_env(uvfetch.pip_index({}, [conf, "[install]\nfind-links = /nonexistent/wheels\n"]))
-    assert env == {"UV_DEFAULT_INDEX": "https://mirror/simple", "UV_INDEX": "https://a/simple https://b/simple",
-                   "UV_INDEX_STRATEGY": "unsafe-best-match"}  # a local folder that is not there is left out, as pip does
+    assert env == {
+        "UV_DEFAULT_INDEX": "https://mirror/simple",
+        "UV_INDEX": "https://a/simple https://b/simple",
+        "UV_INDEX_STRATEGY": "unsafe-best-match",
+    }  # a local folder that is not there is left out, as pip does
 
 
 def test_pick_wheel_for_the_platform() -> None:
     v = uvfetch.UV_VERSION
-    links = [(f"uv-{v}-py3-none-macosx_11_0_arm64.whl", "a"), (f"uv-{v}-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.whl", "b"),
-             (f"uv-{v}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "c"), (f"uv-{v}-py3-none-musllinux_1_1_x86_64.whl", "d"),
-             (f"uv-{v}.tar.gz", "e"), ("uv-0.0.1-py3-none-manylinux_2_17_x86_64.whl", "f")]
+    links = [
+        (f"uv-{v}-py3-none-macosx_11_0_arm64.whl", "a"),
+        (f"uv-{v}-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.whl", "b"),
+        (f"uv-{v}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "c"),
+        (f"uv-{v}-py3-none-musllinux_1_1_x86_64.whl", "d"),
+        (f"uv-{v}.tar.gz", "e"),
+        ("uv-0.0.1-py3-none-manylinux_2_17_x86_64.whl", "f"),
+    ]
     assert uvfetch.pick_wheel(links, v, uvfetch.platform_tags("x86_64", True))[1] == "c"
     assert uvfetch.pick_wheel(links, v, uvfetch.platform_tags("arm64", True))[1] == "b"
     assert uvfetch.pick_wheel(links, v, uvfetch.platform_tags("x86_64", False))[1] == "d"
@@ -88,19 +99,28 @@ ERROR: No matching distribution found for not-a-real-pkg-xyz
 """
 
 
-@pytest.mark.parametrize(("output", "reason"), [
-    # uv 0.13.9's and pip 23's own words (behind a TLS-inspecting proxy whose CA uv was not given; --offline
-    # and a package that does not exist)
-    (UV_UNTRUSTED_CA, "Failed to fetch: https://pypi.org/simple/torch/ (invalid peer certificate: UnknownIssuer); "
-                    "hint: Consider enabling use of system TLS certificates with the `--system-certs` command-line flag"),
-    (UV_NO_SOLUTION, "No solution found when resolving dependencies (Because not-a-real-pkg-xyz was not found in "
-                     "the cache and you require not-a-real-pkg-xyz, we can conclude that your requirements are "
-                     "unsatisfiable.); hint: Packages were unavailable because the network was disabled. When the "
-                     "network is disabled, registry packages may only be read from the cache."),
-    (PIP_NO_MATCH, "No matching distribution found for not-a-real-pkg-xyz"),
-    ("Killed\n\n", "Killed"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    ("output", "reason"),
+    [
+        # uv 0.13.9's and pip 23's own words (behind a TLS-inspecting proxy whose CA uv was not given; --offline
+        # and a package that does not exist)
+        (
+            UV_UNTRUSTED_CA,
+            "Failed to fetch: https://pypi.org/simple/torch/ (invalid peer certificate: UnknownIssuer); "
+            "hint: Consider enabling use of system TLS certificates with the `--system-certs` command-line flag",
+        ),
+        (
+            UV_NO_SOLUTION,
+            "No solution found when resolving dependencies (Because not-a-real-pkg-xyz was not found in "
+            "the cache and you require not-a-real-pkg-xyz, we can conclude that your requirements are "
+            "unsatisfiable.); hint: Packages were unavailable because the network was disabled. When the "
+            "network is disabled, registry packages may only be read from the cache.",
+        ),
+        (PIP_NO_MATCH, "No matching distribution found for not-a-real-pkg-xyz"),
+        ("Killed\n\n", "Killed"),
+        ("", ""),
+    ],
+)
 def test_an_install_failure_names_the_error_not_the_closing_hint(output: str, reason: str) -> None:
     """The run's reason (status, the log) had been uv's last line, its hint, without the error it is about."""
     assert pyenv.failure_reason(output.splitlines()) == reason

@@ -25,29 +25,40 @@ FAMILY = "GPUS-PER-GPU-FAMILY-per-project-region"
 def pref(name: str, quota_id: str, dims: dict, preferred: str, granted: str | None = None) -> dict:
     """A preference as Cloud Quotas lists it (named by the project's number)."""
     config = {"preferredValue": preferred} | ({"grantedValue": granted} if granted else {})
-    return {"name": f"projects/123456789/locations/global/quotaPreferences/{name}", "service": quota.SERVICE,
-            "quotaId": quota_id, "dimensions": dims, "quotaConfig": config, "justification": "earlier"}
+    return {
+        "name": f"projects/123456789/locations/global/quotaPreferences/{name}",
+        "service": quota.SERVICE,
+        "quotaId": quota_id,
+        "dimensions": dims,
+        "quotaConfig": config,
+        "justification": "earlier",
+    }
 
 
-@pytest.mark.parametrize(("existing", "want", "expected"), [
-    (pref("a", "Q", {}, "8"), 8, quota.Adoption("a", "8", None, 0)),
-    (pref("a", "Q", {}, "16", "16"), 8, quota.Adoption("a", "16", "16", 0)),  # asks for more already
-    (pref("a", "Q", {}, "2", "2"), 8, quota.Adoption("a", "2", "2", 6)),  # asks for less: the warning's case
-    (pref("a", "Q", {}, "-1"), 8, quota.Adoption("a", "-1", None, 0)),  # unlimited
-])
+@pytest.mark.parametrize(
+    ("existing", "want", "expected"),
+    [
+        (pref("a", "Q", {}, "8"), 8, quota.Adoption("a", "8", None, 0)),
+        (pref("a", "Q", {}, "16", "16"), 8, quota.Adoption("a", "16", "16", 0)),  # asks for more already
+        (pref("a", "Q", {}, "2", "2"), 8, quota.Adoption("a", "2", "2", 6)),  # asks for less: the warning's case
+        (pref("a", "Q", {}, "-1"), 8, quota.Adoption("a", "-1", None, 0)),  # unlimited
+    ],
+)
 def test_adoption_keeps_the_existing_values(existing: dict, want: int, expected: quota.Adoption) -> None:
     assert quota.adoption(existing, want) == expected
 
 
 def test_the_existing_preference_is_the_one_for_this_quota_and_dimensions() -> None:
-    found = [pref("x", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_A100"}, "4"),
-             pref("y", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "4"),
-             pref("z", "GPUS-ALL-REGIONS-per-project", {}, "8")]
-    assert quota.existing_preference(found, quota.SERVICE, FAMILY, {"region": "us-central1",
-                                                                    "gpu_family": "NVIDIA_H100"})["name"].endswith("/y")
+    found = [
+        pref("x", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_A100"}, "4"),
+        pref("y", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "4"),
+        pref("z", "GPUS-ALL-REGIONS-per-project", {}, "8"),
+    ]
+    assert quota.existing_preference(found, quota.SERVICE, FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"})["name"].endswith(
+        "/y"
+    )
     assert quota.existing_preference(found, quota.SERVICE, "GPUS-ALL-REGIONS-per-project", {})["name"].endswith("/z")
-    assert quota.existing_preference(found, quota.SERVICE, FAMILY, {"region": "us-east1",
-                                                                    "gpu_family": "NVIDIA_H100"}) is None
+    assert quota.existing_preference(found, quota.SERVICE, FAMILY, {"region": "us-east1", "gpu_family": "NVIDIA_H100"}) is None
     assert quota.existing_preference(found, "other.googleapis.com", "GPUS-ALL-REGIONS-per-project", {}) is None
 
 
@@ -97,8 +108,9 @@ def test_without_credentials_the_lookup_says_why(tmp_path: Path, monkeypatch: py
         cloud_quotas.list_preferences("proj-1", "https://cloudquotas.googleapis.com")  # (never reached)
 
 
-@pytest.mark.parametrize("name", ["projects/p/locations/global/quotaPreferences/x; rm -rf ~",
-                                  "projects/p/locations/global/quotaPreferences/$(id)", ""])
+@pytest.mark.parametrize(
+    "name", ["projects/p/locations/global/quotaPreferences/x; rm -rf ~", "projects/p/locations/global/quotaPreferences/$(id)", ""]
+)
 def test_a_preference_name_that_is_not_an_id_is_refused(name: str) -> None:
     # Its id goes into the import id and a gcloud command shown to the user: nothing else is taken.
     found = [{"name": name, "service": quota.SERVICE, "quotaId": "GPUS-ALL-REGIONS-per-project", "dimensions": {}}]
@@ -106,12 +118,15 @@ def test_a_preference_name_that_is_not_an_id_is_refused(name: str) -> None:
         quota.existing_preference(found, quota.SERVICE, "GPUS-ALL-REGIONS-per-project", {})
 
 
-@pytest.mark.parametrize(("answer", "words"), [
-    (b"<html>proxy login</html>", "not a list of preferences"),
-    (b"[1, 2]", "not a list of preferences"),
-    (b'{"quotaPreferences": ["x"]}', "not a list of preferences"),
-    (b'{"quotaPreferences": [], "nextPageToken": "again"}', "repeated a page"),  # (looped for ever)
-])
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"<html>proxy login</html>", "not a list of preferences"),
+        (b"[1, 2]", "not a list of preferences"),
+        (b'{"quotaPreferences": ["x"]}', "not a list of preferences"),
+        (b'{"quotaPreferences": [], "nextPageToken": "again"}', "repeated a page"),  # (looped for ever)
+    ],
+)
 def test_a_faulty_answer_is_cannot_ask_not_a_crash_or_a_loop(google: FakeGoogle, answer: bytes, words: str) -> None:
     google.state["services"]["proj-1"] = {"cloudquotas.googleapis.com": "ENABLED"}
     google.state["quota_preferences_answer"] = answer
@@ -125,8 +140,7 @@ def test_pulumi_up_hands_the_program_google_s_own_lookups(google: FakeGoogle) ->
     google.state["services"]["proj-1"] = {"cloudquotas.googleapis.com": "ENABLED"}
     console = pref("console-h100", FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "2", "2")
     google.state["quota_preferences"] = {"proj-1": [console]}
-    result = preview.run(lambda _recorded: runpy.run_module("infra.__main__", run_name="__main__"), stack="s",
-                         config=gcp_raw(**H100))
+    result = preview.run(lambda _recorded: runpy.run_module("infra.__main__", run_name="__main__"), stack="s", config=gcp_raw(**H100))
     assert result.error is None, result.error
     prefs = {p.inputs["quotaId"]: p for p in result.of_type("SQuotaPreference")}
     assert prefs[FAMILY].import_id == "projects/proj-1/locations/global/quotaPreferences/console-h100"
@@ -138,8 +152,7 @@ class Refusing:
         raise lookups.CannotAsk("HTTP 403: the caller does not have permission")
 
 
-def test_when_cloud_quotas_cannot_be_asked_each_preference_is_created_with_a_warning(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_when_cloud_quotas_cannot_be_asked_each_preference_is_created_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     warned: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **kw: warned.append(message))
     result = preview.run(program.main, stack="s", config=gcp_raw(**H100), lookups=Refusing())

@@ -25,34 +25,53 @@ FIXED = {"gpuType": None, "gpuCount": None}
         ({"spot": True}, "PREEMPTIBLE-NVIDIA-T4-GPUS-per-project-region", {"region": "us-central1"}),
         # L4 has its own per-model quota, not a gpu_family one.
         ({"machineType": "g2-standard-8", **FIXED}, "NVIDIA-L4-GPUS-per-project-region", {"region": "us-central1"}),
-        ({"machineType": "g2-standard-8", **FIXED, "spot": True}, "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region",
-         {"region": "us-central1"}),
+        (
+            {"machineType": "g2-standard-8", **FIXED, "spot": True},
+            "PREEMPTIBLE-NVIDIA-L4-GPUS-per-project-region",
+            {"region": "us-central1"},
+        ),
         ({"machineType": "a3-highgpu-8g", **FIXED}, FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"}),
         # Spot H100: the preemptible per-model quota, often granted while the family quota is 0.
-        ({"machineType": "a3-highgpu-1g", **FIXED, "spot": True}, "PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region",
-         {"region": "us-central1"}),
+        (
+            {"machineType": "a3-highgpu-1g", **FIXED, "spot": True},
+            "PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region",
+            {"region": "us-central1"},
+        ),
         # Spot H200, B200, RTX PRO 6000: their preemptible per-model quotas (H200 and B200 have no on-demand one).
-        ({"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
-         "PREEMPTIBLE-NVIDIA-B200-GPUS-per-project-region", {"region": "us-central1"}),
-        ({"machineType": "a3-ultragpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
-         "PREEMPTIBLE-NVIDIA-H200-GPUS-per-project-region", {"region": "us-central1"}),
-        ({"machineType": "g4-standard-48", **FIXED, "spot": True, "zone": "us-central1-b"},
-         "PREEMPTIBLE-NVIDIA-RTX-PRO-6000-GPUS-per-project-region", {"region": "us-central1"}),
+        (
+            {"machineType": "a4-highgpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
+            "PREEMPTIBLE-NVIDIA-B200-GPUS-per-project-region",
+            {"region": "us-central1"},
+        ),
+        (
+            {"machineType": "a3-ultragpu-8g", **FIXED, "spot": True, "zone": "us-central1-b"},
+            "PREEMPTIBLE-NVIDIA-H200-GPUS-per-project-region",
+            {"region": "us-central1"},
+        ),
+        (
+            {"machineType": "g4-standard-48", **FIXED, "spot": True, "zone": "us-central1-b"},
+            "PREEMPTIBLE-NVIDIA-RTX-PRO-6000-GPUS-per-project-region",
+            {"region": "us-central1"},
+        ),
         # Flex-start uses preemptible quota first: it asks for the same quota as spot.
-        ({"machineType": "a3-highgpu-2g", **FIXED, "flexStart": True, "maxRunHours": 4},
-         "PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region", {"region": "us-central1"}),
-        ({"machineType": "a4-highgpu-8g", **FIXED, "flexStart": True, "maxRunHours": 24, "zone": "us-central1-b"},
-         "PREEMPTIBLE-NVIDIA-B200-GPUS-per-project-region", {"region": "us-central1"}),
+        (
+            {"machineType": "a3-highgpu-2g", **FIXED, "flexStart": True, "maxRunHours": 4},
+            "PREEMPTIBLE-NVIDIA-H100-GPUS-per-project-region",
+            {"region": "us-central1"},
+        ),
+        (
+            {"machineType": "a4-highgpu-8g", **FIXED, "flexStart": True, "maxRunHours": 24, "zone": "us-central1-b"},
+            "PREEMPTIBLE-NVIDIA-B200-GPUS-per-project-region",
+            {"region": "us-central1"},
+        ),
         # A reservation runs on demand: the family quota.
-        ({"machineType": "a3-highgpu-8g", **FIXED, "reservation": "res-1"}, FAMILY,
-         {"region": "us-central1", "gpu_family": "NVIDIA_H100"}),
+        ({"machineType": "a3-highgpu-8g", **FIXED, "reservation": "res-1"}, FAMILY, {"region": "us-central1", "gpu_family": "NVIDIA_H100"}),
     ],
 )
 def test_preference_targets(settings: dict, quota_id: str, dimensions: dict) -> None:
     cfg = parse(gcp_raw(**settings), "s", CATALOG)
     prefs = quota.preferences(cfg, validate.shape_of(cfg, CATALOG), 8, CATALOG)
-    assert [(p["quota_id"], p["dimensions"]) for p in prefs] == [
-        (quota_id, dimensions), ("GPUS-ALL-REGIONS-per-project", {})]
+    assert [(p["quota_id"], p["dimensions"]) for p in prefs] == [(quota_id, dimensions), ("GPUS-ALL-REGIONS-per-project", {})]
 
 
 REGIONS = ["europe-west4", "us-central1", "us-east1", "us-west1"]
@@ -60,8 +79,7 @@ H100_INFOS = [
     {"dimensions": {"region": "us-east1", "gpu_family": "NVIDIA_H100"}, "applicableLocations": ["us-east1"], "values": [64]},
     {"dimensions": {}, "applicableLocations": REGIONS, "values": [8]},
     {"dimensions": {"region": "us-central1"}, "applicableLocations": ["us-central1"], "values": [16]},
-    {"dimensions": {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "applicableLocations": ["us-central1"],
-     "values": [24]},
+    {"dimensions": {"region": "us-central1", "gpu_family": "NVIDIA_H100"}, "applicableLocations": ["us-central1"], "values": [24]},
 ]
 
 
@@ -83,10 +101,10 @@ def test_current_limit(entries: list, dimensions: dict, limit: int) -> None:
 
 
 def test_the_program_never_asks_below_the_region_limit_in_force() -> None:
-    infos = [{"dimensions": e["dimensions"], "applicableLocations": e["applicableLocations"], "value": e["values"][0]}
-             for e in H100_INFOS]
-    raw = gcp_raw(machineType="a3-highgpu-8g", **FIXED,
-                  quotaRequest={"gpus": "8", "justification": "pretraining", "contactEmail": "me@example.com"})
+    infos = [{"dimensions": e["dimensions"], "applicableLocations": e["applicableLocations"], "value": e["values"][0]} for e in H100_INFOS]
+    raw = gcp_raw(
+        machineType="a3-highgpu-8g", **FIXED, quotaRequest={"gpus": "8", "justification": "pretraining", "contactEmail": "me@example.com"}
+    )
     result = preview.run(program.main, stack="s", config=raw, quota_values={FAMILY: infos})
     assert result.error is None, result.error
     prefs = {p.inputs["quotaId"]: p.inputs for p in result.of_type("SQuotaPreference")}

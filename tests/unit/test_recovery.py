@@ -20,24 +20,34 @@ EV = Event("preempted", "proj-1", "us-central1-a", "gpu-train-s", T0)
 
 def entry(method: str = "compute.instances.preempted", name: str = "gpu-train-s", stamp: str = "2026-09-21T14:13:20.325309Z"):
     """A system-event LogEntry as the sink sends it (cloudaudit.googleapis.com%2Fsystem_event)."""
-    return {"protoPayload": {"@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-                             "status": {"message": "Instance was preempted."},
-                             "authenticationInfo": {"principalEmail": "system@google.com"},
-                             "serviceName": "compute.googleapis.com", "methodName": method,
-                             "resourceName": f"projects/proj-1/zones/us-central1-a/instances/{name}",
-                             "request": {"@type": f"type.googleapis.com/{method}"}},
-            "resource": {"type": "gce_instance", "labels": {"instance_id": "1844488", "project_id": "proj-1",
-                                                            "zone": "us-central1-a"}},
-            "timestamp": stamp, "severity": "INFO",
-            "logName": "projects/proj-1/logs/cloudaudit.googleapis.com%2Fsystem_event",
-            "operation": {"id": "systemevent-1694860946116", "producer": method, "first": True, "last": True}}
+    return {
+        "protoPayload": {
+            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+            "status": {"message": "Instance was preempted."},
+            "authenticationInfo": {"principalEmail": "system@google.com"},
+            "serviceName": "compute.googleapis.com",
+            "methodName": method,
+            "resourceName": f"projects/proj-1/zones/us-central1-a/instances/{name}",
+            "request": {"@type": f"type.googleapis.com/{method}"},
+        },
+        "resource": {"type": "gce_instance", "labels": {"instance_id": "1844488", "project_id": "proj-1", "zone": "us-central1-a"}},
+        "timestamp": stamp,
+        "severity": "INFO",
+        "logName": "projects/proj-1/logs/cloudaudit.googleapis.com%2Fsystem_event",
+        "operation": {"id": "systemevent-1694860946116", "producer": method, "first": True, "last": True},
+    }
 
 
-@pytest.mark.parametrize("method,kind", [("compute.instances.preempted", "preempted"),
-                                         ("compute.instances.hostError", "host error"),
-                                         ("compute.instances.guestTerminate", None),  # idle auto-stop: the guest's own
-                                         ("v1.compute.instances.stop", None),  # vm-stop, running: false
-                                         ("compute.instances.terminateOnMaxRunDuration", None)])  # maxRunHours
+@pytest.mark.parametrize(
+    "method,kind",
+    [
+        ("compute.instances.preempted", "preempted"),
+        ("compute.instances.hostError", "host error"),
+        ("compute.instances.guestTerminate", None),  # idle auto-stop: the guest's own
+        ("v1.compute.instances.stop", None),  # vm-stop, running: false
+        ("compute.instances.terminateOnMaxRunDuration", None),
+    ],
+)  # maxRunHours
 def test_only_preemptions_and_host_errors_are_events(method: str, kind: str | None) -> None:
     ev = recovery.event_of(entry(method))
     assert (ev.kind if ev else None) == kind
@@ -46,19 +56,29 @@ def test_only_preemptions_and_host_errors_are_events(method: str, kind: str | No
         assert ev.at == pytest.approx(1790000000.325309)
 
 
-@pytest.mark.parametrize("stamp,expected", [("2026-09-21T14:13:20Z", 1790000000.0),
-                                            ("2026-09-21T07:13:20.5-07:00", 1790000000.5),
-                                            ("2026-09-21T14:13:20.123456789Z", 1790000000.123456),
-                                            ("yesterday", None), (None, None)])
+@pytest.mark.parametrize(
+    "stamp,expected",
+    [
+        ("2026-09-21T14:13:20Z", 1790000000.0),
+        ("2026-09-21T07:13:20.5-07:00", 1790000000.5),
+        ("2026-09-21T14:13:20.123456789Z", 1790000000.123456),
+        ("yesterday", None),
+        (None, None),
+    ],
+)
 def test_google_timestamps(stamp, expected) -> None:
     got = recovery.parse_time(stamp)
     assert got == (pytest.approx(expected) if expected else None)
 
 
-def inst(status: str = "TERMINATED", label: str | None = "on", started: float | None = T0 - 3600,
-         record: dict | None = None) -> dict:
-    doc: dict = {"kind": "compute#instance", "name": "n", "status": status, "labels": {"gpu-train-stack": "s"},
-                 "metadata": {"kind": "compute#metadata", "fingerprint": "fp", "items": [{"key": "startup-script", "value": "#!"}]}}
+def inst(status: str = "TERMINATED", label: str | None = "on", started: float | None = T0 - 3600, record: dict | None = None) -> dict:
+    doc: dict = {
+        "kind": "compute#instance",
+        "name": "n",
+        "status": status,
+        "labels": {"gpu-train-stack": "s"},
+        "metadata": {"kind": "compute#metadata", "fingerprint": "fp", "items": [{"key": "startup-script", "value": "#!"}]},
+    }
     if label:
         doc["labels"][recovery.LABEL] = label
     if started:
@@ -96,8 +116,7 @@ def test_a_cluster_starts_only_once_every_node_is_down() -> None:
     ev = Event("preempted", "proj-1", "us-central1-a", nodes[1], T0)
     first = recovery.plan(ev, nodes, {nodes[0]: inst("RUNNING"), nodes[1]: inst(), nodes[2]: inst("RUNNING")})
     assert (first.stop, first.start, first.outcome) == ([nodes[0], nodes[2]], [], RETRY)
-    stopping = recovery.plan(ev, nodes, {nodes[0]: inst("STOPPING", record=GROUP), nodes[1]: inst(),
-                                         nodes[2]: inst(record=GROUP)})
+    stopping = recovery.plan(ev, nodes, {nodes[0]: inst("STOPPING", record=GROUP), nodes[1]: inst(), nodes[2]: inst(record=GROUP)})
     assert (stopping.start, stopping.waiting, stopping.outcome) == ([], [nodes[0]], RETRY)
     down = recovery.plan(ev, nodes, {n: inst(record=GROUP) for n in nodes})
     assert (down.start, down.outcome) == (nodes, DONE)
@@ -105,8 +124,18 @@ def test_a_cluster_starts_only_once_every_node_is_down() -> None:
 
 
 OP = {"kind": "compute#operation", "name": "operation-1", "status": "DONE"}
-CAP = {**OP, "error": {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "The zone ... does not have "
-                                   "enough resources available to fulfill the request."}]}, "httpErrorStatusCode": 503}
+CAP = {
+    **OP,
+    "error": {
+        "errors": [
+            {
+                "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                "message": "The zone ... does not have enough resources available to fulfill the request.",
+            }
+        ]
+    },
+    "httpErrorStatusCode": 503,
+}
 
 
 def http_error(code: int, message: str, reason: str = "") -> dict:
@@ -118,8 +147,7 @@ STARTS = [
     (200, OP, None, "started"),
     (200, CAP, None, "retry"),
     (200, {**OP, "error": {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"}]}}, None, "retry"),
-    (200, {**OP, "error": {"errors": [{"code": "QUOTA_EXCEEDED", "message": "Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS'"}]}},
-     None, "retry"),
+    (200, {**OP, "error": {"errors": [{"code": "QUOTA_EXCEEDED", "message": "Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS'"}]}}, None, "retry"),
     (200, {**OP, "status": "RUNNING"}, None, "retry"),  # not done within the function's wait
     (200, {**OP, "error": {"errors": [{"code": "UNSUPPORTED_OPERATION", "message": "no"}]}}, None, "give up"),
     (400, None, http_error(400, "The resource is not ready", "resourceNotReady"), "retry"),
@@ -136,29 +164,29 @@ def test_every_start_answer(status, operation, error, verdict) -> None:
 
 
 def test_the_record_says_what_happened() -> None:
-    rec = recovery.updated_record({}, EV, "coming back", T0 + 60, "zone out of capacity (ZONE_RESOURCE_POOL_EXHAUSTED)",
-                                  attempt=True)
+    rec = recovery.updated_record({}, EV, "coming back", T0 + 60, "zone out of capacity (ZONE_RESOURCE_POOL_EXHAUSTED)", attempt=True)
     rec = recovery.updated_record(rec, EV, "coming back", T0 + 120, rec["why"], attempt=True)
     rec = recovery.updated_record(rec, EV, "coming back", T0 + 300, rec["why"], attempt=True)
     said = recovery.describe(rec, local=False)
-    assert said == (f"preempted {recovery.clock(T0, False)}, coming back (attempt 3, zone out of capacity "
-                    "(ZONE_RESOURCE_POOL_EXHAUSTED))")
+    assert said == (f"preempted {recovery.clock(T0, False)}, coming back (attempt 3, zone out of capacity (ZONE_RESOURCE_POOL_EXHAUSTED))")
     back = recovery.updated_record(rec, EV, "resumed", T0 + 1020)
     assert recovery.describe(back, local=False).endswith(f"resumed {recovery.clock(T0 + 1020, False)}")
     later = Event("preempted", EV.project, EV.zone, EV.instance, T0 + 7200)
     new = recovery.updated_record(back, later, "coming back", T0 + 7300)
     assert new["attempts"] == 0 and new["history"][-1]["resumedAt"] == T0 + 1020  # each preemption and return kept
-    assert recovery.give_up_reason(EV, T0 + 3 * 3600, 2, 40) == \
-        "not back after 3.0 h and 40 attempt(s) (gpu-train:recoverHours = 2)"
+    assert recovery.give_up_reason(EV, T0 + 3 * 3600, 2, 40) == "not back after 3.0 h and 40 attempt(s) (gpu-train:recoverHours = 2)"
     assert recovery.give_up_reason(EV, T0 + 3600, 2, 4) is None
 
 
 # -- notifications ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("url,kind,body", [
-    ("https://hooks.slack.com/services/T/B/x", "application/json", {"text": "hi"}),
-    ("https://discord.com/api/webhooks/1/x", "application/json", {"content": "hi"}),
-    ("https://ntfy.sh/my-topic", "text/plain; charset=utf-8", "hi"),
-])
+@pytest.mark.parametrize(
+    "url,kind,body",
+    [
+        ("https://hooks.slack.com/services/T/B/x", "application/json", {"text": "hi"}),
+        ("https://discord.com/api/webhooks/1/x", "application/json", {"content": "hi"}),
+        ("https://ntfy.sh/my-topic", "text/plain; charset=utf-8", "hi"),
+    ],
+)
 def test_each_webhook_gets_its_own_body(url, kind, body) -> None:
     req = notify.request_for(url, "hi")
     assert req.get_method() == "POST" and req.get_header("Content-type") == kind
@@ -193,19 +221,31 @@ def google():
 
 
 def vm(name: str, status: str = "TERMINATED", label: str = "on", started: float = T0 - 3600) -> dict:
-    return {"kind": "compute#instance", "id": "77", "name": name, "status": status,
-            "zone": "https://www.googleapis.com/compute/v1/projects/proj-1/zones/us-central1-a",
-            "labels": {"gpu-train-stack": "s", recovery.LABEL: label}, "lastStartTimestamp": rfc3339(started),
-            "lastStopTimestamp": rfc3339(T0 + 25),
-            "metadata": {"kind": "compute#metadata", "fingerprint": "fp-0",
-                         "items": [{"key": "startup-script", "value": "#!/bin/bash"}]}}
+    return {
+        "kind": "compute#instance",
+        "id": "77",
+        "name": name,
+        "status": status,
+        "zone": "https://www.googleapis.com/compute/v1/projects/proj-1/zones/us-central1-a",
+        "labels": {"gpu-train-stack": "s", recovery.LABEL: label},
+        "lastStartTimestamp": rfc3339(started),
+        "lastStopTimestamp": rfc3339(T0 + 25),
+        "metadata": {"kind": "compute#metadata", "fingerprint": "fp-0", "items": [{"key": "startup-script", "value": "#!/bin/bash"}]},
+    }
 
 
 def conf(fake: FakeGoogle, hook: Webhook, nodes: list[str], hours: float = 24) -> dict:
-    return recovery_call.settings_from_env({
-        "GPU_TRAIN_STACK": "s", "GPU_TRAIN_NODES": ",".join(nodes), "GPU_TRAIN_RECOVER_HOURS": str(hours),
-        "GPU_TRAIN_NOTIFY": hook.url, "GPU_TRAIN_COMPUTE_URL": fake.url,
-        "GPU_TRAIN_METADATA_URL": fake.url + "/computeMetadata/v1/", "GPU_TRAIN_OP_WAIT_S": "20"})
+    return recovery_call.settings_from_env(
+        {
+            "GPU_TRAIN_STACK": "s",
+            "GPU_TRAIN_NODES": ",".join(nodes),
+            "GPU_TRAIN_RECOVER_HOURS": str(hours),
+            "GPU_TRAIN_NOTIFY": hook.url,
+            "GPU_TRAIN_COMPUTE_URL": fake.url,
+            "GPU_TRAIN_METADATA_URL": fake.url + "/computeMetadata/v1/",
+            "GPU_TRAIN_OP_WAIT_S": "20",
+        }
+    )
 
 
 def record(fake: FakeGoogle, name: str) -> dict:
@@ -213,8 +253,10 @@ def record(fake: FakeGoogle, name: str) -> dict:
 
 
 def cloud_event(log_entry: dict) -> dict:
-    return {"message": {"data": base64.b64encode(json.dumps(log_entry).encode()).decode(), "messageId": "1"},
-            "subscription": "projects/proj-1/subscriptions/eventarc-x"}
+    return {
+        "message": {"data": base64.b64encode(json.dumps(log_entry).encode()).decode(), "messageId": "1"},
+        "subscription": "projects/proj-1/subscriptions/eventarc-x",
+    }
 
 
 def test_a_preempted_vm_is_started_after_the_zone_had_no_capacity(google) -> None:
@@ -245,8 +287,13 @@ def test_a_preempted_vm_is_started_after_the_zone_had_no_capacity(google) -> Non
     assert [c for c in fake.state["calls"] if c[1].endswith("/start")] == starts
 
 
-@pytest.mark.parametrize("doc", [vm("gpu-train-s", label="off"),  # running: false, vm-stop
-                                 vm("gpu-train-s", started=T0 + 600)])  # came back, then idle auto-stop
+@pytest.mark.parametrize(
+    "doc",
+    [
+        vm("gpu-train-s", label="off"),  # running: false, vm-stop
+        vm("gpu-train-s", started=T0 + 600),
+    ],
+)  # came back, then idle auto-stop
 def test_a_meant_stop_stays_stopped(google, doc) -> None:
     fake, hook = google
     fake.state["instances"]["proj-1"] = [doc]

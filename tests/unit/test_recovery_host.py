@@ -28,8 +28,12 @@ def inst(rec: dict | None, status: str = "TERMINATED", name: str = "gpu-train-s"
     items = [{"key": "startup-script", "value": "#!"}]
     if rec is not None:
         items.append({"key": recovery.RECORD_KEY, "value": json.dumps(rec)})
-    return {"name": name, "status": status, "lastStopTimestamp": "2026-09-21T07:13:45.000-07:00",
-            "metadata": {"fingerprint": "x", "items": items}}
+    return {
+        "name": name,
+        "status": status,
+        "lastStopTimestamp": "2026-09-21T07:13:45.000-07:00",
+        "metadata": {"fingerprint": "x", "items": items},
+    }
 
 
 @pytest.mark.parametrize("interrupted,expected", [(T0 + 20, True), (T0 - 30, True), (T0 + 3600, False), (None, False)])
@@ -46,8 +50,14 @@ def test_a_run_keeps_the_return_of_the_stop_that_interrupted_it(interrupted, exp
 
 
 def test_status_shows_each_return() -> None:
-    run = {"id": "train_20260921_141300", "state": "running", "resumes": 1, "preemptions": 1, "durationS": 4000,
-           "returns": [{"event": "preempted", "at": T0, "back": T0 + 1020, "attempts": 3}]}
+    run = {
+        "id": "train_20260921_141300",
+        "state": "running",
+        "resumes": 1,
+        "preemptions": 1,
+        "durationS": 4000,
+        "returns": [{"event": "preempted", "at": T0, "back": T0 + 1020, "attempts": 3}],
+    }
     (row,) = run_table([run])[1:]
     clock = time.strftime("%H:%M", time.localtime(T0))
     back = time.strftime("%H:%M", time.localtime(T0 + 1020))
@@ -118,8 +128,10 @@ def test_the_webhook_travels_in_the_spec() -> None:
     assert "notify" not in protocol.JobSpec(run_id="r_20260921_141300", base="r").to_json()
 
 
-@pytest.mark.parametrize("ended,nnodes,lost", [(T0 + 40, 2, True), (T0 - 60, 4, True), (T0 + 40, 1, False),
-                                               (T0 + 3600, 2, False), (T0 - 600, 2, False), (None, 2, False)])
+@pytest.mark.parametrize(
+    "ended,nnodes,lost",
+    [(T0 + 40, 2, True), (T0 - 60, 4, True), (T0 + 40, 1, False), (T0 + 3600, 2, False), (T0 - 600, 2, False), (None, 2, False)],
+)
 def test_a_cluster_part_that_failed_as_its_group_lost_a_node(ended, nnodes: int, lost: bool) -> None:
     assert recovery.lost_its_group(record("coming back", 1), ended, nnodes) is lost
     assert recovery.lost_its_group({}, T0, 2) is False  # no recovery behind it: a failure of its own

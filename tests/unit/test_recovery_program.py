@@ -57,8 +57,7 @@ def test_a_spot_stack_gets_its_way_back_with_the_least_privilege(public_key: Pat
     svc, trigger = fn["serviceConfig"], fn["eventTrigger"]
     assert (svc["minInstanceCount"], svc["maxInstanceCount"], svc["ingressSettings"]) == (0, 1, "ALLOW_INTERNAL_ONLY")
     assert svc["serviceAccountEmail"] == trigger["serviceAccountEmail"] == email
-    assert svc["environmentVariables"] == {"GPU_TRAIN_STACK": "s", "GPU_TRAIN_NODES": ",".join(names),
-                                           "GPU_TRAIN_RECOVER_HOURS": "6"}
+    assert svc["environmentVariables"] == {"GPU_TRAIN_STACK": "s", "GPU_TRAIN_NODES": ",".join(names), "GPU_TRAIN_RECOVER_HOURS": "6"}
     assert trigger["retryPolicy"] == "RETRY_POLICY_RETRY"
     assert trigger["eventType"] == "google.cloud.pubsub.topic.v1.messagePublished"
     topic = one(result, "pubsub/topic:Topic")
@@ -69,7 +68,7 @@ def test_a_spot_stack_gets_its_way_back_with_the_least_privilege(public_key: Pat
     assert sink["destination"] == f"pubsub.googleapis.com/projects/proj-1/topics/{topic['name']}"
     assert sink["uniqueWriterIdentity"] is True
     f = sink["filter"]
-    assert 'cloudaudit.googleapis.com%2Fsystem_event' in f
+    assert "cloudaudit.googleapis.com%2Fsystem_event" in f
     assert '"compute.instances.preempted" OR "compute.instances.hostError"' in f
     assert all(f'"projects/proj-1/zones/us-central1-a/instances/{n}"' in f for n in names)
     publish = one(result, "pubsub/topicIAMMember:TopicIAMMember")
@@ -78,13 +77,17 @@ def test_a_spot_stack_gets_its_way_back_with_the_least_privilege(public_key: Pat
     # what the function's account may do: start (get, stop, setMetadata) these instances, read operations
     roles = {r.inputs["roleId"]: r.inputs for r in result.of_type("IAMCustomRole")}
     start_role = roles[recovery.role_id("s", "recover", unique)]
-    assert sorted(start_role["permissions"]) == sorted(recovery.INSTANCE_PERMISSIONS) == [
-        "compute.instances.get", "compute.instances.setMetadata", "compute.instances.start", "compute.instances.stop"]
+    assert (
+        sorted(start_role["permissions"])
+        == sorted(recovery.INSTANCE_PERMISSIONS)
+        == ["compute.instances.get", "compute.instances.setMetadata", "compute.instances.start", "compute.instances.stop"]
+    )
     assert roles[recovery.role_id("s", "operations", unique)]["permissions"] == ["compute.zoneOperations.get"]
     on_instances = [g.inputs for g in result.of_type("compute/instanceIAMMember:InstanceIAMMember")]
     assert sorted(g["instanceName"] for g in on_instances) == names
     assert {(g["role"], g["member"], g["zone"]) for g in on_instances} == {
-        (f"projects/proj-1/roles/{recovery.role_id('s', 'recover', unique)}", member, "us-central1-a")}
+        (f"projects/proj-1/roles/{recovery.role_id('s', 'recover', unique)}", member, "us-central1-a")
+    }
     project_grants = [g.inputs for g in result.of_type("projects/iAMMember:IAMMember") if g.inputs["member"] == member]
     assert [g["role"] for g in project_grants] == [f"projects/proj-1/roles/{recovery.role_id('s', 'operations', unique)}"]
     invoker = one(result, "cloudrunv2/serviceIamMember:ServiceIamMember")
@@ -115,8 +118,10 @@ def test_the_webhook_is_a_secret_the_function_reads_and_no_output_shows(public_k
     url = "https://ntfy.sh/a-secret-topic-8d1f"
     result = run(public_key, spot=True, notify=url)
     version = one(result, "secretmanager/secretVersion:SecretVersion")
-    assert version["secretData"] == {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270",
-                                     "value": url}  # a secret: Pulumi's signature of one, then its value
+    assert version["secretData"] == {
+        "4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270",
+        "value": url,
+    }  # a secret: Pulumi's signature of one, then its value
     fn = one(result, "cloudfunctionsv2/function:Function")
     (ref,) = fn["serviceConfig"]["secretEnvironmentVariables"]
     assert ref["key"] == "GPU_TRAIN_NOTIFY" and url not in json.dumps(fn)
@@ -136,8 +141,7 @@ def test_the_function_source_is_stdlib_only_and_loads(tmp_path: Path) -> None:
                 if isinstance(node, ast.Import):
                     assert all(a.name.split(".")[0] in STDLIB | {"functions_framework"} for a in node.names), path
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                    assert node.module.split(".")[0] in STDLIB | {"gpu_train_agent", "gpu_train", "__future__"}, \
-                        (path, node.module)
+                    assert node.module.split(".")[0] in STDLIB | {"gpu_train_agent", "gpu_train", "__future__"}, (path, node.module)
     # -S: no site-packages (the laptop's gpu_train is not there in Google's cloud): the upload must carry it all.
     load = "import sys; sys.path.insert(0, ''); import main; print(main.on_event)"
     out = subprocess.run([sys.executable, "-I", "-S", "-c", load], cwd=tmp_path, capture_output=True, text=True)

@@ -12,9 +12,15 @@ from remote.ssh import target
 from tests.unit.test_project import sshd, started_run  # noqa: F401  (the fixture)
 
 
-@pytest.mark.parametrize(("answer", "root"), [
-    ("new\n", REMOTE_ROOT_DEFAULT), ("before\n", REMOTE_ROOT_BEFORE), ("", None), ("Welcome!\nnew\n", None),
-])
+@pytest.mark.parametrize(
+    ("answer", "root"),
+    [
+        ("new\n", REMOTE_ROOT_DEFAULT),
+        ("before\n", REMOTE_ROOT_BEFORE),
+        ("", None),
+        ("Welcome!\nnew\n", None),
+    ],
+)
 def test_what_first_contact_answers(answer: str, root: str | None) -> None:
     assert target.root_from_answer(answer) == root
 
@@ -29,8 +35,9 @@ def test_the_question_keeps_the_old_root_only_with_runs_of_ours(tmp_path: Path) 
             p = home / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.mkdir() if rel.endswith("/") else p.write_text("")
-        return subprocess.run(["sh", "-c", target.ROOT_QUESTION], env={"HOME": str(home)}, capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["sh", "-c", target.ROOT_QUESTION], env={"HOME": str(home)}, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     assert ask([]) == "new"
     assert ask(["gpu-train/README.md", "gpu-train/runs/"]) == "new"  # a clone with a runs/ folder: not ours

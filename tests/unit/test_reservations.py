@@ -27,43 +27,70 @@ def shapes(**settings: object) -> list:
 A3 = dict(machineType="a3-highgpu-8g", **FIXED)
 
 
-@pytest.mark.parametrize(("doc", "settings", "errors", "warnings"), [
-    (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", count=2), A3, [], []),
-    # Local SSD bundled with A3 may be listed by the reservation: it is the shape's own.
-    (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", local_ssds=[375] * 16), A3, [], []),
-    (reservation("proj-1", "us-central1-a", "r", "a3-megagpu-8g"), A3, ["holds a3-megagpu-8g VMs, the stack declares "
-                                                                        "a3-highgpu-8g"], []),
-    (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", accelerators=[("nvidia-h100-80gb", 4)]), A3,
-     ["lists GPUs 4 x nvidia-h100-80gb; a3-highgpu-8g comes with 8 x nvidia-h100-80gb"], []),
-    (reservation("proj-1", "us-central1-a", "r", "n1-standard-8", accelerators=[("nvidia-tesla-t4", 1)]), {}, [], []),
-    (reservation("proj-1", "us-central1-a", "r", "n1-standard-8"), {},
-     ["holds GPUs none, the stack attaches 1 x nvidia-tesla-t4"], []),
-    (reservation("proj-1", "us-central1-a", "r", "n1-standard-8", accelerators=[("nvidia-tesla-t4", 1)],
-                 local_ssds=[375]), {}, ["holds 1 Local SSD (375 GB) per VM; gpu-train's VMs attach none"], []),
-    (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", count=2, in_use=2), A3, [],
-     ["holds 2 VMs, 2 in use: 0 free for the stack's 1"]),
-    (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", count=2, in_use=1), {**A3, "nodes": 2}, [],
-     ["holds 2 VMs, 1 in use: 1 free for the stack's 2"]),
-    (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", status="CREATING"), A3, [], ["is CREATING, not READY"]),
-])
+@pytest.mark.parametrize(
+    ("doc", "settings", "errors", "warnings"),
+    [
+        (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", count=2), A3, [], []),
+        # Local SSD bundled with A3 may be listed by the reservation: it is the shape's own.
+        (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", local_ssds=[375] * 16), A3, [], []),
+        (
+            reservation("proj-1", "us-central1-a", "r", "a3-megagpu-8g"),
+            A3,
+            ["holds a3-megagpu-8g VMs, the stack declares a3-highgpu-8g"],
+            [],
+        ),
+        (
+            reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", accelerators=[("nvidia-h100-80gb", 4)]),
+            A3,
+            ["lists GPUs 4 x nvidia-h100-80gb; a3-highgpu-8g comes with 8 x nvidia-h100-80gb"],
+            [],
+        ),
+        (reservation("proj-1", "us-central1-a", "r", "n1-standard-8", accelerators=[("nvidia-tesla-t4", 1)]), {}, [], []),
+        (reservation("proj-1", "us-central1-a", "r", "n1-standard-8"), {}, ["holds GPUs none, the stack attaches 1 x nvidia-tesla-t4"], []),
+        (
+            reservation("proj-1", "us-central1-a", "r", "n1-standard-8", accelerators=[("nvidia-tesla-t4", 1)], local_ssds=[375]),
+            {},
+            ["holds 1 Local SSD (375 GB) per VM; gpu-train's VMs attach none"],
+            [],
+        ),
+        (
+            reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", count=2, in_use=2),
+            A3,
+            [],
+            ["holds 2 VMs, 2 in use: 0 free for the stack's 1"],
+        ),
+        (
+            reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", count=2, in_use=1),
+            {**A3, "nodes": 2},
+            [],
+            ["holds 2 VMs, 1 in use: 1 free for the stack's 2"],
+        ),
+        (reservation("proj-1", "us-central1-a", "r", "a3-highgpu-8g", status="CREATING"), A3, [], ["is CREATING, not READY"]),
+    ],
+)
 def test_what_differs(doc: dict, settings: dict, errors: list[str], warnings: list[str]) -> None:
     fit = reservations.fit(doc, shapes(**settings), CATALOG)
     assert len(fit.errors) == len(errors) and all(w in e for w, e in zip(errors, fit.errors, strict=True)), fit.errors
     assert len(fit.warnings) == len(warnings) and all(w in e for w, e in zip(warnings, fit.warnings, strict=True))
 
 
-@pytest.mark.parametrize(("text", "where"), [
-    ("r1", ("proj-1", "r1")),
-    ("projects/shared-proj/reservations/r1", ("shared-proj", "r1")),
-    ("projects/shared-proj/reservations/r1/reservationBlocks/b1", ("shared-proj", "r1")),
-])
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("r1", ("proj-1", "r1")),
+        ("projects/shared-proj/reservations/r1", ("shared-proj", "r1")),
+        ("projects/shared-proj/reservations/r1/reservationBlocks/b1", ("shared-proj", "r1")),
+    ],
+)
 def test_the_reservation_is_asked_of_its_own_project(text: str, where: tuple) -> None:
     assert reservations.where(text, "proj-1") == where
 
 
 # -- scripts/preflight against the local Compute API ----------------------------------------------
-STACK = ("config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:machineType: a3-highgpu-8g\n"
-         "  gpu-train:sshSourceRanges: [10.1.2.3/32]\n")
+STACK = (
+    "config:\n  gcp:project: proj-1\n  gpu-train:zone: us-central1-a\n  gpu-train:machineType: a3-highgpu-8g\n"
+    "  gpu-train:sshSourceRanges: [10.1.2.3/32]\n"
+)
 QUOTAS = {"CPUS": (24, 0), "NVIDIA_H100_GPUS": (8, 0), "SSD_TOTAL_GB": (1000, 0)}
 
 
@@ -73,8 +100,7 @@ def google(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(fake.adc_file(tmp_path / "adc.json")))
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    fake.state["compute"] = {"proj-1": {"region": dict(QUOTAS), "global": (16, 0), "offered": ["nvidia-h100-80gb"],
-                                        "reservations": {}}}
+    fake.state["compute"] = {"proj-1": {"region": dict(QUOTAS), "global": (16, 0), "offered": ["nvidia-h100-80gb"], "reservations": {}}}
     yield fake, Environment(compute_endpoint=fake.url, stacks_dir=stacks, cwd=tmp_path)
     fake.close()
 
@@ -90,7 +116,8 @@ def test_an_a3_stack_fits_a_project_with_24_cpus(google, capsys: pytest.CaptureF
     """A3 needs GPU quota only: its 208 vCPUs are not judged against CPUS (a false shortfall stopped scripts/up)."""
     fake, env = google
     fake.state["compute"]["proj-1"]["reservations"]["us-central1-a"] = [
-        reservation("proj-1", "us-central1-a", "h100-res", "a3-highgpu-8g", count=2)]
+        reservation("proj-1", "us-central1-a", "h100-res", "a3-highgpu-8g", count=2)
+    ]
     code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 0, out
     assert "The stack fits." in out and not any(line.strip().startswith("CPUS") for line in out.splitlines())
@@ -109,16 +136,14 @@ def test_a_missing_reservation_fails_naming_it(google, capsys: pytest.CaptureFix
 
 def test_a_reservation_in_another_zone_is_named(google, capsys: pytest.CaptureFixture) -> None:
     fake, env = google
-    fake.state["compute"]["proj-1"]["reservations"]["us-central1-b"] = [
-        reservation("proj-1", "us-central1-b", "h100-res", "a3-highgpu-8g")]
+    fake.state["compute"]["proj-1"]["reservations"]["us-central1-b"] = [reservation("proj-1", "us-central1-b", "h100-res", "a3-highgpu-8g")]
     code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 1 and "has one of that name in us-central1-b: set gpu-train:zone to it" in out
 
 
 def test_a_reservation_of_another_shape_fails_saying_what_differs(google, capsys: pytest.CaptureFixture) -> None:
     fake, env = google
-    fake.state["compute"]["proj-1"]["reservations"]["us-central1-a"] = [
-        reservation("proj-1", "us-central1-a", "h100-res", "a3-megagpu-8g")]
+    fake.state["compute"]["proj-1"]["reservations"]["us-central1-a"] = [reservation("proj-1", "us-central1-a", "h100-res", "a3-megagpu-8g")]
     code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 1 and "DIFFERS" in out
     assert "holds a3-megagpu-8g VMs, the stack declares a3-highgpu-8g" in out
@@ -126,15 +151,17 @@ def test_a_reservation_of_another_shape_fails_saying_what_differs(google, capsys
 
 def test_a_shared_reservation_is_read_from_its_own_project(google, capsys: pytest.CaptureFixture) -> None:
     fake, env = google
-    fake.state["compute"]["shared-proj"] = {"reservations": {"us-central1-a": [
-        reservation("shared-proj", "us-central1-a", "h100-res", "a3-highgpu-8g", count=4, in_use=1)]}}
+    fake.state["compute"]["shared-proj"] = {
+        "reservations": {"us-central1-a": [reservation("shared-proj", "us-central1-a", "h100-res", "a3-highgpu-8g", count=4, in_use=1)]}
+    }
     code, out = run(env, "  gpu-train:reservation: projects/shared-proj/reservations/h100-res\n", capsys)
     assert code == 0, out
     assert "reservation h100-res (project shared-proj, us-central1-a): READY, 1 of 4 VMs in use" in out
 
 
-def test_without_credentials_preflight_says_so(google, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture) -> None:
+def test_without_credentials_preflight_says_so(
+    google, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """The fake refuses requests without its token: nothing is judged on an anonymous answer."""
     _, env = google
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))

@@ -25,8 +25,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def agent_cmd(lab: Lab, *args: str) -> dict:
-    out = subprocess.run([sys.executable, str(lab.remote / "bin" / "gpu-train-agent"), "--root", str(lab.remote), *args],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(lab.remote / "bin" / "gpu-train-agent"), "--root", str(lab.remote), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -88,18 +92,22 @@ def test_idle_decision(now, since, minutes, jobs, sessions, util, expected_since
     assert why in got_why
 
 
-@pytest.mark.parametrize(("server", "state", "events", "counted"), [
-    ("TRUE", "running", None, True),  # the metadata server's word at shutdown
-    ("FALSE", "running", None, False),
-    (None, "running", ["PREEMPTED"], True),  # gpu-train-watch told the job; nothing answers the shutdown's query
-    ("slow", "running", ["PREEMPTED"], True),  # ... or it answers too late (after the query's 2 s)
-    (None, "running", ["TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED"], True),
-    ("FALSE", "running", ["TERMINATE_ON_HOST_MAINTENANCE"], False),  # a maintenance is not a preemption
-    (None, "running", None, False),
-    (None, "succeeded", ["PREEMPTED"], False),  # an ended run's leftover says nothing about this stop
-])
+@pytest.mark.parametrize(
+    ("server", "state", "events", "counted"),
+    [
+        ("TRUE", "running", None, True),  # the metadata server's word at shutdown
+        ("FALSE", "running", None, False),
+        (None, "running", ["PREEMPTED"], True),  # gpu-train-watch told the job; nothing answers the shutdown's query
+        ("slow", "running", ["PREEMPTED"], True),  # ... or it answers too late (after the query's 2 s)
+        (None, "running", ["TERMINATE_ON_HOST_MAINTENANCE", "PREEMPTED"], True),
+        ("FALSE", "running", ["TERMINATE_ON_HOST_MAINTENANCE"], False),  # a maintenance is not a preemption
+        (None, "running", None, False),
+        (None, "succeeded", ["PREEMPTED"], False),  # an ended run's leftover says nothing about this stop
+    ],
+)
 def test_a_preemption_is_counted_from_the_metadata_server_or_from_what_the_watcher_told_a_run(
-        tmp_path: Path, server: str | None, state: str, events: list[str] | None, counted: bool) -> None:
+    tmp_path: Path, server: str | None, state: str, events: list[str] | None, counted: bool
+) -> None:
     root = tmp_path / "root"
     (root / "runs" / "r1").mkdir(parents=True)
     metadata = MetadataServer("127.0.0.1").start() if server is not None else None

@@ -65,8 +65,7 @@ def test_a_clean_end_while_stdin_stays_open_is_exit_0_at_once(tmp_path):
         reader.close()
         client.close()
 
-    proc = subprocess.Popen(rsh(far_side(tmp_path, serve)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(rsh(far_side(tmp_path, serve)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin and proc.stdout and proc.stderr
     try:
         proc.stdin.write(b"hello")

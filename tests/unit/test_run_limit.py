@@ -10,12 +10,15 @@ from remote.agent import watch
 from remote.tasks.render import agent_lines
 
 
-@pytest.mark.parametrize(("now", "uptime", "hours", "stop"), [
-    (10_000.0, 600.0, 1, 10_000 - 600 + 3600),  # booted 10 minutes ago: stops 50 minutes from now
-    (10_000.0, 600.0, 0.5, 10_000 - 600 + 1800),  # fractions of an hour
-    (10_000.0, None, 1, None),  # no uptime (off Linux): unknown
-    (10_000.0, 600.0, None, None),  # no cap
-])
+@pytest.mark.parametrize(
+    ("now", "uptime", "hours", "stop"),
+    [
+        (10_000.0, 600.0, 1, 10_000 - 600 + 3600),  # booted 10 minutes ago: stops 50 minutes from now
+        (10_000.0, 600.0, 0.5, 10_000 - 600 + 1800),  # fractions of an hour
+        (10_000.0, None, 1, None),  # no uptime (off Linux): unknown
+        (10_000.0, 600.0, None, None),  # no cap
+    ],
+)
 def test_the_stop_is_boot_plus_the_cap(now: float, uptime: float | None, hours: float | None, stop: float | None) -> None:
     assert run_limit_at(now, uptime, hours) == stop
 

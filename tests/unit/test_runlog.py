@@ -31,8 +31,10 @@ def test_the_host_serves_the_log_and_nothing_else_of_the_runs_folder(tmp_path: P
     assert fetchserve.list_runs(str(tmp_path), [source])[source]["entries"][0][1] == "?"
 
 
-@pytest.mark.parametrize(("path", "reserved"), [
-    (".gpu-train", True), (".gpu-train/log", True), ("log", False), (".gpu-trainer/x", False), ("x/.gpu-train", False)])
+@pytest.mark.parametrize(
+    ("path", "reserved"),
+    [(".gpu-train", True), (".gpu-train/log", True), ("log", False), (".gpu-trainer/x", False), ("x/.gpu-train", False)],
+)
 def test_the_logs_folder_is_a_name_the_runs_folder_keeps(path: str, reserved: bool) -> None:
     from remote.transfer.fetch import generator as fp
 
@@ -44,23 +46,25 @@ def test_the_logs_folder_is_a_name_the_runs_folder_keeps(path: str, reserved: bo
 T0 = 1_000_000.0
 
 
-@pytest.mark.parametrize(("state", "current", "log_mtime", "at", "seconds"), [
-    ({"created": T0}, "starting", None, T0 + 5, 5.0),  # launched, installing: from the launch
-    ({"created": T0, "started": T0 + 10}, "running", None, T0 + 70, 60.0),
-    ({"created": T0, "started": T0 + 10, "ended": T0 + 110}, "succeeded", None, T0 + 999, 100.0),
-    # relaunched after a preemption: 100 s before; the new leg's job not started yet, then running
-    ({"created": T0, "ranS": 100.0}, "starting", None, T0 + 5000, 100.0),
-    ({"created": T0, "ranS": 100.0, "started": T0 + 4000}, "running", None, T0 + 4030, 130.0),
-    ({"created": T0, "ranS": 100.0, "started": T0 + 4000, "ended": T0 + 4050}, "failed", None, T0 + 9e4, 150.0),
-    # interrupted as the wrapper saw it go (a preemption's SIGTERM), not counting the time down since
-    ({"created": T0, "started": T0 + 10, "interruptedAt": T0 + 40}, "interrupted", T0 + 39, T0 + 9e4, 30.0),
-    # a hard kill records nothing: the log's last write; an older leg's interruptedAt does not count
-    ({"created": T0, "started": T0 + 10}, "interrupted", T0 + 25, T0 + 9e4, 15.0),
-    ({"created": T0, "ranS": 30.0, "started": T0 + 500, "interruptedAt": T0 + 40}, "interrupted", T0 + 520, T0 + 9e4, 50.0),
-    ({}, "starting", None, T0, None),
-])
-def test_duration_sums_the_legs_a_run_ran(state: dict, current: str, log_mtime: float | None, at: float,
-                                          seconds: float | None) -> None:
+@pytest.mark.parametrize(
+    ("state", "current", "log_mtime", "at", "seconds"),
+    [
+        ({"created": T0}, "starting", None, T0 + 5, 5.0),  # launched, installing: from the launch
+        ({"created": T0, "started": T0 + 10}, "running", None, T0 + 70, 60.0),
+        ({"created": T0, "started": T0 + 10, "ended": T0 + 110}, "succeeded", None, T0 + 999, 100.0),
+        # relaunched after a preemption: 100 s before; the new leg's job not started yet, then running
+        ({"created": T0, "ranS": 100.0}, "starting", None, T0 + 5000, 100.0),
+        ({"created": T0, "ranS": 100.0, "started": T0 + 4000}, "running", None, T0 + 4030, 130.0),
+        ({"created": T0, "ranS": 100.0, "started": T0 + 4000, "ended": T0 + 4050}, "failed", None, T0 + 9e4, 150.0),
+        # interrupted as the wrapper saw it go (a preemption's SIGTERM), not counting the time down since
+        ({"created": T0, "started": T0 + 10, "interruptedAt": T0 + 40}, "interrupted", T0 + 39, T0 + 9e4, 30.0),
+        # a hard kill records nothing: the log's last write; an older leg's interruptedAt does not count
+        ({"created": T0, "started": T0 + 10}, "interrupted", T0 + 25, T0 + 9e4, 15.0),
+        ({"created": T0, "ranS": 30.0, "started": T0 + 500, "interruptedAt": T0 + 40}, "interrupted", T0 + 520, T0 + 9e4, 50.0),
+        ({}, "starting", None, T0, None),
+    ],
+)
+def test_duration_sums_the_legs_a_run_ran(state: dict, current: str, log_mtime: float | None, at: float, seconds: float | None) -> None:
     from gpu_train.contract import RunRecord
     from remote.agent.status import run_seconds
 

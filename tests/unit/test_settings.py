@@ -17,8 +17,9 @@ def test_the_readme_table_is_the_declared_one() -> None:
     readme = (ROOT / "docs" / "settings.md").read_text()
     found = re.search(r"<!-- settings-table:[^\n]*-->\n(.*?)<!-- /settings-table -->", readme, re.S)
     assert found, "docs/settings.md lost its settings-table markers"
-    assert found.group(1) == settings.readme_table(load_catalog()), \
+    assert found.group(1) == settings.readme_table(load_catalog()), (
         "docs/settings.md's table is stale: python -m gpu_train.stack.settings prints the new one"
+    )
 
 
 def test_every_setting_is_a_field_with_one_declaration() -> None:

@@ -32,13 +32,16 @@ def test_each_letter_means_one_option_in_every_task() -> None:
     assert all(names == {next(k for k, v in SHORT.items() if v == letter)} for letter, names in meanings.items())
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["train", "-s", "lab", "--script", "t.py", "-f"], {"stack": "lab", "script": "t.py", "follow": True}),
-    (["fetch", "-s", "lab", "-r", "r1", "-a"], {"stack": "lab", "run": "r1", "all": True}),
-    (["down", "-s", "lab", "--streams", "2"], {"stack": "lab", "streams": "2"}),
-    (["import", "job.yaml", "-s", "aip", "-j"], {"stack": "aip", "source": "job.yaml", "json": True}),
-    (["logs", "-s", "lab", "-f", "-r", "r1"], {"stack": "lab", "follow": True, "run": "r1"}),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "-s", "lab", "--script", "t.py", "-f"], {"stack": "lab", "script": "t.py", "follow": True}),
+        (["fetch", "-s", "lab", "-r", "r1", "-a"], {"stack": "lab", "run": "r1", "all": True}),
+        (["down", "-s", "lab", "--streams", "2"], {"stack": "lab", "streams": "2"}),
+        (["import", "job.yaml", "-s", "aip", "-j"], {"stack": "aip", "source": "job.yaml", "json": True}),
+        (["logs", "-s", "lab", "-f", "-r", "r1"], {"stack": "lab", "follow": True, "run": "r1"}),
+    ],
+)
 def test_short_flags_parse_as_their_one_meaning(argv: list[str], expected: dict) -> None:
     values = parse(argv)
     assert {k: values[k] for k in expected} == expected

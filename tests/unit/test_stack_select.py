@@ -12,15 +12,18 @@ from tests.conftest import ROOT
 from tests.unit.test_project import Project, sshd  # noqa: F401  (the fixture)
 
 
-@pytest.mark.parametrize(("given", "env", "selected", "own", "expected"), [
-    ("a", "b", "c", ["d"], ("a", "--stack")),
-    (None, "b", "c", ["d"], ("b", "$GPU_TRAIN_STACK")),
-    (None, None, "c", ["c", "d"], ("c", "selected: gpu-train stack NAME")),
-    (None, None, "c", ["d"], ("c", "selected: gpu-train stack NAME")),  # the caller checks it still exists
-    (None, None, None, ["d"], ("d", "the project's only stack")),
-    (None, None, None, ["c", "d"], (None, "")),  # Pulumi's selected stack, else an error naming both
-    (None, None, None, [], (None, "")),
-])
+@pytest.mark.parametrize(
+    ("given", "env", "selected", "own", "expected"),
+    [
+        ("a", "b", "c", ["d"], ("a", "--stack")),
+        (None, "b", "c", ["d"], ("b", "$GPU_TRAIN_STACK")),
+        (None, None, "c", ["c", "d"], ("c", "selected: gpu-train stack NAME")),
+        (None, None, "c", ["d"], ("c", "selected: gpu-train stack NAME")),  # the caller checks it still exists
+        (None, None, None, ["d"], ("d", "the project's only stack")),
+        (None, None, None, ["c", "d"], (None, "")),  # Pulumi's selected stack, else an error naming both
+        (None, None, None, [], (None, "")),
+    ],
+)
 def test_which_stack_a_task_uses(given, env, selected, own, expected) -> None:
     assert project.choose_stack(given, env, selected, own) == expected
 

@@ -49,9 +49,16 @@ def test_import_writes_out_a_job_configs_escapes(tmp_path: Path) -> None:
     from tests.conftest import ROOT
 
     job = tmp_path / "config.yaml"
-    job.write_text('trainingInput:\n  scaleTier: BASIC_GPU\n  region: europe-west4\n'
-                   '  pythonModule: "trainer.task\\e]52;c;ZWNobyBwd25lZA==\\a"\n  args: ["--x", "\\e[2J"]\n')
-    out = subprocess.run([sys.executable, "-m", "fabric", "-r", str(ROOT), "import", str(job), "--stack", "esc",
-                          "--stacks-dir", str(tmp_path / "stacks")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    job.write_text(
+        "trainingInput:\n  scaleTier: BASIC_GPU\n  region: europe-west4\n"
+        '  pythonModule: "trainer.task\\e]52;c;ZWNobyBwd25lZA==\\a"\n  args: ["--x", "\\e[2J"]\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "fabric", "-r", str(ROOT), "import", str(job), "--stack", "esc", "--stacks-dir", str(tmp_path / "stacks")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode in (0, 2), out.stderr
     assert "\x1b" not in out.stdout + out.stderr and "\\x1b]52;c;" in out.stdout + out.stderr, out.stdout + out.stderr

@@ -19,12 +19,22 @@ def test_screen_names_fit_screen(length: int, kept: bool) -> None:
 
 
 def test_systemd_run_makes_a_unit_of_the_run() -> None:
-    argv = units.systemd_run_argv("train_20260101_000000", "trainer", 25, ["/usr/bin/python3", "agent", "wrap", "R"],
-                                  {"PATH": "/opt/conda/bin:/usr/bin", "LANG": "C.UTF-8"})
+    argv = units.systemd_run_argv(
+        "train_20260101_000000",
+        "trainer",
+        25,
+        ["/usr/bin/python3", "agent", "wrap", "R"],
+        {"PATH": "/opt/conda/bin:/usr/bin", "LANG": "C.UTF-8"},
+    )
     assert argv[:3] == ["systemd-run", "--quiet", "--collect"]
     assert "--unit=gpu-train-train_20260101_000000.service" in argv and "--uid=trainer" in argv
-    for prop in ("KillMode=control-group", "TimeoutStopSec=25s", "SendSIGKILL=yes", "Before=gpu-train-shutdown.service",
-                 "After=dbus.service"):
+    for prop in (
+        "KillMode=control-group",
+        "TimeoutStopSec=25s",
+        "SendSIGKILL=yes",
+        "Before=gpu-train-shutdown.service",
+        "After=dbus.service",
+    ):
         assert f"--property={prop}" in argv
     assert "--setenv=PATH=/opt/conda/bin:/usr/bin" in argv
     tail = argv[argv.index("--") + 1 :]
@@ -41,27 +51,38 @@ def test_boot_key_names_this_boot() -> None:
     assert key == units.boot_key() and ":" in key and key != ":"
 
 
-@pytest.mark.parametrize(("title", "counted"), [
-    (b"sshd: trainer [priv]", True),  # one privileged monitor per logged-in connection
-    (b"sshd-session: bob [priv]", True),  # OpenSSH 9.8 and later
-    (b"sshd: trainer", False),  # the same connection's unprivileged child
-    (b"sshd: trainer@notty", False),
-    (b"sshd: unknown [priv]", False),  # not logged in
-    (b"sshd: 1.2.3.4 [preauth]", False),
-    (b"sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups", False),
-])
+@pytest.mark.parametrize(
+    ("title", "counted"),
+    [
+        (b"sshd: trainer [priv]", True),  # one privileged monitor per logged-in connection
+        (b"sshd-session: bob [priv]", True),  # OpenSSH 9.8 and later
+        (b"sshd: trainer", False),  # the same connection's unprivileged child
+        (b"sshd: trainer@notty", False),
+        (b"sshd: unknown [priv]", False),  # not logged in
+        (b"sshd: 1.2.3.4 [preauth]", False),
+        (b"sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups", False),
+    ],
+)
 def test_ssh_sessions_by_sshd_process_titles(title: bytes, counted: bool) -> None:
     from remote.agent.procs import SSHD_SESSION_RE
 
     assert bool(SSHD_SESSION_RE.match(title)) is counted
 
 
-@pytest.mark.parametrize(("said", "stopping"), [
-    ("running\n", False), ("degraded\n", False), ("starting\n", False), ("initializing", False),
-    ("maintenance", False), ("stopping\n", True),
-    ("", True),  # no answer: late in a shutdown the bus is gone ("Failed to connect to bus"), so going down
-    ("offline\n", True), ("unknown\n", True),
-])
+@pytest.mark.parametrize(
+    ("said", "stopping"),
+    [
+        ("running\n", False),
+        ("degraded\n", False),
+        ("starting\n", False),
+        ("initializing", False),
+        ("maintenance", False),
+        ("stopping\n", True),
+        ("", True),  # no answer: late in a shutdown the bus is gone ("Failed to connect to bus"), so going down
+        ("offline\n", True),
+        ("unknown\n", True),
+    ],
+)
 def test_a_run_sigtermed_from_outside_counts_as_a_shutdown_unless_the_machine_is_up(said: str, stopping: bool) -> None:
     # A run recorded "stopped" is never resumed: when in doubt it is a shutdown (resumed at the next boot).
     assert units.stopping_from(said) is stopping

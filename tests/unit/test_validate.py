@@ -50,8 +50,10 @@ INVALID = [
     ({"gpuCount": None}, [("gpuCount", "1, 2, 4 for nvidia-tesla-t4")]),
     ({"gpuType": "nvidia-tesla-t5"}, [("gpuType", "did you mean nvidia-tesla-t4")]),
     ({"gpuType": "nvidia-tesla-k80"}, [("gpuType", "end of support")]),
-    ({"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-standard-16", "zone": "us-central1-c"},
-     [("gpuType", "end of support on 2026-09-15")]),
+    (
+        {"gpuType": "nvidia-tesla-p100", "gpuCount": 4, "machineType": "n1-standard-16", "zone": "us-central1-c"},
+        [("gpuType", "end of support on 2026-09-15")],
+    ),
     ({"gpuType": "P100"}, [("gpuType", "the nearest current GPU is nvidia-tesla-v100")]),
     ({"gpuType": "nvidia-tesla-v100-vws"}, [("gpuType", "is not a GPU type")]),
     # vCPU and memory ceilings
@@ -71,23 +73,32 @@ INVALID = [
     ({"gpuType": "nvidia-l4"}, [("gpuType", "machineType g2-standard-4")]),
     ({"gpuType": "nvidia-l4", "gpuCount": 2}, [("gpuType", "machineType g2-standard-24")]),
     ({"gpuType": "nvidia-h100-80gb", "gpuCount": 8}, [("gpuType", "a3-highgpu-8g")]),
-    ({"machineType": "g2-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": None},
-     [("gpuType", "g2-standard-8 comes with 1 x nvidia-l4")]),
+    (
+        {"machineType": "g2-standard-8", "gpuType": "nvidia-tesla-t4", "gpuCount": None},
+        [("gpuType", "g2-standard-8 comes with 1 x nvidia-l4")],
+    ),
     ({"machineType": "g2-standard-8", "gpuType": None, "gpuCount": 2}, [("gpuCount", "use machineType g2-standard-24")]),
-    ({"machineType": "a2-highgpu-1g", "gpuType": "nvidia-a100-80gb", "gpuCount": None},
-     [("gpuType", "use machineType a2-ultragpu-1g")]),
+    ({"machineType": "a2-highgpu-1g", "gpuType": "nvidia-a100-80gb", "gpuCount": None}, [("gpuType", "use machineType a2-ultragpu-1g")]),
     ({"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None}, [("machineType", "set gpu-train:spot true")]),
-    ({"machineType": "a4-highgpu-8g", "gpuType": None, "gpuCount": None, "zone": "us-central1-b"},
-     [("machineType", "cannot be had on demand, only as spot, flex-start, reservation")]),
-    ({"machineType": "a4x-highgpu-4g", "gpuType": None, "gpuCount": None, "spot": True},
-     [("machineType", "A4X is Arm (NVIDIA Grace)"), ("spot", "only as reservation")]),
+    (
+        {"machineType": "a4-highgpu-8g", "gpuType": None, "gpuCount": None, "zone": "us-central1-b"},
+        [("machineType", "cannot be had on demand, only as spot, flex-start, reservation")],
+    ),
+    (
+        {"machineType": "a4x-highgpu-4g", "gpuType": None, "gpuCount": None, "spot": True},
+        [("machineType", "A4X is Arm (NVIDIA Grace)"), ("spot", "only as reservation")],
+    ),
     # zones
     ({"zone": "us-central1-d"}, [("zone", "zones of us-central1 with T4: us-central1-a, us-central1-b, us-central1-c")]),
     ({"zone": "europe-north1-a"}, [("zone", "nearest regions with it: europe-")]),
-    ({"zone": "us-west3-a", "machineType": "g2-standard-8", "gpuType": None, "gpuCount": None},
-     [("zone", "us-west1 (us-west1-a, us-west1-b, us-west1-c)")]),
-    ({"machineType": "a2-megagpu-16g", "gpuType": None, "gpuCount": None, "zone": "us-east1-b"},
-     [("zone", "A100 40GB as a2-megagpu-16g is not offered")]),
+    (
+        {"zone": "us-west3-a", "machineType": "g2-standard-8", "gpuType": None, "gpuCount": None},
+        [("zone", "us-west1 (us-west1-a, us-west1-b, us-west1-c)")],
+    ),
+    (
+        {"machineType": "a2-megagpu-16g", "gpuType": None, "gpuCount": None, "zone": "us-east1-b"},
+        [("zone", "A100 40GB as a2-megagpu-16g is not offered")],
+    ),
     ({"zone": "us-central1"}, [("zone", "not a zone name")]),
     ({"zone": "Central"}, [("zone", "not a zone name")]),
     # disk and ssh
@@ -119,14 +130,24 @@ INVALID = [
     ({"fallbackShapes": ["n2-standard-8/nvidia-tesla-t4/1"]}, [("fallbackShapes", "features are not compatible")]),
     ({"fallbackShapes": ["n1-standard-8/nvidia-tesla-t4/3"]}, [("fallbackShapes", "nearest valid count: 4")]),
     ({"quotaRequest": {"gpus": "many", "justification": "x", "contactEmail": "a@b"}}, [("quotaRequest", "whole number")]),
-    ({"quotaRequest": {"gpus": "2", "contactEmail": "nobody"}},
-     [("quotaRequest", "needs a justification"), ("quotaRequest", "needs contactEmail")]),
-    ({"quotaRequest": {"gpus": "2", "justification": "x", "contactEmail": "a@b", "priority": "high"}},
-     [("quotaRequest", "unknown field(s) priority")]),
+    (
+        {"quotaRequest": {"gpus": "2", "contactEmail": "nobody"}},
+        [("quotaRequest", "needs a justification"), ("quotaRequest", "needs contactEmail")],
+    ),
+    (
+        {"quotaRequest": {"gpus": "2", "justification": "x", "contactEmail": "a@b", "priority": "high"}},
+        [("quotaRequest", "unknown field(s) priority")],
+    ),
     # several at once: all reported
-    ({"gpuCount": 3, "zone": "us-central1-d", "sshSourceRanges": ["0.0.0.0/0"], "bootDiskType": "ssd"},
-     [("gpuCount", "nearest valid count: 4"), ("zone", "us-central1-a"), ("bootDiskType", "did you mean pd-ssd"),
-      ("sshSourceRanges", "whole internet")]),
+    (
+        {"gpuCount": 3, "zone": "us-central1-d", "sshSourceRanges": ["0.0.0.0/0"], "bootDiskType": "ssd"},
+        [
+            ("gpuCount", "nearest valid count: 4"),
+            ("zone", "us-central1-a"),
+            ("bootDiskType", "did you mean pd-ssd"),
+            ("sshSourceRanges", "whole internet"),
+        ],
+    ),
 ]
 
 WARNINGS = [
@@ -134,8 +155,7 @@ WARNINGS = [
     ({"imageFamily": "pytorch-latest-gpu"}, [("imageFamily", "deprecated")]),
     ({"imageFamily": "tf-2-15-cu121-debian-11-py310"}, [("imageFamily", "deprecated")]),
     ({"imageFamily": "pytorch-3-0-cu130-ubuntu-2404-nvidia-590"}, [("imageFamily", "not among")]),
-    ({"machineType": "g4-standard-48", "gpuType": None, "gpuCount": None, "zone": "us-east1-b"},
-     [("zone", "unverified for this GPU")]),
+    ({"machineType": "g4-standard-48", "gpuType": None, "gpuCount": None, "zone": "us-east1-b"}, [("zone", "unverified for this GPU")]),
     # example values from the docs and `init`, still in the stack (gpu_train/stack/placeholders.py)
     ({"sshSourceRanges": ["203.0.113.7/32"]}, [("sshSourceRanges", "reserved for documentation")]),
     ({"sshSourceRanges": ["10.1.2.3/32", "198.51.100.0/24"]}, [("sshSourceRanges", "curl -s ifconfig.me")]),
@@ -156,12 +176,15 @@ def problems(settings: dict) -> list:
     return [p for p in validate.validate(cfg, CATALOG) if not deprecated_gpu(p)]
 
 
-@pytest.mark.parametrize(("settings", "warned"), [
-    ({}, True),  # the default stack: N1 + T4
-    ({"gpuType": "P4", "gpuCount": 2, "zone": "us-central1-c"}, True),
-    ({"gpuType": "nvidia-tesla-v100"}, False),
-    ({"machineType": "g2-standard-8", "gpuType": None, "gpuCount": None}, False),
-])
+@pytest.mark.parametrize(
+    ("settings", "warned"),
+    [
+        ({}, True),  # the default stack: N1 + T4
+        ({"gpuType": "P4", "gpuCount": 2, "zone": "us-central1-c"}, True),
+        ({"gpuType": "nvidia-tesla-v100"}, False),
+        ({"machineType": "g2-standard-8", "gpuType": None, "gpuCount": None}, False),
+    ],
+)
 def test_t4_and_p4_are_warned_with_their_shutdown_date(settings: dict, warned: bool) -> None:
     found = validate.validate(parse(gcp_raw(**settings), "s", CATALOG), CATALOG)
     assert [p for p in found if p.severity == "error"] == []
@@ -203,8 +226,10 @@ def test_check_returns_warnings_for_a_valid_stack() -> None:
     [
         ({}, ("n1-standard-8", "nvidia-tesla-t4", 1, True)),
         ({"machineType": "g2-standard-48", "gpuType": None, "gpuCount": None}, ("g2-standard-48", "nvidia-l4", 4, False)),
-        ({"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None, "spot": True},
-         ("a3-highgpu-1g", "nvidia-h100-80gb", 1, False)),
+        (
+            {"machineType": "a3-highgpu-1g", "gpuType": None, "gpuCount": None, "spot": True},
+            ("a3-highgpu-1g", "nvidia-h100-80gb", 1, False),
+        ),
     ],
 )
 def test_shape_of(settings: dict, shape: tuple) -> None:

@@ -35,14 +35,17 @@ def test_metadata_locks_ssh_to_our_key() -> None:
     cfg = parse(gcp_raw(sshUser="alice"), "s", CATALOG)
     meta = vm.metadata(cfg, "ssh-ed25519 AAAAkey bob@laptop", b"PK agent", vm.read_startup_template())
     assert meta.pop("startup-script").startswith("#!/bin/bash")
-    assert meta == {"ssh-keys": "alice:ssh-ed25519 AAAAkey alice",
-                    "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
+    assert meta == {"ssh-keys": "alice:ssh-ed25519 AAAAkey alice", "block-project-ssh-keys": "TRUE", "enable-oslogin": "FALSE"}
 
 
 @pytest.mark.parametrize(
     ("family", "install"),
-    [("pytorch-2-9-cu129-ubuntu-2204-nvidia-580", False), ("common-cu128-ubuntu-2204-nvidia-570", False),
-     ("common-cu121-debian-11", True), ("my-family", True)],
+    [
+        ("pytorch-2-9-cu129-ubuntu-2204-nvidia-580", False),
+        ("common-cu128-ubuntu-2204-nvidia-570", False),
+        ("common-cu121-debian-11", True),
+        ("my-family", True),
+    ],
 )
 def test_the_driver_is_installed_at_boot_only_for_families_without_one(family: str, install: bool) -> None:
     cfg = parse(gcp_raw(imageFamily=family), "s", CATALOG)

@@ -95,8 +95,7 @@ class Fetcher:
         dirs: list[tuple[Path, fp.Entry]] = []
         basis: list[FileJob] = []
         for result in results:
-            doc = (listing.get(result.run_id) if isinstance(listing, dict) else None) or \
-                {"error": f"the host did not list {result.run_id}"}
+            doc = (listing.get(result.run_id) if isinstance(listing, dict) else None) or {"error": f"the host did not list {result.run_id}"}
             if not isinstance(doc, dict) or not isinstance(doc.get("entries", []), list):
                 doc = {"error": f"the host's listing of {result.run_id} is not one"}
             if "error" in doc:
@@ -121,8 +120,7 @@ class Fetcher:
         tree = fl.Tree(result.dest)
         workdir = "/" in result.run_id  # RUN/workdir: the working directory's outputs (no names reserved there)
         result.previous = fl.previous_dir(result.dest, workdir)
-        direct = (any(e.kind == "f" and e.size >= fdirect.DIRECT_MIN for e in entries)
-                  and fdirect.writes_direct(result.dest.parent))
+        direct = any(e.kind == "f" and e.size >= fdirect.DIRECT_MIN for e in entries) and fdirect.writes_direct(result.dest.parent)
         if entries or not workdir:  # no workdir/ for a job that wrote nothing in its working directory
             tree.folder("")
         taken: set[str] = set()  # top-level JOB_DIR names the run's folder here keeps for itself
@@ -130,12 +128,12 @@ class Fetcher:
             if e.kind == UNREADABLE:
                 result.unreadable.append(f"{e.path} ({e.target})")
                 continue
-            if not workdir and (("/" not in e.path and fp.reserved(e.path))
-                                or (taken and e.path.partition("/")[0] in taken)):
+            if not workdir and (("/" not in e.path and fp.reserved(e.path)) or (taken and e.path.partition("/")[0] in taken)):
                 if "/" not in e.path:
                     taken.add(e.path)
-                    result.conflicts.append(f"{e.path} (a name the run's folder here keeps for gpu-train: rename it in "
-                                            "the JOB_DIR, or fetch with --dest)")
+                    result.conflicts.append(
+                        f"{e.path} (a name the run's folder here keeps for gpu-train: rename it in the JOB_DIR, or fetch with --dest)"
+                    )
                 continue
             try:
                 self._plan_entry(result, tree, e, dirs, basis, direct)
@@ -157,8 +155,16 @@ class Fetcher:
             if tree.link(e.path, e.target, local):
                 result.files += 1
         elif action in (fp.FETCH, fp.DELTA):
-            job = FileJob(len(self.jobs), result, tree, e, local, fl.part_path(result.dest, e.path), direct=direct,
-                          request=fp.request_bytes(result.run_id, e.path))
+            job = FileJob(
+                len(self.jobs),
+                result,
+                tree,
+                e,
+                local,
+                fl.part_path(result.dest, e.path),
+                direct=direct,
+                request=fp.request_bytes(result.run_id, e.path),
+            )
             self.jobs.append(job)
             if action == fp.DELTA or (e.size >= fp.DELTA_MIN and os.path.isfile(job.part)):
                 basis.append(job)  # a local copy, or what an interrupted fetch left: compared by blocks
@@ -244,8 +250,9 @@ class Fetcher:
     def _request_bytes(self, piece: fp.Piece) -> int:
         return self.jobs[piece.key].request
 
-    def _work(self, stream: Stream, queue: fp.PieceQueue, lead: bool, lookahead: int, lock: threading.Lock,
-              errors: list[StreamError]) -> None:
+    def _work(
+        self, stream: Stream, queue: fp.PieceQueue, lead: bool, lookahead: int, lock: threading.Lock, errors: list[StreamError]
+    ) -> None:
         """One stream: ask for batches so that ``lookahead`` bytes of work stay asked for beyond the piece
         being received (the host never waits for a request), and receive the pieces in order."""
         buf = memoryview(mmap.mmap(-1, fdirect.BUFFER))  # page-aligned, as a direct write's buffer must be
@@ -269,8 +276,9 @@ class Fetcher:
                 if not batch:
                     dry = True
                     return
-                stream.send({"op": "read", "items": [[self.jobs[p.key].run.run_id, self.jobs[p.key].entry.path,
-                                                      p.offset, p.length] for p in batch]})
+                stream.send(
+                    {"op": "read", "items": [[self.jobs[p.key].run.run_id, self.jobs[p.key].entry.path, p.offset, p.length] for p in batch]}
+                )
                 ahead.extend(batch)
                 asked += sum(p.length for p in batch)
                 requests += sum(self._request_bytes(p) for p in batch)
@@ -304,8 +312,14 @@ class Fetcher:
             fd, chmod, failure = -1, False, err
         h, pos, received = hashlib.sha256(), piece.offset, 0
         top_up(piece.length)
-        writer = fdirect.Writer(fd, job.direct and fd >= 0 and piece.length >= fdirect.DIRECT_MIN
-                                and piece.offset % fdirect.DIRECT_ALIGN == 0 and fdirect.set_direct(fd, True))
+        writer = fdirect.Writer(
+            fd,
+            job.direct
+            and fd >= 0
+            and piece.length >= fdirect.DIRECT_MIN
+            and piece.offset % fdirect.DIRECT_ALIGN == 0
+            and fdirect.set_direct(fd, True),
+        )
 
         def sink(view: memoryview, h=h) -> None:
             nonlocal pos, failure, received

@@ -60,10 +60,17 @@ class Entry:
         """One row of the host's listing, each field checked as what it is (ValueError names the row)."""
         path, kind, size, mtime_ns, mode, target = row
         ints = (size, mtime_ns, mode)
-        if (not isinstance(path, str) or not isinstance(target, str) or kind not in ("f", "d", "l", UNREADABLE)
-                or not all(isinstance(n, int) and not isinstance(n, bool) for n in ints)
-                or not 0 <= size <= MAX_SIZE or not 0 <= mode <= 0o177777 or abs(mtime_ns) > 1 << 63
-                or len(path) > MAX_PATH or len(target) > MAX_PATH):
+        if (
+            not isinstance(path, str)
+            or not isinstance(target, str)
+            or kind not in ("f", "d", "l", UNREADABLE)
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in ints)
+            or not 0 <= size <= MAX_SIZE
+            or not 0 <= mode <= 0o177777
+            or abs(mtime_ns) > 1 << 63
+            or len(path) > MAX_PATH
+            or len(target) > MAX_PATH
+        ):
             raise ValueError(f"a listing row that is not one: {str(row)[:200]}")
         return cls(path, kind, size, mtime_ns, mode, target)
 
@@ -109,8 +116,10 @@ def listing_problem(entries: list[Entry], capacity: int) -> str:
     biggest = max((e.size for e in entries if e.kind == "f"), default=0)
     total = sum(e.size for e in entries if e.kind == "f")
     if total > capacity:
-        return (f"the host lists {total} bytes of files (the largest {biggest}), more than this disk holds "
-                f"({capacity} bytes): nothing was fetched")
+        return (
+            f"the host lists {total} bytes of files (the largest {biggest}), more than this disk holds "
+            f"({capacity} bytes): nothing was fetched"
+        )
     return ""
 
 

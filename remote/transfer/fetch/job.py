@@ -96,7 +96,5 @@ def keeper(run: RunResult, lock: threading.Lock) -> fl.Tree:
     with lock:  # (Tree's folders are made by one thread at a time)
         assert run.previous is not None
         if os.path.islink(run.previous):
-            raise fl.UnsafePath(f"{run.previous} is a link: the previous version could not be kept, so the "
-                                "file was not replaced")
+            raise fl.UnsafePath(f"{run.previous} is a link: the previous version could not be kept, so the file was not replaced")
         return fl.Tree(run.previous)
-

@@ -16,8 +16,7 @@ def bar_line(done: int, total: int, elapsed: float, width: int = 24) -> str:
     rate = done / elapsed if elapsed > 0 else 0.0
     eta = f"ETA {(total - done) / rate:.0f} s" if rate > 0 and done < total else "ETA -"
     filled = int(frac * width)
-    return (f"[{'#' * filled}{'-' * (width - filled)}] {frac * 100:3.0f}%  {human(done)} / {human(total)}  "
-            f"{human(rate)}/s  {eta}")
+    return f"[{'#' * filled}{'-' * (width - filled)}] {frac * 100:3.0f}%  {human(done)} / {human(total)}  {human(rate)}/s  {eta}"
 
 
 class Progress:

@@ -46,11 +46,13 @@ class RunResult:
 
     def missing(self) -> list[str]:
         """What the host has that is not home, each with its reason (empty when complete)."""
-        return ([self.error] if self.error is not None else []) + \
-            [f"unreadable on the host: {p}" for p in self.unreadable] + \
-            [f"something else is in the way here: {p}" for p in self.conflicts] + \
-            [f"a name this laptop cannot store: {p}" for p in self.unstorable] + \
-            [f"changed on the host while being read: {p}" for p in self.changed]
+        return (
+            ([self.error] if self.error is not None else [])
+            + [f"unreadable on the host: {p}" for p in self.unreadable]
+            + [f"something else is in the way here: {p}" for p in self.conflicts]
+            + [f"a name this laptop cannot store: {p}" for p in self.unstorable]
+            + [f"changed on the host while being read: {p}" for p in self.changed]
+        )
 
 
 def _some(paths: list[str], limit: int = 5) -> str:
@@ -70,8 +72,10 @@ def notes(result: RunResult, where: Path) -> list[str]:
     if result.kept_newer:
         lines.append(f"  kept {len(result.kept_newer)} local file(s) newer than the host's: {_some(result.kept_newer)}")
     if result.kept:
-        lines.append(f"  replaced {len(result.kept)} local file(s) whose content differed; the previous content is kept "
-                     f"in {result.previous}: {_some(result.kept)}")
+        lines.append(
+            f"  replaced {len(result.kept)} local file(s) whose content differed; the previous content is kept "
+            f"in {result.previous}: {_some(result.kept)}"
+        )
     if result.conflicts:
         lines.append(f"  NOT fetched, something else is in the way here: {_some(result.conflicts)}")
     if result.unreadable:
@@ -91,17 +95,18 @@ def summary_line(results: list[RunResult], elapsed: float, streams: int, runs: i
     files, moved = sum(r.files for r in results), sum(r.bytes for r in results)
     runs = runs or len(results)
     k = len(results) // runs
-    per = [results[i * k:(i + 1) * k] for i in range(runs)]
+    per = [results[i * k : (i + 1) * k] for i in range(runs)]
     fresh = sum(1 for rs in per if all(r.up_to_date for r in rs))
     failed = sum(1 for rs in per if not all(r.complete for r in rs))
     kept = sum(len(r.kept) for r in results)
     rate = f", {human(moved / elapsed)}/s" if elapsed > 0 and moved else ""
-    return (f"fetched {files} file(s), {human(moved)} from {runs} run(s) in {elapsed:.1f} s{rate} "
-            f"(up to {streams} streams); {fresh} up to date, {failed} not complete"
-            + (f"; the previous content of {kept} replaced file(s) kept in .previous/" if kept else ""))
+    return (
+        f"fetched {files} file(s), {human(moved)} from {runs} run(s) in {elapsed:.1f} s{rate} "
+        f"(up to {streams} streams); {fresh} up to date, {failed} not complete"
+        + (f"; the previous content of {kept} replaced file(s) kept in .previous/" if kept else "")
+    )
 
 
 def summary(entries: list[fp.Entry]) -> dict:
     files = [e for e in entries if e.kind == "f"]
-    return {"files": len(files), "bytes": sum(e.size for e in files),
-            "newestNs": max((e.mtime_ns for e in entries), default=0)}
+    return {"files": len(files), "bytes": sum(e.size for e in files), "newestNs": max((e.mtime_ns for e in entries), default=0)}

@@ -51,11 +51,12 @@ def host_command(target: Target) -> str:
 def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | None = None) -> list[str]:
     """`ssh` for one stream: the stack's key and known_hosts, no tty, no compression (checkpoints do not shrink)."""
     mux = control or ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
-    return ["ssh", *openssh_options(target, host), "-T", "-x", "-o", "Compression=no", *mux,
-            "--", f"{host.user}@{host.host}", command]
+    return ["ssh", *openssh_options(target, host), "-T", "-x", "-o", "Compression=no", *mux, "--", f"{host.user}@{host.host}", command]
 
 
 SHARED_CHANNELS = 1  # the listing stream: ten fetches at once stay within a stock sshd's MaxSessions
+
+
 class Opener:
     """Opens a host's streams: the first (the listing) as a channel of this user's shared connection to
     the host, the next ones as channels of a connection of this fetch's own, any more as connections
@@ -118,8 +119,9 @@ class Stream:
 
     def __init__(self, argv: list[str]):
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the stream)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-                                     bufsize=0, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, bufsize=0, start_new_session=True
+        )
         assert self.proc.stdout is not None  # stdout=PIPE
         with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the default pipe
             fcntl.fcntl(self.proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
@@ -132,7 +134,7 @@ class Stream:
         view = memoryview(json.dumps(request, separators=(",", ":")).encode() + b"\n")
         try:
             while view:
-                view = view[self.proc.stdin.write(view) or 0:]  # type: ignore[union-attr]
+                view = view[self.proc.stdin.write(view) or 0 :]  # type: ignore[union-attr]
         except OSError as e:
             raise self.broken(f"cannot send: {e}") from None
 
