@@ -27,9 +27,9 @@ from gpu_train.stack.settings import (  # each setting is declared once, there
     GCP_IDLE_STOP_MINUTES,
     GCP_REMOTE_ROOT,
     NAMESPACE,
-    SshHost,
     StackConfig,
 )
+from gpu_train.stack.sshhost import SshHost
 
 SECRET_SETTINGS = ("notify",)  # may be stored encrypted (`pulumi config set --secret`)
 SECRET_VALUE = "(secret)"  # such a setting's value where it is not decrypted

@@ -16,6 +16,7 @@ from gpu_train.contract import (  # the agent's own defaults, shared with the ho
     REMOTE_ROOT_DEFAULT,
     AgentSettings,
 )
+from gpu_train.stack.sshhost import SshHost
 
 if TYPE_CHECKING:
     from gpu_train.gcp.catalog import Catalog
@@ -60,23 +61,6 @@ def setting(
         return field(default_factory=dict, metadata=meta)
     assert not isinstance(default, (dict, list)), f"{key}: an immutable default, please"
     return field(default=default, metadata={"setting": Setting(key, kind, default, help, targets, required_for, shown, agent)})
-
-
-@dataclass(frozen=True)
-class SshHost:
-    """One SSH endpoint. As parsed from a stack, ``spec`` keeps the text; once resolved through the
-    ssh_config (remote/ssh/config.py), ``host`` is the real address, ``keys`` the identity files to
-    offer and ``jump`` the ProxyJump hops in order."""
-
-    user: str
-    host: str
-    port: int = 22
-    spec: str = field(default="", compare=False)
-    keys: tuple[str, ...] = ()
-    jump: tuple[SshHost, ...] = ()
-
-    def __str__(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)
