@@ -2,19 +2,20 @@
 
 Pure decisions, tested by tables: which Compute Engine shape each replica pool becomes, which zone
 offers every shape of the job (one zone for the whole cluster, as AI Platform required), whether
-the nodes share one shape (``nodes``) or need ``pools``, and the ``train`` command that runs the same
-module with the same arguments. Every choice that differs from the job is a note with its reason.
+the nodes share one shape (``nodes``) or need ``pools``; the ``train`` command that runs the same
+module with the same arguments comes from command.py. Every choice that differs from the job is a note
+with its reason.
 """
 
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.shape_rules import nearest_regions
+from gpu_train.importing.command import train_command
 from gpu_train.importing.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables, together
 
 NAMESPACE = "gpu-train"
@@ -203,10 +204,6 @@ def _spot_only(machine_type: str, catalog: Catalog) -> bool:
     return SPOT in ways and ON_DEMAND not in ways
 
 
-# Vertex's variables for a CustomJob's baseOutputDirectory, with $JOB_DIR in its place.
-VERTEX_OUTPUTS = 'AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/checkpoints/" AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" '
-
-
 def _flex_start(job: JobDescription, shapes: list[Shape], catalog: Catalog, settings: dict[str, Any], notes: list[Note]) -> bool:
     """Vertex's FLEX_START as the stack's flexStart, where every shape takes it; its timeout as maxRunHours
     (Flex-start needs one: Vertex's default timeout, 7 days, where the job gives none; at most 7 days)."""
@@ -237,59 +234,6 @@ def _flex_start(job: JobDescription, shapes: list[Shape], catalog: Catalog, sett
         )
     )
     return True
-
-
-def _train_command(job: JobDescription, stack: str, ps: int, notes: list[Note]) -> list[str]:
-    if job.container:
-        notes.append(
-            Note(
-                "container",
-                NOT_MAPPED,
-                f"{job.container}: containers are not run (yet). Run the code "
-                "that the image holds with --script or --command, with its requirements in requirements.txt",
-            )
-        )
-    argv = ["gpu-train", "train", "--stack", stack]
-    if job.package_dir:
-        parent = job.package_dir.rstrip("/").rpartition("/")[0] or "."
-        argv += ["--dir", parent]
-    # The output folder as the platform gave it to the code: AI Platform appends --job-dir to the
-    # application's arguments; Vertex sets AIP_MODEL_DIR and its siblings (baseOutputDirectory's subfolders).
-    flag = bool(job.job_dir) and not job.output_env
-    prefix = VERTEX_OUTPUTS if job.job_dir and job.output_env else ""
-    if job.python_module:
-        text = prefix + shlex.join(["python", "-m", job.python_module, *job.args]) + (' --job-dir "$JOB_DIR"' if flag else "")
-        argv += ["--command", text]
-        notes.append(Note("pythonModule", EXACT, f"python -m {job.python_module}, from the synced package folder"))
-    else:
-        argv += (
-            ["--command", f"{prefix}python YOUR_SCRIPT.py"]
-            if prefix
-            else ["--script", "YOUR_SCRIPT.py", *(["--pass-job-dir"] if flag else [])]
-        )
-        notes.append(Note("pythonModule", NOT_MAPPED, "the job names no Python module: replace YOUR_SCRIPT.py"))
-    if job.args:
-        notes.append(Note("args", EXACT, shlex.join(job.args)))
-    for key, value in sorted(job.env.items()):
-        argv += ["--env", f"{key}={value}"]
-    if ps:
-        argv += ["--ps", str(ps)]
-    if job.job_dir:
-        copy = (
-            (f"; copy results to the bucket with `gcloud storage rsync -r runs/{stack}/RUN {job.job_dir}` after `gpu-train fetch`")
-            if job.job_dir.startswith("gs://")
-            else ""
-        )
-        given = "AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR under it" if job.output_env else "--job-dir"
-        notes.append(
-            Note(
-                "baseOutputDirectory" if job.output_env else "jobDir",
-                CHANGED,
-                f"{job.job_dir} -> $JOB_DIR on the VM (the run's own folder; the code gets {given}, as "
-                f"before), fetched home by `gpu-train fetch`{copy}",
-            )
-        )
-    return argv
 
 
 def translate(
@@ -402,4 +346,4 @@ def translate(
             )
         )
     # With pools the stack itself says which nodes are parameter servers; `--ps` is for `nodes`.
-    return Translation(stack, settings, _train_command(job, stack, 0 if not uniform else ps, notes), notes)
+    return Translation(stack, settings, train_command(job, stack, 0 if not uniform else ps, notes), notes)
