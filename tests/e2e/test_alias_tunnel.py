@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from remote.ssh import connect as ssh
 from remote.ssh.forward import ForwardError, LocalForward, pick_local_port, remote_listens
 from remote.ssh.target import target_from
 from remote.tasks import notebooks
+from tests.conftest import EXAMPLE, FAB, ROOT, Lab
 
 
 @pytest.fixture
@@ -234,3 +236,74 @@ def test_jupyter_missing_on_the_host_says_how_to_get_it(host) -> None:
             )
     finally:
         conn.close()
+
+
+# -- through `fab`, as a user would (the conftest's `lab`) ----------------------------------------
+def test_ssh_config_entry_and_plain_ssh(lab: Lab) -> None:
+    env = {**lab.env, "HOME": str(lab.tmp / "userhome")}
+    first = subprocess.run(
+        [FAB, "--search-root", str(ROOT), "status"],
+        env=env,
+        cwd=lab.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert "ssh alias: ssh gpu-train-lab," in first.stderr and "fab ssh-config" in first.stderr
+    config = lab.tmp / "userhome" / ".ssh" / "config"
+    assert not config.exists()  # never edited without being asked
+    for _ in range(2):
+        added = subprocess.run(
+            [FAB, "--search-root", str(ROOT), "ssh-config"],
+            env=env,
+            cwd=lab.cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        assert added.returncode == 0, added.stderr
+    assert config.read_text().count("Include ") == 1  # idempotent
+    out = subprocess.run(
+        ["ssh", "-F", str(config), "-o", "BatchMode=yes", "gpu-train-lab", "echo via-alias"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.stdout.strip() == "via-alias", out.stderr
+    removed = subprocess.run(
+        [FAB, "--search-root", str(ROOT), "ssh-config", "--remove"],
+        env=env,
+        cwd=lab.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert "removed the Include line" in removed.stdout and "Include" not in config.read_text()
+
+
+def test_tunnel_forwards_a_port(lab: Lab) -> None:
+    remote_port, local_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(remote_port), "--bind", "127.0.0.1", "--directory", str(EXAMPLE)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    tunnel = lab.spawn("tunnel", "--port", str(remote_port), "--local-port", str(local_port))
+    try:
+        body = b""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not body:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{local_port}/train.py", timeout=2).read()
+            except OSError:
+                time.sleep(0.2)
+        assert body == (EXAMPLE / "train.py").read_bytes()
+    finally:
+        tunnel.terminate()
+        server.terminate()
+        tunnel.wait(10)
+        server.wait(10)

@@ -23,8 +23,7 @@ import pytest
 from infra import program
 from infra.ops import preview
 from remote.loopback import Sshd
-from tests.conftest import ROOT
-from tests.e2e.test_remote import FAB
+from tests.conftest import FAB, ROOT
 
 # Both tests take port 22 of the same addresses: one worker runs them, one after the other.
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.xdist_group("pools_e2e")]

@@ -18,7 +18,7 @@ def test_logs_and_follow_write_out_a_jobs_escapes(lab: Lab, plain: str) -> None:
 
 
 def test_nvidia_smi_writes_out_a_hosts_escapes(lab: Lab) -> None:
-    from tests.e2e.test_hostile_hosts import Liar
+    from tests.e2e.test_lying_host import Liar
 
     lab.fab("status", check=True)
     liar = Liar(lab)

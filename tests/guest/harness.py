@@ -11,7 +11,7 @@ the units keep them. So the tier boots Debian bookworm with ``systemd-nspawn -b`
   through the ``google-sudoers`` group), and sshd listens on one loopback address of 127.0.9.x;
 - ``google-startup-scripts.service`` is stood in for by a oneshot unit that fetches the
   ``startup-script`` attribute from the metadata server at every boot and runs it, as Google's
-  ``google_metadata_script_runner startup`` does;
+  ``google_metadata_script_runner startup`` does (tests/guest/startup.py, with the script the program declares);
 - :class:`MetadataServer` is a small metadata server on loopback whose ``instance/preempted`` and
   ``instance/maintenance-event`` a test can flip (hanging GETs with ``wait_for_change`` as the real
   one); the guest's units find it through ``GPU_TRAIN_METADATA_URL`` (the agent's metadata setting);
@@ -42,6 +42,7 @@ from pathlib import Path
 from tests.guest.cgroups import drop_cgroups, own_cgroups
 from tests.guest.metadata import METADATA_ADDRESS, METADATA_ENV, MetadataServer, free_port  # noqa: F401 (re-exported)
 from tests.guest.rootfs import ROOTFS, skip_reason  # noqa: F401 (re-exported)
+from tests.guest.startup import STARTUP_RUNNER, STARTUP_UNIT
 
 GUEST_UID = 61000  # the ssh-keys user's uid in every guest (the same on a replaced VM: the data disk's files)
 LOOPBACK = "127.0.9"  # this tier's loopback addresses: 127.0.9.1 the metadata server, .10 and up the guests
@@ -50,63 +51,7 @@ _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or
 _guest_numbers = (10 + 40 * _WORKER + n % 40 for n in itertools.count())
 
 
-def startup_script_of(raw_config: dict, stack: str = "guest") -> str:
-    """The ``startup-script`` metadata of the VM the Pulumi program declares for these settings
-    (the real program, under Pulumi's mock runtime)."""
-    from infra import program
-    from infra.ops import preview
-
-    result = preview.run(program.main, stack=stack, config=raw_config)
-    if result.error is not None:
-        raise AssertionError(f"the program failed under mocks: {result.error}")
-    instances = result.of_type("compute/instance:Instance")
-    return instances[0].inputs["metadata"]["startup-script"]
-
-
 # -- the guest --------------------------------------------------------------------------------
-STARTUP_RUNNER = r'''#!/usr/bin/python3
-"""Stand-in for google_metadata_script_runner: fetch instance/attributes/startup-script, run it."""
-import os, subprocess, sys, tempfile, time, urllib.request
-base = os.environ.get("GPU_TRAIN_METADATA_URL") or "http://169.254.169.254/computeMetadata/v1/"
-req = urllib.request.Request(base + "instance/attributes/startup-script", headers={"Metadata-Flavor": "Google"})
-for attempt in range(30):  # as Google's runner does, it asks the metadata server again when it does not answer
-    try:
-        script = urllib.request.urlopen(req, timeout=10).read()
-        break
-    except OSError as e:  # urllib's HTTPError too
-        if getattr(e, "code", None) == 404:
-            print("startup-script: none in the metadata", flush=True)
-            sys.exit(0)
-        print("startup-script: metadata server:", e, flush=True)
-        time.sleep(2)
-else:
-    sys.exit("startup-script: the metadata server did not answer")
-with tempfile.NamedTemporaryFile(prefix="startup-script-", delete=False) as f:
-    f.write(script)
-print("startup-script: running", f.name, flush=True)
-code = subprocess.run(["/bin/bash", f.name]).returncode
-print(f"startup-script exit status {code}", flush=True)
-sys.exit(code)
-'''
-
-# As google-guest-agent's google-startup-scripts.service: after the network, KillMode=process so
-# what the script starts is not killed when it returns.
-STARTUP_UNIT = """[Unit]
-Description=Google Compute Engine Startup Scripts (gpu-train test stand-in)
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-Type=oneshot
-ExecStart=/usr/bin/google_metadata_script_runner startup
-KillMode=process
-StandardOutput=journal+console
-
-[Install]
-WantedBy=multi-user.target
-"""
-
-
 @dataclass
 class Guest:
     """One booted Debian guest: an overlay of the cached root file system, its sshd on 127.0.9.N."""

@@ -20,7 +20,7 @@ from remote.agent import composite
 from tests.conftest import gcp_raw
 from tests.gcs import Emulator
 from tests.guest.fabuser import FabUser
-from tests.guest.harness import startup_script_of
+from tests.guest.startup import startup_script_of
 
 CKPT_MB = 256  # past composite.PARALLEL_FROM: the last upload goes in parallel parts
 # The job (the guest's /opt/conda Python): up, then on SIGTERM (the machine going down) writes its last

@@ -25,7 +25,8 @@ import pytest
 from gpu_train.gcp import vm
 from tests.conftest import ROOT, gcp_raw
 from tests.guest.fabuser import EXAMPLE, FabUser, last_step
-from tests.guest.harness import Guest, startup_script_of
+from tests.guest.harness import Guest
+from tests.guest.startup import startup_script_of
 
 FAB = str(Path(sys.executable).parent / "fab")
 REMOTE_ROOT = "/home/trainer/gpu-train"

@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import gcp_raw
-from tests.guest.harness import METADATA_ENV, Guest, MetadataServer, startup_script_of
+from tests.guest.harness import METADATA_ENV, Guest, MetadataServer
+from tests.guest.startup import startup_script_of
 
 
 def ssh(guest: Guest, key: Path, command: str) -> subprocess.CompletedProcess:

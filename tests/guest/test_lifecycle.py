@@ -17,7 +17,8 @@ import pytest
 from remote.ssh.listener import accept_each
 from tests.conftest import gcp_raw
 from tests.guest.fabuser import EXAMPLE, FabUser
-from tests.guest.harness import LOOPBACK, Guest, MetadataServer, free_port, startup_script_of
+from tests.guest.harness import LOOPBACK, Guest, MetadataServer, free_port
+from tests.guest.startup import startup_script_of
 
 
 @pytest.fixture

@@ -19,9 +19,11 @@ import pytest
 from gpu_train import recovery
 from remote.agent import recovery_call
 from tests.conftest import gcp_raw
-from tests.google_fake import FakeGoogle, rfc3339
+from tests.google_compute import rfc3339
+from tests.google_fake import FakeGoogle
 from tests.guest.fabuser import EXAMPLE, FabUser
-from tests.guest.harness import MetadataServer, startup_script_of
+from tests.guest.harness import MetadataServer
+from tests.guest.startup import startup_script_of
 from tests.webhook import Webhook
 
 QUICK_TICK = "[Timer]\nOnBootSec=\nOnUnitActiveSec=1s\nAccuracySec=50ms\n"  # as in test_lifecycle

@@ -11,7 +11,8 @@ import pytest
 from gpu_train import recovery
 from gpu_train.recovery import DONE, RETRY, Event
 from remote.agent import notify, recovery_call
-from tests.google_fake import FakeGoogle, rfc3339
+from tests.google_compute import rfc3339
+from tests.google_fake import FakeGoogle
 from tests.webhook import Webhook
 
 T0 = 1_790_000_000.0  # the preemption

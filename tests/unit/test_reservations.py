@@ -1,6 +1,6 @@
 """A stack that consumes a reservation: the reservation read against the VMs the stack declares (a table
 over the API's reservations resource), and scripts/preflight with the user's credentials against a local
-fake of the Compute API (tests/google_fake.py), which refuses a request without the token it issued."""
+fake of the Compute API (tests/google_compute.py, served by tests/google_fake.py), which refuses a request without the token it issued."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import parse
 from infra.ops import preflight
 from tests.conftest import gcp_raw
-from tests.google_fake import FakeGoogle, reservation
+from tests.google_compute import reservation
+from tests.google_fake import FakeGoogle
 
 CATALOG = load_catalog()
 FIXED = {"gpuType": None, "gpuCount": None}
