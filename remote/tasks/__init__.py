@@ -9,7 +9,8 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     localstate  what the laptop keeps: atomic writes, pushed manifests, fetch records
     train       train
     runs        logs, status, stop, resume
-    fetch       fetch, down
+    fetch       fetch
+    teardown    down, and the guards before destroying (vm-stop's too)
     shell       setup, ssh, nvidia-smi
     overview    gpus (the catalog), stack, check, ls, ssh-config
     power       vm-stop, vm-start
@@ -24,7 +25,7 @@ from invoke import Collection
 
 from gpu_train.errors import GpuTrainError
 from remote.errors import exit_for
-from remote.tasks import dashboards, data, importing, overview, power, runs, shell
+from remote.tasks import dashboards, data, importing, overview, power, runs, shell, teardown
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
 from remote.tasks.shortflags import pin_short_flags
@@ -38,7 +39,7 @@ ns = Collection(
     runs.resume,
     runs.prune,
     fetching.fetch,
-    fetching.down,
+    teardown.down,
     shell.setup,
     shell.shell,
     shell.nvidia_smi,

@@ -40,7 +40,7 @@ def data_path(src: Path, root: Path) -> str:
 )
 def push(c, dir, stack=None, json_=False, to=None):
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
-    from remote.transfer import sync
+    from remote.transfer import ignores, sync
 
     src = Path(dir).expanduser().resolve()
     if not src.is_dir():
@@ -70,7 +70,7 @@ def push(c, dir, stack=None, json_=False, to=None):
             s.close()
         return f"{target.remote_root}/data/{project}/{rel}"
 
-    say(f"pushing {src} ({sync.human(sync.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
+    say(f"pushing {src} ({sync.human(ignores.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
     results = on_every_node(sessions, one)
     if failed := failures(results):
         raise GpuTrainError("; ".join(failed) + f": run `{CLI} push {dir}` again to resume")

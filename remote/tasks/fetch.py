@@ -1,20 +1,17 @@
-"""`fab fetch` and `fab down`: bring JOB_DIRs home (once, or while a run trains), then stop billing."""
+"""`fab fetch`: bring JOB_DIRs home (once, or while a run trains); `down` and its guards are in teardown.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import time
 from pathlib import Path
-from typing import cast
 
 from invoke import task
 
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
-from gpu_train.errors import CommandFailed, ExitStatus, GpuTrainError, Unreachable, UsageError
+from gpu_train.errors import ExitStatus, GpuTrainError, Unreachable, UsageError
 from remote.tasks import frombucket, trust
 from remote.tasks.frombucket import destination, node_dir
 from remote.tasks.localstate import FetchRecord
@@ -160,7 +157,7 @@ def fetch(
     (one previous version per file). Exits non-zero, naming each, when anything the host has is not home.
     With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
-    streams = _streams(streams)
+    streams = parse_streams(streams)
     run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
     if from_ not in (None, "host", "bucket"):
         raise UsageError(f"--from {from_}: `host` (the default) or `bucket`")
@@ -266,7 +263,7 @@ def _which_runs(session: Session, run: str | None, all_: bool) -> list[dict]:
     return runs
 
 
-def _streams(value: object) -> int:
+def parse_streams(value: object) -> int:
     """--streams as a number (the tasks default it to None, not an int: Invoke would parse an int
     default itself and fail on "abc" with a traceback instead of this message)."""
     if value is None:
@@ -297,132 +294,3 @@ def _watch(session: Session, run: str | None, dest: str | None, interval: float,
             return
         session.close()  # the next round's first call checks the shared connection again (a host gone meanwhile)
         time.sleep(interval)
-
-
-def every_node_status(session: Session) -> tuple[list[Session], list[object]]:
-    """Every node's session and its status document with summaries (the error of a node that failed)."""
-    sessions = session.nodes()
-    return sessions, on_every_node(sessions, lambda s: s.call("status", "--summaries"))
-
-
-def guard_runs(sessions: list[Session], docs: list[object]) -> tuple[list[dict], list[str]]:
-    """The cluster's runs (one state each) and the nodes that could not be asked, for the guards."""
-    from gpu_train.jobs import aggregate_runs
-
-    if len(docs) == 1 and not isinstance(docs[0], GpuTrainError):
-        return cast(dict, docs[0])["runs"], []
-    doc = aggregate_runs([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
-    return doc["runs"], failures(docs)
-
-
-def fetch_every_node(sessions: list[Session], docs: list[object], streams: int = DEFAULT_STREAMS) -> list[str]:
-    """Before anything is destroyed: every node's runs home (node N's in RUN/node-N/), strictly (a host's
-    file the laptop kept its newer copy of counts as not home). What is not, one line each."""
-
-    def one(s: Session) -> list[str]:
-        runs = cast(dict, docs[s.node])["runs"]
-        lost = fetch_runs(s, runs, None, progress=False, subdir=node_dir(s.node), streams=streams, strict=True) if runs else []
-        return [f"node {s.node}: {m}" for m in lost] if len(sessions) > 1 else lost
-
-    results = on_every_node([s for s in sessions if not isinstance(docs[s.node], GpuTrainError)], one)
-    return failures(results) + [m for r in results if isinstance(r, list) for m in r]
-
-
-def refusal(problems: list[str], what: str, force_hint: str) -> str:
-    """The guards' message: what would be lost, and the ways on."""
-    shown = "\n  ".join(problems[:20]) + (f"\n  and {len(problems) - 20} more" if len(problems) > 20 else "")
-    return (
-        f"refusing: not everything is home; nothing was {what}. What would be lost:\n  {shown}\n"
-        f"Fix what is named and run it again, or {force_hint} to lose them"
-    )
-
-
-def uncron(session: Session) -> None:
-    """`down` on an SSH stack: each host's @reboot line (reboot-resume, from `setup`) goes too."""
-    nodes = session.nodes()
-    results = on_every_node(nodes, lambda s: s.call("uncron"))
-    for s, r in zip(nodes, results, strict=True):
-        if isinstance(r, dict) and r.get("removed"):
-            say(f"{s.target.host}: took gpu-train's lines out of your crontab (reboots no longer resume runs there)")
-    for line in failures(results):
-        say(f"warning: {line}: gpu-train's crontab lines may still be there (`crontab -e` there to remove them)")
-
-
-@task(
-    help={
-        "force": "destroy even if a run is running or not everything could be fetched (naming what is lost)",
-        "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})",
-        "stack": STACK_HELP,
-        "no_fetch": "with gpu-train:bucket: download nothing; refuses unless every run is verified in the bucket",
-    }
-)
-def down(c, force=False, streams=None, stack=None, no_fetch=False):
-    """Fetch every run from every node, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
-
-    Refuses, naming what would be lost, while a run is still running or anything of any node (a JOB_DIR,
-    the outputs in a working directory) is not home, unless --force. The data disks are protected
-    against a plain `pulumi destroy`; only here, after the fetch, are they released.
-    """
-    streams = _streams(streams)
-    session = Session(Environment.of(c), stack)
-    sessions, docs = every_node_status(session)
-    if len(docs) == 1 and isinstance(docs[0], GpuTrainError):
-        raise docs[0]
-    runs, unreachable = guard_runs(sessions, docs)
-    running = [r["id"] for r in runs if r["state"] in ACTIVE]
-    if running and not force:
-        raise GpuTrainError(f"refusing: still running: {', '.join(running)} ({CLI} stop, or {CLI} down --force)")
-    if unreachable and not force:
-        raise GpuTrainError(f"refusing: cannot check every node ({'; '.join(unreachable)}); {CLI} down --force to go on")
-    bucket = session.target.bucket
-    if no_fetch:
-        from remote.tasks.bucketguard import not_in_bucket
-
-        if not bucket:
-            raise UsageError(f"--no-fetch: stack {session.target.stack} has no gpu-train:bucket to keep its runs (docs/bucket.md)")
-        problems = not_in_bucket([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
-    else:
-        problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, streams)
-    for s in sessions:
-        s.close()
-    if problems and not force:
-        raise GpuTrainError(
-            refusal(problems, "destroyed", f"{CLI} down --force") + (f" (or {CLI} down, which downloads them)" if no_fetch else "")
-        )
-    if problems:
-        say("--force: going on; lost with the host:\n  " + "\n  ".join(problems))
-    say(
-        f"every run is verified in {bucket}; nothing downloaded"
-        if no_fetch
-        else f"fetched {len(runs)} run(s) into runs/{session.target.stack}/"
-    )
-    if bucket:
-        say(f"the bucket {bucket} and the runs in it stay (`{CLI} fetch --from bucket` brings one home)")
-    if not session.target.is_gcp:
-        print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
-        uncron(session)
-        return
-    from infra.ops import pulumi_cli
-    from remote.ssh import target as targets
-
-    try:  # the data disks are protected against a plain `pulumi destroy`; their runs are home now
-        released = pulumi_cli.release_data_disks(session.target.stack)
-    except RuntimeError as e:
-        raise GpuTrainError(f"{e}; nothing was destroyed") from None
-    if released:
-        say(f"data disk(s) {', '.join(released)} released: their runs are in {bucket if no_fetch else f'runs/{session.target.stack}/'}")
-    from gpu_train.stack.project import pulumi_config_args
-
-    where = pulumi_config_args(session.env.stack_file(session.target.stack))  # a stack file in the user's project
-    result = subprocess.run(
-        ["pulumi", "destroy", "--yes", "--stack", session.target.stack, *where],
-        cwd=targets.REPO,
-        env={**os.environ, **session.env.exported()},
-    )
-    if result.returncode != 0:
-        raise CommandFailed(
-            "pulumi destroy failed: the VM may still be billing; run `pulumi destroy` yourself",
-            command="pulumi destroy",
-            exited=result.returncode,
-        )
-    (session.target.cache / "outputs.json").unlink(missing_ok=True)

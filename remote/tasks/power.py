@@ -66,7 +66,7 @@ def vm_stop(c, force=False, wait=None, stack=None):
     and the fetch: a running run gets SIGTERM, saves a checkpoint and resumes at vm-start).
     """
     from gpu_train.gcp import power
-    from remote.tasks.fetch import every_node_status, fetch_every_node, guard_runs, refusal
+    from remote.tasks.teardown import every_node_status, fetch_every_node, guard_runs, refusal
 
     wait = number("--wait", GUARD_TIMEOUT_S if wait is None else wait, float, 0.1, 3600)
     env = Environment.of(c)

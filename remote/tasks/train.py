@@ -83,7 +83,7 @@ def train(
     """
     from gpu_train import jobs
     from remote.errors import RemoteError
-    from remote.transfer import codehop, codesize, sync
+    from remote.transfer import codehop, codesize, ignores, sync
 
     environment = Environment.of(c)  # (`env` is --env)
     code_dir = Path(dir).expanduser().resolve() if dir else environment.project_root
@@ -142,8 +142,8 @@ def train(
             where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
             say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
             if plan.left_out:
-                say(sync.left_out_summary(list(plan.left_out), CLI))
-            if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, sync.IGNORE_FILE, CLI):
+                say(ignores.left_out_summary(list(plan.left_out), CLI))
+            if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, ignores.IGNORE_FILE, CLI):
                 say(heavy)
             sessions = session.nodes()
             # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.

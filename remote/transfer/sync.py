@@ -2,7 +2,8 @@
 
 The command lines are built by plain functions (tested as tables); running them is a thin layer.
 Code honours .gitignore (git's own answer when the directory is in a git work tree; rsync's
-per-directory rules otherwise) and .gputrainignore, and never sends .git.
+per-directory rules otherwise) and .gputrainignore, and never sends .git: those rules, and what
+they leave out, are remote/transfer/ignores.py.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_train.stack.config import SshHost
-from gpu_train.stack.project import GIT
 from remote.agent.bundle import GUARD
 from remote.errors import RemoteError
 from remote.ssh.connect import openssh_options
 from remote.ssh.target import Target
 from remote.transfer.codesize import folder_counts, human
+from remote.transfer.ignores import IGNORE_FILE, LeftOut, always_excluded, code_filters, git_ignored, left_out
 
-IGNORE_FILE = ".gputrainignore"
 # rsync before 3.4.0 has known client-side holes (CVE-2024-12085 .. 12088: a malicious server
 # can read client memory or write outside the destination).
 MIN_RSYNC = (3, 4, 0)
@@ -81,43 +81,6 @@ def check_rsync() -> None:
     """RemoteError naming the fix when the local rsync is missing or too old."""
     if (why := rsync_problem(_rsync_version_text())) is not None:
         raise RemoteError(why)
-
-
-def rsync_literal(path: str) -> str:
-    """A file name as an rsync pattern matching only itself.
-
-    rsync treats ``*?[`` as wildcards, and a backslash as an escape only in a pattern that has a
-    wildcard; so a name without them is already literal, and one with them has each escaped. A
-    newline cannot appear in a line-based rule file: it becomes ``?`` (a name differing only there
-    is excluded too; never the other way round, which would send an ignored file).
-    """
-    if any(c in path for c in "*?[\n\r"):
-        path = re.sub(r"([*?\[\\])", r"\\\1", path)
-    return re.sub(r"[\n\r]", "?", path)
-
-
-def code_filters(git_ignored: list[str] | None) -> list[str]:
-    """rsync filter options: .git never; .gputrainignore everywhere; .gitignore via git or rsync."""
-    opts = ["--exclude=/.git/", "--exclude=.git", f"--filter=:- {IGNORE_FILE}"]
-    if git_ignored is None:
-        opts.append("--filter=:- .gitignore")
-    return opts
-
-
-def git_ignored(directory: Path) -> list[str] | None:
-    """Paths git ignores under ``directory`` (anchored rsync patterns), or None outside a work tree."""
-    if not shutil.which("git"):
-        return None
-    inside = subprocess.run([*GIT, "-C", str(directory), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
-    if inside.stdout.strip() != "true":
-        return None
-    out = subprocess.run(
-        [*GIT, "-C", str(directory), "ls-files", "--others", "--ignored", "--exclude-standard", "--directory", "-z"],
-        capture_output=True,
-        check=True,
-    )
-    names = out.stdout.decode("utf-8", "surrogateescape").split("\0")
-    return ["/" + rsync_literal(p) for p in names if p]
 
 
 def guard_command(target: Target) -> str:
@@ -189,96 +152,6 @@ def listed_bytes(listing: str) -> tuple[int, int]:
     return files, total
 
 
-@dataclass(frozen=True)
-class LeftOut:
-    """Something in the code directory that the sync does not send, and why."""
-
-    path: str  # relative to the code directory; directories end in '/'
-    bytes: int
-    why: str
-    capped: bool = False  # sized only in part (a huge tree): at least ``bytes``
-
-
-def tree_bytes(path: Path, max_entries: int = 50_000) -> tuple[int, bool]:
-    """(bytes under ``path``, whether the walk stopped at ``max_entries`` first); symlinks not followed."""
-    total, seen, todo = 0, 0, [path]
-    while todo:
-        current = todo.pop()
-        try:
-            st = current.lstat()
-        except OSError:
-            continue
-        seen += 1
-        if seen > max_entries:
-            return total, True
-        if current.is_dir() and not current.is_symlink():
-            try:
-                todo.extend(current.iterdir())
-            except OSError:
-                continue
-        elif current.is_file() and not current.is_symlink():
-            total += st.st_size
-    return total, False
-
-
-def always_excluded(src: Path, outputs: list[tuple[Path, str | None]]) -> list[tuple[str, str | None]]:
-    """Anchored rsync patterns for the outputs that lie inside ``src`` (fetched runs, local state):
-    results never go back as code, whatever the ignore files say. Pairs of (pattern, why)."""
-    out = []
-    for path, why in outputs:
-        try:
-            rel = path.resolve().relative_to(src.resolve())
-        except ValueError:
-            continue
-        if rel.parts:
-            out.append(("/" + rsync_literal(rel.as_posix()) + "/", why))
-    return out
-
-
-def left_out_summary(items: list[LeftOut], cli: str = "gpu-train", limit: int = 4) -> str:
-    """One line naming the biggest things left out and their sizes, and how to send data instead:
-    `push` of the biggest directory left out, and where the job finds it (as `push` puts it:
-    $DATA_DIR/PATH, and as PATH/ in the job's working directory, nested ones too)."""
-    shown = sorted(items, key=lambda i: -i.bytes)[:limit]
-    if not shown:
-        return ""
-    parts = [f"{i.path} {'>= ' if i.capped else ''}{human(i.bytes)}, {i.why}" for i in shown]
-    more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    folder = next((f for f in map(folder_of, shown) if f and f not in ("runs", ".gpu-train")), None)
-    if folder is None:
-        return f"left out: {'; '.join(parts)}{more}. To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
-    return (
-        f"left out: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {folder} "
-        f"(the job finds it in $DATA_DIR/{folder}, and as {folder}/ in its working directory)"
-    )
-
-
-def folder_of(item: LeftOut) -> str | None:
-    """The folder to push for a thing left out: itself, or the folder a file lies in (a gitignored
-    data/mydata/train.bin is sent by `push data/mydata`); None for a file at the top."""
-    if item.path.endswith("/"):
-        return item.path.rstrip("/")
-    return item.path.rsplit("/", 1)[0] if "/" in item.path else None
-
-
-def ignore_sources(src: Path, paths: list[str]) -> dict[str, str]:
-    """Which ignore file ignores each path (git check-ignore -v): path -> '.gitignore', 'data/.gitignore', ..."""
-    if not paths:
-        return {}
-    names = "\0".join(paths) + "\0"
-    out = subprocess.run(
-        [*GIT, "-C", str(src), "check-ignore", "-v", "-z", "--no-index", "--stdin"],
-        input=names.encode("utf-8", "surrogateescape"),
-        capture_output=True,
-    )
-    fields = out.stdout.decode("utf-8", "surrogateescape").split("\0")
-    found = {}
-    for i in range(0, len(fields) - 3, 4):  # source, line number, pattern, path
-        source = fields[i]
-        found[fields[i + 3]] = Path(source).name if source.endswith(".gitignore") and "/" not in source else source
-    return found
-
-
 @dataclass
 class CodePlan:
     """What a code sync would send, decided locally before any connection: files, size, manifest.
@@ -326,28 +199,9 @@ def plan_code(src: Path, scratch: Path, outputs: tuple[tuple[Path, str | None], 
         manifest,
         ignored is not None,
         exclude,
-        tuple(_left_out(src, forced, ignored or [])),
+        tuple(left_out(src, forced, ignored or [])),
         folder_counts(listing.stdout),
     )
-
-
-def _left_out(src: Path, forced: list[tuple[str, str | None]], ignored: list[str]) -> list[LeftOut]:
-    items = []
-    for pattern, why in forced:
-        path = src / pattern.strip("/")
-        if why and path.exists():  # no why: left out without a word (gpu-train's own state)
-            size, capped = tree_bytes(path)
-            items.append(LeftOut(pattern.lstrip("/"), size, why, capped))
-    forced_paths = {p.lstrip("/") for p, _ in forced}
-    rels = [p.lstrip("/") for p in ignored if p.lstrip("/") not in forced_paths and "\\" not in p]
-    sized = [(rel, *tree_bytes(src / rel.rstrip("/"))) for rel in rels]
-    sized = [t for t in sized if t[1] > 0]
-    sized.sort(key=lambda t: -t[1])
-    sources = ignore_sources(src, [rel for rel, _, _ in sized[:8]])
-    for rel, size, capped in sized:
-        source = sources.get(rel) or sources.get(rel.rstrip("/"))
-        items.append(LeftOut(rel, size, f"ignored by {source or 'git'}", capped))
-    return items
 
 
 class SyncCancelled(RemoteError):

@@ -18,7 +18,7 @@ from gpu_train.gcp import validate
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile, values
 from gpu_train.stack.config import ConfigError
-from remote.transfer import sync
+from remote.transfer import ignores, sync
 from tests.conftest import gcp_raw
 
 CATALOG = load_catalog()
@@ -197,7 +197,7 @@ def test_rsync_versions(version: str | None, ok: bool) -> None:
     ],
 )
 def test_rsync_literal(name: str, pattern: str) -> None:
-    assert sync.rsync_literal(name) == pattern
+    assert ignores.rsync_literal(name) == pattern
 
 
 def test_git_ignored_names_with_wildcards_match_only_themselves(tmp_path: Path) -> None:
@@ -225,7 +225,7 @@ def test_a_projects_git_config_runs_nothing_here(tmp_path: Path) -> None:
     subprocess.run(["git", "init", "-q", str(code)], check=True)
     subprocess.run(["git", "-C", str(code), "config", "core.fsmonitor", f"touch {mark}; false #"], check=True)
     plan = sync.plan_code(code, tmp_path)
-    assert plan.left_out and sync.ignore_sources(code, ["data.bin"]) == {"data.bin": ".gitignore"}
+    assert plan.left_out and ignores.ignore_sources(code, ["data.bin"]) == {"data.bin": ".gitignore"}
     assert not mark.exists()
 
 

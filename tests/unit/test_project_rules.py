@@ -106,26 +106,26 @@ def test_stack_search_path(tmp_path: Path) -> None:
 
 
 def test_left_out_and_always_excluded(tmp_path: Path) -> None:
-    from remote.transfer import sync
+    from remote.transfer import ignores
 
-    assert sync.always_excluded(tmp_path, [(tmp_path / "runs", "fetched results"), (Path("/elsewhere"), None)]) == [
+    assert ignores.always_excluded(tmp_path, [(tmp_path / "runs", "fetched results"), (Path("/elsewhere"), None)]) == [
         ("/runs/", "fetched results")
     ]
-    items = [sync.LeftOut("data/", 51 * 1024 * 1024, "ignored by .gitignore"), sync.LeftOut("runs/", 10, "fetched results")]
-    text = sync.left_out_summary(items)
+    items = [ignores.LeftOut("data/", 51 * 1024 * 1024, "ignored by .gitignore"), ignores.LeftOut("runs/", 10, "fetched results")]
+    text = ignores.left_out_summary(items)
     assert text.startswith("left out: data/ 51.0 MiB, ignored by .gitignore; runs/ 10 B, fetched results.")
     assert "To send data/: gpu-train push data (the job finds it in $DATA_DIR/data, and as data/" in text
-    assert sync.left_out_summary([]) == ""
-    files = sync.left_out_summary([sync.LeftOut("big.bin", 9, "ignored by .gitignore")], "fab")
+    assert ignores.left_out_summary([]) == ""
+    files = ignores.left_out_summary([ignores.LeftOut("big.bin", 9, "ignored by .gitignore")], "fab")
     assert "fab push DIR (the job finds it in $DATA_DIR/DIR)" in files
-    nested = sync.left_out_summary([sync.LeftOut("sets/imagenet/", 9, "ignored by .gitignore")], "fab")
+    nested = ignores.left_out_summary([ignores.LeftOut("sets/imagenet/", 9, "ignored by .gitignore")], "fab")
     assert "fab push sets/imagenet (the job finds it in $DATA_DIR/sets/imagenet, and as sets/imagenet/ in its" in nested
     # a gitignored file in a folder (`data/**/*.bin`, as nanoGPT's prepare scripts make): push its folder
-    bins = sync.left_out_summary(
-        [sync.LeftOut("runs/", 99, "fetched results"), sync.LeftOut("data/mydata/train.bin", 9, "ignored by .gitignore")]
+    bins = ignores.left_out_summary(
+        [ignores.LeftOut("runs/", 99, "fetched results"), ignores.LeftOut("data/mydata/train.bin", 9, "ignored by .gitignore")]
     )
     assert "To send data/mydata/: gpu-train push data/mydata (the job finds it in $DATA_DIR/data/mydata, and as" in bins
-    top = sync.left_out_summary([sync.LeftOut("cache.bin", 9, "ignored by .gitignore")])
+    top = ignores.left_out_summary([ignores.LeftOut("cache.bin", 9, "ignored by .gitignore")])
     assert "gpu-train push DIR (the job finds it in $DATA_DIR/DIR)" in top
 
 

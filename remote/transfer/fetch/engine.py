@@ -1,7 +1,8 @@
 """Parallel fetch: many runs' JOB_DIRs home over several SSH streams, from one listing.
 
 1. One stream lists every run's JOB_DIR at once (one round trip however many runs).
-2. Each entry is compared with what is here (remote/transfer/fetch/generator.py): unchanged files are not
+2. Each entry is compared with what is here (remote/transfer/fetch/generator.py decides, planner.py
+   applies it to the tree here): unchanged files are not
    sent, local files newer than the host's are kept, files that exist here but differ (or that
    an interrupted fetch left partly done) are compared block by block and only what differs is sent.
 3. The pieces (whole small files, ranges of big ones) wait in one queue, largest first; each stream
@@ -29,14 +30,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpu_train.contract import UNREADABLE
 from remote.transfer.fetch import direct as fdirect
 from remote.transfer.fetch import generator as fp
 from remote.transfer.fetch import job as fj
+from remote.transfer.fetch import planner
 from remote.transfer.fetch import receiver as fl
 from remote.transfer.fetch.job import FileJob
 from remote.transfer.fetch.progress import Progress
-from remote.transfer.fetch.report import RunResult, summary
+from remote.transfer.fetch.report import RunResult
 from remote.transfer.fetch.stream import Stream, StreamError
 
 
@@ -92,84 +93,8 @@ class Fetcher:
         return time.monotonic() - started
 
     def _plan(self, results: list[RunResult], listing: dict) -> tuple[list, list[FileJob]]:
-        dirs: list[tuple[Path, fp.Entry]] = []
-        basis: list[FileJob] = []
-        for result in results:
-            doc = (listing.get(result.run_id) if isinstance(listing, dict) else None) or {"error": f"the host did not list {result.run_id}"}
-            if not isinstance(doc, dict) or not isinstance(doc.get("entries", []), list):
-                doc = {"error": f"the host's listing of {result.run_id} is not one"}
-            if "error" in doc:
-                result.error = doc["error"]
-                continue
-            try:
-                entries = [fp.Entry.from_wire(row) for row in doc["entries"]]
-                why = fp.listing_problem(entries, fl.capacity(result.dest))
-            except (ValueError, TypeError) as e:
-                why = f"the host's listing of {result.run_id} is not one ({e})"
-            if why:
-                result.error = why
-                continue
-            result.summary = summary(entries)
-            try:
-                self._plan_run(result, entries, dirs, basis)
-            except (fl.UnsafePath, OSError) as e:
-                result.error = str(e)
-        return dirs, basis
-
-    def _plan_run(self, result: RunResult, entries: list[fp.Entry], dirs: list, basis: list) -> None:
-        tree = fl.Tree(result.dest)
-        workdir = "/" in result.run_id  # RUN/workdir: the working directory's outputs (no names reserved there)
-        result.previous = fl.previous_dir(result.dest, workdir)
-        direct = any(e.kind == "f" and e.size >= fdirect.DIRECT_MIN for e in entries) and fdirect.writes_direct(result.dest.parent)
-        if entries or not workdir:  # no workdir/ for a job that wrote nothing in its working directory
-            tree.folder("")
-        taken: set[str] = set()  # top-level JOB_DIR names the run's folder here keeps for itself
-        for e in entries:
-            if e.kind == UNREADABLE:
-                result.unreadable.append(f"{e.path} ({e.target})")
-                continue
-            if not workdir and (("/" not in e.path and fp.reserved(e.path)) or (taken and e.path.partition("/")[0] in taken)):
-                if "/" not in e.path:
-                    taken.add(e.path)
-                    result.conflicts.append(
-                        f"{e.path} (a name the run's folder here keeps for gpu-train: rename it in the JOB_DIR, or fetch with --dest)"
-                    )
-                continue
-            try:
-                self._plan_entry(result, tree, e, dirs, basis, direct)
-            except (fl.UnsafePath, OSError) as err:  # a name this file system refuses (too long, not valid here)
-                result.unstorable.append(f"{e.path} ({getattr(err, 'strerror', None) or err})")
-
-    def _plan_entry(self, result: RunResult, tree: fl.Tree, e: fp.Entry, dirs: list, basis: list, direct: bool) -> None:
-        local = tree.planned(e.path)
-        action = fp.decide(e, local)
-        if action == fp.KEEP_NEWER:
-            result.kept_newer.append(e.path)
-        elif action == fp.CONFLICT:
-            result.conflicts.append(e.path)
-        elif action == fp.UNSAFE:
-            result.unsafe.append(f"{e.path} -> {e.target}")
-        elif action == fp.MKDIR:
-            tree.folder(e.path)
-        elif action == fp.LINK:
-            if tree.link(e.path, e.target, local):
-                result.files += 1
-        elif action in (fp.FETCH, fp.DELTA):
-            job = FileJob(
-                len(self.jobs),
-                result,
-                tree,
-                e,
-                local,
-                fl.part_path(result.dest, e.path),
-                direct=direct,
-                request=fp.request_bytes(result.run_id, e.path),
-            )
-            self.jobs.append(job)
-            if action == fp.DELTA or (e.size >= fp.DELTA_MIN and os.path.isfile(job.part)):
-                basis.append(job)  # a local copy, or what an interrupted fetch left: compared by blocks
-        if e.kind == "d":
-            dirs.append((tree, e))
+        """Each run's listing made into the work here (remote/transfer/fetch/planner.py): folders, links, jobs."""
+        return planner.plan(results, listing, self.jobs)
 
     # -- delta: compare blocks with the host ----------------------------------------------------
     def _hash_phase(self, stream: Stream, basis: list[FileJob]) -> list[fp.Piece]:
