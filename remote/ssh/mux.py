@@ -111,12 +111,33 @@ def end_master(target: Target, host: SshHost) -> None:
     """Close the shared connection now (the host then counts no SSH session of ours)."""
     path = control_path(target, host)
     if path is not None and master_up(path):
-        subprocess.run(
-            ["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            timeout=30,
-        )
+        exit_master(path, host, timeout=30)
+
+
+def exit_master(path: str, host: SshHost, timeout: float) -> None:
+    """`ssh -O exit`: answered by the local master, whatever the host does."""
+    subprocess.run(
+        ["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+    )
+
+
+def over_master(target: Target, host: SshHost, path: str) -> list[str]:
+    """ssh's argv for a session over the shared connection at ``path`` (the command goes after it)."""
+    return [
+        "ssh",
+        *openssh_options(target, host),
+        "-o",
+        "ControlMaster=no",
+        "-o",
+        f"ControlPath={path}",
+        "-T",
+        "-x",
+        "--",
+        f"{host.user}@{host.host}",
+    ]
 
 
 def answers(target: Target, host: SshHost, timeout: float = PROBE_S) -> bool | None:
@@ -131,19 +152,7 @@ def answers(target: Target, host: SshHost, timeout: float = PROBE_S) -> bool | N
     try:
         return (
             subprocess.run(
-                [
-                    "ssh",
-                    *openssh_options(target, host),
-                    "-o",
-                    "ControlMaster=no",
-                    "-o",
-                    f"ControlPath={path}",
-                    "-T",
-                    "-x",
-                    "--",
-                    f"{host.user}@{host.host}",
-                    "true",
-                ],
+                [*over_master(target, host, path), "true"],
                 capture_output=True,
                 stdin=subprocess.DEVNULL,
                 timeout=timeout,
@@ -152,12 +161,7 @@ def answers(target: Target, host: SshHost, timeout: float = PROBE_S) -> bool | N
             or None
         )
     except subprocess.TimeoutExpired:
-        subprocess.run(
-            ["ssh", "-o", f"ControlPath={path}", "-O", "exit", "--", f"{host.user}@{host.host}"],
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            timeout=10,
-        )  # answered by the local master
+        exit_master(path, host, timeout=10)
         return False
 
 
@@ -166,21 +170,7 @@ def reuse(target: Target, host: SshHost) -> MuxConnection | None:
     path = control_path(target, host)
     if path is None or not master_up(path):
         return None
-    return MuxConnection(
-        host,
-        [
-            "ssh",
-            *openssh_options(target, host),
-            "-o",
-            "ControlMaster=no",
-            "-o",
-            f"ControlPath={path}",
-            "-T",
-            "-x",
-            "--",
-            f"{host.user}@{host.host}",
-        ],
-    )
+    return MuxConnection(host, over_master(target, host, path))
 
 
 @dataclass
