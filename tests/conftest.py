@@ -137,6 +137,18 @@ def _sshd_only_in_e2e(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     monkeypatch.setattr(Sshd, "start", refuse)
 
 
+@pytest.fixture
+def gcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A real storage emulator (gcp-storage-emulator) holding bucket "ckpt", found by Google's clients
+    through STORAGE_EMULATOR_HOST, as on a host."""
+    from tests.gcs import Emulator
+
+    emu = Emulator("ckpt", tmp_path / "emulator.log")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emu.url)
+    yield emu
+    emu.stop()
+
+
 @pytest.fixture(scope="session")
 def public_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A throwaway key pair; the path of its public half."""

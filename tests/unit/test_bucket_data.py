@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from google.cloud import storage
 
 from tests.conftest import ROOT
@@ -16,14 +15,6 @@ from tests.gcs import Emulator
 
 RUN = "job_20260101_000000"
 PREFIX = "p/data/proj/data/"
-
-
-@pytest.fixture
-def gcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    emu = Emulator("ckpt", tmp_path / "emulator.log")
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emu.url)
-    yield emu
-    emu.stop()
 
 
 def pull(tmp_path: Path) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ from pathlib import Path
 from remote.agent import upload
 from tests.conftest import ROOT
 from tests.gcs import Emulator
-from tests.unit.test_bucket_upload import RUN, gcs, run_dir  # noqa: F401 (gcs: the fixture)
+from tests.unit.test_bucket_upload import RUN, run_dir
 
 AGENT_SHIM = f"""#!/usr/bin/env python3
 import runpy, sys

@@ -14,7 +14,7 @@ from gpu_train.jobs import in_bucket
 from gpu_train.stack.bucket import PARTS_FOLDER
 from remote.agent import composite, upload
 from tests.gcs import Emulator, Throttle
-from tests.unit.test_bucket_upload import RUN, crc, gcs, run_dir, uploader  # noqa: F401 (gcs: the fixture)
+from tests.unit.test_bucket_upload import RUN, crc, run_dir, uploader
 
 PARTS = f"p/{PARTS_FOLDER}lab/{RUN}/"
 BIG = composite.PARALLEL_FROM + (16 << 20)  # past the threshold: parts

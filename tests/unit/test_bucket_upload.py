@@ -20,14 +20,6 @@ from tests.gcs import Emulator, Throttle
 RUN = "job_20260101_000000"
 
 
-@pytest.fixture
-def gcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    emu = Emulator("ckpt", tmp_path / "emulator.log")
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", emu.url)
-    yield emu
-    emu.stop()
-
-
 def run_dir(tmp_path: Path) -> Path:
     d = tmp_path / "root" / "runs" / RUN
     (d / "job").mkdir(parents=True)
