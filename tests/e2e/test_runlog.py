@@ -64,7 +64,9 @@ def test_down_refuses_while_the_log_is_not_home(lab: Lab, plain: str) -> None:
 
 
 def test_a_resumed_runs_duration_counts_every_leg_and_not_the_wait(lab: Lab, plain: str) -> None:
-    run = lab.train("--dir", plain, "--command", "echo leg; sleep 2; echo done", "--name", "legs")
+    # The first leg waits for the stop (a 2 s leg could end first on a busy machine); the resumed one is short.
+    legs_command = 'echo leg; if [ "$GPU_TRAIN_RESUMES" = 0 ]; then sleep 60; else sleep 2; fi; echo done'
+    run = lab.train("--dir", plain, "--command", legs_command, "--name", "legs")
     state_file = lab.remote / "runs" / run / "state.json"
     deadline = time.monotonic() + 30
     while "leg" not in lab.log(run):
