@@ -1,7 +1,7 @@
 """A job's step time with and without the bucket uploader running next to it (gpu-train:bucket).
 
 The job: fixed CPU work per step (numpy matmuls), a checkpoint of CKPT_MB written every EVERY steps
-into JOB_DIR. Run once alone, once with the agent's uploader (remote/agent/upload.py, the real one,
+into JOB_DIR. Run once alone, once with the agent's uploader (agent/upload.py, the real one,
 Google's client) sending JOB_DIR to a gcp-storage-emulator on loopback, as the wrapper starts it.
 Prints the median and 95th percentile step time of each, and what the uploader verified.
 (On loopback the emulator takes bytes at memory speed, so this measures the uploader's own cost on
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from remote.agent import upload  # noqa: E402
+from agent import upload  # noqa: E402
 from tests.gcs import Emulator  # noqa: E402  (the tests' emulator helper)
 
 STEPS = int(os.environ.get("BENCH_STEPS", "3000"))
@@ -65,7 +65,7 @@ def one(tmp: Path, emulator: Emulator | None) -> list[float]:
         env["STORAGE_EMULATOR_HOST"] = emulator.url
         log = open(tmp / f"{run}.upload.log", "wb")  # noqa: SIM115 (the uploader's; read at the end)
         uploader = subprocess.Popen(
-            [sys.executable, "-m", "remote.agent", "--root", str(tmp / "root"), "upload", run],
+            [sys.executable, "-m", "agent", "--root", str(tmp / "root"), "upload", run],
             stdin=subprocess.PIPE,
             env=env,
             cwd=ROOT,

@@ -1,11 +1,11 @@
 """A big checkpoint's upload to the bucket over a long link: one stream against parts in parallel.
 
-The uploader's own ``put`` (remote/agent/upload.py, Google's client) sends a file of BENCH_MB MiB to
+The uploader's own ``put`` (agent/upload.py, Google's client) sends a file of BENCH_MB MiB to
 a gcp-storage-emulator on loopback through bench/delayproxy.py, which adds BENCH_DELAY_MS each way
 and holds at most BENCH_WINDOW_KB in flight per connection (4 MiB: Linux's default largest send
 buffer, net.ipv4.tcp_wmem), so each connection moves at most its window per round trip, as over a
 real long link. Once as one
-resumable upload, once as parts sent in parallel and composed (remote/agent/composite.py), each
+resumable upload, once as parts sent in parallel and composed (agent/composite.py), each
 verified by CRC32C as the uploader does. Prints both times and their ratio; BENCH_SIZES (MiB,
 comma-separated) adds a row per size, to place the threshold.
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from delayproxy import DelayProxy  # noqa: E402
 
-from remote.agent import composite, upload  # noqa: E402
+from agent import composite, upload  # noqa: E402
 from tests.gcs import Emulator  # noqa: E402
 
 DELAY = float(os.environ.get("BENCH_DELAY_MS", "50")) / 1000

@@ -4,7 +4,7 @@ Measured against gcp-storage-emulator behind bench/delayproxy.py (a fixed delay 
 loopback), with Google's client, for many small files and for a few large ones. Each way ends when the
 job has read every file once (one epoch):
 
-- copy, one by one: what the host does before a run today (remote/agent/upload.py's pull_data: each
+- copy, one by one: what the host does before a run today (agent/upload.py's pull_data: each
   object downloaded in turn), then the epoch from local disk;
 - copy, parallel: Google's transfer manager (download_many_to_path for the small files,
   download_chunks_concurrently for the large ones, WORKERS threads), then the epoch from local disk;

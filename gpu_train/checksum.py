@@ -1,5 +1,5 @@
 """A file's CRC32C as Cloud Storage reports an object's (base64 of the big-endian digest): what the host's
-upload (remote/agent/upload.py) and the laptop's bucket fetch (remote/transfer/bucketfetch.py) compare
+upload (agent/upload.py) and the laptop's bucket fetch (remote/transfer/bucketfetch.py) compare
 with the bucket's. The agent's zipapp carries it; ``google_crc32c`` (google-cloud-storage's own
 dependency, with its C implementation) is imported only when a checksum is taken, by those two.
 """

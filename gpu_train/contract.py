@@ -273,7 +273,7 @@ class RunStatus(TypedDict, total=False):
     reason: str | None
     pid: int | None
     jobSummary: TreeSummary
-    workdirSummary: TreeSummary  # the outputs in its working directory (remote/agent/outputs.py)
+    workdirSummary: TreeSummary  # the outputs in its working directory (agent/outputs.py)
     logSummary: TreeSummary  # its log (RUN_LOG), which the fetch brings home too
     bucket: BucketView
 

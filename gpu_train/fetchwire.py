@@ -1,4 +1,4 @@
-"""The fetch stream's framing of a range, byte for byte: the host's sender (remote/agent/fetchserve.py)
+"""The fetch stream's framing of a range, byte for byte: the host's sender (agent/fetchserve.py)
 writes it, the laptop's stream (remote/transfer/fetch/stream.py) reads it. Standard library only,
 Python 3.8+: the agent's zipapp carries it.
 

@@ -29,7 +29,7 @@ class GpuVmArgs:
     public_key: str
     pulumi_project: str
     hourly_cost_usd: float | None
-    agent_zipapp: bytes  # the on-host agent the startup script installs (remote.agent.bundle)
+    agent_zipapp: bytes  # the on-host agent the startup script installs (agent.bundle)
     startup_template: str  # gpu_train/data/startup-script.sh.in (vm.read_startup_template)
     catalog: Catalog
     node_shapes: tuple[GpuShape, ...] = ()  # one per node; empty: every node has ``shape``

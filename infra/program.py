@@ -11,6 +11,7 @@ from __future__ import annotations
 import pulumi
 from pulumi.runtime.config import CONFIG, get_config_env
 
+from agent import bundle
 from gpu_train.gcp import provisioning, validate, vm
 from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.catalog_file import load_catalog
@@ -19,7 +20,6 @@ from gpu_train.stack import config, stackfile
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
 from infra.lookups import Lookups
-from remote.agent import bundle
 
 
 def stack_settings() -> dict[str, object]:

@@ -2,7 +2,7 @@
 
 A log sink sends Compute Engine's ``compute.instances.preempted`` and ``hostError`` system events of
 the stack's own VMs to a Pub/Sub topic; a Cloud Run function (2nd gen Cloud Functions, scale to
-zero, one instance at most) runs ``remote.agent.recovery_call.on_event`` (around the decisions of
+zero, one instance at most) runs ``agent.recovery_call.on_event`` (around the decisions of
 ``gpu_train.recovery``) for each, retried with
 exponential backoff while the zone has no capacity. It runs as a service account of its own whose
 only grants are a custom role on each of the stack's instances (get, start, stop, setMetadata),
@@ -27,16 +27,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # The function's modules, stdlib only (no other imports): the agent's webhook and Compute calls, and the
 # recovery's decisions from the core (as the agent's zipapp carries them: gpu_train.recovery).
 FUNCTION_MODULES = {
-    "gpu_train_agent/__init__.py": "remote/agent/__init__.py",
-    "gpu_train_agent/notify.py": "remote/agent/notify.py",
-    "gpu_train_agent/recovery_call.py": "remote/agent/recovery_call.py",
+    "gpu_train_agent/__init__.py": "agent/__init__.py",
+    "gpu_train_agent/notify.py": "agent/notify.py",
+    "gpu_train_agent/recovery_call.py": "agent/recovery_call.py",
     "gpu_train/__init__.py": "",
     "gpu_train/recovery.py": "gpu_train/recovery.py",
 }
 RUNTIME = "python312"
 ENTRY_POINT = "on_event"
 MAIN = (
-    '"""gpu-train: a preempted VM back by itself (remote/agent/recovery_call.py)."""\n'
+    '"""gpu-train: a preempted VM back by itself (agent/recovery_call.py)."""\n'
     "from gpu_train_agent.recovery_call import on_event\n\n"
     "try:  # the Functions Framework the runtime provides: a CloudEvent function\n"
     "    import functions_framework\n"

@@ -125,7 +125,7 @@ class Sshd:
             + ("KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org\n" if self.quick_kex else "")
             # A login shell that runs `pyenv init` (this workplace's ~/.bashrc) would wait up to 60 s on a
             # rehash lock left behind when a test kills a session mid-rehash: do not wait for it.
-            # The agent adds a cluster's key where this sshd reads keys (remote/agent/cluster.py), not
+            # The agent adds a cluster's key where this sshd reads keys (agent/cluster.py), not
             # into the login user's real ~/.ssh/authorized_keys.
             # A CPU torch job here shares a few cores with everything else (the tests beside it): with
             # one OpenMP thread it does not spin against them (the example's 600 steps under load: 54 s -> 17 s).

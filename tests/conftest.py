@@ -112,7 +112,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _umask_kept():
-    """The agent sets umask 077 for its whole process (remote/agent/guard.py); a test that calls it in
+    """The agent sets umask 077 for its whole process (agent/guard.py); a test that calls it in
     pytest's process must not pass that on: files later tests write would be unreadable to the other
     users they start (test_other_users failed after test_remote_root_guard, by test order)."""
     old = os.umask(0o022)

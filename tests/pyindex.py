@@ -15,7 +15,7 @@ import threading
 import zipfile
 from pathlib import Path
 
-from remote.agent.uvfetch import UV_VERSION
+from agent.uvfetch import UV_VERSION
 from remote.loopback import free_port
 
 # An index nothing listens on: a host whose sessions have it set reaches no index at all (pip and the

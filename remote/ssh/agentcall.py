@@ -14,9 +14,9 @@ from collections.abc import Callable
 import paramiko
 from fabric import Connection
 
+from agent.bundle import agent_command
 from gpu_train.contract import LOG_END, LOG_START
 from gpu_train.errors import printable_doc
-from remote.agent.bundle import agent_command
 from remote.errors import RemoteError
 from remote.ssh.target import Target
 

@@ -1,7 +1,7 @@
 """`down --no-fetch`: may a stack go without its runs being downloaded? Only when its bucket holds them all.
 
 Pure: judged from each node's `status` document, where the host's uploader says, per run, what is
-verified in the bucket (``bucket``: files, onlyHost, final; remote/agent/upload.py).
+verified in the bucket (``bucket``: files, onlyHost, final; agent/upload.py).
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ def follow_to_end(session: Session, run: str) -> None:
 
 def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
     """One node's log from the agent, resuming at the right byte after a dropped connection."""
+    from agent.bundle import agent_command
     from gpu_train.errors import TerminalStream
-    from remote.agent.bundle import agent_command
     from remote.ssh import agentcall
 
     offset: int | None = None

@@ -3,7 +3,7 @@
 A laptop's uplink is often the slowest link of all; syncing each node from it pays N times. Here
 the laptop syncs node 0 only, and node 0 rsyncs its staged copy to the other nodes over their own
 network (GCP: internal IPs; SSH stacks: the hosts' addresses) while each node runs its launch
-checks. The hop uses a key pair made for the cluster (remote/agent/cluster.py says where each half
+checks. The hop uses a key pair made for the cluster (agent/cluster.py says where each half
 lives and why not agent forwarding), and node 0 checks each node's host key against the one this
 laptop learned. A node the hop cannot reach (a firewall, an sshd that reads keys elsewhere) gets
 the code straight from the laptop, with a one-line notice: the hop saves time, it never fails a run.
@@ -24,10 +24,10 @@ from concurrent.futures import Future, InvalidStateError
 
 import paramiko
 
+from agent.bundle import agent_command
 from gpu_train.contract import ARRIVED, RELAYED, go_marker
 from gpu_train.errors import printable_doc
 from gpu_train.stack.config import SshHost
-from remote.agent.bundle import agent_command
 from remote.errors import RemoteError
 from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.hostkeys import host_id

@@ -19,8 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.bundle import GUARD
 from gpu_train.stack.config import SshHost
-from remote.agent.bundle import GUARD
 from remote.errors import RemoteError
 from remote.ssh.connect import openssh_options
 from remote.ssh.target import Target

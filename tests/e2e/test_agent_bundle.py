@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import bundle
+from agent import bundle
 
 
 def oldest_python() -> str | None:

@@ -140,7 +140,7 @@ def test_a_copied_cluster_key_opens_no_shell_and_reads_nothing(trio: Trio, tmp_p
         [
             sys.executable,
             "-m",
-            "remote.agent",
+            "agent",
             "--root",
             str(root),
             "authorize",
@@ -183,7 +183,7 @@ def test_a_copied_cluster_key_opens_no_shell_and_reads_nothing(trio: Trio, tmp_p
     )
     assert read.returncode != 0 and not (tmp_path / "got").exists()
     subprocess.run(
-        [sys.executable, "-m", "remote.agent", "--root", str(root), "unauthorize", "--key", public],
+        [sys.executable, "-m", "agent", "--root", str(root), "unauthorize", "--key", public],
         env=env,
         check=True,
         capture_output=True,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from agent import hostcheck
 from gpu_train.contract import BOOT_CRON_STOPPED, BOOT_OFF, BOOT_ON
-from remote.agent import hostcheck
 from remote.loopback import Sshd
 from tests.unit.test_project import started_run
 from tests.unit.test_resilience import crontab_restored  # noqa: F401 (a fixture)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import uvfetch
+from agent import uvfetch
 from remote.loopback import Sshd
 from tests.conftest import FAB, ROOT, fab_env, run_fab
 from tests.pyindex import OFFLINE_INDEX, PackageIndex, make_wheel, uv_wheel

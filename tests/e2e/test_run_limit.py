@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agent import procs, watch
 from gpu_train.contract import RUN_LIMIT, RUN_LIMIT_NOTICE_S
-from remote.agent import procs, watch
 from tests.guest.metadata import MetadataServer
 
 

@@ -1,6 +1,6 @@
 """A spot VM going down with a bucket: the checkpoint the job writes on SIGTERM reaches the bucket,
 verified, inside Compute Engine's 30 s, under a real systemd stopping the run's unit as a shutdown
-does (KillMode=control-group, TimeoutStopSec=25 s, then SIGKILL: remote/agent/units.py).
+does (KillMode=control-group, TimeoutStopSec=25 s, then SIGKILL: agent/units.py).
 
 The bucket is a real gcp-storage-emulator on this machine's loopback (the guest shares its network);
 the run's user's SSH sessions carry STORAGE_EMULATOR_HOST, which the agent passes into the run's unit.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import composite
+from agent import composite
 from tests.conftest import gcp_raw
 from tests.gcs import Emulator
 from tests.guest.fabuser import FabUser

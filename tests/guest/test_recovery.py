@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from agent import recovery_call
 from gpu_train import recovery
-from remote.agent import recovery_call
 from tests.conftest import gcp_raw
 from tests.google_compute import rfc3339
 from tests.google_fake import FakeGoogle

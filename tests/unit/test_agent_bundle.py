@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import bundle
+from agent import bundle
 
 
 def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:

@@ -33,7 +33,7 @@ def test_logdir(root: str, run: str | None, logdir: str | None, expected: str) -
 
 
 def test_server_command_lines_bind_localhost_only() -> None:
-    from remote.agent import serve as serve_host
+    from agent import serve as serve_host
 
     tb = serve_host.argv_for({"kind": "tensorboard", "logdir": "/l", "token": "t"}, "/py", "tensorboard.main", 7000)
     assert tb == ["/py", "-c", serve_host.TENSORBOARD, "--logdir", "/l", "--host", "127.0.0.1", "--port", "7000"]

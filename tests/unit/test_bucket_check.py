@@ -71,7 +71,7 @@ def test_google_s_own_exceptions_give_their_step() -> None:
     from google.auth import exceptions as auth
     from requests import ConnectionError as Refused
 
-    from remote.agent.bucketcheck import step_of
+    from agent.bucketcheck import step_of
 
     assert [
         step_of(e)

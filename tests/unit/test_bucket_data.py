@@ -22,7 +22,7 @@ def pull(tmp_path: Path) -> subprocess.CompletedProcess:
     d.mkdir(parents=True, exist_ok=True)
     spec = {"runId": RUN, "base": "job", "project": "proj", "bucket": {"name": "ckpt", "prefix": f"p/lab/{RUN}/", "data": PREFIX}}
     (d / "spec.json").write_text(json.dumps(spec))
-    argv = [sys.executable, "-m", "remote.agent", "--root", str(tmp_path / "root"), "bucket-data", RUN]
+    argv = [sys.executable, "-m", "agent", "--root", str(tmp_path / "root"), "bucket-data", RUN]
     return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
 
 

@@ -35,7 +35,7 @@ def test_what_the_host_cannot_read_is_only_on_the_host(tmp_path: Path) -> None:
                 "--",
                 sys.executable,
                 "-c",
-                "import json,sys; from remote.agent import upload; "
+                "import json,sys; from agent import upload; "
                 f"print(json.dumps(upload.only_on_host({str(run_dir)!r}, json.loads(sys.argv[1]))))",
                 json.dumps(record),
             ],

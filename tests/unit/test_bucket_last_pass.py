@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from remote.agent import upload
+from agent import upload
 from tests.conftest import ROOT
 from tests.gcs import Emulator
 from tests.unit.test_bucket_upload import RUN, run_dir
@@ -17,7 +17,7 @@ from tests.unit.test_bucket_upload import RUN, run_dir
 AGENT_SHIM = f"""#!/usr/bin/env python3
 import runpy, sys
 sys.path.insert(0, {str(ROOT)!r})
-runpy.run_module("remote.agent", run_name="__main__")
+runpy.run_module("agent", run_name="__main__")
 """
 
 

@@ -1,5 +1,5 @@
 """A big file goes to the bucket in parts sent in parallel, composed into its object
-(remote/agent/composite.py): against a real storage emulator, and killed mid-way."""
+(agent/composite.py): against a real storage emulator, and killed mid-way."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from agent import composite, upload
 from gpu_train.jobs import in_bucket
 from gpu_train.stack.bucket import PARTS_FOLDER
-from remote.agent import composite, upload
 from tests.gcs import Emulator, Throttle
 from tests.unit.test_bucket_upload import RUN, crc, run_dir, uploader
 

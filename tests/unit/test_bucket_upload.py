@@ -1,4 +1,4 @@
-"""The host's uploader (remote/agent/upload.py) against a real storage emulator, without sshd."""
+"""The host's uploader (agent/upload.py) against a real storage emulator, without sshd."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import google_crc32c
 import pytest
 
-from remote.agent import upload
+from agent import upload
 from tests.conftest import ROOT
 from tests.gcs import Emulator, Throttle
 
@@ -30,7 +30,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 def uploader(tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "remote.agent", "--root", str(tmp_path / "root"), "upload", RUN],
+        [sys.executable, "-m", "agent", "--root", str(tmp_path / "root"), "upload", RUN],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

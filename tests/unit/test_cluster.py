@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from agent import wrap
 from gpu_train import jobs
 from gpu_train.contract import JobSpec
-from remote.agent import wrap
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -1,4 +1,4 @@
-"""Code sent once to a cluster (remote/transfer/codehop.py, remote/agent/cluster.py).
+"""Code sent once to a cluster (remote/transfer/codehop.py, agent/cluster.py).
 
 End to end: three real sshds on 127.0.24.2-4 are the nodes, reached from the laptop through a
 gateway sshd (ProxyJump) behind a byte-counting proxy, the laptop's uplink; the nodes reach each
@@ -20,9 +20,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from agent import cluster
+from agent.store import AgentError
 from gpu_train.stack.config import SshHost
-from remote.agent import cluster
-from remote.agent.store import AgentError
 from remote.errors import RemoteError
 from remote.loopback import Sshd
 from remote.ssh.target import Target
@@ -166,7 +166,7 @@ def _waiting_launch(root: Path, run: str, go_when: str | None) -> subprocess.Pop
     (root / "staging" / run / "train.py").write_text("print('hi')\n")
     spec = {"runId": run, "base": run.split("_")[0], "command": "true", "python": sys.executable, "goWhen": go_when}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "remote.agent", "--root", str(root), "launch", "-", "--await-go"],
+        [sys.executable, "-m", "agent", "--root", str(root), "launch", "-", "--await-go"],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.bundle import CARRIED
 from gpu_train.codec import CONTRACT_VERSION, wire_name
 from gpu_train.contract import (
     ACTIVE,
@@ -21,7 +22,6 @@ from gpu_train.contract import (
     RunRecord,
     RunState,
 )
-from remote.agent.bundle import CARRIED
 from tests.conftest import ROOT, parse_source
 
 FULL = JobSpec(
@@ -101,7 +101,7 @@ def spec_reads_in_the_agent() -> tuple[set[str], list[str]]:
     on one: ``spec["X"]``, ``spec.get("X")``, as file:line)."""
     attributes: set[str] = set()
     lookups: list[str] = []
-    for path in sorted((ROOT / "remote" / "agent").glob("*.py")):
+    for path in sorted((ROOT / "agent").glob("*.py")):
         if path.name == "serve.py":  # TensorBoard/Jupyter's own request, not a job spec
             continue
         for node in ast.walk(parse_source(path)):
@@ -145,14 +145,14 @@ def test_the_agent_ships_the_contract_it_imports() -> None:
     import zipfile
     from io import BytesIO
 
-    from remote.agent import bundle
+    from agent import bundle
 
     shipped = zipfile.ZipFile(BytesIO(bundle.payload()))
     for name in bundle.CARRIED:
         assert shipped.read(f"gpu_train/{name}") == bundle.lean((ROOT / "gpu_train" / name).read_bytes()), name
     agent_imports = {
         n.module if n.module != "gpu_train" else f"gpu_train.{a.name}"
-        for p in (ROOT / "remote" / "agent").glob("*.py")
+        for p in (ROOT / "agent").glob("*.py")
         if p.name != "bundle.py"
         for n in ast.walk(parse_source(p))
         if isinstance(n, ast.ImportFrom) and n.module and n.level == 0 and n.module.split(".")[0] == "gpu_train"
@@ -216,7 +216,7 @@ def test_bad_settings_are_named(doc: dict, words: str) -> None:
 
 def test_the_agent_refuses_bad_settings_where_they_arrive(tmp_path: Path) -> None:
     """A bad value from the laptop is refused before agent.json is written; a bad agent.json is named, no KeyError."""
-    from remote.agent import store
+    from agent import store
 
     root = str(tmp_path)
     assert store.write_settings(root, {"maxResumes": 3}).max_resumes == 3
@@ -323,7 +323,7 @@ def test_the_agent_writes_only_fields_of_the_record() -> None:
     misspelt in the agent, fails here before any run does (mypy checks the reads, attributes)."""
     known = {f.name for f in fields(RunRecord)}
     written = {}
-    for path in sorted((ROOT / "remote" / "agent").glob("*.py")):
+    for path in sorted((ROOT / "agent").glob("*.py")):
         for node in ast.walk(parse_source(path)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "update_state":
                 written.update({k.arg: f"{path.name}:{node.lineno}" for k in node.keywords if k.arg})

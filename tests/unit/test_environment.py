@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from agent import recovery_call
 from gpu_train import contract, recovery
 from gpu_train.environment import CONFIG_KEY, Environment, SettingError, settings
-from remote.agent import recovery_call
 from tests.conftest import ROOT, parse_source
 
 # The laptop's side: everything but the agent (the host's own environment, gpu_train/contract.py's names).

@@ -19,7 +19,7 @@ from gpu_train.errors import CommandExit, CommandFailed, ExitStatus, GpuTrainErr
 from remote.errors import HostKeyError, RemoteError, exit_for
 from tests.conftest import ROOT, parse_source
 
-SCANNED = ("gpu_train", "remote", "infra", "scripts")  # the agent (remote/agent/) answers the host's protocol: not scanned
+SCANNED = ("gpu_train", "remote", "infra", "scripts")  # the agent (agent/) answers the host's protocol: not scanned
 CONVERTERS = {
     "remote/errors.py": "exit_for makes Invoke's Exit; the hook ends what escapes",
     "gpu_train/errors.py": "leave: a script's main ends on an error",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from agent import fetchserve
 from gpu_train import fetchwire
-from remote.agent import fetchserve
 from remote.transfer.fetch import generator as fp
 from remote.transfer.fetch import receiver as fl
 from remote.transfer.fetch.stream import Stream

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import hostcheck
+from agent import hostcheck
 from tests.unit.test_resilience import crontab_restored  # noqa: F401  (the fixture)
 
 T4 = {"index": 0, "name": "Tesla T4", "utilization": 0.0, "memoryUsedMiB": 0.0, "memoryTotalMiB": 15360.0}

@@ -263,7 +263,7 @@ def test_known_hosts_learned_at_once_keep_every_line(tmp_path: Path) -> None:
 
 
 def test_remote_root_guard(tmp_path: Path) -> None:
-    from remote.agent.guard import UnsafeRoot, check_own_file, secure_root
+    from agent.guard import UnsafeRoot, check_own_file, secure_root
 
     made = Path(secure_root(str(tmp_path / "a" / "b" / "root")))
     for p in (made, made.parent, made.parent.parent):

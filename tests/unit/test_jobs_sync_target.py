@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from agent import bundle
 from gpu_train import jobs
 from gpu_train.contract import JobSpec
 from gpu_train.environment import Environment
 from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import SshHost, parse
-from remote.agent import bundle
 from remote.ssh import target
 from remote.tasks.render import render_status
 from remote.transfer import sync

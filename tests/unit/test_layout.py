@@ -30,7 +30,7 @@ PACKAGES = (
     "remote/transfer",
     "remote/transfer/fetch",
     "remote/tasks",
-    "remote/agent",
+    "agent",
 )
 MAP = ROOT / "docs" / "architecture.md"
 MAX_LINES = 400
@@ -74,7 +74,7 @@ def test_where_a_newcomer_starts_reading_exists() -> None:
 
 
 def source_files() -> list[Path]:
-    dirs = ("gpu_train", "infra", "remote", "scripts", "bench", "tests")
+    dirs = ("gpu_train", "agent", "infra", "remote", "scripts", "bench", "tests")
     return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py") if ".venv" not in p.parts)
 
 
@@ -88,7 +88,7 @@ def test_no_import_cycles() -> None:
     names = {}
     for p in source_files():
         rel = p.relative_to(ROOT)
-        if rel.parts[0] in ("gpu_train", "infra", "remote"):
+        if rel.parts[0] in ("gpu_train", "agent", "infra", "remote"):
             name = ".".join(rel.with_suffix("").parts)
             names[name.removesuffix(".__init__")] = p
     graph: dict[str, set[str]] = {}
@@ -163,7 +163,7 @@ ALLOWED = {
     "gpu_train.codec": set(),  # stdlib only: the zipapp carries it with the contract
     "gpu_train.contract": {"gpu_train.codec"},
     "gpu_train.recovery": set(),  # stdlib only: the zipapp and the Cloud Run function carry it too
-    "gpu_train.fetchwire": set(),  # these two: stdlib only, the zipapp carries them (remote/agent/bundle.py CARRIED)
+    "gpu_train.fetchwire": set(),  # these two: stdlib only, the zipapp carries them (agent/bundle.py CARRIED)
     "gpu_train.checksum": set(),
     "gpu_train.errors": set(),
     "gpu_train.atomic": set(),
@@ -174,22 +174,22 @@ ALLOWED = {
     "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
     "gpu_train.views": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp", "gpu_train.recovery"},
     "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
-    # what the zipapp carries of the core (remote/agent/bundle.py CARRIED)
-    "remote.agent": {"gpu_train.contract", "gpu_train.recovery", "gpu_train.fetchwire", "gpu_train.checksum"},
+    # what the zipapp carries of the core (agent/bundle.py CARRIED)
+    "agent": {"gpu_train.contract", "gpu_train.recovery", "gpu_train.fetchwire", "gpu_train.checksum"},
     "infra": {"gpu_train"},
     "infra.__main__": {"gpu_train", "infra"},  # `pulumi up`'s entry point: builds Google's lookups (infra.ops)
     "infra.ops": {"gpu_train", "infra"},
     "remote.errors": {"gpu_train"},
-    "remote.ssh": {"gpu_train", "remote.errors", "remote.agent.bundle"},
-    "remote.transfer": {"gpu_train", "remote.errors", "remote.ssh", "remote.agent.bundle"},
-    "remote.tasks": {"gpu_train", "remote.errors", "remote.ssh", "remote.transfer", "remote.agent.bundle", "infra.ops"},
+    "remote.ssh": {"gpu_train", "remote.errors", "agent.bundle"},
+    "remote.transfer": {"gpu_train", "remote.errors", "remote.ssh", "agent.bundle"},
+    "remote.tasks": {"gpu_train", "remote.errors", "remote.ssh", "remote.transfer", "agent.bundle", "infra.ops"},
     "remote.cli": {"gpu_train", "remote.errors", "remote.tasks", "remote"},
     "remote.loopback": set(),
 }
 # Arrows that still point the wrong way, each a debt with its reason (pay it, then delete the line).
 DEBTS = {
-    ("remote.agent.bundle", "gpu_train.atomic"): "a laptop-only module in the agent's folder keeps the built zipapp on disk",
-    ("infra.program", "remote.agent.bundle"): "the startup script carries the agent's zipapp: the laptop's agent, built here",
+    ("agent.bundle", "gpu_train.atomic"): "a laptop-only module in the agent's folder keeps the built zipapp on disk",
+    ("infra.program", "agent.bundle"): "the startup script carries the agent's zipapp: the laptop's agent, built here",
     ("infra.ops.setup", "remote.transfer.sync"): "scripts/setup reuses the laptop's ssh helper",
 }
 
@@ -206,7 +206,7 @@ def arrows() -> set[tuple[str, str]]:
     found = set()
     for p in source_files():
         rel = p.relative_to(ROOT)
-        if rel.parts[0] not in ("gpu_train", "infra", "remote"):
+        if rel.parts[0] not in ("gpu_train", "agent", "infra", "remote"):
             continue
         me = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
         for node in ast.walk(parse_source(p)):
@@ -215,7 +215,7 @@ def arrows() -> set[tuple[str, str]]:
                 mods = [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
-            found |= {(me, m) for m in mods if m.split(".")[0] in ("gpu_train", "infra", "remote")}
+            found |= {(me, m) for m in mods if m.split(".")[0] in ("gpu_train", "agent", "infra", "remote")}
     return found
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from agent import bundle
+from agent.store import AgentError, listed, match_run
 from gpu_train import jobs
 from gpu_train.gcp import power
 from gpu_train.stack import placeholders, project
 from gpu_train.views import checkup, listing
-from remote.agent import bundle
-from remote.agent.store import AgentError, listed, match_run
 from tests.conftest import ROOT, parse_source
 
 

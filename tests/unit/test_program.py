@@ -202,7 +202,7 @@ def test_startup_script_installs_this_agent_with_the_stack_settings(tmp_path: Pa
     import json
     import subprocess
 
-    from remote.agent import bundle
+    from agent import bundle
 
     (inst,) = run_stack(gcp_raw(idleStopMinutes=45, maxResumes=3, sshUser="alice")).of_type("compute/instance:Instance")
     script = inst.inputs["metadata"]["startup-script"]

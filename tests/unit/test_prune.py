@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from remote.agent import prune
+from agent import prune
 from remote.transfer import codesize
 from tests.unit.test_project import sshd, started_run  # noqa: F401  (the fixture)
 

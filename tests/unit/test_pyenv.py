@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import pyenv, uvfetch
+from agent import pyenv, uvfetch
 
 
 # -- decisions, by table -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import procs
+from agent import procs
 
 WITH_TORCH = sys.executable  # the test venv's Python: torch is installed
 WITHOUT_TORCH = shutil.which("python3", path="/usr/bin") or "/usr/bin/python3"

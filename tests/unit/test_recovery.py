@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from agent import notify, recovery_call
 from gpu_train import recovery
 from gpu_train.recovery import DONE, RETRY, Event
-from remote.agent import notify, recovery_call
 from tests.google_compute import rfc3339
 from tests.google_fake import FakeGoogle
 from tests.webhook import Webhook

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from agent import notify, wrap
 from gpu_train import contract as protocol
 from gpu_train import recovery
 from gpu_train.views import listing
-from remote.agent import notify, wrap
 from remote.ssh import vmprobe
 from remote.tasks.render import run_table
 from tests.webhook import Webhook
@@ -140,7 +140,7 @@ def test_a_cluster_part_that_failed_as_its_group_lost_a_node(ended, nnodes: int,
 @pytest.fixture
 def booted(tmp_path: Path, monkeypatch):
     """A REMOTE_ROOT on a "VM" whose metadata server holds the recovery's record; relaunches are noted."""
-    from remote.agent import lifecycle
+    from agent import lifecycle
     from tests.guest.metadata import MetadataServer
 
     server = MetadataServer().start()
@@ -160,7 +160,7 @@ def booted(tmp_path: Path, monkeypatch):
 
 
 def test_boot_relaunches_the_group_and_keeps_each_return(booted) -> None:
-    from remote.agent import lifecycle
+    from agent import lifecycle
 
     root, server, add, started = booted
     server.set(f"instance/attributes/{recovery.RECORD_KEY}", json.dumps(record("coming back", 2, "starting")))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from remote.agent import lifecycle, procs
+from agent import lifecycle, procs
 from remote.loopback import descendants
 from tests.conftest import Lab
 from tests.guest.metadata import MetadataServer, free_port

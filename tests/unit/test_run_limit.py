@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from agent import watch
 from gpu_train.contract import RUN_LIMIT, RUN_LIMIT_NOTICE_S, AgentSettings, run_limit_at
-from remote.agent import watch
 from remote.tasks.render import agent_lines
 
 

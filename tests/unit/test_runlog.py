@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agent import fetchserve
 from gpu_train.contract import RUN_FILES, RUN_LOG
-from remote.agent import fetchserve
 
 
 def test_the_host_serves_the_log_and_nothing_else_of_the_runs_folder(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ T0 = 1_000_000.0
     ],
 )
 def test_duration_sums_the_legs_a_run_ran(state: dict, current: str, log_mtime: float | None, at: float, seconds: float | None) -> None:
+    from agent.status import run_seconds
     from gpu_train.contract import RunRecord
-    from remote.agent.status import run_seconds
 
     assert run_seconds(RunRecord.from_json(state), current, log_mtime, at) == seconds

@@ -1,10 +1,10 @@
-"""Pure decisions of the run units (remote/agent/units.py), by tables."""
+"""Pure decisions of the run units (agent/units.py), by tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from remote.agent import units
+from agent import units
 
 
 @pytest.mark.parametrize(("length", "kept"), [(1, True), (79, True), (80, True), (81, False), (128, False)])
@@ -64,7 +64,7 @@ def test_boot_key_names_this_boot() -> None:
     ],
 )
 def test_ssh_sessions_by_sshd_process_titles(title: bytes, counted: bool) -> None:
-    from remote.agent.procs import SSHD_SESSION_RE
+    from agent.procs import SSHD_SESSION_RE
 
     assert bool(SSHD_SESSION_RE.match(title)) is counted
 

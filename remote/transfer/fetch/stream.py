@@ -1,4 +1,4 @@
-"""One fetch stream: an OpenSSH session running the agent's fetch server (remote/agent/fetchserve.py).
+"""One fetch stream: an OpenSSH session running the agent's fetch server (agent/fetchserve.py).
 
 Each stream is its own `ssh` process with its own SSH channel, so each has its own channel window
 (OpenSSH advertises about 2 MiB, and one channel moves at most that per round trip). The agent
@@ -19,9 +19,9 @@ import tempfile
 import time
 import zlib
 
+from agent.bundle import agent_command
 from gpu_train.fetchwire import RANGE_HEAD_RE, RANGE_TRAILER_RE
 from gpu_train.stack.config import SshHost
-from remote.agent.bundle import agent_command
 from remote.ssh.connect import openssh_options
 from remote.ssh.mux import PERSIST_S, shared_control_path
 from remote.ssh.target import Target

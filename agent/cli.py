@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
         elsewhere = outside and (os.geteuid() == 0 or (bool(args.settings_file) and os.stat(installed).st_uid == 0))
         root = secure_root(root, own=not elsewhere)  # umask 077; ours alone, or a refusal naming why
         if (os.path.isfile(installed) or os.path.basename(installed).startswith(UNPACKED)) and not elsewhere:
-            check_own_file(installed)  # the zipapp, or the bootstrap's folder of it (remote/agent/bundle.py)
+            check_own_file(installed)  # the zipapp, or the bootstrap's folder of it (agent/bundle.py)
     except (UnsafeRoot, AgentError, OSError, KeyError) as e:
         print(json.dumps({"error": str(e)}), file=sys.stderr if args.cmd == "logs" else sys.stdout)
         return 2

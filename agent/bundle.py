@@ -27,7 +27,7 @@ from gpu_train.contract import CLI_ENV, UNPACKED
 
 PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp
 HERE = Path(__file__).resolve().parent
-CORE = HERE.parent.parent / "gpu_train"
+CORE = HERE.parent / "gpu_train"
 CONTRACT = CORE / "contract.py"  # the laptop<->host contract, shipped as gpu_train.contract
 # The core's modules the agent imports, carried as gpu_train.NAME (standard library only, Python 3.8+): the
 # contract and its codec, the recovery's decisions (the booted agent reads its record), the fetch stream's framing,

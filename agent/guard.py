@@ -7,7 +7,7 @@ user, not writable by group or others; it is created 0700 under umask 077, and a
 ours is narrowed to 0700. Every folder above it (as written and as links resolve) belongs to root or
 the user and is not writable by others unless sticky (OpenSSH's StrictModes rule).
 Standard library only; this file's source also runs inline in the
-laptop's bootstrap (remote/agent/bundle.py), before the agent is written to the host, so it
+laptop's bootstrap (agent/bundle.py), before the agent is written to the host, so it
 imports nothing from the package.
 """
 

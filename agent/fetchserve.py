@@ -9,7 +9,7 @@ a file only when every range's hash matches and the identity never moved.
 
 Paths are never taken from the wire as they are: a request names a source, a run id (checked against the
 run-id syntax: its JOB_DIR), ``ID/workdir`` (its working directory, of which only the outputs are
-listed: remote/agent/outputs.py) or ``ID/.gpu-train`` (the run's log, and nothing else of its folder:
+listed: agent/outputs.py) or ``ID/.gpu-train`` (the run's log, and nothing else of its folder:
 the spec and the secrets beside it stay), and a path relative to it (no ``..``, not absolute); the host rebuilds
 ROOT/runs/ID/job/PATH (or code/PATH) and refuses to read through a symbolic link (but a working
 directory's link to the project's own pushed data, where the job's writes through it land).

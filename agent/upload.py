@@ -89,7 +89,7 @@ def scan_dir(top_dir: str, into: str = "", unseen: list[str] | None = None) -> d
 
 def scan(run_dir: str, unseen: list[str] | None = None) -> dict[str, Sig]:
     """The run's outputs as the laptop lays them out: JOB_DIR's files, and what the job wrote in its
-    working directory (remote/agent/outputs.py) under ``workdir/``; what the host cannot read goes to
+    working directory (agent/outputs.py) under ``workdir/``; what the host cannot read goes to
     ``unseen``."""
     root = os.path.dirname(os.path.dirname(run_dir))
     found = scan_dir(os.path.join(run_dir, "job"), unseen=unseen)
@@ -283,7 +283,7 @@ def finish(proc: subprocess.Popen | None, say) -> None:
 
 def put(bucket, name: str, path: str, sig: Sig, parts_prefix: str | None = None, rel: str = "") -> BucketFile | None:
     """One file to one object, verified; None when the file changed meanwhile (it goes again later).
-    A big one goes in parts sent in parallel and composed into the object (remote/agent/composite.py)
+    A big one goes in parts sent in parallel and composed into the object (agent/composite.py)
     where the run has a parts prefix."""
     crc = crc32c_of(path)
     pieces = composite.slices(sig[0])
