@@ -130,7 +130,8 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
 
         return cmd_wrap(root, args.run)
     if args.cmd in ("upload", "bucket-data"):
-        from .upload import pull_data, serve
+        from .datapull import pull_data
+        from .upload import serve
 
         return serve(root, args.run) if args.cmd == "upload" else pull_data(root, args.run)
     if args.cmd in ("bucket-check", "bucket-probe"):

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
 
 from gpu_train.checksum import crc32c_of
 from gpu_train.contract import (
@@ -171,11 +170,12 @@ def argv(root: str, run_dir: str, spec: JobSpec, command: str) -> list[str]:
 
 
 def bring_data(root: str, run_dir: str, say) -> None:
-    """Before the job starts: the project's data pushed to the bucket (`push --to bucket`) copied to
-    $DATA_DIR on local disk, incremental and verified; an AgentError (the run fails, saying why) if not."""
+    """Before the job starts: the project's data pushed to the bucket (`push --to bucket`), as the spec's
+    manifests name it (datapull.py), copied to $DATA_DIR on local disk, incremental and verified; an
+    AgentError (the run fails, saying why) if not."""
     spec = read_spec(run_dir)
-    if not (spec.bucket or {}).get("data"):
-        return
+    if not spec.bucket_data or not (spec.bucket or {}).get("data"):
+        return  # no manifest, no pull: nothing is taken from a listing of the bucket
     with open(os.path.join(run_dir, UPLOAD_LOG), "ab") as log:
         code = subprocess.run(
             argv(root, run_dir, spec, "bucket-data"), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
@@ -183,59 +183,6 @@ def bring_data(root: str, run_dir: str, say) -> None:
     if code != 0:
         raise AgentError(f"copying the project's data from the bucket failed (exit {code}; see {UPLOAD_LOG})")
     say("the project's data in the bucket is in $DATA_DIR")
-
-
-def pull_data(root: str, run_id: str) -> int:
-    """`bucket-data RUN`: gs://NAME/PREFIX/data/PROJECT/ into REMOTE_ROOT/data/PROJECT/: each object whose
-    local copy differs (size, CRC32C) downloaded to a temporary name beside it, verified, then renamed;
-    DATA_WORKERS at a time (many small files: one by one was x5 slower at a 20 ms round trip, docs/bucket.md)."""
-    run_dir = os.path.join(root, "runs", run_id)
-    spec = read_spec(run_dir)
-    where, data_dir = spec.bucket or {}, project_dirs(root, spec.project)[1]
-    from concurrent.futures import ThreadPoolExecutor
-
-    from google.cloud import storage
-
-    gcs = storage.Client()
-    todo = []
-    for blob in gcs.list_blobs(where["name"], prefix=where["data"]):
-        rel = blob.name[len(where["data"]) :]
-        parts = rel.split("/")
-        if not rel or rel.endswith("/") or any(p in ("", ".", "..") for p in parts):
-            continue
-        todo.append((rel, os.path.join(data_dir, *parts), blob))
-    with ThreadPoolExecutor(max_workers=DATA_WORKERS) as pool:
-        outcomes = list(pool.map(lambda t: pull_one(*t), todo))
-    bad = [why for why in outcomes if why not in (COPIED, SAME)]
-    for why in bad:
-        print(f"[gpu-train data] {why}", flush=True)
-    got = outcomes.count(COPIED)
-    print(f"[gpu-train data] {got} file(s) copied from gs://{where['name']}/{where['data']} to {data_dir}", flush=True)
-    return 1 if bad else 0
-
-
-DATA_WORKERS = 8  # as the transfer manager's default threads, and what bench/bucketdata.py measured
-COPIED, SAME = "copied", "same"
-
-
-def pull_one(rel: str, path: str, blob: Any) -> str:
-    """One object into place: SAME when the local copy already matches, COPIED once verified and renamed,
-    else why not (the local file untouched)."""
-    if os.path.isfile(path) and os.path.getsize(path) == blob.size and crc32c_of(path) == blob.crc32c:
-        return SAME
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.gpu-train-part.{os.getpid()}.{threading.get_ident()}"
-    try:
-        blob.download_to_filename(tmp, if_generation_match=blob.generation, checksum="crc32c")
-        if crc32c_of(tmp) != blob.crc32c:
-            return f"{rel}: crc32c differs from the bucket's: not installed"
-        os.replace(tmp, path)
-        return COPIED
-    except Exception as e:  # one file's failure is named with the others'; the run does not start
-        return f"{rel}: {type(e).__name__}: {e}"
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def start(root: str, run_dir: str) -> subprocess.Popen | None:

@@ -340,7 +340,7 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     python = environment_step(w, root, run_dir, python, venv)
     workdir = os.path.join(run_dir, "code")
     upload.bring_data(root, run_dir, w.say)  # `push --to bucket`: to local disk first
-    datalink.link_data(data_dir, workdir, w.log)
+    datalink.link_data(data_dir, workdir, w.log, [m["folder"] for m in spec.bucket_data] if spec.bucket_data else None)
     extra, said = resume_args(spec, resumes, workdir)
     argv = job_argv(spec, python, job_dir, nproc, extra)
     if resumes:

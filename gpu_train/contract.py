@@ -168,6 +168,7 @@ class JobSpec(Document):
     resume_args: tuple[str, ...] = ()  # appended at every relaunch (boot, preemption, `resume`) ...
     resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
     bucket: dict[str, str] | None = None  # {"name", "prefix", "data", "parts"}: JOB_DIR goes to gs://NAME/PREFIX as it is written
+    bucket_data: tuple[dict, ...] = ()  # DataManifest's: what `push --to bucket` sent; only these come down
     path: str | None = None  # set by launch on the host: the login's PATH, for relaunches without a login
     externally_managed: bool = False  # set by launch: the job's Python refuses installs of its own (PEP 668)
     WHAT, REQUIRED = "the job spec", ("run_id", "base")
@@ -209,6 +210,24 @@ class BucketRecord(TypedDict, total=False):
     final: bool  # the last pass after the job's end is done
     error: str | None
     at: float
+
+
+class DataFile(TypedDict):
+    """One file `push --to bucket` sent: the object's generation (the bucket chooses it, no writer can),
+    its size and the SHA-256 of the bytes the laptop sent (a CRC32C a writer who chooses the bytes can match)."""
+
+    generation: int
+    size: int
+    sha256: str
+
+
+class DataManifest(TypedDict):
+    """A pushed folder (its path in the project, e.g. ``data``) and its files (path inside it -> DataFile):
+    written by the laptop at `push --to bucket`, carried in the spec. The host downloads exactly these
+    generations, verifies each, and links only ``folder`` into the working directory: no manifest, no pull."""
+
+    folder: str
+    files: dict[str, DataFile]
 
 
 class BucketView(TypedDict):

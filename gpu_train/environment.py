@@ -168,6 +168,15 @@ class Environment:
         """The laptop's records (stack outputs, known_hosts): $GPU_TRAIN_HOME, else the project's .gpu-train/."""
         return self.home if self.home is not None else self.project_root / ".gpu-train"
 
+    @property
+    def user_home(self) -> Path:
+        """The user's own records, never a project's (a project copied with its .gpu-train/ is not the user's
+        word): $GPU_TRAIN_HOME, else $XDG_STATE_HOME/gpu-train (default ~/.local/state/gpu-train)."""
+        if self.home is not None:
+            return self.home
+        state = os.environ.get("XDG_STATE_HOME", "").strip()
+        return (Path(state) if state and Path(state).is_absolute() else Path.home() / ".local" / "state") / "gpu-train"
+
     def stack_file(self, name: str) -> Path:
         """The stack ``name``'s file along ``stack_dirs``; ConfigError (with close names and the fix) when none."""
         return stackfile.stack_file(name, self.stack_dirs, self.cli)

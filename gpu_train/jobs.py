@@ -289,9 +289,9 @@ def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: i
     ]
 
 
-def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None) -> list[JobSpec]:
+def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None, data: tuple[dict, ...] = ()) -> list[JobSpec]:
     """With gpu-train:bucket, each node's spec names where its JOB_DIR goes: PREFIX/STACK/RUN/ (node N > 0:
-    .../node-N/, as `fetch --all-nodes` lays a cluster out on the laptop)."""
+    .../node-N/), and ``data``: the manifests of `push --to bucket` (the only data a host copies from it)."""
     if not bucket:
         return specs
     place = parse_bucket(bucket)
@@ -304,6 +304,7 @@ def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None) -> list[JobS
                 "data": data_prefix(place, s.project),
                 "parts": parts_prefix(place, stack, s.run_id, i),
             },
+            bucket_data=data,
         )
         for i, s in enumerate(specs)
     ]

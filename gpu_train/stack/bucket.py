@@ -107,7 +107,11 @@ def parts_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str
     return f"{place.prefix}{PARTS_FOLDER}" + run_prefix(place, stack, run, node)[len(place.prefix) :]
 
 
+DATA_FOLDER = ".gpu-train-data/"  # starts with '.': no stack can have the name (STACK_NAME_PATTERN)
+
+
 def data_prefix(place: BucketPlace, project: str | None) -> str:
-    """Where `push --to bucket` puts a project's data: PREFIX/data/PROJECT/ (beside the stacks' runs, so
-    every stack using the bucket finds it); a run copies it to its $DATA_DIR before the job starts."""
-    return f"{place.prefix}data/{project or 'default'}/"
+    """Where `push --to bucket` puts a project's data: PREFIX/.gpu-train-data/PROJECT/, beside the stacks'
+    runs under a name no stack can have (a stack named `data` once shared PREFIX/data/); a run copies
+    exactly what the laptop's manifest names (contract.DataManifest) to its $DATA_DIR."""
+    return f"{place.prefix}{DATA_FOLDER}{project or 'default'}/"

@@ -52,7 +52,7 @@ def push(c, dir, stack=None, json_=False, to=None):
     rel, project = data_path(src, root), project_name(root)
     session = Session(env, stack)
     if to == "bucket":
-        push_to_bucket(session.cluster, src, rel, project)
+        push_to_bucket(session.cluster, src, rel, project, env.user_home)
         return
     sessions = session.nodes()
     progress = env.stdout_isatty and len(sessions) == 1 and not json_
@@ -89,19 +89,21 @@ def push(c, dir, stack=None, json_=False, to=None):
         )
 
 
-def push_to_bucket(target, src: Path, rel: str, project: str) -> None:
-    """`push --to bucket`: DIR to gs://NAME/PREFIX/data/PROJECT/REL/, incremental and verified."""
+def push_to_bucket(target, src: Path, rel: str, project: str, home: Path) -> None:
+    """`push --to bucket`: DIR to gs://NAME/PREFIX/.gpu-train-data/PROJECT/REL/, incremental and verified,
+    and its manifest into the user's own records (the only data a run copies from the bucket)."""
     from gpu_train.stack.bucket import data_prefix, parse_bucket
-    from remote.transfer import bucketfetch
+    from remote.transfer import bucketfetch, datapush
 
     if not target.bucket:
         raise UsageError(f"--to bucket: stack {target.stack} has no gpu-train:bucket (docs/bucket.md)")
     place = parse_bucket(target.bucket)
-    prefix = f"{data_prefix(place, project)}{rel}/"
-    got = bucketfetch.push_dir(bucketfetch.client(), place, prefix, src)
+    prefix = data_prefix(place, project)
+    got, manifest = datapush.push_folder(bucketfetch.client(), place, prefix, rel, src, datapush.load(home, place, prefix).get(rel))
+    datapush.save(home, place, prefix, manifest)
     for problem in got.problems:
         say(problem)
     if got.problems:
         raise GpuTrainError(f"not everything is in the bucket: run `{CLI} push {src} --to bucket` again")
-    print(f"{src} -> gs://{place.name}/{prefix}: {got.files} file(s), {got.bytes} bytes sent (verified; {got.unchanged} unchanged)")
-    print(f"  each run copies it to local disk before its job starts: $DATA_DIR/{rel}, and {rel}/ in its working directory")
+    print(f"{src} -> gs://{place.name}/{prefix}{rel}/: {got.files} file(s), {got.bytes} bytes sent (verified; {got.unchanged} unchanged)")
+    print(f"  each run copies exactly these to local disk before its job starts: $DATA_DIR/{rel}, and {rel}/ in its working directory")

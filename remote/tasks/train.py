@@ -125,7 +125,7 @@ def train(
     ps = jobs.parameter_servers(ps, cluster.parameter_servers)
     specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
     specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
-    specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket)
+    specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))
     # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and
     # passes it on, the nodes go on their own word; those that started are stopped, as below.)
     cancel = threading.Event()
@@ -209,6 +209,17 @@ def notify_url(stack: str, setting: str | None) -> str | None:
         )
         return None
     return out.strip()
+
+
+def pushed_data(environment: Environment, bucket: str | None, project: str | None) -> tuple[dict, ...]:
+    """The manifests of what `push --to bucket` sent for this project (the user's own records)."""
+    if not bucket:
+        return ()
+    from gpu_train.stack.bucket import data_prefix, parse_bucket
+    from remote.transfer import datapush
+
+    place = parse_bucket(bucket)
+    return tuple(dict(m) for _, m in sorted(datapush.load(environment.user_home, place, data_prefix(place, project)).items()))
 
 
 def _read_env_files(paths: list[str]) -> dict[str, str]:

@@ -115,36 +115,3 @@ def fetch_run(
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
     return out
-
-
-def push_dir(gcs, place: BucketPlace, prefix: str, src: Path, streams: int = 8) -> Fetched:
-    """``src``'s files to gs://NAME/``prefix``: those the bucket lacks or holds with another size or CRC32C,
-    each one upload (visible only once complete), checked against the object's CRC32C."""
-    bucket = gcs.bucket(place.name)
-    there = {b.name: b for b in gcs.list_blobs(place.name, prefix=prefix)}
-    out, todo = Fetched(), []
-    for path in sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink()):
-        name = prefix + path.relative_to(src).as_posix()
-        have = there.get(name)
-        crc = crc32c_of(str(path))
-        if have is not None and have.size == path.stat().st_size and have.crc32c == crc:
-            out.unchanged += 1
-        else:
-            todo.append((path, name, crc))
-
-    def one(item) -> str | None:
-        path, name, crc = item
-        blob = bucket.blob(name)
-        try:
-            blob.upload_from_filename(str(path), checksum="crc32c")
-        except Exception as e:  # the network, a permission: said, the rest goes on
-            return f"{path}: {e}"
-        if blob.crc32c != crc:
-            return f"{path}: the bucket's object has crc32c {blob.crc32c}, the file {crc} (changed while sent?)"
-        out.files += 1
-        out.bytes += path.stat().st_size
-        return None
-
-    with ThreadPoolExecutor(max(1, streams)) as pool:
-        out.problems += [p for p in pool.map(one, todo) if p]
-    return out

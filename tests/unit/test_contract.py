@@ -48,6 +48,7 @@ FULL = JobSpec(
     resume_args=("--init_from=resume",),
     resume_if="out/ckpt.pt",
     bucket={"name": "ckpt", "prefix": "team/l4/r_20260101_000000/"},
+    bucket_data=({"folder": "data", "files": {"a.bin": {"generation": 7, "size": 3, "sha256": "ab" * 32}}},),
     path="/usr/bin:/bin",
     externally_managed=True,
 )
