@@ -148,6 +148,8 @@ def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
             r["jobSummary"] = tree_summary(r["jobDir"])
             r["workdirSummary"] = outputs.summary(root, os.path.dirname(r["jobDir"]))
             r["logSummary"] = log_summary(r["log"])
+            if "bucket" in r:
+                r["bucketRecord"] = upload.record_files(os.path.dirname(r["jobDir"]))
     return {
         "root": root,
         "runs": runs,

@@ -140,6 +140,12 @@ def only_on_host(run_dir: str, record: BucketRecord | dict) -> list[str]:
     return [rel for rel, sig in sorted(found.items()) if rel not in done or (done[rel]["size"], done[rel]["mtimeNs"]) != sig] + unseen
 
 
+def record_files(run_dir: str) -> dict[str, BucketFile]:
+    """What the uploader verified in the bucket (runs/RUN/bucket.json's files): `down --no-fetch` asks the
+    bucket itself for each, with its generation, size and CRC32C."""
+    return dict((read_json(os.path.join(run_dir, BUCKET_RECORD)) or {}).get("files") or {})
+
+
 def view(run_dir: str) -> BucketView | None:
     """The run's bucket for `status`, from its record and its JOB_DIR now; None without a bucket."""
     spec = spec_or_none(run_dir)

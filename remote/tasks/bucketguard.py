@@ -28,3 +28,29 @@ def not_in_bucket(docs: list[dict | None]) -> list[str]:
             elif not b.get("final"):
                 lines.append(f"{where}{run['id']}: its last upload has not finished" + (f" ({b['error']})" if b.get("error") else ""))
     return lines
+
+
+def differs_in_bucket(expected: dict[str, dict], listed: dict[str, tuple[int, int, str]], run: str, limit: int = 5) -> list[str]:
+    """What the bucket itself lacks of a run's record: ``expected`` (object name -> the host's record:
+    generation, size, crc32c) against ``listed`` (object name -> (generation, size, crc32c), as the laptop
+    listed the bucket). One line per run naming what differs: gone (deleted by a VM with the grant, a
+    lifecycle rule, a person) or another version (overwritten since it was verified)."""
+    gone, other = [], []
+    for name, rec in sorted(expected.items()):
+        have = listed.get(name)
+        if have is None:
+            gone.append(name)
+        elif have != (int(rec["generation"]), int(rec["size"]), str(rec["crc32c"])):
+            other.append(f"{name} (generation {have[0]}, {have[1]} bytes; verified was {rec['generation']}, {rec['size']} bytes)")
+    lines = []
+    for what, names in (("not in the bucket", gone), ("another version in the bucket", other)):
+        if names:
+            more = f" and {len(names) - limit} more" if len(names) > limit else ""
+            lines.append(f"{run}: {what}: {', '.join(names[:limit])}{more}")
+    return lines
+
+
+def expected_objects(record: dict[str, dict], run_prefix: str) -> dict[str, dict]:
+    """The host's record (path in the run -> generation, size, crc32c) as object names under the prefix the
+    laptop computes itself from its stack (never the host's word for where the run is)."""
+    return {run_prefix + rel: rec for rel, rec in record.items()}

@@ -67,6 +67,40 @@ def uncron(session: Session) -> None:
         say(f"warning: {line}: gpu-train's crontab lines may still be there (`crontab -e` there to remove them)")
 
 
+def not_as_recorded(stack: str, bucket: str, docs: list[object]) -> list[str]:
+    """`down --no-fetch`: the laptop lists the bucket itself and requires every file each host's uploader
+    recorded, with its generation, size and CRC32C, under the run's prefix as this stack names it; one
+    line per run naming what differs (the host's word alone let a deleted run's VM be destroyed)."""
+    import re
+
+    from gpu_train.contract import RUN_ID_PATTERN
+    from gpu_train.stack.bucket import parse_bucket, run_prefix
+    from remote.tasks.bucketguard import differs_in_bucket, expected_objects
+    from remote.transfer import bucketfetch
+
+    place, lines = parse_bucket(bucket), []
+    gcs = bucketfetch.client()
+    for node, doc in enumerate(docs):
+        if isinstance(doc, GpuTrainError) or doc is None:
+            continue
+        where = f"node {node}: " if len(docs) > 1 else ""
+        for run in cast(dict, doc).get("runs", []):
+            if not run.get("bucket"):
+                continue  # (not_in_bucket names it)
+            rid = str(run.get("id"))
+            if not re.fullmatch(RUN_ID_PATTERN, rid) or not isinstance(run.get("bucketRecord"), dict):
+                lines.append(f"{where}{rid!r}: the host did not say what it verified in the bucket")
+                continue
+            prefix = run_prefix(place, stack, rid, node)
+            try:
+                listed = {b.name: (int(b.generation), int(b.size), str(b.crc32c)) for b in gcs.list_blobs(place.name, prefix=prefix)}
+            except Exception as e:  # credentials, the network: the bucket could not be checked, so nothing is destroyed
+                lines.append(f"{where}{rid}: could not list {place.url(prefix[len(place.prefix) :])}: {e}")
+                continue
+            lines += differs_in_bucket(expected_objects(run["bucketRecord"], prefix), listed, f"{where}{rid}")
+    return lines
+
+
 @task(
     help={
         "force": "destroy even if a run is running or not everything could be fetched (naming what is lost)",
@@ -100,6 +134,7 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
         if not bucket:
             raise UsageError(f"--no-fetch: stack {session.target.stack} has no gpu-train:bucket to keep its runs (docs/bucket.md)")
         problems = not_in_bucket([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
+        problems += not_as_recorded(session.target.stack, bucket, docs)
     else:
         problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, streams)
     for s in sessions:

@@ -100,6 +100,25 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     assert not list(home.parent.glob(".*partial*"))
 
 
+def test_down_no_fetch_asks_the_bucket_itself_for_every_recorded_file(bucket_lab, plain: str) -> None:
+    """With the run's objects deleted from the bucket (any VM with the grant, a lifecycle rule, a person),
+    `down --no-fetch` believed the host's record, said "every run is verified" and destroyed."""
+    lab, emu = bucket_lab
+    run = lab.train("--command", 'echo a > "$JOB_DIR/a.txt"; echo b > "$JOB_DIR/b.txt"', "--dir", plain)
+    done = lab.wait(run, timeout=60)
+    assert done["state"] == "succeeded" and done["bucket"]["final"] and done["bucket"]["onlyHost"] == [], lab.log(run)
+    bucket = emu.client().bucket("ckpt")
+    bucket.blob(f"team/lab/{run}/b.txt").delete()
+    refused = lab.fab("down", "--no-fetch")
+    assert refused.returncode != 0 and f"{run}: not in the bucket: team/lab/{run}/b.txt" in refused.stderr, refused.stderr
+    bucket.blob(f"team/lab/{run}/b.txt").upload_from_string(b"b\n")  # the same bytes, but not the version verified
+    bucket.blob(f"team/lab/{run}/a.txt").upload_from_string(b"overwritten\n")
+    refused = lab.fab("down", "--no-fetch")
+    assert refused.returncode != 0 and f"{run}: another version in the bucket: team/lab/{run}/a.txt" in refused.stderr, refused.stderr
+    assert f"team/lab/{run}/b.txt" in refused.stderr
+    assert (lab.remote / "runs" / run / "job" / "a.txt").read_text() == "a\n"  # nothing was destroyed or released
+
+
 def test_data_pushed_to_the_bucket_is_on_local_disk_before_the_job_starts(bucket_lab, plain: str) -> None:
     """And only what this laptop pushed: objects another writer of the bucket planted under the data's
     prefix (a `numpy.py` beside the data, a file inside it) never reach the host or the working directory."""

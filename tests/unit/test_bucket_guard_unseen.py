@@ -50,3 +50,46 @@ def test_what_the_host_cannot_read_is_only_on_the_host(tmp_path: Path) -> None:
     only = json.loads(out.stdout)
     assert "model.tmp.pt" in only and "ok.txt" not in only
     assert any(line.startswith("ckpts (unreadable on the host") for line in only), only
+
+
+def test_what_the_bucket_lacks_of_the_record_is_named() -> None:
+    from remote.tasks.bucketguard import differs_in_bucket, expected_objects
+
+    rec = {
+        "a": {"generation": 5, "size": 3, "crc32c": "AAAA", "mtimeNs": 1},
+        "b": {"generation": 6, "size": 1, "crc32c": "BBBB", "mtimeNs": 1},
+    }
+    want = expected_objects(rec, "p/lab/r_1/")
+    assert differs_in_bucket(want, {"p/lab/r_1/a": (5, 3, "AAAA"), "p/lab/r_1/b": (6, 1, "BBBB")}, "r_1") == []
+    assert differs_in_bucket(want, {"p/lab/r_1/a": (5, 3, "AAAA")}, "r_1") == ["r_1: not in the bucket: p/lab/r_1/b"]
+    assert differs_in_bucket(want, {"p/lab/r_1/a": (7, 3, "AAAA"), "p/lab/r_1/b": (6, 1, "BBBB")}, "r_1") == [
+        "r_1: another version in the bucket: p/lab/r_1/a (generation 7, 3 bytes; verified was 5, 3 bytes)"
+    ]
+    assert differs_in_bucket(want, {"p/lab/r_1/a": (5, 3, "CCCC"), "p/lab/r_1/b": (6, 1, "BBBB")}, "r_1")[0].startswith(
+        "r_1: another version"
+    )
+
+
+def test_down_no_fetch_lists_the_bucket_itself(gcs) -> None:
+    """Against the real emulator: what the host recorded must be there, at its generation."""
+    from remote.tasks.teardown import not_as_recorded
+
+    bucket = gcs.client().bucket("ckpt")
+    run = "job_20260101_000000"
+    record = {}
+    for rel in ("a.txt", "eval/b.txt"):
+        blob = bucket.blob(f"team/lab/{run}/{rel}")
+        blob.upload_from_string(rel.encode())
+        record[rel] = {"generation": int(blob.generation), "size": int(blob.size), "crc32c": blob.crc32c, "mtimeNs": 1}
+    docs: list[object] = [{"runs": [{"id": run, "bucket": {"final": True}, "bucketRecord": record}]}]
+    assert not_as_recorded("lab", "gs://ckpt/team", docs) == []
+    assert not_as_recorded("lab2", "gs://ckpt/team", docs) == [
+        f"{run}: not in the bucket: team/lab2/{run}/a.txt, team/lab2/{run}/eval/b.txt"
+    ]
+    bucket.blob(f"team/lab/{run}/eval/b.txt").delete()
+    assert not_as_recorded("lab", "gs://ckpt/team", docs) == [f"{run}: not in the bucket: team/lab/{run}/eval/b.txt"]
+    bucket.blob(f"team/lab/{run}/a.txt").upload_from_string(b"a.txt")  # the same bytes, another generation
+    (line,) = [x for x in not_as_recorded("lab", "gs://ckpt/team", docs) if "another version" in x]
+    assert line.startswith(f"{run}: another version in the bucket: team/lab/{run}/a.txt")
+    no_record: list[object] = [{"runs": [{"id": run, "bucket": {"final": True}}]}]
+    assert not_as_recorded("lab", "gs://ckpt/team", no_record) == [f"'{run}': the host did not say what it verified in the bucket"]
