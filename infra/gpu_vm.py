@@ -12,8 +12,8 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
+from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import names, provisioning, vm
-from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import StackConfig
 from gpu_train.stack.pools import boot_disk_type

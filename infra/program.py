@@ -12,9 +12,9 @@ import pulumi
 from pulumi.runtime.config import CONFIG, get_config_env
 
 from agent import bundle
+from gpu_train.catalog.loader import load_catalog
+from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import provisioning, validate, vm
-from gpu_train.gcp.catalog import Catalog
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.stack import config, stackfile
 from infra import quota_request

@@ -24,8 +24,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
+from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import names, quota
-from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import StackConfig
 from infra.lookups import CannotAsk, Lookups

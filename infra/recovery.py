@@ -19,8 +19,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train import recovery
+from gpu_train.catalog.model import FLEX_START, RESERVATION, SPOT
 from gpu_train.gcp import names, provisioning
-from gpu_train.gcp.catalog import FLEX_START, RESERVATION, SPOT
 from gpu_train.stack.config import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent

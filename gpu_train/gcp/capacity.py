@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpu_train.gcp.catalog import ZONE_PATTERN, Catalog
+from gpu_train.catalog.model import ZONE_PATTERN, Catalog
 from gpu_train.gcp.shape_rules import nearest_regions
 
 STOCKOUT, REGIONAL_QUOTA, GLOBAL_QUOTA, NOT_OFFERED, CONFIG, TRANSIENT, PREFERENCE_EXISTS, UNKNOWN = (

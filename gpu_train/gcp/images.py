@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from gpu_train.gcp.catalog import Catalog
+from gpu_train.catalog.model import Catalog
 from gpu_train.stack.config import NAMESPACE, Problem, StackConfig
 
 DRIVER_RE = re.compile(r"-nvidia-(\d+)$")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_train.gcp.catalog import FLEX_START, SPOT, Catalog, Price
+from gpu_train.catalog.model import FLEX_START, SPOT, Catalog, Price
 from gpu_train.gcp.validate import GpuShape
 
 

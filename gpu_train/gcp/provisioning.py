@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
+from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
 from gpu_train.stack.problems import Problem
 from gpu_train.stack.settings import NAMESPACE, StackConfig
 

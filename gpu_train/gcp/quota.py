@@ -18,8 +18,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_train.gcp.catalog import Catalog
-from gpu_train.gcp.disks import disk_quota_metric
+from gpu_train.catalog.disks import disk_quota_metric
+from gpu_train.catalog.model import Catalog
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.gcp.vm import data_disk_type
 from gpu_train.stack.config import StackConfig

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpu_train.gcp.catalog import Catalog
+from gpu_train.catalog.model import Catalog
 from gpu_train.gcp.provisioning import parse_reservation
 from gpu_train.gcp.validate import GpuShape
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import difflib
 import re
 
-from gpu_train.gcp import gpunames
-from gpu_train.gcp.catalog import AI_ZONE_PATTERN, Catalog, FixedShape, MachineShape
+from gpu_train.catalog import gpunames
+from gpu_train.catalog.model import AI_ZONE_PATTERN, Catalog, FixedShape, MachineShape
 from gpu_train.stack.config import Problem, StackConfig
 
 

@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train.gcp import disks, images, names, provisioning
-from gpu_train.gcp.catalog import ZONE_PATTERN, Catalog
+from gpu_train.catalog import disks
+from gpu_train.catalog.model import ZONE_PATTERN, Catalog
+from gpu_train.gcp import images, names, provisioning
 from gpu_train.gcp.shape_rules import availability, machine_and_gpus, offered_gpu
 from gpu_train.stack import placeholders, values
 from gpu_train.stack.config import SECRET_VALUE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown

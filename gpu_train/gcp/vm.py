@@ -15,7 +15,8 @@ import re
 import shlex
 from pathlib import Path
 
-from gpu_train.gcp import disks, images
+from gpu_train.catalog import disks
+from gpu_train.gcp import images
 from gpu_train.gcp.names import (  # noqa: F401
     data_disk_name,
     instance_name,

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, SPOT, Catalog
+from gpu_train.catalog.model import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.shape_rules import nearest_regions
 from gpu_train.importing.command import train_command
 from gpu_train.importing.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables, together

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gpu_train.gcp import gpunames
-from gpu_train.gcp.catalog import Catalog
-from gpu_train.gcp.disks import default_disk_type
+from gpu_train.catalog import gpunames
+from gpu_train.catalog.disks import default_disk_type
+from gpu_train.catalog.model import Catalog
 from gpu_train.stack.bucket import bucket_problems
 from gpu_train.stack.pools import parse_pools
 from gpu_train.stack.problems import ConfigError, Problem, shown

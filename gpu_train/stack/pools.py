@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train.gcp import disks
-from gpu_train.gcp.catalog import Catalog
+from gpu_train.catalog import disks
+from gpu_train.catalog.model import Catalog
 from gpu_train.stack.problems import Problem
 from gpu_train.stack.settings import StackConfig
 

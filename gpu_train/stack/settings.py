@@ -19,7 +19,7 @@ from gpu_train.contract import (  # the agent's own defaults, shared with the ho
 from gpu_train.stack.sshhost import SshHost
 
 if TYPE_CHECKING:
-    from gpu_train.gcp.catalog import Catalog
+    from gpu_train.catalog.model import Catalog
 
 NAMESPACE = "gpu-train"
 GCP, SSH, BOTH = ("gcp",), ("ssh",), ("gcp", "ssh")
@@ -381,6 +381,6 @@ def readme_table(catalog: Catalog) -> str:
 
 
 if __name__ == "__main__":  # print the README's table
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
 
     print(readme_table(load_catalog()), end="")

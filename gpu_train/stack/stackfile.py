@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gpu_train.gcp.catalog import Catalog
+from gpu_train.catalog.model import Catalog
 from gpu_train.stack import project
 from gpu_train.stack.config import ConfigError, Problem, StackConfig, parse
 from gpu_train.stack.settings import NAMESPACE, looks_like_key_text

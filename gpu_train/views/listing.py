@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from gpu_train import recovery
+from gpu_train.catalog import gpunames
+from gpu_train.catalog.model import Catalog
 from gpu_train.contract import ACTIVE  # the contract with the host, written once
-from gpu_train.gcp import gpunames
-from gpu_train.gcp.catalog import Catalog
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.provisioning import way
 from gpu_train.gcp.validate import shape_of

@@ -12,9 +12,9 @@ import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
+from gpu_train.catalog import gpunames
+from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Accelerator, Catalog
 from gpu_train.errors import UsageError
-from gpu_train.gcp import gpunames
-from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Accelerator, Catalog
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.views.table import aligned

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpu_train.catalog.loader import load_catalog
+from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
 from gpu_train.contract import RUN_LIMIT_NOTICE_S
 from gpu_train.environment import Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import changes, images, provisioning, validate, vm
-from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.gcp.pricing import Cost, hourly_cost
 from gpu_train.stack import config, stackfile
 from gpu_train.stack.project import command_name

@@ -16,10 +16,10 @@ import argparse
 import sys
 
 from gpu_train import environment
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.environment import Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import provisioning, quota, reservations, validate
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile
 from infra.ops import probes
 

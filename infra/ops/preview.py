@@ -21,7 +21,7 @@ import pulumi
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import get_root_resource
 
-from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.catalog.loader import load_catalog
 from infra.lookups import Lookups
 
 MOCK_EXTERNAL_IP = "203.0.113.10"  # documentation range (RFC 5737)

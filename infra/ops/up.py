@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_train.catalog.loader import load_catalog
+from gpu_train.catalog.model import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.environment import Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import capacity, changes, provisioning, validate
-from gpu_train.gcp.catalog import FLEX_START, ON_DEMAND, SPOT, Catalog
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile
 from infra.ops import pulumi_cli
 

@@ -320,8 +320,8 @@ def ssh_hosts(cfg: StackConfig) -> StackConfig:
 
 def resolve(env: Environment, stack: str | None, refresh: bool = False) -> Target:
     """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.gcp import validate
-    from gpu_train.gcp.catalog_file import load_catalog
 
     name = select_stack(env, stack)
     # The same validation as `scripts/plan` and `pulumi up`: a stack file from elsewhere is checked

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from gpu_train.atomic import atomic_write
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.environment import Environment
 from gpu_train.gcp import validate
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.gcp.vm import label_value
 from gpu_train.stack import config, stackfile
 from gpu_train.stack.project import listed_stack_files, repo_script

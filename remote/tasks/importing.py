@@ -77,8 +77,8 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     Every field of the job is reported: mapped exactly, mapped with a change (and why), or not mapped
     (and what to do). The stack is validated as `scripts/plan` validates it, before it is written.
     """
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.gcp import validate
-    from gpu_train.gcp.catalog_file import load_catalog
     from gpu_train.importing import gcloud_flags, importer, translate
     from gpu_train.stack import config
 

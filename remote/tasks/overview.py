@@ -29,7 +29,7 @@ from remote.tasks.session import STACK_HELP, Session
 )
 def gpus(c, name=None, region=None, spot=False, json_=False):
     """GPU types from the catalog: shapes, regions and zones, on-demand and spot $/h, spot- or reservation-only."""
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.views import offers
 
     catalog = load_catalog()
@@ -82,7 +82,7 @@ def ls_(c, json_=False, offline=False):
     VM states come from the Compute API when you have credentials, else from the last known
     outputs; hosts believed up are asked for their runs for a few seconds at most.
     """
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.views import listing
     from remote.tasks import gather as overview
 

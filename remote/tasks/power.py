@@ -22,7 +22,7 @@ GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its 
 
 
 def _gcp_config(env: Environment, stack: str | None):
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack import config, stackfile
     from remote.ssh import target as targets
 

@@ -77,9 +77,14 @@ def _rsync_version_text() -> str | None:
         return ""
 
 
+def local_rsync_problem() -> str | None:
+    """What is wrong with this machine's rsync, with the fix; None when it will do."""
+    return rsync_problem(_rsync_version_text())
+
+
 def check_rsync() -> None:
     """RemoteError naming the fix when the local rsync is missing or too old."""
-    if (why := rsync_problem(_rsync_version_text())) is not None:
+    if (why := local_rsync_problem()) is not None:
         raise RemoteError(why)
 
 

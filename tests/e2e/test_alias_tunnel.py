@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.environment import Environment
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.stackfile import load_stack
 from remote.loopback import Sshd, free_port
 from remote.ssh import alias as sshalias

@@ -218,7 +218,7 @@ def test_a_node_that_went_on_its_own_word_counts_as_started_when_the_laptops_pus
     """The hop reached node i (its marker), so its launch went on; then the laptop's own push there
     failed (or Ctrl-C came): the node runs, and the laptop must count it as started (to stop it with
     the others, or say it runs), not as failed and forgotten. The laptop's launch over a real sshd."""
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack.stackfile import load_stack
     from remote.ssh import agentcall
     from remote.ssh import connect as ssh

@@ -42,7 +42,7 @@ with open(doc_path) as f:
 
 
 def _end_shared_connection(lab: Lab) -> None:
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack.stackfile import load_stack
     from remote.ssh import mux
     from remote.ssh.target import target_from
@@ -177,7 +177,7 @@ def test_an_agent_answer_that_never_ends_is_cut_off(lab: Lab, liar: Liar) -> Non
 
 
 def test_an_agent_call_that_never_answers_times_out(lab: Lab, liar: Liar, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack.stackfile import load_stack
     from remote.errors import RemoteError
     from remote.ssh import agentcall

@@ -23,7 +23,7 @@ import yaml
 
 import infra.ops.plan
 import infra.ops.up
-from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.stack import stackfile
 from infra import program
 from infra.ops import preview, pulumi_cli

@@ -8,9 +8,9 @@ import copy
 import pytest
 import yaml
 
+from gpu_train.catalog.loader import CATALOG_PATH, load_catalog, parse_catalog
+from gpu_train.catalog.model import CatalogError
 from gpu_train.gcp import capacity, validate
-from gpu_train.gcp.catalog import CatalogError
-from gpu_train.gcp.catalog_file import CATALOG_PATH, load_catalog, parse_catalog
 from gpu_train.stack.config import ConfigError, parse
 from tests.conftest import gcp_raw
 

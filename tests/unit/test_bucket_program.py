@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.stack import config
 from gpu_train.stack.bucket import BucketPlace, parse_bucket, run_prefix
 from infra import program

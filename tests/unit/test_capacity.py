@@ -14,9 +14,9 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.environment import Environment
 from gpu_train.gcp import capacity, quota, validate
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config
 from infra.ops import preflight
 from tests.conftest import ROOT, gcp_raw

@@ -7,8 +7,8 @@ import copy
 import pytest
 import yaml
 
-from gpu_train.gcp.catalog import CatalogError
-from gpu_train.gcp.catalog_file import CATALOG_PATH, load_catalog, parse_catalog
+from gpu_train.catalog.loader import CATALOG_PATH, load_catalog, parse_catalog
+from gpu_train.catalog.model import CatalogError
 
 
 @pytest.fixture(scope="module")

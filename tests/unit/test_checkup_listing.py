@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.stack.config import parse
 from gpu_train.views import checkup, listing
 from tests.conftest import gcp_raw

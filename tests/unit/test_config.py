@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.stack import config, stackfile
 from gpu_train.stack.config import ConfigError, SshHost, parse, parse_host
 from tests.conftest import gcp_raw

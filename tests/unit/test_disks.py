@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.gcp import disks, quota, validate
-from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.catalog import disks
+from gpu_train.catalog.loader import load_catalog
+from gpu_train.gcp import quota, validate
 from gpu_train.stack import config
 from infra import program
 from infra.ops import preview

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpu_train import jobs
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.gcp import validate
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile, values
 from gpu_train.stack.config import ConfigError
 from remote.transfer import ignores, sync

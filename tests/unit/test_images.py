@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.gcp import images, validate
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import ConfigError
 from infra import program
 from infra.ops import preview

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.importing import gcloud_flags, importer, translate
 from gpu_train.importing.importer import CHANGED, EXACT, NOT_MAPPED, JobImportError
 from infra.ops import plan

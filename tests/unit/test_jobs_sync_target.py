@@ -11,9 +11,9 @@ import pytest
 
 from agent import bundle
 from gpu_train import jobs
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.contract import JobSpec
 from gpu_train.environment import Environment
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import SshHost, parse
 from remote.ssh import target
 from remote.tasks.render import render_status

@@ -19,6 +19,7 @@ from tests.conftest import parse_source
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
     "gpu_train",
+    "gpu_train/catalog",
     "gpu_train/stack",
     "gpu_train/gcp",
     "gpu_train/views",
@@ -156,7 +157,7 @@ def test_the_core_is_handed_its_data() -> None:
 
 
 # Which rooms may import which (a room: a package folder; its modules' imports, inside functions too).
-# Bottom up: contract <- stack <-> gcp <- jobs/views/importing; the agent takes only the core's modules
+# Bottom up: contract, catalog <- stack <- gcp <- jobs/views/importing; the agent takes only the core's modules
 # its zipapp carries (contract, recovery, fetchwire, checksum);
 # the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
 ALLOWED = {
@@ -169,14 +170,24 @@ ALLOWED = {
     "gpu_train.atomic": set(),
     "gpu_train.environment": {"gpu_train.errors", "gpu_train.stack"},  # what the laptop's commands take from the world
     "gpu_train.launcher": {"remote.cli"},  # the command's entry point: the one arrow from the core up
-    "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.atomic", "gpu_train.gcp"},
-    "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.recovery"},
-    "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
-    "gpu_train.views": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp", "gpu_train.recovery"},
-    "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.stack", "gpu_train.gcp"},
+    "gpu_train.catalog": {"gpu_train.errors"},  # the facts, below everything that judges by them
+    "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.atomic", "gpu_train.catalog"},
+    "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.recovery"},
+    "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.gcp"},
+    "gpu_train.views": {
+        "gpu_train.contract",
+        "gpu_train.errors",
+        "gpu_train.catalog",
+        "gpu_train.stack",
+        "gpu_train.gcp",
+        "gpu_train.recovery",
+    },
+    "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.gcp"},
     # what the zipapp carries of the core (agent/bundle.py CARRIED)
-    "agent": {"gpu_train.contract", "gpu_train.recovery", "gpu_train.fetchwire", "gpu_train.checksum"},
-    "infra": {"gpu_train"},
+    "agent": {"gpu_train.codec", "gpu_train.contract", "gpu_train.recovery", "gpu_train.fetchwire", "gpu_train.checksum"},
+    # the agent's packer runs on the laptop, beside what it packs (not in the zipapp): it keeps the zipapp on disk
+    "agent.bundle": {"gpu_train.atomic", "gpu_train.contract"},
+    "infra": {"gpu_train", "agent.bundle"},  # the startup script carries the agent's zipapp
     "infra.__main__": {"gpu_train", "infra"},  # `pulumi up`'s entry point: builds Google's lookups (infra.ops)
     "infra.ops": {"gpu_train", "infra"},
     "remote.errors": {"gpu_train"},
@@ -185,13 +196,10 @@ ALLOWED = {
     "remote.tasks": {"gpu_train", "remote.errors", "remote.ssh", "remote.transfer", "agent.bundle", "infra.ops"},
     "remote.cli": {"gpu_train", "remote.errors", "remote.tasks", "remote"},
     "remote.loopback": set(),
+    "remote.setup": {"gpu_train", "infra.ops", "remote.transfer"},  # scripts/setup: this machine's tools, SSH's and Google's
 }
 # Arrows that still point the wrong way, each a debt with its reason (pay it, then delete the line).
-DEBTS = {
-    ("agent.bundle", "gpu_train.atomic"): "a laptop-only module in the agent's folder keeps the built zipapp on disk",
-    ("infra.program", "agent.bundle"): "the startup script carries the agent's zipapp: the laptop's agent, built here",
-    ("infra.ops.setup", "remote.transfer.sync"): "scripts/setup reuses the laptop's ssh helper",
-}
+DEBTS: dict[tuple[str, str], str] = {}
 
 
 def room(module: str) -> str:
@@ -240,3 +248,32 @@ def test_every_debt_is_still_owed() -> None:
         if not any((me == x or me.startswith(x + ".")) and (dep == y or dep.startswith(y + ".")) for me, dep in found)
     ]
     assert not paid, f"delete these from DEBTS: {paid}"
+
+
+BEGIN, END = "<!-- arrows: begin (generated from tests/unit/test_layout.py) -->", "<!-- arrows: end -->"
+
+
+def arrows_table() -> str:
+    """ALLOWED and DEBTS as the markdown table docs/architecture.md shows (between BEGIN and END)."""
+    lines = ["| room | may import (besides itself and the standard library) |", "|---|---|"]
+    for name in sorted(ALLOWED):
+        lines.append(f"| `{name}` | {', '.join(f'`{d}`' for d in sorted(ALLOWED[name])) or 'nothing of ours'} |")
+    if not DEBTS:
+        return "\n".join([*lines, "", "No arrow points the wrong way today: the list of debts is empty."])
+    lines += ["", "| debt: an arrow the wrong way | why it is still there |", "|---|---|"]
+    lines += [f"| `{a}` -> `{b}` | {why} |" for (a, b), why in sorted(DEBTS.items())]
+    return "\n".join(lines)
+
+
+def test_the_maps_arrows_are_the_rule() -> None:
+    """The arrows docs/architecture.md states are the ones this test enforces: a rule changed here and
+    not there (or the other way) fails, so the map's claims about imports stay true."""
+    text = MAP.read_text(encoding="utf-8")
+    shown = text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip()
+    assert shown == arrows_table(), "docs/architecture.md's arrows differ from ALLOWED/DEBTS: run `python -m tests.unit.test_layout`"
+
+
+if __name__ == "__main__":  # rewrite the map's table from ALLOWED and DEBTS
+    text = MAP.read_text(encoding="utf-8")
+    head, rest = text.split(BEGIN)
+    MAP.write_text(f"{head}{BEGIN}\n{arrows_table()}\n{END}{rest.split(END, 1)[1]}", encoding="utf-8")

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.gcp import names, validate
-from gpu_train.gcp.catalog_file import load_catalog
 from infra import program
 from infra.ops import preview
 from tests.conftest import gcp_raw

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.gcp import gpunames
-from gpu_train.gcp.catalog_file import load_catalog
+from gpu_train.catalog import gpunames
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.gcp.validate import check
 from gpu_train.stack.config import ConfigError
 from gpu_train.views import offers

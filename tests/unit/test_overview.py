@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.environment import Environment
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.views import checkup, listing
 from remote.tasks import gather as overview
 from tests.google_fake import FakeGoogle

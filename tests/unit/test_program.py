@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.contract import AgentSettings
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, stackfile
 from infra import program
 from infra.ops import preview

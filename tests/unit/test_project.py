@@ -213,7 +213,7 @@ def test_a_stopped_vm_is_said_at_once(proj: Project, tmp_path: Path, public_key:
 
 # -- the user's install -----------------------------------------------------------------------------
 def test_user_install_is_lean_and_links_the_command(tmp_path: Path) -> None:
-    from infra.ops import setup
+    from remote import setup
     from tests.conftest import ROOT
 
     user = {

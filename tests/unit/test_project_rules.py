@@ -133,7 +133,7 @@ def test_suggest_and_starter_stacks() -> None:
     import yaml
     from invoke import ParseError
 
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack import config
     from remote import cli
     from remote.tasks import starter

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pulumi_gcp.compute import _inputs as gcp_inputs
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.gcp import provisioning, validate
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import parse
 from infra import program
 from infra.ops import preview

@@ -149,7 +149,7 @@ def test_the_function_source_is_stdlib_only_and_loads(tmp_path: Path) -> None:
 
 
 def test_a_secret_webhook_in_the_stack_file_is_taken_and_never_shown() -> None:
-    from gpu_train.gcp.catalog_file import load_catalog
+    from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack import config
 
     raw = {**gcp_raw(spot=True), "gpu-train:notify": {"secure": "v1:Zm9vYmFy"}}

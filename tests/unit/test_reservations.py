@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.environment import Environment
 from gpu_train.gcp import reservations, validate
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import parse
 from infra.ops import preflight
 from tests.conftest import gcp_raw

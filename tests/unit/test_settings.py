@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.contract import AgentSettings
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack import config, settings
 from tests.conftest import ROOT, gcp_raw
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.gcp import validate
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.stack.config import ConfigError, parse
 from tests.conftest import gcp_raw
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_train.catalog.loader import load_catalog
 from gpu_train.gcp import vm
-from gpu_train.gcp.catalog_file import load_catalog
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import parse

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gpu_train.gcp.catalog import (
+from gpu_train.catalog.model import (
     ZONE_PATTERN,
     Accelerator,
     Catalog,

@@ -19,7 +19,7 @@ from gpu_train.errors import ExitStatus
 from gpu_train.views import checkup
 from infra.ops import probes
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def link_command(bin_dir: Path, console_script: Path) -> str:
@@ -42,7 +42,7 @@ def ssh_findings() -> list[checkup.Finding]:
     found = [
         checkup.Finding("ssh (OpenSSH client)", bool(shutil.which("ssh")), shutil.which("ssh") or "not found", "install openssh-client")
     ]
-    why = sync.rsync_problem(sync._rsync_version_text())
+    why = sync.local_rsync_problem()
     found.append(checkup.Finding("rsync 3.4+", why is None, "ok" if why is None else why.split(":")[0], "" if why is None else why))
     found.append(
         checkup.Finding(

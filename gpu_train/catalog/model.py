@@ -37,7 +37,7 @@ class Accelerator:
     gpu_family: str | None = None
     vws: bool = False
     spot_quota_id: str | None = None
-    short: str | None = None  # the name people say: T4, A100-80GB (gpu_train.gcp.gpunames reads it)
+    short: str | None = None  # the name people say: T4, A100-80GB (gpu_train.catalog.gpunames reads it)
     shutdown: str | None = None  # deprecated: the date Compute Engine shuts it down (T4, P4: 2027-08-01)
 
     @property

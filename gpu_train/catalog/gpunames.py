@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import re
 
-from gpu_train.gcp.catalog import Accelerator, Catalog
+from gpu_train.catalog.model import Accelerator, Catalog
 
 
 def _key(name: str) -> str:

@@ -8,7 +8,7 @@ program and the quota check ask of it, so a default and a check can never disagr
 
 from __future__ import annotations
 
-from gpu_train.gcp.catalog import Catalog
+from gpu_train.catalog.model import Catalog
 
 BOOT, DATA = "boot", "data"
 FALLBACK_DEFAULT = "pd-balanced"  # a machine type the table does not know (validation reports it)
