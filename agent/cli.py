@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from gpu_train.contract import UNPACKED
+from gpu_train.contract import SCALAR_POINTS, UNPACKED
 
 from .guard import UnsafeRoot, check_own_file, secure_root
 from .store import AgentError, root_from_settings, use_settings_file
@@ -44,6 +44,10 @@ def parser() -> argparse.ArgumentParser:
     logging.add_argument("--offset", type=int, default=0)
     logging.add_argument("--lines", type=int)
     logging.add_argument("--follow", action="store_true")
+    scalars = sub.add_parser("scalars", help="runs' metrics from their event files and JSONL metrics files (contract.Scalars)")
+    scalars.add_argument("--run", action="append", help="a run (repeat for more; default: every run)")
+    scalars.add_argument("--tag", action="append", help="a tag, a glob of tags, or FOLDER/TAG (repeat for more; default: all)")
+    scalars.add_argument("--points", type=int, default=SCALAR_POINTS, help="points per series at most (evenly thinned)")
     stopping = sub.add_parser("stop")
     stopping.add_argument("--run")
     stopping.add_argument("--grace", type=float, default=10.0)
@@ -162,6 +166,10 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
             if args.cmd == "logs"
             else cmd_status(root, args.run, args.summaries)
         )
+    if args.cmd == "scalars":
+        from .metrics import cmd_scalars
+
+        return cmd_scalars(root, args.run, args.tag, args.points)
     if args.cmd == "launch":
         from .launch import cmd_launch
 

@@ -329,6 +329,39 @@ class StatusDoc(TypedDict):
     now: float
 
 
+# -- a run's scalars: `scalars`'s answer (curves, a sweep's metric), read from what jobs write anywhere in
+# JOB_DIR or the working directory: TensorBoard event files and JSONL metrics files ({"step": N, "loss": X}).
+METRICS_FILE = "*metrics*.jsonl"
+SCALAR_POINTS, SCALAR_POINTS_MAX, SCALAR_SERIES_MAX = 500, 10000, 1000
+
+
+class ScalarSeries(TypedDict):
+    """One tag of one folder's event files (or of one JSONL file): its points, thinned evenly to the
+    request's ``points`` (the first and last kept), and what the whole series says."""
+
+    tag: str
+    source: str  # the folder (event files) or file (JSONL), relative to the run's folder: job/..., code/...
+    kind: str  # "tfevents" or "jsonl"
+    points: list[list]  # [[step, value], ...] by step; a value that is not finite (NaN, inf) is null
+    count: int  # points in the files (a resumed job's rewritten step N replaces the points from N on)
+    last: list  # [step, value]; min and max: of the finite values, or null
+    min: list | None
+    max: list | None
+    wallTime: float  # when the last point was written (epoch seconds)
+
+
+@dataclass(frozen=True)
+class Scalars(Document):
+    """`scalars`'s answer: runs ({id, series: [ScalarSeries]}), at most ``points`` points a series and
+    SCALAR_SERIES_MAX series in all (``truncated`` says some were left out)."""
+
+    runs: tuple[dict, ...] = ()
+    problems: tuple[str, ...] = ()  # a corrupt record, an unreadable file: what was skipped
+    points: int = SCALAR_POINTS
+    truncated: bool = False
+    WHAT = "the host's scalars"
+
+
 # The fetch's sources: a run id (its JOB_DIR), or RUN/WORKDIR (the outputs in its working directory,
 # which come home into runs/STACK/RUN/WORKDIR/); a listing row of kind UNREADABLE is something the host
 # could not look into: [path, UNREADABLE, 0, 0, 0, why].

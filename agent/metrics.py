@@ -1,0 +1,185 @@
+"""`scalars`: a run's metrics as the job wrote them, read on the host so the answer is one round trip.
+
+Two kinds of file, found anywhere in the run's JOB_DIR (runs/RUN/job) and its working directory
+(runs/RUN/code): TensorBoard event files (``tfevents``), one series per tag per folder, the folder's files
+in the order they were created; and JSONL metrics files (contract.METRICS_FILE), one JSON object a line,
+each number in it a tag (nested objects as ``a/b``) at the line's ``step`` (else its line number).
+
+A resumed job writes again from its checkpoint's step: a point whose step is lower than the one before
+drops the points at and after its step (what TensorBoard calls purging orphaned data), so a series reads
+as the run's single history. The answer is bounded (contract.Scalars).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import os
+
+from gpu_train.contract import METRICS_FILE, SCALAR_POINTS_MAX, SCALAR_SERIES_MAX, Scalars, ScalarSeries
+
+from . import tfevents
+from .store import AgentError, find_run, run_dirs
+
+# Folders a job's tree holds that are never its metrics: the walk does not go in (nor through links).
+SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", "site-packages", ".ipynb_checkpoints"}
+WALK_MAX = 200_000  # entries looked at per run: a working directory holding a dataset is not read whole
+STEP_KEYS = ("step", "global_step", "iteration", "iter")
+NOT_TAGS = set(STEP_KEYS) | {"time", "timestamp", "wall_time", "walltime", "_timestamp", "_runtime", "_step"}
+Point = tuple  # (step, wall time, value or None)
+
+
+def metric_files(run_dir: str, problems: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """(folder -> its event files, oldest first; JSONL files), as paths relative to the run's folder."""
+    events: dict[str, list[str]] = {}
+    jsonl: list[str] = []
+    seen = 0
+    for top in ("job", "code"):
+        for folder, dirs, names in os.walk(os.path.join(run_dir, top)):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+            seen += len(dirs) + len(names)
+            rel = os.path.relpath(folder, run_dir).replace(os.sep, "/")
+            for name in names:
+                if name.startswith(tfevents.EVENT_FILE):
+                    events.setdefault(rel, []).append(f"{rel}/{name}")
+                elif fnmatch.fnmatch(name, METRICS_FILE):
+                    jsonl.append(f"{rel}/{name}")
+            if seen > WALK_MAX:
+                problems.append(f"{os.path.basename(run_dir)}: more than {WALK_MAX} files; the rest of its tree is not searched")
+                return {k: sorted(v, key=_created) for k, v in events.items()}, jsonl
+    return {k: sorted(v, key=_created) for k, v in events.items()}, jsonl
+
+
+def _created(path: str) -> tuple:
+    """An event file's place among its folder's: events.out.tfevents.SECONDS.HOST[.PID.N]."""
+    rest = os.path.basename(path)[len(tfevents.EVENT_FILE) :].split(".")
+    return (int(rest[0]) if rest and rest[0].isdigit() else 0, path)
+
+
+def extend(points: list[Point], new: list[Point]) -> None:
+    """``new`` after ``points``: a step lower than the last drops what was written at and after it."""
+    for p in new:
+        if points and p[0] < points[-1][0]:
+            while points and points[-1][0] >= p[0]:
+                points.pop()
+        points.append(p)
+
+
+def read_jsonl(path: str, problems: list[str]) -> dict[str, list[Point]]:
+    """tag -> points of a JSONL metrics file (a last line without its newline is still being written)."""
+    series: dict[str, list[Point]] = {}
+    bad = 0
+    mtime = os.stat(path).st_mtime
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f):
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                bad += bool(raw.strip())
+                continue
+            if not isinstance(doc, dict):
+                bad += 1
+                continue
+            step = next((doc[k] for k in STEP_KEYS if _number(doc.get(k))), number)
+            wall = next((float(doc[k]) for k in ("time", "timestamp", "wall_time") if _number(doc.get(k))), mtime)
+            for tag, value in _flat(doc, ""):
+                extend(series.setdefault(tag, []), [(int(step), wall, value if math.isfinite(value) else None)])
+    if bad:
+        problems.append(f"{path}: {bad} line(s) that are not a JSON object; skipped")
+    return series
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _flat(doc: dict, prefix: str) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    for k, v in doc.items():
+        if not prefix and k in NOT_TAGS:
+            continue
+        if isinstance(v, dict):
+            out += _flat(v, f"{prefix}{k}/")
+        elif _number(v):
+            out.append((f"{prefix}{k}", float(v)))
+    return out
+
+
+def wanted(tag: str, source: str, names: list[str]) -> bool:
+    """A tag asked for: by its name (a glob), or by its folder's last parts and name (``validation/loss``
+    for the tag ``loss`` of logs/validation, as Keras writes them)."""
+    if not names:
+        return True
+    full = f"{source}/{tag}"
+    return any(fnmatch.fnmatchcase(tag, n) or (n.endswith("/" + tag) and full.endswith("/" + n)) for n in names)
+
+
+def thinned(points: list[Point], limit: int) -> list[Point]:
+    """At most ``limit`` points, evenly spaced, the first and the last kept."""
+    n = len(points)
+    if n <= limit:
+        return points
+    if limit < 2:
+        return points[-limit:] if limit else []
+    return [points[round(k * (n - 1) / (limit - 1))] for k in range(limit)]
+
+
+def series_doc(tag: str, source: str, kind: str, points: list[Point], limit: int) -> ScalarSeries:
+    finite = [p for p in points if p[2] is not None]
+    low = min(finite, key=lambda p: p[2]) if finite else None
+    high = max(finite, key=lambda p: p[2]) if finite else None
+    return {
+        "tag": tag,
+        "source": source,
+        "kind": kind,
+        "points": [[p[0], p[2]] for p in thinned(points, limit)],
+        "count": len(points),
+        "last": [points[-1][0], points[-1][2]],
+        "min": [low[0], low[2]] if low else None,
+        "max": [high[0], high[2]] if high else None,
+        "wallTime": points[-1][1],
+    }
+
+
+def run_scalars(run_dir: str, tags: list[str], limit: int, problems: list[str]) -> list[ScalarSeries]:
+    """The run's series (those ``tags`` name, or all), sorted by source and tag."""
+    events, jsonl = metric_files(run_dir, problems)
+    out: list[ScalarSeries] = []
+    for folder, files in sorted(events.items()):
+        merged: dict[str, list[Point]] = {}
+        for rel in files:
+            try:
+                for tag, points in tfevents.read_scalars(os.path.join(run_dir, rel), problems).items():
+                    if wanted(tag, folder, tags):
+                        extend(merged.setdefault(tag, []), points)
+            except OSError as e:
+                problems.append(f"{rel}: {e.strerror or e}")
+        out += [series_doc(t, folder, "tfevents", p, limit) for t, p in sorted(merged.items()) if p]
+    for rel in sorted(jsonl):
+        try:
+            found = read_jsonl(os.path.join(run_dir, rel), problems)
+        except OSError as e:
+            problems.append(f"{rel}: {e.strerror or e}")
+            continue
+        out += [series_doc(t, rel, "jsonl", p, limit) for t, p in sorted(found.items()) if p and wanted(t, rel, tags)]
+    return out
+
+
+def cmd_scalars(root: str, runs: list[str] | None, tags: list[str] | None, points: int) -> dict:
+    """`scalars`: the named runs' series (each a run id, a unique prefix or a base name; none: every run)."""
+    if not 1 <= points <= SCALAR_POINTS_MAX:
+        raise AgentError(f"--points {points}: give 1 to {SCALAR_POINTS_MAX}")
+    dirs = [find_run(root, r) for r in runs] if runs else run_dirs(root)
+    problems: list[str] = []
+    found: list[dict] = []
+    total, truncated = 0, False
+    for run_dir in dirs:
+        series = run_scalars(run_dir, list(tags or []), points, problems)
+        if total + len(series) > SCALAR_SERIES_MAX:
+            series, truncated = series[: SCALAR_SERIES_MAX - total], True
+        total += len(series)
+        found.append({"id": os.path.basename(run_dir), "series": series})
+    return Scalars(runs=tuple(found), problems=tuple(problems[:100]), points=points, truncated=truncated).to_json()

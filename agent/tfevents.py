@@ -1,0 +1,255 @@
+"""TensorBoard event files, read without TensorBoard: the scalars in them.
+
+An event file (``events.out.tfevents.*``) is a TFRecord file: each record is its length (u64, little
+endian), the masked CRC32C of those 8 bytes, the data, and the data's masked CRC32C. The data is an
+``Event`` protocol buffer (tensorflow/core/util/event.proto): ``wall_time`` (1, double), ``step`` (2,
+int64) and, among others, a ``Summary`` (5), whose repeated ``Value`` (1) carries a ``tag`` (1) and
+either a ``simple_value`` (2, float: PyTorch's ``SummaryWriter.add_scalar``, TF1) or a ``tensor`` (8,
+TensorProto: TF2's ``tf.summary.scalar``, ``add_scalar(new_style=True)``), whose ``metadata`` (9) names
+its plugin (``scalars``) on the first value of a tag only. The protocol buffer wire format is decoded
+here by hand (varints, fixed 32/64-bit, length-delimited fields): it is small, and the agent has no
+dependencies. Standard library only, Python 3.8+.
+
+What is not a scalar (images, histograms, text, graphs, hparams) is skipped: a record whose event has no
+summary is not even checked; a summary's record is checked against its CRC before it is read.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from gpu_train.checksum import masked_crc32c
+
+EVENT_FILE = "events.out.tfevents."  # the name's prefix, as every writer names them
+RECORD_MAX = 64 << 20  # a length beyond this is a corrupt header, not a record
+SCALARS_PLUGIN = "scalars"
+DATA_CLASS_SCALAR = 1
+
+# TensorProto's dtype (tensorflow/core/framework/types.proto) -> struct format of one element.
+DTYPES = {1: "<f", 2: "<d", 3: "<i", 4: "<B", 5: "<h", 6: "<b", 9: "<q", 10: "<?", 17: "<H", 19: "<e", 22: "<I", 23: "<Q"}
+DT_BFLOAT16 = 14
+# TensorProto's repeated value fields: struct format of a fixed element, or varint:
+# float_val, double_val, int_val, int64_val, bool_val, half_val (half and bfloat16 bits), uint32_val, uint64_val.
+VALUE_FIELDS = {5: "<f", 6: "<d", 7: "varint", 10: "varint", 11: "varint", 13: "varint", 16: "varint", 17: "varint"}
+
+
+class Corrupt(ValueError):
+    """A record that is not what its framing or its protocol buffer says."""
+
+
+def varint(buf: bytes, i: int) -> tuple[int, int]:
+    """The varint at ``buf[i]``: (value, the index after it)."""
+    shift = result = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise Corrupt("a varint runs past its message")
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, i
+        shift += 7
+
+
+def fields(buf: bytes) -> list[tuple[int, int, object]]:
+    """The fields of one message: (number, wire type, value): an int for a varint, bytes for a
+    length-delimited field or a fixed 32/64-bit one (decoded by who knows its type)."""
+    out: list[tuple[int, int, object]] = []
+    i, n = 0, len(buf)
+    while i < n:
+        key, i = varint(buf, i)
+        number, wire = key >> 3, key & 7
+        value: object
+        if wire == 0:
+            value, i = varint(buf, i)
+        elif wire == 1:
+            value, i = buf[i : i + 8], i + 8
+        elif wire == 2:
+            size, i = varint(buf, i)
+            value, i = buf[i : i + size], i + size
+        elif wire == 5:
+            value, i = buf[i : i + 4], i + 4
+        else:  # 3 and 4 (groups) are not in these messages; 6 and 7 do not exist
+            raise Corrupt(f"wire type {wire} in field {number}")
+        if i > n:
+            raise Corrupt(f"field {number} runs past its message")
+        out.append((number, wire, value))
+    return out
+
+
+def signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _packed(number: int, wire: int, value: object) -> list[int | float]:
+    """A repeated numeric field's elements (packed in one length-delimited field, or one element), varints
+    as their raw integers (their type is the field's: ``_element``)."""
+    fixed = VALUE_FIELDS[number]
+    if wire == 2:
+        data = value if isinstance(value, bytes) else b""
+        if fixed != "varint":
+            size = struct.calcsize(fixed)
+            return [struct.unpack_from(fixed, data, k)[0] for k in range(0, len(data) - size + 1, size)]
+        ints: list[int | float] = []
+        i = 0
+        while i < len(data):
+            v, i = varint(data, i)
+            ints.append(v)
+        return ints
+    if isinstance(value, bytes):
+        return [struct.unpack(fixed, value)[0]] if fixed != "varint" and len(value) == struct.calcsize(fixed) else []
+    return [int(value)]  # type: ignore[call-overload]
+
+
+def _element(number: int, dtype: int, v: int | float) -> float:
+    """One element of a repeated field as a number: int32/int64 are two's complement in 64 bits, half_val
+    holds a half's or a bfloat16's 16 bits (by the dtype)."""
+    if number == 13:
+        bits = int(v) & 0xFFFF
+        if dtype == DT_BFLOAT16:
+            return float(struct.unpack("<f", struct.pack("<I", bits << 16))[0])
+        return float(struct.unpack("<e", struct.pack("<H", bits))[0])
+    return float(signed64(int(v)) if number in (7, 10) else v)
+
+
+def tensor_scalar(buf: bytes) -> tuple[float | None, int]:
+    """A TensorProto's one element: (its value, the tensor's rank); (None, rank) when it holds none or
+    more than one number, or a type that is not a number (strings)."""
+    dtype, rank, content = 0, 0, None
+    values: list[tuple[int, int | float]] = []
+    for number, wire, value in fields(buf):
+        if number == 1 and wire == 0:
+            dtype = int(value)  # type: ignore[call-overload]
+        elif number == 2 and isinstance(value, bytes):  # TensorShapeProto: dim (2) per dimension
+            rank = sum(1 for n, _, _ in fields(value) if n == 2)
+        elif number == 4 and isinstance(value, bytes):
+            content = value
+        elif number in VALUE_FIELDS:
+            values += [(number, v) for v in _packed(number, wire, value)]
+    if content is not None:
+        if dtype == DT_BFLOAT16 and len(content) == 2:
+            return float(struct.unpack("<f", b"\0\0" + content)[0]), rank
+        fmt = DTYPES.get(dtype)
+        if fmt is None or len(content) != struct.calcsize(fmt):
+            return None, rank
+        return float(struct.unpack(fmt, content)[0]), rank
+    if dtype == 7 or len(values) != 1:  # DT_STRING, or not one element
+        return None, rank
+    return _element(values[0][0], dtype, values[0][1]), rank
+
+
+def _plugin(buf: bytes) -> tuple[str | None, int]:
+    """SummaryMetadata: (plugin_data.plugin_name, data_class)."""
+    name, data_class = None, 0
+    for number, wire, value in fields(buf):
+        if number == 1 and isinstance(value, bytes):
+            for n, _, v in fields(value):
+                if n == 1 and isinstance(v, bytes):
+                    name = v.decode("utf-8", "replace")
+        elif number == 4 and wire == 0:
+            data_class = int(value)  # type: ignore[call-overload]
+    return name, data_class
+
+
+def summary_scalars(buf: bytes, plugins: dict[str, str | None]) -> list[tuple[str, float]]:
+    """(tag, value) of each scalar in a Summary. ``plugins`` remembers each tag's plugin across the
+    file: a writer names it on a tag's first value only."""
+    out = []
+    for number, _, value in fields(buf):
+        if number != 1 or not isinstance(value, bytes):
+            continue
+        tag, simple, tensor, meta = None, None, None, None
+        for n, w, v in fields(value):
+            if n == 1 and isinstance(v, bytes):
+                tag = v.decode("utf-8", "replace")
+            elif n == 2 and w == 5 and isinstance(v, bytes) and len(v) == 4:
+                simple = struct.unpack("<f", v)[0]
+            elif n == 8 and isinstance(v, bytes):
+                tensor = v
+            elif n == 9 and isinstance(v, bytes):
+                meta = v
+        if tag is None:
+            continue
+        if meta is not None:
+            name, data_class = _plugin(meta)
+            plugins[tag] = SCALARS_PLUGIN if data_class == DATA_CLASS_SCALAR else name
+        if simple is not None:
+            out.append((tag, float(simple)))
+        elif tensor is not None:
+            plugin = plugins.get(tag)
+            if plugin not in (None, SCALARS_PLUGIN):
+                continue  # a histogram, an image, text, hparams ...
+            scalar, rank = tensor_scalar(tensor)
+            if scalar is not None and (plugin == SCALARS_PLUGIN or rank == 0):
+                out.append((tag, scalar))
+    return out
+
+
+def event_scalars(data: bytes, plugins: dict[str, str | None]) -> tuple[int, float, list[tuple[str, float]]] | None:
+    """An Event's (step, wall time, scalars), or None when it carries no summary."""
+    step, wall, summary = 0, 0.0, None
+    for number, wire, value in fields(data):
+        if number == 1 and wire == 1 and isinstance(value, bytes) and len(value) == 8:
+            wall = struct.unpack("<d", value)[0]
+        elif number == 2 and wire == 0:
+            step = signed64(int(value))  # type: ignore[call-overload]
+        elif number == 5 and isinstance(value, bytes):
+            summary = value
+    if summary is None:
+        return None
+    return step, wall, summary_scalars(summary, plugins)
+
+
+def _has_summary(data: bytes) -> bool:
+    """Whether an Event holds a summary, from its fields' keys alone (no CRC taken over a graph's bytes)."""
+    try:
+        return any(number == 5 for number, _, _ in fields(data))
+    except Corrupt:
+        return True  # the CRC check says what is wrong
+
+
+def records(f, path: str, problems: list[str]):
+    """Each complete record's data, checked; a partial record at the end (being written) ends the file
+    quietly, a corrupt one ends it with a line in ``problems``."""
+    while True:
+        header = f.read(12)
+        if len(header) < 12:
+            return
+        length_bytes, (crc,) = header[:8], struct.unpack("<I", header[8:])
+        if masked_crc32c(length_bytes) != crc:
+            problems.append(f"{path}: a record's length fails its CRC at byte {f.tell() - 12}; the rest is not read")
+            return
+        (length,) = struct.unpack("<Q", length_bytes)
+        if length > RECORD_MAX:
+            problems.append(f"{path}: a record of {length} bytes at byte {f.tell() - 12}; the rest is not read")
+            return
+        data, footer = f.read(length), f.read(4)
+        if len(data) < length or len(footer) < 4:
+            return  # the writer has not finished this record
+        if not _has_summary(data):
+            continue
+        if masked_crc32c(data) != struct.unpack("<I", footer)[0]:
+            problems.append(f"{path}: a record fails its CRC at byte {f.tell() - 16 - length}; skipped")
+            continue
+        yield data
+
+
+def read_scalars(path: str, problems: list[str]) -> dict[str, list[tuple[int, float, float | None]]]:
+    """Every scalar in one event file: tag -> [(step, wall time, value)] in the order written (a value
+    that is not finite as None: JSON has no NaN)."""
+    series: dict[str, list[tuple[int, float, float | None]]] = {}
+    plugins: dict[str, str | None] = {}
+    with open(path, "rb") as f:
+        for data in records(f, path, problems):
+            try:
+                got = event_scalars(data, plugins)
+            except Corrupt as e:
+                problems.append(f"{path}: an event that is not one ({e}); skipped")
+                continue
+            if got is None:
+                continue
+            step, wall, scalars = got
+            for tag, value in scalars:
+                series.setdefault(tag, []).append((step, wall, value if math.isfinite(value) else None))
+    return series

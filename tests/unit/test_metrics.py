@@ -1,0 +1,120 @@
+"""`scalars` on the host: which files, how a resumed series reads, the bounds of the answer."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from agent import metrics
+from agent.store import AgentError
+from gpu_train.contract import SCALAR_SERIES_MAX, Scalars
+
+
+@pytest.mark.parametrize(
+    "steps, expected",
+    [
+        ([0, 1, 2, 3], [0, 1, 2, 3]),
+        ([0, 10, 20, 30, 10, 20, 30, 40], [0, 10, 20, 30, 40]),  # resumed from the checkpoint at 10
+        ([0, 10, 20, 30, 15, 25], [0, 10, 15, 25]),  # from a step between two points
+        ([5, 5, 5], [5, 5, 5]),  # a step written again is not a restart
+        ([0, 10, 0, 10], [0, 10]),  # started over
+    ],
+)
+def test_a_resumed_series_reads_as_one_history(steps, expected):
+    points: list = []
+    metrics.extend(points, [(s, float(i), float(i)) for i, s in enumerate(steps)])
+    assert [p[0] for p in points] == expected
+    assert points[-1][2] == len(steps) - 1  # the latest write of a step wins
+
+
+@pytest.mark.parametrize(
+    "n, limit, expected",
+    [
+        (5, 10, [0, 1, 2, 3, 4]),
+        (10, 4, [0, 3, 6, 9]),
+        (101, 5, [0, 25, 50, 75, 100]),
+        (7, 2, [0, 6]),
+        (7, 1, [6]),
+    ],
+)
+def test_thinning_keeps_the_ends_evenly(n, limit, expected):
+    assert [p[0] for p in metrics.thinned([(i, 0, 0) for i in range(n)], limit)] == expected
+
+
+@pytest.mark.parametrize(
+    "tag, source, names, expected",
+    [
+        ("loss", "job/logs/train", [], True),
+        ("loss", "job/logs/train", ["loss"], True),
+        ("epoch_loss", "job/logs/validation", ["validation/epoch_loss"], True),
+        ("epoch_loss", "job/logs/train", ["validation/epoch_loss"], False),
+        ("eval/loss", "code/output/runs/x", ["eval/*"], True),
+        ("train/loss", "code/output/runs/x", ["loss"], False),  # not a suffix on a tag's own parts
+        ("loss", "code/runs", ["runs/loss", "acc"], True),
+    ],
+)
+def test_tags_asked_for(tag, source, names, expected):
+    assert metrics.wanted(tag, source, names) is expected
+
+
+def test_jsonl_metrics_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 0, "loss": 2.0, "lr": 0.1, "time": 100.0},
+        {"step": 10, "loss": 1.0, "eval": {"acc": 0.5}, "note": "text", "flag": True},
+        "not json",
+        [1, 2],
+        {"step": 20, "loss": float("nan")},
+        {"step": 10, "loss": 0.9},  # resumed from step 10
+    ]
+    text = "\n".join(json.dumps(x) if not isinstance(x, str) else x for x in lines) + "\n" + '{"step": 30, "lo'
+    path.write_text(text)
+    problems: list[str] = []
+    got = metrics.read_jsonl(str(path), problems)
+    assert {t: [(s, v) for s, _, v in p] for t, p in got.items()} == {
+        "loss": [(0, 2.0), (10, 0.9)],
+        "lr": [(0, 0.1)],
+        "eval/acc": [(10, 0.5)],
+    }
+    assert got["lr"][0][1] == 100.0  # its own time
+    assert problems == [f"{path}: 2 line(s) that are not a JSON object; skipped"]
+
+
+def _run(root, run_id: str) -> str:
+    run_dir = os.path.join(root, "runs", run_id)
+    os.makedirs(os.path.join(run_dir, "job"))
+    os.makedirs(os.path.join(run_dir, "code"))
+    with open(os.path.join(run_dir, "state.json"), "w") as f:
+        json.dump({"id": run_id, "state": "succeeded", "created": 1.0}, f)
+    return run_dir
+
+
+def test_scalars_answer_is_the_contracts_and_bounded(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    a = _run(root, "a_20260101_000000")
+    b = _run(root, "b_20260101_000000")
+    with open(os.path.join(a, "job", "metrics.jsonl"), "w") as f:
+        for step in range(1000):
+            f.write(json.dumps({"step": step, "loss": 1000 - step, "acc": step / 1000}) + "\n")
+    os.makedirs(os.path.join(b, "code", ".venv"))
+    with open(os.path.join(b, "code", ".venv", "metrics.jsonl"), "w") as f:  # a venv is never searched
+        f.write('{"step": 1, "x": 1}\n')
+    with open(os.path.join(b, "code", "train_metrics.jsonl"), "w") as f:
+        f.write('{"step": 1, "x": 1}\n')
+    doc = Scalars.from_json(json.loads(json.dumps(metrics.cmd_scalars(root, None, ["loss", "x"], 10))))
+    assert [r["id"] for r in doc.runs] == ["a_20260101_000000", "b_20260101_000000"]
+    (loss,) = doc.runs[0]["series"]
+    assert loss["source"] == "job/metrics.jsonl" and loss["kind"] == "jsonl" and loss["count"] == 1000
+    assert len(loss["points"]) == 10 and loss["points"][0] == [0, 1000.0] and loss["points"][-1] == [999, 1.0]
+    assert loss["min"] == [999, 1.0] and loss["max"] == [0, 1000.0] and loss["last"] == [999, 1.0]
+    assert [s["source"] for s in doc.runs[1]["series"]] == ["code/train_metrics.jsonl"]
+    one = metrics.cmd_scalars(root, ["a_2026"], None, 5)  # a prefix; every tag
+    assert [s["tag"] for r in one["runs"] for s in r["series"]] == ["acc", "loss"]
+    monkeypatch.setattr(metrics, "SCALAR_SERIES_MAX", 1)
+    capped = metrics.cmd_scalars(root, None, None, 5)
+    assert capped["truncated"] and sum(len(r["series"]) for r in capped["runs"]) == 1
+    assert SCALAR_SERIES_MAX >= 100
+    with pytest.raises(AgentError, match="--points 0"):
+        metrics.cmd_scalars(root, None, None, 0)
