@@ -3,7 +3,10 @@
 With ``bucketCreate`` the program creates the bucket in the VM's region (no egress charge between
 them), with uniform bucket-level access and public access prevented, and retains it when the stack
 is destroyed: checkpoints in a bucket are what is meant to outlive the VM. Either way the VM's own
-service account gets object read/write on this bucket only, as a member of the bucket's policy.
+service account gets two conditioned grants on this bucket only (a team bucket is a shared room): object
+read/write/delete under its own stack's prefix and its parts' (gpu_train.stack.bucket.grant_conditions),
+and object read under the pushed data's prefix. IAM conditions need uniform bucket-level access: an
+existing bucket without it is refused before anything is created (infra/ops/preflight.py).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train.gcp import vm
-from gpu_train.stack.bucket import parse_bucket
+from gpu_train.stack.bucket import grant_conditions, parse_bucket
 from gpu_train.stack.config import StackConfig
 
 
@@ -40,13 +43,20 @@ def declare(
         )
         made.append(created)
         bucket_name = created.name
-    made.append(
-        gcp.storage.BucketIAMMember(
-            f"{name}-bucket-objects",
-            bucket=bucket_name,
-            role=vm.BUCKET_ROLE,
-            member=account_email.apply(lambda email: f"serviceAccount:{email}"),
-            opts=pulumi.ResourceOptions(parent=parent),
+    write, read = grant_conditions(place, cfg.stack)
+    member = account_email.apply(lambda email: f"serviceAccount:{email}")
+    for suffix, role, title, expression in (
+        ("objects", vm.BUCKET_ROLE, "own stack's runs", write),
+        ("data", vm.BUCKET_DATA_ROLE, "pushed data, read only", read),
+    ):
+        made.append(
+            gcp.storage.BucketIAMMember(
+                f"{name}-bucket-{suffix}",
+                bucket=bucket_name,
+                role=role,
+                member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(title=f"gpu-train {cfg.stack}: {title}", expression=expression),
+                opts=pulumi.ResourceOptions(parent=parent),
+            )
         )
-    )
     return made

@@ -40,7 +40,8 @@ SERVICE_ACCOUNT_SCOPES = (
 )
 # With gpu-train:bucket: object read/write (no bucket admin, no ACLs) on that bucket only, granted on
 # the bucket itself; the storage scope that lets the VM's token reach Cloud Storage at all.
-BUCKET_ROLE = "roles/storage.objectUser"
+BUCKET_ROLE = "roles/storage.objectUser"  # conditioned to the stack's own prefix (infra/bucket.py)
+BUCKET_DATA_ROLE = "roles/storage.objectViewer"  # conditioned to the pushed data's prefix: read only
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 
 

@@ -115,3 +115,23 @@ def data_prefix(place: BucketPlace, project: str | None) -> str:
     runs under a name no stack can have (a stack named `data` once shared PREFIX/data/); a run copies
     exactly what the laptop's manifest names (contract.DataManifest) to its $DATA_DIR."""
     return f"{place.prefix}{DATA_FOLDER}{project or 'default'}/"
+
+
+def _cel(text: str) -> str:
+    """``text`` as a CEL string literal (IAM conditions' language)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def grant_conditions(place: BucketPlace, stack: str) -> tuple[str, str]:
+    """The IAM conditions of a stack VM's two grants on a shared bucket (Cloud Storage's resource names:
+    ``projects/_/buckets/B`` for a listing, ``.../objects/NAME`` for an object): read, write and delete
+    only under its own stack's prefix and its parts' (and list only those prefixes, through the listing's
+    ``objectListPrefix``); read the pushed data (never write it). Another stack's VM in a team bucket
+    can then neither read, overwrite nor delete this stack's runs, nor plant data a run copies."""
+    bucket = f"projects/_/buckets/{place.name}"
+    own = (f"{place.prefix}{stack}/", f"{place.prefix}{PARTS_FOLDER}{stack}/")
+    objects = " || ".join(f"resource.name.startsWith({_cel(f'{bucket}/objects/{p}')})" for p in own)
+    listing = " || ".join(f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith({_cel(p)})" for p in own)
+    write = f"{objects} || (resource.name == {_cel(bucket)} && ({listing}))"
+    read = f"resource.name.startsWith({_cel(f'{bucket}/objects/{place.prefix}{DATA_FOLDER}')})"
+    return write, read

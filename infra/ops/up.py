@@ -322,6 +322,11 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
         status, message = outcome(e)
         print(message, file=sys.stderr)
         return status
+    from infra.ops import bucketaccess
+
+    if (why := bucketaccess.bucket_problem(run.cfg)) is not None:  # not skipped: the grants need it
+        print(why, file=sys.stderr)
+        return ExitStatus.USAGE
     if not args.skip_preflight:
         from infra.ops import preflight
 

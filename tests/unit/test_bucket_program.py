@@ -36,14 +36,80 @@ def test_no_bucket_no_storage_access() -> None:
 def test_an_existing_bucket_gets_the_vms_object_grant_on_it_only() -> None:
     result = run(bucket="gs://team-ckpt/exp/a")
     assert not result.of_type("storage/bucket:Bucket")  # not ours to create
-    (grant,) = result.of_type("storage/bucketIAMMember:BucketIAMMember")
-    assert grant.inputs == {"bucket": "team-ckpt", "role": "roles/storage.objectUser", "member": vm_email(result)}
+    grants = {g.inputs["role"]: g.inputs for g in result.of_type("storage/bucketIAMMember:BucketIAMMember")}
+    assert set(grants) == {"roles/storage.objectUser", "roles/storage.objectViewer"}
+    for g in grants.values():
+        assert (g["bucket"], g["member"]) == ("team-ckpt", vm_email(result))
     # nothing project-wide: the VM's project roles stay logs and metrics
     project_roles = {m.inputs["role"] for m in result.of_type("projects/iAMMember:IAMMember") if m.inputs["member"] == vm_email(result)}
     assert not any("storage" in r for r in project_roles)
     (inst,) = result.of_type("compute/instance:Instance")
     assert STORAGE in inst.inputs["serviceAccount"]["scopes"]
     assert not any("cloud-platform" in s for s in inst.inputs["serviceAccount"]["scopes"])
+
+
+def test_the_vms_grants_are_its_own_stacks_prefix_and_the_data_read_only() -> None:
+    """The grant was the whole bucket (objectUser, no condition): one VM could read, overwrite and delete
+    every stack's runs and every project's data in a team bucket."""
+    result = run(bucket="gs://team-ckpt/exp/a")
+    grants = {g.inputs["role"]: g.inputs["condition"] for g in result.of_type("storage/bucketIAMMember:BucketIAMMember")}
+    write, read = grants["roles/storage.objectUser"]["expression"], grants["roles/storage.objectViewer"]["expression"]
+    objects = "projects/_/buckets/team-ckpt/objects/"
+    assert f'resource.name.startsWith("{objects}exp/a/s/")' in write
+    assert f'resource.name.startsWith("{objects}exp/a/.gpu-train-parts/s/")' in write
+    assert "objectListPrefix', '').startsWith(\"exp/a/s/\")" in write  # listing: its own prefix only
+    assert 'resource.name == "projects/_/buckets/team-ckpt"' in write
+    assert write.count("startsWith") == 4 and "data" not in write
+    assert read == f'resource.name.startsWith("{objects}exp/a/.gpu-train-data/")'
+
+
+def condition_allows(expression: str, resource: str, list_prefix: str = "") -> bool:
+    """The condition as IAM evaluates it, for these expressions (startsWith, ==, ||, &&, parentheses):
+    CEL's literals are JSON strings here, so Python's own evaluation of the translated text agrees."""
+    import re
+
+    text = expression.replace("resource.name", repr(resource)).replace("||", " or ").replace("&&", " and ")
+    text = re.sub(r"api\.getAttribute\('storage\.googleapis\.com/objectListPrefix', ''\)", repr(list_prefix), text)
+    text = text.replace(".startsWith(", ".startswith(")
+    return bool(eval(text, {"__builtins__": {}}))
+
+
+@pytest.mark.parametrize(
+    ("resource", "prefix", "write", "read"),
+    [
+        ("objects/exp/a/s/run_20260101_000000/ckpt.pt", "", True, False),
+        ("objects/exp/a/.gpu-train-parts/s/run_20260101_000000/x.part0", "", True, False),
+        ("objects/exp/a/s2/run_20260101_000000/ckpt.pt", "", False, False),  # another stack, a longer name
+        ("objects/exp/a/other/run_20260101_000000/ckpt.pt", "", False, False),
+        ("objects/exp/a/.gpu-train-data/proj/data/a.bin", "", False, True),
+        ("", "exp/a/s/", True, False),  # listing its own runs
+        ("", "exp/a/s/run_20260101_000000/", True, False),
+        ("", "exp/a/", False, False),  # listing the whole prefix: every stack's runs
+        ("", "exp/a/other/", False, False),
+    ],
+)
+def test_what_the_conditions_let_a_vm_do(resource: str, prefix: str, write: bool, read: bool) -> None:
+    from gpu_train.stack.bucket import grant_conditions
+
+    full = "projects/_/buckets/team-ckpt" + (f"/{resource}" if resource else "")
+    w, r = grant_conditions(parse_bucket("gs://team-ckpt/exp/a"), "s")
+    assert (condition_allows(w, full, prefix), condition_allows(r, full, prefix)) == (write, read)
+
+
+def test_an_existing_bucket_without_uniform_access_is_refused(gcs) -> None:
+    """Against the real emulator's buckets.get: IAM conditions need uniform bucket-level access."""
+    from infra.ops.bucketaccess import bucket_problem
+
+    cfg = config.parse(gcp_raw(bucket="gs://ckpt/exp"), "s", CATALOG)
+    why = bucket_problem(cfg)
+    assert why is not None and "uniform bucket-level access" in why and "--uniform-bucket-level-access" in why
+    bucket = gcs.client().bucket("ckpt")
+    bucket.iam_configuration.uniform_bucket_level_access_enabled = True
+    bucket.patch()
+    assert bucket_problem(cfg) is None
+    assert bucket_problem(config.parse(gcp_raw(bucket="gs://ckpt/exp", bucketCreate=True), "s", CATALOG)) is None  # ours to make
+    missing = bucket_problem(config.parse(gcp_raw(bucket="gs://nosuch-bucket"), "s", CATALOG))
+    assert missing is not None and "cannot read gpu-train:bucket gs://nosuch-bucket" in missing
 
 
 def test_a_created_bucket_is_regional_uniform_private_and_outlives_destroy() -> None:
@@ -53,8 +119,8 @@ def test_a_created_bucket_is_regional_uniform_private_and_outlives_destroy() -> 
     assert (i["name"], i["location"], i["project"]) == ("team-ckpt-2", "EUROPE-WEST4", "proj-1")
     assert i["uniformBucketLevelAccess"] is True and i["publicAccessPrevention"] == "enforced"
     assert not i.get("forceDestroy") and bucket.retain_on_delete
-    (grant,) = result.of_type("storage/bucketIAMMember:BucketIAMMember")
-    assert grant.inputs["bucket"] == "team-ckpt-2" and grant.inputs["member"] == vm_email(result)
+    for grant in result.of_type("storage/bucketIAMMember:BucketIAMMember"):
+        assert grant.inputs["bucket"] == "team-ckpt-2" and grant.inputs["member"] == vm_email(result)
 
 
 @pytest.mark.parametrize(
