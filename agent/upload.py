@@ -70,11 +70,17 @@ def scan_dir(top_dir: str, into: str = "", unseen: list[str] | None = None) -> d
             rel = os.path.relpath(path, top_dir).replace(os.sep, "/")
             unseen.append(f"{into}{'' if rel == '.' else rel} (unreadable on the host: {e.strerror or e})")
 
+    real_top = os.path.realpath(top_dir)
     for top, dirs, files in os.walk(top_dir, onerror=lambda e: seen_not(e.filename or top_dir, e)):
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(top, d))]
+        for d in [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            dirs.remove(d)
+            out_link(os.path.join(top, d), top_dir, real_top, into, unseen)
         for name in files:
             path = os.path.join(top, name)
             if name.startswith(SKIP_PREFIX):
+                continue
+            if os.path.islink(path):
+                out_link(path, top_dir, real_top, into, unseen)
                 continue
             try:
                 st = os.lstat(path)
@@ -86,15 +92,32 @@ def scan_dir(top_dir: str, into: str = "", unseen: list[str] | None = None) -> d
     return out
 
 
+def out_link(path: str, top_dir: str, real_top: str, into: str, unseen: list[str] | None, also: tuple[str, ...] = ()) -> None:
+    """A link whose target exists outside the run (a checkpoint folder linked to a scratch disk): what it
+    points to is neither uploaded nor fetched, so it goes to ``unseen`` (only on the host: `down` refuses)
+    rather than being silently left out. Its content is never uploaded: a job's link to the host's secrets
+    (~/.config/gcloud) must not land in a shared bucket. ``also``: other folders it may lead into."""
+    if unseen is None:
+        return
+    real = os.path.realpath(path)
+    if not os.path.exists(real) or any(real == r or real.startswith(r + os.sep) for r in (real_top, *also)):
+        return
+    rel = os.path.relpath(path, top_dir).replace(os.sep, "/")
+    unseen.append(f"{into}{rel} (a link out of the run, to {real}: what it points to is not in the bucket nor fetched)")
+
+
 def scan(run_dir: str, unseen: list[str] | None = None) -> dict[str, Sig]:
     """The run's outputs as the laptop lays them out: JOB_DIR's files, and what the job wrote in its
     working directory (agent/outputs.py) under ``workdir/``; what the host cannot read goes to
     ``unseen``."""
     root = os.path.dirname(os.path.dirname(run_dir))
     found = scan_dir(os.path.join(run_dir, "job"), unseen=unseen)
+    code = os.path.join(run_dir, "code")
     for row in outputs.listing(root, run_dir):
         if row[1] == "f":
             found[f"{WORKDIR}{row[0]}"] = (row[2], row[3])
+        elif row[1] == "l":  # (links into the project's pushed data and venvs are not listed as outputs)
+            out_link(os.path.join(code, row[0]), code, os.path.realpath(code), WORKDIR, unseen, (os.path.realpath(run_dir),))
         elif row[1] == UNREADABLE and unseen is not None:
             unseen.append(f"{WORKDIR}{row[0]} ({row[5]})")
     with contextlib.suppress(FileNotFoundError):  # the run's log, under the name fetch gives it (contract.RUN_FILES)

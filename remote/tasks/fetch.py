@@ -87,7 +87,9 @@ def fetch_runs(
         newer = [
             f"{r['id']}: {p}: the host's differs, and the laptop's copy is newer (kept)" for res in (job, work, log) for p in res.kept_newer
         ]
-        problems += lost + (newer if strict else [])
+        # A link out of the run (a checkpoint folder on a scratch disk): what it points to is not home.
+        outside = [f"{r['id']}: a link out of the run, what it points to is not home: {p}" for res in (job, work) for p in res.unsafe]
+        problems += lost + (newer + outside if strict else [])
         if not lost and not newer:
             record.record(r, where)
     record.save()

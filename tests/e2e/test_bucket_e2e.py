@@ -119,6 +119,25 @@ def test_down_no_fetch_asks_the_bucket_itself_for_every_recorded_file(bucket_lab
     assert (lab.remote / "runs" / run / "job" / "a.txt").read_text() == "a\n"  # nothing was destroyed or released
 
 
+def test_outputs_behind_a_link_out_of_the_run_stop_both_downs(bucket_lab, plain: str, tmp_path: Path) -> None:
+    """A checkpoint folder linked to a scratch disk: neither the uploader nor either `down` counted it."""
+    lab, _ = bucket_lab
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    run = lab.train(
+        "--command", f'mkdir -p {scratch}/ckpt && echo w > {scratch}/ckpt/step1.pt && ln -s {scratch}/ckpt "$JOB_DIR/ckpt"', "--dir", plain
+    )
+    done = lab.wait(run, timeout=60)
+    assert done["state"] == "succeeded", lab.log(run)
+    assert [o.split(" (")[0] for o in done["bucket"]["onlyHost"]] == ["ckpt"]
+    refused = lab.fab("down", "--no-fetch")
+    assert refused.returncode != 0 and f"{run}: only on the host: ckpt (a link out of the run" in refused.stderr, refused.stderr
+    refused = lab.fab("down")
+    assert refused.returncode != 0 and f"{run}: a link out of the run, what it points to is not home: ckpt" in refused.stderr, (
+        refused.stderr
+    )
+
+
 def test_data_pushed_to_the_bucket_is_on_local_disk_before_the_job_starts(bucket_lab, plain: str) -> None:
     """And only what this laptop pushed: objects another writer of the bucket planted under the data's
     prefix (a `numpy.py` beside the data, a file inside it) never reach the host or the working directory."""

@@ -93,3 +93,28 @@ def test_down_no_fetch_lists_the_bucket_itself(gcs) -> None:
     assert line.startswith(f"{run}: another version in the bucket: team/lab/{run}/a.txt")
     no_record: list[object] = [{"runs": [{"id": run, "bucket": {"final": True}}]}]
     assert not_as_recorded("lab", "gs://ckpt/team", no_record) == [f"'{run}': the host did not say what it verified in the bucket"]
+
+
+def test_a_link_out_of_the_run_is_only_on_the_host(tmp_path: Path) -> None:
+    """A checkpoint folder linked to a scratch disk (a common layout): neither the uploader nor `down`
+    counted what it points to, and both went ahead."""
+    from agent import upload
+
+    run_dir = tmp_path / "root" / "runs" / "r_20260101_000000"
+    job, code, scratch = run_dir / "job", run_dir / "code", tmp_path / "scratch"
+    job.mkdir(parents=True)
+    code.mkdir()
+    (scratch / "ckpt").mkdir(parents=True)
+    (scratch / "ckpt" / "step1.pt").write_bytes(b"weights")
+    (scratch / "best.pt").write_bytes(b"best")
+    (job / "ckpt").symlink_to(scratch / "ckpt")  # a folder out of the run
+    (job / "best.pt").symlink_to(scratch / "best.pt")  # a file out of the run
+    (job / "a.txt").write_text("a")
+    (job / "latest").symlink_to("a.txt")  # inside the run: its content is a.txt's
+    (job / "gone").symlink_to(tmp_path / "nothing")  # points at nothing: nothing to lose
+    (code / "out").symlink_to(scratch)  # the working directory's outputs folder on scratch
+    record = {"files": {"a.txt": {"size": 1, "mtimeNs": (job / "a.txt").stat().st_mtime_ns}}}
+    only = upload.only_on_host(str(run_dir), record)
+    assert sorted(o.split(" (")[0] for o in only) == ["best.pt", "ckpt", "workdir/out"], only
+    assert all("a link out of the run" in o for o in only)
+    assert upload.scan(str(run_dir)) == {"a.txt": (1, (job / "a.txt").stat().st_mtime_ns)}  # never uploaded through it
