@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
-import os
-import tempfile
-import threading
-import time
-from collections.abc import Callable
-from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from invoke import task
 
 from gpu_train.environment import Environment
-from gpu_train.errors import GpuTrainError, Interrupted, UsageError
-from gpu_train.stack.project import project_name
-from remote.tasks import trust
-from remote.tasks.localstate import PushedManifests
+from remote.tasks.launching import TrainOptions, start_run
 from remote.tasks.runs import follow_to_end
-from remote.tasks.session import CLI, STACK_HELP, Cancelled, Session, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Session
 from remote.tasks.shell import say_host_notes
-
-if TYPE_CHECKING:
-    from remote.transfer.codehop import CodeFanout
 
 
 @task(
@@ -81,97 +65,36 @@ def train(
     to all of them at once and each starts its part: torchrun with its --node_rank, or a --command
     with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE, WORLD_SIZE and TF_CONFIG.
     """
-    from gpu_train import jobs
-    from remote.errors import RemoteError
-    from remote.transfer import codehop, codesize, ignores, sync
-
     environment = Environment.of(c)  # (`env` is --env)
-    code_dir = Path(dir).expanduser().resolve() if dir else environment.project_root
-    if not code_dir.is_dir():
-        raise UsageError(f"--dir {code_dir}: no such directory")
-    nproc, port = trust.number("--nproc", nproc, int, 1, 1024), trust.number("--port", port or 29500, int, 1, 65535)
-    env_files = _read_env_files(env_file or [])
-    session = Session(environment, stack, trust.number("--timeout", timeout, float, 0) if timeout else None)
-    cluster = session.cluster
-    base = jobs.base_name(name, script, command)
-    run = jobs.run_id(base, datetime.now())
-    spec = jobs.job_spec(
-        run=run,
-        base=base,
+    opts = TrainOptions.read(
+        environment,
         script=script,
         command=command,
+        dir=dir,
+        name=name,
         args=args,
-        env=env or [],
-        python=cluster.python,
-        expect_gpus=cluster.expect_gpus,
-        code_dir=code_dir,
-        cwd=environment.cwd,
-        environ=os.environ,
-        env_files=env_files,
-        pass_job_dir=bool(pass_job_dir),
-        resume_args=resume_args or "",
+        env=env,
+        env_file=env_file,
+        pass_job_dir=pass_job_dir,
+        resume_args=resume_args,
         resume_if=resume_if,
+        launcher=launcher,
+        nproc=nproc,
+        port=port,
+        ps=ps,
+        stack=stack,
+        timeout=timeout,
     )
-    chosen = jobs.choose_launcher(launcher, len(cluster.hosts), script)
-    spec = dataclasses.replace(
-        spec,
-        launcher=chosen,
-        nproc=nproc or cluster.gpus_per_node,
-        project=project_name(environment.project_root),
-        venv=cluster.venv,
-        notify=notify_url(cluster.stack, cluster.notify),
-        needs_torch=jobs.needs_torch(code_dir, spec.script, chosen),
-    )
-    ps = jobs.parameter_servers(ps, cluster.parameter_servers)
-    specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, port, ps)
-    specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(nproc))
-    specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))
-    # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and
-    # passes it on, the nodes go on their own word; those that started are stopped, as below.)
-    cancel = threading.Event()
-    with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
-        try:
-            try:
-                plan = sync.plan_code(
-                    code_dir, Path(scratch), ((environment.project_root / "runs", "fetched results"), (environment.state_home, None))
-                )
-            except RemoteError as e:
-                raise UsageError(str(e)) from None
-            pushed = PushedManifests(cluster.cache)
-            unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
-            where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
-            say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
-            if plan.left_out:
-                say(ignores.left_out_summary(list(plan.left_out), CLI))
-            if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, ignores.IGNORE_FILE, CLI):
-                say(heavy)
-            sessions = session.nodes()
-            # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
-            fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None
-        except KeyboardInterrupt:
-            raise Interrupted("interrupted before the code sync: nothing was sent and nothing started") from None
-        try:
-            answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged, fanout, cancel), cancel)
-        except Cancelled as e:
-            raise _interrupted(sessions, e.results, run) from None
-    failed = failures(answers)
-    if failed:
-        launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, GpuTrainError)]
-        on_every_node(launched, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
-        raise GpuTrainError("; ".join(failed))
-    for h in cluster.hosts:
-        pushed.set(h, base, plan.manifest)
-    for s in sessions:
-        s.close()
-    first = answers[0]
-    say_host_notes(sessions, answers)  # (stderr: busy GPUs, other runs, whether a reboot resumes it)
+    started = start_run(environment, opts)
+    say_host_notes(started.sessions, started.answers)  # (stderr: busy GPUs, other runs, whether a reboot resumes it)
+    cluster, first = started.cluster, started.answers[0]
     if json_:
         print(
             json.dumps(
                 {
                     "stack": cluster.stack,
                     "host": str(cluster.host),
-                    "nodes": len(sessions),
+                    "nodes": len(started.sessions),
                     **{k: first.get(k) for k in ("runId", "jobDir", "dataDir", "log", "python")},
                 },
                 indent=1,
@@ -179,125 +102,12 @@ def train(
         )
     else:
         stack_opt = f" --stack {cluster.stack}"
-        nodes = f" on {len(sessions)} nodes (node 0: {cluster.host})" if len(sessions) > 1 else f" on {cluster.host}"
+        several = len(started.sessions) > 1
+        nodes = f" on {len(started.sessions)} nodes (node 0: {cluster.host})" if several else f" on {cluster.host}"
         print(f"started {first['runId']}{nodes} ({first['python']}); JOB_DIR={first['jobDir']}")
         if not follow:
-            print(f"  follow:  {CLI} logs{stack_opt} --follow" + (" [--node N | --all]" if len(sessions) > 1 else ""))
+            print(f"  follow:  {CLI} logs{stack_opt} --follow" + (" [--node N | --all]" if several else ""))
         print(f"  status:  {CLI} status{stack_opt}")
         print(f"  fetch:   {CLI} fetch{stack_opt} --run {first['runId']}")
     if follow:
-        follow_to_end(Session(environment, None, session.timeout, 0, cluster), first["runId"])
-
-
-def notify_url(stack: str, setting: str | None) -> str | None:
-    """gpu-train:notify for the host: as written, or decrypted by Pulumi when it is stored as a secret
-    (`pulumi config get`); a secret that cannot be read costs the notifications, never the run."""
-    from gpu_train.stack.config import SECRET_VALUE
-
-    if setting != SECRET_VALUE:
-        return setting
-    from infra.ops import pulumi_cli
-
-    try:
-        code, out = pulumi_cli.run(["config", "get", "gpu-train:notify", "--stack", stack], echo=False)
-    except OSError:
-        code, out = 1, ""
-    if code != 0 or not out.strip().startswith(("https://", "http://")):
-        say(
-            "notify: the webhook is a Pulumi secret this machine cannot read (pulumi config get gpu-train:notify "
-            f"--stack {stack}); this run's end is not announced"
-        )
-        return None
-    return out.strip()
-
-
-def pushed_data(environment: Environment, bucket: str | None, project: str | None) -> tuple[dict, ...]:
-    """The manifests of what `push --to bucket` sent for this project (the user's own records)."""
-    if not bucket:
-        return ()
-    from gpu_train.stack.bucket import data_prefix, parse_bucket
-    from remote.transfer import datapush
-
-    place = parse_bucket(bucket)
-    return tuple(dict(m) for _, m in sorted(datapush.load(environment.user_home, place, data_prefix(place, project)).items()))
-
-
-def _read_env_files(paths: list[str]) -> dict[str, str]:
-    """--env-file texts by the name given, read before anything is sent."""
-    texts = {}
-    for name in paths:
-        try:
-            texts[name] = Path(name).expanduser().read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"--env-file {name}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    return texts
-
-
-def _interrupted(sessions: list[Session], results: list[object], run: str) -> Interrupted:
-    """What Ctrl-C during the sync and launch left behind, said as it is (every node's work has ended)."""
-    started = [s for s, a in zip(sessions, results, strict=True) if isinstance(a, dict)]
-    if not started:
-        return Interrupted(
-            f"interrupted during the code sync: nothing was started ({run} was not launched; what was sent "
-            "waits in the host's staging area, which a later train clears)"
-        )
-    if len(started) == len(sessions):
-        return Interrupted(
-            f"interrupted, but {run} had already started and goes on ({CLI} logs --follow --run {run} to "
-            f"watch it, {CLI} stop --run {run} to stop it)"
-        )
-    on_every_node(started, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
-    nodes = ", ".join(str(s.node) for s in started)
-    return Interrupted(f"interrupted during the launch: {run} had started on node {nodes} only and was stopped there; nothing is running")
-
-
-def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> dict:
-    """Sync (over the node's own connection, or from node 0) and launch one node's part; waits for
-    the driver on GCP."""
-    try:
-        return _launch_node(session, plan, spec, unchanged, fanout, cancel)
-    finally:
-        if fanout is not None:  # a node that failed before its part of the fan-out holds no one up
-            fanout.settle(session.node, "that node failed")
-
-
-def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> dict:
-    from gpu_train import jobs
-    from remote.ssh import agentcall
-    from remote.transfer import sync
-    from remote.transfer.relay import ChannelRelay
-
-    target = session.target
-    spec = dataclasses.replace(
-        spec,
-        code_manifest=plan.manifest,
-        reuse_code=unchanged,
-        agent_settings=target.agent_settings,
-        go_when=fanout.go_when(session.node) if fanout is not None else None,
-    )
-    conn = session.connect()
-    with ChannelRelay(conn.transport) as relay:
-
-        def sync_code() -> None:
-            sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh(), cancel=cancel)
-
-        push: Callable[[], None] | None = sync_code
-        if fanout is not None and session.node == 0:
-            push = functools.partial(fanout.node0_sync, sync_code, conn.transport.open_session)
-        elif fanout is not None:
-            threading.Thread(target=fanout.authorize, args=(session.node, session.call), daemon=True).start()
-            push = functools.partial(fanout.node_sync, session.node, sync_code, say)
-        deadline, delay = time.monotonic() + session.timeout, 5.0
-        while True:
-            answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
-            if "waiting" not in answer:
-                trust.host_run_id(answer.get("runId"), target.host)
-                return answer
-            push = None  # the code is staged on the host; only the launch is retried
-            if cancel.is_set():
-                raise Interrupted("interrupted while waiting for the host")
-            if time.monotonic() > deadline:
-                raise GpuTrainError(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}")
-            say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
-            cancel.wait(delay)  # Ctrl-C ends the wait at once
-            delay = min(delay * 1.5, 30)
+        follow_to_end(Session(environment, None, started.timeout, 0, cluster), first["runId"])
