@@ -80,7 +80,8 @@ class Environment:
         metadata=variable(
             "GPU_TRAIN_HOME",
             _path,
-            "the laptop's records (stack outputs, known_hosts, ssh aliases); else the project's .gpu-train/ (aliases: ~/.ssh/gpu-train)",
+            "the laptop's records (stack outputs, known_hosts, ssh aliases, pushed data); else "
+            "~/.local/state/gpu-train/projects/NAME-HASH/ per project (aliases: ~/.ssh/gpu-train)",
         ),
     )
     project: Path | None = field(
@@ -165,8 +166,11 @@ class Environment:
 
     @property
     def state_home(self) -> Path:
-        """The laptop's records (stack outputs, known_hosts): $GPU_TRAIN_HOME, else the project's .gpu-train/."""
-        return self.home if self.home is not None else self.project_root / ".gpu-train"
+        """The laptop's records of this project (stack outputs: the hosts' addresses; known_hosts): $GPU_TRAIN_HOME,
+        else the user's own folder for this project (``user_home``/projects/NAME-HASH, keyed by its path); never
+        the project's tree, where a project copied without git (a ZIP, `cp -r`, a synced drive) brought the
+        addresses and pinned keys of someone else's hosts along."""
+        return self.home if self.home is not None else projects.state_folder(self.user_home, self.project_root)
 
     @property
     def user_home(self) -> Path:

@@ -9,6 +9,7 @@ then this clone's examples. Standard library only: the config model and the task
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -132,6 +133,13 @@ def project_name(root: Path) -> str:
     """The project's name on a host (REMOTE_ROOT/envs/NAME, REMOTE_ROOT/data/NAME): its directory's name."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", root.name).lstrip(".-")
     return name[:64] or "project"
+
+
+def state_folder(user_home: Path, root: Path) -> Path:
+    """A project's records in the user's own folder: projects/NAME-HASH, HASH of its absolute path, so a copy
+    of the project elsewhere (with whatever .gpu-train/ it carried) starts with records of its own."""
+    key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
+    return user_home / "projects" / f"{project_name(root)}-{key}"
 
 
 def stack_path(name: str, dirs: list[Path]) -> Path | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from agent import recovery_call
 from gpu_train import contract, recovery
 from gpu_train.environment import CONFIG_KEY, Environment, SettingError, settings
+from gpu_train.stack import project
 from tests.conftest import ROOT, parse_source
 
 # The laptop's side: everything but the agent (the host's own environment, gpu_train/contract.py's names).
@@ -103,7 +105,7 @@ def test_unset_or_empty_is_the_default(tmp_path: Path) -> None:
     env = Environment.from_os({"GPU_TRAIN_STACK": "", "GPU_TRAIN_DEBUG": " ", "GPU_TRAIN_HOME": ""}, cwd=tmp_path / "p" / "src")
     assert env.stack is None and env.debug is False and env.ssh_config is None
     assert env.compute_endpoint == "https://compute.googleapis.com"
-    assert env.project_root == tmp_path / "p" and env.state_home == tmp_path / "p" / ".gpu-train"
+    assert env.project_root == tmp_path / "p" and env.state_home == project.state_folder(env.user_home, tmp_path / "p")
     assert env.stack_dirs[:1] == [tmp_path / "p" / "stacks"] and env.new_stacks_dir == tmp_path / "p" / "stacks"
     assert Environment.from_os({}, cwd=tmp_path).found_project is None
 
@@ -209,3 +211,18 @@ def test_a_missing_stack_names_the_command_the_user_runs(tmp_path: Path) -> None
     assert env.stack_file("lab") == tmp_path / "stacks" / "Pulumi.lab.yaml"
     with pytest.raises(ConfigError, match=r"did you mean lab( or \w+)?\? `fab init --stack lb` writes one into"):
         env.stack_file("lb")
+
+
+def test_a_projects_records_are_the_users_and_a_copy_starts_afresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project copied without git (a ZIP, `cp -r`, a synced drive) brought its .gpu-train/ along (a VM's
+    cached address, a pinned host key): `train --env SECRET` sent the code and the secret there."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "p" / "stacks").mkdir(parents=True)
+    (tmp_path / "p" / ".gpu-train" / "lab").mkdir(parents=True)
+    (tmp_path / "p" / ".gpu-train" / "lab" / "known_hosts").write_text("planted\n")
+    shutil.copytree(tmp_path / "p", tmp_path / "copy")
+    mine, copy = (Environment.from_os({}, cwd=tmp_path / d).state_home for d in ("p", "copy"))
+    assert mine.is_relative_to(tmp_path / "state" / "gpu-train" / "projects") and mine.name.startswith("p-")
+    assert copy != mine and copy.is_relative_to(tmp_path / "state") and copy.name.startswith("copy-")
+    assert Environment.from_os({}, cwd=tmp_path / "p" / "stacks").state_home == mine  # the project's, from anywhere in it
+    assert Environment.from_os({"GPU_TRAIN_HOME": str(tmp_path / "h")}, cwd=tmp_path / "copy").state_home == tmp_path / "h"

@@ -177,7 +177,9 @@ def test_a_stopped_vm_is_said_at_once(proj: Project, tmp_path: Path, public_key:
             f"  gpu-train:gpuCount: 1\n  gpu-train:spot: true\n  gpu-train:sshSourceRanges: [203.0.113.7/32]\n"
             f"  gpu-train:sshPublicKey: {public_key}\n"
         )
-        state = proj.dir / ".gpu-train" / "t4"
+        from gpu_train.stack.project import state_folder
+
+        state = state_folder(proj.home / ".local" / "state" / "gpu-train", proj.dir) / "t4"  # the user's records
         state.mkdir(parents=True)
         (state / "outputs.json").write_text(
             json.dumps(
