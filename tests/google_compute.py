@@ -127,9 +127,35 @@ def rfc3339(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at - 8 * 3600)) + f".{int(at * 1000) % 1000:03d}-08:00"
 
 
-def compute_post(handler: Google, parts: list[str], body: dict) -> None:
-    """instances.start / stop / setMetadata on .../projects/P/zones/Z/instances/N/VERB."""
-    state = handler.state
+# Google's own words for the rules the fake enforces (each found in a public report of the real answer).
+LOCAL_SSD_STOP = (  # instances.stop without discardLocalSsd on a VM with Local SSD (skypilot#2586, fog-google#621)
+    "VM has a Local SSD attached but an undefined value for `discard-local-ssd`. If using gcloud, please add "
+    "`--discard-local-ssd=false` or `--discard-local-ssd=true` to your command."
+)
+ACT_AS = "Required 'iam.serviceAccounts.actAs' permission for 'projects/{p}/serviceAccounts/{a}'"
+DENSE = "Instances consuming DENSE reservations must use provisioningModel RESERVATION_BOUND"  # skypilot#9779
+FINGERPRINT = "Supplied fingerprint does not match current metadata fingerprint."
+LABEL_FINGERPRINT = "Labels fingerprint either invalid or resource labels have changed"
+
+
+def has_local_ssd(inst: dict) -> bool:
+    """Local SSD shows in instances.get as a disk of type SCRATCH (the bundled ones of A2 Ultra, A3, A4 too)."""
+    return any(d.get("type") == "SCRATCH" for d in inst.get("disks") or [])
+
+
+def _refuse(handler: Google, code: int, reason: str, message: str, location: str | None = None) -> None:
+    err: dict = {"message": message, "domain": "global", "reason": reason}
+    if location:
+        err.update(location=location, locationType="header")
+    handler._send(code, {"error": {"code": code, "message": message, "errors": [err]}})
+
+
+def compute_post(handler: Google, parts: list[str], body: dict, query: dict[str, list[str]] | None = None) -> None:
+    """instances.start / stop / setMetadata / setLabels on .../projects/P/zones/Z/instances/N/VERB, with the
+    rules Google's documents state: a stop of a VM with Local SSD names discardLocalSsd; setMetadata on a VM
+    that runs as a service account needs actAs on it (``state["act_as"]``: callers that have it); a fingerprint
+    must match; a start gets a new ephemeral external IP."""
+    state, query = handler.state, query or {}
     if len(parts) != 9 or parts[:3] != ["compute", "v1", "projects"] or parts[6] != "instances":
         handler._error(404, "NOT_FOUND", "no such method")
         return
@@ -152,39 +178,52 @@ def compute_post(handler: Google, parts: list[str], body: dict) -> None:
     }
     op["name"] = f"operation-{op['id']}-{verb}"
     op["selfLink"] = f"{op['zone']}/operations/{op['name']}"
-    state["operations"][op["name"]] = op
     if verb == "setMetadata":
+        accounts = [a.get("email") for a in inst.get("serviceAccounts") or []]
+        if accounts and not state.get("act_as"):
+            _refuse(handler, 403, "forbidden", ACT_AS.format(p=project, a=accounts[0]))
+            return
         meta = inst.setdefault("metadata", {"kind": "compute#metadata", "fingerprint": "fp-0", "items": []})
         if body.get("fingerprint") != meta.get("fingerprint"):
-            handler._send(
-                412,
-                {
-                    "error": {
-                        "code": 412,
-                        "message": "Supplied fingerprint does not match current metadata fingerprint.",
-                        "errors": [
-                            {
-                                "message": "Supplied fingerprint does not match current metadata fingerprint.",
-                                "domain": "global",
-                                "reason": "conditionNotMet",
-                                "location": "If-Match",
-                                "locationType": "header",
-                            }
-                        ],
-                    }
-                },
-            )
+            _refuse(handler, 412, "conditionNotMet", FINGERPRINT, "If-Match")
             return
         meta["items"] = body.get("items", [])
         meta["fingerprint"] = f"fp-{op['id']}"
+    elif verb == "setLabels":
+        if state.get("refuse_labels"):
+            where = f"projects/{project}/zones/{zone}/instances/{name}"
+            _refuse(handler, 403, "forbidden", f"Required 'compute.instances.setLabels' permission for '{where}'")
+            return
+        if body.get("labelFingerprint") != inst.setdefault("labelFingerprint", "lf-0"):
+            _refuse(handler, 412, "conditionNotMet", LABEL_FINGERPRINT, "If-Match")
+            return
+        inst["labels"] = dict(body.get("labels") or {})
+        inst["labelFingerprint"] = f"lf-{op['id']}"
+    elif verb == "stop" and has_local_ssd(inst) and "discardLocalSsd" not in query:
+        _refuse(handler, 400, "badRequest", LOCAL_SSD_STOP)
+        return
+    elif verb not in ("start", "stop"):
+        handler._error(400, "INVALID_ARGUMENT", f"no such verb {verb}")
+        return
+    state["operations"][op["name"]] = op
+    if verb in ("setMetadata", "setLabels"):
         op.update(status="DONE", progress=100)
         handler._send(200, op)
         return
-    if verb not in ("start", "stop"):
-        handler._error(400, "INVALID_ARGUMENT", f"no such verb {verb}")
-        return
     handler._send(200, dict(op))
     threading.Thread(target=_finish, args=(state, inst, op, project, zone), daemon=True).start()
+
+
+_addresses = itertools.count(10)
+
+
+def new_ephemeral_ip(inst: dict) -> None:
+    """A start gives each ephemeral external address a new one (Compute Engine releases it at the stop)."""
+    for nic in inst.get("networkInterfaces") or []:
+        for access in nic.get("accessConfigs") or []:
+            if "natIP" in access and not access.get("static"):
+                n = next(_addresses)
+                access["natIP"] = f"198.51.{100 + n // 250}.{n % 250 + 1}"
 
 
 def _finish(state: dict, inst: dict, op: dict, project: str, zone: str) -> None:
@@ -194,7 +233,7 @@ def _finish(state: dict, inst: dict, op: dict, project: str, zone: str) -> None:
     if verb == "start" and inst["status"] == "TERMINATED":
         answers = state["start_answers"].get(name) or []
         if (answers.pop(0) if answers else "ok") == "capacity":
-            time.sleep(0.2)
+            time.sleep(state.get("capacity_delay_s", 0.2))
             error = json.loads(json.dumps(CAPACITY_ERROR).replace("{p}", project).replace("{z}", zone))
             op.update(
                 status="DONE",
@@ -206,13 +245,30 @@ def _finish(state: dict, inst: dict, op: dict, project: str, zone: str) -> None:
             )
             return
         inst["status"] = "STAGING"
+        new_ephemeral_ip(inst)
         state["on_start"](name)
         inst.update(status="RUNNING", lastStartTimestamp=rfc3339(time.time()))
     elif verb == "stop" and inst["status"] in ("RUNNING", "STAGING", "PROVISIONING"):
         inst["status"] = "STOPPING"
         state["on_stop"](name)
+        if has_local_ssd(inst):
+            inst["localSsdDiscarded"] = True  # (not a field of the API: what the tests read)
         inst.update(status="TERMINATED", lastStopTimestamp=rfc3339(time.time()))
     op.update(status="DONE", progress=100, endTime=rfc3339(time.time()))
+
+
+def insert_refusal(body: dict, reservations: list[dict]) -> tuple[int, str] | None:
+    """What instances.insert answers for an instance ``body`` (the API's fields) that names a reservation:
+    a STANDARD VM on a DENSE one is refused (skypilot#9779, Google's A4 / A3 Ultra pages)."""
+    affinity = body.get("reservationAffinity") or {}
+    if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION":
+        return None
+    names = {str(v).split("/reservations/")[-1].split("/")[0] for v in affinity.get("values") or []}
+    model = (body.get("scheduling") or {}).get("provisioningModel", "STANDARD")
+    for r in reservations:
+        if r["name"] in names and r.get("deploymentType") == "DENSE" and model != "RESERVATION_BOUND":
+            return 400, DENSE
+    return None
 
 
 def reservation(
@@ -225,6 +281,7 @@ def reservation(
     accelerators: list[tuple[str, int]] | None = None,
     local_ssds: list[int] | None = None,
     status: str = "READY",
+    deployment: str | None = None,
 ) -> dict:
     """A ``compute#reservation`` as reservations.get gives it (int64 fields as strings, as the API's JSON has
     them): a specific reservation of ``count`` VMs of ``machine_type``."""
@@ -245,4 +302,5 @@ def reservation(
         "specificReservationRequired": True,
         "status": status,
         "shareSettings": {"shareType": "LOCAL"},
+        **({"deploymentType": deployment} if deployment else {}),
     }

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from tests.google_compute import compute_get, compute_post
+from tests.google_discovery import problems
 
 TOKEN = "ya29.fake-token-for-tests"
 SERVICE_USAGE_DISABLED = (
@@ -42,15 +43,27 @@ class Google(BaseHTTPRequestHandler):
     def _error(self, code: int, status: str, message: str) -> None:
         self._send(code, {"error": {"code": code, "message": message, "status": status}})
 
+    def _shape_refused(self, method: str, path: str, query: dict[str, list[str]], body: object = None) -> bool:
+        """Google's 400 for a request its API does not describe (tests/google_discovery.py); every one is kept."""
+        found = problems("compute.v1", method, path, query, body)
+        self.state.setdefault("requests", []).append((method, path, query, body, found))
+        if found:
+            self._error(400, "INVALID_ARGUMENT", "; ".join(found))
+        return bool(found)
+
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
         form = urllib.parse.parse_qs(body)
-        self.state["calls"].append(("POST", self.path))
-        if self.path.startswith("/compute/"):
+        url = urllib.parse.urlparse(self.path)
+        self.state["calls"].append(("POST", url.path))
+        if url.path.startswith("/compute/"):
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                 self._error(401, "UNAUTHENTICATED", "Request is missing required authentication credential.")
                 return
-            compute_post(self, self.path.strip("/").split("/"), json.loads(body or "{}"))
+            doc = json.loads(body) if body else None
+            query = urllib.parse.parse_qs(url.query)
+            if not self._shape_refused("POST", url.path, query, doc):
+                compute_post(self, url.path.strip("/").split("/"), doc or {}, query)
             return
         if self.path != "/token" or form.get("grant_type") != ["urn:ietf:params:oauth:grant-type:jwt-bearer"]:
             self._send(400, {"error": "invalid_grant"})
@@ -126,8 +139,9 @@ class Google(BaseHTTPRequestHandler):
             if start + 2 < len(found):
                 page["nextPageToken"] = str(start + 2)
             self._send(200, page)
-        elif parts[:3] == ["compute", "v1", "projects"] and compute_get(self, parts, query):
-            pass
+        elif parts[:3] == ["compute", "v1", "projects"]:
+            if not self._shape_refused("GET", url.path, query) and not compute_get(self, parts, query):
+                self._error(404, "NOT_FOUND", f"no such method {url.path}")
         else:
             self._error(404, "NOT_FOUND", f"no such method {url.path}")
 
@@ -183,3 +197,30 @@ class FakeGoogle:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Trigger:
+    """Eventarc's Pub/Sub trigger of a Cloud Run function with retries on, as Google documents it ("Enable
+    event-driven function retries"): a delivery that fails is made again with exponential backoff of 10 s
+    to 600 s, until it succeeds or the retry window, 24 hours after the event was published, expires; then
+    the event is dropped. Time is simulated: ``function(data, now)`` is called at each delivery's time."""
+
+    WINDOW_S, FIRST_BACKOFF_S, MAX_BACKOFF_S = 24 * 3600, 10.0, 600.0
+
+    def __init__(self, function):
+        self.function = function
+        self.deliveries: list[tuple[float, str]] = []  # (seconds after publishing, "ok" or the error)
+
+    def publish(self, data: dict, at: float) -> bool:
+        """Deliver until done or dropped: True when a delivery succeeded."""
+        t, backoff = 0.0, self.FIRST_BACKOFF_S
+        while t < self.WINDOW_S:
+            try:
+                self.function(data, at + t)
+            except Exception as e:  # an error to the trigger: again after the backoff
+                self.deliveries.append((t, f"{type(e).__name__}: {e}"))
+                t, backoff = t + backoff, min(backoff * 2, self.MAX_BACKOFF_S)
+                continue
+            self.deliveries.append((t, "ok"))
+            return True
+        return False

@@ -12,9 +12,16 @@ Choices made here, and why:
   the stack pointing at nothing until the next `pulumi up` recreates it. (pulumi-gcp's doc text says
   FLEX_START "should" DELETE; Google's Flex-start page says it stops or deletes per the action; whether a
   stopped Flex-start VM queues again on start is not verified without a live project.)
-- A calendar-mode or future reservation needs ``provisioningModel: RESERVATION_BOUND``: the stack says
-  so (``reservationBound``) rather than it being detected, so `plan` shows offline exactly what `up`
-  sends; preflight reads the reservation and says when the setting looks wrong.
+- A DENSE reservation (``Reservation.deploymentType``: calendar mode, future reservations, the usual A4 and
+  A3 Ultra capacity) takes only ``provisioningModel: RESERVATION_BOUND`` ("Instances consuming DENSE
+  reservations must use provisioningModel RESERVATION_BOUND"). The stack says so (``reservationBound``)
+  rather than it being set behind the user's back, so `plan` shows offline exactly what `up` sends;
+  `scripts/preflight` (which `scripts/up` runs first) reads the reservation's ``deploymentType`` and
+  refuses a DENSE one without the setting, naming it (``reservations.fit``). SkyPilot sets it itself
+  (skypilot#9779); a refusal that names the fix keeps the stack file the truth.
+- A reservation-bound VM restarts by itself after host maintenance or a host error
+  (``automaticRestart: true``, as Google's A4 / A3 Ultra sample has it) and ends with its reservation,
+  so ``maxRunHours`` is refused with it and no recovery function is declared for it.
 """
 
 from __future__ import annotations
@@ -101,6 +108,16 @@ def _exclusive(cfg: StackConfig) -> list[Problem]:
         problems.append(
             Problem(
                 "reservationBound", "needs a reservation to be bound to", f"set {NAMESPACE}:reservation, or remove reservationBound", True
+            )
+        )
+    if cfg.reservation_bound and cfg.max_run_hours is not None:
+        problems.append(
+            Problem(
+                "maxRunHours",
+                "cannot be combined with reservationBound: a reservation-bound VM runs until its reservation ends, "
+                "when Compute Engine stops it",
+                f"remove {NAMESPACE}:maxRunHours (stop it earlier with vm-stop, or idleStopMinutes)",
+                cfg.max_run_hours,
             )
         )
     return problems
@@ -264,8 +281,8 @@ def scheduling(cfg: StackConfig, catalog: Catalog, machine_type: str) -> dict[st
         out |= {"provisioning_model": "SPOT", "preemptible": True, "automatic_restart": False, "instance_termination_action": "STOP"}
     elif chosen == FLEX_START:
         out |= {"provisioning_model": "FLEX_START", "automatic_restart": False, "instance_termination_action": "STOP"}
-    elif chosen == RESERVATION and cfg.reservation_bound:
-        out |= {"provisioning_model": "RESERVATION_BOUND", "automatic_restart": False, "instance_termination_action": "STOP"}
+    elif chosen == RESERVATION and cfg.reservation_bound:  # Google's sample: back by itself after maintenance
+        out |= {"provisioning_model": "RESERVATION_BOUND", "automatic_restart": True, "instance_termination_action": "STOP"}
     else:
         out |= {"provisioning_model": "STANDARD", "automatic_restart": True}
     if cfg.max_run_hours:

@@ -2,9 +2,11 @@
 
 `scripts/preflight` fetches the reservation the stack names (reservations.get, with the user's
 credentials) and this says what differs from the VMs the stack declares: the machine type, the GPUs,
-Local SSD, how many VMs it still holds, its status. Field names are the v1 API's (``specificReservation
+Local SSD, how many VMs it still holds, its status, and whether it is DENSE (``deploymentType``: calendar
+mode, future reservations), which takes only reservation-bound VMs. Field names are the v1 API's (``specificReservation
 .instanceProperties.{machineType, guestAccelerators[].{acceleratorType, acceleratorCount},
-localSsds[].{diskSizeGb, interface}}``, ``count``/``inUseCount`` as int64 strings, ``status``).
+localSsds[].{diskSizeGb, interface}}``, ``count``/``inUseCount`` as int64 strings, ``status``,
+``deploymentType`` DENSE or DEPLOYMENT_TYPE_UNSPECIFIED).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from dataclasses import dataclass, field
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp.provisioning import parse_reservation
 from gpu_train.gcp.validate import GpuShape
+
+DENSE = "DENSE"
+DENSE_REFUSAL = "Instances consuming DENSE reservations must use provisioningModel RESERVATION_BOUND"  # the API's 400
 
 
 @dataclass
@@ -31,10 +36,21 @@ def where(reservation: str, stack_project: str) -> tuple[str, str]:
     return parts[0] or stack_project, parts[1]
 
 
-def fit(doc: dict, shapes: list[GpuShape], catalog: Catalog) -> Fit:
-    """Compare a reservation with each node's shape (every node consumes one of its VMs)."""
+def fit(doc: dict, shapes: list[GpuShape], catalog: Catalog, bound: bool = False) -> Fit:
+    """Compare a reservation with each node's shape (every node consumes one of its VMs); ``bound``: the stack's
+    reservationBound."""
     out = Fit()
     name = doc.get("name", "?")
+    if doc.get("deploymentType") == DENSE and not bound:
+        out.errors.append(
+            f"reservation {name} is DENSE (calendar mode or a future reservation): Compute Engine refuses a standard VM on it "
+            f'("{DENSE_REFUSAL}"); fix: pulumi config set gpu-train:reservationBound true'
+        )
+    elif bound and doc.get("deploymentType") != DENSE:
+        out.warnings.append(
+            f"reservation {name} is not DENSE: gpu-train:reservationBound makes the VM RESERVATION_BOUND, meant for calendar-mode "
+            "and future reservations; remove it unless Google's page for your reservation asks for it"
+        )
     specific = doc.get("specificReservation") or {}
     props = specific.get("instanceProperties") or {}
     machine = str(props.get("machineType", "")).rsplit("/", 1)[-1]

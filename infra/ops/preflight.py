@@ -160,11 +160,13 @@ def _reservation_lines(cfg: config.StackConfig, found: Reservation, nodes: list,
         )
         lines.append(f"  reservation {name} (project {project}): NOT FOUND in {cfg.zone}")
         return [f"reservation {name} does not exist in {cfg.zone} (project {project}){there}"]
-    fit = reservations.fit(doc, nodes, catalog)
+    fit = reservations.fit(doc, nodes, catalog, cfg.reservation_bound)
     specific = doc.get("specificReservation") or {}
     lines.append(
         f"  reservation {name} (project {project}, {cfg.zone}): {doc.get('status', '?')}, "
-        f"{specific.get('inUseCount', 0)} of {specific.get('count', 0)} VMs in use: "
+        f"{specific.get('inUseCount', 0)} of {specific.get('count', 0)} VMs in use"
+        + (", DENSE" if doc.get("deploymentType") == reservations.DENSE else "")
+        + ": "
         + ("matches the shape" if not fit.errors else "DIFFERS")
     )
     lines += [f"      {w}" for w in fit.warnings]

@@ -146,8 +146,9 @@ def pages(creds, url: str, params: dict | None = None) -> Iterator[dict]:
 
 def gpu_train_instances(env: Environment, creds, project: str) -> list[dict]:
     """Every gpu-train VM of the project, in every zone, in one call (instances.aggregatedList
-    filtered on the label the program puts on each VM)."""
-    params = {"filter": "labels.gpu-train-stack:*", "returnPartialSuccess": "true"}
+    filtered on the label the program puts on each VM). (No ``returnPartialSuccess``: compute.v1's
+    discovery document, revision 20261106, lists no such parameter of aggregatedList.)"""
+    params = {"filter": "labels.gpu-train-stack:*"}
     return [
         vm
         for page in pages(creds, compute_url(env, f"/compute/v1/projects/{project}/aggregated/instances"), params)

@@ -70,6 +70,12 @@ INVALID = [
     ({**A3, "reservation": "projects/p/reservations"}, [("reservation", "not a reservation's name or path")]),
     ({**A3, "reservationBound": True}, [("reservationBound", "needs a reservation")]),
     (
+        {**A4, "reservation": "r", "reservationBound": True, "maxRunHours": 2},
+        [("maxRunHours", "cannot be combined with reservationBound")],
+    ),
+    # Google's Flex-start page excludes G4: refused, no longer a warning
+    ({**G4, "flexStart": True, "maxRunHours": 4}, [("flexStart", "g4-standard-48 cannot be had as Flex-start (G4)")]),
+    (
         {
             "reservation": "r",
             "pools": [{"role": "chief", "machineType": "a3-highgpu-8g"}, {"role": "ps", "count": 2, "machineType": "n1-highmem-8"}],
@@ -92,9 +98,7 @@ INVALID = [
     ({"maxRunHours": 0.9}, [("maxRunHours", "between 1 and 2880 (fractions allowed)")]),
 ]
 
-WARNINGS = [
-    ({**G4, "flexStart": True, "maxRunHours": 4}, [("flexStart", "Flex-start on G4 (g4-standard-48) is unverified")]),
-]
+WARNINGS: list[tuple[dict, list[tuple[str, str]]]] = []
 
 
 @pytest.mark.parametrize("settings", VALID, ids=str)
@@ -203,7 +207,8 @@ STD = {"on_host_maintenance": "TERMINATE"}
         (
             {**A4, "reservation": "projects/proj-22/reservations/r/reservationBlocks/b", "reservationBound": True},
             "a4-highgpu-8g",
-            {**STD, "provisioning_model": "RESERVATION_BOUND", "automatic_restart": False, "instance_termination_action": "STOP"},
+            # Google's A4 / A3 Ultra sample: back by itself after host maintenance
+            {**STD, "provisioning_model": "RESERVATION_BOUND", "automatic_restart": True, "instance_termination_action": "STOP"},
             {
                 "type": "SPECIFIC_RESERVATION",
                 "specific_reservation": {
@@ -230,7 +235,8 @@ def test_the_inputs_are_pulumi_gcps_own_names() -> None:
     for settings, machine in (
         (dict(A3, flexStart=True, maxRunHours=2), "a3-highgpu-8g"),
         (dict(A3, spot=True, maxRunHours=2), "a3-highgpu-8g"),
-        (dict(A4, reservation="r", reservationBound=True, maxRunHours=2), "a4-highgpu-8g"),
+        (dict(A4, maxRunHours=2, spot=True), "a4-highgpu-8g"),
+        (dict(A4, reservation="r", reservationBound=True), "a4-highgpu-8g"),
     ):
         cfg = parse(gcp_raw(**settings), "s", CATALOG)
         out = provisioning.scheduling(cfg, CATALOG, machine)

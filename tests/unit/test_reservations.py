@@ -14,7 +14,8 @@ from gpu_train.gcp import reservations, validate
 from gpu_train.stack.config import parse
 from infra.ops import preflight
 from tests.conftest import gcp_raw
-from tests.google_compute import reservation
+from tests.google_compute import DENSE as DENSE_TEXT
+from tests.google_compute import insert_refusal, reservation
 from tests.google_fake import FakeGoogle
 
 CATALOG = load_catalog()
@@ -168,3 +169,21 @@ def test_without_credentials_preflight_says_so(
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "none.json"))
     code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
     assert code == 2 and "cannot read the project's quotas" in out  # (the fake answered 401; no token to refresh)
+
+
+def test_a_dense_reservation_needs_reservation_bound(google, capsys: pytest.CaptureFixture) -> None:
+    """A DENSE reservation (calendar mode, future reservations: most A4 and A3 Ultra capacity) takes only
+    RESERVATION_BOUND VMs: preflight reads its deploymentType and refuses before `up`, naming the setting."""
+    fake, env = google
+    fake.state["compute"]["proj-1"]["reservations"]["us-central1-a"] = [
+        reservation("proj-1", "us-central1-a", "h100-res", "a3-highgpu-8g", deployment="DENSE")
+    ]
+    code, out = run(env, "  gpu-train:reservation: h100-res\n", capsys)
+    assert code == 1 and DENSE_TEXT in out and "fix: pulumi config set gpu-train:reservationBound true" in out, out
+    code, out = run(env, "  gpu-train:reservation: h100-res\n  gpu-train:reservationBound: true\n", capsys)
+    assert code == 0 and "0 of 1 VMs in use, DENSE: matches the shape" in out, out
+    # and the program then asks for what the API takes (the fake's instances.insert rule)
+    dense = fake.state["compute"]["proj-1"]["reservations"]["us-central1-a"]
+    body = {"reservationAffinity": {"consumeReservationType": "SPECIFIC_RESERVATION", "values": ["h100-res"]}}
+    assert insert_refusal({**body, "scheduling": {"provisioningModel": "STANDARD"}}, dense) == (400, DENSE_TEXT)
+    assert insert_refusal({**body, "scheduling": {"provisioningModel": "RESERVATION_BOUND"}}, dense) is None
