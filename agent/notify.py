@@ -15,6 +15,8 @@ import threading
 import urllib.parse
 import urllib.request
 
+from gpu_train.atomic import atomic_write
+
 NOTIFY_FILE = "notify.url"  # REMOTE_ROOT/notify.url on a host: the webhook, 0600, the login user's
 TIMEOUT_S = 10
 
@@ -72,11 +74,7 @@ def write_url(root: str, url: str | None) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
         return
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(url.strip() + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, url.strip() + "\n", 0o600, keep_mode=False)
 
 
 def run_end_text(run_id: str, state: str, exit_code: int | None, duration_s: float | None, last_line: str, host: str = "") -> str:

@@ -184,7 +184,14 @@ ALLOWED = {
     },
     "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.gcp"},
     # what the zipapp carries of the core (agent/bundle.py CARRIED)
-    "agent": {"gpu_train.codec", "gpu_train.contract", "gpu_train.recovery", "gpu_train.fetchwire", "gpu_train.checksum"},
+    "agent": {
+        "gpu_train.atomic",
+        "gpu_train.codec",
+        "gpu_train.contract",
+        "gpu_train.recovery",
+        "gpu_train.fetchwire",
+        "gpu_train.checksum",
+    },
     # the agent's packer runs on the laptop, beside what it packs (not in the zipapp): it keeps the zipapp on disk
     "agent.bundle": {"gpu_train.atomic", "gpu_train.contract"},
     "infra": {"gpu_train", "agent.bundle"},  # the startup script carries the agent's zipapp
