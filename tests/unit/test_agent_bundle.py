@@ -169,3 +169,15 @@ def test_the_zipapp_imports_nothing_it_does_not_carry() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 assert node.module not in left_out, f"{name}.py imports .{node.module}, which the zipapp leaves out"
+
+
+def test_the_bootstrap_is_a_module_sent_with_its_imports_inlined() -> None:
+    """agent/bootstrap.py is real code (linted, typed); what travels is its lean text with the two imports
+    that cannot run on a host yet replaced by their values, after guard.py's source."""
+    from agent import bootstrap
+
+    assert bootstrap.PACKAGE == bundle.PACKAGE
+    sent = bundle.BOOTSTRAP[len(bundle.GUARD) :]
+    assert "import" not in "".join(line for line in sent.splitlines() if "agent.guard" in line or "gpu_train" in line)
+    assert f"UNPACKED = {bundle.UNPACKED!r}" in sent
+    compile(bundle.BOOTSTRAP, "<bootstrap>", "exec")  # one program, guard first
