@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker, project_dirs
 
-from . import hostcheck, notify, outputs, units
+from . import container, hostcheck, notify, outputs, units
 from .procs import detect_python, gpu_apps, gpu_count, gpus
 from .pyenv import dependency_files, run_env, venv_python
 from .status import busy_runs, describe, machine_settings
@@ -122,7 +122,12 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
         if have < want:
             return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
     python = detect_python(spec.python)
-    managed = check_python(python, bool(spec.python), spec.needs_torch)
+    if spec.container:  # the job's Python is the image's; the engine and the GPUs' way in are checked now
+        container.check_ref(spec.container.image)
+        container.host_gpu_flags(container.engine(), gpu_count())
+        managed = False
+    else:
+        managed = check_python(python, bool(spec.python), spec.needs_torch)
     notes = host_notes(root)  # (while the laptop still syncs)
     staging = os.path.join(root, "staging", run_id)
     if await_go:
@@ -150,10 +155,11 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
             os.mkdir(run_dir)
         except FileExistsError:
             raise AgentError(f"run {run_id} already exists on this host: pick another --name") from None
+        if spec.container and spec.container.own_program:
+            os.makedirs(staging, exist_ok=True)  # the image's own program: no code is sent
         if not os.path.isdir(staging):
             os.rmdir(run_dir)
             raise AgentError(f"the code for {run_id} did not arrive (no {staging}): run {cli_name()} train again")
-        outputs.unshare(staging)  # no inode shared with an earlier run's working directory
         os.replace(staging, os.path.join(run_dir, "code"))
         outputs.record_sent(run_dir)  # what was sent, so that what the job writes beside it is its output
         os.makedirs(os.path.join(run_dir, "job"), exist_ok=True)
@@ -178,7 +184,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
         "jobDir": os.path.join(run_dir, "job"),
         "log": os.path.join(run_dir, "log"),
         "screen": screen,
-        "python": job_python(root, spec, python, managed),
+        "python": f"image {spec.container.image}" if spec.container else job_python(root, spec, python, managed),
         "dataDir": project_dirs(root, spec.project)[1],
         **notes,
     }
@@ -212,13 +218,14 @@ def start_wrapper(root: str, run_id: str) -> str:
     if units.available():
         spec = spec_or_none(run_dir)
         env = {"PATH": (spec and spec.path) or os.environ.get("PATH") or DEFAULT_PATH}
-        for name in ("LANG", *GOOGLE_ENV):  # the login's credentials (or emulator), for the run's uploader
-            if os.environ.get(name):
-                env[name] = os.environ[name]
+        for key in ("LANG", *GOOGLE_ENV, *container.ENGINE_ENV):  # the login's credentials (or emulator), its engine's socket
+            if os.environ.get(key):
+                env[key] = os.environ[key]
         update_state(run_dir, unit=units.unit_name(run_id))
         try:
             conf = machine_settings(root) or settings(root)  # on a VM, the grace its stack gives
-            units.start_unit(run_id, conf.shutdown_grace_s, wrapper, env)
+            post = container.removal(root, run_id) if spec and spec.container else None
+            units.start_unit(run_id, conf.shutdown_grace_s, wrapper, env, post)
         except OSError as e:
             raise AgentError(str(e)) from None
         return name

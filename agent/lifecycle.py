@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ from gpu_train.contract import (
     RunRecord,
 )
 
-from . import hostcheck, units
+from . import containerrun, hostcheck, units
 from .launch import start_wrapper
 from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
 from .prune import refuse_pruned
@@ -49,7 +50,7 @@ from .store import (
     write_json,
     write_settings,
 )
-from .watch import metadata_value, own_instance, told_preempted
+from .watch import metadata_value, told_preempted
 
 
 def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
@@ -58,6 +59,8 @@ def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
     run_dir = find_run(root, run_id)
     info = describe(run_dir)
     if info["state"] not in ACTIVE:
+        if info.get("image"):  # a container its run's end left behind (its client and wrapper killed)
+            containerrun.stop(root, info["id"], grace)
         return {"runId": info["id"], "state": info["state"], "signals": []}
     with run_locked(run_dir):  # the wrapper starts no step while we hold it: we see the step it started
         open(os.path.join(run_dir, STOP_REQUESTED), "w").close()
@@ -77,6 +80,9 @@ def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
             if not alive(pid, started):
                 break
         break
+    spec = spec_or_none(run_dir)
+    if spec and spec.container:  # its client signalled (and passed the signals on) or gone: the container by name
+        containerrun.stop(root, info["id"], 0 if sent else grace)  # a job signalled already had its graces
     deadline = time.time() + 10
     while time.time() < deadline and alive(state.wrapper_pid, state.wrapper_start):
         time.sleep(0.1)
@@ -145,11 +151,14 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
 
 
 def recovery_record(conf: AgentSettings) -> dict:
-    """On a VM: the stack's recovery function's record of this machine (its labels, which the metadata
-    server does not show: instances.get of itself, with its own token), or {}."""
+    """On a VM: the stack's recovery function's record of this machine (instance metadata), or {}."""
     if not conf.gcp:
         return {}
-    return recovery.record_of(own_instance(conf) or {})
+    try:
+        record = json.loads(metadata_value(conf, f"instance/attributes/{recovery.RECORD_KEY}") or "{}")
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def lost_group(conf: AgentSettings, run_dir: str, state: RunRecord) -> bool:
@@ -250,6 +259,9 @@ def cmd_shutdown(root: str, grace: float | None = None) -> dict:
     while time.time() < settle and any(alive(st.wrapper_pid, st.wrapper_start) for _, st in running):
         time.sleep(0.1)
     for run_dir, _ in running:
+        spec = spec_or_none(run_dir)
+        if spec and spec.container:  # the grace is over: its container too, by name
+            containerrun.stop(root, os.path.basename(run_dir), 0)
         current = read_state(run_dir)
         if current.state not in TERMINAL:
             update_state(run_dir, state=INTERRUPTED, interrupted_at=current.interrupted_at or now())

@@ -101,8 +101,17 @@ def describe(run_dir: str) -> dict:
         "returns": list(state.returns),
         "reason": state.reason,
         "pid": state.pid,
+        **image_view(run_dir, state),
         **({"bucket": bucket} if (bucket := upload.view(run_dir)) is not None else {}),
     }
+
+
+def image_view(run_dir: str, state: RunRecord) -> dict:
+    """A container run's image as named and the ID it runs (RunStatus.image, imageId); {} for others."""
+    doc = read_json(os.path.join(run_dir, "spec.json")) or {}
+    container = doc.get("container")
+    named = container.get("image") if isinstance(container, dict) else None
+    return {"image": named, "imageId": state.image_id} if named else {}
 
 
 def is_active(run_dir: str) -> bool:

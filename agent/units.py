@@ -65,12 +65,22 @@ def available() -> bool:
 
 
 def systemd_run_argv(
-    run_id: str, user: str, grace_s: float, wrapper: list[str], env: dict[str, str], screen: str = "/usr/bin/screen"
+    run_id: str,
+    user: str,
+    grace_s: float,
+    wrapper: list[str],
+    env: dict[str, str],
+    screen: str = "/usr/bin/screen",
+    stop_post: list[str] | None = None,
 ) -> list[str]:
     """``systemd-run`` for a run's unit: the wrapper under ``screen -DmS`` (screen stays in the
     foreground as the unit's main process), as ``user``, stopped with SIGTERM to the whole run, then
-    SIGKILL after ``grace_s``."""
+    SIGKILL after ``grace_s``. ``stop_post``: a container run's removal by name, after the unit's
+    processes are gone (its container lives in the engine's cgroup, not the unit's: SIGKILL to the
+    `docker run` client would leave it running); its unit stops before the engine's at shutdown."""
+    post = [f"ExecStopPost=-{' '.join(stop_post)}", "After=docker.service", "After=podman.service"] if stop_post else []
     props = [
+        *post,
         "KillMode=control-group",  # SIGTERM to the job, its workers, pip and the wrapper at once
         f"TimeoutStopSec={max(1, round(grace_s))}s",
         "SendSIGKILL=yes",
@@ -95,7 +105,7 @@ def systemd_run_argv(
     ]
 
 
-def start_unit(run_id: str, grace_s: float, wrapper: list[str], env: dict[str, str]) -> str | None:
+def start_unit(run_id: str, grace_s: float, wrapper: list[str], env: dict[str, str], stop_post: list[str] | None = None) -> str | None:
     """Start the run's unit; its name, or None where units are not available here (the caller
     uses screen). Raises OSError with systemd-run's message when starting it failed."""
     prefix = privilege() if has_systemd() and shutil.which("systemd-run") else None
@@ -103,7 +113,7 @@ def start_unit(run_id: str, grace_s: float, wrapper: list[str], env: dict[str, s
         return None
     screen = shutil.which("screen") or "/usr/bin/screen"
     user = pwd.getpwuid(os.getuid()).pw_name
-    argv = [*prefix, *systemd_run_argv(run_id, user, grace_s, wrapper, env, screen)]
+    argv = [*prefix, *systemd_run_argv(run_id, user, grace_s, wrapper, env, screen, stop_post)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise OSError(f"systemd-run failed for {unit_name(run_id)}: {(result.stderr or result.stdout).strip()}")

@@ -29,7 +29,7 @@ from gpu_train.contract import (
     project_dirs,
 )
 
-from . import datalink, notify, pyenv, upload, uvfetch
+from . import containerrun, datalink, notify, pyenv, upload, uvfetch
 from .procs import gpu_count, proc_start_time
 from .status import run_seconds
 from .store import AgentError, last_line, now, read_spec, read_state, run_locked, spec_or_none, update_state
@@ -303,7 +303,7 @@ def cmd_wrap(root: str, run_id: str) -> int:
             w.say(reason if state == FAILED else f"{run_id}: {state} before the job started")
             return record_end(run_dir, state, 1, reason if state == FAILED else None)
         uploader = upload.start(root, run_dir)  # gpu-train:bucket: JOB_DIR to the bucket as it is written
-        code = proc.wait()
+        code = containerrun.wait(w, root, run_dir, proc)  # (a container outlives a killed client: attached again)
         final = final_state(run_dir, code, w)
         w.say(f"{run_id}: {final}, exit code {code}")
         upload.finish(uploader, w.say)  # before the end is recorded: `down` waits for a run until it is in the bucket
@@ -313,7 +313,9 @@ def cmd_wrap(root: str, run_id: str) -> int:
 def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subprocess.Popen:
     spec = read_spec(run_dir)
     python, job_dir = spec.python or "python3", os.path.join(run_dir, "job")  # (launch always sets it)
-    if spec.script or pyenv.dependency_files(os.path.join(run_dir, "code")):
+    if spec.container:  # the image's own Python; nothing is installed into the image
+        python = "python3"
+    elif spec.script or pyenv.dependency_files(os.path.join(run_dir, "code")):
         check_python(python)
     check_writable(job_dir)
     nproc = int(spec.nproc or gpu_count() or 1)
@@ -330,21 +332,27 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
         ROOT_ENV: root,
         NOTICE_ENV: os.path.join(run_dir, NOTICE),
     }
-    venv = pyenv.run_env(env_dir, python, spec.venv, spec.externally_managed, bool(pyenv.dependency_files(os.path.join(run_dir, "code"))))
+    deps = bool(pyenv.dependency_files(os.path.join(run_dir, "code"))) and not spec.container
+    venv = pyenv.run_env(env_dir, python, spec.venv and not spec.container, spec.externally_managed, deps)
     if venv:
         env.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{env.get('PATH', '')}")
     elif spec.venv:
         w.say(f"{python} is a virtual environment's own Python: the job runs with it as it is")
     if spec.node and not spec.script:
         env.update(cluster_env(spec.node, nproc))
-    python = environment_step(w, root, run_dir, python, venv)
+    python = python if spec.container else environment_step(w, root, run_dir, python, venv)
     workdir = os.path.join(run_dir, "code")
     upload.bring_data(root, run_dir, w.say)  # `push --to bucket`: to local disk first
     datalink.link_data(data_dir, workdir, w.log, [m["folder"] for m in spec.bucket_data] if spec.bucket_data else None)
     extra, said = resume_args(spec, resumes, workdir)
-    argv = job_argv(spec, python, job_dir, nproc, extra)
+    own = bool(spec.container and spec.container.own_program)
+    argv = [] if own else job_argv(spec, python, job_dir, nproc, extra)
     if resumes:
         w.say(f"{run_id}: resumed ({resumes}), same RUN_ID and JOB_DIR; {RESUMES_ENV}={resumes}" + (f"; {said}" if said else ""))
+    if spec.container:
+        proc = containerrun.start(w, root, run_dir, spec, env, argv, extra)
+        update_state(run_dir, state=RUNNING, started=now(), ended=None, exit_code=None)
+        return proc
     w.say(f"{run_id}: {shlex.join(argv)}")
     try:
         proc = w.start(argv, "pid", cwd=workdir, env=env)

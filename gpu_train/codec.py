@@ -71,6 +71,8 @@ def decode(cls: Any, doc: Any, what: str, required: tuple[str, ...] = ()) -> Any
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Document):  # a document inside a document (JobSpec.container)
+        return {k: v for k, v in encode(value).items() if k != "version"}
     return value.value if isinstance(value, Enum) else list(value) if isinstance(value, tuple) else value
 
 
@@ -86,6 +88,8 @@ def _typed(value: Any, f: Any, where: str, cls: Any) -> Any:
     )[name]  # an Enum beside the document (contract.RunState)
     strings = "[str" in declared and kind in (tuple, list)
     wanted = "a list of strings" if strings else f"a{'n' * (name[0] in 'aeiou')} {name}"
+    if isinstance(kind, type) and issubclass(kind, Document):  # a document inside (JobSpec.container)
+        return decode(kind, value, where, kind.REQUIRED)
     if issubclass(kind, Enum):
         ok, wanted = value in {k.value for k in kind}, "one of " + ", ".join(str(k.value) for k in kind)
     elif kind in (int, float):

@@ -1,9 +1,8 @@
 """The contract between the laptop and the on-host agent, written once.
 
-Both sides import this module: the laptop as ``gpu_train.contract``, the host from the agent's
-zipapp. Run states, the job spec the laptop sends, the documents the agent answers with and the
-agent's settings with their defaults live here, so no state name, field or default is spelled twice.
-Standard library only, Python 3.8+ (it runs on whatever python3 the host has).
+Both sides import this module: the laptop as ``gpu_train.contract``, the host from the agent's zipapp. Run states, the job
+spec the laptop sends, the documents the agent answers with and the agent's settings with their defaults live here, so no
+state name, field or default is spelled twice. Standard library only, Python 3.8+ (it runs on whatever python3 the host has).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from enum import Enum
 from typing import TypedDict
 
 from gpu_train.codec import Document
+from gpu_train.containerspec import ContainerSpec, ImageView, PinnedImage  # a run in an image: the contract's, apart
 
 
 # -- run states -------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ LAUNCH_GRACE_S = 30  # a 'starting' run with no wrapper yet is still starting fo
 
 # -- a run's record on its host: runs/RUN/state.json ----------------------------------------------
 @dataclass(frozen=True)
-class RunRecord(Document):
+class RunRecord(PinnedImage, Document):
     """A run as its host records it (runs/RUN/state.json): written by the agent alone (launch, the wrapper,
     stop, boot, shutdown), read by it to answer `status` (RunStatus) and to stop, relaunch or resume. An
     older agent's record reads: what it lacks gets the default, what this agent no longer knows is dropped."""
@@ -171,6 +171,7 @@ class JobSpec(Document):
     bucket_data: tuple[dict, ...] = ()  # DataManifest's: what `push --to bucket` sent; only these come down
     path: str | None = None  # set by launch on the host: the login's PATH, for relaunches without a login
     externally_managed: bool = False  # set by launch: the job's Python refuses installs of its own (PEP 668)
+    container: ContainerSpec | None = None  # `--image` (or the stack's gpu-train:image): the job runs in a container
     WHAT, REQUIRED = "the job spec", ("run_id", "base")
 
 
@@ -272,7 +273,7 @@ class TreeSummary(TypedDict):
     newestNs: int
 
 
-class RunStatus(TypedDict, total=False):
+class RunStatus(ImageView, total=False):
     """One run as `status` describes it (``jobSummary``, ``workdirSummary`` only with --summaries)."""
 
     id: str

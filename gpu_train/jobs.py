@@ -7,7 +7,6 @@ import difflib
 import json
 import os
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -17,22 +16,19 @@ from gpu_train.contract import (  # the contract with the host, written once
     ACTIVE,
     FAILED,
     INTERRUPTED,
-    RESUMES_ENV,
     RUN_ID_PATTERN,
     RUNNING,
     STOPPED,
     SUCCEEDED,
     JobSpec,
 )
-from gpu_train.errors import UsageError
+from gpu_train.jobargs import JobError as JobError  # (the options' checks: named here too, where callers find them)
+from gpu_train.jobargs import container_spec, parse_env, split_args
+from gpu_train.jobargs import parse_env_file as parse_env_file
 from gpu_train.stack.bucket import data_prefix, parse_bucket, parts_prefix, run_prefix
 
 RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 STAMP_LEN = len("_20260101_000000")
-
-
-class JobError(UsageError, ValueError):
-    """A job's options are invalid; the message says which and how to fix it."""
 
 
 def base_name(name: str | None, script: str | None, command: str | None) -> str:
@@ -62,62 +58,6 @@ def run_id(base: str, when: datetime) -> str:
     return rid
 
 
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-RESERVED_ENV = ("JOB_DIR", "RUN_ID", "DATA_DIR", RESUMES_ENV)  # gpu-train sets these itself
-
-
-def parse_env(pairs: list[str], environ: Mapping[str, str] | None = None, files: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The job's environment from ``--env-file`` texts (``files``: name -> text, in order) and ``--env``
-    (NAME=VALUE, or NAME alone: its value from ``environ``, the laptop's, so a secret stays off the
-    command line). ``--env`` wins over a file; a later file over an earlier one."""
-    env: dict[str, str] = {}
-    for name, text in (files or {}).items():
-        env.update(parse_env_file(text, name))
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not ENV_NAME_RE.fullmatch(key):
-            raise JobError(f"--env {pair if sep else key!r}: write it as NAME=VALUE, or NAME to pass this shell's $NAME")
-        if not sep:
-            if environ is None or key not in environ:
-                raise JobError(
-                    f"--env {key}: {key} is not set in this shell's environment; export it first "
-                    f"(export {key}=...), or give it in an --env-file"
-                )
-            value = environ[key]
-        env[key] = value
-    if taken := [k for k in env if k in RESERVED_ENV]:
-        raise JobError(f"--env {taken[0]}: gpu-train sets {taken[0]} itself")
-    return env
-
-
-def parse_env_file(text: str, name: str) -> dict[str, str]:
-    """``--env-file``'s ``NAME=VALUE`` lines, as dotenv files write them, kept simple: blank lines and
-    ``#`` comments skipped, an optional ``export`` before the name, a value in matching single quotes
-    taken as it is, in double quotes with ``\\"``, ``\\\\`` and ``\\n`` unescaped, unquoted with
-    surrounding spaces and a trailing `` # comment`` dropped. No ``${VAR}`` expansion, no multi-line values."""
-    env: dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export ") :].lstrip()
-        key, sep, value = line.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not ENV_NAME_RE.fullmatch(key):
-            raise JobError(f"--env-file {name}, line {number}: expected NAME=VALUE (a line that starts with # is a comment)")
-        if len(value) >= 2 and value[0] == value[-1] == "'":
-            value = value[1:-1]
-        elif len(value) >= 2 and value[0] == value[-1] == '"':
-            value = re.sub(r'\\([\\"n])', lambda m: "\n" if m.group(1) == "n" else m.group(1), value[1:-1])
-        elif value[:1] in ("'", '"'):
-            raise JobError(f"--env-file {name}, line {number}: {key}'s value has no closing {value[0]} (values span one line)")
-        else:
-            value = re.split(r"\s+#", value, maxsplit=1)[0]
-        env[key] = value
-    return env
-
-
 def job_spec(
     *,
     run: str,
@@ -135,14 +75,30 @@ def job_spec(
     pass_job_dir: bool = False,
     resume_args: str = "",
     resume_if: str | None = None,
+    image: str | None = None,
+    entrypoint: str = "",
 ) -> JobSpec:
     """Check train's options against the code directory; build what the host runs.
 
     ``cwd`` is where the user is: a relative --script is a path in ``code_dir`` (the project root),
     and one that names a file from ``cwd`` instead gets the path to use. ``environ`` is the laptop's
-    environment (for ``--env NAME``), ``env_files`` the ``--env-file`` texts by name."""
+    environment (for ``--env NAME``), ``env_files`` the ``--env-file`` texts by name. ``image``: the job
+    runs in that container image, the project's --script/--command inside it, or without them the
+    image's own program (``entrypoint`` and --args replace its ENTRYPOINT and CMD, as on Vertex AI)."""
+    container = container_spec(image, entrypoint, script, command, args, pass_job_dir)
+    if container is not None and container.own_program:
+        return JobSpec(
+            run_id=run,
+            base=base,
+            env=parse_env(env, environ, env_files),
+            python=python,
+            expect_gpus=expect_gpus,
+            resume_args=split_args("--resume-args", resume_args),
+            resume_if=resume_if or None,
+            container=container,
+        )
     if bool(script) == bool(command):
-        raise JobError("give exactly one of --script FILE or --command CMD")
+        raise JobError("give exactly one of --script FILE or --command CMD (or --image IMAGE alone: the image's own program)")
     if pass_job_dir and not script:
         raise JobError('--pass-job-dir goes with --script; a --command passes it itself: --job-dir "$JOB_DIR"')
     if resume_if and not resume_args:
@@ -175,18 +131,8 @@ def job_spec(
         pass_job_dir=pass_job_dir,
         resume_args=split_args("--resume-args", resume_args),
         resume_if=resume_if or None,
+        container=container,
     )
-
-
-def split_args(option: str, text: str) -> tuple[str, ...]:
-    """An option's arguments, split as a shell would."""
-    try:
-        return tuple(shlex.split(text or ""))
-    except ValueError as e:
-        raise JobError(
-            f"{option} {text[:80]!r}: {e.args[0].lower()}; the arguments are split as a shell would, "
-            f'so close each quote (an apostrophe inside double quotes: {option} "--title \\"it\'s\\"")'
-        ) from None
 
 
 SKIPPED_DIRS = {".git", "runs", ".gpu-train", "node_modules", "__pycache__", ".venv", "venv"}

@@ -86,6 +86,7 @@ class Target:
     # Not rotated by for_node.
     peer_addresses: tuple[str, ...] = ()
     notify: str | None = None  # gpu-train:notify (config.SECRET_VALUE while encrypted in the stack file)
+    image: str | None = None  # gpu-train:image: the runs' container image unless `train --image` says otherwise
     # The laptop's command the agent's messages name (Environment.cli: `fab` inside this clone).
     cli: str = "gpu-train"
     bucket: str | None = None  # gpu-train:bucket (NAME or gs://NAME/PREFIX), checked
@@ -301,6 +302,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path, cli: str = "
         roles=roles,
         peer_addresses=peers,
         notify=cfg.notify,
+        image=cfg.image,
         bucket=cfg.bucket,
         ask_root=not cfg.is_gcp and "remoteRoot" not in cfg.given,
         cli=cli,

@@ -46,6 +46,8 @@ class TrainOptions:
     pass_job_dir: bool = False
     resume_args: str = ""
     resume_if: str | None = None
+    image: str | None = None  # --image, else the stack's gpu-train:image (`none`: on the host)
+    entrypoint: str = ""
     launcher: str | None = None
     nproc: int | None = None
     port: int = 29500
@@ -101,8 +103,7 @@ class Started:
 def start_run(environment: Environment, opts: TrainOptions) -> Started:
     """Sync the code and launch ``opts`` on every node of its stack; every node started, or none."""
     from gpu_train import jobs
-    from remote.errors import RemoteError
-    from remote.transfer import codehop, codesize, ignores, sync
+    from remote.transfer import codehop
 
     session = Session(environment, opts.stack, opts.timeout)
     cluster = session.cluster
@@ -124,6 +125,8 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         pass_job_dir=opts.pass_job_dir,
         resume_args=opts.resume_args,
         resume_if=opts.resume_if,
+        image=opts.image or cluster.image,
+        entrypoint=opts.entrypoint,
     )
     chosen = jobs.choose_launcher(opts.launcher, len(cluster.hosts), opts.script)
     spec = dataclasses.replace(
@@ -133,37 +136,26 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         project=project_name(environment.project_root),
         venv=cluster.venv,
         notify=notify_url(cluster.stack, cluster.notify),
-        needs_torch=jobs.needs_torch(opts.code_dir, spec.script, chosen),
+        needs_torch=jobs.needs_torch(opts.code_dir, spec.script, chosen) and not spec.container,
     )
+    own = bool(spec.container and spec.container.own_program)  # the image's own program: no code is sent
     ps = jobs.parameter_servers(opts.ps, cluster.parameter_servers)
     specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, opts.port, ps)
     specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(opts.nproc))
     specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))
-    specs = notifying_node0(specs)
     # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and
     # passes it on, the nodes go on their own word; those that started are stopped, as below.)
     cancel = threading.Event()
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         try:
-            try:
-                plan = sync.plan_code(
-                    opts.code_dir,
-                    Path(scratch),
-                    ((environment.project_root / "runs", "fetched results"), (environment.state_home, None)),
-                )
-            except RemoteError as e:
-                raise UsageError(str(e)) from None
-            pushed = PushedManifests(cluster.cache)
-            unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
-            where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
-            say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
-            if plan.left_out:
-                say(ignores.left_out_summary(list(plan.left_out), CLI))
-            if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, ignores.IGNORE_FILE, CLI):
-                say(heavy)
-            sessions = session.nodes()
-            # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
-            fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None
+            if own:
+                plan, unchanged, pushed, fanout, sessions = None, False, None, None, session.nodes()
+                say(f"no code is sent: the image's own program runs ({spec.container.image if spec.container else ''})")
+            else:
+                plan, unchanged, pushed = _plan_code(environment, cluster, opts.code_dir, Path(scratch), base)
+                sessions = session.nodes()
+                # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
+                fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None
         except KeyboardInterrupt:
             raise Interrupted("interrupted before the code sync: nothing was sent and nothing started") from None
         try:
@@ -175,17 +167,32 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         launched = [s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, GpuTrainError)]
         on_every_node(launched, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
         raise GpuTrainError("; ".join(failed))
-    for h in cluster.hosts:
-        pushed.set(h, base, plan.manifest)
+    if pushed is not None and plan is not None:  # (an image's own program sent no code)
+        for h in cluster.hosts:
+            pushed.set(h, base, plan.manifest)
     for s in sessions:
         s.close()
     return Started(cluster, sessions, [a for a in answers if isinstance(a, dict)], session.timeout)
 
 
-def notifying_node0(specs: list) -> list:
-    """The webhook (a secret) in node 0's spec only: node 0 announces the run, and the other nodes' hosts
-    (and whoever controls one) never hold the URL."""
-    return [s if i == 0 else dataclasses.replace(s, notify=None) for i, s in enumerate(specs)]
+def _plan_code(environment: Environment, cluster: Target, code_dir: Path, scratch: Path, base: str):
+    """(what the code sync sends, whether every host has it already, the manifests pushed before), said."""
+    from remote.errors import RemoteError
+    from remote.transfer import codesize, ignores, sync
+
+    try:
+        plan = sync.plan_code(code_dir, scratch, ((environment.project_root / "runs", "fetched results"), (environment.state_home, None)))
+    except RemoteError as e:
+        raise UsageError(str(e)) from None
+    pushed = PushedManifests(cluster.cache)
+    unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
+    where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
+    say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
+    if plan.left_out:
+        say(ignores.left_out_summary(list(plan.left_out), CLI))
+    if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, ignores.IGNORE_FILE, CLI):
+        say(heavy)
+    return plan, unchanged, pushed
 
 
 def notify_url(stack: str, setting: str | None) -> str | None:
@@ -269,7 +276,7 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
     target = session.target
     spec = dataclasses.replace(
         spec,
-        code_manifest=plan.manifest,
+        code_manifest=plan.manifest if plan else None,
         reuse_code=unchanged,
         agent_settings=target.agent_settings,
         go_when=fanout.go_when(session.node) if fanout is not None else None,
@@ -280,7 +287,7 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
         def sync_code() -> None:
             sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh(), cancel=cancel)
 
-        push: Callable[[], None] | None = sync_code
+        push: Callable[[], None] | None = sync_code if plan else None  # (none for an image's own program)
         if fanout is not None and session.node == 0:
             push = functools.partial(fanout.node0_sync, sync_code, conn.transport.open_session)
         elif fanout is not None:

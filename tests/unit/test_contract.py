@@ -18,6 +18,7 @@ from gpu_train.contract import (
     RUNNING,
     TERMINAL,
     AgentSettings,
+    ContainerSpec,
     JobSpec,
     RunRecord,
     RunState,
@@ -51,6 +52,7 @@ FULL = JobSpec(
     bucket_data=({"folder": "data", "files": {"a.bin": {"generation": 7, "size": 3, "sha256": "ab" * 32}}},),
     path="/usr/bin:/bin",
     externally_managed=True,
+    container=ContainerSpec(image="nvcr.io/nvidia/pytorch:24.05-py3", own_program=True, entrypoint=("python3",), args=("-m", "t")),
 )
 
 

@@ -162,7 +162,8 @@ def test_the_core_is_handed_its_data() -> None:
 # the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
 ALLOWED = {
     "gpu_train.codec": set(),  # stdlib only: the zipapp carries it with the contract
-    "gpu_train.contract": {"gpu_train.codec"},
+    "gpu_train.contract": {"gpu_train.codec", "gpu_train.containerspec"},
+    "gpu_train.containerspec": {"gpu_train.codec"},  # stdlib only: the zipapp carries it with the contract
     "gpu_train.recovery": set(),  # stdlib only: the zipapp and the Cloud Run function carry it too
     "gpu_train.fetchwire": set(),  # these two: stdlib only, the zipapp carries them (agent/bundle.py CARRIED)
     "gpu_train.checksum": set(),
@@ -173,7 +174,15 @@ ALLOWED = {
     "gpu_train.catalog": {"gpu_train.errors"},  # the facts, below everything that judges by them
     "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.atomic", "gpu_train.catalog"},
     "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.recovery"},
-    "gpu_train.jobs": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.gcp"},
+    "gpu_train.jobargs": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.errors"},  # train's options checked: --env, --image
+    "gpu_train.jobs": {
+        "gpu_train.contract",
+        "gpu_train.errors",
+        "gpu_train.catalog",
+        "gpu_train.stack",
+        "gpu_train.gcp",
+        "gpu_train.jobargs",
+    },
     "gpu_train.views": {
         "gpu_train.contract",
         "gpu_train.errors",
@@ -185,9 +194,9 @@ ALLOWED = {
     "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.gcp"},
     # what the zipapp carries of the core (agent/bundle.py CARRIED)
     "agent": {
-        "gpu_train.atomic",
         "gpu_train.codec",
         "gpu_train.contract",
+        "gpu_train.containerspec",
         "gpu_train.recovery",
         "gpu_train.fetchwire",
         "gpu_train.checksum",

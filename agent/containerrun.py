@@ -1,0 +1,174 @@
+"""The wrapper's side of a container run: the image pulled and pinned, then the job started in it.
+
+The first start resolves the image to its ID (and registry digest) and records both in the run's
+state.json; every later start (a relaunch at boot, after a preemption, `resume`) runs that ID, and
+pulls it by digest where it is gone, so a tag moved meanwhile never changes a run's environment. A
+pull is a step of the run like `pip install` (its pid recorded, `stop` ends it), its lines in the log
+with a count of layers done, after a check that the engine's disk has room for it. Registry
+credentials (`registry.py`) live in a folder of the pull's own, removed after it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+
+from gpu_train.contract import JobSpec
+
+from . import container, registry
+from .procs import gpu_count
+from .status import machine_settings
+from .store import AgentError, read_state, settings, spec_or_none, update_state
+
+PULL_FLOOR = 4 << 30  # free bytes a pull needs where the registry does not say the image's size
+IMAGE_HOME = "/tmp"  # HOME inside: the user's uid may have no home in the image
+
+
+def ensure_image(w, engine: str, spec: JobSpec, run_dir: str) -> str:
+    """The image ID this start runs: the run's pinned one, else the named image's (pulled when it is not
+    here, or refreshed from its registry when it came from one and is named by tag), now pinned."""
+    named = spec.container.image if spec.container else ""
+    state = read_state(run_dir)
+    if state.image_id:
+        if container.inspect(engine, state.image_id) is not None:
+            return state.image_id
+        if not state.image_digest:
+            raise AgentError(
+                f"the run's image {state.image_id} ({named}) is gone from this host and came from no registry, "
+                "so this very image cannot be had again: load it again, or start a new run"
+            )
+        w.say(f"the run's image {state.image_id} is gone from this host: pulling it by its digest {state.image_digest}")
+        pull(w, engine, state.image_digest, spec, run_dir, present=False)
+        doc = container.inspect(engine, state.image_digest)
+        if doc is None or doc.get("Id") != state.image_id:
+            raise AgentError(f"{state.image_digest} pulled, but it is not the run's image {state.image_id}")
+        return state.image_id
+    doc = container.inspect(engine, named)
+    if doc is None or (doc.get("RepoDigests") and "@" not in named):
+        try:
+            pull(w, engine, named, spec, run_dir, present=doc is not None)
+        except AgentError as e:
+            if doc is None:
+                raise
+            w.say(f"{e}; running the copy of {named} on this host")
+        doc = container.inspect(engine, named) or doc
+    if doc is None:
+        raise AgentError(f"{named} is not on this host after the pull")
+    image_id, digest = container.pinned(doc, named)
+    update_state(run_dir, image_id=image_id, image_digest=digest)
+    w.say(f"image {named}: {image_id}" + (f" ({digest})" if digest else " (built or loaded here: no registry digest)"))
+    return image_id
+
+
+def pull(w, engine: str, ref: str, spec: JobSpec, run_dir: str, present: bool) -> None:
+    """`ENGINE pull REF` as a step of the run, its lines in the log with the layers done so far."""
+    if not present:
+        where = container.data_root(engine)
+        try:
+            st = os.statvfs(where if os.path.isdir(where) else "/")
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        if free is not None:
+            problem = container.space_problem(free, container.layers_size(engine, ref), PULL_FLOOR)
+            if problem:
+                raise AgentError(f"not pulling {ref} into {where}: {problem} (free some space: {engine} image prune)")
+    w.say(f"pulling {ref} with {engine}")
+    root = os.path.dirname(os.path.dirname(run_dir))
+    conf = machine_settings(root) or settings(root)
+    with registry.credentials(engine, ref, spec.env, w.say, conf.gcp, conf.metadata_url) as env:
+        proc = w.start([engine, "pull", ref], "step_pid", stdout=subprocess.PIPE, env=env, cwd=run_dir)
+        done: set[str] = set()
+        layers: set[str] = set()
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            count = container.pull_progress(line, done, layers)
+            w.say(f"pull: {line}" + (f" ({count})" if count and line.endswith(("complete", "exists")) else ""))
+        code = proc.wait()
+        w.child = None
+    if code != 0:
+        raise AgentError(f"{engine} pull {ref} failed (exit {code}): the log says why")
+
+
+def start(w, root: str, run_dir: str, spec: JobSpec, env: dict[str, str], job: list[str], extra: list[str]):
+    """Start the run's container (the engine's client is the job's process): ``env`` is the job's
+    environment (its values reach the container by name only), ``job`` the project's command, or with
+    the image's own program the arguments after its entrypoint (``extra``: the resume arguments)."""
+    c = spec.container
+    assert c is not None
+    engine = container.engine()
+    image_id = ensure_image(w, engine, spec, run_dir)
+    name = container.container_name(root, spec.run_id)
+    container.run_quiet([engine, "rm", "--force", name], timeout=60)  # one left by a crash of the machine
+    data_dir = env["DATA_DIR"]
+    os.makedirs(data_dir, exist_ok=True)  # (a folder the engine would make is root's)
+    mounts = [run_dir, data_dir]  # the code, JOB_DIR, the notice file and the log, at the same paths
+    if c.own_program:
+        doc = container.inspect(engine, image_id) or {}
+        job = container.own_program_args(c, (doc.get("Config") or {}).get("Cmd"), extra)
+    names = sorted(set(spec.env) | {k for k in env if k not in os.environ or os.environ[k] != env[k]})
+    names = [n for n in names if not n.startswith(registry.PREFIX) and n not in ("PATH", "VIRTUAL_ENV", "HOME")]
+    names.append(f"HOME={IMAGE_HOME}")  # (no secret: the one value on the command line)
+    argv = container.run_argv(
+        engine,
+        name,
+        image_id,
+        c,
+        job,
+        mounts=mounts,
+        workdir=None if c.own_program else os.path.join(run_dir, "code"),
+        env_names=names,
+        uid=os.getuid(),
+        gid=os.getgid(),
+        grace_s=(machine_settings(root) or settings(root)).shutdown_grace_s,  # its unit's: on a VM, the stack's
+        gpus=container.host_gpu_flags(engine, gpu_count()),
+        labels={"gpu-train.run": spec.run_id, "gpu-train.root": root},
+    )
+    w.say(f"{spec.run_id}: in {c.image} ({image_id[:19]}): {shlex.join(argv)}")
+    try:
+        return w.start(argv, "pid", cwd=run_dir, env=env)
+    except OSError as e:
+        raise AgentError(f"cannot start {engine}: {e.strerror or e}") from None
+
+
+def wait(w, root: str, run_dir: str, proc) -> int:
+    """The job's exit code. A container run's client may end while its container goes on (the client
+    killed, say by an OOM killer or by hand): the wrapper attaches to it again, as long as it runs and
+    no stop or shutdown came, so the log, the signals and the end are the container's, not the client's."""
+    code = proc.wait()
+    spec = spec_or_none(run_dir)
+    if not (spec and spec.container):
+        return code
+    name = container.container_name(root, spec.run_id)
+    engine = None
+    while code < 0 and not w.terminated:
+        engine = engine or container.engine()
+        running = container.run_quiet([engine, "inspect", "--format", "{{.State.Running}}", name]).stdout.strip()
+        if running != "true":
+            break
+        w.say(f"the {engine} client ended ({signal_name(-code)}) but the container {name} runs on: attached to it again")
+        try:
+            again = w.start([engine, "attach", name], "pid", cwd=run_dir)
+        except Exception:  # a stop or shutdown came first (wrap.Halted): the end is recorded as that
+            break
+        code = again.wait()
+    return code
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def stop(root: str, run_id: str, grace_s: float) -> bool:
+    """Remove a run's container by name (after `stop` signalled its client, or the client was gone)."""
+    try:
+        engine = container.engine()
+    except AgentError:
+        return False
+    return container.remove(engine, container.container_name(root, run_id), grace_s)

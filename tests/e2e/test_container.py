@@ -1,0 +1,241 @@
+"""`train --image` against a real Docker daemon (started by the tests: tests/containers.py), a real sshd
+and the real `gpu-train`: the project's code in an image, the image's own program, stop and the
+killed client, the pinned digest on resume, a registry with a token. Never a pull from the internet:
+images are `docker import`s of the guest tier's Debian root file system."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import containers
+from tests.conftest import Lab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("containers")]  # one daemon per module, on one worker
+LAB_ADDRESS = "127.0.40.2"
+REGISTRY_ADDRESS = "127.0.40.9"
+SECRET = "tok-" + hashlib.sha256(str(os.getpid()).encode()).hexdigest()[:24]
+
+TRAIN = r"""import json, os, signal, sys, time
+job = os.environ["JOB_DIR"]
+def saved(signum, frame):
+    time.sleep(3)  # a checkpoint that takes its time: the run's grace must cover it
+    open(os.path.join(job, "saved"), "w").write(signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, saved)
+signal.signal(signal.SIGINT, saved)
+st = os.statvfs("/dev/shm")
+json.dump({
+    "marker": open("/etc/gt-marker").read().strip(),
+    "uid": os.getuid(), "cwd": os.getcwd(), "resumes": os.environ.get("GPU_TRAIN_RESUMES"),
+    "secret": os.environ.get("SECRET"), "registryToken": os.environ.get("GPU_TRAIN_REGISTRY_TOKEN"),
+    "shmBytes": st.f_blocks * st.f_frsize, "home": os.environ.get("HOME"), "args": sys.argv[1:],
+}, open(os.path.join(job, "seen-%s.json" % os.environ["GPU_TRAIN_RESUMES"]), "w"))
+open("written-in-workdir.txt", "w").write("hi")
+print("step 1 loss 0.5", flush=True)
+for _ in range(int(os.environ.get("STEPS", "0"))):
+    time.sleep(0.1)
+"""
+PROG = '#!/bin/sh\nprintf \'%s\\n\' "$0" "$@" > "$JOB_DIR/argv.txt"\n'
+
+
+@pytest.fixture(scope="module")
+def dockerd(tmp_path_factory: pytest.TempPathFactory):
+    if reason := containers.skip_reason():
+        pytest.skip(reason)
+    d = containers.Dockerd(tmp_path_factory.mktemp("dockerd")).start()
+    # USER 4321: without gpu-train's --user, what the job writes in the mounts would be 4321's
+    d.import_rootfs("gt/base:1", ("USER 4321",))
+    d.derive("gt/base:1", "gt/job:1", {"/etc/gt-marker": "A"}, ("USER 4321",))
+    d.derive("gt/base:1", "gt/job:2", {"/etc/gt-marker": "B"}, ("USER 4321",))
+    d.derive(
+        "gt/base:1",
+        "gt/prog:1",
+        {"/usr/local/bin/prog": PROG, "/usr/local/bin/prog2": PROG, "/etc/gt-marker": "P"},
+        ('ENTRYPOINT ["/usr/local/bin/prog"]', 'CMD ["--default", "x"]'),
+    )
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def clab(tmp_path: Path, dockerd: containers.Dockerd):
+    lab = Lab(tmp_path, LAB_ADDRESS, setenv=f"DOCKER_HOST={dockerd.host} PATH={Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin")
+    yield lab
+    lab.sshd.stop()
+
+
+def project(lab: Lab) -> Path:
+    code = lab.tmp / "code"
+    code.mkdir(exist_ok=True)
+    (code / "train.py").write_text(TRAIN)
+    return code
+
+
+def state(lab: Lab, run: str) -> dict:
+    return json.loads((lab.remote / "runs" / run / "state.json").read_text())
+
+
+def wait_for(what, timeout: float = 60, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := what():
+            return got
+        time.sleep(step)
+    raise AssertionError(f"not in {timeout} s: {what}")
+
+
+def scan_cmdlines(secret: str, stop: threading.Event, hits: list[str]) -> None:
+    """Every process's command line, again and again, for ``secret`` (each user reads them in /proc)."""
+    while not stop.is_set():
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    args = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if secret.encode() in args:
+                    hits.append(args.replace(b"\0", b" ").decode(errors="replace")[:300])
+        time.sleep(0.01)
+
+
+def test_the_projects_code_runs_in_the_image(clab: Lab, dockerd: containers.Dockerd) -> None:
+    """The image's files, the code's mounts at the same paths, the user's uid on what it writes, host
+    IPC's shared memory, --env-file values by name only (never on a command line), the image pinned."""
+    code = project(clab)
+    env_file = clab.tmp / "secrets.env"
+    env_file.write_text(f"SECRET={SECRET}\n")
+    stop, hits = threading.Event(), []
+    scanner = threading.Thread(target=scan_cmdlines, args=(SECRET, stop, hits), daemon=True)
+    scanner.start()
+    try:
+        flags = ("--args", "--lr 1", "--env-file", str(env_file), "--env", "STEPS=10")
+        run = clab.train("--dir", str(code), "--image", "gt/job:1", "--script", "train.py", *flags)
+        assert clab.wait(run)["state"] == "succeeded", clab.log(run)
+    finally:
+        stop.set()
+        scanner.join()
+    assert hits == [], f"the secret on a command line: {hits}"
+    run_dir = clab.remote / "runs" / run
+    seen = json.loads((run_dir / "job" / "seen-0.json").read_text())
+    assert seen["marker"] == "A"  # the image's own file
+    assert seen["cwd"] == str(run_dir / "code") and seen["args"] == ["--lr", "1"]
+    assert seen["uid"] == os.getuid()  # --user: not the image's USER 4321
+    assert seen["secret"] == SECRET and seen["home"] == "/tmp"
+    assert seen["shmBytes"] > 64 << 20  # host IPC: not the container's 64 MB /dev/shm
+    for written in (run_dir / "job" / "seen-0.json", run_dir / "code" / "written-in-workdir.txt"):
+        assert written.stat().st_uid == os.getuid()
+    log = clab.log(run)
+    assert "--env SECRET" in log and SECRET not in log and "step 1 loss 0.5" in log
+    image_id = dockerd.out("image", "inspect", "--format", "{{.Id}}", "gt/job:1")
+    assert state(clab, run)["imageId"] == image_id
+    status = clab.run_state(run)
+    assert (status["image"], status["imageId"]) == ("gt/job:1", image_id)
+    assert not [n for n in dockerd.names() if run in n]  # --rm: nothing left
+
+
+def test_stop_gives_the_grace_and_removes_a_container_whose_client_was_killed(clab: Lab, dockerd: containers.Dockerd) -> None:
+    """The job's own SIGTERM handler gets its time; a killed `docker run` client leaves the container
+    running, and `stop` removes it by name; --init passes SIGTERM to a PID 1 with no handler."""
+    code = project(clab)
+    run = clab.train("--dir", str(code), "--image", "gt/job:1", "--script", "train.py", "--env", "STEPS=6000")
+    wait_for(lambda: (clab.remote / "runs" / run / "job" / "seen-0.json").exists())
+    started = time.monotonic()
+    clab.fab("stop", "--run", run, "--grace", "10", check=True)
+    assert (clab.remote / "runs" / run / "job" / "saved").read_text() == "SIGINT"  # its 3 s handler ran to the end
+    assert time.monotonic() - started < 10
+    assert clab.run_state(run)["state"] == "stopped"
+    assert not [n for n in dockerd.names() if run in n]
+
+    # The image's own program, `sleep` as the container's only process: no handler of its own.
+    run = clab.train("--image", "gt/prog:1", "--entrypoint", "sleep 600", "--name", "sleeper")
+    name = wait_for(lambda: next((n for n in dockerd.names() if run in n), None))
+    pid = wait_for(lambda: state(clab, run).get("pid"))
+    os.kill(pid, signal.SIGKILL)  # the client only
+    time.sleep(1)
+    assert name in dockerd.out("ps", "--format", "{{.Names}}").split()  # still running, GPUs and all
+    started = time.monotonic()
+    clab.fab("stop", "--run", run, "--grace", "30", check=True)
+    assert name not in dockerd.names()
+    assert time.monotonic() - started < 20  # SIGTERM reached sleep through --init: no 30 s wait
+
+
+def test_the_images_own_program_as_vertex_runs_it(clab: Lab, dockerd: containers.Dockerd) -> None:
+    """No code sent; --args replace CMD, --entrypoint replaces ENTRYPOINT (and drops CMD)."""
+    cases = [
+        ((), ["/usr/local/bin/prog", "--default", "x"]),
+        (("--args", "--epochs 2"), ["/usr/local/bin/prog", "--epochs", "2"]),
+        (("--entrypoint", "/usr/local/bin/prog2 a"), ["/usr/local/bin/prog2", "a"]),
+    ]
+    for i, (flags, argv) in enumerate(cases):
+        run = clab.train("--image", "gt/prog:1", "--name", f"prog{i}", *flags)
+        assert clab.wait(run)["state"] == "succeeded", clab.log(run)
+        assert (clab.remote / "runs" / run / "job" / "argv.txt").read_text().split("\n")[:-1] == argv
+        assert list((clab.remote / "runs" / run / "code").iterdir()) == []  # no code was sent
+
+
+def test_resume_runs_the_same_image_though_its_tag_moved(clab: Lab, dockerd: containers.Dockerd) -> None:
+    code = project(clab)
+    dockerd.docker("tag", "gt/job:1", "gt/moving:1")
+    run = clab.train("--dir", str(code), "--image", "gt/moving:1", "--script", "train.py", "--resume-args", "--resumed")
+    assert clab.wait(run)["state"] == "succeeded", clab.log(run)
+    first = state(clab, run)["imageId"]
+    dockerd.docker("tag", "gt/job:2", "gt/moving:1")  # the tag now names other content (marker B)
+    clab.fab("resume", "--run", run, check=True)
+    wait_for(lambda: (clab.remote / "runs" / run / "job" / "seen-1.json").exists())
+    assert clab.wait(run)["state"] == "succeeded"
+    seen = json.loads((clab.remote / "runs" / run / "job" / "seen-1.json").read_text())
+    assert (seen["marker"], seen["resumes"], seen["args"]) == ("A", "1", ["--resumed"])
+    assert state(clab, run)["imageId"] == first
+
+
+def test_a_registry_with_a_token_kept_out_of_everything(clab: Lab, dockerd: containers.Dockerd) -> None:
+    """The pull logs in with the token on stdin into a config of its own (removed after), shows its
+    progress in the log, pins the registry digest; the job never sees the token; a wrong one fails."""
+    if not os.path.exists(containers.REGISTRY):
+        pytest.skip("docker-registry is missing: apt-get install docker-registry")
+    registry = containers.Registry(clab.tmp / "registry", REGISTRY_ADDRESS).start()
+    try:
+        dockerd.derive("gt/job:1", "gt/pushme:1", {"/opt/weights.bin": "w" * 100_000}, ("USER 4321",))
+        digest = registry.push(dockerd, "gt/pushme:1", "gt/pulled:1")
+        dockerd.docker("image", "rm", f"{registry.host}/gt/pulled:1", "gt/pushme:1")  # its top layer is in the registry only
+        env_file = clab.tmp / "registry.env"
+        env_file.write_text(f"GPU_TRAIN_REGISTRY_USER={registry.user}\nGPU_TRAIN_REGISTRY_TOKEN={registry.password}\n")
+        env_file.chmod(0o600)
+        code = project(clab)
+        image = f"{registry.host}/gt/pulled:1"
+        run = clab.train("--dir", str(code), "--image", image, "--script", "train.py", "--env-file", str(env_file))
+        assert clab.wait(run)["state"] == "succeeded", clab.log(run)
+        log = clab.log(run)
+        assert "pull: " in log and " layers)" in log and f"logged in to {registry.host}" in log
+        assert registry.password not in log
+        assert state(clab, run)["imageDigest"] == digest
+        seen = json.loads((clab.remote / "runs" / run / "job" / "seen-0.json").read_text())
+        assert seen["registryToken"] is None  # the pull's, never the job's
+        config = Path(os.path.expanduser("~/.docker/config.json"))
+        assert not config.exists() or registry.host not in config.read_text()
+
+        env_file.write_text(f"GPU_TRAIN_REGISTRY_USER={registry.user}\nGPU_TRAIN_REGISTRY_TOKEN=wrong\n")
+        dockerd.docker("image", "rm", image)
+        run = clab.train("--dir", str(code), "--image", image, "--script", "train.py", "--env-file", str(env_file))
+        ended = clab.wait(run)
+        assert ended["state"] == "failed" and f"login to {registry.host} failed" in (ended["reason"] or ""), ended
+    finally:
+        registry.stop()
+
+
+def test_no_engine_is_refused_at_launch_with_the_reason(tmp_path: Path, dockerd: containers.Dockerd) -> None:
+    lab = Lab(tmp_path, "127.0.40.3", setenv=f"DOCKER_HOST=unix://{tmp_path}/no.sock PATH={Path(containers.DOCKER).parent}:/usr/bin:/bin")
+    try:
+        said = lab.fab("train", "--image", "gt/prog:1")
+        assert said.returncode != 0 and "Docker is installed but its daemon does not answer" in said.stderr, said.stderr
+        assert not (lab.remote / "runs").exists() or not list((lab.remote / "runs").iterdir())
+    finally:
+        lab.sshd.stop()
