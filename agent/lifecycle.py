@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -50,7 +49,7 @@ from .store import (
     write_json,
     write_settings,
 )
-from .watch import metadata_value, told_preempted
+from .watch import metadata_value, own_instance, told_preempted
 
 
 def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
@@ -151,14 +150,11 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
 
 
 def recovery_record(conf: AgentSettings) -> dict:
-    """On a VM: the stack's recovery function's record of this machine (instance metadata), or {}."""
+    """On a VM: the stack's recovery function's record of this machine (its labels, which the metadata
+    server does not show: instances.get of itself, with its own token), or {}."""
     if not conf.gcp:
         return {}
-    try:
-        record = json.loads(metadata_value(conf, f"instance/attributes/{recovery.RECORD_KEY}") or "{}")
-    except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
+    return recovery.record_of(own_instance(conf) or {})
 
 
 def lost_group(conf: AgentSettings, run_dir: str, state: RunRecord) -> bool:

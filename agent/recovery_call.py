@@ -2,10 +2,12 @@
 
 ``on_event`` is the Cloud Run function's entry point (a CloudEvent of Pub/Sub's messagePublished,
 whose message is the log sink's LogEntry). It asks the Compute API about every node, does what
-``recovery.plan`` says, keeps each node's record in its metadata, tells the webhook, and raises when
+``recovery.plan`` says, keeps each node's record in its labels, tells the webhook, and raises when
 the event should come again (the trigger's retry policy: exponential backoff, 10 s to 600 s, for up
-to 7 days; the stack's ``recoverHours`` ends it sooner). The identity it runs as may get, start,
-stop and set the metadata of the stack's instances only. Standard library only.
+to 24 hours; the stack's ``recoverHours`` ends it sooner, and it gives up before the window closes).
+A call Google refuses raises too (an error to the trigger: delivered again), never passes as done.
+The identity it runs as may get, start, stop and set the labels of the stack's instances only (labels
+need no actAs on the VM's service account; metadata would). Standard library only.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ class Retry(Exception):
 class Compute:
     """The few Compute API calls the function makes, with a token from the metadata server."""
 
-    def __init__(self, project: str, zone: str, base: str = COMPUTE_URL, metadata: str = METADATA_URL):
+    def __init__(self, project: str, zone: str, base: str = COMPUTE_URL, metadata: str = METADATA_URL, poll_s: float = 1.0):
         self.prefix = f"{base.rstrip('/')}/compute/v1/projects/{project}/zones/{zone}"
         self.metadata = metadata if metadata.endswith("/") else metadata + "/"
+        self.poll_s = poll_s
         self._token: tuple[str, float] | None = None
 
     def token(self) -> str:
@@ -76,23 +79,34 @@ class Compute:
     def wait(self, operation: dict, deadline: float) -> dict:
         """The operation as zoneOperations.get has it once DONE (or at ``deadline``)."""
         while operation.get("status") != "DONE" and time.time() < deadline:
-            time.sleep(1)
+            time.sleep(self.poll_s)
             status, doc = self.call("GET", f"/operations/{operation.get('name')}")
             if status < 400:
                 operation = doc
         return operation
 
     def set_record(self, name: str, inst: dict, record: dict) -> None:
-        """Keep ``record`` in the instance's metadata (every other item as it is; the fingerprint
-        guards against a concurrent change: asked again once on 412)."""
-        for _ in range(2):
-            meta = inst.get("metadata") or {}
-            items = [i for i in meta.get("items") or [] if i.get("key") != recovery.RECORD_KEY]
-            items.append({"key": recovery.RECORD_KEY, "value": json.dumps(record, sort_keys=True)})
-            status, _ = self.call("POST", f"/instances/{name}/setMetadata", {"fingerprint": meta.get("fingerprint"), "items": items})
-            if status != 412:
+        """Keep ``record`` in the instance's labels (every other label as it is; the label fingerprint
+        guards against a concurrent change: read again on 412). Any other refusal raises ``Retry``."""
+        for _ in range(3):
+            labels = {k: v for k, v in (inst.get("labels") or {}).items() if not k.startswith(recovery.RECORD_PREFIX)}
+            body = {"labels": {**labels, **recovery.record_labels(record)}, "labelFingerprint": inst.get("labelFingerprint", "")}
+            status, doc = self.call("POST", f"/instances/{name}/setLabels", body)
+            if status < 400:
+                inst["labels"], inst["labelFingerprint"] = body["labels"], None  # a new fingerprint: read it again to write again
                 return
+            if status != 412:
+                raise Retry(f"instances.setLabels {name}: {status} {(doc.get('error') or {}).get('message', '')}")
             inst = self.get(name) or {}
+        raise Retry(f"instances.setLabels {name}: its labels kept changing (412 three times)")
+
+    def stop(self, name: str, inst: dict) -> None:
+        """instances.stop, discarding Local SSD where the VM has some (the API refuses a stop of such a VM
+        that does not say); a refusal raises ``Retry``."""
+        query = "?discardLocalSsd=true" if recovery.has_local_ssd(inst) else ""
+        status, doc = self.call("POST", f"/instances/{name}/stop{query}")
+        if status >= 400:
+            raise Retry(f"instances.stop {name}: {status} {(doc.get('error') or {}).get('message', '')}")
 
 
 def settings_from_env(env: dict[str, str]) -> dict:
@@ -104,6 +118,7 @@ def settings_from_env(env: dict[str, str]) -> dict:
         "compute": env.get(recovery.COMPUTE_URL_ENV) or COMPUTE_URL,
         "metadata": env.get(recovery.METADATA_URL_ENV) or METADATA_URL,
         "opWaitS": _number(env, recovery.OP_WAIT_S_ENV, 150),
+        "opPollS": _number(env, recovery.OP_POLL_S_ENV, 1),
     }
 
 
@@ -118,7 +133,7 @@ def _number(env: dict[str, str], name: str, default: float) -> float:
 def recover(event: Event, conf: dict, now: float | None = None, api: Compute | None = None) -> tuple[str, str]:
     """One invocation for ``event``: (DONE or RETRY, why)."""
     now = time.time() if now is None else now
-    api = api or Compute(event.project, event.zone, conf["compute"], conf["metadata"])
+    api = api or Compute(event.project, event.zone, conf["compute"], conf["metadata"], conf.get("opPollS", 1))
     nodes, stack = conf["nodes"], conf["stack"]
     if event.instance not in nodes:
         return DONE, f"{event.instance} is not a VM of stack {stack}"
@@ -127,7 +142,7 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
     say = lambda text: notify.send(conf["notify"], f"gpu-train {stack}: {text}")  # noqa: E731
     head = found.get(event.instance)
     record = recovery.record_of(head) if head else {}
-    attempts = int(record.get("attempts", 0)) if record.get("at") == event.at else 0
+    attempts = int(record.get("attempts", 0)) if recovery.of_event(record, event) else 0
     # Nodes this event took down that are up again (a start that finished after the last look).
     late = []
     for name in nodes:
@@ -136,7 +151,7 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
         if (
             inst
             and inst.get("status") == "RUNNING"
-            and rec.get("at") == event.at
+            and recovery.of_event(rec, event)
             and rec.get("state") != "resumed"
             and rec.get("state") != "stopping for the group"
         ):
@@ -150,7 +165,7 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
     todo = p.start or p.stop or p.waiting
     if not todo:
         return DONE, "; ".join(f"{n}: {w}" for n, w in p.why.items())
-    if record.get("at") != event.at:
+    if not recovery.of_event(record, event):
         say(f"{event.instance} {event.kind} at {recovery.clock(event.at, local=False)} UTC; bringing it back")
     reason = recovery.give_up_reason(event, now, conf["hours"], attempts)
     if reason:
@@ -161,7 +176,7 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
         return DONE, reason
     for name in p.stop:
         doc = found[name] or {}  # planned to stop: it exists
-        api.call("POST", f"/instances/{name}/stop")
+        api.stop(name, doc)
         api.set_record(name, doc, recovery.updated_record(recovery.record_of(doc), event, "stopping for the group", now, p.why[name]))
     if p.stop or p.waiting:
         return RETRY, "waiting for the cluster's other nodes to stop: " + ", ".join(p.stop + p.waiting)
@@ -185,7 +200,7 @@ def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: d
         state = {"started": "resumed", "retry": "coming back", "give up": "gave up"}[verdict]
         inst = api.get(name) or found[name]  # a fresh fingerprint: the start and the record changed it
         api.set_record(
-            name, inst, recovery.updated_record(recovery.record_of(inst), event, state, time.time(), "" if verdict == "started" else why)
+            name, inst, recovery.updated_record(recovery.record_of(inst), event, state, now, "" if verdict == "started" else why)
         )
     gave_up = [f"{n}: {w}" for n, (v, w) in verdicts.items() if v == "give up"]
     waiting = [f"{n}: {w}" for n, (v, w) in verdicts.items() if v == "retry"]
@@ -212,14 +227,14 @@ def on_event(cloud_event) -> str:
     return on_event_with(getattr(cloud_event, "data", cloud_event), settings_from_env(dict(os.environ)))
 
 
-def on_event_with(data: dict, conf: dict) -> str:
+def on_event_with(data: dict, conf: dict, now: float | None = None) -> str:
     event = recovery.event_of(entry_of(data))
     if event is None:
-        return "not a preemption or host error"
+        return "not a preemption, host error or host maintenance"
     try:
-        outcome, why = recover(event, conf)
+        outcome, why = recover(event, conf, now)
     except Exception as e:  # Google's API or the token failing: again later, but not past the stack's bound
-        reason = recovery.give_up_reason(event, time.time(), conf["hours"], 0)
+        reason = recovery.give_up_reason(event, time.time() if now is None else now, conf["hours"], 0)
         if reason is None:
             raise
         outcome, why = DONE, f"gave up after an error ({e}): {reason}"

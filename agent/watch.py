@@ -28,6 +28,7 @@ from gpu_train.contract import (
     AgentSettings,
     run_limit_at,
 )
+from gpu_train.recovery import COMPUTE_URL_ENV
 
 from .procs import uptime_s
 from .status import effective_state
@@ -36,6 +37,9 @@ from .store import agent_log, now, read_json, read_state, run_dirs, settings, wr
 WATCHED = {"instance/maintenance-event": "NONE", "instance/preempted": "FALSE"}
 PREEMPTED = "PREEMPTED"  # the event a notice names for ``instance/preempted`` = TRUE
 RUN_LIMIT_KEY = "gpu-train/run-limit"  # not a metadata path: the stop time, once its warning is due
+
+
+COMPUTE_URL = "https://compute.googleapis.com"
 
 
 def metadata_base(conf: AgentSettings) -> str:
@@ -60,6 +64,29 @@ def metadata_value(conf: AgentSettings, path: str, timeout: float = 2) -> str:
         return metadata_get(metadata_base(conf) + path, timeout)[0]
     except (OSError, ValueError):
         return ""
+
+
+def own_instance(conf: AgentSettings, timeout: float = 5) -> dict | None:
+    """This VM's labels as the Compute API has them (instances.get with ``fields=labels``, the VM's own token
+    and its compute.readonly scope; the stack grants its account compute.instances.get on this instance
+    only where a recovery function writes there), or None when it cannot be asked."""
+    import json
+
+    project, zone, name = (metadata_value(conf, p) for p in ("project/project-id", "instance/zone", "instance/name"))
+    try:
+        token = json.loads(metadata_value(conf, "instance/service-accounts/default/token") or "{}").get("access_token")
+    except ValueError:
+        return None
+    if not (project and zone and name and token):
+        return None
+    base = (os.environ.get(COMPUTE_URL_ENV) or COMPUTE_URL).rstrip("/")
+    url = f"{base}/compute/v1/projects/{project}/zones/{zone.rsplit('/', 1)[-1]}/instances/{name}?fields=labels"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}), timeout=timeout) as r:
+            doc = json.loads(r.read() or b"{}")
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def notice_for(values: dict[str, str]) -> dict | None:

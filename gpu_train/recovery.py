@@ -1,13 +1,18 @@
 """Back by itself: what the stack's recovery function does about a preempted VM, as pure decisions.
 
-Compute Engine logs a system event when it preempts a spot VM (``compute.instances.preempted``) or
-a host error stops one (``compute.instances.hostError``); a log sink sends those of the stack's VMs
+Compute Engine logs a system event when it preempts a spot VM (``compute.instances.preempted``), a
+host error stops one (``compute.instances.hostError``) or host maintenance does
+(``compute.instances.terminateOnHostMaintenance``: GPU VMs cannot live-migrate, and those with
+``automaticRestart: false`` stay down); a log sink sends those of the stack's VMs
 to Pub/Sub, and a Cloud Run function (``recovery_call.on_event``) runs these decisions against the
 Compute API: start every node that this event took down, stop the others of a cluster first (the
 group resumes together), leave every stop that was meant (idle auto-stop, `vm-stop`, `running:
 false`, maxRunHours, `down`) alone, and keep trying while the zone has no capacity, until the
-stack's bound (``recoverHours``). What happened is kept on each instance (metadata RECORD_KEY),
-where `status`, `ls` and the booted agent read it. Standard library only, Python 3.8+: it runs in
+stack's bound (``recoverHours``), which ends within Cloud Run functions' 24 h retry window. What
+happened is kept on each instance as labels (``gpu-train-rec-*``, ``record_labels``): instances.setLabels
+needs no ``iam.serviceAccounts.actAs`` on the VM's service account, which setMetadata does (and metadata
+is what the VM runs: a grant to write it is root on the VM); `status`, `ls` and the booted agent read
+them. Standard library only, Python 3.8+: it runs in
 Google's cloud (infra/recovery.py ships it with the function) and on the host (the agent's zipapp
 carries it beside the contract); every Google answer it reads is checked by a table in
 tests/unit/test_recovery.py.
@@ -15,18 +20,27 @@ tests/unit/test_recovery.py.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
-RECORD_KEY = "gpu-train-recovery"  # instance metadata: the recovery's record of this node (JSON)
+RECORD_PREFIX = "gpu-train-rec-"  # instance labels: the recovery's record of this node (record_labels)
 LABEL = "gpu-train-recover"  # instance label: "on" while the stack wants its VMs back after a preemption
-EVENTS = {"compute.instances.preempted": "preempted", "compute.instances.hostError": "host error"}
+EVENTS = {
+    "compute.instances.preempted": "preempted",
+    "compute.instances.hostError": "host error",
+    "compute.instances.terminateOnHostMaintenance": "host maintenance",
+}
+# Cloud Run functions (2nd gen) retry an event for 24 h, with backoff of 10 s to 600 s ("Enable event-driven
+# function retries"); 7 days was 1st gen. The function gives up while deliveries still come: at most
+# RETRY_WINDOW_S - LAST_CALL_S after the event (two longest backoffs before the window ends).
+RETRY_WINDOW_S, LAST_CALL_S = 24 * 3600, 2 * 600
+MAX_RECOVER_HOURS = RETRY_WINDOW_S / 3600
 UP = ("PROVISIONING", "STAGING", "RUNNING")
 # The function's environment (infra/recovery.py sets it; the last three: tests). No contract in its bundle:
 # METADATA_URL_ENV repeats the contract's (a test holds them equal).
 STACK_ENV, NODES_ENV, HOURS_ENV, NOTIFY_ENV = "GPU_TRAIN_STACK", "GPU_TRAIN_NODES", "GPU_TRAIN_RECOVER_HOURS", "GPU_TRAIN_NOTIFY"
 COMPUTE_URL_ENV, METADATA_URL_ENV, OP_WAIT_S_ENV = "GPU_TRAIN_COMPUTE_URL", "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_OP_WAIT_S"
+OP_POLL_S_ENV = "GPU_TRAIN_OP_POLL_S"
 # instances.start's operation errors that pass with time: the zone's capacity (the usual answer right
 # after a preemption), the region's quota (other VMs stop), Google's own trouble.
 CAPACITY = {
@@ -53,7 +67,17 @@ class Event:
     project: str
     zone: str
     instance: str
-    at: float  # epoch seconds
+    at: float  # epoch seconds, to the millisecond (what a label keeps: ``ms``)
+
+
+def ms(at: float) -> int:
+    return round(at * 1000)
+
+
+def of_event(record: dict, event: Event) -> bool:
+    """The record is this event's (to the millisecond a label keeps)."""
+    at = record.get("at")
+    return isinstance(at, (int, float)) and ms(at) == ms(event.at)
 
 
 def parse_time(stamp: str | None) -> float | None:
@@ -81,20 +105,77 @@ def event_of(entry: dict) -> Event | None:
     at = parse_time(entry.get("timestamp"))
     if kind is None or at is None or len(parts) != 6 or parts[0::2] != ["projects", "zones", "instances"]:
         return None
-    return Event(kind, parts[1], parts[3], parts[5], at)
+    return Event(kind, parts[1], parts[3], parts[5], ms(at) / 1000)
 
 
-# -- one node's record (instance metadata RECORD_KEY) ------------------------------------------------
+# -- one node's record (instance labels RECORD_PREFIX*) -----------------------------------------------
+# A label value holds 63 characters of [a-z0-9_-]: times in milliseconds, states and events as words joined
+# by "-", the reason as a short code (``why_code``) the record's reader turns back into words.
+_TIMES = {"at": "at", "updated": "updated", "resumedAt": "resumed"}
+
+
+def _word(text: str) -> str:
+    return "-".join("".join(c if c.isalnum() or c == "_" else " " for c in text.lower()).split())[:63]
+
+
+def why_code(why: str) -> str:
+    """A reason as a label value: a capacity error's code, the bound that ended it, else its first words."""
+    for code in CAPACITY:
+        if f"({code})" in why:
+            return code.lower()
+    if "gpu-train:recoverHours = " in why:
+        return "recoverhours-" + why.split("gpu-train:recoverHours = ", 1)[1].split(")")[0].replace(".", "_")
+    if "retry window" in why:
+        return "retry-window"
+    return _word(why)
+
+
+def why_words(code: str) -> str:
+    """``why_code``'s reason in words again."""
+    if code.upper() in CAPACITY:
+        return f"{CAPACITY[code.upper()]} ({code.upper()})"
+    if code.startswith("recoverhours-"):
+        return f"not back within gpu-train:recoverHours = {code.split('-', 1)[1].replace('_', '.')}"
+    if code == "retry-window":
+        return "not back within Cloud Run functions' 24 h retry window"
+    return code.replace("-", " ")
+
+
+def record_labels(record: dict) -> dict[str, str]:
+    """The record as instance labels (every key RECORD_PREFIX*)."""
+    out = {f"{RECORD_PREFIX}{label}": str(ms(float(record[key]))) for key, label in _TIMES.items() if record.get(key) is not None}
+    for key in ("event", "state"):
+        if record.get(key):
+            out[RECORD_PREFIX + key] = _word(str(record[key]))
+    out[RECORD_PREFIX + "attempts"] = str(int(record.get("attempts") or 0))
+    if record.get("why"):
+        out[RECORD_PREFIX + "why"] = why_code(str(record["why"]))
+    return out
+
+
 def record_of(inst: dict) -> dict:
-    """The recovery's record kept on an instance ({} when none or unreadable)."""
-    for item in (inst.get("metadata") or {}).get("items") or []:
-        if item.get("key") == RECORD_KEY:
-            try:
-                doc = json.loads(item.get("value") or "{}")
-            except ValueError:
-                return {}
-            return doc if isinstance(doc, dict) else {}
-    return {}
+    """The recovery's record kept on an instance's labels ({} when none or unreadable)."""
+    labels = {k[len(RECORD_PREFIX) :]: v for k, v in (inst.get("labels") or {}).items() if k.startswith(RECORD_PREFIX)}
+    try:
+        out: dict = {key: int(labels[label]) / 1000 for key, label in _TIMES.items() if label in labels}
+        out["attempts"] = int(labels.get("attempts") or 0)
+    except ValueError:
+        return {}
+    if "at" not in out:
+        return {}
+    for key in ("event", "state"):
+        if labels.get(key):
+            out[key] = labels[key].replace("-", " ")
+    if labels.get("why"):
+        out["why"] = why_words(labels["why"])
+    return out
+
+
+def has_local_ssd(inst: dict) -> bool:
+    """The instance has Local SSD (disks of type SCRATCH: A2 Ultra, A3 and A4 come with theirs): a stop must
+    say what becomes of it (instances.stop's discardLocalSsd, "required if the instance has any attached
+    Local SSD disks")."""
+    return any(d.get("type") == "SCRATCH" for d in inst.get("disks") or [])
 
 
 def wanted_back(inst: dict) -> bool:
@@ -116,7 +197,7 @@ def node_action(inst: dict | None, event: Event, is_event_node: bool) -> tuple[s
         return NONE, f"recovery is off for this VM (label {LABEL}: running is false, or vm-stop)"
     status = inst.get("status", "")
     record = record_of(inst)
-    ours = record.get("at") == event.at  # the record this event started (a group stop or an attempt)
+    ours = of_event(record, event)  # the record this event started (a group stop or an attempt)
     started = parse_time(inst.get("lastStartTimestamp"))
     if status in UP:
         if is_event_node or ours:
@@ -201,22 +282,21 @@ def start_answer(http_status: int, operation: dict | None, error_doc: dict | Non
 
 
 def give_up_reason(event: Event, now: float, bound_hours: float, attempts: int) -> str | None:
-    """Why to stop trying (the stack's bound passed), or None while it has not."""
+    """Why to stop trying (the stack's bound passed, or the trigger's retry window is about to), or None while
+    neither has."""
+    head = f"not back after {(now - event.at) / 3600:.1f} h and {attempts} attempt(s)"
     if now - event.at >= bound_hours * 3600:
-        return f"not back after {(now - event.at) / 3600:.1f} h and {attempts} attempt(s) (gpu-train:recoverHours = {bound_hours:g})"
+        return f"{head} (gpu-train:recoverHours = {bound_hours:g})"
+    if now - event.at >= RETRY_WINDOW_S - LAST_CALL_S:
+        return f"{head} (the end of Cloud Run functions' 24 h retry window)"
     return None
 
 
 def updated_record(record: dict, event: Event, state: str, now: float, why: str = "", attempt: bool = False) -> dict:
-    """The node's record after this step: a new event starts a new record (the old one's outcome goes
-    into ``history``); ``state``: preempted | stopping for the group | coming back | resumed | gave up."""
-    if record.get("at") != event.at:
-        past = (
-            [*record.get("history", []), {k: record[k] for k in ("event", "at", "state", "attempts", "resumedAt") if k in record}][-10:]
-            if record.get("at")
-            else []
-        )
-        record = {"event": event.kind, "at": event.at, "attempts": 0, "history": past}
+    """The node's record after this step: a new event starts a new record (labels keep one: the last);
+    ``state``: preempted | stopping for the group | coming back | resumed | gave up."""
+    if not of_event(record, event):
+        record = {"event": event.kind, "at": event.at, "attempts": 0}
     out = {**record, "state": state, "updated": now}
     if why:
         out["why"] = why

@@ -213,7 +213,7 @@ class GpuVm(pulumi.ComponentResource):
         ]
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
         # Spot: started again after a preemption by a function of the stack's own (infra/recovery.py).
-        self.recovery = recovery.declare(name, cfg, self.instances, instance_names, self)
+        self.recovery = recovery.declare(name, cfg, self.instances, instance_names, self, account.email)
         # The image the VM runs: the boot disk's, as the provider reads it back. After the first `up`
         # it stays the image pinned then (initializeParams.image is ignored afterwards), while the
         # family moves on; exporting the family's newest would name an image the VM never booted.

@@ -5,7 +5,8 @@ the stack's own VMs to a Pub/Sub topic; a Cloud Run function (2nd gen Cloud Func
 zero, one instance at most) runs ``agent.recovery_call.on_event`` (around the decisions of
 ``gpu_train.recovery``) for each, retried with
 exponential backoff while the zone has no capacity. It runs as a service account of its own whose
-only grants are a custom role on each of the stack's instances (get, start, stop, setMetadata),
+only grants are a custom role on each of the stack's instances (get, start, stop, setLabels: its record
+is labels, which need no actAs on the VM's service account, and metadata would be root on the VM),
 another on the project for reading zone operations, the invoker role on its own service, and (with
 ``notify``) reading the webhook's secret. Everything here goes with `pulumi destroy`.
 """
@@ -19,7 +20,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train import recovery
-from gpu_train.catalog.model import FLEX_START, RESERVATION, SPOT
+from gpu_train.catalog.model import FLEX_START, SPOT
 from gpu_train.gcp import names, provisioning
 from gpu_train.stack.config import StackConfig
 
@@ -56,22 +57,22 @@ APIS = (
 )
 SECRETS_API = "secretmanager.googleapis.com"
 # What the function's identity may do to the stack's instances, and nothing else.
-INSTANCE_PERMISSIONS = ("compute.instances.get", "compute.instances.start", "compute.instances.stop", "compute.instances.setMetadata")
+INSTANCE_PERMISSIONS = ("compute.instances.get", "compute.instances.start", "compute.instances.stop", "compute.instances.setLabels")
 OPERATION_PERMISSIONS = ("compute.zoneOperations.get",)  # the start's outcome (capacity errors are there)
+SELF_PERMISSIONS = ("compute.instances.get",)  # the VM's own account, on itself: it reads the record at boot
 SUFFIX = "recovery"
 FUNCTION_NAME_MAX = 49
 
 
 def stops_for_good(cfg: StackConfig) -> bool:
-    """VMs that Compute Engine leaves stopped after a preemption or a host error (automaticRestart false):
-    spot, Flex-start and reservation-bound ones. Standard VMs restart by themselves."""
-    chosen = provisioning.way(cfg)
-    return chosen in (SPOT, FLEX_START) or (chosen == RESERVATION and cfg.reservation_bound)
+    """VMs that Compute Engine leaves stopped after a preemption, a host error or host maintenance
+    (automaticRestart false): spot and Flex-start ones. Standard and reservation-bound VMs restart by themselves."""
+    return provisioning.way(cfg) in (SPOT, FLEX_START)
 
 
 def wanted(cfg: StackConfig) -> bool:
     """Such a stack gets its way back unless recoverHours is 0."""
-    return stops_for_good(cfg) and cfg.recover_hours > 0
+    return provisioning.recovered(cfg)
 
 
 def label(cfg: StackConfig) -> dict[str, str]:
@@ -91,7 +92,8 @@ def describe(cfg: StackConfig) -> str:
 
 
 def log_filter(project: str, zone: str, instances: list[str]) -> str:
-    """The sink's filter: the two system events, of these instances only."""
+    """The sink's filter: the system events (preempted, host error, host maintenance), of these instances only.
+    Only stacks whose VMs do not restart themselves (``stops_for_good``) have a sink at all."""
     methods = " OR ".join(f'"{m}"' for m in recovery.EVENTS)
     targets = " OR ".join(f'"projects/{project}/zones/{zone}/instances/{n}"' for n in instances)
     return (
@@ -119,7 +121,12 @@ def role_id(stack: str, what: str, account_unique_id: str) -> str:
 
 
 def declare(
-    prefix: str, cfg: StackConfig, instances: list[gcp.compute.Instance], instance_names: list[str], parent: pulumi.Resource
+    prefix: str,
+    cfg: StackConfig,
+    instances: list[gcp.compute.Instance],
+    instance_names: list[str],
+    parent: pulumi.Resource,
+    vm_account: pulumi.Output[str] | None = None,
 ) -> gcp.cloudfunctionsv2.Function | None:
     """The recovery's resources (``prefix``: the component's name), or nothing where it does not apply."""
     if not wanted(cfg):
@@ -143,7 +150,7 @@ def declare(
         project=project,
         opts=child,
         display_name=f"gpu-train {cfg.stack} recovery",
-        description="Starts the stack's preempted VMs again: may get, start, stop them and set their metadata only.",
+        description="Starts the stack's preempted VMs again: may get, start, stop them and set their labels only.",
     )
     member = account.email.apply(lambda email: f"serviceAccount:{email}")
     start_role = gcp.projects.IAMCustomRole(
@@ -177,6 +184,27 @@ def declare(
         for i, inst in enumerate(instances)
     ]
     grants.append(gcp.projects.IAMMember(f"{prefix}-{SUFFIX}-operations", project=project, role=ops_role.name, member=member, opts=child))
+    if vm_account is not None:  # each VM reads its own labels (the record) at boot: get, on itself only
+        self_role = gcp.projects.IAMCustomRole(
+            f"{prefix}-{SUFFIX}-self-role",
+            project=project,
+            opts=child,
+            role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "self", u)),
+            title=f"gpu-train {cfg.stack}: a VM reads itself",
+            permissions=list(SELF_PERMISSIONS),
+            description="Bound on each of the stack's instances for that VM's own account: it reads the recovery's record.",
+        )
+        vm_member = vm_account.apply(lambda email: f"serviceAccount:{email}")
+        for i, inst in enumerate(instances):
+            gcp.compute.InstanceIAMMember(
+                f"{prefix}-{SUFFIX}-self-{i}",
+                project=project,
+                zone=cfg.zone,
+                instance_name=inst.name,
+                role=self_role.name,
+                member=vm_member,
+                opts=child,
+            )
 
     topic = gcp.pubsub.Topic(
         f"{prefix}-{SUFFIX}-topic", name=name, project=project, opts=after_apis, labels={"gpu-train-stack": names.rfc1035(cfg.stack, 63)}
@@ -189,7 +217,7 @@ def declare(
         opts=after_apis,
         destination=topic.name.apply(lambda t: f"pubsub.googleapis.com/projects/{project}/topics/{t}"),
         filter=log_filter(project, cfg.zone, instance_names),
-        description=f"gpu-train {cfg.stack}: preemptions and host errors of the stack's VMs, for its recovery",
+        description=f"gpu-train {cfg.stack}: preemptions, host errors and host maintenance of the stack's VMs, for its recovery",
     )
     gcp.pubsub.TopicIAMMember(
         f"{prefix}-{SUFFIX}-sink-publishes",

@@ -52,6 +52,13 @@ def way(cfg: StackConfig) -> str:
     return SPOT if cfg.spot else ON_DEMAND
 
 
+def recovered(cfg: StackConfig) -> bool:
+    """A stack whose VMs Compute Engine leaves stopped after a preemption, host error or host maintenance
+    (spot, Flex-start: automaticRestart false) gets the recovery function (infra/recovery.py), unless
+    recoverHours is 0. Standard and reservation-bound VMs restart by themselves."""
+    return way(cfg) in (SPOT, FLEX_START) and cfg.recover_hours > 0
+
+
 def with_way(cfg_settings: dict[str, str], new_way: str) -> dict[str, str]:
     """The stack settings (as `scripts/up` sets them) that ask for ``new_way`` instead."""
     return {**cfg_settings, "spot": str(new_way == SPOT).lower(), "flexStart": str(new_way == FLEX_START).lower()}

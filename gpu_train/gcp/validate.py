@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpu_train import recovery
 from gpu_train.catalog import disks
 from gpu_train.catalog.model import ZONE_PATTERN, Catalog
 from gpu_train.gcp import images, names, provisioning
@@ -190,7 +191,7 @@ def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
 
 
 # -- lifecycle: idle stop, resumes (the run-time cap: provisioning) ---------------------------
-MAX_RECOVER_HOURS = 7 * 24  # a function's event trigger retries an event for 7 days at most
+MAX_RECOVER_HOURS = recovery.MAX_RECOVER_HOURS  # Cloud Run functions retry an event for 24 h (7 days was 1st gen)
 
 
 def _lifecycle(cfg: StackConfig) -> list[Problem]:
@@ -203,7 +204,8 @@ def _lifecycle(cfg: StackConfig) -> list[Problem]:
         problems.append(
             Problem(
                 "recoverHours",
-                f"must be between 0 (no recovery) and {MAX_RECOVER_HOURS} (the trigger retries an event for 7 days at most)",
+                f"must be between 0 (no recovery) and {MAX_RECOVER_HOURS:g}: Cloud Run functions retry an event for 24 hours "
+                "at most, and the recovery gives up within that window (20 minutes before its end)",
                 "e.g. 24",
                 cfg.recover_hours,
             )

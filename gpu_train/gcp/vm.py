@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 from gpu_train.catalog import disks
-from gpu_train.gcp import images
+from gpu_train.gcp import images, provisioning
 from gpu_train.gcp.names import (  # noqa: F401
     data_disk_name,
     instance_name,
@@ -26,7 +26,6 @@ from gpu_train.gcp.names import (  # noqa: F401
     service_account_id,
 )
 from gpu_train.gcp.validate import GpuShape, node_shapes
-from gpu_train.recovery import RECORD_KEY
 from gpu_train.stack.config import StackConfig
 from gpu_train.stack.values import LOGIN_RE
 
@@ -43,11 +42,19 @@ SERVICE_ACCOUNT_SCOPES = (
 BUCKET_ROLE = "roles/storage.objectUser"  # conditioned to the stack's own prefix (infra/bucket.py)
 BUCKET_DATA_ROLE = "roles/storage.objectViewer"  # conditioned to the pushed data's prefix: read only
 STORAGE_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+# With the recovery function: the VM reads its own labels (the function's record of it) at boot, with
+# compute.instances.get granted on itself only (infra/recovery.py).
+COMPUTE_READ_SCOPE = "https://www.googleapis.com/auth/compute.readonly"
 
 
 def scopes(cfg: StackConfig) -> list[str]:
-    """The VM's OAuth scopes: logs and metrics, and Cloud Storage only with a bucket."""
-    return [*SERVICE_ACCOUNT_SCOPES, *([STORAGE_SCOPE] if cfg.bucket else [])]
+    """The VM's OAuth scopes: logs and metrics, Cloud Storage only with a bucket, Compute (read) only where
+    a recovery function keeps its record in the VM's labels."""
+    return [
+        *SERVICE_ACCOUNT_SCOPES,
+        *([STORAGE_SCOPE] if cfg.bucket else []),
+        *([COMPUTE_READ_SCOPE] if provisioning.recovered(cfg) else []),
+    ]
 
 
 SSH_ALLOW_PRIORITY = 900  # beats the default network's default-allow-ssh (65534) ...
@@ -67,9 +74,9 @@ def shutdown_grace_s(spot: bool) -> int:
 
 
 # Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
-# `up` and then pinned, so a newer image never replaces the VM; the recovery function's record of
-# preemptions and returns (metadata it sets itself) stays when an `up` sets the other metadata.
-INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image", f'metadata["{RECORD_KEY}"]')
+# `up` and then pinned, so a newer image never replaces the VM. (The recovery function's record is labels
+# of its own, gpu-train-rec-*: pulumi-gcp's `labels` manage only the keys the program declares.)
+INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image",)
 # The data disk's device name: the VM sees it as /dev/disk/by-id/google-gpu-train-data whatever
 # order disks attach in, so the startup script mounts it by this name.
 DATA_DEVICE_NAME = "gpu-train-data"

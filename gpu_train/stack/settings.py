@@ -102,7 +102,7 @@ class StackConfig:
         "bool",
         False,
         "Flex-start VM (Dynamic Workload Scheduler): A2, G2, A3, A4 "
-        "(G4 unverified); needs `maxRunHours` (10 min to 7 days); not with `spot`",
+        "(not G4, not A4X); needs `maxRunHours` (10 min to 7 days); not with `spot`",
         targets=GCP,
     )
     reservation: str | None = setting(
@@ -119,7 +119,9 @@ class StackConfig:
         "reservationBound",
         "bool",
         False,
-        "the reservation is a calendar-mode or future reservation's: the VM is `RESERVATION_BOUND` (ends with it)",
+        "the reservation is DENSE (calendar mode, future reservations: most A4 and A3 Ultra capacity): the VM is "
+        "`RESERVATION_BOUND` (restarts itself after maintenance, ends with the reservation; not with `maxRunHours`); "
+        "`scripts/preflight` refuses a DENSE one without it",
         targets=GCP,
     )
     provisioning_fallback: tuple[str, ...] = setting(
@@ -272,10 +274,10 @@ class StackConfig:
         "recoverHours",
         "number",
         24,
-        "spot (Flex-start, reservation-bound) stacks: a VM "
-        "preempted or stopped by a host error is started again by "
+        "spot and Flex-start stacks: a VM "
+        "preempted or stopped by a host error or host maintenance is started again by "
         "a function of the stack's own (scale to zero) for this many hours, then given up "
-        "(`0`: no recovery; at most 168); see docs/recovery.md",
+        "(`0`: no recovery; at most 24, the window Cloud Run functions retry an event in); see docs/recovery.md",
         targets=GCP,
     )
     notify: str | None = setting(

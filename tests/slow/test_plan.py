@@ -97,7 +97,7 @@ def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
             [
                 "8 x B200",
                 "in reservation my-b200-reservation",
-                "provisioningModel=STANDARD",
+                "provisioningModel=RESERVATION_BOUND",
                 "reservationAffinity: SPECIFIC_RESERVATION (compute.googleapis.com/reservation-name = my-b200-reservation)",
                 "reservation",
                 "the on-demand rate, unless a commitment covers it",

@@ -58,8 +58,10 @@ def test_every_example_stack_declares_the_vm(path: Path, public_key: Path) -> No
         }
     elif cfg.flex_start:  # (tests/unit/test_provisioning.py checks the whole of it)
         assert sched["provisioningModel"] == "FLEX_START" and sched["maxRunDuration"]["seconds"] > 0
-    else:
-        assert sched["automaticRestart"] is True and sched["provisioningModel"] == "STANDARD"
+    else:  # the B200 example's DENSE reservation: reservation-bound, back by itself after maintenance
+        assert sched["automaticRestart"] is True and sched["provisioningModel"] == (
+            "RESERVATION_BOUND" if cfg.reservation_bound else "STANDARD"
+        )
     init = i["bootDisk"]["initializeParams"]
     assert init["image"].endswith(f"/projects/deeplearning-platform-release/global/images/{cfg.image_family}-v20260416")
     assert (init["size"], init["type"]) == (cfg.boot_disk_size_gb, cfg.boot_disk_type)

@@ -85,7 +85,7 @@ def inst(status: str = "TERMINATED", label: str | None = "on", started: float | 
     if started:
         doc["lastStartTimestamp"] = rfc3339(started)
     if record is not None:
-        doc["metadata"]["items"].append({"key": recovery.RECORD_KEY, "value": json.dumps(record)})
+        doc["labels"].update(recovery.record_labels(record))
     return doc
 
 
@@ -174,7 +174,12 @@ def test_the_record_says_what_happened() -> None:
     assert recovery.describe(back, local=False).endswith(f"resumed {recovery.clock(T0 + 1020, False)}")
     later = Event("preempted", EV.project, EV.zone, EV.instance, T0 + 7200)
     new = recovery.updated_record(back, later, "coming back", T0 + 7300)
-    assert new["attempts"] == 0 and new["history"][-1]["resumedAt"] == T0 + 1020  # each preemption and return kept
+    assert new["attempts"] == 0 and "resumedAt" not in new  # a new event starts a new record
+    for one in (rec, back, new):  # labels keep it: what the function writes is what `status` and the host read
+        assert recovery.record_of({"labels": recovery.record_labels(one)}) == {k: v for k, v in one.items() if k != "updated"} | {
+            "updated": one["updated"]
+        }
+        assert all(len(v) <= 63 and set(v) <= set("abcdefghijklmnopqrstuvwxyz0123456789_-") for v in recovery.record_labels(one).values())
     assert recovery.give_up_reason(EV, T0 + 3 * 3600, 2, 40) == "not back after 3.0 h and 40 attempt(s) (gpu-train:recoverHours = 2)"
     assert recovery.give_up_reason(EV, T0 + 3600, 2, 4) is None
 
@@ -221,7 +226,9 @@ def google():
     hook.close()
 
 
-def vm(name: str, status: str = "TERMINATED", label: str = "on", started: float = T0 - 3600) -> dict:
+def vm(name: str, status: str = "TERMINATED", label: str = "on", started: float = T0 - 3600, local_ssd: bool = False) -> dict:
+    """An instance as instances.get gives it: the stack's VMs run as a service account of their own (so
+    setMetadata needs actAs on it, which the function lacks) and A2 Ultra, A3 and A4 bring Local SSD."""
     return {
         "kind": "compute#instance",
         "id": "77",
@@ -232,6 +239,10 @@ def vm(name: str, status: str = "TERMINATED", label: str = "on", started: float 
         "lastStartTimestamp": rfc3339(started),
         "lastStopTimestamp": rfc3339(T0 + 25),
         "metadata": {"kind": "compute#metadata", "fingerprint": "fp-0", "items": [{"key": "startup-script", "value": "#!/bin/bash"}]},
+        "labelFingerprint": "lf-0",
+        "serviceAccounts": [{"email": "gpu-train-s-vm@proj-1.iam.gserviceaccount.com", "scopes": []}],
+        "disks": [{"type": "PERSISTENT", "boot": True}] + [{"type": "SCRATCH", "interface": "NVME"}] * (16 if local_ssd else 0),
+        "networkInterfaces": [{"accessConfigs": [{"type": "ONE_TO_ONE_NAT", "natIP": "203.0.113.50"}]}],
     }
 
 
@@ -277,9 +288,10 @@ def test_a_preempted_vm_is_started_after_the_zone_had_no_capacity(google) -> Non
     rec = record(fake, "gpu-train-s")
     assert (rec["state"], rec["attempts"]) == ("resumed", 3)
     assert fake.state["instances"]["proj-1"][0]["status"] == "RUNNING"
-    # the other metadata is kept as it was
-    items = {i["key"] for i in fake.state["instances"]["proj-1"][0]["metadata"]["items"]}
-    assert items == {"startup-script", recovery.RECORD_KEY}
+    # the other labels are kept as they were, and the metadata is never touched
+    labels = fake.state["instances"]["proj-1"][0]["labels"]
+    assert {"gpu-train-stack", recovery.LABEL} <= set(labels) and all(len(v) <= 63 for v in labels.values())
+    assert [i["key"] for i in fake.state["instances"]["proj-1"][0]["metadata"]["items"]] == ["startup-script"]
     assert "gpu-train-s preempted at" in hook.wait_for("bringing it back") and hook.wait_for("back: gpu-train-s")
     assert len(hook.received) == 2  # preempted, back: not one per attempt
     # a second delivery of the same event changes nothing
@@ -356,7 +368,7 @@ def test_a_start_that_ended_after_the_functions_wait_is_announced_on_the_next_lo
     fake, hook = google
     rec = recovery.updated_record({}, EV, "coming back", T0 + 60, "the start is still in progress", attempt=True)
     doc = vm("gpu-train-s", status="RUNNING", started=T0 + 200)
-    doc["metadata"]["items"].append({"key": recovery.RECORD_KEY, "value": json.dumps(rec)})
+    doc["labels"].update(recovery.record_labels(rec))
     fake.state["instances"]["proj-1"] = [doc]
     assert recovery_call.recover(EV, conf(fake, hook, ["gpu-train-s"]), now=T0 + 400)[0] == DONE
     assert record(fake, "gpu-train-s")["state"] == "resumed"

@@ -15,6 +15,7 @@ from gpu_train import recovery
 from gpu_train.views import listing
 from remote.ssh import vmprobe
 from remote.tasks.render import run_table
+from tests.google_fake import TOKEN, FakeGoogle
 from tests.webhook import Webhook
 
 T0 = 1_790_000_000.0
@@ -25,14 +26,11 @@ def record(state: str, attempts: int = 0, why: str = "", **more) -> dict:
 
 
 def inst(rec: dict | None, status: str = "TERMINATED", name: str = "gpu-train-s") -> dict:
-    items = [{"key": "startup-script", "value": "#!"}]
-    if rec is not None:
-        items.append({"key": recovery.RECORD_KEY, "value": json.dumps(rec)})
     return {
         "name": name,
         "status": status,
         "lastStopTimestamp": "2026-09-21T07:13:45.000-07:00",
-        "metadata": {"fingerprint": "x", "items": items},
+        "labels": {"gpu-train-stack": "s", **(recovery.record_labels(rec) if rec is not None else {})},
     }
 
 
@@ -145,6 +143,15 @@ def booted(tmp_path: Path, monkeypatch):
 
     server = MetadataServer().start()
     (tmp_path / "agent.json").write_text(json.dumps({"gcp": True, "metadataUrl": server.url}))
+    google = FakeGoogle("127.0.37.2")  # the VM reads its own labels from the Compute API, with its own token
+    monkeypatch.setenv(recovery.COMPUTE_URL_ENV, google.url)
+    for path, value in (("project/project-id", "proj-1"), ("instance/zone", "projects/123/zones/us-central1-a"), ("instance/name", "n")):
+        server.set(path, value)
+    server.set("instance/service-accounts/default/token", json.dumps({"access_token": TOKEN, "expires_in": 3599}))
+    google.state["instances"]["proj-1"] = [
+        {"name": "n", "zone": "projects/proj-1/zones/us-central1-a", "status": "RUNNING", "labels": {"gpu-train-stack": "s"}}
+    ]
+    server.google = google
     started: list[str] = []
     monkeypatch.setattr(lifecycle, "start_wrapper", lambda root, run_id: started.append(run_id))
 
@@ -157,13 +164,14 @@ def booted(tmp_path: Path, monkeypatch):
 
     yield tmp_path, server, add, started
     server.stop()
+    google.close()
 
 
 def test_boot_relaunches_the_group_and_keeps_each_return(booted) -> None:
     from agent import lifecycle
 
     root, server, add, started = booted
-    server.set(f"instance/attributes/{recovery.RECORD_KEY}", json.dumps(record("coming back", 2, "starting")))
+    server.google.state["instances"]["proj-1"][0]["labels"].update(recovery.record_labels(record("coming back", 2, "starting")))
     add("part_20260921_141300", {"state": "failed", "exitCode": 1, "ended": T0 + 35, "resumes": 0}, nnodes=2)
     add("solo_20260921_141300", {"state": "failed", "exitCode": 1, "ended": T0 + 35}, nnodes=None)
     add("late_20260921_141300", {"state": "failed", "exitCode": 1, "ended": T0 + 5000}, nnodes=2)

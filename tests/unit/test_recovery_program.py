@@ -74,20 +74,28 @@ def test_a_spot_stack_gets_its_way_back_with_the_least_privilege(public_key: Pat
     publish = one(result, "pubsub/topicIAMMember:TopicIAMMember")
     assert publish["role"] == "roles/pubsub.publisher"
     assert publish["member"].startswith("serviceAccount:service-") and "gcp-sa-logging" in publish["member"]
-    # what the function's account may do: start (get, stop, setMetadata) these instances, read operations
+    # what the function's account may do: start (get, stop, setLabels: no actAs, no metadata) these instances, read operations
     roles = {r.inputs["roleId"]: r.inputs for r in result.of_type("IAMCustomRole")}
     start_role = roles[recovery.role_id("s", "recover", unique)]
     assert (
         sorted(start_role["permissions"])
         == sorted(recovery.INSTANCE_PERMISSIONS)
-        == ["compute.instances.get", "compute.instances.setMetadata", "compute.instances.start", "compute.instances.stop"]
+        == ["compute.instances.get", "compute.instances.setLabels", "compute.instances.start", "compute.instances.stop"]
     )
     assert roles[recovery.role_id("s", "operations", unique)]["permissions"] == ["compute.zoneOperations.get"]
-    on_instances = [g.inputs for g in result.of_type("compute/instanceIAMMember:InstanceIAMMember")]
+    on_instances = [g.inputs for g in result.of_type("compute/instanceIAMMember:InstanceIAMMember") if g.inputs["member"] == member]
     assert sorted(g["instanceName"] for g in on_instances) == names
     assert {(g["role"], g["member"], g["zone"]) for g in on_instances} == {
         (f"projects/proj-1/roles/{recovery.role_id('s', 'recover', unique)}", member, "us-central1-a")
     }
+    # each VM may read itself (the record is its labels, which the metadata server does not show), nothing more
+    vm_sa = next(a.inputs for a in result.of_type("serviceaccount/account:Account") if a.name == "gpu-sa")
+    vm_member = f"serviceAccount:{vm_sa['accountId']}@proj-1.iam.gserviceaccount.com"
+    itself = [g.inputs for g in result.of_type("compute/instanceIAMMember:InstanceIAMMember") if g.inputs["member"] == vm_member]
+    assert sorted(g["instanceName"] for g in itself) == names
+    assert roles[recovery.role_id("s", "self", unique)]["permissions"] == ["compute.instances.get"]
+    scopes = {s for i in result.of_type("compute/instance:Instance") for s in i.inputs["serviceAccount"]["scopes"]}
+    assert "https://www.googleapis.com/auth/compute.readonly" in scopes
     project_grants = [g.inputs for g in result.of_type("projects/iAMMember:IAMMember") if g.inputs["member"] == member]
     assert [g["role"] for g in project_grants] == [f"projects/proj-1/roles/{recovery.role_id('s', 'operations', unique)}"]
     invoker = one(result, "cloudrunv2/serviceIamMember:ServiceIamMember")

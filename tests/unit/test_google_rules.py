@@ -1,0 +1,136 @@
+"""The rules only Google's cloud would enforce, enforced by the fake the way Google documents them, and the
+code meeting each: the recovery's record, its Local SSD group stop, its 24 h retry window, host
+maintenance (DENSE reservations: tests/unit/test_reservations.py). Each test here failed against the code before issue 37."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agent import recovery_call
+from gpu_train import recovery
+from gpu_train.catalog.loader import load_catalog
+from infra import recovery as recovery_program
+from tests.google_discovery import schema_fields
+from tests.google_fake import FakeGoogle, Trigger
+from tests.unit.test_recovery import cloud_event, conf, entry, record, vm
+from tests.webhook import Webhook
+
+CATALOG = load_catalog()
+
+
+@pytest.fixture
+def google():
+    fake = FakeGoogle("127.0.37.1")
+    hook = Webhook()
+    yield fake, hook
+    fake.close()
+    hook.close()
+
+
+def wait_for(check, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, "not in time"
+        time.sleep(0.02)
+
+
+# -- the recovery function --------------------------------------------------------------------------------
+def test_the_record_is_written_where_the_function_may_write_it(google) -> None:
+    """setMetadata on a VM that runs as a service account needs actAs on that account, which the function's
+    identity lacks: the fake answers Google's 403, and the record (labels) must still be there."""
+    fake, hook = google
+    fake.state["instances"]["proj-1"] = [vm("gpu-train-s")]
+    fake.state["start_answers"]["gpu-train-s"] = ["capacity"]
+    c = conf(fake, hook, ["gpu-train-s"])
+    with pytest.raises(recovery_call.Retry):
+        recovery_call.on_event_with(cloud_event(entry(stamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60)))), c)
+    assert record(fake, "gpu-train-s")["state"] == "coming back"
+    assert not [r for r in fake.state["requests"] if r[1].endswith("/setMetadata")]
+
+
+def test_a_refused_record_write_is_retried_not_taken_for_done(google) -> None:
+    fake, hook = google
+    fake.state["instances"]["proj-1"] = [vm("gpu-train-s")]
+    fake.state["instances"]["proj-1"][0]["serviceAccounts"] = []  # (setMetadata would pass: the label write is the one refused)
+    fake.state["refuse_labels"] = True
+    ev = recovery.Event("preempted", "proj-1", "us-central1-a", "gpu-train-s", time.time() - 60)
+    with pytest.raises(recovery_call.Retry, match="setLabels gpu-train-s: 403"):
+        recovery_call.recover(ev, conf(fake, hook, ["gpu-train-s"]))
+    assert not [c for c in fake.state["calls"] if c[1].endswith("/start")]  # nothing started on a record not kept
+
+
+def test_the_group_stop_of_a_local_ssd_node_discards_it_and_checks_the_answer(google) -> None:
+    fake, hook = google
+    nodes = ["gpu-train-s-0", "gpu-train-s-1"]
+    fake.state["instances"]["proj-1"] = [vm(nodes[0], status="RUNNING", local_ssd=True), vm(nodes[1], local_ssd=True)]
+    c = conf(fake, hook, nodes)
+    ev = recovery.Event("preempted", "proj-1", "us-central1-a", nodes[1], time.time() - 30)
+    assert recovery_call.recover(ev, c)[0] == recovery.RETRY
+    wait_for(lambda: fake.state["instances"]["proj-1"][0]["status"] == "TERMINATED")
+    assert fake.state["instances"]["proj-1"][0]["localSsdDiscarded"]
+    stop = next(r for r in fake.state["requests"] if r[1].endswith("/stop"))
+    assert stop[2] == {"discardLocalSsd": ["true"]} and stop[4] == []
+
+
+def test_a_refused_group_stop_is_retried(google) -> None:
+    fake, hook = google
+    nodes = ["gpu-train-s-0", "gpu-train-s-1"]
+    fake.state["instances"]["proj-1"] = [vm(nodes[0], status="RUNNING", local_ssd=True), vm(nodes[1], local_ssd=True)]
+    del fake.state["instances"]["proj-1"][0]["disks"][1:]  # the API's view and the function's disagree: a 400 ...
+    fake.state["instances"]["proj-1"][0]["disks"].append({"type": "SCRATCH"})
+    ev = recovery.Event("preempted", "proj-1", "us-central1-a", nodes[1], time.time() - 30)
+
+    class Blind(recovery_call.Compute):  # ... as when the function reads a document without the disks
+        def get(self, name):
+            doc = super().get(name)
+            return doc and {k: v for k, v in doc.items() if k != "disks"}
+
+    api = Blind("proj-1", "us-central1-a", fake.url, fake.url + "/computeMetadata/v1/")
+    with pytest.raises(recovery_call.Retry, match=r"instances.stop gpu-train-s-0: 400 VM has a Local SSD attached"):
+        recovery_call.recover(ev, conf(fake, hook, nodes), api=api)
+
+
+def test_it_gives_up_and_says_so_within_the_triggers_24_hours(google) -> None:
+    """The trigger retries for 24 h, not 7 days: with recoverHours 24 the function must give up (record it,
+    tell the webhook) while deliveries still come, or the VM's record says "coming back" for ever."""
+    fake, hook = google
+    fake.state["instances"]["proj-1"] = [vm("gpu-train-s")]
+    fake.state["start_answers"]["gpu-train-s"] = ["capacity"] * 1000
+    fake.state["capacity_delay_s"] = 0
+    c = {**conf(fake, hook, ["gpu-train-s"], hours=24), "opPollS": 0.005}
+    published = time.time()
+    data = cloud_event(entry(stamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(published))))
+    trigger = Trigger(lambda d, now: recovery_call.on_event_with(d, c, now))
+    assert trigger.publish(data, published)  # the last delivery is the function's "done": it gave up
+    last, outcome = trigger.deliveries[-1]
+    assert outcome == "ok" and last < Trigger.WINDOW_S
+    rec = record(fake, "gpu-train-s")
+    assert rec["state"] == "gave up" and "24 h retry window" in recovery.describe(rec), rec
+    assert "gave up" in hook.wait_for("retry window")
+
+
+def test_a_bound_past_the_window_is_refused() -> None:
+    from gpu_train.gcp.validate import check
+    from gpu_train.stack.config import ConfigError
+    from tests.conftest import gcp_raw
+
+    with pytest.raises(ConfigError, match="recoverHours"):
+        check(gcp_raw(spot=True, recoverHours=48), "s", CATALOG)
+
+
+@pytest.mark.parametrize(
+    ("settings", "events"),
+    [
+        ({"spot": True}, set(recovery.EVENTS)),
+        ({"flexStart": True, "maxRunHours": 8, "machineType": "a3-highgpu-8g", "gpuType": None, "gpuCount": None}, set(recovery.EVENTS)),
+    ],
+)
+def test_host_maintenance_is_an_event_where_the_vm_will_not_restart_itself(settings: dict, events: set) -> None:
+    text = recovery_program.log_filter("proj-1", "us-central1-a", ["gpu-train-s"])
+    assert "compute.instances.terminateOnHostMaintenance" in text and all(e in text for e in events)
+    # the filter's fields are LogEntry's (logging.v2's discovery document)
+    assert {"logName", "protoPayload"} <= schema_fields("logging.v2", "LogEntry")
+    ev = recovery.event_of(entry(method="compute.instances.terminateOnHostMaintenance"))
+    assert ev is not None and ev.kind == "host maintenance"
