@@ -31,24 +31,17 @@ CORE = HERE.parent / "gpu_train"
 CONTRACT = CORE / "contract.py"  # the laptop<->host contract, shipped as gpu_train.contract
 # The core's modules the agent imports, carried as gpu_train.NAME (standard library only, Python 3.8+): the
 # contract and its codec, the recovery's decisions (the booted agent reads its record), the fetch stream's framing,
-# a file's CRC32C.
-CARRIED = ("contract.py", "codec.py", "containerspec.py", "recovery.py", "fetchwire.py", "checksum.py")
+# a file's CRC32C, and the one way a file is replaced (atomic).
+CARRIED = ("contract.py", "codec.py", "containerspec.py", "recovery.py", "fetchwire.py", "checksum.py", "atomic.py")
 # Not in the zipapp: the laptop's builder; the recovery function's Compute layer (infra/recovery.py ships it to
 # Cloud Run with gpu_train/recovery.py, no host imports it); serve.py (sent as a script of its own by
 # `tensorboard`/`jupyter`). The zipapp travels inline on every call's command line, whose one argument Linux
 # caps at 128 KiB.
 # guard.py goes: the installed agent checks its root on every run.
-LAPTOP_ONLY = {"bundle.py", "recovery_call.py", "serve.py"}
+LAPTOP_ONLY = {"bundle.py", "bootstrap.py", "recovery_call.py", "serve.py"}
 MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
-# Runs under `python3 -I -S -c BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...` (PACKED: ``pack``; -I: nothing
-# from the login folder or PYTHON* variables is imported): first checks that ROOT is the login user's
-# alone (guard.py, inline: nothing is written before), then keeps the zipapp at ROOT/bin/gpu-train-agent
-# (written atomically, only when it changed) and runs it in this process, importing it from a folder
-# unpacked beside it once per version (UNPACKED): Python compiles a zip's modules anew on every run, a
-# folder's once (about 10 ms less a call). Each use touches the folder; another version's goes when
-# unused for a day (a call of that version may still be importing from it), a half-made one after an
-# hour; a disk too full to unpack runs the zipapp itself. The wrapper, cron and systemd run the zipapp.
+# BOOTSTRAP (below) runs first on every call: agent/bootstrap.py says how.
 
 
 def lean(source: bytes) -> bytes:
@@ -95,47 +88,24 @@ def cached(name: str, inputs: list[bytes], make: Callable[[], str]) -> str:
 
 _GUARD_SOURCE = (HERE / "guard.py").read_bytes()
 GUARD = cached("guard", [_GUARD_SOURCE], lambda: lean(_GUARD_SOURCE).decode())
-BOOTSTRAP = (
-    GUARD
-    + f"""
-import base64,json,sys,zlib
-try:
-    r=secure_root(sys.argv[3])
-except (UnsafeRoot,OSError) as e:
-    print(json.dumps({{'error':str(e)}}),file=sys.stderr if sys.argv[4:5]==['logs'] else sys.stdout);sys.exit(2)
-z=zlib.decompress(base64.b64decode(sys.argv.pop(1)))
-p=os.path.join(r,'bin','gpu-train-agent')
-try:
-    f=open(p,'rb');o=f.read();f.close()
-except OSError:
-    o=b''
-if o!=z:
-    os.makedirs(os.path.dirname(p),exist_ok=True);t=p+'.tmp.%d'%os.getpid()
-    with os.fdopen(os.open(t,os.O_WRONLY|os.O_CREAT|os.O_EXCL|os.O_NOFOLLOW,0o700),'wb') as f:f.write(z)
-    os.replace(t,p)
-d=os.path.join(r,'bin','{UNPACKED}%08x-%d'%(zlib.crc32(z),len(z)))
-try:
-    if os.path.isdir(d):
-        os.utime(d)
-    else:
-        import io,shutil,time,zipfile
-        t=d+'.tmp.%d'%os.getpid()
-        zipfile.ZipFile(io.BytesIO(z)).extractall(t)
-        try:
-            os.rename(t,d)
-        except OSError:
-            shutil.rmtree(t,ignore_errors=True)
-        for n in os.listdir(os.path.dirname(d)):
-            q=os.path.join(r,'bin',n)
-            if n.startswith('{UNPACKED}') and q!=d and time.time()-os.lstat(q).st_mtime>(3600 if '.tmp.' in n else 86400):
-                shutil.rmtree(q,ignore_errors=True)
-    sys.argv[0]=p;sys.path.insert(0,d)
-except OSError:
-    sys.argv[0]=p;sys.path.insert(0,p)
-from {PACKAGE}.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-)
+_BOOTSTRAP_SOURCE = (HERE / "bootstrap.py").read_bytes()
+# bootstrap.py's two imports that cannot run on a host yet, and what the text sent says instead.
+INLINED = {
+    "from agent.guard import UnsafeRoot, secure_root\n": "\n",  # guard.py's source runs just before it
+    "from gpu_train.contract import UNPACKED\n": f"UNPACKED = {UNPACKED!r}\n",
+}
+
+
+def _bootstrap_text() -> str:
+    text = lean(_BOOTSTRAP_SOURCE).decode()
+    for line, instead in INLINED.items():
+        if text.count(line) != 1:
+            raise AssertionError(f"agent/bootstrap.py: expected the line {line.strip()!r} once (bundle.INLINED)")
+        text = text.replace(line, instead)
+    return text
+
+
+BOOTSTRAP = GUARD + cached("bootstrap", [_BOOTSTRAP_SOURCE, UNPACKED.encode()], _bootstrap_text)
 
 
 def build(sources: dict[str, bytes], contract: bytes | None = None) -> bytes:

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 
+from gpu_train.atomic import atomic_write
 from gpu_train.contract import ARRIVED, AUTHORIZED_KEYS_ENV, RELAYED, RUN_ID_PATTERN, STACK_NAME_PATTERN, go_marker
 
 from .store import AgentError
@@ -102,12 +103,7 @@ def _rewrite_keys(path: str, change) -> tuple[str, str]:
             old, mode = "", 0o600
         new = change(old)
         if new != old:
-            tmp = f"{real}.gpu-train.{os.getpid()}"
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o600 or 0o600), "wb") as f:
-                f.write(new.encode("utf-8", "surrogateescape"))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, real)
+            atomic_write(real, new, mode & 0o600 or 0o600, keep_mode=False)
         return old, new
 
 

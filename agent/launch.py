@@ -160,6 +160,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
         if not os.path.isdir(staging):
             os.rmdir(run_dir)
             raise AgentError(f"the code for {run_id} did not arrive (no {staging}): run {cli_name()} train again")
+        outputs.unshare(staging)  # no inode shared with an earlier run's working directory
         os.replace(staging, os.path.join(run_dir, "code"))
         outputs.record_sent(run_dir)  # what was sent, so that what the job writes beside it is its output
         os.makedirs(os.path.join(run_dir, "job"), exist_ok=True)

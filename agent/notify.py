@@ -10,33 +10,62 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import threading
 import urllib.parse
 import urllib.request
 
+from gpu_train.atomic import atomic_write
+
 NOTIFY_FILE = "notify.url"  # REMOTE_ROOT/notify.url on a host: the webhook, 0600, the login user's
 TIMEOUT_S = 10
 
 
+MENTIONS = re.compile(r"@(?=(channel|here|everyone)\b)", re.IGNORECASE)
+
+
+def unmentioned(text: str) -> str:
+    """``text`` with its @channel, @here, @everyone made plain text (a zero-width space after the @): a job's
+    last line (anything it printed) must not page a whole channel."""
+    return MENTIONS.sub("@\u200b", text)
+
+
 def request_for(url: str, text: str) -> urllib.request.Request:
-    """The POST the webhook at ``url`` expects for ``text``."""
+    """The POST the webhook at ``url`` expects for ``text``, with no way for the text to mention anyone:
+    Slack's control characters escaped (``<!channel>``, ``<@U123>`` are links only when ``<`` is), Discord
+    told to parse no mention (``allowed_mentions``), and @channel/@here/@everyone written out everywhere."""
     host = urllib.parse.urlsplit(url).hostname or ""
+    text = unmentioned(text)
     if host == "hooks.slack.com":
-        body, kind = json.dumps({"text": text}).encode(), "application/json"
+        slack = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")  # Slack's own escaping
+        body, kind = json.dumps({"text": slack}).encode(), "application/json"
     elif host in ("discord.com", "discordapp.com") or host.endswith(".discord.com"):
-        body, kind = json.dumps({"content": text[:2000]}).encode(), "application/json"  # Discord's limit
+        doc = {"content": text[:2000], "allowed_mentions": {"parse": []}}  # Discord's limit; no pings
+        body, kind = json.dumps(doc).encode(), "application/json"
     else:  # ntfy.sh and its kin: the message is the body
         body, kind = text.encode(), "text/plain; charset=utf-8"
     return urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": kind, "User-Agent": "gpu-train"})
 
 
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer, not a place to go: urllib would follow it as a GET (a POST turned into a
+    request to any address the answer names, an internal one too)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(NoRedirect)
+
+
 def send(url: str | None, text: str, timeout: float = TIMEOUT_S) -> bool:
-    """POST ``text``; True when the webhook took it. Never raises, never names the URL."""
+    """POST ``text``; True when the webhook took it (2xx; a redirect is not followed). Never raises, never
+    names the URL."""
     if not url:
         return False
     try:
-        with urllib.request.urlopen(request_for(url, text), timeout=timeout) as r:
+        with _OPENER.open(request_for(url, text), timeout=timeout) as r:
             return 200 <= r.status < 300
     except Exception:  # a notification must never fail its sender
         return False
@@ -72,11 +101,7 @@ def write_url(root: str, url: str | None) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
         return
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(url.strip() + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, url.strip() + "\n", 0o600, keep_mode=False)
 
 
 def run_end_text(run_id: str, state: str, exit_code: int | None, duration_s: float | None, last_line: str, host: str = "") -> str:

@@ -15,6 +15,7 @@ A run launched before the record existed counts what changed after it was create
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 
 from gpu_train.contract import UNREADABLE
@@ -47,6 +48,25 @@ def record_sent(run_dir: str) -> None:
             else:
                 sent[prefix + name] = identity(st)
     write_json(os.path.join(run_dir, SENT), {"files": sent, "dirs": folders})
+
+
+def unshare(tree: str) -> int:
+    """Give each regular file under ``tree`` that shares its inode with another (rsync's --link-dest, a
+    reused run's hard links: the earlier runs' working directories) an inode of its own: copied beside it
+    (mode and times kept), renamed over it. A job that rewrites a code file in place then rewrites its own
+    run's copy only, never an earlier run's. The files copied."""
+    copied = 0
+    for folder, _, names in os.walk(tree):
+        for name in names:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
+                continue
+            tmp = f"{path}.gpu-train-unshare"
+            shutil.copy2(path, tmp, follow_symlinks=False)
+            os.replace(tmp, path)
+            copied += 1
+    return copied
 
 
 def stage_sent(run_dir: str, staging: str) -> bool:

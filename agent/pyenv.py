@@ -194,7 +194,6 @@ def install_argv(source: str, python: str, uv: str | None, code_dir: str, scratc
                 uv,
                 "export",
                 "--frozen",
-                "--no-hashes",
                 "--no-emit-project",
                 "--quiet",
                 "--format",

@@ -25,6 +25,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from gpu_train.atomic import atomic_write
 from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, AgentSettings, JobSpec, RunRecord, cli_name
 
 
@@ -37,15 +38,8 @@ def now() -> float:
 
 
 def write_json(path: str, doc: dict) -> None:
-    """Atomically: a reader sees the old or the new document, never half of one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # a leftover of a killed process with our pid
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Atomically (gpu_train/atomic.py): a reader sees the old or the new document, never half of one."""
+    atomic_write(path, json.dumps(doc, indent=1, sort_keys=True), 0o600, keep_mode=False)
 
 
 def read_json(path: str) -> dict | None:

@@ -12,6 +12,7 @@ away again. A GCP VM's new address after a restart simply rewrites its alias.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from gpu_train.atomic import atomic_write
 from gpu_train.environment import Environment
-from gpu_train.stack.project import command_name
+from gpu_train.stack.project import command_name, project_name
 
 MARK = "# gpu-train: ssh aliases (`gpu-train ssh-config --remove` undoes this)"
 CHOICE_ENV = "GPU_TRAIN_SSH_CONFIG"  # include | no: answer the question without asking (Environment.ssh_config)
@@ -54,15 +55,24 @@ def _quote(value: str) -> str:
     return value
 
 
-def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_hosts: str, proxies: list[str] | None = None) -> str:
+def entry(
+    stack: str,
+    hosts: list[tuple[str, str, int]],
+    key_file: str,
+    known_hosts: str,
+    proxies: list[str] | None = None,
+    name: str | None = None,
+    project: Path | None = None,
+) -> str:
     """The Host blocks for one stack: node 0 as ``gpu-train-STACK``, node N as ``gpu-train-STACK-N``.
 
     Without ``key_file`` (keys from ssh-agent and the user's ssh_config) no IdentityFile is
     pinned; ``proxies`` gives each host's ProxyCommand (its jump hosts), or "" for none.
     """
-    blocks = [f"# written by gpu-train for stack {stack}"]
+    name = name or f"gpu-train-{stack}"
+    blocks = [f"# written by gpu-train for stack {stack}"] + ([f"{OWNER}{json.dumps(str(project))}"] if project else [])
     for i, (user, host, port) in enumerate(hosts):
-        names = [f"gpu-train-{stack}"] if i == 0 else [f"gpu-train-{stack}-{i}"]
+        names = [name] if i == 0 else [f"{name}-{i}"]
         keys = f"  IdentityFile {_quote(key_file)}\n  IdentitiesOnly yes\n" if key_file else ""
         proxy = f"  ProxyCommand {proxies[i]}\n" if proxies and proxies[i] else ""
         blocks.append(
@@ -73,24 +83,56 @@ def entry(stack: str, hosts: list[tuple[str, str, int]], key_file: str, known_ho
     return "\n".join(blocks) + "\n"
 
 
-def write_alias(target, home: Path) -> tuple[str, bool]:
-    """Write (or refresh) the stack's alias file; (alias, whether it is new)."""
-    path = alias_dir(home) / f"gpu-train-{target.stack}.conf"
+OWNER = "# project: "  # the alias file's second line: whose project's stack it is (a JSON string)
+
+
+def owner(path: Path) -> str | None:
+    """The project an alias file was written for; "" for a file of an older gpu-train (no owner said);
+    None when there is no file."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[:2]
+    except OSError:
+        return None
+    with contextlib.suppress(ValueError, IndexError):
+        if lines[1].startswith(OWNER):
+            return str(json.loads(lines[1][len(OWNER) :]))
+    return ""
+
+
+def alias_for(stack: str, project: Path, home: Path) -> str:
+    """The alias of ``project``'s stack: ``gpu-train-STACK`` unless another project's stack of that name has it
+    (a cloned project's `lab` must not take over yours), then ``gpu-train-STACK.PROJECT`` (and a hash of its
+    path when that is taken too). A file of an older gpu-train, which says no owner, is adopted."""
+    from gpu_train.stack.project import state_folder
+
+    base = f"gpu-train-{stack}"
+    for name in (base, f"{base}.{project_name(project)}", f"{base}.{state_folder(Path(), project).name}"):
+        if owner(alias_dir(home) / f"{name}.conf") in (None, "", str(project)):
+            return name
+    raise ValueError(f"the ssh aliases for stack {stack} are other projects' (in {alias_dir(home)})")
+
+
+def write_alias(target, home: Path, project: Path) -> tuple[str, bool]:
+    """Write (or refresh) the stack's alias file for ``project``; (alias, whether it is new)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", target.stack):
         raise ValueError(f"stack name {target.stack!r} cannot be an ssh host alias")
     from remote.ssh.connect import proxy_command
 
+    name = alias_for(target.stack, project, home)
+    path = alias_dir(home) / f"{name}.conf"
     text = entry(
         target.stack,
         [(h.user, h.host, h.port) for h in target.hosts],
         target.key_file,
         str(target.known_hosts),
         [proxy_command(target, h) for h in target.hosts],
+        name,
+        project,
     )
     new = not path.is_file()
     if new or path.read_text() != text:
         atomic_write(path, text)
-    return f"gpu-train-{target.stack}", new
+    return name, new
 
 
 def included(home: Path) -> bool:
@@ -193,16 +235,24 @@ def terminal_ask(env: Environment) -> Callable[[str], str] | None:
 
 
 def at_first_contact(
-    target, home: Path, say: Callable[[str], None], ask: Callable[[str], str] | None = None, setting: bool | None = None
+    target,
+    home: Path,
+    say: Callable[[str], None],
+    ask: Callable[[str], str] | None = None,
+    setting: bool | None = None,
+    project: Path | None = None,
 ) -> str:
     """Write or refresh the alias after a task reached the stack; the first time, say so (and ask once).
 
     Never fails the task: a problem with the alias is said, and the task goes on."""
     try:
-        alias, new = write_alias(target, home)
+        alias, new = write_alias(target, home, project or Path.cwd())
     except (OSError, ValueError) as e:
         say(f"ssh alias not written: {e}")
         return ""
+    if new and alias != f"gpu-train-{target.stack}":
+        theirs = owner(alias_dir(home) / f"gpu-train-{target.stack}.conf")
+        say(f"ssh alias gpu-train-{target.stack} is another project's ({theirs}): this project's stack {target.stack} is {alias}")
     if new:
         say(f"ssh alias: ssh {alias}, also for rsync, scp and editors' remote-SSH (written to {alias_dir(home) / (alias + '.conf')})")
         if not included(home) and decide_include(home, ask, say, setting):

@@ -36,7 +36,9 @@ def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str
     place = parse_bucket(target.bucket)
     try:
         gcs = bucketfetch.client()
-        runs = bucketfetch.runs_in(gcs, place, target.stack)
+        runs, odd = bucketfetch.runs_in(gcs, place, target.stack)
+        if odd:
+            say(f"not run ids, left alone: {', '.join(repr(n[:80]) for n in odd[:5])} in {place.url(target.stack + '/')}")
         if run:
             runs = [r for r in runs if r == run] or [r for r in runs if r.startswith(f"{run}_")][-1:]
         elif not all_:

@@ -143,6 +143,7 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
     specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, opts.port, ps)
     specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(opts.nproc))
     specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))
+    specs = notifying_node0(specs)
     # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and
     # passes it on, the nodes go on their own word; those that started are stopped, as below.)
     cancel = threading.Event()
@@ -193,6 +194,12 @@ def _plan_code(environment: Environment, cluster: Target, code_dir: Path, scratc
     if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, ignores.IGNORE_FILE, CLI):
         say(heavy)
     return plan, unchanged, pushed
+
+
+def notifying_node0(specs: list) -> list:
+    """The webhook (a secret) in node 0's spec only: node 0 announces the run, and the other nodes' hosts
+    (and whoever controls one) never hold the URL."""
+    return [s if i == 0 else dataclasses.replace(s, notify=None) for i, s in enumerate(specs)]
 
 
 def notify_url(stack: str, setting: str | None) -> str | None:

@@ -1,38 +1,44 @@
 """Optional positional arguments for invoke tasks (``gpus [NAME]``), which invoke itself lacks.
 
-Invoke treats every positional argument as required: its parser eats the next token for a
-positional that has no value yet, and when the task's arguments end it fails if one is still
-missing. An argument named in a task's ``optional_positional`` keeps the first behaviour
-(``gpus T4`` takes T4) and skips the second (``gpus`` alone runs with the argument's default).
-Both questions go through ``ParserContext.missing_positional_args``, so the property answers by who
-asks; the task collection is copied by invoke's loader (``Collection.from_module``), which keeps
-the task objects but not a Collection subclass, hence the property on ParserContext itself.
+Invoke treats every positional argument as required: its parser eats the next token for a positional
+that has no value yet, and when a task's arguments end (``ParseMachine.complete_context``, the state
+machine behind ``Parser.parse_argv``) it fails if one is still missing. An argument named in a task's
+``optional_positional`` keeps the first behaviour (``gpus T4`` takes T4) and skips the second (``gpus``
+alone runs with the argument's default): at the end of the task's arguments, a marked argument still
+without a value stops being a required positional of that parsed context (a copy the parser made for
+this command line).
+
+That end is one public method of Invoke's parser, wrapped here once for the process, so `fab`
+(Fabric's own program, which the tests and the clone use) and `gpu-train` parse alike. It relies on
+Invoke 2.2's ``ParseMachine.complete_context``, ``ParserContext.missing_positional_args`` and
+``ParserContext.positional_args``; tests/unit/test_optional.py pins them and fails when one moves.
 """
 
 from __future__ import annotations
 
-import sys
+from typing import Any
 
-from invoke.parser import ParserContext
+from invoke.parser.parser import ParseMachine
 
-_required = ParserContext.missing_positional_args
-
-
-def _missing_positional_args(self: ParserContext):
-    missing = _required.fget(self)  # type: ignore[attr-defined]
-    if sys._getframe(1).f_code.co_name == "complete_context":  # the end of the task's arguments
-        return [a for a in missing if not getattr(a, "optional_positional", False)]
-    return missing
+_complete_context = ParseMachine.complete_context
 
 
-ParserContext.missing_positional_args = property(_missing_positional_args)  # type: ignore[method-assign,assignment]
+def _complete_context_with_optionals(self: ParseMachine) -> None:
+    context = self.context
+    if context is not None:
+        for argument in [a for a in context.missing_positional_args if getattr(a, "optional_positional", False)]:
+            context.positional_args.remove(argument)  # given no value: the task gets the default
+    _complete_context(self)
 
 
-def optional_positional(task, *names: str):
+ParseMachine.complete_context = _complete_context_with_optionals  # type: ignore[method-assign]
+
+
+def optional_positional(task: Any, *names: str) -> Any:
     """Mark ``names`` of ``task`` (an invoke Task) as optional positionals; returns the task."""
     get_arguments = task.get_arguments
 
-    def with_optional(*args, **kwargs):
+    def with_optional(*args: Any, **kwargs: Any) -> Any:
         arguments = get_arguments(*args, **kwargs)
         for a in arguments:
             if a.name in names:

@@ -148,7 +148,7 @@ def ssh_config(c, remove=False, stack=None):
         print("\n".join(done) if done else "nothing to remove")
         return
     session = Session(env, stack)
-    alias, _ = sshalias.write_alias(session.target, home)
+    alias, _ = sshalias.write_alias(session.target, home, env.project_root)
     try:
         conf = sshalias.add_include(home)
     except OSError as e:

@@ -190,7 +190,9 @@ class Session:
         """``ssh gpu-train-STACK`` from the first contact on (written once, refreshed when the address changes)."""
         from remote.ssh import alias as sshalias
 
-        sshalias.at_first_contact(self._cluster, sshalias.own_home(self.env), say, sshalias.terminal_ask(self.env), self.env.ssh_config)
+        sshalias.at_first_contact(
+            self._cluster, sshalias.own_home(self.env), say, sshalias.terminal_ask(self.env), self.env.ssh_config, self.env.project_root
+        )
 
     def reconnect(self):
         if self.conn is not None:

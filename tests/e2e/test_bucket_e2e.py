@@ -85,7 +85,8 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     assert "6 file(s)" in got.stderr, got.stderr
     assert {p.relative_to(home).as_posix(): p.read_bytes() for p in home.rglob("*") if p.is_file()} == host_files
 
-    (home / "ckpt-2.pt").write_bytes(b"damaged")  # a local copy that differs is replaced; the rest stays
+    (home / "ckpt-2.pt").write_bytes(b"damaged")  # a local copy that differs, older than the bucket's, is replaced
+    os.utime(home / "ckpt-2.pt", (time.time() - 3600, time.time() - 3600))  # (one newer than it is kept, as the host fetch keeps it)
     # And now the host cannot be reached at all: the stack names a port nothing listens on (stopping the
     # lab's sshd would leave the connections it already serves, and the tasks' shared ones, up).
     from remote.loopback import free_port
@@ -97,6 +98,7 @@ def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_h
     assert "cannot be reached: fetching from the bucket" in got.stderr and "1 file(s)" in got.stderr
     assert "5 unchanged" in got.stderr
     assert (home / "ckpt-2.pt").read_bytes() == host_files["ckpt-2.pt"]
+    assert (home / ".previous" / "ckpt-2.pt").read_bytes() == b"damaged"  # the replaced copy kept
     assert not list(home.parent.glob(".*partial*"))
 
 

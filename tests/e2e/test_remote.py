@@ -98,7 +98,9 @@ def test_sync_honours_ignores_and_links_unchanged_files(lab: Lab) -> None:
     run2 = lab.train("--dir", str(code), "--script", "train.py")
     lab.wait(run2)
     a, b = remote_code / "train.py", lab.remote / "runs" / run2 / "code" / "train.py"
-    assert a.stat().st_ino == b.stat().st_ino  # unchanged: hard-linked from the last run, not copied
+    # unchanged: not sent again (the last run's, through --link-dest), yet an inode of its own: a job that
+    # rewrites its code in place must not rewrite an earlier run's
+    assert a.stat().st_ino != b.stat().st_ino and a.stat().st_mtime_ns == b.stat().st_mtime_ns and a.read_bytes() == b.read_bytes()
 
 
 def test_outside_git_rsync_reads_gitignore(lab: Lab) -> None:

@@ -27,6 +27,7 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
         == [
             "__main__.py",
             "gpu_train/__init__.py",
+            "gpu_train/atomic.py",
             "gpu_train/checksum.py",
             "gpu_train/codec.py",
             "gpu_train/containerspec.py",
@@ -169,3 +170,15 @@ def test_the_zipapp_imports_nothing_it_does_not_carry() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 assert node.module not in left_out, f"{name}.py imports .{node.module}, which the zipapp leaves out"
+
+
+def test_the_bootstrap_is_a_module_sent_with_its_imports_inlined() -> None:
+    """agent/bootstrap.py is real code (linted, typed); what travels is its lean text with the two imports
+    that cannot run on a host yet replaced by their values, after guard.py's source."""
+    from agent import bootstrap
+
+    assert bootstrap.PACKAGE == bundle.PACKAGE
+    sent = bundle.BOOTSTRAP[len(bundle.GUARD) :]
+    assert "import" not in "".join(line for line in sent.splitlines() if "agent.guard" in line or "gpu_train" in line)
+    assert f"UNPACKED = {bundle.UNPACKED!r}" in sent
+    compile(bundle.BOOTSTRAP, "<bootstrap>", "exec")  # one program, guard first

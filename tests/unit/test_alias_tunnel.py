@@ -4,6 +4,8 @@ real sshd on 127.0.15.x."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from remote.ssh import alias as sshalias
@@ -41,3 +43,28 @@ def test_server_command_lines_bind_localhost_only() -> None:
     assert "--ip=127.0.0.1" in nb and "--port=7001" in nb and "t" not in nb  # the token goes by environment, not argv
     assert notebooks.url_for("jupyter", 8888, "abc") == "http://127.0.0.1:8888/?token=abc"
     assert notebooks.url_for("tensorboard", 6006, "abc") == "http://127.0.0.1:6006/abc/"
+
+
+def test_a_cloned_projects_stack_never_takes_over_your_alias(tmp_path: Path) -> None:
+    """A cloned project's stack `lab` silently rewrote the user's own `gpu-train-lab` to its host."""
+    from types import SimpleNamespace
+
+    from gpu_train.stack.config import SshHost
+
+    def target(host: str) -> SimpleNamespace:
+        return SimpleNamespace(stack="lab", hosts=[SshHost("me", host, 22)], key_file="/k", known_hosts=Path("/kh"))
+
+    home, mine, cloned = tmp_path / "home", tmp_path / "mine", tmp_path / "clone" / "theirs"
+    assert sshalias.write_alias(target("10.0.0.1"), home, mine) == ("gpu-train-lab", True)
+    assert sshalias.write_alias(target("203.0.113.66"), home, cloned) == ("gpu-train-lab.theirs", True)
+    ours = (home / "ssh_config.d" / "gpu-train-lab.conf").read_text()
+    assert "HostName 10.0.0.1" in ours and sshalias.owner(home / "ssh_config.d" / "gpu-train-lab.conf") == str(mine)
+    assert "Host gpu-train-lab.theirs\n" in (home / "ssh_config.d" / "gpu-train-lab.theirs.conf").read_text()
+    assert sshalias.write_alias(target("10.0.0.9"), home, mine) == ("gpu-train-lab", False)  # a new address: refreshed
+    assert "HostName 10.0.0.9" in (home / "ssh_config.d" / "gpu-train-lab.conf").read_text()
+    older = home / "ssh_config.d" / "gpu-train-old.conf"  # an older gpu-train's file (no owner): adopted
+    older.write_text("# written by gpu-train for stack old\nHost gpu-train-old\n  HostName 10.0.0.2\n")
+    assert sshalias.alias_for("old", cloned, home) == "gpu-train-old"
+    newline = tmp_path / "a\nHost *\n  ProxyCommand evil"  # a project path cannot write a line of config
+    text = sshalias.entry("x", [("me", "10.0.0.1", 22)], "", "/kh", None, "gpu-train-x", newline)
+    assert "\nHost *" not in text and "\n  ProxyCommand evil" not in text

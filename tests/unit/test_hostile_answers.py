@@ -161,3 +161,36 @@ def test_a_fetch_of_a_lying_listing_says_so_and_plans_nothing(tmp_path: Path) ->
     [result] = Fetcher(lambda: Stream(host), 1).run([("r_1", tmp_path / "home" / "r_1")])
     assert result.error and "more than this disk holds" in result.error
     assert not (tmp_path / "home" / "r_1").exists() or not any((tmp_path / "home" / "r_1").rglob("*.bin"))
+
+
+@pytest.mark.parametrize(("wire", "ranged"), [(b'{"len": 100}\nabc', False), (b'{"len": 10', False), (RANGE_HEAD % 10 + b"abc", True)])
+def test_a_host_that_stops_answering_mid_answer_ends_the_stream(tmp_path: Path, wire: bytes, ranged: bool) -> None:
+    """fetch and down waited for ever on a host that stopped answering mid-stream (its sessions frozen,
+    the link alive): a read that waits for a byte longer than the stream's deadline ends it."""
+    import threading
+    import time
+
+    (tmp_path / "wire").write_bytes(wire)
+    stream = Stream(["sh", "-c", f'cat "{tmp_path / "wire"}"; exec sleep 600'], stall_s=1.0)  # then silence, ssh still up
+    outcome: list[BaseException | None] = []
+
+    def read() -> None:
+        try:
+            if ranged:
+                stream.read_range(lambda view: None, memoryview(bytearray(65536)), 10)
+            else:
+                stream.read_doc()
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    started = time.monotonic()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    try:
+        assert outcome, "the read still waits"
+        assert isinstance(outcome[0], StreamError) and "sent nothing for 1 s" in str(outcome[0])
+        assert time.monotonic() - started < 10
+    finally:
+        stream.close(kill=True)

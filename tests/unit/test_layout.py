@@ -194,6 +194,7 @@ ALLOWED = {
     "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.gcp"},
     # what the zipapp carries of the core (agent/bundle.py CARRIED)
     "agent": {
+        "gpu_train.atomic",
         "gpu_train.codec",
         "gpu_train.contract",
         "gpu_train.containerspec",

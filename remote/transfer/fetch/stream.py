@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import zlib
 
@@ -33,6 +34,9 @@ CHANNELS_PER_CONNECTION = 8  # streams beyond this many get connections of their
 # (a listing of 2,000,000 entries is about 150 MiB of JSON), its entries, a range's length (the request's).
 MAX_LINE = 1 << 20
 MAX_DOC = 256 << 20
+# A host that stops answering mid-answer (its sessions frozen, the link alive: keepalives still answered)
+# held a fetch, and `down`, for ever: no byte for this long while one is awaited closes the stream.
+STALL_S = 120.0
 
 
 class StreamError(Exception):
@@ -114,10 +118,28 @@ class Opener:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
-class Stream:
-    """A running `ssh ... fetch-server`: send requests, read framed answers."""
+class Watched(io.RawIOBase):
+    """ssh's output, each read timed: ``waiting`` is when the read now blocked began (None between reads)."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, raw):
+        self.raw, self.waiting = raw, None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        self.waiting = time.monotonic()
+        try:
+            return self.raw.readinto(b)
+        finally:
+            self.waiting = None
+
+
+class Stream:
+    """A running `ssh ... fetch-server`: send requests, read framed answers; a read that waits more than
+    ``stall_s`` for any byte ends the stream (ssh killed, a StreamError saying so)."""
+
+    def __init__(self, argv: list[str], stall_s: float = STALL_S):
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 (open as long as the stream)
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, bufsize=0, start_new_session=True
@@ -125,7 +147,20 @@ class Stream:
         assert self.proc.stdout is not None  # stdout=PIPE
         with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the default pipe
             fcntl.fcntl(self.proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-        self.out = io.BufferedReader(self.proc.stdout, READ_BUFFER)  # type: ignore[arg-type,type-var]
+        self._watched = Watched(self.proc.stdout)
+        self.out = io.BufferedReader(self._watched, READ_BUFFER)
+        self.stall_s, self.stalled, self._done = stall_s, False, threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        """Kill ssh when a read has waited ``stall_s`` for a byte: the blocked read then ends (no more output)."""
+        while not self._done.wait(min(1.0, self.stall_s / 4)) and self.proc.poll() is None:
+            since = self._watched.waiting
+            if since is not None and time.monotonic() - since > self.stall_s:
+                self.stalled = True
+                with contextlib.suppress(OSError):
+                    self.proc.kill()
+                return
 
     def send(self, request: dict) -> None:
         # stdin is unbuffered (a raw pipe): one write() may take only part of a request of megabytes when
@@ -217,6 +252,8 @@ class Stream:
     def broken(self, what: str, ended: bool = False) -> StreamError:
         """``what`` went wrong, with ssh's exit status and own words when it has exited (a refused key, a reset
         connection). ``ended``: ssh closed its output, so it is exiting: its status is waited for (briefly)."""
+        if self.stalled:
+            return StreamError(f"the host sent nothing for {self.stall_s:.0f} s in the middle of an answer: the stream was closed")
         if ended and not self._err.closed:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
@@ -227,6 +264,7 @@ class Stream:
         return StreamError(f"{what} (ssh exit {self.proc.returncode}{': ' + err if err else ''})", self.proc.returncode)
 
     def close(self, kill: bool = False) -> None:
+        self._done.set()
         if self.proc.poll() is None:
             try:
                 if kill:

@@ -1,0 +1,92 @@
+"""The bootstrap: what every agent call runs first, before the agent exists on the host.
+
+It runs as ``python3 -I -S -c GUARD+BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...`` (agent/bundle.py builds
+the command: PACKED is the zipapp, deflated and base64; -I: nothing from the login folder or PYTHON*
+variables is imported). guard.py's source runs just before this one, so ``secure_root`` is defined:
+ROOT is checked to be the login user's alone before anything is written. Then the zipapp is kept at
+ROOT/bin/gpu-train-agent (written atomically, only when it changed) and run in this process, imported
+from a folder unpacked beside it once per version (UNPACKED): Python compiles a zip's modules anew on
+every run, a folder's once (about 10 ms less a call). Each use touches the folder; another version's
+goes when unused for a day (a call of that version may still be importing from it), a half-made one
+after an hour; a disk too full to unpack runs the zipapp itself. The wrapper, cron and systemd run the
+zipapp.
+
+A real module (linted, type-checked, tested) that the laptop sends as text: bundle.py replaces the
+two imports marked INLINED with their values, since on the host nothing can be imported yet. Not in
+the zipapp (bundle.LAPTOP_ONLY). Standard library only, Python 3.8.
+"""
+
+import base64
+import importlib
+import json
+import os
+import sys
+import zlib
+
+from agent.guard import UnsafeRoot, secure_root  # INLINED: guard.py's source runs just before this one
+from gpu_train.contract import UNPACKED  # INLINED: the value, as a literal
+
+PACKAGE = "gpu_train_agent"  # the package's name inside the zipapp (bundle.PACKAGE)
+
+
+def install(zipapp: bytes, root: str) -> str:
+    """ROOT/bin/gpu-train-agent holding ``zipapp``, rewritten (atomically) only when its bytes differ."""
+    path = os.path.join(root, "bin", "gpu-train-agent")
+    try:
+        with open(path, "rb") as f:
+            old = f.read()
+    except OSError:
+        old = b""
+    if old != zipapp:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700), "wb") as f:
+            f.write(zipapp)
+        os.replace(tmp, path)
+    return path
+
+
+def unpacked(zipapp: bytes, root: str) -> str:
+    """The folder this version is unpacked in (made once, touched on each use); others' old folders go."""
+    import time
+
+    folder = os.path.join(root, "bin", f"{UNPACKED}{zlib.crc32(zipapp):08x}-{len(zipapp)}")
+    if os.path.isdir(folder):
+        os.utime(folder)
+        return folder
+    import io
+    import shutil
+    import zipfile
+
+    tmp = f"{folder}.tmp.{os.getpid()}"
+    zipfile.ZipFile(io.BytesIO(zipapp)).extractall(tmp)
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # another call unpacked it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    for name in os.listdir(os.path.dirname(folder)):
+        other = os.path.join(root, "bin", name)
+        old = time.time() - os.lstat(other).st_mtime > (3600 if ".tmp." in name else 86400)
+        if name.startswith(UNPACKED) and other != folder and old:
+            shutil.rmtree(other, ignore_errors=True)
+    return folder
+
+
+def main() -> None:
+    try:
+        root = secure_root(sys.argv[3])
+    except (UnsafeRoot, OSError) as e:
+        print(json.dumps({"error": str(e)}), file=sys.stderr if sys.argv[4:5] == ["logs"] else sys.stdout)
+        sys.exit(2)
+    zipapp = zlib.decompress(base64.b64decode(sys.argv.pop(1)))
+    path = install(zipapp, root)
+    sys.argv[0] = path
+    try:
+        sys.path.insert(0, unpacked(zipapp, root))
+    except OSError:  # a disk too full to unpack: the zipapp itself
+        sys.path.insert(0, path)
+    sys.exit(importlib.import_module(PACKAGE + ".cli").main(sys.argv[1:]))
+
+
+if __name__ == "__main__":  # `python3 -c` runs it as __main__; a test imports it
+    main()

@@ -1,0 +1,91 @@
+"""`fetch --from bucket` by the host fetch's rules, against a real storage emulator: reserved names, local
+newer, .previous/, run ids, free space (remote/transfer/bucketfetch.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_train.stack.bucket import parse_bucket
+from remote.errors import RemoteError
+from remote.transfer import bucketfetch
+from tests.gcs import Emulator
+
+RUN = "job_20260101_000000"
+PLACE = parse_bucket("gs://ckpt/team")
+
+
+def put(gcs: Emulator, rel: str, data: bytes, run: str = RUN) -> None:
+    gcs.client().bucket("ckpt").blob(f"team/lab/{run}/{rel}").upload_from_string(data)
+
+
+def test_the_bucket_fetch_keeps_what_the_host_fetch_keeps(tmp_path: Path, gcs: Emulator) -> None:
+    """It replaced the laptop's edited files with nothing kept, and wrote any name the bucket held."""
+    for rel, data in {
+        "a.txt": b"a1",
+        "workdir/out/m.pt": b"m",
+        ".gpu-train/log": b"log\n",
+        "node-1/n.txt": b"n",
+        ".previous/a.txt": b"planted",  # names the run's folder here keeps for itself
+        ".gpu-train/spec.json": b"{}",
+        ".a.txt.gpu-train-partial/x": b"p",
+    }.items():
+        put(gcs, rel, data)
+    dest = tmp_path / "runs" / "lab" / RUN
+    got = bucketfetch.fetch_run(gcs.client(), PLACE, "lab", RUN, dest, say=lambda s: None)
+    assert got.files == 4 and sorted(p.split(":")[0] for p in got.problems) == [
+        ".a.txt.gpu-train-partial/x",
+        ".gpu-train/spec.json",
+        ".previous/a.txt",
+    ]
+    files = {p.relative_to(dest).as_posix(): p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+    assert files == {"a.txt": b"a1", "workdir/out/m.pt": b"m", ".gpu-train/log": b"log\n", "node-1/n.txt": b"n"}
+
+    (dest / "a.txt").write_bytes(b"edited here")  # after the upload: the laptop's is newer, kept
+    got = bucketfetch.fetch_run(gcs.client(), PLACE, "lab", RUN, dest, say=lambda s: None)
+    assert got.kept_newer == ["a.txt"] and got.files == 0 and (dest / "a.txt").read_bytes() == b"edited here"
+
+    os.utime(dest / "a.txt", (time.time() - 3600, time.time() - 3600))  # older than the bucket's: replaced, kept
+    put(gcs, "a.txt", b"a2")
+    got = bucketfetch.fetch_run(gcs.client(), PLACE, "lab", RUN, dest, say=lambda s: None)
+    assert got.files == 1 and (dest / "a.txt").read_bytes() == b"a2"
+    assert (dest / ".previous" / "a.txt").read_bytes() == b"edited here"
+
+
+def test_names_that_are_not_run_ids_are_never_runs(gcs: Emulator) -> None:
+    """A decoy name became "the newest", `.` wrote into runs/STACK/, `..` stopped every --all."""
+    put(gcs, "a.txt", b"a")
+    put(gcs, "a.txt", b"b", run="job_20260102_000000")
+    for odd in (".hidden", "notes", "x y_20990101_000000"):
+        put(gcs, "a.txt", b"x", run=odd)
+    runs, odd = bucketfetch.runs_in(gcs.client(), PLACE, "lab")
+    assert runs == [RUN, "job_20260102_000000"] and odd == [".hidden", "notes", "x y_20990101_000000"]
+    with pytest.raises(RemoteError, match="is not a run id"):
+        bucketfetch.fetch_run(gcs.client(), PLACE, "lab", "..", Path("/nonexistent"), say=lambda s: None)
+
+
+def test_nothing_is_written_when_the_disk_cannot_hold_it(tmp_path: Path, gcs: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    put(gcs, "big.bin", os.urandom(4096))
+    dest = tmp_path / "runs" / "lab" / RUN
+
+    class Usage:
+        free = 1000
+
+    monkeypatch.setattr(bucketfetch.shutil, "disk_usage", lambda path: Usage)  # the free space the disk reports
+    got = bucketfetch.fetch_run(gcs.client(), PLACE, "lab", RUN, dest, say=lambda s: None)
+    assert got.files == 0 and "more than this disk has free (1000 bytes): nothing was fetched" in got.problems[0]
+    assert not dest.exists() or not any(dest.rglob("*"))
+
+
+def test_a_download_longer_than_listed_stops_at_its_size(tmp_path: Path) -> None:
+    import io
+
+    out = io.BytesIO()
+    f = bucketfetch.Bounded(out, 4)
+    f.write(b"abcd")
+    with pytest.raises(OSError, match="more bytes than the 4"):
+        f.write(b"e")
+    assert out.getvalue() == b"abcd"
