@@ -2,8 +2,11 @@
 REMOTE_ROOT/tools/uv-VERSION/uv.
 
 uv is a static binary in a wheel (about 18 MB). The host downloads it at its own network's speed,
-for its own architecture, from the index its pip is configured with (PIP_INDEX_URL, pip.conf), and
-checks the hash the index gives. A host that already has uv on PATH uses that one. Where none can
+for its own architecture, from the index its pip is configured with (PIP_INDEX_URL, pip.conf), over
+https only (plain http only to the host itself; no redirect to http), and only with the sha256 the
+index page gives, which must match (a link without one is refused). What this does not cover: an
+index that is itself hostile gives the hash of its own substitute (see docs/security.md).
+A host that already has uv on PATH uses that one. Where none can
 be had (no index reachable, a private index that needs credentials), the install falls back to pip
 and says why; the failure is remembered for an hour so that each run does not wait for it again.
 """
@@ -16,6 +19,7 @@ import fcntl
 import hashlib
 import html.parser
 import io
+import ipaddress
 import json
 import os
 import platform
@@ -140,9 +144,40 @@ def uv_home(root: str) -> str:
     return os.path.join(root, "tools", f"uv-{UV_VERSION}")
 
 
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def transport_problem(url: str) -> str | None:
+    """Why uv is not fetched from ``url``, or None: https only (plain http can be rewritten on the way),
+    except to the host itself (a loopback index or proxy is the host's own, as trusted as its uv on PATH)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        return None
+    if parts.scheme == "http" and loopback(parts.hostname or ""):
+        return None
+    return f"{parts.scheme}://{parts.hostname or ''} is not https: uv is fetched over https only"
+
+
+class _HttpsOnly(urllib.request.HTTPRedirectHandler):
+    """A redirect to a place ``transport_problem`` refuses (https to plain http) is not followed."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if transport_problem(newurl):
+            raise ValueError(f"a redirect to {urllib.parse.urlsplit(newurl).scheme}: refused")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def _get(url: str) -> bytes:
+    if (why := transport_problem(url)) is not None:
+        raise ValueError(why)
     request = urllib.request.Request(url, headers={"Accept": "text/html", "User-Agent": f"gpu-train (uv {UV_VERSION})"})
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+    with urllib.request.build_opener(_HttpsOnly).open(request, timeout=TIMEOUT_S) as response:
         return response.read()
 
 
@@ -155,9 +190,11 @@ def fetch_uv(root: str, index: str) -> str:
     if chosen is None:
         raise ValueError(f"{page_url} has no uv {UV_VERSION} wheel for {platform.machine()}")
     name, url = chosen
-    data = _get(url)
     want = urllib.parse.urlsplit(url).fragment
-    if want.startswith("sha256=") and hashlib.sha256(data).hexdigest() != want[len("sha256=") :]:
+    if not re.fullmatch(r"sha256=[0-9a-f]{64}", want):
+        raise ValueError(f"{page_url} gives no sha256 for {name}: not taken unchecked")
+    data = _get(url)
+    if hashlib.sha256(data).hexdigest() != want[len("sha256=") :]:
         raise ValueError(f"{name} from {page_url} does not match its sha256")
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         binary = z.read(f"uv-{UV_VERSION}.data/scripts/uv")

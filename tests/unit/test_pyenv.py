@@ -124,3 +124,51 @@ ERROR: No matching distribution found for not-a-real-pkg-xyz
 def test_an_install_failure_names_the_error_not_the_closing_hint(output: str, reason: str) -> None:
     """The run's reason (status, the log) had been uv's last line, its hint, without the error it is about."""
     assert pyenv.failure_reason(output.splitlines()) == reason
+
+
+@pytest.mark.parametrize(
+    ("url", "ok"),
+    [
+        ("https://pypi.org/simple/uv/", True),
+        ("http://127.0.0.1:9/simple/uv/", True),  # the host's own proxy or index
+        ("http://localhost/simple/uv/", True),
+        ("http://pypi.example.com/simple/uv/", False),  # rewritable on the way
+        ("http://127.evil.example/simple/uv/", False),
+        ("ftp://mirror/uv/", False),
+    ],
+)
+def test_uv_travels_over_https_only(url: str, ok: bool) -> None:
+    assert (uvfetch.transport_problem(url) is None) == ok
+
+
+def test_a_uv_link_without_a_hash_is_refused(tmp_path: Path) -> None:
+    """A link without a #sha256= was not checked at all: a substitute uv ran on the host."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.pyindex import uv_wheel
+
+    fake = tmp_path / "uv"
+    fake.write_bytes(b"#!/bin/sh\necho substitute\n")
+    wheel = uv_wheel(tmp_path, fake)
+
+    class Index(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f'<a href="/files/{wheel.name}">{wheel.name}</a>'.encode() if self.path.startswith("/simple") else wheel.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
+    try:
+        with pytest.raises(ValueError, match="gives no sha256"):
+            uvfetch.fetch_uv(str(tmp_path / "root"), f"http://127.0.0.1:{server.server_address[1]}/simple")
+        assert not (tmp_path / "root" / "tools").exists()
+    finally:
+        server.shutdown()
+        server.server_close()
