@@ -29,6 +29,7 @@ from gpu_train.catalog.model import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.environment import Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import capacity, changes, provisioning, validate
+from gpu_train.retry import Backoff
 from gpu_train.stack import config, stackfile
 from infra.ops import pulumi_cli
 
@@ -142,7 +143,7 @@ class Up:
         self.say(changes.render(found, self.stack, self.env.cli))
         if changes.replaces_anything(found) and not ask(self.env, "Apply these changes (they replace something)?", self.yes, self.say):
             return ExitStatus.FAILED
-        delay = self.retry_delay
+        backoff = Backoff(self.retry_delay, cap=600)
         for attempt in range(1, max_attempts + 1):
             code, out = self.pulumi(["up", "--yes", "--skip-preview", "--stack", self.stack])
             if code == 0:
@@ -153,9 +154,9 @@ class Up:
             if failure.kind not in (capacity.STOCKOUT, capacity.TRANSIENT) or not retry_until_up:
                 return self.report_existing(failure)
             if attempt < max_attempts:
+                delay = backoff.next()
                 self.say(f"still no capacity in {self.cfg.zone}; trying again in {delay:.0f} s (--retry-until-up)")
                 self.sleep(delay)
-                delay = min(delay * 2, 600)
         self.say(f"stopping after {max_attempts} attempts (--max-attempts); the stack is as it was")
         return ExitStatus.FAILED
 
@@ -203,7 +204,7 @@ class Up:
         max_attempts: int,
         skip_zone: str | None = None,
     ) -> int:
-        attempt, delay = 0, self.retry_delay
+        attempt, backoff = 0, Backoff(self.retry_delay, cap=600)
         kept = {(r.urn, r.id) for r in before}
         offered: list[str] | None = None
         while True:
@@ -252,9 +253,9 @@ class Up:
             if not retry_until_up:
                 self.say("every zone and shape tried; the stack file is as it was")
                 return ExitStatus.FAILED
+            delay = backoff.next()
             self.say(f"every zone and shape tried; trying again in {delay:.0f} s (--retry-until-up)")
             self.sleep(delay)
-            delay = min(delay * 2, 600)
 
     def attempt(self, settings: dict[str, str]) -> tuple[int, str]:
         """`pulumi up` with these settings on a copy of the stack file: the real one is not touched."""

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import paramiko
 from fabric import Config, Connection
 
+from gpu_train.retry import Backoff
 from gpu_train.stack.config import SshHost, split_host
 from remote.errors import HostKeyError, RemoteError, VmStopped
 from remote.ssh.hostkeys import Say, TrustOnFirstUse, changed_key_message, host_id
@@ -102,8 +103,7 @@ def open_connection(
     """
     if target.key_file:
         check_key_file(target.key_file)
-    deadline = time.monotonic() + timeout
-    delay, told, probed_at = 0.5, False, -1e9
+    backoff, told, probed_at = Backoff.within(timeout, first=0.5, cap=10), False, -1e9
     hops = (*[dataclasses.replace(h, jump=host.jump[:i]) for i, h in enumerate(host.jump)], host)
     while True:
         chain = connections(target, host, say)
@@ -135,16 +135,14 @@ def open_connection(
                     raise VmStopped(verdict) from None
             if fatal is not None and not ((target.is_gcp or again) and fatal[1]):
                 raise RemoteError(fatal[0]) from None
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if backoff.left() <= 0:
                 raise RemoteError(
                     f"cannot reach {host} over SSH after {timeout:g} s ({e or type(e).__name__}); is the host up and the port right?"
                 ) from None
             if not told:
                 say(f"waiting for SSH on {host} (up to {timeout:g} s): {e or type(e).__name__}")
                 told = True
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 10)
+            time.sleep(backoff.next())
 
 
 def openssh_options(target: Target, host: SshHost) -> list[str]:

@@ -13,7 +13,6 @@ import functools
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Interrupted, UsageError
+from gpu_train.retry import Backoff
 from gpu_train.stack.project import project_name
 from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests
@@ -300,7 +300,7 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
         elif fanout is not None:
             threading.Thread(target=fanout.authorize, args=(session.node, session.call), daemon=True).start()
             push = functools.partial(fanout.node_sync, session.node, sync_code, say)
-        deadline, delay = time.monotonic() + session.timeout, 5.0
+        backoff = Backoff.within(session.timeout, first=5.0, cap=30, factor=1.5)
         while True:
             answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
             if "waiting" not in answer:
@@ -309,8 +309,7 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
             push = None  # the code is staged on the host; only the launch is retried
             if cancel.is_set():
                 raise Interrupted("interrupted while waiting for the host")
-            if time.monotonic() > deadline:
+            if backoff.left() < 0:
                 raise GpuTrainError(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}")
             say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
-            cancel.wait(delay)  # Ctrl-C ends the wait at once
-            delay = min(delay * 1.5, 30)
+            cancel.wait(backoff.next())  # Ctrl-C ends the wait at once
