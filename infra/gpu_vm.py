@@ -193,7 +193,7 @@ class GpuVm(pulumi.ComponentResource):
                 guest_accelerators=vm.guest_accelerators(shapes[i]),
                 scheduling=provisioning.scheduling(cfg, catalog, shapes[i].machine_type),
                 reservation_affinity=provisioning.reservation_affinity(cfg),
-                desired_status=vm.desired_status(cfg.running),
+                desired_status=vm.node_desired_status(cfg, shapes[i].machine_type, catalog),
                 network_interfaces=[nic(shapes[i].machine_type)],
                 service_account={"email": account.email, "scopes": vm.scopes(cfg)},
                 metadata=metadata,
@@ -206,7 +206,7 @@ class GpuVm(pulumi.ComponentResource):
                     depends_on=grants,
                     # A fixed name cannot exist twice, so a replacement deletes first.
                     delete_before_replace=True,
-                    ignore_changes=list(vm.INSTANCE_IGNORE_CHANGES),
+                    ignore_changes=vm.instance_ignore_changes(shapes[i].machine_type, catalog),
                 ),
             )
             for i, instance_name in enumerate(instance_names)

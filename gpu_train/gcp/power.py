@@ -5,6 +5,12 @@ the stack file says what the VM should be, so a later `pulumi up` does not undo 
 targeted at the instances (their URNs, which follow from the program's resource names), so nothing
 else in the stack is touched, and it refreshes first: a VM stopped behind Pulumi's back (idle
 auto-stop, maxRunHours, preemption) is seen as stopped, and `running: true` then starts it.
+
+A shape with bundled Local SSD (A2 Ultra, A3, A4) is the exception: the provider's stop sends no
+``discardLocalSsd``, which the Compute API requires of such a VM (a 400:
+terraform-provider-google#26173), so the program leaves its power state alone (``ignoreChanges``) and the
+task stops or starts it through the Compute API itself (``api_call``: ``instances.stop?discardLocalSsd=true``,
+``instances.start``), then refreshes the instances' state (``refresh_command``: the new address).
 """
 
 from __future__ import annotations
@@ -27,6 +33,21 @@ def commands(stack: str, running: bool, nodes: int) -> list[list[str]]:
     for urn in instance_urns(stack, nodes):
         up += ["--target", urn]
     return [["pulumi", "config", "set", "gpu-train:running", "true" if running else "false", "--stack", stack], up]
+
+
+def refresh_command(stack: str, nodes: int) -> list[str]:
+    """A refresh of the stack's instances only: the state learns the status and the address they have now."""
+    out = ["pulumi", "refresh", "--yes", "--skip-preview", "--stack", stack]
+    for urn in instance_urns(stack, nodes):
+        out += ["--target", urn]
+    return out
+
+
+def api_call(project: str, zone: str, name: str, running: bool) -> tuple[str, dict[str, str]]:
+    """(path, query) of the Compute API call that starts or stops a VM with Local SSD: a stop discards it
+    (the VM keeps its boot and data disks; the Local SSD holds nothing of gpu-train's)."""
+    path = f"/compute/v1/projects/{project}/zones/{zone}/instances/{name}/{'start' if running else 'stop'}"
+    return path, ({} if running else {"discardLocalSsd": "true"})
 
 
 def refusal(running_runs: list[str], unreachable: list[str], force: bool, stack: str, cli: str) -> str | None:

@@ -92,6 +92,30 @@ def node_machine_types(cfg: StackConfig, catalog) -> list[str]:
     return [shape.machine_type for shape in node_shapes(cfg, catalog)]
 
 
+def bundled_local_ssd(machine_type: str, catalog) -> bool:
+    """The shape comes with Local SSD (A2 Ultra, A3, A4): every stop must say discardLocalSsd."""
+    fixed = catalog.fixed_shapes.get(machine_type)
+    return fixed is not None and fixed.local_ssd
+
+
+def has_local_ssd(cfg: StackConfig, catalog) -> bool:
+    """Some node of the stack has bundled Local SSD."""
+    return any(bundled_local_ssd(m, catalog) for m in node_machine_types(cfg, catalog))
+
+
+def instance_ignore_changes(machine_type: str, catalog) -> list[str]:
+    """What Pulumi leaves alone on this node once deployed: the pinned image, and on a shape with bundled Local
+    SSD its power state, which the provider cannot change (its stop names no discardLocalSsd:
+    terraform-provider-google#26173): `vm-stop`/`vm-start` do it through the Compute API."""
+    return [*INSTANCE_IGNORE_CHANGES, *(["desiredStatus"] if bundled_local_ssd(machine_type, catalog) else [])]
+
+
+def node_desired_status(cfg: StackConfig, machine_type: str, catalog) -> str:
+    """The status a node is created with: ``running``'s, except a Local SSD shape, created RUNNING (the
+    provider would stop it right after creating it, and that stop fails the same way)."""
+    return desired_status(cfg.running or bundled_local_ssd(machine_type, catalog))
+
+
 def data_disk_monthly_cost(cfg: StackConfig, catalog) -> float | None:
     """USD a month for every node's data disk (it bills while it exists, VM running or not); None: unknown."""
     prices = [catalog.disk_prices.get(data_disk_type(cfg, catalog, m)) for m in node_machine_types(cfg, catalog)]

@@ -63,21 +63,30 @@ def describe_run_limit(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
     if not cfg.max_run_hours:
         return []
     hours = cfg.max_run_hours
-    local_ssd = any(
-        getattr(catalog.parse_machine_type(m), "fixed", None) is not None and catalog.fixed_shapes[m].local_ssd
-        for m in vm.node_machine_types(cfg, catalog)
-    )
     lines = [
         f"Run-time cap: Compute Engine stops the VM {hours:g} h after each start (maxRunDuration "
         f"{provisioning.run_seconds(hours)} s, then STOP: the disks stay); `{CLI} status` shows the moment, and "
         f"the job's $GPU_TRAIN_NOTICE file appears {NOTICE_MINUTES} minutes before it"
     ]
-    if local_ssd:
+    if vm.has_local_ssd(cfg, catalog):
         lines.append(
             "  The shape's bundled Local SSD is discarded at that stop (onInstanceStopAction.discardLocalSsd: "
             "Compute Engine refuses the VM otherwise); runs live on the data disk"
         )
     return lines
+
+
+def describe_local_ssd(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
+    """Every stop of a shape with bundled Local SSD wipes it; and `pulumi up` cannot make that stop."""
+    if not vm.has_local_ssd(cfg, catalog):
+        return []
+    return [
+        "Local SSD: the shape's bundled Local SSD is wiped at every stop (vm-stop, idle auto-stop, preemption, "
+        "maintenance, maxRunHours): keep nothing there that a run needs again; runs live on the data disk.",
+        f"  `running: false` with a bare `pulumi up` cannot stop it (the provider's stop names no discardLocalSsd: "
+        f"terraform-provider-google#26173); `{CLI} vm-stop` stops it through the Compute API (discardLocalSsd=true), "
+        "then refreshes the stack",
+    ]
 
 
 def describe_data_disk(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
@@ -202,7 +211,9 @@ def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
             *([f"reservationAffinity: {_affinity(i['reservationAffinity'])}"] if i.get("reservationAffinity") else []),
             f"desired status: {i.get('desiredStatus')}",
             "metadata: " + ", ".join(f"{k}={_meta(k, v)}" for k, v in meta.items()),
-            f"service account: {i['serviceAccount']['email']} (scopes: logging.write, monitoring.write)",
+            f"service account: {i['serviceAccount']['email']} (scopes: "
+            + ", ".join(s.rsplit("/", 1)[-1] for s in i["serviceAccount"].get("scopes") or [])
+            + ")",
             f"network tag {', '.join(i.get('tags', []))}; labels " + ", ".join(f"{k}={v}" for k, v in i.get("labels", {}).items()),
         ]
     return []
@@ -238,7 +249,7 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
         *describe_cost(hourly_cost(shape, catalog), provisioning.way(cfg), catalog.ways(shape.machine_type), catalog.prices_unknown_where),
         *describe_data_disk(cfg, catalog),
     ]
-    lines += [*describe_run_limit(cfg, catalog), *describe_fallback(cfg), ""]
+    lines += [*describe_run_limit(cfg, catalog), *describe_local_ssd(cfg, catalog), *describe_fallback(cfg), ""]
     if cfg.pools:
         lines += [*describe_pools(cfg, catalog), ""]
     if recovery.stops_for_good(cfg):

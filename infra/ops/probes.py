@@ -104,6 +104,40 @@ def get_json(creds, url: str, params: dict | list | None = None) -> dict:
     return r.json()
 
 
+def post_json(creds, url: str, params: dict | None = None, body: dict | None = None) -> dict:
+    """One authorised POST; raises RuntimeError with Google's own error message."""
+    try:
+        r = _session(creds).post(url, params=params, json=body, timeout=TIMEOUT_S)
+    except Exception as e:
+        raise RuntimeError(f"{type(e).__name__}: {e}") from None
+    if r.status_code != 200:
+        try:
+            message = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = r.text[:200]
+        raise RuntimeError(f"HTTP {r.status_code}: {message}")
+    return r.json()
+
+
+def operation_done(env: Environment, creds, operation: dict, timeout: float, poll_s: float = 2.0) -> dict:
+    """A zone operation as zoneOperations.get has it once DONE; RuntimeError with its error, or at ``timeout``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while operation.get("status") != "DONE":
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{operation.get('operationType')} of {operation.get('targetLink', '?').rsplit('/', 1)[-1]} not done in {timeout:g} s"
+            )
+        time.sleep(poll_s)
+        link = str(operation.get("selfLink", ""))
+        operation = get_json(creds, compute_url(env, "/compute/v1/" + link.split("/compute/v1/", 1)[-1]))
+    errors = (operation.get("error") or {}).get("errors") or []
+    if errors:
+        raise RuntimeError("; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors))
+    return operation
+
+
 def services_state(env: Environment, creds, project: str, services: list[str]) -> dict[str, str]:
     """Service Usage ``services.batchGet``: each service's state (ENABLED, DISABLED) in one call."""
     base = env.serviceusage_endpoint

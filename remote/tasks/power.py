@@ -95,8 +95,58 @@ def vm_stop(c, force=False, wait=None, stack=None):
     finally:
         for s in sessions:
             s.close()
+    creds = _api_credentials(cfg, running=False) if _local_ssd(cfg) else None  # before anything is changed
     _pulumi(env, power.commands(cfg.stack, False, cfg.nodes))
+    if creds is not None:
+        _power_by_api(env, cfg, creds, running=False)
+        say("(the shape's bundled Local SSD was discarded at this stop; runs live on the data disk)")
     print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `{CLI} vm-start --stack {cfg.stack}` starts it again")
+
+
+def _local_ssd(cfg) -> bool:
+    from gpu_train.catalog.loader import load_catalog
+    from gpu_train.gcp import vm
+
+    return vm.has_local_ssd(cfg, load_catalog())
+
+
+POWER_TIMEOUT_S = 600.0  # how long a stop or start of a VM may take before the task says so
+
+
+def _api_credentials(cfg, running: bool):
+    """Your Application Default Credentials, for the Compute API calls of a Local SSD shape (refused, saying
+    how to get them, before anything changes)."""
+    from infra.ops import probes
+
+    _, creds = probes.read_adc()
+    if creds is None or not cfg.project:
+        raise UsageError(
+            f"{cfg.stack}'s VMs have bundled Local SSD: Pulumi's provider cannot {'start' if running else 'stop'} them "
+            "(terraform-provider-google#26173), the task does it through the Compute API, which needs your Application "
+            "Default Credentials: run `gcloud auth application-default login`, then this again"
+        )
+    return creds
+
+
+def _power_by_api(env: Environment, cfg, creds, running: bool) -> None:
+    """Stop (discarding Local SSD) or start each node through the Compute API, wait for each, then refresh the
+    instances' state: the provider cannot stop a VM with Local SSD (terraform-provider-google#26173)."""
+    from gpu_train.gcp import power, vm
+    from infra.ops import probes
+
+    for name in vm.node_names(cfg.stack, cfg.nodes):
+        path, query = power.api_call(cfg.project, cfg.zone, name, running)
+        say(f"$ POST {path}" + "".join(f"?{k}={v}" for k, v in query.items()))
+        try:
+            probes.operation_done(env, creds, probes.post_json(creds, probes.compute_url(env, path), query), POWER_TIMEOUT_S)
+        except RuntimeError as e:
+            raise CommandFailed(
+                f"the Compute API did not {'start' if running else 'stop'} {name}: {e}; once fixed, run the task again "
+                "(it is safe to repeat)",
+                command=f"POST {path}",
+                exited=1,
+            ) from None
+    _pulumi(env, [power.refresh_command(cfg.stack, cfg.nodes)])
 
 
 def _vm_is_down(env: Environment, cfg) -> bool:
@@ -127,7 +177,10 @@ def vm_start(c, stack=None):
 
     env = Environment.of(c)
     cfg = _gcp_config(env, stack)
+    creds = _api_credentials(cfg, running=True) if _local_ssd(cfg) else None
     _pulumi(env, power.commands(cfg.stack, True, cfg.nodes))
+    if creds is not None:
+        _power_by_api(env, cfg, creds, running=True)
     try:  # a restarted VM may have a new address
         outputs = targets.stack_outputs(cfg.stack, env.state_home / cfg.stack, refresh=True)
     except config.ConfigError as e:

@@ -134,3 +134,13 @@ def test_host_maintenance_is_an_event_where_the_vm_will_not_restart_itself(setti
     assert {"logName", "protoPayload"} <= schema_fields("logging.v2", "LogEntry")
     ev = recovery.event_of(entry(method="compute.instances.terminateOnHostMaintenance"))
     assert ev is not None and ev.kind == "host maintenance"
+
+
+def test_plan_prints_the_vms_scopes_as_declared(public_key) -> None:
+    from infra.ops import plan
+    from tests.conftest import gcp_raw
+
+    raw = gcp_raw(spot=True, bucket="gs://team-bucket/runs")
+    raw["gpu-train:sshPublicKey"] = str(public_key)
+    text, _ = plan.plan(raw, "s")
+    assert "(scopes: logging.write, monitoring.write, devstorage.read_write, compute.readonly)" in text, text
