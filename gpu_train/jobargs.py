@@ -4,6 +4,7 @@ builds the job spec from them."""
 
 from __future__ import annotations
 
+import io
 import re
 import shlex
 from collections.abc import Mapping
@@ -46,30 +47,27 @@ def parse_env(pairs: list[str], environ: Mapping[str, str] | None = None, files:
 
 
 def parse_env_file(text: str, name: str) -> dict[str, str]:
-    """``--env-file``'s ``NAME=VALUE`` lines, as dotenv files write them, kept simple: blank lines and
-    ``#`` comments skipped, an optional ``export`` before the name, a value in matching single quotes
-    taken as it is, in double quotes with ``\\"``, ``\\\\`` and ``\\n`` unescaped, unquoted with
-    surrounding spaces and a trailing `` # comment`` dropped. No ``${VAR}`` expansion, no multi-line values."""
+    """``--env-file``'s ``NAME=VALUE`` lines, read by python-dotenv's parser (the dotenv format as the
+    tools that write these files mean it): blank lines and ``#`` comments skipped, an optional ``export``,
+    a value in single quotes taken as it is, in double quotes with its escapes (``\\"``, ``\\\\``,
+    ``\\n``, ...) unescaped, unquoted with surrounding spaces and a trailing `` # comment`` dropped; a
+    quoted value may span lines. No ``${VAR}`` expansion (the parser alone does none). A line it cannot
+    read, or a name that is not an environment variable's, is an error naming the line."""
+    from dotenv.parser import parse_stream
+
     env: dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export ") :].lstrip()
-        key, sep, value = line.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not ENV_NAME_RE.fullmatch(key):
-            raise JobError(f"--env-file {name}, line {number}: expected NAME=VALUE (a line that starts with # is a comment)")
-        if len(value) >= 2 and value[0] == value[-1] == "'":
-            value = value[1:-1]
-        elif len(value) >= 2 and value[0] == value[-1] == '"':
-            value = re.sub(r'\\([\\"n])', lambda m: "\n" if m.group(1) == "n" else m.group(1), value[1:-1])
-        elif value[:1] in ("'", '"'):
-            raise JobError(f"--env-file {name}, line {number}: {key}'s value has no closing {value[0]} (values span one line)")
-        else:
-            value = re.split(r"\s+#", value, maxsplit=1)[0]
-        env[key] = value
+    for binding in parse_stream(io.StringIO(text)):
+        line = binding.original.line
+        if binding.error or (binding.key is not None and binding.value is None):
+            raise JobError(
+                f"--env-file {name}, line {line}: expected NAME=VALUE (a line that starts with # is a comment; "
+                "a quoted value ends with its quote)"
+            )
+        if binding.key is None:
+            continue  # a blank line or a comment
+        if not ENV_NAME_RE.fullmatch(binding.key):
+            raise JobError(f"--env-file {name}, line {line}: {binding.key[:40]!r} is not a variable name (letters, digits, _)")
+        env[binding.key] = binding.value or ""
     return env
 
 

@@ -76,6 +76,7 @@ def test_parse_env(pairs, environ, files, env) -> None:
         ("A=\nB=''\nC=\"\"\n", {"A": "", "B": "", "C": ""}),
         ("A=1\r\nB=2\r\n", {"A": "1", "B": "2"}),  # a file saved on Windows
         ("A=1\nA=2\n", {"A": "2"}),
+        ('A="two\nlines"\nB=${A}\n', {"A": "two\nlines", "B": "${A}"}),  # a quoted value spans lines; no expansion
     ],
 )
 def test_parse_env_file(text: str, env: dict) -> None:
@@ -86,8 +87,9 @@ def test_parse_env_file(text: str, env: dict) -> None:
     ("text", "words"),
     [
         ("A=1\nnot a pair\n", "--env-file f.env, line 2: expected NAME=VALUE"),
-        ("1A=1", "line 1: expected NAME=VALUE"),
-        ("A='open\n", "line 1: A's value has no closing '"),
+        ("1A=1", "line 1: '1A' is not a variable name"),
+        ("A='open\n", "line 1: expected NAME=VALUE"),
+        ("A=1\nB\n", "line 2: expected NAME=VALUE"),
     ],
 )
 def test_parse_env_file_rejects(text: str, words: str) -> None:
