@@ -15,6 +15,7 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     overview    gpus (the catalog), stack, check, ls, ssh-config
     power       vm-stop, vm-start
     dashboards  tensorboard, jupyter, tunnel
+    board       dashboard, report (every stack and run on one page: remote/dashboard/)
     importing   import (an AI Platform or Vertex AI job into a stack)
     data        push (a data directory to the host's DATA_DIR); remote/tasks/starter.py: init
 """
@@ -25,7 +26,7 @@ from invoke import Collection
 
 from gpu_train.errors import GpuTrainError
 from remote.errors import exit_for
-from remote.tasks import dashboards, data, importing, overview, power, runs, shell, teardown
+from remote.tasks import board, dashboards, data, importing, overview, power, runs, shell, teardown
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
 from remote.tasks.shortflags import pin_short_flags
@@ -46,6 +47,8 @@ ns = Collection(
     dashboards.tunnel,
     dashboards.tensorboard,
     dashboards.jupyter,
+    board.dashboard,
+    board.report,
     overview.gpus,
     overview.stack,
     overview.check,

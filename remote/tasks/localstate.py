@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from gpu_train.atomic import atomic_write
@@ -33,18 +34,21 @@ class PushedManifests:
         atomic_write(self.path, json.dumps(doc, indent=1))
 
 
-def local_summary(path: Path) -> dict:
-    """Regular files under ``path`` (links not followed): how many, their bytes, the newest mtime."""
+def local_summary(path: Path, skip: Collection[str] = ()) -> dict:
+    """Regular files under ``path`` (links not followed): how many, their bytes, the newest mtime;
+    ``skip``: folders at its top left out (a run's workdir/ and .gpu-train/ beside its JOB_DIR files)."""
     files = size = newest = 0
     todo = [str(path)]
     while todo:
+        folder = todo.pop()
         try:
-            entries = list(os.scandir(todo.pop()))
+            entries = list(os.scandir(folder))
         except OSError:
             continue
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
-                todo.append(entry.path)
+                if not (folder == str(path) and entry.name in skip):
+                    todo.append(entry.path)
             elif entry.is_file(follow_symlinks=False):
                 st = entry.stat(follow_symlinks=False)
                 files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime_ns)

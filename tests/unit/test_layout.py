@@ -31,6 +31,7 @@ PACKAGES = (
     "remote/transfer",
     "remote/transfer/fetch",
     "remote/tasks",
+    "remote/dashboard",
     "agent",
 )
 MAP = ROOT / "docs" / "architecture.md"
@@ -210,7 +211,9 @@ ALLOWED = {
     "remote.errors": {"gpu_train"},
     "remote.ssh": {"gpu_train", "remote.errors", "agent.bundle"},
     "remote.transfer": {"gpu_train", "remote.errors", "remote.ssh", "agent.bundle"},
-    "remote.tasks": {"gpu_train", "remote.errors", "remote.ssh", "remote.transfer", "agent.bundle", "infra.ops"},
+    "remote.tasks": {"gpu_train", "remote.errors", "remote.ssh", "remote.transfer", "agent.bundle", "infra.ops", "remote.dashboard"},
+    # the dashboard asks as the tasks do (their sessions, gather, the log stream); `dashboard` and `report` start it
+    "remote.dashboard": {"gpu_train", "remote.errors", "remote.ssh", "remote.tasks", "infra.ops"},
     "remote.cli": {"gpu_train", "remote.errors", "remote.tasks", "remote"},
     "remote.loopback": set(),
     "remote.setup": {"gpu_train", "infra.ops", "remote.transfer"},  # scripts/setup: this machine's tools, SSH's and Google's

@@ -1,0 +1,149 @@
+"""`dashboard` and `report`: every stack, run and GPU of the project on one page, live or as one file.
+
+The page is ``remote/dashboard/``'s; what it shows is ``gpu_train.views.board``'s, from the same
+documents `ls`, `status` and `fetch` read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from invoke import task
+
+from gpu_train.environment import Environment
+from gpu_train.errors import GpuTrainError, UsageError
+from remote.tasks.session import say
+from remote.tasks.trust import number
+
+DEFAULT_INTERVAL_S = 5.0
+REPORT_LOG_LINES = 200  # a run's last lines in a report
+REPORT_LOG_RUNS = 40  # the newest runs whose logs a report carries
+
+
+def loopback(address: str) -> str:
+    """--address: a loopback address only (the page is this user's, and its secret travels in the URL)."""
+    import ipaddress
+
+    try:
+        ok = ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UsageError(f"--address {address!r}: the dashboard listens on a loopback address only (127.0.0.1, or another 127.x.y.z)")
+    return address
+
+
+def can_open_browser(platform: str, environ: dict[str, str]) -> bool:
+    """Whether a graphical browser can be opened here: macOS and Windows, or a desktop session. Elsewhere
+    (a server over SSH) Python would start a text browser in the terminal: the URL is printed instead."""
+    return platform in ("darwin", "win32") or bool(environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"))
+
+
+def _watch(env: Environment, interval: float):
+    from gpu_train.catalog.loader import load_catalog
+    from gpu_train.stack.project import project_name
+    from remote.dashboard.poll import Watch
+
+    return Watch(env, load_catalog(), interval, project_name(env.project_root))
+
+
+@task(
+    help={
+        "interval": f"seconds between two looks at each stack (default {DEFAULT_INTERVAL_S:g}; one agent call per node each)",
+        "port": "local port (default: any free one)",
+        "address": "the loopback address to listen on (default 127.0.0.1)",
+        "no_browser": "print the URL only; do not open a browser",
+        "json": 'print {"url": ...}',
+    }
+)
+def dashboard(c, interval=None, port=None, address="127.0.0.1", no_browser=False, json_=False):
+    """Every stack, run and GPU of this project in your browser, live: costs, warnings, logs and curves.
+
+    A local page (a secret in its URL, made at each start), opened in your browser; Ctrl-C stops it.
+    Each stack is asked once per interval, however many tabs are open, and not at all while none looks.
+    """
+    from remote.dashboard.server import Dashboard
+
+    env = Environment.of(c)
+    interval = number("--interval", DEFAULT_INTERVAL_S if interval is None else interval, float, 1, 3600)
+    port = number("--port", 0 if port is None else port, int, 0, 65535)
+    try:
+        board = Dashboard(_watch(env, interval), loopback(address), port).start()
+    except OSError as e:
+        raise GpuTrainError(f"the dashboard cannot listen on {address}:{port}: {e.strerror or e}") from None
+    print(json.dumps({"url": board.url}) if json_ else board.url, flush=True)
+    stacks = len(board.watch.pollers)
+    say(f"dashboard of {stacks} stack(s), each asked every {interval:g} s while a page is open; Ctrl-C stops it")
+    if not no_browser:
+        if can_open_browser(sys.platform, dict(os.environ)):
+            import webbrowser
+
+            webbrowser.open(board.url)
+        else:
+            say(f"no desktop here: open the URL in your browser (from another machine: ssh -L {board.port}:{address}:{board.port} HOST)")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        board.stop()
+    say("dashboard stopped")
+
+
+@task(help={"output": "the HTML file to write (default: PROJECT-report-YYYYmmdd-HHMM.html here)", "json": 'print {"path": ...}'})
+def report(c, output=None, json_=False):
+    """The dashboard as one self-contained HTML file (no network needed to open it): for a lab notebook.
+
+    Every stack asked once; each run's last log lines and its curves, a sweep's best trial."""
+    from gpu_train.atomic import atomic_write
+    from remote.dashboard import page
+
+    env = Environment.of(c)
+    watch = _watch(env, 0)
+    doc = snapshot(env, watch)
+    stamp = time.strftime("%Y%m%d-%H%M", time.localtime(doc["at"]))
+    path = Path(output) if output else env.cwd / f"{doc['project']}-report-{stamp}.html"
+    if path.is_dir():
+        raise UsageError(f"--output {path}: a folder; name a file (e.g. {path / 'report.html'})")
+    try:
+        atomic_write(path, page.report(doc))
+    except OSError as e:
+        raise GpuTrainError(f"cannot write {path}: {e.strerror or e}") from None
+    print(json.dumps({"path": str(path)}) if json_ else path, flush=True)
+    say(f"{len(doc['stacks'])} stack(s), {len(doc['runs'])} run(s); open it in any browser, offline")
+
+
+def snapshot(env: Environment, watch) -> dict:
+    """One look at every stack, with the newest runs' last log lines, every run's curves, each sweep's best."""
+    from gpu_train.views.board import best_trial, sweep_of
+    from remote.dashboard.curves import Curves
+    from remote.tasks.runs import _stream_log
+    from remote.tasks.session import Session
+
+    doc = {**watch.look_once(), "actions": [], "live": False, "logs": {}, "curves": {}, "best": {}}
+    curves = Curves(env)
+    for stack in {r["stack"] for r in doc["runs"]}:
+        runs = watch.host_runs(stack)
+        for run_id, series in curves.of(stack, runs)["runs"].items():
+            doc["curves"][f"{stack}/{run_id}"] = series
+        for sweep in {sweep_of(r) for r in runs} - {None}:
+            trials = {r["id"]: doc["curves"].get(f"{stack}/{r['id']}", []) for r in runs if sweep_of(r) == sweep}
+            doc["best"][f"{stack}/{sweep}"] = best_trial(trials)
+    for r in doc["runs"][:REPORT_LOG_RUNS]:
+        chunks: list[bytes] = []
+        session = Session(env, r["stack"])
+        try:
+            _stream_log(session, r["id"], REPORT_LOG_LINES, False, chunks.append, lambda: None)
+        except GpuTrainError as e:
+            chunks.append(f"(the log could not be read: {e})".encode())
+        finally:
+            session.close()
+        from remote.dashboard.logs import plain
+
+        doc["logs"][f"{r['stack']}/{r['id']}"] = plain(b"".join(chunks).decode("utf-8", "replace"))
+    return doc
