@@ -112,6 +112,8 @@ class Compute:
 def settings_from_env(env: dict[str, str]) -> dict:
     return {
         "stack": env.get(recovery.STACK_ENV, ""),
+        "project": env.get(recovery.PROJECT_ENV) or None,
+        "zone": env.get(recovery.ZONE_ENV) or None,
         "nodes": [n for n in env.get(recovery.NODES_ENV, "").split(",") if n],
         "hours": _number(env, recovery.HOURS_ENV, 24),
         "notify": env.get(recovery.NOTIFY_ENV) or None,
@@ -133,8 +135,10 @@ def _number(env: dict[str, str], name: str, default: float) -> float:
 def recover(event: Event, conf: dict, now: float | None = None, api: Compute | None = None) -> tuple[str, str]:
     """One invocation for ``event``: (DONE or RETRY, why)."""
     now = time.time() if now is None else now
-    api = api or Compute(event.project, event.zone, conf["compute"], conf["metadata"], conf.get("opPollS", 1))
     nodes, stack = conf["nodes"], conf["stack"]
+    if (conf.get("project"), conf.get("zone")) != (event.project, event.zone):
+        return DONE, f"{event.project}/{event.zone} is not stack {stack}'s project and zone: ignored"
+    api = api or Compute(conf["project"], conf["zone"], conf["compute"], conf["metadata"], conf.get("opPollS", 1))
     if event.instance not in nodes:
         return DONE, f"{event.instance} is not a VM of stack {stack}"
     found = {n: api.get(n) for n in nodes}

@@ -41,6 +41,9 @@ UP = ("PROVISIONING", "STAGING", "RUNNING")
 STACK_ENV, NODES_ENV, HOURS_ENV, NOTIFY_ENV = "GPU_TRAIN_STACK", "GPU_TRAIN_NODES", "GPU_TRAIN_RECOVER_HOURS", "GPU_TRAIN_NOTIFY"
 COMPUTE_URL_ENV, METADATA_URL_ENV, OP_WAIT_S_ENV = "GPU_TRAIN_COMPUTE_URL", "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_OP_WAIT_S"
 OP_POLL_S_ENV = "GPU_TRAIN_OP_POLL_S"
+# The stack's own project and zone: an event naming any other is not this stack's (whoever can publish to
+# the topic chooses what an event says; the function acts only where the stack lives).
+PROJECT_ENV, ZONE_ENV = "GPU_TRAIN_GCP_PROJECT", "GPU_TRAIN_ZONE"
 # instances.start's operation errors that pass with time: the zone's capacity (the usual answer right
 # after a preemption), the region's quota (other VMs stop), Google's own trouble.
 CAPACITY = {

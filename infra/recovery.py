@@ -248,7 +248,13 @@ def declare(
         source=pulumi.AssetArchive({path: pulumi.StringAsset(text) for path, text in files.items()}),
     )
 
-    env = {recovery.STACK_ENV: cfg.stack, recovery.NODES_ENV: ",".join(instance_names), recovery.HOURS_ENV: f"{cfg.recover_hours:g}"}
+    env = {
+        recovery.STACK_ENV: cfg.stack,
+        recovery.NODES_ENV: ",".join(instance_names),
+        recovery.HOURS_ENV: f"{cfg.recover_hours:g}",
+        recovery.PROJECT_ENV: cfg.project or "",
+        recovery.ZONE_ENV: cfg.zone,
+    }
     secrets = []
     depends: list[pulumi.Resource] = [*grants, *apis]
     if cfg.notify:

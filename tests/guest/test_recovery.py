@@ -82,6 +82,8 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
         conf = recovery_call.settings_from_env(
             {
                 "GPU_TRAIN_STACK": "guest",
+                "GPU_TRAIN_GCP_PROJECT": PROJECT,
+                "GPU_TRAIN_ZONE": ZONE,
                 "GPU_TRAIN_NODES": NAME,
                 "GPU_TRAIN_RECOVER_HOURS": "24",
                 "GPU_TRAIN_NOTIFY": hook.url,

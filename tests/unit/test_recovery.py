@@ -189,7 +189,7 @@ def test_the_record_says_what_happened() -> None:
     "url,kind,body",
     [
         ("https://hooks.slack.com/services/T/B/x", "application/json", {"text": "hi"}),
-        ("https://discord.com/api/webhooks/1/x", "application/json", {"content": "hi"}),
+        ("https://discord.com/api/webhooks/1/x", "application/json", {"content": "hi", "allowed_mentions": {"parse": []}}),
         ("https://ntfy.sh/my-topic", "text/plain; charset=utf-8", "hi"),
     ],
 )
@@ -250,6 +250,8 @@ def conf(fake: FakeGoogle, hook: Webhook, nodes: list[str], hours: float = 24) -
     return recovery_call.settings_from_env(
         {
             "GPU_TRAIN_STACK": "s",
+            "GPU_TRAIN_GCP_PROJECT": "proj-1",
+            "GPU_TRAIN_ZONE": "us-central1-a",
             "GPU_TRAIN_NODES": ",".join(nodes),
             "GPU_TRAIN_RECOVER_HOURS": str(hours),
             "GPU_TRAIN_NOTIFY": hook.url,
@@ -373,3 +375,16 @@ def test_a_start_that_ended_after_the_functions_wait_is_announced_on_the_next_lo
     assert recovery_call.recover(EV, conf(fake, hook, ["gpu-train-s"]), now=T0 + 400)[0] == DONE
     assert record(fake, "gpu-train-s")["state"] == "resumed"
     assert "back: gpu-train-s" in hook.wait_for("started again")
+
+
+@pytest.mark.parametrize("where", ["projects/proj-2/zones/us-central1-a", "projects/proj-1/zones/europe-west4-a"])
+def test_an_event_of_another_project_or_zone_is_not_this_stacks(google, where: str) -> None:
+    """The function took project and zone from the event: whoever could publish to its topic chose where it
+    started (and stopped) VMs of the same name."""
+    fake, hook = google
+    fake.state["instances"]["proj-1"] = [vm("gpu-train-s")]
+    forged = entry(stamp=rfc3339(time.time() - 60))
+    forged["protoPayload"]["resourceName"] = f"{where}/instances/gpu-train-s"
+    said = recovery_call.on_event_with(cloud_event(forged), conf(fake, hook, ["gpu-train-s"]))
+    assert said.endswith("is not stack s's project and zone: ignored")
+    assert fake.state["calls"] == [] and hook.received == []

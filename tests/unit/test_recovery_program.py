@@ -57,7 +57,13 @@ def test_a_spot_stack_gets_its_way_back_with_the_least_privilege(public_key: Pat
     svc, trigger = fn["serviceConfig"], fn["eventTrigger"]
     assert (svc["minInstanceCount"], svc["maxInstanceCount"], svc["ingressSettings"]) == (0, 1, "ALLOW_INTERNAL_ONLY")
     assert svc["serviceAccountEmail"] == trigger["serviceAccountEmail"] == email
-    assert svc["environmentVariables"] == {"GPU_TRAIN_STACK": "s", "GPU_TRAIN_NODES": ",".join(names), "GPU_TRAIN_RECOVER_HOURS": "6"}
+    assert svc["environmentVariables"] == {
+        "GPU_TRAIN_STACK": "s",
+        "GPU_TRAIN_NODES": ",".join(names),
+        "GPU_TRAIN_RECOVER_HOURS": "6",
+        "GPU_TRAIN_GCP_PROJECT": "proj-1",
+        "GPU_TRAIN_ZONE": "us-central1-a",
+    }
     assert trigger["retryPolicy"] == "RETRY_POLICY_RETRY"
     assert trigger["eventType"] == "google.cloud.pubsub.topic.v1.messagePublished"
     topic = one(result, "pubsub/topic:Topic")
