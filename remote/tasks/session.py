@@ -117,8 +117,15 @@ class Session:
         except RemoteError as e:
             if not self._target.is_gcp:
                 raise Unreachable(str(e)) from None
-            # The VM may have a new address (stopped and started): refresh the stack outputs once.
-            self._cluster = targets.resolve(self.env, self._target.stack, refresh=True)
+            # The VM may have a new address (stopped and started: an ephemeral IP is new at each start): ask the
+            # Compute API where it is now, else read the stack outputs again.
+            from remote.ssh import readdress
+
+            vm = self._target.vm or {}
+            moved = readdress.rediscover(self.env, self._target.stack, vm.get("project"), lambda v: probes.instance(self.env, v))
+            if moved:
+                say(f"(the VM has a new address, from the Compute API: {self._target.stack}'s outputs updated)")
+            self._cluster = targets.resolve(self.env, self._target.stack, refresh=not moved)
             self._target = self._cluster.for_node(self.node)
             try:
                 self.conn = ssh.open_connection(self._target, self._target.host, self.timeout, say)
