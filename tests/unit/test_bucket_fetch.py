@@ -89,3 +89,54 @@ def test_a_download_longer_than_listed_stops_at_its_size(tmp_path: Path) -> None
     with pytest.raises(OSError, match="more bytes than the 4"):
         f.write(b"e")
     assert out.getvalue() == b"abcd"
+
+
+def test_a_gzip_encoded_object_comes_down_as_its_stored_bytes(tmp_path: Path, gcs: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An object stored gzip-encoded (Content-Encoding: gzip, as Cloud Storage serves it to a client that
+    accepts gzip) was inflated by the client as it was written: 10 KiB became 10 MiB on the laptop before
+    any size check (a 1 GiB bomb, 1,028x). The emulator does not send that header, so a relay in front of
+    it adds it to media downloads, as Cloud Storage does."""
+    import gzip
+    import http.client
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bomb = gzip.compress(bytes(10 << 20))
+    blob = gcs.client().bucket("ckpt").blob(f"team/lab/{RUN}/ckpt.pt")
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(bomb)
+    upstream = gcs.url.rsplit(":", 1)[1]
+
+    class Relay(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", int(upstream), timeout=30)
+            conn.request("GET", self.path, headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+            answer = conn.getresponse()
+            body = answer.read().replace(f"127.0.0.1:{upstream}".encode(), f"127.0.0.1:{relay.server_address[1]}".encode())  # mediaLink
+            self.send_response(answer.status)
+            for k, v in answer.getheaders():
+                if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
+                    self.send_header(k, v)
+            if "alt=media" in self.path:
+                self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            conn.close()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    relay = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+    threading.Thread(target=relay.serve_forever, args=(0.02,), daemon=True).start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{relay.server_address[1]}")
+    try:
+        dest = tmp_path / "runs" / "lab" / RUN
+        got = bucketfetch.fetch_run(bucketfetch.client(), PLACE, "lab", RUN, dest, say=lambda s: None)
+    finally:
+        relay.shutdown()
+        relay.server_close()
+    assert got.problems == [] and got.files == 1
+    assert (dest / "ckpt.pt").read_bytes() == bomb  # the stored bytes, verified, never inflated
