@@ -13,13 +13,13 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train import recovery
 from gpu_train.catalog import disks
 from gpu_train.catalog.model import ZONE_PATTERN, Catalog
 from gpu_train.gcp import images, names, provisioning
 from gpu_train.gcp.shape_rules import availability, machine_and_gpus, offered_gpu
 from gpu_train.stack import placeholders, values
-from gpu_train.stack.config import SECRET_VALUE, ConfigError, Problem, StackConfig, parse_partial, parse_shape, shown
+from gpu_train.stack.check import checked, lifecycle, ssh_rules
+from gpu_train.stack.config import Problem, StackConfig, parse_shape, shown
 from gpu_train.stack.pools import check_pools
 
 ZONE_RE = re.compile(ZONE_PATTERN)
@@ -80,26 +80,20 @@ def check(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfi
     Settings that failed to parse are left out of the GPU rules (their own problem says why),
     so every problem is reported in one go.
     """
-    cfg, problems = parse_partial(raw, stack, catalog)
-    bad = {p.key for p in problems}
-    problems += [p for p in validate(cfg, catalog) if p.key not in bad]
-    errors = [p for p in problems if p.severity == "error"]
-    if errors:
-        raise ConfigError(errors, stack)
-    return cfg, problems
+    return checked(raw, stack, catalog, lambda cfg: validate(cfg, catalog))
 
 
 def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     """Every problem with the stack, errors and warnings, in the order of the settings."""
     if not cfg.is_gcp:
-        return _lifecycle(cfg) + values.check(cfg)
+        return ssh_rules(cfg)
     problems = _zone(cfg)
     if cfg.pools:  # each pool its own shape, checked by the same rules as a stack's one shape
         problems += check_pools(cfg, catalog, lambda c, cat: _shape(c, cat, zone_ok=not problems))
     else:
         problems += _shape(cfg, catalog, zone_ok=not problems)
     problems += _disk(cfg, catalog) + _data_disk(cfg, catalog) + images.check(cfg, catalog) + _ssh(cfg)
-    problems += _labels(cfg) + _lifecycle(cfg) + provisioning.check(cfg, catalog)
+    problems += _labels(cfg) + lifecycle(cfg) + provisioning.check(cfg, catalog)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
     problems += names.check(cfg.stack, cfg.nodes)
     problems += placeholders.check(cfg.project, cfg.ssh_source_ranges)
@@ -187,38 +181,6 @@ def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
                     kind,
                 )
             )
-    return problems
-
-
-# -- lifecycle: idle stop, resumes (the run-time cap: provisioning) ---------------------------
-MAX_RECOVER_HOURS = recovery.MAX_RECOVER_HOURS  # Cloud Run functions retry an event for 24 h (7 days was 1st gen)
-
-
-def _lifecycle(cfg: StackConfig) -> list[Problem]:
-    problems = []
-    if cfg.idle_stop_minutes < 0:
-        problems.append(Problem("idleStopMinutes", "must be 0 (off) or more", "e.g. 30", cfg.idle_stop_minutes))
-    if cfg.max_resumes < 0:
-        problems.append(Problem("maxResumes", "must be 0 (never resume) or more", "e.g. 10", cfg.max_resumes))
-    if not 0 <= cfg.recover_hours <= MAX_RECOVER_HOURS:
-        problems.append(
-            Problem(
-                "recoverHours",
-                f"must be between 0 (no recovery) and {MAX_RECOVER_HOURS:g}: Cloud Run functions retry an event for 24 hours "
-                "at most, and the recovery gives up within that window (20 minutes before its end)",
-                "e.g. 24",
-                cfg.recover_hours,
-            )
-        )
-    if cfg.notify not in (None, SECRET_VALUE) and not re.fullmatch(r"https?://[^\s/]+\S*", cfg.notify):
-        problems.append(
-            Problem(
-                "notify",
-                "is not a webhook URL (https://...)",
-                "pulumi config set --secret gpu-train:notify https://ntfy.sh/YOUR-TOPIC (or a Slack or Discord webhook)",
-                "(hidden)",
-            )
-        )
     return problems
 
 

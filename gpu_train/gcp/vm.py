@@ -26,6 +26,7 @@ from gpu_train.gcp.names import (  # noqa: F401
     service_account_id,
 )
 from gpu_train.gcp.validate import GpuShape, node_shapes
+from gpu_train.stack.agentdoc import SHUTDOWN_GRACE_S, agent_settings, job_grace_s, shutdown_grace_s  # noqa: F401
 from gpu_train.stack.config import StackConfig
 from gpu_train.stack.values import LOGIN_RE
 
@@ -62,17 +63,6 @@ SSH_DENY_PRIORITY = 910  # ... and this deny closes port 22 to everyone else, fo
 # The nodes' own traffic, SSH included (node 0 passes the code on to the others over it), must beat
 # that deny: Compute Engine applies the rule of lowest priority number, a deny winning a tie.
 INTERNAL_PRIORITY = SSH_ALLOW_PRIORITY
-# How long Compute Engine lets the guest shut down before a hard power-off: "120 seconds ... for
-# Standard VMs and 30 seconds for Spot VMs" (pulumi-gcp 10.2.0 Instance scheduling.skipGuestOsShutdown
-# doc; Compute Engine "Spot VMs", preemption process; read 2026-11-22).
-SHUTDOWN_GRACE_S = {True: 30, False: 120}
-
-
-def shutdown_grace_s(spot: bool) -> int:
-    """Seconds a job has to checkpoint when the VM stops or is preempted."""
-    return SHUTDOWN_GRACE_S[spot]
-
-
 # Inputs of the instance Pulumi ignores once deployed: the image is resolved from its family at
 # `up` and then pinned, so a newer image never replaces the VM. (The recovery function's record is labels
 # of its own, gpu-train-rec-*: pulumi-gcp's `labels` manage only the keys the program declares.)
@@ -156,24 +146,9 @@ def desired_status(running: bool) -> str:
     return "RUNNING" if running else "TERMINATED"
 
 
-def job_grace_s(cfg: StackConfig) -> int:
-    """Seconds a job has between SIGTERM and SIGKILL when the machine goes down: within Compute
-    Engine's window (``shutdown_grace_s``), leaving the rest of the shutdown a few seconds. SSH
-    hosts: under systemd's default stop timeout (90 s)."""
-    if not cfg.is_gcp:
-        return 80
-    return shutdown_grace_s(cfg.spot) - (5 if cfg.spot else 10)
-
-
 def tick_interval_s(idle_stop_minutes: float) -> int:
     """How often the idle check runs: a fifth of the idle time, between 10 s and a minute."""
     return int(min(60, max(10, idle_stop_minutes * 60 / 5))) if idle_stop_minutes > 0 else 60
-
-
-def agent_settings(cfg: StackConfig, **host: object) -> dict[str, object]:
-    """The agent's settings from this stack, as a host gets them (contract.AgentSettings' document): the
-    stack's own, the job's shutdown grace, and ``host``'s (its sshPort; a VM's root copy: whose root)."""
-    return {**cfg.agent_settings(), "shutdownGraceS": job_grace_s(cfg), **host}
 
 
 def root_settings(cfg: StackConfig) -> dict[str, object]:

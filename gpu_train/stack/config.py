@@ -14,11 +14,8 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_train.catalog import gpunames
-from gpu_train.catalog.disks import default_disk_type
-from gpu_train.catalog.model import Catalog
 from gpu_train.stack.bucket import bucket_problems
 from gpu_train.stack.pools import parse_pools
 from gpu_train.stack.problems import ConfigError, Problem, shown
@@ -30,6 +27,9 @@ from gpu_train.stack.settings import (  # each setting is declared once, there
     StackConfig,
 )
 from gpu_train.stack.sshhost import SshHost
+
+if TYPE_CHECKING:  # (the Compute Engine modules load only for a GCP stack: an SSH stack's tasks never need them)
+    from gpu_train.catalog.model import Catalog
 
 SECRET_SETTINGS = ("notify",)  # may be stored encrypted (`pulumi config set --secret`)
 SECRET_VALUE = "(secret)"  # such a setting's value where it is not decrypted
@@ -166,17 +166,18 @@ def _normalise_keys(raw: dict[str, Any]) -> dict[str, Any]:
 def parse(raw: dict[str, Any], stack: str, catalog: Catalog) -> StackConfig:
     """Type-check a stack's raw settings and apply defaults; raise ConfigError listing all problems.
 
-    ``catalog`` gives the defaults that are catalog facts (the caller loads it: see catalog_file)."""
+    ``catalog`` gives the defaults that are catalog facts (the caller loads it: see gpu_train/catalog/loader.py)."""
     cfg, problems = parse_partial(raw, stack, catalog)
     if problems:
         raise ConfigError(problems, stack)
     return cfg
 
 
-def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[StackConfig, list[Problem]]:
+def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None) -> tuple[StackConfig, list[Problem]]:
     """The config built from the settings that parsed (defaults elsewhere), and the problems.
 
-    Lets callers run the GPU rules on what did parse, so a user sees every problem at once.
+    Lets callers run the GPU rules on what did parse, so a user sees every problem at once. An SSH
+    stack needs no ``catalog`` (None: gpu_train/stack/check.py): its settings name no Compute Engine shape.
     """
     raw = _normalise_keys(raw)
     problems: list[Problem] = []
@@ -238,13 +239,18 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
 
     if not any(p.key in ("bucket", "bucketCreate") for p in problems):
         problems += bucket_problems(values.get("bucket"), bool(values.get("bucketCreate")))
-    if "gpuType" in values:  # `gpuType: T4` means nvidia-tesla-t4: the program and the API get the API name
+    if catalog is None and target == "gcp":
+        raise ValueError("a GCP stack is parsed against the catalog (gpu_train/catalog/loader.py load_catalog)")
+    if catalog is not None:
+        from gpu_train.catalog import gpunames
+    if "gpuType" in values and catalog is not None:  # `gpuType: T4` is nvidia-tesla-t4: the program and the API get the API name
         values["gpuType"] = gpunames.api_name(values["gpuType"], catalog)
     kwargs = {BY_KEY[k].attr: v for k, v in values.items() if k != "hosts"}
     if values.get("pools"):
         pools, pool_problems = parse_pools(values["pools"])
         problems += pool_problems
-        pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, catalog)) if p.gpu_type else p for p in pools)
+        if catalog is not None:
+            pools = tuple(replace(p, gpu_type=gpunames.api_name(p.gpu_type, catalog)) if p.gpu_type else p for p in pools)
         kwargs["pools"] = pools
         if pools:  # the stack's own shape is the chief's; nodes counts every pool
             chief = pools[0]
@@ -257,7 +263,9 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog) -> tuple[St
         kwargs.setdefault("venv", False)
     if target == "gcp":  # where the VM's startup script binds the data disk (contract.GCP_REMOTE_ROOT says why)
         kwargs.setdefault("remote_root", GCP_REMOTE_ROOT)
-    if target == "gcp":  # image and disk defaults are catalog facts
+    if catalog is not None and target == "gcp":  # image and disk defaults are catalog facts
+        from gpu_train.catalog.disks import default_disk_type
+
         kwargs.setdefault("image_family", catalog.default_image_family)
         kwargs.setdefault("image_project", catalog.image_project)
         kwargs.setdefault("boot_disk_type", default_disk_type(catalog, kwargs.get("machine_type", BY_KEY["machineType"].default)))

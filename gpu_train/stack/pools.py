@@ -16,12 +16,13 @@ pools as on ``nodes``. Pure: parsing, the rules each pool must meet, and the per
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_train.catalog import disks
-from gpu_train.catalog.model import Catalog
 from gpu_train.stack.problems import Problem
 from gpu_train.stack.settings import StackConfig
+
+if TYPE_CHECKING:  # (Compute Engine's rules load with a GCP stack's checks, never for an SSH stack's parse)
+    from gpu_train.catalog.model import Catalog
 
 ROLES = ("chief", "worker", "ps")
 POOL_KEYS = {"role", "count", "machineType", "gpuType", "gpuCount"}
@@ -110,6 +111,8 @@ def node_shapes(pools: tuple[Pool, ...], catalog: Catalog) -> list[NodeShape]:
 
 def boot_disk_type(cfg: StackConfig, machine_type: str, catalog: Catalog) -> str:
     """A node's boot disk type: the stack's when set, else its own series' (pools may mix series)."""
+    from gpu_train.catalog import disks
+
     return cfg.boot_disk_type if "bootDiskType" in cfg.given else disks.default_disk_type(catalog, machine_type)
 
 
@@ -135,6 +138,8 @@ def pool_config(cfg: StackConfig, pool: Pool) -> StackConfig:
 def check_pools(cfg: StackConfig, catalog: Catalog, shape_rules) -> list[Problem]:
     """Every pool's own problems, named ``pools[i].KEY``; ``shape_rules(cfg, catalog)`` are validate's
     GPU rules (machine, GPUs, zone) for one shape, passed in to keep this module below validate."""
+    from gpu_train.catalog import disks
+
     pools = cfg.pools
     if not pools:
         return []

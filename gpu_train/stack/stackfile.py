@@ -9,14 +9,16 @@ and reads the SSH public key a stack points to.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gpu_train.catalog.model import Catalog
 from gpu_train.stack import project
 from gpu_train.stack.config import ConfigError, Problem, StackConfig, parse
 from gpu_train.stack.settings import NAMESPACE, looks_like_key_text
+
+if TYPE_CHECKING:
+    from gpu_train.catalog.model import Catalog
 
 
 def stack_file(stack: str, dirs: list[Path], cli: str) -> Path:

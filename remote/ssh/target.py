@@ -18,8 +18,8 @@ from typing import Any
 from gpu_train.atomic import atomic_write
 from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
 from gpu_train.environment import Environment
-from gpu_train.gcp.vm import agent_settings
-from gpu_train.stack import config, project, stackfile
+from gpu_train.stack import check, config, project, stackfile
+from gpu_train.stack.agentdoc import agent_settings
 from gpu_train.stack.config import ConfigError, Problem, SshHost, StackConfig
 
 REPO = project.REPO
@@ -322,13 +322,17 @@ def ssh_hosts(cfg: StackConfig) -> StackConfig:
 
 def resolve(env: Environment, stack: str | None, refresh: bool = False) -> Target:
     """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
-    from gpu_train.catalog.loader import load_catalog
-    from gpu_train.gcp import validate
-
     name = select_stack(env, stack)
     # The same validation as `scripts/plan` and `pulumi up`: a stack file from elsewhere is checked
-    # before any of its values reaches ssh, rsync or a host.
-    cfg, _ = validate.check(stackfile.read_stack_file(env.stack_file(name)), name, load_catalog())
+    # before any of its values reaches ssh, rsync or a host (an SSH stack's by its rules alone).
+    raw = stackfile.read_stack_file(env.stack_file(name))
+    if check.target_of(raw) == "ssh":
+        cfg, _ = check.check_ssh(raw, name)
+    else:
+        from gpu_train.catalog.loader import load_catalog
+        from gpu_train.gcp import validate
+
+        cfg, _ = validate.check(raw, name, load_catalog())
     home = env.state_home
     why = state_problem(home, home / name)
     if why:

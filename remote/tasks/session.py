@@ -91,7 +91,6 @@ class Session:
         With ``shared`` (every task but the port forwards), this user's shared OpenSSH connection to
         the host is used when it is up (remote/ssh/mux.py): one round trip, no login; else a login,
         and the shared connection is started beside it for the next task."""
-        from infra.ops import probes
         from remote.errors import HostKeyError, RemoteError
         from remote.ssh import connect as ssh
         from remote.ssh import mux, vmprobe
@@ -109,7 +108,7 @@ class Session:
                 self._target.host,
                 self.timeout,
                 say,
-                vmprobe.probe(self.env, self._target.stack, self._target.vm, say, lambda vm: probes.instance(self.env, vm)),
+                vmprobe.probe(self.env, self._target.stack, self._target.vm, say, self._instance),
                 again,
             )
         except HostKeyError:
@@ -141,6 +140,12 @@ class Session:
         if shared:
             mux.start_master(self._target, self._target.host)
         return self.conn
+
+    def _instance(self, vm: dict) -> dict | None:
+        """The VM's instance as Compute Engine reports it (infra/ops/probes.py, loaded for a GCP stack only)."""
+        from infra.ops import probes
+
+        return probes.instance(self.env, vm)
 
     def _shared(self):
         """A connection over the shared one when it is up, else None. With ``probe_shared``, only when it

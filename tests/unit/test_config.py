@@ -157,3 +157,51 @@ def test_parse_shape(text: str, shape: tuple) -> None:
     assert config.parse_shape(text) == shape
     with pytest.raises(ValueError):
         config.parse_shape(f"{text}/x" if text.count("/") == 1 else "n1-standard-8/nvidia-tesla-t4/two")
+
+
+def ssh_settings(**overrides: object) -> dict[str, object]:
+    raw: dict[str, object] = {"gpu-train:target": "ssh", "gpu-train:hosts": ["me@box.lab:22"], "gpu-train:sshKey": "/k/id"}
+    raw.update({(k if ":" in k else f"gpu-train:{k}"): v for k, v in overrides.items()})
+    return raw
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        ssh_settings(),
+        {"target": "ssh", "hosts": ["me@box.lab"], "sshKey": "/k/id", "maxResumes": 3},  # bare keys
+        ssh_settings(notify="https://ntfy.sh/x", idleStopMinutes=20, remoteRoot="/data/{node}"),
+        ssh_settings(gpuType="T4"),  # GCP's alone: refused, not looked up in the catalog
+        ssh_settings(pools=[{"role": "chief", "machineType": "n1-standard-8"}]),
+        ssh_settings(maxResumes=-1, notify="ntfy.sh/x", recoverHours=1000),
+        ssh_settings(hosts=["me@-oProxyCommand=x"], remoteRoot="relative"),
+        ssh_settings(machineTyp="n1-standard-8"),  # a typo
+        ssh_settings(hosts=[]),
+    ],
+)
+def test_an_ssh_stack_is_checked_without_compute_engines_rules_as_with_them(raw: dict) -> None:
+    """The tasks check an SSH stack by its own rules (no catalog, no Compute Engine module: check_ssh),
+    and find exactly what the whole validation (scripts/plan, the program) finds in it."""
+    from gpu_train.gcp import validate
+    from gpu_train.stack import check
+
+    def outcome(checker) -> object:
+        try:
+            return checker()
+        except ConfigError as e:
+            return e.problems
+
+    assert check.target_of(raw) == "ssh"
+    assert outcome(lambda: check.check_ssh(raw, "s")) == outcome(lambda: validate.check(raw, "s", CATALOG))
+
+
+def test_the_target_is_gcp_unless_the_stack_says_ssh() -> None:
+    from gpu_train.stack import check
+
+    assert [check.target_of(raw) for raw in ({}, {"target": "ssh"}, {"gpu-train:target": "ssh"}, {"target": "sssh"}, {"target": 1})] == [
+        "gcp",
+        "ssh",
+        "ssh",
+        "gcp",
+        "gcp",
+    ]
