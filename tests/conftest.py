@@ -277,6 +277,13 @@ def run_fab(env: dict[str, str], cwd: Path, *args: str, check: bool = False, tim
     return result
 
 
+def after_the_second_of(run_id: str) -> None:
+    """Wait until the clock has left the second ``run_id`` was named in (NAME_YYYYmmdd_HHMMSS): a train of
+    the same name then gets a new run id, not a refusal (the condition a fixed sleep of 1.1 s stood in for)."""
+    while time.strftime("%Y%m%d_%H%M%S") <= run_id[-15:]:
+        time.sleep(0.01)
+
+
 def cluster_stack(stacks: Path, name: str, hosts: list[str], key: str | Path, extra: str = "") -> Path:
     """An SSH stack over several hosts, node N's REMOTE_ROOT in ``stacks/../nodeN``; jobs run in the
     tests' own Python as it is (venv: false)."""

@@ -48,6 +48,16 @@ def children(pid: int) -> list[tuple[int, str]]:
     return found
 
 
+def host_processes() -> list[tuple[int, str]]:
+    """(pid, command line) of every process here (the host is this machine)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit():
+                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")))
+    return found
+
+
 def in_group(pgid: int) -> list[int]:
     """The live processes whose process group is ``pgid`` (what a terminal's Ctrl-C reaches); zombies
     are dead already (a container's PID 1 may never reap the orphans)."""
@@ -82,7 +92,9 @@ def test_ctrl_c_during_the_code_sync_starts_nothing(proj: Project, sshd, whom: s
     while not any("rsync" in c and "staging/" in c for _, c in children(p.pid)):
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()
         time.sleep(0.05)
-    time.sleep(0.3)  # well inside the sync
+    while not any((proj.remote / "staging").rglob("w*.bin")):  # well inside the sync: files are arriving
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.02)
     if whom == "terminal":
         os.killpg(p.pid, signal.SIGINT)
     else:
@@ -93,10 +105,15 @@ def test_ctrl_c_during_the_code_sync_starts_nothing(proj: Project, sshd, whom: s
     assert p.returncode == 130, (p.returncode, out, err)
     assert "interrupted during the code sync: nothing was started" in err, err
     assert "Traceback" not in err and "started" not in out
-    time.sleep(0.5)
+    gone = time.monotonic() + 0.5  # what the Ctrl-C reached has ended within half a second of gpu-train
+    while in_group(p.pid) and time.monotonic() < gone:
+        time.sleep(0.02)
     left = {pid: (Path("/proc") / str(pid) / "stat").read_text() for pid in in_group(p.pid)}
     assert not left, f"gpu-train left processes behind: {left}"
-    time.sleep(1)  # the host never starts it later either
+    deadline = time.monotonic() + 30  # the host never starts it later either: its agent, waiting for "go", has ended
+    while any(str(proj.remote) in c for _, c in host_processes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(str(proj.remote) in c for _, c in host_processes())
     runs = proj.remote / "runs"
     assert not runs.exists() or not list(runs.iterdir())
     assert "hello_" not in proj.run("status").stdout

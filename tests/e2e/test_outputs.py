@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from remote.loopback import Sshd
-from tests.conftest import Lab, cluster_stack, fab_env, run_fab
+from tests.conftest import Lab, after_the_second_of, cluster_stack, fab_env, run_fab
 
 LAB_ADDRESS = "127.0.26.2"  # this module's loopback addresses: 127.0.26.x (the `lab` fixture reads it)
 
@@ -198,13 +198,16 @@ def test_unchanged_code_is_staged_as_sent_not_as_the_last_job_left_it(lab: Lab) 
     (code / "conf" / "base.yaml").write_text("lr: 1\n")
     job = 'cat conf/base.yaml; ls out 2>/dev/null | sed "s/^/FOUND /"; mkdir -p out && echo ckpt > out/ckpt.pt'
 
+    runs: list[str] = []
+
     def train(said: str) -> str:
-        time.sleep(1.1)  # a new second: a new run id
+        if runs:
+            after_the_second_of(runs[-1])  # a new second: a new run id
         result = lab.fab("train", "--dir", str(code), "--command", job, "--name", "same", check=True)
         assert said in result.stderr
-        run = result.stdout.split()[1]
-        lab.wait(run)
-        return run
+        runs.append(result.stdout.split()[1])
+        lab.wait(runs[-1])
+        return runs[-1]
 
     train("syncing")
     second = train("unchanged since the last run")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLE, Lab
+from tests.conftest import EXAMPLE, Lab, after_the_second_of
 
 
 def sha256(path: Path) -> str:
@@ -94,7 +94,7 @@ def test_sync_honours_ignores_and_links_unchanged_files(lab: Lab) -> None:
     sent = sorted(str(p.relative_to(remote_code)) for p in remote_code.rglob("*") if p.is_file())
     assert sent == [".gitignore", ".gputrainignore", "sub/keep.py", "train.py"]
 
-    time.sleep(1.1)  # a new run id
+    after_the_second_of(run)  # a new run id
     run2 = lab.train("--dir", str(code), "--script", "train.py")
     lab.wait(run2)
     a, b = remote_code / "train.py", lab.remote / "runs" / run2 / "code" / "train.py"
@@ -111,7 +111,8 @@ def test_outside_git_rsync_reads_gitignore(lab: Lab) -> None:
     (code / ".gitignore").write_text("*.log\n")
     run = lab.train("--dir", str(code), "--script", "run.py")
     lab.wait(run)
-    assert not (lab.remote / "runs" / run / "code" / "out.log").exists()
+    remote_code = lab.remote / "runs" / run / "code"
+    assert sorted(str(p.relative_to(remote_code)) for p in remote_code.rglob("*") if p.is_file()) == [".gitignore", "run.py"]
 
 
 def test_job_crash_is_failed_with_its_exit_code_and_log(lab: Lab, plain: str) -> None:
@@ -126,10 +127,11 @@ def test_job_crash_is_failed_with_its_exit_code_and_log(lab: Lab, plain: str) ->
 
 
 def test_stop_escalates_sigint_sigterm_sigkill(lab: Lab, plain: str) -> None:
-    stubborn = "trap 'echo got INT' INT; trap 'echo got TERM' TERM; while true; do sleep 0.1; done"
+    stubborn = "trap 'echo got INT' INT; trap 'echo got TERM' TERM; echo armed; while true; do sleep 0.1; done"
     run = lab.train("--dir", plain, "--command", stubborn, "--name", "stubborn")
-    lab.wait(run, ("running",))
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while "armed" not in lab.log(run) and time.monotonic() < deadline:  # its traps are set
+        time.sleep(0.05)
     out = lab.fab("stop", "--grace", "1", check=True).stdout
     assert f"{run}: stopped (SIGINT, SIGTERM, SIGKILL)" in out
     pid = json.loads((lab.remote / "runs" / run / "state.json").read_text())["pid"]
@@ -154,8 +156,12 @@ def test_two_trains_with_one_name_at_once(lab: Lab, plain: str) -> None:
     results = [(p.wait(60), p.stdout.read(), p.stderr.read()) for p in procs]
     codes = sorted(r[0] for r in results)
     assert codes == [0, 1], results
-    refused = next(r for r in results if r[0] == 1)
-    assert "already running" in refused[2] or "already exists" in refused[2]
+    started, refused = (next(r for r in results if r[0] == code) for code in (0, 1))
+    run = started[1].split()[1]
+    # Which refusal depends on the clock alone: the same second, the same run id; a second later, another id.
+    same_second = f"run {run} already exists on this host: pick another --name"
+    later = f"a run named 'same' is already running ({run})"
+    assert [same_second in refused[2], later in refused[2]].count(True) == 1, refused
     lab.fab("stop", "--grace", "1", check=True)
 
 
@@ -313,14 +319,17 @@ def test_unchanged_code_is_reused_and_the_host_checks_the_claim(lab: Lab) -> Non
     code.mkdir()
     (code / "a.py").write_text("print(1)\n")
 
+    runs: list[str] = []
+
     def train(said: str) -> str:
         """One run of the same name (a new second, a new run id); its id, once it has finished."""
-        time.sleep(1.1)
+        if runs:
+            after_the_second_of(runs[-1])
         result = lab.fab("train", "--dir", str(code), "--command", "cat a.py", "--name", "re", check=True)
         assert said in result.stderr
-        run = result.stdout.split()[1]
-        lab.wait(run)
-        return run
+        runs.append(result.stdout.split()[1])
+        lab.wait(runs[-1])
+        return runs[-1]
 
     train("syncing")
     assert "print(1)" in lab.log(train("unchanged since the last run"))

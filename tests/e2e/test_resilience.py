@@ -12,6 +12,7 @@ import time
 import paramiko
 import pytest
 
+from agent import procs
 from tests.conftest import EXAMPLE, Lab
 from tests.unit.test_resilience import (
     agent_cmd,
@@ -46,10 +47,13 @@ def test_tick_powers_off_for_real_only_when_idle(lab: Lab, plain: str) -> None:
         assert "SSH session(s) open" in agent_cmd(lab, "tick")["why"]
     finally:
         client.close()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while procs.ssh_sessions(lab.sshd.port) and time.monotonic() < deadline:  # sshd has seen the session end
+        time.sleep(0.05)
     first = agent_cmd(lab, "tick")
     assert first["poweroff"] is False and first["idleSince"]
-    time.sleep(1.5)
+    while time.time() <= first["idleSince"] + settings["idleStopMinutes"] * 60:  # idle for idleStopMinutes
+        time.sleep(0.05)
     second = agent_cmd(lab, "tick")
     assert second["poweroff"] is True and marker.exists()
     assert "powering off" in (lab.remote / "agent.log").read_text()

@@ -117,9 +117,8 @@ def test_one_placement_when_every_pool_takes_one(public_key) -> None:
     (policy,) = result.of_type("compute/resourcePolicy:ResourcePolicy")
     assert policy.inputs["groupPlacementPolicy"]["vmCount"] == 3
     instances = result.of_type("compute/instance:Instance")
-    assert {i.inputs["resourcePolicies"] for i in instances} == {policy.inputs["name"]} or all(
-        i.inputs.get("resourcePolicies") for i in instances
-    )
+    region = "https://www.googleapis.com/compute/v1/projects/proj-1/regions/us-central1"
+    assert [i.inputs["resourcePolicies"] for i in instances] == [f"{region}/resourcePolicies/{policy.inputs['name']}"] * 3  # the one policy's link
 
 
 def test_plan_shows_cost_per_pool() -> None:

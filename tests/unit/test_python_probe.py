@@ -1,10 +1,15 @@
-"""The job's Python on a host is found by probing candidates for `import torch` (real interpreters:
-the system's python3 has no torch, this project's venv has torch 2.13 CPU), not assumed at /opt/conda."""
+"""The job's Python on a host is found by probing candidates for `import torch` (real interpreters: the
+system's python3 has no torch; a venv of it holds a package named torch, as an image's framework
+Python holds the real one), not assumed at /opt/conda.
+
+The probe is `python -c "import torch"`: what it tells apart is whether the import succeeds, so the torch
+here is an empty package: the real one costs 2 s of CPU each import (the e2e tier's jobs import it).
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,29 +17,40 @@ import pytest
 
 from agent import procs
 
-WITH_TORCH = sys.executable  # the test venv's Python: torch is installed
 WITHOUT_TORCH = shutil.which("python3", path="/usr/bin") or "/usr/bin/python3"
+WITH_TORCH = ""  # a venv of it with a torch package: made by _interpreters
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _interpreters() -> None:
-    # WITH_TORCH is this process's own Python: finding torch here costs nothing, importing it in a new
-    # process 2 s of CPU in every xdist worker that runs a test of this module (the tests import it).
-    if procs.imports_torch(WITHOUT_TORCH) or importlib.util.find_spec("torch") is None:
-        pytest.fail("needs a system python3 without torch and the test venv with it")
+def _interpreters(tmp_path_factory: pytest.TempPathFactory) -> None:
+    global WITH_TORCH
+    venv = tmp_path_factory.mktemp("torch-venv")
+    subprocess.run([WITHOUT_TORCH, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (Path(site) / "torch").mkdir(parents=True)
+    (Path(site) / "torch" / "__init__.py").write_text("__version__ = '2.13.0'\n")
+    WITH_TORCH = str(venv / "bin" / "python")
+    if procs.imports_torch(WITHOUT_TORCH) or not procs.imports_torch(WITH_TORCH):
+        pytest.fail("needs a system python3 without torch (and its venv module)")
 
 
 @pytest.mark.parametrize(
     ("candidates", "expected"),
     [
-        ([WITHOUT_TORCH, WITH_TORCH], WITH_TORCH),  # the first that imports torch, not the first that exists
-        (["/nonexistent/opt/conda/bin/python", WITH_TORCH], WITH_TORCH),
-        ([WITHOUT_TORCH], WITHOUT_TORCH),  # none has torch: the first that runs (the job may not need it)
+        (["without", "with"], "with"),  # the first that imports torch, not the first that exists
+        (["/nonexistent/opt/conda/bin/python", "with"], "with"),
+        (["without"], "without"),  # none has torch: the first that runs (the job may not need it)
         (["/nonexistent/python"], sys.executable),
     ],
 )
 def test_detect_python_probes_for_torch(candidates: list[str], expected: str) -> None:
-    assert procs.detect_python(None, candidates) == expected
+    named = {"with": WITH_TORCH, "without": WITHOUT_TORCH}
+    assert procs.detect_python(None, [named.get(c, c) for c in candidates]) == named.get(expected, expected)
 
 
 def test_a_configured_python_wins(tmp_path: Path) -> None:
