@@ -118,7 +118,8 @@ def test_one_placement_when_every_pool_takes_one(public_key) -> None:
     assert policy.inputs["groupPlacementPolicy"]["vmCount"] == 3
     instances = result.of_type("compute/instance:Instance")
     region = "https://www.googleapis.com/compute/v1/projects/proj-1/regions/us-central1"
-    assert [i.inputs["resourcePolicies"] for i in instances] == [f"{region}/resourcePolicies/{policy.inputs['name']}"] * 3  # the one policy's link
+    link = f"{region}/resourcePolicies/{policy.inputs['name']}"
+    assert [i.inputs["resourcePolicies"] for i in instances] == [link] * 3  # every node names the one policy
 
 
 def test_plan_shows_cost_per_pool() -> None:
