@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpu_train import recovery
 from gpu_train.catalog import disks
 from gpu_train.catalog.model import ZONE_PATTERN, Catalog
 from gpu_train.gcp import images, names, provisioning
@@ -93,7 +94,7 @@ def validate(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
     else:
         problems += _shape(cfg, catalog, zone_ok=not problems)
     problems += _disk(cfg, catalog) + _data_disk(cfg, catalog) + images.check(cfg, catalog) + _ssh(cfg)
-    problems += _labels(cfg) + lifecycle(cfg) + provisioning.check(cfg, catalog)
+    problems += _labels(cfg) + lifecycle(cfg) + _recovery(cfg) + provisioning.check(cfg, catalog)
     problems += _nodes(cfg, catalog) + _quota_request(cfg) + _fallbacks(cfg, catalog) + values.check(cfg)
     problems += names.check(cfg.stack, cfg.nodes)
     problems += placeholders.check(cfg.project, cfg.ssh_source_ranges)
@@ -181,6 +182,25 @@ def _data_disk(cfg: StackConfig, catalog: Catalog) -> list[Problem]:
                     kind,
                 )
             )
+    return problems
+
+
+# -- lifecycle: the recovery of a preempted VM (idle stop, resumes: every target's, stack/check.py) ---
+MAX_RECOVER_HOURS = recovery.MAX_RECOVER_HOURS  # Cloud Run functions retry an event for 24 h (7 days was 1st gen)
+
+
+def _recovery(cfg: StackConfig) -> list[Problem]:
+    problems = []
+    if not 0 <= cfg.recover_hours <= MAX_RECOVER_HOURS:
+        problems.append(
+            Problem(
+                "recoverHours",
+                f"must be between 0 (no recovery) and {MAX_RECOVER_HOURS:g}: Cloud Run functions retry an event for 24 hours "
+                "at most, and the recovery gives up within that window (20 minutes before its end)",
+                "e.g. 24",
+                cfg.recover_hours,
+            )
+        )
     return problems
 
 

@@ -13,15 +13,12 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpu_train import recovery
 from gpu_train.stack import values
 from gpu_train.stack.config import SECRET_VALUE, ConfigError, Problem, StackConfig, _normalise_keys, parse_partial
 from gpu_train.stack.settings import NAMESPACE
 
 if TYPE_CHECKING:
     from gpu_train.catalog.model import Catalog
-
-MAX_RECOVER_HOURS = recovery.MAX_RECOVER_HOURS  # Cloud Run functions retry an event for 24 h (7 days was 1st gen)
 
 
 def target_of(raw: dict[str, Any]) -> str:
@@ -55,21 +52,12 @@ def ssh_rules(cfg: StackConfig) -> list[Problem]:
 
 
 def lifecycle(cfg: StackConfig) -> list[Problem]:
+    """Idle stop, resumes and the webhook: every target's (recoverHours, GCP's alone, is validate's)."""
     problems = []
     if cfg.idle_stop_minutes < 0:
         problems.append(Problem("idleStopMinutes", "must be 0 (off) or more", "e.g. 30", cfg.idle_stop_minutes))
     if cfg.max_resumes < 0:
         problems.append(Problem("maxResumes", "must be 0 (never resume) or more", "e.g. 10", cfg.max_resumes))
-    if not 0 <= cfg.recover_hours <= MAX_RECOVER_HOURS:
-        problems.append(
-            Problem(
-                "recoverHours",
-                f"must be between 0 (no recovery) and {MAX_RECOVER_HOURS:g}: Cloud Run functions retry an event for 24 hours "
-                "at most, and the recovery gives up within that window (20 minutes before its end)",
-                "e.g. 24",
-                cfg.recover_hours,
-            )
-        )
     if cfg.notify not in (None, SECRET_VALUE) and not re.fullmatch(r"https?://[^\s/]+\S*", cfg.notify):
         problems.append(
             Problem(
