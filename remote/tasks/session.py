@@ -121,7 +121,7 @@ class Session:
             from remote.ssh import readdress
 
             vm = self._target.vm or {}
-            moved = readdress.rediscover(self.env, self._target.stack, vm.get("project"), lambda v: probes.instance(self.env, v))
+            moved = readdress.rediscover(self.env, self._target.stack, vm.get("project"), self._instance)
             if moved:
                 say(f"(the VM has a new address, from the Compute API: {self._target.stack}'s outputs updated)")
             self._cluster = targets.resolve(self.env, self._target.stack, refresh=not moved)
