@@ -33,7 +33,7 @@ import threading
 import time
 
 from gpu_train.atomic import atomic_write
-from gpu_train.contract import ARRIVED, AUTHORIZED_KEYS_ENV, RELAYED, RUN_ID_PATTERN, STACK_NAME_PATTERN, go_marker
+from gpu_train.contract import ARRIVED, AUTHORIZED_KEYS_ENV, RELAYED, STACK_NAME_PATTERN, go_marker, is_run_id
 
 from .store import AgentError
 
@@ -41,9 +41,7 @@ KEY_TAG = "gpu-train-cluster"  # the comment of the authorized_keys line: `grep 
 KEY_TYPES = ("ssh-ed25519",)
 NAME_RE = re.compile(STACK_NAME_PATTERN)
 FROM_RE = re.compile(r"[0-9A-Fa-f.:/]{2,64}")  # an IP address or CIDR
-RUN_RE = re.compile(RUN_ID_PATTERN)
 ALIAS_RE = re.compile(r"gpu-train-node-[0-9]{1,4}")
-BASE_RE = RUN_RE  # a run id's base follows the same rule
 KEY_LIFE_S = 2 * 3600  # a cluster key no one removed (the laptop gone mid-hop) stops working after this
 # The receiving rsync's own flags as a client's `rsync -a --delete` sends them: archive letters, then
 # "e." and the client's capabilities. No 's' (protected args would bring options the command line does
@@ -82,7 +80,7 @@ def authorized_line(key: str, name: str, source: str | None, command: str | None
 
 def receive_command(root: str, run: str, base: str) -> str:
     """The forced command of a train's cluster key: this agent's receive-code for that run only."""
-    if not RUN_RE.fullmatch(run) or not BASE_RE.fullmatch(base):
+    if not is_run_id(run) or not is_run_id(base):  # a base follows the same rule
         raise AgentError("authorize: not a run id or base name")
     agent = os.path.join(root, "bin", "gpu-train-agent")
     return shlex.join([sys.executable, "-I", "-S", agent, "--root", root, "receive-code", "--run", run, "--base", base])
@@ -169,7 +167,7 @@ def server_argv(original: str, root: str, run: str, base: str) -> list[str]:
     flags = words[at + 1] if 0 <= at < len(words) - 1 else ""
     if at < 0 or "--sender" in words or not SERVER_FLAGS_RE.fullmatch(flags):
         raise AgentError(f"receive-code: this key only receives a run's code, not {original[:200]!r}")
-    if not RUN_RE.fullmatch(run) or not BASE_RE.fullmatch(base):
+    if not is_run_id(run) or not is_run_id(base):  # a base follows the same rule
         raise AgentError("receive-code: not a run id or base name")
     return ["rsync", "--server", flags, "--delete", f"--link-dest=../../code/{base}.last", ".", os.path.join(root, "staging", run) + "/"]
 
@@ -258,7 +256,7 @@ def cmd_relay_code(root: str, doc: dict) -> int:
     leaves RUN.arrived there, and node 0 gets RUN.relayed once every hop ended: the launches waiting
     on those nodes go on at once, not a long-link trip later (protocol.GO_WHEN)."""
     run = doc.get("run")
-    if not isinstance(run, str) or not RUN_RE.fullmatch(run):
+    if not is_run_id(run):
         raise AgentError("relay-code: not a run id")
     if not isinstance(doc.get("key"), str) or not all(isinstance(x, str) and "\n" not in x for x in doc.get("knownHosts") or [0]):
         raise AgentError("relay-code: no key or no pinned host keys in the request")

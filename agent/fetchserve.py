@@ -28,17 +28,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 import sys
 import zlib
 
-from gpu_train.contract import RUN_FILES, RUN_ID_PATTERN, RUN_LOG, UNREADABLE, WORKDIR
+from gpu_train.contract import RUN_FILES, RUN_LOG, UNREADABLE, WORKDIR, is_run_id
 from gpu_train.fetchwire import RANGE_HEAD, RANGE_TRAILER
 
 from .outputs import listing as outputs_listing
 
-RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 CHUNK = 256 * 1024
 
 
@@ -50,7 +48,7 @@ def job_dir(root: str, run_id: object) -> str:
     """The folder a source names: ``RUN`` its JOB_DIR, ``RUN/workdir`` its working directory,
     ``RUN/.gpu-train`` the run's own folder (of which only its log is served)."""
     run, sep, tree = run_id.partition("/") if isinstance(run_id, str) else ("", "", "")
-    if not RUN_ID_RE.fullmatch(run) or (sep and tree not in (WORKDIR, RUN_FILES)):
+    if not is_run_id(run) or (sep and tree not in (WORKDIR, RUN_FILES)):
         raise Refused(f"not a run id: {str(run_id)[:80]!r}")
     return os.path.join(root, "runs", run, *({"": ["job"], WORKDIR: ["code"], RUN_FILES: []}[tree]))
 

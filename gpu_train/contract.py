@@ -8,9 +8,13 @@ state name, field or default is spelled twice. Standard library only, Python 3.8
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:  # (3.10's; the agent's Python 3.8 never evaluates the annotation)
+    from typing import TypeGuard
 
 from gpu_train.codec import Document
 from gpu_train.containerspec import ContainerSpec, ImageView, PinnedImage  # a run in an image: the contract's, apart
@@ -43,8 +47,16 @@ TERMINAL = (SUCCEEDED, FAILED, STOPPED)  # nothing will change it again, short o
 # A run id: AI Platform / Vertex's job naming rule (letters, digits, underscores, starting with a
 # letter, at most 128 characters); ids are BASE_YYYYmmdd_HHMMSS.
 RUN_ID_PATTERN = r"[A-Za-z][A-Za-z0-9_]{0,127}"
+_RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 # A stack name: Pulumi's rule; it names local folders and the cluster's hosts too.
 STACK_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
+
+
+def is_run_id(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a run id (or a run id's base: the same rule), the one check both sides make of
+    an id they did not make themselves (a host's answer, a bucket's object name, a command line)."""
+    return isinstance(value, str) and _RUN_ID_RE.fullmatch(value) is not None
+
 
 LAUNCH_GRACE_S = 30  # a 'starting' run with no wrapper yet is still starting for this long
 

@@ -16,25 +16,24 @@ from gpu_train.contract import (  # the contract with the host, written once
     ACTIVE,
     FAILED,
     INTERRUPTED,
-    RUN_ID_PATTERN,
     RUNNING,
     STOPPED,
     SUCCEEDED,
     JobSpec,
+    is_run_id,
 )
 from gpu_train.jobargs import JobError as JobError  # (the options' checks: named here too, where callers find them)
 from gpu_train.jobargs import container_spec, parse_env, split_args
 from gpu_train.jobargs import parse_env_file as parse_env_file
 from gpu_train.stack.bucket import data_prefix, parse_bucket, parts_prefix, run_prefix
 
-RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 STAMP_LEN = len("_20260101_000000")
 
 
 def base_name(name: str | None, script: str | None, command: str | None) -> str:
     """The run's base name: --name, else the script's stem, else 'job'; made to fit the rule."""
     raw = name or (Path(script).stem if script else "job")
-    if name is not None and not RUN_ID_RE.fullmatch(name.replace("-", "_")):
+    if name is not None and not is_run_id(name.replace("-", "_")):
         raise JobError(f"--name {name!r}: use letters, digits, '-' and '_', starting with a letter")
     cleaned = re.sub(r"[^A-Za-z0-9_]", "_", raw)
     if not cleaned[:1].isalpha():
@@ -45,7 +44,7 @@ def base_name(name: str | None, script: str | None, command: str | None) -> str:
 def check_run_id(text: object, where: str = "--run") -> str:
     """``text`` if it is a run id, else JobError: ids from a host or the command line become local
     and remote paths (runs/STACK/ID), so anything else (``..``, ``/``) is refused, never cleaned."""
-    if isinstance(text, str) and RUN_ID_RE.fullmatch(text):
+    if is_run_id(text):
         return text
     shown = repr(text)
     shown = shown if len(shown) <= 80 else f"{shown[:80]}... ({len(shown)} characters)"
@@ -54,7 +53,7 @@ def check_run_id(text: object, where: str = "--run") -> str:
 
 def run_id(base: str, when: datetime) -> str:
     rid = f"{base}_{when:%Y%m%d_%H%M%S}"
-    assert RUN_ID_RE.fullmatch(rid), rid
+    assert is_run_id(rid), rid
     return rid
 
 

@@ -8,7 +8,6 @@ refuses while a run runs and fetches first). The page sees its state and its las
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from gpu_train.contract import RUN_ID_PATTERN
+from gpu_train.contract import is_run_id
 from gpu_train.environment import Environment
 from gpu_train.errors import UsageError
 
@@ -37,7 +36,7 @@ def command(action: str, stack: str, run: str | None, stacks: list[str]) -> list
         raise UsageError(f"no action {action!r} (there are {', '.join(COMMANDS)})")
     if stack not in stacks:
         raise UsageError(f"no stack {stack!r} in this project")
-    if action in NEEDS_RUN and not (isinstance(run, str) and re.fullmatch(RUN_ID_PATTERN, run)):
+    if action in NEEDS_RUN and not is_run_id(run):
         raise UsageError(f"{action} needs a run id, not {run!r}")
     return [{"STACK": stack, "RUN": run or ""}.get(w, w) for w in COMMANDS[action]]
 

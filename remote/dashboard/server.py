@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import hmac
 import json
-import re
 import secrets
 import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpu_train.contract import RUN_ID_PATTERN
+from gpu_train.contract import is_run_id
 from gpu_train.errors import UsageError
 from gpu_train.views.board import best_trial, sweep_of
 from remote.dashboard import page
@@ -184,7 +183,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(b.logs.of(stack, run).since(start, wait))
         elif rest == "api/curves":
             stack, sweep = (query.get(k, [""])[0] for k in ("stack", "sweep"))
-            if sweep and stack in b.stacks and re.fullmatch(RUN_ID_PATTERN, sweep):
+            if sweep and stack in b.stacks and is_run_id(sweep):
                 self._json(b.curves_of(stack, None, sweep))
                 return
             stack, run = self._run_of(query)
@@ -197,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _run_of(self, query: dict[str, list[str]]) -> tuple[str | None, str | None]:
         stack, run = (query.get(k, [""])[0] for k in ("stack", "run"))
-        if stack not in self.board.stacks or not re.fullmatch(RUN_ID_PATTERN, run):
+        if stack not in self.board.stacks or not is_run_id(run):
             self._json({"error": "no such stack or run"}, 400)
             return None, None
         return stack, run

@@ -71,9 +71,8 @@ def not_as_recorded(stack: str, bucket: str, docs: list[object]) -> list[str]:
     """`down --no-fetch`: the laptop lists the bucket itself and requires every file each host's uploader
     recorded, with its generation, size and CRC32C, under the run's prefix as this stack names it; one
     line per run naming what differs (the host's word alone let a deleted run's VM be destroyed)."""
-    import re
 
-    from gpu_train.contract import RUN_ID_PATTERN
+    from gpu_train.contract import is_run_id
     from gpu_train.stack.bucket import parse_bucket, run_prefix
     from remote.tasks.bucketguard import differs_in_bucket, expected_objects
     from remote.transfer import bucketfetch
@@ -88,7 +87,7 @@ def not_as_recorded(stack: str, bucket: str, docs: list[object]) -> list[str]:
             if not run.get("bucket"):
                 continue  # (not_in_bucket names it)
             rid = str(run.get("id"))
-            if not re.fullmatch(RUN_ID_PATTERN, rid) or not isinstance(run.get("bucketRecord"), dict):
+            if not is_run_id(rid) or not isinstance(run.get("bucketRecord"), dict):
                 lines.append(f"{where}{rid!r}: the host did not say what it verified in the bucket")
                 continue
             prefix = run_prefix(place, stack, rid, node)

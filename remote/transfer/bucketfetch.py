@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_train.checksum import crc32c_of
-from gpu_train.contract import RUN_FILES, RUN_ID_PATTERN, RUN_LOG, WORKDIR
+from gpu_train.contract import RUN_FILES, RUN_LOG, WORKDIR, is_run_id
 from gpu_train.stack.bucket import BucketPlace, run_prefix
 from remote.errors import RemoteError
 from remote.transfer.fetch.generator import CONFLICT, KEEP_NEWER, PREVIOUS, Entry, decide, reserved
 from remote.transfer.fetch.receiver import Tree, UnsafePath, check_rel, part_path, partial_dir
 
 RUN_TIME = re.compile(r"_(\d{8}_\d{6})$")
-RUN_ID = re.compile(RUN_ID_PATTERN)
 TIMEOUT = (30, 120)  # seconds to connect, and to wait for each read: a stream that stops answering ends
 NODE_DIR = re.compile(r"node-[1-9]\d*/")  # node N's files inside a run's folder (gpu_train.stack.bucket.run_prefix)
 
@@ -48,7 +47,7 @@ def runs_in(gcs, place: BucketPlace, stack: str) -> tuple[list[str], list[str]]:
     for _ in pages:  # the prefixes are filled in as the pages are read
         pass
     names = [p[len(place.prefix) + len(stack) + 1 :].rstrip("/") for p in pages.prefixes]
-    runs = [n for n in names if RUN_ID.fullmatch(n) and RUN_TIME.search(n)]
+    runs = [n for n in names if is_run_id(n) and RUN_TIME.search(n)]
     return sorted(runs, key=lambda r: (m.group(1) if (m := RUN_TIME.search(r)) else "", r)), sorted(set(names) - set(runs))
 
 
@@ -112,7 +111,7 @@ def fetch_run(
     download is raw (no gzip inflation), at the generation listed, bounded by its listed size, under a
     deadline per read, then verified. ``node``: that node's files only (node 0's: all but the node-N/
     folders; node N's: RUN/node-N/)."""
-    if not RUN_ID.fullmatch(run):
+    if not is_run_id(run):
         raise RemoteError(f"{run[:80]!r} is not a run id: not fetched")
     prefix = run_prefix(place, stack, run, node or 0)
     blobs = [
