@@ -23,6 +23,7 @@ from .store import AgentError, read_spec
 DATA_WORKERS = 8  # as the transfer manager's default threads, and what bench/bucketdata.py measured
 COPIED, SAME = "copied", "same"
 BLOCK = 1 << 20
+TIMEOUT = (30, 120)  # seconds to connect, and to wait for each read: a stalled download fails the run, never hangs it
 
 
 def sha256_of(path: str) -> str:
@@ -106,7 +107,7 @@ def pull_one(bucket: Any, shown: str, name: str, path: str, want: DataFile) -> s
     tmp = f"{path}.gpu-train-part.{os.getpid()}.{threading.get_ident()}"
     try:
         blob = bucket.blob(name, generation=int(want["generation"]))
-        blob.download_to_filename(tmp, raw_download=True, checksum=None)
+        blob.download_to_filename(tmp, raw_download=True, checksum=None, timeout=TIMEOUT)
         size, digest = os.path.getsize(tmp), sha256_of(tmp)
         if size != want["size"] or digest != want["sha256"]:
             return (

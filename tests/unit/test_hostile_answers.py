@@ -190,7 +190,30 @@ def test_a_host_that_stops_answering_mid_answer_ends_the_stream(tmp_path: Path, 
     reader.join(timeout=30)
     try:
         assert outcome, "the read still waits"
-        assert isinstance(outcome[0], StreamError) and "sent nothing for 1 s" in str(outcome[0])
+        assert isinstance(outcome[0], StreamError) and "did not answer for 1 s" in str(outcome[0])
         assert time.monotonic() - started < 10
+    finally:
+        stream.close(kill=True)
+
+
+def test_a_host_that_stops_reading_ends_the_stream() -> None:
+    """A request the host never reads (its side frozen, the pipe full) blocked the write for ever."""
+    import threading
+
+    stream = Stream(["sh", "-c", "exec sleep 600"], stall_s=1.0)  # reads nothing
+    outcome: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            stream.send({"op": "read", "items": [["r_1", "x" * 1000, 0, 1]] * 4000})  # megabytes: more than a pipe holds
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    writer = threading.Thread(target=send, daemon=True)
+    writer.start()
+    writer.join(timeout=30)
+    try:
+        assert outcome and isinstance(outcome[0], StreamError) and "did not answer for 1 s" in str(outcome[0])
     finally:
         stream.close(kill=True)

@@ -167,11 +167,14 @@ class Stream:
         # a signal arrives meanwhile (Ctrl-Z and fg, a debugger, a handler), and the host would then wait
         # for the rest of the line while we wait for its answer. So write until all is taken.
         view = memoryview(json.dumps(request, separators=(",", ":")).encode() + b"\n")
-        try:
+        try:  # a host that stops reading (the pipe full) is a stall too: the deadline covers the write
             while view:
+                self._watched.waiting = time.monotonic()
                 view = view[self.proc.stdin.write(view) or 0 :]  # type: ignore[union-attr]
         except OSError as e:
             raise self.broken(f"cannot send: {e}") from None
+        finally:
+            self._watched.waiting = None
 
     def _line(self) -> dict:
         return self._parse(self.out.readline(MAX_LINE))
@@ -253,7 +256,9 @@ class Stream:
         """``what`` went wrong, with ssh's exit status and own words when it has exited (a refused key, a reset
         connection). ``ended``: ssh closed its output, so it is exiting: its status is waited for (briefly)."""
         if self.stalled:
-            return StreamError(f"the host sent nothing for {self.stall_s:.0f} s in the middle of an answer: the stream was closed")
+            return StreamError(
+                f"the host did not answer for {self.stall_s:.0f} s (nothing sent, nothing taken) mid-exchange: the stream was closed"
+            )
         if ended and not self._err.closed:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
