@@ -106,7 +106,9 @@ def start(w, root: str, run_dir: str, spec: JobSpec, env: dict[str, str], job: l
     data_dir = env["DATA_DIR"]
     os.makedirs(data_dir, exist_ok=True)  # (a folder the engine would make is root's)
     mounts = [run_dir, data_dir]  # the code, JOB_DIR, the notice file and the log, at the same paths
-    if c.own_program:
+    if c.own_program:  # Vertex's output folders, under JOB_DIR (unless the job's env names its own)
+        for key, sub in (("AIP_MODEL_DIR", "model/"), ("AIP_CHECKPOINT_DIR", "checkpoints/"), ("AIP_TENSORBOARD_LOG_DIR", "logs/")):
+            env.setdefault(key, os.path.join(env["JOB_DIR"], sub))
         doc = container.inspect(engine, image_id) or {}
         job = container.own_program_args(c, (doc.get("Config") or {}).get("Cmd"), extra)
     names = sorted(set(spec.env) | {k for k in env if k not in os.environ or os.environ[k] != env[k]})

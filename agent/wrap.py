@@ -6,7 +6,6 @@ import contextlib
 import fcntl
 import glob
 import hashlib
-import json
 import os
 import shlex
 import signal
@@ -30,6 +29,7 @@ from gpu_train.contract import (
 )
 
 from . import containerrun, datalink, notify, pyenv, upload, uvfetch
+from .clusterenv import cluster_env
 from .procs import gpu_count, proc_start_time
 from .status import run_seconds
 from .store import AgentError, last_line, now, read_spec, read_state, run_locked, spec_or_none, update_state
@@ -178,34 +178,6 @@ def resume_args(spec: JobSpec, resumes: int, workdir: str) -> tuple[list[str], s
     if glob.glob(os.path.join(workdir, wanted), recursive=True):
         return extra, f"{wanted} exists: resume arguments added: {shlex.join(extra)}"
     return [], f"{wanted} not there yet: starting fresh, without the resume arguments"
-
-
-def cluster_env(node: dict, nproc: int) -> dict:
-    """What a --command job needs to join its cluster: torch's variables and TensorFlow's TF_CONFIG.
-
-    TF_CONFIG follows AI Platform's clusters: node 0 is the chief, then workers, and with ``ps``
-    the last nodes are parameter servers.
-    """
-    nnodes, rank = int(node.get("nnodes", 1)), int(node.get("rank", 0))
-    hosts = node.get("hosts") or [node.get("masterAddr", "localhost")]
-    tf_port, ps = int(node.get("tfPort", 2222)), int(node.get("ps", 0))
-    addresses = [f"{h}:{tf_port}" for h in hosts]
-    roles = ["chief"] + ["worker"] * (nnodes - 1 - ps) + ["ps"] * ps
-    cluster = {"chief": addresses[:1]}
-    if nnodes - 1 - ps:
-        cluster["worker"] = addresses[1 : nnodes - ps]
-    if ps:
-        cluster["ps"] = addresses[nnodes - ps :]
-    index = rank if roles[rank] == "chief" else rank - 1 if roles[rank] == "worker" else rank - (nnodes - ps)
-    return {
-        "MASTER_ADDR": str(node.get("masterAddr", "localhost")),
-        "MASTER_PORT": str(node.get("masterPort", 29500)),
-        "NODE_RANK": str(rank),
-        "NNODES": str(nnodes),
-        "NPROC_PER_NODE": str(nproc),
-        "WORLD_SIZE": str(nnodes * nproc),
-        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": roles[rank], "index": index}}),
-    }
 
 
 class Halted(Exception):

@@ -24,7 +24,11 @@ _FLAG_ACCEL = {
     "--worker-accelerator": "workerConfig",
     "--parameter-server-accelerator": "parameterServerConfig",
 }
-_FLAG_IMAGES = ("--master-image-uri", "--worker-image-uri", "--parameter-server-image-uri")
+_FLAG_IMAGES = {
+    "--master-image-uri": "masterConfig",
+    "--worker-image-uri": "workerConfig",
+    "--parameter-server-image-uri": "parameterServerConfig",
+}
 _FLAG_IGNORED = {
     "--staging-bucket": "the code is synced over SSH, no bucket is needed",
     "--stream-logs": "use `gpu-train train --follow` or `gpu-train logs --follow`",
@@ -62,7 +66,7 @@ def read_gcloud_args(argv: list[str], tables: Tables, load_config: Callable[[str
         args, user_args = args[:cut], args[cut + 1 :]
     ti: dict[str, Any] = {}
     notes: list[Note] = []
-    package_dir = project = container = None
+    package_dir = project = None
     i = 0
     while i < len(args):
         word = args[i]
@@ -95,8 +99,8 @@ def read_gcloud_args(argv: list[str], tables: Tables, load_config: Callable[[str
         elif name in _FLAG_ACCEL:
             kind, count = flag_accelerator(value, name)
             ti.setdefault(_FLAG_ACCEL[name], {})["acceleratorConfig"] = {"type": kind, "count": count}
-        elif name in _FLAG_IMAGES:
-            container = value
+        elif name in _FLAG_IMAGES:  # AI Platform's custom container for that replica, as in config.yaml
+            ti.setdefault(_FLAG_IMAGES[name], {})["imageUri"] = value
         elif name == "--package-path":
             package_dir = value
         elif name == "--project":
@@ -112,7 +116,6 @@ def read_gcloud_args(argv: list[str], tables: Tables, load_config: Callable[[str
     job.args += user_args
     job.package_dir = package_dir
     job.project = project
-    job.container = container or job.container
     return job
 
 

@@ -55,6 +55,18 @@ class Replica:
     source: str = ""  # the field it came from, for the report
 
 
+@dataclass(frozen=True)
+class Container:
+    """A replica's container: Vertex's containerSpec (or AI Platform's imageUri, containerCommand,
+    containerArgs), or with ``package`` the prebuilt image a Python package runs in (executorImageUri)."""
+
+    image: str
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    package: bool = False
+
+
 @dataclass
 class JobDescription:
     """What a job asks for, whatever form it came in."""
@@ -70,7 +82,7 @@ class JobDescription:
     output_env: bool = False  # Vertex: the output folder reaches the code as AIP_* variables, not --job-dir
     max_running_s: int | None = None
     use_chief_in_tf_config: bool | None = None
-    container: str | None = None
+    containers: dict[str, Container] = field(default_factory=dict)  # by role: chief, worker, ps
     boot_disk_gb: int | None = None
     spot: bool = False  # Vertex scheduling.strategy SPOT
     flex_start: bool = False  # Vertex scheduling.strategy FLEX_START (Dynamic Workload Scheduler)
@@ -206,8 +218,9 @@ def _replica(job: JobDescription, ti: dict, role: str, prefix: str, fixed: int |
     accel, accel_count = _accelerator_config(conf.get("acceleratorConfig"), f"{prefix}Config.acceleratorConfig")
     job.replicas.append(Replica(role, count, str(machine), accel, accel_count, f"{prefix}Type"))
     if conf.get("imageUri"):
-        job.container = str(conf["imageUri"])
-    for extra in sorted(set(conf) - {"acceleratorConfig", "imageUri"}):
+        command, args = conf.get("containerCommand") or [], conf.get("containerArgs") or []
+        job.containers[role] = Container(str(conf["imageUri"]), tuple(map(str, command)), tuple(map(str, args)))
+    for extra in sorted(set(conf) - {"acceleratorConfig", "imageUri", "containerCommand", "containerArgs"}):
         job.note(f"{prefix}Config.{extra}", NOT_MAPPED, "gpu-train has no such setting; it is left out")
 
 
@@ -310,14 +323,15 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
             if index == 0:
                 job.args += [str(a) for a in py.get("args") or []]
                 job.env.update({e["name"]: str(e.get("value", "")) for e in py.get("env") or [] if "name" in e})
-            if py.get("executorImageUri") and index == 0:
-                job.note(
-                    f"{where}.pythonPackageSpec.executorImageUri",
-                    CHANGED,
-                    f"{py['executorImageUri']}: the module runs in the VM's Deep Learning VM Python instead",
-                )
-        if pool.get("containerSpec"):
-            job.container = pool["containerSpec"].get("imageUri") or "a container"
+            if py.get("executorImageUri"):
+                job.containers[_POOL_ROLES[index]] = Container(str(py["executorImageUri"]), package=True)
+        spec_ = pool.get("containerSpec")
+        if isinstance(spec_, dict) and spec_.get("imageUri"):
+            env = tuple((str(e["name"]), str(e.get("value", ""))) for e in spec_.get("env") or [] if isinstance(e, dict) and "name" in e)
+            command, args = spec_.get("command") or [], spec_.get("args") or []
+            job.containers[_POOL_ROLES[index]] = Container(str(spec_["imageUri"]), tuple(map(str, command)), tuple(map(str, args)), env)
+        elif spec_:
+            wrong.append(f"{where}.containerSpec needs imageUri")
     if wrong:
         raise JobImportError(together(wrong))
     output = (spec.get("baseOutputDirectory") or {}).get("outputUriPrefix")

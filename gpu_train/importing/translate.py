@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu_train.catalog.model import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.shape_rules import nearest_regions
-from gpu_train.importing.command import train_command
+from gpu_train.importing.command import job_env, train_command
 from gpu_train.importing.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables, together
 
 NAMESPACE = "gpu-train"
@@ -49,6 +49,7 @@ class Translation:
     settings: dict[str, Any]
     train: list[str]
     notes: list[Note] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # the job's environment: the caller writes it to env_file (0600)
 
 
 def accelerator_type(name: str, catalog: Catalog, tables: Tables) -> str:
@@ -237,7 +238,13 @@ def _flex_start(job: JobDescription, shapes: list[Shape], catalog: Catalog, sett
 
 
 def translate(
-    job: JobDescription, stack: str, catalog: Catalog, tables: Tables, project: str | None = None, ssh_ranges: tuple[str, ...] = ()
+    job: JobDescription,
+    stack: str,
+    catalog: Catalog,
+    tables: Tables,
+    project: str | None = None,
+    ssh_ranges: tuple[str, ...] = (),
+    env_file: str | None = None,
 ) -> Translation:
     """The stack settings and train command for a job (validation is the caller's next step).
 
@@ -346,4 +353,5 @@ def translate(
             )
         )
     # With pools the stack itself says which nodes are parameter servers; `--ps` is for `nodes`.
-    return Translation(stack, settings, train_command(job, stack, 0 if not uniform else ps, notes), notes)
+    train = train_command(job, stack, 0 if not uniform else ps, notes, env_file)
+    return Translation(stack, settings, train, notes, job_env(job))

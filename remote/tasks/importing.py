@@ -50,6 +50,13 @@ def _write_stack(path: Path, settings: dict, source: str, stack: str, force: boo
     atomic_write(path, text, mode=0o644)
 
 
+def _write_env(path: Path, env: dict[str, str]) -> None:
+    """The job's environment as an --env-file (0600, in the user's own state folder, never the stack file)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    quoted = {k: '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"' for k, v in env.items()}
+    atomic_write(path, "".join(f"{k}={v}\n" for k, v in sorted(quoted.items())), mode=0o600, keep_mode=False)
+
+
 @task(
     name="import",
     positional=["source"],
@@ -99,7 +106,8 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
             job.region = job.region or region
             origin, name = "gcloud ai-platform jobs submit training", "imported"
         stack_name = stack or name.replace("_", "-")
-        result = translate.translate(job, stack_name, catalog, tables, project, tuple(ssh_from or ()))
+        env_file = Environment.of(c).state_home / "imports" / f"{stack_name}.env"  # the job's env values: 0600, not the stack
+        result = translate.translate(job, stack_name, catalog, tables, project, tuple(ssh_from or ()), str(env_file))
     except importer.JobImportError as e:
         raise UsageError(f"cannot import {file or 'the gcloud command'}: {e}") from None
     try:
@@ -109,6 +117,8 @@ def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ss
     directory = Path(stacks_dir).expanduser() if stacks_dir else Environment.of(c).new_stacks_dir
     path = directory / f"Pulumi.{stack_name}.yaml"
     _write_stack(path, result.settings, origin, stack_name, force)
+    if result.env:
+        _write_env(env_file, result.env)
     errors = [p for p in problems if p.severity == "error"]
     if json:
         import json as json_lib  # (the task's --json flag takes the name)

@@ -43,7 +43,10 @@ print("step 1 loss 0.5", flush=True)
 for _ in range(int(os.environ.get("STEPS", "0"))):
     time.sleep(0.1)
 """
-PROG = '#!/bin/sh\nprintf \'%s\\n\' "$0" "$@" > "$JOB_DIR/argv.txt"\n'
+PROG = """#!/bin/sh
+printf '%s\\n' "$0" "$@" > "$JOB_DIR/argv.txt"
+printf '%s\\n' "$GREETING" "$AIP_MODEL_DIR" "$CLUSTER_SPEC" > "$JOB_DIR/env.txt"
+"""
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +242,36 @@ def test_no_engine_is_refused_at_launch_with_the_reason(tmp_path: Path, dockerd:
         assert not (lab.remote / "runs").exists() or not list((lab.remote / "runs").iterdir())
     finally:
         lab.sshd.stop()
+
+
+VERTEX_JOB = """\
+displayName: containerized
+jobSpec:
+  workerPoolSpecs:
+  - machineSpec: {machineType: g2-standard-8, acceleratorType: NVIDIA_L4, acceleratorCount: 1}
+    replicaCount: 1
+    containerSpec:
+      imageUri: gt/prog:1
+      command: [/usr/local/bin/prog2, a]
+      args: [--lr, "0.1"]
+      env: [{name: GREETING, value: hello vertex}]
+  baseOutputDirectory: {outputUriPrefix: gs://bucket/out}
+"""
+
+
+def test_an_imported_vertex_container_job_runs_as_it_did_there(clab: Lab, dockerd: containers.Dockerd) -> None:
+    """`import` of a CustomJob with a containerSpec, then the train command it prints, unchanged but for the
+    stack: the image's own program with its command, args and env (from the 0600 file the import wrote)."""
+    (clab.tmp / "job.yaml").write_text(VERTEX_JOB)
+    said = clab.fab("import", str(clab.tmp / "job.yaml"), "--stack", "vx", "--stacks-dir", str(clab.tmp / "imported"), "--json")
+    assert said.returncode == 0, said.stderr
+    train = json.loads(said.stdout)["train"]
+    env_file = Path(train[train.index("--env-file") + 1])
+    assert env_file.stat().st_mode & 0o777 == 0o600 and "hello vertex" not in " ".join(train)
+    assert train[:4] == ["gpu-train", "train", "--stack", "vx"]
+    run = clab.train(*train[4:])  # (on the lab's stack)
+    assert clab.wait(run)["state"] == "succeeded", clab.log(run)
+    job = clab.remote / "runs" / run / "job"
+    assert (job / "argv.txt").read_text().split("\n")[:-1] == ["/usr/local/bin/prog2", "a", "--lr", "0.1"]
+    greeting, model_dir, _ = (job / "env.txt").read_text().split("\n", 2)
+    assert (greeting, model_dir) == ("hello vertex", f"{job}/model/")

@@ -1,0 +1,71 @@
+"""Imported container jobs (issue 40): Vertex's containerSpec, AI Platform's imageUri and container
+command/args, a package in Google's prebuilt image, env values to a file, /gcs paths and pools named.
+(tests/e2e/test_container.py runs an imported one end to end.)"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gpu_train.importing import importer, translate
+from gpu_train.importing.importer import CHANGED, EXACT
+from tests.unit.test_import import CATALOG, TABLES, run
+
+
+def test_a_container_job_runs_its_image_as_vertex_did():
+    t = run(
+        "jobSpec: {workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, replicaCount: 1, "
+        "containerSpec: {imageUri: gcr.io/p/img, command: [python3, -m, trainer], args: [--data, /gcs/b/d], "
+        "env: [{name: TOKEN, value: s3cret}]}}], baseOutputDirectory: {outputUriPrefix: gs://b/out}}"
+    )
+    assert t.train[t.train.index("--image") :] == [
+        "--image", "gcr.io/p/img", "--entrypoint", "python3 -m trainer", "--args", "--data /gcs/b/d", "--env", "TOKEN=s3cret",
+    ]  # fmt: skip
+    assert t.env == {"TOKEN": "s3cret"}
+    by = {n.field: n for n in t.notes}
+    assert by["containerSpec.imageUri"].status == by["containerSpec.command"].status == by["containerSpec.args"].status == EXACT
+    assert by["/gcs/ paths"].status == CHANGED and "$DATA_DIR" in by["/gcs/ paths"].detail
+    assert "AIP_MODEL_DIR" in by["baseOutputDirectory"].detail
+
+
+def test_container_env_goes_to_a_file_named_on_the_command_line():
+    job = importer.read_any(
+        yaml.safe_load(
+            "workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, "
+            "containerSpec: {imageUri: i, env: [{name: K, value: s3cret-value}]}}]"
+        ),
+        TABLES,
+    )
+    t = translate.translate(job, "s", CATALOG, TABLES, env_file="/home/u/.gpu-train/imports/s.env")
+    assert t.train[-2:] == ["--env-file", "/home/u/.gpu-train/imports/s.env"] and "s3cret-value" not in " ".join(t.train)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "image", "flags"),
+    [
+        (  # AI Platform's custom container: args go to it
+            "trainingInput: {scaleTier: CUSTOM, masterType: n1-standard-8, masterConfig: {imageUri: gcr.io/p/i:1, "
+            "containerCommand: [run.sh]}, args: [--epochs, '3']}",
+            "gcr.io/p/i:1",
+            ["--entrypoint", "run.sh", "--args", "--epochs 3"],
+        ),
+        (  # a Python package in Google's prebuilt image: the module runs inside it, from the synced source
+            "workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, pythonPackageSpec: {executorImageUri: "
+            "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-1.py310:latest, pythonModule: trainer.task}}]",
+            "us-docker.pkg.dev/vertex-ai/training/pytorch-gpu.2-1.py310:latest",
+            ["--command", "python -m trainer.task"],
+        ),
+    ],
+)
+def test_images_of_ai_platform_and_prebuilt_executors(yaml_text, image, flags):
+    t = translate.translate(importer.read_any(yaml.safe_load(yaml_text), TABLES), "s", CATALOG, TABLES)
+    assert t.train[t.train.index("--image") + 1] == image
+    assert all(f in t.train for f in flags), t.train
+
+
+def test_pools_with_other_containers_are_said():
+    t = run(
+        "workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, containerSpec: {imageUri: a}}, "
+        "{machineSpec: {machineType: g2-standard-8}, replicaCount: 2, containerSpec: {imageUri: b}}]"
+    )
+    assert any(n.field == "worker pool's container" and n.status == CHANGED for n in t.notes)
