@@ -33,6 +33,7 @@ FUNCTION_MODULES = {
     "gpu_train_agent/recovery_call.py": "agent/recovery_call.py",
     "gpu_train/__init__.py": "",
     "gpu_train/recovery.py": "gpu_train/recovery.py",
+    "gpu_train/atomic.py": "gpu_train/atomic.py",  # notify.py keeps the webhook URL on a host with it
 }
 RUNTIME = "python312"
 ENTRY_POINT = "on_event"
