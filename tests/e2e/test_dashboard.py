@@ -55,7 +55,8 @@ while hold and not os.path.exists(hold):
 print("done", flush=True)
 """
 NVIDIA_SMI = """#!/bin/sh
-# nvidia-smi's answer to the agent's query (remote/agent/procs.py), as a T4 VM prints it when idle
+# nvidia-smi's answer to the agent's query (agent/procs.py) in its own form, as an idle T4 VM prints it
+# (a lent H100 printed "0, NVIDIA H100 80GB HBM3, 100, 1231, 81559" for the same query under load)
 case "$*" in
   *--query-gpu=*) echo "0, Tesla T4, 0, 3, 15360" ;;
   *--query-compute-apps=*) ;;
@@ -132,7 +133,7 @@ def world(lab: Lab, tmp_path: Path, public_key: Path):
         pytest.skip("no Chromium at /usr/bin/chromium (scripts/test installs Debian's)")
     if not bind_22(VM_ADDRESS):
         pytest.skip(f"port 22 on {VM_ADDRESS} is taken (or this user may not bind it): the GCP stack's VM logs in there")
-    vm = Sshd(tmp_path / "vm", VM_ADDRESS, port=22)
+    vm = Sshd(tmp_path / "vm", VM_ADDRESS, port=22, log_level="VERBOSE")  # VERBOSE: a line per session (agent call)
     fakebin = tmp_path / "vm" / "bin"
     fakebin.mkdir(parents=True)
     (fakebin / "nvidia-smi").write_text(NVIDIA_SMI)
@@ -226,6 +227,11 @@ def browser():
         b.close()
 
 
+def sessions(sshd: Sshd) -> int:
+    """The SSH sessions the host's sshd has started (its log at VERBOSE): each agent call is one."""
+    return (sshd.dir / "sshd.log").read_text().count("Starting session:")
+
+
 def status_of(url: str, method: str = "GET") -> int:
     try:
         return urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=30).status
@@ -288,6 +294,17 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         warnings = page.locator("#warnings").inner_text()
         assert "idle while billed at $0.35/h" in warnings and "coming back (attempt 2, zone out of capacity" in warnings, warnings
         assert "outputs only on the host" in warnings
+        # three tabs cost the host what one does: one agent call (an SSH session) per interval
+        tabs = [browser.new_page() for _ in range(2)]
+        for tab in tabs:
+            tab.goto(board.url)
+            tab.wait_for_selector('article[data-stack="t4"] .gpu')
+        before, started = sessions(w.vm), time.monotonic()
+        time.sleep(5)
+        calls, took = sessions(w.vm) - before, time.monotonic() - started
+        assert 1 <= calls <= took / 1 + 1, f"{calls} agent calls in {took:.1f} s at a 1 s interval with 3 tabs"
+        for tab in tabs:
+            tab.close()
         # every run: finished and fetched, running, the sweep's trials with their costs
         row = page.locator(f'tr[data-run="{baseline}"]')
         assert "succeeded" in row.inner_text() and "fetched" in row.inner_text()

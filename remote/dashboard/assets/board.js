@@ -10,6 +10,7 @@
   let doc = null;
   let selected = null; // {stack, run} or {stack, sweep}
   let logAt = 0, logKey = "", logLoop = 0;
+  let curvesShown = "", curvesAsked = 0;
   const charts = [];
 
   // -- small helpers ---------------------------------------------------------------------------
@@ -101,6 +102,7 @@
     drawSweeps();
     drawActions();
     drawDetail(false);
+    curvesAgain();
     $("footer").textContent =
       "Prices: the catalog's list prices (dates on each stack); this month: VM uptime seen so far × $/h (disks not counted). " +
       "A run's cost: the stack's $/h while it ran, shared with the runs running beside it.";
@@ -262,7 +264,17 @@
     }
   }
 
+  // While the run (or a trial of the sweep) shown is at work, its curves are asked again now and then: the
+  // server asks the host only when the run's files changed, and the charts are redrawn only when they did.
+  function curvesAgain() {
+    if (REPORT || !selected || Date.now() - curvesAsked < 5000) return;
+    const runs = selected.sweep ? doc.runs.filter((r) => r.sweep === selected.sweep && r.stack === selected.stack) : doc.runs.filter((r) => r.id === selected.run && r.stack === selected.stack);
+    if (!runs.some((r) => ACTIVE.includes(r.state))) return;
+    loadCurves({ stack: selected.stack, sweep: selected.sweep, runs: runs.map((r) => r.id) });
+  }
+
   async function loadCurves(what) {
+    curvesAsked = Date.now();
     let answer;
     if (REPORT) {
       answer = { runs: {}, best: null };
@@ -276,6 +288,9 @@
   }
 
   function drawCurves(what, answer) {
+    const shown = JSON.stringify([what.stack, what.sweep, what.runs, answer]);
+    if (shown === curvesShown) return;
+    curvesShown = shown;
     while (charts.length) charts.pop().destroy();
     const box = $("curves");
     box.replaceChildren();
