@@ -25,6 +25,12 @@ from gpu_train.errors import UsageError
 from gpu_train.stack import project as projects
 from gpu_train.stack import stackfile
 
+# The command the user typed, said in every fix we suggest: `gpu-train`, or `fab` inside this clone. Read
+# once, here, from this process's argv; everything on the laptop names it through this (or an
+# Environment's ``cli``, which is this unless a test hands another argv0). The host's side hears it in
+# the agent's environment (contract.CLI_ENV, cli_name).
+CLI = projects.command_name(sys.argv[0])
+
 COMPUTE = "https://compute.googleapis.com"
 SERVICEUSAGE = "https://serviceusage.googleapis.com"
 CLOUDQUOTAS = "https://cloudquotas.googleapis.com"
@@ -124,7 +130,7 @@ class Environment:
             if name and environ.get(name, "").strip():
                 values[f.name] = f.metadata["parse"](name, environ[name].strip())
         values.update(
-            cli=projects.command_name(sys.argv[0] if argv0 is None else argv0),
+            cli=CLI if argv0 is None else projects.command_name(argv0),
             stdin=sys.stdin,
             stdout=sys.stdout,
             stderr=sys.stderr,

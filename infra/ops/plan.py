@@ -16,18 +16,16 @@ from typing import Any
 from gpu_train.catalog.loader import load_catalog
 from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
 from gpu_train.contract import RUN_LIMIT_NOTICE_S
-from gpu_train.environment import Environment, SettingError
+from gpu_train.environment import CLI, Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import changes, images, provisioning, validate, vm
 from gpu_train.gcp.pricing import Cost, hourly_cost
 from gpu_train.stack import config, stackfile
-from gpu_train.stack.project import command_name
 from infra import program, recovery
 from infra.ops import preview, pulumi_cli
 
 NOTICE_MINUTES = RUN_LIMIT_NOTICE_S // 60
 
-CLI = command_name(sys.argv[0])  # the task runner the fixes name (gpu-train, or fab inside the clone)
 
 KEY_PLACEHOLDER = "ssh-ed25519 AAAA...(your key)"
 

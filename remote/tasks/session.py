@@ -9,9 +9,9 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from gpu_train.environment import CLI as CLI  # (the tasks name it through here too)
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Unreachable, UsageError, as_error, outcome, printable
-from gpu_train.stack.project import command_name
 
 if TYPE_CHECKING:
     from remote.ssh.target import Target
@@ -21,7 +21,6 @@ STACK_HELP = (
     "only stack, else Pulumi's selected stack)"
 )
 # How the user called us, for the commands our messages suggest.
-CLI = command_name(sys.argv[0])
 
 
 def say(text: str) -> None:
