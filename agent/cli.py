@@ -48,6 +48,16 @@ def parser() -> argparse.ArgumentParser:
     scalars.add_argument("--run", action="append", help="a run (repeat for more; default: every run)")
     scalars.add_argument("--tag", action="append", help="a tag, a glob of tags, or FOLDER/TAG (repeat for more; default: all)")
     scalars.add_argument("--points", type=int, default=SCALAR_POINTS, help="points per series at most (evenly thinned)")
+    starting = sub.add_parser("sweep-start", help="keep a sweep (its record on stdin, the code staged) and start its first trials")
+    starting.add_argument("--staged", required=True, help="the staging folder the laptop synced the code to")
+    sub.add_parser("sweep-advance", help="start the next trials into free slots (boot, tick and each trial's end do it too)")
+    sweeping = sub.add_parser("sweep-status", help="one row per trial: values, state, duration, a metric's last and best")
+    sweeping.add_argument("--sweep", help="the sweep (default: the newest)")
+    sweeping.add_argument("--metric", help="a tag, as `scalars --tag` takes it")
+    sweeping.add_argument("--mode", choices=("min", "max"), default="min")
+    halting = sub.add_parser("sweep-stop", help="start no more trials, stop those at work")
+    halting.add_argument("--sweep", required=True)
+    halting.add_argument("--grace", type=float, default=10.0)
     stopping = sub.add_parser("stop")
     stopping.add_argument("--run")
     stopping.add_argument("--grace", type=float, default=10.0)
@@ -170,6 +180,16 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
         from .metrics import cmd_scalars
 
         return cmd_scalars(root, args.run, args.tag, args.points)
+    if args.cmd.startswith("sweep-"):
+        from . import sweep
+
+        if args.cmd == "sweep-start":
+            return sweep.cmd_sweep_start(root, json.loads(sys.stdin.readline()), args.staged)
+        if args.cmd == "sweep-status":
+            return sweep.cmd_sweep_status(root, args.sweep, args.metric, args.mode)
+        if args.cmd == "sweep-stop":
+            return sweep.cmd_sweep_stop(root, args.sweep, args.grace)
+        return {"started": [s["runId"] for s in sweep.advance(root)]}
     if args.cmd == "launch":
         from .launch import cmd_launch
 
@@ -183,14 +203,14 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
 
     if args.cmd == "stop":
         return lifecycle.cmd_stop(root, args.run, args.grace)
-    if args.cmd == "boot":
-        return lifecycle.cmd_boot(root, args.once_per_boot)
+    if args.cmd == "boot":  # interrupted trials resumed in their slots, then the queues go on
+        return with_queue(root, lifecycle.cmd_boot(root, args.once_per_boot))
     if args.cmd == "resume":
         return lifecycle.cmd_resume(root, args.run, args.grace)
     if args.cmd == "shutdown":
         return lifecycle.cmd_shutdown(root, args.grace)
     if args.cmd == "tick":
-        return lifecycle.cmd_tick(root)
+        return with_queue(root, lifecycle.cmd_tick(root))
     if args.cmd == "uncron":
         return lifecycle.cmd_uncron(root)
     if args.cmd == "prune":
@@ -198,3 +218,16 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
 
         return cmd_prune(root, args.run, args.dry_run)
     return lifecycle.cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)
+
+
+def with_queue(root: str, result: dict) -> dict:
+    """``result`` and the sweeps' queues advanced (a slot that freed while no trial's end could say so);
+    not by the VM's root timer: trials run as the login user, whose boot unit and trials' ends advance them."""
+    from .store import machine_mode
+    from .sweep import advance
+
+    if machine_mode() and os.geteuid() == 0:
+        return result
+
+    started = [s["runId"] for s in advance(root)]
+    return {**result, "sweepStarted": started} if started else result

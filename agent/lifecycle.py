@@ -296,7 +296,9 @@ def cmd_tick(root: str) -> dict:
     conf = settings(root)
     machine = machine_mode()
     path = MACHINE_IDLE if machine else os.path.join(root, "idle.json")
-    jobs = sum(1 for d in run_dirs(root) if effective_state(read_state(d)) in ACTIVE)
+    from .sweep import pending
+
+    jobs = sum(1 for d in run_dirs(root) if effective_state(read_state(d)) in ACTIVE) + pending(root)  # a queue's trials are work
     util = max((g["utilization"] for g in gpus()), default=0.0)
     sessions = sshd_sessions() if machine else ssh_sessions(conf.ssh_port)
     since, stop, why = idle_decision(time.time(), (read_json(path) or {}).get("idleSince"), conf.idle_stop_minutes, jobs, sessions, util)

@@ -28,7 +28,7 @@ from gpu_train.contract import (
     project_dirs,
 )
 
-from . import containerrun, datalink, notify, pyenv, upload, uvfetch
+from . import containerrun, datalink, notify, pyenv, sweep, upload, uvfetch
 from .clusterenv import cluster_env
 from .procs import gpu_count, proc_start_time
 from .status import run_seconds
@@ -340,6 +340,7 @@ def record_end(run_dir: str, final: str, code: int | None, reason: str | None = 
     else:
         update_state(run_dir, state=final, exit_code=code, ended=now(), **({"reason": reason} if reason else {}))
         announce_end(run_dir)
+        sweep.after_trial(os.path.dirname(os.path.dirname(run_dir)), run_dir)  # a sweep's trial: the next into its slot
     return code if code is not None else 0
 
 

@@ -31,12 +31,16 @@ LINE_MAX = 1 << 20
 STDERR_KEEP = 1 << 20
 
 
-def run_bounded(conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S, cap: int = CALL_OUTPUT_MAX) -> tuple[int, bytes, bytes]:
+def run_bounded(
+    conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S, cap: int = CALL_OUTPUT_MAX, stdin: bytes = b""
+) -> tuple[int, bytes, bytes]:
     """``command`` on the host: (exit status, stdout, stderr), or RemoteError once it has run ``timeout``
     seconds or written more than ``cap`` bytes (the channel is closed: the host's process gets SIGPIPE/EOF)."""
     chan = conn.client.get_transport().open_session()
     try:
         chan.exec_command(command)
+        if stdin:  # a document kept off the command line, which every user of the host can read in /proc
+            chan.sendall(stdin)
         chan.shutdown_write()
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
@@ -59,9 +63,9 @@ def run_bounded(conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S,
         chan.close()
 
 
-def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIMEOUT_S) -> dict:
+def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIMEOUT_S, stdin: bytes = b"") -> dict:
     """Run one agent subcommand on the host; its JSON answer, or RemoteError with its message."""
-    status, out, err = run_bounded(conn, agent_command(target.remote_root, *args, cli=target.cli), timeout)
+    status, out, err = run_bounded(conn, agent_command(target.remote_root, *args, cli=target.cli), timeout, stdin=stdin)
     lines = out.decode("utf-8", "replace").strip().splitlines()
     try:
         doc = printable_doc(json.loads(lines[-1])) if lines else None

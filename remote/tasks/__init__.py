@@ -18,6 +18,7 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     board       dashboard, report (every stack and run on one page: remote/dashboard/)
     importing   import (an AI Platform or Vertex AI job into a stack)
     data        push (a data directory to the host's DATA_DIR); remote/tasks/starter.py: init
+    sweep       sweep (trials over GPU slots: start, status, best, stop)
 """
 
 import functools
@@ -26,7 +27,7 @@ from invoke import Collection
 
 from gpu_train.errors import GpuTrainError
 from remote.errors import exit_for
-from remote.tasks import board, dashboards, data, importing, overview, power, runs, shell, teardown
+from remote.tasks import board, dashboards, data, importing, overview, power, runs, shell, sweep, teardown
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
 from remote.tasks.shortflags import pin_short_flags
@@ -59,6 +60,7 @@ ns = Collection(
     importing.import_job,
     init,
     data.push,
+    sweep.sweep_,
 )
 
 

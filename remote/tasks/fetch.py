@@ -131,6 +131,7 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
         "json": "print what was fetched where as JSON",
         "stack": STACK_HELP,
         "from": "`bucket`: from the stack's gpu-train:bucket instead of the host (also used by itself when the host cannot be reached)",
+        "sweep": "every trial of this sweep (each from its node, into runs/STACK/RUN/)",
     }
 )
 def fetch(
@@ -146,6 +147,7 @@ def fetch(
     stack=None,
     json_=False,
     from_=None,
+    sweep=None,
 ):
     """Bring a run's results home: its JOB_DIR, and what the job wrote in its working directory.
 
@@ -164,6 +166,17 @@ def fetch(
     if from_ not in (None, "host", "bucket"):
         raise UsageError(f"--from {from_}: `host` (the default) or `bucket`")
     session = Session(Environment.of(c), stack, node=trust.number("--node", node or 0, int, 0), probe_shared=True)
+    if sweep is not None:
+        if run or all_ or dest:
+            raise UsageError("--sweep fetches every trial of a sweep: give no --run, --all or --dest with it")
+        from remote.tasks.sweepcalls import sweep_rows
+
+        rows, _ = sweep_rows(session, trust.run_option(sweep), None, "min")
+        for row in rows:
+            if row["state"] != "pending":
+                trial = Session(session.env, stack, node=int(row["node"]), probe_shared=True)
+                _fetch_from_host(trial, row["runId"], False, None, False, interval, False, streams, json_, {})
+        return
     if from_ == "bucket":
         frombucket.from_bucket(session.env, session.cluster, run, all_, dest, streams)
         return

@@ -11,7 +11,7 @@ from invoke import task
 
 from gpu_train.contract import SUCCEEDED
 from gpu_train.environment import Environment
-from gpu_train.errors import CommandExit, GpuTrainError, Interrupted, outcome
+from gpu_train.errors import CommandExit, GpuTrainError, Interrupted, UsageError, outcome
 from remote.tasks import trust
 from remote.tasks.render import render_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
@@ -180,14 +180,21 @@ def status(c, json_=False, stack=None):
     help={
         "run": "run id or a unique prefix (default: the newest)",
         "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)",
+        "sweep": "a sweep instead: no more of its trials start, those at work stop (as `sweep stop`)",
         "json": "print the result as JSON",
         "stack": STACK_HELP,
     }
 )
-def stop(c, run=None, grace=None, stack=None, json_=False):
+def stop(c, run=None, grace=None, stack=None, json_=False, sweep=None):
     """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(Environment.of(c), stack)
+    if sweep is not None:
+        from remote.tasks.sweepcalls import stop_sweep
+
+        if run:
+            raise UsageError("--run or --sweep, not both")
+        return stop_sweep(session, trust.run_option(sweep) or "", json_, grace)
     sessions = session.nodes()
     args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
     docs = on_every_node(sessions, lambda s: s.call(*args))

@@ -211,11 +211,11 @@ class Session:
         self.conn = None
         return self.connect(again=True)
 
-    def call(self, *args: str) -> dict:
+    def call(self, *args: str, stdin: bytes = b"") -> dict:
         from remote.ssh import agentcall
         from remote.tasks.trust import host_doc
 
-        doc = agentcall.call(self.connect(), self._target, *args)
+        doc = agentcall.call(self.connect(), self._target, *args, stdin=stdin)
         return host_doc(doc, self._target.host)  # its run ids checked before any becomes a path
 
     def close(self) -> None:

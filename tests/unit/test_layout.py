@@ -159,7 +159,7 @@ def test_the_core_is_handed_its_data() -> None:
 
 # Which rooms may import which (a room: a package folder; its modules' imports, inside functions too).
 # Bottom up: contract, catalog <- stack <- gcp <- jobs/views/importing; the agent takes only the core's modules
-# its zipapp carries (contract, recovery, fetchwire, checksum);
+# its zipapp carries (contract, recovery, fetchwire, checksum, sweeps);
 # the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
 ALLOWED = {
     "gpu_train.codec": set(),  # stdlib only: the zipapp carries it with the contract
@@ -168,6 +168,7 @@ ALLOWED = {
     "gpu_train.recovery": set(),  # stdlib only: the zipapp and the Cloud Run function carry it too
     "gpu_train.fetchwire": set(),  # these two: stdlib only, the zipapp carries them (agent/bundle.py CARRIED)
     "gpu_train.checksum": set(),
+    "gpu_train.sweeps": {"gpu_train.codec"},  # a sweep's plan: the laptop's and the queue's (carried)
     "gpu_train.errors": set(),
     "gpu_train.atomic": set(),
     "gpu_train.environment": {"gpu_train.errors", "gpu_train.stack"},  # what the laptop's commands take from the world
@@ -202,6 +203,7 @@ ALLOWED = {
         "gpu_train.recovery",
         "gpu_train.fetchwire",
         "gpu_train.checksum",
+        "gpu_train.sweeps",
     },
     # the agent's packer runs on the laptop, beside what it packs (not in the zipapp): it keeps the zipapp on disk
     "agent.bundle": {"gpu_train.atomic", "gpu_train.contract"},

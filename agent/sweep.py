@@ -1,0 +1,248 @@
+"""A sweep's queue on its host: at most one trial per slot, each an ordinary run.
+
+`sweep-start` takes the sweep's record (gpu_train/sweeps.py SweepDoc: the job's spec, the trials, this
+node's slots) and the code the laptop staged, keeps both in REMOTE_ROOT/sweeps/NAME/ and starts the first
+trials. From then on the queue moves by itself: a trial's wrapper advances it when its job ends (the next
+trial starts the moment a slot frees), `boot` after a reboot (interrupted trials are resumed in their own
+slots first, as every run is) and `tick` every minute as a safety net. The plan's ``next_launches``
+decides; this module only reads the runs' states and launches. A trial sees its slot's GPUs alone
+(CUDA_VISIBLE_DEVICES) and its sweep's name (GPU_TRAIN_SWEEP); a finished trial is never run again (its
+run exists), a stopped sweep starts nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from dataclasses import replace
+
+from gpu_train.contract import ACTIVE, JobSpec, RunState
+from gpu_train.sweeps import PENDING, SWEEPS_DIR, SweepDoc, next_launches
+
+from .store import AgentError, agent_log, now, read_json, write_json
+
+SWEEP_ENV, SLOT_ENV = "GPU_TRAIN_SWEEP", "GPU_TRAIN_SLOT"  # the trial's sweep, and its slot (0, 1, ...)
+SLOTS_FILE = "slots.json"  # trial run id -> the slot it was started in
+FAILED_FILE = "refused.json"  # trial run id -> why its launch was refused (never retried)
+
+
+def sweep_dir(root: str, name: str) -> str:
+    return os.path.join(root, SWEEPS_DIR, name)
+
+
+def read_sweep(root: str, name: str) -> SweepDoc:
+    doc = read_json(os.path.join(sweep_dir(root, name), "sweep.json"))
+    if doc is None:
+        found = sorted(names(root))
+        raise AgentError(f"no sweep {name!r} on this host; sweeps here: {', '.join(found) or 'none'}")
+    try:
+        return SweepDoc.from_json(doc)
+    except ValueError as e:
+        raise AgentError(str(e)) from None
+
+
+def names(root: str) -> list[str]:
+    top = os.path.join(root, SWEEPS_DIR)
+    return [n for n in os.listdir(top) if os.path.isfile(os.path.join(top, n, "sweep.json"))] if os.path.isdir(top) else []
+
+
+def trial_run(doc: SweepDoc, trial: dict) -> str:
+    return f"{trial['base']}{doc.stamp}"
+
+
+@contextlib.contextmanager
+def queue_lock(root: str):
+    """One queue mover at a time on a host (two trials ending at once start one trial each, not both the same)."""
+    os.makedirs(os.path.join(root, SWEEPS_DIR), exist_ok=True)
+    with open(os.path.join(root, SWEEPS_DIR, ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def trial_states(root: str, doc: SweepDoc) -> list[str]:
+    """Each of this node's trials' state: pending (no run yet), refused, or its run's effective state."""
+    from .status import describe
+
+    refused = read_json(os.path.join(sweep_dir(root, doc.name), FAILED_FILE)) or {}
+    out = []
+    for t in doc.trials:
+        run = trial_run(doc, t)
+        run_dir = os.path.join(root, "runs", run)
+        if run in refused:
+            out.append("failed")
+        elif not os.path.isfile(os.path.join(run_dir, "state.json")):
+            out.append("stopped" if doc.stopped else PENDING)
+        else:
+            out.append(str(describe(run_dir)["state"]))
+    return out
+
+
+def mine(doc: SweepDoc) -> SweepDoc:
+    """The record with this node's trials only (a cluster's trials are spread over its nodes)."""
+    return replace(doc, trials=tuple(t for t in doc.trials if t.get("node", 0) == doc.node))
+
+
+def advance(root: str, only: str | None = None) -> list[dict]:
+    """Start what the plan says into the free slots of every sweep (or ``only``); the runs started."""
+    started: list[dict] = []
+    with queue_lock(root):
+        for name in [only] if only else names(root):
+            try:
+                doc = mine(read_sweep(root, name))
+            except AgentError as e:
+                agent_log(root, f"sweep {name}: {e}")
+                continue
+            if doc.stopped:
+                continue
+            states = trial_states(root, doc)
+            slots_path = os.path.join(sweep_dir(root, name), SLOTS_FILE)
+            held_by = read_json(slots_path) or {}
+            held = [held_by.get(trial_run(doc, t)) for t in doc.trials]
+            for i, slot in next_launches(states, held, len(doc.slots)):
+                trial = doc.trials[i]
+                run = trial_run(doc, trial)
+                held_by[run] = slot
+                write_json(slots_path, held_by)
+                try:
+                    started.append(launch_trial(root, doc, trial, slot))
+                except AgentError as e:
+                    refused_path = os.path.join(sweep_dir(root, name), FAILED_FILE)
+                    write_json(refused_path, {**(read_json(refused_path) or {}), run: str(e)})
+                    agent_log(root, f"sweep {name}: {run} could not start: {e}")
+    return started
+
+
+def launch_trial(root: str, doc: SweepDoc, trial: dict, slot: int) -> dict:
+    """The trial as an ordinary run: the sweep's code (hard links) staged for it, its spec launched."""
+    from .launch import cmd_launch
+
+    run = trial_run(doc, trial)
+    staging = os.path.join(root, "staging", run)
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(os.path.dirname(staging), exist_ok=True)
+    shutil.copytree(os.path.join(sweep_dir(root, doc.name), "code"), staging, symlinks=True, copy_function=os.link)
+    job = JobSpec.from_json(doc.job)
+    gpus = doc.slots[slot]
+    env = {**job.env, SWEEP_ENV: doc.name, SLOT_ENV: str(slot)}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    spec = replace(job, run_id=run, base=trial["base"], args=tuple(trial["args"]), env=env, expect_gpus=0, reuse_code=False)
+    return cmd_launch(root, spec.to_json(), False)
+
+
+def after_trial(root: str, run_dir: str) -> None:
+    """A trial's wrapper, at its job's end: the next trial into the freed slot. Never raises: the
+    trial's own end is recorded already, and `tick` advances the queue as well."""
+    from .store import spec_or_none
+
+    spec = spec_or_none(run_dir)
+    if spec is None or SWEEP_ENV not in spec.env:
+        return
+    try:
+        advance(root, spec.env[SWEEP_ENV])
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            agent_log(root, f"sweep {spec.env[SWEEP_ENV]}: the queue did not advance after {os.path.basename(run_dir)}: {e!r}")
+
+
+def cmd_sweep_start(root: str, raw: dict, staged: str) -> dict:
+    """Keep the sweep (its record and the code staged as ``staged``) and start its first trials."""
+    try:
+        doc = SweepDoc.from_json(raw)
+    except ValueError as e:
+        raise AgentError(str(e)) from None
+    folder = sweep_dir(root, doc.name)
+    with queue_lock(root):
+        if os.path.isdir(folder):
+            old = mine(read_sweep(root, doc.name))
+            left = [s for s in trial_states(root, old) if s == PENDING or s in ACTIVE or s == RunState.INTERRUPTED]
+            if left and not old.stopped:
+                raise AgentError(f"sweep {doc.name!r} is still going here ({len(left)} trial(s) left): stop it, or pick another --name")
+            shutil.rmtree(folder)
+        code = os.path.join(root, "staging", staged)
+        if not os.path.isdir(code):
+            raise AgentError(f"the code for sweep {doc.name} did not arrive (no {code}): run the sweep again")
+        os.makedirs(folder)
+        os.replace(code, os.path.join(folder, "code"))
+        write_json(os.path.join(folder, "sweep.json"), replace(doc, created=now()).to_json())
+    started = advance(root, doc.name)
+    return {"sweep": doc.name, "trials": len(mine(doc).trials), "slots": len(doc.slots), "started": [s["runId"] for s in started]}
+
+
+def cmd_sweep_stop(root: str, name: str, grace: float) -> dict:
+    """Start nothing more, and stop the trials at work."""
+    from .lifecycle import cmd_stop
+
+    with queue_lock(root):
+        doc = read_sweep(root, name)
+        write_json(os.path.join(sweep_dir(root, name), "sweep.json"), replace(doc, stopped=True).to_json())
+    doc = mine(doc)
+    stopped = []
+    states = trial_states(root, doc)
+    for t, state in ((t, states[i]) for i, t in enumerate(doc.trials)):
+        if state in ACTIVE or state == RunState.INTERRUPTED:
+            cmd_stop(root, trial_run(doc, t), grace)
+            stopped.append(trial_run(doc, t))
+    return {"sweep": name, "stopped": stopped}
+
+
+def pending(root: str) -> int:
+    """Trials left to start in sweeps that are not stopped (idle stop counts them as work)."""
+    left = 0
+    for name in names(root):
+        with contextlib.suppress(AgentError):
+            doc = mine(read_sweep(root, name))
+            if not doc.stopped:
+                left += sum(1 for s in trial_states(root, doc) if s == PENDING)
+    return left
+
+
+def newest(root: str) -> str:
+    found = names(root)
+    if not found:
+        raise AgentError("no sweep on this host yet: start one with `gpu-train sweep`")
+    return max(found, key=lambda n: (read_json(os.path.join(sweep_dir(root, n), "sweep.json")) or {}).get("created") or 0)
+
+
+def metric_of(run_dir: str, metric: str, mode: str, problems: list) -> tuple[float | None, float | None]:
+    """(last, best) of ``metric`` in a run's series: the last value of the series written furthest, the
+    lowest (min) or highest (max) of any."""
+    from .metrics import run_scalars
+
+    series = [s for s in run_scalars(run_dir, [metric], 1, problems) if s["count"]]
+    if not series:
+        return None, None
+    last = max(series, key=lambda s: (s["last"][0], s["wallTime"]))["last"][1]
+    ends = [end[1] for end in (s["min"] if mode == "min" else s["max"] for s in series) if end is not None]
+    return last, ((min if mode == "min" else max)(ends) if ends else None)
+
+
+def cmd_sweep_status(root: str, name: str | None, metric: str | None, mode: str) -> dict:
+    """One row per trial of this node: its run, values, state, duration, and the metric's last and best."""
+    from .status import describe
+
+    doc = mine(read_sweep(root, name or newest(root)))
+    problems: list[str] = []
+    rows = []
+    states = trial_states(root, doc)
+    for t, state in ((t, states[i]) for i, t in enumerate(doc.trials)):
+        run = trial_run(doc, t)
+        run_dir = os.path.join(root, "runs", run)
+        row = {"runId": run, "index": t["index"], "node": doc.node, "values": t["values"], "state": state, "durationS": None}
+        row.update(last=None, best=None)
+        if os.path.isfile(os.path.join(run_dir, "state.json")):
+            row["durationS"] = describe(run_dir).get("durationS")
+            if metric:
+                row["last"], row["best"] = metric_of(run_dir, metric, mode, problems)
+        rows.append(row)
+    return {
+        "sweep": doc.name,
+        "node": doc.node,
+        "mode": doc.mode,
+        "stopped": doc.stopped,
+        "slots": [list(s) for s in doc.slots],
+        "trials": rows,
+        "problems": problems[:20],
+    }

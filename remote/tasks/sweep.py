@@ -1,0 +1,297 @@
+"""`gpu-train sweep`: one script over a space of arguments, a trial per GPU slot, each an ordinary run.
+
+The plan is the core's (gpu_train/sweeps.py: trials, names, slots, the estimate); the queue is the host's
+(agent/sweep.py). `sweep` sends the code once per node and the sweep's record; `sweep status`, `sweep
+best`, `sweep stop` are one agent call per node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from invoke import task
+
+from gpu_train import sweeps
+from gpu_train.environment import Environment
+from gpu_train.errors import GpuTrainError, UsageError
+from remote.tasks import trust
+from remote.tasks.optional import optional_positional
+from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.sweepcalls import stop_sweep, sweep_rows
+
+ACTIONS = ("start", "status", "best", "stop")
+
+
+@task(
+    name="sweep",
+    positional=["action"],
+    iterable=["values", "random", "env"],
+    help={
+        "action": "start (default), status, best or stop",
+        "script": "Python file to run per trial, as `train --script` takes it",
+        "command": "shell command per trial instead of --script (with --workers: your own sweep agent)",
+        "args": "the fixed arguments; {NAME} places a parameter's value, else each goes last as --NAME VALUE",
+        "file": "a sweep file (YAML): method grid|random, parameters, count, seed, args",
+        "values": "NAME=V1,V2,... : a grid over these values (repeatable)",
+        "random": "NAME=MIN:MAX[:log|int] : a range drawn from (repeatable; with --count)",
+        "count": "trials of a random sweep",
+        "seed": "the random sweep's seed (default 0: the same trials each time)",
+        "gpus_per_trial": "GPUs each trial sees (CUDA_VISIBLE_DEVICES), default 1",
+        "slots": "trials at once per node (a host without GPUs needs it; default: its GPUs / --gpus-per-trial)",
+        "workers": "start N copies of --command/--script (your own sweep agent, e.g. an Optuna study), one per slot",
+        "name": "the sweep's name (default: the script's); trials are NAME_tI_VALUES_YYYYmmdd_HHMMSS",
+        "env": "NAME=VALUE for every trial's environment (repeatable)",
+        "resume_args": "arguments added at each trial's relaunch (reboot, kill), as for train",
+        "resume_if": "add --resume-args only once this file or glob exists, as for train",
+        "dry_run": "say the trials, slots, GPU-hours and cost; start nothing",
+        "hours_per_trial": "how long one trial takes, for --dry-run's GPU-hours and cost",
+        "sweep": "status/best/stop: which sweep (default: the newest)",
+        "metric": "status/best: a tag the jobs log (TensorBoard or metrics.jsonl)",
+        "mode": "best: min (default) or max",
+        "json": "print the answer as JSON",
+        "stack": STACK_HELP,
+    },
+)
+def sweep_(
+    c,
+    action=None,
+    script=None,
+    command=None,
+    args="",
+    file=None,
+    values=None,
+    random=None,
+    count=None,
+    seed=None,
+    gpus_per_trial=1,
+    slots=None,
+    workers=None,
+    name=None,
+    env=None,
+    resume_args="",
+    resume_if=None,
+    dry_run=False,
+    hours_per_trial=None,
+    sweep=None,
+    metric=None,
+    mode="min",
+    json_=False,
+    stack=None,
+):
+    """Run a script over a grid or random samples of its arguments, one trial per GPU slot."""
+    action = action or "start"
+    if action not in ACTIONS:
+        raise UsageError(f"sweep {action!r}: use one of {', '.join(ACTIONS)}")
+    if mode not in ("min", "max"):
+        raise UsageError(f"--mode {mode!r}: min or max")
+    environment = Environment.of(c)
+    session = Session(environment, stack)
+    if action == "stop":
+        return stop_sweep(session, _named(sweep), json_)
+    if action in ("status", "best"):
+        if action == "best" and not metric:
+            raise UsageError("sweep best needs --metric NAME (a tag the trials log) and --mode min|max")
+        rows, doc = sweep_rows(session, sweep, metric, mode)
+        return show_best(rows, doc, metric, mode, json_) if action == "best" else show_status(rows, doc, metric, json_)
+    return start(environment, session, locals())
+
+
+def _named(name: str | None) -> str:
+    if not name:
+        raise UsageError("sweep stop needs --sweep NAME (`sweep status` names the newest)")
+    return trust.run_option(name) or name  # a sweep's name follows the run ids' rule
+
+
+def space_of(o: dict) -> dict | None:
+    """The space from --file or the inline options (None with --workers)."""
+    inline = bool(o["values"] or o["random"])
+    if o["workers"] is not None:
+        if inline or o["file"]:
+            raise UsageError("--workers runs your own sweep agent: give no --file, --values or --random with it")
+        return None
+    try:
+        if o["file"]:
+            import yaml
+
+            if inline:
+                raise UsageError("--file or --values/--random, not both")
+            path = Path(o["file"]).expanduser()
+            try:
+                doc = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError) as e:
+                raise UsageError(f"--file {path}: {e}") from None
+            return sweeps.check_space(doc)
+        if not inline:
+            raise UsageError("say what to sweep: --values NAME=V1,V2 (a grid), --random NAME=MIN:MAX --count N, or --file sweep.yaml")
+        count = trust.number("--count", o["count"], int, 1)
+        return sweeps.inline_space(o["values"] or [], o["random"] or [], count, trust.number("--seed", o["seed"], int))
+    except sweeps.SpaceError as e:
+        raise UsageError(f"{o['file'] or 'the sweep'}: {e}") from None
+
+
+def node_gpus(session: Session) -> list[int]:
+    """Each node's GPUs: the stack's where it knows them (GCP), else each host's own count."""
+    cluster = session.cluster
+    if cluster.node_gpus:
+        return list(cluster.node_gpus)
+    if cluster.gpus_per_node:
+        return [cluster.gpus_per_node] * len(cluster.hosts)
+    docs = on_every_node(session.nodes(), lambda s: s.call("status"))
+    if failed := failures(docs):
+        raise GpuTrainError("; ".join(failed))
+    return [len(d.get("gpus") or []) for d in docs]  # type: ignore[attr-defined]
+
+
+def plan(o: dict, session: Session, base: str) -> tuple[list[dict], list[list[list[int]]], dict | None]:
+    """(trials, each node's slots, the space)."""
+    space = space_of(o)
+    per_trial = trust.number("--gpus-per-trial", o["gpus_per_trial"], int, 1, 64)
+    declared = trust.number("--slots", o["slots"], int, 1, 1024)
+    try:
+        node_slots = [sweeps.slots_of(g, per_trial, declared) for g in node_gpus(session)]
+        if space is None:
+            workers = trust.number("--workers", o["workers"], int, 1, 10000)
+            chosen: list[dict] = [{} for _ in range(workers)]
+        else:
+            chosen = sweeps.expand(space)
+        nodes = sweeps.spread(len(chosen), [len(s) for s in node_slots])
+    except sweeps.SpaceError as e:
+        raise UsageError(str(e)) from None
+    from gpu_train.jobs import STAMP_LEN, split_args
+
+    fixed = list(split_args("--args", o["args"] or ""))
+    template = space.get("args") if space else None
+    trials = []
+    for i, vals in enumerate(chosen):
+        trial_base = sweeps.trial_base(base, i, vals, 128 - STAMP_LEN) if space else f"{base}_w{i}"
+        trials.append({"index": i, "values": vals, "args": sweeps.trial_args(fixed, vals, template), "base": trial_base, "node": nodes[i]})
+    return trials, node_slots, space
+
+
+def start(environment: Environment, session: Session, o: dict) -> None:
+    from gpu_train import jobs
+    from gpu_train.stack.project import project_name
+    from remote.tasks.launching import pushed_data
+    from remote.transfer import sync
+    from remote.transfer.relay import ChannelRelay
+
+    if not o["script"] and not o["command"]:
+        raise UsageError("give the trial's --script (or --command)")
+    base = jobs.base_name(o["name"], o["script"], o["command"])[: sweeps.NAME_MAX]
+    trials, node_slots, _ = plan(o, session, base)
+    cluster = session.cluster
+    hours = trust.number("--hours-per-trial", o["hours_per_trial"], float, 0)
+    slots_total = sum(len(s) for s in node_slots)
+    est = sweeps.estimate(len(trials), slots_total, int(o["gpus_per_trial"]), hours, cluster.hourly_cost_usd, 1)
+    if o["dry_run"]:
+        return show_plan(trials, node_slots, est, hours, cluster.hourly_cost_usd, o["json_"])
+    stamp = datetime.now().strftime("_%Y%m%d_%H%M%S")
+    code_dir = environment.project_root
+    spec = jobs.job_spec(
+        run=f"{base}{stamp}",
+        base=base,
+        script=o["script"],
+        command=o["command"],
+        args="",
+        env=o["env"] or [],
+        python=cluster.python,
+        expect_gpus=0,
+        code_dir=code_dir,
+        cwd=environment.cwd,
+        environ=os.environ,
+        resume_args=o["resume_args"] or "",
+        resume_if=o["resume_if"],
+    )
+    spec = dataclasses.replace(
+        spec,
+        project=project_name(environment.project_root),
+        venv=cluster.venv,
+        needs_torch=jobs.needs_torch(code_dir, spec.script, "none"),
+    )
+    spec = jobs.in_bucket([spec], cluster.stack, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))[0]
+    staged = f"{base}{stamp}"
+    with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
+        code = sync.plan_code(
+            code_dir, Path(scratch), ((environment.project_root / "runs", "fetched results"), (environment.state_home, None))
+        )
+        say(f"syncing {code.describe()}")
+
+        def one(s: Session) -> dict:
+            target = s.target
+            with ChannelRelay(s.connect().transport) as relay:
+                sync.push_code(target, target.host, code, staged, base, rsh=relay.rsh())
+            node_spec = dataclasses.replace(spec, agent_settings=target.agent_settings)
+            doc = sweeps.SweepDoc(
+                name=base,
+                stamp=stamp,
+                job=node_spec.to_json(),
+                trials=tuple(trials),
+                slots=tuple(node_slots[s.node]),
+                node=s.node,
+                mode="workers" if o["workers"] is not None else "trials",
+            )
+            return s.call("sweep-start", "--staged", staged, stdin=json.dumps(doc.to_json()).encode() + b"\n")
+
+        answers = on_every_node(session.nodes(), one)
+    if failed := failures(answers):
+        raise GpuTrainError("; ".join(failed))
+    started = [r for a in answers for r in a.get("started", [])]  # type: ignore[attr-defined]
+    print(f"sweep {base}: {len(trials)} trials over {slots_total} slot(s); started {len(started)}: {', '.join(started)}")
+    print(f"  status:  {CLI} sweep status --sweep {base} [--metric NAME]")
+    print(f"  best:    {CLI} sweep best --sweep {base} --metric NAME --mode min|max")
+    print(f"  stop:    {CLI} sweep stop --sweep {base}")
+
+
+def show_plan(trials: list[dict], node_slots: list, est: sweeps.Estimate, hours: float | None, hourly: float | None, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"trials": trials, "slots": node_slots, **dataclasses.asdict(est)}, indent=1))
+        return
+    for t in trials:
+        print(f"  {t['base']}  node {t['node']}  {shlex.join(t['args'])}")
+    gpu_h = f"{est.gpu_hours:g} GPU-hours" if est.gpu_hours is not None else "GPU-hours: give --hours-per-trial"
+    cost = (
+        f", about ${est.cost:,.2f} at ${hourly:,.2f}/h"
+        if est.cost is not None
+        else (", cost unknown (no price for the stack)" if hours else "")
+    )
+    wall = f", {est.wall_hours:g} h of wall time" if est.wall_hours is not None else ""
+    print(f"{est.trials} trials, {est.slots} slot(s) in {est.waves} wave(s); {gpu_h}{wall}{cost}")
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.6g}"
+
+
+def show_status(rows: list[dict], doc: dict, metric: str | None, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"sweep": doc["sweep"], "trials": rows}, indent=1))
+        return
+    from gpu_train.views.table import aligned
+
+    head = ["#", "values", "state", *(["last " + metric, "best " + metric] if metric else []), "duration", "run"]
+    body = []
+    for r in rows:
+        vals = " ".join(f"{k}={sweeps.shown(v)}" for k, v in r["values"].items()) or "-"
+        took = "-" if r["durationS"] is None else f"{r['durationS'] / 60:.1f} min"
+        body.append([str(r["index"]), vals, r["state"], *([_num(r["last"]), _num(r["best"])] if metric else []), took, r["runId"]])
+    print("\n".join(aligned([head, *body])))
+
+
+def show_best(rows: list[dict], doc: dict, metric: str, mode: str, as_json: bool) -> None:
+    top = sweeps.best(rows, mode)
+    if top is None:
+        raise GpuTrainError(f"no trial of sweep {doc['sweep']} has logged {metric!r} yet (`{CLI} sweep status --metric {metric}`)")
+    if as_json:
+        print(json.dumps({"sweep": doc["sweep"], "metric": metric, "mode": mode, **top}, indent=1))
+        return
+    vals = " ".join(f"{k}={sweeps.shown(v)}" for k, v in top["values"].items())
+    print(f"{top['runId']}: {metric} {mode} {_num(top['best'])} ({vals}; {top['state']})")
+
+
+optional_positional(sweep_, "action")

@@ -1,0 +1,167 @@
+"""`gpu-train sweep` on a real sshd: 6 trials over 4 declared slots of a host without GPUs, the queue on the
+host (the 5th trial starts when one ends, never more than 4 at once, each in a slot of its own), a trial
+power-cut mid-sweep and resumed by the host's boot step from its own checkpoint while the others go on, and
+`sweep best` naming the trial whose logged metric is best. Loopback 127.0.41.2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Lab
+from tests.unit.test_resilience import agent_cmd, reboot, state
+
+LAB_ADDRESS = "127.0.41.2"
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+TRIAL = textwrap.dedent(
+    """
+    import argparse, json, os, time
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--lr", type=float, required=True)
+    p.add_argument("--bs", type=int, required=True)
+    p.add_argument("--resume", action="store_true")
+    a = p.parse_args()
+    job = os.environ["JOB_DIR"]
+    ckpt = os.path.join(job, "ckpt.json")
+    start = json.load(open(ckpt))["step"] if a.resume and os.path.exists(ckpt) else 0
+    seen = {"slot": os.environ.get("GPU_TRAIN_SLOT"), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "start": start, "began": time.time()}
+    with open(os.path.join(job, "metrics.jsonl"), "a") as m:
+        for step in range(start, 5):
+            loss = (a.lr - 0.01) ** 2 * 1000 + 1.0 / (step + 1) + a.bs / 1000
+            m.write(json.dumps({"step": step, "loss": loss}) + "\\n")
+            m.flush()
+            with open(ckpt + ".tmp", "w") as f:
+                json.dump({"step": step + 1}, f)
+            os.replace(ckpt + ".tmp", ckpt)
+    with open(os.path.join(job, "seen.jsonl"), "a") as f:
+        f.write(json.dumps(seen) + "\\n")
+    while not os.path.exists(os.path.join(job, "release")):
+        time.sleep(0.05)
+    with open(os.path.join(job, "ended"), "w") as f:
+        f.write(str(time.time()))
+    """
+)
+
+
+def _runs(lab: Lab) -> list[str]:
+    top = lab.remote / "runs"
+    return sorted(p.name for p in top.iterdir() if p.name.startswith("grid_t")) if top.is_dir() else []
+
+
+def _seen(lab: Lab, run: str) -> list[dict]:
+    path = lab.remote / "runs" / run / "job" / "seen.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _started(lab: Lab, count: int) -> list[str] | None:
+    """The sweep's runs once ``count`` of them exist and each has started its job."""
+    runs = _runs(lab)
+    return runs if len(runs) == count and all(_seen(lab, r) for r in runs) else None
+
+
+def _wait(what: str, ready, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := ready():
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {timeout:g} s")
+
+
+def _release(lab: Lab, run: str) -> None:
+    (lab.remote / "runs" / run / "job" / "release").write_text("")
+
+
+def test_six_trials_over_four_slots_survive_a_power_cut_and_name_the_best(lab: Lab) -> None:
+    (lab.cwd / "train.py").write_text(TRIAL)
+    subprocess.run(["git", "init", "-q"], cwd=lab.cwd, check=True)
+    dry = lab.fab("sweep", "--script", "train.py", "--values", "lr=0.001,0.01,0.1", "--values", "bs=16,32", "--slots", "4", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "6 trials, 4 slot(s) in 2 wave(s)" in dry.stdout and _runs(lab) == []
+    out = lab.fab(
+        "sweep",
+        *("--script", "train.py", "--name", "grid", "--slots", "4", "--resume-args", "--resume"),
+        *("--values", "lr=0.001,0.01,0.1", "--values", "bs=16,32"),
+        check=True,
+    ).stdout
+    assert "grid: 6 trials over 4 slot(s); started 4" in out, out
+    first = _wait("4 trials at work", lambda: _started(lab, 4))
+    assert sorted(_seen(lab, r)[0]["slot"] for r in first) == ["0", "1", "2", "3"]  # each its own slot
+    assert all(_seen(lab, r)[0]["cuda"] is None for r in first)  # no GPU here: none to hide
+    assert [r.split("_20")[0] for r in first] == [
+        "grid_t0_lr0p001_bs16",
+        "grid_t1_lr0p001_bs32",
+        "grid_t2_lr0p01_bs16",
+        "grid_t3_lr0p01_bs32",
+    ]
+    status = lab.fab("sweep", "status", "--sweep", "grid", "--metric", "loss", check=True).stdout
+    assert status.count("pending") == 2 and status.count("running") == 4, status
+
+    # A power cut of trial 1 (every process of it SIGKILLed): its slot stays its own until boot resumes it.
+    cut = first[1]
+    reboot(lab, cut)
+    _release(lab, first[0])
+    fifth = _wait("the 5th trial", lambda: next((r for r in _runs(lab) if r not in first and _seen(lab, r)), None))
+    assert _seen(lab, fifth)[0]["slot"] == _seen(lab, first[0])[0]["slot"]  # the slot that freed, not the cut one's
+    assert len(_runs(lab)) == 5  # the cut trial still holds slot 1: no 6th
+    actions = agent_cmd(lab, "boot")["actions"]
+    assert [(a["runId"], a["action"]) for a in actions] == [(cut, "resumed")]
+    resumed = _wait("the resumed trial", lambda: len(_seen(lab, cut)) == 2 and _seen(lab, cut))
+    assert resumed[1]["start"] == 5 and resumed[1]["slot"] == resumed[0]["slot"]  # from its checkpoint, in its slot
+    for r in _runs(lab):
+        _release(lab, r)
+    sixth = _wait("the 6th trial", lambda: _started(lab, 6))
+    for r in sixth:
+        _release(lab, r)
+    for r in sixth:
+        _wait(f"{r} to end", lambda r=r: state(lab, r).get("state") == "succeeded")
+
+    # Never more than 4 at once: each trial's time between its start and its end.
+    spans = sorted((s["began"], float((lab.remote / "runs" / r / "job" / "ended").read_text())) for r in sixth for s in _seen(lab, r)[-1:])
+    assert max(sum(1 for b, e in spans if b <= t < e) for t, _ in spans) <= 4
+
+    best = json.loads(lab.fab("sweep", "best", "--sweep", "grid", "--metric", "loss", "--mode", "min", "--json", check=True).stdout)
+    logged = {
+        r: min(json.loads(line)["loss"] for line in Path(lab.remote / "runs" / r / "job" / "metrics.jsonl").read_text().splitlines())
+        for r in sixth
+    }
+    assert best["runId"] == min(logged, key=logged.__getitem__) and best["runId"].startswith("grid_t2_lr0p01_bs16")
+    assert best["best"] == pytest.approx(logged[best["runId"]]) and best["values"] == {"lr": 0.01, "bs": 16}
+    worst = json.loads(lab.fab("sweep", "best", "--sweep", "grid", "--metric", "loss", "--mode", "max", "--json", check=True).stdout)
+    assert worst["runId"].startswith("grid_t") and worst["best"] == pytest.approx(max(max_loss(lab, r) for r in sixth))
+
+    lab.fab("fetch", "--sweep", "grid", check=True, timeout=300)
+    for r in sixth:  # every trial's JOB_DIR home, byte for byte
+        home = lab.cwd / "runs" / "lab" / r / "metrics.jsonl"
+        assert home.read_bytes() == (lab.remote / "runs" / r / "job" / "metrics.jsonl").read_bytes()
+
+
+def test_your_own_sweep_agent_one_worker_per_slot_stopped_as_a_sweep(lab: Lab) -> None:
+    """--workers: N copies of the user's own agent (here a loop that would run forever), each in a slot."""
+    (lab.cwd / "worker.py").write_text(
+        "import json, os, time\n"
+        "open(os.path.join(os.environ['JOB_DIR'], 'slot'), 'w').write(os.environ['GPU_TRAIN_SLOT'])\n"
+        "while True:\n    time.sleep(0.1)\n"
+    )
+    subprocess.run(["git", "init", "-q"], cwd=lab.cwd, check=True)
+    out = lab.fab("sweep", "--workers", "3", "--slots", "2", "--command", "python3 worker.py", "--name", "byo", check=True).stdout
+    assert "byo: 3 trials over 2 slot(s); started 2" in out, out
+    slots = _wait("2 workers", lambda: (p := list((lab.remote / "runs").glob("byo_w*/job/slot"))) and len(p) == 2 and p)
+    assert sorted(p.read_text() for p in slots) == ["0", "1"]
+    stopped = json.loads(lab.fab("stop", "--sweep", "byo", "--json", "--grace", "2", check=True).stdout)
+    assert len(stopped["stopped"]) == 2
+    status = lab.fab("sweep", "status", "--sweep", "byo", check=True).stdout
+    assert status.count("stopped") == 3, status  # the third never starts
+    assert agent_cmd(lab, "sweep-advance")["started"] == []
+
+
+def max_loss(lab: Lab, run: str) -> float:
+    return max(json.loads(line)["loss"] for line in (lab.remote / "runs" / run / "job" / "metrics.jsonl").read_text().splitlines())
