@@ -29,7 +29,7 @@ def declare(
     made: list[pulumi.Resource] = []
     bucket_name: pulumi.Input[str] = place.name
     if cfg.bucket_create:
-        created = gcp.storage.Bucket(
+        created = gcp.storage.Bucket(  # type: ignore[call-overload]
             f"{name}-bucket",
             name=place.name,
             project=cfg.project,
@@ -38,6 +38,9 @@ def declare(
             public_access_prevention="enforced",
             force_destroy=False,  # never deletes objects; retained below anyway
             labels=labels,
+            # Soft delete (7 days by default on new buckets) bills every overwritten checkpoint and every
+            # composed part for 7 more days; off unless gpu-train:bucketSoftDelete keeps it.
+            soft_delete_policy=None if cfg.bucket_soft_delete else {"retention_duration_seconds": 0},
             # `down` (pulumi destroy) leaves the bucket and its runs; delete it yourself when done.
             opts=pulumi.ResourceOptions(parent=parent, retain_on_delete=True),
         )

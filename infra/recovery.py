@@ -57,12 +57,13 @@ APIS = (
     "logging.googleapis.com",
 )
 SECRETS_API = "secretmanager.googleapis.com"
+BUILD_ROLE = "roles/cloudbuild.builds.builder"  # what a custom build account of a function needs (Cloud Functions docs)
 # What the function's identity may do to the stack's instances, and nothing else.
 INSTANCE_PERMISSIONS = ("compute.instances.get", "compute.instances.start", "compute.instances.stop", "compute.instances.setLabels")
 OPERATION_PERMISSIONS = ("compute.zoneOperations.get",)  # the start's outcome (capacity errors are there)
 SELF_PERMISSIONS = ("compute.instances.get",)  # the VM's own account, on itself: it reads the record at boot
-SUFFIX = "recovery"
-FUNCTION_NAME_MAX = 49
+SUFFIX = names.RECOVERY_SUFFIX
+FUNCTION_NAME_MAX = names.FUNCTION_NAME_MAX
 
 
 def stops_for_good(cfg: StackConfig) -> bool:
@@ -136,7 +137,7 @@ def declare(
     project, region = cfg.project or "", cfg.region
     # Cloud Run names the function's service after it (63 characters at most) and each revision after that
     # (NAME-00001-abc, 63 at most too): 49 leaves the revisions room.
-    name = f"{names.rfc1035(f'gpu-train-{cfg.stack}', FUNCTION_NAME_MAX - len(SUFFIX) - 1)}-{SUFFIX}"
+    name = names.recovery_name(cfg.stack)
     apis = [
         gcp.projects.Service(
             f"{prefix}-{SUFFIX}-{api.split('.')[0]}-api", project=project, service=api, disable_on_destroy=False, opts=child
@@ -231,14 +232,32 @@ def declare(
 
     bucket = gcp.storage.Bucket(
         f"{prefix}-{SUFFIX}-source",
-        name=f"{name[:40]}-{hashlib.sha256(f'{project}/{cfg.stack}'.encode()).hexdigest()[:12]}",
+        name=names.recovery_bucket_name(cfg.stack, project),
         project=project,
         location=region.upper(),
         force_destroy=True,
         uniform_bucket_level_access=True,
         public_access_prevention="enforced",
+        soft_delete_policy={"retention_duration_seconds": 0},  # replaced source zips: nothing to keep for 7 days
         opts=after_apis,
     )
+    # The build runs as an account of the stack's own: since 2024 new projects may give the default build
+    # account (the Compute Engine default one) no roles, and then the function never builds.
+    builder = gcp.serviceaccount.Account(
+        f"{prefix}-{SUFFIX}-build-sa",
+        account_id=names.recovery_build_account_id(cfg.stack),
+        project=project,
+        opts=child,
+        display_name=f"gpu-train {cfg.stack} recovery build",
+        description="Builds the stack's recovery function: Cloud Build's builder role, and reads its source.",
+    )
+    builder_member = builder.email.apply(lambda email: f"serviceAccount:{email}")
+    build_grants = [
+        gcp.projects.IAMMember(f"{prefix}-{SUFFIX}-build-role", project=project, role=BUILD_ROLE, member=builder_member, opts=child),
+        gcp.storage.BucketIAMMember(
+            f"{prefix}-{SUFFIX}-build-source", bucket=bucket.name, role="roles/storage.objectViewer", member=builder_member, opts=child
+        ),
+    ]
     files = source_files()
     digest = hashlib.sha256("".join(f"{k}\0{v}\0" for k, v in sorted(files.items())).encode()).hexdigest()[:16]
     source = gcp.storage.BucketObject(
@@ -257,7 +276,7 @@ def declare(
         recovery.ZONE_ENV: cfg.zone,
     }
     secrets = []
-    depends: list[pulumi.Resource] = [*grants, *apis]
+    depends: list[pulumi.Resource] = [*grants, *apis, *build_grants]
     if cfg.notify:
         secret = gcp.secretmanager.Secret(
             f"{prefix}-{SUFFIX}-notify",
@@ -289,6 +308,7 @@ def declare(
             "runtime": RUNTIME,
             "entry_point": ENTRY_POINT,
             "source": {"storage_source": {"bucket": bucket.name, "object": source.name}},
+            "service_account": builder.email.apply(lambda email: f"projects/{project}/serviceAccounts/{email}"),
         },
         service_config={
             "max_instance_count": 1,

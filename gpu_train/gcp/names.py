@@ -70,6 +70,28 @@ def recovery_account_id(stack: str) -> str:
     return rfc1035(f"gpu-train-rec-{stack}", SA_MAX).ljust(SA_MIN, "0")
 
 
+RECOVERY_SUFFIX = "recovery"
+FUNCTION_NAME_MAX = 49  # Cloud Run names each revision NAME-00001-abc, 63 characters at most
+GOOGLE_RE = re.compile(r"g[o0]{2}g[l1]e")  # Cloud Storage: no "google" (nor close misspellings) in a bucket name
+
+
+def recovery_name(stack: str) -> str:
+    """The recovery function's name, its topic's and its sink's (infra/recovery.py)."""
+    return f"{rfc1035(f'gpu-train-{stack}', FUNCTION_NAME_MAX - len(RECOVERY_SUFFIX) - 1)}-{RECOVERY_SUFFIX}"
+
+
+def recovery_bucket_name(stack: str, project: str) -> str:
+    """The bucket the function's source is uploaded to: globally unique (a hash of project and stack), and
+    never with "google" in it, which Cloud Storage refuses (a stack named my-google-run gave one)."""
+    base = GOOGLE_RE.sub("gcp", recovery_name(stack)[:40]).rstrip("-")
+    return f"{base}-{hashlib.sha256(f'{project}/{stack}'.encode()).hexdigest()[:12]}"
+
+
+def recovery_build_account_id(stack: str) -> str:
+    """The account the recovery function is built as (infra/recovery.py): 6 to 30 characters."""
+    return rfc1035(f"gpu-train-bld-{stack}", SA_MAX).ljust(SA_MIN, "0")
+
+
 def derived(stack: str, nodes: int = 1) -> dict[str, list[str]]:
     """Every name the program gives a resource of this stack, by kind."""
     return {
@@ -78,7 +100,8 @@ def derived(stack: str, nodes: int = 1) -> dict[str, list[str]]:
         "placement policy": [resource_name(stack, PLACEMENT_SUFFIX)],
         "data disk": [data_disk_name(stack, None if nodes <= 1 else i) for i in range(max(nodes, 1))],
         "network tag": [network_tag(stack)],
-        "service account id": [service_account_id(stack), recovery_account_id(stack)],
+        "service account id": [service_account_id(stack), recovery_account_id(stack), recovery_build_account_id(stack)],
+        "bucket": [recovery_bucket_name(stack, "")],
     }
 
 
@@ -88,7 +111,9 @@ def check(stack: str, nodes: int = 1) -> list[Problem]:
     for kind, names in derived(stack, nodes).items():
         pattern, limit = (SERVICE_ACCOUNT_RE, SA_MAX) if kind == "service account id" else (RFC1035_RE, MAX_NAME)
         for name in names:
-            if not pattern.fullmatch(name) or len(name) > limit:
+            if kind == "bucket" and GOOGLE_RE.search(name):
+                problems.append(Problem("stack", f"gives the bucket name {name!r}, which Cloud Storage refuses", "rename the stack", stack))
+            elif not pattern.fullmatch(name) or len(name) > limit:
                 problems.append(
                     Problem(
                         "stack",

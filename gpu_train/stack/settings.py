@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 NAMESPACE = "gpu-train"
 GCP, SSH, BOTH = ("gcp",), ("ssh",), ("gcp", "ssh")
 KINDS = ("str", "int", "number", "bool", "list", "map", "pools")
+SOFT_DELETE_HELP = (
+    "`true`: keep Cloud Storage's soft delete (7 days) on a bucket the stack creates (off: overwritten checkpoints "
+    "and composed parts would bill 7 more days)"
+)
 GCP_IDLE_STOP_MINUTES = 30  # idleStopMinutes on GCP stacks; SSH stacks take the agent's default (off)
 
 
@@ -144,11 +148,7 @@ class StackConfig:
         shown="the series' own",
     )
     data_disk_size_gb: int = setting(
-        "dataDiskSizeGb",
-        "int",
-        100,
-        "each node's data disk, where runs and checkpoints live (`REMOTE_ROOT/runs`); it outlives the VM",
-        targets=GCP,
+        "dataDiskSizeGb", "int", 100, "each node's data disk (`REMOTE_ROOT/runs`); outlives the VM", targets=GCP
     )
     data_disk_type: str | None = setting(
         "dataDiskType",
@@ -167,13 +167,7 @@ class StackConfig:
         shown="catalog.default_image_family",
     )
     image_project: str | None = setting("imageProject", "str", None, "image project", targets=GCP, shown="catalog.image_project")
-    network: str = setting(
-        "network",
-        "str",
-        "default",
-        "the VPC network the VM and its firewall rules use (for projects without a `default` network)",
-        targets=GCP,
-    )
+    network: str = setting("network", "str", "default", "the VPC network of the VM and its firewall rules", targets=GCP)
     ssh_user: str = setting("sshUser", "str", "trainer", "login user created on the VM", targets=GCP)
     ssh_public_key: str = setting("sshPublicKey", "str", "~/.ssh/id_ed25519.pub", "your public key, or a path to it", targets=GCP)
     ssh_source_ranges: tuple[str, ...] = setting(
@@ -185,9 +179,7 @@ class StackConfig:
         required_for=GCP,
         shown="required",
     )
-    allow_ssh_from_anywhere: bool = setting(
-        "allowSshFromAnywhere", "bool", False, "set `true` to allow world-open SSH on purpose", targets=GCP
-    )
+    allow_ssh_from_anywhere: bool = setting("allowSshFromAnywhere", "bool", False, "`true`: world-open SSH on purpose", targets=GCP)
     labels: dict[str, str] = setting("labels", "map", help="extra labels on the VM", targets=GCP)
     target: str = setting("target", "str", "gcp", "`ssh` for hosts you already have (see below)")
     hosts: tuple[SshHost, ...] = setting(
@@ -303,6 +295,7 @@ class StackConfig:
         "`true`: the stack creates `bucket` in the VM's region (uniform access; kept at `down`); `false`: the bucket exists already",
         targets=GCP,
     )
+    bucket_soft_delete: bool = setting("bucketSoftDelete", "bool", False, SOFT_DELETE_HELP, targets=GCP)
     nodes: int = setting(
         "nodes", "int", 1, "VMs of the same shape for multi-node training (GCP; SSH stacks list several `hosts`)", targets=GCP
     )

@@ -144,3 +144,44 @@ def test_plan_prints_the_vms_scopes_as_declared(public_key) -> None:
     raw["gpu-train:sshPublicKey"] = str(public_key)
     text, _ = plan.plan(raw, "s")
     assert "(scopes: logging.write, monitoring.write, devstorage.read_write, compute.readonly)" in text, text
+
+
+def _preview(public_key, stack: str = "s", **settings):
+    from infra import program
+    from infra.ops import preview
+    from tests.conftest import gcp_raw
+
+    raw = gcp_raw(**settings)
+    raw["gpu-train:sshPublicKey"] = str(public_key)
+    result = preview.run(program.main, stack=stack, config=raw)
+    assert result.error is None, result.error
+    return result
+
+
+def test_a_stack_named_google_gets_a_bucket_cloud_storage_takes(public_key) -> None:
+    from gpu_train.gcp import names
+    from gpu_train.stack.bucket import name_problem
+
+    result = _preview(public_key, stack="my-google-run", spot=True)
+    (source,) = [b.inputs for b in result.of_type("storage/bucket:Bucket")]
+    assert name_problem(source["name"]) is None and "google" not in source["name"], source["name"]
+    assert source["softDeletePolicy"] == {"retentionDurationSeconds": 0}
+    assert names.check("my-google-run") == []
+
+
+def test_the_function_is_built_as_an_account_of_the_stacks_own(public_key) -> None:
+    result = _preview(public_key, spot=True)
+    (fn,) = result.of_type("cloudfunctionsv2/function:Function")
+    builder = next(a.inputs for a in result.of_type("serviceaccount/account:Account") if a.name == "gpu-recovery-build-sa")
+    email = f"{builder['accountId']}@proj-1.iam.gserviceaccount.com"
+    assert fn.inputs["buildConfig"]["serviceAccount"] == f"projects/proj-1/serviceAccounts/{email}"
+    roles = {(g.inputs["role"], g.inputs["member"]) for g in result.of_type("IAMMember")}
+    assert ("roles/cloudbuild.builds.builder", f"serviceAccount:{email}") in roles
+    assert ("roles/storage.objectViewer", f"serviceAccount:{email}") in roles
+
+
+@pytest.mark.parametrize(("keep", "policy"), [(False, {"retentionDurationSeconds": 0}), (True, None)])
+def test_a_created_bucket_has_soft_delete_off_unless_kept(public_key, keep: bool, policy) -> None:
+    result = _preview(public_key, bucket="gs://team-runs-bucket/runs", bucketCreate=True, bucketSoftDelete=keep)
+    (created,) = [b.inputs for b in result.of_type("storage/bucket:Bucket") if b.inputs["name"] == "team-runs-bucket"]
+    assert created.get("softDeletePolicy") == policy
