@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -83,3 +84,15 @@ def test_parse_machine_type(name: str, series: str, vcpus: int | None, memory: f
 @pytest.mark.parametrize("name", ["n1-standard-3", "n1-highmem-1", "N1-STANDARD-8", "", "standard"])
 def test_parse_machine_type_rejects(name: str) -> None:
     assert load_catalog().parse_machine_type(name) is None
+
+
+def test_a_bad_edit_of_the_file_fails_at_load_even_after_a_good_one_passed(tmp_path: Path) -> None:
+    """The shape is checked once per version of the file (a stamp of the bytes that passed): other bytes
+    are checked again, whatever passed before."""
+    good = CATALOG_PATH.read_text(encoding="utf-8")
+    load_catalog(CATALOG_PATH)  # passed (and stamped)
+    bad = tmp_path / "gpu-catalog.yaml"
+    bad.write_text(good.replace("memoryGb: 16, series: N1,", "memoryGb: 16,", 1), encoding="utf-8")
+    assert bad.read_text() != good
+    with pytest.raises(CatalogError, match=r"accelerators\.types\.nvidia-tesla-t4: missing 'series'"):
+        load_catalog(bad)
