@@ -172,10 +172,16 @@ def fetch(
         from remote.tasks.sweepcalls import sweep_rows
 
         rows, _ = sweep_rows(session, trust.run_option(sweep), None, "min")
-        for row in rows:
-            if row["state"] != "pending":
-                trial = Session(session.env, stack, node=int(row["node"]), probe_shared=True)
-                _fetch_from_host(trial, row["runId"], False, None, False, interval, False, streams, json_, {})
+        on = {int(r["node"]) for r in rows if r["state"] != "pending"}  # a trial is one node's run: into runs/STACK/RUN/
+
+        def trials(s: Session) -> list[str]:
+            runs = [x for r in rows if int(r["node"]) == s.node and r["state"] != "pending" for x in _which_runs(s, r["runId"], False)]
+            return fetch_runs(s, runs, None, progress=False, streams=streams)
+
+        lost = on_every_node([s for s in session.nodes() if s.node in on], trials)
+        if problems := failures(lost) + [m for x in lost if isinstance(x, list) for m in x]:
+            raise GpuTrainError(f"not every trial is home ({len(problems)}):\n  " + "\n  ".join(problems[:20]))
+        say(f"sweep {sweep}: {sum(1 for r in rows if r['state'] != 'pending')} trial(s) home in runs/{session.target.stack}/")
         return
     if from_ == "bucket":
         frombucket.from_bucket(session.env, session.cluster, run, all_, dest, streams)

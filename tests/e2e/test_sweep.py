@@ -165,3 +165,79 @@ def test_your_own_sweep_agent_one_worker_per_slot_stopped_as_a_sweep(lab: Lab) -
 
 def max_loss(lab: Lab, run: str) -> float:
     return max(json.loads(line)["loss"] for line in (lab.remote / "runs" / run / "job" / "metrics.jsonl").read_text().splitlines())
+
+
+QUICK = textwrap.dedent(
+    """
+    import argparse, json, os, time
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--x", type=float, required=True)
+    a = p.parse_args()
+    job = os.environ["JOB_DIR"]
+    began = time.time()
+    with open(os.path.join(job, "metrics.jsonl"), "w") as m:
+        for step in range(3):
+            m.write(json.dumps({"step": step, "score": a.x * (step + 1)}) + "\\n")
+    time.sleep(0.5)  # long enough for trials of one node to overlap when the queue lets them
+    with open(os.path.join(job, "span.json"), "w") as f:
+        json.dump({"slot": os.environ["GPU_TRAIN_SLOT"], "began": began, "ended": time.time()}, f)
+    """
+)
+
+
+@pytest.fixture
+def duo(tmp_path: Path):
+    """Two loopback hosts as a two-node SSH stack `duo` (node 0 reaches node 1 with the lab's key)."""
+    from remote.loopback import Sshd
+    from tests.conftest import cluster_stack
+
+    a = Sshd(tmp_path / "a", "127.0.41.3").start()
+    b = Sshd(tmp_path / "b", "127.0.41.4", client_key=a.client_key).start()
+    cluster_stack(tmp_path / "stacks", "duo", [a.spec, b.spec], a.client_key)
+    yield tmp_path
+    a.stop()
+    b.stop()
+    subprocess.run(["pkill", "-f", str(tmp_path)], check=False)
+
+
+def test_a_two_node_cluster_runs_its_share_of_trials_on_each_node(duo: Path) -> None:
+    from tests.conftest import fab_env, run_fab
+
+    tmp_path = duo
+    roots = [tmp_path / "node0", tmp_path / "node1"]
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "train.py").write_text(QUICK)
+    subprocess.run(["git", "init", "-q"], cwd=cwd, check=True)
+    env = fab_env(tmp_path / "stacks", tmp_path / "home", "duo", cwd)
+    out = run_fab(
+        env, cwd, "sweep", "--script", "train.py", "--name", "duo", "--slots", "2", "--values", "x=1,2,3,4,5,6", check=True, timeout=300
+    )
+    assert "duo: 6 trials over 4 slot(s); started 4" in out.stdout, out.stdout
+
+    def ended(node: int) -> list[Path]:
+        return sorted((roots[node] / "runs").glob("duo_t*/job/span.json")) if (roots[node] / "runs").is_dir() else []
+
+    _wait("every trial's end", lambda: len(ended(0)) == 3 and len(ended(1)) == 3, timeout=180)
+    names = [sorted(p.parts[-3].split("_20")[0] for p in ended(n)) for n in (0, 1)]
+    assert names == [["duo_t0_x1", "duo_t2_x3", "duo_t4_x5"], ["duo_t1_x2", "duo_t3_x4", "duo_t5_x6"]]  # spread by slots
+    for n in (0, 1):
+        spans = [json.loads(p.read_text()) for p in ended(n)]
+        assert max(sum(1 for s in spans if s["began"] <= t["began"] < s["ended"]) for t in spans) <= 2
+    rows = json.loads(run_fab(env, cwd, "sweep", "status", "--sweep", "duo", "--metric", "score", "--json", check=True).stdout)["trials"]
+    assert [(r["index"], r["node"]) for r in rows] == [(i, i % 2) for i in range(6)]
+    _wait(
+        "every trial recorded",
+        lambda: all(
+            r["state"] == "succeeded"
+            for r in json.loads(run_fab(env, cwd, "sweep", "status", "--sweep", "duo", "--json", check=True).stdout)["trials"]
+        ),
+        timeout=60,
+    )
+    best = json.loads(
+        run_fab(env, cwd, "sweep", "best", "--sweep", "duo", "--metric", "score", "--mode", "max", "--json", check=True).stdout
+    )
+    assert best["runId"].startswith("duo_t5_x6") and best["best"] == 18.0 and best["node"] == 1
+    run_fab(env, cwd, "fetch", "--sweep", "duo", check=True, timeout=300)
+    assert len(list((cwd / "runs" / "duo").glob("duo_t*/metrics.jsonl"))) == 6  # from both nodes
