@@ -206,6 +206,9 @@ class Watch:
 
     def board(self) -> dict:
         """The page's document from every stack's last look (no host is asked here)."""
+        if not self._wanted():  # the first page after a quiet while: every stack is looked at now
+            for p in self.pollers:
+                p.kick()
         self.asked = time.monotonic()
         return board.board([p.look for p in self.pollers], time.time(), self.catalog, self.project, self.interval)
 

@@ -305,3 +305,34 @@ def test_a_cross_site_post_is_refused_and_the_pages_own_is_heard(served) -> None
 )
 def test_is_home(run: dict, local, home: bool) -> None:
     assert board.is_home(run, local) is home
+
+
+def test_the_pollers_ask_only_while_a_page_looks(tmp_path: Path) -> None:
+    """No page for a while: no host is asked; the next page's request has every stack looked at again."""
+    import time
+
+    from gpu_train.catalog.loader import load_catalog
+    from gpu_train.environment import Environment
+    from remote.dashboard.poll import Watch
+
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.lab.yaml").write_text("config:\n  gpu-train:target: ssh\n  gpu-train:hosts: [me@127.0.42.250:9]\n")
+    env = Environment(stacks_dir=tmp_path / "stacks", home=tmp_path / "state", cwd=tmp_path, project=tmp_path)
+    watch = Watch(env, load_catalog(), 0.05, "proj", idle_after=0.5).start()
+    (poller,) = watch.pollers
+    try:
+        deadline = time.monotonic() + 10
+        while poller.polls < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert poller.polls >= 2 and poller.look.nodes[0].error  # asked (and the host refused)
+        time.sleep(1.0)  # past idle_after, with no page asking
+        quiet = poller.polls
+        time.sleep(0.5)
+        assert poller.polls == quiet, "a poller asked its host with no page open"
+        doc = watch.board()  # a page asks again
+        assert [s["stack"] for s in doc["stacks"]] == ["lab"]
+        while poller.polls == quiet and time.monotonic() < deadline + 10:
+            time.sleep(0.02)
+        assert poller.polls > quiet
+    finally:
+        watch.stop()

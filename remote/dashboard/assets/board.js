@@ -167,6 +167,7 @@
 
   function homeCell(r) {
     if (r.home) return h("span", { class: "home yes" }, "✓ fetched");
+    if (r.onlyHost && ACTIVE.includes(r.state)) return h("span", { class: "home dim" }, "on host (writing)");
     if (r.onlyHost) return h("span", { class: "home only" }, "only on host");
     return h("span", { class: "home dim" }, "–");
   }
