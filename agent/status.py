@@ -17,6 +17,7 @@ from gpu_train.contract import (
     MACHINE_IDLE,
     MACHINE_SETTINGS,
     STARTING,
+    SWEEP_ENV,
     TERMINAL,
     AgentSettings,
     RunRecord,
@@ -101,17 +102,23 @@ def describe(run_dir: str) -> dict:
         "returns": list(state.returns),
         "reason": state.reason,
         "pid": state.pid,
-        **image_view(run_dir, state),
+        **spec_view(run_dir, state),
         **({"bucket": bucket} if (bucket := upload.view(run_dir)) is not None else {}),
     }
 
 
-def image_view(run_dir: str, state: RunRecord) -> dict:
-    """A container run's image as named and the ID it runs (RunStatus.image, imageId); {} for others."""
+def spec_view(run_dir: str, state: RunRecord) -> dict:
+    """What `status` says from the run's spec: a container run's image as named and the ID it runs
+    (RunStatus.image, imageId), a sweep trial's sweep (RunStatus.sweep); {} for a plain run."""
     doc = read_json(os.path.join(run_dir, "spec.json")) or {}
     container = doc.get("container")
     named = container.get("image") if isinstance(container, dict) else None
-    return {"image": named, "imageId": state.image_id} if named else {}
+    env = doc.get("env")
+    sweep = env.get(SWEEP_ENV) if isinstance(env, dict) else None
+    return {
+        **({"image": named, "imageId": state.image_id} if named else {}),
+        **({"sweep": sweep} if isinstance(sweep, str) and sweep else {}),
+    }
 
 
 def is_active(run_dir: str) -> bool:

@@ -18,12 +18,11 @@ import os
 import shutil
 from dataclasses import replace
 
-from gpu_train.contract import ACTIVE, JobSpec, RunState
+from gpu_train.contract import ACTIVE, SLOT_ENV, SWEEP_ENV, JobSpec, RunState
 from gpu_train.sweeps import PENDING, SWEEPS_DIR, SweepDoc, next_launches
 
 from .store import AgentError, agent_log, now, read_json, write_json
 
-SWEEP_ENV, SLOT_ENV = "GPU_TRAIN_SWEEP", "GPU_TRAIN_SLOT"  # the trial's sweep, and its slot (0, 1, ...)
 SLOTS_FILE = "slots.json"  # trial run id -> the slot it was started in
 FAILED_FILE = "refused.json"  # trial run id -> why its launch was refused (never retried)
 

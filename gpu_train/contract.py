@@ -272,6 +272,7 @@ GOOGLE_ENV = ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "STORAGE_EMUL
 
 # The job's environment: which start of the run this is (0 the first, N the Nth relaunch), REMOTE_ROOT, NOTICE's path.
 RESUMES_ENV, ROOT_ENV, NOTICE_ENV = "GPU_TRAIN_RESUMES", "GPU_TRAIN_ROOT", "GPU_TRAIN_NOTICE"
+SWEEP_ENV, SLOT_ENV = "GPU_TRAIN_SWEEP", "GPU_TRAIN_SLOT"  # a sweep's trial: its sweep (RunStatus.sweep), its slot
 # The host's own (the laptop's are gpu_train/environment.py's): another metadata server, authorized_keys.
 METADATA_URL_ENV, AUTHORIZED_KEYS_ENV = "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_AUTHORIZED_KEYS"
 
@@ -304,6 +305,7 @@ class RunStatus(ImageView, total=False):
     returns: list[dict]  # each preemption (or host error) and return: event, at, back, attempts (the recovery's)
     reason: str | None
     pid: int | None
+    sweep: str  # a sweep's trial: the sweep's name (its spec's GPU_TRAIN_SWEEP; absent for a run of its own)
     jobSummary: TreeSummary
     workdirSummary: TreeSummary  # the outputs in its working directory (agent/outputs.py)
     logSummary: TreeSummary  # its log (RUN_LOG), which the fetch brings home too

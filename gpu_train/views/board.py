@@ -23,8 +23,6 @@ from gpu_train.gcp.validate import shape_of
 from gpu_train.views import listing
 
 IDLE_GPU_PERCENT = 5.0  # a GPU below this utilisation is idle
-# A trial of a sweep is named SWEEP__VALUES (the sweep's naming); other runs are their own group.
-SWEEP_MARK = "__"
 
 
 @dataclass(frozen=True)
@@ -83,12 +81,8 @@ def run_span(run: dict, now: float) -> tuple[float, float] | None:
 
 
 def sweep_of(run: dict) -> str | None:
-    """The sweep a trial belongs to: its status says so, else its name does (the part before SWEEP_MARK);
-    None for a run of its own."""
-    if run.get("sweep"):
-        return str(run["sweep"])
-    name, mark, _ = str(run.get("id", "")).partition(SWEEP_MARK)
-    return name if mark and name else None
+    """The sweep a trial belongs to, as its status says (RunStatus.sweep); None for a run of its own."""
+    return str(run["sweep"]) if run.get("sweep") else None
 
 
 def runs_of(look: StackLook, price: float | None, now: float) -> list[dict]:

@@ -33,6 +33,7 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run"]  # fmt: skip
 PRICE = 0.35
+LRS = {"t0": 0.001, "t1": 0.01, "t2": 0.1}  # the sweep's trials (NAME_tI_VALUES_...) and their learning rates
 # The job: STEPS points of loss (lower for a learning rate nearer 0.01) and accuracy in JOB_DIR/metrics.jsonl,
 # a line of log each; with HOLD, it then ticks until that file exists in its working directory.
 JOB = """\
@@ -82,9 +83,7 @@ class World:
         self.lab, self.vm, self.google, self.tmp = lab, vm, google, tmp
         self.project = tmp / "mnist-lab"
         self.project.mkdir()
-        self.code = tmp / "code"
-        self.code.mkdir()
-        (self.code / "job.py").write_text(JOB)
+        (self.project / "job.py").write_text(JOB)
         self.vm_root = tmp / "vmroot"
         self.env = {
             **lab.env,
@@ -98,7 +97,7 @@ class World:
         return run_fab(self.env, self.project, *args, check=check, timeout=180)
 
     def train(self, stack: str, name: str, *args: str) -> str:
-        out = self.fab("train", "--stack", stack, "--dir", str(self.code), "--script", "job.py", "--name", name, "--args", " ".join(args))
+        out = self.fab("train", "--stack", stack, "--script", "job.py", "--name", name, "--args", " ".join(args))
         return out.stdout.split()[1]
 
     def root(self, stack: str) -> Path:
@@ -266,14 +265,21 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
     from playwright.sync_api import expect
 
     w = world
-    lrs = {"lr_0_001": 0.001, "lr_0_01": 0.01, "lr_0_1": 0.1}
-    trials = {w.train("t4", f"lrsweep__{name}", "30", str(lr), "0.1") : lr for name, lr in lrs.items()}  # fmt: skip
+    # a sweep on the GCP stack: its one GPU is one slot, so the trials run one after the other
+    out = w.fab(
+        "sweep", "--stack", "t4", "--script", "job.py", "--args", "30 {lr} 0.05", "--values", "lr=0.001,0.01,0.1", "--name", "lrsweep"
+    )
+    assert "lrsweep: 3 trials over 1 slot(s)" in out.stdout, out.stdout
     baseline = w.train("lab", "baseline", "40", "0.03", "0")
     w.wait_state("lab", baseline)
     w.fab("fetch", "--stack", "lab", "--run", baseline)
     hold = w.tmp / "release"
     live = w.train("lab", "finetune", "20", "0.01", "0.05", str(hold))
     longer = w.train("lab", "pretrain", "30", "0.003", "0.1", str(w.tmp / "release-pretrain"))
+    deadline = time.monotonic() + 120
+    while len(trials := {p.name: LRS[p.name.split("_")[1]] for p in (w.vm_root / "runs").glob("lrsweep_t*")}) < 3:
+        assert time.monotonic() < deadline, f"the sweep's trials: {sorted(trials)}"
+        time.sleep(0.2)
     for run in trials:
         w.wait_state("t4", run)
     best = min(trials, key=lambda r: final_loss(trials[r]))

@@ -49,11 +49,9 @@ def test_run_span(run: dict, span) -> None:
 @pytest.mark.parametrize(
     ("run", "sweep"),
     [
-        ({"id": "lr__lr_0_1_20261128_101010"}, "lr"),
-        ({"id": "train_20261128_101010"}, None),
-        ({"id": "__x"}, None),
-        ({"id": "grid__a__b"}, "grid"),
-        ({"id": "t3_20261128_101010", "sweep": "grid"}, "grid"),  # its status names it
+        ({"id": "lr_t1_lr0p1_20261128_101010", "sweep": "lr"}, "lr"),
+        ({"id": "lr_t1_lr0p1_20261128_101010"}, None),  # a name alone makes no trial
+        ({"id": "train_20261128_101010", "sweep": None}, None),
     ],
 )
 def test_sweep_of(run: dict, sweep) -> None:
@@ -132,10 +130,10 @@ def test_the_tag_a_sweep_is_judged_by(tags: list, chosen) -> None:
 
 
 def test_best_trial_by_the_direction_of_its_metric() -> None:
-    runs = {"s__a": [series("val/loss", 0.5, 2.0), series("acc", 0.6, 0.9)], "s__b": [series("val/loss", 0.3, 2.5)], "s__c": []}
-    assert board.best_trial(runs) == {"run": "s__b", "tag": "val/loss", "mode": "min", "value": 0.3}
-    assert board.best_trial(runs, "acc") == {"run": "s__a", "tag": "acc", "mode": "max", "value": 0.9}
-    assert board.best_trial({"s__a": [series("lr", 0.1, 0.2)]}) is None
+    runs = {"s_t0": [series("val/loss", 0.5, 2.0), series("acc", 0.6, 0.9)], "s_t1": [series("val/loss", 0.3, 2.5)], "s_t2": []}
+    assert board.best_trial(runs) == {"run": "s_t1", "tag": "val/loss", "mode": "min", "value": 0.3}
+    assert board.best_trial(runs, "acc") == {"run": "s_t0", "tag": "acc", "mode": "max", "value": 0.9}
+    assert board.best_trial({"s_t0": [series("lr", 0.1, 0.2)]}) is None
 
 
 # -- the server's guards ----------------------------------------------------------------------------
