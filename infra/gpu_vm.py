@@ -17,7 +17,7 @@ from gpu_train.gcp import names, provisioning, vm
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import StackConfig
 from gpu_train.stack.pools import boot_disk_type
-from infra import bucket, recovery
+from infra import bucket, recovery, registry
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,7 @@ class GpuVm(pulumi.ComponentResource):
         ]
 
         grants += bucket.declare(name, cfg, account.email, vm.labels(cfg, args.pulumi_project), self)
+        grants += registry.declare(name, cfg, account.email, self)  # gpu-train:image in Artifact Registry
 
         # Resolved at `up` time from the family, then pinned: the instance ignores later changes of
         # the family's newest image, so a re-run of `pulumi up` never replaces the VM (and its disk).

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 from gpu_train.catalog import disks
-from gpu_train.gcp import images, provisioning
+from gpu_train.gcp import artifacts, images, provisioning
 from gpu_train.gcp.names import (  # noqa: F401
     data_disk_name,
     instance_name,
@@ -31,6 +31,7 @@ from gpu_train.stack.config import StackConfig
 from gpu_train.stack.values import LOGIN_RE
 
 STARTUP_TEMPLATE = Path(__file__).parent.parent / "data" / "startup-script.sh.in"
+CONTAINERS_TEMPLATE = STARTUP_TEMPLATE.with_name("containers.sh.in")  # its block for gpu-train:image
 
 # Roles of the VM's own service account: write logs and metrics, nothing else.
 SERVICE_ACCOUNT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
@@ -55,6 +56,7 @@ def scopes(cfg: StackConfig) -> list[str]:
         *SERVICE_ACCOUNT_SCOPES,
         *([STORAGE_SCOPE] if cfg.bucket else []),
         *([COMPUTE_READ_SCOPE] if provisioning.recovered(cfg) else []),
+        *([artifacts.PULL_SCOPE] if artifacts.repository(cfg.image) and not cfg.bucket else []),  # (read_write covers it)
     ]
 
 
@@ -166,8 +168,10 @@ def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:
 
 
 def read_startup_template() -> str:
-    """data/startup-script.sh.in, for ``startup_script`` (read by the caller: the decisions read no files)."""
-    return STARTUP_TEMPLATE.read_text(encoding="utf-8")
+    """data/startup-script.sh.in with its containers block (data/containers.sh.in), for ``startup_script``
+    (read by the caller: the decisions read no files)."""
+    block = CONTAINERS_TEMPLATE.read_text(encoding="utf-8")
+    return STARTUP_TEMPLATE.read_text(encoding="utf-8").replace("@CONTAINERS@\n", block)
 
 
 def startup_script(cfg: StackConfig, agent_zipapp: bytes, template: str) -> str:
@@ -186,6 +190,8 @@ def startup_script(cfg: StackConfig, agent_zipapp: bytes, template: str) -> str:
         "@GRACE@": str(job_grace_s(cfg)),
         "@TICK@": str(tick_interval_s(cfg.idle_stop_minutes)),
         **dict(data_disk_marks(cfg)),
+        "@IMAGES@": shlex.quote(cfg.image or ""),  # gpu-train:image: Docker made ready, the image pulled at boot
+        "@DATA_MNT@": shlex.quote(f"/mnt/disks/{DATA_DEVICE_NAME}"),
     }
     return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], template)
 

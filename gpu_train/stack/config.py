@@ -12,10 +12,12 @@ import difflib
 import json
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from gpu_train.containerspec import IMAGE_REF_PATTERN
 from gpu_train.stack.bucket import bucket_problems
 from gpu_train.stack.pools import parse_pools
 from gpu_train.stack.problems import ConfigError, Problem, shown
@@ -239,6 +241,9 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None) -> t
 
     if not any(p.key in ("bucket", "bucketCreate") for p in problems):
         problems += bucket_problems(values.get("bucket"), bool(values.get("bucketCreate")))
+    if isinstance(values.get("image"), str) and not re.fullmatch(IMAGE_REF_PATTERN, values["image"]):
+        fix = "write REGISTRY/NAME:TAG or NAME@sha256:DIGEST, lowercase (e.g. nvcr.io/nvidia/pytorch:24.05-py3)"
+        problems.append(Problem("image", "is not an image reference", fix, values["image"]))
     if catalog is None and target == "gcp":
         raise ValueError("a GCP stack is parsed against the catalog (gpu_train/catalog/loader.py load_catalog)")
     if catalog is not None:

@@ -174,7 +174,7 @@ ALLOWED = {
     "gpu_train.environment": {"gpu_train.errors", "gpu_train.stack"},  # what the laptop's commands take from the world
     "gpu_train.launcher": {"remote.cli"},  # the command's entry point: the one arrow from the core up
     "gpu_train.catalog": {"gpu_train.errors", "gpu_train.atomic"},  # the facts, below everything that judges by them
-    "gpu_train.stack": {"gpu_train.contract", "gpu_train.errors", "gpu_train.atomic", "gpu_train.catalog"},
+    "gpu_train.stack": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.errors", "gpu_train.atomic", "gpu_train.catalog"},
     "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.recovery"},
     "gpu_train.jobargs": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.errors"},  # train's options checked: --env, --image
     "gpu_train.jobs": {
