@@ -32,7 +32,17 @@ CONTRACT = CORE / "contract.py"  # the laptop<->host contract, shipped as gpu_tr
 # The core's modules the agent imports, carried as gpu_train.NAME (standard library only, Python 3.8+): the
 # contract and its codec, the recovery's decisions (the booted agent reads its record), the fetch stream's framing,
 # a file's CRC32C, the one way a file is replaced (atomic), a sweep's plan.
-CARRIED = ("contract.py", "codec.py", "containerspec.py", "recovery.py", "fetchwire.py", "checksum.py", "atomic.py", "sweeps.py")
+CARRIED = (
+    "contract.py",
+    "codec.py",
+    "bucketdoc.py",
+    "containerspec.py",
+    "recovery.py",
+    "fetchwire.py",
+    "checksum.py",
+    "atomic.py",
+    "sweeps.py",
+)
 # Not in the zipapp: the laptop's builder; the recovery function's Compute layer (infra/recovery.py ships it to
 # Cloud Run with gpu_train/recovery.py, no host imports it); serve.py (sent as a script of its own by
 # `tensorboard`/`jupyter`). The zipapp travels inline on every call's command line, whose one argument Linux

@@ -38,7 +38,12 @@ def test_parts_go_beside_the_stacks_runs_and_never_past_cloud_storages_name_limi
     from gpu_train.contract import JobSpec
 
     spec = in_bucket([JobSpec(run_id="r1", base="runs/r1", project="proj")], "lab", "gs://ckpt/team")[0]
-    assert spec.bucket == {"name": "ckpt", "prefix": "team/lab/r1/", "data": "team/data/proj/", "parts": "team/.gpu-train-parts/lab/r1/"}
+    assert spec.bucket == {
+        "name": "ckpt",
+        "prefix": "team/lab/r1/",
+        "data": "team/.gpu-train-data/proj/",
+        "parts": "team/.gpu-train-parts/lab/r1/",
+    }
     assert composite.part_names("team/.gpu-train-parts/lab/r1/", "ck/a.pt", 3) == [
         f"team/.gpu-train-parts/lab/r1/ck/a.pt.part-{i:02d}-of-03" for i in range(3)
     ]

@@ -163,7 +163,8 @@ def test_the_core_is_handed_its_data() -> None:
 # the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
 ALLOWED = {
     "gpu_train.codec": set(),  # stdlib only: the zipapp carries it with the contract
-    "gpu_train.contract": {"gpu_train.codec", "gpu_train.containerspec"},
+    "gpu_train.contract": {"gpu_train.codec", "gpu_train.containerspec", "gpu_train.bucketdoc"},
+    "gpu_train.bucketdoc": set(),  # stdlib only: the zipapp carries it with the contract
     "gpu_train.containerspec": {"gpu_train.codec"},  # stdlib only: the zipapp carries it with the contract
     "gpu_train.recovery": set(),  # stdlib only: the zipapp and the Cloud Run function carry it too
     "gpu_train.fetchwire": set(),  # these two: stdlib only, the zipapp carries them (agent/bundle.py CARRIED)
@@ -197,6 +198,7 @@ ALLOWED = {
     # what the zipapp carries of the core (agent/bundle.py CARRIED)
     "agent": {
         "gpu_train.atomic",
+        "gpu_train.bucketdoc",
         "gpu_train.codec",
         "gpu_train.contract",
         "gpu_train.containerspec",
