@@ -241,3 +241,47 @@ def test_a_two_node_cluster_runs_its_share_of_trials_on_each_node(duo: Path) -> 
     assert best["runId"].startswith("duo_t5_x6") and best["best"] == 18.0 and best["node"] == 1
     run_fab(env, cwd, "fetch", "--sweep", "duo", check=True, timeout=300)
     assert len(list((cwd / "runs" / "duo").glob("duo_t*/metrics.jsonl"))) == 6  # from both nodes
+
+
+@pytest.mark.long
+def test_a_hugging_face_examples_script_swept_over_its_learning_rate(lab: Lab) -> None:
+    """An unchanged script in the HF examples' shape (every flag TrainingArguments' own), its Trainer writing
+    TensorBoard event files: `sweep best` agrees with what TensorBoard itself reads from each trial's files."""
+    from tests.e2e.test_real_projects import write_project
+    from tests.unit.test_tfevents import _oracle
+
+    write_project(lab, "hf_args")
+    fixed = "--output_dir out --report_to tensorboard --max_steps 12 --logging_steps 4 --save_strategy no --use_cpu --disable_tqdm true"
+    lab.fab(
+        "sweep",
+        "--script",
+        "train.py",
+        "--name",
+        "hf",
+        "--slots",
+        "3",
+        "--args",
+        fixed,
+        "--values",
+        "learning_rate=1e-4,3e-3,3e-2",
+        check=True,
+    )
+    _wait("three trials", lambda: len(list((lab.remote / "runs").glob("hf_t*"))) == 3)
+    for run in sorted(p.name for p in (lab.remote / "runs").glob("hf_t*")):
+        info = lab.wait(run, timeout=400)
+        assert info["state"] == "succeeded", lab.log(run)[-3000:]
+    truth = {}
+    for folder in (lab.remote / "runs").glob("hf_t*"):
+        seen: dict[str, list] = {}
+        for path in sorted(folder.glob("code/out/runs/*/events.out.tfevents.*")):
+            for tag, points in _oracle(str(path)).items():
+                seen.setdefault(tag, []).extend(points)
+        truth[folder.name] = seen
+    rows = json.loads(lab.fab("sweep", "status", "--sweep", "hf", "--metric", "train/loss", "--json", check=True).stdout)["trials"]
+    for r in rows:
+        points = truth[r["runId"]]["train/loss"]
+        assert [s for s, _ in points] == [4, 8, 12]
+        assert r["last"] == pytest.approx(points[-1][1]) and r["best"] == pytest.approx(min(v for _, v in points))
+    best = json.loads(lab.fab("sweep", "best", "--sweep", "hf", "--metric", "eval/loss", "--json", check=True).stdout)
+    evals = {run: tags["eval/loss"][-1][1] for run, tags in truth.items()}
+    assert best["runId"] == min(evals, key=evals.__getitem__) and best["best"] == pytest.approx(min(evals.values()))

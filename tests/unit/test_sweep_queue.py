@@ -1,0 +1,61 @@
+"""The host's queue without launching: what it reads of a sweep's trials, and the idle clock counting a
+queue with trials left as work (the launches themselves: tests/e2e/test_sweep.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from agent import lifecycle, sweep
+from agent.store import write_settings
+from gpu_train.sweeps import SweepDoc
+
+
+def _sweep(root: str, name: str, trials: int, stopped: bool = False) -> SweepDoc:
+    doc = SweepDoc(
+        name=name,
+        stamp="_20260101_000000",
+        job={"runId": "x", "base": "x", "script": "train.py"},
+        trials=tuple(
+            {"index": i, "values": {"lr": i}, "args": ["--lr", str(i)], "base": f"{name}_t{i}", "node": i % 2} for i in range(trials)
+        ),
+        slots=([], []),
+        node=0,
+        stopped=stopped,
+    )
+    folder = os.path.join(root, "sweeps", name)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "sweep.json"), "w") as f:
+        json.dump(doc.to_json(), f)
+    return doc
+
+
+def _finished(root: str, run: str) -> None:
+    os.makedirs(os.path.join(root, "runs", run, "job"))
+    with open(os.path.join(root, "runs", run, "state.json"), "w") as f:
+        json.dump({"id": run, "state": "succeeded", "created": 1.0, "started": 1.0, "ended": 2.0, "exitCode": 0}, f)
+
+
+def test_a_nodes_trials_and_their_states(tmp_path):
+    root = str(tmp_path)
+    doc = sweep.mine(_sweep(root, "s", 5))
+    assert [t["index"] for t in doc.trials] == [0, 2, 4]  # node 0's share
+    _finished(root, "s_t2_20260101_000000")
+    assert sweep.trial_states(root, doc) == ["pending", "succeeded", "pending"]
+    assert sweep.pending(root) == 2
+    row = sweep.cmd_sweep_status(root, None, None, "min")["trials"][1]
+    assert (row["runId"], row["state"], row["node"], row["values"]) == ("s_t2_20260101_000000", "succeeded", 0, {"lr": 2})
+
+
+def test_idle_stop_counts_trials_left_to_start_as_work(tmp_path):
+    root = str(tmp_path)
+    write_settings(root, {"idleStopMinutes": 30, "sshPort": 1, "poweroffCommand": ["false"]})
+    _sweep(root, "busy", 3)  # node 0's share: t0, t2
+    answer = lifecycle.cmd_tick(root)
+    assert answer["why"].startswith("busy") and not answer["poweroff"]
+    _finished(root, "busy_t0_20260101_000000")
+    assert lifecycle.cmd_tick(root)["why"].startswith("busy")  # t2 is still to start
+    _finished(root, "busy_t2_20260101_000000")
+    assert lifecycle.cmd_tick(root)["why"].startswith("idle")  # t1 is node 1's to run
+    _sweep(root, "halted", 2, stopped=True)
+    assert lifecycle.cmd_tick(root)["why"].startswith("idle")  # a stopped sweep starts nothing more
