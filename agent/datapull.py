@@ -10,15 +10,17 @@ renamed into place. No manifest, no pull. Run by the job's Python (Google's clie
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import threading
 from typing import Any, cast
 
 from gpu_train.contract import DataFile, DataManifest, project_dirs
 
-from .store import AgentError, read_spec
+from .store import AgentError, read_json, read_spec, write_json
 
 DATA_WORKERS = 8  # as the transfer manager's default threads, and what bench/bucketdata.py measured
 COPIED, SAME = "copied", "same"
@@ -59,13 +61,44 @@ def plan(manifests: list[DataManifest], prefix: str, data_dir: str) -> list[tupl
     return out
 
 
-def matches(path: str, want: DataFile) -> bool:
-    """The local copy is a regular file (not a link) with the manifest's size and SHA-256."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return os.path.isfile(path) and not os.path.islink(path) and st.st_size == want["size"] and sha256_of(path) == want["sha256"]
+def identity(st: os.stat_result) -> list[int]:
+    """What changes whenever a file's bytes may have: ctime too, which no one can set back (os.utime cannot)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+class Verified:
+    """The SHA-256 of local copies already verified, by their identity (REMOTE_ROOT/data/.PROJECT.verified.json,
+    beside DATA_DIR, never in it): an unchanged copy is not read again at each start (SHA-256 ran at 334 MB/s
+    here, CRC32C at 1.9 GB/s), and a copy changed in any way (its mtime put back too) is hashed again."""
+
+    def __init__(self, data_dir: str):
+        parent, name = os.path.split(data_dir.rstrip("/"))
+        self.path = os.path.join(parent, f".{name}.verified.json")
+        doc = read_json(self.path)
+        self.known: dict[str, list] = doc if isinstance(doc, dict) else {}
+
+    def matches(self, path: str, want: DataFile) -> bool:
+        """The local copy is a regular file (not a link) with the manifest's size and SHA-256."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_size != want["size"]:
+            return False
+        seen = self.known.get(path)
+        if seen is not None and seen[:4] == identity(st):
+            return seen[4] == want["sha256"]
+        digest = sha256_of(path)
+        self.known[path] = [*identity(st), digest]
+        return digest == want["sha256"]
+
+    def installed(self, path: str, digest: str) -> None:
+        with contextlib.suppress(OSError):
+            self.known[path] = [*identity(os.lstat(path)), digest]
+
+    def save(self) -> None:
+        with contextlib.suppress(OSError):
+            write_json(self.path, self.known)
 
 
 def pull_data(root: str, run_id: str) -> int:
@@ -78,11 +111,13 @@ def pull_data(root: str, run_id: str) -> int:
     if not spec.bucket_data or not where.get("data"):
         print("[gpu-train data] no data manifest in the spec: nothing is taken from the bucket", flush=True)
         return 0
-    todo = [t for t in plan([cast(DataManifest, m) for m in spec.bucket_data], where["data"], data_dir) if not matches(t[2], t[3])]
+    verified = Verified(data_dir)
+    todo = [t for t in plan([cast(DataManifest, m) for m in spec.bucket_data], where["data"], data_dir) if not verified.matches(t[2], t[3])]
     need = sum(int(t[3]["size"]) for t in todo)
     os.makedirs(data_dir, exist_ok=True)
     free = shutil.disk_usage(data_dir).free
     if need > free:
+        verified.save()
         print(f"[gpu-train data] {need} bytes to copy and {free} free in {data_dir}: nothing copied", flush=True)
         return 1
     from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +127,10 @@ def pull_data(root: str, run_id: str) -> int:
     bucket = storage.Client().bucket(where["name"])
     with ThreadPoolExecutor(max_workers=DATA_WORKERS) as pool:
         outcomes = list(pool.map(lambda t: pull_one(bucket, *t), todo))
+    for i, t in enumerate(todo):  # (Python 3.8: no zip(strict=))
+        if outcomes[i] == COPIED:
+            verified.installed(t[2], t[3]["sha256"])
+    verified.save()
     bad = [why for why in outcomes if why != COPIED]
     for why in bad:
         print(f"[gpu-train data] {why}", flush=True)

@@ -156,3 +156,25 @@ def test_data_is_under_a_name_no_stack_can_have() -> None:
             assert not run_prefix(place, stack, run).startswith(data) and not data.startswith(run_prefix(place, stack, run))
             assert not parts_prefix(place, stack, run).startswith(data)
     assert data.startswith("team/.gpu-train-data/")
+
+
+def test_an_unchanged_copy_is_not_hashed_again_and_a_changed_one_always_is(tmp_path: Path, gcs: Emulator) -> None:
+    """SHA-256 of every local copy at every start would read a big dataset whole each time; what was verified
+    is remembered by the copy's identity, ctime included, so a copy rewritten in place with its size and
+    mtime put back is still found and replaced."""
+    src = tmp_path / "data"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"A" * 4096)
+    _, manifest = push(src, tmp_path / "home")
+    assert pull(tmp_path, [manifest]).returncode == 0
+    local = tmp_path / "root" / "data" / "proj" / "data" / "w.bin"
+    cache = tmp_path / "root" / "data" / ".proj.verified.json"
+    assert json.loads(cache.read_text())[str(local)][4] == manifest["files"]["w.bin"]["sha256"]
+    r = pull(tmp_path, [manifest])
+    assert r.returncode == 0 and "0 file(s) copied" in r.stdout
+    was = local.stat()
+    with open(local, "r+b") as f:  # the same size, other bytes, the mtime put back
+        f.write(b"B")
+    os.utime(local, ns=(was.st_atime_ns, was.st_mtime_ns))
+    r = pull(tmp_path, [manifest])
+    assert r.returncode == 0 and "1 file(s) copied" in r.stdout and local.read_bytes() == b"A" * 4096
