@@ -30,7 +30,7 @@ import re
 
 from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
 from gpu_train.stack.problems import Problem
-from gpu_train.stack.settings import NAMESPACE, StackConfig
+from gpu_train.stack.settings import MAX_NOTICE_S, NAMESPACE, StackConfig
 
 MAX_RUN_HOURS = 120 * 24  # Compute Engine caps maxRunDuration at 120 days
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"  # the key a SPECIFIC_RESERVATION names its reservation by
@@ -115,6 +115,15 @@ def _exclusive(cfg: StackConfig) -> list[Problem]:
         problems.append(
             Problem(
                 "reservationBound", "needs a reservation to be bound to", f"set {NAMESPACE}:reservation, or remove reservationBound", True
+            )
+        )
+    if cfg.preemption_notice_s and (not cfg.spot or not 0 < cfg.preemption_notice_s <= MAX_NOTICE_S):
+        problems.append(
+            Problem(
+                "preemptionNoticeSeconds",
+                f"applies to spot VMs only, 1 to {MAX_NOTICE_S} s (Compute Engine gives the notice before a spot VM's soft-off)",
+                f"set {NAMESPACE}:spot true, or remove preemptionNoticeSeconds",
+                cfg.preemption_notice_s,
             )
         )
     if cfg.reservation_bound and cfg.max_run_hours is not None:
@@ -286,6 +295,8 @@ def scheduling(cfg: StackConfig, catalog: Catalog, machine_type: str) -> dict[st
     out: dict[str, object] = {"on_host_maintenance": "TERMINATE"}
     if chosen == SPOT:
         out |= {"provisioning_model": "SPOT", "preemptible": True, "automatic_restart": False, "instance_termination_action": "STOP"}
+        if cfg.preemption_notice_s:  # the metadata's `preempted` this long before the soft-off: the job's notice
+            out["preemption_notice_duration"] = {"seconds": cfg.preemption_notice_s}
     elif chosen == FLEX_START:
         out |= {"provisioning_model": "FLEX_START", "automatic_restart": False, "instance_termination_action": "STOP"}
     elif chosen == RESERVATION and cfg.reservation_bound:  # Google's sample: back by itself after maintenance

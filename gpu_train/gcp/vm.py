@@ -74,6 +74,20 @@ INSTANCE_IGNORE_CHANGES = ("bootDisk.initializeParams.image",)
 DATA_DEVICE_NAME = "gpu-train-data"
 
 
+def grace_words(cfg: StackConfig) -> str:
+    """What time a job really has when Compute Engine stops or preempts this stack's VM, for `plan`."""
+    notice = (
+        f"a notice {cfg.preemption_notice_s} s before it (metadata `preempted`, $GPU_TRAIN_NOTICE), then "
+        if cfg.preemption_notice_s
+        else ""
+    )
+    kind = "spot VM: at a preemption, " + notice if cfg.spot else "standard VM: at any stop, "
+    return (
+        f"{kind}{shutdown_grace_s(cfg.spot)} s between the soft-off and a hard power-off; jobs get SIGTERM, then "
+        f"{job_grace_s(cfg)} s to checkpoint before SIGKILL"
+    )
+
+
 def data_disk_type(cfg: StackConfig, catalog, machine_type: str | None = None) -> str:
     """``dataDiskType``, else the default of the node's series (the catalog's disks table)."""
     return cfg.data_disk_type or disks.default_disk_type(catalog, machine_type or cfg.machine_type)

@@ -24,9 +24,14 @@ if TYPE_CHECKING:
 NAMESPACE = "gpu-train"
 GCP, SSH, BOTH = ("gcp",), ("ssh",), ("gcp", "ssh")
 KINDS = ("str", "int", "number", "bool", "list", "map", "pools")
+MAX_NOTICE_S = 3600  # (no maximum is documented: an hour is gpu-train's own bound)
 SOFT_DELETE_HELP = (
     "`true`: keep Cloud Storage's soft delete (7 days) on a bucket the stack creates (off: overwritten checkpoints "
     "and composed parts would bill 7 more days)"
+)
+NOTICE_HELP = (
+    "spot: Compute Engine marks the VM preempted (metadata `preempted`, the job's `$GPU_TRAIN_NOTICE`) this long "
+    f"before the soft-off (`scheduling.preemptionNoticeDuration`; 0: at it, 30 s before the power-off); 1 to {MAX_NOTICE_S}"
 )
 GCP_IDLE_STOP_MINUTES = 30  # idleStopMinutes on GCP stacks; SSH stacks take the agent's default (off)
 
@@ -247,6 +252,7 @@ class StackConfig:
         shown=f"`{GCP_IDLE_STOP_MINUTES}` on GCP, `{AgentSettings.idle_stop_minutes}` on SSH stacks",
         agent=True,
     )
+    preemption_notice_s: int = setting("preemptionNoticeSeconds", "int", 0, NOTICE_HELP, targets=GCP)
     max_run_hours: float | None = setting(
         "maxRunHours",
         "number",

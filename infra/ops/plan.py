@@ -238,9 +238,7 @@ def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[conf
     lines += [
         describe_shape(shape, cfg, catalog),
         images.driver_note(cfg, catalog),
-        f"Shutdown grace: {vm.shutdown_grace_s(cfg.spot)} s ({'spot' if cfg.spot else 'standard'} VM: what Compute "
-        f"Engine gives the guest before a hard power-off; jobs get SIGTERM, then {vm.job_grace_s(cfg)} s to "
-        "checkpoint before SIGKILL)",
+        f"Shutdown grace: {vm.grace_words(cfg)}",
         "",
     ]
     lines += [

@@ -36,7 +36,7 @@ def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (
             "t4-spot",
             [
-                "would create 27 resources",
+                "would create 32 resources",  # the recovery: its build account and grants, each VM reading itself
                 "Recovery: a preempted VM is started again",
                 "1 x T4",
                 "n1-standard-8",
@@ -46,7 +46,7 @@ def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "$17.52",
                 "<- this stack",
                 "provisioningModel=SPOT",
-                "Shutdown grace: 30 s (spot VM",
+                "Shutdown grace: spot VM: at a preemption, 30 s between the soft-off and a hard power-off",
                 "then 25 s to checkpoint",
             ],
         ),
@@ -59,7 +59,7 @@ def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "$0.85",
                 "$20.49",
                 "provisioningModel=STANDARD",
-                "Shutdown grace: 120 s (standard VM",
+                "Shutdown grace: standard VM: at any stop, 120 s between the soft-off and a hard power-off",
                 "then 110 s to checkpoint",
             ],
         ),
@@ -67,7 +67,7 @@ def home_with_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (
             "h100-spot",
             [
-                "would create 27 resources",
+                "would create 32 resources",  # the recovery: its build account and grants, each VM reading itself
                 "1 x H100",
                 "a3-highgpu-1g",
                 "unknown",

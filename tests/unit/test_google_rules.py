@@ -185,3 +185,24 @@ def test_a_created_bucket_has_soft_delete_off_unless_kept(public_key, keep: bool
     result = _preview(public_key, bucket="gs://team-runs-bucket/runs", bucketCreate=True, bucketSoftDelete=keep)
     (created,) = [b.inputs for b in result.of_type("storage/bucket:Bucket") if b.inputs["name"] == "team-runs-bucket"]
     assert created.get("softDeletePolicy") == policy
+
+
+def test_a_spot_vm_can_have_its_notice_earlier_and_plan_says_the_grace(public_key) -> None:
+    from infra.ops import plan
+
+    result = _preview(public_key, spot=True, preemptionNoticeSeconds=120)
+    (inst,) = result.of_type("compute/instance:Instance")
+    assert inst.inputs["scheduling"]["preemptionNoticeDuration"] == {"seconds": 120}
+    raw = _raw(public_key, spot=True, preemptionNoticeSeconds=120)
+    text, _ = plan.plan(raw, "s")
+    assert "Shutdown grace: spot VM: at a preemption, a notice 120 s before it (metadata `preempted`, $GPU_TRAIN_NOTICE)" in text
+    refused, code = plan.plan(_raw(public_key, preemptionNoticeSeconds=120), "s")  # a standard VM gets no notice
+    assert code != 0 and "gpu-train:preemptionNoticeSeconds" in refused and "spot VMs only" in refused, refused
+
+
+def _raw(public_key, **settings) -> dict:
+    from tests.conftest import gcp_raw
+
+    raw = gcp_raw(**settings)
+    raw["gpu-train:sshPublicKey"] = str(public_key)
+    return raw
