@@ -75,40 +75,77 @@ class GpuVm(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:index:GpuVm", name, None, opts)
-        cfg, shape = args.config, args.shape
-        child = pulumi.ResourceOptions(parent=self)
-        tag = vm.network_tag(cfg.stack)
+        cfg, shape, catalog = args.config, args.shape, args.catalog
+        shapes = list(args.node_shapes) or [shape] * cfg.nodes
+        self._firewall(name, cfg)
+        account, grants = self._identity(name, cfg, args.pulumi_project)
+        policy_link = self._placement(name, cfg, shapes, catalog)
+        # Resolved at `up` time from the family, then pinned: the instance ignores later changes of
+        # the family's newest image, so a re-run of `pulumi up` never replaces the VM (and its disk).
+        newest = gcp.compute.get_image_output(family=cfg.image_family, project=cfg.image_project, opts=pulumi.InvokeOptions(parent=self))
+        instance_names = vm.node_names(cfg.stack, cfg.nodes)
+        self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type)) for i in range(cfg.nodes)]
+        self.instances = self._instances(name, args, shapes, instance_names, newest, account, grants, policy_link)
+        self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
+        # Spot: started again after a preemption by a function of the stack's own (infra/recovery.py).
+        self.recovery = recovery.declare(name, cfg, self.instances, instance_names, self, account.email)
+        # The image the VM runs: the boot disk's, as the provider reads it back. After the first `up`
+        # it stays the image pinned then (initializeParams.image is ignored afterwards), while the
+        # family moves on; exporting the family's newest would name an image the VM never booted.
+        self.image = self.instance.boot_disk.initialize_params.image
+        self.outputs = self._outputs(args, shapes)
+        self.register_outputs(self.outputs)
 
-        def ingress(suffix: str, description: str, **rule: Any) -> gcp.compute.Firewall:
-            """An ingress rule of the default network for this VM's tag."""
-            return gcp.compute.Firewall(
-                f"{name}-{suffix}",
-                name=vm.resource_name(cfg.stack, suffix),
-                project=cfg.project,
-                network=cfg.network,
-                direction="INGRESS",
-                target_tags=[tag],
-                description=f"gpu-train {cfg.stack}: {description}",
-                opts=child,
-                **rule,
-            )
+    def _ingress(self, name: str, cfg: StackConfig, suffix: str, description: str, **rule: Any) -> gcp.compute.Firewall:
+        """An ingress rule of the stack's network for this VM's tag."""
+        return gcp.compute.Firewall(
+            f"{name}-{suffix}",
+            name=vm.resource_name(cfg.stack, suffix),
+            project=cfg.project,
+            network=cfg.network,
+            direction="INGRESS",
+            target_tags=[vm.network_tag(cfg.stack)],
+            description=f"gpu-train {cfg.stack}: {description}",
+            opts=pulumi.ResourceOptions(parent=self),
+            **rule,
+        )
 
+    def _firewall(self, name: str, cfg: StackConfig) -> None:
+        """SSH from the stack's ranges only (each family's allow above a deny of the rest); a cluster's nodes
+        talk to each other freely (NCCL, rendezvous, TF servers, the code node 0 passes on), nothing new from outside."""
         for family, ranges in vm.ssh_ranges_by_family(cfg.ssh_source_ranges).items():
-            ingress(
+            self._ingress(
+                name,
+                cfg,
                 f"ssh-{family}",
                 "SSH from the stack's sshSourceRanges only",
                 priority=vm.SSH_ALLOW_PRIORITY,
                 allows=[{"protocol": "tcp", "ports": ["22"]}],
                 source_ranges=ranges,
             )
-            ingress(
+            self._ingress(
+                name,
+                cfg,
                 f"ssh-deny-{family}",
                 "no SSH from anywhere else (overrides default-allow-ssh)",
                 priority=vm.SSH_DENY_PRIORITY,
                 denies=[{"protocol": "tcp", "ports": ["22"]}],
                 source_ranges=["::/0" if family == "ipv6" else "0.0.0.0/0"],
             )
+        if cfg.nodes > 1:
+            self._ingress(
+                name,
+                cfg,
+                "internal",
+                "traffic between the cluster's nodes",
+                source_tags=[vm.network_tag(cfg.stack)],
+                priority=vm.INTERNAL_PRIORITY,
+                allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
+            )
 
+    def _identity(self, name: str, cfg: StackConfig, pulumi_project: str) -> tuple[gcp.serviceaccount.Account, list[pulumi.Resource]]:
+        """The VM's own service account (logs and metrics, the stack's bucket prefix), and its grants."""
+        child = pulumi.ResourceOptions(parent=self)
         account = gcp.serviceaccount.Account(
             f"{name}-sa",
             account_id=vm.service_account_id(cfg.stack),
@@ -127,39 +164,39 @@ class GpuVm(pulumi.ComponentResource):
             )
             for role in vm.SERVICE_ACCOUNT_ROLES
         ]
-
-        grants += bucket.declare(name, cfg, account.email, vm.labels(cfg, args.pulumi_project), self)
+        grants += bucket.declare(name, cfg, account.email, vm.labels(cfg, pulumi_project), self)
         grants += registry.declare(name, cfg, account.email, self)  # gpu-train:image in Artifact Registry
+        return account, grants
 
-        # Resolved at `up` time from the family, then pinned: the instance ignores later changes of
-        # the family's newest image, so a re-run of `pulumi up` never replaces the VM (and its disk).
-        newest = gcp.compute.get_image_output(family=cfg.image_family, project=cfg.image_project, opts=pulumi.InvokeOptions(parent=self))
-
-        catalog = args.catalog
-        shapes = list(args.node_shapes) or [shape] * cfg.nodes
+    def _placement(self, name: str, cfg: StackConfig, shapes: list[GpuShape], catalog: Catalog) -> pulumi.Output[str] | None:
+        """A compact placement policy for a cluster whose series takes one (low latency for NCCL), or None."""
         policy = vm.placement_policy(cfg.nodes, sorted({s.machine_type for s in shapes}), catalog)
-        policy_link = None
-        if policy is not None:
-            # The plain dicts of gpu_train.gcp.vm are what pulumi_gcp's *ArgsDict types spell out.
-            policy_link = gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
-                f"{name}-placement",
-                name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
-                project=cfg.project,
-                region=cfg.region,
-                group_placement_policy=policy,
-                description=f"gpu-train {cfg.stack}: keep the {cfg.nodes} nodes close (low latency for NCCL)",
-                opts=child,
-            ).self_link
-        if cfg.nodes > 1:
-            # The nodes talk to each other freely (NCCL, rendezvous, TF servers, SSH for the code node 0
-            # passes on), above the SSH deny rule; nothing new from outside.
-            ingress(
-                "internal",
-                "traffic between the cluster's nodes",
-                source_tags=[tag],
-                priority=vm.INTERNAL_PRIORITY,
-                allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
-            )
+        if policy is None:
+            return None
+        # The plain dicts of gpu_train.gcp.vm are what pulumi_gcp's *ArgsDict types spell out.
+        return gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
+            f"{name}-placement",
+            name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
+            project=cfg.project,
+            region=cfg.region,
+            group_placement_policy=policy,
+            description=f"gpu-train {cfg.stack}: keep the {cfg.nodes} nodes close (low latency for NCCL)",
+            opts=pulumi.ResourceOptions(parent=self),
+        ).self_link
+
+    def _instances(
+        self,
+        name: str,
+        args: GpuVmArgs,
+        shapes: list[GpuShape],
+        instance_names: list[str],
+        newest: pulumi.Output[gcp.compute.GetImageResult],
+        account: gcp.serviceaccount.Account,
+        grants: list[pulumi.Resource],
+        policy_link: pulumi.Output[str] | None,
+    ) -> list[gcp.compute.Instance]:
+        """One instance per node, each with its own data disk attached (created apart: it outlives the VM)."""
+        cfg, catalog = args.config, args.catalog
 
         def nic(machine_type: str) -> dict[str, object]:
             out: dict[str, object] = {"network": cfg.network, "access_configs": [{}]}
@@ -168,12 +205,10 @@ class GpuVm(pulumi.ComponentResource):
             return out
 
         metadata = vm.metadata(cfg, args.public_key, args.agent_zipapp, args.startup_template)
-        instance_names = vm.node_names(cfg.stack, cfg.nodes)
         # Each node's boot disk against the image it boots: an existing node keeps the image of its own
         # first `up` (nodes added later get the newest), so a bigger newest image refuses no one.
         boot_images = [self._boot_image(cfg, instance_name, newest) for instance_name in instance_names]
-        self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type)) for i in range(cfg.nodes)]
-        self.instances = [
+        return [
             gcp.compute.Instance(  # type: ignore[call-overload]
                 name if cfg.nodes == 1 else f"{name}-{i}",
                 name=instance_name,
@@ -198,7 +233,7 @@ class GpuVm(pulumi.ComponentResource):
                 network_interfaces=[nic(shapes[i].machine_type)],
                 service_account={"email": account.email, "scopes": vm.scopes(cfg)},
                 metadata=metadata,
-                tags=[tag],
+                tags=[vm.network_tag(cfg.stack)],
                 labels={**vm.labels(cfg, args.pulumi_project), "gpu-train-node": str(i), **recovery.label(cfg)},
                 resource_policies=policy_link,  # one policy per instance is all Compute Engine takes
                 allow_stopping_for_update=True,
@@ -212,16 +247,13 @@ class GpuVm(pulumi.ComponentResource):
             )
             for i, instance_name in enumerate(instance_names)
         ]
-        self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
-        # Spot: started again after a preemption by a function of the stack's own (infra/recovery.py).
-        self.recovery = recovery.declare(name, cfg, self.instances, instance_names, self, account.email)
-        # The image the VM runs: the boot disk's, as the provider reads it back. After the first `up`
-        # it stays the image pinned then (initializeParams.image is ignored afterwards), while the
-        # family moves on; exporting the family's newest would name an image the VM never booted.
-        self.image = self.instance.boot_disk.initialize_params.image
+
+    def _outputs(self, args: GpuVmArgs, shapes: list[GpuShape]) -> dict[str, Any]:
+        """The stack's outputs: what the tasks read to reach the VM (addresses, user, shape, nodes, costs)."""
+        cfg, shape = args.config, args.shape
         external = [inst.network_interfaces[0].access_configs[0].nat_ip for inst in self.instances]
         internal = [inst.network_interfaces[0].network_ip for inst in self.instances]
-        self.outputs = {
+        return {
             "instanceName": self.instance.name,
             "zone": self.instance.zone,
             "externalIp": external[0],
@@ -242,10 +274,9 @@ class GpuVm(pulumi.ComponentResource):
             "externalIps": external,
             "internalIps": internal,
             "dataDisks": [disk.name for disk in self.data_disks],
-            "dataDiskMonthlyCostUsd": vm.data_disk_monthly_cost(cfg, catalog),
+            "dataDiskMonthlyCostUsd": vm.data_disk_monthly_cost(cfg, args.catalog),
             "recoverHours": cfg.recover_hours if self.recovery is not None else 0,
         }
-        self.register_outputs(self.outputs)
 
     def _boot_image(
         self, cfg: StackConfig, instance_name: str, newest: pulumi.Output[gcp.compute.GetImageResult]
