@@ -294,7 +294,7 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         # every stack: the SSH host, the GCP VM with its GPU and price, the stopped one coming back
         page.wait_for_selector('article[data-stack="t4"] .gpu')
         t4 = page.locator('article[data-stack="t4"]').inner_text()
-        assert "Tesla T4" in t4 and "$0.35" in t4 and "the catalog's price (" in t4 and "RUNNING" in t4, t4
+        assert "Tesla T4" in t4 and "$0.35" in t4 and "catalog price as of" in t4 and "RUNNING" in t4, t4
         page.wait_for_selector('article[data-stack="lab"] .pill.ok')
         assert "reachable" in page.locator('article[data-stack="lab"]').inner_text()
         warnings = page.locator("#warnings").inner_text()
@@ -350,6 +350,9 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         shot = Path(os.environ.get("GPU_TRAIN_DASHBOARD_SHOT") or tmp_path / "dashboard.png")
         page.locator("header").scroll_into_view_if_needed()
         page.screenshot(path=str(shot), full_page=True)
+        # a trial's log, from the sweep's table of trials
+        page.locator(f'table.trials tr[data-run="{best}"]').click()
+        expect(page.locator("#log")).to_contain_text("step 29 loss", timeout=60000)
         # a run that ends by itself: the table says so with no reload
         assert w.state("lab", longer) == "running"
         (w.tmp / "release-pretrain").write_text("")

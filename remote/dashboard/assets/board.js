@@ -123,7 +123,7 @@
       { class: "gpu" },
       h("span", { class: "gpu-name" }, "GPU " + g.index + " · " + g.name),
       h("span", { class: "bar", title: "utilisation " + g.utilization + " %" }, h("i", { class: "util", style: null, "data-w": g.utilization })),
-      h("span", { class: "gpu-num" }, Math.round(g.utilization) + " %"),
+      h("span", { class: "gpu-num" }, Math.round(g.utilization) + " % util"),
       h("span", { class: "bar", title: "memory" }, h("i", { class: "mem", "data-w": mem })),
       h("span", { class: "gpu-num" }, (g.memoryUsedMiB / 1024).toFixed(1) + " / " + (g.memoryTotalMiB / 1024).toFixed(0) + " GiB")
     );
@@ -145,7 +145,7 @@
         ["idle stop", s.idle],
       ];
       const price = s.price !== null && s.price !== undefined
-        ? h("div", { class: "price" }, money(s.price, 3) + "/h " + (s.way || "") + " · the catalog's price (" + s.priceDate + ")")
+        ? h("div", { class: "price" }, money(s.price, 3) + "/h " + (s.way || "") + " · catalog price as of " + s.priceDate)
         : s.gcp ? h("div", { class: "price" }, "price unknown (not in the catalog)") : null;
       const canStop = s.gcp && s.billing && !REPORT;
       return h(
@@ -157,7 +157,7 @@
         price,
         nodes,
         s.notes.length ? h("ul", { class: "notes" }, s.notes.map((n) => h("li", {}, n))) : null,
-        h("div", { class: "card-foot" }, h("span", { class: "dim" }, "state " + s.source + (s.polledAt ? " · asked " + ago(s.polledAt) : "")),
+        h("div", { class: "card-foot" }, h("span", { class: "dim" }, "state " + s.source + (s.polledAt ? " · asked " + (REPORT ? "at " + new Date(s.polledAt * 1000).toLocaleTimeString() : ago(s.polledAt)) : "")),
           canStop ? h("button", { class: "danger", onclick: () => act("vm-stop", s.stack) }, "Stop VM") : null)
       );
     });
@@ -239,7 +239,9 @@
       $("detail-title").textContent = "Sweep " + selected.sweep;
       $("detail-meta").textContent = sw ? sw.runs.length + " trials on " + sw.stack + " · " + (sw.priced ? money(sw.costUsd) + " so far" : "cost unknown") : "";
       $("detail-buttons").replaceChildren();
-      $("log").parentElement && ($("log").hidden = true, $("log-state").textContent = "a trial's log: click the trial");
+      $("log").hidden = true;
+      $("log-state").textContent = "a trial's log: click it in the table above";
+      if (fresh) logLoop++; // (a run's log shown before stops following)
       if (fresh) loadCurves({ stack: selected.stack, sweep: selected.sweep, runs: sw ? sw.runs : [] });
       return;
     }
@@ -310,7 +312,8 @@
     }
     const best = answer.best;
     if (best) box.append(h("p", { class: "best" }, "★ best trial: " + best.run + " (" + best.tag + " " + best.mode + " " + fmt(best.value) + ")"));
-    const width = Math.max(300, Math.min(560, box.clientWidth / (byTag.size > 1 ? 2 : 1) - 24));
+    if (what.sweep) box.append(trialTable(answer, best));
+    const width = Math.max(300, Math.min(900, box.clientWidth / (byTag.size > 1 ? 2 : 1) - 36));
     for (const [tag, lines] of byTag) {
       const steps = [...new Set(lines.flatMap((l) => l.s.points.map((p) => p[0])))].sort((a, b) => a - b);
       const data = [steps];
@@ -333,6 +336,23 @@
         charts.push(new uPlot({ width, height: 220, series, scales: { x: { time: false } }, axes: [{ label: "step" }, {}], legend: { live: false } }, data, holder));
       }
     }
+  }
+  // A sweep's trials side by side: state, the metric it is judged by (its best point), duration, cost.
+  function trialTable(answer, best) {
+    const tag = best ? best.tag : null, mode = best ? best.mode : null;
+    const rows = Object.keys(answer.runs).sort().map((id) => {
+      const r = doc.runs.find((x) => x.id === id && x.stack === selected.stack) || { id, state: "?" };
+      const s = tag ? answer.runs[id].find((x) => x.tag === tag) : null;
+      const point = s ? s[mode] : null;
+      return h("tr", { class: "run" + (best && best.run === id ? " best-row" : ""), "data-run": id, onclick: () => select({ stack: selected.stack, run: id }) },
+        h("td", { class: "run-id" }, (best && best.run === id ? "★ " : "") + id), h("td", {}, pill(r.state)),
+        h("td", { class: "num" }, point ? fmt(point[1]) + " @ " + point[0] : "–"),
+        h("td", { class: "num" }, duration(r.durationS)), h("td", { class: "num" }, money(r.costUsd)));
+    });
+    return h("table", { class: "runs trials" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Trial"), h("th", {}, "State"), h("th", { class: "num" }, tag ? tag + " " + mode + " @ step" : "metric"),
+        h("th", { class: "num" }, "Duration"), h("th", { class: "num" }, "Cost"))),
+      h("tbody", {}, rows));
   }
   const fmt = (v) => (v === null || v === undefined ? "–" : Math.abs(v) >= 1000 || Math.abs(v) < 0.001 ? v.toExponential(3) : v.toPrecision(4));
 
