@@ -14,7 +14,9 @@ another on the project for reading zone operations, the invoker role on its own 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -122,6 +124,26 @@ def role_id(stack: str, what: str, account_unique_id: str) -> str:
     return (base[:36] + "_" + digest if len(base) > 36 else base) + f"_{what}_{account_unique_id[-8:]}"
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where the recovery's resources go: the component's name (``prefix``), the stack, the parent."""
+
+    prefix: str
+    cfg: StackConfig
+    parent: pulumi.Resource
+
+    def name(self, what: str) -> str:
+        return f"{self.prefix}-{SUFFIX}-{what}"
+
+    @property
+    def child(self) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self.parent)
+
+    @property
+    def project(self) -> str:
+        return self.cfg.project or ""
+
+
 def declare(
     prefix: str,
     cfg: StackConfig,
@@ -130,185 +152,44 @@ def declare(
     parent: pulumi.Resource,
     vm_account: pulumi.Output[str] | None = None,
 ) -> gcp.cloudfunctionsv2.Function | None:
-    """The recovery's resources (``prefix``: the component's name), or nothing where it does not apply."""
+    """The recovery's resources (``prefix``: the component's name), or nothing where it does not apply: the
+    APIs, the function's identity and grants, the log sink and topic that carry the events, the source and
+    its build, the webhook's secret, and the function itself."""
     if not wanted(cfg):
         return None
-    child = pulumi.ResourceOptions(parent=parent)
-    project, region = cfg.project or "", cfg.region
-    # Cloud Run names the function's service after it (63 characters at most) and each revision after that
-    # (NAME-00001-abc, 63 at most too): 49 leaves the revisions room.
-    name = names.recovery_name(cfg.stack)
+    place = _Place(prefix, cfg, parent)
     apis = [
         gcp.projects.Service(
-            f"{prefix}-{SUFFIX}-{api.split('.')[0]}-api", project=project, service=api, disable_on_destroy=False, opts=child
+            place.name(f"{api.split('.')[0]}-api"), project=place.project, service=api, disable_on_destroy=False, opts=place.child
         )
         for api in (*APIS, *((SECRETS_API,) if cfg.notify else ()))
     ]
     after_apis = pulumi.ResourceOptions(parent=parent, depends_on=apis)
-
-    account = gcp.serviceaccount.Account(
-        f"{prefix}-{SUFFIX}-sa",
-        account_id=names.recovery_account_id(cfg.stack),
-        project=project,
-        opts=child,
-        display_name=f"gpu-train {cfg.stack} recovery",
-        description="Starts the stack's preempted VMs again: may get, start, stop them and set their labels only.",
-    )
+    account, grants = _identity(place, instances, vm_account)
     member = account.email.apply(lambda email: f"serviceAccount:{email}")
-    start_role = gcp.projects.IAMCustomRole(
-        f"{prefix}-{SUFFIX}-instances-role",
-        project=project,
-        opts=child,
-        role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "recover", u)),
-        title=f"gpu-train {cfg.stack}: start preempted VMs",
-        permissions=list(INSTANCE_PERMISSIONS),
-        description="Bound on the stack's instances only, for its recovery function.",
-    )
-    ops_role = gcp.projects.IAMCustomRole(
-        f"{prefix}-{SUFFIX}-operations-role",
-        project=project,
-        opts=child,
-        role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "operations", u)),
-        title=f"gpu-train {cfg.stack}: read zone operations",
-        permissions=list(OPERATION_PERMISSIONS),
-        description="Lets the recovery function read how a start it asked for ended.",
-    )
-    grants: list[pulumi.Resource] = [
-        gcp.compute.InstanceIAMMember(
-            f"{prefix}-{SUFFIX}-start-{i}",
-            project=project,
-            zone=cfg.zone,
-            instance_name=inst.name,
-            role=start_role.name,
-            member=member,
-            opts=child,
-        )
-        for i, inst in enumerate(instances)
-    ]
-    grants.append(gcp.projects.IAMMember(f"{prefix}-{SUFFIX}-operations", project=project, role=ops_role.name, member=member, opts=child))
-    if vm_account is not None:  # each VM reads its own labels (the record) at boot: get, on itself only
-        self_role = gcp.projects.IAMCustomRole(
-            f"{prefix}-{SUFFIX}-self-role",
-            project=project,
-            opts=child,
-            role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "self", u)),
-            title=f"gpu-train {cfg.stack}: a VM reads itself",
-            permissions=list(SELF_PERMISSIONS),
-            description="Bound on each of the stack's instances for that VM's own account: it reads the recovery's record.",
-        )
-        vm_member = vm_account.apply(lambda email: f"serviceAccount:{email}")
-        for i, inst in enumerate(instances):
-            gcp.compute.InstanceIAMMember(
-                f"{prefix}-{SUFFIX}-self-{i}",
-                project=project,
-                zone=cfg.zone,
-                instance_name=inst.name,
-                role=self_role.name,
-                member=vm_member,
-                opts=child,
-            )
-
-    topic = gcp.pubsub.Topic(
-        f"{prefix}-{SUFFIX}-topic", name=name, project=project, opts=after_apis, labels={"gpu-train-stack": names.rfc1035(cfg.stack, 63)}
-    )
-    sink = gcp.logging.ProjectSink(
-        f"{prefix}-{SUFFIX}-sink",
-        name=name,
-        project=project,
-        unique_writer_identity=True,
-        opts=after_apis,
-        destination=topic.name.apply(lambda t: f"pubsub.googleapis.com/projects/{project}/topics/{t}"),
-        filter=log_filter(project, cfg.zone, instance_names),
-        description=f"gpu-train {cfg.stack}: preemptions, host errors and host maintenance of the stack's VMs, for its recovery",
-    )
-    gcp.pubsub.TopicIAMMember(
-        f"{prefix}-{SUFFIX}-sink-publishes",
-        project=project,
-        topic=topic.name,
-        role="roles/pubsub.publisher",
-        member=sink.writer_identity,
-        opts=child,
-    )
-
-    bucket = gcp.storage.Bucket(
-        f"{prefix}-{SUFFIX}-source",
-        name=names.recovery_bucket_name(cfg.stack, project),
-        project=project,
-        location=region.upper(),
-        force_destroy=True,
-        uniform_bucket_level_access=True,
-        public_access_prevention="enforced",
-        soft_delete_policy={"retention_duration_seconds": 0},  # replaced source zips: nothing to keep for 7 days
-        opts=after_apis,
-    )
-    # The build runs as an account of the stack's own: since 2024 new projects may give the default build
-    # account (the Compute Engine default one) no roles, and then the function never builds.
-    builder = gcp.serviceaccount.Account(
-        f"{prefix}-{SUFFIX}-build-sa",
-        account_id=names.recovery_build_account_id(cfg.stack),
-        project=project,
-        opts=child,
-        display_name=f"gpu-train {cfg.stack} recovery build",
-        description="Builds the stack's recovery function: Cloud Build's builder role, and reads its source.",
-    )
-    builder_member = builder.email.apply(lambda email: f"serviceAccount:{email}")
-    build_grants = [
-        gcp.projects.IAMMember(f"{prefix}-{SUFFIX}-build-role", project=project, role=BUILD_ROLE, member=builder_member, opts=child),
-        gcp.storage.BucketIAMMember(
-            f"{prefix}-{SUFFIX}-build-source", bucket=bucket.name, role="roles/storage.objectViewer", member=builder_member, opts=child
-        ),
-    ]
-    files = source_files()
-    digest = hashlib.sha256("".join(f"{k}\0{v}\0" for k, v in sorted(files.items())).encode()).hexdigest()[:16]
-    source = gcp.storage.BucketObject(
-        f"{prefix}-{SUFFIX}-source-zip",
-        bucket=bucket.name,
-        name=f"recovery-{digest}.zip",
-        opts=child,
-        source=pulumi.AssetArchive({path: pulumi.StringAsset(text) for path, text in files.items()}),
-    )
-
+    topic = _events(place, instance_names, after_apis)
+    bucket, source, builder, build_grants = _source(place, after_apis)
     env = {
         recovery.STACK_ENV: cfg.stack,
         recovery.NODES_ENV: ",".join(instance_names),
         recovery.HOURS_ENV: f"{cfg.recover_hours:g}",
-        recovery.PROJECT_ENV: cfg.project or "",
+        recovery.PROJECT_ENV: place.project,
         recovery.ZONE_ENV: cfg.zone,
     }
-    secrets = []
-    depends: list[pulumi.Resource] = [*grants, *apis, *build_grants]
-    if cfg.notify:
-        secret = gcp.secretmanager.Secret(
-            f"{prefix}-{SUFFIX}-notify",
-            secret_id=names.resource_name(cfg.stack, "notify"),
-            project=project,
-            replication={"auto": {}},
-            opts=after_apis,
-        )
-        version = gcp.secretmanager.SecretVersion(
-            f"{prefix}-{SUFFIX}-notify-value", secret=secret.id, opts=child, secret_data=pulumi.Output.secret(cfg.notify)
-        )
-        reader = gcp.secretmanager.SecretIamMember(
-            f"{prefix}-{SUFFIX}-notify-reader",
-            project=project,
-            secret_id=secret.secret_id,
-            role="roles/secretmanager.secretAccessor",
-            member=member,
-            opts=child,
-        )
-        secrets.append({"key": recovery.NOTIFY_ENV, "project_id": project, "secret": secret.secret_id, "version": version.version})
-        depends += [version, reader]
+    secrets, secret_deps = _notify_secret(place, member, after_apis) if cfg.notify else ([], [])
     function = gcp.cloudfunctionsv2.Function(  # type: ignore[call-overload]
-        f"{prefix}-{SUFFIX}-function",
-        name=name,
-        project=project,
-        location=region,
+        place.name("function"),
+        # Cloud Run names the function's service after it (63 characters at most) and each revision after that
+        # (NAME-00001-abc, 63 at most too): 49 leaves the revisions room.
+        name=names.recovery_name(cfg.stack),
+        project=place.project,
+        location=cfg.region,
         description=f"gpu-train {cfg.stack}: starts the stack's VMs again after a preemption (docs/recovery.md)",
         build_config={
             "runtime": RUNTIME,
             "entry_point": ENTRY_POINT,
             "source": {"storage_source": {"bucket": bucket.name, "object": source.name}},
-            "service_account": builder.email.apply(lambda email: f"projects/{project}/serviceAccounts/{email}"),
+            "service_account": builder.email.apply(lambda email: f"projects/{place.project}/serviceAccounts/{email}"),
         },
         service_config={
             "max_instance_count": 1,
@@ -322,21 +203,190 @@ def declare(
             "secret_environment_variables": secrets,
         },
         event_trigger={
-            "trigger_region": region,
+            "trigger_region": cfg.region,
             "event_type": "google.cloud.pubsub.topic.v1.messagePublished",
             "pubsub_topic": topic.id,
             "retry_policy": "RETRY_POLICY_RETRY",
             "service_account_email": account.email,
         },
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=[*grants, *apis, *build_grants, *secret_deps]),
     )
     gcp.cloudrunv2.ServiceIamMember(
-        f"{prefix}-{SUFFIX}-invoker",
-        project=project,
-        location=region,
+        place.name("invoker"),
+        project=place.project,
+        location=cfg.region,
         name=function.name,
         role="roles/run.invoker",
         member=member,
-        opts=child,
+        opts=place.child,
     )
     return function
+
+
+def _identity(
+    place: _Place, instances: list[gcp.compute.Instance], vm_account: pulumi.Output[str] | None
+) -> tuple[gcp.serviceaccount.Account, list[pulumi.Resource]]:
+    """The function's own account, with roles bound on the stack's instances only (get, start, stop, labels)
+    and to read zone operations; and each VM's right to read its own labels (the record) at boot."""
+    cfg, project, child = place.cfg, place.project, place.child
+    account = gcp.serviceaccount.Account(
+        place.name("sa"),
+        account_id=names.recovery_account_id(cfg.stack),
+        project=project,
+        opts=child,
+        display_name=f"gpu-train {cfg.stack} recovery",
+        description="Starts the stack's preempted VMs again: may get, start, stop them and set their labels only.",
+    )
+    member = account.email.apply(lambda email: f"serviceAccount:{email}")
+    start_role = gcp.projects.IAMCustomRole(
+        place.name("instances-role"),
+        project=project,
+        opts=child,
+        role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "recover", u)),
+        title=f"gpu-train {cfg.stack}: start preempted VMs",
+        permissions=list(INSTANCE_PERMISSIONS),
+        description="Bound on the stack's instances only, for its recovery function.",
+    )
+    ops_role = gcp.projects.IAMCustomRole(
+        place.name("operations-role"),
+        project=project,
+        opts=child,
+        role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "operations", u)),
+        title=f"gpu-train {cfg.stack}: read zone operations",
+        permissions=list(OPERATION_PERMISSIONS),
+        description="Lets the recovery function read how a start it asked for ended.",
+    )
+    grants: list[pulumi.Resource] = [
+        gcp.compute.InstanceIAMMember(
+            place.name(f"start-{i}"),
+            project=project,
+            zone=cfg.zone,
+            instance_name=inst.name,
+            role=start_role.name,
+            member=member,
+            opts=child,
+        )
+        for i, inst in enumerate(instances)
+    ]
+    grants.append(gcp.projects.IAMMember(place.name("operations"), project=project, role=ops_role.name, member=member, opts=child))
+    if vm_account is not None:  # each VM reads its own labels (the record) at boot: get, on itself only
+        self_role = gcp.projects.IAMCustomRole(
+            place.name("self-role"),
+            project=project,
+            opts=child,
+            role_id=account.unique_id.apply(lambda u: role_id(cfg.stack, "self", u)),
+            title=f"gpu-train {cfg.stack}: a VM reads itself",
+            permissions=list(SELF_PERMISSIONS),
+            description="Bound on each of the stack's instances for that VM's own account: it reads the recovery's record.",
+        )
+        vm_member = vm_account.apply(lambda email: f"serviceAccount:{email}")
+        for i, inst in enumerate(instances):
+            gcp.compute.InstanceIAMMember(
+                place.name(f"self-{i}"),
+                project=project,
+                zone=cfg.zone,
+                instance_name=inst.name,
+                role=self_role.name,
+                member=vm_member,
+                opts=child,
+            )
+    return account, grants
+
+
+def _events(place: _Place, instance_names: list[str], after_apis: pulumi.ResourceOptions) -> gcp.pubsub.Topic:
+    """The log sink that sends the stack's preemptions, host errors and maintenance to a topic of its own."""
+    cfg, project = place.cfg, place.project
+    name = names.recovery_name(cfg.stack)
+    topic = gcp.pubsub.Topic(
+        place.name("topic"), name=name, project=project, opts=after_apis, labels={"gpu-train-stack": names.rfc1035(cfg.stack, 63)}
+    )
+    sink = gcp.logging.ProjectSink(
+        place.name("sink"),
+        name=name,
+        project=project,
+        unique_writer_identity=True,
+        opts=after_apis,
+        destination=topic.name.apply(lambda t: f"pubsub.googleapis.com/projects/{project}/topics/{t}"),
+        filter=log_filter(project, cfg.zone, instance_names),
+        description=f"gpu-train {cfg.stack}: preemptions, host errors and host maintenance of the stack's VMs, for its recovery",
+    )
+    gcp.pubsub.TopicIAMMember(
+        place.name("sink-publishes"),
+        project=project,
+        topic=topic.name,
+        role="roles/pubsub.publisher",
+        member=sink.writer_identity,
+        opts=place.child,
+    )
+    return topic
+
+
+def _source(
+    place: _Place, after_apis: pulumi.ResourceOptions
+) -> tuple[gcp.storage.Bucket, gcp.storage.BucketObject, gcp.serviceaccount.Account, list[pulumi.Resource]]:
+    """The function's source (a zip in a bucket of its own) and the account that builds it, with its grants."""
+    cfg, project, child = place.cfg, place.project, place.child
+    bucket = gcp.storage.Bucket(
+        place.name("source"),
+        name=names.recovery_bucket_name(cfg.stack, project),
+        project=project,
+        location=cfg.region.upper(),
+        force_destroy=True,
+        uniform_bucket_level_access=True,
+        public_access_prevention="enforced",
+        soft_delete_policy={"retention_duration_seconds": 0},  # replaced source zips: nothing to keep for 7 days
+        opts=after_apis,
+    )
+    # The build runs as an account of the stack's own: since 2024 new projects may give the default build
+    # account (the Compute Engine default one) no roles, and then the function never builds.
+    builder = gcp.serviceaccount.Account(
+        place.name("build-sa"),
+        account_id=names.recovery_build_account_id(cfg.stack),
+        project=project,
+        opts=child,
+        display_name=f"gpu-train {cfg.stack} recovery build",
+        description="Builds the stack's recovery function: Cloud Build's builder role, and reads its source.",
+    )
+    builder_member = builder.email.apply(lambda email: f"serviceAccount:{email}")
+    build_grants: list[pulumi.Resource] = [
+        gcp.projects.IAMMember(place.name("build-role"), project=project, role=BUILD_ROLE, member=builder_member, opts=child),
+        gcp.storage.BucketIAMMember(
+            place.name("build-source"), bucket=bucket.name, role="roles/storage.objectViewer", member=builder_member, opts=child
+        ),
+    ]
+    files = source_files()
+    digest = hashlib.sha256("".join(f"{k}\0{v}\0" for k, v in sorted(files.items())).encode()).hexdigest()[:16]
+    source = gcp.storage.BucketObject(
+        place.name("source-zip"),
+        bucket=bucket.name,
+        name=f"recovery-{digest}.zip",
+        opts=child,
+        source=pulumi.AssetArchive({path: pulumi.StringAsset(text) for path, text in files.items()}),
+    )
+    return bucket, source, builder, build_grants
+
+
+def _notify_secret(
+    place: _Place, member: pulumi.Output[str], after_apis: pulumi.ResourceOptions
+) -> tuple[list[dict[str, Any]], list[pulumi.Resource]]:
+    """The webhook kept in Secret Manager, readable by the function only: (its env reference, what to wait for)."""
+    cfg, project, child = place.cfg, place.project, place.child
+    secret = gcp.secretmanager.Secret(
+        place.name("notify"),
+        secret_id=names.resource_name(cfg.stack, "notify"),
+        project=project,
+        replication={"auto": {}},
+        opts=after_apis,
+    )
+    version = gcp.secretmanager.SecretVersion(
+        place.name("notify-value"), secret=secret.id, opts=child, secret_data=pulumi.Output.secret(cfg.notify)
+    )
+    reader = gcp.secretmanager.SecretIamMember(
+        place.name("notify-reader"),
+        project=project,
+        secret_id=secret.secret_id,
+        role="roles/secretmanager.secretAccessor",
+        member=member,
+        opts=child,
+    )
+    return [{"key": recovery.NOTIFY_ENV, "project_id": project, "secret": secret.secret_id, "version": version.version}], [version, reader]
