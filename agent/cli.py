@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     reporting = sub.add_parser("status")
     reporting.add_argument("--run")
     reporting.add_argument("--summaries", action="store_true", help="with each run's JOB_DIR and outputs summaries (for fetch)")
+    reporting.add_argument("--bucket-record", action="store_true", help="with what each run verified in its bucket (down --no-fetch)")
     logging = sub.add_parser("logs")
     logging.add_argument("--run")
     logging.add_argument("--offset", type=int, default=0)
@@ -174,7 +175,7 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
         return (
             cmd_logs(root, args.run, args.offset, args.lines, args.follow)
             if args.cmd == "logs"
-            else cmd_status(root, args.run, args.summaries)
+            else cmd_status(root, args.run, args.summaries, args.bucket_record)
         )
     if args.cmd == "scalars":
         from .metrics import cmd_scalars

@@ -155,8 +155,9 @@ def agent_view(root: str) -> dict:
     }
 
 
-def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
-    """protocol.StatusDoc: the runs (oldest first), GPUs, uptime and the agent's view."""
+def cmd_status(root: str, run_id: str | None, summaries: bool = False, bucket_record: bool = False) -> dict:
+    """protocol.StatusDoc: the runs (oldest first), GPUs, uptime and the agent's view; ``bucket_record``: each
+    bucket run's record of what is verified there (`down --no-fetch` only: one entry per file)."""
     dirs = [find_run(root, run_id)] if run_id else run_dirs(root)
     runs = sorted((describe(d) for d in dirs), key=lambda r: r.get("created") or 0)
     if summaries:
@@ -164,6 +165,8 @@ def cmd_status(root: str, run_id: str | None, summaries: bool = False) -> dict:
             r["jobSummary"] = tree_summary(r["jobDir"])
             r["workdirSummary"] = outputs.summary(root, os.path.dirname(r["jobDir"]))
             r["logSummary"] = log_summary(r["log"])
+    if bucket_record:
+        for r in runs:
             if "bucket" in r:
                 r["bucketRecord"] = upload.record_files(os.path.dirname(r["jobDir"]))
     return {

@@ -254,7 +254,7 @@ class RunStatus(ImageView, total=False):
     workdirSummary: TreeSummary  # the outputs in its working directory (agent/outputs.py)
     logSummary: TreeSummary  # its log (RUN_LOG), which the fetch brings home too
     bucket: BucketView
-    bucketRecord: dict[str, BucketFile]  # with --summaries: what the uploader verified (`down --no-fetch` checks the bucket for it)
+    bucketRecord: dict[str, BucketFile]  # with --bucket-record: what the uploader verified (`down --no-fetch` checks the bucket for it)
 
 
 class AgentView(TypedDict):

@@ -18,10 +18,12 @@ from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_no
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 
-def every_node_status(session: Session) -> tuple[list[Session], list[object]]:
-    """Every node's session and its status document with summaries (the error of a node that failed)."""
+def every_node_status(session: Session, bucket_record: bool = False) -> tuple[list[Session], list[object]]:
+    """Every node's session and its status document with summaries (the error of a node that failed);
+    ``bucket_record``: with what each run verified in its bucket (`down --no-fetch` checks the bucket for it)."""
     sessions = session.nodes()
-    return sessions, on_every_node(sessions, lambda s: s.call("status", "--summaries"))
+    extra = ["--bucket-record"] if bucket_record else []
+    return sessions, on_every_node(sessions, lambda s: s.call("status", "--summaries", *extra))
 
 
 def guard_runs(sessions: list[Session], docs: list[object]) -> tuple[list[dict], list[str]]:
@@ -117,7 +119,7 @@ def down(c, force=False, streams=None, stack=None, no_fetch=False):
     """
     streams = parse_streams(streams)
     session = Session(Environment.of(c), stack)
-    sessions, docs = every_node_status(session)
+    sessions, docs = every_node_status(session, bucket_record=no_fetch)
     if len(docs) == 1 and isinstance(docs[0], GpuTrainError):
         raise docs[0]
     runs, unreachable = guard_runs(sessions, docs)

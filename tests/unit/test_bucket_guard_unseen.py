@@ -118,3 +118,23 @@ def test_a_link_out_of_the_run_is_only_on_the_host(tmp_path: Path) -> None:
     assert sorted(o.split(" (")[0] for o in only) == ["best.pt", "ckpt", "workdir/out"], only
     assert all("a link out of the run" in o for o in only)
     assert upload.scan(str(run_dir)) == {"a.txt": (1, (job / "a.txt").stat().st_mtime_ns)}  # never uploaded through it
+
+
+def test_the_bucket_record_comes_only_when_asked(tmp_path: Path) -> None:
+    """One entry per file: `down --no-fetch` asks for it, the dashboard's frequent status never carries it."""
+    run = "r_20260101_000000"
+    run_dir = tmp_path / "root" / "runs" / run
+    (run_dir / "job").mkdir(parents=True)
+    (run_dir / "state.json").write_text(json.dumps({"id": run, "state": "succeeded", "created": 1.0}))
+    (run_dir / "spec.json").write_text(json.dumps({"runId": run, "base": "r", "bucket": {"name": "ckpt", "prefix": f"t/lab/{run}/"}}))
+    rec = {"a.txt": {"size": 1, "mtimeNs": 1, "crc32c": "AAAA", "generation": 7}}
+    (run_dir / "bucket.json").write_text(json.dumps({"files": rec, "final": True}))
+
+    def status(*flags: str) -> dict:
+        argv = [sys.executable, "-m", "agent", "--root", str(tmp_path / "root"), "status", *flags]
+        out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["runs"][0]
+
+    assert "bucketRecord" not in status("--summaries")
+    assert status("--summaries", "--bucket-record")["bucketRecord"] == rec
