@@ -334,3 +334,22 @@ def test_the_pollers_ask_only_while_a_page_looks(tmp_path: Path) -> None:
         assert poller.polls > quiet
     finally:
         watch.stop()
+
+
+def test_a_clusters_gpus_per_node_and_one_state_per_run() -> None:
+    """Two nodes: each node's GPUs on the card, the run failed on the cluster when node 1's part failed."""
+    from gpu_train.catalog.loader import load_catalog
+    from gpu_train.views import listing
+    from remote.dashboard.poll import one_state_each
+
+    def doc(state: str, util: float) -> dict:
+        gpu = {"index": 0, "name": "NVIDIA L4", "utilization": util, "memoryUsedMiB": 100.0, "memoryTotalMiB": 23034.0}
+        run = {"id": "r_20261128_101010", "state": state, "durationS": 3600, "ended": 7200, "exitCode": 0 if state == "succeeded" else 1}
+        return {"runs": [run], "gpus": [gpu], "agent": {}, "uptimeS": 10.0, "now": 7200}
+
+    nodes = (board.NodeLook(0, "10.0.0.2", doc("succeeded", 91.0)), board.NodeLook(1, "10.0.0.3", doc("failed", 0.0)))
+    look = board.StackLook(listing.StackFacts("duo"), nodes, one_state_each(nodes), {}, 7200.0)
+    stack, runs = board.stack_view(look, 7200.0, load_catalog())
+    assert [(n["host"], [g["utilization"] for g in n["gpus"]]) for n in stack["nodes"]] == [("10.0.0.2", [91.0]), ("10.0.0.3", [0.0])]
+    assert [(r["id"], r["state"]) for r in runs] == [("r_20261128_101010", "failed")]
+    assert one_state_each((board.NodeLook(0, "h", error="refused"), nodes[1])) == ()  # node 0 keeps the runs: none without it
