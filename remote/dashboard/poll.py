@@ -32,16 +32,48 @@ IDLE_AFTER_S = 120.0  # no page asked for this long: the pollers stop asking the
 ASK_TIMEOUT_S = 20.0  # connecting to a host, per poll
 
 
-def compute_view(env: Environment, cfg) -> tuple[list[dict] | None, str | None]:
+class Google:
+    """The Application Default Credentials, read once and kept (their token is reused until it expires, not
+    asked for at every look); read again after a call that failed."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.found: tuple | None = None
+
+    def credentials(self) -> tuple:
+        """(the ADC, credentials with a valid token or None); RuntimeError when the token cannot be had."""
+        from infra.ops import probes
+
+        with self.lock:
+            if self.found is None:
+                self.found = probes.read_adc()
+            creds = self.found[1]
+            if creds is not None and not creds.valid:  # one refresh for every poller (they share the token)
+                from google.auth.transport.requests import Request
+
+                try:
+                    creds.refresh(Request())
+                except Exception as e:  # the token endpoint or the network: said as the API's failure
+                    self.found = None
+                    raise RuntimeError(f"{type(e).__name__}: {e}") from None
+            return self.found
+
+    def forget(self) -> None:
+        with self.lock:
+            self.found = None
+
+
+def compute_view(env: Environment, cfg, google: Google) -> tuple[list[dict] | None, str | None]:
     """The Compute API's VMs of a GCP stack (None without credentials), or why it could not say."""
     from infra.ops import probes
 
-    adc, creds = probes.read_adc()
-    if creds is None:
-        return None, ("no credentials (gcloud auth application-default login)" if adc.exists else None)
     try:
+        adc, creds = google.credentials()
+        if creds is None:
+            return None, ("no credentials (gcloud auth application-default login)" if adc.exists else None)
         found = probes.gpu_train_instances(env, creds, cfg.project or "")
     except RuntimeError as e:
+        google.forget()
         return None, str(e)
     mine = [i for i in found if (i.get("labels") or {}).get("gpu-train-stack") == label_value(cfg.stack)]
     return sorted(mine, key=lambda i: int((i.get("labels") or {}).get("gpu-train-node", "0") or 0)), None
@@ -62,8 +94,9 @@ def one_state_each(nodes: tuple[board.NodeLook, ...]) -> tuple[dict, ...]:
 class StackPoller:
     """One stack's poller: a thread that looks at it every ``interval`` while pages want it."""
 
-    def __init__(self, env: Environment, path: Path, interval: float, wanted: Callable[[], bool], project: str):
+    def __init__(self, env: Environment, path: Path, interval: float, wanted: Callable[[], bool], project: str, google: Google):
         self.env, self.path, self.interval, self.wanted, self.project = env, path, interval, wanted, project
+        self.google = google
         self.name = path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
         self.look: board.StackLook = board.StackLook(listing.StackFacts(self.name))
         self.polls = 0  # looks taken (each one agent call per node)
@@ -110,7 +143,7 @@ class StackPoller:
         fetched: dict[str, bool] = {}
         if cfg is not None:
             outputs = gather.cached_outputs(home, name) if cfg.is_gcp else None
-            instances, api_error = compute_view(self.env, cfg) if cfg.is_gcp else (None, None)
+            instances, api_error = compute_view(self.env, cfg, self.google) if cfg.is_gcp else (None, None)
             facts = listing.StackFacts(
                 name, cfg, outputs=outputs, instances=instances, api_error=api_error, ledger=gather.Ledger(home, name).read()
             )
@@ -178,7 +211,8 @@ class Watch:
         self.env, self.catalog, self.interval, self.project = env, catalog, interval, project
         self.idle_after = idle_after
         self.asked = time.monotonic()
-        self.pollers = [StackPoller(env, p, interval, self._wanted, project) for p in gather.stack_files(env)]
+        google = Google()
+        self.pollers = [StackPoller(env, p, interval, self._wanted, project, google) for p in gather.stack_files(env)]
 
     def _wanted(self) -> bool:
         return time.monotonic() - self.asked < self.idle_after

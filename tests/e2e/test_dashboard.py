@@ -226,6 +226,12 @@ def browser():
         b.close()
 
 
+def google_calls(google: FakeGoogle) -> tuple[int, int]:
+    """(the ADC key exchanged for a token, the Compute API's instance lists) so far."""
+    calls = google.state["calls"]
+    return calls.count(("POST", "/token")), sum(1 for c in calls if c[1].endswith("/aggregated/instances"))
+
+
 def sessions(sshd: Sshd) -> int:
     """The SSH sessions the host's sshd has started (its log at VERBOSE): each agent call is one."""
     return (sshd.dir / "sshd.log").read_text().count("Starting session:")
@@ -284,6 +290,7 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         w.wait_state("t4", run)
     best = min(trials, key=lambda r: final_loss(trials[r]))
 
+    tokens, lists = google_calls(w.google)
     board = Dashboard(w, "--interval", "1")
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     errors: list[str] = []
@@ -350,6 +357,8 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         shot = Path(os.environ.get("GPU_TRAIN_DASHBOARD_SHOT") or tmp_path / "dashboard.png")
         page.locator("header").scroll_into_view_if_needed()
         page.screenshot(path=str(shot), full_page=True)
+        # the Compute API asked at every look, its key exchanged for a token once
+        assert google_calls(w.google)[1] - lists > 5 and google_calls(w.google)[0] - tokens == 1
         # a trial's log, from the sweep's table of trials
         page.locator(f'table.trials tr[data-run="{best}"]').click()
         expect(page.locator("#log")).to_contain_text("step 29 loss", timeout=60000)
