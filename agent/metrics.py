@@ -12,6 +12,7 @@ as the run's single history. The answer is bounded (contract.Scalars).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import math
@@ -20,14 +21,15 @@ import os
 from gpu_train.contract import METRICS_FILE, SCALAR_POINTS_MAX, SCALAR_SERIES_MAX, Scalars, ScalarSeries
 
 from . import tfevents
-from .store import AgentError, find_run, run_dirs
+from .store import AgentError, find_run, read_json, run_dirs, write_json
 
 # Folders a job's tree holds that are never its metrics: the walk does not go in (nor through links).
 SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", "site-packages", ".ipynb_checkpoints"}
 WALK_MAX = 200_000  # entries looked at per run: a working directory holding a dataset is not read whole
 STEP_KEYS = ("step", "global_step", "iteration", "iter")
 NOT_TAGS = set(STEP_KEYS) | {"time", "timestamp", "wall_time", "walltime", "_timestamp", "_runtime", "_step"}
-Point = tuple  # (step, wall time, value or None)
+Point = list  # [step, wall time, value or None]
+CACHE, CACHE_VERSION = "scalars.json", 2  # runs/RUN/scalars.json: each event file's points and where its reading stopped
 
 
 def metric_files(run_dir: str, problems: list[str]) -> tuple[dict[str, list[str]], list[str]]:
@@ -86,7 +88,7 @@ def read_jsonl(path: str, problems: list[str]) -> dict[str, list[Point]]:
             step = next((doc[k] for k in STEP_KEYS if _number(doc.get(k))), number)
             wall = next((float(doc[k]) for k in ("time", "timestamp", "wall_time") if _number(doc.get(k))), mtime)
             for tag, value in _flat(doc, ""):
-                extend(series.setdefault(tag, []), [(int(step), wall, value if math.isfinite(value) else None)])
+                extend(series.setdefault(tag, []), [[int(step), wall, value if math.isfinite(value) else None]])
     if bad:
         problems.append(f"{path}: {bad} line(s) that are not a JSON object; skipped")
     return series
@@ -144,20 +146,62 @@ def series_doc(tag: str, source: str, kind: str, points: list[Point], limit: int
     }
 
 
+def packed(entry: dict) -> dict:
+    """A file's reading as the cache keeps it: [step, value] points, and the wall time of each tag's last."""
+    series = entry.get("series", {})
+    return {
+        **{k: v for k, v in entry.items() if k != "series"},
+        "points": {t: [[p[0], p[2]] for p in pts] for t, pts in series.items()},
+        "walls": {t: pts[-1][1] for t, pts in series.items() if pts},
+    }
+
+
+def unpacked(entry: object) -> dict | None:
+    """``packed`` read back (the points' wall times 0 but each tag's last: the only one a series says), or
+    None when it is not one."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("points"), dict) or not isinstance(entry.get("walls"), dict):
+        return None
+    try:
+        series = {t: [[s, 0.0, v] for s, v in pts] for t, pts in entry["points"].items()}
+        for t, pts in series.items():
+            if pts:
+                pts[-1][1] = float(entry["walls"][t])
+    except (TypeError, ValueError, KeyError):
+        return None
+    return {**{k: v for k, v in entry.items() if k not in ("points", "walls")}, "series": series}
+
+
 def run_scalars(run_dir: str, tags: list[str], limit: int, problems: list[str]) -> list[ScalarSeries]:
-    """The run's series (those ``tags`` name, or all), sorted by source and tag."""
+    """The run's series (those ``tags`` name, or all), sorted by source and tag. What the event files held
+    is kept in the run's folder (CACHE), so the next call reads only what was written since."""
+    changed = False
     events, jsonl = metric_files(run_dir, problems)
     out: list[ScalarSeries] = []
+    cache_path = os.path.join(run_dir, CACHE)
+    cache = read_json(cache_path) or {}
+    before = cache.get("files") if cache.get("version") == CACHE_VERSION else None
+    kept: dict[str, dict] = {}
     for folder, files in sorted(events.items()):
         merged: dict[str, list[Point]] = {}
         for rel in files:
             try:
-                for tag, points in tfevents.read_scalars(os.path.join(run_dir, rel), problems).items():
+                st = os.stat(os.path.join(run_dir, rel))
+                entry = unpacked((before or {}).get(rel))
+                if entry is None or entry.get("ino") != st.st_ino or st.st_size < entry.get("offset", 0):
+                    entry = {"ino": st.st_ino}  # a new file, or another one under the name: read from the start
+                offset = entry.get("offset")
+                read = tfevents.read_scalars(os.path.join(run_dir, rel), problems, entry)
+                kept[rel] = entry
+                changed = changed or offset != entry.get("offset")
+                for tag, points in read.items():
                     if wanted(tag, folder, tags):
                         extend(merged.setdefault(tag, []), points)
             except OSError as e:
                 problems.append(f"{rel}: {e.strerror or e}")
         out += [series_doc(t, folder, "tfevents", p, limit) for t, p in sorted(merged.items()) if p]
+    if changed or set(kept) != set(before or {}):
+        with contextlib.suppress(OSError):  # (a reader that may not write there reads it all the next time too)
+            write_json(cache_path, {"version": CACHE_VERSION, "files": {rel: packed(e) for rel, e in kept.items()}})
     for rel in sorted(jsonl):
         try:
             found = read_jsonl(os.path.join(run_dir, rel), problems)

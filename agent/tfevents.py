@@ -58,7 +58,11 @@ def fields(buf: bytes) -> list[tuple[int, int, object]]:
     out: list[tuple[int, int, object]] = []
     i, n = 0, len(buf)
     while i < n:
-        key, i = varint(buf, i)
+        key = buf[i]
+        if key < 0x80:  # a field number below 16: one byte (every field these messages use)
+            i += 1
+        else:
+            key, i = varint(buf, i)
         number, wire = key >> 3, key & 7
         value: object
         if wire == 0:
@@ -66,7 +70,11 @@ def fields(buf: bytes) -> list[tuple[int, int, object]]:
         elif wire == 1:
             value, i = buf[i : i + 8], i + 8
         elif wire == 2:
-            size, i = varint(buf, i)
+            size = buf[i] if i < n else 0x80
+            if size < 0x80:
+                i += 1
+            else:
+                size, i = varint(buf, i)
             value, i = buf[i : i + size], i + size
         elif wire == 5:
             value, i = buf[i : i + 4], i + 4
@@ -186,8 +194,8 @@ def summary_scalars(buf: bytes, plugins: dict[str, str | None]) -> list[tuple[st
     return out
 
 
-def event_scalars(data: bytes, plugins: dict[str, str | None]) -> tuple[int, float, list[tuple[str, float]]] | None:
-    """An Event's (step, wall time, scalars), or None when it carries no summary."""
+def event_parts(data: bytes) -> tuple[int, float, bytes | None]:
+    """An Event's (step, wall time, its Summary's bytes or None)."""
     step, wall, summary = 0, 0.0, None
     for number, wire, value in fields(data):
         if number == 1 and wire == 1 and isinstance(value, bytes) and len(value) == 8:
@@ -196,22 +204,12 @@ def event_scalars(data: bytes, plugins: dict[str, str | None]) -> tuple[int, flo
             step = signed64(int(value))  # type: ignore[call-overload]
         elif number == 5 and isinstance(value, bytes):
             summary = value
-    if summary is None:
-        return None
-    return step, wall, summary_scalars(summary, plugins)
-
-
-def _has_summary(data: bytes) -> bool:
-    """Whether an Event holds a summary, from its fields' keys alone (no CRC taken over a graph's bytes)."""
-    try:
-        return any(number == 5 for number, _, _ in fields(data))
-    except Corrupt:
-        return True  # the CRC check says what is wrong
+    return step, wall, summary
 
 
 def records(f, path: str, problems: list[str]):
-    """Each complete record's data, checked; a partial record at the end (being written) ends the file
-    quietly, a corrupt one ends it with a line in ``problems``."""
+    """Each complete record: (its data, its data's CRC as written, the offset after it). A partial record
+    at the end (being written) ends the file quietly; a length that fails its CRC ends it, said."""
     while True:
         header = f.read(12)
         if len(header) < 12:
@@ -227,29 +225,41 @@ def records(f, path: str, problems: list[str]):
         data, footer = f.read(length), f.read(4)
         if len(data) < length or len(footer) < 4:
             return  # the writer has not finished this record
-        if not _has_summary(data):
-            continue
-        if masked_crc32c(data) != struct.unpack("<I", footer)[0]:
-            problems.append(f"{path}: a record fails its CRC at byte {f.tell() - 16 - length}; skipped")
-            continue
-        yield data
+        yield data, struct.unpack("<I", footer)[0], f.tell()
 
 
-def read_scalars(path: str, problems: list[str]) -> dict[str, list[tuple[int, float, float | None]]]:
-    """Every scalar in one event file: tag -> [(step, wall time, value)] in the order written (a value
-    that is not finite as None: JSON has no NaN)."""
-    series: dict[str, list[tuple[int, float, float | None]]] = {}
-    plugins: dict[str, str | None] = {}
+Points = dict  # tag -> [[step, wall time, value or None], ...]
+
+
+def read_scalars(path: str, problems: list[str], resume: dict | None = None) -> dict[str, list]:
+    """Every scalar in one event file: tag -> [[step, wall time, value]] in the order written (a value
+    that is not finite as None: JSON has no NaN). An event without a summary (a graph, a session log) is
+    skipped unread; a summary's record is checked against its CRC first. ``resume`` (what an earlier read
+    of this file left: its ``offset``, ``plugins`` and ``series``) is read on from where it stopped, and
+    left as this read ends."""
+    state = resume if resume is not None else {}
+    series: dict[str, list] = state.setdefault("series", {})
+    plugins: dict[str, str | None] = state.setdefault("plugins", {})
+    said: list[str] = state.setdefault("problems", [])  # kept with the state: a resumed read says them again
+    problems += said
+    said_before = len(said)
     with open(path, "rb") as f:
-        for data in records(f, path, problems):
+        f.seek(state.get("offset", 0))
+        for data, crc, end in records(f, path, problems):
+            state["offset"] = end
             try:
-                got = event_scalars(data, plugins)
+                step, wall, summary = event_parts(data)
+                if summary is None:
+                    continue
+                if masked_crc32c(data) != crc:
+                    said.append(f"{path}: a record fails its CRC at byte {end - 4 - len(data)}; skipped")
+                    continue
+                scalars = summary_scalars(summary, plugins)
             except Corrupt as e:
-                problems.append(f"{path}: an event that is not one ({e}); skipped")
+                what = "fails its CRC" if masked_crc32c(data) != crc else f"is not an event ({e})"
+                said.append(f"{path}: a record {what} at byte {end - 4 - len(data)}; skipped")
                 continue
-            if got is None:
-                continue
-            step, wall, scalars = got
             for tag, value in scalars:
-                series.setdefault(tag, []).append((step, wall, value if math.isfinite(value) else None))
+                series.setdefault(tag, []).append([step, wall, value if math.isfinite(value) else None])
+    problems += said[said_before:]
     return series

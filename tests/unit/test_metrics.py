@@ -118,3 +118,44 @@ def test_scalars_answer_is_the_contracts_and_bounded(tmp_path, monkeypatch):
     assert SCALAR_SERIES_MAX >= 100
     with pytest.raises(AgentError, match="--points 0"):
         metrics.cmd_scalars(root, None, None, 0)
+
+
+def test_event_files_are_read_on_from_where_the_last_call_stopped(tmp_path):
+    """The dashboard asks every few seconds while the job writes: each call reads only the new records,
+    and answers as a read from the start would."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    root = str(tmp_path)
+    run_dir = _run(root, "r_20260101_000000")
+    w = EventFileWriter(os.path.join(run_dir, "code", "tb"))
+
+    def put(steps) -> None:
+        for step in steps:
+            value = summary_pb2.Summary.Value(tag="loss", simple_value=1.0 / (step + 1))
+            w.add_event(event_pb2.Event(step=step, wall_time=1.0 + step, summary=summary_pb2.Summary(value=[value])))
+        w.flush()
+
+    def ask() -> dict:
+        (run,) = metrics.cmd_scalars(root, None, ["loss"], 3)["runs"]
+        return run["series"][0]
+
+    put(range(10))
+    first = ask()
+    with open(os.path.join(run_dir, metrics.CACHE)) as f:
+        cache = json.load(f)
+    (entry,) = cache["files"].values()
+    assert first["count"] == 10 and entry["offset"] == os.path.getsize(w.get_logdir() + "/" + os.listdir(w.get_logdir())[0])
+    put(range(10, 25))
+    grown = ask()
+    assert grown["count"] == 25 and grown["last"] == [24, pytest.approx(1 / 25)]
+    os.remove(os.path.join(run_dir, metrics.CACHE))
+    assert ask() == grown  # the same answer from the start
+    w.close()
+    path = os.path.join(w.get_logdir(), os.listdir(w.get_logdir())[0])
+    with open(path, "rb") as f:
+        head = f.read()
+    os.remove(path)
+    with open(path, "wb") as f:  # another file under the name (a new inode, shorter): read anew
+        f.write(head[: len(head) // 2])
+    assert ask()["count"] < 25
