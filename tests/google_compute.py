@@ -91,6 +91,11 @@ def preflight(handler: Google, parts: list[str], query: dict[str, list[str]]) ->
             handler._send(200, found[0])
         else:
             handler._error(404, "NOT_FOUND", f"The resource 'projects/{project}/zones/{zone}/reservations/{name}' was not found")
+    elif rest[:1] == ["aggregated"] and rest[1:] in (["machineTypes"], ["acceleratorTypes"]):  # zones offering a name
+        kind, wanted = rest[1], query.get("filter", [""])[0].split("=")[-1].strip()
+        zones = doc.get("offering", {}).get(wanted, [])
+        scoped = {f"zones/{z}": {kind: [{"name": wanted, "zone": f"{BASE}/projects/{project}/zones/{z}"}]} for z in zones}
+        handler._send(200, {"kind": f"compute#{kind[:-1]}AggregatedList", "items": scoped})
     elif rest == ["aggregated", "reservations"]:  # aggregatedList, filtered by name as the client asks
         wanted = query.get("filter", [""])[0].split("=")[-1].strip()
         items: dict[str, dict] = {}
