@@ -281,7 +281,6 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
     w.fab("fetch", "--stack", "lab", "--run", baseline)
     hold = w.tmp / "release"
     live = w.train("lab", "finetune", "20", "0.01", "0.05", str(hold))
-    longer = w.train("lab", "pretrain", "30", "0.003", "0.1", str(w.tmp / "release-pretrain"))
     deadline = time.monotonic() + 120
     while len(trials := {p.name: LRS[p.name.split("_")[1]] for p in (w.vm_root / "runs").glob("lrsweep_t*")}) < 3:
         assert time.monotonic() < deadline, f"the sweep's trials: {sorted(trials)}"
@@ -290,6 +289,7 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         w.wait_state("t4", run)
     best = min(trials, key=lambda r: final_loss(trials[r]))
 
+    longer = w.train("lab", "pretrain", "120", "0.003", "0.25", str(w.tmp / "release-pretrain"))  # 30 s of points
     tokens, lists = google_calls(w.google)
     board = Dashboard(w, "--interval", "1")
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
@@ -326,6 +326,14 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
             assert "$" in page.locator(f'tr[data-run="{run}"] td.num').last.inner_text()
         sweep = page.locator("button.sweep").inner_text()
         assert "lrsweep" in sweep and "3 trials on t4" in sweep and "$" in sweep
+        # a running run's curve grows on the page with no reload
+        page.locator(f'tr[data-run="{longer}"]').click()
+        chart = page.locator('figure.chart[data-tag="loss"]')
+        chart.locator("canvas").wait_for(timeout=60000)
+        first = int(chart.get_attribute("data-points") or 0)
+        assert 0 < first < 120, first
+        expect(chart).not_to_have_attribute("data-points", str(first), timeout=60000)
+        assert int(chart.get_attribute("data-points") or 0) > first
         # a running run: its log grows on the page with no reload
         page.locator(f'tr[data-run="{live}"]').click()
         expect(page.locator("#log")).to_contain_text("waiting for more data: tick 2", timeout=60000)
