@@ -20,9 +20,10 @@ from agent import recovery_call
 from gpu_train import recovery
 from tests.conftest import gcp_raw
 from tests.google_compute import rfc3339
-from tests.google_fake import FakeGoogle
+from tests.google_fake import TOKEN, FakeGoogle
 from tests.guest.fabuser import EXAMPLE, FabUser
 from tests.guest.harness import MetadataServer
+from tests.guest.metadata import METADATA_ENV
 from tests.guest.startup import startup_script_of
 from tests.webhook import Webhook
 
@@ -56,6 +57,16 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
     try:
         raw = gcp_raw(sshUser="trainer", spot=True, idleStopMinutes=0.05)  # 3 s idle (its ticks start below)
         guest = make_guest(startup_script_of(raw))
+        # The booted agent reads the recovery's record (the instance's labels) from the Compute API, with the
+        # VM's own token: the fake is that API, and the metadata server says who the VM is.
+        guest.write(
+            "/etc/systemd/system.conf.d/gpu-train-guest.conf",
+            f"[Manager]\nDefaultEnvironment={METADATA_ENV}={metadata_server.url} OMP_NUM_THREADS=1 "
+            f"{recovery.COMPUTE_URL_ENV}={google.url}\n",
+        )
+        for path, value in (("project/project-id", PROJECT), ("instance/zone", f"projects/123/zones/{ZONE}"), ("instance/name", NAME)):
+            metadata_server.set(path, value)
+        metadata_server.set("instance/service-accounts/default/token", json.dumps({"access_token": TOKEN, "expires_in": 3599}))
         guest.add_python_with_torch()
         guest.write("/etc/systemd/system/gpu-train-tick.timer.d/quick.conf", QUICK_TICK)
         guest.boot()
@@ -69,12 +80,12 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
             "labels": {"gpu-train-stack": "guest", recovery.LABEL: "on"},
             "lastStartTimestamp": rfc3339(time.time()),
             "metadata": {"kind": "compute#metadata", "fingerprint": "fp-0", "items": []},
+            "labelFingerprint": "lf-0",
+            "serviceAccounts": [{"email": f"gpu-train-guest@{PROJECT}.iam.gserviceaccount.com"}],
         }
         google.state["instances"][PROJECT] = [inst]
 
-        def on_start(_name: str) -> None:  # Compute Engine powers the VM on: its metadata as the function left it
-            record = next((i["value"] for i in inst["metadata"]["items"] if i["key"] == recovery.RECORD_KEY), "")
-            metadata_server.set(f"instance/attributes/{recovery.RECORD_KEY}", record)
+        def on_start(_name: str) -> None:  # Compute Engine powers the VM on (its labels hold the function's record)
             metadata_server.set("instance/preempted", "FALSE")
             guest.boot()
 
@@ -144,7 +155,7 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
         assert "stopped again after it came back" in outcome
         assert (
             recovery_call.on_event_with(log_entry("compute.instances.guestTerminate", time.time()), conf)
-            == "not a preemption or host error"
+            == "not a preemption, host error or host maintenance"
         )
         assert [c for c in google.state["calls"] if c[1].endswith("/start")] == starts
         time.sleep(2)
