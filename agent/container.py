@@ -284,10 +284,12 @@ def remove(engine_name: str, name: str, grace_s: float) -> bool:
     return said.returncode == 0
 
 
-def removal(root: str, run_id: str) -> list[str] | None:
-    """The command that removes a run's container by name (its unit's ExecStopPost), or None without an engine."""
+def removal(root: str, run_id: str, grace_s: float) -> list[list[str]] | None:
+    """The commands that stop a run's container by name (SIGTERM, ``grace_s`` for the job, SIGKILL) and
+    remove it: its unit's ExecStopPost. None without an engine."""
     try:
         name = engine()
     except AgentError:
         return None
-    return [shutil.which(name) or name, "rm", "--force", container_name(root, run_id)]
+    path, container = shutil.which(name) or name, container_name(root, run_id)
+    return [[path, "stop", "--time", str(max(1, round(grace_s))), container], [path, "rm", "--force", container]]

@@ -1,7 +1,8 @@
 """The wrapper's side of a container run: the image pulled and pinned, then the job started in it.
 
-The first start resolves the image to its ID (and registry digest) and records both in the run's
-state.json; every later start (a relaunch at boot, after a preemption, `resume`) runs that ID, and
+An image is pulled when it is not on the host (Docker's own rule: an image here starts at once, and
+offline). The first start resolves the image to its ID (and registry digest) and records both in the run's
+state.json (`status` shows them); every later start (a relaunch at boot, after a preemption, `resume`) runs that ID, and
 pulls it by digest where it is gone, so a tag moved meanwhile never changes a run's environment. A
 pull is a step of the run like `pip install` (its pid recorded, `stop` ends it), its lines in the log
 with a count of layers done, after a check that the engine's disk has room for it. Registry
@@ -46,14 +47,9 @@ def ensure_image(w, engine: str, spec: JobSpec, run_dir: str) -> str:
             raise AgentError(f"{state.image_digest} pulled, but it is not the run's image {state.image_id}")
         return state.image_id
     doc = container.inspect(engine, named)
-    if doc is None or (doc.get("RepoDigests") and "@" not in named):
-        try:
-            pull(w, engine, named, spec, run_dir, present=doc is not None)
-        except AgentError as e:
-            if doc is None:
-                raise
-            w.say(f"{e}; running the copy of {named} on this host")
-        doc = container.inspect(engine, named) or doc
+    if doc is None:  # pulled when missing (Docker's own rule): an image here starts at once, offline too
+        pull(w, engine, named, spec, run_dir, present=False)
+        doc = container.inspect(engine, named)
     if doc is None:
         raise AgentError(f"{named} is not on this host after the pull")
     image_id, digest = container.pinned(doc, named)
@@ -99,10 +95,12 @@ def start(w, root: str, run_dir: str, spec: JobSpec, env: dict[str, str], job: l
     the image's own program the arguments after its entrypoint (``extra``: the resume arguments)."""
     c = spec.container
     assert c is not None
-    engine = container.engine()
+    state = read_state(run_dir)
+    engine = state.engine or container.engine()  # (launch chose it)
     image_id = ensure_image(w, engine, spec, run_dir)
     name = container.container_name(root, spec.run_id)
-    container.run_quiet([engine, "rm", "--force", name], timeout=60)  # one left by a crash of the machine
+    if state.resumes:  # a relaunch: one left by a crash of the machine goes first
+        container.run_quiet([engine, "rm", "--force", name], timeout=60)
     data_dir = env["DATA_DIR"]
     os.makedirs(data_dir, exist_ok=True)  # (a folder the engine would make is root's)
     mounts = [run_dir, data_dir]  # the code, JOB_DIR, the notice file and the log, at the same paths

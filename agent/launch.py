@@ -122,9 +122,11 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
         if have < want:
             return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
     python = detect_python(spec.python)
+    engine = None
     if spec.container:  # the job's Python is the image's; the engine and the GPUs' way in are checked now
         container.check_ref(spec.container.image)
-        container.host_gpu_flags(container.engine(), gpu_count())
+        engine = container.engine()
+        container.host_gpu_flags(engine, gpu_count())
         managed = False
     else:
         managed = check_python(python, bool(spec.python), spec.needs_torch)
@@ -173,7 +175,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
             write_json(f"{last[: -len('.last')]}.manifest", {"manifest": spec.code_manifest})
         spec = replace(spec, python=python, externally_managed=managed, path=os.environ.get("PATH"), notify=None)
         write_json(os.path.join(run_dir, "spec.json"), spec.to_json())
-        update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0)
+        update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0, engine=engine)
     try:
         screen = start_wrapper(root, run_id)
     except AgentError as e:
@@ -225,7 +227,7 @@ def start_wrapper(root: str, run_id: str) -> str:
         update_state(run_dir, unit=units.unit_name(run_id))
         try:
             conf = machine_settings(root) or settings(root)  # on a VM, the grace its stack gives
-            post = container.removal(root, run_id) if spec and spec.container else None
+            post = container.removal(root, run_id, conf.shutdown_grace_s) if spec and spec.container else None
             units.start_unit(run_id, conf.shutdown_grace_s, wrapper, env, post)
         except OSError as e:
             raise AgentError(str(e)) from None

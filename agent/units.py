@@ -71,14 +71,18 @@ def systemd_run_argv(
     wrapper: list[str],
     env: dict[str, str],
     screen: str = "/usr/bin/screen",
-    stop_post: list[str] | None = None,
+    stop_post: list[list[str]] | None = None,
 ) -> list[str]:
     """``systemd-run`` for a run's unit: the wrapper under ``screen -DmS`` (screen stays in the
     foreground as the unit's main process), as ``user``, stopped with SIGTERM to the whole run, then
-    SIGKILL after ``grace_s``. ``stop_post``: a container run's removal by name, after the unit's
-    processes are gone (its container lives in the engine's cgroup, not the unit's: SIGKILL to the
-    `docker run` client would leave it running); its unit stops before the engine's at shutdown."""
-    post = [f"ExecStopPost=-{' '.join(stop_post)}", "After=docker.service", "After=podman.service"] if stop_post else []
+    SIGKILL after ``grace_s``. ``stop_post``: a container run's stop and removal by name (its container
+    lives in the engine's cgroup, not the unit's: SIGKILL to the `docker run` client would leave it
+    running); its unit stops before the engine's at shutdown. systemd runs ExecStopPost as soon as the
+    main process (screen) is gone, while the rest of the run may still be saving (the guest test saw it):
+    so the first command is `docker stop --time GRACE`, which waits for the job, never a bare removal."""
+    post = (
+        [*(f"ExecStopPost=-{exec_line(c)}" for c in stop_post or ()), "After=docker.service", "After=podman.service"] if stop_post else []
+    )
     props = [
         *post,
         "KillMode=control-group",  # SIGTERM to the job, its workers, pip and the wrapper at once
@@ -105,7 +109,22 @@ def systemd_run_argv(
     ]
 
 
-def start_unit(run_id: str, grace_s: float, wrapper: list[str], env: dict[str, str], stop_post: list[str] | None = None) -> str | None:
+def exec_line(argv: list[str]) -> str:
+    """``argv`` as a unit's Exec line: a word with anything but plain characters double-quoted (the
+    removal's words are an engine's path, its verbs and a container name: no ``%`` or ``$`` for systemd
+    to expand)."""
+
+    def word(w: str) -> str:
+        if w and all(c.isalnum() or c in "@+=:,./_-" for c in w):
+            return w
+        return '"' + w.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return " ".join(word(w) for w in argv)
+
+
+def start_unit(
+    run_id: str, grace_s: float, wrapper: list[str], env: dict[str, str], stop_post: list[list[str]] | None = None
+) -> str | None:
     """Start the run's unit; its name, or None where units are not available here (the caller
     uses screen). Raises OSError with systemd-run's message when starting it failed."""
     prefix = privilege() if has_systemd() and shutil.which("systemd-run") else None

@@ -43,6 +43,7 @@ class PinnedImage:
 
     image_id: str | None = None  # the image's ID (sha256:...)
     image_digest: str | None = None  # its registry digest (REPO@sha256:...), to pull that very image where it is gone
+    engine: str | None = None  # docker or podman: chosen at launch, kept for every start
 
 
 class ImageView(TypedDict, total=False):

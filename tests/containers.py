@@ -146,7 +146,7 @@ def _quote(text: str) -> str:
 class Registry:
     """Debian's docker-registry on ``address``, with one user (htpasswd, bcrypt) and its data in ``base``."""
 
-    def __init__(self, base: Path, address: str, user: str = "puller", password: str = "s3cret-registry-token"):
+    def __init__(self, base: Path, address: str, user: str = "puller", password: str = "s3cret-registry-token", log_level: str = "warn"):
         self.base, self.user, self.password = base, user, password
         base.mkdir(parents=True, exist_ok=True)
         self.port = free_port(address)
@@ -159,7 +159,7 @@ class Registry:
             hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
         (base / "htpasswd").write_text(f"{user}:{hashed}\n")
         (base / "config.yml").write_text(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+            f"version: 0.1\nlog:\n  level: {log_level}\nstorage:\n  filesystem:\n"
             f"    rootdirectory: {base / 'data'}\n  delete:\n    enabled: true\n"
             f"http:\n  addr: {self.host}\nauth:\n  htpasswd:\n    realm: gpu-train-tests\n    path: {base / 'htpasswd'}\n"
         )

@@ -235,8 +235,13 @@ def test_contract_carries_the_container_and_the_digest():
 def test_unit_removes_the_container_after_its_stop():
     """The unit's stop ends the `docker run` client; ExecStopPost removes the container by name, and the
     unit stops before the engine's at shutdown (After=docker.service)."""
-    got = units.systemd_run_argv("r", "ana", 25, ["w"], {}, stop_post=["/usr/bin/docker", "rm", "--force", "gpu-train-r-1"])
-    assert "--property=ExecStopPost=-/usr/bin/docker rm --force gpu-train-r-1" in got
+    post = [["/usr/bin/docker", "stop", "--time", "25", "gpu-train-r-1"], ["/usr/bin/docker", "rm", "--force", "gpu-train-r-1"]]
+    got = units.systemd_run_argv("r", "ana", 25, ["w"], {}, stop_post=post)
+    stops = [a for a in got if "ExecStopPost" in a]  # `stop` first: it waits for the job (ExecStopPost runs once screen is gone)
+    assert stops == [
+        "--property=ExecStopPost=-/usr/bin/docker stop --time 25 gpu-train-r-1",
+        "--property=ExecStopPost=-/usr/bin/docker rm --force gpu-train-r-1",
+    ]
     assert "--property=After=docker.service" in got
     assert not any("ExecStopPost" in a for a in units.systemd_run_argv("r", "ana", 25, ["w"], {}))
 
