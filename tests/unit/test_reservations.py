@@ -187,3 +187,38 @@ def test_a_dense_reservation_needs_reservation_bound(google, capsys: pytest.Capt
     body = {"reservationAffinity": {"consumeReservationType": "SPECIFIC_RESERVATION", "values": ["h100-res"]}}
     assert insert_refusal({**body, "scheduling": {"provisioningModel": "STANDARD"}}, dense) == (400, DENSE_TEXT)
     assert insert_refusal({**body, "scheduling": {"provisioningModel": "RESERVATION_BOUND"}}, dense) is None
+
+
+def insert_body(inputs: dict) -> dict:
+    """The instances.insert body the provider sends for the program's Instance inputs (the fields the
+    DENSE rule reads: pulumi-gcp's reservationAffinity.{type, specificReservation.values} and
+    scheduling.provisioningModel are the API's consumeReservationType, values, provisioningModel)."""
+    affinity = inputs.get("reservationAffinity") or {}
+    return {
+        "scheduling": {"provisioningModel": (inputs.get("scheduling") or {}).get("provisioningModel", "STANDARD")},
+        "reservationAffinity": {
+            "consumeReservationType": affinity.get("type"),
+            "values": (affinity.get("specificReservation") or {}).get("values", []),
+        },
+    }
+
+
+@pytest.mark.parametrize(("bound", "refused"), [(False, True), (True, False)])
+def test_the_b200_example_is_what_a_dense_reservation_takes(public_key: Path, bound: bool, refused: bool) -> None:
+    """The example stack as shipped (reservationBound) is taken by the fake's instances.insert rule; without the
+    setting (the example before issue 37) the API's 400 comes back."""
+    import yaml
+
+    from infra import program
+    from infra.ops import preview
+    from tests.conftest import ROOT
+
+    raw = yaml.safe_load((ROOT / "stacks" / "Pulumi.b200-reserved.yaml").read_text())["config"]
+    raw["gpu-train:sshPublicKey"] = str(public_key)
+    if not bound:
+        raw.pop("gpu-train:reservationBound")
+    result = preview.run(program.main, stack="b200-reserved", config=raw)
+    assert result.error is None, result.error
+    (inst,) = result.of_type("compute/instance:Instance")
+    dense = [reservation("my-gcp-project", "us-central1-b", "my-b200-reservation", "a4-highgpu-8g", deployment="DENSE")]
+    assert (insert_refusal(insert_body(inst.inputs), dense) == (400, DENSE_TEXT)) is refused
