@@ -16,6 +16,7 @@ from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, outcome
 
 KEEP_BYTES = 2 << 20  # the log's tail a follower keeps (pages show the last part)
+KEEP_FOLLOWERS = 32  # ended logs kept (their text) beyond these go, those no page asked for longest first
 RETRY_S = 10.0  # a follower that failed (the host did not answer) is tried again no sooner
 FIRST_LINES = 2000  # the lines before the follow starts
 # The job's colours and the terminal's other escapes: a page shows the text.
@@ -37,6 +38,7 @@ class LogFollower:
         self.ended: dict | None = None  # the run's last word (state, exit code) once its log ended
         self.error: str | None = None
         self.failed_at = 0.0
+        self.asked_at = 0.0
         self.lock = threading.Lock()
         self.grew = threading.Condition(self.lock)
         self.thread = threading.Thread(target=self._follow, name=f"log-{stack}-{run}", daemon=True)
@@ -91,8 +93,8 @@ class LogFollower:
 
 
 class Logs:
-    """The followers, one per run asked for; a finished one is kept (its text stays), a failed one tried
-    again when a page asks after RETRY_S."""
+    """The followers, one per run asked for; a finished one is kept (its text stays, up to KEEP_FOLLOWERS),
+    a failed one tried again when a page asks after RETRY_S. A follower ends with its run (or the dashboard)."""
 
     def __init__(self, env: Environment):
         self.env = env
@@ -104,4 +106,8 @@ class Logs:
             f = self.followers.get((stack, run))
             if f is None or (f.error is not None and time.monotonic() - f.failed_at > RETRY_S):
                 f = self.followers[(stack, run)] = LogFollower(self.env, stack, run).start()
+            f.asked_at = time.monotonic()
+            ended = sorted((x.asked_at, key) for key, x in self.followers.items() if x.done)
+            for _, key in ended[: max(0, len(self.followers) - KEEP_FOLLOWERS)]:  # the logs no page asked for longest
+                del self.followers[key]
             return f

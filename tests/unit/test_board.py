@@ -353,3 +353,22 @@ def test_a_clusters_gpus_per_node_and_one_state_per_run() -> None:
     assert [(n["host"], [g["utilization"] for g in n["gpus"]]) for n in stack["nodes"]] == [("10.0.0.2", [91.0]), ("10.0.0.3", [0.0])]
     assert [(r["id"], r["state"]) for r in runs] == [("r_20261128_101010", "failed")]
     assert one_state_each((board.NodeLook(0, "h", error="refused"), nodes[1])) == ()  # node 0 keeps the runs: none without it
+
+
+def test_ended_logs_kept_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past KEEP_FOLLOWERS ended logs, those no page asked for longest go; the one asked for stays."""
+    import time
+
+    from gpu_train.environment import Environment
+    from remote.dashboard import logs
+
+    monkeypatch.setattr(logs, "KEEP_FOLLOWERS", 2)
+    (tmp_path / "stacks").mkdir()
+    kept = logs.Logs(Environment(stacks_dir=tmp_path / "stacks", home=tmp_path / "state", cwd=tmp_path, project=tmp_path))
+    for i in range(4):
+        f = kept.of("nowhere", f"r{i}")
+        deadline = time.monotonic() + 10
+        while not f.done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert f.error and "nowhere" in f.error  # no such stack: said on the page
+    assert sorted(run for _, run in kept.followers) == ["r2", "r3"]

@@ -298,8 +298,8 @@
     const box = $("curves");
     box.replaceChildren();
     const byTag = new Map();
-    for (const [run, series] of Object.entries(answer.runs || {})) {
-      for (const s of series) {
+    for (const run of Object.keys(answer.runs || {}).sort()) {
+      for (const s of answer.runs[run]) {
         const tag = s.tag;
         if (!byTag.has(tag)) byTag.set(tag, []);
         byTag.get(tag).push({ run, s });
@@ -333,7 +333,9 @@
       const holder = h("figure", { class: "chart", "data-tag": tag, "data-points": lines.map((l) => l.s.points.length).join(",") }, h("figcaption", {}, tag));
       box.append(holder);
       if (window.uPlot) {
-        charts.push(new uPlot({ width, height: 220, series, scales: { x: { time: false } }, axes: [{ label: "step" }, {}], legend: { live: false } }, data, holder));
+        const css = getComputedStyle(document.documentElement);
+        const axis = { stroke: css.getPropertyValue("--dim").trim(), grid: { stroke: css.getPropertyValue("--line").trim() }, ticks: { stroke: css.getPropertyValue("--line").trim() } };
+        charts.push(new uPlot({ width, height: 220, series, scales: { x: { time: false } }, axes: [{ ...axis, label: "step" }, axis], legend: { live: false } }, data, holder));
       }
     }
   }
