@@ -91,6 +91,8 @@ class World:
             "GPU_TRAIN_PROJECT": str(self.project),
             "GOOGLE_APPLICATION_CREDENTIALS": str(google.adc_file(tmp / "adc.json")),
             "GPU_TRAIN_COMPUTE_ENDPOINT": google.url,
+            "PATH": f"{ROOT / 'tests' / 'stand_in'}:{lab.env['PATH']}",  # the stand-in `pulumi` for vm-stop
+            "PULUMI_STAND_IN_DIR": str(tmp / "pulumi"),
         }
 
     def fab(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -141,6 +143,7 @@ def world(lab: Lab, tmp_path: Path, public_key: Path):
         rc.write(f'export PATH="{fakebin}:$PATH"\n')
     vm.start()
     google = FakeGoogle(GOOGLE_ADDRESS)
+    (tmp_path / "pulumi").mkdir()
     w = World(lab, vm, google, tmp_path)
     stacks = lab.stacks
     (stacks / "Pulumi.t4.yaml").write_text(
@@ -160,6 +163,10 @@ def world(lab: Lab, tmp_path: Path, public_key: Path):
     ):
         (lab.home / name).mkdir(parents=True, exist_ok=True)
         (lab.home / name / "outputs.json").write_text(json.dumps(doc))
+    pulumi = tmp_path / "pulumi"
+    (pulumi / "outputs.json").write_text((lab.home / "t4" / "outputs.json").read_text())
+    (pulumi / "up-outcomes").write_text("ok")
+    (pulumi / "urns").write_text("urn:pulumi:t4::gpu-train::gpu-train:index:GpuVm$gcp:compute/instance:Instance::gpu\n")
     now = time.time()
     coming_back = {
         "event": "preempted",
@@ -267,6 +274,7 @@ def evil_site(dashboard_url: str, run: str) -> ThreadingHTTPServer:
     return server
 
 
+@pytest.mark.long  # about a minute: started first under xdist
 def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
@@ -370,6 +378,14 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         # a trial's log, from the sweep's table of trials
         page.locator(f'table.trials tr[data-run="{best}"]').click()
         expect(page.locator("#log")).to_contain_text("step 29 loss", timeout=60000)
+        # the page's Stop VM: every run of the stack fetched first (the table says so), then the VM stopped
+        page.locator('article[data-stack="t4"] button', has_text="Stop VM").click()
+        action = page.locator(".action", has_text="vm-stop")
+        expect(action.locator(".pill")).not_to_have_text("running", timeout=180000)
+        assert "done" in action.locator(".pill").inner_text(), action.inner_text()
+        for run in trials:
+            page.wait_for_selector(f'#runs tr[data-run="{run}"] .home.yes', timeout=60000)
+        assert "config set gpu-train:running false --stack t4" in (w.tmp / "pulumi" / "calls").read_text()
         # a run that ends by itself: the table says so with no reload
         assert w.state("lab", longer) == "running"
         (w.tmp / "release-pretrain").write_text("")
