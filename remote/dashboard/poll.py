@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 IDLE_AFTER_S = 120.0  # no page asked for this long: the pollers stop asking the hosts until one does
 ASK_TIMEOUT_S = 20.0  # connecting to a host, per poll
+BACK_OFF_S = 120.0  # a host that does not answer is asked at least this often
+LOCAL_LOOK_S = 30.0  # a run's copy here is walked again this often while the host's summaries stay the same
 
 
 class Google:
@@ -103,6 +105,8 @@ class StackPoller:
         self.session: Session | None = None
         self.sessions: list[Session] = []  # every node's, the session's own first
         self.changed = threading.Event()  # set after each look (tests and the report wait on it)
+        self._homes: dict[str, tuple[tuple, float, bool]] = {}  # run -> (its host summaries, when looked, home)
+        self._failures, self._retry_at = 0, 0.0  # a host that did not answer is asked again later and later
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"poll-{self.name}", daemon=True)
@@ -118,7 +122,9 @@ class StackPoller:
         self._close()
 
     def kick(self) -> None:
-        """Look again now (after an action), not at the next interval."""
+        """Look again now (after an action: its copies here looked at again too), not at the next interval."""
+        self._homes.clear()
+        self._retry_at = 0.0
         self._kick.set()
 
     def _loop(self) -> None:
@@ -147,9 +153,12 @@ class StackPoller:
             facts = listing.StackFacts(
                 name, cfg, outputs=outputs, instances=instances, api_error=api_error, ledger=gather.Ledger(home, name).read()
             )
-            if gather._worth_asking(facts):
+            if gather._worth_asking(facts) and time.monotonic() >= self._retry_at:
                 nodes, fetched = self._ask()
                 runs = one_state_each(nodes)
+                self._back_off(any(n.status is not None for n in nodes))
+            elif gather._worth_asking(facts):  # (backing off: the last answer, or the last failure, stays)
+                nodes, runs, fetched = self.look.nodes, self.look.runs, self.look.home
             if cfg.is_gcp:
                 status = next((n.status for n in nodes if n.status), None)
                 gather.Ledger(home, name).write(listing.observed(listing.StackFacts(**{**facts.__dict__, "status": status}), time.time()))
@@ -157,6 +166,13 @@ class StackPoller:
         self.polls += 1
         self.changed.set()
         return self.look
+
+    def _back_off(self, answered: bool) -> None:
+        """After a look no node answered: the next in 2, 4, ... intervals, at most BACK_OFF_S (a GCP host out
+        of reach has each connect try the Compute API and `pulumi stack output`)."""
+        self._failures = 0 if answered else self._failures + 1
+        wait = 0.0 if answered else min(BACK_OFF_S, self.interval * 2**self._failures)
+        self._retry_at = time.monotonic() + wait
 
     def _ask(self) -> tuple[tuple[board.NodeLook, ...], dict[str, bool]]:
         """Every node's `status --summaries`, at once, over sessions kept from one look to the next."""
@@ -190,12 +206,18 @@ class StackPoller:
         record = FetchRecord(self.session.target.cache)
         home = {}
         for r in runs:
+            seen = (r.get("jobSummary"), r.get("workdirSummary"))
+            kept = self._homes.get(r["id"])
+            if kept is not None and kept[0] == seen and time.monotonic() - kept[1] < LOCAL_LOOK_S:
+                home[r["id"]] = kept[2]
+                continue
             dest = destination(self.env, self.name, r["id"], None, False)
             local = None
             if dest.is_dir():
                 skip = {WORKDIR, RUN_FILES, *(p.name for p in dest.glob("node-*"))}
                 local = (local_summary(dest, skip), local_summary(dest / WORKDIR))
             home[r["id"]] = board.is_home(r, local) or record.up_to_date(r, dest)
+            self._homes[r["id"]] = (seen, time.monotonic(), home[r["id"]])
         return home
 
     def _close(self) -> None:

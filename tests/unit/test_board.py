@@ -372,3 +372,21 @@ def test_ended_logs_kept_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyP
             time.sleep(0.01)
         assert f.error and "nowhere" in f.error  # no such stack: said on the page
     assert sorted(run for _, run in kept.followers) == ["r2", "r3"]
+
+
+def test_a_host_that_does_not_answer_is_asked_later_and_later(tmp_path: Path) -> None:
+    import time
+
+    from gpu_train.environment import Environment
+    from remote.dashboard.poll import BACK_OFF_S, Google, StackPoller
+
+    env = Environment(stacks_dir=tmp_path, home=tmp_path / "state", cwd=tmp_path, project=tmp_path)
+    p = StackPoller(env, tmp_path / "Pulumi.lab.yaml", 5.0, lambda: True, "proj", Google())
+    waits = []
+    for answered in (False, False, False, False, False, True, False):
+        p._back_off(answered)
+        waits.append(round(p._retry_at - time.monotonic()))
+    assert waits == [10, 20, 40, 80, BACK_OFF_S, 0, 10]
+    p._back_off(False)
+    p.kick()  # an action, or the first page after a quiet while: asked at once
+    assert p._retry_at == 0.0
