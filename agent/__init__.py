@@ -3,9 +3,10 @@
 The laptop builds this package into one zipapp (``bundle.payload``), sends it with each task and
 runs one subcommand, which answers with one JSON document on stdout: one SSH round trip per task.
 The shipped bootstrap keeps the zipapp at REMOTE_ROOT/bin/gpu-train-agent, where the job wrapper,
-cron and systemd run it. Start reading at ``protocol`` (the contract with the laptop), then ``cli``.
+cron and systemd run it. Start reading at the contract with the laptop, which the zipapp carries
+(gpu_train/contract.py: run states, job spec, records, settings and defaults; gpu_train/answers.py: every
+answer's document, built through gpu_train/codec.py's ``answer``), then ``cli``.
 
-    protocol   run states, job spec, status and settings documents, defaults (the laptop imports it)
     store      the run store: atomic JSON, the launch lock, runs' folders, settings
     procs      processes, GPUs, uptime, SSH sessions
     status     each run's effective state; `status` and `logs`

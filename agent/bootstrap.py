@@ -1,7 +1,7 @@
 """The bootstrap: what every agent call runs first, before the agent exists on the host.
 
 It runs as ``python3 -I -S -c GUARD+BOOTSTRAP PACKED --root ROOT SUBCOMMAND ...`` (agent/bundle.py builds
-the command: PACKED is the zipapp, deflated and base64; -I: nothing from the login folder or PYTHON*
+the command: PACKED is the zipapp, deflated and base85; -I: nothing from the login folder or PYTHON*
 variables is imported). guard.py's source runs just before this one, so ``secure_root`` is defined:
 ROOT is checked to be the login user's alone before anything is written. Then the zipapp is kept at
 ROOT/bin/gpu-train-agent (written atomically, only when it changed) and run in this process, imported
@@ -78,7 +78,7 @@ def main() -> None:
     except (UnsafeRoot, OSError) as e:
         print(json.dumps({"error": str(e)}), file=sys.stderr if sys.argv[4:5] == ["logs"] else sys.stdout)
         sys.exit(2)
-    zipapp = zlib.decompress(base64.b64decode(sys.argv.pop(1)))
+    zipapp = zlib.decompress(base64.b85decode(sys.argv.pop(1)))
     path = install(zipapp, root)
     sys.argv[0] = path
     try:

@@ -15,7 +15,8 @@ import socket
 import subprocess
 import sys
 
-from gpu_train.contract import BucketProbe
+from gpu_train.answers import BucketProbe
+from gpu_train.codec import answer, check
 
 from .procs import detect_python
 from .store import agent_path
@@ -31,22 +32,19 @@ def cmd_bucket_check(root: str, bucket: str, prefix: str, python: str | None) ->
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return {"python": job_python, "ok": False, "step": "client", "detail": f"the probe did not finish: {e}"}
+        return answer(BucketProbe, python=job_python, ok=False, step="client", detail=f"the probe did not finish: {e}")
     lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
-    try:
-        answer = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict) or "ok" not in answer:
+    try:  # the probe's answer, with the Python it ran under
+        return check(BucketProbe, {**json.loads(lines[-1]), "python": job_python}, "the probe's answer")
+    except (ValueError, TypeError, IndexError):  # (no line; not JSON; not an object; not a probe's answer)
         said = (done.stderr or done.stdout).decode("utf-8", "replace").strip().splitlines()[-3:]
-        return {
-            "python": job_python,
-            "ok": False,
-            "step": "client",
-            "detail": f"{job_python} could not run the probe (exit {done.returncode}): {' '.join(said)[:600]}",
-        }
-    answer["python"] = job_python
-    return answer  # type: ignore[return-value]
+        return answer(
+            BucketProbe,
+            python=job_python,
+            ok=False,
+            step="client",
+            detail=f"{job_python} could not run the probe (exit {done.returncode}): {' '.join(said)[:600]}",
+        )
 
 
 def step_of(error: BaseException) -> str:

@@ -7,11 +7,17 @@ import base64
 import json
 import os
 import sys
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
+from gpu_train.answers import Booted, SweepAdvanced, Ticked
+from gpu_train.codec import answer
 from gpu_train.contract import SCALAR_POINTS, UNPACKED
 
 from .guard import UnsafeRoot, check_own_file, secure_root
 from .store import AgentError, root_from_settings, use_settings_file
+
+T = TypeVar("T")
 
 # Each subcommand imports its own module when it runs: the agent starts on every call, from a
 # zipapp (compiled anew each time: no .pyc is kept for a zip), and most calls need one module of ten.
@@ -138,7 +144,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def run(root: str, args: argparse.Namespace) -> dict | int:
+def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
     """The subcommand: its JSON answer, or the exit status of one that writes its own output."""
     if args.cmd == "wrap":
         from .wrap import cmd_wrap
@@ -190,7 +196,7 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
             return sweep.cmd_sweep_status(root, args.sweep, args.metric, args.mode)
         if args.cmd == "sweep-stop":
             return sweep.cmd_sweep_stop(root, args.sweep, args.grace)
-        return {"started": [s["runId"] for s in sweep.advance(root)]}
+        return answer(SweepAdvanced, started=[s["runId"] for s in sweep.advance(root)])
     if args.cmd == "launch":
         from .launch import cmd_launch
 
@@ -205,13 +211,13 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
     if args.cmd == "stop":
         return lifecycle.cmd_stop(root, args.run, args.grace)
     if args.cmd == "boot":  # interrupted trials resumed in their slots, then the queues go on
-        return with_queue(root, lifecycle.cmd_boot(root, args.once_per_boot))
+        return with_queue(root, Booted, lifecycle.cmd_boot(root, args.once_per_boot))
     if args.cmd == "resume":
         return lifecycle.cmd_resume(root, args.run, args.grace)
     if args.cmd == "shutdown":
         return lifecycle.cmd_shutdown(root, args.grace)
     if args.cmd == "tick":
-        return with_queue(root, lifecycle.cmd_tick(root))
+        return with_queue(root, Ticked, lifecycle.cmd_tick(root))
     if args.cmd == "uncron":
         return lifecycle.cmd_uncron(root)
     if args.cmd == "prune":
@@ -221,14 +227,14 @@ def run(root: str, args: argparse.Namespace) -> dict | int:
     return lifecycle.cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)
 
 
-def with_queue(root: str, result: dict) -> dict:
+def with_queue(root: str, kind: Callable[..., T], result: Mapping[str, Any]) -> T:
     """``result`` and the sweeps' queues advanced (a slot that freed while no trial's end could say so);
     not by the VM's root timer: trials run as the login user, whose boot unit and trials' ends advance them."""
     from .store import machine_mode
     from .sweep import advance
 
     if machine_mode() and os.geteuid() == 0:
-        return result
+        return answer(kind, **result)
 
     started = [s["runId"] for s in advance(root)]
-    return {**result, "sweepStarted": started} if started else result
+    return answer(kind, **result, **({"sweepStarted": started} if started else {}))

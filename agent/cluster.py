@@ -32,7 +32,9 @@ import tempfile
 import threading
 import time
 
+from gpu_train.answers import Authorized, Hopped, Unauthorized
 from gpu_train.atomic import atomic_write
+from gpu_train.codec import answer
 from gpu_train.contract import ARRIVED, AUTHORIZED_KEYS_ENV, RELAYED, STACK_NAME_PATTERN, go_marker, is_run_id
 
 from .store import AgentError
@@ -114,7 +116,7 @@ def _stale(line: str) -> bool:
     return _ours(line) and "command=" not in line.split(" ssh-")[0]
 
 
-def cmd_authorize(key: str, name: str, source: str | None, root: str = "", run: str | None = None, base: str | None = None) -> dict:
+def cmd_authorize(key: str, name: str, source: str | None, root: str = "", run: str | None = None, base: str | None = None) -> Authorized:
     """Add a train's cluster key to authorized_keys, bound to receiving ``run``'s code (``receive-code``)
     and expiring; earlier versions' permanent cluster lines are taken out on the way."""
     if run is None or base is None:  # never a key that logs in for anything else
@@ -134,10 +136,10 @@ def cmd_authorize(key: str, name: str, source: str | None, root: str = "", run: 
         old, new = _rewrite_keys(path, add)
     except OSError as e:
         raise AgentError(f"cannot add the cluster key to {path}: {e.strerror}") from None
-    return {"authorized": path, "added": line in new.splitlines() and line not in old.splitlines()}
+    return answer(Authorized, authorized=path, added=line in new.splitlines() and line not in old.splitlines())
 
 
-def cmd_unauthorize(key: str) -> dict:
+def cmd_unauthorize(key: str) -> Unauthorized:
     """Take a train's cluster key out of authorized_keys (the code arrived, or will not)."""
     parts = key.split()
     if len(parts) != 2 or not re.fullmatch(r"[A-Za-z0-9+/]+={0,2}", parts[1]):
@@ -153,7 +155,7 @@ def cmd_unauthorize(key: str) -> dict:
         old, new = _rewrite_keys(path, drop)
     except OSError as e:
         raise AgentError(f"cannot remove the cluster key from {path}: {e.strerror}") from None
-    return {"authorized": path, "removed": old != new}
+    return answer(Unauthorized, authorized=path, removed=old != new)
 
 
 def server_argv(original: str, root: str, run: str, base: str) -> list[str]:
@@ -254,7 +256,7 @@ def cmd_relay_code(root: str, doc: dict) -> int:
     ``doc["run"]`` to them all at once, printing one JSON line per node as it finishes ({"node": i}
     or {"node": i, "error": why}), so each node goes on as soon as it has the code. Each node's rsync
     leaves RUN.arrived there, and node 0 gets RUN.relayed once every hop ended: the launches waiting
-    on those nodes go on at once, not a long-link trip later (protocol.GO_WHEN)."""
+    on those nodes go on at once, not a long-link trip later (contract.GO_WHEN)."""
     run = doc.get("run")
     if not is_run_id(run):
         raise AgentError("relay-code: not a run id")
@@ -302,7 +304,7 @@ def _hop_all(root: str, folder: str, run: str, nodes: list[dict]) -> None:
     lock = threading.Lock()
 
     def hop(i: int, node: dict) -> None:
-        answer: dict = {"node": node.get("node")}
+        error = None
         try:
             done = subprocess.run(
                 hop_command(root, folder, run, node, os.path.join(folder, str(i))),
@@ -316,11 +318,12 @@ def _hop_all(root: str, folder: str, run: str, nodes: list[dict]) -> None:
                 # than rsync's "connection unexpectedly closed" after them.
                 lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
                 said = [ln for ln in lines if not ln.startswith("rsync")] or lines[-1:]
-                answer["error"] = f"{' '.join(said[-2:])[-400:] or 'no message'} (rsync exit {done.returncode})"
+                error = f"{' '.join(said[-2:])[-400:] or 'no message'} (rsync exit {done.returncode})"
         except (OSError, subprocess.SubprocessError, AgentError, KeyError, ValueError) as e:
-            answer["error"] = str(e) or type(e).__name__
+            error = str(e) or type(e).__name__
+        hopped = answer(Hopped, node=node.get("node"), **({"error": error} if error is not None else {}))
         with lock:
-            print(json.dumps(answer), flush=True)
+            print(json.dumps(hopped), flush=True)
 
     threads = [threading.Thread(target=hop, args=(i, n)) for i, n in enumerate(nodes)]
     for t in threads:

@@ -19,7 +19,7 @@ import stat
 
 
 def _cli() -> str:
-    """protocol.cli_name, repeated here: this file runs inline before the package exists on the host."""
+    """contract.cli_name, repeated here: this file runs inline before the package exists on the host."""
     name = os.environ.get("GPU_TRAIN_CLI", "")
     return name if name in ("gpu-train", "fab") else "gpu-train"
 

@@ -11,7 +11,10 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from typing import Any
 
+from gpu_train.answers import Launched, Ready, Waiting
+from gpu_train.codec import answer
 from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker, project_dirs
 
 from . import container, hostcheck, notify, outputs, units
@@ -99,7 +102,7 @@ def refuse_if_busy(root: str, base: str) -> None:
         )
 
 
-def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
+def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
     """Move the synced code into place and start the job under screen.
 
     With ``await_go`` the checks run while the laptop is still syncing: the agent prints
@@ -120,7 +123,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
     if want:
         have = gpu_count()
         if have < want:
-            return {"waiting": f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi"}
+            return answer(Waiting, waiting=f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi")
     python = detect_python(spec.python)
     engine = None
     if spec.container:  # the job's Python is the image's; the engine and the GPUs' way in are checked now
@@ -135,7 +138,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
     if await_go:
         refuse_if_busy(root, base)
         reused = spec.reuse_code and reuse_code(root, base, spec.code_manifest, staging)
-        print(json.dumps({"ready": True, "reused": reused}), flush=True)
+        print(json.dumps(answer(Ready, ready=True, reused=reused)), flush=True)
         when = spec.go_when if spec.go_when in GO_WHEN else None
         word = await_word(go_marker(root, run_id, when) if when else None)
         if word == "marker":
@@ -181,23 +184,24 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> dict:
     except AgentError as e:
         update_state(run_dir, state=FAILED, ended=now(), reason=str(e))
         raise
-    return {
-        "runId": run_id,
-        "runDir": run_dir,
-        "jobDir": os.path.join(run_dir, "job"),
-        "log": os.path.join(run_dir, "log"),
-        "screen": screen,
-        "python": f"image {spec.container.image}" if spec.container else job_python(root, spec, python, managed),
-        "dataDir": project_dirs(root, spec.project)[1],
+    return answer(
+        Launched,
+        runId=run_id,
+        runDir=run_dir,
+        jobDir=os.path.join(run_dir, "job"),
+        log=os.path.join(run_dir, "log"),
+        screen=screen,
+        python=f"image {spec.container.image}" if spec.container else job_python(root, spec, python, managed),
+        dataDir=project_dirs(root, spec.project)[1],
         **notes,
-    }
+    )
 
 
-def host_notes(root: str) -> dict:
+def host_notes(root: str) -> dict[str, Any]:
     """What the laptop says after "started": who else uses the GPUs, other runs of ours still going,
     and on an SSH host whether a reboot would resume the run (a VM's units always do)."""
     active = [r["id"] for r in map(describe, run_dirs(root)) if r["state"] in ACTIVE]
-    notes: dict = {"warnings": hostcheck.busy_warnings(gpu_apps(), gpus(), active)}
+    notes: dict[str, Any] = {"warnings": hostcheck.busy_warnings(gpu_apps(), gpus(), active)}
     if not settings(root).gcp:
         notes["bootResume"] = hostcheck.boot_resume(root)
     return notes

@@ -10,6 +10,8 @@ import subprocess
 import time
 
 from gpu_train import recovery
+from gpu_train.answers import BootAction, Booted, Configured, Resumed, RunInterrupted, ShutDown, Stopped, Ticked, Uncronned
+from gpu_train.codec import answer
 from gpu_train.contract import (
     ACTIVE,
     FAILED,
@@ -52,7 +54,7 @@ from .store import (
 from .watch import metadata_value, own_instance, told_preempted
 
 
-def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
+def cmd_stop(root: str, run_id: str | None, grace: float) -> Stopped:
     """SIGINT, a grace period, SIGTERM, another, then SIGKILL, to the step at work (the job, or pip
     while requirements install); the wrapper then starts nothing more. Nothing of the run is left."""
     run_dir = find_run(root, run_id)
@@ -60,7 +62,7 @@ def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
     if info["state"] not in ACTIVE:
         if info.get("image"):  # a container its run's end left behind (its client and wrapper killed)
             containerrun.stop(root, info["id"], grace)
-        return {"runId": info["id"], "state": info["state"], "signals": []}
+        return answer(Stopped, runId=info["id"], state=info["state"], signals=[])
     with run_locked(run_dir):  # the wrapper starts no step while we hold it: we see the step it started
         open(os.path.join(run_dir, STOP_REQUESTED), "w").close()
         state = read_state(run_dir)
@@ -89,24 +91,24 @@ def cmd_stop(root: str, run_id: str | None, grace: float) -> dict:
         units.stop_unit(state.unit)  # whatever of the run is left (a daemon the job spawned)
     if effective_state(read_state(run_dir)) not in TERMINAL:
         update_state(run_dir, state=STOPPED, ended=now())  # the wrapper was gone: record it ourselves
-    return {"runId": info["id"], "state": describe(run_dir)["state"], "signals": sent}
+    return answer(Stopped, runId=info["id"], state=describe(run_dir)["state"], signals=sent)
 
 
-def cmd_boot(root: str, once_per_boot: bool = False) -> dict:
+def cmd_boot(root: str, once_per_boot: bool = False) -> Booted:
     """After a reboot, preemption or maintenance: relaunch every run that was running, same RUN_ID
     and JOB_DIR, so a job that resumes from its newest checkpoint carries on. maxResumes stops a
     crash loop. Each run on its own: one that cannot be relaunched is failed with the reason, the
     others carry on. ``once_per_boot`` (the boot unit): a second call in the same boot does nothing,
     so a resume is counted once per boot."""
     limit = settings(root).max_resumes
-    actions: list[dict] = []
+    actions: list[BootAction] = []
     if not os.path.isdir(os.path.join(root, "runs")):
-        return {"actions": []}  # no run yet (a VM's first boot)
+        return answer(Booted, actions=[])  # no run yet (a VM's first boot)
     with locked(root):
         if once_per_boot:
             key, record = units.boot_key(), os.path.join(root, "boot.json")
             if (read_json(record) or {}).get("bootKey") == key:
-                return {"actions": [], "skipped": "boot ran already in this boot"}
+                return answer(Booted, actions=[], skipped="boot ran already in this boot")
             write_json(record, {"bootKey": key, "at": now()})
         for run_dir in run_dirs(root):
             run_id = os.path.basename(run_dir)
@@ -117,13 +119,13 @@ def cmd_boot(root: str, once_per_boot: bool = False) -> dict:
                 with contextlib.suppress(Exception):
                     update_state(run_dir, state=FAILED, ended=now(), reason=reason)
                     agent_log(root, f"{run_id}: {reason}")
-                action = {"runId": run_id, "action": "failed", "reason": reason}
+                action = answer(BootAction, runId=run_id, action="failed", reason=reason)
             if action:
                 actions.append(action)
-    return {"actions": actions}
+    return answer(Booted, actions=actions)
 
 
-def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
+def boot_one(root: str, run_dir: str, limit: int) -> BootAction | None:
     state = read_state(run_dir)
     run_id = os.path.basename(run_dir)
     conf = settings(root)
@@ -143,10 +145,10 @@ def boot_one(root: str, run_dir: str, limit: int) -> dict | None:
         reason = f"interrupted {resumes + 1} times; not resumed again (maxResumes = {limit})"
         update_state(run_dir, state=FAILED, ended=now(), reason=reason)
         agent_log(root, f"{run_id}: {reason}")
-        return {"runId": run_id, "action": "failed", "reason": reason}
+        return answer(BootAction, runId=run_id, action="failed", reason=reason)
     read_spec(run_dir)  # an AgentError saying what is wrong with it: the run cannot be relaunched
     relaunch(root, run_dir, state, back)
-    return {"runId": run_id, "action": "resumed", "resumes": resumes + 1}
+    return answer(BootAction, runId=run_id, action="resumed", resumes=resumes + 1)
 
 
 def recovery_record(conf: AgentSettings) -> dict:
@@ -205,7 +207,7 @@ def relaunch(root: str, run_dir: str, state: RunRecord, back: dict | None = None
     agent_log(root, f"{os.path.basename(run_dir)}: resumed ({resumes})")
 
 
-def cmd_resume(root: str, run_id: str | None, grace: float) -> dict:
+def cmd_resume(root: str, run_id: str | None, grace: float) -> Resumed:
     """Restart one run's part on this host (the laptop does it on every node: the whole group)."""
     run_dir = find_run(root, run_id)
     refuse_pruned(run_dir)
@@ -214,7 +216,7 @@ def cmd_resume(root: str, run_id: str | None, grace: float) -> dict:
     state = read_state(run_dir)
     with locked(root):
         relaunch(root, run_dir, state)
-    return {"runId": os.path.basename(run_dir), "resumes": state.resumes + 1}
+    return answer(Resumed, runId=os.path.basename(run_dir), resumes=state.resumes + 1)
 
 
 def preempted(conf: AgentSettings) -> bool:
@@ -224,7 +226,7 @@ def preempted(conf: AgentSettings) -> bool:
     return metadata_value(conf, "instance/preempted", timeout=2).upper() == "TRUE"
 
 
-def cmd_shutdown(root: str, grace: float | None = None) -> dict:
+def cmd_shutdown(root: str, grace: float | None = None) -> ShutDown:
     """The machine is going down: record each running run as interrupted (preempted when Compute
     Engine says so now, or said so to a running run through gpu-train-watch). A run in a unit of its
     own is ordered to stop after this, and its unit gives it SIGTERM and the grace; a run under screen
@@ -236,13 +238,13 @@ def cmd_shutdown(root: str, grace: float | None = None) -> dict:
     # gpu-train-watch may have told a running run already: the machine's preemption, even when the
     # query above got no answer in time (a busy metadata server).
     was_preempted = said or (conf.gcp and any(told_preempted(d) for d, _ in active))
-    running, result = [], []
+    running, result = [], []  # (result: answers.RunInterrupted)
     for run_dir, state in active:
         open(os.path.join(run_dir, SHUTDOWN_REQUESTED), "w").close()
         update_state(run_dir, preempted=was_preempted)
         agent_log(root, f"{os.path.basename(run_dir)}: interrupted by shutdown (preempted: {was_preempted})")
         if state.unit:
-            result.append({"runId": os.path.basename(run_dir), "state": INTERRUPTED})
+            result.append(answer(RunInterrupted, runId=os.path.basename(run_dir), state=INTERRUPTED))
             continue
         if state.pid and alive(state.pid, state.pid_start):
             signal_group(state.pid, signal.SIGTERM)
@@ -261,8 +263,8 @@ def cmd_shutdown(root: str, grace: float | None = None) -> dict:
         current = read_state(run_dir)
         if current.state not in TERMINAL:
             update_state(run_dir, state=INTERRUPTED, interrupted_at=current.interrupted_at or now())
-        result.append({"runId": os.path.basename(run_dir), "state": describe(run_dir)["state"]})
-    return {"runs": result, "preempted": was_preempted}
+        result.append(answer(RunInterrupted, runId=os.path.basename(run_dir), state=describe(run_dir)["state"]))
+    return answer(ShutDown, runs=result, preempted=was_preempted)
 
 
 def idle_decision(
@@ -287,7 +289,7 @@ def idle_decision(
     return since, False, f"idle {idle_min:.0f} min, stops at {minutes:g}"
 
 
-def cmd_tick(root: str) -> dict:
+def cmd_tick(root: str) -> Ticked:
     """Every minute or so: power the machine off when it has been idle for idleStopMinutes.
 
     On a VM (the root timer, `--settings`) it reads the runs, writes only its own idle clock, counts
@@ -308,23 +310,23 @@ def cmd_tick(root: str) -> dict:
         if not machine:
             agent_log(root, why)
         subprocess.run(["systemctl", "poweroff"] if machine else list(conf.poweroff_command), check=False)
-    return {"idleSince": since, "poweroff": stop, "why": why}
+    return answer(Ticked, idleSince=since, poweroff=stop, why=why)
 
 
-def cmd_configure(root: str, new: dict, cron: bool) -> dict:
+def cmd_configure(root: str, new: dict, cron: bool) -> Configured:
     """Write agent.json; with ``cron``, run `boot` at reboot (and `tick` every minute when idle stop is on)."""
     conf = write_settings(root, new)
     if not cron:
-        return {"settings": conf.to_json()}
+        return answer(Configured, settings=conf.to_json())
     if not shutil.which("crontab"):
         raise AgentError(
             "crontab is not installed on this host (sudo apt-get install cron); or run `gpu-train-agent boot` from your own boot hook"
         )
     lines = hostcheck.cron_lines(root, agent_path(root), conf.idle_stop_minutes > 0)
     hostcheck.set_cron(root, lines)
-    return {"settings": conf.to_json(), "crontab": lines, "bootResume": hostcheck.boot_resume(root)}
+    return answer(Configured, settings=conf.to_json(), crontab=lines, bootResume=hostcheck.boot_resume(root))
 
 
-def cmd_uncron(root: str) -> dict:
+def cmd_uncron(root: str) -> Uncronned:
     """Take this root's crontab lines away (`down` on an SSH stack): nothing of ours is left to run."""
-    return {"removed": hostcheck.set_cron(root, []) if hostcheck.crontab() is not None else []}
+    return answer(Uncronned, removed=hostcheck.set_cron(root, []) if hostcheck.crontab() is not None else [])

@@ -18,6 +18,8 @@ import os
 import shutil
 import stat
 
+from gpu_train.answers import TreeSummary
+from gpu_train.codec import answer
 from gpu_train.contract import UNREADABLE
 
 from .store import read_json, read_state, write_json
@@ -244,7 +246,7 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict) -> list
     return rows
 
 
-def summary(root: str, run_dir: str) -> dict:
-    """protocol.TreeSummary of the outputs (files, bytes, newest change)."""
+def summary(root: str, run_dir: str) -> TreeSummary:
+    """answers.TreeSummary of the outputs (files, bytes, newest change)."""
     files = [r for r in listing(root, run_dir) if r[1] == "f"]
-    return {"files": len(files), "bytes": sum(r[2] for r in files), "newestNs": max((r[3] for r in files), default=0)}
+    return answer(TreeSummary, files=len(files), bytes=sum(r[2] for r in files), newestNs=max((r[3] for r in files), default=0))

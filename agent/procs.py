@@ -8,6 +8,9 @@ import shutil
 import subprocess
 import sys
 
+from gpu_train.answers import GpuRow
+from gpu_train.codec import answer
+
 
 def proc_start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot, to tell it from a reused pid."""
@@ -37,7 +40,7 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def gpus() -> list[dict]:
+def gpus() -> list[GpuRow]:
     """Per-GPU utilisation and memory from nvidia-smi, or [] where there is none."""
     if not shutil.which("nvidia-smi"):
         return []
@@ -53,13 +56,14 @@ def gpus() -> list[dict]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 5:
             rows.append(
-                {
-                    "index": int(parts[0]),
-                    "name": parts[1],
-                    "utilization": float(parts[2]),
-                    "memoryUsedMiB": float(parts[3]),
-                    "memoryTotalMiB": float(parts[4]),
-                }
+                answer(
+                    GpuRow,
+                    index=int(parts[0]),
+                    name=parts[1],
+                    utilization=float(parts[2]),
+                    memoryUsedMiB=float(parts[3]),
+                    memoryTotalMiB=float(parts[4]),
+                )
             )
     return rows
 

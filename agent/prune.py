@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import stat
 
-from gpu_train.contract import PRUNE_FREED, TERMINAL
+from gpu_train.answers import KeptRun, Pruned, PrunedRun, RunStatus
+from gpu_train.codec import answer
+from gpu_train.contract import TERMINAL
 
 from .outputs import SENT, identity
 from .status import describe
@@ -34,7 +36,7 @@ def newest_code(root: str) -> set[str]:
     return keep
 
 
-def why_kept(run: dict, has_record: bool, newest: set[str]) -> str | None:
+def why_kept(run: RunStatus, has_record: bool, newest: set[str]) -> str | None:
     """Why a run's code must stay (None: it may go)."""
     if run["state"] not in TERMINAL:
         return f"{run['state']}: " + (
@@ -47,8 +49,8 @@ def why_kept(run: dict, has_record: bool, newest: set[str]) -> str | None:
     return None
 
 
-def prune_run(run_dir: str) -> dict:
-    """Remove the files of ``run_dir``'s code still as sent, and folders left empty; what it freed."""
+def prune_run(run_dir: str) -> tuple[int, int]:
+    """Remove the files of ``run_dir``'s code still as sent, and folders left empty: (files, bytes freed)."""
     code = os.path.join(run_dir, "code")
     sent = (read_json(os.path.join(run_dir, SENT)) or {}).get("files") or {}
     removed = freed = 0
@@ -66,30 +68,27 @@ def prune_run(run_dir: str) -> dict:
     for folder, _dirs, _names in sorted(os.walk(code), key=lambda t: -len(t[0])):
         if folder != code and not os.listdir(folder):
             os.rmdir(folder)
-    return {"files": removed, PRUNE_FREED: freed}
+    return removed, freed
 
 
-def cmd_prune(root: str, run_id: str | None, dry_run: bool) -> dict:
+def cmd_prune(root: str, run_id: str | None, dry_run: bool) -> Pruned:
     """Prune every finished run's code (or one run's), reporting what went and what stayed, and why."""
     newest = newest_code(root)
-    pruned, kept = [], []
+    pruned: list[PrunedRun] = []
+    kept: list[KeptRun] = []
     for run_dir in [find_run(root, run_id)] if run_id is not None else run_dirs(root):
         run = describe(run_dir)
         if os.path.exists(os.path.join(run_dir, PRUNED)):
             continue
         why = why_kept(run, os.path.isfile(os.path.join(run_dir, SENT)), newest)
         if why:
-            kept.append({"id": run["id"], "why": why})
+            kept.append(answer(KeptRun, id=run["id"], why=why))
             continue
-        done = (
-            {"files": len((read_json(os.path.join(run_dir, SENT)) or {}).get("files") or {}), PRUNE_FREED: None}
-            if dry_run
-            else prune_run(run_dir)
-        )
+        files, freed = (len((read_json(os.path.join(run_dir, SENT)) or {}).get("files") or {}), None) if dry_run else prune_run(run_dir)
         if not dry_run:
-            write_json(os.path.join(run_dir, PRUNED), {**done, "at": now()})
-        pruned.append({"id": run["id"], **done})
-    return {"pruned": pruned, "kept": kept, "dryRun": dry_run}
+            write_json(os.path.join(run_dir, PRUNED), {"files": files, "freedBytes": freed, "at": now()})
+        pruned.append(answer(PrunedRun, id=run["id"], files=files, freedBytes=freed))
+    return answer(Pruned, pruned=pruned, kept=kept, dryRun=dry_run)
 
 
 def refuse_pruned(run_dir: str) -> None:

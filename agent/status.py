@@ -6,7 +6,10 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
+from gpu_train.answers import AgentView, LogEnd, LogStart, RunStatus, StatusDoc, TreeSummary
+from gpu_train.codec import answer
 from gpu_train.contract import (
     ACTIVE,
     FAILED,
@@ -81,33 +84,34 @@ def log_mtime(run_dir: str) -> float | None:
         return None
 
 
-def describe(run_dir: str) -> dict:
-    """One run as `status` reports it (protocol.RunStatus)."""
+def describe(run_dir: str) -> RunStatus:
+    """One run as `status` reports it (answers.RunStatus)."""
     state = read_state(run_dir)
     st = effective_state(state)
-    return {
-        "id": os.path.basename(run_dir),
-        "base": state.base,
-        "state": st,
-        "exitCode": state.exit_code,
-        "created": state.created,
-        "started": state.started,
-        "ended": state.ended,
-        "durationS": run_seconds(state, st, log_mtime(run_dir) if st == INTERRUPTED else None, time.time()),
-        "jobDir": os.path.join(run_dir, "job"),
-        "log": os.path.join(run_dir, "log"),
-        "lastLine": last_line(os.path.join(run_dir, "log"), st == FAILED),
-        "resumes": state.resumes,
-        "preemptions": state.preemptions + int(state.preempted),
-        "returns": list(state.returns),
-        "reason": state.reason,
-        "pid": state.pid,
+    return answer(
+        RunStatus,
+        id=os.path.basename(run_dir),
+        base=state.base,
+        state=st,
+        exitCode=state.exit_code,
+        created=state.created,
+        started=state.started,
+        ended=state.ended,
+        durationS=run_seconds(state, st, log_mtime(run_dir) if st == INTERRUPTED else None, time.time()),
+        jobDir=os.path.join(run_dir, "job"),
+        log=os.path.join(run_dir, "log"),
+        lastLine=last_line(os.path.join(run_dir, "log"), st == FAILED),
+        resumes=state.resumes,
+        preemptions=state.preemptions + int(state.preempted),
+        returns=list(state.returns),
+        reason=state.reason,
+        pid=state.pid,
         **spec_view(run_dir, state),
         **({"bucket": bucket} if (bucket := upload.view(run_dir)) is not None else {}),
-    }
+    )
 
 
-def spec_view(run_dir: str, state: RunRecord) -> dict:
+def spec_view(run_dir: str, state: RunRecord) -> dict[str, Any]:
     """What `status` says from the run's spec: a container run's image as named and the ID it runs
     (RunStatus.image, imageId), a sweep trial's sweep (RunStatus.sweep); {} for a plain run."""
     doc = read_json(os.path.join(run_dir, "spec.json")) or {}
@@ -139,54 +143,55 @@ def machine_settings(root: str) -> AgentSettings | None:
         return None
 
 
-def agent_view(root: str) -> dict:
-    """What `fab status` shows of the agent: its settings and the idle clock (protocol.AgentView);
+def agent_view(root: str) -> AgentView:
+    """What `fab status` shows of the agent: its settings and the idle clock (answers.AgentView);
     on a VM, those of its units."""
     machine = machine_settings(root)
     conf = machine or settings(root)
     idle = read_json(MACHINE_IDLE if machine else os.path.join(root, "idle.json")) or {}
-    return {
-        "idleStopMinutes": conf.idle_stop_minutes,
-        "maxResumes": conf.max_resumes,
-        "maxRunHours": conf.max_run_hours,
-        "idleSince": idle.get("idleSince"),
-        "idleWhy": idle.get("why"),
-        "installed": bool(machine) or os.path.exists(os.path.join(root, "agent.json")),
-    }
+    return answer(
+        AgentView,
+        idleStopMinutes=conf.idle_stop_minutes,
+        maxResumes=conf.max_resumes,
+        maxRunHours=conf.max_run_hours,
+        idleSince=idle.get("idleSince"),
+        idleWhy=idle.get("why"),
+        installed=bool(machine) or os.path.exists(os.path.join(root, "agent.json")),
+    )
 
 
-def cmd_status(root: str, run_id: str | None, summaries: bool = False, bucket_record: bool = False) -> dict:
-    """protocol.StatusDoc: the runs (oldest first), GPUs, uptime and the agent's view; ``bucket_record``: each
+def cmd_status(root: str, run_id: str | None, summaries: bool = False, bucket_record: bool = False) -> StatusDoc:
+    """answers.StatusDoc: the runs (oldest first), GPUs, uptime and the agent's view; ``bucket_record``: each
     bucket run's record of what is verified there (`down --no-fetch` only: one entry per file)."""
     dirs = [find_run(root, run_id)] if run_id else run_dirs(root)
-    runs = sorted((describe(d) for d in dirs), key=lambda r: r.get("created") or 0)
+    runs = sorted((describe(d) for d in dirs), key=lambda r: r["created"] or 0)
     if summaries:
-        for r in runs:
-            r["jobSummary"] = tree_summary(r["jobDir"])
-            r["workdirSummary"] = outputs.summary(root, os.path.dirname(r["jobDir"]))
-            r["logSummary"] = log_summary(r["log"])
+        runs = [
+            answer(
+                RunStatus,
+                **r,
+                jobSummary=tree_summary(r["jobDir"]),
+                workdirSummary=outputs.summary(root, os.path.dirname(r["jobDir"])),
+                logSummary=log_summary(r["log"]),
+            )
+            for r in runs
+        ]
     if bucket_record:
-        for r in runs:
-            if "bucket" in r:
-                r["bucketRecord"] = upload.record_files(os.path.dirname(r["jobDir"]))
-    return {
-        "root": root,
-        "runs": runs,
-        "gpus": gpus(),
-        "uptimeS": uptime_s(),
-        "host": os.uname().nodename,
-        "agent": agent_view(root),
-        "now": now(),
-    }
+        runs = [
+            answer(RunStatus, **r, bucketRecord=upload.record_files(os.path.dirname(r["jobDir"]))) if "bucket" in r else r for r in runs
+        ]
+    return answer(
+        StatusDoc, root=root, runs=runs, gpus=gpus(), uptimeS=uptime_s(), host=os.uname().nodename, agent=agent_view(root), now=now()
+    )
 
 
-def log_summary(path: str) -> dict:
-    """protocol.TreeSummary of the run's log (the fetch brings it home too: a log that grew is something to fetch)."""
+def log_summary(path: str) -> TreeSummary:
+    """answers.TreeSummary of the run's log (the fetch brings it home too: a log that grew is something to fetch)."""
     try:
         st = os.lstat(path)
     except OSError:
-        return {"files": 0, "bytes": 0, "newestNs": 0}
-    return {"files": 1, "bytes": st.st_size, "newestNs": st.st_mtime_ns}
+        return answer(TreeSummary, files=0, bytes=0, newestNs=0)
+    return answer(TreeSummary, files=1, bytes=st.st_size, newestNs=st.st_mtime_ns)
 
 
 def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool) -> int:
@@ -200,7 +205,7 @@ def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, foll
     pos = offset
     if lines is not None and offset == 0:
         pos = tail_offset(path, lines)
-    sys.stderr.write(LOG_START + json.dumps({"offset": pos}) + "\n")
+    sys.stderr.write(LOG_START + json.dumps(answer(LogStart, offset=pos)) + "\n")
     sys.stderr.flush()
     while True:
         try:
@@ -218,7 +223,7 @@ def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, foll
             break
         time.sleep(0.3)
     sys.stderr.write(
-        "\n" + LOG_END + json.dumps({"runId": info["id"], "state": info["state"], "exitCode": info["exitCode"], "offset": pos}) + "\n"
+        "\n" + LOG_END + json.dumps(answer(LogEnd, runId=info["id"], state=info["state"], exitCode=info["exitCode"], offset=pos)) + "\n"
     )
     return 0
 

@@ -25,7 +25,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from gpu_train.answers import TreeSummary
 from gpu_train.atomic import atomic_write
+from gpu_train.codec import answer
 from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, AgentSettings, JobSpec, RunRecord, cli_name
 
 
@@ -257,7 +259,7 @@ def last_line(path: str, failed: bool = False, limit: int = 16384) -> str:
         return ""
 
 
-def tree_summary(path: str) -> dict:
+def tree_summary(path: str) -> TreeSummary:
     """Files, bytes and newest change under ``path``: equal summaries mean nothing to fetch."""
     files = size = newest = 0
     for folder, _, names in os.walk(path):
@@ -265,4 +267,4 @@ def tree_summary(path: str) -> dict:
             with contextlib.suppress(OSError):
                 st = os.lstat(os.path.join(folder, name))
                 files, size, newest = files + 1, size + st.st_size, max(newest, st.st_mtime_ns)
-    return {"files": files, "bytes": size, "newestNs": newest}
+    return answer(TreeSummary, files=files, bytes=size, newestNs=newest)

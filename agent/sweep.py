@@ -17,7 +17,10 @@ import fcntl
 import os
 import shutil
 from dataclasses import replace
+from typing import cast
 
+from gpu_train.answers import Launched, SweepStarted, SweepStatus, SweepStopped, SweepTrial
+from gpu_train.codec import answer
 from gpu_train.contract import ACTIVE, SLOT_ENV, SWEEP_ENV, JobSpec, RunState
 from gpu_train.sweeps import PENDING, SWEEPS_DIR, SweepDoc, next_launches
 
@@ -83,9 +86,9 @@ def mine(doc: SweepDoc) -> SweepDoc:
     return replace(doc, trials=tuple(t for t in doc.trials if t.get("node", 0) == doc.node))
 
 
-def advance(root: str, only: str | None = None) -> list[dict]:
+def advance(root: str, only: str | None = None) -> list[Launched]:
     """Start what the plan says into the free slots of every sweep (or ``only``); the runs started."""
-    started: list[dict] = []
+    started: list[Launched] = []
     with queue_lock(root):
         for name in [only] if only else names(root):
             try:
@@ -113,7 +116,7 @@ def advance(root: str, only: str | None = None) -> list[dict]:
     return started
 
 
-def launch_trial(root: str, doc: SweepDoc, trial: dict, slot: int) -> dict:
+def launch_trial(root: str, doc: SweepDoc, trial: dict, slot: int) -> Launched:
     """The trial as an ordinary run: the sweep's code (hard links) staged for it, its spec launched."""
     from .launch import cmd_launch
 
@@ -128,7 +131,7 @@ def launch_trial(root: str, doc: SweepDoc, trial: dict, slot: int) -> dict:
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     spec = replace(job, run_id=run, base=trial["base"], args=tuple(trial["args"]), env=env, expect_gpus=0, reuse_code=False)
-    return cmd_launch(root, spec.to_json(), False)
+    return cast("Launched", cmd_launch(root, spec.to_json(), False))  # (expects no GPUs: never Waiting)
 
 
 def after_trial(root: str, run_dir: str) -> None:
@@ -146,7 +149,7 @@ def after_trial(root: str, run_dir: str) -> None:
             agent_log(root, f"sweep {spec.env[SWEEP_ENV]}: the queue did not advance after {os.path.basename(run_dir)}: {e!r}")
 
 
-def cmd_sweep_start(root: str, raw: dict, staged: str) -> dict:
+def cmd_sweep_start(root: str, raw: dict, staged: str) -> SweepStarted:
     """Keep the sweep (its record and the code staged as ``staged``) and start its first trials."""
     try:
         doc = SweepDoc.from_json(raw)
@@ -167,10 +170,10 @@ def cmd_sweep_start(root: str, raw: dict, staged: str) -> dict:
         os.replace(code, os.path.join(folder, "code"))
         write_json(os.path.join(folder, "sweep.json"), replace(doc, created=now()).to_json())
     started = advance(root, doc.name)
-    return {"sweep": doc.name, "trials": len(mine(doc).trials), "slots": len(doc.slots), "started": [s["runId"] for s in started]}
+    return answer(SweepStarted, sweep=doc.name, trials=len(mine(doc).trials), slots=len(doc.slots), started=[s["runId"] for s in started])
 
 
-def cmd_sweep_stop(root: str, name: str, grace: float) -> dict:
+def cmd_sweep_stop(root: str, name: str, grace: float) -> SweepStopped:
     """Start nothing more, and stop the trials at work."""
     from .lifecycle import cmd_stop
 
@@ -184,7 +187,7 @@ def cmd_sweep_stop(root: str, name: str, grace: float) -> dict:
         if state in ACTIVE or state == RunState.INTERRUPTED:
             cmd_stop(root, trial_run(doc, t), grace)
             stopped.append(trial_run(doc, t))
-    return {"sweep": name, "stopped": stopped}
+    return answer(SweepStopped, sweep=name, stopped=stopped)
 
 
 def pending(root: str) -> int:
@@ -218,7 +221,7 @@ def metric_of(run_dir: str, metric: str, mode: str, problems: list) -> tuple[flo
     return last, ((min if mode == "min" else max)(ends) if ends else None)
 
 
-def cmd_sweep_status(root: str, name: str | None, metric: str | None, mode: str) -> dict:
+def cmd_sweep_status(root: str, name: str | None, metric: str | None, mode: str) -> SweepStatus:
     """One row per trial of this node: its run, values, state, duration, and the metric's last and best."""
     from .status import describe
 
@@ -229,19 +232,30 @@ def cmd_sweep_status(root: str, name: str | None, metric: str | None, mode: str)
     for t, state in ((t, states[i]) for i, t in enumerate(doc.trials)):
         run = trial_run(doc, t)
         run_dir = os.path.join(root, "runs", run)
-        row = {"runId": run, "index": t["index"], "node": doc.node, "values": t["values"], "state": state, "durationS": None}
-        row.update(last=None, best=None)
+        duration = last = best = None
         if os.path.isfile(os.path.join(run_dir, "state.json")):
-            row["durationS"] = describe(run_dir).get("durationS")
+            duration = describe(run_dir)["durationS"]
             if metric:
-                row["last"], row["best"] = metric_of(run_dir, metric, mode, problems)
+                last, best = metric_of(run_dir, metric, mode, problems)
+        row = answer(
+            SweepTrial,
+            runId=run,
+            index=t["index"],
+            node=doc.node,
+            values=t["values"],
+            state=state,
+            durationS=duration,
+            last=last,
+            best=best,
+        )
         rows.append(row)
-    return {
-        "sweep": doc.name,
-        "node": doc.node,
-        "mode": doc.mode,
-        "stopped": doc.stopped,
-        "slots": [list(s) for s in doc.slots],
-        "trials": rows,
-        "problems": problems[:20],
-    }
+    return answer(
+        SweepStatus,
+        sweep=doc.name,
+        node=doc.node,
+        mode=doc.mode,
+        stopped=doc.stopped,
+        slots=[list(s) for s in doc.slots],
+        trials=rows,
+        problems=problems[:20],
+    )

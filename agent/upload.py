@@ -33,7 +33,9 @@ import sys
 import threading
 import time
 
+from gpu_train.answers import BucketView
 from gpu_train.checksum import crc32c_of
+from gpu_train.codec import answer
 from gpu_train.contract import (
     BUCKET_RECORD,
     RUN_FILES,
@@ -42,7 +44,6 @@ from gpu_train.contract import (
     UPLOAD_LOG,
     BucketFile,
     BucketRecord,
-    BucketView,
     JobSpec,
     project_dirs,
 )
@@ -177,14 +178,15 @@ def view(run_dir: str) -> BucketView | None:
         return None
     record = read_json(os.path.join(run_dir, BUCKET_RECORD)) or {}
     files = record.get("files") or {}
-    return {
-        "url": f"gs://{where['name']}/{where['prefix']}",
-        "files": len(files),
-        "bytes": sum(f["size"] for f in files.values()),
-        "onlyHost": only_on_host(run_dir, record),
-        "final": bool(record.get("final")),
-        "error": record.get("error"),
-    }
+    return answer(
+        BucketView,
+        url=f"gs://{where['name']}/{where['prefix']}",
+        files=len(files),
+        bytes=sum(f["size"] for f in files.values()),
+        onlyHost=only_on_host(run_dir, record),
+        final=bool(record.get("final")),
+        error=record.get("error"),
+    )
 
 
 def argv(root: str, run_dir: str, spec: JobSpec, command: str) -> list[str]:

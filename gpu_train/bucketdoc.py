@@ -7,7 +7,10 @@ run copies exactly). Standard library only, Python 3.8+: the agent's zipapp carr
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from typing import NotRequired
 
 # gpu-train:bucket: the host's uploader keeps what it verified in the bucket in runs/RUN/bucket.json
 # (BucketRecord); `status` compares it with JOB_DIR to say what is still only on the host.
@@ -60,16 +63,17 @@ class BucketView(TypedDict):
     error: str | None
 
 
-class BucketProbe(TypedDict, total=False):
-    """`check`'s `bucket-check` on an SSH host (the uploader's Python and login environment)."""
+class BucketProbe(TypedDict):
+    """`check`'s `bucket-check` on an SSH host (the uploader's Python and login environment): an answer of
+    the agent's (gpu_train/answers.py ANSWERS), built and read through the codec."""
 
     python: str
     ok: bool  # credentials found; an object written, read back and deleted
-    step: str  # where it stopped: client, credentials, bucket, access, network
-    detail: str
-    credentials: str  # which ones the client found, or why none were needed
-    member: str  # the IAM member they act as (serviceAccount:EMAIL), where known
-    object: str
+    step: NotRequired[str]  # where it stopped: client, credentials, bucket, access, network
+    detail: NotRequired[str]
+    credentials: NotRequired[str]  # which ones the client found, or why none were needed
+    member: NotRequired[str]  # the IAM member they act as (serviceAccount:EMAIL), where known
+    object: NotRequired[str]
 
 
 # Google's variables choosing a host's credentials (or the tests' emulator): a run's unit gets the login's too.

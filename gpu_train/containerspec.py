@@ -5,7 +5,6 @@ agent's zipapp carries it beside the contract."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
 
 from gpu_train.codec import Document
 
@@ -44,10 +43,3 @@ class PinnedImage:
     image_id: str | None = None  # the image's ID (sha256:...)
     image_digest: str | None = None  # its registry digest (REPO@sha256:...), to pull that very image where it is gone
     engine: str | None = None  # docker or podman: chosen at launch, kept for every start
-
-
-class ImageView(TypedDict, total=False):
-    """A container run's image in `status` (RunStatus's fields): as named, and the ID it runs."""
-
-    image: str | None
-    imageId: str | None

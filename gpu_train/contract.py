@@ -1,8 +1,9 @@
 """The contract between the laptop and the on-host agent, written once.
 
 Both sides import this module: the laptop as ``gpu_train.contract``, the host from the agent's zipapp. Run states, the job
-spec the laptop sends, the documents the agent answers with and the agent's settings with their defaults live here, so no
-state name, field or default is spelled twice. Standard library only, Python 3.8+ (it runs on whatever python3 the host has).
+spec the laptop sends, the records the agent keeps and the agent's settings with their defaults live here, the documents
+the agent answers with beside it (gpu_train/answers.py), so no state name, field or default is spelled twice. Standard
+library only, Python 3.8+ (it runs on whatever python3 the host has).
 """
 
 from __future__ import annotations
@@ -20,15 +21,15 @@ from gpu_train.bucketdoc import (  # the bucket's documents: the contract's, apa
     BUCKET_RECORD,  # noqa: F401
     GOOGLE_ENV,  # noqa: F401
     UPLOAD_LOG,  # noqa: F401
-    BucketFile,
+    BucketFile,  # noqa: F401
     BucketProbe,  # noqa: F401
     BucketRecord,  # noqa: F401
-    BucketView,
+    BucketView,  # noqa: F401
     DataFile,  # noqa: F401
     DataManifest,  # noqa: F401
 )
 from gpu_train.codec import Document
-from gpu_train.containerspec import ContainerSpec, ImageView, PinnedImage  # a run in an image: the contract's, apart
+from gpu_train.containerspec import ContainerSpec, PinnedImage  # a run in an image: the contract's, apart
 
 
 # -- run states -------------------------------------------------------------------------------
@@ -117,8 +118,6 @@ GCP_REMOTE_ROOT = REMOTE_ROOT_BEFORE
 # Whether a reboot resumes an SSH host's runs (launch's "bootResume"): its @reboot crontab line is
 # there and a cron daemon runs it; not there; no crontab command; there, but no daemon runs.
 BOOT_ON, BOOT_OFF, BOOT_NO_CRONTAB, BOOT_CRON_STOPPED = "on", "off", "no-crontab", "cron-stopped"
-# `prune`'s answer: pruned[].{id, files, PRUNE_FREED} and kept[].{id, why}.
-PRUNE_FREED = "freedBytes"
 
 
 # -- the agent's settings: REMOTE_ROOT/agent.json ----------------------------------------------
@@ -221,71 +220,7 @@ SWEEP_ENV, SLOT_ENV = "GPU_TRAIN_SWEEP", "GPU_TRAIN_SLOT"  # a sweep's trial: it
 METADATA_URL_ENV, AUTHORIZED_KEYS_ENV = "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_AUTHORIZED_KEYS"
 
 
-# -- the documents the agent answers with ----------------------------------------------------
-class TreeSummary(TypedDict):
-    """Files, bytes and newest change of a JOB_DIR: equal summaries mean nothing to fetch."""
-
-    files: int
-    bytes: int
-    newestNs: int
-
-
-class RunStatus(ImageView, total=False):
-    """One run as `status` describes it (``jobSummary``, ``workdirSummary`` only with --summaries)."""
-
-    id: str
-    base: str | None
-    state: str
-    exitCode: int | None
-    created: float | None
-    started: float | None
-    ended: float | None
-    durationS: float | None
-    jobDir: str
-    log: str
-    lastLine: str
-    resumes: int
-    preemptions: int
-    returns: list[dict]  # each preemption (or host error) and return: event, at, back, attempts (the recovery's)
-    reason: str | None
-    pid: int | None
-    sweep: str  # a sweep's trial: the sweep's name (its spec's GPU_TRAIN_SWEEP; absent for a run of its own)
-    jobSummary: TreeSummary
-    workdirSummary: TreeSummary  # the outputs in its working directory (agent/outputs.py)
-    logSummary: TreeSummary  # its log (RUN_LOG), which the fetch brings home too
-    bucket: BucketView
-    bucketRecord: dict[str, BucketFile]  # with --bucket-record: what the uploader verified (`down --no-fetch` checks the bucket for it)
-
-
-class AgentView(TypedDict):
-    """What `fab status` shows of the agent: its settings and the idle clock."""
-
-    idleStopMinutes: float
-    maxResumes: int
-    maxRunHours: float | None
-    idleSince: float | None
-    idleWhy: str | None
-    installed: bool
-
-
-class GpuRow(TypedDict):
-    index: int
-    name: str
-    utilization: float
-    memoryUsedMiB: float
-    memoryTotalMiB: float
-
-
-class StatusDoc(TypedDict):
-    """`status`'s answer: the host's runs, GPUs and agent."""
-
-    root: str
-    runs: list[RunStatus]
-    gpus: list[GpuRow]
-    uptimeS: float | None
-    host: str
-    agent: AgentView
-    now: float
+# -- the documents the agent answers with: gpu_train/answers.py (StatusDoc, RunStatus, Stopped, ...) ----
 
 
 # -- a run's scalars: `scalars`'s answer (curves, a sweep's metric), read from what jobs write anywhere in

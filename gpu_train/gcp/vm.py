@@ -13,6 +13,7 @@ import ipaddress
 import json
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from gpu_train.catalog import disks
@@ -26,7 +27,7 @@ from gpu_train.gcp.names import (  # noqa: F401
     service_account_id,
 )
 from gpu_train.gcp.validate import GpuShape, node_shapes
-from gpu_train.stack.agentdoc import SHUTDOWN_GRACE_S, agent_settings, job_grace_s, shutdown_grace_s  # noqa: F401
+from gpu_train.stack.agentdoc import ROOT_PART, SHUTDOWN_GRACE_S, agent_settings, job_grace_s, shutdown_grace_s  # noqa: F401
 from gpu_train.stack.config import StackConfig
 from gpu_train.stack.values import LOGIN_RE
 
@@ -170,7 +171,7 @@ def tick_interval_s(idle_stop_minutes: float) -> int:
 def root_settings(cfg: StackConfig) -> dict[str, object]:
     """/etc/gpu-train/agent.json on the VM: what the root-installed units run with (root-owned;
     the user's REMOTE_ROOT/agent.json never reaches them)."""
-    return agent_settings(cfg, user=cfg.ssh_user, remoteRoot=cfg.remote_root)
+    return replace(agent_settings(cfg), user=cfg.ssh_user, remote_root=cfg.remote_root).to_json(only=ROOT_PART)
 
 
 def data_disk_marks(cfg: StackConfig) -> tuple[tuple[str, str], ...]:

@@ -3,7 +3,7 @@
 Each field's ``setting(...)`` says the key in the stack file, its kind, its default, what it means
 and which targets (``gcp``, ``ssh``) it applies to. Parsing (``config.parse``), the defaults, the
 docs/settings.md's table (``readme_table``, checked by a test) and the on-host agent's settings
-(``StackConfig.agent_settings``) all come from these fields. A new setting is one field here.
+(``stack.agentdoc.agent_settings``) all come from these fields. A new setting is one field here.
 """
 
 from __future__ import annotations
@@ -344,10 +344,6 @@ class StackConfig:
         if looks_like_key_text(self.ssh_public_key):
             return "~/.ssh/id_ed25519"
         return self.ssh_public_key.removesuffix(".pub")
-
-    def agent_settings(self) -> dict[str, object]:
-        """What the on-host agent needs from the stack (REMOTE_ROOT/agent.json, protocol.AgentSettings)."""
-        return {**{s.key: getattr(self, s.attr) for s in SETTINGS if s.agent}, "gcp": self.is_gcp}
 
 
 def looks_like_key_text(value: str) -> bool:

@@ -15,8 +15,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gpu_train.answers import GpuRow, StatusDoc
 from gpu_train.catalog.model import Catalog
-from gpu_train.contract import ACTIVE, RUNNING, GpuRow, StatusDoc
+from gpu_train.contract import ACTIVE, RUNNING
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.provisioning import way
 from gpu_train.gcp.validate import shape_of

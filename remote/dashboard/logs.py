@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, outcome
@@ -35,7 +37,7 @@ class LogFollower:
         self.env, self.stack, self.run = env, stack, run
         self.text = ""
         self.dropped = 0  # characters dropped from the front (KEEP_BYTES)
-        self.ended: dict | None = None  # the run's last word (state, exit code) once its log ended
+        self.ended: Mapping[str, Any] | None = None  # the run's last word (state, exit code) once its log ended
         self.error: str | None = None
         self.failed_at = 0.0
         self.asked_at = 0.0

@@ -10,11 +10,14 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import paramiko
 from fabric import Connection
 
 from agent.bundle import agent_command
+from gpu_train.answers import ANSWERS, Launched, LogEnd, LogStart, Ready, Waiting
+from gpu_train.codec import Document, check
 from gpu_train.contract import LOG_END, LOG_START
 from gpu_train.errors import printable_doc
 from remote.errors import RemoteError
@@ -29,6 +32,7 @@ CALL_OUTPUT_MAX = 64 << 20
 CALL_TIMEOUT_S = 600.0
 LINE_MAX = 1 << 20
 STDERR_KEEP = 1 << 20
+T = TypeVar("T")
 
 
 def run_bounded(
@@ -63,8 +67,9 @@ def run_bounded(
         chan.close()
 
 
-def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIMEOUT_S, stdin: bytes = b"") -> dict:
-    """Run one agent subcommand on the host; its JSON answer, or RemoteError with its message."""
+def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIMEOUT_S, stdin: bytes = b"") -> Any:
+    """Run one agent subcommand on the host; its JSON answer as the contract declares it
+    (answers.ANSWERS), or RemoteError with its message, or with what in it does not fit."""
     status, out, err = run_bounded(conn, agent_command(target.remote_root, *args, cli=target.cli), timeout, stdin=stdin)
     lines = out.decode("utf-8", "replace").strip().splitlines()
     try:
@@ -76,10 +81,19 @@ def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIM
         raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {status}): {detail}")
     if "error" in doc:
         raise RemoteError(doc["error"])
-    return doc
+    said = checked(ANSWERS[args[0]], doc, f"{conn.host}'s {args[0]} answer")
+    return doc if isinstance(said, Document) else said  # (a Document's caller decodes it: scalars)
 
 
-def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None, reuse: bool = False) -> dict:
+def checked(kind: Callable[..., T], doc: object, what: str) -> T:
+    """``doc`` as the contract declares an answer of ``kind``, else a RemoteError saying what does not fit."""
+    try:
+        return check(kind, doc, what)
+    except ValueError as e:
+        raise RemoteError(f"{e}: is the gpu-train agent there this one? (run the task again to send it)") from None
+
+
+def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None, reuse: bool = False) -> Launched | Waiting:
     """The agent's launch, started alongside the code sync and released by "go" after it.
 
     Opening the agent's channel, its start-up and its checks overlap the sync, so launching costs
@@ -147,7 +161,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                 with contextlib.suppress(ValueError, TypeError, AttributeError):
                     if "error" in (said := printable_doc(json.loads(line))):
                         raise RemoteError(said["error"])
-                first = {}
+                first: Ready | Waiting | Launched | dict = {}
             else:
                 first = _answer(line, chan)
             if failure is None and "ready" in first and reuse and not first.get("reused"):
@@ -164,30 +178,38 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                     chan.settimeout(30)
                     late = _answer(out.readline(LINE_MAX), chan)
                     if "runId" in late:
-                        return late
+                        return cast(Launched, late)
                 raise failure
             if "ready" not in first:
-                return first  # waiting for the driver: the code stays staged for the next try
+                return cast(Waiting, first)  # waiting for the driver: the code stays staged for the next try
             # In a fan-out the host may have gone on its own word (the spec's goWhen) and ended: its
             # answer is already here, and this "go" has no one to read it.
             with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
                 chan.sendall(b"go\n")
-        return _answer(out.readline(LINE_MAX), chan)
+        said = _answer(out.readline(LINE_MAX), chan)
+        if "ready" in said:
+            raise RemoteError(f"the gpu-train agent on {conn.host} said ready twice")
+        return cast("Launched | Waiting", said)
     except TimeoutError:
         raise RemoteError(f"the gpu-train agent on {conn.host} did not answer within {CALL_TIMEOUT_S:g} s") from None
     finally:
         chan.close()
 
 
-def _answer(line: bytes, chan: paramiko.Channel) -> dict:
+def _answer(line: bytes, chan: paramiko.Channel) -> Ready | Waiting | Launched:
+    """A line of launch's: its first (Ready, or Waiting) or its last (Launched, or Waiting), as the contract declares each."""
     try:
         doc = printable_doc(json.loads(line))
     except ValueError:
         err = chan.recv_stderr(65536).decode("utf-8", "replace") if chan.recv_stderr_ready() else ""
         raise RemoteError(f"the gpu-train agent failed: {err.strip() or line.decode('utf-8', 'replace')}") from None
-    if "error" in doc:
+    if isinstance(doc, dict) and "error" in doc:
         raise RemoteError(doc["error"])
-    return doc
+    if isinstance(doc, dict) and "ready" in doc:
+        return checked(Ready, doc, "the agent's launch answer (Ready)")
+    if isinstance(doc, dict) and "waiting" in doc:
+        return checked(Waiting, doc, "the agent's launch answer (Waiting)")
+    return checked(Launched, doc, "the agent's launch answer (Launched)")
 
 
 def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tuple[int, str]:
@@ -216,13 +238,13 @@ def start_offset(stderr: str) -> int | None:
     """Where the agent started reading the log (so a dropped stream resumes at the right byte)."""
     for line in stderr.splitlines():
         if line.startswith(START_MARK):
-            return int(json.loads(line[len(START_MARK) :])["offset"])
+            return checked(LogStart, json.loads(line[len(START_MARK) :]), "the log's start mark")["offset"]
     return None
 
 
-def end_trailer(stderr: str) -> dict | None:
+def end_trailer(stderr: str) -> LogEnd | None:
     """The agent's last word after streaming a log: state, exit code, offset."""
     for line in reversed(stderr.splitlines()):
         if line.startswith(END_MARK):
-            return printable_doc(json.loads(line[len(END_MARK) :]))
+            return checked(LogEnd, printable_doc(json.loads(line[len(END_MARK) :])), "the log's end mark")
     return None

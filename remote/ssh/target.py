@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.atomic import atomic_write
-from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
+from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN, AgentSettings
 from gpu_train.environment import Environment
 from gpu_train.stack import check, config, project, stackfile
 from gpu_train.stack.agentdoc import agent_settings
@@ -74,7 +74,7 @@ class Target:
     hourly_cost_usd: float | None
     is_gcp: bool
     cache: Path
-    agent_settings: dict = field(default_factory=dict)  # REMOTE_ROOT/agent.json on the host
+    agent_settings: AgentSettings = field(default_factory=AgentSettings)  # (its part: agentdoc.settings_part) REMOTE_ROOT/agent.json
     master_addr: str = ""  # where the nodes meet: node 0 as the others reach it (internal IP on GCP)
     gpus_per_node: int | None = None  # known on GCP; on SSH hosts the agent counts them
     node: int = 0
@@ -110,7 +110,7 @@ class Target:
             remote_root=known or self.remote_root.replace("{node}", str(node)),
             node=node,
             vm=vm,
-            agent_settings={**self.agent_settings, "sshPort": self.hosts[node].port},
+            agent_settings=replace(self.agent_settings, ssh_port=self.hosts[node].port),
             **gpus,
         )
 
@@ -284,7 +284,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path, cli: str = "
         hourly_cost_usd=cost,
         is_gcp=cfg.is_gcp,
         cache=cache,
-        agent_settings=agent_settings(cfg, sshPort=hosts[0].port if hosts else 22),
+        agent_settings=agent_settings(cfg, ssh_port=hosts[0].port if hosts else 22),
         master_addr=master,
         gpus_per_node=int(gpus) if gpus else None,
         vm={

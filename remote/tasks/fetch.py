@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from invoke import task
 
@@ -21,7 +23,7 @@ from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 def fetch_runs(
     session: Session,
-    runs: list[dict],
+    runs: Sequence[Mapping[str, Any]],
     dest: str | None,
     progress: bool,
     quiet: bool = False,
@@ -215,7 +217,7 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
             raise GpuTrainError("no runs on this host yet")
         run = lead[-1]["id"]
 
-    def one(s: Session) -> tuple[list[dict], list[str]]:
+    def one(s: Session) -> tuple[Sequence[Mapping[str, Any]], list[str]]:
         runs = _which_runs(s, run, all_)
         return runs, fetch_runs(
             s, runs, dest, progress=s.env.stderr_isatty and not json_ and len(sessions) == 1, subdir=node_dir(s.node), streams=streams
@@ -262,8 +264,9 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
         )
 
 
-def _which_runs(session: Session, run: str | None, all_: bool) -> list[dict]:
+def _which_runs(session: Session, run: str | None, all_: bool) -> Sequence[Mapping[str, Any]]:
     """The runs to fetch from a node: a named one, a prefix the host resolves, every run, or the newest."""
+    runs: Sequence[Mapping[str, Any]]
     if run and not all_ and re.search(r"_\d{8}_\d{6}$", run) is None:  # a prefix or a base name: the host knows
         runs = session.call("status", "--summaries", "--run", run)["runs"]
     elif run and not all_:

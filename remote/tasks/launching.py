@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Interrupted, UsageError
@@ -28,6 +28,7 @@ from remote.tasks.localstate import PushedManifests
 from remote.tasks.session import CLI, Cancelled, Session, failures, on_every_node, say
 
 if TYPE_CHECKING:
+    from gpu_train.answers import Launched, Waiting
     from remote.ssh.target import Target
     from remote.transfer.codehop import CodeFanout
 
@@ -264,7 +265,7 @@ def _interrupted(sessions: list[Session], results: list[object], run: str) -> In
     return Interrupted(f"interrupted during the launch: {run} had started on node {nodes} only and was stopped there; nothing is running")
 
 
-def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> dict:
+def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> Launched:
     """Sync (over the node's own connection, or from node 0) and launch one node's part; waits for
     the driver on GCP."""
     try:
@@ -274,8 +275,9 @@ def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | 
             fanout.settle(session.node, "that node failed")
 
 
-def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> dict:
+def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> Launched:
     from gpu_train import jobs
+    from gpu_train.stack.agentdoc import settings_part
     from remote.ssh import agentcall
     from remote.transfer import sync
     from remote.transfer.relay import ChannelRelay
@@ -285,7 +287,7 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
         spec,
         code_manifest=plan.manifest if plan else None,
         reuse_code=unchanged,
-        agent_settings=target.agent_settings,
+        agent_settings=settings_part(target.agent_settings),
         go_when=fanout.go_when(session.node) if fanout is not None else None,
     )
     conn = session.connect()
@@ -304,12 +306,13 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
         while True:
             answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
             if "waiting" not in answer:
-                trust.host_run_id(answer.get("runId"), target.host)
-                return answer
+                launched = cast("Launched", answer)
+                trust.host_run_id(launched["runId"], target.host)
+                return launched
             push = None  # the code is staged on the host; only the launch is retried
             if cancel.is_set():
                 raise Interrupted("interrupted while waiting for the host")
             if backoff.left() < 0:
-                raise GpuTrainError(f"gave up after {session.timeout:g} s waiting for {answer['waiting']}")
-            say(f"{target.host}: waiting for {answer['waiting']} (the driver installs on first boot, 3-5 minutes)")
+                raise GpuTrainError(f"gave up after {session.timeout:g} s waiting for {cast('Waiting', answer)['waiting']}")
+            say(f"{target.host}: waiting for {cast('Waiting', answer)['waiting']} (the driver installs on first boot, 3-5 minutes)")
             cancel.wait(backoff.next())  # Ctrl-C ends the wait at once

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 from gpu_train.atomic import atomic_write
 
@@ -70,7 +71,7 @@ class FetchRecord:
             self.doc = {}
 
     @staticmethod
-    def _entry(run: dict, dest: Path) -> dict:
+    def _entry(run: Mapping[str, Any], dest: Path) -> dict:
         return {
             "run": run["id"],
             "dest": str(dest.resolve()),
@@ -80,7 +81,7 @@ class FetchRecord:
             "local": local_summary(dest),
         }
 
-    def up_to_date(self, run: dict, dest: Path) -> bool:
+    def up_to_date(self, run: Mapping[str, Any], dest: Path) -> bool:
         seen = self.doc.get(str(dest.resolve()))
         return (
             bool(seen)
@@ -88,7 +89,7 @@ class FetchRecord:
             and seen == self._entry(run, dest)
         )
 
-    def record(self, run: dict, dest: Path) -> None:
+    def record(self, run: Mapping[str, Any], dest: Path) -> None:
         """Note a complete fetch; ``save`` writes the notes (once for all the runs of a fetch: one
         write per run made `fetch --all` of 300 runs rewrite the whole file 300 times)."""
         self.doc[str(dest.resolve())] = self._entry(run, dest)

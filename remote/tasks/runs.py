@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from invoke import task
 
@@ -15,6 +15,9 @@ from gpu_train.errors import CommandExit, GpuTrainError, Interrupted, UsageError
 from remote.tasks import trust
 from remote.tasks.render import render_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+
+if TYPE_CHECKING:
+    from gpu_train.answers import LogEnd, Pruned
 
 
 # -- logs -------------------------------------------------------------------------------------
@@ -77,7 +80,7 @@ def follow_to_end(session: Session, run: str) -> None:
         _exit_with(trailer)
 
 
-def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> dict | None:
+def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> LogEnd | None:
     """One node's log from the agent, resuming at the right byte after a dropped connection."""
     from agent.bundle import agent_command
     from gpu_train.errors import TerminalStream
@@ -118,7 +121,7 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
         session.reconnect()
 
 
-def _exit_with(trailer: dict) -> None:
+def _exit_with(trailer: LogEnd) -> None:
     """End `fab logs --follow` with the job's own exit code."""
     state, code = trailer["state"], trailer["exitCode"]
     say(f"{trailer['runId']}: {state}" + (f", exit code {code}" if code is not None else ""))
@@ -251,21 +254,21 @@ def prune(c, run=None, dry_run=False, stack=None):
     succeeded, failed or were stopped. Outputs (what the job created or changed), running and
     interrupted runs, and the newest run of each name stay. A pruned run cannot be resumed.
     """
-    from gpu_train.contract import PRUNE_FREED
     from remote.transfer.sync import human
 
     run = trust.run_option(run)
     args = ["prune", *(["--run", run] if run else []), *(["--dry-run"] if dry_run else [])]
     session = Session(Environment.of(c), stack)
     nodes = session.nodes()
-    results = on_every_node(nodes, lambda s: s.call(*args))
+    results = on_every_node(nodes, lambda s: s.call("prune", *args[1:]))
     for s, doc in zip(nodes, results, strict=True):
         where = f"node {s.node} ({s.target.host})" if len(nodes) > 1 else str(s.target.host)
-        if not isinstance(doc, dict):
+        if isinstance(doc, GpuTrainError):
             continue
-        pruned, kept = doc.get("pruned") or [], doc.get("kept") or []
-        files = sum(int(p.get("files") or 0) for p in pruned)
-        freed = sum(int(p.get(PRUNE_FREED) or 0) for p in pruned)
+        answer = cast("Pruned", doc)
+        pruned, kept = answer["pruned"], answer["kept"]
+        files = sum(p["files"] for p in pruned)
+        freed = sum(p["freedBytes"] or 0 for p in pruned)
         verb = "would remove" if dry_run else "removed"
         print(
             f"{where}: {verb} the code of {len(pruned)} run(s), {files} file(s)"
@@ -273,8 +276,8 @@ def prune(c, run=None, dry_run=False, stack=None):
             + "; what the jobs wrote stays"
         )
         for p in pruned:
-            print(f"  {p.get('id')}")
+            print(f"  {p['id']}")
         for k in kept:
-            print(f"  kept {k.get('id')}: {k.get('why')}")
+            print(f"  kept {k['id']}: {k['why']}")
     if failed := failures(results):
         raise GpuTrainError("; ".join(failed))

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from gpu_train.environment import CLI as CLI  # (the tasks name it through here too)
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Unreachable, UsageError, as_error, outcome, printable
 
 if TYPE_CHECKING:
+    from gpu_train.answers import Configured, Pruned, Resumed, StatusDoc, Stopped
     from remote.ssh.target import Target
 
 STACK_HELP = (
@@ -211,12 +212,26 @@ class Session:
         self.conn = None
         return self.connect(again=True)
 
-    def call(self, *args: str, stdin: bytes = b"") -> dict:
+    @overload
+    def call(self, command: Literal["status"], *args: str, stdin: bytes = b"") -> StatusDoc: ...
+    @overload
+    def call(self, command: Literal["stop"], *args: str, stdin: bytes = b"") -> Stopped: ...
+    @overload
+    def call(self, command: Literal["resume"], *args: str, stdin: bytes = b"") -> Resumed: ...
+    @overload
+    def call(self, command: Literal["prune"], *args: str, stdin: bytes = b"") -> Pruned: ...
+    @overload
+    def call(self, command: Literal["configure"], *args: str, stdin: bytes = b"") -> Configured: ...
+    @overload
+    def call(self, command: str, *args: str, stdin: bytes = b"") -> Any: ...
+    def call(self, command: str, *args: str, stdin: bytes = b"") -> Any:
+        """The agent's ``command`` on this node: its answer as the contract declares it (answers.ANSWERS),
+        its run ids checked before any becomes a path; RemoteError otherwise."""
         from remote.ssh import agentcall
         from remote.tasks.trust import host_doc
 
-        doc = agentcall.call(self.connect(), self._target, *args, stdin=stdin)
-        return host_doc(doc, self._target.host)  # its run ids checked before any becomes a path
+        doc = agentcall.call(self.connect(), self._target, command, *args, stdin=stdin)
+        return host_doc(doc, self._target.host)
 
     def close(self) -> None:
         if self.conn is not None:

@@ -26,7 +26,9 @@ def setup(c, stack=None):
     sets gpu-train:idleStopMinutes (then `tick` runs every minute, and must be allowed to power off).
     """
     session = Session(Environment.of(c), stack)
-    encoded = base64.b64encode(json.dumps(session.target.agent_settings).encode()).decode()
+    from gpu_train.stack.agentdoc import settings_part
+
+    encoded = base64.b64encode(json.dumps(settings_part(session.target.agent_settings)).encode()).decode()
     doc = session.call("configure", encoded, *([] if session.target.is_gcp else ["--cron"]))
     session.close()
     print(f"agent settings on {session.target.host}: {json.dumps(doc['settings'])}")

@@ -176,6 +176,7 @@ def plan(o: dict, session: Session, base: str) -> tuple[list[dict], list[list[li
 
 def start(environment: Environment, session: Session, o: dict) -> None:
     from gpu_train import jobs
+    from gpu_train.stack.agentdoc import settings_part
     from gpu_train.stack.project import project_name
     from remote.tasks.launching import pushed_data
     from remote.transfer import sync
@@ -226,7 +227,7 @@ def start(environment: Environment, session: Session, o: dict) -> None:
             target = s.target
             with ChannelRelay(s.connect().transport) as relay:
                 sync.push_code(target, target.host, code, staged, base, rsh=relay.rsh())
-            node_spec = dataclasses.replace(spec, agent_settings=target.agent_settings)
+            node_spec = dataclasses.replace(spec, agent_settings=settings_part(target.agent_settings))
             doc = sweeps.SweepDoc(
                 name=base,
                 stamp=stamp,

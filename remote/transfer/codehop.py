@@ -132,7 +132,7 @@ class CodeFanout:
 
     @staticmethod
     def go_when(node: int) -> str:
-        """What the node's launch also takes as "go" (protocol.GO_WHEN): node 0 goes on once its relay
+        """What the node's launch also takes as "go" (contract.GO_WHEN): node 0 goes on once its relay
         has ended (its staged folder is the hops' source), node i once node 0's hop has left it the code."""
         return RELAYED if node == 0 else ARRIVED
 

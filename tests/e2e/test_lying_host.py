@@ -36,6 +36,8 @@ if os.path.exists(doc_path + ".flood"):  # an answer that never ends
 if os.path.exists(doc_path + ".hang"):  # or never comes
     import time
     time.sleep(30)  # (longer than any timeout the tests set; no session left behind for long)
+if " stop " in cmd and os.path.exists(doc_path + ".stop"):  # `stop` answers a Stopped
+    doc_path += ".stop"
 with open(doc_path) as f:
     print(f.read())
 """
@@ -68,12 +70,22 @@ class Liar:
         _end_shared_connection(lab)  # logged in before the lie: a task would ride on it (remote/ssh/mux.py)
 
     def answer(self, *runs: dict) -> None:
+        """`status` lists ``runs``; `stop` says it stopped the first."""
+        if runs:
+            stopped = {"runId": runs[0]["id"], "state": "stopped", "signals": []}
+            Path(f"{self.doc}.stop").write_text(json.dumps(stopped))
         self.doc.write_text(
-            json.dumps({"root": str(self.lab.remote), "runs": list(runs), "gpus": [], "uptimeS": 1, "host": "liar", "agent": {}, "now": 0})
+            json.dumps(
+                {"root": str(self.lab.remote), "runs": list(runs), "gpus": [], "uptimeS": 1, "host": "liar", "agent": AGENT, "now": 0}
+            )
         )
 
 
+AGENT = {"idleStopMinutes": 0, "maxResumes": 10, "maxRunHours": None, "idleSince": None, "idleWhy": None, "installed": True}
+
+
 def lying_run(run_id: object, job_dir: str, state: str = "succeeded") -> dict:
+    """A run as the contract declares it (answers.RunStatus), every field there: the lie is in its values."""
     return {
         "id": run_id,
         "base": "x",
@@ -85,7 +97,12 @@ def lying_run(run_id: object, job_dir: str, state: str = "succeeded") -> dict:
         "resumes": 0,
         "preemptions": 0,
         "created": 1,
+        "started": 1,
+        "ended": 2,
         "durationS": 1,
+        "returns": [],
+        "reason": None,
+        "pid": None,
         "jobSummary": {"files": 1, "bytes": 1, "newestNs": 1},
     }
 
@@ -118,7 +135,9 @@ def test_lying_run_ids_write_nothing(lab: Lab, liar: Liar, task: list[str], bad_
     before = files_under(lab.tmp) - files_under(lab.cwd)
     result = lab.fab(*task)
     no_traceback(result)
-    assert result.returncode != 0 and "not a run id" in result.stderr, result.stderr
+    # An id that is a string is checked as a run id; anything else is not what the contract declares.
+    said = "not a run id" if isinstance(bad_id, str) else f"runs[0]'s id is {bad_id!r}, not a str"
+    assert result.returncode != 0 and said in result.stderr, result.stderr
     assert not victim.exists() and not (lab.cwd / "runs").exists()
     after = files_under(lab.tmp) - files_under(lab.cwd)
     assert {p for p in after - before if not p.startswith(("home", "sshd", "liar"))} == set()
@@ -149,16 +168,23 @@ def test_a_hosts_escape_sequences_reach_the_terminal_written_out(lab: Lab, liar:
     # A host's words (a run's last line, its detail, the host name, an error) are printed by status:
     # raw, an escape sequence could retitle the window, clear the screen or answer back as input.
     run = lying_run("planted_1", "x", state="failed")
-    run.update(lastLine="loss \x1b]0;pwned\x07", detail="\x1b[2J", reason="\x9b6n")
+    run.update(lastLine="loss \x1b]0;pwned\x07", reason="\x9b6n")
     liar.answer(run)
     doc = json.loads(liar.doc.read_text())
-    liar.doc.write_text(json.dumps({**doc, "host": "liar\x1b[8m", "\x1b[5mkey": 1}))
+    liar.doc.write_text(json.dumps({**doc, "host": "liar\x1b[8m"}))
     result = lab.fab("status")
     no_traceback(result)
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in result.stdout + result.stderr and "\x9b" not in result.stdout
     assert "loss \\x1b]0;pwned\\x07" in result.stdout and "liar\\x1b[8m" in result.stdout
+    # A key the contract does not declare is refused, and named written out.
+    liar.doc.write_text(json.dumps({**doc, "\x1b[5mkey": 1}))
+    result = lab.fab("status")
+    no_traceback(result)
+    assert result.returncode != 0 and "has '\\x1b[5mkey', which StatusDoc does not declare" in result.stderr, result.stderr
+    assert "\x1b" not in result.stdout + result.stderr
     liar.doc.write_text(json.dumps({"error": "no such run \x1b]2;owned\x07"}))
+    Path(f"{liar.doc}.stop").unlink()  # (every call gets the error)
     for task in (["status"], ["train", "--command", "true", "--dir", str(EXAMPLE)], ["stop"], ["resume"]):
         result = lab.fab(*task)
         no_traceback(result)

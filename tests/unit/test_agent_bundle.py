@@ -26,6 +26,7 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
         == [
             "__main__.py",
             "gpu_train/__init__.py",
+            "gpu_train/answers.py",
             "gpu_train/atomic.py",
             "gpu_train/bucketdoc.py",
             "gpu_train/checksum.py",

@@ -159,13 +159,14 @@ def test_the_core_is_handed_its_data() -> None:
 
 # Which rooms may import which (a room: a package folder; its modules' imports, inside functions too).
 # Bottom up: contract, catalog <- stack <- gcp <- jobs/views/importing; the agent takes only the core's modules
-# its zipapp carries (contract, recovery, fetchwire, checksum, sweeps);
+# its zipapp carries (contract, answers, codec, atomic, recovery, fetchwire, checksum, sweeps);
 # the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
 ALLOWED = {
     "gpu_train.codec": set(),  # stdlib only: the zipapp carries it with the contract
     "gpu_train.contract": {"gpu_train.codec", "gpu_train.containerspec", "gpu_train.bucketdoc"},
     "gpu_train.bucketdoc": set(),  # stdlib only: the zipapp carries it with the contract
     "gpu_train.containerspec": {"gpu_train.codec"},  # stdlib only: the zipapp carries it with the contract
+    "gpu_train.answers": {"gpu_train.contract", "gpu_train.bucketdoc"},  # the agent's answers, beside the contract (stdlib only, carried)
     "gpu_train.recovery": set(),  # stdlib only: the zipapp and the Cloud Run function carry it too
     "gpu_train.fetchwire": set(),  # these two: stdlib only, the zipapp carries them (agent/bundle.py CARRIED)
     "gpu_train.checksum": set(),
@@ -188,6 +189,7 @@ ALLOWED = {
     },
     "gpu_train.views": {
         "gpu_train.contract",
+        "gpu_train.answers",
         "gpu_train.errors",
         "gpu_train.catalog",
         "gpu_train.stack",
@@ -197,6 +199,7 @@ ALLOWED = {
     "gpu_train.importing": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.gcp"},
     # what the zipapp carries of the core (agent/bundle.py CARRIED)
     "agent": {
+        "gpu_train.answers",
         "gpu_train.atomic",
         "gpu_train.bucketdoc",
         "gpu_train.codec",

@@ -9,6 +9,7 @@ import pytest
 from gpu_train.catalog.loader import load_catalog
 from gpu_train.contract import AgentSettings
 from gpu_train.stack import config, stackfile
+from gpu_train.stack.agentdoc import agent_settings
 from infra import program
 from infra.ops import preview
 from tests.conftest import ROOT, gcp_raw
@@ -254,7 +255,7 @@ def test_startup_script_values_are_quoted_whatever_they_hold(tmp_path: Path) -> 
 def test_idle_stop_defaults() -> None:
     assert config.parse(gcp_raw(), "s", CATALOG).idle_stop_minutes == 30
     ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s", CATALOG)
-    assert ssh.idle_stop_minutes == 0 and ssh.agent_settings()["gcp"] is False
+    assert ssh.idle_stop_minutes == 0 and agent_settings(ssh).gcp is False
 
 
 def test_a_cluster_of_nodes() -> None:

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent import notify, wrap
-from gpu_train import contract as protocol
-from gpu_train import recovery
+from gpu_train import contract, recovery
 from gpu_train.views import listing
 from remote.ssh import vmprobe
 from remote.tasks.render import run_table
@@ -121,9 +120,9 @@ def test_a_run_end_with_no_webhook_or_a_dead_one_is_quiet(tmp_path: Path) -> Non
 
 
 def test_the_webhook_travels_in_the_spec() -> None:
-    spec = protocol.JobSpec(run_id="r_20260921_141300", base="r", notify="https://ntfy.sh/t")
-    assert protocol.JobSpec.from_json(spec.to_json()).notify == "https://ntfy.sh/t"
-    assert "notify" not in protocol.JobSpec(run_id="r_20260921_141300", base="r").to_json()
+    spec = contract.JobSpec(run_id="r_20260921_141300", base="r", notify="https://ntfy.sh/t")
+    assert contract.JobSpec.from_json(spec.to_json()).notify == "https://ntfy.sh/t"
+    assert "notify" not in contract.JobSpec(run_id="r_20260921_141300", base="r").to_json()
 
 
 @pytest.mark.parametrize(

@@ -42,11 +42,33 @@ def test_defaults_come_from_the_declarations() -> None:
 
 
 def test_the_agent_gets_its_settings_with_its_own_defaults() -> None:
+    """Built in one place (stack.agentdoc.agent_settings: a setting marked ``agent`` that names no AgentSettings
+    field fails there), and sent as the stack's part: what else agent.json holds stays on the host."""
+    from gpu_train.gcp.vm import root_settings
+    from gpu_train.stack.agentdoc import agent_settings, job_grace_s, settings_part
+
     ssh = config.parse({"gpu-train:target": "ssh", "gpu-train:hosts": ["u@h"]}, "s", CATALOG)
-    sent = ssh.agent_settings()
+    sent = settings_part(agent_settings(ssh))
     defaults = AgentSettings().to_json()
-    assert sent == {k: v for k, v in defaults.items() if k in sent} | {"gcp": False}
-    assert set(sent) <= set(defaults)
+    assert sent == {k: v for k, v in defaults.items() if k in sent}
+    assert set(sent) == {"idleStopMinutes", "maxResumes", "maxRunHours", "gcp", "shutdownGraceS", "sshPort"}
     assert AgentSettings.from_json(sent) == AgentSettings()  # what the host decodes, the same defaults
     tuned = config.parse({**gcp_raw(), "gpu-train:maxResumes": 3, "gpu-train:idleStopMinutes": 45}, "g", CATALOG)
-    assert tuned.agent_settings() == {"idleStopMinutes": 45, "maxResumes": 3, "maxRunHours": None, "gcp": True}
+    grace = job_grace_s(tuned)
+    assert settings_part(agent_settings(tuned, ssh_port=2222)) == {
+        "idleStopMinutes": 45,
+        "maxResumes": 3,
+        "maxRunHours": None,
+        "gcp": True,
+        "shutdownGraceS": grace,
+        "sshPort": 2222,
+    }
+    assert root_settings(tuned) == {
+        "idleStopMinutes": 45,
+        "maxResumes": 3,
+        "maxRunHours": None,
+        "gcp": True,
+        "shutdownGraceS": grace,
+        "user": tuned.ssh_user,
+        "remoteRoot": tuned.remote_root,
+    }
