@@ -205,14 +205,14 @@ def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
             + ", ".join(
                 f"{d['source'].rsplit('/', 1)[-1]} as /dev/disk/by-id/google-{d['deviceName']}" for d in i.get("attachedDisks") or []
             ),
-            "scheduling: " + ", ".join(f"{k}={v}" for k, v in sched.items()),
+            "scheduling: " + ", ".join(f"{k}={v}" for k, v in sorted(sched.items())),
             *([f"reservationAffinity: {_affinity(i['reservationAffinity'])}"] if i.get("reservationAffinity") else []),
             f"desired status: {i.get('desiredStatus')}",
-            "metadata: " + ", ".join(f"{k}={_meta(k, v)}" for k, v in meta.items()),
+            "metadata: " + ", ".join(f"{k}={_meta(k, v)}" for k, v in sorted(meta.items())),
             f"service account: {i['serviceAccount']['email']} (scopes: "
             + ", ".join(s.rsplit("/", 1)[-1] for s in i["serviceAccount"].get("scopes") or [])
             + ")",
-            f"network tag {', '.join(i.get('tags', []))}; labels " + ", ".join(f"{k}={v}" for k, v in i.get("labels", {}).items()),
+            f"network tag {', '.join(i.get('tags', []))}; labels " + ", ".join(f"{k}={v}" for k, v in sorted(i.get("labels", {}).items())),
         ]
     return []
 
