@@ -322,6 +322,8 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
             tab.wait_for_selector('article[data-stack="t4"] .gpu')
         before, started = sessions(w.vm), time.monotonic()
         time.sleep(5)
+        while sessions(w.vm) == before and time.monotonic() - started < 60:  # (a loaded machine: a look takes long)
+            time.sleep(0.1)
         calls, took = sessions(w.vm) - before, time.monotonic() - started
         assert 1 <= calls <= took / 1 + 1, f"{calls} agent calls in {took:.1f} s at a 1 s interval with 3 tabs"
         for tab in tabs:
