@@ -27,7 +27,7 @@ from gpu_train.sweeps import PENDING, SWEEPS_DIR, SweepDoc, next_launches
 from .store import AgentError, agent_log, now, read_json, write_json
 
 SLOTS_FILE = "slots.json"  # trial run id -> the slot it was started in
-FAILED_FILE = "refused.json"  # trial run id -> why its launch was refused (never retried)
+ERROR_FILE = "error.json"  # why the latest launch was refused before its run existed (the host's problem: retried)
 
 
 def sweep_dir(root: str, name: str) -> str:
@@ -67,14 +67,11 @@ def trial_states(root: str, doc: SweepDoc) -> list[str]:
     """Each of this node's trials' state: pending (no run yet), refused, or its run's effective state."""
     from .status import describe
 
-    refused = read_json(os.path.join(sweep_dir(root, doc.name), FAILED_FILE)) or {}
     out = []
     for t in doc.trials:
         run = trial_run(doc, t)
         run_dir = os.path.join(root, "runs", run)
-        if run in refused:
-            out.append("failed")
-        elif not os.path.isfile(os.path.join(run_dir, "state.json")):
+        if not os.path.isfile(os.path.join(run_dir, "state.json")):
             out.append("stopped" if doc.stopped else PENDING)
         else:
             out.append(str(describe(run_dir)["state"]))
@@ -107,12 +104,20 @@ def advance(root: str, only: str | None = None) -> list[Launched]:
                 run = trial_run(doc, trial)
                 held_by[run] = slot
                 write_json(slots_path, held_by)
+                error_path = os.path.join(sweep_dir(root, name), ERROR_FILE)
                 try:
                     started.append(launch_trial(root, doc, trial, slot))
                 except AgentError as e:
-                    refused_path = os.path.join(sweep_dir(root, name), FAILED_FILE)
-                    write_json(refused_path, {**(read_json(refused_path) or {}), run: str(e)})
+                    # A run that existed is failed by its launch (terminal: the queue goes on); a refusal before
+                    # it existed is the host's (no screen, no Python): the trial stays pending, tried again
+                    # by the next trial's end, boot or tick, and `sweep status` says why.
+                    write_json(error_path, {"at": now(), "run": run, "error": str(e)})
                     agent_log(root, f"sweep {name}: {run} could not start: {e}")
+                    if not os.path.isfile(os.path.join(root, "runs", run, "state.json")):
+                        break
+                else:
+                    with contextlib.suppress(OSError):
+                        os.remove(error_path)
     return started
 
 
@@ -256,6 +261,7 @@ def cmd_sweep_status(root: str, name: str | None, metric: str | None, mode: str)
         mode=doc.mode,
         stopped=doc.stopped,
         slots=[list(s) for s in doc.slots],
+        blocked=(read_json(os.path.join(sweep_dir(root, doc.name), ERROR_FILE)) or {}).get("error"),
         trials=rows,
         problems=problems[:20],
     )

@@ -246,6 +246,7 @@ class SweepStatus(TypedDict):
     mode: str
     stopped: bool
     slots: list[list[int]]  # each slot's GPUs
+    blocked: str | None  # why the latest launch was refused before its run existed (retried; never "error")
     trials: list[SweepTrial]
     problems: list[str]
 

@@ -282,6 +282,8 @@ def show_status(rows: list[dict], doc: dict, metric: str | None, as_json: bool) 
         took = "-" if r["durationS"] is None else f"{r['durationS'] / 60:.1f} min"
         body.append([str(r["index"]), vals, r["state"], *([_num(r["last"]), _num(r["best"])] if metric else []), took, r["runId"]])
     print("\n".join(aligned([head, *body])))
+    if doc.get("blocked"):
+        print(f"the next trial could not start: {doc['blocked']}")
 
 
 def show_best(rows: list[dict], doc: dict, metric: str, mode: str, as_json: bool) -> None:

@@ -59,3 +59,19 @@ def test_idle_stop_counts_trials_left_to_start_as_work(tmp_path):
     assert lifecycle.cmd_tick(root)["why"].startswith("idle")  # t1 is node 1's to run
     _sweep(root, "halted", 2, stopped=True)
     assert lifecycle.cmd_tick(root)["why"].startswith("idle")  # a stopped sweep starts nothing more
+
+
+def test_a_host_that_refuses_every_launch_burns_no_trial(tmp_path, monkeypatch):
+    """No screen (a host's problem, before any run exists): the trials stay pending, `sweep status` says
+    why, and every later try (a trial's end, boot, tick) tries the same trial again."""
+    import agent.launch
+
+    root = str(tmp_path)
+    _sweep(root, "s", 4)
+    os.makedirs(os.path.join(root, "sweeps", "s", "code"))
+    monkeypatch.setattr(agent.launch.shutil, "which", lambda name: None)
+    for _ in range(3):
+        assert sweep.advance(root) == []
+    assert sweep.trial_states(root, sweep.mine(sweep.read_sweep(root, "s"))) == ["pending", "pending"]
+    said = sweep.cmd_sweep_status(root, "s", None, "min")
+    assert "screen is not installed" in said["blocked"] and not os.path.isdir(os.path.join(root, "runs"))
