@@ -12,11 +12,11 @@ existing bucket without it is refused before anything is created (infra/ops/pref
 from __future__ import annotations
 
 import pulumi
-import pulumi_gcp as gcp
 
 from gpu_train.gcp import vm
 from gpu_train.stack.bucket import grant_conditions, parse_bucket
 from gpu_train.stack.config import StackConfig
+from infra.gcpparts import gcp
 
 
 def declare(

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-import pulumi_gcp as gcp
 
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import names, provisioning, vm
@@ -18,6 +17,7 @@ from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import StackConfig
 from gpu_train.stack.pools import boot_disk_type
 from infra import bucket, recovery, registry
+from infra.gcpparts import gcp
 
 
 @dataclass(frozen=True)

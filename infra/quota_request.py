@@ -22,12 +22,12 @@ for more, a warning says so and gives the gcloud command that raises it.
 from __future__ import annotations
 
 import pulumi
-import pulumi_gcp as gcp
 
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import names, quota
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import StackConfig
+from infra.gcpparts import gcp
 from infra.lookups import CannotAsk, Lookups
 
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-import pulumi_gcp as gcp
 
 from gpu_train import recovery
 from gpu_train.catalog.model import FLEX_START, SPOT
 from gpu_train.gcp import names, provisioning
 from gpu_train.stack.config import StackConfig
+from infra.gcpparts import gcp
 
 ROOT = Path(__file__).resolve().parent.parent
 # The function's modules, stdlib only (no other imports): the agent's webhook and Compute calls, and the

@@ -9,10 +9,10 @@ registry gets nothing here: its token is the user's secret, given to a run with 
 from __future__ import annotations
 
 import pulumi
-import pulumi_gcp as gcp
 
 from gpu_train.gcp import artifacts
 from gpu_train.stack.config import StackConfig
+from infra.gcpparts import gcp
 
 
 def declare(name: str, cfg: StackConfig, account_email: pulumi.Output[str], parent: pulumi.Resource) -> list[pulumi.Resource]:
