@@ -44,6 +44,9 @@ CARRIED = (
     "atomic.py",
     "sweeps.py",
 )
+# Data files the agent reads with pkgutil.get_data("gpu_train", NAME), carried as they are: the pinned uv wheels'
+# hashes (agent/uvfetch.py; ~1.5 KB).
+CARRIED_DATA = ("data/uv-wheels.json",)
 # Not in the zipapp: the laptop's builder; the recovery function's Compute layer (infra/recovery.py ships it to
 # Cloud Run with gpu_train/recovery.py, no host imports it); serve.py (sent as a script of its own by
 # `tensorboard`/`jupyter`). The zipapp travels inline on every call's command line, whose one argument Linux
@@ -127,6 +130,8 @@ def build(sources: dict[str, bytes], contract: bytes | None = None) -> bytes:
     files["gpu_train/__init__.py"] = b""
     for name in CARRIED:
         files[f"gpu_train/{name}"] = lean((CORE / name).read_bytes())
+    for name in CARRIED_DATA:
+        files[f"gpu_train/{name}"] = (CORE / name).read_bytes()
     if contract is not None:
         files["gpu_train/contract.py"] = lean(contract)
     files["__main__.py"] = MAIN.encode()
@@ -146,7 +151,7 @@ def packed_payload() -> str:
     """``pack(payload())``, built once per checkout (``cached``)."""
     sources = {p.name: p.read_bytes() for p in sorted(HERE.glob("*.py")) if p.name not in LAPTOP_ONLY}
     inputs = [name.encode() + b"\0" + data for name, data in sources.items()]
-    inputs += [(CORE / name).read_bytes() for name in CARRIED]
+    inputs += [(CORE / name).read_bytes() for name in CARRIED + CARRIED_DATA]
     return cached("agent", inputs, lambda: pack(build(sources)))
 
 

@@ -203,9 +203,9 @@ def pull_progress(line: str, done: set[str], layers: set[str]) -> str | None:
 
 
 # -- effects -------------------------------------------------------------------------------------
-def run_quiet(argv: list[str], timeout: float = PROBE_TIMEOUT_S) -> subprocess.CompletedProcess:
+def run_quiet(argv: list[str], timeout: float = PROBE_TIMEOUT_S, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
     except (OSError, subprocess.SubprocessError) as e:
         return subprocess.CompletedProcess(argv, 127, "", str(e))
 
@@ -259,11 +259,14 @@ def data_root(engine_name: str) -> str:
     return run_quiet([engine_name, "info", "--format", fmt]).stdout.strip() or "/"
 
 
-def layers_size(engine_name: str, ref: str) -> int | None:
-    """The compressed size of the image's layers, from its registry's manifest (None when it does not say)."""
+def layers_size(engine_name: str, ref: str, env: dict[str, str] | None = None) -> int | None:
+    """The compressed size of the image's layers, from its registry's manifest (None when it does not say);
+    ``env``: the pull's (its credentials). A registry on loopback is asked over plain HTTP, as Docker pulls from it."""
     if engine_name != DOCKER:
         return None
-    said = run_quiet([DOCKER, "manifest", "inspect", "-v", ref], timeout=60)
+    host = ref.split("/", 1)[0]
+    loopback = "/" in ref and (host.split(":")[0] == "localhost" or host.startswith("127."))
+    said = run_quiet([DOCKER, "manifest", "inspect", *(["--insecure"] if loopback else []), "-v", ref], timeout=60, env=env)
     try:
         docs = json.loads(said.stdout) if said.returncode == 0 else None
     except ValueError:

@@ -41,14 +41,14 @@ def ensure_image(w, engine: str, spec: JobSpec, run_dir: str) -> str:
                 "so this very image cannot be had again: load it again, or start a new run"
             )
         w.say(f"the run's image {state.image_id} is gone from this host: pulling it by its digest {state.image_digest}")
-        pull(w, engine, state.image_digest, spec, run_dir, present=False)
+        pull(w, engine, state.image_digest, spec, run_dir)
         doc = container.inspect(engine, state.image_digest)
         if doc is None or doc.get("Id") != state.image_id:
             raise AgentError(f"{state.image_digest} pulled, but it is not the run's image {state.image_id}")
         return state.image_id
     doc = container.inspect(engine, named)
     if doc is None:  # pulled when missing (Docker's own rule): an image here starts at once, offline too
-        pull(w, engine, named, spec, run_dir, present=False)
+        pull(w, engine, named, spec, run_dir)
         doc = container.inspect(engine, named)
     if doc is None:
         raise AgentError(f"{named} is not on this host after the pull")
@@ -58,23 +58,14 @@ def ensure_image(w, engine: str, spec: JobSpec, run_dir: str) -> str:
     return image_id
 
 
-def pull(w, engine: str, ref: str, spec: JobSpec, run_dir: str, present: bool) -> None:
-    """`ENGINE pull REF` as a step of the run, its lines in the log with the layers done so far."""
-    if not present:
-        where = container.data_root(engine)
-        try:
-            st = os.statvfs(where if os.path.isdir(where) else "/")
-            free = st.f_bavail * st.f_frsize
-        except OSError:
-            free = None
-        if free is not None:
-            problem = container.space_problem(free, container.layers_size(engine, ref), PULL_FLOOR)
-            if problem:
-                raise AgentError(f"not pulling {ref} into {where}: {problem} (free some space: {engine} image prune)")
-    w.say(f"pulling {ref} with {engine}")
+def pull(w, engine: str, ref: str, spec: JobSpec, run_dir: str) -> None:
+    """`ENGINE pull REF` as a step of the run, its lines in the log with the layers done so far, after a
+    look at the registry's manifest (with the pull's credentials) for whether the disk has room."""
     root = os.path.dirname(os.path.dirname(run_dir))
     conf = machine_settings(root) or settings(root)
     with registry.credentials(engine, ref, spec.env, w.say, conf.gcp, conf.metadata_url) as env:
+        check_space(engine, ref, env)
+        w.say(f"pulling {ref} with {engine}")
         proc = w.start([engine, "pull", ref], "step_pid", stdout=subprocess.PIPE, env=env, cwd=run_dir)
         done: set[str] = set()
         layers: set[str] = set()
@@ -87,6 +78,18 @@ def pull(w, engine: str, ref: str, spec: JobSpec, run_dir: str, present: bool) -
         w.child = None
     if code != 0:
         raise AgentError(f"{engine} pull {ref} failed (exit {code}): the log says why")
+
+
+def check_space(engine: str, ref: str, env: dict[str, str]) -> None:
+    """Refuse a pull the engine's disk has no room for (a full disk mid-pull fails every run on it)."""
+    where = container.data_root(engine)
+    try:
+        st = os.statvfs(where if os.path.isdir(where) else "/")
+    except OSError:
+        return
+    problem = container.space_problem(st.f_bavail * st.f_frsize, container.layers_size(engine, ref, env), PULL_FLOOR)
+    if problem:
+        raise AgentError(f"not pulling {ref} into {where}: {problem} (free some space: {engine} image prune)")
 
 
 def start(w, root: str, run_dir: str, spec: JobSpec, env: dict[str, str], job: list[str], extra: list[str]):

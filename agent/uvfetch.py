@@ -3,10 +3,11 @@ REMOTE_ROOT/tools/uv-VERSION/uv.
 
 uv is a static binary in a wheel (about 18 MB). The host downloads it at its own network's speed,
 for its own architecture, from the index its pip is configured with (PIP_INDEX_URL, pip.conf), over
-https only (plain http only to the host itself; no redirect to http), and only with the sha256 the
-index page gives, which must match (a link without one is refused). What this does not cover: an
-index that is itself hostile gives the hash of its own substitute (see docs/security.md).
-A host that already has uv on PATH uses that one. Where none can
+https only (plain http only to the host itself; no redirect to http). The wheel taken must be one of
+the pinned version's wheels named in gpu_train/data/uv-wheels.json (carried in the zipapp; written by
+scripts/dev/uv-pins from PyPI) and match that table's sha256: whatever hash the index page gives is not
+used, so an index that is itself hostile cannot choose the bytes. A host that already has uv on PATH
+uses that one (the host's own, as trusted as its Python). Where none can
 be had (no index reachable, a private index that needs credentials), the install falls back to pip
 and says why; the failure is remembered for an hour so that each run does not wait for it again.
 """
@@ -22,6 +23,7 @@ import io
 import ipaddress
 import json
 import os
+import pkgutil
 import platform
 import re
 import shutil
@@ -30,7 +32,18 @@ import urllib.parse
 import urllib.request
 import zipfile
 
-UV_VERSION = "0.13.9"
+
+def pinned_wheels() -> dict:
+    """gpu_train/data/uv-wheels.json: {"version": V, "wheels": {wheel file name: sha256}}, the only uv a
+    host fetches. In the zipapp beside the carried modules (agent/bundle.py CARRIED_DATA)."""
+    data = pkgutil.get_data("gpu_train", "data/uv-wheels.json")
+    if data is None:
+        raise OSError("gpu_train/data/uv-wheels.json is missing")
+    return json.loads(data.decode("utf-8"))
+
+
+PINS = pinned_wheels()
+UV_VERSION = PINS["version"]
 DEFAULT_INDEX = "https://pypi.org/simple"
 RETRY_AFTER_S = 3600  # how long a failed fetch is not tried again
 TIMEOUT_S = 30
@@ -182,20 +195,18 @@ def _get(url: str) -> bytes:
 
 
 def fetch_uv(root: str, index: str) -> str:
-    """Download uv's wheel from ``index``, check its hash, keep its binary; the binary's path."""
+    """Download uv's wheel from ``index``, check it against the pinned table (PINS), keep its binary; the
+    binary's path. The page's own #sha256= is not used: a hostile index would give its substitute's."""
+    pins = PINS
     page_url = index.rstrip("/") + "/uv/"
-    chosen = pick_wheel(
-        index_links(_get(page_url).decode("utf-8", "replace"), page_url), UV_VERSION, platform_tags(platform.machine(), has_glibc())
-    )
+    links = [(n, u) for n, u in index_links(_get(page_url).decode("utf-8", "replace"), page_url) if n in pins["wheels"]]
+    chosen = pick_wheel(links, UV_VERSION, platform_tags(platform.machine(), has_glibc()))
     if chosen is None:
-        raise ValueError(f"{page_url} has no uv {UV_VERSION} wheel for {platform.machine()}")
+        raise ValueError(f"{page_url} has none of uv {UV_VERSION}'s pinned wheels for {platform.machine()}")
     name, url = chosen
-    want = urllib.parse.urlsplit(url).fragment
-    if not re.fullmatch(r"sha256=[0-9a-f]{64}", want):
-        raise ValueError(f"{page_url} gives no sha256 for {name}: not taken unchecked")
-    data = _get(url)
-    if hashlib.sha256(data).hexdigest() != want[len("sha256=") :]:
-        raise ValueError(f"{name} from {page_url} does not match its sha256")
+    data = _get(urllib.parse.urlsplit(url)._replace(fragment="").geturl())
+    if hashlib.sha256(data).hexdigest() != pins["wheels"][name]:
+        raise ValueError(f"{name} from {page_url} is not uv {UV_VERSION} as published: its sha256 is not the pinned one")
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         binary = z.read(f"uv-{UV_VERSION}.data/scripts/uv")
     home = uv_home(root)

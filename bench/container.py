@@ -56,14 +56,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-container-") as tmp:
         base = Path(tmp)
         dockerd = containers.Dockerd(base / "dockerd").start()
-        registry = containers.Registry(base / "registry", "127.0.41.9", log_level="info").start()
+        registry = containers.Registry(base / "registry", "127.0.40.19", log_level="info").start()
         sshd = None
         try:
             dockerd.import_rootfs("bench/job:1")
             ref = f"{registry.host}/bench/job:1"
             registry.push(dockerd, "bench/job:1", "bench/job:1")
             path = f"{Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin"
-            sshd = Sshd(base / "sshd", "127.0.41.2", setenv=f"DOCKER_HOST={dockerd.host} PATH={path}").start()
+            sshd = Sshd(base / "sshd", "127.0.40.12", setenv=f"DOCKER_HOST={dockerd.host} PATH={path}").start()
             code, remote = base / "code", base / "remote"
             code.mkdir()
             (code / "job.py").write_text(JOB)

@@ -51,9 +51,12 @@ def free_port(host: str) -> int:
 class Dockerd:
     """A dockerd of the test's own (socket ``DOCKER_HOST``), stopped with ``stop``."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, data_root: Path | None = None):
         self.base = base
         base.mkdir(parents=True, exist_ok=True)
+        self.data_root = data_root or base / "data"
+        # containerd's socket lives under the exec root: a short path (a socket's path is at most 107 bytes)
+        self.exec_root = Path(tempfile.mkdtemp(prefix="gtd-", dir="/tmp"))
         self.socket = base / "docker.sock"
         self.host = f"unix://{self.socket}"
         self.log = base / "dockerd.log"
@@ -69,8 +72,8 @@ class Dockerd:
             "--iptables=false",
             "--ip6tables=false",
             "--bridge=none",
-            f"--data-root={self.base / 'data'}",
-            f"--exec-root={self.base / 'exec'}",
+            f"--data-root={self.data_root}",
+            f"--exec-root={self.exec_root}",
             f"--pidfile={self.base / 'dockerd.pid'}",
             f"--host={self.host}",
             "--default-ulimit=nofile=1024:1024",
@@ -134,8 +137,9 @@ class Dockerd:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
-        for left in (self.base / "exec" / "netns" / "default", self.base / "exec", self.base / "data"):  # what dockerd leaves mounted
+        for left in (self.exec_root / "netns" / "default", self.exec_root, self.data_root):  # what dockerd leaves mounted
             subprocess.run(["umount", "-l", str(left)], capture_output=True, check=False)
+        shutil.rmtree(self.exec_root, ignore_errors=True)
         self.proc = None
 
 

@@ -1,8 +1,8 @@
 """A package index on loopback (PEP 503's simple pages, http.server in a thread): what a test host's
 pip and uv download from, with no traffic beyond this machine.
 
-It serves real wheels: uv's, rebuilt from the uv binary the test environment installed (PyPI's
-`uv`, a static binary in a wheel), and small pure-Python ones a test makes.
+It serves real wheels: uv's own from PyPI (the pinned one, gpu_train/data/uv-wheels.json: a host takes
+no other), and small pure-Python ones a test makes.
 """
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ import base64
 import hashlib
 import html
 import http.server
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import zipfile
 from pathlib import Path
 
-from agent.uvfetch import UV_VERSION
+from agent.uvfetch import PINS, UV_VERSION
 from remote.loopback import free_port
 
 # An index nothing listens on: a host whose sessions have it set reaches no index at all (pip and the
@@ -45,9 +49,30 @@ def make_wheel(folder: Path, name: str, version: str, modules: dict[str, str]) -
     return path
 
 
-def uv_wheel(folder: Path, binary: Path) -> Path:
-    """uv's wheel for this machine, holding ``binary`` where PyPI's wheel has it."""
-    path = folder / f"uv-{UV_VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+UV_WHEEL = f"uv-{UV_VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+# Where PyPI's wheel is kept once downloaded (beside the venv, git-ignored; pip's cache holds it too).
+WHEELS = Path(__file__).resolve().parents[1] / ".venv" / "wheels"
+
+
+def uv_wheel(folder: Path) -> Path:
+    """PyPI's uv wheel for this machine (x86_64, glibc), the pinned one, copied into ``folder``. Downloaded
+    once with pip (from pip's cache when the venv's install fetched it), checked against the table."""
+    kept = WHEELS / UV_WHEEL
+    if not kept.is_file():  # into a folder of its own, then renamed: xdist's workers may do it at once
+        part = WHEELS / f"part-{os.getpid()}"
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--platform"]
+        subprocess.run([*pip, "manylinux_2_17_x86_64", f"uv=={UV_VERSION}", "-d", str(part)], check=False, capture_output=True)
+        if (part / UV_WHEEL).is_file():
+            os.replace(part / UV_WHEEL, kept)
+        shutil.rmtree(part, ignore_errors=True)
+    if not kept.is_file() or hashlib.sha256(kept.read_bytes()).hexdigest() != PINS["wheels"][UV_WHEEL]:
+        raise RuntimeError(f"{kept}: PyPI's {UV_WHEEL} could not be had (pip download) or is not the pinned one")
+    return Path(shutil.copy(kept, folder / UV_WHEEL))
+
+
+def rebuilt_wheel(folder: Path, name: str, binary: Path) -> Path:
+    """A wheel named ``name`` holding ``binary`` where uv's wheel has its binary: a substitute."""
+    path = folder / name
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
         z.write(binary, f"uv-{UV_VERSION}.data/scripts/uv")
         z.writestr(f"uv-{UV_VERSION}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: uv\nVersion: {UV_VERSION}\n")

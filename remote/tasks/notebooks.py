@@ -21,7 +21,7 @@ from gpu_train.errors import printable_doc
 from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.forward import ForwardError, LocalForward, pick_local_port, remote_listens
 
-HOST_SCRIPT = Path(__file__).resolve().parent.parent / "agent" / "serve.py"
+HOST_SCRIPT = Path(__file__).resolve().parents[2] / "agent" / "serve.py"
 DEFAULT_PORTS = {"tensorboard": 6006, "jupyter": 8888}
 
 

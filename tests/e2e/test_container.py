@@ -142,6 +142,10 @@ def test_the_projects_code_runs_in_the_image(clab: Lab, dockerd: containers.Dock
     status = clab.run_state(run)
     assert (status["image"], status["imageId"]) == ("gt/job:1", image_id)
     assert not [n for n in dockerd.names() if run in n]  # --rm: nothing left
+    clab.fab("fetch", "--run", run, check=True)  # what it wrote comes home as a plain run's does
+    home = clab.cwd / "runs" / "lab" / run
+    assert json.loads((home / "seen-0.json").read_text())["marker"] == "A", sorted(p.name for p in home.rglob("*"))
+    assert (home / "workdir" / "written-in-workdir.txt").read_text() == "hi"
 
 
 def test_stop_gives_the_grace_and_removes_a_container_whose_client_was_killed(clab: Lab, dockerd: containers.Dockerd) -> None:
@@ -275,3 +279,61 @@ def test_an_imported_vertex_container_job_runs_as_it_did_there(clab: Lab, docker
     assert (job / "argv.txt").read_text().split("\n")[:-1] == ["/usr/local/bin/prog2", "a", "--lr", "0.1"]
     greeting, model_dir, _ = (job / "env.txt").read_text().split("\n", 2)
     assert (greeting, model_dir) == ("hello vertex", f"{job}/model/")
+
+
+def test_a_two_node_cluster_runs_the_image_on_both_with_its_place(tmp_path: Path, dockerd: containers.Dockerd) -> None:
+    """Each node's container gets its part (NODE_RANK, TF_CONFIG, CLUSTER_SPEC) and its own name on the
+    one daemon the two loopback hosts share; the run succeeds on both."""
+    from remote.loopback import Sshd
+    from tests.conftest import cluster_stack, fab_env, run_fab
+
+    path = f"DOCKER_HOST={dockerd.host} PATH={Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin"
+    a = Sshd(tmp_path / "a", "127.0.40.4", setenv=path).start()
+    b = Sshd(tmp_path / "b", "127.0.40.5", client_key=a.client_key, setenv=path).start()
+    try:
+        cluster_stack(tmp_path / "stacks", "duo", [a.spec, b.spec], a.client_key)
+        (tmp_path / "work").mkdir()
+        env = fab_env(tmp_path / "stacks", tmp_path / "home", "duo", tmp_path / "work")
+        out = run_fab(env, tmp_path / "work", "train", "--image", "gt/prog:1", "--name", "duo", check=True, timeout=300).stdout
+        run = out.split()[1]
+        for node in (0, 1):
+            state = tmp_path / f"node{node}" / "runs" / run / "state.json"
+            wait_for(lambda state=state: state.exists() and json.loads(state.read_text())["state"] in ("succeeded", "failed"), 120)
+            assert json.loads(state.read_text())["state"] == "succeeded", (tmp_path / f"node{node}" / "runs" / run / "log").read_text()
+            _, _, spec = (tmp_path / f"node{node}" / "runs" / run / "job" / "env.txt").read_text().split("\n", 2)
+            task = json.loads(spec)["task"]
+            assert task == {"type": f"workerpool{node}", "index": 0}
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_pull_the_disk_has_no_room_for_is_refused_before_it_starts(tmp_path: Path, dockerd: containers.Dockerd) -> None:
+    """The registry's manifest (read with the pull's own credentials) says the layers' size; a daemon
+    whose data root has less than three times that free refuses, saying so, and fetches nothing."""
+    import subprocess
+
+    registry = containers.Registry(tmp_path / "registry", REGISTRY_ADDRESS).start()
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=True)
+    tiny = None
+    try:
+        registry.push(dockerd, "gt/job:1", "gt/big:1")
+        tiny = containers.Dockerd(tmp_path / "tiny", data_root=small / "data").start()
+        lab = Lab(tmp_path / "lab", "127.0.40.6", setenv=f"DOCKER_HOST={tiny.host} PATH={Path(containers.DOCKER).parent}:/usr/bin:/bin")
+        try:
+            secrets = tmp_path / "registry.env"
+            secrets.write_text(f"GPU_TRAIN_REGISTRY_USER={registry.user}\nGPU_TRAIN_REGISTRY_TOKEN={registry.password}\n")
+            run = lab.train("--image", f"{registry.host}/gt/big:1", "--env-file", str(secrets), "--name", "big")
+            ended = lab.wait(run)
+            assert ended["state"] == "failed", ended
+            assert "not pulling" in ended["reason"] and "its layers are" in ended["reason"] and "compressed" in ended["reason"], ended
+            assert tiny.out("images", "-q") == ""  # nothing was fetched
+        finally:
+            lab.sshd.stop()
+    finally:
+        if tiny:
+            tiny.stop()
+        registry.stop()
+        subprocess.run(["umount", "-l", str(small)], check=False)

@@ -37,7 +37,7 @@ def uv_binary() -> Path:
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("wheels")
     return {
-        "uv": uv_wheel(folder, uv_binary()),
+        "uv": uv_wheel(folder),
         "tinypkg": make_wheel(folder, "tinypkg", "1.0", {"tinypkg.py": "VALUE = 42\n"}),
         "tensorboard": make_wheel(
             folder,

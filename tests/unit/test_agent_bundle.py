@@ -33,6 +33,7 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
             "gpu_train/codec.py",
             "gpu_train/containerspec.py",
             "gpu_train/contract.py",
+            "gpu_train/data/uv-wheels.json",
             "gpu_train/fetchwire.py",
             "gpu_train/recovery.py",
             "gpu_train/sweeps.py",

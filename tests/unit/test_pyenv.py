@@ -141,34 +141,99 @@ def test_uv_travels_over_https_only(url: str, ok: bool) -> None:
     assert (uvfetch.transport_problem(url) is None) == ok
 
 
-def test_a_uv_link_without_a_hash_is_refused(tmp_path: Path) -> None:
-    """A link without a #sha256= was not checked at all: a substitute uv ran on the host."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class _Index:
+    """An index on loopback serving one wheel under ``name``, its link with ``fragment`` (a hostile
+    index's own "#sha256=" of what it serves, or none)."""
 
-    from tests.pyindex import uv_wheel
+    def __init__(self, name: str, body: bytes, fragment: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                page = f'<a href="/files/{name}{fragment}">{name}</a>'.encode()
+                data = page if self.path.startswith("/simple") else body
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+
+    def __enter__(self) -> str:
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_substitute_uv_with_its_own_hash_is_refused(tmp_path: Path) -> None:
+    """A hostile configured index gives its substitute under uv's own wheel name with the substitute's
+    own #sha256=: the hash the page gave matched, and the substitute ran on the host. Now only the
+    table's hash (PyPI's, gpu_train/data/uv-wheels.json) is believed."""
+    import hashlib
+
+    from tests.pyindex import UV_WHEEL, rebuilt_wheel
 
     fake = tmp_path / "uv"
     fake.write_bytes(b"#!/bin/sh\necho substitute\n")
-    wheel = uv_wheel(tmp_path, fake)
-
-    class Index(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = f'<a href="/files/{wheel.name}">{wheel.name}</a>'.encode() if self.path.startswith("/simple") else wheel.read_bytes()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
-    try:
-        with pytest.raises(ValueError, match="gives no sha256"):
-            uvfetch.fetch_uv(str(tmp_path / "root"), f"http://127.0.0.1:{server.server_address[1]}/simple")
+    body = rebuilt_wheel(tmp_path, UV_WHEEL, fake).read_bytes()
+    for fragment in (f"#sha256={hashlib.sha256(body).hexdigest()}", ""):
+        with _Index(UV_WHEEL, body, fragment) as index, pytest.raises(ValueError, match="not the pinned one"):
+            uvfetch.fetch_uv(str(tmp_path / "root"), index)
         assert not (tmp_path / "root" / "tools").exists()
-    finally:
-        server.shutdown()
-        server.server_close()
+
+
+def test_a_uv_wheel_the_table_does_not_name_is_not_taken(tmp_path: Path) -> None:
+    """A name uv never published (an index may list anything) is not a candidate at all."""
+    from tests.pyindex import rebuilt_wheel
+
+    fake = tmp_path / "uv"
+    fake.write_bytes(b"#!/bin/sh\necho substitute\n")
+    name = f"uv-{uvfetch.UV_VERSION}-py3-none-manylinux_2_5_x86_64.whl"
+    with _Index(name, rebuilt_wheel(tmp_path, name, fake).read_bytes(), "") as index, pytest.raises(ValueError, match="pinned wheels"):
+        uvfetch.fetch_uv(str(tmp_path / "root"), index)
+
+
+def test_pypis_uv_wheel_is_taken_with_or_without_a_page_hash(tmp_path: Path) -> None:
+    """The real wheel (PyPI's bytes) is taken even from a mirror whose page gives no hash: the table
+    is the check. It had been refused for want of a #sha256=."""
+    import subprocess
+
+    from tests.pyindex import uv_wheel
+
+    wheel = uv_wheel(tmp_path)
+    with _Index(wheel.name, wheel.read_bytes(), "") as index:
+        binary = uvfetch.fetch_uv(str(tmp_path / "root"), index)
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    assert out.startswith(f"uv {uvfetch.UV_VERSION}")
+
+
+def test_the_pinned_table_covers_every_linux_host_and_the_tests_uv() -> None:
+    """One version, every glibc and musl host on the architectures a GPU VM has, and the same uv the
+    tests install (requirements-test.txt): a bump is scripts/dev/uv-pins VERSION plus that line."""
+    import re
+
+    names = [(n, n) for n in uvfetch.PINS["wheels"]]
+    for machine, glibc in [("x86_64", True), ("aarch64", True), ("x86_64", False), ("aarch64", False)]:
+        assert uvfetch.pick_wheel(names, uvfetch.UV_VERSION, uvfetch.platform_tags(machine, glibc)) is not None
+    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in uvfetch.PINS["wheels"].values())
+    pinned = re.search(r"^uv==(\S+)$", (Path(__file__).parents[2] / "requirements-test.txt").read_text(), re.M)
+    assert pinned is not None and pinned.group(1) == uvfetch.UV_VERSION
+
+
+def test_the_zipapp_carries_the_pinned_table() -> None:
+    import io
+    import json
+    import zipfile
+
+    from agent import bundle
+
+    with zipfile.ZipFile(io.BytesIO(bundle.payload())) as z:
+        assert json.loads(z.read("gpu_train/data/uv-wheels.json")) == uvfetch.PINS
