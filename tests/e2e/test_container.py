@@ -337,3 +337,34 @@ def test_a_pull_the_disk_has_no_room_for_is_refused_before_it_starts(tmp_path: P
             tiny.stop()
         registry.stop()
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_a_user_neither_root_nor_in_the_docker_group_is_refused_with_the_reason(dockerd: containers.Dockerd) -> None:
+    """The shared host's rule, against the real daemon: a user who may not use its socket gets the reason
+    (the docker group is root on the host) and who can do what, from the agent's own engine choice."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("useradd") or shutil.which("podman"):
+        pytest.skip("needs useradd, and no Podman (which such a user would get instead)")
+    user = f"gtnodock{os.getpid()}"
+    subprocess.run(["userdel", user], capture_output=True, check=False)
+    subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", user], check=True)
+    try:
+        probe = (
+            f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+            "from agent import container\nfrom agent.store import AgentError\n"
+            "try:\n    print('engine', container.engine())\nexcept AgentError as e:\n    print(e)\n"
+        )
+        env = {"DOCKER_HOST": dockerd.host, "PATH": f"{Path(containers.DOCKER).parent}:/usr/bin:/bin", "HOME": "/tmp"}
+        said = subprocess.run(
+            [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", "/usr/bin/python3", "-c", probe],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert f"{user} may not use Docker on this host" in said.stdout, (said.stdout, said.stderr)
+        assert "membership of that group is root on the host" in said.stdout and "Podman" in said.stdout
+    finally:
+        subprocess.run(["userdel", user], capture_output=True, check=False)
