@@ -91,6 +91,8 @@ def sweep_(
     if mode not in ("min", "max"):
         raise UsageError(f"--mode {mode!r}: min or max")
     environment = Environment.of(c)
+    if action == "start" and dry_run and (offline := gcp_facts(environment, stack)) is not None:
+        return dry_run_plan(locals(), *offline)  # a GCP stack's plan needs no VM: its settings and the catalog
     session = Session(environment, stack)
     if action == "stop":
         return stop_sweep(session, _named(sweep), json_)
@@ -148,13 +150,13 @@ def node_gpus(session: Session) -> list[int]:
     return [len(d.get("gpus") or []) for d in docs]  # type: ignore[attr-defined]
 
 
-def plan(o: dict, session: Session, base: str) -> tuple[list[dict], list[list[list[int]]], dict | None]:
-    """(trials, each node's slots, the space)."""
+def plan(o: dict, gpus: list[int], base: str) -> tuple[list[dict], list[list[list[int]]], dict | None]:
+    """(trials, each node's slots, the space), for nodes of ``gpus`` GPUs each."""
     space = space_of(o)
     per_trial = trust.number("--gpus-per-trial", o["gpus_per_trial"], int, 1, 64)
     declared = trust.number("--slots", o["slots"], int, 1, 1024)
     try:
-        node_slots = [sweeps.slots_of(g, per_trial, declared) for g in node_gpus(session)]
+        node_slots = [sweeps.slots_of(g, per_trial, declared) for g in gpus]
         if space is None:
             workers = trust.number("--workers", o["workers"], int, 1, 10000)
             chosen: list[dict] = [{} for _ in range(workers)]
@@ -184,14 +186,12 @@ def start(environment: Environment, session: Session, o: dict) -> None:
 
     if not o["script"] and not o["command"]:
         raise UsageError("give the trial's --script (or --command)")
-    base = jobs.base_name(o["name"], o["script"], o["command"])[: sweeps.NAME_MAX]
-    trials, node_slots, _ = plan(o, session, base)
     cluster = session.cluster
-    hours = trust.number("--hours-per-trial", o["hours_per_trial"], float, 0)
-    slots_total = sum(len(s) for s in node_slots)
-    est = sweeps.estimate(len(trials), slots_total, int(o["gpus_per_trial"]), hours, cluster.hourly_cost_usd, 1)
     if o["dry_run"]:
-        return show_plan(trials, node_slots, est, hours, cluster.hourly_cost_usd, o["json_"])
+        return dry_run_plan(o, node_gpus(session), cluster.hourly_cost_usd)
+    base = jobs.base_name(o["name"], o["script"], o["command"])[: sweeps.NAME_MAX]
+    trials, node_slots, _ = plan(o, node_gpus(session), base)
+    slots_total = sum(len(s) for s in node_slots)
     stamp = datetime.now().strftime("_%Y%m%d_%H%M%S")
     code_dir = environment.project_root
     spec = jobs.job_spec(
@@ -249,9 +249,42 @@ def start(environment: Environment, session: Session, o: dict) -> None:
     print(f"  stop:    {CLI} sweep stop --sweep {base}")
 
 
+def gcp_facts(environment: Environment, stack: str | None) -> tuple[list[int], float | None] | None:
+    """A GCP stack's GPUs per node and its $/h for all nodes, from its settings and the catalog; None for an
+    SSH stack (its hosts say their GPUs)."""
+    from remote.ssh import target as targets
+
+    name = targets.select_stack(environment, stack)
+    from gpu_train.stack import check, stackfile
+
+    raw = stackfile.read_stack_file(environment.stack_file(name))
+    if check.target_of(raw) == "ssh":
+        return None
+    from gpu_train.catalog.loader import load_catalog
+    from gpu_train.gcp import validate
+    from gpu_train.views.listing import catalog_price, shape_of
+
+    catalog = load_catalog()
+    cfg, _ = validate.check(raw, name, catalog)
+    return [shape_of(cfg, catalog).gpu_count] * cfg.nodes, catalog_price(cfg, catalog)
+
+
+def dry_run_plan(o: dict, gpus: list[int], hourly: float | None) -> None:
+    """`sweep --dry-run`: the trials, the slots, GPU-hours and the cost; nothing starts."""
+    from gpu_train import jobs
+
+    if not o["script"] and not o["command"]:
+        raise UsageError("give the trial's --script (or --command)")
+    base = jobs.base_name(o["name"], o["script"], o["command"])[: sweeps.NAME_MAX]
+    trials, node_slots, _ = plan(o, gpus, base)
+    hours = trust.number("--hours-per-trial", o["hours_per_trial"], float, 0)
+    est = sweeps.estimate(len(trials), sum(len(s) for s in node_slots), int(o["gpus_per_trial"]), hours, hourly, 1)
+    show_plan(trials, node_slots, est, hours, hourly, o["json_"])
+
+
 def show_plan(trials: list[dict], node_slots: list, est: sweeps.Estimate, hours: float | None, hourly: float | None, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"trials": trials, "slots": node_slots, **dataclasses.asdict(est)}, indent=1))
+        print(json.dumps({**dataclasses.asdict(est), "nodeSlots": node_slots, "trials": trials}, indent=1))
         return
     for t in trials:
         print(f"  {t['base']}  node {t['node']}  {shlex.join(t['args'])}")

@@ -191,3 +191,35 @@ def test_estimate(trials, slots, gpt, hours, price, nodes, expected):
 def test_best(rows, mode, expected):
     top = sweeps.best(rows, mode)
     assert (top and top["runId"]) == expected
+
+
+def test_dry_run_on_a_gcp_stack_says_slots_waves_gpu_hours_and_cost_without_a_vm(tmp_path):
+    """4 T4s on an n1-standard-8 are 4 slots (2 with --gpus-per-trial 2): the plan and its price from the stack's
+    settings and the catalog, before anything exists."""
+    import json
+    import subprocess
+
+    import yaml
+
+    from gpu_train.catalog.loader import load_catalog
+    from gpu_train.gcp import validate
+    from gpu_train.views.listing import catalog_price
+    from tests.conftest import fab_env, gcp_raw, run_fab
+
+    raw = gcp_raw(gpuCount=4)
+    stacks, project = tmp_path / "stacks", tmp_path / "work"
+    stacks.mkdir()
+    project.mkdir()
+    (stacks / "Pulumi.octo.yaml").write_text(yaml.safe_dump({"config": raw}))
+    (project / "train.py").write_text("print(1)\n")
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    price = catalog_price(validate.check(raw, "octo", load_catalog())[0], load_catalog())
+    assert price
+    env = fab_env(stacks, tmp_path / "home", "octo", project)
+    args = ("sweep", "--script", "train.py", "--random", "lr=1e-5:1e-2:log", "--count", "20", "--hours-per-trial", "1", "--dry-run")
+    out = run_fab(env, project, *args, check=True).stdout
+    assert f"20 trials, 4 slot(s) in 5 wave(s); 20 GPU-hours, 5 h of wall time, about ${price * 5:,.2f} at ${price:,.2f}/h" in out, out
+    doc = json.loads(run_fab(env, project, *args, "--gpus-per-trial", "2", "--json", check=True).stdout)
+    assert doc["nodeSlots"] == [[[0, 1], [2, 3]]] and doc["slots"] == 2 and doc["waves"] == 10 and doc["gpu_hours"] == 40
+    assert doc["cost"] == round(price * 10, 2) and len(doc["trials"]) == 20
+    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*.json"))  # nothing asked of Pulumi
