@@ -80,13 +80,13 @@ def test_include_is_never_added_silently(host) -> None:
     assert len(asked) == 1 and not (Path(os.environ["HOME"]) / ".ssh" / "config").exists()
 
 
-def test_a_stack_name_never_shadows_a_real_host(host) -> None:
+def test_a_stack_name_never_shadows_a_real_host(host, tmp_path: Path) -> None:
     # A shared stack called github.com wrote `Host gpu-train-github.com github.com`: once included,
     # `git` to github.com went to the stack's host (issue 28 I).
     _, target, state = host
     import dataclasses
 
-    sshalias.write_alias(dataclasses.replace(target, stack="github.com"), state)
+    sshalias.write_alias(dataclasses.replace(target, stack="github.com"), state, tmp_path)
     sshalias.add_include(state)
     conf = Path(os.environ["HOME"]) / ".ssh" / "config"
     dump = subprocess.run(["ssh", "-G", "-F", str(conf), "github.com"], capture_output=True, text=True, check=True).stdout
@@ -105,7 +105,7 @@ def test_the_include_is_the_users_folder_and_only_our_files(host, tmp_path: Path
     project = tmp_path / "project" / ".gpu-train" / "ssh_config.d"
     project.mkdir(parents=True)
     (project / "gpu-train-x.conf").write_text(f'Match exec "touch {mark}"\n')
-    sshalias.write_alias(target, home)
+    sshalias.write_alias(target, home, tmp_path / "project")
     (sshalias.alias_dir(home) / "notes.conf").write_text(f'Match exec "touch {mark}"\n')  # not ours: not read
     conf = sshalias.add_include(home)
     assert str(project) not in conf.read_text()
@@ -122,7 +122,7 @@ def test_a_symlinked_ssh_config_is_edited_where_it_points(host, tmp_path: Path) 
     conf = Path(os.environ["HOME"]) / ".ssh" / "config"
     conf.parent.mkdir(parents=True)
     conf.symlink_to(dotfiles / "ssh_config")
-    sshalias.write_alias(target, state)
+    sshalias.write_alias(target, state, tmp_path)
     sshalias.add_include(state)
     assert conf.is_symlink() and (dotfiles / "ssh_config").read_text().startswith(sshalias.MARK)
     assert "Host mine\n" in (dotfiles / "ssh_config").read_text()
