@@ -223,3 +223,36 @@ def test_dry_run_on_a_gcp_stack_says_slots_waves_gpu_hours_and_cost_without_a_vm
     assert doc["nodeSlots"] == [[[0, 1], [2, 3]]] and doc["slots"] == 2 and doc["waves"] == 10 and doc["gpu_hours"] == 40
     assert doc["cost"] == round(price * 10, 2) and len(doc["trials"]) == 20
     assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*.json"))  # nothing asked of Pulumi
+
+
+def test_a_sweep_file_and_its_mistakes_as_the_command_says_them(tmp_path):
+    """--file: the trials it makes (its args template filled), and a bad file named with its setting before
+    anything is sent (a GCP stack's dry run: nothing is contacted either way)."""
+    import json
+    import subprocess
+
+    import yaml
+
+    from tests.conftest import fab_env, gcp_raw, run_fab
+
+    stacks, project = tmp_path / "stacks", tmp_path / "work"
+    stacks.mkdir()
+    project.mkdir()
+    (stacks / "Pulumi.quad.yaml").write_text(yaml.safe_dump({"config": gcp_raw(gpuCount=4)}))
+    (project / "train.py").write_text("print(1)\n")
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    env = fab_env(stacks, tmp_path / "home", "quad", project)
+    (project / "sweep.yaml").write_text(
+        "method: random\ncount: 3\nseed: 4\nargs: '--learning_rate={lr}'\n"
+        "parameters:\n  lr: {min: 1.0e-5, max: 1.0e-2, distribution: log_uniform}\n  layers: {values: [2, 4]}\n"
+    )
+    planned = run_fab(env, project, "sweep", "--script", "train.py", "--file", "sweep.yaml", "--dry-run", "--json", check=True)
+    doc = json.loads(planned.stdout)
+    expected = sweeps.expand(sweeps.check_space(yaml.safe_load((project / "sweep.yaml").read_text())))
+    assert [t["values"] for t in doc["trials"]] == expected
+    assert [t["args"] for t in doc["trials"]] == [[f"--learning_rate={v['lr']}", "--layers", str(v["layers"])] for v in expected]
+    (project / "bad.yaml").write_text("method: grid\nparameters:\n  lr: {min: 0.1, max: 1}\n")
+    bad = run_fab(env, project, "sweep", "--script", "train.py", "--file", "bad.yaml", "--dry-run")
+    assert bad.returncode == 2 and "parameters.lr: a range (min/max) needs method: random" in bad.stderr, bad.stderr
+    none = run_fab(env, project, "sweep", "--script", "train.py", "--dry-run")
+    assert none.returncode == 2 and "say what to sweep" in none.stderr
