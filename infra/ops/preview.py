@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pulumi
@@ -159,9 +159,10 @@ class _Monitor(MockMonitor):
     ``ignore_changes`` options (MockResourceArgs leaves them out)."""
 
     def RegisterResource(self, request):
-        self.mocks.protected[(request.type, request.name)] = bool(request.protect)
-        self.mocks.retained[(request.type, request.name)] = bool(request.retainOnDelete)
-        self.mocks.imports[(request.type, request.name)] = (request.importId, tuple(request.ignoreChanges))
+        mocks = cast(Recorder, self.mocks)
+        mocks.protected[(request.type, request.name)] = bool(request.protect)
+        mocks.retained[(request.type, request.name)] = bool(request.retainOnDelete)
+        mocks.imports[(request.type, request.name)] = (request.importId, tuple(request.ignoreChanges))
         return super().RegisterResource(request)
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
@@ -60,7 +60,7 @@ def _watch(env: Environment, interval: float):
         "json": 'print {"url": ...}',
     }
 )
-def dashboard(c, interval=None, port=None, address="127.0.0.1", no_browser=False, json_=False):
+def dashboard(c: Context, interval=None, port=None, address="127.0.0.1", no_browser=False, json_=False):
     """Every stack, run and GPU of this project in your browser, live: costs, warnings, logs and curves.
 
     A local page (a secret in its URL, made at each start), opened in your browser; Ctrl-C stops it.
@@ -96,7 +96,7 @@ def dashboard(c, interval=None, port=None, address="127.0.0.1", no_browser=False
 
 
 @task(help={"output": "the HTML file to write (default: PROJECT-report-YYYYmmdd-HHMM.html here)", "json": 'print {"path": ...}'})
-def report(c, output=None, json_=False):
+def report(c: Context, output=None, json_=False):
     """The dashboard as one self-contained HTML file (no network needed to open it): for a lab notebook.
 
     Every stack asked once; each run's last log lines and its curves, a sweep's best trial."""

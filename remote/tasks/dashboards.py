@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.environment import Environment
 from gpu_train.stack.project import project_name
@@ -54,7 +54,7 @@ def _serve(env: Environment, stack: str | None, kind: str, extra, local_port, js
         "stack": STACK_HELP,
     }
 )
-def tensorboard(c, run=None, logdir=None, local_port=None, json_=False, stack=None):
+def tensorboard(c: Context, run=None, logdir=None, local_port=None, json_=False, stack=None):
     """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both."""
     from remote.tasks import notebooks
 
@@ -71,7 +71,7 @@ def tensorboard(c, run=None, logdir=None, local_port=None, json_=False, stack=No
         "stack": STACK_HELP,
     }
 )
-def jupyter(c, dir=None, local_port=None, json_=False, stack=None):
+def jupyter(c: Context, dir=None, local_port=None, json_=False, stack=None):
     """JupyterLab on the host, opened here at a local URL with its token; Ctrl-C stops both.
 
     JupyterLab, else Notebook, else Jupyter Server, bound to localhost on the host."""
@@ -86,7 +86,7 @@ def jupyter(c, dir=None, local_port=None, json_=False, stack=None):
         "stack": STACK_HELP,
     }
 )
-def tunnel(c, port=None, local_port=None, json_=False, stack=None):
+def tunnel(c: Context, port=None, local_port=None, json_=False, stack=None):
     """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change).
 
     It first checks that something listens there; a busy local port is said as such."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
@@ -38,7 +38,7 @@ def data_path(src: Path, root: Path) -> str:
         "to": "`bucket`: to the stack's gpu-train:bucket; each run copies it to $DATA_DIR before its job starts",
     }
 )
-def push(c, dir, stack=None, json_=False, to=None):
+def push(c: Context, dir, stack=None, json_=False, to=None):
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
     from remote.transfer import ignores, sync
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
@@ -137,7 +137,7 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
     }
 )
 def fetch(
-    c,
+    c: Context,
     run=None,
     all_=False,
     dest=None,

@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.atomic import atomic_write
 from gpu_train.environment import Environment
@@ -74,7 +74,9 @@ def _write_env(path: Path, env: dict[str, str]) -> None:
         "json": "print the stack, the command and the report as JSON",
     },
 )
-def import_job(c, source, gcloud=None, stack=None, region=None, project=None, ssh_from=None, stacks_dir=None, force=False, json=False):
+def import_job(
+    c: Context, source, gcloud=None, stack=None, region=None, project=None, ssh_from=None, stacks_dir=None, force=False, json=False
+):
     """Translate an AI Platform or Vertex AI training job into a stack and the train command that runs it.
 
     gpu-train import config.yaml --stack aip --project my-proj --ssh-from 203.0.113.7/32

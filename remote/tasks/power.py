@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
@@ -59,7 +59,7 @@ def _pulumi(env: Environment, commands: list[list[str]]) -> None:
         "stack": STACK_HELP,
     },
 )
-def vm_stop(c, force=False, wait=None, stack=None):
+def vm_stop(c: Context, force=False, wait=None, stack=None):
     """Stop the stack's VM(s), keeping the disks (only storage bills while stopped); fetches every run first.
 
     Refuses while a run is running or the host cannot be checked, unless --force (which skips the check
@@ -71,7 +71,10 @@ def vm_stop(c, force=False, wait=None, stack=None):
     wait = number("--wait", GUARD_TIMEOUT_S if wait is None else wait, float, 0.1, 3600)
     env = Environment.of(c)
     cfg = _gcp_config(env, stack)
-    runs, unreachable, sessions, docs = [], [], [], []
+    runs: list[dict] = []
+    unreachable: list[str] = []
+    sessions: list[Session] = []
+    docs: list[object] = []
     if force:
         say("--force: not checking or fetching the runs (the disk keeps them; running ones resume at vm-start)")
     elif _vm_is_down(env, cfg):
@@ -169,7 +172,7 @@ def _vm_is_down(env: Environment, cfg) -> bool:
 
 
 @task(name="vm-start", help={"stack": STACK_HELP})
-def vm_start(c, stack=None):
+def vm_start(c: Context, stack=None):
     """Start the stack's stopped VM(s) again (after vm-stop, idle auto-stop, maxRunHours or preemption)."""
     from gpu_train.gcp import power
     from gpu_train.stack import config

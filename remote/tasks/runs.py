@@ -17,7 +17,9 @@ from remote.tasks.render import render_status
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
 if TYPE_CHECKING:
-    from gpu_train.answers import LogEnd, Pruned
+    from invoke import Context
+
+    from gpu_train.answers import LogEnd, Pruned, Resumed, Stopped
 
 
 # -- logs -------------------------------------------------------------------------------------
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
         "stack": STACK_HELP,
     }
 )
-def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=None):
+def logs(c: Context, run=None, follow=False, lines=None, node=None, all_=False, stack=None):
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
     run, lines = trust.run_option(run), trust.number("--lines", 50 if lines is None else lines, int, 0)
     session = Session(Environment.of(c), stack, node=trust.number("--node", node or 0, int, 0))
@@ -39,7 +41,7 @@ def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=Non
     if not all_:
         trailer = _stream_log(session, run, lines, follow, out.write, out.flush)
         session.close()
-        if follow:
+        if follow and trailer is not None:  # (following ends with the agent's end mark)
             _exit_with(trailer)
         return
     lock = threading.Lock()
@@ -62,8 +64,9 @@ def logs(c, run=None, follow=False, lines=None, node=None, all_=False, stack=Non
     if failed := failures(trailers):
         raise GpuTrainError("; ".join(failed))
     if follow:
-        bad = [t for t in trailers if t["state"] != SUCCEEDED]
-        _exit_with(bad[0] if bad else trailers[0])
+        ended = cast("list[LogEnd]", trailers)  # (no node failed: each followed its log to the end mark)
+        bad = [t for t in ended if t["state"] != SUCCEEDED]
+        _exit_with(bad[0] if bad else ended[0])
 
 
 def follow_to_end(session: Session, run: str) -> None:
@@ -161,7 +164,7 @@ def cluster_status(session: Session, *args: str) -> dict:
 
 
 @task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, jobSummary, workdirSummary, ...}", "stack": STACK_HELP})
-def status(c, json_=False, stack=None):
+def status(c: Context, json_=False, stack=None):
     """Every run with its state, duration, outputs and last log line; GPU use; hours and cost on GCP.
 
     A run's outputs are JOB_DIR's files and what the job wrote in its working directory. Its duration
@@ -188,7 +191,7 @@ def status(c, json_=False, stack=None):
         "stack": STACK_HELP,
     }
 )
-def stop(c, run=None, grace=None, stack=None, json_=False, sweep=None):
+def stop(c: Context, run=None, grace=None, stack=None, json_=False, sweep=None):
     """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
     session = Session(Environment.of(c), stack)
@@ -207,7 +210,8 @@ def stop(c, run=None, grace=None, stack=None, json_=False, sweep=None):
         s.close()
         where = f"node {s.node}: " if len(sessions) > 1 else ""
         if not isinstance(doc, GpuTrainError) and not json_:
-            print(f"{where}{doc['runId']}: {doc['state']} ({', '.join(doc['signals']) or 'no signal needed'})")
+            said = cast("Stopped", doc)
+            print(f"{where}{said['runId']}: {said['state']} ({', '.join(said['signals']) or 'no signal needed'})")
     if failed := failures(docs):
         raise GpuTrainError("; ".join(failed))
 
@@ -220,7 +224,7 @@ def stop(c, run=None, grace=None, stack=None, json_=False, sweep=None):
         "stack": STACK_HELP,
     }
 )
-def resume(c, run=None, grace=None, stack=None, json_=False):
+def resume(c: Context, run=None, grace=None, stack=None, json_=False):
     """Restart a run on every node with the same RUN_ID and JOB_DIR (it resumes from its checkpoints).
 
     Without --run: the newest interrupted run (a finished one only when named). For a cluster one
@@ -240,14 +244,15 @@ def resume(c, run=None, grace=None, stack=None, json_=False):
         s.close()
     if failed := failures(docs):
         raise GpuTrainError("; ".join(failed))
+    resumes = cast("Resumed", docs[0])["resumes"]  # (no node failed)
     if json_:
-        print(json.dumps({"runId": run, "nodes": len(sessions), "resumes": docs[0]["resumes"]}))
+        print(json.dumps({"runId": run, "nodes": len(sessions), "resumes": resumes}))
     else:
-        print(f"{run}: restarted on {len(sessions)} node(s) (resume {docs[0]['resumes']})")
+        print(f"{run}: restarted on {len(sessions)} node(s) (resume {resumes})")
 
 
 @task(help={"run": "only this run (an id or a unique prefix)", "dry_run": "say what would go; remove nothing", "stack": STACK_HELP})
-def prune(c, run=None, dry_run=False, stack=None):
+def prune(c: Context, run=None, dry_run=False, stack=None):
     """Free the code copies of finished runs on the host (every node), keeping everything each job wrote.
 
     Each run keeps the code it was sent; this removes the files still exactly as sent from runs that

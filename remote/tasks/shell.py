@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.contract import BOOT_CRON_STOPPED, BOOT_NO_CRONTAB, BOOT_OFF
 from gpu_train.environment import Environment
@@ -18,7 +18,7 @@ from remote.tasks.session import CLI, STACK_HELP, Session, say
 
 # -- setup --------------------------------------------------------------------------------------
 @task(help={"stack": STACK_HELP})
-def setup(c, stack=None):
+def setup(c: Context, stack=None):
     """Install the on-host agent with the stack's settings; on SSH stacks also `boot` at reboot.
 
     GCP VMs get this from their startup script. On an SSH host, `boot` is added to your crontab
@@ -81,7 +81,7 @@ def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None
 
 
 @task(name="ssh", help={"command": "run this command instead of a shell (also: gpu-train ssh -- CMD)", "stack": STACK_HELP})
-def shell(c, command=None, stack=None):
+def shell(c: Context, command=None, stack=None):
     """A shell on the host, or one command (`ssh -- CMD`); the first contact also writes the alias gpu-train-STACK."""
     session = Session(Environment.of(c), stack)
     if command:
@@ -93,7 +93,7 @@ shell.remainder_kwarg = "command"  # `gpu-train ssh -- CMD` (remote/cli.py's Exe
 
 
 @task(name="nvidia-smi", help={"stack": STACK_HELP})
-def nvidia_smi(c, stack=None):
+def nvidia_smi(c: Context, stack=None):
     """nvidia-smi on the host (`gpus` lists the GPU types you can have)."""
     from gpu_train.errors import shown
     from remote.ssh.agentcall import run_bounded

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.contract import REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
 from gpu_train.environment import Environment
@@ -93,7 +93,7 @@ def ignore_lines(existing: str) -> list[str]:
         "on_demand": "GCP stack: on-demand rather than spot",
     }
 )
-def init(c, stack=None, host=None, key=None, gcp_project=None, zone="us-central1-a", gpu="nvidia-tesla-t4", on_demand=False):
+def init(c: Context, stack=None, host=None, key=None, gcp_project=None, zone="us-central1-a", gpu="nvidia-tesla-t4", on_demand=False):
     """Write a starter stack into this project's stacks/ (an SSH host, or a GCP VM), and say what to edit."""
     from gpu_train.stack import config
 

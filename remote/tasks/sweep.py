@@ -15,7 +15,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train import sweeps
 from gpu_train.environment import Environment
@@ -59,7 +59,7 @@ ACTIONS = ("start", "status", "best", "stop")
     },
 )
 def sweep_(
-    c,
+    c: Context,
     action=None,
     script=None,
     command=None,

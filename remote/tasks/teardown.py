@@ -7,7 +7,7 @@ import os
 import subprocess
 from typing import cast
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
@@ -110,7 +110,7 @@ def not_as_recorded(stack: str, bucket: str, docs: list[object]) -> list[str]:
         "no_fetch": "with gpu-train:bucket: download nothing; refuses unless every run is verified in the bucket",
     }
 )
-def down(c, force=False, streams=None, stack=None, no_fetch=False):
+def down(c: Context, force=False, streams=None, stack=None, no_fetch=False):
     """Fetch every run from every node, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
     Refuses, naming what would be lost, while a run is still running or anything of any node (a JOB_DIR,

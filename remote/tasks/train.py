@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from invoke import task
+from invoke import Context, task
 
 from gpu_train.environment import Environment
 from remote.tasks.launching import TrainOptions, start_run
@@ -40,7 +40,7 @@ from remote.tasks.shell import say_host_notes
     },
 )
 def train(
-    c,
+    c: Context,
     script=None,
     command=None,
     dir=None,
