@@ -96,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("bucket-data", help="the project's data from the bucket into DATA_DIR (before a job)").add_argument("run")
     checking = sub.add_parser("bucket-check", help="can this host's uploader use the bucket (`check`)")
     checking.add_argument("--bucket", required=True)
-    checking.add_argument("--prefix", default="", help="where the stack's runs go: PREFIX/STACK/")
+    checking.add_argument("--prefix", default="", help="where the stack's runs go: PREFIX/.gpu-train-runs/STACK/")
     checking.add_argument("--python", help="the stack's gpu-train:python (default: detected as for a run)")
     probing = sub.add_parser("bucket-probe", help="(bucket-check's, under the job's Python)")
     probing.add_argument("bucket")

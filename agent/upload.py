@@ -1,7 +1,7 @@
 """`gpu-train-agent upload RUN`: the run's outputs to its bucket while the job trains, and once more at its end.
 
 The outputs as `fetch` brings them home: JOB_DIR's files, what the job wrote in its working
-directory under ``workdir/``, and the run's log as ``.gpu-train/log``, to ``PREFIX/STACK/RUN/`` (the
+directory under ``workdir/``, and the run's log as ``.gpu-train/log``, to ``PREFIX/.gpu-train-runs/STACK/RUN/`` (the
 laptop's ``runs/STACK/RUN/``).
 
 Started by the wrapper next to the job, with the job's Python, in a process (and group) of its own;

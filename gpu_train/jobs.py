@@ -235,7 +235,7 @@ def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: i
 
 
 def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None, data: tuple[dict, ...] = ()) -> list[JobSpec]:
-    """With gpu-train:bucket, each node's spec names where its JOB_DIR goes: PREFIX/STACK/RUN/ (node N > 0:
+    """With gpu-train:bucket, each node's spec names where its JOB_DIR goes: PREFIX/.gpu-train-runs/STACK/RUN/ (node N > 0:
     .../node-N/), and ``data``: the manifests of `push --to bucket` (the only data a host copies from it)."""
     if not bucket:
         return specs

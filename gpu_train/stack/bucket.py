@@ -1,7 +1,10 @@
 """`gpu-train:bucket`: where in Cloud Storage a stack's runs go, checked before anything is created.
 
-``NAME`` or ``gs://NAME/PREFIX``; a run's files are objects under ``PREFIX/STACK/RUN/`` (node N > 0 of a
-cluster: ``.../RUN/node-N/``), the same shape as the laptop's ``runs/STACK/RUN/``. Pure: the program,
+``NAME`` or ``gs://NAME/PREFIX``; a run's files are objects under ``PREFIX/.gpu-train-runs/STACK/RUN/`` (node
+N > 0 of a cluster: ``.../RUN/node-N/``), the same shape as the laptop's ``runs/STACK/RUN/``. Every area
+gpu-train writes starts with a ``.gpu-train-*`` folder right after PREFIX, and no PREFIX may hold a folder of
+that name, so one stack's area is never inside another's (a stack ``team`` on ``gs://B`` beside a stack on
+``gs://B/team``) and a grant over one (``startsWith``) covers nothing of another. Pure: the program,
 the laptop's tasks and the host's uploader (through the job spec) all take the names from here.
 """
 
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from gpu_train.stack.problems import Problem
 
 SCHEME = "gs://"
+RESERVED = ".gpu-train"  # gpu-train's folders in a bucket (RUNS_FOLDER, PARTS_FOLDER, DATA_FOLDER): no prefix has one
 # Google's naming rules (cloud.google.com/storage/docs/buckets#naming): lowercase letters, digits,
 # dashes, underscores and dots; start and end with a letter or digit; 3-63 characters (up to 222 with
 # dots, each dot-separated part at most 63); not an IP address; no "goog" prefix, no "google" inside.
@@ -59,6 +63,8 @@ def parse_bucket(text: str) -> BucketPlace:
     parts = [p for p in prefix.split("/") if p]
     if any(p in (".", "..") for p in parts) or any(ord(c) < 32 or c in "\x7f#[]*?" for c in prefix):
         raise ValueError("the prefix is folder names without '.', '..', control characters or # [ ] * ?")
+    if any(p.startswith(RESERVED) for p in parts):
+        raise ValueError(f"a prefix's folder cannot start with {RESERVED!r}: gpu-train's own folders are named so")
     joined = "".join(f"{p}/" for p in parts)
     if len(joined.encode()) > MAX_PREFIX:
         raise ValueError(f"the prefix is at most {MAX_PREFIX} bytes (an object name is at most {MAX_OBJECT_NAME})")
@@ -93,18 +99,25 @@ def bucket_problems(text: str | None, create: bool) -> list[Problem]:
     return []
 
 
+RUNS_FOLDER = ".gpu-train-runs/"
 PARTS_FOLDER = ".gpu-train-parts/"
+
+
+def stack_prefix(place: BucketPlace, stack: str) -> str:
+    """The object prefix of one stack's runs: PREFIX/.gpu-train-runs/STACK/ (until 2026-11 PREFIX/STACK/, which a
+    stack on gs://B shared with every stack on gs://B/STACK: see docs/bucket.md for runs left there)."""
+    return f"{place.prefix}{RUNS_FOLDER}{stack}/"
 
 
 def run_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
     """The object prefix of one run's files (node N > 0 of a cluster: its own folder inside)."""
-    return f"{place.prefix}{stack}/{run}/" + (f"node-{node}/" if node else "")
+    return f"{stack_prefix(place, stack)}{run}/" + (f"node-{node}/" if node else "")
 
 
 def parts_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
     """Where the host's uploader keeps a big file's parts until it composes them into the run's object:
     beside the stacks' runs (PREFIX/.gpu-train-parts/STACK/RUN/), so no listing of a run ever sees one."""
-    return f"{place.prefix}{PARTS_FOLDER}" + run_prefix(place, stack, run, node)[len(place.prefix) :]
+    return f"{place.prefix}{PARTS_FOLDER}{stack}/{run}/" + (f"node-{node}/" if node else "")
 
 
 DATA_FOLDER = ".gpu-train-data/"  # starts with '.': no stack can have the name (STACK_NAME_PATTERN)
@@ -129,7 +142,7 @@ def grant_conditions(place: BucketPlace, stack: str) -> tuple[str, str]:
     ``objectListPrefix``); read the pushed data (never write it). Another stack's VM in a team bucket
     can then neither read, overwrite nor delete this stack's runs, nor plant data a run copies."""
     bucket = f"projects/_/buckets/{place.name}"
-    own = (f"{place.prefix}{stack}/", f"{place.prefix}{PARTS_FOLDER}{stack}/")
+    own = (stack_prefix(place, stack), f"{place.prefix}{PARTS_FOLDER}{stack}/")
     objects = " || ".join(f"resource.name.startsWith({_cel(f'{bucket}/objects/{p}')})" for p in own)
     listing = " || ".join(f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith({_cel(p)})" for p in own)
     write = f"{objects} || (resource.name == {_cel(bucket)} && ({listing}))"

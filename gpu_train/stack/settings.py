@@ -291,7 +291,8 @@ class StackConfig:
         "str",
         None,
         "Cloud Storage for runs: `NAME` or `gs://NAME/PREFIX`; each "
-        "run's JOB_DIR goes to `PREFIX/STACK/RUN/` while it trains (see docs/bucket.md)",
+        "run's JOB_DIR goes to `PREFIX/.gpu-train-runs/STACK/RUN/` while it trains; "
+        "no prefix folder may start with `.gpu-train` (see docs/bucket.md)",
         shown="none",
     )
     bucket_create: bool = setting(

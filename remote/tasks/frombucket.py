@@ -25,7 +25,7 @@ def node_dir(node: int) -> str:
 
 
 def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str | None, streams: int, node: int | None = None) -> None:
-    """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/STACK/ into runs/STACK/RUN
+    """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/.gpu-train-runs/STACK/ into runs/STACK/RUN
     (``node``: that node's files only, into its folder there: a node that cannot be reached)."""
     from gpu_train.stack.bucket import parse_bucket
     from remote.errors import RemoteError

@@ -162,7 +162,7 @@ def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path, cli
 
 def _bucket_probe(stack: str, cfg: config.StackConfig, home: Path, cli: str) -> tuple[dict | None, str | None]:
     """Node 0's answer to `bucket-check` (the uploader's Python and login environment), or why none."""
-    from gpu_train.stack.bucket import parse_bucket
+    from gpu_train.stack.bucket import parse_bucket, stack_prefix
     from remote.ssh import agentcall
     from remote.ssh import connect as ssh
     from remote.ssh.target import ssh_hosts, target_from
@@ -179,7 +179,7 @@ def _bucket_probe(stack: str, cfg: config.StackConfig, home: Path, cli: str) -> 
                 "--bucket",
                 place.name,
                 "--prefix",
-                f"{place.prefix}{stack}/",
+                stack_prefix(place, stack),
                 *(["--python", cfg.python] if cfg.python else []),
                 timeout=ANSWER_S + 90,
             ), None

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gpu_train.checksum import crc32c_of
 from gpu_train.contract import RUN_FILES, RUN_LOG, WORKDIR, is_run_id
-from gpu_train.stack.bucket import BucketPlace, run_prefix
+from gpu_train.stack.bucket import BucketPlace, run_prefix, stack_prefix
 from remote.errors import RemoteError
 from remote.transfer.fetch.generator import CONFLICT, KEEP_NEWER, PREVIOUS, Entry, decide, reserved
 from remote.transfer.fetch.receiver import Tree, UnsafePath, check_rel, part_path, partial_dir
@@ -43,10 +43,11 @@ def client(project: str | None = None):
 def runs_in(gcs, place: BucketPlace, stack: str) -> tuple[list[str], list[str]]:
     """The stack's runs in the bucket, oldest first (by the time in their ids), and the names there that
     are not run ids (``.``, ``..``, a decoy): never fetched, never "the newest" (each is said)."""
-    pages = gcs.list_blobs(place.name, prefix=f"{place.prefix}{stack}/", delimiter="/")
+    area = stack_prefix(place, stack)
+    pages = gcs.list_blobs(place.name, prefix=area, delimiter="/")
     for _ in pages:  # the prefixes are filled in as the pages are read
         pass
-    names = [p[len(place.prefix) + len(stack) + 1 :].rstrip("/") for p in pages.prefixes]
+    names = [p[len(area) :].rstrip("/") for p in pages.prefixes]
     runs = [n for n in names if is_run_id(n) and RUN_TIME.search(n)]
     return sorted(runs, key=lambda r: (m.group(1) if (m := RUN_TIME.search(r)) else "", r)), sorted(set(names) - set(runs))
 
@@ -104,7 +105,7 @@ class Bounded(io.RawIOBase):
 def fetch_run(
     gcs, place: BucketPlace, stack: str, run: str, dest: Path, streams: int = 8, say: Callable[[str], None] = print, node: int | None = None
 ) -> Fetched:
-    """Bring gs://NAME/PREFIX/STACK/RUN/ into ``dest`` by the host fetch's own rules (generator.decide):
+    """Bring gs://NAME/PREFIX/.gpu-train-runs/STACK/RUN/ into ``dest`` by the host fetch's own rules (generator.decide):
     a local copy with the object's size and CRC32C stays; one changed here after the upload is kept (local
     newer); one replaced keeps its previous content in RUN/.previous/; reserved names and paths that lead
     out are refused; every object's size is summed against the free space before anything is written; each

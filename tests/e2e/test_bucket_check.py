@@ -37,7 +37,7 @@ def test_the_host_writes_reads_and_deletes_through_the_emulator_and_a_missing_bu
         stack.write_text(stack.read_text() + f"  gpu-train:bucket: {URL}\n")
         f = finding(lab)
         assert f["ok"] is True, f
-        assert "wrote, read and deleted gs://ckpt/team/lab/.gpu-train-check-" in f["detail"]
+        assert "wrote, read and deleted gs://ckpt/team/.gpu-train-runs/lab/.gpu-train-check-" in f["detail"]
         assert f"none needed: STORAGE_EMULATOR_HOST={emulator.url}" in f["detail"]
         assert emulator.objects() == {}  # nothing left behind
 

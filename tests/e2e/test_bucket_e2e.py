@@ -40,7 +40,7 @@ def bucket_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_host(bucket_lab, plain: str) -> None:
     lab, emu = bucket_lab
     run = lab.train("--command", JOB, "--dir", plain)
-    prefix = f"team/lab/{run}/"
+    prefix = f"team/.gpu-train-runs/lab/{run}/"
     deadline = time.monotonic() + 40
     while f"{prefix}ckpt-1.pt" not in (seen := emu.objects(prefix)):
         assert time.monotonic() < deadline, f"nothing in the bucket while training; upload.log: {lab.log(run)}"
@@ -110,14 +110,15 @@ def test_down_no_fetch_asks_the_bucket_itself_for_every_recorded_file(bucket_lab
     done = lab.wait(run, timeout=60)
     assert done["state"] == "succeeded" and done["bucket"]["final"] and done["bucket"]["onlyHost"] == [], lab.log(run)
     bucket = emu.client().bucket("ckpt")
-    bucket.blob(f"team/lab/{run}/b.txt").delete()
+    bucket.blob(f"team/.gpu-train-runs/lab/{run}/b.txt").delete()
     refused = lab.fab("down", "--no-fetch")
-    assert refused.returncode != 0 and f"{run}: not in the bucket: team/lab/{run}/b.txt" in refused.stderr, refused.stderr
-    bucket.blob(f"team/lab/{run}/b.txt").upload_from_string(b"b\n")  # the same bytes, but not the version verified
-    bucket.blob(f"team/lab/{run}/a.txt").upload_from_string(b"overwritten\n")
+    assert refused.returncode != 0 and f"{run}: not in the bucket: team/.gpu-train-runs/lab/{run}/b.txt" in refused.stderr, refused.stderr
+    bucket.blob(f"team/.gpu-train-runs/lab/{run}/b.txt").upload_from_string(b"b\n")  # the same bytes, but not the version verified
+    bucket.blob(f"team/.gpu-train-runs/lab/{run}/a.txt").upload_from_string(b"overwritten\n")
     refused = lab.fab("down", "--no-fetch")
-    assert refused.returncode != 0 and f"{run}: another version in the bucket: team/lab/{run}/a.txt" in refused.stderr, refused.stderr
-    assert f"team/lab/{run}/b.txt" in refused.stderr
+    again = f"{run}: another version in the bucket: team/.gpu-train-runs/lab/{run}/a.txt"
+    assert refused.returncode != 0 and again in refused.stderr, refused.stderr
+    assert f"team/.gpu-train-runs/lab/{run}/b.txt" in refused.stderr
     assert (lab.remote / "runs" / run / "job" / "a.txt").read_text() == "a\n"  # nothing was destroyed or released
 
 

@@ -19,7 +19,7 @@ PLACE = parse_bucket("gs://ckpt/team")
 
 
 def put(gcs: Emulator, rel: str, data: bytes, run: str = RUN) -> None:
-    gcs.client().bucket("ckpt").blob(f"team/lab/{run}/{rel}").upload_from_string(data)
+    gcs.client().bucket("ckpt").blob(f"team/.gpu-train-runs/lab/{run}/{rel}").upload_from_string(data)
 
 
 def test_the_bucket_fetch_keeps_what_the_host_fetch_keeps(tmp_path: Path, gcs: Emulator) -> None:
@@ -67,6 +67,14 @@ def test_names_that_are_not_run_ids_are_never_runs(gcs: Emulator) -> None:
         bucketfetch.fetch_run(gcs.client(), PLACE, "lab", "..", Path("/nonexistent"), say=lambda s: None)
 
 
+def test_a_stack_named_like_another_stacks_prefix_sees_none_of_its_runs(gcs: Emulator) -> None:
+    """Stack `team` on gs://ckpt beside stack `lab` on gs://ckpt/team: `team`'s area was `team/`, which held
+    all of `lab`'s runs (listed here as odd names; its VM's grant covered them). Now the areas are apart."""
+    put(gcs, "a.txt", b"a")  # lab's run, on gs://ckpt/team
+    assert bucketfetch.runs_in(gcs.client(), parse_bucket("gs://ckpt"), "team") == ([], [])
+    assert bucketfetch.runs_in(gcs.client(), PLACE, "lab") == ([RUN], [])
+
+
 def test_nothing_is_written_when_the_disk_cannot_hold_it(tmp_path: Path, gcs: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
     put(gcs, "big.bin", os.urandom(4096))
     dest = tmp_path / "runs" / "lab" / RUN
@@ -102,7 +110,7 @@ def test_a_gzip_encoded_object_comes_down_as_its_stored_bytes(tmp_path: Path, gc
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     bomb = gzip.compress(bytes(10 << 20))
-    blob = gcs.client().bucket("ckpt").blob(f"team/lab/{RUN}/ckpt.pt")
+    blob = gcs.client().bucket("ckpt").blob(f"team/.gpu-train-runs/lab/{RUN}/ckpt.pt")
     blob.content_encoding = "gzip"
     blob.upload_from_string(bomb)
     upstream = gcs.url.rsplit(":", 1)[1]

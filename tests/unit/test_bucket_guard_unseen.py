@@ -78,19 +78,19 @@ def test_down_no_fetch_lists_the_bucket_itself(gcs) -> None:
     run = "job_20260101_000000"
     record = {}
     for rel in ("a.txt", "eval/b.txt"):
-        blob = bucket.blob(f"team/lab/{run}/{rel}")
+        blob = bucket.blob(f"team/.gpu-train-runs/lab/{run}/{rel}")
         blob.upload_from_string(rel.encode())
         record[rel] = {"generation": int(blob.generation), "size": int(blob.size), "crc32c": blob.crc32c, "mtimeNs": 1}
     docs: list[object] = [{"runs": [{"id": run, "bucket": {"final": True}, "bucketRecord": record}]}]
     assert not_as_recorded("lab", "gs://ckpt/team", docs) == []
     assert not_as_recorded("lab2", "gs://ckpt/team", docs) == [
-        f"{run}: not in the bucket: team/lab2/{run}/a.txt, team/lab2/{run}/eval/b.txt"
+        f"{run}: not in the bucket: team/.gpu-train-runs/lab2/{run}/a.txt, team/.gpu-train-runs/lab2/{run}/eval/b.txt"
     ]
-    bucket.blob(f"team/lab/{run}/eval/b.txt").delete()
-    assert not_as_recorded("lab", "gs://ckpt/team", docs) == [f"{run}: not in the bucket: team/lab/{run}/eval/b.txt"]
-    bucket.blob(f"team/lab/{run}/a.txt").upload_from_string(b"a.txt")  # the same bytes, another generation
+    bucket.blob(f"team/.gpu-train-runs/lab/{run}/eval/b.txt").delete()
+    assert not_as_recorded("lab", "gs://ckpt/team", docs) == [f"{run}: not in the bucket: team/.gpu-train-runs/lab/{run}/eval/b.txt"]
+    bucket.blob(f"team/.gpu-train-runs/lab/{run}/a.txt").upload_from_string(b"a.txt")  # the same bytes, another generation
     (line,) = [x for x in not_as_recorded("lab", "gs://ckpt/team", docs) if "another version" in x]
-    assert line.startswith(f"{run}: another version in the bucket: team/lab/{run}/a.txt")
+    assert line.startswith(f"{run}: another version in the bucket: team/.gpu-train-runs/lab/{run}/a.txt")
     no_record: list[object] = [{"runs": [{"id": run, "bucket": {"final": True}}]}]
     assert not_as_recorded("lab", "gs://ckpt/team", no_record) == [f"'{run}': the host did not say what it verified in the bucket"]
 

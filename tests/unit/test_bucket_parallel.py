@@ -40,7 +40,7 @@ def test_parts_go_beside_the_stacks_runs_and_never_past_cloud_storages_name_limi
     spec = in_bucket([JobSpec(run_id="r1", base="runs/r1", project="proj")], "lab", "gs://ckpt/team")[0]
     assert spec.bucket == {
         "name": "ckpt",
-        "prefix": "team/lab/r1/",
+        "prefix": "team/.gpu-train-runs/lab/r1/",
         "data": "team/.gpu-train-data/proj/",
         "parts": "team/.gpu-train-parts/lab/r1/",
     }

@@ -55,9 +55,9 @@ def test_the_vms_grants_are_its_own_stacks_prefix_and_the_data_read_only() -> No
     grants = {g.inputs["role"]: g.inputs["condition"] for g in result.of_type("storage/bucketIAMMember:BucketIAMMember")}
     write, read = grants["roles/storage.objectUser"]["expression"], grants["roles/storage.objectViewer"]["expression"]
     objects = "projects/_/buckets/team-ckpt/objects/"
-    assert f'resource.name.startsWith("{objects}exp/a/s/")' in write
+    assert f'resource.name.startsWith("{objects}exp/a/.gpu-train-runs/s/")' in write
     assert f'resource.name.startsWith("{objects}exp/a/.gpu-train-parts/s/")' in write
-    assert "objectListPrefix', '').startsWith(\"exp/a/s/\")" in write  # listing: its own prefix only
+    assert "objectListPrefix', '').startsWith(\"exp/a/.gpu-train-runs/s/\")" in write  # listing: its own prefix only
     assert 'resource.name == "projects/_/buckets/team-ckpt"' in write
     assert write.count("startsWith") == 4 and "data" not in write
     assert read == f'resource.name.startsWith("{objects}exp/a/.gpu-train-data/")'
@@ -77,15 +77,16 @@ def condition_allows(expression: str, resource: str, list_prefix: str = "") -> b
 @pytest.mark.parametrize(
     ("resource", "prefix", "write", "read"),
     [
-        ("objects/exp/a/s/run_20260101_000000/ckpt.pt", "", True, False),
+        ("objects/exp/a/.gpu-train-runs/s/run_20260101_000000/ckpt.pt", "", True, False),
         ("objects/exp/a/.gpu-train-parts/s/run_20260101_000000/x.part0", "", True, False),
-        ("objects/exp/a/s2/run_20260101_000000/ckpt.pt", "", False, False),  # another stack, a longer name
-        ("objects/exp/a/other/run_20260101_000000/ckpt.pt", "", False, False),
+        ("objects/exp/a/.gpu-train-runs/s2/run_20260101_000000/ckpt.pt", "", False, False),  # another stack, a longer name
+        ("objects/exp/a/.gpu-train-runs/other/run_20260101_000000/ckpt.pt", "", False, False),
         ("objects/exp/a/.gpu-train-data/proj/data/a.bin", "", False, True),
-        ("", "exp/a/s/", True, False),  # listing its own runs
-        ("", "exp/a/s/run_20260101_000000/", True, False),
+        ("", "exp/a/.gpu-train-runs/s/", True, False),  # listing its own runs
+        ("", "exp/a/.gpu-train-runs/s/run_20260101_000000/", True, False),
         ("", "exp/a/", False, False),  # listing the whole prefix: every stack's runs
-        ("", "exp/a/other/", False, False),
+        ("", "exp/a/.gpu-train-runs/", False, False),
+        ("", "exp/a/.gpu-train-runs/other/", False, False),
     ],
 )
 def test_what_the_conditions_let_a_vm_do(resource: str, prefix: str, write: bool, read: bool) -> None:
@@ -134,8 +135,43 @@ def test_a_created_bucket_is_regional_uniform_private_and_outlives_destroy() -> 
 )
 def test_bucket_values(value: str, place: BucketPlace) -> None:
     assert parse_bucket(value) == place
-    assert run_prefix(place, "l4", "train_20260101_000000") == f"{place.prefix}l4/train_20260101_000000/"
-    assert run_prefix(place, "l4", "r", 2).endswith("l4/r/node-2/")
+    assert run_prefix(place, "l4", "train_20260101_000000") == f"{place.prefix}.gpu-train-runs/l4/train_20260101_000000/"
+    assert run_prefix(place, "l4", "r", 2).endswith(".gpu-train-runs/l4/r/node-2/")
+
+
+# A team bucket: stack `team` on gs://B beside stack `s2` on gs://B/team (and `s2`'s data, parts). The areas
+# were PREFIX/STACK/: `team`'s grant (startsWith "team/") covered all of `s2`'s runs and its pushed data.
+TEAM = [("gs://team-ckpt", "team"), ("gs://team-ckpt/team", "s2"), ("gs://team-ckpt/team/s2", "s3"), ("gs://team-ckpt", "s2")]
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [(a, b) for a in TEAM for b in TEAM if a != b])
+def test_no_stacks_grant_covers_anything_of_another_stack_in_the_bucket(mine: tuple, theirs: tuple) -> None:
+    from gpu_train.stack.bucket import data_prefix, grant_conditions, parts_prefix
+
+    other = parse_bucket(theirs[0])
+    w, r = grant_conditions(parse_bucket(mine[0]), mine[1])
+    bucket = "projects/_/buckets/team-ckpt"
+    for name in (
+        run_prefix(other, theirs[1], "run_20260101_000000") + "ckpt.pt",
+        parts_prefix(other, theirs[1], "run_20260101_000000") + "ckpt.pt.part-00-of-02",
+    ):
+        assert not condition_allows(w, f"{bucket}/objects/{name}") and not condition_allows(r, f"{bucket}/objects/{name}")
+    listing = run_prefix(other, theirs[1], "")[:-1]  # PREFIX/.gpu-train-runs/STACK/
+    assert not condition_allows(w, bucket, listing) and not condition_allows(r, bucket, listing)
+    if other.prefix != parse_bucket(mine[0]).prefix:  # the data of another prefix: not even read
+        data = f"{bucket}/objects/{data_prefix(other, 'proj')}a.bin"
+        assert not condition_allows(w, data) and not condition_allows(r, data)
+
+
+@pytest.mark.parametrize("value", ["gs://ckpt/.gpu-train-runs", "gs://ckpt/x/.gpu-train-data/y", "gs://ckpt/.gpu-train"])
+def test_a_prefix_cannot_take_gpu_trains_own_folders(value: str) -> None:
+    """A prefix holding .gpu-train-runs would make its runs' area another prefix's: refused, naming why."""
+    with pytest.raises(ValueError, match=r"cannot start with '\.gpu-train'"):
+        parse_bucket(value)
+    from gpu_train.stack.bucket import bucket_problems
+
+    (problem,) = bucket_problems(value, False)
+    assert str(problem).startswith("gpu-train:bucket") and "gpu-train's own folders" in str(problem)
 
 
 @pytest.mark.parametrize(
