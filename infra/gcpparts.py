@@ -51,13 +51,27 @@ PARTS: dict[str, dict[str, str]] = {
 }
 
 
+class _Namespace(types.ModuleType):
+    """A namespace stand-in. Importing a submodule binds it on its package under its own name, as
+    pulumi-gcp's own ``from .get_image import *`` then rebinds to the function: a listed name that is
+    also its module's (get_image in get_image.py) keeps its function here."""
+
+    parts: dict[str, str]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and self.__dict__.get("parts", {}).get(name) == name:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
 def _stand_in(namespace: str, parts: dict[str, str]) -> types.ModuleType:
     """``pulumi_gcp.NAMESPACE`` as a package whose attributes load one module each (the whole namespace
     for a name not in ``parts``)."""
     full = f"pulumi_gcp.{namespace}"
     spec = importlib.util.find_spec(full)
     assert spec is not None and spec.submodule_search_locations is not None, full
-    module = types.ModuleType(full)
+    module = _Namespace(full)
+    module.parts = parts
     module.__spec__, module.__path__, module.__package__, module.__file__ = spec, list(spec.submodule_search_locations), full, spec.origin
     whole: list[bool] = []
 

@@ -57,3 +57,18 @@ def test_a_plan_loads_the_resources_it_declares_not_every_one_of_their_namespace
     assert out.returncode == 0, out.stderr
     compute, every = map(int, out.stdout.split())
     assert compute <= 12 and every <= 60, (compute, every)  # before: 288 of compute, 470 in all
+
+
+def test_each_listed_name_is_its_resource_or_function_even_after_its_module_was_imported() -> None:
+    """Importing pulumi_gcp.compute.get_image binds that module on the namespace under the function's name
+    (pulumi-gcp's own __init__ rebinds it with `from .get_image import *`): gcp.compute.get_image stays callable."""
+    import importlib
+    import types
+
+    from infra.gcpparts import PARTS, gcp
+
+    importlib.import_module("pulumi_gcp.compute.get_instance")
+    for namespace, parts in PARTS.items():
+        for name in parts:
+            assert not isinstance(getattr(getattr(gcp, namespace), name), types.ModuleType), (namespace, name)
+    assert callable(gcp.compute.get_instance) and callable(gcp.compute.get_image)
