@@ -86,7 +86,7 @@ def test_vm_stop_refuses_while_a_run_runs_then_fetches_first(env: dict, gcp: Fak
             time.sleep(0.1)
         refused = fab(env, "vm-stop", "--stack", "t4")
         assert refused.returncode == 1 and f"refusing: still running: {run}" in refused.stderr, refused.stderr
-        assert not (tmp_path / "pulumi" / "calls").exists() or "up " not in (tmp_path / "pulumi" / "calls").read_text()
+        assert not (tmp_path / "pulumi" / "calls").exists()  # no pulumi at all (the outputs are the train's, kept): no `up`
         assert fab(env, "stop", "--stack", "t4", "--grace", "1").returncode == 0
         stopped = fab(env, "vm-stop", "--stack", "t4")
         assert stopped.returncode == 0, stopped.stderr

@@ -160,7 +160,7 @@ def test_a_fetch_of_a_lying_listing_says_so_and_plans_nothing(tmp_path: Path) ->
     host = ["sh", "-c", 'cat "$0"; exec cat >/dev/null', str(tmp_path / "wire")]  # answers, then reads on
     [result] = Fetcher(lambda: Stream(host), 1).run([("r_1", tmp_path / "home" / "r_1")])
     assert result.error and "more than this disk holds" in result.error
-    assert not (tmp_path / "home" / "r_1").exists() or not any((tmp_path / "home" / "r_1").rglob("*.bin"))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [Path("wire")], "nothing planned: not even a folder"
 
 
 @pytest.mark.parametrize(("wire", "ranged"), [(b'{"len": 100}\nabc', False), (b'{"len": 10', False), (RANGE_HEAD % 10 + b"abc", True)])
