@@ -99,15 +99,34 @@ def owner(path: Path) -> str | None:
     return ""
 
 
-def alias_for(stack: str, project: Path, home: Path) -> str:
+def hosts_in(text: str) -> list[tuple[str, str, int]]:
+    """(User, HostName, Port) of each Host block of an alias file, in order (as ``entry`` writes them)."""
+    out: list[tuple[str, str, int]] = []
+    for block in re.split(r"^Host\s", text, flags=re.M)[1:]:
+        got = {k.lower(): v.strip('"') for k, v in re.findall(r"^\s+(HostName|User|Port)\s+(.+?)\s*$", block, re.M | re.I)}
+        try:
+            out.append((got.get("user", ""), got.get("hostname", ""), int(got.get("port", "22"))))
+        except ValueError:
+            out.append((got.get("user", ""), got.get("hostname", ""), -1))
+    return out
+
+
+def alias_for(stack: str, project: Path, home: Path, hosts: list[tuple[str, str, int]] | None = None) -> str:
     """The alias of ``project``'s stack: ``gpu-train-STACK`` unless another project's stack of that name has it
     (a cloned project's `lab` must not take over yours), then ``gpu-train-STACK.PROJECT`` (and a hash of its
-    path when that is taken too). A file of an older gpu-train, which says no owner, is adopted."""
+    path when that is taken too). A file of an older gpu-train, which says no owner, is adopted only when it
+    already names the hosts this project's stack has (``hosts``): refreshing it then sends no ssh elsewhere.
+    One naming other hosts is some project's, which one cannot be known: it is left as it is (ensure says how
+    to give it to this project: delete it)."""
     from gpu_train.stack.project import state_folder
 
     base = f"gpu-train-{stack}"
     for name in (base, f"{base}.{project_name(project)}", f"{base}.{state_folder(Path(), project).name}"):
-        if owner(alias_dir(home) / f"{name}.conf") in (None, "", str(project)):
+        path = alias_dir(home) / f"{name}.conf"
+        whose = owner(path)
+        if whose in (None, str(project)):
+            return name
+        if whose == "" and hosts is not None and hosts_in(path.read_text(encoding="utf-8", errors="replace")) == hosts:
             return name
     raise ValueError(f"the ssh aliases for stack {stack} are other projects' (in {alias_dir(home)})")
 
@@ -118,11 +137,12 @@ def write_alias(target, home: Path, project: Path) -> tuple[str, bool]:
         raise ValueError(f"stack name {target.stack!r} cannot be an ssh host alias")
     from remote.ssh.connect import proxy_command
 
-    name = alias_for(target.stack, project, home)
+    hosts = [(h.user, h.host, h.port) for h in target.hosts]
+    name = alias_for(target.stack, project, home, hosts)
     path = alias_dir(home) / f"{name}.conf"
     text = entry(
         target.stack,
-        [(h.user, h.host, h.port) for h in target.hosts],
+        hosts,
         target.key_file,
         str(target.known_hosts),
         [proxy_command(target, h) for h in target.hosts],
@@ -251,8 +271,10 @@ def at_first_contact(
         say(f"ssh alias not written: {e}")
         return ""
     if new and alias != f"gpu-train-{target.stack}":
-        theirs = owner(alias_dir(home) / f"gpu-train-{target.stack}.conf")
-        say(f"ssh alias gpu-train-{target.stack} is another project's ({theirs}): this project's stack {target.stack} is {alias}")
+        taken = alias_dir(home) / f"gpu-train-{target.stack}.conf"
+        theirs = owner(taken)
+        whose = theirs or f"an older gpu-train's, for another host; to give it to this project, delete {taken}"
+        say(f"ssh alias gpu-train-{target.stack} is another project's ({whose}): this project's stack {target.stack} is {alias}")
     if new:
         say(f"ssh alias: ssh {alias}, also for rsync, scp and editors' remote-SSH (written to {alias_dir(home) / (alias + '.conf')})")
         if not included(home) and decide_include(home, ask, say, setting):
