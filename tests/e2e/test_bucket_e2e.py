@@ -132,9 +132,13 @@ def test_outputs_behind_a_link_out_of_the_run_stop_both_downs(bucket_lab, plain:
     )
     done = lab.wait(run, timeout=60)
     assert done["state"] == "succeeded", lab.log(run)
-    assert [o.split(" (")[0] for o in done["bucket"]["onlyHost"]] == ["ckpt"]
+    # The link is named; the run's log is also not home: the wrapper wrote the uploader's failure (it could
+    # not make the run complete) into it after the last pass.
+    assert [o.split(" (")[0] for o in done["bucket"]["onlyHost"]] == [".gpu-train/log", "ckpt"], lab.log(run)
+    assert "the bucket upload ended with exit 1" in lab.log(run) and done["bucket"]["final"] is False
     refused = lab.fab("down", "--no-fetch")
-    assert refused.returncode != 0 and f"{run}: only on the host: ckpt (a link out of the run" in refused.stderr, refused.stderr
+    both = f"{run}: only on the host: .gpu-train/log, ckpt (a link out of the run"
+    assert refused.returncode != 0 and both in refused.stderr, refused.stderr
     refused = lab.fab("down")
     assert refused.returncode != 0 and f"{run}: a link out of the run, what it points to is not home: ckpt" in refused.stderr, (
         refused.stderr
