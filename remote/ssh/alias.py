@@ -99,25 +99,14 @@ def owner(path: Path) -> str | None:
     return ""
 
 
-def hosts_in(text: str) -> list[tuple[str, str, int]]:
-    """(User, HostName, Port) of each Host block of an alias file, in order (as ``entry`` writes them)."""
-    out: list[tuple[str, str, int]] = []
-    for block in re.split(r"^Host\s", text, flags=re.M)[1:]:
-        got = {k.lower(): v.strip('"') for k, v in re.findall(r"^\s+(HostName|User|Port)\s+(.+?)\s*$", block, re.M | re.I)}
-        try:
-            out.append((got.get("user", ""), got.get("hostname", ""), int(got.get("port", "22"))))
-        except ValueError:
-            out.append((got.get("user", ""), got.get("hostname", ""), -1))
-    return out
-
-
-def alias_for(stack: str, project: Path, home: Path, hosts: list[tuple[str, str, int]] | None = None) -> str:
+def alias_for(stack: str, project: Path, home: Path, unowned: Callable[[str], str] | None = None) -> str:
     """The alias of ``project``'s stack: ``gpu-train-STACK`` unless another project's stack of that name has it
     (a cloned project's `lab` must not take over yours), then ``gpu-train-STACK.PROJECT`` (and a hash of its
     path when that is taken too). A file of an older gpu-train, which says no owner, is adopted only when it
-    already names the hosts this project's stack has (``hosts``): refreshing it then sends no ssh elsewhere.
-    One naming other hosts is some project's, which one cannot be known: it is left as it is (ensure says how
-    to give it to this project: delete it)."""
+    is already, byte for byte, what this project would write there without an owner (``unowned(name)``):
+    the same hosts, key, known_hosts and ProxyCommand, so taking it changes where no ssh goes. One that
+    differs is some project's, which one cannot be known: it is left as it is (at_first_contact says how to
+    give it to this project: delete it)."""
     from gpu_train.stack.project import state_folder
 
     base = f"gpu-train-{stack}"
@@ -126,8 +115,10 @@ def alias_for(stack: str, project: Path, home: Path, hosts: list[tuple[str, str,
         whose = owner(path)
         if whose in (None, str(project)):
             return name
-        if whose == "" and hosts is not None and hosts_in(path.read_text(encoding="utf-8", errors="replace")) == hosts:
-            return name
+        if whose == "" and unowned is not None:
+            with contextlib.suppress(OSError):
+                if path.read_text(encoding="utf-8", errors="replace") == unowned(name):
+                    return name
     raise ValueError(f"the ssh aliases for stack {stack} are other projects' (in {alias_dir(home)})")
 
 
@@ -137,18 +128,20 @@ def write_alias(target, home: Path, project: Path) -> tuple[str, bool]:
         raise ValueError(f"stack name {target.stack!r} cannot be an ssh host alias")
     from remote.ssh.connect import proxy_command
 
-    hosts = [(h.user, h.host, h.port) for h in target.hosts]
-    name = alias_for(target.stack, project, home, hosts)
+    def text_for(name: str, project: Path | None) -> str:
+        return entry(
+            target.stack,
+            [(h.user, h.host, h.port) for h in target.hosts],
+            target.key_file,
+            str(target.known_hosts),
+            [proxy_command(target, h) for h in target.hosts],
+            name,
+            project,
+        )
+
+    name = alias_for(target.stack, project, home, lambda n: text_for(n, None))
     path = alias_dir(home) / f"{name}.conf"
-    text = entry(
-        target.stack,
-        hosts,
-        target.key_file,
-        str(target.known_hosts),
-        [proxy_command(target, h) for h in target.hosts],
-        name,
-        project,
-    )
+    text = text_for(name, project)
     new = not path.is_file()
     if new or path.read_text() != text:
         atomic_write(path, text)

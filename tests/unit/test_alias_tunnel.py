@@ -63,13 +63,19 @@ def test_a_cloned_projects_stack_never_takes_over_your_alias(tmp_path: Path) -> 
     assert sshalias.write_alias(target("10.0.0.9"), home, mine) == ("gpu-train-lab", False)  # a new address: refreshed
     assert "HostName 10.0.0.9" in (home / "ssh_config.d" / "gpu-train-lab.conf").read_text()
     older = home / "ssh_config.d" / "gpu-train-old.conf"  # an older gpu-train's file (no owner)
-    older.write_text("# written by gpu-train for stack old\nHost gpu-train-old\n  HostName 10.0.0.2\n  User me\n  Port 22\n")
-    assert sshalias.alias_for("old", cloned, home, [("me", "10.0.0.2", 22)]) == "gpu-train-old"  # its hosts: adopted
-    assert sshalias.alias_for("old", cloned, home, [("me", "203.0.113.66", 22)]) == "gpu-train-old.theirs"  # not taken over
+    same = sshalias.entry("old", [("me", "10.0.0.2", 22)], "/k", "/kh", [""], "gpu-train-old")
+    older.write_text(same)
+    assert sshalias.alias_for("old", cloned, home, lambda n: same) == "gpu-train-old"  # already what it would write
+    for other in (
+        sshalias.entry("old", [("me", "203.0.113.66", 22)], "/k", "/kh", [""], "gpu-train-old"),  # another host
+        sshalias.entry("old", [("me", "10.0.0.2", 22)], "/k", "/kh", ["ssh -W %h:%p jump.evil"], "gpu-train-old"),  # a proxy
+    ):
+        assert sshalias.alias_for("old", cloned, home, lambda n, other=other: other) == "gpu-train-old.theirs"
+    assert sshalias.alias_for("old", cloned, home) == "gpu-train-old.theirs"
     said: list[str] = []
     theirs_old = SimpleNamespace(stack="old", hosts=[SshHost("me", "203.0.113.66", 22)], key_file="/k", known_hosts=Path("/kh"))
     assert sshalias.at_first_contact(theirs_old, home, said.append, setting=False, project=cloned) == "gpu-train-old.theirs"
-    assert older.read_text().count("10.0.0.2") == 1 and "203.0.113.66" not in older.read_text()  # the user's alias kept
+    assert older.read_text() == same  # the user's alias kept
     assert any("an older gpu-train's, for another host" in s and f"delete {older}" in s for s in said), said
     newline = tmp_path / "a\nHost *\n  ProxyCommand evil"  # a project path cannot write a line of config
     text = sshalias.entry("x", [("me", "10.0.0.1", 22)], "", "/kh", None, "gpu-train-x", newline)
