@@ -78,7 +78,13 @@ def main() -> None:
     except (UnsafeRoot, OSError) as e:
         print(json.dumps({"error": str(e)}), file=sys.stderr if sys.argv[4:5] == ["logs"] else sys.stdout)
         sys.exit(2)
-    zipapp = zlib.decompress(base64.b85decode(sys.argv.pop(1)))
+    try:
+        import lzma
+    except ImportError:  # a Python built without liblzma: say so rather than a traceback
+        why = "this host's python3 lacks the standard library's lzma module: install the distribution's full python3"
+        print(json.dumps({"error": why}), file=sys.stderr if sys.argv[4:5] == ["logs"] else sys.stdout)
+        sys.exit(2)
+    zipapp = lzma.decompress(base64.b85decode(sys.argv.pop(1)))
     path = install(zipapp, root)
     sys.argv[0] = path
     try:
