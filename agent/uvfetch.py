@@ -47,6 +47,7 @@ UV_VERSION = PINS["version"]
 DEFAULT_INDEX = "https://pypi.org/simple"
 RETRY_AFTER_S = 3600  # how long a failed fetch is not tried again
 TIMEOUT_S = 30
+MAX_BYTES = 128 << 20  # an index page or uv's wheel (about 18 MB): a hostile index's endless answer stops here
 
 
 def pip_config_files(env: dict) -> list[str]:
@@ -191,7 +192,10 @@ def _get(url: str) -> bytes:
         raise ValueError(why)
     request = urllib.request.Request(url, headers={"Accept": "text/html", "User-Agent": f"gpu-train (uv {UV_VERSION})"})
     with urllib.request.build_opener(_HttpsOnly).open(request, timeout=TIMEOUT_S) as response:
-        return response.read()
+        data = response.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"{url} answers more than {MAX_BYTES >> 20} MiB: not uv")
+    return data
 
 
 def fetch_uv(root: str, index: str) -> str:
@@ -217,17 +221,29 @@ def fetch_uv(root: str, index: str) -> str:
         f.write(binary)
     os.chmod(os.path.join(tmp, "uv"), 0o755)
     with open(os.path.join(tmp, "source.json"), "w") as f:
-        json.dump({"wheel": name, "index": index}, f)
+        json.dump({"wheel": name, "index": index, "sha256": pins["wheels"][name]}, f)
     shutil.rmtree(home, ignore_errors=True)
     os.rename(tmp, home)
     return os.path.join(home, "uv")
+
+
+def verified_copy(root: str) -> bool:
+    """Whether REMOTE_ROOT/tools/uv-VERSION holds a uv this code fetched against the pinned table (its
+    source.json names a pinned wheel and its hash). A copy an earlier gpu-train fetched with the index
+    page's own hash says neither: it is fetched again rather than trusted."""
+    try:
+        with open(os.path.join(uv_home(root), "source.json")) as f:
+            source = json.load(f)
+        return PINS["wheels"].get(source["wheel"]) == source["sha256"] and os.access(os.path.join(uv_home(root), "uv"), os.X_OK)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def find_uv(root: str, env: dict) -> tuple[str | None, str]:
     """(uv's path, where it came from) or (None, why there is none): gpu-train's copy on REMOTE_ROOT,
     else the host's own on PATH, else fetched now from the host's index."""
     ours = os.path.join(uv_home(root), "uv")
-    if os.access(ours, os.X_OK):
+    if verified_copy(root):
         return ours, f"uv {UV_VERSION} in REMOTE_ROOT/tools"
     on_path = shutil.which("uv", path=env.get("PATH"))
     if on_path:
@@ -236,7 +252,7 @@ def find_uv(root: str, env: dict) -> tuple[str | None, str]:
     os.makedirs(os.path.dirname(failed), exist_ok=True)
     with open(f"{uv_home(root)}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one download per host, whatever number of runs start together
-        if os.access(ours, os.X_OK):
+        if verified_copy(root):
             return ours, f"uv {UV_VERSION} in REMOTE_ROOT/tools"
         with contextlib.suppress(OSError):
             if time.time() - os.stat(failed).st_mtime < RETRY_AFTER_S:

@@ -237,3 +237,19 @@ def test_the_zipapp_carries_the_pinned_table() -> None:
 
     with zipfile.ZipFile(io.BytesIO(bundle.payload())) as z:
         assert json.loads(z.read("gpu_train/data/uv-wheels.json")) == uvfetch.PINS
+
+
+def test_a_uv_an_earlier_gpu_train_fetched_unpinned_is_not_used(tmp_path: Path) -> None:
+    """REMOTE_ROOT/tools/uv-VERSION/uv, fetched before the pins with whatever hash the index page gave,
+    was used as it was on every later run: it is fetched again instead (here: no index, so none)."""
+    home = Path(uvfetch.uv_home(str(tmp_path)))
+    home.mkdir(parents=True)
+    (home / "uv").write_text("#!/bin/sh\necho substitute\n")
+    (home / "uv").chmod(0o755)
+    name = f"uv-{uvfetch.UV_VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    (home / "source.json").write_text(f'{{"wheel": "{name}", "index": "https://mirror/simple"}}')  # an older copy's
+    env = {"PATH": str(tmp_path / "nothing"), "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_CONFIG_FILE": "/dev/null"}
+    found, why = uvfetch.find_uv(str(tmp_path), env)
+    assert found is None and "could not be fetched" in why
+    (home / "source.json").write_text(f'{{"wheel": "{name}", "index": "https://x", "sha256": "{uvfetch.PINS["wheels"][name]}"}}')
+    assert uvfetch.find_uv(str(tmp_path), env)[0] == str(home / "uv")  # one this code verified
