@@ -162,10 +162,10 @@ def expand(space: dict) -> list[dict]:
     params = space["parameters"]
     if space["method"] == "grid":
         names = list(params)
-        combos = list(itertools.product(*(params[n]["values"] for n in names)))
-        if len(combos) > TRIALS_MAX:
-            raise SpaceError(f"the grid has {len(combos)} trials, more than {TRIALS_MAX}: sweep fewer values, or method: random")
-        return [{n: c[k] for k, n in enumerate(names)} for c in combos]
+        size = math.prod(len(params[n]["values"]) for n in names)  # counted, not built: 10 values of 7 is 10**7
+        if size > TRIALS_MAX:
+            raise SpaceError(f"the grid has {size} trials, more than {TRIALS_MAX}: sweep fewer values, or method: random")
+        return [dict(zip(names, c, strict=True)) for c in itertools.product(*(params[n]["values"] for n in names))]
     rng = random.Random(space["seed"])
     out = []
     for _ in range(min(space["count"], TRIALS_MAX)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -23,6 +24,38 @@ def test_a_grid_is_the_product_first_parameter_slowest():
         {"lr": 0.1, "bs": 16},
         {"lr": 0.1, "bs": 32},
     ]
+
+
+class _Unbuilt(list):
+    """Values whose iteration counts: a refused grid must be refused by its size, never by building it."""
+
+    walked = 0
+
+    def __iter__(self):
+        _Unbuilt.walked += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize(
+    "sizes, trials",
+    [
+        ([10] * 7, None),  # 10**7: refused without building 10 million tuples (10 s and 1 GB before)
+        ([10] * 4 + [2], None),  # 20_000
+        ([100, 101], None),  # 10_100: just over
+        ([100, 100], 10_000),  # exactly the limit
+        ([10, 10, 10], 1_000),
+        ([1], 1),
+    ],
+)
+def test_a_grid_is_refused_by_its_size_before_it_is_built(sizes, trials):
+    _Unbuilt.walked = 0
+    space = {"method": "grid", "parameters": {f"p{k}": {"values": _Unbuilt(range(n))} for k, n in enumerate(sizes)}}
+    if trials is None:
+        with pytest.raises(sweeps.SpaceError, match=rf"the grid has {math.prod(sizes)} trials, more than {sweeps.TRIALS_MAX}"):
+            sweeps.expand(space)
+        assert _Unbuilt.walked == 0
+    else:
+        assert len(sweeps.expand(space)) == trials
 
 
 def test_random_draws_are_seeded_and_within_their_ranges():
