@@ -69,7 +69,9 @@ def extend(points: list[Point], new: list[Point]) -> None:
 
 
 def read_jsonl(path: str, problems: list[str]) -> dict[str, list[Point]]:
-    """tag -> points of a JSONL metrics file (a last line without its newline is still being written)."""
+    """tag -> points of a JSONL metrics file (a last line without its newline is still being written).
+    A line that is not a JSON object, or whose step is not a finite number, is skipped and counted: one
+    bad line costs only itself."""
     series: dict[str, list[Point]] = {}
     bad = 0
     mtime = os.stat(path).st_mtime
@@ -77,36 +79,60 @@ def read_jsonl(path: str, problems: list[str]) -> dict[str, list[Point]]:
         for number, raw in enumerate(f):
             if not raw.endswith(b"\n"):
                 break
-            try:
-                doc = json.loads(raw)
-            except ValueError:
-                bad += bool(raw.strip())
+            if not raw.strip():
                 continue
-            if not isinstance(doc, dict):
+            try:
+                line = _line(raw, number, mtime)
+            except (ValueError, OverflowError, RecursionError):  # not JSON, a step like NaN, nested too deep
+                line = None
+            if line is None:
                 bad += 1
                 continue
-            step = next((doc[k] for k in STEP_KEYS if _number(doc.get(k))), number)
-            wall = next((float(doc[k]) for k in ("time", "timestamp", "wall_time") if _number(doc.get(k))), mtime)
-            for tag, value in _flat(doc, ""):
-                extend(series.setdefault(tag, []), [[int(step), wall, value if math.isfinite(value) else None]])
+            step, wall, values = line
+            for tag, value in values:
+                extend(series.setdefault(tag, []), [[step, wall, value]])
     if bad:
-        problems.append(f"{path}: {bad} line(s) that are not a JSON object; skipped")
+        problems.append(f"{path}: {bad} line(s) that are not a JSON object with a finite step; skipped")
     return series
+
+
+def _line(raw: bytes, number: int, mtime: float) -> tuple[int, float, list[tuple[str, float | None]]] | None:
+    """(step, wall time, [(tag, value or None when not finite)]) of one line, or None when it is not a
+    JSON object. Raises ValueError/OverflowError for a step that is not a finite number."""
+    doc = json.loads(raw)
+    if not isinstance(doc, dict):
+        return None
+    step = next((doc[k] for k in STEP_KEYS if _number(doc.get(k))), number)
+    if not math.isfinite(step):
+        raise ValueError(f"step {step}")
+    wall = next((w for w in (_finite(doc.get(k)) for k in ("time", "timestamp", "wall_time")) if w is not None), mtime)
+    return int(step), wall, [(tag, _finite(v)) for tag, v in _flat(doc, "")]
 
 
 def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _flat(doc: dict, prefix: str) -> list[tuple[str, float]]:
-    out: list[tuple[str, float]] = []
+def _finite(v: object) -> float | None:
+    """A number as a finite float, else None (NaN, an infinity, an int too big for a float, not a number)."""
+    if not _number(v):
+        return None
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _flat(doc: dict, prefix: str) -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
     for k, v in doc.items():
         if not prefix and k in NOT_TAGS:
             continue
         if isinstance(v, dict):
             out += _flat(v, f"{prefix}{k}/")
         elif _number(v):
-            out.append((f"{prefix}{k}", float(v)))
+            out.append((f"{prefix}{k}", v))
     return out
 
 

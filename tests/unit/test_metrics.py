@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -79,7 +80,38 @@ def test_jsonl_metrics_file(tmp_path):
         "eval/acc": [(10, 0.5)],
     }
     assert got["lr"][0][1] == 100.0  # its own time
-    assert problems == [f"{path}: 2 line(s) that are not a JSON object; skipped"]
+    assert problems == [f"{path}: 2 line(s) that are not a JSON object with a finite step; skipped"]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads: RecursionError
+DEEP_OBJECT = '{"a": ' * 5_000 + "1" + "}" * 5_000
+
+
+@pytest.mark.parametrize(
+    "line, expected, skipped",
+    [
+        ('{"step": NaN, "loss": 1.0}', {}, 1),  # int(nan): ValueError
+        ('{"step": Infinity, "loss": 1.0}', {}, 1),  # int(inf): OverflowError
+        ('{"step": -Infinity, "loss": 1.0}', {}, 1),
+        ('{"step": 1' + "0" * 400 + ', "loss": 1.0}', {}, 1),  # an int no float holds
+        ('{"iteration": NaN, "step": 2, "loss": 1.0}', {"loss": [(2, 1.0)]}, 0),  # "step" is the step: read first
+        (DEEP, {}, 1),
+        ('{"step": 2, "deep": ' + DEEP + "}", {}, 1),
+        ('{"step": 2, "x": ' + DEEP_OBJECT + "}", {}, 1),
+        ('{"step": 2, "loss": Infinity, "acc": 0.5}', {"loss": [(2, None)], "acc": [(2, 0.5)]}, 0),  # a gap
+        ('{"step": 2, "big": 1' + "0" * 400 + "}", {"big": [(2, None)]}, 0),
+        ('{"step": 2, "time": NaN, "loss": 1.0}', {"loss": [(2, 1.0)]}, 0),  # the file's time instead
+    ],
+)
+def test_one_bad_jsonl_line_costs_only_itself(tmp_path, line, expected, skipped):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 3.0}\n' + line + '\n{"step": 3, "loss": 2.0}\n')
+    problems: list[str] = []
+    got = metrics.read_jsonl(str(path), problems)
+    want = {**expected, "loss": [(1, 3.0), *expected.get("loss", []), (3, 2.0)]}
+    assert {t: [(s, v) for s, _, v in p] for t, p in got.items()} == want
+    assert all(math.isfinite(w) for p in got.values() for _, w, _ in p)
+    assert problems == ([f"{path}: 1 line(s) that are not a JSON object with a finite step; skipped"] if skipped else [])
 
 
 def _run(root, run_id: str) -> str:
