@@ -11,18 +11,24 @@ here by hand (varints, fixed 32/64-bit, length-delimited fields): it is small, a
 dependencies. Standard library only, Python 3.8+.
 
 What is not a scalar (images, histograms, text, graphs, hparams) is skipped: a record whose event has no
-summary is not even checked; a summary's record is checked against its CRC before it is read.
+summary is not even checked; a summary's record is checked against its CRC before its summary is read.
+Every parse is lazy and bounded: the Event's fields are read up to its summary only, a tensor's values up
+to the second, and a record's messages together yield at most FIELDS_MAX fields (a record of 8 MiB of
+2-byte fields is refused after FIELDS_MAX of them, not listed whole).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
+from collections.abc import Iterator
 
 from gpu_train.checksum import masked_crc32c
 
 EVENT_FILE = "events.out.tfevents."  # the name's prefix, as every writer names them
 RECORD_MAX = 64 << 20  # a length beyond this is a corrupt header, not a record
+FIELDS_MAX = 1 << 16  # fields one record may hold, all its messages together (a scalar's is about 6)
 SCALARS_PLUGIN = "scalars"
 DATA_CLASS_SCALAR = 1
 
@@ -36,6 +42,15 @@ VALUE_FIELDS = {5: "<f", 6: "<d", 7: "varint", 10: "varint", 11: "varint", 13: "
 
 class Corrupt(ValueError):
     """A record that is not what its framing or its protocol buffer says."""
+
+
+class Budget:
+    """The fields a record's parse may still read, its messages together: what bounds a hostile record."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int = FIELDS_MAX) -> None:
+        self.left = left
 
 
 def varint(buf: bytes, i: int) -> tuple[int, int]:
@@ -52,12 +67,16 @@ def varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def fields(buf: bytes) -> list[tuple[int, int, object]]:
-    """The fields of one message: (number, wire type, value): an int for a varint, bytes for a
-    length-delimited field or a fixed 32/64-bit one (decoded by who knows its type)."""
-    out: list[tuple[int, int, object]] = []
+def fields(buf: bytes, budget: Budget | None = None) -> Iterator[tuple[int, int, object]]:
+    """The fields of one message, one at a time: (number, wire type, value): an int for a varint, bytes for
+    a length-delimited field or a fixed 32/64-bit one (decoded by who knows its type). Each field is taken
+    from ``budget`` (the record's): past it, Corrupt."""
+    left = budget if budget is not None else Budget()
     i, n = 0, len(buf)
     while i < n:
+        if left.left <= 0:
+            raise Corrupt(f"more than {FIELDS_MAX} fields")
+        left.left -= 1
         key = buf[i]
         if key < 0x80:  # a field number below 16: one byte (every field these messages use)
             i += 1
@@ -82,32 +101,33 @@ def fields(buf: bytes) -> list[tuple[int, int, object]]:
             raise Corrupt(f"wire type {wire} in field {number}")
         if i > n:
             raise Corrupt(f"field {number} runs past its message")
-        out.append((number, wire, value))
-    return out
+        yield number, wire, value
 
 
 def signed64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _packed(number: int, wire: int, value: object) -> list[int | float]:
-    """A repeated numeric field's elements (packed in one length-delimited field, or one element), varints
-    as their raw integers (their type is the field's: ``_element``)."""
+def _packed(number: int, wire: int, value: object) -> Iterator[int | float]:
+    """A repeated numeric field's elements, one at a time (packed in one length-delimited field, or one
+    element), varints as their raw integers (their type is the field's: ``_element``)."""
     fixed = VALUE_FIELDS[number]
     if wire == 2:
         data = value if isinstance(value, bytes) else b""
         if fixed != "varint":
             size = struct.calcsize(fixed)
-            return [struct.unpack_from(fixed, data, k)[0] for k in range(0, len(data) - size + 1, size)]
-        ints: list[int | float] = []
+            for k in range(0, len(data) - size + 1, size):
+                yield struct.unpack_from(fixed, data, k)[0]
+            return
         i = 0
         while i < len(data):
             v, i = varint(data, i)
-            ints.append(v)
-        return ints
-    if isinstance(value, bytes):
-        return [struct.unpack(fixed, value)[0]] if fixed != "varint" and len(value) == struct.calcsize(fixed) else []
-    return [int(value)]  # type: ignore[call-overload]
+            yield v
+    elif isinstance(value, bytes):
+        if fixed != "varint" and len(value) == struct.calcsize(fixed):
+            yield struct.unpack(fixed, value)[0]
+    else:
+        yield int(value)  # type: ignore[call-overload]
 
 
 def _element(number: int, dtype: int, v: int | float) -> float:
@@ -121,20 +141,20 @@ def _element(number: int, dtype: int, v: int | float) -> float:
     return float(signed64(int(v)) if number in (7, 10) else v)
 
 
-def tensor_scalar(buf: bytes) -> tuple[float | None, int]:
+def tensor_scalar(buf: bytes, budget: Budget | None = None) -> tuple[float | None, int]:
     """A TensorProto's one element: (its value, the tensor's rank); (None, rank) when it holds none or
-    more than one number, or a type that is not a number (strings)."""
+    more than one number, or a type that is not a number (strings). Its values are read to the second."""
     dtype, rank, content = 0, 0, None
     values: list[tuple[int, int | float]] = []
-    for number, wire, value in fields(buf):
+    for number, wire, value in fields(buf, budget):
         if number == 1 and wire == 0:
             dtype = int(value)  # type: ignore[call-overload]
         elif number == 2 and isinstance(value, bytes):  # TensorShapeProto: dim (2) per dimension
-            rank = sum(1 for n, _, _ in fields(value) if n == 2)
+            rank = sum(1 for n, _, _ in fields(value, budget) if n == 2)
         elif number == 4 and isinstance(value, bytes):
             content = value
-        elif number in VALUE_FIELDS:
-            values += [(number, v) for v in _packed(number, wire, value)]
+        elif number in VALUE_FIELDS and len(values) < 2:  # a second is enough to say it is not one element
+            values += [(number, v) for v in itertools.islice(_packed(number, wire, value), 2 - len(values))]
     if content is not None:
         if dtype == DT_BFLOAT16 and len(content) == 2:
             return float(struct.unpack("<f", b"\0\0" + content)[0]), rank
@@ -147,12 +167,12 @@ def tensor_scalar(buf: bytes) -> tuple[float | None, int]:
     return _element(values[0][0], dtype, values[0][1]), rank
 
 
-def _plugin(buf: bytes) -> tuple[str | None, int]:
+def _plugin(buf: bytes, budget: Budget | None = None) -> tuple[str | None, int]:
     """SummaryMetadata: (plugin_data.plugin_name, data_class)."""
     name, data_class = None, 0
-    for number, wire, value in fields(buf):
+    for number, wire, value in fields(buf, budget):
         if number == 1 and isinstance(value, bytes):
-            for n, _, v in fields(value):
+            for n, _, v in fields(value, budget):
                 if n == 1 and isinstance(v, bytes):
                     name = v.decode("utf-8", "replace")
         elif number == 4 and wire == 0:
@@ -160,15 +180,16 @@ def _plugin(buf: bytes) -> tuple[str | None, int]:
     return name, data_class
 
 
-def summary_scalars(buf: bytes, plugins: dict[str, str | None]) -> list[tuple[str, float]]:
+def summary_scalars(buf: bytes, plugins: dict[str, str | None], budget: Budget | None = None) -> list[tuple[str, float]]:
     """(tag, value) of each scalar in a Summary. ``plugins`` remembers each tag's plugin across the
     file: a writer names it on a tag's first value only."""
+    left = budget if budget is not None else Budget()
     out = []
-    for number, _, value in fields(buf):
+    for number, _, value in fields(buf, left):
         if number != 1 or not isinstance(value, bytes):
             continue
         tag, simple, tensor, meta = None, None, None, None
-        for n, w, v in fields(value):
+        for n, w, v in fields(value, left):
             if n == 1 and isinstance(v, bytes):
                 tag = v.decode("utf-8", "replace")
             elif n == 2 and w == 5 and isinstance(v, bytes) and len(v) == 4:
@@ -180,7 +201,7 @@ def summary_scalars(buf: bytes, plugins: dict[str, str | None]) -> list[tuple[st
         if tag is None:
             continue
         if meta is not None:
-            name, data_class = _plugin(meta)
+            name, data_class = _plugin(meta, left)
             plugins[tag] = SCALARS_PLUGIN if data_class == DATA_CLASS_SCALAR else name
         if simple is not None:
             out.append((tag, float(simple)))
@@ -188,23 +209,25 @@ def summary_scalars(buf: bytes, plugins: dict[str, str | None]) -> list[tuple[st
             plugin = plugins.get(tag)
             if plugin not in (None, SCALARS_PLUGIN):
                 continue  # a histogram, an image, text, hparams ...
-            scalar, rank = tensor_scalar(tensor)
+            scalar, rank = tensor_scalar(tensor, left)
             if scalar is not None and (plugin == SCALARS_PLUGIN or rank == 0):
                 out.append((tag, scalar))
     return out
 
 
-def event_parts(data: bytes) -> tuple[int, float, bytes | None]:
-    """An Event's (step, wall time, its Summary's bytes or None)."""
-    step, wall, summary = 0, 0.0, None
-    for number, wire, value in fields(data):
+def event_parts(data: bytes, budget: Budget | None = None) -> tuple[int, float, bytes | None]:
+    """An Event's (step, wall time, its Summary's bytes or None), read up to its summary: writers put its
+    fields in their numbers' order, so wall_time (1) and step (2) come before the summary (5), and what
+    follows is not read."""
+    step, wall = 0, 0.0
+    for number, wire, value in fields(data, budget):
         if number == 1 and wire == 1 and isinstance(value, bytes) and len(value) == 8:
             wall = struct.unpack("<d", value)[0]
         elif number == 2 and wire == 0:
             step = signed64(int(value))  # type: ignore[call-overload]
         elif number == 5 and isinstance(value, bytes):
-            summary = value
-    return step, wall, summary
+            return step, wall, value
+    return step, wall, None
 
 
 def records(f, path: str, problems: list[str]):
@@ -248,13 +271,14 @@ def read_scalars(path: str, problems: list[str], resume: dict | None = None) -> 
         for data, crc, end in records(f, path, problems):
             state["offset"] = end
             try:
-                step, wall, summary = event_parts(data)
+                budget = Budget()
+                step, wall, summary = event_parts(data, budget)
                 if summary is None:
                     continue
-                if masked_crc32c(data) != crc:
+                if masked_crc32c(data) != crc:  # before the summary is read
                     said.append(f"{path}: a record fails its CRC at byte {end - 4 - len(data)}; skipped")
                     continue
-                scalars = summary_scalars(summary, plugins)
+                scalars = summary_scalars(summary, plugins, budget)
             except Corrupt as e:
                 what = "fails its CRC" if masked_crc32c(data) != crc else f"is not an event ({e})"
                 said.append(f"{path}: a record {what} at byte {end - 4 - len(data)}; skipped")

@@ -145,6 +145,65 @@ def test_a_file_being_written_and_a_corrupt_one(torch_events, tmp_path):
     assert ours == {} and "length fails its CRC" in problems[0]
 
 
+def _field(number: int, data: bytes) -> bytes:
+    """A length-delimited field (field numbers below 16)."""
+    size, n = b"", len(data)
+    while True:
+        size += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            break
+    return bytes([number << 3 | 2]) + size + data
+
+
+HOSTILE = 512 << 10  # bytes of tiny fields in a record whose CRC is right (the review's was 8 MiB: 8 s, 324 MiB)
+TINY = b"\x08\x01" * (HOSTILE // 2)  # field 1 = 1, 262_144 times
+SCALAR = _field(1, _field(1, b"ok") + b"\x15" + struct.pack("<f", 0.5))  # Value{tag: "ok", simple_value: 0.5}
+
+
+@pytest.mark.parametrize(
+    "event, said",
+    [
+        (b"\x11" + bytes(8) + TINY, "more than"),  # an Event of tiny fields and no summary
+        (b"\x10\x07" + _field(5, TINY), "more than"),  # a Summary of tiny fields
+        (b"\x10\x07" + _field(5, SCALAR + _field(1, TINY)), "more than"),  # one Value of them, after a scalar
+        (b"\x10\x07" + _field(5, SCALAR * (HOSTILE // len(SCALAR))), "more than"),  # 37_449 real scalars
+        # a tensor of 524_288 packed int64s (a scalar's is 1): not one element, nothing said
+        (b"\x10\x07" + _field(5, _field(1, _field(1, b"t") + _field(8, b"\x08\x09" + _field(10, b"\x01" * HOSTILE)))), None),
+    ],
+)
+def test_a_hostile_record_costs_bounded_work_and_memory(tmp_path, monkeypatch, event, said):
+    import tracemalloc
+
+    good = b"\x10\x01" + _field(5, SCALAR), b"\x10\x09" + _field(5, SCALAR)
+    path = tmp_path / "events.out.tfevents.1.hostile"
+    path.write_bytes(_record(good[0]) + _record(event) + _record(good[1]))
+    walked = 0
+    real = tfevents.fields
+
+    def counted(buf, *rest):
+        nonlocal walked
+        for f in real(buf, *rest):
+            walked += 1
+            yield f
+
+    monkeypatch.setattr(tfevents, "fields", counted)
+    tracemalloc.start()
+    try:
+        ours, problems = _ours(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert walked <= 70_000  # FIELDS_MAX (65_536) and the two good records'; 262_144 before
+    assert peak < 16 * HOSTILE, peak  # 8 MiB: the record, its slices, the scalars read; never a list of its fields
+    assert ours["ok"][0] == (1, 0.5) and ours["ok"][-1] == (9, 0.5)  # the records around it read
+    if said:
+        assert len(problems) == 1 and said in problems[0] and "skipped" in problems[0]
+        assert len(ours["ok"]) == 2
+    else:
+        assert problems == [] and "t" not in ours
+
+
 def test_crc32c_check_values():
     assert crc32c(b"123456789") == 0xE3069283  # the Castagnoli check value (RFC 3720's B.4)
     assert crc32c(b"") == 0 and crc32c(bytes(32)) == 0x8A9136AA  # RFC 3720's 32 bytes of zeros
@@ -160,10 +219,10 @@ def test_crc32c_check_values():
     ],
 )
 def test_wire_format_fields(buf, expected):
-    assert tfevents.fields(buf) == expected
+    assert list(tfevents.fields(buf)) == expected
 
 
 @pytest.mark.parametrize("buf", [b"\x12\x05abc", b"\x08\x96", b"\x0b\x00", b"\x15\x00"])
 def test_wire_format_refuses_what_runs_past_its_message(buf):
     with pytest.raises(tfevents.Corrupt):
-        tfevents.fields(buf)
+        list(tfevents.fields(buf))
