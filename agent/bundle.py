@@ -43,6 +43,7 @@ CARRIED = (
     "checksum.py",
     "atomic.py",
     "sweeps.py",
+    "ownership.py",
 )
 # Data files the agent reads with pkgutil.get_data("gpu_train", NAME), carried as they are: the pinned uv wheels'
 # hashes (agent/uvfetch.py; ~1.5 KB).

@@ -42,11 +42,18 @@ def parser() -> argparse.ArgumentParser:
     launching.add_argument("--await-go", action="store_true")
     wrapping = sub.add_parser("wrap")
     wrapping.add_argument("run")
-    reporting = sub.add_parser("status")
+
+    def scoped(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """--project ID (repeatable) and --legacy NAME: the runs a default keeps to (none: every run)."""
+        parser.add_argument("--project", action="append", default=[])
+        parser.add_argument("--legacy")
+        return parser
+
+    reporting = scoped(sub.add_parser("status"))
     reporting.add_argument("--run")
     reporting.add_argument("--summaries", action="store_true", help="with each run's JOB_DIR and outputs summaries (for fetch)")
     reporting.add_argument("--bucket-record", action="store_true", help="with what each run verified in its bucket (down --no-fetch)")
-    logging = sub.add_parser("logs")
+    logging = scoped(sub.add_parser("logs"))
     logging.add_argument("--run")
     logging.add_argument("--offset", type=int, default=0)
     logging.add_argument("--lines", type=int)
@@ -65,13 +72,14 @@ def parser() -> argparse.ArgumentParser:
     halting = sub.add_parser("sweep-stop", help="start no more trials, stop those at work")
     halting.add_argument("--sweep", required=True)
     halting.add_argument("--grace", type=float, default=10.0)
-    stopping = sub.add_parser("stop")
+    stopping = scoped(sub.add_parser("stop"))
     stopping.add_argument("--run")
     stopping.add_argument("--grace", type=float, default=10.0)
     booting = sub.add_parser("boot")
     booting.add_argument("--once-per-boot", action="store_true", help="do nothing if boot already ran in this boot")
-    resuming = sub.add_parser("resume")
+    resuming = scoped(sub.add_parser("resume"))
     resuming.add_argument("--run")
+    resuming.add_argument("--force", action="store_true", help="restart a single-node run even while it runs")
     resuming.add_argument("--grace", type=float, default=10.0)
     shutting = sub.add_parser("shutdown")
     shutting.add_argument("--grace", type=float, help="seconds a run under screen alone gets (default: shutdownGraceS)")
@@ -105,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
     configuring.add_argument("settings", help="base64 JSON written to REMOTE_ROOT/agent.json")
     configuring.add_argument("--cron", action="store_true", help="install boot (and tick) in the user's crontab")
     sub.add_parser("uncron", help="take this root's lines out of the user's crontab (down)")
-    pruning = sub.add_parser("prune", help="free finished runs' code copies (their outputs stay)")
+    pruning = scoped(sub.add_parser("prune", help="free finished runs' code copies (their outputs stay)"))
     pruning.add_argument("--run")
     pruning.add_argument("--dry-run", action="store_true")
     return p
@@ -144,6 +152,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def scope_of(args: argparse.Namespace):
+    """The command's scope, (ids, legacy), from --project and --legacy (store.EVERY_RUN when neither)."""
+    return (tuple(getattr(args, "project", None) or ()), getattr(args, "legacy", None))
+
+
 def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
     """The subcommand: its JSON answer, or the exit status of one that writes its own output."""
     if args.cmd == "wrap":
@@ -179,9 +192,9 @@ def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
         from .status import cmd_logs, cmd_status
 
         return (
-            cmd_logs(root, args.run, args.offset, args.lines, args.follow)
+            cmd_logs(root, args.run, args.offset, args.lines, args.follow, scope_of(args))
             if args.cmd == "logs"
-            else cmd_status(root, args.run, args.summaries, args.bucket_record)
+            else cmd_status(root, args.run, args.summaries, args.bucket_record, scope_of(args))
         )
     if args.cmd == "scalars":
         from .metrics import cmd_scalars
@@ -209,11 +222,11 @@ def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
     from . import lifecycle
 
     if args.cmd == "stop":
-        return lifecycle.cmd_stop(root, args.run, args.grace)
+        return lifecycle.cmd_stop(root, args.run, args.grace, scope_of(args))
     if args.cmd == "boot":  # interrupted trials resumed in their slots, then the queues go on
         return with_queue(root, Booted, lifecycle.cmd_boot(root, args.once_per_boot))
     if args.cmd == "resume":
-        return lifecycle.cmd_resume(root, args.run, args.grace)
+        return lifecycle.cmd_resume(root, args.run, args.grace, scope_of(args), args.force)
     if args.cmd == "shutdown":
         return lifecycle.cmd_shutdown(root, args.grace)
     if args.cmd == "tick":
@@ -223,7 +236,7 @@ def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
     if args.cmd == "prune":
         from .prune import cmd_prune
 
-        return cmd_prune(root, args.run, args.dry_run)
+        return cmd_prune(root, args.run, args.dry_run, scope_of(args))
     return lifecycle.cmd_configure(root, json.loads(base64.b64decode(args.settings)), args.cron)
 
 

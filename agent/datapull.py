@@ -18,7 +18,8 @@ import stat
 import threading
 from typing import Any, cast
 
-from gpu_train.contract import DataFile, DataManifest, project_dirs
+from gpu_train.contract import DataFile, DataManifest
+from gpu_train.ownership import project_dirs
 
 from .store import AgentError, read_json, read_spec, write_json
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from gpu_train.answers import Launched, Ready, Waiting
 from gpu_train.codec import answer
-from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker, project_dirs
+from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker
+from gpu_train.ownership import project_dirs
 
 from . import container, hostcheck, notify, outputs, units
 from .procs import detect_python, gpu_apps, gpu_count, gpus
@@ -93,8 +94,8 @@ def await_word(marker: str | None, poll_s: float = 0.01) -> str:
     return "marker" if said[0] == "go" and marker is not None and os.path.exists(marker) else said[0]
 
 
-def refuse_if_busy(root: str, base: str) -> None:
-    busy = busy_runs(root, base)
+def refuse_if_busy(root: str, base: str, project: str | None) -> None:
+    busy = busy_runs(root, base, project)
     if busy:
         raise AgentError(
             f"a run named {base!r} is already running ({', '.join(busy)}): "
@@ -136,7 +137,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
     notes = host_notes(root)  # (while the laptop still syncs)
     staging = os.path.join(root, "staging", run_id)
     if await_go:
-        refuse_if_busy(root, base)
+        refuse_if_busy(root, base, spec.project)
         reused = spec.reuse_code and reuse_code(root, base, spec.code_manifest, staging)
         print(json.dumps(answer(Ready, ready=True, reused=reused)), flush=True)
         when = spec.go_when if spec.go_when in GO_WHEN else None
@@ -149,9 +150,9 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
         with contextlib.suppress(OSError):
             os.remove(go_marker(root, run_id, when))
     with locked(root):
-        if busy_runs(root, base):
+        if busy_runs(root, base, spec.project):
             shutil.rmtree(staging, ignore_errors=True)
-            refuse_if_busy(root, base)
+            refuse_if_busy(root, base, spec.project)
         run_dir = os.path.join(root, "runs", run_id)
         if os.path.exists(run_dir):
             raise AgentError(f"run {run_id} already exists on this host: pick another --name")
@@ -178,7 +179,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
             write_json(f"{last[: -len('.last')]}.manifest", {"manifest": spec.code_manifest})
         spec = replace(spec, python=python, externally_managed=managed, path=os.environ.get("PATH"), notify=None)
         write_json(os.path.join(run_dir, "spec.json"), spec.to_json())
-        update_state(run_dir, id=run_id, base=base, state=STARTING, created=now(), resumes=0, engine=engine)
+        update_state(run_dir, id=run_id, base=base, project=spec.project, state=STARTING, created=now(), resumes=0, engine=engine)
     try:
         screen = start_wrapper(root, run_id)
     except AgentError as e:

@@ -33,6 +33,7 @@ from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
 from .prune import refuse_pruned
 from .status import describe, effective_state, log_mtime, run_seconds
 from .store import (
+    EVERY_RUN,
     AgentError,
     agent_log,
     agent_path,
@@ -54,10 +55,11 @@ from .store import (
 from .watch import metadata_value, own_instance, told_preempted
 
 
-def cmd_stop(root: str, run_id: str | None, grace: float) -> Stopped:
+def cmd_stop(root: str, run_id: str | None, grace: float, scope: tuple = EVERY_RUN) -> Stopped:
     """SIGINT, a grace period, SIGTERM, another, then SIGKILL, to the step at work (the job, or pip
-    while requirements install); the wrapper then starts nothing more. Nothing of the run is left."""
-    run_dir = find_run(root, run_id)
+    while requirements install); the wrapper then starts nothing more. Nothing of the run is left.
+    (The laptop picks the run `stop` without --run means: gpu_train.identity.running_run.)"""
+    run_dir = find_run(root, run_id, scope)
     info = describe(run_dir)
     if info["state"] not in ACTIVE:
         if info.get("image"):  # a container its run's end left behind (its client and wrapper killed)
@@ -207,10 +209,19 @@ def relaunch(root: str, run_dir: str, state: RunRecord, back: dict | None = None
     agent_log(root, f"{os.path.basename(run_dir)}: resumed ({resumes})")
 
 
-def cmd_resume(root: str, run_id: str | None, grace: float) -> Resumed:
-    """Restart one run's part on this host (the laptop does it on every node: the whole group)."""
-    run_dir = find_run(root, run_id)
+def cmd_resume(root: str, run_id: str | None, grace: float, scope: tuple = EVERY_RUN, force: bool = False) -> Resumed:
+    """Restart one run's part on this host (the laptop does it on every node: the whole group). A
+    single-node run still at work is refused unless ``force``: its work since the last checkpoint would
+    be lost (a cluster's part is restarted: another node's loss is why a cluster is resumed)."""
+    run_dir = find_run(root, run_id, scope)
     refuse_pruned(run_dir)
+    spec = spec_or_none(run_dir)
+    if describe(run_dir)["state"] in ACTIVE and not force and not (spec is not None and spec.node):
+        run = os.path.basename(run_dir)
+        raise AgentError(
+            f"{run} is still running: resuming it stops it first, and its work since the last checkpoint is "
+            f"lost; to restart it anyway: resume --run {run} --force"
+        )
     if describe(run_dir)["state"] in ACTIVE:
         cmd_stop(root, os.path.basename(run_dir), grace)
     state = read_state(run_dir)

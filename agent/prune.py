@@ -20,7 +20,7 @@ from gpu_train.contract import TERMINAL
 
 from .outputs import SENT, identity
 from .status import describe
-from .store import AgentError, find_run, now, read_json, run_dirs, write_json
+from .store import EVERY_RUN, AgentError, find_run, now, read_json, run_dirs, scoped, write_json
 
 PRUNED = "pruned.json"  # in the run's folder: when, and what went
 
@@ -71,12 +71,12 @@ def prune_run(run_dir: str) -> tuple[int, int]:
     return removed, freed
 
 
-def cmd_prune(root: str, run_id: str | None, dry_run: bool) -> Pruned:
+def cmd_prune(root: str, run_id: str | None, dry_run: bool, scope: tuple = EVERY_RUN) -> Pruned:
     """Prune every finished run's code (or one run's), reporting what went and what stayed, and why."""
     newest = newest_code(root)
     pruned: list[PrunedRun] = []
     kept: list[KeptRun] = []
-    for run_dir in [find_run(root, run_id)] if run_id is not None else run_dirs(root):
+    for run_dir in [find_run(root, run_id, scope)] if run_id is not None else scoped(run_dirs(root), scope):
         run = describe(run_dir)
         if os.path.exists(os.path.join(run_dir, PRUNED)):
             continue

@@ -68,7 +68,9 @@ TENSORBOARD = (
 )
 
 
-def argv_for(spec, python, module, port):
+def argv_for(spec, python, module, port, uid=None):
+    """The server's command line; Jupyter refuses a root login without --allow-root (rented and container
+    GPU boxes log in as root: the token and the loopback binding guard it as they do any other login)."""
     if spec["kind"] == "tensorboard":
         return [python, "-c", TENSORBOARD, "--logdir", spec["logdir"], "--host", "127.0.0.1", "--port", str(port)]
     return [
@@ -80,6 +82,7 @@ def argv_for(spec, python, module, port):
         f"--port={port}",
         "--ServerApp.port_retries=0",
         f"--ServerApp.root_dir={spec['dir']}",
+        *(["--allow-root"] if (os.geteuid() if uid is None else uid) == 0 else []),
     ]
 
 

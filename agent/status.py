@@ -30,6 +30,7 @@ from gpu_train.contract import (
 from . import outputs, upload
 from .procs import alive, gpus, uptime_s
 from .store import (
+    EVERY_RUN,
     AgentError,
     checked_settings,
     find_run,
@@ -39,6 +40,7 @@ from .store import (
     read_state,
     root_from_settings,
     run_dirs,
+    run_project,
     settings,
     tree_summary,
 )
@@ -92,6 +94,7 @@ def describe(run_dir: str) -> RunStatus:
         RunStatus,
         id=os.path.basename(run_dir),
         base=state.base,
+        project=state.project or run_project(run_dir),
         state=st,
         exitCode=state.exit_code,
         created=state.created,
@@ -129,8 +132,9 @@ def is_active(run_dir: str) -> bool:
     return describe(run_dir)["state"] in ACTIVE
 
 
-def busy_runs(root: str, base: str) -> list[str]:
-    return [r["id"] for r in map(describe, run_dirs(root)) if r["base"] == base and r["state"] in ACTIVE]
+def busy_runs(root: str, base: str, project: str | None) -> list[str]:
+    """The project's runs of name ``base`` still at work (another project's ``train`` is no clash)."""
+    return [r["id"] for r in map(describe, run_dirs(root)) if r["base"] == base and r["project"] == project and r["state"] in ACTIVE]
 
 
 def machine_settings(root: str) -> AgentSettings | None:
@@ -160,10 +164,10 @@ def agent_view(root: str) -> AgentView:
     )
 
 
-def cmd_status(root: str, run_id: str | None, summaries: bool = False, bucket_record: bool = False) -> StatusDoc:
+def cmd_status(root: str, run_id: str | None, summaries: bool = False, bucket_record: bool = False, scope: tuple = EVERY_RUN) -> StatusDoc:
     """answers.StatusDoc: the runs (oldest first), GPUs, uptime and the agent's view; ``bucket_record``: each
     bucket run's record of what is verified there (`down --no-fetch` only: one entry per file)."""
-    dirs = [find_run(root, run_id)] if run_id else run_dirs(root)
+    dirs = [find_run(root, run_id, scope)] if run_id else run_dirs(root)  # (a prefix: the scope's runs first)
     runs = sorted((describe(d) for d in dirs), key=lambda r: r["created"] or 0)
     if summaries:
         runs = [
@@ -194,12 +198,12 @@ def log_summary(path: str) -> TreeSummary:
     return answer(TreeSummary, files=1, bytes=st.st_size, newestNs=st.st_mtime_ns)
 
 
-def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool) -> int:
+def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool, scope: tuple = EVERY_RUN) -> int:
     """Write the log from a byte offset (or its last N lines); with follow, until the job ends.
 
     The last line on stderr is a JSON trailer with the run's state and exit code.
     """
-    run_dir = find_run(root, run_id)
+    run_dir = find_run(root, run_id, scope)
     path = os.path.join(run_dir, "log")
     out = sys.stdout.buffer
     pos = offset

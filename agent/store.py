@@ -9,7 +9,7 @@ State on the host is the truth about runs:
       staging/RUN/                          (code being synced, before launch)
       runs/RUN/{code/, job/ (= JOB_DIR), log, state.json, spec.json}
       python/<hash>.requirements            (hash of the last dependencies installed per Python and venv)
-      envs/PROJECT/, data/PROJECT/          (the project's venv, what `push` sent)
+      envs/PROJECT/, data/PROJECT/          (the project's venv, what `push` sent; PROJECT: its id)
       tools/uv-VERSION/uv, cache/{uv,pip}/  (uv, fetched once; the downloads every venv links or copies)
 """
 
@@ -29,6 +29,7 @@ from gpu_train.answers import TreeSummary
 from gpu_train.atomic import atomic_write
 from gpu_train.codec import answer
 from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, AgentSettings, JobSpec, RunRecord, cli_name
+from gpu_train.ownership import in_scope
 
 
 class AgentError(Exception):
@@ -144,15 +145,43 @@ def match_run(ids: list[str], wanted: str, created: dict[str, float]) -> str:
     raise AgentError(f"no run {wanted!r} on this host; {hint}")
 
 
-def find_run(root: str, run_id: str | None) -> str:
+# A command's scope, (ids, legacy): the project ids its defaults keep to, and the name of runs from before
+# ids (gpu_train.contract.in_scope); ((), None) is every run.
+EVERY_RUN: tuple = ((), None)
+
+
+def run_project(run_dir: str) -> str | None:
+    """Whose run this is: the project id its record carries; a run from before that, its spec's project."""
+    recorded = read_state(run_dir).project
+    if recorded:
+        return recorded
+    spec = spec_or_none(run_dir)
+    return spec.project if spec is not None else None
+
+
+def scoped(dirs: list[str], scope: tuple) -> list[str]:
+    """The run folders of ``dirs`` that are the scope's."""
+    return dirs if scope == EVERY_RUN else [d for d in dirs if in_scope(run_project(d), *scope)]
+
+
+def find_run(root: str, run_id: str | None, scope: tuple = EVERY_RUN) -> str:
+    """The run ``run_id`` names (an id, a unique prefix, a base name: the scope's runs first, then any
+    project's), or without it the scope's newest run."""
     dirs = run_dirs(root)
+    mine = scoped(dirs, scope)
     if run_id:
-        by_id = {os.path.basename(d): d for d in dirs}
-        created = {i: read_state(d).created or 0 for i, d in by_id.items()}
-        return by_id[match_run(list(by_id), run_id, created)]
-    if not dirs:
+        for among in (mine, dirs):
+            by_id = {os.path.basename(d): d for d in among}
+            try:
+                return by_id[match_run(list(by_id), run_id, {i: read_state(d).created or 0 for i, d in by_id.items()})]
+            except AgentError:
+                if among is dirs:
+                    raise
+    if dirs and not mine:
+        raise AgentError(f"no runs of this project on this host yet ({len(dirs)} of other projects: --run names one)")
+    if not mine:
         raise AgentError(f"no runs on this host yet: start one with `{cli_name()} train`")
-    return max(dirs, key=lambda d: read_state(d).created or 0)
+    return max(mine, key=lambda d: read_state(d).created or 0)
 
 
 # Set by `--settings FILE` (the VM's root-installed units): the root-owned settings that the
@@ -234,12 +263,18 @@ WRAPPER_MARK = "[gpu-train] "  # the wrapper's own lines in a job's log
 EXCEPTION_RE = re.compile(r"([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|KeyboardInterrupt|SystemExit)(:|$)")
 
 
+RESUMED_MARK = ": resumed ("  # the wrapper's first line of a relaunch (wrap.py): a new leg of the run begins
+
+
 def job_line(text: str, failed: bool) -> str:
-    """The line of a log tail that says most about the job: for a failed run its exception (the
-    last line of a traceback), else its own last line; the wrapper's lines only when the job said
-    nothing (pip failed, say)."""
+    """The line of a log tail that says most about the job's latest leg (an earlier leg's KeyboardInterrupt
+    is not this one's): for a failed run its exception (the last line of a traceback), else its own last
+    line that has a word in it (not a rule of `=====`); the wrapper's lines only when the job said nothing
+    (pip failed, say)."""
     lines = [ln.strip() for ln in text.replace("\r", "\n").split("\n") if ln.strip()]
-    own = [ln for ln in lines if not ln.startswith(WRAPPER_MARK)]
+    legs = [i for i, ln in enumerate(lines) if ln.startswith(WRAPPER_MARK) and RESUMED_MARK in ln]
+    lines = lines[legs[-1] :] if legs else lines
+    own = [ln for ln in lines if not ln.startswith(WRAPPER_MARK) and any(c.isalnum() for c in ln)]
     if failed:
         for ln in reversed(own):
             if EXCEPTION_RE.match(ln):

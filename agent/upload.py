@@ -45,8 +45,8 @@ from gpu_train.contract import (
     BucketFile,
     BucketRecord,
     JobSpec,
-    project_dirs,
 )
+from gpu_train.ownership import project_dirs
 
 from . import composite, outputs
 from .store import AgentError, agent_path, now, read_json, read_spec, spec_or_none, write_json

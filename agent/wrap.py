@@ -25,8 +25,8 @@ from gpu_train.contract import (
     STOPPED,
     SUCCEEDED,
     JobSpec,
-    project_dirs,
 )
+from gpu_train.ownership import project_dirs
 
 from . import containerrun, datalink, notify, pyenv, sweep, upload, uvfetch
 from .clusterenv import cluster_env

@@ -33,6 +33,7 @@ class RunStatus(TypedDict):
 
     id: str
     base: str | None
+    project: str | None  # whose run: the project's id (gpu_train/identity.py); a run from before ids: its folder's name
     state: RunState  # the effective one: a 'running' run with no process is 'interrupted'
     exitCode: int | None
     created: float | None

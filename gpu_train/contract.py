@@ -102,6 +102,7 @@ class RunRecord(PinnedImage, Document):
     pid_start: str | None = None
     step_pid: int | None = None
     step_start: str | None = None
+    project: str | None = None  # the project's id (JobSpec.project): whose run this is on a shared host
     WHAT = "the run's state.json"
 
 
@@ -181,7 +182,7 @@ class JobSpec(Document):
     launcher: str = "none"  # or "torchrun"
     nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1
     node: dict[str, object] | None = None  # rank, nnodes, masterAddr, masterPort, hosts, tfPort, ps
-    project: str | None = None  # the laptop project's name: REMOTE_ROOT/envs/PROJECT, REMOTE_ROOT/data/PROJECT
+    project: str | None = None  # the project's id (gpu_train/ownership.py): REMOTE_ROOT/envs/ID, data/ID; whose run it is
     venv: bool = False  # run in the project's venv (made from ``python`` with its site packages), not in ``python``
     needs_torch: bool = False  # the host checks that its Python imports torch before "started"
     go_when: str | None = None  # in a fan-out, the host's own word that also means "go" (see GO_WHEN)
@@ -267,12 +268,6 @@ UNREADABLE = "?"
 # fetch's source for it is RUN/RUN_FILES, which serves that one file and nothing else of the run's folder.
 RUN_FILES = ".gpu-train"
 RUN_LOG = "log"
-
-
-def project_dirs(root: str, project: str | None) -> tuple[str, str]:
-    """(the project's venv, its data folder) under REMOTE_ROOT: envs/PROJECT, data/PROJECT."""
-    name = project or "default"
-    return f"{root}/envs/{name}", f"{root}/data/{name}"
 
 
 # The log stream's markers on stderr: where it started reading, and the run's last word.

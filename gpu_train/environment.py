@@ -21,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpu_train import identity
 from gpu_train.errors import UsageError
 from gpu_train.stack import project as projects
 from gpu_train.stack import stackfile
@@ -186,6 +187,20 @@ class Environment:
             return self.home
         state = os.environ.get("XDG_STATE_HOME", "").strip()
         return (Path(state) if state and Path(state).is_absolute() else Path.home() / ".local" / "state") / "gpu-train"
+
+    def project_of(self, path: Path | None = None) -> tuple[Path, str]:
+        """(the project folder ``path`` (default: the cwd) belongs to, its id): gpu_train/identity.py. A
+        path outside the project root belongs to the root's project."""
+        path = (path or self.cwd).resolve()
+        root = self.project_root
+        return identity.project_for(self.state_home, path if path == root or path.is_relative_to(root) else root, root)
+
+    def scope(self, everything: bool = False) -> identity.Scope:
+        """The runs the defaults keep to: the cwd's project and the projects beneath it (their ids), and the
+        runs from before ids of the project root's name; ``everything`` (--all-projects): every run."""
+        folder, _ = self.project_of()
+        scope = identity.ProjectIds(self.state_home).scope(folder, projects.project_name(self.project_root))
+        return dataclasses.replace(scope, everything=everything)
 
     def stack_file(self, name: str) -> Path:
         """The stack ``name``'s file along ``stack_dirs``; ConfigError (with close names and the fix) when none."""

@@ -153,7 +153,7 @@ def script_candidates(code_dir: Path, limit: int = 5000) -> list[str]:
 def missing_script(script: str, code_dir: Path, cwd: Path | None, candidates: list[str]) -> str:
     """Why --script names no file, and the path that would: --script is relative to the project
     root (``code_dir``), not to the directory the user is in. Pure but for the one look at ``cwd``."""
-    text = f"--script {script}: no such file in the project root {code_dir} (--script paths are relative to it)"
+    text = f"--script {script}: no such file in {code_dir}, the folder the job runs in (--script paths are relative to it)"
     if cwd is not None and (cwd / script).is_file():
         try:
             inside = (cwd / script).resolve().relative_to(code_dir.resolve()).as_posix()

@@ -9,6 +9,7 @@ it crashes), and a mistyped task or flag gets a "did you mean".
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from fabric import Config
 from fabric import Executor as FabricExecutor
 from fabric.main import Fab
-from invoke import Argument, ParseError
+from invoke import Argument, Exit, ParseError
 
 from gpu_train.environment import CONFIG_KEY, Environment
 from gpu_train.errors import UsageError
@@ -39,6 +40,36 @@ def suggest(error: ParseError, tasks: list[str], flags: list[str]) -> str:
     if word.startswith("-"):
         return str(error)
     return f"{error} Tasks: {', '.join(tasks)}"
+
+
+def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str]) -> str | None:
+    """Why `train ... --max-steps 10` is refused, when a flag after `train` is not one of its own ``flags``
+    (name -> takes a value): the script's flags go in --args. None when every flag is train's."""
+    if "train" not in tokens:
+        return None
+    rest = tokens[tokens.index("train") + 1 :]
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word in ("--", "--help", "-h"):
+            return None
+        name = word.split("=", 1)[0]
+        if name in flags:
+            i += 2 if flags[name] and "=" not in word else 1
+            continue
+        if word.startswith("-") and word != "-":
+            if close := difflib.get_close_matches(name, sorted(f for f in flags if f.startswith("--")), n=2, cutoff=0.8):  # a typo
+                return f"No idea what '{name}' is! Did you mean {' or '.join(close)}?"
+            value = rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("-") and rest[i + 1] not in tasks else ""
+            given = " ".join(filter(None, (word, value)))
+            return (
+                f"{name} is not an option of train: your script's own flags go in --args, as one quoted string: "
+                f"--args '{given}' (train's own: gpu-train --help train)"
+            )
+        if word in tasks:
+            return None
+        i += 1
+    return None
 
 
 class Executor(FabricExecutor):
@@ -100,6 +131,10 @@ class GpuTrain(Fab):
             raise exit_for(UsageError(str(e))) from None
 
     def parse_tasks(self):
+        train = self.collection.tasks.get("train")
+        why = script_flag(list(self.core.unparsed), _flags(train), set(self.collection.task_names)) if train is not None else None
+        if why:
+            raise exit_for(UsageError(why))
         try:
             super().parse_tasks()
         except ParseError as e:
@@ -108,6 +143,16 @@ class GpuTrain(Fab):
             raise exit_for(UsageError(suggest(e, tasks, flags))) from None
 
     def parse_cleanup(self):
+        if self.args.complete.value:  # a --stack or --run value: the stacks and run ids this project knows
+            import shlex
+
+            from remote.tasks.completion import values
+
+            words = shlex.split(self.core.remainder)
+            found = values(words[1:] if words and words[0] in self.binary_names else words, self.environment or Environment.from_os())
+            if found is not None:
+                print("\n".join(found))
+                raise Exit
         try:
             super().parse_cleanup()
         except ParseError as e:  # `--help TASK` of a task there is not
@@ -122,6 +167,15 @@ class GpuTrain(Fab):
         if self.args["stacks-dir"].value:
             env = env.replace(stacks_dir=Path(self.args["stacks-dir"].value).expanduser().absolute())
         self.config[CONFIG_KEY] = env
+
+
+def _flags(task) -> dict[str, bool]:
+    """A task's flags as typed (--name, -n) -> whether each takes a value."""
+    found: dict[str, bool] = {}
+    for argument in task.get_arguments():
+        for name in argument.names:
+            found[("-" if len(name) == 1 else "--") + name.replace("_", "-")] = argument.takes_value
+    return found
 
 
 def program(env: Environment | None = None) -> GpuTrain:
@@ -146,8 +200,39 @@ def program(env: Environment | None = None) -> GpuTrain:
     return gpu_train
 
 
+# This clone's scripts, as subcommands: `gpu-train plan --stack t4` is `~/gpu-train/scripts/plan --stack t4`,
+# run from the user's project (their options are the scripts' own: `gpu-train plan --help`).
+SCRIPTS = ("plan", "preflight", "up")
+
+
+def help_first(argv: list[str], tasks: set[str]) -> list[str]:
+    """`gpu-train TASK ... --help` as `gpu-train --help TASK`: a task whose first positional is still unset
+    (`train x.py`) would otherwise take `--help` as its value."""
+    words = argv[1:]
+    end = words.index("--") if "--" in words else len(words)
+    first = next((w for w in words[:end] if w in tasks), None)
+    if first is not None and any(w in ("--help", "-h") for w in words[words.index(first) + 1 : end]):
+        return [argv[0], "--help", first]
+    return argv
+
+
+def script_argv(argv: list[str]) -> list[str] | None:
+    """The script's command line when ``argv`` (the process's) names one of SCRIPTS first; else None."""
+    if len(argv) > 1 and argv[1] in SCRIPTS:
+        from gpu_train.stack.project import REPO
+
+        return [str(REPO / "scripts" / argv[1]), *argv[2:]]
+    return None
+
+
 def main() -> None:
+    import os
+
     from remote import errors
 
+    if (script := script_argv(sys.argv)) is not None:
+        os.execv(script[0], script)  # the script, in this process: its output, exit status and Ctrl-C are the user's
+    from remote.tasks import ns
+
     env = errors.install()  # as fabfile.py does for `fab`: an error is a message and an exit code
-    program(env).run(sys.argv)
+    program(env).run(help_first(sys.argv, set(ns.task_names)))

@@ -68,6 +68,7 @@ class Sshd:
         log_level: str = "ERROR",
         own_home: bool = True,
         quick_kex: bool = True,
+        one_thread: bool = True,
     ):
         """``extra_config``: more sshd_config lines; ``max_sessions``: channels per connection (a stock
         sshd's: 10); ``log_level``: INFO logs each login in sshd.log; ``setenv``: more NAME=VALUE for the sessions (sshd
@@ -84,6 +85,8 @@ class Sshd:
         ``quick_kex``: key exchange by X25519 alone (OpenSSH 9's default, a post-quantum hybrid, costs
         both ends 0.1 s of CPU per connection, and nothing gpu-train does depends on which is agreed);
         False offers OpenSSH's default, as a real host does (the benchmarks).
+
+        ``one_thread``: the sessions' OMP_NUM_THREADS=1, for the tests (below); False for a user's own jobs.
         """
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -91,6 +94,7 @@ class Sshd:
         self.port = port or free_port(address)
         self.extra_config, self.prefix, self.setenv = extra_config, prefix, setenv
         self.max_sessions, self.log_level, self.quick_kex = max_sessions, log_level, quick_kex
+        self.one_thread = one_thread
         if own_home and not sets(setenv, "HOME"):
             home = self.dir / "home"
             home.mkdir(mode=0o700, exist_ok=True)
@@ -129,7 +133,7 @@ class Sshd:
             # into the login user's real ~/.ssh/authorized_keys.
             # A CPU torch job here shares a few cores with everything else (the tests beside it): with
             # one OpenMP thread it does not spin against them (the example's 600 steps under load: 54 s -> 17 s).
-            + f"SetEnv PYENV_REHASH_TIMEOUT=0 OMP_NUM_THREADS=1 {self._keys_env()}{self.setenv}\n"
+            + f"SetEnv PYENV_REHASH_TIMEOUT=0 {'OMP_NUM_THREADS=1 ' if self.one_thread else ''}{self._keys_env()}{self.setenv}\n"
             + self.extra_config
         )
         if os.geteuid() == 0:
@@ -192,6 +196,15 @@ def stack_text(server: Sshd, remote_root: Path) -> str:
     )
 
 
+def your_python_env(environ: dict[str, str] | None = None, home: Path | None = None) -> str:
+    """SetEnv words that keep this user's python3 in sessions whose HOME is the server's own: PATH, and
+    PYENV_ROOT (pyenv's shims look for it under $HOME otherwise). Values with spaces are left out."""
+    environ = dict(os.environ) if environ is None else environ
+    pyenv = environ.get("PYENV_ROOT") or (str((home or Path.home()) / ".pyenv") if ((home or Path.home()) / ".pyenv").is_dir() else "")
+    words = {"PATH": environ.get("PATH", ""), "PYENV_ROOT": pyenv}
+    return " ".join(f"{k}={v}" for k, v in words.items() if v and not any(c.isspace() or c in "\"'" for c in v))
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m remote.loopback`: an SSH stack to try gpu-train on, with no other machine.
 
@@ -226,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             port = free_port(args.address)
     workdir = args.dir.expanduser().resolve() / f"{args.address}"
-    server = Sshd(workdir, args.address, port=port, own_home=False, quick_kex=False).start()  # your machine, as it is
+    # Your machine, with a home of its own: a stack made by `init --host` (remoteRoot ~/.gpu-train) keeps its runs
+    # in WORKDIR/home, not in your real home; your PATH (and pyenv's root), so python3 is the one your shell has;
+    # your jobs' own threads (no OMP_NUM_THREADS=1, which the tests' hosts set).
+    server = Sshd(workdir, args.address, port=port, quick_kex=False, one_thread=False, setenv=your_python_env()).start()
     # `kill` (SIGTERM), as from a job control or a test, stops the sshd too, as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
@@ -238,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         print(stack_text(server, workdir / "remote"), flush=True)
         print(
             "then: gpu-train ssh --stack local -- uname -a; gpu-train train --stack local --script train.py --follow\n"
-            "(the job's venv is made from this machine's python3 with its site packages)",
+            "(the job's venv is made from your python3 with its site packages; its login's home is "
+            f"{workdir / 'home'}, so a stack from `gpu-train init --host {server.spec}` keeps its runs there too)",
             flush=True,
         )
         while server.proc is not None and server.proc.poll() is None:

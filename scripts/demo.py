@@ -20,15 +20,15 @@ sys.path.insert(0, str(ROOT))
 from gpu_train.errors import CommandFailed, ExitStatus, leave  # noqa: E402
 from remote.loopback import Sshd  # noqa: E402
 
-FAB = str(Path(sys.executable).parent / "fab")
+GPU_TRAIN = str(Path(sys.executable).parent / "gpu-train")  # the command a user runs (this venv's)
 
 
 def step(title: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    print(f"\n== {title}\n$ fab {shlex.join(args)}", flush=True)
-    result = subprocess.run([FAB, *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
+    print(f"\n== {title}\n$ gpu-train {shlex.join(args)}", flush=True)
+    result = subprocess.run([GPU_TRAIN, *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         raise CommandFailed(
-            f"demo: `fab {shlex.join(args)}` exited {result.returncode}", command=shlex.join(args), exited=result.returncode
+            f"demo: `gpu-train {shlex.join(args)}` exited {result.returncode}", command=shlex.join(args), exited=result.returncode
         )
     return result
 

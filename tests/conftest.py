@@ -297,6 +297,13 @@ def cluster_stack(stacks: Path, name: str, hosts: list[str], key: str | Path, ex
     return path
 
 
+def project_id(state_home: Path, folder: Path) -> str:
+    """The id of the project ``folder`` in the laptop state ``state_home`` (made as gpu-train makes it)."""
+    from gpu_train.identity import ProjectIds
+
+    return ProjectIds(state_home).id_for(folder)
+
+
 class Lab:
     """An SSH stack named `lab` on a throwaway sshd, and a way to run fab against it."""
 

@@ -240,7 +240,7 @@ class StackConfig:
         "bool",
         True,
         "run jobs in a virtual environment per project "
-        "(`REMOTE_ROOT/envs/PROJECT`) made from `python` with its site packages; `false` "
+        "(`REMOTE_ROOT/envs/PROJECT_ID`: the project's id) made from `python` with its site packages; `false` "
         "installs `requirements.txt` into `python` itself",
         shown="`true` on SSH stacks, `false` on GCP",
     )

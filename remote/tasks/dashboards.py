@@ -12,7 +12,7 @@ import sys
 from invoke import Context, task
 
 from gpu_train.environment import Environment
-from gpu_train.stack.project import project_name
+from gpu_train.errors import UsageError
 from remote.tasks.session import STACK_HELP, Session, say
 from remote.tasks.trust import number
 
@@ -39,7 +39,7 @@ def _serve(env: Environment, stack: str | None, kind: str, extra, local_port, js
             local_port,
             say,
             show(json_),
-            project=project_name(env.project_root),
+            project=env.project_of()[1],
         )
     finally:
         session.close()
@@ -47,20 +47,58 @@ def _serve(env: Environment, stack: str | None, kind: str, extra, local_port, js
 
 @task(
     help={
-        "run": "show this run's JOB_DIR (default: every run under REMOTE_ROOT/runs)",
+        "run": "show this run: its JOB_DIR and its working directory (default: every run under REMOTE_ROOT/runs)",
         "logdir": "a log directory on the host (relative paths are under REMOTE_ROOT/runs)",
         "local_port": LOCAL_HELP,
         "json": 'print {"url": ...}',
         "stack": STACK_HELP,
+        "fetched": "TensorBoard here, over the fetched runs in runs/STACK/ (or --run's): no host needed, after down too",
     }
 )
-def tensorboard(c: Context, run=None, logdir=None, local_port=None, json_=False, stack=None):
-    """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both."""
+def tensorboard(c: Context, run=None, logdir=None, local_port=None, json_=False, stack=None, fetched=False):
+    """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both.
+
+    With --fetched, on this machine over what `fetch` brought home (its own Python's TensorBoard)."""
     from remote.tasks import notebooks
 
+    if fetched:
+        _serve_fetched(Environment.of(c), stack, run, local_port, json_)
+        return
     _serve(
         Environment.of(c), stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)}, local_port, json_
     )
+
+
+def _serve_fetched(env: Environment, stack: str | None, run: str | None, local_port, json_: bool) -> None:
+    """TensorBoard on this machine over runs/STACK/[RUN] (fetched), on localhost, until Ctrl-C."""
+    import importlib.util
+    import subprocess
+
+    from gpu_train.stack import project as projects
+    from remote.ssh.forward import pick_local_port
+    from remote.tasks import notebooks
+    from remote.tasks.trust import run_option
+
+    name, _ = projects.choose_stack(
+        stack, env.stack, projects.selected_stack(env.project_root), projects.stack_names([env.project_root / "stacks"])
+    )
+    if not name:
+        raise UsageError("--fetched: which stack's runs? give --stack NAME")
+    folder = env.project_root / "runs" / name / (run_option(run) or "")
+    if not folder.is_dir():
+        raise UsageError(f"--fetched: nothing fetched at {folder} (`{env.cli} fetch --stack {name}` brings runs home)")
+    if importlib.util.find_spec("tensorboard") is None:
+        raise UsageError(f"--fetched: TensorBoard is not installed here: {sys.executable} -m pip install tensorboard")
+    port = number("--local-port", local_port, int, 1, 65535) or pick_local_port(notebooks.DEFAULT_PORTS["tensorboard"])
+    show(json_)(f"http://127.0.0.1:{port}/")
+    say(f"tensorboard here over {folder}; Ctrl-C stops it")
+    argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(folder), "--host", "127.0.0.1", "--port", str(port)]
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL) as proc:
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait(10)
 
 
 @task(

@@ -17,7 +17,6 @@ from invoke import Context, task
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
-from gpu_train.stack.project import project_name
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 
 
@@ -48,8 +47,8 @@ def push(c: Context, dir, stack=None, json_=False, to=None):
     if to not in (None, "host", "bucket"):
         raise UsageError(f"--to {to}: `host` (the default) or `bucket`")
     env = Environment.of(c)
-    root = env.project_root
-    rel, project = data_path(src, root), project_name(root)
+    folder, project = env.project_of(src)  # the project whose job reads it (a monorepo's subfolder)
+    rel = data_path(src, folder)
     session = Session(env, stack)
     if to == "bucket":
         push_to_bucket(session.cluster, src, rel, project, env.user_home)

@@ -14,10 +14,11 @@ from invoke import Context, task
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus, GpuTrainError, Unreachable, UsageError
+from gpu_train.identity import Scope
 from remote.tasks import frombucket, trust
 from remote.tasks.frombucket import destination, node_dir
 from remote.tasks.localstate import FetchRecord
-from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, on_every_node, say
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 
@@ -122,8 +123,9 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
 
 @task(
     help={
-        "run": "run id (default: the newest)",
-        "all": "every run",
+        "run": "run id (default: this project's newest)",
+        "all": "every run of this project (with --all-projects: every run on the host)",
+        "all_projects": ALL_PROJECTS_HELP,
         "dest": "where to (default runs/STACK/RUN/)",
         "watch": "keep fetching new checkpoints until the run ends",
         "interval": "seconds between --watch rounds (30)",
@@ -150,6 +152,7 @@ def fetch(
     json_=False,
     from_=None,
     sweep=None,
+    all_projects=False,
 ):
     """Bring a run's results home: its JOB_DIR, and what the job wrote in its working directory.
 
@@ -167,7 +170,9 @@ def fetch(
     run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
     if from_ not in (None, "host", "bucket"):
         raise UsageError(f"--from {from_}: `host` (the default) or `bucket`")
-    session = Session(Environment.of(c), stack, node=trust.number("--node", node or 0, int, 0), probe_shared=True)
+    env = Environment.of(c)
+    session = Session(env, stack, node=trust.number("--node", node or 0, int, 0), probe_shared=True)
+    scope = env.scope(all_projects)
     if sweep is not None:
         if run or all_ or dest:
             raise UsageError("--sweep fetches every trial of a sweep: give no --run, --all or --dest with it")
@@ -177,7 +182,9 @@ def fetch(
         on = {int(r["node"]) for r in rows if r["state"] != "pending"}  # a trial is one node's run: into runs/STACK/RUN/
 
         def trials(s: Session) -> list[str]:
-            runs = [x for r in rows if int(r["node"]) == s.node and r["state"] != "pending" for x in _which_runs(s, r["runId"], False)]
+            runs = [
+                x for r in rows if int(r["node"]) == s.node and r["state"] != "pending" for x in _which_runs(s, r["runId"], False, scope)
+            ]
             return fetch_runs(s, runs, None, progress=False, streams=streams)
 
         lost = on_every_node([s for s in session.nodes() if s.node in on], trials)
@@ -190,7 +197,7 @@ def fetch(
         return
     followed: dict[str, str] = {}  # the run --watch follows, once known
     try:
-        _fetch_from_host(session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed)
+        _fetch_from_host(session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed, scope)
     except GpuTrainError as e:
         if e.status != ExitStatus.UNREACHABLE or not session.cluster.bucket:
             raise
@@ -204,21 +211,20 @@ def fetch(
             ) from None
 
 
-def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed: dict[str, str]) -> None:
+def _fetch_from_host(
+    session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed: dict[str, str], scope: Scope
+) -> None:
     if watch:
         if all_nodes:
             raise UsageError("--watch follows one node: give --node N (default 0), not --all-nodes")
-        _watch(session, run, dest, interval, streams, followed)
+        _watch(session, run, dest, interval, streams, followed, scope)
         return
     sessions = session.nodes() if all_nodes else [session]
     if len(sessions) > 1 and not all_ and run is None:  # the newest run is node 0's, fetched from every node
-        lead = session.call("status")["runs"]
-        if not lead:
-            raise GpuTrainError("no runs on this host yet")
-        run = lead[-1]["id"]
+        run = _mine(session.call("status")["runs"], scope)[-1]["id"]
 
     def one(s: Session) -> tuple[Sequence[Mapping[str, Any]], list[str]]:
-        runs = _which_runs(s, run, all_)
+        runs = _which_runs(s, run, all_, scope)
         return runs, fetch_runs(
             s, runs, dest, progress=s.env.stderr_isatty and not json_ and len(sessions) == 1, subdir=node_dir(s.node), streams=streams
         )
@@ -264,11 +270,21 @@ def _fetch_from_host(session: Session, run, all_, dest, watch, interval, all_nod
         )
 
 
-def _which_runs(session: Session, run: str | None, all_: bool) -> Sequence[Mapping[str, Any]]:
-    """The runs to fetch from a node: a named one, a prefix the host resolves, every run, or the newest."""
+def _mine(runs: Sequence[Mapping[str, Any]], scope: Scope) -> list[Mapping[str, Any]]:
+    """The scope's runs of a status document's (oldest first); an error saying so when there are none."""
+    mine, others = scope.split(runs)
+    if not mine:
+        more = f" ({len(others)} of other projects: name one with --run, or add --all-projects)" if others else ""
+        raise GpuTrainError(f"no runs of this project on this host yet{more}" if others else "no runs on this host yet")
+    return mine
+
+
+def _which_runs(session: Session, run: str | None, all_: bool, scope: Scope) -> Sequence[Mapping[str, Any]]:
+    """The runs to fetch from a node: a named one, a prefix the host resolves, every run, or the newest
+    (of the scope's: this project's by default)."""
     runs: Sequence[Mapping[str, Any]]
     if run and not all_ and re.search(r"_\d{8}_\d{6}$", run) is None:  # a prefix or a base name: the host knows
-        runs = session.call("status", "--summaries", "--run", run)["runs"]
+        runs = session.call("status", "--summaries", "--run", run, *scope.agent_args())["runs"]
     elif run and not all_:
         # A named run: no status call; the fetch's own listing says whether it exists and what changed.
         from gpu_train import jobs
@@ -280,8 +296,8 @@ def _which_runs(session: Session, run: str | None, all_: bool) -> Sequence[Mappi
     else:
         # Which runs there are; what changed in them comes from the fetch's own listing of them all
         # (the host walks each JOB_DIR once, not once for summaries and once more to fetch).
-        doc = session.call("status")
-        runs = doc["runs"] if all_ else doc["runs"][-1:]
+        mine = _mine(session.call("status")["runs"], scope)
+        runs = mine if all_ else mine[-1:]
     if not runs:
         raise GpuTrainError("no runs on this host yet")
     return runs
@@ -301,14 +317,14 @@ def parse_streams(value: object) -> int:
     return n
 
 
-def _watch(session: Session, run: str | None, dest: str | None, interval: float, streams: int, followed: dict[str, str]) -> None:
+def _watch(
+    session: Session, run: str | None, dest: str | None, interval: float, streams: int, followed: dict[str, str], scope: Scope
+) -> None:
     """Fetch a run's new files every ``interval`` seconds until it ends, then once more (``followed``
     names the run from its first answer on: the bucket's fallback takes that one)."""
     while True:
-        doc = session.call("status", "--summaries", *(["--run", run] if run else []))
-        if not doc["runs"]:
-            raise GpuTrainError("no runs on this host yet")
-        current = doc["runs"][-1]
+        doc = session.call("status", "--summaries", *(["--run", run, *scope.agent_args()] if run else []))
+        current = (doc["runs"] if run else _mine(doc["runs"], scope))[-1]
         run = followed["run"] = current["id"]
         problems = fetch_runs(session, [current], dest, progress=False, quiet=True, streams=streams, subdir=node_dir(session.node))
         if current["state"] not in ACTIVE:

@@ -149,7 +149,9 @@ def import_job(
     else:
         print(f"\nThe stack is valid: {repo_script('plan')} --stack {stack_name} shows what it creates and costs.")
     print("\nThen run the same job:\n  " + printable(shlex.join(result.train)))
-    say("(pulumi up first creates the VMs; see the README, 'Coming from AI Platform or Vertex AI')")
+    from remote.tasks.starter import doc_page
+
+    say(f"(pulumi up first creates the VMs: gpu-train up --stack NAME; {doc_page('importing.md')})")
 
 
 import_job.remainder_kwarg = "gcloud"  # `gpu-train import -- gcloud ...` (remote/cli.py's Executor)

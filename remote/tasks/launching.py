@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Interrupted, UsageError
 from gpu_train.retry import Backoff
-from gpu_train.stack.project import project_name
 from remote.tasks import trust
-from remote.tasks.localstate import PushedManifests
+from remote.tasks.localstate import PushedManifests, SaidBefore
 from remote.tasks.session import CLI, Cancelled, Session, failures, on_every_node, say
 
 if TYPE_CHECKING:
@@ -55,6 +54,7 @@ class TrainOptions:
     ps: int | None = None
     stack: str | None = None
     timeout: float | None = None
+    project: str | None = None  # the project's id (gpu_train/identity.py): the synced folder's, or the project root's
 
     @classmethod
     def read(
@@ -74,11 +74,11 @@ class TrainOptions:
     ) -> TrainOptions:
         """The flags as Invoke gives them (strings, None for unset), checked before anything is sent:
         a bad value is a UsageError naming the flag."""
-        code_dir = Path(dir).expanduser().resolve() if dir else environment.project_root
-        if not code_dir.is_dir():
-            raise UsageError(f"--dir {code_dir}: no such directory")
+        code_dir, script, project = training_folder_of(environment, dir, rest.pop("script", None))
         return cls(
             code_dir=code_dir,
+            script=script,
+            project=project,
             env=tuple(env or ()),
             env_files=_read_env_files(list(env_file or [])),
             nproc=trust.number("--nproc", nproc, int, 1, 1024),
@@ -134,7 +134,7 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         spec,
         launcher=chosen,
         nproc=opts.nproc or cluster.gpus_per_node,
-        project=project_name(environment.project_root),
+        project=opts.project or environment.project_of(opts.code_dir)[1],
         venv=cluster.venv,
         notify=notify_url(cluster.stack, cluster.notify),
         needs_torch=jobs.needs_torch(opts.code_dir, spec.script, chosen) and not spec.container,
@@ -190,8 +190,11 @@ def _plan_code(environment: Environment, cluster: Target, code_dir: Path, scratc
     unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
     where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
     say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
-    if plan.left_out:
-        say(ignores.left_out_summary(list(plan.left_out), CLI))
+    if plan.left_out:  # said again only when it changed
+        where = os.path.relpath(code_dir, environment.cwd) if code_dir != environment.cwd.resolve() else ""
+        line = ignores.left_out_summary(list(plan.left_out), CLI, where=where)
+        if SaidBefore(cluster.cache).first_time(f"left out {code_dir}", line):
+            say(line)
     if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, ignores.IGNORE_FILE, CLI):
         say(heavy)
     return plan, unchanged, pushed
@@ -201,6 +204,27 @@ def notifying_node0(specs: list) -> list:
     """The webhook (a secret) in node 0's spec only: node 0 announces the run, and the other nodes' hosts
     (and whoever controls one) never hold the URL."""
     return [s if i == 0 else dataclasses.replace(s, notify=None) for i, s in enumerate(specs)]
+
+
+def training_folder_of(environment: Environment, given: str | None, script: str | None) -> tuple[Path, str | None, str]:
+    """(the folder to sync and run in, --script as a path in it, the project's id): identity.training_folder.
+    A folder inside the project root is a project of its own (a monorepo's example); code from outside
+    it is the project root's. Said when it is a folder below the one the user is in."""
+    from gpu_train.identity import ProjectIds, shown_path, training_folder
+
+    root, ids = environment.project_root, ProjectIds(environment.state_home)
+    code_dir, script = training_folder(environment.cwd, root, ids.known(), given, script)
+    if not code_dir.is_dir():
+        raise UsageError(f"--dir {given}: no such directory ({code_dir}; --dir is a path from where you are)")
+    inside = code_dir == root or code_dir.is_relative_to(root)
+    project = ids.id_for(code_dir) if inside else environment.project_of(root)[1]
+    if inside and code_dir != environment.cwd.resolve() and code_dir.is_relative_to(environment.cwd.resolve()):  # a monorepo's
+        own = [f for f in ("requirements.txt", "pyproject.toml") if (code_dir / f).is_file()]
+        say(
+            f"project {shown_path(code_dir, environment.cwd)} ({', '.join(own) if own else 'no requirements file'}): "
+            "its code is synced and the job runs there"
+        )
+    return code_dir, script, project
 
 
 def notify_url(stack: str, setting: str | None) -> str | None:

@@ -35,6 +35,25 @@ class PushedManifests:
         atomic_write(self.path, json.dumps(doc, indent=1))
 
 
+class SaidBefore:
+    """Notices a task said, by subject (a project folder's "left out" line): one said before, word for
+    word, is not said again on every train; a changed one is."""
+
+    def __init__(self, cache: Path):
+        self.path = cache / "said.json"
+
+    def first_time(self, subject: str, text: str) -> bool:
+        """Whether ``text`` is new for ``subject`` (and remember it)."""
+        try:
+            doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        if not isinstance(doc, dict) or doc.get(subject) != text:
+            atomic_write(self.path, json.dumps({**(doc if isinstance(doc, dict) else {}), subject: text}, indent=1))
+            return True
+        return False
+
+
 def local_summary(path: Path, skip: Collection[str] = ()) -> dict:
     """Regular files under ``path`` (links not followed): how many, their bytes, the newest mtime;
     ``skip``: folders at its top left out (a run's workdir/ and .gpu-train/ beside its JOB_DIR files)."""

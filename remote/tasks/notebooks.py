@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpu_train.contract import project_dirs
-from gpu_train.errors import printable_doc
+from gpu_train.errors import printable, printable_doc
+from gpu_train.ownership import project_dirs
 from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.forward import ForwardError, LocalForward, pick_local_port, remote_listens
 
@@ -26,11 +26,12 @@ DEFAULT_PORTS = {"tensorboard": 6006, "jupyter": 8888}
 
 
 def logdir_for(remote_root: str, run: str | None, logdir: str | None) -> str:
-    """--logdir as given (relative paths are under REMOTE_ROOT/runs), else the run's JOB_DIR, else every run."""
+    """--logdir as given (relative paths are under REMOTE_ROOT/runs), else the run's folder (its JOB_DIR, job/,
+    and its working directory, code/, where a job that logs to its own out/ writes its events), else every run."""
     runs = f"{remote_root.rstrip('/')}/runs"
     if logdir:
         return logdir if logdir.startswith(("/", "~")) else f"{runs}/{logdir}"
-    return f"{runs}/{run}/job" if run else runs
+    return f"{runs}/{run}" if run else runs
 
 
 def host_command(python: str | None) -> str:
@@ -84,12 +85,13 @@ def serve(
     try:
         line = chan.makefile("rb").readline(LINE_MAX)  # a host's answer: bounded
         try:
-            doc = printable_doc(json.loads(line))
+            raw = json.loads(line)
+            doc = printable_doc(raw)
         except ValueError:
             err = chan.makefile_stderr("rb").read(4000).decode("utf-8", "replace") if chan.exit_status_ready() else ""
             raise ForwardError(f"{kind} could not be started on {target.host}: {err.strip() or line!r}") from None
-        if "error" in doc:
-            raise ForwardError(doc["error"])
+        if "error" in doc:  # the server's log as lines (its control characters written out)
+            raise ForwardError(printable(str(raw["error"]), keep="\n\t"))
         port = pick_local_port(DEFAULT_PORTS[kind]) if local_port is None else int(local_port)
         forward = LocalForward(transport, doc["port"], port)
         try:

@@ -16,7 +16,9 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def render_status(doc: dict, target, cli: str = "gpu-train") -> str:
+def render_status(doc: dict, target, cli: str = "gpu-train", current: str | None = None, others: int = 0) -> str:
+    """The status table of ``doc``'s runs (the scope's: the task filtered them); PROJECT when they are not
+    all ``current``'s; ``others``: how many runs of other projects the host has besides."""
     lines = [f"stack {target.stack}: {target.host} ({doc.get('host')}), root {doc.get('root')}"]
     if target.is_gcp and doc.get("uptimeS") is not None:
         hours = doc["uptimeS"] / 3600
@@ -28,10 +30,14 @@ def render_status(doc: dict, target, cli: str = "gpu-train") -> str:
     lines += [f"unreachable: {u}" for u in doc.get("unreachable", [])]
     runs = doc.get("runs", [])
     if not runs:
-        lines.append(f"no runs yet: {cli} train --script train.py")
+        lines.append(
+            f"no runs of this project yet: {cli} train --script SCRIPT.py" if others else f"no runs yet: {cli} train --script SCRIPT.py"
+        )
     else:
-        lines += run_table(runs)
+        lines += run_table(runs, project=any(r.get("project") != current for r in runs))
         lines += [bucket_line(r["id"], r["bucket"]) for r in runs if r.get("bucket")]
+    if others:
+        lines.append(f"{others} run{'s' if others != 1 else ''} of other projects on this host: {cli} status --all-projects")
     return "\n".join(lines)
 
 
@@ -65,11 +71,12 @@ def bucket_line(run: str, b: dict) -> str:
     return text
 
 
-def run_table(runs: list[dict]) -> list[str]:
-    """One row per run under a header; OUTPUTS when the host summed them up; LAST LINE is the job's own
-    (its exception when it failed)."""
+def run_table(runs: list[dict], project: bool = False) -> list[str]:
+    """One row per run under a header; PROJECT (whose run: the project's id) with ``project``; OUTPUTS when
+    the host summed them up; LAST LINE is the job's own (its exception when it failed)."""
     summed = any("jobSummary" in r or "workdirSummary" in r for r in runs)
-    rows: list[tuple[str, ...]] = [("RUN", "STATE", "EXIT", "DURATION", *(("OUTPUTS",) if summed else ()), "LAST LINE")]
+    first = ("PROJECT",) if project else ()
+    rows: list[tuple[str, ...]] = [(*first, "RUN", "STATE", "EXIT", "DURATION", *(("OUTPUTS",) if summed else ()), "LAST LINE")]
     for r in runs:
         state = r["state"]
         notes = []
@@ -89,9 +96,22 @@ def run_table(runs: list[dict]) -> list[str]:
             # Why it ended, where the job said nothing, or where gpu-train ended it (no exit code of the job's
             # own: resumes used up, the wrapper failed); its last line is then whatever came before.
             line = r["reason"]
-        cells = (r["id"], state, "-" if code is None else str(code), duration(r.get("durationS")))
+        whose = (r.get("project") or "?",) if project else ()
+        cells = (*whose, r["id"], state, "-" if code is None else str(code), duration(r.get("durationS")))
         rows.append((*cells, outputs_cell(r), line[:120]) if summed else (*cells, line[:120]))
-    return [f"  {line}" for line in aligned(rows, right={2, 3})]
+    return [f"  {line}" for line in aligned(rows, right={2 + len(first), 3 + len(first)})]
+
+
+def settings_lines(settings: dict) -> list[str]:
+    """The agent's settings (`setup`'s answer, contract.AgentSettings's wire names) in words, one a line."""
+    minutes = settings.get("idleStopMinutes") or 0
+    command = " ".join(settings.get("poweroffCommand") or ()) or "systemctl poweroff"
+    hours = settings.get("maxRunHours")
+    return [
+        f"idle stop: after {minutes:g} idle minutes ({command})" if minutes else "idle stop: off",
+        f"resumes: a run is relaunched at most {settings.get('maxResumes', 10)} times (reboots, preemptions, resume)",
+        *([f"run-time cap: {hours:g} h from each start (maxRunHours)"] if hours else []),
+    ]
 
 
 def agent_lines(doc: dict, target) -> list[str]:

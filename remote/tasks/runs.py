@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from invoke import task
@@ -13,8 +14,9 @@ from gpu_train.contract import SUCCEEDED
 from gpu_train.environment import Environment
 from gpu_train.errors import CommandExit, GpuTrainError, Interrupted, UsageError, outcome
 from remote.tasks import trust
+from remote.tasks.completion import SeenRuns
 from remote.tasks.render import render_status
-from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, on_every_node, say
 
 if TYPE_CHECKING:
     from invoke import Context
@@ -25,21 +27,24 @@ if TYPE_CHECKING:
 # -- logs -------------------------------------------------------------------------------------
 @task(
     help={
-        "run": "run id or a unique prefix (default: the newest)",
+        "run": "run id or a unique prefix (default: this project's newest)",
         "follow": "stream until the job ends; exit with its exit code",
         "lines": "show the last N lines first (default 50; 0 for the whole log)",
         "node": "which node (default 0)",
         "all": "every node's log, each line prefixed with its node",
         "stack": STACK_HELP,
+        "all_projects": ALL_PROJECTS_HELP,
     }
 )
-def logs(c: Context, run=None, follow=False, lines=None, node=None, all_=False, stack=None):
+def logs(c: Context, run=None, follow=False, lines=None, node=None, all_=False, stack=None, all_projects=False):
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
     run, lines = trust.run_option(run), trust.number("--lines", 50 if lines is None else lines, int, 0)
-    session = Session(Environment.of(c), stack, node=trust.number("--node", node or 0, int, 0))
+    env = Environment.of(c)
+    session = Session(env, stack, node=trust.number("--node", node or 0, int, 0))
+    scope = env.scope(all_projects).agent_args()
     out = sys.stdout.buffer
     if not all_:
-        trailer = _stream_log(session, run, lines, follow, out.write, out.flush)
+        trailer = _stream_log(session, run, lines, follow, out.write, out.flush, scope)
         session.close()
         if follow and trailer is not None:  # (following ends with the agent's end mark)
             _exit_with(trailer)
@@ -60,7 +65,7 @@ def logs(c: Context, run=None, follow=False, lines=None, node=None, all_=False, 
         return write
 
     sessions = session.nodes()
-    trailers = on_every_node(sessions, lambda s: _stream_log(s, run, lines, follow, prefixed(s), out.flush))
+    trailers = on_every_node(sessions, lambda s: _stream_log(s, run, lines, follow, prefixed(s), out.flush, scope))
     if failed := failures(trailers):
         raise GpuTrainError("; ".join(failed))
     if follow:
@@ -83,7 +88,7 @@ def follow_to_end(session: Session, run: str) -> None:
         _exit_with(trailer)
 
 
-def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush) -> LogEnd | None:
+def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush, scope: Sequence[str] = ()) -> LogEnd | None:
     """One node's log from the agent, resuming at the right byte after a dropped connection."""
     from agent.bundle import agent_command
     from gpu_train.errors import TerminalStream
@@ -100,7 +105,7 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
         flush()
 
     while True:
-        args = ["logs"] + (["--run", run] if run else []) + (["--follow"] if follow else [])
+        args = ["logs"] + (["--run", run] if run else [*scope]) + (["--follow"] if follow else [])
         args += ["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else [])
         received = 0
         try:
@@ -163,9 +168,19 @@ def cluster_status(session: Session, *args: str) -> dict:
     return doc
 
 
-@task(help={"json": "print JSON: runs[].{id, state, exitCode, jobDir, jobSummary, workdirSummary, ...}", "stack": STACK_HELP})
-def status(c: Context, json_=False, stack=None):
-    """Every run with its state, duration, outputs and last log line; GPU use; hours and cost on GCP.
+@task(
+    help={
+        "json": "print JSON: project, runs[].{id, project, state, exitCode, jobDir, jobSummary, workdirSummary, ...}",
+        "stack": STACK_HELP,
+        "all_projects": "every project's runs on the host, with whose each is (default: this project's)",
+    }
+)
+def status(c: Context, json_=False, stack=None, all_projects=False):
+    """This project's runs with their state, duration, outputs and last log line; GPU use; hours and cost on GCP.
+
+    A host shared by several projects (or clones, or users) keeps each one's runs apart: this project's
+    are listed (in a monorepo, the folder's and those of the folders beneath it), the others counted;
+    --all-projects lists every run with its PROJECT.
 
     A run's outputs are JOB_DIR's files and what the job wrote in its working directory. Its duration
     is the time its job ran, summed over its starts (every leg of a run resumed after a preemption or
@@ -173,36 +188,57 @@ def status(c: Context, json_=False, stack=None):
 
     On several nodes a run is failed if any node failed (and says which), running while any runs.
     """
-    session = Session(Environment.of(c), stack)
+    env = Environment.of(c)
+    session = Session(env, stack)
+    scope = env.scope(all_projects)
     doc = cluster_status(session, "--summaries")  # each run's results: JOB_DIR and the working directory's outputs
+    mine, others = scope.split(doc["runs"])
+    doc = {**doc, "runs": mine}
+    SeenRuns(env.state_home).write(session.target.stack, [r["id"] for r in mine])  # for `--run <TAB>`
     if json_:
-        print(json.dumps({"stack": session.target.stack, **doc}, indent=1))
+        print(json.dumps({"stack": session.target.stack, "project": scope.current, "otherProjectsRuns": len(others), **doc}, indent=1))
     else:
-        print(render_status(doc, session.cluster, CLI))
+        print(render_status(doc, session.cluster, CLI, scope.current, len(others)))
 
 
 # -- stop -------------------------------------------------------------------------------------
 @task(
     help={
-        "run": "run id or a unique prefix (default: the newest)",
+        "run": "run id or a unique prefix (default: this project's running run)",
         "grace": "seconds between SIGINT, SIGTERM and SIGKILL (default 10)",
         "sweep": "a sweep instead: no more of its trials start, those at work stop (as `sweep stop`)",
         "json": "print the result as JSON",
         "stack": STACK_HELP,
+        "all_projects": ALL_PROJECTS_HELP,
     }
 )
-def stop(c: Context, run=None, grace=None, stack=None, json_=False, sweep=None):
-    """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group."""
+def stop(c: Context, run=None, grace=None, stack=None, json_=False, sweep=None, all_projects=False):
+    """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group.
+
+    Without --run: this project's running run; when several run, they are listed and none is stopped
+    (exit 2: name one with --run)."""
+    from gpu_train.identity import running_run
+
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
-    session = Session(Environment.of(c), stack)
+    env = Environment.of(c)
+    session = Session(env, stack)
     if sweep is not None:
         from remote.tasks.sweepcalls import stop_sweep
 
         if run:
             raise UsageError("--run or --sweep, not both")
         return stop_sweep(session, trust.run_option(sweep) or "", json_, grace)
+    scope = env.scope(all_projects)
     sessions = session.nodes()
-    args = ["stop", "--grace", str(float(grace))] + (["--run", run] if run else [])
+    if not run:  # this project's run at work, by the cluster's state (node 0's alone may not say it)
+        runs = cluster_status(session)["runs"]
+        run = running_run(runs, scope)
+        if run is None:
+            mine = scope.split(runs)[0]
+            newest = f" (the newest, {mine[-1]['id']}, {mine[-1]['state']})" if mine else ""
+            print(f"nothing to stop: no run of this project is running{newest}")
+            return
+    args = ["stop", "--grace", str(float(grace)), "--run", run, *scope.agent_args()]
     docs = on_every_node(sessions, lambda s: s.call(*args))
     if json_:
         print(json.dumps([d if not isinstance(d, GpuTrainError) else {"error": outcome(d)[1]} for d in docs], indent=1))
@@ -218,13 +254,15 @@ def stop(c: Context, run=None, grace=None, stack=None, json_=False, sweep=None):
 
 @task(
     help={
-        "run": "run id or a unique prefix (default: the newest interrupted run)",
+        "run": "run id or a unique prefix (default: this project's newest interrupted run)",
         "grace": "seconds to let a still-running part stop (default 10)",
+        "force": "restart a single-node run even while it still runs (its work since the last checkpoint is lost)",
         "json": "print the result as JSON",
         "stack": STACK_HELP,
+        "all_projects": ALL_PROJECTS_HELP,
     }
 )
-def resume(c: Context, run=None, grace=None, stack=None, json_=False):
+def resume(c: Context, run=None, grace=None, stack=None, json_=False, force=False, all_projects=False):
     """Restart a run on every node with the same RUN_ID and JOB_DIR (it resumes from its checkpoints).
 
     Without --run: the newest interrupted run (a finished one only when named). For a cluster one
@@ -232,27 +270,38 @@ def resume(c: Context, run=None, grace=None, stack=None, json_=False):
     from gpu_train.jobs import JobError, resumable
 
     run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
-    session = Session(Environment.of(c), stack)
+    env = Environment.of(c)
+    session = Session(env, stack)
+    scope = env.scope(all_projects)
     if not run:
         try:
-            run = resumable(cluster_status(session)["runs"], f"{CLI} resume --stack {session.target.stack} --run RUN")
+            run = resumable(scope.split(cluster_status(session)["runs"])[0], f"{CLI} resume --stack {session.target.stack} --run RUN")
         except JobError as e:
             raise GpuTrainError(str(e)) from None
     sessions = session.nodes()
-    docs = on_every_node(sessions, lambda s: s.call("resume", "--run", run, "--grace", str(float(grace))))
+    args = ["resume", "--run", run, "--grace", str(float(grace)), *(["--force"] if force else []), *scope.agent_args()]
+    docs = on_every_node(sessions, lambda s: s.call(*args))
     for s in sessions:
         s.close()
     if failed := failures(docs):
         raise GpuTrainError("; ".join(failed))
     resumes = cast("Resumed", docs[0])["resumes"]  # (no node failed)
+    run = cast("Resumed", docs[0])["runId"] or run  # the run's id, where --run gave a prefix or a name
     if json_:
         print(json.dumps({"runId": run, "nodes": len(sessions), "resumes": resumes}))
     else:
         print(f"{run}: restarted on {len(sessions)} node(s) (resume {resumes})")
 
 
-@task(help={"run": "only this run (an id or a unique prefix)", "dry_run": "say what would go; remove nothing", "stack": STACK_HELP})
-def prune(c: Context, run=None, dry_run=False, stack=None):
+@task(
+    help={
+        "run": "only this run (an id or a unique prefix)",
+        "dry_run": "say what would go; remove nothing",
+        "stack": STACK_HELP,
+        "all_projects": "every project's finished runs on the host (default: this project's)",
+    }
+)
+def prune(c: Context, run=None, dry_run=False, stack=None, all_projects=False):
     """Free the code copies of finished runs on the host (every node), keeping everything each job wrote.
 
     Each run keeps the code it was sent; this removes the files still exactly as sent from runs that
@@ -262,8 +311,9 @@ def prune(c: Context, run=None, dry_run=False, stack=None):
     from remote.transfer.sync import human
 
     run = trust.run_option(run)
-    args = ["prune", *(["--run", run] if run else []), *(["--dry-run"] if dry_run else [])]
-    session = Session(Environment.of(c), stack)
+    env = Environment.of(c)
+    args = ["prune", *(["--run", run] if run else env.scope(all_projects).agent_args()), *(["--dry-run"] if dry_run else [])]
+    session = Session(env, stack)
     nodes = session.nodes()
     results = on_every_node(nodes, lambda s: s.call("prune", *args[1:]))
     for s, doc in zip(nodes, results, strict=True):

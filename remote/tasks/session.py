@@ -21,6 +21,7 @@ STACK_HELP = (
     "stack name (default: $GPU_TRAIN_STACK, else the one `gpu-train stack NAME` selected, else the project's "
     "only stack, else Pulumi's selected stack)"
 )
+ALL_PROJECTS_HELP = "choose among every project's runs on the host (default: this project's; a run named with --run is always found)"
 # How the user called us, for the commands our messages suggest.
 
 

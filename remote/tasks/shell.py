@@ -31,9 +31,13 @@ def setup(c: Context, stack=None):
     encoded = base64.b64encode(json.dumps(settings_part(session.target.agent_settings)).encode()).decode()
     doc = session.call("configure", encoded, *([] if session.target.is_gcp else ["--cron"]))
     session.close()
-    print(f"agent settings on {session.target.host}: {json.dumps(doc['settings'])}")
+    from remote.tasks.render import settings_lines
+
+    print(f"agent set up on {session.target.host}:")
+    for line in settings_lines(doc.get("settings") or {}):
+        print(f"  {line}")
     for line in doc.get("crontab", []):
-        print(f"crontab: {line}")
+        print(f"  crontab: {line}")
     if doc.get("bootResume") == BOOT_CRON_STOPPED:
         say(f"warning: {session.target.host}: {CRON_STOPPED_WORDS}")
 
@@ -53,15 +57,17 @@ def say_host_notes(sessions: list[Session], answers: list[dict]) -> None:
         for words in (warnings if isinstance(warnings, list) else [])[:5]:
             say(f"warning: {where}: {str(words)[:400]}")
         state, offered = answer.get("bootResume"), s.target.cache / BOOT_OFFERED
-        if state == BOOT_CRON_STOPPED:
-            say(f"warning: {where}: {CRON_STOPPED_WORDS}")
-        elif state in (BOOT_OFF, BOOT_NO_CRONTAB):
+        if state in (BOOT_CRON_STOPPED, BOOT_OFF, BOOT_NO_CRONTAB):  # said once per host and state
             try:
                 told = json.loads(offered.read_text())
             except (OSError, ValueError):
                 told = {}
-            if host_key(s.target.host) in told:
+            if told.get(host_key(s.target.host)) == state:
                 continue
+        if state == BOOT_CRON_STOPPED:
+            say(f"warning: {where}: {CRON_STOPPED_WORDS}")
+            atomic_write(offered, json.dumps({**told, host_key(s.target.host): state}))
+        elif state in (BOOT_OFF, BOOT_NO_CRONTAB):
             fix = f"`{CLI} setup`" if state == BOOT_OFF else f"install cron there (sudo apt-get install cron), then `{CLI} setup`"
             say(
                 f"{where}: a reboot there leaves this run interrupted until `{CLI} resume`; {fix} makes reboots resume "

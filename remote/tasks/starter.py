@@ -8,14 +8,19 @@ git (``runs/``, ``.gpu-train/``), as the code sync already keeps them off the ho
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Context, task
 
 from gpu_train.contract import REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
-from gpu_train.stack.project import repo_script
+from gpu_train.stack.project import EXAMPLE_STACKS, repo_script
+
+if TYPE_CHECKING:
+    from gpu_train.catalog.model import Catalog
 
 NAME_RE = re.compile(STACK_NAME_PATTERN)
 GITIGNORED = ("runs/", ".gpu-train/")
@@ -40,24 +45,110 @@ def ssh_stack(host: str, key: str | None) -> str:
     )
 
 
-def gcp_stack(project: str, zone: str, gpu: str, spot: bool, source: str) -> str:
+@dataclass(frozen=True)
+class StarterShape:
+    """What a starter stack says of the machine: a GPU attached to N1 (gpuType, gpuCount) or a machine type
+    that carries it (G2, A2, A3, A4, ...: machineType alone), a zone that offers it, how it is had."""
+
+    lines: tuple[str, ...]
+    zone: str
+    way: str  # spot, on-demand or flex-start
+    note: str = ""  # said to the user: what was chosen for them, and why
+
+
+def starter_shape(catalog: Catalog, gpu: str, zone: str, zone_given: bool, spot: bool) -> StarterShape:
+    """The smallest valid machine for one ``gpu`` (a name or its short one) from the catalog, in ``zone`` or,
+    when the zone was not given and does not offer it, the first zone that does (in the same region first);
+    spot, else on demand where the shape is had that way, else Flex-start (24 h). UsageError for a GPU the
+    catalog does not know or a given zone that does not offer it."""
+    from gpu_train.catalog.gpunames import resolve, suggest
+    from gpu_train.catalog.model import FLEX_START, ON_DEMAND, SPOT
+
+    acc = resolve(gpu, catalog)
+    if acc is None:
+        close = suggest(gpu, catalog)
+        raise UsageError(f"--gpu {gpu}: not a GPU of the catalog" + (f"; did you mean {' or '.join(close)}?" if close else ""))
+    lines: tuple[str, ...]
+    machine: str | None
+    if acc.attachable_to_n1:
+        machine, lines = None, (f"gpu-train:gpuType: {acc.name}", "gpu-train:gpuCount: 1")
+    else:
+        shape = catalog.shapes_with(acc.name)[0]
+        machine = shape.name
+        lines = (f"gpu-train:machineType: {machine}   # {shape.gpu_count} x {acc.gpu} ({acc.series}: the GPU comes with the machine type)",)
+    zones = catalog.zones_for(acc.name, catalog.parse_machine_type(machine) if machine else None)
+    note = ""
+    if zones and zone not in zones:
+        if zone_given:
+            raise UsageError(
+                f"--zone {zone}: {acc.gpu} is not offered there; it is in {', '.join(zones[:6])}" + (" ..." if len(zones) > 6 else "")
+            )
+        region = zone.rsplit("-", 1)[0]
+        zone = next((z for z in zones if z.startswith(region + "-")), next((z for z in zones if z.startswith("us-central1-")), zones[0]))
+        note = f"{acc.gpu} is not offered in the default zone: {zone} chosen (--zone to pick another of {len(zones)})"
+    ways = catalog.ways(machine) if machine else (ON_DEMAND, SPOT)
+    if not {SPOT, ON_DEMAND, FLEX_START} & set(ways):
+        raise UsageError(
+            f"--gpu {gpu}: {machine} is had only through a reservation your project holds, so no starter stack can "
+            f"be made for it: write gpu-train:machineType {machine} and gpu-train:reservation NAME yourself "
+            f'({doc_page("google-cloud.md")}: "The big GPUs: Flex-start and reservations")'
+        )
+    way = SPOT if spot and SPOT in ways else ON_DEMAND if ON_DEMAND in ways else SPOT if SPOT in ways else FLEX_START
+    if way != (SPOT if spot else ON_DEMAND):
+        said = {SPOT: "spot", ON_DEMAND: "on demand", FLEX_START: "Flex-start (maxRunHours 24)"}[way]
+        note = "; ".join(filter(None, (note, f"{machine or acc.name} is had {said}: {', '.join(ways)} only")))
+    return StarterShape(lines, zone, way, note)
+
+
+def gcp_stack(project: str, shape: StarterShape, source: str) -> str:
+    from gpu_train.catalog.model import FLEX_START, SPOT
+
+    way = {
+        SPOT: "  gpu-train:spot: true   # spot: 60-91% cheaper, may be preempted (the run resumes when it returns)\n",
+        FLEX_START: "  gpu-train:flexStart: true   # queued until capacity is free, then runs up to maxRunHours\n"
+        "  gpu-train:maxRunHours: 24\n",
+    }.get(shape.way, "  gpu-train:spot: false   # on demand; spot is 60-91% cheaper but may be preempted\n")
     return (
         "# A GCP stack: a Deep Learning VM with a GPU, created by `pulumi up` through gpu-train's Pulumi program\n"
-        '# (see the README, "A GCP stack in your project"). Check it first: gpu-train\'s scripts/plan --stack NAME\n'
+        f'# ({doc_page("ssh-hosts.md")}, "A GCP stack in your project"). Check it first: {repo_script("plan")} --stack NAME\n'
         "config:\n"
-        f"  gcp:project: {project}   # EDIT: your Google Cloud project id\n"
-        f"  gpu-train:zone: {zone}\n"
-        f"  gpu-train:gpuType: {gpu}\n"
-        "  gpu-train:gpuCount: 1\n"
-        f"  gpu-train:spot: {'true' if spot else 'false'}   # spot: 60-91% cheaper, may be preempted\n"
-        f"  gpu-train:sshSourceRanges: [{source}]   # EDIT: your address (curl -s ifconfig.me)/32\n"
+        f"  gcp:project: {project}   # your Google Cloud project id\n"
+        f"  gpu-train:zone: {shape.zone}\n"
+        + "".join(f"  {line}\n" for line in shape.lines)
+        + way
+        + f"  gpu-train:sshSourceRanges: [{source}]   # EDIT: your address (curl -s ifconfig.me)/32\n"
         "  # gpu-train:idleStopMinutes: 30          # the VM powers off after 30 idle minutes\n"
     )
 
 
-def to_edit(kind: str, path: Path, several: bool = False) -> list[str]:
+def doc_page(name: str) -> str:
+    """A page of this clone's docs as a path the user can open from anywhere."""
+    return str(EXAMPLE_STACKS.parent / "docs" / name)
+
+
+def likely_script(root: Path) -> str:
+    """The script a project most likely trains with, for the hints: train.py, else a file with `train` in its
+    name, else main.py, else its first Python file at the top; SCRIPT.py when it has none."""
+    from gpu_train.jobs import script_candidates
+
+    found = script_candidates(root, limit=500)
+    top = [f for f in found if "/" not in f]
+    for pick in (
+        [f for f in found if f == "train.py"],
+        [f for f in top if "train" in f],
+        [f for f in found if f.rsplit("/", 1)[-1].startswith("train")],
+        [f for f in top if f == "main.py"],
+        [f for f in top if not f.startswith(("setup", "test_", "conftest"))],
+    ):
+        if pick:
+            return pick[0]
+    return "SCRIPT.py"
+
+
+def to_edit(kind: str, path: Path, several: bool = False, script: str = "train.py") -> list[str]:
     """What the user still has to do, line by line. In a project with several stacks each command names
-    this one (without --stack they would stop at "no stack selected", or reach the selected other one)."""
+    this one (without --stack they would stop at "no stack selected", or reach the selected other one);
+    ``script``: the project's own (likely_script)."""
     name = path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
     flag = f" --stack {name}" if several else ""
     if kind == "ssh":
@@ -66,13 +157,13 @@ def to_edit(kind: str, path: Path, several: bool = False) -> list[str]:
             f"try it: gpu-train ssh{flag} -- nvidia-smi",
             f"so that a reboot of the host resumes runs: gpu-train setup{flag} (an @reboot line in your crontab "
             "there; gpu-train down takes it away)",
-            f"then: gpu-train train{flag} --script train.py --follow",
+            f"then: gpu-train train{flag} --script {script} --follow",
         ]
     return [
-        f"edit gcp:project and gpu-train:sshSourceRanges in {path}",
-        f"check it: {repo_script('plan')} --stack {name}",
-        'create the VM: see README, "A GCP stack in your project"',
-        f"then: gpu-train train{flag} --script train.py --follow",
+        f"edit gpu-train:sshSourceRanges in {path} (your address as a /32)",
+        f"check it: gpu-train plan --stack {name}   (offline: every problem, every resource, the cost)",
+        f'create the VM: gpu-train up --stack {name}   ({doc_page("ssh-hosts.md")}: "A GCP stack in your project")',
+        f"then: gpu-train train{flag} --script {script} --follow",
     ]
 
 
@@ -88,12 +179,12 @@ def ignore_lines(existing: str) -> list[str]:
         "host": "SSH stack: user@host[:port] or an alias from ~/.ssh/config",
         "key": "SSH stack: the private key (default: ssh-agent and ~/.ssh/config)",
         "gcp_project": "GCP stack: your Google Cloud project id",
-        "zone": "GCP stack: zone (default us-central1-a)",
-        "gpu": "GCP stack: GPU type (default nvidia-tesla-t4)",
+        "zone": "GCP stack: zone (default us-central1-a, or the first zone that offers the GPU)",
+        "gpu": "GCP stack: GPU type, as the catalog names it or its short name (default nvidia-l4: `gpu-train gpus` lists them)",
         "on_demand": "GCP stack: on-demand rather than spot",
     }
 )
-def init(c: Context, stack=None, host=None, key=None, gcp_project=None, zone="us-central1-a", gpu="nvidia-tesla-t4", on_demand=False):
+def init(c: Context, stack=None, host=None, key=None, gcp_project=None, zone=None, gpu="nvidia-l4", on_demand=False):
     """Write a starter stack into this project's stacks/ (an SSH host, or a GCP VM), and say what to edit."""
     from gpu_train.stack import config
 
@@ -110,7 +201,12 @@ def init(c: Context, stack=None, host=None, key=None, gcp_project=None, zone="us
             raise UsageError(f"--host {host!r}: write it as user@host:port or a Host alias") from None
         text = ssh_stack(host, key)
     else:
-        text = gcp_stack(gcp_project, zone, gpu, not on_demand, "203.0.113.7/32")
+        from gpu_train.catalog.loader import load_catalog
+
+        shape = starter_shape(load_catalog(), gpu, zone or "us-central1-a", bool(zone), not on_demand)
+        text = gcp_stack(gcp_project, shape, "203.0.113.7/32")
+        if shape.note:
+            print(shape.note)
     env = Environment.of(c)
     root = env.project_root
     path = root / "stacks" / f"Pulumi.{name}.yaml"
@@ -130,7 +226,7 @@ def init(c: Context, stack=None, host=None, key=None, gcp_project=None, zone="us
                 f.write(sep + "".join(f"{line}\n" for line in missing))
             print(f"added {', '.join(missing)} to {gitignore} (fetched runs and gpu-train's local state)")
     others = [p.name for p in path.parent.glob("Pulumi.*.y*ml") if p != path]
-    for step in to_edit(kind, path.relative_to(root) if path.is_relative_to(root) else path, bool(others)):
+    for step in to_edit(kind, path.relative_to(root) if path.is_relative_to(root) else path, bool(others), likely_script(root)):
         print(f"  next: {step}")
     if others and not env.stack:
         print(f"  this project has several stacks now: `gpu-train stack {name}` selects this one (or pass --stack {name})")

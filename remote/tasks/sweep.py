@@ -179,8 +179,7 @@ def plan(o: dict, gpus: list[int], base: str) -> tuple[list[dict], list[list[lis
 def start(environment: Environment, session: Session, o: dict) -> None:
     from gpu_train import jobs
     from gpu_train.stack.agentdoc import settings_part
-    from gpu_train.stack.project import project_name
-    from remote.tasks.launching import pushed_data
+    from remote.tasks.launching import pushed_data, training_folder_of
     from remote.transfer import sync
     from remote.transfer.relay import ChannelRelay
 
@@ -193,11 +192,11 @@ def start(environment: Environment, session: Session, o: dict) -> None:
     trials, node_slots, _ = plan(o, node_gpus(session), base)
     slots_total = sum(len(s) for s in node_slots)
     stamp = datetime.now().strftime("_%Y%m%d_%H%M%S")
-    code_dir = environment.project_root
+    code_dir, script, project = training_folder_of(environment, None, o["script"])  # a monorepo's example too
     spec = jobs.job_spec(
         run=f"{base}{stamp}",
         base=base,
-        script=o["script"],
+        script=script,
         command=o["command"],
         args="",
         env=o["env"] or [],
@@ -211,7 +210,7 @@ def start(environment: Environment, session: Session, o: dict) -> None:
     )
     spec = dataclasses.replace(
         spec,
-        project=project_name(environment.project_root),
+        project=project,
         venv=cluster.venv,
         needs_torch=jobs.needs_torch(code_dir, spec.script, "none"),
     )

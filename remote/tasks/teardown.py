@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from invoke import Context, task
 
@@ -15,6 +15,9 @@ from gpu_train.errors import CommandFailed, GpuTrainError, UsageError
 from remote.tasks.fetch import fetch_runs, parse_streams
 from remote.tasks.frombucket import node_dir
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+
+if TYPE_CHECKING:
+    from gpu_train.identity import Scope
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 
@@ -47,6 +50,27 @@ def fetch_every_node(sessions: list[Session], docs: list[object], streams: int =
 
     results = on_every_node([s for s in sessions if not isinstance(docs[s.node], GpuTrainError)], one)
     return failures(results) + [m for r in results if isinstance(r, list) for m in r]
+
+
+def keep_to(docs: list[object], scope: Scope) -> tuple[list[object], list[dict]]:
+    """Each node's status document with only the scope's runs, and the other projects' runs (node 0's view:
+    one per run) that were left out."""
+    kept: list[object] = []
+    others: dict[str, dict] = {}
+    for d in docs:
+        if isinstance(d, GpuTrainError):
+            kept.append(d)
+            continue
+        mine, rest = scope.split(cast(dict, d)["runs"])
+        kept.append({**cast(dict, d), "runs": mine})
+        others.update({r["id"]: r for r in rest if r["id"] not in others})
+    return kept, list(others.values())
+
+
+def whose(runs: list[dict], limit: int = 8) -> str:
+    """Runs with their projects, for a message: "RUN (PROJECT), ..."."""
+    shown = ", ".join(f"{r['id']} ({r.get('project') or '?'})" for r in runs[:limit])
+    return shown + (f" and {len(runs) - limit} more" if len(runs) > limit else "")
 
 
 def refusal(problems: list[str], what: str, force_hint: str) -> str:
@@ -108,9 +132,11 @@ def not_as_recorded(stack: str, bucket: str, docs: list[object]) -> list[str]:
         "streams": f"parallel SSH streams for the fetch (default {DEFAULT_STREAMS})",
         "stack": STACK_HELP,
         "no_fetch": "with gpu-train:bucket: download nothing; refuses unless every run is verified in the bucket",
+        "all_projects": "fetch every project's runs into this project's runs/ (default: this project's; on GCP another "
+        "project's run on the VM refuses the destroy)",
     }
 )
-def down(c: Context, force=False, streams=None, stack=None, no_fetch=False):
+def down(c: Context, force=False, streams=None, stack=None, no_fetch=False, all_projects=False):
     """Fetch every run from every node, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
     Refuses, naming what would be lost, while a run is still running or anything of any node (a JOB_DIR,
@@ -118,14 +144,24 @@ def down(c: Context, force=False, streams=None, stack=None, no_fetch=False):
     against a plain `pulumi destroy`; only here, after the fetch, are they released.
     """
     streams = parse_streams(streams)
-    session = Session(Environment.of(c), stack)
+    env = Environment.of(c)
+    session = Session(env, stack)
     sessions, docs = every_node_status(session, bucket_record=no_fetch)
     if len(docs) == 1 and isinstance(docs[0], GpuTrainError):
         raise docs[0]
+    gcp = session.target.is_gcp
+    docs, others = keep_to(docs, env.scope(all_projects))  # this project's runs come home here, others' stay theirs
     runs, unreachable = guard_runs(sessions, docs)
-    running = [r["id"] for r in runs if r["state"] in ACTIVE]
+    others_running = [r for r in others if r["state"] in ACTIVE]
+    running = [r["id"] for r in runs if r["state"] in ACTIVE] + [f"{r['id']} ({r.get('project') or '?'})" for r in others_running if gcp]
     if running and not force:
         raise GpuTrainError(f"refusing: still running: {', '.join(running)} ({CLI} stop, or {CLI} down --force)")
+    if others and gcp and not force:  # the VM and its disk go: every project's runs count
+        raise GpuTrainError(
+            f"refusing: the VM holds {len(others)} run(s) of other projects, which its destroy would lose: {whose(others)}; "
+            f"fetch them from their projects' folders ({CLI} fetch --run RUN there), or {CLI} down --all-projects to fetch "
+            f"them here too, or {CLI} down --force to lose them; nothing was destroyed"
+        )
     if unreachable and not force:
         raise GpuTrainError(f"refusing: cannot check every node ({'; '.join(unreachable)}); {CLI} down --force to go on")
     bucket = session.target.bucket
@@ -153,9 +189,18 @@ def down(c: Context, force=False, streams=None, stack=None, no_fetch=False):
     )
     if bucket:
         say(f"the bucket {bucket} and the runs in it stay (`{CLI} fetch --from bucket` brings one home)")
-    if not session.target.is_gcp:
+    if not gcp:
         print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
-        uncron(session)
+        root = session.target.remote_root
+        stays = f"{len(others)} run(s) of other projects ({whose(others, 4)}), " if others else ""
+        print(
+            f"  stays on {session.target.host}: {stays}this project's runs under {root}/runs (fetched), the projects' "
+            f"venvs ({root}/envs) and pushed data ({root}/data); see what they take: {CLI} ssh -- du -sh '{root}'/*"
+        )
+        if others:
+            say("the @reboot line in your crontab there stays: other projects' runs resume with it")
+        else:
+            uncron(session)
         return
     from infra.ops import pulumi_cli
     from remote.ssh import target as targets

@@ -8,6 +8,7 @@ from invoke import Context, task
 
 from gpu_train.environment import Environment
 from remote.tasks.launching import TrainOptions, start_run
+from remote.tasks.optional import optional_positional
 from remote.tasks.runs import follow_to_end
 from remote.tasks.session import CLI, STACK_HELP, Session
 from remote.tasks.shell import say_host_notes
@@ -15,8 +16,9 @@ from remote.tasks.shell import say_host_notes
 
 @task(
     iterable=["env", "env_file"],
+    positional=["script"],
     help={
-        "script": "Python file in --dir to run, with --args and nothing else (the job finds $JOB_DIR in its environment)",
+        "script": "Python file in --dir to run (`train x.py` or --script x.py), with --args and nothing else (it finds $JOB_DIR)",
         "command": "shell command to run in the synced code instead of --script",
         "dir": "code directory to sync (default: the project, the nearest directory up with stacks/ or .git)",
         "name": "run name; the run id is NAME_YYYYmmdd_HHMMSS (default: the script's name)",
@@ -118,3 +120,6 @@ def train(
         print(f"  fetch:   {CLI} fetch{stack_opt} --run {first['runId']}")
     if follow:
         follow_to_end(Session(environment, None, started.timeout, 0, cluster), first["runId"])
+
+
+optional_positional(train, "script")  # `train x.py` is `train --script x.py`; `train --command CMD` has none

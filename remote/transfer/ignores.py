@@ -101,20 +101,23 @@ def always_excluded(src: Path, outputs: list[tuple[Path, str | None]]) -> list[t
     return out
 
 
-def left_out_summary(items: list[LeftOut], cli: str = "gpu-train", limit: int = 4) -> str:
+def left_out_summary(items: list[LeftOut], cli: str = "gpu-train", limit: int = 4, where: str = "") -> str:
     """One line naming the biggest things left out and their sizes, and how to send data instead:
     `push` of the biggest directory left out, and where the job finds it (as `push` puts it:
-    $DATA_DIR/PATH, and as PATH/ in the job's working directory, nested ones too)."""
+    $DATA_DIR/PATH, and as PATH/ in the job's working directory, nested ones too). ``where``: the synced
+    folder as a path from where the user is (a monorepo's example from its root), so `push` names it."""
     shown = sorted(items, key=lambda i: -i.bytes)[:limit]
     if not shown:
         return ""
     parts = [f"{i.path} {'>= ' if i.capped else ''}{human(i.bytes)}, {i.why}" for i in shown]
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
     folder = next((f for f in map(folder_of, shown) if f and f not in ("runs", ".gpu-train")), None)
+    inside = f" in {where}" if where not in ("", ".") else ""
     if folder is None:
-        return f"left out: {'; '.join(parts)}{more}. To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
+        return f"left out{inside}: {'; '.join(parts)}{more}. To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
+    typed = f"{where}/{folder}" if inside else folder
     return (
-        f"left out: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {folder} "
+        f"left out{inside}: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {typed} "
         f"(the job finds it in $DATA_DIR/{folder}, and as {folder}/ in its working directory)"
     )
 

@@ -72,6 +72,8 @@ def test_train_says_what_the_host_is_busy_with_and_how_reboots_go(tmp_path: Path
     assert ("no cron daemon runs there" in setup.stderr) == (state == BOOT_CRON_STOPPED)
     third = proj.run("train", "--name", "again", "--command", "true", check=True)
     assert ("no cron daemon runs there" in third.stderr) == (state == BOOT_CRON_STOPPED)
+    fourth = proj.run("train", "--name", "more", "--command", "true", check=True)
+    assert "no cron daemon runs there" not in fourth.stderr  # said once per host, not on every train
 
     proj.run("stop", "--run", long_run, check=True)
     down = proj.run("down", check=True)

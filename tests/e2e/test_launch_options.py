@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAB, ROOT, Lab
+from tests.conftest import FAB, ROOT, Lab, project_id
 from tests.unit.test_resilience import agent_cmd, reboot, wait_state
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -141,9 +141,10 @@ def test_pushed_data_is_merged_into_the_codes_own_folder_of_that_name(lab: Lab) 
     assert lab.wait(run)["state"] == "succeeded", lab.log(run)
     log = lab.log(run)
     assert "train.bin 0102" in log and "prepare print('v1')" in log and "other 03" in log and "new 04" in log
-    assert os.readlink(lab.remote / "runs" / run / "code" / "data" / "new") == str(lab.remote / "data" / project.name / "data" / "new")
+    pushed = lab.remote / "data" / project_id(lab.home, lab.cwd)  # REMOTE_ROOT/data/PROJECT_ID
+    assert os.readlink(lab.remote / "runs" / run / "code" / "data" / "new") == str(pushed / "data" / "new")
     code = lab.remote / "runs" / run / "code"
-    data_dir = lab.remote / "data" / project.name
+    data_dir = lab.remote / "data" / project_id(lab.home, lab.cwd)
     assert (code / "data" / "shakespeare_char").is_dir() and not (code / "data" / "shakespeare_char").is_symlink()
     assert os.readlink(code / "data" / "shakespeare_char" / "train.bin") == str(data_dir / "data/shakespeare_char/train.bin")
     assert os.readlink(code / "data" / "other" / "x.bin") == str(data_dir / "data" / "other" / "x.bin")

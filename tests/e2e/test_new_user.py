@@ -127,7 +127,7 @@ def test_script_paths_from_a_subdirectory(proj: Project, sshd) -> None:
     (proj.dir / "train.py").write_text("print('top')\n")
     wrong = proj.run("train", "--script", "sub_train.py", cwd=src)
     assert wrong.returncode == 2, wrong.stderr
-    assert f"no such file in the project root {proj.dir} (--script paths are relative to it)" in wrong.stderr
+    assert f"no such file in {proj.dir}, the folder the job runs in (--script paths are relative to it)" in wrong.stderr
     assert "use --script src/sub_train.py" in wrong.stderr
     typo = proj.run("train", "--script", "trian.py")
     assert typo.returncode == 2 and "did you mean train.py" in typo.stderr
@@ -157,8 +157,11 @@ def test_loopback_serves_a_stack_until_ctrl_c(proj: Project, tmp_path: Path, sto
         stack = text[text.index("config:") : text.index("\n\n", text.index("config:"))] + "\n"
         (proj.dir / "stacks").mkdir()
         (proj.dir / "stacks" / "Pulumi.local.yaml").write_text(stack)
-        said = proj.run("ssh", "--stack", "local", "--", "echo from the loopback host", check=True)
-        assert said.stdout.strip() == "from the loopback host"
+        said = proj.run("ssh", "--stack", "local", "--", 'echo "from the loopback host|${OMP_NUM_THREADS-unset}|$HOME"', check=True)
+        # the user's jobs get their threads (no OMP_NUM_THREADS=1, which the tests' hosts set); a stack from
+        # `init --host` (remoteRoot ~/.gpu-train) keeps its runs in the server's folder, not the real home
+        home = str((tmp_path / "lo" / "127.0.25.5" / "home").resolve())
+        assert said.stdout.strip().split("|") == ["from the loopback host", "unset", home]
     finally:
         p.send_signal(stop)
         out, _ = p.communicate(timeout=30)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,10 +35,13 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     sub = proj.dir / "src"
     sub.mkdir()
     first = proj.run("train", "--script", "hello.py", "--follow", cwd=sub, check=True)  # the project is found from below
-    env = proj.remote / "envs" / "my-model"
+    made = sorted(p for p in (proj.remote / "envs").iterdir() if p.is_dir())  # (beside it: its .lock)
+    assert len(made) == 1 and re.fullmatch(r"my-model-[0-9a-f]{8}", made[0].name), made  # the project's id
+    env = made[0]
     assert f"hello from the job in {env}" in first.stdout  # the project's own venv
     assert "creating the project's virtual environment" in first.stdout
-    assert "left out: data/ 3.0 MiB, ignored by .gitignore" in first.stderr and "gpu-train push" in first.stderr
+    assert "left out in ..: data/ 3.0 MiB, ignored by .gitignore" in first.stderr  # from src/: the path as typed there
+    assert "gpu-train push ../data (the job finds it in $DATA_DIR/data" in first.stderr
     assert "first contact with" in first.stderr
     hello = started_run(first)
 
@@ -54,7 +58,7 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
 
     pushed = proj.run("push", "data", check=True)
     assert "$DATA_DIR/data" in pushed.stdout
-    assert (proj.remote / "data" / "my-model" / "data" / "train.csv").stat().st_size == 3 * 1024 * 1024
+    assert (proj.remote / "data" / env.name / "data" / "train.csv").stat().st_size == 3 * 1024 * 1024
     again = proj.run("train", "--script", "crash.py", "--follow", check=True)  # data/ is there now
     assert "3145728 bytes of data" in again.stdout and "creating the project's virtual environment" not in again.stdout
     assert "DATA_DIR has ['data']" in proj.run("train", "--script", "uses_data.py", "--follow", check=True).stdout

@@ -14,7 +14,7 @@ import pytest
 
 from agent import uvfetch
 from remote.loopback import Sshd
-from tests.conftest import FAB, ROOT, fab_env, run_fab
+from tests.conftest import FAB, ROOT, fab_env, project_id, run_fab
 from tests.pyindex import OFFLINE_INDEX, PackageIndex, make_wheel, uv_wheel
 
 LAB_ADDRESS = "127.0.23.1"
@@ -88,7 +88,7 @@ class Host:
 
     @property
     def venv(self) -> Path:
-        return self.remote / "envs" / "proj"
+        return self.remote / "envs" / project_id(self.home, self.project)
 
     def logins(self) -> int:
         return (self.sshd.dir / "sshd.log").read_text().count("Accepted publickey")

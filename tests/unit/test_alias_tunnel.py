@@ -25,7 +25,7 @@ def test_entry_quotes_paths_and_refuses_what_ssh_config_cannot_hold() -> None:
     ("root", "run", "logdir", "expected"),
     [
         ("~/gpu-train", None, None, "~/gpu-train/runs"),
-        ("~/gpu-train", "r_1", None, "~/gpu-train/runs/r_1/job"),
+        ("~/gpu-train", "r_1", None, "~/gpu-train/runs/r_1"),  # JOB_DIR and its working directory (out/ of its own)
         ("/srv/gt/", None, "r_1/job/tb", "/srv/gt/runs/r_1/job/tb"),
         ("~/gpu-train", "r_1", "/data/tb", "/data/tb"),
     ],
@@ -41,6 +41,10 @@ def test_server_command_lines_bind_localhost_only() -> None:
     assert tb == ["/py", "-c", serve_host.TENSORBOARD, "--logdir", "/l", "--host", "127.0.0.1", "--port", "7000"]
     nb = serve_host.argv_for({"kind": "jupyter", "dir": "/w", "token": "t"}, "/py", "jupyterlab", 7001)
     assert "--ip=127.0.0.1" in nb and "--port=7001" in nb and "t" not in nb  # the token goes by environment, not argv
+    as_root = serve_host.argv_for({"kind": "jupyter", "dir": "/w", "token": "t"}, "/py", "jupyterlab", 7001, uid=0)
+    assert as_root[-1] == "--allow-root" and "--allow-root" not in serve_host.argv_for(
+        {"kind": "jupyter", "dir": "/w", "token": "t"}, "/py", "jupyterlab", 7001, uid=1000
+    )  # a root login (rented, container GPU boxes): Jupyter refuses root without it
     assert notebooks.url_for("jupyter", 8888, "abc") == "http://127.0.0.1:8888/?token=abc"
     assert notebooks.url_for("tensorboard", 6006, "abc") == "http://127.0.0.1:6006/abc/"
 

@@ -173,7 +173,14 @@ ALLOWED = {
     "gpu_train.sweeps": {"gpu_train.codec"},  # a sweep's plan: the laptop's and the queue's (carried)
     "gpu_train.errors": set(),
     "gpu_train.atomic": set(),
-    "gpu_train.environment": {"gpu_train.errors", "gpu_train.stack"},  # what the laptop's commands take from the world
+    "gpu_train.environment": {"gpu_train.errors", "gpu_train.stack", "gpu_train.identity"},  # the laptop's world
+    "gpu_train.ownership": set(),  # whose run: stdlib only, the zipapp carries it with the contract
+    "gpu_train.identity": {
+        "gpu_train.ownership",
+        "gpu_train.contract",
+        "gpu_train.errors",
+        "gpu_train.atomic",
+    },  # a project's id, made on the laptop
     "gpu_train.launcher": {"remote.cli"},  # the command's entry point: the one arrow from the core up
     "gpu_train.catalog": {"gpu_train.errors", "gpu_train.atomic"},  # the facts, below everything that judges by them
     "gpu_train.stack": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.errors", "gpu_train.atomic", "gpu_train.catalog"},
@@ -209,6 +216,7 @@ ALLOWED = {
         "gpu_train.fetchwire",
         "gpu_train.checksum",
         "gpu_train.sweeps",
+        "gpu_train.ownership",
     },
     # the agent's packer runs on the laptop, beside what it packs (not in the zipapp): it keeps the zipapp on disk
     "agent.bundle": {"gpu_train.atomic", "gpu_train.contract"},

@@ -188,7 +188,7 @@ def test_missing_script_says_relative_to_what(tmp_path: Path) -> None:
         return str(e.value)
 
     from_src = said("sub_train.py", root / "src")
-    assert f"no such file in the project root {root} (--script paths are relative to it)" in from_src
+    assert f"no such file in {root}, the folder the job runs in (--script paths are relative to it)" in from_src
     assert "from here, use --script src/sub_train.py" in from_src
     assert "did you mean train.py?" in said("trian.py", root)
     assert "did you mean src/sub_train.py?" in said("sub_train.py", tmp_path)  # the same name elsewhere in the project

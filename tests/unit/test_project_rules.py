@@ -7,6 +7,7 @@ The same behaviour end to end, against real sshds, is tests/unit/test_project.py
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,21 @@ def test_left_out_and_always_excluded(tmp_path: Path) -> None:
     assert "To send data/mydata/: gpu-train push data/mydata (the job finds it in $DATA_DIR/data/mydata, and as" in bins
     top = ignores.left_out_summary([ignores.LeftOut("cache.bin", 9, "ignored by .gitignore")])
     assert "gpu-train push DIR (the job finds it in $DATA_DIR/DIR)" in top
+    # a monorepo's example trained from the root: `push` names the path from there, the job's paths stay its own
+    sub = ignores.left_out_summary([ignores.LeftOut("data/", 9, "ignored by .gitignore")], where="examples/fit")
+    assert sub.startswith("left out in examples/fit: data/ 9 B")
+    assert "To send data/: gpu-train push examples/fit/data (the job finds it in $DATA_DIR/data, and as data/ in its" in sub
+
+
+def test_a_notice_said_before_is_not_said_again_until_it_changes(tmp_path: Path) -> None:
+    from remote.tasks.localstate import SaidBefore
+
+    said = SaidBefore(tmp_path)
+    assert said.first_time("left out /p", "left out: data/ 9 B") and not said.first_time("left out /p", "left out: data/ 9 B")
+    assert said.first_time("left out /q", "left out: data/ 9 B")  # another folder's
+    assert said.first_time("left out /p", "left out: data/ 10 B") and not SaidBefore(tmp_path).first_time(
+        "left out /p", "left out: data/ 10 B"
+    )
 
 
 def test_suggest_and_starter_stacks() -> None:
@@ -142,14 +158,69 @@ def test_suggest_and_starter_stacks() -> None:
     assert "Did you mean --follow?" in cli.suggest(ParseError("No idea what '--folow' is!"), [], ["--follow", "--run"])
     cfg = config.parse(yaml.safe_load(starter.ssh_stack("me@box:2222", None))["config"], "lab", load_catalog())
     assert cfg.hosts[0] == config.SshHost("me", "box", 2222) and cfg.ssh_key is None
-    raw = yaml.safe_load(starter.gcp_stack("proj-1", "us-central1-a", "nvidia-tesla-t4", True, "203.0.113.7/32"))
+    t4 = starter.starter_shape(load_catalog(), "T4", "us-central1-a", False, True)
+    raw = yaml.safe_load(starter.gcp_stack("proj-1", t4, "203.0.113.7/32"))
     assert config.parse(raw["config"], "gcp", load_catalog()).spot
     assert starter.ignore_lines("runs\n/.gpu-train/\n") == [] and starter.ignore_lines("data/\n") == ["runs/", ".gpu-train/"]
 
 
-@pytest.mark.parametrize(("kind", "several", "flagged"), [("ssh", False, 0), ("ssh", True, 3), ("gcp", False, 0), ("gcp", True, 1)])
+def starter_gpus() -> list[str]:
+    from gpu_train.catalog.loader import load_catalog
+
+    return sorted(load_catalog().accelerators)
+
+
+@pytest.mark.parametrize("gpu", starter_gpus())
+@pytest.mark.parametrize("spot", [True, False])
+def test_init_writes_a_stack_plan_accepts_for_every_gpu_of_the_catalog(gpu: str, spot: bool) -> None:
+    """`init --gcp-project P --gpu nvidia-l4` wrote gpuType/gpuCount, which plan refuses at once for every GPU that
+    comes with its machine type (G2, A2, A3, A4, G4); the zone must offer it, and the big ones are had spot or
+    Flex-start. A GPU had only through a reservation is refused, saying what to write instead."""
+    import yaml
+
+    from gpu_train.catalog.loader import load_catalog
+    from gpu_train.errors import UsageError
+    from gpu_train.gcp import validate
+    from remote.tasks import starter
+
+    catalog = load_catalog()
+    try:
+        shape = starter.starter_shape(catalog, gpu, "us-central1-a", False, spot)
+    except UsageError as e:
+        assert "reservation" in str(e) and "gpu-train:reservation NAME" in str(e)
+        assert catalog.ways(catalog.shapes_with(gpu)[0].name) == ("reservation",)
+        return
+    raw = yaml.safe_load(starter.gcp_stack("my-lab-1234", shape, "198.51.100.7/32"))["config"]
+    cfg, problems = validate.check(raw, "gcp", catalog)  # ConfigError on any error, as `plan` stops
+    assert cfg.zone in catalog.zones_for(gpu, catalog.parse_machine_type(cfg.machine_type))
+    assert all(p.severity == "warning" for p in problems)
+    assert [p.key for p in problems] in ([], ["sshSourceRanges"], ["gpuType"], ["gpuType", "sshSourceRanges"])  # T4/P4: deprecated
+
+
+def test_init_names_the_projects_own_script_and_real_docs(tmp_path: Path) -> None:
+    from remote.tasks import starter
+
+    assert starter.likely_script(tmp_path) == "SCRIPT.py"
+    (tmp_path / "model.py").write_text("")
+    (tmp_path / "finetune_train.py").write_text("")
+    assert starter.likely_script(tmp_path) == "finetune_train.py"
+    (tmp_path / "train.py").write_text("")
+    assert starter.likely_script(tmp_path) == "train.py"
+    steps = starter.to_edit("gcp", Path("stacks/Pulumi.gcp.yaml"), script="main.py")
+    assert not any("gcp:project" in s for s in steps)  # given with --gcp-project
+    assert any("--script main.py" in s for s in steps) and any("gpu-train plan --stack gcp" in s for s in steps)
+    for page in {m for s in steps for m in re.findall(r"(/\S+\.md)", s)}:
+        assert Path(page).is_file(), page
+    from gpu_train.catalog.loader import load_catalog
+
+    text = starter.gcp_stack("p", starter.starter_shape(load_catalog(), "L4", "us-central1-a", False, True), "198.51.100.7/32")
+    assert "README" not in text and all(Path(p).is_file() for p in re.findall(r"(/\S+\.md)", text))
+
+
+@pytest.mark.parametrize(("kind", "several", "flagged"), [("ssh", False, 0), ("ssh", True, 3), ("gcp", False, 2), ("gcp", True, 3)])
 def test_init_next_steps_name_the_new_stack_when_there_are_several(kind: str, several: bool, flagged: int) -> None:
-    """A second `init` printed `gpu-train ssh -- nvidia-smi`, which then stopped at "no stack selected"."""
+    """A second `init` printed `gpu-train ssh -- nvidia-smi`, which then stopped at "no stack selected" (plan and
+    up, this clone's scripts, always take the stack)."""
     from remote.tasks import starter
 
     steps = starter.to_edit(kind, Path("stacks/Pulumi.box2.yaml"), several)

@@ -1,0 +1,149 @@
+"""What a new user types in the first hour (issue 38, point 6): `train x.py`, a script's flag outside --args,
+`TASK --help`, and this clone's scripts as subcommands (`gpu-train plan`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from remote import cli
+from remote.tasks import ns
+from tests.conftest import ROOT
+
+TASKS = set(ns.task_names)
+TRAIN = cli._flags(ns.tasks["train"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        (["train", "x.py", "--max-steps", "10"], "--args '--max-steps 10'"),
+        (["train", "--script", "x.py", "--max_steps=10"], "--args '--max_steps=10'"),
+        (["train", "--script", "x.py", "--args", "--max-steps 10"], None),  # in --args: the script's
+        (["train", "-s", "lab", "-f", "x.py"], None),
+        (["train", "--follow", "x.py", "status"], None),
+        (["status", "--max-steps"], None),  # another task's flags are its parser's business
+        (["train", "x.py", "--", "--max-steps"], None),
+    ],
+)
+def test_a_scripts_flag_outside_args_says_where_it_goes(argv: list[str], refused: str | None) -> None:
+    said = cli.script_flag(argv, TRAIN, TASKS)
+    assert (said is None) if refused is None else (refused in (said or "") and "not an option of train" in (said or ""))
+
+
+def test_task_help_and_scripts_as_subcommands() -> None:
+    assert cli.help_first(["gpu-train", "train", "--help"], TASKS) == ["gpu-train", "--help", "train"]
+    assert cli.help_first(["gpu-train", "train", "x.py", "-h"], TASKS) == ["gpu-train", "--help", "train"]
+    assert cli.help_first(["gpu-train", "ssh", "--", "cmd", "--help"], TASKS) == ["gpu-train", "ssh", "--", "cmd", "--help"]
+    assert cli.script_argv(["gpu-train", "plan", "--stack", "t4"]) == [str(ROOT / "scripts" / "plan"), "--stack", "t4"]
+    assert cli.script_argv(["gpu-train", "status"]) is None
+
+
+def test_train_takes_its_script_as_a_word(tmp_path) -> None:
+    """Through the real command: `train x.py` reaches the stack selection (not "No idea what 'x.py' is"), a
+    script flag is refused before anything is done."""
+    (tmp_path / "x.py").write_text("print(1)\n")
+    (tmp_path / ".git").mkdir()
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        code = "import sys; from remote.cli import main; sys.argv[0] = 'gpu-train'; main()"
+        return subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    bare = run("train", "x.py")
+    assert bare.returncode == 2 and "no stack selected" in bare.stderr and "No idea" not in bare.stderr, bare.stderr
+    flag = run("train", "x.py", "--max-steps", "10")
+    assert flag.returncode == 2 and "--args '--max-steps 10'" in flag.stderr, flag.stderr
+
+
+@pytest.mark.parametrize(
+    ("log", "failed", "shown"),
+    [
+        ("step 9\n=====\n", False, "step 9"),  # a rule is no line to show
+        ("Traceback\nKeyboardInterrupt\n[gpu-train] r: resumed (1), same RUN_ID\nstep 12\n", False, "step 12"),
+        # an earlier leg's exception is not the latest leg's: it failed without one of its own
+        ("Traceback\nKeyboardInterrupt\n[gpu-train] r: resumed (1), same RUN_ID\nloading\n", True, "loading"),
+        ("step 1\nTraceback (most recent call last):\nValueError: boom\n-----\n", True, "ValueError: boom"),
+        ("[gpu-train] pip failed\n", True, "[gpu-train] pip failed"),
+    ],
+)
+def test_status_last_line_is_the_latest_legs_own(log: str, failed: bool, shown: str) -> None:
+    from agent.store import job_line
+
+    assert job_line(log, failed) == shown
+
+
+def test_setup_says_the_agents_settings_in_words() -> None:
+    from remote.tasks.render import settings_lines
+
+    assert settings_lines({"idleStopMinutes": 0, "maxResumes": 10}) == [
+        "idle stop: off",
+        "resumes: a run is relaunched at most 10 times (reboots, preemptions, resume)",
+    ]
+    said = settings_lines({"idleStopMinutes": 30, "maxResumes": 3, "maxRunHours": 24, "poweroffCommand": ["sudo", "poweroff"]})
+    assert said[0] == "idle stop: after 30 idle minutes (sudo poweroff)" and said[-1].startswith("run-time cap: 24 h")
+    assert not any("{" in line for line in said)
+
+
+def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path) -> None:
+    """After `down` the host is gone: `tensorboard --fetched` serves runs/STACK/RUN here (its workdir's events too)."""
+    import json
+    import os
+    import time
+    import urllib.request
+
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "runs" / "lab" / "train_20260101_000000"
+    (run / "workdir" / "out").mkdir(parents=True)
+    (tmp_path / ".git").mkdir()
+    code = "import sys; from remote.cli import main; sys.argv[0] = 'gpu-train'; main()"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_HOME": str(tmp_path / "state")}
+    argv = [sys.executable, "-c", code, "tensorboard", "--fetched", "--stack", "lab", "--json", "--run"]
+    with subprocess.Popen([*argv, run.name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as served:
+        try:
+            line = served.stdout.readline()  # type: ignore[union-attr]
+            assert line, served.stderr.read()  # type: ignore[union-attr]
+            url, deadline = json.loads(line)["url"], time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "data/logdir", timeout=5) as page:
+                        assert str(run) in page.read().decode()
+                        break
+                except OSError:
+                    assert time.monotonic() < deadline, "TensorBoard did not answer"
+                    time.sleep(0.5)
+        finally:
+            served.terminate()
+            served.wait(30)
+    missing = subprocess.run([*argv, "nope_20260101_000000"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert missing.returncode == 2 and "nothing fetched at" in missing.stderr
+
+
+def test_stack_and_run_values_complete(tmp_path) -> None:
+    """`gpu-train logs --stack <TAB>` completes the project's stacks, `--run <TAB>` the runs it has seen (fetched,
+    or listed by the last status), with no host asked; other words are Invoke's (tasks, flags)."""
+    import os
+
+    from remote.tasks.completion import SeenRuns
+
+    (tmp_path / "stacks").mkdir()
+    for name in ("lab", "gcp"):
+        (tmp_path / "stacks" / f"Pulumi.{name}.yaml").write_text("config: {}\n")
+    (tmp_path / "runs" / "lab" / "fit_20260101_000000").mkdir(parents=True)
+    SeenRuns(tmp_path / "state").write("lab", ["train_20260102_000000"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_HOME": str(tmp_path / "state")}
+    env.pop("GPU_TRAIN_STACK", None)
+    env.pop("GPU_TRAIN_STACKS_DIR", None)
+
+    def complete(line: str) -> list[str]:
+        code = "import sys; from remote.cli import main; sys.argv[0] = 'gpu-train'; main()"
+        done = subprocess.run(
+            [sys.executable, "-c", code, "--complete", "--", *line.split()], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        return done.stdout.split()
+
+    assert {"gcp", "lab"} <= set(complete("gpu-train status --stack"))
+    assert complete("gpu-train logs --stack lab --run") == ["fit_20260101_000000", "train_20260102_000000"]
+    assert complete("gpu-train logs -s lab -r fit") == ["fit_20260101_000000", "train_20260102_000000"]  # the shell filters
+    assert "train" in complete("gpu-train")  # task names, as before
