@@ -357,6 +357,7 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
             other.close()
         finally:
             evil.shutdown()
+            evil.server_close()
         assert w.state("lab", live) == "running"
         # the page's own Stop: the run stops, and the table says so with no reload
         page.on("dialog", lambda d: d.accept())
