@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Lab
+from tests.conftest import Lab, project_id
 from tests.gcs import Emulator
 
 LAB_ADDRESS = "127.0.0.61"
@@ -149,8 +149,9 @@ def test_data_pushed_to_the_bucket_is_on_local_disk_before_the_job_starts(bucket
     """And only what this laptop pushed: objects another writer of the bucket planted under the data's
     prefix (a `numpy.py` beside the data, a file inside it) never reach the host or the working directory."""
     lab, emu = bucket_lab
+    pid = project_id(lab.home, lab.cwd)  # the project's id (work-XXXXXXXX): two users' clones never share data
     planted = emu.client().bucket("ckpt")
-    planted.blob("team/.gpu-train-data/work/numpy.py").upload_from_string(b"raise SystemExit('planted')")
+    planted.blob(f"team/.gpu-train-data/{pid}/numpy.py").upload_from_string(b"raise SystemExit('planted')")
     planted.blob("team/data/work/numpy.py").upload_from_string(b"raise SystemExit('planted')")  # the old place
     no_push = lab.train("--command", 'test ! -e numpy.py && test -z "$(ls -A "$DATA_DIR" 2>/dev/null)"', "--dir", plain)
     assert lab.wait(no_push, timeout=60)["state"] == "succeeded", lab.log(no_push)  # no manifest, no pull
@@ -159,9 +160,9 @@ def test_data_pushed_to_the_bucket_is_on_local_disk_before_the_job_starts(bucket
     (data / "a.txt").write_text("hello from the bucket\n")
     (data / "sub" / "b.bin").write_bytes(os.urandom(300000))
     sent = lab.fab("push", "data", "--to", "bucket", check=True).stdout
-    assert "2 file(s)" in sent and "gs://ckpt/team/.gpu-train-data/work/data/" in sent
+    assert "2 file(s)" in sent and f"gs://ckpt/team/.gpu-train-data/{pid}/data/" in sent
     assert "0 file(s)" in lab.fab("push", "data", "--to", "bucket", check=True).stdout  # incremental
-    planted.blob("team/.gpu-train-data/work/data/planted.txt").upload_from_string(b"not the user's")
+    planted.blob(f"team/.gpu-train-data/{pid}/data/planted.txt").upload_from_string(b"not the user's")
     run = lab.train(
         "--command",
         'cat "$DATA_DIR/data/a.txt" > "$JOB_DIR/seen.txt" && '
@@ -174,10 +175,10 @@ def test_data_pushed_to_the_bucket_is_on_local_disk_before_the_job_starts(bucket
     assert lab.wait(run, timeout=60)["state"] == "succeeded", lab.log(run)
     assert (lab.remote / "runs" / run / "job" / "seen.txt").read_text() == "hello from the bucket\nsame\n"
     assert (lab.remote / "data").is_dir()  # on the host's own disk
-    assert sorted(p.name for p in (lab.remote / "data" / "work").rglob("*") if p.is_file()) == ["a.txt", "b.bin"]
+    assert sorted(p.name for p in (lab.remote / "data" / pid).rglob("*") if p.is_file()) == ["a.txt", "b.bin"]
 
-    planted.blob("team/.gpu-train-data/work/data/a.txt").upload_from_string(b"replaced\n")  # after the push
-    (lab.remote / "data" / "work" / "data" / "a.txt").unlink()
+    planted.blob(f"team/.gpu-train-data/{pid}/data/a.txt").upload_from_string(b"replaced\n")  # after the push
+    (lab.remote / "data" / pid / "data" / "a.txt").unlink()
     run = lab.train("--command", "true", "--dir", plain)
     done = lab.wait(run, timeout=60)
     assert done["state"] == "failed" and "copying the project's data from the bucket failed" in lab.log(run)
