@@ -21,6 +21,7 @@ from gpu_train.codec import Document, check
 from gpu_train.contract import LOG_END, LOG_START
 from gpu_train.errors import printable_doc
 from remote.errors import RemoteError
+from remote.ssh import mux
 from remote.ssh.target import Target
 
 START_MARK = LOG_START
@@ -213,7 +214,11 @@ def _answer(line: bytes, chan: paramiko.Channel) -> Ready | Waiting | Launched:
 
 
 def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tuple[int, str]:
-    """Run ``command``, passing stdout bytes to ``out`` as they come; (exit status, stderr)."""
+    """Run ``command``, passing stdout bytes to ``out`` as they come; (exit status, stderr).
+
+    The status is -1 when the connection ended before the command did: paramiko's channel closed
+    without one, or the shared connection's `ssh` exiting 255 (mux.SSH_LOST, its own failure: the host's
+    sshd gone). A follower told so reconnects even when the host said nothing yet (no start mark)."""
     chan = conn.client.get_transport().open_session()
     chan.exec_command(command)
     err = b""
@@ -231,6 +236,8 @@ def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tupl
         if chan.closed or not conn.transport.is_active():
             break
     status = chan.recv_exit_status() if chan.exit_status_ready() else -1
+    if status == mux.SSH_LOST and isinstance(chan, mux.MuxChannel):
+        status = -1
     return status, err.decode("utf-8", "replace")
 
 

@@ -32,6 +32,7 @@ from remote.ssh.target import Target
 
 PERSIST_S = 60  # how long the shared connection outlives its last use
 PROBE_S = 5.0  # a shared connection that runs no `true` within this long has lost its host
+SSH_LOST = 255  # what `ssh` exits with for a failure of its own (the connection lost), not the command's
 
 
 def shared_control_path(options: list[str], destination: str) -> str | None:
@@ -157,7 +158,7 @@ def answers(target: Target, host: SshHost, timeout: float = PROBE_S) -> bool | N
                 stdin=subprocess.DEVNULL,
                 timeout=timeout,
             ).returncode
-            != 255
+            != SSH_LOST
             or None
         )
     except subprocess.TimeoutExpired:

@@ -243,22 +243,27 @@ def streaming_agents(lab: Lab) -> list[int]:
     return found
 
 
-def test_logs_follow_reconnects_after_a_dropped_connection(lab: Lab, plain: str) -> None:
-    # Half the ticks, then the job waits for `go`: the connection drops while the log is being followed,
-    # however slowly this machine starts the follower.
+@pytest.mark.parametrize("drop", ["streaming", "starting"])
+def test_logs_follow_reconnects_after_a_dropped_connection(lab: Lab, plain: str, drop: str) -> None:
+    # Half the ticks, then the job waits for `go`: the connection drops while the log is being followed
+    # ("streaming"), or while the host's agent is still starting, before its start mark ("starting": the
+    # drop had read as "the log could not be read"); sshd comes back the moment its sessions are gone.
     ticker = (
         'for i in $(seq 1 20); do echo "tick $i"; sleep 0.1; done; '
         'while [ ! -e "$JOB_DIR/go" ]; do sleep 0.1; done; for i in $(seq 21 40); do echo "tick $i"; done'
     )
     run = lab.train("--dir", plain, "--command", ticker, "--name", "ticker")
-    follower = lab.spawn("logs", "--follow", "--lines", "0", "--run", run)
     deadline = time.monotonic() + 60
-    while not (streaming_agents(lab) and "tick 20" in lab.log(run)) and time.monotonic() < deadline:
+    while drop == "starting" and "tick 20" not in lab.log(run) and time.monotonic() < deadline:
         time.sleep(0.1)
+    follower = lab.spawn("logs", "--follow", "--lines", "0", "--run", run)
+    while not (streaming_agents(lab) and "tick 20" in lab.log(run)) and time.monotonic() < deadline:
+        time.sleep(0.1 if drop == "streaming" else 0.005)
     assert streaming_agents(lab), "the follower never started streaming"
     lab.sshd.stop()  # every session dies; the job (under screen) does not
-    time.sleep(1.0)
-    lab.sshd.start()
+    while streaming_agents(lab) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    lab.sshd.start()  # at once: the follower's reconnect meets the new sshd
     (lab.remote / "runs" / run / "job" / "go").touch()
     out, err = follower.communicate(timeout=60)
     assert follower.returncode == 0, err
