@@ -45,7 +45,8 @@ class StackLook:
     runs: tuple[dict, ...] = ()  # the runs, one state each across the nodes (gpu_train.jobs.aggregate_runs)
     home: dict[str, bool] = field(default_factory=dict)  # run id -> its copy here is what the host has
     polled_at: float | None = None
-    project: str | None = None  # the project this look was made from (its runs are "ours")
+    mine: frozenset[str] | None = None  # the runs of this project (gpu_train/identity.py's scope); None: every run
+    owners: dict[str, str] = field(default_factory=dict)  # run id -> its project's name (identity.name_of)
 
 
 def price_of(facts: listing.StackFacts, catalog: Catalog) -> tuple[float | None, str | None]:
@@ -94,7 +95,6 @@ def runs_of(look: StackLook, price: float | None, now: float) -> list[dict]:
     hours = shares(spans) if price is not None else {}
     out = []
     for r in runs:
-        project = r.get("project")
         out.append(
             {
                 "stack": look.facts.name,
@@ -112,8 +112,8 @@ def runs_of(look: StackLook, price: float | None, now: float) -> list[dict]:
                 "lastLine": r.get("lastLine", ""),
                 "home": look.home.get(r["id"], False),
                 "onlyHost": only_on_host(r, look.home.get(r["id"], False)),
-                "project": project,
-                "ours": project is None or look.project is None or project == look.project,
+                "project": look.owners.get(r["id"]),
+                "ours": look.mine is None or r["id"] in look.mine,
                 "sweep": sweep_of(r),
                 "costUsd": None if r["id"] not in hours or price is None else round(hours[r["id"]] * price, 4),
             }

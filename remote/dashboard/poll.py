@@ -20,6 +20,7 @@ from gpu_train.catalog.model import Catalog
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, as_error, outcome
 from gpu_train.gcp.vm import label_value
+from gpu_train.identity import Scope, name_of
 from gpu_train.views import board, listing
 from remote.tasks import gather
 from remote.tasks.frombucket import destination
@@ -96,8 +97,8 @@ def one_state_each(nodes: tuple[board.NodeLook, ...]) -> tuple[dict, ...]:
 class StackPoller:
     """One stack's poller: a thread that looks at it every ``interval`` while pages want it."""
 
-    def __init__(self, env: Environment, path: Path, interval: float, wanted: Callable[[], bool], project: str, google: Google):
-        self.env, self.path, self.interval, self.wanted, self.project = env, path, interval, wanted, project
+    def __init__(self, env: Environment, path: Path, interval: float, wanted: Callable[[], bool], scope: Scope | None, google: Google):
+        self.env, self.path, self.interval, self.wanted, self.scope = env, path, interval, wanted, scope
         self.google = google
         self.name = path.name.removeprefix("Pulumi.").rsplit(".", 1)[0]
         self.look: board.StackLook = board.StackLook(listing.StackFacts(self.name))
@@ -135,7 +136,7 @@ class StackPoller:
                 except Exception as e:  # a look's failure is this stack's message on the page, never the poller's end
                     self._close()
                     error = outcome(as_error(e))[1]
-                    self.look = board.StackLook(self.look.facts, (board.NodeLook(0, "?", error=error),), (), {}, time.time(), self.project)
+                    self.look = board.StackLook(self.look.facts, (board.NodeLook(0, "?", error=error),), (), {}, time.time())
             self._kick.wait(self.interval)
             self._kick.clear()
 
@@ -162,7 +163,9 @@ class StackPoller:
             if cfg.is_gcp:
                 status = next((n.status for n in nodes if n.status), None)
                 gather.Ledger(home, name).write(listing.observed(listing.StackFacts(**{**facts.__dict__, "status": status}), time.time()))
-        self.look = board.StackLook(facts, nodes, runs, fetched, time.time(), self.project)
+        mine = None if self.scope is None else frozenset(r["id"] for r in runs if self.scope.keeps(r.get("project")))
+        owners = {r["id"]: name_of(r.get("project")) for r in runs}
+        self.look = board.StackLook(facts, nodes, runs, fetched, time.time(), mine, owners)
         self.polls += 1
         self.changed.set()
         return self.look
@@ -229,12 +232,21 @@ class StackPoller:
 class Watch:
     """Every stack's poller and their shared answers: what the server hands each page."""
 
-    def __init__(self, env: Environment, catalog: Catalog, interval: float, project: str, idle_after: float = IDLE_AFTER_S):
+    def __init__(
+        self,
+        env: Environment,
+        catalog: Catalog,
+        interval: float,
+        project: str,
+        idle_after: float = IDLE_AFTER_S,
+        scope: Scope | None = None,
+    ):
+        """``project``: the page's title; ``scope``: whose runs are this project's (None: every run is)."""
         self.env, self.catalog, self.interval, self.project = env, catalog, interval, project
         self.idle_after = idle_after
         self.asked = time.monotonic()
         google = Google()
-        self.pollers = [StackPoller(env, p, interval, self._wanted, project, google) for p in gather.stack_files(env)]
+        self.pollers = [StackPoller(env, p, interval, self._wanted, scope, google) for p in gather.stack_files(env)]
 
     def _wanted(self) -> bool:
         return time.monotonic() - self.asked < self.idle_after

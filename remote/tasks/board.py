@@ -48,7 +48,7 @@ def _watch(env: Environment, interval: float):
     from gpu_train.stack.project import project_name
     from remote.dashboard.poll import Watch
 
-    return Watch(env, load_catalog(), interval, project_name(env.project_root))
+    return Watch(env, load_catalog(), interval, project_name(env.project_root), scope=env.scope())
 
 
 @task(

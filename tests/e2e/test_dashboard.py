@@ -297,6 +297,13 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         w.wait_state("t4", run)
     best = min(trials, key=lambda r: final_loss(trials[r]))
 
+    other = w.tmp / "nanogpt"  # another project, on the same lab host
+    other.mkdir()
+    (other / "job.py").write_text(JOB)
+    theirs = run_fab(
+        {**w.env, "GPU_TRAIN_PROJECT": str(other)}, other, "train", "--stack", "lab", "--script", "job.py", "--args", "5 0.01 0", check=True
+    )
+    theirs_id = theirs.stdout.split()[1]
     longer = w.train("lab", "pretrain", "120", "0.003", "0.25", str(w.tmp / "release-pretrain"))  # 30 s of points
     tokens, lists = google_calls(w.google)
     board = Dashboard(w, "--interval", "1")
@@ -344,6 +351,11 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         assert 0 < first < 120, first
         expect(chart).not_to_have_attribute("data-points", str(first), timeout=60000)
         assert int(chart.get_attribute("data-points") or 0) > first
+        # another project's run on the same host: shown, and marked with its project
+        other_row = page.locator(f'#runs tr[data-run="{theirs_id}"]')
+        expect(other_row.locator(".tag.other")).to_have_text("project nanogpt")
+        assert "other" in (other_row.get_attribute("class") or "")
+        assert page.locator(f'#runs tr[data-run="{baseline}"] .tag.other').count() == 0
         # a running run: its log grows on the page with no reload
         page.locator(f'tr[data-run="{live}"]').click()
         expect(page.locator("#log")).to_contain_text("waiting for more data: tick 2", timeout=60000)

@@ -381,7 +381,7 @@ def test_a_host_that_does_not_answer_is_asked_later_and_later(tmp_path: Path) ->
     from remote.dashboard.poll import BACK_OFF_S, Google, StackPoller
 
     env = Environment(stacks_dir=tmp_path, home=tmp_path / "state", cwd=tmp_path, project=tmp_path)
-    p = StackPoller(env, tmp_path / "Pulumi.lab.yaml", 5.0, lambda: True, "proj", Google())
+    p = StackPoller(env, tmp_path / "Pulumi.lab.yaml", 5.0, lambda: True, None, Google())
     waits = []
     for answered in (False, False, False, False, False, True, False):
         p._back_off(answered)
@@ -390,3 +390,18 @@ def test_a_host_that_does_not_answer_is_asked_later_and_later(tmp_path: Path) ->
     p._back_off(False)
     p.kick()  # an action, or the first page after a quiet while: asked at once
     assert p._retry_at == 0.0
+
+
+def test_another_projects_run_is_marked_with_its_name() -> None:
+    from gpu_train.identity import Scope, name_of
+    from gpu_train.views import listing
+
+    scope = Scope("mnist-0123abcd", ("mnist-0123abcd",), legacy="mnist")
+    runs = ({"id": "a", "project": "mnist-0123abcd"}, {"id": "b", "project": "nanogpt-89abcdef"}, {"id": "c"})  # c: before ids
+    mine = frozenset(r["id"] for r in runs if scope.keeps(r.get("project")))
+    look = board.StackLook(listing.StackFacts("lab"), (), runs, {}, 0.0, mine, {r["id"]: name_of(r.get("project")) for r in runs})
+    assert [(r["id"], r["ours"], r["project"]) for r in board.runs_of(look, None, 0.0)] == [
+        ("a", True, "mnist"),
+        ("b", False, "nanogpt"),
+        ("c", True, "?"),
+    ]
