@@ -31,13 +31,13 @@ class Document:
     WHAT = "the document"  # its name in messages
     REQUIRED: tuple[str, ...] = ()  # fields without which it means nothing
 
-    def to_json(self, only: tuple[str, ...] | None = None) -> dict:
+    def to_json(self, only: tuple[str, ...] | None = None) -> dict[str, Any]:
         return encode(self, only)
 
     @classmethod
-    def from_json(cls: type[D], doc: dict, what: str | None = None) -> D:
+    def from_json(cls: type[D], doc: dict[str, Any], what: str | None = None) -> D:
         """From its JSON: a bad value named with ``what`` (default: WHAT), see ``decode``."""
-        return decode(cls, doc, what or cls.WHAT, cls.REQUIRED)
+        return cast(D, decode(cls, doc, what or cls.WHAT, cls.REQUIRED))
 
 
 def wire_name(name: str) -> str:
@@ -46,7 +46,7 @@ def wire_name(name: str) -> str:
     return first + "".join(w[:1].upper() + w[1:] for w in rest)
 
 
-def encode(obj: Any, only: tuple[str, ...] | None = None) -> dict:
+def encode(obj: Any, only: tuple[str, ...] | None = None) -> dict[str, Any]:
     """A contract dataclass as its JSON document: each field under its wire name, and the contract's version;
     with ``only`` (field names), the part of it those fields are, without a version (a part is merged into a
     whole document, which has one: the agent's settings from the stack into agent.json)."""
@@ -98,7 +98,8 @@ def _typed(value: Any, f: Any, where: str, cls: Any) -> Any:
     kind: Any = {"str": str, "int": int, "float": float, "bool": bool, "tuple": tuple, "list": list, "dict": dict}.get(name) or vars(
         sys.modules[cls.__module__]
     )[name]  # an Enum beside the document (contract.RunState)
-    strings = "[str" in declared and kind in (tuple, list)
+    inner = declared.split("|")[0].strip()[len(name) + 1 : -1] if "[" in declared.split("|")[0] else ""
+    strings = kind in (tuple, list) and _split(inner, ",")[0] == "str"  # tuple[str, ...], list[str]
     wanted = "a list of strings" if strings else f"a{'n' * (name[0] in 'aeiou')} {name}"
     if isinstance(kind, type) and issubclass(kind, Document):  # a document inside (JobSpec.container)
         return decode(kind, value, where, kind.REQUIRED)
@@ -122,7 +123,7 @@ def answer(kind: Callable[..., T], **values: Any) -> T:
     declares but a ``NotRequired`` one, no other, each value as declared; a TypeError otherwise (a bug
     of the agent's, which its tests find, never a document the laptop would refuse)."""
     try:
-        return _conform(kind, values, kind.__name__)  # type: ignore[attr-defined]
+        return cast(T, _conform(kind, values, getattr(kind, "__name__", "the answer")))
     except ValueError as e:
         raise TypeError(str(e)) from None
 
@@ -144,7 +145,7 @@ def check(kind: Callable[..., T], doc: object, what: str) -> T:
         if missing:
             raise ValueError(f"{what} has no {', '.join(missing)}")
         return kind.from_json(doc, what)  # type: ignore[return-value]
-    return _conform(kind, doc, what)
+    return cast(T, _conform(kind, doc, what))
 
 
 def _conform(kind: Any, doc: object, where: str) -> Any:

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:  # (3.10's; the agent's Python 3.8 never evaluates the annotation)
     from typing import TypeGuard
@@ -91,7 +91,7 @@ class RunRecord(PinnedImage, Document):
     resumes: int = 0  # relaunches so far ($GPU_TRAIN_RESUMES)
     preemptions: int = 0  # preemptions before the latest relaunch ...
     preempted: bool = False  # ... and whether the latest interruption was one
-    returns: tuple[dict, ...] = ()  # each way back from a preemption or host error (the recovery's record)
+    returns: tuple[dict[str, Any], ...] = ()  # each way back from a preemption or host error (the recovery's record)
     interrupted_at: float | None = None
     relaunched: float | None = None
     ran_s: float = 0  # the job's run time in the legs before the latest relaunch (DURATION sums them)
@@ -191,7 +191,7 @@ class JobSpec(Document):
     resume_args: tuple[str, ...] = ()  # appended at every relaunch (boot, preemption, `resume`) ...
     resume_if: str | None = None  # ... once this file or glob exists, relative to the working directory (runs/RUN/code)
     bucket: dict[str, str] | None = None  # {"name", "prefix", "data", "parts"}: JOB_DIR goes to gs://NAME/PREFIX as it is written
-    bucket_data: tuple[dict, ...] = ()  # DataManifest's: what `push --to bucket` sent; only these come down
+    bucket_data: tuple[dict[str, Any], ...] = ()  # DataManifest's: what `push --to bucket` sent; only these come down
     path: str | None = None  # set by launch on the host: the login's PATH, for relaunches without a login
     externally_managed: bool = False  # set by launch: the job's Python refuses installs of its own (PEP 668)
     container: ContainerSpec | None = None  # `--image` (or the stack's gpu-train:image): the job runs in a container
@@ -237,11 +237,11 @@ class ScalarSeries(TypedDict):
     tag: str
     source: str  # the folder (event files) or file (JSONL), relative to the run's folder: job/..., code/...
     kind: str  # "tfevents" or "jsonl"
-    points: list[list]  # [[step, value], ...] by step; a value that is not finite (NaN, inf) is null
+    points: list[list[Any]]  # [[step, value], ...] by step; a value that is not finite (NaN, inf) is null
     count: int  # points in the files (a resumed job's rewritten step N replaces the points from N on)
-    last: list  # [step, value]; min and max: of the finite values, or null
-    min: list | None
-    max: list | None
+    last: list[Any]  # [step, value]; min and max: of the finite values, or null
+    min: list[Any] | None
+    max: list[Any] | None
     wallTime: float  # when the last point was written (epoch seconds)
 
 
@@ -250,7 +250,7 @@ class Scalars(Document):
     """`scalars`'s answer: runs ({id, series: [ScalarSeries]}), at most ``points`` points a series and
     SCALAR_SERIES_MAX series in all (``truncated`` says some were left out)."""
 
-    runs: tuple[dict, ...] = ()
+    runs: tuple[dict[str, Any], ...] = ()
     problems: tuple[str, ...] = ()  # a corrupt record, an unreadable file: what was skipped
     points: int = SCALAR_POINTS
     truncated: bool = False

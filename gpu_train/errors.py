@@ -154,7 +154,7 @@ _TOKEN = re.compile(r"\x1b\[[0-9;:]{0,64}m|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\
 _OPEN = re.compile(r"\x1b(\[[0-9;:]{0,64})?\Z")  # a sequence the next chunk may complete
 
 
-def _written_out(m: re.Match) -> str:
+def _written_out(m: re.Match[str]) -> str:
     text = m[0]
     return text if text.startswith("\x1b[") else text.encode("unicode_escape").decode("ascii")
 

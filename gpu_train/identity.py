@@ -123,7 +123,7 @@ class Scope:
         return args + (["--legacy", self.legacy] if self.legacy else [])
 
 
-def running_run(runs: list[dict], scope: Scope) -> str | None:
+def running_run(runs: list[dict[str, Any]], scope: Scope) -> str | None:
     """The run `stop` without --run means, of a status document's runs: the scope's one run at work; None when
     nothing at all is at work; UsageError naming them when several of the scope's are (which one?) or only
     other projects' runs are: never a quiet "nothing stopped" while the run the user meant goes on."""

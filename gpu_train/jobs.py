@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from gpu_train.contract import (  # the contract with the host, written once
     ACTIVE,
@@ -234,7 +235,7 @@ def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: i
     ]
 
 
-def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None, data: tuple[dict, ...] = ()) -> list[JobSpec]:
+def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None, data: tuple[dict[str, Any], ...] = ()) -> list[JobSpec]:
     """With gpu-train:bucket, each node's spec names where its JOB_DIR goes: PREFIX/.gpu-train-runs/STACK/RUN/ (node N > 0:
     .../node-N/), and ``data``: the manifests of `push --to bucket` (the only data a host copies from it)."""
     if not bucket:
@@ -285,7 +286,7 @@ def per_node_gpus(specs: list[JobSpec], node_gpus: list[int], launcher: str, npr
     return [replace(s, expect_gpus=n, nproc=s.nproc if nproc_given else (n or s.nproc)) for s, n in zip(specs, node_gpus, strict=True)]
 
 
-def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
+def aggregate_state(per_node: list[dict[str, Any] | None]) -> tuple[str, int | None, str]:
     """One state for a run across its nodes: (state, exit code, which node did what).
 
     Failed if any node failed (or lost the run), interrupted if any was, running while any runs,
@@ -311,11 +312,11 @@ def aggregate_state(per_node: list[dict | None]) -> tuple[str, int | None, str]:
     return SUCCEEDED, 0, ""
 
 
-def resumable(runs: list[dict], named: str) -> str:
+def resumable(runs: list[dict[str, Any]], named: str) -> str:
     """The run `resume` takes without --run: the newest interrupted one (on a cluster, one that any
     node lost to an interruption), never one that finished; JobError naming the runs otherwise."""
 
-    def interrupted(r: dict) -> bool:
+    def interrupted(r: dict[str, Any]) -> bool:
         return r["state"] == INTERRUPTED or any(n.get("state") == INTERRUPTED for n in r.get("nodes") or ())
 
     candidates = [r for r in runs if interrupted(r)]
@@ -329,7 +330,7 @@ def resumable(runs: list[dict], named: str) -> str:
     )
 
 
-def aggregate_runs(docs: list[dict | None]) -> dict:
+def aggregate_runs(docs: list[dict[str, Any] | None]) -> dict[str, Any]:
     """Node 0's status document, with each run's state made the cluster's and each node's listed."""
     lead = docs[0] or {"runs": [], "gpus": [], "agent": {}}
     by_node = [{r["id"]: r for r in d["runs"]} if d else None for d in docs]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 RECORD_PREFIX = "gpu-train-rec-"  # instance labels: the recovery's record of this node (record_labels)
 LABEL = "gpu-train-recover"  # instance label: "on" while the stack wants its VMs back after a preemption
@@ -77,7 +78,7 @@ def ms(at: float) -> int:
     return round(at * 1000)
 
 
-def of_event(record: dict, event: Event) -> bool:
+def of_event(record: dict[str, Any], event: Event) -> bool:
     """The record is this event's (to the millisecond a label keeps)."""
     at = record.get("at")
     return isinstance(at, (int, float)) and ms(at) == ms(event.at)
@@ -100,7 +101,7 @@ def parse_time(stamp: str | None) -> float | None:
         return None
 
 
-def event_of(entry: dict) -> Event | None:
+def event_of(entry: dict[str, Any]) -> Event | None:
     """The event a log entry (the sink's Pub/Sub message) tells of, or None for any other entry."""
     payload = entry.get("protoPayload") or {}
     kind = EVENTS.get(payload.get("methodName", ""))
@@ -144,7 +145,7 @@ def why_words(code: str) -> str:
     return code.replace("-", " ")
 
 
-def record_labels(record: dict) -> dict[str, str]:
+def record_labels(record: dict[str, Any]) -> dict[str, str]:
     """The record as instance labels (every key RECORD_PREFIX*)."""
     out = {f"{RECORD_PREFIX}{label}": str(ms(float(record[key]))) for key, label in _TIMES.items() if record.get(key) is not None}
     for key in ("event", "state"):
@@ -156,11 +157,11 @@ def record_labels(record: dict) -> dict[str, str]:
     return out
 
 
-def record_of(inst: dict) -> dict:
+def record_of(inst: dict[str, Any]) -> dict[str, Any]:
     """The recovery's record kept on an instance's labels ({} when none or unreadable)."""
     labels = {k[len(RECORD_PREFIX) :]: v for k, v in (inst.get("labels") or {}).items() if k.startswith(RECORD_PREFIX)}
     try:
-        out: dict = {key: int(labels[label]) / 1000 for key, label in _TIMES.items() if label in labels}
+        out: dict[str, Any] = {key: int(labels[label]) / 1000 for key, label in _TIMES.items() if label in labels}
         out["attempts"] = int(labels.get("attempts") or 0)
     except ValueError:
         return {}
@@ -174,14 +175,14 @@ def record_of(inst: dict) -> dict:
     return out
 
 
-def has_local_ssd(inst: dict) -> bool:
+def has_local_ssd(inst: dict[str, Any]) -> bool:
     """The instance has Local SSD (disks of type SCRATCH: A2 Ultra, A3 and A4 come with theirs): a stop must
     say what becomes of it (instances.stop's discardLocalSsd, "required if the instance has any attached
     Local SSD disks")."""
     return any(d.get("type") == "SCRATCH" for d in inst.get("disks") or [])
 
 
-def wanted_back(inst: dict) -> bool:
+def wanted_back(inst: dict[str, Any]) -> bool:
     """The stack wants this VM back after a preemption: its label says so (``running: false``, `vm-stop`
     and a stack without recovery set it off; a deleted VM has no label)."""
     return (inst.get("labels") or {}).get(LABEL) == "on"
@@ -191,7 +192,7 @@ def wanted_back(inst: dict) -> bool:
 START, STOP, WAIT, NONE, GONE = "start", "stop", "wait", "none", "gone"
 
 
-def node_action(inst: dict | None, event: Event, is_event_node: bool) -> tuple[str, str]:
+def node_action(inst: dict[str, Any] | None, event: Event, is_event_node: bool) -> tuple[str, str]:
     """(action, why) for one node of the stack after ``event``. ``inst``: instances.get's document,
     None when the instance is gone (deleted: `down`)."""
     if inst is None:
@@ -231,7 +232,7 @@ class Plan:
     outcome: str = DONE
 
 
-def plan(event: Event, nodes: list[str], found: dict[str, dict | None]) -> Plan:
+def plan(event: Event, nodes: list[str], found: dict[str, dict[str, Any] | None]) -> Plan:
     """The invocation's plan for the stack's ``nodes`` (``found``: each one's instances.get document, None
     when gone). Nothing is started while a node of the group is still up or stopping: the cluster
     resumes as one (each node's agent relaunches its part at boot, torchrun meets again)."""
@@ -259,7 +260,7 @@ def plan(event: Event, nodes: list[str], found: dict[str, dict | None]) -> Plan:
 
 
 # -- instances.start's answers ------------------------------------------------------------------------------
-def start_answer(http_status: int, operation: dict | None, error_doc: dict | None = None) -> tuple[str, str]:
+def start_answer(http_status: int, operation: dict[str, Any] | None, error_doc: dict[str, Any] | None = None) -> tuple[str, str]:
     """(started | retry | give up, why) for one instances.start: the HTTP answer to the call, then the
     operation it returned, as zoneOperations.get has it last (``status`` DONE or not, ``error.errors``)."""
     if http_status >= 400:
@@ -295,7 +296,7 @@ def give_up_reason(event: Event, now: float, bound_hours: float, attempts: int) 
     return None
 
 
-def updated_record(record: dict, event: Event, state: str, now: float, why: str = "", attempt: bool = False) -> dict:
+def updated_record(record: dict[str, Any], event: Event, state: str, now: float, why: str = "", attempt: bool = False) -> dict[str, Any]:
     """The node's record after this step: a new event starts a new record (labels keep one: the last);
     ``state``: preempted | stopping for the group | coming back | resumed | gave up."""
     if not of_event(record, event):
@@ -310,7 +311,7 @@ def updated_record(record: dict, event: Event, state: str, now: float, why: str 
     return out
 
 
-def run_return(record: dict, interrupted_at: float | None, back: float) -> dict | None:
+def run_return(record: dict[str, Any], interrupted_at: float | None, back: float) -> dict[str, Any] | None:
     """The run's record of this return (event, at, back, attempts), when the recovery's record (the
     instance's metadata, as the booted VM reads it) tells of the stop that interrupted the run."""
     at = record.get("at")
@@ -322,7 +323,7 @@ def run_return(record: dict, interrupted_at: float | None, back: float) -> dict 
     return out
 
 
-def lost_its_group(record: dict, ended: float | None, nnodes: int) -> bool:
+def lost_its_group(record: dict[str, Any], ended: float | None, nnodes: int) -> bool:
     """A cluster run's part that failed because its group lost a node: the recovery stopped this node
     (or brought it back) for an event that happened just before the part ended (torchrun fails when a
     peer vanishes). Such a part is relaunched at boot like an interrupted one, so the group meets again."""
@@ -332,7 +333,7 @@ def lost_its_group(record: dict, ended: float | None, nnodes: int) -> bool:
     return at - 120 <= ended <= at + 900
 
 
-def describe_return(ret: dict, local: bool = True) -> str:
+def describe_return(ret: dict[str, Any], local: bool = True) -> str:
     """A run's return for `status`: "preempted 14:02, resumed 14:19 (3 attempts)"."""
     tries = int(ret.get("attempts") or 0)
     head = f"{ret.get('event', 'preempted')} {clock(ret['at'], local)}"
@@ -349,7 +350,7 @@ def clock(at: float, local: bool = True) -> str:
 RECENT_S = 24 * 3600  # a return is news for a day; a VM someone started after the recovery gave up is none
 
 
-def worth_saying(record: dict, status: str, now: float) -> bool:
+def worth_saying(record: dict[str, Any], status: str, now: float) -> bool:
     """Does `ls` mention this record? While the recovery is at work or gave up on a VM still down; a
     return for a day after it."""
     state = record.get("state")
@@ -360,7 +361,7 @@ def worth_saying(record: dict, status: str, now: float) -> bool:
     return status not in UP
 
 
-def describe(record: dict, local: bool = True) -> str:
+def describe(record: dict[str, Any], local: bool = True) -> str:
     """One line for `status` and `ls`: "preempted 14:02, coming back (attempt 3, zone out of capacity)"."""
     if not record.get("at"):
         return ""

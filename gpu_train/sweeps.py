@@ -21,6 +21,7 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_train.codec import Document
 
@@ -42,7 +43,7 @@ class SpaceError(ValueError):
 @dataclass(frozen=True)
 class Trial:
     index: int
-    values: dict  # parameter -> value, in the space's order
+    values: dict[str, Any]  # parameter -> value, in the space's order
     node: int = 0
     slot: int = 0  # where it runs first (the queue may use any free slot of its node)
 
@@ -54,9 +55,9 @@ class SweepDoc(Document):
 
     name: str = ""
     stamp: str = ""  # _YYYYmmdd_HHMMSS shared by its trials' run ids
-    job: dict = field(default_factory=dict)  # the JobSpec every trial starts from (contract.JobSpec's JSON)
-    trials: tuple[dict, ...] = ()  # {index, values, args, base, node}
-    slots: tuple[list, ...] = ()  # this node's slots: GPU indices each
+    job: dict[str, Any] = field(default_factory=dict)  # the JobSpec every trial starts from (contract.JobSpec's JSON)
+    trials: tuple[dict[str, Any], ...] = ()  # {index, values, args, base, node}
+    slots: tuple[list[Any], ...] = ()  # this node's slots: GPU indices each
     node: int = 0
     mode: str = "trials"  # or "workers": the user's own sweep agent, one per slot
     stopped: bool = False
@@ -64,7 +65,7 @@ class SweepDoc(Document):
     WHAT, REQUIRED = "the sweep's record", ("name",)
 
 
-def check_space(doc: object) -> dict:
+def check_space(doc: object) -> dict[str, Any]:
     """The space as a checked dict: method, parameters (name -> {values} or {min, max, distribution}),
     count, seed, args; a SpaceError naming the setting otherwise."""
     if not isinstance(doc, dict):
@@ -118,10 +119,10 @@ def _plain(v: object) -> bool:
     return isinstance(v, (str, int, float, bool)) and not (isinstance(v, float) and not math.isfinite(v))
 
 
-def inline_space(values: list[str], ranges: list[str], count: int | None, seed: int | None) -> dict:
+def inline_space(values: list[str], ranges: list[str], count: int | None, seed: int | None) -> dict[str, Any]:
     """The space from inline options: ``--values lr=0.001,0.01`` (a grid over each list), ``--random
     lr=1e-5:1e-2:log`` (a range; with ``--count N`` a random sweep)."""
-    params: dict = {}
+    params: dict[str, Any] = {}
     for text in values:
         name, _, listed = text.partition("=")
         if not listed:
@@ -137,7 +138,7 @@ def inline_space(values: list[str], ranges: list[str], count: int | None, seed: 
             raise SpaceError(f"--random {text!r}: the third part is log or int")
         lo, hi = _value(parts[0]), _value(parts[1])
         params[name.strip()] = {"min": lo, "max": hi, "distribution": kind}
-    doc: dict = {"method": "random" if ranges else "grid", "parameters": params}
+    doc: dict[str, Any] = {"method": "random" if ranges else "grid", "parameters": params}
     if count is not None:
         doc["count"] = count
     if seed is not None:
@@ -156,7 +157,7 @@ def _value(text: str) -> object:
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def expand(space: dict) -> list[dict]:
+def expand(space: dict[str, Any]) -> list[dict[str, Any]]:
     """Every trial's values: a grid's product (the first parameter changes slowest), or ``count`` random
     draws (seeded: the same space gives the same trials on every laptop)."""
     params = space["parameters"]
@@ -165,7 +166,7 @@ def expand(space: dict) -> list[dict]:
         size = math.prod(len(params[n]["values"]) for n in names)  # counted, not built: 10 values of 7 is 10**7
         if size > TRIALS_MAX:
             raise SpaceError(f"the grid has {size} trials, more than {TRIALS_MAX}: sweep fewer values, or method: random")
-        return [{n: c[k] for k, n in enumerate(names)} for c in itertools.product(*(params[n]["values"] for n in names))]
+        return [dict(zip(names, c, strict=True)) for c in itertools.product(*(params[n]["values"] for n in names))]
     rng = random.Random(space["seed"])
     out = []
     for _ in range(min(space["count"], TRIALS_MAX)):
@@ -173,7 +174,7 @@ def expand(space: dict) -> list[dict]:
     return out
 
 
-def _draw(rng: random.Random, p: dict) -> object:
+def _draw(rng: random.Random, p: dict[str, Any]) -> object:
     if "values" in p:
         return rng.choice(p["values"])
     lo, hi, dist = p["min"], p["max"], p.get("distribution", "uniform")
@@ -189,7 +190,7 @@ def shown(v: object) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def trial_args(fixed: list[str], values: dict, template: str | None) -> list[str]:
+def trial_args(fixed: list[str], values: dict[str, Any], template: str | None) -> list[str]:
     """The trial's arguments: the fixed ones with ``{name}`` replaced, then the template's (replaced), or
     else each value not placed as ``--NAME VALUE`` (a script that wants ``--NAME=VALUE`` gives args)."""
     import shlex
@@ -197,7 +198,7 @@ def trial_args(fixed: list[str], values: dict, template: str | None) -> list[str
     placed: set[str] = set()
 
     def fill(text: str) -> str:
-        def sub(m: re.Match) -> str:
+        def sub(m: re.Match[str]) -> str:
             if m.group(1) in values:
                 placed.add(m.group(1))
                 return shown(values[m.group(1)])
@@ -214,7 +215,7 @@ def trial_args(fixed: list[str], values: dict, template: str | None) -> list[str
     return out
 
 
-def trial_base(sweep: str, index: int, values: dict, room: int) -> str:
+def trial_base(sweep: str, index: int, values: dict[str, Any], room: int) -> str:
     """The trial's base name: the sweep's, its index and its values (letters, digits, '_'), in ``room``
     characters: SWEEP_T3_lr0p001_bs32; the values are cut before the index and the sweep ever are."""
     head = f"{sweep}_t{index}"
@@ -283,7 +284,7 @@ def estimate(trials: int, slots: int, gpus_per_trial: int, hours_per_trial: floa
     return Estimate(trials, slots, waves, trials * gpus_per_trial * hours_per_trial, wall, cost)
 
 
-def best(rows: list[dict], mode: str) -> dict | None:
+def best(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
     """The trial whose best value of the metric is lowest (``min``) or highest (``max``); rows without one
     are never best."""
     have = [r for r in rows if r.get("best") is not None]

@@ -77,7 +77,7 @@ def check_shape(doc: Any) -> None:
         raise CatalogError(f"{where}: {what} (gpu_train/data/gpu-catalog.schema.yaml)") from None
 
 
-def _table(doc: dict, key: str, sources: dict) -> dict:
+def _table(doc: dict[str, Any], key: str, sources: dict[str, Any]) -> dict[str, Any]:
     """A top-level table; the sources it names must be in ``sources``."""
     table = doc[key]
     for src in table["source"]:
@@ -86,7 +86,7 @@ def _table(doc: dict, key: str, sources: dict) -> dict:
     return table
 
 
-def _price(raw: dict) -> Price:
+def _price(raw: dict[str, Any]) -> Price:
     return Price(raw.get("onDemand"), raw.get("spot"), raw["date"])
 
 
@@ -241,7 +241,7 @@ def parse_catalog(doc: Any, shape_checked: bool = False) -> Catalog:
     )
 
 
-def _flex_start(doc: dict, sources: dict, dates: dict[str, str]) -> FlexStart:
+def _flex_start(doc: dict[str, Any], sources: dict[str, Any], dates: dict[str, str]) -> FlexStart:
     table = _table(doc, "provisioning", sources)
     dates["provisioning"] = table["date"]
     flex = table["flexStart"]
@@ -253,7 +253,7 @@ def _flex_start(doc: dict, sources: dict, dates: dict[str, str]) -> FlexStart:
     )
 
 
-def _disk_prices(doc: dict, sources: dict, dates: dict[str, str]) -> dict[str, float | None]:
+def _disk_prices(doc: dict[str, Any], sources: dict[str, Any], dates: dict[str, str]) -> dict[str, float | None]:
     table = _table(doc, "diskPrices", sources)
     dates["diskPrices"] = table["date"]
     return dict(table["perGbMonth"])

@@ -119,8 +119,8 @@ def _strip_indices(path: str) -> str:
 
 
 def compare(
-    wanted: dict[tuple[str, str], dict],
-    deployed: dict[tuple[str, str], dict],
+    wanted: dict[tuple[str, str], dict[str, Any]],
+    deployed: dict[tuple[str, str], dict[str, Any]],
     rules: dict[str, dict[str, str]],
     ignored: dict[str, tuple[str, ...]] | None = None,
 ) -> list[Change]:

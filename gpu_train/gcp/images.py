@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 
 from gpu_train.catalog.model import Catalog
-from gpu_train.stack.config import NAMESPACE, Problem, StackConfig
+from gpu_train.stack.problems import Problem
+from gpu_train.stack.settings import NAMESPACE, StackConfig
 
 DRIVER_RE = re.compile(r"-nvidia-(\d+)$")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from gpu_train.stack.config import Problem
+from gpu_train.stack.problems import Problem
 
 MAX_NAME = 63
 SA_MIN, SA_MAX = 6, 30

@@ -17,12 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpu_train.catalog.disks import disk_quota_metric
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.gcp.vm import data_disk_type
-from gpu_train.stack.config import StackConfig
+from gpu_train.stack.settings import StackConfig
 
 SERVICE = "compute.googleapis.com"
 
@@ -164,7 +165,7 @@ def preferences(cfg: StackConfig, shape: GpuShape, gpus: int, catalog: Catalog) 
     return [{**p, "preferred": gpus} for p in out]
 
 
-def current_limit(entries: list[dict], dimensions: dict[str, str]) -> int:
+def current_limit(entries: list[dict[str, Any]], dimensions: dict[str, str]) -> int:
     """The limit in force for ``dimensions``, from a QuotaInfo's dimensionsInfos (0 when none applies).
 
     Cloud Quotas lists a default entry (no dimensions, its applicableLocations naming every region
@@ -204,7 +205,7 @@ class Adoption:
     short_by: int  # how much more the stack asks for than it does (0: it already asks for enough)
 
 
-def existing_preference(found: list[dict], service: str, quota_id: str, dimensions: dict[str, str]) -> dict | None:
+def existing_preference(found: list[dict[str, Any]], service: str, quota_id: str, dimensions: dict[str, str]) -> dict[str, Any] | None:
     """The preference Cloud Quotas holds for this quota and these dimensions, whatever its id (it allows
     one per quota and dimensions, so another made in the console blocks ours as our own would)."""
     for p in found:
@@ -218,7 +219,7 @@ def existing_preference(found: list[dict], service: str, quota_id: str, dimensio
     return None
 
 
-def adoption(existing: dict, want: int) -> Adoption:
+def adoption(existing: dict[str, Any], want: int) -> Adoption:
     """How a stack that wants ``want`` adopts ``existing``: with its own values, never changed by the up."""
     config = existing.get("quotaConfig") or {}
     preferred = str(config.get("preferredValue", "0"))

@@ -12,6 +12,7 @@ localSsds[].{diskSizeGb, interface}}``, ``count``/``inUseCount`` as int64 string
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp.provisioning import parse_reservation
@@ -36,7 +37,7 @@ def where(reservation: str, stack_project: str) -> tuple[str, str]:
     return parts[0] or stack_project, parts[1]
 
 
-def fit(doc: dict, shapes: list[GpuShape], catalog: Catalog, bound: bool = False) -> Fit:
+def fit(doc: dict[str, Any], shapes: list[GpuShape], catalog: Catalog, bound: bool = False) -> Fit:
     """Compare a reservation with each node's shape (every node consumes one of its VMs); ``bound``: the stack's
     reservationBound."""
     out = Fit()

@@ -10,7 +10,8 @@ import re
 
 from gpu_train.catalog import gpunames
 from gpu_train.catalog.model import AI_ZONE_PATTERN, Catalog, FixedShape, MachineShape
-from gpu_train.stack.config import Problem, StackConfig
+from gpu_train.stack.problems import Problem
+from gpu_train.stack.settings import StackConfig
 
 
 # -- machine type and GPUs --------------------------------------------------------------------

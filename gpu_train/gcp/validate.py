@@ -20,8 +20,10 @@ from gpu_train.gcp import images, names, provisioning
 from gpu_train.gcp.shape_rules import availability, machine_and_gpus, offered_gpu
 from gpu_train.stack import placeholders, values
 from gpu_train.stack.check import checked, lifecycle, ssh_rules
-from gpu_train.stack.config import Problem, StackConfig, parse_shape, shown
+from gpu_train.stack.config import parse_shape
 from gpu_train.stack.pools import check_pools
+from gpu_train.stack.problems import Problem, shown
+from gpu_train.stack.settings import StackConfig
 
 ZONE_RE = re.compile(ZONE_PATTERN)
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")

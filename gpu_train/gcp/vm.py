@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpu_train.catalog import disks
+from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import artifacts, images, provisioning
 from gpu_train.gcp.names import (  # noqa: F401
     data_disk_name,
@@ -28,7 +29,7 @@ from gpu_train.gcp.names import (  # noqa: F401
 )
 from gpu_train.gcp.validate import GpuShape, node_shapes
 from gpu_train.stack.agentdoc import ROOT_PART, SHUTDOWN_GRACE_S, agent_settings, job_grace_s, shutdown_grace_s  # noqa: F401
-from gpu_train.stack.config import StackConfig
+from gpu_train.stack.settings import StackConfig
 from gpu_train.stack.values import LOGIN_RE
 
 STARTUP_TEMPLATE = Path(__file__).parent.parent / "data" / "startup-script.sh.in"
@@ -89,44 +90,45 @@ def grace_words(cfg: StackConfig) -> str:
     )
 
 
-def data_disk_type(cfg: StackConfig, catalog, machine_type: str | None = None) -> str:
+def data_disk_type(cfg: StackConfig, catalog: Catalog, machine_type: str | None = None) -> str:
     """``dataDiskType``, else the default of the node's series (the catalog's disks table)."""
     return cfg.data_disk_type or disks.default_disk_type(catalog, machine_type or cfg.machine_type)
 
 
-def node_machine_types(cfg: StackConfig, catalog) -> list[str]:
+def node_machine_types(cfg: StackConfig, catalog: Catalog) -> list[str]:
     """Each node's machine type, in node order (pools may differ)."""
     return [shape.machine_type for shape in node_shapes(cfg, catalog)]
 
 
-def bundled_local_ssd(machine_type: str, catalog) -> bool:
+def bundled_local_ssd(machine_type: str, catalog: Catalog) -> bool:
     """The shape comes with Local SSD (A2 Ultra, A3, A4): every stop must say discardLocalSsd."""
     fixed = catalog.fixed_shapes.get(machine_type)
     return fixed is not None and fixed.local_ssd
 
 
-def has_local_ssd(cfg: StackConfig, catalog) -> bool:
+def has_local_ssd(cfg: StackConfig, catalog: Catalog) -> bool:
     """Some node of the stack has bundled Local SSD."""
     return any(bundled_local_ssd(m, catalog) for m in node_machine_types(cfg, catalog))
 
 
-def instance_ignore_changes(machine_type: str, catalog) -> list[str]:
+def instance_ignore_changes(machine_type: str, catalog: Catalog) -> list[str]:
     """What Pulumi leaves alone on this node once deployed: the pinned image, and on a shape with bundled Local
     SSD its power state, which the provider cannot change (its stop names no discardLocalSsd:
     terraform-provider-google#26173): `vm-stop`/`vm-start` do it through the Compute API."""
     return [*INSTANCE_IGNORE_CHANGES, *(["desiredStatus"] if bundled_local_ssd(machine_type, catalog) else [])]
 
 
-def node_desired_status(cfg: StackConfig, machine_type: str, catalog) -> str:
+def node_desired_status(cfg: StackConfig, machine_type: str, catalog: Catalog) -> str:
     """The status a node is created with: ``running``'s, except a Local SSD shape, created RUNNING (the
     provider would stop it right after creating it, and that stop fails the same way)."""
     return desired_status(cfg.running or bundled_local_ssd(machine_type, catalog))
 
 
-def data_disk_monthly_cost(cfg: StackConfig, catalog) -> float | None:
+def data_disk_monthly_cost(cfg: StackConfig, catalog: Catalog) -> float | None:
     """USD a month for every node's data disk (it bills while it exists, VM running or not); None: unknown."""
     prices = [catalog.disk_prices.get(data_disk_type(cfg, catalog, m)) for m in node_machine_types(cfg, catalog)]
-    return None if None in prices else round(sum(prices) * cfg.data_disk_size_gb, 2)
+    known = [p for p in prices if p is not None]
+    return None if len(known) < len(prices) else round(sum(known) * cfg.data_disk_size_gb, 2)
 
 
 def node_roles(cfg: StackConfig) -> list[str]:
@@ -136,7 +138,7 @@ def node_roles(cfg: StackConfig) -> list[str]:
     return [p.role for p in cfg.pools for _ in range(p.count)]
 
 
-def placement_policy(nodes: int, machine_type: str | list[str], catalog) -> dict[str, object] | None:
+def placement_policy(nodes: int, machine_type: str | list[str], catalog: Catalog) -> dict[str, object] | None:
     """A compact group placement for a cluster whose series (every pool's) support one (validation says
     when not)."""
     types = [machine_type] if isinstance(machine_type, str) else machine_type
@@ -145,7 +147,7 @@ def placement_policy(nodes: int, machine_type: str | list[str], catalog) -> dict
     return {"collocation": "COLLOCATED", "vm_count": nodes}
 
 
-def nic_type(machine_type: str, catalog) -> str | None:
+def nic_type(machine_type: str, catalog: Catalog) -> str | None:
     """gVNIC for the series that take nothing else (A3, A4, G4); the image default elsewhere."""
     return "GVNIC" if catalog.series_of(machine_type) in catalog.gvnic_series else None
 

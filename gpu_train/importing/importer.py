@@ -149,7 +149,7 @@ _TI_HANDLED = {
 }  # fmt: skip
 
 
-def _scale_tier(job: JobDescription, ti: dict, tables: Tables) -> dict:
+def _scale_tier(job: JobDescription, ti: dict[str, Any], tables: Tables) -> dict[str, Any]:
     """Expand a preset scale tier into masterType/workerCount/...; CUSTOM leaves ``ti`` as it is."""
     tier = str(ti.get("scaleTier", "CUSTOM" if ti.get("masterType") else "BASIC")).upper()
     known = tables["scaleTiers"]
@@ -204,7 +204,7 @@ def read_training_input(doc: Any, tables: Tables) -> JobDescription:
     return job
 
 
-def _replica(job: JobDescription, ti: dict, role: str, prefix: str, fixed: int | None) -> None:
+def _replica(job: JobDescription, ti: dict[str, Any], role: str, prefix: str, fixed: int | None) -> None:
     """One AI Platform replica pool (master, workers, parameter servers) into ``job``, if it has any."""
     machine = ti.get(f"{prefix}Type")
     count = fixed if fixed is not None else _count(ti.get(f"{prefix}Count", 0), f"trainingInput.{prefix}Count")
@@ -224,7 +224,7 @@ def _replica(job: JobDescription, ti: dict, role: str, prefix: str, fixed: int |
         job.note(f"{prefix}Config.{extra}", NOT_MAPPED, "gpu-train has no such setting; it is left out")
 
 
-def _common_fields(job: JobDescription, ti: dict) -> list[str]:
+def _common_fields(job: JobDescription, ti: dict[str, Any]) -> list[str]:
     """The fields AI Platform's config and gcloud's flags share (flags are read into this shape); returns
     what is wrong in them."""
     wrong: list[str] = []

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpu_train.stack import values
-from gpu_train.stack.config import SECRET_VALUE, ConfigError, Problem, StackConfig, _normalise_keys, parse_partial
-from gpu_train.stack.settings import NAMESPACE
+from gpu_train.stack.config import SECRET_VALUE, _normalise_keys, parse_partial
+from gpu_train.stack.problems import ConfigError, Problem
+from gpu_train.stack.settings import NAMESPACE, StackConfig
 
 if TYPE_CHECKING:
     from gpu_train.catalog.model import Catalog

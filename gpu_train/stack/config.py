@@ -18,13 +18,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gpu_train.containerspec import IMAGE_REF_PATTERN
+from gpu_train.contract import GCP_REMOTE_ROOT
 from gpu_train.stack.bucket import bucket_problems
 from gpu_train.stack.pools import parse_pools
 from gpu_train.stack.problems import ConfigError, Problem, shown
 from gpu_train.stack.settings import (  # each setting is declared once, there
     BY_KEY,
     GCP_IDLE_STOP_MINUTES,
-    GCP_REMOTE_ROOT,
     NAMESPACE,
     StackConfig,
 )

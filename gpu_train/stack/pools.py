@@ -15,6 +15,7 @@ pools as on ``nodes``. Pure: parsing, the rules each pool must meet, and the per
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -135,7 +136,7 @@ def pool_config(cfg: StackConfig, pool: Pool) -> StackConfig:
     )
 
 
-def check_pools(cfg: StackConfig, catalog: Catalog, shape_rules) -> list[Problem]:
+def check_pools(cfg: StackConfig, catalog: Catalog, shape_rules: Callable[[StackConfig, Catalog], list[Problem]]) -> list[Problem]:
     """Every pool's own problems, named ``pools[i].KEY``; ``shape_rules(cfg, catalog)`` are validate's
     GPU rules (machine, GPUs, zone) for one shape, passed in to keep this module below validate."""
     from gpu_train.catalog import disks

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gpu_train.stack import project
-from gpu_train.stack.config import ConfigError, Problem, StackConfig, parse
-from gpu_train.stack.settings import NAMESPACE, looks_like_key_text
+from gpu_train.stack.config import parse
+from gpu_train.stack.problems import ConfigError, Problem
+from gpu_train.stack.settings import NAMESPACE, StackConfig, looks_like_key_text
 
 if TYPE_CHECKING:
     from gpu_train.catalog.model import Catalog
@@ -46,7 +47,7 @@ MAX_STACK_FILE_BYTES = 1 << 20
 class _StackLoader(yaml.SafeLoader):
     """YAML without aliases: a 1 KB file of nested aliases ("billion laughs") expands to gigabytes."""
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a stack file; write the value out", mark)

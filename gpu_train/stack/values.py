@@ -15,7 +15,8 @@ import ipaddress
 import re
 
 from gpu_train.contract import REMOTE_ROOT_DEFAULT
-from gpu_train.stack.config import Problem, StackConfig, shown
+from gpu_train.stack.problems import Problem, shown
+from gpu_train.stack.settings import StackConfig
 
 # Login names as useradd accepts them by default (NAME_REGEX), plus upper case and dots, which
 # some directories (LDAP, macOS) use. Never a leading '-': it would become an ssh option.

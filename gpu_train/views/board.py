@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_train.answers import GpuRow, StatusDoc
 from gpu_train.catalog.model import Catalog
@@ -42,7 +43,7 @@ class StackLook:
 
     facts: listing.StackFacts
     nodes: tuple[NodeLook, ...] = ()
-    runs: tuple[dict, ...] = ()  # the runs, one state each across the nodes (gpu_train.jobs.aggregate_runs)
+    runs: tuple[dict[str, Any], ...] = ()  # the runs, one state each across the nodes (gpu_train.jobs.aggregate_runs)
     home: dict[str, bool] = field(default_factory=dict)  # run id -> its copy here is what the host has
     polled_at: float | None = None
     mine: frozenset[str] | None = None  # the runs of this project (gpu_train/identity.py's scope); None: every run
@@ -72,7 +73,7 @@ def shares(spans: dict[str, tuple[float, float]]) -> dict[str, float]:
     return out
 
 
-def run_span(run: dict, now: float) -> tuple[float, float] | None:
+def run_span(run: dict[str, Any], now: float) -> tuple[float, float] | None:
     """When the run's job ran, as one span ending at its end (or now): its legs' time laid end to end."""
     duration = run.get("durationS")
     if duration is None:
@@ -82,12 +83,12 @@ def run_span(run: dict, now: float) -> tuple[float, float] | None:
     return (end - float(duration), end)
 
 
-def sweep_of(run: dict) -> str | None:
+def sweep_of(run: dict[str, Any]) -> str | None:
     """The sweep a trial belongs to, as its status says (RunStatus.sweep); None for a run of its own."""
     return str(run["sweep"]) if run.get("sweep") else None
 
 
-def runs_of(look: StackLook, price: float | None, now: float) -> list[dict]:
+def runs_of(look: StackLook, price: float | None, now: float) -> list[dict[str, Any]]:
     """The stack's runs (one state per run across its nodes), each with whether it is home, whose it is,
     its sweep and its share of the stack's cost."""
     runs = look.runs
@@ -121,7 +122,7 @@ def runs_of(look: StackLook, price: float | None, now: float) -> list[dict]:
     return out
 
 
-def is_home(run: dict, local: tuple[dict, dict] | None) -> bool:
+def is_home(run: dict[str, Any], local: tuple[dict[str, Any], dict[str, Any]] | None) -> bool:
     """Whether the laptop's copy of a run (summaries of the folders `fetch` fills: its JOB_DIR files, its
     working directory's outputs, each a contract.TreeSummary) holds what the host's say, with something in it."""
     host = (run.get("jobSummary"), run.get("workdirSummary"))
@@ -133,7 +134,7 @@ def is_home(run: dict, local: tuple[dict, dict] | None) -> bool:
     return same and any((h or {}).get("files") for h in host)
 
 
-def only_on_host(run: dict, home: bool) -> bool:
+def only_on_host(run: dict[str, Any], home: bool) -> bool:
     """Outputs that exist on the host alone: written, not fetched as they are now, not all in its bucket."""
     if home:
         return False
@@ -144,7 +145,7 @@ def only_on_host(run: dict, home: bool) -> bool:
     return any(s.get("files") for s in summaries)
 
 
-def nodes_of(look: StackLook) -> list[dict]:
+def nodes_of(look: StackLook) -> list[dict[str, Any]]:
     return [
         {
             "node": n.node,
@@ -161,7 +162,7 @@ def idle_gpus(gpus: Sequence[GpuRow]) -> bool:
     return bool(gpus) and all(float(g.get("utilization") or 0) < IDLE_GPU_PERCENT for g in gpus)
 
 
-def warnings(stack: dict, runs: list[dict]) -> list[dict]:
+def warnings(stack: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What a researcher must not miss on this stack: GPUs idle while it bills, outputs only on the host
     (what `down` would fetch first, or lose with --force), a preempted VM coming back, a host not answering."""
     out = []
@@ -186,7 +187,7 @@ def warnings(stack: dict, runs: list[dict]) -> list[dict]:
     return out
 
 
-def stack_view(look: StackLook, now: float, catalog: Catalog) -> tuple[dict, list[dict]]:
+def stack_view(look: StackLook, now: float, catalog: Catalog) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One stack's card and its runs."""
     status = next((n.status for n in look.nodes if n.status is not None), None)
     errors = [n.error for n in look.nodes if n.error]
@@ -205,7 +206,7 @@ def stack_view(look: StackLook, now: float, catalog: Catalog) -> tuple[dict, lis
     return stack, runs_of(look, price, now)
 
 
-def board(looks: Sequence[StackLook], now: float, catalog: Catalog, project: str, interval_s: float | None) -> dict:
+def board(looks: Sequence[StackLook], now: float, catalog: Catalog, project: str, interval_s: float | None) -> dict[str, Any]:
     """The page's document: stacks (billing first, as `ls`), every run (running first, newest first), warnings."""
     stacks, runs, warned = [], [], []
     for look in looks:
@@ -215,7 +216,7 @@ def board(looks: Sequence[StackLook], now: float, catalog: Catalog, project: str
         warned += warnings(stack, its_runs)
     stacks.sort(key=lambda s: (not s["billing"], s["stack"]))
     runs.sort(key=lambda r: (r["state"] not in ACTIVE, -(r.get("created") or 0), r["stack"], r["id"]))
-    sweeps: dict[str, dict] = {}
+    sweeps: dict[str, dict[str, Any]] = {}
     for r in runs:
         if r["sweep"]:
             key = f"{r['stack']}/{r['sweep']}"
@@ -268,14 +269,14 @@ def judged_by(tags: list[str]) -> str | None:
     return ranked[0] if ranked else None
 
 
-def best_trial(runs: dict[str, list[dict]], tag: str | None = None) -> dict | None:
+def best_trial(runs: dict[str, list[dict[str, Any]]], tag: str | None = None) -> dict[str, Any] | None:
     """The best trial of a sweep by ``tag`` (else ``judged_by`` its tags): {run, tag, mode, value}, the
     value the trial's best point (contract.ScalarSeries min or max), None when no trial has the tag."""
     tag = tag or judged_by(sorted({s["tag"] for series in runs.values() for s in series}))
     mode = direction(tag) if tag else None
     if tag is None or mode is None:
         return None
-    best: dict | None = None
+    best: dict[str, Any] | None = None
     for run, series in sorted(runs.items()):
         for s in series:
             point = s.get(mode) if s["tag"] == tag else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from gpu_train.errors import ExitStatus
 
@@ -27,7 +28,7 @@ class Finding:
     detail: str
     fix: str = ""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -171,7 +172,7 @@ def stack_file(
     return Finding(what, True, f"valid; {state} ({how})")
 
 
-def bucket_access(stack: str, url: str, answer: dict | None, error: str | None) -> Finding:
+def bucket_access(stack: str, url: str, answer: dict[str, Any] | None, error: str | None) -> Finding:
     """An SSH stack's bucket as its host's uploader will use it: ``answer`` is the host's BucketProbe
     (gpu_train.contract), ``error`` why the host could not be asked."""
     what = f"bucket of {stack} ({url})"

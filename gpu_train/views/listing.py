@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 from gpu_train import recovery
 from gpu_train.catalog import gpunames
@@ -23,7 +24,7 @@ from gpu_train.contract import ACTIVE  # the contract with the host, written onc
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.provisioning import way
 from gpu_train.gcp.validate import shape_of
-from gpu_train.stack.config import StackConfig
+from gpu_train.stack.settings import StackConfig
 from gpu_train.views.table import aligned
 
 BILLING_STATES = ("RUNNING", "PROVISIONING", "STAGING", "STOPPING", "REPAIRING", "SUSPENDING")
@@ -37,10 +38,10 @@ class StackFacts:
     name: str
     cfg: StackConfig | None = None
     problem: str | None = None  # the stack file is invalid
-    outputs: dict | None = None  # last known `pulumi stack output`
-    instances: list[dict] | None = None  # the Compute API's instances of this stack (None: not asked)
+    outputs: dict[str, Any] | None = None  # last known `pulumi stack output`
+    instances: list[dict[str, Any]] | None = None  # the Compute API's instances of this stack (None: not asked)
     api_error: str | None = None
-    status: dict | None = None  # the agent's status document (node 0)
+    status: dict[str, Any] | None = None  # the agent's status document (node 0)
     status_error: str | None = None
     ledger: tuple[Interval, ...] = ()
 
@@ -60,7 +61,7 @@ class Row:
     billing: bool
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """camelCase keys, as in `status --json`."""
         doc = {re.sub(r"_(\w)", lambda m: m.group(1).upper(), k): v for k, v in asdict(self).items()}
         doc["notes"] = list(self.notes)
@@ -78,7 +79,7 @@ def parse_time(text: str | None) -> float | None:
         return None
 
 
-def instance_interval(instance: dict, now: float) -> Interval | None:
+def instance_interval(instance: dict[str, Any], now: float) -> Interval | None:
     """The VM's latest run as the API tells it: lastStart to lastStop, or to now while it runs."""
     start = parse_time(instance.get("lastStartTimestamp")) or parse_time(instance.get("creationTimestamp"))
     if start is None:
@@ -122,7 +123,7 @@ def observed(facts: StackFacts, now: float) -> tuple[Interval, ...]:
 
 
 # -- one row ------------------------------------------------------------------------------------
-def shape_text(cfg: StackConfig | None, outputs: dict | None, catalog: Catalog) -> str:
+def shape_text(cfg: StackConfig | None, outputs: dict[str, Any] | None, catalog: Catalog) -> str:
     if cfg is None:
         return "?"
     if not cfg.is_gcp:
@@ -165,7 +166,7 @@ def _billing(state: str) -> bool:
     return state.rstrip("?").split(" ")[0] in BILLING_STATES
 
 
-def recovery_notes(instances: list[dict], now: float) -> list[str]:
+def recovery_notes(instances: list[dict[str, Any]], now: float) -> list[str]:
     """What the stack's recovery function last did, per VM: "preempted 14:02, coming back (attempt 3, ...)",
     while it is news (recovery.worth_saying)."""
     out = []
@@ -177,7 +178,7 @@ def recovery_notes(instances: list[dict], now: float) -> list[str]:
     return out
 
 
-def idle_text(status: dict | None) -> str:
+def idle_text(status: dict[str, Any] | None) -> str:
     if not status:
         return "-"
     agent = status.get("agent") or {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from gpu_train.catalog import gpunames
 from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Accelerator, Catalog
@@ -62,7 +63,7 @@ class GpuOffer:
             return "spot-only" if self.obtain == ("spot",) else "no on-demand: " + ", ".join(self.obtain)
         return "reservation-only" if self.obtain == ("reservation",) else "only: " + ", ".join(self.obtain)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """camelCase keys, as in the other tasks' --json."""
         doc = _camel(asdict(self))
         doc["shapes"] = [_camel(asdict(s)) for s in self.shapes]
@@ -71,7 +72,7 @@ class GpuOffer:
         return doc
 
 
-def _camel(doc: dict) -> dict:
+def _camel(doc: dict[str, Any]) -> dict[str, Any]:
     return {re.sub(r"_(\w)", lambda m: m.group(1).upper(), k): v for k, v in doc.items()}
 
 
@@ -280,7 +281,7 @@ def ways_priced(s: ShapeOffer) -> str:
     return ", ".join(f"{w} {price[w]}" if w in price else w for w in s.obtain)
 
 
-def to_json(rows: list[GpuOffer], catalog: Catalog) -> dict:
+def to_json(rows: list[GpuOffer], catalog: Catalog) -> dict[str, Any]:
     return {
         "priceRegion": catalog.price_region,
         "priceDate": catalog.dates["prices"],
