@@ -6,7 +6,8 @@ state.json (`status` shows them); every later start (a relaunch at boot, after a
 pulls it by digest where it is gone, so a tag moved meanwhile never changes a run's environment. A
 pull is a step of the run like `pip install` (its pid recorded, `stop` ends it), its lines in the log
 with a count of layers done, after a check that the engine's disk has room for it. Registry
-credentials (`registry.py`) live in a folder of the pull's own, removed after it.
+credentials (`registry.py`) are kept outside the run's folder (REMOTE_ROOT/secrets/RUN.json, which no
+container mounts) and logged in with into a folder of the pull's own, removed after it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def pull(w, engine: str, ref: str, spec: JobSpec, run_dir: str) -> None:
     look at the registry's manifest (with the pull's credentials) for whether the disk has room."""
     root = os.path.dirname(os.path.dirname(run_dir))
     conf = machine_settings(root) or settings(root)
-    with registry.credentials(engine, ref, spec.env, w.say, conf.gcp, conf.metadata_url) as env:
+    secrets = {**spec.env, **registry.kept(root, spec.run_id)}  # (a run launched by an older agent: in its spec)
+    with registry.credentials(engine, ref, secrets, w.say, conf.gcp, conf.metadata_url) as env:
         check_space(engine, ref, env)
         w.say(f"pulling {ref} with {engine}")
         proc = w.start([engine, "pull", ref], "step_pid", stdout=subprocess.PIPE, env=env, cwd=run_dir)

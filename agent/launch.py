@@ -18,7 +18,7 @@ from gpu_train.codec import answer
 from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker
 from gpu_train.ownership import project_dirs
 
-from . import container, hostcheck, notify, outputs, units
+from . import container, hostcheck, notify, outputs, registry, units
 from .procs import detect_python, gpu_apps, gpu_count, gpus
 from .pyenv import dependency_files, run_env, venv_python
 from .status import busy_runs, describe, machine_settings
@@ -177,8 +177,10 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
         os.replace(tmp_link, last)
         if spec.code_manifest:
             write_json(f"{last[: -len('.last')]}.manifest", {"manifest": spec.code_manifest})
-        spec = replace(spec, python=python, externally_managed=managed, path=os.environ.get("PATH"), notify=None)
+        env, secrets = registry.split(spec.env)  # the run's folder is its container's: no token in it
+        spec = replace(spec, python=python, externally_managed=managed, path=os.environ.get("PATH"), notify=None, env=env)
         write_json(os.path.join(run_dir, "spec.json"), spec.to_json())
+        registry.keep(root, run_id, secrets)
         update_state(run_dir, id=run_id, base=base, project=spec.project, state=STARTING, created=now(), resumes=0, engine=engine)
     try:
         screen = start_wrapper(root, run_id)

@@ -27,7 +27,7 @@ from gpu_train.contract import (
     RunRecord,
 )
 
-from . import containerrun, hostcheck, units
+from . import containerrun, hostcheck, registry, units
 from .launch import start_wrapper
 from .procs import alive, gpus, signal_group, ssh_sessions, sshd_sessions
 from .prune import refuse_pruned
@@ -223,7 +223,9 @@ def cmd_resume(root: str, run_id: str | None, grace: float, scope: tuple = EVERY
             f"lost; to restart it anyway: resume --run {run} --force"
         )
     if describe(run_dir)["state"] in ACTIVE:
+        secrets = registry.kept(root, os.path.basename(run_dir))
         cmd_stop(root, os.path.basename(run_dir), grace)
+        registry.keep(root, os.path.basename(run_dir), secrets)  # its stop ended it; its relaunch pulls as it did
     state = read_state(run_dir)
     with locked(root):
         relaunch(root, run_dir, state)

@@ -20,7 +20,7 @@ from gpu_train.contract import TERMINAL
 
 from .outputs import SENT, identity
 from .status import describe
-from .store import EVERY_RUN, AgentError, find_run, now, read_json, run_dirs, scoped, write_json
+from .store import EVERY_RUN, AgentError, find_run, forget_secrets, now, read_json, run_dirs, scoped, write_json
 
 PRUNED = "pruned.json"  # in the run's folder: when, and what went
 
@@ -51,6 +51,7 @@ def why_kept(run: RunStatus, has_record: bool, newest: set[str]) -> str | None:
 
 def prune_run(run_dir: str) -> tuple[int, int]:
     """Remove the files of ``run_dir``'s code still as sent, and folders left empty: (files, bytes freed)."""
+    forget_secrets(run_dir)  # (removed at its end already: this is the promise kept whatever ended it)
     code = os.path.join(run_dir, "code")
     sent = (read_json(os.path.join(run_dir, SENT)) or {}).get("files") or {}
     removed = freed = 0

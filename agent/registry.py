@@ -4,7 +4,11 @@ Artifact Registry on a VM: an access token of the VM's service account from the 
 stack grants it roles/artifactregistry.reader on each repository it names, not on the project).
 Any other registry: a token the user gives as a secret in the run's environment (``--env-file`` with
 GPU_TRAIN_REGISTRY_TOKEN, and GPU_TRAIN_REGISTRY_USER), never in the stack and never passed on to the
-job. Either way the engine logs in with the token on stdin, into a config folder (0700) of this pull's
+job. `launch` takes every GPU_TRAIN_REGISTRY_* out of the spec before it writes runs/RUN/spec.json (the
+run's folder is mounted into its container) and keeps them as REMOTE_ROOT/secrets/RUN.json (0600, in no
+folder a job is given), for the pulls of the run's later starts (its image pulled again by digest after a
+reboot or a preemption); the file is removed when the run ends (succeeded, failed, stopped) or is pruned.
+Either way the engine logs in with the token on stdin, into a config folder (0700) of this pull's
 own, which is removed after it: no token is left in the user's ~/.docker/config.json (where a short-lived
 one would only fail a later pull) or readable by another user.
 
@@ -17,14 +21,50 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
+
+from gpu_train.atomic import atomic_write
+
+from .store import secrets_path
 
 PREFIX = "GPU_TRAIN_REGISTRY_"  # the run's environment names for the pull's credentials (not the job's)
 TOKEN_ENV, USER_ENV = f"{PREFIX}TOKEN", f"{PREFIX}USER"
 GOOGLE_USER = "oauth2accesstoken"  # Artifact Registry's user name for an OAuth access token
 TOKEN_PATH = "instance/service-accounts/default/token"
+
+
+def split(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the job's environment, the pull's credentials: every GPU_TRAIN_REGISTRY_*)."""
+    return {k: v for k, v in env.items() if not k.startswith(PREFIX)}, {k: v for k, v in env.items() if k.startswith(PREFIX)}
+
+
+def keep(root: str, run_id: str, secrets: dict[str, str]) -> None:
+    """Keep a run's credentials as REMOTE_ROOT/secrets/RUN.json, 0600 from its first byte in a 0700
+    folder (none: no file)."""
+    path = secrets_path(root, run_id)
+    if not secrets:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    atomic_write(path, json.dumps(secrets), 0o600, keep_mode=False)
+
+
+def kept(root: str, run_id: str) -> dict[str, str]:
+    """The run's kept credentials, only from the user's own file that no one else can read (else none)."""
+    with contextlib.suppress(OSError, ValueError):
+        fd = os.open(secrets_path(root, run_id), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd) as f:
+            st = os.fstat(f.fileno())
+            if stat.S_IMODE(st.st_mode) & 0o077 or st.st_uid != os.getuid():
+                return {}
+            doc = json.load(f)
+        if isinstance(doc, dict):
+            return {k: v for k, v in doc.items() if k.startswith(PREFIX) and isinstance(v, str)}
+    return {}
 
 
 def registry_host(ref: str) -> str:

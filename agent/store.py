@@ -8,6 +8,7 @@ State on the host is the truth about runs:
       code/BASE.last -> ../runs/RUN/code   (the newest code of a name: rsync --link-dest)
       staging/RUN/                          (code being synced, before launch)
       runs/RUN/{code/, job/ (= JOB_DIR), log, state.json, spec.json}
+      secrets/RUN.json                      (the run's registry credentials, 0600, until it ends: registry.py)
       python/<hash>.requirements            (hash of the last dependencies installed per Python and venv)
       envs/PROJECT/, data/PROJECT/          (the project's venv, what `push` sent; PROJECT: its id)
       tools/uv-VERSION/uv, cache/{uv,pip}/  (uv, fetched once; the downloads every venv links or copies)
@@ -28,7 +29,7 @@ from typing import Any
 from gpu_train.answers import TreeSummary
 from gpu_train.atomic import atomic_write
 from gpu_train.codec import answer
-from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, AgentSettings, JobSpec, RunRecord, cli_name
+from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, TERMINAL, AgentSettings, JobSpec, RunRecord, cli_name
 from gpu_train.ownership import in_scope
 
 
@@ -83,10 +84,23 @@ def read_state(run_dir: str) -> RunRecord:
 
 
 def update_state(run_dir: str, **changes: Any) -> RunRecord:
-    """The run's record with ``changes`` (RunRecord's fields), written whole."""
+    """The run's record with ``changes`` (RunRecord's fields), written whole. A run that has ended
+    (succeeded, failed, stopped) has its registry credentials removed: no later start pulls for it."""
     state = replace(read_state(run_dir), **changes)
     write_json(os.path.join(run_dir, "state.json"), state.to_json())
+    if changes.get("state") in TERMINAL:
+        forget_secrets(run_dir)
     return state
+
+
+def secrets_path(root: str, run_id: str) -> str:
+    """REMOTE_ROOT/secrets/RUN.json: outside the run's folder, which its container mounts."""
+    return os.path.join(root, "secrets", f"{run_id}.json")
+
+
+def forget_secrets(run_dir: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(secrets_path(os.path.dirname(os.path.dirname(run_dir)), os.path.basename(run_dir)))
 
 
 @contextlib.contextmanager

@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -234,6 +236,61 @@ def test_a_registry_with_a_token_kept_out_of_everything(clab: Lab, dockerd: cont
         run = clab.train("--dir", str(code), "--image", image, "--script", "train.py", "--env-file", str(env_file))
         ended = clab.wait(run)
         assert ended["state"] == "failed" and f"login to {registry.host} failed" in (ended["reason"] or ""), ended
+    finally:
+        registry.stop()
+
+
+def test_the_registry_token_is_in_no_file_the_job_can_read_and_a_reboot_still_pulls(clab: Lab, dockerd: containers.Dockerd) -> None:
+    """The token is taken out of the spec before runs/RUN/spec.json is written (the run's folder is
+    mounted into its container) and kept 0600 in REMOTE_ROOT/secrets, where no container looks: while the
+    job runs no file under its mounts holds it. After a shutdown and the image gone, `boot` pulls the run's
+    image by digest with it; the run's end removes it."""
+    if not os.path.exists(containers.REGISTRY):
+        pytest.skip("docker-registry is missing: apt-get install docker-registry")
+    registry = containers.Registry(clab.tmp / "registry", REGISTRY_ADDRESS).start()
+    try:
+        dockerd.derive("gt/job:1", "gt/pushme:2", {"/opt/weights.bin": "v" * 50_000}, ("USER 4321",))
+        digest = registry.push(dockerd, "gt/pushme:2", "gt/private:1")
+        image = f"{registry.host}/gt/private:1"
+        dockerd.docker("image", "rm", image, "gt/pushme:2")
+        env_file = clab.tmp / "registry.env"
+        env_file.write_text(f"GPU_TRAIN_REGISTRY_USER={registry.user}\nGPU_TRAIN_REGISTRY_TOKEN={registry.password}\nSTEPS=100000\n")
+        code = project(clab)
+        run = clab.train("--dir", str(code), "--image", image, "--script", "train.py", "--env-file", str(env_file))
+        run_dir = clab.remote / "runs" / run
+        wait_for(lambda: (run_dir / "job" / "seen-0.json").exists(), timeout=120)
+        secret = registry.password.encode()
+        spec = json.loads((run_dir / "spec.json").read_text())
+        assert spec["env"].get("STEPS") == "100000" and not any(k.startswith("GPU_TRAIN_REGISTRY_") for k in spec["env"])
+        mounted = [run_dir, clab.remote / "data"]  # the container's mounts: the run's folder, DATA_DIR's
+        held = [str(p) for top in mounted for p in top.rglob("*") if p.is_file() and secret in p.read_bytes()]
+        assert held == []
+        kept = clab.remote / "secrets" / f"{run}.json"
+        assert kept.stat().st_mode & 0o777 == 0o600 and secret in kept.read_bytes()
+
+        env = {**os.environ, "DOCKER_HOST": dockerd.host, "PATH": f"{Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin"}
+
+        def agent(*args: str) -> dict:
+            out = subprocess.run(
+                [sys.executable, str(clab.remote / "bin" / "gpu-train-agent"), "--root", str(clab.remote), *args],
+                capture_output=True, text=True, timeout=180, env=env,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout.strip().splitlines()[-1])
+
+        assert agent("shutdown")["runs"] == [{"runId": run, "state": "interrupted"}]
+        wait_for(lambda: state(clab, run)["state"] == "interrupted" and not dockerd.out("ps", "-q"), timeout=60)
+        assert kept.exists()  # an interrupted run comes back: its pulls need them
+        dockerd.docker("container", "prune", "--force")
+        dockerd.docker("image", "rm", "--force", state(clab, run)["imageId"])  # gone from the host: pulled by digest
+        env_file.write_text("")
+        assert agent("boot")["actions"][0]["action"] == "resumed"
+        wait_for(lambda: (run_dir / "job" / "seen-1.json").exists(), timeout=120)
+        log = clab.log(run)
+        assert f"pulling it by its digest {digest}" in log and f"logged in to {registry.host}" in log
+        assert registry.password.encode() not in (run_dir / "log").read_bytes()
+        clab.fab("stop", "--run", run, check=True)
+        assert state(clab, run)["state"] == "stopped" and not kept.exists()  # ended: removed
     finally:
         registry.stop()
 

@@ -4,6 +4,9 @@ pinned to its digest, --image's checks, the contract's ContainerSpec, the unit's
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 
 from agent import container, registry, units
@@ -267,3 +270,30 @@ def test_login_keeps_the_token_off_argv_and_out_of_the_users_config():
     assert "--password-stdin" in argv and env == {"DOCKER_CONFIG": "/tmp/x"}
     argv, env = registry.login_argv("podman", "h:5000", "u", "/tmp/x")
     assert "--password-stdin" in argv and env == {"REGISTRY_AUTH_FILE": "/tmp/x/auth.json"}
+
+
+def test_registry_credentials_are_kept_0600_outside_the_run_and_go_when_it_ends(tmp_path):
+    from agent import prune, store
+
+    root = str(tmp_path)
+    run_dir = os.path.join(root, "runs", "job_1")
+    os.makedirs(run_dir)
+    env, secrets = registry.split({"A": "1", registry.TOKEN_ENV: "tok", registry.USER_ENV: "me"})
+    assert env == {"A": "1"} and secrets == {registry.TOKEN_ENV: "tok", registry.USER_ENV: "me"}
+    registry.keep(root, "job_1", secrets)
+    path = store.secrets_path(root, "job_1")
+    assert not path.startswith(run_dir + os.sep)  # the run's folder is its container's mount
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    assert registry.kept(root, "job_1") == secrets
+    os.chmod(path, 0o644)
+    assert registry.kept(root, "job_1") == {}  # a file others may read is not trusted
+    os.chmod(path, 0o600)
+    for state, kept in (("running", True), ("interrupted", True), ("failed", False)):
+        store.update_state(run_dir, state=state)
+        assert os.path.exists(path) is kept, state
+    registry.keep(root, "job_1", secrets)
+    prune.prune_run(run_dir)  # (its end removed them already: prune keeps the promise whatever ended it)
+    assert not os.path.exists(path)
+    registry.keep(root, "job_1", secrets)
+    registry.keep(root, "job_1", {})  # none: no file
+    assert not os.path.exists(path) and registry.kept(root, "job_1") == {}
