@@ -166,7 +166,7 @@ def expand(space: dict[str, Any]) -> list[dict[str, Any]]:
         size = math.prod(len(params[n]["values"]) for n in names)  # counted, not built: 10 values of 7 is 10**7
         if size > TRIALS_MAX:
             raise SpaceError(f"the grid has {size} trials, more than {TRIALS_MAX}: sweep fewer values, or method: random")
-        return [dict(zip(names, c, strict=True)) for c in itertools.product(*(params[n]["values"] for n in names))]
+        return [{n: c[k] for k, n in enumerate(names)} for c in itertools.product(*(params[n]["values"] for n in names))]
     rng = random.Random(space["seed"])
     out = []
     for _ in range(min(space["count"], TRIALS_MAX)):
