@@ -20,9 +20,11 @@ import stat
 
 from gpu_train.answers import TreeSummary
 from gpu_train.codec import answer
-from gpu_train.contract import UNREADABLE
+from gpu_train.contract import INTERRUPTED, TERMINAL, UNREADABLE, RunRecord
 
 from .store import read_json, read_state, write_json
+
+WRITE_SLACK_S = 2.0  # a write the job made just before its end was recorded (the clock's and the file system's grain)
 
 SENT = "sent.json"
 SKIP_DIRS = ("__pycache__",)
@@ -117,8 +119,10 @@ def listing(root: str, run_dir: str) -> list:
     code = os.path.join(run_dir, "code")
     doc = read_json(os.path.join(run_dir, SENT))
     sent = doc.get("files") if isinstance(doc, dict) else None
-    created_ns = int((read_state(run_dir).created or 0) * 1e9)
+    record = read_state(run_dir)
+    created_ns = int((record.created or 0) * 1e9)
     since_ns = created_ns if sent is None else 0
+    until_ns = quiet_since_ns(record)
     roots = skip_roots(root)
     data_roots = tuple(r for r in roots if r.rstrip(os.sep).endswith(os.sep + "data"))
     rows, folders, emitted = [], {}, set()
@@ -175,7 +179,7 @@ def listing(root: str, run_dir: str) -> list:
                 if not _into(folder, target, roots):
                     rows.append((rel, [rel, "l", 0, st.st_mtime_ns, 0o777, target]))
                 elif _into(folder, target, data_roots):
-                    rows.extend(written_through(os.path.join(folder, target), rel, created_ns, folders))
+                    rows.extend(written_through(os.path.join(folder, target), rel, created_ns, folders, until_ns))
     out = []
     for rel, row in rows:
         parts = rel.split("/")
@@ -188,17 +192,32 @@ def listing(root: str, run_dir: str) -> list:
     return out
 
 
-def written_through(target: str, rel: str, since_ns: int, folders: dict) -> list:
+def quiet_since_ns(record: RunRecord) -> int | None:
+    """When the run's job last could have written (ns): its end, or its interruption; None while it may
+    still write. A pushed file changed after that (a later `push` of the project's data) is not its output."""
+    if record.state in TERMINAL and record.ended:
+        return int((record.ended + WRITE_SLACK_S) * 1e9)
+    if record.state == INTERRUPTED and record.interrupted_at:
+        return int((record.interrupted_at + WRITE_SLACK_S) * 1e9)
+    return None
+
+
+def written_through(target: str, rel: str, since_ns: int, folders: dict, until_ns: int | None = None) -> list:
     """What the job wrote through a link to pushed data (``rel`` -> ``target`` in DATA_DIR): each file of
-    a linked folder changed since ``since_ns`` (ctime: rsync sets a pushed file's mtime, not its ctime),
-    as a row at its path under ``rel``; a linked file itself rewritten, as a row that says why it cannot
-    come home. Never follows a further link."""
+    a linked folder changed since ``since_ns`` (ctime: rsync sets a pushed file's mtime, not its ctime)
+    and, for a run that ended, no later than ``until_ns`` (what changed after it is a later push's, not
+    the job's), as a row at its path under ``rel``; a linked file itself rewritten, as a row that says why
+    it cannot come home. Never follows a further link."""
+
+    def by_the_job(ctime_ns: int) -> bool:
+        return since_ns < ctime_ns and (until_ns is None or ctime_ns <= until_ns)
+
     try:
         st = os.stat(target)
     except OSError:
         return []
     if stat.S_ISREG(st.st_mode):
-        if st.st_ctime_ns <= since_ns:
+        if not by_the_job(st.st_ctime_ns):
             return []
         return [
             (
@@ -218,7 +237,7 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict) -> list
 
     def unseen(err: OSError) -> None:  # a folder of the pushed data the job made unreadable: named, not skipped
         try:  # only one the run changed: a folder pushed as it is holds no output of this run
-            changed = os.lstat(err.filename or target).st_ctime_ns > since_ns
+            changed = by_the_job(os.lstat(err.filename or target).st_ctime_ns)
         except OSError:
             changed = False
         if changed and not isinstance(err, FileNotFoundError):
@@ -241,7 +260,7 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict) -> list
                 fst = os.lstat(os.path.join(folder, name))
             except OSError:
                 continue
-            if stat.S_ISREG(fst.st_mode) and fst.st_ctime_ns > since_ns:
+            if stat.S_ISREG(fst.st_mode) and by_the_job(fst.st_ctime_ns):
                 rows.append((prefix + name, [prefix + name, "f", fst.st_size, fst.st_mtime_ns, stat.S_IMODE(fst.st_mode), ""]))
     return rows
 
