@@ -107,7 +107,8 @@ def main() -> None:
             }
             train = [GPU_TRAIN, "train", "--script", "job.py", "--follow"]
             first = to_first_line(train, env, project)
-            shutil.rmtree(work / "remote" / "envs" / "proj")  # the venv gone, uv and its cache kept
+            (venv,) = [p for p in (work / "remote" / "envs").iterdir() if p.is_dir()]  # envs/PROJECT-ID: the one venv
+            shutil.rmtree(venv)  # the venv gone, uv and its cache kept
             rebuilt = to_first_line(train, env, project)
             again = to_first_line(train, env, project)  # nothing to make or install: the floor of the two above
             cache = subprocess.run(["du", "-sh", str(work / "remote" / "cache" / "uv")], capture_output=True, text=True).stdout.split()[0]
