@@ -89,6 +89,7 @@ def lying_run(run_id: object, job_dir: str, state: str = "succeeded") -> dict:
     return {
         "id": run_id,
         "base": "x",
+        "project": None,
         "state": state,
         "exitCode": 0,
         "jobDir": job_dir,
