@@ -3,8 +3,12 @@
 It listens on one loopback address. Every request must name that address and port in its Host header
 (a DNS-rebinding page's request names its own host: refused, 403) and start with the secret made at
 start (``/SECRET/``; anything else is 404, as if nothing listened). The secret is a URL's, and URLs leak
-(history, a screenshot), so it alone never allows an action: a POST must also come from the page itself,
-Origin and Sec-Fetch-Site saying so, as JSON (a cross-site form cannot send it without a preflight this
+(history, a screenshot, a process list), so it opens one session, once: the first GET of the page sets
+a session cookie (a fresh random value, HttpOnly, SameSite=Strict) and every later request (the page,
+its data, its logs, its actions) needs that cookie; the URL alone then reads nothing. Another browser
+gets in by a fresh one-time link (``/SECRET/?pass=...``) that the dashboard prints on its own terminal
+when the used one is asked again. Only the page itself can act: a POST must also come from it, Origin
+and Sec-Fetch-Site saying so, as JSON (a cross-site form cannot send it without a preflight this
 server never answers), carrying the per-start token the page got in a SameSite=Strict cookie both in
 that cookie and in a header. Responses forbid framing, sniffing and any other origin (CSP), and send
 no Referer.
@@ -18,6 +22,7 @@ import secrets
 import sys
 import threading
 import urllib.parse
+from collections.abc import Callable, Collection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpu_train.contract import is_run_id
@@ -30,6 +35,7 @@ from remote.dashboard.logs import Logs
 from remote.dashboard.poll import Watch
 
 COOKIE = "gpu_train_csrf"
+SESSION = "gpu_train_session"
 HEADER = "X-GPU-Train-CSRF"
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -39,14 +45,35 @@ LONG_POLL_S = 20.0  # a log request waits this long for new lines before it answ
 MAX_BODY = 4096
 
 
-def refusal(method: str, path: str, headers: dict[str, str], secret: str, token: str, own: str) -> tuple[int, str] | None:
+NO_SESSION = 401
+
+
+def cookie_values(header: str, name: str) -> list[str]:
+    """Every value a Cookie header gives ``name``: another 127.0.0.1 port's page can set one of the same
+    name (cookies are not port-scoped), so none of them hides ours."""
+    pairs = (part.strip().split("=", 1) for part in header.split(";") if "=" in part)
+    return [v.strip() for k, v in pairs if k.strip() == name]
+
+
+def any_matches(sent: list[str], wanted: Collection[str]) -> bool:
+    """Whether any value sent is one of ``wanted``, each compared in constant time."""
+    return any(hmac.compare_digest(s.encode(), w.encode()) for s in sent for w in wanted if w)
+
+
+def refusal(
+    method: str, path: str, headers: dict[str, str], secret: str, token: str, own: str, sessions: Collection[str]
+) -> tuple[int, str] | None:
     """Why a request is refused (status, reason), or None: ``own`` is this server's ``ADDRESS:PORT``;
-    ``headers`` by lower-case name. Pure, so the table of cases in the tests is the policy."""
+    ``headers`` by lower-case name; ``sessions`` the session cookies given out (NO_SESSION: none sent
+    matches, where a GET of the page may still open one with an unused link). Pure, so the table of cases
+    in the tests is the policy."""
     if headers.get("host") != own:
         return 403, "the Host header is not this dashboard's address (a DNS-rebinding page?)"
     prefix = f"/{secret}/"
     if not hmac.compare_digest(path[: len(prefix)].encode(), prefix.encode()) and path != f"/{secret}":
         return 404, "not found"
+    if not any_matches(cookie_values(headers.get("cookie", ""), SESSION), sessions):
+        return NO_SESSION, "no session: this dashboard's link opens one browser session, once; a fresh link is on its terminal"
     if method == "GET":
         return None
     if method != "POST":
@@ -57,9 +84,8 @@ def refusal(method: str, path: str, headers: dict[str, str], secret: str, token:
         return 403, "cross-site request refused (Sec-Fetch-Site)"
     if headers.get("content-type", "").split(";")[0].strip() != "application/json":
         return 403, "an action is JSON from the page"
-    cookies = dict(part.strip().split("=", 1) for part in headers.get("cookie", "").split(";") if "=" in part)
-    sent, said = cookies.get(COOKIE, ""), headers.get(HEADER.lower(), "")
-    if not (hmac.compare_digest(sent.encode(), token.encode()) and hmac.compare_digest(said.encode(), token.encode())):
+    said = headers.get(HEADER.lower(), "")
+    if not (any_matches(cookie_values(headers.get("cookie", ""), COOKIE), [token]) and hmac.compare_digest(said.encode(), token.encode())):
         return 403, "cross-site request refused (no token, or not this dashboard's)"
     return None
 
@@ -77,13 +103,17 @@ class Server(ThreadingHTTPServer):
 class Dashboard:
     """The server and what it serves: the pollers' shared answers, the log followers, the actions."""
 
-    def __init__(self, watch: Watch, address: str = "127.0.0.1", port: int = 0):
+    def __init__(self, watch: Watch, address: str = "127.0.0.1", port: int = 0, tell: Callable[[str], None] = print):
         self.watch = watch
         self.logs = Logs(watch.env)
         self.curves = Curves(watch.env)
         self.actions = Actions(watch.env, after=lambda a: self._kick(a.stack))
         self.secret = secrets.token_urlsafe(24)
         self.token = secrets.token_urlsafe(24)
+        self.sessions: set[str] = set()
+        self.passes: set[str] = {""}  # unused one-time links' passes: "" is the first URL's (no ?pass=)
+        self.tell = tell  # how a fresh link reaches the user: the dashboard's own terminal
+        self._lock = threading.Lock()
         self.stacks = [p.name for p in watch.pollers]
         handler = type("Handler", (Handler,), {"board": self})
         self.httpd = Server((address, port), handler)
@@ -91,6 +121,25 @@ class Dashboard:
         self.own = f"{address}:{self.port}"
         self.url = f"http://{self.own}/{self.secret}/"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="dashboard", daemon=True)
+
+    def link(self, pass_: str) -> str:
+        return self.url + (f"?pass={pass_}" if pass_ else "")
+
+    def open_session(self, pass_: str) -> str | None:
+        """A new session's cookie for an unused link's pass (the link is then used), or None. A used link
+        asked again makes a fresh one, told on the terminal only (one unused at a time)."""
+        with self._lock:
+            used = next((p for p in self.passes if hmac.compare_digest(p.encode(), pass_.encode())), None)
+            if used is not None:
+                self.passes.discard(used)
+                session = secrets.token_urlsafe(24)
+                self.sessions.add(session)
+                return session
+            if not self.passes:
+                fresh = secrets.token_urlsafe(24)
+                self.passes.add(fresh)
+                self.tell(f"the dashboard's link was used already (it opens one browser session); for another browser: {self.link(fresh)}")
+        return None
 
     def _kick(self, stack: str) -> None:
         p = self.watch.poller(stack)
@@ -153,11 +202,21 @@ class Handler(BaseHTTPRequestHandler):
         """The request's path after the secret and its query, or None after refusing it."""
         b = self.board
         url = urllib.parse.urlsplit(self.path)
-        why = refusal(self.command, url.path, self._headers(), b.secret, b.token, b.own)
+        query = urllib.parse.parse_qs(url.query)
+        why = refusal(self.command, url.path, self._headers(), b.secret, b.token, b.own, b.sessions)
+        if why is not None and why[0] == NO_SESSION and self.command in ("GET", "HEAD") and url.path in (f"/{b.secret}", f"/{b.secret}/"):
+            session = b.open_session(query.get("pass", [""])[0])
+            if session is not None:
+                # a page, not a redirect: the page's own navigation is same-site, so the Strict cookie goes along
+                cookie = f"{SESSION}={session}; Path=/{b.secret}/; SameSite=Strict; HttpOnly"
+                there = f'<!doctype html><meta http-equiv="refresh" content="0;url=/{b.secret}/"><a href="/{b.secret}/">dashboard</a>'
+                self._send(200, there.encode(), "text/html; charset=utf-8", {"Set-Cookie": cookie})
+                return None
+            why = 403, "this dashboard's link was used already (it opens one browser session): a fresh one is on its terminal"
         if why is not None:
             self._send(why[0], why[1].encode(), "text/plain; charset=utf-8")
             return None
-        return url.path[len(b.secret) + 2 :], urllib.parse.parse_qs(url.query)
+        return url.path[len(b.secret) + 2 :], query
 
     def do_GET(self) -> None:
         asked = self._refused()
@@ -209,9 +268,12 @@ class Handler(BaseHTTPRequestHandler):
         if rest != "api/action":
             self._send(404, b"not found", "text/plain; charset=utf-8")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._json({"error": "too long"}, 413)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self._json({"error": "Content-Length: 0 to 4096 bytes"}, 400 if length < 0 else 413)
             return
         try:
             doc = json.loads(self.rfile.read(length) or b"{}")

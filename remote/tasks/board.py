@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,22 @@ def can_open_browser(platform: str, environ: dict[str, str]) -> bool:
     return platform in ("darwin", "win32") or bool(environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"))
 
 
+def opener_file(url: str) -> Path:
+    """A file that sends the browser on to ``url``: the browser is started with this file's name, never the
+    URL (a command line is readable by every local user; this file, in a 0700 folder, is this user's only)."""
+    import html
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="gpu-train-dashboard-"))  # 0700
+    path = folder / "open.html"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(
+            f'<!doctype html><meta http-equiv="refresh" content="0;url={html.escape(url)}"><a href="{html.escape(url)}">the dashboard</a>\n'
+        )
+    return path
+
+
 def _watch(env: Environment, interval: float):
     from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack.project import project_name
@@ -72,17 +89,19 @@ def dashboard(c: Context, interval=None, port=None, address="127.0.0.1", no_brow
     interval = number("--interval", DEFAULT_INTERVAL_S if interval is None else interval, float, 1, 3600)
     port = number("--port", 0 if port is None else port, int, 0, 65535)
     try:
-        board = Dashboard(_watch(env, interval), loopback(address), port).start()
+        board = Dashboard(_watch(env, interval), loopback(address), port, tell=say).start()
     except OSError as e:
         raise GpuTrainError(f"the dashboard cannot listen on {address}:{port}: {e.strerror or e}") from None
     print(json.dumps({"url": board.url}) if json_ else board.url, flush=True)
     stacks = len(board.watch.pollers)
     say(f"dashboard of {stacks} stack(s), each asked every {interval:g} s while a page is open; Ctrl-C stops it")
+    opener = None
     if not no_browser:
         if can_open_browser(sys.platform, dict(os.environ)):
             import webbrowser
 
-            webbrowser.open(board.url)
+            opener = opener_file(board.url)
+            webbrowser.open(opener.as_uri())
         else:
             say(f"no desktop here: open the URL in your browser (from another machine: ssh -L {board.port}:{address}:{board.port} HOST)")
     try:
@@ -92,6 +111,8 @@ def dashboard(c: Context, interval=None, port=None, address="127.0.0.1", no_brow
         pass
     finally:
         board.stop()
+        if opener is not None:
+            shutil.rmtree(opener.parent, ignore_errors=True)
     say("dashboard stopped")
 
 

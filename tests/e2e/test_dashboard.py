@@ -164,7 +164,8 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         # the secret is required
         base = board.url.rsplit("/", 2)[0]
         assert status_of(f"{base}/") == 404 and status_of(f"{base}/api/board") == 404
-        assert status_of(board.url + "api/board") == 200
+        # the URL opened one session (the browser's); alone it now reads nothing
+        assert status_of(board.url + "api/board") == 401 and status_of(board.url) == 403
         assert not errors, errors
     finally:
         page.close()

@@ -13,11 +13,12 @@ import pytest
 
 from gpu_train.errors import UsageError
 from remote.dashboard import actions, page
-from remote.dashboard.server import COOKIE, HEADER, refusal
+from remote.dashboard.server import COOKIE, HEADER, NO_SESSION, SESSION, refusal
 from remote.tasks.board import can_open_browser, loopback
 
 # -- the server's guards ----------------------------------------------------------------------------
-OWN, SECRET, TOKEN = "127.0.0.1:8765", "s3cret", "t0ken"
+OWN, SECRET, TOKEN, SID = "127.0.0.1:8765", "s3cret", "t0ken", "s3ssion"
+IN = {"host": OWN, "cookie": f"{SESSION}={SID}"}
 
 
 GOOD = {
@@ -25,7 +26,7 @@ GOOD = {
     "origin": f"http://{OWN}",
     "sec-fetch-site": "same-origin",
     "content-type": "application/json",
-    "cookie": f"other=1; {COOKIE}={TOKEN}",
+    "cookie": f"other=1; {COOKIE}={TOKEN}; {SESSION}={SID}",
     HEADER.lower(): TOKEN,
 }
 
@@ -37,8 +38,17 @@ def without(name: str) -> dict:
 @pytest.mark.parametrize(
     ("method", "path", "headers", "status"),
     [
-        ("GET", f"/{SECRET}/", {"host": OWN}, None),
-        ("GET", f"/{SECRET}/api/board", {"host": OWN}, None),
+        ("GET", f"/{SECRET}/", IN, None),
+        ("GET", f"/{SECRET}/api/board", IN, None),
+        # the URL's secret alone reads nothing: a session cookie given out is needed
+        ("GET", f"/{SECRET}/", {"host": OWN}, NO_SESSION),
+        ("GET", f"/{SECRET}/api/board", {"host": OWN}, NO_SESSION),
+        ("GET", f"/{SECRET}/api/log", {**IN, "cookie": f"{SESSION}=guess"}, NO_SESSION),
+        ("GET", f"/{SECRET}/api/board", {**IN, "cookie": f"{SESSION}="}, NO_SESSION),
+        ("POST", f"/{SECRET}/api/action", {**GOOD, "cookie": f"{COOKIE}={TOKEN}"}, NO_SESSION),
+        # another 127.0.0.1 port's page set cookies of the same names: ours still count, wherever they are
+        ("POST", f"/{SECRET}/api/action", {**GOOD, "cookie": f"{COOKIE}={TOKEN}; {SESSION}={SID}; {COOKIE}=x; {SESSION}=y"}, None),
+        ("POST", f"/{SECRET}/api/action", {**GOOD, "cookie": f"{COOKIE}=x; {SESSION}=y; {COOKIE}={TOKEN}; {SESSION}={SID}"}, None),
         ("GET", "/", {"host": OWN}, 404),
         ("GET", "/api/board", {"host": OWN}, 404),
         ("GET", f"/{SECRET[:-1]}/api/board", {"host": OWN}, 404),
@@ -50,7 +60,8 @@ def without(name: str) -> dict:
         ("POST", f"/{SECRET}/api/action", without("origin"), 403),
         ("POST", f"/{SECRET}/api/action", {**GOOD, "sec-fetch-site": "cross-site"}, 403),
         ("POST", f"/{SECRET}/api/action", {**GOOD, "content-type": "text/plain"}, 403),  # a form's: no preflight
-        ("POST", f"/{SECRET}/api/action", without("cookie"), 403),
+        ("POST", f"/{SECRET}/api/action", without("cookie"), NO_SESSION),
+        ("POST", f"/{SECRET}/api/action", {**GOOD, "cookie": f"{SESSION}={SID}"}, 403),
         ("POST", f"/{SECRET}/api/action", without(HEADER.lower()), 403),
         ("POST", f"/{SECRET}/api/action", {**GOOD, HEADER.lower(): "guess"}, 403),
         ("POST", "/api/action", GOOD, 404),
@@ -58,7 +69,7 @@ def without(name: str) -> dict:
     ],
 )
 def test_refusal(method: str, path: str, headers: dict, status) -> None:
-    why = refusal(method, path, headers, SECRET, TOKEN, OWN)
+    why = refusal(method, path, headers, SECRET, TOKEN, OWN, {SID})
     assert (why[0] if why else None) == status
 
 
@@ -148,28 +159,88 @@ def ask(d, method: str, path: str, headers: dict | None = None, body: bytes | No
     return res
 
 
+def session_of(res: http.client.HTTPResponse) -> str:
+    cookie = res.getheader("Set-Cookie") or ""
+    assert cookie.startswith(f"{SESSION}=") and "SameSite=Strict" in cookie and "HttpOnly" in cookie, cookie
+    return cookie.split(";")[0]
+
+
 def test_the_server_answers_its_page_only_behind_its_secret(served) -> None:
     d = served
     assert ask(d, "GET", "/").status == 404 and ask(d, "GET", "/api/board").status == 404
     assert ask(d, "GET", f"/{d.secret}/", {"Host": "rebound.example:80"}).status == 403
-    res = ask(d, "GET", f"/{d.secret}/")
+    assert ask(d, "GET", f"/{d.secret}/api/board").status == 401  # the URL opens a session; it reads nothing
+    first = ask(d, "GET", f"/{d.secret}/")
+    assert first.status == 200 and b"csrf" not in first.read() and f"{d.token}" not in (first.getheader("Set-Cookie") or "")
+    you = {"Cookie": session_of(first)}
+    res = ask(d, "GET", f"/{d.secret}/", you)
     assert res.status == 200
     cookie = res.getheader("Set-Cookie")
     assert f"{COOKIE}={d.token}" in cookie and "SameSite=Strict" in cookie and "HttpOnly" in cookie
     assert "frame-ancestors 'none'" in res.getheader("Content-Security-Policy") and res.getheader("Referrer-Policy") == "no-referrer"
-    assert ask(d, "GET", f"/{d.secret}/assets/uPlot.iife.min.js").status == 200
-    assert ask(d, "GET", f"/{d.secret}/assets/../server.py").status == 404
+    assert ask(d, "GET", f"/{d.secret}/assets/uPlot.iife.min.js", you).status == 200
+    assert ask(d, "GET", f"/{d.secret}/api/board", you).status == 200
+    assert ask(d, "GET", f"/{d.secret}/assets/../server.py", you).status == 404
+
+
+def test_the_url_opens_one_session_once_and_the_terminal_gets_a_fresh_link(served) -> None:
+    d = served
+    told: list[str] = []
+    d.tell = told.append
+    first = ask(d, "GET", f"/{d.secret}/")
+    assert first.status == 200 and d.passes == set()
+    # whoever reads the URL later (a process list, history) gets neither the page, its token, nor a session
+    for path in (f"/{d.secret}/", f"/{d.secret}/api/board", f"/{d.secret}/api/log?stack=lab&run=r_1", f"/{d.secret}/?pass="):
+        res = ask(d, "GET", path)
+        assert res.status in (401, 403) and res.getheader("Set-Cookie") is None, path
+    assert ask(d, "GET", f"/{d.secret}/?pass=guess").status == 403
+    assert len(told) == 1 and d.url in told[0]  # one fresh link, on the terminal only
+    fresh = told[0].split()[-1]
+    again = ask(d, "GET", fresh.removeprefix(f"http://{d.own}"))
+    assert again.status == 200 and session_of(again) != session_of(first)
+    assert ask(d, "GET", fresh.removeprefix(f"http://{d.own}")).status == 403  # that one is used too
+    assert ask(d, "GET", f"/{d.secret}/api/board", {"Cookie": session_of(again)}).status == 200
 
 
 def test_a_cross_site_post_is_refused_and_the_pages_own_is_heard(served) -> None:
     d = served
     body = json.dumps({"action": "nope", "stack": "lab"}).encode()
-    own = {"Origin": f"http://{d.own}", "Content-Type": "application/json", "Cookie": f"{COOKIE}={d.token}", HEADER: d.token}
+    you = session_of(ask(d, "GET", f"/{d.secret}/"))
+    own = {"Origin": f"http://{d.own}", "Content-Type": "application/json", "Cookie": f"{COOKIE}={d.token}; {you}", HEADER: d.token}
     assert ask(d, "POST", f"/{d.secret}/api/action", {**own, "Origin": "http://evil.example"}, body).status == 403
     assert ask(d, "POST", f"/{d.secret}/api/action", {**own, "Content-Type": "text/plain"}, body).status == 403
     assert ask(d, "POST", f"/{d.secret}/api/action", {k: v for k, v in own.items() if k != HEADER}, body).status == 403
+    # a client that forges Origin and both tokens but has no session (it read the URL only) is refused
+    assert ask(d, "POST", f"/{d.secret}/api/action", {**own, "Cookie": f"{COOKIE}={d.token}"}, body).status == 401
     assert ask(d, "POST", f"/{d.secret}/api/action", own, body).status == 400  # past the locks: an unknown action
     assert d.actions.started == []
+
+
+@pytest.mark.parametrize("length", ["-1", "99999999999", "x"])
+def test_a_negative_huge_or_bad_content_length_is_refused(served, length: str) -> None:
+    d = served
+    you = session_of(ask(d, "GET", f"/{d.secret}/"))
+    own = {"Origin": f"http://{d.own}", "Content-Type": "application/json", "Cookie": f"{COOKIE}={d.token}; {you}", HEADER: d.token}
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+    conn.putrequest("POST", f"/{d.secret}/api/action", skip_host=True)
+    for k, v in {"Host": d.own, **own, "Content-Length": length}.items():
+        conn.putheader(k, v)
+    conn.endheaders()
+    assert conn.getresponse().status in (400, 413)
+    assert d.actions.started == []
+
+
+def test_the_browser_is_started_on_a_private_file_not_the_url(tmp_path: Path) -> None:
+    from remote.tasks.board import opener_file
+
+    url = "http://127.0.0.1:8765/s3cret/"
+    path = opener_file(url)
+    try:
+        assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+        assert url in path.read_text() and "s3cret" not in path.as_uri()
+    finally:
+        path.unlink()
+        path.parent.rmdir()
 
 
 def test_the_pollers_ask_only_while_a_page_looks(tmp_path: Path) -> None:
