@@ -213,8 +213,10 @@ def _answer(line: bytes, chan: paramiko.Channel) -> Ready | Waiting | Launched:
     return checked(Launched, doc, "the agent's launch answer (Launched)")
 
 
-def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tuple[int, str]:
+def stream(conn: Connection, command: str, out: Callable[[bytes], None], deadline: float | None = None) -> tuple[int, str]:
     """Run ``command``, passing stdout bytes to ``out`` as they come; (exit status, stderr).
+    Past ``deadline`` (a time.monotonic() value; None: none) the channel is closed and TimeoutError
+    raised: a host that never ends its answer does not hold the caller forever.
 
     The status is -1 when the connection ended before the command did: paramiko's channel closed
     without one, or the shared connection's `ssh` exiting 255 (mux.SSH_LOST, its own failure: the host's
@@ -222,10 +224,17 @@ def stream(conn: Connection, command: str, out: Callable[[bytes], None]) -> tupl
     chan = conn.client.get_transport().open_session()
     chan.exec_command(command)
     err = b""
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
     while True:
+        if late():
+            chan.close()
+            raise TimeoutError("the host's answer did not end in time")
         ready, _, _ = select.select([chan], [], [], 1.0)
         if ready or chan.recv_ready() or chan.recv_stderr_ready():
-            while chan.recv_ready():
+            while chan.recv_ready() and not late():
                 data = chan.recv(65536)
                 if data:
                     out(data)

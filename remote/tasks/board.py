@@ -23,6 +23,23 @@ from remote.tasks.trust import number
 DEFAULT_INTERVAL_S = 5.0
 REPORT_LOG_LINES = 200  # a run's last lines in a report
 REPORT_LOG_RUNS = 40  # the newest runs whose logs a report carries
+REPORT_LOG_BYTES = 1 << 20  # the most of one run's log a report keeps (its tail), whatever a host sends
+REPORT_LOG_S = 30.0  # the longest one run's log is read for a report
+
+
+class Tail:
+    """The last ``limit`` bytes written, in memory bounded by twice that whatever is written."""
+
+    def __init__(self, limit: int):
+        self.limit, self._kept = limit, bytearray()
+
+    def write(self, data: bytes) -> None:
+        self._kept += data[-self.limit :]
+        if len(self._kept) > 2 * self.limit:
+            del self._kept[: -self.limit]
+
+    def value(self) -> bytes:
+        return bytes(self._kept[-self.limit :])
 
 
 def loopback(address: str) -> str:
@@ -156,15 +173,15 @@ def snapshot(env: Environment, watch) -> dict:
             trials = {r["id"]: doc["curves"].get(f"{stack}/{r['id']}", []) for r in runs if sweep_of(r) == sweep}
             doc["best"][f"{stack}/{sweep}"] = best_trial(trials)
     for r in doc["runs"][:REPORT_LOG_RUNS]:
-        chunks: list[bytes] = []
+        kept = Tail(REPORT_LOG_BYTES)
         session = Session(env, r["stack"])
         try:
-            _stream_log(session, r["id"], REPORT_LOG_LINES, False, chunks.append, lambda: None)
+            _stream_log(session, r["id"], REPORT_LOG_LINES, False, kept.write, lambda: None, deadline=time.monotonic() + REPORT_LOG_S)
         except GpuTrainError as e:
-            chunks.append(f"(the log could not be read: {e})".encode())
+            kept.write(f"\n(the log could not be read: {e})".encode())
         finally:
             session.close()
         from remote.dashboard.logs import plain
 
-        doc["logs"][f"{r['stack']}/{r['id']}"] = plain(b"".join(chunks).decode("utf-8", "replace"))
+        doc["logs"][f"{r['stack']}/{r['id']}"] = plain(kept.value().decode("utf-8", "replace"))
     return doc

@@ -88,8 +88,11 @@ def follow_to_end(session: Session, run: str) -> None:
         _exit_with(trailer)
 
 
-def _stream_log(session: Session, run: str | None, lines: int, follow: bool, write, flush, scope: Sequence[str] = ()) -> LogEnd | None:
-    """One node's log from the agent, resuming at the right byte after a dropped connection."""
+def _stream_log(
+    session: Session, run: str | None, lines: int, follow: bool, write, flush, scope: Sequence[str] = (), deadline: float | None = None
+) -> LogEnd | None:
+    """One node's log from the agent, resuming at the right byte after a dropped connection; ``deadline``
+    (time.monotonic()) bounds a log that is not followed."""
     from agent.bundle import agent_command
     from gpu_train.errors import TerminalStream
     from remote.ssh import agentcall
@@ -110,7 +113,9 @@ def _stream_log(session: Session, run: str | None, lines: int, follow: bool, wri
         received = 0
         try:
             command = agent_command(session.target.remote_root, *args, cli=session.target.cli)
-            status, err = agentcall.stream(session.connect(), command, counted)
+            status, err = agentcall.stream(session.connect(), command, counted, deadline)
+        except TimeoutError:
+            raise GpuTrainError(f"{session.target.host}: the log did not end in time (a host streaming without end?)") from None
         except (OSError, EOFError) as e:
             status, err = -1, str(e)
         start = agentcall.start_offset(err)

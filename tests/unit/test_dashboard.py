@@ -309,3 +309,68 @@ def test_a_host_that_does_not_answer_is_asked_later_and_later(tmp_path: Path) ->
     p._back_off(False)
     p.kick()  # an action, or the first page after a quiet while: asked at once
     assert p._retry_at == 0.0
+
+
+# -- the report: what a hostile host streams is bounded ---------------------------------------------
+def test_a_report_keeps_a_bounded_tail_of_a_log() -> None:
+    from remote.tasks.board import Tail
+
+    kept = Tail(10)
+    for i in range(1000):
+        kept.write(f"{i:04d}\n".encode())
+        assert len(kept._kept) <= 20
+    assert kept.value() == b"0998\n0999\n"
+    kept.write(b"x" * 100)
+    assert kept.value() == b"x" * 10
+
+
+def test_a_log_stream_that_never_ends_is_given_up_at_its_deadline() -> None:
+    """A host that streams without end, faster than it is read: the stream stops at its deadline."""
+    import socket
+    import time
+    from types import SimpleNamespace
+
+    from remote.ssh import agentcall
+    from remote.tasks.board import Tail
+
+    ours, theirs = socket.socketpair()
+    theirs.send(b"!")  # always readable
+
+    class Endless:
+        closed = False
+
+        def fileno(self) -> int:
+            return ours.fileno()
+
+        def exec_command(self, command: str) -> None:
+            pass
+
+        def recv_ready(self) -> bool:
+            return True
+
+        def recv(self, n: int) -> bytes:
+            return b"y" * n
+
+        def recv_stderr_ready(self) -> bool:
+            return False
+
+        def exit_status_ready(self) -> bool:
+            return False
+
+        def close(self) -> None:
+            self.closed = True
+
+    chan = Endless()
+    conn = SimpleNamespace(
+        client=SimpleNamespace(get_transport=lambda: SimpleNamespace(open_session=lambda: chan)),
+        transport=SimpleNamespace(is_active=lambda: True),
+    )
+    kept = Tail(1 << 20)
+    began = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            agentcall.stream(conn, "logs", kept.write, deadline=began + 0.5)  # type: ignore[arg-type]
+    finally:
+        ours.close()
+        theirs.close()
+    assert time.monotonic() - began < 5 and chan.closed and len(kept.value()) == 1 << 20
