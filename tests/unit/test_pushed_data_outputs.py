@@ -27,17 +27,20 @@ def a_run(tmp_path: Path, state: str, ended: float | None, interrupted_at: float
 
 
 @pytest.mark.parametrize(
-    ("state", "ended", "interrupted_at", "counted"),
+    ("state", "ended_in", "interrupted_in", "counted"),  # seconds from now (ids stay the same on every worker)
     [
         (RUNNING, None, None, True),  # the job may have written it: it is counted (and comes home)
-        (SUCCEEDED, time.time() + 60, None, True),  # changed before the end: the job's
-        (SUCCEEDED, time.time() - 60, None, False),  # changed after the end: a later push's
-        (FAILED, time.time() - 60, None, False),
-        (INTERRUPTED, None, time.time() - 60, False),
-        (INTERRUPTED, None, time.time() + 60, True),
+        (SUCCEEDED, 60, None, True),  # changed before the end: the job's
+        (SUCCEEDED, -60, None, False),  # changed after the end: a later push's
+        (FAILED, -60, None, False),
+        (INTERRUPTED, None, -60, False),
+        (INTERRUPTED, None, 60, True),
     ],
 )
-def test_a_later_push_is_not_an_ended_runs_output(tmp_path: Path, state: str, ended, interrupted_at, counted: bool) -> None:
+def test_a_later_push_is_not_an_ended_runs_output(tmp_path: Path, state: str, ended_in, interrupted_in, counted: bool) -> None:
+    now = time.time()
+    ended = None if ended_in is None else now + ended_in
+    interrupted_at = None if interrupted_in is None else now + interrupted_in
     root, data = a_run(tmp_path, state, ended, interrupted_at)
     (data / "input.txt").write_text("pushed again, later\n")  # its ctime: now
     rows = [row[0] for row in outputs.listing(root, os.path.join(root, "runs", "r1"))]
