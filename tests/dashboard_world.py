@@ -215,10 +215,20 @@ class Dashboard:
         assert line.startswith("{"), self.proc.stderr.read() if self.proc.poll() is not None else line  # type: ignore[union-attr]
         self.url = json.loads(line)["url"]
 
+        self.said: list[str] = []
+
+    def told(self, words: str) -> str:
+        """The dashboard's next line on its terminal (stderr) that holds ``words``."""
+        while (line := self.proc.stderr.readline()) and words not in line:  # type: ignore[union-attr]
+            self.said.append(line)
+        assert words in line, "".join(self.said)
+        self.said.append(line)
+        return line
+
     def stop(self) -> str:
         self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=60)
-        return err
+        return "".join(self.said) + err
 
 
 @pytest.fixture

@@ -72,10 +72,10 @@ def refusal(
     prefix = f"/{secret}/"
     if not hmac.compare_digest(path[: len(prefix)].encode(), prefix.encode()) and path != f"/{secret}":
         return 404, "not found"
-    if not any_matches(cookie_values(headers.get("cookie", ""), SESSION), sessions):
-        return NO_SESSION, "no session: this dashboard's link opens one browser session, once; a fresh link is on its terminal"
+    no_session = NO_SESSION, "no session: this dashboard's link opens one browser session, once; a fresh link is on its terminal"
+    in_session = any_matches(cookie_values(headers.get("cookie", ""), SESSION), sessions)
     if method == "GET":
-        return None
+        return None if in_session else no_session
     if method != "POST":
         return 405, "method not allowed"
     if headers.get("origin") != f"http://{own}":
@@ -84,6 +84,8 @@ def refusal(
         return 403, "cross-site request refused (Sec-Fetch-Site)"
     if headers.get("content-type", "").split(";")[0].strip() != "application/json":
         return 403, "an action is JSON from the page"
+    if not in_session:
+        return no_session
     said = headers.get(HEADER.lower(), "")
     if not (any_matches(cookie_values(headers.get("cookie", ""), COOKIE), [token]) and hmac.compare_digest(said.encode(), token.encode())):
         return 403, "cross-site request refused (no token, or not this dashboard's)"

@@ -97,7 +97,8 @@ def _watch(env: Environment, interval: float):
 def dashboard(c: Context, interval=None, port=None, address="127.0.0.1", no_browser=False, json_=False):
     """Every stack, run and GPU of this project in your browser, live: costs, warnings, logs and curves.
 
-    A local page (a secret in its URL, made at each start), opened in your browser; Ctrl-C stops it.
+    A local page (a secret in its URL, made at each start, that opens one browser session once; another
+    browser gets a fresh link printed here), opened in your browser; Ctrl-C stops it.
     Each stack is asked once per interval, however many tabs are open, and not at all while none looks.
     """
     from remote.dashboard.server import Dashboard

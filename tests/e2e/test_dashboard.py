@@ -63,7 +63,8 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
     longer = w.train("lab", "pretrain", "120", "0.003", "0.25", str(w.tmp / "release-pretrain"))  # 30 s of points
     tokens, lists = google_calls(w.google)
     board = Dashboard(w, "--interval", "1")
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    yours = browser.new_context(viewport={"width": 1440, "height": 1000})  # the user's browser: its tabs share a session
+    page = yours.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
@@ -79,10 +80,17 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         assert "idle while billed at $0.35/h" in warnings and "coming back (attempt 2, zone out of capacity" in warnings, warnings
         assert "outputs only on the host" in warnings
         # three tabs cost the host what one does: one agent call (an SSH session) per interval
-        tabs = [browser.new_page() for _ in range(2)]
+        tabs = [yours.new_page() for _ in range(2)]  # (tabs of the same browser: its session)
         for tab in tabs:
             tab.goto(board.url)
             tab.wait_for_selector('article[data-stack="t4"] .gpu')
+        # another browser: the used URL is refused; the dashboard's terminal gives it a fresh one-time link
+        stranger = browser.new_page()
+        assert stranger.goto(board.url).status == 403
+        told = board.told("for another browser: ")
+        stranger.goto(told.split()[-1])
+        stranger.wait_for_selector('article[data-stack="t4"] .gpu')
+        stranger.close()
         before, started = sessions(w.vm), time.monotonic()
         time.sleep(5)
         while sessions(w.vm) == before and time.monotonic() - started < 60:  # (a loaded machine: a look takes long)
@@ -119,7 +127,7 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         # a cross-site form POST to the dashboard is refused, and nothing was stopped
         evil = evil_site(board.url, live)
         try:
-            other = browser.new_page()
+            other = yours.new_page()  # (the user's own browser, with the dashboard's session)
             other.goto(f"http://{EVIL_ADDRESS}:{evil.server_address[1]}/")
             expect(other.locator("body")).to_contain_text("cross-site request refused", timeout=30000)
             other.close()
@@ -168,7 +176,7 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
         assert status_of(board.url + "api/board") == 401 and status_of(board.url) == 403
         assert not errors, errors
     finally:
-        page.close()
+        yours.close()
         err = board.stop()
     assert "dashboard stopped" in err and "Traceback" not in err, err
 
