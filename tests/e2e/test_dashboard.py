@@ -199,3 +199,33 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
     assert asked == [path.as_uri()], asked
     context.close()
     shutil.rmtree(w.vm_root / "runs", ignore_errors=True)
+
+
+@pytest.mark.e2e  # (a real browser)
+def test_the_browser_opened_on_the_private_file_gets_the_page_and_the_session(browser, tmp_path: Path) -> None:
+    """What `dashboard` starts the browser on (a 0600 file, never the URL on a command line) brings it to the
+    page with its session; after that the URL alone reads nothing."""
+    from gpu_train.catalog.loader import load_catalog
+    from gpu_train.environment import Environment
+    from remote.dashboard.poll import Watch
+    from remote.dashboard.server import SESSION, Dashboard
+    from remote.tasks.board import opener_file
+    from tests.dashboard_world import status_of
+
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.lab.yaml").write_text("config:\n  gpu-train:target: ssh\n  gpu-train:hosts: [me@127.0.42.250:9]\n")
+    env = Environment(stacks_dir=tmp_path / "stacks", home=tmp_path / "state", cwd=tmp_path, project=tmp_path)
+    d = Dashboard(Watch(env, load_catalog(), 3600, "proj"), "127.0.0.1", tell=lambda _: None).start()
+    opener = opener_file(d.url)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(opener.as_uri())
+        page.wait_for_selector('article[data-stack="lab"]')
+        assert page.url == d.url
+        assert any(c["name"] == SESSION and c["httpOnly"] and c["sameSite"] == "Strict" for c in context.cookies())
+        assert status_of(d.url) == 403 and status_of(d.url + "api/board") == 401
+    finally:
+        context.close()
+        d.stop()
+        shutil.rmtree(opener.parent)
