@@ -54,7 +54,8 @@ class TrainOptions:
     ps: int | None = None
     stack: str | None = None
     timeout: float | None = None
-    project: str | None = None  # the project's id (gpu_train/identity.py): the synced folder's, or the project root's
+    project: str | None = None  # the project's id (gpu_train/identity.py), when given; else project_folder's
+    project_folder: Path | None = None  # whose id the run carries: the synced folder, or the project root's folder
 
     @classmethod
     def read(
@@ -74,11 +75,11 @@ class TrainOptions:
     ) -> TrainOptions:
         """The flags as Invoke gives them (strings, None for unset), checked before anything is sent:
         a bad value is a UsageError naming the flag."""
-        code_dir, script, project = training_folder_of(environment, dir, rest.pop("script", None))
+        code_dir, script, project_folder = training_folder_of(environment, dir, rest.pop("script", None))
         return cls(
             code_dir=code_dir,
             script=script,
-            project=project,
+            project_folder=project_folder,
             env=tuple(env or ()),
             env_files=_read_env_files(list(env_file or [])),
             nproc=trust.number("--nproc", nproc, int, 1, 1024),
@@ -104,10 +105,12 @@ class Started:
 def start_run(environment: Environment, opts: TrainOptions) -> Started:
     """Sync the code and launch ``opts`` on every node of its stack; every node started, or none."""
     from gpu_train import jobs
+    from gpu_train.identity import ProjectIds
     from remote.transfer import codehop
 
     session = Session(environment, opts.stack, opts.timeout)
-    cluster = session.cluster
+    cluster = session.cluster  # the stack checked: nothing is written before it passed (a project's id included)
+    project = opts.project or ProjectIds(environment.state_home).id_for(opts.project_folder or opts.code_dir)
     base = jobs.base_name(opts.name, opts.script, opts.command)
     run = jobs.run_id(base, datetime.now())
     spec = jobs.job_spec(
@@ -134,7 +137,7 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         spec,
         launcher=chosen,
         nproc=opts.nproc or cluster.gpus_per_node,
-        project=opts.project or environment.project_of(opts.code_dir)[1],
+        project=project,
         venv=cluster.venv,
         notify=notify_url(cluster.stack, cluster.notify),
         needs_torch=jobs.needs_torch(opts.code_dir, spec.script, chosen) and not spec.container,
@@ -206,18 +209,19 @@ def notifying_node0(specs: list) -> list:
     return [s if i == 0 else dataclasses.replace(s, notify=None) for i, s in enumerate(specs)]
 
 
-def training_folder_of(environment: Environment, given: str | None, script: str | None) -> tuple[Path, str | None, str]:
-    """(the folder to sync and run in, --script as a path in it, the project's id): identity.training_folder.
+def training_folder_of(environment: Environment, given: str | None, script: str | None) -> tuple[Path, str | None, Path]:
+    """(the folder to sync and run in, --script as a path in it, the project's folder, whose id the run
+    carries: made only once the stack passed, in start_run): identity.training_folder.
     A folder inside the project root is a project of its own (a monorepo's example); code from outside
     it is the project root's. Said when it is a folder below the one the user is in."""
-    from gpu_train.identity import ProjectIds, shown_path, training_folder
+    from gpu_train.identity import ProjectIds, project_folder, shown_path, training_folder
 
     root, ids = environment.project_root, ProjectIds(environment.state_home)
     code_dir, script = training_folder(environment.cwd, root, ids.known(), given, script)
     if not code_dir.is_dir():
         raise UsageError(f"--dir {given}: no such directory ({code_dir}; --dir is a path from where you are)")
     inside = code_dir == root or code_dir.is_relative_to(root)
-    project = ids.id_for(code_dir) if inside else environment.project_of(root)[1]
+    project = code_dir if inside else project_folder(root, root, ids.known())
     if inside and code_dir != environment.cwd.resolve() and code_dir.is_relative_to(environment.cwd.resolve()):  # a monorepo's
         own = [f for f in ("requirements.txt", "pyproject.toml") if (code_dir / f).is_file()]
         say(

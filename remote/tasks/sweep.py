@@ -178,6 +178,7 @@ def plan(o: dict, gpus: list[int], base: str) -> tuple[list[dict], list[list[lis
 
 def start(environment: Environment, session: Session, o: dict) -> None:
     from gpu_train import jobs
+    from gpu_train.identity import ProjectIds
     from gpu_train.stack.agentdoc import settings_part
     from remote.tasks.launching import pushed_data, training_folder_of
     from remote.transfer import sync
@@ -192,7 +193,8 @@ def start(environment: Environment, session: Session, o: dict) -> None:
     trials, node_slots, _ = plan(o, node_gpus(session), base)
     slots_total = sum(len(s) for s in node_slots)
     stamp = datetime.now().strftime("_%Y%m%d_%H%M%S")
-    code_dir, script, project = training_folder_of(environment, None, o["script"])  # a monorepo's example too
+    code_dir, script, folder = training_folder_of(environment, None, o["script"])  # a monorepo's example too
+    project = ProjectIds(environment.state_home).id_for(folder)  # (the stack passed: session.cluster above)
     spec = jobs.job_spec(
         run=f"{base}{stamp}",
         base=base,
