@@ -91,7 +91,8 @@ class FabUser:
             return ""
 
     def status(self) -> dict:
-        return json.loads(self.fab("status", "--json", check=True).stdout)
+        # every project's runs: two FabUsers are two laptops (two project ids) looking at one VM's runs
+        return json.loads(self.fab("status", "--json", "--all-projects", check=True).stdout)
 
     def run_status(self, run: str) -> dict:
         return next(r for r in self.status()["runs"] if r["id"] == run)
