@@ -91,24 +91,19 @@ def _session(creds):
 
 def get_json(creds, url: str, params: dict | list | None = None) -> dict:
     """One authorised GET; raises RuntimeError with Google's own error message."""
-    try:
-        r = _session(creds).get(url, params=params, timeout=TIMEOUT_S)
-    except Exception as e:  # token refresh or network: both read the same to a user
-        raise RuntimeError(f"{type(e).__name__}: {e}") from None
-    if r.status_code != 200:
-        try:
-            message = r.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = r.text[:200]
-        raise RuntimeError(f"HTTP {r.status_code}: {message}")
-    return r.json()
+    return _answer(lambda: _session(creds).get(url, params=params, timeout=TIMEOUT_S))
 
 
 def post_json(creds, url: str, params: dict | None = None, body: dict | None = None) -> dict:
     """One authorised POST; raises RuntimeError with Google's own error message."""
+    return _answer(lambda: _session(creds).post(url, params=params, json=body, timeout=TIMEOUT_S))
+
+
+def _answer(send) -> dict:
+    """The JSON of a 200 answer to ``send()``; RuntimeError with Google's own error message otherwise."""
     try:
-        r = _session(creds).post(url, params=params, json=body, timeout=TIMEOUT_S)
-    except Exception as e:
+        r = send()
+    except Exception as e:  # token refresh or network: both read the same to a user
         raise RuntimeError(f"{type(e).__name__}: {e}") from None
     if r.status_code != 200:
         try:
