@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from gpu_train.contract import node_roles
+
 POOLS = {"chief": "workerpool0", "worker": "workerpool1", "ps": "workerpool2"}  # Vertex's pools by position
 
 
@@ -19,7 +21,7 @@ def cluster_env(node: dict, nproc: int) -> dict:
     hosts = node.get("hosts") or [node.get("masterAddr", "localhost")]
     tf_port, ps = int(node.get("tfPort", 2222)), int(node.get("ps", 0))
     addresses = [f"{h}:{tf_port}" for h in hosts]
-    roles = ["chief"] + ["worker"] * (nnodes - 1 - ps) + ["ps"] * ps
+    roles = node_roles(nnodes, ps)
     cluster = {"chief": addresses[:1]}
     if nnodes - 1 - ps:
         cluster["worker"] = addresses[1 : nnodes - ps]

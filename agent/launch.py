@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu_train.answers import Launched, Ready, Waiting
 from gpu_train.codec import answer
-from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker
+from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker, node_roles
 from gpu_train.ownership import project_dirs
 
 from . import container, hostcheck, notify, outputs, registry, units
@@ -103,6 +103,21 @@ def refuse_if_busy(root: str, base: str, project: str | None) -> None:
         )
 
 
+def check_pool(spec: JobSpec) -> None:
+    """A pool's own job (`train --pools`) only on a node of that pool: its place in the cluster says which."""
+    if spec.pool is None:
+        return
+    node = spec.node or {}
+    place = {k: node.get(k, d) for k, d in (("rank", 0), ("nnodes", 1), ("ps", 0))}
+    rank, nnodes, ps = (v if isinstance(v, int) else -1 for v in place.values())
+    roles = node_roles(nnodes, ps) if nnodes > 0 and ps >= 0 else []
+    where = roles[rank] if 0 <= rank < len(roles) else "unknown"
+    if where != spec.pool or not spec.container:
+        raise AgentError(
+            f"this node's spec is the {spec.pool} pool's job, but the node is the cluster's {where} (node {rank}): not started"
+        )
+
+
 def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
     """Move the synced code into place and start the job under screen.
 
@@ -114,6 +129,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
     except ValueError as e:
         raise AgentError(str(e)) from None
     run_id, base = spec.run_id, spec.base
+    check_pool(spec)
     notify.write_url(root, spec.notify)  # the webhook: 0600, never in spec.json
     if spec.agent_settings:  # the stack's settings (maxResumes, idle stop, ...) for boot and tick
         write_settings(root, spec.agent_settings)

@@ -195,7 +195,14 @@ class JobSpec(Document):
     path: str | None = None  # set by launch on the host: the login's PATH, for relaunches without a login
     externally_managed: bool = False  # set by launch: the job's Python refuses installs of its own (PEP 668)
     container: ContainerSpec | None = None  # `--image` (or the stack's gpu-train:image): the job runs in a container
+    pool: str | None = None  # `train --pools`: this node runs its pool's own job (its place in node_roles, checked there)
     WHAT, REQUIRED = "the job spec", ("run_id", "base")
+
+
+def node_roles(nnodes: int, ps: int) -> list[str]:
+    """Each node's pool by its rank, as AI Platform and Vertex AI lay a cluster out: node 0 the chief, then
+    the workers, the last ``ps`` nodes parameter servers (TF_CONFIG's task types; `train --pools`)."""
+    return ["chief"] + ["worker"] * (nnodes - 1 - ps) + ["ps"] * ps
 
 
 # In a fan-out (several nodes, the code sent once), the laptop's "go" to a node's waiting launch is one

@@ -5,6 +5,7 @@ Apart from the stack's settings (translate.py): it is the part of an import the 
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from gpu_train.importing.importer import CHANGED, EXACT, NOT_MAPPED, Container, JobDescription, Note
 
@@ -21,16 +22,33 @@ def job_env(job: JobDescription) -> dict[str, str]:
     return {**job.env, **dict(chief.env if chief else ())}
 
 
-def train_command(job: JobDescription, stack: str, ps: int, notes: list[Note], env_file: str | None = None) -> list[str]:
+def train_command(
+    job: JobDescription,
+    stack: str,
+    ps: int,
+    notes: list[Note],
+    env_file: str | None = None,
+    pools: dict[str, dict[str, Any]] | None = None,
+    pools_file: str = "POOLS.yaml",
+) -> list[str]:
     """`gpu-train train` running the job's module (or its container) with its arguments and environment,
     its output folder handed over as the platform did (``ps``: the last nodes that are TF parameter
     servers, 0 for none). With ``env_file`` the environment's values go there (the caller writes it,
-    0600), the command names the file: no value is on a command line or in a shell's history."""
+    0600), the command names the file: no value is on a command line or in a shell's history. Pools
+    that run another job than the chief's (``pools``: pool_jobs') are named by ``--pools pools_file``."""
     chief = job.containers.get("chief")
-    pools_differ(job, notes)
     gcs_paths(job, notes)
     if chief is not None and not chief.package:
-        return own_program(job, chief, stack, ps, notes, env_file)
+        argv = own_program(job, chief, stack, ps, notes, env_file)
+    else:
+        argv = package_command(job, chief, stack, ps, notes, env_file)
+    return [*argv, "--pools", pools_file] if pools else argv
+
+
+def package_command(
+    job: JobDescription, chief: Container | None, stack: str, ps: int, notes: list[Note], env_file: str | None
+) -> list[str]:
+    """The job's Python module (on the host, or inside a prebuilt executor image) with its arguments."""
     argv = ["gpu-train", "train", "--stack", stack]
     if chief is not None:
         argv += ["--image", chief.image]
@@ -49,8 +67,7 @@ def train_command(job: JobDescription, stack: str, ps: int, notes: list[Note], e
     flag = bool(job.job_dir) and not job.output_env
     prefix = VERTEX_OUTPUTS if job.job_dir and job.output_env else ""
     if job.python_module:
-        text = prefix + shlex.join(["python", "-m", job.python_module, *job.args]) + (' --job-dir "$JOB_DIR"' if flag else "")
-        argv += ["--command", text]
+        argv += ["--command", module_command(job, job.python_module, job.args)]
         notes.append(Note("pythonModule", EXACT, f"python -m {job.python_module}, from the synced package folder"))
     else:
         argv += (
@@ -118,19 +135,52 @@ def own_program(job: JobDescription, chief: Container, stack: str, ps: int, note
     return argv
 
 
-def pools_differ(job: JobDescription, notes: list[Note]) -> None:
-    """Every node runs the chief's container: a pool with another image, command or arguments is said."""
+def module_command(job: JobDescription, module: str, args: list[str] | tuple[str, ...]) -> str:
+    """``python -m MODULE ARGS``, the output folder handed over as the platform did."""
+    flag = bool(job.job_dir) and not job.output_env
+    prefix = VERTEX_OUTPUTS if job.job_dir and job.output_env else ""
+    return prefix + shlex.join(["python", "-m", module, *args]) + (' --job-dir "$JOB_DIR"' if flag else "")
+
+
+def pool_job(job: JobDescription, c: Container, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One pool's job in --pools' words (gpu_train/pooljobs.py): its image's own program (command
+    replacing ENTRYPOINT, args CMD; AI Platform's job args where the pool gives none), or its Python
+    package's module inside the prebuilt image; ``env`` (default: the pool's own) its whole environment."""
+    out: dict[str, Any] = {"image": c.image}
+    if c.package:
+        module = c.module or job.python_module or "YOUR_MODULE"
+        out["command"] = module_command(job, module, list(c.args) if c.module else job.args)
+    else:
+        if c.command:
+            out["entrypoint"] = list(c.command)
+        if args := list(c.args) or job.args:
+            out["args"] = args
+    if env := dict(c.env) if env is None else env:
+        out["env"] = env
+    return out
+
+
+def pool_jobs(job: JobDescription, notes: list[Note], pools_file: str) -> dict[str, dict[str, Any]]:
+    """The worker and parameter-server pools whose container differs from the chief's, each as its own
+    job (image, entrypoint and args or command, env): what `train --pools` runs on their nodes."""
     chief = job.containers.get("chief")
-    for role, other in sorted(job.containers.items()):
-        if role != "chief" and other != chief:
-            notes.append(
-                Note(
-                    f"{role} pool's container",
-                    CHANGED,
-                    f"{other.image} {shlex.join(other.command + other.args)}".strip()
-                    + ": every node runs the chief's container; build one image that branches on CLUSTER_SPEC's task type",
-                )
+    same = pool_job(job, chief, job_env(job)) if chief is not None else None
+    pools = {}
+    for role in ("worker", "ps"):
+        c = job.containers.get(role)
+        if c is None or (own := pool_job(job, c)) == same:
+            continue
+        pools[role] = own
+        what = own.get("command") or shlex.join([*own.get("entrypoint", ()), *own.get("args", ())]) or "its ENTRYPOINT and CMD"
+        env = f", env {', '.join(sorted(own['env']))}" if own.get("env") else ""
+        notes.append(
+            Note(
+                f"{role} pool's container",
+                EXACT,
+                f"{c.image}: {what}{env}, on the {role} nodes (--pools {pools_file}, 0600: the values are there)",
             )
+        )
+    return pools
 
 
 def gcs_paths(job: JobDescription, notes: list[Note]) -> None:

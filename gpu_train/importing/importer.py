@@ -65,6 +65,7 @@ class Container:
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     package: bool = False
+    module: str | None = None  # a package's pythonModule (with ``args``), where its pool names its own
 
 
 @dataclass
@@ -324,7 +325,11 @@ def read_vertex(doc: Any, region: str | None = None) -> JobDescription:
                 job.args += [str(a) for a in py.get("args") or []]
                 job.env.update({e["name"]: str(e.get("value", "")) for e in py.get("env") or [] if "name" in e})
             if py.get("executorImageUri"):
-                job.containers[_POOL_ROLES[index]] = Container(str(py["executorImageUri"]), package=True)
+                env = tuple((str(e["name"]), str(e.get("value", ""))) for e in py.get("env") or [] if isinstance(e, dict) and "name" in e)
+                module, words = py.get("pythonModule"), tuple(str(a) for a in py.get("args") or [])
+                job.containers[_POOL_ROLES[index]] = Container(
+                    str(py["executorImageUri"]), (), words, env, package=True, module=str(module) if module else None
+                )
         spec_ = pool.get("containerSpec")
         if isinstance(spec_, dict) and spec_.get("imageUri"):
             env = tuple((str(e["name"]), str(e.get("value", ""))) for e in spec_.get("env") or [] if isinstance(e, dict) and "name" in e)

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu_train.catalog.model import FLEX_START, ON_DEMAND, SPOT, Catalog
 from gpu_train.gcp.shape_rules import nearest_regions
-from gpu_train.importing.command import job_env, train_command
+from gpu_train.importing.command import job_env, pool_jobs, train_command
 from gpu_train.importing.importer import CHANGED, EXACT, NOT_MAPPED, JobDescription, JobImportError, Note, Replica, Tables, together
 
 NAMESPACE = "gpu-train"
@@ -50,6 +50,7 @@ class Translation:
     train: list[str]
     notes: list[Note] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # the job's environment: the caller writes it to env_file (0600)
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # pools with jobs of their own: to pools_file (0600)
 
 
 def accelerator_type(name: str, catalog: Catalog, tables: Tables) -> str:
@@ -245,6 +246,7 @@ def translate(
     project: str | None = None,
     ssh_ranges: tuple[str, ...] = (),
     env_file: str | None = None,
+    pools_file: str = "POOLS.yaml",
 ) -> Translation:
     """The stack settings and train command for a job (validation is the caller's next step).
 
@@ -353,5 +355,6 @@ def translate(
             )
         )
     # With pools the stack itself says which nodes are parameter servers; `--ps` is for `nodes`.
-    train = train_command(job, stack, 0 if not uniform else ps, notes, env_file)
-    return Translation(stack, settings, train, notes, job_env(job))
+    pools = pool_jobs(job, notes, pools_file)  # (each pool's own image, command, args and env: `train --pools`)
+    train = train_command(job, stack, 0 if not uniform else ps, notes, env_file, pools, pools_file)
+    return Translation(stack, settings, train, notes, job_env(job), pools)

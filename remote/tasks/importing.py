@@ -57,6 +57,15 @@ def _write_env(path: Path, env: dict[str, str]) -> None:
     atomic_write(path, "".join(f"{k}={v}\n" for k, v in sorted(quoted.items())), mode=0o600, keep_mode=False)
 
 
+def _write_pools(path: Path, pools: dict, source: str) -> None:
+    """The worker and ps pools' own jobs as `train --pools` reads them (0600: their env values are there)."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    header = f"# Written by `gpu-train import` from {source}: what each pool's nodes run (node 0 runs the train command's job).\n"
+    atomic_write(path, header + yaml.safe_dump(pools, sort_keys=False, default_flow_style=False), mode=0o600, keep_mode=False)
+
+
 @task(
     name="import",
     positional=["source"],
@@ -108,8 +117,9 @@ def import_job(
             job.region = job.region or region
             origin, name = "gcloud ai-platform jobs submit training", "imported"
         stack_name = stack or name.replace("_", "-")
-        env_file = Environment.of(c).state_home / "imports" / f"{stack_name}.env"  # the job's env values: 0600, not the stack
-        result = translate.translate(job, stack_name, catalog, tables, project, tuple(ssh_from or ()), str(env_file))
+        imports = Environment.of(c).state_home / "imports"  # the job's env values: 0600, not the stack
+        env_file, pools_file = imports / f"{stack_name}.env", imports / f"{stack_name}.pools.yaml"
+        result = translate.translate(job, stack_name, catalog, tables, project, tuple(ssh_from or ()), str(env_file), str(pools_file))
     except importer.JobImportError as e:
         raise UsageError(f"cannot import {file or 'the gcloud command'}: {e}") from None
     try:
@@ -121,6 +131,8 @@ def import_job(
     _write_stack(path, result.settings, origin, stack_name, force)
     if result.env:
         _write_env(env_file, result.env)
+    if result.pools:
+        _write_pools(pools_file, result.pools, origin)
     errors = [p for p in problems if p.severity == "error"]
     if json:
         import json as json_lib  # (the task's --json flag takes the name)

@@ -28,6 +28,7 @@ from remote.tasks.session import CLI, Cancelled, Session, failures, on_every_nod
 
 if TYPE_CHECKING:
     from gpu_train.answers import Launched, Waiting
+    from gpu_train.pooljobs import PoolJob
     from remote.ssh.target import Target
     from remote.transfer.codehop import CodeFanout
 
@@ -48,6 +49,7 @@ class TrainOptions:
     resume_if: str | None = None
     image: str | None = None  # --image, else the stack's gpu-train:image (`none`: on the host)
     entrypoint: str = ""
+    pools: dict[str, PoolJob] = field(default_factory=dict)  # --pools: the worker and ps pools' own jobs (gpu_train.pooljobs)
     launcher: str | None = None
     nproc: int | None = None
     port: int = 29500
@@ -71,6 +73,7 @@ class TrainOptions:
         pass_job_dir: object = False,
         args: str | None = "",
         resume_args: str | None = "",
+        pools: str | None = None,
         **rest: Any,
     ) -> TrainOptions:
         """The flags as Invoke gives them (strings, None for unset), checked before anything is sent:
@@ -82,6 +85,7 @@ class TrainOptions:
             project_folder=project_folder,
             env=tuple(env or ()),
             env_files=_read_env_files(list(env_file or [])),
+            pools=_read_pools(pools) if pools else {},
             nproc=trust.number("--nproc", nproc, int, 1, 1024),
             port=trust.number("--port", port or 29500, int, 1, 65535),
             timeout=trust.number("--timeout", timeout, float, 0) if timeout else None,
@@ -104,7 +108,7 @@ class Started:
 
 def start_run(environment: Environment, opts: TrainOptions) -> Started:
     """Sync the code and launch ``opts`` on every node of its stack; every node started, or none."""
-    from gpu_train import jobs
+    from gpu_train import jobs, pooljobs
     from gpu_train.identity import ProjectIds
     from remote.transfer import codehop
 
@@ -142,9 +146,12 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         notify=notify_url(cluster.stack, cluster.notify),
         needs_torch=jobs.needs_torch(opts.code_dir, spec.script, chosen) and not spec.container,
     )
-    own = bool(spec.container and spec.container.own_program)  # the image's own program: no code is sent
     ps = jobs.parameter_servers(opts.ps, cluster.parameter_servers)
     specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, opts.port, ps)
+    specs = pooljobs.apply(specs, opts.pools, ps)
+    for line in pooljobs.describe(opts.pools):
+        say(line)
+    own = all(s.container and s.container.own_program for s in specs)  # only images' own programs: no code is sent
     specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(opts.nproc))
     specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))
     specs = notifying_node0(specs)
@@ -155,7 +162,8 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         try:
             if own:
                 plan, unchanged, pushed, fanout, sessions = None, False, None, None, session.nodes()
-                say(f"no code is sent: the image's own program runs ({spec.container.image if spec.container else ''})")
+                images = ", ".join(dict.fromkeys(s.container.image for s in specs if s.container))
+                say(f"no code is sent: the image's own program runs ({images})")
             else:
                 plan, unchanged, pushed = _plan_code(environment, cluster, opts.code_dir, Path(scratch), base)
                 sessions = session.nodes()
@@ -262,6 +270,21 @@ def pushed_data(environment: Environment, bucket: str | None, project: str | Non
 
     place = parse_bucket(bucket)
     return tuple(dict(m) for _, m in sorted(datapush.load(environment.user_home, place, data_prefix(place, project)).items()))
+
+
+def _read_pools(name: str) -> dict[str, PoolJob]:
+    """--pools FILE's pools, read and checked before anything is sent (gpu_train.pooljobs)."""
+    import yaml
+
+    from gpu_train.pooljobs import read_pools
+
+    try:
+        doc = yaml.safe_load(Path(name).expanduser().read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--pools {name}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"--pools {name}: not YAML or JSON ({e})") from None
+    return read_pools(doc, name)
 
 
 def _read_env_files(paths: list[str]) -> dict[str, str]:

@@ -31,6 +31,8 @@ from remote.tasks.shell import say_host_notes
         "image": "run in this container image: --script/--command inside it (code, JOB_DIR, DATA_DIR mounted), or alone the "
         "image's own program (no code sent); default: the stack's gpu-train:image; `none`: on the host",
         "entrypoint": "with --image alone: replaces the image's ENTRYPOINT (Vertex AI's command), --args its CMD",
+        "pools": "a file naming the worker and ps pools' own jobs (image, entrypoint/args or command, env), as a Vertex AI "
+        "job's pools each have theirs; `gpu-train import` writes it; node 0 runs this command's job",
         "launcher": "torchrun (default for a multi-node --script) or none",
         "nproc": "processes per node under torchrun (default: the node's GPUs, or 1)",
         "port": "torchrun's master port on node 0 (default 29500)",
@@ -55,6 +57,7 @@ def train(
     resume_if=None,
     image=None,
     entrypoint="",
+    pools=None,
     launcher=None,
     nproc=None,
     port=None,
@@ -87,6 +90,7 @@ def train(
         resume_if=resume_if,
         image=image,
         entrypoint=entrypoint or "",
+        pools=pools,
         launcher=launcher,
         nproc=nproc,
         port=port,

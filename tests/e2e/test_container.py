@@ -46,6 +46,7 @@ for _ in range(int(os.environ.get("STEPS", "0"))):
 PROG = """#!/bin/sh
 printf '%s\\n' "$0" "$@" > "$JOB_DIR/argv.txt"
 printf '%s\\n' "$GREETING" "$AIP_MODEL_DIR" "$CLUSTER_SPEC" > "$JOB_DIR/env.txt"
+cat /etc/gt-marker > "$JOB_DIR/marker.txt"
 """
 
 
@@ -64,6 +65,7 @@ def dockerd(tmp_path_factory: pytest.TempPathFactory):
         {"/usr/local/bin/prog": PROG, "/usr/local/bin/prog2": PROG, "/etc/gt-marker": "P"},
         ('ENTRYPOINT ["/usr/local/bin/prog"]', 'CMD ["--default", "x"]'),
     )
+    d.derive("gt/prog:1", "gt/worker:1", {"/etc/gt-marker": "W"}, ('ENTRYPOINT ["/usr/local/bin/prog"]', 'CMD ["--default", "x"]'))
     yield d
     d.stop()
 
@@ -204,7 +206,9 @@ def test_resume_runs_the_same_image_though_its_tag_moved(clab: Lab, dockerd: con
 
 
 def test_no_engine_is_refused_at_launch_with_the_reason(tmp_path: Path, dockerd: containers.Dockerd) -> None:
-    lab = Lab(tmp_path, "127.0.40.3", setenv=f"DOCKER_HOST=unix://{tmp_path}/no.sock PATH={Path(containers.DOCKER).parent}:/usr/bin:/bin")
+    # (and a Podman that does not run: its configuration is missing)
+    where = f"DOCKER_HOST=unix://{tmp_path}/no.sock CONTAINERS_CONF={tmp_path}/none.conf PATH={Path(containers.DOCKER).parent}:/usr/bin:/bin"
+    lab = Lab(tmp_path, "127.0.40.3", setenv=where)
     try:
         said = lab.fab("train", "--image", "gt/prog:1")
         assert said.returncode != 0 and "Docker is installed but its daemon does not answer" in said.stderr, said.stderr
@@ -271,6 +275,71 @@ def test_a_two_node_cluster_runs_the_image_on_both_with_its_place(tmp_path: Path
     finally:
         a.stop()
         b.stop()
+
+
+TWO_POOLS = """\
+workerPoolSpecs:
+- machineSpec: {machineType: g2-standard-8, acceleratorType: NVIDIA_L4, acceleratorCount: 1}
+  containerSpec:
+    imageUri: gt/prog:1
+    command: [/usr/local/bin/prog2, chief]
+    args: [--lr, "0.1"]
+    env: [{name: GREETING, value: hello chief}]
+- machineSpec: {machineType: n1-standard-8}
+  replicaCount: 1
+  containerSpec:
+    imageUri: gt/worker:1
+    args: [--shard, "1"]
+    env: [{name: GREETING, value: %s}]
+"""
+
+
+def test_an_imported_vertex_job_runs_each_pools_own_image_on_its_nodes(tmp_path: Path, dockerd: containers.Dockerd) -> None:
+    """A CustomJob whose two pools have different images, commands, args and env: `import`, then its train
+    command on two loopback nodes of one daemon. Node 0 runs the chief pool's container, node 1 the worker
+    pool's (its image's ID recorded, its file, its args after the image's ENTRYPOINT, its env), each env
+    value from a 0600 file and never on a command line."""
+    from remote.loopback import Sshd
+    from tests.conftest import cluster_stack, fab_env, run_fab
+
+    path = f"DOCKER_HOST={dockerd.host} PATH={Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin"
+    a = Sshd(tmp_path / "a", "127.0.40.6", setenv=path).start()
+    b = Sshd(tmp_path / "b", "127.0.40.7", client_key=a.client_key, setenv=path).start()
+    stop, hits = threading.Event(), []
+    try:
+        cluster_stack(tmp_path / "stacks", "duo", [a.spec, b.spec], a.client_key)
+        (tmp_path / "work").mkdir()
+        (tmp_path / "job.yaml").write_text(TWO_POOLS % SECRET)
+        env = fab_env(tmp_path / "stacks", tmp_path / "home", "duo", tmp_path / "work")
+        job = str(tmp_path / "job.yaml")
+        said = run_fab(env, tmp_path / "work", "import", job, "--stack", "vx", "--stacks-dir", str(tmp_path / "imp"), "--json")
+        assert said.returncode == 0, said.stderr
+        train = json.loads(said.stdout)["train"]
+        pools = Path(train[train.index("--pools") + 1])
+        assert pools.stat().st_mode & 0o777 == 0o600 and SECRET in pools.read_text() and SECRET not in " ".join(train)
+        threading.Thread(target=scan_cmdlines, args=(SECRET, stop, hits), daemon=True).start()
+        out = run_fab(env, tmp_path / "work", "train", *train[4:], check=True, timeout=300).stdout  # (on the duo stack)
+        run = out.split()[1]
+        for node, image, marker, argv, greeting in (
+            (0, "gt/prog:1", "P", ["/usr/local/bin/prog2", "chief", "--lr", "0.1"], "hello chief"),
+            (1, "gt/worker:1", "W", ["/usr/local/bin/prog", "--shard", "1"], SECRET),
+        ):
+            run_dir = tmp_path / f"node{node}" / "runs" / run
+            record = run_dir / "state.json"
+            wait_for(lambda r=record: r.exists() and json.loads(r.read_text())["state"] in ("succeeded", "failed"), 120)
+            st = json.loads(record.read_text())
+            assert st["state"] == "succeeded", (run_dir / "log").read_text()
+            assert st["imageId"] == dockerd.out("image", "inspect", "--format", "{{.Id}}", image)  # its pool's very image
+            assert (run_dir / "job" / "marker.txt").read_text().strip() == marker
+            assert (run_dir / "job" / "argv.txt").read_text().split("\n")[:-1] == argv
+            got, _, spec = (run_dir / "job" / "env.txt").read_text().split("\n", 2)
+            assert got == greeting and json.loads(spec)["task"] == {"type": f"workerpool{node}", "index": 0}
+            assert SECRET not in (run_dir / "log").read_text()
+    finally:
+        stop.set()
+        a.stop()
+        b.stop()
+    assert hits == [], f"an env value on a command line: {hits}"
 
 
 def test_a_user_neither_root_nor_in_the_docker_group_is_refused_with_the_reason(dockerd: containers.Dockerd) -> None:

@@ -53,6 +53,7 @@ FULL = JobSpec(
     path="/usr/bin:/bin",
     externally_managed=True,
     container=ContainerSpec(image="nvcr.io/nvidia/pytorch:24.05-py3", own_program=True, entrypoint=("python3",), args=("-m", "t")),
+    pool="worker",
 )
 
 

@@ -63,9 +63,46 @@ def test_images_of_ai_platform_and_prebuilt_executors(yaml_text, image, flags):
     assert all(f in t.train for f in flags), t.train
 
 
-def test_pools_with_other_containers_are_said():
+TWO_IMAGES = """
+workerPoolSpecs:
+- machineSpec: {machineType: g2-standard-8}
+  containerSpec: {imageUri: a, command: [run, chief], args: [--lr, '0.1'], env: [{name: K, value: chief-secret}]}
+- machineSpec: {machineType: g2-standard-8}
+  replicaCount: 2
+  containerSpec: {imageUri: b, command: [run, worker], env: [{name: K, value: worker-secret}]}
+- machineSpec: {machineType: n1-highmem-8}
+  pythonPackageSpec: {executorImageUri: c, pythonModule: trainer.ps, args: [--x], env: [{name: P, value: ps-secret}]}
+baseOutputDirectory: {outputUriPrefix: gs://b/out}
+"""
+
+
+def test_each_pool_runs_its_own_image_command_args_and_env():
+    job = importer.read_any(yaml.safe_load(TWO_IMAGES), TABLES)
+    t = translate.translate(job, "s", CATALOG, TABLES, env_file="/s/imports/s.env", pools_file="/s/imports/s.pools.yaml")
+    assert t.pools == {
+        "worker": {"image": "b", "entrypoint": ["run", "worker"], "env": {"K": "worker-secret"}},
+        "ps": {
+            "image": "c",
+            "command": 'AIP_MODEL_DIR="$JOB_DIR/model/" AIP_CHECKPOINT_DIR="$JOB_DIR/checkpoints/" '
+            'AIP_TENSORBOARD_LOG_DIR="$JOB_DIR/logs/" python -m trainer.ps --x',
+            "env": {"P": "ps-secret"},
+        },
+    }
+    assert t.train[-2:] == ["--pools", "/s/imports/s.pools.yaml"]
+    assert t.train[t.train.index("--image") + 1] == "a" and t.env == {"K": "chief-secret"}
+    assert "secret" not in " ".join(t.train)
+    by = {n.field: n for n in t.notes}
+    assert by["worker pool's container"].status == by["ps pool's container"].status == EXACT
+    assert "worker-secret" not in by["worker pool's container"].detail
+    from gpu_train import pooljobs  # what the import writes, train reads
+
+    read = pooljobs.read_pools(yaml.safe_load(yaml.safe_dump(t.pools)), "f")
+    assert read["worker"].container.entrypoint == ("run", "worker") and read["ps"].command == t.pools["ps"]["command"]
+
+
+def test_pools_that_run_the_chiefs_container_need_no_pools_file():
     t = run(
-        "workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, containerSpec: {imageUri: a}}, "
-        "{machineSpec: {machineType: g2-standard-8}, replicaCount: 2, containerSpec: {imageUri: b}}]"
+        "workerPoolSpecs: [{machineSpec: {machineType: g2-standard-8}, containerSpec: {imageUri: a, args: [x]}}, "
+        "{machineSpec: {machineType: g2-standard-8}, replicaCount: 2, containerSpec: {imageUri: a, args: [x]}}]"
     )
-    assert any(n.field == "worker pool's container" and n.status == CHANGED for n in t.notes)
+    assert "--pools" not in t.train and t.pools == {}

@@ -186,6 +186,7 @@ ALLOWED = {
     "gpu_train.stack": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.errors", "gpu_train.atomic", "gpu_train.catalog"},
     "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.recovery"},
     "gpu_train.jobargs": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.errors"},  # train's options checked: --env, --image
+    "gpu_train.pooljobs": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.jobargs"},  # train --pools: each pool's own job
     "gpu_train.jobs": {
         "gpu_train.contract",
         "gpu_train.errors",
