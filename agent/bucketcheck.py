@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 
-from gpu_train.answers import BucketProbe
+from gpu_train.bucketdoc import BucketProbe
 from gpu_train.codec import answer, check
 
 from .procs import detect_python

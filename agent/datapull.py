@@ -3,7 +3,7 @@ manifest names it.
 
 The bucket is a shared room: any VM with the grant, any person with access can write objects under
 the data prefix. So nothing is taken from a listing: the spec carries the laptop's manifest
-(contract.DataManifest: each file's object generation, size and SHA-256, written at `push`), and
+(bucketdoc.DataManifest: each file's object generation, size and SHA-256, written at `push`), and
 only those generations of those names come down, each verified by size and SHA-256 before it is
 renamed into place. No manifest, no pull. Run by the job's Python (Google's client, imported here only).
 """
@@ -18,7 +18,7 @@ import stat
 import threading
 from typing import Any, cast
 
-from gpu_train.contract import DataFile, DataManifest
+from gpu_train.bucketdoc import DataFile, DataManifest
 from gpu_train.ownership import project_dirs
 
 from .store import AgentError, read_json, read_spec, write_json

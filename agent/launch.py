@@ -14,8 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_train.answers import Launched, Ready, Waiting
+from gpu_train.bucketdoc import GOOGLE_ENV
 from gpu_train.codec import answer
-from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, GOOGLE_ENV, STARTING, JobSpec, cli_name, go_marker, node_roles
+from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, node_roles
 from gpu_train.ownership import project_dirs
 
 from . import container, hostcheck, notify, outputs, registry, units

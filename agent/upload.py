@@ -33,19 +33,10 @@ import sys
 import threading
 import time
 
-from gpu_train.answers import BucketView
+from gpu_train.bucketdoc import BUCKET_RECORD, UPLOAD_LOG, BucketFile, BucketRecord, BucketView
 from gpu_train.checksum import crc32c_of
 from gpu_train.codec import answer
-from gpu_train.contract import (
-    BUCKET_RECORD,
-    RUN_FILES,
-    RUN_LOG,
-    UNREADABLE,
-    UPLOAD_LOG,
-    BucketFile,
-    BucketRecord,
-    JobSpec,
-)
+from gpu_train.contract import RUN_FILES, RUN_LOG, UNREADABLE, JobSpec
 from gpu_train.ownership import project_dirs
 
 from . import composite, outputs

@@ -17,17 +17,6 @@ from typing import TYPE_CHECKING, Any, TypedDict
 if TYPE_CHECKING:  # (3.10's; the agent's Python 3.8 never evaluates the annotation)
     from typing import TypeGuard
 
-from gpu_train.bucketdoc import (  # the bucket's documents: the contract's, apart (re-exported here)
-    BUCKET_RECORD,  # noqa: F401
-    GOOGLE_ENV,  # noqa: F401
-    UPLOAD_LOG,  # noqa: F401
-    BucketFile,  # noqa: F401
-    BucketProbe,  # noqa: F401
-    BucketRecord,  # noqa: F401
-    BucketView,  # noqa: F401
-    DataFile,  # noqa: F401
-    DataManifest,  # noqa: F401
-)
 from gpu_train.codec import Document
 from gpu_train.containerspec import ContainerSpec, PinnedImage  # a run in an image: the contract's, apart
 

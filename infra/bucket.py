@@ -15,7 +15,7 @@ import pulumi
 
 from gpu_train.gcp import vm
 from gpu_train.stack.bucket import grant_conditions, parse_bucket
-from gpu_train.stack.config import StackConfig
+from gpu_train.stack.settings import StackConfig
 from infra.gcpparts import gcp
 
 

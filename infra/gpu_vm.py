@@ -1,6 +1,6 @@
 """GpuVm: a Deep Learning VM with GPUs, its own service account and SSH from chosen ranges only.
 
-A thin Pulumi layer: every setting comes from ``gpu_train.gcp.vm`` (pure decisions) and a validated
+A thin Pulumi layer: every setting comes from ``gpu_train.gcp.vm`` and ``names`` (pure decisions) and a validated
 StackConfig; this module only declares resources, each parented to the component.
 """
 
@@ -14,8 +14,8 @@ import pulumi
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import names, provisioning, vm
 from gpu_train.gcp.validate import GpuShape
-from gpu_train.stack.config import StackConfig
 from gpu_train.stack.pools import boot_disk_type
+from gpu_train.stack.settings import StackConfig
 from infra import bucket, recovery, registry
 from infra.gcpparts import gcp
 
@@ -83,7 +83,7 @@ class GpuVm(pulumi.ComponentResource):
         # Resolved at `up` time from the family, then pinned: the instance ignores later changes of
         # the family's newest image, so a re-run of `pulumi up` never replaces the VM (and its disk).
         newest = gcp.compute.get_image_output(family=cfg.image_family, project=cfg.image_project, opts=pulumi.InvokeOptions(parent=self))
-        instance_names = vm.node_names(cfg.stack, cfg.nodes)
+        instance_names = names.node_names(cfg.stack, cfg.nodes)
         self.data_disks = [self._data_disk(name, cfg, i, vm.data_disk_type(cfg, catalog, shapes[i].machine_type)) for i in range(cfg.nodes)]
         self.instances = self._instances(name, args, shapes, instance_names, newest, account, grants, policy_link)
         self.instance = self.instances[0]  # node 0 leads (torchrun's master, TF's chief)
@@ -100,11 +100,11 @@ class GpuVm(pulumi.ComponentResource):
         """An ingress rule of the stack's network for this VM's tag."""
         return gcp.compute.Firewall(
             f"{name}-{suffix}",
-            name=vm.resource_name(cfg.stack, suffix),
+            name=names.resource_name(cfg.stack, suffix),
             project=cfg.project,
             network=cfg.network,
             direction="INGRESS",
-            target_tags=[vm.network_tag(cfg.stack)],
+            target_tags=[names.network_tag(cfg.stack)],
             description=f"gpu-train {cfg.stack}: {description}",
             opts=pulumi.ResourceOptions(parent=self),
             **rule,
@@ -138,7 +138,7 @@ class GpuVm(pulumi.ComponentResource):
                 cfg,
                 "internal",
                 "traffic between the cluster's nodes",
-                source_tags=[vm.network_tag(cfg.stack)],
+                source_tags=[names.network_tag(cfg.stack)],
                 priority=vm.INTERNAL_PRIORITY,
                 allows=[{"protocol": "tcp"}, {"protocol": "udp"}, {"protocol": "icmp"}],
             )
@@ -148,7 +148,7 @@ class GpuVm(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         account = gcp.serviceaccount.Account(
             f"{name}-sa",
-            account_id=vm.service_account_id(cfg.stack),
+            account_id=names.service_account_id(cfg.stack),
             display_name=f"gpu-train {cfg.stack} VM",
             description="Writes logs and metrics only; replaces the default compute service account.",
             project=cfg.project,
@@ -176,7 +176,7 @@ class GpuVm(pulumi.ComponentResource):
         # The plain dicts of gpu_train.gcp.vm are what pulumi_gcp's *ArgsDict types spell out.
         return gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
             f"{name}-placement",
-            name=vm.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
+            name=names.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
             project=cfg.project,
             region=cfg.region,
             group_placement_policy=policy,
@@ -233,7 +233,7 @@ class GpuVm(pulumi.ComponentResource):
                 network_interfaces=[nic(shapes[i].machine_type)],
                 service_account={"email": account.email, "scopes": vm.scopes(cfg)},
                 metadata=metadata,
-                tags=[vm.network_tag(cfg.stack)],
+                tags=[names.network_tag(cfg.stack)],
                 labels={**vm.labels(cfg, args.pulumi_project), "gpu-train-node": str(i), **recovery.label(cfg)},
                 resource_policies=policy_link,  # one policy per instance is all Compute Engine takes
                 allow_stopping_for_update=True,
@@ -296,7 +296,7 @@ class GpuVm(pulumi.ComponentResource):
         one = cfg.nodes == 1
         return gcp.compute.Disk(
             f"{name}-data" if one else f"{name}-{node}-data",
-            name=vm.data_disk_name(cfg.stack, None if one else node),
+            name=names.data_disk_name(cfg.stack, None if one else node),
             project=cfg.project,
             zone=cfg.zone,
             size=cfg.data_disk_size_gb,

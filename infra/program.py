@@ -16,7 +16,9 @@ from gpu_train.catalog.loader import load_catalog
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import provisioning, validate, vm
 from gpu_train.gcp.pricing import hourly_cost
-from gpu_train.stack import config, stackfile
+from gpu_train.stack import stackfile
+from gpu_train.stack.problems import ConfigError
+from gpu_train.stack.settings import StackConfig
 from infra import quota_request
 from infra.gpu_vm import GpuVm, GpuVmArgs
 from infra.lookups import Lookups
@@ -27,7 +29,7 @@ def stack_settings() -> dict[str, object]:
     return {**get_config_env(), **CONFIG.get()}
 
 
-def declare(cfg: config.StackConfig, public_key: str, catalog: Catalog, lookups: Lookups) -> GpuVm:
+def declare(cfg: StackConfig, public_key: str, catalog: Catalog, lookups: Lookups) -> GpuVm:
     """Declare the VM of a validated GCP stack and export what the fab tasks read."""
     shapes = validate.node_shapes(cfg, catalog)
     per_node = [hourly_cost(s, catalog).for_way(provisioning.way(cfg)) for s in shapes]
@@ -67,8 +69,8 @@ def main(lookups: Lookups) -> None:
             pulumi.log.warn(str(warning))
         public_key, problem = stackfile.read_public_key(cfg)
         if problem is not None:
-            raise config.ConfigError([problem], stack)
-    except config.ConfigError as e:
+            raise ConfigError([problem], stack)
+    except ConfigError as e:
         raise pulumi.RunError(str(e)) from None
     assert public_key is not None  # read_public_key gives a key or a problem
     declare(cfg, public_key, catalog, lookups)

@@ -26,7 +26,7 @@ import pulumi
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import names, quota
 from gpu_train.gcp.validate import GpuShape
-from gpu_train.stack.config import StackConfig
+from gpu_train.stack.settings import StackConfig
 from infra.gcpparts import gcp
 from infra.lookups import CannotAsk, Lookups
 

@@ -23,7 +23,7 @@ import pulumi
 from gpu_train import recovery
 from gpu_train.catalog.model import FLEX_START, SPOT
 from gpu_train.gcp import names, provisioning
-from gpu_train.stack.config import StackConfig
+from gpu_train.stack.settings import StackConfig
 from infra.gcpparts import gcp
 
 ROOT = Path(__file__).resolve().parent.parent

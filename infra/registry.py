@@ -11,7 +11,7 @@ from __future__ import annotations
 import pulumi
 
 from gpu_train.gcp import artifacts
-from gpu_train.stack.config import StackConfig
+from gpu_train.stack.settings import StackConfig
 from infra.gcpparts import gcp
 
 

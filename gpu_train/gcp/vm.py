@@ -19,16 +19,8 @@ from pathlib import Path
 from gpu_train.catalog import disks
 from gpu_train.catalog.model import Catalog
 from gpu_train.gcp import artifacts, images, provisioning
-from gpu_train.gcp.names import (  # noqa: F401
-    data_disk_name,
-    instance_name,
-    network_tag,
-    node_names,
-    resource_name,
-    service_account_id,
-)
 from gpu_train.gcp.validate import GpuShape, node_shapes
-from gpu_train.stack.agentdoc import ROOT_PART, SHUTDOWN_GRACE_S, agent_settings, job_grace_s, shutdown_grace_s  # noqa: F401
+from gpu_train.stack.agentdoc import ROOT_PART, agent_settings, job_grace_s, shutdown_grace_s
 from gpu_train.stack.settings import StackConfig
 from gpu_train.stack.values import LOGIN_RE
 

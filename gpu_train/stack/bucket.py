@@ -126,7 +126,7 @@ DATA_FOLDER = ".gpu-train-data/"  # starts with '.': no stack can have the name 
 def data_prefix(place: BucketPlace, project: str | None) -> str:
     """Where `push --to bucket` puts a project's data: PREFIX/.gpu-train-data/PROJECT_ID/ (the project's id:
     gpu_train/identity.py), beside the stacks' runs under a name no stack can have (a stack named `data`
-    once shared PREFIX/data/); a run copies exactly what the laptop's manifest names (contract.DataManifest)
+    once shared PREFIX/data/); a run copies exactly what the laptop's manifest names (bucketdoc.DataManifest)
     to its $DATA_DIR."""
     return f"{place.prefix}{DATA_FOLDER}{project or 'default'}/"
 

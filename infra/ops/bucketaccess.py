@@ -11,7 +11,7 @@ honours STORAGE_EMULATOR_HOST: the tests use the real emulator.
 from __future__ import annotations
 
 from gpu_train.stack.bucket import parse_bucket
-from gpu_train.stack.config import StackConfig
+from gpu_train.stack.settings import StackConfig
 
 
 def uniform_access_problem(doc: dict, name: str) -> str | None:

@@ -20,7 +20,9 @@ from gpu_train.environment import CLI, Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import changes, images, provisioning, validate, vm
 from gpu_train.gcp.pricing import Cost, hourly_cost
-from gpu_train.stack import config, stackfile
+from gpu_train.stack import stackfile
+from gpu_train.stack.problems import ConfigError, Problem
+from gpu_train.stack.settings import StackConfig
 from infra import program, recovery
 from infra.ops import preview, pulumi_cli
 
@@ -56,7 +58,7 @@ def describe_cost(cost: Cost, way: str, ways: tuple[str, ...], unknown_where: st
     return lines
 
 
-def describe_run_limit(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
+def describe_run_limit(cfg: StackConfig, catalog: Catalog) -> list[str]:
     """When Compute Engine will stop the VM (maxRunDuration counts from each start), and what goes with it."""
     if not cfg.max_run_hours:
         return []
@@ -74,7 +76,7 @@ def describe_run_limit(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
     return lines
 
 
-def describe_local_ssd(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
+def describe_local_ssd(cfg: StackConfig, catalog: Catalog) -> list[str]:
     """Every stop of a shape with bundled Local SSD wipes it; and `pulumi up` cannot make that stop."""
     if not vm.has_local_ssd(cfg, catalog):
         return []
@@ -87,7 +89,7 @@ def describe_local_ssd(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
     ]
 
 
-def describe_data_disk(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
+def describe_data_disk(cfg: StackConfig, catalog: Catalog) -> list[str]:
     """The data disks bill per GB-month while they exist: also while the VM is stopped, and after a replacement."""
     kind = "/".join(dict.fromkeys(vm.data_disk_type(cfg, catalog, m) for m in vm.node_machine_types(cfg, catalog)))
     per_month = vm.data_disk_monthly_cost(cfg, catalog)
@@ -99,7 +101,7 @@ def describe_data_disk(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
     ]
 
 
-def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: Catalog) -> str:
+def describe_shape(shape: validate.GpuShape, cfg: StackConfig, catalog: Catalog) -> str:
     acc = catalog.accelerator(shape.gpu_type)
     assert acc is not None  # a validated shape's GPU is in the catalog
     how = "attached to" if shape.attached else "built into"
@@ -115,7 +117,7 @@ def describe_shape(shape: validate.GpuShape, cfg: config.StackConfig, catalog: C
     )
 
 
-def describe_fallback(cfg: config.StackConfig) -> list[str]:
+def describe_fallback(cfg: StackConfig) -> list[str]:
     if not cfg.provisioning_fallback:
         return []
     order = " -> ".join(dict.fromkeys([provisioning.way(cfg), *cfg.provisioning_fallback]))
@@ -127,7 +129,7 @@ def _carries_gpus(machine_type: str, catalog: Catalog) -> bool:
     return machine is not None and machine.fixed is not None
 
 
-def describe_pools(cfg: config.StackConfig, catalog: Catalog) -> list[str]:
+def describe_pools(cfg: StackConfig, catalog: Catalog) -> list[str]:
     """One line per pool: its role, nodes, shape and what its nodes cost together; then the total."""
     lines = ["Pools (node 0 is the chief; TF_CONFIG roles follow the pools):"]
     shapes = validate.node_shapes(cfg, catalog)
@@ -232,7 +234,7 @@ def _meta(key: str, value: str) -> str:
     return value
 
 
-def render(cfg: config.StackConfig, result: preview.Preview, warnings: list[config.Problem], catalog: Catalog) -> str:
+def render(cfg: StackConfig, result: preview.Preview, warnings: list[Problem], catalog: Catalog) -> str:
     shape = validate.shape_of(cfg, catalog)
     lines = [f"Stack {cfg.stack}: project {cfg.project}, zone {cfg.zone} (region {cfg.region})", ""]
     lines += [
@@ -274,7 +276,7 @@ def _output(value: Any) -> str:
     return str(value)
 
 
-def wanted(cfg: config.StackConfig, catalog: Catalog) -> preview.Preview:
+def wanted(cfg: StackConfig, catalog: Catalog) -> preview.Preview:
     """The resources the program declares for a valid GCP stack, under mocks (the real key when readable)."""
     public_key, _ = stackfile.read_public_key(cfg)
     return preview.run(lambda lookups: program.declare(cfg, public_key or KEY_PLACEHOLDER, catalog, lookups), stack=cfg.stack)
@@ -293,7 +295,7 @@ def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | 
     catalog = load_catalog()
     try:
         cfg, warnings = validate.check(raw, stack, catalog)
-    except config.ConfigError as e:
+    except ConfigError as e:
         status, message = outcome(e)
         return message, status
     if not cfg.is_gcp:
@@ -303,7 +305,7 @@ def plan(raw: dict[str, Any], stack: str, deployed: list[pulumi_cli.Resource] | 
     if problem is not None:  # not needed to plan; `pulumi up` stops on it
         warnings = [
             *warnings,
-            config.Problem(problem.key, problem.message + " (pulumi up will stop here)", problem.fix, problem.value, "warning"),
+            Problem(problem.key, problem.message + " (pulumi up will stop here)", problem.fix, problem.value, "warning"),
         ]
     result = wanted(cfg, catalog)
     if result.error is not None:
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
         path = args.file or env.stack_file(args.stack)  # (a missing stack is said, with its fix)
         stack = args.stack or stackfile.stack_name_from_path(path)
         raw = stackfile.read_stack_file(path)
-    except (config.ConfigError, SettingError) as e:
+    except (ConfigError, SettingError) as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)
         return status

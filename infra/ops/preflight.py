@@ -20,7 +20,9 @@ from gpu_train.catalog.loader import load_catalog
 from gpu_train.environment import Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import provisioning, quota, reservations, validate
-from gpu_train.stack import config, stackfile
+from gpu_train.stack import stackfile
+from gpu_train.stack.problems import ConfigError
+from gpu_train.stack.settings import StackConfig
 from infra.ops import probes
 
 
@@ -95,9 +97,7 @@ def offering_zones(env: Environment, project: str, machine_type: str, gpu_type: 
 Reservation = tuple[dict | None, list[str]]  # read_reservation's answer
 
 
-def report(
-    cfg: config.StackConfig, region_q: dict, global_q: dict, offered: set[str], reservation: Reservation | None = None
-) -> tuple[str, int]:
+def report(cfg: StackConfig, region_q: dict, global_q: dict, offered: set[str], reservation: Reservation | None = None) -> tuple[str, int]:
     catalog = load_catalog()
     shape = validate.shape_of(cfg, catalog)
     nodes = validate.node_shapes(cfg, catalog)
@@ -147,7 +147,7 @@ def report(
     return "\n".join(lines), ExitStatus.OK
 
 
-def _reservation_lines(cfg: config.StackConfig, found: Reservation, nodes: list, catalog, lines: list[str]) -> list[str]:
+def _reservation_lines(cfg: StackConfig, found: Reservation, nodes: list, catalog, lines: list[str]) -> list[str]:
     """The reservation's row in the report (appended to ``lines``), and its problems for 'cannot fit'."""
     assert cfg.reservation
     project, name = reservations.where(cfg.reservation, cfg.project or "")
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     try:
         env = env or Environment.from_os()
         cfg, warnings = validate.check(stackfile.read_stack_file(env.stack_file(args.stack)), args.stack, load_catalog())
-    except (config.ConfigError, SettingError) as e:
+    except (ConfigError, SettingError) as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)
         return status

@@ -31,6 +31,8 @@ from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import capacity, changes, provisioning, validate
 from gpu_train.retry import Backoff
 from gpu_train.stack import config, stackfile
+from gpu_train.stack.problems import ConfigError
+from gpu_train.stack.settings import StackConfig
 from infra.ops import pulumi_cli
 
 # What an attempt may leave behind that the next zone would have to replace: removed between attempts.
@@ -77,7 +79,7 @@ class Shape:
         return f"{self.machine_type}{gpus}{'' if self.way == ON_DEMAND else f' ({self.way})'}"
 
 
-def shapes_to_try(cfg: config.StackConfig, catalog: Catalog | None = None) -> list[Shape]:
+def shapes_to_try(cfg: StackConfig, catalog: Catalog | None = None) -> list[Shape]:
     """The stack's shape, then its fallbackShapes; each the stack's way, then the ways provisioningFallback
     names (where the shape can be had so), in its order; then (spotFallback) every spot one on demand.
     Each is tried zone by zone before the next."""
@@ -102,7 +104,7 @@ def ask(env: Environment, question: str, yes: bool, say: Callable[[str], None]) 
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
-def offering_zones(env: Environment, cfg: config.StackConfig, gpu_type: str, say: Callable[[str], None]) -> list[str] | None:
+def offering_zones(env: Environment, cfg: StackConfig, gpu_type: str, say: Callable[[str], None]) -> list[str] | None:
     """Zones that offer the machine type and the GPU, from the Compute API; None if it cannot be asked."""
     from infra.ops import preflight
 
@@ -319,7 +321,7 @@ def main(argv: list[str] | None = None, env: Environment | None = None) -> int:
     try:
         env = env or Environment.from_os()
         run = Up(env, args.stack, args.yes, lambda s: print(f"[up] {s}", flush=True), args.retry_delay)
-    except (config.ConfigError, SettingError) as e:
+    except (ConfigError, SettingError) as e:
         status, message = outcome(e)
         print(message, file=sys.stderr)
         return status

@@ -17,7 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from gpu_train.stack.config import SshHost, split_host
+from gpu_train.stack.config import split_host
+from gpu_train.stack.sshhost import SshHost
 from gpu_train.stack.values import host_problem, login_problem
 
 MAX_JUMPS = 8  # a loop in ProxyJump settings stops here

@@ -19,7 +19,8 @@ import paramiko
 from fabric import Config, Connection
 
 from gpu_train.retry import Backoff
-from gpu_train.stack.config import SshHost, split_host
+from gpu_train.stack.config import split_host
+from gpu_train.stack.sshhost import SshHost
 from remote.errors import HostKeyError, RemoteError, VmStopped
 from remote.ssh.hostkeys import Say, TrustOnFirstUse, changed_key_message, host_id
 from remote.ssh.login import check_key_file, refused_message

@@ -17,7 +17,7 @@ from pathlib import Path
 import paramiko
 
 from gpu_train.atomic import atomic_write
-from gpu_train.stack.config import SshHost
+from gpu_train.stack.sshhost import SshHost
 from remote.errors import HostKeyError
 from remote.ssh.target import Target
 

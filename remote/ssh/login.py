@@ -11,7 +11,8 @@ import os
 
 import paramiko
 
-from gpu_train.stack.config import SshHost, split_host
+from gpu_train.stack.config import split_host
+from gpu_train.stack.sshhost import SshHost
 from remote.errors import KeyFileError
 from remote.ssh.hostkeys import fingerprint
 from remote.ssh.target import Target

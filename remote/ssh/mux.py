@@ -26,7 +26,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-from gpu_train.stack.config import SshHost
+from gpu_train.stack.sshhost import SshHost
 from remote.ssh.connect import openssh_options
 from remote.ssh.target import Target
 

@@ -18,9 +18,11 @@ from typing import Any
 from gpu_train.atomic import atomic_write
 from gpu_train.contract import REMOTE_ROOT_BEFORE, REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN, AgentSettings
 from gpu_train.environment import Environment
-from gpu_train.stack import check, config, project, stackfile
+from gpu_train.stack import check, project, stackfile
 from gpu_train.stack.agentdoc import agent_settings
-from gpu_train.stack.config import ConfigError, Problem, SshHost, StackConfig
+from gpu_train.stack.problems import ConfigError, Problem, shown
+from gpu_train.stack.settings import StackConfig
+from gpu_train.stack.sshhost import SshHost
 
 REPO = project.REPO
 
@@ -158,7 +160,7 @@ def chosen_stack(env: Environment, stack: str | None) -> tuple[str, str]:
             [
                 Problem(
                     "stack",
-                    f"{config.shown(chosen)} is not a stack name",
+                    f"{shown(chosen)} is not a stack name",
                     "letters, digits, '_', '.' and '-', starting with a letter or digit",
                 )
             ]

@@ -39,7 +39,7 @@ def data_path(src: Path, root: Path) -> str:
 )
 def push(c: Context, dir, stack=None, json_=False, to=None):
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
-    from remote.transfer import ignores, sync
+    from remote.transfer import codesize, ignores, sync
 
     src = Path(dir).expanduser().resolve()
     if not src.is_dir():
@@ -69,7 +69,7 @@ def push(c: Context, dir, stack=None, json_=False, to=None):
             s.close()
         return f"{target.remote_root}/data/{project}/{rel}"
 
-    say(f"pushing {src} ({sync.human(ignores.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
+    say(f"pushing {src} ({codesize.human(ignores.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
     results = on_every_node(sessions, one)
     if failed := failures(results):
         raise GpuTrainError("; ".join(failed) + f": run `{CLI} push {dir}` again to resume")

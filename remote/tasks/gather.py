@@ -19,8 +19,10 @@ from gpu_train.catalog.loader import load_catalog
 from gpu_train.environment import Environment
 from gpu_train.gcp import validate
 from gpu_train.gcp.vm import label_value
-from gpu_train.stack import config, stackfile
+from gpu_train.stack import stackfile
+from gpu_train.stack.problems import ConfigError
 from gpu_train.stack.project import listed_stack_files, repo_script
+from gpu_train.stack.settings import StackConfig
 from gpu_train.views import checkup, listing
 from infra.ops import probes
 
@@ -32,13 +34,13 @@ def stack_files(env: Environment) -> list[Path]:
     return listed_stack_files(env.project_root, env.stacks_dir)
 
 
-def load(path: Path) -> tuple[str, config.StackConfig | None, str | None]:
+def load(path: Path) -> tuple[str, StackConfig | None, str | None]:
     """(name, config or None, the problems' text or None)."""
     name = stackfile.stack_name_from_path(path)
     try:
         cfg, _ = validate.check(stackfile.read_stack_file(path), name, load_catalog())
         return name, cfg, None
-    except config.ConfigError as e:
+    except ConfigError as e:
         return name, None, str(e)
 
 
@@ -141,7 +143,7 @@ def _instances_by_stack(env: Environment, creds, projects: set[str]) -> tuple[di
     return found, errors
 
 
-def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path, cli: str) -> tuple[dict | None, str | None]:
+def _quick_status(cfg: StackConfig, outputs: dict | None, home: Path, cli: str) -> tuple[dict | None, str | None]:
     """Node 0's agent status within QUICK_SSH_S, or why not."""
     from remote.ssh import agentcall
     from remote.ssh import connect as ssh
@@ -160,7 +162,7 @@ def _quick_status(cfg: config.StackConfig, outputs: dict | None, home: Path, cli
         return None, str(e).splitlines()[0][:160] if str(e) else type(e).__name__
 
 
-def _bucket_probe(stack: str, cfg: config.StackConfig, home: Path, cli: str) -> tuple[dict | None, str | None]:
+def _bucket_probe(stack: str, cfg: StackConfig, home: Path, cli: str) -> tuple[dict | None, str | None]:
     """Node 0's answer to `bucket-check` (the uploader's Python and login environment), or why none."""
     from gpu_train.stack.bucket import parse_bucket, stack_prefix
     from remote.ssh import agentcall

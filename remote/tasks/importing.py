@@ -16,6 +16,7 @@ from invoke import Context, task
 from gpu_train.atomic import atomic_write
 from gpu_train.environment import Environment
 from gpu_train.errors import UsageError, printable
+from gpu_train.stack.problems import ConfigError
 from gpu_train.stack.project import repo_script
 from remote.tasks.session import say
 
@@ -98,7 +99,6 @@ def import_job(
     from gpu_train.catalog.loader import load_catalog
     from gpu_train.gcp import validate
     from gpu_train.importing import gcloud_flags, importer, translate
-    from gpu_train.stack import config
 
     file = None if source == "gcloud" else source
     if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
@@ -124,7 +124,7 @@ def import_job(
         raise UsageError(f"cannot import {file or 'the gcloud command'}: {e}") from None
     try:
         _, problems = validate.check(result.settings, stack_name, catalog)
-    except config.ConfigError as e:
+    except ConfigError as e:
         problems = e.problems
     directory = Path(stacks_dir).expanduser() if stacks_dir else Environment.of(c).new_stacks_dir
     path = directory / f"Pulumi.{stack_name}.yaml"

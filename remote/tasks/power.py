@@ -15,6 +15,7 @@ from invoke import Context, task
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
 from gpu_train.errors import CommandFailed, GpuTrainError, UsageError, outcome
+from gpu_train.stack.problems import ConfigError
 from remote.tasks.session import CLI, STACK_HELP, Session, say
 from remote.tasks.trust import number
 
@@ -23,13 +24,13 @@ GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its 
 
 def _gcp_config(env: Environment, stack: str | None):
     from gpu_train.catalog.loader import load_catalog
-    from gpu_train.stack import config, stackfile
+    from gpu_train.stack import stackfile
     from remote.ssh import target as targets
 
     try:
         name = targets.select_stack(env, stack)
         cfg = stackfile.load_stack(name, load_catalog(), env.stack_dirs, env.cli)
-    except config.ConfigError as e:
+    except ConfigError as e:
         raise UsageError(str(e)) from None
     if not cfg.is_gcp:
         raise UsageError(f"stack {name} is an SSH stack: gpu-train does not power your own hosts on or off")
@@ -134,10 +135,10 @@ def _api_credentials(cfg, running: bool):
 def _power_by_api(env: Environment, cfg, creds, running: bool) -> None:
     """Stop (discarding Local SSD) or start each node through the Compute API, wait for each, then refresh the
     instances' state: the provider cannot stop a VM with Local SSD (terraform-provider-google#26173)."""
-    from gpu_train.gcp import power, vm
+    from gpu_train.gcp import names, power
     from infra.ops import probes
 
-    for name in vm.node_names(cfg.stack, cfg.nodes):
+    for name in names.node_names(cfg.stack, cfg.nodes):
         path, query = power.api_call(cfg.project, cfg.zone, name, running)
         say(f"$ POST {path}" + "".join(f"?{k}={v}" for k, v in query.items()))
         try:
@@ -175,7 +176,6 @@ def _vm_is_down(env: Environment, cfg) -> bool:
 def vm_start(c: Context, stack=None):
     """Start the stack's stopped VM(s) again (after vm-stop, idle auto-stop, maxRunHours or preemption)."""
     from gpu_train.gcp import power
-    from gpu_train.stack import config
     from remote.ssh import target as targets
 
     env = Environment.of(c)
@@ -186,7 +186,7 @@ def vm_start(c: Context, stack=None):
         _power_by_api(env, cfg, creds, running=True)
     try:  # a restarted VM may have a new address
         outputs = targets.stack_outputs(cfg.stack, env.state_home / cfg.stack, refresh=True)
-    except config.ConfigError as e:
+    except ConfigError as e:
         raise GpuTrainError(str(e)) from None
     print(
         f"started {cfg.stack} at {outputs.get('externalIp')}; runs it was running resume by themselves (`{CLI} status --stack {cfg.stack}`)"

@@ -48,7 +48,7 @@ def outputs_cell(run: dict) -> str:
         return "-"
     from datetime import datetime
 
-    from remote.transfer.sync import human
+    from remote.transfer.codesize import human
 
     files = sum(int(s["files"]) for s in (job, work) if s)
     size = sum(int(s["bytes"]) for s in (job, work) if s)

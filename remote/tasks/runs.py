@@ -313,7 +313,7 @@ def prune(c: Context, run=None, dry_run=False, stack=None, all_projects=False):
     succeeded, failed or were stopped. Outputs (what the job created or changed), running and
     interrupted runs, and the newest run of each name stay. A pruned run cannot be resumed.
     """
-    from remote.transfer.sync import human
+    from remote.transfer.codesize import human
 
     run = trust.run_option(run)
     env = Environment.of(c)

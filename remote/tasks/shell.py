@@ -9,10 +9,10 @@ import sys
 
 from invoke import Context, task
 
+from gpu_train.atomic import atomic_write
 from gpu_train.contract import BOOT_CRON_STOPPED, BOOT_NO_CRONTAB, BOOT_OFF
 from gpu_train.environment import Environment
 from gpu_train.errors import CommandExit
-from remote.tasks.localstate import atomic_write
 from remote.tasks.session import CLI, STACK_HELP, Session, say
 
 

@@ -165,7 +165,8 @@ def plan(o: dict, gpus: list[int], base: str) -> tuple[list[dict], list[list[lis
         nodes = sweeps.spread(len(chosen), [len(s) for s in node_slots])
     except sweeps.SpaceError as e:
         raise UsageError(str(e)) from None
-    from gpu_train.jobs import STAMP_LEN, split_args
+    from gpu_train.jobargs import split_args
+    from gpu_train.jobs import STAMP_LEN
 
     fixed = list(split_args("--args", o["args"] or ""))
     template = space.get("args") if space else None
@@ -263,7 +264,8 @@ def gcp_facts(environment: Environment, stack: str | None) -> tuple[list[int], f
         return None
     from gpu_train.catalog.loader import load_catalog
     from gpu_train.gcp import validate
-    from gpu_train.views.listing import catalog_price, shape_of
+    from gpu_train.gcp.validate import shape_of
+    from gpu_train.views.listing import catalog_price
 
     catalog = load_catalog()
     cfg, _ = validate.check(raw, name, catalog)

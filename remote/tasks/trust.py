@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpu_train.errors import GpuTrainError, UsageError
 from gpu_train.jobs import JobError, check_run_id
-from gpu_train.stack.config import shown
+from gpu_train.stack.problems import shown
 
 
 def host_doc(doc: object, where: object) -> dict:

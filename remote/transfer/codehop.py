@@ -27,7 +27,7 @@ import paramiko
 from agent.bundle import agent_command
 from gpu_train.contract import ARRIVED, RELAYED, go_marker
 from gpu_train.errors import printable_doc
-from gpu_train.stack.config import SshHost
+from gpu_train.stack.sshhost import SshHost
 from remote.errors import RemoteError
 from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.hostkeys import host_id

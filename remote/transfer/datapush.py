@@ -1,7 +1,7 @@
 """`push DIR --to bucket`: a folder to gs://NAME/PREFIX/.gpu-train-data/PROJECT/DIR/, and its manifest.
 
 The bucket is shared with every VM that has the grant, so what a run copies from it is not what a
-listing shows but what the laptop sent: each push writes a manifest (contract.DataManifest: each
+listing shows but what the laptop sent: each push writes a manifest (bucketdoc.DataManifest: each
 file's object generation, size and SHA-256 of the bytes sent) into the user's own records
 (Environment.user_home, never the project's tree), and `train` carries the manifests in the spec.
 A file counts as unchanged only when the manifest already names it with the same SHA-256 and the
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import cast
 
 from gpu_train.atomic import atomic_write
+from gpu_train.bucketdoc import DataFile, DataManifest
 from gpu_train.checksum import crc32c_of
-from gpu_train.contract import DataFile, DataManifest
 from gpu_train.stack.bucket import BucketPlace
 from remote.transfer.bucketfetch import Fetched
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.bundle import GUARD
-from gpu_train.stack.config import SshHost
+from gpu_train.stack.sshhost import SshHost
 from remote.errors import RemoteError
 from remote.ssh.connect import openssh_options
 from remote.ssh.target import Target

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train.catalog.loader import load_catalog
-from gpu_train.gcp import changes, vm
+from gpu_train.gcp import changes, names, vm
 from gpu_train.stack import config
 from infra import program
 from infra.ops import plan, preview, pulumi_cli
@@ -74,9 +74,9 @@ def test_data_disk_type_defaults_to_what_the_series_takes(settings: dict, kind: 
 
 def test_data_disk_names_fit_compute_engine() -> None:
     long = "x" * 80
-    assert len(vm.data_disk_name(long)) <= 63 and vm.data_disk_name(long).endswith("-data")
-    assert len(vm.data_disk_name(long, 12)) <= 63 and vm.data_disk_name(long, 12).endswith("-12-data")
-    assert vm.data_disk_name(long, 1) != vm.data_disk_name(long, 2)
+    assert len(names.data_disk_name(long)) <= 63 and names.data_disk_name(long).endswith("-data")
+    assert len(names.data_disk_name(long, 12)) <= 63 and names.data_disk_name(long, 12).endswith("-12-data")
+    assert names.data_disk_name(long, 1) != names.data_disk_name(long, 2)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train.catalog.loader import load_catalog
-from gpu_train.gcp import vm
+from gpu_train.gcp import names, vm
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.config import parse
@@ -23,12 +23,12 @@ CATALOG = load_catalog()
     ],
 )
 def test_names_follow_gce_rules(stack: str, instance: str | None, account: str | None) -> None:
-    name, sa = vm.instance_name(stack), vm.service_account_id(stack)
+    name, sa = names.instance_name(stack), names.service_account_id(stack)
     assert instance is None or name == instance
     assert account is None or sa == account
     assert len(name) <= 63 and name[0].isalpha() and name[-1] != "-"
     assert 6 <= len(sa) <= 30 and sa[0].isalpha()
-    assert vm.instance_name("a" * 80) != vm.instance_name("a" * 81)  # cut names stay distinct
+    assert names.instance_name("a" * 80) != names.instance_name("a" * 81)  # cut names stay distinct
 
 
 def test_metadata_locks_ssh_to_our_key() -> None:

@@ -29,7 +29,7 @@ class FileJob:
     run: RunResult
     tree: fl.Tree
     entry: fp.Entry
-    planned: fl.Local | None
+    planned: fp.Local | None
     part: str
     pieces: int = 0
     whole: str | None = None  # the host's SHA-256 of the whole file, when it comes in several pieces

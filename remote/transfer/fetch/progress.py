@@ -7,7 +7,7 @@ import threading
 import time
 from typing import TextIO
 
-from remote.transfer.sync import human
+from remote.transfer.codesize import human
 
 
 def bar_line(done: int, total: int, elapsed: float, width: int = 24) -> str:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_train.errors import printable
+from remote.transfer.codesize import human
 from remote.transfer.fetch import generator as fp
-from remote.transfer.sync import human
 
 
 @dataclass

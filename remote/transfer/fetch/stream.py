@@ -22,7 +22,7 @@ import zlib
 
 from agent.bundle import agent_command
 from gpu_train.fetchwire import RANGE_HEAD_RE, RANGE_TRAILER_RE
-from gpu_train.stack.config import SshHost
+from gpu_train.stack.sshhost import SshHost
 from remote.ssh.connect import openssh_options
 from remote.ssh.mux import PERSIST_S, shared_control_path
 from remote.ssh.target import Target
