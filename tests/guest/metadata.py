@@ -41,7 +41,7 @@ class MetadataServer:
         self._changed = threading.Condition()
         self._server = http.server.ThreadingHTTPServer((address, free_port(address)), self._handler())
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)  # stop() waits one poll
 
     @property
     def url(self) -> str:

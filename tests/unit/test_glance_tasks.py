@@ -139,7 +139,7 @@ def test_ls_json(env: dict, gcp: FakeGoogle) -> None:
 
 def test_vm_stop_refuses_unchecked_runs_then_force_then_start(env: dict, gcp: FakeGoogle, tmp_path: Path) -> None:
     calls = tmp_path / "pulumi" / "calls"
-    refused = fab(env, "vm-stop", "--stack", "t4", "--wait", "1", timeout=120)  # (default: 10 s of retries)
+    refused = fab(env, "vm-stop", "--stack", "t4", "--wait", "0.2", timeout=120)  # (default: 10 s of retries)
     assert refused.returncode == 1 and "refusing: cannot check the runs" in refused.stderr
     assert calls.read_text().splitlines() == ["stack output --json --show-secrets --stack t4"]  # the VM's address; no `up`
     forced = fab(env, "vm-stop", "--stack", "t4", "--force")

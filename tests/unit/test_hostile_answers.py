@@ -171,7 +171,7 @@ def test_a_host_that_stops_answering_mid_answer_ends_the_stream(tmp_path: Path, 
     import time
 
     (tmp_path / "wire").write_bytes(wire)
-    stream = Stream(["sh", "-c", f'cat "{tmp_path / "wire"}"; exec sleep 600'], stall_s=1.0)  # then silence, ssh still up
+    stream = Stream(["sh", "-c", f'cat "{tmp_path / "wire"}"; exec sleep 600'], stall_s=0.4)  # then silence, ssh still up
     outcome: list[BaseException | None] = []
 
     def read() -> None:
@@ -190,7 +190,7 @@ def test_a_host_that_stops_answering_mid_answer_ends_the_stream(tmp_path: Path, 
     reader.join(timeout=30)
     try:
         assert outcome, "the read still waits"
-        assert isinstance(outcome[0], StreamError) and "did not answer for 1 s" in str(outcome[0])
+        assert isinstance(outcome[0], StreamError) and "did not answer for 0.4 s" in str(outcome[0])
         assert time.monotonic() - started < 10
     finally:
         stream.close(kill=True)
@@ -200,7 +200,7 @@ def test_a_host_that_stops_reading_ends_the_stream() -> None:
     """A request the host never reads (its side frozen, the pipe full) blocked the write for ever."""
     import threading
 
-    stream = Stream(["sh", "-c", "exec sleep 600"], stall_s=1.0)  # reads nothing
+    stream = Stream(["sh", "-c", "exec sleep 600"], stall_s=0.4)  # reads nothing
     outcome: list[BaseException | None] = []
 
     def send() -> None:
@@ -214,6 +214,6 @@ def test_a_host_that_stops_reading_ends_the_stream() -> None:
     writer.start()
     writer.join(timeout=30)
     try:
-        assert outcome and isinstance(outcome[0], StreamError) and "did not answer for 1 s" in str(outcome[0])
+        assert outcome and isinstance(outcome[0], StreamError) and "did not answer for 0.4 s" in str(outcome[0])
     finally:
         stream.close(kill=True)

@@ -70,6 +70,35 @@ def test_a_local_ssd_vm_is_stopped_and_started_through_the_compute_api(env: dict
     assert (tmp_path / "pulumi" / "calls").read_text().splitlines().count(f"refresh --yes --skip-preview --stack h100 --target {URN}") == 2
 
 
+def test_an_operation_is_asked_after_soon_then_less_often(env: dict, a3: FakeGoogle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop or start done in a moment is seen then (each was read again only 2 s later: the wait of every
+    vm-stop and vm-start); a long one is read at waits that double to ``poll_s``, never past the timeout."""
+    import threading
+    import time
+
+    from gpu_train.environment import Environment
+    from gpu_train.gcp import power
+    from infra.ops import probes
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", env["GOOGLE_APPLICATION_CREDENTIALS"])
+    _, creds = probes.read_adc()
+    genv = Environment(compute_endpoint=a3.url)
+    waits: list[float] = []
+    sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: (waits.append(s), sleep(s))[1])
+    released = threading.Event()
+    a3.state["on_stop"] = lambda name: released.wait(30)  # the stop goes on until released
+    path, query = power.api_call("proj-1", "us-central1-a", "gpu-train-h100", False)
+    with pytest.raises(RuntimeError, match=r"stop of gpu-train-h100 not done in 0\.6 s"):
+        probes.operation_done(genv, creds, probes.post_json(creds, probes.compute_url(genv, path), query), 0.6, poll_s=0.2)
+    assert waits[:2] == [0.1, 0.2] and max(waits) == 0.2 and sum(waits) <= 0.6, waits
+    released.set()
+    waits.clear()
+    path, query = power.api_call("proj-1", "us-central1-a", "gpu-train-h100", True)
+    assert probes.operation_done(genv, creds, probes.post_json(creds, probes.compute_url(genv, path), query), 60)["status"] == "DONE"
+    assert waits[0] == 0.1 and sum(waits) < 2, waits  # the fake starts it at once
+
+
 def test_without_credentials_the_stop_says_what_to_do(env: dict, a3: FakeGoogle, tmp_path: Path) -> None:
     env["GOOGLE_APPLICATION_CREDENTIALS"] = str(tmp_path / "none.json")
     r = fab(env, "vm-stop", "--stack", "h100", "--force")

@@ -258,6 +258,7 @@ def conf(fake: FakeGoogle, hook: Webhook, nodes: list[str], hours: float = 24) -
             "GPU_TRAIN_COMPUTE_URL": fake.url,
             "GPU_TRAIN_METADATA_URL": fake.url + "/computeMetadata/v1/",
             "GPU_TRAIN_OP_WAIT_S": "20",
+            "GPU_TRAIN_OP_POLL_S": "0.02",  # the fake finishes each operation at once: no 1 s polls
         }
     )
 

@@ -257,7 +257,7 @@ class Stream:
         connection). ``ended``: ssh closed its output, so it is exiting: its status is waited for (briefly)."""
         if self.stalled:
             return StreamError(
-                f"the host did not answer for {self.stall_s:.0f} s (nothing sent, nothing taken) mid-exchange: the stream was closed"
+                f"the host did not answer for {self.stall_s:g} s (nothing sent, nothing taken) mid-exchange: the stream was closed"
             )
         if ended and not self._err.closed:
             with contextlib.suppress(subprocess.TimeoutExpired):
