@@ -147,10 +147,11 @@ class Environment:
         """The Environment of a task's Invoke Context: the one the program built, else built now from the
         process (`fab`, whose program is Fabric's own) and kept in the Context's config for the next task."""
         env = c.config.get(CONFIG_KEY)
-        if env is None:
-            env = Environment.from_os()
-            c.config[CONFIG_KEY] = env
-        return env
+        if isinstance(env, Environment):
+            return env
+        made = Environment.from_os()
+        c.config[CONFIG_KEY] = made
+        return made
 
     def replace(self, **changes: Any) -> Environment:
         return dataclasses.replace(self, **changes)

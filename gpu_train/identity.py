@@ -128,7 +128,7 @@ def running_run(runs: list[dict[str, Any]], scope: Scope) -> str | None:
     nothing at all is at work; UsageError naming them when several of the scope's are (which one?) or only
     other projects' runs are: never a quiet "nothing stopped" while the run the user meant goes on."""
     active = [r for r in runs if r.get("state") in ACTIVE or any(n.get("state") in ACTIVE for n in r.get("nodes") or ())]
-    mine = sorted(r["id"] for r in active if scope.keeps(r.get("project")))  # (a cluster's: any node still at work)
+    mine: list[str] = sorted(r["id"] for r in active if scope.keeps(r.get("project")))  # (a cluster's: any node still at work)
     if len(mine) == 1:
         return mine[0]
     if mine:

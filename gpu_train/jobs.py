@@ -321,7 +321,8 @@ def resumable(runs: list[dict[str, Any]], named: str) -> str:
 
     candidates = [r for r in runs if interrupted(r)]
     if candidates:
-        return max(candidates, key=lambda r: r.get("created") or 0)["id"]
+        latest: str = max(candidates, key=lambda r: r.get("created") or 0)["id"]
+        return latest
     if not runs:
         raise JobError("no runs on this host yet: nothing to resume")
     newest = max(runs, key=lambda r: r.get("created") or 0)

@@ -60,7 +60,8 @@ def _validator() -> Callable[[Any], Any]:
             atomic_write(cached, marshal.dumps(code), 0o644, keep_mode=False)
     namespace: dict[str, Any] = {}
     exec(code, namespace)
-    return namespace["validate"]
+    validate: Callable[[Any], Any] = namespace["validate"]
+    return validate
 
 
 def check_shape(doc: Any) -> None:
@@ -79,7 +80,7 @@ def check_shape(doc: Any) -> None:
 
 def _table(doc: dict[str, Any], key: str, sources: dict[str, Any]) -> dict[str, Any]:
     """A top-level table; the sources it names must be in ``sources``."""
-    table = doc[key]
+    table: dict[str, Any] = doc[key]
     for src in table["source"]:
         if src not in sources:
             raise CatalogError(f"{key}.source: unknown source {src!r}")

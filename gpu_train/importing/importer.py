@@ -97,7 +97,8 @@ class JobDescription:
 def load_tables(path: Path = DATA_PATH) -> Tables:
     """The AI Platform / Vertex facts (data/ai-platform.yaml)."""
     with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        tables: Tables = yaml.safe_load(f)
+    return tables
 
 
 # -- small readers -----------------------------------------------------------------------------

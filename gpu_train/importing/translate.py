@@ -55,7 +55,7 @@ class Translation:
 
 def accelerator_type(name: str, catalog: Catalog, tables: Tables) -> str:
     """An AI Platform/Vertex enum (NVIDIA_TESLA_T4) or an API name (nvidia-tesla-t4), as the API name."""
-    known = tables["accelerators"]["types"]
+    known: dict[str, str] = tables["accelerators"]["types"]
     if name in known:
         return known[name]
     if name.upper().startswith("TPU"):
