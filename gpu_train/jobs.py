@@ -235,9 +235,10 @@ def node_specs(spec: JobSpec, hosts: list[str], master_addr: str, master_port: i
     ]
 
 
-def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None, data: tuple[dict[str, Any], ...] = ()) -> list[JobSpec]:
-    """With gpu-train:bucket, each node's spec names where its JOB_DIR goes: PREFIX/.gpu-train-runs/STACK/RUN/ (node N > 0:
-    .../node-N/), and ``data``: the manifests of `push --to bucket` (the only data a host copies from it)."""
+def in_bucket(specs: list[JobSpec], area: str, bucket: str | None, data: tuple[dict[str, Any], ...] = ()) -> list[JobSpec]:
+    """With gpu-train:bucket, each node's spec names where its JOB_DIR goes: PREFIX/.gpu-train-runs/AREA/RUN/ (node N > 0:
+    .../node-N/; AREA: gpu_train.stack.bucket.area_of), and ``data``: the manifests of `push --to bucket` (the only data a
+    host copies from it)."""
     if not bucket:
         return specs
     place = parse_bucket(bucket)
@@ -246,9 +247,9 @@ def in_bucket(specs: list[JobSpec], stack: str, bucket: str | None, data: tuple[
             s,
             bucket={
                 "name": place.name,
-                "prefix": run_prefix(place, stack, s.run_id, i),
+                "prefix": run_prefix(place, area, s.run_id, i),
                 "data": data_prefix(place, s.project),
-                "parts": parts_prefix(place, stack, s.run_id, i),
+                "parts": parts_prefix(place, area, s.run_id, i),
             },
             bucket_data=data,
         )

@@ -4,7 +4,7 @@ With ``bucketCreate`` the program creates the bucket in the VM's region (no egre
 them), with uniform bucket-level access and public access prevented, and retains it when the stack
 is destroyed: checkpoints in a bucket are what is meant to outlive the VM. Either way the VM's own
 service account gets two conditioned grants on this bucket only (a team bucket is a shared room): object
-read/write/delete under its own stack's prefix and its parts' (gpu_train.stack.bucket.grant_conditions),
+read/write/delete under its own stack's area and its parts' (gpu_train.stack.bucket.grant_conditions),
 and object read under the pushed data's prefix. IAM conditions need uniform bucket-level access: an
 existing bucket without it is refused before anything is created (infra/ops/preflight.py).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pulumi
 
 from gpu_train.gcp import vm
-from gpu_train.stack.bucket import grant_conditions, parse_bucket
+from gpu_train.stack.bucket import area_of, grant_conditions, parse_bucket
 from gpu_train.stack.settings import StackConfig
 from infra.gcpparts import gcp
 
@@ -46,7 +46,7 @@ def declare(
         )
         made.append(created)
         bucket_name = created.name
-    write, read = grant_conditions(place, cfg.stack)
+    write, read = grant_conditions(place, area_of(cfg.stack, cfg.bucket_area))
     member = account_email.apply(lambda email: f"serviceAccount:{email}")
     for suffix, role, title, expression in (
         ("objects", vm.BUCKET_ROLE, "own stack's runs", write),

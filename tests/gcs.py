@@ -18,6 +18,14 @@ from pathlib import Path
 EMULATOR = str(Path(sys.executable).parent / "gcp-storage-emulator")
 
 
+def area(stack_file: Path) -> str:
+    """The folder of its bucket a stack's runs go to, as gpu-train wrote it into the stack file at its first
+    `train` with a bucket (gpu-train:bucketArea, STACK@XXXXXXXX)."""
+    import yaml
+
+    return str(yaml.safe_load(stack_file.read_text())["config"]["gpu-train:bucketArea"])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

@@ -1,7 +1,11 @@
 """`gpu-train:bucket`: where in Cloud Storage a stack's runs go, checked before anything is created.
 
-``NAME`` or ``gs://NAME/PREFIX``; a run's files are objects under ``PREFIX/.gpu-train-runs/STACK/RUN/`` (node
-N > 0 of a cluster: ``.../RUN/node-N/``), the same shape as the laptop's ``runs/STACK/RUN/``. Every area
+``NAME`` or ``gs://NAME/PREFIX``; a run's files are objects under ``PREFIX/.gpu-train-runs/AREA/RUN/`` (node
+N > 0 of a cluster: ``.../RUN/node-N/``), the same shape as the laptop's ``runs/STACK/RUN/``. AREA is the
+stack's ``bucketArea``, ``STACK@XXXXXXXX`` (its name and 8 random hex digits, made once and kept in the stack
+file, so it travels with the project's stacks/ to another laptop or clone): two stacks of one name on one
+prefix (two people's ``lab`` in a team bucket) have two areas. A stack without one (from before 2026-11-28)
+still has ``STACK`` as its area; ``@`` is no stack name's, so no area is another's. Every area
 gpu-train writes starts with a ``.gpu-train-*`` folder right after PREFIX, and no PREFIX may hold a folder of
 that name, so one stack's area is never inside another's (a stack ``team`` on ``gs://B`` beside a stack on
 ``gs://B/team``) and a grant over one (``startsWith``) covers nothing of another. Pure: the program,
@@ -12,8 +16,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import secrets
 from dataclasses import dataclass
 
+from gpu_train.contract import STACK_NAME_PATTERN
 from gpu_train.stack.problems import Problem
 
 SCHEME = "gs://"
@@ -101,23 +107,54 @@ def bucket_problems(text: str | None, create: bool) -> list[Problem]:
 
 RUNS_FOLDER = ".gpu-train-runs/"
 PARTS_FOLDER = ".gpu-train-parts/"
+AREA_KEY = "bucketArea"  # the stack setting that keeps a stack's area
+AREA_RE = re.compile(rf"{STACK_NAME_PATTERN}@[0-9a-f]{{8}}")
 
 
-def stack_prefix(place: BucketPlace, stack: str) -> str:
-    """The object prefix of one stack's runs: PREFIX/.gpu-train-runs/STACK/ (until 2026-11 PREFIX/STACK/, which a
-    stack on gs://B shared with every stack on gs://B/STACK: see docs/bucket.md for runs left there)."""
-    return f"{place.prefix}{RUNS_FOLDER}{stack}/"
+def new_area(stack: str, token: str | None = None) -> str:
+    """A fresh area for ``stack``: ``STACK@XXXXXXXX`` (``token`` for the tests)."""
+    made = f"{stack}@{token or secrets.token_hex(4)}"
+    assert AREA_RE.fullmatch(made), made
+    return made
 
 
-def run_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
+def area_problems(area: object) -> list[Problem]:
+    """What is wrong with a stack's ``bucketArea``, each naming the fix."""
+    if area is None or (isinstance(area, str) and AREA_RE.fullmatch(area)):
+        return []
+    return [
+        Problem(
+            AREA_KEY,
+            "is STACK@XXXXXXXX (a stack name, '@', 8 hex digits), as gpu-train wrote it",
+            f"put back the value gpu-train wrote (git log -p on the stack file), or remove {AREA_KEY}: "
+            "the next `train` makes a new area (runs in the old one stay in the bucket)",
+            str(area),
+        )
+    ]
+
+
+def area_of(stack: str, area: str | None) -> str:
+    """The folder a stack's runs are in under RUNS_FOLDER: its ``bucketArea``, else (a stack from before areas,
+    2026-11-28) its name, an area every stack of that name on that prefix shares."""
+    return area or stack
+
+
+def stack_prefix(place: BucketPlace, area: str) -> str:
+    """The object prefix of one stack's runs: PREFIX/.gpu-train-runs/AREA/ (``area_of``). Until 2026-11-28 AREA
+    was always the stack's name; until 2026-11 this was PREFIX/STACK/, which a stack on gs://B shared with every
+    stack on gs://B/STACK: see docs/bucket.md for runs left there."""
+    return f"{place.prefix}{RUNS_FOLDER}{area}/"
+
+
+def run_prefix(place: BucketPlace, area: str, run: str, node: int = 0) -> str:
     """The object prefix of one run's files (node N > 0 of a cluster: its own folder inside)."""
-    return f"{stack_prefix(place, stack)}{run}/" + (f"node-{node}/" if node else "")
+    return f"{stack_prefix(place, area)}{run}/" + (f"node-{node}/" if node else "")
 
 
-def parts_prefix(place: BucketPlace, stack: str, run: str, node: int = 0) -> str:
+def parts_prefix(place: BucketPlace, area: str, run: str, node: int = 0) -> str:
     """Where the host's uploader keeps a big file's parts until it composes them into the run's object:
-    beside the stacks' runs (PREFIX/.gpu-train-parts/STACK/RUN/), so no listing of a run ever sees one."""
-    return f"{place.prefix}{PARTS_FOLDER}{stack}/{run}/" + (f"node-{node}/" if node else "")
+    beside the stacks' runs (PREFIX/.gpu-train-parts/AREA/RUN/), so no listing of a run ever sees one."""
+    return f"{place.prefix}{PARTS_FOLDER}{area}/{run}/" + (f"node-{node}/" if node else "")
 
 
 DATA_FOLDER = ".gpu-train-data/"  # starts with '.': no stack can have the name (STACK_NAME_PATTERN)
@@ -136,14 +173,15 @@ def _cel(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def grant_conditions(place: BucketPlace, stack: str) -> tuple[str, str]:
+def grant_conditions(place: BucketPlace, area: str) -> tuple[str, str]:
     """The IAM conditions of a stack VM's two grants on a shared bucket (Cloud Storage's resource names:
     ``projects/_/buckets/B`` for a listing, ``.../objects/NAME`` for an object): read, write and delete
-    only under its own stack's prefix and its parts' (and list only those prefixes, through the listing's
-    ``objectListPrefix``); read the pushed data (never write it). Another stack's VM in a team bucket
-    can then neither read, overwrite nor delete this stack's runs, nor plant data a run copies."""
+    only under its own area's prefix and its parts' (and list only those prefixes, through the listing's
+    ``objectListPrefix``); read the pushed data (never write it). Another stack's VM in a team bucket, of
+    this stack's name too, can then neither read, overwrite nor delete this stack's runs, nor plant data a
+    run copies."""
     bucket = f"projects/_/buckets/{place.name}"
-    own = (stack_prefix(place, stack), f"{place.prefix}{PARTS_FOLDER}{stack}/")
+    own = (stack_prefix(place, area), f"{place.prefix}{PARTS_FOLDER}{area}/")
     objects = " || ".join(f"resource.name.startsWith({_cel(f'{bucket}/objects/{p}')})" for p in own)
     listing = " || ".join(f"api.getAttribute('storage.googleapis.com/objectListPrefix', '').startsWith({_cel(p)})" for p in own)
     write = f"{objects} || (resource.name == {_cel(bucket)} && ({listing}))"

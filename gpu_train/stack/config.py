@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_train.containerspec import IMAGE_REF_PATTERN
 from gpu_train.contract import GCP_REMOTE_ROOT
-from gpu_train.stack.bucket import bucket_problems
+from gpu_train.stack.bucket import area_problems, bucket_problems
 from gpu_train.stack.pools import parse_pools
 from gpu_train.stack.problems import ConfigError, Problem, shown
 from gpu_train.stack.settings import (  # each setting is declared once, there
@@ -241,6 +241,7 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None) -> t
 
     if not any(p.key in ("bucket", "bucketCreate") for p in problems):
         problems += bucket_problems(values.get("bucket"), bool(values.get("bucketCreate")))
+    problems += area_problems(values.get("bucketArea"))
     if isinstance(values.get("image"), str) and not re.fullmatch(IMAGE_REF_PATTERN, values["image"]):
         fix = "write REGISTRY/NAME:TAG or NAME@sha256:DIGEST, lowercase (e.g. nvcr.io/nvidia/pytorch:24.05-py3)"
         problems.append(Problem("image", "is not an image reference", fix, values["image"]))

@@ -29,6 +29,10 @@ SOFT_DELETE_HELP = (
     "`true`: keep Cloud Storage's soft delete (7 days) on a bucket the stack creates (off: overwritten checkpoints "
     "and composed parts would bill 7 more days)"
 )
+AREA_HELP = (
+    "this stack's own folder in `bucket`, `STACK@XXXXXXXX`: gpu-train writes it into the stack file once (an SSH "
+    "stack's first `train` with a bucket, a GCP stack's `up`); commit it, and give no other stack file the same value"
+)
 NOTICE_HELP = (
     "spot: Compute Engine marks the VM preempted (metadata `preempted`, the job's `$GPU_TRAIN_NOTICE`) this long "
     f"before the soft-off (`scheduling.preemptionNoticeDuration`; 0: at it, 30 s before the power-off); 1 to {MAX_NOTICE_S}"
@@ -291,10 +295,11 @@ class StackConfig:
         "str",
         None,
         "Cloud Storage for runs: `NAME` or `gs://NAME/PREFIX`; each "
-        "run's JOB_DIR goes to `PREFIX/.gpu-train-runs/STACK/RUN/` while it trains; "
+        "run's JOB_DIR goes to `PREFIX/.gpu-train-runs/AREA/RUN/` while it trains (AREA: `bucketArea`); "
         "no prefix folder may start with `.gpu-train` (see docs/bucket.md)",
         shown="none",
     )
+    bucket_area: str | None = setting("bucketArea", "str", None, AREA_HELP, shown="none")
     bucket_create: bool = setting(
         "bucketCreate",
         "bool",

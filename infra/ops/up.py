@@ -31,6 +31,7 @@ from gpu_train.errors import ExitStatus, outcome
 from gpu_train.gcp import capacity, changes, provisioning, validate
 from gpu_train.retry import Backoff
 from gpu_train.stack import config, stackfile
+from gpu_train.stack.bucket import AREA_KEY, new_area
 from gpu_train.stack.problems import ConfigError
 from gpu_train.stack.settings import StackConfig
 from infra.ops import pulumi_cli
@@ -136,6 +137,10 @@ class Up:
         self.path = env.stack_file(stack)
         self.raw = stackfile.read_stack_file(self.path)
         self.cfg, _ = validate.check(self.raw, stack, self.catalog)
+        # A stack with a bucket and no area of its own gets one with this up (written back only when it succeeds,
+        # with the settings that worked), so that its VM's grant is on its own folder of the bucket: another stack
+        # of its name there has another (gpu_train.stack.bucket.area_of).
+        self.new_area = {AREA_KEY: new_area(stack)} if self.cfg.bucket and not self.cfg.bucket_area else {}
 
     # -- a stack with a VM ---------------------------------------------------------------------
     def existing(self, before: list[pulumi_cli.Resource], retry_until_up: bool, max_attempts: int) -> int:
@@ -147,8 +152,12 @@ class Up:
             return ExitStatus.FAILED
         backoff = Backoff(self.retry_delay, cap=600)
         for attempt in range(1, max_attempts + 1):
-            code, out = self.pulumi(["up", "--yes", "--skip-preview", "--stack", self.stack])
+            if self.new_area:  # (on a copy of the stack file, as a new stack's attempts)
+                code, out = self.attempt(self.new_area)
+            else:
+                code, out = self.pulumi(["up", "--yes", "--skip-preview", "--stack", self.stack])
             if code == 0:
+                self.write_back(self.new_area)
                 self.say(f"up: stack {self.stack} is up in {self.cfg.zone}")
                 return ExitStatus.OK
             failure = capacity.classify(out)
@@ -230,7 +239,7 @@ class Up:
                         return ExitStatus.FAILED
                     tried.add(zone)
                     self.say(f"attempt {attempt}: {shape} in {zone}")
-                    settings = {**shape.settings(), "zone": zone}
+                    settings = {**shape.settings(), "zone": zone, **self.new_area}
                     code, out = self.attempt(settings)
                     if code == 0:
                         self.write_back(settings)
@@ -295,6 +304,12 @@ class Up:
             if current is not None and str(current).lower() == value.lower():
                 continue
             self.pulumi(["config", "set", f"gpu-train:{key}", value, "--stack", self.stack], echo=False)
+        if AREA_KEY in settings:
+            self.say(
+                f"this stack's runs now go to their own folder of its bucket, {settings[AREA_KEY]}: gpu-train:{AREA_KEY} "
+                f"is in {self.path} (commit it); runs started before keep their old folder, which the VM's grant no "
+                "longer covers (docs/bucket.md)"
+            )
 
 
 def main(argv: list[str] | None = None, env: Environment | None = None) -> int:

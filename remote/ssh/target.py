@@ -92,6 +92,7 @@ class Target:
     # The laptop's command the agent's messages name (Environment.cli: `fab` inside this clone).
     cli: str = "gpu-train"
     bucket: str | None = None  # gpu-train:bucket (NAME or gs://NAME/PREFIX), checked
+    bucket_area: str | None = None  # gpu-train:bucketArea (STACK@XXXXXXXX); None: a stack from before areas
     # An SSH stack without remoteRoot: each node's root as first contact found it (REMOTE_ROOT_DEFAULT,
     # or the old default where that host has runs of ours), in node order; "" until asked. Not rotated.
     ask_root: bool = False
@@ -306,6 +307,7 @@ def target_from(cfg: StackConfig, outputs: dict | None, home: Path, cli: str = "
         notify=cfg.notify,
         image=cfg.image,
         bucket=cfg.bucket,
+        bucket_area=cfg.bucket_area,
         ask_root=not cfg.is_gcp and "remoteRoot" not in cfg.given,
         cli=cli,
     )

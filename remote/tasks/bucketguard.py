@@ -54,3 +54,10 @@ def expected_objects(record: dict[str, dict], run_prefix: str) -> dict[str, dict
     """The host's record (path in the run -> generation, size, crc32c) as object names under the prefix the
     laptop computes itself from its stack (never the host's word for where the run is)."""
     return {run_prefix + rel: rec for rel, rec in record.items()}
+
+
+def recorded_prefix(candidates: list[str], bucket: str, url: object) -> str | None:
+    """Which of the run prefixes the laptop computes for a run from its own stack (its area's, then its
+    name's folder from before areas) the host's uploader wrote to, by the run's bucket ``url`` in `status`
+    (``gs://NAME/PREFIX``); None when it is none of them (the host's word names no folder of this stack's)."""
+    return next((p for p in candidates if url == f"gs://{bucket}/{p}"), None)

@@ -24,33 +24,56 @@ def node_dir(node: int) -> str:
     return f"node-{node}" if node else ""
 
 
+def areas_of(target) -> list[str]:
+    """The folders of the bucket a stack's runs may be in, its own first: its area, and where it has one, its
+    name's folder from before areas (runs uploaded then stay there, and resume there: the host's spec names it)."""
+    from gpu_train.stack.bucket import area_of
+
+    return [area_of(target.stack, target.bucket_area), *([target.stack] if target.bucket_area else [])]
+
+
 def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str | None, streams: int, node: int | None = None) -> None:
-    """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/.gpu-train-runs/STACK/ into runs/STACK/RUN
-    (``node``: that node's files only, into its folder there: a node that cannot be reached)."""
-    from gpu_train.stack.bucket import parse_bucket
+    """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/.gpu-train-runs/AREA/ (and the
+    stack's folder from before areas) into runs/STACK/RUN (``node``: that node's files only, into its folder there: a
+    node that cannot be reached)."""
+    from gpu_train.stack.bucket import AREA_KEY, parse_bucket, run_prefix, stack_prefix
     from remote.errors import RemoteError
     from remote.transfer import bucketfetch
 
     if not target.bucket:
         raise UsageError(f"stack {target.stack} has no bucket: set gpu-train:bucket (see docs/bucket.md), or fetch from the host")
     place = parse_bucket(target.bucket)
+    areas = areas_of(target)
+    shown = " and ".join(place.url(stack_prefix(place, a)[len(place.prefix) :]) for a in areas)
     try:
         gcs = bucketfetch.client()
-        runs, odd = bucketfetch.runs_in(gcs, place, target.stack)
-        if odd:
-            say(f"not run ids, left alone: {', '.join(repr(n[:80]) for n in odd[:5])} in {place.url(target.stack + '/')}")
+        where: dict[str, str] = {}  # run -> its area (the stack's own wins)
+        for area in reversed(areas):
+            found, odd = bucketfetch.runs_in(gcs, place, area)
+            where.update(dict.fromkeys(found, area))
+            if odd:
+                folder = place.url(stack_prefix(place, area)[len(place.prefix) :])
+                say(f"not run ids, left alone: {', '.join(repr(n[:80]) for n in odd[:5])} in {folder}")
+        runs = sorted(where, key=bucketfetch.run_order)
         if run:
             runs = [r for r in runs if r == run] or [r for r in runs if r.startswith(f"{run}_")][-1:]
         elif not all_:
             runs = runs[-1:]
         if not runs:
-            raise GpuTrainError(f"no run{' ' + run if run else 's'} of stack {target.stack} in {place.url(target.stack + '/')}")
+            others = [a for a in bucketfetch.areas_named(gcs, place, target.stack) if a not in areas]
+            hint = (
+                f"; other stacks named {target.stack} have runs in {', '.join(others[:5])}: if one is this stack's (its stack "
+                f"file lost gpu-train:{AREA_KEY}), put that line back"
+                if others
+                else ""
+            )
+            raise GpuTrainError(f"no run{' ' + run if run else 's'} of stack {target.stack} in {shown}{hint}")
         base = Path(dest) if dest else env.project_root / "runs" / target.stack
         failed = []
         for r in runs:
-            where = trust.inside(destination(env, target.stack, r, dest, len(runs) > 1, node_dir(node or 0)), base)
+            here = trust.inside(destination(env, target.stack, r, dest, len(runs) > 1, node_dir(node or 0)), base)
             try:
-                got = bucketfetch.fetch_run(gcs, place, target.stack, r, where, streams, say, node)
+                got = bucketfetch.fetch_run(gcs, place, where[r], r, here, streams, say, node)
             except RemoteError as e:
                 if node is None:
                     raise
@@ -60,10 +83,8 @@ def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str
             for problem in got.problems:
                 say(f"{r}: {problem}")
             failed += [r] if got.problems else []
-            say(
-                f"{r}: {got.files} file(s), {got.bytes} bytes from {place.url(f'{target.stack}/{r}/{node_dir(node or 0)}')} into {where} "
-                f"(verified; {got.unchanged} unchanged)"
-            )
+            source = place.url(run_prefix(place, where[r], r, node or 0)[len(place.prefix) :])
+            say(f"{r}: {got.files} file(s), {got.bytes} bytes from {source} into {here} (verified; {got.unchanged} unchanged)")
     except RemoteError as e:
         raise GpuTrainError(str(e)) from None
     if failed:

@@ -164,7 +164,7 @@ def _quick_status(cfg: StackConfig, outputs: dict | None, home: Path, cli: str) 
 
 def _bucket_probe(stack: str, cfg: StackConfig, home: Path, cli: str) -> tuple[dict | None, str | None]:
     """Node 0's answer to `bucket-check` (the uploader's Python and login environment), or why none."""
-    from gpu_train.stack.bucket import parse_bucket, stack_prefix
+    from gpu_train.stack.bucket import area_of, parse_bucket, stack_prefix
     from remote.ssh import agentcall
     from remote.ssh import connect as ssh
     from remote.ssh.target import ssh_hosts, target_from
@@ -181,7 +181,7 @@ def _bucket_probe(stack: str, cfg: StackConfig, home: Path, cli: str) -> tuple[d
                 "--bucket",
                 place.name,
                 "--prefix",
-                stack_prefix(place, stack),
+                stack_prefix(place, area_of(stack, cfg.bucket_area)),
                 *(["--python", cfg.python] if cfg.python else []),
                 timeout=ANSWER_S + 90,
             ), None

@@ -153,7 +153,7 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         say(line)
     own = all(s.container and s.container.own_program for s in specs)  # only images' own programs: no code is sent
     specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(opts.nproc))
-    specs = jobs.in_bucket(specs, cluster.stack, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))
+    specs = jobs.in_bucket(specs, bucket_area(environment, cluster), cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))
     specs = notifying_node0(specs)
     # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and
     # passes it on, the nodes go on their own word; those that started are stopped, as below.)
@@ -259,6 +259,25 @@ def notify_url(stack: str, setting: str | None) -> str | None:
         )
         return None
     return out.strip()
+
+
+def bucket_area(environment: Environment, cluster: Target) -> str:
+    """The folder of the stack's bucket its runs go to (gpu_train.stack.bucket.area_of). An SSH stack with a
+    bucket and no ``bucketArea`` gets one now, written into its stack file (said): two stacks of one name on
+    one bucket never share runs. A GCP stack's is made by `up`, as its VM may write only where its grant
+    says: until then it keeps the area its VM was granted (its name)."""
+    from gpu_train.stack.bucket import AREA_KEY, area_of, new_area
+    from gpu_train.stack.stackedit import add_setting
+
+    if not cluster.bucket or cluster.bucket_area or cluster.is_gcp:
+        return area_of(cluster.stack, cluster.bucket_area)
+    path = environment.stack_file(cluster.stack)
+    area = add_setting(path, AREA_KEY, new_area(cluster.stack))
+    say(
+        f"this stack's runs go to their own folder of the bucket, {area}: wrote gpu-train:{AREA_KEY}: {area} into {path} "
+        "(commit it: it is how this stack finds its runs there from any clone; runs from before stay where they were)"
+    )
+    return area
 
 
 def pushed_data(environment: Environment, bucket: str | None, project: str | None) -> tuple[dict, ...]:

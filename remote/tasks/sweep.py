@@ -181,7 +181,7 @@ def start(environment: Environment, session: Session, o: dict) -> None:
     from gpu_train import jobs
     from gpu_train.identity import ProjectIds
     from gpu_train.stack.agentdoc import settings_part
-    from remote.tasks.launching import pushed_data, training_folder_of
+    from remote.tasks.launching import bucket_area, pushed_data, training_folder_of
     from remote.transfer import sync
     from remote.transfer.relay import ChannelRelay
 
@@ -217,7 +217,8 @@ def start(environment: Environment, session: Session, o: dict) -> None:
         venv=cluster.venv,
         needs_torch=jobs.needs_torch(code_dir, spec.script, "none"),
     )
-    spec = jobs.in_bucket([spec], cluster.stack, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))[0]
+    area = bucket_area(environment, cluster)
+    spec = jobs.in_bucket([spec], area, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))[0]
     staged = f"{base}{stamp}"
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         code = sync.plan_code(

@@ -93,14 +93,16 @@ def uncron(session: Session) -> None:
         say(f"warning: {line}: gpu-train's crontab lines may still be there (`crontab -e` there to remove them)")
 
 
-def not_as_recorded(stack: str, bucket: str, docs: list[object]) -> list[str]:
+def not_as_recorded(target, bucket: str, docs: list[object]) -> list[str]:
     """`down --no-fetch`: the laptop lists the bucket itself and requires every file each host's uploader
-    recorded, with its generation, size and CRC32C, under the run's prefix as this stack names it; one
-    line per run naming what differs (the host's word alone let a deleted run's VM be destroyed)."""
+    recorded, with its generation, size and CRC32C, under the run's prefix as this stack names it (its area,
+    or for a run from before areas its name's folder); one line per run naming what differs (the host's word
+    alone let a deleted run's VM be destroyed)."""
 
     from gpu_train.contract import is_run_id
     from gpu_train.stack.bucket import parse_bucket, run_prefix
-    from remote.tasks.bucketguard import differs_in_bucket, expected_objects
+    from remote.tasks.bucketguard import differs_in_bucket, expected_objects, recorded_prefix
+    from remote.tasks.frombucket import areas_of
     from remote.transfer import bucketfetch
 
     place, lines = parse_bucket(bucket), []
@@ -116,7 +118,10 @@ def not_as_recorded(stack: str, bucket: str, docs: list[object]) -> list[str]:
             if not is_run_id(rid) or not isinstance(run.get("bucketRecord"), dict):
                 lines.append(f"{where}{rid!r}: the host did not say what it verified in the bucket")
                 continue
-            prefix = run_prefix(place, stack, rid, node)
+            prefix = recorded_prefix([run_prefix(place, a, rid, node) for a in areas_of(target)], place.name, run["bucket"].get("url"))
+            if prefix is None:
+                lines.append(f"{where}{rid}: the host says it went to {str(run['bucket'].get('url'))[:200]}, no folder of this stack's")
+                continue
             try:
                 listed = {b.name: (int(b.generation), int(b.size), str(b.crc32c)) for b in gcs.list_blobs(place.name, prefix=prefix)}
             except Exception as e:  # credentials, the network: the bucket could not be checked, so nothing is destroyed
@@ -171,7 +176,7 @@ def down(c: Context, force=False, streams=None, stack=None, no_fetch=False, all_
         if not bucket:
             raise UsageError(f"--no-fetch: stack {session.target.stack} has no gpu-train:bucket to keep its runs (docs/bucket.md)")
         problems = not_in_bucket([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
-        problems += not_as_recorded(session.target.stack, bucket, docs)
+        problems += not_as_recorded(session.target, bucket, docs)
     else:
         problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, streams)
     for s in sessions:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gpu_train.checksum import crc32c_of
 from gpu_train.contract import RUN_FILES, RUN_LOG, WORKDIR, is_run_id
-from gpu_train.stack.bucket import BucketPlace, run_prefix, stack_prefix
+from gpu_train.stack.bucket import AREA_RE, RUNS_FOLDER, BucketPlace, run_prefix, stack_prefix
 from remote.errors import RemoteError
 from remote.transfer.fetch.generator import CONFLICT, KEEP_NEWER, PREVIOUS, Entry, decide, reserved
 from remote.transfer.fetch.receiver import Tree, UnsafePath, check_rel, part_path, partial_dir
@@ -40,16 +40,32 @@ def client(project: str | None = None):
     return storage.Client(project=project)
 
 
-def runs_in(gcs, place: BucketPlace, stack: str) -> tuple[list[str], list[str]]:
-    """The stack's runs in the bucket, oldest first (by the time in their ids), and the names there that
-    are not run ids (``.``, ``..``, a decoy): never fetched, never "the newest" (each is said)."""
-    area = stack_prefix(place, stack)
-    pages = gcs.list_blobs(place.name, prefix=area, delimiter="/")
+def run_order(run: str) -> tuple[str, str]:
+    """A run id's place among others: by the time in it, then by name."""
+    return (m.group(1) if (m := RUN_TIME.search(run)) else "", run)
+
+
+def runs_in(gcs, place: BucketPlace, area: str) -> tuple[list[str], list[str]]:
+    """The runs in one stack's area of the bucket (gpu_train.stack.bucket.area_of), oldest first (by the time
+    in their ids), and the names there that are not run ids (``.``, ``..``, a decoy): never fetched, never
+    "the newest" (each is said)."""
+    folder = stack_prefix(place, area)
+    pages = gcs.list_blobs(place.name, prefix=folder, delimiter="/")
     for _ in pages:  # the prefixes are filled in as the pages are read
         pass
-    names = [p[len(area) :].rstrip("/") for p in pages.prefixes]
+    names = [p[len(folder) :].rstrip("/") for p in pages.prefixes]
     runs = [n for n in names if is_run_id(n) and RUN_TIME.search(n)]
-    return sorted(runs, key=lambda r: (m.group(1) if (m := RUN_TIME.search(r)) else "", r)), sorted(set(names) - set(runs))
+    return sorted(runs, key=run_order), sorted(set(names) - set(runs))
+
+
+def areas_named(gcs, place: BucketPlace, stack: str) -> list[str]:
+    """The areas in the bucket of a stack named ``stack`` (``STACK@XXXXXXXX``): this stack's, another person's,
+    or this one's from a stack file that lost its ``bucketArea``."""
+    folder = f"{place.prefix}{RUNS_FOLDER}"
+    pages = gcs.list_blobs(place.name, prefix=f"{folder}{stack}@", delimiter="/")
+    for _ in pages:
+        pass
+    return sorted(n for p in pages.prefixes if AREA_RE.fullmatch(n := p[len(folder) :].rstrip("/")))
 
 
 # A run's folder in the bucket is the laptop's runs/STACK/RUN/: JOB_DIR's files, the working directory's
@@ -103,9 +119,9 @@ class Bounded(io.RawIOBase):
 
 
 def fetch_run(
-    gcs, place: BucketPlace, stack: str, run: str, dest: Path, streams: int = 8, say: Callable[[str], None] = print, node: int | None = None
+    gcs, place: BucketPlace, area: str, run: str, dest: Path, streams: int = 8, say: Callable[[str], None] = print, node: int | None = None
 ) -> Fetched:
-    """Bring gs://NAME/PREFIX/.gpu-train-runs/STACK/RUN/ into ``dest`` by the host fetch's own rules (generator.decide):
+    """Bring gs://NAME/PREFIX/.gpu-train-runs/AREA/RUN/ into ``dest`` by the host fetch's own rules (generator.decide):
     a local copy with the object's size and CRC32C stays; one changed here after the upload is kept (local
     newer); one replaced keeps its previous content in RUN/.previous/; reserved names and paths that lead
     out are refused; every object's size is summed against the free space before anything is written; each
@@ -114,7 +130,7 @@ def fetch_run(
     folders; node N's: RUN/node-N/)."""
     if not is_run_id(run):
         raise RemoteError(f"{run[:80]!r} is not a run id: not fetched")
-    prefix = run_prefix(place, stack, run, node or 0)
+    prefix = run_prefix(place, area, run, node or 0)
     blobs = [
         b
         for b in gcs.list_blobs(place.name, prefix=prefix, timeout=TIMEOUT)

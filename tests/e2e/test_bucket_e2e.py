@@ -4,16 +4,18 @@ Cloud Storage emulator found by STORAGE_EMULATOR_HOST on both sides (the host's 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Lab, project_id
-from tests.gcs import Emulator
+from tests.conftest import Lab, fab_env, project_id, run_fab
+from tests.gcs import Emulator, area
 
 LAB_ADDRESS = "127.0.0.61"
 # Three checkpoints 7 s apart, each written in two steps (a half-written file must not be taken), then a last
@@ -40,7 +42,7 @@ def bucket_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_checkpoints_reach_the_bucket_while_training_and_come_home_without_the_host(bucket_lab, plain: str) -> None:
     lab, emu = bucket_lab
     run = lab.train("--command", JOB, "--dir", plain)
-    prefix = f"team/.gpu-train-runs/lab/{run}/"
+    prefix = f"team/.gpu-train-runs/{area(lab.stacks / 'Pulumi.lab.yaml')}/{run}/"
     deadline = time.monotonic() + 40
     while f"{prefix}ckpt-1.pt" not in (seen := emu.objects(prefix)):
         assert time.monotonic() < deadline, f"nothing in the bucket while training; upload.log: {lab.log(run)}"
@@ -110,15 +112,16 @@ def test_down_no_fetch_asks_the_bucket_itself_for_every_recorded_file(bucket_lab
     done = lab.wait(run, timeout=60)
     assert done["state"] == "succeeded" and done["bucket"]["final"] and done["bucket"]["onlyHost"] == [], lab.log(run)
     bucket = emu.client().bucket("ckpt")
-    bucket.blob(f"team/.gpu-train-runs/lab/{run}/b.txt").delete()
+    prefix = f"team/.gpu-train-runs/{area(lab.stacks / 'Pulumi.lab.yaml')}/{run}/"
+    bucket.blob(f"{prefix}b.txt").delete()
     refused = lab.fab("down", "--no-fetch")
-    assert refused.returncode != 0 and f"{run}: not in the bucket: team/.gpu-train-runs/lab/{run}/b.txt" in refused.stderr, refused.stderr
-    bucket.blob(f"team/.gpu-train-runs/lab/{run}/b.txt").upload_from_string(b"b\n")  # the same bytes, but not the version verified
-    bucket.blob(f"team/.gpu-train-runs/lab/{run}/a.txt").upload_from_string(b"overwritten\n")
+    assert refused.returncode != 0 and f"{run}: not in the bucket: {prefix}b.txt" in refused.stderr, refused.stderr
+    bucket.blob(f"{prefix}b.txt").upload_from_string(b"b\n")  # the same bytes, but not the version verified
+    bucket.blob(f"{prefix}a.txt").upload_from_string(b"overwritten\n")
     refused = lab.fab("down", "--no-fetch")
-    again = f"{run}: another version in the bucket: team/.gpu-train-runs/lab/{run}/a.txt"
+    again = f"{run}: another version in the bucket: {prefix}a.txt"
     assert refused.returncode != 0 and again in refused.stderr, refused.stderr
-    assert f"team/.gpu-train-runs/lab/{run}/b.txt" in refused.stderr
+    assert f"{prefix}b.txt" in refused.stderr
     assert (lab.remote / "runs" / run / "job" / "a.txt").read_text() == "a\n"  # nothing was destroyed or released
 
 
@@ -236,3 +239,52 @@ def test_a_host_that_vanishes_falls_back_to_the_bucket_at_once(bucket_lab, plain
     every = lab.fab("fetch", "--all-nodes")
     assert every.returncode == 0, every.stderr
     assert "every node's files" in every.stderr and (home / "ckpt.pt").is_file()
+
+
+def test_two_stacks_of_one_name_on_one_bucket_never_share_runs(bucket_lab, plain: str, tmp_path: Path) -> None:
+    """Two users' projects on one host, each with its own stack `lab` on gs://ckpt/team: both stacks' runs went
+    to PREFIX/.gpu-train-runs/lab/, where each one's `fetch --from bucket` took the other's newest run (and
+    either VM's grant covered both). Each stack now has its own area, written into its stack file by its
+    first `train`; a run uploaded before areas (in the stack's name's folder) is still fetched."""
+    lab, emu = bucket_lab
+    before = "train_20250101_000000"  # as an uploader before areas left it
+    emu.client().bucket("ckpt").blob(f"team/.gpu-train-runs/lab/{before}/ckpt.pt").upload_from_string(b"from before areas")
+    bob = tmp_path / "bob"  # the other user: own folder, laptop state, REMOTE_ROOT and stack file, the same name
+    (bob / "work").mkdir(parents=True)
+    lab.sshd.stack_file(bob / "stacks", "lab", bob / "remote", sys.executable, "  gpu-train:bucket: gs://ckpt/team\n")
+
+    def bobs(*args: str) -> str:  # what `fab ARGS` said (stdout, stderr) in bob's project
+        said = run_fab(fab_env(bob / "stacks", bob / "home", "lab", bob / "work"), bob / "work", *args, check=True)
+        return said.stdout + said.stderr
+
+    mine = lab.train("--command", 'echo alice > "$JOB_DIR/who.txt"', "--dir", plain)
+    assert lab.wait(mine, timeout=60)["bucket"]["final"], lab.log(mine)
+    said = bobs("train", "--command", 'echo bob > "$JOB_DIR/who.txt"', "--dir", plain)
+    theirs = said.split("started ", 1)[1].split()[0]
+    assert "wrote gpu-train:bucketArea: lab@" in said and "commit it" in said
+    record = bob / "remote" / "runs" / theirs / "bucket.json"  # the host's record of what is verified in the bucket
+    deadline = time.monotonic() + 60
+    while not (record.exists() and json.loads(record.read_text()).get("final")):
+        assert time.monotonic() < deadline, "bob's run never finished its last upload"
+        time.sleep(0.2)
+    a, b = area(lab.stacks / "Pulumi.lab.yaml"), area(bob / "stacks" / "Pulumi.lab.yaml")
+    assert a != b and a.startswith("lab@") and b.startswith("lab@")
+    assert set(emu.objects(f"team/.gpu-train-runs/{a}/")) == {f"team/.gpu-train-runs/{a}/{mine}/{f}" for f in ("who.txt", ".gpu-train/log")}
+    assert set(emu.objects(f"team/.gpu-train-runs/{b}/")) == {
+        f"team/.gpu-train-runs/{b}/{theirs}/{f}" for f in ("who.txt", ".gpu-train/log")
+    }
+
+    got = lab.fab("fetch", "--from", "bucket", check=True).stderr  # the newest run is its own, not bob's newer one
+    assert f"{mine}: 2 file(s)" in got and theirs not in got, got
+    assert (lab.cwd / "runs" / "lab" / mine / "who.txt").read_text() == "alice\n"
+    got = lab.fab("fetch", "--from", "bucket", "--all", check=True).stderr
+    assert theirs not in got and f"{before}: 1 file(s)" in got, got  # (the run from before areas: still reachable)
+    assert (lab.cwd / "runs" / "lab" / before / "ckpt.pt").read_bytes() == b"from before areas"
+    assert f"{theirs}: 2 file(s)" in bobs("fetch", "--from", "bucket", "--run", theirs)
+    assert mine not in bobs("fetch", "--from", "bucket", "--all")
+    assert (bob / "work" / "runs" / "lab" / theirs / "who.txt").read_text() == "bob\n"
+    assert not (bob / "work" / "runs" / "lab" / mine).exists() and not (lab.cwd / "runs" / "lab" / theirs).exists()
+    bobs_stack = bob / "stacks" / "Pulumi.lab.yaml"  # a stack file that lost its area: the error names the areas there
+    bobs_stack.write_text("".join(line for line in bobs_stack.read_text().splitlines(True) if "bucketArea" not in line))
+    lost = run_fab(fab_env(bob / "stacks", bob / "home", "lab", bob / "work"), bob / "work", "fetch", "--from", "bucket", "--run", theirs)
+    assert lost.returncode != 0 and f"other stacks named lab have runs in {', '.join(sorted((a, b)))}" in lost.stderr, lost.stderr

@@ -18,7 +18,7 @@ import pytest
 
 from agent import composite
 from tests.conftest import gcp_raw
-from tests.gcs import Emulator
+from tests.gcs import Emulator, area
 from tests.guest.fabuser import FabUser
 from tests.guest.startup import startup_script_of
 
@@ -63,7 +63,7 @@ def test_the_checkpoint_written_on_sigterm_is_in_the_bucket_before_the_spot_vm_i
     assert guest.sh(f"systemctl show -P TimeoutStopUSec {unit}").stdout.strip() == "25s"
 
     took = guest.power_off()
-    prefix = f"team/.gpu-train-runs/vm/{run}/"
+    prefix = f"team/.gpu-train-runs/{area(user.stacks / 'Pulumi.vm.yaml')}/{run}/"
     in_bucket = emulator.objects(prefix)
     run_dir = user.root / "runs" / run
     said = "\n".join(

@@ -363,3 +363,31 @@ def test_spot_then_flex_start_zone_by_zone(env: dict) -> None:
     ]
     written = yaml.safe_load(stack_text(env))["config"]
     assert (str(written["gpu-train:flexStart"]), str(written["gpu-train:spot"])) == ("true", "false"), written
+
+
+def test_a_stack_with_a_bucket_gets_its_own_area_with_the_up_that_succeeds(env: dict) -> None:
+    """Two GCP stacks named t4 (two projects of a team) on one bucket had one grant's prefix: each VM could
+    overwrite and delete the other's runs. `up` gives the stack its own area (gpu-train:bucketArea), on the
+    copies each attempt runs on and, once one succeeded, in the stack file; a stack already up gets it too."""
+    path = Path(env["GPU_TRAIN_STACKS_DIR"]) / "Pulumi.t4.yaml"
+    edit_stack(env, bucket="gs://team-ckpt/exp", bucketCreate=True)
+    stack_before = stack_text(env)
+    result, calls = up(env, "global")  # no zone helps: the stack file as it was
+    assert result.returncode == 1 and stack_text(env) == stack_before
+    (made,) = [c.split()[3] for c in calls if c.startswith("config set gpu-train:bucketArea") and "--config-file" in c]
+    assert made.startswith("t4@") and len(made) == len("t4@") + 8
+    result, calls = up(env, "ok")
+    assert result.returncode == 0, result.stdout
+    area = stackfile.read_stack_file(path)["gpu-train:bucketArea"]
+    assert area.startswith("t4@") and "runs now go to their own folder of its bucket" in result.stdout and "commit it" in result.stdout
+    assert [c for c in calls if c.startswith("config set gpu-train:bucketArea") and "--config-file" not in c]  # written back
+    result, calls = up(env, "ok", "--yes")  # made once
+    assert result.returncode == 0 and stackfile.read_stack_file(path)["gpu-train:bucketArea"] == area
+    assert not [c for c in calls if "bucketArea" in c]
+
+    deploy(env, bucket="gs://team-ckpt/exp", bucketCreate=True)  # a stack up before areas: the next up gives it one
+    edit_stack(env, bucket="gs://team-ckpt/exp", bucketCreate=True)
+    result, calls = up(env, "ok")
+    assert result.returncode == 0, result.stdout
+    (up_call,) = [c for c in calls if c.startswith("up ")]
+    assert "--config-file" in up_call and stackfile.read_stack_file(path)["gpu-train:bucketArea"].startswith("t4@")

@@ -71,28 +71,45 @@ def test_what_the_bucket_lacks_of_the_record_is_named() -> None:
 
 
 def test_down_no_fetch_lists_the_bucket_itself(gcs) -> None:
-    """Against the real emulator: what the host recorded must be there, at its generation."""
+    """Against the real emulator: what the host recorded must be there, at its generation, in a folder of
+    this stack's (its area, or for a run from before areas its name's), whatever else the host says."""
+    from types import SimpleNamespace
+
     from remote.tasks.teardown import not_as_recorded
 
     bucket = gcs.client().bucket("ckpt")
-    run = "job_20260101_000000"
-    record = {}
+    run, old = "job_20260101_000000", "job_20251231_000000"
+    record, old_record = {}, {}
     for rel in ("a.txt", "eval/b.txt"):
-        blob = bucket.blob(f"team/.gpu-train-runs/lab/{run}/{rel}")
-        blob.upload_from_string(rel.encode())
-        record[rel] = {"generation": int(blob.generation), "size": int(blob.size), "crc32c": blob.crc32c, "mtimeNs": 1}
-    docs: list[object] = [{"runs": [{"id": run, "bucket": {"final": True}, "bucketRecord": record}]}]
-    assert not_as_recorded("lab", "gs://ckpt/team", docs) == []
-    assert not_as_recorded("lab2", "gs://ckpt/team", docs) == [
-        f"{run}: not in the bucket: team/.gpu-train-runs/lab2/{run}/a.txt, team/.gpu-train-runs/lab2/{run}/eval/b.txt"
+        for name, rec in (
+            (f"team/.gpu-train-runs/lab@0000beef/{run}/{rel}", record),
+            (f"team/.gpu-train-runs/lab/{old}/{rel}", old_record),
+        ):
+            blob = bucket.blob(name)
+            blob.upload_from_string(rel.encode())
+            rec[rel] = {"generation": int(blob.generation), "size": int(blob.size), "crc32c": blob.crc32c, "mtimeNs": 1}
+    lab = SimpleNamespace(stack="lab", bucket_area="lab@0000beef")
+    url = f"gs://ckpt/team/.gpu-train-runs/lab@0000beef/{run}/"
+    docs: list[object] = [
+        {
+            "runs": [
+                {"id": run, "bucket": {"final": True, "url": url}, "bucketRecord": record},
+                {"id": old, "bucket": {"final": True, "url": f"gs://ckpt/team/.gpu-train-runs/lab/{old}/"}, "bucketRecord": old_record},
+            ]
+        }
     ]
-    bucket.blob(f"team/.gpu-train-runs/lab/{run}/eval/b.txt").delete()
-    assert not_as_recorded("lab", "gs://ckpt/team", docs) == [f"{run}: not in the bucket: team/.gpu-train-runs/lab/{run}/eval/b.txt"]
-    bucket.blob(f"team/.gpu-train-runs/lab/{run}/a.txt").upload_from_string(b"a.txt")  # the same bytes, another generation
-    (line,) = [x for x in not_as_recorded("lab", "gs://ckpt/team", docs) if "another version" in x]
-    assert line.startswith(f"{run}: another version in the bucket: team/.gpu-train-runs/lab/{run}/a.txt")
-    no_record: list[object] = [{"runs": [{"id": run, "bucket": {"final": True}}]}]
-    assert not_as_recorded("lab", "gs://ckpt/team", no_record) == [f"'{run}': the host did not say what it verified in the bucket"]
+    assert not_as_recorded(lab, "gs://ckpt/team", docs) == []  # the run from before areas too, in its old folder
+    other = SimpleNamespace(stack="lab", bucket_area="lab@0000cafe")  # another `lab` on this bucket: neither is in its folders
+    assert not_as_recorded(other, "gs://ckpt/team", docs) == [
+        f"{run}: the host says it went to {url}, no folder of this stack's",
+    ]
+    bucket.blob(f"team/.gpu-train-runs/lab@0000beef/{run}/eval/b.txt").delete()
+    assert not_as_recorded(lab, "gs://ckpt/team", docs) == [f"{run}: not in the bucket: team/.gpu-train-runs/lab@0000beef/{run}/eval/b.txt"]
+    bucket.blob(f"team/.gpu-train-runs/lab@0000beef/{run}/a.txt").upload_from_string(b"a.txt")  # the same bytes, another generation
+    (line,) = [x for x in not_as_recorded(lab, "gs://ckpt/team", docs) if "another version" in x]
+    assert line.startswith(f"{run}: another version in the bucket: team/.gpu-train-runs/lab@0000beef/{run}/a.txt")
+    no_record: list[object] = [{"runs": [{"id": run, "bucket": {"final": True, "url": url}}]}]
+    assert not_as_recorded(lab, "gs://ckpt/team", no_record) == [f"'{run}': the host did not say what it verified in the bucket"]
 
 
 def test_a_link_out_of_the_run_is_only_on_the_host(tmp_path: Path) -> None:

@@ -141,7 +141,15 @@ def test_bucket_values(value: str, place: BucketPlace) -> None:
 
 # A team bucket: stack `team` on gs://B beside stack `s2` on gs://B/team (and `s2`'s data, parts). The areas
 # were PREFIX/STACK/: `team`'s grant (startsWith "team/") covered all of `s2`'s runs and its pushed data.
-TEAM = [("gs://team-ckpt", "team"), ("gs://team-ckpt/team", "s2"), ("gs://team-ckpt/team/s2", "s3"), ("gs://team-ckpt", "s2")]
+# And two stacks named `s2` on gs://B, each with its own area (bucketArea), beside a stack `s2` from before areas.
+TEAM = [
+    ("gs://team-ckpt", "team"),
+    ("gs://team-ckpt/team", "s2"),
+    ("gs://team-ckpt/team/s2", "s3"),
+    ("gs://team-ckpt", "s2"),
+    ("gs://team-ckpt", "s2@1a2b3c4d"),
+    ("gs://team-ckpt", "s2@5e6f7a8b"),
+]
 
 
 @pytest.mark.parametrize(("mine", "theirs"), [(a, b) for a in TEAM for b in TEAM if a != b])
