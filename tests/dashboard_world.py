@@ -278,5 +278,5 @@ def evil_site(dashboard_url: str, run: str) -> ThreadingHTTPServer:
             pass
 
     server = ThreadingHTTPServer((EVIL_ADDRESS, 0), Evil)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     return server

@@ -114,7 +114,7 @@ class PackageIndex:
 
         self.server = http.server.ThreadingHTTPServer((address, free_port(address)), Handler)
         self.url = f"http://{address}:{self.server.server_address[1]}/simple"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
 
     def page(self, path: str, count: bool = True) -> bytes | None:
         parts = [p for p in path.split("?")[0].split("/") if p]

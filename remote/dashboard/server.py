@@ -122,7 +122,8 @@ class Dashboard:
         self.address, self.port = address, self.httpd.server_address[1]
         self.own = f"{address}:{self.port}"
         self.url = f"http://{self.own}/{self.secret}/"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="dashboard", daemon=True)
+        # stop() waits out one poll of serve_forever (socketserver's default: 0.5 s)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="dashboard", daemon=True)
 
     def link(self, pass_: str) -> str:
         return self.url + (f"?pass={pass_}" if pass_ else "")

@@ -112,7 +112,7 @@ def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path) -> None:
                         break
                 except OSError:
                     assert time.monotonic() < deadline, "TensorBoard did not answer"
-                    time.sleep(0.5)
+                    time.sleep(0.1)
         finally:
             served.terminate()
             served.wait(30)
