@@ -109,6 +109,8 @@ def run_argv(
     grace_s: float,
     gpus: list[str],
     labels: dict[str, str],
+    shm_bytes: int | None = None,
+    runtime: str | None = None,
 ) -> list[str]:
     """The engine's `run` for a run's container. ``job`` is what runs inside: the project's command
     (python, torchrun or bash -c: it replaces the image's ENTRYPOINT and CMD) or, for the image's own
@@ -119,9 +121,13 @@ def run_argv(
     the job's variables by name (`--env NAME`, the value from the client's environment: no value of them
     is on a command line, which every user reads in /proc); host network
     (NCCL across nodes); host IPC (DataLoader workers' shared memory: a container's /dev/shm is 64 MB);
-    --user: files written to the mounted folders are the user's, not root's."""
+    --user: files written to the mounted folders are the user's, not root's. ``shm_bytes``: where the host's
+    IPC cannot be shared (see ``host_ipc``), a /dev/shm of the container's own of that size instead;
+    ``runtime``: the OCI runtime where the engine's own cannot run here (``oci_runtime``)."""
     argv = [engine, "run", "--rm", "--name", name, "--init", "--stop-timeout", str(max(1, round(grace_s)))]
-    argv += ["--network", "host", "--ipc", "host", "--user", f"{uid}:{gid}", *gpus]
+    argv += ["--runtime", runtime] if runtime else []
+    ipc = ["--shm-size", f"{shm_bytes}b"] if shm_bytes else ["--ipc", "host"]
+    argv += ["--network", "host", *ipc, "--user", f"{uid}:{gid}", *gpus]
     if engine == PODMAN:
         argv += ["--userns", "keep-id"]  # rootless: the user's own uid inside maps to theirs outside
     for key, value in sorted(labels.items()):
@@ -139,6 +145,27 @@ def run_argv(
             argv += [image, *job]
         return argv
     return [*argv, "--entrypoint", job[0], image, *job[1:]]
+
+
+def host_ipc(engine: str, mqueue_mounted: bool) -> bool:
+    """Whether the container can share the host's IPC (its /dev/shm, as big as the host's): Podman then
+    mounts the host's /dev/mqueue too, and refuses where there is none ("statfs /dev/mqueue: no such file
+    or directory": a host that is itself a container, which systemd did not set up); Docker does not."""
+    return engine == DOCKER or mqueue_mounted
+
+
+def oci_runtime(engine: str, configured: str, hybrid: bool, runc: bool) -> str | None:
+    """The OCI runtime to ask for instead of the engine's ``configured`` one, or None to keep it: Podman's
+    crun refuses a host whose cgroups are v1 with a v2 hierarchy beside them ("crun: cgroups in hybrid mode
+    not supported, drop all controllers from cgroupv2"), where runc runs; without runc that is refused."""
+    if engine != PODMAN or not hybrid or configured != "crun":
+        return None
+    if runc:
+        return "runc"
+    raise AgentError(
+        "Podman's runtime here is crun, which refuses this host's cgroups (v1, with a v2 hierarchy beside them: "
+        "'cgroups in hybrid mode not supported'): install runc (sudo apt-get install runc), which gpu-train uses then"
+    )
 
 
 def own_program_args(container: ContainerSpec, image_cmd: list[str] | None, extra: list[str]) -> list[str]:
@@ -224,6 +251,15 @@ def engine() -> str:
     docker = probe(DOCKER)
     podman = probe(PODMAN) if docker != OK else ABSENT
     return choose_engine(docker, podman, pwd.getpwuid(os.getuid()).pw_name, os.getuid())
+
+
+def host_runtime(engine_name: str) -> str | None:
+    """oci_runtime for this host: its cgroup layout (hybrid: /sys/fs/cgroup/unified mounted beside v1),
+    Podman's configured runtime (asked only then) and whether runc is there."""
+    if engine_name != PODMAN or not os.path.ismount("/sys/fs/cgroup/unified"):
+        return None
+    configured = run_quiet([PODMAN, "info", "--format", "{{.Host.OCIRuntime.Name}}"]).stdout.strip()
+    return oci_runtime(engine_name, configured, True, bool(shutil.which("runc")))
 
 
 def host_gpu_flags(engine_name: str, gpus: int) -> list[str]:

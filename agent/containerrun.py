@@ -16,6 +16,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 
 from gpu_train.contract import JobSpec
 
@@ -131,6 +132,8 @@ def start(w, root: str, run_dir: str, spec: JobSpec, env: dict[str, str], job: l
         grace_s=(machine_settings(root) or settings(root)).shutdown_grace_s,  # its unit's: on a VM, the stack's
         gpus=container.host_gpu_flags(engine, gpu_count()),
         labels={"gpu-train.run": spec.run_id, "gpu-train.root": root},
+        shm_bytes=None if container.host_ipc(engine, os.path.ismount("/dev/mqueue")) else host_shm_bytes(),
+        runtime=container.host_runtime(engine),
     )
     w.say(f"{spec.run_id}: in {c.image} ({image_id[:19]}): {shlex.join(argv)}")
     try:
@@ -139,27 +142,37 @@ def start(w, root: str, run_dir: str, spec: JobSpec, env: dict[str, str], job: l
         raise AgentError(f"cannot start {engine}: {e.strerror or e}") from None
 
 
+def host_shm_bytes() -> int:
+    """The size of the host's /dev/shm (what --ipc host would have given), at least Docker's 64 MB."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 64 << 20
+    return max(64 << 20, st.f_blocks * st.f_frsize)
+
+
 def wait(w, root: str, run_dir: str, proc) -> int:
-    """The job's exit code. A container run's client may end while its container goes on (the client
-    killed, say by an OOM killer or by hand): the wrapper attaches to it again, as long as it runs and
-    no stop or shutdown came, so the log, the signals and the end are the container's, not the client's."""
+    """The job's exit code: its container's. A container run's client may end while its container goes on
+    (the client killed, say by an OOM killer or by hand; rootless Podman's client on any SIGINT or SIGTERM):
+    the wrapper attaches to it again as long as no stop or shutdown came, so the log, the signals and the
+    end are the container's; after a stop or shutdown it waits for the container, whose job has its grace."""
     code = proc.wait()
-    spec = spec_or_none(run_dir)
-    if not (spec and spec.container):
+    found = of_run(root, run_dir)
+    if found is None:
         return code
-    name = container.container_name(root, spec.run_id)
-    engine = None
-    while code < 0 and not w.terminated:
-        engine = engine or container.engine()
-        running = container.run_quiet([engine, "inspect", "--format", "{{.State.Running}}", name]).stdout.strip()
-        if running != "true":
-            break
-        w.say(f"the {engine} client ended ({signal_name(-code)}) but the container {name} runs on: attached to it again")
+    engine, name = found
+    while not w.halted() and running(found):
+        how = signal_name(-code) if code < 0 else f"exit {code}"
+        w.say(f"the {engine} client ended ({how}) but the container {name} runs on: attached to it again")
         try:
             again = w.start([engine, "attach", name], "pid", cwd=run_dir)
         except Exception:  # a stop or shutdown came first (wrap.Halted): the end is recorded as that
             break
         code = again.wait()
+    if running(found):  # a stop or shutdown: the job is in its handler, and `stop` ends it after the grace
+        said = container.run_quiet([engine, "wait", name], timeout=7 * 24 * 3600)
+        if said.returncode == 0 and said.stdout.strip().lstrip("-").isdigit():
+            code = int(said.stdout.strip())
     return code
 
 
@@ -172,8 +185,51 @@ def signal_name(number: int) -> str:
 
 def stop(root: str, run_id: str, grace_s: float) -> bool:
     """Remove a run's container by name (after `stop` signalled its client, or the client was gone)."""
-    try:
-        engine = container.engine()
-    except AgentError:
+    found = of_run(root, os.path.join(root, "runs", run_id))
+    return container.remove(found[0], found[1], grace_s) if found else False
+
+
+def of_run(root: str, run_dir: str) -> tuple[str, str] | None:
+    """(engine, container name) of a container run (its engine as launch chose it), else None."""
+    spec = spec_or_none(run_dir)
+    if not (spec and spec.container):
+        return None
+    engine = read_state(run_dir).engine
+    if not engine:
+        try:
+            engine = container.engine()
+        except AgentError:
+            return None
+    return engine, container.container_name(root, spec.run_id)
+
+
+def running(found: tuple[str, str] | None) -> bool:
+    """Whether the run's container runs. Its client may have ended while it runs on: rootless Podman's
+    client exits (1) at once on SIGINT or SIGTERM, having passed the signal on, and the job goes on in its
+    handler, so a run's end is its container's, not its client's."""
+    if found is None:
         return False
-    return container.remove(engine, container.container_name(root, run_id), grace_s)
+    engine, name = found
+    return container.run_quiet([engine, "inspect", "--format", "{{.State.Running}}", name]).stdout.strip() == "true"
+
+
+def kill(found: tuple[str, str] | None, sig: int) -> bool:
+    """``sig`` to the run's container (its init passes it to the job), where its client is gone."""
+    if found is None:
+        return False
+    engine, name = found
+    return container.run_quiet([engine, "kill", "--signal", signal_name(sig), name]).returncode == 0
+
+
+def ended(pid: int | None, started: str | None, found: tuple[str, str] | None, timeout: float) -> bool:
+    """Wait up to ``timeout`` for the job to end: its process (a container run's client) and its container."""
+    from .procs import alive
+
+    deadline = time.time() + timeout
+    while True:
+        client = alive(pid, started)
+        if not client and not running(found):
+            return True
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.1 if client else 0.5)  # (the engine's CLI costs CPU: asked twice a second)

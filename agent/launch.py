@@ -148,6 +148,7 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
         container.check_ref(spec.container.image)
         engine = container.engine()
         container.host_gpu_flags(engine, gpu_count())
+        container.host_runtime(engine)  # (crun on a hybrid cgroup host without runc: refused now, with the reason)
         managed = False
     else:
         managed = check_python(python, bool(spec.python), spec.needs_torch)

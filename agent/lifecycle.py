@@ -70,21 +70,19 @@ def cmd_stop(root: str, run_id: str | None, grace: float, scope: tuple = EVERY_R
         state = read_state(run_dir)
     sent = []
     steps = [(state.pid, state.pid_start), (state.step_pid, state.step_start)]
+    ctr = containerrun.of_run(root, run_dir)  # a container run: its job ends when its container does
     for pid, started in steps:  # the job, else pip
         if not (pid and alive(pid, started)):
             continue
+        job = ctr if pid == state.pid else None
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-            if not signal_group(pid, sig):
+            if not signal_group(pid, sig) and not containerrun.kill(job, sig):  # (its client gone: the container itself)
                 break
             sent.append(sig.name)
-            deadline = time.time() + (grace if sig != signal.SIGKILL else 5)
-            while time.time() < deadline and alive(pid, started):
-                time.sleep(0.1)
-            if not alive(pid, started):
+            if containerrun.ended(pid, started, job, grace if sig != signal.SIGKILL else 5):
                 break
         break
-    spec = spec_or_none(run_dir)
-    if spec and spec.container:  # its client signalled (and passed the signals on) or gone: the container by name
+    if ctr:  # its client signalled (and passed the signals on) or gone: the container by name
         containerrun.stop(root, info["id"], 0 if sent else grace)  # a job signalled already had its graces
     deadline = time.time() + 10
     while time.time() < deadline and alive(state.wrapper_pid, state.wrapper_start):
@@ -261,17 +259,16 @@ def cmd_shutdown(root: str, grace: float | None = None) -> ShutDown:
             continue
         if state.pid and alive(state.pid, state.pid_start):
             signal_group(state.pid, signal.SIGTERM)
-        running.append((run_dir, state))
+        running.append((run_dir, state, containerrun.of_run(root, run_dir)))
     deadline = time.time() + grace
-    while time.time() < deadline and any(alive(st.pid, st.pid_start) for _, st in running):
-        time.sleep(0.2)
+    for _, st, ctr in running:  # (each job's end: a container run's is its container's)
+        containerrun.ended(st.pid, st.pid_start, ctr, deadline - time.time())
     # Give the wrappers a moment to record the exit codes, then make sure every run says interrupted.
     settle = time.time() + 2
-    while time.time() < settle and any(alive(st.wrapper_pid, st.wrapper_start) for _, st in running):
+    while time.time() < settle and any(alive(st.wrapper_pid, st.wrapper_start) for _, st, _ in running):
         time.sleep(0.1)
-    for run_dir, _ in running:
-        spec = spec_or_none(run_dir)
-        if spec and spec.container:  # the grace is over: its container too, by name
+    for run_dir, _, ctr in running:
+        if ctr:  # the grace is over: its container too, by name
             containerrun.stop(root, os.path.basename(run_dir), 0)
         current = read_state(run_dir)
         if current.state not in TERMINAL:

@@ -32,6 +32,32 @@ def argv(c: ContainerSpec, job: list[str], **over) -> list[str]:
     return container.run_argv("docker", "gpu-train-R-0", IMAGE_ID, c, job, **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("engine", "mqueue", "shared"), [("docker", False, True), ("podman", True, True), ("podman", False, False)])
+def test_host_ipc_where_the_engine_can_share_it(engine, mqueue, shared):
+    assert container.host_ipc(engine, mqueue) is shared
+    got = " ".join(argv(ContainerSpec(image="img"), ["python3"], shm_bytes=None if shared else 8 << 30))
+    assert ("--ipc host" in got) is shared and ("--shm-size 8589934592b" in got) is not shared
+
+
+@pytest.mark.parametrize(
+    ("engine", "configured", "hybrid", "runc", "chosen"),
+    [
+        ("podman", "crun", True, True, "runc"),  # crun refuses hybrid cgroups: runc runs
+        ("podman", "crun", False, True, None),  # cgroup v2 (or v1 alone): crun runs
+        ("podman", "runc", True, True, None),
+        ("docker", "crun", True, True, None),  # Docker's runtime is its daemon's
+    ],
+)
+def test_oci_runtime(engine, configured, hybrid, runc, chosen):
+    assert container.oci_runtime(engine, configured, hybrid, runc) == chosen
+    assert (" --runtime runc " in " ".join(argv(ContainerSpec(image="i"), ["p"], runtime=chosen))) is (chosen is not None)
+
+
+def test_crun_on_a_hybrid_host_without_runc_is_refused_with_the_fix():
+    with pytest.raises(AgentError, match="install runc"):
+        container.oci_runtime("podman", "crun", True, False)
+
+
 def test_run_argv_code_in_the_image():
     """The project's command replaces the image's ENTRYPOINT and CMD; every flag the issue names is there."""
     got = argv(ContainerSpec(image="img"), ["python3", "-u", "train.py", "--lr", "1"])
