@@ -24,6 +24,7 @@ from gpu_train.codec import answer
 from gpu_train.contract import ACTIVE, SLOT_ENV, SWEEP_ENV, JobSpec, RunState
 from gpu_train.sweeps import PENDING, SWEEPS_DIR, SweepDoc, next_launches
 
+from . import notify
 from .store import AgentError, agent_log, now, read_json, write_json
 
 SLOTS_FILE = "slots.json"  # trial run id -> the slot it was started in
@@ -135,7 +136,17 @@ def launch_trial(root: str, doc: SweepDoc, trial: dict, slot: int) -> Launched:
     env = {**job.env, SWEEP_ENV: doc.name, SLOT_ENV: str(slot)}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-    spec = replace(job, run_id=run, base=trial["base"], args=tuple(trial["args"]), env=env, expect_gpus=0, reuse_code=False)
+    spec = replace(
+        job,
+        run_id=run,
+        base=trial["base"],
+        args=tuple(trial["args"]),
+        env=env,
+        expect_gpus=0,
+        reuse_code=False,
+        bucket=trial.get("bucket") or job.bucket,  # the trial's own place (a record from before had the sweep's)
+        notify=notify.read_url(root),  # the host's webhook as sweep-start left it (a launch without one removes it)
+    )
     return cast("Launched", cmd_launch(root, spec.to_json(), False))  # (expects no GPUs: never Waiting)
 
 
@@ -158,6 +169,7 @@ def cmd_sweep_start(root: str, raw: dict, staged: str) -> SweepStarted:
     """Keep the sweep (its record and the code staged as ``staged``) and start its first trials."""
     try:
         doc = SweepDoc.from_json(raw)
+        job = JobSpec.from_json(doc.job)
     except ValueError as e:
         raise AgentError(str(e)) from None
     folder = sweep_dir(root, doc.name)
@@ -173,7 +185,8 @@ def cmd_sweep_start(root: str, raw: dict, staged: str) -> SweepStarted:
             raise AgentError(f"the code for sweep {doc.name} did not arrive (no {code}): run the sweep again")
         os.makedirs(folder)
         os.replace(code, os.path.join(folder, "code"))
-        write_json(os.path.join(folder, "sweep.json"), replace(doc, created=now()).to_json())
+        notify.write_url(root, job.notify)  # the webhook as a launch keeps it (0600), never in the record
+        write_json(os.path.join(folder, "sweep.json"), replace(doc, job=replace(job, notify=None).to_json(), created=now()).to_json())
     started = advance(root, doc.name)
     return answer(SweepStarted, sweep=doc.name, trials=len(mine(doc).trials), slots=len(doc.slots), started=[s["runId"] for s in started])
 

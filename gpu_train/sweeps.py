@@ -55,8 +55,9 @@ class SweepDoc(Document):
 
     name: str = ""
     stamp: str = ""  # _YYYYmmdd_HHMMSS shared by its trials' run ids
-    job: dict[str, Any] = field(default_factory=dict)  # the JobSpec every trial starts from (contract.JobSpec's JSON)
-    trials: tuple[dict[str, Any], ...] = ()  # {index, values, args, base, node}
+    job: dict[str, Any] = field(default_factory=dict)  # the JobSpec every trial starts from (its webhook kept apart, as a run's)
+    # {index, values, args, base, node, and with gpu-train:bucket: bucket, the trial's own place (JobSpec.bucket)}
+    trials: tuple[dict[str, Any], ...] = ()
     slots: tuple[list[Any], ...] = ()  # this node's slots: GPU indices each
     node: int = 0
     mode: str = "trials"  # or "workers": the user's own sweep agent, one per slot

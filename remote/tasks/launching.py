@@ -28,9 +28,12 @@ from remote.tasks.session import CLI, Cancelled, Session, failures, on_every_nod
 
 if TYPE_CHECKING:
     from gpu_train.answers import Launched, Waiting
+    from gpu_train.contract import JobSpec
     from gpu_train.pooljobs import PoolJob
     from remote.ssh.target import Target
     from remote.transfer.codehop import CodeFanout
+    from remote.transfer.relay import ChannelRelay
+    from remote.transfer.sync import CodePlan
 
 
 @dataclass(frozen=True)
@@ -109,43 +112,15 @@ class Started:
 def start_run(environment: Environment, opts: TrainOptions) -> Started:
     """Sync the code and launch ``opts`` on every node of its stack; every node started, or none."""
     from gpu_train import jobs, pooljobs
-    from gpu_train.identity import ProjectIds
     from remote.transfer import codehop
 
     session = Session(environment, opts.stack, opts.timeout)
     cluster = session.cluster  # the stack checked: nothing is written before it passed (a project's id included)
-    project = opts.project or ProjectIds(environment.state_home).id_for(opts.project_folder or opts.code_dir)
     base = jobs.base_name(opts.name, opts.script, opts.command)
     run = jobs.run_id(base, datetime.now())
-    spec = jobs.job_spec(
-        run=run,
-        base=base,
-        script=opts.script,
-        command=opts.command,
-        args=opts.args,
-        env=list(opts.env),
-        python=cluster.python,
-        expect_gpus=cluster.expect_gpus,
-        code_dir=opts.code_dir,
-        cwd=environment.cwd,
-        environ=os.environ,
-        env_files=opts.env_files,
-        pass_job_dir=opts.pass_job_dir,
-        resume_args=opts.resume_args,
-        resume_if=opts.resume_if,
-        image=opts.image or cluster.image,
-        entrypoint=opts.entrypoint,
-    )
-    chosen = jobs.choose_launcher(opts.launcher, len(cluster.hosts), opts.script)
-    spec = dataclasses.replace(
-        spec,
-        launcher=chosen,
-        nproc=opts.nproc or cluster.gpus_per_node,
-        project=project,
-        venv=cluster.venv,
-        notify=notify_url(cluster.stack, cluster.notify),
-        needs_torch=jobs.needs_torch(opts.code_dir, spec.script, chosen) and not spec.container,
-    )
+    spec = job_for(environment, cluster, opts, run=run, base=base, nodes=len(cluster.hosts))
+    spec = dataclasses.replace(spec, nproc=opts.nproc or cluster.gpus_per_node)
+    chosen = spec.launcher
     ps = jobs.parameter_servers(opts.ps, cluster.parameter_servers)
     specs = jobs.node_specs(spec, [h.host for h in cluster.hosts], cluster.master_addr, opts.port, ps)
     specs = pooljobs.apply(specs, opts.pools, ps)
@@ -153,8 +128,7 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         say(line)
     own = all(s.container and s.container.own_program for s in specs)  # only images' own programs: no code is sent
     specs = jobs.per_node_gpus(specs, list(cluster.node_gpus), chosen, bool(opts.nproc))
-    specs = jobs.in_bucket(specs, bucket_area(environment, cluster), cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))
-    specs = notifying_node0(specs)
+    specs = notifying_node0(in_bucket(environment, cluster, specs))
     # Ctrl-C: the syncs stop and no node is told "go". (In a fan-out, once node 0 has the code and
     # passes it on, the nodes go on their own word; those that started are stopped, as below.)
     cancel = threading.Event()
@@ -165,7 +139,8 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
                 images = ", ".join(dict.fromkeys(s.container.image for s in specs if s.container))
                 say(f"no code is sent: the image's own program runs ({images})")
             else:
-                plan, unchanged, pushed = _plan_code(environment, cluster, opts.code_dir, Path(scratch), base)
+                pushed = PushedManifests(cluster.cache)
+                plan, unchanged = plan_code(environment, cluster, opts.code_dir, Path(scratch), pushed, base)
                 sessions = session.nodes()
                 # Several nodes and new code: the laptop sends it to node 0 only, node 0 passes it on.
                 fanout = codehop.CodeFanout(cluster, run, base) if len(sessions) > 1 and not unchanged else None
@@ -188,8 +163,62 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
     return Started(cluster, sessions, [a for a in answers if isinstance(a, dict)], session.timeout)
 
 
-def _plan_code(environment: Environment, cluster: Target, code_dir: Path, scratch: Path, base: str):
-    """(what the code sync sends, whether every host has it already, the manifests pushed before), said."""
+def job_for(environment: Environment, cluster: Target, opts: TrainOptions, *, run: str, base: str, nodes: int) -> JobSpec:
+    """The job every start sends, `train`'s and each sweep's: ``opts`` checked against its code folder,
+    with the stack's Python, image (unless --image), venv and webhook, and the project's id (made only
+    now: the stack passed and the options were checked). ``nodes``: how many the run spans (a sweep's
+    trial: 1). A node's part (rank, GPUs, the bucket's place) is added per node, or per trial."""
+    from gpu_train import jobs
+    from gpu_train.identity import ProjectIds
+
+    spec = jobs.job_spec(
+        run=run,
+        base=base,
+        script=opts.script,
+        command=opts.command,
+        args=opts.args,
+        env=list(opts.env),
+        python=cluster.python,
+        expect_gpus=cluster.expect_gpus,
+        code_dir=opts.code_dir,
+        cwd=environment.cwd,
+        environ=os.environ,
+        env_files=opts.env_files,
+        pass_job_dir=opts.pass_job_dir,
+        resume_args=opts.resume_args,
+        resume_if=opts.resume_if,
+        image=opts.image or cluster.image,
+        entrypoint=opts.entrypoint,
+    )
+    launcher = jobs.choose_launcher(opts.launcher, nodes, opts.script)
+    return dataclasses.replace(
+        spec,
+        launcher=launcher,
+        project=opts.project or ProjectIds(environment.state_home).id_for(opts.project_folder or opts.code_dir),
+        venv=cluster.venv,
+        notify=notify_url(cluster.stack, cluster.notify),
+        needs_torch=jobs.needs_torch(opts.code_dir, spec.script, launcher) and not spec.container,
+    )
+
+
+def in_bucket(environment: Environment, cluster: Target, specs: list[JobSpec], each_a_run: bool = False) -> list[JobSpec]:
+    """With gpu-train:bucket, each spec's place in it (jobs.in_bucket: by its run id and node) and the
+    project's pushed data. ``specs``: one run's nodes, in order; ``each_a_run``: each a run of one node (a
+    sweep's trials)."""
+    from gpu_train import jobs
+
+    area, data = bucket_area(environment, cluster), pushed_data(environment, cluster.bucket, specs[0].project if specs else None)
+    if each_a_run:
+        return [jobs.in_bucket([s], area, cluster.bucket, data)[0] for s in specs]
+    return jobs.in_bucket(specs, area, cluster.bucket, data)
+
+
+def plan_code(
+    environment: Environment, cluster: Target, code_dir: Path, scratch: Path, pushed: PushedManifests | None, base: str
+) -> tuple[CodePlan, bool]:
+    """(what the code sync sends, whether every host has it already: the manifests ``pushed`` records for
+    ``base``; None: a sweep's, always sent), said, with what is left out (when that changed) and code that
+    looks too heavy."""
     from remote.errors import RemoteError
     from remote.transfer import codesize, ignores, sync
 
@@ -197,9 +226,8 @@ def _plan_code(environment: Environment, cluster: Target, code_dir: Path, scratc
         plan = sync.plan_code(code_dir, scratch, ((environment.project_root / "runs", "fetched results"), (environment.state_home, None)))
     except RemoteError as e:
         raise UsageError(str(e)) from None
-    pushed = PushedManifests(cluster.cache)
-    unchanged = all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
-    where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
+    unchanged = pushed is not None and all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
+    where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 and pushed is not None else ""
     say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
     if plan.left_out:  # said again only when it changed
         where = os.path.relpath(code_dir, environment.cwd) if code_dir != environment.cwd.resolve() else ""
@@ -208,7 +236,15 @@ def _plan_code(environment: Environment, cluster: Target, code_dir: Path, scratc
             say(line)
     if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, ignores.IGNORE_FILE, CLI):
         say(heavy)
-    return plan, unchanged, pushed
+    return plan, unchanged
+
+
+def push_code(session: Session, relay: ChannelRelay, plan: CodePlan, staged: str, base: str, cancel: threading.Event | None = None) -> None:
+    """The planned code to the node's staging area ``staged``, over the node's own connection."""
+    from remote.transfer import sync
+
+    target = session.target
+    sync.push_code(target, target.host, plan, staged, base, rsh=relay.rsh(), cancel=cancel)
 
 
 def notifying_node0(specs: list) -> list:
@@ -349,7 +385,6 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
     from gpu_train import jobs
     from gpu_train.stack.agentdoc import settings_part
     from remote.ssh import agentcall
-    from remote.transfer import sync
     from remote.transfer.relay import ChannelRelay
 
     target = session.target
@@ -364,7 +399,7 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
     with ChannelRelay(conn.transport) as relay:
 
         def sync_code() -> None:
-            sync.push_code(target, target.host, plan, spec.run_id, spec.base, rsh=relay.rsh(), cancel=cancel)
+            push_code(session, relay, plan, spec.run_id, spec.base, cancel)
 
         push: Callable[[], None] | None = sync_code if plan else None  # (none for an image's own program)
         if fanout is not None and session.node == 0:

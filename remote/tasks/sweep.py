@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import tempfile
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Context, task
 
 from gpu_train import sweeps
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
-from remote.tasks import trust
 from remote.tasks.optional import optional_positional
-from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node
 from remote.tasks.sweepcalls import stop_sweep, sweep_rows
+from remote.tasks.sweepoptions import SweepOptions
 
-ACTIONS = ("start", "status", "best", "stop")
+if TYPE_CHECKING:
+    from gpu_train.contract import JobSpec
+    from remote.ssh.target import Target
 
 
 @task(
@@ -85,56 +87,66 @@ def sweep_(
     stack=None,
 ):
     """Run a script over a grid or random samples of its arguments, one trial per GPU slot."""
-    action = action or "start"
-    if action not in ACTIONS:
-        raise UsageError(f"sweep {action!r}: use one of {', '.join(ACTIONS)}")
-    if mode not in ("min", "max"):
-        raise UsageError(f"--mode {mode!r}: min or max")
-    environment = Environment.of(c)
-    if action == "start" and dry_run and (offline := gcp_facts(environment, stack)) is not None:
-        return dry_run_plan(locals(), *offline)  # a GCP stack's plan needs no VM: its settings and the catalog
-    session = Session(environment, stack)
-    if action == "stop":
-        return stop_sweep(session, _named(sweep), json_)
-    if action in ("status", "best"):
-        if action == "best" and not metric:
-            raise UsageError("sweep best needs --metric NAME (a tag the trials log) and --mode min|max")
-        rows, doc = sweep_rows(session, sweep, metric, mode)
-        return show_best(rows, doc, metric, mode, json_) if action == "best" else show_status(rows, doc, metric, json_)
-    return start(environment, session, locals())
+    o = SweepOptions.read(
+        action=action,
+        script=script,
+        command=command,
+        args=args,
+        file=file,
+        values=values,
+        random=random,
+        count=count,
+        seed=seed,
+        gpus_per_trial=gpus_per_trial,
+        slots=slots,
+        workers=workers,
+        name=name,
+        env=env,
+        resume_args=resume_args,
+        resume_if=resume_if,
+        dry_run=bool(dry_run),
+        hours_per_trial=hours_per_trial,
+        sweep=sweep,
+        metric=metric,
+        mode=mode,
+        as_json=bool(json_),
+        stack=stack,
+    )
+    run_sweep(Environment.of(c), o)
 
 
-def _named(name: str | None) -> str:
-    if not name:
-        raise UsageError("sweep stop needs --sweep NAME (`sweep status` names the newest)")
-    return trust.run_option(name) or name  # a sweep's name follows the run ids' rule
+def run_sweep(environment: Environment, o: SweepOptions) -> None:
+    """`sweep`'s work for checked options: a plan, a start, or the sweep's status, best or stop."""
+    if o.action == "start" and o.dry_run and (offline := gcp_facts(environment, o.stack)) is not None:
+        return dry_run_plan(o, *offline)  # a GCP stack's plan needs no VM: its settings and the catalog
+    session = Session(environment, o.stack)
+    if o.action == "stop":
+        return stop_sweep(session, o.sweep or "", o.as_json)
+    if o.action in ("status", "best"):
+        rows, doc = sweep_rows(session, o.sweep, o.metric, o.mode)
+        if o.action == "best":
+            return show_best(rows, doc, o.metric or "", o.mode, o.as_json)
+        return show_status(rows, doc, o.metric, o.as_json)
+    return start(environment, session, o)
 
 
-def space_of(o: dict) -> dict | None:
+def space_of(o: SweepOptions) -> dict | None:
     """The space from --file or the inline options (None with --workers)."""
-    inline = bool(o["values"] or o["random"])
-    if o["workers"] is not None:
-        if inline or o["file"]:
-            raise UsageError("--workers runs your own sweep agent: give no --file, --values or --random with it")
+    if o.workers is not None:
         return None
     try:
-        if o["file"]:
+        if o.file:
             import yaml
 
-            if inline:
-                raise UsageError("--file or --values/--random, not both")
-            path = Path(o["file"]).expanduser()
+            path = Path(o.file).expanduser()
             try:
                 doc = yaml.safe_load(path.read_text())
             except (OSError, yaml.YAMLError) as e:
                 raise UsageError(f"--file {path}: {e}") from None
             return sweeps.check_space(doc)
-        if not inline:
-            raise UsageError("say what to sweep: --values NAME=V1,V2 (a grid), --random NAME=MIN:MAX --count N, or --file sweep.yaml")
-        count = trust.number("--count", o["count"], int, 1)
-        return sweeps.inline_space(o["values"] or [], o["random"] or [], count, trust.number("--seed", o["seed"], int))
+        return sweeps.inline_space(list(o.values), list(o.random), o.count, o.seed)
     except sweeps.SpaceError as e:
-        raise UsageError(f"{o['file'] or 'the sweep'}: {e}") from None
+        raise UsageError(f"{o.file or 'the sweep'}: {e}") from None
 
 
 def node_gpus(session: Session) -> list[int]:
@@ -150,25 +162,19 @@ def node_gpus(session: Session) -> list[int]:
     return [len(d.get("gpus") or []) for d in docs]  # type: ignore[attr-defined]
 
 
-def plan(o: dict, gpus: list[int], base: str) -> tuple[list[dict], list[list[list[int]]], dict | None]:
+def plan(o: SweepOptions, gpus: list[int], base: str) -> tuple[list[dict], list[list[list[int]]], dict | None]:
     """(trials, each node's slots, the space), for nodes of ``gpus`` GPUs each."""
     space = space_of(o)
-    per_trial = trust.number("--gpus-per-trial", o["gpus_per_trial"], int, 1, 64)
-    declared = trust.number("--slots", o["slots"], int, 1, 1024)
     try:
-        node_slots = [sweeps.slots_of(g, per_trial, declared) for g in gpus]
-        if space is None:
-            workers = trust.number("--workers", o["workers"], int, 1, 10000)
-            chosen: list[dict] = [{} for _ in range(workers)]
-        else:
-            chosen = sweeps.expand(space)
+        node_slots = [sweeps.slots_of(g, o.gpus_per_trial, o.slots) for g in gpus]
+        chosen: list[dict] = [{} for _ in range(o.workers or 0)] if space is None else sweeps.expand(space)
         nodes = sweeps.spread(len(chosen), [len(s) for s in node_slots])
     except sweeps.SpaceError as e:
         raise UsageError(str(e)) from None
     from gpu_train.jobargs import split_args
     from gpu_train.jobs import STAMP_LEN
 
-    fixed = list(split_args("--args", o["args"] or ""))
+    fixed = list(split_args("--args", o.args))
     template = space.get("args") if space else None
     trials = []
     for i, vals in enumerate(chosen):
@@ -177,68 +183,40 @@ def plan(o: dict, gpus: list[int], base: str) -> tuple[list[dict], list[list[lis
     return trials, node_slots, space
 
 
-def start(environment: Environment, session: Session, o: dict) -> None:
-    from gpu_train import jobs
-    from gpu_train.identity import ProjectIds
+def start(environment: Environment, session: Session, o: SweepOptions) -> None:
+    """The sweep's code sent once per node and its record, each node's queue started: the job built, the
+    code planned and sent, the bucket and the webhook placed as `train`'s are (remote/tasks/launching.py)."""
     from gpu_train.stack.agentdoc import settings_part
-    from remote.tasks.launching import bucket_area, pushed_data, training_folder_of
-    from remote.transfer import sync
+    from remote.tasks import launching
     from remote.transfer.relay import ChannelRelay
 
-    if not o["script"] and not o["command"]:
-        raise UsageError("give the trial's --script (or --command)")
     cluster = session.cluster
-    if o["dry_run"]:
+    if o.dry_run:
         return dry_run_plan(o, node_gpus(session), cluster.hourly_cost_usd)
-    base = jobs.base_name(o["name"], o["script"], o["command"])[: sweeps.NAME_MAX]
+    base = o.base()
     trials, node_slots, _ = plan(o, node_gpus(session), base)
     slots_total = sum(len(s) for s in node_slots)
     stamp = datetime.now().strftime("_%Y%m%d_%H%M%S")
-    code_dir, script, folder = training_folder_of(environment, None, o["script"])  # a monorepo's example too
-    project = ProjectIds(environment.state_home).id_for(folder)  # (the stack passed: session.cluster above)
-    spec = jobs.job_spec(
-        run=f"{base}{stamp}",
-        base=base,
-        script=script,
-        command=o["command"],
-        args="",
-        env=o["env"] or [],
-        python=cluster.python,
-        expect_gpus=0,
-        code_dir=code_dir,
-        cwd=environment.cwd,
-        environ=os.environ,
-        resume_args=o["resume_args"] or "",
-        resume_if=o["resume_if"],
-    )
-    spec = dataclasses.replace(
-        spec,
-        project=project,
-        venv=cluster.venv,
-        needs_torch=jobs.needs_torch(code_dir, spec.script, "none"),
-    )
-    area = bucket_area(environment, cluster)
-    spec = jobs.in_bucket([spec], area, cluster.bucket, pushed_data(environment, cluster.bucket, spec.project))[0]
-    staged = f"{base}{stamp}"
+    staged = f"{base}{stamp}"  # the code's name in each host's staging area, and the job's placeholder run id
+    opts = o.job(environment)  # the folder to sync, the script in it: as `train` finds them
+    job = launching.job_for(environment, cluster, opts, run=staged, base=base, nodes=1)  # each trial: one node's run
+    job, trials = in_bucket(environment, cluster, job, trials, stamp)
+    node_jobs = launching.notifying_node0([job] * len(cluster.hosts))
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
-        code = sync.plan_code(
-            code_dir, Path(scratch), ((environment.project_root / "runs", "fetched results"), (environment.state_home, None))
-        )
-        say(f"syncing {code.describe()}")
+        code, _ = launching.plan_code(environment, cluster, opts.code_dir, Path(scratch), None, base)
 
         def one(s: Session) -> dict:
-            target = s.target
             with ChannelRelay(s.connect().transport) as relay:
-                sync.push_code(target, target.host, code, staged, base, rsh=relay.rsh())
-            node_spec = dataclasses.replace(spec, agent_settings=settings_part(target.agent_settings))
+                launching.push_code(s, relay, code, staged, base)
+            node_job = dataclasses.replace(node_jobs[s.node], agent_settings=settings_part(s.target.agent_settings))
             doc = sweeps.SweepDoc(
                 name=base,
                 stamp=stamp,
-                job=node_spec.to_json(),
+                job=node_job.to_json(),
                 trials=tuple(trials),
                 slots=tuple(node_slots[s.node]),
                 node=s.node,
-                mode="workers" if o["workers"] is not None else "trials",
+                mode="workers" if o.workers is not None else "trials",
             )
             return s.call("sweep-start", "--staged", staged, stdin=json.dumps(doc.to_json()).encode() + b"\n")
 
@@ -250,6 +228,18 @@ def start(environment: Environment, session: Session, o: dict) -> None:
     print(f"  status:  {CLI} sweep status --sweep {base} [--metric NAME]")
     print(f"  best:    {CLI} sweep best --sweep {base} --metric NAME --mode min|max")
     print(f"  stop:    {CLI} sweep stop --sweep {base}")
+
+
+def in_bucket(environment: Environment, cluster: Target, job: JobSpec, trials: list[dict], stamp: str) -> tuple[JobSpec, list[dict]]:
+    """With gpu-train:bucket, each trial's own place in it, by its run id (a trial's files never land in
+    another's), and the job's: the project's pushed data for every trial."""
+    from remote.tasks import launching
+
+    if not cluster.bucket:
+        return job, trials
+    runs = [dataclasses.replace(job, run_id=f"{t['base']}{stamp}") for t in trials]
+    placed = launching.in_bucket(environment, cluster, [job, *runs], each_a_run=True)
+    return placed[0], [{**t, "bucket": s.bucket} for t, s in zip(trials, placed[1:], strict=True)]
 
 
 def gcp_facts(environment: Environment, stack: str | None) -> tuple[list[int], float | None] | None:
@@ -273,17 +263,11 @@ def gcp_facts(environment: Environment, stack: str | None) -> tuple[list[int], f
     return [shape_of(cfg, catalog).gpu_count] * cfg.nodes, catalog_price(cfg, catalog)
 
 
-def dry_run_plan(o: dict, gpus: list[int], hourly: float | None) -> None:
+def dry_run_plan(o: SweepOptions, gpus: list[int], hourly: float | None) -> None:
     """`sweep --dry-run`: the trials, the slots, GPU-hours and the cost; nothing starts."""
-    from gpu_train import jobs
-
-    if not o["script"] and not o["command"]:
-        raise UsageError("give the trial's --script (or --command)")
-    base = jobs.base_name(o["name"], o["script"], o["command"])[: sweeps.NAME_MAX]
-    trials, node_slots, _ = plan(o, gpus, base)
-    hours = trust.number("--hours-per-trial", o["hours_per_trial"], float, 0)
-    est = sweeps.estimate(len(trials), sum(len(s) for s in node_slots), int(o["gpus_per_trial"]), hours, hourly, 1)
-    show_plan(trials, node_slots, est, hours, hourly, o["json_"])
+    trials, node_slots, _ = plan(o, gpus, o.base())
+    est = sweeps.estimate(len(trials), sum(len(s) for s in node_slots), o.gpus_per_trial, o.hours_per_trial, hourly, 1)
+    show_plan(trials, node_slots, est, o.hours_per_trial, hourly, o.as_json)
 
 
 def show_plan(trials: list[dict], node_slots: list, est: sweeps.Estimate, hours: float | None, hourly: float | None, as_json: bool) -> None:

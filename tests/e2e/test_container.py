@@ -205,6 +205,25 @@ def test_resume_runs_the_same_image_though_its_tag_moved(clab: Lab, dockerd: con
     assert state(clab, run)["imageId"] == first
 
 
+def test_a_sweeps_trials_run_in_the_stacks_image(clab: Lab, dockerd: containers.Dockerd) -> None:
+    """gpu-train:image holds for each trial of a sweep as for a `train` run (before the sweep shared train's
+    launch path, its trials ran on the host), each trial in its own slot's container."""
+    stack = clab.stacks / "Pulumi.lab.yaml"
+    stack.write_text(stack.read_text() + "  gpu-train:image: gt/job:2\n")
+    (clab.cwd / "trial.py").write_text(
+        "import os, sys\n"
+        "open(os.path.join(os.environ['JOB_DIR'], 'seen'), 'w').write(open('/etc/gt-marker').read().strip() + ' ' + sys.argv[-1])\n"
+    )
+    out = clab.fab("sweep", "--script", "trial.py", "--name", "img", "--slots", "2", "--values", "v=1,2", check=True).stdout
+    assert "img: 2 trials over 2 slot(s); started 2" in out, out
+    runs = sorted(p.name for p in (clab.remote / "runs").glob("img_t*"))
+    for run in runs:
+        wait_for(lambda run=run: state(clab, run).get("state") in ("succeeded", "failed"))
+        assert state(clab, run)["state"] == "succeeded", clab.log(run)
+        assert state(clab, run)["imageId"] == dockerd.out("image", "inspect", "--format", "{{.Id}}", "gt/job:2").strip()
+    assert [(clab.remote / "runs" / r / "job" / "seen").read_text() for r in runs] == ["B 1", "B 2"]  # the image's file
+
+
 def test_no_engine_is_refused_at_launch_with_the_reason(tmp_path: Path, dockerd: containers.Dockerd) -> None:
     # (and a Podman that does not run: its configuration is missing)
     where = (
