@@ -15,7 +15,7 @@ from gpu_train import sweeps
 from gpu_train.environment import Environment
 from gpu_train.errors import UsageError
 from remote.tasks import trust
-from remote.tasks.launching import TrainOptions
+from remote.tasks.trainoptions import TrainOptions
 
 ACTIONS = ("start", "status", "best", "stop")
 MODES = ("min", "max")
