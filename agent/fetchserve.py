@@ -31,11 +31,17 @@ import os
 import stat
 import sys
 import zlib
+from typing import IO, TYPE_CHECKING, Any
 
+from gpu_train.answers import Hashed, Hashes, Listed, Pong, Refusal, RunListing
+from gpu_train.codec import answer
 from gpu_train.contract import RUN_FILES, RUN_LOG, UNREADABLE, WORKDIR, is_run_id
 from gpu_train.fetchwire import RANGE_HEAD, RANGE_TRAILER
 
 from .outputs import listing as outputs_listing
+
+if TYPE_CHECKING:
+    from gpu_train.answers import ListingRow
 
 CHUNK = 256 * 1024
 
@@ -53,17 +59,17 @@ def job_dir(root: str, run_id: object) -> str:
     return os.path.join(root, "runs", run, *({"": ["job"], WORKDIR: ["code"], RUN_FILES: []}[tree]))
 
 
-def log_row(run_dir: str) -> list:
+def log_row(run_dir: str) -> list[ListingRow]:
     """The run's log as the fetch's one row for RUN/.gpu-train (none while it does not exist)."""
     try:
         st = os.lstat(os.path.join(run_dir, RUN_LOG))
     except FileNotFoundError:
         return []
     except OSError as e:
-        return [[RUN_LOG, UNREADABLE, 0, 0, 0, e.strerror or str(e)]]
+        return [(RUN_LOG, UNREADABLE, 0, 0, 0, e.strerror or str(e))]
     if not stat.S_ISREG(st.st_mode):
-        return [[RUN_LOG, UNREADABLE, 0, 0, 0, "not a regular file"]]
-    return [[RUN_LOG, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""]]
+        return [(RUN_LOG, UNREADABLE, 0, 0, 0, "not a regular file")]
+    return [(RUN_LOG, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), "")]
 
 
 def job_path(root: str, run_id: object, rel: object, checked: dict | None = None) -> str:
@@ -100,22 +106,22 @@ def why(e: Exception) -> str:
     return (getattr(e, "strerror", None) or str(e))[:200]
 
 
-def identity(st: os.stat_result) -> list:
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+def identity(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def listing(path: str) -> list:
+def listing(path: str) -> list[ListingRow]:
     """[rel, kind, size, mtimeNs, mode, link target] for everything under ``path`` (never following links).
 
     kind: f (regular file), d (directory), l (symbolic link). Other kinds (sockets, fifos) are left out.
     What cannot be looked into is a row of kind UNREADABLE with the reason (never silently left out).
     """
-    entries = []
+    entries: list[ListingRow] = []
 
     def walk_error(err: OSError) -> None:
         if not isinstance(err, FileNotFoundError):
             entries.append(
-                [os.path.relpath(err.filename or path, path).replace(os.sep, "/"), UNREADABLE, 0, 0, 0, err.strerror or str(err)]
+                (os.path.relpath(err.filename or path, path).replace(os.sep, "/"), UNREADABLE, 0, 0, 0, err.strerror or str(err))
             )
 
     for folder, dirs, names in os.walk(path, onerror=walk_error):
@@ -128,29 +134,31 @@ def listing(path: str) -> list:
             except FileNotFoundError:
                 continue  # gone since os.walk listed it
             except OSError as e:
-                entries.append([prefix + name, UNREADABLE, 0, 0, 0, e.strerror or str(e)])
+                entries.append((prefix + name, UNREADABLE, 0, 0, 0, e.strerror or str(e)))
                 continue
             if stat.S_ISREG(st.st_mode):
-                entries.append([prefix + name, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""])
+                entries.append((prefix + name, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""))
             elif stat.S_ISDIR(st.st_mode):
-                entries.append([prefix + name, "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""])
+                entries.append((prefix + name, "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""))
             elif stat.S_ISLNK(st.st_mode):
                 try:
                     target = os.readlink(full)
                 except OSError:
                     continue
-                entries.append([prefix + name, "l", 0, st.st_mtime_ns, 0o777, target])
+                entries.append((prefix + name, "l", 0, st.st_mtime_ns, 0o777, target))
     return entries
 
 
-def list_runs(root: str, run_ids: list) -> dict:
-    out: dict[str, dict[str, object]] = {}
+def list_runs(root: str, run_ids: list[Any]) -> dict[str, RunListing | Refusal]:
+    """Each source's listing (Listed's runs): the laptop names them, so each is checked before use."""
+    out: dict[str, RunListing | Refusal] = {}
     for run_id in run_ids:
         try:
             path = job_dir(root, run_id)
         except Refused as e:
             out[str(run_id)[:80]] = {"error": str(e)}
             continue
+        assert isinstance(run_id, str)  # (job_dir refuses anything else)
         run_dir = os.path.join(root, "runs", run_id.partition("/")[0])
         if not os.path.isdir(run_dir):
             out[run_id] = {"error": f"no run {run_id.partition('/')[0]} on this host"}
@@ -173,7 +181,7 @@ def open_regular(path: str) -> int:
     return fd
 
 
-def hash_item(root: str, item: list) -> dict:
+def hash_item(root: str, item: list[Any]) -> Hashed | Refusal:
     """SHA-256 of each BLOCK-sized block of [OFF, OFF+LEN), and of the whole range, in one read."""
     run_id, rel, off, length, block = item
     try:
@@ -236,7 +244,7 @@ def send_range(root: str, item: list, out, checked: dict, buf: memoryview) -> No
         os.close(fd)
 
 
-def send_doc(doc: dict, out) -> None:
+def send_doc(doc: Listed | Hashes | Pong | Refusal, out: IO[bytes]) -> None:
     data = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
     out.write(json.dumps({"len": len(data), "zlib": True}).encode() + b"\n")
     out.write(data)
@@ -248,23 +256,23 @@ def serve(root: str, inp, out) -> int:
         try:
             req = json.loads(line)
         except ValueError:
-            send_doc({"error": "bad request"}, out)
+            send_doc(answer(Refusal, error="bad request"), out)
             out.flush()
             return 2
         op = req.get("op")
         if op == "list":
-            send_doc({"runs": list_runs(root, list(req.get("runs") or []))}, out)
+            send_doc(answer(Listed, runs=list_runs(root, list(req.get("runs") or []))), out)
         elif op == "hash":
-            send_doc({"items": [hash_item(root, item) for item in req.get("items", [])]}, out)
+            send_doc(answer(Hashes, items=[hash_item(root, item) for item in req.get("items", [])]), out)
         elif op == "ping":
-            send_doc({}, out)
+            send_doc(answer(Pong), out)
         elif op == "read":
             checked: dict = {}
             buf = memoryview(bytearray(CHUNK))
             for item in req.get("items", []):
                 send_range(root, item, out, checked, buf)
         else:
-            send_doc({"error": f"unknown op {op!r}"}, out)
+            send_doc(answer(Refusal, error=f"unknown op {op!r}"), out)
         out.flush()
     return 0
 

@@ -17,12 +17,16 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from typing import TYPE_CHECKING
 
 from gpu_train.answers import TreeSummary
 from gpu_train.codec import answer
 from gpu_train.contract import INTERRUPTED, TERMINAL, UNREADABLE, RunRecord
 
 from .store import read_json, read_state, write_json
+
+if TYPE_CHECKING:
+    from gpu_train.answers import ListingRow
 
 WRITE_SLACK_S = 2.0  # a write the job made just before its end was recorded (the clock's and the file system's grain)
 
@@ -113,7 +117,7 @@ def _into(folder: str, target: str, roots: tuple[str, ...]) -> bool:
     return where.startswith(roots)
 
 
-def listing(root: str, run_dir: str) -> list:
+def listing(root: str, run_dir: str) -> list[ListingRow]:
     """The fetch listing of the working directory's outputs (fetchserve.listing's rows), each output's
     folders before it; things the host cannot read are rows of kind UNREADABLE with the reason."""
     code = os.path.join(run_dir, "code")
@@ -125,13 +129,15 @@ def listing(root: str, run_dir: str) -> list:
     until_ns = quiet_since_ns(record)
     roots = skip_roots(root)
     data_roots = tuple(r for r in roots if r.rstrip(os.sep).endswith(os.sep + "data"))
-    rows, folders, emitted = [], {}, set()
+    rows: list[tuple[str, ListingRow]] = []
+    folders: dict[str, ListingRow] = {}
+    emitted: set[str] = set()
 
     def walk_error(err: OSError) -> None:
         if isinstance(err, FileNotFoundError):
             return  # gone since its folder was listed (or no working directory at all)
         rel = os.path.relpath(err.filename or code, code).replace(os.sep, "/")
-        rows.append((rel, [rel, UNREADABLE, 0, 0, 0, err.strerror or str(err)]))
+        rows.append((rel, (rel, UNREADABLE, 0, 0, 0, err.strerror or str(err))))
 
     for folder, dirs, names in os.walk(code, onerror=walk_error):
         rel_folder = os.path.relpath(folder, code).replace(os.sep, "/")
@@ -146,11 +152,11 @@ def listing(root: str, run_dir: str) -> list:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                rows.append((prefix + name, [prefix + name, UNREADABLE, 0, 0, 0, e.strerror or str(e)]))
+                rows.append((prefix + name, (prefix + name, UNREADABLE, 0, 0, 0, e.strerror or str(e))))
                 continue
             if stat.S_ISDIR(st.st_mode):
                 keep.append(name)
-                folders[prefix + name] = [prefix + name, "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""]
+                folders[prefix + name] = (prefix + name, "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), "")
             else:
                 names.append(name)  # a link to a folder: a link, as os.walk does not follow it
         dirs[:] = keep
@@ -163,24 +169,24 @@ def listing(root: str, run_dir: str) -> list:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                rows.append((rel, [rel, UNREADABLE, 0, 0, 0, e.strerror or str(e)]))
+                rows.append((rel, (rel, UNREADABLE, 0, 0, 0, e.strerror or str(e))))
                 continue
             if sent is not None and sent.get(rel) == identity(st):
                 continue
             if sent is None and st.st_mtime_ns <= since_ns:
                 continue
             if stat.S_ISREG(st.st_mode):
-                rows.append((rel, [rel, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""]))
+                rows.append((rel, (rel, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), "")))
             elif stat.S_ISLNK(st.st_mode):
                 try:
                     target = os.readlink(os.path.join(folder, name))
                 except OSError:
                     continue
                 if not _into(folder, target, roots):
-                    rows.append((rel, [rel, "l", 0, st.st_mtime_ns, 0o777, target]))
+                    rows.append((rel, (rel, "l", 0, st.st_mtime_ns, 0o777, target)))
                 elif _into(folder, target, data_roots):
                     rows.extend(written_through(os.path.join(folder, target), rel, created_ns, folders, until_ns))
-    out = []
+    out: list[ListingRow] = []
     for rel, row in rows:
         parts = rel.split("/")
         for i in range(1, len(parts)):
@@ -202,7 +208,9 @@ def quiet_since_ns(record: RunRecord) -> int | None:
     return None
 
 
-def written_through(target: str, rel: str, since_ns: int, folders: dict, until_ns: int | None = None) -> list:
+def written_through(
+    target: str, rel: str, since_ns: int, folders: dict[str, ListingRow], until_ns: int | None = None
+) -> list[tuple[str, ListingRow]]:
     """What the job wrote through a link to pushed data (``rel`` -> ``target`` in DATA_DIR): each file of
     a linked folder changed since ``since_ns`` (ctime: rsync sets a pushed file's mtime, not its ctime)
     and, for a run that ended, no later than ``until_ns`` (what changed after it is a later push's, not
@@ -222,7 +230,7 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict, until_n
         return [
             (
                 rel,
-                [
+                (
                     rel,
                     UNREADABLE,
                     0,
@@ -230,10 +238,10 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict, until_n
                     0,
                     "the job rewrote this pushed file through its link into DATA_DIR: "
                     "copy it out of the pushed data (or write to a new name) to bring it home",
-                ],
+                ),
             )
         ]
-    rows: list = []
+    rows: list[tuple[str, ListingRow]] = []
 
     def unseen(err: OSError) -> None:  # a folder of the pushed data the job made unreadable: named, not skipped
         try:  # only one the run changed: a folder pushed as it is holds no output of this run
@@ -243,7 +251,7 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict, until_n
         if changed and not isinstance(err, FileNotFoundError):
             sub = os.path.relpath(err.filename or target, target).replace(os.sep, "/")
             where = rel if sub == "." else f"{rel}/{sub}"
-            rows.append((where, [where, UNREADABLE, 0, 0, 0, err.strerror or str(err)]))
+            rows.append((where, (where, UNREADABLE, 0, 0, 0, err.strerror or str(err))))
 
     for folder, dirs, names in os.walk(target, onerror=unseen):
         sub = os.path.relpath(folder, target).replace(os.sep, "/")
@@ -253,15 +261,15 @@ def written_through(target: str, rel: str, since_ns: int, folders: dict, until_n
                 with_st = os.lstat(os.path.join(folder, d))
             except OSError:  # gone since its folder was listed: nothing of it to bring home
                 continue
-            folders[prefix + d] = [prefix + d, "d", 0, with_st.st_mtime_ns, stat.S_IMODE(with_st.st_mode), ""]
-        folders.setdefault(prefix.rstrip("/"), [prefix.rstrip("/"), "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""])
+            folders[prefix + d] = (prefix + d, "d", 0, with_st.st_mtime_ns, stat.S_IMODE(with_st.st_mode), "")
+        folders.setdefault(prefix.rstrip("/"), (prefix.rstrip("/"), "d", 0, st.st_mtime_ns, stat.S_IMODE(st.st_mode), ""))
         for name in sorted(names):
             try:
                 fst = os.lstat(os.path.join(folder, name))
             except OSError:
                 continue
             if stat.S_ISREG(fst.st_mode) and by_the_job(fst.st_ctime_ns):
-                rows.append((prefix + name, [prefix + name, "f", fst.st_size, fst.st_mtime_ns, stat.S_IMODE(fst.st_mode), ""]))
+                rows.append((prefix + name, (prefix + name, "f", fst.st_size, fst.st_mtime_ns, stat.S_IMODE(fst.st_mode), "")))
     return rows
 
 

@@ -10,13 +10,15 @@ annotations stay text, so ``str | None`` and ``NotRequired`` never run there).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, final
 
 from gpu_train.bucketdoc import BucketFile, BucketProbe, BucketView
 from gpu_train.contract import RunState, Scalars
 
 if TYPE_CHECKING:
     from typing import NotRequired
+
+    ListingRow = tuple[str, str, int, int, int, str]  # RunListing's row, for the code that builds or reads one
 
 
 # -- `status` --------------------------------------------------------------------------------------
@@ -250,6 +252,52 @@ class SweepStatus(TypedDict):
     blocked: str | None  # why the latest launch was refused before its run existed (retried; never "error")
     trials: list[SweepTrial]
     problems: list[str]
+
+
+# -- `fetch-serve`: the fetch stream's documents (agent/fetchserve.py; remote/transfer/fetch/) -----------
+# Each is zlib-compressed JSON after a {"len": N, "zlib": true} line; a range's framing is gpu_train/fetchwire.py's.
+
+
+@final  # (no other key: the codec refuses one; so `"error" in doc` tells them apart)
+class Refusal(TypedDict):
+    """What the host says instead: of a source it does not list, of a file it does not hash, of a
+    request it cannot read (the whole answer then)."""
+
+    error: str
+
+
+@final
+class RunListing(TypedDict):
+    """One source's rows: [path ('/'-separated, under the source), kind (f, d, l, or contract.UNREADABLE),
+    size, mtimeNs, mode, link target (of an unreadable one: why)]."""
+
+    entries: list[tuple[str, str, int, int, int, str]]
+
+
+class Listed(TypedDict):
+    """`{"op": "list", "runs": [SOURCE, ...]}`: each source (RUN, RUN/workdir, RUN/.gpu-train) listed or refused."""
+
+    runs: dict[str, RunListing | Refusal]
+
+
+@final
+class Hashed(TypedDict):
+    """One item of a `hash` request: the SHA-256 of each block of the range, of the whole range, and the
+    file's identity read after (size, mtimeNs, inode)."""
+
+    sha256: list[str]
+    whole: str
+    stat: tuple[int, int, int]
+
+
+class Hashes(TypedDict):
+    """`{"op": "hash", "items": [[SOURCE, PATH, OFF, LEN, BLOCK], ...]}`: an answer per item, in order."""
+
+    items: list[Hashed | Refusal]
+
+
+class Pong(TypedDict):
+    """`{"op": "ping"}`: nothing (the laptop times one round trip)."""
 
 
 # The answer of each subcommand that answers with one document (the laptop checks it by this table).

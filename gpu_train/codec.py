@@ -13,6 +13,7 @@ Python 3.8+: the agent's zipapp carries it beside the contract (gpu_train/contra
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import MISSING, fields
@@ -123,7 +124,7 @@ def answer(kind: Callable[..., T], **values: Any) -> T:
     declares but a ``NotRequired`` one, no other, each value as declared; a TypeError otherwise (a bug
     of the agent's, which its tests find, never a document the laptop would refuse)."""
     try:
-        return cast(T, _conform(kind, values, getattr(kind, "__name__", "the answer")))
+        return cast(T, _read(kind, values, getattr(kind, "__name__", "the answer")))
     except ValueError as e:
         raise TypeError(str(e)) from None
 
@@ -145,24 +146,16 @@ def check(kind: Callable[..., T], doc: object, what: str) -> T:
         if missing:
             raise ValueError(f"{what} has no {', '.join(missing)}")
         return kind.from_json(doc, what)  # type: ignore[return-value]
-    return cast(T, _conform(kind, doc, what))
+    return cast(T, _read(kind, doc, what))
 
 
-def _conform(kind: Any, doc: object, where: str) -> Any:
-    """``doc`` as the TypedDict ``kind`` declares it (a RunState's word as a RunState), or a ValueError."""
-    if not isinstance(doc, dict):
-        raise ValueError(f"{where} is {_shown(doc)}, not a JSON object")
-    declared = _keys(kind)
-    unknown = sorted(k for k in doc if k not in declared)
-    if unknown:
-        # (each key as it came: the laptop's documents are written out already, agentcall.printable_doc)
-        named = ", ".join("'" + str(k) + "'" for k in unknown)
-        raise ValueError(f"{where} has {named}, which {kind.__name__} does not declare")
-    missing = [k for k, (_, required) in declared.items() if required and k not in doc]
-    if missing:
-        raise ValueError(f"{where} has no {', '.join(missing)}")
-    scope = vars(sys.modules[kind.__module__])
-    return {key: _fits(value, declared[key][0], scope, f"{where}'s {key}") for key, value in doc.items()}
+def _read(kind: Any, doc: object, where: str) -> Any:
+    """``doc`` as the TypedDict ``kind`` declares it (a RunState's word as a RunState, a tuple as a list), or
+    a ValueError naming ``where`` and the place inside it."""
+    try:
+        return _reader(kind)(doc)
+    except _Misfit as e:
+        raise ValueError(e.said(where)) from None
 
 
 def _keys(kind: Any) -> dict[str, tuple[str, bool]]:
@@ -180,63 +173,177 @@ def _keys(kind: Any) -> dict[str, tuple[str, bool]]:
     return keys
 
 
-class _Inside(ValueError):
-    """A value of the declared kind with something wrong inside it (named at its own place)."""
+class _Misfit(Exception):
+    """A value that is not what its declaration says: ``say`` words it, given the place; ``places`` are the
+    steps down to it, the innermost first (added as the misfit rises, so a good document builds no names)."""
+
+    def __init__(self, say: Callable[[str], str], inside: bool = False) -> None:
+        super().__init__()
+        self.say, self.inside = say, inside
+        self.places: list[str] = []
+
+    def at(self, place: str) -> _Misfit:
+        """The misfit one step up (``place``: how the step is named); below the value it is inside of."""
+        self.places.append(place)
+        self.inside = True
+        return self
+
+    def said(self, where: str) -> str:
+        return self.say(where + "".join(reversed(self.places)))
 
 
-def _fits(value: Any, text: str, scope: dict[str, Any], where: str) -> Any:
-    """``value`` as the type ``text`` (a contract annotation) declares it, or a ValueError naming ``where``."""
-    options = _split(text, "|")
-    for option in options:
-        try:
-            return _fits_one(value, option, scope, where)
-        except _Inside as e:  # the right kind, wrong inside: that is what to say
-            raise ValueError(str(e)) from None
-        except ValueError:
-            continue
-    raise ValueError(f"{where} is {_shown(value)}, not {' or '.join(_wanted(o, scope) for o in options)}")
+Reader = Callable[[Any], Any]  # a declared type's reading: the value as declared, or a _Misfit
 
 
-def _fits_one(value: Any, text: str, scope: dict[str, Any], where: str) -> Any:
+@functools.lru_cache(maxsize=None)  # noqa: UP033 (Python 3.8 has no functools.cache)
+def _reader(kind: Any) -> Reader:
+    """A TypedDict's reading, made once: every key it declares but a NotRequired one, no other, each value
+    as declared."""
+    declared = _keys(kind)
+    readers = {key: _compiled(text, kind.__module__) for key, (text, _) in declared.items()}
+    required = [key for key, (_, needed) in declared.items() if needed]
+
+    def read(doc: Any) -> Any:
+        if not isinstance(doc, dict):
+            raise _Misfit(lambda where: f"{where} is {_shown(doc)}, not a JSON object")
+        unknown = sorted(k for k in doc if k not in readers)
+        if unknown:  # (each key as it came: the laptop's documents are written out already, agentcall.printable_doc)
+            named = ", ".join("'" + str(k) + "'" for k in unknown)
+            raise _Misfit(lambda where: f"{where} has {named}, which {kind.__name__} does not declare", inside=True)
+        missing = [k for k in required if k not in doc]
+        if missing:
+            raise _Misfit(lambda where: f"{where} has no {', '.join(missing)}", inside=True)
+        out = {}
+        for key, value in doc.items():
+            try:
+                out[key] = readers[key](value)
+            except _Misfit as e:
+                raise e.at(f"'s {key}") from None
+        return out
+
+    return read
+
+
+@functools.lru_cache(maxsize=None)  # noqa: UP033 (Python 3.8 has no functools.cache)
+def _compiled(text: str, module: str) -> Reader:
+    """The reading of the type ``text`` (a contract annotation) in ``module``. Of several options, the first
+    that fits; where one was the right kind with something wrong inside, that is what is said."""
+    scope = vars(sys.modules[module])
+    texts = _split(text, "|")
+    wanted = " or ".join(_wanted(option, scope) for option in texts)
+    options = [_compiled_one(option, scope, wanted) for option in texts]
+    alone = scope.get(texts[0]) if len(texts) == 1 else None
+    if len(texts) == 1 and not (isinstance(alone, type) and issubclass(alone, dict)):  # (a TypedDict: "not a X" said below)
+        return options[0]
+
+    def read(value: Any) -> Any:
+        inside = None
+        for option in options:
+            try:
+                return option(value)
+            except _Misfit as e:
+                inside = inside or (e if e.inside else None)
+        raise inside or _Misfit(_not(value, wanted))
+
+    return read
+
+
+def _not(value: Any, wanted: str) -> Callable[[str], str]:
+    return lambda where: f"{where} is {_shown(value)}, not {wanted}"
+
+
+def _compiled_one(text: str, scope: dict[str, Any], wanted: str) -> Reader:
+    """One option's reading; a value of another kind is said to be not ``wanted`` (all the options')."""
     head, args = (text[: text.index("[")], _split(text[text.index("[") + 1 : -1], ",")) if "[" in text else (text, [])
     kind = _PLAIN.get(head) or scope.get(head)
+    module = scope["__name__"]
     if head in ("Any", "object"):
-        return value
+        return lambda value: value
     if head == "None":
-        ok = value is None
-    elif kind in (list, tuple) and isinstance(value, (list, tuple)):
-        return [_inside(item, args[0], scope, f"{where}[{i}]") for i, item in enumerate(value)] if args else list(value)
-    elif kind is dict and isinstance(value, dict):
-        if len(args) != 2:
-            return value
-        return {_inside(k, args[0], scope, f"{where}'s key {k!r}"): _inside(v, args[1], scope, f"{where}[{k!r}]") for k, v in value.items()}
-    elif kind in (int, float):
-        ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
-    elif isinstance(kind, type) and issubclass(kind, Enum):
-        if value in [k.value for k in kind]:  # (a list: a str Enum's hash is not its word's)
-            return kind(value)
-        ok = False
-    elif isinstance(kind, type) and issubclass(kind, dict) and kind is not dict:  # a TypedDict of the contract
-        if not isinstance(value, dict):
-            raise ValueError(where)
+        return _test(lambda v: v is None, wanted)
+    if kind is tuple and len(args) > 1 and args[-1] != "...":  # a row: each place its own type
+        return _items(wanted, None, [_compiled(arg, module) for arg in args])
+    if kind in (list, tuple):
+        return _items(wanted, _compiled(args[0], module) if args else None)
+    if kind is dict:
+        if len(args) == 2:
+            return _mapping(wanted, _compiled(args[0], module), _compiled(args[1], module))
+        return _test(lambda v: isinstance(v, dict), wanted)
+    if kind is int:
+        return _test(lambda v: isinstance(v, int) and not isinstance(v, bool), wanted)
+    if kind is float:
+        return _test(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), wanted)
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return _word(kind, wanted)
+    if isinstance(kind, type) and issubclass(kind, dict):  # a TypedDict of the contract
+        return _reader(kind)
+    if isinstance(kind, type):
+        plain = kind
+        return _test(lambda v: isinstance(v, plain), wanted)  # str, bool: a bool is True or False, never 0 or "false"
+    raise TypeError(f"the contract declares {text!r}, which the codec cannot read")
+
+
+def _test(ok: Callable[[Any], bool], wanted: str) -> Reader:
+    def read(value: Any) -> Any:
+        if not ok(value):
+            raise _Misfit(_not(value, wanted))
+        return value
+
+    return read
+
+
+def _items(wanted: str, each: Reader | None, places: list[Reader] | None = None) -> Reader:
+    """A list (a JSON array: a tuple comes back as one): each item read by ``each``, or a row of
+    ``len(places)`` items, each read by its place's."""
+
+    def read(value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or (places is not None and len(value) != len(places)):
+            raise _Misfit(_not(value, wanted))
+        if each is None and places is None:
+            return list(value)
+        out: list[Any] = []
         try:
-            return _conform(kind, value, where)
-        except ValueError as e:
-            raise _Inside(str(e)) from None
-    elif isinstance(kind, type):
-        ok = isinstance(value, kind)  # str, bool: a bool is True or False, never 0 or "false"
-    else:
-        raise TypeError(f"{where}: the contract declares {text!r}, which the codec cannot read")
-    if not ok:
-        raise ValueError(where)
-    return value
+            if places is not None:
+                for place, item in zip(places, value):  # noqa: B905 (Python 3.8; the lengths are equal)
+                    out.append(place(item))
+            elif each is not None:
+                for item in value:
+                    out.append(each(item))
+        except _Misfit as e:
+            raise e.at(f"[{len(out)}]") from None  # (the item that did not fit: the one after those read)
+        return out
+
+    return read
 
 
-def _inside(value: Any, text: str, scope: dict[str, Any], where: str) -> Any:
-    try:
-        return _fits(value, text, scope, where)
-    except ValueError as e:
-        raise _Inside(str(e)) from None
+def _mapping(wanted: str, keys: Reader, values: Reader) -> Reader:
+    def read(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise _Misfit(_not(value, wanted))
+        out = {}
+        for k, v in value.items():
+            try:
+                key = keys(k)
+            except _Misfit as e:
+                raise e.at(f"'s key {k!r}") from None
+            try:
+                out[key] = values(v)
+            except _Misfit as e:
+                raise e.at(f"[{k!r}]") from None
+        return out
+
+    return read
+
+
+def _word(enum: type[Enum], wanted: str) -> Reader:
+    words = [k.value for k in enum]  # (a list: a str Enum's hash is not its word's)
+
+    def read(value: Any) -> Any:
+        if value not in words:
+            raise _Misfit(_not(value, wanted))
+        return enum(value)
+
+    return read
 
 
 _PLAIN: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "tuple": tuple, "dict": dict}
@@ -261,6 +368,8 @@ def _wanted(text: str, scope: dict[str, Any]) -> str:
         return "null"
     if isinstance(kind, type) and issubclass(kind, Enum):
         return "one of " + ", ".join(str(k.value) for k in kind)
+    if head == "tuple" and "[" in text and _split(text[6:-1], ",")[-1] != "...":
+        return "a list of " + ", ".join(_wanted(arg, scope) for arg in _split(text[6:-1], ","))
     if head in ("list", "tuple"):
         inner = _split(text[len(head) + 1 : -1], ",")[0] if "[" in text else ""
         return f"a list of {inner}s" if inner else "a list"

@@ -4,16 +4,19 @@ either side fails here. The answers are real: the agent's own commands on a real
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
+import types
 import typing
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent import cluster, lifecycle, metrics, prune, status
+from agent import cluster, fetchserve, lifecycle, metrics, prune, status
 from agent.store import update_state, write_json
 from gpu_train import answers
 from gpu_train.codec import answer, check
@@ -35,6 +38,7 @@ def real_answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[An
     os.makedirs(os.path.join(run_dir, "job"))
     os.makedirs(os.path.join(run_dir, "code"))
     Path(run_dir, "job", "ckpt.pt").write_bytes(b"w" * 10)
+    Path(run_dir, "code", "out.txt").write_text("an output in the working directory")
     Path(run_dir, "log").write_text("step 1\nloss 0.5\n")
     Path(run_dir, "job", "metrics.jsonl").write_text(METRICS)
     write_json(os.path.join(run_dir, "spec.json"), JobSpec(run_id=RUN, base="train", command="true").to_json())
@@ -58,6 +62,19 @@ def real_answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[An
             "unauthorize": (answers.Unauthorized, cluster.cmd_unauthorize(KEY)),
             "scalars": (Scalars, metrics.cmd_scalars(root, [RUN], [], 10)),
         }
+        listed, hashes, pong, refusal = fetch_serve(
+            root,
+            {"op": "list", "runs": [RUN, f"{RUN}/workdir", f"{RUN}/.gpu-train", "r_19990101_000000"]},
+            {"op": "hash", "items": [[RUN, "ckpt.pt", 0, 10, 4], [RUN, "gone.pt", 0, 1, 1]]},
+            {"op": "ping"},
+            {"op": "delete"},
+        )
+        said |= {
+            "fetch-serve list": (answers.Listed, listed),
+            "fetch-serve hash": (answers.Hashes, hashes),
+            "fetch-serve ping": (answers.Pong, pong),
+            "fetch-serve refusal": (answers.Refusal, refusal),
+        }
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -65,20 +82,41 @@ def real_answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[An
     return {cmd: (kind, json.loads(json.dumps(doc))) for cmd, (kind, doc) in said.items()}
 
 
+def fetch_serve(root: str, *requests: dict) -> list[dict]:
+    """The documents the agent's fetch server (agent/fetchserve.py) answers ``requests`` with, off its wire."""
+    wire = io.BytesIO()
+    assert fetchserve.serve(root, [json.dumps(r).encode() + b"\n" for r in requests], wire) == 0
+    wire.seek(0)
+    docs = []
+    while head := wire.readline():
+        docs.append(json.loads(zlib.decompress(wire.read(json.loads(head)["len"]))))
+    return docs
+
+
 def key_paths(kind: Any, doc: dict, where: tuple = ()) -> list[tuple]:
-    """Every key the contract declares in ``doc``, nested answers included (a list's first item)."""
+    """Every key the contract declares in ``doc``, nested answers included (a list's first item, each
+    item of a list of several kinds, each value of a map)."""
     if not typing.is_typeddict(kind):  # a Document (contract.Scalars): its fields, under their wire names
         return [(*where, key) for key in doc if key != "version"]
     hints = typing.get_type_hints(kind, localns={"NotRequired": typing.NotRequired})
     paths = []
     for key, value in doc.items():
         paths.append((*where, key))
-        hint = hints[key]
-        if typing.is_typeddict(hint) and isinstance(value, dict):
-            paths += key_paths(hint, value, (*where, key))
-        elif typing.get_origin(hint) is list and value and typing.is_typeddict(inner := typing.get_args(hint)[0]):
-            paths += key_paths(inner, value[0], (*where, key, 0))
+        paths += inner_paths(hints[key], value, (*where, key))
     return paths
+
+
+def inner_paths(hint: Any, value: Any, where: tuple) -> list[tuple]:
+    kinds = [k for k in (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)) if typing.is_typeddict(k)]
+    if kinds and isinstance(value, dict):  # the one of them it is: the one that declares all its keys
+        return next((key_paths(k, value, where) for k in kinds if set(value) <= set(k.__annotations__)), [])
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list and value:
+        items = list(enumerate(value)) if isinstance(args[0], types.UnionType) else [(0, value[0])]
+        return [path for i, item in items for path in inner_paths(args[0], item, (*where, i))]
+    if origin is dict and isinstance(value, dict):
+        return [path for k, item in value.items() for path in inner_paths(args[1], item, (*where, k))]
+    return []
 
 
 def misspelled(key: str) -> str:
@@ -98,7 +136,7 @@ def renamed(doc: Any, path: tuple) -> Any:
 
 def test_the_real_answers_are_what_the_contract_declares(real_answers) -> None:
     for cmd, (kind, doc) in real_answers.items():
-        assert answers.ANSWERS[cmd] is kind
+        assert answers.ANSWERS.get(cmd, kind) is kind  # (fetch-serve's documents are a stream's: not in the table)
         assert check(kind, doc, cmd) == (doc if typing.is_typeddict(kind) else kind.from_json(doc)), cmd
     run = real_answers["status"][1]["runs"][0]
     assert {"jobSummary", "workdirSummary", "logSummary"} <= set(run) and run["jobSummary"]["bytes"] == 10 + len(METRICS)
@@ -117,6 +155,38 @@ def test_a_renamed_field_is_refused_by_the_laptop(real_answers) -> None:
             assert str(refused.value).startswith(cmd) and f"has '{misspelled(path[-1])}', which " in str(refused.value), refused.value
             tried += 1
     assert tried > 60  # the status family alone has more
+
+
+def test_the_fetch_stream_refuses_a_renamed_field_or_a_row_out_of_shape(real_answers, tmp_path: Path) -> None:
+    """The laptop's fetch stream (remote/transfer/fetch/stream.py) reads the host's documents through the same
+    check: each renamed key of a real listing and real hashes ends the stream with an error naming it."""
+    from remote.transfer.fetch.stream import Stream, StreamError
+
+    def read(kind: Any, doc: Any) -> Any:
+        packed = zlib.compress(json.dumps(doc).encode())
+        (tmp_path / "wire").write_bytes(json.dumps({"len": len(packed), "zlib": True}).encode() + b"\n" + packed)
+        stream = Stream(["cat", str(tmp_path / "wire")])
+        try:
+            return stream.read_doc(kind, "the host's document")
+        finally:
+            stream.close()
+
+    tried = 0
+    for cmd in ("fetch-serve list", "fetch-serve hash"):
+        kind, doc = real_answers[cmd]
+        assert read(kind, doc) == doc
+        for path in key_paths(kind, doc):
+            with pytest.raises(StreamError, match=f"^the host's document.* has '{misspelled(path[-1])}', which "):
+                read(kind, renamed(doc, path))
+            tried += 1
+    assert tried == 10  # runs, its four sources; items, sha256, whole, stat, error
+    listed = real_answers["fetch-serve list"][1]
+    row = listed["runs"][RUN]["entries"][0]
+    for bad, said in (([*row[:2], "10", *row[3:]], r"entries\[0\]\[2\] is '10', not an int"), (row[:5], r"entries\[0\] is \[")):
+        with pytest.raises(StreamError, match=said):
+            read(answers.Listed, {"runs": {RUN: {"entries": [bad]}}})
+    with pytest.raises(StreamError, match="the host refused: unknown op 'delete'"):
+        read(answers.Pong, real_answers["fetch-serve refusal"][1])
 
 
 def test_the_state_comes_back_as_a_run_state(real_answers) -> None:
@@ -162,8 +232,9 @@ def test_the_agents_builder_refuses_a_missing_an_unknown_or_a_mistyped_key(real_
                     answer(kind, **{k: v for k, v in doc.items() if k != key})
             with pytest.raises(TypeError, match="does not declare"):
                 answer(kind, **renamed(doc, (key,)))
-        with pytest.raises(TypeError, match=r"is object\(\)|is <object"):
-            answer(kind, **{**doc, next(iter(doc)): object()})
+        if doc:  # (Pong has no key)
+            with pytest.raises(TypeError, match=r"is object\(\)|is <object"):
+                answer(kind, **{**doc, next(iter(doc)): object()})
 
 
 def test_every_answer_the_laptop_reads_is_declared_in_one_table() -> None:

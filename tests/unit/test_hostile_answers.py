@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.answers import Listed
 from gpu_train.fetchwire import RANGE_HEAD, RANGE_TRAILER
 from remote.transfer.fetch import generator as fp
 from remote.transfer.fetch.stream import MAX_DOC, MAX_LINE, Stream, StreamError
@@ -52,10 +53,11 @@ def test_the_bomb_is_zlib_of_that_many_zeros() -> None:
 
 CAPPED = r"""import sys
 sys.path.insert(0, sys.argv[2])
+from gpu_train.answers import Listed
 from remote.transfer.fetch.stream import Stream, StreamError
 s = Stream(["cat", sys.argv[1]])
 try:
-    s.read_doc()
+    s.read_doc(Listed, "the host's listing")
     print("read")
 except StreamError as e:
     print("refused:", e)
@@ -103,7 +105,7 @@ def test_bad_documents_are_stream_errors(tmp_path: Path, wire: bytes, words: str
     stream = Stream(["cat", str(tmp_path / "wire")])
     try:
         with pytest.raises(StreamError, match=words):
-            stream.read_doc()
+            stream.read_doc(Listed, "the host's listing")
     finally:
         stream.close()
 
@@ -179,7 +181,7 @@ def test_a_host_that_stops_answering_mid_answer_ends_the_stream(tmp_path: Path, 
             if ranged:
                 stream.read_range(lambda view: None, memoryview(bytearray(65536)), 10)
             else:
-                stream.read_doc()
+                stream.read_doc(Listed, "the host's listing")
             outcome.append(None)
         except BaseException as e:
             outcome.append(e)

@@ -21,7 +21,7 @@ def test_the_host_serves_the_log_and_nothing_else_of_the_runs_folder(tmp_path: P
     (run_dir / "env").write_text("WANDB_API_KEY=secret\n")
     source = f"r_20260101_000000/{RUN_FILES}"
     [row] = fetchserve.list_runs(str(tmp_path), [source])[source]["entries"]
-    assert row[:3] == [RUN_LOG, "f", 5]
+    assert row[:3] == (RUN_LOG, "f", 5)
     assert fetchserve.job_path(str(tmp_path), source, RUN_LOG) == f"{run_dir}/log"
     for rel in ("env", "spec.json", "job/x", "../r_20260101_000000/env"):
         with pytest.raises(fetchserve.Refused):

@@ -26,10 +26,11 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpu_train.answers import Hashes, Listed, Pong
 from remote.transfer.fetch import direct as fdirect
 from remote.transfer.fetch import generator as fp
 from remote.transfer.fetch import job as fj
@@ -58,7 +59,7 @@ class Fetcher:
         opened = [first]
         try:
             first.send({"op": "list", "runs": [r.run_id for r in results]})
-            dirs, basis = self._plan(results, first.read_doc()["runs"])
+            dirs, basis = self._plan(results, first.read_doc(Listed, "the host's listing")["runs"])
             in_basis = {j.key for j in basis}
             pieces = self._hash_phase(first, basis)
             pieces += [p for j in self.jobs if j.key not in in_basis for p in self._whole(j)]
@@ -89,7 +90,7 @@ class Fetcher:
         """Seconds for one request and its answer on an open stream (the host does nothing for it)."""
         started = time.monotonic()
         stream.send({"op": "ping"})
-        stream.read_doc()
+        stream.read_doc(Pong, "the host's answer to a ping")
         return time.monotonic() - started
 
     def _plan(self, results: list[RunResult], listing: dict) -> tuple[list, list[FileJob]]:
@@ -114,11 +115,14 @@ class Fetcher:
 
         with ThreadPoolExecutor(2) as pool:
             mine = list(pool.map(local, basis))
-        theirs = stream.read_doc()["items"]
+        theirs = stream.read_doc(Hashes, "the host's hashes")["items"]
         pieces = []
         for job, here, there in zip(basis, mine, theirs, strict=True):
-            if "error" in there or not self._same_file(job, there["stat"]):
-                self._unread(job, there.get("error"))
+            if "error" in there:
+                self._unread(job, there["error"])
+                continue
+            if not self._same_file(job, there["stat"]):
+                self._unread(job, None)
                 continue
             job.whole = there["whole"]
             ranges = fp.changed_ranges(here, there["sha256"][: len(here)], blocks[job.key], job.entry.size)
@@ -140,7 +144,7 @@ class Fetcher:
             return []
         return [fp.Piece(job.key, off, n) for off, n in ranges]
 
-    def _same_file(self, job: FileJob, st: list) -> bool:
+    def _same_file(self, job: FileJob, st: Sequence[int]) -> bool:
         """The host's file is the one listed (size and time), and the same inode every time we look; a
         file that only grows (the run's log) may have grown meanwhile: what was listed is its start."""
         size, mtime_ns, ino = st
@@ -293,11 +297,13 @@ class Fetcher:
         need = [j for j in todo if j.whole is None]
         if need:
             stream.send({"op": "hash", "items": [[j.run.run_id, j.entry.path, 0, j.entry.size, j.entry.size] for j in need]})
-            for job, there in zip(need, stream.read_doc()["items"], strict=True):
-                if "error" not in there and self._same_file(job, there["stat"]):
+            for job, there in zip(need, stream.read_doc(Hashes, "the host's hashes")["items"], strict=True):
+                if "error" in there:
+                    self._unread(job, there["error"])
+                elif self._same_file(job, there["stat"]):
                     job.whole = there["whole"]
                 else:
-                    self._unread(job, there.get("error"))
+                    self._unread(job, None)
         for job in todo:
             if job.failed:
                 continue

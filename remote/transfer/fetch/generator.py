@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpu_train.contract import RUN_FILES, UNREADABLE, WORKDIR
 
@@ -56,7 +57,7 @@ class Entry:
     target: str = ""  # a link's target
 
     @classmethod
-    def from_wire(cls, row: list) -> Entry:
+    def from_wire(cls, row: Sequence[Any]) -> Entry:
         """One row of the host's listing, each field checked as what it is (ValueError names the row)."""
         path, kind, size, mtime_ns, mode, target = row
         ints = (size, mtime_ns, mode)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpu_train.answers import Refusal, RunListing
 from gpu_train.contract import UNREADABLE
 from remote.transfer.fetch import direct as fdirect
 from remote.transfer.fetch import generator as fp
@@ -16,17 +17,16 @@ from remote.transfer.fetch.job import FileJob
 from remote.transfer.fetch.report import RunResult, summary
 
 
-def plan(results: list[RunResult], listing: dict, jobs: list[FileJob]) -> tuple[list, list[FileJob]]:
-    """Each run's entries checked, its folders and links made, a FileJob (appended to ``jobs``) per file
-    that moves: (the folders, given their times last; the jobs with a local basis, compared by blocks)."""
+def plan(results: list[RunResult], listing: dict[str, RunListing | Refusal], jobs: list[FileJob]) -> tuple[list, list[FileJob]]:
+    """Each run's entries checked (their shape is the contract's, answers.Listed: checked as it was read),
+    its folders and links made, a FileJob (appended to ``jobs``) per file that moves: (the folders, given
+    their times last; the jobs with a local basis, compared by blocks)."""
     dirs: list[tuple[Path, fp.Entry]] = []
     basis: list[FileJob] = []
     for result in results:
-        doc = (listing.get(result.run_id) if isinstance(listing, dict) else None) or {"error": f"the host did not list {result.run_id}"}
-        if not isinstance(doc, dict) or not isinstance(doc.get("entries", []), list):
-            doc = {"error": f"the host's listing of {result.run_id} is not one"}
-        if "error" in doc:
-            result.error = doc["error"]
+        doc = listing.get(result.run_id)
+        if doc is None or "error" in doc:
+            result.error = doc["error"] if doc is not None else f"the host did not list {result.run_id}"
             continue
         try:
             entries = [fp.Entry.from_wire(row) for row in doc["entries"]]

@@ -19,8 +19,12 @@ import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from agent.bundle import agent_command
+from gpu_train.answers import Refusal
+from gpu_train.codec import check
 from gpu_train.fetchwire import RANGE_HEAD_RE, RANGE_TRAILER_RE
 from gpu_train.stack.sshhost import SshHost
 from remote.ssh.connect import openssh_options
@@ -37,6 +41,7 @@ MAX_DOC = 256 << 20
 # A host that stops answering mid-answer (its sessions frozen, the link alive: keepalives still answered)
 # held a fetch, and `down`, for ever: no byte for this long while one is awaited closes the stream.
 STALL_S = 120.0
+T = TypeVar("T")
 
 
 class StreamError(Exception):
@@ -59,6 +64,15 @@ def ssh_argv(target: Target, host: SshHost, command: str, control: list[str] | N
 
 
 SHARED_CHANNELS = 1  # the listing stream: ten fetches at once stay within a stock sshd's MaxSessions
+
+
+def _checked(kind: Callable[..., T], doc: Any, what: str) -> T:
+    """``doc`` as the contract declares it (the host's fetch server is this laptop's agent: a misfit is a
+    host that lies), or a StreamError naming the key."""
+    try:
+        return check(kind, doc, what)
+    except ValueError as e:
+        raise StreamError(str(e)) from None
 
 
 class Opener:
@@ -195,9 +209,10 @@ class Stream:
             raise self.broken("the connection closed", ended=True)
         return data
 
-    def read_doc(self) -> dict:
+    def read_doc(self, kind: Callable[..., T], what: str) -> T:
         """A compressed JSON document (listing, hashes), within MAX_DOC bytes before and after inflating
-        and MAX_ENTRIES rows (counted before parsing: each row is a JSON array)."""
+        and MAX_ENTRIES rows (counted before parsing: each row is a JSON array), as ``kind`` (one of
+        gpu_train/answers.py's) declares it: else a StreamError naming ``what`` and the key."""
         from remote.transfer.fetch.generator import MAX_ENTRIES
 
         head = self._line()
@@ -220,8 +235,8 @@ class Stream:
         if not isinstance(doc, dict):
             raise StreamError(f"the host's document is not one: {text[:200]!r}")
         if "error" in doc:
-            raise StreamError(f"the host refused: {doc['error']}")
-        return doc
+            raise StreamError(f"the host refused: {_checked(Refusal, doc, 'the host refusal')['error']}")
+        return _checked(kind, doc, what)
 
     def read_range(self, sink, buf: memoryview, expected: int) -> tuple[dict, int]:
         """One range of ``expected`` bytes (the request's: the host pads a file that shrank): ``sink(view)``
