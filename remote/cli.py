@@ -1,10 +1,15 @@
-"""The `gpu-train` command: Fabric's own program over the same tasks as `fab`, from any directory.
+"""The `gpu-train` command: Invoke's own program over the same tasks as `fab`, from any directory.
 
 `fab` needs a fabfile in (or above) the current directory, so it only works inside this clone;
 `gpu-train` bundles the task collection, so it runs in the researcher's own project, with the same
-options, `--help`, `-l` and completion. Two additions, shared with `fab` through ``Executor``:
+options, `--help`, `-l` and completion. Two additions, shared with `fab` (its executor: remote/fab.py):
 ``gpu-train ssh -- CMD`` hands CMD to the task (Fabric would run it on ``-H`` hosts, and with none
 it crashes), and a mistyped task or flag gets a "did you mean".
+
+Invoke's program, not Fabric's: Fabric's adds only options for running shell commands on hosts named
+on the command line (which gpu-train neither shows nor takes), and loading it loads paramiko, about
+60 ms of every command's start. A task that logs in with paramiko (no shared connection yet, a port
+forward) imports it then; one that rides on the shared OpenSSH connection never does.
 """
 
 from __future__ import annotations
@@ -14,10 +19,9 @@ import re
 import sys
 from pathlib import Path
 
-from fabric import Config
-from fabric import Executor as FabricExecutor
-from fabric.main import Fab
-from invoke import Argument, Exit, ParseError
+from invoke import Argument, Exit, ParseError, Program
+from invoke import Config as InvokeConfig
+from invoke import Executor as InvokeExecutor
 
 from gpu_train.environment import CONFIG_KEY, Environment
 from gpu_train.errors import UsageError
@@ -72,10 +76,19 @@ def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str]) -> s
     return None
 
 
-class Executor(FabricExecutor):
-    """Text after ``--`` goes to the task that asks for it (its ``remainder_kwarg``), not to ``-H`` hosts;
-    Ctrl-C that a task does not handle itself ends it with "interrupted" and exit status 130 (Invoke's
-    own program would exit 1 and say nothing)."""
+def hand_remainder(core, calls) -> None:
+    """Text after ``--`` goes to the one task that asks for it (its ``remainder_kwarg``), not to ``-H`` hosts."""
+    takers = [c for c in calls if getattr(getattr(c, "task", c), "remainder_kwarg", None)]
+    if len(takers) != 1 or len(calls) != 1:
+        raise exit_for(UsageError("`-- COMMAND` goes with one task that runs a command, e.g. `gpu-train ssh -- nvidia-smi`"))
+    call = takers[0]
+    call.kwargs[call.task.remainder_kwarg] = core.remainder
+
+
+class Executor(InvokeExecutor):
+    """Text after ``--`` goes to the task that asks for it (``hand_remainder``); Ctrl-C that a task does
+    not handle itself ends it with "interrupted" and exit status 130 (Invoke's own program would exit 1
+    and say nothing)."""
 
     def execute(self, *tasks):
         try:
@@ -83,30 +96,29 @@ class Executor(FabricExecutor):
         except KeyboardInterrupt as e:
             raise exit_for(e) from None
 
-    def expand_calls(self, calls, apply_hosts=True):
-        remainder = self.core.remainder
-        if remainder and apply_hosts and not self.core[0].args.hosts.value:
-            takers = [c for c in calls if getattr(getattr(c, "task", c), "remainder_kwarg", None)]
-            if len(takers) != 1 or len(calls) != 1:
-                raise exit_for(UsageError("`-- COMMAND` goes with one task that runs a command, e.g. `gpu-train ssh -- nvidia-smi`"))
-            call = takers[0]
-            call.kwargs[call.task.remainder_kwarg] = remainder
-            self.core.remainder = ""
-            try:
-                return super().expand_calls(calls, apply_hosts)
-            finally:
-                self.core.remainder = remainder
-        return super().expand_calls(calls, apply_hosts)
+    def expand_calls(self, calls):
+        if self.core is not None and self.core.remainder:
+            hand_remainder(self.core, calls)
+            self.core.remainder = ""  # handed once: the expansion of pre- and post-tasks (recursive) sees none
+        return super().expand_calls(calls)
+
+
+class Config(InvokeConfig):
+    """Invoke's configuration under Fabric's name, as before: the files and variables `fab` reads
+    (/etc/fabric.yaml, ~/.fabric.yaml, FABRIC_*). Without Fabric's SSH-config loading: a stack's SSH
+    settings are gpu-train's own (remote/ssh/config.py)."""
+
+    prefix = "fabric"
 
 
 # The core options `gpu-train --help` shows and takes: its own, and Invoke's help, listing, version, debug
-# and shell completion. Fabric's and Invoke's others (-H hosts, --hide, --prompt-for-..., --ssh-config,
-# -i, --write-pyc, ...) are for running shell commands on hosts given on the command line, which gpu-train's
-# tasks never do: neither shown nor accepted; each keeps its default. (`fab` in the clone keeps them all.)
+# and shell completion. Invoke's others (--hide, --prompt-for-sudo-password, --write-pyc, --echo, ...) are
+# for running shell commands, which gpu-train's tasks never do: neither shown nor accepted; each keeps its
+# default. (`fab` in the clone keeps them all, and Fabric's -H hosts, -i, --ssh-config, ...)
 OWN_CORE = ("complete", "debug", "help", "list", "print-completion-script", "stacks-dir", "version")
 
 
-class GpuTrain(Fab):
+class GpuTrain(Program):
     def every_core_arg(self) -> list[Argument]:
         return [
             *super().core_args(),
@@ -117,8 +129,8 @@ class GpuTrain(Fab):
         return [a for a in self.every_core_arg() if a.name in OWN_CORE]
 
     def parse_core_args(self):
-        """The options gpu-train does not take are there for Invoke's and Fabric's own code, at their
-        defaults, once the command line is parsed without them."""
+        """The options gpu-train does not take are there for Invoke's own code, at their defaults, once
+        the command line is parsed without them."""
         super().parse_core_args()
         for arg in self.every_core_arg():
             if arg.name not in OWN_CORE:
@@ -158,6 +170,16 @@ class GpuTrain(Fab):
         except ParseError as e:  # `--help TASK` of a task there is not
             raise exit_for(UsageError(suggest(e, sorted(self.collection.task_names), []))) from None
 
+    def print_version(self) -> None:
+        """As Fabric's program said it (its version, then Paramiko's and Invoke's), without loading paramiko."""
+        from importlib.metadata import version
+
+        from invoke import __version__ as invoke
+
+        super().print_version()
+        print(f"Paramiko {version('paramiko')}")
+        print(f"Invoke {invoke}")
+
     environment: Environment | None = None  # the one main() built; else built from this process
 
     def update_config(self, *args, **kwargs):
@@ -166,7 +188,7 @@ class GpuTrain(Fab):
         env = self.environment or Environment.from_os()
         if self.args["stacks-dir"].value:
             env = env.replace(stacks_dir=Path(self.args["stacks-dir"].value).expanduser().absolute())
-        self.config[CONFIG_KEY] = env
+        self.config[CONFIG_KEY] = env  # type: ignore[assignment]  # (Invoke's annotation says str; any value is kept)
 
 
 def _flags(task) -> dict[str, bool]:

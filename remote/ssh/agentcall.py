@@ -10,10 +10,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
-
-import paramiko
-from fabric import Connection
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from agent.bundle import agent_command
 from gpu_train.answers import ANSWERS, Launched, LogEnd, LogStart, Ready, Waiting
@@ -23,6 +20,10 @@ from gpu_train.errors import printable_doc
 from remote.errors import RemoteError
 from remote.ssh import mux
 from remote.ssh.target import Target
+
+if TYPE_CHECKING:  # paramiko is loaded only by a login (mux.channel_errors)
+    import paramiko
+    from fabric import Connection
 
 START_MARK = LOG_START
 END_MARK = LOG_END
@@ -175,7 +176,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                     chan.sendall(b"abort\n")
                 # In a fan-out the host may have gone on its own word first (the code did reach it from
                 # node 0): then it runs, and says so, and the caller must count it as started.
-                with contextlib.suppress(OSError, EOFError, paramiko.SSHException, RemoteError):
+                with contextlib.suppress(*mux.channel_errors(), RemoteError):
                     chan.settimeout(30)
                     late = _answer(out.readline(LINE_MAX), chan)
                     if "runId" in late:
@@ -185,7 +186,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                 return cast(Waiting, first)  # waiting for the driver: the code stays staged for the next try
             # In a fan-out the host may have gone on its own word (the spec's goWhen) and ended: its
             # answer is already here, and this "go" has no one to read it.
-            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            with contextlib.suppress(*mux.channel_errors()):
                 chan.sendall(b"go\n")
         said = _answer(out.readline(LINE_MAX), chan)
         if "ready" in said:

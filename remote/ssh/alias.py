@@ -126,7 +126,7 @@ def write_alias(target, home: Path, project: Path) -> tuple[str, bool]:
     """Write (or refresh) the stack's alias file for ``project``; (alias, whether it is new)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", target.stack):
         raise ValueError(f"stack name {target.stack!r} cannot be an ssh host alias")
-    from remote.ssh.connect import proxy_command
+    from remote.ssh.openssh import proxy_command
 
     def text_for(name: str, project: Path | None) -> str:
         return entry(

@@ -1,5 +1,5 @@
-"""SSH to a target's hosts: verified connections through their jump hosts, waiting with backoff,
-and the same policy spelled as OpenSSH options (rsync, ``fab ssh``, the fetch streams).
+"""SSH to a target's hosts with paramiko: verified connections through their jump hosts, waiting with
+backoff (the same policy spelled as OpenSSH options is ``remote.ssh.openssh``).
 
 Host keys are checked by ``remote.ssh.hostkeys``, the keys offered and refusals explained by
 ``remote.ssh.login``; the agent's calls over a connection are ``remote.ssh.agentcall``.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-import shlex
 import socket
 import time
 from collections.abc import Callable
@@ -22,8 +21,9 @@ from gpu_train.retry import Backoff
 from gpu_train.stack.config import split_host
 from gpu_train.stack.sshhost import SshHost
 from remote.errors import HostKeyError, RemoteError, VmStopped
-from remote.ssh.hostkeys import Say, TrustOnFirstUse, changed_key_message, host_id
+from remote.ssh.hostkeys import Say, TrustOnFirstUse, changed_key_message
 from remote.ssh.login import check_key_file, refused_message
+from remote.ssh.openssh import host_id
 from remote.ssh.target import Target
 
 # paramiko logs a lost connection ("Socket exception: ...") through logging's last-resort handler,
@@ -144,30 +144,3 @@ def open_connection(
                 say(f"waiting for SSH on {host} (up to {timeout:g} s): {e or type(e).__name__}")
                 told = True
             time.sleep(backoff.next())
-
-
-def openssh_options(target: Target, host: SshHost) -> list[str]:
-    """OpenSSH options matching our paramiko policy: the host's keys (and ssh-agent's), our
-    known_hosts, no prompts, and its jump hosts as a ProxyCommand built the same way."""
-    keys = [opt for k in host.keys for opt in ("-i", k)]
-    opts = [
-        "-p", str(host.port), *keys, "-F", "/dev/null",
-        "-o", f"IdentitiesOnly={'yes' if target.key_file and host.keys else 'no'}", "-o", "BatchMode=yes",
-        "-o", f"UserKnownHostsFile={target.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=15",
-        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-        # AES-GCM runs on the CPU's AES instructions: faster bulk transfers than OpenSSH's default.
-        "-o", "Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com",
-    ]  # fmt: skip
-    if host.jump:
-        opts += ["-o", "ProxyCommand=" + proxy_command(target, host)]
-    return opts
-
-
-def proxy_command(target: Target, host: SshHost) -> str:
-    """OpenSSH's ProxyCommand reaching ``host`` through its last jump host (itself through the
-    earlier ones), with the same keys and known_hosts; "" without jump hosts."""
-    if not host.jump:
-        return ""
-    via = dataclasses.replace(host.jump[-1], jump=host.jump[:-1])
-    return shlex.join(["ssh", *openssh_options(target, via), "-W", "%h:%p", "--", f"{via.user}@{via.host}"])

@@ -17,7 +17,6 @@ from pathlib import Path
 import paramiko
 
 from gpu_train.atomic import atomic_write
-from gpu_train.stack.sshhost import SshHost
 from remote.errors import HostKeyError
 from remote.ssh.target import Target
 
@@ -27,11 +26,6 @@ Say = Callable[[str], None]
 def fingerprint(key: paramiko.PKey) -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def host_id(host: SshHost) -> str:
-    """The name known_hosts files use: 'host' on port 22, '[host]:port' elsewhere."""
-    return host.host if host.port == 22 else f"[{host.host}]:{host.port}"
 
 
 class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
@@ -69,13 +63,6 @@ def append_known_host(path: Path, line: str) -> None:
         atomic_write(path, old + line)
     finally:
         os.close(lock_fd)
-
-
-def knows_host(target: Target, host: SshHost) -> bool:
-    """Whether the stack's known_hosts already holds a key for ``host`` (OpenSSH can verify it)."""
-    if not target.known_hosts.is_file():
-        return False
-    return bool(paramiko.HostKeys(str(target.known_hosts)).lookup(host_id(host)))
 
 
 def changed_key_message(name: str, target: Target, e: paramiko.BadHostKeyException) -> str:

@@ -22,12 +22,13 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 
 from gpu_train.stack.sshhost import SshHost
-from remote.ssh.connect import openssh_options
+from remote.ssh.openssh import openssh_options
 from remote.ssh.target import Target
 
 PERSIST_S = 60  # how long the shared connection outlives its last use
@@ -181,6 +182,15 @@ class Result:
     stdout: str
     stderr: str
     exited: int
+
+
+def channel_errors() -> tuple[type[BaseException], ...]:
+    """What sending on or reading from a channel may raise: OSError and EOFError (the shared connection's
+    `ssh`), and paramiko's SSHException where a login made a paramiko channel. Only a login imports
+    paramiko: a task on the shared connection never loads it (about 60 ms of its start), and then no
+    paramiko channel can exist."""
+    paramiko = sys.modules.get("paramiko")
+    return (OSError, EOFError, *((paramiko.SSHException,) if paramiko is not None else ()))
 
 
 class MuxConnection:

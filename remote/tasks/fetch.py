@@ -38,7 +38,7 @@ def fetch_runs(
     ``strict`` (the guards before destroying) a host's file not taken because the laptop's is newer too."""
     from gpu_train import jobs
     from gpu_train.contract import RUN_FILES, RUN_LOG, WORKDIR
-    from remote.ssh import hostkeys
+    from remote.ssh.openssh import knows_host
     from remote.transfer.fetch import report as fetch_report
     from remote.transfer.fetch.progress import Progress
 
@@ -60,7 +60,7 @@ def fetch_runs(
     if not todo:
         return []
     session.check_shared()  # a shared connection whose host vanished: found now, not after its keepalive's 15 s
-    if not hostkeys.knows_host(session.target, session.target.host):
+    if not knows_host(session.target, session.target.host):
         session.connect()  # learns (and prints) the host key, or refuses a changed one
     bar = Progress(live=progress)
     sources = [

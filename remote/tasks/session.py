@@ -93,7 +93,6 @@ class Session:
         the host is used when it is up (remote/ssh/mux.py): one round trip, no login; else a login,
         and the shared connection is started beside it for the next task."""
         from remote.errors import HostKeyError, RemoteError
-        from remote.ssh import connect as ssh
         from remote.ssh import mux, vmprobe
         from remote.ssh import target as targets
 
@@ -103,6 +102,8 @@ class Session:
             self.conn = self._shared()
             if self.conn is not None:
                 return self.conn
+        from remote.ssh import connect as ssh  # a login: paramiko is loaded only now (remote/cli.py)
+
         try:
             self.conn = ssh.open_connection(
                 self._target,

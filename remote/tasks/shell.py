@@ -77,12 +77,12 @@ def say_host_notes(sessions: list[Session], answers: list[dict]) -> None:
 
 
 def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None:
-    from remote.ssh import connect as ssh
+    from remote.ssh.openssh import openssh_options
 
     session.connect()  # verifies (or learns) the host key first
     session.close()
     h = session.target.host
-    argv = ["ssh", *ssh.openssh_options(session.target, h), *extra, "--", f"{h.user}@{h.host}", *([command] if command else [])]
+    argv = ["ssh", *openssh_options(session.target, h), *extra, "--", f"{h.user}@{h.host}", *([command] if command else [])]
     os.execvp("ssh", argv)
 
 

@@ -21,8 +21,7 @@ import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from agent.bundle import agent_command
 from gpu_train.contract import ARRIVED, RELAYED, go_marker
@@ -30,9 +29,13 @@ from gpu_train.errors import printable_doc
 from gpu_train.stack.sshhost import SshHost
 from remote.errors import RemoteError
 from remote.ssh.agentcall import LINE_MAX
-from remote.ssh.hostkeys import host_id
+from remote.ssh.mux import channel_errors
+from remote.ssh.openssh import host_id
 from remote.ssh.target import Target
 from remote.transfer.sync import staging_dest, staging_options
+
+if TYPE_CHECKING:
+    import paramiko
 
 KEY_NAME = "cluster_ed25519"  # where earlier versions kept one key per stack for good: removed
 
@@ -55,6 +58,8 @@ def pinned_lines(cluster: Target, node: int) -> list[str]:
     """known_hosts lines for node 0: the host keys this laptop holds for ``node``, under its alias."""
     if not cluster.known_hosts.is_file():
         return []
+    import paramiko  # (loaded only here and by logins: mux.channel_errors)
+
     keys = paramiko.HostKeys(str(cluster.known_hosts)).lookup(host_id(cluster.hosts[node])) or {}
     return [f"{alias(node)} {kind} {keys[kind].get_base64()}" for kind in sorted(keys.keys())]
 
@@ -216,7 +221,7 @@ class _Relay:
             chan.exec_command(agent_command(fanout.cluster.for_node(0).remote_root, "relay-code", cli=fanout.cluster.cli))
             chan.sendall(base64.b64encode(json.dumps(request).encode()) + b"\n")
             self.chan = chan
-        except (OSError, EOFError, paramiko.SSHException) as e:
+        except channel_errors() as e:
             self.fallback = f"node 0: {_message(e)}"
 
     def go(self) -> None:
@@ -235,7 +240,7 @@ class _Relay:
                         _settle(arrived[said["node"]], said.get("error") and f"node 0 could not reach it: {said['error']}")
                     elif "error" in said:
                         self.fallback = f"node 0 refused: {said['error']}"
-        except (OSError, EOFError, paramiko.SSHException) as e:
+        except channel_errors() as e:
             self.fallback = f"node 0: {_message(e)}"
         finally:
             self.close()

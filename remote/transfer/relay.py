@@ -1,4 +1,4 @@
-"""Serve rsync's remote shell (remote/transfer/rsh.py) over an open paramiko connection."""
+"""Serve rsync's remote shell (remote/transfer/rsh.py) over an open connection (paramiko's, or the shared one)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from remote.ssh.listener import accept_each
+from remote.ssh.mux import channel_errors
+
+if TYPE_CHECKING:
+    import paramiko
 
 RSH = Path(__file__).with_name("rsh.py")
 
@@ -40,6 +43,7 @@ class ChannelRelay:
     def _serve(self, client: socket.socket) -> None:
         # A lost connection (the host went down mid-sync) ends the relay quietly: rsync sees its
         # stream close and reports the failure itself, which the task turns into that node's error.
+        ended: tuple[type[BaseException], ...] = (ValueError, *channel_errors())  # what ends the relay quietly
         reader = client.makefile("rb")
         chan = None
         try:
@@ -48,7 +52,7 @@ class ChannelRelay:
             chan.exec_command(command)
 
             def upstream() -> None:
-                with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                with contextlib.suppress(*channel_errors()):
                     while data := reader.read1(65536):
                         chan.sendall(data)
                     chan.shutdown_write()
@@ -57,7 +61,7 @@ class ChannelRelay:
             while data := chan.recv(65536):
                 client.sendall(data)
             client.shutdown(socket.SHUT_WR)  # rsync reports the far side's errors through its own protocol
-        except (OSError, EOFError, ValueError, paramiko.SSHException):
+        except ended:
             pass
         finally:
             client.close()

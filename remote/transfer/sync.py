@@ -22,7 +22,7 @@ from pathlib import Path
 from agent.bundle import GUARD
 from gpu_train.stack.sshhost import SshHost
 from remote.errors import RemoteError
-from remote.ssh.connect import openssh_options
+from remote.ssh.openssh import openssh_options
 from remote.ssh.target import Target
 from remote.transfer.codesize import folder_counts, human
 from remote.transfer.ignores import IGNORE_FILE, LeftOut, always_excluded, code_filters, git_ignored, left_out

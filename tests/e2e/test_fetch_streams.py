@@ -69,7 +69,7 @@ def test_a_shared_connection_whose_host_restarted_is_replaced(host: Host, tmp_pa
 def test_a_host_that_refuses_a_channel_on_the_shared_connection_is_fetched_without_it(tmp_path: Path) -> None:
     """Another session holds the shared connection, and the host allows one session per connection
     (a stock sshd allows ten: eleven fetches at once): OpenSSH logs in on a connection of its own."""
-    from remote.ssh.connect import openssh_options
+    from remote.ssh.openssh import openssh_options
 
     host = Host(tmp_path, max_sessions=1)
     try:

@@ -1,6 +1,6 @@
 """Connection reuse over a real sshd on loopback: a task after another opens a channel on this user's
 shared OpenSSH connection (remote/ssh/mux.py) and logs in no more; train (sync and launch), status and
-logs --follow work over it. This suite's loopback addresses are 127.0.24.x.
+logs --follow work over it, without paramiko. This suite's loopback addresses are 127.0.24.x.
 """
 
 from __future__ import annotations
@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from tests.conftest import fab_env, run_fab
 from tests.pyindex import OFFLINE_INDEX
 
 ADDRESS = "127.0.24.1"
+IMPORTED = re.compile(r"import time:\s+\d+ \|\s+\d+ \| *(\S+)$")
 
 
 @pytest.mark.e2e
@@ -59,3 +63,55 @@ def test_a_second_task_rides_on_the_first_ones_connection(tmp_path: Path, monkey
         if path:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+@pytest.mark.e2e
+def test_tasks_on_the_shared_connection_load_no_paramiko(tmp_path: Path) -> None:
+    """`gpu-train` is Invoke's program and only a login imports paramiko (remote/cli.py): status, train of
+    new and of unchanged code, logs and fetch on the shared connection load neither paramiko nor Fabric,
+    about 60 ms of each command's start (issue 36), and still do their work. Read from the real
+    command's own `python -X importtime` report."""
+    sshd = Sshd(tmp_path / "sshd", "127.0.24.2", setenv=f"PIP_INDEX_URL={OFFLINE_INDEX}").start()
+    try:
+        sshd.stack_file(tmp_path / "stacks", "lab", tmp_path / "remote", "/usr/bin/python3")
+        env = fab_env(tmp_path / "stacks", tmp_path / "home", "lab", tmp_path / "proj")
+        (tmp_path / "proj").mkdir()
+        (tmp_path / "proj" / "job.py").write_text("print('job ran', flush=True)\n")
+        run_fab(env, tmp_path / "proj", "status", check=True)  # first contact: a login, and the shared one beside it
+        target = resolve(Environment.from_os(env), "lab").for_node(0)
+        path = mux.control_path(target, target.host)
+        assert path is not None
+        deadline = time.monotonic() + 20
+        while not mux.master_up(path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+        def modules(*args: str) -> tuple[set[str], str]:
+            out = subprocess.run(
+                [sys.executable, "-X", "importtime", str(Path(sys.executable).parent / "gpu-train"), *args],
+                env=env,
+                cwd=tmp_path / "proj",
+                capture_output=True,
+                text=True,
+                timeout=120,
+                stdin=subprocess.DEVNULL,
+            )
+            assert out.returncode == 0, out.stdout + out.stderr
+            return {m.group(1).split(".")[0] for line in out.stderr.splitlines() if (m := IMPORTED.match(line))}, out.stdout
+
+        seen = {}
+        seen["train"], said = modules("train", "--script", "job.py", "--follow")
+        assert "job ran" in said
+        seen["train again"], said = modules("train", "--script", "job.py", "--follow")  # the code unchanged: reused
+        assert "job ran" in said
+        seen["status"], said = modules("status", "--json")
+        runs = json.loads(said)["runs"]
+        assert len(runs) == 2
+        seen["logs"], said = modules("logs")
+        assert "job ran" in said
+        seen["fetch"], _ = modules("fetch", "--run", runs[0]["id"], "--dest", str(tmp_path / "got"))
+        assert (tmp_path / "got").is_dir()
+        assert all("remote" in mods and "invoke" in mods for mods in seen.values())  # the report was read
+        loaded = {task: sorted(mods & {"paramiko", "fabric", "cryptography"}) for task, mods in seen.items()}
+        assert not any(loaded.values()), loaded
+    finally:
+        sshd.stop()

@@ -220,7 +220,7 @@ ALLOWED = {
         "gpu_train.ownership",
     },
     # the agent's packer runs on the laptop, beside what it packs (not in the zipapp): it keeps the zipapp on disk
-    "agent.bundle": {"gpu_train.atomic", "gpu_train.contract"},
+    "agent.bundle": {"gpu_train.atomic", "gpu_train.contract", "agent.bootstrap"},  # (its version's name: the bootstrap's rule)
     "infra": {"gpu_train", "agent.bundle"},  # the startup script carries the agent's zipapp
     "infra.__main__": {"gpu_train", "infra"},  # `pulumi up`'s entry point: builds Google's lookups (infra.ops)
     "infra.ops": {"gpu_train", "infra"},
@@ -231,6 +231,7 @@ ALLOWED = {
     # the dashboard asks as the tasks do (their sessions, gather, the log stream); `dashboard` and `report` start it
     "remote.dashboard": {"gpu_train", "remote.errors", "remote.ssh", "remote.tasks", "infra.ops"},
     "remote.cli": {"gpu_train", "remote.errors", "remote.tasks", "remote"},
+    "remote.fab": {"remote.cli", "remote.errors"},  # the clone's `fab`: the same executor, on Fabric's
     "remote.loopback": set(),
     "remote.setup": {"gpu_train", "infra.ops", "remote.transfer"},  # scripts/setup: this machine's tools, SSH's and Google's
 }

@@ -27,8 +27,8 @@ from gpu_train.answers import Refusal
 from gpu_train.codec import check
 from gpu_train.fetchwire import RANGE_HEAD_RE, RANGE_TRAILER_RE
 from gpu_train.stack.sshhost import SshHost
-from remote.ssh.connect import openssh_options
 from remote.ssh.mux import PERSIST_S, shared_control_path
+from remote.ssh.openssh import openssh_options
 from remote.ssh.target import Target
 
 READ_BUFFER = 64 * 1024  # reads of a range's data bigger than this go straight into the caller's buffer
