@@ -123,7 +123,8 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
     """Move the synced code into place and start the job under screen.
 
     With ``await_go`` the checks run while the laptop is still syncing: the agent prints
-    {"ready": true} and waits for "go" on stdin, so the launch costs one round trip after the sync.
+    {"ready": true} and waits for "go" on stdin, so the launch costs one round trip after the sync;
+    when it reused the last run's code (the spec's ``reuse_code``), there is no sync and it goes on at once.
     """
     try:  # the spec as the contract reads it: a field of the wrong type or a newer contract, said here
         spec = JobSpec.from_json(doc)
@@ -158,8 +159,9 @@ def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
         refuse_if_busy(root, base, spec.project)
         reused = spec.reuse_code and reuse_code(root, base, spec.code_manifest, staging)
         print(json.dumps(answer(Ready, ready=True, reused=reused)), flush=True)
+        # The code reused: nothing is left for the laptop to send, so no "go" is awaited (one round trip less).
         when = spec.go_when if spec.go_when in GO_WHEN else None
-        word = await_word(go_marker(root, run_id, when) if when else None)
+        word = "go" if reused else await_word(go_marker(root, run_id, when) if when else None)
         if word == "marker":
             agent_log(root, f"{run_id}: launched on the fan-out's own word ({when}), not the laptop's")
         elif word != "go":

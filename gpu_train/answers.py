@@ -107,8 +107,8 @@ class LogEnd(TypedDict):
 
 # -- `launch`: its first line with --await-go, then its answer ----------------------------------------
 class Ready(TypedDict):
-    ready: bool  # the checks passed: the agent waits for "go" (or "abort")
-    reused: bool  # the last run's code was reused: the laptop's sync is not needed
+    ready: bool  # the checks passed: the agent waits for "go" (or "abort"), unless it reused the code
+    reused: bool  # the last run's code was reused: no sync is needed, and the agent launches without a "go"
 
 
 class Waiting(TypedDict):

@@ -166,7 +166,7 @@ class JobSpec(Document):
     python: str | None = None
     expect_gpus: int = 0
     code_manifest: str | None = None  # hash of the code listing, so the host can skip an unchanged sync
-    reuse_code: bool = False
+    reuse_code: bool = False  # the host reuses that code if it has it, and then launches without waiting for "go"
     agent_settings: dict[str, object] = field(default_factory=dict)
     launcher: str = "none"  # or "torchrun"
     nproc: int | None = None  # processes per node (torchrun); default: the node's GPUs, or 1

@@ -100,7 +100,8 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
 
     Opening the agent's channel, its start-up and its checks overlap the sync, so launching costs
     one round trip once the code is there. With ``reuse`` (the laptop's code matches the last push)
-    the host first tries to reuse the last run's code, and the sync runs only if it cannot.
+    the host first tries to reuse the last run's code and, when it could, launches without a "go";
+    the sync runs only if it could not.
     Without ``sync`` (code already staged) it launches at once.
     """
     # The spec (with the job's --env values) goes on the channel's stdin: a command line is readable
@@ -184,10 +185,11 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                 raise failure
             if "ready" not in first:
                 return cast(Waiting, first)  # waiting for the driver: the code stays staged for the next try
-            # In a fan-out the host may have gone on its own word (the spec's goWhen) and ended: its
-            # answer is already here, and this "go" has no one to read it.
-            with contextlib.suppress(*mux.channel_errors()):
-                chan.sendall(b"go\n")
+            if not (reuse and first.get("reused")):  # a host that reused the code goes on by itself (agent/launch.py)
+                # In a fan-out the host may have gone on its own word (the spec's goWhen) and ended: its
+                # answer is already here, and this "go" has no one to read it.
+                with contextlib.suppress(*mux.channel_errors()):
+                    chan.sendall(b"go\n")
         said = _answer(out.readline(LINE_MAX), chan)
         if "ready" in said:
             raise RemoteError(f"the gpu-train agent on {conn.host} said ready twice")

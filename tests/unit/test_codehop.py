@@ -22,12 +22,14 @@ import pytest
 
 from agent import cluster
 from agent.store import AgentError
+from gpu_train.contract import TERMINAL
 from gpu_train.stack.config import SshHost
 from remote.errors import RemoteError
 from remote.loopback import Sshd
 from remote.ssh.target import Target
 from remote.transfer import codehop
 from tests.conftest import ROOT
+from tests.unit.test_bucket_last_pass import AGENT_SHIM
 
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -160,11 +162,12 @@ def test_the_cluster_keys_command_only_receives_a_runs_code(original: str, ok: b
 
 
 # -- a node's launch goes on the cluster's own word ----------------------------------------------
-def _waiting_launch(root: Path, run: str, go_when: str | None) -> subprocess.Popen:
+def _waiting_launch(root: Path, run: str, go_when: str | None, staged: bool = True, **more: object) -> subprocess.Popen:
     """The agent's `launch --await-go` as the laptop starts it, answered "ready" (the code staged)."""
-    (root / "staging" / run).mkdir(parents=True)
-    (root / "staging" / run / "train.py").write_text("print('hi')\n")
-    spec = {"runId": run, "base": run.split("_")[0], "command": "true", "python": sys.executable, "goWhen": go_when}
+    if staged:
+        (root / "staging" / run).mkdir(parents=True)
+        (root / "staging" / run / "train.py").write_text("print('hi')\n")
+    spec = {"runId": run, "base": run.split("_")[0], "command": "true", "python": sys.executable, "goWhen": go_when, **more}
     agent = subprocess.Popen(
         [sys.executable, "-m", "agent", "--root", str(root), "launch", "-", "--await-go"],
         cwd=ROOT,
@@ -219,6 +222,54 @@ def test_a_launch_goes_on_its_marker_or_the_laptops_word(tmp_path: Path, go_when
     assert (f"{run}: launched on the fan-out's own word ({go_when})" in log) is (launched and said is None)
     if launched:
         assert not list((root / "staging").glob(f"{run}.*"))  # the marker went with the launch
+
+
+def _first_run_ended(root: Path, run: str) -> None:
+    """A first run of the code, launched and ended (its job run by the wrapper, as a host's would)."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "gpu-train-agent").write_text(AGENT_SHIM)  # where the wrapper finds the agent
+    agent = _waiting_launch(root, run, None, codeManifest="m1")
+    agent.communicate(b"go\n", timeout=30)
+    state = root / "runs" / run / "state.json"
+    deadline = time.monotonic() + 60
+    while json.loads(state.read_text()).get("state") not in TERMINAL:
+        assert time.monotonic() < deadline, f"{run} did not end: {state.read_text()}"
+        time.sleep(0.05)
+
+
+def test_a_launch_that_reused_the_code_goes_on_without_the_laptops_word(tmp_path: Path) -> None:
+    """Unchanged code (train's common case): the host reuses the last run's copy and launches at once;
+    the laptop has nothing to send, and waiting for its "go" would cost a round trip (issue 36)."""
+    root, first, second = tmp_path / "root", "re_20250101_000000", "re_20250101_000001"
+    _first_run_ended(root, first)
+    spec = {"runId": second, "base": "re", "command": "true", "python": sys.executable, "codeManifest": "m1", "reuseCode": True}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent", "--root", str(root), "launch", "-", "--await-go"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert agent.stdin is not None and agent.stdout is not None
+    agent.stdin.write(base64.b64encode(json.dumps(spec).encode()) + b"\n")
+    agent.stdin.flush()  # ... and nothing more: the laptop's stdin stays open, as its channel does
+    try:
+        assert agent.wait(timeout=30) == 0  # (the old agent waited here for a "go" that never comes)
+        ready, launched = agent.stdout.read().splitlines()
+        assert json.loads(ready) == {"ready": True, "reused": True}
+        assert json.loads(launched)["runId"] == second
+    finally:
+        agent.kill()
+        agent.stdin.close()
+    assert (root / "runs" / second / "code" / "train.py").read_text() == "print('hi')\n"
+
+
+def test_a_launch_that_could_not_reuse_the_code_waits_for_it(tmp_path: Path) -> None:
+    root, first, second = tmp_path / "root", "re_20250101_000000", "re_20250101_000001"
+    _first_run_ended(root, first)
+    agent = _waiting_launch(root, second, None, codeManifest="m2", reuseCode=True, staged=False)  # the code changed
+    out, _ = agent.communicate(b"abort\n", timeout=30)  # the laptop's sync failed
+    assert agent.returncode != 0 and not (root / "runs" / second).exists(), out
 
 
 def test_a_node_that_fails_before_its_code_arrived_loses_the_key(tmp_path: Path) -> None:
