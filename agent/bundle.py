@@ -22,6 +22,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.bootstrap import version
 from gpu_train.atomic import atomic_write
 from gpu_train.contract import CLI_ENV, UNPACKED
 
@@ -148,12 +149,25 @@ def build(sources: dict[str, bytes], contract: bytes | None = None) -> bytes:
 
 
 @functools.lru_cache(maxsize=1)
-def packed_payload() -> str:
-    """``pack(payload())``, built once per checkout (``cached``)."""
+def _sources() -> tuple[dict[str, bytes], list[bytes]]:
+    """The agent's sources (name -> bytes), and every input of the zipapp (``cached``'s key)."""
     sources = {p.name: p.read_bytes() for p in sorted(HERE.glob("*.py")) if p.name not in LAPTOP_ONLY}
     inputs = [name.encode() + b"\0" + data for name, data in sources.items()]
     inputs += [(CORE / name).read_bytes() for name in CARRIED + CARRIED_DATA]
+    return sources, inputs
+
+
+@functools.lru_cache(maxsize=1)
+def packed_payload() -> str:
+    """``pack(payload())``, built once per checkout (``cached``)."""
+    sources, inputs = _sources()
     return cached("agent", inputs, lambda: pack(build(sources)))
+
+
+@functools.lru_cache(maxsize=1)
+def payload_version() -> str:
+    """``version(payload())``, kept once per checkout (``cached``): no call decodes the payload to name it."""
+    return cached("agent-version", _sources()[1], lambda: version(payload()))
 
 
 @functools.lru_cache(maxsize=1)
@@ -181,8 +195,8 @@ def agent_command(root: str, *args: str, cli: str, zipapp: bytes | None = None) 
     The zipapp travels compressed on the command line: one SSH exec, no stdin, no upload. ``cli``
     is the laptop's command the agent's messages name (the Environment's: ``Target.cli``).
     """
-    packed = packed_payload() if zipapp is None else pack(zipapp)
+    packed, sent = (packed_payload(), payload_version()) if zipapp is None else (pack(zipapp), version(zipapp))
     # The system Python when there is one: it starts fastest and no environment manager wraps it.
-    run = shlex.join(["-I", "-S", "-c", BOOTSTRAP, packed, "--root", root, *args])
+    run = shlex.join(["-I", "-S", "-c", BOOTSTRAP, sent, packed, "--root", root, *args])
     named = shlex.quote(f"{CLI_ENV}={cli}")
     return f'p=/usr/bin/python3; [ -x "$p" ] || p=python3; exec env {named} "$p" {run}'
