@@ -29,7 +29,10 @@ class SeenRuns:
         return {k: [str(i) for i in v] for k, v in doc.items() if isinstance(v, list)} if isinstance(doc, dict) else {}
 
     def write(self, stack: str, ids: list[str]) -> None:
-        atomic_write(self.path, json.dumps({**self.read(), stack: ids[-200:]}, indent=1))
+        """Kept when they changed (a `status` that lists the same runs writes and syncs nothing)."""
+        seen = self.read()
+        if seen.get(stack) != ids[-200:]:
+            atomic_write(self.path, json.dumps({**seen, stack: ids[-200:]}, indent=1))
 
 
 def values(tokens: list[str], env: Environment) -> list[str] | None:
