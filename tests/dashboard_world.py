@@ -25,6 +25,7 @@ from gpu_train.recovery import record_labels
 from remote.loopback import Sshd
 from tests.conftest import FAB, ROOT, Lab, run_fab
 from tests.google_fake import FakeGoogle
+from tests.loopback_http import LoopbackServer
 
 VM_ADDRESS, GOOGLE_ADDRESS, BOARD_ADDRESS, EVIL_ADDRESS = "127.0.42.3", "127.0.42.4", "127.0.42.5", "127.0.42.6"
 CHROMIUM = "/usr/bin/chromium"
@@ -277,6 +278,6 @@ def evil_site(dashboard_url: str, run: str) -> ThreadingHTTPServer:
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer((EVIL_ADDRESS, 0), Evil)
+    server = LoopbackServer((EVIL_ADDRESS, 0), Evil)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     return server

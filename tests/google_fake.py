@@ -16,11 +16,12 @@ import functools
 import json
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from tests.google_compute import compute_get, compute_post
 from tests.google_discovery import problems
+from tests.loopback_http import LoopbackServer
 
 TOKEN = "ya29.fake-token-for-tests"
 SERVICE_USAGE_DISABLED = (
@@ -179,7 +180,7 @@ class FakeGoogle:
                 }
             },
         )
-        self.server = ThreadingHTTPServer((address, 0), handler)
+        self.server = LoopbackServer((address, 0), handler)
         self.state = handler.state
         self.url = f"http://{address}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll

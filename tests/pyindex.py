@@ -21,6 +21,7 @@ from pathlib import Path
 
 from agent.uvfetch import PINS, UV_VERSION
 from remote.loopback import free_port
+from tests.loopback_http import LoopbackServer
 
 # An index nothing listens on: a host whose sessions have it set reaches no index at all (pip and the
 # uv fetch fail at once), as a host without internet; tests that do not exercise installs use it.
@@ -112,7 +113,7 @@ class PackageIndex:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer((address, free_port(address)), Handler)
+        self.server = LoopbackServer((address, free_port(address)), Handler)
         self.url = f"http://{address}:{self.server.server_address[1]}/simple"
         threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
 

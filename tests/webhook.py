@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.loopback_http import LoopbackServer
 
 
 class Webhook:
@@ -26,7 +28,7 @@ class Webhook:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((address, 0), Handler)
+        self.server = LoopbackServer((address, 0), Handler)
         self.url = f"http://{address}:{self.server.server_address[1]}/gpu-train-topic"
         threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
 

@@ -10,6 +10,8 @@ import threading
 import time
 import urllib.parse
 
+from tests.loopback_http import LoopbackServer
+
 METADATA_ADDRESS = "127.0.9.1"  # this tier's loopback addresses: 127.0.9.1 the metadata server, .10 and up the guests
 METADATA_ENV = "GPU_TRAIN_METADATA_URL"  # the agent's metadata setting, as the guest's units see it
 
@@ -39,7 +41,7 @@ class MetadataServer:
         self.requests: list[str] = []
         self.stalled: dict[str, float] = {}  # path -> seconds a plain GET of it waits before its answer
         self._changed = threading.Condition()
-        self._server = http.server.ThreadingHTTPServer((address, free_port(address)), self._handler())
+        self._server = LoopbackServer((address, free_port(address)), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)  # stop() waits one poll
 

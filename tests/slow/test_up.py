@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from gpu_train.stack import stackfile
 from infra import program
 from infra.ops import preview, pulumi_cli
 from tests.conftest import ROOT, in_process
+from tests.loopback_http import LoopbackServer
 from tests.unit.test_capacity import ComputeApi
 
 CATALOG = load_catalog()
@@ -126,7 +126,7 @@ def env(tmp_path: Path):
     (stacks / "Pulumi.t4.yaml").write_text(json.dumps({"config": STACK}, indent=1))  # JSON is YAML
     for name, text in ERRORS.items():
         (tmp_path / name).write_text(text)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
+    server = LoopbackServer(("127.0.0.1", 0), ComputeApi)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     ComputeApi.state = {
         "zonesOffering": {

@@ -107,7 +107,9 @@ def test_a_gzip_encoded_object_comes_down_as_its_stored_bytes(tmp_path: Path, gc
     import gzip
     import http.client
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.loopback_http import LoopbackServer
 
     bomb = gzip.compress(bytes(10 << 20))
     blob = gcs.client().bucket("ckpt").blob(f"team/.gpu-train-runs/lab/{RUN}/ckpt.pt")
@@ -137,7 +139,7 @@ def test_a_gzip_encoded_object_comes_down_as_its_stored_bytes(tmp_path: Path, gc
         def log_message(self, *args) -> None:
             pass
 
-    relay = ThreadingHTTPServer(("127.0.0.1", 0), Relay)
+    relay = LoopbackServer(("127.0.0.1", 0), Relay)
     threading.Thread(target=relay.serve_forever, args=(0.02,), daemon=True).start()
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{relay.server_address[1]}")
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 from urllib.parse import parse_qs, urlparse
@@ -20,6 +20,7 @@ from gpu_train.gcp import capacity, quota, validate
 from gpu_train.stack import config
 from infra.ops import preflight
 from tests.conftest import ROOT, gcp_raw
+from tests.loopback_http import LoopbackServer
 
 CATALOG = load_catalog()
 STAND_IN = ROOT / "tests" / "stand_in"
@@ -155,7 +156,7 @@ class Api:
 
 @pytest.fixture
 def compute_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ComputeApi)
+    server = LoopbackServer(("127.0.0.1", 0), ComputeApi)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits one poll
     # No ADC: this local API asks for none (tests/unit/test_reservations.py runs preflight with credentials).
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-adc.json"))

@@ -10,10 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from agent import notify
 from gpu_train.contract import JobSpec
 from remote.tasks.launching import notifying_node0
+from tests.loopback_http import LoopbackServer
 
 
 def serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = LoopbackServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
     return server
 

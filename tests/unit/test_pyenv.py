@@ -147,7 +147,9 @@ class _Index:
 
     def __init__(self, name: str, body: bytes, fragment: str) -> None:
         import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
+
+        from tests.loopback_http import LoopbackServer
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -161,7 +163,7 @@ class _Index:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
         threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
 
