@@ -18,7 +18,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import MISSING, fields
 from enum import Enum
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+if TYPE_CHECKING:  # (an alias of a generic: Python 3.8, the agent's, cannot subscript collections.abc's at run time)
+    Reader = Callable[[Any], Any]  # a declared type's reading: the value as declared, or a _Misfit
 
 CONTRACT_VERSION = 1  # raised when a field changes meaning; a new field with a default needs no new version
 OMITTED_WHEN_UNSET = ("notify", "path", "user", "remote_root")  # a secret, and what only one side sets: out while None
@@ -190,9 +193,6 @@ class _Misfit(Exception):
 
     def said(self, where: str) -> str:
         return self.say(where + "".join(reversed(self.places)))
-
-
-Reader = Callable[[Any], Any]  # a declared type's reading: the value as declared, or a _Misfit
 
 
 @functools.lru_cache(maxsize=None)  # noqa: UP033 (Python 3.8 has no functools.cache)
@@ -369,7 +369,8 @@ def _wanted(text: str, scope: dict[str, Any]) -> str:
     if isinstance(kind, type) and issubclass(kind, Enum):
         return "one of " + ", ".join(str(k.value) for k in kind)
     if head == "tuple" and "[" in text and _split(text[6:-1], ",")[-1] != "...":
-        return "a list of " + ", ".join(_wanted(arg, scope) for arg in _split(text[6:-1], ","))
+        places = [_wanted(arg, scope) for arg in _split(text[6:-1], ",")]
+        return f"a list of {len(places)} ({', '.join(places)})"
     if head in ("list", "tuple"):
         inner = _split(text[len(head) + 1 : -1], ",")[0] if "[" in text else ""
         return f"a list of {inner}s" if inner else "a list"
