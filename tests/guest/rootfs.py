@@ -13,6 +13,9 @@ ROOTFS = Path(os.environ.get("GPU_TRAIN_GUEST_ROOTFS", "/var/cache/gpu-train-gue
 SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "sudo", "screen", "rsync", "openssh-server", "python3", "procps", "cron", "iproute2")
 HOST_PACKAGES = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap"}
+# The same Debian with Debian's Docker on it (a Deep Learning VM image that has Docker): container runs
+# through a power-off (tests/guest/test_container_reboot.py). Built from ROOTFS once, beside it.
+DOCKER_ROOTFS = ROOTFS.with_name(ROOTFS.name + "-docker")
 
 
 # -- can the tier run here? -------------------------------------------------------------------
@@ -57,12 +60,39 @@ def build_rootfs(rootfs: Path = ROOTFS) -> None:
         partial.rename(rootfs)
 
 
+def build_docker_rootfs(rootfs: Path = DOCKER_ROOTFS, base: Path = ROOTFS) -> None:
+    """``base`` with docker.io installed by its own apt (in systemd-nspawn, from Debian's mirror as
+    debootstrap's packages came), into ``rootfs``: built beside it and renamed when complete."""
+    import fcntl
+
+    with open(rootfs.parent / f".{rootfs.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (rootfs / "usr" / "sbin" / "dockerd").exists():
+            return
+        partial = rootfs.with_name(rootfs.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        print(f"building the guest root file system with Docker at {rootfs} (once) ...", file=sys.stderr, flush=True)
+        subprocess.run(["cp", "-a", "--reflink=auto", str(base), str(partial)], check=True)
+        log = rootfs.parent / f"{rootfs.name}.apt.log"
+        install = "apt-get update -qq && apt-get install -y -q --no-install-recommends docker.io && apt-get clean"
+        nspawn = ["systemd-nspawn", "-q", "-D", str(partial), "--register=no", "--keep-unit", "--setenv=DEBIAN_FRONTEND=noninteractive"]
+        with open(log, "w") as out:
+            code = subprocess.run([*nspawn, "sh", "-c", install], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        if code != 0 or not (partial / "usr" / "sbin" / "dockerd").exists():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise SystemExit(f"apt-get install docker.io in the guest failed (exit {code}; log {log}):\n{tail}")
+        shutil.rmtree(rootfs, ignore_errors=True)
+        partial.rename(rootfs)
+
+
 def main(argv: list[str]) -> int:
-    """`python -m tests.guest.harness build [ROOTFS]`: build the cached root file system when missing."""
+    """`python -m tests.guest.harness build [ROOTFS]`: build the cached root file systems when missing."""
     if not argv or argv[0] != "build":
         print("usage: python -m tests.guest.harness build [ROOTFS]", file=sys.stderr)
         return 2
     rootfs = Path(argv[1]) if len(argv) > 1 else ROOTFS
     build_rootfs(rootfs)
     print(f"guest root file system ready at {rootfs}", file=sys.stderr)
+    if rootfs == ROOTFS:
+        build_docker_rootfs()  # (the same with docker.io: tests/guest/test_container_reboot.py)
     return 0
