@@ -14,6 +14,7 @@ from invoke import Context, task
 from gpu_train.environment import Environment
 from gpu_train.errors import UsageError
 from remote.tasks.session import STACK_HELP, Session, say
+from remote.tasks.taskoptions import ServeOptions
 from remote.tasks.trust import number
 
 LOCAL_HELP = "local port (default: the server's usual port when free, else any free one)"
@@ -24,23 +25,20 @@ def show(json_: bool):
     return lambda url: print(json.dumps({"url": url}) if json_ else url, flush=True)
 
 
-def _serve(env: Environment, stack: str | None, kind: str, extra, local_port, json_: bool) -> None:
-    """``extra(target)``: the server's settings (log dir, notebook root) for the stack's target."""
+def serve(env: Environment, o: ServeOptions) -> None:
+    """`tensorboard`'s and `jupyter`'s work for checked options: the server on the host (bound to localhost
+    there) through an SSH forward, or TensorBoard here over fetched runs; until Ctrl-C."""
     from remote.tasks import notebooks
 
-    local_port = number("--local-port", local_port, int, 1, 65535)
-    session = Session(env, stack)
+    if o.fetched:
+        _serve_fetched(env, o)
+        return
+    session = Session(env, o.stack)
     try:
-        notebooks.serve(
-            session.connect(shared=False),
-            session.target,
-            kind,
-            extra(session.target),
-            local_port,
-            say,
-            show(json_),
-            project=env.project_of()[1],
-        )
+        conn = session.connect(shared=False)  # (before the target: a root asked of the host is asked over it)
+        root = session.target.remote_root
+        settings = {"logdir": notebooks.logdir_for(root, o.run, o.logdir)} if o.kind == "tensorboard" else {"dir": o.dir or root}
+        notebooks.serve(conn, session.target, o.kind, settings, o.local_port, say, show(o.as_json), project=env.project_of()[1])
     finally:
         session.close()
 
@@ -59,17 +57,13 @@ def tensorboard(c: Context, run=None, logdir=None, local_port=None, json_=False,
     """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both.
 
     With --fetched, on this machine over what `fetch` brought home (its own Python's TensorBoard)."""
-    from remote.tasks import notebooks
-
-    if fetched:
-        _serve_fetched(Environment.of(c), stack, run, local_port, json_)
-        return
-    _serve(
-        Environment.of(c), stack, "tensorboard", lambda t: {"logdir": notebooks.logdir_for(t.remote_root, run, logdir)}, local_port, json_
+    o = ServeOptions.read(
+        "tensorboard", run=run, logdir=logdir, local_port=local_port, as_json=bool(json_), stack=stack, fetched=bool(fetched)
     )
+    serve(Environment.of(c), o)
 
 
-def _serve_fetched(env: Environment, stack: str | None, run: str | None, local_port, json_: bool) -> None:
+def _serve_fetched(env: Environment, o: ServeOptions) -> None:
     """TensorBoard on this machine over runs/STACK/[RUN] (fetched), on localhost, until Ctrl-C."""
     import importlib.util
     import subprocess
@@ -80,17 +74,17 @@ def _serve_fetched(env: Environment, stack: str | None, run: str | None, local_p
     from remote.tasks.trust import run_option
 
     name, _ = projects.choose_stack(
-        stack, env.stack, projects.selected_stack(env.project_root), projects.stack_names([env.project_root / "stacks"])
+        o.stack, env.stack, projects.selected_stack(env.project_root), projects.stack_names([env.project_root / "stacks"])
     )
     if not name:
         raise UsageError("--fetched: which stack's runs? give --stack NAME")
-    folder = env.project_root / "runs" / name / (run_option(run) or "")
+    folder = env.project_root / "runs" / name / (run_option(o.run) or "")
     if not folder.is_dir():
         raise UsageError(f"--fetched: nothing fetched at {folder} (`{env.cli} fetch --stack {name}` brings runs home)")
     if importlib.util.find_spec("tensorboard") is None:
         raise UsageError(f"--fetched: TensorBoard is not installed here: {sys.executable} -m pip install tensorboard")
-    port = number("--local-port", local_port, int, 1, 65535) or pick_local_port(notebooks.DEFAULT_PORTS["tensorboard"])
-    show(json_)(f"http://127.0.0.1:{port}/")
+    port = o.local_port or pick_local_port(notebooks.DEFAULT_PORTS["tensorboard"])
+    show(o.as_json)(f"http://127.0.0.1:{port}/")
     say(f"tensorboard here over {folder}; Ctrl-C stops it")
     argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(folder), "--host", "127.0.0.1", "--port", str(port)]
     with subprocess.Popen(argv, stdout=subprocess.DEVNULL) as proc:
@@ -113,7 +107,7 @@ def jupyter(c: Context, dir=None, local_port=None, json_=False, stack=None):
     """JupyterLab on the host, opened here at a local URL with its token; Ctrl-C stops both.
 
     JupyterLab, else Notebook, else Jupyter Server, bound to localhost on the host."""
-    _serve(Environment.of(c), stack, "jupyter", lambda t: {"dir": dir or t.remote_root}, local_port, json_)
+    serve(Environment.of(c), ServeOptions.read("jupyter", dir=dir, local_port=local_port, as_json=bool(json_), stack=stack))
 
 
 @task(

@@ -19,6 +19,7 @@ from remote.tasks import frombucket, trust
 from remote.tasks.frombucket import destination, node_dir
 from remote.tasks.localstate import FetchRecord
 from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.taskoptions import FetchOptions
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 
@@ -166,73 +167,87 @@ def fetch(
     (one previous version per file). Exits non-zero, naming each, when anything the host has is not home.
     With --watch it fetches while the run trains, so the laptop's copy trails by at most one checkpoint.
     """
-    streams = parse_streams(streams)
-    run, interval = trust.run_option(run), trust.number("--interval", 30 if interval is None else interval, float, 0)
-    if from_ not in (None, "host", "bucket"):
-        raise UsageError(f"--from {from_}: `host` (the default) or `bucket`")
-    env = Environment.of(c)
-    session = Session(env, stack, node=trust.number("--node", node or 0, int, 0), probe_shared=True)
-    scope = env.scope(all_projects)
-    if sweep is not None:
-        if run or all_ or dest:
-            raise UsageError("--sweep fetches every trial of a sweep: give no --run, --all or --dest with it")
-        from remote.tasks.sweepcalls import sweep_rows
+    o = FetchOptions.read(
+        run=run,
+        all=bool(all_),
+        dest=dest,
+        watch=bool(watch),
+        interval=interval,
+        node=node,
+        all_nodes=bool(all_nodes),
+        streams=streams,
+        stack=stack,
+        as_json=bool(json_),
+        source=from_,
+        sweep=sweep,
+        all_projects=bool(all_projects),
+    )
+    fetch_with(Environment.of(c), o)
 
-        rows, _ = sweep_rows(session, trust.run_option(sweep), None, "min")
-        on = {int(r["node"]) for r in rows if r["state"] != "pending"}  # a trial is one node's run: into runs/STACK/RUN/
 
-        def trials(s: Session) -> list[str]:
-            runs = [
-                x for r in rows if int(r["node"]) == s.node and r["state"] != "pending" for x in _which_runs(s, r["runId"], False, scope)
-            ]
-            return fetch_runs(s, runs, None, progress=False, streams=streams)
-
-        lost = on_every_node([s for s in session.nodes() if s.node in on], trials)
-        if problems := failures(lost) + [m for x in lost if isinstance(x, list) for m in x]:
-            raise GpuTrainError(f"not every trial is home ({len(problems)}):\n  " + "\n  ".join(problems[:20]))
-        say(f"sweep {sweep}: {sum(1 for r in rows if r['state'] != 'pending')} trial(s) home in runs/{session.target.stack}/")
+def fetch_with(env: Environment, o: FetchOptions) -> None:
+    """`fetch`'s work for checked options: a sweep's trials, the bucket, or the host (the bucket when it
+    cannot be reached)."""
+    session = Session(env, o.stack, node=o.node, probe_shared=True)
+    scope = env.scope(o.all_projects)
+    if o.sweep is not None:
+        _fetch_sweep(session, o.sweep, o.streams, scope)
         return
-    if from_ == "bucket":
-        frombucket.from_bucket(session.env, session.cluster, run, all_, dest, streams)
+    if o.source == "bucket":
+        frombucket.from_bucket(session.env, session.cluster, o.run, o.all, o.dest, o.streams)
         return
     followed: dict[str, str] = {}  # the run --watch follows, once known
     try:
-        _fetch_from_host(session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed, scope)
+        _fetch_from_host(session, o, followed, scope)
     except GpuTrainError as e:
         if e.status != ExitStatus.UNREACHABLE or not session.cluster.bucket:
             raise
-        every = " (every node's files: node N's in node-N/)" if all_nodes or len(session.cluster.hosts) > 1 else ""
+        every = " (every node's files: node N's in node-N/)" if o.all_nodes or len(session.cluster.hosts) > 1 else ""
         say(f"{e}\nthe host cannot be reached: fetching from the bucket {session.cluster.bucket} instead{every}")
-        frombucket.from_bucket(session.env, session.cluster, followed.get("run", run), all_, dest, streams)
-        if watch:
+        frombucket.from_bucket(session.env, session.cluster, followed.get("run", o.run), o.all, o.dest, o.streams)
+        if o.watch:
             raise Unreachable(
                 "--watch: fetched what the bucket holds now, but not watching: only the host knows whether the "
                 f"run still trains. Run `{CLI} fetch --watch` again once it can be reached"
             ) from None
 
 
-def _fetch_from_host(
-    session: Session, run, all_, dest, watch, interval, all_nodes, streams, json_, followed: dict[str, str], scope: Scope
-) -> None:
-    if watch:
-        if all_nodes:
-            raise UsageError("--watch follows one node: give --node N (default 0), not --all-nodes")
-        _watch(session, run, dest, interval, streams, followed, scope)
+def _fetch_sweep(session: Session, sweep: str, streams: int, scope: Scope) -> None:
+    """Every trial of ``sweep`` that started, each from its node, into runs/STACK/RUN/."""
+    from remote.tasks.sweepcalls import sweep_rows
+
+    rows, _ = sweep_rows(session, sweep, None, "min")
+    on = {int(r["node"]) for r in rows if r["state"] != "pending"}  # a trial is one node's run: into runs/STACK/RUN/
+
+    def trials(s: Session) -> list[str]:
+        runs = [x for r in rows if int(r["node"]) == s.node and r["state"] != "pending" for x in _which_runs(s, r["runId"], False, scope)]
+        return fetch_runs(s, runs, None, progress=False, streams=streams)
+
+    lost = on_every_node([s for s in session.nodes() if s.node in on], trials)
+    if problems := failures(lost) + [m for x in lost if isinstance(x, list) for m in x]:
+        raise GpuTrainError(f"not every trial is home ({len(problems)}):\n  " + "\n  ".join(problems[:20]))
+    say(f"sweep {sweep}: {sum(1 for r in rows if r['state'] != 'pending')} trial(s) home in runs/{session.target.stack}/")
+
+
+def _fetch_from_host(session: Session, o: FetchOptions, followed: dict[str, str], scope: Scope) -> None:
+    run, dest, streams = o.run, o.dest, o.streams
+    if o.watch:
+        _watch(session, run, dest, o.interval, streams, followed, scope)
         return
-    sessions = session.nodes() if all_nodes else [session]
-    if len(sessions) > 1 and not all_ and run is None:  # the newest run is node 0's, fetched from every node
+    sessions = session.nodes() if o.all_nodes else [session]
+    if len(sessions) > 1 and not o.all and run is None:  # the newest run is node 0's, fetched from every node
         run = _mine(session.call("status")["runs"], scope)[-1]["id"]
 
     def one(s: Session) -> tuple[Sequence[Mapping[str, Any]], list[str]]:
-        runs = _which_runs(s, run, all_, scope)
+        runs = _which_runs(s, run, o.all, scope)
         return runs, fetch_runs(
-            s, runs, dest, progress=s.env.stderr_isatty and not json_ and len(sessions) == 1, subdir=node_dir(s.node), streams=streams
+            s, runs, dest, progress=s.env.stderr_isatty and not o.as_json and len(sessions) == 1, subdir=node_dir(s.node), streams=streams
         )
 
     results: list[object] = on_every_node(sessions, one) if len(sessions) > 1 else [one(session)]
     for s in sessions:
         s.close()
-    results = frombucket.gone_nodes(session, sessions, results, run, all_, dest, streams)
+    results = frombucket.gone_nodes(session, sessions, results, run, o.all, dest, streams)
     problems = [m for m in failures(results)]
     fetched = []
     for s, r in zip(sessions, results, strict=True):
@@ -249,7 +264,7 @@ def _fetch_from_host(
                 }
                 for x in runs
             ]
-    if json_:
+    if o.as_json:
         print(
             json.dumps(
                 {
@@ -301,20 +316,6 @@ def _which_runs(session: Session, run: str | None, all_: bool, scope: Scope) -> 
     if not runs:
         raise GpuTrainError("no runs on this host yet")
     return runs
-
-
-def parse_streams(value: object) -> int:
-    """--streams as a number (the tasks default it to None, not an int: Invoke would parse an int
-    default itself and fail on "abc" with a traceback instead of this message)."""
-    if value is None:
-        return DEFAULT_STREAMS
-    try:
-        n = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        n = 0
-    if not 1 <= n <= 64:
-        raise UsageError(f"--streams {value}: a number of parallel SSH streams from 1 to 64 (default {DEFAULT_STREAMS})")
-    return n
 
 
 def _watch(

@@ -19,11 +19,7 @@ from gpu_train.errors import UsageError, printable
 from gpu_train.stack.problems import ConfigError
 from gpu_train.stack.project import repo_script
 from remote.tasks.session import say
-
-
-def _remainder(argv: list[str]) -> list[str]:
-    """The words after the first `--` (Invoke keeps them only as one joined string)."""
-    return argv[argv.index("--") + 1 :] if "--" in argv else []
+from remote.tasks.taskoptions import ImportOptions
 
 
 def _read_yaml(path: str):
@@ -96,49 +92,61 @@ def import_job(
     Every field of the job is reported: mapped exactly, mapped with a change (and why), or not mapped
     (and what to do). The stack is validated as `scripts/plan` validates it, before it is written.
     """
+    o = ImportOptions.read(
+        source,
+        gcloud=gcloud,
+        argv=sys.argv,
+        stack=stack,
+        region=region,
+        project=project,
+        ssh_from=ssh_from,
+        stacks_dir=stacks_dir,
+        force=bool(force),
+        as_json=bool(json),
+    )
+    import_with(Environment.of(c), o)
+
+
+def import_with(env: Environment, o: ImportOptions) -> None:
+    """`import`'s work for checked options: read and translate the job, check the stack as `scripts/plan`
+    does, write it (and the job's env and pools files), say the report and the train command."""
     from gpu_train.catalog.loader import load_catalog
     from gpu_train.gcp import validate
     from gpu_train.importing import gcloud_flags, importer, translate
 
-    file = None if source == "gcloud" else source
-    if file is None:  # the words as typed when they came after `--` (Invoke joins them into one string)
-        gcloud = _remainder(sys.argv) or gcloud_flags.split_gcloud_command(gcloud or "")
-        if not gcloud:
-            raise UsageError('import gcloud: give gcloud\'s command after `--` (gpu-train) or as --gcloud "..."')
-    elif gcloud:
-        raise UsageError(f"--gcloud goes with `import gcloud`, not with a file ({source})")
+    file, region, stack = o.file, o.region, o.stack
     catalog, tables = load_catalog(), importer.load_tables()
     try:
         if file:
             job = importer.read_any(_read_yaml(file), tables, region)
             origin, name = file, Path(file).stem
         else:
-            job = gcloud_flags.read_gcloud_args(gcloud, tables, _read_yaml)
+            job = gcloud_flags.read_gcloud_args(list(o.gcloud), tables, _read_yaml)
             job.region = job.region or region
             origin, name = "gcloud ai-platform jobs submit training", "imported"
         stack_name = stack or name.replace("_", "-")
-        imports = Environment.of(c).state_home / "imports"  # the job's env values: 0600, not the stack
+        imports = env.state_home / "imports"  # the job's env values: 0600, not the stack
         env_file, pools_file = imports / f"{stack_name}.env", imports / f"{stack_name}.pools.yaml"
-        result = translate.translate(job, stack_name, catalog, tables, project, tuple(ssh_from or ()), str(env_file), str(pools_file))
+        result = translate.translate(job, stack_name, catalog, tables, o.project, o.ssh_from, str(env_file), str(pools_file))
     except importer.JobImportError as e:
         raise UsageError(f"cannot import {file or 'the gcloud command'}: {e}") from None
     try:
         _, problems = validate.check(result.settings, stack_name, catalog)
     except ConfigError as e:
         problems = e.problems
-    directory = Path(stacks_dir).expanduser() if stacks_dir else Environment.of(c).new_stacks_dir
+    directory = Path(o.stacks_dir).expanduser() if o.stacks_dir else env.new_stacks_dir
     path = directory / f"Pulumi.{stack_name}.yaml"
-    _write_stack(path, result.settings, origin, stack_name, force)
+    _write_stack(path, result.settings, origin, stack_name, o.force)
     if result.env:
         _write_env(env_file, result.env)
     if result.pools:
         _write_pools(pools_file, result.pools, origin)
     errors = [p for p in problems if p.severity == "error"]
-    if json:
-        import json as json_lib  # (the task's --json flag takes the name)
+    if o.as_json:
+        import json
 
         print(
-            json_lib.dumps(
+            json.dumps(
                 {
                     "stackFile": str(path),
                     "settings": result.settings,

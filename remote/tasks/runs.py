@@ -12,11 +12,12 @@ from invoke import task
 
 from gpu_train.contract import SUCCEEDED
 from gpu_train.environment import Environment
-from gpu_train.errors import CommandExit, GpuTrainError, Interrupted, UsageError, outcome
+from gpu_train.errors import CommandExit, GpuTrainError, Interrupted, outcome
 from remote.tasks import trust
 from remote.tasks.completion import SeenRuns
 from remote.tasks.render import render_status
 from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.taskoptions import LogsOptions, ResumeOptions, StopOptions
 
 if TYPE_CHECKING:
     from invoke import Context
@@ -38,12 +39,19 @@ if TYPE_CHECKING:
 )
 def logs(c: Context, run=None, follow=False, lines=None, node=None, all_=False, stack=None, all_projects=False):
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
-    run, lines = trust.run_option(run), trust.number("--lines", 50 if lines is None else lines, int, 0)
-    env = Environment.of(c)
-    session = Session(env, stack, node=trust.number("--node", node or 0, int, 0))
-    scope = env.scope(all_projects).agent_args()
+    o = LogsOptions.read(
+        run=run, follow=bool(follow), lines=lines, node=node, all_nodes=bool(all_), stack=stack, all_projects=bool(all_projects)
+    )
+    show_logs(Environment.of(c), o)
+
+
+def show_logs(env: Environment, o: LogsOptions) -> None:
+    """`logs`' work for checked options: one node's log, or every node's with its lines prefixed."""
+    run, lines, follow = o.run, o.lines, o.follow
+    session = Session(env, o.stack, node=o.node)
+    scope = env.scope(o.all_projects).agent_args()
     out = sys.stdout.buffer
-    if not all_:
+    if not o.all_nodes:
         trailer = _stream_log(session, run, lines, follow, out.write, out.flush, scope)
         session.close()
         if follow and trailer is not None:  # (following ends with the agent's end mark)
@@ -222,18 +230,21 @@ def stop(c: Context, run=None, grace=None, stack=None, json_=False, sweep=None, 
 
     Without --run: this project's running run; when several run, they are listed and none is stopped
     (exit 2: name one with --run)."""
+    o = StopOptions.read(run=run, grace=grace, stack=stack, as_json=bool(json_), sweep=sweep, all_projects=bool(all_projects))
+    stop_run(Environment.of(c), o)
+
+
+def stop_run(env: Environment, o: StopOptions) -> None:
+    """`stop`'s work for checked options: a sweep's trials, the named run, or this project's running run."""
     from gpu_train.identity import running_run
 
-    run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
-    env = Environment.of(c)
-    session = Session(env, stack)
-    if sweep is not None:
+    run, grace, json_ = o.run, o.grace, o.as_json
+    session = Session(env, o.stack)
+    if o.sweep is not None:
         from remote.tasks.sweepcalls import stop_sweep
 
-        if run:
-            raise UsageError("--run or --sweep, not both")
-        return stop_sweep(session, trust.run_option(sweep) or "", json_, grace)
-    scope = env.scope(all_projects)
+        return stop_sweep(session, o.sweep, json_, grace)
+    scope = env.scope(o.all_projects)
     sessions = session.nodes()
     if not run:  # this project's run at work, by the cluster's state (node 0's alone may not say it)
         runs = cluster_status(session)["runs"]
@@ -272,12 +283,17 @@ def resume(c: Context, run=None, grace=None, stack=None, json_=False, force=Fals
 
     Without --run: the newest interrupted run (a finished one only when named). For a cluster one
     of whose nodes was preempted, or a run that failed for a reason now fixed (name it)."""
+    o = ResumeOptions.read(run=run, grace=grace, stack=stack, as_json=bool(json_), force=bool(force), all_projects=bool(all_projects))
+    resume_run(Environment.of(c), o)
+
+
+def resume_run(env: Environment, o: ResumeOptions) -> None:
+    """`resume`'s work for checked options: the named run, or this project's newest interrupted one."""
     from gpu_train.jobs import JobError, resumable
 
-    run, grace = trust.run_option(run), trust.number("--grace", 10 if grace is None else grace, float, 0, 86400)
-    env = Environment.of(c)
-    session = Session(env, stack)
-    scope = env.scope(all_projects)
+    run, grace, force, json_ = o.run, o.grace, o.force, o.as_json
+    session = Session(env, o.stack)
+    scope = env.scope(o.all_projects)
     if not run:
         try:
             run = resumable(scope.split(cluster_status(session)["runs"])[0], f"{CLI} resume --stack {session.target.stack} --run RUN")

@@ -12,9 +12,10 @@ from invoke import Context, task
 from gpu_train.contract import ACTIVE
 from gpu_train.environment import Environment
 from gpu_train.errors import CommandFailed, GpuTrainError, UsageError
-from remote.tasks.fetch import fetch_runs, parse_streams
+from remote.tasks.fetch import fetch_runs
 from remote.tasks.frombucket import node_dir
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.taskoptions import parse_streams
 
 if TYPE_CHECKING:
     from gpu_train.identity import Scope
