@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+from typing import Any
 
 from gpu_train.bucketdoc import BucketProbe
 from gpu_train.codec import answer, check
@@ -75,7 +76,7 @@ def _who(creds: object) -> tuple[str, str]:
     return f"{kind}{where}", ""
 
 
-def probe(bucket: str, name: str) -> dict:
+def probe(bucket: str, name: str) -> dict[str, Any]:
     """`bucket-probe`: credentials found, then one object written, read back and deleted (under this Python)."""
     try:
         from google.cloud import storage

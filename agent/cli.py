@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpu_train.answers import Booted, SweepAdvanced, Ticked
 from gpu_train.codec import answer
@@ -16,6 +16,9 @@ from gpu_train.contract import SCALAR_POINTS, UNPACKED
 
 from .guard import UnsafeRoot, check_own_file, secure_root
 from .store import AgentError, root_from_settings, use_settings_file
+
+if TYPE_CHECKING:
+    from .store import Scope
 
 T = TypeVar("T")
 
@@ -152,7 +155,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def scope_of(args: argparse.Namespace):
+def scope_of(args: argparse.Namespace) -> Scope:
     """The command's scope, (ids, legacy), from --project and --legacy (store.EVERY_RUN when neither)."""
     return (tuple(getattr(args, "project", None) or ()), getattr(args, "legacy", None))
 

@@ -31,6 +31,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from gpu_train.answers import Authorized, Hopped, Unauthorized
 from gpu_train.atomic import atomic_write
@@ -88,7 +90,7 @@ def receive_command(root: str, run: str, base: str) -> str:
     return shlex.join([sys.executable, "-I", "-S", agent, "--root", root, "receive-code", "--run", run, "--base", base])
 
 
-def _rewrite_keys(path: str, change) -> tuple[str, str]:
+def _rewrite_keys(path: str, change: Callable[[str], str]) -> tuple[str, str]:
     """``change(old text) -> new text`` on authorized_keys, under a lock, written whole (a reader sees the
     old or the new file; a symbolic link is followed, its file rewritten); (old, new)."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -191,7 +193,7 @@ def _write_private(path: str, text: str) -> None:
         f.write(text)
 
 
-def ssh_options(folder: str, node: dict) -> list[str]:
+def ssh_options(folder: str, node: dict[str, Any]) -> list[str]:
     """OpenSSH options for the hop to one node: the cluster key only, its pinned host key only
     (under the node's alias), never a prompt. ``folder`` holds this hop's key and pins."""
     if not isinstance(node.get("alias"), str) or not ALIAS_RE.fullmatch(node["alias"]):
@@ -226,13 +228,13 @@ def ssh_options(folder: str, node: dict) -> list[str]:
     ]
 
 
-def master_command(folder: str, node: dict, control: str) -> list[str]:
+def master_command(folder: str, node: dict[str, Any], control: str) -> list[str]:
     """An SSH connection to the node opened while the laptop still sends the code to node 0: the
     rsync after it then costs no key exchange and no login (ssh -N: no command, no shell)."""
     return ["ssh", *ssh_options(folder, node), "-o", "ControlMaster=yes", "-o", f"ControlPath={control}", "-N", str(node["login"])]
 
 
-def hop_command(root: str, folder: str, run: str, node: dict, control: str | None = None) -> list[str]:
+def hop_command(root: str, folder: str, run: str, node: dict[str, Any], control: str | None = None) -> list[str]:
     """The rsync that sends node 0's staged code for ``run`` to one other node (over the node's open
     connection when ``control`` names one that is up; otherwise ssh connects anew)."""
     mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={control}"] if control else []
@@ -250,7 +252,7 @@ def hop_command(root: str, folder: str, run: str, node: dict, control: str | Non
     ]
 
 
-def cmd_relay_code(root: str, doc: dict) -> int:
+def cmd_relay_code(root: str, doc: dict[str, Any]) -> int:
     """On node 0: write the cluster's key and pinned host keys, connect to each node of
     ``doc["nodes"]``, and on "go" (the laptop's sync to node 0 is done) rsync the staged code of
     ``doc["run"]`` to them all at once, printing one JSON line per node as it finishes ({"node": i}
@@ -300,10 +302,10 @@ def cmd_relay_code(root: str, doc: dict) -> int:
     return 0
 
 
-def _hop_all(root: str, folder: str, run: str, nodes: list[dict]) -> None:
+def _hop_all(root: str, folder: str, run: str, nodes: list[dict[str, Any]]) -> None:
     lock = threading.Lock()
 
-    def hop(i: int, node: dict) -> None:
+    def hop(i: int, node: dict[str, Any]) -> None:
         error = None
         try:
             done = subprocess.run(
@@ -332,9 +334,12 @@ def _hop_all(root: str, folder: str, run: str, nodes: list[dict]) -> None:
         t.join()
 
 
-def read_doc() -> dict:
+def read_doc() -> dict[str, Any]:
     """The request on stdin's first line, base64 JSON (the private key never on a command line)."""
     try:
-        return json.loads(base64.b64decode(sys.stdin.readline()))
+        doc = json.loads(base64.b64decode(sys.stdin.readline()))
     except ValueError:
         raise AgentError("relay-code: the request is not base64 JSON") from None
+    if not isinstance(doc, dict):
+        raise AgentError("relay-code: the request is not a JSON object")
+    return doc

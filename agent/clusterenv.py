@@ -4,13 +4,14 @@ CLUSTER_SPEC, from the node's place in the cluster (JobSpec.node). Standard libr
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from gpu_train.contract import node_roles
 
 POOLS = {"chief": "workerpool0", "worker": "workerpool1", "ps": "workerpool2"}  # Vertex's pools by position
 
 
-def cluster_env(node: dict, nproc: int) -> dict:
+def cluster_env(node: dict[str, Any], nproc: int) -> dict[str, str]:
     """What a --command job needs to join its cluster: torch's variables and TensorFlow's TF_CONFIG.
 
     TF_CONFIG follows AI Platform's clusters: node 0 is the chief, then workers, and with ``ps``

@@ -20,6 +20,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import io
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from google.cloud.storage import Blob, Bucket
 
 PARALLEL_FROM = 64 << 20  # smaller files go as one stream (bench/bucket_parallel.py)
 PART_MIN = 32 << 20
@@ -44,7 +48,7 @@ def part_names(parts_prefix: str, rel: str, count: int) -> list[str] | None:
     return names if len(names[-1].encode()) <= MAX_OBJECT_NAME else None
 
 
-def forget_parts(bucket, parts_prefix: str) -> int:
+def forget_parts(bucket: Bucket, parts_prefix: str) -> int:
     """Delete what a killed uploader left under the run's parts prefix; how many objects went."""
     gone = 0
     for blob in bucket.client.list_blobs(bucket.name, prefix=parts_prefix):
@@ -85,7 +89,7 @@ class Slice(io.RawIOBase):
         self._pos += len(data)
         return data
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
+    def readinto(self, buffer: Any) -> int:  # (a writable buffer: memoryview, bytearray)
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
@@ -95,7 +99,7 @@ class Slice(io.RawIOBase):
         super().close()
 
 
-def put_parts(bucket, name: str, path: str, pieces: list[tuple[int, int]], names: list[str], workers: int = WORKERS):
+def put_parts(bucket: Bucket, name: str, path: str, pieces: list[tuple[int, int]], names: list[str], workers: int = WORKERS) -> Blob:
     """Upload the file's ``pieces`` to ``names`` in parallel, each verified by its CRC32C as it lands,
     then compose them into ``name``; the parts are deleted either way. Returns the composed blob
     (its crc32c, size and generation as Cloud Storage answered the compose)."""
@@ -117,6 +121,6 @@ def put_parts(bucket, name: str, path: str, pieces: list[tuple[int, int]], names
             pool.map(_delete, parts)  # a round trip each: in parallel too
 
 
-def _delete(blob) -> None:
+def _delete(blob: Blob) -> None:
     with contextlib.suppress(Exception):  # never uploaded, or gone: the next start cleans what is left
         blob.delete()

@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import zlib
+from typing import Any
 
 from gpu_train.containerspec import CONTAINER_PREFIX, IMAGE_REF_PATTERN, ContainerSpec
 
@@ -177,7 +178,7 @@ def own_program_args(container: ContainerSpec, image_cmd: list[str] | None, extr
     return given + list(extra)
 
 
-def pinned(inspect: dict, named: str) -> tuple[str, str | None]:
+def pinned(inspect: dict[str, Any], named: str) -> tuple[str, str | None]:
     """(the image's ID, its registry digest REPO@sha256:... or None) from `image inspect`: the ID is the
     content every start of the run runs; the digest pulls that very content where the ID is gone."""
     image_id = str(inspect.get("Id") or "")
@@ -230,7 +231,7 @@ def pull_progress(line: str, done: set[str], layers: set[str]) -> str | None:
 
 
 # -- effects -------------------------------------------------------------------------------------
-def run_quiet(argv: list[str], timeout: float = PROBE_TIMEOUT_S, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_quiet(argv: list[str], timeout: float = PROBE_TIMEOUT_S, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
     except (OSError, subprocess.SubprocessError) as e:
@@ -277,7 +278,7 @@ def host_gpu_flags(engine_name: str, gpus: int) -> list[str]:
     return gpu_flags(engine_name, gpus, cdi, runtime)
 
 
-def inspect(engine_name: str, ref: str) -> dict | None:
+def inspect(engine_name: str, ref: str) -> dict[str, Any] | None:
     """`image inspect REF`, or None where the image is not on this host."""
     said = run_quiet([engine_name, "image", "inspect", ref])
     if said.returncode != 0:

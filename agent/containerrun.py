@@ -17,6 +17,7 @@ import shlex
 import signal
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
 from gpu_train.contract import JobSpec
 
@@ -25,11 +26,14 @@ from .procs import gpu_count
 from .status import machine_settings
 from .store import AgentError, read_state, settings, spec_or_none, update_state
 
+if TYPE_CHECKING:
+    from .wrap import Wrapper
+
 PULL_FLOOR = 4 << 30  # free bytes a pull needs where the registry does not say the image's size
 IMAGE_HOME = "/tmp"  # HOME inside: the user's uid may have no home in the image
 
 
-def ensure_image(w, engine: str, spec: JobSpec, run_dir: str) -> str:
+def ensure_image(w: Wrapper, engine: str, spec: JobSpec, run_dir: str) -> str:
     """The image ID this start runs: the run's pinned one, else the named image's (pulled when it is not
     here, or refreshed from its registry when it came from one and is named by tag), now pinned."""
     named = spec.container.image if spec.container else ""
@@ -60,7 +64,7 @@ def ensure_image(w, engine: str, spec: JobSpec, run_dir: str) -> str:
     return image_id
 
 
-def pull(w, engine: str, ref: str, spec: JobSpec, run_dir: str) -> None:
+def pull(w: Wrapper, engine: str, ref: str, spec: JobSpec, run_dir: str) -> None:
     """`ENGINE pull REF` as a step of the run, its lines in the log with the layers done so far, after a
     look at the registry's manifest (with the pull's credentials) for whether the disk has room."""
     root = os.path.dirname(os.path.dirname(run_dir))
@@ -95,7 +99,9 @@ def check_space(engine: str, ref: str, env: dict[str, str]) -> None:
         raise AgentError(f"not pulling {ref} into {where}: {problem} (free some space: {engine} image prune)")
 
 
-def start(w, root: str, run_dir: str, spec: JobSpec, env: dict[str, str], job: list[str], extra: list[str]):
+def start(
+    w: Wrapper, root: str, run_dir: str, spec: JobSpec, env: dict[str, str], job: list[str], extra: list[str]
+) -> subprocess.Popen[bytes]:
     """Start the run's container (the engine's client is the job's process): ``env`` is the job's
     environment (its values reach the container by name only), ``job`` the project's command, or with
     the image's own program the arguments after its entrypoint (``extra``: the resume arguments)."""
@@ -151,7 +157,7 @@ def host_shm_bytes() -> int:
     return max(64 << 20, st.f_blocks * st.f_frsize)
 
 
-def wait(w, root: str, run_dir: str, proc) -> int:
+def wait(w: Wrapper, root: str, run_dir: str, proc: subprocess.Popen[bytes]) -> int:
     """The job's exit code: its container's. A container run's client may end while its container goes on
     (the client killed, say by an OOM killer or by hand; rootless Podman's client on any SIGINT or SIGTERM):
     the wrapper attaches to it again as long as no stop or shutdown came, so the log, the signals and the

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import filecmp
 import os
+from typing import IO
 
 
-def link_data(data_dir: str, code_dir: str, log, only: list[str] | None = None) -> None:
+def link_data(data_dir: str, code_dir: str, log: IO[bytes], only: list[str] | None = None) -> None:
     """What `gpu-train push` sent, also where the code reads it: each path of DATA_DIR at the same path
     in the working directory, merged with the code's own folders (a folder in both gets the pushed
     entries it lacks, one by one, as symlinks into DATA_DIR). On a name in both whose contents differ

@@ -76,7 +76,7 @@ class Verified:
         parent, name = os.path.split(data_dir.rstrip("/"))
         self.path = os.path.join(parent, f".{name}.verified.json")
         doc = read_json(self.path)
-        self.known: dict[str, list] = doc if isinstance(doc, dict) else {}
+        self.known: dict[str, list[Any]] = doc if isinstance(doc, dict) else {}  # path -> [size, mtimeNs, ino, ctimeNs, sha256]
 
     def matches(self, path: str, want: DataFile) -> bool:
         """The local copy is a regular file (not a link) with the manifest's size and SHA-256."""
@@ -88,7 +88,7 @@ class Verified:
             return False
         seen = self.known.get(path)
         if seen is not None and seen[:4] == identity(st):
-            return seen[4] == want["sha256"]
+            return bool(seen[4] == want["sha256"])
         digest = sha256_of(path)
         self.known[path] = [*identity(st), digest]
         return digest == want["sha256"]

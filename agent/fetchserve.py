@@ -31,6 +31,7 @@ import os
 import stat
 import sys
 import zlib
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any
 
 from gpu_train.answers import Hashed, Hashes, Listed, Pong, Refusal, RunListing
@@ -72,7 +73,7 @@ def log_row(run_dir: str) -> list[ListingRow]:
     return [(RUN_LOG, "f", st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), "")]
 
 
-def job_path(root: str, run_id: object, rel: object, checked: dict | None = None) -> str:
+def job_path(root: str, run_id: object, rel: object, checked: dict[str, bool] | None = None) -> str:
     """ROOT/runs/ID/job/REL, or Refused for anything that would leave the JOB_DIR.
 
     ``checked`` remembers folders already resolved inside their JOB_DIR (one realpath per folder,
@@ -211,7 +212,7 @@ def hash_item(root: str, item: list[Any]) -> Hashed | Refusal:
         os.close(fd)
 
 
-def send_range(root: str, item: list, out, checked: dict, buf: memoryview) -> None:
+def send_range(root: str, item: list[Any], out: IO[bytes], checked: dict[str, bool], buf: memoryview) -> None:
     """Header, exactly LEN bytes (zero-padded if the file shrank, which its identity then shows), trailer."""
     run_id, rel, off, length = item
     try:
@@ -250,7 +251,7 @@ def send_doc(doc: Listed | Hashes | Pong | Refusal, out: IO[bytes]) -> None:
     out.write(data)
 
 
-def serve(root: str, inp, out) -> int:
+def serve(root: str, inp: Iterable[bytes], out: IO[bytes]) -> int:
     """Answer requests until stdin closes."""
     for line in inp:
         try:
@@ -267,7 +268,7 @@ def serve(root: str, inp, out) -> int:
         elif op == "ping":
             send_doc(answer(Pong), out)
         elif op == "read":
-            checked: dict = {}
+            checked: dict[str, bool] = {}
             buf = memoryview(bytearray(CHUNK))
             for item in req.get("items", []):
                 send_range(root, item, out, checked, buf)

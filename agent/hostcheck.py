@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 from gpu_train.answers import GpuRow
 from gpu_train.contract import BOOT_CRON_STOPPED, BOOT_NO_CRONTAB, BOOT_OFF, BOOT_ON
@@ -71,7 +72,7 @@ def boot_resume(root: str) -> str:
     return BOOT_ON if cron_running() else BOOT_CRON_STOPPED
 
 
-def busy_warnings(apps: list[dict], gpus: list[GpuRow], runs: list[str]) -> list[str]:
+def busy_warnings(apps: list[dict[str, Any]], gpus: list[GpuRow], runs: list[str]) -> list[str]:
     """What may slow or starve a new run: processes on the GPUs (nvidia-smi's compute apps, or a GPU
     that is working with none listed, as inside a container), and runs of ours still going."""
     said = []

@@ -119,7 +119,7 @@ def check_pool(spec: JobSpec) -> None:
         )
 
 
-def cmd_launch(root: str, doc: dict, await_go: bool) -> Launched | Waiting:
+def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Waiting:
     """Move the synced code into place and start the job under screen.
 
     With ``await_go`` the checks run while the laptop is still syncing: the agent prints

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import time
+from typing import TYPE_CHECKING, Any
 
 from gpu_train import recovery
 from gpu_train.answers import BootAction, Booted, Configured, Resumed, RunInterrupted, ShutDown, Stopped, Ticked, Uncronned
@@ -54,8 +55,11 @@ from .store import (
 )
 from .watch import metadata_value, own_instance, told_preempted
 
+if TYPE_CHECKING:
+    from .store import Scope
 
-def cmd_stop(root: str, run_id: str | None, grace: float, scope: tuple = EVERY_RUN) -> Stopped:
+
+def cmd_stop(root: str, run_id: str | None, grace: float, scope: Scope = EVERY_RUN) -> Stopped:
     """SIGINT, a grace period, SIGTERM, another, then SIGKILL, to the step at work (the job, or pip
     while requirements install); the wrapper then starts nothing more. Nothing of the run is left.
     (The laptop picks the run `stop` without --run means: gpu_train.identity.running_run.)"""
@@ -151,7 +155,7 @@ def boot_one(root: str, run_dir: str, limit: int) -> BootAction | None:
     return answer(BootAction, runId=run_id, action="resumed", resumes=resumes + 1)
 
 
-def recovery_record(conf: AgentSettings) -> dict:
+def recovery_record(conf: AgentSettings) -> dict[str, Any]:
     """On a VM: the stack's recovery function's record of this machine (its labels, which the metadata
     server does not show: instances.get of itself, with its own token), or {}."""
     if not conf.gcp:
@@ -163,18 +167,18 @@ def lost_group(conf: AgentSettings, run_dir: str, state: RunRecord) -> bool:
     """This failed run is a cluster part that failed because the recovery stopped its group (see
     recovery.lost_its_group)."""
     spec = spec_or_none(run_dir)
-    node: dict = (spec and spec.node) or {}
+    node: dict[str, Any] = (spec and spec.node) or {}
     nnodes = int(node.get("nnodes") or 1)
     return nnodes > 1 and recovery.lost_its_group(recovery_record(conf), state.ended, nnodes)
 
 
-def came_back(conf: AgentSettings, state: RunRecord) -> dict | None:
+def came_back(conf: AgentSettings, state: RunRecord) -> dict[str, Any] | None:
     """On a VM the stack's recovery function started again: its record of the preemption (or host error)
     that interrupted this run, for the run's own record."""
     return recovery.run_return(recovery_record(conf), state.interrupted_at, now())
 
 
-def relaunch(root: str, run_dir: str, state: RunRecord, back: dict | None = None) -> None:
+def relaunch(root: str, run_dir: str, state: RunRecord, back: dict[str, Any] | None = None) -> None:
     """Start a run again under screen, same RUN_ID and JOB_DIR, counting the resume (and ``back``: the
     recovery's return that brought the machine back, kept in the run's ``returns``)."""
     for marker in (SHUTDOWN_REQUESTED, STOP_REQUESTED, NOTICE):
@@ -207,7 +211,7 @@ def relaunch(root: str, run_dir: str, state: RunRecord, back: dict | None = None
     agent_log(root, f"{os.path.basename(run_dir)}: resumed ({resumes})")
 
 
-def cmd_resume(root: str, run_id: str | None, grace: float, scope: tuple = EVERY_RUN, force: bool = False) -> Resumed:
+def cmd_resume(root: str, run_id: str | None, grace: float, scope: Scope = EVERY_RUN, force: bool = False) -> Resumed:
     """Restart one run's part on this host (the laptop does it on every node: the whole group). A
     single-node run still at work is refused unless ``force``: its work since the last checkpoint would
     be lost (a cluster's part is restarted: another node's loss is why a cluster is resumed)."""
@@ -323,7 +327,7 @@ def cmd_tick(root: str) -> Ticked:
     return answer(Ticked, idleSince=since, poweroff=stop, why=why)
 
 
-def cmd_configure(root: str, new: dict, cron: bool) -> Configured:
+def cmd_configure(root: str, new: dict[str, Any], cron: bool) -> Configured:
     """Write agent.json; with ``cron``, run `boot` at reboot (and `tick` every minute when idle stop is on)."""
     conf = write_settings(root, new)
     if not cron:

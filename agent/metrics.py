@@ -17,18 +17,21 @@ import fnmatch
 import json
 import math
 import os
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.contract import METRICS_FILE, SCALAR_POINTS_MAX, SCALAR_SERIES_MAX, Scalars, ScalarSeries
 
 from . import tfevents
 from .store import AgentError, find_run, read_json, run_dirs, write_json
 
+if TYPE_CHECKING:
+    from .tfevents import Point
+
 # Folders a job's tree holds that are never its metrics: the walk does not go in (nor through links).
 SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", "site-packages", ".ipynb_checkpoints"}
 WALK_MAX = 200_000  # entries looked at per run: a working directory holding a dataset is not read whole
 STEP_KEYS = ("step", "global_step", "iteration", "iter")
 NOT_TAGS = set(STEP_KEYS) | {"time", "timestamp", "wall_time", "walltime", "_timestamp", "_runtime", "_step"}
-Point = list  # [step, wall time, value or None]
 CACHE, CACHE_VERSION = "scalars.json", 2  # runs/RUN/scalars.json: each event file's points and where its reading stopped
 
 
@@ -53,7 +56,7 @@ def metric_files(run_dir: str, problems: list[str]) -> tuple[dict[str, list[str]
     return {k: sorted(v, key=_created) for k, v in events.items()}, jsonl
 
 
-def _created(path: str) -> tuple:
+def _created(path: str) -> tuple[int, str]:
     """An event file's place among its folder's: events.out.tfevents.SECONDS.HOST[.PID.N]."""
     rest = os.path.basename(path)[len(tfevents.EVENT_FILE) :].split(".")
     return (int(rest[0]) if rest and rest[0].isdigit() else 0, path)
@@ -90,7 +93,7 @@ def read_jsonl(path: str, problems: list[str]) -> dict[str, list[Point]]:
                 continue
             step, wall, values = line
             for tag, value in values:
-                extend(series.setdefault(tag, []), [[step, wall, value]])
+                extend(series.setdefault(tag, []), [(step, wall, value)])
     if bad:
         problems.append(f"{path}: {bad} line(s) that are not a JSON object with a finite step; skipped")
     return series
@@ -124,7 +127,7 @@ def _finite(v: object) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _flat(doc: dict, prefix: str) -> list[tuple[str, object]]:
+def _flat(doc: dict[str, Any], prefix: str) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for k, v in doc.items():
         if not prefix and k in NOT_TAGS:
@@ -156,9 +159,9 @@ def thinned(points: list[Point], limit: int) -> list[Point]:
 
 
 def series_doc(tag: str, source: str, kind: str, points: list[Point], limit: int) -> ScalarSeries:
-    finite = [p for p in points if p[2] is not None]
-    low = min(finite, key=lambda p: p[2]) if finite else None
-    high = max(finite, key=lambda p: p[2]) if finite else None
+    finite = [(step, value) for step, _, value in points if value is not None]
+    low = min(finite, key=lambda p: p[1]) if finite else None
+    high = max(finite, key=lambda p: p[1]) if finite else None
     return {
         "tag": tag,
         "source": source,
@@ -166,13 +169,13 @@ def series_doc(tag: str, source: str, kind: str, points: list[Point], limit: int
         "points": [[p[0], p[2]] for p in thinned(points, limit)],
         "count": len(points),
         "last": [points[-1][0], points[-1][2]],
-        "min": [low[0], low[2]] if low else None,
-        "max": [high[0], high[2]] if high else None,
+        "min": [low[0], low[1]] if low else None,
+        "max": [high[0], high[1]] if high else None,
         "wallTime": points[-1][1],
     }
 
 
-def packed(entry: dict) -> dict:
+def packed(entry: dict[str, Any]) -> dict[str, Any]:
     """A file's reading as the cache keeps it: [step, value] points, and the wall time of each tag's last."""
     series = entry.get("series", {})
     return {
@@ -182,7 +185,7 @@ def packed(entry: dict) -> dict:
     }
 
 
-def unpacked(entry: object) -> dict | None:
+def unpacked(entry: object) -> dict[str, Any] | None:
     """``packed`` read back (the points' wall times 0 but each tag's last: the only one a series says), or
     None when it is not one."""
     if not isinstance(entry, dict) or not isinstance(entry.get("points"), dict) or not isinstance(entry.get("walls"), dict):
@@ -206,7 +209,7 @@ def run_scalars(run_dir: str, tags: list[str], limit: int, problems: list[str]) 
     cache_path = os.path.join(run_dir, CACHE)
     cache = read_json(cache_path) or {}
     before = cache.get("files") if cache.get("version") == CACHE_VERSION else None
-    kept: dict[str, dict] = {}
+    kept: dict[str, dict[str, Any]] = {}
     for folder, files in sorted(events.items()):
         merged: dict[str, list[Point]] = {}
         for rel in files:
@@ -238,13 +241,13 @@ def run_scalars(run_dir: str, tags: list[str], limit: int, problems: list[str]) 
     return out
 
 
-def cmd_scalars(root: str, runs: list[str] | None, tags: list[str] | None, points: int) -> dict:
+def cmd_scalars(root: str, runs: list[str] | None, tags: list[str] | None, points: int) -> dict[str, Any]:
     """`scalars`: the named runs' series (each a run id, a unique prefix or a base name; none: every run)."""
     if not 1 <= points <= SCALAR_POINTS_MAX:
         raise AgentError(f"--points {points}: give 1 to {SCALAR_POINTS_MAX}")
     dirs = [find_run(root, r) for r in runs] if runs else run_dirs(root)
     problems: list[str] = []
-    found: list[dict] = []
+    found: list[dict[str, Any]] = []
     total, truncated = 0, False
     for run_dir in dirs:
         series = run_scalars(run_dir, list(tags or []), points, problems)

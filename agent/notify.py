@@ -15,6 +15,8 @@ import stat
 import threading
 import urllib.parse
 import urllib.request
+from http.client import HTTPMessage
+from typing import IO
 
 from gpu_train.atomic import atomic_write
 
@@ -52,7 +54,9 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
     """A redirect is an answer, not a place to go: urllib would follow it as a GET (a POST turned into a
     request to any address the answer names, an internal one too)."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+    ) -> urllib.request.Request | None:
         return None
 
 
@@ -66,7 +70,7 @@ def send(url: str | None, text: str, timeout: float = TIMEOUT_S) -> bool:
         return False
     try:
         with _OPENER.open(request_for(url, text), timeout=timeout) as r:
-            return 200 <= r.status < 300
+            return 200 <= int(r.status) < 300
     except Exception:  # a notification must never fail its sender
         return False
 

@@ -35,7 +35,7 @@ SKIP_DIRS = ("__pycache__",)
 SKIP_SUFFIXES = (".pyc",)
 
 
-def identity(st: os.stat_result) -> list:
+def identity(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 

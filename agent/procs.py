@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 from gpu_train.answers import GpuRow
 from gpu_train.codec import answer
@@ -68,7 +69,7 @@ def gpus() -> list[GpuRow]:
     return rows
 
 
-def gpu_apps() -> list[dict]:
+def gpu_apps() -> list[dict[str, Any]]:
     """The processes computing on the GPUs (nvidia-smi's compute apps), or [] where there is none."""
     if not shutil.which("nvidia-smi"):
         return []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from gpu_train.answers import KeptRun, Pruned, PrunedRun, RunStatus
 from gpu_train.codec import answer
@@ -21,6 +22,9 @@ from gpu_train.contract import TERMINAL
 from .outputs import SENT, identity
 from .status import describe
 from .store import EVERY_RUN, AgentError, find_run, forget_secrets, now, read_json, run_dirs, scoped, write_json
+
+if TYPE_CHECKING:
+    from .store import Scope
 
 PRUNED = "pruned.json"  # in the run's folder: when, and what went
 
@@ -72,7 +76,7 @@ def prune_run(run_dir: str) -> tuple[int, int]:
     return removed, freed
 
 
-def cmd_prune(root: str, run_id: str | None, dry_run: bool, scope: tuple = EVERY_RUN) -> Pruned:
+def cmd_prune(root: str, run_id: str | None, dry_run: bool, scope: Scope = EVERY_RUN) -> Pruned:
     """Prune every finished run's code (or one run's), reporting what went and what stayed, and why."""
     newest = newest_code(root)
     pruned: list[PrunedRun] = []

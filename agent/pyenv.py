@@ -22,7 +22,7 @@ VENV_STAMP = ".gpu-train-venv.json"  # in a venv gpu-train made: the base Python
 VERSION_PROBE = "import sys;print('%d.%d' % sys.version_info[:2])"
 
 
-def cache_dirs(root: str) -> dict:
+def cache_dirs(root: str) -> dict[str, str]:
     """Where uv and pip keep downloads and built wheels: on REMOTE_ROOT, shared by every project."""
     return {"UV_CACHE_DIR": os.path.join(root, "cache", "uv"), "PIP_CACHE_DIR": os.path.join(root, "cache", "pip")}
 
@@ -80,7 +80,7 @@ def venv_problem(env_dir: str, base: str) -> str | None:
     return None
 
 
-def make_venv(env_dir: str, base: str, uv: str | None, env: dict, say: Callable[[str], None]) -> None:
+def make_venv(env_dir: str, base: str, uv: str | None, env: dict[str, str], say: Callable[[str], None]) -> None:
     """A venv with the system site packages (a torch on the host is used as it is), made by uv when
     there is one (no python3-venv package needed), else by ``base -m venv``."""
     shutil.rmtree(env_dir, ignore_errors=True)
@@ -107,7 +107,7 @@ def make_venv(env_dir: str, base: str, uv: str | None, env: dict, say: Callable[
 PROJECT_DEPS_RE = re.compile(r"^\[project\][^\[]*^dependencies\s*=", re.M | re.S)
 
 
-def install_plan(files: dict, have_uv: bool) -> tuple[str | None, str]:
+def install_plan(files: dict[str, str], have_uv: bool) -> tuple[str | None, str]:
     """(what to install from, why) for the code's dependency files (name -> text):
 
     requirements.txt when there is one; else uv.lock (the versions it pins) with its pyproject.toml;
@@ -130,7 +130,7 @@ def lists_anything(requirements: str) -> bool:
     return any(line.split("#", 1)[0].strip() for line in requirements.splitlines())
 
 
-def dependency_files(code_dir: str) -> dict:
+def dependency_files(code_dir: str) -> dict[str, str]:
     out = {}
     for name in ("requirements.txt", "pyproject.toml", "uv.lock"):
         try:
@@ -154,12 +154,12 @@ def env_identity(python: str) -> str:
     return "|".join(parts)
 
 
-def install_digest(source: str, files: dict, python: str) -> str:
+def install_digest(source: str, files: dict[str, str], python: str) -> str:
     h = hashlib.sha256(json.dumps([source, files, env_identity(python)], sort_keys=True).encode())
     return h.hexdigest()
 
 
-def failure_reason(lines: list) -> str:
+def failure_reason(lines: list[str]) -> str:
     """What says why an install failed: uv's last ``error:`` with its innermost ``cause:`` and the
     ``hint:`` after them (the hint alone, uv's last line, had stood for the failure), pip's last
     ``ERROR:``; else the last line there is."""
@@ -176,7 +176,7 @@ def failure_reason(lines: list) -> str:
     return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
 
 
-def files_digest(source: str, files: dict) -> str:
+def files_digest(source: str, files: dict[str, str]) -> str:
     """The dependency files alone: the same ones reinstalled into a rebuilt venv may come from the cache."""
     return hashlib.sha256(json.dumps([source, files], sort_keys=True).encode()).hexdigest()
 

@@ -18,6 +18,8 @@ import os
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from typing import Any
 
 from gpu_train import recovery
 from gpu_train.recovery import DONE, RETRY, Event
@@ -50,7 +52,7 @@ class Compute:
             self._token = (doc["access_token"], time.time() + float(doc.get("expires_in", 300)))
         return self._token[0]
 
-    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
         """(HTTP status, JSON document): Google's error documents come back, not raised."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
@@ -68,7 +70,7 @@ class Compute:
             except ValueError:
                 return e.code, {}
 
-    def get(self, name: str) -> dict | None:
+    def get(self, name: str) -> dict[str, Any] | None:
         status, doc = self.call("GET", f"/instances/{name}")
         if status == 404:
             return None
@@ -76,7 +78,7 @@ class Compute:
             raise Retry(f"instances.get {name}: {status} {(doc.get('error') or {}).get('message', '')}")
         return doc
 
-    def wait(self, operation: dict, deadline: float) -> dict:
+    def wait(self, operation: dict[str, Any], deadline: float) -> dict[str, Any]:
         """The operation as zoneOperations.get has it once DONE (or at ``deadline``)."""
         while operation.get("status") != "DONE" and time.time() < deadline:
             time.sleep(self.poll_s)
@@ -85,7 +87,7 @@ class Compute:
                 operation = doc
         return operation
 
-    def set_record(self, name: str, inst: dict, record: dict) -> None:
+    def set_record(self, name: str, inst: dict[str, Any], record: dict[str, Any]) -> None:
         """Keep ``record`` in the instance's labels (every other label as it is; the label fingerprint
         guards against a concurrent change: read again on 412). Any other refusal raises ``Retry``."""
         for _ in range(3):
@@ -100,7 +102,7 @@ class Compute:
             inst = self.get(name) or {}
         raise Retry(f"instances.setLabels {name}: its labels kept changing (412 three times)")
 
-    def stop(self, name: str, inst: dict) -> None:
+    def stop(self, name: str, inst: dict[str, Any]) -> None:
         """instances.stop, discarding Local SSD where the VM has some (the API refuses a stop of such a VM
         that does not say); a refusal raises ``Retry``."""
         query = "?discardLocalSsd=true" if recovery.has_local_ssd(inst) else ""
@@ -109,7 +111,7 @@ class Compute:
             raise Retry(f"instances.stop {name}: {status} {(doc.get('error') or {}).get('message', '')}")
 
 
-def settings_from_env(env: dict[str, str]) -> dict:
+def settings_from_env(env: dict[str, str]) -> dict[str, Any]:
     return {
         "stack": env.get(recovery.STACK_ENV, ""),
         "project": env.get(recovery.PROJECT_ENV) or None,
@@ -132,7 +134,7 @@ def _number(env: dict[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name}={value!r} is not a number: set it to one (e.g. {default:g}), or unset it") from None
 
 
-def recover(event: Event, conf: dict, now: float | None = None, api: Compute | None = None) -> tuple[str, str]:
+def recover(event: Event, conf: dict[str, Any], now: float | None = None, api: Compute | None = None) -> tuple[str, str]:
     """One invocation for ``event``: (DONE or RETRY, why)."""
     now = time.time() if now is None else now
     nodes, stack = conf["nodes"], conf["stack"]
@@ -143,7 +145,10 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
         return DONE, f"{event.instance} is not a VM of stack {stack}"
     found = {n: api.get(n) for n in nodes}
     p = recovery.plan(event, nodes, found)
-    say = lambda text: notify.send(conf["notify"], f"gpu-train {stack}: {text}")  # noqa: E731
+
+    def say(text: str) -> bool:
+        return notify.send(conf["notify"], f"gpu-train {stack}: {text}")
+
     head = found.get(event.instance)
     record = recovery.record_of(head) if head else {}
     attempts = int(record.get("attempts", 0)) if recovery.of_event(record, event) else 0
@@ -187,14 +192,16 @@ def recover(event: Event, conf: dict, now: float | None = None, api: Compute | N
     return start_all(api, event, p.start, found, conf, now, say)
 
 
-def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: dict, now: float, say) -> tuple[str, str]:
+def start_all(
+    api: Compute, event: Event, names: list[str], found: dict[str, Any], conf: dict[str, Any], now: float, say: Callable[[str], bool]
+) -> tuple[str, str]:
     """Start every node of ``names`` at once, then read each operation's end. The attempt is counted in
     each node's record before its start, so the VM that boots reads the attempt that brought it back."""
     for name in names:
         api.set_record(
             name, found[name], recovery.updated_record(recovery.record_of(found[name]), event, "coming back", now, "starting", attempt=True)
         )
-    answers: dict[str, tuple[int, dict]] = {n: api.call("POST", f"/instances/{n}/start") for n in names}
+    answers: dict[str, tuple[int, dict[str, Any]]] = {n: api.call("POST", f"/instances/{n}/start") for n in names}
     deadline = time.time() + conf["opWaitS"]
     verdicts = {}
     for name, (status, doc) in answers.items():
@@ -220,18 +227,19 @@ def start_all(api: Compute, event: Event, names: list[str], found: dict, conf: d
     return DONE, "started " + ", ".join(names)
 
 
-def entry_of(data: dict) -> dict:
+def entry_of(data: dict[str, Any]) -> dict[str, Any]:
     """The LogEntry inside a messagePublished CloudEvent's data ({"message": {"data": base64}})."""
     message = data.get("message") or {}
-    return json.loads(base64.b64decode(message.get("data") or b"e30="))
+    entry: dict[str, Any] = json.loads(base64.b64decode(message.get("data") or b"e30="))
+    return entry
 
 
-def on_event(cloud_event) -> str:
+def on_event(cloud_event: Any) -> str:  # (functions-framework's CloudEvent, or its data as a dict)
     """The function's entry point. Raises ``Retry`` (an error to the trigger) to be called again."""
     return on_event_with(getattr(cloud_event, "data", cloud_event), settings_from_env(dict(os.environ)))
 
 
-def on_event_with(data: dict, conf: dict, now: float | None = None) -> str:
+def on_event_with(data: dict[str, Any], conf: dict[str, Any], now: float | None = None) -> str:
     event = recovery.event_of(entry_of(data))
     if event is None:
         return "not a preemption, host error or host maintenance"

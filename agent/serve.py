@@ -11,6 +11,8 @@ answers one JSON line. Then it waits for its stdin to close, which happens when 
 (Ctrl-C) or its connection drops, and stops the whole group: no server is left behind.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import select
@@ -19,24 +21,25 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 MODULES = {"tensorboard": ["tensorboard.main"], "jupyter": ["jupyterlab", "notebook", "jupyter_server"]}
 
 
-def has_module(python, module):
+def has_module(python: str, module: str) -> bool:
     try:
         return subprocess.run([python, "-c", f"import {module}"], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
-def choose(spec):
+def choose(spec: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
     """(python, module) for the server, or an error text. The run's environment first: the project's
     venv where the runs made one, then the stack's Python (else the Deep Learning VM's conda, else python3)."""
     env_python = spec.get("envPython")
     base = [spec["python"]] if spec.get("python") else ["/opt/conda/bin/python", "python3"]
-    has_env = bool(env_python) and os.access(env_python, os.X_OK)
-    candidates = ([env_python] if has_env else []) + base
+    has_env = isinstance(env_python, str) and bool(env_python) and os.access(env_python, os.X_OK)
+    candidates: list[str] = ([env_python] if has_env else []) + base
     for python in candidates:
         for module in MODULES[spec["kind"]]:
             if has_module(python, module):
@@ -53,10 +56,11 @@ def choose(spec):
     )
 
 
-def free_port():
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 # TensorBoard has no token: it answers only under a secret path prefix, given by environment (a
@@ -68,7 +72,7 @@ TENSORBOARD = (
 )
 
 
-def argv_for(spec, python, module, port, uid=None):
+def argv_for(spec: dict[str, Any], python: str, module: str, port: int, uid: int | None = None) -> list[str]:
     """The server's command line; Jupyter refuses a root login without --allow-root (rented and container
     GPU boxes log in as root: the token and the loopback binding guard it as they do any other login)."""
     if spec["kind"] == "tensorboard":
@@ -86,7 +90,7 @@ def argv_for(spec, python, module, port, uid=None):
     ]
 
 
-def listening(port):
+def listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
             return True
@@ -94,7 +98,7 @@ def listening(port):
         return False
 
 
-def stop(proc):
+def stop(proc: subprocess.Popen[bytes]) -> None:
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
@@ -107,7 +111,7 @@ def stop(proc):
             continue
 
 
-def first_line(fd=0, limit=1 << 20):
+def first_line(fd: int = 0, limit: int = 1 << 20) -> bytes:
     """The spec's line, read byte by byte (stdin stays unbuffered for the wait on its end below)."""
     data = b""
     while not data.endswith(b"\n") and len(data) < limit:
@@ -118,7 +122,7 @@ def first_line(fd=0, limit=1 << 20):
     return data
 
 
-def main():
+def main() -> int:
     spec = json.loads(first_line())
     for key in ("root", "logdir", "dir", "envPython"):
         if spec.get(key):
@@ -126,7 +130,7 @@ def main():
     for sig in (signal.SIGTERM, signal.SIGHUP):  # sshd ending the session: stop the server too
         signal.signal(sig, lambda *_: sys.exit(1))
     python, module, error = choose(spec)
-    if error:
+    if error or python is None or module is None:  # (choose gives a server or why there is none)
         print(json.dumps({"error": error}), flush=True)
         return 1
     for path in (spec.get("logdir"), spec.get("dir")):

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.answers import AgentView, LogEnd, LogStart, RunStatus, StatusDoc, TreeSummary
 from gpu_train.codec import answer
@@ -44,6 +44,9 @@ from .store import (
     settings,
     tree_summary,
 )
+
+if TYPE_CHECKING:
+    from .store import Scope
 
 
 def effective_state(state: RunRecord) -> RunState:
@@ -164,7 +167,7 @@ def agent_view(root: str) -> AgentView:
     )
 
 
-def cmd_status(root: str, run_id: str | None, summaries: bool = False, bucket_record: bool = False, scope: tuple = EVERY_RUN) -> StatusDoc:
+def cmd_status(root: str, run_id: str | None, summaries: bool = False, bucket_record: bool = False, scope: Scope = EVERY_RUN) -> StatusDoc:
     """answers.StatusDoc: the runs (oldest first), GPUs, uptime and the agent's view; ``bucket_record``: each
     bucket run's record of what is verified there (`down --no-fetch` only: one entry per file)."""
     dirs = [find_run(root, run_id, scope)] if run_id else run_dirs(root)  # (a prefix: the scope's runs first)
@@ -198,7 +201,7 @@ def log_summary(path: str) -> TreeSummary:
     return answer(TreeSummary, files=1, bytes=st.st_size, newestNs=st.st_mtime_ns)
 
 
-def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool, scope: tuple = EVERY_RUN) -> int:
+def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool, scope: Scope = EVERY_RUN) -> int:
     """Write the log from a byte offset (or its last N lines); with follow, until the job ends.
 
     The last line on stderr is a JSON trailer with the run's state and exit code.

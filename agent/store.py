@@ -23,14 +23,18 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.answers import TreeSummary
 from gpu_train.atomic import atomic_write
 from gpu_train.codec import answer
 from gpu_train.contract import GCP_REMOTE_ROOT, MACHINE_SETTINGS, TERMINAL, AgentSettings, JobSpec, RunRecord, cli_name
 from gpu_train.ownership import in_scope
+
+if TYPE_CHECKING:
+    Scope = tuple[tuple[str, ...], str | None]  # (project ids, legacy name): gpu_train.contract.in_scope's
 
 
 class AgentError(Exception):
@@ -41,17 +45,18 @@ def now() -> float:
     return round(time.time(), 3)
 
 
-def write_json(path: str, doc: dict) -> None:
+def write_json(path: str, doc: dict[str, Any]) -> None:
     """Atomically (gpu_train/atomic.py): a reader sees the old or the new document, never half of one."""
     atomic_write(path, json.dumps(doc, indent=1, sort_keys=True), 0o600, keep_mode=False)
 
 
-def read_json(path: str) -> dict | None:
+def read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            return json.load(f)
+            doc = json.load(f)
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None  # (every document here is an object: anything else is not one)
 
 
 def read_spec(run_dir: str) -> JobSpec:
@@ -104,7 +109,7 @@ def forget_secrets(run_dir: str) -> None:
 
 
 @contextlib.contextmanager
-def locked(root: str):
+def locked(root: str) -> Iterator[None]:
     """One launch at a time on a host, so two runs of one name cannot both start."""
     with os.fdopen(os.open(os.path.join(root, ".lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600), "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -161,7 +166,7 @@ def match_run(ids: list[str], wanted: str, created: dict[str, float]) -> str:
 
 # A command's scope, (ids, legacy): the project ids its defaults keep to, and the name of runs from before
 # ids (gpu_train.contract.in_scope); ((), None) is every run.
-EVERY_RUN: tuple = ((), None)
+EVERY_RUN: Scope = ((), None)
 
 
 def run_project(run_dir: str) -> str | None:
@@ -173,12 +178,12 @@ def run_project(run_dir: str) -> str | None:
     return spec.project if spec is not None else None
 
 
-def scoped(dirs: list[str], scope: tuple) -> list[str]:
+def scoped(dirs: list[str], scope: Scope) -> list[str]:
     """The run folders of ``dirs`` that are the scope's."""
     return dirs if scope == EVERY_RUN else [d for d in dirs if in_scope(run_project(d), *scope)]
 
 
-def find_run(root: str, run_id: str | None, scope: tuple = EVERY_RUN) -> str:
+def find_run(root: str, run_id: str | None, scope: Scope = EVERY_RUN) -> str:
     """The run ``run_id`` names (an id, a unique prefix, a base name: the scope's runs first, then any
     project's), or without it the scope's newest run."""
     dirs = run_dirs(root)
@@ -235,7 +240,7 @@ def root_from_settings(conf: AgentSettings) -> str:
     return os.path.abspath(root)
 
 
-def checked_settings(doc: dict, path: str) -> AgentSettings:
+def checked_settings(doc: dict[str, Any], path: str) -> AgentSettings:
     """The settings in ``doc`` (read from ``path``), or an AgentError naming the bad value and the file."""
     try:
         return AgentSettings.from_json(doc, path)
@@ -249,7 +254,7 @@ def settings(root: str) -> AgentSettings:
     return checked_settings(read_json(path) or {}, path)
 
 
-def write_settings(root: str, new: dict) -> AgentSettings:
+def write_settings(root: str, new: dict[str, Any]) -> AgentSettings:
     """REMOTE_ROOT/agent.json with ``new`` (the laptop's, from the stack) over what it held: checked as
     one document before it is written, so a bad value is refused where it arrives."""
     path = os.path.join(root, "agent.json")
@@ -259,7 +264,7 @@ def write_settings(root: str, new: dict) -> AgentSettings:
 
 
 @contextlib.contextmanager
-def run_locked(run_dir: str):
+def run_locked(run_dir: str) -> Iterator[None]:
     """One run's lock: a stop request and the wrapper starting a step never cross (the wrapper
     checks for a stop under it before it starts pip or the job; `stop` writes its request and reads
     the pids under it)."""

@@ -16,8 +16,9 @@ import contextlib
 import fcntl
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 from gpu_train.answers import Launched, SweepStarted, SweepStatus, SweepStopped, SweepTrial
 from gpu_train.codec import answer
@@ -51,12 +52,12 @@ def names(root: str) -> list[str]:
     return [n for n in os.listdir(top) if os.path.isfile(os.path.join(top, n, "sweep.json"))] if os.path.isdir(top) else []
 
 
-def trial_run(doc: SweepDoc, trial: dict) -> str:
+def trial_run(doc: SweepDoc, trial: dict[str, Any]) -> str:
     return f"{trial['base']}{doc.stamp}"
 
 
 @contextlib.contextmanager
-def queue_lock(root: str):
+def queue_lock(root: str) -> Iterator[None]:
     """One queue mover at a time on a host (two trials ending at once start one trial each, not both the same)."""
     os.makedirs(os.path.join(root, SWEEPS_DIR), exist_ok=True)
     with open(os.path.join(root, SWEEPS_DIR, ".lock"), "w") as f:
@@ -122,7 +123,7 @@ def advance(root: str, only: str | None = None) -> list[Launched]:
     return started
 
 
-def launch_trial(root: str, doc: SweepDoc, trial: dict, slot: int) -> Launched:
+def launch_trial(root: str, doc: SweepDoc, trial: dict[str, Any], slot: int) -> Launched:
     """The trial as an ordinary run: the sweep's code (hard links) staged for it, its spec launched."""
     from .launch import cmd_launch
 
@@ -165,7 +166,7 @@ def after_trial(root: str, run_dir: str) -> None:
             agent_log(root, f"sweep {spec.env[SWEEP_ENV]}: the queue did not advance after {os.path.basename(run_dir)}: {e!r}")
 
 
-def cmd_sweep_start(root: str, raw: dict, staged: str) -> SweepStarted:
+def cmd_sweep_start(root: str, raw: dict[str, Any], staged: str) -> SweepStarted:
     """Keep the sweep (its record and the code staged as ``staged``) and start its first trials."""
     try:
         doc = SweepDoc.from_json(raw)
@@ -226,7 +227,7 @@ def newest(root: str) -> str:
     return max(found, key=lambda n: (read_json(os.path.join(sweep_dir(root, n), "sweep.json")) or {}).get("created") or 0)
 
 
-def metric_of(run_dir: str, metric: str, mode: str, problems: list) -> tuple[float | None, float | None]:
+def metric_of(run_dir: str, metric: str, mode: str, problems: list[str]) -> tuple[float | None, float | None]:
     """(last, best) of ``metric`` in a run's series: the last value of the series written furthest, the
     lowest (min) or highest (max) of any."""
     from .metrics import run_scalars

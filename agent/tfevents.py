@@ -23,8 +23,12 @@ import itertools
 import math
 import struct
 from collections.abc import Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 from gpu_train.checksum import masked_crc32c
+
+if TYPE_CHECKING:
+    Point = tuple[float, float, float | None]  # (step, wall time, value or None): a list in JSON
 
 EVENT_FILE = "events.out.tfevents."  # the name's prefix, as every writer names them
 RECORD_MAX = 64 << 20  # a length beyond this is a corrupt header, not a record
@@ -230,7 +234,7 @@ def event_parts(data: bytes, budget: Budget | None = None) -> tuple[int, float, 
     return step, wall, None
 
 
-def records(f, path: str, problems: list[str]):
+def records(f: IO[bytes], path: str, problems: list[str]) -> Iterator[tuple[bytes, int, int]]:
     """Each complete record: (its data, its data's CRC as written, the offset after it). A partial record
     at the end (being written) ends the file quietly; a length that fails its CRC ends it, said."""
     while True:
@@ -251,17 +255,14 @@ def records(f, path: str, problems: list[str]):
         yield data, struct.unpack("<I", footer)[0], f.tell()
 
 
-Points = dict  # tag -> [[step, wall time, value or None], ...]
-
-
-def read_scalars(path: str, problems: list[str], resume: dict | None = None) -> dict[str, list]:
+def read_scalars(path: str, problems: list[str], resume: dict[str, Any] | None = None) -> dict[str, list[Point]]:
     """Every scalar in one event file: tag -> [[step, wall time, value]] in the order written (a value
     that is not finite as None: JSON has no NaN). An event without a summary (a graph, a session log) is
     skipped unread; a summary's record is checked against its CRC first. ``resume`` (what an earlier read
     of this file left: its ``offset``, ``plugins`` and ``series``) is read on from where it stopped, and
     left as this read ends."""
     state = resume if resume is not None else {}
-    series: dict[str, list] = state.setdefault("series", {})
+    series: dict[str, list[Point]] = state.setdefault("series", {})
     plugins: dict[str, str | None] = state.setdefault("plugins", {})
     said: list[str] = state.setdefault("problems", [])  # kept with the state: a resumed read says them again
     problems += said
@@ -284,6 +285,6 @@ def read_scalars(path: str, problems: list[str], resume: dict | None = None) -> 
                 said.append(f"{path}: a record {what} at byte {end - 4 - len(data)}; skipped")
                 continue
             for tag, value in scalars:
-                series.setdefault(tag, []).append([step, wall, value if math.isfinite(value) else None])
+                series.setdefault(tag, []).append((step, wall, value if math.isfinite(value) else None))
     problems += said[said_before:]
     return series

@@ -32,6 +32,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.bucketdoc import BUCKET_RECORD, UPLOAD_LOG, BucketFile, BucketRecord, BucketView
 from gpu_train.checksum import crc32c_of
@@ -42,13 +44,17 @@ from gpu_train.ownership import project_dirs
 from . import composite, outputs
 from .store import AgentError, agent_path, now, read_json, read_spec, spec_or_none, write_json
 
+if TYPE_CHECKING:
+    from google.cloud.storage import Bucket
+
+    Sig = tuple[int, int]  # (size, mtime_ns)
+
 SETTLE_S = 5.0  # unchanged this long: complete
 POLL_S = 2.0
 NICE = 10  # the uploader's niceness above the job's
 SKIP_PREFIX = ".gpu-train-"  # the wrapper's write probe
 WORKDIR = "workdir/"  # the working directory's outputs, as fetch lays them out (runs/STACK/RUN/workdir/)
 LOG = f"{RUN_FILES}/{RUN_LOG}"  # the run's log, as fetch lays it out (runs/STACK/RUN/.gpu-train/log)
-Sig = tuple  # (size, mtime_ns)
 
 
 def scan_dir(top_dir: str, into: str = "", unseen: list[str] | None = None) -> dict[str, Sig]:
@@ -146,7 +152,7 @@ def due(current: dict[str, Sig], seen: dict[str, tuple[Sig, float]], done: dict[
     return out
 
 
-def only_on_host(run_dir: str, record: BucketRecord | dict) -> list[str]:
+def only_on_host(run_dir: str, record: BucketRecord | dict[str, Any]) -> list[str]:
     """The run's output files the bucket lacks, or holds in another version, and what the host cannot
     read (it cannot be in the bucket either): for `status` and `down --no-fetch`'s guard."""
     done = record.get("files") or {}
@@ -191,7 +197,7 @@ def argv(root: str, run_dir: str, spec: JobSpec, command: str) -> list[str]:
     return [python, agent, "--root", root, command, os.path.basename(run_dir)]
 
 
-def bring_data(root: str, run_dir: str, say) -> None:
+def bring_data(root: str, run_dir: str, say: Callable[[str], None]) -> None:
     """Before the job starts: the project's data pushed to the bucket (`push --to bucket`), as the spec's
     manifests name it (datapull.py), copied to $DATA_DIR on local disk, incremental and verified; an
     AgentError (the run fails, saying why) if not."""
@@ -207,7 +213,7 @@ def bring_data(root: str, run_dir: str, say) -> None:
     say("the project's data in the bucket is in $DATA_DIR")
 
 
-def start(root: str, run_dir: str) -> subprocess.Popen | None:
+def start(root: str, run_dir: str) -> subprocess.Popen[bytes] | None:
     """The uploader of a run whose spec names a bucket, next to its job, run by the job's Python (its
     venv's, where it has one: google-cloud-storage may come from the project's requirements); its stdin
     is the wrapper's "the job has ended" (closed: the last pass). None without a bucket."""
@@ -238,7 +244,7 @@ def in_background() -> None:
     os.nice(NICE)
 
 
-def finish(proc: subprocess.Popen | None, say) -> None:
+def finish(proc: subprocess.Popen[bytes] | None, say: Callable[[str], None]) -> None:
     """Tell the uploader the job has ended and wait for its last pass."""
     if proc is None:
         return
@@ -250,7 +256,7 @@ def finish(proc: subprocess.Popen | None, say) -> None:
         say(f"the bucket upload ended with exit {code} (see upload.log)")
 
 
-def put(bucket, name: str, path: str, sig: Sig, parts_prefix: str | None = None, rel: str = "") -> BucketFile | None:
+def put(bucket: Bucket, name: str, path: str, sig: Sig, parts_prefix: str | None = None, rel: str = "") -> BucketFile | None:
     """One file to one object, verified; None when the file changed meanwhile (it goes again later).
     A big one goes in parts sent in parallel and composed into the object (agent/composite.py)
     where the run has a parts prefix."""
@@ -278,7 +284,7 @@ def serve(root: str, run_id: str) -> int:
     run_dir = os.path.join(root, "runs", run_id)
     record_path = os.path.join(run_dir, BUCKET_RECORD)
     where = read_spec(run_dir).bucket or {}
-    record: dict = read_json(record_path) or {}  # a BucketRecord
+    record: dict[str, Any] = read_json(record_path) or {}  # a BucketRecord
     if record.get("bucket") != where.get("name") or record.get("prefix") != where.get("prefix"):
         record = {"bucket": where["name"], "prefix": where["prefix"], "files": {}}
     record.update(final=False, error=None)

@@ -31,15 +31,18 @@ import time
 import urllib.parse
 import urllib.request
 import zipfile
+from http.client import HTTPMessage
+from typing import IO, Any
 
 
-def pinned_wheels() -> dict:
+def pinned_wheels() -> dict[str, Any]:
     """gpu_train/data/uv-wheels.json: {"version": V, "wheels": {wheel file name: sha256}}, the only uv a
     host fetches. In the zipapp beside the carried modules (agent/bundle.py CARRIED_DATA)."""
     data = pkgutil.get_data("gpu_train", "data/uv-wheels.json")
     if data is None:
         raise OSError("gpu_train/data/uv-wheels.json is missing")
-    return json.loads(data.decode("utf-8"))
+    doc: dict[str, Any] = json.loads(data.decode("utf-8"))
+    return doc
 
 
 PINS = pinned_wheels()
@@ -50,7 +53,7 @@ TIMEOUT_S = 30
 MAX_BYTES = 128 << 20  # an index page or uv's wheel (about 18 MB): a hostile index's endless answer stops here
 
 
-def pip_config_files(env: dict) -> list[str]:
+def pip_config_files(env: dict[str, str]) -> list[str]:
     """pip's configuration files, in the order pip reads them (later ones win)."""
     home = os.path.expanduser("~")
     xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
@@ -62,11 +65,11 @@ def pip_config_files(env: dict) -> list[str]:
     return files
 
 
-def pip_index(env: dict, configs: list[str]) -> dict:
+def pip_index(env: dict[str, str], configs: list[str]) -> dict[str, Any]:
     """pip's index settings as it would use them: PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS,
     PIP_CERT, else the config files' [global] or [install] index-url, extra-index-url, find-links,
     cert, else PyPI."""
-    found: dict = {}
+    found: dict[str, Any] = {}
     for text in configs:
         parser = configparser.ConfigParser(interpolation=None)
         with contextlib.suppress(configparser.Error):
@@ -83,7 +86,7 @@ def pip_index(env: dict, configs: list[str]) -> dict:
     }
 
 
-def read_pip_index(env: dict) -> dict:
+def read_pip_index(env: dict[str, str]) -> dict[str, Any]:
     texts = []
     for path in pip_config_files(env):
         with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
@@ -97,7 +100,7 @@ def local_missing(location: str) -> bool:
     return "://" not in location.replace("file://", "", 1) and not os.path.exists(path)
 
 
-def uv_index_env(index: dict) -> dict:
+def uv_index_env(index: dict[str, Any]) -> dict[str, str]:
     """The same indexes for uv's installs (uv does not read pip's settings). With extra indexes, uv is
     told to pick the best version across all of them, as pip does."""
     out = {"UV_DEFAULT_INDEX": index["index"]}
@@ -117,7 +120,7 @@ class _Links(html.parser.HTMLParser):
         super().__init__()
         self.hrefs: list[str] = []
 
-    def handle_starttag(self, tag, attrs) -> None:
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self.hrefs.extend(v for k, v in attrs if k == "href" and v)
 
@@ -181,7 +184,9 @@ def transport_problem(url: str) -> str | None:
 class _HttpsOnly(urllib.request.HTTPRedirectHandler):
     """A redirect to a place ``transport_problem`` refuses (https to plain http) is not followed."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+    ) -> urllib.request.Request | None:
         if transport_problem(newurl):
             raise ValueError(f"a redirect to {urllib.parse.urlsplit(newurl).scheme}: refused")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
@@ -192,7 +197,7 @@ def _get(url: str) -> bytes:
         raise ValueError(why)
     request = urllib.request.Request(url, headers={"Accept": "text/html", "User-Agent": f"gpu-train (uv {UV_VERSION})"})
     with urllib.request.build_opener(_HttpsOnly).open(request, timeout=TIMEOUT_S) as response:
-        data = response.read(MAX_BYTES + 1)
+        data: bytes = response.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
         raise ValueError(f"{url} answers more than {MAX_BYTES >> 20} MiB: not uv")
     return data
@@ -239,7 +244,7 @@ def verified_copy(root: str) -> bool:
         return False
 
 
-def find_uv(root: str, env: dict) -> tuple[str | None, str]:
+def find_uv(root: str, env: dict[str, str]) -> tuple[str | None, str]:
     """(uv's path, where it came from) or (None, why there is none): gpu-train's copy on REMOTE_ROOT,
     else the host's own on PATH, else fetched now from the host's index."""
     ours = os.path.join(uv_home(root), "uv")

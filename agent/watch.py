@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
 from gpu_train.contract import (
     ACTIVE,
@@ -66,7 +67,7 @@ def metadata_value(conf: AgentSettings, path: str, timeout: float = 2) -> str:
         return ""
 
 
-def own_instance(conf: AgentSettings, timeout: float = 5) -> dict | None:
+def own_instance(conf: AgentSettings, timeout: float = 5) -> dict[str, Any] | None:
     """This VM's labels as the Compute API has them (instances.get with ``fields=labels``, the VM's own token
     and its compute.readonly scope; the stack grants its account compute.instances.get on this instance
     only where a recovery function writes there), or None when it cannot be asked."""
@@ -89,7 +90,7 @@ def own_instance(conf: AgentSettings, timeout: float = 5) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def notice_for(values: dict[str, str]) -> dict | None:
+def notice_for(values: dict[str, str]) -> dict[str, Any] | None:
     """The warning the metadata values amount to (None: no warning stands)."""
     events = []
     maintenance = values.get("instance/maintenance-event", "NONE").strip()
@@ -117,7 +118,7 @@ def told_preempted(run_dir: str) -> bool:
     return PREEMPTED in (notice.get("events") or [])
 
 
-def publish(root: str, notice: dict | None) -> list[str]:
+def publish(root: str, notice: dict[str, Any] | None) -> list[str]:
     """Give (or take back) the warning to every running run; the runs newly told."""
     told = []
     for run_dir in run_dirs(root):
@@ -140,7 +141,7 @@ def publish(root: str, notice: dict | None) -> list[str]:
     return told
 
 
-def cmd_watch(root: str, rounds: int | None = None) -> dict:
+def cmd_watch(root: str, rounds: int | None = None) -> dict[str, Any]:
     """Follow the watched values (each in a thread holding a hanging GET) and publish on each answer;
     a held request times out after a minute and is made again, so a run started later is told too."""
     conf = settings(root)

@@ -11,6 +11,9 @@ import shlex
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
+from types import FrameType
+from typing import IO, Any
 
 from gpu_train.contract import (
     FAILED,
@@ -49,7 +52,7 @@ def tail_lines(path: str, n: int = PIP_TAIL_LINES) -> list[str]:
 
 
 @contextlib.contextmanager
-def env_lock(path: str):
+def env_lock(path: str) -> Iterator[None]:
     """One venv creation or install at a time per environment (two runs may start together)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(f"{path}.lock", "w") as f:
@@ -112,7 +115,9 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def install(w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, source: str, env: dict, offline: bool = False) -> bool:
+def install(
+    w: Wrapper, run_dir: str, python: str, uv: str | None, found: str, source: str, env: dict[str, str], offline: bool = False
+) -> bool:
     """Install ``source``; with ``offline``, from uv's cache alone, answering False where that is not
     enough (the caller then installs as usual)."""
     code_dir = os.path.join(run_dir, "code")
@@ -143,7 +148,7 @@ def job_argv(spec: JobSpec, python: str, job_dir: str, nproc: int, extra: list[s
         command = spec.command or ""
         return ["bash", "-c", " ".join([command, shlex.join(extra)]) if extra else command]
     tail = [spec.script, *spec.args, *(["--job-dir", job_dir] if spec.pass_job_dir else []), *extra]
-    node: dict = spec.node or {}
+    node: dict[str, Any] = spec.node or {}
     if spec.launcher != "torchrun":
         return [python, "-u", *tail]
     run = [python, "-m", "torch.distributed.run"]
@@ -197,16 +202,16 @@ class Wrapper:
     screen session ending) is ignored, so the wrapper outlives screen to record the end.
     """
 
-    def __init__(self, root: str, run_id: str, log):
+    def __init__(self, root: str, run_id: str, log: IO[bytes]):
         self.root, self.run_id, self.log = root, run_id, log
         self.run_dir = os.path.join(root, "runs", run_id)
-        self.child: subprocess.Popen | None = None
+        self.child: subprocess.Popen[bytes] | None = None
         self.terminated = False
 
     def say(self, text: str) -> None:
         self.log.write(f"[gpu-train] {text}\n".encode())
 
-    def on_term(self, signum, _frame) -> None:
+    def on_term(self, signum: int, _frame: FrameType | None) -> None:
         self.terminated = True
         if self.child is not None:
             with contextlib.suppress(OSError):
@@ -220,7 +225,7 @@ class Wrapper:
             return INTERRUPTED
         return STOPPED if self.terminated else None
 
-    def start(self, argv: list[str], pid_field: str, **popen) -> subprocess.Popen:
+    def start(self, argv: list[str], pid_field: str, **popen: Any) -> subprocess.Popen[bytes]:
         """Start a step unless a stop came first; its pid is recorded under the run's lock
         (``pid``/``pid_start`` for the job, ``step_pid``/``step_start`` for pip)."""
         start_field = {"pid": "pid_start", "step_pid": "step_start"}[pid_field]
@@ -282,7 +287,7 @@ def cmd_wrap(root: str, run_id: str) -> int:
         return record_end(run_dir, final, code)
 
 
-def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subprocess.Popen:
+def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subprocess.Popen[bytes]:
     spec = read_spec(run_dir)
     python, job_dir = spec.python or "python3", os.path.join(run_dir, "job")  # (launch always sets it)
     if spec.container:  # the image's own Python; nothing is installed into the image
@@ -350,7 +355,7 @@ def announce_end(run_dir: str) -> None:
     root = os.path.dirname(os.path.dirname(run_dir))
     url = notify.read_url(root)
     spec = spec_or_none(run_dir)
-    node: dict = (spec and spec.node) or {}
+    node: dict[str, Any] = (spec and spec.node) or {}
     if not url or int(node.get("rank") or 0) != 0:
         return
     st = read_state(run_dir)
