@@ -16,13 +16,13 @@ from typing import Any
 from gpu_train.answers import Launched, Ready, Waiting
 from gpu_train.bucketdoc import GOOGLE_ENV
 from gpu_train.codec import answer
-from gpu_train.contract import ACTIVE, FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, node_roles
+from gpu_train.contract import FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, node_roles
 from gpu_train.ownership import project_dirs
 
 from . import container, hostcheck, notify, outputs, registry, units
 from .procs import detect_python, gpu_apps, gpu_count, gpus
 from .pyenv import dependency_files, run_env, venv_python
-from .status import busy_runs, describe, machine_settings
+from .status import active_runs, busy_runs, machine_settings
 from .store import (
     AgentError,
     agent_log,
@@ -30,7 +30,6 @@ from .store import (
     locked,
     now,
     read_json,
-    run_dirs,
     settings,
     spec_or_none,
     update_state,
@@ -223,7 +222,7 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
 def host_notes(root: str) -> dict[str, Any]:
     """What the laptop says after "started": who else uses the GPUs, other runs of ours still going,
     and on an SSH host whether a reboot would resume the run (a VM's units always do)."""
-    active = [r["id"] for r in map(describe, run_dirs(root)) if r["state"] in ACTIVE]
+    active = [os.path.basename(d) for d, _ in active_runs(root)]
     notes: dict[str, Any] = {"warnings": hostcheck.busy_warnings(gpu_apps(), gpus(), active)}
     if not settings(root).gcp:
         notes["bootResume"] = hostcheck.boot_resume(root)

@@ -135,9 +135,28 @@ def is_active(run_dir: str) -> bool:
     return describe(run_dir)["state"] in ACTIVE
 
 
+def active_runs(root: str, base: str = "") -> list[tuple[str, RunRecord]]:
+    """The runs at work (those whose ids start with ``base``), each folder with its record. Only a state.json
+    that says starting or running gets the contract's reading and the check of its processes (nothing
+    else is ever at work: ``effective_state``): a host keeps hundreds of finished runs, and every launch
+    asks twice."""
+    found = []
+    for run_dir in run_dirs(root):
+        if not os.path.basename(run_dir).startswith(base):  # (a run's id starts with its base: jobs.run_id)
+            continue
+        if (read_json(os.path.join(run_dir, "state.json")) or {}).get("state") not in ACTIVE:
+            continue
+        state = read_state(run_dir)
+        if effective_state(state) in ACTIVE:
+            found.append((run_dir, state))
+    return found
+
+
 def busy_runs(root: str, base: str, project: str | None) -> list[str]:
     """The project's runs of name ``base`` still at work (another project's ``train`` is no clash)."""
-    return [r["id"] for r in map(describe, run_dirs(root)) if r["base"] == base and r["project"] == project and r["state"] in ACTIVE]
+    return [
+        os.path.basename(d) for d, state in active_runs(root, base) if state.base == base and (state.project or run_project(d)) == project
+    ]
 
 
 def machine_settings(root: str) -> AgentSettings | None:
