@@ -14,11 +14,13 @@ import re
 import stat
 import threading
 import urllib.parse
-import urllib.request
-from http.client import HTTPMessage
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from gpu_train.atomic import atomic_write
+
+if TYPE_CHECKING:
+    import urllib.request
+    from http.client import HTTPMessage
 
 NOTIFY_FILE = "notify.url"  # REMOTE_ROOT/notify.url on a host: the webhook, 0600, the login user's
 TIMEOUT_S = 10
@@ -37,6 +39,8 @@ def request_for(url: str, text: str) -> urllib.request.Request:
     """The POST the webhook at ``url`` expects for ``text``, with no way for the text to mention anyone:
     Slack's control characters escaped (``<!channel>``, ``<@U123>`` are links only when ``<`` is), Discord
     told to parse no mention (``allowed_mentions``), and @channel/@here/@everyone written out everywhere."""
+    import urllib.request
+
     host = urllib.parse.urlsplit(url).hostname or ""
     text = unmentioned(text)
     if host == "hooks.slack.com":
@@ -50,17 +54,23 @@ def request_for(url: str, text: str) -> urllib.request.Request:
     return urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": kind, "User-Agent": "gpu-train"})
 
 
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer, not a place to go: urllib would follow it as a GET (a POST turned into a
-    request to any address the answer names, an internal one too)."""
-
-    def redirect_request(
-        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
-    ) -> urllib.request.Request | None:
-        return None
+_OPENER: list[urllib.request.OpenerDirector] = []  # made at the first send: urllib.request is 10 ms of a launch's start
 
 
-_OPENER = urllib.request.build_opener(NoRedirect)
+def opener() -> urllib.request.OpenerDirector:
+    """urllib's opener that follows no redirect: a redirect is an answer, not a place to go (urllib would
+    follow it as a GET: a POST turned into a request to any address the answer names, an internal one too)."""
+    if not _OPENER:
+        import urllib.request
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(
+                self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+            ) -> urllib.request.Request | None:
+                return None
+
+        _OPENER.append(urllib.request.build_opener(NoRedirect))
+    return _OPENER[0]
 
 
 def send(url: str | None, text: str, timeout: float = TIMEOUT_S) -> bool:
@@ -69,7 +79,7 @@ def send(url: str | None, text: str, timeout: float = TIMEOUT_S) -> bool:
     if not url:
         return False
     try:
-        with _OPENER.open(request_for(url, text), timeout=timeout) as r:
+        with opener().open(request_for(url, text), timeout=timeout) as r:
             return 200 <= int(r.status) < 300
     except Exception:  # a notification must never fail its sender
         return False
@@ -105,7 +115,8 @@ def write_url(root: str, url: str | None) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
         return
-    atomic_write(path, url.strip() + "\n", 0o600, keep_mode=False)
+    if read_url(root) != url.strip():  # (each launch brings it: written when it changed)
+        atomic_write(path, url.strip() + "\n", 0o600, keep_mode=False)
 
 
 def run_end_text(run_id: str, state: str, exit_code: int | None, duration_s: float | None, last_line: str, host: str = "") -> str:

@@ -258,8 +258,10 @@ def write_settings(root: str, new: dict[str, Any]) -> AgentSettings:
     """REMOTE_ROOT/agent.json with ``new`` (the laptop's, from the stack) over what it held: checked as
     one document before it is written, so a bad value is refused where it arrives."""
     path = os.path.join(root, "agent.json")
-    conf = checked_settings({**(read_json(path) or {}), **new}, path)
-    write_json(path, conf.to_json())
+    old = read_json(path) or {}
+    conf = checked_settings({**old, **new}, path)
+    if conf.to_json() != old:  # (every launch brings them: written when they changed)
+        write_json(path, conf.to_json())
     return conf
 
 
