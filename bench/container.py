@@ -10,7 +10,10 @@ runs from the `train` command to the job's first instant (the time the job write
 sync included. The registry's own access log counts what the second pull asked for: manifests only,
 no blob.
 
-Run (root: it starts dockerd): flock /tmp/heavy.lock .venv/bin/python bench/container.py   (about 2 minutes)
+Beside them: the engine's own `docker run --rm` of the image (the floor of the overhead), and CPU seconds, the
+laptop's (`train`) and the engine's (dockerd and containerd) per run. docs/testing.md has the latest numbers.
+
+Run (root: it starts dockerd): flock /tmp/heavy.lock .venv/bin/python bench/container.py   (about 1 minute)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,8 +40,26 @@ RUNS = 7
 JOB = "import os, time\nopen(os.path.join(os.environ['JOB_DIR'], 'started'), 'w').write(repr(time.time()))\n"
 
 
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) these processes have used so far."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def laptop_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def start_time(gt, remote: Path, *flags: str) -> float:
     """Seconds from `train` to the job's first instant."""
+    time.sleep(1.02 - time.time() % 1)  # run ids are to the second: a new second, so that no two runs share one
     t = time.time()
     out = gt("train", "--script", "job.py", *flags).stdout
     run = out.split()[1]
@@ -79,7 +101,10 @@ def main() -> int:
             secrets.write_text(f"GPU_TRAIN_REGISTRY_USER={registry.user}\nGPU_TRAIN_REGISTRY_TOKEN={registry.password}\n")
 
             def gt(*args: str) -> subprocess.CompletedProcess:
-                return subprocess.run([GPU_TRAIN, *args], env=env, cwd=code, capture_output=True, text=True, check=True, timeout=180)
+                said = subprocess.run([GPU_TRAIN, *args], env=env, cwd=code, capture_output=True, text=True, timeout=180)
+                if said.returncode != 0:
+                    raise SystemExit(f"gpu-train {' '.join(args)}: {said.stderr[-2000:]}")
+                return said
 
             start_time(gt, remote)  # warm: the agent installed, the shared connection up
             start_time(gt, remote, "--image", "bench/job:1")
@@ -88,10 +113,29 @@ def main() -> int:
             log = registry.base / "registry.log"
             before = len(log.read_text().splitlines())
             plain, local, pulled = [], [], []
+            cpu: dict[str, list[float]] = {"plainLaptop": [], "imageLaptop": [], "imageEngine": []}
+            assert dockerd.proc is not None
+            daemon = dockerd.proc.pid  # and containerd, its child
+            engine_pids = [
+                daemon,
+                *(int(p) for p in subprocess.run(["pgrep", "-P", str(daemon)], capture_output=True, text=True).stdout.split()),
+            ]
             for _ in range(RUNS):  # interleaved: the same host state for both
+                c = laptop_cpu_s()
                 plain.append(start_time(gt, remote))
+                cpu["plainLaptop"].append(laptop_cpu_s() - c)
+                c, e = laptop_cpu_s(), cpu_s(engine_pids)
                 local.append(start_time(gt, remote, "--image", "bench/job:1"))  # imported here
+                cpu["imageLaptop"].append(laptop_cpu_s() - c)
+                cpu["imageEngine"].append(cpu_s(engine_pids) - e)  # dockerd and containerd (not the shims, which come and go)
                 pulled.append(start_time(gt, remote, "--image", ref, "--env-file", str(secrets)))  # pulled from the registry, present
+            engine_alone = []  # the floor: the engine's own start of a container with the same flags' kind, nothing of gpu-train's
+            for _ in range(RUNS):
+                t = time.time()
+                dockerd.docker(
+                    "run", "--rm", "--init", "--network", "host", "--ipc", "host", "--entrypoint", "python3", "bench/job:1", "-c", "pass"
+                )
+                engine_alone.append(time.time() - t)
             with tempfile.TemporaryDirectory() as conf:  # a re-pull of the unchanged image, as a boot's or a gone ID's would
                 env_pull = {**dockerd.env, "DOCKER_CONFIG": conf}
                 login = [containers.DOCKER, "login", "--username", registry.user, "--password-stdin", registry.host]
@@ -108,6 +152,9 @@ def main() -> int:
                 "pulledImageMedianS": round(statistics.median(pulled), 3),
                 "overheadS": round(statistics.median(local) - statistics.median(plain), 3),
                 "overheadPulledImageS": round(statistics.median(pulled) - statistics.median(plain), 3),
+                "engineRunMedianS": round(statistics.median(engine_alone), 3),  # `docker run --rm IMAGE python3 -c pass`, whole
+                "cpuMedianS": {k: round(statistics.median(v), 3) for k, v in cpu.items()},
+                "loadAverage": os.getloadavg(),
                 "repullManifestRequests": len(manifests),
                 "repullBlobRequests": len(blobs),
                 "repullSaid": said.stdout.strip().splitlines()[-2:],
