@@ -118,6 +118,14 @@ def check_pool(spec: JobSpec) -> None:
         )
 
 
+def driver_missing(want: int) -> str | None:
+    """What a job that expects ``want`` GPUs still waits for (the NVIDIA driver, installed on a GCP VM's
+    first boot), None once nvidia-smi lists them all: a launch and a sweep's start both answer it, and the
+    laptop asks again (remote/tasks/launching.py until_ready)."""
+    have = gpu_count() if want else 0
+    return f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi" if have < want else None
+
+
 def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Waiting:
     """Move the synced code into place and start the job under screen.
 
@@ -137,11 +145,9 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
     clean_staging(root)
     if not shutil.which("screen"):
         raise AgentError("screen is not installed on this host: sudo apt-get install screen")
-    want = spec.expect_gpus
-    if want:
-        have = gpu_count()
-        if have < want:
-            return answer(Waiting, waiting=f"NVIDIA driver: {have}/{want} GPUs visible to nvidia-smi")
+    waiting = driver_missing(spec.expect_gpus)
+    if waiting:
+        return answer(Waiting, waiting=waiting)
     python = detect_python(spec.python)
     engine = None
     if spec.container:  # the job's Python is the image's; the engine and the GPUs' way in are checked now

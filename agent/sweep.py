@@ -168,11 +168,16 @@ def after_trial(root: str, run_dir: str) -> None:
 
 def cmd_sweep_start(root: str, raw: dict[str, Any], staged: str) -> SweepStarted:
     """Keep the sweep (its record and the code staged as ``staged``) and start its first trials."""
+    from .launch import driver_missing
+
     try:
         doc = SweepDoc.from_json(raw)
         job = JobSpec.from_json(doc.job)
     except ValueError as e:
         raise AgentError(str(e)) from None
+    waiting = driver_missing(job.expect_gpus)  # as a launch waits: nothing kept, nothing started, the code stays staged
+    if waiting:
+        return answer(SweepStarted, sweep=doc.name, trials=len(mine(doc).trials), slots=len(doc.slots), started=[], waiting=waiting)
     folder = sweep_dir(root, doc.name)
     with queue_lock(root):
         if os.path.isdir(folder):

@@ -221,6 +221,7 @@ class SweepStarted(TypedDict):
     trials: int  # this node's
     slots: int
     started: list[str]  # the trials' runs started now
+    waiting: NotRequired[str]  # what the host waits for (as Waiting's): nothing was kept or started, the laptop asks again
 
 
 class SweepAdvanced(TypedDict):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Interrupted, UsageError
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from remote.transfer.codehop import CodeFanout
     from remote.transfer.relay import ChannelRelay
     from remote.transfer.sync import CodePlan
+
+A = TypeVar("A")  # an agent's answer (until_ready)
 
 
 @dataclass(frozen=True)
@@ -298,17 +300,32 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
         elif fanout is not None:
             threading.Thread(target=fanout.authorize, args=(session.node, session.call), daemon=True).start()
             push = functools.partial(fanout.node_sync, session.node, sync_code, say)
-        backoff = Backoff.within(session.timeout, first=5.0, cap=30, factor=1.5)
-        while True:
+
+        def attempt() -> Launched | Waiting:
+            nonlocal push
             answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
-            if "waiting" not in answer:
-                launched = cast("Launched", answer)
-                trust.host_run_id(launched["runId"], target.host)
-                return launched
             push = None  # the code is staged on the host; only the launch is retried
-            if cancel.is_set():
-                raise Interrupted("interrupted while waiting for the host")
-            if backoff.left() < 0:
-                raise GpuTrainError(f"gave up after {session.timeout:g} s waiting for {cast('Waiting', answer)['waiting']}")
-            say(f"{target.host}: waiting for {cast('Waiting', answer)['waiting']} (the driver installs on first boot, 3-5 minutes)")
-            cancel.wait(backoff.next())  # Ctrl-C ends the wait at once
+            return answer
+
+        launched = cast("Launched", until_ready(session, attempt, cancel))
+        trust.host_run_id(launched["runId"], target.host)
+        return launched
+
+
+def until_ready(session: Session, attempt: Callable[[], A], cancel: threading.Event | None = None) -> A:
+    """``attempt()``'s answer, asked again while the host answers that it waits ({"waiting": WHAT}: the NVIDIA
+    driver on a GCP VM's first boot), said, with backoff, within the session's timeout: a launch's, and a
+    sweep's start. Ctrl-C (``cancel``) ends the wait at once."""
+    backoff = Backoff.within(session.timeout, first=5.0, cap=30, factor=1.5)
+    pause = cancel or threading.Event()
+    while True:
+        answer = attempt()
+        waiting = cast("dict[str, object]", answer).get("waiting")
+        if waiting is None:
+            return answer
+        if pause.is_set():
+            raise Interrupted("interrupted while waiting for the host")
+        if backoff.left() < 0:
+            raise GpuTrainError(f"gave up after {session.timeout:g} s waiting for {waiting}")
+        say(f"{session.target.host}: waiting for {waiting} (the driver installs on first boot, 3-5 minutes)")
+        pause.wait(backoff.next())

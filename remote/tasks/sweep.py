@@ -208,7 +208,9 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
         def one(s: Session) -> dict:
             with ChannelRelay(s.connect().transport) as relay:
                 launching.push_code(s, relay, code, staged, base)
-            node_job = dataclasses.replace(node_jobs[s.node], agent_settings=settings_part(s.target.agent_settings))
+            node_job = dataclasses.replace(
+                node_jobs[s.node], agent_settings=settings_part(s.target.agent_settings), expect_gpus=s.target.expect_gpus
+            )
             doc = sweeps.SweepDoc(
                 name=base,
                 stamp=stamp,
@@ -218,7 +220,8 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
                 node=s.node,
                 mode="workers" if o.workers is not None else "trials",
             )
-            return s.call("sweep-start", "--staged", staged, stdin=json.dumps(doc.to_json()).encode() + b"\n")
+            record = json.dumps(doc.to_json()).encode() + b"\n"
+            return launching.until_ready(s, lambda: s.call("sweep-start", "--staged", staged, stdin=record))  # the driver, as a launch
 
         answers = on_every_node(session.nodes(), one)
     if failed := failures(answers):
