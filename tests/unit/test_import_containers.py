@@ -106,3 +106,16 @@ def test_pools_that_run_the_chiefs_container_need_no_pools_file():
         "{machineSpec: {machineType: g2-standard-8}, replicaCount: 2, containerSpec: {imageUri: a, args: [x]}}]"
     )
     assert "--pools" not in t.train and t.pools == {}
+
+
+def test_ai_platforms_worker_image_runs_on_the_workers_with_the_jobs_args():
+    from tests.unit.test_import import gcloud
+
+    t = gcloud(
+        "gcloud ai-platform jobs submit training j --region us-central1 --scale-tier custom "
+        "--master-machine-type n1-standard-8 --master-accelerator count=1,type=nvidia-tesla-t4 --master-image-uri gcr.io/p/m:1 "
+        "--worker-machine-type n1-standard-8 --worker-accelerator count=1,type=nvidia-tesla-t4 --worker-count 2 "
+        "--worker-image-uri gcr.io/p/w:1 -- --epochs 3"
+    )
+    assert t.pools == {"worker": {"image": "gcr.io/p/w:1", "args": ["--epochs", "3"]}}  # AI Platform's args go to every replica
+    assert t.train[t.train.index("--image") + 1] == "gcr.io/p/m:1" and "--pools" in t.train
