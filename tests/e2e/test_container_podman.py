@@ -145,6 +145,24 @@ def test_rootless_podman_runs_and_stops_a_run_for_a_user_docker_refuses(podman_u
         assert time.monotonic() - started < 10
         assert json.loads((run_dir / "state.json").read_text())["state"] == "stopped"
         assert not [n for n in user.podman("ps", "-a", "--format", "{{.Names}}").split() if run in n]  # removed
+
+        # The client killed (an OOM killer, by hand): the container runs on, the wrapper attaches to it again,
+        # and `stop` still reaches the job's handler and removes the container.
+        out = run_fab(
+            env, code, "train", "--image", "gt/job:1", "--script", "train.py", "--env", "STEPS=6000", "--name", "again", check=True
+        )
+        run = out.stdout.split()[1]
+        run_dir = remote / "runs" / run
+        wait_for(lambda: (run_dir / "job" / "seen-0.json").exists(), 180)
+        client = json.loads((run_dir / "state.json").read_text())["pid"]
+        os.kill(client, signal.SIGKILL)
+        wait_for(lambda: "attached to it again" in (run_dir / "log").read_text(), 60)
+        assert any(run in n for n in user.podman("ps", "--format", "{{.Names}}").split())
+        run_fab(env, code, "stop", "--run", run, "--grace", "10", check=True, timeout=120)
+        saved = run_dir / "job" / "saved"
+        assert saved.exists(), (run_dir / "log").read_text()
+        assert json.loads((run_dir / "state.json").read_text())["state"] == "stopped"
+        assert not [n for n in user.podman("ps", "-a", "--format", "{{.Names}}").split() if run in n]
     finally:
         sshd.stop()
         shutil.rmtree(base, ignore_errors=True)
