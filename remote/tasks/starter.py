@@ -7,22 +7,21 @@ git (``runs/``, ``.gpu-train/``), as the code sync already keeps them off the ho
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from invoke import Context, task
 
-from gpu_train.contract import REMOTE_ROOT_DEFAULT, STACK_NAME_PATTERN
+from gpu_train.contract import REMOTE_ROOT_DEFAULT
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
 from gpu_train.stack.project import EXAMPLE_STACKS, repo_script
+from remote.tasks.taskoptions import InitOptions
 
 if TYPE_CHECKING:
     from gpu_train.catalog.model import Catalog
 
-NAME_RE = re.compile(STACK_NAME_PATTERN)
 GITIGNORED = ("runs/", ".gpu-train/")
 
 
@@ -186,28 +185,22 @@ def ignore_lines(existing: str) -> list[str]:
 )
 def init(c: Context, stack=None, host=None, key=None, gcp_project=None, zone=None, gpu="nvidia-l4", on_demand=False):
     """Write a starter stack into this project's stacks/ (an SSH host, or a GCP VM), and say what to edit."""
-    from gpu_train.stack import config
+    o = InitOptions(stack=stack, host=host, key=key, gcp_project=gcp_project, zone=zone, gpu=gpu, on_demand=bool(on_demand))
+    write_starter(Environment.of(c), o)
 
-    if bool(host) == bool(gcp_project):
-        raise UsageError("give --host USER@HOST[:PORT] (a machine you have) or --gcp-project ID (a VM on Google Cloud)")
-    kind = "ssh" if host else "gcp"
-    name = stack or ("lab" if host else "gcp")
-    if not NAME_RE.fullmatch(name):
-        raise UsageError(f"--stack {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 100)")
-    if host:
-        try:
-            config.split_host(host)
-        except ValueError:
-            raise UsageError(f"--host {host!r}: write it as user@host:port or a Host alias") from None
-        text = ssh_stack(host, key)
+
+def write_starter(env: Environment, o: InitOptions) -> None:
+    """`init`'s work for checked options: the stack file (never over one), .gitignore's lines, the next steps."""
+    kind, name = o.kind, o.name
+    if o.host:
+        text = ssh_stack(o.host, o.key)
     else:
         from gpu_train.catalog.loader import load_catalog
 
-        shape = starter_shape(load_catalog(), gpu, zone or "us-central1-a", bool(zone), not on_demand)
-        text = gcp_stack(gcp_project, shape, "203.0.113.7/32")
+        shape = starter_shape(load_catalog(), o.gpu, o.zone or "us-central1-a", bool(o.zone), not o.on_demand)
+        text = gcp_stack(o.gcp_project or "", shape, "203.0.113.7/32")
         if shape.note:
             print(shape.note)
-    env = Environment.of(c)
     root = env.project_root
     path = root / "stacks" / f"Pulumi.{name}.yaml"
     if path.exists():

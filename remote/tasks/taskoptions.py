@@ -9,14 +9,17 @@ anything is contacted or written.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpu_train.contract import STACK_NAME_PATTERN
 from gpu_train.errors import UsageError
 from remote.tasks import trust
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 SOURCES = (None, "host", "bucket")  # fetch --from
+STACK_NAME_RE = re.compile(STACK_NAME_PATTERN)
 
 
 class Checked:
@@ -191,4 +194,40 @@ class ImportOptions(Checked):
             return 'import gcloud: give gcloud\'s command after `--` (gpu-train) or as --gcloud "..."'
         if self.file is not None and self.gcloud_option:
             return f"--gcloud goes with `import gcloud`, not with a file ({self.file})"
+        return None
+
+
+@dataclass(frozen=True)
+class InitOptions(Checked):
+    """`init`: a starter stack, an SSH host's (--host) or a GCP VM's (--gcp-project)."""
+
+    stack: str | None = None
+    host: str | None = None
+    key: str | None = None  # SSH stack
+    gcp_project: str | None = None
+    zone: str | None = None  # GCP stack, as gpu and on_demand
+    gpu: str = "nvidia-l4"
+    on_demand: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "ssh" if self.host else "gcp"
+
+    @property
+    def name(self) -> str:
+        """The stack's name: --stack, else lab (an SSH host) or gcp."""
+        return self.stack or ("lab" if self.host else "gcp")
+
+    def problem(self) -> str | None:
+        from gpu_train.stack import config
+
+        if bool(self.host) == bool(self.gcp_project):
+            return "give --host USER@HOST[:PORT] (a machine you have) or --gcp-project ID (a VM on Google Cloud)"
+        if not STACK_NAME_RE.fullmatch(self.name):
+            return f"--stack {self.name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 100)"
+        if self.host:
+            try:
+                config.split_host(self.host)
+            except ValueError:
+                return f"--host {self.host!r}: write it as user@host:port or a Host alias"
         return None

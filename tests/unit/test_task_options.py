@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train.errors import UsageError
-from remote.tasks.taskoptions import FetchOptions, ImportOptions, LogsOptions, ResumeOptions, ServeOptions, StopOptions
+from remote.tasks.taskoptions import FetchOptions, ImportOptions, InitOptions, LogsOptions, ResumeOptions, ServeOptions, StopOptions
 
 
 @pytest.mark.parametrize(
@@ -31,6 +31,13 @@ from remote.tasks.taskoptions import FetchOptions, ImportOptions, LogsOptions, R
         (lambda: LogsOptions(all_nodes=True, follow=True), None),
         (lambda: ResumeOptions(force=True), None),
         (lambda: ServeOptions("tensorboard", fetched=True), None),
+        (lambda: InitOptions(host="me@box:2222"), None),
+        (lambda: InitOptions(gcp_project="my-proj", stack="h100.spot"), None),
+        (lambda: InitOptions(), "give --host USER@HOST[:PORT] (a machine you have) or --gcp-project ID (a VM on Google Cloud)"),
+        (lambda: InitOptions(host="me@box", gcp_project="p"), "give --host USER@HOST[:PORT]"),
+        (lambda: InitOptions(host="me@box", stack="-x"), "--stack '-x': use letters, digits, '.', '_' and '-', starting with a letter"),
+        (lambda: InitOptions(gcp_project="p", stack="a b"), "--stack 'a b': use letters"),
+        (lambda: InitOptions(host="me@box:port"), "--host 'me@box:port': write it as user@host:port or a Host alias"),
     ],
 )
 def test_flags_together(made, said):
@@ -60,6 +67,11 @@ def test_values_as_invoke_gives_them(read, said):
     with pytest.raises(UsageError) as e:
         read()
     assert str(e.value).startswith(said)
+
+
+def test_inits_stack_name_and_kind():
+    assert (InitOptions(host="me@box").name, InitOptions(host="me@box").kind) == ("lab", "ssh")
+    assert (InitOptions(gcp_project="p").name, InitOptions(gcp_project="p", stack="g").name) == ("gcp", "g")
 
 
 def test_defaults_and_values_read_once():
