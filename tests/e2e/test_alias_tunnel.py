@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -226,8 +227,13 @@ def test_tensorboard_through_the_tunnel_and_gone_after_ctrl_c(host, tmp_path: Pa
     assert said[-1].startswith("stopped tensorboard on ")
 
 
-def test_jupyter_missing_on_the_host_says_how_to_get_it(host) -> None:
+def test_jupyter_missing_on_the_host_says_how_to_get_it(host, tmp_path: Path) -> None:
+    """The host's Python is a bare venv of its own, which has no jupyterlab whatever the tests' venv holds
+    (requirements-test.txt installs jupyterlab for test_shared_host's Jupyter)."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
     _, target, _ = host
+    target = dataclasses.replace(target, python=str(bare / "bin" / "python"))
     conn = ssh.open_connection(target, target.host, 10, lambda _: None)
     try:
         with pytest.raises(ForwardError, match=r"no jupyterlab in .* on this host: add jupyterlab to your requirements\.txt"):
