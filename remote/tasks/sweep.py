@@ -21,7 +21,7 @@ from gpu_train import sweeps
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
 from remote.tasks.optional import optional_positional
-from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node
+from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
 from remote.tasks.sweepcalls import stop_sweep, sweep_rows
 from remote.tasks.sweepoptions import SweepOptions
 
@@ -162,11 +162,14 @@ def node_gpus(session: Session) -> list[int]:
     return [len(d.get("gpus") or []) for d in docs]  # type: ignore[attr-defined]
 
 
-def plan(o: SweepOptions, gpus: list[int], base: str) -> tuple[list[dict], list[list[list[int]]], dict | None]:
-    """(trials, each node's slots, the space), for nodes of ``gpus`` GPUs each."""
+def plan(
+    o: SweepOptions, gpus: list[int], base: str, without_gpus: int | None = None
+) -> tuple[list[dict], list[list[list[int]]], dict | None]:
+    """(trials, each node's slots, the space), for nodes of ``gpus`` GPUs each (``without_gpus``: the slots of a
+    node without GPUs when --slots is not given; None: refused, naming --slots)."""
     space = space_of(o)
     try:
-        node_slots = [sweeps.slots_of(g, o.gpus_per_trial, o.slots) for g in gpus]
+        node_slots = [sweeps.slots_of(g, o.gpus_per_trial, o.slots or (None if g else without_gpus)) for g in gpus]
         chosen: list[dict] = [{} for _ in range(o.workers or 0)] if space is None else sweeps.expand(space)
         nodes = sweeps.spread(len(chosen), [len(s) for s in node_slots])
     except sweeps.SpaceError as e:
@@ -268,9 +271,11 @@ def gcp_facts(environment: Environment, stack: str | None) -> tuple[list[int], f
 
 def dry_run_plan(o: SweepOptions, gpus: list[int], hourly: float | None) -> None:
     """`sweep --dry-run`: the trials, the slots, GPU-hours and the cost; nothing starts."""
-    trials, node_slots, _ = plan(o, gpus, o.base())
+    trials, node_slots, _ = plan(o, gpus, o.base(), without_gpus=1)  # it starts nothing: a host without GPUs is no reason to refuse
     est = sweeps.estimate(len(trials), sum(len(s) for s in node_slots), o.gpus_per_trial, o.hours_per_trial, hourly, 1)
     show_plan(trials, node_slots, est, o.hours_per_trial, hourly, o.as_json)
+    if not o.slots and 0 in gpus:
+        say("a node has no GPU: planned with 1 trial at a time there; to start it, say how many may run at once with --slots N")
 
 
 def show_plan(trials: list[dict], node_slots: list, est: sweeps.Estimate, hours: float | None, hourly: float | None, as_json: bool) -> None:

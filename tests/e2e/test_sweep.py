@@ -80,6 +80,21 @@ def _release(lab: Lab, run: str) -> None:
     (lab.remote / "runs" / run / "job" / "release").write_text("")
 
 
+def test_a_dry_run_on_a_host_without_gpus_says_its_plan_without_slots(lab: Lab) -> None:
+    """`sweep --dry-run` without --slots on a host with no GPU refused ("say how many trials may run at once"),
+    though it starts nothing; it now plans one trial at a time there and says what a start needs."""
+    (lab.cwd / "train.py").write_text(TRIAL)
+    grid = ("--script", "train.py", "--values", "lr=0.001,0.01,0.1", "--values", "bs=16,32")
+    dry = lab.fab("sweep", *grid, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "6 trials, 1 slot(s) in 6 wave(s)" in dry.stdout and "train_t5_lr0p1_bs32" in dry.stdout
+    assert "a node has no GPU" in dry.stderr and "--slots N" in dry.stderr and _runs(lab) == []
+    planned = json.loads(lab.fab("sweep", *grid, "--dry-run", "--json", check=True).stdout)  # stdout stays the JSON
+    assert planned["nodeSlots"] == [[[]]] and len(planned["trials"]) == 6
+    refused = lab.fab("sweep", *grid)  # a start still needs the number
+    assert refused.returncode != 0 and "--slots N" in refused.stderr and not (lab.remote / "runs").exists()
+
+
 def test_six_trials_over_four_slots_survive_a_power_cut_and_name_the_best(lab: Lab) -> None:
     (lab.cwd / "train.py").write_text(TRIAL)
     subprocess.run(["git", "init", "-q"], cwd=lab.cwd, check=True)
