@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -148,7 +149,7 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
     waiting = driver_missing(spec.expect_gpus)
     if waiting:
         return answer(Waiting, waiting=waiting)
-    python = detect_python(spec.python)
+    python = detect_python(spec.python, imports=functools.partial(imports_torch_probed, root))
     engine = None
     if spec.container:  # the job's Python is the image's; the engine and the GPUs' way in are checked now
         container.check_ref(spec.container.image)
@@ -157,7 +158,7 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
         container.host_runtime(engine)  # (crun on a hybrid cgroup host without runc: refused now, with the reason)
         managed = False
     else:
-        managed = check_python(python, bool(spec.python), spec.needs_torch)
+        managed = check_python(root, python, bool(spec.python), spec.needs_torch)
     notes = host_notes(root)  # (while the laptop still syncs)
     staging = os.path.join(root, "staging", run_id)
     if await_go:
@@ -285,13 +286,52 @@ MANAGED_PROBE = (
     "import os,sys,sysconfig;print(sys.prefix==sys.base_prefix and "
     "os.path.isfile(os.path.join(sysconfig.get_path('stdlib'),'EXTERNALLY-MANAGED')))"
 )
+# The Pythons that passed check_python, each with the files it was then: REMOTE_ROOT/python/probed.json.
+PROBED = os.path.join("python", "probed.json")
 
 
-def check_python(python: str, configured: bool, torch: bool) -> bool:
+def fingerprint(path: str | None) -> list[int] | None:
+    """What says a file is the same one: inode, size and modification time (None: not there)."""
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns] if st else None
+
+
+def imports_torch_probed(root: str, python: str) -> bool:
+    """Whether ``python`` imports torch, by check_python (so a Python found once is not asked again)."""
+    try:
+        check_python(root, python, True, True)
+    except AgentError:
+        return False
+    return True
+
+
+def still_probed(known: dict[str, Any], executable: list[int], torch: bool) -> bool:
+    """Whether a Python's record in PROBED holds for it now: the same executable, and torch's package
+    the same file when the job needs torch."""
+    if known.get("python") != executable:
+        return False
+    return not torch or (known.get("torch") is not None and fingerprint(known.get("torchFile")) == known.get("torch"))
+
+
+def check_python(root: str, python: str, configured: bool, torch: bool) -> bool:
     """Before "started": the job's Python runs, and imports torch when the job needs it. Whether it
-    is externally managed (PEP 668), so that requirements go into a venv of it instead."""
+    is externally managed (PEP 668), so that requirements go into a venv of it instead.
+
+    A Python that passed before is not asked again while it is the same: its executable and, for a job
+    that needs torch, torch's package the same files (inode, size, mtime). Importing torch takes
+    seconds, and every train of a torch script waited for it before "started", unchanged code too."""
     where = f"gpu-train:python = {python}" if configured else f"the host's Python {python} (detected; set gpu-train:python)"
-    probe = ("import torch;" if torch else "") + MANAGED_PROBE
+    seen = read_json(os.path.join(root, PROBED)) or {}
+    key = f"{python} {'torch' if torch else 'python'}"
+    found = shutil.which(python)
+    executable = fingerprint(os.path.realpath(found)) if found else None
+    known = seen.get(key)
+    if isinstance(known, dict) and executable and still_probed(known, executable, torch):
+        return bool(known.get("managed"))
+    probe = ("import torch;print(torch.__file__);" if torch else "") + MANAGED_PROBE
     try:
         result = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
@@ -305,4 +345,12 @@ def check_python(python: str, configured: bool, torch: bool) -> bool:
                 f"{where} cannot `import torch` ({last}): set gpu-train:python to a Python with torch, or list torch in requirements.txt"
             )
         raise AgentError(f"{where} does not run ({last})")
-    return result.stdout.strip().endswith("True")
+    said = result.stdout.strip().splitlines()
+    managed = bool(said) and said[-1] == "True"
+    torch_file = said[0] if torch and len(said) > 1 else None
+    entry = {"python": executable, "managed": managed, "torchFile": torch_file, "torch": fingerprint(torch_file)}
+    if executable and (not torch or entry["torch"]):
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.join(root, "python"), exist_ok=True)
+            write_json(os.path.join(root, PROBED), {**seen, key: entry})
+    return managed

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from gpu_train.answers import GpuRow
@@ -136,13 +137,13 @@ def imports_torch(python: str) -> bool:
         return False
 
 
-def detect_python(configured: str | None, candidates: list[str] | None = None) -> str:
-    """The job's Python: configured, else the first candidate that can `import torch` (probed, since
-    images differ in where they keep it), else the first candidate at all, else this one."""
+def detect_python(configured: str | None, candidates: list[str] | None = None, imports: Callable[[str], bool] = imports_torch) -> str:
+    """The job's Python: configured, else the first candidate that can `import torch` (probed by
+    ``imports``, since images differ in where they keep it), else the first candidate at all, else this one."""
     if configured:
         return os.path.expanduser(configured)
     found = python_candidates() if candidates is None else [c for c in candidates if os.access(c, os.X_OK)]
-    return next((c for c in found if imports_torch(c)), found[0] if found else sys.executable)
+    return next((c for c in found if imports(c)), found[0] if found else sys.executable)
 
 
 def ssh_sessions(port: int) -> int:

@@ -60,3 +60,34 @@ def test_a_configured_python_wins(tmp_path: Path) -> None:
 def test_the_default_candidates_are_real_executables_each_once() -> None:
     found = procs.python_candidates()
     assert found and len({Path(c).resolve() for c in found}) == len(found)
+
+
+def test_a_python_that_passed_is_not_asked_again_while_it_is_the_same(tmp_path: Path) -> None:
+    """Every launch checked that the job's Python imports torch (seconds with the real one), unchanged
+    code too; a Python that passed is now asked again only when it, or torch's package, changed."""
+    from agent import launch
+
+    root, asked = tmp_path / "root", tmp_path / "asked"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\necho x >> {asked}\nexec {WITH_TORCH} "$@"\n')
+    wrapper.chmod(0o755)
+
+    def times() -> int:
+        return len(asked.read_text().splitlines()) if asked.exists() else 0
+
+    assert launch.check_python(str(root), str(wrapper), True, True) is False  # a venv: not externally managed
+    assert times() == 1
+    assert procs.detect_python(None, [WITHOUT_TORCH, str(wrapper)], lambda c: launch.imports_torch_probed(str(root), c)) == str(wrapper)
+    assert launch.check_python(str(root), str(wrapper), True, True) is False
+    assert times() == 1  # found, then checked, without asking it again
+    torch_init = Path(WITH_TORCH).parent.parent / "lib"
+    (init,) = torch_init.glob("python3*/site-packages/torch/__init__.py")
+    init.write_text("__version__ = '2.14.0'\n")  # torch upgraded
+    launch.check_python(str(root), str(wrapper), True, True)
+    assert times() == 2
+    launch.check_python(str(root), str(wrapper), True, False)  # a job that needs no torch: its own record
+    assert times() == 3
+    with pytest.raises(launch.AgentError, match="cannot `import torch`"):  # a failure is never kept
+        launch.check_python(str(root), WITHOUT_TORCH, True, True)
+    with pytest.raises(launch.AgentError, match="cannot `import torch`"):
+        launch.check_python(str(root), WITHOUT_TORCH, True, True)
