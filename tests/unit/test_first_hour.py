@@ -90,6 +90,7 @@ def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path) -> None:
     """After `down` the host is gone: `tensorboard --fetched` serves runs/STACK/RUN here (its workdir's events too)."""
     import json
     import os
+    import signal
     import time
     import urllib.request
 
@@ -114,8 +115,10 @@ def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path) -> None:
                     assert time.monotonic() < deadline, "TensorBoard did not answer"
                     time.sleep(0.1)
         finally:
-            served.terminate()
+            served.send_signal(signal.SIGINT)  # Ctrl-C: it stops TensorBoard too (a SIGTERM left it running)
             served.wait(30)
+    with pytest.raises(OSError):  # nothing answers there any more
+        urllib.request.urlopen(url + "data/logdir", timeout=5)
     missing = subprocess.run([*argv, "nope_20260101_000000"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert missing.returncode == 2 and "nothing fetched at" in missing.stderr
 
