@@ -18,8 +18,9 @@ import difflib
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
-from invoke import Argument, Exit, ParseError, Program
+from invoke import Argument, Call, Exit, ParseError, ParserContext, ParseResult, Program, Result, Task
 from invoke import Config as InvokeConfig
 from invoke import Executor as InvokeExecutor
 
@@ -76,13 +77,14 @@ def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str]) -> s
     return None
 
 
-def hand_remainder(core, calls) -> None:
+def hand_remainder(core: ParseResult, calls: list[Call]) -> None:
     """Text after ``--`` goes to the one task that asks for it (its ``remainder_kwarg``), not to ``-H`` hosts."""
     takers = [c for c in calls if getattr(getattr(c, "task", c), "remainder_kwarg", None)]
     if len(takers) != 1 or len(calls) != 1:
         raise exit_for(UsageError("`-- COMMAND` goes with one task that runs a command, e.g. `gpu-train ssh -- nvidia-smi`"))
     call = takers[0]
-    call.kwargs[call.task.remainder_kwarg] = core.remainder
+    taker: str = getattr(call.task, "remainder_kwarg")  # noqa: B009 (gpu-train's own attribute: shell, import)
+    call.kwargs[taker] = core.remainder
 
 
 class Executor(InvokeExecutor):
@@ -90,13 +92,13 @@ class Executor(InvokeExecutor):
     not handle itself ends it with "interrupted" and exit status 130 (Invoke's own program would exit 1
     and say nothing)."""
 
-    def execute(self, *tasks):
+    def execute(self, *tasks: str | tuple[str, dict[str, Any]] | ParserContext) -> dict[Task[Any], Result]:
         try:
             return super().execute(*tasks)
         except KeyboardInterrupt as e:
             raise exit_for(e) from None
 
-    def expand_calls(self, calls):
+    def expand_calls(self, calls: list[Call]) -> list[Call]:
         if self.core is not None and self.core.remainder:
             hand_remainder(self.core, calls)
             self.core.remainder = ""  # handed once: the expansion of pre- and post-tasks (recursive) sees none
@@ -125,10 +127,10 @@ class GpuTrain(Program):
             Argument(names=("stacks-dir",), help="another directory of stack files (after the project's stacks/)"),
         ]
 
-    def core_args(self):
+    def core_args(self) -> list[Argument]:
         return [a for a in self.every_core_arg() if a.name in OWN_CORE]
 
-    def parse_core_args(self):
+    def parse_core_args(self) -> None:
         """The options gpu-train does not take are there for Invoke's own code, at their defaults, once
         the command line is parsed without them."""
         super().parse_core_args()
@@ -136,13 +138,13 @@ class GpuTrain(Program):
             if arg.name not in OWN_CORE:
                 self.core[0].add_arg(arg)
 
-    def parse_core(self, argv):
+    def parse_core(self, argv: list[str] | None) -> None:
         try:
             super().parse_core(argv)
         except ParseError as e:  # Invoke exits 1 on a parse error, as a failed job would: it is bad input
             raise exit_for(UsageError(str(e))) from None
 
-    def parse_tasks(self):
+    def parse_tasks(self) -> None:
         train = self.collection.tasks.get("train")
         why = script_flag(list(self.core.unparsed), _flags(train), set(self.collection.task_names)) if train is not None else None
         if why:
@@ -154,7 +156,7 @@ class GpuTrain(Program):
             flags = sorted(e.context.flags) if e.context is not None else []  # the task being parsed
             raise exit_for(UsageError(suggest(e, tasks, flags))) from None
 
-    def parse_cleanup(self):
+    def parse_cleanup(self) -> None:
         if self.args.complete.value:  # a --stack or --run value: the stacks and run ids this project knows
             import shlex
 
@@ -182,16 +184,16 @@ class GpuTrain(Program):
 
     environment: Environment | None = None  # the one main() built; else built from this process
 
-    def update_config(self, *args, **kwargs):
+    def update_config(self, merge: bool = True) -> None:
         """The tasks' Environment goes into their Context (``Environment.of(c)``), --stacks-dir in it."""
-        super().update_config(*args, **kwargs)
+        super().update_config(merge)
         env = self.environment or Environment.from_os()
         if self.args["stacks-dir"].value:
             env = env.replace(stacks_dir=Path(self.args["stacks-dir"].value).expanduser().absolute())
         self.config[CONFIG_KEY] = env  # type: ignore[assignment]  # (Invoke's annotation says str; any value is kept)
 
 
-def _flags(task) -> dict[str, bool]:
+def _flags(task: Task[Any]) -> dict[str, bool]:
     """A task's flags as typed (--name, -n) -> whether each takes a value."""
     found: dict[str, bool] = {}
     for argument in task.get_arguments():

@@ -58,7 +58,7 @@ def _hook(kind: type[BaseException], value: BaseException, tb: object, debug: bo
         os._exit(ExitStatus.BROKEN_PIPE)
     status, message = outcome(value)
     if debug and not isinstance(value, KeyboardInterrupt):
-        traceback.print_exception(kind, value, tb)  # type: ignore[arg-type,call-overload]
+        traceback.print_exception(kind, value, tb)  # type: ignore[call-overload]  # (typeshed: no overload for a BaseException type)
     elif isinstance(value, GpuTrainError | KeyboardInterrupt):
         print(message, file=sys.stderr)  # a message for the user, with its fix: no "error:" label needed
     else:

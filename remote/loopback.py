@@ -21,7 +21,8 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 def free_port(address: str) -> int:
     with socket.socket() as s:
         s.bind((address, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def keygen(path: Path) -> Path:
@@ -104,7 +105,7 @@ class Sshd:
         self.user = getpass.getuser()
         self.client_key = client_key or keygen(self.dir / "client_ed25519")
         self.host_key = keygen(self.dir / "host_ed25519")
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def spec(self) -> str:

@@ -13,7 +13,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_train.contract import is_run_id
 from gpu_train.environment import Environment
@@ -51,9 +53,9 @@ class Action:
     started: float = field(default_factory=time.time)
     ended: float | None = None
     exit_code: int | None = None
-    lines: deque = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
+    lines: deque[str] = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "action": self.action,
@@ -71,7 +73,7 @@ class Action:
 class Actions:
     """The actions started from the pages, newest last; ``after(action)`` runs when one ends (a new look)."""
 
-    def __init__(self, env: Environment, after=lambda action: None):
+    def __init__(self, env: Environment, after: Callable[[Action], None] = lambda action: None):
         self.env, self.after = env, after
         self.started: list[Action] = []
         self.lock = threading.Lock()
@@ -107,6 +109,6 @@ class Actions:
         a.ended = time.time()
         self.after(a)
 
-    def to_json(self) -> list[dict]:
+    def to_json(self) -> list[dict[str, Any]]:
         with self.lock:
             return [a.to_json() for a in self.started[-20:]]

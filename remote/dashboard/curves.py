@@ -10,6 +10,7 @@ nothing new, and any number of tabs cost the same as one.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, outcome
@@ -17,7 +18,7 @@ from gpu_train.errors import GpuTrainError, outcome
 POINTS = 400  # points a series at most, evenly thinned by the host
 
 
-def fingerprint(run: dict) -> tuple:
+def fingerprint(run: dict[str, Any]) -> tuple[object, ...]:
     """What changes when the run writes: its state and its trees' summaries."""
     return (run.get("state"), *(tuple(sorted((run.get(k) or {}).items())) for k in ("jobSummary", "workdirSummary")))
 
@@ -27,10 +28,10 @@ class Curves:
 
     def __init__(self, env: Environment):
         self.env = env
-        self.kept: dict[tuple[str, str], tuple[tuple, list]] = {}
+        self.kept: dict[tuple[str, str], tuple[tuple[object, ...], list[dict[str, Any]]]] = {}
         self.lock = threading.Lock()
 
-    def of(self, stack: str, runs: list[dict]) -> dict:
+    def of(self, stack: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         """{"runs": {id: [ScalarSeries]}, "problems": [...]} for ``runs`` (status documents of one stack),
         asking the host only for those whose files changed since they were last read."""
         with self.lock:
@@ -49,7 +50,7 @@ class Curves:
         with self.lock:
             return {"runs": {r["id"]: self.kept.get((stack, r["id"]), ((), []))[1] for r in runs}, "problems": problems}
 
-    def _ask(self, stack: str, ids: list[str]) -> tuple[dict, str | None]:
+    def _ask(self, stack: str, ids: list[str]) -> tuple[dict[str, Any], str | None]:
         from remote.tasks.scalars import fetch_scalars
         from remote.tasks.session import Session
 

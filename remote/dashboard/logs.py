@@ -79,7 +79,7 @@ class LogFollower:
             with self.lock:
                 self.grew.notify_all()
 
-    def since(self, offset: int, wait_s: float = 0.0) -> dict:
+    def since(self, offset: int, wait_s: float = 0.0) -> dict[str, Any]:
         """The text from ``offset`` on (counted from the log's first byte seen), waiting up to ``wait_s`` for more."""
         with self.lock:
             if wait_s and self.dropped + len(self.text) <= offset and not self.done:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
@@ -44,7 +45,7 @@ def embedded(doc: object) -> str:
     return json.dumps(doc).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def report(doc: dict) -> str:
+def report(doc: dict[str, Any]) -> str:
     """The whole page in one file: styles, scripts and ``doc`` (the board, logs and curves) inlined."""
     head = f'<meta http-equiv="Content-Security-Policy" content="{REPORT_CSP}">\n' + "".join(
         f"<style>{(ASSETS / name).read_text()}</style>\n" for name in STYLES

@@ -27,6 +27,8 @@ from remote.tasks.frombucket import destination
 from remote.tasks.localstate import FetchRecord, local_summary
 
 if TYPE_CHECKING:
+    from gpu_train.stack.settings import StackConfig
+    from gpu_train.views.checkup import Adc
     from remote.tasks.session import Session
 
 IDLE_AFTER_S = 120.0  # no page asked for this long: the pollers stop asking the hosts until one does
@@ -39,18 +41,18 @@ class Google:
     """The Application Default Credentials, read once and kept (their token is reused until it expires, not
     asked for at every look); read again after a call that failed."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.found: tuple | None = None
+        self.found: tuple[Adc, Any] | None = None  # (google-auth's credentials)
 
-    def credentials(self) -> tuple:
+    def credentials(self) -> tuple[Adc, Any]:
         """(the ADC, credentials with a valid token or None); RuntimeError when the token cannot be had."""
         from infra.ops import probes
 
         with self.lock:
             if self.found is None:
                 self.found = probes.read_adc()
-            creds = self.found[1]
+            creds: Any = self.found[1]  # (google-auth's credentials: untyped)
             if creds is not None and not creds.valid:  # one refresh for every poller (they share the token)
                 from google.auth.transport.requests import Request
 
@@ -66,7 +68,7 @@ class Google:
             self.found = None
 
 
-def compute_view(env: Environment, cfg, google: Google) -> tuple[list[dict] | None, str | None]:
+def compute_view(env: Environment, cfg: StackConfig, google: Google) -> tuple[list[dict[str, Any]] | None, str | None]:
     """The Compute API's VMs of a GCP stack (None without credentials), or why it could not say."""
     from infra.ops import probes
 
@@ -82,15 +84,15 @@ def compute_view(env: Environment, cfg, google: Google) -> tuple[list[dict] | No
     return sorted(mine, key=lambda i: int((i.get("labels") or {}).get("gpu-train-node", "0") or 0)), None
 
 
-def one_state_each(nodes: tuple[board.NodeLook, ...]) -> tuple[dict, ...]:
+def one_state_each(nodes: tuple[board.NodeLook, ...]) -> tuple[dict[str, Any], ...]:
     """The runs as `status` shows a cluster's: one state per run across its nodes (node 0's runs)."""
     from gpu_train.jobs import aggregate_runs
 
-    docs: list[dict | None] = [dict(n.status) if n.status is not None else None for n in nodes]
+    docs: list[dict[str, Any] | None] = [dict(n.status) if n.status is not None else None for n in nodes]
     lead = docs[0] if docs else None
     if lead is None:
         return ()
-    runs: list[dict] = aggregate_runs(docs)["runs"] if len(docs) > 1 else lead["runs"]
+    runs: list[dict[str, Any]] = aggregate_runs(docs)["runs"] if len(docs) > 1 else lead["runs"]
     return tuple(runs)
 
 
@@ -106,7 +108,7 @@ class StackPoller:
         self.session: Session | None = None
         self.sessions: list[Session] = []  # every node's, the session's own first
         self.changed = threading.Event()  # set after each look (tests and the report wait on it)
-        self._homes: dict[str, tuple[tuple, float, bool]] = {}  # run -> (its host summaries, when looked, home)
+        self._homes: dict[str, tuple[tuple[object, object], float, bool]] = {}  # run -> (its host summaries, when looked, home)
         self._failures, self._retry_at = 0, 0.0  # a host that did not answer is asked again later and later
         self._stop = threading.Event()
         self._kick = threading.Event()
@@ -146,7 +148,7 @@ class StackPoller:
         home = self.env.state_home
         facts = listing.StackFacts(name, cfg, problem=problem)
         nodes: tuple[board.NodeLook, ...] = ()
-        runs: tuple[dict, ...] = ()
+        runs: tuple[dict[str, Any], ...] = ()
         fetched: dict[str, bool] = {}
         if cfg is not None:
             outputs = gather.cached_outputs(home, name) if cfg.is_gcp else None
@@ -199,7 +201,7 @@ class StackPoller:
         lead = next((d for d in docs if isinstance(d, dict)), None)
         return tuple(looks), self._home(lead["runs"] if lead else [])
 
-    def _home(self, runs: list[dict]) -> dict[str, bool]:
+    def _home(self, runs: list[dict[str, Any]]) -> dict[str, bool]:
         """Which runs are home as they are on the host now: their copy where `fetch` puts it (node 0's) holds
         what the host's summaries of JOB_DIR and of the working directory's outputs say, or the fetch
         record says so."""
@@ -266,13 +268,13 @@ class Watch:
     def poller(self, stack: str) -> StackPoller | None:
         return next((p for p in self.pollers if p.name == stack), None)
 
-    def host_runs(self, stack: str) -> list[dict]:
+    def host_runs(self, stack: str) -> list[dict[str, Any]]:
         """The stack's runs as node 0 last answered (the status documents, summaries and all)."""
         p = self.poller(stack)
         status = next((n.status for n in p.look.nodes if n.status), None) if p else None
         return [dict[str, Any](r) for r in status["runs"]] if status else []
 
-    def board(self) -> dict:
+    def board(self) -> dict[str, Any]:
         """The page's document from every stack's last look (no host is asked here)."""
         if not self._wanted():  # the first page after a quiet while: every stack is looked at now
             for p in self.pollers:
@@ -280,7 +282,7 @@ class Watch:
         self.asked = time.monotonic()
         return board.board([p.look for p in self.pollers], time.time(), self.catalog, self.project, self.interval)
 
-    def look_once(self) -> dict:
+    def look_once(self) -> dict[str, Any]:
         """Every stack looked at now, at once (the report's single look)."""
         threads = [threading.Thread(target=p.poll, daemon=True) for p in self.pollers]
         for t in threads:

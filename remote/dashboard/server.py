@@ -24,6 +24,7 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Collection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from gpu_train.contract import is_run_id
 from gpu_train.errors import UsageError
@@ -95,7 +96,7 @@ def refusal(
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:  # (socketserver's: a socket and its address)
         """A page closed while its answer was on the way (a long-polled log) is no error of ours."""
         if isinstance(sys.exc_info()[1], ConnectionError):
             return
@@ -159,10 +160,10 @@ class Dashboard:
         self.httpd.server_close()
         self.watch.stop()
 
-    def document(self) -> dict:
+    def document(self) -> dict[str, Any]:
         return {**self.watch.board(), "actions": self.actions.to_json(), "live": True}
 
-    def curves_of(self, stack: str, run: str | None, sweep: str | None) -> dict:
+    def curves_of(self, stack: str, run: str | None, sweep: str | None) -> dict[str, Any]:
         """A run's curves, or a sweep's trials' with the best one named."""
         runs = [r for r in self.watch.host_runs(stack) if (r["id"] == run if run else sweep_of(r) == sweep)]
         answer = self.curves.of(stack, runs)
@@ -174,7 +175,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "gpu-train-dashboard"
     sys_version = ""
 
-    def log_message(self, format: str, *args) -> None:  # (no line per request on the user's terminal)
+    def log_message(self, format: str, *args: Any) -> None:  # (no line per request on the user's terminal)
         return
 
     def _headers(self) -> dict[str, str]:

@@ -129,7 +129,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
     opener.join()
     if "error" in opened:
         raise RemoteError(f"cannot start the gpu-train agent: {opened['error']}")
-    chan: paramiko.Channel = opened["chan"]  # type: ignore[assignment]
+    chan: paramiko.Channel = opened["chan"]
     chan.settimeout(CALL_TIMEOUT_S)  # each wait for the host's word (a sync in between is not one)
     raw = chan.makefile("rb")
     silent = threading.Event()
@@ -147,7 +147,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
             timer = threading.Timer(CALL_TIMEOUT_S, give_up)
             timer.start()
             try:
-                line = raw.readline(limit)
+                line: bytes = raw.readline(limit)
             finally:
                 timer.cancel()
             if silent.is_set():
@@ -164,7 +164,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                 with contextlib.suppress(ValueError, TypeError, AttributeError):
                     if "error" in (said := printable_doc(json.loads(line))):
                         raise RemoteError(said["error"])
-                first: Ready | Waiting | Launched | dict = {}
+                first: Ready | Waiting | Launched | dict[str, Any] = {}
             else:
                 first = _answer(line, chan)
             if failure is None and "ready" in first and reuse and not first.get("reused"):
@@ -193,7 +193,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
         said = _answer(out.readline(LINE_MAX), chan)
         if "ready" in said:
             raise RemoteError(f"the gpu-train agent on {conn.host} said ready twice")
-        return cast("Launched | Waiting", said)
+        return said
     except TimeoutError:
         raise RemoteError(f"the gpu-train agent on {conn.host} did not answer within {CALL_TIMEOUT_S:g} s") from None
     finally:

@@ -19,10 +19,14 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpu_train.atomic import atomic_write
 from gpu_train.environment import Environment
 from gpu_train.stack.project import command_name, project_name
+
+if TYPE_CHECKING:
+    from remote.ssh.target import Target
 
 MARK = "# gpu-train: ssh aliases (`gpu-train ssh-config --remove` undoes this)"
 CHOICE_ENV = "GPU_TRAIN_SSH_CONFIG"  # include | no: answer the question without asking (Environment.ssh_config)
@@ -122,7 +126,7 @@ def alias_for(stack: str, project: Path, home: Path, unowned: Callable[[str], st
     raise ValueError(f"the ssh aliases for stack {stack} are other projects' (in {alias_dir(home)})")
 
 
-def write_alias(target, home: Path, project: Path) -> tuple[str, bool]:
+def write_alias(target: Target, home: Path, project: Path) -> tuple[str, bool]:
     """Write (or refresh) the stack's alias file for ``project``; (alias, whether it is new)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", target.stack):
         raise ValueError(f"stack name {target.stack!r} cannot be an ssh host alias")
@@ -216,7 +220,7 @@ def decide_include(home: Path, ask: Callable[[str], str] | None, say: Callable[[
     if setting is not None:
         return setting
     try:
-        return json.loads(_choice_path(home).read_text())["include"]
+        return bool(json.loads(_choice_path(home).read_text())["include"])
     except (OSError, ValueError, KeyError):
         pass
     if ask is None:
@@ -248,7 +252,7 @@ def terminal_ask(env: Environment) -> Callable[[str], str] | None:
 
 
 def at_first_contact(
-    target,
+    target: Target,
     home: Path,
     say: Callable[[str], None],
     ask: Callable[[str], str] | None = None,

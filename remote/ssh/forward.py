@@ -48,7 +48,8 @@ def pick_local_port(wanted: int) -> int:
         return wanted
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class LocalForward:
@@ -78,7 +79,7 @@ class LocalForward:
                 return
             threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
 
-    def _serve(self, sock: socket.socket, peer) -> None:
+    def _serve(self, sock: socket.socket, peer: tuple[str, int]) -> None:
         try:
             chan = self.transport.open_channel("direct-tcpip", self.remote, peer, timeout=15)
         except (paramiko.ChannelException, paramiko.SSHException, OSError):

@@ -28,7 +28,7 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
+class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # (paramiko ships no types: Any here)
     """Learn an unknown host's key into the stack's known_hosts, saying so; refuse if pinned."""
 
     def __init__(self, path: Path, pinned: bool, say: Say):

@@ -233,7 +233,7 @@ class MuxChannel:
 
     def __init__(self, argv: list[str]):
         self.argv = argv
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.closed = False
         self._eof = False
         self._err = bytearray()

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 from gpu_train.atomic import atomic_write
 from gpu_train.environment import Environment
 
 
-def nat_ip(inst: dict | None) -> str | None:
+def nat_ip(inst: dict[str, Any] | None) -> str | None:
     """The external address of an instance's first interface (instances.get), None without one."""
     for nic in (inst or {}).get("networkInterfaces") or []:
         for access in nic.get("accessConfigs") or []:
@@ -26,7 +27,7 @@ def nat_ip(inst: dict | None) -> str | None:
     return None
 
 
-def with_addresses(outputs: dict, found: dict[str, dict | None]) -> dict | None:
+def with_addresses(outputs: dict[str, Any], found: dict[str, dict[str, Any] | None]) -> dict[str, Any] | None:
     """The stack outputs with each node's address as the Compute API has it now (``found``: each instance's
     document by name, None where it could not be asked); None when nothing changed or a node is unknown."""
     names = outputs.get("instanceNames") or [outputs.get("instanceName")]
@@ -41,7 +42,7 @@ def with_addresses(outputs: dict, found: dict[str, dict | None]) -> dict | None:
     return {**outputs, "externalIp": now[0], "externalIps": now}
 
 
-def rediscover(env: Environment, stack: str, project: str | None, ask: Callable[[dict], dict | None]) -> bool:
+def rediscover(env: Environment, stack: str, project: str | None, ask: Callable[[dict[str, Any]], dict[str, Any] | None]) -> bool:
     """Rewrite the stack's cached outputs with the addresses its VMs have now; True when any changed.
     ``ask``: instances.get of {project, zone, name} (infra/ops/probes.instance), None when it cannot be asked."""
     path = env.state_home / stack / "outputs.json"

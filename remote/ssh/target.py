@@ -80,7 +80,7 @@ class Target:
     master_addr: str = ""  # where the nodes meet: node 0 as the others reach it (internal IP on GCP)
     gpus_per_node: int | None = None  # known on GCP; on SSH hosts the agent counts them
     node: int = 0
-    vm: dict | None = None  # GCP: project, zone, name (this node's), spot, idleStopMinutes, maxRunHours
+    vm: dict[str, Any] | None = None  # GCP: project, zone, name (this node's), spot, idleStopMinutes, maxRunHours
     # Pools (GCP): each node's GPUs and role, in node order; empty when every node is alike.
     node_gpus: tuple[int, ...] = ()
     roles: tuple[str, ...] = ()
@@ -220,11 +220,12 @@ def remember_root(cache: Path, host: SshHost, root: str) -> None:
     atomic_write(cache / ROOTS_FILE, json.dumps(roots, indent=1))
 
 
-def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
+def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict[str, Any]:
     """`pulumi stack output --json`, cached in cache/outputs.json."""
     path = cache / "outputs.json"
     if not refresh and path.is_file():
-        return json.loads(path.read_text())
+        cached: dict[str, Any] = json.loads(path.read_text())
+        return cached
     if not shutil.which("pulumi"):
         raise ConfigError(
             [
@@ -246,14 +247,14 @@ def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict:
                 )
             ]
         )
-    outputs = json.loads(out.stdout or "{}")
+    outputs: dict[str, Any] = json.loads(out.stdout or "{}")
     if not outputs.get("externalIp"):
         raise ConfigError([Problem("stack", f"stack {stack} has no VM yet (no externalIp output)", "run `pulumi up`")])
     atomic_write(path, json.dumps(outputs, indent=1))
     return outputs
 
 
-def target_from(cfg: StackConfig, outputs: dict | None, home: Path, cli: str = "gpu-train") -> Target:
+def target_from(cfg: StackConfig, outputs: dict[str, Any] | None, home: Path, cli: str = "gpu-train") -> Target:
     """The pure mapping from a stack's settings (and, on GCP, its outputs) to a Target (``cli``: Environment.cli)."""
     cache = home / cfg.stack
     if cfg.is_gcp:

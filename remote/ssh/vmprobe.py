@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from gpu_train import recovery
 from gpu_train.environment import Environment
@@ -40,7 +41,7 @@ def likely_causes(spot: bool, idle_minutes: int, max_run_hours: int | None) -> l
     return causes or ["someone stopped it"]
 
 
-def stopped_message(inst: dict, stack: str, vm: dict, now: float) -> str | None:
+def stopped_message(inst: dict[str, Any], stack: str, vm: dict[str, Any], now: float) -> str | None:
     """What to tell the user about a VM that is not running; None while it is (or is starting)."""
     status = inst.get("status", "?")
     if status not in DOWN:
@@ -66,7 +67,11 @@ def stopped_message(inst: dict, stack: str, vm: dict, now: float) -> str | None:
 
 
 def probe(
-    env: Environment, stack: str, vm: dict | None, say: Callable[[str], None], ask: Callable[[dict], dict | None]
+    env: Environment,
+    stack: str,
+    vm: dict[str, Any] | None,
+    say: Callable[[str], None],
+    ask: Callable[[dict[str, Any]], dict[str, Any] | None],
 ) -> Callable[[], str | None] | None:
     """The check open_connection runs while SSH does not answer (None when the VM is unknown). ``ask``:
     the VM's Compute API document (instances.get; infra/ops/probes.instance), None when it cannot be asked."""

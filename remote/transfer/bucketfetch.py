@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from gpu_train.checksum import crc32c_of
 from gpu_train.contract import RUN_FILES, RUN_LOG, WORKDIR, is_run_id
@@ -26,12 +27,17 @@ from remote.errors import RemoteError
 from remote.transfer.fetch.generator import CONFLICT, KEEP_NEWER, PREVIOUS, Entry, decide, reserved
 from remote.transfer.fetch.receiver import Tree, UnsafePath, check_rel, part_path, partial_dir
 
+if TYPE_CHECKING:
+    from google.cloud import storage
+
+    from remote.transfer.fetch.generator import Local
+
 RUN_TIME = re.compile(r"_(\d{8}_\d{6})$")
 TIMEOUT = (30, 120)  # seconds to connect, and to wait for each read: a stream that stops answering ends
 NODE_DIR = re.compile(r"node-[1-9]\d*/")  # node N's files inside a run's folder (gpu_train.stack.bucket.run_prefix)
 
 
-def client(project: str | None = None):
+def client(project: str | None = None) -> storage.Client:
     """Google's client, with Application Default Credentials (or the emulator STORAGE_EMULATOR_HOST names)."""
     try:
         from google.cloud import storage
@@ -45,7 +51,7 @@ def run_order(run: str) -> tuple[str, str]:
     return (m.group(1) if (m := RUN_TIME.search(run)) else "", run)
 
 
-def runs_in(gcs, place: BucketPlace, area: str) -> tuple[list[str], list[str]]:
+def runs_in(gcs: storage.Client, place: BucketPlace, area: str) -> tuple[list[str], list[str]]:
     """The runs in one stack's area of the bucket (gpu_train.stack.bucket.area_of), oldest first (by the time
     in their ids), and the names there that are not run ids (``.``, ``..``, a decoy): never fetched, never
     "the newest" (each is said)."""
@@ -58,7 +64,7 @@ def runs_in(gcs, place: BucketPlace, area: str) -> tuple[list[str], list[str]]:
     return sorted(runs, key=run_order), sorted(set(names) - set(runs))
 
 
-def areas_named(gcs, place: BucketPlace, stack: str) -> list[str]:
+def areas_named(gcs: storage.Client, place: BucketPlace, stack: str) -> list[str]:
     """The areas in the bucket of a stack named ``stack`` (``STACK@XXXXXXXX``): this stack's, another person's,
     or this one's from a stack file that lost its ``bucketArea``."""
     folder = f"{place.prefix}{RUNS_FOLDER}"
@@ -85,7 +91,7 @@ def object_problem(rel: str) -> str | None:
     return None
 
 
-def updated_ns(blob) -> int:
+def updated_ns(blob: storage.Blob) -> int:
     """When the object was written (its upload: at or after the host file's last change), in ns."""
     when = getattr(blob, "updated", None)
     return int(when.timestamp() * 1e9) if when is not None else 0
@@ -105,13 +111,13 @@ class Bounded(io.RawIOBase):
     """A file that takes at most ``limit`` bytes: a download longer than the object it was listed as
     stops at the first byte over, before it is written."""
 
-    def __init__(self, f, limit: int):
+    def __init__(self, f: IO[bytes], limit: int):
         self.f, self.limit, self.got = f, limit, 0
 
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:
+    def write(self, b: Any) -> int:  # (a bytes-like object)
         self.got += len(b)
         if self.got > self.limit:
             raise OSError(f"more bytes than the {self.limit} the bucket listed")
@@ -119,7 +125,14 @@ class Bounded(io.RawIOBase):
 
 
 def fetch_run(
-    gcs, place: BucketPlace, area: str, run: str, dest: Path, streams: int = 8, say: Callable[[str], None] = print, node: int | None = None
+    gcs: storage.Client,
+    place: BucketPlace,
+    area: str,
+    run: str,
+    dest: Path,
+    streams: int = 8,
+    say: Callable[[str], None] = print,
+    node: int | None = None,
 ) -> Fetched:
     """Bring gs://NAME/PREFIX/.gpu-train-runs/AREA/RUN/ into ``dest`` by the host fetch's own rules (generator.decide):
     a local copy with the object's size and CRC32C stays; one changed here after the upload is kept (local
@@ -170,7 +183,7 @@ def fetch_run(
     for _, rel, _ in todo:  # the folders first, here (the receiver's Tree checks each), then the files in parallel
         tree.folder(rel.rpartition("/")[0])
 
-    def one(item) -> str | None:
+    def one(item: tuple[storage.Blob, str, Local | None]) -> str | None:
         blob, rel, planned = item
         part = part_path(dest, rel)
         os.makedirs(os.path.dirname(part), exist_ok=True)

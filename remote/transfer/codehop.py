@@ -21,7 +21,7 @@ import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.bundle import agent_command
 from gpu_train.contract import ARRIVED, RELAYED, go_marker
@@ -64,7 +64,7 @@ def pinned_lines(cluster: Target, node: int) -> list[str]:
     return [f"{alias(node)} {kind} {keys[kind].get_base64()}" for kind in sorted(keys.keys())]
 
 
-def relay_request(cluster: Target, run: str, base: str, nodes: list[int], private_key: str) -> dict:
+def relay_request(cluster: Target, run: str, base: str, nodes: list[int], private_key: str) -> dict[str, Any]:
     """What node 0's agent gets (on stdin) to pass the staged code of ``run`` on to ``nodes``. Their
     REMOTE_ROOTs were checked by the `authorize` call that comes first: the rsync does not again."""
     entries = []
@@ -130,10 +130,10 @@ class CodeFanout:
         self.private_key, self.public_key = new_key()
         with contextlib.suppress(OSError):
             (cluster.cache / KEY_NAME).unlink()
-        self.calls: dict[int, Callable[..., dict]] = {}  # each node's agent call, to take the key away again
+        self.calls: dict[int, Callable[..., dict[str, Any]]] = {}  # each node's agent call, to take the key away again
         others = range(1, len(cluster.hosts))
-        self.authorized: dict[int, Future] = {i: Future() for i in others}  # result: None, or why not
-        self.arrived: dict[int, Future] = {i: Future() for i in others}  # None: the code is there; or why not
+        self.authorized: dict[int, Future[str | None]] = {i: Future() for i in others}  # result: None, or why not
+        self.arrived: dict[int, Future[str | None]] = {i: Future() for i in others}  # None: the code is there; or why not
 
     @staticmethod
     def go_when(node: int) -> str:
@@ -141,7 +141,7 @@ class CodeFanout:
         has ended (its staged folder is the hops' source), node i once node 0's hop has left it the code."""
         return RELAYED if node == 0 else ARRIVED
 
-    def authorize(self, node: int, call: Callable[..., dict]) -> None:
+    def authorize(self, node: int, call: Callable[..., dict[str, Any]]) -> None:
         """Node ``node``'s thread, once connected: let the cluster key in. Never raises."""
         try:
             self.calls[node] = call
@@ -252,7 +252,7 @@ class _Relay:
             self.chan.close()
 
 
-def _settle(future: Future, result: object = None, error: BaseException | None = None) -> None:
+def _settle(future: Future[str | None], result: str | None = None, error: BaseException | None = None) -> None:
     """Settle ``future`` unless another thread did first (the first word stands)."""
     with contextlib.suppress(InvalidStateError):
         if error is not None:

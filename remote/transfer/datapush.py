@@ -15,13 +15,16 @@ import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from gpu_train.atomic import atomic_write
 from gpu_train.bucketdoc import DataFile, DataManifest
 from gpu_train.checksum import crc32c_of
 from gpu_train.stack.bucket import BucketPlace
 from remote.transfer.bucketfetch import Fetched
+
+if TYPE_CHECKING:
+    from google.cloud import storage
 
 BLOCK = 1 << 20
 
@@ -62,7 +65,7 @@ def save(home: Path, place: BucketPlace, data_prefix: str, manifest: DataManifes
 
 
 def push_folder(
-    gcs, place: BucketPlace, data_prefix: str, folder: str, src: Path, known: DataManifest | None, streams: int = 8
+    gcs: storage.Client, place: BucketPlace, data_prefix: str, folder: str, src: Path, known: DataManifest | None, streams: int = 8
 ) -> tuple[Fetched, DataManifest]:
     """``src``'s files to gs://NAME/DATA_PREFIX/FOLDER/: what the manifest ``known`` does not hold as it is
     now (same SHA-256, and that generation still in the bucket with that size), each one upload
@@ -83,7 +86,7 @@ def push_folder(
         else:
             todo.append((path, rel, size, digest))
 
-    def one(item) -> tuple[str, DataFile | str]:
+    def one(item: tuple[Path, str, int, str]) -> tuple[str, DataFile | str]:
         path, rel, size, digest = item
         crc, mtime = crc32c_of(str(path)), path.stat().st_mtime_ns
         blob = bucket.blob(prefix + rel)

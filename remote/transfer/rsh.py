@@ -14,7 +14,7 @@ import threading
 import time
 
 
-def main(argv: list) -> int:
+def main(argv: list[str]) -> int:
     """Relay until the far side closes; a lost connection is one line and exit 255, as ssh says it.
 
     rsync prints whatever its remote shell writes to stderr, and gpu-train shows rsync's error to

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpu_train.answers import Hashes, Listed, Pong
+from gpu_train.answers import Hashes, Listed, Pong, Refusal, RunListing
 from remote.transfer.fetch import direct as fdirect
 from remote.transfer.fetch import generator as fp
 from remote.transfer.fetch import job as fj
@@ -93,7 +93,9 @@ class Fetcher:
         stream.read_doc(Pong, "the host's answer to a ping")
         return time.monotonic() - started
 
-    def _plan(self, results: list[RunResult], listing: dict) -> tuple[list, list[FileJob]]:
+    def _plan(
+        self, results: list[RunResult], listing: dict[str, RunListing | Refusal]
+    ) -> tuple[list[tuple[fl.Tree, fp.Entry]], list[FileJob]]:
         """Each run's listing made into the work here (remote/transfer/fetch/planner.py): folders, links, jobs."""
         return planner.plan(results, listing, self.jobs)
 
@@ -250,7 +252,7 @@ class Fetcher:
             and fdirect.set_direct(fd, True),
         )
 
-        def sink(view: memoryview, h=h) -> None:
+        def sink(view: memoryview, h: hashlib._Hash = h) -> None:
             nonlocal pos, failure, received
             received += len(view)
             top_up(piece.length - received)

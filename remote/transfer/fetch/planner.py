@@ -6,7 +6,6 @@ where it meets the laptop's tree, before engine.py moves the pieces."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from gpu_train.answers import Refusal, RunListing
 from gpu_train.contract import UNREADABLE
@@ -17,11 +16,13 @@ from remote.transfer.fetch.job import FileJob
 from remote.transfer.fetch.report import RunResult, summary
 
 
-def plan(results: list[RunResult], listing: dict[str, RunListing | Refusal], jobs: list[FileJob]) -> tuple[list, list[FileJob]]:
+def plan(
+    results: list[RunResult], listing: dict[str, RunListing | Refusal], jobs: list[FileJob]
+) -> tuple[list[tuple[fl.Tree, fp.Entry]], list[FileJob]]:
     """Each run's entries checked (their shape is the contract's, answers.Listed: checked as it was read),
     its folders and links made, a FileJob (appended to ``jobs``) per file that moves: (the folders, given
     their times last; the jobs with a local basis, compared by blocks)."""
-    dirs: list[tuple[Path, fp.Entry]] = []
+    dirs: list[tuple[fl.Tree, fp.Entry]] = []
     basis: list[FileJob] = []
     for result in results:
         doc = listing.get(result.run_id)
@@ -44,7 +45,9 @@ def plan(results: list[RunResult], listing: dict[str, RunListing | Refusal], job
     return dirs, basis
 
 
-def _plan_run(result: RunResult, entries: list[fp.Entry], dirs: list, basis: list, jobs: list[FileJob]) -> None:
+def _plan_run(
+    result: RunResult, entries: list[fp.Entry], dirs: list[tuple[fl.Tree, fp.Entry]], basis: list[FileJob], jobs: list[FileJob]
+) -> None:
     tree = fl.Tree(result.dest)
     workdir = "/" in result.run_id  # RUN/workdir: the working directory's outputs (no names reserved there)
     result.previous = fl.previous_dir(result.dest, workdir)
@@ -69,7 +72,15 @@ def _plan_run(result: RunResult, entries: list[fp.Entry], dirs: list, basis: lis
             result.unstorable.append(f"{e.path} ({getattr(err, 'strerror', None) or err})")
 
 
-def _plan_entry(result: RunResult, tree: fl.Tree, e: fp.Entry, dirs: list, basis: list, direct: bool, jobs: list[FileJob]) -> None:
+def _plan_entry(
+    result: RunResult,
+    tree: fl.Tree,
+    e: fp.Entry,
+    dirs: list[tuple[fl.Tree, fp.Entry]],
+    basis: list[FileJob],
+    direct: bool,
+    jobs: list[FileJob],
+) -> None:
     local = tree.planned(e.path)
     action = fp.decide(e, local)
     if action == fp.KEEP_NEWER:

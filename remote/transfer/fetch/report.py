@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpu_train.errors import printable
 from remote.transfer.codesize import human
@@ -28,7 +29,7 @@ class RunResult:
     previous: Path | None = None  # where (receiver.previous_dir)
     error: str | None = None
     ssh_exit: int | None = None  # ssh's exit status where ssh's end ended the fetch (255: the host was not reached)
-    summary: dict | None = None  # the host's JOB_DIR: files, bytes, newest change (for the fetch record)
+    summary: dict[str, Any] | None = None  # the host's JOB_DIR: files, bytes, newest change (for the fetch record)
 
     @property
     def unreachable(self) -> bool:
@@ -107,6 +108,6 @@ def summary_line(results: list[RunResult], elapsed: float, streams: int, runs: i
     )
 
 
-def summary(entries: list[fp.Entry]) -> dict:
+def summary(entries: list[fp.Entry]) -> dict[str, Any]:
     files = [e for e in entries if e.kind == "f"]
     return {"files": len(files), "bytes": sum(e.size for e in files), "newestNs": max((e.mtime_ns for e in entries), default=0)}

@@ -20,7 +20,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from agent.bundle import agent_command
 from gpu_train.answers import Refusal
@@ -135,16 +135,17 @@ class Opener:
 class Watched(io.RawIOBase):
     """ssh's output, each read timed: ``waiting`` is when the read now blocked began (None between reads)."""
 
-    def __init__(self, raw):
-        self.raw, self.waiting = raw, None
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw: IO[bytes] = raw
+        self.waiting: float | None = None
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:
+    def readinto(self, b: Any) -> int:  # (a writable buffer)
         self.waiting = time.monotonic()
         try:
-            return self.raw.readinto(b)
+            return self.raw.readinto(b)  # type: ignore[attr-defined,no-any-return]  # (a raw pipe: a FileIO, whose readinto IO[bytes] does not declare)
         finally:
             self.waiting = None
 
@@ -176,7 +177,7 @@ class Stream:
                     self.proc.kill()
                 return
 
-    def send(self, request: dict) -> None:
+    def send(self, request: dict[str, Any]) -> None:
         # stdin is unbuffered (a raw pipe): one write() may take only part of a request of megabytes when
         # a signal arrives meanwhile (Ctrl-Z and fg, a debugger, a handler), and the host would then wait
         # for the rest of the line while we wait for its answer. So write until all is taken.
@@ -190,16 +191,17 @@ class Stream:
         finally:
             self._watched.waiting = None
 
-    def _line(self) -> dict:
+    def _line(self) -> dict[str, Any]:
         return self._parse(self.out.readline(MAX_LINE))
 
-    def _parse(self, line: bytes) -> dict:
+    def _parse(self, line: bytes) -> dict[str, Any]:
         if len(line) >= MAX_LINE and not line.endswith(b"\n"):
             raise StreamError(f"the host answered a line longer than {MAX_LINE} bytes")
         if not line.endswith(b"\n"):
             raise self.broken("the connection closed", ended=True)
         try:
-            return json.loads(line)
+            doc: dict[str, Any] = json.loads(line)
+            return doc
         except ValueError:
             raise self.broken(f"unexpected answer {line[:200]!r}") from None
 
@@ -238,7 +240,7 @@ class Stream:
             raise StreamError(f"the host refused: {_checked(Refusal, doc, 'the host refusal')['error']}")
         return _checked(kind, doc, what)
 
-    def read_range(self, sink, buf: memoryview, expected: int) -> tuple[dict, int]:
+    def read_range(self, sink: Callable[[memoryview], None], buf: memoryview, expected: int) -> tuple[dict[str, Any], int]:
         """One range of ``expected`` bytes (the request's: the host pads a file that shrank): ``sink(view)``
         for each chunk as it comes; (trailer or error header, length). Any other length is refused."""
         line = self.out.readline(MAX_LINE)
