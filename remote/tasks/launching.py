@@ -304,7 +304,8 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
         def attempt() -> Launched | Waiting:
             nonlocal push
             answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
-            push = None  # the code is staged on the host; only the launch is retried
+            if not unchanged:  # the code is staged on the host; only the launch is retried
+                push = None  # (unchanged code was neither reused nor sent: "waiting" came first, so again)
             return answer
 
         launched = cast("Launched", until_ready(session, attempt, cancel))
