@@ -88,7 +88,7 @@ class SweepOptions:
             hours_per_trial=trust.number("--hours-per-trial", hours_per_trial, float, 0),
             args=args or "",
             resume_args=resume_args or "",
-            sweep=(trust.run_option(sweep) or sweep) if action == "stop" else sweep,
+            sweep=(trust.run_option(sweep, "--sweep") or sweep) if action == "stop" else sweep,
             **rest,  # type: ignore[arg-type]
         )
 

@@ -56,7 +56,7 @@ class FetchOptions(Checked):
             run=trust.run_option(run),
             interval=trust.number("--interval", 30 if interval is None else interval, float, 0),
             node=trust.number("--node", node or 0, int, 0),
-            sweep=None if sweep is None else trust.run_option(sweep),
+            sweep=None if sweep is None else trust.run_option(sweep, "--sweep"),
             **rest,
         )
 
@@ -101,7 +101,8 @@ class StopOptions(Checked):
 
     @classmethod
     def read(cls, *, run=None, grace=None, sweep=None, **rest) -> StopOptions:
-        return cls(run=trust.run_option(run), grace=_grace(grace), sweep=None if sweep is None else trust.run_option(sweep) or "", **rest)
+        named = None if sweep is None else trust.run_option(sweep, "--sweep") or ""
+        return cls(run=trust.run_option(run), grace=_grace(grace), sweep=named, **rest)
 
     def problem(self) -> str | None:
         return "--run or --sweep, not both" if self.run and self.sweep is not None else None

@@ -39,12 +39,12 @@ def host_run_id(value: object, where: object) -> str:
         ) from None
 
 
-def run_option(value: str | None) -> str | None:
-    """``--run`` as given: None, or a run id (never a path)."""
+def run_option(value: str | None, option: str = "--run") -> str | None:
+    """``--run`` (or ``option``: a sweep's name follows the same rule) as given: None, or a run id (never a path)."""
     if value is None:
         return None
     try:
-        return check_run_id(value)
+        return check_run_id(value, option)
     except JobError as e:
         raise UsageError(str(e)) from None
 

@@ -49,7 +49,7 @@ def test_flags_together(flags, said):
         ({"slots": "x"}, "--slots 'x': expected a whole number"),
         ({"workers": "0"}, "--workers '0': must be from 1 to 10000"),
         ({"hours_per_trial": "-1"}, "--hours-per-trial '-1': must be from 0 or more"),
-        ({"action": "stop", "sweep": "../x"}, "--run"),  # a sweep's name is a run id's, never a path
+        ({"action": "stop", "sweep": "../x"}, "--sweep '../x' is not a run id"),  # a sweep's name is a run id's (it said --run)
     ],
 )
 def test_numbers_and_names_as_invoke_gives_them(flags, said):

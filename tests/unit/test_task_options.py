@@ -56,7 +56,8 @@ def test_flags_together(made, said):
         (lambda: FetchOptions.read(interval="-1"), "--interval '-1': must be from 0 or more"),
         (lambda: FetchOptions.read(node="x"), "--node 'x': expected a whole number"),
         (lambda: FetchOptions.read(run="../etc"), "--run '../etc' is not a run id"),
-        (lambda: FetchOptions.read(sweep="a/b"), "--run 'a/b' is not a run id"),
+        (lambda: FetchOptions.read(sweep="a/b"), "--sweep 'a/b' is not a run id"),  # (it said --run)
+        (lambda: StopOptions.read(sweep="../x"), "--sweep '../x' is not a run id"),
         (lambda: LogsOptions.read(lines="-2"), "--lines '-2': must be from 0 or more"),
         (lambda: StopOptions.read(grace="86401"), "--grace '86401': must be from 0 to 86400"),
         (lambda: ResumeOptions.read(grace="soon"), "--grace 'soon': expected a number"),
