@@ -219,8 +219,19 @@ def space_problem(free: int, layers: int | None, floor: int) -> str | None:
 
 
 def pull_progress(line: str, done: set[str], layers: set[str]) -> str | None:
-    """A pull's output line as a count of layers done ("3/7 layers"), for the log and `status`."""
-    m = re.match(r"([0-9a-f]{12}): (.*)", line.strip())
+    """A pull's output line as a count of layers done ("3/7 layers"), for the log and `status`. Docker
+    says each layer's state ("ID: Pull complete"); Podman, without a terminal, says each blob as its copy
+    starts ("Copying blob sha256:ID") and the config once every blob is in ("Copying config")."""
+    text = line.strip()
+    if m := re.match(r"Copying blob (?:sha256:)?([0-9a-f]{12})[0-9a-f]*(.*)", text):
+        layers.add(m.group(1))
+        if "skipped" in m.group(2) or "done" in m.group(2):
+            done.add(m.group(1))
+        return f"{len(done)}/{len(layers)} layers"
+    if text.startswith("Copying config"):
+        done.update(layers)
+        return f"{len(done)}/{len(layers)} layers"
+    m = re.match(r"([0-9a-f]{12}): (.*)", text)
     if not m:
         return None
     layer, what = m.groups()

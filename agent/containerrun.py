@@ -80,7 +80,8 @@ def pull(w: Wrapper, engine: str, ref: str, spec: JobSpec, run_dir: str) -> None
         for raw in proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip()
             count = container.pull_progress(line, done, layers)
-            w.say(f"pull: {line}" + (f" ({count})" if count and line.endswith(("complete", "exists")) else ""))
+            shown = count and (line.endswith(("complete", "exists")) or line.startswith("Copying"))
+            w.say(f"pull: {line}" + (f" ({count})" if shown else ""))
         code = proc.wait()
         w.child = None
     if code != 0:

@@ -324,8 +324,8 @@ def test_an_imported_vertex_job_runs_each_pools_own_image_on_its_nodes(tmp_path:
     from tests.conftest import cluster_stack, fab_env, run_fab
 
     path = f"DOCKER_HOST={dockerd.host} PATH={Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin"
-    a = Sshd(tmp_path / "a", "127.0.40.6", setenv=path).start()
-    b = Sshd(tmp_path / "b", "127.0.40.7", client_key=a.client_key, setenv=path).start()
+    a = Sshd(tmp_path / "a", "127.0.40.20", setenv=path).start()
+    b = Sshd(tmp_path / "b", "127.0.40.21", client_key=a.client_key, setenv=path).start()
     stop, hits = threading.Event(), []
     try:
         cluster_stack(tmp_path / "stacks", "duo", [a.spec, b.spec], a.client_key)

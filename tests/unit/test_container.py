@@ -213,6 +213,22 @@ def test_pull_progress_counts_layers():
     assert said == [None, "0/1 layers", "1/2 layers", "2/2 layers"]
 
 
+def test_pull_progress_of_podman_without_a_terminal():
+    """Podman 4.3.1's lines as a pull from the test registry printed them (stdout not a terminal)."""
+    done: set[str] = set()
+    layers: set[str] = set()
+    lines = (
+        "Trying to pull 127.0.40.31:41689/gt/pulled:1...",
+        "Getting image source signatures",
+        "Copying blob sha256:574c695e20f7c35bbfbdaf03ecd2a55797c395dfd3fd1b62012c841adfb72fbd",
+        "Copying blob sha256:57a7a85689618770ddfb2459645330bf456405eeb7003a56e650c5560915405e",
+        "Copying config sha256:9b3ce22df5cc9250269809da4af6eb81197a19f5e49fe1ac07bc779a4563aa1f",
+        "Writing manifest to image destination",
+    )
+    said = [container.pull_progress(line, done, layers) for line in lines]
+    assert said == [None, None, "0/1 layers", "0/2 layers", "2/2 layers", None]
+
+
 def test_container_name_is_per_root_and_valid():
     a, b = container.container_name("/home/a/.gpu-train", "job_1"), container.container_name("/home/b/.gpu-train", "job_1")
     assert a != b and a.startswith("gpu-train-job_1-")
