@@ -8,6 +8,7 @@ user is told the line to add. Written whole or not at all (gpu_train/atomic.py),
 
 from __future__ import annotations
 
+import fcntl
 import re
 from pathlib import Path
 
@@ -63,21 +64,28 @@ def with_setting(text: str, key: str, value: str) -> str | None:
 
 def add_setting(path: Path, key: str, value: str) -> str:
     """``gpu-train:KEY`` in the stack file at ``path``: the value already there (another command wrote it
-    meanwhile), else ``value``, added. ConfigError naming the line to add when the file cannot take it."""
-    have = read_stack_file(path).get(f"{NAMESPACE}:{key}")
-    if have is not None:
-        return str(have)
-    text = path.read_text(encoding="utf-8")
-    new = with_setting(text, key, value)
-    if new is None:
-        raise ConfigError(
-            [
-                Problem(
-                    key,
-                    f"is not in {path}, and gpu-train could not add it to that file's config: safely",
-                    f"add the line `{NAMESPACE}:{key}: {value}` under config: (or `pulumi config set {NAMESPACE}:{key} {value}`)",
-                )
-            ]
-        )
-    atomic_write(path, new, mode=0o644)
+    meanwhile), else ``value``, added. ConfigError naming the line to add when the file cannot take it.
+
+    Read and written under a lock on the file: two first `train`s at once (a script starting several) each
+    made an area, and the one written last left the other's runs in an area the stack no longer names. The
+    lock is the inode's that was opened, and the write replaces the inode: the file is read again by its
+    path once the lock is held, so a writer that waited sees what the one before it wrote."""
+    with open(path, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        have = read_stack_file(path).get(f"{NAMESPACE}:{key}")
+        if have is not None:
+            return str(have)
+        text = path.read_text(encoding="utf-8")
+        new = with_setting(text, key, value)
+        if new is None:
+            raise ConfigError(
+                [
+                    Problem(
+                        key,
+                        f"is not in {path}, and gpu-train could not add it to that file's config: safely",
+                        f"add the line `{NAMESPACE}:{key}: {value}` under config: (or `pulumi config set {NAMESPACE}:{key} {value}`)",
+                    )
+                ]
+            )
+        atomic_write(path, new, mode=0o644)
     return value

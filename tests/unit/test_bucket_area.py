@@ -5,13 +5,14 @@ gpu-train adds to a stack file for it, every other byte kept."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gpu_train.catalog.loader import load_catalog
-from gpu_train.stack import config
+from gpu_train.stack import config, stackedit
 from gpu_train.stack.bucket import AREA_RE, area_of, grant_conditions, new_area, parse_bucket, run_prefix
 from gpu_train.stack.problems import ConfigError
 from gpu_train.stack.stackedit import add_setting, with_setting
@@ -111,3 +112,31 @@ def test_the_stack_file_is_written_once_keeping_its_mode_and_a_value_there_wins(
     with pytest.raises(ConfigError) as e:
         add_setting(flow, "bucketArea", "flow@0000beef")
     assert "gpu-train:bucketArea: flow@0000beef" in str(e.value) and flow.read_text() == "config: {gpu-train:target: ssh}\n"
+
+
+def test_two_first_trains_at_once_keep_one_area(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two trains (a script starting several) each find no area: the one that writes second must take the
+    first one's, not replace it (its runs would be in an area the stack no longer names)."""
+    path = tmp_path / "Pulumi.lab.yaml"
+    path.write_text(STACK)
+    real, writing, release = stackedit.atomic_write, threading.Event(), threading.Event()
+
+    def first_one_slow(where: Path, text: str, **kw: object) -> None:
+        if "lab@0000aaaa" in text:  # the first train, caught between its read and its write
+            writing.set()
+            assert release.wait(30)
+        real(where, text, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stackedit, "atomic_write", first_one_slow)
+    got: dict[str, str] = {}
+    first = threading.Thread(target=lambda: got.update(a=add_setting(path, "bucketArea", "lab@0000aaaa")))
+    first.start()
+    assert writing.wait(30)
+    second = threading.Thread(target=lambda: got.update(b=add_setting(path, "bucketArea", "lab@0000bbbb")))
+    second.start()
+    second.join(1)  # (without the lock it has read no area and written its own by now)
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert got == {"a": "lab@0000aaaa", "b": "lab@0000aaaa"}
+    assert path.read_text() == with_setting(STACK, "bucketArea", "lab@0000aaaa")
