@@ -9,6 +9,7 @@ core (gpu_train/) that is handed its data rather than reading it.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -247,7 +248,9 @@ def room(module: str) -> str:
     return module
 
 
-def arrows() -> set[tuple[str, str]]:
+@functools.cache
+def arrows() -> frozenset[tuple[str, str]]:
+    """Every import between our packages, as (importer, imported): read once a process (two tests ask)."""
     found = set()
     for p in source_files():
         rel = p.relative_to(ROOT)
@@ -261,7 +264,7 @@ def arrows() -> set[tuple[str, str]]:
             elif isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
             found |= {(me, m) for m in mods if m.split(".")[0] in ("gpu_train", "agent", "infra", "remote")}
-    return found
+    return frozenset(found)
 
 
 def test_imports_point_down_the_house() -> None:
