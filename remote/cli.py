@@ -2,9 +2,11 @@
 
 `fab` needs a fabfile in (or above) the current directory, so it only works inside this clone;
 `gpu-train` bundles the task collection, so it runs in the researcher's own project, with the same
-options, `--help`, `-l` and completion. Two additions, shared with `fab` (its executor: remote/fab.py):
+options, `--help`, `-l` and completion. What both add to Invoke's parsing is here once, shared with the
+clone's `fab` (remote/fab.py: its executor, and ``TaskLine`` put under Fabric's program by fabfile.py):
 ``gpu-train ssh -- CMD`` hands CMD to the task (Fabric would run it on ``-H`` hosts, and with none
-it crashes), and a mistyped task or flag gets a "did you mean".
+it crashes), ``train x.py --help`` is train's help (not a run of a script called --help), a script's own
+flag after ``train`` is refused naming ``--args``, and a mistyped task or flag gets a "did you mean".
 
 Invoke's program, not Fabric's: Fabric's adds only options for running shell commands on hosts named
 on the command line (which gpu-train neither shows nor takes), and loading it loads paramiko, about
@@ -47,9 +49,10 @@ def suggest(error: ParseError, tasks: list[str], flags: list[str]) -> str:
     return f"{error} Tasks: {', '.join(tasks)}"
 
 
-def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str]) -> str | None:
+def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str], cli: str = "gpu-train") -> str | None:
     """Why `train ... --max-steps 10` is refused, when a flag after `train` is not one of its own ``flags``
-    (name -> takes a value): the script's flags go in --args. None when every flag is train's."""
+    (name -> takes a value): the script's flags go in --args. None when every flag is train's (``cli``: the
+    command the user typed, for the hint)."""
     if "train" not in tokens:
         return None
     rest = tokens[tokens.index("train") + 1 :]
@@ -69,11 +72,22 @@ def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str]) -> s
             given = " ".join(filter(None, (word, value)))
             return (
                 f"{name} is not an option of train: your script's own flags go in --args, as one quoted string: "
-                f"--args '{given}' (train's own: gpu-train --help train)"
+                f"--args '{given}' (train's own: {cli} --help train)"
             )
         if word in tasks:
             return None
         i += 1
+    return None
+
+
+def help_asked(tokens: list[str], tasks: set[str]) -> str | None:
+    """The task whose help the task part of a command line asks for (`train x.py --help`, `gpus -h`): a task
+    whose first positional is still unset would otherwise take `--help` as its value, and run. None when no
+    --help or -h follows a task (before ``--``)."""
+    end = tokens.index("--") if "--" in tokens else len(tokens)
+    first = next((w for w in tokens[:end] if w in tasks), None)
+    if first is not None and any(w in ("--help", "-h") for w in tokens[tokens.index(first) + 1 : end]):
+        return first
     return None
 
 
@@ -105,6 +119,48 @@ class Executor(InvokeExecutor):
         return super().expand_calls(calls)
 
 
+class TaskLine(Program):
+    """The task part of a command line as `gpu-train` and the clone's `fab` both parse it, over Invoke's
+    (or Fabric's) Program: ``TASK ... --help`` is that task's help, a script's flag after ``train`` is refused
+    naming ``--args``, a mistyped task or flag gets a "did you mean", and every such error is bad input
+    (exit 2, Invoke's own is 1). `gpu-train`'s program is one (``GpuTrain``); Fabric's, which `fab` runs, is
+    made one by the clone's fabfile (``remote.fab.adopt``)."""
+
+    def parse_tasks(self) -> None:
+        tokens, names = list(self.core.unparsed), set(self.collection.task_names)
+        if (task := help_asked(tokens, names)) is not None:
+            self.core.unparsed = []  # (parse_cleanup prints the task's help, as for `--help TASK`)
+            self.args.help.value = task
+            return super().parse_tasks()
+        train = self.collection.tasks.get("train")
+        why = script_flag(tokens, _flags(train), names, self.binary_names[0]) if train is not None else None
+        if why:
+            raise exit_for(UsageError(why))
+        try:
+            super().parse_tasks()
+        except ParseError as e:
+            tasks = sorted(names)
+            flags = sorted(e.context.flags) if e.context is not None else []  # the task being parsed
+            raise exit_for(UsageError(suggest(e, tasks, flags))) from None
+
+    def parse_cleanup(self) -> None:
+        if self.args.complete.value:  # a --stack or --run value: the stacks and run ids this project knows
+            import shlex
+
+            from remote.tasks.completion import values
+
+            words = shlex.split(self.core.remainder)
+            env = getattr(self, "environment", None) or Environment.from_os()
+            found = values(words[1:] if words and words[0] in self.binary_names else words, env)
+            if found is not None:
+                print("\n".join(found))
+                raise Exit
+        try:
+            super().parse_cleanup()
+        except ParseError as e:  # `--help TASK` of a task there is not
+            raise exit_for(UsageError(suggest(e, sorted(self.collection.task_names), []))) from None
+
+
 class Config(InvokeConfig):
     """Invoke's configuration under Fabric's name, as before: the files and variables `fab` reads
     (/etc/fabric.yaml, ~/.fabric.yaml, FABRIC_*). Without Fabric's SSH-config loading: a stack's SSH
@@ -120,7 +176,7 @@ class Config(InvokeConfig):
 OWN_CORE = ("complete", "debug", "help", "list", "print-completion-script", "stacks-dir", "version")
 
 
-class GpuTrain(Program):
+class GpuTrain(TaskLine):
     def every_core_arg(self) -> list[Argument]:
         return [
             *super().core_args(),
@@ -143,34 +199,6 @@ class GpuTrain(Program):
             super().parse_core(argv)
         except ParseError as e:  # Invoke exits 1 on a parse error, as a failed job would: it is bad input
             raise exit_for(UsageError(str(e))) from None
-
-    def parse_tasks(self) -> None:
-        train = self.collection.tasks.get("train")
-        why = script_flag(list(self.core.unparsed), _flags(train), set(self.collection.task_names)) if train is not None else None
-        if why:
-            raise exit_for(UsageError(why))
-        try:
-            super().parse_tasks()
-        except ParseError as e:
-            tasks = sorted(self.collection.task_names)
-            flags = sorted(e.context.flags) if e.context is not None else []  # the task being parsed
-            raise exit_for(UsageError(suggest(e, tasks, flags))) from None
-
-    def parse_cleanup(self) -> None:
-        if self.args.complete.value:  # a --stack or --run value: the stacks and run ids this project knows
-            import shlex
-
-            from remote.tasks.completion import values
-
-            words = shlex.split(self.core.remainder)
-            found = values(words[1:] if words and words[0] in self.binary_names else words, self.environment or Environment.from_os())
-            if found is not None:
-                print("\n".join(found))
-                raise Exit
-        try:
-            super().parse_cleanup()
-        except ParseError as e:  # `--help TASK` of a task there is not
-            raise exit_for(UsageError(suggest(e, sorted(self.collection.task_names), []))) from None
 
     def print_version(self) -> None:
         """As Fabric's program said it (its version, then Paramiko's and Invoke's), without loading paramiko."""
@@ -229,17 +257,6 @@ def program(env: Environment | None = None) -> GpuTrain:
 SCRIPTS = ("plan", "preflight", "up")
 
 
-def help_first(argv: list[str], tasks: set[str]) -> list[str]:
-    """`gpu-train TASK ... --help` as `gpu-train --help TASK`: a task whose first positional is still unset
-    (`train x.py`) would otherwise take `--help` as its value."""
-    words = argv[1:]
-    end = words.index("--") if "--" in words else len(words)
-    first = next((w for w in words[:end] if w in tasks), None)
-    if first is not None and any(w in ("--help", "-h") for w in words[words.index(first) + 1 : end]):
-        return [argv[0], "--help", first]
-    return argv
-
-
 def script_argv(argv: list[str]) -> list[str] | None:
     """The script's command line when ``argv`` (the process's) names one of SCRIPTS first; else None."""
     if len(argv) > 1 and argv[1] in SCRIPTS:
@@ -256,7 +273,6 @@ def main() -> None:
 
     if (script := script_argv(sys.argv)) is not None:
         os.execv(script[0], script)  # the script, in this process: its output, exit status and Ctrl-C are the user's
-    from remote.tasks import ns
 
     env = errors.install()  # as fabfile.py does for `fab`: an error is a message and an exit code
-    program(env).run(help_first(sys.argv, set(ns.task_names)))
+    program(env).run(sys.argv)

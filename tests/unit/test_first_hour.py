@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,9 +35,10 @@ def test_a_scripts_flag_outside_args_says_where_it_goes(argv: list[str], refused
 
 
 def test_task_help_and_scripts_as_subcommands() -> None:
-    assert cli.help_first(["gpu-train", "train", "--help"], TASKS) == ["gpu-train", "--help", "train"]
-    assert cli.help_first(["gpu-train", "train", "x.py", "-h"], TASKS) == ["gpu-train", "--help", "train"]
-    assert cli.help_first(["gpu-train", "ssh", "--", "cmd", "--help"], TASKS) == ["gpu-train", "ssh", "--", "cmd", "--help"]
+    assert cli.help_asked(["train", "--help"], TASKS) == "train"
+    assert cli.help_asked(["train", "x.py", "-h"], TASKS) == "train"
+    assert cli.help_asked(["ssh", "--", "cmd", "--help"], TASKS) is None
+    assert cli.help_asked(["train", "x.py"], TASKS) is None
     assert cli.script_argv(["gpu-train", "plan", "--stack", "t4"]) == [str(ROOT / "scripts" / "plan"), "--stack", "t4"]
     assert cli.script_argv(["gpu-train", "status"]) is None
 
@@ -55,6 +57,33 @@ def test_train_takes_its_script_as_a_word(tmp_path) -> None:
     assert bare.returncode == 2 and "no stack selected" in bare.stderr and "No idea" not in bare.stderr, bare.stderr
     flag = run("train", "x.py", "--max-steps", "10")
     assert flag.returncode == 2 and "--args '--max-steps 10'" in flag.stderr, flag.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "said"),
+    [
+        (["train", "x.py", "--help"], 0, "[--core-opts] train [--options]"),  # help, not a run of a script called --help
+        (["train", "x.py", "--max-steps", "10"], 2, "--args '--max-steps 10' (train's own: {cli} --help train)"),
+        (["trian"], 2, "No idea what 'trian' is! Did you mean train?"),
+        (["train", "--scirpt", "x.py"], 2, "No idea what '--scirpt' is! Did you mean --script?"),
+    ],
+)
+@pytest.mark.parametrize("cli_name", ["gpu-train", "fab"])
+def test_fab_and_gpu_train_parse_a_task_line_alike(tmp_path, cli_name: str, argv: list[str], status: int, said: str) -> None:
+    """`fab` (Fabric's program, in the clone) lacked what `gpu-train` added: `train x.py --help` ran a train
+    of a script called --help, a script's flag got "No idea what '10' is!", a typo no "did you mean", and each
+    exited 1. Both now parse with remote/cli.py's TaskLine."""
+    import os
+
+    from tests.conftest import FAB
+
+    (tmp_path / "x.py").write_text("print(1)\n")
+    (tmp_path / ".git").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_HOME": str(tmp_path / "state")}
+    command = [FAB, "--search-root", str(ROOT)] if cli_name == "fab" else [str(Path(sys.executable).parent / "gpu-train")]
+    done = subprocess.run([*command, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == status and said.format(cli=cli_name) in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "no stack selected" not in done.stderr  # nothing ran
 
 
 @pytest.mark.parametrize(
