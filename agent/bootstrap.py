@@ -6,7 +6,8 @@ builds the command: PACKED is the zipapp, xz-compressed and base85; VERSION its 
 just before this one, so ``secure_root`` is defined: ROOT is checked to be the login user's alone before
 anything is written. Then the zipapp is kept at ROOT/bin/gpu-train-agent (written atomically, only when
 it changed) and run in this process, imported from a folder unpacked beside it once per version
-(UNPACKED): Python compiles a zip's modules anew on every run, a folder's once (about 10 ms less a call).
+(UNPACKED; on disk before its rename names it, since its name is all a later call checks): Python
+compiles a zip's modules anew on every run, a folder's once (about 10 ms less a call).
 When both are already this version (every call but a new version's first), PACKED is not even decoded
 (about 11 ms less). Each use touches the folder; another version's goes when unused for a day (a call of
 that version may still be importing from it), a half-made one after an hour; a disk too full to unpack
@@ -57,6 +58,8 @@ def install(zipapp: bytes, root: str) -> str:
         tmp = f"{path}.tmp.{os.getpid()}"
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700), "wb") as f:
             f.write(zipapp)
+            f.flush()
+            os.fsync(f.fileno())  # (what a reboot's resume runs: on disk before its name)
         os.replace(tmp, path)
     return path
 
@@ -75,16 +78,31 @@ def unpacked(zipapp: bytes, root: str) -> str:
 
     tmp = f"{folder}.tmp.{os.getpid()}"
     zipfile.ZipFile(io.BytesIO(zipapp)).extractall(tmp)
+    durable(tmp)
     try:
         os.rename(tmp, folder)
     except OSError:  # another call unpacked it first
         shutil.rmtree(tmp, ignore_errors=True)
+    durable(os.path.dirname(folder), files=False)
     for name in os.listdir(os.path.dirname(folder)):
         other = os.path.join(root, "bin", name)
         old = time.time() - os.lstat(other).st_mtime > (3600 if ".tmp." in name else 86400)
         if name.startswith(UNPACKED) and other != folder and old:
             shutil.rmtree(other, ignore_errors=True)
     return folder
+
+
+def durable(folder: str, files: bool = True) -> None:
+    """``folder``'s files (with ``files``) and folders on disk (fsync) before a rename names it complete: its
+    name is all a later call checks, so a machine reset soon after must not leave this version's folder
+    holding empty files (ext4 may write the rename first), on which every call of this version would fail."""
+    for where, _, names in os.walk(folder) if files else [(folder, [], [])]:
+        for path in [*(os.path.join(where, n) for n in names), where]:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def refuse(why: str) -> int:

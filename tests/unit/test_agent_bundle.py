@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
+import shutil
 import subprocess
 import tokenize
 import zipfile
@@ -174,3 +176,34 @@ def test_the_bootstrap_is_a_module_sent_with_its_imports_inlined() -> None:
     assert "import" not in "".join(line for line in sent.splitlines() if "agent.guard" in line or "gpu_train" in line)
     assert f"UNPACKED = {bundle.UNPACKED!r}" in sent
     compile(bundle.BOOTSTRAP, "<bootstrap>", "exec")  # one program, guard first
+
+
+def test_the_unpacked_folder_is_on_disk_before_its_name_says_it_is_complete(tmp_path: Path) -> None:
+    """A later call trusts the folder by its name alone. Unpacked without fsync, a machine reset soon after
+    (ext4 may write the rename before the files' blocks) left the version's folder holding empty files,
+    and every call of that version failed on them. Seen in the real bootstrap's system calls."""
+    if not shutil.which("strace"):
+        pytest.skip("needs strace")
+    root, trace = tmp_path / "gpu-train", tmp_path / "trace"
+    command = bundle.agent_command(str(root), "status", cli="gpu-train")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    traced = subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-e", "trace=fsync,rename", "-o", str(trace), "bash", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    if traced.returncode != 0 and "ptrace" in traced.stderr:
+        pytest.skip(f"strace cannot trace here: {traced.stderr.strip()[:200]}")
+    assert json.loads(traced.stdout)["root"] == str(root), traced.stderr
+    calls = trace.read_text().splitlines()
+    [folder] = (root / "bin").glob(f"{bundle.UNPACKED}*")
+    renamed = next(i for i, c in enumerate(calls) if "rename(" in c and f'"{folder}"' in c)
+    synced = {m.group(1) for c in calls[:renamed] if (m := re.search(r"fsync\(\d+<(.*)>\)", c))}
+    tmp = re.search(r'rename\("([^"]+)"', calls[renamed]).group(1)  # type: ignore[union-attr]
+    made = {str(p).replace(str(folder), tmp) for p in [folder, *folder.rglob("*")] if "__pycache__" not in p.parts}
+    assert made <= synced, sorted(made - synced)[:5]
+    assert any("fsync(" in c and f"<{root / 'bin'}>" in c for c in calls[renamed:])  # the rename itself
+    installed = re.escape(str(root / "bin" / "gpu-train-agent"))  # the zipapp a reboot's resume runs, likewise
+    assert any(re.search(rf"fsync\(\d+<{installed}\.tmp\.\d+>\)", c) for c in calls), calls
