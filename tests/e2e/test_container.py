@@ -156,16 +156,16 @@ def test_stop_gives_the_grace_and_removes_a_container_whose_client_was_killed(cl
     code = project(clab)
     run = clab.train("--dir", str(code), "--image", "gt/job:1", "--script", "train.py", "--env", "STEPS=6000")
     wait_for(lambda: (clab.remote / "runs" / run / "job" / "seen-0.json").exists())
-    started = time.monotonic()
-    clab.fab("stop", "--run", run, "--grace", "10", check=True)
+    said = clab.fab("stop", "--run", run, "--grace", "10", check=True).stdout
     assert (clab.remote / "runs" / run / "job" / "saved").read_text() == "SIGINT"  # its 3 s handler ran to the end
-    assert time.monotonic() - started < 10
+    assert f"{run}: stopped (SIGINT)" in said, said  # within the first grace: no SIGTERM, no SIGKILL needed
     assert clab.run_state(run)["state"] == "stopped"
     assert not [n for n in dockerd.names() if run in n]
 
     # The image's own program, `sleep` as the container's only process: no handler of its own.
     run = clab.train("--image", "gt/prog:1", "--entrypoint", "sleep 600", "--name", "sleeper")
-    name = wait_for(lambda: next((n for n in dockerd.names() if run in n), None))
+    # running, not only created: a client killed between the two leaves a container that never starts
+    name = wait_for(lambda: next((n for n in dockerd.out("ps", "--format", "{{.Names}}").split() if run in n), None))
     pid = wait_for(lambda: state(clab, run).get("pid"))
     os.kill(pid, signal.SIGKILL)  # the client only
     time.sleep(1)
@@ -173,7 +173,7 @@ def test_stop_gives_the_grace_and_removes_a_container_whose_client_was_killed(cl
     started = time.monotonic()
     clab.fab("stop", "--run", run, "--grace", "30", check=True)
     assert name not in dockerd.names()
-    assert time.monotonic() - started < 20  # SIGTERM reached sleep through --init: no 30 s wait
+    assert time.monotonic() - started < 28  # the signal reached sleep through --init: no 30 s wait (a margin for a loaded box)
 
 
 def test_the_images_own_program_as_vertex_runs_it(clab: Lab, dockerd: containers.Dockerd) -> None:
