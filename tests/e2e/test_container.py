@@ -356,6 +356,17 @@ def test_an_imported_vertex_job_runs_each_pools_own_image_on_its_nodes(tmp_path:
             got, _, spec = (run_dir / "job" / "env.txt").read_text().split("\n", 2)
             assert got == greeting and json.loads(spec)["task"] == {"type": f"workerpool{node}", "index": 0}
             assert SECRET not in (run_dir / "log").read_text()
+            (run_dir / "job" / "marker.txt").unlink()
+
+        # `resume`: each node relaunches its own pool's job, in the image its first start pinned
+        run_fab(env, tmp_path / "work", "resume", "--run", run, check=True, timeout=300)
+        for node, image, marker in ((0, "gt/prog:1", "P"), (1, "gt/worker:1", "W")):
+            run_dir = tmp_path / f"node{node}" / "runs" / run
+            done = run_dir / "job" / "marker.txt"
+            wait_for(lambda d=done: d.exists() and d.read_text().strip(), 120)
+            assert done.read_text().strip() == marker
+            st = json.loads((run_dir / "state.json").read_text())
+            assert st["resumes"] == 1 and st["imageId"] == dockerd.out("image", "inspect", "--format", "{{.Id}}", image)
     finally:
         stop.set()
         a.stop()
