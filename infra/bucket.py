@@ -29,7 +29,7 @@ def declare(
     made: list[pulumi.Resource] = []
     bucket_name: pulumi.Input[str] = place.name
     if cfg.bucket_create:
-        created = gcp.storage.Bucket(  # type: ignore[call-overload]
+        created = gcp.storage.Bucket(
             f"{name}-bucket",
             name=place.name,
             project=cfg.project,

@@ -174,7 +174,7 @@ class GpuVm(pulumi.ComponentResource):
         if policy is None:
             return None
         # The plain dicts of gpu_train.gcp.vm are what pulumi_gcp's *ArgsDict types spell out.
-        return gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
+        made: gcp.compute.ResourcePolicy = gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
             f"{name}-placement",
             name=names.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
             project=cfg.project,
@@ -182,7 +182,8 @@ class GpuVm(pulumi.ComponentResource):
             group_placement_policy=policy,
             description=f"gpu-train {cfg.stack}: keep the {cfg.nodes} nodes close (low latency for NCCL)",
             opts=pulumi.ResourceOptions(parent=self),
-        ).self_link
+        )
+        return made.self_link
 
     def _instances(
         self,
@@ -290,7 +291,7 @@ class GpuVm(pulumi.ComponentResource):
         image = gcp.compute.get_image(name=image_name, project=project, opts=pulumi.InvokeOptions(parent=self))
         return pinned, boot_disk_size(cfg, image.disk_size_gb, f"the image {image_name} that {instance_name} runs (pinned at its first up)")
 
-    def _data_disk(self, name: str, cfg, node: int, disk_type: str) -> gcp.compute.Disk:
+    def _data_disk(self, name: str, cfg: StackConfig, node: int, disk_type: str) -> gcp.compute.Disk:
         """Node ``node``'s data disk (REMOTE_ROOT/runs). ``protect``: neither `pulumi destroy` nor a change
         that would replace it (zone, type) deletes it; `fab down` fetches its runs, then unprotects it."""
         one = cfg.nodes == 1

@@ -8,7 +8,7 @@ answers (infra/ops/lookups.py), `scripts/plan` and the tests recorded ones (infr
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class CannotAsk(Exception):
@@ -16,6 +16,6 @@ class CannotAsk(Exception):
 
 
 class Lookups(Protocol):
-    def quota_preferences(self, project: str) -> list[dict]:
+    def quota_preferences(self, project: str) -> list[dict[str, Any]]:
         """Every quota preference of ``project`` as Cloud Quotas lists them; raises CannotAsk."""
         ...

@@ -21,6 +21,8 @@ for more, a warning says so and gives the gcloud command that raises it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 
 from gpu_train.catalog.model import Catalog
@@ -31,7 +33,7 @@ from infra.gcpparts import gcp
 from infra.lookups import CannotAsk, Lookups
 
 
-def current_value(info, dimensions: dict[str, str]) -> int:
+def current_value(info: Any, dimensions: dict[str, str]) -> int:  # (Cloud Quotas' QuotaInfo: google.cloud is untyped here)
     """The limit in force for these dimensions (see quota.current_limit), 0 if none."""
     entries = [
         {
@@ -119,7 +121,7 @@ def preference_id(quota_id: str, dimensions: dict[str, str]) -> str:
     return names.rfc1035("-".join(["gpu-train", quota_id.lower(), *dimensions.values()]), 63)
 
 
-def existing_preferences(project: str, lookups: Lookups) -> list[dict]:
+def existing_preferences(project: str, lookups: Lookups) -> list[dict[str, Any]]:
     """The project's quota preferences; [] with a warning when Cloud Quotas cannot be asked: each is then
     created, and one that exists fails the `up` with a 409."""
     try:

@@ -177,7 +177,7 @@ def declare(
         recovery.ZONE_ENV: cfg.zone,
     }
     secrets, secret_deps = _notify_secret(place, member, after_apis) if cfg.notify else ([], [])
-    function = gcp.cloudfunctionsv2.Function(  # type: ignore[call-overload]
+    function: gcp.cloudfunctionsv2.Function = gcp.cloudfunctionsv2.Function(  # type: ignore[call-overload]
         place.name("function"),
         # Cloud Run names the function's service after it (63 characters at most) and each revision after that
         # (NAME-00001-abc, 63 at most too): 49 leaves the revisions room.

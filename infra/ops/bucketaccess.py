@@ -10,11 +10,13 @@ honours STORAGE_EMULATOR_HOST: the tests use the real emulator.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpu_train.stack.bucket import parse_bucket
 from gpu_train.stack.settings import StackConfig
 
 
-def uniform_access_problem(doc: dict, name: str) -> str | None:
+def uniform_access_problem(doc: dict[str, Any], name: str) -> str | None:
     """What is wrong with bucket ``name`` as buckets.get describes it (``iamConfiguration``), or None."""
     enabled = ((doc.get("iamConfiguration") or {}).get("uniformBucketLevelAccess") or {}).get("enabled")
     if enabled is True:

@@ -13,13 +13,15 @@ never enabled has no preferences: that is an empty answer, not an error.
 
 from __future__ import annotations
 
+from typing import Any
+
 from infra.lookups import CannotAsk
 from infra.ops import probes
 
 MAX_PAGES = 100  # a project holds a few preferences per GPU family; an endless listing is an API fault
 
 
-def list_preferences(project: str, endpoint: str) -> list[dict]:
+def list_preferences(project: str, endpoint: str) -> list[dict[str, Any]]:
     """Every quota preference of ``project`` as Cloud Quotas lists them (name, service, quotaId,
     dimensions, quotaConfig, ...); [] when its API was never enabled. Raises CannotAsk. ``endpoint``:
     the Cloud Quotas API (Environment.cloudquotas_endpoint)."""
@@ -28,7 +30,7 @@ def list_preferences(project: str, endpoint: str) -> list[dict]:
         raise CannotAsk(adc.error or f"no Application Default Credentials at {adc.path} (gcloud auth application-default login)")
     base = endpoint
     url = f"{base}/v1/projects/{project}/locations/global/quotaPreferences"
-    found: list[dict] = []
+    found: list[dict[str, Any]] = []
     params: dict[str, str] = {}
     seen: set[str] = set()
     from google.auth.transport.requests import AuthorizedSession
@@ -62,8 +64,9 @@ def list_preferences(project: str, endpoint: str) -> list[dict]:
     raise CannotAsk(f"Cloud Quotas listed more than {MAX_PAGES} pages of preferences")
 
 
-def _message(response) -> str:
+def _message(response: Any) -> str:  # (a requests.Response: untyped)
     try:
         return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return response.text[:200]
+        text: str = response.text
+        return text[:200]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpu_train.environment import Environment
 from infra.ops import cloud_quotas
 
@@ -13,5 +15,5 @@ class Google:
     def __init__(self, env: Environment):
         self.env = env
 
-    def quota_preferences(self, project: str) -> list[dict]:
+    def quota_preferences(self, project: str) -> list[dict[str, Any]]:
         return cloud_quotas.list_preferences(project, self.env.cloudquotas_endpoint)

@@ -219,7 +219,7 @@ def _props(r: preview.Declared, catalog: Catalog) -> list[str]:
     return []
 
 
-def _affinity(affinity: dict) -> str:
+def _affinity(affinity: dict[str, Any]) -> str:
     specific = affinity.get("specificReservation")
     if not specific:
         return str(affinity.get("type"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any
 
 from gpu_train import environment
 from gpu_train.catalog.loader import load_catalog
@@ -25,8 +26,14 @@ from gpu_train.stack.problems import ConfigError
 from gpu_train.stack.settings import StackConfig
 from infra.ops import probes
 
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
 
-def _credentials(env: Environment):
+    from gpu_train.catalog.model import Catalog
+    from gpu_train.gcp.validate import GpuShape
+
+
+def _credentials(env: Environment) -> Credentials:
     """The user's Application Default Credentials; none only against another endpoint when there are none
     (a local API that asks for none)."""
     _, creds = probes.read_adc()
@@ -41,7 +48,7 @@ def _credentials(env: Environment):
     return google.auth.default(scopes=probes.SCOPES)[0]
 
 
-def read_reservation(env: Environment, project: str, zone: str, name: str) -> tuple[dict | None, list[str]]:
+def read_reservation(env: Environment, project: str, zone: str, name: str) -> tuple[dict[str, Any] | None, list[str]]:
     """The reservation ``name`` of ``project`` in ``zone`` (reservations.get), or None and the zones that
     do hold one of that name (aggregated/reservations filtered by name). Raises RuntimeError otherwise."""
     creds = _credentials(env)
@@ -61,7 +68,7 @@ def read_reservation(env: Environment, project: str, zone: str, name: str) -> tu
     )
 
 
-def read_quotas(env: Environment, project: str, region: str, zone: str) -> tuple[dict, dict, set[str]]:
+def read_quotas(env: Environment, project: str, region: str, zone: str) -> tuple[dict[str, Any], dict[str, Any], set[str]]:
     """(region quotas, project quotas, accelerator types offered in the zone): one call each."""
     creds = _credentials(env)
     region_doc = probes.get_json(creds, probes.compute_url(env, f"/compute/v1/projects/{project}/regions/{region}"))
@@ -69,7 +76,7 @@ def read_quotas(env: Environment, project: str, region: str, zone: str) -> tuple
     accelerators = probes.compute_url(env, f"/compute/v1/projects/{project}/zones/{zone}/acceleratorTypes")
     offered = {a["name"] for page in probes.pages(creds, accelerators) for a in page.get("items", [])}
 
-    def table(doc: dict) -> dict[str, tuple[float, float]]:
+    def table(doc: dict[str, Any]) -> dict[str, tuple[float, float]]:
         return {q["metric"]: (float(q.get("limit", 0)), float(q.get("usage", 0))) for q in doc.get("quotas", [])}
 
     return table(region_doc), table(project_doc), offered
@@ -94,10 +101,12 @@ def offering_zones(env: Environment, project: str, machine_type: str, gpu_type: 
     return sorted(zones("machineTypes", machine_type) & zones("acceleratorTypes", gpu_type))
 
 
-Reservation = tuple[dict | None, list[str]]  # read_reservation's answer
+Reservation = tuple[dict[str, Any] | None, list[str]]  # read_reservation's answer
 
 
-def report(cfg: StackConfig, region_q: dict, global_q: dict, offered: set[str], reservation: Reservation | None = None) -> tuple[str, int]:
+def report(
+    cfg: StackConfig, region_q: dict[str, Any], global_q: dict[str, Any], offered: set[str], reservation: Reservation | None = None
+) -> tuple[str, int]:
     catalog = load_catalog()
     shape = validate.shape_of(cfg, catalog)
     nodes = validate.node_shapes(cfg, catalog)
@@ -116,7 +125,10 @@ def report(cfg: StackConfig, region_q: dict, global_q: dict, offered: set[str], 
     for row in rows:
         n = row.need
         status = {True: "ok", False: "SHORT", None: "not listed"}[row.ok]
-        fmt = lambda v: "-" if v is None else f"{v:g}"  # noqa: E731
+
+        def fmt(v: float | None) -> str:
+            return "-" if v is None else f"{v:g}"
+
         lines.append(f"  {n.metric or '(per-family quota)':<32}{n.scope:<14}{fmt(row.limit):>8}{fmt(row.usage):>8}{n.amount:>8}  {status}")
         if n.note:
             lines.append(f"      {n.note}")
@@ -147,7 +159,7 @@ def report(cfg: StackConfig, region_q: dict, global_q: dict, offered: set[str], 
     return "\n".join(lines), ExitStatus.OK
 
 
-def _reservation_lines(cfg: StackConfig, found: Reservation, nodes: list, catalog, lines: list[str]) -> list[str]:
+def _reservation_lines(cfg: StackConfig, found: Reservation, nodes: list[GpuShape], catalog: Catalog, lines: list[str]) -> list[str]:
     """The reservation's row in the report (appended to ``lines``), and its problems for 'cannot fit'."""
     assert cfg.reservation
     project, name = reservations.where(cfg.reservation, cfg.project or "")

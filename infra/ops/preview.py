@@ -29,7 +29,7 @@ MOCK_INTERNAL_IP = "10.128.0.2"
 MOCK_IMAGE_DISK_GB = 50
 
 
-class ProviderError(grpc.RpcError):
+class ProviderError(grpc.RpcError):  # type: ignore[misc]  # (grpc ships no types: Any here)
     """A provider's failed invoke as the engine hands it back: a gRPC error whose details are the
     provider's text (the SDK turns it into "invoke of TOKEN failed: TEXT", as on a real `up`)."""
 
@@ -63,7 +63,7 @@ class Recorder(pulumi.runtime.Mocks):
     image_disk_gb: int = MOCK_IMAGE_DISK_GB
     # Current limits by Cloud Quotas id: a number (the default entry, for every region) or the
     # dimensionsInfos as the API lists them ({dimensions, applicableLocations, value} each).
-    quota_values: dict[str, int | list[dict]] = field(default_factory=dict)
+    quota_values: dict[str, int | list[dict[str, Any]]] = field(default_factory=dict[str, Any])
     # The image an existing VM's boot disk was created from (what the provider reads back after the
     # first `up`, whatever the family's newest is now); None: the VM is new.
     pinned_image: str | None = None
@@ -74,7 +74,7 @@ class Recorder(pulumi.runtime.Mocks):
     retained: dict[tuple[str, str], bool] = field(default_factory=dict)
     imports: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         outputs = dict(args.inputs)
         if args.typ == "gcp:compute/resourcePolicy:ResourcePolicy":
             project, region = args.inputs.get("project") or "project", args.inputs.get("region")
@@ -129,7 +129,7 @@ class Recorder(pulumi.runtime.Mocks):
             return {"dimensionsInfos": quota_infos(args.args.get("quotaId", ""), self.quota_values)}
         return {}
 
-    def _instance(self, given: dict) -> dict:
+    def _instance(self, given: dict[str, Any]) -> dict[str, Any]:
         """An existing instance (``pinned_image`` set) as the data source reads it back, else the
         provider's 404 (terraform-provider-google's HandleDataSourceNotFoundError: "<id> not found",
         wrapped by the bridge)."""
@@ -141,7 +141,7 @@ class Recorder(pulumi.runtime.Mocks):
             )
         return {"name": name, "zone": zone, "project": project, "bootDisks": [{"initializeParams": [{"image": self.pinned_image}]}]}
 
-    def _image_by_name(self, given: dict) -> dict:
+    def _image_by_name(self, given: dict[str, Any]) -> dict[str, Any]:
         """An image looked up by name: the pinned one (of its own size); any other name is a 404."""
         name, project = given["name"], given.get("project") or "project"
         link = f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{name}"
@@ -158,15 +158,15 @@ class _Monitor(MockMonitor):
     """The mock monitor, also noting each registration's ``protect``, ``retain_on_delete``, ``import`` and
     ``ignore_changes`` options (MockResourceArgs leaves them out)."""
 
-    def RegisterResource(self, request):
+    def RegisterResource(self, request: Any) -> Any:  # (pulumi's mock monitor: a protobuf request, untyped)
         mocks = cast(Recorder, self.mocks)
         mocks.protected[(request.type, request.name)] = bool(request.protect)
         mocks.retained[(request.type, request.name)] = bool(request.retainOnDelete)
         mocks.imports[(request.type, request.name)] = (request.importId, tuple(request.ignoreChanges))
-        return super().RegisterResource(request)
+        return super().RegisterResource(request)  # type: ignore[no-untyped-call]  # (pulumi's MockMonitor is untyped)
 
 
-def quota_infos(quota_id: str, values: dict[str, int | list[dict]]) -> list[dict]:
+def quota_infos(quota_id: str, values: dict[str, int | list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """A QuotaInfo's dimensionsInfos as Cloud Quotas lists them: a default entry with no dimensions
     whose applicableLocations name every region it covers (["global"] for project-wide quotas),
     and, where given, entries for specific dimensions (listed first, as the API may)."""
@@ -191,9 +191,9 @@ class Recorded:
 
     # The project's quota preferences as Cloud Quotas lists them (quotaPreferences.list): what the
     # program asks before it declares one (infra/quota_request.existing_preferences).
-    preferences: list[dict] = field(default_factory=list)
+    preferences: list[dict[str, Any]] = field(default_factory=list)
 
-    def quota_preferences(self, project: str) -> list[dict]:
+    def quota_preferences(self, project: str) -> list[dict[str, Any]]:
         return list(self.preferences)
 
 
@@ -214,10 +214,10 @@ def run(
     stack: str,
     config: dict[str, Any] | None = None,
     image_disk_gb: int = MOCK_IMAGE_DISK_GB,
-    quota_values: dict[str, int | list[dict]] | None = None,
+    quota_values: dict[str, int | list[dict[str, Any]]] | None = None,
     pinned_image: str | None = None,
     pinned_image_disk_gb: int = MOCK_IMAGE_DISK_GB,
-    quota_preferences: list[dict] | None = None,
+    quota_preferences: list[dict[str, Any]] | None = None,
     lookups: Lookups | None = None,
 ) -> Preview:
     """Run ``program`` as ``pulumi up`` would, under mocks, handed ``lookups`` (default: the recorded
@@ -238,7 +238,7 @@ def run(
     outputs: dict[str, Any] = {}
     error: BaseException | None = None
 
-    @pulumi.runtime.test
+    @pulumi.runtime.test  # type: ignore[untyped-decorator]  # (pulumi declares it without types)
     def _run() -> Any:
         program(given)
         return pulumi.Output.all(**root.outputs).apply(outputs.update)

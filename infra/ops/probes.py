@@ -12,11 +12,16 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.environment import Environment
 from gpu_train.views.checkup import Adc
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+    from google.auth.transport.requests import AuthorizedSession
 
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 TIMEOUT_S = 10.0
@@ -45,7 +50,7 @@ def pulumi_whoami() -> tuple[int, str, str] | None:
     return _pulumi("whoami", "--verbose") if shutil.which("pulumi") else None
 
 
-def pulumi_stacks() -> dict[str, dict] | None:
+def pulumi_stacks() -> dict[str, dict[str, Any]] | None:
     """This project's stacks in the backend (``pulumi stack ls --json``) by name; None when unknown."""
     if not shutil.which("pulumi"):
         return None
@@ -67,7 +72,7 @@ def adc_path() -> Path:
     return Path(config) / "application_default_credentials.json"
 
 
-def read_adc() -> tuple[Adc, object | None]:
+def read_adc() -> tuple[Adc, Credentials | None]:
     """What the ADC file is, and credentials made from it (None when it cannot be used)."""
     path = adc_path()
     if not path.is_file():
@@ -83,23 +88,23 @@ def read_adc() -> tuple[Adc, object | None]:
     return Adc(str(path), True, kind=info.get("type", "?"), project=project), creds
 
 
-def _session(creds):
+def _session(creds: Credentials) -> AuthorizedSession:
     from google.auth.transport.requests import AuthorizedSession
 
     return AuthorizedSession(creds)
 
 
-def get_json(creds, url: str, params: dict | list | None = None) -> dict:
+def get_json(creds: Credentials, url: str, params: dict[str, Any] | list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """One authorised GET; raises RuntimeError with Google's own error message."""
     return _answer(lambda: _session(creds).get(url, params=params, timeout=TIMEOUT_S))
 
 
-def post_json(creds, url: str, params: dict | None = None, body: dict | None = None) -> dict:
+def post_json(creds: Credentials, url: str, params: dict[str, Any] | None = None, body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One authorised POST; raises RuntimeError with Google's own error message."""
     return _answer(lambda: _session(creds).post(url, params=params, json=body, timeout=TIMEOUT_S))
 
 
-def _answer(send) -> dict:
+def _answer(send: Callable[[], Any]) -> dict[str, Any]:  # (a requests.Response: untyped)
     """The JSON of a 200 answer to ``send()``; RuntimeError with Google's own error message otherwise."""
     try:
         r = send()
@@ -111,10 +116,11 @@ def _answer(send) -> dict:
         except (ValueError, KeyError, TypeError):
             message = r.text[:200]
         raise RuntimeError(f"HTTP {r.status_code}: {message}")
-    return r.json()
+    doc: dict[str, Any] = r.json()
+    return doc
 
 
-def operation_done(env: Environment, creds, operation: dict, timeout: float, poll_s: float = 2.0) -> dict:
+def operation_done(env: Environment, creds: Credentials, operation: dict[str, Any], timeout: float, poll_s: float = 2.0) -> dict[str, Any]:
     """A zone operation as zoneOperations.get has it once DONE; RuntimeError with its error, or at ``timeout``.
     Asked again after 0.1 s, the waits doubling up to ``poll_s``: an operation done in a moment is seen then,
     not a whole ``poll_s`` later (a stop or start that takes a minute costs four more reads)."""
@@ -137,7 +143,7 @@ def operation_done(env: Environment, creds, operation: dict, timeout: float, pol
     return operation
 
 
-def services_state(env: Environment, creds, project: str, services: list[str]) -> dict[str, str]:
+def services_state(env: Environment, creds: Credentials, project: str, services: list[str]) -> dict[str, str]:
     """Service Usage ``services.batchGet``: each service's state (ENABLED, DISABLED) in one call."""
     base = env.serviceusage_endpoint
     names = [("names", f"projects/{project}/services/{s}") for s in services]
@@ -150,7 +156,7 @@ def compute_url(env: Environment, path: str) -> str:
     return env.compute_endpoint + path
 
 
-def instance(env: Environment, vm: dict) -> dict | None:
+def instance(env: Environment, vm: dict[str, Any]) -> dict[str, Any] | None:
     """A VM's Compute API document (instances.get; ``vm``: project, zone, name), or None when it cannot be asked."""
     _, creds = read_adc()
     if creds is None:
@@ -161,7 +167,7 @@ def instance(env: Environment, vm: dict) -> dict | None:
         return None
 
 
-def pages(creds, url: str, params: dict | None = None) -> Iterator[dict]:
+def pages(creds: Credentials, url: str, params: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
     """Each page of a Google list at ``url``, following nextPageToken; RuntimeError if a token comes back
     (an answer that would loop forever)."""
     params, seen = dict(params or {}), set()
@@ -177,7 +183,7 @@ def pages(creds, url: str, params: dict | None = None) -> Iterator[dict]:
         params["pageToken"] = token
 
 
-def gpu_train_instances(env: Environment, creds, project: str) -> list[dict]:
+def gpu_train_instances(env: Environment, creds: Credentials, project: str) -> list[dict[str, Any]]:
     """Every gpu-train VM of the project, in every zone, in one call (instances.aggregatedList
     filtered on the label the program puts on each VM). (No ``returnPartialSuccess``: compute.v1's
     discovery document, revision 20261106, lists no such parameter of aggregatedList.)"""
