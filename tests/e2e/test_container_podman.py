@@ -83,8 +83,8 @@ def podman_user(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(reason)
     user = User(f"gtpod{os.getpid() % 100000}")
     dockerd = containers.Dockerd(tmp_path_factory.mktemp("dockerd")).start()  # root's: its socket refuses the user
+    extra = tmp_path_factory.mktemp("marker")
     try:
-        extra = Path(tempfile.mkdtemp(prefix="gtpod-"))
         (extra / "etc").mkdir()
         (extra / "etc" / "gt-marker").write_text("A\n")
         excluded = [f"--exclude={p}" for p in containers.SLIM]
@@ -93,7 +93,6 @@ def podman_user(tmp_path_factory: pytest.TempPathFactory):
         )
         user.run(PODMAN, "import", "--change", "USER 4321", "-", "gt/job:1", stdin=tar.stdout)
         tar.wait()
-        shutil.rmtree(extra)
         yield user, dockerd
     finally:
         dockerd.stop()
