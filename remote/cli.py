@@ -25,6 +25,7 @@ from typing import Any
 from invoke import Argument, Call, Exit, ParseError, ParserContext, ParseResult, Program, Result, Task
 from invoke import Config as InvokeConfig
 from invoke import Executor as InvokeExecutor
+from invoke.parser import Parser
 
 from gpu_train.environment import CONFIG_KEY, Environment
 from gpu_train.errors import UsageError
@@ -126,14 +127,25 @@ class TaskLine(Program):
     (exit 2, Invoke's own is 1). `gpu-train`'s program is one (``GpuTrain``); Fabric's, which `fab` runs, is
     made one by the clone's fabfile (``remote.fab.adopt``)."""
 
+    _parser: tuple[object, Parser] | None = None
+
+    def _make_parser(self) -> Parser:
+        """The collection's parser, made once: Invoke's ``Task.get_arguments`` hands each option's help text out
+        once (it pops it from ``task.help``), so a second parser (``script_flag``'s, then Invoke's own) would
+        show a help page without them. (`fab`'s tasks are deep copies whose ``get_arguments`` still pops the
+        original's: putting the texts back on the task is not enough.)"""
+        if self._parser is None or self._parser[0] is not self.collection:
+            self._parser = (self.collection, super()._make_parser())
+        return self._parser[1]
+
     def parse_tasks(self) -> None:
         tokens, names = list(self.core.unparsed), set(self.collection.task_names)
         if (task := help_asked(tokens, names)) is not None:
             self.core.unparsed = []  # (parse_cleanup prints the task's help, as for `--help TASK`)
             self.args.help.value = task
             return super().parse_tasks()
-        train = self.collection.tasks.get("train")
-        why = script_flag(tokens, _flags(train), names, self.binary_names[0]) if train is not None else None
+        contexts = self._make_parser().contexts
+        why = script_flag(tokens, _flags(contexts["train"]), names, self.binary_names[0]) if "train" in contexts else None
         if why:
             raise exit_for(UsageError(why))
         try:
@@ -221,13 +233,10 @@ class GpuTrain(TaskLine):
         self.config[CONFIG_KEY] = env  # type: ignore[assignment]  # (Invoke's annotation says str; any value is kept)
 
 
-def _flags(task: Task[Any]) -> dict[str, bool]:
-    """A task's flags as typed (--name, -n) -> whether each takes a value."""
-    found: dict[str, bool] = {}
-    for argument in task.get_arguments():
-        for name in argument.names:
-            found[("-" if len(name) == 1 else "--") + name.replace("_", "-")] = argument.takes_value
-    return found
+def _flags(context: ParserContext) -> dict[str, bool]:
+    """A task's flags as typed (--name, -n) -> whether each takes a value, from its parser context."""
+    flags = context.flags
+    return {name: flags[name].takes_value for name in (*flags.keys(), *flags.aliases.keys())}
 
 
 def program(env: Environment | None = None) -> GpuTrain:

@@ -67,3 +67,19 @@ def test_fabrics_core_options_are_refused_and_gpu_trains_work(tmp_path: Path) ->
         "--hide"
         in subprocess.run([FAB, "--search-root", str(ROOT), "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout
     )  # the clone's `fab` is Fabric's own
+
+
+def test_train_help_shows_each_options_help(tmp_path: Path) -> None:
+    """gpu-train's and the clone's fab: train's flag check (`script_flag`) reads train's options before Invoke
+    parses the line; Invoke hands each option's help text out once (it pops it), so the help page must come
+    from the same parser."""
+    fab = [FAB, "--search-root", str(ROOT)]
+    for argv in (["--help", "train"], ["train", "--help"], [*fab, "--help", "train"], [*fab, "train", "--help"]):
+        if argv[0] == FAB:
+            shown = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        else:
+            shown = gpu_train(*argv, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        options = shown.stdout.split("Options:")[1]
+        assert "arguments for --script, as one quoted string" in options, options
+        assert "stream the log until the job ends" in options, options

@@ -14,7 +14,7 @@ from remote.tasks import ns
 from tests.conftest import ROOT
 
 TASKS = set(ns.task_names)
-TRAIN = cli._flags(ns.tasks["train"])
+TRAIN = cli._flags(next(c for c in ns.to_contexts() if c.name == "train"))
 
 
 @pytest.mark.parametrize(
