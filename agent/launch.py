@@ -140,7 +140,6 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
         raise AgentError(str(e)) from None
     run_id, base = spec.run_id, spec.base
     check_pool(spec)
-    notify.write_url(root, spec.notify)  # the webhook: 0600, never in spec.json
     if spec.agent_settings:  # the stack's settings (maxResumes, idle stop, ...) for boot and tick
         write_settings(root, spec.agent_settings)
     clean_staging(root)
@@ -203,6 +202,7 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
         os.replace(tmp_link, last)
         if spec.code_manifest:
             write_json(f"{last[: -len('.last')]}.manifest", {"manifest": spec.code_manifest})
+        notify.keep(root, run_id, spec.notify)  # the run's own webhook: 0600, never in spec.json
         env, secrets = registry.split(spec.env)  # the run's folder is its container's: no token in it
         spec = replace(spec, python=python, externally_managed=managed, path=os.environ.get("PATH"), notify=None, env=env)
         write_json(os.path.join(run_dir, "spec.json"), spec.to_json())

@@ -96,7 +96,11 @@ def send_soon(url: str | None, text: str) -> threading.Thread | None:
 
 def read_url(root: str) -> str | None:
     """REMOTE_ROOT/notify.url, only when it is the user's own file and no one else can read it (0600)."""
-    path = os.path.join(root, NOTIFY_FILE)
+    return _private_url(os.path.join(root, NOTIFY_FILE))
+
+
+def _private_url(path: str) -> str | None:
+    """The webhook in ``path``, only when it is the user's own file and no one else can read it (0600)."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         with os.fdopen(fd) as f:
@@ -106,6 +110,27 @@ def read_url(root: str) -> str | None:
             url = f.read().strip()
             return url if url.startswith(("https://", "http://")) else None
     return None
+
+
+# Each run's (and each sweep's) own webhook: REMOTE_ROOT/notify/NAME.url, 0600, empty when its stack has none.
+# One REMOTE_ROOT serves every stack and project that reaches the host as this user, and a single notify.url
+# (the last launch's) announced every run's end, its last log line included, to whichever stack launched last
+# (another team's channel), or to none.
+KEPT = "notify"
+
+
+def keep(root: str, name: str, url: str | None) -> None:
+    """The webhook of the run (or ``SWEEP.sweep``) ``name``, as its launch brings it ("" for none)."""
+    folder = os.path.join(root, KEPT)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    atomic_write(os.path.join(folder, f"{name}.url"), (url or "").strip() + "\n", 0o600, keep_mode=False)
+
+
+def kept(root: str, name: str) -> str | None:
+    """The webhook kept for ``name``; for a run launched before each run kept its own (no file), the host's
+    last one (REMOTE_ROOT/notify.url), as then."""
+    path = os.path.join(root, KEPT, f"{name}.url")
+    return _private_url(path) if os.path.lexists(path) else read_url(root)
 
 
 def write_url(root: str, url: str | None) -> None:

@@ -146,7 +146,7 @@ def launch_trial(root: str, doc: SweepDoc, trial: dict[str, Any], slot: int) -> 
         expect_gpus=0,
         reuse_code=False,
         bucket=trial.get("bucket") or job.bucket,  # the trial's own place (a record from before had the sweep's)
-        notify=notify.read_url(root),  # the host's webhook as sweep-start left it (a launch without one removes it)
+        notify=notify.kept(root, f"{doc.name}.sweep"),  # the sweep's own webhook, as its start kept it
     )
     return cast("Launched", cmd_launch(root, spec.to_json(), False))  # (expects no GPUs: never Waiting)
 
@@ -191,7 +191,7 @@ def cmd_sweep_start(root: str, raw: dict[str, Any], staged: str) -> SweepStarted
             raise AgentError(f"the code for sweep {doc.name} did not arrive (no {code}): run the sweep again")
         os.makedirs(folder)
         os.replace(code, os.path.join(folder, "code"))
-        notify.write_url(root, job.notify)  # the webhook as a launch keeps it (0600), never in the record
+        notify.keep(root, f"{doc.name}.sweep", job.notify)  # the sweep's own webhook (0600), never in the record
         write_json(os.path.join(folder, "sweep.json"), replace(doc, job=replace(job, notify=None).to_json(), created=now()).to_json())
     started = advance(root, doc.name)
     return answer(SweepStarted, sweep=doc.name, trials=len(mine(doc).trials), slots=len(doc.slots), started=[s["runId"] for s in started])

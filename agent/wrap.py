@@ -350,10 +350,10 @@ def record_end(run_dir: str, final: str, code: int | None, reason: str | None = 
 
 
 def announce_end(run_dir: str) -> None:
-    """Tell the stack's webhook (REMOTE_ROOT/notify.url) how the run ended, from node 0 only; after the
+    """Tell the run's webhook (its stack's, as its launch kept it: notify.kept) how the run ended, from node 0 only; after the
     state is recorded, within the webhook's short timeout, never raising."""
     root = os.path.dirname(os.path.dirname(run_dir))
-    url = notify.read_url(root)
+    url = notify.kept(root, os.path.basename(run_dir))
     spec = spec_or_none(run_dir)
     node: dict[str, Any] = (spec and spec.node) or {}
     if not url or int(node.get("rank") or 0) != 0:
