@@ -116,7 +116,7 @@ def main() -> None:
         root = secure_root(sys.argv[4])
     except (UnsafeRoot, OSError) as e:
         sys.exit(refuse(str(e)))
-    sent, packed = sys.argv.pop(1), sys.argv.pop(1)
+    sent, packed = sys.argv[1:3]  # (taken off sys.argv only once every refusal is said: `refuse` reads it)
     path = os.path.join(root, "bin", "gpu-train-agent")
     folder = os.path.join(root, "bin", f"{UNPACKED}{sent}")
     if os.path.isdir(folder) and installed_version(path) == sent:  # this version, installed and unpacked
@@ -132,6 +132,7 @@ def main() -> None:
             folder = unpacked(zipapp, root)
         except OSError:  # a disk too full to unpack: the zipapp itself
             folder = path
+    del sys.argv[1:3]
     sys.argv[0] = path
     sys.path.insert(0, folder)
     sys.exit(importlib.import_module(PACKAGE + ".cli").main(sys.argv[1:]))

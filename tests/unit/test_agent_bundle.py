@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tokenize
 import zipfile
 from io import BytesIO
@@ -207,3 +208,21 @@ def test_the_unpacked_folder_is_on_disk_before_its_name_says_it_is_complete(tmp_
     assert any("fsync(" in c and f"<{root / 'bin'}>" in c for c in calls[renamed:])  # the rename itself
     installed = re.escape(str(root / "bin" / "gpu-train-agent"))  # the zipapp a reboot's resume runs, likewise
     assert any(re.search(rf"fsync\(\d+<{installed}\.tmp\.\d+>\)", c) for c in calls), calls
+
+
+def test_a_python_without_lzma_is_said_where_the_call_reads_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`logs` streams the log on stdout, so its errors go to stderr, the bootstrap's own refusals too: a host
+    whose python3 lacks lzma (built without liblzma) says so there, not as a line of the run's log. The
+    bootstrap as the host runs it (``python3 -c``), in this process with lzma made unimportable."""
+    root = tmp_path / "gpu-train"
+    code = compile(bundle.BOOTSTRAP, "<string>", "exec")
+    monkeypatch.setitem(sys.modules, "lzma", None)  # `import lzma` raises ImportError, as where it is missing
+    for args, stream in ((("logs", "--run", "r_20250101_000000"), "err"), (("status",), "out")):
+        monkeypatch.setattr(sys, "argv", ["-c", bundle.payload_version(), bundle.packed_payload(), "--root", str(root), *args])
+        with pytest.raises(SystemExit) as exited:
+            exec(code, {"__name__": "__main__"})
+        assert exited.value.code == 2
+        said = capsys.readouterr()
+        assert "lacks the standard library's lzma module" in json.loads(getattr(said, stream))["error"], (args, said)
