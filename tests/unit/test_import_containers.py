@@ -1,6 +1,6 @@
 """Imported container jobs (issue 40): Vertex's containerSpec, AI Platform's imageUri and container
 command/args, a package in Google's prebuilt image, env values to a file, /gcs paths and pools named.
-(tests/e2e/test_container.py runs an imported one end to end.)"""
+(tests/e2e/test_container_vertex.py runs imported ones end to end.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`train --pools`: each pool's own job (gpu_train/pooljobs.py), read and checked, given to its nodes by
 their place in the cluster; the agent refuses a pool's job on a node of another pool. (Imported from a
 Vertex job with pools of different images: test_import_containers.py; end to end on a real dockerd:
-tests/e2e/test_container_pools.py.)"""
+tests/e2e/test_container_vertex.py.)"""
 
 from __future__ import annotations
 
