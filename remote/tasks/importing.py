@@ -171,7 +171,7 @@ def import_with(env: Environment, o: ImportOptions) -> None:
     print("\nThen run the same job:\n  " + printable(shlex.join(result.train)))
     from remote.tasks.starter import doc_page
 
-    say(f"(pulumi up first creates the VMs: gpu-train up --stack NAME; {doc_page('importing.md')})")
+    say(f"(pulumi up first creates the VMs: gpu-train up --stack {stack_name}; {doc_page('importing.md')})")
 
 
 import_job.remainder_kwarg = "gcloud"  # `gpu-train import -- gcloud ...` (remote/cli.py's Executor)

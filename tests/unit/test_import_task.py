@@ -28,6 +28,7 @@ def test_the_import_task_writes_a_valid_stack_once(tmp_path) -> None:
     out = fab(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "The stack is valid" in out.stdout and "gpu-train train --stack aip --command 'python -m trainer.task'" in out.stdout
+    assert "gpu-train up --stack aip;" in out.stderr, out.stderr  # the stack it wrote, not a placeholder
     written = stackfile.read_stack_file(stacks / "Pulumi.aip.yaml")
     assert written["gpu-train:pools"] == CLUSTER_POOLS and written["gcp:project"] == "proj-1"
     assert plans_file(stacks / "Pulumi.aip.yaml") == 0
