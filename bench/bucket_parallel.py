@@ -22,7 +22,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 from unittest import mock
+
+if TYPE_CHECKING:
+    from google.cloud import storage
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,7 +42,7 @@ WINDOW = int(os.environ.get("BENCH_WINDOW_KB", "4096")) << 10
 SIZES = [int(x) for x in os.environ.get("BENCH_SIZES", os.environ.get("BENCH_MB", "256")).split(",")]
 
 
-def timed(bucket, path: Path, parallel: bool) -> float:
+def timed(bucket: storage.Bucket, path: Path, parallel: bool) -> float:
     st = path.stat()
     name = f"bench/{path.name}.{'parallel' if parallel else 'single'}"
     started = time.perf_counter()

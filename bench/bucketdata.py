@@ -43,6 +43,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from google.cloud import storage
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -58,7 +62,7 @@ LARGE, LARGE_MB = int(os.environ.get("BENCH_LARGE", "4")), int(os.environ.get("B
 WORKERS = int(os.environ.get("BENCH_WORKERS", "8"))
 
 
-def client(url: str):
+def client(url: str) -> storage.Client:
     from google.cloud import storage
 
     os.environ["STORAGE_EMULATOR_HOST"] = url  # Google's own variable, read when a client is made
@@ -70,7 +74,7 @@ def epoch(folder: Path) -> int:
     return sum(len(p.read_bytes()) for p in sorted(folder.rglob("*")) if p.is_file())
 
 
-def copy_one_by_one(gcs, bucket: str, prefix: str, into: Path) -> int:
+def copy_one_by_one(gcs: storage.Client, bucket: str, prefix: str, into: Path) -> int:
     for blob in gcs.list_blobs(bucket, prefix=prefix):
         path = into / blob.name[len(prefix) :]
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +82,7 @@ def copy_one_by_one(gcs, bucket: str, prefix: str, into: Path) -> int:
     return epoch(into)
 
 
-def copy_parallel(gcs, bucket: str, prefix: str, into: Path) -> int:
+def copy_parallel(gcs: storage.Client, bucket: str, prefix: str, into: Path) -> int:
     from google.cloud.storage import transfer_manager as tm
 
     blobs = list(gcs.list_blobs(bucket, prefix=prefix))
@@ -94,8 +98,8 @@ def copy_parallel(gcs, bucket: str, prefix: str, into: Path) -> int:
     return epoch(into)
 
 
-def mounted(readers: int) -> Callable:
-    def read(gcs, bucket: str, prefix: str, _into: Path) -> int:
+def mounted(readers: int) -> Callable[[storage.Client, str, str, Path], int]:
+    def read(gcs: storage.Client, bucket: str, prefix: str, _into: Path) -> int:
         names = [b.name for b in gcs.list_blobs(bucket, prefix=prefix)]  # readdir
         store = gcs.bucket(bucket)
 
@@ -148,7 +152,7 @@ THREADED = (
 )
 
 
-def threaded_emulator(port: int, log: Path) -> subprocess.Popen:
+def threaded_emulator(port: int, log: Path) -> subprocess.Popen[bytes]:
     """gcp-storage-emulator, unchanged but for a thread per connection, in memory, with the bucket `data`."""
     proc = subprocess.Popen(
         [

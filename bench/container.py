@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +58,7 @@ def laptop_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def start_time(gt, remote: Path, *flags: str) -> float:
+def start_time(gt: Callable[..., subprocess.CompletedProcess[str]], remote: Path, *flags: str) -> float:
     """Seconds from `train` to the job's first instant."""
     time.sleep(1.02 - time.time() % 1)  # run ids are to the second: a new second, so that no two runs share one
     t = time.time()
@@ -100,7 +101,7 @@ def main() -> int:
             secrets = base / "registry.env"
             secrets.write_text(f"GPU_TRAIN_REGISTRY_USER={registry.user}\nGPU_TRAIN_REGISTRY_TOKEN={registry.password}\n")
 
-            def gt(*args: str) -> subprocess.CompletedProcess:
+            def gt(*args: str) -> subprocess.CompletedProcess[str]:
                 said = subprocess.run([GPU_TRAIN, *args], env=env, cwd=code, capture_output=True, text=True, timeout=180)
                 if said.returncode != 0:
                     raise SystemExit(f"gpu-train {' '.join(args)}: {said.stderr[-2000:]}")

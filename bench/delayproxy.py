@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from remote.ssh.listener import accept_each
 
@@ -42,9 +43,9 @@ class _Direction:
     def __init__(self, src: socket.socket, dst: socket.socket, delay: float, window: int | None = None):
         self.src, self.dst, self.delay, self.window = src, dst, delay, window
         self.bytes = 0  # delivered so far (only this direction's writer thread adds)
-        self.queue: collections.deque = collections.deque()
+        self.queue: collections.deque[tuple[float, bytes]] = collections.deque()
         self.ready = threading.Condition()
-        self.acks: collections.deque = collections.deque()  # (when the sender would see the ACK, bytes)
+        self.acks: collections.deque[tuple[float, int]] = collections.deque()  # (when the sender would see the ACK, bytes)
         self.in_flight = 0
 
     def _room(self) -> int:
@@ -97,7 +98,7 @@ class _Direction:
                 return
 
 
-def _quietly(fn, *args) -> None:
+def _quietly(fn: Callable[..., object], *args: object) -> None:
     with contextlib.suppress(OSError):
         fn(*args)
 

@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,7 +47,7 @@ NET = os.environ.get("BENCH_NET", "127.0.24")  # the loopback addresses this ben
 MiB = 1 << 20
 
 
-def timed(cmd: list[str], env: dict, cwd: Path = ROOT) -> float:
+def timed(cmd: list[str], env: dict[str, Any], cwd: Path = ROOT) -> float:
     t = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:

@@ -14,6 +14,8 @@ import http.server
 import inspect
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from gcp_storage_emulator import storage
 from gcp_storage_emulator.__main__ import main
@@ -21,9 +23,9 @@ from gcp_storage_emulator.__main__ import main
 _LOCK = threading.RLock()
 
 
-def _serialised(fn):
+def _serialised(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             return fn(*args, **kwargs)
 

@@ -15,13 +15,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 GOAL_S = 2.0
 
 
-def timed(cmd: list[str], env: dict) -> tuple[float, float]:
+def timed(cmd: list[str], env: dict[str, Any]) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     subprocess.run(cmd, check=False, capture_output=True, env=env, cwd=ROOT)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -58,7 +59,7 @@ def pip_by_hand(work: Path) -> float:
     return time.perf_counter() - t
 
 
-def to_first_line(cmd: list[str], env: dict, cwd: Path) -> float:
+def to_first_line(cmd: list[str], env: dict[str, Any], cwd: Path) -> float:
     """Seconds from the command to the job's READY line (the command then runs to its end)."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
@@ -73,7 +74,7 @@ def to_first_line(cmd: list[str], env: dict, cwd: Path) -> float:
     return took
 
 
-def timed(cmd: list[str], env: dict, cwd: Path, runs: int = 5) -> float:
+def timed(cmd: list[str], env: dict[str, Any], cwd: Path, runs: int = 5) -> float:
     times = []
     for _ in range(runs):
         time.sleep(1.0)  # a new second: a new run id for train

@@ -18,7 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -28,17 +30,17 @@ from remote.loopback import Sshd  # noqa: E402
 FAB = str(Path(sys.executable).parent / "fab")
 
 
-def run(cmd: list[str], env: dict, cwd: Path = ROOT) -> float:
+def run(cmd: list[str], env: dict[str, Any], cwd: Path = ROOT) -> float:
     t = time.perf_counter()
     subprocess.run(cmd, env=env, cwd=cwd, check=True, capture_output=True, stdin=subprocess.DEVNULL)
     return time.perf_counter() - t
 
 
-def median(fn, n: int = 5) -> float:
-    return statistics.median(fn() for _ in range(n))
+def median(fn: Callable[[], float], n: int = 5) -> float:
+    return float(statistics.median(fn() for _ in range(n)))
 
 
-def paired(a, b, n: int = 5) -> tuple[float, float]:
+def paired(a: Callable[[], float], b: Callable[[], float], n: int = 5) -> tuple[float, float]:
     """Medians of ``a`` and ``b`` run alternately, so drift on a busy machine hits both alike."""
     ta, tb = [], []
     for _ in range(n):

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,7 +40,7 @@ DELAY = 0.050  # each way: a 100 ms round trip
 GOALS = {"status": 0.45, "train": 0.7}
 
 
-def timed(cmd: list[str], env: dict, cwd: Path) -> tuple[float, float]:
+def timed(cmd: list[str], env: dict[str, Any], cwd: Path) -> tuple[float, float]:
     """Wall and CPU seconds (user + system of the command and what it waited for) of one run."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()

@@ -23,7 +23,7 @@ from remote.loopback import Sshd  # noqa: E402
 GPU_TRAIN = str(Path(sys.executable).parent / "gpu-train")  # the command a user runs (this venv's)
 
 
-def step(title: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def step(title: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
     print(f"\n== {title}\n$ gpu-train {shlex.join(args)}", flush=True)
     result = subprocess.run([GPU_TRAIN, *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
