@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import re
+import time
 from pathlib import Path
 
 import yaml
@@ -21,6 +22,7 @@ from gpu_train.stack.stackfile import read_stack_file
 
 CONFIG_LINE = re.compile(r"config:[ \t]*(#.*)?")
 INDENTED = re.compile(r"([ ]+)\S")
+LOCK_WAIT_S = 10.0
 
 
 def with_setting(text: str, key: str, value: str) -> str | None:
@@ -62,30 +64,42 @@ def with_setting(text: str, key: str, value: str) -> str | None:
     return new
 
 
-def add_setting(path: Path, key: str, value: str) -> str:
+def add_setting(path: Path, key: str, value: str, wait_s: float = LOCK_WAIT_S) -> str:
     """``gpu-train:KEY`` in the stack file at ``path``: the value already there (another command wrote it
     meanwhile), else ``value``, added. ConfigError naming the line to add when the file cannot take it.
 
     Read and written under a lock on the file: two first `train`s at once (a script starting several) each
     made an area, and the one written last left the other's runs in an area the stack no longer names. The
     lock is the inode's that was opened, and the write replaces the inode: the file is read again by its
-    path once the lock is held, so a writer that waited sees what the one before it wrote."""
+    path once the lock is held, so a writer that waited sees what the one before it wrote. A lock held past
+    ``wait_s`` (gpu-train holds it for milliseconds; anyone who can read the file can take it) is refused, naming
+    the line to add, rather than waited on for ever."""
     with open(path, "rb") as held:
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ConfigError(
+                        [_cannot_add(path, key, value, f"another process has held a lock on {path} for {wait_s:g} s")]
+                    ) from None
+                time.sleep(0.02)
         have = read_stack_file(path).get(f"{NAMESPACE}:{key}")
         if have is not None:
             return str(have)
         text = path.read_text(encoding="utf-8")
         new = with_setting(text, key, value)
         if new is None:
-            raise ConfigError(
-                [
-                    Problem(
-                        key,
-                        f"is not in {path}, and gpu-train could not add it to that file's config: safely",
-                        f"add the line `{NAMESPACE}:{key}: {value}` under config: (or `pulumi config set {NAMESPACE}:{key} {value}`)",
-                    )
-                ]
-            )
+            raise ConfigError([_cannot_add(path, key, value, "gpu-train could not add it to that file's config: safely")])
         atomic_write(path, new, mode=0o644)
     return value
+
+
+def _cannot_add(path: Path, key: str, value: str, why: str) -> Problem:
+    return Problem(
+        key,
+        f"is not in {path}, and {why}",
+        f"add the line `{NAMESPACE}:{key}: {value}` under config: (or `pulumi config set {NAMESPACE}:{key} {value}`)",
+    )

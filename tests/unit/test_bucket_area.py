@@ -140,3 +140,18 @@ def test_two_first_trains_at_once_keep_one_area(tmp_path: Path, monkeypatch: pyt
     second.join(30)
     assert got == {"a": "lab@0000aaaa", "b": "lab@0000aaaa"}
     assert path.read_text() == with_setting(STACK, "bucketArea", "lab@0000aaaa")
+
+
+def test_a_lock_held_on_the_stack_file_is_refused_not_waited_on_for_ever(tmp_path: Path) -> None:
+    """Anyone who can read a stack file can lock it (a shared project folder): the first `train` with a bucket
+    says so, with the line to add, instead of hanging."""
+    import fcntl
+
+    path = tmp_path / "Pulumi.lab.yaml"
+    path.write_text(STACK)
+    with open(path, "rb") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(ConfigError) as e:
+            add_setting(path, "bucketArea", "lab@0000beef", wait_s=0.2)
+    assert "held a lock" in str(e.value) and "gpu-train:bucketArea: lab@0000beef" in str(e.value)
+    assert path.read_text() == STACK
