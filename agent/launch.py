@@ -308,6 +308,20 @@ def imports_torch_probed(root: str, python: str) -> bool:
     return True
 
 
+def interpreter(python: str) -> list[int] | None:
+    """The fingerprint of the interpreter ``python`` names (through PATH and symlinks), or None where it is
+    not one but a script that picks one as it runs (a pyenv or asdf shim, a wrapper): never taken as known."""
+    found = shutil.which(python)
+    real = os.path.realpath(found) if found else None
+    try:
+        with open(real or "", "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return None
+    except OSError:
+        return None
+    return fingerprint(real)
+
+
 def still_probed(known: dict[str, Any], executable: list[int], torch: bool) -> bool:
     """Whether a Python's record in PROBED holds for it now: the same executable, and torch's package
     the same file when the job needs torch."""
@@ -320,14 +334,15 @@ def check_python(root: str, python: str, configured: bool, torch: bool) -> bool:
     """Before "started": the job's Python runs, and imports torch when the job needs it. Whether it
     is externally managed (PEP 668), so that requirements go into a venv of it instead.
 
-    A Python that passed before is not asked again while it is the same: its executable and, for a job
+    A Python that passed before is not asked again while it is the same: its interpreter and, for a job
     that needs torch, torch's package the same files (inode, size, mtime). Importing torch takes
-    seconds, and every train of a torch script waited for it before "started", unchanged code too."""
+    seconds, and every train of a torch script waited for it before "started", unchanged code too.
+    A script in its place (a pyenv or asdf shim, a wrapper) is asked every time: it picks its
+    interpreter as it runs."""
     where = f"gpu-train:python = {python}" if configured else f"the host's Python {python} (detected; set gpu-train:python)"
     seen = read_json(os.path.join(root, PROBED)) or {}
     key = f"{python} {'torch' if torch else 'python'}"
-    found = shutil.which(python)
-    executable = fingerprint(os.path.realpath(found)) if found else None
+    executable = interpreter(python)
     known = seen.get(key)
     if isinstance(known, dict) and executable and still_probed(known, executable, torch):
         return bool(known.get("managed"))

@@ -67,27 +67,38 @@ def test_a_python_that_passed_is_not_asked_again_while_it_is_the_same(tmp_path: 
     code too; a Python that passed is now asked again only when it, or torch's package, changed."""
     from agent import launch
 
-    root, asked = tmp_path / "root", tmp_path / "asked"
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\necho x >> {asked}\nexec {WITH_TORCH} "$@"\n')
-    wrapper.chmod(0o755)
+    root, imported = tmp_path / "root", tmp_path / "imported"
+    (init,) = (Path(WITH_TORCH).parent.parent / "lib").glob("python3*/site-packages/torch/__init__.py")
+    init.write_text(f"open({str(imported)!r}, 'a').write('x\\n')\n__version__ = '2.13.0'\n")
 
-    def times() -> int:
-        return len(asked.read_text().splitlines()) if asked.exists() else 0
+    def imports() -> int:
+        return len(imported.read_text().splitlines()) if imported.exists() else 0
 
-    assert launch.check_python(str(root), str(wrapper), True, True) is False  # a venv: not externally managed
-    assert times() == 1
-    assert procs.detect_python(None, [WITHOUT_TORCH, str(wrapper)], lambda c: launch.imports_torch_probed(str(root), c)) == str(wrapper)
-    assert launch.check_python(str(root), str(wrapper), True, True) is False
-    assert times() == 1  # found, then checked, without asking it again
-    torch_init = Path(WITH_TORCH).parent.parent / "lib"
-    (init,) = torch_init.glob("python3*/site-packages/torch/__init__.py")
-    init.write_text("__version__ = '2.14.0'\n")  # torch upgraded
-    launch.check_python(str(root), str(wrapper), True, True)
-    assert times() == 2
-    launch.check_python(str(root), str(wrapper), True, False)  # a job that needs no torch: its own record
-    assert times() == 3
+    assert launch.check_python(str(root), WITH_TORCH, True, True) is False  # a venv: not externally managed
+    assert imports() == 1
+    assert procs.detect_python(None, [WITHOUT_TORCH, WITH_TORCH], lambda c: launch.imports_torch_probed(str(root), c)) == WITH_TORCH
+    assert launch.check_python(str(root), WITH_TORCH, True, True) is False
+    assert imports() == 1  # found, then checked, without importing torch again
+    init.write_text(init.read_text().replace("2.13.0", "2.14.0"))  # torch upgraded
+    launch.check_python(str(root), WITH_TORCH, True, True)
+    assert imports() == 2
     with pytest.raises(launch.AgentError, match="cannot `import torch`"):  # a failure is never kept
         launch.check_python(str(root), WITHOUT_TORCH, True, True)
     with pytest.raises(launch.AgentError, match="cannot `import torch`"):
         launch.check_python(str(root), WITHOUT_TORCH, True, True)
+
+
+def test_a_shim_is_asked_every_time(tmp_path: Path) -> None:
+    """A pyenv or asdf shim (a script) picks its interpreter as it runs: `pyenv global system` makes the
+    same path a Python without torch, so what it answered before says nothing now."""
+    from agent import launch
+
+    root, choice = tmp_path / "root", tmp_path / "choice"
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/bin/sh\nexec "$(cat {choice})" "$@"\n')
+    shim.chmod(0o755)
+    choice.write_text(WITH_TORCH)
+    launch.check_python(str(root), str(shim), True, True)
+    choice.write_text(WITHOUT_TORCH)  # `pyenv global system`
+    with pytest.raises(launch.AgentError, match="cannot `import torch`"):
+        launch.check_python(str(root), str(shim), True, True)
