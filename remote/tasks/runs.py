@@ -6,7 +6,7 @@ import json
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from invoke import task
 
@@ -47,9 +47,26 @@ def logs(c: Context, run=None, follow=False, lines=None, node=None, all_=False, 
 
 def show_logs(env: Environment, o: LogsOptions) -> None:
     """`logs`' work for checked options: one node's log, or every node's with its lines prefixed."""
-    run, lines, follow = o.run, o.lines, o.follow
     session = Session(env, o.stack, node=o.node)
     scope = env.scope(o.all_projects).agent_args()
+    follow, run = o.follow, o.run
+    try:
+        _show_logs(session, o, scope)
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        _detached(run)
+
+
+def _detached(run: str | None) -> NoReturn:
+    """Ctrl-C while following a log: only the stream ends, the job goes on under screen on the host."""
+    named = f" --run {run}" if run else ""
+    say(f"\ndetached: {run or 'the run'} goes on ({CLI} logs --follow{named} to watch it again, {CLI} stop{named} to stop it)")
+    raise Interrupted() from None
+
+
+def _show_logs(session: Session, o: LogsOptions, scope: Sequence[str]) -> None:
+    run, lines, follow = o.run, o.lines, o.follow
     out = sys.stdout.buffer
     if not o.all_nodes:
         trailer = _stream_log(session, run, lines, follow, out.write, out.flush, scope)
@@ -89,8 +106,7 @@ def follow_to_end(session: Session, run: str) -> None:
     try:
         trailer = _stream_log(session, run, 0, True, out.write, out.flush)
     except KeyboardInterrupt:
-        say(f"\ndetached: {run} goes on ({CLI} logs --follow --run {run} to watch it again, {CLI} stop --run {run} to stop it)")
-        raise Interrupted() from None
+        _detached(run)
     session.close()
     if trailer is not None:
         _exit_with(trailer)

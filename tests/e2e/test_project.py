@@ -99,6 +99,22 @@ def test_init_train_crash_push_fetch_train_again(proj: Project, sshd) -> None:
     assert follower.returncode == 130 and "detached" in err and "Traceback" not in err
     slow = next(line for line in proj.run("status", check=True).stdout.splitlines() if "slow_" in line)
     assert "running" in slow
+    watcher = subprocess.Popen(  # `logs --follow` detaches the same way (it said "interrupted", a run's state)
+        [GPU_TRAIN, "logs", "--follow", "--run", "slow"],
+        cwd=proj.dir,
+        env=proj.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    for line in watcher.stdout:
+        if line.strip() == "tick":
+            break
+    watcher.send_signal(signal.SIGINT)
+    _, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 130 and "detached: slow goes on" in err and "Traceback" not in err, err
+    assert "running" in next(line for line in proj.run("status", check=True).stdout.splitlines() if "slow_" in line)
     proj.run("stop", "--run", "slow", "--grace", "1", check=True)  # a base name: its newest run
 
     one = proj.run("ssh", "--", "echo $((6*7)); exit 3")
