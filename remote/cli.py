@@ -57,13 +57,16 @@ def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str], cli:
     if "train" not in tokens:
         return None
     rest = tokens[tokens.index("train") + 1 :]
-    i = 0
+    i, script_given = 0, False
     while i < len(rest):
         word = rest[i]
         if word in ("--", "--help", "-h"):
             return None
         name = word.split("=", 1)[0]
         if name in flags:
+            if name in ("--args", "--resume-args") and "=" not in word and (why := unquoted(rest, i, flags, tasks, script_given)):
+                return f"{why} (train's own: {cli} --help train)"
+            script_given = script_given or name in ("--script", "--command", "-c")
             i += 2 if flags[name] and "=" not in word else 1
             continue
         if word.startswith("-") and word != "-":
@@ -77,8 +80,28 @@ def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str], cli:
             )
         if word in tasks:
             return None
+        script_given = True  # (a word of its own: train's positional script)
         i += 1
     return None
+
+
+def unquoted(rest: list[str], i: int, flags: dict[str, bool], tasks: set[str], script_given: bool) -> str | None:
+    """Why `train x.py --args --epochs 3` is refused: ``rest[i]`` (--args or --resume-args) took only the
+    script's first flag, and the words after it that are no task and no flag of train's would be read as
+    tasks. None when its value is one word or the words after it are train's."""
+    if i + 1 >= len(rest) or not rest[i + 1].startswith("-"):
+        return None
+    j = i + 2
+    while j < len(rest) and rest[j] != "--" and rest[j] not in tasks and rest[j].split("=", 1)[0] not in flags:
+        j += 1
+    words = rest[i + 1 : j]
+    if not script_given and len(words) > 1 and not words[-1].startswith("-"):
+        words = words[:-1]  # the last bare word is the script: `train --args --epochs 3 x.py`
+    if len(words) < 2:
+        return None
+    import shlex
+
+    return f"{rest[i]} takes your script's arguments as one quoted string: {rest[i]} {shlex.quote(' '.join(words))}"
 
 
 def help_asked(tokens: list[str], tasks: set[str]) -> str | None:

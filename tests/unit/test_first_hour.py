@@ -179,3 +179,24 @@ def test_stack_and_run_values_complete(tmp_path) -> None:
     assert complete("gpu-train logs --stack lab --run") == ["fit_20260101_000000", "train_20260102_000000"]
     assert complete("gpu-train logs -s lab -r fit") == ["fit_20260101_000000", "train_20260102_000000"]  # the shell filters
     assert "train" in complete("gpu-train")  # task names, as before
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        # --args without quotes: it takes the first word, the others would be read as tasks ("No idea what '3' is!")
+        (["train", "x.py", "--args", "--epochs", "3"], "--args '--epochs 3'"),
+        (["train", "x.py", "--args", "--lr", "0.1", "--epochs", "3", "--follow"], "--args '--lr 0.1 --epochs 3'"),
+        (["train", "--script", "x.py", "--resume-args", "--ckpt_path", "last"], "--resume-args '--ckpt_path last'"),
+        (["train", "--args", "--epochs", "3", "x.py"], "--args '--epochs 3'"),  # x.py: train's positional script
+        (["train", "x.py", "--args", "--verbose"], None),  # one word: fine as it is
+        (["train", "x.py", "--args", "--verbose", "--follow"], None),
+        (["train", "--args", "--verbose", "x.py"], None),
+        (["train", "x.py", "--args", "--verbose", "status"], None),  # then another task
+        (["train", "x.py", "--args", "--epochs 3"], None),  # quoted
+        (["train", "x.py", "--args=--epochs", "3"], None),  # (Invoke's own "No idea what '3' is!")
+    ],
+)
+def test_args_given_unquoted_says_to_quote_them(argv: list[str], refused: str | None) -> None:
+    said = cli.script_flag(argv, TRAIN, TASKS)
+    assert (said is None) if refused is None else (refused in (said or "") and "one quoted string" in (said or "")), said
