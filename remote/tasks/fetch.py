@@ -72,8 +72,10 @@ def fetch_runs(
     results = _transfer(session, sources, streams, bar)
     problems = []
     for (r, where), job, work, log in zip(todo, results[::3], results[1::3], results[2::3], strict=True):
-        for line in fetch_report.notes(job, where):
-            say(line)
+        empty = job.up_to_date and not (job.summary or {}).get("files")  # a JOB_DIR the job never wrote in
+        if not (empty and (work.files or log.files)):  # ("up to date" above what this fetch brought is no news)
+            for line in fetch_report.notes(job, where):
+                say(line)
         if work.error is not None or work.files or not work.up_to_date or (work.summary or {}).get("files"):
             for line in fetch_report.notes(work, where / WORKDIR):
                 say(line.replace(work.run_id, f"{r['id']} working directory's outputs", 1))

@@ -75,6 +75,18 @@ def test_outputs_in_the_working_directory_are_listed_fetched_and_guarded(lab: La
     assert f"{run}: up to date" in fetched.stderr
 
 
+def test_a_first_fetch_of_working_directory_outputs_alone_is_not_called_up_to_date(lab: Lab, plain: str) -> None:
+    """A Lightning or nanoGPT job writes only in its working directory: its empty JOB_DIR is no news. The first
+    fetch said "RUN: up to date in runs/lab/RUN" above "fetched 1 file(s)" and "0 up to date"."""
+    run = lab.train("--dir", plain, "--command", "mkdir -p out && head -c 1000 /dev/urandom > out/ckpt.pt", "--name", "wd")
+    assert lab.wait(run)["state"] == "succeeded", lab.log(run)
+    first = lab.fab("fetch", "--run", run, check=True)
+    assert f"{run} working directory's outputs: fetched 1 file(s)" in first.stderr, first.stderr
+    assert f"{run}: up to date" not in first.stderr, first.stderr
+    again = lab.fab("fetch", "--run", run, check=True)
+    assert f"{run}: up to date" in again.stderr, again.stderr
+
+
 @pytest.fixture
 def blind_lab(tmp_path: Path):
     """A lab whose sshd (root here) and everything under it cannot bypass file modes: a file of mode 000
