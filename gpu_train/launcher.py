@@ -13,9 +13,13 @@ import sys
 
 def main() -> None:
     try:
+        if sys.argv[1:2] == ["status"]:  # asked of the host now, while the tasks load (remote/ssh/early.py)
+            from remote.ssh.early import start_status
+
+            start_status(sys.argv[1:])
         from remote.cli import main as run
     except ModuleNotFoundError as e:
-        if e.name not in ("remote", "remote.cli"):
+        if e.name not in ("remote", "remote.cli", "remote.ssh", "remote.ssh.early"):
             raise
         sys.exit(
             "gpu-train runs from its clone: git clone URL ~/gpu-train && ~/gpu-train/scripts/setup "

@@ -13,6 +13,7 @@ connection (``shared_control_path`` is one place for both).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import io
@@ -193,6 +194,28 @@ def channel_errors() -> tuple[type[BaseException], ...]:
     return (OSError, EOFError, *((paramiko.SSHException,) if paramiko is not None else ()))
 
 
+# Channels started before a task asked for them (remote/ssh/early.py), by their exact command line.
+_EARLY: dict[tuple[str, ...], subprocess.Popen[bytes]] = {}
+
+
+def start_early(argv: list[str]) -> None:
+    """Start ``argv``, an `ssh` over the shared connection with nothing to send, for a channel that will
+    ask for exactly it (``MuxChannel.exec_command`` takes it over); ended at exit if none does."""
+    if not _EARLY:
+        atexit.register(_end_unused)
+    _EARLY[tuple(argv)] = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True
+    )
+
+
+def _end_unused() -> None:
+    for proc in _EARLY.values():
+        with contextlib.suppress(OSError):
+            proc.kill()
+            proc.wait(5)
+    _EARLY.clear()
+
+
 class MuxConnection:
     """The tasks' view of a Fabric Connection, over the shared OpenSSH connection."""
 
@@ -242,7 +265,8 @@ class MuxChannel:
         self._reader: io.BufferedReader | None = None
 
     def exec_command(self, command: str) -> None:
-        self.proc = subprocess.Popen(
+        early = _EARLY.pop((*self.argv, command), None)  # started while the command loaded (early.py): the same call
+        self.proc = early or subprocess.Popen(
             [*self.argv, command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True
         )
         self._drain = threading.Thread(target=self._drain_stderr, daemon=True)

@@ -115,3 +115,47 @@ def test_tasks_on_the_shared_connection_load_no_paramiko(tmp_path: Path) -> None
         assert not any(loaded.values()), loaded
     finally:
         sshd.stop()
+
+
+@pytest.mark.e2e
+def test_status_asks_the_host_while_the_command_loads(tmp_path: Path) -> None:
+    """`gpu-train status` starts its agent call on the shared connection before the tasks load
+    (remote/ssh/early.py), and the task takes that very call over: one `ssh` for it, started before the
+    task resolved its stack, and the same answer. Read from an `ssh` on PATH that logs each command line."""
+    sshd = Sshd(tmp_path / "sshd", "127.0.24.3").start()
+    try:
+        sshd.stack_file(tmp_path / "stacks", "lab", tmp_path / "remote", "/usr/bin/python3")
+        env = fab_env(tmp_path / "stacks", tmp_path / "home", "lab", tmp_path / "proj")
+        (tmp_path / "proj").mkdir()
+        run_fab(env, tmp_path / "proj", "train", "--command", "echo hi", "--name", "early", check=True)
+        target = resolve(Environment.from_os(env), "lab").for_node(0)
+        path = mux.control_path(target, target.host)
+        assert path is not None
+        deadline = time.monotonic() + 20
+        while not mux.master_up(path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        logged, bin_dir = tmp_path / "ssh.log", tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "ssh").write_text(f'#!/bin/sh\n[ "$1" = -G ] && echo -G >> {logged} || echo call >> {logged}\nexec /usr/bin/ssh "$@"\n')
+        (bin_dir / "ssh").chmod(0o755)
+        gpu_train = str(Path(sys.executable).parent / "gpu-train")
+        env = {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
+
+        def status(*args: str) -> tuple[dict, list[str]]:
+            logged.unlink(missing_ok=True)
+            argv = [gpu_train, "status", "--json", *args]
+            out = subprocess.run(argv, env=env, cwd=tmp_path / "proj", capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout), logged.read_text().split()
+
+        doc, calls = status()
+        assert [r["id"].split("_")[0] for r in doc["runs"]] == ["early"]
+        assert calls == ["-G", "call", "-G"]  # resolved, asked, resolved again by the task, which asked nothing more
+        doc, calls = status("--stack", "lab")
+        assert calls == ["-G", "call", "-G"] and len(doc["runs"]) == 1
+        logged.unlink()
+        out = subprocess.run([gpu_train, "status", "--nope"], env=env, cwd=tmp_path / "proj", capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--nope" in out.stderr  # a flag status does not take: refused, nothing asked
+        assert not logged.exists()
+    finally:
+        sshd.stop()

@@ -182,7 +182,7 @@ ALLOWED = {
         "gpu_train.errors",
         "gpu_train.atomic",
     },  # a project's id, made on the laptop
-    "gpu_train.launcher": {"remote.cli"},  # the command's entry point: the one arrow from the core up
+    "gpu_train.launcher": {"remote.cli", "remote.ssh.early"},  # the entry point: the command, and status asked early
     "gpu_train.catalog": {"gpu_train.errors", "gpu_train.atomic"},  # the facts, below everything that judges by them
     "gpu_train.stack": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.errors", "gpu_train.atomic", "gpu_train.catalog"},
     "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.recovery"},
