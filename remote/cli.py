@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,34 @@ def unquoted(rest: list[str], i: int, flags: dict[str, bool], tasks: set[str], s
     return f"{rest[i]} takes your script's arguments as one quoted string: {rest[i]} {shlex.quote(' '.join(words))}"
 
 
+def task_start(tokens: list[str], wanted: str, contexts: Mapping[str, ParserContext]) -> int | None:
+    """Where the task ``wanted`` starts in the task part of a command line, as Invoke's parser reads it; None
+    when it is not there. A task's name is a word of its own only where it is no value of the task before it:
+    `logs --run train` names a run (the newest of train.py's), `sweep --name train` a sweep."""
+    current: ParserContext | None = None
+    missing: list[str] = []  # the current task's positionals still unset
+    i = 0
+    while i < len(tokens):
+        word = tokens[i]
+        if word == "--":
+            return None
+        name = word.split("=", 1)[0]
+        if current is not None and name in current.flags:  # (its short flags too)
+            argument = current.flags[name]
+            missing = [m for m in missing if m != argument.name]
+            i += 2 if argument.takes_value and "=" not in word else 1
+            continue
+        if current is not None and missing:  # (Invoke fills a positional before it looks for a task)
+            missing.pop(0)
+        elif word in contexts:
+            if word == wanted:
+                return i
+            current = contexts[word]
+            missing = [a.name for a in current.positional_args if a.name]
+        i += 1
+    return None
+
+
 def help_asked(tokens: list[str], tasks: set[str]) -> str | None:
     """The task whose help the task part of a command line asks for (`train x.py --help`, `gpus -h`): a task
     whose first positional is still unset would otherwise take `--help` as its value, and run. None when no
@@ -168,7 +197,8 @@ class TaskLine(Program):
             self.args.help.value = task
             return super().parse_tasks()
         contexts = self._make_parser().contexts
-        why = script_flag(tokens, _flags(contexts["train"]), names, self.binary_names[0]) if "train" in contexts else None
+        start = task_start(tokens, "train", contexts)
+        why = script_flag(tokens[start:], _flags(contexts["train"]), names, self.binary_names[0]) if start is not None else None
         if why:
             raise exit_for(UsageError(why))
         try:

@@ -200,3 +200,37 @@ def test_stack_and_run_values_complete(tmp_path) -> None:
 def test_args_given_unquoted_says_to_quote_them(argv: list[str], refused: str | None) -> None:
     said = cli.script_flag(argv, TRAIN, TASKS)
     assert (said is None) if refused is None else (refused in (said or "") and "one quoted string" in (said or "")), said
+
+
+CONTEXTS = {c.name: c for c in ns.to_contexts()}
+
+
+@pytest.mark.parametrize(
+    ("tokens", "start"),
+    [
+        (["train", "x.py"], 0),
+        (["status", "train", "x.py"], 1),
+        (["logs", "--run", "train", "--lines", "2"], None),  # a run's base name: train.py's newest run
+        (["logs", "-r", "train", "-f"], None),
+        (["fetch", "--run=train", "train", "x.py"], 2),
+        (["sweep", "--name", "train", "--values", "lr=1,2"], None),
+        (["sweep", "train"], None),  # sweep's positional (its action): refused by sweep, not a train
+        (["ssh", "--", "train"], None),
+    ],
+)
+def test_where_train_starts_on_a_command_line(tokens: list[str], start: int | None) -> None:
+    assert cli.task_start(tokens, "train", CONTEXTS) == start
+
+
+def test_a_run_named_train_is_no_train(tmp_path: Path) -> None:
+    """`logs --run train --lines 2` (train.py's newest run) was refused: "--lines is not an option of train"."""
+    said = subprocess.run(
+        [str(Path(sys.executable).parent / "gpu-train"), "logs", "--run", "train", "--lines", "2", "--stack", "nosuch"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
+    )
+    assert "not an option of train" not in said.stderr and "nosuch" in said.stderr, said.stderr
