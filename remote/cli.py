@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +51,21 @@ def suggest(error: ParseError, tasks: list[str], flags: list[str]) -> str:
     return f"{error} Tasks: {', '.join(tasks)}"
 
 
-def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str], cli: str = "gpu-train") -> str | None:
-    """Why `train ... --max-steps 10` is refused, when a flag after `train` is not one of its own ``flags``
-    (name -> takes a value): the script's flags go in --args. None when every flag is train's (``cli``: the
-    command the user typed, for the hint)."""
-    if "train" not in tokens:
+def script_flag(
+    tokens: list[str],
+    flags: dict[str, bool],
+    tasks: set[str],
+    cli: str = "gpu-train",
+    task: str = "train",
+    positional: Callable[[str], bool] = lambda word: True,
+) -> str | None:
+    """Why `train ... --max-steps 10` is refused, when a flag after ``task`` (train, sweep) is not one of its own
+    ``flags`` (name -> takes a value): the script's flags go in --args. None when every flag is the task's
+    (``cli``: the command the user typed, for the hint; ``positional``: which words the task's positional
+    takes: train's any script, sweep's its actions)."""
+    if task not in tokens:
         return None
-    rest = tokens[tokens.index("train") + 1 :]
+    rest = tokens[tokens.index(task) + 1 :]
     i, script_given = 0, False
     while i < len(rest):
         word = rest[i]
@@ -65,8 +73,12 @@ def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str], cli:
             return None
         name = word.split("=", 1)[0]
         if name in flags:
-            if name in ("--args", "--resume-args") and "=" not in word and (why := unquoted(rest, i, flags, tasks, script_given)):
-                return f"{why} (train's own: {cli} --help train)"
+            if (
+                name in ("--args", "--resume-args")
+                and "=" not in word
+                and (why := unquoted(rest, i, flags, tasks, script_given, positional))
+            ):
+                return f"{why} ({task}'s own: {cli} --help {task})"
             script_given = script_given or name in ("--script", "--command", "-c")
             i += 2 if flags[name] and "=" not in word else 1
             continue
@@ -76,17 +88,19 @@ def script_flag(tokens: list[str], flags: dict[str, bool], tasks: set[str], cli:
             value = rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("-") and rest[i + 1] not in tasks else ""
             given = " ".join(filter(None, (word, value)))
             return (
-                f"{name} is not an option of train: your script's own flags go in --args, as one quoted string: "
-                f"--args '{given}' (train's own: {cli} --help train)"
+                f"{name} is not an option of {task}: your script's own flags go in --args, as one quoted string: "
+                f"--args '{given}' ({task}'s own: {cli} --help {task})"
             )
         if word in tasks:
             return None
-        script_given = True  # (a word of its own: train's positional script)
+        script_given = script_given or positional(word)  # (a word of its own: train's script, sweep's action)
         i += 1
     return None
 
 
-def unquoted(rest: list[str], i: int, flags: dict[str, bool], tasks: set[str], script_given: bool) -> str | None:
+def unquoted(
+    rest: list[str], i: int, flags: dict[str, bool], tasks: set[str], script_given: bool, positional: Callable[[str], bool]
+) -> str | None:
     """Why `train x.py --args --epochs 3` is refused: ``rest[i]`` (--args or --resume-args) took only the
     script's first flag, and the words after it that are no task and no flag of train's would be read as
     tasks. None when its value is one word or the words after it are train's."""
@@ -96,7 +110,7 @@ def unquoted(rest: list[str], i: int, flags: dict[str, bool], tasks: set[str], s
     while j < len(rest) and rest[j] != "--" and rest[j] not in tasks and rest[j].split("=", 1)[0] not in flags:
         j += 1
     words = rest[i + 1 : j]
-    if not script_given and len(words) > 1 and not words[-1].startswith("-"):
+    if not script_given and len(words) > 1 and not words[-1].startswith("-") and positional(words[-1]):
         words = words[:-1]  # the last bare word is the script: `train --args --epochs 3 x.py`
     if len(words) < 2:
         return None
@@ -197,10 +211,14 @@ class TaskLine(Program):
             self.args.help.value = task
             return super().parse_tasks()
         contexts = self._make_parser().contexts
-        start = task_start(tokens, "train", contexts)
-        why = script_flag(tokens[start:], _flags(contexts["train"]), names, self.binary_names[0]) if start is not None else None
-        if why:
-            raise exit_for(UsageError(why))
+        from remote.tasks.sweepoptions import ACTIONS
+
+        for task, positional in (("train", lambda word: True), ("sweep", lambda word: word in ACTIONS)):
+            start = task_start(tokens, task, contexts)
+            if start is not None and (
+                why := script_flag(tokens[start:], _flags(contexts[task]), names, self.binary_names[0], task, positional)
+            ):
+                raise exit_for(UsageError(why))
         try:
             super().parse_tasks()
         except ParseError as e:

@@ -234,3 +234,23 @@ def test_a_run_named_train_is_no_train(tmp_path: Path) -> None:
         env={"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
     )
     assert "not an option of train" not in said.stderr and "nosuch" in said.stderr, said.stderr
+
+
+SWEEP = cli._flags(CONTEXTS["sweep"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        # sweep's positional (its action) took the script's flag: "No idea what '3' is!", "sweep '10': use one of ..."
+        (["sweep", "--script", "x.py", "--epochs", "3", "--values", "lr=1,2"], "--epochs is not an option of sweep"),
+        (["sweep", "--script", "x.py", "--args", "--C", "10", "--values", "lr=1,2"], "--args '--C 10'"),
+        (["sweep", "--script", "x.py", "--valeus", "lr=1,2"], "Did you mean --values?"),
+        (["sweep", "--script", "x.py", "--args", "--epochs 3", "--values", "lr=1,2"], None),
+        (["sweep", "status", "--sweep", "lrgrid", "--metric", "eval/loss"], None),
+        (["sweep", "--args", "--verbose", "stop"], None),  # stop: sweep's action
+    ],
+)
+def test_a_scripts_flag_outside_a_sweeps_args(argv: list[str], refused: str | None) -> None:
+    said = cli.script_flag(argv, SWEEP, TASKS, task="sweep", positional=lambda word: word in ("start", "status", "best", "stop"))
+    assert (said is None) if refused is None else (refused in (said or "")), said
