@@ -189,13 +189,16 @@ def find_run(root: str, run_id: str | None, scope: Scope = EVERY_RUN) -> str:
     dirs = run_dirs(root)
     mine = scoped(dirs, scope)
     if run_id:
+        errors = []
         for among in (mine, dirs):
             by_id = {os.path.basename(d): d for d in among}
             try:
                 return by_id[match_run(list(by_id), run_id, {i: read_state(d).created or 0 for i, d in by_id.items()})]
-            except AgentError:
-                if among is dirs:
-                    raise
+            except AgentError as e:
+                errors.append(e)
+        # No match anywhere: every run's "did you mean" or a prefix's matches; but a bare list is this project's
+        # runs, not the first names of every project's in sorted order (another's sweep trials hid them).
+        raise errors[0] if mine and "runs here:" in str(errors[-1]) else errors[-1]
     if dirs and not mine:
         raise AgentError(f"no runs of this project on this host yet ({len(dirs)} of other projects: --run names one)")
     if not mine:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent import bundle
-from agent.store import AgentError, listed, match_run
+from agent.store import AgentError, find_run, listed, match_run
 from gpu_train import jobs
 from gpu_train.gcp import power
 from gpu_train.stack import placeholders, project
@@ -249,3 +249,32 @@ def test_the_agent_is_told_the_command_the_user_typed(tmp_path: Path, argv0: str
     node = resolve(env, "s").for_node(1)
     assert node.cli == cli
     assert f"exec env GPU_TRAIN_CLI={cli} " in host_command(node)
+
+
+def test_an_unknown_run_lists_this_projects_runs(tmp_path) -> None:
+    """`logs --run nope` in a project listed the host's first run names in sorted order: another project's
+    nine sweep trials, not this project's two runs. A "did you mean" or a prefix's matches still win."""
+    runs = [("fit_20261128_082539", "a-1"), ("fit_20261128_082825", "a-1")]
+    runs += [(f"svm_t{k}_20261128_0841{k:02d}", "b-2") for k in range(9)]
+    for created, (rid, owner) in enumerate(runs):
+        (tmp_path / "runs" / rid).mkdir(parents=True)
+        (tmp_path / "runs" / rid / "state.json").write_text(json.dumps({"project": owner, "created": created}))
+    scope = (("a-1",), None)
+
+    def said(wanted: str) -> str:
+        with pytest.raises(AgentError) as e:
+            find_run(str(tmp_path), wanted, scope)
+        return str(e.value)
+
+    assert said("nope") == "no run 'nope' on this host; runs here: fit_20261128_082539, fit_20261128_082825"
+    assert said("svm_t").startswith("'svm_t' matches 9 runs (svm_t")  # another project's, by a prefix
+    assert "did you mean svm_t3_20261128_084103" in said("svn_t3_20261128_084103")  # (a typo)
+    assert find_run(str(tmp_path), "svm_t4", scope).endswith("svm_t4_20261128_084104")
+    assert "runs here: svm_t" in said_everywhere(tmp_path, "nope")
+
+
+def said_everywhere(root, wanted: str) -> str:
+    """--all-projects: every run is the scope's."""
+    with pytest.raises(AgentError) as e:
+        find_run(str(root), wanted)
+    return str(e.value)
