@@ -132,7 +132,7 @@ def _stream_log(
         flush()
 
     while True:
-        args = ["logs"] + (["--run", run] if run else [*scope]) + (["--follow"] if follow else [])
+        args = ["logs", *(["--run", run] if run else []), *scope, *(["--follow"] if follow else [])]  # (--run: the scope's first)
         args += ["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else [])
         received = 0
         try:

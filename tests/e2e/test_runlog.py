@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from gpu_train.contract import RUN_FILES, RUN_LOG
-from tests.conftest import Lab
+from tests.conftest import Lab, after_the_second_of, run_fab
 
 LAB_ADDRESS = "127.0.41.2"  # this module's loopback addresses: 127.0.41.x (the `lab` fixture reads it)
 
@@ -120,3 +120,21 @@ def test_a_log_that_grows_while_it_is_read_comes_home_as_listed_and_then_its_tai
     assert again.complete and (dest / RUN_FILES / RUN_LOG).read_bytes() == (run_dir / "log").read_bytes()
     assert again.bytes <= 2 * 64 * 1024 < MiB  # the new end (and the block it starts in), not the whole log
     assert not (dest / ".previous").exists() and not (dest.parent / ".previous").exists()
+
+
+def test_logs_run_looks_in_this_projects_runs_first(lab: Lab, plain: str) -> None:
+    """`logs --run NAME` reads this project's newest run of that name, as fetch, stop and resume do: it sent
+    the agent no project, so another project's newer run of the same name answered, and an unknown name
+    listed every project's runs."""
+    mine = lab.train("--dir", plain, "--command", "echo mine", "--name", "job")
+    other = lab.tmp / "other"
+    other.mkdir()
+    env = {**lab.env, "GPU_TRAIN_PROJECT": str(other)}
+    after_the_second_of(mine)  # theirs: the newer run of the name
+    theirs = run_fab(env, other, "train", "--dir", plain, "--command", "echo theirs", "--name", "job", check=True).stdout.split()[1]
+    assert lab.wait(mine)["state"] == "succeeded", lab.log(mine)
+    assert "theirs" in run_fab(env, other, "logs", "--follow", check=True).stdout  # (to its end)
+    shown = lab.fab("logs", "--run", "job", check=True).stdout
+    assert "mine" in shown and "theirs" not in shown, shown
+    unknown = lab.fab("logs", "--run", "nope")
+    assert f"runs here: {mine}" in unknown.stderr and theirs not in unknown.stderr, unknown.stderr
