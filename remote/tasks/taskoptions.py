@@ -227,8 +227,12 @@ class InitOptions(Checked):
         if not STACK_NAME_RE.fullmatch(self.name):
             return f"--stack {self.name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit (at most 100)"
         if self.host:
+            from gpu_train.stack.values import host_problem, login_problem
+
             try:
-                config.split_host(self.host)
+                user, host, _ = config.split_host(self.host)
             except ValueError:
                 return f"--host {self.host!r}: write it as user@host:port or a Host alias"
+            if why := (login_problem(user) if user else None) or host_problem(host):  # (the stack's own rules)
+                return f"--host {self.host!r}: {why}; write it as user@host:port or a Host alias"
         return None

@@ -38,6 +38,12 @@ from remote.tasks.taskoptions import FetchOptions, ImportOptions, InitOptions, L
         (lambda: InitOptions(host="me@box", stack="-x"), "--stack '-x': use letters, digits, '.', '_' and '-', starting with a letter"),
         (lambda: InitOptions(gcp_project="p", stack="a b"), "--stack 'a b': use letters"),
         (lambda: InitOptions(host="me@box:port"), "--host 'me@box:port': write it as user@host:port or a Host alias"),
+        # what every later command refuses in the stack file, refused before it is written (it was written)
+        (lambda: InitOptions(host="-oProxyCommand=x"), "--host '-oProxyCommand=x': the host starts with '-'"),
+        (lambda: InitOptions(host="me@gpu_box"), "--host 'me@gpu_box': the host is not a host name"),
+        (lambda: InitOptions(host="-l@box"), "--host '-l@box': the user starts with '-'"),
+        (lambda: InitOptions(host="root@127.0.50.1:2222"), None),
+        (lambda: InitOptions(host="gpu-box.lab"), None),
     ],
 )
 def test_flags_together(made, said):
