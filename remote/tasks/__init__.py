@@ -22,6 +22,8 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
 """
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 from invoke import Collection
 
@@ -64,12 +66,12 @@ ns = Collection(
 )
 
 
-def _exits(body):
+def _exits(body: Callable[..., Any]) -> Callable[..., Any]:
     """``body`` whose errors become Invoke's Exit here, once (``exit_for``: the status and the message
     ``outcome`` maps them to, control characters written out); the tasks raise, they never exit."""
 
     @functools.wraps(body)  # (Invoke reads the task's options from the wrapped signature)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return body(*args, **kwargs)
         except GpuTrainError as e:

@@ -12,6 +12,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 
@@ -19,6 +20,9 @@ from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
 from remote.tasks.session import say
 from remote.tasks.trust import number
+
+if TYPE_CHECKING:
+    from remote.dashboard.poll import Watch
 
 DEFAULT_INTERVAL_S = 5.0
 REPORT_LOG_LINES = 200  # a run's last lines in a report
@@ -77,7 +81,7 @@ def opener_file(url: str) -> Path:
     return path
 
 
-def _watch(env: Environment, interval: float):
+def _watch(env: Environment, interval: float) -> Watch:
     from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack.project import project_name
     from remote.dashboard.poll import Watch
@@ -94,7 +98,14 @@ def _watch(env: Environment, interval: float):
         "json": 'print {"url": ...}',
     }
 )
-def dashboard(c: Context, interval=None, port=None, address="127.0.0.1", no_browser=False, json_=False):
+def dashboard(
+    c: Context,
+    interval: str | None = None,
+    port: str | None = None,
+    address: str = "127.0.0.1",
+    no_browser: bool = False,
+    json_: bool = False,
+) -> None:
     """Every stack, run and GPU of this project in your browser, live: costs, warnings, logs and curves.
 
     A local page (a secret in its URL, made at each start, that opens one browser session once; another
@@ -104,15 +115,15 @@ def dashboard(c: Context, interval=None, port=None, address="127.0.0.1", no_brow
     from remote.dashboard.server import Dashboard
 
     env = Environment.of(c)
-    interval = number("--interval", DEFAULT_INTERVAL_S if interval is None else interval, float, 1, 3600)
-    port = number("--port", 0 if port is None else port, int, 0, 65535)
+    every_s = number("--interval", DEFAULT_INTERVAL_S if interval is None else interval, float, 1, 3600)
+    port_n = number("--port", 0 if port is None else port, int, 0, 65535)
     try:
-        board = Dashboard(_watch(env, interval), loopback(address), port, tell=say).start()
+        board = Dashboard(_watch(env, every_s), loopback(address), port_n, tell=say).start()
     except OSError as e:
-        raise GpuTrainError(f"the dashboard cannot listen on {address}:{port}: {e.strerror or e}") from None
+        raise GpuTrainError(f"the dashboard cannot listen on {address}:{port_n}: {e.strerror or e}") from None
     print(json.dumps({"url": board.url}) if json_ else board.url, flush=True)
     stacks = len(board.watch.pollers)
-    say(f"dashboard of {stacks} stack(s), each asked every {interval:g} s while a page is open; Ctrl-C stops it")
+    say(f"dashboard of {stacks} stack(s), each asked every {every_s:g} s while a page is open; Ctrl-C stops it")
     opener = None
     if not no_browser:
         if can_open_browser(sys.platform, dict(os.environ)):
@@ -135,7 +146,7 @@ def dashboard(c: Context, interval=None, port=None, address="127.0.0.1", no_brow
 
 
 @task(help={"output": "the HTML file to write (default: PROJECT-report-YYYYmmdd-HHMM.html here)", "json": 'print {"path": ...}'})
-def report(c: Context, output=None, json_=False):
+def report(c: Context, output: str | None = None, json_: bool = False) -> None:
     """The dashboard as one self-contained HTML file (no network needed to open it): for a lab notebook.
 
     Every stack asked once; each run's last log lines and its curves, a sweep's best trial."""
@@ -157,7 +168,7 @@ def report(c: Context, output=None, json_=False):
     say(f"{len(doc['stacks'])} stack(s), {len(doc['runs'])} run(s); open it in any browser, offline")
 
 
-def snapshot(env: Environment, watch) -> dict:
+def snapshot(env: Environment, watch: Watch) -> dict[str, Any]:
     """One look at every stack, with the newest runs' last log lines, every run's curves, each sweep's best."""
     from gpu_train.views.board import best_trial, sweep_of
     from remote.dashboard.curves import Curves

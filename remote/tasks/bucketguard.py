@@ -6,8 +6,10 @@ verified in the bucket (``bucket``: files, onlyHost, final; agent/upload.py).
 
 from __future__ import annotations
 
+from typing import Any
 
-def not_in_bucket(docs: list[dict | None]) -> list[str]:
+
+def not_in_bucket(docs: list[dict[str, Any] | None]) -> list[str]:
     """What the bucket does not hold, one line each: a run without a bucket (started before it was set),
     a run whose last upload has not finished, a file only on the host. Empty: the bucket has everything."""
     lines = []
@@ -30,7 +32,7 @@ def not_in_bucket(docs: list[dict | None]) -> list[str]:
     return lines
 
 
-def differs_in_bucket(expected: dict[str, dict], listed: dict[str, tuple[int, int, str]], run: str, limit: int = 5) -> list[str]:
+def differs_in_bucket(expected: dict[str, dict[str, Any]], listed: dict[str, tuple[int, int, str]], run: str, limit: int = 5) -> list[str]:
     """What the bucket itself lacks of a run's record: ``expected`` (object name -> the host's record:
     generation, size, crc32c) against ``listed`` (object name -> (generation, size, crc32c), as the laptop
     listed the bucket). One line per run naming what differs: gone (deleted by a VM with the grant, a
@@ -50,7 +52,7 @@ def differs_in_bucket(expected: dict[str, dict], listed: dict[str, tuple[int, in
     return lines
 
 
-def expected_objects(record: dict[str, dict], run_prefix: str) -> dict[str, dict]:
+def expected_objects(record: dict[str, dict[str, Any]], run_prefix: str) -> dict[str, dict[str, Any]]:
     """The host's record (path in the run -> generation, size, crc32c) as object names under the prefix the
     laptop computes itself from its stack (never the host's word for where the run is)."""
     return {run_prefix + rel: rec for rel, rec in record.items()}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 from invoke import Context, task
 
@@ -20,7 +21,7 @@ from remote.tasks.trust import number
 LOCAL_HELP = "local port (default: the server's usual port when free, else any free one)"
 
 
-def show(json_: bool):
+def show(json_: bool) -> Callable[[str], None]:
     """How the local URL is printed: alone on a line, or as {"url": ...} with --json."""
     return lambda url: print(json.dumps({"url": url}) if json_ else url, flush=True)
 
@@ -53,7 +54,15 @@ def serve(env: Environment, o: ServeOptions) -> None:
         "fetched": "TensorBoard here, over the fetched runs in runs/STACK/ (or --run's): no host needed, after down too",
     }
 )
-def tensorboard(c: Context, run=None, logdir=None, local_port=None, json_=False, stack=None, fetched=False):
+def tensorboard(
+    c: Context,
+    run: str | None = None,
+    logdir: str | None = None,
+    local_port: str | None = None,
+    json_: bool = False,
+    stack: str | None = None,
+    fetched: bool = False,
+) -> None:
     """TensorBoard on the host (the stack's Python, bound to localhost there), opened here; Ctrl-C stops both.
 
     With --fetched, on this machine over what `fetch` brought home (its own Python's TensorBoard)."""
@@ -103,7 +112,7 @@ def _serve_fetched(env: Environment, o: ServeOptions) -> None:
         "stack": STACK_HELP,
     }
 )
-def jupyter(c: Context, dir=None, local_port=None, json_=False, stack=None):
+def jupyter(c: Context, dir: str | None = None, local_port: str | None = None, json_: bool = False, stack: str | None = None) -> None:
     """JupyterLab on the host, opened here at a local URL with its token; Ctrl-C stops both.
 
     JupyterLab, else Notebook, else Jupyter Server, bound to localhost on the host."""
@@ -118,18 +127,18 @@ def jupyter(c: Context, dir=None, local_port=None, json_=False, stack=None):
         "stack": STACK_HELP,
     }
 )
-def tunnel(c: Context, port=None, local_port=None, json_=False, stack=None):
+def tunnel(c: Context, port: str | None = None, local_port: str | None = None, json_: bool = False, stack: str | None = None) -> None:
     """Forward localhost:LOCAL_PORT to the host's 127.0.0.1:PORT over SSH (no firewall change).
 
     It first checks that something listens there; a busy local port is said as such."""
     from remote.tasks import notebooks
 
     # (port=None, not 6006: Invoke would parse an int default itself and fail on "abc" with a traceback)
-    port = number("--port", 6006 if port is None else port, int, 1, 65535)
-    local_port = number("--local-port", local_port, int, 1, 65535)
+    port_n = number("--port", 6006 if port is None else port, int, 1, 65535)
+    local_n = number("--local-port", local_port, int, 1, 65535)
     session = Session(Environment.of(c), stack)
     try:
-        notebooks.tunnel(session.connect(shared=False), session.target, port, local_port, say, show(json_))
+        notebooks.tunnel(session.connect(shared=False), session.target, port_n, local_n, say, show(json_))
     finally:
         session.close()
     sys.stdout.flush()

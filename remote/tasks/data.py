@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Context, task
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+
+if TYPE_CHECKING:
+    from remote.ssh.target import Target
 
 
 def data_path(src: Path, root: Path) -> str:
@@ -37,7 +41,7 @@ def data_path(src: Path, root: Path) -> str:
         "to": "`bucket`: to the stack's gpu-train:bucket; each run copies it to $DATA_DIR before its job starts",
     }
 )
-def push(c: Context, dir, stack=None, json_=False, to=None):
+def push(c: Context, dir: str, stack: str | None = None, json_: bool = False, to: str | None = None) -> None:
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
     from remote.transfer import codesize, ignores, sync
 
@@ -88,7 +92,7 @@ def push(c: Context, dir, stack=None, json_=False, to=None):
         )
 
 
-def push_to_bucket(target, src: Path, rel: str, project: str, home: Path) -> None:
+def push_to_bucket(target: Target, src: Path, rel: str, project: str, home: Path) -> None:
     """`push --to bucket`: DIR to gs://NAME/PREFIX/.gpu-train-data/PROJECT/REL/, incremental and verified,
     and its manifest into the user's own records (the only data a run copies from the bucket)."""
     from gpu_train.stack.bucket import data_prefix, parse_bucket

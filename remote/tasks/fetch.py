@@ -7,7 +7,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 
@@ -21,6 +21,10 @@ from remote.tasks.localstate import FetchRecord
 from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, on_every_node, say
 from remote.tasks.taskoptions import FetchOptions
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
+
+if TYPE_CHECKING:
+    from remote.transfer.fetch.progress import Progress
+    from remote.transfer.fetch.report import RunResult
 
 
 def fetch_runs(
@@ -104,7 +108,7 @@ def fetch_runs(
     return problems
 
 
-def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar) -> list:
+def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar: Progress) -> list[RunResult]:
     """The engine over OpenSSH; on GCP a host that cannot be reached may have a new address (refreshed once)."""
     from remote.transfer.fetch.engine import Fetcher
     from remote.transfer.fetch.stream import Opener
@@ -143,20 +147,20 @@ def _transfer(session: Session, runs: list[tuple[str, Path]], streams: int, bar)
 )
 def fetch(
     c: Context,
-    run=None,
-    all_=False,
-    dest=None,
-    watch=False,
-    interval=None,
-    node=None,
-    all_nodes=False,
-    streams=None,
-    stack=None,
-    json_=False,
-    from_=None,
-    sweep=None,
-    all_projects=False,
-):
+    run: str | None = None,
+    all_: bool = False,
+    dest: str | None = None,
+    watch: bool = False,
+    interval: str | None = None,
+    node: str | None = None,
+    all_nodes: bool = False,
+    streams: str | None = None,
+    stack: str | None = None,
+    json_: bool = False,
+    from_: str | None = None,
+    sweep: str | None = None,
+    all_projects: bool = False,
+) -> None:
     """Bring a run's results home: its JOB_DIR, and what the job wrote in its working directory.
 
     JOB_DIR's files go into runs/STACK/RUN/, the working directory's outputs (a checkpoint in the

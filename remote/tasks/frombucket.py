@@ -5,12 +5,15 @@ laptop's runs/STACK/RUN/ (node N's files in node-N/)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from gpu_train.environment import Environment
 from gpu_train.errors import ExitStatus, GpuTrainError, UsageError, outcome
 from remote.tasks import trust
 from remote.tasks.session import CLI, Session, say
+
+if TYPE_CHECKING:
+    from remote.ssh.target import Target
 
 
 def destination(env: Environment, stack: str, run: str, dest: str | None, several: bool, subdir: str = "") -> Path:
@@ -24,7 +27,7 @@ def node_dir(node: int) -> str:
     return f"node-{node}" if node else ""
 
 
-def areas_of(target) -> list[str]:
+def areas_of(target: Target) -> list[str]:
     """The folders of the bucket a stack's runs may be in, its own first: its area, and where it has one, its
     name's folder from before areas (runs uploaded then stay there, and resume there: the host's spec names it)."""
     from gpu_train.stack.bucket import area_of
@@ -32,7 +35,9 @@ def areas_of(target) -> list[str]:
     return [area_of(target.stack, target.bucket_area), *([target.stack] if target.bucket_area else [])]
 
 
-def from_bucket(env: Environment, target, run: str | None, all_: bool, dest: str | None, streams: int, node: int | None = None) -> None:
+def from_bucket(
+    env: Environment, target: Target, run: str | None, all_: bool, dest: str | None, streams: int, node: int | None = None
+) -> None:
     """`fetch --from bucket`: the newest run (or --run, or --all) from gs://NAME/PREFIX/.gpu-train-runs/AREA/ (and the
     stack's folder from before areas) into runs/STACK/RUN (``node``: that node's files only, into its folder there: a
     node that cannot be reached)."""

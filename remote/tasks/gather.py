@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.atomic import atomic_write
 from gpu_train.catalog.loader import load_catalog
@@ -25,6 +26,9 @@ from gpu_train.stack.project import listed_stack_files, repo_script
 from gpu_train.stack.settings import StackConfig
 from gpu_train.views import checkup, listing
 from infra.ops import probes
+
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
 
 QUICK_SSH_S = 5.0  # how long `ls` tries to connect to a host
 ANSWER_S = 30.0  # and how long it waits for all the hosts' answers, all asked at once
@@ -44,11 +48,12 @@ def load(path: Path) -> tuple[str, StackConfig | None, str | None]:
         return name, None, str(e)
 
 
-def cached_outputs(home: Path, stack: str) -> dict | None:
+def cached_outputs(home: Path, stack: str) -> dict[str, Any] | None:
     try:
-        return json.loads((home / stack / "outputs.json").read_text())
+        doc = json.loads((home / stack / "outputs.json").read_text())
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 # -- check ----------------------------------------------------------------------------------------
@@ -127,9 +132,11 @@ class Ledger:
         atomic_write(self.path, json.dumps({"intervals": keep}))
 
 
-def _instances_by_stack(env: Environment, creds, projects: set[str]) -> tuple[dict[tuple[str, str], list[dict]], dict[str, str]]:
+def _instances_by_stack(
+    env: Environment, creds: Credentials, projects: set[str]
+) -> tuple[dict[tuple[str, str], list[dict[str, Any]]], dict[str, str]]:
     """{(project, stack label): instances}, {project: error}: one aggregated list per project."""
-    found: dict[tuple[str, str], list[dict]] = {}
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
     errors: dict[str, str] = {}
     for project in sorted(projects):
         try:
@@ -143,7 +150,7 @@ def _instances_by_stack(env: Environment, creds, projects: set[str]) -> tuple[di
     return found, errors
 
 
-def _quick_status(cfg: StackConfig, outputs: dict | None, home: Path, cli: str) -> tuple[dict | None, str | None]:
+def _quick_status(cfg: StackConfig, outputs: dict[str, Any] | None, home: Path, cli: str) -> tuple[dict[str, Any] | None, str | None]:
     """Node 0's agent status within QUICK_SSH_S, or why not."""
     from remote.ssh import agentcall
     from remote.ssh import connect as ssh
@@ -162,7 +169,7 @@ def _quick_status(cfg: StackConfig, outputs: dict | None, home: Path, cli: str) 
         return None, str(e).splitlines()[0][:160] if str(e) else type(e).__name__
 
 
-def _bucket_probe(stack: str, cfg: StackConfig, home: Path, cli: str) -> tuple[dict | None, str | None]:
+def _bucket_probe(stack: str, cfg: StackConfig, home: Path, cli: str) -> tuple[dict[str, Any] | None, str | None]:
     """Node 0's answer to `bucket-check` (the uploader's Python and login environment), or why none."""
     from gpu_train.stack.bucket import area_of, parse_bucket, stack_prefix
     from remote.ssh import agentcall
@@ -217,7 +224,7 @@ def ls_facts(env: Environment, ask_hosts: bool = True) -> list[listing.StackFact
         )
     # The agents of hosts believed up, all at once and briefly.
     asks = {n: f for n, f in facts.items() if ask_hosts and f.cfg is not None and _worth_asking(f)}
-    answers: dict[str, tuple[dict | None, str | None]] = {}
+    answers: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
 
     def ask(name: str) -> None:
         cfg = asks[name].cfg

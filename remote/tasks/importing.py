@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from invoke import Context, task
 
@@ -22,7 +23,7 @@ from remote.tasks.session import say
 from remote.tasks.taskoptions import ImportOptions
 
 
-def _read_yaml(path: str):
+def _read_yaml(path: str) -> object:  # (any YAML: importer.read_any says what it is not)
     import yaml
 
     try:
@@ -34,7 +35,7 @@ def _read_yaml(path: str):
         raise UsageError(f"{path} is not YAML or JSON: {e}") from None
 
 
-def _write_stack(path: Path, settings: dict, source: str, stack: str, force: bool) -> None:
+def _write_stack(path: Path, settings: dict[str, Any], source: str, stack: str, force: bool) -> None:
     import yaml
 
     if path.exists() and not force:
@@ -54,7 +55,7 @@ def _write_env(path: Path, env: dict[str, str]) -> None:
     atomic_write(path, "".join(f"{k}={v}\n" for k, v in sorted(quoted.items())), mode=0o600, keep_mode=False)
 
 
-def _write_pools(path: Path, pools: dict, source: str) -> None:
+def _write_pools(path: Path, pools: dict[str, Any], source: str) -> None:
     """The worker and ps pools' own jobs as `train --pools` reads them (0600: their env values are there)."""
     import yaml
 
@@ -81,8 +82,17 @@ def _write_pools(path: Path, pools: dict, source: str) -> None:
     },
 )
 def import_job(
-    c: Context, source, gcloud=None, stack=None, region=None, project=None, ssh_from=None, stacks_dir=None, force=False, json=False
-):
+    c: Context,
+    source: str,
+    gcloud: str | None = None,
+    stack: str | None = None,
+    region: str | None = None,
+    project: str | None = None,
+    ssh_from: str | None = None,
+    stacks_dir: str | None = None,
+    force: bool = False,
+    json: bool = False,
+) -> None:
     """Translate an AI Platform or Vertex AI training job into a stack and the train command that runs it.
 
     gpu-train import config.yaml --stack aip --project my-proj --ssh-from 203.0.113.7/32

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Interrupted, UsageError
@@ -46,7 +46,7 @@ class Started:
 
     cluster: Target
     sessions: list[Session]
-    answers: list[dict]
+    answers: list[dict[str, Any]]
     timeout: float  # the SSH wait the run was started with (a `--follow` reuses it)
 
 
@@ -188,7 +188,7 @@ def push_code(session: Session, relay: ChannelRelay, plan: CodePlan, staged: str
     sync.push_code(target, target.host, plan, staged, base, rsh=relay.rsh(), cancel=cancel)
 
 
-def notifying_node0(specs: list) -> list:
+def notifying_node0(specs: list[JobSpec]) -> list[JobSpec]:
     """The webhook (a secret) in node 0's spec only: node 0 announces the run, and the other nodes' hosts
     (and whoever controls one) never hold the URL."""
     return [s if i == 0 else dataclasses.replace(s, notify=None) for i, s in enumerate(specs)]
@@ -235,7 +235,7 @@ def bucket_area(environment: Environment, cluster: Target) -> str:
     return area
 
 
-def pushed_data(environment: Environment, bucket: str | None, project: str | None) -> tuple[dict, ...]:
+def pushed_data(environment: Environment, bucket: str | None, project: str | None) -> tuple[dict[str, Any], ...]:
     """The manifests of what `push --to bucket` sent for this project (the user's own records)."""
     if not bucket:
         return ()
@@ -264,7 +264,9 @@ def _interrupted(sessions: list[Session], results: list[object], run: str) -> In
     return Interrupted(f"interrupted during the launch: {run} had started on node {nodes} only and was stopped there; nothing is running")
 
 
-def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> Launched:
+def _launch(
+    session: Session, plan: CodePlan | None, spec: JobSpec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event
+) -> Launched:
     """Sync (over the node's own connection, or from node 0) and launch one node's part; waits for
     the driver on GCP."""
     try:
@@ -274,7 +276,9 @@ def _launch(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | 
             fanout.settle(session.node, "that node failed")
 
 
-def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event) -> Launched:
+def _launch_node(
+    session: Session, plan: CodePlan | None, spec: JobSpec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event
+) -> Launched:
     from gpu_train import jobs
     from gpu_train.stack.agentdoc import settings_part
     from remote.ssh import agentcall
@@ -292,6 +296,7 @@ def _launch_node(session: Session, plan, spec, unchanged: bool, fanout: CodeFano
     with ChannelRelay(conn.transport) as relay:
 
         def sync_code() -> None:
+            assert plan is not None  # (code is sent only where it was planned: never for an image's own program)
             push_code(session, relay, plan, spec.run_id, spec.base, cancel)
 
         push: Callable[[], None] | None = sync_code if plan else None  # (none for an image's own program)

@@ -9,9 +9,12 @@ import json
 import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.atomic import atomic_write
+
+if TYPE_CHECKING:
+    from gpu_train.stack.sshhost import SshHost
 
 
 class PushedManifests:
@@ -21,16 +24,18 @@ class PushedManifests:
     def __init__(self, cache: Path):
         self.path = cache / "code-manifests.json"
 
-    def _load(self) -> dict:
+    def _load(self) -> dict[str, Any]:
         try:
-            return json.loads(self.path.read_text())
+            doc = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
+        return doc if isinstance(doc, dict) else {}
 
-    def get(self, host, base: str) -> str | None:
-        return self._load().get(f"{host}/{base}")
+    def get(self, host: SshHost, base: str) -> str | None:
+        manifest = self._load().get(f"{host}/{base}")
+        return manifest if isinstance(manifest, str) else None
 
-    def set(self, host, base: str, manifest: str) -> None:
+    def set(self, host: SshHost, base: str, manifest: str) -> None:
         doc = {**self._load(), f"{host}/{base}": manifest}
         atomic_write(self.path, json.dumps(doc, indent=1))
 
@@ -54,7 +59,7 @@ class SaidBefore:
         return False
 
 
-def local_summary(path: Path, skip: Collection[str] = ()) -> dict:
+def local_summary(path: Path, skip: Collection[str] = ()) -> dict[str, Any]:
     """Regular files under ``path`` (links not followed): how many, their bytes, the newest mtime;
     ``skip``: folders at its top left out (a run's workdir/ and .gpu-train/ beside its JOB_DIR files)."""
     files = size = newest = 0
@@ -90,7 +95,7 @@ class FetchRecord:
             self.doc = {}
 
     @staticmethod
-    def _entry(run: Mapping[str, Any], dest: Path) -> dict:
+    def _entry(run: Mapping[str, Any], dest: Path) -> dict[str, Any]:
         return {
             "run": run["id"],
             "dest": str(dest.resolve()),

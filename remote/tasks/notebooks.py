@@ -15,11 +15,17 @@ import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.errors import printable, printable_doc
 from gpu_train.ownership import project_dirs
 from remote.ssh.agentcall import LINE_MAX
 from remote.ssh.forward import ForwardError, LocalForward, pick_local_port, remote_listens
+
+if TYPE_CHECKING:
+    import paramiko
+
+    from remote.ssh.target import Target
 
 HOST_SCRIPT = Path(__file__).resolve().parents[2] / "agent" / "serve.py"
 DEFAULT_PORTS = {"tensorboard": 6006, "jupyter": 8888}
@@ -40,7 +46,7 @@ def host_command(python: str | None) -> str:
     return f"{shlex.quote(python or 'python3')} -c {shlex.quote(HOST_SCRIPT.read_text())}"
 
 
-def env_python(target, project: str) -> str:
+def env_python(target: Target, project: str) -> str:
     """The ``project``'s venv's Python on the host (where the runs install requirements.txt when it exists)."""
     return f"{project_dirs(target.remote_root, project)[0]}/bin/python"
 
@@ -53,10 +59,10 @@ def url_for(kind: str, port: int, token: str | None) -> str:
 
 
 def serve(
-    conn,
-    target,
+    conn: Any,  # (a Fabric Connection: untyped)
+    target: Target,
     kind: str,
-    spec_extra: dict,
+    spec_extra: dict[str, Any],
     local_port: int | None,
     say: Callable[[str], None],
     show: Callable[[str], None],
@@ -114,15 +120,15 @@ def serve(
     say(f"stopped {kind} on {target.host}")
 
 
-def _until_closed(chan) -> None:
+def _until_closed(chan: paramiko.Channel) -> None:
     while not chan.exit_status_ready():
         time.sleep(0.5)
     raise ForwardError("the server on the host stopped by itself (see its log)")
 
 
 def tunnel(
-    conn,
-    target,
+    conn: Any,  # (a Fabric Connection: untyped)
+    target: Target,
     port: int,
     local_port: int | None,
     say: Callable[[str], None],

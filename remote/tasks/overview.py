@@ -27,7 +27,7 @@ from remote.tasks.session import STACK_HELP, Session
         "json": "print JSON",
     },
 )
-def gpus(c: Context, name=None, region=None, spot=False, json_=False):
+def gpus(c: Context, name: str | None = None, region: str | None = None, spot: bool = False, json_: bool = False) -> None:
     """GPU types from the catalog: shapes, regions and zones, on-demand and spot $/h, spot- or reservation-only."""
     from gpu_train.catalog.loader import load_catalog
     from gpu_train.views import offers
@@ -52,7 +52,7 @@ optional_positional(gpus, "name")  # `gpus` lists every GPU, `gpus T4` one
 
 
 @task(help={"json": "print JSON: findings[].{what, ok, detail, fix}"})
-def check(c: Context, json_=False):
+def check(c: Context, json_: bool = False) -> None:
     """Is everything the GCP path needs in place? Pulumi CLI and login, credentials, APIs, SSH keys, stack files.
 
     Each item passes or fails with its fix; exit 1 when something is missing.
@@ -76,7 +76,7 @@ def check(c: Context, json_=False):
         "offline": "do not ask the hosts (no SSH): runs and idle clocks stay unknown",
     },
 )
-def ls_(c: Context, json_=False, offline=False):
+def ls_(c: Context, json_: bool = False, offline: bool = False) -> None:
     """Every stack at a glance, billing ones first: shape, zone, VM state, runs, $/h now, this month, idle stop.
 
     VM states come from the Compute API when you have credentials, else from the last known
@@ -98,7 +98,7 @@ def ls_(c: Context, json_=False, offline=False):
     positional=["name"],
     help={"name": "the stack to use from now on in this project (a name from the list)", "clear": "forget the selected stack"},
 )
-def stack(c: Context, name=None, clear=False):
+def stack(c: Context, name: str | None = None, clear: bool = False) -> None:
     """Select the project's stack, as `pulumi stack select` does; alone, say which one tasks use and list them.
 
     Kept in the project's .gpu-train/stack; --stack and $GPU_TRAIN_STACK still win for one command.
@@ -133,7 +133,7 @@ optional_positional(stack, "name")
 
 
 @task(name="ssh-config", help={"remove": "take the Include line and every gpu-train alias away", "stack": STACK_HELP})
-def ssh_config(c: Context, remove=False, stack=None):
+def ssh_config(c: Context, remove: bool = False, stack: str | None = None) -> None:
     """Make `ssh gpu-train-STACK` work: write the stack's alias and add one Include line to ~/.ssh/config.
 
     The first task that reaches a stack writes its alias anyway; this adds the Include line

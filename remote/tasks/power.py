@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 
@@ -19,10 +20,15 @@ from gpu_train.stack.problems import ConfigError
 from remote.tasks.session import CLI, STACK_HELP, Session, say
 from remote.tasks.trust import number
 
+if TYPE_CHECKING:
+    from google.auth.credentials import Credentials
+
+    from gpu_train.stack.settings import StackConfig
+
 GUARD_TIMEOUT_S = 10.0  # how long vm-stop tries to reach the host to check its runs
 
 
-def _gcp_config(env: Environment, stack: str | None):
+def _gcp_config(env: Environment, stack: str | None) -> StackConfig:
     from gpu_train.catalog.loader import load_catalog
     from gpu_train.stack import stackfile
     from remote.ssh import target as targets
@@ -60,7 +66,7 @@ def _pulumi(env: Environment, commands: list[list[str]]) -> None:
         "stack": STACK_HELP,
     },
 )
-def vm_stop(c: Context, force=False, wait=None, stack=None):
+def vm_stop(c: Context, force: bool = False, wait: str | None = None, stack: str | None = None) -> None:
     """Stop the stack's VM(s), keeping the disks (only storage bills while stopped); fetches every run first.
 
     Refuses while a run is running or the host cannot be checked, unless --force (which skips the check
@@ -69,10 +75,10 @@ def vm_stop(c: Context, force=False, wait=None, stack=None):
     from gpu_train.gcp import power
     from remote.tasks.teardown import every_node_status, fetch_every_node, guard_runs, refusal
 
-    wait = number("--wait", GUARD_TIMEOUT_S if wait is None else wait, float, 0.1, 3600)
+    wait_s = number("--wait", GUARD_TIMEOUT_S if wait is None else wait, float, 0.1, 3600)
     env = Environment.of(c)
     cfg = _gcp_config(env, stack)
-    runs: list[dict] = []
+    runs: list[dict[str, Any]] = []
     unreachable: list[str] = []
     sessions: list[Session] = []
     docs: list[object] = []
@@ -82,7 +88,7 @@ def vm_stop(c: Context, force=False, wait=None, stack=None):
         say(f"the Compute API says no VM of {cfg.stack} is running: nothing to fetch first")
     else:
         try:
-            sessions, docs = every_node_status(Session(env, cfg.stack, timeout=wait))
+            sessions, docs = every_node_status(Session(env, cfg.stack, timeout=wait_s))
             runs, unreachable = guard_runs(sessions, docs)
             if len(docs) == 1 and isinstance(docs[0], GpuTrainError):
                 raise docs[0]
@@ -107,7 +113,7 @@ def vm_stop(c: Context, force=False, wait=None, stack=None):
     print(f"stopped {cfg.stack}: disks kept, gpu-train:running is false; `{CLI} vm-start --stack {cfg.stack}` starts it again")
 
 
-def _local_ssd(cfg) -> bool:
+def _local_ssd(cfg: StackConfig) -> bool:
     from gpu_train.catalog.loader import load_catalog
     from gpu_train.gcp import vm
 
@@ -117,7 +123,7 @@ def _local_ssd(cfg) -> bool:
 POWER_TIMEOUT_S = 600.0  # how long a stop or start of a VM may take before the task says so
 
 
-def _api_credentials(cfg, running: bool):
+def _api_credentials(cfg: StackConfig, running: bool) -> Credentials:
     """Your Application Default Credentials, for the Compute API calls of a Local SSD shape (refused, saying
     how to get them, before anything changes)."""
     from infra.ops import probes
@@ -132,12 +138,13 @@ def _api_credentials(cfg, running: bool):
     return creds
 
 
-def _power_by_api(env: Environment, cfg, creds, running: bool) -> None:
+def _power_by_api(env: Environment, cfg: StackConfig, creds: Credentials, running: bool) -> None:
     """Stop (discarding Local SSD) or start each node through the Compute API, wait for each, then refresh the
     instances' state: the provider cannot stop a VM with Local SSD (terraform-provider-google#26173)."""
     from gpu_train.gcp import names, power
     from infra.ops import probes
 
+    assert cfg.project  # (_api_credentials refused a stack without one)
     for name in names.node_names(cfg.stack, cfg.nodes):
         path, query = power.api_call(cfg.project, cfg.zone, name, running)
         say(f"$ POST {path}" + "".join(f"?{k}={v}" for k, v in query.items()))
@@ -153,7 +160,7 @@ def _power_by_api(env: Environment, cfg, creds, running: bool) -> None:
     _pulumi(env, [power.refresh_command(cfg.stack, cfg.nodes)])
 
 
-def _vm_is_down(env: Environment, cfg) -> bool:
+def _vm_is_down(env: Environment, cfg: StackConfig) -> bool:
     """True when the Compute API (with your credentials) says none of the stack's VMs runs."""
     from gpu_train.gcp.vm import label_value
     from infra.ops import probes
@@ -173,7 +180,7 @@ def _vm_is_down(env: Environment, cfg) -> bool:
 
 
 @task(name="vm-start", help={"stack": STACK_HELP})
-def vm_start(c: Context, stack=None):
+def vm_start(c: Context, stack: str | None = None) -> None:
     """Start the stack's stopped VM(s) again (after vm-stop, idle auto-stop, maxRunHours or preemption)."""
     from gpu_train.gcp import power
     from remote.ssh import target as targets

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 from gpu_train.contract import RUN_LIMIT_NOTICE_S, run_limit_at
 from gpu_train.recovery import describe_return
 from gpu_train.views.table import aligned
+
+if TYPE_CHECKING:
+    from remote.ssh.target import Target
 
 
 def duration(seconds: float | None) -> str:
@@ -16,7 +20,7 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def render_status(doc: dict, target, cli: str = "gpu-train", current: str | None = None, others: int = 0) -> str:
+def render_status(doc: dict[str, Any], target: Target, cli: str = "gpu-train", current: str | None = None, others: int = 0) -> str:
     """The status table of ``doc``'s runs (the scope's: the task filtered them); PROJECT when they are not
     all ``current``'s; ``others``: how many runs of other projects the host has besides."""
     lines = [f"stack {target.stack}: {target.host} ({doc.get('host')}), root {doc.get('root')}"]
@@ -41,7 +45,7 @@ def render_status(doc: dict, target, cli: str = "gpu-train", current: str | None
     return "\n".join(lines)
 
 
-def outputs_cell(run: dict) -> str:
+def outputs_cell(run: dict[str, Any]) -> str:
     """A run's results on the host: JOB_DIR's files and the outputs in its working directory, the newest change."""
     job, work = run.get("jobSummary"), run.get("workdirSummary")
     if job is None and work is None:
@@ -58,7 +62,7 @@ def outputs_cell(run: dict) -> str:
     return f"{files} file{'' if files == 1 else 's'} {human(size)}{where}{when}"
 
 
-def bucket_line(run: str, b: dict) -> str:
+def bucket_line(run: str, b: dict[str, Any]) -> str:
     """What of a run is in its bucket (verified) and what is still only on the host."""
     only = b.get("onlyHost") or []
     text = f"  {run}: {b.get('files', 0)} file(s) in {b.get('url')} (verified)"
@@ -71,7 +75,7 @@ def bucket_line(run: str, b: dict) -> str:
     return text
 
 
-def run_table(runs: list[dict], project: bool = False) -> list[str]:
+def run_table(runs: list[dict[str, Any]], project: bool = False) -> list[str]:
     """One row per run under a header; PROJECT (whose run: the project's id) with ``project``; OUTPUTS when
     the host summed them up; LAST LINE is the job's own (its exception when it failed)."""
     summed = any("jobSummary" in r or "workdirSummary" in r for r in runs)
@@ -102,7 +106,7 @@ def run_table(runs: list[dict], project: bool = False) -> list[str]:
     return [f"  {line}" for line in aligned(rows, right={2 + len(first), 3 + len(first)})]
 
 
-def settings_lines(settings: dict) -> list[str]:
+def settings_lines(settings: dict[str, Any]) -> list[str]:
     """The agent's settings (`setup`'s answer, contract.AgentSettings's wire names) in words, one a line."""
     minutes = settings.get("idleStopMinutes") or 0
     command = " ".join(settings.get("poweroffCommand") or ()) or "systemctl poweroff"
@@ -114,7 +118,7 @@ def settings_lines(settings: dict) -> list[str]:
     ]
 
 
-def agent_lines(doc: dict, target) -> list[str]:
+def agent_lines(doc: dict[str, Any], target: Target) -> list[str]:
     """The on-host agent's view: idle clock, run-time cap."""
     agent = doc.get("agent") or {}
     lines = []

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from invoke import task
 
@@ -37,7 +37,16 @@ if TYPE_CHECKING:
         "all_projects": ALL_PROJECTS_HELP,
     }
 )
-def logs(c: Context, run=None, follow=False, lines=None, node=None, all_=False, stack=None, all_projects=False):
+def logs(
+    c: Context,
+    run: str | None = None,
+    follow: bool = False,
+    lines: str | None = None,
+    node: str | None = None,
+    all_: bool = False,
+    stack: str | None = None,
+    all_projects: bool = False,
+) -> None:
     """Show a run's log; with --follow, stream it (reconnecting if the connection drops)."""
     o = LogsOptions.read(
         run=run, follow=bool(follow), lines=lines, node=node, all_nodes=bool(all_), stack=stack, all_projects=bool(all_projects)
@@ -76,7 +85,7 @@ def _show_logs(session: Session, o: LogsOptions, scope: Sequence[str]) -> None:
         return
     lock = threading.Lock()
 
-    def prefixed(s: Session):
+    def prefixed(s: Session) -> Callable[[bytes], None]:
         pending = b""
 
         def write(data: bytes) -> None:
@@ -113,7 +122,14 @@ def follow_to_end(session: Session, run: str) -> None:
 
 
 def _stream_log(
-    session: Session, run: str | None, lines: int, follow: bool, write, flush, scope: Sequence[str] = (), deadline: float | None = None
+    session: Session,
+    run: str | None,
+    lines: int,
+    follow: bool,
+    write: Callable[[bytes], object],
+    flush: Callable[[], object],
+    scope: Sequence[str] = (),
+    deadline: float | None = None,
 ) -> LogEnd | None:
     """One node's log from the agent, resuming at the right byte after a dropped connection; ``deadline``
     (time.monotonic()) bounds a log that is not followed."""
@@ -179,7 +195,7 @@ def _agent_error(err: str) -> str:
     return printable(err.strip()) or "the log could not be read"
 
 
-def cluster_status(session: Session, *args: str) -> dict:
+def cluster_status(session: Session, *args: str) -> dict[str, Any]:
     """The agent's status from every node, one state per run (a single node's document as it is)."""
     from gpu_train.jobs import aggregate_runs
 
@@ -191,8 +207,8 @@ def cluster_status(session: Session, *args: str) -> dict:
     if len(docs) == 1:
         if isinstance(docs[0], GpuTrainError):
             raise docs[0]
-        return cast(dict, docs[0])
-    doc = aggregate_runs([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
+        return cast(dict[str, Any], docs[0])
+    doc = aggregate_runs([None if isinstance(d, GpuTrainError) else cast(dict[str, Any], d) for d in docs])
     doc["unreachable"] = failures(docs)
     return doc
 
@@ -204,7 +220,7 @@ def cluster_status(session: Session, *args: str) -> dict:
         "all_projects": "every project's runs on the host, with whose each is (default: this project's)",
     }
 )
-def status(c: Context, json_=False, stack=None, all_projects=False):
+def status(c: Context, json_: bool = False, stack: str | None = None, all_projects: bool = False) -> None:
     """This project's runs with their state, duration, outputs and last log line; GPU use; hours and cost on GCP.
 
     A host shared by several projects (or clones, or users) keeps each one's runs apart: this project's
@@ -241,7 +257,15 @@ def status(c: Context, json_=False, stack=None, all_projects=False):
         "all_projects": ALL_PROJECTS_HELP,
     }
 )
-def stop(c: Context, run=None, grace=None, stack=None, json_=False, sweep=None, all_projects=False):
+def stop(
+    c: Context,
+    run: str | None = None,
+    grace: str | None = None,
+    stack: str | None = None,
+    json_: bool = False,
+    sweep: str | None = None,
+    all_projects: bool = False,
+) -> None:
     """Stop a run on every node: SIGINT, a grace period, SIGTERM, another, then SIGKILL of its process group.
 
     Without --run: this project's running run; when several run, they are listed and none is stopped
@@ -294,7 +318,15 @@ def stop_run(env: Environment, o: StopOptions) -> None:
         "all_projects": ALL_PROJECTS_HELP,
     }
 )
-def resume(c: Context, run=None, grace=None, stack=None, json_=False, force=False, all_projects=False):
+def resume(
+    c: Context,
+    run: str | None = None,
+    grace: str | None = None,
+    stack: str | None = None,
+    json_: bool = False,
+    force: bool = False,
+    all_projects: bool = False,
+) -> None:
     """Restart a run on every node with the same RUN_ID and JOB_DIR (it resumes from its checkpoints).
 
     Without --run: the newest interrupted run (a finished one only when named). For a cluster one
@@ -338,7 +370,7 @@ def resume_run(env: Environment, o: ResumeOptions) -> None:
         "all_projects": "every project's finished runs on the host (default: this project's)",
     }
 )
-def prune(c: Context, run=None, dry_run=False, stack=None, all_projects=False):
+def prune(c: Context, run: str | None = None, dry_run: bool = False, stack: str | None = None, all_projects: bool = False) -> None:
     """Free the code copies of finished runs on the host (every node), keeping everything each job wrote.
 
     Each run keeps the code it was sent; this removes the files still exactly as sent from runs that

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from gpu_train.environment import CLI as CLI  # (the tasks name it through here too)
@@ -34,8 +35,14 @@ class Session:
     """One node of a stack's target and one open connection to it, reconnecting on demand."""
 
     def __init__(
-        self, env: Environment, stack: str | None, timeout: float | None = None, node: int = 0, cluster=None, probe_shared: bool = False
-    ):
+        self,
+        env: Environment,
+        stack: str | None,
+        timeout: float | None = None,
+        node: int = 0,
+        cluster: Target | None = None,
+        probe_shared: bool = False,
+    ) -> None:
         from remote.ssh import target as targets
 
         self.env = env
@@ -86,7 +93,7 @@ class Session:
             for i in range(len(cluster.hosts))
         ]
 
-    def connect(self, again: bool = False, shared: bool = True):
+    def connect(self, again: bool = False, shared: bool = True) -> Any:  # (a Fabric Connection or a MuxConnection: Fabric is untyped)
         """Connect (``again``: reconnecting to a host that answered, whose sshd may be restarting).
 
         With ``shared`` (every task but the port forwards), this user's shared OpenSSH connection to
@@ -143,13 +150,13 @@ class Session:
             mux.start_master(self._target, self._target.host)
         return self.conn
 
-    def _instance(self, vm: dict) -> dict | None:
+    def _instance(self, vm: dict[str, Any]) -> dict[str, Any] | None:
         """The VM's instance as Compute Engine reports it (infra/ops/probes.py, loaded for a GCP stack only)."""
         from infra.ops import probes
 
         return probes.instance(self.env, vm)
 
-    def _shared(self):
+    def _shared(self) -> Any:
         """A connection over the shared one when it is up, else None. With ``probe_shared``, only when it
         answers too: one that does not is ended, and an SSH host is taken for gone (UNREACHABLE)."""
         from remote.ssh import mux
@@ -208,7 +215,7 @@ class Session:
             self._cluster, sshalias.own_home(self.env), say, sshalias.terminal_ask(self.env), self.env.ssh_config, self.env.project_root
         )
 
-    def reconnect(self):
+    def reconnect(self) -> Any:
         if self.conn is not None:
             self.conn.close()
         self.conn = None
@@ -250,7 +257,7 @@ class Cancelled(KeyboardInterrupt):
         self.results = results
 
 
-def on_every_node(sessions: list[Session], work, cancel: threading.Event | None = None) -> list[object]:
+def on_every_node(sessions: list[Session], work: Callable[[Session], object], cancel: threading.Event | None = None) -> list[object]:
     """``work(session)`` on each node at once; results in node order, where a node that raised has
     its error (``as_error``): any exception is that node's failure, never a missing result.
 

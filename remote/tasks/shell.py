@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import sys
+from typing import Any
 
 from invoke import Context, task
 
@@ -18,7 +19,7 @@ from remote.tasks.session import CLI, STACK_HELP, Session, say
 
 # -- setup --------------------------------------------------------------------------------------
 @task(help={"stack": STACK_HELP})
-def setup(c: Context, stack=None):
+def setup(c: Context, stack: str | None = None) -> None:
     """Install the on-host agent with the stack's settings; on SSH stacks also `boot` at reboot.
 
     GCP VMs get this from their startup script. On an SSH host, `boot` is added to your crontab
@@ -46,7 +47,7 @@ CRON_STOPPED_WORDS = "no cron daemon runs there, so a reboot will not resume run
 BOOT_OFFERED = "boot-offered.json"  # in the stack's cache: hosts already told how to turn reboot-resume on
 
 
-def say_host_notes(sessions: list[Session], answers: list[dict]) -> None:
+def say_host_notes(sessions: list[Session], answers: list[dict[str, Any]]) -> None:
     """After "started": each node's warnings (its GPUs busy, other runs of ours), and on an SSH host
     whether a reboot resumes the run; how to turn that on is said once per host."""
     from remote.ssh.target import host_key
@@ -87,7 +88,7 @@ def _exec_ssh(session: Session, *extra: str, command: str | None = None) -> None
 
 
 @task(name="ssh", help={"command": "run this command instead of a shell (also: gpu-train ssh -- CMD)", "stack": STACK_HELP})
-def shell(c: Context, command=None, stack=None):
+def shell(c: Context, command: str | None = None, stack: str | None = None) -> None:
     """A shell on the host, or one command (`ssh -- CMD`); the first contact also writes the alias gpu-train-STACK."""
     session = Session(Environment.of(c), stack)
     if command:
@@ -99,7 +100,7 @@ shell.remainder_kwarg = "command"  # `gpu-train ssh -- CMD` (remote/cli.py's Exe
 
 
 @task(name="nvidia-smi", help={"stack": STACK_HELP})
-def nvidia_smi(c: Context, stack=None):
+def nvidia_smi(c: Context, stack: str | None = None) -> None:
     """nvidia-smi on the host (`gpus` lists the GPU types you can have)."""
     from gpu_train.errors import shown
     from remote.ssh.agentcall import run_bounded

@@ -183,7 +183,16 @@ def ignore_lines(existing: str) -> list[str]:
         "on_demand": "GCP stack: on-demand rather than spot",
     }
 )
-def init(c: Context, stack=None, host=None, key=None, gcp_project=None, zone=None, gpu="nvidia-l4", on_demand=False):
+def init(
+    c: Context,
+    stack: str | None = None,
+    host: str | None = None,
+    key: str | None = None,
+    gcp_project: str | None = None,
+    zone: str | None = None,
+    gpu: str = "nvidia-l4",
+    on_demand: bool = False,
+) -> None:
     """Write a starter stack into this project's stacks/ (an SSH host, or a GCP VM), and say what to edit."""
     o = InitOptions(stack=stack, host=host, key=key, gcp_project=gcp_project, zone=zone, gpu=gpu, on_demand=bool(on_demand))
     write_starter(Environment.of(c), o)

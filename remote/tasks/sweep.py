@@ -13,7 +13,7 @@ import shlex
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 
@@ -62,30 +62,30 @@ if TYPE_CHECKING:
 )
 def sweep_(
     c: Context,
-    action=None,
-    script=None,
-    command=None,
-    args="",
-    file=None,
-    values=None,
-    random=None,
-    count=None,
-    seed=None,
-    gpus_per_trial=1,
-    slots=None,
-    workers=None,
-    name=None,
-    env=None,
-    resume_args="",
-    resume_if=None,
-    dry_run=False,
-    hours_per_trial=None,
-    sweep=None,
-    metric=None,
-    mode="min",
-    json_=False,
-    stack=None,
-):
+    action: str | None = None,
+    script: str | None = None,
+    command: str | None = None,
+    args: str = "",
+    file: str | None = None,
+    values: str | None = None,
+    random: str | None = None,
+    count: str | None = None,
+    seed: str | None = None,
+    gpus_per_trial: int = 1,
+    slots: str | None = None,
+    workers: str | None = None,
+    name: str | None = None,
+    env: str | None = None,
+    resume_args: str = "",
+    resume_if: str | None = None,
+    dry_run: bool = False,
+    hours_per_trial: str | None = None,
+    sweep: str | None = None,
+    metric: str | None = None,
+    mode: str = "min",
+    json_: bool = False,
+    stack: str | None = None,
+) -> None:
     """Run a script over a grid or random samples of its arguments, one trial per GPU slot."""
     o = SweepOptions.read(
         action=action,
@@ -130,7 +130,7 @@ def run_sweep(environment: Environment, o: SweepOptions) -> None:
     return start(environment, session, o)
 
 
-def space_of(o: SweepOptions) -> dict | None:
+def space_of(o: SweepOptions) -> dict[str, Any] | None:
     """The space from --file or the inline options (None with --workers)."""
     if o.workers is not None:
         return None
@@ -164,13 +164,13 @@ def node_gpus(session: Session) -> list[int]:
 
 def plan(
     o: SweepOptions, gpus: list[int], base: str, without_gpus: int | None = None
-) -> tuple[list[dict], list[list[list[int]]], dict | None]:
+) -> tuple[list[dict[str, Any]], list[list[list[int]]], dict[str, Any] | None]:
     """(trials, each node's slots, the space), for nodes of ``gpus`` GPUs each (``without_gpus``: the slots of a
     node without GPUs when --slots is not given; None: refused, naming --slots)."""
     space = space_of(o)
     try:
         node_slots = [sweeps.slots_of(g, o.gpus_per_trial, o.slots or (None if g else without_gpus)) for g in gpus]
-        chosen: list[dict] = [{} for _ in range(o.workers or 0)] if space is None else sweeps.expand(space)
+        chosen: list[dict[str, Any]] = [{} for _ in range(o.workers or 0)] if space is None else sweeps.expand(space)
         nodes = sweeps.spread(len(chosen), [len(s) for s in node_slots])
     except sweeps.SpaceError as e:
         raise UsageError(str(e)) from None
@@ -208,7 +208,7 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         code, _ = launching.plan_code(environment, cluster, opts.code_dir, Path(scratch), None, base)
 
-        def one(s: Session) -> dict:
+        def one(s: Session) -> dict[str, Any]:
             with ChannelRelay(s.connect().transport) as relay:
                 launching.push_code(s, relay, code, staged, base)
             node_job = dataclasses.replace(
@@ -236,7 +236,9 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
     print(f"  stop:    {CLI} sweep stop --sweep {base}")
 
 
-def in_bucket(environment: Environment, cluster: Target, job: JobSpec, trials: list[dict], stamp: str) -> tuple[JobSpec, list[dict]]:
+def in_bucket(
+    environment: Environment, cluster: Target, job: JobSpec, trials: list[dict[str, Any]], stamp: str
+) -> tuple[JobSpec, list[dict[str, Any]]]:
     """With gpu-train:bucket, each trial's own place in it, by its run id (a trial's files never land in
     another's), and the job's: the project's pushed data for every trial."""
     from remote.tasks import launching
@@ -278,7 +280,14 @@ def dry_run_plan(o: SweepOptions, gpus: list[int], hourly: float | None) -> None
         say("a node has no GPU: planned with 1 trial at a time there; to start it, say how many may run at once with --slots N")
 
 
-def show_plan(trials: list[dict], node_slots: list, est: sweeps.Estimate, hours: float | None, hourly: float | None, as_json: bool) -> None:
+def show_plan(
+    trials: list[dict[str, Any]],
+    node_slots: list[list[list[int]]],
+    est: sweeps.Estimate,
+    hours: float | None,
+    hourly: float | None,
+    as_json: bool,
+) -> None:
     if as_json:
         print(json.dumps({**dataclasses.asdict(est), "nodeSlots": node_slots, "trials": trials}, indent=1))
         return
@@ -298,7 +307,7 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.6g}"
 
 
-def show_status(rows: list[dict], doc: dict, metric: str | None, as_json: bool) -> None:
+def show_status(rows: list[dict[str, Any]], doc: dict[str, Any], metric: str | None, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"sweep": doc["sweep"], "trials": rows}, indent=1))
         return
@@ -315,7 +324,7 @@ def show_status(rows: list[dict], doc: dict, metric: str | None, as_json: bool) 
         print(f"the next trial could not start: {doc['blocked']}")
 
 
-def show_best(rows: list[dict], doc: dict, metric: str, mode: str, as_json: bool) -> None:
+def show_best(rows: list[dict[str, Any]], doc: dict[str, Any], metric: str, mode: str, as_json: bool) -> None:
     top = sweeps.best(rows, mode)
     if top is None:
         raise GpuTrainError(f"no trial of sweep {doc['sweep']} has logged {metric!r} yet (`{CLI} sweep status --metric {metric}`)")

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from gpu_train.errors import GpuTrainError
 from remote.tasks import trust
 from remote.tasks.session import Session, failures, on_every_node
 
 
-def sweep_rows(session: Session, name: str | None, metric: str | None, mode: str) -> tuple[list[dict], dict]:
+def sweep_rows(session: Session, name: str | None, metric: str | None, mode: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     args = ["sweep-status", "--mode", mode] + (["--sweep", name] if name else []) + (["--metric", metric] if metric else [])
     docs = on_every_node(session.nodes(), lambda s: s.call(*args))
     if failed := failures(docs):

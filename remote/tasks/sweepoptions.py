@@ -63,7 +63,7 @@ class SweepOptions:
         env: Sequence[str] | None = None,
         count: object = None,
         seed: object = None,
-        gpus_per_trial: object = 1,
+        gpus_per_trial: str | int = 1,
         slots: object = None,
         workers: object = None,
         hours_per_trial: object = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpu_train.contract import STACK_NAME_PATTERN
 from gpu_train.errors import UsageError
@@ -50,7 +51,16 @@ class FetchOptions(Checked):
     all_projects: bool = False
 
     @classmethod
-    def read(cls, *, run=None, interval=None, node=None, streams=None, sweep=None, **rest) -> FetchOptions:
+    def read(
+        cls,
+        *,
+        run: str | None = None,
+        interval: str | None = None,
+        node: str | None = None,
+        streams: str | None = None,
+        sweep: str | None = None,
+        **rest: Any,
+    ) -> FetchOptions:
         return cls(
             streams=parse_streams(streams),
             run=trust.run_option(run),
@@ -81,7 +91,7 @@ class LogsOptions(Checked):
     all_projects: bool = False
 
     @classmethod
-    def read(cls, *, run=None, lines=None, node=None, **rest) -> LogsOptions:
+    def read(cls, *, run: str | None = None, lines: str | None = None, node: str | None = None, **rest: Any) -> LogsOptions:
         return cls(
             run=trust.run_option(run),
             lines=trust.number("--lines", 50 if lines is None else lines, int, 0),
@@ -100,7 +110,7 @@ class StopOptions(Checked):
     all_projects: bool = False
 
     @classmethod
-    def read(cls, *, run=None, grace=None, sweep=None, **rest) -> StopOptions:
+    def read(cls, *, run: str | None = None, grace: str | None = None, sweep: str | None = None, **rest: Any) -> StopOptions:
         named = None if sweep is None else trust.run_option(sweep, "--sweep") or ""
         return cls(run=trust.run_option(run), grace=_grace(grace), sweep=named, **rest)
 
@@ -118,17 +128,17 @@ class ResumeOptions(Checked):
     all_projects: bool = False
 
     @classmethod
-    def read(cls, *, run=None, grace=None, **rest) -> ResumeOptions:
+    def read(cls, *, run: str | None = None, grace: str | None = None, **rest: Any) -> ResumeOptions:
         return cls(run=trust.run_option(run), grace=_grace(grace), **rest)
 
 
-def parse_streams(value: object) -> int:
+def parse_streams(value: str | int | None) -> int:
     """--streams as a number (the tasks default it to None, not an int: Invoke would parse an int
     default itself and fail on "abc" with a traceback instead of this message)."""
     if value is None:
         return DEFAULT_STREAMS
     try:
-        n = int(value)  # type: ignore[call-overload]
+        n = int(value)
     except (TypeError, ValueError):
         n = 0
     if not 1 <= n <= 64:
@@ -136,8 +146,8 @@ def parse_streams(value: object) -> int:
     return n
 
 
-def _grace(value: object) -> float:
-    return float(trust.number("--grace", 10 if value is None else value, float, 0, 86400))
+def _grace(value: str | float | None) -> float:
+    return trust.number("--grace", 10 if value is None else value, float, 0, 86400)
 
 
 @dataclass(frozen=True)
@@ -154,7 +164,7 @@ class ServeOptions(Checked):
     dir: str | None = None  # jupyter: the notebook root on the host
 
     @classmethod
-    def read(cls, kind: str, *, local_port=None, **rest) -> ServeOptions:
+    def read(cls, kind: str, *, local_port: str | None = None, **rest: Any) -> ServeOptions:
         return cls(kind, local_port=trust.number("--local-port", local_port, int, 1, 65535), **rest)
 
 
@@ -174,7 +184,9 @@ class ImportOptions(Checked):
     as_json: bool = False
 
     @classmethod
-    def read(cls, source: str, *, gcloud: str | None = None, argv: Sequence[str] = (), ssh_from=None, **rest) -> ImportOptions:
+    def read(
+        cls, source: str, *, gcloud: str | None = None, argv: Sequence[str] = (), ssh_from: str | None = None, **rest: Any
+    ) -> ImportOptions:
         """``argv``: the command line, whose words after `--` are gcloud's as typed (Invoke joins them)."""
         from gpu_train.importing import gcloud_flags
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from invoke import Context, task
 
@@ -19,6 +19,7 @@ from remote.tasks.taskoptions import parse_streams
 
 if TYPE_CHECKING:
     from gpu_train.identity import Scope
+    from remote.ssh.target import Target
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 
@@ -30,13 +31,13 @@ def every_node_status(session: Session, bucket_record: bool = False) -> tuple[li
     return sessions, on_every_node(sessions, lambda s: s.call("status", "--summaries", *extra))
 
 
-def guard_runs(sessions: list[Session], docs: list[object]) -> tuple[list[dict], list[str]]:
+def guard_runs(sessions: list[Session], docs: list[object]) -> tuple[list[dict[str, Any]], list[str]]:
     """The cluster's runs (one state each) and the nodes that could not be asked, for the guards."""
     from gpu_train.jobs import aggregate_runs
 
     if len(docs) == 1 and not isinstance(docs[0], GpuTrainError):
-        return cast(dict, docs[0])["runs"], []
-    doc = aggregate_runs([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
+        return cast(dict[str, Any], docs[0])["runs"], []
+    doc = aggregate_runs([None if isinstance(d, GpuTrainError) else cast(dict[str, Any], d) for d in docs])
     return doc["runs"], failures(docs)
 
 
@@ -45,7 +46,7 @@ def fetch_every_node(sessions: list[Session], docs: list[object], streams: int =
     file the laptop kept its newer copy of counts as not home). What is not, one line each."""
 
     def one(s: Session) -> list[str]:
-        runs = cast(dict, docs[s.node])["runs"]
+        runs = cast(dict[str, Any], docs[s.node])["runs"]
         lost = fetch_runs(s, runs, None, progress=False, subdir=node_dir(s.node), streams=streams, strict=True) if runs else []
         return [f"node {s.node}: {m}" for m in lost] if len(sessions) > 1 else lost
 
@@ -53,22 +54,22 @@ def fetch_every_node(sessions: list[Session], docs: list[object], streams: int =
     return failures(results) + [m for r in results if isinstance(r, list) for m in r]
 
 
-def keep_to(docs: list[object], scope: Scope) -> tuple[list[object], list[dict]]:
+def keep_to(docs: list[object], scope: Scope) -> tuple[list[object], list[dict[str, Any]]]:
     """Each node's status document with only the scope's runs, and the other projects' runs (node 0's view:
     one per run) that were left out."""
     kept: list[object] = []
-    others: dict[str, dict] = {}
+    others: dict[str, dict[str, Any]] = {}
     for d in docs:
         if isinstance(d, GpuTrainError):
             kept.append(d)
             continue
-        mine, rest = scope.split(cast(dict, d)["runs"])
-        kept.append({**cast(dict, d), "runs": mine})
+        mine, rest = scope.split(cast(dict[str, Any], d)["runs"])
+        kept.append({**cast(dict[str, Any], d), "runs": mine})
         others.update({r["id"]: r for r in rest if r["id"] not in others})
     return kept, list(others.values())
 
 
-def whose(runs: list[dict], limit: int = 8) -> str:
+def whose(runs: list[dict[str, Any]], limit: int = 8) -> str:
     """Runs with their projects, for a message: "RUN (PROJECT), ..."."""
     shown = ", ".join(f"{r['id']} ({r.get('project') or '?'})" for r in runs[:limit])
     return shown + (f" and {len(runs) - limit} more" if len(runs) > limit else "")
@@ -94,7 +95,7 @@ def uncron(session: Session) -> None:
         say(f"warning: {line}: gpu-train's crontab lines may still be there (`crontab -e` there to remove them)")
 
 
-def not_as_recorded(target, bucket: str, docs: list[object]) -> list[str]:
+def not_as_recorded(target: Target, bucket: str, docs: list[object]) -> list[str]:
     """`down --no-fetch`: the laptop lists the bucket itself and requires every file each host's uploader
     recorded, with its generation, size and CRC32C, under the run's prefix as this stack names it (its area,
     or for a run from before areas its name's folder); one line per run naming what differs (the host's word
@@ -112,7 +113,7 @@ def not_as_recorded(target, bucket: str, docs: list[object]) -> list[str]:
         if isinstance(doc, GpuTrainError) or doc is None:
             continue
         where = f"node {node}: " if len(docs) > 1 else ""
-        for run in cast(dict, doc).get("runs", []):
+        for run in cast(dict[str, Any], doc).get("runs", []):
             if not run.get("bucket"):
                 continue  # (not_in_bucket names it)
             rid = str(run.get("id"))
@@ -142,14 +143,21 @@ def not_as_recorded(target, bucket: str, docs: list[object]) -> list[str]:
         "project's run on the VM refuses the destroy)",
     }
 )
-def down(c: Context, force=False, streams=None, stack=None, no_fetch=False, all_projects=False):
+def down(
+    c: Context,
+    force: bool = False,
+    streams: str | None = None,
+    stack: str | None = None,
+    no_fetch: bool = False,
+    all_projects: bool = False,
+) -> None:
     """Fetch every run from every node, then stop billing (`pulumi destroy --yes` on GCP stacks, the data disks too).
 
     Refuses, naming what would be lost, while a run is still running or anything of any node (a JOB_DIR,
     the outputs in a working directory) is not home, unless --force. The data disks are protected
     against a plain `pulumi destroy`; only here, after the fetch, are they released.
     """
-    streams = parse_streams(streams)
+    n_streams = parse_streams(streams)
     env = Environment.of(c)
     session = Session(env, stack)
     sessions, docs = every_node_status(session, bucket_record=no_fetch)
@@ -176,10 +184,10 @@ def down(c: Context, force=False, streams=None, stack=None, no_fetch=False, all_
 
         if not bucket:
             raise UsageError(f"--no-fetch: stack {session.target.stack} has no gpu-train:bucket to keep its runs (docs/bucket.md)")
-        problems = not_in_bucket([None if isinstance(d, GpuTrainError) else cast(dict, d) for d in docs])
+        problems = not_in_bucket([None if isinstance(d, GpuTrainError) else cast(dict[str, Any], d) for d in docs])
         problems += not_as_recorded(session.target, bucket, docs)
     else:
-        problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, streams)
+        problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, n_streams)
     for s in sessions:
         s.close()
     if problems and not force:

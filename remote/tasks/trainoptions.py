@@ -54,7 +54,7 @@ class TrainOptions:
         env: Sequence[str] | None = None,
         env_file: Sequence[str] | None = None,
         nproc: object = None,
-        port: object = None,
+        port: str | None = None,
         timeout: object = None,
         pass_job_dir: object = False,
         args: str | None = "",

@@ -9,13 +9,17 @@ messages naming the option, not tracebacks.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from gpu_train.errors import GpuTrainError, UsageError
 from gpu_train.jobs import JobError, check_run_id
 from gpu_train.stack.problems import shown
 
+if TYPE_CHECKING:
+    from remote.ssh.target import Target
 
-def host_doc(doc: object, where: object) -> dict:
+
+def host_doc(doc: object, where: object) -> dict[str, Any]:
     """An agent's answer (its strings already printable: agentcall decodes every answer so) whose run
     ids are all run ids; an error otherwise."""
     if not isinstance(doc, dict):
@@ -49,7 +53,7 @@ def run_option(value: str | None, option: str = "--run") -> str | None:
         raise UsageError(str(e)) from None
 
 
-def remote_job_dir(target, run_id: str) -> str:
+def remote_job_dir(target: Target, run_id: str) -> str:
     """A run's JOB_DIR on the host as rsync names it, from REMOTE_ROOT and a checked id, never from the host."""
     return f"{target.rsync_root()}/runs/{check_run_id(run_id)}/job"
 
@@ -62,8 +66,18 @@ def inside(path: Path, base: Path) -> Path:
     return resolved
 
 
-def number(option: str, value: object, kind: type = int, low: float | None = None, high: float | None = None):
-    """An option's value as ``kind`` within [low, high]; a UsageError naming the option otherwise."""
+N = TypeVar("N", int, float)
+
+
+@overload
+def number(option: str, value: None, kind: type[N], low: float | None = None, high: float | None = None) -> None: ...
+@overload
+def number(option: str, value: str | float, kind: type[N], low: float | None = None, high: float | None = None) -> N: ...
+@overload
+def number(option: str, value: object, kind: type[N], low: float | None = None, high: float | None = None) -> N | None: ...
+def number(option: str, value: Any, kind: type[N], low: float | None = None, high: float | None = None) -> N | None:
+    """An option's value (as typed: a string, or the task's default) as ``kind`` within [low, high]; None for
+    None; a UsageError naming the option otherwise."""
     if value is None:
         return None
     try:
