@@ -1,6 +1,6 @@
 """A run's log followed for the dashboard: one stream per run however many tabs show it.
 
-The stream is `gpu-train logs --follow`'s own (``remote.tasks.runs._stream_log``: the agent's `logs`,
+The stream is `gpu-train logs --follow`'s own (``remote.tasks.runlogs._stream_log``: the agent's `logs`,
 resumed at the right byte after a dropped connection), started when a page first asks for the run's
 log; it ends by itself with the run. The text is kept here, its last ``KEEP_BYTES``, with offsets that
 count from the first byte kept, so each page asks for what it has not seen yet.
@@ -62,7 +62,7 @@ class LogFollower:
             self.grew.notify_all()
 
     def _follow(self) -> None:
-        from remote.tasks.runs import _stream_log
+        from remote.tasks.runlogs import _stream_log
         from remote.tasks.session import Session
 
         session = None

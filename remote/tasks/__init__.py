@@ -8,7 +8,8 @@ its remote work in one agent call (plus rsync for bulk data). Start reading at `
     render      status tables and messages (pure)
     localstate  what the laptop keeps: atomic writes, pushed manifests, fetch records
     train       train
-    runs        logs, status, stop, resume
+    runlogs     logs
+    runs        status, stop, resume, prune
     fetch       fetch
     teardown    down, and the guards before destroying (vm-stop's too)
     shell       setup, ssh, nvidia-smi
@@ -29,7 +30,7 @@ from invoke import Collection
 
 from gpu_train.errors import GpuTrainError
 from remote.errors import exit_for
-from remote.tasks import board, dashboards, data, importing, overview, power, runs, shell, sweep, teardown
+from remote.tasks import board, dashboards, data, importing, overview, power, runlogs, runs, shell, sweep, teardown
 from remote.tasks import fetch as fetching
 from remote.tasks import train as training
 from remote.tasks.shortflags import pin_short_flags
@@ -37,7 +38,7 @@ from remote.tasks.starter import init
 
 ns = Collection(
     training.train,
-    runs.logs,
+    runlogs.logs,
     runs.status,
     runs.stop,
     runs.resume,

@@ -172,7 +172,7 @@ def snapshot(env: Environment, watch: Watch) -> dict[str, Any]:
     """One look at every stack, with the newest runs' last log lines, every run's curves, each sweep's best."""
     from gpu_train.views.board import best_trial, sweep_of
     from remote.dashboard.curves import Curves
-    from remote.tasks.runs import _stream_log
+    from remote.tasks.runlogs import _stream_log
     from remote.tasks.session import Session
 
     doc = {**watch.look_once(), "actions": [], "live": False, "logs": {}, "curves": {}, "best": {}}

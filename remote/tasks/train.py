@@ -9,7 +9,7 @@ from invoke import Context, task
 from gpu_train.environment import Environment
 from remote.tasks.launching import start_run
 from remote.tasks.optional import optional_positional
-from remote.tasks.runs import follow_to_end
+from remote.tasks.runlogs import follow_to_end
 from remote.tasks.session import CLI, STACK_HELP, Session
 from remote.tasks.shell import say_host_notes
 from remote.tasks.trainoptions import TrainOptions
