@@ -19,6 +19,7 @@ the zipapp (bundle.LAPTOP_ONLY). Standard library only, Python 3.8.
 """
 
 import base64
+import gc
 import importlib
 import json
 import os
@@ -135,7 +136,9 @@ def main() -> None:
     del sys.argv[1:3]
     sys.argv[0] = path
     sys.path.insert(0, folder)
-    sys.exit(importlib.import_module(PACKAGE + ".cli").main(sys.argv[1:]))
+    code = importlib.import_module(PACKAGE + ".cli").main(sys.argv[1:])
+    gc.freeze()  # the last full collection at exit would walk every object only to free none (gpu_train/launcher.py)
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # `python3 -c` runs it as __main__; a test imports it
