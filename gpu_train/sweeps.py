@@ -20,8 +20,9 @@ import itertools
 import math
 import random
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gpu_train.codec import Document
 
@@ -285,7 +286,10 @@ def estimate(trials: int, slots: int, gpus_per_trial: int, hours_per_trial: floa
     return Estimate(trials, slots, waves, trials * gpus_per_trial * hours_per_trial, wall, cost)
 
 
-def best(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
+R = TypeVar("R", bound="Mapping[str, Any]")  # a trial's row: the host's answer (answers.SweepTrial) or a plain dict
+
+
+def best(rows: Sequence[R], mode: str) -> R | None:
     """The trial whose best value of the metric is lowest (``min``) or highest (``max``); rows without one
     are never best."""
     have = [r for r in rows if r.get("best") is not None]

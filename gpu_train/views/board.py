@@ -12,7 +12,7 @@ time (a sweep's four trials on one VM cost a quarter of its hours each, and add 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +122,7 @@ def runs_of(look: StackLook, price: float | None, now: float) -> list[dict[str, 
     return out
 
 
-def is_home(run: dict[str, Any], local: tuple[dict[str, Any], dict[str, Any]] | None) -> bool:
+def is_home(run: Mapping[str, Any], local: tuple[dict[str, Any], dict[str, Any]] | None) -> bool:
     """Whether the laptop's copy of a run (summaries of the folders `fetch` fills: its JOB_DIR files, its
     working directory's outputs, each a contract.TreeSummary) holds what the host's say, with something in it."""
     host = (run.get("jobSummary"), run.get("workdirSummary"))

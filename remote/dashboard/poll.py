@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -197,11 +197,11 @@ class StackPoller:
                 looks.append(board.NodeLook(s.node, str(s.target.host), error=outcome(doc)[1].splitlines()[0]))
                 s.close()  # (the next look connects again)
             else:
-                looks.append(board.NodeLook(s.node, str(s.target.host), status=doc))  # type: ignore[arg-type]
+                looks.append(board.NodeLook(s.node, str(s.target.host), status=doc))
         lead = next((d for d in docs if isinstance(d, dict)), None)
         return tuple(looks), self._home(lead["runs"] if lead else [])
 
-    def _home(self, runs: list[dict[str, Any]]) -> dict[str, bool]:
+    def _home(self, runs: Sequence[Mapping[str, Any]]) -> dict[str, bool]:
         """Which runs are home as they are on the host now: their copy where `fetch` puts it (node 0's) holds
         what the host's summaries of JOB_DIR and of the working directory's outputs say, or the fetch
         record says so."""

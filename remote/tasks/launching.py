@@ -15,7 +15,7 @@ import functools
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -46,7 +46,7 @@ class Started:
 
     cluster: Target
     sessions: list[Session]
-    answers: list[dict[str, Any]]
+    answers: list[Launched]
     timeout: float  # the SSH wait the run was started with (a `--follow` reuses it)
 
 
@@ -246,7 +246,7 @@ def pushed_data(environment: Environment, bucket: str | None, project: str | Non
     return tuple(dict(m) for _, m in sorted(datapush.load(environment.user_home, place, data_prefix(place, project)).items()))
 
 
-def _interrupted(sessions: list[Session], results: list[object], run: str) -> Interrupted:
+def _interrupted(sessions: list[Session], results: Sequence[object], run: str) -> Interrupted:
     """What Ctrl-C during the sync and launch left behind, said as it is (every node's work has ended)."""
     started = [s for s, a in zip(sessions, results, strict=True) if isinstance(a, dict)]
     if not started:

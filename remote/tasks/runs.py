@@ -18,7 +18,7 @@ from remote.tasks.taskoptions import ResumeOptions, StopOptions
 if TYPE_CHECKING:
     from invoke import Context
 
-    from gpu_train.answers import Pruned, Resumed, Stopped
+    from gpu_train.answers import Resumed, Stopped
 
 
 def cluster_status(session: Session, *args: str) -> dict[str, Any]:
@@ -215,7 +215,7 @@ def prune(c: Context, run: str | None = None, dry_run: bool = False, stack: str 
         where = f"node {s.node} ({s.target.host})" if len(nodes) > 1 else str(s.target.host)
         if isinstance(doc, GpuTrainError):
             continue
-        answer = cast("Pruned", doc)
+        answer = doc
         pruned, kept = answer["pruned"], answer["kept"]
         files = sum(p["files"] for p in pruned)
         freed = sum(p["freedBytes"] or 0 for p in pruned)

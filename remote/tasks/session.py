@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, overload
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from gpu_train.environment import CLI as CLI  # (the tasks name it through here too)
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Unreachable, UsageError, as_error, outcome, printable
 
 if TYPE_CHECKING:
-    from gpu_train.answers import Configured, Pruned, Resumed, StatusDoc, Stopped
+    from gpu_train.answers import Configured, Pruned, Resumed, StatusDoc, Stopped, SweepStarted, SweepStatus, SweepStopped
     from remote.ssh.target import Target
 
 STACK_HELP = (
@@ -232,6 +232,12 @@ class Session:
     @overload
     def call(self, command: Literal["configure"], *args: str, stdin: bytes = b"") -> Configured: ...
     @overload
+    def call(self, command: Literal["sweep-start"], *args: str, stdin: bytes = b"") -> SweepStarted: ...
+    @overload
+    def call(self, command: Literal["sweep-stop"], *args: str, stdin: bytes = b"") -> SweepStopped: ...
+    @overload
+    def call(self, command: Literal["sweep-status"], *args: str, stdin: bytes = b"") -> SweepStatus: ...
+    @overload
     def call(self, command: str, *args: str, stdin: bytes = b"") -> Any: ...
     def call(self, command: str, *args: str, stdin: bytes = b"") -> Any:
         """The agent's ``command`` on this node: its answer as the contract declares it (answers.ANSWERS),
@@ -252,18 +258,21 @@ class Cancelled(KeyboardInterrupt):
     """Ctrl-C while ``on_every_node`` ran with a ``cancel`` event: ``results`` as each node's work
     ended once told to stop (an answer where it had finished anyway, an error where it stopped)."""
 
-    def __init__(self, results: list[object]):
+    def __init__(self, results: Sequence[object]):
         super().__init__()
         self.results = results
 
 
-def on_every_node(sessions: list[Session], work: Callable[[Session], object], cancel: threading.Event | None = None) -> list[object]:
+T = TypeVar("T")
+
+
+def on_every_node(sessions: list[Session], work: Callable[[Session], T], cancel: threading.Event | None = None) -> list[T | GpuTrainError]:
     """``work(session)`` on each node at once; results in node order, where a node that raised has
     its error (``as_error``): any exception is that node's failure, never a missing result.
 
     Ctrl-C reaches the main thread only. With ``cancel``, it is set for the work to see, every node's
     work is waited for, and ``Cancelled`` says how each ended; without, KeyboardInterrupt goes on."""
-    results: list[object] = [None] * len(sessions)
+    results: list[T | GpuTrainError] = [GpuTrainError("no answer")] * len(sessions)  # (each is set: an answer or why not)
 
     def run(i: int) -> None:
         try:
@@ -289,6 +298,13 @@ def on_every_node(sessions: list[Session], work: Callable[[Session], object], ca
     return results
 
 
-def failures(results: list[object]) -> list[str]:
+def failures(results: Sequence[object]) -> list[str]:
     """One line per node that failed, naming it."""
     return [f"node {i}: {outcome(r)[1]}" for i, r in enumerate(results) if isinstance(r, GpuTrainError)]
+
+
+def every_answer(results: list[T | GpuTrainError]) -> list[T]:
+    """Every node's answer, in node order; a GpuTrainError naming each node that failed, if any did."""
+    if failed := failures(results):
+        raise GpuTrainError("; ".join(failed))
+    return [r for r in results if not isinstance(r, GpuTrainError)]

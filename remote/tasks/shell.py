@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from invoke import Context, task
@@ -47,7 +48,7 @@ CRON_STOPPED_WORDS = "no cron daemon runs there, so a reboot will not resume run
 BOOT_OFFERED = "boot-offered.json"  # in the stack's cache: hosts already told how to turn reboot-resume on
 
 
-def say_host_notes(sessions: list[Session], answers: list[dict[str, Any]]) -> None:
+def say_host_notes(sessions: list[Session], answers: Sequence[Mapping[str, Any]]) -> None:
     """After "started": each node's warnings (its GPUs busy, other runs of ours), and on an SSH host
     whether a reboot resumes the run; how to turn that on is said once per host."""
     from remote.ssh.target import host_key

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import shlex
 import tempfile
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,11 +22,12 @@ from gpu_train import sweeps
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
 from remote.tasks.optional import optional_positional
-from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Session, every_answer, on_every_node, say
 from remote.tasks.sweepcalls import stop_sweep, sweep_rows
 from remote.tasks.sweepoptions import SweepOptions
 
 if TYPE_CHECKING:
+    from gpu_train.answers import SweepStarted
     from gpu_train.contract import JobSpec
     from remote.ssh.target import Target
 
@@ -156,10 +158,7 @@ def node_gpus(session: Session) -> list[int]:
         return list(cluster.node_gpus)
     if cluster.gpus_per_node:
         return [cluster.gpus_per_node] * len(cluster.hosts)
-    docs = on_every_node(session.nodes(), lambda s: s.call("status"))
-    if failed := failures(docs):
-        raise GpuTrainError("; ".join(failed))
-    return [len(d.get("gpus") or []) for d in docs]  # type: ignore[attr-defined]
+    return [len(d["gpus"]) for d in every_answer(on_every_node(session.nodes(), lambda s: s.call("status")))]
 
 
 def plan(
@@ -208,7 +207,7 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         code, _ = launching.plan_code(environment, cluster, opts.code_dir, Path(scratch), None, base)
 
-        def one(s: Session) -> dict[str, Any]:
+        def one(s: Session) -> SweepStarted:
             with ChannelRelay(s.connect().transport) as relay:
                 launching.push_code(s, relay, code, staged, base)
             node_job = dataclasses.replace(
@@ -226,10 +225,8 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
             record = json.dumps(doc.to_json()).encode() + b"\n"
             return launching.until_ready(s, lambda: s.call("sweep-start", "--staged", staged, stdin=record))  # the driver, as a launch
 
-        answers = on_every_node(session.nodes(), one)
-    if failed := failures(answers):
-        raise GpuTrainError("; ".join(failed))
-    started = [r for a in answers for r in a.get("started", [])]  # type: ignore[attr-defined]
+        answers = every_answer(on_every_node(session.nodes(), one))
+    started = [r for a in answers for r in a["started"]]
     print(f"sweep {base}: {len(trials)} trials over {slots_total} slot(s); started {len(started)}: {', '.join(started)}")
     print(f"  status:  {CLI} sweep status --sweep {base} [--metric NAME]")
     print(f"  best:    {CLI} sweep best --sweep {base} --metric NAME --mode min|max")
@@ -307,7 +304,7 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.6g}"
 
 
-def show_status(rows: list[dict[str, Any]], doc: dict[str, Any], metric: str | None, as_json: bool) -> None:
+def show_status(rows: Sequence[Mapping[str, Any]], doc: Mapping[str, Any], metric: str | None, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"sweep": doc["sweep"], "trials": rows}, indent=1))
         return
@@ -324,7 +321,7 @@ def show_status(rows: list[dict[str, Any]], doc: dict[str, Any], metric: str | N
         print(f"the next trial could not start: {doc['blocked']}")
 
 
-def show_best(rows: list[dict[str, Any]], doc: dict[str, Any], metric: str, mode: str, as_json: bool) -> None:
+def show_best(rows: Sequence[Mapping[str, Any]], doc: Mapping[str, Any], metric: str, mode: str, as_json: bool) -> None:
     top = sweeps.best(rows, mode)
     if top is None:
         raise GpuTrainError(f"no trial of sweep {doc['sweep']} has logged {metric!r} yet (`{CLI} sweep status --metric {metric}`)")

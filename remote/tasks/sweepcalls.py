@@ -4,27 +4,25 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
-from gpu_train.errors import GpuTrainError
 from remote.tasks import trust
-from remote.tasks.session import Session, failures, on_every_node
+from remote.tasks.session import Session, every_answer, on_every_node
+
+if TYPE_CHECKING:
+    from gpu_train.answers import SweepStatus, SweepTrial
 
 
-def sweep_rows(session: Session, name: str | None, metric: str | None, mode: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def sweep_rows(session: Session, name: str | None, metric: str | None, mode: str) -> tuple[list[SweepTrial], SweepStatus]:
     args = ["sweep-status", "--mode", mode] + (["--sweep", name] if name else []) + (["--metric", metric] if metric else [])
-    docs = on_every_node(session.nodes(), lambda s: s.call(*args))
-    if failed := failures(docs):
-        raise GpuTrainError("; ".join(failed))
-    rows = sorted((r for d in docs for r in d["trials"]), key=lambda r: r["index"])  # type: ignore[index]
+    docs = every_answer(on_every_node(session.nodes(), lambda s: s.call("sweep-status", *args[1:])))
+    rows = sorted((r for d in docs for r in d["trials"]), key=lambda r: r["index"])
     for r in rows:
         trust.host_run_id(r.get("runId"), session.target.host)
-    return rows, docs[0]  # type: ignore[return-value]
+    return rows, docs[0]
 
 
 def stop_sweep(session: Session, name: str, as_json: bool, grace: float = 10.0) -> None:
-    docs = on_every_node(session.nodes(), lambda s: s.call("sweep-stop", "--sweep", name, "--grace", str(float(grace))))
-    if failed := failures(docs):
-        raise GpuTrainError("; ".join(failed))
-    stopped = [r for d in docs for r in d["stopped"]]  # type: ignore[index]
+    docs = every_answer(on_every_node(session.nodes(), lambda s: s.call("sweep-stop", "--sweep", name, "--grace", str(float(grace)))))
+    stopped = [r for d in docs for r in d["stopped"]]
     print(json.dumps({"sweep": name, "stopped": stopped}) if as_json else f"sweep {name}: no more trials start; stopped {len(stopped)}")
