@@ -106,7 +106,7 @@ def test_a_preempted_vm_comes_back_by_itself_and_an_idle_stop_stays_stopped(
 
         run = user.train("--dir", str(EXAMPLE), "--script", "train.py", "--args", "--steps 300 --checkpoint-every 100000 --step-time 0.03")
         assert "notify" not in json.loads((user.root / "runs" / run / "spec.json").read_text())
-        assert guest.sh("stat -c %a ~trainer/gpu-train/notify.url").stdout.strip() == "600"
+        assert guest.sh(f"stat -c %a ~trainer/gpu-train/notify/{run}.url").stdout.strip() == "600"  # the run's own webhook
         at_step = user.wait_step(run, 30)
 
         # Preempted: the notice, then Compute Engine's orderly power-off; the instance is TERMINATED.

@@ -101,7 +101,8 @@ def test_direct_writes_that_prove_slow_give_way_to_the_page_cache(tmp_path: Path
         fast = fd.Writer(fdesc, fd.set_direct(fdesc, True))
         for i in range(4):
             assert fast.write(buf, i * chunk) == chunk
-        assert fast.direct or fast.spent > fd.SLOW_S * 4  # a healthy disk stays direct (unless this one is slow)
+        # a healthy disk stays direct, unless this one proved slow by the writer's own rule (judged on what it wrote direct)
+        assert fast.direct or fast.spent > fd.SLOW_S * fast.written / chunk
         monkeypatch.setattr(fd, "SLOW_S", 0.0)
         slow = fd.Writer(fdesc, fd.set_direct(fdesc, True))
         states = []
