@@ -68,6 +68,7 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("response", lambda r: errors.append(f"{r.status} {r.request.method} {r.url}") if r.status >= 400 else None)  # (which one)
     try:
         page.goto(board.url)
         # every stack: the SSH host, the GCP VM with its GPU and price, the stopped one coming back
