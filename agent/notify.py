@@ -133,17 +133,6 @@ def kept(root: str, name: str) -> str | None:
     return _private_url(path) if os.path.lexists(path) else read_url(root)
 
 
-def write_url(root: str, url: str | None) -> None:
-    """Keep (or, with None, remove) the webhook on the host, 0600 from its first byte."""
-    path = os.path.join(root, NOTIFY_FILE)
-    if not url:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-        return
-    if read_url(root) != url.strip():  # (each launch brings it: written when it changed)
-        atomic_write(path, url.strip() + "\n", 0o600, keep_mode=False)
-
-
 def run_end_text(run_id: str, state: str, exit_code: int | None, duration_s: float | None, last_line: str, host: str = "") -> str:
     """The run-end message: exit code, duration, last line."""
     took = "" if duration_s is None else f" after {int(duration_s) // 3600}h{int(duration_s) % 3600 // 60:02d}m"

@@ -209,11 +209,18 @@ def test_a_failing_webhook_never_fails_the_sender(tmp_path) -> None:
         assert not notify.send(None, "x")
     finally:
         hook.close()
-    notify.write_url(str(tmp_path), "https://ntfy.sh/secret-topic")
-    assert (tmp_path / notify.NOTIFY_FILE).stat().st_mode & 0o777 == 0o600
-    assert notify.read_url(str(tmp_path)) == "https://ntfy.sh/secret-topic"
-    (tmp_path / notify.NOTIFY_FILE).chmod(0o644)  # readable by others: not trusted, not used
-    assert notify.read_url(str(tmp_path)) is None
+    notify.keep(str(tmp_path), "r_20260101_000000", "https://ntfy.sh/secret-topic")
+    kept = tmp_path / notify.KEPT / "r_20260101_000000.url"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert notify.kept(str(tmp_path), "r_20260101_000000") == "https://ntfy.sh/secret-topic"
+    kept.chmod(0o644)  # readable by others: not trusted, not used
+    assert notify.kept(str(tmp_path), "r_20260101_000000") is None
+    # A run launched before each run kept its own: the host's one webhook of then, trusted the same way.
+    (tmp_path / notify.NOTIFY_FILE).write_text("https://ntfy.sh/old-topic\n")
+    (tmp_path / notify.NOTIFY_FILE).chmod(0o600)
+    assert notify.kept(str(tmp_path), "old_20250101_000000") == "https://ntfy.sh/old-topic"
+    (tmp_path / notify.NOTIFY_FILE).chmod(0o640)
+    assert notify.kept(str(tmp_path), "old_20250101_000000") is None
 
 
 # -- the function, run here against the fake Compute API ------------------------------------------------------

@@ -97,8 +97,8 @@ def run_dir(root: Path, rank: int | None, state: dict) -> Path:
 def test_the_host_tells_the_webhook_how_a_run_ended_once_per_cluster(tmp_path: Path, rank, told: bool) -> None:
     hook = Webhook()
     try:
-        notify.write_url(str(tmp_path), hook.url)
         d = run_dir(tmp_path, rank, {"state": "succeeded", "exitCode": 0, "created": T0, "ended": T0 + 3725})
+        notify.keep(str(tmp_path), d.name, hook.url)  # as the run's launch keeps it
         wrap.announce_end(str(d))
         if told:
             (text,) = hook.texts()
@@ -112,8 +112,8 @@ def test_the_host_tells_the_webhook_how_a_run_ended_once_per_cluster(tmp_path: P
 
 def test_a_run_end_with_no_webhook_or_a_dead_one_is_quiet(tmp_path: Path) -> None:
     d = run_dir(tmp_path, None, {"state": "failed", "exitCode": 1, "created": T0, "ended": T0 + 5})
-    wrap.announce_end(str(d))  # no notify.url: nothing to do
-    notify.write_url(str(tmp_path), "http://127.0.15.9:9/nobody-listens")
+    wrap.announce_end(str(d))  # no webhook kept: nothing to do
+    notify.keep(str(tmp_path), d.name, "http://127.0.15.9:9/nobody-listens")
     started = time.monotonic()
     wrap.announce_end(str(d))
     assert time.monotonic() - started < notify.TIMEOUT_S + 1
