@@ -27,27 +27,38 @@ ADDRESS = "127.0.24.1"
 IMPORTED = re.compile(r"import time:\s+\d+ \|\s+\d+ \| *(\S+)$")
 
 
+def lab_env(sshd: Sshd, tmp_path: Path) -> dict[str, str]:
+    """A stack `lab` on ``sshd`` and an empty project: the environment a user's commands run in."""
+    sshd.stack_file(tmp_path / "stacks", "lab", tmp_path / "remote", "/usr/bin/python3")
+    (tmp_path / "proj").mkdir()
+    return fab_env(tmp_path / "stacks", tmp_path / "home", "lab", tmp_path / "proj")
+
+
+def shared_up(env: dict[str, str]) -> str:
+    """The shared connection a first task started beside its login, once it listens: its socket."""
+    target = resolve(Environment.from_os(env), "lab").for_node(0)
+    path = mux.control_path(target, target.host)
+    assert path is not None
+    deadline = time.monotonic() + 20
+    while not mux.master_up(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert mux.master_up(path), "the shared connection did not come up"
+    return path
+
+
 @pytest.mark.e2e
 def test_a_second_task_rides_on_the_first_ones_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sshd = Sshd(tmp_path / "sshd", ADDRESS, setenv=f"PIP_INDEX_URL={OFFLINE_INDEX}", log_level="INFO").start()
     path = None
     try:
-        sshd.stack_file(tmp_path / "stacks", "lab", tmp_path / "remote", "/usr/bin/python3")
-        env = fab_env(tmp_path / "stacks", tmp_path / "home", "lab", tmp_path / "proj")
-        (tmp_path / "proj").mkdir()
+        env = lab_env(sshd, tmp_path)
         (tmp_path / "proj" / "job.py").write_text("print('job ran', flush=True)\n")
 
         def logins() -> int:
             return (sshd.dir / "sshd.log").read_text().count("Accepted publickey")
 
         run_fab(env, tmp_path / "proj", "status", check=True)  # first contact: a login, and the shared one beside it
-        target = resolve(Environment.from_os(env), "lab").for_node(0)
-        path = mux.control_path(target, target.host)
-        assert path is not None
-        deadline = time.monotonic() + 20
-        while not mux.master_up(path) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert mux.master_up(path)
+        path = shared_up(env)
         assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
         before = logins()
 
@@ -73,17 +84,10 @@ def test_tasks_on_the_shared_connection_load_no_paramiko(tmp_path: Path) -> None
     command's own `python -X importtime` report."""
     sshd = Sshd(tmp_path / "sshd", "127.0.24.2", setenv=f"PIP_INDEX_URL={OFFLINE_INDEX}").start()
     try:
-        sshd.stack_file(tmp_path / "stacks", "lab", tmp_path / "remote", "/usr/bin/python3")
-        env = fab_env(tmp_path / "stacks", tmp_path / "home", "lab", tmp_path / "proj")
-        (tmp_path / "proj").mkdir()
+        env = lab_env(sshd, tmp_path)
         (tmp_path / "proj" / "job.py").write_text("print('job ran', flush=True)\n")
         run_fab(env, tmp_path / "proj", "status", check=True)  # first contact: a login, and the shared one beside it
-        target = resolve(Environment.from_os(env), "lab").for_node(0)
-        path = mux.control_path(target, target.host)
-        assert path is not None
-        deadline = time.monotonic() + 20
-        while not mux.master_up(path) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        shared_up(env)
 
         def modules(*args: str) -> tuple[set[str], str]:
             out = subprocess.run(
@@ -124,16 +128,9 @@ def test_status_asks_the_host_while_the_command_loads(tmp_path: Path) -> None:
     task resolved its stack, and the same answer. Read from an `ssh` on PATH that logs each command line."""
     sshd = Sshd(tmp_path / "sshd", "127.0.24.3").start()
     try:
-        sshd.stack_file(tmp_path / "stacks", "lab", tmp_path / "remote", "/usr/bin/python3")
-        env = fab_env(tmp_path / "stacks", tmp_path / "home", "lab", tmp_path / "proj")
-        (tmp_path / "proj").mkdir()
+        env = lab_env(sshd, tmp_path)
         run_fab(env, tmp_path / "proj", "train", "--command", "echo hi", "--name", "early", check=True)
-        target = resolve(Environment.from_os(env), "lab").for_node(0)
-        path = mux.control_path(target, target.host)
-        assert path is not None
-        deadline = time.monotonic() + 20
-        while not mux.master_up(path) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        shared_up(env)
         logged, bin_dir = tmp_path / "ssh.log", tmp_path / "bin"
         bin_dir.mkdir()
         (bin_dir / "ssh").write_text(f'#!/bin/sh\n[ "$1" = -G ] && echo -G >> {logged} || echo call >> {logged}\nexec /usr/bin/ssh "$@"\n')

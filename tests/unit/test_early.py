@@ -56,3 +56,14 @@ def test_a_channel_takes_over_only_the_exact_call() -> None:
         assert same.makefile().read() == b"early\n" and not mux._EARLY
     finally:
         mux._end_unused()
+
+
+def test_the_flags_asked_early_are_exactly_status_own() -> None:
+    """early.py cannot load the tasks (that is the time it saves), so it names status's flags itself: a
+    flag added to the task, or one renamed, must be named there too (else that status is not asked early,
+    or a flag status no longer takes would be)."""
+    from remote.cli import _flags
+    from remote.tasks import ns
+
+    (context,) = [c for c in ns.to_contexts() if c.name == "status"]
+    assert _flags(context) == early.STATUS_FLAGS
