@@ -8,8 +8,10 @@ import os
 import shutil
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from playwright.sync_api import ConsoleMessage
 
 from tests.conftest import run_fab
 from tests.dashboard_world import (
@@ -31,6 +33,14 @@ LAB_ADDRESS = "127.0.42.2"  # the conftest's `lab` (the SSH stack)
 
 
 @pytest.mark.long  # about a minute: started first under xdist
+def favicon(message: ConsoleMessage) -> bool:
+    """Chromium's own request for /favicon.ico, outside the dashboard's secret path (404, as for any
+    stranger): it may ask before it has read the page's `<link rel="icon" href="data:,">`, at random
+    (CI: 2 runs in 5). Playwright reports no response for a favicon, only this console line; the page asked
+    nothing that failed. Anything else that failed, and this one on any other path, stays an error."""
+    return "status of 404" in message.text and urlsplit(message.location.get("url") or "").path == "/favicon.ico"
+
+
 def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
@@ -67,7 +77,7 @@ def test_the_dashboard_live_and_the_report_offline(world: World, browser, tmp_pa
     page = yours.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("console", lambda m: errors.append(f"{m.text} ({m.location.get('url')})") if m.type == "error" and not favicon(m) else None)
     page.on("response", lambda r: errors.append(f"{r.status} {r.request.method} {r.url}") if r.status >= 400 else None)  # (which one)
     try:
         page.goto(board.url)
