@@ -19,12 +19,11 @@ from invoke import Context, task
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
 from remote.tasks.session import say
-from remote.tasks.trust import number
+from remote.tasks.taskoptions import DASHBOARD_INTERVAL_S, DashboardOptions
 
 if TYPE_CHECKING:
     from remote.dashboard.poll import Watch
 
-DEFAULT_INTERVAL_S = 5.0
 REPORT_LOG_LINES = 200  # a run's last lines in a report
 REPORT_LOG_RUNS = 40  # the newest runs whose logs a report carries
 REPORT_LOG_BYTES = 1 << 20  # the most of one run's log a report keeps (its tail), whatever a host sends
@@ -44,19 +43,6 @@ class Tail:
 
     def value(self) -> bytes:
         return bytes(self._kept[-self.limit :])
-
-
-def loopback(address: str) -> str:
-    """--address: a loopback address only (the page is this user's, and its secret travels in the URL)."""
-    import ipaddress
-
-    try:
-        ok = ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        ok = False
-    if not ok:
-        raise UsageError(f"--address {address!r}: the dashboard listens on a loopback address only (127.0.0.1, or another 127.x.y.z)")
-    return address
 
 
 def can_open_browser(platform: str, environ: dict[str, str]) -> bool:
@@ -91,7 +77,7 @@ def _watch(env: Environment, interval: float) -> Watch:
 
 @task(
     help={
-        "interval": f"seconds between two looks at each stack (default {DEFAULT_INTERVAL_S:g}; one agent call per node each)",
+        "interval": f"seconds between two looks at each stack (default {DASHBOARD_INTERVAL_S:g}; one agent call per node each)",
         "port": "local port (default: any free one)",
         "address": "the loopback address to listen on (default 127.0.0.1)",
         "no_browser": "print the URL only; do not open a browser",
@@ -112,27 +98,31 @@ def dashboard(
     browser gets a fresh link printed here), opened in your browser; Ctrl-C stops it.
     Each stack is asked once per interval, however many tabs are open, and not at all while none looks.
     """
+    o = DashboardOptions.read(interval=interval, port=port, address=address, no_browser=bool(no_browser), as_json=bool(json_))
+    show_dashboard(Environment.of(c), o)
+
+
+def show_dashboard(env: Environment, o: DashboardOptions) -> None:
+    """`dashboard`'s work for checked options: the page served on o.address until Ctrl-C, a browser opened
+    on it where there is a desktop."""
     from remote.dashboard.server import Dashboard
 
-    env = Environment.of(c)
-    every_s = number("--interval", DEFAULT_INTERVAL_S if interval is None else interval, float, 1, 3600)
-    port_n = number("--port", 0 if port is None else port, int, 0, 65535)
     try:
-        board = Dashboard(_watch(env, every_s), loopback(address), port_n, tell=say).start()
+        board = Dashboard(_watch(env, o.interval), o.address, o.port, tell=say).start()
     except OSError as e:
-        raise GpuTrainError(f"the dashboard cannot listen on {address}:{port_n}: {e.strerror or e}") from None
-    print(json.dumps({"url": board.url}) if json_ else board.url, flush=True)
+        raise GpuTrainError(f"the dashboard cannot listen on {o.address}:{o.port}: {e.strerror or e}") from None
+    print(json.dumps({"url": board.url}) if o.as_json else board.url, flush=True)
     stacks = len(board.watch.pollers)
-    say(f"dashboard of {stacks} stack(s), each asked every {every_s:g} s while a page is open; Ctrl-C stops it")
+    say(f"dashboard of {stacks} stack(s), each asked every {o.interval:g} s while a page is open; Ctrl-C stops it")
     opener = None
-    if not no_browser:
+    if not o.no_browser:
         if can_open_browser(sys.platform, dict(os.environ)):
             import webbrowser
 
             opener = opener_file(board.url)
             webbrowser.open(opener.as_uri())
         else:
-            say(f"no desktop here: open the URL in your browser (from another machine: ssh -L {board.port}:{address}:{board.port} HOST)")
+            say(f"no desktop here: open the URL in your browser (from another machine: ssh -L {board.port}:{o.address}:{board.port} HOST)")
     try:
         while True:
             time.sleep(3600)

@@ -20,6 +20,7 @@ from remote.tasks import trust
 from remote.transfer.fetch.generator import DEFAULT_STREAMS
 
 SOURCES = (None, "host", "bucket")  # fetch --from
+DASHBOARD_INTERVAL_S = 5.0  # dashboard --interval's default
 STACK_NAME_RE = re.compile(STACK_NAME_PATTERN)
 
 
@@ -130,6 +131,52 @@ class ResumeOptions(Checked):
     @classmethod
     def read(cls, *, run: str | None = None, grace: str | None = None, **rest: Any) -> ResumeOptions:
         return cls(run=trust.run_option(run), grace=_grace(grace), **rest)
+
+
+@dataclass(frozen=True)
+class DownOptions(Checked):
+    """`down`: every run of every node home (or verified in the bucket), then the stack's machines go."""
+
+    force: bool = False
+    streams: int = DEFAULT_STREAMS
+    stack: str | None = None
+    no_fetch: bool = False  # nothing downloaded: every run verified in gpu-train:bucket instead
+    all_projects: bool = False
+
+    @classmethod
+    def read(cls, *, streams: str | None = None, **rest: Any) -> DownOptions:
+        return cls(streams=parse_streams(streams), **rest)
+
+
+@dataclass(frozen=True)
+class DashboardOptions(Checked):
+    """`dashboard`: the live page, on a loopback address only (the page is this user's, and its secret
+    travels in the URL)."""
+
+    interval: float = DASHBOARD_INTERVAL_S  # seconds between two looks at each stack
+    port: int = 0  # 0: any free one
+    address: str = "127.0.0.1"
+    no_browser: bool = False
+    as_json: bool = False
+
+    @classmethod
+    def read(cls, *, interval: str | None = None, port: str | None = None, **rest: Any) -> DashboardOptions:
+        return cls(
+            interval=trust.number("--interval", DASHBOARD_INTERVAL_S if interval is None else interval, float, 1, 3600),
+            port=trust.number("--port", 0 if port is None else port, int, 0, 65535),
+            **rest,
+        )
+
+    def problem(self) -> str | None:
+        import ipaddress
+
+        try:
+            ok = ipaddress.ip_address(self.address).is_loopback
+        except ValueError:
+            ok = False
+        if ok:
+            return None
+        return f"--address {self.address!r}: the dashboard listens on a loopback address only (127.0.0.1, or another 127.x.y.z)"
 
 
 def parse_streams(value: str | int | None) -> int:

@@ -15,7 +15,7 @@ from gpu_train.errors import CommandFailed, GpuTrainError, UsageError
 from remote.tasks.fetch import fetch_runs
 from remote.tasks.frombucket import node_dir
 from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
-from remote.tasks.taskoptions import parse_streams
+from remote.tasks.taskoptions import DownOptions
 
 if TYPE_CHECKING:
     from gpu_train.identity import Scope
@@ -157,29 +157,34 @@ def down(
     the outputs in a working directory) is not home, unless --force. The data disks are protected
     against a plain `pulumi destroy`; only here, after the fetch, are they released.
     """
-    n_streams = parse_streams(streams)
-    env = Environment.of(c)
-    session = Session(env, stack)
-    sessions, docs = every_node_status(session, bucket_record=no_fetch)
+    o = DownOptions.read(force=bool(force), streams=streams, stack=stack, no_fetch=bool(no_fetch), all_projects=bool(all_projects))
+    take_down(Environment.of(c), o)
+
+
+def take_down(env: Environment, o: DownOptions) -> None:
+    """`down`'s work for checked options: the guards, every run home (or verified in the bucket), then the
+    GCP stack destroyed (an SSH host's crontab line gone, nothing else)."""
+    session = Session(env, o.stack)
+    sessions, docs = every_node_status(session, bucket_record=o.no_fetch)
     if len(docs) == 1 and isinstance(docs[0], GpuTrainError):
         raise docs[0]
     gcp = session.target.is_gcp
-    docs, others = keep_to(docs, env.scope(all_projects))  # this project's runs come home here, others' stay theirs
+    docs, others = keep_to(docs, env.scope(o.all_projects))  # this project's runs come home here, others' stay theirs
     runs, unreachable = guard_runs(sessions, docs)
     others_running = [r for r in others if r["state"] in ACTIVE]
     running = [r["id"] for r in runs if r["state"] in ACTIVE] + [f"{r['id']} ({r.get('project') or '?'})" for r in others_running if gcp]
-    if running and not force:
+    if running and not o.force:
         raise GpuTrainError(f"refusing: still running: {', '.join(running)} ({CLI} stop, or {CLI} down --force)")
-    if others and gcp and not force:  # the VM and its disk go: every project's runs count
+    if others and gcp and not o.force:  # the VM and its disk go: every project's runs count
         raise GpuTrainError(
             f"refusing: the VM holds {len(others)} run(s) of other projects, which its destroy would lose: {whose(others)}; "
             f"fetch them from their projects' folders ({CLI} fetch --run RUN there), or {CLI} down --all-projects to fetch "
             f"them here too, or {CLI} down --force to lose them; nothing was destroyed"
         )
-    if unreachable and not force:
+    if unreachable and not o.force:
         raise GpuTrainError(f"refusing: cannot check every node ({'; '.join(unreachable)}); {CLI} down --force to go on")
     bucket = session.target.bucket
-    if no_fetch:
+    if o.no_fetch:
         from remote.tasks.bucketguard import not_in_bucket
 
         if not bucket:
@@ -187,35 +192,46 @@ def down(
         problems = not_in_bucket([None if isinstance(d, GpuTrainError) else cast(dict[str, Any], d) for d in docs])
         problems += not_as_recorded(session.target, bucket, docs)
     else:
-        problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, n_streams)
+        problems = [f"{u} (not fetched)" for u in unreachable] + fetch_every_node(sessions, docs, o.streams)
     for s in sessions:
         s.close()
-    if problems and not force:
+    if problems and not o.force:
         raise GpuTrainError(
-            refusal(problems, "destroyed", f"{CLI} down --force") + (f" (or {CLI} down, which downloads them)" if no_fetch else "")
+            refusal(problems, "destroyed", f"{CLI} down --force") + (f" (or {CLI} down, which downloads them)" if o.no_fetch else "")
         )
     if problems:
         say("--force: going on; lost with the host:\n  " + "\n  ".join(problems))
     say(
         f"every run is verified in {bucket}; nothing downloaded"
-        if no_fetch
+        if o.no_fetch
         else f"fetched {len(runs)} run(s) into runs/{session.target.stack}/"
     )
     if bucket:
         say(f"the bucket {bucket} and the runs in it stay (`{CLI} fetch --from bucket` brings one home)")
-    if not gcp:
-        print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
-        root = session.target.remote_root
-        stays = f"{len(others)} run(s) of other projects ({whose(others, 4)}), " if others else ""
-        print(
-            f"  stays on {session.target.host}: {stays}this project's runs under {root}/runs (fetched), the projects' "
-            f"venvs ({root}/envs) and pushed data ({root}/data); see what they take: {CLI} ssh -- du -sh '{root}'/*"
-        )
-        if others:
-            say("the @reboot line in your crontab there stays: other projects' runs resume with it")
-        else:
-            uncron(session)
-        return
+    if gcp:
+        destroy(session, str(bucket) if o.no_fetch else f"runs/{session.target.stack}/")
+    else:
+        leave_host(session, others)
+
+
+def leave_host(session: Session, others: list[dict[str, Any]]) -> None:
+    """`down` on an SSH stack, its runs home: nothing destroyed; what stays on the host said, and the
+    @reboot line gone unless other projects' runs need it."""
+    print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
+    root = session.target.remote_root
+    stays = f"{len(others)} run(s) of other projects ({whose(others, 4)}), " if others else ""
+    print(
+        f"  stays on {session.target.host}: {stays}this project's runs under {root}/runs (fetched), the projects' "
+        f"venvs ({root}/envs) and pushed data ({root}/data); see what they take: {CLI} ssh -- du -sh '{root}'/*"
+    )
+    if others:
+        say("the @reboot line in your crontab there stays: other projects' runs resume with it")
+    else:
+        uncron(session)
+
+
+def destroy(session: Session, kept_in: str) -> None:
+    """`down` on a GCP stack, its runs home (in ``kept_in``): the data disks released, `pulumi destroy`."""
     from infra.ops import pulumi_cli
     from remote.ssh import target as targets
 
@@ -224,7 +240,7 @@ def down(
     except RuntimeError as e:
         raise GpuTrainError(f"{e}; nothing was destroyed") from None
     if released:
-        say(f"data disk(s) {', '.join(released)} released: their runs are in {bucket if no_fetch else f'runs/{session.target.stack}/'}")
+        say(f"data disk(s) {', '.join(released)} released: their runs are in {kept_in}")
     from gpu_train.stack.project import pulumi_config_args
 
     where = pulumi_config_args(session.env.stack_file(session.target.stack))  # a stack file in the user's project

@@ -14,7 +14,8 @@ import pytest
 from gpu_train.errors import UsageError
 from remote.dashboard import actions, page
 from remote.dashboard.server import COOKIE, HEADER, NO_SESSION, SESSION, refusal
-from remote.tasks.board import can_open_browser, loopback
+from remote.tasks.board import can_open_browser
+from remote.tasks.taskoptions import DashboardOptions
 
 # -- the server's guards ----------------------------------------------------------------------------
 OWN, SECRET, TOKEN, SID = "127.0.0.1:8765", "s3cret", "t0ken", "s3ssion"
@@ -113,10 +114,10 @@ def test_a_browser_is_opened_only_where_there_is_a_desktop(platform: str, enviro
 )
 def test_the_dashboard_listens_on_loopback_only(address: str, ok: bool) -> None:
     if ok:
-        assert loopback(address) == address
+        assert DashboardOptions(address=address).address == address
     else:
         with pytest.raises(UsageError, match="loopback address only"):
-            loopback(address)
+            DashboardOptions.read(address=address)
 
 
 def test_the_report_carries_its_data_and_loads_nothing() -> None:

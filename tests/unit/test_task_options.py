@@ -6,7 +6,17 @@ from __future__ import annotations
 import pytest
 
 from gpu_train.errors import UsageError
-from remote.tasks.taskoptions import FetchOptions, ImportOptions, InitOptions, LogsOptions, ResumeOptions, ServeOptions, StopOptions
+from remote.tasks.taskoptions import (
+    DashboardOptions,
+    DownOptions,
+    FetchOptions,
+    ImportOptions,
+    InitOptions,
+    LogsOptions,
+    ResumeOptions,
+    ServeOptions,
+    StopOptions,
+)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +54,9 @@ from remote.tasks.taskoptions import FetchOptions, ImportOptions, InitOptions, L
         (lambda: InitOptions(host="-l@box"), "--host '-l@box': the user starts with '-'"),
         (lambda: InitOptions(host="root@127.0.50.1:2222"), None),
         (lambda: InitOptions(host="gpu-box.lab"), None),
+        (lambda: DownOptions(no_fetch=True, force=True), None),
+        (lambda: DashboardOptions(address="127.0.41.9"), None),
+        (lambda: DashboardOptions(address="0.0.0.0"), "--address '0.0.0.0': the dashboard listens on a loopback address only"),
     ],
 )
 def test_flags_together(made, said):
@@ -68,6 +81,10 @@ def test_flags_together(made, said):
         (lambda: StopOptions.read(grace="86401"), "--grace '86401': must be from 0 to 86400"),
         (lambda: ResumeOptions.read(grace="soon"), "--grace 'soon': expected a number"),
         (lambda: ServeOptions.read("jupyter", local_port="70000"), "--local-port '70000': must be from 1 to 65535"),
+        (lambda: DownOptions.read(streams="65"), "--streams 65: a number of parallel SSH streams from 1 to 64 (default 4)"),
+        (lambda: DashboardOptions.read(interval="0.5"), "--interval '0.5': must be from 1 to 3600"),
+        (lambda: DashboardOptions.read(port="-1"), "--port '-1': must be from 0 to 65535"),
+        (lambda: DashboardOptions.read(port="x"), "--port 'x': expected a whole number"),
     ],
 )
 def test_values_as_invoke_gives_them(read, said):
@@ -87,6 +104,9 @@ def test_defaults_and_values_read_once():
     assert LogsOptions.read(lines=None, node=None) == LogsOptions(lines=50, node=0)
     assert StopOptions.read(grace="3").grace == 3.0 and ResumeOptions.read().grace == 10.0
     assert ServeOptions.read("tensorboard", local_port="6007").local_port == 6007
+    assert DownOptions.read() == DownOptions(streams=4) and DownOptions.read(streams="2").streams == 2
+    assert DashboardOptions.read() == DashboardOptions(interval=5.0, port=0, address="127.0.0.1")
+    assert DashboardOptions.read(interval="2", port="8080") == DashboardOptions(interval=2.0, port=8080)
 
 
 @pytest.mark.parametrize(
