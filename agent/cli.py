@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     logging.add_argument("--offset", type=int, default=0)
     logging.add_argument("--lines", type=int)
     logging.add_argument("--follow", action="store_true")
-    scalars = sub.add_parser("scalars", help="runs' metrics from their event files and JSONL metrics files (contract.Scalars)")
+    scalars = sub.add_parser("scalars", help="runs' metrics from their event files and JSONL and CSV metrics files (contract.Scalars)")
     scalars.add_argument("--run", action="append", help="a run (repeat for more; default: every run)")
     scalars.add_argument("--tag", action="append", help="a tag, a glob of tags, or FOLDER/TAG (repeat for more; default: all)")
     scalars.add_argument("--points", type=int, default=SCALAR_POINTS, help="points per series at most (evenly thinned)")

@@ -1,9 +1,11 @@
 """`scalars`: a run's metrics as the job wrote them, read on the host so the answer is one round trip.
 
-Two kinds of file, found anywhere in the run's JOB_DIR (runs/RUN/job) and its working directory
+Three kinds of file, found anywhere in the run's JOB_DIR (runs/RUN/job) and its working directory
 (runs/RUN/code): TensorBoard event files (``tfevents``), one series per tag per folder, the folder's files
-in the order they were created; and JSONL metrics files (contract.METRICS_FILE), one JSON object a line,
-each number in it a tag (nested objects as ``a/b``) at the line's ``step`` (else its line number).
+in the order they were created; JSONL metrics files (contract.METRICS_FILE), one JSON object a line,
+each number in it a tag (nested objects as ``a/b``) at the line's ``step`` (else its line number); and CSV
+metrics files (contract.METRICS_CSV, Lightning's CSVLogger's metrics.csv), a header of names, each column
+a tag at the row's ``step``, a blank cell no point.
 
 A resumed job writes again from its checkpoint's step: a point whose step is lower than the one before
 drops the points at and after its step (what TensorBoard calls purging orphaned data), so a series reads
@@ -13,13 +15,14 @@ as the run's single history. The answer is bounded (contract.Scalars).
 from __future__ import annotations
 
 import contextlib
+import csv
 import fnmatch
 import json
 import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from gpu_train.contract import METRICS_FILE, SCALAR_POINTS_MAX, SCALAR_SERIES_MAX, Scalars, ScalarSeries
+from gpu_train.contract import METRICS_CSV, METRICS_FILE, SCALAR_POINTS_MAX, SCALAR_SERIES_MAX, Scalars, ScalarSeries
 
 from . import tfevents
 from .store import AgentError, find_run, read_json, run_dirs, write_json
@@ -36,9 +39,9 @@ CACHE, CACHE_VERSION = "scalars.json", 2  # runs/RUN/scalars.json: each event fi
 
 
 def metric_files(run_dir: str, problems: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """(folder -> its event files, oldest first; JSONL files), as paths relative to the run's folder."""
+    """(folder -> its event files, oldest first; JSONL and CSV files), as paths relative to the run's folder."""
     events: dict[str, list[str]] = {}
-    jsonl: list[str] = []
+    texts: list[str] = []
     seen = 0
     for top in ("job", "code"):
         for folder, dirs, names in os.walk(os.path.join(run_dir, top)):
@@ -48,12 +51,12 @@ def metric_files(run_dir: str, problems: list[str]) -> tuple[dict[str, list[str]
             for name in names:
                 if name.startswith(tfevents.EVENT_FILE):
                     events.setdefault(rel, []).append(f"{rel}/{name}")
-                elif fnmatch.fnmatch(name, METRICS_FILE):
-                    jsonl.append(f"{rel}/{name}")
+                elif fnmatch.fnmatch(name, METRICS_FILE) or fnmatch.fnmatch(name, METRICS_CSV):
+                    texts.append(f"{rel}/{name}")
             if seen > WALK_MAX:
                 problems.append(f"{os.path.basename(run_dir)}: more than {WALK_MAX} files; the rest of its tree is not searched")
-                return {k: sorted(v, key=_created) for k, v in events.items()}, jsonl
-    return {k: sorted(v, key=_created) for k, v in events.items()}, jsonl
+                return {k: sorted(v, key=_created) for k, v in events.items()}, texts
+    return {k: sorted(v, key=_created) for k, v in events.items()}, texts
 
 
 def _created(path: str) -> tuple[int, str]:
@@ -110,6 +113,80 @@ def _line(raw: bytes, number: int, mtime: float) -> tuple[int, float, list[tuple
         raise ValueError(f"step {step}")
     wall = next((w for w in (_finite(doc.get(k)) for k in ("time", "timestamp", "wall_time")) if w is not None), mtime)
     return int(step), wall, [(tag, _finite(v)) for tag, v in _flat(doc, "")]
+
+
+def read_csv(path: str, problems: list[str]) -> dict[str, list[Point]]:
+    """tag -> points of a CSV metrics file: its first line the header, then a row a logging step (as
+    Lightning's CSVLogger writes them, with a blank cell where a metric was not logged that step). The step
+    is the row's ``step`` column (no such column: its row number); a blank cell or one that is not a number
+    is no point, NaN or an infinity a gap (null). A last line without its newline is still being written; a
+    later line with no number in any cell and no blank cell is a new header (a writer that appended one).
+    A row whose step is blank or not finite, longer than its header or holding a NUL byte is skipped and
+    counted: one bad row costs only itself."""
+    series: dict[str, list[Point]] = {}
+    header: list[str] | None = None
+    bad = row_number = 0
+    with open(path, "rb") as f:
+        mtime = os.fstat(f.fileno()).st_mtime
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                if b"\0" in raw:  # a file cut and rewritten under the reader (csv refuses NUL before Python 3.11)
+                    raise csv.Error("NUL")
+                cells = next(csv.reader([raw.decode("utf-8", "replace").rstrip("\r\n")]), [])
+            except csv.Error:
+                bad += 1
+                continue
+            if not any(c.strip() for c in cells):
+                continue
+            values = [_cell(c) for c in cells]
+            if header is None or all(v is _TEXT for v in values):
+                header = [c.strip() for c in cells]
+                continue
+            row = _row(header, values, row_number, mtime)
+            row_number += 1
+            if row is None:
+                bad += 1
+                continue
+            step, wall, found = row
+            for tag, value in found:
+                extend(series.setdefault(tag, []), [(step, wall, value)])
+    if bad:
+        problems.append(f"{path}: {bad} row(s) without a finite step, longer than the header or unreadable; skipped")
+    return series
+
+
+_TEXT, _BLANK = object(), object()  # a CSV cell that is not a number; an empty one
+
+
+def _cell(text: str) -> object:
+    """A CSV cell: a float (NaN and infinities too), _BLANK or _TEXT."""
+    text = text.strip()
+    if not text:
+        return _BLANK
+    try:
+        return float(text)
+    except ValueError:
+        return _TEXT
+
+
+def _row(header: list[str], values: list[object], number: int, mtime: float) -> tuple[int, float, list[tuple[str, float | None]]] | None:
+    """(step, wall time, [(tag, value or None when not finite)]) of one CSV row under ``header``, or None
+    when its step is blank or not finite, or it has more cells than the header has names."""
+    if len(values) > len(header):
+        return None
+    doc = {name: values[i] for i, name in enumerate(header) if i < len(values)}  # (Python 3.8: no zip(strict=))
+    keys = [k for k in STEP_KEYS if k in header]
+    step = doc.get(keys[0]) if keys else float(number)
+    if not isinstance(step, float) or not math.isfinite(step):
+        return None
+    wall = next((w for w in (doc.get(k) for k in ("time", "timestamp", "wall_time")) if isinstance(w, float) and math.isfinite(w)), mtime)
+    return (
+        int(step),
+        wall,
+        [(k, v if math.isfinite(v) else None) for k, v in doc.items() if k and k not in NOT_TAGS and isinstance(v, float)],
+    )
 
 
 def _number(v: object) -> bool:
@@ -204,7 +281,7 @@ def run_scalars(run_dir: str, tags: list[str], limit: int, problems: list[str]) 
     """The run's series (those ``tags`` name, or all), sorted by source and tag. What the event files held
     is kept in the run's folder (CACHE), so the next call reads only what was written since."""
     changed = False
-    events, jsonl = metric_files(run_dir, problems)
+    events, texts = metric_files(run_dir, problems)
     out: list[ScalarSeries] = []
     cache_path = os.path.join(run_dir, CACHE)
     cache = read_json(cache_path) or {}
@@ -231,13 +308,14 @@ def run_scalars(run_dir: str, tags: list[str], limit: int, problems: list[str]) 
     if changed or set(kept) != set(before or {}):
         with contextlib.suppress(OSError):  # (a reader that may not write there reads it all the next time too)
             write_json(cache_path, {"version": CACHE_VERSION, "files": {rel: packed(e) for rel, e in kept.items()}})
-    for rel in sorted(jsonl):
+    for rel in sorted(texts):
+        kind = "csv" if fnmatch.fnmatch(os.path.basename(rel), METRICS_CSV) else "jsonl"
         try:
-            found = read_jsonl(os.path.join(run_dir, rel), problems)
+            found = (read_csv if kind == "csv" else read_jsonl)(os.path.join(run_dir, rel), problems)
         except OSError as e:
             problems.append(f"{rel}: {e.strerror or e}")
             continue
-        out += [series_doc(t, rel, "jsonl", p, limit) for t, p in sorted(found.items()) if p and wanted(t, rel, tags)]
+        out += [series_doc(t, rel, kind, p, limit) for t, p in sorted(found.items()) if p and wanted(t, rel, tags)]
     return out
 
 

@@ -221,18 +221,19 @@ METADATA_URL_ENV, AUTHORIZED_KEYS_ENV = "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_AUT
 
 
 # -- a run's scalars: `scalars`'s answer (curves, a sweep's metric), read from what jobs write anywhere in
-# JOB_DIR or the working directory: TensorBoard event files and JSONL metrics files ({"step": N, "loss": X}).
-METRICS_FILE = "*metrics*.jsonl"
+# JOB_DIR or the working directory: TensorBoard event files, JSONL metrics files ({"step": N, "loss": X}) and
+# CSV metrics files (a header of names, a row a step: Lightning's CSVLogger writes lightning_logs/version_N/metrics.csv).
+METRICS_FILE, METRICS_CSV = "*metrics*.jsonl", "*metrics*.csv"
 SCALAR_POINTS, SCALAR_POINTS_MAX, SCALAR_SERIES_MAX = 500, 10000, 1000
 
 
 class ScalarSeries(TypedDict):
-    """One tag of one folder's event files (or of one JSONL file): its points, thinned evenly to the
+    """One tag of one folder's event files (or of one JSONL or CSV file): its points, thinned evenly to the
     request's ``points`` (the first and last kept), and what the whole series says."""
 
     tag: str
-    source: str  # the folder (event files) or file (JSONL), relative to the run's folder: job/..., code/...
-    kind: str  # "tfevents" or "jsonl"
+    source: str  # the folder (event files) or file (JSONL, CSV), relative to the run's folder: job/..., code/...
+    kind: str  # "tfevents", "jsonl" or "csv"
     points: list[list[Any]]  # [[step, value], ...] by step; a value that is not finite (NaN, inf) is null
     count: int  # points in the files (a resumed job's rewritten step N replaces the points from N on)
     last: list[Any]  # [step, value]; min and max: of the finite values, or null

@@ -1,7 +1,7 @@
 """A run's curves, and a sweep's, for the dashboard: the agent's `scalars` (contract.Scalars: the reader
 `sweep` uses too), asked once per change of the run's files.
 
-The host reads the scalars (TensorBoard event files, JSONL metrics files) itself, so the page gets them in
+The host reads the scalars (TensorBoard event files, JSONL and CSV metrics files) itself, so the page gets them in
 one round trip; they are asked again only when the run's files changed since (its JOB_DIR and working
 directory summaries in the pollers' last look), so an open tab costs the host nothing while a run writes
 nothing new, and any number of tabs cost the same as one.

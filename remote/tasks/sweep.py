@@ -56,7 +56,7 @@ if TYPE_CHECKING:
         "dry_run": "say the trials, slots, GPU-hours and cost; start nothing",
         "hours_per_trial": "how long one trial takes, for --dry-run's GPU-hours and cost",
         "sweep": "status/best/stop: which sweep (default: the newest)",
-        "metric": "status/best: a tag the jobs log (TensorBoard or metrics.jsonl)",
+        "metric": "status/best: a tag the jobs log (TensorBoard, metrics.jsonl or metrics.csv)",
         "mode": "best: min (default) or max",
         "json": "print the answer as JSON",
         "stack": STACK_HELP,

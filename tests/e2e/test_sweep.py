@@ -300,3 +300,88 @@ def test_a_hugging_face_examples_script_swept_over_its_learning_rate(lab: Lab) -
     best = json.loads(lab.fab("sweep", "best", "--sweep", "hf", "--metric", "eval/loss", "--json", check=True).stdout)
     evals = {run: tags["eval/loss"][-1][1] for run, tags in truth.items()}
     assert best["runId"] == min(evals, key=evals.__getitem__) and best["best"] == pytest.approx(min(evals.values()))
+
+
+LIGHTNING_CSV_TRIAL = textwrap.dedent(
+    """
+    import argparse
+
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import CSVLogger
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class Regressor(L.LightningModule):
+        def __init__(self, lr):
+            super().__init__()
+            self.lr = lr
+            self.net = nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = nn.functional.mse_loss(self.net(batch[0]), batch[1])
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--lr", type=float, required=True)
+    a = p.parse_args()
+    L.seed_everything(0)
+    x = torch.randn(512, 8)
+    data = TensorDataset(x, x.sum(dim=1, keepdim=True))
+    trainer = L.Trainer(max_steps=12, val_check_interval=6, limit_val_batches=2, log_every_n_steps=3, accelerator="cpu",
+                        logger=CSVLogger("."), enable_progress_bar=False, enable_checkpointing=False)
+    trainer.fit(Regressor(a.lr), DataLoader(data, batch_size=16), DataLoader(data, batch_size=16))
+    """
+)
+
+
+@pytest.mark.long
+def test_lightning_csvlogger_trials_judged_and_drawn_from_their_metrics_csv(lab: Lab) -> None:
+    """Lightning's CSVLogger (its default where TensorBoard is not installed) writes
+    lightning_logs/version_0/metrics.csv, a blank cell where a metric was not logged that step: `sweep status`
+    and `sweep best` judge the trials by it, and the dashboard's `scalars` draws it, as csv.DictReader reads it."""
+    import csv
+
+    from gpu_train.environment import Environment
+    from remote.tasks.scalars import fetch_scalars
+    from remote.tasks.session import Session
+
+    (lab.cwd / "trial.py").write_text(LIGHTNING_CSV_TRIAL)
+    subprocess.run(["git", "init", "-q"], cwd=lab.cwd, check=True)
+    lab.fab("sweep", "--script", "trial.py", "--name", "pl", "--slots", "2", "--values", "lr=0.001,0.05", check=True)
+    _wait("two trials", lambda: len(list((lab.remote / "runs").glob("pl_t*"))) == 2)
+    truth: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for folder in sorted((lab.remote / "runs").glob("pl_t*")):
+        info = lab.wait(folder.name, timeout=300)
+        assert info["state"] == "succeeded", lab.log(folder.name)[-3000:]
+        with open(folder / "code" / "lightning_logs" / "version_0" / "metrics.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert any(r["val_loss"] == "" for r in rows) and any(r["train_loss"] == "" for r in rows)  # blanks, as Lightning writes
+        truth[folder.name] = {tag: [(int(r["step"]), float(r[tag])) for r in rows if r[tag] != ""] for tag in ("train_loss", "val_loss")}
+    assert all([s for s, _ in t["val_loss"]] == [5, 11] for t in truth.values()), truth
+    status = json.loads(lab.fab("sweep", "status", "--sweep", "pl", "--metric", "train_loss", "--json", check=True).stdout)
+    for r in status["trials"]:
+        points = truth[r["runId"]]["train_loss"]
+        assert r["last"] == pytest.approx(points[-1][1]) and r["best"] == pytest.approx(min(v for _, v in points))
+    best = json.loads(lab.fab("sweep", "best", "--sweep", "pl", "--metric", "val_loss", "--json", check=True).stdout)
+    finals = {run: tags["val_loss"][-1][1] for run, tags in truth.items()}
+    lowest = {run: min(v for _, v in tags["val_loss"]) for run, tags in truth.items()}
+    assert best["runId"] == min(lowest, key=lowest.__getitem__) and best["best"] == pytest.approx(min(lowest.values()))
+    assert len(set(finals.values())) == 2  # the two learning rates end apart: the choice is not a tie
+    session = Session(Environment.from_os(lab.env), "lab")
+    doc = fetch_scalars(session, sorted(truth), tags=["val_loss", "train_loss"])
+    session.close()
+    for got in doc.runs:
+        drawn = {(s["source"], s["kind"], s["tag"]): s["points"] for s in got["series"]}
+        source = "code/lightning_logs/version_0/metrics.csv"
+        assert drawn == {(source, "csv", tag): [[s, pytest.approx(v)] for s, v in pts] for tag, pts in truth[got["id"]].items()}
+    assert doc.problems == ()

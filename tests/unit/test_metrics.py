@@ -114,6 +114,78 @@ def test_one_bad_jsonl_line_costs_only_itself(tmp_path, line, expected, skipped)
     assert problems == ([f"{path}: 1 line(s) that are not a JSON object with a finite step; skipped"] if skipped else [])
 
 
+LIGHTNING_CSV = "epoch,step,train_loss,val_loss\r\n0,9,2.5,\r\n0,19,2.0,\r\n0,19,,1.75\r\n1,29,1.5,\r\n"
+
+
+@pytest.mark.parametrize(
+    "text, expected, skipped",
+    [
+        (  # Lightning's CSVLogger: \r\n, a blank where a metric was not logged that step, epoch a tag
+            LIGHTNING_CSV,
+            {
+                "epoch": [(9, 0.0), (19, 0.0), (19, 0.0), (29, 1.0)],
+                "train_loss": [(9, 2.5), (19, 2.0), (29, 1.5)],
+                "val_loss": [(19, 1.75)],
+            },
+            0,
+        ),
+        ("step,loss\n1,nan\n2,inf\n3,-Infinity\n4,0.5\n", {"loss": [(1, None), (2, None), (3, None), (4, 0.5)]}, 0),  # gaps
+        ("step,loss\nnan,1.0\n,2.0\n1e400,3.0\nx,4.0\n5,5.0\n", {"loss": [(5, 5.0)]}, 4),  # no finite step
+        ("step,loss\n1,2.0\n2,3.0", {"loss": [(1, 2.0)]}, 0),  # the last line is still being written
+        ("step,loss\n1,2.0\n2,", {"loss": [(1, 2.0)]}, 0),
+        ("step,lo", {}, 0),  # not even the header yet
+        ("", {}, 0),
+        ("loss,acc\n3.0,0.1\n\n2.0,\n", {"loss": [(0, 3.0), (1, 2.0)], "acc": [(0, 0.1)]}, 0),  # no step: the row
+        ("step,loss,phase\n1,2.0,train\n2,tensor(1.0),val\n", {"loss": [(1, 2.0)]}, 0),  # text is no point
+        ("step,loss\n1,2.0,7\n2,1.0\n", {"loss": [(2, 1.0)]}, 1),  # longer than its header
+        ("step,loss\n1,2.0\n2\n", {"loss": [(1, 2.0)]}, 0),  # shorter: the rest blank
+        ("step,loss\n1,\x002.0\n2,1.0\n", {"loss": [(2, 1.0)]}, 1),  # a NUL: a file cut while rewritten
+        ("step,loss\n1,2.0\nstep,acc,loss\n2,0.5,1.0\n", {"loss": [(1, 2.0), (2, 1.0)], "acc": [(2, 0.5)]}, 0),  # a new header
+        ("step,loss\n10,2.0\n20,1.0\n10,1.9\n", {"loss": [(10, 1.9)]}, 0),  # resumed from step 10
+        (" step , val/loss \n 1 , 2.0 \n", {"val/loss": [(1, 2.0)]}, 0),  # spaces around
+        ('"step","a,b"\n1,2.0\n', {"a,b": [(1, 2.0)]}, 0),  # a quoted name
+        ("global_step,time,loss,_runtime\n7,100.0,1.0,3.0\n", {"loss": [(7, 1.0)]}, 0),  # its own time; not tags
+    ],
+)
+def test_csv_metrics_file(tmp_path, text, expected, skipped):
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(text.encode())
+    problems: list[str] = []
+    got = metrics.read_csv(str(path), problems)
+    assert {t: [(s, v) for s, _, v in p] for t, p in got.items()} == expected
+    assert all(math.isfinite(w) and w > 0 for p in got.values() for _, w, _ in p)
+    assert problems == (
+        [f"{path}: {skipped} row(s) without a finite step, longer than the header or unreadable; skipped"] if skipped else []
+    )
+
+
+def test_csv_wall_time_is_its_column_else_the_files(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,time,loss\n1,100.5,2.0\n2,,1.0\n")
+    os.utime(path, (200.0, 200.0))
+    got = metrics.read_csv(str(path), [])
+    assert [w for _, w, _ in got["loss"]] == [100.5, 200.0]
+
+
+def test_lightning_versions_are_series_of_their_own(tmp_path):
+    """A resumed Lightning job logs into version_1 beside version_0, with the columns it logs now."""
+    root = str(tmp_path)
+    run = _run(root, "l_20260101_000000")
+    for version, text in (("0", LIGHTNING_CSV), ("1", "epoch,lr,step,train_loss\n1,0.01,39,1.25\n")):
+        os.makedirs(os.path.join(run, "code", "lightning_logs", f"version_{version}"))
+        with open(os.path.join(run, "code", "lightning_logs", f"version_{version}", "metrics.csv"), "w") as f:
+            f.write(text)
+    doc = metrics.cmd_scalars(root, None, ["*loss", "lr"], 10)
+    got = [(s["source"], s["kind"], s["tag"], s["points"]) for s in doc["runs"][0]["series"]]
+    assert got == [
+        ("code/lightning_logs/version_0/metrics.csv", "csv", "train_loss", [[9, 2.5], [19, 2.0], [29, 1.5]]),
+        ("code/lightning_logs/version_0/metrics.csv", "csv", "val_loss", [[19, 1.75]]),
+        ("code/lightning_logs/version_1/metrics.csv", "csv", "lr", [[39, 0.01]]),
+        ("code/lightning_logs/version_1/metrics.csv", "csv", "train_loss", [[39, 1.25]]),
+    ]
+    assert doc["problems"] == []
+
+
 def _run(root, run_id: str) -> str:
     run_dir = os.path.join(root, "runs", run_id)
     os.makedirs(os.path.join(run_dir, "job"))

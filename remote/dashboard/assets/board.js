@@ -307,7 +307,7 @@
     }
     if (!byTag.size) {
       box.append(h("p", { class: "dim" }, answer.error ? "curves could not be read: " + answer.error
-        : "No scalars yet: TensorBoard event files or a *metrics*.jsonl file in JOB_DIR or the working directory make curves."));
+        : "No scalars yet: TensorBoard event files, a *metrics*.jsonl or a *metrics*.csv file in JOB_DIR or the working directory make curves."));
       return;
     }
     const best = answer.best;
