@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from gpu_train.answers import Launched, SweepStarted, SweepStatus, SweepStopped, SweepTrial
 from gpu_train.codec import answer
-from gpu_train.contract import ACTIVE, SLOT_ENV, SWEEP_ENV, JobSpec, RunState
+from gpu_train.contract import ACTIVE, GO_WHEN, SLOT_ENV, SWEEP_ENV, JobSpec, RunState, go_marker
 from gpu_train.sweeps import PENDING, SWEEPS_DIR, SweepDoc, next_launches
 
 from . import notify
@@ -191,6 +191,9 @@ def cmd_sweep_start(root: str, raw: dict[str, Any], staged: str) -> SweepStarted
             raise AgentError(f"the code for sweep {doc.name} did not arrive (no {code}): run the sweep again")
         os.makedirs(folder)
         os.replace(code, os.path.join(folder, "code"))
+        for when in GO_WHEN:  # a cluster's code came through node 0: its markers (RUN.arrived, RUN.relayed) are done with
+            with contextlib.suppress(OSError):
+                os.remove(go_marker(root, staged, when))
         notify.keep(root, f"{doc.name}.sweep", job.notify)  # the sweep's own webhook (0600), never in the record
         write_json(os.path.join(folder, "sweep.json"), replace(doc, job=replace(job, notify=None).to_json(), created=now()).to_json())
     started = advance(root, doc.name)

@@ -168,7 +168,7 @@ def plan_code(
     except RemoteError as e:
         raise UsageError(str(e)) from None
     unchanged = pushed is not None and all(pushed.get(h, base) == plan.manifest for h in cluster.hosts)
-    where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 and pushed is not None else ""
+    where = f" to {len(cluster.hosts)} nodes (once: node 0 passes it on)" if len(cluster.hosts) > 1 else ""
     say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
     if plan.left_out:  # said again only when it changed
         where = os.path.relpath(code_dir, environment.cwd) if code_dir != environment.cwd.resolve() else ""
@@ -186,6 +186,30 @@ def push_code(session: Session, relay: ChannelRelay, plan: CodePlan, staged: str
 
     target = session.target
     sync.push_code(target, target.host, plan, staged, base, rsh=relay.rsh(), cancel=cancel)
+
+
+def node_push(
+    session: Session,
+    relay: ChannelRelay,
+    plan: CodePlan,
+    staged: str,
+    base: str,
+    fanout: CodeFanout | None,
+    cancel: threading.Event | None = None,
+) -> Callable[[], None]:
+    """How the planned code reaches this node's staging area ``staged``, `train`'s and a sweep's: over
+    the node's own connection; in a fan-out (several nodes, code to send), node 0 that way and then
+    passing it on, the other nodes from node 0 (the laptop's push only where the hop could not)."""
+
+    def sync_code() -> None:
+        push_code(session, relay, plan, staged, base, cancel)
+
+    if fanout is None:
+        return sync_code
+    if session.node == 0:
+        return functools.partial(fanout.node0_sync, sync_code, relay.transport.open_session)
+    threading.Thread(target=fanout.authorize, args=(session.node, session.call), daemon=True).start()
+    return functools.partial(fanout.node_sync, session.node, sync_code, say)
 
 
 def notifying_node0(specs: list[JobSpec]) -> list[JobSpec]:
@@ -294,17 +318,7 @@ def _launch_node(
     )
     conn = session.connect()
     with ChannelRelay(conn.transport) as relay:
-
-        def sync_code() -> None:
-            assert plan is not None  # (code is sent only where it was planned: never for an image's own program)
-            push_code(session, relay, plan, spec.run_id, spec.base, cancel)
-
-        push: Callable[[], None] | None = sync_code if plan else None  # (none for an image's own program)
-        if fanout is not None and session.node == 0:
-            push = functools.partial(fanout.node0_sync, sync_code, conn.transport.open_session)
-        elif fanout is not None:
-            threading.Thread(target=fanout.authorize, args=(session.node, session.call), daemon=True).start()
-            push = functools.partial(fanout.node_sync, session.node, sync_code, say)
+        push = node_push(session, relay, plan, spec.run_id, spec.base, fanout, cancel) if plan else None  # (none: an image's own program)
 
         def attempt() -> Launched | Waiting:
             nonlocal push

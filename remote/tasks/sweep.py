@@ -1,8 +1,8 @@
 """`gpu-train sweep`: one script over a space of arguments, a trial per GPU slot, each an ordinary run.
 
 The plan is the core's (gpu_train/sweeps.py: trials, names, slots, the estimate); the queue is the host's
-(agent/sweep.py). `sweep` sends the code once per node and the sweep's record; `sweep status`, `sweep
-best`, `sweep stop` are one agent call per node.
+(agent/sweep.py). `sweep` sends the code once (node 0 passes it on to the others, as `train`'s does) and
+each node's record; `sweep status`, `sweep best`, `sweep stop` are one agent call per node.
 """
 
 from __future__ import annotations
@@ -186,10 +186,12 @@ def plan(
 
 
 def start(environment: Environment, session: Session, o: SweepOptions) -> None:
-    """The sweep's code sent once per node and its record, each node's queue started: the job built, the
-    code planned and sent, the bucket and the webhook placed as `train`'s are (remote/tasks/launching.py)."""
+    """The sweep's code sent once (to node 0, which passes it on) and each node's record, each node's queue
+    started: the job built, the code planned and sent, the bucket and the webhook placed as `train`'s are
+    (remote/tasks/launching.py)."""
     from gpu_train.stack.agentdoc import settings_part
     from remote.tasks import launching
+    from remote.transfer import codehop
     from remote.transfer.relay import ChannelRelay
 
     cluster = session.cluster
@@ -206,10 +208,17 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
     node_jobs = launching.notifying_node0([job] * len(cluster.hosts))
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as scratch:
         code, _ = launching.plan_code(environment, cluster, opts.code_dir, Path(scratch), None, base)
+        sessions = session.nodes()
+        # Several nodes: the laptop sends the code to node 0 only, node 0 passes it on (as `train` does).
+        fanout = codehop.CodeFanout(cluster, staged, base) if len(sessions) > 1 else None
 
         def one(s: Session) -> SweepStarted:
-            with ChannelRelay(s.connect().transport) as relay:
-                launching.push_code(s, relay, code, staged, base)
+            try:
+                with ChannelRelay(s.connect().transport) as relay:
+                    launching.node_push(s, relay, code, staged, base, fanout)()
+            finally:
+                if fanout is not None:  # a node that failed before its part of the fan-out holds no one up
+                    fanout.settle(s.node, "that node failed")
             node_job = dataclasses.replace(
                 node_jobs[s.node], agent_settings=settings_part(s.target.agent_settings), expect_gpus=s.target.expect_gpus
             )
@@ -225,7 +234,7 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
             record = json.dumps(doc.to_json()).encode() + b"\n"
             return launching.until_ready(s, lambda: s.call("sweep-start", "--staged", staged, stdin=record))  # the driver, as a launch
 
-        answers = every_answer(on_every_node(session.nodes(), one))
+        answers = every_answer(on_every_node(sessions, one))
     started = [r for a in answers for r in a["started"]]
     print(f"sweep {base}: {len(trials)} trials over {slots_total} slot(s); started {len(started)}: {', '.join(started)}")
     print(f"  status:  {CLI} sweep status --sweep {base} [--metric NAME]")

@@ -38,22 +38,22 @@ class Trio:
     """Three nodes behind a gateway; ``sealed``: node numbers whose sshd reads keys from a file the
     agent is not told about (an sshd with an AuthorizedKeysCommand, say): the hop to them fails."""
 
-    def __init__(self, tmp: Path, sealed: tuple[int, ...] = ()):
+    def __init__(self, tmp: Path, sealed: tuple[int, ...] = (), count: int = 3, net: str = NET):
         self.tmp = tmp
-        self.gateway = Sshd(tmp / "gw", f"{NET}.1").start()
+        self.gateway = Sshd(tmp / "gw", f"{net}.1").start()
         key = self.gateway.client_key
         self.nodes = []
-        for i in range(3):
+        for i in range(count):
             elsewhere = f"GPU_TRAIN_AUTHORIZED_KEYS={tmp}/unread_keys{i} " if i in sealed else ""
             (tmp / f"hoptmp{i}").mkdir(mode=0o700)  # the node's temporary folder: where a hop keeps its key
-            self.nodes.append(Sshd(tmp / f"n{i}", f"{NET}.{i + 2}", client_key=key, setenv=f"{elsewhere}TMPDIR={tmp}/hoptmp{i}").start())
-        self.uplink = DelayProxy((f"{NET}.11", 0), (self.gateway.address, self.gateway.port), 0.0).start()
+            self.nodes.append(Sshd(tmp / f"n{i}", f"{net}.{i + 2}", client_key=key, setenv=f"{elsewhere}TMPDIR={tmp}/hoptmp{i}").start())
+        self.uplink = DelayProxy((f"{net}.11", 0), (self.gateway.address, self.gateway.port), 0.0).start()
         config = tmp / "ssh_config"
         config.write_text(
-            f"Host gw\n  HostName {NET}.11\n  Port {self.uplink.address[1]}\n  IdentityFile {key}\n"
+            f"Host gw\n  HostName {net}.11\n  Port {self.uplink.address[1]}\n  IdentityFile {key}\n"
             + "".join(f"Host n{i}\n  HostName {s.address}\n  Port {s.port}\n  ProxyJump gw\n" for i, s in enumerate(self.nodes))
         )
-        cluster_stack(tmp / "stacks", "trio", ["n0", "n1", "n2"], key, f"  gpu-train:sshConfig: {config}\n")
+        cluster_stack(tmp / "stacks", "trio", [f"n{i}" for i in range(count)], key, f"  gpu-train:sshConfig: {config}\n")
         self.cwd = tmp / "work"
         self.cwd.mkdir()
         self.code = tmp / "code"
@@ -205,6 +205,37 @@ def test_a_node_the_hop_cannot_reach_gets_the_code_from_the_laptop(trio: Trio) -
         assert tree_digest(trio.tmp / f"node{i}" / "runs" / run / "code") == expected, f"node {i}"
     # Node 2 had no code from node 0, so no marker: it went on the laptop's "go", after the laptop's push.
     assert launched_how(trio, 2, run) == [] and launched_how(trio, 1, run)
+
+
+@pytest.mark.e2e
+def test_a_cluster_sweep_sends_its_code_once_and_each_node_runs_its_trial(tmp_path: Path) -> None:
+    """A sweep over two nodes sends the code over the laptop's link once, as `train` does (node 0 passes
+    it on), and each node runs its trial from it. Loopback 127.0.43.x."""
+    duo = Trio(tmp_path, count=2, net="127.0.43")
+    try:
+        for i in range(4):  # the project is the sweep's code: incompressible, so what crosses is what was sent
+            (duo.cwd / f"weights{i}.bin").write_bytes(os.urandom(MiB))
+        (duo.cwd / "train.py").write_text("import sys\nprint('trial', *sys.argv[1:])\n")
+        duo.fab("status")  # first contact: the host keys are learned
+        before = duo.uplink.bytes_up
+        result = duo.fab("sweep", "--script", "train.py", "--name", "sw", "--slots", "1", "--values", "x=1,2")
+        sent, code = duo.uplink.bytes_up - before, 4 * MiB
+        assert "sw: 2 trials over 2 slot(s); started 2" in result.stdout, result.stdout
+        assert code <= sent < 1.5 * code, f"the laptop sent {sent / MiB:.1f} MiB for {code / MiB:.0f} MiB of code to 2 nodes"
+        assert "to 2 nodes (once: node 0 passes it on)" in result.stderr and "could not come from node 0" not in result.stderr
+        expected = tree_digest(duo.cwd)
+        for node in (0, 1):
+            root = tmp_path / f"node{node}"
+            (run,) = [p.name for p in (root / "runs").glob(f"sw_t{node}_x{node + 1}_*")]
+            deadline = time.monotonic() + 60
+            while json.loads((root / "runs" / run / "state.json").read_text())["state"] != "succeeded":
+                assert time.monotonic() < deadline, f"node {node}: {run} did not succeed"
+                time.sleep(0.05)
+            assert f"trial --x {node + 1}" in (root / "runs" / run / "log").read_text()
+            assert tree_digest(root / "sweeps" / "sw" / "code") == expected, f"node {node}"
+            assert not list((root / "staging").glob("*")), f"node {node}: left in staging"  # no code, no go marker
+    finally:
+        duo.stop()
 
 
 def launched_how(trio: Trio, node: int, run: str) -> list[str]:
