@@ -32,7 +32,7 @@ CORE = HERE.parent / "gpu_train"
 CONTRACT = CORE / "contract.py"  # the laptop<->host contract, shipped as gpu_train.contract
 # The core's modules the agent imports, carried as gpu_train.NAME (standard library only, Python 3.8+): the
 # contract and its codec, the recovery's decisions (the booted agent reads its record), the fetch stream's framing,
-# a file's CRC32C, the one way a file is replaced (atomic), a sweep's plan.
+# a file's CRC32C, the one way a file is replaced (atomic), a sweep's plan, the one way to wait (retry).
 CARRIED = (
     "contract.py",
     "answers.py",
@@ -45,6 +45,7 @@ CARRIED = (
     "atomic.py",
     "sweeps.py",
     "ownership.py",
+    "retry.py",
 )
 # Data files the agent reads with pkgutil.get_data("gpu_train", NAME), carried as they are: the pinned uv wheels'
 # hashes (agent/uvfetch.py; ~1.5 KB).

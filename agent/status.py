@@ -26,6 +26,7 @@ from gpu_train.contract import (
     RunRecord,
     RunState,
 )
+from gpu_train.retry import Backoff
 
 from . import outputs, upload
 from .procs import alive, gpus, uptime_s
@@ -47,6 +48,11 @@ from .store import (
 
 if TYPE_CHECKING:
     from .store import Scope
+
+# A followed log is read again 10 ms after it grew, then less and less often, up to every 0.3 s: a
+# job's lines (its first after the start, its last before the end) show as they come, and a quiet
+# log costs no more looks than a fixed 0.3 s poll did.
+FOLLOW_POLL_S = (0.01, 0.3)
 
 
 def effective_state(state: RunRecord) -> RunState:
@@ -233,7 +239,11 @@ def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, foll
         pos = tail_offset(path, lines)
     sys.stderr.write(LOG_START + json.dumps(answer(LogStart, offset=pos)) + "\n")
     sys.stderr.flush()
+    wait = Backoff(*FOLLOW_POLL_S)
     while True:
+        # The state before the read: a run seen ended has written its last line, so an empty read
+        # after it is the end (read first, a line written between the read and the look is lost).
+        ended = follow and effective_state(read_state(run_dir)) not in ACTIVE
         try:
             with open(path, "rb") as f:
                 f.seek(pos)
@@ -244,10 +254,11 @@ def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, foll
             out.write(chunk)
             out.flush()
             pos += len(chunk)
-        info = describe(run_dir)
-        if not follow or (info["state"] not in ACTIVE and not chunk):
+            wait = Backoff(*FOLLOW_POLL_S)
+        if not follow or (ended and not chunk):
             break
-        time.sleep(0.3)
+        time.sleep(wait.next())
+    info = describe(run_dir)
     sys.stderr.write(
         "\n" + LOG_END + json.dumps(answer(LogEnd, runId=info["id"], state=info["state"], exitCode=info["exitCode"], offset=pos)) + "\n"
     )

@@ -1,0 +1,97 @@
+"""`logs --follow` on the host (agent/status.py::cmd_logs): a line is shown soon after it is written,
+the stream ends soon after the run does, and no line written as the run ends is lost."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import status
+from agent.procs import proc_start_time
+from gpu_train.contract import LOG_END
+
+
+def _run(root: Path, state: str = "running") -> Path:
+    d = root / "runs" / "job_20260101_000000"
+    d.mkdir(parents=True)
+    _record(d, state)
+    (d / "log").write_text("first\n")
+    return d
+
+
+def _record(d: Path, state: str, exit_code: int | None = None) -> None:
+    pid = os.getpid()
+    record = {"id": d.name, "base": "job", "state": state, "project": "p-1", "created": 1.0, "pid": pid, "pidStart": proc_start_time(pid)}
+    if exit_code is not None:
+        record["exitCode"] = exit_code
+    (d / "state.json").write_text(json.dumps(record))
+
+
+class Streams:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.out, self.err = io.BytesIO(), io.StringIO()
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(self.out))
+        monkeypatch.setattr(sys, "stderr", self.err)
+
+    def trailer(self) -> dict[str, Any]:
+        return dict(json.loads(self.err.getvalue().rsplit(LOG_END, 1)[1]))
+
+
+def test_a_followed_log_is_read_again_soon_after_it_grew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits start at 10 ms after each read that found something and grow to 0.3 s while the log is quiet
+    (a fixed 0.3 s poll showed a job's first line up to 0.3 s late, and ended the stream 0.3 s late)."""
+    d = _run(tmp_path)
+    streams = Streams(monkeypatch)
+    waits: list[float] = []
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        if len(waits) == 7:
+            with open(d / "log", "a") as f:
+                f.write("second\n")
+        if len(waits) == 9:
+            _record(d, "succeeded", 0)
+
+    monkeypatch.setattr("agent.status.time.sleep", sleep)
+    status.cmd_logs(str(tmp_path), d.name, 0, None, True)
+    assert waits == [0.01, 0.02, 0.04, 0.08, 0.16, 0.3, 0.3, 0.01, 0.02]
+    assert streams.out.getvalue() == b"first\nsecond\n"
+    assert streams.trailer()["state"] == "succeeded"
+
+
+def test_a_line_written_as_the_run_ends_is_not_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's last line and its end can both land between a read of the log and the look at the run's
+    state: the state is looked at first, so that an empty read after seeing the end is truly the end."""
+    d = _run(tmp_path)
+    streams = Streams(monkeypatch)
+    monkeypatch.setattr("agent.status.time.sleep", lambda s: None)
+    real_open = open
+    ended = False
+
+    class Log(io.BufferedReader):
+        def read(self, size: int | None = -1) -> bytes:
+            nonlocal ended
+            at = self.tell()
+            data = super().read(size)
+            if at == len("first\n") and not data and not ended:  # the follow found nothing new: the last line and the end come now
+                ended = True
+                with real_open(d / "log", "a") as log:
+                    log.write("last\n")
+                _record(d, "succeeded", 0)
+            return data
+
+    def opening(path: Any, mode: str = "r", *a: Any, **kw: Any) -> Any:
+        if str(path) == str(d / "log") and mode == "rb":
+            return Log(io.FileIO(path, "r"))
+        return real_open(path, mode, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", opening)
+    status.cmd_logs(str(tmp_path), d.name, 0, None, True)
+    assert streams.out.getvalue() == b"first\nlast\n"
+    assert streams.trailer()["state"] == "succeeded"
