@@ -160,7 +160,7 @@ def test_the_core_is_handed_its_data() -> None:
 
 # Which rooms may import which (a room: a package folder; its modules' imports, inside functions too).
 # Bottom up: contract, catalog <- stack <- gcp <- jobs/views/importing; the agent takes only the core's modules
-# its zipapp carries (contract, answers, codec, atomic, recovery, fetchwire, checksum, sweeps);
+# its zipapp carries (contract, answers, codec, atomic, recovery, fetchwire, checksum, sweeps, ownership, retry);
 # the laptop's side: ssh <- transfer <- tasks; the core never imports remote or infra.
 ALLOWED = {
     "gpu_train.codec": set(),  # stdlib only: the zipapp carries it with the contract
@@ -174,6 +174,7 @@ ALLOWED = {
     "gpu_train.sweeps": {"gpu_train.codec"},  # a sweep's plan: the laptop's and the queue's (carried)
     "gpu_train.errors": set(),
     "gpu_train.atomic": set(),
+    "gpu_train.retry": set(),  # the one way to wait: stdlib only, the zipapp carries it (a log's follow)
     "gpu_train.environment": {"gpu_train.errors", "gpu_train.stack", "gpu_train.identity"},  # the laptop's world
     "gpu_train.ownership": set(),  # whose run: stdlib only, the zipapp carries it with the contract
     "gpu_train.identity": {
@@ -182,7 +183,7 @@ ALLOWED = {
         "gpu_train.errors",
         "gpu_train.atomic",
     },  # a project's id, made on the laptop
-    "gpu_train.launcher": {"remote.cli", "remote.ssh.early"},  # the entry point: the command, and status asked early
+    "gpu_train.launcher": {"remote.cli", "remote.ssh.early"},  # the entry point: the command, and status or logs asked early
     "gpu_train.catalog": {"gpu_train.errors", "gpu_train.atomic"},  # the facts, below everything that judges by them
     "gpu_train.stack": {"gpu_train.contract", "gpu_train.containerspec", "gpu_train.errors", "gpu_train.atomic", "gpu_train.catalog"},
     "gpu_train.gcp": {"gpu_train.contract", "gpu_train.errors", "gpu_train.catalog", "gpu_train.stack", "gpu_train.recovery"},
@@ -219,6 +220,7 @@ ALLOWED = {
         "gpu_train.checksum",
         "gpu_train.sweeps",
         "gpu_train.ownership",
+        "gpu_train.retry",
     },
     # the agent's packer runs on the laptop, beside what it packs (not in the zipapp): it keeps the zipapp on disk
     "agent.bundle": {"gpu_train.atomic", "gpu_train.contract", "agent.bootstrap"},  # (its version's name: the bootstrap's rule)
