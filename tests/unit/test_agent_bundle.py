@@ -40,6 +40,7 @@ def test_the_zipapp_is_deterministic_and_holds_the_package() -> None:
             "gpu_train/fetchwire.py",
             "gpu_train/ownership.py",
             "gpu_train/recovery.py",
+            "gpu_train/retry.py",
             "gpu_train/sweeps.py",
             f"{bundle.PACKAGE}/a.py",
             f"{bundle.PACKAGE}/b.py",
