@@ -175,17 +175,30 @@ def missing_script(script: str, code_dir: Path, cwd: Path | None, candidates: li
 
 
 TORCH_IMPORT_RE = re.compile(r"^\s*(import torch\b|from torch\b)", re.M)
-TORCH_REQUIREMENT_RE = re.compile(r"^\s*torch\b", re.M | re.I)
+TORCH_REQUIREMENT_RE = re.compile(r"^\s*torch(?![\w.-])", re.M | re.I)  # torch, torch==2.4; not torch-geometric
+TORCH_PYPROJECT_RE = re.compile(r"""(?:^|[\[,])\s*["']torch(?![\w.-])""", re.M | re.I)  # an item of [project] dependencies
+DEPENDENCY_FILES = ("requirements.txt", "pyproject.toml", "uv.lock")  # what the host installs from (agent/pyenv.py)
+TORCH_LOCK_RE = re.compile(r'^name = "torch"$', re.M)  # a [[package]] of uv.lock
+
+
+def installs_torch(files: Mapping[str, str]) -> bool:
+    """Whether the code's dependency files (name -> text) install torch, read as the host reads them
+    (agent/pyenv.py's install_plan): requirements.txt when there is one; else uv.lock with its
+    pyproject.toml; else pyproject.toml's dependencies."""
+    if "requirements.txt" in files:
+        return bool(TORCH_REQUIREMENT_RE.search(files["requirements.txt"]))
+    if "pyproject.toml" not in files:
+        return False
+    if "uv.lock" in files:
+        return bool(TORCH_LOCK_RE.search(files["uv.lock"]))
+    return bool(TORCH_PYPROJECT_RE.search(files["pyproject.toml"]))
 
 
 def needs_torch(code_dir: Path, script: str | None, launcher: str) -> bool:
     """Whether `fab train` must find torch in the host's Python before it says "started": torchrun
-    needs it, and so does a script that imports it, unless requirements.txt installs it."""
-    try:
-        requirements = (code_dir / "requirements.txt").read_text(errors="replace")
-    except OSError:
-        requirements = ""
-    if TORCH_REQUIREMENT_RE.search(requirements):
+    needs it, and so does a script that imports it, unless the project's dependencies install it."""
+    files = {name: (code_dir / name).read_text(errors="replace") for name in DEPENDENCY_FILES if (code_dir / name).is_file()}
+    if installs_torch(files):
         return False
     if launcher == "torchrun":
         return True

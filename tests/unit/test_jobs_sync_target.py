@@ -332,3 +332,37 @@ def test_resume_takes_the_newest_interrupted_run(runs: list[dict], chosen: str) 
 def test_resume_without_an_interrupted_run_says_so(runs: list[dict], words: str) -> None:
     with pytest.raises(jobs.JobError, match=re.escape(words)):
         jobs.resumable(runs, "gpu-train resume --run RUN")
+
+
+LOCK = 'version = 1\n\n[[package]]\nname = "torch"\nversion = "2.13.0+cpu"\n'
+PYPROJECT = '[project]\nname = "m"\ndependencies = [\n    "torch==2.13.0+cpu",\n    "transformers",\n]\n'
+
+
+@pytest.mark.parametrize(
+    ("files", "installs"),
+    [
+        ({"requirements.txt": "torch==2.4\n"}, True),
+        ({"requirements.txt": "numpy\ntorch-geometric\n"}, False),  # another package whose name starts so
+        ({"requirements.txt": "numpy\n", "pyproject.toml": PYPROJECT}, False),  # requirements.txt alone is installed
+        ({"pyproject.toml": PYPROJECT, "uv.lock": LOCK}, True),  # uv.lock's pins, as the host installs them
+        ({"pyproject.toml": PYPROJECT, "uv.lock": 'version = 1\n[[package]]\nname = "numpy"\n'}, False),
+        ({"pyproject.toml": PYPROJECT}, True),  # [project] dependencies
+        ({"pyproject.toml": '[project]\ndependencies = ["torch>=2", "numpy"]\n'}, True),
+        ({"pyproject.toml": '[project]\ndependencies = ["torchvision"]\n'}, False),
+        ({"uv.lock": LOCK}, False),  # no pyproject.toml: the host installs nothing
+        ({}, False),
+    ],
+)
+def test_installs_torch_reads_what_the_host_installs(files: dict[str, str], installs: bool) -> None:
+    assert jobs.installs_torch(files) is installs
+
+
+def test_a_uv_project_that_locks_torch_needs_no_torch_on_the_host(tmp_path: Path) -> None:
+    """A pyproject.toml + uv.lock project (no requirements.txt) whose lock pins torch: the host installs it, so
+    train must not refuse for the host Python's lack of torch (it did: only requirements.txt was read)."""
+    (tmp_path / "train.py").write_text("import torch\n")
+    assert jobs.needs_torch(tmp_path, "train.py", "none")
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    (tmp_path / "uv.lock").write_text(LOCK)
+    assert not jobs.needs_torch(tmp_path, "train.py", "none")
+    assert not jobs.needs_torch(tmp_path, "train.py", "torchrun")
