@@ -326,9 +326,10 @@ def aggregate_state(per_node: list[dict[str, Any] | None]) -> tuple[str, int | N
     return SUCCEEDED, 0, ""
 
 
-def resumable(runs: list[dict[str, Any]], named: str) -> str:
+def resumable(runs: list[dict[str, Any]], command: str) -> str:
     """The run `resume` takes without --run: the newest interrupted one (on a cluster, one that any
-    node lost to an interruption), never one that finished; JobError naming the runs otherwise."""
+    node lost to an interruption), never one that finished; JobError naming the runs otherwise, with
+    ``command`` (`gpu-train resume --stack S`) and the newest's --run to restart it anyway."""
 
     def interrupted(r: dict[str, Any]) -> bool:
         return r["state"] == INTERRUPTED or any(n.get("state") == INTERRUPTED for n in r.get("nodes") or ())
@@ -341,7 +342,8 @@ def resumable(runs: list[dict[str, Any]], named: str) -> str:
         raise JobError("no runs on this host yet: nothing to resume")
     newest = max(runs, key=lambda r: r.get("created") or 0)
     raise JobError(
-        f"no interrupted run to resume (the newest, {newest['id']}, is {newest['state']}); to restart a run anyway, name it: {named}"
+        f"no interrupted run to resume (the newest, {newest['id']}, is {newest['state']}); "
+        f"to restart it anyway: {command} --run {newest['id']}"
     )
 
 

@@ -170,7 +170,7 @@ def resume_run(env: Environment, o: ResumeOptions) -> None:
     scope = env.scope(o.all_projects)
     if not run:
         try:
-            run = resumable(scope.split(cluster_status(session)["runs"])[0], f"{CLI} resume --stack {session.target.stack} --run RUN")
+            run = resumable(scope.split(cluster_status(session)["runs"])[0], f"{CLI} resume --stack {session.target.stack}")
         except JobError as e:
             raise GpuTrainError(str(e)) from None
     sessions = session.nodes()

@@ -108,7 +108,7 @@ def test_relaunches_count_and_add_the_resume_args_once_the_checkpoint_exists(lab
     lab.fab("stop", "--run", run, "--grace", "1", check=True)
     refused = lab.fab("resume")
     assert refused.returncode != 0
-    assert "no interrupted run to resume" in refused.stderr and "--run RUN" in refused.stderr
+    assert "no interrupted run to resume" in refused.stderr and f"resume --stack lab --run {other}" in refused.stderr
     assert json.loads((lab.remote / "runs" / run / "state.json").read_text())["state"] == "stopped"
 
 

@@ -316,7 +316,7 @@ def _run(rid: str, state: str, created: float, nodes: list[str] | None = None) -
     ],
 )
 def test_resume_takes_the_newest_interrupted_run(runs: list[dict], chosen: str) -> None:
-    assert jobs.resumable(runs, "gpu-train resume --run RUN") == chosen
+    assert jobs.resumable(runs, "gpu-train resume") == chosen
 
 
 @pytest.mark.parametrize(
@@ -325,13 +325,13 @@ def test_resume_takes_the_newest_interrupted_run(runs: list[dict], chosen: str) 
         ([], "no runs on this host yet"),
         (
             [_run("a", "running", 1), _run("b", "succeeded", 2)],
-            "no interrupted run to resume (the newest, b, is succeeded); to restart a run anyway, name it: gpu-train resume --run RUN",
+            "no interrupted run to resume (the newest, b, is succeeded); to restart it anyway: gpu-train resume --run b",
         ),
     ],
 )
 def test_resume_without_an_interrupted_run_says_so(runs: list[dict], words: str) -> None:
     with pytest.raises(jobs.JobError, match=re.escape(words)):
-        jobs.resumable(runs, "gpu-train resume --run RUN")
+        jobs.resumable(runs, "gpu-train resume")
 
 
 LOCK = 'version = 1\n\n[[package]]\nname = "torch"\nversion = "2.13.0+cpu"\n'
