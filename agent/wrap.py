@@ -209,7 +209,17 @@ class Wrapper:
         self.terminated = False
 
     def say(self, text: str) -> None:
-        self.log.write(f"[gpu-train] {text}\n".encode())
+        """A line of ours in the run's log, on a line of its own: a job's progress bar (tqdm) leaves the
+        log mid-line, and a note glued to it was that bar's text in `logs` and status's LAST LINE."""
+        self.log.write(f"{'' if self.at_line_start() else chr(10)}[gpu-train] {text}\n".encode())
+
+    def at_line_start(self) -> bool:
+        try:
+            with open(os.path.join(self.run_dir, "log"), "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                return f.read(1) == b"\n"
+        except OSError:  # empty (nothing to end), or gone
+            return True
 
     def on_term(self, signum: int, _frame: FrameType | None) -> None:
         self.terminated = True

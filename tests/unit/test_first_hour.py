@@ -254,3 +254,24 @@ SWEEP = cli._flags(CONTEXTS["sweep"])
 def test_a_scripts_flag_outside_a_sweeps_args(argv: list[str], refused: str | None) -> None:
     said = cli.script_flag(argv, SWEEP, TASKS, task="sweep", positional=lambda word: word in ("start", "status", "best", "stop"))
     assert (said is None) if refused is None else (refused in (said or "")), said
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("step 1\n 27%|##7 | 53/196\x1b[A", "step 1\n 27%|##7 | 53/196\x1b[A\n[gpu-train] r: stopped, exit code -9\n"),  # tqdm: mid-line
+        ("step 1\n", "step 1\n[gpu-train] r: stopped, exit code -9\n"),
+        ("", "[gpu-train] r: stopped, exit code -9\n"),
+    ],
+)
+def test_a_note_of_ours_starts_a_line_of_its_own(tmp_path: Path, before: str, after: str) -> None:
+    """A job killed mid progress bar leaves its log mid-line: the wrapper's note was glued to the bar (`logs` and
+    status's LAST LINE showed `27%|..| 53/196\\x1b[A[gpu-train] r: stopped, exit code -9`)."""
+    from agent.wrap import Wrapper
+
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "log").write_text(before)
+    with open(run_dir / "log", "ab", buffering=0) as log:
+        Wrapper(str(tmp_path), "r", log).say("r: stopped, exit code -9")
+    assert (run_dir / "log").read_text() == after
