@@ -81,6 +81,9 @@ def main() -> None:
                 "start": [GPU_TRAIN, "--version"],
                 "status": [GPU_TRAIN, "status"],
                 "train": train,
+                "logs": [GPU_TRAIN, "logs", "--lines", "20"],
+                "follow": [*train, "--follow"],
+                "fetch": [GPU_TRAIN, "fetch", "--dest", str(work / "fetched")],
             }
             got: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
             for _ in range(runs):
@@ -102,6 +105,13 @@ def main() -> None:
             f"  {what:<51} {wall[name]:5.2f} s  cpu {cpu[name]:5.2f} s  {wall[name] / anchor:4.2f}x anchor"
             f"  goal <= {GOALS[name]} s ({GOALS[name] / anchor:4.2f}x)  {'met' if wall[name] <= GOALS[name] else 'NOT met'}"
         )
+    print("  the rest of the everyday loop (no goal set):")
+    for name, what in (
+        ("logs", "gpu-train logs --lines 20"),
+        ("follow", "gpu-train train --follow, a job that ends at once"),
+        ("fetch", "gpu-train fetch, nothing new"),
+    ):
+        print(f"  {what:<51} {wall[name]:5.2f} s  cpu {cpu[name]:5.2f} s  {wall[name] / anchor:4.2f}x anchor")
 
 
 if __name__ == "__main__":

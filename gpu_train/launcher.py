@@ -14,10 +14,10 @@ import sys
 
 def main() -> None:
     try:
-        if sys.argv[1:2] == ["status"]:  # asked of the host now, while the tasks load (remote/ssh/early.py)
-            from remote.ssh.early import start_status
+        if sys.argv[1:2] in (["status"], ["logs"]):  # asked of the host now, while the tasks load (remote/ssh/early.py)
+            from remote.ssh.early import start
 
-            start_status(sys.argv[1:])
+            start(sys.argv[1:])
         from remote.cli import main as run
     except ModuleNotFoundError as e:
         if e.name not in ("remote", "remote.cli", "remote.ssh", "remote.ssh.early"):

@@ -1,59 +1,116 @@
-"""`gpu-train status` asks the host while the command is still loading.
+"""`gpu-train status` and `gpu-train logs` ask the host while the command is still loading.
 
-Python's start with gpu-train's tasks (Invoke above all) is about 0.18 s, and a status over the shared
-connection is two round trips and the agent's start on the host: one after the other, status over a
-100 ms link took 0.5 s. The entry point (gpu_train/launcher.py) hands a plain `status` command line
-here before it loads the tasks: when the stack's shared OpenSSH connection is up, the very `ssh` the
-status task will start is started now (mux.start_early), and the task's channel takes it over
-(mux.MuxChannel.exec_command) only when it asks for exactly that command, which it computes on its
-own as before. Anything else (another flag, no shared connection, a stack that does not resolve)
-starts nothing here, and an early call no channel took is ended at exit. Status is read-only on the
-host, so an early call that goes unused changes nothing there.
+Python's start with gpu-train's tasks (Invoke above all) is about 0.18 s, and a status or a log over the
+shared connection is two round trips and the agent's start on the host: one after the other, status
+over a 100 ms link took 0.5 s. The entry point (gpu_train/launcher.py) hands a plain `status` or `logs`
+command line here before it loads the tasks: when the stack's shared OpenSSH connection is up, the very
+`ssh` the task will start is started now (mux.start_early), and the task's channel takes it over
+(mux.MuxChannel.exec_command) only when it asks for exactly that command, which it computes on its own
+(with the same function: ``logs_call``). Anything else (a flag not asked early, no shared connection, a
+stack that does not resolve) starts nothing here, and an early call no channel took is ended at exit.
+Both calls only read on the host, so an early call that goes unused changes nothing there.
 """
 
 from __future__ import annotations
 
-# A plain status: its own flags only (name -> whether it takes a value). Any other word, or a core
-# option before the task (--stacks-dir would change where the stack is read), and nothing is started.
-STATUS_FLAGS = {"--json": False, "-j": False, "--all-projects": False, "--stack": True, "-s": True}
+from collections.abc import Sequence
+
+# Each task's flags as typed -> (its parameter, whether it takes a value); an option in NOT_EARLY
+# (another node, every node) is left to the task. Any other word, or a core option before the task
+# (--stacks-dir would change where the stack is read), and nothing is started. A test compares these
+# with the tasks' own flags.
+FLAGS: dict[str, dict[str, tuple[str, bool]]] = {
+    "status": {
+        "--json": ("json_", False),
+        "-j": ("json_", False),
+        "--all-projects": ("all_projects", False),
+        "--stack": ("stack", True),
+        "-s": ("stack", True),
+    },
+    "logs": {
+        "--run": ("run", True),
+        "-r": ("run", True),
+        "--follow": ("follow", False),
+        "-f": ("follow", False),
+        "--lines": ("lines", True),
+        "--node": ("node", True),
+        "--all": ("all_", False),
+        "-a": ("all_", False),
+        "--stack": ("stack", True),
+        "-s": ("stack", True),
+        "--all-projects": ("all_projects", False),
+    },
+}
+NOT_EARLY = {"node", "all_"}
 
 
-def status_stack(words: list[str]) -> tuple[bool, str | None]:
-    """Whether ``words`` (the command line after the program's name) is a plain `status`, and its --stack."""
-    if not words or words[0] != "status":
-        return False, None
-    stack, i = None, 1
+def plain(words: list[str]) -> tuple[str, dict[str, str | bool]] | None:
+    """(the task, its options) when ``words`` (the command line after the program's name) is a plain
+    `status` or `logs` (its own flags only, each once, none of NOT_EARLY); else None."""
+    if not words or words[0] not in FLAGS:
+        return None
+    flags, options, i = FLAGS[words[0]], {}, 1
     while i < len(words):
         name, eq, value = words[i].partition("=")
-        if name not in STATUS_FLAGS or (eq and not STATUS_FLAGS[name]):
-            return False, None
-        if STATUS_FLAGS[name]:
-            if not eq:
-                i += 1
-                if i >= len(words):
-                    return False, None
-                value = words[i]
-            stack = value
+        if name not in flags:
+            return None
+        option, takes_value = flags[name]
+        if option in NOT_EARLY or option in options or (eq and not takes_value):
+            return None
+        if takes_value and not eq:
+            i += 1
+            if i >= len(words):
+                return None
+            value = words[i]
+        options[option] = value if takes_value else True
         i += 1
-    return True, stack
+    return words[0], options
 
 
-def start_status(words: list[str]) -> None:
-    """Start node 0's status call on the shared connection now, when ``words`` is a plain `status`."""
-    plain, stack = status_stack(words)
-    if not plain:
+def logs_call(run: str | None, scope: Sequence[str], follow: bool, offset: int | None, lines: int) -> list[str]:
+    """The agent's arguments for one node's log: from ``offset`` (a resumed stream), else its last
+    ``lines`` (0: the whole log); `logs` (runlogs._stream_log) and the early call both build it here."""
+    args = ["logs", *(["--run", run] if run else []), *scope, *(["--follow"] if follow else [])]  # (--run: the scope's first)
+    return args + (["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else []))
+
+
+def agent_args(task: str, options: dict[str, str | bool], scope: Sequence[str]) -> list[str] | None:
+    """The agent call the task will make first for these options (None: one this module does not ask)."""
+    if task == "status":
+        return ["status", "--summaries"]  # (runs.status's call)
+    from gpu_train.jobs import JobError, check_run_id
+
+    run, lines = options.get("run"), options.get("lines", "50")
+    if not (isinstance(lines, str) and lines.isascii() and lines.isdigit()):
+        return None  # the task says what is wrong with it
+    try:
+        checked = None if run is None else check_run_id(run)
+    except JobError:
+        return None
+    return logs_call(checked, scope, bool(options.get("follow")), None, int(lines))
+
+
+def start(words: list[str]) -> None:
+    """Start node 0's first agent call on the shared connection now, when ``words`` is a plain `status` or `logs`."""
+    asked = plain(words)
+    if asked is None:
         return
+    task, options = asked
     try:
         from agent.bundle import agent_command
         from gpu_train.environment import Environment
         from remote.ssh import mux
         from remote.ssh.target import resolve
 
-        target = resolve(Environment.from_os(), stack).for_node(0)
+        env = Environment.from_os()
+        stack = options.get("stack")
+        target = resolve(env, stack if isinstance(stack, str) else None).for_node(0)
         path = None if target.root_unknown else mux.control_path(target, target.host)
         if path is None or not mux.master_up(path):
             return
-        command = agent_command(target.remote_root, "status", "--summaries", cli=target.cli)  # (runs.status's call)
-        mux.start_early([*mux.over_master(target, target.host, path), command])
+        scope = [] if task == "status" else env.scope(bool(options.get("all_projects"))).agent_args()
+        args = agent_args(task, options, scope)
+        if args is not None:
+            mux.start_early([*mux.over_master(target, target.host, path), agent_command(target.remote_root, *args, cli=target.cli)])
     except Exception:  # the task meets whatever failed here itself, and says it
         return

@@ -133,7 +133,7 @@ def _stream_log(
     (time.monotonic()) bounds a log that is not followed."""
     from agent.bundle import agent_command
     from gpu_train.errors import TerminalStream
-    from remote.ssh import agentcall
+    from remote.ssh import agentcall, early
 
     offset: int | None = None
     received = 0
@@ -146,8 +146,7 @@ def _stream_log(
         flush()
 
     while True:
-        args = ["logs", *(["--run", run] if run else []), *scope, *(["--follow"] if follow else [])]  # (--run: the scope's first)
-        args += ["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else [])
+        args = early.logs_call(run, scope, follow, offset, lines)  # (the call `logs` may have started early)
         received = 0
         try:
             command = agent_command(session.target.remote_root, *args, cli=session.target.cli)

@@ -156,3 +156,36 @@ def test_status_asks_the_host_while_the_command_loads(tmp_path: Path) -> None:
         assert not logged.exists()
     finally:
         sshd.stop()
+
+
+@pytest.mark.e2e
+def test_logs_asks_the_host_while_the_command_loads(tmp_path: Path) -> None:
+    """`gpu-train logs` (and `logs --follow`) start their agent call early as status does, built by the
+    function the task builds it with (early.logs_call), and the task takes it over: one `ssh`, started
+    before the task resolved its stack; with --node (not asked early) only the task asks."""
+    sshd = Sshd(tmp_path / "sshd", "127.0.24.4").start()
+    try:
+        env = lab_env(sshd, tmp_path)
+        run_fab(env, tmp_path / "proj", "train", "--command", "echo hi from the job", "--name", "early", "--follow", check=True)
+        shared_up(env)
+        logged, bin_dir = tmp_path / "ssh.log", tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "ssh").write_text(f'#!/bin/sh\n[ "$1" = -G ] && echo -G >> {logged} || echo call >> {logged}\nexec /usr/bin/ssh "$@"\n')
+        (bin_dir / "ssh").chmod(0o755)
+        gpu_train = str(Path(sys.executable).parent / "gpu-train")
+        env = {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
+
+        def logs(*args: str) -> tuple[str, list[str]]:
+            logged.unlink(missing_ok=True)
+            out = subprocess.run([gpu_train, "logs", *args], env=env, cwd=tmp_path / "proj", capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return out.stdout + out.stderr, logged.read_text().split()
+
+        said, calls = logs()
+        assert "hi from the job" in said and calls == ["-G", "call", "-G"]  # asked, then the task resolved and asked nothing more
+        said, calls = logs("--follow", "--lines", "0")
+        assert "hi from the job" in said and "succeeded" in said and calls == ["-G", "call", "-G"]
+        said, calls = logs("--node", "0")
+        assert "hi from the job" in said and calls == ["-G", "call"]  # left to the task: resolved once, then asked
+    finally:
+        sshd.stop()

@@ -12,26 +12,49 @@ from remote.ssh import early, mux
 
 
 @pytest.mark.parametrize(
-    ("words", "plain", "stack"),
+    ("words", "asked"),
     [
-        (["status"], True, None),
-        (["status", "--json"], True, None),
-        (["status", "-j", "--all-projects"], True, None),
-        (["status", "--stack", "lab"], True, "lab"),
-        (["status", "--stack=lab", "--json"], True, "lab"),
-        (["status", "-s", "a100"], True, "a100"),
-        (["status", "--stack"], False, None),  # a flag without its value: the task says so
-        (["status", "--json=yes"], False, None),
-        (["status", "--help"], False, None),
-        (["status", "--stacks-dir", "x"], False, None),  # a core option after the task: not status's
-        (["status", "train"], False, None),  # a second task
-        (["--stacks-dir", "x", "status"], False, None),  # where the stacks are read changes
-        (["train", "--stack", "lab"], False, None),
-        ([], False, None),
+        (["status"], ("status", {})),
+        (["status", "--json"], ("status", {"json_": True})),
+        (["status", "-j", "--all-projects"], ("status", {"json_": True, "all_projects": True})),
+        (["status", "--stack", "lab"], ("status", {"stack": "lab"})),
+        (["status", "--stack=lab", "--json"], ("status", {"stack": "lab", "json_": True})),
+        (["status", "-s", "a100"], ("status", {"stack": "a100"})),
+        (["status", "--stack"], None),  # a flag without its value: the task says so
+        (["status", "--json=yes"], None),
+        (["status", "--json", "-j"], None),  # one option twice: the task decides what that means
+        (["status", "--help"], None),
+        (["status", "--stacks-dir", "x"], None),  # a core option after the task: not status's
+        (["status", "train"], None),  # a second task
+        (["--stacks-dir", "x", "status"], None),  # where the stacks are read changes
+        (["train", "--stack", "lab"], None),
+        ([], None),
+        (["logs"], ("logs", {})),
+        (["logs", "-f", "-r", "job_1", "--lines=5"], ("logs", {"follow": True, "run": "job_1", "lines": "5"})),
+        (["logs", "--all-projects", "-s", "lab"], ("logs", {"all_projects": True, "stack": "lab"})),
+        (["logs", "--node", "1"], None),  # another node: the task's
+        (["logs", "-a"], None),  # every node
+        (["logs", "--follow=1"], None),
+        (["logs", "--lines"], None),
     ],
 )
-def test_only_a_plain_status_is_asked_early(words: list[str], plain: bool, stack: str | None) -> None:
-    assert early.status_stack(words) == (plain, stack)
+def test_only_a_plain_status_or_logs_is_asked_early(words: list[str], asked: tuple[str, dict] | None) -> None:
+    assert early.plain(words) == asked
+
+
+@pytest.mark.parametrize(
+    ("options", "args"),
+    [
+        ({}, ["logs", "--project", "p-1", "--lines", "50"]),
+        ({"lines": "0", "follow": True}, ["logs", "--project", "p-1", "--follow"]),
+        ({"run": "job_20260101_000000", "lines": "7"}, ["logs", "--run", "job_20260101_000000", "--project", "p-1", "--lines", "7"]),
+        ({"lines": "-3"}, None),  # not a count: the task refuses it
+        ({"lines": "\u0663"}, None),  # a digit, but not one the task reads
+        ({"run": "../x"}, None),  # not a run id: nothing is asked with it
+    ],
+)
+def test_the_early_log_call_is_the_one_the_task_makes(options: dict, args: list[str] | None) -> None:
+    assert early.agent_args("logs", options, ["--project", "p-1"]) == args
 
 
 def test_an_early_call_no_channel_took_is_ended_at_exit() -> None:
@@ -58,12 +81,15 @@ def test_a_channel_takes_over_only_the_exact_call() -> None:
         mux._end_unused()
 
 
-def test_the_flags_asked_early_are_exactly_status_own() -> None:
-    """early.py cannot load the tasks (that is the time it saves), so it names status's flags itself: a
-    flag added to the task, or one renamed, must be named there too (else that status is not asked early,
-    or a flag status no longer takes would be)."""
+@pytest.mark.parametrize("task", sorted(early.FLAGS))
+def test_the_flags_read_early_are_exactly_the_tasks_own(task: str) -> None:
+    """early.py cannot load the tasks (that is the time it saves), so it names their flags itself: a
+    flag added to a task, or one renamed, must be named there too (else that command is not asked early,
+    or a flag the task no longer takes would be)."""
     from remote.cli import _flags
     from remote.tasks import ns
 
-    (context,) = [c for c in ns.to_contexts() if c.name == "status"]
-    assert _flags(context) == early.STATUS_FLAGS
+    (context,) = [c for c in ns.to_contexts() if c.name == task]
+    assert _flags(context) == {flag: takes_value for flag, (_, takes_value) in early.FLAGS[task].items()}
+    options = {context.flags[flag].name for flag in context.flags}  # (Invoke's option names: all_projects)
+    assert {option for option, _ in early.FLAGS[task].values()} == options
