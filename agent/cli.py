@@ -43,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
         "command line, which every user of the host can read in /proc)",
     )
     launching.add_argument("--await-go", action="store_true")
+    outcome = sub.add_parser("launch-outcome", help="whether a launch whose answer the laptop lost started its run (final)")
+    outcome.add_argument("--run", required=True)
     wrapping = sub.add_parser("wrap")
     wrapping.add_argument("run")
 
@@ -218,6 +220,10 @@ def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
 
         spec = sys.stdin.readline() if args.spec == "-" else args.spec
         return cmd_launch(root, json.loads(base64.b64decode(spec)), args.await_go)
+    if args.cmd == "launch-outcome":
+        from .outcome import cmd_launch_outcome
+
+        return cmd_launch_outcome(root, args.run)
     if args.cmd == "watch":
         from .watch import cmd_watch
 

@@ -18,12 +18,11 @@ from gpu_train.answers import Launched, Ready, Waiting
 from gpu_train.bucketdoc import GOOGLE_ENV
 from gpu_train.codec import answer
 from gpu_train.contract import FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, node_roles
-from gpu_train.ownership import project_dirs
 
-from . import container, hostcheck, notify, outputs, registry, units
-from .procs import detect_python, gpu_apps, gpu_count, gpus
-from .pyenv import dependency_files, run_env, venv_python
-from .status import active_runs, busy_runs, machine_settings
+from . import container, notify, outputs, registry, units
+from .outcome import given_up, hold, host_notes, launched
+from .procs import detect_python, gpu_count
+from .status import busy_runs, machine_settings
 from .store import (
     AgentError,
     agent_log,
@@ -175,6 +174,9 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
         with contextlib.suppress(OSError):
             os.remove(go_marker(root, run_id, when))
     with locked(root):
+        if os.path.exists(given_up(root, run_id)):  # the laptop lost the word of this launch and was told it ends here
+            shutil.rmtree(staging, ignore_errors=True)
+            raise AgentError(f"{run_id} was not started: the laptop lost its connection during the launch and gave it up")
         if busy_runs(root, base, spec.project):
             shutil.rmtree(staging, ignore_errors=True)
             refuse_if_busy(root, base, spec.project)
@@ -186,6 +188,7 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
             os.mkdir(run_dir)
         except FileExistsError:
             raise AgentError(f"run {run_id} already exists on this host: pick another --name") from None
+        held = hold(run_dir)  # until the wrapper started or failed: what `launch-outcome` waits for (outcome.py)
         if spec.container and spec.container.own_program:
             os.makedirs(staging, exist_ok=True)  # the image's own program: no code is sent
         if not os.path.isdir(staging):
@@ -209,31 +212,13 @@ def cmd_launch(root: str, doc: dict[str, Any], await_go: bool) -> Launched | Wai
         registry.keep(root, run_id, secrets)
         update_state(run_dir, id=run_id, base=base, project=spec.project, state=STARTING, created=now(), resumes=0, engine=engine)
     try:
-        screen = start_wrapper(root, run_id)
+        start_wrapper(root, run_id)
     except AgentError as e:
         update_state(run_dir, state=FAILED, ended=now(), reason=str(e))
         raise
-    return answer(
-        Launched,
-        runId=run_id,
-        runDir=run_dir,
-        jobDir=os.path.join(run_dir, "job"),
-        log=os.path.join(run_dir, "log"),
-        screen=screen,
-        python=f"image {spec.container.image}" if spec.container else job_python(root, spec, python, managed),
-        dataDir=project_dirs(root, spec.project)[1],
-        **notes,
-    )
-
-
-def host_notes(root: str) -> dict[str, Any]:
-    """What the laptop says after "started": who else uses the GPUs, other runs of ours still going,
-    and on an SSH host whether a reboot would resume the run (a VM's units always do)."""
-    active = [os.path.basename(d) for d, _ in active_runs(root)]
-    notes: dict[str, Any] = {"warnings": hostcheck.busy_warnings(gpu_apps(), gpus(), active)}
-    if not settings(root).gcp:
-        notes["bootResume"] = hostcheck.boot_resume(root)
-    return notes
+    finally:
+        os.close(held)
+    return launched(root, spec, notes)
 
 
 # What only the SSH session that ran `launch` has. A run outlives that session, and `boot` relaunches it
@@ -272,13 +257,6 @@ def start_wrapper(root: str, run_id: str) -> str:
     except (OSError, subprocess.CalledProcessError) as e:
         raise AgentError(f"screen could not start the run's wrapper: {e}") from None
     return name
-
-
-def job_python(root: str, spec: JobSpec, python: str, managed: bool) -> str:
-    """The Python the job will run with: the project's venv's, or ``python`` itself (pyenv.run_env)."""
-    installs = bool(dependency_files(os.path.join(root, "runs", spec.run_id, "code")))
-    venv = run_env(project_dirs(root, spec.project)[0], python, spec.venv, managed, installs)
-    return venv_python(venv) if venv else python
 
 
 # Prints whether the Python refuses installs of its own (PEP 668's marker, outside a venv).

@@ -119,6 +119,7 @@ class DelayProxy:
         self._listener.listen(64)
         self.address: tuple[str, int] = self._listener.getsockname()
         self.connections = 0
+        self.down = False  # (cut: the link stays down)
         self._ways: list[tuple[_Direction, _Direction]] = []  # (client to server, server to client) per connection
 
     def start(self) -> DelayProxy:
@@ -126,6 +127,9 @@ class DelayProxy:
         return self
 
     def _forward(self, client: socket.socket) -> None:
+        if self.down:
+            client.close()
+            return
         try:
             server = socket.create_connection(self.upstream)
         except OSError:
@@ -142,6 +146,15 @@ class DelayProxy:
     def bytes_up(self) -> int:
         """Bytes the clients sent through the proxy so far, all connections together (an uplink's load)."""
         return sum(up.bytes for up, _ in self._ways)
+
+    def cut(self, stay_down: bool = False) -> None:
+        """Drop every connection through the proxy now, as a link that fails does (each end sees it
+        close). A new connection goes through, unless the link is to ``stay_down`` (each is closed at once)."""
+        self.down = stay_down
+        for up, _ in self._ways:
+            for sock in (up.src, up.dst):
+                _quietly(sock.shutdown, socket.SHUT_RDWR)
+                _quietly(sock.close)
 
     def close(self) -> None:
         self._listener.close()

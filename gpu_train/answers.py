@@ -127,6 +127,15 @@ class Launched(TypedDict):
     bootResume: NotRequired[str]  # an SSH host: whether a reboot resumes it (contract.BOOT_*)
 
 
+class LaunchOutcome(TypedDict):
+    """`launch-outcome --run RUN`: what became of a launch whose answer the laptop lost with its connection,
+    final (agent/outcome.py): the run started (``launched``: the launch's own answer) or never will (``reason``)."""
+
+    runId: str
+    launched: Launched | None
+    reason: str | None
+
+
 # -- `stop`, `resume`, `boot`, `shutdown`, `tick` ---------------------------------------------------
 class Stopped(TypedDict):
     runId: str
@@ -305,6 +314,7 @@ class Pong(TypedDict):
 ANSWERS: dict[str, Any] = {
     "status": StatusDoc,
     "stop": Stopped,
+    "launch-outcome": LaunchOutcome,
     "resume": Resumed,
     "boot": Booted,
     "shutdown": ShutDown,

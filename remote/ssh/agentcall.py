@@ -95,6 +95,11 @@ def checked(kind: Callable[..., T], doc: object, what: str) -> T:
         raise RemoteError(f"{e}: is the gpu-train agent there this one? (run the task again to send it)") from None
 
 
+class LaunchLost(RemoteError):
+    """The launch's answer never came: its channel ended (the connection lost, or the agent gone) after the
+    spec was sent. Whether the run started is the host's to say, by its id (`launch-outcome`)."""
+
+
 def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None, reuse: bool = False) -> Launched | Waiting:
     """The agent's launch, started alongside the code sync and released by "go" after it.
 
@@ -103,6 +108,8 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
     the host first tries to reuse the last run's code and, when it could, launches without a "go";
     the sync runs only if it could not.
     Without ``sync`` (code already staged) it launches at once.
+    Its channel ending before the answer (the host may have started the run: it goes on by itself once it
+    reused the code, was told "go", or in a fan-out had the code) raises LaunchLost.
     """
     # The spec (with the job's --env values) goes on the channel's stdin: a command line is readable
     # by every user of the host in /proc.
@@ -155,11 +162,24 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
             return line
 
     out = _Out()
+
+    def answer_line() -> bytes:
+        """The host's next line of the launch; its channel ending first is a LaunchLost."""
+        try:
+            line = out.readline(LINE_MAX)
+        except TimeoutError:
+            raise
+        except mux.channel_errors() as e:
+            raise LaunchLost(f"the connection to {conn.host} ended before the launch's answer ({e})") from None
+        if not line:
+            raise LaunchLost(f"the connection to {conn.host} ended before the launch's answer")
+        return line
+
     try:
         if sync is not None:
             # The agent's first word even when the sync failed: a refusal (REMOTE_ROOT not ours, a
             # busy name) explains the failed sync better than rsync's exit code.
-            line = out.readline(LINE_MAX)
+            line = out.readline(LINE_MAX) if failure is not None else answer_line()
             if failure is not None:
                 with contextlib.suppress(ValueError, TypeError, AttributeError):
                     if "error" in (said := printable_doc(json.loads(line))):
@@ -190,7 +210,7 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                 # answer is already here, and this "go" has no one to read it.
                 with contextlib.suppress(*mux.channel_errors()):
                     chan.sendall(b"go\n")
-        said = _answer(out.readline(LINE_MAX), chan)
+        said = _answer(answer_line(), chan)
         if "ready" in said:
             raise RemoteError(f"the gpu-train agent on {conn.host} said ready twice")
         return said

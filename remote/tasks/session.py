@@ -15,7 +15,17 @@ from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Unreachable, UsageError, as_error, outcome, printable
 
 if TYPE_CHECKING:
-    from gpu_train.answers import Configured, Pruned, Resumed, StatusDoc, Stopped, SweepStarted, SweepStatus, SweepStopped
+    from gpu_train.answers import (
+        Configured,
+        LaunchOutcome,
+        Pruned,
+        Resumed,
+        StatusDoc,
+        Stopped,
+        SweepStarted,
+        SweepStatus,
+        SweepStopped,
+    )
     from remote.ssh.target import Target
 
 STACK_HELP = (
@@ -225,6 +235,8 @@ class Session:
     def call(self, command: Literal["status"], *args: str, stdin: bytes = b"") -> StatusDoc: ...
     @overload
     def call(self, command: Literal["stop"], *args: str, stdin: bytes = b"") -> Stopped: ...
+    @overload
+    def call(self, command: Literal["launch-outcome"], *args: str, stdin: bytes = b"") -> LaunchOutcome: ...
     @overload
     def call(self, command: Literal["resume"], *args: str, stdin: bytes = b"") -> Resumed: ...
     @overload

@@ -1,0 +1,198 @@
+"""A launch whose connection is lost after the host took it: `train` of unchanged code, where the host goes
+on by itself after "ready (reused)", and the link is cut while the host starts the run, before its
+"launched" can come back. The laptop asks the host by the run's id over a new connection and says what is
+true: the run trains, so it is reported started (once: no second run), on one host and on a cluster
+(every node running, none stopped). Real sshd, screen and rsync; each node behind a proxy that can drop
+its connections (bench/delayproxy.py); `screen` on the hosts holds a run's start at a marker, so that the
+cut falls exactly there. Loopback 127.0.43.x."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from remote.loopback import Sshd
+from tests.conftest import FAB, ROOT, after_the_second_of, cluster_stack, fab_env, run_fab
+
+sys.path.insert(0, str(ROOT / "bench"))
+from delayproxy import DelayProxy
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+NET = "127.0.43"
+# The host's screen, but a run's start (`screen -dmS`, agent/launch.py start_wrapper) waits while $HOLD
+# exists: it leaves $HOLD.reached, then goes on once $HOLD.release is there.
+HELD_SCREEN = """#!/bin/sh
+if [ "$1" = "-dmS" ] && [ -e "$HOLD" ]; then
+  : > "$HOLD.reached"
+  while [ ! -e "$HOLD.release" ]; do sleep 0.02; done
+fi
+exec {screen} "$@"
+"""
+JOB = "echo trained on ${NODE_RANK:-0}"
+
+
+class Hosts:
+    """``count`` loopback hosts as one SSH stack `lost`, each reached through its own proxy."""
+
+    def __init__(self, tmp: Path, count: int):
+        self.tmp = tmp
+        fakebin = tmp / "fakebin"
+        fakebin.mkdir()
+        (fakebin / "screen").write_text(HELD_SCREEN.format(screen=shutil.which("screen")))
+        (fakebin / "screen").chmod(0o755)
+        self.sshds: list[Sshd] = []
+        self.proxies: list[DelayProxy] = []
+        key = None
+        for i in range(count):
+            sshd = Sshd(tmp / f"n{i}", f"{NET}.{10 + i}", client_key=key, setenv=f"HOLD={self.hold(i)} PATH={fakebin}:{os.defpath}")
+            self.sshds.append(sshd.start())
+            key = sshd.client_key
+            self.proxies.append(DelayProxy((f"{NET}.{20 + i}", 0), (sshd.address, sshd.port), 0.0).start())
+        hosts = [f"{s.user}@{p.address[0]}:{p.address[1]}" for s, p in zip(self.sshds, self.proxies, strict=True)]
+        cluster_stack(tmp / "stacks", "lost", hosts, self.sshds[0].client_key)
+        self.cwd = tmp / "work"
+        self.cwd.mkdir()
+        self.code = tmp / "code"
+        self.code.mkdir()
+        (self.code / "README").write_text("a job given by --command\n")
+        self.env = fab_env(tmp / "stacks", tmp / "home", "lost", self.cwd)
+
+    def hold(self, node: int) -> Path:
+        return self.tmp / f"hold{node}"
+
+    def root(self, node: int) -> Path:
+        return self.tmp / f"node{node}"
+
+    def train(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [FAB, "--search-root", str(ROOT), "train", "--dir", str(self.code), "--command", JOB, "--name", "lost", *args],
+            env=self.env,
+            cwd=self.cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def state(self, node: int, run: str) -> str | None:
+        path = self.root(node) / "runs" / run / "state.json"
+        return json.loads(path.read_text()).get("state") if path.exists() else None
+
+    def ended(self, node: int, run: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while (state := self.state(node, run)) not in ("succeeded", "failed", "stopped"):
+            assert time.monotonic() < deadline, f"node {node}: {run} did not end ({state})"
+            time.sleep(0.05)
+        return state
+
+    def runs(self, node: int) -> list[str]:
+        return sorted(p.name for p in (self.root(node) / "runs").iterdir())
+
+    def end_shared_connection(self) -> None:
+        """Close this user's shared OpenSSH connection to node 0 (remote/ssh/mux.py)."""
+        from gpu_train.environment import Environment
+        from remote.ssh import mux
+        from remote.ssh.target import resolve
+
+        target = resolve(Environment.from_os(self.env), "lost").for_node(0)
+        mux.end_master(target, target.host)
+
+    def stop(self) -> None:
+        for i in range(len(self.sshds)):
+            (self.tmp / f"hold{i}.release").touch()  # (a failed test leaves no start waiting)
+        for proxy in self.proxies:
+            proxy.close()
+        for sshd in self.sshds:
+            sshd.stop()
+        subprocess.run(["pkill", "-f", str(self.tmp)], check=False)
+
+
+def first_run(hosts: Hosts) -> str:
+    """A first run of `lost` on every node (the code sent), ended: the next train of it reuses its code."""
+    run_fab(hosts.env, hosts.cwd, "status", check=True)  # first contact: the host keys are learned
+    done = run_fab(hosts.env, hosts.cwd, "train", "--dir", str(hosts.code), "--command", "true", "--name", "lost", check=True)
+    run = done.stdout.split()[1]
+    for node in range(len(hosts.sshds)):
+        assert hosts.ended(node, run) == "succeeded"
+    after_the_second_of(run)
+    return run
+
+
+def cut_at_the_start(hosts: Hosts, node: int, *args: str, gone: bool = False) -> subprocess.CompletedProcess[str]:
+    """A train of unchanged code whose link to ``node`` drops while that host starts the run (after its
+    "ready (reused)", before its "launched"), and with ``gone`` stays down: what the laptop said."""
+    hosts.hold(node).touch()
+    proc = hosts.train(*args)
+    try:
+        deadline = time.monotonic() + 60
+        while not hosts.hold(node).with_suffix(".reached").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the host never started the run"
+            time.sleep(0.01)
+        hosts.proxies[node].cut(stay_down=gone)
+        (hosts.tmp / f"hold{node}.release").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("shared", [True, False], ids=["over the shared connection", "over its own login"])
+def test_a_run_started_as_its_link_dropped_is_reported_started_once(tmp_path: Path, shared: bool) -> None:
+    hosts = Hosts(tmp_path, 1)
+    try:
+        first = first_run(hosts)
+        if not shared:  # the train logs in itself (paramiko), as the first task after a minute does
+            hosts.end_shared_connection()
+        said = cut_at_the_start(hosts, 0)
+        assert said.returncode == 0, said.stderr
+        run = said.stdout.split()[1]
+        assert said.stdout.startswith(f"started {run} on "), said.stdout
+        assert "unchanged since the last run" in said.stderr  # the host reused the code: it went on by itself
+        assert f"connecting again to ask whether {run} started" in said.stderr
+        assert f"connected again: {run} had started" in said.stderr
+        assert hosts.ended(0, run) == "succeeded" and "trained on 0" in (hosts.root(0) / "runs" / run / "log").read_text()
+        assert hosts.runs(0) == sorted([first, run])  # one run started: the user was not sent to start it again
+    finally:
+        hosts.stop()
+
+
+@pytest.mark.e2e
+def test_a_host_that_cannot_be_asked_again_is_said_to_be_unknown_not_failed(tmp_path: Path) -> None:
+    hosts = Hosts(tmp_path, 1)
+    try:
+        first_run(hosts)
+        said = cut_at_the_start(hosts, 0, "--timeout", "2", gone=True)  # the link stays down
+        assert said.returncode != 0 and not said.stdout
+        run = said.stderr.split("ask whether ")[1].split()[0]
+        assert f"{run} may be running there; `fab status --run {run}` says, `fab stop --run {run}` stops it" in said.stderr
+        assert hosts.ended(0, run) == "succeeded"  # (it was: the message did not say it failed)
+    finally:
+        hosts.stop()
+
+
+@pytest.mark.e2e
+def test_a_cluster_whose_node_lost_its_link_as_it_started_runs_on_every_node(tmp_path: Path) -> None:
+    hosts = Hosts(tmp_path, 2)
+    try:
+        first = first_run(hosts)
+        said = cut_at_the_start(hosts, 1)  # node 0's link holds
+        assert said.returncode == 0, said.stderr
+        run = said.stdout.split()[1]
+        assert said.stdout.startswith(f"started {run} on 2 nodes"), said.stdout
+        assert f"connected again: {run} had started" in said.stderr
+        for node in (0, 1):  # every node ran its part: none was stopped, none left running alone
+            assert hosts.ended(node, run) == "succeeded", f"node {node}"
+            assert f"trained on {node}" in (hosts.root(node) / "runs" / run / "log").read_text()
+            assert hosts.runs(node) == sorted([first, run])
+    finally:
+        hosts.stop()

@@ -1,0 +1,83 @@
+"""`launch-outcome` (agent/outcome.py): whether a launch whose answer the laptop lost started its run, and
+final. The agent as the laptop runs it (`python -m agent`), on a REMOTE_ROOT of the test's (no sshd); the
+e2e tier cuts a real link at that moment (tests/e2e/test_lost_launch.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT
+
+RUN = "lost_20250101_000000"
+
+
+def agent(root: Path, *args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "agent", "--root", str(root), *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def waiting_launch(root: Path) -> subprocess.Popen[bytes]:
+    """The agent's `launch --await-go` as the laptop starts it, the code staged: it said "ready" and waits for "go"."""
+    (root / "staging" / RUN).mkdir(parents=True)
+    (root / "staging" / RUN / "train.py").write_text("print('hi')\n")
+    spec = {"runId": RUN, "base": "lost", "command": "true", "python": sys.executable}
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "agent", "--root", str(root), "launch", "-", "--await-go"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert launch.stdin is not None and launch.stdout is not None
+    launch.stdin.write(base64.b64encode(json.dumps(spec).encode()) + b"\n")
+    launch.stdin.flush()
+    assert json.loads(launch.stdout.readline())["ready"]
+    return launch
+
+
+def told(launch: subprocess.Popen[bytes], word: bytes) -> dict[str, Any]:
+    """The launch's last answer once the laptop's ``word`` reached it."""
+    out, _ = launch.communicate(word, timeout=60)
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def test_a_launch_asked_about_before_it_made_its_run_never_makes_it(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    launch = waiting_launch(root)  # the laptop's "go" is on its way, or lost
+    assert agent(root, "launch-outcome", "--run", RUN) == {
+        "runId": RUN,
+        "launched": None,
+        "reason": "the launch had not started it, and now will not",
+    }
+    late = told(launch, b"go\n")  # the "go" arrives after all: too late, the laptop was told it did not start
+    assert "was not started: the laptop lost its connection during the launch" in late["error"]
+    assert not (root / "runs" / RUN).exists() and not (root / "staging" / RUN).exists()
+
+
+def test_a_launch_that_started_its_run_is_answered_as_the_launch_itself_was(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    launched = told(waiting_launch(root), b"go\n")
+    assert launched["runId"] == RUN and launched["python"] == sys.executable
+    assert agent(root, "launch-outcome", "--run", RUN) == {"runId": RUN, "launched": launched, "reason": None}
+
+
+def test_a_launch_that_failed_after_making_its_run_did_not_start_it(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    run_dir = root / "runs" / RUN
+    run_dir.mkdir(parents=True)  # its wrapper did not start (screen refused): the launch recorded the run failed
+    (run_dir / "spec.json").write_text(json.dumps({"runId": RUN, "base": "lost", "command": "true", "python": sys.executable}))
+    (run_dir / "state.json").write_text(json.dumps({"id": RUN, "state": "failed", "reason": "screen could not start the run's wrapper"}))
+    assert agent(root, "launch-outcome", "--run", RUN) == {
+        "runId": RUN,
+        "launched": None,
+        "reason": "screen could not start the run's wrapper",
+    }
+
+
+def test_a_run_id_is_checked_before_it_becomes_a_path(tmp_path: Path) -> None:
+    assert "not a run id" in agent(tmp_path, "launch-outcome", "--run", "../../etc")["error"]
