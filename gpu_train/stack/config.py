@@ -216,15 +216,18 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None) -> t
             )
 
     target = values.get("target", "gcp")
-    if target not in ("gcp", "ssh"):
-        problems.append(Problem("target", "must be 'gcp' or 'ssh'", "set target to gcp or ssh", target))
+    known = target in ("gcp", "ssh")  # else which settings apply, and which are required, is unknown: not judged
+    if not known:
+        close = difflib.get_close_matches(str(target).lower(), ["ssh", "gcp"], n=1, cutoff=0.5)
+        guess = f"did you mean '{close[0]}'? " if close else ""
+        problems.append(Problem("target", "must be 'gcp' or 'ssh'", f"{guess}set {NAMESPACE}:target to gcp or ssh", target))
         target = "gcp"
-    for name in values:
+    for name in values if known else ():
         if target not in BY_KEY[name].targets:
             problems.append(
                 Problem(name, f"does not apply to a target '{target}' stack", f"remove {NAMESPACE}:{name} from the stack", values[name])
             )
-    for key in BY_KEY.values():
+    for key in BY_KEY.values() if known else ():
         if target in key.required_for and key.key not in values and not any(p.key == key.key for p in problems):
             problems.append(Problem(key.key, "is required", f"pulumi config set {NAMESPACE}:{key.key} ... ({key.help})"))
 
@@ -236,7 +239,7 @@ def parse_partial(raw: dict[str, Any], stack: str, catalog: Catalog | None) -> t
             problems.append(Problem("hosts", f"{shown(text)} is not user@host:port", "write each host as user@host:port"))
 
     project = raw.get("gcp:project")
-    if target == "gcp" and not (isinstance(project, str) and project.strip()):
+    if known and target == "gcp" and not (isinstance(project, str) and project.strip()):
         problems.append(Problem("gcp:project", "is required", "pulumi config set gcp:project YOUR_PROJECT_ID"))
 
     if not any(p.key in ("bucket", "bucketCreate") for p in problems):

@@ -90,6 +90,15 @@ def test_unknown_keys_suggest(key: str, suggestion: str) -> None:
     assert p.key == key and "unknown setting" in p.message and suggestion in p.fix
 
 
+@pytest.mark.parametrize(("target", "guess"), [("shh", "did you mean 'ssh'?"), ("GCP ", "did you mean 'gcp'?"), ("aws", "")])
+def test_a_wrong_target_is_the_one_problem_said(target: str, guess: str) -> None:
+    """An SSH stack with `target: shh` was judged as a GCP stack: four more problems, one of them the wrong
+    advice "remove gpu-train:hosts from the stack"; only the target is wrong, and the fix names the close one."""
+    raw = {"gpu-train:target": target, "gpu-train:hosts": ["me@gpu-box.lab:22"], "gpu-train:python": "/usr/bin/python3"}
+    (p,) = problems_of(raw)
+    assert p.key == "target" and p.fix == f"{guess + ' ' if guess else ''}set gpu-train:target to gcp or ssh"
+
+
 def test_every_missing_required_setting_at_once() -> None:
     problems = problems_of(gcp_raw(zone=None, sshSourceRanges=None, **{"gcp:project": None}))
     assert {p.key for p in problems} == {"zone", "sshSourceRanges", "gcp:project"}
