@@ -146,18 +146,24 @@ def cut_at_the_start(hosts: Hosts, node: int, *args: str, gone: bool = False) ->
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("shared", [True, False], ids=["over the shared connection", "over its own login"])
-def test_a_run_started_as_its_link_dropped_is_reported_started_once(tmp_path: Path, shared: bool) -> None:
+@pytest.mark.parametrize(
+    ("shared", "changed"),
+    [(True, False), (False, False), (True, True)],
+    ids=["reused, over the shared connection", "reused, over its own login", "sent, then told go"],
+)
+def test_a_run_started_as_its_link_dropped_is_reported_started_once(tmp_path: Path, shared: bool, changed: bool) -> None:
     hosts = Hosts(tmp_path, 1)
     try:
         first = first_run(hosts)
         if not shared:  # the train logs in itself (paramiko), as the first task after a minute does
             hosts.end_shared_connection()
+        if changed:  # the code is sent, and the host goes on at the laptop's "go" (the same window, a round trip later)
+            (hosts.code / "README").write_text("changed\n")
         said = cut_at_the_start(hosts, 0)
         assert said.returncode == 0, said.stderr
         run = said.stdout.split()[1]
         assert said.stdout.startswith(f"started {run} on "), said.stdout
-        assert "unchanged since the last run" in said.stderr  # the host reused the code: it went on by itself
+        assert ("unchanged since the last run" in said.stderr) is not changed  # reused: the host went on by itself
         assert f"connecting again to ask whether {run} started" in said.stderr
         assert f"connected again: {run} had started" in said.stderr
         assert hosts.ended(0, run) == "succeeded" and "trained on 0" in (hosts.root(0) / "runs" / run / "log").read_text()
