@@ -21,6 +21,7 @@ import tokenize
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeGuard
 
 from agent.bootstrap import version
 from gpu_train.atomic import atomic_write
@@ -64,7 +65,7 @@ MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:])
 def lean(source: bytes) -> bytes:
     """``source`` without its comments and docstrings, each line where it was (a traceback on the host names
     the line of the checkout): every call carries the agent, and they were a third of the packed bytes."""
-    docs = {(n.body[0].lineno, n.body[0].col_offset) for n in ast.walk(ast.parse(source)) if _docstring(n)}  # type: ignore[attr-defined]
+    docs = {(n.body[0].lineno, n.body[0].col_offset) for n in ast.walk(ast.parse(source)) if _docstring(n)}
     tokens = []
     for t in tokenize.tokenize(io.BytesIO(source).readline):
         if t.type == tokenize.STRING and t.start in docs:  # an empty string over as many lines
@@ -75,8 +76,8 @@ def lean(source: bytes) -> bytes:
     return re.sub(rb"[ \t]+\n", b"\n", text if isinstance(text, bytes) else text.encode())
 
 
-def _docstring(node: ast.AST) -> bool:
-    """Whether ``node`` (a module, class or function) opens with a docstring."""
+def _docstring(node: ast.AST) -> TypeGuard[ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Whether ``node`` is a module, class or function that opens with a docstring (its ``body[0]``)."""
     if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
         return False
     first = node.body[0]

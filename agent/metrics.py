@@ -28,6 +28,8 @@ from . import tfevents
 from .store import AgentError, find_run, read_json, run_dirs, write_json
 
 if TYPE_CHECKING:
+    from typing import TypeGuard  # (Python 3.10; annotations are text on the host's 3.8)
+
     from .tfevents import Point
 
 # Folders a job's tree holds that are never its metrics: the walk does not go in (nor through links).
@@ -189,7 +191,7 @@ def _row(header: list[str], values: list[object], number: int, mtime: float) -> 
     )
 
 
-def _number(v: object) -> bool:
+def _number(v: object) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -198,7 +200,7 @@ def _finite(v: object) -> float | None:
     if not _number(v):
         return None
     try:
-        f = float(v)  # type: ignore[arg-type]
+        f = float(v)
     except OverflowError:
         return None
     return f if math.isfinite(f) else None

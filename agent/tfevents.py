@@ -71,7 +71,7 @@ def varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def fields(buf: bytes, budget: Budget | None = None) -> Iterator[tuple[int, int, object]]:
+def fields(buf: bytes, budget: Budget | None = None) -> Iterator[tuple[int, int, int | bytes]]:
     """The fields of one message, one at a time: (number, wire type, value): an int for a varint, bytes for
     a length-delimited field or a fixed 32/64-bit one (decoded by who knows its type). Each field is taken
     from ``budget`` (the record's): past it, Corrupt."""
@@ -87,7 +87,7 @@ def fields(buf: bytes, budget: Budget | None = None) -> Iterator[tuple[int, int,
         else:
             key, i = varint(buf, i)
         number, wire = key >> 3, key & 7
-        value: object
+        value: int | bytes
         if wire == 0:
             value, i = varint(buf, i)
         elif wire == 1:
@@ -112,7 +112,7 @@ def signed64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _packed(number: int, wire: int, value: object) -> Iterator[int | float]:
+def _packed(number: int, wire: int, value: int | bytes) -> Iterator[int | float]:
     """A repeated numeric field's elements, one at a time (packed in one length-delimited field, or one
     element), varints as their raw integers (their type is the field's: ``_element``)."""
     fixed = VALUE_FIELDS[number]
@@ -131,7 +131,7 @@ def _packed(number: int, wire: int, value: object) -> Iterator[int | float]:
         if fixed != "varint" and len(value) == struct.calcsize(fixed):
             yield struct.unpack(fixed, value)[0]
     else:
-        yield int(value)  # type: ignore[call-overload]
+        yield value
 
 
 def _element(number: int, dtype: int, v: int | float) -> float:
@@ -151,8 +151,8 @@ def tensor_scalar(buf: bytes, budget: Budget | None = None) -> tuple[float | Non
     dtype, rank, content = 0, 0, None
     values: list[tuple[int, int | float]] = []
     for number, wire, value in fields(buf, budget):
-        if number == 1 and wire == 0:
-            dtype = int(value)  # type: ignore[call-overload]
+        if number == 1 and isinstance(value, int):  # (a varint: wire type 0)
+            dtype = value
         elif number == 2 and isinstance(value, bytes):  # TensorShapeProto: dim (2) per dimension
             rank = sum(1 for n, _, _ in fields(value, budget) if n == 2)
         elif number == 4 and isinstance(value, bytes):
@@ -174,13 +174,13 @@ def tensor_scalar(buf: bytes, budget: Budget | None = None) -> tuple[float | Non
 def _plugin(buf: bytes, budget: Budget | None = None) -> tuple[str | None, int]:
     """SummaryMetadata: (plugin_data.plugin_name, data_class)."""
     name, data_class = None, 0
-    for number, wire, value in fields(buf, budget):
+    for number, _, value in fields(buf, budget):
         if number == 1 and isinstance(value, bytes):
             for n, _, v in fields(value, budget):
                 if n == 1 and isinstance(v, bytes):
                     name = v.decode("utf-8", "replace")
-        elif number == 4 and wire == 0:
-            data_class = int(value)  # type: ignore[call-overload]
+        elif number == 4 and isinstance(value, int):  # (a varint: wire type 0)
+            data_class = value
     return name, data_class
 
 
@@ -227,8 +227,8 @@ def event_parts(data: bytes, budget: Budget | None = None) -> tuple[int, float, 
     for number, wire, value in fields(data, budget):
         if number == 1 and wire == 1 and isinstance(value, bytes) and len(value) == 8:
             wall = struct.unpack("<d", value)[0]
-        elif number == 2 and wire == 0:
-            step = signed64(int(value))  # type: ignore[call-overload]
+        elif number == 2 and isinstance(value, int):  # (a varint: wire type 0)
+            step = signed64(value)
         elif number == 5 and isinstance(value, bytes):
             return step, wall, value
     return step, wall, None

@@ -64,12 +64,13 @@ def to_first_line(cmd: list[str], env: dict[str, Any], cwd: Path) -> float:
     """Seconds from the command to the job's READY line (the command then runs to its end)."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None and proc.stderr is not None  # (both PIPE)
     took, out = None, []
-    for line in proc.stdout:  # type: ignore[union-attr]
+    for line in proc.stdout:
         out.append(line)
         if took is None and line.strip() == "READY":
             took = time.perf_counter() - t
-    err = proc.stderr.read()  # type: ignore[union-attr]
+    err = proc.stderr.read()
     if proc.wait() != 0 or took is None:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{''.join(out)}\n{err}")
     return took

@@ -148,7 +148,7 @@ def check(kind: Callable[..., T], doc: object, what: str) -> T:
         missing = [k for k, name in names.items() if k not in doc and name not in OMITTED_WHEN_UNSET]
         if missing:
             raise ValueError(f"{what} has no {', '.join(missing)}")
-        return kind.from_json(doc, what)  # type: ignore[return-value]
+        return cast(T, kind.from_json(doc, what))  # (kind is T: a Document's from_json makes its own class)
     return cast(T, _read(kind, doc, what))
 
 

@@ -37,7 +37,7 @@ PARTS: dict[str, dict[str, str]] = {
         "BucketObject": "bucket_object",
     },
     "artifactregistry": {"RepositoryIamMember": "repository_iam_member"},
-    "cloudfunctionsv2": {"Function": "function"},
+    "cloudfunctionsv2": {"Function": "function", "FunctionServiceConfigSecretEnvironmentVariableArgsDict": "_inputs"},
     "cloudrunv2": {"ServiceIamMember": "service_iam_member"},
     "cloudquota": {
         "SQuotaPreference": "s_quota_preference",
@@ -91,7 +91,7 @@ def _stand_in(namespace: str, parts: dict[str, str]) -> types.ModuleType:
         setattr(module, name, value)
         return value
 
-    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+    vars(module)["__getattr__"] = __getattr__  # (PEP 562: a module's __getattr__ is found in its namespace)
     return module
 
 

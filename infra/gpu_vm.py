@@ -7,7 +7,7 @@ StackConfig; this module only declares resources, each parented to the component
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pulumi
 
@@ -174,12 +174,12 @@ class GpuVm(pulumi.ComponentResource):
         if policy is None:
             return None
         # The plain dicts of gpu_train.gcp.vm are what pulumi_gcp's *ArgsDict types spell out.
-        made: gcp.compute.ResourcePolicy = gcp.compute.ResourcePolicy(  # type: ignore[call-overload]
+        made = gcp.compute.ResourcePolicy(
             f"{name}-placement",
             name=names.resource_name(cfg.stack, names.PLACEMENT_SUFFIX),
             project=cfg.project,
             region=cfg.region,
-            group_placement_policy=policy,
+            group_placement_policy=cast("gcp.compute.ResourcePolicyGroupPlacementPolicyArgsDict", policy),
             description=f"gpu-train {cfg.stack}: keep the {cfg.nodes} nodes close (low latency for NCCL)",
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -210,7 +210,7 @@ class GpuVm(pulumi.ComponentResource):
         # first `up` (nodes added later get the newest), so a bigger newest image refuses no one.
         boot_images = [self._boot_image(cfg, instance_name, newest) for instance_name in instance_names]
         return [
-            gcp.compute.Instance(  # type: ignore[call-overload]
+            gcp.compute.Instance(  # type: ignore[call-overload]  # (gpu_train.gcp.vm's plain dicts: the core has no pulumi_gcp types)
                 name if cfg.nodes == 1 else f"{name}-{i}",
                 name=instance_name,
                 project=cfg.project,

@@ -21,6 +21,7 @@ for more, a warning says so and gives the gcloud command that raises it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pulumi
@@ -31,6 +32,11 @@ from gpu_train.gcp.validate import GpuShape
 from gpu_train.stack.settings import StackConfig
 from infra.gcpparts import gcp
 from infra.lookups import CannotAsk, Lookups
+
+
+def preferred_value(want: int, dimensions: dict[str, str], info: Any) -> str:
+    """The limit to ask for: ``want``, or the one in force where that is higher (never a decrease)."""
+    return str(max(want, current_value(info, dimensions)))
 
 
 def current_value(info: Any, dimensions: dict[str, str]) -> int:  # (Cloud Quotas' QuotaInfo: google.cloud is untyped here)
@@ -70,8 +76,7 @@ def declare(
     declared = []
     found = existing_preferences(cfg.project or "", lookups)
     for pref in quota.preferences(cfg, shape, gpus, catalog):
-        dims: dict[str, str] = pref["dimensions"]  # type: ignore[assignment]
-        quota_id, want = str(pref["quota_id"]), int(str(pref["preferred"]))
+        dims, quota_id, want = pref["dimensions"], pref["quota_id"], pref["preferred"]
         suffix = "-".join([quota_id.lower(), *dims.values()])
         try:
             existing = quota.existing_preference(found, quota.SERVICE, quota_id, dims)
@@ -96,11 +101,11 @@ def declare(
             quota_id=quota_id,
             opts=pulumi.InvokeOutputOptions(parent=parent, provider=provider, depends_on=[api]),
         )
-        preferred = info.apply(lambda i, d=dims, w=want: str(max(w, current_value(i, d))))  # type: ignore[misc]
+        preferred = info.apply(functools.partial(preferred_value, want, dims))
         declared.append(
             gcp.cloudquota.SQuotaPreference(
                 f"quota-{suffix}",
-                name=preference_id(str(pref["quota_id"]), dims),
+                name=preference_id(quota_id, dims),
                 parent=parent_path,
                 service=quota.SERVICE,
                 quota_id=quota_id,

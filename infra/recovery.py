@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pulumi
 
@@ -177,7 +176,7 @@ def declare(
         recovery.ZONE_ENV: cfg.zone,
     }
     secrets, secret_deps = _notify_secret(place, member, after_apis) if cfg.notify else ([], [])
-    function: gcp.cloudfunctionsv2.Function = gcp.cloudfunctionsv2.Function(  # type: ignore[call-overload]
+    function: gcp.cloudfunctionsv2.Function = gcp.cloudfunctionsv2.Function(
         place.name("function"),
         # Cloud Run names the function's service after it (63 characters at most) and each revision after that
         # (NAME-00001-abc, 63 at most too): 49 leaves the revisions room.
@@ -368,7 +367,7 @@ def _source(
 
 def _notify_secret(
     place: _Place, member: pulumi.Output[str], after_apis: pulumi.ResourceOptions
-) -> tuple[list[dict[str, Any]], list[pulumi.Resource]]:
+) -> tuple[list[gcp.cloudfunctionsv2.FunctionServiceConfigSecretEnvironmentVariableArgsDict], list[pulumi.Resource]]:
     """The webhook kept in Secret Manager, readable by the function only: (its env reference, what to wait for)."""
     cfg, project, child = place.cfg, place.project, place.child
     secret = gcp.secretmanager.Secret(

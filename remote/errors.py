@@ -16,6 +16,7 @@ import functools
 import os
 import sys
 import traceback
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from gpu_train.environment import Environment
@@ -49,7 +50,7 @@ def exit_for(error: BaseException) -> Exit:
     return Exit(message, code=status)
 
 
-def _hook(kind: type[BaseException], value: BaseException, tb: object, debug: bool = False) -> None:
+def _hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None, debug: bool = False) -> None:
     if issubclass(kind, BrokenPipeError):
         # The reader went away: nothing more can be said on stdout, and Python's own flush at exit
         # would raise again. Point stdout at /dev/null and leave as `yes | head` does.
@@ -58,7 +59,7 @@ def _hook(kind: type[BaseException], value: BaseException, tb: object, debug: bo
         os._exit(ExitStatus.BROKEN_PIPE)
     status, message = outcome(value)
     if debug and not isinstance(value, KeyboardInterrupt):
-        traceback.print_exception(kind, value, tb)  # type: ignore[call-overload]  # (typeshed: no overload for a BaseException type)
+        traceback.print_exception(kind, value, tb)
     elif isinstance(value, GpuTrainError | KeyboardInterrupt):
         print(message, file=sys.stderr)  # a message for the user, with its fix: no "error:" label needed
     else:

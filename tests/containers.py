@@ -173,7 +173,8 @@ class Registry:
             self.proc = subprocess.Popen([REGISTRY, "serve", str(self.base / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(tuple(self.host.rsplit(":", 1)), 0.5):  # type: ignore[arg-type]
+            address, port = self.host.rsplit(":", 1)
+            with contextlib.suppress(OSError), socket.create_connection((address, int(port)), 0.5):
                 return self
             time.sleep(0.1)
         raise RuntimeError(f"docker-registry did not listen on {self.host}")

@@ -212,15 +212,15 @@ class Dashboard:
             text=True,
             stdin=subprocess.DEVNULL,
         )
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        assert line.startswith("{"), self.proc.stderr.read() if self.proc.poll() is not None else line  # type: ignore[union-attr]
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]  # (a PIPE: never None)
+        assert line.startswith("{"), self.proc.stderr.read() if self.proc.poll() is not None else line  # type: ignore[union-attr]  # (a PIPE: never None)
         self.url = json.loads(line)["url"]
 
         self.said: list[str] = []
 
     def told(self, words: str) -> str:
         """The dashboard's next line on its terminal (stderr) that holds ``words``."""
-        while (line := self.proc.stderr.readline()) and words not in line:  # type: ignore[union-attr]
+        while (line := self.proc.stderr.readline()) and words not in line:  # type: ignore[union-attr]  # (a PIPE: never None)
             self.said.append(line)
         assert words in line, "".join(self.said)
         self.said.append(line)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,8 +26,8 @@ MiB = 1 << 20
 class Host:
     """A loopback sshd holding REMOTE_ROOT/runs/RUN/job, and a fetcher pointed at it."""
 
-    def __init__(self, tmp: Path, **sshd: object):
-        self.sshd = Sshd(tmp / "sshd", "127.0.16.3", log_level="INFO", **sshd).start()  # type: ignore[arg-type]
+    def __init__(self, tmp: Path, **sshd: Any):
+        self.sshd = Sshd(tmp / "sshd", "127.0.16.3", log_level="INFO", **sshd).start()
         self.known = tmp / "known_hosts"
         self.learn_key()
         self.host = SshHost(self.sshd.user, self.sshd.address, self.sshd.port, keys=(str(self.sshd.client_key),))
@@ -60,16 +61,9 @@ class Host:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def opener(self) -> Opener:
+    def opener(self) -> Counted:
         """Streams as `fab fetch` opens them (channels of one connection), counted."""
-        opener = Opener(self.target, self.host)
-
-        def open_stream() -> Stream:
-            self.streams_opened += 1
-            return opener()
-
-        open_stream.close = opener.close  # type: ignore[attr-defined]
-        return open_stream  # type: ignore[return-value]
+        return Counted(self, Opener(self.target, self.host))
 
     def open_stream(self) -> Stream:
         self.streams_opened += 1
@@ -80,11 +74,25 @@ class Host:
         try:
             return Fetcher(opener, streams, progress).run(runs)
         finally:
-            opener.close()  # type: ignore[attr-defined]
+            opener.close()
 
     def fetch(self, dest: Path, run: str = "r_1", streams: int = 4, progress: Progress | None = None):
         [result] = self.run([(run, dest)], streams, progress)
         return result
+
+
+class Counted:
+    """An Opener whose streams the host counts (``streams_opened``)."""
+
+    def __init__(self, host: Host, opener: Opener) -> None:
+        self.host, self.opener = host, opener
+
+    def __call__(self) -> Stream:
+        self.host.streams_opened += 1
+        return self.opener()
+
+    def close(self) -> None:
+        self.opener.close()
 
 
 def tree(root: Path) -> dict[str, tuple]:

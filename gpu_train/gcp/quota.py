@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from gpu_train.catalog.disks import disk_quota_metric
 from gpu_train.catalog.model import Catalog
@@ -143,7 +143,15 @@ def advice(row: Row, project: str) -> str:
     )
 
 
-def preferences(cfg: StackConfig, shape: GpuShape, gpus: int, catalog: Catalog) -> list[dict[str, object]]:
+class Preference(TypedDict):
+    """One Cloud Quotas preference: the quota, its dimensions (region, gpu_family), the limit asked."""
+
+    quota_id: str
+    dimensions: dict[str, str]
+    preferred: int
+
+
+def preferences(cfg: StackConfig, shape: GpuShape, gpus: int, catalog: Catalog) -> list[Preference]:
     """The Cloud Quotas preferences `quotaRequest` declares: the region's GPU quota and the project-wide
     GPUS-ALL-REGIONS.
 
@@ -154,15 +162,15 @@ def preferences(cfg: StackConfig, shape: GpuShape, gpus: int, catalog: Catalog) 
     NVIDIA-L4-GPUS-per-project-region, not a family).
     """
     acc = catalog.accelerator(shape.gpu_type)
-    out: list[dict[str, object]] = []
+    out: list[tuple[str, dict[str, str]]] = []  # (quota id, dimensions)
     if acc is not None and cfg.preemptible_quota and acc.spot_quota_id:
-        out.append({"quota_id": acc.spot_quota_id, "dimensions": {"region": cfg.region}})
+        out.append((acc.spot_quota_id, {"region": cfg.region}))
     elif acc is not None and acc.gpu_family:
-        out.append({"quota_id": catalog.family_quota_id, "dimensions": {"region": cfg.region, "gpu_family": acc.gpu_family}})
+        out.append((catalog.family_quota_id, {"region": cfg.region, "gpu_family": acc.gpu_family}))
     elif acc is not None and acc.quota_id:
-        out.append({"quota_id": acc.quota_id, "dimensions": {"region": cfg.region}})
-    out.append({"quota_id": catalog.global_quota_id, "dimensions": {}})
-    return [{**p, "preferred": gpus} for p in out]
+        out.append((acc.quota_id, {"region": cfg.region}))
+    out.append((catalog.global_quota_id, {}))
+    return [{"quota_id": quota_id, "dimensions": dims, "preferred": gpus} for quota_id, dims in out]
 
 
 def current_limit(entries: list[dict[str, Any]], dimensions: dict[str, str]) -> int:

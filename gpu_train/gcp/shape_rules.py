@@ -150,7 +150,7 @@ def _smallest_shape(catalog: Catalog, gpu_type: str, count: int | None) -> Fixed
     shapes = catalog.shapes_with(gpu_type)
     exact = [s for s in shapes if count is None or s.gpu_count == count]
     enough = [s for s in shapes if count is not None and s.gpu_count >= count]
-    return (exact or enough or shapes or [None])[0]  # type: ignore[list-item]
+    return next(iter(exact or enough or shapes), None)
 
 
 def _not_attachable(cfg: StackConfig, catalog: Catalog) -> Problem:

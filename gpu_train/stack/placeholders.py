@@ -15,7 +15,8 @@ import ipaddress
 from gpu_train.stack.problems import Problem
 
 # Reserved for documentation: no packet from the internet comes from these.
-DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+DOCUMENTATION_V4 = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+DOCUMENTATION_V6 = (ipaddress.IPv6Network("2001:db8::/32"),)
 # The project ids our own docs and examples use for "your project here".
 EXAMPLE_PROJECTS = frozenset(
     {"my-proj", "my-project", "my-gcp-project", "my-project-id", "your-project", "your-project-id", "project-id", "example-project"}
@@ -28,7 +29,9 @@ def is_documentation_range(text: str) -> bool:
         net = ipaddress.ip_network(text, strict=False)
     except ValueError:
         return False
-    return any(net.version == doc.version and net.subnet_of(doc) for doc in DOCUMENTATION_RANGES)  # type: ignore[arg-type]
+    if isinstance(net, ipaddress.IPv4Network):
+        return any(net.subnet_of(doc) for doc in DOCUMENTATION_V4)
+    return any(net.subnet_of(doc) for doc in DOCUMENTATION_V6)
 
 
 def check(project: str | None, ssh_source_ranges: tuple[str, ...] | list[str]) -> list[Problem]:

@@ -285,9 +285,9 @@ class MuxChannel:
             view = view[self.proc.stdin.write(view) or 0 :]
 
     def makefile(self, mode: str = "rb") -> io.BufferedReader:
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc is not None and isinstance(self.proc.stdout, io.FileIO)  # (bufsize=0: a raw pipe)
         if self._reader is None:
-            self._reader = io.BufferedReader(self.proc.stdout)  # type: ignore[arg-type]
+            self._reader = io.BufferedReader(self.proc.stdout)
         return self._reader
 
     def fileno(self) -> int:

@@ -31,7 +31,7 @@ def _complete_context_with_optionals(self: ParseMachine) -> None:
     _complete_context(self)
 
 
-ParseMachine.complete_context = _complete_context_with_optionals  # type: ignore[method-assign]
+ParseMachine.complete_context = _complete_context_with_optionals  # type: ignore[method-assign]  # (Invoke has no hook for optional positionals)
 
 
 def optional_positional(task: Any, *names: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpu_train import sweeps
 from gpu_train.environment import Environment
@@ -70,7 +71,7 @@ class SweepOptions:
         args: str | None = "",
         resume_args: str | None = "",
         sweep: str | None = None,
-        **rest: object,
+        **rest: Any,
     ) -> SweepOptions:
         """The flags as Invoke gives them (strings, None for unset): each number within its bounds, a
         sweep to stop named as a run id is (never a path)."""
@@ -89,7 +90,7 @@ class SweepOptions:
             args=args or "",
             resume_args=resume_args or "",
             sweep=(trust.run_option(sweep, "--sweep") or sweep) if action == "stop" else sweep,
-            **rest,  # type: ignore[arg-type]
+            **rest,
         )
 
     @property

@@ -150,7 +150,7 @@ def test_a_file_that_cannot_be_written_here_is_named_and_the_rest_arrive(host: H
     Path(fl.part_path(dest, "f3.json")).write_text("an earlier attempt's")  # of no use: replaced
     os.chmod(fl.part_path(dest, "f3.json"), 0o444)
     result = host.fetch(dest)
-    assert not result.complete and result.error.startswith("f2.json could not be written here: ")  # type: ignore[union-attr]
+    assert not result.complete and result.error is not None and result.error.startswith("f2.json could not be written here: ")
     assert sorted(p.name for p in dest.iterdir()) == ["f0.json", "f1.json", "f3.json", "f4.json"]
     assert (dest / "f3.json").read_text() == "3\n" and (dest / "f3.json").stat().st_mode & 0o777 == 0o644
     os.rmdir(fl.part_path(dest, "f2.json"))

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,7 +189,7 @@ def test_streams_that_cannot_be_started_leave_the_work_to_those_open(host: Host,
     try:
         [result] = Fetcher(open_stream, 4).run([("r_1", dest)])
     finally:
-        opener.close()  # type: ignore[attr-defined]
+        opener.close()
     assert result.complete and result.files == 6, result
     assert len(tries) == 2 and tree(dest) == tree(job)
 
@@ -203,10 +204,10 @@ def test_a_bug_in_a_stream_fails_the_fetch_with_its_name_not_quietly(host: Host,
         (job / f"c{i}.pt").write_bytes(os.urandom(100_000))
     receive = Fetcher._receive
 
-    def broken(self: Fetcher, stream: fetch_stream.Stream, piece: fp.Piece, *args: object) -> None:
+    def broken(self: Fetcher, stream: fetch_stream.Stream, piece: fp.Piece, *args: Any) -> None:
         if piece.key == 1:
             raise RuntimeError("a bug")
-        return receive(self, stream, piece, *args)  # type: ignore[arg-type]
+        return receive(self, stream, piece, *args)
 
     monkeypatch.setattr(Fetcher, "_receive", broken)
     dest = tmp_path / "home"

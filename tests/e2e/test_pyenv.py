@@ -192,7 +192,7 @@ def test_tensorboard_is_found_in_the_project_venv(lab_host, wheels) -> None:
             text=True,
         )
         try:
-            line = served.stdout.readline()  # type: ignore[union-attr]
+            line = served.stdout.readline()  # type: ignore[union-attr]  # (a PIPE: never None)
             assert line, served.communicate(timeout=30)
             url = json.loads(line)["url"]
             with urllib.request.urlopen(url, timeout=30) as page:

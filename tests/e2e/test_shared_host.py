@@ -161,11 +161,15 @@ def mono(tmp_path: Path):
     env = {k: v for k, v in fab_env(stacks, home, "lab", repo).items() if k != "GPU_TRAIN_PROJECT"}  # found from the cwd
 
     class Mono:
+        repo: Path
+        remote: Path
+        home: Path
+
         def fab(self, where: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
             return run_fab(env, where, *args, check=check, timeout=240)
 
     m = Mono()
-    m.repo, m.remote, m.home = repo, remote, home  # type: ignore[attr-defined]
+    m.repo, m.remote, m.home = repo, remote, home
     yield m
     sshd.stop()
     index.close()
@@ -224,7 +228,7 @@ def test_jupyter_runs_where_the_login_is_root(lab: Lab) -> None:
         pytest.skip("the login is root only where the tests run as root")
     served = lab.spawn("jupyter", "--json")
     try:
-        line = served.stdout.readline()  # type: ignore[union-attr]
+        line = served.stdout.readline()  # type: ignore[union-attr]  # (a PIPE: never None)
         assert line, served.communicate(timeout=60)
         url = json.loads(line)["url"]
         with urllib.request.urlopen(url, timeout=60) as page:

@@ -64,7 +64,7 @@ def test_killed_mid_way_no_object_passes_for_the_file_and_the_next_start_clears_
         start = slow.sent
         slow.wait_sent(start + (8 << 20))
         termed.send_signal(signal.SIGTERM)
-        out = termed.stdout.read().decode()  # type: ignore[union-attr]
+        out = termed.stdout.read().decode()  # type: ignore[union-attr]  # (a PIPE: never None)
         termed.wait(timeout=120)
     finally:
         slow.stop()
@@ -72,4 +72,4 @@ def test_killed_mid_way_no_object_passes_for_the_file_and_the_next_start_clears_
     assert "part(s) of an unfinished upload deleted" in out, out
     assert record(d)["final"] and record(d)["files"]["big.bin"]["crc32c"] == crc(data)
     assert gcs.objects("p/") == {name: data}
-    assert upload.view(str(d))["onlyHost"] == []  # type: ignore[index]
+    assert upload.view(str(d))["onlyHost"] == []  # type: ignore[index]  # (None only for a run without a record)

@@ -44,7 +44,7 @@ def test_sigkill_mid_upload_leaves_no_object_and_sigterm_finishes_it(
         start = slow.sent
         slow.wait_sent(start + (10 << 20))
         termed.send_signal(signal.SIGTERM)  # the machine going down: the upload in flight completes
-        out = termed.stdout.read().decode()  # type: ignore[union-attr]
+        out = termed.stdout.read().decode()  # type: ignore[union-attr]  # (a PIPE: never None)
         termed.wait(timeout=120)
     finally:
         slow.stop()
@@ -52,4 +52,4 @@ def test_sigkill_mid_upload_leaves_no_object_and_sigterm_finishes_it(
     record = json.loads((d / "bucket.json").read_text())
     assert record["final"] and record["files"]["big.bin"]["crc32c"] == crc(data)
     assert gcs.objects(f"p/lab/{RUN}/") == {name: data}
-    assert upload.view(str(d))["onlyHost"] == []  # type: ignore[index]
+    assert upload.view(str(d))["onlyHost"] == []  # type: ignore[index]  # (None only for a run without a record)

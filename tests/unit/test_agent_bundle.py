@@ -77,8 +77,9 @@ def code_of(source: bytes) -> str:
     tree = ast.parse(source)
     for node in ast.walk(tree):
         if bundle._docstring(node):
-            node.body = node.body[1:]  # type: ignore[attr-defined]
-            node.end_col_offset = None  # type: ignore[attr-defined]
+            node.body = node.body[1:]
+            if isinstance(node, ast.stmt):  # (a module has no columns)
+                node.end_col_offset = None
     return ast.dump(tree, include_attributes=True)
 
 
@@ -203,7 +204,7 @@ def test_the_unpacked_folder_is_on_disk_before_its_name_says_it_is_complete(tmp_
     [folder] = (root / "bin").glob(f"{bundle.UNPACKED}*")
     renamed = next(i for i, c in enumerate(calls) if "rename(" in c and f'"{folder}"' in c)
     synced = {m.group(1) for c in calls[:renamed] if (m := re.search(r"fsync\(\d+<(.*)>\)", c))}
-    tmp = re.search(r'rename\("([^"]+)"', calls[renamed]).group(1)  # type: ignore[union-attr]
+    [tmp] = re.findall(r'rename\("([^"]+)"', calls[renamed])
     made = {str(p).replace(str(folder), tmp) for p in [folder, *folder.rglob("*")] if "__pycache__" not in p.parts}
     assert made <= synced, sorted(made - synced)[:5]
     assert any("fsync(" in c and f"<{root / 'bin'}>" in c for c in calls[renamed:])  # the rename itself

@@ -241,6 +241,6 @@ def test_every_answer_the_laptop_reads_is_declared_in_one_table() -> None:
     """The agent's subcommands that answer with one document each have their declaration."""
     from agent.cli import parser
 
-    commands = set(parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+    commands = set(parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr,arg-type]  # (argparse keeps subcommands in private, loosely typed fields)
     streamed = {"wrap", "upload", "bucket-data", "bucket-probe", "fetch-serve", "receive-code", "relay-code", "logs", "launch", "watch"}
     assert commands - streamed == set(answers.ANSWERS)

@@ -125,7 +125,7 @@ def test_two_first_trains_at_once_keep_one_area(tmp_path: Path, monkeypatch: pyt
         if "lab@0000aaaa" in text:  # the first train, caught between its read and its write
             writing.set()
             assert release.wait(30)
-        real(where, text, **kw)  # type: ignore[arg-type]
+        real(where, text, **kw)  # type: ignore[arg-type]  # (atomic_write's own keywords, passed on)
 
     monkeypatch.setattr(stackedit, "atomic_write", first_one_slow)
     got: dict[str, str] = {}

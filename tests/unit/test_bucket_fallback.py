@@ -23,7 +23,7 @@ def test_only_the_nodes_out_of_reach_come_from_the_bucket(monkeypatch: pytest.Mo
     gone = Unreachable("cannot reach 10.0.0.2 over SSH")
     failed = GpuTrainError("a file the host cannot read")
     results = [([{"id": "a_20260101_000000"}, {"id": "b_20260101_000000"}], []), gone, failed]
-    out = frombucket.gone_nodes(lead, sessions, results, None, True, "/tmp/d", 4)  # type: ignore[arg-type]
+    out = frombucket.gone_nodes(lead, sessions, results, None, True, "/tmp/d", 4)
     assert asked == [("a_20260101_000000", "/tmp/d/a_20260101_000000", 1), ("b_20260101_000000", "/tmp/d/b_20260101_000000", 1)]
     assert out[0] is results[0] and out[1] == ([], []) and out[2] is failed  # a node's other failure stays one
 
@@ -33,8 +33,8 @@ def test_no_bucket_leaves_the_failures_and_none_answering_is_the_whole_fallback(
     gone = Unreachable("cannot reach")
     lead, sessions = _cluster(None)
     results = [([], []), gone, gone]
-    assert frombucket.gone_nodes(lead, sessions, results, None, False, None, 4) == results  # type: ignore[arg-type]
+    assert frombucket.gone_nodes(lead, sessions, results, None, False, None, 4) == results
     lead, sessions = _cluster("gs://ckpt")
     with pytest.raises(Unreachable) as e:  # the caller brings the whole runs (every node's files) from the bucket
-        frombucket.gone_nodes(lead, sessions, [gone, gone, gone], None, False, None, 4)  # type: ignore[arg-type]
+        frombucket.gone_nodes(lead, sessions, [gone, gone, gone], None, False, None, 4)
     assert e.value.status == ExitStatus.UNREACHABLE

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Any
 
 import pytest
 
@@ -17,8 +18,8 @@ from gpu_train.contract import ContainerSpec, JobSpec, RunRecord
 IMAGE_ID = "sha256:" + "ab" * 32
 
 
-def argv(c: ContainerSpec, job: list[str], **over) -> list[str]:
-    kw = dict(
+def argv(c: ContainerSpec, job: list[str], **over: Any) -> list[str]:
+    kw: dict[str, Any] = dict(
         mounts=["/r/runs/R", "/r/data/p"],
         workdir=None if c.own_program else "/r/runs/R/code",
         env_names=["JOB_DIR", "SECRET", "HOME=/tmp"],
@@ -29,7 +30,7 @@ def argv(c: ContainerSpec, job: list[str], **over) -> list[str]:
         labels={"gpu-train.run": "R"},
     )
     kw.update(over)
-    return container.run_argv("docker", "gpu-train-R-0", IMAGE_ID, c, job, **kw)  # type: ignore[arg-type]
+    return container.run_argv("docker", "gpu-train-R-0", IMAGE_ID, c, job, **kw)
 
 
 @pytest.mark.parametrize(("engine", "mqueue", "shared"), [("docker", False, True), ("podman", True, True), ("podman", False, False)])

@@ -370,7 +370,7 @@ def test_a_log_stream_that_never_ends_is_given_up_at_its_deadline() -> None:
     began = time.monotonic()
     try:
         with pytest.raises(TimeoutError):
-            agentcall.stream(conn, "logs", kept.write, deadline=began + 0.5)  # type: ignore[arg-type]
+            agentcall.stream(conn, "logs", kept.write, deadline=began + 0.5)
     finally:
         ours.close()
         theirs.close()

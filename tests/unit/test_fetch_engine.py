@@ -48,7 +48,7 @@ def test_planning_sees_a_tree_as_lstat_does_and_skips_only_folders_it_made(tmp_p
     ]
     planned = fl.Tree(base)
     assert [planned.planned(r) for r in rels] == [fl.Tree(base).state(r) for r in rels]
-    assert [planned.planned(r).kind for r in ("file/x", "link/f", "link/deep/g")] == ["o", "o", "o"]  # type: ignore[union-attr]
+    assert [planned.planned(r).kind for r in ("file/x", "link/f", "link/deep/g")] == ["o", "o", "o"]  # type: ignore[union-attr]  # (each exists)
     fresh = fl.Tree(tmp_path / "nowhere")
     fresh.folder("a")
     assert fresh.made == {"", "a"} and fresh.planned("a/b") is None and fresh.planned("c") is None

@@ -79,6 +79,6 @@ def test_a_request_of_megabytes_is_sent_whole_while_signals_interrupt_its_write(
         stop.set()
         pest.join()
         signal.signal(signal.SIGUSR1, old)
-    stream.proc.stdin.close()  # type: ignore[union-attr]
+    stream.proc.stdin.close()  # type: ignore[union-attr]  # (a PIPE: never None)
     assert stream.proc.wait(timeout=30) == 0
     assert got.read_bytes() == json.dumps(request, separators=(",", ":")).encode() + b"\n"

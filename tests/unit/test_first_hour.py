@@ -132,8 +132,8 @@ def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path) -> None:
     argv = [sys.executable, "-c", code, "tensorboard", "--fetched", "--stack", "lab", "--json", "--run"]
     with subprocess.Popen([*argv, run.name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as served:
         try:
-            line = served.stdout.readline()  # type: ignore[union-attr]
-            assert line, served.stderr.read()  # type: ignore[union-attr]
+            line = served.stdout.readline()  # type: ignore[union-attr]  # (a PIPE: never None)
+            assert line, served.stderr.read()  # type: ignore[union-attr]  # (a PIPE: never None)
             url, deadline = json.loads(line)["url"], time.monotonic() + 60
             while True:
                 try:

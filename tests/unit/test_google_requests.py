@@ -121,7 +121,7 @@ def test_every_compute_call_of_the_code_is_one_googles_api_describes(google, mon
 
     sent = fake.state["requests"]
     assert [r for r in sent if r[4]] == []  # every request is one the discovery document describes
-    called = {method_of("compute.v1", m, p)[0] for m, p, *_ in sent}  # type: ignore[index]
+    called = {method_of("compute.v1", m, p)[0] for m, p, *_ in sent}  # type: ignore[index]  # (every request sent is one of compute.v1's)
     assert called == set(CALLED), called ^ set(CALLED)
 
 

@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 
 
 @task(positional=["name"])
-def look(c, name=None, kind=None):  # type: ignore[no-untyped-def]
+def look(c: object, name: str | None = None, kind: str | None = None) -> None:
     pass
 
 
@@ -24,7 +24,7 @@ optional_positional(look, "name")
 
 
 @task(positional=["name"])
-def need(c, name):  # type: ignore[no-untyped-def]
+def need(c: object, name: str) -> None:
     pass
 
 

@@ -20,7 +20,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 from agent.bundle import agent_command
 from gpu_train.answers import Refusal
@@ -135,17 +135,17 @@ class Opener:
 class Watched(io.RawIOBase):
     """ssh's output, each read timed: ``waiting`` is when the read now blocked began (None between reads)."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw: IO[bytes] = raw
+    def __init__(self, raw: io.FileIO) -> None:
+        self.raw = raw
         self.waiting: float | None = None
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b: Any) -> int:  # (a writable buffer)
+    def readinto(self, b: Any) -> int | None:  # (a writable buffer; None: a non-blocking pipe with nothing yet)
         self.waiting = time.monotonic()
         try:
-            return self.raw.readinto(b)  # type: ignore[attr-defined,no-any-return]  # (a raw pipe: a FileIO, whose readinto IO[bytes] does not declare)
+            return self.raw.readinto(b)
         finally:
             self.waiting = None
 
@@ -159,7 +159,8 @@ class Stream:
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, bufsize=0, start_new_session=True
         )
-        assert self.proc.stdout is not None  # stdout=PIPE
+        assert isinstance(self.proc.stdout, io.FileIO) and self.proc.stdin is not None  # pipes with bufsize=0: raw files
+        self._stdin = self.proc.stdin
         with contextlib.suppress(OSError, AttributeError):  # Linux only; elsewhere the default pipe
             fcntl.fcntl(self.proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         self._watched = Watched(self.proc.stdout)
@@ -185,7 +186,7 @@ class Stream:
         try:  # a host that stops reading (the pipe full) is a stall too: the deadline covers the write
             while view:
                 self._watched.waiting = time.monotonic()
-                view = view[self.proc.stdin.write(view) or 0 :]  # type: ignore[union-attr]
+                view = view[self._stdin.write(view) or 0 :]
         except OSError as e:
             raise self.broken(f"cannot send: {e}") from None
         finally:
@@ -292,7 +293,7 @@ class Stream:
                 if kill:
                     self.proc.kill()
                 else:
-                    self.proc.stdin.close()  # type: ignore[union-attr]
+                    self._stdin.close()
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
