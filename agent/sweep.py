@@ -248,13 +248,22 @@ def metric_of(run_dir: str, metric: str, mode: str, problems: list[str]) -> tupl
     return last, ((min if mode == "min" else max)(ends) if ends else None)
 
 
+def logged_tags(run_dirs: list[str], limit: int = 30) -> list[str]:
+    """The tags the runs logged, sorted, at most ``limit``: a --metric that none of them logged (`eval_loss`,
+    as the HF Trainer prints it, where its TensorBoard tag is `eval/loss`) is answered with them."""
+    from .metrics import run_scalars
+
+    tags = {s["tag"] for d in run_dirs for s in run_scalars(d, [], 1, []) if s["count"]}
+    return sorted(tags)[:limit]
+
+
 def cmd_sweep_status(root: str, name: str | None, metric: str | None, mode: str) -> SweepStatus:
     """One row per trial of this node: its run, values, state, duration, and the metric's last and best."""
     from .status import describe
 
     doc = mine(read_sweep(root, name or newest(root)))
     problems: list[str] = []
-    rows = []
+    rows, ran = [], []
     states = trial_states(root, doc)
     for t, state in ((t, states[i]) for i, t in enumerate(doc.trials)):
         run = trial_run(doc, t)
@@ -262,6 +271,7 @@ def cmd_sweep_status(root: str, name: str | None, metric: str | None, mode: str)
         duration = last = best = None
         if os.path.isfile(os.path.join(run_dir, "state.json")):
             duration = describe(run_dir)["durationS"]
+            ran.append(run_dir)
             if metric:
                 last, best = metric_of(run_dir, metric, mode, problems)
         row = answer(
@@ -286,4 +296,5 @@ def cmd_sweep_status(root: str, name: str | None, metric: str | None, mode: str)
         blocked=(read_json(os.path.join(sweep_dir(root, doc.name), ERROR_FILE)) or {}).get("error"),
         trials=rows,
         problems=problems[:20],
+        tags=logged_tags(ran) if metric and all(r["last"] is None for r in rows) else [],
     )

@@ -262,6 +262,7 @@ class SweepStatus(TypedDict):
     blocked: str | None  # why the latest launch was refused before its run existed (retried; never "error")
     trials: list[SweepTrial]
     problems: list[str]
+    tags: list[str]  # with a --metric no trial logged: the tags they did log (sorted, a few), to name the right one
 
 
 # -- `fetch-serve`: the fetch stream's documents (agent/fetchserve.py; remote/transfer/fetch/) -----------

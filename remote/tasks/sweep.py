@@ -8,6 +8,7 @@ each node's record; `sweep status`, `sweep best`, `sweep stop` are one agent cal
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import shlex
 import tempfile
@@ -326,12 +327,16 @@ def show_status(rows: Sequence[Mapping[str, Any]], doc: Mapping[str, Any], metri
         took = "-" if r["durationS"] is None else f"{r['durationS'] / 60:.1f} min"
         body.append([str(r["index"]), vals, r["state"], *([_num(r["last"]), _num(r["best"])] if metric else []), took, r["runId"]])
     print("\n".join(aligned([head, *body])))
+    if metric and doc["tags"]:
+        print(not_logged(doc, metric))
     if doc.get("blocked"):
         print(f"the next trial could not start: {doc['blocked']}")
 
 
 def show_best(rows: Sequence[Mapping[str, Any]], doc: Mapping[str, Any], metric: str, mode: str, as_json: bool) -> None:
     top = sweeps.best(rows, mode)
+    if top is None and doc["tags"]:
+        raise GpuTrainError(not_logged(doc, metric))
     if top is None:
         raise GpuTrainError(f"no trial of sweep {doc['sweep']} has logged {metric!r} yet (`{CLI} sweep status --metric {metric}`)")
     if as_json:
@@ -339,6 +344,14 @@ def show_best(rows: Sequence[Mapping[str, Any]], doc: Mapping[str, Any], metric:
         return
     vals = " ".join(f"{k}={sweeps.shown(v)}" for k, v in top["values"].items())
     print(f"{top['runId']}: {metric} {mode} {_num(top['best'])} ({vals}; {top['state']})")
+
+
+def not_logged(doc: Mapping[str, Any], metric: str) -> str:
+    """A --metric that no trial logged, where they logged others: those, and the closest."""
+    tags = doc["tags"]
+    close = difflib.get_close_matches(metric, tags, n=1, cutoff=0.5) or [t for t in tags if t.endswith(metric.rsplit("/", 1)[-1])][:1]
+    guess = f"; did you mean --metric {close[0]}?" if close else ""
+    return f"no trial of sweep {doc['sweep']} has logged {metric!r} (yet); they logged {', '.join(tags)}{guess}"
 
 
 optional_positional(sweep_, "action")

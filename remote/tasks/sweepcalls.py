@@ -19,7 +19,8 @@ def sweep_rows(session: Session, name: str | None, metric: str | None, mode: str
     rows = sorted((r for d in docs for r in d["trials"]), key=lambda r: r["index"])
     for r in rows:
         trust.host_run_id(r.get("runId"), session.target.host)
-    return rows, docs[0]
+    tags = sorted({t for d in docs for t in d["tags"]})  # (each node's trials logged their own)
+    return rows, {**docs[0], "tags": tags}
 
 
 def stop_sweep(session: Session, name: str, as_json: bool, grace: float = 10.0) -> None:

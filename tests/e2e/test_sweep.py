@@ -300,6 +300,9 @@ def test_a_hugging_face_examples_script_swept_over_its_learning_rate(lab: Lab) -
     best = json.loads(lab.fab("sweep", "best", "--sweep", "hf", "--metric", "eval/loss", "--json", check=True).stdout)
     evals = {run: tags["eval/loss"][-1][1] for run, tags in truth.items()}
     assert best["runId"] == min(evals, key=evals.__getitem__) and best["best"] == pytest.approx(min(evals.values()))
+    printed = lab.fab("sweep", "best", "--sweep", "hf", "--metric", "eval_loss", "--mode", "min")  # as the Trainer prints it
+    assert printed.returncode == 1 and "they logged eval/loss, " in printed.stderr, printed.stderr
+    assert printed.stderr.rstrip().endswith("did you mean --metric eval/loss?"), printed.stderr
 
 
 LIGHTNING_CSV_TRIAL = textwrap.dedent(

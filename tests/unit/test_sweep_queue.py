@@ -75,3 +75,23 @@ def test_a_host_that_refuses_every_launch_burns_no_trial(tmp_path, monkeypatch):
     assert sweep.trial_states(root, sweep.mine(sweep.read_sweep(root, "s"))) == ["pending", "pending"]
     said = sweep.cmd_sweep_status(root, "s", None, "min")
     assert "screen is not installed" in said["blocked"] and not os.path.isdir(os.path.join(root, "runs"))
+
+
+def test_a_metric_no_trial_logged_is_answered_with_the_tags_they_did(tmp_path):
+    """`sweep status --metric eval_loss` (as the HF Trainer prints it; its TensorBoard tag is eval/loss) showed a
+    column of `-` and `sweep best` said "no trial has logged 'eval_loss' yet" of finished trials: the host now
+    names the tags the trials logged, and the laptop the closest."""
+    from remote.tasks.sweep import not_logged
+
+    root = str(tmp_path)
+    _sweep(root, "s", 3)
+    _finished(root, "s_t0_20260101_000000")
+    with open(os.path.join(root, "runs", "s_t0_20260101_000000", "job", "metrics.jsonl"), "w") as f:
+        f.write('{"step": 1, "train/loss": 4.2, "eval/loss": 4.0}\n{"step": 2, "train/loss": 3.9, "eval/loss": 3.8}\n')
+    said = sweep.cmd_sweep_status(root, "s", "eval_loss", "min")
+    assert [r["last"] for r in said["trials"]] == [None, None] and said["tags"] == ["eval/loss", "train/loss"]
+    assert not_logged(said, "eval_loss") == (
+        "no trial of sweep s has logged 'eval_loss' (yet); they logged eval/loss, train/loss; did you mean --metric eval/loss?"
+    )
+    found = sweep.cmd_sweep_status(root, "s", "eval/loss", "min")
+    assert found["trials"][0]["best"] == 3.8 and found["tags"] == []  # a metric logged: no list
