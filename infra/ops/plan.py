@@ -38,8 +38,10 @@ def _money(value: float | None) -> str:
 
 def describe_cost(cost: Cost, way: str, ways: tuple[str, ...], unknown_where: str) -> list[str]:
     """The price of each way the shape may be had (the catalog's ways), the stack's own marked."""
+    # a row's date is a date, or words where its source has none ("derived from S2's g2-standard-8 and L4 rows")
+    dated = f" of {cost.date}" if cost.date[:4].isdigit() else f", {cost.date}"
     lines = [
-        f"Cost per VM ({cost.region} list prices of {cost.date}; other regions differ, spot prices may change daily):",
+        f"Cost per VM ({cost.region} list prices{dated}; other regions differ, spot prices may change daily):",
         f"  {'':<24}{'per hour':>10}{'per day':>11}",
     ]
     prices = {ON_DEMAND: cost.on_demand, SPOT: cost.spot, FLEX_START: None, RESERVATION: cost.on_demand}

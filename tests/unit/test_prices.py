@@ -4,6 +4,7 @@ shows, and no help text promises a fixed spot discount."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import yaml
@@ -39,6 +40,20 @@ def test_the_cost_carries_its_rows_date(settings: dict) -> None:
     cost = hourly_cost(validate.shape_of(cfg, catalog), catalog)
     assert cost.date == "2026-11-01"
     assert "list prices of 2026-11-01" in describe_cost(cost, "on-demand", catalog.ways(cfg.machine_type), "")[0]
+
+
+@pytest.mark.parametrize(
+    ("date", "said"),
+    [
+        ("2026-11-01", "(us-central1 list prices of 2026-11-01; "),
+        ("derived from S2's g2-standard-8 and L4 rows", "(us-central1 list prices, derived from S2's g2-standard-8 and L4 rows; "),
+    ],
+)
+def test_a_rows_date_in_words_reads_as_words(date: str, said: str) -> None:
+    """`init --gcp-project`'s starter (g2-standard-4) priced "us-central1 list prices of derived from S2's ...": its row's
+    date is words, not a date."""
+    cost = hourly_cost(validate.shape_of(parse(gcp_raw(), "s", CATALOG), CATALOG), CATALOG)
+    assert said in describe_cost(dataclasses.replace(cost, date=date), "on-demand", (), "")[0]
 
 
 def test_no_fixed_spot_discount_is_promised() -> None:
