@@ -18,14 +18,14 @@ from typing import Any
 
 from gpu_train.answers import Launched, LaunchOutcome
 from gpu_train.codec import answer
-from gpu_train.contract import FAILED, JobSpec, is_run_id
+from gpu_train.contract import FAILED, LAUNCH_GRACE_S, STARTING, JobSpec, is_run_id
 from gpu_train.ownership import project_dirs
 
 from . import hostcheck, units
 from .procs import gpu_apps, gpus
 from .pyenv import dependency_files, run_env, venv_python
 from .status import active_runs
-from .store import AgentError, locked, read_json, settings, spec_or_none
+from .store import AgentError, locked, now, read_json, settings, spec_or_none, update_state
 
 HELD_WAIT_S = 60.0  # how long `launch-outcome` waits for a launch past its point of no return to end
 
@@ -100,10 +100,26 @@ def cmd_launch_outcome(root: str, run_id: str, wait_s: float = HELD_WAIT_S) -> L
                 time.sleep(0.05)
     finally:
         os.close(fd)
-    state = read_json(os.path.join(run_dir, "state.json")) or {}
+    state = wrapped(run_dir)
     spec = spec_or_none(run_dir)
     if spec is None or not state:
         return answer(LaunchOutcome, runId=run_id, launched=None, reason="the launch failed on the host before the run's record was kept")
     if state.get("state") == FAILED and not state.get("started"):
         return answer(LaunchOutcome, runId=run_id, launched=None, reason=str(state.get("reason") or "its wrapper did not start"))
     return answer(LaunchOutcome, runId=run_id, launched=launched(root, spec, host_notes(root, besides=run_id)), reason=None)
+
+
+def wrapped(run_dir: str, poll_s: float = 0.05) -> dict[str, Any]:
+    """The run's record once its launch has ended: a run still 'starting' with no wrapper yet gets until
+    LAUNCH_GRACE_S after its launch for the wrapper to say it runs (it records its pid first thing), and
+    one whose launch ended before it started the wrapper (the launch was killed) is recorded failed: it
+    never runs, and nothing (boot, resume) takes it for interrupted and starts it later."""
+    path = os.path.join(run_dir, "state.json")
+    while True:
+        state = read_json(path) or {}
+        if state.get("state") != STARTING or state.get("wrapperPid"):
+            return state
+        if time.time() > float(state.get("created") or 0) + LAUNCH_GRACE_S:
+            reason = "the launch ended before it started the run's wrapper"
+            return update_state(run_dir, state=FAILED, ended=now(), reason=reason).to_json()
+        time.sleep(poll_s)

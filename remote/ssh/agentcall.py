@@ -164,16 +164,21 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
     out = _Out()
 
     def answer_line() -> bytes:
-        """The host's next line of the launch; its channel ending first is a LaunchLost."""
+        """The host's next line of the launch; its channel ending first is a LaunchLost, but where the agent
+        itself ended without a word (an exit status of its own: it could not start, say), its error."""
         try:
             line = out.readline(LINE_MAX)
         except TimeoutError:
             raise
         except mux.channel_errors() as e:
             raise LaunchLost(f"the connection to {conn.host} ended before the launch's answer ({e})") from None
-        if not line:
-            raise LaunchLost(f"the connection to {conn.host} ended before the launch's answer")
-        return line
+        if line:
+            return line
+        status = exit_status(chan)
+        if status is not None and status >= 0 and status != mux.SSH_LOST:
+            err = chan.recv_stderr(STDERR_KEEP).decode("utf-8", "replace").strip() if chan.recv_stderr_ready() else ""
+            raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {status}): {err[-2000:]}")
+        raise LaunchLost(f"the connection to {conn.host} ended before the launch's answer")
 
     try:
         if sync is not None:
@@ -218,6 +223,19 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
         raise RemoteError(f"the gpu-train agent on {conn.host} did not answer within {CALL_TIMEOUT_S:g} s") from None
     finally:
         chan.close()
+
+
+def exit_status(chan: paramiko.Channel, wait_s: float = 5.0) -> int | None:
+    """The exit status of the command on ``chan``, whose output has ended: sshd sends it just after (a
+    paramiko channel whose connection is lost says -1; the shared connection's `ssh` exits SSH_LOST);
+    None if none came within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while not chan.exit_status_ready():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
+    status: int = chan.recv_exit_status()
+    return status
 
 
 def _answer(line: bytes, chan: paramiko.Channel) -> Ready | Waiting | Launched:

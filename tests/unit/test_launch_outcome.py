@@ -1,6 +1,7 @@
 """`launch-outcome` (agent/outcome.py): whether a launch whose answer the laptop lost started its run, and
 final. The agent as the laptop runs it (`python -m agent`), on a REMOTE_ROOT of the test's (no sshd); the
-e2e tier cuts a real link at that moment (tests/e2e/test_lost_launch.py)."""
+e2e tier cuts a real link at that moment (tests/e2e/test_lost_launch.py). And which ends of a launch's
+channel the laptop takes for a lost answer (remote/ssh/agentcall.py), on a channel that is a real process."""
 
 from __future__ import annotations
 
@@ -8,12 +9,22 @@ import base64
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gpu_train.stack.sshhost import SshHost
+from remote.errors import RemoteError
+from remote.ssh import agentcall
+from remote.ssh.mux import MuxConnection
 from tests.conftest import ROOT
+from tests.unit.test_jobs_sync_target import lab_target
 
 RUN = "lost_20250101_000000"
+# The agent as a host keeps it (in place of the zipapp, which Python runs as this file): what the wrapper runs.
+INSTALLED = "import sys\nsys.path.insert(0, {root!r})\nfrom agent.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 def agent(root: Path, *args: str) -> dict[str, Any]:
@@ -25,6 +36,8 @@ def waiting_launch(root: Path) -> subprocess.Popen[bytes]:
     """The agent's `launch --await-go` as the laptop starts it, the code staged: it said "ready" and waits for "go"."""
     (root / "staging" / RUN).mkdir(parents=True)
     (root / "staging" / RUN / "train.py").write_text("print('hi')\n")
+    (root / "bin").mkdir()  # the agent where the host keeps it (the zipapp's place): the run's wrapper runs it
+    (root / "bin" / "gpu-train-agent").write_text(INSTALLED.format(root=str(ROOT)))
     spec = {"runId": RUN, "base": "lost", "command": "true", "python": sys.executable}
     launch = subprocess.Popen(
         [sys.executable, "-m", "agent", "--root", str(root), "launch", "-", "--await-go"],
@@ -81,3 +94,31 @@ def test_a_launch_that_failed_after_making_its_run_did_not_start_it(tmp_path: Pa
 
 def test_a_run_id_is_checked_before_it_becomes_a_path(tmp_path: Path) -> None:
     assert "not a run id" in agent(tmp_path, "launch-outcome", "--run", "../../etc")["error"]
+
+
+def test_a_launch_killed_before_it_started_the_wrapper_did_not_start_its_run(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    run_dir = root / "runs" / RUN
+    run_dir.mkdir(parents=True)  # the launch made the run, then died before screen (its flock went with it)
+    (run_dir / "spec.json").write_text(json.dumps({"runId": RUN, "base": "lost", "command": "true", "python": sys.executable}))
+    (run_dir / "state.json").write_text(json.dumps({"id": RUN, "state": "starting", "created": time.time() - 31}))
+    said = agent(root, "launch-outcome", "--run", RUN)
+    assert said == {"runId": RUN, "launched": None, "reason": "the launch ended before it started the run's wrapper"}
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["state"] == "failed" and state["reason"] == said["reason"]  # never taken for interrupted and resumed
+
+
+@pytest.mark.parametrize(
+    ("ending", "lost"),
+    [
+        ("exit 255", True),  # the shared connection's `ssh` lost its host
+        ("echo 'python3: not found' >&2; exit 127", False),  # the agent itself ended, and said why
+    ],
+)
+def test_a_channel_that_ends_without_an_answer_is_lost_only_when_the_connection_went(ending: str, lost: bool) -> None:
+    target = lab_target()
+    channel = MuxConnection(SshHost("me", "lab"), ["sh", "-c", f"read spec; {ending}", "sh"])  # (the agent's command is $1)
+    with pytest.raises(RemoteError) as e:
+        agentcall.launch(channel, target, "c3BlYw==", None)
+    assert isinstance(e.value, agentcall.LaunchLost) is lost
+    assert lost or str(e.value) == "the gpu-train agent failed on lab (exit 127): python3: not found"
