@@ -31,7 +31,7 @@ from invoke.parser import Parser
 from gpu_train.environment import CONFIG_KEY, Environment
 from gpu_train.errors import UsageError
 from gpu_train.stack.project import did_you_mean
-from remote.errors import exit_for
+from remote.errors import exit_for, stops_as_ctrl_c
 
 UNKNOWN = re.compile(r"No idea what '(.+)' is!")
 
@@ -171,11 +171,12 @@ def hand_remainder(core: ParseResult, calls: list[Call]) -> None:
 class Executor(InvokeExecutor):
     """Text after ``--`` goes to the task that asks for it (``hand_remainder``); Ctrl-C that a task does
     not handle itself ends it with "interrupted" and exit status 130 (Invoke's own program would exit 1
-    and say nothing)."""
+    and say nothing); SIGTERM and SIGHUP are Ctrl-C (``stops_as_ctrl_c``)."""
 
     def execute(self, *tasks: str | tuple[str, dict[str, Any]] | ParserContext) -> dict[Task[Any], Result]:
         try:
-            return super().execute(*tasks)
+            with stops_as_ctrl_c():
+                return super().execute(*tasks)
         except KeyboardInterrupt as e:
             raise exit_for(e) from None
 

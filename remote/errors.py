@@ -12,10 +12,14 @@ with the traceback kept for those who ask (GPU_TRAIN_DEBUG=1).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -48,6 +52,34 @@ def exit_for(error: BaseException) -> Exit:
 
     status, message = outcome(error)
     return Exit(message, code=status)
+
+
+# A process manager's stop (SIGTERM; `timeout`, systemd, a container's end) and a closed terminal (SIGHUP).
+STOP_SIGNALS = ("SIGTERM", "SIGHUP")
+
+
+@contextlib.contextmanager
+def stops_as_ctrl_c() -> Iterator[None]:
+    """While a task runs, SIGTERM and SIGHUP end it as Ctrl-C does (KeyboardInterrupt in the main thread):
+    its own Ctrl-C handling stops what it started (`tensorboard --fetched`'s TensorBoard, the server on the
+    host, a sync's rsync), where their default action would end this process alone and leave its children
+    running. A signal that was not at its default (ignored under nohup, an embedding program's handler) is
+    left as it was; so is every signal outside the main thread. The previous handlers come back after."""
+    saved: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in STOP_SIGNALS:
+            number = getattr(signal, name, None)  # (no SIGHUP on Windows)
+            if number is not None and signal.getsignal(number) == signal.SIG_DFL:
+                saved[number] = signal.signal(number, _interrupt)
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)  # type: ignore[arg-type]  # (what getsignal gave back)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None, debug: bool = False) -> None:

@@ -1,6 +1,6 @@
 """The clone's `fab`: Fabric's own program over the same tasks as `gpu-train`, parsing and running them
 alike. Its executor (fabric.yaml names this one) has the same ``-- COMMAND`` and Ctrl-C handling; Fabric's
-executor, since `fab` keeps Fabric's -H hosts: text after ``--`` goes to the task only when no hosts are
+executor (SIGTERM and SIGHUP as Ctrl-C too), since `fab` keeps Fabric's -H hosts: text after ``--`` goes to the task only when no hosts are
 given. Its parsing of the task part of a command line is `gpu-train`'s (``remote.cli.TaskLine``), put
 under Fabric's running program by fabfile.py (``adopt``)."""
 
@@ -12,13 +12,14 @@ from fabric import Executor as FabricExecutor
 from invoke import Call, ParserContext, Result, Task
 
 from remote.cli import TaskLine, hand_remainder
-from remote.errors import exit_for
+from remote.errors import exit_for, stops_as_ctrl_c
 
 
 class Executor(FabricExecutor):  # type: ignore[misc]  # (Fabric ships no types: its Executor is Any here)
     def execute(self, *tasks: str | tuple[str, dict[str, Any]] | ParserContext) -> dict[Task[Any], Result]:
         try:
-            done: dict[Task[Any], Result] = super().execute(*tasks)
+            with stops_as_ctrl_c():
+                done: dict[Task[Any], Result] = super().execute(*tasks)
             return done
         except KeyboardInterrupt as e:
             raise exit_for(e) from None

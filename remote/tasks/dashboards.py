@@ -1,7 +1,8 @@
 """`tensorboard`, `jupyter`, `tunnel`: a server on the host, opened on the laptop's localhost.
 
 The server listens on the host's 127.0.0.1 only; the task's own SSH connection carries it
-(``remote.tasks.notebooks``). Ctrl-C stops the forward and the server both.
+(``remote.tasks.notebooks``). Ctrl-C stops the forward and the server both; so do SIGTERM and SIGHUP (a
+process manager's stop, a closed terminal), which the executor turns into Ctrl-C.
 """
 
 from __future__ import annotations
@@ -99,9 +100,14 @@ def _serve_fetched(env: Environment, o: ServeOptions) -> None:
     with subprocess.Popen(argv, stdout=subprocess.DEVNULL) as proc:
         try:
             proc.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (the executor's stops_as_ctrl_c)
+            pass
+        finally:  # whatever ended the wait, TensorBoard ends with this command
             proc.terminate()
-            proc.wait(10)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @task(

@@ -313,3 +313,34 @@ def test_tunnel_forwards_a_port(lab: Lab) -> None:
         server.terminate()
         tunnel.wait(10)
         server.wait(10)
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
+def test_jupyter_stopped_by_a_process_manager_or_a_closed_terminal_as_by_ctrl_c(lab: Lab, stop: str) -> None:
+    """SIGTERM (systemd, `timeout`, `kill`) or SIGHUP (the terminal closed) to `jupyter` alone: it closes the
+    forward and stops the server on the host, says so and exits 0, as Ctrl-C does (it died on the spot)."""
+    import json
+    import signal
+
+    pytest.importorskip("jupyterlab")
+    served = lab.spawn("jupyter", "--json")
+    try:
+        line = served.stdout.readline()  # type: ignore[union-attr]  # (a PIPE: never None)
+        assert line, served.communicate(timeout=60)
+        url = json.loads(line)["url"]
+        said = served.stderr.readline()  # type: ignore[union-attr]  # (a PIPE: never None)
+        while said and " pid " not in said:
+            said = served.stderr.readline()  # type: ignore[union-attr]  # (a PIPE: never None)
+        pid = int(said.split(" pid ")[1].split(",")[0])  # the server's, on the host (this machine)
+        with urllib.request.urlopen(url, timeout=60) as page:
+            assert page.status == 200
+    finally:
+        served.send_signal(getattr(signal, stop))
+        _, rest = served.communicate(timeout=60)
+    assert served.returncode == 0 and "stopped jupyter on " in rest, (served.returncode, rest)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), "Jupyter still runs on the host"
+    with pytest.raises(OSError):  # the local end is closed
+        urllib.request.urlopen(url, timeout=5)

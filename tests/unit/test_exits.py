@@ -179,3 +179,35 @@ def test_a_fetch_knows_an_unreachable_host_by_ssh_s_status(tmp_path: Path, statu
     ssh = ["sh", "-c", f"echo 'ssh: connect to host 127.0.0.9 port 9: Connection refused' >&2; exit {status}"]
     [result] = Fetcher(lambda: Stream(ssh), 1).run([("r_20260101_000000", tmp_path / "r")])
     assert (result.ssh_exit, result.unreachable) == (status, unreachable) and f"(ssh exit {status}: ssh: connect" in str(result.error)
+
+
+@pytest.mark.parametrize(
+    ("before", "inside"),
+    [
+        ("default", "interrupt"),  # a process manager's SIGTERM, a closed terminal's SIGHUP: Ctrl-C
+        ("ignored", "ignored"),  # nohup: SIGHUP stays ignored
+        ("own", "own"),  # an embedding program's own handler is its own
+    ],
+)
+def test_stop_signals_are_ctrl_c_while_a_task_runs(before: str, inside: str) -> None:
+    import os
+    import signal
+
+    from remote.errors import _interrupt, stops_as_ctrl_c
+
+    def own(signum: int, frame: object) -> None:
+        pass
+
+    kinds = {"default": signal.SIG_DFL, "ignored": signal.SIG_IGN, "own": own, "interrupt": _interrupt}
+    saved = {s: signal.signal(s, kinds[before]) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with stops_as_ctrl_c():
+            assert all(signal.getsignal(s) == kinds[inside] for s in saved)
+            if inside == "interrupt":
+                for s in saved:
+                    with pytest.raises(KeyboardInterrupt):
+                        os.kill(os.getpid(), s)  # (its handler runs before the next line)
+        assert all(signal.getsignal(s) == kinds[before] for s in saved)  # as it was, after
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

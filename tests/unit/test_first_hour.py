@@ -115,8 +115,31 @@ def test_setup_says_the_agents_settings_in_words() -> None:
     assert not any("{" in line for line in said)
 
 
-def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path) -> None:
-    """After `down` the host is gone: `tensorboard --fetched` serves runs/STACK/RUN here (its workdir's events too)."""
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc: Linux)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # not a process, or gone meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (ended, not yet reaped by its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path, stop: str) -> None:
+    """After `down` the host is gone: `tensorboard --fetched` serves runs/STACK/RUN here (its workdir's events too),
+    until Ctrl-C, a process manager's SIGTERM or a closed terminal's SIGHUP, any of which ends its TensorBoard too."""
     import json
     import os
     import signal
@@ -130,10 +153,15 @@ def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path) -> None:
     code = "import sys; from remote.cli import main; sys.argv[0] = 'gpu-train'; main()"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_HOME": str(tmp_path / "state")}
     argv = [sys.executable, "-c", code, "tensorboard", "--fetched", "--stack", "lab", "--json", "--run"]
-    with subprocess.Popen([*argv, run.name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as served:
+    tensorboard: list[int] = []
+    err = tmp_path / "stderr"  # (a file: a pipe would stay open while a TensorBoard left behind holds it)
+    with (
+        err.open("w") as stderr,
+        subprocess.Popen([*argv, run.name], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True) as served,
+    ):
         try:
             line = served.stdout.readline()  # type: ignore[union-attr]  # (a PIPE: never None)
-            assert line, served.stderr.read()  # type: ignore[union-attr]  # (a PIPE: never None)
+            assert line, err.read_text()
             url, deadline = json.loads(line)["url"], time.monotonic() + 60
             while True:
                 try:
@@ -143,9 +171,20 @@ def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path) -> None:
                 except OSError:
                     assert time.monotonic() < deadline, "TensorBoard did not answer"
                     time.sleep(0.1)
+            tensorboard = children(served.pid)
+            assert len(tensorboard) == 1, tensorboard
         finally:
-            served.send_signal(signal.SIGINT)  # Ctrl-C: it stops TensorBoard too (a SIGTERM left it running)
-            served.wait(30)
+            served.send_signal(getattr(signal, stop))  # only to the command, not to its process group as a terminal would
+            status = served.wait(30)
+            deadline = time.monotonic() + 30
+            while not all(gone(pid) for pid in tensorboard) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            left = [pid for pid in tensorboard if not gone(pid)]
+            for pid in left:  # (the old way: TensorBoard left running, its parent gone)
+                os.kill(pid, signal.SIGKILL)
+    assert not left, f"{stop} left TensorBoard (pid {left}) running"
+    said = err.read_text()
+    assert status == 0 and "tensorboard here over" in said, said  # ended as Ctrl-C ends it
     with pytest.raises(OSError):  # nothing answers there any more
         urllib.request.urlopen(url + "data/logdir", timeout=5)
     missing = subprocess.run([*argv, "nope_20260101_000000"], cwd=tmp_path, env=env, capture_output=True, text=True)
