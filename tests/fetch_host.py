@@ -1,5 +1,5 @@
 """The parallel fetch's test host: a loopback sshd holding REMOTE_ROOT/runs/RUN/job, a fetcher pointed
-at it, and the tree comparison the fetch tests use (fixtures ``host`` and ``small_ranges`` in conftest)."""
+at it, and the tree comparison the fetch tests use (fixtures ``host`` and ``small_ranges`` in tests/fixtures/sshd.py)."""
 
 from __future__ import annotations
 
