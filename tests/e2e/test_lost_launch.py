@@ -71,9 +71,9 @@ class Hosts:
     def root(self, node: int) -> Path:
         return self.tmp / f"node{node}"
 
-    def train(self, *args: str) -> subprocess.Popen[str]:
+    def train(self, *args: str, job: str = JOB) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [FAB, "--search-root", str(ROOT), "train", "--dir", str(self.code), "--command", JOB, "--name", "lost", *args],
+            [FAB, "--search-root", str(ROOT), "train", "--dir", str(self.code), "--command", job, "--name", "lost", *args],
             env=self.env,
             cwd=self.cwd,
             stdout=subprocess.PIPE,
@@ -126,11 +126,11 @@ def first_run(hosts: Hosts) -> str:
     return run
 
 
-def cut_at_the_start(hosts: Hosts, node: int, *args: str, gone: bool = False) -> subprocess.CompletedProcess[str]:
+def cut_at_the_start(hosts: Hosts, node: int, *args: str, gone: bool = False, job: str = JOB) -> subprocess.CompletedProcess[str]:
     """A train of unchanged code whose link to ``node`` drops while that host starts the run (after its
     "ready (reused)", before its "launched"), and with ``gone`` stays down: what the laptop said."""
     hosts.hold(node).touch()
-    proc = hosts.train(*args)
+    proc = hosts.train(*args, job=job)
     try:
         deadline = time.monotonic() + 60
         while not hosts.hold(node).with_suffix(".reached").exists():
@@ -200,5 +200,25 @@ def test_a_cluster_whose_node_lost_its_link_as_it_started_runs_on_every_node(tmp
             assert hosts.ended(node, run) == "succeeded", f"node {node}"
             assert f"trained on {node}" in (hosts.root(node) / "runs" / run / "log").read_text()
             assert hosts.runs(node) == sorted([first, run])
+    finally:
+        hosts.stop()
+
+
+@pytest.mark.e2e
+def test_a_cluster_node_that_cannot_be_asked_again_stops_the_others_and_is_named(tmp_path: Path) -> None:
+    hosts = Hosts(tmp_path, 2)
+    try:
+        first_run(hosts)
+        said = cut_at_the_start(hosts, 1, "--timeout", "2", gone=True, job="sleep 60")  # node 1's link stays down
+        assert said.returncode != 0 and not said.stdout
+        run = said.stderr.split("ask whether ")[1].split()[0]
+        assert f"node 1: the connection to {hosts.proxies[1].address[0]}" in said.stderr
+        assert f"{run} may be running there; `fab status --run {run}` says" in said.stderr
+        assert hosts.ended(0, run) == "stopped"  # no half a cluster where it can be helped: node 0 stopped
+        # Node 1 could not be told (its link is down): its part runs on, as the message warned.
+        deadline = time.monotonic() + 30
+        while hosts.state(1, run) != "running":
+            assert time.monotonic() < deadline and hosts.state(1, run) == "starting", hosts.state(1, run)
+            time.sleep(0.05)
     finally:
         hosts.stop()
