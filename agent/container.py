@@ -9,7 +9,9 @@ The container is the job's process for everything else of the run: the `docker r
 step the wrapper starts (its stdout is the run's log, its exit code the job's), and Docker passes the
 client's signals to the container (``--sig-proxy``, on by default), where ``--init`` hands them to
 the job. Killing the client leaves the container running with its GPUs busy, so every way a run ends
-(`stop`, its unit's stop, a shutdown) also removes the container by name (``remove``).
+(`stop`, its unit's stop, a shutdown) also removes the container by name (``remove``); a client killed
+between the container's create and its start leaves it created, which the wrapper removes as the run
+ends (containerrun.wait).
 
 Pure decisions first (tested by tables), the few effects after. Standard library only.
 """

@@ -162,15 +162,16 @@ def wait(w: Wrapper, root: str, run_dir: str, proc: subprocess.Popen[bytes]) -> 
     """The job's exit code: its container's. A container run's client may end while its container goes on
     (the client killed, say by an OOM killer or by hand; rootless Podman's client on any SIGINT or SIGTERM):
     the wrapper attaches to it again as long as no stop or shutdown came, so the log, the signals and the
-    end are the container's; after a stop or shutdown it waits for the container, whose job has its grace."""
+    end are the container's; after a stop or shutdown it waits for the container, whose job has its grace.
+    A client that ended between the container's create and its start leaves it created, never started,
+    which --rm never removes (it removes a container that ran): the wrapper removes it at the run's end."""
     code = proc.wait()
     found = of_run(root, run_dir)
     if found is None:
         return code
     engine, name = found
     while not w.halted() and running(found):
-        how = signal_name(-code) if code < 0 else f"exit {code}"
-        w.say(f"the {engine} client ended ({how}) but the container {name} runs on: attached to it again")
+        w.say(f"the {engine} client ended ({how(code)}) but the container {name} runs on: attached to it again")
         try:
             again = w.start([engine, "attach", name], "pid", cwd=run_dir)
         except Exception:  # a stop or shutdown came first (wrap.Halted): the end is recorded as that
@@ -180,7 +181,16 @@ def wait(w: Wrapper, root: str, run_dir: str, proc: subprocess.Popen[bytes]) -> 
         said = container.run_quiet([engine, "wait", name], timeout=7 * 24 * 3600)
         if said.returncode == 0 and said.stdout.strip().lstrip("-").isdigit():
             code = int(said.stdout.strip())
+    left = status(found)
+    if left in NEVER_STARTED:
+        w.say(f"the {engine} client ended ({how(code)}) before the container {name} started: removed it ({left})")
+        container.run_quiet([engine, "rm", "--force", name], timeout=60)
     return code
+
+
+def how(code: int) -> str:
+    """How a process ended, from its exit code as Popen gives it (a signal negative)."""
+    return signal_name(-code) if code < 0 else f"exit {code}"
 
 
 def signal_name(number: int) -> str:
@@ -214,10 +224,22 @@ def running(found: tuple[str, str] | None) -> bool:
     """Whether the run's container runs. Its client may have ended while it runs on: rootless Podman's
     client exits (1) at once on SIGINT or SIGTERM, having passed the signal on, and the job goes on in its
     handler, so a run's end is its container's, not its client's."""
+    return status(found) == "running"
+
+
+# A container's states before its first start (Docker's and Podman's `created`; Podman's `configured`, before
+# its runtime made it).
+NEVER_STARTED = ("created", "configured")
+
+
+def status(found: tuple[str, str] | None) -> str | None:
+    """The run's container's state as its engine says it (created, running, exited, ...), None where there
+    is none."""
     if found is None:
-        return False
+        return None
     engine, name = found
-    return container.run_quiet([engine, "inspect", "--format", "{{.State.Running}}", name]).stdout.strip() == "true"
+    said = container.run_quiet([engine, "inspect", "--format", "{{.State.Status}}", name])
+    return (said.stdout.strip() or None) if said.returncode == 0 else None
 
 
 def kill(found: tuple[str, str] | None, sig: int) -> bool:

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import signal
 import socket
+import struct
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.guest.rootfs import ROOTFS
@@ -141,6 +146,57 @@ class Dockerd:
             subprocess.run(["umount", "-l", str(left)], capture_output=True, check=False)
         shutil.rmtree(self.exec_root, ignore_errors=True)
         self.proc = None
+
+
+class StartCut:
+    """A socket in front of a dockerd's (``host``: give it as DOCKER_HOST) that passes every request but
+    the first start of a container (``POST /vN/containers/ID/start``): there the client that sent it is
+    killed (SIGKILL, its pid from the socket's peer credentials) and the request never reaches the
+    daemon, so the container stays as the client left it, created and never started. ``seen`` runs
+    first with the container's id (or name) as the request names it; ``killed`` is the client's pid."""
+
+    START = re.compile(rb"POST /v[\d.]+/containers/([^/\s]+)/start")
+
+    def __init__(self, base: Path, daemon: Dockerd, seen: Callable[[str], None] = lambda container: None):
+        self.path, self.upstream, self.seen = base / "cut.sock", str(daemon.socket), seen
+        self.host = f"unix://{self.path}"
+        self.killed: int | None = None
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(str(self.path))
+        self.server.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            daemon = socket.socket(socket.AF_UNIX)
+            daemon.connect(self.upstream)
+            threading.Thread(target=self._pump, args=(client, daemon, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(daemon, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+        tail = b""
+        try:
+            while chunk := src.recv(65536):
+                if from_client and self.killed is None and (m := self.START.search(tail + chunk)):
+                    pid = struct.unpack("3i", src.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                    self.seen(m.group(1).decode())
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed = pid
+                    break
+                tail = chunk[-200:]
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.close()
 
 
 def _quote(text: str) -> str:

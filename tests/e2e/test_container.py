@@ -175,6 +175,33 @@ def test_stop_gives_the_grace_and_removes_a_container_whose_client_was_killed(cl
     assert time.monotonic() - started < 28  # the signal reached sleep through --init: no 30 s wait (a margin for a loaded box)
 
 
+def test_a_client_killed_between_create_and_start_leaves_no_container(tmp_path: Path, dockerd: containers.Dockerd) -> None:
+    """`docker run` is create, attach, start: its client killed before the start (here at the very request,
+    which never reaches the daemon) leaves the container created, never started, which --rm never
+    removes; the wrapper removes it as the run ends, on any host (no unit's ExecStopPost needed)."""
+    import tempfile
+
+    found: list[str] = []
+    cut = containers.StartCut(
+        Path(tempfile.mkdtemp(prefix="gtc-", dir="/tmp")),  # (a socket's path: 107 bytes at most)
+        dockerd,
+        lambda container: found.append(dockerd.out("inspect", "--format", "{{.Name}} {{.State.Status}}", container)),
+    )
+    lab = Lab(tmp_path, "127.0.42.1", setenv=f"DOCKER_HOST={cut.host} PATH={Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin")
+    try:
+        run = lab.train("--image", "gt/prog:1", "--entrypoint", "sleep 600", "--name", "cut")
+        info = lab.wait(run, timeout=120)
+        ((name, status),) = [line.lstrip("/").split() for line in found]
+        assert run in name and status == "created"  # the client was killed between the two
+        assert cut.killed == state(lab, run)["pid"]  # the run's own client, and no other
+        assert info["state"] == "failed" and info["exitCode"] == -9, info
+        assert name not in dockerd.names(), dockerd.out("ps", "-a", "--format", "{{.Names}} {{.State}}")
+        assert f"the docker client ended (SIGKILL) before the container {name} started: removed it (created)" in lab.log(run)
+    finally:
+        lab.sshd.stop()
+        cut.close()
+
+
 def test_the_images_own_program_as_vertex_runs_it(clab: Lab, dockerd: containers.Dockerd) -> None:
     """No code sent; --args replace CMD, --entrypoint replaces ENTRYPOINT (and drops CMD)."""
     cases = [
