@@ -28,6 +28,7 @@ from gpu_train.contract import (
     STOPPED,
     SUCCEEDED,
     JobSpec,
+    resume_if_path,
 )
 from gpu_train.ownership import project_dirs
 
@@ -170,17 +171,17 @@ def job_argv(spec: JobSpec, python: str, job_dir: str, nproc: int, extra: list[s
     ]
 
 
-def resume_args(spec: JobSpec, resumes: int, workdir: str) -> tuple[list[str], str | None]:
+def resume_args(spec: JobSpec, resumes: int, workdir: str, job_dir: str) -> tuple[list[str], str | None]:
     """(the arguments a relaunch adds, what the log says about them): ``resumeArgs`` from the first
-    relaunch on, but only once ``resumeIf`` (a file or glob in the working directory) matches, so a
-    relaunch before the first checkpoint starts fresh, with the original arguments."""
+    relaunch on, but only once ``resumeIf`` (a file or glob in the working directory, or ``$JOB_DIR/...``)
+    matches, so a relaunch before the first checkpoint starts fresh, with the original arguments."""
     extra = list(spec.resume_args)
     if not resumes or not extra:
         return [], None
     wanted = spec.resume_if
     if not wanted:
         return extra, f"resume arguments added: {shlex.join(extra)}"
-    if glob.glob(os.path.join(workdir, wanted), recursive=True):
+    if glob.glob(resume_if_path(wanted, workdir, job_dir), recursive=True):
         return extra, f"{wanted} exists: resume arguments added: {shlex.join(extra)}"
     return [], f"{wanted} not there yet: starting fresh, without the resume arguments"
 
@@ -331,7 +332,7 @@ def prepare_and_start(w: Wrapper, root: str, run_dir: str, run_id: str) -> subpr
     workdir = os.path.join(run_dir, "code")
     upload.bring_data(root, run_dir, w.say)  # `push --to bucket`: to local disk first
     datalink.link_data(data_dir, workdir, w.log, [m["folder"] for m in spec.bucket_data] if spec.bucket_data else None)
-    extra, said = resume_args(spec, resumes, workdir)
+    extra, said = resume_args(spec, resumes, workdir, job_dir)
     own = bool(spec.container and spec.container.own_program)
     argv = [] if own else job_argv(spec, python, job_dir, nproc, extra)
     if resumes:

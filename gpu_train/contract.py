@@ -212,6 +212,18 @@ def go_marker(root: str, run_id: str, when: str) -> str:
 
 # The job's environment: which start of the run this is (0 the first, N the Nth relaunch), REMOTE_ROOT, NOTICE's path.
 RESUMES_ENV, ROOT_ENV, NOTICE_ENV = "GPU_TRAIN_RESUMES", "GPU_TRAIN_ROOT", "GPU_TRAIN_NOTICE"
+IN_JOB_DIR = ("$JOB_DIR/", "${JOB_DIR}/")  # a --resume-if that starts so is a path in JOB_DIR (where the job is told to checkpoint)
+
+
+def resume_if_path(resume_if: str, workdir: str, job_dir: str) -> str:
+    """Where `--resume-if` looks: a file or glob in the job's working directory, or, written as the job's own
+    code names it (``$JOB_DIR/ckpt.pt``), in its JOB_DIR; no other variable is expanded (the laptop refuses one)."""
+    for prefix in IN_JOB_DIR:
+        if resume_if.startswith(prefix):
+            return os.path.join(job_dir, resume_if[len(prefix) :])
+    return os.path.join(workdir, resume_if)
+
+
 SWEEP_ENV, SLOT_ENV = "GPU_TRAIN_SWEEP", "GPU_TRAIN_SLOT"  # a sweep's trial: its sweep (RunStatus.sweep), its slot
 # The host's own (the laptop's are gpu_train/environment.py's): another metadata server, authorized_keys.
 METADATA_URL_ENV, AUTHORIZED_KEYS_ENV = "GPU_TRAIN_METADATA_URL", "GPU_TRAIN_AUTHORIZED_KEYS"

@@ -16,6 +16,7 @@ from typing import Any
 from gpu_train.contract import (  # the contract with the host, written once
     ACTIVE,
     FAILED,
+    IN_JOB_DIR,
     INTERRUPTED,
     RUNNING,
     STOPPED,
@@ -85,6 +86,11 @@ def job_spec(
     environment (for ``--env NAME``), ``env_files`` the ``--env-file`` texts by name. ``image``: the job
     runs in that container image, the project's --script/--command inside it, or without them the
     image's own program (``entrypoint`` and --args replace its ENTRYPOINT and CMD, as on Vertex AI)."""
+    if resume_if and "$" in resume_if and not resume_if.startswith(IN_JOB_DIR):
+        raise JobError(
+            f"--resume-if {resume_if}: no variable is expanded there but a leading $JOB_DIR/: give a path in the working "
+            "directory (out/ckpt.pt) or in JOB_DIR, in single quotes ('$JOB_DIR/ckpt.pt')"
+        )
     container = container_spec(image, entrypoint, script, command, args, pass_job_dir)
     if container is not None and container.own_program:
         return JobSpec(

@@ -90,9 +90,27 @@ def test_resume_args(tmp_path: Path, spec: dict, resumes: int, files: list[str],
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
-    got, note = wrap.resume_args(JobSpec.from_json({"runId": "r", "base": "r", **spec}), resumes, str(tmp_path))
+    got, note = wrap.resume_args(JobSpec.from_json({"runId": "r", "base": "r", **spec}), resumes, str(tmp_path), str(tmp_path / "job"))
     assert got == extra
     assert (note is None) if said is None else (said in note)
+
+
+@pytest.mark.parametrize("resume_if", ["$JOB_DIR/ckpt.pt", "${JOB_DIR}/ckpt.pt", "$JOB_DIR/ckpt*"])
+def test_resume_if_in_job_dir(tmp_path: Path, resume_if: str) -> None:
+    """A job checkpointing in JOB_DIR, as the docs tell it to, resumed with `--resume-if '$JOB_DIR/ckpt.pt'`: the
+    path was looked for in the working directory, literally, and the relaunch started fresh, its progress lost."""
+    workdir, job_dir = tmp_path / "code", tmp_path / "job"
+    workdir.mkdir()
+    job_dir.mkdir()
+    spec = JobSpec.from_json({"runId": "r", "base": "r", "resumeArgs": ["--resume"], "resumeIf": resume_if})
+    assert wrap.resume_args(spec, 1, str(workdir), str(job_dir)) == (
+        [],
+        f"{resume_if} not there yet: starting fresh, without the resume arguments",
+    )
+    (workdir / "ckpt.pt").write_text("x")  # the working directory's is not JOB_DIR's
+    assert wrap.resume_args(spec, 1, str(workdir), str(job_dir))[0] == []
+    (job_dir / "ckpt.pt").write_text("x")
+    assert wrap.resume_args(spec, 1, str(workdir), str(job_dir)) == (["--resume"], f"{resume_if} exists: resume arguments added: --resume")
 
 
 @pytest.mark.parametrize(
