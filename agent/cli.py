@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     logging.add_argument("--offset", type=int, default=0)
     logging.add_argument("--lines", type=int)
     logging.add_argument("--follow", action="store_true")
+    logging.add_argument("--await-run", action="store_true", help="--run is being launched: wait a moment for it to appear")
     scalars = sub.add_parser("scalars", help="runs' metrics from their event files and JSONL and CSV metrics files (contract.Scalars)")
     scalars.add_argument("--run", action="append", help="a run (repeat for more; default: every run)")
     scalars.add_argument("--tag", action="append", help="a tag, a glob of tags, or FOLDER/TAG (repeat for more; default: all)")
@@ -197,7 +198,7 @@ def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
         from .status import cmd_logs, cmd_status
 
         return (
-            cmd_logs(root, args.run, args.offset, args.lines, args.follow, scope_of(args))
+            cmd_logs(root, args.run, args.offset, args.lines, args.follow, scope_of(args), args.await_run)
             if args.cmd == "logs"
             else cmd_status(root, args.run, args.summaries, args.bucket_record, scope_of(args))
         )

@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 # job's lines (its first after the start, its last before the end) show as they come, and a quiet
 # log costs no more looks than a fixed 0.3 s poll did.
 FOLLOW_POLL_S = (0.01, 0.3)
+# A run being launched (logs --await-run): looked for every few ms, for as long as a launch told to go
+# takes to write its record (milliseconds; a busy host's disk, seconds).
+AWAIT_RUN_S = 30.0
+AWAIT_POLL_S = (0.005, 0.05)
 
 
 def effective_state(state: RunRecord) -> RunState:
@@ -226,11 +230,17 @@ def log_summary(path: str) -> TreeSummary:
     return answer(TreeSummary, files=1, bytes=st.st_size, newestNs=st.st_mtime_ns)
 
 
-def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, follow: bool, scope: Scope = EVERY_RUN) -> int:
+def cmd_logs(
+    root: str, run_id: str | None, offset: int, lines: int | None, follow: bool, scope: Scope = EVERY_RUN, await_run: bool = False
+) -> int:
     """Write the log from a byte offset (or its last N lines); with follow, until the job ends.
+    ``await_run``: the run ``run_id`` names exactly is being launched (`train --follow` asks as the launch
+    answers): wait up to AWAIT_RUN_S for its record.
 
     The last line on stderr is a JSON trailer with the run's state and exit code.
     """
+    if await_run and run_id:
+        await_record(root, run_id)
     run_dir = find_run(root, run_id, scope)
     path = os.path.join(run_dir, "log")
     out = sys.stdout.buffer
@@ -263,6 +273,17 @@ def cmd_logs(root: str, run_id: str | None, offset: int, lines: int | None, foll
         "\n" + LOG_END + json.dumps(answer(LogEnd, runId=info["id"], state=info["state"], exitCode=info["exitCode"], offset=pos)) + "\n"
     )
     return 0
+
+
+def await_record(root: str, run_id: str) -> None:
+    """Until the run ``run_id`` (an exact id) has its record, or AWAIT_RUN_S passed (find_run then says
+    it is not there). The launch writes the record whole (atomic) once the run's folder is ready."""
+    if os.sep in run_id or run_id in (".", ".."):
+        return
+    record = os.path.join(root, "runs", run_id, "state.json")
+    wait = Backoff.within(AWAIT_RUN_S, *AWAIT_POLL_S)
+    while not os.path.exists(record) and wait.left() > 0:
+        time.sleep(wait.next())
 
 
 def tail_offset(path: str, lines: int) -> int:

@@ -100,14 +100,23 @@ class LaunchLost(RemoteError):
     spec was sent. Whether the run started is the host's to say, by its id (`launch-outcome`)."""
 
 
-def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], object] | None, reuse: bool = False) -> Launched | Waiting:
+def launch(
+    conn: Connection,
+    target: Target,
+    spec: str,
+    sync: Callable[[], object] | None,
+    reuse: bool = False,
+    launching: Callable[[], object] | None = None,
+) -> Launched | Waiting:
     """The agent's launch, started alongside the code sync and released by "go" after it.
 
     Opening the agent's channel, its start-up and its checks overlap the sync, so launching costs
     one round trip once the code is there. With ``reuse`` (the laptop's code matches the last push)
     the host first tries to reuse the last run's code and, when it could, launches without a "go";
     the sync runs only if it could not.
-    Without ``sync`` (code already staged) it launches at once.
+    Without ``sync`` (code already staged) it launches at once. ``launching`` is called once the host
+    said it is ready and was told to start the run (or starts it by itself), while its answer is on the
+    way: `train --follow` asks for the log then. (A launch without ``sync`` may be answered "waiting".)
     Its channel ending before the answer (the host may have started the run: it goes on by itself once it
     reused the code, was told "go", or in a fan-out had the code) raises LaunchLost.
     """
@@ -215,6 +224,8 @@ def launch(conn: Connection, target: Target, spec: str, sync: Callable[[], objec
                 # answer is already here, and this "go" has no one to read it.
                 with contextlib.suppress(*mux.channel_errors()):
                     chan.sendall(b"go\n")
+            if launching is not None:  # (the host said ready and was told to go, or goes by itself: it launches now)
+                launching()
         said = _answer(answer_line(), chan)
         if "ready" in said:
             raise RemoteError(f"the gpu-train agent on {conn.host} said ready twice")

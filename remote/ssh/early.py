@@ -1,4 +1,5 @@
-"""`gpu-train status` and `gpu-train logs` ask the host while the command is still loading.
+"""`gpu-train status` and `gpu-train logs` ask the host while the command is still loading, and
+`train --follow` asks for the log while the launch's answer is on its way.
 
 Python's start with gpu-train's tasks (Invoke above all) is about 0.18 s, and a status or a log over the
 shared connection is two round trips and the agent's start on the host: one after the other, status
@@ -14,6 +15,10 @@ Both calls only read on the host, so an early call that goes unused changes noth
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from remote.ssh.target import Target
 
 # Each task's flags as typed -> (its parameter, whether it takes a value); an option in NOT_EARLY
 # (another node, every node) is left to the task. Any other word, or a core option before the task
@@ -67,11 +72,31 @@ def plain(words: list[str]) -> tuple[str, dict[str, str | bool]] | None:
     return words[0], options
 
 
-def logs_call(run: str | None, scope: Sequence[str], follow: bool, offset: int | None, lines: int) -> list[str]:
+def logs_call(run: str | None, scope: Sequence[str], follow: bool, offset: int | None, lines: int, awaited: bool = False) -> list[str]:
     """The agent's arguments for one node's log: from ``offset`` (a resumed stream), else its last
-    ``lines`` (0: the whole log); `logs` (runlogs._stream_log) and the early call both build it here."""
+    ``lines`` (0: the whole log); ``awaited``: the run is being launched, the host waits for it to
+    appear. `logs` (runlogs._stream_log) and the early calls both build it here."""
     args = ["logs", *(["--run", run] if run else []), *scope, *(["--follow"] if follow else [])]  # (--run: the scope's first)
+    args += ["--await-run"] if awaited else []
     return args + (["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else []))
+
+
+def follow_call(run: str) -> list[str]:
+    """`train --follow`'s call: the run's whole log, to its end, from a host that may not have started it yet."""
+    return logs_call(run, (), True, None, 0, awaited=True)
+
+
+def start_follow(target: Target, run: str) -> None:
+    """`train --follow`: ask node 0 for ``run``'s log now, as the launch's last answer is on its way, so
+    that the follow's channel, the agent's start and its first read overlap that round trip (the host
+    waits the moment until the run appears: ``follow_call``). Only on the shared connection, where the
+    follow's channel takes this call over (runlogs.follow_to_end); else nothing."""
+    from agent.bundle import agent_command
+    from remote.ssh import mux
+
+    path = None if target.root_unknown else mux.control_path(target, target.host)
+    if path is not None and mux.master_up(path):
+        mux.start_early([*mux.over_master(target, target.host, path), agent_command(target.remote_root, *follow_call(run), cli=target.cli)])
 
 
 def agent_args(task: str, options: dict[str, str | bool], scope: Sequence[str]) -> list[str] | None:

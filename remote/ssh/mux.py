@@ -203,6 +203,8 @@ def start_early(argv: list[str]) -> None:
     ask for exactly it (``MuxChannel.exec_command`` takes it over); ended at exit if none does."""
     if not _EARLY:
         atexit.register(_end_unused)
+    if tuple(argv) in _EARLY:  # (asked again, a launch retried: the first is the one to take)
+        return
     _EARLY[tuple(argv)] = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True
     )

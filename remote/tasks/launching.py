@@ -89,7 +89,9 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
         except KeyboardInterrupt:
             raise Interrupted("interrupted before the code sync: nothing was sent and nothing started") from None
         try:
-            answers = on_every_node(sessions, lambda s: _launch(s, plan, specs[s.node], unchanged, fanout, cancel), cancel)
+            answers = on_every_node(
+                sessions, lambda s: _launch(s, plan, specs[s.node], unchanged, fanout, cancel, follow=opts.follow and s.node == 0), cancel
+            )
         except Cancelled as e:
             raise _interrupted(sessions, e.results, run) from None
     failed = failures(answers)
@@ -293,23 +295,35 @@ def _interrupted(sessions: list[Session], results: Sequence[object], run: str) -
 
 
 def _launch(
-    session: Session, plan: CodePlan | None, spec: JobSpec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event
+    session: Session,
+    plan: CodePlan | None,
+    spec: JobSpec,
+    unchanged: bool,
+    fanout: CodeFanout | None,
+    cancel: threading.Event,
+    follow: bool = False,
 ) -> Launched:
     """Sync (over the node's own connection, or from node 0) and launch one node's part; waits for
-    the driver on GCP."""
+    the driver on GCP. ``follow``: the run's log is asked for as the launch's answer comes (train --follow)."""
     try:
-        return _launch_node(session, plan, spec, unchanged, fanout, cancel)
+        return _launch_node(session, plan, spec, unchanged, fanout, cancel, follow)
     finally:
         if fanout is not None:  # a node that failed before its part of the fan-out holds no one up
             fanout.settle(session.node, "that node failed")
 
 
 def _launch_node(
-    session: Session, plan: CodePlan | None, spec: JobSpec, unchanged: bool, fanout: CodeFanout | None, cancel: threading.Event
+    session: Session,
+    plan: CodePlan | None,
+    spec: JobSpec,
+    unchanged: bool,
+    fanout: CodeFanout | None,
+    cancel: threading.Event,
+    follow: bool = False,
 ) -> Launched:
     from gpu_train import jobs
     from gpu_train.stack.agentdoc import settings_part
-    from remote.ssh import agentcall
+    from remote.ssh import agentcall, early
     from remote.transfer.relay import ChannelRelay
 
     target = session.target
@@ -326,8 +340,9 @@ def _launch_node(
 
         def attempt() -> Launched | Waiting:
             nonlocal push
+            asked = (lambda: early.start_follow(target, spec.run_id)) if follow else None
             try:
-                answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged)
+                answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged, launching=asked)
             except agentcall.LaunchLost as lost:
                 return launch_outcome(session, spec.run_id, lost)
             if not unchanged:  # the code is staged on the host; only the launch is retried

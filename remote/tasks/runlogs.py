@@ -111,7 +111,7 @@ def follow_to_end(session: Session, run: str) -> None:
     Ctrl-C detaches: only this stream ends, the job goes on under screen on the host."""
     out = sys.stdout.buffer
     try:
-        trailer = _stream_log(session, run, 0, True, out.write, out.flush)
+        trailer = _stream_log(session, run, 0, True, out.write, out.flush, awaited=True)  # (early.start_follow's call)
     except KeyboardInterrupt:
         _detached(run)
     session.close()
@@ -128,9 +128,10 @@ def _stream_log(
     flush: Callable[[], object],
     scope: Sequence[str] = (),
     deadline: float | None = None,
+    awaited: bool = False,
 ) -> LogEnd | None:
     """One node's log from the agent, resuming at the right byte after a dropped connection; ``deadline``
-    (time.monotonic()) bounds a log that is not followed."""
+    (time.monotonic()) bounds a log that is not followed; ``awaited``: a run just launched (early.follow_call)."""
     from agent.bundle import agent_command
     from gpu_train.errors import TerminalStream
     from remote.ssh import agentcall, early
@@ -146,7 +147,7 @@ def _stream_log(
         flush()
 
     while True:
-        args = early.logs_call(run, scope, follow, offset, lines)  # (the call `logs` may have started early)
+        args = early.logs_call(run, scope, follow, offset, lines, awaited)  # (the call `logs` may have started early)
         received = 0
         try:
             command = agent_command(session.target.remote_root, *args, cli=session.target.cli)

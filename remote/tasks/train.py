@@ -98,6 +98,7 @@ def train(
         ps=ps,
         stack=stack,
         timeout=timeout,
+        follow=bool(follow),
     )
     started = start_run(environment, opts)
     say_host_notes(started.sessions, started.answers)  # (stderr: busy GPUs, other runs, whether a reboot resumes it)

@@ -42,6 +42,7 @@ class TrainOptions:
     ps: int | None = None
     stack: str | None = None
     timeout: float | None = None
+    follow: bool = False  # --follow: node 0's log is asked for as its launch is answered (early.start_follow)
     project: str | None = None  # the project's id (gpu_train/identity.py), when given; else project_folder's
     project_folder: Path | None = None  # whose id the run carries: the synced folder, or the project root's folder
 

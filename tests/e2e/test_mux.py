@@ -189,3 +189,42 @@ def test_logs_asks_the_host_while_the_command_loads(tmp_path: Path) -> None:
         assert "hi from the job" in said and calls == ["-G", "call"]  # left to the task: resolved once, then asked
     finally:
         sshd.stop()
+
+
+@pytest.mark.e2e
+def test_train_follow_asks_for_the_log_while_the_launch_answers(tmp_path: Path) -> None:
+    """`train --follow` on the shared connection starts the follow's call once the host said it is ready
+    and was told to go, before the launch's answer is read (early.start_follow), and the follow takes it
+    over: its channel, the agent's start and its first read overlap that round trip. An `ssh` on PATH
+    holds each launch's answer (after its first line, "ready") until a log call has started: it is
+    released by that call, or after 5 s says it came late (the old order: the log asked for afterwards)."""
+    sshd = Sshd(tmp_path / "sshd", "127.0.24.5").start()
+    try:
+        env = lab_env(sshd, tmp_path)
+        run_fab(env, tmp_path / "proj", "train", "--command", "true", "--name", "warm", check=True)
+        shared_up(env)
+        logged, started, rc, bin_dir = tmp_path / "ssh.log", tmp_path / "logs-started", tmp_path / "rc", tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "ssh").write_text(
+            "#!/bin/sh\n"
+            'case "$*" in\n'
+            f'*" launch - "*) {{ /usr/bin/ssh "$@"; echo $? > {rc}; }} | {{\n'
+            '  IFS= read -r first; printf "%s\\n" "$first"; i=0\n'
+            f"  while [ ! -e {started} ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done\n"
+            f"  [ -e {started} ] && echo held >> {logged} || echo late >> {logged}; cat; }}; exit $(cat {rc}) ;;\n"
+            f'*" logs "*) touch {started}; exec /usr/bin/ssh "$@" ;;\n'
+            '*) exec /usr/bin/ssh "$@" ;;\n'
+            "esac\n"
+        )
+        (bin_dir / "ssh").chmod(0o755)
+        env = {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
+        for name in ("reused", "sent"):  # the code reused, then new code sent
+            if name == "sent":
+                (tmp_path / "proj" / "new.txt").write_text("new")
+            logged.unlink(missing_ok=True)
+            started.unlink(missing_ok=True)
+            out = run_fab(env, tmp_path / "proj", "train", "--command", "echo followed; exit 3", "--name", name, "--follow")
+            assert out.returncode == 3 and "followed" in out.stdout, out.stdout + out.stderr  # the job's exit code, its line
+            assert logged.read_text().split() == ["held"], name
+    finally:
+        sshd.stop()

@@ -93,3 +93,7 @@ def test_the_flags_read_early_are_exactly_the_tasks_own(task: str) -> None:
     assert _flags(context) == {flag: takes_value for flag, (_, takes_value) in early.FLAGS[task].items()}
     options = {context.flags[flag].name for flag in context.flags}  # (Invoke's option names: all_projects)
     assert {option for option, _ in early.FLAGS[task].values()} == options
+
+
+def test_train_follow_asks_for_the_whole_log_of_a_run_being_launched() -> None:
+    assert early.follow_call("job_20260101_000000") == ["logs", "--run", "job_20260101_000000", "--follow", "--await-run"]

@@ -95,3 +95,33 @@ def test_a_line_written_as_the_run_ends_is_not_lost(tmp_path: Path, monkeypatch:
     status.cmd_logs(str(tmp_path), d.name, 0, None, True)
     assert streams.out.getvalue() == b"first\nlast\n"
     assert streams.trailer()["state"] == "succeeded"
+
+
+def test_a_run_being_launched_is_awaited_then_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train --follow` asks for the log as the launch answers (logs --await-run): the host waits for the
+    run's record instead of answering that there is no such run."""
+    d = tmp_path / "runs" / "job_20260101_000000"
+    streams = Streams(monkeypatch)
+    waits: list[float] = []
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        if len(waits) == 3:  # the launch writes the run's folder, its log and then its record
+            d.mkdir(parents=True)
+            (d / "log").write_text("first\n")
+            _record(d, "succeeded", 0)
+
+    monkeypatch.setattr("agent.status.time.sleep", sleep)
+    status.cmd_logs(str(tmp_path), d.name, 0, None, True, await_run=True)
+    assert waits[:3] == [0.005, 0.01, 0.02]
+    assert streams.out.getvalue() == b"first\n" and streams.trailer()["state"] == "succeeded"
+
+
+def test_a_run_that_never_appears_is_awaited_no_longer_than_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "runs").mkdir()
+    Streams(monkeypatch)
+    monkeypatch.setattr(status, "AWAIT_RUN_S", 0.2)
+    with pytest.raises(status.AgentError, match="job_20260101_000000"):
+        status.cmd_logs(str(tmp_path), "job_20260101_000000", 0, None, True, await_run=True)
+    with pytest.raises(status.AgentError):  # a path is never looked for
+        status.cmd_logs(str(tmp_path), "../x", 0, None, True, await_run=True)
