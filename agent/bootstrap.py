@@ -10,8 +10,9 @@ it changed) and run in this process, imported from a folder unpacked beside it o
 compiles a zip's modules anew on every run, a folder's once (about 10 ms less a call).
 When both are already this version (every call but a new version's first), PACKED is not even decoded
 (about 11 ms less). Each use touches the folder; another version's goes when unused for a day (a call of
-that version may still be importing from it), a half-made one after an hour; a disk too full to unpack
-runs the zipapp itself. The wrapper, cron and systemd run the zipapp.
+that version may still be importing from it) and no run's wrapper holds it, a half-made one after an
+hour; a disk too full to unpack runs the zipapp itself. A run's wrapper runs from the folder too (and
+holds it while it runs: launch.wrapper_source); cron and systemd run the zipapp.
 
 A real module (linted, type-checked, tested) that the laptop sends as text: bundle.py replaces the
 two imports marked INLINED with their values, since on the host nothing can be imported yet. Not in
@@ -89,8 +90,27 @@ def unpacked(zipapp: bytes, root: str) -> str:
         other = os.path.join(root, "bin", name)
         old = time.time() - os.lstat(other).st_mtime > (3600 if ".tmp." in name else 86400)
         if name.startswith(UNPACKED) and other != folder and old:
-            shutil.rmtree(other, ignore_errors=True)
+            remove_unheld(other)
     return folder
+
+
+def remove_unheld(folder: str) -> None:
+    """Remove ``folder`` unless a run's wrapper imports from it (it holds a shared lock on it for its life:
+    a run may train for days past the day after which an unused version's folder goes)."""
+    import fcntl
+    import shutil
+
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(folder, ignore_errors=True)
+    except OSError:  # held
+        pass
+    finally:
+        os.close(fd)
 
 
 def durable(folder: str, files: bool = True) -> None:

@@ -76,3 +76,46 @@ def test_the_agent_launches_a_run_and_reports_it_on_python_3_8(tmp_path: Path) -
     assert "(3, 8)" in (root / "runs" / run_id / "log").read_text()
     assert JobSpec.from_json(json.loads((root / "runs" / run_id / "spec.json").read_text())).python == OLD_PYTHON
     assert agent_call("status")["agent"]["maxResumes"] == 2  # the stack's settings, checked and kept
+
+
+@pytest.mark.e2e
+def test_a_runs_wrapper_runs_from_the_unpacked_folder_which_stays_while_it_runs(tmp_path: Path) -> None:
+    """The wrapper imports from the folder the bootstrap unpacked (Python keeps its compiled modules there;
+    from the zipapp it compiles every module anew at each start), with -I -S, and holds that folder: a later
+    version's call leaves it in place however old it looks while the run trains, and removes it after."""
+    from gpu_train.contract import JobSpec
+    from tests.unit.test_agent_bundle import versions
+
+    root, run_id = tmp_path / "root", "held_20260101_000000"
+    (root / "staging" / run_id).mkdir(parents=True)
+    spec = JobSpec(run_id=run_id, base="held", command="sleep 120", python="/usr/bin/python3", venv=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+
+    def call(*args: str, zipapp: bytes | None = None) -> dict:
+        command = bundle.agent_command(str(root), *args, cli="gpu-train", zipapp=zipapp)
+        out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return dict(json.loads(out.stdout))
+
+    call("launch", base64.b64encode(json.dumps(spec.to_json()).encode()).decode())
+    [folder] = (root / "bin").glob(f"{bundle.UNPACKED}*")
+    deadline = time.monotonic() + 30
+    while (pid := json.loads((root / "runs" / run_id / "state.json").read_text()).get("pid")) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    wrapper = json.loads((root / "runs" / run_id / "state.json").read_text())["wrapperPid"]
+    argv = Path(f"/proc/{wrapper}/cmdline").read_bytes().decode().split("\0")[:-1]
+    assert argv[1:4] == ["-I", "-S", str(folder)] and argv[-2:] == ["wrap", run_id], argv
+    assert pid is not None and (folder / bundle.PACKAGE / "__pycache__").is_dir()
+
+    one, two = versions()
+    old = time.time() - 2 * 86400
+    os.utime(folder, (old, old))
+    call("status", zipapp=one)  # a later version, unpacked: an unused folder a day old would go
+    assert folder.is_dir(), "the running wrapper's folder was removed"
+    call("stop", "--run", run_id, "--grace", "1", zipapp=one)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{wrapper}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.utime(folder, (old, old))
+    call("status", zipapp=two)
+    assert not folder.exists()
