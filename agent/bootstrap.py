@@ -12,7 +12,7 @@ When both are already this version (every call but a new version's first), PACKE
 (about 11 ms less). Each use touches the folder; another version's goes when unused for a day (a call of
 that version may still be importing from it) and no run's wrapper holds it, a half-made one after an
 hour; a disk too full to unpack runs the zipapp itself. A run's wrapper runs from the folder too (and
-holds it while it runs: launch.wrapper_source); cron and systemd run the zipapp.
+holds it while it runs: agent/source.py); cron and systemd run the zipapp.
 
 A real module (linted, type-checked, tested) that the laptop sends as text: bundle.py replaces the
 two imports marked INLINED with their values, since on the host nothing can be imported yet. Not in

@@ -17,16 +17,15 @@ from typing import Any
 from gpu_train.answers import Launched, Ready, Waiting
 from gpu_train.bucketdoc import GOOGLE_ENV
 from gpu_train.codec import answer
-from gpu_train.contract import FAILED, GO_WHEN, STARTING, UNPACKED, JobSpec, cli_name, go_marker, node_roles
+from gpu_train.contract import FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_marker, node_roles
 
-from . import container, notify, outputs, registry, units
+from . import container, notify, outputs, registry, source, units
 from .outcome import given_up, hold, host_notes, launched
 from .procs import detect_python, gpu_count
 from .status import busy_runs, machine_settings
 from .store import (
     AgentError,
     agent_log,
-    agent_path,
     locked,
     now,
     read_json,
@@ -231,7 +230,7 @@ def start_wrapper(root: str, run_id: str) -> str:
     """Start the run's wrapper: in a systemd unit of its own where the host allows (see units.py),
     else in a detached screen session. Either way `screen -r NAME` shows it; returns NAME."""
     run_dir = os.path.join(root, "runs", run_id)
-    wrapper = [sys.executable, "-I", "-S", wrapper_source(root), "--root", root, "wrap", run_id]
+    wrapper = [sys.executable, "-I", "-S", source.for_wrapper(root), "--root", root, "wrap", run_id]
     name = units.screen_name(run_id)
     if units.available():
         spec = spec_or_none(run_dir)
@@ -254,19 +253,6 @@ def start_wrapper(root: str, run_id: str) -> str:
     except (OSError, subprocess.CalledProcessError) as e:
         raise AgentError(f"screen could not start the run's wrapper: {e}") from None
     return name
-
-
-def wrapper_source(root: str) -> str:
-    """What the run's wrapper runs: the folder this call imports from when the bootstrap unpacked one
-    (its modules compiled once; from the zipapp Python compiles every module anew, about 85 ms of CPU at
-    each start), held by the wrapper for its life so that a later version's bootstrap leaves it in place
-    (wrap.hold_source); else the installed zipapp, else (the root-installed copy's `boot`, before any
-    call installed one) this agent itself. -I -S: the wrapper is the standard library and the agent."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.basename(here).startswith(UNPACKED) and os.path.isfile(os.path.join(here, "__main__.py")):
-        return here
-    agent = agent_path(root)
-    return agent if os.path.isfile(agent) else os.path.abspath(sys.argv[0])
 
 
 # Prints whether the Python refuses installs of its own (PEP 668's marker, outside a venv).

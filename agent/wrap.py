@@ -27,13 +27,12 @@ from gpu_train.contract import (
     STOP_REQUESTED,
     STOPPED,
     SUCCEEDED,
-    UNPACKED,
     JobSpec,
     resume_if_path,
 )
 from gpu_train.ownership import project_dirs
 
-from . import containerrun, datalink, notify, pyenv, sweep, upload, uvfetch
+from . import containerrun, datalink, notify, pyenv, source, sweep, upload, uvfetch
 from .clusterenv import cluster_env
 from .procs import gpu_count, proc_start_time
 from .status import run_seconds
@@ -267,27 +266,11 @@ def check_writable(job_dir: str) -> None:
         raise AgentError(f"JOB_DIR {job_dir} is not writable: {e.strerror or e}") from None
 
 
-_held: list[int] = []  # the folder this wrapper imports from, open and locked for its life
-
-
-def hold_source() -> None:
-    """A shared lock on the unpacked folder this wrapper runs from (launch.wrapper_source), held until it
-    exits: the bootstrap removes an old version's folder only when it can lock it (bootstrap.remove_unheld),
-    so a run that outlives an upgrade still has the modules it imports later (its end's, its notify's)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not os.path.basename(here).startswith(UNPACKED) or not os.path.isdir(here):
-        return  # the zipapp (or the source tree, in the tests)
-    with contextlib.suppress(OSError):
-        fd = os.open(here, os.O_RDONLY)  # (not inherited by the job: Python opens it close-on-exec)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        _held.append(fd)
-
-
 def cmd_wrap(root: str, run_id: str) -> int:
     """Run the job: record pid, times, exit code; log to runs/RUN/log. Any error before the job
     starts fails the run with its reason (never `interrupted`, so never relaunched)."""
     run_dir = os.path.join(root, "runs", run_id)
-    hold_source()
+    source.hold()
     update_state(run_dir, wrapper_pid=os.getpid(), wrapper_start=proc_start_time(os.getpid()))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
