@@ -157,8 +157,9 @@ class StartCut:
 
     START = re.compile(rb"POST /v[\d.]+/containers/([^/\s]+)/start")
 
-    def __init__(self, base: Path, daemon: Dockerd, seen: Callable[[str], None] = lambda container: None):
-        self.path, self.upstream, self.seen = base / "cut.sock", str(daemon.socket), seen
+    def __init__(self, daemon: Dockerd, seen: Callable[[str], None] = lambda container: None):
+        self.base = Path(tempfile.mkdtemp(prefix="gtc-", dir="/tmp"))  # (a socket's path: 107 bytes at most)
+        self.path, self.upstream, self.seen = self.base / "cut.sock", str(daemon.socket), seen
         self.host = f"unix://{self.path}"
         self.killed: int | None = None
         self.server = socket.socket(socket.AF_UNIX)
@@ -197,6 +198,7 @@ class StartCut:
 
     def close(self) -> None:
         self.server.close()
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def _quote(text: str) -> str:

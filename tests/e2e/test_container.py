@@ -179,13 +179,9 @@ def test_a_client_killed_between_create_and_start_leaves_no_container(tmp_path: 
     """`docker run` is create, attach, start: its client killed before the start (here at the very request,
     which never reaches the daemon) leaves the container created, never started, which --rm never
     removes; the wrapper removes it as the run ends, on any host (no unit's ExecStopPost needed)."""
-    import tempfile
-
     found: list[str] = []
     cut = containers.StartCut(
-        Path(tempfile.mkdtemp(prefix="gtc-", dir="/tmp")),  # (a socket's path: 107 bytes at most)
-        dockerd,
-        lambda container: found.append(dockerd.out("inspect", "--format", "{{.Name}} {{.State.Status}}", container)),
+        dockerd, lambda container: found.append(dockerd.out("inspect", "--format", "{{.Name}} {{.State.Status}}", container))
     )
     lab = Lab(tmp_path, "127.0.42.1", setenv=f"DOCKER_HOST={cut.host} PATH={Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin")
     try:
