@@ -22,6 +22,7 @@ from gpu_train.contract import FAILED, GO_WHEN, STARTING, JobSpec, cli_name, go_
 from . import container, notify, outputs, registry, source, units
 from .outcome import given_up, hold, host_notes, launched
 from .procs import detect_python, gpu_count
+from .pyenv import fingerprint, interpreter
 from .status import busy_runs, machine_settings
 from .store import (
     AgentError,
@@ -264,15 +265,6 @@ MANAGED_PROBE = (
 PROBED = os.path.join("python", "probed.json")
 
 
-def fingerprint(path: str | None) -> list[int] | None:
-    """What says a file is the same one: inode, size and modification time (None: not there)."""
-    try:
-        st = os.stat(path) if path else None
-    except OSError:
-        return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns] if st else None
-
-
 def imports_torch_probed(root: str, python: str) -> bool:
     """Whether ``python`` imports torch, by check_python (so a Python found once is not asked again)."""
     try:
@@ -280,20 +272,6 @@ def imports_torch_probed(root: str, python: str) -> bool:
     except AgentError:
         return False
     return True
-
-
-def interpreter(python: str) -> list[int] | None:
-    """The fingerprint of the interpreter ``python`` names (through PATH and symlinks), or None where it is
-    not one but a script that picks one as it runs (a pyenv or asdf shim, a wrapper): never taken as known."""
-    found = shutil.which(python)
-    real = os.path.realpath(found) if found else None
-    try:
-        with open(real or "", "rb") as f:
-            if f.read(4) != b"\x7fELF":
-                return None
-    except OSError:
-        return None
-    return fingerprint(real)
 
 
 def still_probed(known: dict[str, Any], executable: list[int], torch: bool) -> bool:

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
-from .store import AgentError
+from .store import AgentError, write_json
 
 VENV_STAMP = ".gpu-train-venv.json"  # in a venv gpu-train made: the base Python and its version
 VERSION_PROBE = "import sys;print('%d.%d' % sys.version_info[:2])"
@@ -52,6 +52,29 @@ def venv_python(env_dir: str) -> str:
     return os.path.join(env_dir, "bin", "python")
 
 
+def fingerprint(path: str | None) -> list[int] | None:
+    """What says a file is the same one: inode, size and modification time (None: not there)."""
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns] if st else None
+
+
+def interpreter(python: str) -> list[int] | None:
+    """The fingerprint of the interpreter ``python`` names (through PATH and symlinks), or None where it is
+    not one but a script that picks one as it runs (a pyenv or asdf shim, a wrapper): never taken as known."""
+    found = shutil.which(python)
+    real = os.path.realpath(found) if found else None
+    try:
+        with open(real or "", "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return None
+    except OSError:
+        return None
+    return fingerprint(real)
+
+
 def probe_version(python: str) -> str | None:
     try:
         done = subprocess.run([python, "-I", "-S", "-c", VERSION_PROBE], capture_output=True, text=True, timeout=60)
@@ -72,11 +95,15 @@ def venv_problem(env_dir: str, base: str) -> str | None:
         return "it is not one gpu-train finished making"
     if stamp.get("base") != base:
         return f"it was made from {stamp.get('base')}, and the job's Python is now {base}"
+    seen = interpreter(venv_python(env_dir))
+    if seen is not None and seen == stamp.get("interpreter"):
+        return None  # the very interpreter it was made with (its file unchanged): no Python started to ask
     now = probe_version(venv_python(env_dir))
     if now is None:
         return f"its interpreter {venv_python(env_dir)} no longer runs (its base Python changed or is gone)"
     if now != stamp.get("version"):
         return f"its Python is now {now}, it was made with {stamp.get('version')}"
+    write_json(os.path.join(env_dir, VENV_STAMP), {**stamp, "interpreter": seen})  # (an update of the same version)
     return None
 
 
@@ -99,8 +126,9 @@ def make_venv(env_dir: str, base: str, uv: str | None, env: dict[str, str], say:
         raise AgentError(
             f"{' '.join(argv[:3])} failed to make {env_dir} ({why[0]}){fix}, or set gpu-train:venv: false to run with {base} itself"
         )
-    with open(os.path.join(env_dir, VENV_STAMP), "w") as f:  # written last: a half-made venv has none
-        json.dump({"base": base, "version": version}, f)
+    # Written last (a half-made venv has none), with its interpreter's file as it is now: while that
+    # stays, the venv is known sound without starting it (venv_problem).
+    write_json(os.path.join(env_dir, VENV_STAMP), {"base": base, "version": version, "interpreter": interpreter(venv_python(env_dir))})
 
 
 # -- what to install -------------------------------------------------------------------------------

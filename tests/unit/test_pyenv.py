@@ -9,6 +9,9 @@ suite's loopback addresses are 127.0.23.x.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -255,3 +258,52 @@ def test_a_uv_an_earlier_gpu_train_fetched_unpinned_is_not_used(tmp_path: Path) 
     assert found is None and "could not be fetched" in why
     (home / "source.json").write_text(f'{{"wheel": "{name}", "index": "https://x", "sha256": "{uvfetch.PINS["wheels"][name]}"}}')
     assert uvfetch.find_uv(str(tmp_path), env)[0] == str(home / "uv")  # one this code verified
+
+
+# -- the venv known sound without starting it ------------------------------------------------------
+# A project's venv is known sound at each train without starting its Python while its interpreter's
+# file is the one it was made with (venv_problem); else it is asked, as before.
+def _venv(tmp_path: Path, stamp: dict[str, object]) -> Path:
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    (env / pyenv.VENV_STAMP).write_text(json.dumps(stamp))
+    return env
+
+
+def test_the_interpreter_it_was_made_with_is_not_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = pyenv.interpreter(os.path.realpath(sys.executable))
+    assert made is not None
+    env = _venv(tmp_path, {"base": "/usr/bin/python3", "version": "3.11", "interpreter": made})
+    monkeypatch.setattr(pyenv, "probe_version", lambda python: pytest.fail(f"{python} was started"))
+    assert pyenv.venv_problem(str(env), "/usr/bin/python3") is None
+
+
+@pytest.mark.parametrize(
+    ("stamp", "answer", "problem"),
+    [
+        ({"version": "3.11"}, "3.11", None),  # a stamp of before: asked, and its interpreter recorded
+        ({"version": "3.11", "interpreter": [1, 2, 3]}, "3.11", None),  # its file changed (a patch release): asked
+        ({"version": "3.11", "interpreter": [1, 2, 3]}, "3.12", "its Python is now 3.12, it was made with 3.11"),
+        ({"version": "3.11"}, None, "no longer runs"),
+    ],
+)
+def test_an_interpreter_not_known_the_same_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stamp: dict[str, object], answer: str | None, problem: str | None
+) -> None:
+    env = _venv(tmp_path, {"base": "/usr/bin/python3", **stamp})
+    asked: list[str] = []
+
+    def probe(python: str) -> str | None:
+        asked.append(python)
+        return answer
+
+    monkeypatch.setattr(pyenv, "probe_version", probe)
+    said = pyenv.venv_problem(str(env), "/usr/bin/python3")
+    assert asked == [str(env / "bin" / "python")]
+    assert (said is None) if problem is None else (said is not None and problem in said)
+    kept = json.loads((env / pyenv.VENV_STAMP).read_text())
+    if problem is None:  # known now: the next train starts nothing
+        assert kept["interpreter"] == pyenv.interpreter(str(env / "bin" / "python")) and kept["version"] == "3.11"
+    else:
+        assert kept.get("interpreter") == stamp.get("interpreter")
