@@ -31,6 +31,8 @@
     if (v > 0 && v < 0.005 && digits === undefined) return "< $0.01";
     return "$" + v.toFixed(digits === undefined ? 2 : digits);
   }
+  // a catalog row's date is a date, or words where its source has none ("derived from S2's g2-standard-8 and L4 rows")
+  const asOf = (date) => (/^\d{4}-\d{2}/.test(date || "") ? "as of " + date : "(" + date + ")");
   function duration(s) {
     if (s === null || s === undefined) return "–";
     s = Math.round(s);
@@ -145,7 +147,7 @@
         ["idle stop", s.idle],
       ];
       const price = s.price !== null && s.price !== undefined
-        ? h("div", { class: "price" }, money(s.price, 3) + "/h " + (s.way || "") + " · catalog price as of " + s.priceDate)
+        ? h("div", { class: "price" }, money(s.price, 3) + "/h " + (s.way || "") + " · catalog price " + asOf(s.priceDate))
         : s.gcp ? h("div", { class: "price" }, "price unknown (not in the catalog)") : null;
       const canStop = s.gcp && s.billing && !REPORT;
       return h(
