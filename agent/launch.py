@@ -309,7 +309,8 @@ def check_python(root: str, python: str, configured: bool, torch: bool) -> bool:
         last = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
         if torch:
             raise AgentError(
-                f"{where} cannot `import torch` ({last}): set gpu-train:python to a Python with torch, or list torch in requirements.txt"
+                f"{where} cannot `import torch` ({last}): set gpu-train:python to a Python with torch, or list torch in "
+                "requirements.txt (or, without one, pyproject.toml's dependencies or its uv.lock)"
             )
         raise AgentError(f"{where} does not run ({last})")
     said = result.stdout.strip().splitlines()

@@ -82,8 +82,9 @@ def test_a_python_that_passed_is_not_asked_again_while_it_is_the_same(tmp_path: 
     init.write_text(init.read_text().replace("2.13.0", "2.14.0"))  # torch upgraded
     launch.check_python(str(root), WITH_TORCH, True, True)
     assert imports() == 2
-    with pytest.raises(launch.AgentError, match="cannot `import torch`"):  # a failure is never kept
+    with pytest.raises(launch.AgentError, match="cannot `import torch`") as refused:  # a failure is never kept
         launch.check_python(str(root), WITHOUT_TORCH, True, True)
+    assert "list torch in requirements.txt (or, without one, pyproject.toml's dependencies or its uv.lock)" in str(refused.value)
     with pytest.raises(launch.AgentError, match="cannot `import torch`"):
         launch.check_python(str(root), WITHOUT_TORCH, True, True)
 
