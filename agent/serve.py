@@ -46,13 +46,17 @@ def choose(spec: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
                 return python, module, None
     wanted = "tensorboard" if spec["kind"] == "tensorboard" else "jupyterlab"
     into = env_python if has_env or spec.get("venv") else base[0]
+    # where the project lists what a train installs (a requirements.txt added to a uv project would replace its uv.lock)
+    where = (
+        "your requirements.txt"
+        if spec.get("dependencies", "requirements.txt") == "requirements.txt"
+        else (f"pyproject.toml's dependencies (`uv add {wanted}` writes uv.lock too)")
+    )
     return (
         None,
         None,
-        (
-            f"no {wanted} in {' or '.join(candidates)} on this host: add {wanted} to your requirements.txt "
-            f"(the next train installs it into {into}, the jobs' Python)"
-        ),
+        f"no {wanted} in {' or '.join(candidates)} on this host: add {wanted} to {where} "
+        f"(the next train installs it into {into}, the jobs' Python)",
     )
 
 

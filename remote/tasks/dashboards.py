@@ -40,7 +40,9 @@ def serve(env: Environment, o: ServeOptions) -> None:
         conn = session.connect(shared=False)  # (before the target: a root asked of the host is asked over it)
         root = session.target.remote_root
         settings = {"logdir": notebooks.logdir_for(root, o.run, o.logdir)} if o.kind == "tensorboard" else {"dir": o.dir or root}
-        notebooks.serve(conn, session.target, o.kind, settings, o.local_port, say, show(o.as_json), project=env.project_of()[1])
+        folder, project = env.project_of()
+        deps = notebooks.dependency_file(folder)
+        notebooks.serve(conn, session.target, o.kind, settings, o.local_port, say, show(o.as_json), project=project, dependencies=deps)
     finally:
         session.close()
 

@@ -51,6 +51,12 @@ def env_python(target: Target, project: str) -> str:
     return f"{project_dirs(target.remote_root, project)[0]}/bin/python"
 
 
+def dependency_file(folder: Path) -> str:
+    """The file a train installs the project's packages from, where a server missing on the host is to be
+    added: requirements.txt, else pyproject.toml (its dependencies, or its uv.lock: agent/pyenv.py)."""
+    return next((name for name in ("requirements.txt", "pyproject.toml") if (folder / name).is_file()), "requirements.txt")
+
+
 def url_for(kind: str, port: int, token: str | None) -> str:
     """Where the forwarded server answers: Jupyter with its token, TensorBoard under its secret path."""
     if not token:
@@ -69,9 +75,11 @@ def serve(
     wait: Callable[[], None] | None = None,
     *,
     project: str,
+    dependencies: str = "requirements.txt",
 ) -> None:
     """Start ``kind`` on the host, forward it, print its URL, and stop both when interrupted; ``project``:
-    the project's name on the host (its venv's Python runs the server when it has one)."""
+    the project's name on the host (its venv's Python runs the server when it has one); ``dependencies``:
+    the project's file of packages (dependency_file), named where the server is missing."""
     # Both ends listen on a loopback port every local user may connect to (the host's server, this
     # laptop's forward): a secret only this user sees (Jupyter's token, TensorBoard's path) is the lock.
     token = secrets.token_hex(24)
@@ -82,6 +90,7 @@ def serve(
         "token": token or "",
         "envPython": env_python(target, project),
         "venv": target.venv,
+        "dependencies": dependencies,
         **spec_extra,
     }
     transport = conn.client.get_transport()

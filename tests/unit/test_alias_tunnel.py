@@ -84,3 +84,27 @@ def test_a_cloned_projects_stack_never_takes_over_your_alias(tmp_path: Path) -> 
     newline = tmp_path / "a\nHost *\n  ProxyCommand evil"  # a project path cannot write a line of config
     text = sshalias.entry("x", [("me", "10.0.0.1", 22)], "", "/kh", None, "gpu-train-x", newline)
     assert "\nHost *" not in text and "\n  ProxyCommand evil" not in text
+
+
+@pytest.mark.parametrize(
+    ("files", "deps", "said"),
+    [
+        ([], "requirements.txt", "add jupyterlab to your requirements.txt (the next train"),
+        (["requirements.txt", "pyproject.toml"], "requirements.txt", "add jupyterlab to your requirements.txt (the next train"),
+        # a uv project: a requirements.txt added as told would have replaced its uv.lock (requirements.txt comes first)
+        (
+            ["pyproject.toml", "uv.lock"],
+            "pyproject.toml",
+            "add jupyterlab to pyproject.toml's dependencies (`uv add jupyterlab` writes uv.lock too)",
+        ),
+    ],
+)
+def test_a_missing_server_is_added_where_the_project_lists_its_packages(tmp_path: Path, files: list[str], deps: str, said: str) -> None:
+    from agent import serve as serve_host
+
+    for name in files:
+        (tmp_path / name).write_text("")
+    assert notebooks.dependency_file(tmp_path) == deps
+    no_jupyter = str(tmp_path / "python")  # (no such Python: nothing imports there)
+    python, module, error = serve_host.choose({"kind": "jupyter", "python": no_jupyter, "venv": True, "dependencies": deps})
+    assert python is None and module is None and error is not None and said in error, error
