@@ -11,12 +11,14 @@ import ast
 import base64
 import contextlib
 import functools
+import gc
 import hashlib
 import io
 import lzma
 import re
 import shlex
 import sys
+import threading
 import tokenize
 import zipfile
 from collections.abc import Callable
@@ -62,10 +64,32 @@ MAIN = f"import sys\nfrom {PACKAGE}.cli import main\nsys.exit(main(sys.argv[1:])
 # BOOTSTRAP (below) runs first on every call: agent/bootstrap.py says how.
 
 
+_PARSING = threading.Lock()
+
+
+def parse_python(source: str | bytes, filename: str = "<unknown>", feature_version: tuple[int, int] | None = None) -> ast.Module:
+    """``ast.parse``, safe where CPython's AST constructor is not (3.11.0-3.11.7 and 3.12.0-3.12.1, fixed in 3.11.8
+    and 3.12.2: python/cpython#106905). It keeps its recursion count in one global of the process, so another parse
+    meanwhile fails this one with "SystemError: AST constructor recursion depth mismatch": one by Python code the
+    garbage collector runs inside this parse (a finalizer: asyncio's "exception was never retrieved" formats a
+    traceback, and 3.11's traceback parses its lines for the carets), or by another thread the GIL passes to then.
+    With the collector held, no Python code runs inside the constructor and the GIL stays; the lock keeps two
+    callers from turning the collector back on under each other. Every parse of the laptop's and the tests' goes
+    through here (tests/unit/test_parse_python.py)."""
+    with _PARSING:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return ast.parse(source, filename, feature_version=feature_version)
+        finally:
+            if collecting:
+                gc.enable()
+
+
 def lean(source: bytes) -> bytes:
     """``source`` without its comments and docstrings, each line where it was (a traceback on the host names
     the line of the checkout): every call carries the agent, and they were a third of the packed bytes."""
-    docs = {(n.body[0].lineno, n.body[0].col_offset) for n in ast.walk(ast.parse(source)) if _docstring(n)}
+    docs = {(n.body[0].lineno, n.body[0].col_offset) for n in ast.walk(parse_python(source)) if _docstring(n)}
     tokens = []
     for t in tokenize.tokenize(io.BytesIO(source).readline):
         if t.type == tokenize.STRING and t.start in docs:  # an empty string over as many lines

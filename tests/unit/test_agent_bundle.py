@@ -74,7 +74,7 @@ def test_what_is_sent_is_built_once_per_checkout_and_is_the_same(tmp_path: Path,
 def code_of(source: bytes) -> str:
     """The syntax tree with every node's line and column, its docstrings left out (and where a class's
     docstring was all its body, where the class ends)."""
-    tree = ast.parse(source)
+    tree = bundle.parse_python(source)
     for node in ast.walk(tree):
         if bundle._docstring(node):
             node.body = node.body[1:]
@@ -94,7 +94,7 @@ def test_the_agent_travels_without_comments_and_docstrings_each_line_where_it_wa
         assert code_of(shipped) == code_of(source), path.name
         assert shipped.count(b"\n") == source.count(b"\n"), path.name
         assert not [t for t in tokenize.tokenize(BytesIO(shipped).readline) if t.type == tokenize.COMMENT], path.name
-        assert all(not ast.get_docstring(n) for n in ast.walk(ast.parse(shipped)) if bundle._docstring(n)), path.name
+        assert all(not ast.get_docstring(n) for n in ast.walk(bundle.parse_python(shipped)) if bundle._docstring(n)), path.name
     assert bundle.lean(b"x = '# kept'  # gone\n") == b"x = '# kept'\n"
     assert (
         bundle.lean(b'def f():\n    """Why,\n    in two lines."""\n    return "kept"\n') == b'def f():\n    """\n"""\n    return "kept"\n'
@@ -163,7 +163,7 @@ def test_the_zipapp_imports_nothing_it_does_not_carry() -> None:
     shipped = {p.stem for p in bundle.HERE.glob("*.py") if p.name not in bundle.LAPTOP_ONLY}
     left_out = {name.removesuffix(".py") for name in bundle.LAPTOP_ONLY}
     for name in shipped:
-        tree = ast.parse((bundle.HERE / f"{name}.py").read_text())
+        tree = bundle.parse_python((bundle.HERE / f"{name}.py").read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level == 1:
                 assert node.module not in left_out, f"{name}.py imports .{node.module}, which the zipapp leaves out"

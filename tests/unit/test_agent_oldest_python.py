@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from agent import bundle
+from tests.conftest import parse_source
 
 VERMIN = shutil.which("vermin", path=str(Path(sys.executable).parent))
 
@@ -37,7 +38,7 @@ def for_the_checker_only(*files: Path) -> list[str]:
     """What ``files`` import under ``if TYPE_CHECKING:`` (module.name): never imported on a host."""
     found = []
     for path in files:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_source(path)):
             if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
                 found += [f"{i.module}.{a.name}" for i in node.body if isinstance(i, ast.ImportFrom) for a in i.names]
     return found
@@ -57,9 +58,9 @@ def test_every_file_the_zipapp_carries_parses_as_python_3_8() -> None:
     files = shipped()
     assert {"cli.py", "launch.py", "contract.py", "codec.py"} <= {p.name for p in files}
     for path in files:
-        ast.parse(path.read_text(encoding="utf-8"), str(path), feature_version=(3, 8))
+        bundle.parse_python(path.read_text(encoding="utf-8"), str(path), feature_version=(3, 8))
     with pytest.raises(SyntaxError):  # (what the grammar check catches: a 3.10 match statement)
-        ast.parse("match x:\n    case 1:\n        pass\n", feature_version=(3, 8))
+        bundle.parse_python("match x:\n    case 1:\n        pass\n", feature_version=(3, 8))
 
 
 def test_nothing_the_zipapp_carries_needs_more_than_python_3_8() -> None:

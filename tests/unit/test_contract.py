@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.bundle import CARRIED
+from agent.bundle import CARRIED, parse_python
 from gpu_train.codec import CONTRACT_VERSION, wire_name
 from gpu_train.contract import (
     ACTIVE,
@@ -172,7 +172,7 @@ BEYOND_STDLIB = {"checksum.py": {"google_crc32c"}}
 
 @pytest.mark.parametrize("shipped", CARRIED)
 def test_what_the_agent_carries_of_the_core_needs_python_3_8_and_the_standard_library_only(shipped: str) -> None:
-    tree = ast.parse((ROOT / "gpu_train" / shipped).read_text(), feature_version=(3, 8))
+    tree = parse_python((ROOT / "gpu_train" / shipped).read_text(), feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     import sys

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent import recovery_call
+from agent.bundle import parse_python
 from gpu_train import contract, recovery
 from gpu_train.environment import CONFIG_KEY, Environment, SettingError, settings
 from gpu_train.stack import project
@@ -56,7 +57,7 @@ def test_each_setting_is_read_in_one_place() -> None:
 
 
 def test_the_check_sees_the_ways_a_variable_is_read() -> None:
-    tree = ast.parse(
+    tree = parse_python(
         'os.environ.get("GPU_TRAIN_HOME")\nos.environ["GPU_TRAIN_STACKS_DIR"] = x\n'
         'os.getenv(probes.COMPUTE_ENV)\nenv.get("GPU_TRAIN_STACK")\nos.environ.get(CHOICE_ENV, "")\n'
         '{"GPU_TRAIN_HOME": str(home)}\nos.environ.get("HOME")\n'

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, parse_source
 
 INFRA = ROOT / "infra"
 
@@ -18,7 +18,7 @@ def used_by_the_program() -> set[tuple[str, str]]:
     """Every ``gcp.NAMESPACE.Name`` the Pulumi program's modules spell."""
     used = set()
     for path in sorted(INFRA.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_source(path)):
             inner = node.value if isinstance(node, ast.Attribute) else None
             if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "gcp":
                 used.add((inner.attr, node.attr))

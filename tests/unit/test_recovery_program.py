@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.bundle import parse_python
 from gpu_train import recovery as decisions
 from infra import program, recovery
 from infra.ops import preview
@@ -151,7 +152,7 @@ def test_the_function_source_is_stdlib_only_and_loads(tmp_path: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         if path.endswith(".py"):
-            for node in ast.walk(ast.parse(text)):
+            for node in ast.walk(parse_python(text)):
                 if isinstance(node, ast.Import):
                     assert all(a.name.split(".")[0] in STDLIB | {"functions_framework"} for a in node.names), path
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
