@@ -6,6 +6,7 @@ import os
 import re
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -373,11 +374,13 @@ def test_a_uv_project_that_locks_torch_needs_no_torch_on_the_host(tmp_path: Path
 )
 def test_resume_if_expands_job_dir_alone(tmp_path: Path, resume_if: str, refused: bool) -> None:
     (tmp_path / "train.py").write_text("print(1)\n")
-    spec = dict(run="r", base="r", command=None, args="", env=[], python=None, expect_gpus=0, code_dir=tmp_path, resume_args="--resume")
+    spec: dict[str, Any] = dict(
+        run="r", base="r", command=None, args="", env=[], python=None, expect_gpus=0, code_dir=tmp_path, resume_args="--resume"
+    )
     if refused:
         with pytest.raises(
             jobs.JobError, match=re.escape(f"--resume-if {resume_if}: no variable is expanded there but a leading $JOB_DIR/")
         ):
-            jobs.job_spec(script="train.py", resume_if=resume_if, **spec)  # type: ignore[arg-type]
+            jobs.job_spec(script="train.py", resume_if=resume_if, **spec)
     else:
-        assert jobs.job_spec(script="train.py", resume_if=resume_if, **spec).resume_if == resume_if  # type: ignore[arg-type]
+        assert jobs.job_spec(script="train.py", resume_if=resume_if, **spec).resume_if == resume_if
