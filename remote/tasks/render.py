@@ -28,7 +28,7 @@ def render_status(doc: dict[str, Any], target: Target, cli: str = "gpu-train", c
         hours = doc["uptimeS"] / 3600
         cost = f", about ${hours * target.hourly_cost_usd:,.2f} so far" if target.hourly_cost_usd else ""
         lines.append(f"VM up {hours:.1f} h{cost}")
-    lines += agent_lines(doc, target)
+    lines += agent_lines(doc, target, cli)
     for g in doc.get("gpus", []):
         lines.append(f"GPU {g['index']} {g['name']}: {g['utilization']:.0f}% busy, {g['memoryUsedMiB']:.0f}/{g['memoryTotalMiB']:.0f} MiB")
     lines += [f"unreachable: {u}" for u in doc.get("unreachable", [])]
@@ -118,8 +118,9 @@ def settings_lines(settings: dict[str, Any]) -> list[str]:
     ]
 
 
-def agent_lines(doc: dict[str, Any], target: Target) -> list[str]:
-    """The on-host agent's view: idle clock, run-time cap."""
+def agent_lines(doc: dict[str, Any], target: Target, cli: str = "gpu-train") -> list[str]:
+    """The on-host agent's view: idle clock, run-time cap; the stack's idle stop where the host has another
+    (a stack file edited since the host last heard of it: `train`, `sweep` and `setup` send it)."""
     agent = doc.get("agent") or {}
     lines = []
     minutes = agent.get("idleStopMinutes") or 0
@@ -129,6 +130,12 @@ def agent_lines(doc: dict[str, Any], target: Target) -> list[str]:
         lines.append(f"idle stop after {minutes} min (not checked yet: the agent's timer runs every minute)")
     else:
         lines.append("idle stop: off")
+    wanted = target.agent_settings.idle_stop_minutes or 0
+    if agent and wanted != minutes:
+        lines.append(
+            f"  the stack says idleStopMinutes: {wanted:g}; the host has {f'{minutes:g}' if minutes else 'off'} until the next "
+            f"train or `{cli} setup --stack {target.stack}`"
+        )
     hours = agent.get("maxRunHours")
     stop = run_limit_at(doc.get("now") or time.time(), doc.get("uptimeS"), hours)
     if hours and stop is not None:

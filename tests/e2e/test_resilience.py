@@ -188,6 +188,8 @@ def test_status_shows_the_agent_view(lab: Lab, plain: str) -> None:
     (lab.remote / "agent.json").write_text(json.dumps({"idleStopMinutes": 20, "poweroffCommand": ["true"], "sshPort": 1}))
     agent_cmd(lab, "tick")
     assert "idle stop: idle 0 min, stops at 20" in lab.fab("status", check=True).stdout
+    lab.sshd.stack_file(lab.stacks, "lab", lab.remote, sys.executable, "  gpu-train:idleStopMinutes: 45\n")  # edited since
+    assert "the stack says idleStopMinutes: 45; the host has 20 until the next train" in lab.fab("status", check=True).stdout
 
 
 def test_setup_installs_boot_at_reboot_on_an_ssh_host(lab: Lab, crontab_restored) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.contract import AgentSettings
 from gpu_train.errors import UsageError
 from gpu_train.identity import ProjectIds, Scope, folder_name, name_of, new_id, project_folder, running_run, shown_path
 from gpu_train.ownership import PROJECT_ID_PATTERN, in_scope
@@ -117,6 +118,7 @@ def test_stop_without_run_picks_the_projects_running_run(runs, pick, why) -> Non
 
 class Target:
     stack, host, is_gcp = "lab", "me@box", False
+    agent_settings = AgentSettings()
 
 
 def test_status_shows_whose_a_run_is_and_counts_the_others() -> None:

@@ -3,6 +3,8 @@ notice file (the real watcher against a metadata server on loopback), and `statu
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from agent import watch
@@ -34,6 +36,23 @@ def test_the_notice_names_the_run_limit_with_its_moment() -> None:
 
 def test_status_says_when_the_vm_stops() -> None:
     doc = {"now": 1_700_000_000.0, "uptimeS": 3600.0, "agent": {"maxRunHours": 1.5, "idleStopMinutes": 0}}
-    (line,) = [x for x in agent_lines(doc, None) if x.startswith("run-time cap")]
+    target = SimpleNamespace(stack="t4", agent_settings=AgentSettings())
+    (line,) = [x for x in agent_lines(doc, target) if x.startswith("run-time cap")]  # type: ignore[arg-type]
     assert "stops the VM at 2023-11-14 22:43 UTC (start + 1.5 h), in 30m00s" in line
     assert f"$GPU_TRAIN_NOTICE appears {RUN_LIMIT_NOTICE_S // 60} min before" in line
+
+
+@pytest.mark.parametrize(
+    ("wanted", "has", "said"),
+    [
+        (30.0, 0, "  the stack says idleStopMinutes: 30; the host has off until the next train or `gpu-train setup --stack lab`"),
+        (0.0, 30, "  the stack says idleStopMinutes: 0; the host has 30 until the next train or `gpu-train setup --stack lab`"),
+        (30.0, 30, None),
+    ],
+)
+def test_status_says_a_stack_idle_stop_the_host_has_not_heard_of(wanted: float, has: float, said: str | None) -> None:
+    """`gpu-train:idleStopMinutes: 30` added to an SSH stack: status said "idle stop: off" and nothing more, as if the
+    setting were ignored; the host learns it at the next train or setup."""
+    target = SimpleNamespace(stack="lab", agent_settings=AgentSettings(idle_stop_minutes=wanted))
+    lines = agent_lines({"agent": {"idleStopMinutes": has, "installed": True}}, target)  # type: ignore[arg-type]
+    assert [x for x in lines if "the stack says" in x] == ([said] if said else [])
