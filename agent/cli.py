@@ -219,8 +219,10 @@ def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
     if args.cmd == "launch":
         from .launch import cmd_launch
 
-        spec = sys.stdin.readline() if args.spec == "-" else args.spec
-        return cmd_launch(root, json.loads(base64.b64decode(spec)), args.await_go)
+        sent = sys.stdin.readline() if args.spec == "-" else args.spec
+        if not sent.strip():  # a launch opened early that the laptop never used (remote/ssh/early.py)
+            raise AgentError("no job spec came: nothing was launched")
+        return cmd_launch(root, json.loads(base64.b64decode(sent)), args.await_go)
     if args.cmd == "launch-outcome":
         from .outcome import cmd_launch_outcome
 

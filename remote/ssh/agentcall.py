@@ -18,7 +18,7 @@ from gpu_train.codec import Document, check
 from gpu_train.contract import LOG_END, LOG_START
 from gpu_train.errors import printable_doc
 from remote.errors import RemoteError
-from remote.ssh import mux
+from remote.ssh import early, mux
 from remote.ssh.target import Target
 
 if TYPE_CHECKING:  # paramiko is loaded only by a login (mux.channel_errors)
@@ -122,7 +122,7 @@ def launch(
     """
     # The spec (with the job's --env values) goes on the channel's stdin: a command line is readable
     # by every user of the host in /proc.
-    command = agent_command(target.remote_root, "launch", "-", *(["--await-go"] if sync else []), cli=target.cli)
+    command = agent_command(target.remote_root, *early.launch_call(awaits_go=sync is not None), cli=target.cli)
     opened: dict[str, object] = {}
 
     def open_channel() -> None:

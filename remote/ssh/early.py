@@ -1,5 +1,6 @@
-"""`gpu-train status` and `gpu-train logs` ask the host while the command is still loading, and
-`train --follow` asks for the log while the launch's answer is on its way.
+"""`gpu-train status` and `gpu-train logs` ask the host while the command is still loading, `train`
+opens its launch while it plans the code, and `train --follow` asks for the log while the launch's
+answer is on its way.
 
 Python's start with gpu-train's tasks (Invoke above all) is about 0.18 s, and a status or a log over the
 shared connection is two round trips and the agent's start on the host: one after the other, status
@@ -79,6 +80,28 @@ def logs_call(run: str | None, scope: Sequence[str], follow: bool, offset: int |
     args = ["logs", *(["--run", run] if run else []), *scope, *(["--follow"] if follow else [])]  # (--run: the scope's first)
     args += ["--await-run"] if awaited else []
     return args + (["--offset", str(offset)] if offset is not None else (["--lines", str(lines)] if lines else []))
+
+
+def launch_call(awaits_go: bool) -> list[str]:
+    """The agent's launch: the spec on stdin; ``awaits_go``: the code is synced meanwhile, "go" follows."""
+    return ["launch", "-", *(["--await-go"] if awaits_go else [])]
+
+
+def start_launches(cluster: Target) -> None:
+    """`train`: each node's launch channel opened, and its agent started (reading the spec it waits for on
+    stdin), while the laptop still plans the code: the channel's round trip and the agent's start overlap
+    that work instead of following it. Taken over by agentcall.launch when it asks for exactly this call
+    (a launch whose code is synced: --await-go); an image's own program (no sync) leaves it unused, ended
+    at exit (the agent then reads no spec and ends, having done nothing)."""
+    from agent.bundle import agent_command
+    from remote.ssh import mux
+
+    for node in range(len(cluster.hosts)):
+        target = cluster.for_node(node)
+        path = None if target.root_unknown else mux.control_path(target, target.host)
+        if path is not None and mux.master_up(path):
+            command = agent_command(target.remote_root, *launch_call(awaits_go=True), cli=target.cli)
+            mux.start_early([*mux.over_master(target, target.host, path), command], stdin=True)
 
 
 def follow_call(run: str) -> list[str]:

@@ -198,15 +198,21 @@ def channel_errors() -> tuple[type[BaseException], ...]:
 _EARLY: dict[tuple[str, ...], subprocess.Popen[bytes]] = {}
 
 
-def start_early(argv: list[str]) -> None:
-    """Start ``argv``, an `ssh` over the shared connection with nothing to send, for a channel that will
-    ask for exactly it (``MuxChannel.exec_command`` takes it over); ended at exit if none does."""
+def start_early(argv: list[str], stdin: bool = False) -> None:
+    """Start ``argv``, an `ssh` over the shared connection (with ``stdin``: a pipe the channel sends on
+    once it takes it; else nothing to send), for a channel that will ask for exactly it
+    (``MuxChannel.exec_command`` takes it over); ended at exit if none does."""
     if not _EARLY:
         atexit.register(_end_unused)
     if tuple(argv) in _EARLY:  # (asked again, a launch retried: the first is the one to take)
         return
     _EARLY[tuple(argv)] = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True
+        argv,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+        start_new_session=True,
     )
 
 

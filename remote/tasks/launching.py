@@ -54,10 +54,12 @@ class Started:
 def start_run(environment: Environment, opts: TrainOptions) -> Started:
     """Sync the code and launch ``opts`` on every node of its stack; every node started, or none."""
     from gpu_train import jobs, pooljobs
+    from remote.ssh import early
     from remote.transfer import codehop
 
     session = Session(environment, opts.stack, opts.timeout)
     cluster = session.cluster  # the stack checked: nothing is written before it passed (a project's id included)
+    early.start_launches(cluster)  # each launch's channel and agent start while the code is planned
     base = jobs.base_name(opts.name, opts.script, opts.command)
     run = jobs.run_id(base, datetime.now())
     spec = job_for(environment, cluster, opts, run=run, base=base, nodes=len(cluster.hosts))

@@ -228,3 +228,42 @@ def test_train_follow_asks_for_the_log_while_the_launch_answers(tmp_path: Path) 
             assert logged.read_text().split() == ["held"], name
     finally:
         sshd.stop()
+
+
+@pytest.mark.e2e
+def test_train_opens_its_launch_while_it_plans_the_code(tmp_path: Path) -> None:
+    """`train` on the shared connection opens each node's launch (its channel, the agent's start) before it
+    lists the code to plan the sync (early.start_launches), and the launch takes that call over: the
+    listing's `rsync --list-only` on PATH waits for a launch call to have started (after 5 s it says it
+    came late: the old order), and the run starts and runs as before, code unchanged and changed."""
+    sshd = Sshd(tmp_path / "sshd", "127.0.24.6").start()
+    try:
+        env = lab_env(sshd, tmp_path)
+        run_fab(env, tmp_path / "proj", "train", "--command", "true", "--name", "warm", check=True)
+        shared_up(env)
+        logged, started, bin_dir = tmp_path / "calls.log", tmp_path / "launch-started", tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "ssh").write_text(
+            f'#!/bin/sh\ncase "$*" in *" launch - "*) echo launch >> {logged}; touch {started} ;; esac\nexec /usr/bin/ssh "$@"\n'
+        )
+        (bin_dir / "rsync").write_text(
+            "#!/bin/sh\n"
+            'case "$*" in *--list-only*) i=0\n'
+            f"  while [ ! -e {started} ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done\n"
+            f"  [ -e {started} ] && echo held >> {logged} || echo late >> {logged} ;; esac\n"
+            'exec /usr/bin/rsync "$@"\n'
+        )
+        for tool in ("ssh", "rsync"):
+            (bin_dir / tool).chmod(0o755)
+        env = {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
+        for name in ("reused", "sent"):
+            if name == "sent":
+                (tmp_path / "proj" / "new.txt").write_text("code-sent-42")
+            logged.unlink(missing_ok=True)
+            started.unlink(missing_ok=True)
+            out = run_fab(env, tmp_path / "proj", "train", "--command", "cat new.txt 2>/dev/null; echo ran", "--name", name, "--follow")
+            assert out.returncode == 0 and "ran" in out.stdout, out.stdout + out.stderr
+            assert ("code-sent-42" in out.stdout) == (name == "sent")
+            assert logged.read_text().split() == ["launch", "held"], name  # one launch call: the early one, taken over
+    finally:
+        sshd.stop()
