@@ -24,6 +24,7 @@ project root. Standard library only.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -163,13 +164,24 @@ class ProjectIds:
         return self._read().get(str(folder.resolve()))
 
     def id_for(self, folder: Path) -> str:
-        """``folder``'s id, made and kept the first time it is asked for."""
-        table = self._read()
+        """``folder``'s id, made and kept the first time it is asked for: made under a lock on the table, read
+        again once the lock is held (two first `train`s at once, a script starting several, each made an id; the
+        one written last won, and the other's run carried an id its folder no longer had: `stop` and `status`
+        took it for another project's run)."""
         key = str(folder.resolve())
-        if key not in table:
-            table[key] = new_id(folder)
-            atomic_write(self.path, json.dumps({"version": 1, "projects": table}, indent=1, sort_keys=True) + "\n")
-        return table[key]
+        if (known := self._read().get(key)) is not None:
+            return known
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # (this user's own state: held for milliseconds)
+            table = self._read()
+            if key not in table:
+                table[key] = new_id(folder)
+                atomic_write(self.path, json.dumps({"version": 1, "projects": table}, indent=1, sort_keys=True) + "\n")
+            return table[key]
+        finally:
+            os.close(lock)
 
     def scope(self, folder: Path, legacy: str | None, everything: bool = False) -> Scope:
         """The scope of ``folder``: its own id (made if need be) and those of known folders beneath it."""

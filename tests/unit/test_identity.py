@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpu_train import identity
 from gpu_train.contract import AgentSettings
 from gpu_train.errors import UsageError
 from gpu_train.identity import ProjectIds, Scope, folder_name, name_of, new_id, project_folder, running_run, shown_path
@@ -39,6 +42,32 @@ def test_two_folders_two_ids_one_folder_one_id_and_a_copy_a_new_one(tmp_path: Pa
     assert ProjectIds(copy / ".gpu-train").id_for(copy) != first
     other_user = ProjectIds(tmp_path / "bob-state")  # another user's laptop state, the same path
     assert other_user.id_for(one) != first
+
+
+def test_two_first_trains_at_once_get_one_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two first `train`s of a project at once (a script starting several): the one that asks second gets the
+    id the first made, not one of its own (the table written last kept one id, and the other run was then
+    another project's to `stop` and `status`)."""
+    real, writing, release = identity.atomic_write, threading.Event(), threading.Event()
+
+    def first_one_slow(where: Path, text: str, **kw: Any) -> None:
+        if not writing.is_set():  # the first train, caught between its read and its write
+            writing.set()
+            assert release.wait(30)
+        real(where, text, **kw)
+
+    monkeypatch.setattr(identity, "atomic_write", first_one_slow)
+    got: dict[str, str] = {}
+    first = threading.Thread(target=lambda: got.update(a=ProjectIds(tmp_path / "state").id_for(tmp_path)))
+    first.start()
+    assert writing.wait(30)
+    second = threading.Thread(target=lambda: got.update(b=ProjectIds(tmp_path / "state").id_for(tmp_path)))
+    second.start()
+    second.join(1)  # (without the lock it has read no id and written its own by now)
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert got["a"] == got["b"] == ProjectIds(tmp_path / "state").get(tmp_path)
 
 
 def test_a_damaged_ids_file_is_an_empty_one(tmp_path: Path) -> None:
