@@ -37,7 +37,7 @@ def test_the_notice_names_the_run_limit_with_its_moment() -> None:
 def test_status_says_when_the_vm_stops() -> None:
     doc = {"now": 1_700_000_000.0, "uptimeS": 3600.0, "agent": {"maxRunHours": 1.5, "idleStopMinutes": 0}}
     target = SimpleNamespace(stack="t4", agent_settings=AgentSettings())
-    (line,) = [x for x in agent_lines(doc, target) if x.startswith("run-time cap")]  # type: ignore[arg-type]
+    (line,) = [x for x in agent_lines(doc, target) if x.startswith("run-time cap")]  # type: ignore[arg-type]  # (a SimpleNamespace stands in for the Target)
     assert "stops the VM at 2023-11-14 22:43 UTC (start + 1.5 h), in 30m00s" in line
     assert f"$GPU_TRAIN_NOTICE appears {RUN_LIMIT_NOTICE_S // 60} min before" in line
 
@@ -54,5 +54,5 @@ def test_status_says_a_stack_idle_stop_the_host_has_not_heard_of(wanted: float, 
     """`gpu-train:idleStopMinutes: 30` added to an SSH stack: status said "idle stop: off" and nothing more, as if the
     setting were ignored; the host learns it at the next train or setup."""
     target = SimpleNamespace(stack="lab", agent_settings=AgentSettings(idle_stop_minutes=wanted))
-    lines = agent_lines({"agent": {"idleStopMinutes": has, "installed": True}}, target)  # type: ignore[arg-type]
+    lines = agent_lines({"agent": {"idleStopMinutes": has, "installed": True}}, target)  # type: ignore[arg-type]  # (a SimpleNamespace stands in for the Target)
     assert [x for x in lines if "the stack says" in x] == ([said] if said else [])
