@@ -22,6 +22,12 @@ ZONE_PATTERN = r"[a-z]+-[a-z]+\d+-(?:ai\d+[a-z]?|[a-z])(?![a-z0-9])"
 AI_ZONE_PATTERN = r"[a-z]+-[a-z]+\d+-ai\d+[a-z]?"
 
 
+def dated(date: str) -> str:
+    """`` of DATE`` for a catalog date, or ``, WORDS`` where its source has none ("snapshot date unknown, 2025-era
+    or later", "derived from S2's g2-standard-8 and L4 rows"): "list prices of 2026-11-01", "list prices, derived ..."."""
+    return f" of {date}" if date[:4].isdigit() else f", {date}"
+
+
 class CatalogError(GpuTrainError, ValueError):
     """The catalog file does not have the expected shape."""
 

@@ -9,7 +9,7 @@ import difflib
 import re
 
 from gpu_train.catalog import gpunames
-from gpu_train.catalog.model import AI_ZONE_PATTERN, Catalog, FixedShape, MachineShape
+from gpu_train.catalog.model import AI_ZONE_PATTERN, Catalog, FixedShape, MachineShape, dated
 from gpu_train.stack.problems import Problem
 from gpu_train.stack.settings import StackConfig
 
@@ -26,6 +26,15 @@ def machine_and_gpus(cfg: StackConfig, catalog: Catalog) -> tuple[list[Problem],
         return [Problem("machineType", "is not a machine type gpu-train knows", fix, cfg.machine_type)], None
     if machine.fixed is not None:
         return _fixed_shape(cfg, catalog, machine.fixed), machine
+    if sizes := sorted((s for s in catalog.fixed_shapes.values() if s.name.split("-")[0] == machine.series), key=lambda s: s.vcpus):
+        # g2-standard-3: a GPU series' size that does not exist (not "the G2 series takes no GPUs")
+        asked = machine.vcpus  # (its trailing number: g2-standard-3's 3)
+        near = sorted(sizes, key=lambda s: abs(s.vcpus - asked))[:1] if asked and sizes[0].vcpus else []
+        close = [s.name for s in near] or difflib.get_close_matches(cfg.machine_type, [s.name for s in sizes], n=3, cutoff=0.6)
+        names = f"{machine.series.upper()} types: {', '.join(s.name for s in sizes)}"
+        fix = f"did you mean {', '.join(close)}? ({names})" if close else names
+        said = f"is not a machine type of the {machine.series.upper()} series that gpu-train knows"
+        return [Problem("machineType", said, fix, cfg.machine_type)], None
     if machine.series == "n1":
         return _n1(cfg, catalog, machine), machine
     return [_incompatible_series(cfg, catalog, machine)], None
@@ -221,7 +230,7 @@ def availability(cfg: StackConfig, catalog: Catalog, machine: MachineShape, gpu_
     # AI zones (us-central1-ai1) hold GPU capacity the snapshot does not list: say so, stop nothing.
     unverified = acc.name in catalog.unverified_zones or re.fullmatch(AI_ZONE_PATTERN, cfg.zone) is not None
     what = f"{acc.gpu}" + (f" as {machine.name}" if machine.fixed and machine.fixed.zones else "")
-    msg = f"{what} is not offered in this zone (catalog snapshot of {catalog.dates['zones']}"
+    msg = f"{what} is not offered in this zone (catalog snapshot{dated(catalog.dates['zones'])}"
     msg += "; unverified for this GPU or zone)" if unverified else ")"
     fix += f"; check live: gcloud compute accelerator-types list --filter=name={acc.name}"
     return [Problem("zone", msg, fix, cfg.zone, "warning" if unverified else "error")]

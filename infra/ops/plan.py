@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.catalog.loader import load_catalog
-from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog
+from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Catalog, dated
 from gpu_train.contract import RUN_LIMIT_NOTICE_S
 from gpu_train.environment import CLI, Environment, SettingError
 from gpu_train.errors import ExitStatus, outcome
@@ -38,10 +38,8 @@ def _money(value: float | None) -> str:
 
 def describe_cost(cost: Cost, way: str, ways: tuple[str, ...], unknown_where: str) -> list[str]:
     """The price of each way the shape may be had (the catalog's ways), the stack's own marked."""
-    # a row's date is a date, or words where its source has none ("derived from S2's g2-standard-8 and L4 rows")
-    dated = f" of {cost.date}" if cost.date[:4].isdigit() else f", {cost.date}"
     lines = [
-        f"Cost per VM ({cost.region} list prices{dated}; other regions differ, spot prices may change daily):",
+        f"Cost per VM ({cost.region} list prices{dated(cost.date)}; other regions differ, spot prices may change daily):",
         f"  {'':<24}{'per hour':>10}{'per day':>11}",
     ]
     prices = {ON_DEMAND: cost.on_demand, SPOT: cost.spot, FLEX_START: None, RESERVATION: cost.on_demand}

@@ -39,6 +39,7 @@ VALID = [
     {"quotaRequest": {"gpus": "8", "justification": "pretraining", "contactEmail": "me@example.com"}},
 ]
 
+NO_GPU = {"gpuType": None, "gpuCount": None}  # a GPU shape's settings: the machine type alone
 # (settings, [(key, words in message or fix), ...]): every problem expected, and nothing else.
 INVALID = [
     # counts and N1 attach rules
@@ -67,6 +68,10 @@ INVALID = [
     ({"machineType": "n2-standard-32"}, [("machineType", "machineType n1-standard-32")]),
     ({"machineType": "e2-standard-4", "gpuType": "nvidia-l4"}, [("machineType", "g2-standard-4")]),
     ({"machineType": "f1-micro"}, [("machineType", "takes no GPUs")]),
+    # a GPU series' size that does not exist: not "the G2 series takes no GPUs"
+    ({"machineType": "g2-standard-3", **NO_GPU}, [("machineType", "is not a machine type of the G2 series that gpu-train knows")]),
+    ({"machineType": "g2-standard-3", **NO_GPU}, [("machineType", "did you mean g2-standard-4? (G2 types: ")]),
+    ({"machineType": "a2-highgpu-3g", **NO_GPU}, [("machineType", "A2 types: a2-highgpu-1g, a2-ultragpu-1g, a2-highgpu-2g")]),
     ({"machineType": "n1-standard-3"}, [("machineType", "did you mean")]),
     ({"machineType": "bogus"}, [("machineType", "not a machine type")]),
     # fixed shapes
@@ -90,6 +95,7 @@ INVALID = [
     ),
     # zones
     ({"zone": "us-central1-d"}, [("zone", "zones of us-central1 with T4: us-central1-a, us-central1-b, us-central1-c")]),
+    ({"zone": "us-central1-d"}, [("zone", "(catalog snapshot, snapshot date unknown")]),  # not "snapshot of snapshot date unknown"
     ({"zone": "europe-north1-a"}, [("zone", "nearest regions with it: europe-")]),
     (
         {"zone": "us-west3-a", "machineType": "g2-standard-8", "gpuType": None, "gpuCount": None},
