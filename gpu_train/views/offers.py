@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpu_train.catalog import gpunames
-from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Accelerator, Catalog
+from gpu_train.catalog.model import FLEX_START, ON_DEMAND, RESERVATION, SPOT, Accelerator, Catalog, dated
 from gpu_train.errors import UsageError
 from gpu_train.gcp.pricing import hourly_cost
 from gpu_train.gcp.validate import GpuShape
@@ -235,8 +235,8 @@ def render_table(rows: list[GpuOffer], catalog: Catalog, spot: bool = False) -> 
 def _footer(catalog: Catalog, dates: list[str]) -> str:
     when = "; ".join(dates) or catalog.dates["prices"]
     return (
-        f"prices: {catalog.price_region} list prices as of {when} (other regions differ; spot prices change; "
-        f"n/a = not in the catalog: see {catalog.prices_unknown_where}); zones: {catalog.dates['zones']} snapshot"
+        f"prices: {catalog.price_region} list prices{dated(when)} (other regions differ; spot prices change; "
+        f"n/a = not in the catalog: see {catalog.prices_unknown_where}); zones: a snapshot{dated(catalog.dates['zones'])}"
     )
 
 
@@ -245,7 +245,7 @@ def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
     lines = [
         f"{o.short} ({o.api}): {o.memory_gb} GB, series {o.series}" + (f"; {o.note}" if o.note else ""),
         f"  per GPU: {per_hour(o.on_demand_per_gpu)} on demand, {per_hour(o.spot_per_gpu)} spot"
-        + (f" (prices of {o.price_date})" if o.price_date else ""),
+        + (f" (prices{dated(o.price_date)})" if o.price_date else ""),
         "",
         "  shapes:",
     ]
@@ -258,8 +258,8 @@ def render_detail(o: GpuOffer, catalog: Catalog, spot: bool = False) -> str:
             price = f"{per_hour(s.on_demand)}, spot {per_hour(s.spot)}"
         ways = f" [{ways_priced(s)}]"
         zones = f" (zones: {', '.join(s.zones)})" if s.zones else ""
-        dated = f" ({s.price_date})" if s.price_date and s.price_date != o.price_date else ""
-        lines.append(f"{what.ljust(70)}{price}{dated}{ways}{zones}")
+        own_date = f" ({s.price_date})" if s.price_date and s.price_date != o.price_date else ""
+        lines.append(f"{what.ljust(70)}{price}{own_date}{ways}{zones}")
     lines += ["", f"  zones ({'snapshot' if o.zones_verified else 'snapshot, unverified'}):"]
     lines += [f"    {r}: {', '.join(z.rsplit('-', 1)[1] for z in zs)}" for r, zs in o.regions.items()]
     lines += [

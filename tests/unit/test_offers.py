@@ -6,6 +6,7 @@ import pytest
 
 from gpu_train.catalog import gpunames
 from gpu_train.catalog.loader import load_catalog
+from gpu_train.catalog.model import dated
 from gpu_train.gcp.validate import check
 from gpu_train.stack.config import ConfigError
 from gpu_train.views import offers
@@ -195,7 +196,17 @@ def test_prices_carry_their_rows_dates() -> None:
     t4 = offers.offers(CATALOG, "T4")[0]
     row_date = CATALOG.gpu_prices["nvidia-tesla-t4"].date
     assert row_date and t4.price_date == row_date and all(s.price_date == row_date for s in t4.shapes)
-    assert f"(prices of {row_date})" in offers.render_detail(t4, CATALOG)
+    assert f"(prices{dated(row_date)})" in offers.render_detail(t4, CATALOG)
     assert row_date in offers.render_table(offers.offers(CATALOG), CATALOG)
     assert offers.offers(CATALOG, "H200")[0].shapes[0].price_date is None  # no price, no date
     assert offers.to_json([t4], CATALOG)["gpus"][0]["priceDate"] == row_date
+
+
+def test_dates_in_words_read_as_words() -> None:
+    """`gpu-train gpus` said "list prices as of S2 snapshot, undated (2025 or later)" and "zones: snapshot date unknown,
+    2025-era or later snapshot": a catalog date is often words."""
+    assert dated("2026-11-01") == " of 2026-11-01" and dated("derived from S2's rows") == ", derived from S2's rows"
+    footer = offers.render_table(offers.offers(CATALOG), CATALOG).splitlines()[-2]
+    for date in (CATALOG.dates["zones"], CATALOG.gpu_prices["nvidia-tesla-t4"].date):
+        assert f"of {date}" not in footer if not date[:4].isdigit() else f"of {date}" in footer
+    assert f"zones: a snapshot{dated(CATALOG.dates['zones'])}" in footer
