@@ -43,8 +43,9 @@ def parser() -> argparse.ArgumentParser:
         "command line, which every user of the host can read in /proc)",
     )
     launching.add_argument("--await-go", action="store_true")
-    outcome = sub.add_parser("launch-outcome", help="whether a launch whose answer the laptop lost started its run (final)")
-    outcome.add_argument("--run", required=True)
+    outcome = sub.add_parser("launch-outcome", help="whether a launch (or a sweep's start) whose answer the laptop lost started it (final)")
+    outcome.add_argument("--run", required=True, help="the run's id (with --sweep: the name its code was staged under)")
+    outcome.add_argument("--sweep", help="the start was this sweep's (`sweep-start`)")
     wrapping = sub.add_parser("wrap")
     wrapping.add_argument("run")
 
@@ -224,6 +225,10 @@ def run(root: str, args: argparse.Namespace) -> Mapping[str, Any] | int:
             raise AgentError("no job spec came: nothing was launched")
         return cmd_launch(root, json.loads(base64.b64decode(sent)), args.await_go)
     if args.cmd == "launch-outcome":
+        if args.sweep is not None:
+            from .sweep import cmd_sweep_outcome
+
+            return cmd_sweep_outcome(root, args.sweep, args.run)
         from .outcome import cmd_launch_outcome
 
         return cmd_launch_outcome(root, args.run)

@@ -1,5 +1,7 @@
 """A launch's answer (``Launched``): built by `launch` as it starts the run, or after the fact by
-`launch-outcome` for a laptop whose connection was lost before the answer reached it.
+`launch-outcome` for a laptop whose connection was lost before the answer reached it. A sweep's start
+(agent/sweep.py) is asked about the same way, by its staged code's name (`launch-outcome --sweep`): the
+same marks (``given_up``, ``hold``) and waits (``await_release``) under its queue's lock.
 
 The laptop chose the run's id, so it can ask by it once it is back. The answer is final: under the
 host's launch lock (store.locked), either the run's folder is there (the launch passed the point where
@@ -31,13 +33,14 @@ HELD_WAIT_S = 60.0  # how long `launch-outcome` waits for a launch past its poin
 
 
 def given_up(root: str, run_id: str) -> str:
-    """The mark `launch-outcome` leaves for a launch that had not made its run's folder: it never will."""
+    """The mark `launch-outcome` leaves for a launch that had not made its run's folder (a sweep's start:
+    its record, ``run_id`` its staged code's name): it never will."""
     return os.path.join(root, "staging", f"{run_id}.given-up")
 
 
 def hold(run_dir: str) -> int:
-    """The launch's hold on its run's folder (an flock on it, released when the launch ends: its process
-    exits, or it closes the descriptor); the descriptor is not inherited by the wrapper it starts."""
+    """The launch's hold on its run's folder (a sweep's start: on the sweep's), an flock on it, released when
+    the launch ends: its process exits, or it closes the descriptor; not inherited by the wrapper it starts."""
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
@@ -84,22 +87,8 @@ def cmd_launch_outcome(root: str, run_id: str, wait_s: float = HELD_WAIT_S) -> L
     run_dir = os.path.join(root, "runs", run_id)
     with locked(root):
         if not os.path.isdir(run_dir):
-            os.makedirs(os.path.dirname(given_up(root, run_id)), exist_ok=True)
-            open(given_up(root, run_id), "w").close()
-            return answer(LaunchOutcome, runId=run_id, launched=None, reason="the launch had not started it, and now will not")
-    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:  # the launch past its point of no return: its wrapper starts, or fails, within moments
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise AgentError(f"the launch of {run_id} is still starting it after {wait_s:g} s") from None
-                time.sleep(0.05)
-    finally:
-        os.close(fd)
+            return give_up(root, run_id, "the launch had not started it, and now will not")
+    await_release(run_dir, wait_s, f"the launch of {run_id} is still starting it")
     state = wrapped(run_dir)
     spec = spec_or_none(run_dir)
     if spec is None or not state:
@@ -107,6 +96,32 @@ def cmd_launch_outcome(root: str, run_id: str, wait_s: float = HELD_WAIT_S) -> L
     if state.get("state") == FAILED and not state.get("started"):
         return answer(LaunchOutcome, runId=run_id, launched=None, reason=str(state.get("reason") or "its wrapper did not start"))
     return answer(LaunchOutcome, runId=run_id, launched=launched(root, spec, host_notes(root, besides=run_id)), reason=None)
+
+
+def give_up(root: str, run_id: str, reason: str) -> LaunchOutcome:
+    """A start asked about before its point of no return (called under the lock it checks ``given_up`` under):
+    marked, so that it refuses when it gets there; the answer says it did not start, and why."""
+    os.makedirs(os.path.dirname(given_up(root, run_id)), exist_ok=True)
+    open(given_up(root, run_id), "w").close()
+    return answer(LaunchOutcome, runId=run_id, launched=None, reason=reason)
+
+
+def await_release(folder: str, wait_s: float, still: str) -> None:
+    """Once the start past its point of no return has let go of ``folder`` (``hold``): its wrapper or its
+    trials start, or fail, within moments; AgentError saying ``still`` after ``wait_s``."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AgentError(f"{still} after {wait_s:g} s") from None
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
 
 
 def wrapped(run_dir: str, poll_s: float = 0.05) -> dict[str, Any]:

@@ -20,12 +20,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, cast
 
-from gpu_train.answers import Launched, SweepStarted, SweepStatus, SweepStopped, SweepTrial
+from gpu_train.answers import Launched, LaunchOutcome, SweepStarted, SweepStatus, SweepStopped, SweepTrial
 from gpu_train.codec import answer
-from gpu_train.contract import ACTIVE, GO_WHEN, SLOT_ENV, SWEEP_ENV, JobSpec, RunState, go_marker
+from gpu_train.contract import ACTIVE, GO_WHEN, SLOT_ENV, SWEEP_ENV, JobSpec, RunState, go_marker, is_run_id
 from gpu_train.sweeps import PENDING, SWEEPS_DIR, SweepDoc, next_launches
 
 from . import notify
+from .outcome import HELD_WAIT_S, await_release, give_up, given_up, hold
 from .store import AgentError, agent_log, now, read_json, write_json
 
 SLOTS_FILE = "slots.json"  # trial run id -> the slot it was started in
@@ -180,6 +181,9 @@ def cmd_sweep_start(root: str, raw: dict[str, Any], staged: str) -> SweepStarted
         return answer(SweepStarted, sweep=doc.name, trials=len(mine(doc).trials), slots=len(doc.slots), started=[], waiting=waiting)
     folder = sweep_dir(root, doc.name)
     with queue_lock(root):
+        if os.path.exists(given_up(root, staged)):  # the laptop lost the word of this start and was told it ends here
+            shutil.rmtree(os.path.join(root, "staging", staged), ignore_errors=True)
+            raise AgentError(f"sweep {doc.name!r} was not started: the laptop lost its connection during its start and gave it up")
         if os.path.isdir(folder):
             old = mine(read_sweep(root, doc.name))
             left = [s for s in trial_states(root, old) if s == PENDING or s in ACTIVE or s == RunState.INTERRUPTED]
@@ -190,14 +194,36 @@ def cmd_sweep_start(root: str, raw: dict[str, Any], staged: str) -> SweepStarted
         if not os.path.isdir(code):
             raise AgentError(f"the code for sweep {doc.name} did not arrive (no {code}): run the sweep again")
         os.makedirs(folder)
+        held = hold(folder)  # until its first trials started: what `launch-outcome --sweep` waits for (outcome.py)
         os.replace(code, os.path.join(folder, "code"))
         for when in GO_WHEN:  # a cluster's code came through node 0: its markers (RUN.arrived, RUN.relayed) are done with
             with contextlib.suppress(OSError):
                 os.remove(go_marker(root, staged, when))
         notify.keep(root, f"{doc.name}.sweep", job.notify)  # the sweep's own webhook (0600), never in the record
         write_json(os.path.join(folder, "sweep.json"), replace(doc, job=replace(job, notify=None).to_json(), created=now()).to_json())
-    started = advance(root, doc.name)
+    try:
+        started = advance(root, doc.name)
+    finally:
+        os.close(held)
     return answer(SweepStarted, sweep=doc.name, trials=len(mine(doc).trials), slots=len(doc.slots), started=[s["runId"] for s in started])
+
+
+def cmd_sweep_outcome(root: str, name: str, staged: str, wait_s: float = HELD_WAIT_S) -> LaunchOutcome:
+    """`launch-outcome --sweep NAME --run STAGED`: whether the start of sweep ``name`` (its code staged as
+    ``staged``) kept it, final, as a launch's (outcome.py): its record is this start's (the queue moves by
+    itself from then on) and the trials started so far are said, or it was not and now never will be."""
+    if not (is_run_id(name) and is_run_id(staged) and staged.startswith(name)):
+        raise AgentError(f"launch-outcome: {name!r} and {staged!r} are not a sweep's name and its staged code's")
+    with queue_lock(root):
+        kept = read_json(os.path.join(sweep_dir(root, name), "sweep.json")) or {}
+        if f"{kept.get('name')}{kept.get('stamp')}" != staged:
+            return give_up(root, staged, "the sweep's start had not kept it, and now will not")
+    await_release(sweep_dir(root, name), wait_s, f"the start of sweep {name} is still starting its trials")
+    doc = mine(read_sweep(root, name))
+    runs = [trial_run(doc, t) for t in doc.trials]
+    started = [r for r in runs if os.path.isfile(os.path.join(root, "runs", r, "state.json"))]
+    said = answer(SweepStarted, sweep=name, trials=len(doc.trials), slots=len(doc.slots), started=started)
+    return answer(LaunchOutcome, runId=staged, launched=said, reason=None)
 
 
 def cmd_sweep_stop(root: str, name: str, grace: float) -> SweepStopped:

@@ -128,11 +128,12 @@ class Launched(TypedDict):
 
 
 class LaunchOutcome(TypedDict):
-    """`launch-outcome --run RUN`: what became of a launch whose answer the laptop lost with its connection,
-    final (agent/outcome.py): the run started (``launched``: the launch's own answer) or never will (``reason``)."""
+    """`launch-outcome --run RUN [--sweep NAME]`: what became of a start whose answer the laptop lost with its
+    connection, final (agent/outcome.py): it started (``launched``: the launch's own answer, Launched; with
+    --sweep, the sweep's start's, SweepStarted, RUN its staged code's name) or never will (``reason``)."""
 
     runId: str
-    launched: Launched | None
+    launched: Launched | SweepStarted | None
     reason: str | None
 
 

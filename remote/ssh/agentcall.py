@@ -37,6 +37,12 @@ STDERR_KEEP = 1 << 20
 T = TypeVar("T")
 
 
+class AnswerLost(RemoteError):
+    """A call's answer never came: its channel ended with no exit status of the agent's own (the connection
+    lost) after the host was asked. What a start did there (a launch's run, a sweep's trials) is the host's
+    to say, by the id the laptop chose (`launch-outcome`, remote/tasks/outcomes.py)."""
+
+
 def run_bounded(
     conn: Connection, command: str, timeout: float = CALL_TIMEOUT_S, cap: int = CALL_OUTPUT_MAX, stdin: bytes = b""
 ) -> tuple[int, bytes, bytes]:
@@ -64,14 +70,15 @@ def run_bounded(
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                 return chan.recv_exit_status(), bytes(out), bytes(err)
             if chan.closed or not conn.transport.is_active():
-                raise RemoteError(f"the connection to {conn.host} closed during the agent's call")
+                raise AnswerLost(f"the connection to {conn.host} closed during the agent's call")
     finally:
         chan.close()
 
 
 def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIMEOUT_S, stdin: bytes = b"") -> Any:
     """Run one agent subcommand on the host; its JSON answer as the contract declares it
-    (answers.ANSWERS), or RemoteError with its message, or with what in it does not fit."""
+    (answers.ANSWERS), or RemoteError with its message, or with what in it does not fit (AnswerLost: the
+    connection went before the answer)."""
     status, out, err = run_bounded(conn, agent_command(target.remote_root, *args, cli=target.cli), timeout, stdin=stdin)
     lines = out.decode("utf-8", "replace").strip().splitlines()
     try:
@@ -80,6 +87,8 @@ def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIM
         doc = None
     if not isinstance(doc, dict):
         detail = (err or out).decode("utf-8", "replace").strip()[-2000:]
+        if status < 0 or status == mux.SSH_LOST:  # (no exit status of the agent's own: the connection went)
+            raise AnswerLost(f"the connection to {conn.host} ended before the agent's answer ({detail or 'no word'})")
         raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {status}): {detail}")
     if "error" in doc:
         raise RemoteError(doc["error"])
@@ -93,11 +102,6 @@ def checked(kind: Callable[..., T], doc: object, what: str) -> T:
         return check(kind, doc, what)
     except ValueError as e:
         raise RemoteError(f"{e}: is the gpu-train agent there this one? (run the task again to send it)") from None
-
-
-class LaunchLost(RemoteError):
-    """The launch's answer never came: its channel ended (the connection lost, or the agent gone) after the
-    spec was sent. Whether the run started is the host's to say, by its id (`launch-outcome`)."""
 
 
 def launch(
@@ -118,7 +122,7 @@ def launch(
     said it is ready and was told to start the run (or starts it by itself), while its answer is on the
     way: `train --follow` asks for the log then. (A launch without ``sync`` may be answered "waiting".)
     Its channel ending before the answer (the host may have started the run: it goes on by itself once it
-    reused the code, was told "go", or in a fan-out had the code) raises LaunchLost.
+    reused the code, was told "go", or in a fan-out had the code) raises AnswerLost.
     """
     # The spec (with the job's --env values) goes on the channel's stdin: a command line is readable
     # by every user of the host in /proc.
@@ -173,21 +177,21 @@ def launch(
     out = _Out()
 
     def answer_line() -> bytes:
-        """The host's next line of the launch; its channel ending first is a LaunchLost, but where the agent
+        """The host's next line of the launch; its channel ending first is an AnswerLost, but where the agent
         itself ended without a word (an exit status of its own: it could not start, say), its error."""
         try:
             line = out.readline(LINE_MAX)
         except TimeoutError:
             raise
         except mux.channel_errors() as e:
-            raise LaunchLost(f"the connection to {conn.host} ended before the launch's answer ({e})") from None
+            raise AnswerLost(f"the connection to {conn.host} ended before the launch's answer ({e})") from None
         if line:
             return line
         status = exit_status(chan)
         if status is not None and status >= 0 and status != mux.SSH_LOST:
             err = chan.recv_stderr(STDERR_KEEP).decode("utf-8", "replace").strip() if chan.recv_stderr_ready() else ""
             raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {status}): {err[-2000:]}")
-        raise LaunchLost(f"the connection to {conn.host} ended before the launch's answer")
+        raise AnswerLost(f"the connection to {conn.host} ended before the launch's answer")
 
     try:
         if sync is not None:

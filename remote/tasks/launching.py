@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from gpu_train.environment import Environment
-from gpu_train.errors import GpuTrainError, Interrupted, Unreachable, UsageError
+from gpu_train.errors import GpuTrainError, Interrupted, UsageError
 from gpu_train.retry import Backoff
 from remote.tasks import trust
 from remote.tasks.localstate import PushedManifests, SaidBefore
-from remote.tasks.session import CLI, Cancelled, Session, failures, on_every_node, say
+from remote.tasks.outcomes import all_or_none, launch_outcome
+from remote.tasks.session import CLI, Cancelled, Session, on_every_node, say
 from remote.tasks.trainoptions import TrainOptions
 
 if TYPE_CHECKING:
     from gpu_train.answers import Launched, Waiting
     from gpu_train.contract import JobSpec
-    from remote.errors import RemoteError
     from remote.ssh.target import Target
     from remote.transfer.codehop import CodeFanout
     from remote.transfer.relay import ChannelRelay
@@ -96,20 +96,13 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
             )
         except Cancelled as e:
             raise _interrupted(sessions, e.results, run) from None
-    failed = failures(answers)
-    if failed:
-        several = len(sessions) > 1  # (a node that may have started is stopped too, where others failed)
-        launched = [
-            s for s, a in zip(sessions, answers, strict=True) if not isinstance(a, GpuTrainError) or (several and isinstance(a, Unsettled))
-        ]
-        on_every_node(launched, lambda s: s.call("stop", "--grace", "5", "--run", run))  # no half a cluster
-        raise GpuTrainError("; ".join(failed))
+    started = all_or_none(sessions, answers, lambda s: s.call("stop", "--grace", "5", "--run", run), run)
     if pushed is not None and plan is not None:  # (an image's own program sent no code)
         for h in cluster.hosts:
             pushed.set(h, base, plan.manifest)
     for s in sessions:
         s.close()
-    return Started(cluster, sessions, [a for a in answers if isinstance(a, dict)], session.timeout)
+    return Started(cluster, sessions, started, session.timeout)
 
 
 def job_for(environment: Environment, cluster: Target, opts: TrainOptions, *, run: str, base: str, nodes: int) -> JobSpec:
@@ -345,7 +338,7 @@ def _launch_node(
             asked = (lambda: early.start_follow(target, spec.run_id)) if follow else None
             try:
                 answer = agentcall.launch(conn, target, jobs.encode_spec(spec), push, reuse=unchanged, launching=asked)
-            except agentcall.LaunchLost as lost:
+            except agentcall.AnswerLost as lost:
                 return launch_outcome(session, spec.run_id, lost)
             if not unchanged:  # the code is staged on the host; only the launch is retried
                 push = None  # (unchanged code was neither reused nor sent: "waiting" came first, so again)
@@ -354,30 +347,6 @@ def _launch_node(
         launched = cast("Launched", until_ready(session, attempt, cancel))
         trust.host_run_id(launched["runId"], target.host)
         return launched
-
-
-class Unsettled(Unreachable):
-    """A node whose launch's answer was lost with its connection, and the host could not be asked again:
-    whether its run started is unknown (a cluster's other nodes are stopped, and it is tried too)."""
-
-
-def launch_outcome(session: Session, run: str, lost: RemoteError) -> Launched:
-    """The answer the launch of ``run`` lost with its connection (``lost``), from the host itself, asked by
-    the run's id over a new connection: the run started there (said), or it did not and now never will (a
-    GpuTrainError saying so); Unsettled where the host cannot be asked."""
-    say(f"{lost}; connecting again to ask whether {run} started")
-    try:
-        session.reconnect()
-        outcome = session.call("launch-outcome", "--run", run)
-    except GpuTrainError as e:
-        raise Unsettled(
-            f"{lost}, and asking again failed ({e}): {run} may be running there; `{CLI} status --run {run}` says, "
-            f"`{CLI} stop --run {run}` stops it"
-        ) from None
-    if outcome["launched"] is None:
-        raise GpuTrainError(f"{lost}; {run} did not start there ({outcome['reason']})")
-    say(f"{session.target.host}: connected again: {run} had started")
-    return outcome["launched"]
 
 
 def until_ready(session: Session, attempt: Callable[[], A], cancel: threading.Event | None = None) -> A:

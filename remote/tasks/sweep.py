@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import shlex
 import tempfile
@@ -23,8 +24,9 @@ from gpu_train import sweeps
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
 from remote.tasks.optional import optional_positional
+from remote.tasks.outcomes import all_or_none, sweep_outcome
 from remote.tasks.session import CLI, STACK_HELP, Session, every_answer, on_every_node, say
-from remote.tasks.sweepcalls import stop_sweep, sweep_rows
+from remote.tasks.sweepcalls import stop_node, stop_sweep, sweep_rows
 from remote.tasks.sweepoptions import SweepOptions
 
 if TYPE_CHECKING:
@@ -191,6 +193,7 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
     started: the job built, the code planned and sent, the bucket and the webhook placed as `train`'s are
     (remote/tasks/launching.py)."""
     from gpu_train.stack.agentdoc import settings_part
+    from remote.ssh.agentcall import AnswerLost
     from remote.tasks import launching
     from remote.transfer import codehop
     from remote.transfer.relay import ChannelRelay
@@ -233,9 +236,17 @@ def start(environment: Environment, session: Session, o: SweepOptions) -> None:
                 mode="workers" if o.workers is not None else "trials",
             )
             record = json.dumps(doc.to_json()).encode() + b"\n"
-            return launching.until_ready(s, lambda: s.call("sweep-start", "--staged", staged, stdin=record))  # the driver, as a launch
 
-        answers = every_answer(on_every_node(sessions, one))
+            def begin() -> SweepStarted:
+                try:
+                    return s.call("sweep-start", "--staged", staged, stdin=record)
+                except AnswerLost as lost:  # (the host may have kept it: asked by its staged name, as a launch is)
+                    return sweep_outcome(s, base, staged, lost)
+
+            return launching.until_ready(s, begin)  # the driver, as a launch
+
+        stop = functools.partial(stop_node, sweep=base)
+        answers = all_or_none(sessions, on_every_node(sessions, one), stop, f"sweep {base}")  # every node's sweep going, or none
     started = [r for a in answers for r in a["started"]]
     print(f"sweep {base}: {len(trials)} trials over {slots_total} slot(s); started {len(started)}: {', '.join(started)}")
     print(f"  status:  {CLI} sweep status --sweep {base} [--metric NAME]")

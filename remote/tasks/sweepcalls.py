@@ -10,7 +10,7 @@ from remote.tasks import trust
 from remote.tasks.session import Session, every_answer, on_every_node
 
 if TYPE_CHECKING:
-    from gpu_train.answers import SweepStatus, SweepTrial
+    from gpu_train.answers import SweepStatus, SweepStopped, SweepTrial
 
 
 def sweep_rows(session: Session, name: str | None, metric: str | None, mode: str) -> tuple[list[SweepTrial], SweepStatus]:
@@ -23,7 +23,12 @@ def sweep_rows(session: Session, name: str | None, metric: str | None, mode: str
     return rows, {**docs[0], "tags": tags}
 
 
+def stop_node(session: Session, sweep: str, grace: float = 5.0) -> SweepStopped:
+    """Sweep ``sweep`` stopped on this node: nothing more starts, the trials at work are stopped."""
+    return session.call("sweep-stop", "--sweep", sweep, "--grace", str(float(grace)))
+
+
 def stop_sweep(session: Session, name: str, as_json: bool, grace: float = 10.0) -> None:
-    docs = every_answer(on_every_node(session.nodes(), lambda s: s.call("sweep-stop", "--sweep", name, "--grace", str(float(grace)))))
+    docs = every_answer(on_every_node(session.nodes(), lambda s: stop_node(s, name, grace)))
     stopped = [r for d in docs for r in d["stopped"]]
     print(json.dumps({"sweep": name, "stopped": stopped}) if as_json else f"sweep {name}: no more trials start; stopped {len(stopped)}")

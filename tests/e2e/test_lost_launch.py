@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ JOB = "echo trained on ${NODE_RANK:-0}"
 class Hosts:
     """``count`` loopback hosts as one SSH stack `lost`, each reached through its own proxy."""
 
-    def __init__(self, tmp: Path, count: int):
+    def __init__(self, tmp: Path, count: int, net: str = NET):
         self.tmp = tmp
         fakebin = tmp / "fakebin"
         fakebin.mkdir()
@@ -52,10 +53,10 @@ class Hosts:
         self.proxies: list[DelayProxy] = []
         key = None
         for i in range(count):
-            sshd = Sshd(tmp / f"n{i}", f"{NET}.{10 + i}", client_key=key, setenv=f"HOLD={self.hold(i)} PATH={fakebin}:{os.defpath}")
+            sshd = Sshd(tmp / f"n{i}", f"{net}.{10 + i}", client_key=key, setenv=f"HOLD={self.hold(i)} PATH={fakebin}:{os.defpath}")
             self.sshds.append(sshd.start())
             key = sshd.client_key
-            self.proxies.append(DelayProxy((f"{NET}.{20 + i}", 0), (sshd.address, sshd.port), 0.0).start())
+            self.proxies.append(DelayProxy((f"{net}.{20 + i}", 0), (sshd.address, sshd.port), 0.0).start())
         hosts = [f"{s.user}@{p.address[0]}:{p.address[1]}" for s, p in zip(self.sshds, self.proxies, strict=True)]
         cluster_stack(tmp / "stacks", "lost", hosts, self.sshds[0].client_key)
         self.cwd = tmp / "work"
@@ -72,8 +73,11 @@ class Hosts:
         return self.tmp / f"node{node}"
 
     def train(self, *args: str, job: str = JOB) -> subprocess.Popen[str]:
+        return self.fab("train", "--dir", str(self.code), "--command", job, "--name", "lost", *args)
+
+    def fab(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [FAB, "--search-root", str(ROOT), "train", "--dir", str(self.code), "--command", job, "--name", "lost", *args],
+            [FAB, "--search-root", str(ROOT), *args],
             env=self.env,
             cwd=self.cwd,
             stdout=subprocess.PIPE,
@@ -105,6 +109,26 @@ class Hosts:
         target = resolve(Environment.from_os(self.env), "lost").for_node(0)
         mux.end_master(target, target.host)
 
+    def cut_as_it_starts(
+        self, node: int, start: Callable[[], subprocess.Popen[str]], gone: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        """The task ``start`` starts, its link to ``node`` dropped while that host starts a run (its
+        `screen -dmS` held), and with ``gone`` staying down: what the laptop said."""
+        self.hold(node).touch()
+        proc = start()
+        try:
+            deadline = time.monotonic() + 60
+            while not self.hold(node).with_suffix(".reached").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, "the host never started a run"
+                time.sleep(0.01)
+            self.proxies[node].cut(stay_down=gone)
+            (self.tmp / f"hold{node}.release").touch()
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
     def stop(self) -> None:
         for i in range(len(self.sshds)):
             (self.tmp / f"hold{i}.release").touch()  # (a failed test leaves no start waiting)
@@ -129,20 +153,7 @@ def first_run(hosts: Hosts) -> str:
 def cut_at_the_start(hosts: Hosts, node: int, *args: str, gone: bool = False, job: str = JOB) -> subprocess.CompletedProcess[str]:
     """A train of unchanged code whose link to ``node`` drops while that host starts the run (after its
     "ready (reused)", before its "launched"), and with ``gone`` stays down: what the laptop said."""
-    hosts.hold(node).touch()
-    proc = hosts.train(*args, job=job)
-    try:
-        deadline = time.monotonic() + 60
-        while not hosts.hold(node).with_suffix(".reached").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the host never started the run"
-            time.sleep(0.01)
-        hosts.proxies[node].cut(stay_down=gone)
-        (hosts.tmp / f"hold{node}.release").touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return hosts.cut_as_it_starts(node, lambda: hosts.train(*args, job=job), gone)
 
 
 @pytest.mark.e2e
