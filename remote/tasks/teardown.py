@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from invoke import Context, task
 
-from gpu_train.contract import ACTIVE
+from gpu_train.contract import ACTIVE, INTERRUPTED
 from gpu_train.environment import Environment
 from gpu_train.errors import CommandFailed, GpuTrainError, UsageError
 from remote.tasks.fetch import fetch_runs
@@ -216,7 +216,7 @@ def take_down(env: Environment, o: DownOptions) -> None:
 
 def leave_host(session: Session, others: list[dict[str, Any]]) -> None:
     """`down` on an SSH stack, its runs home: nothing destroyed; what stays on the host said, and the
-    @reboot line gone unless other projects' runs need it."""
+    @reboot line gone unless other projects' runs need it (running or interrupted: a finished one does not)."""
     print(f"stack {session.target.stack} is an SSH stack: nothing to destroy")
     root = session.target.remote_root
     stays = f"{len(others)} run(s) of other projects ({whose(others, 4)}), " if others else ""
@@ -224,9 +224,10 @@ def leave_host(session: Session, others: list[dict[str, Any]]) -> None:
         f"  stays on {session.target.host}: {stays}this project's runs under {root}/runs (fetched), the projects' "
         f"venvs ({root}/envs) and pushed data ({root}/data); see what they take: {CLI} ssh -- du -sh '{root}'/*"
     )
-    if others:
-        say("the @reboot line in your crontab there stays: other projects' runs resume with it")
-    else:
+    resumable = [r for r in others if r["state"] in ACTIVE or r["state"] == INTERRUPTED]  # (what `boot` relaunches)
+    if resumable:
+        say(f"the @reboot line in your crontab there stays: other projects' runs resume with it ({whose(resumable, 4)})")
+    else:  # other projects' finished runs need no boot step
         uncron(session)
 
 

@@ -80,3 +80,33 @@ def test_train_says_what_the_host_is_busy_with_and_how_reboots_go(tmp_path: Path
     assert "took gpu-train's lines out of your crontab" in down.stderr, down.stderr
     assert f"# gpu-train {root}" not in subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
     assert hostcheck.boot_resume(str(root)) == BOOT_OFF
+
+
+@pytest.mark.e2e
+def test_down_leaves_the_reboot_line_only_for_other_projects_runs_that_would_resume(
+    tmp_path: Path, busy_host: Sshd, crontab_restored
+) -> None:
+    """Two projects on one host, both down: each kept the @reboot line for the other's runs, all long finished
+    ("other projects' runs resume with it"), so it stayed for ever. Only a running or interrupted run keeps it."""
+    if not shutil.which("crontab"):
+        pytest.skip("crontab is not installed (scripts/test installs cron)")
+    root = busy_host.dir / "home" / ".gpu-train"
+    lines = f"  gpu-train:hosts: ['{busy_host.spec}']\n  gpu-train:sshKey: {busy_host.client_key}\n  gpu-train:python: {sys.executable}\n"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ours, theirs = OurProject(tmp_path / "a"), OurProject(tmp_path / "b")
+    for proj in (ours, theirs):
+        proj.stack("lab", lines + "  gpu-train:venv: false\n")
+    theirs_long = started_run(theirs.run("train", "--name", "long", "--command", "sleep 60", check=True))
+    ours.run("train", "--name", "quick", "--command", "true", check=True)
+    ours.run("setup", check=True)
+
+    def cron() -> str:
+        return subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
+
+    kept = ours.run("down", check=True)
+    assert f"other projects' runs resume with it ({theirs_long}" in kept.stderr and f"# gpu-train {root}" in cron(), kept.stderr
+    theirs.run("stop", "--run", theirs_long, check=True)  # finished now: nothing left to resume
+    gone = ours.run("down", check=True)
+    assert "took gpu-train's lines out of your crontab" in gone.stderr, gone.stderr
+    assert f"# gpu-train {root}" not in cron()
