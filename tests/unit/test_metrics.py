@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 import pytest
 
@@ -157,6 +158,19 @@ def test_csv_metrics_file(tmp_path, text, expected, skipped):
     assert problems == (
         [f"{path}: {skipped} row(s) without a finite step, longer than the header or unreadable; skipped"] if skipped else []
     )
+
+
+def test_a_csv_row_costs_its_own_cells_not_its_headers(tmp_path):
+    """A header of 100,000 names (a job that logs a metric per class, or a hostile file) above 1,000 rows of
+    two cells: each row read at the cost of its own cells. Looking for the step column along the whole
+    header for every row took 5.5 s of CPU here (11:20 UTC, load 2.5); one look per header, 0.05 s."""
+    path = tmp_path / "metrics.csv"
+    names = ",".join(f"c{i}" for i in range(100_000))
+    path.write_text(f"step,{names}\n" + "".join(f"{r},1.0\n" for r in range(1000)))
+    cpu = time.process_time()
+    got = metrics.read_csv(str(path), [])
+    assert time.process_time() - cpu < 1.5
+    assert [s for s, _, _ in got["c0"]] == list(range(1000)) and list(got) == ["c0"]
 
 
 def test_csv_wall_time_is_its_column_else_the_files(tmp_path):
