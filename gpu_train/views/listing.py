@@ -288,7 +288,7 @@ def render(table: list[Row]) -> str:
     def money(v: float | None) -> str:
         return "-" if v is None else f"${v:.2f}"
 
-    head = ["STACK", "TARGET", "SHAPE", "ZONE/HOSTS", "VM", "RUNS", "$/H NOW", "THIS MONTH", "IDLE STOP"]
+    head = ["STACK", "TARGET", "SHAPE", "ZONE/HOSTS", "VM", "RUNNING", "$/H NOW", "THIS MONTH", "IDLE STOP"]
     body = [
         [
             r.stack,

@@ -240,5 +240,20 @@ def test_billing_stacks_first_and_render() -> None:
     table = listing.rows(facts, NOW, CATALOG)
     assert [r.stack for r in table] == ["zzz-up", "aaa-stopped", "lab"]
     text = listing.render(table)
+    # the column counts runs running now (a host with 10 finished runs shows 0), and says so
+    assert text.splitlines()[0].split() == [
+        "STACK",
+        "TARGET",
+        "SHAPE",
+        "ZONE/HOSTS",
+        "VM",
+        "RUNNING",
+        "$/H",
+        "NOW",
+        "THIS",
+        "MONTH",
+        "IDLE",
+        "STOP",
+    ]
     assert text.splitlines()[1].split()[:7] == ["zzz-up", "gcp", "n1-standard-8", "+", "1", "x", "T4"]
     assert "billing now: $0.28/h across 1 stack(s)" in text and "≥$0.28" in text
