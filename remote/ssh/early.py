@@ -87,21 +87,33 @@ def launch_call(awaits_go: bool) -> list[str]:
     return ["launch", "-", *(["--await-go"] if awaits_go else [])]
 
 
-def start_launches(cluster: Target) -> None:
+def start_launches(cluster: Target) -> list[list[str]]:
     """`train`: each node's launch channel opened, and its agent started (reading the spec it waits for on
     stdin), while the laptop still plans the code: the channel's round trip and the agent's start overlap
     that work instead of following it. Taken over by agentcall.launch when it asks for exactly this call
     (a launch whose code is synced: --await-go); an image's own program (no sync) leaves it unused, ended
-    at exit (the agent then reads no spec and ends, having done nothing)."""
+    by ``end_unused`` once the launches answered (the agent then reads no spec and ends, having done
+    nothing), not at exit: `train --follow` lasts as long as the run. Returns the calls started."""
     from agent.bundle import agent_command
     from remote.ssh import mux
 
+    started = []
     for node in range(len(cluster.hosts)):
         target = cluster.for_node(node)
         path = None if target.root_unknown else mux.control_path(target, target.host)
         if path is not None and mux.master_up(path):
             command = agent_command(target.remote_root, *launch_call(awaits_go=True), cli=target.cli)
-            mux.start_early([*mux.over_master(target, target.host, path), command], stdin=True)
+            started.append([*mux.over_master(target, target.host, path), command])
+            mux.start_early(started[-1], stdin=True)
+    return started
+
+
+def end_unused(calls: list[list[str]]) -> None:
+    """End those of ``calls`` (early launches, ``start_launches``) that no launch took."""
+    from remote.ssh import mux
+
+    for argv in calls:
+        mux.end_early(argv)
 
 
 def follow_call(run: str) -> list[str]:

@@ -216,12 +216,23 @@ def start_early(argv: list[str], stdin: bool = False) -> None:
     )
 
 
+def end_early(argv: list[str]) -> None:
+    """End ``argv``'s early call where no channel took it (its agent on the host then reads no more and ends)."""
+    proc = _EARLY.pop(tuple(argv), None)
+    if proc is not None:
+        _end(proc)
+
+
 def _end_unused() -> None:
     for proc in _EARLY.values():
-        with contextlib.suppress(OSError):
-            proc.kill()
-            proc.wait(5)
+        _end(proc)
     _EARLY.clear()
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait(5)
 
 
 class MuxConnection:

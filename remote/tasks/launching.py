@@ -59,7 +59,7 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
 
     session = Session(environment, opts.stack, opts.timeout)
     cluster = session.cluster  # the stack checked: nothing is written before it passed (a project's id included)
-    early.start_launches(cluster)  # each launch's channel and agent start while the code is planned
+    opened = early.start_launches(cluster)  # each launch's channel and agent start while the code is planned
     base = jobs.base_name(opts.name, opts.script, opts.command)
     run = jobs.run_id(base, datetime.now())
     spec = job_for(environment, cluster, opts, run=run, base=base, nodes=len(cluster.hosts))
@@ -96,6 +96,8 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
             )
         except Cancelled as e:
             raise _interrupted(sessions, e.results, run) from None
+        finally:
+            early.end_unused(opened)  # (an image's own program took none)
     started = all_or_none(sessions, answers, lambda s: s.call("stop", "--grace", "5", "--run", run), run)
     if pushed is not None and plan is not None:  # (an image's own program sent no code)
         for h in cluster.hosts:

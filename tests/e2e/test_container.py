@@ -6,6 +6,7 @@ images are `docker import`s of the guest tier's Debian root file system."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -295,3 +296,34 @@ def test_a_user_neither_root_nor_in_the_docker_group_is_refused_with_the_reason(
         assert "membership of that group is root on the host" in said.stdout and "Podman" in said.stdout
     finally:
         subprocess.run(["userdel", user], capture_output=True, check=False)
+
+
+def test_an_images_own_program_leaves_no_launch_waiting_on_the_host(tmp_path: Path, dockerd: containers.Dockerd) -> None:
+    """`train` on the shared connection opens each node's launch while it plans the code (remote/ssh/early.py),
+    for code it will send. An image's own program sends none and launches without that call: the early one
+    is ended once the launches answered, not left on the host waiting for a spec as long as the task lasts
+    (with --follow, the run's life)."""
+    lab = Lab(tmp_path, "127.0.46.1", setenv=f"DOCKER_HOST={dockerd.host} PATH={Path(containers.DOCKER).parent}:/usr/sbin:/usr/bin:/bin")
+    waiting = b"\0--root\0" + str(lab.remote).encode() + b"\0launch\0-\0--await-go"
+    follow = None
+    try:
+        lab.train("--image", "gt/prog:1", "--name", "warm")  # its login starts the shared connection beside it
+        lab.wait(wait_for(lambda: next((d.name for d in (lab.remote / "runs").glob("warm_*")), None)))
+        hold = 'echo holding; while [ ! -e "$JOB_DIR/go" ]; do sleep 0.1; done; echo released'
+        follow = lab.spawn("train", "--image", "gt/prog:1", "--name", "held", "--follow", "--entrypoint", f"/bin/sh -c '{hold}'")
+        assert follow.stdout is not None
+        while "holding" not in (line := follow.stdout.readline()):  # the launches answered: the follow streams
+            assert line, follow.communicate(timeout=30)
+        left = []
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            with contextlib.suppress(OSError):
+                if waiting in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    left.append(pid)
+        (next(d for d in (lab.remote / "runs").glob("held_*")) / "job" / "go").touch()
+        out, err = follow.communicate(timeout=60)
+        assert follow.returncode == 0 and "released" in out, out + err
+        assert left == [], "an early launch still waits for a spec on the host"
+    finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+        lab.sshd.stop()
