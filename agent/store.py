@@ -288,6 +288,10 @@ EXCEPTION_RE = re.compile(r"([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)|Key
 
 
 RESUMED_MARK = ": resumed ("  # the wrapper's first line of a relaunch (wrap.py): a new leg of the run begins
+# CSI cursor moves and erases (tqdm's nested bars end each inner bar with ESC [ A): dropped from the last line,
+# where the laptop would write them out as `\x1b[A`; gpu_train/errors.py CURSOR_MOVES drops the same in `logs`.
+CURSOR_MOVES = r"\x1b\[[0-9;]{0,64}[A-HJKf]"
+_CURSOR_MOVES_RE = re.compile(CURSOR_MOVES)
 
 
 def job_line(text: str, failed: bool) -> str:
@@ -295,6 +299,7 @@ def job_line(text: str, failed: bool) -> str:
     is not this one's): for a failed run its exception (the last line of a traceback), else its own last
     line that has a word in it (not a rule of `=====`); the wrapper's lines only when the job said nothing
     (pip failed, say)."""
+    text = _CURSOR_MOVES_RE.sub("", text)
     lines = [ln.strip() for ln in text.replace("\r", "\n").split("\n") if ln.strip()]
     legs = [i for i, ln in enumerate(lines) if ln.startswith(WRAPPER_MARK) and RESUMED_MARK in ln]
     lines = lines[legs[-1] :] if legs else lines

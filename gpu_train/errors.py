@@ -147,16 +147,25 @@ def _outcome(error: BaseException) -> tuple[int, str]:
 # `logs`, `logs --follow` and `train --follow` pass a job's log through. A job (or anything it runs)
 # may write escape sequences: OSC 52 sets the clipboard, others retitle the window, move the cursor
 # over earlier lines, or answer back as typed input. Kept as they are: text, \t, \n, \r (progress
-# bars) and SGR colour (ESC [ ... m). Every other control character, escape sequence, C1 control
-# (U+0080-U+009F) and bidirectional override is written out as text (\x1b]52;...).
-# SGR, or any other control: C0 (but \t \n \r), ESC, DEL, C1, and the bidirectional overrides.
-_TOKEN = re.compile(r"\x1b\[[0-9;:]{0,64}m|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# bars) and SGR colour (ESC [ ... m). Dropped: CSI cursor moves and erases (ESC [ n A ... ESC [ n K, see
+# CURSOR_MOVES), which tqdm's nested bars write (ESC [ A after each inner bar); not sent, they can
+# overwrite nothing, and written out they made every Trainer eval read as `\x1b[A`. Every other
+# control character, escape sequence, C1 control (U+0080-U+009F) and bidirectional override is
+# written out as text (\x1b]52;...).
+# Cursor up/down/forward/back, next/previous line, to a column, to a place (H, f), erase in display
+# (J) and in line (K). agent/store.py's CURSOR_MOVES is the same (status's LAST LINE; the agent
+# imports no laptop module); tests/unit/test_terminal.py holds them equal.
+CURSOR_MOVES = r"\x1b\[[0-9;]{0,64}[A-HJKf]"
+# SGR, a cursor move, or any other control: C0 (but \t \n \r), ESC, DEL, C1, and the bidirectional overrides.
+_TOKEN = re.compile(r"\x1b\[[0-9;:]{0,64}m|" + CURSOR_MOVES + r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _OPEN = re.compile(r"\x1b(\[[0-9;:]{0,64})?\Z")  # a sequence the next chunk may complete
 
 
 def _written_out(m: re.Match[str]) -> str:
     text = m[0]
-    return text if text.startswith("\x1b[") else text.encode("unicode_escape").decode("ascii")
+    if text.startswith("\x1b["):
+        return text if text.endswith("m") else ""  # colour kept; a cursor move or erase dropped
+    return text.encode("unicode_escape").decode("ascii")
 
 
 def shown(text: str) -> str:
