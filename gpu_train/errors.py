@@ -93,6 +93,21 @@ def as_error(error: BaseException) -> GpuTrainError:
     return failed
 
 
+def shared_status(statuses: Sequence[int]) -> int:
+    """The exit status of several failures at once (a cluster's nodes'): the one they all have (every node out
+    of reach: UNREACHABLE), else FAILED: the work was tried and failed for more than one reason (one node out
+    of reach, another's host refusing: FAILED; the message has a line per node saying which)."""
+    shared = set(statuses)
+    return shared.pop() if len(shared) == 1 else ExitStatus.FAILED
+
+
+def joined(errors: Sequence[GpuTrainError], message: str) -> GpuTrainError:
+    """Several failures (a cluster's nodes') as one error: ``message``, with their ``shared_status``."""
+    error = GpuTrainError(message)
+    error.status = shared_status([e.status for e in errors])
+    return error
+
+
 def printable(text: str, keep: str = "") -> str:
     """``text`` with its control characters (but those in ``keep``) written out, as ``\\x1b``.
 

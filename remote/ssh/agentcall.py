@@ -88,7 +88,7 @@ def call(conn: Connection, target: Target, *args: str, timeout: float = CALL_TIM
     if not isinstance(doc, dict):
         detail = (err or out).decode("utf-8", "replace").strip()[-2000:]
         if status < 0 or status == mux.SSH_LOST:  # (no exit status of the agent's own: the connection went)
-            raise AnswerLost(f"the connection to {conn.host} ended before the agent's answer ({detail or 'no word'})")
+            raise AnswerLost(f"the connection to {conn.host} ended before the agent's answer" + (f" ({detail})" if detail else ""))
         raise RemoteError(f"the gpu-train agent failed on {conn.host} (exit {status}): {detail}")
     if "error" in doc:
         raise RemoteError(doc["error"])

@@ -18,7 +18,7 @@ from invoke import Context, task
 
 from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, UsageError
-from remote.tasks.session import CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import CLI, STACK_HELP, Session, failures, nodes_failed, on_every_node, say
 
 if TYPE_CHECKING:
     from remote.ssh.target import Target
@@ -75,8 +75,8 @@ def push(c: Context, dir: str, stack: str | None = None, json_: bool = False, to
 
     say(f"pushing {src} ({codesize.human(ignores.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
     results = on_every_node(sessions, one)
-    if failed := failures(results):
-        raise GpuTrainError("; ".join(failed) + f": run `{CLI} push {dir}` again to resume")
+    if failures(results):
+        raise nodes_failed(results, f": run `{CLI} push {dir}` again to resume")
     if json_:
         print(
             json.dumps(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpu_train.errors import GpuTrainError, Unreachable
-from remote.tasks.session import CLI, Session, failures, on_every_node, say
+from remote.tasks.session import CLI, Session, failures, nodes_failed, on_every_node, say
 
 if TYPE_CHECKING:
     from gpu_train.answers import Launched, SweepStarted
@@ -73,9 +73,8 @@ def _asked(session: Session, run: str, what: str, lost: RemoteError, look: str, 
 def all_or_none(sessions: list[Session], answers: Sequence[T | GpuTrainError], stop: Callable[[Session], object], what: str) -> list[T]:
     """Every node's answer to a start; where a node failed, ``what`` is stopped (``stop``) on the nodes that
     started it, and on a cluster on those that may have (Unsettled): no half a cluster, and the failures
-    are raised as one error."""
-    failed = failures(answers)
-    if not failed:
+    are raised as one error (``nodes_failed``: their exit status where they share one)."""
+    if not failures(answers):
         return [a for a in answers if not isinstance(a, GpuTrainError)]
     several = len(sessions) > 1
     started = [
@@ -84,4 +83,4 @@ def all_or_none(sessions: list[Session], answers: Sequence[T | GpuTrainError], s
     stopped = on_every_node(started, stop)
     told = [s.node for s, a in zip(started, stopped, strict=True) if not isinstance(a, GpuTrainError)]
     nodes = ", ".join(str(n) for n in told)
-    raise GpuTrainError("; ".join(failed) + (f"; {what} was stopped on node {nodes} (no half a cluster)" if several and told else ""))
+    raise nodes_failed(answers, f"; {what} was stopped on node {nodes} (no half a cluster)" if several and told else "")

@@ -14,7 +14,7 @@ from invoke import task
 from gpu_train.contract import SUCCEEDED
 from gpu_train.environment import Environment
 from gpu_train.errors import CommandExit, GpuTrainError, Interrupted
-from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, on_every_node, say
+from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, nodes_failed, on_every_node, say
 from remote.tasks.taskoptions import LogsOptions
 
 if TYPE_CHECKING:
@@ -98,8 +98,8 @@ def _show_logs(session: Session, o: LogsOptions, scope: Sequence[str]) -> None:
 
     sessions = session.nodes()
     trailers = on_every_node(sessions, lambda s: _stream_log(s, run, lines, follow, prefixed(s), out.flush, scope))
-    if failed := failures(trailers):
-        raise GpuTrainError("; ".join(failed))
+    if failures(trailers):
+        raise nodes_failed(trailers)
     if follow:
         ended = cast("list[LogEnd]", trailers)  # (no node failed: each followed its log to the end mark)
         bad = [t for t in ended if t["state"] != SUCCEEDED]

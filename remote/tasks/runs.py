@@ -12,7 +12,7 @@ from gpu_train.errors import GpuTrainError, outcome
 from remote.tasks import trust
 from remote.tasks.completion import SeenRuns
 from remote.tasks.render import render_status
-from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, on_every_node
+from remote.tasks.session import ALL_PROJECTS_HELP, CLI, STACK_HELP, Session, failures, nodes_failed, on_every_node
 from remote.tasks.taskoptions import ResumeOptions, StopOptions
 
 if TYPE_CHECKING:
@@ -130,8 +130,8 @@ def stop_run(env: Environment, o: StopOptions) -> None:
         if not isinstance(doc, GpuTrainError) and not json_:
             said = cast("Stopped", doc)
             print(f"{where}{said['runId']}: {said['state']} ({', '.join(said['signals']) or 'no signal needed'})")
-    if failed := failures(docs):
-        raise GpuTrainError("; ".join(failed))
+    if failures(docs):
+        raise nodes_failed(docs)
 
 
 @task(
@@ -178,8 +178,8 @@ def resume_run(env: Environment, o: ResumeOptions) -> None:
     docs = on_every_node(sessions, lambda s: s.call(*args))
     for s in sessions:
         s.close()
-    if failed := failures(docs):
-        raise GpuTrainError("; ".join(failed))
+    if failures(docs):
+        raise nodes_failed(docs)
     resumes = cast("Resumed", docs[0])["resumes"]  # (no node failed)
     run = cast("Resumed", docs[0])["runId"] or run  # the run's id, where --run gave a prefix or a name
     if json_:
@@ -229,5 +229,5 @@ def prune(c: Context, run: str | None = None, dry_run: bool = False, stack: str 
             print(f"  {p['id']}")
         for k in kept:
             print(f"  kept {k['id']}: {k['why']}")
-    if failed := failures(results):
-        raise GpuTrainError("; ".join(failed))
+    if failures(results):
+        raise nodes_failed(results)

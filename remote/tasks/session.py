@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from gpu_train.environment import CLI as CLI  # (the tasks name it through here too)
 from gpu_train.environment import Environment
-from gpu_train.errors import GpuTrainError, Unreachable, UsageError, as_error, outcome, printable
+from gpu_train.errors import GpuTrainError, Unreachable, UsageError, as_error, joined, outcome, printable
 
 if TYPE_CHECKING:
     from gpu_train.answers import (
@@ -315,8 +315,14 @@ def failures(results: Sequence[object]) -> list[str]:
     return [f"node {i}: {outcome(r)[1]}" for i, r in enumerate(results) if isinstance(r, GpuTrainError)]
 
 
+def nodes_failed(results: Sequence[object], after: str = "") -> GpuTrainError:
+    """The nodes' failures in ``results`` as one error: a line per node (``failures``), then ``after``; its
+    exit status theirs where they share one (every node out of reach: UNREACHABLE), else FAILED (errors.joined)."""
+    return joined([r for r in results if isinstance(r, GpuTrainError)], "; ".join(failures(results)) + after)
+
+
 def every_answer(results: list[T | GpuTrainError]) -> list[T]:
-    """Every node's answer, in node order; a GpuTrainError naming each node that failed, if any did."""
-    if failed := failures(results):
-        raise GpuTrainError("; ".join(failed))
+    """Every node's answer, in node order; an error naming each node that failed, if any did (``nodes_failed``)."""
+    if failures(results):
+        raise nodes_failed(results)
     return [r for r in results if not isinstance(r, GpuTrainError)]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.errors import ExitStatus
 from remote.loopback import Sshd
 from tests.conftest import FAB, ROOT, after_the_second_of, cluster_stack, fab_env, run_fab
 
@@ -189,7 +190,7 @@ def test_a_host_that_cannot_be_asked_again_is_said_to_be_unknown_not_failed(tmp_
     try:
         first_run(hosts)
         said = cut_at_the_start(hosts, 0, "--timeout", "2", gone=True)  # the link stays down
-        assert said.returncode != 0 and not said.stdout
+        assert said.returncode == ExitStatus.UNREACHABLE and not said.stdout, said.stderr
         run = said.stderr.split("ask whether ")[1].split()[0]
         assert f"{run} may be running there; `fab status --run {run}` says, `fab stop --run {run}` stops it" in said.stderr
         assert hosts.ended(0, run) == "succeeded"  # (it was: the message did not say it failed)
@@ -221,7 +222,7 @@ def test_a_cluster_node_that_cannot_be_asked_again_stops_the_others_and_is_named
     try:
         first_run(hosts)
         said = cut_at_the_start(hosts, 1, "--timeout", "2", gone=True, job="sleep 60")  # node 1's link stays down
-        assert said.returncode != 0 and not said.stdout
+        assert said.returncode == ExitStatus.UNREACHABLE and not said.stdout, said.stderr  # the one reason it failed
         run = said.stderr.split("ask whether ")[1].split()[0]
         assert f"node 1: the connection to {hosts.proxies[1].address[0]}" in said.stderr
         assert f"{run} may be running there; `fab status --run {run}` says" in said.stderr
@@ -231,5 +232,21 @@ def test_a_cluster_node_that_cannot_be_asked_again_stops_the_others_and_is_named
         while hosts.state(1, run) != "running":
             assert time.monotonic() < deadline and hosts.state(1, run) == "starting", hosts.state(1, run)
             time.sleep(0.05)
+    finally:
+        hosts.stop()
+
+
+@pytest.mark.e2e
+def test_a_cluster_none_of_whose_nodes_can_be_reached_exits_unreachable(tmp_path: Path) -> None:
+    """Every node's failure is that it cannot be reached: the exit status says so (3), as one host's does,
+    not the generic 1 of nodes failing for different reasons (gpu_train/errors.py shared_status)."""
+    hosts = Hosts(tmp_path, 2, "127.0.45")  # (this test's own loopback addresses)
+    try:
+        for proxy in hosts.proxies:
+            proxy.cut(stay_down=True)
+        said = hosts.train("--timeout", "2")
+        out, err = said.communicate(timeout=120)
+        assert said.returncode == ExitStatus.UNREACHABLE and not out, err
+        assert "node 0: " in err and "node 1: " in err and not (hosts.root(0) / "runs").exists()
     finally:
         hosts.stop()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.errors import ExitStatus
 from tests.conftest import run_fab
 from tests.e2e.test_lost_launch import Hosts
 
@@ -82,7 +83,7 @@ def test_a_cluster_node_that_cannot_be_asked_again_stops_the_other_nodes_sweeps(
     hosts = hosts_of(tmp_path, 2)
     try:
         said = cut_at_the_start(hosts, 1, "x=1,2", "sleep 60", gone=True)  # node 1's link stays down
-        assert said.returncode != 0 and not said.stdout
+        assert said.returncode == ExitStatus.UNREACHABLE and not said.stdout, said.stderr
         assert f"node 1: the connection to {hosts.proxies[1].address[0]}" in said.stderr, said.stderr
         assert "sweep lost may be running there; `fab sweep status --sweep lost` says" in said.stderr
         assert "sweep lost was stopped on node 0 (no half a cluster)" in said.stderr

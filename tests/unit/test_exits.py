@@ -15,7 +15,19 @@ from pathlib import Path
 import pytest
 from invoke import Exit
 
-from gpu_train.errors import CommandExit, CommandFailed, ExitStatus, GpuTrainError, Interrupted, Unreachable, UsageError, as_error, outcome
+from gpu_train.errors import (
+    CommandExit,
+    CommandFailed,
+    ExitStatus,
+    GpuTrainError,
+    Interrupted,
+    Unreachable,
+    UsageError,
+    as_error,
+    joined,
+    outcome,
+    shared_status,
+)
 from remote.errors import HostKeyError, RemoteError, exit_for
 from tests.conftest import ROOT, parse_source
 
@@ -132,6 +144,42 @@ def test_each_error_means_one_status(error: BaseException, status: int) -> None:
     assert outcome(error)[0] == status
     made = exit_for(error)
     assert isinstance(made, Exit) and made.code == status and made.message == outcome(error)[1]
+
+
+U, F, B = ExitStatus.UNREACHABLE, ExitStatus.FAILED, ExitStatus.USAGE
+
+
+@pytest.mark.parametrize(
+    ("statuses", "shared"),
+    [
+        ([U], U),  # one node (one host) out of reach: UNREACHABLE, as a single host's task says it
+        ([U, U], U),  # every node out of reach
+        ([F, F], F),
+        ([B, B, B], B),
+        ([3, 3], 3),  # a status the nodes share is theirs, whatever it is (a job's exit code passed on)
+        ([U, F], F),  # a mix: tried, and failed for more than one reason; each node's line says which
+        ([F, U, U], F),
+        ([U, B], F),
+        ([ExitStatus.INTERRUPTED, U], F),
+        ([], F),
+    ],
+)
+def test_several_failures_exit_with_the_status_they_share_else_failed(statuses: list[int], shared: int) -> None:
+    assert shared_status(statuses) == shared
+
+
+def test_a_clusters_failures_joined_keep_their_meaning() -> None:
+    """The one error for a cluster's nodes (remote/tasks/session.py nodes_failed), through the one mapping."""
+    from remote.tasks.outcomes import Unsettled
+    from remote.tasks.session import nodes_failed
+
+    down = Unreachable("cannot reach 10.0.0.2: connection refused")
+    unsettled = Unsettled("the connection to 10.0.0.3 ended before the launch's answer, and asking again failed")
+    both = nodes_failed([{"runId": "r"}, down, unsettled], "; r was stopped on node 0 (no half a cluster)")
+    assert outcome(both) == (ExitStatus.UNREACHABLE, f"node 1: {down}; node 2: {unsettled}; r was stopped on node 0 (no half a cluster)")
+    mixed = nodes_failed([down, RemoteError("sweep 'lost' is still going here (1 trial(s) left)")])
+    assert outcome(mixed)[0] == ExitStatus.FAILED and exit_for(mixed).code == ExitStatus.FAILED
+    assert outcome(joined([UsageError("a"), UsageError("b")], "a; b")) == (ExitStatus.USAGE, "a; b")
 
 
 def test_bad_input_is_a_usage_error_wherever_it_is_found() -> None:
