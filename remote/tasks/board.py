@@ -135,7 +135,12 @@ def show_dashboard(env: Environment, o: DashboardOptions) -> None:
     say("dashboard stopped")
 
 
-@task(help={"output": "the HTML file to write (default: PROJECT-report-YYYYmmdd-HHMM.html here)", "json": 'print {"path": ...}'})
+@task(
+    help={
+        "output": "the HTML file to write (default: runs/PROJECT-report-YYYYmmdd-HHMM.html in the project, beside fetched runs)",
+        "json": 'print {"path": ...}',
+    }
+)
 def report(c: Context, output: str | None = None, json_: bool = False) -> None:
     """The dashboard as one self-contained HTML file (no network needed to open it): for a lab notebook.
 
@@ -147,15 +152,24 @@ def report(c: Context, output: str | None = None, json_: bool = False) -> None:
     watch = _watch(env, 0)
     doc = snapshot(env, watch)
     stamp = time.strftime("%Y%m%d-%H%M", time.localtime(doc["at"]))
-    path = Path(output) if output else env.cwd / f"{doc['project']}-report-{stamp}.html"
+    path = Path(output) if output else report_path(env.project_root, doc["project"], stamp)
     if path.is_dir():
         raise UsageError(f"--output {path}: a folder; name a file (e.g. {path / 'report.html'})")
     try:
+        if not output:
+            path.parent.mkdir(parents=True, exist_ok=True)  # runs/, as fetch makes it
         atomic_write(path, page.report(doc))
     except OSError as e:
         raise GpuTrainError(f"cannot write {path}: {e.strerror or e}") from None
     print(json.dumps({"path": str(path)}) if json_ else path, flush=True)
     say(f"{len(doc['stacks'])} stack(s), {len(doc['runs'])} run(s); open it in any browser, offline")
+
+
+def report_path(project_root: Path, project: str, stamp: str) -> Path:
+    """Where a report goes unless --output says: the project's runs/, beside the fetched runs (runs/STACK/RUN),
+    which the code sync never sends (launching.plan_code): a report holds every stack's runs and logs, and
+    in the project's root it went to the host with every later `train`."""
+    return project_root / "runs" / f"{project}-report-{stamp}.html"
 
 
 def snapshot(env: Environment, watch: Watch) -> dict[str, Any]:
