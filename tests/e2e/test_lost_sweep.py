@@ -2,7 +2,7 @@
 sweep's first trial (its record kept, its queue going), before `sweep-start` can answer. The laptop asks the
 host by the sweep's staged code's name over a new connection (`launch-outcome --sweep`, as a launch is asked)
 and says what is true: the sweep started, once, on one host and on every node of a cluster; and a cluster
-node that cannot be asked again leaves no other node's sweep going. Real sshd, screen and rsync, each node
+node that cannot be asked again, or that refuses the sweep, leaves no other node's sweep going. Real sshd, screen and rsync, each node
 behind a proxy that can drop its connections; the hosts' `screen` holds a trial's start at a marker so
 that the cut falls exactly there (tests/e2e/test_lost_launch.py's Hosts). Loopback 127.0.45.x."""
 
@@ -89,5 +89,28 @@ def test_a_cluster_node_that_cannot_be_asked_again_stops_the_other_nodes_sweeps(
         assert "sweep lost was stopped on node 0 (no half a cluster)" in said.stderr
         [trial] = trials(hosts, 0)  # node 0's sweep: no more trials start, the one at work stopped
         assert kept(hosts, 0)["stopped"] is True and hosts.ended(0, trial) == "stopped"
+    finally:
+        hosts.stop()
+
+
+def test_a_cluster_sweep_refused_on_one_node_is_stopped_on_the_others(tmp_path: Path) -> None:
+    """Node 1 still has a sweep of that name going (a trial left to start): it refuses the new one, so node 0's,
+    started meanwhile, is stopped: every node's sweep going, or none (before: node 0's went on alone)."""
+    hosts = hosts_of(tmp_path, 2)
+    try:
+        old = hosts.root(1) / "sweeps" / "lost"
+        old.mkdir(parents=True)
+        job = {"runId": "lost_20200101_000000", "base": "lost", "command": "true"}
+        trial = {"index": 0, "values": {"x": 9}, "args": [], "base": "lost_t0_x9", "node": 1}
+        old.joinpath("sweep.json").write_text(
+            json.dumps({"name": "lost", "stamp": "_20200101_000000", "job": job, "trials": [trial], "slots": [[]], "node": 1})
+        )
+        said = run_fab(hosts.env, hosts.cwd, "sweep", "--command", "sleep 60", "--name", "lost", "--slots", "1", "--values", "x=1,2")
+        assert said.returncode == ExitStatus.FAILED and not said.stdout, said.stderr
+        assert "node 1: sweep 'lost' is still going here (1 trial(s) left)" in said.stderr
+        assert "sweep lost was stopped on node 0 (no half a cluster)" in said.stderr
+        [trial0] = trials(hosts, 0)
+        assert kept(hosts, 0)["stopped"] is True and hosts.ended(0, trial0) == "stopped"
+        assert kept(hosts, 1)["stamp"] == "_20200101_000000" and not kept(hosts, 1).get("stopped")  # node 1's own, untouched
     finally:
         hosts.stop()
