@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import sys
+import zlib
 
 from gpu_train.contract import UNPACKED
 
@@ -30,13 +31,31 @@ def running_folder() -> str | None:
 
 
 def for_wrapper(root: str) -> str:
-    """What a run's wrapper runs (after ``python -I -S``): this call's unpacked folder; else the installed
-    zipapp; else (the root-installed copy's `boot`, before any call installed one) this agent itself."""
+    """What a run's wrapper runs (after ``python -I -S``): this call's unpacked folder; else (`boot` and `tick`,
+    which cron and systemd start from the zipapp) the installed zipapp's own folder where the bootstrap
+    unpacked it; else the zipapp; else (the root-installed copy's `boot`, before any call installed one) this
+    agent itself. Never the zipapp where its folder is there: the next version's call replaces that file,
+    and Python reads a zip's modules by the offsets it read at the start (a later import fails: "bad local
+    file header"; a sweep's trial then starts none after it)."""
     folder = running_folder()
     if folder is not None:
         return folder
     agent = agent_path(root)
-    return agent if os.path.isfile(agent) else os.path.abspath(sys.argv[0])
+    if not os.path.isfile(agent):
+        return os.path.abspath(sys.argv[0])
+    return unpacked_folder(root, agent) or agent
+
+
+def unpacked_folder(root: str, zipapp: str) -> str | None:
+    """The folder the bootstrap unpacked the zipapp at ``zipapp`` into (named by its version, as
+    bootstrap.version names it: the CRC-32 and size of its bytes), or None where there is none."""
+    try:
+        with open(zipapp, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    folder = os.path.join(root, "bin", f"{UNPACKED}{zlib.crc32(data):08x}-{len(data)}")
+    return folder if os.path.isfile(os.path.join(folder, "__main__.py")) else None
 
 
 def hold() -> None:

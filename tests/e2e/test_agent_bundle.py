@@ -119,3 +119,51 @@ def test_a_runs_wrapper_runs_from_the_unpacked_folder_which_stays_while_it_runs(
     os.utime(folder, (old, old))
     call("status", zipapp=two)
     assert not folder.exists()
+
+
+@pytest.mark.e2e
+def test_a_run_boot_relaunches_runs_from_the_unpacked_folder_too(tmp_path: Path) -> None:
+    """`boot` (cron's @reboot line, a VM's unit) runs the installed zipapp, not the bootstrap: the run it
+    relaunches runs from that zipapp's unpacked folder all the same, and holds it. From the zipapp, the
+    next version's call replaces the file under the wrapper, whose later imports then fail ("bad local
+    file header": Python reads a zip's modules at the offsets it read at its start)."""
+    import signal
+
+    from gpu_train.contract import JobSpec
+
+    root, run_id = tmp_path / "root", "booted_20260101_000000"
+    (root / "staging" / run_id).mkdir(parents=True)
+    spec = JobSpec(run_id=run_id, base="booted", command="sleep 120", python="/usr/bin/python3", venv=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    state_path = root / "runs" / run_id / "state.json"
+
+    def started(field: str, besides: int | None = None) -> int:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = json.loads(state_path.read_text()).get(field)
+            if got is not None and got != besides and json.loads(state_path.read_text()).get("pid") is not None:
+                return int(got)
+            time.sleep(0.05)
+        raise AssertionError(f"no {field} in {state_path.read_text()}")
+
+    launch = bundle.agent_command(str(root), "launch", base64.b64encode(json.dumps(spec.to_json()).encode()).decode(), cli="gpu-train")
+    assert subprocess.run(["bash", "-c", launch], capture_output=True, timeout=60, env=env).returncode == 0
+    [folder] = (root / "bin").glob(f"{bundle.UNPACKED}*")
+    first = started("wrapperPid")
+    victims = (first, json.loads(state_path.read_text())["pid"])
+    for pid in victims:  # the machine went down: nothing of the run is left
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() for p in victims) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    agent = root / "bin" / "gpu-train-agent"
+    booted = subprocess.run(["python3", str(agent), "--root", str(root), "boot"], capture_output=True, text=True, timeout=60, env=env)
+    assert [a["action"] for a in json.loads(booted.stdout)["actions"]] == ["resumed"], booted.stdout + booted.stderr
+    wrapper = started("wrapperPid", besides=first)
+    try:
+        argv = Path(f"/proc/{wrapper}/cmdline").read_bytes().decode().split("\0")[:-1]
+        assert argv[1:4] == ["-I", "-S", str(folder)] and argv[-2:] == ["wrap", run_id], argv
+    finally:
+        stop = bundle.agent_command(str(root), "stop", "--run", run_id, "--grace", "1", cli="gpu-train")
+        subprocess.run(["bash", "-c", stop], capture_output=True, timeout=60, env=env)
