@@ -173,6 +173,25 @@ def test_a_csv_row_costs_its_own_cells_not_its_headers(tmp_path):
     assert [s for s, _, _ in got["c0"]] == list(range(1000)) and list(got) == ["c0"]
 
 
+def test_a_big_text_metrics_file_is_read_from_its_last_bytes(tmp_path, monkeypatch):
+    """A JSONL or CSV file over TEXT_MAX bytes (a dataset whose name matched, every step of a long run) is
+    read from its last TEXT_MAX bytes, a CSV with its header, and said: read whole, a 16 MB CSV took 3.4 s
+    of CPU and 330 MB on the host at each call. A step-less line keeps its number in the whole file."""
+    monkeypatch.setattr(metrics, "TEXT_MAX", 4096)
+    csv_path, jsonl_path = tmp_path / "server_metrics.csv", tmp_path / "metrics.jsonl"
+    csv_path.write_text("step,loss,acc\n" + "".join(f"{i},{i}.5,\n" for i in range(2000)))
+    jsonl_path.write_text("".join(json.dumps({"loss": i}) + "\n" for i in range(2000)))
+    problems: list[str] = []
+    rows = metrics.read_csv(str(csv_path), problems)
+    lines = metrics.read_jsonl(str(jsonl_path), problems)
+    assert set(rows) == {"loss"} and [s for s, _, _ in rows["loss"]][-1] == 1999 and 100 < len(rows["loss"]) < 500
+    assert all(v == s + 0.5 for s, _, v in rows["loss"])  # each cell under its header's name
+    assert all(v == s for s, _, v in lines["loss"]) and lines["loss"][-1][0] == 1999 and len(lines["loss"]) < 500
+    assert problems == [f"{csv_path}: 0 MiB; only its last 0 MiB read", f"{jsonl_path}: 0 MiB; only its last 0 MiB read"]
+    csv_path.write_text("loss\n" + "".join(f"{i}.5\n" for i in range(2000)))  # no step column: the row's number
+    assert all(v == s + 0.5 for s, _, v in metrics.read_csv(str(csv_path), [])["loss"])
+
+
 def test_csv_wall_time_is_its_column_else_the_files(tmp_path):
     path = tmp_path / "metrics.csv"
     path.write_text("step,time,loss\n1,100.5,2.0\n2,,1.0\n")
