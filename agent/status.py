@@ -57,6 +57,9 @@ FOLLOW_POLL_S = (0.01, 0.3)
 # takes to write its record (milliseconds; a busy host's disk, seconds).
 AWAIT_RUN_S = 30.0
 AWAIT_POLL_S = (0.005, 0.05)
+# Bytes of a log read and sent at a time, the next read at once: a follow resumed far behind (a laptop that
+# slept for a night of a chatty job) or a whole log asked for costs the host this much memory, not the log's size.
+READ_MAX = 1 << 20
 
 
 def effective_state(state: RunRecord) -> RunState:
@@ -257,7 +260,7 @@ def cmd_logs(
         try:
             with open(path, "rb") as f:
                 f.seek(pos)
-                chunk = f.read()
+                chunk = f.read(READ_MAX)
         except OSError:
             chunk = b""
         if chunk:
@@ -265,6 +268,8 @@ def cmd_logs(
             out.flush()
             pos += len(chunk)
             wait = Backoff(*FOLLOW_POLL_S)
+        if len(chunk) == READ_MAX:
+            continue  # more is there
         if not follow or (ended and not chunk):
             break
         time.sleep(wait.next())

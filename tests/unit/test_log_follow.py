@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,29 @@ def test_a_run_that_never_appears_is_awaited_no_longer_than_its_bound(tmp_path: 
         status.cmd_logs(str(tmp_path), "job_20260101_000000", 0, None, True, await_run=True)
     with pytest.raises(status.AgentError):  # a path is never looked for
         status.cmd_logs(str(tmp_path), "../x", 0, None, True, await_run=True)
+
+
+def test_a_long_log_costs_the_host_a_chunk_of_memory_not_its_size(tmp_path: Path) -> None:
+    """A whole log asked for (a follow resumed far behind: a laptop that slept through a chatty job's night),
+    read and sent a piece at a time: the agent's peak memory is its own and a piece's, not the log's (read
+    in one piece, 64 MiB of log cost 64 MiB more)."""
+    d = _run(tmp_path, "succeeded")
+    block = b"".join(b"step %06d loss 0.5\n" % i for i in range(4096))
+    with open(d / "log", "wb") as f:
+        for _ in range(64 * 2**20 // len(block)):
+            f.write(block)
+    size = (d / "log").stat().st_size
+    peak = "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0], file=sys.stderr)"  # (KiB; this process's own)
+    root = Path(__file__).resolve().parents[2]
+
+    def agent(call: str) -> subprocess.CompletedProcess[bytes]:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import sys\nfrom agent import status\n{call}\n{peak}"], cwd=root, capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
+    done = agent(f"status.cmd_logs({str(tmp_path)!r}, {d.name!r}, 0, None, True)")
+    assert len(done.stdout) == size and done.stdout.endswith(block)
+    grew = int(done.stderr.split()[-1]) - int(agent("").stderr.split()[-1])
+    assert grew < 16 * 1024, f"{grew} KiB more than the agent's own"
