@@ -11,6 +11,7 @@ the run's log).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +44,8 @@ def data_path(src: Path, root: Path) -> str:
 )
 def push(c: Context, dir: str, stack: str | None = None, json_: bool = False, to: str | None = None) -> None:
     """Send a data directory to the host (every node): incremental, resumable, with progress; the job sees $DATA_DIR."""
-    from remote.transfer import codesize, ignores, sync
+    from remote.tasks.localstate import PushedData, local_summary
+    from remote.transfer import codesize, sync
 
     src = Path(dir).expanduser().resolve()
     if not src.is_dir():
@@ -73,10 +75,12 @@ def push(c: Context, dir: str, stack: str | None = None, json_: bool = False, to
             s.close()
         return f"{target.remote_root}/data/{project}/{rel}"
 
-    say(f"pushing {src} ({codesize.human(ignores.tree_bytes(src)[0])}) to {len(sessions)} node(s)")
+    sent = local_summary(src)  # as it was before sending: a file written meanwhile reads as changed at `train`
+    say(f"pushing {src} ({codesize.human(sent['bytes'])}) to {len(sessions)} node(s)")
     results = on_every_node(sessions, one)
     if failures(results):
         raise nodes_failed(results, f": run `{CLI} push {dir}` again to resume")
+    PushedData(session.target.cache).record(src, [str(s.target.host) for s in sessions], sent, time.time())
     if json_:
         print(
             json.dumps(

@@ -164,6 +164,7 @@ def plan_code(
     ``base``; None: a sweep's, always sent), said, with what is left out (when that changed) and code that
     looks too heavy."""
     from remote.errors import RemoteError
+    from remote.tasks import datanotes
     from remote.transfer import codesize, ignores, sync
 
     try:
@@ -175,7 +176,8 @@ def plan_code(
     say(("unchanged since the last run: " if unchanged else f"syncing{where} ") + plan.describe())
     if plan.left_out:  # said again only when it changed
         where = os.path.relpath(code_dir, environment.cwd) if code_dir != environment.cwd.resolve() else ""
-        line = ignores.left_out_summary(list(plan.left_out), CLI, where=where)
+        sent = datanotes.pushed_folders(environment, cluster, code_dir, plan.left_out)
+        line = ignores.left_out_summary(list(plan.left_out), CLI, where=where, pushed=sent)
         if SaidBefore(cluster.cache).first_time(f"left out {code_dir}", line):
             say(line)
     if heavy := codesize.heavy_code(plan.files, plan.bytes, plan.folders, ignores.IGNORE_FILE, CLI):

@@ -59,6 +59,30 @@ class SaidBefore:
         return False
 
 
+class PushedData:
+    """What `push DIR` sent to the stack's hosts, by the folder's path here: when, to which hosts, and the
+    folder's local_summary as it was sent (taken before sending: a file written meanwhile reads as changed),
+    so that `train` says a folder it leaves out was pushed, or changed since, not "push it"."""
+
+    def __init__(self, cache: Path):
+        self.path = cache / "data-pushes.json"
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def get(self, src: Path) -> dict[str, Any] | None:
+        got = self._load().get(str(src.resolve()))
+        return got if isinstance(got, dict) and isinstance(got.get("hosts"), list) else None
+
+    def record(self, src: Path, hosts: list[str], summary: Mapping[str, int], at: float) -> None:
+        doc = {**self._load(), str(src.resolve()): {"at": at, "hosts": hosts, **summary}}
+        atomic_write(self.path, json.dumps(doc, indent=1))
+
+
 def local_summary(path: Path, skip: Collection[str] = ()) -> dict[str, Any]:
     """Regular files under ``path`` (links not followed): how many, their bytes, the newest mtime;
     ``skip``: folders at its top left out (a run's workdir/ and .gpu-train/ beside its JOB_DIR files)."""

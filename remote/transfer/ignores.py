@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,25 +102,61 @@ def always_excluded(src: Path, outputs: list[tuple[Path, str | None]]) -> list[t
     return out
 
 
-def left_out_summary(items: list[LeftOut], cli: str = "gpu-train", limit: int = 4, where: str = "") -> str:
+@dataclass(frozen=True)
+class Pushed:
+    """A folder left out of the sync that `push` sent: ``to`` says where and when ("to HOST at 11:02"),
+    ``change`` how it differs from what was sent ("" unchanged; None: too big to look)."""
+
+    to: str
+    change: str | None = ""
+
+
+def left_out_summary(
+    items: list[LeftOut], cli: str = "gpu-train", limit: int = 4, where: str = "", pushed: Mapping[str, Pushed] | None = None
+) -> str:
     """One line naming the biggest things left out and their sizes, and how to send data instead:
     `push` of the biggest directory left out, and where the job finds it (as `push` puts it:
     $DATA_DIR/PATH, and as PATH/ in the job's working directory, nested ones too). ``where``: the synced
-    folder as a path from where the user is (a monorepo's example from its root), so `push` names it."""
+    folder as a path from where the user is (a monorepo's example from its root), so `push` names it.
+    ``pushed``: the folders `push` sent (by folder_of), said as sent, or as changed since, instead."""
     shown = sorted(items, key=lambda i: -i.bytes)[:limit]
     if not shown:
         return ""
+    pushed = pushed or {}
     parts = [f"{i.path} {'>= ' if i.capped else ''}{human(i.bytes)}, {i.why}" for i in shown]
     more = f" and {len(items) - limit} more" if len(items) > limit else ""
-    folder = next((f for f in map(folder_of, shown) if f and f not in ("runs", ".gpu-train")), None)
     inside = f" in {where}" if where not in ("", ".") else ""
+    folders = list(dict.fromkeys(f for f in map(folder_of, shown) if f and f not in ("runs", ".gpu-train")))
+    said = [pushed_words(f, pushed[f], cli, f"{where}/{f}" if inside else f) for f in folders if f in pushed]
+    head = f"left out{inside}: {'; '.join(parts)}{more}. " + "".join(f"{w}. " for w in said)
+    folder = next((f for f in folders if f not in pushed), None)
+    if folder is None and said:
+        return head.rstrip()
     if folder is None:
-        return f"left out{inside}: {'; '.join(parts)}{more}. To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
+        return f"{head}To send data: {cli} push DIR (the job finds it in $DATA_DIR/DIR)"
     typed = f"{where}/{folder}" if inside else folder
     return (
-        f"left out{inside}: {'; '.join(parts)}{more}. To send {folder}/: {cli} push {typed} "
-        f"(the job finds it in $DATA_DIR/{folder}, and as {folder}/ in its working directory)"
+        f"{head}To send {folder}/: {cli} push {typed} (the job finds it in $DATA_DIR/{folder}, and as {folder}/ in its working directory)"
     )
+
+
+def pushed_words(folder: str, p: Pushed, cli: str, typed: str) -> str:
+    """A pushed folder in words: sent and unchanged, changed since (and how), or too big to look."""
+    if p.change is None:
+        return f"{folder}/ was pushed {p.to} (too many files to look for changes; `{cli} push {typed}` sends any)"
+    if p.change:
+        return f"{folder}/ changed since it was pushed {p.to} ({p.change}): `{cli} push {typed}` sends the changes"
+    return f"{folder}/ was pushed {p.to} and is unchanged since: the job finds it in $DATA_DIR/{folder}"
+
+
+def summary_change(then: Mapping[str, int], now: Mapping[str, int]) -> str:
+    """How a folder's summary now (files, bytes, newest mtime: localstate.local_summary) differs from the
+    one when it was pushed: "" when it does not."""
+    if (then.get("files"), then.get("bytes"), then.get("newestNs")) == (now["files"], now["bytes"], now["newestNs"]):
+        return ""
+    if (then.get("files"), then.get("bytes")) == (now["files"], now["bytes"]):
+        return "the same files and bytes, one modified"
+    return f"{then.get('files', 0)} file(s), {human(then.get('bytes', 0))} then; {now['files']}, {human(now['bytes'])} now"
 
 
 def folder_of(item: LeftOut) -> str | None:

@@ -134,6 +134,55 @@ def test_left_out_and_always_excluded(tmp_path: Path) -> None:
     assert "To send data/: gpu-train push examples/fit/data (the job finds it in $DATA_DIR/data, and as data/ in its" in sub
 
 
+def test_a_pushed_folder_left_out_is_said_as_pushed_not_as_to_push() -> None:
+    from remote.transfer import ignores
+    from remote.transfer.ignores import LeftOut, Pushed
+
+    data, runs = LeftOut("data/", 3 << 20, "ignored by .gitignore"), LeftOut("runs/", 10, "fetched results")
+    at = "to lab at 2026-11-28 11:02"
+    cases = [  # (pushed, words in the line, words not in it)
+        ({}, ["To send data/: gpu-train push data"], ["was pushed"]),
+        (
+            {"data": Pushed(at)},
+            ["data/ was pushed to lab at 2026-11-28 11:02 and is unchanged since: the job finds it in $DATA_DIR/data."],
+            ["To send", "push data"],
+        ),
+        (
+            {"data": Pushed(at, "1 file(s), 3.0 MiB then; 2, 3.5 MiB now")},
+            ["data/ changed since it was pushed to lab at 2026-11-28 11:02 (1 file(s), 3.0 MiB then; 2, 3.5 MiB now): "
+             "`gpu-train push data` sends the changes."],
+            ["To send"],
+        ),
+        ({"data": Pushed(at, None)}, ["(too many files to look for changes; `gpu-train push data` sends any)"], ["To send"]),
+        ({"other": Pushed(at)}, ["To send data/: gpu-train push data"], ["was pushed"]),  # another folder's push
+    ]  # fmt: skip
+    for pushed, said, unsaid in cases:
+        text = ignores.left_out_summary([data, runs], pushed=pushed)
+        assert text.startswith("left out: data/ 3.0 MiB, ignored by .gitignore; runs/ 10 B, fetched results."), text
+        assert all(w in text for w in said) and not any(w in text for w in unsaid), (pushed, text)
+    # one folder pushed, another not: the pushed one said as such, the other one's hint as before
+    both = ignores.left_out_summary([data, LeftOut("sets/", 9, "ignored by .gitignore")], pushed={"data": Pushed(at)})
+    assert "data/ was pushed" in both and both.endswith("To send sets/: gpu-train push sets (the job finds it in "
+                                                          "$DATA_DIR/sets, and as sets/ in its working directory)")  # fmt: skip
+    sub = ignores.left_out_summary([data], where="examples/fit", pushed={"data": Pushed(at, "a")})
+    assert "`gpu-train push examples/fit/data` sends the changes" in sub
+
+
+@pytest.mark.parametrize(
+    ("then", "now", "change"),
+    [
+        ({"files": 1, "bytes": 10, "newestNs": 5}, {"files": 1, "bytes": 10, "newestNs": 5}, ""),
+        ({"files": 1, "bytes": 10, "newestNs": 5}, {"files": 1, "bytes": 10, "newestNs": 6}, "the same files and bytes, one modified"),
+        ({"files": 1, "bytes": 3 << 20, "newestNs": 5}, {"files": 2, "bytes": 4 << 20, "newestNs": 6},
+         "1 file(s), 3.0 MiB then; 2, 4.0 MiB now"),
+    ],
+)  # fmt: skip
+def test_a_pushed_folders_change(then: dict, now: dict, change: str) -> None:
+    from remote.transfer.ignores import summary_change
+
+    assert summary_change(then, now) == change
+
+
 def test_a_notice_said_before_is_not_said_again_until_it_changes(tmp_path: Path) -> None:
     from remote.tasks.localstate import SaidBefore
 
