@@ -8,6 +8,7 @@ or a new VM links what was downloaded before instead of downloading it again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -103,7 +104,10 @@ def venv_problem(env_dir: str, base: str) -> str | None:
         return f"its interpreter {venv_python(env_dir)} no longer runs (its base Python changed or is gone)"
     if now != stamp.get("version"):
         return f"its Python is now {now}, it was made with {stamp.get('version')}"
-    write_json(os.path.join(env_dir, VENV_STAMP), {**stamp, "interpreter": seen})  # (an update of the same version)
+    # Known now (an update of the same version): the next train starts nothing. A stamp that cannot be written
+    # (a full disk, a home over its quota) is only asked again: the venv is sound all the same.
+    with contextlib.suppress(OSError):
+        write_json(os.path.join(env_dir, VENV_STAMP), {**stamp, "interpreter": seen})
     return None
 
 

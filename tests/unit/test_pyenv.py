@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -307,3 +308,19 @@ def test_an_interpreter_not_known_the_same_is_asked(
         assert kept["interpreter"] == pyenv.interpreter(str(env / "bin" / "python")) and kept["version"] == "3.11"
     else:
         assert kept.get("interpreter") == stamp.get("interpreter")
+
+
+def test_a_stamp_that_cannot_be_written_again_leaves_the_venv_sound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stamp of before (no interpreter recorded: every venv after the upgrade) is asked, and its interpreter
+    recorded; where the venv's folder takes no file (a full disk, a home over its quota; here immutable), the
+    venv is sound all the same, and the job runs (it was 'the wrapper failed before the job started')."""
+    env = _venv(tmp_path, {"base": "/usr/bin/python3", "version": "3.11"})
+    monkeypatch.setattr(pyenv, "probe_version", lambda python: "3.11")
+    if os.geteuid() != 0 or subprocess.run(["chattr", "+i", str(env)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i (root, on a file system that has it) makes the folder take no file")
+    try:
+        with pytest.raises(OSError):
+            (env / "probe").write_text("")  # (immutable indeed)
+        assert pyenv.venv_problem(str(env), "/usr/bin/python3") is None
+    finally:
+        subprocess.run(["chattr", "-i", str(env)], check=True)
