@@ -133,10 +133,14 @@ def launch(
         try:
             chan = conn.client.get_transport().open_session()
             chan.exec_command(command)
-            chan.sendall(spec.encode() + b"\n")
-            opened["chan"] = chan
         except Exception as e:
             opened["error"] = e
+            return
+        opened["chan"] = chan
+        try:
+            chan.sendall(spec.encode() + b"\n")
+        except Exception as e:  # the agent ended before it read the spec: its answer may say why (read below)
+            opened["unsent"] = e
 
     opener = threading.Thread(target=open_channel, daemon=True)
     opener.start()
@@ -194,6 +198,14 @@ def launch(
         raise AnswerLost(f"the connection to {conn.host} ended before the launch's answer")
 
     try:
+        if "unsent" in opened:
+            # A refusal before the spec was read (REMOTE_ROOT not ours): certain where the call was opened early
+            # (remote/ssh/early.py), whose agent refused while the code was planned. Its answer, not the pipe's.
+            with contextlib.suppress(*mux.channel_errors(), TimeoutError, ValueError):
+                said = printable_doc(json.loads(out.readline(LINE_MAX)))
+                if isinstance(said, dict) and "error" in said:
+                    raise RemoteError(said["error"])
+            raise RemoteError(f"cannot start the gpu-train agent: {opened['unsent']}")
         if sync is not None:
             # The agent's first word even when the sync failed: a refusal (REMOTE_ROOT not ours, a
             # busy name) explains the failed sync better than rsync's exit code.

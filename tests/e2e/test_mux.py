@@ -267,3 +267,22 @@ def test_train_opens_its_launch_while_it_plans_the_code(tmp_path: Path) -> None:
             assert logged.read_text().split() == ["launch", "held"], name  # one launch call: the early one, taken over
     finally:
         sshd.stop()
+
+
+@pytest.mark.e2e
+def test_a_launch_opened_early_and_refused_says_the_refusal(tmp_path: Path) -> None:
+    """The launch opened while the code is planned (early.start_launches) meets a REMOTE_ROOT it refuses (here
+    one others may write): its agent refuses and ends before any spec is sent, and the train says that
+    refusal with its fix, as a login's train does, not the pipe it could not send the spec on ("cannot
+    start the gpu-train agent: [Errno 32] Broken pipe")."""
+    sshd = Sshd(tmp_path / "sshd", "127.0.24.7").start()
+    try:
+        env = lab_env(sshd, tmp_path)
+        run_fab(env, tmp_path / "proj", "train", "--command", "true", "--name", "warm", check=True)
+        shared_up(env)
+        os.chmod(tmp_path / "remote", 0o777)
+        out = run_fab(env, tmp_path / "proj", "train", "--command", "true", "--name", "refused")
+        assert out.returncode != 0 and "is writable by group or others (mode 0777)" in out.stderr, out.stderr
+        assert "Broken pipe" not in out.stderr
+    finally:
+        sshd.stop()
