@@ -40,14 +40,20 @@ from .store import (
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+# A launch the laptop was told did not start (outcome.given_up) must never start later, however long it
+# waits for its "go" (a fan-out's relay has no deadline): its mark, an empty file, is kept a week.
+GIVEN_UP_KEEP_S = 7 * 86400
+
+
 def clean_staging(root: str, older_than_s: float = 3600) -> None:
     """Code synced for launches that never happened (refused, or the laptop went away), and their markers."""
     staging = os.path.join(root, "staging")
     for name in os.listdir(staging) if os.path.isdir(staging) else []:
         path = os.path.join(staging, name)
+        keep = GIVEN_UP_KEEP_S if name.endswith(".given-up") else older_than_s
         with contextlib.suppress(OSError):
             # ctime, not mtime: rsync -a gives the folder its source's (old) mtime while it syncs.
-            if time.time() - os.lstat(path).st_ctime > older_than_s:
+            if time.time() - os.lstat(path).st_ctime > keep:
                 if os.path.isdir(path) and not os.path.islink(path):
                     shutil.rmtree(path, ignore_errors=True)
                 else:  # a fan-out's go marker (RUN.arrived, RUN.relayed)

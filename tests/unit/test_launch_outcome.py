@@ -187,3 +187,21 @@ def test_an_earlier_sweep_of_that_name_is_not_taken_for_the_start_asked_about(tm
 def test_a_sweeps_names_are_checked_before_they_become_paths(tmp_path: Path, name: str, staged: str) -> None:
     said = agent(tmp_path, "launch-outcome", "--run", staged, "--sweep", name)
     assert "are not a sweep's name and its staged code's" in said["error"]
+
+
+def test_a_given_up_mark_outlives_the_staged_code_by_days(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """clean_staging clears a launch's staged code and markers after an hour, but the mark saying the laptop
+    was told a launch did not start stays a week: a fan-out's relay may still say "go" hours later."""
+    from agent import launch
+
+    staging = tmp_path / "staging"
+    (staging / "job_20260101_000000").mkdir(parents=True)
+    (staging / "job_20260101_000000.arrived").touch()
+    (staging / "job_20260101_000001.given-up").touch()
+    later = time.time()
+    monkeypatch.setattr("agent.launch.time.time", lambda: later + 2 * 3600)
+    launch.clean_staging(str(tmp_path))
+    assert sorted(p.name for p in staging.iterdir()) == ["job_20260101_000001.given-up"]
+    monkeypatch.setattr("agent.launch.time.time", lambda: later + 8 * 86400)
+    launch.clean_staging(str(tmp_path))
+    assert list(staging.iterdir()) == []
