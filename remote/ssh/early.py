@@ -164,7 +164,7 @@ def start(words: list[str]) -> None:
 
         env = Environment.from_os()
         stack = options.get("stack")
-        target = resolve(env, stack if isinstance(stack, str) else None).for_node(0)
+        target = resolve(env, stack if isinstance(stack, str) else None, ask_pulumi=False).for_node(0)
         path = None if target.root_unknown else mux.control_path(target, target.host)
         if path is None or not mux.master_up(path):
             return

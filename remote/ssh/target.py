@@ -145,13 +145,13 @@ class Target:
 STACK_NAME_RE = re.compile(STACK_NAME_PATTERN)
 
 
-def select_stack(env: Environment, stack: str | None) -> str:
+def select_stack(env: Environment, stack: str | None, ask_pulumi: bool = True) -> str:
     """--stack, else $GPU_TRAIN_STACK, else the project's selected stack (`gpu-train stack NAME`), else
-    its only stack, else Pulumi's selected stack."""
-    return chosen_stack(env, stack)[0]
+    its only stack, else Pulumi's selected stack (unless not ``ask_pulumi``: then ConfigError)."""
+    return chosen_stack(env, stack, ask_pulumi)[0]
 
 
-def chosen_stack(env: Environment, stack: str | None) -> tuple[str, str]:
+def chosen_stack(env: Environment, stack: str | None, ask_pulumi: bool = True) -> tuple[str, str]:
     """``select_stack``'s answer and why it is that one."""
     root = env.project_root
     own = project.stack_names([root / "stacks"])
@@ -179,7 +179,7 @@ def chosen_stack(env: Environment, stack: str | None) -> tuple[str, str]:
         )
     if chosen:
         return chosen, why
-    if shutil.which("pulumi"):
+    if ask_pulumi and shutil.which("pulumi"):
         out = subprocess.run(["pulumi", "stack", "--show-name"], cwd=REPO, capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip(), "Pulumi's selected stack"
@@ -220,12 +220,14 @@ def remember_root(cache: Path, host: SshHost, root: str) -> None:
     atomic_write(cache / ROOTS_FILE, json.dumps(roots, indent=1))
 
 
-def stack_outputs(stack: str, cache: Path, refresh: bool = False) -> dict[str, Any]:
-    """`pulumi stack output --json`, cached in cache/outputs.json."""
+def stack_outputs(stack: str, cache: Path, refresh: bool = False, ask_pulumi: bool = True) -> dict[str, Any]:
+    """`pulumi stack output --json`, cached in cache/outputs.json (without ``ask_pulumi``, the cache or ConfigError)."""
     path = cache / "outputs.json"
     if not refresh and path.is_file():
         cached: dict[str, Any] = json.loads(path.read_text())
         return cached
+    if not ask_pulumi:
+        raise ConfigError([Problem("stack", f"stack {stack}'s outputs are not kept here yet", "ask the Pulumi CLI for them")])
     if not shutil.which("pulumi"):
         raise ConfigError(
             [
@@ -325,9 +327,11 @@ def ssh_hosts(cfg: StackConfig) -> StackConfig:
     return replace(cfg, hosts=hosts)
 
 
-def resolve(env: Environment, stack: str | None, refresh: bool = False) -> Target:
-    """The Target of the selected stack; raises ConfigError with a fix when it cannot be had."""
-    name = select_stack(env, stack)
+def resolve(env: Environment, stack: str | None, refresh: bool = False, ask_pulumi: bool = True) -> Target:
+    """The Target of the selected stack; raises ConfigError with a fix when it cannot be had (without
+    ``ask_pulumi``, also where only the Pulumi CLI could say: its selected stack, a GCP stack's outputs
+    not kept here yet; the early calls of remote/ssh/early.py start no Pulumi, which takes a second)."""
+    name = select_stack(env, stack, ask_pulumi)
     # The same validation as `scripts/plan` and `pulumi up`: a stack file from elsewhere is checked
     # before any of its values reaches ssh, rsync or a host (an SSH stack's by its rules alone).
     raw = stackfile.read_stack_file(env.stack_file(name))
@@ -352,7 +356,7 @@ def resolve(env: Environment, stack: str | None, refresh: bool = False) -> Targe
             ],
             name,
         )
-    outputs = stack_outputs(name, home / name, refresh) if cfg.is_gcp else None
+    outputs = stack_outputs(name, home / name, refresh, ask_pulumi) if cfg.is_gcp else None
     target = target_from(cfg if cfg.is_gcp else ssh_hosts(cfg), outputs, home, env.cli)
     if target.ask_root:  # what first contact found on each host, if it was asked before
         roots = known_roots(target.cache)

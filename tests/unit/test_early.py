@@ -3,8 +3,10 @@ call no channel took is ended at exit."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,30 @@ def test_the_flags_read_early_are_exactly_the_tasks_own(task: str) -> None:
 
 def test_train_follow_asks_for_the_whole_log_of_a_run_being_launched() -> None:
     assert early.follow_call("job_20260101_000000") == ["logs", "--run", "job_20260101_000000", "--follow", "--await-run"]
+
+
+def test_the_early_calls_never_start_pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stack only Pulumi's CLI could name (its selected stack), or a GCP stack's outputs not kept here, is
+    left to the task: the early path would otherwise run Pulumi (about a second) once more for nothing."""
+    from gpu_train.environment import Environment
+    from gpu_train.stack.problems import ConfigError
+    from remote.ssh.target import resolve, stack_outputs
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "pulumi.log"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text(f'#!/bin/sh\necho "$@" >> {log}\necho lab\n')
+    (bin_dir / "pulumi").chmod(0o755)
+    (tmp_path / "stacks").mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("GPU_TRAIN_STACK", raising=False)
+    monkeypatch.setenv("GPU_TRAIN_STACKS_DIR", str(tmp_path / "stacks"))
+    monkeypatch.setenv("GPU_TRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for words in (["status"], ["logs", "-f"]):
+        early.start(words)
+    with pytest.raises(ConfigError):
+        stack_outputs("lab", tmp_path / "home" / "lab", ask_pulumi=False)
+    assert not log.exists()
+    with pytest.raises(ConfigError):  # the task asks it (no stack file `lab` here: refused after)
+        resolve(Environment.from_os(), None)
+    assert log.read_text().split() == ["stack", "--show-name"]
