@@ -63,12 +63,17 @@ __all__ = [
     "small_ranges",
 ]
 
-# Tests send Ctrl-C (SIGINT) to the commands they start. A suite started in the background by a
-# non-interactive shell (`scripts/test &`, some CI runners) inherits SIGINT ignored, and an ignored
-# signal stays ignored across exec: every command would then shrug Ctrl-C off. Handled here, it is
-# back to its default in each command the tests start (exec resets handled signals).
+# Tests send Ctrl-C (SIGINT), a process manager's SIGTERM and a closed terminal's SIGHUP to the commands
+# they start. A suite started in the background by a non-interactive shell (`scripts/test &`, some CI
+# runners) inherits SIGINT ignored, one under `nohup` SIGHUP, and an ignored signal stays ignored across
+# exec: every command would then shrug it off (gpu-train leaves a signal ignored as it found it, as a
+# `nohup gpu-train ...` asks). Handled or at its default here, it is at its default in each command the
+# tests start (exec resets handled signals).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+for _stop in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_stop) is signal.SIG_IGN:
+        signal.signal(_stop, signal.SIG_DFL)
 
 # Python keeps compiled modules for its users; a workplace that sets PYTHONDONTWRITEBYTECODE (this one,
 # some CI images) makes each of the thousands of `fab`s the tests start compile gpu-train anew (about

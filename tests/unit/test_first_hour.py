@@ -175,7 +175,11 @@ def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path, stop: str) -> N
             assert len(tensorboard) == 1, tensorboard
         finally:
             served.send_signal(getattr(signal, stop))  # only to the command, not to its process group as a terminal would
-            status = served.wait(30)
+            try:
+                status = served.wait(30)
+            except subprocess.TimeoutExpired:
+                served.kill()  # (else leaving the `with` would wait for it for ever)
+                status = None
             deadline = time.monotonic() + 30
             while not all(gone(pid) for pid in tensorboard) and time.monotonic() < deadline:
                 time.sleep(0.05)
