@@ -82,7 +82,7 @@ def main() -> None:
                 "status": [GPU_TRAIN, "status"],
                 "train": train,
                 "logs": [GPU_TRAIN, "logs", "--lines", "20"],
-                "follow": [*train, "--follow"],
+                "follow": [*train[:-1], "bench-follow", "--follow"],  # (a name of its own: train may have used this second)
                 "fetch": [GPU_TRAIN, "fetch", "--dest", str(work / "fetched")],
             }
             got: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
