@@ -8,13 +8,16 @@ process manager's stop, a closed terminal), which the executor turns into Ctrl-C
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from invoke import Context, task
 
 from gpu_train.environment import Environment
-from gpu_train.errors import UsageError
+from gpu_train.errors import GpuTrainError, UsageError
 from remote.tasks.session import STACK_HELP, Session, say
 from remote.tasks.taskoptions import ServeOptions
 from remote.tasks.trust import number
@@ -78,7 +81,6 @@ def tensorboard(
 def _serve_fetched(env: Environment, o: ServeOptions) -> None:
     """TensorBoard on this machine over runs/STACK/[RUN] (fetched), on localhost, until Ctrl-C."""
     import importlib.util
-    import subprocess
 
     from gpu_train.stack import project as projects
     from remote.ssh.forward import pick_local_port
@@ -95,21 +97,57 @@ def _serve_fetched(env: Environment, o: ServeOptions) -> None:
         raise UsageError(f"--fetched: nothing fetched at {folder} (`{env.cli} fetch --stack {name}` brings runs home)")
     if importlib.util.find_spec("tensorboard") is None:
         raise UsageError(f"--fetched: TensorBoard is not installed here: {sys.executable} -m pip install tensorboard")
-    port = o.local_port or pick_local_port(notebooks.DEFAULT_PORTS["tensorboard"])
-    show(o.as_json)(f"http://127.0.0.1:{port}/")
     say(f"tensorboard here over {folder}; Ctrl-C stops it")
-    argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(folder), "--host", "127.0.0.1", "--port", str(port)]
-    with subprocess.Popen(argv, stdout=subprocess.DEVNULL) as proc:
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        for tries_left in reversed(range(3)):
+            port = o.local_port or pick_local_port(notebooks.DEFAULT_PORTS["tensorboard"])
+            argv = [sys.executable, "-m", "tensorboard.main", "--logdir", str(folder), "--host", "127.0.0.1", "--port", str(port)]
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+            if _answers_for(proc, port, folder):
+                break
+            _end(proc)
+            proc = None
+            if o.local_port or not tries_left:
+                raise GpuTrainError(f"TensorBoard could not serve on 127.0.0.1:{port} (taken meanwhile?): give another --local-port")
+        assert proc is not None
+        show(o.as_json)(f"http://127.0.0.1:{port}/")
+        proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (the executor's stops_as_ctrl_c)
+        pass
+    finally:  # whatever ended the wait (or the start), TensorBoard ends with this command
+        if proc is not None:
+            _end(proc)
+
+
+def _answers_for(proc: subprocess.Popen[bytes], port: int, folder: Path, within_s: float = 120) -> bool:
+    """Whether TensorBoard ``proc`` came up on ``port`` serving ``folder`` (its /data/logdir says so), before it
+    ended or ``within_s`` passed. The port was free when picked, but two commands started at once may both
+    have picked it: the second's TensorBoard cannot listen and ends, and the URL would be the other's
+    TensorBoard, over another project's runs. Only a URL that answers with this folder is shown."""
+    import urllib.request
+
+    from gpu_train.retry import Backoff
+
+    wait = Backoff.within(within_s, 0.05, 0.5)
+    while proc.poll() is None and wait.left() > 0:
         try:
-            proc.wait()
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP (the executor's stops_as_ctrl_c)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/logdir", timeout=5) as page:
+                if json.loads(page.read()).get("logdir") == str(folder):
+                    return True
+        except (OSError, ValueError, AttributeError):
             pass
-        finally:  # whatever ended the wait, TensorBoard ends with this command
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        time.sleep(wait.next())
+    return False
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @task(
