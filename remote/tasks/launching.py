@@ -25,7 +25,7 @@ from gpu_train.environment import Environment
 from gpu_train.errors import GpuTrainError, Interrupted, UsageError
 from gpu_train.retry import Backoff
 from remote.tasks import trust
-from remote.tasks.localstate import PushedManifests, SaidBefore
+from remote.tasks.localstate import PushedManifests, SaidBefore, run_time
 from remote.tasks.outcomes import all_or_none, launch_outcome
 from remote.tasks.session import CLI, Cancelled, Session, on_every_node, say
 from remote.tasks.trainoptions import TrainOptions
@@ -61,7 +61,7 @@ def start_run(environment: Environment, opts: TrainOptions) -> Started:
     cluster = session.cluster  # the stack checked: nothing is written before it passed (a project's id included)
     opened = early.start_launches(cluster)  # each launch's channel and agent start while the code is planned
     base = jobs.base_name(opts.name, opts.script, opts.command)
-    run = jobs.run_id(base, datetime.now())
+    run = jobs.run_id(base, run_time(cluster.cache, datetime.now()))  # (a second later than the last, when that is now)
     spec = job_for(environment, cluster, opts, run=run, base=base, nodes=len(cluster.hosts))
     spec = dataclasses.replace(spec, nproc=opts.nproc or cluster.gpus_per_node)
     chosen = spec.launcher

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Collection, Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -144,3 +145,28 @@ class FetchRecord:
 
     def save(self) -> None:
         atomic_write(self.path, json.dumps(self.doc, indent=1))
+
+
+def run_time(cache: Path, now: datetime) -> datetime:
+    """The time a new run's id is named by (jobs.run_id: to the second): ``now``, or a second after the last
+    one named here for the stack when that has not passed yet. Two `train`s of one script within a second (a
+    script starting runs, a quick job followed at once by the next) named one id, and the host refused the
+    second as already there. Kept in cache/last-run-time under a lock (two trains at once take turns)."""
+    import fcntl
+
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = cache / "last-run-time"
+    lock = os.open(cache / "last-run-time.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (this user's own state: held for milliseconds)
+        try:
+            last = datetime.fromisoformat(path.read_text().strip())
+        except (OSError, ValueError):
+            last = None
+        when = now.replace(microsecond=0)
+        if last is not None and when <= last < when + timedelta(hours=1):  # (a clock set back an hour or more: now)
+            when = last + timedelta(seconds=1)
+        atomic_write(path, when.isoformat() + "\n")
+        return when
+    finally:
+        os.close(lock)
