@@ -8,11 +8,14 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from gpu_train.answers import GpuRow
@@ -41,12 +44,33 @@ def cron_lines(root: str, agent: str, tick: bool) -> list[str]:
 
 def set_cron(root: str, lines: list[str]) -> list[str]:
     """Make ``lines`` this root's only crontab lines (none: take them away); returns the lines removed."""
-    current = crontab() or []
-    tag = cron_tag(root)
-    keep = [line for line in current if not line.endswith(tag)]
-    if keep + lines != current:
-        subprocess.run(["crontab", "-"], input="\n".join([*keep, *lines]) + "\n", text=True, check=True)
+    with crontab_lock():
+        current = crontab() or []
+        tag = cron_tag(root)
+        keep = [line for line in current if not line.endswith(tag)]
+        if keep + lines != current:
+            subprocess.run(["crontab", "-"], input="\n".join([*keep, *lines]) + "\n", text=True, check=True)
     return [line for line in current if line.endswith(tag) and line not in lines]
+
+
+@contextlib.contextmanager
+def crontab_lock(folder: str = "/tmp") -> Iterator[None]:
+    """One change of the user's crontab at a time: the crontab is one per user, shared by every REMOTE_ROOT
+    (every project) of theirs, and a change is read, edited and written whole; two at once (two projects set
+    up together) kept only the last one's lines, and the other's runs no longer resumed after a reboot.
+    The lock file is the user's own (FOLDER/gpu-train-crontab-UID.lock, never through a link); one another
+    user made there is not trusted with the wait, and the change goes on without it, as before."""
+    try:
+        fd = os.open(os.path.join(folder, f"gpu-train-crontab-{os.getuid()}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (held for one `crontab -l` and one `crontab -`)
+        yield
+    finally:
+        os.close(fd)
 
 
 def cron_running(proc: str = "/proc") -> bool:

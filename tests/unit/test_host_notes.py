@@ -44,3 +44,27 @@ def test_cron_running_reads_each_process_name(tmp_path: Path, comms: dict, runni
         (tmp_path / pid / "comm").write_text(comm + "\n")
     (tmp_path / "self").mkdir()  # not a pid
     assert hostcheck.cron_running(str(tmp_path)) == running
+
+
+def test_two_projects_changing_the_crontab_at_once_keep_both_lines(tmp_path: Path) -> None:
+    """The crontab is one per user, read, edited and written whole: two REMOTE_ROOTs' changes at once (two
+    projects set up together) kept only the last one's lines. A `crontab` on PATH that waits between the
+    read and the write makes every change overlap; each root's line is still there after."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    table, bin_dir = tmp_path / "crontab.txt", tmp_path / "bin"
+    bin_dir.mkdir()
+    table.write_text("")
+    (bin_dir / "crontab").write_text(
+        f'#!/bin/sh\nif [ "$1" = -l ]; then cat {table}; else sleep 0.3; cat > {table}.new; mv {table}.new {table}; fi\n'
+    )
+    (bin_dir / "crontab").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    code = "import sys; from agent import hostcheck; hostcheck.set_cron(sys.argv[1], ['@reboot boot ' + hostcheck.cron_tag(sys.argv[1])])"
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"/roots/r{i}"], env=env) for i in range(4)]
+    assert [p.wait(60) for p in procs] == [0] * 4
+    assert sorted(table.read_text().split("\n")[:-1]) == [f"@reboot boot # gpu-train /roots/r{i}" for i in range(4)]
