@@ -99,7 +99,8 @@ def test_a_killed_node_fails_the_run_and_stop_cleans_up_the_other(duo: Cluster, 
     out = duo.fab("train", "--dir", plain, "--command", cmd, "--name", "pair", "--ps", "0", check=True)
     run = out.stdout.split()[1]
     deadline = time.monotonic() + 30
-    while not all('"task"' in duo.log(n, run) for n in (0, 1)):  # both printed their TF_CONFIG
+    # Both printed their TF_CONFIG, and each wrapper has recorded its job's pid (a job may print first).
+    while not all('"task"' in duo.log(n, run) and duo.state(n, run).get("pid") for n in (0, 1)):
         assert time.monotonic() < deadline, "the nodes did not start"
         time.sleep(0.2)
     assert "rank 1 of 2 via 127.0.0.2:29500" in duo.log(1, run)

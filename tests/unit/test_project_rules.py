@@ -289,3 +289,21 @@ def test_a_mistyped_task_or_option_is_a_usage_error(argv: list[str], tmp_path: P
     cli = [sys.executable, "-c", "from gpu_train.launcher import main; main()", *argv]
     done = subprocess.run(cli, cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and "No idea what" in done.stderr, done.stderr
+
+
+def test_two_trains_in_one_second_are_named_a_second_apart(tmp_path: Path) -> None:
+    """Run ids go to the second: a train within a second of the last one named for the stack here takes the
+    next second (the host refused the second one as already there), while the clock goes on as it is."""
+    from datetime import datetime, timedelta
+
+    from remote.tasks.localstate import run_time
+
+    cache, now = tmp_path / "cache", datetime(2026, 11, 28, 12, 0, 0, 400000)
+    second = timedelta(seconds=1)
+    assert run_time(cache, now) == now.replace(microsecond=0)
+    assert run_time(cache, now) == now.replace(microsecond=0) + second  # the same second again: the next
+    assert run_time(cache, now + second / 2) == now.replace(microsecond=0) + 2 * second
+    assert run_time(cache, now + 10 * second) == now.replace(microsecond=0) + 10 * second  # past it: now
+    assert run_time(cache, now - timedelta(hours=2)) == (now - timedelta(hours=2)).replace(microsecond=0)  # a clock set back: now
+    (cache / "last-run-time").write_text("not a time\n")
+    assert run_time(cache, now) == now.replace(microsecond=0)
