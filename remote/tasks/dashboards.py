@@ -130,9 +130,10 @@ def _answers_for(proc: subprocess.Popen[bytes], port: int, folder: Path, within_
     from gpu_train.retry import Backoff
 
     wait = Backoff.within(within_s, 0.05, 0.5)
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # (an http_proxy without no_proxy would take 127.0.0.1 too)
     while proc.poll() is None and wait.left() > 0:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/logdir", timeout=5) as page:
+            with direct.open(f"http://127.0.0.1:{port}/data/logdir", timeout=5) as page:
                 if json.loads(page.read()).get("logdir") == str(folder):
                     return True
         except (OSError, ValueError, AttributeError):

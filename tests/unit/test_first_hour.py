@@ -151,7 +151,9 @@ def test_tensorboard_serves_a_fetched_run_with_no_host(tmp_path, stop: str) -> N
     (run / "workdir" / "out").mkdir(parents=True)
     (tmp_path / ".git").mkdir()
     code = "import sys; from remote.cli import main; sys.argv[0] = 'gpu-train'; main()"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_HOME": str(tmp_path / "state")}
+    # A proxy for plain HTTP and no no_proxy, as many workplaces set: the local TensorBoard is asked directly.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_TRAIN_HOME": str(tmp_path / "state"), "http_proxy": "http://127.0.0.1:9"}
+    env = {k: v for k, v in env.items() if k.lower() != "no_proxy"}
     argv = [sys.executable, "-c", code, "tensorboard", "--fetched", "--stack", "lab", "--json", "--run"]
     tensorboard: list[int] = []
     err = tmp_path / "stderr"  # (a file: a pipe would stay open while a TensorBoard left behind holds it)
