@@ -18,6 +18,15 @@ if TYPE_CHECKING:
     from gpu_train.stack.sshhost import SshHost
 
 
+def read_doc(path: Path) -> dict[str, Any]:
+    """A record of ours as its JSON object; {} when it is missing, unreadable or not an object (made anew)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 class PushedManifests:
     """Which code (by manifest) each host last received for a run name: a local cache, so an
     unchanged tree is launched without a sync; the host checks the claim before trusting it."""
@@ -26,11 +35,7 @@ class PushedManifests:
         self.path = cache / "code-manifests.json"
 
     def _load(self) -> dict[str, Any]:
-        try:
-            doc = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+        return read_doc(self.path)
 
     def get(self, host: SshHost, base: str) -> str | None:
         manifest = self._load().get(f"{host}/{base}")
@@ -69,11 +74,7 @@ class PushedData:
         self.path = cache / "data-pushes.json"
 
     def _load(self) -> dict[str, Any]:
-        try:
-            doc = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+        return read_doc(self.path)
 
     def get(self, src: Path) -> dict[str, Any] | None:
         got = self._load().get(str(src.resolve()))

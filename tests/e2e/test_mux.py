@@ -121,6 +121,15 @@ def test_tasks_on_the_shared_connection_load_no_paramiko(tmp_path: Path) -> None
         sshd.stop()
 
 
+def counting_ssh(env: dict[str, str], tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """``env`` with an `ssh` first on PATH that logs each of its uses (-G: a resolution; call: anything else) to the file returned."""
+    logged, bin_dir = tmp_path / "ssh.log", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\n[ "$1" = -G ] && echo -G >> {logged} || echo call >> {logged}\nexec /usr/bin/ssh "$@"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    return {**env, "PATH": f"{bin_dir}:{env['PATH']}"}, logged
+
+
 @pytest.mark.e2e
 def test_status_asks_the_host_while_the_command_loads(tmp_path: Path) -> None:
     """`gpu-train status` starts its agent call on the shared connection before the tasks load
@@ -131,12 +140,8 @@ def test_status_asks_the_host_while_the_command_loads(tmp_path: Path) -> None:
         env = lab_env(sshd, tmp_path)
         run_fab(env, tmp_path / "proj", "train", "--command", "echo hi", "--name", "early", check=True)
         shared_up(env)
-        logged, bin_dir = tmp_path / "ssh.log", tmp_path / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "ssh").write_text(f'#!/bin/sh\n[ "$1" = -G ] && echo -G >> {logged} || echo call >> {logged}\nexec /usr/bin/ssh "$@"\n')
-        (bin_dir / "ssh").chmod(0o755)
+        env, logged = counting_ssh(env, tmp_path)
         gpu_train = str(Path(sys.executable).parent / "gpu-train")
-        env = {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
 
         def status(*args: str) -> tuple[dict, list[str]]:
             logged.unlink(missing_ok=True)
@@ -168,12 +173,8 @@ def test_logs_asks_the_host_while_the_command_loads(tmp_path: Path) -> None:
         env = lab_env(sshd, tmp_path)
         run_fab(env, tmp_path / "proj", "train", "--command", "echo hi from the job", "--name", "early", "--follow", check=True)
         shared_up(env)
-        logged, bin_dir = tmp_path / "ssh.log", tmp_path / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "ssh").write_text(f'#!/bin/sh\n[ "$1" = -G ] && echo -G >> {logged} || echo call >> {logged}\nexec /usr/bin/ssh "$@"\n')
-        (bin_dir / "ssh").chmod(0o755)
+        env, logged = counting_ssh(env, tmp_path)
         gpu_train = str(Path(sys.executable).parent / "gpu-train")
-        env = {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
 
         def logs(*args: str) -> tuple[str, list[str]]:
             logged.unlink(missing_ok=True)
