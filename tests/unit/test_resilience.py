@@ -155,13 +155,19 @@ def wait_state(lab: Lab, run: str, states: tuple[str, ...], timeout: float = 60)
 
 
 @pytest.fixture
-def crontab_restored():
-    """`fab setup` edits the real user's crontab: put it back afterwards."""
+def crontab_restored(tmp_path):
+    """`fab setup` edits the real user's crontab: afterwards, the lines of this test's REMOTE_ROOTs (under its
+    tmp_path) go, and nothing else. Putting back the whole crontab as it was before (as this did) wiped the
+    lines other tests running at the same time had written meanwhile; it takes the agent's lock as `setup`
+    and `down` do, so no change of theirs is lost either."""
+    from agent import hostcheck
+
     if not shutil.which("crontab"):
         pytest.skip("crontab is not installed (scripts/test installs cron)")
-    before = subprocess.run(["crontab", "-l"], capture_output=True, text=True)
     yield
-    if before.returncode == 0:
-        subprocess.run(["crontab", "-"], input=before.stdout, text=True, check=True)
-    else:
-        subprocess.run(["crontab", "-r"], capture_output=True)
+    mine = f"# gpu-train {tmp_path}/"  # (a root inside it: test_x1 is not test_x10)
+    with hostcheck.crontab_lock():
+        lines = hostcheck.crontab() or []
+        kept = [line for line in lines if mine not in line]
+        if kept != lines:
+            subprocess.run(["crontab", "-"], input="".join(f"{line}\n" for line in kept), text=True, check=True)
